@@ -1,0 +1,104 @@
+//! The conformance suite every [`Tier`] implementation runs: `pub async fn` checks, so
+//! each tier's test module calls them against its own instance (object_store's style).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::block::Block;
+use crate::key::CacheKey;
+use crate::tier::{Tier, TierGet};
+
+fn pattern(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
+}
+
+async fn get_bytes(tier: &dyn Tier, key: &CacheKey) -> Option<Bytes> {
+    match tier.get(key).await.expect("tier get failed") {
+        TierGet::Hit(b) => Some(b.into_data()),
+        TierGet::Miss | TierGet::Throttled => None,
+    }
+}
+
+/// put then get returns the same bytes; remove makes it a miss; remove twice is false.
+pub async fn put_get_remove(tier: &dyn Tier) {
+    let key = CacheKey::file("conformance/put_get_remove", "v1", 0);
+    let data = pattern(4096, 1);
+    tier.put(&key, Block::new(data.clone())).await.expect("put");
+    assert!(tier.contains(&key).await);
+    assert_eq!(get_bytes(tier, &key).await, Some(data));
+    assert!(tier.remove(&key).await.expect("remove"));
+    assert!(!tier.contains(&key).await);
+    assert_eq!(get_bytes(tier, &key).await, None);
+    assert!(!tier.remove(&key).await.expect("remove twice"));
+}
+
+/// Empty, one-byte, odd-sized and multi-MiB values round-trip byte for byte.
+pub async fn sizes_round_trip(tier: &dyn Tier) {
+    for (i, len) in [0usize, 1, 4095, 4097, 1 << 20, (3 << 20) + 17]
+        .into_iter()
+        .enumerate()
+    {
+        if len as u64 > tier.capacity_bytes() {
+            continue;
+        }
+        let key = CacheKey::kv("conformance", vec![i as u8; 8]);
+        let data = pattern(len, i as u8);
+        tier.put(&key, Block::new(data.clone())).await.expect("put");
+        assert_eq!(get_bytes(tier, &key).await, Some(data), "size {len}");
+        tier.remove(&key).await.expect("remove");
+    }
+}
+
+/// A put beyond the budget is refused and `used_bytes` never exceeds capacity.
+pub async fn capacity_never_exceeded(tier: &dyn Tier) {
+    let cap = tier.capacity_bytes();
+    let chunk = (cap / 4).max(1) as usize;
+    let mut keys = Vec::new();
+    for i in 0..8u64 {
+        let key = CacheKey::file("conformance/capacity", "v", i);
+        let _ = tier.put(&key, Block::new(pattern(chunk, i as u8))).await;
+        assert!(
+            tier.used_bytes() <= cap,
+            "used {} > capacity {cap}",
+            tier.used_bytes()
+        );
+        keys.push(key);
+    }
+    for key in keys {
+        tier.remove(&key).await.expect("remove");
+    }
+    assert_eq!(tier.used_bytes(), 0);
+}
+
+/// Many tasks putting and getting distinct keys at once all see their own bytes.
+pub async fn concurrent_access(tier: Arc<dyn Tier>) {
+    let mut tasks = Vec::new();
+    for t in 0..16u8 {
+        let tier = tier.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..8u64 {
+                let key = CacheKey::file(format!("conformance/concurrent/{t}"), "v", i);
+                let data = pattern(1000 + i as usize, t);
+                tier.put(&key, Block::new(data.clone())).await.expect("put");
+                assert_eq!(get_bytes(tier.as_ref(), &key).await, Some(data));
+                tier.remove(&key).await.expect("remove");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task panicked");
+    }
+}
+
+/// Runs every check; a tier's tests call this with a fresh instance of >= 16 MiB.
+pub async fn run_all(tier: Arc<dyn Tier>) {
+    put_get_remove(tier.as_ref()).await;
+    sizes_round_trip(tier.as_ref()).await;
+    capacity_never_exceeded(tier.as_ref()).await;
+    concurrent_access(tier.clone()).await;
+}

@@ -1,0 +1,53 @@
+//! The cache core's error type. Front doors map it once at their edge (errno at FUSE,
+//! `tonic::Status` at gRPC).
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The item is not in the cache, nor in the backing store.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Stored bytes failed their checksum or header check; they are dropped, not served.
+    #[error("corrupt cache data: {0}")]
+    Corrupt(String),
+    /// A value larger than the tier (or the configured limit) can ever hold.
+    #[error("value of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { size: u64, limit: u64 },
+    /// No tier could make room (everything pinned, or admission refused).
+    #[error("cache full: {0}")]
+    Full(String),
+    /// Bad argument from a caller (bad URL, bad key, bad range).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The backing store failed after bounded retries.
+    #[error("object store error after {attempts} attempt(s): {message}")]
+    Store { attempts: u32, message: String },
+    /// The backing store did not answer within the configured time.
+    #[error("object store timed out after {attempts} attempt(s)")]
+    StoreTimeout { attempts: u32 },
+    /// Local I/O (disk tier, index).
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    /// The persistent index failed.
+    #[error("index error: {0}")]
+    Index(String),
+    /// The concurrent fetch this caller waited on failed (single-flight).
+    #[error("shared fetch failed: {0}")]
+    SharedFetch(String),
+    /// The device tier failed (GPU or emulated).
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+impl CacheError {
+    /// True when retrying later may succeed (timeouts, throttling, 5xx).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            CacheError::StoreTimeout { .. } | CacheError::Store { .. } | CacheError::SharedFetch(_)
+        )
+    }
+}
+
+pub type Result<T, E = CacheError> = std::result::Result<T, E>;

@@ -1,0 +1,22 @@
+//! Strata's cache core: typed keys, checksummed blocks, tiers under byte budgets, the
+//! composing engine (read-through, promotion, demotion, single-flight), eviction
+//! policies, and the object-store backing. Knows nothing of FUSE or gRPC.
+
+pub mod access;
+pub mod block;
+pub mod conformance;
+pub mod error;
+pub mod key;
+pub mod pattern;
+pub mod policy;
+pub mod space;
+pub mod stats;
+pub mod tier;
+pub mod tiers;
+
+pub use access::{AccessContext, JobId};
+pub use block::Block;
+pub use error::{CacheError, Result};
+pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
+pub use pattern::Pattern;
+pub use tier::{Tier, TierGet, TierKind};

@@ -1,0 +1,32 @@
+//! Eviction policies: pure decision logic, no I/O.
+//!
+//! A policy sees every insert, hit and removal of one tier's residents and names the
+//! next victim when the engine needs room. [`crate::space::TierSpace`] owns the byte
+//! accounting, so a policy never has to be trusted with the budget. The admission hook
+//! lets a policy refuse an item (e.g. a scan that would push out a hot set).
+
+mod lru;
+
+pub use lru::LruPolicy;
+
+use crate::access::AccessContext;
+use crate::key::CacheKey;
+
+pub trait EvictionPolicy: Send + 'static {
+    fn name(&self) -> &'static str;
+    /// Whether to cache `key` at all. Called before any victim is chosen for it.
+    fn admit(&mut self, _key: &CacheKey, _size: u64, _ctx: &AccessContext) -> bool {
+        true
+    }
+    /// `key` became resident.
+    fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext);
+    /// A resident `key` was read.
+    fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext);
+    /// `key` left the tier (evicted by us or removed by a caller).
+    fn on_remove(&mut self, key: &CacheKey);
+    /// The resident to evict next, if any; it stays resident until `on_remove`.
+    fn victim(&mut self) -> Option<CacheKey>;
+}
+
+/// Builds a policy by name; the engine and the replay bench both go through here.
+pub type PolicyFactory = Box<dyn Fn() -> Box<dyn EvictionPolicy> + Send + Sync>;

@@ -1,0 +1,6 @@
+//! Tier implementations: CPU memory here, the local disk tier in [`disk`]; the GPU tier
+//! lives in the `gds` crate.
+
+pub mod memory;
+
+pub use memory::MemoryTier;

@@ -1,0 +1,48 @@
+//! Prefetch predictors: pure logic fed with access events, emitting prefetch requests.
+//! The cache core (or the replay simulator) does the I/O; predictors never touch a store.
+
+use std::sync::Arc;
+
+use strata_cache_core::{JobId, Pattern};
+
+/// One demand read as a predictor sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessEvent {
+    pub job: JobId,
+    /// Path relative to the dataset root (`kv/<ns>/<hash>` for KV blocks).
+    pub path: Arc<str>,
+    pub offset: u64,
+    pub len: u64,
+    /// Size of the whole file/object, when known (0 if not).
+    pub file_size: u64,
+    pub now_ns: u64,
+    /// The stream's pattern as classified by the cache core, when known.
+    pub pattern: Pattern,
+}
+
+/// A byte range worth fetching ahead of demand.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefetchRequest {
+    pub path: Arc<str>,
+    pub offset: u64,
+    pub len: u64,
+    /// Estimated probability that the range is read soon (0..=1).
+    pub confidence: f32,
+}
+
+/// What became of earlier prefetches, fed back so a predictor can adapt its depth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feedback {
+    /// A prefetched range was read by demand.
+    Used { bytes: u64 },
+    /// A prefetched range was evicted (or expired) unread.
+    Wasted { bytes: u64 },
+}
+
+pub trait Predictor: Send {
+    fn name(&self) -> &'static str;
+    /// Observes a demand access and appends the ranges to fetch ahead to `out`.
+    fn on_access(&mut self, event: &AccessEvent, out: &mut Vec<PrefetchRequest>);
+    /// Outcome of an earlier request from this predictor for `path`.
+    fn on_feedback(&mut self, _job: JobId, _path: &str, _feedback: Feedback) {}
+}
