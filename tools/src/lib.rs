@@ -1,1 +1,6 @@
-//! placeholder
+//! Library behind the `strata` binary: each subcommand's logic, so tests can call it
+//! without spawning the binary.
+
+pub mod bench;
+pub mod cli;
+pub mod commands;

@@ -11,6 +11,7 @@ pub use lru::LruPolicy;
 
 use crate::access::AccessContext;
 use crate::key::CacheKey;
+use crate::pattern::Pattern;
 
 pub trait EvictionPolicy: Send + 'static {
     fn name(&self) -> &'static str;
@@ -26,6 +27,11 @@ pub trait EvictionPolicy: Send + 'static {
     fn on_remove(&mut self, key: &CacheKey);
     /// The resident to evict next, if any; it stays resident until `on_remove`.
     fn victim(&mut self) -> Option<CacheKey>;
+    /// The pattern this policy has classified `key`'s stream as (pattern-aware policies
+    /// only); feeds the prefetch predictors.
+    fn pattern_of(&self, _key: &CacheKey, _ctx: &AccessContext) -> Pattern {
+        Pattern::Unknown
+    }
 }
 
 /// Builds a policy by name; the engine and the replay bench both go through here.

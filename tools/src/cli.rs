@@ -1,0 +1,33 @@
+//! Command-line tree. Each subcommand's arguments live next to its logic.
+
+use clap::{Parser, Subcommand};
+
+use crate::{bench, commands};
+
+/// Strata: a unified caching filesystem for AI clusters.
+///
+/// Training jobs read object storage through a FUSE mount; inference engines put and
+/// fetch KV-cache blocks over gRPC; both go through one tiered cache core.
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the whole system on an embedded default: sample dataset in a local directory
+    /// store, caches in a temp dir, a demo workload, then print stats.
+    Demo(commands::demo::DemoArgs),
+    /// Benchmarks: tiers, replay, fs, kv, gds.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Demo(args) => commands::demo::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
+    }
+}

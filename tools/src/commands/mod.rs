@@ -1,0 +1,3 @@
+//! Subcommands other than benchmarks.
+
+pub mod demo;
