@@ -35,12 +35,42 @@ pub enum CacheError {
     /// The concurrent fetch this caller waited on failed (single-flight).
     #[error("shared fetch failed: {0}")]
     SharedFetch(String),
+    /// The object changed while being read (its version no longer matches).
+    #[error("object changed: {0}")]
+    Changed(String),
     /// The device tier failed (GPU or emulated).
     #[error("device error: {0}")]
     Device(String),
 }
 
 impl CacheError {
+    /// A copy of this error for each caller that shared one failed fetch (io::Error is
+    /// not `Clone`, so it is rebuilt from its kind and message).
+    pub fn duplicate(&self) -> CacheError {
+        match self {
+            CacheError::NotFound(s) => CacheError::NotFound(s.clone()),
+            CacheError::Corrupt(s) => CacheError::Corrupt(s.clone()),
+            CacheError::TooLarge { size, limit } => CacheError::TooLarge {
+                size: *size,
+                limit: *limit,
+            },
+            CacheError::Full(s) => CacheError::Full(s.clone()),
+            CacheError::InvalidArgument(s) => CacheError::InvalidArgument(s.clone()),
+            CacheError::Store { attempts, message } => CacheError::Store {
+                attempts: *attempts,
+                message: message.clone(),
+            },
+            CacheError::StoreTimeout { attempts } => CacheError::StoreTimeout {
+                attempts: *attempts,
+            },
+            CacheError::Io(e) => CacheError::Io(std::io::Error::new(e.kind(), e.to_string())),
+            CacheError::Index(s) => CacheError::Index(s.clone()),
+            CacheError::SharedFetch(s) => CacheError::SharedFetch(s.clone()),
+            CacheError::Device(s) => CacheError::Device(s.clone()),
+            CacheError::Changed(s) => CacheError::Changed(s.clone()),
+        }
+    }
+
     /// True when retrying later may succeed (timeouts, throttling, 5xx).
     pub fn is_transient(&self) -> bool {
         matches!(

@@ -5,6 +5,7 @@
 pub mod access;
 pub mod block;
 pub mod conformance;
+pub mod engine;
 pub mod error;
 pub mod key;
 pub mod pattern;
@@ -16,6 +17,7 @@ pub mod tiers;
 
 pub use access::{AccessContext, JobId};
 pub use block::Block;
+pub use engine::{CacheEngine, EngineBuilder, EngineStatsSnapshot};
 pub use error::{CacheError, Result};
 pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
 pub use pattern::Pattern;

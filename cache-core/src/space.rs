@@ -63,6 +63,11 @@ impl TierSpace {
         self.entries.iter()
     }
 
+    /// The pattern the policy has classified `key`'s stream as.
+    pub fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> crate::pattern::Pattern {
+        self.policy.pattern_of(key, ctx)
+    }
+
     /// Records a read of `key`; returns whether it was resident.
     pub fn touch(&mut self, key: &CacheKey, ctx: &AccessContext) -> bool {
         if self.entries.contains_key(key) {
