@@ -5,9 +5,19 @@
 //! accounting, so a policy never has to be trusted with the budget. The admission hook
 //! lets a policy refuse an item (e.g. a scan that would push out a hot set).
 
+mod arc;
+mod belady;
+mod lfu;
 mod lru;
+mod tinylfu;
+mod two_random;
 
+pub use arc::ArcPolicy;
+pub use belady::{BeladyPolicy, NextUse};
+pub use lfu::LfuPolicy;
 pub use lru::LruPolicy;
+pub use tinylfu::TinyLfuPolicy;
+pub use two_random::TwoRandomPolicy;
 
 use crate::access::AccessContext;
 use crate::key::CacheKey;
