@@ -10,8 +10,10 @@ pub mod error;
 pub mod key;
 pub mod pattern;
 pub mod policy;
+pub mod reader;
 pub mod space;
 pub mod stats;
+pub mod store;
 pub mod tier;
 pub mod tiers;
 
@@ -21,4 +23,6 @@ pub use engine::{CacheEngine, EngineBuilder, EngineStatsSnapshot};
 pub use error::{CacheError, Result};
 pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
 pub use pattern::Pattern;
+pub use reader::ObjectReader;
+pub use store::{BackingStore, DirListing, ObjectInfo, RetryPolicy, StoreOptions};
 pub use tier::{Tier, TierGet, TierKind};

@@ -1,0 +1,202 @@
+//! A failure-injecting wrapper around any `ObjectStore`: added latency, a shared
+//! bandwidth limit, error rates, and hangs. Reads of data (`get_opts`) and listings are
+//! affected; writes pass through so tests can seed data.
+//!
+//! The bandwidth model is a single link: each transfer of `n` bytes reserves `n / bw`
+//! seconds on it, after whatever is already queued, so concurrent readers share the
+//! bandwidth as they would share a NIC or a store's per-prefix limit.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use parking_lot::Mutex;
+
+/// What to inject. All off by default.
+#[derive(Clone, Debug, Default)]
+pub struct FaultConfig {
+    /// Added to every read and listing (models a store's time to first byte).
+    pub latency: Duration,
+    /// Shared bandwidth for read bodies, bytes per second (None: unlimited).
+    pub bandwidth_bytes_per_sec: Option<u64>,
+    /// Every n-th read fails with a transient (5xx-like) error (0: never).
+    pub fail_every: u64,
+    /// Every n-th read hangs until the caller's timeout (0: never).
+    pub hang_every: u64,
+    /// All reads fail while set (a store that is down).
+    pub down: bool,
+}
+
+/// See the module doc.
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    config: Mutex<FaultConfig>,
+    reads: AtomicU64,
+    link_free_at: Mutex<Option<Instant>>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, config: FaultConfig) -> Self {
+        FaultyStore {
+            inner,
+            config: Mutex::new(config),
+            reads: AtomicU64::new(0),
+            link_free_at: Mutex::new(None),
+        }
+    }
+
+    /// Changes the injected faults (e.g. take the store down mid-test).
+    pub fn set_config(&self, config: FaultConfig) {
+        *self.config.lock() = config;
+    }
+
+    /// Reads (gets and listings) seen so far, injected failures included.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Applies latency and the injected failure for one read; returns the config.
+    async fn before_read(&self, location: &str) -> object_store::Result<FaultConfig> {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        let cfg = self.config.lock().clone();
+        if !cfg.latency.is_zero() {
+            tokio::time::sleep(cfg.latency).await;
+        }
+        if cfg.down || (cfg.fail_every > 0 && n.is_multiple_of(cfg.fail_every)) {
+            return Err(injected(location, "injected 503 Service Unavailable"));
+        }
+        if cfg.hang_every > 0 && n.is_multiple_of(cfg.hang_every) {
+            // Hang "forever": the caller's per-attempt timeout must cut this short.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Ok(cfg)
+    }
+
+    /// Waits for `bytes` to cross the shared link.
+    async fn transfer(&self, bytes: u64, cfg: &FaultConfig) {
+        let Some(bw) = cfg.bandwidth_bytes_per_sec.filter(|b| *b > 0) else {
+            return;
+        };
+        let cost = Duration::from_secs_f64(bytes as f64 / bw as f64);
+        let done = {
+            let mut free = self.link_free_at.lock();
+            let now = Instant::now();
+            let start = free.map_or(now, |f| f.max(now));
+            let done = start + cost;
+            *free = Some(done);
+            done
+        };
+        tokio::time::sleep_until(done.into()).await;
+    }
+}
+
+fn injected(location: &str, msg: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "faulty",
+        source: format!("{location}: {msg}").into(),
+    }
+}
+
+impl fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let cfg = self.before_read(location.as_ref()).await?;
+        let head = options.head;
+        let result = self.inner.get_opts(location, options).await?;
+        if head {
+            return Ok(result);
+        }
+        // Buffer the body so the bandwidth model sees its size, then hand it back.
+        let meta = result.meta.clone();
+        let range: Range<u64> = result.range.clone();
+        let attributes = result.attributes.clone();
+        let extensions = result.extensions.clone();
+        let body: Bytes = result.bytes().await?;
+        self.transfer(body.len() as u64, &cfg).await;
+        let stream = futures::stream::once(async move { Ok(body) });
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(Box::pin(stream)),
+            meta,
+            range,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let cfg = self.config.lock().clone();
+        if cfg.down {
+            let err = injected(
+                prefix.map(|p| p.as_ref()).unwrap_or(""),
+                "injected 503 Service Unavailable",
+            );
+            return Box::pin(futures::stream::once(async move { Err(err) }));
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.before_read(prefix.map(|p| p.as_ref()).unwrap_or(""))
+            .await?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -1,0 +1,386 @@
+//! The backing object store: whatever `object_store` reaches (local directory,
+//! in-memory, S3 with a custom endpoint, GCS, Azure), chosen by URL, behind one retry
+//! and timeout policy so that no backend can hang a reader or return a wrong byte.
+//!
+//! - Each attempt has a deadline (`attempt_timeout`); timeouts and transient errors
+//!   (5xx, connection resets: `object_store::Error::Generic`) are retried with
+//!   exponential backoff up to `attempts` times, then a clear [`CacheError`] is
+//!   returned. Cloud clients' own retries are turned off so this is the only policy.
+//! - Reads of one object name its version (ETag, sent as `If-Match`): an object that
+//!   changes mid-read fails with [`CacheError::Changed`] instead of mixing versions.
+//! - [`faulty::FaultyStore`] wraps any store to inject latency, bandwidth limits,
+//!   errors and hangs, for tests and for the cold-read benchmarks.
+
+pub mod faulty;
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::error::{CacheError, Result};
+
+/// Retry and timeout policy for store requests.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Total attempts per request (1 = no retry). 4: rides out a brief 5xx burst
+    /// without making a caller wait long on a store that is really down.
+    pub attempts: u32,
+    /// Backoff before the first retry, doubled each time (50 ms -> 100 -> 200).
+    pub base_backoff: Duration,
+    /// Deadline of one attempt. 30 s: a 64 MiB range at a slow 5 MB/s still fits, and
+    /// FUSE readers get EIO within a couple of minutes at worst, never a hang.
+    pub attempt_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 4,
+            base_backoff: Duration::from_millis(50),
+            attempt_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Connection options for cloud stores (S3-compatible endpoints in particular).
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Allow plain-HTTP endpoints (local test servers).
+    pub allow_http: bool,
+    /// Further backend config keys, as `object_store` names them (e.g. `aws_session_token`).
+    pub extra: Vec<(String, String)>,
+    pub retry: RetryPolicy,
+}
+
+/// An object as listed or headed: its size and the version tag that names its blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Path relative to the store root (no leading slash).
+    pub path: Arc<str>,
+    pub size: u64,
+    /// ETag when the store has one, else a tag derived from mtime and size.
+    pub version: Arc<str>,
+    /// Whether `version` is a real ETag (and so can be sent as `If-Match`).
+    pub has_etag: bool,
+    pub last_modified_unix_ns: i64,
+}
+
+/// One level of a directory-style listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DirListing {
+    /// Sub-directory names (no trailing slash, relative to the listed directory).
+    pub dirs: Vec<String>,
+    pub files: Vec<ObjectInfo>,
+}
+
+/// The object store behind the cache.
+#[derive(Clone)]
+pub struct BackingStore {
+    store: Arc<dyn ObjectStore>,
+    label: String,
+    retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for BackingStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackingStore")
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl BackingStore {
+    /// Wraps an existing store (tests, fault injection).
+    pub fn new(store: Arc<dyn ObjectStore>, label: impl Into<String>, retry: RetryPolicy) -> Self {
+        BackingStore {
+            store,
+            label: label.into(),
+            retry,
+        }
+    }
+
+    /// Opens a store by URL: `file:///data`, `memory://`, `s3://bucket/prefix`,
+    /// `gs://bucket/prefix`, `az://container/prefix`.
+    pub fn from_url(url: &str, opts: &StoreOptions) -> Result<Self> {
+        let bad = |why: String| CacheError::InvalidArgument(format!("store URL {url:?}: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected scheme://...".into()))?;
+        let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
+            "file" => {
+                let dir = std::path::Path::new(rest);
+                if !dir.is_dir() {
+                    return Err(bad(format!("{} is not a directory", dir.display())));
+                }
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                    .map_err(|e| bad(e.to_string()))?;
+                (Arc::new(fs), String::new())
+            }
+            "memory" => (
+                Arc::new(object_store::memory::InMemory::new()),
+                rest.trim_matches('/').to_string(),
+            ),
+            "s3" | "gs" | "az" => {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                if bucket.is_empty() {
+                    return Err(bad("missing bucket".into()));
+                }
+                (
+                    cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?,
+                    prefix.trim_matches('/').to_string(),
+                )
+            }
+            other => return Err(bad(format!("unsupported scheme {other:?}"))),
+        };
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            store
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(
+                store,
+                prefix.as_str(),
+            ))
+        };
+        Ok(BackingStore {
+            store,
+            label: url.to_string(),
+            retry: opts.retry.clone(),
+        })
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Size and version of one object.
+    pub async fn head(&self, path: &str) -> Result<ObjectInfo> {
+        let p = Path::from(path);
+        let meta = self
+            .retrying(|| {
+                let p = p.clone();
+                async move { self.store.head(&p).await }
+            })
+            .await?;
+        Ok(info_from_meta(&meta))
+    }
+
+    /// Bytes `range` of version `obj` of an object; fails with `Changed` if the object
+    /// is no longer that version, and with `Corrupt` if the store returns a short body.
+    pub async fn get_range(&self, obj: &ObjectInfo, range: Range<u64>) -> Result<Bytes> {
+        if range.start >= range.end {
+            return Ok(Bytes::new());
+        }
+        let want = range.end - range.start;
+        let p = Path::from(obj.path.as_ref());
+        let if_match = obj.has_etag.then(|| obj.version.to_string());
+        let bytes = self
+            .retrying(|| {
+                let p = p.clone();
+                let opts = GetOptions {
+                    if_match: if_match.clone(),
+                    range: Some(GetRange::Bounded(range.clone())),
+                    ..Default::default()
+                };
+                async move { self.store.get_opts(&p, opts).await?.bytes().await }
+            })
+            .await?;
+        if bytes.len() as u64 != want {
+            return Err(CacheError::Corrupt(format!(
+                "{}: store returned {} bytes for a {want}-byte range",
+                obj.path,
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// One directory level under `dir` ("" for the root).
+    pub async fn list_dir(&self, dir: &str) -> Result<DirListing> {
+        let prefix = (!dir.is_empty()).then(|| Path::from(dir));
+        let res = self
+            .retrying(|| {
+                let prefix = prefix.clone();
+                async move { self.store.list_with_delimiter(prefix.as_ref()).await }
+            })
+            .await?;
+        let strip = |p: &Path| -> String {
+            let s = p.as_ref();
+            let s = if dir.is_empty() {
+                s
+            } else {
+                s.strip_prefix(dir).unwrap_or(s)
+            };
+            s.trim_start_matches('/').to_string()
+        };
+        Ok(DirListing {
+            dirs: res.common_prefixes.iter().map(strip).collect(),
+            files: res.objects.iter().map(info_from_meta).collect(),
+        })
+    }
+
+    /// Every object under `prefix`, recursively.
+    pub async fn list_all(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
+        self.retrying(|| {
+            let prefix = prefix.clone();
+            async move {
+                self.store
+                    .list(prefix.as_ref())
+                    .map_ok(|m| info_from_meta(&m))
+                    .try_collect::<Vec<_>>()
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// Writes an object (sample data, tests; the mount itself is read-only).
+    pub async fn put(&self, path: &str, data: Bytes) -> Result<()> {
+        let p = Path::from(path);
+        self.retrying(|| {
+            let p = p.clone();
+            let payload = PutPayload::from(data.clone());
+            async move { self.store.put(&p, payload).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// Runs `op` under the retry policy, mapping the final error.
+    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let mut backoff = self.retry.base_backoff;
+        let attempts = self.retry.attempts.max(1);
+        for attempt in 1..=attempts {
+            let last = attempt == attempts;
+            match tokio::time::timeout(self.retry.attempt_timeout, op()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => {
+                    let transient = matches!(
+                        e,
+                        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+                    );
+                    if !transient || last {
+                        return Err(map_store_error(e, attempt));
+                    }
+                    tracing::debug!(store = %self.label, attempt, error = %e, "transient store error; retrying");
+                }
+                Err(_elapsed) => {
+                    if last {
+                        return Err(CacheError::StoreTimeout { attempts: attempt });
+                    }
+                    tracing::debug!(store = %self.label, attempt, "store request timed out; retrying");
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = backoff.saturating_mul(2);
+        }
+        Err(CacheError::StoreTimeout { attempts })
+    }
+}
+
+fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
+    match e {
+        object_store::Error::NotFound { path, .. } => CacheError::NotFound(path),
+        object_store::Error::Precondition { path, .. } => CacheError::Changed(path),
+        other => CacheError::Store {
+            attempts,
+            message: other.to_string(),
+        },
+    }
+}
+
+fn info_from_meta(meta: &object_store::ObjectMeta) -> ObjectInfo {
+    let ns = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
+    let (version, has_etag) = match &meta.e_tag {
+        Some(e) => (e.clone(), true),
+        None => (format!("{ns:x}-{:x}", meta.size), false),
+    };
+    ObjectInfo {
+        path: Arc::from(meta.location.as_ref()),
+        size: meta.size,
+        version: Arc::from(version),
+        has_etag,
+        last_modified_unix_ns: ns,
+    }
+}
+
+fn cloud_store(
+    scheme: &str,
+    bucket: &str,
+    opts: &StoreOptions,
+) -> object_store::Result<Arc<dyn ObjectStore>> {
+    // Our retry loop is the only one: the cloud clients' own (10 retries over up to 3
+    // minutes by default) would turn a dead store into a hang.
+    let retry = object_store::RetryConfig {
+        max_retries: 0,
+        ..Default::default()
+    };
+    let client = object_store::ClientOptions::new()
+        .with_timeout(opts.retry.attempt_timeout)
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_allow_http(opts.allow_http);
+    Ok(match scheme {
+        "s3" => {
+            let mut b = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client)
+                .with_allow_http(opts.allow_http);
+            if let Some(e) = &opts.endpoint {
+                b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
+            }
+            if let Some(r) = &opts.region {
+                b = b.with_region(r);
+            }
+            if let Some(k) = &opts.access_key_id {
+                b = b.with_access_key_id(k);
+            }
+            if let Some(s) = &opts.secret_access_key {
+                b = b.with_secret_access_key(s);
+            }
+            for (k, v) in &opts.extra {
+                b = b.with_config(k.parse()?, v);
+            }
+            Arc::new(b.build()?)
+        }
+        "gs" => {
+            let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client);
+            for (k, v) in &opts.extra {
+                b = b.with_config(k.parse()?, v);
+            }
+            Arc::new(b.build()?)
+        }
+        _ => {
+            let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client)
+                .with_allow_http(opts.allow_http);
+            if let Some(e) = &opts.endpoint {
+                b = b.with_endpoint(e.clone());
+            }
+            for (k, v) in &opts.extra {
+                b = b.with_config(k.parse()?, v);
+            }
+            Arc::new(b.build()?)
+        }
+    })
+}

@@ -1,0 +1,150 @@
+//! The store's retry/timeout policy under injected faults, and version checks on a
+//! local directory store: transient errors are retried, a dead or hung store gives a
+//! clear error in bounded time, and a changed object is never mixed with the old one.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::{
+    AccessContext, BackingStore, CacheEngine, CacheError, ObjectReader, RetryPolicy, StoreOptions,
+};
+
+fn quick_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 3,
+        base_backoff: Duration::from_millis(5),
+        attempt_timeout: Duration::from_millis(300),
+    }
+}
+
+fn faulty(config: FaultConfig) -> (BackingStore, Arc<FaultyStore>) {
+    let inner = Arc::new(object_store::memory::InMemory::new());
+    let f = Arc::new(FaultyStore::new(inner, config));
+    (BackingStore::new(f.clone(), "faulty", quick_retry()), f)
+}
+
+#[tokio::test]
+async fn transient_errors_are_retried() {
+    let (store, f) = faulty(FaultConfig {
+        fail_every: 2,
+        ..Default::default()
+    });
+    store
+        .put("a", Bytes::from_static(b"0123456789"))
+        .await
+        .expect("put");
+    let obj = store.head("a").await.expect("head");
+    for _ in 0..10 {
+        assert_eq!(
+            store.get_range(&obj, 2..5).await.expect("get"),
+            Bytes::from_static(b"234")
+        );
+    }
+    assert!(f.reads() > 10, "some reads failed and were retried");
+}
+
+#[tokio::test]
+async fn a_dead_store_fails_clearly_and_quickly() {
+    let (store, f) = faulty(FaultConfig::default());
+    store
+        .put("a", Bytes::from_static(b"data"))
+        .await
+        .expect("put");
+    let obj = store.head("a").await.expect("head");
+    f.set_config(FaultConfig {
+        down: true,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    match store.get_range(&obj, 0..4).await {
+        Err(CacheError::Store {
+            attempts: 3,
+            message,
+        }) => assert!(message.contains("503"), "{message}"),
+        other => panic!("expected a store error after 3 attempts, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(store.list_dir("").await.is_err());
+}
+
+#[tokio::test]
+async fn a_hung_store_times_out() {
+    let (store, f) = faulty(FaultConfig::default());
+    store
+        .put("a", Bytes::from_static(b"data"))
+        .await
+        .expect("put");
+    let obj = store.head("a").await.expect("head");
+    f.set_config(FaultConfig {
+        hang_every: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    assert!(matches!(
+        store.get_range(&obj, 0..4).await,
+        Err(CacheError::StoreTimeout { attempts: 3 })
+    ));
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn failed_reads_leave_the_cache_clean_and_recover() {
+    let (store, f) = faulty(FaultConfig::default());
+    store
+        .put("obj", Bytes::from(vec![9u8; 5000]))
+        .await
+        .expect("put");
+    let obj = store.head("obj").await.expect("head");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(1 << 20)))
+        .build()
+        .expect("engine");
+    let reader = ObjectReader::new(engine.clone(), store, 1024).expect("reader");
+    f.set_config(FaultConfig {
+        down: true,
+        ..Default::default()
+    });
+    assert!(reader
+        .read(&obj, 0, 5000, &AccessContext::default())
+        .await
+        .is_err());
+    assert_eq!(engine.stats().fills, 0, "nothing cached from a failed read");
+    f.set_config(FaultConfig::default());
+    assert_eq!(
+        reader
+            .read(&obj, 0, 5000, &AccessContext::default())
+            .await
+            .expect("read"),
+        vec![9u8; 5000]
+    );
+}
+
+#[tokio::test]
+async fn local_directory_store_detects_changed_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("sub")).expect("mkdir");
+    std::fs::write(dir.path().join("sub/f.txt"), b"version one").expect("write");
+    let url = format!("file://{}", dir.path().display());
+    let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("open");
+    let listing = store.list_dir("").await.expect("list");
+    assert_eq!(listing.dirs, vec!["sub".to_string()]);
+    let obj = store.head("sub/f.txt").await.expect("head");
+    assert_eq!(
+        store.get_range(&obj, 0..7).await.expect("get"),
+        Bytes::from_static(b"version")
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(dir.path().join("sub/f.txt"), b"version two, longer").expect("rewrite");
+    assert!(matches!(
+        store.get_range(&obj, 0..7).await,
+        Err(CacheError::Changed(_))
+    ));
+    assert!(matches!(
+        BackingStore::from_url("file:///definitely/not/here", &StoreOptions::default()),
+        Err(CacheError::InvalidArgument(_))
+    ));
+    assert!(BackingStore::from_url("ftp://x", &StoreOptions::default()).is_err());
+}
