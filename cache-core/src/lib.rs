@@ -4,9 +4,11 @@
 
 pub mod access;
 pub mod block;
+pub mod classify;
 pub mod conformance;
 pub mod engine;
 pub mod error;
+pub mod io;
 pub mod key;
 pub mod pattern;
 pub mod policy;
@@ -14,6 +16,7 @@ pub mod reader;
 pub mod space;
 pub mod stats;
 pub mod store;
+pub mod stream;
 pub mod tier;
 pub mod tiers;
 

@@ -1,6 +1,8 @@
 //! Prefetch predictors: pure logic fed with access events, emitting prefetch requests.
 //! The cache core (or the replay simulator) does the I/O; predictors never touch a store.
 
+pub mod sequential;
+
 use std::sync::Arc;
 
 use strata_cache_core::{JobId, Pattern};

@@ -9,6 +9,7 @@ mod arc;
 mod belady;
 mod lfu;
 mod lru;
+pub mod pattern_aware;
 mod tinylfu;
 mod two_random;
 
@@ -16,6 +17,7 @@ pub use arc::ArcPolicy;
 pub use belady::{BeladyPolicy, NextUse};
 pub use lfu::LfuPolicy;
 pub use lru::LruPolicy;
+pub use pattern_aware::{PatternAwareConfig, PatternAwarePolicy};
 pub use tinylfu::TinyLfuPolicy;
 pub use two_random::TwoRandomPolicy;
 

@@ -1,0 +1,332 @@
+//! Classification of one access stream as sequential, random (uniform) or skewed, by
+//! explicit hypothesis tests (`statrs`), with a minimum sample size and hysteresis.
+//!
+//! # What is classified
+//!
+//! A stream is the sequence of *items* one job touches under one node of the access-stream
+//! tree (blocks of a file, files of a directory, directories of a dataset, KV blocks of a
+//! namespace; see [`crate::stream`]). Each item carries an *index* (block number, or the
+//! trailing number of a file/directory name such as `shard-00042.tar` -> 42) and a 32-bit
+//! *fingerprint* (its identity). Consecutive accesses to the same item are one *visit*;
+//! only visits are counted, so a 1 MiB block read as four 256 KiB reads is one step.
+//!
+//! # The tests
+//!
+//! 1. **Sequential.** Statistic: `K`, the number of *forward-adjacent* steps (the next
+//!    index is `last + 1 ..= last + gap`) among the last `M` steps. Null hypothesis H0:
+//!    the stream draws items uniformly at random from the `n` items it spans, so each
+//!    step is forward-adjacent independently with probability `p0 = gap / n` (clamped to
+//!    `[p0_min, p0_max]`; `n` is the span of indices seen). Under H0, `K ~ Binomial(M,
+//!    p0)`; the one-sided p-value `P(K >= k)` is `Binomial::sf(k - 1)`. Reject at `alpha`
+//!    -> sequential. Why binomial: the per-step adjacency indicator is exactly Bernoulli
+//!    under H0, the test is exact for small `M` (no normal approximation needed at the
+//!    16-sample minimum), and interleaved readers that break some adjacencies still
+//!    reject H0 as long as their adjacency share is well above `p0`.
+//! 2. **Skewed.** Statistic: Pearson's chi-square over the visit counts of the distinct
+//!    items in the last `window` visits (`statrs::stats_tests::chisquare::chisquare`,
+//!    `k - 1` degrees of freedom). H0: all items seen are equally popular (uniform
+//!    popularity). Reject at `alpha` -> skewed, and the Zipf exponent is estimated by
+//!    least squares on log(count) against log(rank). Why chi-square over *observed*
+//!    items: the population size is unknown; conditioning on the items seen drops the
+//!    zero-count cells, which makes the test conservative (uniform streams over a large
+//!    set give counts of 1 and a statistic near 0), and it needs no per-item state
+//!    beyond the window.
+//! 3. **Random** otherwise (enough samples, neither null rejected).
+//!
+//! Tests run every `test_every` visits once `min_samples` steps are in; a different
+//! outcome replaces the current pattern only after `hysteresis` consecutive tests agree
+//! (the first outcome of an unclassified stream is taken at once). Counts decay (halve)
+//! every `2 * window` steps, so the tests look at recent behaviour in O(1) state.
+//!
+//! The false-classification rates and detection delays of these tests, measured on
+//! generated streams of known type, are in `docs/PATTERNS.md` (and asserted in the tests
+//! below with fixed seeds).
+
+use statrs::distribution::{Binomial, DiscreteCDF};
+use statrs::stats_tests::chisquare::chisquare;
+
+use crate::pattern::Pattern;
+
+/// Tunables of the classifier. Every default carries its reason.
+#[derive(Clone, Debug)]
+pub struct ClassifierConfig {
+    /// Significance level of both tests: 0.01, the default; a false "sequential"
+    /// costs prefetch bandwidth and a false "skewed" costs retention, so errors should be
+    /// rare, while 0.01 still detects a clean sequential stream within ~16 visits.
+    pub alpha: f64,
+    /// Steps needed before any test: 16. Below that neither test has power at alpha=0.01
+    /// for a stream that is only partly adjacent, and chi-square expectations are tiny.
+    pub min_samples: u32,
+    /// Visits kept for the popularity test: 128 fingerprints (512 bytes). Large enough
+    /// that a Zipf(1) head item appears several times, small enough to stay O(1).
+    pub window: usize,
+    /// Visits between tests: 8, so test cost (a sort of the window and one incomplete
+    /// beta evaluation) is amortised to a few ns per access.
+    pub test_every: u32,
+    /// Consecutive agreeing tests needed to change an established pattern: 2, which
+    /// halves nothing in detection delay for fresh streams but stops single-test flaps.
+    pub hysteresis: u8,
+    /// A step is forward-adjacent when the index advances by 1..=gap: 2, tolerating one
+    /// skipped block (a read served by another job, or a readahead hole).
+    pub forward_gap: u64,
+    /// Clamp of the null adjacency probability: at least 1/1024 (very long spans), at most
+    /// 0.5 (tiny spans, where order is meaningless).
+    pub p0_min: f64,
+    pub p0_max: f64,
+}
+
+impl Default for ClassifierConfig {
+    fn default() -> Self {
+        ClassifierConfig {
+            alpha: 0.01,
+            min_samples: 16,
+            window: 128,
+            test_every: 8,
+            hysteresis: 2,
+            forward_gap: 2,
+            p0_min: 1.0 / 1024.0,
+            p0_max: 0.5,
+        }
+    }
+}
+
+/// Outcome of one round of tests, with the evidence behind it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TestOutcome {
+    pub pattern: Pattern,
+    /// p-value of the sequential (binomial) test.
+    pub p_sequential: f64,
+    /// p-value of the uniform-popularity (chi-square) test; 1 when not run.
+    pub p_uniform: f64,
+    /// Estimated Zipf exponent when skewed (0 otherwise).
+    pub zipf_s: f64,
+}
+
+/// Reusable buffers for the tests, shared by all streams (no allocation per test).
+#[derive(Default, Debug)]
+pub struct Scratch {
+    fps: Vec<u32>,
+    counts: Vec<usize>,
+}
+
+/// The bounded per-stream evidence: decayed step counts, index span, and a ring of the
+/// last `window` item fingerprints.
+#[derive(Clone, Debug, Default)]
+pub struct StreamStats {
+    last_idx: u64,
+    last_fp: u32,
+    visits: u32,
+    steps: u32,
+    forward: u32,
+    since_test: u32,
+    min_idx: u64,
+    max_idx: u64,
+    ring: Vec<u32>,
+    ring_pos: u32,
+    pattern: Pattern,
+    candidate: Pattern,
+    streak: u8,
+    zipf_s: f32,
+}
+
+impl StreamStats {
+    /// A fresh stream, optionally starting from a pattern inherited from its siblings.
+    pub fn new(prior: Pattern) -> Self {
+        StreamStats {
+            pattern: prior,
+            ..Default::default()
+        }
+    }
+
+    pub fn pattern(&self) -> Pattern {
+        self.pattern
+    }
+
+    /// Estimated Zipf exponent of the last skewed test (0 if never skewed).
+    pub fn zipf_s(&self) -> f64 {
+        f64::from(self.zipf_s)
+    }
+
+    /// Visits recorded (saturating).
+    pub fn visits(&self) -> u32 {
+        self.visits
+    }
+
+    /// Fingerprints the window has room for (its heap size is 4 bytes each).
+    pub fn window_capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+
+    /// Records an access to item (`idx`, `fp`). Returns `true` when it repeats the
+    /// previous item (same visit: not counted). Runs the tests when due.
+    pub fn observe(
+        &mut self,
+        idx: u64,
+        fp: u32,
+        cfg: &ClassifierConfig,
+        scratch: &mut Scratch,
+    ) -> bool {
+        if self.visits > 0 && idx == self.last_idx && fp == self.last_fp {
+            return true;
+        }
+        if self.visits == 0 {
+            self.min_idx = idx;
+            self.max_idx = idx;
+        } else {
+            self.steps += 1;
+            let d = idx.wrapping_sub(self.last_idx);
+            if d >= 1 && d <= cfg.forward_gap {
+                self.forward += 1;
+            }
+            self.min_idx = self.min_idx.min(idx);
+            self.max_idx = self.max_idx.max(idx);
+        }
+        self.visits = self.visits.saturating_add(1);
+        self.last_idx = idx;
+        self.last_fp = fp;
+        if self.ring.len() < cfg.window {
+            self.ring.push(fp);
+        } else if !self.ring.is_empty() {
+            let pos = self.ring_pos as usize % self.ring.len();
+            self.ring[pos] = fp;
+            self.ring_pos = ((pos + 1) % self.ring.len()) as u32;
+        }
+        // Decay: keep the binomial evidence about the last ~window steps.
+        if self.steps >= 2 * cfg.window as u32 {
+            self.steps /= 2;
+            self.forward /= 2;
+        }
+        self.since_test += 1;
+        if self.steps >= cfg.min_samples && self.since_test >= cfg.test_every {
+            self.since_test = 0;
+            let out = run_tests(self, cfg, scratch);
+            self.apply(out.pattern, cfg);
+            if out.pattern == Pattern::Skewed {
+                self.zipf_s = out.zipf_s as f32;
+            }
+        }
+        false
+    }
+
+    fn apply(&mut self, outcome: Pattern, cfg: &ClassifierConfig) {
+        if outcome == self.pattern {
+            self.streak = 0;
+            return;
+        }
+        if self.pattern == Pattern::Unknown {
+            self.pattern = outcome;
+            self.streak = 0;
+            return;
+        }
+        if outcome == self.candidate {
+            self.streak = self.streak.saturating_add(1);
+        } else {
+            self.candidate = outcome;
+            self.streak = 1;
+        }
+        if self.streak >= cfg.hysteresis {
+            self.pattern = outcome;
+            self.streak = 0;
+        }
+    }
+
+    /// Runs the tests on the current evidence without changing the stream.
+    pub fn test_now(&self, cfg: &ClassifierConfig, scratch: &mut Scratch) -> TestOutcome {
+        run_tests(self, cfg, scratch)
+    }
+}
+
+/// The sequential test alone: p-value of `forward` adjacent steps among `steps` under
+/// the uniform-random null with adjacency probability `p0`.
+pub fn sequential_p_value(steps: u32, forward: u32, p0: f64) -> f64 {
+    if forward == 0 || steps == 0 {
+        return 1.0;
+    }
+    match Binomial::new(p0, u64::from(steps)) {
+        Ok(b) => b.sf(u64::from(forward) - 1),
+        Err(_) => 1.0,
+    }
+}
+
+/// The popularity test alone over visit counts (any order): chi-square p-value against
+/// uniform popularity; 1 when fewer than two distinct items.
+pub fn uniform_p_value(counts: &[usize]) -> f64 {
+    if counts.len() < 2 {
+        return 1.0;
+    }
+    match chisquare(counts, None, None) {
+        Ok((_, p)) if p.is_finite() => p,
+        _ => 1.0,
+    }
+}
+
+/// Zipf exponent by least squares of ln(count) on ln(rank) over `counts` sorted in
+/// descending order (ranks with count >= 1); 0 with fewer than 3 ranks.
+pub fn zipf_exponent(sorted_desc: &[usize]) -> f64 {
+    let n = sorted_desc.len();
+    if n < 3 {
+        return 0.0;
+    }
+    let (mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0);
+    for (r, &c) in sorted_desc.iter().enumerate() {
+        let x = ((r + 1) as f64).ln();
+        let y = (c.max(1) as f64).ln();
+        sx += x;
+        sy += y;
+        sxx += x * x;
+        sxy += x * y;
+    }
+    let nf = n as f64;
+    let denom = nf * sxx - sx * sx;
+    if denom <= 0.0 {
+        return 0.0;
+    }
+    (-(nf * sxy - sx * sy) / denom).max(0.0)
+}
+
+fn run_tests(s: &StreamStats, cfg: &ClassifierConfig, scratch: &mut Scratch) -> TestOutcome {
+    let span = s.max_idx.saturating_sub(s.min_idx).saturating_add(1) as f64;
+    let p0 = (cfg.forward_gap as f64 / span).clamp(cfg.p0_min, cfg.p0_max);
+    let p_seq = sequential_p_value(s.steps, s.forward, p0);
+    if p_seq < cfg.alpha {
+        return TestOutcome {
+            pattern: Pattern::Sequential,
+            p_sequential: p_seq,
+            p_uniform: 1.0,
+            zipf_s: 0.0,
+        };
+    }
+    scratch.fps.clear();
+    scratch.fps.extend_from_slice(&s.ring);
+    scratch.fps.sort_unstable();
+    scratch.counts.clear();
+    let mut i = 0;
+    while i < scratch.fps.len() {
+        let mut j = i + 1;
+        while j < scratch.fps.len() && scratch.fps[j] == scratch.fps[i] {
+            j += 1;
+        }
+        scratch.counts.push(j - i);
+        i = j;
+    }
+    let p_uni = uniform_p_value(&scratch.counts);
+    if p_uni < cfg.alpha {
+        scratch.counts.sort_unstable_by(|a, b| b.cmp(a));
+        let s_hat = zipf_exponent(&scratch.counts);
+        return TestOutcome {
+            pattern: Pattern::Skewed,
+            p_sequential: p_seq,
+            p_uniform: p_uni,
+            zipf_s: s_hat,
+        };
+    }
+    TestOutcome {
+        pattern: Pattern::Random,
+        p_sequential: p_seq,
+        p_uniform: p_uni,
+        zipf_s: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

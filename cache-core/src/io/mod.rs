@@ -1,0 +1,299 @@
+//! I/O engines for the disk tier: one trait, two implementations.
+//!
+//! The trait takes and returns **owned** buffers (the foyer / tokio-uring style): a
+//! completion-based engine such as io_uring hands the buffer's address to the kernel,
+//! which may write into it after the submitting future was dropped, so the engine,
+//! not the caller, must own the memory until the kernel is done with it. Borrowed
+//! `&mut [u8]` cannot give that guarantee; owned [`AlignedBuf`]s can.
+//!
+//! - [`uring::UringEngine`]: one dedicated thread owns an `io_uring` ring; requests
+//!   arrive through a channel, completions go back through oneshot channels. Chosen by
+//!   default because it keeps many reads in flight with no thread per request.
+//! - [`psync::PsyncEngine`]: `pread`/`pwrite`/`fdatasync` on tokio's blocking pool.
+//!   The fallback where io_uring is unavailable (old kernel: `ENOSYS`; seccomp or
+//!   `kernel.io_uring_disabled`: `EPERM`).
+//!
+//! [`open_engine`] with [`EngineKind::Auto`] tries io_uring (ring set-up plus one
+//! no-op round trip, so a ring that can be created but not used is also caught) and
+//! falls back to psync; [`IoEngine::name`] reports which one runs. Tests force either.
+//!
+//! Buffers are 4096-aligned and sized in multiples of 4096 so that the same buffer
+//! works with `O_DIRECT` files (which need the address, length and offset aligned to
+//! the logical block size; 4096 covers every common device) and with buffered files.
+
+pub mod psync;
+pub mod uring;
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// Alignment of buffers, offsets and lengths for `O_DIRECT`: 4096 is the logical block
+/// size of 4Kn NVMe drives and a multiple of the 512-byte size of the others.
+pub const ALIGN: usize = 4096;
+
+/// Rounds `n` up to a multiple of [`ALIGN`].
+pub const fn align_up(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Whether `n` is a multiple of [`ALIGN`] (a power of two).
+pub const fn is_aligned(n: usize) -> bool {
+    n & (ALIGN - 1) == 0
+}
+
+/// A heap buffer whose start is 4096-aligned and whose capacity is a multiple of 4096.
+///
+/// Built on a plain `Vec<u8>` over-allocated by one alignment unit, so no unsafe code
+/// is needed: the aligned window is found by address arithmetic. `len` is the number
+/// of meaningful bytes (after a read: the bytes the kernel filled).
+pub struct AlignedBuf {
+    storage: Vec<u8>,
+    start: usize,
+    capacity: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A zero-filled buffer of `len` meaningful bytes, capacity rounded up to 4096.
+    pub fn zeroed(len: usize) -> Self {
+        let capacity = align_up(len.max(1));
+        let storage = vec![0u8; capacity + ALIGN];
+        let addr = storage.as_ptr() as usize;
+        let start = (ALIGN - addr % ALIGN) % ALIGN;
+        AlignedBuf {
+            storage,
+            start,
+            capacity,
+            len,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Capacity: `len` rounded up to 4096 (what an `O_DIRECT` transfer moves).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Sets the meaningful length (at most the capacity).
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.capacity);
+    }
+
+    /// The whole aligned capacity, for filling before a write.
+    pub fn full_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.capacity]
+    }
+
+    /// The aligned capacity from `pos` on (what a read or write transfers).
+    pub(crate) fn window_mut(&mut self, pos: usize) -> &mut [u8] {
+        let pos = pos.min(self.capacity);
+        &mut self.storage[self.start + pos..self.start + self.capacity]
+    }
+
+    /// Freezes into `Bytes` without copying; `slice` it to the payload.
+    pub fn into_bytes(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_ref()
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+/// Positional file I/O on owned buffers.
+#[async_trait]
+pub trait IoEngine: Send + Sync + fmt::Debug + 'static {
+    /// `io_uring` or `psync`.
+    fn name(&self) -> &'static str;
+
+    /// Reads up to `len` bytes at `offset` (both multiples of [`ALIGN`] for `O_DIRECT`
+    /// files). The returned buffer's `len()` is the number of bytes read: fewer than
+    /// asked only at end of file (the read stops at the first short transfer that
+    /// leaves the position unaligned, which for `O_DIRECT` can only be end of file).
+    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf>;
+
+    /// Writes the buffer's whole capacity (its `len` rounded up to 4096) at `offset`.
+    async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()>;
+
+    /// `fdatasync`: the written data and the metadata needed to read it are durable.
+    async fn sync_data(&self, file: Arc<File>) -> io::Result<()>;
+}
+
+/// Which engine to run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    /// io_uring if the kernel lets this process use it, else psync.
+    #[default]
+    Auto,
+    IoUring,
+    Psync,
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(EngineKind::Auto),
+            "io_uring" | "uring" => Ok(EngineKind::IoUring),
+            "psync" => Ok(EngineKind::Psync),
+            other => Err(format!(
+                "unknown I/O engine {other:?} (auto, io_uring, psync)"
+            )),
+        }
+    }
+}
+
+/// Opens an engine. `IoUring` fails if the ring cannot be set up; `Auto` falls back to
+/// psync in that case (logged at `warn`).
+pub fn open_engine(kind: EngineKind) -> io::Result<Arc<dyn IoEngine>> {
+    match kind {
+        EngineKind::Psync => Ok(Arc::new(psync::PsyncEngine::new())),
+        EngineKind::IoUring => Ok(Arc::new(uring::UringEngine::new()?)),
+        EngineKind::Auto => match uring::UringEngine::new() {
+            Ok(e) => Ok(Arc::new(e)),
+            Err(err) => {
+                tracing::warn!(%err, "io_uring unavailable, using the psync engine");
+                Ok(Arc::new(psync::PsyncEngine::new()))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_aligned_and_rounded() {
+        for len in [0usize, 1, 4095, 4096, 4097, 1 << 20] {
+            let mut b = AlignedBuf::zeroed(len);
+            assert_eq!(b.len(), len);
+            assert!(is_aligned(b.capacity()));
+            assert!(b.capacity() >= len);
+            assert!(is_aligned(b.full_mut().as_ptr() as usize));
+            assert_eq!(b.full_mut().len(), b.capacity());
+        }
+    }
+
+    async fn engine_round_trip(engine: Arc<dyn IoEngine>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .expect("open"),
+        );
+        let mut buf = AlignedBuf::zeroed(3 * ALIGN);
+        for (i, b) in buf.full_mut().iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let expect = buf.to_vec();
+        engine
+            .write_at(file.clone(), ALIGN as u64, buf)
+            .await
+            .expect("write");
+        engine.sync_data(file.clone()).await.expect("sync");
+        assert_eq!(
+            std::fs::metadata(&path).expect("stat").len(),
+            4 * ALIGN as u64
+        );
+        let got = engine
+            .read_at(file.clone(), ALIGN as u64, 3 * ALIGN)
+            .await
+            .expect("read");
+        assert_eq!(&got[..], &expect[..]);
+        // Reading past the end returns only what is there.
+        let tail = engine
+            .read_at(file.clone(), 3 * ALIGN as u64, 4 * ALIGN)
+            .await
+            .expect("read tail");
+        assert_eq!(&tail[..], &expect[2 * ALIGN..]);
+        let none = engine
+            .read_at(file, 8 * ALIGN as u64, ALIGN)
+            .await
+            .expect("read past end");
+        assert!(none.is_empty());
+    }
+
+    #[tokio::test]
+    async fn psync_round_trip() {
+        engine_round_trip(open_engine(EngineKind::Psync).expect("psync")).await;
+    }
+
+    #[tokio::test]
+    async fn uring_round_trip() {
+        let engine = open_engine(EngineKind::IoUring).expect("io_uring works on this machine");
+        assert_eq!(engine.name(), "io_uring");
+        engine_round_trip(engine).await;
+    }
+
+    #[tokio::test]
+    async fn uring_many_in_flight() {
+        let engine = open_engine(EngineKind::IoUring).expect("io_uring");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(dir.path().join("f"))
+                .expect("open"),
+        );
+        // More requests than the ring has entries, all at once.
+        let mut tasks = Vec::new();
+        for i in 0..600u64 {
+            let (engine, file) = (engine.clone(), file.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut buf = AlignedBuf::zeroed(ALIGN);
+                buf.full_mut().fill((i % 256) as u8);
+                engine
+                    .write_at(file.clone(), i * ALIGN as u64, buf)
+                    .await
+                    .expect("write");
+                let got = engine
+                    .read_at(file, i * ALIGN as u64, ALIGN)
+                    .await
+                    .expect("read");
+                assert!(got.iter().all(|&b| b == (i % 256) as u8));
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task");
+        }
+    }
+}

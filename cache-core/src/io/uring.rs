@@ -1,0 +1,376 @@
+//! The io_uring engine: one thread owns the ring.
+//!
+//! Callers send a request (the file, the offset and the owned buffer) through a
+//! channel, then write to an eventfd that the ring thread always has a read pending on,
+//! so the thread wakes from `io_uring_enter` for new work as well as for completions.
+//! The thread keeps each in-flight request (and with it the buffer and the file) in a
+//! slab until its completion is reaped, then sends the result and the buffer back
+//! through a oneshot. This ownership is what makes the unsafe `push` calls sound: the
+//! kernel only ever sees addresses of memory the ring thread owns and keeps alive.
+//!
+//! Defaults: 256 submission entries (enough to keep an NVMe queue busy; the engine
+//! never has more than that many requests in flight, so the 512-entry completion queue
+//! cannot overflow). A dropped caller future does not cancel its request: the thread
+//! still owns the buffer and drops it after the completion. When the engine is dropped
+//! the thread drains every in-flight request before it exits, for the same reason.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use io_uring::{opcode, types, IoUring};
+use tokio::sync::oneshot;
+
+use super::{align_up, AlignedBuf, IoEngine};
+
+/// Submission-queue entries; see the module doc.
+const RING_ENTRIES: u32 = 256;
+/// `user_data` of the eventfd read; requests use slab ids below it.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// One request's largest transfer: the kernel caps a single read/write near 2 GiB.
+const MAX_TRANSFER: usize = 1 << 30;
+
+enum OpKind {
+    Read,
+    Write,
+    Fsync,
+}
+
+struct Request {
+    kind: OpKind,
+    file: Arc<File>,
+    /// Position in the file of `buf[pos..]`.
+    offset: u64,
+    buf: Option<AlignedBuf>,
+    pos: usize,
+    /// Bytes to transfer from `pos`.
+    len: usize,
+    reply: oneshot::Sender<Reply>,
+}
+
+struct Reply {
+    result: io::Result<usize>,
+    buf: Option<AlignedBuf>,
+}
+
+enum Msg {
+    Op(Request),
+    Shutdown,
+}
+
+#[derive(Debug)]
+pub struct UringEngine {
+    tx: mpsc::Sender<Msg>,
+    wake: File,
+}
+
+impl UringEngine {
+    /// Sets up a ring, checks it with one no-op round trip, and starts its thread.
+    pub fn new() -> io::Result<Self> {
+        let mut ring: IoUring = IoUring::builder().build(RING_ENTRIES)?;
+        probe_nop(&mut ring)?;
+        // SAFETY: eventfd(2) takes no pointers; a non-negative return is a new fd that
+        // nothing else owns, so handing it to OwnedFd is the only ownership of it.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: see above: `raw` is a fresh, valid, unowned descriptor.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let wake = File::from(wake_fd.try_clone()?);
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("strata-uring".to_string())
+            .spawn(move || RingThread::new(ring, rx, wake_fd).run())?;
+        Ok(UringEngine { tx, wake })
+    }
+
+    async fn submit(
+        &self,
+        kind: OpKind,
+        file: Arc<File>,
+        offset: u64,
+        buf: Option<AlignedBuf>,
+        pos: usize,
+        len: usize,
+    ) -> io::Result<Reply> {
+        let (reply, rx) = oneshot::channel();
+        let req = Request {
+            kind,
+            file,
+            offset,
+            buf,
+            pos,
+            len,
+            reply,
+        };
+        self.tx
+            .send(Msg::Op(req))
+            .map_err(|_| io::Error::other("io_uring thread has stopped"))?;
+        (&self.wake).write_all(&1u64.to_ne_bytes())?;
+        rx.await
+            .map_err(|_| io::Error::other("io_uring thread dropped a request"))
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        // The thread drains in-flight requests, then exits; nothing to wait for here.
+        let _ = self.tx.send(Msg::Shutdown);
+        let _ = (&self.wake).write_all(&1u64.to_ne_bytes());
+    }
+}
+
+fn probe_nop(ring: &mut IoUring) -> io::Result<()> {
+    let nop = opcode::Nop::new().build().user_data(0);
+    // SAFETY: a no-op references no memory.
+    unsafe { ring.submission().push(&nop) }
+        .map_err(|_| io::Error::other("io_uring submission queue full at set-up"))?;
+    ring.submit_and_wait(1)?;
+    let cqe = ring
+        .completion()
+        .next()
+        .ok_or_else(|| io::Error::other("io_uring no-op did not complete"))?;
+    if cqe.result() < 0 {
+        return Err(io::Error::from_raw_os_error(-cqe.result()));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+
+    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(len);
+        let mut filled = 0usize;
+        while filled < len {
+            // Whole aligned units (O_DIRECT), never past the buffer.
+            let ask = align_up(len - filled)
+                .min(buf.capacity() - filled)
+                .min(MAX_TRANSFER);
+            let reply = self
+                .submit(OpKind::Read, file.clone(), offset, Some(buf), filled, ask)
+                .await?;
+            buf = reply
+                .buf
+                .ok_or_else(|| io::Error::other("io_uring read lost its buffer"))?;
+            let n = reply.result?;
+            if n == 0 {
+                break;
+            }
+            filled += n.min(len - filled);
+            if !super::is_aligned(n) {
+                break; // short, unaligned: end of file
+            }
+        }
+        buf.set_len(filled);
+        Ok(buf)
+    }
+
+    async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
+        let total = buf.capacity();
+        let mut buf = Some(buf);
+        let mut done = 0usize;
+        while done < total {
+            let ask = (total - done).min(MAX_TRANSFER);
+            let reply = self
+                .submit(OpKind::Write, file.clone(), offset, buf.take(), done, ask)
+                .await?;
+            buf = reply.buf;
+            match reply.result? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => done += n,
+            }
+        }
+        Ok(())
+    }
+
+    async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
+        self.submit(OpKind::Fsync, file, 0, None, 0, 0)
+            .await?
+            .result
+            .map(|_| ())
+    }
+}
+
+struct RingThread {
+    ring: IoUring,
+    rx: mpsc::Receiver<Msg>,
+    wake_fd: OwnedFd,
+    /// The eventfd read's 8-byte target; boxed so its address is stable.
+    wake_buf: Box<[u8; 8]>,
+    wake_armed: bool,
+    inflight: HashMap<u64, Request>,
+    next_id: u64,
+    shutting_down: bool,
+}
+
+impl RingThread {
+    fn new(ring: IoUring, rx: mpsc::Receiver<Msg>, wake_fd: OwnedFd) -> Self {
+        RingThread {
+            ring,
+            rx,
+            wake_fd,
+            wake_buf: Box::new([0u8; 8]),
+            wake_armed: false,
+            inflight: HashMap::new(),
+            next_id: 0,
+            shutting_down: false,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            self.take_new_requests();
+            if self.shutting_down && self.inflight.is_empty() && !self.wake_armed {
+                return;
+            }
+            if !self.shutting_down && !self.wake_armed {
+                self.arm_wake();
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "io_uring_enter failed; engine stopped");
+                    self.fail_forever(&e);
+                    return;
+                }
+            }
+            self.reap();
+        }
+    }
+
+    /// Moves queued requests into the ring while there is room for them.
+    fn take_new_requests(&mut self) {
+        while (self.inflight.len() as u32) < RING_ENTRIES - 1 && !self.shutting_down {
+            match self.rx.try_recv() {
+                Ok(Msg::Op(req)) => self.push(req),
+                Ok(Msg::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
+                    self.shutting_down = true;
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
+        }
+    }
+
+    fn push(&mut self, mut req: Request) {
+        let id = self.next_id;
+        self.next_id = (self.next_id + 1) % (WAKE_TOKEN - 1);
+        let fd = types::Fd(req.file.as_raw_fd());
+        let entry = match req.kind {
+            OpKind::Fsync => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            OpKind::Read | OpKind::Write => {
+                let Some(buf) = req.buf.as_mut() else {
+                    let _ = req.reply.send(Reply {
+                        result: Err(io::Error::other("read/write without a buffer")),
+                        buf: None,
+                    });
+                    return;
+                };
+                let window = buf.window_mut(req.pos);
+                let len = req.len.min(window.len()) as u32;
+                let ptr = window.as_mut_ptr();
+                let at = req.offset + req.pos as u64;
+                match req.kind {
+                    OpKind::Read => opcode::Read::new(fd, ptr, len).offset(at).build(),
+                    _ => opcode::Write::new(fd, ptr, len).offset(at).build(),
+                }
+            }
+        }
+        .user_data(id);
+        // SAFETY: the entry points at `req.buf`'s heap storage (which does not move
+        // when `req` moves) and at `req.file`'s descriptor. `req` is stored in
+        // `inflight` below and removed only in `reap`, after the kernel has posted the
+        // completion for `id`, so both outlive the kernel's use of them.
+        self.push_entry(&entry);
+        self.inflight.insert(id, req);
+    }
+
+    fn arm_wake(&mut self) {
+        let entry = opcode::Read::new(
+            types::Fd(self.wake_fd.as_raw_fd()),
+            self.wake_buf.as_mut_ptr(),
+            8,
+        )
+        .build()
+        .user_data(WAKE_TOKEN);
+        // SAFETY: `wake_buf` and `wake_fd` are owned by this thread's state, which is
+        // never dropped while `wake_armed` is true (`run` returns only when it is false).
+        self.push_entry(&entry);
+        self.wake_armed = true;
+    }
+
+    fn push_entry(&mut self, entry: &io_uring::squeue::Entry) {
+        loop {
+            // SAFETY: callers guarantee that what `entry` references stays valid until
+            // its completion is reaped (see `push` and `arm_wake`).
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return;
+            }
+            // Queue full: hand what is queued to the kernel and retry. The in-flight
+            // bound keeps this from looping for long.
+            if let Err(e) = self.ring.submit() {
+                if e.kind() != io::ErrorKind::Interrupted && e.raw_os_error() != Some(libc::EBUSY) {
+                    tracing::warn!(error = %e, "io_uring submit while queue full");
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (id, res) in done {
+            if id == WAKE_TOKEN {
+                self.wake_armed = false;
+                continue;
+            }
+            let Some(req) = self.inflight.remove(&id) else {
+                continue;
+            };
+            let result = if res < 0 {
+                Err(io::Error::from_raw_os_error(-res))
+            } else {
+                Ok(res as usize)
+            };
+            // The caller may have gone away; its buffer is dropped here then.
+            let _ = req.reply.send(Reply {
+                result,
+                buf: req.buf,
+            });
+        }
+    }
+
+    /// The ring is unusable: answer every later request with an error until the engine
+    /// is dropped, then leak what the kernel may still reference instead of freeing it.
+    fn fail_forever(mut self, e: &io::Error) {
+        while let Ok(msg) = self.rx.recv() {
+            match msg {
+                Msg::Op(req) => {
+                    let _ = req.reply.send(Reply {
+                        result: Err(io::Error::new(e.kind(), e.to_string())),
+                        buf: req.buf,
+                    });
+                }
+                Msg::Shutdown => break,
+            }
+        }
+        // Leaking is safe; freeing buffers the kernel may still write into is not.
+        std::mem::forget(std::mem::take(&mut self.inflight));
+        std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0u8; 8])));
+    }
+}

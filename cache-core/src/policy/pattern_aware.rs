@@ -1,0 +1,564 @@
+//! The pattern-aware policy (`strata`): per-stream pattern detection feeding per-pattern
+//! retention, with space allocated across pools by marginal benefit.
+//!
+//! # How an item is placed
+//!
+//! Every demand access (a hit through `on_hit`, a miss through `admit`) is recorded in the
+//! [`StreamTree`], which returns the pattern of the job's streams at each granularity.
+//! The *retention pattern* (skewed anywhere, else the finest classified level; see
+//! [`Observation::retention`]) decides where the item lives:
+//!
+//! | pool | holds | evicted |
+//! |---|---|---|
+//! | `consumed` | scan data (sequential/random stream) outside the stable subset, once read | first, oldest first ("evict behind") |
+//! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
+//! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
+//! | `freq` | skewed or not yet classified data | LFU with dynamic aging (LFU-DA), when over its share |
+//!
+//! * **Sequential and random streams** (data read about once per epoch, in sequence or
+//!   shuffled) are not worth keeping by recency: LRU on a per-epoch shuffle of a set
+//!   larger than the cache hits ~0. Instead the `stable` pool keeps the *bottom-k by
+//!   hash*: an item enters only if its key hash is below the largest hash resident
+//!   (or the pool has room), and the victim is the largest hash. The subset is a fixed
+//!   hash sample, the same every epoch, so a shuffled epoch hits ~share/size of its
+//!   reads. Everything else from such streams goes to `consumed` and is evicted right
+//!   after it is read, so one scan cannot push out a hot set.
+//! * **Skewed streams** (and streams not yet classified) go to `freq`: priority
+//!   `L + f`, with `f` from an aged count-min sketch (history survives eviction) and `L`
+//!   the priority of the last `freq` victim (dynamic aging, so formerly hot items fade).
+//! * **Prefetched** items (`ctx.prefetch`) wait in `ahead`; their first demand read moves
+//!   them to the pool their stream's pattern picks.
+//!
+//! # Space allocation by marginal benefit
+//!
+//! `stable` and `freq` share what `consumed`/`ahead` leave, split by `stable_share`.
+//! Each pool's *marginal* hit rate is estimated over the same probe size (`ghost_share`
+//! of capacity): for `freq`, demand misses on keys in a ghost FIFO of its recent victims;
+//! for `stable`, demand misses on previously seen scan keys whose hash lies in the band
+//! just above the subset's threshold (the items a larger subset would hold). Every
+//! `rebalance_every` demand misses the share moves one `rebalance_step` toward the pool
+//! that would have earned more hits. A one-time scan earns the stable band nothing, so it
+//! cannot grow; a hot set's ghost hits hold its space.
+//!
+//! All decisions are pure logic, O(log n) per access (B-tree orders) plus O(1) stream
+//! updates; no allocation per access beyond the map entries of new residents.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::EvictionPolicy;
+use crate::access::AccessContext;
+use crate::key::CacheKey;
+use crate::pattern::Pattern;
+use crate::stream::{key_hash, mix64, FxBuild, Observation, StreamTree, TreeConfig};
+
+/// Tunables of [`PatternAwarePolicy`]. Every default carries its reason.
+#[derive(Clone, Debug)]
+pub struct PatternAwareConfig {
+    pub tree: TreeConfig,
+    /// Byte budget of the tier, if the caller knows it; otherwise learnt from the first
+    /// eviction (the tier is full when it first asks for a victim).
+    pub capacity_hint: Option<u64>,
+    /// Most of the capacity prefetched-but-unread data may hold before the oldest of it
+    /// is dropped: 0.25, enough for several streams' readahead windows while leaving
+    /// three quarters to retained data.
+    pub ahead_share: f64,
+    /// Initial share of `stable` in the retained space: 0.5 (no prior either way).
+    pub stable_share: f64,
+    /// Probe size of the marginal-benefit estimators, as a share of capacity: 0.1, large
+    /// enough to see hits within one rebalance period, small enough to be "marginal".
+    pub ghost_share: f64,
+    /// Demand misses between rebalances: 1024, a few epochs' worth of evidence on the
+    /// smallest workloads while still reacting within a fraction of a pass on large ones.
+    pub rebalance_every: u64,
+    /// Share moved per rebalance: 0.05, so a full swing takes ~20 periods (no flapping).
+    pub rebalance_step: f64,
+    /// Counters per row of the frequency sketch (4 rows of u8): 32,768, i.e. 128 KiB,
+    /// accurate for working sets up to ~100k hot items; aged every 10x that many
+    /// increments.
+    pub sketch_width: usize,
+    /// Bits of the "seen before" filter that tells first touches from re-reads for the
+    /// stable band estimator: 2^21 (256 KiB), cleared when a quarter full.
+    pub seen_bits: usize,
+}
+
+impl Default for PatternAwareConfig {
+    fn default() -> Self {
+        PatternAwareConfig {
+            tree: TreeConfig::default(),
+            capacity_hint: None,
+            ahead_share: 0.25,
+            stable_share: 0.5,
+            ghost_share: 0.1,
+            rebalance_every: 1024,
+            rebalance_step: 0.05,
+            sketch_width: 1 << 15,
+            seen_bits: 1 << 21,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Consumed,
+    Ahead,
+    Stable,
+    Freq,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: u64,
+    pool: Pool,
+    hash: u64,
+    /// Order key within the pool: sequence number (consumed/ahead), priority (freq).
+    order: u64,
+    seq: u64,
+}
+
+/// Aged count-min sketch (4 rows of saturating u8 counters).
+struct Sketch {
+    rows: Vec<u8>,
+    mask: usize,
+    adds: u64,
+    age_every: u64,
+}
+
+impl Sketch {
+    fn new(width: usize) -> Self {
+        let w = width.max(64).next_power_of_two();
+        Sketch {
+            rows: vec![0; 4 * w],
+            mask: w - 1,
+            adds: 0,
+            age_every: 10 * w as u64,
+        }
+    }
+    #[inline]
+    fn idx(&self, h: u64, row: usize) -> usize {
+        let w = self.mask + 1;
+        let hr = mix64(h ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        row * w + (hr as usize & self.mask)
+    }
+    fn add(&mut self, h: u64) -> u64 {
+        let mut min = u8::MAX;
+        for r in 0..4 {
+            let i = self.idx(h, r);
+            let c = &mut self.rows[i];
+            *c = c.saturating_add(1);
+            min = min.min(*c);
+        }
+        self.adds += 1;
+        if self.adds >= self.age_every {
+            self.adds = 0;
+            for c in &mut self.rows {
+                *c /= 2;
+            }
+        }
+        u64::from(min)
+    }
+    fn estimate(&self, h: u64) -> u64 {
+        (0..4)
+            .map(|r| self.rows[self.idx(h, r)])
+            .min()
+            .map_or(0, u64::from)
+    }
+}
+
+/// Counters describing the policy's decisions (for benchmarks and docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PatternAwareStats {
+    pub stable_share: f64,
+    pub stable_bytes: u64,
+    pub freq_bytes: u64,
+    pub consumed_bytes: u64,
+    pub ahead_bytes: u64,
+    pub streams: usize,
+    pub rebalances: u64,
+}
+
+/// The pattern-aware eviction policy. See the module docs.
+pub struct PatternAwarePolicy {
+    cfg: PatternAwareConfig,
+    tree: StreamTree,
+    entries: HashMap<CacheKey, Entry, FxBuild>,
+    consumed: BTreeMap<u64, CacheKey>,
+    ahead: BTreeMap<u64, CacheKey>,
+    stable: BTreeMap<(u64, u64), CacheKey>,
+    freq: BTreeMap<(u64, u64), CacheKey>,
+    bytes: [u64; 4],
+    seq: u64,
+    cap: u64,
+    /// LFU-DA inflation: priority of the last `freq` victim.
+    inflation: u64,
+    sketch: Sketch,
+    seen: Vec<u64>,
+    seen_set: usize,
+    ghost: HashMap<u64, u64, FxBuild>,
+    ghost_fifo: VecDeque<(u64, u64, u64)>,
+    ghost_bytes: u64,
+    stable_share: f64,
+    gain_freq: f64,
+    gain_stable: f64,
+    misses: u64,
+    rebalances: u64,
+    /// Decision taken in `admit` for the item about to be inserted.
+    pending: Option<(u64, Pool)>,
+    pending_size: u64,
+    last_victim: Option<u64>,
+}
+
+impl Default for PatternAwarePolicy {
+    fn default() -> Self {
+        Self::new(PatternAwareConfig::default())
+    }
+}
+
+fn pool_ix(p: Pool) -> usize {
+    match p {
+        Pool::Consumed => 0,
+        Pool::Ahead => 1,
+        Pool::Stable => 2,
+        Pool::Freq => 3,
+    }
+}
+
+impl PatternAwarePolicy {
+    pub fn new(cfg: PatternAwareConfig) -> Self {
+        let sketch = Sketch::new(cfg.sketch_width);
+        let seen = vec![0u64; cfg.seen_bits.max(64).next_power_of_two() / 64];
+        PatternAwarePolicy {
+            tree: StreamTree::new(cfg.tree.clone()),
+            entries: HashMap::default(),
+            consumed: BTreeMap::new(),
+            ahead: BTreeMap::new(),
+            stable: BTreeMap::new(),
+            freq: BTreeMap::new(),
+            bytes: [0; 4],
+            seq: 0,
+            cap: cfg.capacity_hint.unwrap_or(0),
+            inflation: 0,
+            sketch,
+            seen,
+            seen_set: 0,
+            ghost: HashMap::default(),
+            ghost_fifo: VecDeque::new(),
+            ghost_bytes: 0,
+            stable_share: cfg.stable_share,
+            gain_freq: 0.0,
+            gain_stable: 0.0,
+            misses: 0,
+            rebalances: 0,
+            pending: None,
+            pending_size: 0,
+            last_victim: None,
+            cfg,
+        }
+    }
+
+    /// The stream tree (for inspection).
+    pub fn tree(&self) -> &StreamTree {
+        &self.tree
+    }
+
+    pub fn stats(&self) -> PatternAwareStats {
+        PatternAwareStats {
+            stable_share: self.stable_share,
+            consumed_bytes: self.bytes[0],
+            ahead_bytes: self.bytes[1],
+            stable_bytes: self.bytes[2],
+            freq_bytes: self.bytes[3],
+            streams: self.tree.len(),
+            rebalances: self.rebalances,
+        }
+    }
+
+    fn resident_bytes(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
+
+    fn full_for(&self, size: u64) -> bool {
+        self.cap > 0 && self.resident_bytes() + size > self.cap
+    }
+
+    /// "Seen before" filter: returns whether `h` was set, and sets it.
+    fn seen_check_set(&mut self, h: u64) -> bool {
+        let bits = self.seen.len() * 64;
+        let i = (h as usize) & (bits - 1);
+        let (w, b) = (i / 64, i % 64);
+        let was = self.seen[w] & (1 << b) != 0;
+        if !was {
+            self.seen[w] |= 1 << b;
+            self.seen_set += 1;
+            if self.seen_set > bits / 4 {
+                self.seen.iter_mut().for_each(|x| *x = 0);
+                self.seen_set = 0;
+            }
+        }
+        was
+    }
+
+    fn stable_threshold(&self) -> Option<u64> {
+        self.stable.last_key_value().map(|((h, _), _)| *h)
+    }
+
+    /// Where a scan item of hash `h` goes: the stable subset or the consumed queue.
+    fn scan_pool(&self, h: u64, size: u64) -> Pool {
+        if !self.full_for(size) {
+            return Pool::Stable;
+        }
+        let retained = self.bytes[2] + self.bytes[3];
+        let target = self.stable_share * (retained + size) as f64;
+        if (self.bytes[2] + size) as f64 <= target {
+            return Pool::Stable;
+        }
+        match self.stable_threshold() {
+            Some(t) if h < t => Pool::Stable,
+            _ => Pool::Consumed,
+        }
+    }
+
+    fn pool_for(&self, h: u64, size: u64, retention: Pattern) -> Pool {
+        match retention {
+            Pattern::Sequential | Pattern::Random => self.scan_pool(h, size),
+            Pattern::Skewed | Pattern::Unknown => Pool::Freq,
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn unlink(&mut self, key: &CacheKey, e: &Entry) {
+        match e.pool {
+            Pool::Consumed => {
+                self.consumed.remove(&e.order);
+            }
+            Pool::Ahead => {
+                self.ahead.remove(&e.order);
+            }
+            Pool::Stable => {
+                self.stable.remove(&(e.hash, e.seq));
+            }
+            Pool::Freq => {
+                self.freq.remove(&(e.order, e.seq));
+            }
+        }
+        self.bytes[pool_ix(e.pool)] -= e.size;
+        let _ = key;
+    }
+
+    fn link(&mut self, key: &CacheKey, e: &mut Entry, pool: Pool) {
+        e.pool = pool;
+        e.seq = self.next_seq();
+        match pool {
+            Pool::Consumed => {
+                e.order = e.seq;
+                self.consumed.insert(e.order, key.clone());
+            }
+            Pool::Ahead => {
+                e.order = e.seq;
+                self.ahead.insert(e.order, key.clone());
+            }
+            Pool::Stable => {
+                self.stable.insert((e.hash, e.seq), key.clone());
+            }
+            Pool::Freq => {
+                e.order = self.inflation + self.sketch.estimate(e.hash).max(1);
+                self.freq.insert((e.order, e.seq), key.clone());
+            }
+        }
+        self.bytes[pool_ix(pool)] += e.size;
+    }
+
+    fn move_to(&mut self, key: &CacheKey, pool: Pool) {
+        if let Some(mut e) = self.entries.get(key).copied() {
+            self.unlink(key, &e);
+            self.link(key, &mut e, pool);
+            self.entries.insert(key.clone(), e);
+        }
+    }
+
+    /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
+    fn on_demand_miss(&mut self, h: u64, size: u64, obs: &Observation, seen: bool) {
+        if self.ghost.remove(&h).is_some() {
+            self.gain_freq += size as f64;
+        } else if seen
+            && matches!(obs.retention(), Pattern::Sequential | Pattern::Random)
+            && self.bytes[2] > 0
+        {
+            if let Some(t) = self.stable_threshold() {
+                let band = t as f64 * self.ghost_cap() as f64 / self.bytes[2] as f64;
+                if h > t && ((h - t) as f64) <= band {
+                    self.gain_stable += size as f64;
+                }
+            }
+        }
+        self.misses += 1;
+        if self.misses % self.cfg.rebalance_every.max(1) == 0 {
+            self.rebalance();
+        }
+    }
+
+    fn ghost_cap(&self) -> u64 {
+        (self.cap as f64 * self.cfg.ghost_share) as u64
+    }
+
+    fn rebalance(&mut self) {
+        let (f, s) = (self.gain_freq, self.gain_stable);
+        let step = self.cfg.rebalance_step;
+        if f > s * 1.1 {
+            self.stable_share = (self.stable_share - step).max(0.0);
+        } else if s > f * 1.1 {
+            self.stable_share = (self.stable_share + step).min(1.0);
+        }
+        self.gain_freq /= 2.0;
+        self.gain_stable /= 2.0;
+        self.rebalances += 1;
+    }
+
+    fn push_ghost(&mut self, h: u64, size: u64) {
+        let seq = self.next_seq();
+        self.ghost.insert(h, seq);
+        self.ghost_fifo.push_back((h, size, seq));
+        self.ghost_bytes += size;
+        let cap = self.ghost_cap();
+        while self.ghost_bytes > cap {
+            let Some((gh, gs, gseq)) = self.ghost_fifo.pop_front() else {
+                break;
+            };
+            self.ghost_bytes -= gs;
+            if self.ghost.get(&gh) == Some(&gseq) {
+                self.ghost.remove(&gh);
+            }
+        }
+    }
+}
+
+impl EvictionPolicy for PatternAwarePolicy {
+    fn name(&self) -> &'static str {
+        "strata"
+    }
+
+    fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        let h = key_hash(key);
+        self.pending_size = size;
+        if ctx.prefetch {
+            self.pending = Some((h, Pool::Ahead));
+            return true;
+        }
+        let obs = self.tree.observe(key, ctx);
+        let seen = self.seen_check_set(h);
+        if !obs.repeat {
+            self.sketch.add(h);
+        }
+        self.on_demand_miss(h, size, &obs, seen);
+        let pool = self.pool_for(h, size, obs.retention());
+        self.pending = Some((h, pool));
+        true
+    }
+
+    fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
+        let h = key_hash(key);
+        let pool = match self.pending.take() {
+            Some((ph, pool)) if ph == h => pool,
+            _ if ctx.prefetch => Pool::Ahead,
+            _ => self.pool_for(h, size, self.tree.lookup(key, ctx).retention()),
+        };
+        self.pending_size = 0;
+        if let Some(old) = self.entries.remove(key) {
+            self.unlink(key, &old);
+        }
+        let mut e = Entry {
+            size,
+            pool,
+            hash: h,
+            order: 0,
+            seq: 0,
+        };
+        self.link(key, &mut e, pool);
+        self.entries.insert(key.clone(), e);
+    }
+
+    fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        if ctx.prefetch {
+            return;
+        }
+        let obs = self.tree.observe(key, ctx);
+        let Some(e) = self.entries.get(key).copied() else {
+            return;
+        };
+        self.seen_check_set(e.hash);
+        if !obs.repeat {
+            self.sketch.add(e.hash);
+        }
+        match e.pool {
+            Pool::Ahead => {
+                let pool = match obs.retention() {
+                    Pattern::Skewed | Pattern::Unknown => Pool::Freq,
+                    _ => {
+                        // Already resident: the stable subset takes it only by hash.
+                        match self.stable_threshold() {
+                            Some(t) if e.hash < t || !self.full_for(0) => Pool::Stable,
+                            None if !self.full_for(0) => Pool::Stable,
+                            _ => Pool::Consumed,
+                        }
+                    }
+                };
+                self.move_to(key, pool);
+            }
+            Pool::Consumed if !obs.repeat => self.move_to(key, Pool::Freq),
+            Pool::Freq if !obs.repeat => self.move_to(key, Pool::Freq),
+            _ => {}
+        }
+    }
+
+    fn on_remove(&mut self, key: &CacheKey) {
+        let Some(e) = self.entries.remove(key) else {
+            return;
+        };
+        self.unlink(key, &e);
+        let evicted = self.last_victim.take() == Some(e.hash);
+        if evicted && e.pool == Pool::Freq {
+            self.inflation = self.inflation.max(e.order);
+            self.push_ghost(e.hash, e.size);
+        }
+    }
+
+    fn victim(&mut self) -> Option<CacheKey> {
+        let resident = self.resident_bytes();
+        self.cap = self.cap.max(resident.saturating_add(self.pending_size));
+        let pick = if let Some((_, k)) = self.consumed.first_key_value() {
+            Some(k)
+        } else if (self.bytes[1] as f64) > self.cfg.ahead_share * self.cap as f64
+            && !self.ahead.is_empty()
+        {
+            self.ahead.first_key_value().map(|(_, k)| k)
+        } else {
+            let retained = self.bytes[2] + self.bytes[3];
+            let stable_over = self.bytes[2] as f64 > self.stable_share * retained as f64;
+            if !self.stable.is_empty() && (stable_over || self.freq.is_empty()) {
+                self.stable.last_key_value().map(|(_, k)| k)
+            } else if let Some((_, k)) = self.freq.first_key_value() {
+                Some(k)
+            } else {
+                self.ahead.first_key_value().map(|(_, k)| k)
+            }
+        };
+        let k = pick.cloned()?;
+        self.last_victim = self.entries.get(&k).map(|e| e.hash);
+        Some(k)
+    }
+
+    fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
+        let obs = self.tree.lookup(key, ctx);
+        if obs.blocks != Pattern::Unknown {
+            obs.blocks
+        } else {
+            obs.files
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

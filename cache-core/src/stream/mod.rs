@@ -1,0 +1,494 @@
+//! The access-stream tree: per-job streams at every level of the namespace.
+//!
+//! The tree mirrors the namespace a key names:
+//!
+//! ```text
+//! dataset root ("train")            level 2: items are its directories
+//!   └ directory ("train/part-3")    level 1: items are its files
+//!       └ file ("train/part-3/shard-00042.tar")   level 0: items are its blocks
+//! kv/<namespace>                    level 0: items are its KV blocks (prefix hashes)
+//! ```
+//!
+//! A *stream* is one job's accesses under one node, so the node is keyed by `(job,
+//! level, hash of the node's path)`: two jobs reading the same directory interleaved
+//! never blur each other's order or popularity. Each stream holds a
+//! [`StreamStats`] (a bounded window plus decayed counters, classified by
+//! [`crate::classify`]), so state per node is O(1). Nodes are created on first access
+//! and exist only as streams: there is no explicit parent pointer, the parent of a file
+//! node is found by hashing its directory prefix, which keeps a node at ~100 bytes.
+//!
+//! Granularities feed each other: when a job's block stream in a file is classified, the
+//! result is recorded on the job's directory stream (`child_hint`), and the next file
+//! the job opens in that directory starts from that pattern. So the 2nd shard of a job
+//! reading shards sequentially is prefetched from its first block, not after 16 blocks.
+//!
+//! Bounded memory: when the number of streams exceeds `max_streams`, the least recently
+//! used half is dropped (an O(n) sweep every n/2 new streams: O(1) amortised). What a
+//! dropped file stream learnt survives summarised in its directory's `child_hint`.
+//! Bytes per tracked file are measured in `docs/PATTERNS.md`.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::access::AccessContext;
+use crate::classify::{ClassifierConfig, Scratch, StreamStats};
+use crate::key::CacheKey;
+use crate::pattern::Pattern;
+
+/// A small, fast, deterministic hasher (the Fx/rustc hash) for the tree's and the
+/// policy's internal maps, whose keys are already well-mixed 64-bit hashes or small
+/// tuples: SipHash would be most of the per-access cost.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct FxHasher {
+    hash: u64,
+}
+
+const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut buf = [0u8; 8];
+            buf[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(buf));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.hash = (self.hash.rotate_left(5) ^ i).wrapping_mul(FX_SEED);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(u64::from(i));
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+/// `BuildHasher` for [`FxHasher`].
+pub type FxBuild = BuildHasherDefault<FxHasher>;
+
+/// Finaliser (splitmix64) turning a weak hash into uniformly spread bits.
+#[inline]
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Stable 64-bit hash of a byte string (Fx, 8 bytes at a time, then mixed).
+#[inline]
+pub fn hash_bytes(b: &[u8]) -> u64 {
+    let mut h = FxHasher::default();
+    h.write(b);
+    h.write_u64(b.len() as u64);
+    mix64(h.finish())
+}
+
+/// A uniformly distributed, process-stable 64-bit hash of a cache key (no allocation,
+/// unlike [`CacheKey::fingerprint`]). The policy samples its stable subsets with it.
+#[inline]
+pub fn key_hash(key: &CacheKey) -> u64 {
+    match key {
+        CacheKey::File(k) => mix64(hash_bytes(k.location.as_bytes()) ^ mix64(k.block)),
+        CacheKey::Kv(k) => mix64(hash_bytes(k.namespace.as_bytes()) ^ hash_bytes(&k.hash)),
+    }
+}
+
+/// The trailing decimal number of a name (`shard-00042.tar` -> 42), the index that
+/// makes "files read in name order" a forward-adjacent step; names without digits get
+/// their hash (never adjacent by chance in practice).
+pub fn name_index(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let mut end = b.len();
+    // skip an extension-like suffix of non-digits
+    while end > 0 && !b[end - 1].is_ascii_digit() {
+        end -= 1;
+    }
+    let mut start = end;
+    while start > 0 && b[start - 1].is_ascii_digit() && end - start < 18 {
+        start -= 1;
+    }
+    if start == end {
+        return hash_bytes(b);
+    }
+    b[start..end]
+        .iter()
+        .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'))
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct StreamId {
+    job: u64,
+    node: u64,
+}
+
+const LEVEL_FILE: u64 = 0x0100_0000_0000_0000;
+const LEVEL_DIR: u64 = 0x0200_0000_0000_0000;
+const LEVEL_ROOT: u64 = 0x0300_0000_0000_0000;
+
+struct Visit {
+    before: Pattern,
+    after: Pattern,
+    repeat: bool,
+    hint: Pattern,
+}
+
+struct Node {
+    stats: StreamStats,
+    /// Last pattern a child stream of this job under this node was classified as.
+    child_hint: Pattern,
+    last_tick: u64,
+}
+
+/// Tunables of the tree.
+#[derive(Clone, Debug)]
+pub struct TreeConfig {
+    pub classifier: ClassifierConfig,
+    /// Streams kept before the least recently used half is dropped: 65,536, i.e. a few
+    /// MiB of state, enough for thousands of concurrent jobs x their open files.
+    pub max_streams: usize,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        TreeConfig {
+            classifier: ClassifierConfig::default(),
+            max_streams: 1 << 16,
+        }
+    }
+}
+
+/// The patterns of the streams one access belongs to, from fine to coarse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// Blocks within the file (or KV blocks within the namespace), for this job.
+    pub blocks: Pattern,
+    /// Files within the directory, for this job.
+    pub files: Pattern,
+    /// Directories within the dataset root, for this job.
+    pub dirs: Pattern,
+    /// The access repeats the job's previous block of this file (same visit).
+    pub repeat: bool,
+}
+
+impl Observation {
+    /// The pattern that decides retention: skewed anywhere means popular items exist;
+    /// otherwise the finest classified level.
+    pub fn retention(&self) -> Pattern {
+        let levels = [self.blocks, self.files, self.dirs];
+        if levels.contains(&Pattern::Skewed) {
+            return Pattern::Skewed;
+        }
+        levels
+            .into_iter()
+            .find(|p| *p != Pattern::Unknown)
+            .unwrap_or(Pattern::Unknown)
+    }
+}
+
+/// Node paths of a key.
+struct Path<'a> {
+    file: &'a str,
+    dir: Option<&'a str>,
+    root: Option<&'a str>,
+    file_name: &'a str,
+    dir_name: &'a str,
+}
+
+fn split(location: &str) -> Path<'_> {
+    match location.rfind('/') {
+        None => Path {
+            file: location,
+            dir: Some(""),
+            root: None,
+            file_name: location,
+            dir_name: "",
+        },
+        Some(i) => {
+            let dir = &location[..i];
+            let first = location.find('/').unwrap_or(i);
+            let root = &location[..first];
+            let dir_name = dir.rsplit('/').next().unwrap_or(dir);
+            Path {
+                file: location,
+                dir: Some(dir),
+                root: if first < i { Some(root) } else { None },
+                file_name: &location[i + 1..],
+                dir_name,
+            }
+        }
+    }
+}
+
+/// The access-stream tree.
+pub struct StreamTree {
+    cfg: TreeConfig,
+    nodes: HashMap<StreamId, Node, FxBuild>,
+    scratch: Scratch,
+    ticks: Vec<u64>,
+    tick: u64,
+    dropped: u64,
+}
+
+impl Default for StreamTree {
+    fn default() -> Self {
+        Self::new(TreeConfig::default())
+    }
+}
+
+impl StreamTree {
+    pub fn new(cfg: TreeConfig) -> Self {
+        StreamTree {
+            cfg,
+            nodes: HashMap::default(),
+            scratch: Scratch::default(),
+            ticks: Vec::new(),
+            tick: 0,
+            dropped: 0,
+        }
+    }
+
+    /// Streams currently tracked.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Streams dropped so far by the memory bound.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Approximate heap bytes of the tree (entries, their windows, table slack).
+    pub fn approx_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(StreamId, Node)>() + 1;
+        let windows: usize = self
+            .nodes
+            .values()
+            .map(|n| n.stats.window_capacity() * 4)
+            .sum();
+        self.nodes.capacity() * entry + windows
+    }
+
+    /// Records a demand access and returns the patterns of its streams.
+    pub fn observe(&mut self, key: &CacheKey, ctx: &AccessContext) -> Observation {
+        self.tick += 1;
+        let job = ctx.job.0;
+        let mut obs = Observation::default();
+        match key {
+            CacheKey::File(k) => {
+                let p = split(&k.location);
+                let file_h = hash_bytes(p.file.as_bytes());
+                let block_fp = mix64(k.block) as u32;
+                if let Some(dir) = p.dir {
+                    let dir_h = hash_bytes(dir.as_bytes());
+                    if let Some(root) = p.root {
+                        let root_h = hash_bytes(root.as_bytes());
+                        let v = self.visit(
+                            job,
+                            LEVEL_ROOT ^ root_h,
+                            Pattern::Unknown,
+                            name_index(p.dir_name),
+                            dir_h as u32,
+                        );
+                        obs.dirs = v.after;
+                    }
+                    let v = self.visit(
+                        job,
+                        LEVEL_DIR ^ dir_h,
+                        Pattern::Unknown,
+                        name_index(p.file_name),
+                        file_h as u32,
+                    );
+                    obs.files = v.after;
+                    let v = self.visit(job, LEVEL_FILE ^ file_h, v.hint, k.block, block_fp);
+                    obs.repeat = v.repeat;
+                    obs.blocks = v.after;
+                    if v.after != v.before && v.after != Pattern::Unknown {
+                        if let Some(d) = self.nodes.get_mut(&StreamId {
+                            job,
+                            node: LEVEL_DIR ^ dir_h,
+                        }) {
+                            d.child_hint = v.after;
+                        }
+                    }
+                } else {
+                    let v = self.visit(
+                        job,
+                        LEVEL_FILE ^ file_h,
+                        Pattern::Unknown,
+                        k.block,
+                        block_fp,
+                    );
+                    obs.repeat = v.repeat;
+                    obs.blocks = v.after;
+                }
+            }
+            CacheKey::Kv(k) => {
+                let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
+                let h = hash_bytes(&k.hash);
+                // Prefix hashes carry no order: index = hash, so never adjacent.
+                let v = self.visit(job, LEVEL_FILE ^ ns_h, Pattern::Unknown, h, h as u32);
+                obs.repeat = v.repeat;
+                obs.blocks = v.after;
+            }
+        }
+        if self.nodes.len() > self.cfg.max_streams {
+            self.prune();
+        }
+        obs
+    }
+
+    fn visit(&mut self, job: u64, node: u64, prior: Pattern, idx: u64, fp: u32) -> Visit {
+        let tick = self.tick;
+        let n = self
+            .nodes
+            .entry(StreamId { job, node })
+            .or_insert_with(|| Node {
+                stats: StreamStats::new(prior),
+                child_hint: Pattern::Unknown,
+                last_tick: tick,
+            });
+        n.last_tick = tick;
+        let before = n.stats.pattern();
+        let repeat = n
+            .stats
+            .observe(idx, fp, &self.cfg.classifier, &mut self.scratch);
+        Visit {
+            before,
+            after: n.stats.pattern(),
+            repeat,
+            hint: n.child_hint,
+        }
+    }
+
+    /// The current patterns of `key`'s streams for `job`, without recording anything.
+    pub fn lookup(&self, key: &CacheKey, ctx: &AccessContext) -> Observation {
+        let job = ctx.job.0;
+        let get = |node: u64| {
+            self.nodes
+                .get(&StreamId { job, node })
+                .map(|n| (n.stats.pattern(), n.child_hint))
+        };
+        let mut obs = Observation::default();
+        match key {
+            CacheKey::File(k) => {
+                let p = split(&k.location);
+                let file_h = hash_bytes(p.file.as_bytes());
+                let mut hint = Pattern::Unknown;
+                if let Some(dir) = p.dir {
+                    if let Some(root) = p.root {
+                        obs.dirs = get(LEVEL_ROOT ^ hash_bytes(root.as_bytes()))
+                            .map_or(Pattern::Unknown, |x| x.0);
+                    }
+                    if let Some((p, h)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
+                        obs.files = p;
+                        hint = h;
+                    }
+                }
+                obs.blocks = get(LEVEL_FILE ^ file_h).map_or(hint, |x| x.0);
+            }
+            CacheKey::Kv(k) => {
+                let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
+                obs.blocks = get(LEVEL_FILE ^ ns_h).map_or(Pattern::Unknown, |x| x.0);
+            }
+        }
+        obs
+    }
+
+    /// Drops the least recently used half of the streams.
+    fn prune(&mut self) {
+        self.ticks.clear();
+        self.ticks.extend(self.nodes.values().map(|n| n.last_tick));
+        let mid = self.ticks.len() / 2;
+        let (_, median, _) = self.ticks.select_nth_unstable(mid);
+        let cut = *median;
+        let before = self.nodes.len();
+        self.nodes.retain(|_, n| n.last_tick >= cut);
+        self.dropped += (before - self.nodes.len()) as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::JobId;
+
+    fn ctx(job: u64) -> AccessContext {
+        AccessContext::demand(JobId(job), 0)
+    }
+
+    #[test]
+    fn name_index_takes_trailing_number() {
+        assert_eq!(name_index("shard-00042.tar"), 42);
+        assert_eq!(name_index("img_7.jpg"), 7);
+        assert_eq!(name_index("part-3"), 3);
+        assert_ne!(name_index("alpha"), name_index("beta"));
+    }
+
+    #[test]
+    fn sequential_blocks_are_detected_per_job_despite_interleaving() {
+        let mut t = StreamTree::default();
+        let mut last = (Observation::default(), Observation::default());
+        // Job 1 reads file a sequentially, job 2 reads file a backwards by 7s: interleaved.
+        for i in 0..64u64 {
+            last.0 = t.observe(&CacheKey::file("d/x/a.bin", "v", i), &ctx(1));
+            last.1 = t.observe(&CacheKey::file("d/x/a.bin", "v", (i * 7919) % 997), &ctx(2));
+        }
+        assert_eq!(last.0.blocks, Pattern::Sequential);
+        assert_ne!(last.1.blocks, Pattern::Sequential);
+    }
+
+    #[test]
+    fn next_file_inherits_sibling_pattern() {
+        let mut t = StreamTree::default();
+        for i in 0..32 {
+            t.observe(&CacheKey::file("ds/shards/s-1.tar", "v", i), &ctx(1));
+        }
+        let o = t.observe(&CacheKey::file("ds/shards/s-7.tar", "v", 0), &ctx(1));
+        assert_eq!(o.blocks, Pattern::Sequential);
+        // Another job has learnt nothing.
+        let o = t.lookup(&CacheKey::file("ds/shards/s-7.tar", "v", 0), &ctx(2));
+        assert_eq!(o.blocks, Pattern::Unknown);
+    }
+
+    #[test]
+    fn repeat_of_same_block_is_one_visit() {
+        let mut t = StreamTree::default();
+        assert!(!t.observe(&CacheKey::file("f", "v", 3), &ctx(1)).repeat);
+        assert!(t.observe(&CacheKey::file("f", "v", 3), &ctx(1)).repeat);
+        assert!(!t.observe(&CacheKey::file("f", "v", 4), &ctx(1)).repeat);
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let mut t = StreamTree::new(TreeConfig {
+            max_streams: 1000,
+            ..Default::default()
+        });
+        for i in 0..20_000u64 {
+            t.observe(
+                &CacheKey::file(format!("d{}/f{i}", i % 50), "v", 0),
+                &ctx(i % 3),
+            );
+            assert!(t.len() <= 1001);
+        }
+        assert!(t.dropped() > 0);
+    }
+}

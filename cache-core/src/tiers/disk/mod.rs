@@ -1,0 +1,723 @@
+//! Local disk / NVMe tier: one file per block under a cache directory, an index in
+//! RocksDB, I/O through an [`IoEngine`] (io_uring, or psync where io_uring is not
+//! allowed), `O_DIRECT` where the file system takes it. The cache survives a restart.
+//!
+//! # Layout
+//!
+//! ```text
+//! <dir>/index/            RocksDB: CacheKey::encode(key) -> IndexEntry (25 bytes)
+//! <dir>/data/<xx>/<id>.blk one block; <id> = 16 hex digits, <xx> = its low byte
+//! ```
+//!
+//! **One file per block, not append-only segments.** Blocks are 1 KiB..64 MiB and
+//! mostly 1 MiB file blocks, so the per-file cost (an inode, a 4 KiB header) is small
+//! next to the data, and in return: removing a block is one `unlink` that frees its
+//! space at once (segments need a compactor that rewrites live data, which costs write
+//! bandwidth and a second place for bugs); a damaged file damages one block; recovery
+//! is a `stat` per index entry. The price is an `open` per cold read, hidden by a cache
+//! of open descriptors, and a 4 KiB header per block (2x space for 4 KiB KV blocks, for
+//! which a segment log would be the better layout — a later step if they dominate).
+//!
+//! **Files are named by a sequence number, not by the key's fingerprint.** Numbers are
+//! never reused within a directory (the next one is above every number found on
+//! disk or in the index at open), so two keys can never collide on a name, a
+//! replacement is written beside the old file and switched in the index (no moment
+//! where neither is valid), and an open descriptor always refers to the same bytes.
+//! 256 fan-out directories (by the id's low byte, so sequential ids spread evenly)
+//! keep each directory at a few thousand entries per million blocks.
+//!
+//! The file format (magic, version, key, lengths, crc32c of data and of the header) is
+//! documented in [`format`]. Data starts at a 4096 boundary and files are padded to a
+//! multiple of 4096, so a hit is one aligned read of the whole file and the value is a
+//! zero-copy slice of the read buffer.
+//!
+//! # Writes and durability
+//!
+//! A put: reserve budget → create the file (`O_EXCL`) → write header + data → with
+//! [`Durability::Sync`] (the default) `fdatasync` the file and `fsync` its directory →
+//! write the index entry (RocksDB WAL, synced) → publish in memory → delete the file
+//! it replaced, if any. So an acknowledged put is durable against power loss, and
+//! every index entry points at a complete file. A crash at any step leaves at worst a
+//! file no index entry names: removed at the next open. `Durability::Async` skips the
+//! syncs (survives a process crash, not a power loss) for caches that would rather
+//! refetch than wait. Puts and removes of one key are serialized (a per-key latch,
+//! awaited without holding any lock); gets never wait for them.
+//!
+//! A full device (`ENOSPC`, `EDQUOT`) fails the put with `CacheError::Full` naming the
+//! cause; the partial file is removed and nothing stored before is touched.
+//!
+//! # Budget
+//!
+//! The budget counts block bytes (what the engine's `TierSpace` counts), reserved
+//! before the write starts so concurrent puts can never overshoot it together. On
+//! disk each block also takes its header and padding (< 8 KiB): size the device with
+//! that headroom.
+//!
+//! # Reads and corruption
+//!
+//! A get reads the file, checks magic, version, header crc, that the stored key is
+//! the key asked for, that lengths and crc agree with the index, that the file is not
+//! truncated, and finally the data's crc32c (`Block::from_stored`). Any failure (or a
+//! missing file, or an I/O error) drops the block (index entry and file), counts an
+//! error, and answers `Miss`, so the engine refetches it. A corrupt block is never
+//! served.
+//!
+//! # Recovery (`DiskTier::open`)
+//!
+//! Every index entry is decoded (undecodable ones are deleted) and its file must exist
+//! with exactly the expected size (else the entry and file are dropped); data crcs are
+//! *not* read at open (that would read the whole cache: they are checked on each hit).
+//! Files that no entry names are deleted. If the survivors exceed a (smaller) new
+//! capacity, entries are dropped until they fit. An index RocksDB reports as corrupt
+//! is destroyed with the data and the cache starts empty: it is a cache, everything in
+//! it can be refetched. [`Tier::resident`] then lists the survivors so the engine can
+//! rebuild its accounting; [`DiskTier::recovery`] says what was dropped.
+
+pub mod format;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use rocksdb::{WriteBatch, WriteOptions, DB};
+use tokio::sync::watch;
+
+use crate::block::Block;
+use crate::error::{CacheError, Result};
+use crate::io::{open_engine, AlignedBuf, EngineKind, IoEngine, ALIGN};
+use crate::key::CacheKey;
+use crate::stats::{TierStats, TierStatsSnapshot};
+use crate::tier::{Tier, TierGet, TierKind};
+
+use format::{check_header, header_len, write_header, IndexEntry};
+
+/// Number of fan-out directories (the low byte of a file id).
+const FANOUT: u64 = 256;
+
+/// How hard a put works to survive a crash before it is acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `fdatasync` the block, `fsync` its directory and sync the index WAL before the
+    /// put returns: an acknowledged block survives power loss. Default, because a warm
+    /// restart is the point of the tier and fills are bounded by the store, not fsync.
+    #[default]
+    Sync,
+    /// No syncs: survives a killed process (the page cache outlives it), not a power
+    /// loss. Every block is still verified on read, so a loss is a miss, never bad data.
+    Async,
+}
+
+/// Options of [`DiskTier::open`]; `Default` is what production uses.
+#[derive(Clone, Debug)]
+pub struct DiskOptions {
+    /// Auto: io_uring when the kernel allows it, else psync.
+    pub engine: EngineKind,
+    pub durability: Durability,
+    /// Try `O_DIRECT` (probed at open; buffered if the file system refuses it). On by
+    /// default: a cache tier that also fills the page cache holds every block twice and
+    /// evicts the applications' own pages.
+    pub direct_io: bool,
+    /// Open block files kept for reads: 1024 keeps a hot set of 1 GiB of 1 MiB blocks
+    /// open, well under the usual 64 Ki descriptor limit, and saves an `open` per hit.
+    pub fd_cache: u64,
+}
+
+impl Default for DiskOptions {
+    fn default() -> Self {
+        DiskOptions {
+            engine: EngineKind::Auto,
+            durability: Durability::Sync,
+            direct_io: true,
+            fd_cache: 1024,
+        }
+    }
+}
+
+/// What [`DiskTier::open`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Blocks kept.
+    pub kept: u64,
+    pub kept_bytes: u64,
+    /// Index entries that did not decode.
+    pub bad_index_entries: u64,
+    /// Entries whose file was missing or had the wrong size.
+    pub bad_files: u64,
+    /// Entries dropped to fit a capacity smaller than what was stored.
+    pub over_capacity: u64,
+    /// Files no index entry named (a crash between write and index), deleted.
+    pub orphans: u64,
+    /// The index was corrupt and the cache was started empty.
+    pub wiped: bool,
+}
+
+pub struct DiskTier {
+    dir: PathBuf,
+    data_dir: PathBuf,
+    capacity: u64,
+    durability: Durability,
+    direct: bool,
+    engine: Arc<dyn IoEngine>,
+    db: Arc<DB>,
+    state: Mutex<State>,
+    fds: moka::sync::Cache<u64, Arc<File>>,
+    next_id: AtomicU64,
+    stats: TierStats,
+    recovery: RecoveryReport,
+}
+
+#[derive(Default)]
+struct State {
+    map: HashMap<CacheKey, IndexEntry>,
+    used: u64,
+    /// Bytes of puts in progress, counted against the budget before they land.
+    reserved: u64,
+    /// Keys with a put/remove/drop in progress; waiters see the sender dropped.
+    busy: HashMap<CacheKey, watch::Receiver<()>>,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.dir)
+            .field("capacity", &self.capacity)
+            .field("engine", &self.engine.name())
+            .field("direct", &self.direct)
+            .finish()
+    }
+}
+
+fn index_err(e: rocksdb::Error) -> CacheError {
+    CacheError::Index(e.to_string())
+}
+
+fn is_device_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
+}
+
+fn block_path(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir
+        .join(format!("{:02x}", id % FANOUT))
+        .join(format!("{id:016x}.blk"))
+}
+
+fn parse_block_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".blk")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Whether files in `dir` can be opened and written with `O_DIRECT`.
+fn probe_direct(dir: &Path) -> bool {
+    let path = dir.join(".direct-probe");
+    let ok = (|| -> io::Result<()> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)?;
+        let mut buf = AlignedBuf::zeroed(ALIGN);
+        std::os::unix::fs::FileExt::write_all_at(&f, buf.full_mut(), 0)
+    })();
+    let _ = fs::remove_file(&path);
+    match ok {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::info!(dir = %dir.display(), error = %e, "O_DIRECT refused; using buffered I/O");
+            false
+        }
+    }
+}
+
+impl DiskTier {
+    /// Opens (or creates) the cache in `dir` with a budget of `capacity` block bytes,
+    /// recovering what a previous run stored. Blocking (RocksDB open, a `stat` per
+    /// block): call it at start-up or from `spawn_blocking`.
+    pub fn open(dir: impl AsRef<Path>, capacity: u64, options: DiskOptions) -> Result<Self> {
+        let engine = open_engine(options.engine)?;
+        Self::open_with_engine(dir, capacity, options, engine)
+    }
+
+    /// [`DiskTier::open`] with a given engine (tests inject faulty ones).
+    pub fn open_with_engine(
+        dir: impl AsRef<Path>,
+        capacity: u64,
+        options: DiskOptions,
+        engine: Arc<dyn IoEngine>,
+    ) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let data_dir = dir.join("data");
+        let index_dir = dir.join("index");
+        fs::create_dir_all(&data_dir)?;
+        for i in 0..FANOUT {
+            fs::create_dir_all(data_dir.join(format!("{i:02x}")))?;
+        }
+        let mut report = RecoveryReport::default();
+        let mut db_opts = rocksdb::Options::default();
+        db_opts.create_if_missing(true);
+        let db = match DB::open(&db_opts, &index_dir) {
+            Ok(db) => db,
+            Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
+                tracing::warn!(dir = %dir.display(), error = %e, "disk cache index corrupt; starting empty");
+                report.wiped = true;
+                let _ = DB::destroy(&db_opts, &index_dir);
+                let _ = fs::remove_dir_all(&index_dir);
+                DB::open(&db_opts, &index_dir).map_err(index_err)?
+            }
+            Err(e) => return Err(index_err(e)),
+        };
+        let stats = TierStats::default();
+        let mut wo = WriteOptions::default();
+        wo.set_sync(options.durability == Durability::Sync);
+
+        // 1. Decode the index; check each file.
+        let mut batch = WriteBatch::default();
+        let mut entries: Vec<(CacheKey, IndexEntry)> = Vec::new();
+        let mut ids: HashSet<u64> = HashSet::new();
+        let mut max_id = 0u64;
+        for item in db.iterator(rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(index_err)?;
+            let decoded = CacheKey::decode(&k)
+                .map_err(|e| e.to_string())
+                .and_then(|key| IndexEntry::decode(&v).map(|e| (key, e)));
+            let (key, entry) = match decoded {
+                Ok(kv) if !ids.contains(&kv.1.file_id) && !report.wiped => kv,
+                _ => {
+                    report.bad_index_entries += 1;
+                    batch.delete(&k);
+                    continue;
+                }
+            };
+            max_id = max_id.max(entry.file_id);
+            ids.insert(entry.file_id);
+            let path = block_path(&data_dir, entry.file_id);
+            match fs::metadata(&path) {
+                Ok(m) if m.is_file() && m.len() == entry.file_len() => entries.push((key, entry)),
+                _ => {
+                    report.bad_files += 1;
+                    batch.delete(&k);
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        // 2. Fit the budget.
+        let mut map = HashMap::with_capacity(entries.len());
+        let mut used = 0u64;
+        for (key, entry) in entries {
+            if used + entry.data_len > capacity {
+                report.over_capacity += 1;
+                stats.evicted();
+                batch.delete(key.encode());
+                let _ = fs::remove_file(block_path(&data_dir, entry.file_id));
+                continue;
+            }
+            used += entry.data_len;
+            map.insert(key, entry);
+        }
+        let live: HashSet<u64> = map.values().map(|e| e.file_id).collect();
+        db.write_opt(batch, &wo).map_err(index_err)?;
+        // 3. Delete files nothing names.
+        for sub in fs::read_dir(&data_dir)? {
+            let sub = sub?;
+            if !sub.file_type()?.is_dir() {
+                continue;
+            }
+            for f in fs::read_dir(sub.path())? {
+                let f = f?;
+                let Some(id) = f.file_name().to_str().and_then(parse_block_name) else {
+                    continue;
+                };
+                max_id = max_id.max(id);
+                if !live.contains(&id) {
+                    report.orphans += 1;
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        }
+        report.kept = map.len() as u64;
+        report.kept_bytes = used;
+        for _ in 0..report.bad_index_entries + report.bad_files {
+            stats.error();
+        }
+        let direct = options.direct_io && probe_direct(&dir);
+        tracing::info!(dir = %dir.display(), engine = engine.name(), direct, ?report, "disk tier open");
+        Ok(DiskTier {
+            dir,
+            data_dir,
+            capacity,
+            durability: options.durability,
+            direct,
+            engine,
+            db: Arc::new(db),
+            state: Mutex::new(State {
+                map,
+                used,
+                ..State::default()
+            }),
+            fds: moka::sync::Cache::new(options.fd_cache),
+            next_id: AtomicU64::new(max_id + 1),
+            stats,
+            recovery: report,
+        })
+    }
+
+    /// The I/O engine in use: `io_uring` or `psync`.
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// Whether block files are read and written with `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.direct
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// What the last open recovered and dropped.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Path of the file holding `key`, if resident (for tests and tools).
+    pub fn block_file(&self, key: &CacheKey) -> Option<PathBuf> {
+        let id = self.state.lock().map.get(key)?.file_id;
+        Some(block_path(&self.data_dir, id))
+    }
+
+    fn write_options(&self) -> WriteOptions {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.durability == Durability::Sync);
+        wo
+    }
+
+    /// Waits until no put/remove/drop of `key` runs, then claims it. The claim is
+    /// released when the guard drops (also when the future holding it is cancelled).
+    async fn claim(&self, key: &CacheKey) -> KeyClaim<'_> {
+        loop {
+            let mut rx = {
+                let mut st = self.state.lock();
+                match st.busy.get(key) {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let (tx, rx) = watch::channel(());
+                        st.busy.insert(key.clone(), rx);
+                        return KeyClaim {
+                            tier: self,
+                            key: key.clone(),
+                            _tx: tx,
+                        };
+                    }
+                }
+            };
+            // Nothing is ever sent: this returns when the holder drops its sender.
+            let _ = rx.changed().await;
+        }
+    }
+
+    async fn open_for_read(&self, key: &CacheKey, id: u64) -> io::Result<Arc<File>> {
+        if let Some(f) = self.fds.get(&id) {
+            return Ok(f);
+        }
+        let path = block_path(&self.data_dir, id);
+        let direct = self.direct;
+        let file = blocking(move || {
+            let mut o = OpenOptions::new();
+            o.read(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(path)
+        })
+        .await?;
+        let file = Arc::new(file);
+        self.fds.insert(id, file.clone());
+        // A remove between our open and our insert would leave a descriptor of an
+        // unlinked file pinning its space; removes invalidate after unpublishing, so
+        // checking after the insert closes that window.
+        let current = self.state.lock().map.get(key).map(|e| e.file_id);
+        if current != Some(id) {
+            self.fds.invalidate(&id);
+        }
+        Ok(file)
+    }
+
+    async fn read_block(&self, key: &CacheKey, entry: IndexEntry) -> Result<Block> {
+        let file = self.open_for_read(key, entry.file_id).await?;
+        let buf = self
+            .engine
+            .read_at(file, 0, entry.file_len() as usize)
+            .await?;
+        let range = check_header(&buf, &key.encode(), &entry).map_err(CacheError::Corrupt)?;
+        Block::from_stored(buf.into_bytes().slice(range), entry.crc)
+    }
+
+    /// Drops a block that failed to read, if `entry` is still what `key` maps to.
+    async fn drop_bad(&self, key: &CacheKey, entry: IndexEntry, why: &CacheError) {
+        let _claim = self.claim(key).await;
+        if self.state.lock().map.get(key) != Some(&entry) {
+            return; // replaced or removed meanwhile: the failure was a stale read
+        }
+        tracing::warn!(tier = %self.name(), %key, error = %why, "dropping unreadable block");
+        self.stats.error();
+        if let Err(e) = self.unpublish(key, entry).await {
+            tracing::warn!(%key, error = %e, "could not drop unreadable block");
+        }
+    }
+
+    /// Deletes the index entry, then forgets and unlinks the file.
+    async fn unpublish(&self, key: &CacheKey, entry: IndexEntry) -> Result<()> {
+        let db = self.db.clone();
+        let enc = key.encode();
+        let wo = self.write_options();
+        blocking(move || db.delete_opt(enc, &wo).map_err(io::Error::other)).await?;
+        {
+            let mut st = self.state.lock();
+            if st.map.remove(key).is_some() {
+                st.used -= entry.data_len;
+            }
+        }
+        self.discard_file(entry.file_id).await;
+        Ok(())
+    }
+
+    /// Closes and unlinks a block file no index entry names any more. A failure only
+    /// leaves an orphan, which the next open removes.
+    async fn discard_file(&self, id: u64) {
+        self.fds.invalidate(&id);
+        let path = block_path(&self.data_dir, id);
+        if let Err(e) = blocking(move || fs::remove_file(path)).await {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(id, error = %e, "could not remove block file");
+            }
+        }
+    }
+
+    /// Creates, writes and (by policy) syncs one block file.
+    async fn write_file(&self, id: u64, buf: AlignedBuf) -> io::Result<()> {
+        let path = block_path(&self.data_dir, id);
+        let direct = self.direct;
+        let sync = self.durability == Durability::Sync;
+        let file = blocking(move || {
+            let mut o = OpenOptions::new();
+            o.write(true).create_new(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            let f = o.open(&path)?;
+            if sync {
+                // The new name must be durable too, not only the bytes.
+                if let Some(parent) = path.parent() {
+                    File::open(parent)?.sync_all()?;
+                }
+            }
+            Ok(f)
+        })
+        .await?;
+        let file = Arc::new(file);
+        self.engine.write_at(file.clone(), 0, buf).await?;
+        if sync {
+            self.engine.sync_data(file).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A claim on one key (see [`DiskTier::claim`]).
+struct KeyClaim<'a> {
+    tier: &'a DiskTier,
+    key: CacheKey,
+    _tx: watch::Sender<()>,
+}
+
+impl Drop for KeyClaim<'_> {
+    fn drop(&mut self) {
+        self.tier.state.lock().busy.remove(&self.key);
+        // `_tx` drops after this body: waiters wake and find the key free.
+    }
+}
+
+/// Budget held by a put in progress; returned unless the put commits.
+struct Reservation<'a> {
+    tier: &'a DiskTier,
+    bytes: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.tier.state.lock().reserved -= self.bytes;
+    }
+}
+
+#[async_trait]
+impl Tier for DiskTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Disk
+    }
+
+    fn name(&self) -> String {
+        format!("disk:{}", self.dir.display())
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        self.capacity
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.state.lock().used
+    }
+
+    async fn get(&self, key: &CacheKey) -> Result<TierGet> {
+        let entry = self.state.lock().map.get(key).copied();
+        let Some(entry) = entry else {
+            self.stats.miss();
+            return Ok(TierGet::Miss);
+        };
+        match self.read_block(key, entry).await {
+            Ok(block) => {
+                self.stats.hit(block.len());
+                Ok(TierGet::Hit(block))
+            }
+            Err(e) => {
+                self.drop_bad(key, entry, &e).await;
+                self.stats.miss();
+                Ok(TierGet::Miss)
+            }
+        }
+    }
+
+    async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {
+        let size = block.len();
+        if size > self.capacity {
+            return Err(CacheError::TooLarge {
+                size,
+                limit: self.capacity,
+            });
+        }
+        let _claim = self.claim(key).await;
+        let reservation = {
+            let mut st = self.state.lock();
+            if let Some(old) = st.map.get(key) {
+                if old.data_len == size && old.crc == block.crc() {
+                    return Ok(()); // values are immutable: already stored
+                }
+            }
+            if st.used + st.reserved + size > self.capacity {
+                return Err(CacheError::Full(format!(
+                    "disk tier {}: {size} bytes do not fit ({} used, {} reserved, of {})",
+                    self.dir.display(),
+                    st.used,
+                    st.reserved,
+                    self.capacity
+                )));
+            }
+            st.reserved += size;
+            Reservation {
+                tier: self,
+                bytes: size,
+            }
+        };
+        let enc = key.encode();
+        let hlen = header_len(enc.len());
+        let entry = IndexEntry {
+            file_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            data_len: size,
+            crc: block.crc(),
+            header_len: hlen as u32,
+        };
+        let mut buf = AlignedBuf::zeroed(hlen + size as usize);
+        {
+            let out = buf.full_mut();
+            write_header(out, &enc, size, block.crc());
+            out[hlen..hlen + size as usize].copy_from_slice(block.data());
+        }
+        drop(block);
+
+        let written = match self.write_file(entry.file_id, buf).await {
+            Ok(()) => {
+                let db = self.db.clone();
+                let wo = self.write_options();
+                let value = entry.encode();
+                blocking(move || db.put_opt(enc, value, &wo).map_err(io::Error::other)).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            self.stats.error();
+            self.discard_file(entry.file_id).await;
+            if is_device_full(&e) {
+                return Err(CacheError::Full(format!(
+                    "disk tier {}: device full ({e}) writing {size} bytes; stored blocks are intact",
+                    self.dir.display()
+                )));
+            }
+            return Err(CacheError::Io(e));
+        }
+        let replaced = {
+            let mut st = self.state.lock();
+            st.used += size;
+            let old = st.map.insert(key.clone(), entry);
+            if let Some(old) = old {
+                st.used -= old.data_len;
+            }
+            old
+        };
+        drop(reservation);
+        if let Some(old) = replaced {
+            self.discard_file(old.file_id).await;
+        }
+        self.stats.wrote(size);
+        Ok(())
+    }
+
+    async fn remove(&self, key: &CacheKey) -> Result<bool> {
+        let _claim = self.claim(key).await;
+        let entry = self.state.lock().map.get(key).copied();
+        match entry {
+            Some(entry) => {
+                self.unpublish(key, entry).await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.state.lock().map.contains_key(key)
+    }
+
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.state
+            .lock()
+            .map
+            .iter()
+            .map(|(k, e)| (k.clone(), e.data_len))
+            .collect()
+    }
+
+    fn stats(&self) -> TierStatsSnapshot {
+        self.stats
+            .snapshot(self.name(), self.used_bytes(), self.capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests;

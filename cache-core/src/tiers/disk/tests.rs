@@ -1,0 +1,430 @@
+//! Disk tier tests: conformance on both engines, corruption of every kind, recovery in
+//! process (the kill -9 recovery test is `tests/disk_recovery.rs`), a full device.
+
+use std::fs::OpenOptions;
+use std::io::{Seek, SeekFrom, Write};
+use std::sync::atomic::AtomicBool;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::conformance;
+
+fn opts(engine: EngineKind) -> DiskOptions {
+    DiskOptions {
+        engine,
+        ..DiskOptions::default()
+    }
+}
+
+fn open(dir: &Path, cap: u64) -> DiskTier {
+    DiskTier::open(dir, cap, DiskOptions::default()).expect("open disk tier")
+}
+
+fn data(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+            .collect::<Vec<u8>>(),
+    )
+}
+
+async fn get(tier: &DiskTier, key: &CacheKey) -> Option<Bytes> {
+    match tier.get(key).await.expect("get") {
+        TierGet::Hit(b) => Some(b.into_data()),
+        _ => None,
+    }
+}
+
+fn block_files(dir: &Path) -> usize {
+    let mut n = 0;
+    for sub in fs::read_dir(dir.join("data")).expect("read data dir") {
+        let sub = sub.expect("entry").path();
+        if sub.is_dir() {
+            n += fs::read_dir(sub)
+                .expect("read sub dir")
+                .filter(|f| {
+                    f.as_ref()
+                        .map(|f| f.file_name().to_string_lossy().ends_with(".blk"))
+                        .unwrap_or(false)
+                })
+                .count();
+        }
+    }
+    n
+}
+
+#[tokio::test]
+async fn conforms_with_io_uring() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = DiskTier::open(dir.path(), 16 << 20, opts(EngineKind::IoUring)).expect("open");
+    assert_eq!(tier.engine_name(), "io_uring");
+    eprintln!("O_DIRECT in {}: {}", dir.path().display(), tier.direct_io());
+    conformance::run_all(Arc::new(tier)).await;
+}
+
+#[tokio::test]
+async fn conforms_with_psync() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = DiskTier::open(dir.path(), 16 << 20, opts(EngineKind::Psync)).expect("open");
+    assert_eq!(tier.engine_name(), "psync");
+    conformance::run_all(Arc::new(tier)).await;
+}
+
+#[tokio::test]
+async fn conforms_buffered_without_sync() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = DiskOptions {
+        direct_io: false,
+        durability: Durability::Async,
+        ..DiskOptions::default()
+    };
+    let tier = DiskTier::open(dir.path(), 16 << 20, o).expect("open");
+    assert!(!tier.direct_io());
+    conformance::run_all(Arc::new(tier)).await;
+}
+
+#[tokio::test]
+async fn survives_reopen_and_reports_residents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys: Vec<CacheKey> = (0..10).map(|i| CacheKey::file("obj", "e1", i)).collect();
+    {
+        let tier = open(dir.path(), 64 << 20);
+        for (i, k) in keys.iter().enumerate() {
+            tier.put(k, Block::new(data(10_000 * (i + 1), i as u8)))
+                .await
+                .expect("put");
+        }
+        tier.remove(&keys[3]).await.expect("remove");
+    }
+    let tier = open(dir.path(), 64 << 20);
+    let mut resident = tier.resident();
+    resident.sort();
+    let expect: Vec<(CacheKey, u64)> = keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3)
+        .map(|(i, k)| (k.clone(), 10_000 * (i as u64 + 1)))
+        .collect();
+    assert_eq!(resident, expect);
+    assert_eq!(tier.used_bytes(), expect.iter().map(|e| e.1).sum::<u64>());
+    for (i, k) in keys.iter().enumerate() {
+        let want = (i != 3).then(|| data(10_000 * (i + 1), i as u8));
+        assert_eq!(get(&tier, k).await, want, "key {i}");
+    }
+    assert_eq!(tier.recovery().kept, 9);
+    assert_eq!(block_files(dir.path()), 9);
+}
+
+/// Writes `f` over the block file of `key` after the tier wrote it.
+async fn corrupt_and_check(mangle: impl FnOnce(&Path, &IndexEntry)) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = CacheKey::kv("ns", vec![1, 2, 3]);
+    let other = CacheKey::kv("ns", vec![4, 5, 6]);
+    let tier = open(dir.path(), 16 << 20);
+    tier.put(&key, Block::new(data(100_000, 1)))
+        .await
+        .expect("put");
+    tier.put(&other, Block::new(data(5000, 2)))
+        .await
+        .expect("put");
+    let path = tier.block_file(&key).expect("resident");
+    let entry = *tier.state.lock().map.get(&key).expect("entry");
+    mangle(&path, &entry);
+    // Detected, dropped, counted, never served.
+    assert_eq!(get(&tier, &key).await, None);
+    assert!(!tier.contains(&key).await);
+    assert!(!path.exists(), "bad block file deleted");
+    assert_eq!(tier.stats().errors, 1);
+    assert_eq!(tier.used_bytes(), 5000);
+    assert_eq!(get(&tier, &other).await, Some(data(5000, 2)));
+    // And it stays dropped across a restart; a refetch can store it again.
+    drop(tier);
+    let tier = open(dir.path(), 16 << 20);
+    assert!(!tier.contains(&key).await);
+    assert_eq!(tier.resident().len(), 1);
+    tier.put(&key, Block::new(data(100_000, 1)))
+        .await
+        .expect("refill");
+    assert_eq!(get(&tier, &key).await, Some(data(100_000, 1)));
+}
+
+fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+    let mut f = OpenOptions::new().write(true).open(path).expect("open");
+    f.seek(SeekFrom::Start(offset)).expect("seek");
+    f.write_all(bytes).expect("write");
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut b = fs::read(path).expect("read");
+    b[offset as usize] ^= 0x01;
+    fs::write(path, b).expect("write");
+}
+
+#[tokio::test]
+async fn flipped_data_byte_is_never_served() {
+    corrupt_and_check(|p, e| flip(p, u64::from(e.header_len) + 54_321)).await;
+}
+
+#[tokio::test]
+async fn flipped_header_byte_is_never_served() {
+    corrupt_and_check(|p, _| flip(p, 25)).await; // data_len
+}
+
+#[tokio::test]
+async fn other_key_in_file_is_never_served() {
+    // A file holding a different (valid) key's bytes at this key's place.
+    corrupt_and_check(|p, e| {
+        let mut buf = vec![0u8; e.file_len() as usize];
+        let wrong = CacheKey::kv("ns", vec![9, 9, 9]).encode();
+        write_header(&mut buf, &wrong, e.data_len, e.crc);
+        write_at(p, 0, &buf[..e.header_len as usize]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn truncated_file_is_never_served() {
+    corrupt_and_check(|p, e| {
+        let f = OpenOptions::new().write(true).open(p).expect("open");
+        f.set_len(u64::from(e.header_len) + 50_000)
+            .expect("truncate");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleted_file_is_a_miss() {
+    corrupt_and_check(|p, _| fs::remove_file(p).expect("rm")).await;
+}
+
+#[tokio::test]
+async fn damage_found_at_open_is_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys: Vec<CacheKey> = (0..4).map(|i| CacheKey::file("o", "v", i)).collect();
+    let paths: Vec<PathBuf> = {
+        let tier = open(dir.path(), 16 << 20);
+        for k in &keys {
+            tier.put(k, Block::new(data(8192, 3))).await.expect("put");
+        }
+        keys.iter()
+            .map(|k| tier.block_file(k).expect("file"))
+            .collect()
+    };
+    // 0: truncated, 1: deleted, 2: grown, 3: intact. Plus an orphan file.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&paths[0])
+        .expect("open");
+    f.set_len(100).expect("truncate");
+    fs::remove_file(&paths[1]).expect("rm");
+    write_at(&paths[2], 3 * 4096, &[1u8; 4096]);
+    let orphan = block_path(&dir.path().join("data"), 999_999);
+    fs::write(&orphan, b"left by a crash").expect("orphan");
+
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(
+        tier.resident(),
+        vec![(keys[3].clone(), 8192)],
+        "only the intact block survives"
+    );
+    assert_eq!(tier.used_bytes(), 8192);
+    let r = tier.recovery();
+    assert_eq!((r.bad_files, r.orphans, r.kept), (3, 1, 1));
+    assert!(!orphan.exists() && !paths[0].exists() && !paths[2].exists());
+    assert_eq!(tier.stats().errors, 3);
+    // A new block never reuses the orphan's number.
+    let k = CacheKey::file("o", "v", 9);
+    tier.put(&k, Block::new(data(10, 0))).await.expect("put");
+    assert_ne!(tier.block_file(&k), Some(orphan));
+}
+
+#[tokio::test]
+async fn garbage_in_the_index_is_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = CacheKey::kv("ns", vec![7; 16]);
+    {
+        let tier = open(dir.path(), 16 << 20);
+        tier.put(&good, Block::new(data(3000, 5)))
+            .await
+            .expect("put");
+        let k2 = CacheKey::kv("ns", vec![8; 16]);
+        tier.put(&k2, Block::new(data(3000, 6))).await.expect("put");
+        // Garbage key; garbage value under a valid key; an entry that claims another
+        // block's file (its header names a different key).
+        let good_entry = *tier.state.lock().map.get(&good).expect("entry");
+        tier.db.put(b"\xffnot a key", b"whatever").expect("put");
+        tier.db.put(k2.encode(), b"short").expect("put");
+        let thief = CacheKey::kv("ns", vec![9; 16]);
+        tier.db
+            .put(thief.encode(), good_entry.encode())
+            .expect("put");
+    }
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(tier.resident(), vec![(good.clone(), 3000)]);
+    assert_eq!(tier.recovery().bad_index_entries, 3);
+    assert_eq!(get(&tier, &good).await, Some(data(3000, 5)));
+    drop(tier);
+    // The garbage is gone from the index for good.
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(tier.recovery().bad_index_entries, 0);
+    assert_eq!(tier.resident().len(), 1);
+}
+
+#[tokio::test]
+async fn corrupt_index_database_starts_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let tier = open(dir.path(), 16 << 20);
+        tier.put(&CacheKey::file("a", "b", 0), Block::new(data(100, 0)))
+            .await
+            .expect("put");
+    }
+    // RocksDB's CURRENT names the live manifest; garbage there is a corrupt index.
+    fs::write(dir.path().join("index/CURRENT"), b"\x00garbage").expect("write");
+    let tier = open(dir.path(), 16 << 20);
+    assert!(tier.recovery().wiped);
+    assert!(tier.resident().is_empty());
+    assert_eq!(tier.used_bytes(), 0);
+    assert_eq!(block_files(dir.path()), 0, "old blocks removed as orphans");
+    let k = CacheKey::file("a", "b", 1);
+    tier.put(&k, Block::new(data(100, 1))).await.expect("put");
+    assert_eq!(get(&tier, &k).await, Some(data(100, 1)));
+}
+
+#[tokio::test]
+async fn smaller_capacity_at_reopen_is_respected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let tier = open(dir.path(), 16 << 20);
+        for i in 0..8 {
+            tier.put(
+                &CacheKey::file("o", "v", i),
+                Block::new(data(1 << 20, i as u8)),
+            )
+            .await
+            .expect("put");
+        }
+    }
+    let tier = open(dir.path(), (3 << 20) + 5);
+    assert_eq!(tier.used_bytes(), 3 << 20);
+    assert_eq!(tier.resident().len(), 3);
+    assert_eq!(tier.recovery().over_capacity, 5);
+    assert_eq!(block_files(dir.path()), 3);
+}
+
+#[tokio::test]
+async fn same_key_put_concurrently_leaves_one_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = Arc::new(open(dir.path(), 16 << 20));
+    let key = CacheKey::kv("ns", vec![1]);
+    let mut tasks = Vec::new();
+    for i in 0..8u8 {
+        let (tier, key) = (tier.clone(), key.clone());
+        // Different values so that no put is skipped as a duplicate.
+        tasks.push(tokio::spawn(async move {
+            tier.put(&key, Block::new(data(5000, i))).await
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task").expect("put");
+    }
+    assert_eq!(tier.used_bytes(), 5000);
+    assert_eq!(block_files(dir.path()), 1);
+    let got = get(&tier, &key).await.expect("hit");
+    assert!((0..8).any(|i| got == data(5000, i)));
+}
+
+#[tokio::test]
+async fn concurrent_puts_never_exceed_the_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cap = 10 * 100_000 + 7;
+    let tier = Arc::new(open(dir.path(), cap));
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let tier = tier.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = tier
+                .put(&CacheKey::file("b", "v", i), Block::new(data(100_000, 1)))
+                .await;
+            assert!(tier.used_bytes() <= cap);
+            r.is_ok()
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(ok, 10, "exactly as many as fit");
+    assert_eq!(tier.used_bytes(), 1_000_000);
+    assert_eq!(block_files(dir.path()), 10);
+}
+
+/// An engine whose writes fail with ENOSPC once `full` is set.
+#[derive(Debug)]
+struct FillingDisk {
+    inner: Arc<dyn IoEngine>,
+    full: AtomicBool,
+}
+
+#[async_trait]
+impl IoEngine for FillingDisk {
+    fn name(&self) -> &'static str {
+        "filling"
+    }
+    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf> {
+        self.inner.read_at(file, offset, len).await
+    }
+    async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        self.inner.write_at(file, offset, buf).await
+    }
+    async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
+        self.inner.sync_data(file).await
+    }
+}
+
+#[tokio::test]
+async fn full_device_is_a_clear_error_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = Arc::new(FillingDisk {
+        inner: open_engine(EngineKind::Auto).expect("engine"),
+        full: AtomicBool::new(false),
+    });
+    let tier =
+        DiskTier::open_with_engine(dir.path(), 16 << 20, DiskOptions::default(), engine.clone())
+            .expect("open");
+    let a = CacheKey::file("a", "v", 0);
+    tier.put(&a, Block::new(data(70_000, 1)))
+        .await
+        .expect("put");
+    engine.full.store(true, Ordering::SeqCst);
+    let b = CacheKey::file("a", "v", 1);
+    let err = tier
+        .put(&b, Block::new(data(70_000, 2)))
+        .await
+        .expect_err("device is full");
+    assert!(matches!(err, CacheError::Full(_)), "{err:?}");
+    assert!(err.to_string().contains("device full"), "{err}");
+    assert_eq!(get(&tier, &a).await, Some(data(70_000, 1)));
+    assert!(!tier.contains(&b).await);
+    assert_eq!(tier.used_bytes(), 70_000);
+    assert_eq!(block_files(dir.path()), 1, "the partial file is removed");
+    drop(tier);
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(tier.resident(), vec![(a.clone(), 70_000)]);
+}
+
+#[tokio::test]
+async fn too_large_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = open(dir.path(), 1000);
+    let err = tier
+        .put(&CacheKey::file("x", "v", 0), Block::new(data(1001, 0)))
+        .await
+        .expect_err("too large");
+    assert!(matches!(err, CacheError::TooLarge { .. }));
+    assert_eq!(block_files(dir.path()), 0);
+}
