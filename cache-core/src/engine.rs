@@ -47,6 +47,12 @@ struct Level {
     evictions: AtomicU64,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Persist {
+    Inline,
+    Background,
+}
+
 /// Builds a [`CacheEngine`].
 pub struct EngineBuilder {
     levels: Vec<(Arc<dyn Tier>, Box<dyn EvictionPolicy>)>,
@@ -217,7 +223,7 @@ impl CacheEngine {
 
     /// Stores `data` under `key` (values are immutable: a repeated put is idempotent).
     pub async fn put(&self, key: &CacheKey, data: Bytes, ctx: &AccessContext) -> Result<()> {
-        self.fill(key, Block::new(data), ctx).await
+        self.fill(key, Block::new(data), ctx, Persist::Inline).await
     }
 
     /// Removes `key` from every level; returns whether any held it.
@@ -263,7 +269,12 @@ impl CacheEngine {
                         // Fill before leaving the in-flight map, so a caller arriving
                         // after removal finds the block cached.
                         if let Err(e) = engine
-                            .fill(&task_key, Block::new(bytes.clone()), &task_ctx)
+                            .fill(
+                                &task_key,
+                                Block::new(bytes.clone()),
+                                &task_ctx,
+                                Persist::Background,
+                            )
                             .await
                         {
                             tracing::warn!(key = %task_key, error = %e, "fill failed; serving uncached");
@@ -291,7 +302,18 @@ impl CacheEngine {
     }
 
     /// Fills `key` into the top level (and persistent levels when writing through).
-    async fn fill(&self, key: &CacheKey, block: Block, ctx: &AccessContext) -> Result<()> {
+    ///
+    /// `persist` says how the write-through to persistent levels happens: `Inline` for
+    /// explicit puts (acknowledged once on disk, so they survive a restart), `Background`
+    /// for read-through fills (the reader must not wait for an fsync; a crash before the
+    /// write only loses a cached copy).
+    async fn fill(
+        &self,
+        key: &CacheKey,
+        block: Block,
+        ctx: &AccessContext,
+        persist: Persist,
+    ) -> Result<()> {
         let c = &self.inner.counters;
         c.fills.fetch_add(1, Ordering::Relaxed);
         c.fill_bytes.fetch_add(block.len(), Ordering::Relaxed);
@@ -301,16 +323,34 @@ impl CacheEngine {
         }
         let mut stored = false;
         let mut last_err = None;
+        let mut deferred = Vec::new();
         for i in 0..self.inner.levels.len() {
             let persistent = self.inner.levels[i].tier.kind() == TierKind::Disk;
-            if stored && !(self.inner.write_through && persistent) {
-                continue;
+            if stored {
+                if !(self.inner.write_through && persistent) {
+                    continue;
+                }
+                if persist == Persist::Background {
+                    deferred.push(i);
+                    continue;
+                }
             }
             match self.insert_at(i, key, block.clone(), ctx).await {
                 Ok(true) => stored = true,
                 Ok(false) => {}
                 Err(e) => last_err = Some(e),
             }
+        }
+        if !deferred.is_empty() {
+            let engine = self.clone();
+            let (key, ctx) = (key.clone(), *ctx);
+            tokio::spawn(async move {
+                for i in deferred {
+                    if let Err(e) = engine.insert_at(i, &key, block.clone(), &ctx).await {
+                        tracing::debug!(%key, error = %e, "background write-through failed");
+                    }
+                }
+            });
         }
         match (stored, last_err) {
             (true, _) => Ok(()),

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs dependencies, then runs every
+# Rust test (unit, property, conformance, recovery, real FUSE mounts, real S3 server,
+# gRPC end to end) and the Python client's tests. Each test bounds its own time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+
+# FUSE tests mount through the kernel: they need /dev/fuse (root in CI).
+[ -e /dev/fuse ] || { echo "error: /dev/fuse is missing; the FUSE tests cannot run" >&2; exit 1; }
+
+export RUST_BACKTRACE=1
+cargo test --workspace --all-targets
+if [ -d kvcache/python/tests ]; then
+  scripts/test-python-client.sh
+fi
