@@ -23,11 +23,15 @@ pub enum Command {
     /// Benchmarks: tiers, replay, fs, kv, gds.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Replay traces: generate synthetic workloads, import external traces.
+    #[command(subcommand)]
+    Trace(commands::trace::TraceCommand),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => commands::demo::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Trace(cmd) => commands::trace::run(cmd),
     }
 }

@@ -5,3 +5,5 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod replay;
+pub mod trace;

@@ -5,6 +5,12 @@
 //! position of the access it is about to make through the [`NextUse`] handle before each
 //! `touch`/`place` (`u64::MAX` for never again), and the policy records it on `on_hit` /
 //! `on_insert`. Victim: the largest next use (ties: the earliest recorded).
+//!
+//! It also bypasses: when the tier is full and the missed key's next use is later than
+//! every resident's, it refuses the key (`admit` false), keeping the residents. Without
+//! that, a forced-admission MIN loses to policies that may refuse (TinyLFU) on traces
+//! like `a b a` with room for one. So the policy tracks resident bytes against the
+//! capacity it is given.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +37,9 @@ impl NextUse {
 
 pub struct BeladyPolicy {
     hint: NextUse,
+    capacity: u64,
+    used: u64,
+    sizes: HashMap<CacheKey, u64>,
     seq: u64,
     state: HashMap<CacheKey, (u64, u64)>,
     /// (next use, -seq) -> key; the last entry is the victim.
@@ -38,13 +47,16 @@ pub struct BeladyPolicy {
 }
 
 impl BeladyPolicy {
-    /// The policy and the handle to feed it the future with.
-    pub fn new() -> (Self, NextUse) {
+    /// The policy for a tier of `capacity` bytes and the handle to feed it the future.
+    pub fn new(capacity: u64) -> (Self, NextUse) {
         let hint = NextUse::default();
         hint.set(u64::MAX);
         (
             BeladyPolicy {
                 hint: hint.clone(),
+                capacity,
+                used: 0,
+                sizes: HashMap::new(),
                 seq: 0,
                 state: HashMap::new(),
                 order: BTreeMap::new(),
@@ -67,7 +79,18 @@ impl EvictionPolicy for BeladyPolicy {
     fn name(&self) -> &'static str {
         "opt"
     }
-    fn on_insert(&mut self, key: &CacheKey, _size: u64, _ctx: &AccessContext) {
+    fn admit(&mut self, _key: &CacheKey, size: u64, _ctx: &AccessContext) -> bool {
+        if self.used + size <= self.capacity {
+            return true;
+        }
+        let farthest = self.order.last_key_value().map_or(0, |((n, _), _)| *n);
+        self.hint.get() < farthest
+    }
+    fn on_insert(&mut self, key: &CacheKey, size: u64, _ctx: &AccessContext) {
+        if let Some(old) = self.sizes.insert(key.clone(), size) {
+            self.used -= old;
+        }
+        self.used += size;
         self.record(key);
     }
     fn on_hit(&mut self, key: &CacheKey, _ctx: &AccessContext) {
@@ -76,6 +99,9 @@ impl EvictionPolicy for BeladyPolicy {
         }
     }
     fn on_remove(&mut self, key: &CacheKey) {
+        if let Some(s) = self.sizes.remove(key) {
+            self.used -= s;
+        }
         if let Some(st) = self.state.remove(key) {
             self.order.remove(&st);
         }
@@ -91,7 +117,7 @@ mod tests {
 
     #[test]
     fn evicts_farthest_next_use() {
-        let (mut p, hint) = BeladyPolicy::new();
+        let (mut p, hint) = BeladyPolicy::new(100);
         let ctx = AccessContext::default();
         let k = |i| CacheKey::file("f", "v", i);
         for (i, next) in [(0, 10), (1, 5), (2, 7)] {
@@ -107,5 +133,24 @@ mod tests {
         assert_eq!(p.victim(), Some(k(1)), "never used again goes first");
         p.on_remove(&k(1));
         assert_eq!(p.victim(), Some(k(2)));
+    }
+
+    #[test]
+    fn bypasses_when_full_and_the_newcomer_is_needed_last() {
+        let (mut p, hint) = BeladyPolicy::new(2);
+        let ctx = AccessContext::default();
+        let k = |i| CacheKey::file("f", "v", i);
+        hint.set(5);
+        assert!(p.admit(&k(0), 1, &ctx), "room left: always admit");
+        p.on_insert(&k(0), 1, &ctx);
+        hint.set(6);
+        p.on_insert(&k(1), 1, &ctx);
+        hint.set(9);
+        assert!(
+            !p.admit(&k(2), 1, &ctx),
+            "full and needed after every resident"
+        );
+        hint.set(4);
+        assert!(p.admit(&k(2), 1, &ctx), "needed sooner than a resident");
     }
 }

@@ -2,9 +2,16 @@
 
 use clap::Subcommand;
 
+pub mod replay;
+
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Replay a trace through several cache policies in simulated time.
+    Replay(replay::ReplayArgs),
+}
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Replay(a) => replay::run(a),
+    }
 }

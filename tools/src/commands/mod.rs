@@ -1,3 +1,4 @@
 //! Subcommands other than benchmarks.
 
 pub mod demo;
+pub mod trace;

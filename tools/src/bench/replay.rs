@@ -1,0 +1,231 @@
+//! `strata bench replay`: one trace through several policies at the same capacity.
+//!
+//! Prints a table (or `--json`: `{trace, capacity_bytes, unique_bytes, results: [{policy,
+//! hit_ratio, byte_hit_ratio, prefetch_bytes, prefetch_precision, jct_s, job_jct_s, ...}]}`)
+//! and, with `--plot FILE.png`, draws hit ratio against capacity (`--plot-capacities`,
+//! percent of unique bytes) for every policy. See [`crate::replay`] for the rules.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::replay::{
+    self, make_policy, parse_capacity, Prepared, ReplayConfig, StoreModel, POLICY_NAMES,
+};
+use crate::trace;
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Trace CSV (gzip'd if it ends in .gz).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Cache capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of unique bytes.
+    #[arg(long, default_value = "20%")]
+    pub capacity: String,
+    /// Comma-separated policies.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "strata,lru,lfu,arc,2random,tinylfu,opt"
+    )]
+    pub policies: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Draw hit ratio vs capacity to this PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Capacities (% of unique bytes) for `--plot`.
+    #[arg(long, value_delimiter = ',', default_value = "5,10,20,40,60,80")]
+    pub plot_capacities: Vec<f64>,
+    /// Cache block size in bytes.
+    #[arg(long, default_value_t = strata_cache_core::DEFAULT_BLOCK_SIZE)]
+    pub block_bytes: u64,
+    /// Object store latency per GET, ms.
+    #[arg(long, default_value_t = 20.0)]
+    pub get_latency_ms: f64,
+    /// Object store bandwidth shared by all fetches, MB/s (10^6 bytes).
+    #[arg(long, default_value_t = 200.0)]
+    pub bandwidth_mbps: f64,
+    /// Drop prefetches while the store link is booked this far ahead, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub prefetch_backlog_ms: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    #[serde(flatten)]
+    result: replay::PolicyResult,
+    /// Wall-clock seconds the replay took (this machine, one core).
+    replay_wall_s: f64,
+    replay_accesses_per_s: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    trace: String,
+    capacity_bytes: u64,
+    unique_bytes: u64,
+    results: Vec<Row>,
+}
+
+pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
+    for p in &a.policies {
+        anyhow::ensure!(
+            POLICY_NAMES.contains(&p.as_str()),
+            "unknown policy `{p}` (known: {})",
+            POLICY_NAMES.join(", ")
+        );
+    }
+    anyhow::ensure!(a.block_bytes > 0, "--block-bytes must be > 0");
+    anyhow::ensure!(a.bandwidth_mbps > 0.0, "--bandwidth-mbps must be > 0");
+    let t = trace::read_file(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
+    let prepared = Prepared::new(t, a.block_bytes);
+    let unique = prepared.unique_bytes();
+    let store = StoreModel {
+        get_latency_ns: (a.get_latency_ms * 1e6) as u64,
+        bandwidth_bytes_per_s: a.bandwidth_mbps * 1e6,
+        prefetch_max_backlog_ns: (a.prefetch_backlog_ms * 1e6) as u64,
+    };
+    let capacity = parse_capacity(&a.capacity, unique)?;
+    let results = run_all(&prepared, &a.policies, capacity, a.block_bytes, store)?;
+    let report = Report {
+        trace: a.trace.display().to_string(),
+        capacity_bytes: capacity,
+        unique_bytes: unique,
+        results,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report, prepared.trace().jobs.len());
+    }
+    if let Some(png) = &a.plot {
+        let mut curves: Vec<(String, Vec<(f64, f64)>)> =
+            a.policies.iter().map(|p| (p.clone(), Vec::new())).collect();
+        for &pct in &a.plot_capacities {
+            let cap = parse_capacity(&format!("{pct}%"), unique)?;
+            let rows = run_all(&prepared, &a.policies, cap, a.block_bytes, store)?;
+            for (c, r) in curves.iter_mut().zip(rows) {
+                c.1.push((pct, r.result.hit_ratio));
+            }
+        }
+        let title = a
+            .trace
+            .file_name()
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_default();
+        plot(png, &title, &curves).with_context(|| format!("plotting {}", png.display()))?;
+        eprintln!("wrote {}", png.display());
+    }
+    Ok(())
+}
+
+fn run_all(
+    p: &Prepared,
+    policies: &[String],
+    capacity: u64,
+    block_bytes: u64,
+    store: StoreModel,
+) -> anyhow::Result<Vec<Row>> {
+    let cfg = ReplayConfig {
+        capacity_bytes: capacity,
+        block_bytes,
+        store,
+    };
+    policies
+        .iter()
+        .map(|name| {
+            let set = make_policy(name, capacity)?;
+            let t0 = Instant::now();
+            let result = replay::replay(p, set, &cfg);
+            let wall = t0.elapsed().as_secs_f64();
+            Ok(Row {
+                replay_accesses_per_s: result.accesses as f64 / wall.max(1e-9),
+                replay_wall_s: wall,
+                result,
+            })
+        })
+        .collect()
+}
+
+fn print_table(r: &Report, jobs: usize) {
+    println!(
+        "trace {}: {} jobs, unique {:.1} MB, capacity {:.1} MB ({:.0}%)",
+        r.trace,
+        jobs,
+        r.unique_bytes as f64 / 1e6,
+        r.capacity_bytes as f64 / 1e6,
+        100.0 * r.capacity_bytes as f64 / r.unique_bytes.max(1) as f64
+    );
+    println!(
+        "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9}",
+        "policy",
+        "hit%",
+        "byte hit%",
+        "prefetch MB",
+        "precision",
+        "mean JCT s",
+        "total JCT s",
+        "Macc/s"
+    );
+    for row in &r.results {
+        let x = &row.result;
+        println!(
+            "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2}",
+            x.policy,
+            100.0 * x.hit_ratio,
+            100.0 * x.byte_hit_ratio,
+            x.prefetch_bytes as f64 / 1e6,
+            x.prefetch_precision,
+            x.jct_s,
+            x.total_jct_s,
+            row.replay_accesses_per_s / 1e6
+        );
+    }
+}
+
+fn plot(
+    path: &std::path::Path,
+    title: &str,
+    curves: &[(String, Vec<(f64, f64)>)],
+) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(path, (960, 640)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let xmax = curves
+        .iter()
+        .flat_map(|c| c.1.iter().map(|p| p.0))
+        .fold(1.0f64, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("hit ratio vs capacity: {title}"),
+            ("sans-serif", 24),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..xmax * 1.02, 0.0..1.0f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("capacity (% of unique bytes)")
+        .y_desc("hit ratio")
+        .draw()?;
+    for (i, (name, pts)) in curves.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba().stroke_width(2);
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

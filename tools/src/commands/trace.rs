@@ -1,0 +1,89 @@
+//! `strata trace gen|import`: write replay traces (see [`crate::trace`]).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::trace::{self, gen::Workload};
+
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Generate a synthetic workload trace (deterministic for a seed).
+    Gen(GenArgs),
+    /// Convert an external trace to the replay format.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GenArgs {
+    #[arg(long, value_enum)]
+    pub workload: Workload,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output CSV (gzip'd if it ends in .gz).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Multiplies the default counts (files, shards, sessions, reads).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ImportFormat {
+    /// Mooncake FAST'25 JSON lines (`timestamp`, `hash_ids` of 512-token blocks).
+    Mooncake,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    #[arg(long, value_enum)]
+    pub format: ImportFormat,
+    /// Input file (gzip'd if it ends in .gz).
+    pub input: PathBuf,
+    /// Bytes of one KV block (512 tokens x the model's KV bytes per token).
+    #[arg(long)]
+    pub block_bytes: u64,
+    /// KV namespace in the paths (`kv/<namespace>/<hash>`).
+    #[arg(long, default_value = "mooncake")]
+    pub namespace: String,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
+    match cmd {
+        TraceCommand::Gen(a) => {
+            anyhow::ensure!(a.scale > 0.0, "--scale must be > 0");
+            let t = trace::gen::generate(a.workload, a.seed, a.scale);
+            trace::write_file(&t, &a.out)
+                .with_context(|| format!("writing {}", a.out.display()))?;
+            summary(&t, &a.out);
+        }
+        TraceCommand::Import(a) => {
+            let t = match a.format {
+                ImportFormat::Mooncake => {
+                    trace::mooncake::import_file(&a.input, a.block_bytes, &a.namespace)
+                }
+            }
+            .with_context(|| format!("importing {}", a.input.display()))?;
+            trace::write_file(&t, &a.out)
+                .with_context(|| format!("writing {}", a.out.display()))?;
+            summary(&t, &a.out);
+        }
+    }
+    Ok(())
+}
+
+fn summary(t: &trace::Trace, out: &std::path::Path) {
+    let bytes: u64 = t.records.iter().map(|r| r.len).sum();
+    eprintln!(
+        "wrote {}: {} reads, {} jobs, {} paths, {:.1} MB read, {:.1} MB unique (1 MiB blocks)",
+        out.display(),
+        t.records.len(),
+        t.jobs.len(),
+        t.paths.len(),
+        bytes as f64 / 1e6,
+        t.unique_bytes(1 << 20) as f64 / 1e6
+    );
+}

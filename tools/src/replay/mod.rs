@@ -1,0 +1,596 @@
+//! The replay simulator: drives the real cache-core code (one
+//! [`strata_cache_core::space::TierSpace`] holding the policy under test, the
+//! [`strata_prefetch::Predictor`]s) with a trace, in **simulated time**.
+//!
+//! # Rules (the same for every policy)
+//!
+//! - **Jobs.** Each trace job replays its rows in order. A job starts at the `ts_ns` of
+//!   its first row; it issues its next read `gap` after its previous read *completes*,
+//!   where `gap` is the difference of the two rows' `ts_ns` in the trace (the think
+//!   time: compute between reads). Jobs run concurrently and are processed in simulated
+//!   time order (ties by job index), so the run is deterministic.
+//! - **Blocks.** A read is split into cache blocks of `block_bytes` (default 1 MiB, the
+//!   cache core's block size); a file smaller than a block is one block of its size and
+//!   a KV entry (`kv/...`) is always one block of its whole size.
+//! - **Hits.** A block counts as a hit only if it is resident *and its bytes have
+//!   arrived* when the read is issued. A block still in flight (a prefetch, or another
+//!   job's miss) is a miss for the hit ratios, but the read waits only for the rest of
+//!   that transfer. `hit_ratio` = hit block accesses / block accesses;
+//!   `byte_hit_ratio` = bytes of reads served from arrived blocks / bytes read.
+//! - **Store model.** Every block fetch (demand miss or prefetch) is one GET costing
+//!   `get_latency` (default 20 ms, a typical S3 first-byte latency) and then its bytes
+//!   over one link of `bandwidth` (default 200 MB/s) shared by all fetches in FIFO
+//!   order: `start = max(issue + latency, link free)`, `arrival = start + bytes / bw`.
+//!   Latencies overlap (GETs are concurrent), bytes do not (one shared pipe). A read
+//!   completes when its last block has arrived.
+//! - **Admission.** A miss calls `TierSpace::place` (the policy may refuse it: then the
+//!   bytes are fetched but not cached). Space is reserved at issue, as a real cache
+//!   allocates the buffer it fetches into.
+//! - **Prefetch.** After each demand read is issued, every predictor gets an
+//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`);
+//!   each requested block that is not resident is admitted with
+//!   `place(ctx.prefetch = true)` and fetched over the same link. Prefetches are dropped
+//!   while the link's backlog exceeds `prefetch_max_backlog` (default 1 s of transfers),
+//!   as a real client bounds its readahead queue; demand fetches are never dropped.
+//!   Requests for paths the trace never mentions are ignored (the object does not exist).
+//!   When demand first reads a prefetched block the predictor gets `Feedback::Used`;
+//!   when it is evicted unread, `Feedback::Wasted`. `prefetch_precision` = prefetched
+//!   bytes later read / prefetched bytes.
+//! - **Belady (`opt`).** Gets the position of the next access to the same block in the
+//!   trace's time order (precomputed once). With several concurrent jobs the simulated
+//!   order can differ slightly from the trace's, so `opt` is then a (very) good policy,
+//!   not a proven bound; for one job it is exact MIN.
+//!
+//! # Cost
+//!
+//! The trace is compiled once ([`Prepared`]): paths interned, every read's blocks as
+//! dense ids with their `CacheKey`s built once, so a replay step does no allocation
+//! except what the policy and `TierSpace` do themselves.
+
+mod policies;
+
+pub use policies::{make_policy, strata_policy_set, PolicySet, POLICY_NAMES};
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use strata_cache_core::policy::NextUse;
+use strata_cache_core::space::{Placement, TierSpace};
+use strata_cache_core::{AccessContext, CacheKey, JobId, DEFAULT_BLOCK_SIZE};
+use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+
+use crate::trace::{blocks_of, is_kv, Trace};
+
+/// The object store as the replay models it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StoreModel {
+    /// Time to first byte of one GET.
+    pub get_latency_ns: u64,
+    /// Bytes per second of the link all fetches share.
+    pub bandwidth_bytes_per_s: f64,
+    /// Prefetches are dropped while the link is booked further ahead than this.
+    pub prefetch_max_backlog_ns: u64,
+}
+
+impl Default for StoreModel {
+    fn default() -> Self {
+        StoreModel {
+            // 20 ms: S3 GET first-byte latency from EC2, the issue's stated model.
+            get_latency_ns: 20_000_000,
+            // 200 MB/s: one client's sustained S3 throughput, the issue's stated model.
+            bandwidth_bytes_per_s: 200e6,
+            // 1 s of transfers: deep enough for readahead at full bandwidth, shallow
+            // enough that prefetch cannot starve demand for long.
+            prefetch_max_backlog_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// Replay parameters other than the policy.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayConfig {
+    pub capacity_bytes: u64,
+    pub block_bytes: u64,
+    pub store: StoreModel,
+}
+
+impl ReplayConfig {
+    pub fn new(capacity_bytes: u64) -> Self {
+        ReplayConfig {
+            capacity_bytes,
+            block_bytes: DEFAULT_BLOCK_SIZE,
+            store: StoreModel::default(),
+        }
+    }
+}
+
+/// What one policy achieved on one trace.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub hit_ratio: f64,
+    pub byte_hit_ratio: f64,
+    pub prefetch_bytes: u64,
+    pub prefetch_precision: f64,
+    /// Mean simulated job completion time (s).
+    pub jct_s: f64,
+    pub job_jct_s: BTreeMap<String, f64>,
+    /// Block accesses replayed.
+    pub accesses: u64,
+    /// Sum of job completion times (s).
+    pub total_jct_s: f64,
+}
+
+/// A trace compiled for replay; shared by the runs of every policy.
+pub struct Prepared {
+    trace: Trace,
+    block_bytes: u64,
+    path_index: HashMap<Arc<str>, u32>,
+    keys: Vec<CacheKey>,
+    sizes: Vec<u64>,
+    key_ids: HashMap<CacheKey, u32>,
+    block_ids: HashMap<(u32, u64), u32>,
+    /// Per record: its range in `acc`.
+    rec_acc: Vec<(u32, u32)>,
+    /// Flat block accesses in trace order.
+    acc: Vec<u32>,
+    /// Per flat access: position of the next access to the same block (u64::MAX: none).
+    next_use: Vec<u64>,
+    /// Per job: its record indices in time order.
+    job_recs: Vec<Vec<u32>>,
+    unique_bytes: u64,
+}
+
+/// The version tag of every replayed object (traces have one version per path).
+const VERSION: &str = "v0";
+
+fn kv_key(path: &str) -> CacheKey {
+    let rest = &path[3..];
+    let (ns, hash) = rest.rsplit_once('/').unwrap_or(("", rest));
+    let bytes = hex_decode(hash).unwrap_or_else(|| hash.as_bytes().to_vec());
+    CacheKey::kv(ns, bytes)
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || s.is_empty() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Prepared {
+    pub fn new(mut trace: Trace, block_bytes: u64) -> Self {
+        trace.sort_by_time();
+        let version: Arc<str> = Arc::from(VERSION);
+        let mut p = Prepared {
+            path_index: trace
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.clone(), i as u32))
+                .collect(),
+            block_bytes,
+            keys: Vec::new(),
+            sizes: Vec::new(),
+            key_ids: HashMap::new(),
+            block_ids: HashMap::new(),
+            rec_acc: Vec::with_capacity(trace.records.len()),
+            acc: Vec::with_capacity(trace.records.len()),
+            next_use: Vec::new(),
+            job_recs: vec![Vec::new(); trace.jobs.len()],
+            unique_bytes: 0,
+            trace: Trace::default(),
+        };
+        for (ri, r) in trace.records.iter().enumerate() {
+            let path = &trace.paths[r.path as usize];
+            let start = p.acc.len() as u32;
+            for (idx, bytes) in blocks_of(path, r.offset, r.len, r.size, block_bytes) {
+                let id = *p.block_ids.entry((r.path, idx)).or_insert_with(|| {
+                    let key = if is_kv(path) {
+                        kv_key(path)
+                    } else {
+                        CacheKey::file(path.clone(), version.clone(), idx)
+                    };
+                    let id = p.keys.len() as u32;
+                    p.key_ids.insert(key.clone(), id);
+                    p.keys.push(key);
+                    p.sizes.push(bytes);
+                    p.unique_bytes += bytes;
+                    id
+                });
+                p.acc.push(id);
+            }
+            p.rec_acc.push((start, p.acc.len() as u32));
+            p.job_recs[r.job as usize].push(ri as u32);
+        }
+        let mut last = vec![u64::MAX; p.keys.len()];
+        p.next_use = vec![u64::MAX; p.acc.len()];
+        for (pos, &b) in p.acc.iter().enumerate().rev() {
+            p.next_use[pos] = last[b as usize];
+            last[b as usize] = pos as u64;
+        }
+        p.trace = trace;
+        p
+    }
+
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+    /// Bytes of the distinct blocks the trace reads.
+    pub fn unique_bytes(&self) -> u64 {
+        self.unique_bytes
+    }
+    pub fn block_accesses(&self) -> usize {
+        self.acc.len()
+    }
+}
+
+const NO_PREFETCH: u8 = u8::MAX;
+
+#[derive(Clone, Copy, Default)]
+struct BlockState {
+    resident: bool,
+    ready_ns: u64,
+    /// Index of the predictor that prefetched it, while unread.
+    prefetch_by: u8,
+}
+
+struct Link {
+    model: StoreModel,
+    free_at: u64,
+    ns_per_byte: f64,
+}
+
+impl Link {
+    fn fetch(&mut self, now: u64, bytes: u64) -> u64 {
+        let start = (now + self.model.get_latency_ns).max(self.free_at);
+        self.free_at = start + (bytes as f64 * self.ns_per_byte) as u64;
+        self.free_at
+    }
+    fn backlog(&self, now: u64) -> u64 {
+        self.free_at.saturating_sub(now)
+    }
+}
+
+/// One replay run's mutable state.
+struct Run<'a> {
+    p: &'a Prepared,
+    space: TierSpace,
+    predictors: Vec<Box<dyn Predictor>>,
+    next_use: Option<NextUse>,
+    state: Vec<BlockState>,
+    extra_keys: Vec<CacheKey>,
+    extra_sizes: Vec<u64>,
+    extra_ids: HashMap<(u32, u64), u32>,
+    extra_key_ids: HashMap<CacheKey, u32>,
+    link: Link,
+    reqs: Vec<PrefetchRequest>,
+    accesses: u64,
+    hits: u64,
+    bytes_read: u64,
+    bytes_hit: u64,
+    prefetch_bytes: u64,
+    prefetch_used: u64,
+}
+
+impl Run<'_> {
+    fn key(&self, id: u32) -> &CacheKey {
+        let n = self.p.keys.len();
+        if (id as usize) < n {
+            &self.p.keys[id as usize]
+        } else {
+            &self.extra_keys[id as usize - n]
+        }
+    }
+    fn size(&self, id: u32) -> u64 {
+        let n = self.p.sizes.len();
+        if (id as usize) < n {
+            self.p.sizes[id as usize]
+        } else {
+            self.extra_sizes[id as usize - n]
+        }
+    }
+    fn id_of_key(&self, key: &CacheKey) -> Option<u32> {
+        self.p
+            .key_ids
+            .get(key)
+            .or_else(|| self.extra_key_ids.get(key))
+            .copied()
+    }
+
+    fn evicted(&mut self, evicted: Vec<(CacheKey, u64)>, job: JobId) {
+        for (k, bytes) in evicted {
+            let Some(id) = self.id_of_key(&k) else {
+                continue;
+            };
+            let st = &mut self.state[id as usize];
+            st.resident = false;
+            if st.prefetch_by != NO_PREFETCH {
+                let pi = st.prefetch_by as usize;
+                st.prefetch_by = NO_PREFETCH;
+                let path = k.path();
+                self.predictors[pi].on_feedback(job, &path, Feedback::Wasted { bytes });
+            }
+        }
+    }
+
+    /// Replays one read issued at `now`; returns when it completes.
+    fn read(&mut self, ri: usize, job: JobId, now: u64) -> u64 {
+        let r = self.p.trace.records[ri];
+        let (a0, a1) = self.p.rec_acc[ri];
+        let bb = self.p.block_bytes;
+        let kv = is_kv(&self.p.trace.paths[r.path as usize]);
+        let ctx = AccessContext::demand(job, now);
+        let mut done = now;
+        for pos in a0..a1 {
+            let id = self.p.acc[pos as usize];
+            if let Some(h) = &self.next_use {
+                h.set(self.p.next_use[pos as usize]);
+            }
+            let bytes = self.p.sizes[id as usize];
+            // Bytes of this read inside this block.
+            let overlap = if kv {
+                r.len
+            } else {
+                let bstart = (r.offset / bb + u64::from(pos - a0)) * bb;
+                (r.offset + r.len).min(bstart + bb) - r.offset.max(bstart)
+            };
+            self.accesses += 1;
+            self.bytes_read += overlap;
+            let st = self.state[id as usize];
+            if st.resident {
+                self.space.touch(&self.p.keys[id as usize], &ctx);
+                if st.ready_ns <= now {
+                    self.hits += 1;
+                    self.bytes_hit += overlap;
+                } else {
+                    done = done.max(st.ready_ns);
+                }
+                if st.prefetch_by != NO_PREFETCH {
+                    self.state[id as usize].prefetch_by = NO_PREFETCH;
+                    self.prefetch_used += bytes;
+                    let path = &self.p.trace.paths[r.path as usize];
+                    self.predictors[st.prefetch_by as usize].on_feedback(
+                        job,
+                        path,
+                        Feedback::Used { bytes },
+                    );
+                }
+                continue;
+            }
+            let ready = self.link.fetch(now, bytes);
+            done = done.max(ready);
+            if let Ok(Placement::Admitted { evicted }) =
+                self.space.place(&self.p.keys[id as usize], bytes, &ctx)
+            {
+                self.evicted(evicted, job);
+                self.state[id as usize] = BlockState {
+                    resident: true,
+                    ready_ns: ready,
+                    prefetch_by: NO_PREFETCH,
+                };
+            }
+        }
+        if !self.predictors.is_empty() {
+            self.predict(r.path, r.offset, r.len, r.size, a0, job, now);
+        }
+        done
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn predict(
+        &mut self,
+        path: u32,
+        offset: u64,
+        len: u64,
+        size: u64,
+        a0: u32,
+        job: JobId,
+        now: u64,
+    ) {
+        let first = self.p.acc[a0 as usize];
+        let ctx = AccessContext::demand(job, now);
+        let event = AccessEvent {
+            job,
+            path: self.p.trace.paths[path as usize].clone(),
+            offset,
+            len,
+            file_size: size,
+            now_ns: now,
+            pattern: self.space.pattern_of(&self.p.keys[first as usize], &ctx),
+        };
+        let mut reqs = std::mem::take(&mut self.reqs);
+        for pi in 0..self.predictors.len() {
+            reqs.clear();
+            self.predictors[pi].on_access(&event, &mut reqs);
+            for req in &reqs {
+                self.prefetch(pi as u8, req, job, now);
+            }
+        }
+        self.reqs = reqs;
+    }
+
+    fn prefetch(&mut self, pi: u8, req: &PrefetchRequest, job: JobId, now: u64) {
+        let Some(&pid) = self.p.path_index.get(&req.path) else {
+            return;
+        };
+        let size = self.p.trace.sizes[pid as usize];
+        if req.offset >= size || req.len == 0 {
+            return;
+        }
+        let len = req.len.min(size - req.offset);
+        let path = self.p.trace.paths[pid as usize].clone();
+        let ctx = AccessContext::prefetch(job, now);
+        for (idx, bytes) in blocks_of(&path, req.offset, len, size, self.p.block_bytes) {
+            let id = match self
+                .p
+                .block_ids
+                .get(&(pid, idx))
+                .or_else(|| self.extra_ids.get(&(pid, idx)))
+            {
+                Some(&id) => id,
+                None => {
+                    let key = if is_kv(&path) {
+                        kv_key(&path)
+                    } else {
+                        CacheKey::file(path.clone(), VERSION, idx)
+                    };
+                    let id = (self.p.keys.len() + self.extra_keys.len()) as u32;
+                    self.extra_ids.insert((pid, idx), id);
+                    self.extra_key_ids.insert(key.clone(), id);
+                    self.extra_keys.push(key);
+                    self.extra_sizes.push(bytes);
+                    self.state.push(BlockState {
+                        prefetch_by: NO_PREFETCH,
+                        ..BlockState::default()
+                    });
+                    id
+                }
+            };
+            if self.state[id as usize].resident {
+                continue;
+            }
+            if self.link.backlog(now) > self.link.model.prefetch_max_backlog_ns {
+                return;
+            }
+            let key = self.key(id).clone();
+            let bytes = self.size(id);
+            if let Ok(Placement::Admitted { evicted }) = self.space.place(&key, bytes, &ctx) {
+                self.evicted(evicted, job);
+                let ready = self.link.fetch(now, bytes);
+                self.prefetch_bytes += bytes;
+                self.state[id as usize] = BlockState {
+                    resident: true,
+                    ready_ns: ready,
+                    prefetch_by: pi,
+                };
+            }
+        }
+    }
+}
+
+/// Replays `p` through `set` under `cfg`.
+pub fn replay(p: &Prepared, set: PolicySet, cfg: &ReplayConfig) -> PolicyResult {
+    let PolicySet {
+        name,
+        policy,
+        predictors,
+        next_use,
+    } = set;
+    let mut run = Run {
+        p,
+        space: TierSpace::new(cfg.capacity_bytes, policy),
+        predictors,
+        next_use,
+        state: vec![
+            BlockState {
+                prefetch_by: NO_PREFETCH,
+                ..BlockState::default()
+            };
+            p.keys.len()
+        ],
+        extra_keys: Vec::new(),
+        extra_sizes: Vec::new(),
+        extra_ids: HashMap::new(),
+        extra_key_ids: HashMap::new(),
+        link: Link {
+            model: cfg.store,
+            free_at: 0,
+            ns_per_byte: 1e9 / cfg.store.bandwidth_bytes_per_s,
+        },
+        reqs: Vec::new(),
+        accesses: 0,
+        hits: 0,
+        bytes_read: 0,
+        bytes_hit: 0,
+        prefetch_bytes: 0,
+        prefetch_used: 0,
+    };
+    let recs = &p.trace.records;
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(p.job_recs.len());
+    let mut cursor = vec![0usize; p.job_recs.len()];
+    let mut start = vec![0u64; p.job_recs.len()];
+    let mut end = vec![0u64; p.job_recs.len()];
+    for (j, rs) in p.job_recs.iter().enumerate() {
+        if let Some(&r0) = rs.first() {
+            start[j] = recs[r0 as usize].ts_ns;
+            heap.push(Reverse((start[j], j as u32)));
+        }
+    }
+    while let Some(Reverse((now, j))) = heap.pop() {
+        let ju = j as usize;
+        let ri = p.job_recs[ju][cursor[ju]] as usize;
+        let done = run.read(ri, JobId(u64::from(j)), now);
+        cursor[ju] += 1;
+        match p.job_recs[ju].get(cursor[ju]) {
+            Some(&next) => {
+                let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
+                heap.push(Reverse((done + gap, j)));
+            }
+            None => end[ju] = done,
+        }
+    }
+    let mut job_jct_s = BTreeMap::new();
+    let mut total = 0.0;
+    let mut n = 0usize;
+    for (j, rs) in p.job_recs.iter().enumerate() {
+        if rs.is_empty() {
+            continue;
+        }
+        let s = (end[j] - start[j]) as f64 / 1e9;
+        total += s;
+        n += 1;
+        job_jct_s.insert(p.trace.jobs[j].to_string(), s);
+    }
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    PolicyResult {
+        policy: name,
+        hit_ratio: ratio(run.hits, run.accesses),
+        byte_hit_ratio: ratio(run.bytes_hit, run.bytes_read),
+        prefetch_bytes: run.prefetch_bytes,
+        prefetch_precision: ratio(run.prefetch_used, run.prefetch_bytes),
+        jct_s: if n == 0 { 0.0 } else { total / n as f64 },
+        job_jct_s,
+        accesses: run.accesses,
+        total_jct_s: total,
+    }
+}
+
+/// Parses a capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of `unique_bytes`.
+pub fn parse_capacity(s: &str, unique_bytes: u64) -> anyhow::Result<u64> {
+    let s = s.trim();
+    if let Some(pct) = s.strip_suffix('%') {
+        let f: f64 = pct
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
+        anyhow::ensure!(f > 0.0, "capacity `{s}` must be > 0");
+        return Ok(((unique_bytes as f64) * f / 100.0).round().max(1.0) as u64);
+    }
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        u => {
+            anyhow::bail!("capacity `{s}`: unknown unit `{u}` (B, KiB, MiB, GiB, KB, MB, GB or %)")
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow::anyhow!("capacity `{s}` overflows"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+use super::*;
+use crate::trace::TraceBuilder;
+use proptest::prelude::*;
+use strata_cache_core::policy::LruPolicy;
+
+const MB: u64 = 1 << 20;
+const MS: u64 = 1_000_000;
+
+/// Rows (ts_ns, job, path, offset, len, size).
+fn trace(rows: &[(u64, &str, &str, u64, u64, u64)]) -> Trace {
+    let mut b = TraceBuilder::new();
+    for &(ts, job, path, off, len, size) in rows {
+        let j = b.job(job);
+        let p = b.path(path, size).expect("consistent sizes");
+        b.push(ts, j, p, off, len).expect("valid range");
+    }
+    b.finish()
+}
+
+fn run(t: &Trace, policy: &str, capacity: u64) -> PolicyResult {
+    let p = Prepared::new(t.clone(), MB);
+    replay(
+        &p,
+        make_policy(policy, capacity).expect("known policy"),
+        &ReplayConfig::new(capacity),
+    )
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+#[test]
+fn a_read_hits_only_what_is_cached_when_issued() {
+    // One job reads f twice, back to back: the first read has completed (arrived)
+    // before the second is issued.
+    let t = trace(&[(0, "a", "f", 0, MB, MB), (0, "a", "f", 0, MB, MB)]);
+    let r = run(&t, "lru", 10 * MB);
+    assert!(close(r.hit_ratio, 0.5), "{r:?}");
+    assert!(close(r.byte_hit_ratio, 0.5));
+}
+
+#[test]
+fn an_in_flight_block_is_a_miss_that_waits_only_for_the_rest() {
+    let xfer = (MB as f64 / 200e6 * 1e9) as u64;
+    // Job a misses f at 0 (arrives at 20 ms + xfer); job b reads f at 5 ms.
+    let t = trace(&[(0, "a", "f", 0, MB, MB), (5 * MS, "b", "f", 0, MB, MB)]);
+    let r = run(&t, "lru", 10 * MB);
+    assert!(close(r.hit_ratio, 0.0), "in flight counts as a miss: {r:?}");
+    let ja = r.job_jct_s["a"];
+    let jb = r.job_jct_s["b"];
+    assert!(close(ja, (20 * MS + xfer) as f64 / 1e9), "a: {ja}");
+    assert!(
+        close(jb, (15 * MS + xfer) as f64 / 1e9),
+        "b waits for the rest only: {jb}"
+    );
+    // Had b fetched it itself it would have waited a full GET.
+    assert!(jb < ja);
+}
+
+#[test]
+fn latency_overlaps_and_bandwidth_is_shared() {
+    // One 10 MiB read: ten concurrent GETs, one 20 ms latency, bytes serialised.
+    let t = trace(&[(0, "a", "big", 0, 10 * MB, 10 * MB)]);
+    let r = run(&t, "lru", 100 * MB);
+    let want = 0.020 + (10 * MB) as f64 / 200e6;
+    assert!((r.jct_s - want).abs() < 1e-6, "{} vs {want}", r.jct_s);
+    assert_eq!(r.accesses, 10);
+    // Two jobs reading different 10 MiB files at once share the link.
+    let t = trace(&[
+        (0, "a", "x", 0, 10 * MB, 10 * MB),
+        (0, "b", "y", 0, 10 * MB, 10 * MB),
+    ]);
+    let r = run(&t, "lru", 100 * MB);
+    let last = r.job_jct_s.values().fold(0.0f64, |m, v| m.max(*v));
+    assert!(
+        (last - (0.020 + (20 * MB) as f64 / 200e6)).abs() < 1e-6,
+        "{last}"
+    );
+}
+
+#[test]
+fn think_time_is_added_after_completion() {
+    // Two misses 100 ms apart in the trace: the second is issued 100 ms after the
+    // first completes.
+    let t = trace(&[
+        (0, "a", "f", 0, 1000, 1000),
+        (100 * MS, "a", "g", 0, 1000, 1000),
+    ]);
+    let r = run(&t, "lru", MB);
+    let get = 0.020 + 1000.0 / 200e6;
+    assert!(close(r.jct_s, 2.0 * get + 0.1), "{}", r.jct_s);
+}
+
+#[test]
+fn a_trace_that_fits_hits_everything_on_the_second_pass() {
+    let mut rows = Vec::new();
+    let names: Vec<String> = (0..50).map(|i| format!("d/f{i}")).collect();
+    for pass in 0..2u64 {
+        for (i, n) in names.iter().enumerate() {
+            rows.push((
+                pass * 1000 + i as u64,
+                "j",
+                n.as_str(),
+                0,
+                1000 + i as u64,
+                1000 + i as u64,
+            ));
+        }
+    }
+    let t = trace(&rows);
+    let cap = Prepared::new(t.clone(), MB).unique_bytes();
+    for name in POLICY_NAMES {
+        let r = run(&t, name, cap);
+        assert!(close(r.hit_ratio, 0.5), "{name}: {r:?}");
+        assert!(close(r.byte_hit_ratio, 0.5), "{name}");
+    }
+}
+
+#[test]
+fn lru_thrashes_on_a_loop_larger_than_the_cache_and_opt_does_not() {
+    let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    let mut rows = Vec::new();
+    for pass in 0..5 {
+        for (i, n) in names.iter().enumerate() {
+            rows.push((pass * 100 + i as u64, "j", n.as_str(), 0, 100, 100));
+        }
+    }
+    let t = trace(&rows);
+    assert!(close(run(&t, "lru", 500).hit_ratio, 0.0));
+    let opt = run(&t, "opt", 500).hit_ratio;
+    assert!(opt > 0.35, "opt keeps part of the loop: {opt}");
+}
+
+/// A predictor that, on a read of `f<i>`, asks for `f<i+1>` (and counts feedback).
+struct NextFile {
+    used: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Predictor for NextFile {
+    fn name(&self) -> &'static str {
+        "next-file"
+    }
+    fn on_access(&mut self, e: &AccessEvent, out: &mut Vec<PrefetchRequest>) {
+        let i: u64 = e.path[1..].parse().expect("f<i>");
+        out.push(PrefetchRequest {
+            path: Arc::from(format!("f{}", i + 1)),
+            offset: 0,
+            len: u64::MAX,
+            confidence: 1.0,
+        });
+    }
+    fn on_feedback(&mut self, _job: JobId, _path: &str, fb: Feedback) {
+        if let Feedback::Used { bytes } = fb {
+            self.used
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn prefetch_is_admitted_fetched_and_accounted() {
+    let names: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+    // 100 ms think time: each prefetch arrives before its demand read.
+    let rows: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (i as u64 * 100 * MS, "j", n.as_str(), 0, 1000, 1000))
+        .collect();
+    let t = trace(&rows);
+    let p = Prepared::new(t, MB);
+    let used = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let set = PolicySet {
+        name: "lru+next".into(),
+        policy: Box::new(LruPolicy::new()),
+        predictors: vec![Box::new(NextFile { used: used.clone() })],
+        next_use: None,
+    };
+    let r = replay(&p, set, &ReplayConfig::new(MB));
+    assert!(
+        close(r.hit_ratio, 19.0 / 20.0),
+        "all but the first read hit: {r:?}"
+    );
+    // f20 does not exist: not fetched.
+    assert_eq!(r.prefetch_bytes, 19 * 1000);
+    assert!(close(r.prefetch_precision, 1.0));
+    assert_eq!(used.load(std::sync::atomic::Ordering::Relaxed), 19 * 1000);
+    // Without think time the prefetch is still in flight: a miss, but a shorter wait.
+    let rows: Vec<_> = names
+        .iter()
+        .map(|n| (0, "j", n.as_str(), 0, 1000, 1000))
+        .collect();
+    let p = Prepared::new(trace(&rows), MB);
+    let set = PolicySet {
+        name: "lru+next".into(),
+        policy: Box::new(LruPolicy::new()),
+        predictors: vec![Box::new(NextFile { used: used.clone() })],
+        next_use: None,
+    };
+    let with = replay(&p, set, &ReplayConfig::new(MB));
+    let without = replay(
+        &p,
+        make_policy("lru", MB).expect("lru"),
+        &ReplayConfig::new(MB),
+    );
+    assert!(close(with.hit_ratio, 0.0), "{with:?}");
+    assert!(
+        with.jct_s < without.jct_s,
+        "{} < {}",
+        with.jct_s,
+        without.jct_s
+    );
+}
+
+#[test]
+fn capacity_parses_bytes_units_and_percent() {
+    assert_eq!(parse_capacity("1000", 7).expect("bytes"), 1000);
+    assert_eq!(parse_capacity("2MiB", 7).expect("MiB"), 2 << 20);
+    assert_eq!(parse_capacity("3GB", 7).expect("GB"), 3_000_000_000);
+    assert_eq!(parse_capacity("10%", 1000).expect("pct"), 100);
+    assert_eq!(parse_capacity("12.5%", 1000).expect("pct"), 125);
+    assert!(parse_capacity("10 parsecs", 1).is_err());
+    assert!(parse_capacity("-5%", 1).is_err());
+}
+
+#[test]
+fn replay_is_deterministic() {
+    let t = crate::trace::gen::generate(crate::trace::gen::Workload::Mixed, 3, 0.05);
+    let p = Prepared::new(t, MB);
+    let cap = p.unique_bytes() / 5;
+    for name in POLICY_NAMES {
+        let a = replay(
+            &p,
+            make_policy(name, cap).expect("known"),
+            &ReplayConfig::new(cap),
+        );
+        let b = replay(
+            &p,
+            make_policy(name, cap).expect("known"),
+            &ReplayConfig::new(cap),
+        );
+        assert_eq!(a.hit_ratio, b.hit_ratio, "{name}");
+        assert_eq!(a.jct_s, b.jct_s, "{name}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Belady (with bypass) is the demand-caching limit for equal-size items read by
+    /// one job: no policy beats its hit ratio.
+    #[test]
+    fn opt_is_never_beaten(seq in proptest::collection::vec(0u8..24, 20..300), cap in 1u64..12) {
+        let names: Vec<String> = (0..24).map(|i| format!("f{i}")).collect();
+        let rows: Vec<_> = seq.iter().enumerate()
+            .map(|(i, &f)| (i as u64, "j", names[f as usize].as_str(), 0, 100, 100)).collect();
+        let t = trace(&rows);
+        let capacity = cap * 100;
+        let opt = run(&t, "opt", capacity).hit_ratio;
+        for name in ["lru", "lfu", "arc", "2random", "tinylfu", "strata", "strata-nosemantic"] {
+            let r = run(&t, name, capacity).hit_ratio;
+            prop_assert!(opt + 1e-12 >= r, "{} beat opt: {} > {}", name, r, opt);
+        }
+    }
+}

@@ -1,0 +1,425 @@
+//! Replay traces: the CSV format, synthetic workload generators and the Mooncake import.
+//!
+//! # Format
+//!
+//! A trace is CSV with the header exactly `ts_ns,job,path,offset,len,size` and one row per
+//! data read:
+//!
+//! | column | meaning |
+//! |---|---|
+//! | `ts_ns` | time the read was issued in the recorded run, in nanoseconds |
+//! | `job` | name of the job (process, handle, engine, request) making the read |
+//! | `path` | object path relative to the dataset root; KV blocks as `kv/<namespace>/<hex hash>` |
+//! | `offset`, `len` | the byte range read (`len > 0`, `offset + len <= size`) |
+//! | `size` | size of the whole object (the same on every row of one path) |
+//!
+//! `job` and `path` may not contain `,`, `"` or line breaks (no quoting is done), and a
+//! path may not start with `/`. A file name ending in `.gz` is read and written gzip'd.
+//!
+//! The replay uses the gap between two consecutive rows of one job as that job's think
+//! time (see [`crate::replay`]); a job starts at the `ts_ns` of its first row.
+//!
+//! In memory a [`Trace`] interns job names and paths once (`Arc<str>`), so that records
+//! are small `Copy` values and the replay never allocates per access.
+
+pub mod gen;
+pub mod mooncake;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The CSV header every trace starts with.
+pub const HEADER: &str = "ts_ns,job,path,offset,len,size";
+
+/// Errors reading or writing a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("trace I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("line 1: expected header `{HEADER}`, found `{found}`")]
+    Header { found: String },
+    #[error("line {line}: {msg}")]
+    Line { line: usize, msg: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One read, with job and path interned (indices into [`Trace::jobs`] / [`Trace::paths`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub ts_ns: u64,
+    pub job: u32,
+    pub path: u32,
+    pub offset: u64,
+    pub len: u64,
+    pub size: u64,
+}
+
+/// A whole trace in memory.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    pub jobs: Vec<Arc<str>>,
+    pub paths: Vec<Arc<str>>,
+    /// Size of each path (same index as `paths`).
+    pub sizes: Vec<u64>,
+    pub records: Vec<Record>,
+}
+
+impl Trace {
+    pub fn job_name(&self, r: &Record) -> &str {
+        &self.jobs[r.job as usize]
+    }
+    pub fn path_name(&self, r: &Record) -> &str {
+        &self.paths[r.path as usize]
+    }
+
+    /// Bytes of all distinct blocks the trace reads, with files cut into `block_bytes`
+    /// blocks and KV entries one block each (the denominator of `--capacity N%`).
+    pub fn unique_bytes(&self, block_bytes: u64) -> u64 {
+        let mut seen: HashMap<(u32, u64), u64> = HashMap::new();
+        for r in &self.records {
+            let path = &self.paths[r.path as usize];
+            for (idx, bytes) in blocks_of(path, r.offset, r.len, r.size, block_bytes) {
+                seen.insert((r.path, idx), bytes);
+            }
+        }
+        seen.values().sum()
+    }
+
+    /// Stable-sorts records by time (ties keep their order).
+    pub fn sort_by_time(&mut self) {
+        self.records.sort_by_key(|r| r.ts_ns);
+    }
+}
+
+/// Whether a trace path names a KV block (one cache block whatever its size).
+pub fn is_kv(path: &str) -> bool {
+    path.starts_with("kv/")
+}
+
+/// The cache blocks a read touches: `(block index, bytes of that block)`. A file is cut
+/// into `block_bytes` blocks (the last one short; a small file is one block); a KV entry
+/// is always the single block 0 of its whole size.
+pub fn blocks_of(
+    path: &str,
+    offset: u64,
+    len: u64,
+    size: u64,
+    block_bytes: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let (first, last, bb) = if is_kv(path) || len == 0 {
+        (0, 0, size.max(1))
+    } else {
+        (
+            offset / block_bytes,
+            (offset + len - 1) / block_bytes,
+            block_bytes,
+        )
+    };
+    (first..=last).map(move |i| (i, bb.min(size.saturating_sub(i * bb)).max(1)))
+}
+
+/// Builds a [`Trace`], interning names.
+#[derive(Default)]
+pub struct TraceBuilder {
+    trace: Trace,
+    job_ids: HashMap<Arc<str>, u32>,
+    path_ids: HashMap<Arc<str>, u32>,
+}
+
+impl TraceBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn job(&mut self, name: &str) -> u32 {
+        intern(&mut self.job_ids, &mut self.trace.jobs, name)
+    }
+
+    /// Interns `path` of `size` bytes; a path already seen with another size is an error.
+    pub fn path(&mut self, name: &str, size: u64) -> Result<u32, String> {
+        let id = intern(&mut self.path_ids, &mut self.trace.paths, name);
+        if id as usize == self.trace.sizes.len() {
+            self.trace.sizes.push(size);
+        } else if self.trace.sizes[id as usize] != size {
+            return Err(format!(
+                "path `{name}` has size {size} here but {} before",
+                self.trace.sizes[id as usize]
+            ));
+        }
+        Ok(id)
+    }
+
+    /// Appends a read by interned ids, checking the range.
+    pub fn push(
+        &mut self,
+        ts_ns: u64,
+        job: u32,
+        path: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        let size = self.trace.sizes[path as usize];
+        if len == 0 {
+            return Err("len must be > 0".into());
+        }
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(format!("range {offset}+{len} exceeds size {size}"));
+        }
+        self.trace.records.push(Record {
+            ts_ns,
+            job,
+            path,
+            offset,
+            len,
+            size,
+        });
+        Ok(())
+    }
+
+    pub fn finish(self) -> Trace {
+        self.trace
+    }
+}
+
+fn intern(map: &mut HashMap<Arc<str>, u32>, names: &mut Vec<Arc<str>>, name: &str) -> u32 {
+    if let Some(&id) = map.get(name) {
+        return id;
+    }
+    let id = names.len() as u32;
+    let a: Arc<str> = Arc::from(name);
+    names.push(a.clone());
+    map.insert(a, id);
+    id
+}
+
+fn check_name(what: &str, s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err(format!("empty {what}"));
+    }
+    if s.contains([',', '"', '\n', '\r']) {
+        return Err(format!("{what} `{s}` contains `,`, `\"` or a line break"));
+    }
+    if what == "path" && s.starts_with('/') {
+        return Err(format!("path `{s}` must be relative to the dataset root"));
+    }
+    Ok(())
+}
+
+/// Parses a trace from CSV text.
+pub fn read_csv(input: impl Read) -> Result<Trace, TraceError> {
+    let mut lines = BufReader::new(input);
+    let mut buf = String::new();
+    if lines.read_line(&mut buf)? == 0 {
+        return Err(TraceError::Header {
+            found: String::new(),
+        });
+    }
+    let header = buf.trim_end_matches(['\n', '\r']);
+    if header != HEADER {
+        return Err(TraceError::Header {
+            found: header.to_string(),
+        });
+    }
+    let mut b = TraceBuilder::new();
+    let mut line = 1usize;
+    loop {
+        buf.clear();
+        if lines.read_line(&mut buf)? == 0 {
+            break;
+        }
+        line += 1;
+        let row = buf.trim_end_matches(['\n', '\r']);
+        if row.is_empty() {
+            continue;
+        }
+        parse_row(&mut b, row).map_err(|msg| TraceError::Line { line, msg })?;
+    }
+    Ok(b.finish())
+}
+
+fn parse_row(b: &mut TraceBuilder, row: &str) -> Result<(), String> {
+    let mut f = row.split(',');
+    let mut next = |name: &str| {
+        f.next()
+            .ok_or_else(|| format!("missing field `{name}` (want 6 fields)"))
+    };
+    let ts = next("ts_ns")?;
+    let job = next("job")?;
+    let path = next("path")?;
+    let offset = next("offset")?;
+    let len = next("len")?;
+    let size = next("size")?;
+    if f.next().is_some() {
+        return Err("too many fields (want 6)".into());
+    }
+    let num = |name: &str, v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|e| format!("field `{name}`: `{v}` is not an unsigned integer ({e})"))
+    };
+    let (ts, offset, len, size) = (
+        num("ts_ns", ts)?,
+        num("offset", offset)?,
+        num("len", len)?,
+        num("size", size)?,
+    );
+    check_name("job", job)?;
+    check_name("path", path)?;
+    let j = b.job(job);
+    let p = b.path(path, size)?;
+    b.push(ts, j, p, offset, len)
+}
+
+/// Writes a trace as CSV text.
+pub fn write_csv(trace: &Trace, out: impl Write) -> Result<(), TraceError> {
+    for j in &trace.jobs {
+        check_name("job", j).map_err(TraceError::Invalid)?;
+    }
+    for p in &trace.paths {
+        check_name("path", p).map_err(TraceError::Invalid)?;
+    }
+    let mut w = BufWriter::new(out);
+    writeln!(w, "{HEADER}")?;
+    for r in &trace.records {
+        writeln!(
+            w,
+            "{},{},{},{},{},{}",
+            r.ts_ns,
+            trace.jobs[r.job as usize],
+            trace.paths[r.path as usize],
+            r.offset,
+            r.len,
+            r.size
+        )?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads a trace file (gzip'd when the name ends in `.gz`).
+pub fn read_file(path: &Path) -> Result<Trace, TraceError> {
+    let f = File::open(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        read_csv(flate2::read::MultiGzDecoder::new(f))
+    } else {
+        read_csv(f)
+    }
+}
+
+/// Writes a trace file (gzip'd when the name ends in `.gz`).
+pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
+    let f = File::create(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+        write_csv(trace, &mut gz)?;
+        gz.finish()?;
+        Ok(())
+    } else {
+        write_csv(trace, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Trace {
+        let mut b = TraceBuilder::new();
+        let j0 = b.job("train-0");
+        let j1 = b.job("kv-engine");
+        let p0 = b.path("train/a/a_1.JPEG", 1000).expect("fresh path");
+        let p1 = b.path("kv/llama/00ff", 4096).expect("fresh path");
+        b.push(0, j0, p0, 0, 1000).expect("valid");
+        b.push(5, j1, p1, 0, 4096).expect("valid");
+        b.push(9, j0, p0, 100, 10).expect("valid");
+        b.finish()
+    }
+
+    #[test]
+    fn round_trip() {
+        let t = sample();
+        let mut buf = Vec::new();
+        write_csv(&t, &mut buf).expect("write to memory");
+        let text = String::from_utf8(buf.clone()).expect("utf8");
+        assert!(text.starts_with(
+            "ts_ns,job,path,offset,len,size\n0,train-0,train/a/a_1.JPEG,0,1000,1000\n"
+        ));
+        let back = read_csv(&buf[..]).expect("parse");
+        assert_eq!(back.records, t.records);
+        assert_eq!(back.jobs, t.jobs);
+        assert_eq!(back.paths, t.paths);
+    }
+
+    #[test]
+    fn gz_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t.csv.gz");
+        let t = sample();
+        write_file(&t, &p).expect("write");
+        let raw = std::fs::read(&p).expect("read");
+        assert_eq!(&raw[..2], &[0x1f, 0x8b], "gzip magic");
+        assert_eq!(read_file(&p).expect("parse").records, t.records);
+    }
+
+    fn err_of(text: &str) -> String {
+        read_csv(text.as_bytes())
+            .expect_err("should fail")
+            .to_string()
+    }
+
+    #[test]
+    fn malformed_rows_name_their_line() {
+        let h = "ts_ns,job,path,offset,len,size\n";
+        assert!(err_of("ts,job,path\n1,a,b,0,1,1\n").contains("line 1: expected header"));
+        assert!(err_of("").contains("expected header"));
+        let e = err_of(&format!("{h}0,j,p,0,1,1\n1,j,p,0,1\n"));
+        assert!(
+            e.starts_with("line 3:") && e.contains("missing field `size`"),
+            "{e}"
+        );
+        let e = err_of(&format!("{h}0,j,p,0,1,1,9\n"));
+        assert!(e.starts_with("line 2:") && e.contains("too many"), "{e}");
+        let e = err_of(&format!("{h}x,j,p,0,1,1\n"));
+        assert!(e.starts_with("line 2:") && e.contains("ts_ns"), "{e}");
+        let e = err_of(&format!("{h}0,j,p,0,-1,1\n"));
+        assert!(e.contains("`len`"), "{e}");
+        let e = err_of(&format!("{h}0,j,p,5,10,12\n"));
+        assert!(e.contains("exceeds size"), "{e}");
+        let e = err_of(&format!("{h}0,j,p,0,0,12\n"));
+        assert!(e.contains("len must be > 0"), "{e}");
+        let e = err_of(&format!("{h}0,j,p,0,1,12\n1,j,p,0,1,13\n"));
+        assert!(
+            e.starts_with("line 3:") && e.contains("size 13 here but 12"),
+            "{e}"
+        );
+        let e = err_of(&format!("{h}0,j,/abs,0,1,12\n"));
+        assert!(e.contains("relative"), "{e}");
+        let e = err_of(&format!("{h}0,,p,0,1,12\n"));
+        assert!(e.contains("empty job"), "{e}");
+    }
+
+    #[test]
+    fn writer_rejects_unquotable_names() {
+        let mut b = TraceBuilder::new();
+        b.job("a,b");
+        let t = b.finish();
+        assert!(write_csv(&t, Vec::new()).is_err());
+    }
+
+    #[test]
+    fn blocks_split_files_not_kv() {
+        let mb = 1 << 20;
+        let v: Vec<_> = blocks_of("shards/a.tar", mb - 1, 2, 3 * mb, mb).collect();
+        assert_eq!(v, vec![(0, mb), (1, mb)]);
+        let v: Vec<_> = blocks_of("f", 0, 100, 100, mb).collect();
+        assert_eq!(v, vec![(0, 100)], "a small file is one block of its size");
+        let v: Vec<_> = blocks_of("f", 2 * mb, mb / 2, 2 * mb + mb / 2, mb).collect();
+        assert_eq!(v, vec![(2, mb / 2)], "the last block is short");
+        let v: Vec<_> = blocks_of("kv/ns/ab", 0, 3 * mb, 3 * mb, mb).collect();
+        assert_eq!(v, vec![(0, 3 * mb)], "a KV entry is one block");
+    }
+}
