@@ -1,0 +1,71 @@
+//! The file system's error type, mapped to an errno exactly once, at the FUSE edge
+//! ([`Error::errno`]). The core returns these; the adapter never invents errnos.
+
+use strata_cache_core::CacheError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such file or directory (in the store, or in a cached listing).
+    #[error("no such entry: {0}")]
+    NotFound(String),
+    #[error("not a directory: {0}")]
+    NotDir(String),
+    #[error("is a directory: {0}")]
+    IsDir(String),
+    /// The mount is read-only: any write, create, rename or delete.
+    #[error("read-only file system")]
+    ReadOnly,
+    /// An inode or handle number the kernel sent that this mount never issued (or
+    /// already released).
+    #[error("unknown {what} {id}")]
+    BadHandle { what: &'static str, id: u64 },
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// Mounting or unmounting failed.
+    #[error("{what} {path}: {source}")]
+    Mount {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    /// The cache core or the store failed.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+impl Error {
+    /// The errno the kernel gets for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound(_) => libc::ENOENT,
+            Error::NotDir(_) => libc::ENOTDIR,
+            Error::IsDir(_) => libc::EISDIR,
+            Error::ReadOnly => libc::EROFS,
+            Error::BadHandle { .. } => libc::EBADF,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::Mount { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Cache(e) => match e {
+                CacheError::NotFound(_) => libc::ENOENT,
+                // The object changed under an open file: its handle names a version
+                // that no longer exists. ESTALE tells the reader to reopen, which then
+                // snapshots the new version; it never sees a mix of the two.
+                CacheError::Changed(_) => libc::ESTALE,
+                CacheError::InvalidArgument(_) => libc::EINVAL,
+                CacheError::TooLarge { .. } => libc::EFBIG,
+                // Store down, 5xx after retries, timeouts, local I/O, corruption: EIO.
+                _ => libc::EIO,
+            },
+        }
+    }
+
+    /// Whether this is an expected outcome (ENOENT on a lookup) rather than a failure
+    /// worth a warning in the log.
+    pub fn is_expected(&self) -> bool {
+        matches!(
+            self,
+            Error::NotFound(_) | Error::Cache(CacheError::NotFound(_)) | Error::ReadOnly
+        )
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,439 @@
+//! The thin `fuser` adapter: translate each request, hand it to the async core on the
+//! tokio runtime, reply from the task, map errors to errno once ([`Error::errno`]).
+//!
+//! - Dispatch: fuser's session reads requests on `MountOptions::threads` threads (each
+//!   with its own cloned `/dev/fuse` fd); every request that may touch the store is
+//!   spawned onto the runtime, so a slow object never blocks other requests.
+//! - Kernel config at init: readdirplus (so `ls -l` costs no per-entry lookups), the
+//!   largest readahead the kernel offers, and FUSE passthrough when the kernel has it and
+//!   the core keeps plain copies.
+//! - Passthrough bookkeeping (the kernel's rules): all open handles of one inode must be
+//!   either passthrough with the same backing file, or not passthrough. So an inode with
+//!   normal handles open gets normal opens, and an inode with passthrough handles open
+//!   reuses its backing id.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+
+use crate::core::{Attr, FsCore, Kind};
+use crate::error::Error;
+
+/// Converts the core's attributes to fuser's.
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind: match a.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::File => FileType::RegularFile,
+        },
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn errno(e: &Error, op: &str) -> Errno {
+    if e.is_expected() {
+        tracing::trace!(op, error = %e, "fuse request failed");
+    } else {
+        tracing::warn!(op, error = %e, errno = e.errno(), "fuse request failed");
+    }
+    Errno::from_i32(e.errno())
+}
+
+/// Kernel settings shared by every Strata mount and the null file system, so the
+/// benchmark's ceiling is mounted exactly like the real thing.
+pub(crate) fn configure_kernel(config: &mut KernelConfig, passthrough: bool) -> bool {
+    let caps = config.capabilities();
+    let wanted = InitFlags::FUSE_DO_READDIRPLUS
+        | InitFlags::FUSE_READDIRPLUS_AUTO
+        | InitFlags::FUSE_PARALLEL_DIROPS
+        | InitFlags::FUSE_SPLICE_WRITE
+        | InitFlags::FUSE_SPLICE_MOVE;
+    let _ = config.add_capabilities(wanted & caps);
+    // The largest readahead the kernel allows; requests then carry up to max_pages.
+    if let Err(max) = config.set_max_readahead(u32::MAX) {
+        let _ = config.set_max_readahead(max);
+    }
+    let _ = config.set_max_background(64);
+    passthrough
+        && caps.contains(InitFlags::FUSE_PASSTHROUGH)
+        && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        && config.set_max_stack_depth(1).is_ok()
+}
+
+#[derive(Default)]
+struct InodeOpens {
+    normal: u32,
+    passthrough: u32,
+    backing: Option<Arc<BackingId>>,
+}
+
+/// The adapter. See the module doc.
+pub struct FuseFs {
+    core: Arc<FsCore>,
+    rt: Handle,
+    want_passthrough: bool,
+    passthrough: bool,
+    opens: Arc<Mutex<HashMap<u64, InodeOpens>>>,
+    /// fh -> (inode, was passthrough).
+    handles: Arc<Mutex<HashMap<u64, (u64, bool)>>>,
+}
+
+impl FuseFs {
+    pub fn new(core: Arc<FsCore>, rt: Handle) -> Self {
+        let want_passthrough = core.options().passthrough.is_some();
+        FuseFs {
+            core,
+            rt,
+            want_passthrough,
+            passthrough: false,
+            opens: Default::default(),
+            handles: Default::default(),
+        }
+    }
+}
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        self.passthrough = configure_kernel(config, self.want_passthrough);
+        tracing::info!(passthrough = self.passthrough, "fuse session initialised");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.rt.spawn(async move {
+            match core.lookup(parent.0, &name).await {
+                Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(e.generation)),
+                Err(e) => reply.error(errno(&e, "lookup")),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.getattr(ino.0).await {
+                Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
+                Err(e) => reply.error(errno(&e, "getattr")),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let core = self.core.clone();
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
+            || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let passthrough = self.passthrough;
+        let opens = self.opens.clone();
+        let handles = self.handles.clone();
+        self.rt.spawn(async move {
+            let opened = match core.open(ino.0, write).await {
+                Ok(o) => o,
+                Err(e) => return reply.error(errno(&e, "open")),
+            };
+            let mut fl = FopenFlags::empty();
+            if opened.keep_cache {
+                fl |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+            let mut map = opens.lock();
+            let st = map.entry(ino.0).or_default();
+            // Passthrough only if no normal handle of this inode is open (kernel rule).
+            let backing = match (&opened.passthrough, passthrough, st.normal) {
+                (Some(file), true, 0) => match &st.backing {
+                    Some(b) if st.passthrough > 0 => Some(b.clone()),
+                    _ => match reply.open_backing(file) {
+                        Ok(b) => {
+                            let b = Arc::new(b);
+                            st.backing = Some(b.clone());
+                            Some(b)
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "passthrough backing open failed; normal read");
+                            None
+                        }
+                    },
+                },
+                _ if st.passthrough > 0 => st.backing.clone(),
+                _ => None,
+            };
+            match backing {
+                Some(b) => {
+                    st.passthrough += 1;
+                    handles.lock().insert(opened.fh, (ino.0, true));
+                    drop(map);
+                    reply.opened_passthrough(FileHandle(opened.fh), fl, &b);
+                }
+                None => {
+                    st.normal += 1;
+                    handles.lock().insert(opened.fh, (ino.0, false));
+                    drop(map);
+                    reply.opened(FileHandle(opened.fh), fl);
+                }
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let core = self.core.clone();
+        let pid = req.pid();
+        self.rt.spawn(async move {
+            match core.read(fh.0, offset, size, pid).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e, "read")),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.core.release(fh.0);
+        if let Some((ino, pt)) = self.handles.lock().remove(&fh.0) {
+            let mut map = self.opens.lock();
+            if let Some(st) = map.get_mut(&ino) {
+                if pt {
+                    st.passthrough = st.passthrough.saturating_sub(1);
+                } else {
+                    st.normal = st.normal.saturating_sub(1);
+                }
+                if st.passthrough == 0 && st.normal == 0 {
+                    map.remove(&ino);
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            match core.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e, "opendir")),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Entries are small; a reply buffer holds a few hundred at most.
+        match self.core.readdir(fh.0, offset, 4096) {
+            Ok(entries) => {
+                for e in entries {
+                    let kind = match e.entry.attr.kind {
+                        Kind::Dir => FileType::Directory,
+                        Kind::File => FileType::RegularFile,
+                    };
+                    if reply.add(INodeNo(e.entry.attr.ino), e.offset, kind, &e.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e, "readdir")),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.core.readdir(fh.0, offset, 4096) {
+            Ok(entries) => {
+                for e in entries {
+                    let attr = file_attr(&e.entry.attr);
+                    if reply.add(
+                        INodeNo(e.entry.attr.ino),
+                        e.offset,
+                        &e.name,
+                        &e.entry.ttl,
+                        &attr,
+                        Generation(e.entry.generation),
+                    ) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e, "readdirplus")),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.core.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.core.statfs();
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+        );
+    }
+
+    // ---- writes: a read-only mount (also mounted `ro`, so the VFS refuses first).
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "write"));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "setattr"));
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "mknod"));
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "mkdir"));
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(errno(&Error::ReadOnly, "unlink"));
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(errno(&Error::ReadOnly, "rmdir"));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "rename"));
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(errno(&Error::ReadOnly, "create"));
+    }
+}

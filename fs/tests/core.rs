@@ -1,0 +1,401 @@
+//! The file system core without a kernel: an in-memory store (and a fault-injecting
+//! wrapper) behind the real cache engine and reader.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::ObjectStore;
+use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
+use strata_fs::core::{Kind, ROOT_INO};
+use strata_fs::{CoreOptions, FsCore, PassthroughOptions};
+
+const BS: u64 = 64 << 10;
+
+struct Fixture {
+    core: Arc<FsCore>,
+    store: BackingStore,
+    faulty: Arc<FaultyStore>,
+    engine: CacheEngine,
+}
+
+fn data(n: usize, seed: u8) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+async fn fixture(opts: CoreOptions) -> Fixture {
+    let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faulty = Arc::new(FaultyStore::new(mem, FaultConfig::default()));
+    let retry = RetryPolicy {
+        attempts: 2,
+        base_backoff: Duration::from_millis(10),
+        attempt_timeout: Duration::from_millis(300),
+    };
+    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
+    for (p, d) in [
+        ("top.txt", data(10, 1)),
+        ("empty", Bytes::new()),
+        ("dir/big.bin", data((5 * BS + 123) as usize, 2)),
+        ("dir/small", data(1000, 3)),
+        ("dir/sub/deep", data(77, 4)),
+        ("pre/fix/x", data(5, 5)),
+    ] {
+        store.put(p, d).await.expect("seed");
+    }
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let reader = ObjectReader::new(engine.clone(), store.clone(), BS).expect("reader");
+    Fixture {
+        core: Arc::new(FsCore::new(reader, "", opts)),
+        store,
+        faulty,
+        engine,
+    }
+}
+
+fn timed<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(Duration::from_secs(20), f)
+}
+
+#[tokio::test]
+async fn lookup_getattr_and_readdir_describe_the_tree() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        assert_eq!(dir.attr.kind, Kind::Dir);
+        let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        assert_eq!(big.attr.kind, Kind::File);
+        assert_eq!(big.attr.size, 5 * BS + 123);
+        assert_eq!(big.attr.perm, 0o444);
+        // Same path, same inode.
+        assert_eq!(
+            c.lookup(dir.attr.ino, "big.bin")
+                .await
+                .expect("again")
+                .attr
+                .ino,
+            big.attr.ino
+        );
+        assert_eq!(
+            c.getattr(big.attr.ino).await.expect("getattr").attr.size,
+            big.attr.size
+        );
+        let err = c.lookup(ROOT_INO, "nope").await.expect_err("missing");
+        assert_eq!(err.errno(), libc::ENOENT);
+        let err = c.lookup(big.attr.ino, "x").await.expect_err("file as dir");
+        assert_eq!(err.errno(), libc::ENOTDIR);
+
+        let fh = c.opendir(ROOT_INO).await.expect("opendir");
+        let names: Vec<String> = c
+            .readdir(fh, 0, 100)
+            .expect("readdir")
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, vec![".", "..", "dir", "empty", "pre", "top.txt"]);
+        // Cookies resume where the previous call stopped.
+        let rest: Vec<String> = c
+            .readdir(fh, 3, 100)
+            .expect("resume")
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(rest, vec!["empty", "pre", "top.txt"]);
+        c.releasedir(fh);
+        assert!(c.readdir(fh, 0, 10).is_err(), "released handle");
+
+        let fh = c.opendir(dir.attr.ino).await.expect("opendir dir");
+        let entries = c.readdir(fh, 2, 100).expect("readdir dir");
+        let got: Vec<(String, Kind, u64)> = entries
+            .iter()
+            .map(|e| (e.name.clone(), e.entry.attr.kind, e.entry.attr.size))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("big.bin".into(), Kind::File, 5 * BS + 123),
+                ("small".into(), Kind::File, 1000),
+                ("sub".into(), Kind::Dir, 0),
+            ]
+        );
+        assert_eq!(
+            entries[0].entry.attr.ino, big.attr.ino,
+            "readdir reuses lookup's inode"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn listings_and_attributes_are_served_from_the_cache() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let fh = c.opendir(dir.attr.ino).await.expect("opendir");
+        c.releasedir(fh);
+        let before = fx.faulty.reads();
+        for _ in 0..50 {
+            for name in ["big.bin", "small", "sub"] {
+                let e = c.lookup(dir.attr.ino, name).await.expect("lookup");
+                c.getattr(e.attr.ino).await.expect("getattr");
+            }
+            assert!(c.lookup(dir.attr.ino, "absent").await.is_err());
+            let fh = c.opendir(dir.attr.ino).await.expect("opendir");
+            c.releasedir(fh);
+        }
+        assert_eq!(fx.faulty.reads(), before, "no store request within the TTL");
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn reads_match_the_object_at_odd_offsets() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let want = data((5 * BS + 123) as usize, 2);
+        let o = c.open(big.attr.ino, false).await.expect("open");
+        for (off, len) in [
+            (0u64, 1u32),
+            (BS - 1, 2),
+            (3, (3 * BS) as u32),
+            (5 * BS, 1000),
+            (5 * BS + 122, 10),
+            (10 * BS, 10),
+        ] {
+            let got = c.read(o.fh, off, len, 42).await.expect("read");
+            let s = (off as usize).min(want.len());
+            let e = (off as usize + len as usize).min(want.len());
+            assert_eq!(got, want.slice(s..e), "range {off}+{len}");
+        }
+        c.release(o.fh);
+        assert_eq!(
+            c.read(o.fh, 0, 1, 0).await.expect_err("released").errno(),
+            libc::EBADF
+        );
+
+        let empty = c.lookup(ROOT_INO, "empty").await.expect("empty");
+        assert_eq!(empty.attr.size, 0);
+        let o = c.open(empty.attr.ino, false).await.expect("open empty");
+        assert!(c
+            .read(o.fh, 0, 4096, 1)
+            .await
+            .expect("read empty")
+            .is_empty());
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn writes_are_refused_with_erofs_and_dirs_cannot_be_opened() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let top = fx.core.lookup(ROOT_INO, "top.txt").await.expect("top");
+        assert_eq!(
+            fx.core
+                .open(top.attr.ino, true)
+                .await
+                .expect_err("write")
+                .errno(),
+            libc::EROFS
+        );
+        assert_eq!(
+            fx.core
+                .open(ROOT_INO, false)
+                .await
+                .expect_err("dir")
+                .errno(),
+            libc::EISDIR
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn sequential_reads_prefetch_ahead_and_random_reads_do_not() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let o = c.open(big.attr.ino, false).await.expect("open");
+        c.read(o.fh, 0, BS as u32, 7).await.expect("read 0");
+        // Let the background prefetches land.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fx.engine.stats().prefetch_fills < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            fx.engine.stats().prefetch_fills >= 2,
+            "blocks 1.. prefetched: {:?}",
+            fx.engine.stats()
+        );
+        let fills = fx.engine.stats().fills;
+        c.read(o.fh, BS, BS as u32, 7).await.expect("read 1");
+        c.read(o.fh, 2 * BS, BS as u32, 7).await.expect("read 2");
+        assert!(fx.engine.stats().fills >= fills, "no refetch");
+
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        let o2 = c.open(small.attr.ino, false).await.expect("open small");
+        let before = c
+            .counters()
+            .prefetch_requests
+            .load(std::sync::atomic::Ordering::Relaxed);
+        c.read(o2.fh, 500, 10, 8).await.expect("random read");
+        c.read(o2.fh, 100, 10, 8).await.expect("random read");
+        assert_eq!(
+            c.counters()
+                .prefetch_requests
+                .load(std::sync::atomic::Ordering::Relaxed),
+            before
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        let old = c.open(small.attr.ino, false).await.expect("open old");
+        assert_eq!(
+            c.read(old.fh, 0, 10, 1).await.expect("old bytes"),
+            data(1000, 3).slice(0..10)
+        );
+        fx.store
+            .put("dir/small", data(3000, 9))
+            .await
+            .expect("overwrite");
+        // Within the TTL the attributes are the cached ones.
+        assert_eq!(
+            c.getattr(small.attr.ino).await.expect("cached").attr.size,
+            1000
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            c.getattr(small.attr.ino).await.expect("fresh").attr.size,
+            3000
+        );
+        // The old handle still reads its version from the cache (block 0 is cached)...
+        assert_eq!(
+            c.read(old.fh, 0, 10, 1).await.expect("cached old"),
+            data(1000, 3).slice(0..10)
+        );
+        let new = c.open(small.attr.ino, false).await.expect("open new");
+        assert!(
+            !new.keep_cache,
+            "a new version drops the kernel's page cache"
+        );
+        assert_eq!(
+            c.read(new.fh, 0, 3000, 1).await.expect("new bytes"),
+            data(3000, 9)
+        );
+        let again = c.open(small.attr.ino, false).await.expect("open same");
+        assert!(again.keep_cache, "same version keeps it");
+
+        // ...and an uncached block of the old version fails with ESTALE, not new bytes.
+        let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let h = c.open(big.attr.ino, false).await.expect("open big");
+        fx.store
+            .put("dir/big.bin", data((5 * BS + 123) as usize, 77))
+            .await
+            .expect("overwrite big");
+        let err = c.read(h.fh, 4 * BS, 10, 1).await.expect_err("stale");
+        assert_eq!(err.errno(), libc::ESTALE);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_failing_store_gives_eio_in_bounded_time_and_recovers() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let top = c.lookup(ROOT_INO, "top.txt").await.expect("top");
+        let o = c.open(top.attr.ino, false).await.expect("open");
+        fx.faulty.set_config(FaultConfig {
+            down: true,
+            ..Default::default()
+        });
+        let t = Instant::now();
+        let err = c.read(o.fh, 0, 10, 1).await.expect_err("down");
+        assert_eq!(err.errno(), libc::EIO);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "bounded: {:?}",
+            t.elapsed()
+        );
+        fx.faulty.set_config(FaultConfig {
+            hang_every: 1,
+            ..Default::default()
+        });
+        let err = c.read(o.fh, 0, 10, 1).await.expect_err("hangs");
+        assert_eq!(err.errno(), libc::EIO);
+        fx.faulty.set_config(FaultConfig::default());
+        assert_eq!(
+            c.read(o.fh, 0, 10, 1).await.expect("recovered"),
+            data(10, 1)
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_whole_small_object_read_gets_a_passthrough_copy() {
+    timed(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = CoreOptions {
+            passthrough: Some(PassthroughOptions::new(dir.path().join("pt"))),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let d = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let big = c.lookup(d.attr.ino, "big.bin").await.expect("big");
+        let o = c.open(big.attr.ino, false).await.expect("open");
+        assert!(o.passthrough.is_none(), "nothing cached yet");
+        let mut off = 0;
+        while off < big.attr.size {
+            off += c.read(o.fh, off, BS as u32, 1).await.expect("read").len() as u64;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let file = loop {
+            let o2 = c.open(big.attr.ino, false).await.expect("reopen");
+            if let Some(f) = o2.passthrough {
+                break f;
+            }
+            assert!(Instant::now() < deadline, "copy written");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut buf).expect("read copy");
+        assert_eq!(Bytes::from(buf), data((5 * BS + 123) as usize, 2));
+    })
+    .await
+    .expect("bounded");
+}
