@@ -1,1 +1,29 @@
-//! placeholder
+//! Strata's KV-cache service: inference engines put and fetch KV-cache blocks over gRPC
+//! (`strata.kv.v1`, see `proto/strata/kv/v1/kv.proto`) on the same tiered cache core as
+//! the FUSE mount.
+//!
+//! - [`server`]: the tonic service and `server::run(listener, engine, config, shutdown)`.
+//! - [`client`]: [`client::KvClient`], over TCP (optionally TLS + token) or a Unix socket.
+//! - [`keys`]: the stable, versioned key derivation clients use (docs/KV_KEYS.md).
+//! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
+//! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
+
+pub mod client;
+pub mod error;
+pub mod keys;
+pub mod server;
+pub mod stats;
+
+/// Generated protobuf messages and service of `strata.kv.v1`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs, rust_2018_idioms)]
+    tonic::include_proto!("strata.kv.v1");
+}
+
+pub use client::KvClient;
+pub use error::KvError;
+pub use server::{KvService, Listener, ServerConfig};
+pub use stats::KvStatsSnapshot;
+
+/// API version served by this crate.
+pub const API_VERSION: &str = "v1";

@@ -1,0 +1,406 @@
+//! Rust client of `strata.kv.v1`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), strata_kvcache::KvError> {
+//! use strata_kvcache::{keys, KvClient};
+//! let mut c = KvClient::connect("unix:///var/cache/strata/kv.sock").await?;
+//! let tokens: Vec<u32> = (0..512).collect();
+//! let hashes = keys::chain_hashes_v1(&tokens, 256, b"", false);
+//! c.put("llama3-8b/tenant-a", &hashes[0], bytes::Bytes::from(vec![0u8; 4096])).await?;
+//! let cached = c.match_prefix("llama3-8b/tenant-a", &hashes).await?; // 1
+//! # let _ = cached; Ok(()) }
+//! ```
+//!
+//! Addresses: `unix:///path/kv.sock`, `http://host:port`, `https://host:port` (TLS,
+//! see [`ClientOptions`]) or a bare `host:port` (plaintext). The client is cheap to
+//! clone: clones share one HTTP/2 connection, which multiplexes concurrent requests.
+
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+use hyper_util::rt::TokioIo;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
+use tonic::Request;
+
+use crate::error::{KvError, Result};
+use crate::pb;
+use crate::pb::kv_cache_client::KvCacheClient;
+use crate::server::DEFAULT_CHUNK_BYTES;
+
+/// Connection options beyond the address.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// Bearer token sent with every request.
+    pub token: Option<String>,
+    /// PEM of the CA that signed the server's certificate (for `https://`).
+    pub ca_cert: Option<PathBuf>,
+    /// Name the server's certificate must carry (default: the address's host).
+    pub tls_domain: Option<String>,
+}
+
+/// Where a block is, as the server reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockTier {
+    None,
+    Gpu,
+    Memory,
+    Disk,
+}
+
+impl From<i32> for BlockTier {
+    fn from(t: i32) -> Self {
+        match pb::Tier::try_from(t) {
+            Ok(pb::Tier::Gpu) => BlockTier::Gpu,
+            Ok(pb::Tier::Memory) => BlockTier::Memory,
+            Ok(pb::Tier::Disk) => BlockTier::Disk,
+            _ => BlockTier::None,
+        }
+    }
+}
+
+/// Answer of [`KvClient::estimate_load`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadEstimate {
+    /// Per key: where it is and the expected load time now (microseconds).
+    pub blocks: Vec<(BlockTier, f64)>,
+    /// Leading keys cached.
+    pub matched: usize,
+    /// Expected time to load the matched prefix, in microseconds.
+    pub total_us: f64,
+}
+
+/// Answer of [`KvClient::prefetch`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchOutcome {
+    pub staged: u32,
+    pub already_fast: u32,
+    pub missing: u32,
+}
+
+/// A connection to a Strata KV service.
+#[derive(Clone)]
+pub struct KvClient {
+    inner: KvCacheClient<Channel>,
+    token: Option<MetadataValue<tonic::metadata::Ascii>>,
+    chunk_bytes: usize,
+}
+
+/// Largest message the client accepts: 8 MiB, above the server's chunk size with room.
+const MAX_MESSAGE_BYTES: usize = 8 << 20;
+
+impl KvClient {
+    /// Connects to `addr` (see the module docs for the forms accepted).
+    pub async fn connect(addr: &str) -> Result<Self> {
+        Self::connect_with(addr, ClientOptions::default()).await
+    }
+
+    pub async fn connect_with(addr: &str, opts: ClientOptions) -> Result<Self> {
+        let channel = if let Some(path) = addr.strip_prefix("unix://") {
+            let path = PathBuf::from(path);
+            // The URI is ignored by the connector; it must merely parse.
+            tune(Endpoint::from_static("http://localhost"))
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }))
+                .await?
+        } else {
+            let url = if addr.contains("://") {
+                addr.to_string()
+            } else {
+                format!("http://{addr}")
+            };
+            let mut ep = tune(
+                Endpoint::from_shared(url.clone())
+                    .map_err(|e| KvError::Config(format!("bad address {addr:?}: {e}")))?,
+            );
+            if url.starts_with("https://") {
+                let mut tls = ClientTlsConfig::new();
+                if let Some(ca) = &opts.ca_cert {
+                    let pem = std::fs::read(ca).map_err(|e| {
+                        KvError::Config(format!("reading CA {}: {e}", ca.display()))
+                    })?;
+                    tls = tls.ca_certificate(Certificate::from_pem(pem));
+                }
+                if let Some(d) = &opts.tls_domain {
+                    tls = tls.domain_name(d.clone());
+                }
+                ep = ep.tls_config(tls)?;
+            }
+            ep.connect().await?
+        };
+        let token = match &opts.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| KvError::Config("token must be printable ASCII".into()))?,
+            ),
+            None => None,
+        };
+        Ok(KvClient {
+            inner: KvCacheClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            token,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        })
+    }
+
+    fn req<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        if let Some(t) = &self.token {
+            r.metadata_mut().insert("authorization", t.clone());
+        }
+        r
+    }
+
+    /// Stores a block; returns whether the key was already cached (idempotent put).
+    pub async fn put(&mut self, namespace: &str, hash: &[u8], data: Bytes) -> Result<bool> {
+        let size = data.len() as u64;
+        let step = self.chunk_bytes;
+        let mut msgs = Vec::with_capacity(data.len() / step + 1);
+        let mut off = 0;
+        loop {
+            let end = (off + step).min(data.len());
+            let first = off == 0;
+            msgs.push(pb::PutRequest {
+                namespace: if first {
+                    namespace.to_string()
+                } else {
+                    String::new()
+                },
+                hash: if first {
+                    Bytes::copy_from_slice(hash)
+                } else {
+                    Bytes::new()
+                },
+                size: if first { size } else { 0 },
+                data: data.slice(off..end),
+            });
+            off = end;
+            if off >= data.len() {
+                break;
+            }
+        }
+        let resp = self.inner.put(self.req(tokio_stream::iter(msgs))).await?;
+        Ok(resp.into_inner().already_present)
+    }
+
+    /// Fetches a block; `None` when it is not cached.
+    pub async fn get(&mut self, namespace: &str, hash: &[u8]) -> Result<Option<Bytes>> {
+        let req = self.req(pb::GetRequest {
+            namespace: namespace.to_string(),
+            hash: Bytes::copy_from_slice(hash),
+        });
+        let mut stream = match self.inner.get(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::NotFound && s.message() == "block not found" => {
+                return Ok(None)
+            }
+            Err(s) => return Err(s.into()),
+        };
+        let Some(first) = stream.message().await? else {
+            return Err(KvError::Invalid("empty Get stream".into()));
+        };
+        let size = first.size as usize;
+        if first.data.len() == size {
+            return Ok(Some(first.data));
+        }
+        let mut buf = BytesMut::with_capacity(size);
+        buf.extend_from_slice(&first.data);
+        while let Some(m) = stream.message().await? {
+            buf.extend_from_slice(&m.data);
+        }
+        if buf.len() != size {
+            return Err(KvError::Truncated {
+                got: buf.len() as u64,
+                declared: size as u64,
+            });
+        }
+        Ok(Some(buf.freeze()))
+    }
+
+    /// Fetches several blocks; `None` for each one not cached.
+    pub async fn batch_get(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<Option<Bytes>>> {
+        let req = self.req(pb::BatchGetRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+        });
+        let mut stream = self.inner.batch_get(req).await?.into_inner();
+        let mut out: Vec<Option<Bytes>> = vec![None; hashes.len()];
+        let mut cur: Option<(usize, usize, BytesMut)> = None;
+        while let Some(m) = stream.message().await? {
+            let i = m.index as usize;
+            if i >= out.len() {
+                return Err(KvError::Invalid(format!(
+                    "server sent index {i} of {}",
+                    out.len()
+                )));
+            }
+            if !m.found {
+                continue;
+            }
+            if m.size > 0 {
+                if let Some((j, _, buf)) = cur.take() {
+                    out[j] = Some(buf.freeze());
+                }
+                let mut buf = BytesMut::with_capacity(m.size as usize);
+                buf.extend_from_slice(&m.data);
+                cur = Some((i, m.size as usize, buf));
+            } else if let Some((_, _, buf)) = cur.as_mut() {
+                buf.extend_from_slice(&m.data);
+            }
+            if let Some((j, size, buf)) = cur.as_ref() {
+                if buf.len() >= *size {
+                    let j = *j;
+                    if let Some((_, _, buf)) = cur.take() {
+                        out[j] = Some(buf.freeze());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn exists(&mut self, namespace: &str, hash: &[u8]) -> Result<bool> {
+        let req = self.req(pb::ExistsRequest {
+            namespace: namespace.to_string(),
+            hash: Bytes::copy_from_slice(hash),
+        });
+        Ok(self.inner.exists(req).await?.into_inner().exists)
+    }
+
+    /// Where a block is (None when not cached).
+    pub async fn locate(&mut self, namespace: &str, hash: &[u8]) -> Result<BlockTier> {
+        let req = self.req(pb::ExistsRequest {
+            namespace: namespace.to_string(),
+            hash: Bytes::copy_from_slice(hash),
+        });
+        Ok(self.inner.exists(req).await?.into_inner().tier.into())
+    }
+
+    /// Whether each key is cached.
+    pub async fn batch_exists(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<bool>> {
+        let req = self.req(pb::BatchExistsRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+        });
+        Ok(self.inner.batch_exists(req).await?.into_inner().exists)
+    }
+
+    /// Number of leading keys of the chain that are cached (stops at the first miss).
+    pub async fn match_prefix(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<usize> {
+        let req = self.req(pb::MatchPrefixRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+        });
+        Ok(self.inner.match_prefix(req).await?.into_inner().matched as usize)
+    }
+
+    /// LMCache's name for [`Self::match_prefix`].
+    pub async fn batched_contains(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<usize> {
+        self.match_prefix(namespace, hashes).await
+    }
+
+    /// Removes keys; returns how many were cached.
+    pub async fn remove(&mut self, namespace: &str, hashes: &[impl AsRef<[u8]>]) -> Result<u32> {
+        let req = self.req(pb::RemoveRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+        });
+        Ok(self.inner.remove(req).await?.into_inner().removed)
+    }
+
+    /// Stages blocks into the server's fastest tier.
+    pub async fn prefetch(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<PrefetchOutcome> {
+        let req = self.req(pb::PrefetchRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+        });
+        let r = self.inner.prefetch(req).await?.into_inner();
+        Ok(PrefetchOutcome {
+            staged: r.staged,
+            already_fast: r.already_fast,
+            missing: r.missing,
+        })
+    }
+
+    /// Where each block of a chain is and the expected load time now; `block_bytes` 0
+    /// lets the server assume the namespace's mean block size.
+    pub async fn estimate_load(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+        block_bytes: u64,
+    ) -> Result<LoadEstimate> {
+        let req = self.req(pb::EstimateLoadRequest {
+            namespace: namespace.to_string(),
+            hashes: to_bytes(hashes),
+            block_bytes,
+        });
+        let r = self.inner.estimate_load(req).await?.into_inner();
+        Ok(LoadEstimate {
+            blocks: r
+                .blocks
+                .iter()
+                .map(|b| (BlockTier::from(b.tier), b.load_us))
+                .collect(),
+            matched: r.matched as usize,
+            total_us: r.total_us,
+        })
+    }
+
+    /// The server's version, API version and block size limit.
+    pub async fn ping(&mut self) -> Result<pb::PingResponse> {
+        Ok(self
+            .inner
+            .ping(self.req(pb::PingRequest {}))
+            .await?
+            .into_inner())
+    }
+
+    /// The raw generated client, for requests this wrapper does not shape (tests send
+    /// malformed streams through it).
+    pub fn raw(&mut self) -> &mut KvCacheClient<Channel> {
+        &mut self.inner
+    }
+}
+
+fn tune(ep: Endpoint) -> Endpoint {
+    // Same windows as the server (see `ServerConfig`), and no Nagle delay.
+    ep.tcp_nodelay(true)
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(32 << 20)
+}
+
+fn to_bytes(hashes: &[impl AsRef<[u8]>]) -> Vec<Bytes> {
+    hashes
+        .iter()
+        .map(|h| Bytes::copy_from_slice(h.as_ref()))
+        .collect()
+}

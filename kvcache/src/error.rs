@@ -1,0 +1,98 @@
+//! The KV service's error type and its one mapping to `tonic::Status`.
+//!
+//! Handlers return `Result<_, KvError>`; the conversion to a gRPC status happens in one
+//! place ([`From<KvError> for tonic::Status`]), so every bad input gets the same code
+//! everywhere: malformed requests, oversized and truncated blocks are
+//! `INVALID_ARGUMENT`, an unknown namespace or a missing block `NOT_FOUND`, a cache that
+//! cannot make room `RESOURCE_EXHAUSTED`, a bad token `UNAUTHENTICATED`.
+
+use strata_cache_core::CacheError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    /// The namespace is not registered with the server.
+    #[error("unknown namespace {0:?}")]
+    UnknownNamespace(String),
+    /// A malformed request (empty or oversized hash, bad namespace, missing header...).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A block larger than the server's limit.
+    #[error("block of {size} bytes exceeds the server's limit of {limit} bytes")]
+    TooLarge { size: u64, limit: u64 },
+    /// A put stream that ended before its declared size.
+    #[error("put stream ended after {got} of {declared} declared bytes; nothing stored")]
+    Truncated { got: u64, declared: u64 },
+    /// The block is not cached.
+    #[error("block not found")]
+    NotFound,
+    /// The cache core failed.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// Client side: the server answered with an error status.
+    #[error("server error: {}: {}", .0.code(), .0.message())]
+    Status(#[from] Status),
+    /// Client side: connecting failed.
+    #[error("transport error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Client side: a bad address or option.
+    #[error("client configuration: {0}")]
+    Config(String),
+}
+
+impl KvError {
+    /// The gRPC code this error is answered with.
+    pub fn code(&self) -> Code {
+        match self {
+            KvError::UnknownNamespace(_) | KvError::NotFound => Code::NotFound,
+            KvError::Invalid(_) | KvError::TooLarge { .. } | KvError::Truncated { .. } => {
+                Code::InvalidArgument
+            }
+            KvError::Cache(e) => match e {
+                CacheError::Full(_) => Code::ResourceExhausted,
+                CacheError::TooLarge { .. } => Code::ResourceExhausted,
+                CacheError::InvalidArgument(_) => Code::InvalidArgument,
+                CacheError::NotFound(_) => Code::NotFound,
+                CacheError::StoreTimeout { .. } => Code::DeadlineExceeded,
+                CacheError::Store { .. } | CacheError::SharedFetch(_) => Code::Unavailable,
+                CacheError::Corrupt(_) => Code::DataLoss,
+                _ => Code::Internal,
+            },
+            KvError::Status(s) => s.code(),
+            KvError::Transport(_) => Code::Unavailable,
+            KvError::Config(_) => Code::InvalidArgument,
+        }
+    }
+}
+
+impl From<KvError> for Status {
+    fn from(e: KvError) -> Status {
+        match e {
+            KvError::Status(s) => s,
+            other => Status::new(other.code(), other.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = KvError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_documented_mapping() {
+        let full: Status = KvError::Cache(CacheError::Full("x".into())).into();
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        let trunc: Status = KvError::Truncated {
+            got: 3,
+            declared: 9,
+        }
+        .into();
+        assert_eq!(trunc.code(), Code::InvalidArgument);
+        assert!(trunc.message().contains("3 of 9"));
+        let ns: Status = KvError::UnknownNamespace("m/t".into()).into();
+        assert_eq!(ns.code(), Code::NotFound);
+        assert!(ns.message().contains("m/t"));
+    }
+}

@@ -1,0 +1,743 @@
+//! The `strata.kv.v1` service over a [`CacheEngine`].
+//!
+//! Entry points (mini-redis style): [`run`] serves one listener until `shutdown`
+//! resolves; [`serve`] does the same with a [`KvService`] built beforehand, so that one
+//! service (one set of counters) can answer on a Unix socket and on TCP at once.
+//!
+//! Design:
+//! - Every request is validated before it touches the cache: namespace 1..=128 bytes of
+//!   printable UTF-8 (registered, when the server registers namespaces), hash 1..=64
+//!   bytes, declared block size 1..=`max_block`. Errors are [`KvError`], turned into a
+//!   `tonic::Status` once at the edge (`error.rs`).
+//! - A Put buffers its block before storing it (values are immutable, a block is stored
+//!   whole or not at all, so a truncated stream stores nothing). The bytes of all puts
+//!   in flight are bounded by a semaphore (`max_inflight_put_bytes`): many concurrent
+//!   large puts wait instead of exhausting memory; a single gRPC message is bounded by
+//!   `max_message_bytes`, so a client must chunk large blocks.
+//! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
+//!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
+//!   for window updates; TCP_NODELAY keeps small-block latency low.
+//! - Unknown namespaces: when `namespaces` is non-empty only those are served and any
+//!   other is NOT_FOUND; when empty (the default) a namespace is created by its first
+//!   put and reads of an unseen namespace are plain misses.
+//! - A full cache evicts (the engine's policy); a block no tier can admit is
+//!   RESOURCE_EXHAUSTED.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use strata_cache_core::key::KV_BLOCK_MAX;
+use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::{KvError, Result};
+use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
+use crate::pb::{self, Tier};
+use crate::stats::KvStats;
+
+/// Longest namespace accepted, in bytes.
+pub const MAX_NAMESPACE_LEN: usize = 128;
+/// Longest hash accepted, in bytes (the cache core's limit).
+pub const MAX_HASH_LEN: usize = 64;
+/// Most keys in one batched request: 64 Ki keys of a 1 KiB... chain is far beyond any
+/// context length (1M tokens / 16-token blocks), and bounds the work of one request.
+pub const MAX_BATCH_KEYS: usize = 1 << 16;
+
+/// Default size of the messages a Get streams: 1 MiB, large enough that per-message
+/// overhead is negligible and small enough that the first bytes leave early.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+
+/// PEM files of the server's TLS identity.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Server settings; every default is explained next to it.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Largest block accepted. Default 64 MiB: the cache core's KV limit.
+    pub max_block: u64,
+    /// Namespaces served; empty: any namespace, created on first put.
+    pub namespaces: Vec<String>,
+    /// Bearer token clients must send (`authorization: Bearer <token>`); None: none.
+    pub token: Option<String>,
+    /// TLS identity; None: plaintext (loopback and Unix socket only, enforced by the
+    /// daemon, which refuses a non-loopback address without TLS and a token).
+    pub tls: Option<TlsFiles>,
+    /// Bytes of all puts buffered at once. Default 1 GiB: sixteen 64 MiB blocks in
+    /// flight, a bounded fraction of a server's memory whatever the client count.
+    pub max_inflight_put_bytes: u64,
+    /// Size of the messages a Get streams (see [`DEFAULT_CHUNK_BYTES`]).
+    pub chunk_bytes: usize,
+    /// Largest gRPC message accepted. Default 4 MiB (tonic's default): clients send
+    /// blocks in chunks, and one message never buffers more than this per stream.
+    pub max_message_bytes: usize,
+    /// HTTP/2 stream and connection windows. Default 8 MiB / 32 MiB: a 1 MiB+ block
+    /// on loopback is sent without stalling on window updates (the 64 KiB protocol
+    /// default halves throughput).
+    pub stream_window: u32,
+    pub connection_window: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_block: KV_BLOCK_MAX as u64,
+            namespaces: Vec::new(),
+            token: None,
+            tls: None,
+            max_inflight_put_bytes: 1 << 30,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            max_message_bytes: 4 << 20,
+            stream_window: 8 << 20,
+            connection_window: 32 << 20,
+        }
+    }
+}
+
+/// A bound listener: TCP or Unix socket.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(l: UnixListener) -> Self {
+        Listener::Unix(l)
+    }
+}
+
+/// Serves `strata.kv.v1` on `listener` over `engine` until `shutdown` resolves, then
+/// finishes the requests in flight and returns.
+pub async fn run(
+    listener: impl Into<Listener>,
+    engine: CacheEngine,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    serve(listener, KvService::new(engine, config), shutdown).await
+}
+
+/// As [`run`], with a service built beforehand (shared by several listeners).
+pub async fn serve(
+    listener: impl Into<Listener>,
+    service: KvService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let cfg = service.inner.config.clone();
+    let mut builder = Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        // 1 MiB frames: fewer frames (and syscalls) per block than the 16 KiB default.
+        .max_frame_size(Some((1 << 20) - 1));
+    let listener = listener.into();
+    if let Some(tls) = &cfg.tls {
+        if matches!(listener, Listener::Tcp(_)) {
+            let cert = std::fs::read(&tls.cert).map_err(|e| {
+                KvError::Config(format!("reading TLS cert {}: {e}", tls.cert.display()))
+            })?;
+            let key = std::fs::read(&tls.key).map_err(|e| {
+                KvError::Config(format!("reading TLS key {}: {e}", tls.key.display()))
+            })?;
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+        }
+    }
+    let router = builder.add_service(service.grpc());
+    match listener {
+        Listener::Tcp(l) => {
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+        Listener::Unix(l) => {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+    }
+    Ok(())
+}
+
+struct Inner {
+    engine: CacheEngine,
+    config: ServerConfig,
+    registered: HashSet<String>,
+    put_budget: Semaphore,
+    stats: KvStats,
+    started: Instant,
+    top_tier: Option<TierKind>,
+}
+
+/// The service: cheap to clone; clones share counters and the put budget.
+#[derive(Clone)]
+pub struct KvService {
+    inner: Arc<Inner>,
+}
+
+/// Put budget unit: permits count KiB so that 1 GiB fits a `u32`-sized semaphore.
+const PERMIT_BYTES: u64 = 1024;
+
+impl KvService {
+    pub fn new(engine: CacheEngine, config: ServerConfig) -> Self {
+        let permits = (config.max_inflight_put_bytes / PERMIT_BYTES)
+            .max(config.max_block.div_ceil(PERMIT_BYTES));
+        let top_tier = engine.tier_kinds().first().copied();
+        KvService {
+            inner: Arc::new(Inner {
+                registered: config.namespaces.iter().cloned().collect(),
+                put_budget: Semaphore::new(permits.min(Semaphore::MAX_PERMITS as u64) as usize),
+                stats: KvStats::default(),
+                started: Instant::now(),
+                top_tier,
+                engine,
+                config,
+            }),
+        }
+    }
+
+    /// The tonic service, with the token check and message limits applied.
+    pub fn grpc(
+        &self,
+    ) -> tonic::service::interceptor::InterceptedService<KvCacheServer<KvService>, TokenCheck> {
+        let max = self.inner.config.max_message_bytes;
+        let svc = KvCacheServer::new(self.clone())
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max.max(self.inner.config.chunk_bytes + 1024));
+        tonic::service::interceptor::InterceptedService::new(
+            svc,
+            TokenCheck {
+                token: self.inner.config.token.clone().map(Arc::from),
+                stats: self.clone(),
+            },
+        )
+    }
+
+    pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
+        self.inner.stats.snapshot()
+    }
+
+    pub fn engine(&self) -> &CacheEngine {
+        &self.inner.engine
+    }
+
+    fn ctx(&self, ns: &str, prefetch: bool) -> AccessContext {
+        // One job per namespace: streams of different tenants are never merged.
+        let job = JobId(fnv1a(ns.as_bytes()));
+        let now_ns = self.inner.started.elapsed().as_nanos() as u64;
+        if prefetch {
+            AccessContext::prefetch(job, now_ns)
+        } else {
+            AccessContext::demand(job, now_ns)
+        }
+    }
+
+    fn check_namespace(&self, ns: &str) -> Result<Arc<str>> {
+        if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
+            return Err(KvError::Invalid(format!(
+                "namespace must be 1..={MAX_NAMESPACE_LEN} bytes, got {}",
+                ns.len()
+            )));
+        }
+        if ns.chars().any(char::is_control) {
+            return Err(KvError::Invalid(
+                "namespace contains control characters".into(),
+            ));
+        }
+        if !self.inner.registered.is_empty() && !self.inner.registered.contains(ns) {
+            return Err(KvError::UnknownNamespace(ns.to_string()));
+        }
+        Ok(Arc::from(ns))
+    }
+
+    fn key(&self, ns: &Arc<str>, hash: &[u8]) -> Result<CacheKey> {
+        if hash.is_empty() || hash.len() > MAX_HASH_LEN {
+            return Err(KvError::Invalid(format!(
+                "hash must be 1..={MAX_HASH_LEN} bytes, got {}",
+                hash.len()
+            )));
+        }
+        Ok(CacheKey::kv(ns.clone(), hash))
+    }
+
+    fn keys(&self, ns: &str, hashes: &[Bytes]) -> Result<(Arc<str>, Vec<CacheKey>)> {
+        let ns = self.check_namespace(ns)?;
+        if hashes.len() > MAX_BATCH_KEYS {
+            return Err(KvError::Invalid(format!(
+                "at most {MAX_BATCH_KEYS} keys per request, got {}",
+                hashes.len()
+            )));
+        }
+        let keys = hashes
+            .iter()
+            .map(|h| self.key(&ns, h))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((ns, keys))
+    }
+
+    fn reject<T>(&self, r: Result<T>) -> std::result::Result<T, Status> {
+        r.map_err(|e| {
+            if e.code() != tonic::Code::NotFound {
+                self.inner.stats.rejected();
+            }
+            Status::from(e)
+        })
+    }
+
+    async fn do_put(&self, mut stream: Streaming<pb::PutRequest>) -> Result<pb::PutResponse> {
+        let first = stream.message().await?.ok_or_else(|| {
+            KvError::Invalid("empty put stream: the first message must carry the key".into())
+        })?;
+        let ns = self.check_namespace(&first.namespace)?;
+        let key = self.key(&ns, &first.hash)?;
+        let size = first.size;
+        let limit = self.inner.config.max_block;
+        if size == 0 {
+            return Err(KvError::Invalid("declared block size is 0".into()));
+        }
+        if size > limit {
+            return Err(KvError::TooLarge { size, limit });
+        }
+        if first.data.len() as u64 > size {
+            return Err(KvError::Invalid(format!(
+                "got more than the declared {size} bytes"
+            )));
+        }
+        if self.inner.engine.contains(&key) {
+            // Immutable values: the same key holds the same bytes; skip the transfer.
+            self.inner.stats.put(&ns, size, true);
+            return Ok(pb::PutResponse {
+                already_present: true,
+            });
+        }
+        let permits = size.div_ceil(PERMIT_BYTES) as u32;
+        let _permit = self
+            .inner
+            .put_budget
+            .acquire_many(permits)
+            .await
+            .map_err(|_| KvError::Invalid("server shutting down".into()))?;
+        let data = if first.data.len() as u64 == size {
+            first.data
+        } else {
+            let mut buf = BytesMut::with_capacity(size as usize);
+            buf.extend_from_slice(&first.data);
+            while (buf.len() as u64) < size {
+                let Some(msg) = stream.message().await? else {
+                    return Err(KvError::Truncated {
+                        got: buf.len() as u64,
+                        declared: size,
+                    });
+                };
+                if buf.len() as u64 + msg.data.len() as u64 > size {
+                    return Err(KvError::Invalid(format!(
+                        "got more than the declared {size} bytes"
+                    )));
+                }
+                buf.extend_from_slice(&msg.data);
+            }
+            buf.freeze()
+        };
+        // The stream must end here: more bytes mean the declared size was wrong.
+        while let Some(msg) = stream.message().await? {
+            if !msg.data.is_empty() {
+                return Err(KvError::Invalid(format!(
+                    "got more than the declared {size} bytes"
+                )));
+            }
+        }
+        let ctx = self.ctx(&ns, false);
+        self.inner.engine.put(&key, data, &ctx).await?;
+        self.inner.stats.put(&ns, size, false);
+        Ok(pb::PutResponse {
+            already_present: false,
+        })
+    }
+
+    /// Fetches one block, counting the hit or miss.
+    async fn fetch(&self, ns: &str, key: &CacheKey) -> Result<Option<(Bytes, Option<TierKind>)>> {
+        let tier = self.inner.engine.locate(key);
+        let got = self.inner.engine.get(key, &self.ctx(ns, false)).await?;
+        self.inner
+            .stats
+            .get(ns, key, got.as_ref().map(|b| b.len() as u64));
+        Ok(got.map(|b| (b, tier)))
+    }
+
+    fn chunks(&self, data: &Bytes) -> Vec<Bytes> {
+        let step = self.inner.config.chunk_bytes.max(1);
+        let mut out = Vec::with_capacity(data.len() / step + 1);
+        let mut off = 0;
+        while off < data.len() {
+            let end = (off + step).min(data.len());
+            out.push(data.slice(off..end));
+            off = end;
+        }
+        out
+    }
+}
+
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn tier_pb(t: Option<TierKind>) -> Tier {
+    match t {
+        None | Some(TierKind::Store) => Tier::None,
+        Some(TierKind::Gpu) => Tier::Gpu,
+        Some(TierKind::Memory) => Tier::Memory,
+        Some(TierKind::Disk) => Tier::Disk,
+    }
+}
+
+/// Checks the bearer token (when one is configured) of every request.
+#[derive(Clone)]
+pub struct TokenCheck {
+    token: Option<Arc<str>>,
+    stats: KvService,
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let Some(want) = &self.token else {
+            return Ok(req);
+        };
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match got {
+            Some(t) if constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(req),
+            _ => {
+                self.stats.inner.stats.rejected();
+                Err(Status::unauthenticated("missing or wrong bearer token"))
+            }
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
+
+/// A Get's response stream; tells the load model when the last chunk left.
+struct TimedStream<S> {
+    inner: S,
+    service: KvService,
+    tier: Option<TierKind>,
+    bytes: u64,
+    start: Instant,
+    done: bool,
+}
+
+impl<S> TimedStream<S> {
+    fn new(inner: S, service: KvService, tier: Option<TierKind>, bytes: u64) -> Self {
+        if let Some(t) = tier {
+            service.inner.stats.load.started(t, bytes);
+        }
+        TimedStream {
+            inner,
+            service,
+            tier,
+            bytes,
+            start: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn finish(&mut self, completed: bool) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(t) = self.tier {
+            // A cancelled Get only releases its queued bytes: no timing sample.
+            let elapsed = completed.then(|| self.start.elapsed());
+            self.service
+                .inner
+                .stats
+                .load
+                .finished(t, self.bytes, elapsed);
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for TimedStream<S> {
+    type Item = S::Item;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let r = self.inner.poll_next_unpin(cx);
+        if let Poll::Ready(None) = r {
+            self.finish(true);
+        }
+        r
+    }
+}
+
+impl<S> Drop for TimedStream<S> {
+    fn drop(&mut self) {
+        self.finish(false);
+    }
+}
+
+#[tonic::async_trait]
+impl KvCache for KvService {
+    async fn put(
+        &self,
+        request: Request<Streaming<pb::PutRequest>>,
+    ) -> std::result::Result<Response<pb::PutResponse>, Status> {
+        let r = self.do_put(request.into_inner()).await;
+        self.reject(r).map(Response::new)
+    }
+
+    type GetStream = BoxStream<pb::GetResponse>;
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> std::result::Result<Response<Self::GetStream>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let ns = self.check_namespace(&req.namespace)?;
+            let key = self.key(&ns, &req.hash)?;
+            self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)
+        }
+        .await;
+        let (data, tier) = self.reject(r)?;
+        let size = data.len() as u64;
+        let msgs: Vec<_> = self
+            .chunks(&data)
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Ok(pb::GetResponse {
+                    size: if i == 0 { size } else { 0 },
+                    data: d,
+                })
+            })
+            .collect();
+        let stream = TimedStream::new(futures::stream::iter(msgs), self.clone(), tier, size);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    type BatchGetStream = BoxStream<pb::BatchGetResponse>;
+
+    async fn batch_get(
+        &self,
+        request: Request<pb::BatchGetRequest>,
+    ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
+        let req = request.into_inner();
+        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes))?;
+        let this = self.clone();
+        // Blocks are fetched one at a time as the client drains the stream, so a batch
+        // never holds more than one block beyond what the cache already holds.
+        let stream = futures::stream::iter(keys.into_iter().enumerate())
+            .then(move |(i, key)| {
+                let this = this.clone();
+                let ns = ns.clone();
+                async move {
+                    let index = i as u32;
+                    match this.fetch(&ns, &key).await {
+                        Ok(Some((data, _))) => {
+                            let size = data.len() as u64;
+                            let msgs: Vec<_> = this
+                                .chunks(&data)
+                                .into_iter()
+                                .enumerate()
+                                .map(|(j, d)| {
+                                    Ok(pb::BatchGetResponse {
+                                        index,
+                                        found: true,
+                                        size: if j == 0 { size } else { 0 },
+                                        data: d,
+                                    })
+                                })
+                                .collect();
+                            msgs
+                        }
+                        Ok(None) => vec![Ok(pb::BatchGetResponse {
+                            index,
+                            found: false,
+                            size: 0,
+                            data: Bytes::new(),
+                        })],
+                        Err(e) => vec![Err(Status::from(e))],
+                    }
+                }
+            })
+            .flat_map(futures::stream::iter);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn exists(
+        &self,
+        request: Request<pb::ExistsRequest>,
+    ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
+        let req = request.into_inner();
+        let r = (|| {
+            let ns = self.check_namespace(&req.namespace)?;
+            let key = self.key(&ns, &req.hash)?;
+            self.inner.stats.lookups(1);
+            let tier = self.inner.engine.locate(&key);
+            Ok(pb::ExistsResponse {
+                exists: tier.is_some(),
+                tier: tier_pb(tier) as i32,
+            })
+        })();
+        self.reject(r).map(Response::new)
+    }
+
+    async fn batch_exists(
+        &self,
+        request: Request<pb::BatchExistsRequest>,
+    ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
+        let req = request.into_inner();
+        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
+            self.inner.stats.lookups(keys.len() as u64);
+            pb::BatchExistsResponse {
+                exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
+            }
+        });
+        self.reject(r).map(Response::new)
+    }
+
+    async fn match_prefix(
+        &self,
+        request: Request<pb::MatchPrefixRequest>,
+    ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
+        let req = request.into_inner();
+        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
+            let matched = keys
+                .iter()
+                .take_while(|k| self.inner.engine.contains(k))
+                .count();
+            self.inner.stats.lookups(matched as u64 + 1);
+            pb::MatchPrefixResponse {
+                matched: matched as u32,
+            }
+        });
+        self.reject(r).map(Response::new)
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::RemoveRequest>,
+    ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let (_, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let mut removed = 0u32;
+            for k in &keys {
+                if self.inner.engine.remove(k).await? {
+                    removed += 1;
+                }
+            }
+            self.inner.stats.removed(removed as u64);
+            Ok(pb::RemoveResponse { removed })
+        }
+        .await;
+        self.reject(r).map(Response::new)
+    }
+
+    async fn prefetch(
+        &self,
+        request: Request<pb::PrefetchRequest>,
+    ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let (ns, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let ctx = self.ctx(&ns, true);
+            let mut resp = pb::PrefetchResponse::default();
+            for k in keys {
+                match self.inner.engine.locate(&k) {
+                    None => resp.missing += 1,
+                    Some(t) if Some(t) == self.inner.top_tier => resp.already_fast += 1,
+                    Some(_) => {
+                        // A get promotes a lower-tier hit into the fastest tier.
+                        if self.inner.engine.get(&k, &ctx).await?.is_some() {
+                            resp.staged += 1;
+                            self.inner.stats.prefetched(k);
+                        } else {
+                            resp.missing += 1;
+                        }
+                    }
+                }
+            }
+            Ok(resp)
+        }
+        .await;
+        self.reject(r).map(Response::new)
+    }
+
+    async fn estimate_load(
+        &self,
+        request: Request<pb::EstimateLoadRequest>,
+    ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
+        let req = request.into_inner();
+        let r = self.keys(&req.namespace, &req.hashes).map(|(ns, keys)| {
+            // Unknown block size: the namespace's mean put size, else 1 MiB (a
+            // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+            let bytes = match req.block_bytes {
+                0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+                b => b,
+            };
+            let model = &self.inner.stats.load;
+            let mut resp = pb::EstimateLoadResponse::default();
+            let mut in_prefix = true;
+            for k in &keys {
+                let tier = self.inner.engine.locate(k);
+                let load_us = model.estimate_us(tier, bytes);
+                if in_prefix && tier.is_some() {
+                    resp.matched += 1;
+                    resp.total_us += load_us;
+                } else {
+                    in_prefix = false;
+                }
+                resp.blocks.push(pb::BlockLoad {
+                    tier: tier_pb(tier) as i32,
+                    load_us,
+                });
+            }
+            self.inner.stats.lookups(keys.len() as u64);
+            resp
+        });
+        self.reject(r).map(Response::new)
+    }
+
+    async fn ping(
+        &self,
+        _request: Request<pb::PingRequest>,
+    ) -> std::result::Result<Response<pb::PingResponse>, Status> {
+        Ok(Response::new(pb::PingResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            api: crate::API_VERSION.to_string(),
+            max_block_bytes: self.inner.config.max_block,
+        }))
+    }
+}

@@ -1,0 +1,381 @@
+//! Counters of the KV service (per namespace, lock-free on the hot path) and the
+//! load-time model behind `EstimateLoad`.
+//!
+//! Load model: loading a block of `b` bytes from tier `t` now is expected to take
+//! `latency(t) + (b + inflight(t)) / bandwidth(t)`: the fixed cost of one Get, the
+//! transfer, and the queue of bytes other Gets from that tier are still sending
+//! (CALVO: loading is a cost the scheduler must count, and it grows with load).
+//! `latency` and `bandwidth` start from the defaults below and follow an exponentially
+//! weighted average of the Gets the service has completed: small blocks (< 64 KiB)
+//! update the latency, large ones (>= 256 KiB) the bandwidth.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use strata_cache_core::{CacheKey, TierKind};
+
+/// Most namespaces tracked one by one; beyond, they are counted under [`OTHER_NS`] so a
+/// client inventing namespaces cannot grow the server's memory without bound.
+pub const MAX_TRACKED_NAMESPACES: usize = 1024;
+/// Bucket of the namespaces beyond [`MAX_TRACKED_NAMESPACES`].
+pub const OTHER_NS: &str = "(other)";
+/// Most prefetched keys remembered to count "prefetch used"; beyond, the oldest set is
+/// dropped (the count is then a lower bound).
+const MAX_PREFETCHED_TRACKED: usize = 1 << 16;
+
+#[derive(Default)]
+struct NsCounters {
+    puts: AtomicU64,
+    put_bytes: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    get_bytes: AtomicU64,
+}
+
+/// Per-namespace figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NamespaceStats {
+    pub namespace: String,
+    pub puts: u64,
+    pub put_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub get_bytes: u64,
+    pub hit_ratio: f64,
+}
+
+/// A point-in-time copy of the service's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvStatsSnapshot {
+    pub puts: u64,
+    pub put_bytes: u64,
+    /// Puts of a key already cached (idempotent, nothing written).
+    pub puts_already_present: u64,
+    pub gets: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub get_bytes: u64,
+    pub hit_ratio: f64,
+    pub lookups: u64,
+    pub removes: u64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    /// Requests refused with an error status (bad input, full cache, auth).
+    pub rejected: u64,
+    pub namespaces: Vec<NamespaceStats>,
+    /// The load model's current estimates per tier.
+    pub load_model: Vec<TierLoadEstimate>,
+}
+
+/// The load model's view of one tier.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierLoadEstimate {
+    pub tier: String,
+    pub latency_us: f64,
+    pub bandwidth_gbps: f64,
+    pub inflight_bytes: u64,
+}
+
+fn ratio(h: u64, m: u64) -> f64 {
+    if h + m == 0 {
+        0.0
+    } else {
+        h as f64 / (h + m) as f64
+    }
+}
+
+/// The service's counters.
+#[derive(Default)]
+pub struct KvStats {
+    puts: AtomicU64,
+    put_bytes: AtomicU64,
+    puts_already_present: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    get_bytes: AtomicU64,
+    lookups: AtomicU64,
+    removes: AtomicU64,
+    prefetch_issued: AtomicU64,
+    prefetch_used: AtomicU64,
+    rejected: AtomicU64,
+    namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
+    prefetched: Mutex<HashSet<CacheKey>>,
+    prefetched_len: AtomicUsize,
+    pub load: LoadModel,
+}
+
+impl KvStats {
+    fn ns(&self, ns: &str) -> Arc<NsCounters> {
+        if let Some(c) = self.namespaces.read().get(ns) {
+            return c.clone();
+        }
+        let mut map = self.namespaces.write();
+        let name: Arc<str> = if map.len() >= MAX_TRACKED_NAMESPACES && !map.contains_key(ns) {
+            OTHER_NS.into()
+        } else {
+            ns.into()
+        };
+        map.entry(name).or_default().clone()
+    }
+
+    pub fn put(&self, ns: &str, bytes: u64, already_present: bool) {
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        if already_present {
+            self.puts_already_present.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.put_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let c = self.ns(ns);
+        c.puts.fetch_add(1, Ordering::Relaxed);
+        c.put_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A Get of `key`: `Some(bytes)` on a hit.
+    pub fn get(&self, ns: &str, key: &CacheKey, hit: Option<u64>) {
+        let c = self.ns(ns);
+        match hit {
+            Some(bytes) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.get_bytes.fetch_add(bytes, Ordering::Relaxed);
+                c.hits.fetch_add(1, Ordering::Relaxed);
+                c.get_bytes.fetch_add(bytes, Ordering::Relaxed);
+                if self.prefetched_len.load(Ordering::Relaxed) > 0 {
+                    let mut set = self.prefetched.lock();
+                    if set.remove(key) {
+                        self.prefetch_used.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.prefetched_len.store(set.len(), Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                c.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Mean size of the blocks put in `ns` (None before the first put).
+    pub fn mean_put_bytes(&self, ns: &str) -> Option<u64> {
+        let map = self.namespaces.read();
+        let c = map.get(ns)?;
+        let n = c.puts.load(Ordering::Relaxed);
+        (n > 0).then(|| c.put_bytes.load(Ordering::Relaxed) / n)
+    }
+
+    pub fn lookups(&self, n: u64) {
+        self.lookups.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn removed(&self, n: u64) {
+        self.removes.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn rejected(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+    /// A block staged into the fastest tier by Prefetch.
+    pub fn prefetched(&self, key: CacheKey) {
+        self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
+        let mut set = self.prefetched.lock();
+        if set.len() >= MAX_PREFETCHED_TRACKED {
+            set.clear();
+        }
+        set.insert(key);
+        self.prefetched_len.store(set.len(), Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> KvStatsSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut namespaces: Vec<NamespaceStats> = self
+            .namespaces
+            .read()
+            .iter()
+            .map(|(name, c)| NamespaceStats {
+                namespace: name.to_string(),
+                puts: l(&c.puts),
+                put_bytes: l(&c.put_bytes),
+                hits: l(&c.hits),
+                misses: l(&c.misses),
+                get_bytes: l(&c.get_bytes),
+                hit_ratio: ratio(l(&c.hits), l(&c.misses)),
+            })
+            .collect();
+        namespaces.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+        let (hits, misses) = (l(&self.hits), l(&self.misses));
+        KvStatsSnapshot {
+            puts: l(&self.puts),
+            put_bytes: l(&self.put_bytes),
+            puts_already_present: l(&self.puts_already_present),
+            gets: hits + misses,
+            hits,
+            misses,
+            get_bytes: l(&self.get_bytes),
+            hit_ratio: ratio(hits, misses),
+            lookups: l(&self.lookups),
+            removes: l(&self.removes),
+            prefetch_issued: l(&self.prefetch_issued),
+            prefetch_used: l(&self.prefetch_used),
+            rejected: l(&self.rejected),
+            namespaces,
+            load_model: self.load.snapshot(),
+        }
+    }
+}
+
+/// Per-tier estimates; f64 values stored as bits in atomics.
+struct TierModel {
+    latency_ns: AtomicU64,
+    bytes_per_s: AtomicU64,
+    inflight_bytes: AtomicU64,
+}
+
+impl TierModel {
+    fn new(latency_us: f64, gbps: f64) -> Self {
+        TierModel {
+            latency_ns: AtomicU64::new((latency_us * 1e3).to_bits()),
+            bytes_per_s: AtomicU64::new((gbps * 1e9 / 8.0).to_bits()),
+            inflight_bytes: AtomicU64::new(0),
+        }
+    }
+    fn latency_ns(&self) -> f64 {
+        f64::from_bits(self.latency_ns.load(Ordering::Relaxed))
+    }
+    fn bytes_per_s(&self) -> f64 {
+        f64::from_bits(self.bytes_per_s.load(Ordering::Relaxed))
+    }
+}
+
+/// Weight of a new observation in the averages: 1/8, so a handful of Gets moves the
+/// estimate and a single outlier does not.
+const EWMA_ALPHA: f64 = 0.125;
+
+/// See the module docs.
+pub struct LoadModel {
+    /// gpu, memory, disk.
+    tiers: [TierModel; 3],
+}
+
+impl Default for LoadModel {
+    fn default() -> Self {
+        // Defaults until measured: one gRPC round trip over loopback is ~50 us and a
+        // stream carries ~16 Gb/s from memory; a disk-tier hit adds an NVMe read
+        // (~100 us) and is bounded by the disk (~1.5 GB/s = 12 Gb/s). GPU memory is
+        // served through the same RPC path as CPU memory.
+        LoadModel {
+            tiers: [
+                TierModel::new(50.0, 16.0),
+                TierModel::new(50.0, 16.0),
+                TierModel::new(150.0, 12.0),
+            ],
+        }
+    }
+}
+
+impl LoadModel {
+    fn model(&self, tier: TierKind) -> Option<&TierModel> {
+        match tier {
+            TierKind::Gpu => Some(&self.tiers[0]),
+            TierKind::Memory => Some(&self.tiers[1]),
+            TierKind::Disk => Some(&self.tiers[2]),
+            TierKind::Store => None,
+        }
+    }
+
+    /// Expected time to load `bytes` from `tier` now, in microseconds; 0 if uncached.
+    pub fn estimate_us(&self, tier: Option<TierKind>, bytes: u64) -> f64 {
+        match tier.and_then(|t| self.model(t)) {
+            None => 0.0,
+            Some(m) => {
+                let queued = m.inflight_bytes.load(Ordering::Relaxed) as f64;
+                (m.latency_ns() + (bytes as f64 + queued) / m.bytes_per_s() * 1e9) / 1e3
+            }
+        }
+    }
+
+    /// A Get of `bytes` from `tier` started.
+    pub fn started(&self, tier: TierKind, bytes: u64) {
+        if let Some(m) = self.model(tier) {
+            m.inflight_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// A Get of `bytes` from `tier` finished after `elapsed` (None: cancelled, no sample).
+    pub fn finished(&self, tier: TierKind, bytes: u64, elapsed: Option<Duration>) {
+        let Some(m) = self.model(tier) else { return };
+        let _ = m
+            .inflight_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+        let Some(elapsed) = elapsed else { return };
+        let ns = elapsed.as_nanos() as f64;
+        if bytes < (64 << 10) {
+            let new = (1.0 - EWMA_ALPHA) * m.latency_ns() + EWMA_ALPHA * ns;
+            m.latency_ns.store(new.to_bits(), Ordering::Relaxed);
+        } else if bytes >= (256 << 10) {
+            let transfer_ns = (ns - m.latency_ns()).max(ns / 2.0);
+            let rate = bytes as f64 / transfer_ns * 1e9;
+            let new = (1.0 - EWMA_ALPHA) * m.bytes_per_s() + EWMA_ALPHA * rate;
+            m.bytes_per_s.store(new.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<TierLoadEstimate> {
+        [TierKind::Gpu, TierKind::Memory, TierKind::Disk]
+            .iter()
+            .zip(&self.tiers)
+            .map(|(k, m)| TierLoadEstimate {
+                tier: k.as_str().to_string(),
+                latency_us: m.latency_ns() / 1e3,
+                bandwidth_gbps: m.bytes_per_s() * 8.0 / 1e9,
+                inflight_bytes: m.inflight_bytes.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_grow_with_size_queue_and_slower_tiers() {
+        let m = LoadModel::default();
+        let mem_small = m.estimate_us(Some(TierKind::Memory), 64 << 10);
+        let mem_big = m.estimate_us(Some(TierKind::Memory), 16 << 20);
+        let disk_big = m.estimate_us(Some(TierKind::Disk), 16 << 20);
+        assert!(mem_small < mem_big && mem_big < disk_big);
+        assert_eq!(m.estimate_us(None, 1 << 20), 0.0);
+        m.started(TierKind::Memory, 64 << 20);
+        assert!(m.estimate_us(Some(TierKind::Memory), 16 << 20) > mem_big * 2.0);
+        m.finished(TierKind::Memory, 64 << 20, Some(Duration::from_millis(100)));
+        // 64 MiB in 100 ms (~5 Gb/s) pulls the bandwidth estimate down from 16 Gb/s.
+        assert!(m.snapshot()[1].bandwidth_gbps < 16.0);
+        assert_eq!(m.snapshot()[1].inflight_bytes, 0);
+    }
+
+    #[test]
+    fn namespaces_are_bounded_and_hit_ratio_counts() {
+        let s = KvStats::default();
+        let k = CacheKey::kv("a", vec![1u8]);
+        s.get("a", &k, Some(10));
+        s.get("a", &k, None);
+        for i in 0..(MAX_TRACKED_NAMESPACES + 10) {
+            s.put(&format!("ns{i}"), 1, false);
+        }
+        let snap = s.snapshot();
+        assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 1);
+        let a = snap
+            .namespaces
+            .iter()
+            .find(|n| n.namespace == "a")
+            .expect("ns a tracked");
+        assert_eq!(a.hit_ratio, 0.5);
+        assert!(snap
+            .namespaces
+            .iter()
+            .any(|n| n.namespace == OTHER_NS && n.puts == 11));
+    }
+}
