@@ -262,6 +262,10 @@ struct Run<'a> {
     space: TierSpace,
     predictors: Vec<Box<dyn Predictor>>,
     next_use: Option<NextUse>,
+    /// Next-use position per flat access, for `next_use`.
+    hints: &'a [u64],
+    /// Flat access positions in the order replayed (recorded for `opt` only).
+    order: Vec<u32>,
     state: Vec<BlockState>,
     extra_keys: Vec<CacheKey>,
     extra_sizes: Vec<u64>,
@@ -329,7 +333,8 @@ impl Run<'_> {
         for pos in a0..a1 {
             let id = self.p.acc[pos as usize];
             if let Some(h) = &self.next_use {
-                h.set(self.p.next_use[pos as usize]);
+                h.set(self.hints[pos as usize]);
+                self.order.push(pos);
             }
             let bytes = self.p.sizes[id as usize];
             // Bytes of this read inside this block.
@@ -473,19 +478,79 @@ impl Run<'_> {
     }
 }
 
+/// Runs of Belady for `opt` (see [`replay`]).
+const OPT_PASSES: usize = 3;
+
 /// Replays `p` through `set` under `cfg`.
+///
+/// For `opt` the future must be in the order the replay will issue accesses, which
+/// depends on timing, which depends on the policy. So `opt` runs Belady up to
+/// [`OPT_PASSES`] times: first with the trace's time order, then each time with the order
+/// the previous run actually replayed, and reports the run with the best hit ratio. For
+/// one job (or jobs that never overlap) the first run is already exact.
 pub fn replay(p: &Prepared, set: PolicySet, cfg: &ReplayConfig) -> PolicyResult {
+    let is_opt = set.next_use.is_some();
+    let (mut best, mut order) = replay_once(p, set, &p.next_use, cfg);
+    if !is_opt {
+        return best;
+    }
+    for _ in 1..OPT_PASSES {
+        let hints = next_use_in(p, &order);
+        let (policy, h) = strata_cache_core::policy::BeladyPolicy::new(cfg.capacity_bytes);
+        let set = PolicySet {
+            name: best.policy.clone(),
+            policy: Box::new(policy),
+            predictors: Vec::new(),
+            next_use: Some(h),
+        };
+        let (r, o) = replay_once(p, set, &hints, cfg);
+        if o == order {
+            break;
+        }
+        order = o;
+        if r.hit_ratio > best.hit_ratio {
+            best = r;
+        }
+    }
+    best
+}
+
+/// Next-use index (as ranks in `order`) for each flat access position.
+fn next_use_in(p: &Prepared, order: &[u32]) -> Vec<u64> {
+    let mut last = vec![u64::MAX; p.keys.len()];
+    let mut hints = vec![u64::MAX; p.acc.len()];
+    for (k, &pos) in order.iter().enumerate().rev() {
+        let b = p.acc[pos as usize] as usize;
+        hints[pos as usize] = last[b];
+        last[b] = k as u64;
+    }
+    hints
+}
+
+fn replay_once(
+    p: &Prepared,
+    set: PolicySet,
+    hints: &[u64],
+    cfg: &ReplayConfig,
+) -> (PolicyResult, Vec<u32>) {
     let PolicySet {
         name,
         policy,
         predictors,
         next_use,
     } = set;
+    let order = if next_use.is_some() {
+        Vec::with_capacity(p.acc.len())
+    } else {
+        Vec::new()
+    };
     let mut run = Run {
         p,
         space: TierSpace::new(cfg.capacity_bytes, policy),
         predictors,
         next_use,
+        hints,
+        order,
         state: vec![
             BlockState {
                 prefetch_by: NO_PREFETCH,
@@ -547,7 +612,7 @@ pub fn replay(p: &Prepared, set: PolicySet, cfg: &ReplayConfig) -> PolicyResult 
         job_jct_s.insert(p.trace.jobs[j].to_string(), s);
     }
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    PolicyResult {
+    let result = PolicyResult {
         policy: name,
         hit_ratio: ratio(run.hits, run.accesses),
         byte_hit_ratio: ratio(run.bytes_hit, run.bytes_read),
@@ -557,7 +622,8 @@ pub fn replay(p: &Prepared, set: PolicySet, cfg: &ReplayConfig) -> PolicyResult 
         job_jct_s,
         accesses: run.accesses,
         total_jct_s: total,
-    }
+    };
+    (result, run.order)
 }
 
 /// Parses a capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of `unique_bytes`.

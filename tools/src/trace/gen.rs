@@ -9,13 +9,13 @@
 //!
 //! | workload | default shape | unique bytes | reads |
 //! |---|---|---|---|
-//! | `train-small-files` | 10,000 JPEG-like files (log-normal, median 100 KiB) in 100 class dirs, 3 epochs, each shuffled; 1 ms compute per sample | ~1.2 GB | 30,000 |
-//! | `shards` | 64 tar shards of 24..40 MiB read in 1 MiB reads; shard order shuffled per epoch; 3 epochs; 2 ms per MiB | ~2.1 GB | ~6,100 |
+//! | `train-small-files` | 10,000 JPEG-like files (log-normal, median 100 KiB) in 100 class dirs, 3 epochs, each shuffled, read by 8 loader workers (jobs `train-img-w0..7`, each every 8th file of the permutation); 1 ms compute per sample overall | ~1.2 GB | 30,000 |
+//! | `shards` | 64 tar shards of 24..40 MiB read in 1 MiB reads by 4 workers (every 4th shard of the epoch's shuffled order each); 3 epochs; 2 ms per MiB overall | ~2.1 GB | ~6,100 |
 //! | `checkpoint` | 8 safetensors files of 128 MiB read in 4 MiB reads by `load-0` at t=0, re-read by `load-1` at t=20 s | 1 GiB | 512 |
 //! | `preprocess` | 32 parquet-like files (8 days x 4 parts), 4 row groups x 8 column chunks of 0.5..4 MiB + 64 KiB footer; 4 ETL jobs x 2 queries, each query reads the footer and 3..4 columns (columns 0 and 1 always) of every row group; 3 ms per chunk | ~2.3 GB | ~3,300 |
-//! | `inference-skew` | 2,000 embedding shards of 512 KiB, 4 servers x 10,000 reads, Zipf(s=0.9) popularity over a random permutation; 0.5 ms per read | ~1 GiB | 40,000 |
+//! | `inference-skew` | 2,000 embedding shards of 512 KiB, 4 servers x 10,000 reads, Zipf(s=0.9) popularity over a random permutation; 5 ms per read (200 reads/s per server) | ~1 GiB | 40,000 |
 //! | `kv-prefix` | 1 MiB KV blocks; 16 system prompts (4..16 blocks, Zipf(1.0)), 400 sessions of 1..6 turns on 4 engines; each turn reads its whole chained prefix; exp(50 ms) between requests | ~0.8 GB | ~20,000 |
-//! | `mixed` | all six above at `scale/2`, concurrent, job names prefixed | ~4 GB | ~50,000 |
+//! | `mixed` | all six concurrently, jobs prefixed: training (`train-`, `shards-`) at full size, `ckpt-` and `etl-` at 1/2, `infer-` and `kv-` at 1/4 of their counts, so streaming training data is most of the bytes | ~5.5 GB | ~45,000 |
 //!
 //! `--scale F` multiplies the counts (files, shards, sessions, reads), not the sizes.
 
@@ -29,6 +29,10 @@ use super::{Trace, TraceBuilder};
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const MS: u64 = 1_000_000;
+/// Data-loader workers of the small-files trainer (a common `num_workers`).
+const LOADERS: usize = 8;
+/// Reader workers of the shard trainer.
+const SHARD_WORKERS: usize = 4;
 
 /// The workloads `strata trace gen` can write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -71,15 +75,25 @@ pub fn generate(workload: Workload, seed: u64, scale: f64) -> Trace {
         Workload::InferenceSkew => g.inference_skew(&mut rng, 0),
         Workload::KvPrefix => g.kv_prefix(&mut rng, 0),
         Workload::Mixed => {
-            g.scale = scale / 2.0;
-            // Each component gets its own stream of randomness so adding one does not
-            // change the others; jobs start a little apart, as jobs on a cluster do.
-            let parts = ["train-", "shards-", "ckpt-", "etl-", "infer-", "kv-"];
-            for (i, prefix) in parts.into_iter().enumerate() {
+            // A shared training cluster: the two training jobs at full size (streaming
+            // training data is most of the bytes), preprocessing and the checkpoint
+            // load/re-load at half size, inference (embeddings, KV) at a quarter of
+            // their standalone counts. Each component gets its own stream of randomness
+            // so adding one does not change the others; jobs start 0.5 s apart.
+            let parts = [
+                ("train-", 1.0),
+                ("shards-", 1.0),
+                ("ckpt-", 0.5),
+                ("etl-", 0.5),
+                ("infer-", 0.25),
+                ("kv-", 0.25),
+            ];
+            for (i, (prefix, share)) in parts.into_iter().enumerate() {
                 let mut r = StdRng::seed_from_u64(
                     seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64 + 1),
                 );
                 g.prefix = prefix;
+                g.scale = scale * share;
                 let start = i as u64 * 500 * MS;
                 match i {
                     0 => g.train_small_files(&mut r, start),
@@ -150,11 +164,17 @@ impl Gen<'_> {
                 files.push((self.path(&name, size), size));
             }
         }
-        let mut j = self.job("train-img", start);
+        // Data-loader workers (PyTorch `num_workers`): worker w reads every
+        // LOADERS-th file of the epoch's permutation; together 1 ms of compute per
+        // sample.
+        let mut jobs: Vec<Job> = (0..LOADERS)
+            .map(|w| self.job(&format!("train-img-w{w}"), start))
+            .collect();
         for _epoch in 0..3 {
             files.shuffle(rng);
-            for &(p, size) in &files {
-                self.read(&mut j, p, 0, size, MS);
+            for (k, &(p, size)) in files.iter().enumerate() {
+                let j = &mut jobs[k % LOADERS];
+                self.read(j, p, 0, size, LOADERS as u64 * MS);
             }
         }
     }
@@ -168,14 +188,19 @@ impl Gen<'_> {
                 (self.path(&format!("shards/train-{i:06}.tar"), size), size)
             })
             .collect();
-        let mut j = self.job("train-shards", start);
+        // WebDataset workers: worker w streams every SHARD_WORKERS-th shard of the
+        // epoch's order; together 2 ms of compute per MiB.
+        let mut jobs: Vec<Job> = (0..SHARD_WORKERS)
+            .map(|w| self.job(&format!("train-shards-w{w}"), start))
+            .collect();
         for _epoch in 0..3 {
             shards.shuffle(rng);
-            for &(p, size) in &shards {
+            for (k, &(p, size)) in shards.iter().enumerate() {
+                let j = &mut jobs[k % SHARD_WORKERS];
                 let mut off = 0;
                 while off < size {
                     let len = MIB.min(size - off);
-                    self.read(&mut j, p, off, len, 2 * MS);
+                    self.read(j, p, off, len, SHARD_WORKERS as u64 * 2 * MS);
                     off += len;
                 }
             }
@@ -288,7 +313,7 @@ impl Gen<'_> {
             let mut j = self.job(&format!("infer-{s}"), start + s as u64 * 10 * MS);
             for _ in 0..reads {
                 let r = zipf.sample(rng) as usize - 1;
-                self.read(&mut j, objs[rank[r.min(n - 1)]], 0, 512 * KIB, MS / 2);
+                self.read(&mut j, objs[rank[r.min(n - 1)]], 0, 512 * KIB, 5 * MS);
             }
         }
     }
@@ -424,16 +449,27 @@ mod tests {
         let t = generate(Workload::TrainSmallFiles, 3, 0.1);
         let n = t.paths.len();
         assert_eq!(t.records.len(), 3 * n, "three epochs over every file");
+        assert_eq!(t.jobs.len(), LOADERS);
         assert!(t
             .paths
             .iter()
             .all(|p| p.starts_with("train/n") && p.ends_with(".JPEG")));
         assert!(t.records.iter().all(|r| r.offset == 0 && r.len == r.size));
-        let epochs: Vec<Vec<u32>> = t
-            .records
-            .chunks(n)
-            .map(|c| c.iter().map(|r| r.path).collect())
-            .collect();
+        // Each worker reads a share of every epoch: its reads split into three equal
+        // epochs whose union over workers covers every file once.
+        let mut epochs = vec![Vec::new(); 3];
+        for j in 0..t.jobs.len() as u32 {
+            let mine: Vec<u32> = t
+                .records
+                .iter()
+                .filter(|r| r.job == j)
+                .map(|r| r.path)
+                .collect();
+            assert_eq!(mine.len() % 3, 0);
+            for (e, c) in mine.chunks(mine.len() / 3).enumerate() {
+                epochs[e].extend_from_slice(c);
+            }
+        }
         for e in &epochs {
             assert_eq!(
                 e.iter().collect::<HashSet<_>>().len(),
@@ -447,23 +483,31 @@ mod tests {
     #[test]
     fn shards_are_sequential_within_a_shard() {
         let t = generate(Workload::Shards, 3, 0.25);
-        let mut last: HashMap<u32, u64> = HashMap::new();
         let mut switches = 0;
-        for w in t.records.windows(2) {
-            if w[0].path == w[1].path {
-                assert_eq!(w[1].offset, w[0].offset + w[0].len, "sequential");
-            } else {
-                switches += 1;
-                assert_eq!(
-                    w[0].offset + w[0].len,
-                    w[0].size,
-                    "a shard is read to its end"
-                );
-                assert_eq!(w[1].offset, 0);
+        for j in 0..t.jobs.len() as u32 {
+            let mine: Vec<_> = t.records.iter().filter(|r| r.job == j).collect();
+            assert_eq!(mine[0].offset, 0);
+            for w in mine.windows(2) {
+                if w[1].offset != 0 {
+                    assert_eq!(w[1].path, w[0].path);
+                    assert_eq!(w[1].offset, w[0].offset + w[0].len, "sequential");
+                } else {
+                    switches += 1;
+                    assert_eq!(
+                        w[0].offset + w[0].len,
+                        w[0].size,
+                        "a shard is read to its end"
+                    );
+                    assert_eq!(w[1].offset, 0);
+                }
             }
-            last.insert(w[1].path, w[1].offset);
+            switches += 1;
         }
-        assert_eq!(switches + 1, 3 * t.paths.len());
+        assert_eq!(
+            switches,
+            3 * t.paths.len(),
+            "every shard read once per epoch"
+        );
         assert!(t
             .paths
             .iter()
