@@ -1,6 +1,7 @@
 //! Prefetch predictors: pure logic fed with access events, emitting prefetch requests.
 //! The cache core (or the replay simulator) does the I/O; predictors never touch a store.
 
+pub mod semantic;
 pub mod sequential;
 
 use std::sync::Arc;

@@ -1,0 +1,130 @@
+//! Clustering the interleaved request stream into coherent streams.
+//!
+//! First level: `(job, template)`. Jobs are never merged (a job is a reader: process,
+//! handle or trace column), and within a job, files of different templates (images and
+//! their JSON sidecars, shards and index files) are different streams.
+//!
+//! Second level: *lanes* inside a stream, for tenants that share a job id and a
+//! template but walk different ranges (four data-loader workers reading shards
+//! 0.., 1000.., 2000.., 3000.. through one mount handle). An access joins, in order:
+//! the lane that predicted it; the lane whose stride it continues exactly; the nearest
+//! lane (L1 distance over fields) within `lane_gap`; else it opens a new lane, replacing
+//! the least recently used one beyond `max_lanes`.
+//!
+//! Streams are bounded by `max_streams`, least recently used evicted first, so hash- or
+//! randomly-named workloads cannot grow the table without bound.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use strata_cache_core::JobId;
+
+use super::permutation::SetTracker;
+use super::regularity::Lane;
+use super::tokenize::TokenizedPath;
+use super::SemanticConfig;
+
+pub type StreamKey = (JobId, Arc<str>);
+
+#[derive(Debug)]
+pub struct Stream {
+    pub lanes: Vec<Lane>,
+    pub set: Option<SetTracker>,
+    pub last_path: Option<Arc<str>>,
+    pub last_seq: u64,
+    /// Sum and count of file sizes seen (for pool byte budgets).
+    pub size_sum: u64,
+    pub size_n: u64,
+}
+
+impl Stream {
+    fn new() -> Self {
+        Stream {
+            lanes: Vec::new(),
+            set: None,
+            last_path: None,
+            last_seq: 0,
+            size_sum: 0,
+            size_n: 0,
+        }
+    }
+
+    /// Lane index for `t`, or `None` when a new lane should be opened.
+    pub fn assign(&self, t: &TokenizedPath, cfg: &SemanticConfig) -> Option<usize> {
+        if let Some(i) = self.lanes.iter().position(|l| l.is_pending(&t.path)) {
+            return Some(i);
+        }
+        if let Some(i) = self.lanes.iter().position(|l| l.continues(t)) {
+            return Some(i);
+        }
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.distance(t).map(|d| (d, l.last_seq, i)))
+            .filter(|(d, _, _)| *d <= cfg.lane_gap)
+            // Nearest, then most recent: deterministic tie-break.
+            .min_by_key(|(d, seq, _)| (*d, std::cmp::Reverse(*seq)))
+            .map(|(_, _, i)| i)
+    }
+
+    /// Index of the slot for a new lane (appended, or the LRU lane replaced).
+    pub fn open_lane(&mut self, lane: Lane, cfg: &SemanticConfig) -> usize {
+        if self.lanes.len() < cfg.max_lanes.max(1) {
+            self.lanes.push(lane);
+            return self.lanes.len() - 1;
+        }
+        let i = self
+            .lanes
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, l)| l.last_seq)
+            .map_or(0, |(i, _)| i);
+        self.lanes[i] = lane;
+        i
+    }
+
+    pub fn avg_size(&self) -> u64 {
+        self.size_sum.checked_div(self.size_n).unwrap_or(0)
+    }
+}
+
+/// `(job, template)` -> stream, LRU-bounded.
+#[derive(Debug, Default)]
+pub struct StreamTable {
+    streams: HashMap<StreamKey, Stream>,
+    /// last_seq -> key, for LRU eviction.
+    lru: BTreeMap<u64, StreamKey>,
+}
+
+impl StreamTable {
+    /// The stream for `key`, created (evicting the LRU stream beyond `max`) if needed,
+    /// and touched at `seq` (sequence numbers must increase).
+    pub fn touch(&mut self, key: &StreamKey, seq: u64, max: usize) -> &mut Stream {
+        if let Some(s) = self.streams.get(key) {
+            self.lru.remove(&s.last_seq);
+        } else {
+            while self.streams.len() >= max.max(1) {
+                let Some((_, old)) = self.lru.pop_first() else {
+                    break;
+                };
+                self.streams.remove(&old);
+            }
+        }
+        self.lru.insert(seq, key.clone());
+        let s = self.streams.entry(key.clone()).or_insert_with(Stream::new);
+        s.last_seq = seq;
+        s
+    }
+
+    pub fn get_mut(&mut self, key: &StreamKey) -> Option<&mut Stream> {
+        self.streams.get_mut(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+}

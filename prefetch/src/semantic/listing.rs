@@ -1,0 +1,177 @@
+//! Directory listings handed to the predictor (the mount already lists directories for
+//! `readdir`), grouped into *member sets*: all listed files sharing one template.
+//!
+//! A member set is what a per-epoch permutation ranges over ("some unread file of this
+//! set") and what lexical order walks: members are ordered by (directory, name), the
+//! order of a listing, so walking them crosses from `train/n01440764/` into
+//! `train/n01443537/` the way a name-ordered reader does.
+//!
+//! Members get stable ids in insertion order; the sorted order is rebuilt lazily after a
+//! listing adds members, so trackers that index by id survive new listings.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::tokenize::tokenize;
+
+/// All listed files of one template.
+#[derive(Debug, Default)]
+pub struct MemberSet {
+    paths: Vec<Arc<str>>,
+    /// Size in bytes, 0 when the listing did not say.
+    sizes: Vec<u64>,
+    ids: HashMap<Arc<str>, u32>,
+    /// Member ids in (directory, name) order; valid when `!dirty`.
+    order: Vec<u32>,
+    /// Position of each id in `order`.
+    rank: Vec<u32>,
+    dirty: bool,
+}
+
+impl MemberSet {
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    pub fn id(&self, path: &str) -> Option<u32> {
+        self.ids.get(path).copied()
+    }
+
+    pub fn path(&self, id: u32) -> &Arc<str> {
+        &self.paths[id as usize]
+    }
+
+    pub fn size(&self, id: u32) -> u64 {
+        self.sizes[id as usize]
+    }
+
+    /// Position of `id` in listing order.
+    pub fn rank(&self, id: u32) -> usize {
+        self.rank[id as usize] as usize
+    }
+
+    /// Member at listing position `rank`.
+    pub fn at_rank(&self, rank: usize) -> Option<u32> {
+        self.order.get(rank).copied()
+    }
+
+    fn insert(&mut self, path: Arc<str>, size: u64) {
+        if let Some(&id) = self.ids.get(&path) {
+            if size > 0 {
+                self.sizes[id as usize] = size;
+            }
+            return;
+        }
+        let id = self.paths.len() as u32;
+        self.paths.push(path.clone());
+        self.sizes.push(size);
+        self.ids.insert(path, id);
+        self.dirty = true;
+    }
+
+    fn rebuild(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        let split = |p: &str| -> (String, String) {
+            match p.rsplit_once('/') {
+                Some((d, n)) => (d.to_owned(), n.to_owned()),
+                None => (String::new(), p.to_owned()),
+            }
+        };
+        let mut keyed: Vec<((String, String), u32)> = (0..self.paths.len() as u32)
+            .map(|id| (split(&self.paths[id as usize]), id))
+            .collect();
+        keyed.sort();
+        self.order = keyed.into_iter().map(|(_, id)| id).collect();
+        self.rank = vec![0; self.order.len()];
+        for (r, &id) in self.order.iter().enumerate() {
+            self.rank[id as usize] = r as u32;
+        }
+        self.dirty = false;
+    }
+}
+
+/// Every listing seen, grouped by template.
+#[derive(Debug, Default)]
+pub struct ListingIndex {
+    sets: HashMap<Arc<str>, MemberSet>,
+    listed_dirs: HashSet<Arc<str>>,
+    entries: usize,
+    max_entries: usize,
+}
+
+impl ListingIndex {
+    pub fn new(max_entries: usize) -> Self {
+        ListingIndex {
+            max_entries,
+            ..ListingIndex::default()
+        }
+    }
+
+    /// Records the entries of `dir` (`""` for the root). Entries past `max_entries` in
+    /// total are ignored: the index is bounded memory, and a set it cannot hold whole is
+    /// still walked by the numeric rules.
+    pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
+        let dir = dir.trim_end_matches('/');
+        self.listed_dirs.insert(Arc::from(dir));
+        for (name, size) in entries {
+            let name = name.as_ref();
+            if name.is_empty() || name.contains('/') {
+                continue;
+            }
+            let path: Arc<str> = if dir.is_empty() {
+                Arc::from(name)
+            } else {
+                Arc::from(format!("{dir}/{name}"))
+            };
+            let t = tokenize(&path);
+            let set = self.sets.entry(t.template.clone()).or_default();
+            if set.ids.contains_key(&path) || self.entries < self.max_entries {
+                if !set.ids.contains_key(&path) {
+                    self.entries += 1;
+                }
+                set.insert(path, *size);
+            }
+        }
+    }
+
+    /// Brings `template`'s listing order up to date (sorting is deferred to first use so
+    /// that listing a thousand directories of one dataset sorts once, not a thousand times).
+    pub fn prepare(&mut self, template: &str) {
+        if let Some(set) = self.sets.get_mut(template) {
+            set.rebuild();
+        }
+    }
+
+    /// The member set of `template`; its order is valid after [`Self::prepare`].
+    pub fn set(&self, template: &str) -> Option<&MemberSet> {
+        self.sets
+            .get(template)
+            .filter(|s| !s.is_empty() && !s.dirty)
+    }
+
+    pub fn is_listed(&self, dir: &str) -> bool {
+        self.listed_dirs.contains(dir)
+    }
+
+    /// `Some(true/false)` when `path`'s directory is listed, `None` when unknown.
+    pub fn exists(&self, template: &str, path: &str) -> Option<bool> {
+        let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+        if !self.is_listed(dir) {
+            return None;
+        }
+        Some(self.set(template).is_some_and(|s| s.id(path).is_some()))
+    }
+
+    /// Listed size of `path`, if known and non-zero.
+    pub fn size_of(&self, template: &str, path: &str) -> Option<u64> {
+        let set = self.set(template)?;
+        let size = set.size(set.id(path)?);
+        (size > 0).then_some(size)
+    }
+}

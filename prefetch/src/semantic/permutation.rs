@@ -1,0 +1,165 @@
+//! Per-epoch permutation over a listed member set: training jobs read every file of
+//! their dataset once per epoch, in a fresh random order. The next *name* is
+//! unpredictable, but every *unread* member will be read before the epoch ends, so
+//! prefetching unread members is right whatever the order.
+//!
+//! Test. Under the alternative "uniform random reads with replacement over the N
+//! members", `n` reads are all distinct with probability `prod_{i<n} (1 - i/N)`. The
+//! permutation hypothesis is accepted when that probability falls below `alpha`
+//! (`perm_alpha`, default 1%): for N = 2,000 that takes ~136 distinct reads, for
+//! N = 20,000 ~430 (2% of an epoch). A repeat before `epoch_complete` of the set was read
+//! is impossible under the hypothesis: it rejects it, and every rejection multiplies the
+//! evidence the next acceptance needs (`alpha^(1+strikes)`), so a random reader cannot
+//! re-trigger prefetch over and over by luck.
+//!
+//! Pool. Once accepted, the tracker keeps a pool of prefetched-unread members. The pool
+//! may grow by `pool_growth` per demand read since acceptance (so a false acceptance is
+//! caught by the next repeat before the pool is large), up to `pool_max_files` /
+//! `pool_max_bytes` (the pool must fit in the cache, or prefetches evict each other) and
+//! scaled down by `Wasted` feedback (evictions of unread members mean the pool is larger
+//! than the cache keeps).
+
+use super::listing::MemberSet;
+use super::SemanticConfig;
+
+#[derive(Debug, Default)]
+pub struct SetTracker {
+    read: Vec<bool>,
+    issued: Vec<bool>,
+    epoch_reads: u64,
+    /// Distinct reads since the test (re)started.
+    run: u64,
+    log_p: f64,
+    pub accepted: bool,
+    strikes: u32,
+    reads_since_accept: u64,
+    /// Issued this epoch and not read yet.
+    pub outstanding: u64,
+    cursor: usize,
+    /// Multiplier on the pool size from feedback (1 = full).
+    pub pool_scale: f64,
+    last_member: Option<u32>,
+    pub epochs: u64,
+}
+
+impl SetTracker {
+    pub fn new() -> Self {
+        SetTracker {
+            pool_scale: 1.0,
+            ..SetTracker::default()
+        }
+    }
+
+    fn grow(&mut self, n: usize) {
+        if self.read.len() < n {
+            self.read.resize(n, false);
+            self.issued.resize(n, false);
+        }
+    }
+
+    fn restart_epoch(&mut self) {
+        self.read.iter_mut().for_each(|b| *b = false);
+        self.issued.iter_mut().for_each(|b| *b = false);
+        self.epoch_reads = 0;
+        self.outstanding = 0;
+        self.cursor = 0;
+    }
+
+    /// P(all distinct) so far under random-with-replacement, as `1 - p`: the confidence
+    /// in the permutation hypothesis.
+    pub fn confidence(&self) -> f32 {
+        (1.0 - self.log_p.exp()) as f32
+    }
+
+    /// Folds in a demand read of member `id`.
+    pub fn observe(&mut self, id: u32, set: &MemberSet, cfg: &SemanticConfig) {
+        if self.last_member == Some(id) {
+            return;
+        }
+        self.last_member = Some(id);
+        let n = set.len();
+        self.grow(n);
+        let i = id as usize;
+        if self.read[i] {
+            if self.epoch_reads as f64 >= cfg.epoch_complete * n as f64 {
+                self.epochs += 1;
+                self.restart_epoch();
+            } else {
+                if self.accepted {
+                    self.accepted = false;
+                    self.strikes = self.strikes.saturating_add(1);
+                } else {
+                    self.strikes = self.strikes.saturating_add(u32::from(self.run > 0));
+                }
+                self.restart_epoch();
+                self.run = 0;
+                self.log_p = 0.0;
+            }
+        }
+        self.read[i] = true;
+        self.epoch_reads += 1;
+        if self.issued[i] {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        if self.accepted {
+            self.reads_since_accept += 1;
+        } else {
+            let frac = self.run as f64 / n as f64;
+            self.log_p += if frac < 1.0 {
+                (1.0 - frac).ln()
+            } else {
+                f64::NEG_INFINITY
+            };
+            self.run += 1;
+            let threshold = cfg.perm_alpha.ln() * f64::from(1 + self.strikes.min(64));
+            if self.log_p < threshold {
+                self.accepted = true;
+                self.reads_since_accept = 0;
+            }
+        }
+    }
+
+    /// Appends up to `burst` unread, unissued members to `out` (ids), within the pool
+    /// budget. `avg_size` is the expected bytes per member.
+    pub fn pick(
+        &mut self,
+        set: &MemberSet,
+        burst: u32,
+        avg_size: u64,
+        cfg: &SemanticConfig,
+        out: &mut Vec<u32>,
+    ) {
+        if !self.accepted {
+            return;
+        }
+        self.grow(set.len());
+        let by_bytes = cfg.pool_max_bytes.checked_div(avg_size).unwrap_or(u64::MAX);
+        let ramp =
+            u64::from(cfg.pool_initial) + u64::from(cfg.pool_growth) * self.reads_since_accept;
+        let limit = (cfg.pool_max_files as u64).min(by_bytes).min(ramp);
+        let limit = (limit as f64 * self.pool_scale) as u64;
+        let mut want = limit.saturating_sub(self.outstanding).min(u64::from(burst));
+        while want > 0 && self.cursor < set.len() {
+            if let Some(id) = set.at_rank(self.cursor) {
+                let i = id as usize;
+                if !self.read[i] && !self.issued[i] {
+                    self.issued[i] = true;
+                    self.outstanding += 1;
+                    out.push(id);
+                    want -= 1;
+                }
+            }
+            self.cursor += 1;
+        }
+    }
+
+    /// An unread pooled member was evicted: the pool is larger than the cache keeps.
+    pub fn on_wasted(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.pool_scale = (self.pool_scale * 0.5).max(1.0 / 64.0);
+    }
+
+    pub fn on_used(&mut self) {
+        self.pool_scale = (self.pool_scale * 1.05).min(1.0);
+    }
+}

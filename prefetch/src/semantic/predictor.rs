@@ -1,0 +1,277 @@
+//! [`SemanticPredictor`]: the [`Predictor`] that ties tokenizer, clustering, regularity
+//! rules and the permutation pool together, and adapts its depth.
+//!
+//! Adaptation, three levels:
+//! - per lane: depth doubles on hits, halves on misses, 0 after `miss_limit` misses in a
+//!   row (see [`super::regularity`]);
+//! - global: an exponentially weighted hit rate of [`Feedback`] (weight 1/64 per report,
+//!   i.e. the last ~64 outcomes). Below 50% useful, every depth is scaled by twice the
+//!   rate (a safety net when lanes misjudge themselves; above 50% prefetch pays for
+//!   itself and lanes decide alone);
+//! - store bandwidth: [`SemanticPredictor::set_spare_bandwidth`] (0 = saturated,
+//!   1 = idle) scales depths by `0.25 + 0.75 * spare`; a confirmed lane still keeps one
+//!   file ahead on a busy store, since a correct prefetch only moves a read earlier.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use strata_cache_core::JobId;
+
+use super::cluster::{StreamKey, StreamTable};
+use super::listing::ListingIndex;
+use super::permutation::SetTracker;
+use super::regularity::Lane;
+use super::tokenize::tokenize;
+use super::SemanticConfig;
+use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+
+/// Outstanding requests remembered to route feedback: 64Ki paths (a few MiB).
+const MAX_ISSUED: usize = 1 << 16;
+/// Weight of one feedback report in the global hit rate.
+const FEEDBACK_WEIGHT: f64 = 1.0 / 64.0;
+/// Per-step confidence decay: the 10th file ahead is less sure than the next.
+const STEP_DECAY: f32 = 0.97;
+
+#[derive(Clone, Debug)]
+struct Issued {
+    key: StreamKey,
+    pool: bool,
+}
+
+/// Counters for reports and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SemanticStats {
+    pub accesses: u64,
+    /// Requests from lane rules (stride, rollover, `-of-N`, lexical).
+    pub lane_requests: u64,
+    /// Requests from per-epoch permutation pools.
+    pub pool_requests: u64,
+    pub streams: usize,
+}
+
+/// Semantic path predictor. See the [module docs](super).
+#[derive(Debug)]
+pub struct SemanticPredictor {
+    cfg: SemanticConfig,
+    streams: StreamTable,
+    listing: ListingIndex,
+    issued: HashMap<Arc<str>, Issued>,
+    issued_order: VecDeque<Arc<str>>,
+    seq: u64,
+    /// EWMA of "feedback was Used".
+    useful: f64,
+    spare: f64,
+    stats: SemanticStats,
+}
+
+impl Default for SemanticPredictor {
+    fn default() -> Self {
+        SemanticPredictor::new(SemanticConfig::default())
+    }
+}
+
+impl SemanticPredictor {
+    pub fn new(cfg: SemanticConfig) -> Self {
+        SemanticPredictor {
+            listing: ListingIndex::new(cfg.max_listed_entries),
+            cfg,
+            streams: StreamTable::default(),
+            issued: HashMap::new(),
+            issued_order: VecDeque::new(),
+            seq: 0,
+            // Start trusting: lanes only predict after confirming a rule anyway.
+            useful: 1.0,
+            spare: 1.0,
+            stats: SemanticStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &SemanticConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> SemanticStats {
+        SemanticStats {
+            streams: self.streams.len(),
+            ..self.stats
+        }
+    }
+
+    /// Hands over the names in directory `dir` (relative to the dataset root, `""` for
+    /// the root), as the mount lists them for `readdir`. Enables lexical-order and
+    /// per-epoch-permutation prediction over these files.
+    pub fn observe_listing<S: AsRef<str>>(&mut self, dir: &str, names: &[S]) {
+        let entries: Vec<(&str, u64)> = names.iter().map(|n| (n.as_ref(), 0)).collect();
+        self.listing.observe(dir, &entries);
+    }
+
+    /// Like [`Self::observe_listing`], with sizes: predictions then request exactly the
+    /// file (small files) or its first chunk (large ones).
+    pub fn observe_listing_sized<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
+        self.listing.observe(dir, entries);
+    }
+
+    /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped).
+    pub fn set_spare_bandwidth(&mut self, spare: f64) {
+        self.spare = if spare.is_nan() {
+            1.0
+        } else {
+            spare.clamp(0.0, 1.0)
+        };
+    }
+
+    fn depth_scale(&self) -> f64 {
+        let feedback = if self.useful >= 0.5 {
+            1.0
+        } else {
+            (self.useful * 2.0).max(0.05)
+        };
+        feedback * (0.25 + 0.75 * self.spare)
+    }
+
+    fn remember(&mut self, path: Arc<str>, key: &StreamKey, pool: bool) {
+        let rec = Issued {
+            key: key.clone(),
+            pool,
+        };
+        if self.issued.insert(path.clone(), rec).is_none() {
+            self.issued_order.push_back(path);
+        }
+        while self.issued_order.len() > MAX_ISSUED {
+            if let Some(p) = self.issued_order.pop_front() {
+                self.issued.remove(&p);
+            }
+        }
+    }
+}
+
+impl Predictor for SemanticPredictor {
+    fn name(&self) -> &'static str {
+        "semantic"
+    }
+
+    fn on_access(&mut self, event: &AccessEvent, out: &mut Vec<PrefetchRequest>) {
+        self.seq += 1;
+        self.stats.accesses += 1;
+        let seq = self.seq;
+        let scale = self.depth_scale();
+        let t = tokenize(&event.path);
+        let key: StreamKey = (event.job, t.template.clone());
+        self.listing.prepare(&t.template);
+        let cfg = &self.cfg;
+        let listing = &self.listing;
+        let stream = self.streams.touch(&key, seq, cfg.max_streams);
+        if stream.last_path.as_deref() == Some(&*event.path) {
+            // A later chunk of the file just read: nothing new about the name stream.
+            return;
+        }
+        stream.last_path = Some(event.path.clone());
+        if event.file_size > 0 {
+            stream.size_sum = stream.size_sum.saturating_add(event.file_size);
+            stream.size_n += 1;
+        }
+        let set = listing.set(&t.template);
+        let member = set.and_then(|s| s.id(&t.path));
+        if let (Some(s), Some(m)) = (set, member) {
+            stream
+                .set
+                .get_or_insert_with(SetTracker::new)
+                .observe(m, s, cfg);
+        }
+        let current = t.path.clone();
+        let li = match stream.assign(&t, cfg) {
+            Some(i) => {
+                stream.lanes[i].observe(t, seq, member, event.file_size, listing, cfg);
+                i
+            }
+            None => stream.open_lane(Lane::new(t, seq, member, event.file_size, cfg), cfg),
+        };
+
+        let mut issued: Vec<(Arc<str>, bool)> = Vec::new();
+        let avg = stream.avg_size();
+        let lane = &mut stream.lanes[li];
+        if lane.rule(cfg).is_some() && lane.depth > 0 {
+            let k = ((f64::from(lane.depth) * scale).ceil() as u32).max(1);
+            let acc = lane.accuracy();
+            let lane_max = lane.max_file_size;
+            for c in lane.candidates(k, listing, cfg) {
+                if c.path == current || lane.is_pending(&c.path) {
+                    continue;
+                }
+                let confidence = acc * STEP_DECAY.powi(c.step as i32 - 1);
+                if confidence < cfg.min_confidence {
+                    break;
+                }
+                let len = match c.size {
+                    Some(s) if s <= cfg.small_file_max => s,
+                    Some(_) => cfg.first_chunk,
+                    None if lane_max > 0 && lane_max <= cfg.small_file_max => lane_max,
+                    None => cfg.first_chunk,
+                };
+                lane.add_pending(c.path.clone(), cfg);
+                out.push(PrefetchRequest {
+                    path: c.path.clone(),
+                    offset: 0,
+                    len,
+                    confidence,
+                });
+                issued.push((c.path, false));
+            }
+        } else if let (Some(tracker), Some(s)) = (stream.set.as_mut(), set) {
+            let burst = ((f64::from(cfg.max_burst) * scale).ceil() as u32).max(1);
+            let mut ids = Vec::new();
+            tracker.pick(s, burst, avg, cfg, &mut ids);
+            let confidence = tracker.confidence();
+            for id in ids {
+                let size = s.size(id);
+                let len = match size {
+                    0 if avg > 0 && avg <= cfg.small_file_max => avg,
+                    0 => cfg.first_chunk,
+                    s if s <= cfg.small_file_max => s,
+                    _ => cfg.first_chunk,
+                };
+                let path = s.path(id).clone();
+                out.push(PrefetchRequest {
+                    path: path.clone(),
+                    offset: 0,
+                    len,
+                    confidence,
+                });
+                issued.push((path, true));
+            }
+        }
+        for (path, pool) in issued {
+            if pool {
+                self.stats.pool_requests += 1;
+            } else {
+                self.stats.lane_requests += 1;
+            }
+            self.remember(path, &key, pool);
+        }
+    }
+
+    fn on_feedback(&mut self, _job: JobId, path: &str, feedback: Feedback) {
+        let used = matches!(feedback, Feedback::Used { .. });
+        self.useful += FEEDBACK_WEIGHT * (f64::from(u8::from(used)) - self.useful);
+        let Some(rec) = self.issued.remove(path) else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(&rec.key) else {
+            return;
+        };
+        if rec.pool {
+            if let Some(tracker) = stream.set.as_mut() {
+                if used {
+                    tracker.on_used();
+                } else {
+                    tracker.on_wasted();
+                }
+            }
+        } else if !used {
+            if let Some(lane) = stream.lanes.iter_mut().find(|l| l.is_pending(path)) {
+                lane.drop_pending(path);
+                lane.penalize();
+            }
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! Regularities of one lane (a coherent stream of one job over one template), and the
+//! paths they predict.
+//!
+//! - **Stride**: the vector of field differences between consecutive files repeats
+//!   (`train-000122.tar` -> `...123` -> `...124`: +1). Confirmed after `min_run`
+//!   equal differences in a row, because one difference is what any two random names
+//!   have. Fields moving in lockstep (a class id written in both directory and file
+//!   name) move together.
+//! - **Rollover**: an outer field steps while the striding field resets
+//!   (`date=2025-01-07/part-0007` -> `date=2025-01-08/part-0000`). Learnt once seen; the
+//!   walk then rolls over after the last inner value seen (or, when the directory is
+//!   listed, at the first name the listing lacks).
+//! - **Bounded index**: `model-00003-of-00008` counts up to its `-of-` total. Confirmed
+//!   on the first file (a sharded checkpoint is loaded whole) and never walked past `N`.
+//! - **Lexical order**: successive files are neighbours in the listing order of their
+//!   member set; the walk follows the listing (which knows the exact names, gaps
+//!   included) across directories.
+//!
+//! An unlisted stride walk never looks further ahead than the run it has seen (a run of
+//! `r` files is evidence for about `r` more): the end of an unlisted directory costs at
+//! most its own length in wasted predictions while the depth ramps up.
+//!
+//! Depth control per lane, the readahead rule transposed to files: the lane starts at
+//! `initial_depth` once a rule is confirmed, doubles its depth on every access that hit an
+//! earlier prediction, halves it on every access that missed, and goes quiet (depth 0,
+//! evidence reset) after `miss_limit` misses in a row: a lane must re-earn confirmation
+//! before it predicts again, which is what keeps random workloads free of prefetch.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use super::listing::ListingIndex;
+use super::tokenize::{FieldKind, TokenizedPath};
+use super::SemanticConfig;
+
+/// An outer field stepping while the inner one resets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rollover {
+    pub outer: usize,
+    pub outer_step: i64,
+    pub inner: usize,
+    /// First inner value of a new outer value.
+    pub base: i64,
+    /// Last inner value seen before the outer one stepped.
+    pub end: i64,
+}
+
+/// Which rule produced a lane's predictions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    Lexical,
+    Stride,
+}
+
+/// A predicted path, with the listed size when known.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub path: Arc<str>,
+    pub size: Option<u64>,
+    /// Steps ahead of the last access (1 = next).
+    pub step: u32,
+}
+
+#[derive(Debug)]
+pub struct Lane {
+    pub last: TokenizedPath,
+    pub last_seq: u64,
+    /// Widest zero-padded width seen per field.
+    pad: Vec<u8>,
+    stride: Option<Vec<i64>>,
+    stride_run: u32,
+    rollover: Option<Rollover>,
+    /// `(field, largest value)` for `-of-N` indices.
+    bound: Option<(usize, i64)>,
+    lex_run: u32,
+    last_member: Option<u32>,
+    pub depth: u32,
+    /// Depth above which growth is additive (+1 per `depth` hits) instead of doubling:
+    /// set to half the depth when a prefetch was dropped unread (TCP's ssthresh: the
+    /// cache showed how much read-ahead it keeps, probe above it slowly).
+    ceiling: u32,
+    hits_since_grow: u32,
+    misses: u32,
+    pub hits: u64,
+    pub judged: u64,
+    pending: VecDeque<Arc<str>>,
+    pending_set: HashSet<Arc<str>>,
+    /// Largest file size seen in the lane: the size guess for unlisted predictions.
+    pub max_file_size: u64,
+}
+
+fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
+    if a.fields.len() != b.fields.len() {
+        return None;
+    }
+    a.fields
+        .iter()
+        .zip(&b.fields)
+        .map(|(x, y)| {
+            if x.kind != y.kind {
+                None
+            } else if x.kind == FieldKind::Opaque {
+                (x.value == y.value).then_some(0)
+            } else {
+                y.value.checked_sub(x.value)
+            }
+        })
+        .collect()
+}
+
+impl Lane {
+    pub fn new(
+        t: TokenizedPath,
+        seq: u64,
+        member: Option<u32>,
+        file_size: u64,
+        cfg: &SemanticConfig,
+    ) -> Self {
+        let pad = t
+            .fields
+            .iter()
+            .map(|f| if f.padded { f.width } else { 0 })
+            .collect();
+        let mut lane = Lane {
+            last: t,
+            last_seq: seq,
+            pad,
+            stride: None,
+            stride_run: 0,
+            rollover: None,
+            bound: None,
+            lex_run: 0,
+            last_member: member,
+            depth: 0,
+            ceiling: cfg.max_depth,
+            hits_since_grow: 0,
+            misses: 0,
+            hits: 0,
+            judged: 0,
+            pending: VecDeque::new(),
+            pending_set: HashSet::new(),
+            max_file_size: file_size,
+        };
+        lane.arm_bound();
+        if lane.bound.is_some() {
+            lane.depth = cfg.max_depth;
+        }
+        lane
+    }
+
+    /// `-of-N`: confirm a +1 walk of the index field up to N on the first file.
+    fn arm_bound(&mut self) {
+        let Some((idx, total)) = self.last.of_total else {
+            return;
+        };
+        let n = self.last.fields[total].value;
+        let v = self.last.fields[idx].value;
+        // Shards numbered from 0 end at N-1; from 1, at N.
+        let max = if v == 0 { n - 1 } else { n };
+        if v < max {
+            let mut s = vec![0; self.last.fields.len()];
+            s[idx] = 1;
+            self.stride = Some(s);
+            self.stride_run = u32::MAX / 2;
+            self.bound = Some((idx, max));
+        }
+    }
+
+    /// Distance of `t` from this lane's position, for assigning interleaved accesses.
+    pub fn distance(&self, t: &TokenizedPath) -> Option<u64> {
+        let d = deltas(&self.last, t)?;
+        Some(
+            d.iter()
+                .map(|x| x.unsigned_abs())
+                .fold(0u64, u64::saturating_add),
+        )
+    }
+
+    /// True when `t` is exactly the next step of this lane's stride.
+    pub fn continues(&self, t: &TokenizedPath) -> bool {
+        self.stride.is_some() && deltas(&self.last, t) == self.stride
+    }
+
+    pub fn is_pending(&self, path: &str) -> bool {
+        self.pending_set.contains(path)
+    }
+
+    /// Forgets a pending prediction (its prefetch was dropped unread).
+    pub fn drop_pending(&mut self, path: &str) -> bool {
+        if self.pending_set.remove(path) {
+            self.pending.retain(|p| &**p != path);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Laplace estimate of this lane's hit rate.
+    pub fn accuracy(&self) -> f32 {
+        (self.hits as f32 + 1.0) / (self.judged as f32 + 2.0)
+    }
+
+    /// A prefetch of this lane was dropped unread: it was fetched too far ahead for the
+    /// cache to keep, so the depth halves (a lane whose *rule* is wrong is silenced by its
+    /// own misses in [`Self::observe`]).
+    pub fn penalize(&mut self) {
+        if self.depth > 1 {
+            self.depth /= 2;
+        }
+        self.ceiling = self.depth.max(1);
+        self.hits_since_grow = 0;
+    }
+
+    fn grow(&mut self, cfg: &SemanticConfig) {
+        if self.depth < self.ceiling {
+            self.depth = (self.depth * 2).clamp(1, self.ceiling);
+        } else {
+            self.hits_since_grow += 1;
+            if self.hits_since_grow >= self.depth {
+                self.hits_since_grow = 0;
+                self.depth += 1;
+                self.ceiling = self.depth;
+            }
+        }
+        self.depth = self.depth.clamp(1, cfg.max_depth);
+    }
+
+    fn miss(&mut self, cfg: &SemanticConfig) {
+        self.misses += 1;
+        self.depth /= 2;
+        if self.misses >= cfg.miss_limit {
+            self.go_quiet();
+        }
+    }
+
+    fn go_quiet(&mut self) {
+        self.depth = 0;
+        self.stride_run = 0;
+        self.lex_run = 0;
+        self.bound = None;
+        self.pending.clear();
+        self.pending_set.clear();
+    }
+
+    /// Folds the next access of this lane in.
+    pub fn observe(
+        &mut self,
+        t: TokenizedPath,
+        seq: u64,
+        member: Option<u32>,
+        file_size: u64,
+        listing: &ListingIndex,
+        cfg: &SemanticConfig,
+    ) {
+        self.last_seq = seq;
+        self.max_file_size = self.max_file_size.max(file_size);
+        for (p, f) in self.pad.iter_mut().zip(&t.fields) {
+            if f.padded {
+                *p = (*p).max(f.width);
+            }
+        }
+        let had_pending = !self.pending.is_empty();
+        let hit = self.drop_pending(&t.path);
+        if had_pending {
+            self.judged += 1;
+            if hit {
+                self.hits += 1;
+                self.misses = 0;
+                self.grow(cfg);
+            } else {
+                self.miss(cfg);
+            }
+        }
+
+        // Lexical order in the listing.
+        let set = listing.set(&t.template);
+        match (set, member, self.last_member) {
+            (Some(s), Some(m), Some(prev)) if s.rank(m) == s.rank(prev) + 1 => self.lex_run += 1,
+            _ => self.lex_run = 0,
+        }
+        self.last_member = member;
+
+        // Stride, rollover.
+        match deltas(&self.last, &t) {
+            Some(d) if d.iter().all(|x| *x == 0) => {}
+            Some(d) if Some(&d) == self.stride.as_ref() => self.stride_run += 1,
+            Some(d) => {
+                if let Some(r) = self.as_rollover(&d, &t) {
+                    self.rollover = Some(r);
+                    self.stride_run += 1;
+                } else {
+                    self.stride = Some(d);
+                    self.stride_run = 1;
+                    self.bound = None;
+                }
+            }
+            None => {
+                self.stride = None;
+                self.stride_run = 0;
+            }
+        }
+        self.last = t;
+        if self.bound.is_none() {
+            // A new `-of-N` load starting at its first shard re-arms the bound walk.
+            if let Some((idx, _)) = self.last.of_total {
+                if self.last.fields[idx].value <= 1 {
+                    self.arm_bound();
+                }
+            }
+        }
+        if self.depth == 0 && self.rule(cfg).is_some() {
+            self.depth = if self.bound.is_some() {
+                cfg.max_depth
+            } else {
+                cfg.initial_depth
+            };
+            self.misses = 0;
+        }
+    }
+
+    fn as_rollover(&self, d: &[i64], t: &TokenizedPath) -> Option<Rollover> {
+        let stride = self.stride.as_ref()?;
+        if self.stride_run < 1 {
+            return None;
+        }
+        let moving: Vec<usize> = (0..stride.len()).filter(|&i| stride[i] != 0).collect();
+        let [inner] = moving[..] else { return None };
+        if stride[inner] <= 0 || d[inner] >= 0 {
+            return None;
+        }
+        let changed: Vec<usize> = (0..d.len()).filter(|&i| i != inner && d[i] != 0).collect();
+        let [outer] = changed[..] else { return None };
+        (d[outer] > 0).then(|| Rollover {
+            outer,
+            outer_step: d[outer],
+            inner,
+            base: t.fields[inner].value,
+            end: self.last.fields[inner].value,
+        })
+    }
+
+    /// The confirmed rule, lexical first (a listing knows the exact names).
+    pub fn rule(&self, cfg: &SemanticConfig) -> Option<Rule> {
+        if self.lex_run >= cfg.min_run {
+            Some(Rule::Lexical)
+        } else if self.stride_run >= cfg.min_run {
+            Some(Rule::Stride)
+        } else {
+            None
+        }
+    }
+
+    /// Up to `k` paths ahead, nearest first, according to the confirmed rule.
+    pub fn candidates(
+        &self,
+        k: u32,
+        listing: &ListingIndex,
+        cfg: &SemanticConfig,
+    ) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        match self.rule(cfg) {
+            None => {}
+            Some(Rule::Lexical) => {
+                let (Some(set), Some(m)) = (listing.set(&self.last.template), self.last_member)
+                else {
+                    return out;
+                };
+                let r = set.rank(m);
+                for step in 1..=k {
+                    let Some(id) = set.at_rank(r + step as usize) else {
+                        break;
+                    };
+                    let size = set.size(id);
+                    out.push(Candidate {
+                        path: set.path(id).clone(),
+                        size: (size > 0).then_some(size),
+                        step,
+                    });
+                }
+            }
+            // Horizon: no further ahead than the run seen so far. A run of r steps is
+            // evidence for about r more (an unlisted dataset's end is unknown; this keeps
+            // the overshoot past the end of a short directory to about its length).
+            Some(Rule::Stride) => {
+                self.walk_stride(k.min(self.stride_run.max(1)), listing, &mut out)
+            }
+        }
+        out
+    }
+
+    fn walk_stride(&self, k: u32, listing: &ListingIndex, out: &mut Vec<Candidate>) {
+        let Some(stride) = &self.stride else { return };
+        let template = &self.last.template;
+        let mut pos: Vec<i64> = self.last.fields.iter().map(|f| f.value).collect();
+        let mut step = 0;
+        while step < k {
+            step += 1;
+            let mut next: Vec<i64> = pos.iter().zip(stride).map(|(a, b)| a + b).collect();
+            // An `-of-N` load stops at N: the next checkpoint is another load.
+            if let Some(r) = self.rollover.as_ref().filter(|_| self.bound.is_none()) {
+                let past_end = next[r.inner] > r.end;
+                let path = self.last.render(&next, &self.pad);
+                let missing = listing.exists(template, &path) == Some(false);
+                if missing || (past_end && listing.exists(template, &path).is_none()) {
+                    next = pos.clone();
+                    next[r.outer] += r.outer_step;
+                    next[r.inner] = r.base;
+                }
+            }
+            if let Some((idx, max)) = self.bound {
+                if next[idx] > max {
+                    return;
+                }
+            }
+            if next
+                .iter()
+                .zip(&self.last.fields)
+                .any(|(v, f)| *v < 0 && f.kind == FieldKind::Number)
+            {
+                return;
+            }
+            let path = self.last.render(&next, &self.pad);
+            match listing.exists(template, &path) {
+                Some(false) => return,
+                _ => out.push(Candidate {
+                    size: listing.size_of(template, &path),
+                    path: Arc::from(path),
+                    step,
+                }),
+            }
+            pos = next;
+        }
+    }
+
+    /// Remembers an issued prediction for hit accounting (bounded).
+    pub fn add_pending(&mut self, path: Arc<str>, cfg: &SemanticConfig) {
+        if self.pending_set.insert(path.clone()) {
+            self.pending.push_back(path);
+        }
+        let cap = (cfg.max_depth as usize * 4).max(8);
+        while self.pending.len() > cap {
+            if let Some(p) = self.pending.pop_front() {
+                self.pending_set.remove(&p);
+            }
+        }
+    }
+}
