@@ -36,9 +36,14 @@ impl IoEngine for PsyncEngine {
         "psync"
     }
 
-    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf> {
+    async fn read_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> io::Result<AlignedBuf> {
+        let len = buf.len();
         blocking(move || {
-            let mut buf = AlignedBuf::zeroed(len);
             let mut filled = 0usize;
             while filled < len {
                 let window = buf.window_mut(filled);

@@ -147,8 +147,13 @@ impl IoEngine for UringEngine {
         "io_uring"
     }
 
-    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf> {
-        let mut buf = AlignedBuf::zeroed(len);
+    async fn read_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        mut buf: AlignedBuf,
+    ) -> io::Result<AlignedBuf> {
+        let len = buf.len();
         let mut filled = 0usize;
         while filled < len {
             // Whole aligned units (O_DIRECT), never past the buffer.

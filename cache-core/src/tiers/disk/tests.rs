@@ -372,8 +372,13 @@ impl IoEngine for FillingDisk {
     fn name(&self) -> &'static str {
         "filling"
     }
-    async fn read_at(&self, file: Arc<File>, offset: u64, len: usize) -> io::Result<AlignedBuf> {
-        self.inner.read_at(file, offset, len).await
+    async fn read_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: AlignedBuf,
+    ) -> io::Result<AlignedBuf> {
+        self.inner.read_at(file, offset, buf).await
     }
     async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
         if self.full.load(Ordering::SeqCst) {
