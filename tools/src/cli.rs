@@ -26,6 +26,10 @@ pub enum Command {
     /// Replay traces: generate synthetic workloads, import external traces.
     #[command(subcommand)]
     Trace(commands::trace::TraceCommand),
+    /// Run the daemon: KV service, mounts and admin API on one cache core.
+    Serve(commands::serve::ServeArgs),
+    /// Show a running daemon's figures (per tier, per namespace); --watch for a live view.
+    Stats(commands::stats::StatsArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -33,5 +37,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => commands::demo::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Trace(cmd) => commands::trace::run(cmd),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Stats(args) => commands::stats::run(args),
     }
 }

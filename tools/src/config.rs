@@ -91,6 +91,9 @@ pub struct KvConfig {
     pub tls_key: Option<PathBuf>,
     /// Bearer token clients must send (required for non-loopback `listen`).
     pub token: Option<String>,
+    /// Namespaces served (e.g. "llama3-8b/tenant-a"); empty: any namespace, created
+    /// on first put. When set, any other namespace is refused with NOT_FOUND.
+    pub namespaces: Vec<String>,
 }
 
 impl Default for KvConfig {
@@ -102,6 +105,7 @@ impl Default for KvConfig {
             tls_cert: None,
             tls_key: None,
             token: None,
+            namespaces: Vec::new(),
         }
     }
 }

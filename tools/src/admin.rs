@@ -1,0 +1,466 @@
+//! The daemon's admin HTTP API: `GET /stats` (JSON, read by `strata stats`),
+//! `GET /metrics` (Prometheus text format, the same figures), `GET /healthz`.
+//!
+//! Design: the handlers only snapshot lock-free counters (the engine's, the KV
+//! service's) and render them; a fresh Prometheus registry is built per scrape from the
+//! snapshot, so there is one source of truth for the JSON and the metrics and nothing
+//! to keep in sync on the hot paths. The API is read-only.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use strata_cache_core::{CacheEngine, EngineStatsSnapshot};
+use strata_kvcache::{KvService, KvStatsSnapshot};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One mount of the daemon, as the stats report it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountInfo {
+    pub mountpoint: PathBuf,
+    pub prefix: String,
+}
+
+/// Everything `GET /stats` returns.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DaemonStats {
+    pub version: String,
+    pub uptime_secs: f64,
+    pub engine: EngineStatsSnapshot,
+    pub kv: Option<KvStatsSnapshot>,
+    pub mounts: Vec<MountInfo>,
+}
+
+/// What the admin handlers read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub engine: CacheEngine,
+    pub kv: Option<KvService>,
+    pub mounts: Vec<MountInfo>,
+    pub started: Instant,
+}
+
+impl AdminState {
+    pub fn snapshot(&self) -> DaemonStats {
+        DaemonStats {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_secs: self.started.elapsed().as_secs_f64(),
+            engine: self.engine.stats(),
+            kv: self.kv.as_ref().map(|k| k.stats()),
+            mounts: self.mounts.clone(),
+        }
+    }
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/stats", get(stats_handler))
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(state)
+}
+
+/// Serves the admin API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("admin server")
+}
+
+async fn stats_handler(State(s): State<AdminState>) -> Json<DaemonStats> {
+    Json(s.snapshot())
+}
+
+async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
+    let body = render_metrics(&s.snapshot());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+}
+
+type Labels = Vec<(String, String)>;
+
+fn counter_family(reg: &mut Registry, name: &str, help: &str, values: &[(Labels, u64)]) {
+    let fam = Family::<Labels, Counter>::default();
+    for (labels, v) in values {
+        fam.get_or_create(labels).inc_by(*v);
+    }
+    reg.register(name, help, fam);
+}
+
+fn gauge_family(reg: &mut Registry, name: &str, help: &str, values: &[(Labels, f64)]) {
+    let fam = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for (labels, v) in values {
+        fam.get_or_create(labels).set(*v);
+    }
+    reg.register(name, help, fam);
+}
+
+fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(v);
+    reg.register(name, help, c);
+}
+
+/// Renders `s` in the Prometheus/OpenMetrics text format.
+pub fn render_metrics(s: &DaemonStats) -> String {
+    let mut reg = Registry::with_prefix("strata");
+    let e = &s.engine;
+    let tier = |name: &str| vec![("tier".to_string(), name.to_string())];
+    let per_tier_u =
+        |f: &dyn Fn(&strata_cache_core::stats::TierStatsSnapshot) -> u64| -> Vec<(Labels, u64)> {
+            e.tiers.iter().map(|t| (tier(&t.name), f(t))).collect()
+        };
+    let per_tier_f =
+        |f: &dyn Fn(&strata_cache_core::stats::TierStatsSnapshot) -> f64| -> Vec<(Labels, f64)> {
+            e.tiers.iter().map(|t| (tier(&t.name), f(t))).collect()
+        };
+    gauge_family(
+        &mut reg,
+        "tier_used_bytes",
+        "Bytes held by the tier",
+        &per_tier_f(&|t| t.used_bytes as f64),
+    );
+    gauge_family(
+        &mut reg,
+        "tier_capacity_bytes",
+        "Byte budget of the tier",
+        &per_tier_f(&|t| t.capacity_bytes as f64),
+    );
+    gauge_family(
+        &mut reg,
+        "tier_hit_ratio",
+        "Hits / (hits + misses) of the tier",
+        &per_tier_f(&|t| t.hit_ratio()),
+    );
+    counter_family(
+        &mut reg,
+        "tier_hits",
+        "Lookups the tier answered",
+        &per_tier_u(&|t| t.hits),
+    );
+    counter_family(
+        &mut reg,
+        "tier_misses",
+        "Lookups the tier missed",
+        &per_tier_u(&|t| t.misses),
+    );
+    counter_family(
+        &mut reg,
+        "tier_evictions",
+        "Blocks evicted from the tier",
+        &per_tier_u(&|t| t.evictions),
+    );
+    counter_family(
+        &mut reg,
+        "tier_read_bytes",
+        "Bytes read from the tier",
+        &per_tier_u(&|t| t.bytes_out),
+    );
+    counter_family(
+        &mut reg,
+        "tier_written_bytes",
+        "Bytes written to the tier",
+        &per_tier_u(&|t| t.bytes_in),
+    );
+    counter_family(
+        &mut reg,
+        "tier_errors",
+        "Failed tier operations",
+        &per_tier_u(&|t| t.errors),
+    );
+    counter(
+        &mut reg,
+        "fills",
+        "Blocks filled into the cache (store reads and KV puts)",
+        e.fills,
+    );
+    counter(
+        &mut reg,
+        "fill_bytes",
+        "Bytes filled into the cache (store reads and KV puts)",
+        e.fill_bytes,
+    );
+    counter(
+        &mut reg,
+        "promotions",
+        "Blocks promoted to a faster tier",
+        e.promotions,
+    );
+    counter(
+        &mut reg,
+        "demotions",
+        "Blocks demoted to a slower tier",
+        e.demotions,
+    );
+    counter(
+        &mut reg,
+        "singleflight_joins",
+        "Misses that joined a fetch in flight",
+        e.singleflight_joins,
+    );
+    counter(
+        &mut reg,
+        "prefetch_fills",
+        "Blocks filled by prefetch",
+        e.prefetch_fills,
+    );
+    counter(
+        &mut reg,
+        "prefetch_bytes",
+        "Bytes filled by prefetch",
+        e.prefetch_bytes,
+    );
+    let up = Gauge::<f64, AtomicU64>::default();
+    up.set(s.uptime_secs);
+    reg.register("uptime_seconds", "Seconds since the daemon started", up);
+    let mounts = Gauge::<i64>::default();
+    mounts.set(s.mounts.len() as i64);
+    reg.register("mounts", "Mounts served by the daemon", mounts);
+    if let Some(kv) = &s.kv {
+        let ns = |n: &str| vec![("namespace".to_string(), n.to_string())];
+        let per_ns =
+            |f: &dyn Fn(&strata_kvcache::stats::NamespaceStats) -> u64| -> Vec<(Labels, u64)> {
+                kv.namespaces
+                    .iter()
+                    .map(|n| (ns(&n.namespace), f(n)))
+                    .collect()
+            };
+        counter_family(
+            &mut reg,
+            "kv_hits",
+            "KV Gets that hit",
+            &per_ns(&|n| n.hits),
+        );
+        counter_family(
+            &mut reg,
+            "kv_misses",
+            "KV Gets that missed",
+            &per_ns(&|n| n.misses),
+        );
+        counter_family(
+            &mut reg,
+            "kv_puts",
+            "KV blocks stored",
+            &per_ns(&|n| n.puts),
+        );
+        counter_family(
+            &mut reg,
+            "kv_put_bytes",
+            "KV bytes stored",
+            &per_ns(&|n| n.put_bytes),
+        );
+        counter_family(
+            &mut reg,
+            "kv_get_bytes",
+            "KV bytes served",
+            &per_ns(&|n| n.get_bytes),
+        );
+        let ratios: Vec<(Labels, f64)> = kv
+            .namespaces
+            .iter()
+            .map(|n| (ns(&n.namespace), n.hit_ratio))
+            .collect();
+        gauge_family(
+            &mut reg,
+            "kv_hit_ratio",
+            "KV hit ratio per namespace",
+            &ratios,
+        );
+        counter(
+            &mut reg,
+            "kv_lookups",
+            "Keys looked up by Exists/BatchExists/MatchPrefix/EstimateLoad",
+            kv.lookups,
+        );
+        counter(&mut reg, "kv_removes", "KV blocks removed", kv.removes);
+        counter(
+            &mut reg,
+            "kv_puts_already_present",
+            "Idempotent KV puts of a cached key",
+            kv.puts_already_present,
+        );
+        counter(
+            &mut reg,
+            "kv_prefetch_issued",
+            "KV blocks staged into the fastest tier by Prefetch",
+            kv.prefetch_issued,
+        );
+        counter(
+            &mut reg,
+            "kv_prefetch_used",
+            "Prefetched KV blocks later read",
+            kv.prefetch_used,
+        );
+        counter(
+            &mut reg,
+            "kv_rejected",
+            "KV requests refused with an error status",
+            kv.rejected,
+        );
+        let lat: Vec<(Labels, f64)> = kv
+            .load_model
+            .iter()
+            .map(|t| (tier(&t.tier), t.latency_us))
+            .collect();
+        gauge_family(
+            &mut reg,
+            "kv_load_latency_us",
+            "Load model: fixed cost of a Get per tier",
+            &lat,
+        );
+        let bw: Vec<(Labels, f64)> = kv
+            .load_model
+            .iter()
+            .map(|t| (tier(&t.tier), t.bandwidth_gbps))
+            .collect();
+        gauge_family(
+            &mut reg,
+            "kv_load_bandwidth_gbps",
+            "Load model: Get bandwidth per tier",
+            &bw,
+        );
+    }
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+/// Fetches `GET /stats` from an admin endpoint (`host:port` or `http://host:port`).
+pub async fn fetch_stats(endpoint: &str) -> anyhow::Result<DaemonStats> {
+    let body = http_get(endpoint, "/stats").await?;
+    serde_json::from_str(&body).with_context(|| format!("parsing /stats from {endpoint}"))
+}
+
+/// A minimal HTTP/1.1 GET (one request per connection): the admin API is local and
+/// tiny, not worth an HTTP client dependency.
+pub async fn http_get(endpoint: &str, path: &str) -> anyhow::Result<String> {
+    let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = tokio::net::TcpStream::connect(hostport)
+        .await
+        .with_context(|| {
+            format!("connecting to the admin API at {hostport} (is `strata serve` running?)")
+        })?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8(buf).context("admin API answered non-UTF-8")?;
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        bail!("malformed HTTP answer from {hostport}")
+    };
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200 ") {
+        bail!("admin API at {hostport} answered {status:?}");
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return dechunk(body);
+    }
+    Ok(body.to_string())
+}
+
+fn dechunk(mut body: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").context("bad chunk header")?;
+        let n = usize::from_str_radix(size.trim(), 16).context("bad chunk size")?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..n).context("short chunk")?);
+        body = rest.get(n + 2..).context("short chunk trailer")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_cache_core::stats::TierStatsSnapshot;
+
+    fn sample() -> DaemonStats {
+        DaemonStats {
+            version: "0".into(),
+            uptime_secs: 3.0,
+            engine: EngineStatsSnapshot {
+                tiers: vec![TierStatsSnapshot {
+                    name: "memory".into(),
+                    used_bytes: 100,
+                    capacity_bytes: 1000,
+                    hits: 3,
+                    misses: 1,
+                    evictions: 7,
+                    ..Default::default()
+                }],
+                fills: 4,
+                fill_bytes: 4096,
+                ..Default::default()
+            },
+            kv: Some(KvStatsSnapshot {
+                namespaces: vec![strata_kvcache::stats::NamespaceStats {
+                    namespace: "m/t".into(),
+                    hits: 9,
+                    misses: 1,
+                    hit_ratio: 0.9,
+                    ..Default::default()
+                }],
+                prefetch_issued: 2,
+                ..Default::default()
+            }),
+            mounts: vec![],
+        }
+    }
+
+    #[test]
+    fn metrics_carry_the_stats_figures() {
+        let text = render_metrics(&sample());
+        for line in [
+            "strata_tier_used_bytes{tier=\"memory\"} 100",
+            "strata_tier_capacity_bytes{tier=\"memory\"} 1000",
+            "strata_tier_hits_total{tier=\"memory\"} 3",
+            "strata_tier_evictions_total{tier=\"memory\"} 7",
+            "strata_tier_hit_ratio{tier=\"memory\"} 0.75",
+            "strata_fill_bytes_total 4096",
+            "strata_kv_hits_total{namespace=\"m/t\"} 9",
+            "strata_kv_hit_ratio{namespace=\"m/t\"} 0.9",
+            "strata_kv_prefetch_issued_total 2",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn chunked_bodies_are_reassembled() {
+        assert_eq!(
+            dechunk("4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n").unwrap(),
+            "Wikipedia"
+        );
+        assert!(dechunk("zz\r\n").is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! `strata stats [--endpoint ADDR] [--json] [--watch SECS]`: the daemon's figures from
+//! its admin API. `--watch` redraws a live view every SECS seconds with rates over the
+//! last interval, like `juicefs stats`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::admin::{fetch_stats, DaemonStats};
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Admin API address of the daemon (`[admin] listen` in strata.toml).
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub endpoint: String,
+    /// Print the raw figures as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Redraw every SECS seconds until interrupted (rates are per second over the
+    /// last interval).
+    #[arg(long, value_name = "SECS")]
+    pub watch: Option<f64>,
+}
+
+pub fn run(args: StatsArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let Some(secs) = args.watch else {
+            let s = fetch_stats(&args.endpoint).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", render(&args.endpoint, &s, None));
+            }
+            return Ok(());
+        };
+        let every = Duration::from_secs_f64(secs.max(0.1));
+        let mut prev: Option<DaemonStats> = None;
+        loop {
+            let s = fetch_stats(&args.endpoint).await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                // Clear the screen and home the cursor, then redraw.
+                print!("\x1b[2J\x1b[H{}", render(&args.endpoint, &s, prev.as_ref()));
+            }
+            prev = Some(s);
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+        }
+    })
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+fn pct(r: f64) -> String {
+    format!("{:.1}%", r * 100.0)
+}
+
+fn ratio(h: u64, m: u64) -> f64 {
+    if h + m == 0 {
+        0.0
+    } else {
+        h as f64 / (h + m) as f64
+    }
+}
+
+/// Human view of `s`; with `prev`, the rates since that snapshot.
+pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> String {
+    let mut o = String::new();
+    let dt = prev.map(|p| (s.uptime_secs - p.uptime_secs).max(1e-3));
+    let rate = |now: u64, before: Option<u64>| -> String {
+        match (dt, before) {
+            (Some(dt), Some(b)) => format!("{:.1}/s", now.saturating_sub(b) as f64 / dt),
+            _ => String::new(),
+        }
+    };
+    let _ = writeln!(
+        o,
+        "strata {} @ {endpoint}   up {:.0}s   mounts {}",
+        s.version,
+        s.uptime_secs,
+        s.mounts.len()
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
+        "TIER", "USED MiB", "CAP MiB", "USE%", "HITS", "MISSES", "HIT%", "EVICTED", "HITS/s"
+    );
+    for (i, t) in s.engine.tiers.iter().enumerate() {
+        let before = prev.and_then(|p| p.engine.tiers.get(i)).map(|b| b.hits);
+        let use_pct = if t.capacity_bytes == 0 {
+            0.0
+        } else {
+            t.used_bytes as f64 / t.capacity_bytes as f64
+        };
+        let _ = writeln!(
+            o,
+            "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
+            t.name,
+            mib(t.used_bytes),
+            mib(t.capacity_bytes),
+            pct(use_pct),
+            t.hits,
+            t.misses,
+            pct(t.hit_ratio()),
+            t.evictions,
+            rate(t.hits, before)
+        );
+    }
+    let e = &s.engine;
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "fills {} ({:.1} MiB from store or puts) {}   promotions {}   demotions {}   single-flight joins {}",
+        e.fills,
+        mib(e.fill_bytes),
+        rate(e.fills, prev.map(|p| p.engine.fills)),
+        e.promotions,
+        e.demotions,
+        e.singleflight_joins
+    );
+    let kv_issued = s.kv.as_ref().map_or(0, |k| k.prefetch_issued);
+    let kv_used = s.kv.as_ref().map_or(0, |k| k.prefetch_used);
+    let _ = writeln!(
+        o,
+        "prefetch: {} fills ({:.1} MiB)   KV staged {} / used {}",
+        e.prefetch_fills,
+        mib(e.prefetch_bytes),
+        kv_issued,
+        kv_used
+    );
+    if let Some(kv) = &s.kv {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "KV: puts {} ({:.1} MiB, {} already present)   gets {} {}   hit {}   lookups {}   removed {}   rejected {}",
+            kv.puts,
+            mib(kv.put_bytes),
+            kv.puts_already_present,
+            kv.gets,
+            rate(kv.gets, prev.and_then(|p| p.kv.as_ref()).map(|k| k.gets)),
+            pct(kv.hit_ratio),
+            kv.lookups,
+            kv.removes,
+            kv.rejected
+        );
+        if !kv.namespaces.is_empty() {
+            let _ = writeln!(
+                o,
+                "{:<32} {:>8} {:>10} {:>10} {:>10} {:>7} {:>10}",
+                "NAMESPACE", "PUTS", "PUT MiB", "HITS", "MISSES", "HIT%", "GET MiB"
+            );
+            for n in &kv.namespaces {
+                let _ = writeln!(
+                    o,
+                    "{:<32} {:>8} {:>10.1} {:>10} {:>10} {:>7} {:>10.1}",
+                    n.namespace,
+                    n.puts,
+                    mib(n.put_bytes),
+                    n.hits,
+                    n.misses,
+                    pct(ratio(n.hits, n.misses)),
+                    mib(n.get_bytes)
+                );
+            }
+        }
+        let model: Vec<String> = kv
+            .load_model
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {:.0} us + {:.1} Gb/s",
+                    t.tier, t.latency_us, t.bandwidth_gbps
+                )
+            })
+            .collect();
+        let _ = writeln!(o, "load model: {}", model.join(", "));
+    }
+    for m in &s.mounts {
+        let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_cache_core::stats::TierStatsSnapshot;
+
+    #[test]
+    fn render_shows_tiers_namespaces_and_rates() {
+        let mut s = DaemonStats {
+            version: "x".into(),
+            uptime_secs: 10.0,
+            ..Default::default()
+        };
+        s.engine.tiers.push(TierStatsSnapshot {
+            name: "memory".into(),
+            used_bytes: 1 << 20,
+            capacity_bytes: 4 << 20,
+            hits: 30,
+            misses: 10,
+            ..Default::default()
+        });
+        s.kv = Some(strata_kvcache::KvStatsSnapshot {
+            namespaces: vec![strata_kvcache::stats::NamespaceStats {
+                namespace: "m/t".into(),
+                hits: 1,
+                misses: 3,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let mut p = s.clone();
+        p.uptime_secs = 8.0;
+        p.engine.tiers[0].hits = 10;
+        let text = render("e", &s, Some(&p));
+        assert!(text.contains("25.0%"), "memory use 1/4:\n{text}");
+        assert!(text.contains("75.0%"), "tier hit ratio 30/40:\n{text}");
+        assert!(text.contains("10.0/s"), "20 hits over 2 s:\n{text}");
+        assert!(
+            text.contains("m/t") && text.contains("25.0%"),
+            "namespace hit ratio 1/4:\n{text}"
+        );
+    }
+}
