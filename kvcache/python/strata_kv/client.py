@@ -1,0 +1,186 @@
+"""``KvClient``: Strata's KV service in the shape of an LMCache remote connector
+(``exists``, ``batched_contains``, ``get``, ``put``, batched forms, ``close``).
+
+Keys are the block hashes (bytes, 1..64) a client derives, e.g. with
+:func:`strata_kv.chain_hashes_v1`; every call works in the client's namespace (model +
+tenant) unless given another. Errors are :class:`KvError` with the gRPC status code; a
+missing block is ``None``, not an error.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import grpc
+
+from ._gen import kv_pb2, kv_pb2_grpc
+
+#: Size of the messages a put is cut into: the server's default chunk (1 MiB); the
+#: server refuses single messages over 4 MiB.
+CHUNK_BYTES = 1 << 20
+
+_TIERS = {
+    kv_pb2.TIER_GPU: "gpu",
+    kv_pb2.TIER_MEMORY: "memory",
+    kv_pb2.TIER_DISK: "disk",
+}
+
+
+class KvError(Exception):
+    """An error status from the server (``code`` is a ``grpc.StatusCode``)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _wrap(e: grpc.RpcError) -> KvError:
+    return KvError(e.code(), e.details() or "")
+
+
+class KvClient:
+    """A connection to a Strata KV service.
+
+    ``addr``: ``unix:///path/kv.sock``, ``host:port`` (plaintext) or, with
+    ``root_certificates`` (PEM bytes), a TLS connection to ``host:port``. ``token`` is
+    sent as ``authorization: Bearer <token>``.
+    """
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7070",
+        namespace: str = "default",
+        token: Optional[str] = None,
+        root_certificates: Optional[bytes] = None,
+        timeout: Optional[float] = 60.0,
+    ):
+        options = [
+            ("grpc.max_receive_message_length", 16 << 20),
+            ("grpc.max_send_message_length", 16 << 20),
+        ]
+        if addr.startswith("unix:"):
+            # gRPC core sends the socket path as :authority, which HTTP/2 servers such as
+            # hyper (the Rust service) refuse as malformed; any valid host name will do.
+            options.append(("grpc.default_authority", "localhost"))
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self._channel = grpc.secure_channel(addr, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(addr, options=options)
+        self._stub = kv_pb2_grpc.KvCacheStub(self._channel)
+        self.namespace = namespace
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._timeout = timeout
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _wrap(e) from None
+
+    def _ns(self, namespace: Optional[str]) -> str:
+        return self.namespace if namespace is None else namespace
+
+    # -- connector API ----------------------------------------------------------------
+
+    def ping(self) -> Dict[str, object]:
+        r = self._call(self._stub.Ping, kv_pb2.PingRequest())
+        return {"version": r.version, "api": r.api, "max_block_bytes": r.max_block_bytes}
+
+    def exists(self, key: bytes, namespace: Optional[str] = None) -> bool:
+        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=key))
+        return r.exists
+
+    def locate(self, key: bytes, namespace: Optional[str] = None) -> Optional[str]:
+        """The tier holding ``key`` ("memory", "disk", "gpu") or None."""
+        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=key))
+        return _TIERS.get(r.tier)
+
+    def batch_exists(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[bool]:
+        req = kv_pb2.BatchExistsRequest(namespace=self._ns(namespace), hashes=list(keys))
+        return list(self._call(self._stub.BatchExists, req).exists)
+
+    def match_prefix(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
+        """Number of leading keys of the chain that are cached (stops at the first miss)."""
+        req = kv_pb2.MatchPrefixRequest(namespace=self._ns(namespace), hashes=list(keys))
+        return self._call(self._stub.MatchPrefix, req).matched
+
+    def batched_contains(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
+        """LMCache's name for :meth:`match_prefix`."""
+        return self.match_prefix(keys, namespace)
+
+    def get(self, key: bytes, namespace: Optional[str] = None) -> Optional[bytes]:
+        req = kv_pb2.GetRequest(namespace=self._ns(namespace), hash=key)
+        try:
+            stream = self._stub.Get(req, timeout=self._timeout, metadata=self._metadata)
+            parts = [m.data for m in stream]
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
+                return None
+            raise _wrap(e) from None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def batched_get(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[Optional[bytes]]:
+        req = kv_pb2.BatchGetRequest(namespace=self._ns(namespace), hashes=list(keys))
+        parts: List[List[bytes]] = [[] for _ in keys]
+        found = [False] * len(keys)
+        try:
+            for m in self._stub.BatchGet(req, timeout=self._timeout, metadata=self._metadata):
+                if m.found:
+                    found[m.index] = True
+                    parts[m.index].append(m.data)
+        except grpc.RpcError as e:
+            raise _wrap(e) from None
+        return [b"".join(p) if f else None for p, f in zip(parts, found)]
+
+    def put(self, key: bytes, value: bytes, namespace: Optional[str] = None) -> bool:
+        """Stores a block; returns True when the key was already cached (idempotent)."""
+        ns = self._ns(namespace)
+        view = memoryview(value)
+
+        def messages() -> Iterator[kv_pb2.PutRequest]:
+            yield kv_pb2.PutRequest(namespace=ns, hash=key, size=len(view), data=bytes(view[:CHUNK_BYTES]))
+            for off in range(CHUNK_BYTES, len(view), CHUNK_BYTES):
+                yield kv_pb2.PutRequest(data=bytes(view[off : off + CHUNK_BYTES]))
+
+        return self._call(self._stub.Put, messages()).already_present
+
+    def batched_put(
+        self, keys: Sequence[bytes], values: Sequence[bytes], namespace: Optional[str] = None
+    ) -> List[bool]:
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        return [self.put(k, v, namespace) for k, v in zip(keys, values)]
+
+    def remove(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
+        req = kv_pb2.RemoveRequest(namespace=self._ns(namespace), hashes=list(keys))
+        return self._call(self._stub.Remove, req).removed
+
+    def prefetch(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> Dict[str, int]:
+        req = kv_pb2.PrefetchRequest(namespace=self._ns(namespace), hashes=list(keys))
+        r = self._call(self._stub.Prefetch, req)
+        return {"staged": r.staged, "already_fast": r.already_fast, "missing": r.missing}
+
+    def estimate_load(
+        self, keys: Sequence[bytes], block_bytes: int = 0, namespace: Optional[str] = None
+    ) -> Dict[str, object]:
+        """Where each block is and the expected load time now (microseconds)."""
+        req = kv_pb2.EstimateLoadRequest(namespace=self._ns(namespace), hashes=list(keys), block_bytes=block_bytes)
+        r = self._call(self._stub.EstimateLoad, req)
+        return {
+            "blocks": [(_TIERS.get(b.tier), b.load_us) for b in r.blocks],
+            "matched": r.matched,
+            "total_us": r.total_us,
+        }
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "KvClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
