@@ -120,6 +120,7 @@ impl KvClient {
                     .map_err(|e| KvError::Config(format!("bad address {addr:?}: {e}")))?,
             );
             if url.starts_with("https://") {
+                crate::ensure_crypto_provider();
                 let mut tls = ClientTlsConfig::new();
                 if let Some(ca) = &opts.ca_cert {
                     let pem = std::fs::read(ca).map_err(|e| {

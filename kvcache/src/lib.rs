@@ -25,5 +25,12 @@ pub use error::KvError;
 pub use server::{KvService, Listener, ServerConfig};
 pub use stats::KvStatsSnapshot;
 
+/// Makes rustls use `ring` for TLS. The workspace links both of rustls's providers
+/// (object_store brings aws-lc-rs), and rustls then refuses to pick one on its own.
+/// Idempotent; a provider another part of the process installed first is kept.
+pub fn ensure_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// API version served by this crate.
 pub const API_VERSION: &str = "v1";

@@ -153,6 +153,7 @@ pub async fn serve(
     let listener = listener.into();
     if let Some(tls) = &cfg.tls {
         if matches!(listener, Listener::Tcp(_)) {
+            crate::ensure_crypto_provider();
             let cert = std::fs::read(&tls.cert).map_err(|e| {
                 KvError::Config(format!("reading TLS cert {}: {e}", tls.cert.display()))
             })?;
