@@ -2,16 +2,20 @@
 
 use clap::Subcommand;
 
+pub mod kv;
 pub mod replay;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// KV service over loopback: put/get throughput and latency next to raw loopback TCP.
+    Kv(kv::KvArgs),
     /// Replay a trace through several cache policies in simulated time.
     Replay(replay::ReplayArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Kv(a) => kv::run(a),
         BenchCommand::Replay(a) => replay::run(a),
     }
 }

@@ -1,0 +1,316 @@
+//! `strata bench kv [--json]`: the KV service over loopback, next to its ceiling.
+//!
+//! One process runs the server (memory tier only, so the figures are the service's,
+//! not a disk's) and the clients; each client is its own connection, as separate
+//! engine processes would be. For every block size (64 KiB, 1 MiB, 16 MiB) and client
+//! count (1, 4, 16): a put phase (distinct new keys) then a get phase (random keys of a
+//! resident working set), each for `--secs` seconds. Alongside, in the same run:
+//! - raw loopback TCP throughput (one connection, 1 MiB writes, no framing): the
+//!   physical ceiling a Get is compared with;
+//! - p50/p99 of a 256 KiB memory hit with 4 clients;
+//! - p50/p99 of `MatchPrefix` over a 1,000-key chain.
+//!
+//! Both ends share the machine's cores, as the baseline's ends do, so the ratio
+//! get/loopback is like for like.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::Args;
+use serde::Serialize;
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::CacheEngine;
+use strata_kvcache::server::{KvService, ServerConfig};
+use strata_kvcache::KvClient;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds per phase (put or get) of each cell.
+    #[arg(long, default_value_t = 1.0)]
+    pub secs: f64,
+    /// Memory tier budget of the server, in MiB. 2 GiB: the largest working set
+    /// (1 GiB) plus the put phase's churn, with eviction running as in production.
+    #[arg(long, default_value_t = 2048)]
+    pub memory_mib: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CellResult {
+    pub block_size: usize,
+    pub clients: usize,
+    pub put_gbps: f64,
+    pub get_gbps: f64,
+    pub get_p50_us: f64,
+    pub get_p99_us: f64,
+    pub puts: u64,
+    pub gets: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KvReport {
+    pub loopback_tcp_gbps: f64,
+    pub results: Vec<CellResult>,
+    /// Get of blocks >= 1 MiB, best client count, over raw loopback TCP.
+    pub large_get_vs_loopback: f64,
+    pub get_256k_4clients_p99_us: f64,
+    pub match_prefix_1000_p50_us: f64,
+    pub match_prefix_1000_p99_us: f64,
+    pub secs_per_phase: f64,
+}
+
+const NS: &str = "bench/kv";
+
+pub fn run(args: KvArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(bench(&args))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("raw loopback TCP: {:.2} Gb/s", report.loopback_tcp_gbps);
+        println!(
+            "{:>10} {:>7} {:>9} {:>9} {:>10} {:>10}",
+            "block", "clients", "put Gb/s", "get Gb/s", "get p50us", "get p99us"
+        );
+        for r in &report.results {
+            println!(
+                "{:>10} {:>7} {:>9.2} {:>9.2} {:>10.0} {:>10.0}",
+                r.block_size, r.clients, r.put_gbps, r.get_gbps, r.get_p50_us, r.get_p99_us
+            );
+        }
+        println!(
+            "large get / loopback: {:.0}%   256 KiB x4 p99: {:.0} us   MatchPrefix(1000) p50/p99: {:.0}/{:.0} us",
+            report.large_get_vs_loopback * 100.0,
+            report.get_256k_4clients_p99_us,
+            report.match_prefix_1000_p50_us,
+            report.match_prefix_1000_p99_us
+        );
+    }
+    Ok(())
+}
+
+fn gbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 * 8.0 / d.as_secs_f64() / 1e9
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64
+}
+
+/// Raw loopback TCP: one connection, the sender writes a 1 MiB buffer in a loop.
+async fn loopback_tcp(secs: f64) -> anyhow::Result<f64> {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let dur = Duration::from_secs_f64(secs);
+    let sender = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await?;
+        s.set_nodelay(true)?;
+        let buf = vec![7u8; 1 << 20];
+        let start = Instant::now();
+        while start.elapsed() < dur {
+            s.write_all(&buf).await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let start = Instant::now();
+    loop {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let elapsed = start.elapsed();
+    sender.await??;
+    Ok(gbps(total, elapsed))
+}
+
+fn key(tag: &str, client: usize, i: u64) -> Vec<u8> {
+    format!("{tag}-{client}-{i}").into_bytes()
+}
+
+async fn clients(addr: &str, n: usize) -> anyhow::Result<Vec<KvClient>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(
+            KvClient::connect(addr)
+                .await
+                .context("connecting to the bench server")?,
+        );
+    }
+    Ok(v)
+}
+
+/// Puts distinct keys from every client for `secs`; returns the bytes put.
+async fn put_phase(
+    cs: &[KvClient],
+    size: usize,
+    secs: f64,
+    tag: &str,
+) -> anyhow::Result<(u64, Duration)> {
+    let data = Bytes::from(vec![0xA5u8; size]);
+    let start = Instant::now();
+    let dur = Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (ci, c) in cs.iter().enumerate() {
+        let (mut c, data, tag) = (c.clone(), data.clone(), tag.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while start.elapsed() < dur {
+                c.put(NS, &key(&tag, ci, n), data.clone()).await?;
+                n += 1;
+            }
+            anyhow::Ok(n)
+        }));
+    }
+    let mut puts = 0;
+    for t in tasks {
+        puts += t.await??;
+    }
+    Ok((puts * size as u64, start.elapsed()))
+}
+
+/// Gets random keys of `ws` from every client for `secs`; returns bytes, time and the
+/// sorted latencies in microseconds.
+async fn get_phase(
+    cs: &[KvClient],
+    ws: &Arc<Vec<Vec<u8>>>,
+    secs: f64,
+) -> anyhow::Result<(u64, Duration, Vec<u32>)> {
+    let start = Instant::now();
+    let dur = Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (ci, c) in cs.iter().enumerate() {
+        let (mut c, ws) = (c.clone(), ws.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut bytes = 0u64;
+            // A cheap per-client LCG picks keys: no shared RNG on the hot path.
+            let mut x = 0x9E37_79B9u64 ^ ci as u64;
+            while start.elapsed() < dur {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let k = &ws[(x >> 33) as usize % ws.len()];
+                let t = Instant::now();
+                let got = c
+                    .get(NS, k)
+                    .await?
+                    .context("working-set block missing: memory budget too small")?;
+                lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                bytes += got.len() as u64;
+            }
+            anyhow::Ok((bytes, lat))
+        }));
+    }
+    let mut bytes = 0;
+    let mut lat = Vec::new();
+    for t in tasks {
+        let (b, l) = t.await??;
+        bytes += b;
+        lat.extend(l);
+    }
+    let elapsed = start.elapsed();
+    lat.sort_unstable();
+    Ok((bytes, elapsed, lat))
+}
+
+async fn cell(addr: &str, size: usize, n: usize, secs: f64) -> anyhow::Result<CellResult> {
+    let cs = clients(addr, n).await?;
+    let tag = format!("p{size}x{n}");
+    let (put_bytes, put_time) = put_phase(&cs, size, secs, &tag).await?;
+    // Working set: at most 1 GiB and 64 blocks, put last so that it is resident.
+    let ws_len = ((1usize << 30) / size).clamp(1, 64);
+    let ws: Vec<Vec<u8>> = (0..ws_len as u64)
+        .map(|i| key(&format!("w{size}"), 0, i))
+        .collect();
+    let mut c0 = cs[0].clone();
+    let data = Bytes::from(vec![0x5Au8; size]);
+    for k in &ws {
+        c0.put(NS, k, data.clone()).await?;
+    }
+    let (get_bytes, get_time, lat) = get_phase(&cs, &Arc::new(ws), secs).await?;
+    Ok(CellResult {
+        block_size: size,
+        clients: n,
+        put_gbps: gbps(put_bytes, put_time),
+        get_gbps: gbps(get_bytes, get_time),
+        get_p50_us: percentile(&lat, 0.50),
+        get_p99_us: percentile(&lat, 0.99),
+        puts: put_bytes / size as u64,
+        gets: lat.len() as u64,
+    })
+}
+
+async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(args.memory_mib << 20)))
+        .build()?;
+    let service = KvService::new(engine, ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(strata_kvcache::server::serve(
+        listener,
+        service,
+        stop.clone().cancelled_owned(),
+    ));
+
+    let loopback_tcp_gbps = loopback_tcp(args.secs.max(0.5)).await?;
+    let mut results = Vec::new();
+    for size in [64usize << 10, 1 << 20, 16 << 20] {
+        for n in [1usize, 4, 16] {
+            results.push(cell(&addr, size, n, args.secs).await?);
+        }
+    }
+    let small = cell(&addr, 256 << 10, 4, args.secs).await?;
+    let get_256k_4clients_p99_us = small.get_p99_us;
+    results.push(small);
+
+    // MatchPrefix over a 1,000-key chain, all cached (the longest walk).
+    let mut c = KvClient::connect(&addr).await?;
+    let chain: Vec<Vec<u8>> = (0..1000u64).map(|i| key("chain", 0, i)).collect();
+    let small_block = Bytes::from(vec![1u8; 1024]);
+    for k in &chain {
+        c.put(NS, k, small_block.clone()).await?;
+    }
+    let mut lat = Vec::new();
+    for _ in 0..300 {
+        let t = Instant::now();
+        let m = c.match_prefix(NS, &chain).await?;
+        lat.push(t.elapsed().as_micros() as u32);
+        anyhow::ensure!(m == chain.len(), "chain not fully cached ({m})");
+    }
+    lat.sort_unstable();
+
+    stop.cancel();
+    server.await??;
+    let best_large = results
+        .iter()
+        .filter(|r| r.block_size >= 1 << 20)
+        .map(|r| r.get_gbps)
+        .fold(0.0, f64::max);
+    Ok(KvReport {
+        loopback_tcp_gbps,
+        large_get_vs_loopback: best_large / loopback_tcp_gbps,
+        get_256k_4clients_p99_us,
+        match_prefix_1000_p50_us: percentile(&lat, 0.5),
+        match_prefix_1000_p99_us: percentile(&lat, 0.99),
+        secs_per_phase: args.secs,
+        results,
+    })
+}
