@@ -49,7 +49,7 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 200.0)]
     pub bandwidth_mbps: f64,
     /// Drop prefetches while the store link is booked this far ahead, ms.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 100.0)]
     pub prefetch_backlog_ms: f64,
 }
 
@@ -137,7 +137,7 @@ fn run_all(
     policies
         .iter()
         .map(|name| {
-            let set = make_policy(name, capacity)?;
+            let set = make_policy(name, capacity, p.listings())?;
             let t0 = Instant::now();
             let result = replay::replay(p, set, &cfg);
             let wall = t0.elapsed().as_secs_f64();

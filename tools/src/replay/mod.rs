@@ -30,7 +30,7 @@
 //!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`);
 //!   each requested block that is not resident is admitted with
 //!   `place(ctx.prefetch = true)` and fetched over the same link. Prefetches are dropped
-//!   while the link's backlog exceeds `prefetch_max_backlog` (default 1 s of transfers),
+//!   while the link's backlog exceeds `prefetch_max_backlog` (default 100 ms of transfers),
 //!   as a real client bounds its readahead queue; demand fetches are never dropped.
 //!   Requests for paths the trace never mentions are ignored (the object does not exist).
 //!   When demand first reads a prefetched block the predictor gets `Feedback::Used`;
@@ -49,7 +49,7 @@
 
 mod policies;
 
-pub use policies::{make_policy, strata_policy_set, PolicySet, POLICY_NAMES};
+pub use policies::{make_policy, strata_policy_set, Listings, PolicySet, POLICY_NAMES};
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -80,9 +80,10 @@ impl Default for StoreModel {
             get_latency_ns: 20_000_000,
             // 200 MB/s: one client's sustained S3 throughput, the stated model.
             bandwidth_bytes_per_s: 200e6,
-            // 1 s of transfers: deep enough for readahead at full bandwidth, shallow
-            // enough that prefetch cannot starve demand for long.
-            prefetch_max_backlog_ns: 1_000_000_000,
+            // 100 ms of transfers (20 MB at 200 MB/s): a readahead queue of the size
+            // FUSE caches keep in flight per reader, and a bound on how long a demand
+            // fetch can wait behind prefetches on the FIFO link.
+            prefetch_max_backlog_ns: 100_000_000,
         }
     }
 }
@@ -140,6 +141,7 @@ pub struct Prepared {
     /// Per job: its record indices in time order.
     job_recs: Vec<Vec<u32>>,
     unique_bytes: u64,
+    listings: Listings,
 }
 
 /// The version tag of every replayed object (traces have one version per path).
@@ -183,6 +185,7 @@ impl Prepared {
             next_use: Vec::new(),
             job_recs: vec![Vec::new(); trace.jobs.len()],
             unique_bytes: 0,
+            listings: Vec::new(),
             trace: Trace::default(),
         };
         for (ri, r) in trace.records.iter().enumerate() {
@@ -213,8 +216,27 @@ impl Prepared {
             p.next_use[pos] = last[b as usize];
             last[b as usize] = pos as u64;
         }
+        let mut dirs: BTreeMap<&str, Vec<(String, u64)>> = BTreeMap::new();
+        for (path, &size) in trace.paths.iter().zip(&trace.sizes) {
+            if !is_kv(path) {
+                let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+                dirs.entry(dir).or_default().push((name.to_string(), size));
+            }
+        }
+        p.listings = dirs
+            .into_iter()
+            .map(|(d, mut v)| {
+                v.sort();
+                (d.to_string(), v)
+            })
+            .collect();
         p.trace = trace;
         p
+    }
+
+    /// The dataset's directory listings (every non-KV path of the trace, by directory).
+    pub fn listings(&self) -> &Listings {
+        &self.listings
     }
 
     pub fn trace(&self) -> &Trace {

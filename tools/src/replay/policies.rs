@@ -19,6 +19,7 @@ use strata_cache_core::policy::{
     ArcPolicy, BeladyPolicy, EvictionPolicy, LfuPolicy, LruPolicy, NextUse, PatternAwarePolicy,
     TinyLfuPolicy, TwoRandomPolicy,
 };
+use strata_prefetch::semantic::SemanticPredictor;
 use strata_prefetch::sequential::SequentialPredictor;
 use strata_prefetch::Predictor;
 
@@ -43,20 +44,34 @@ pub struct PolicySet {
     pub next_use: Option<NextUse>,
 }
 
+/// Directory listings of a dataset, `(dir, [(name, size)])`, as a mount sees them on
+/// `readdir` (`dir` relative to the dataset root, `""` for the root).
+pub type Listings = Vec<(String, Vec<(String, u64)>)>;
+
 /// The pattern-aware core and its predictors: the ONE place `strata*` is assembled.
 ///
-/// `strata` = [`PatternAwarePolicy`] + [`SequentialPredictor`] + the semantic path
-/// predictor; `strata-nosemantic` leaves the semantic predictor out.
-pub fn strata_policy_set(semantic: bool) -> (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) {
-    let predictors: Vec<Box<dyn Predictor>> = vec![Box::new(SequentialPredictor::default())];
-    // The semantic predictor is not in the tree yet: until it is, `strata` has the same
-    // predictors as `strata-nosemantic` (reported as such in docs/BENCHMARKS.md).
-    let _ = semantic;
+/// `strata` = [`PatternAwarePolicy`] + [`SequentialPredictor`] + [`SemanticPredictor`];
+/// `strata-nosemantic` leaves the semantic predictor out. The semantic predictor is
+/// handed the dataset's directory listings (what the mount would have answered to the
+/// job's `readdir`), which it uses for lexical-order and per-epoch-permutation rules.
+pub fn strata_policy_set(
+    semantic: bool,
+    listings: &Listings,
+) -> (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) {
+    let mut predictors: Vec<Box<dyn Predictor>> = vec![Box::new(SequentialPredictor::default())];
+    if semantic {
+        let mut sp = SemanticPredictor::default();
+        for (dir, entries) in listings {
+            sp.observe_listing_sized(dir, entries);
+        }
+        predictors.push(Box::new(sp));
+    }
     (Box::new(PatternAwarePolicy::default()), predictors)
 }
 
-/// Builds the policy called `name` for a tier of `capacity` bytes.
-pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
+/// Builds the policy called `name` for a tier of `capacity` bytes (`listings` feed
+/// `strata`'s semantic predictor).
+pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Result<PolicySet> {
     let mut next_use = None;
     let (policy, predictors): (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) = match name {
         "lru" => (Box::new(LruPolicy::new()), Vec::new()),
@@ -69,8 +84,8 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             next_use = Some(h);
             (Box::new(p), Vec::new())
         }
-        "strata" => strata_policy_set(true),
-        "strata-nosemantic" => strata_policy_set(false),
+        "strata" => strata_policy_set(true, listings),
+        "strata-nosemantic" => strata_policy_set(false, listings),
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")

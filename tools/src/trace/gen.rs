@@ -15,7 +15,7 @@
 //! | `preprocess` | 32 parquet-like files (8 days x 4 parts), 4 row groups x 8 column chunks of 0.5..4 MiB + 64 KiB footer; 4 ETL jobs x 2 queries, each query reads the footer and 3..4 columns (columns 0 and 1 always) of every row group; 3 ms per chunk | ~2.3 GB | ~3,300 |
 //! | `inference-skew` | 2,000 embedding shards of 512 KiB, 4 servers x 10,000 reads, Zipf(s=0.9) popularity over a random permutation; 5 ms per read (200 reads/s per server) | ~1 GiB | 40,000 |
 //! | `kv-prefix` | 1 MiB KV blocks; 16 system prompts (4..16 blocks, Zipf(1.0)), 400 sessions of 1..6 turns on 4 engines; each turn reads its whole chained prefix; exp(50 ms) between requests | ~0.8 GB | ~20,000 |
-//! | `mixed` | all six concurrently, jobs prefixed: training (`train-`, `shards-`) at full size, `ckpt-` and `etl-` at 1/2, `infer-` and `kv-` at 1/4 of their counts, so streaming training data is most of the bytes | ~5.5 GB | ~45,000 |
+//! | `mixed` | all six concurrently (checkpoint and KV jobs prefixed `ckpt-`, `kv-`): training (`train-`, `shards-`) at full size, `ckpt-` and `etl-` at 1/2, `infer-` and `kv-` at 1/4 of their counts, so streaming training data is most of the bytes | ~5.5 GB | ~45,000 |
 //!
 //! `--scale F` multiplies the counts (files, shards, sessions, reads), not the sizes.
 
@@ -80,12 +80,14 @@ pub fn generate(workload: Workload, seed: u64, scale: f64) -> Trace {
             // load/re-load at half size, inference (embeddings, KV) at a quarter of
             // their standalone counts. Each component gets its own stream of randomness
             // so adding one does not change the others; jobs start 0.5 s apart.
+            // Component job names are already distinct except the checkpoint loaders and
+            // KV engines, which get a prefix.
             let parts = [
-                ("train-", 1.0),
-                ("shards-", 1.0),
+                ("", 1.0),
+                ("", 1.0),
                 ("ckpt-", 0.5),
-                ("etl-", 0.5),
-                ("infer-", 0.25),
+                ("", 0.5),
+                ("", 0.25),
                 ("kv-", 0.25),
             ];
             for (i, (prefix, share)) in parts.into_iter().enumerate() {
