@@ -179,6 +179,25 @@ fn umount2(path: &Path, flags: i32) -> std::io::Result<()> {
     }
 }
 
+fn mount_fusectl() -> std::io::Result<()> {
+    let target = c"/sys/fs/fuse/connections";
+    // SAFETY: static NUL-terminated strings; a null data pointer is allowed.
+    let rc = unsafe {
+        libc::mount(
+            c"fusectl".as_ptr(),
+            target.as_ptr(),
+            c"fusectl".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl MountHandle {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
@@ -200,12 +219,17 @@ impl MountHandle {
         self.unmount_inner()
     }
 
+    /// Aborts the FUSE connection through fusectl (mounting fusectl at its standard
+    /// place first if the system has not: systemd does, minimal containers do not).
     fn abort_connection(&self) {
-        if let Some(n) = self.conn {
-            let p = format!("/sys/fs/fuse/connections/{n}/abort");
-            if let Err(e) = std::fs::write(&p, "1") {
-                tracing::debug!(path = %p, error = %e, "cannot abort the fuse connection");
-            }
+        let Some(n) = self.conn else { return };
+        let p = format!("/sys/fs/fuse/connections/{n}/abort");
+        if std::fs::write(&p, "1").is_ok() {
+            return;
+        }
+        let _ = mount_fusectl();
+        if let Err(e) = std::fs::write(&p, "1") {
+            tracing::warn!(path = %p, error = %e, "cannot abort the fuse connection");
         }
     }
 

@@ -1,0 +1,228 @@
+//! End-to-end tests of the FUSE mount through the real kernel, against a local
+//! directory store and against an S3-compatible server (moto): bytes, shell tools,
+//! concurrency, mmap, read-only refusals, a failing store, and unmounting.
+
+mod fuse_common;
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use fuse_common::*;
+use strata_cache_core::store::faulty::FaultConfig;
+
+fn bytes_equal_the_source(b: Backend) {
+    let fx = Fixture::new(b);
+    for (p, want) in source_files() {
+        let got = std::fs::read(fx.m(&p)).unwrap_or_else(|e| panic!("read {p}: {e}"));
+        assert!(
+            got == want,
+            "{p}: {} bytes vs {} expected",
+            got.len(),
+            want.len()
+        );
+    }
+    // Odd offsets and sizes, across block boundaries and past the end.
+    let want = std::fs::read(fx.s("big.bin")).expect("source");
+    let f = File::open(fx.m("big.bin")).expect("open");
+    for (off, len) in [
+        (0u64, 1usize),
+        (BLOCK - 3, 7),
+        (12345, 3 * BLOCK as usize + 11),
+        (5 * BLOCK, 4321),
+        (5 * BLOCK + 4320, 100),
+        (want.len() as u64 + 10, 10),
+    ] {
+        let mut buf = vec![0u8; len];
+        let n = f.read_at(&mut buf, off).expect("pread");
+        let s = (off as usize).min(want.len());
+        let e = (off as usize + len).min(want.len());
+        assert_eq!(&buf[..n], &want[s..e], "range {off}+{len}");
+    }
+    let mut empty = Vec::new();
+    File::open(fx.m("empty"))
+        .expect("open empty")
+        .read_to_end(&mut empty)
+        .expect("read empty");
+    assert!(empty.is_empty());
+}
+
+fn shell_tools_agree_with_the_source(b: Backend) {
+    let fx = Fixture::new(b);
+    let find = "find . -mindepth 1 -printf '%P %y %s\\n' | sed 's/ d [0-9]*$/ d/' | sort";
+    assert_eq!(sh(fx.mnt.path(), find), sh(fx.src.path(), find), "find");
+    let ls = "ls -1 . dir dir/sub wide | head -n 400";
+    assert_eq!(sh(fx.mnt.path(), ls), sh(fx.src.path(), ls), "ls");
+    let stat = "stat -c '%n %s %F' big.bin small.txt empty dir/sub/b.bin";
+    assert_eq!(sh(fx.mnt.path(), stat), sh(fx.src.path(), stat), "stat");
+    let sums = "find . -type f | sort | xargs sha256sum";
+    assert_eq!(
+        sh(fx.mnt.path(), sums),
+        sh(fx.src.path(), sums),
+        "sha256sum"
+    );
+    let tar = "tar -c --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a=rX -f - . | sha256sum";
+    assert_eq!(sh(fx.mnt.path(), tar), sh(fx.src.path(), tar), "tar -c");
+    // ls -l of the wide directory twice: the second is served from the metadata cache.
+    let reads = fx.faulty.reads();
+    sh(
+        fx.mnt.path(),
+        "ls -l wide > /dev/null && stat wide/f0001 > /dev/null",
+    );
+    assert_eq!(fx.faulty.reads(), reads, "metadata served from the cache");
+}
+
+fn concurrent_readers_and_mmap(b: Backend) {
+    let fx = Fixture::new(b);
+    let want = std::sync::Arc::new(std::fs::read(fx.s("big.bin")).expect("source"));
+    let path = fx.m("big.bin");
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (want, path) = (want.clone(), path.clone());
+            std::thread::spawn(move || {
+                let f = File::open(&path).expect("open");
+                let mut off = (t * 97_531) as u64 % want.len() as u64;
+                for _ in 0..20 {
+                    let mut buf = vec![0u8; 200_000];
+                    let n = f.read_at(&mut buf, off).expect("pread");
+                    let e = (off as usize + buf.len()).min(want.len());
+                    assert_eq!(&buf[..n], &want[off as usize..e]);
+                    off = (off + 333_333) % want.len() as u64;
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("reader thread");
+    }
+    // mmap reads (page cache path: no direct_io).
+    let f = File::open(fx.m("dir/sub/b.bin")).expect("open");
+    let want = std::fs::read(fx.s("dir/sub/b.bin")).expect("source");
+    let len = want.len();
+    // SAFETY: a fresh read-only shared mapping of `len` bytes of an open file, unmapped
+    // below; the slice does not outlive it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        let s = std::slice::from_raw_parts(p as *const u8, len);
+        assert!(s == &want[..], "mmap bytes");
+        libc::munmap(p, len);
+    }
+}
+
+fn writes_are_refused(b: Backend) {
+    let fx = Fixture::new(b);
+    let err = File::create(fx.m("new")).expect_err("create");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.m("small.txt"))
+        .expect_err("write open");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = std::fs::remove_file(fx.m("small.txt")).expect_err("unlink");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    let err = std::fs::create_dir(fx.m("d2")).expect_err("mkdir");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+}
+
+fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {
+    let fx = Fixture::new(b);
+    // Prime metadata, then take the store down: uncached data fails with EIO, in time.
+    sh(fx.mnt.path(), "ls -l . dir > /dev/null");
+    fx.faulty.set_config(FaultConfig {
+        down: true,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    let err = std::fs::read(fx.m("big.bin")).expect_err("store down");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "EIO in bounded time: {:?}",
+        t.elapsed()
+    );
+    // Hanging requests are cut by the attempt timeout: EIO again, bounded.
+    fx.faulty.set_config(FaultConfig {
+        hang_every: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    let err = std::fs::read(fx.m("dir/a.txt")).expect_err("store hangs");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "bounded: {:?}",
+        t.elapsed()
+    );
+    // 5xx on every other request: the retry policy rides it out.
+    fx.faulty.set_config(FaultConfig {
+        fail_every: 2,
+        ..Default::default()
+    });
+    assert_eq!(
+        std::fs::read(fx.m("exact.bin")).expect("flaky store"),
+        std::fs::read(fx.s("exact.bin")).expect("src")
+    );
+    // Back up: the same mount reads everything.
+    fx.faulty.set_config(FaultConfig::default());
+    for p in ["big.bin", "dir/a.txt", "small.txt"] {
+        assert_eq!(
+            std::fs::read(fx.m(p)).expect("recovered"),
+            std::fs::read(fx.s(p)).expect("src"),
+            "{p}"
+        );
+    }
+}
+
+fn unmount_with_open_files_does_not_hang(b: Backend) {
+    let mut fx = Fixture::new(b);
+    let f = File::open(fx.m("big.bin")).expect("open");
+    let unread = File::open(fx.m("dir/a.txt")).expect("open");
+    let mut buf = [0u8; 10];
+    f.read_at(&mut buf, 0).expect("read");
+    let mount = fx.mount.take().expect("mounted");
+    let t = Instant::now();
+    mount.unmount().expect("unmount");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "unmount took {:?}",
+        t.elapsed()
+    );
+    assert!(!is_mounted(fx.mnt.path()), "gone from the mount table");
+    // Open files fail (or are served from the page cache) instead of hanging.
+    let _ = f.read_at(&mut buf, 0);
+    assert!(
+        unread.read_at(&mut buf, 0).is_err(),
+        "uncached data of a dead mount"
+    );
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            use super::*;
+            $( #[test] fn $name() { bounded(120, || super::$name(Backend::Local)) } )*
+        }
+        mod s3 {
+            use super::*;
+            $( #[test] fn $name() { bounded(180, || super::$name(Backend::S3)) } )*
+        }
+    };
+}
+
+both_backends!(
+    bytes_equal_the_source,
+    shell_tools_agree_with_the_source,
+    concurrent_readers_and_mmap,
+    writes_are_refused,
+    a_failing_store_gives_eio_and_the_mount_stays_usable,
+    unmount_with_open_files_does_not_hang,
+);
