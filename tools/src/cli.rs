@@ -30,6 +30,10 @@ pub enum Command {
     Serve(commands::serve::ServeArgs),
     /// Show a running daemon's figures (per tier, per namespace); --watch for a live view.
     Stats(commands::stats::StatsArgs),
+    /// Mount a bucket/prefix or local directory read-only through the cache (FUSE).
+    Mount(commands::mount::MountArgs),
+    /// Prefetch files or directories of a Strata mount into the cache.
+    Warmup(commands::warmup::WarmupArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -39,5 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(cmd) => commands::trace::run(cmd),
         Command::Serve(args) => commands::serve::run(args),
         Command::Stats(args) => commands::stats::run(args),
+        Command::Mount(args) => commands::mount::run(args),
+        Command::Warmup(args) => commands::warmup::run(args),
     }
 }

@@ -1,6 +1,8 @@
 //! Subcommands other than benchmarks.
 
 pub mod demo;
+pub mod mount;
 pub mod serve;
 pub mod stats;
 pub mod trace;
+pub mod warmup;
