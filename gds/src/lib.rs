@@ -15,6 +15,7 @@
 //! - [`tier`]: [`GpuTier`], a `strata_cache_core::Tier` in device memory, checksummed.
 //! - [`ipc`]: handing blocks to a local inference process's own GPU buffers.
 
+pub mod bench;
 pub mod device;
 pub mod emulated;
 pub mod error;

@@ -518,3 +518,21 @@ fn device_choice_falls_back_without_cuda() {
     assert!(json["path"].is_string());
     assert!(engine.describe().contains("transfer path"));
 }
+
+#[test]
+fn staged_bench_verifies_its_bytes_and_reports_both_ceilings() {
+    let r = strata_gds::bench::staged_copy_bench(&strata_gds::bench::StagedBenchConfig {
+        dir: std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        size_bytes: (8 << 20) + 4096,
+        chunk_bytes: 1 << 20,
+        depth: 2,
+        runs: 1,
+    })
+    .expect("bench");
+    assert!(r.verified);
+    assert!(r.staged_gbps > 0.0 && r.memcpy_gbps > 0.0 && r.disk_gbps > 0.0);
+    let json = serde_json::to_value(&r).expect("json");
+    for k in ["staged_gbps", "memcpy_gbps", "disk_gbps"] {
+        assert!(json[k].is_f64(), "{k}");
+    }
+}
