@@ -2,11 +2,14 @@
 
 use clap::Subcommand;
 
+pub mod gds;
 pub mod kv;
 pub mod replay;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// GPU tier staging on the emulated device: disk -> bounce -> device vs its ceilings.
+    Gds(gds::GdsArgs),
     /// KV service over loopback: put/get throughput and latency next to raw loopback TCP.
     Kv(kv::KvArgs),
     /// Replay a trace through several cache policies in simulated time.
@@ -15,6 +18,7 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Gds(a) => gds::run(a),
         BenchCommand::Kv(a) => kv::run(a),
         BenchCommand::Replay(a) => replay::run(a),
     }
