@@ -536,3 +536,39 @@ fn staged_bench_verifies_its_bytes_and_reports_both_ceilings() {
         assert!(json[k].is_f64(), "{k}");
     }
 }
+
+#[tokio::test]
+async fn ipc_export_is_received_by_a_separate_client_process() {
+    let (_dev, engine) = setup(16 << 20);
+    let gpu = GpuTier::new(engine, 8 << 20);
+    let k = CacheKey::kv("llama", vec![5; 32]);
+    let data = pattern(250_000, 21);
+    gpu.put(&k, Block::new(Bytes::from(data.clone())))
+        .await
+        .expect("put");
+    let export = gpu.export_ipc(&k).expect("export").expect("resident");
+    let hex: String = export
+        .handle()
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
+        .arg(&hex)
+        .output()
+        .expect("spawn client");
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expect = format!("{} {:08x}\n", data.len(), crc32c::crc32c(&data));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expect);
+    // Revoked: the same handle no longer opens.
+    drop(export);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
+        .arg(&hex)
+        .output()
+        .expect("spawn client");
+    assert!(!out.status.success());
+}
