@@ -4,7 +4,14 @@
 //! (optionally gzip'd), where `hash_ids` name the request's 512-token prefix blocks.
 //!
 //! Output: one replay row per prefix block the request loads, `path =
-//! kv/<namespace>/<hash_id as 16 hex digits>`, `offset 0`, `len = size = block bytes`.
+//! kv/<namespace>/<16 hex digits>`, `offset 0`, `len = size = block bytes`.
+//!
+//! The release's `hash_ids` are *remapped* hashes: new blocks get consecutive numbers,
+//! so a new conversation's blocks are `n, n+1, n+2, ...`. Real KV keys are content
+//! hashes with no such order, and a path predictor would otherwise "predict" unseen
+//! blocks from the numbering alone. So each id goes through a fixed bijective 64-bit
+//! mixer ([`scramble`], the splitmix64 finaliser) before it becomes a path: equal ids
+//! stay equal, distinct ids stay distinct, and the numbering order is gone.
 //! **Each request is one job** (`req-000042`): a request is the unit whose latency an
 //! inference engine pays, and the traces carry no session or engine id to group by.
 //! All rows of a request carry its arrival time, so the replay issues its block loads
@@ -16,6 +23,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use super::{Trace, TraceBuilder, TraceError};
+
+/// The splitmix64 finaliser: a bijection on u64 (each step is invertible).
+pub fn scramble(id: u64) -> u64 {
+    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 #[derive(serde::Deserialize)]
 struct Request {
@@ -46,7 +61,7 @@ pub fn import(input: impl Read, block_bytes: u64, namespace: &str) -> Result<Tra
         let ts = req.timestamp.saturating_mul(1_000_000);
         for h in req.hash_ids {
             let p = b
-                .path(&format!("kv/{namespace}/{h:016x}"), block_bytes)
+                .path(&format!("kv/{namespace}/{:016x}", scramble(h)), block_bytes)
                 .map_err(|msg| TraceError::Line { line: i + 1, msg })?;
             b.push(ts, job, p, 0, block_bytes)
                 .map_err(|msg| TraceError::Line { line: i + 1, msg })?;
@@ -79,8 +94,9 @@ mod tests {
         let t = import(text.as_bytes(), 4096, "mc").expect("valid");
         assert_eq!(t.jobs.len(), 2);
         assert_eq!(t.records.len(), 5);
-        assert_eq!(&*t.paths[2], "kv/mc/0000000000000002");
-        assert_eq!(&*t.paths[3], "kv/mc/00000000000000ff");
+        assert_eq!(*t.paths[2], *format!("kv/mc/{:016x}", scramble(2)));
+        assert_eq!(*t.paths[3], *format!("kv/mc/{:016x}", scramble(255)));
+        assert_eq!(t.paths.len(), 4, "ids 0, 1, 2, 255");
         assert_eq!(t.records[2].ts_ns, 3_000_000);
         assert_eq!(
             t.records[2].path, t.records[0].path,
@@ -90,6 +106,18 @@ mod tests {
             .records
             .iter()
             .all(|r| r.len == 4096 && r.size == 4096 && r.offset == 0));
+    }
+
+    #[test]
+    fn scramble_is_injective_and_unordered() {
+        let v: Vec<u64> = (0..10_000).map(scramble).collect();
+        let set: std::collections::HashSet<_> = v.iter().collect();
+        assert_eq!(set.len(), v.len());
+        let ascending = v.windows(2).filter(|w| w[1] > w[0]).count();
+        assert!(
+            (4_000..6_000).contains(&ascending),
+            "no order left: {ascending}"
+        );
     }
 
     #[test]
