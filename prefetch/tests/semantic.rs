@@ -294,3 +294,16 @@ fn random_workloads_waste_under_five_percent() {
         }
     }
 }
+
+#[test]
+fn epoch_subsets_do_not_trigger_pool_waste() {
+    // Each epoch reads a random half (or 90%) of the listed set: a shuffle until the
+    // first repeat. The first-epoch pool bound keeps the waste under budget.
+    for seed in [21, 22] {
+        for frac in [0.5, 0.9] {
+            let wl = w::sampled_epochs(seed, 2_000, frac, 4);
+            let r = wl.eval_semantic(SemanticConfig::default());
+            assert!(r.waste_ratio() < 0.05, "frac {frac} seed {seed}: {r:?}");
+        }
+    }
+}

@@ -14,7 +14,7 @@
 //! Streams are bounded by `max_streams`, least recently used evicted first, so hash- or
 //! randomly-named workloads cannot grow the table without bound.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use strata_cache_core::JobId;
@@ -26,11 +26,17 @@ use super::SemanticConfig;
 
 pub type StreamKey = (JobId, Arc<str>);
 
+/// Files per stream whose re-accesses are not news: 8 covers readers that interleave a
+/// few open files (a parquet reader fetching footers, then column chunks, of several
+/// files), whose chunk reads would otherwise look like a stride breaking.
+pub const RECENT_FILES: usize = 8;
+
 #[derive(Debug)]
 pub struct Stream {
     pub lanes: Vec<Lane>,
     pub set: Option<SetTracker>,
-    pub last_path: Option<Arc<str>>,
+    /// Files read last (most recent at the back), at most [`RECENT_FILES`].
+    recent: VecDeque<Arc<str>>,
     pub last_seq: u64,
     /// Sum and count of file sizes seen (for pool byte budgets).
     pub size_sum: u64,
@@ -42,11 +48,24 @@ impl Stream {
         Stream {
             lanes: Vec::new(),
             set: None,
-            last_path: None,
+            recent: VecDeque::new(),
             last_seq: 0,
             size_sum: 0,
             size_n: 0,
         }
+    }
+
+    /// Records a read of `path`; false when it was one of the last [`RECENT_FILES`]
+    /// files (a later chunk of a file being read).
+    pub fn note_file(&mut self, path: &Arc<str>) -> bool {
+        if self.recent.iter().any(|p| p == path) {
+            return false;
+        }
+        if self.recent.len() >= RECENT_FILES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(path.clone());
+        true
     }
 
     /// Lane index for `t`, or `None` when a new lane should be opened.
@@ -126,5 +145,35 @@ impl StreamTable {
 
     pub fn is_empty(&self) -> bool {
         self.streams.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_table_is_lru_bounded() {
+        let mut t = StreamTable::default();
+        for i in 0..100u64 {
+            let key = (JobId(i % 7), Arc::from(format!("t{i}")));
+            t.touch(&key, i + 1, 10);
+        }
+        assert_eq!(t.len(), 10);
+        // The most recent survive.
+        assert!(t.get_mut(&(JobId(99 % 7), Arc::from("t99"))).is_some());
+        assert!(t.get_mut(&(JobId(0), Arc::from("t0"))).is_none());
+    }
+
+    #[test]
+    fn recent_files_are_not_news() {
+        let mut s = Stream::new();
+        let a: Arc<str> = Arc::from("a");
+        assert!(s.note_file(&a));
+        assert!(!s.note_file(&a));
+        for i in 0..RECENT_FILES {
+            assert!(s.note_file(&Arc::from(format!("x{i}"))));
+        }
+        assert!(s.note_file(&a), "forgotten after RECENT_FILES others");
     }
 }

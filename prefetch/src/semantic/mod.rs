@@ -77,7 +77,10 @@ pub struct SemanticConfig {
     pub pool_max_files: usize,
     /// ...and 512 MiB: the pool must fit in the cache's fast tier, or it evicts itself.
     pub pool_max_bytes: u64,
-    /// Pool size right after acceptance: 4.
+    /// Pool bound before a whole epoch was seen, as a fraction of the epoch's reads: 4%,
+    /// under the 5% waste budget even if the job samples only part of the set.
+    pub unconfirmed_pool_frac: f64,
+    /// Pool size right after acceptance (once an epoch was seen): 4.
     pub pool_initial: u32,
     /// Pool growth per demand read after acceptance: 2 (the pool outgrows the reader, so
     /// coverage builds up within one epoch, but a false acceptance stays small until the
@@ -108,6 +111,7 @@ impl Default for SemanticConfig {
             epoch_complete: 0.95,
             pool_max_files: 4096,
             pool_max_bytes: 512 << 20,
+            unconfirmed_pool_frac: 0.04,
             pool_initial: 4,
             pool_growth: 2,
             max_burst: 16,

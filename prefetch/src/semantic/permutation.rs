@@ -12,9 +12,12 @@
 //! evidence the next acceptance needs (`alpha^(1+strikes)`), so a random reader cannot
 //! re-trigger prefetch over and over by luck.
 //!
-//! Pool. Once accepted, the tracker keeps a pool of prefetched-unread members. The pool
-//! may grow by `pool_growth` per demand read since acceptance (so a false acceptance is
-//! caught by the next repeat before the pool is large), up to `pool_max_files` /
+//! Pool. Once accepted, the tracker keeps a pool of prefetched-unread members. Until one
+//! whole epoch has been seen, the pool stays under `unconfirmed_pool_frac` (4%) of the
+//! reads of the epoch, divided by `1 + strikes`: a job that samples only part of the set
+//! per epoch looks exactly like a shuffle until its first repeat, and this bound keeps
+//! what it wastes under 5% of what it reads. After a complete epoch, the pool may grow by
+//! `pool_growth` per demand read since acceptance, up to `pool_max_files` /
 //! `pool_max_bytes` (the pool must fit in the cache, or prefetches evict each other) and
 //! scaled down by `Wasted` feedback (evictions of unread members mean the pool is larger
 //! than the cache keeps).
@@ -85,6 +88,8 @@ impl SetTracker {
                 self.epochs += 1;
                 self.restart_epoch();
             } else {
+                // Not a permutation after all (or no longer): back to the first-epoch bound.
+                self.epochs = 0;
                 if self.accepted {
                     self.accepted = false;
                     self.strikes = self.strikes.saturating_add(1);
@@ -136,7 +141,12 @@ impl SetTracker {
         let by_bytes = cfg.pool_max_bytes.checked_div(avg_size).unwrap_or(u64::MAX);
         let ramp =
             u64::from(cfg.pool_initial) + u64::from(cfg.pool_growth) * self.reads_since_accept;
-        let limit = (cfg.pool_max_files as u64).min(by_bytes).min(ramp);
+        let limit = if self.epochs >= 1 {
+            (cfg.pool_max_files as u64).min(by_bytes).min(ramp)
+        } else {
+            (self.epoch_reads as f64 * cfg.unconfirmed_pool_frac
+                / f64::from(1 + self.strikes.min(64))) as u64
+        };
         let limit = (limit as f64 * self.pool_scale) as u64;
         let mut want = limit.saturating_sub(self.outstanding).min(u64::from(burst));
         while want > 0 && self.cursor < set.len() {
@@ -161,5 +171,83 @@ impl SetTracker {
 
     pub fn on_used(&mut self) {
         self.pool_scale = (self.pool_scale * 1.05).min(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::semantic::listing::ListingIndex;
+
+    fn set_of(n: usize) -> ListingIndex {
+        let mut idx = ListingIndex::new(usize::MAX);
+        let names: Vec<(String, u64)> = (0..n).map(|i| (format!("f-{i:05}"), 10)).collect();
+        idx.observe("d", &names);
+        idx.prepare("d/f-{n}");
+        idx
+    }
+
+    /// Reads until acceptance, in a fixed non-repeating order.
+    fn reads_to_accept(n: usize) -> u64 {
+        let idx = set_of(n);
+        let set = idx.set("d/f-{n}").expect("listed");
+        let cfg = SemanticConfig::default();
+        let mut t = SetTracker::new();
+        for (k, id) in (0..n as u32).map(|i| (i * 7919) % n as u32).enumerate() {
+            t.observe(id, set, &cfg);
+            if t.accepted {
+                return k as u64 + 1;
+            }
+        }
+        u64::MAX
+    }
+
+    #[test]
+    fn acceptance_needs_about_sqrt_2n_ln_alpha_reads() {
+        // prod (1 - i/N) < 1%: ~ sqrt(2 N ln 100) reads.
+        for n in [500usize, 2000, 20_000] {
+            let expect = (2.0 * n as f64 * 100f64.ln()).sqrt();
+            let got = reads_to_accept(n) as f64;
+            assert!(
+                (got - expect).abs() < 0.15 * expect,
+                "n {n}: {got} vs {expect}"
+            );
+        }
+    }
+
+    #[test]
+    fn premature_repeat_rejects_and_raises_the_bar() {
+        let idx = set_of(1000);
+        let set = idx.set("d/f-{n}").expect("listed");
+        let cfg = SemanticConfig::default();
+        let mut t = SetTracker::new();
+        let mut first = 0;
+        for i in 0..1000u32 {
+            t.observe(i, set, &cfg);
+            if t.accepted {
+                first = i + 1;
+                break;
+            }
+        }
+        assert!(t.accepted);
+        t.observe(0, set, &cfg); // repeat after ~10% of the set
+        assert!(!t.accepted);
+        let mut second = 0;
+        for i in 1..1000u32 {
+            t.observe(i, set, &cfg);
+            if t.accepted {
+                second = i + 1;
+                break;
+            }
+        }
+        assert!(second as f64 > first as f64 * 1.3, "{first} then {second}");
+        // Before a complete epoch, the pool stays under 4% of the epoch's reads.
+        let mut ids = Vec::new();
+        t.pick(set, 1000, 10, &cfg, &mut ids);
+        assert!(
+            ids.len() as f64 <= 0.04 * f64::from(second),
+            "{}",
+            ids.len()
+        );
     }
 }

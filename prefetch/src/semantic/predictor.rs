@@ -161,11 +161,10 @@ impl Predictor for SemanticPredictor {
         let cfg = &self.cfg;
         let listing = &self.listing;
         let stream = self.streams.touch(&key, seq, cfg.max_streams);
-        if stream.last_path.as_deref() == Some(&*event.path) {
-            // A later chunk of the file just read: nothing new about the name stream.
+        if !stream.note_file(&event.path) {
+            // Another chunk of a file just read: nothing new about the name stream.
             return;
         }
-        stream.last_path = Some(event.path.clone());
         if event.file_size > 0 {
             stream.size_sum = stream.size_sum.saturating_add(event.file_size);
             stream.size_n += 1;

@@ -304,3 +304,49 @@ impl TokenizedPath {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_days_round_trip_over_centuries() {
+        let start = days_from_civil(1899, 12, 25);
+        let end = days_from_civil(2101, 1, 5);
+        let mut prev = civil_from_days(start);
+        for z in start + 1..=end {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m, d), z);
+            // Consecutive days: same month next day, or the 1st of the next month.
+            assert!(
+                (y, m, d) == (prev.0, prev.1, prev.2 + 1) || (d == 1 && (m == prev.1 % 12 + 1)),
+                "{prev:?} -> {:?}",
+                (y, m, d)
+            );
+            prev = (y, m, d);
+        }
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(civil_from_days(days_from_civil(2024, 2, 29)), (2024, 2, 29));
+    }
+
+    #[test]
+    fn invalid_dates_and_glued_digits_are_numbers() {
+        assert_eq!(tokenize("2025-02-30").fields[0].kind, FieldKind::Number);
+        assert_eq!(tokenize("12025-01-01").fields[0].kind, FieldKind::Number);
+        assert_eq!(tokenize("d=2024-02-29").fields[0].kind, FieldKind::Date);
+    }
+
+    #[test]
+    fn padding_follows_the_widest_padded_width() {
+        let t = tokenize("part-1000.bin");
+        assert_eq!(t.render(&[0], &[4]), "part-0000.bin");
+        assert_eq!(t.render(&[7], &[0]), "part-7.bin");
+        let t = tokenize("part-0999.bin");
+        assert_eq!(t.render(&[1000], &[]), "part-1000.bin");
+    }
+
+    #[test]
+    fn braces_in_literals_cannot_forge_placeholders() {
+        assert_ne!(tokenize("a{n}b").template, tokenize("a1b").template);
+    }
+}

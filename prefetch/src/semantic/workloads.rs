@@ -348,6 +348,28 @@ pub fn shuffled_epochs(seed: u64, n: usize, epochs: usize) -> Workload {
     }
 }
 
+/// A listed set of `n` files of which each epoch reads a random `fraction`, without
+/// replacement: looks like a shuffle until the first repeat.
+pub fn sampled_epochs(seed: u64, n: usize, fraction: f64, epochs: usize) -> Workload {
+    let mut rng = Rng::new(seed);
+    let files: Vec<(String, u64)> = (0..n)
+        .map(|i| (format!("train/sample-{i:06}.jpg"), 96 * KIB))
+        .collect();
+    let take = ((n as f64 * fraction) as usize).min(n);
+    let mut events = Vec::new();
+    for _ in 0..epochs {
+        let mut order = files.clone();
+        rng.shuffle(&mut order);
+        events.extend(whole(1, &order[..take]));
+    }
+    Workload {
+        name: "per-epoch random subset of a listed set",
+        listings: listings_of(&files),
+        events,
+        window: n,
+    }
+}
+
 /// Uniform random reads with replacement from a listed set of `n` files.
 pub fn random_listed(seed: u64, n: usize, reads: usize) -> Workload {
     let mut rng = Rng::new(seed);
