@@ -660,8 +660,12 @@ impl FsCore {
         self.counters
             .read_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        let served = h.served.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
-        if offset + data.len() as u64 >= h.obj.size && served >= h.obj.size {
+        // Reads of one handle may complete out of order (async readahead on several
+        // threads): the copy is triggered by whichever read brings the total served
+        // through this handle to the object's size, once.
+        let n = data.len() as u64;
+        let before = h.served.fetch_add(n, Ordering::Relaxed);
+        if n > 0 && before < h.obj.size && before + n >= h.obj.size {
             self.maybe_copy_for_passthrough(&h);
         }
         Ok(data)
@@ -751,6 +755,7 @@ impl FsCore {
         let Some(path) = self.passthrough_path(&h.obj) else {
             return;
         };
+        tracing::debug!(path = %h.obj.path, copy = %path.display(), "whole object read; passthrough copy");
         if path.exists()
             || self.passthrough_bytes.load(Ordering::Relaxed) + h.obj.size > pt.budget
             || !self.passthrough_inflight.lock().insert(path.clone())

@@ -2,8 +2,10 @@
 //! tokio runtime, reply from the task, map errors to errno once ([`Error::errno`]).
 //!
 //! - Dispatch: fuser's session reads requests on `MountOptions::threads` threads (each
-//!   with its own cloned `/dev/fuse` fd); every request that may touch the store is
-//!   spawned onto the runtime, so a slow object never blocks other requests.
+//!   with its own cloned `/dev/fuse` fd). Each request's future is polled once inline;
+//!   if it is not done at once (it waits on the store or the disk) it is spawned onto
+//!   the runtime and replies from there, so a slow object never blocks other requests
+//!   while a cached block costs no thread hop.
 //! - Kernel config at init: readdirplus (so `ls -l` costs no per-entry lookups), the
 //!   largest readahead the kernel offers, and FUSE passthrough when the kernel has it and
 //!   the core keeps plain copies.
@@ -14,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -23,6 +26,7 @@ use fuser::{
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use futures::FutureExt;
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
@@ -115,6 +119,23 @@ impl FuseFs {
     }
 }
 
+impl FuseFs {
+    /// Runs a request's future: polled once inline on the session thread (inside the
+    /// runtime's context), so a request the caches answer at once (a memory-tier block,
+    /// a cached attribute) is replied without a thread hop; if it must wait (a store
+    /// fetch, a disk read), the already-started future moves to the runtime.
+    fn dispatch<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let _ctx = self.rt.enter();
+        let mut fut = Box::pin(fut);
+        if (&mut fut).now_or_never().is_none() {
+            self.rt.spawn(fut);
+        }
+    }
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         self.passthrough = configure_kernel(config, self.want_passthrough);
@@ -125,7 +146,7 @@ impl Filesystem for FuseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let core = self.core.clone();
         let name = name.to_string_lossy().into_owned();
-        self.rt.spawn(async move {
+        self.dispatch(async move {
             match core.lookup(parent.0, &name).await {
                 Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(e.generation)),
                 Err(e) => reply.error(errno(&e, "lookup")),
@@ -135,7 +156,7 @@ impl Filesystem for FuseFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.dispatch(async move {
             match core.getattr(ino.0).await {
                 Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
                 Err(e) => reply.error(errno(&e, "getattr")),
@@ -150,7 +171,7 @@ impl Filesystem for FuseFs {
         let passthrough = self.passthrough;
         let opens = self.opens.clone();
         let handles = self.handles.clone();
-        self.rt.spawn(async move {
+        self.dispatch(async move {
             let opened = match core.open(ino.0, write).await {
                 Ok(o) => o,
                 Err(e) => return reply.error(errno(&e, "open")),
@@ -185,7 +206,10 @@ impl Filesystem for FuseFs {
                     st.passthrough += 1;
                     handles.lock().insert(opened.fh, (ino.0, true));
                     drop(map);
-                    reply.opened_passthrough(FileHandle(opened.fh), fl, &b);
+                    // The kernel accepts only FOPEN_PASSTHROUGH_MASK flags with
+                    // passthrough (KEEP_CACHE would fail the open with EIO); the page
+                    // cache is the backing file's anyway.
+                    reply.opened_passthrough(FileHandle(opened.fh), FopenFlags::empty(), &b);
                 }
                 None => {
                     st.normal += 1;
@@ -210,7 +234,7 @@ impl Filesystem for FuseFs {
     ) {
         let core = self.core.clone();
         let pid = req.pid();
-        self.rt.spawn(async move {
+        self.dispatch(async move {
             match core.read(fh.0, offset, size, pid).await {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e, "read")),
@@ -229,7 +253,10 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         self.core.release(fh.0);
-        if let Some((ino, pt)) = self.handles.lock().remove(&fh.0) {
+        // Bind first: a guard in an `if let` scrutinee would live through the block and
+        // take `handles` before `opens`, the reverse of `open`'s order (a deadlock).
+        let removed = self.handles.lock().remove(&fh.0);
+        if let Some((ino, pt)) = removed {
             let mut map = self.opens.lock();
             if let Some(st) = map.get_mut(&ino) {
                 if pt {
@@ -258,7 +285,7 @@ impl Filesystem for FuseFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let core = self.core.clone();
-        self.rt.spawn(async move {
+        self.dispatch(async move {
             match core.opendir(ino.0).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e, "opendir")),

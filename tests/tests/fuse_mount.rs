@@ -205,6 +205,54 @@ fn unmount_with_open_files_does_not_hang(b: Backend) {
     );
 }
 
+fn passthrough_opens_read_the_same_bytes(b: Backend) {
+    let cache = tempfile::tempdir().expect("cache dir");
+    let core = strata_fs::CoreOptions {
+        metadata_ttl: Duration::from_secs(60),
+        passthrough: Some(strata_fs::PassthroughOptions::new(cache.path().join("pt"))),
+        ..Default::default()
+    };
+    let fx = Fixture::with_core(b, core, retry_fast());
+    let counters = || {
+        fx.mount
+            .as_ref()
+            .and_then(|m| m.core())
+            .expect("core")
+            .counters()
+    };
+    for p in ["big.bin", "dir/a.txt"] {
+        let want = std::fs::read(fx.s(p)).expect("source");
+        assert_eq!(std::fs::read(fx.m(p)).expect("first read"), want, "{p}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters()
+        .passthrough_copies
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "copies written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Reopened (twice, and concurrently): passthrough opens, same bytes.
+    for p in ["big.bin", "dir/a.txt"] {
+        let want = std::fs::read(fx.s(p)).expect("source");
+        let f1 = File::open(fx.m(p)).expect("open 1");
+        let f2 = File::open(fx.m(p)).expect("open 2");
+        let mut got = Vec::new();
+        (&f1).read_to_end(&mut got).expect("read 1");
+        assert_eq!(got, want, "{p} via passthrough");
+        let mut buf = vec![0u8; 100];
+        let n = f2.read_at(&mut buf, 7).expect("pread 2");
+        assert_eq!(&buf[..n], &want[7..(7 + 100).min(want.len())]);
+    }
+    assert!(
+        counters()
+            .passthrough_opens
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 4
+    );
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod local {
@@ -225,4 +273,5 @@ both_backends!(
     writes_are_refused,
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,
+    passthrough_opens_read_the_same_bytes,
 );

@@ -78,6 +78,22 @@ impl Fixture {
     }
 
     pub fn with(backend: Backend, ttl: Duration, retry: RetryPolicy) -> Fixture {
+        Self::with_core(
+            backend,
+            CoreOptions {
+                metadata_ttl: ttl,
+                ..Default::default()
+            },
+            retry,
+        )
+    }
+
+    pub fn with_core(backend: Backend, core: CoreOptions, retry: RetryPolicy) -> Fixture {
+        // RUST_LOG=strata_fs=debug shows the mount's log in a failing test's output.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -129,10 +145,7 @@ impl Fixture {
         let reader = ObjectReader::new(engine, store.clone(), BLOCK).expect("reader");
         let mnt = tempfile::tempdir().expect("mountpoint");
         let opts = MountOptions {
-            core: CoreOptions {
-                metadata_ttl: ttl,
-                ..Default::default()
-            },
+            core,
             runtime: Some(rt.handle().clone()),
             fsname: format!("strata-test-{backend:?}"),
             ..Default::default()

@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 
+pub mod fs;
 pub mod gds;
 pub mod kv;
 pub mod replay;
@@ -10,6 +11,8 @@ pub mod replay;
 pub enum BenchCommand {
     /// GPU tier staging on the emulated device: disk -> bounce -> device vs its ceilings.
     Gds(gds::GdsArgs),
+    /// FUSE mount: seq 1 MiB and random 4 KiB reads, cold and warm, next to a null FUSE fs, the local dir and direct store reads.
+    Fs(fs::FsArgs),
     /// KV service over loopback: put/get throughput and latency next to raw loopback TCP.
     Kv(kv::KvArgs),
     /// Replay a trace through several cache policies in simulated time.
@@ -19,6 +22,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Gds(a) => gds::run(a),
+        BenchCommand::Fs(a) => fs::run(a),
         BenchCommand::Kv(a) => kv::run(a),
         BenchCommand::Replay(a) => replay::run(a),
     }
