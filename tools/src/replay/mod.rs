@@ -57,6 +57,7 @@ use std::sync::Arc;
 
 use strata_cache_core::policy::NextUse;
 use strata_cache_core::space::{Placement, TierSpace};
+use strata_cache_core::stream::FxBuild;
 use strata_cache_core::{AccessContext, CacheKey, JobId, DEFAULT_BLOCK_SIZE};
 use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
@@ -130,8 +131,8 @@ pub struct Prepared {
     path_index: HashMap<Arc<str>, u32>,
     keys: Vec<CacheKey>,
     sizes: Vec<u64>,
-    key_ids: HashMap<CacheKey, u32>,
-    block_ids: HashMap<(u32, u64), u32>,
+    key_ids: HashMap<CacheKey, u32, FxBuild>,
+    block_ids: HashMap<(u32, u64), u32, FxBuild>,
     /// Per record: its range in `acc`.
     rec_acc: Vec<(u32, u32)>,
     /// Flat block accesses in trace order.
@@ -178,8 +179,8 @@ impl Prepared {
             block_bytes,
             keys: Vec::new(),
             sizes: Vec::new(),
-            key_ids: HashMap::new(),
-            block_ids: HashMap::new(),
+            key_ids: HashMap::default(),
+            block_ids: HashMap::default(),
             rec_acc: Vec::with_capacity(trace.records.len()),
             acc: Vec::with_capacity(trace.records.len()),
             next_use: Vec::new(),
@@ -291,8 +292,8 @@ struct Run<'a> {
     state: Vec<BlockState>,
     extra_keys: Vec<CacheKey>,
     extra_sizes: Vec<u64>,
-    extra_ids: HashMap<(u32, u64), u32>,
-    extra_key_ids: HashMap<CacheKey, u32>,
+    extra_ids: HashMap<(u32, u64), u32, FxBuild>,
+    extra_key_ids: HashMap<CacheKey, u32, FxBuild>,
     link: Link,
     reqs: Vec<PrefetchRequest>,
     accesses: u64,
@@ -582,8 +583,8 @@ fn replay_once(
         ],
         extra_keys: Vec::new(),
         extra_sizes: Vec::new(),
-        extra_ids: HashMap::new(),
-        extra_key_ids: HashMap::new(),
+        extra_ids: HashMap::default(),
+        extra_key_ids: HashMap::default(),
         link: Link {
             model: cfg.store,
             free_at: 0,
