@@ -44,6 +44,10 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use strata_cache_core::{AccessContext, CacheError, JobId, ObjectInfo, ObjectReader};
 
+use strata_prefetch::semantic::SemanticPredictor;
+use strata_prefetch::sequential::SequentialPredictor;
+use strata_prefetch::{AccessEvent, Predictor, PrefetchRequest};
+
 use crate::error::{Error, Result};
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
 
@@ -68,6 +72,9 @@ pub struct CoreOptions {
     pub readahead: ReadaheadFactory,
     /// Plain-file copies for FUSE passthrough; None disables them.
     pub passthrough: Option<PassthroughOptions>,
+    /// Mount-wide predictors fed every demand read (and, for the semantic one, every
+    /// listing); their requests may name other files. None: only per-handle readahead.
+    pub predictors: Option<Arc<Predictors>>,
     /// Attribute cache entries. 1 M: ~200 MB at worst, far above any one listing.
     pub max_attr_entries: u64,
     /// Cached listings. 4096 directories.
@@ -93,8 +100,39 @@ impl Default for CoreOptions {
             gid,
             readahead: Arc::new(|| Box::new(WindowDoubling::new(WindowConfig::default()))),
             passthrough: None,
+            predictors: None,
             max_attr_entries: 1 << 20,
             max_listings: 4096,
+        }
+    }
+}
+
+/// The prefetch crate's predictors, shared by every open file of a mount. Each is
+/// locked only for its (pure, I/O-free) `on_access`; the core resolves and fetches what
+/// they request.
+#[derive(Default)]
+pub struct Predictors {
+    /// Rate-following sequential readahead (replaces the per-handle window when set).
+    pub sequential: Option<Mutex<SequentialPredictor>>,
+    /// Next-file prediction from path names (`shard-00041` -> `shard-00042`).
+    pub semantic: Option<Mutex<SemanticPredictor>>,
+}
+
+impl std::fmt::Debug for Predictors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Predictors")
+            .field("sequential", &self.sequential.is_some())
+            .field("semantic", &self.semantic.is_some())
+            .finish()
+    }
+}
+
+impl Predictors {
+    /// Both predictors with their default tuning.
+    pub fn standard() -> Self {
+        Predictors {
+            sequential: Some(Mutex::new(SequentialPredictor::default())),
+            semantic: Some(Mutex::new(SemanticPredictor::default())),
         }
     }
 }
@@ -486,6 +524,21 @@ impl FsCore {
             let child = self.child_path(path, name);
             self.attrs.insert(child, m.clone()).await;
         }
+        if let Some(sem) = self
+            .opts
+            .predictors
+            .as_ref()
+            .and_then(|p| p.semantic.as_ref())
+        {
+            let sized: Vec<(&str, u64)> = entries
+                .iter()
+                .filter_map(|(n, m)| match m {
+                    Meta::File(o) => Some((n.as_str(), o.size)),
+                    _ => None,
+                })
+                .collect();
+            sem.lock().observe_listing_sized(path, &sized);
+        }
         let listing = Arc::new(Listing { entries });
         self.listings.insert(path.clone(), listing.clone()).await;
         Ok(listing)
@@ -643,9 +696,19 @@ impl FsCore {
             })?;
         let job = if pid != 0 { pid as u64 } else { (1 << 63) | fh };
         let ctx = AccessContext::demand(JobId(job), self.now_ns());
-        let ahead = h.readahead.lock().on_read(offset, size as u64, h.obj.size);
-        if let Some(range) = ahead {
-            self.prefetch(&h.obj, range, &ctx);
+        let seq_predictor = self
+            .opts
+            .predictors
+            .as_ref()
+            .is_some_and(|p| p.sequential.is_some());
+        if !seq_predictor {
+            let ahead = h.readahead.lock().on_read(offset, size as u64, h.obj.size);
+            if let Some(range) = ahead {
+                self.prefetch(&h.obj, range, &ctx);
+            }
+        }
+        if let Some(p) = &self.opts.predictors {
+            self.predict(p, &h.obj, offset, size as u64, &ctx);
         }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
@@ -669,6 +732,54 @@ impl FsCore {
             self.maybe_copy_for_passthrough(&h);
         }
         Ok(data)
+    }
+
+    /// Feeds one demand read to the predictors and starts what they ask for: ranges of
+    /// this object at once, other paths after resolving them (a metadata-cache hit
+    /// usually).
+    fn predict(
+        self: &Arc<Self>,
+        p: &Predictors,
+        obj: &Arc<ObjectInfo>,
+        offset: u64,
+        len: u64,
+        ctx: &AccessContext,
+    ) {
+        let bs = self.reader.block_size();
+        let ev = AccessEvent {
+            job: ctx.job,
+            path: obj.path.clone(),
+            offset,
+            len,
+            file_size: obj.size,
+            now_ns: ctx.now_ns,
+            pattern: self
+                .reader
+                .engine()
+                .pattern_of(&ObjectReader::block_key(obj, offset / bs), ctx),
+        };
+        let mut out: Vec<PrefetchRequest> = Vec::new();
+        if let Some(s) = &p.sequential {
+            s.lock().on_access(&ev, &mut out);
+        }
+        if let Some(s) = &p.semantic {
+            s.lock().on_access(&ev, &mut out);
+        }
+        for req in out {
+            let range = req.offset..req.offset.saturating_add(req.len.max(1));
+            if req.path == obj.path {
+                self.prefetch(obj, range.start..range.end.min(obj.size), ctx);
+                continue;
+            }
+            let core = self.clone();
+            let ctx = *ctx;
+            tokio::spawn(async move {
+                let path: Arc<str> = req.path.clone();
+                if let Ok(Meta::File(o)) = core.meta(&path).await {
+                    core.prefetch(&o, range.start..range.end.min(o.size), &ctx);
+                }
+            });
+        }
     }
 
     fn prefetch(&self, obj: &ObjectInfo, range: Range<u64>, ctx: &AccessContext) {

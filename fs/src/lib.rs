@@ -20,6 +20,6 @@ pub mod mount;
 pub mod null;
 pub mod readahead;
 
-pub use crate::core::{CoreOptions, FsCore, PassthroughOptions};
+pub use crate::core::{CoreOptions, FsCore, PassthroughOptions, Predictors};
 pub use crate::error::{Error, Result};
 pub use crate::mount::{spawn, MountHandle, MountOptions};

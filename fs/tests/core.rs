@@ -399,3 +399,48 @@ async fn a_whole_small_object_read_gets_a_passthrough_copy() {
     .await
     .expect("bounded");
 }
+
+#[tokio::test]
+async fn the_semantic_predictor_prefetches_the_next_shards() {
+    timed(async {
+        let opts = CoreOptions {
+            predictors: Some(Arc::new(strata_fs::Predictors::standard())),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        for i in 0..12 {
+            fx.store
+                .put(&format!("shards/shard-{i:05}.tar"), data(3000, i as u8))
+                .await
+                .expect("seed shard");
+        }
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "shards").await.expect("shards");
+        let fh = c.opendir(dir.attr.ino).await.expect("list");
+        c.releasedir(fh);
+        for i in 0..5 {
+            let e = c
+                .lookup(dir.attr.ino, &format!("shard-{i:05}.tar"))
+                .await
+                .expect("shard");
+            let o = c.open(e.attr.ino, false).await.expect("open");
+            let got = c.read(o.fh, 0, 3000, 99).await.expect("read");
+            assert_eq!(got, data(3000, i as u8));
+            c.release(o.fh);
+        }
+        let reader = c.reader().clone();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let next = fx.store.head("shards/shard-00005.tar").await.expect("head");
+        while !fx.engine.contains(&ObjectReader::block_key(&next, 0)) {
+            assert!(
+                Instant::now() < deadline,
+                "shard 5 prefetched before it is read: {:?}",
+                fx.engine.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(reader.engine().stats().prefetch_fills >= 1);
+    })
+    .await
+    .expect("bounded");
+}

@@ -41,6 +41,7 @@ use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::{BackingStore, ObjectReader, RetryPolicy, StoreOptions};
 use strata_fs::{MountOptions, PassthroughOptions};
 
+use crate::commands::mount::PrefetchMode;
 use crate::config::{open_core, parse_size, CacheConfig};
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +68,9 @@ pub struct FsArgs {
     /// Shared store bandwidth (cold model), e.g. 200MB.
     #[arg(long, default_value = "200MB")]
     pub bandwidth: String,
+    /// Prefetching of the Strata mounts (as `strata mount --prefetch`).
+    #[arg(long, value_enum, default_value_t = PrefetchMode::Predictors)]
+    pub prefetch: PrefetchMode,
     /// Working directory (dataset, caches, mount points). Default: a temp dir.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -91,6 +95,7 @@ pub struct FsReport {
     pub latency_ms: u64,
     pub bandwidth_bytes_per_sec: u64,
     pub read_ahead_kb: u32,
+    pub prefetch: String,
 }
 
 fn gbps(bytes: u64, d: Duration) -> f64 {
@@ -275,8 +280,11 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let mopts = |core: strata_fs::CoreOptions| MountOptions {
-        core,
+    let mopts = |mut core: strata_fs::CoreOptions| MountOptions {
+        core: {
+            args.prefetch.apply(&mut core);
+            core
+        },
         runtime: Some(rt.handle().clone()),
         fsname: "strata-bench".into(),
         ..Default::default()
@@ -371,7 +379,9 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
         }
         // Evict the copies too: the kernel reads them from the disk, like the local pass.
         for e in std::fs::read_dir(work.join("cache").join("passthrough"))? {
-            evict(&e?.path())?;
+            let p = e?.path();
+            File::open(&p)?.sync_all()?; // dirty pages cannot be evicted
+            evict(&p)?;
         }
         let (b, t) = seq_read(&strata_mnt, &names)?;
         let opened = h
@@ -404,6 +414,7 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
         latency_ms: args.latency_ms,
         bandwidth_bytes_per_sec: bw,
         read_ahead_kb,
+        prefetch: format!("{:?}", args.prefetch).to_lowercase(),
     })
 }
 
@@ -423,6 +434,7 @@ mod tests {
             threads: 2,
             latency_ms: 1,
             bandwidth: "1GB".into(),
+            prefetch: PrefetchMode::Predictors,
             dir: None,
         };
         let r = bench(&args).expect("bench");

@@ -60,9 +60,35 @@ pub struct MountArgs {
     /// passthrough).
     #[arg(long, default_value = "64MiB")]
     pub passthrough_max: String,
+    /// Prefetching: `predictors` (the prefetch crate's rate-following sequential and
+    /// semantic next-file predictors, fed every read and listing) or `window`
+    /// (per-file window doubling only).
+    #[arg(long, value_enum, default_value_t = PrefetchMode::Predictors)]
+    pub prefetch: PrefetchMode,
     /// Kernel readahead of the mount in KiB.
     #[arg(long, default_value_t = 4096)]
     pub read_ahead_kb: u32,
+}
+
+/// How a mount prefetches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrefetchMode {
+    /// Per-file window doubling (strata_fs::readahead).
+    Window,
+    /// Sequential + semantic predictors (strata_prefetch).
+    Predictors,
+}
+
+impl PrefetchMode {
+    /// Applies the mode to a core's options.
+    pub fn apply(self, core: &mut strata_fs::CoreOptions) {
+        core.predictors = match self {
+            PrefetchMode::Window => None,
+            PrefetchMode::Predictors => {
+                Some(std::sync::Arc::new(strata_fs::Predictors::standard()))
+            }
+        };
+    }
 }
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
@@ -115,6 +141,7 @@ async fn serve(args: MountArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     opts.core.metadata_ttl = Duration::from_secs(args.metadata_ttl);
+    args.prefetch.apply(&mut opts.core);
     let pt_max = parse_size(&args.passthrough_max)?;
     if pt_max > 0 {
         let mut pt = PassthroughOptions::new(core.cache_dir.join("passthrough"));
