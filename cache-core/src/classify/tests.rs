@@ -1,12 +1,80 @@
+use super::eval::{measure, Kind};
 use super::*;
 
+fn cfg() -> ClassifierConfig {
+    ClassifierConfig::default()
+}
+
 #[test]
-fn placeholder_sequential() {
-    let cfg = ClassifierConfig::default();
-    let mut sc = Scratch::default();
-    let mut s = StreamStats::new(Pattern::Unknown);
-    for i in 0..64u64 {
-        s.observe(i, i as u32, &cfg, &mut sc);
+fn clean_sequential_is_detected_at_min_samples() {
+    let r = measure(Kind::Sequential { noise: 0.0 }, 256, 50, 1, &cfg());
+    assert_eq!(r.final_error, 0.0);
+    // The first test runs once min_samples steps are in and test_every visits passed.
+    assert!(r.max_delay <= 24, "{r:?}");
+}
+
+#[test]
+fn noisy_sequential_is_still_detected() {
+    // 30% of steps jump elsewhere (another reader's interference).
+    let r = measure(Kind::Sequential { noise: 0.3 }, 256, 100, 2, &cfg());
+    assert!(r.final_error <= 0.02, "{r:?}");
+    assert!(r.mean_delay <= 40.0, "{r:?}");
+}
+
+#[test]
+fn uniform_streams_are_rarely_misclassified() {
+    // Per test, the two nulls are true: the error rate is bounded by about 2 * alpha.
+    for n in [8, 64, 1000, 1 << 20] {
+        let r = measure(Kind::Uniform { n }, 512, 100, 3, &cfg());
+        assert!(r.per_test_error <= 0.03, "n={n}: {r:?}");
+        assert!(r.final_error <= 0.05, "n={n}: {r:?}");
     }
+}
+
+#[test]
+fn shuffled_epochs_are_random() {
+    let r = measure(Kind::Shuffle { n: 5000 }, 1000, 100, 4, &cfg());
+    assert!(r.final_error <= 0.02, "{r:?}");
+}
+
+#[test]
+fn zipf_streams_are_skewed() {
+    let r = measure(Kind::Zipf { n: 2000, s: 1.0 }, 1024, 100, 5, &cfg());
+    assert!(r.final_error <= 0.05, "{r:?}");
+    assert!(r.mean_delay <= 200.0, "{r:?}");
+}
+
+#[test]
+fn hysteresis_needs_two_agreeing_tests() {
+    let c = cfg();
+    let mut sc = Scratch::default();
+    let mut s = StreamStats::new(Pattern::Sequential);
+    // One outcome of Random does not flip an established pattern.
+    s.apply(Pattern::Random, &c);
     assert_eq!(s.pattern(), Pattern::Sequential);
+    s.apply(Pattern::Random, &c);
+    assert_eq!(s.pattern(), Pattern::Random);
+    // From Unknown the first outcome is taken.
+    let mut u = StreamStats::new(Pattern::Unknown);
+    u.apply(Pattern::Skewed, &c);
+    assert_eq!(u.pattern(), Pattern::Skewed);
+    let _ = s.test_now(&c, &mut sc);
+}
+
+#[test]
+fn p_values_come_from_the_right_tails() {
+    // 10 adjacent of 10 steps at p0 = 0.5 -> 0.5^10.
+    assert!((sequential_p_value(10, 10, 0.5) - 0.5f64.powi(10)).abs() < 1e-9);
+    assert_eq!(sequential_p_value(10, 0, 0.5), 1.0);
+    assert!(uniform_p_value(&[10, 10, 10, 10]) > 0.99);
+    assert!(uniform_p_value(&[40, 2, 2, 2]) < 1e-6);
+}
+
+#[test]
+fn zipf_exponent_is_recovered() {
+    let counts: Vec<usize> = (1..=50)
+        .map(|r| (10_000.0 / (r as f64).powf(1.2)) as usize)
+        .collect();
+    let s = zipf_exponent(&counts);
+    assert!((s - 1.2).abs() < 0.05, "{s}");
 }

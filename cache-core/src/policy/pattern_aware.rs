@@ -97,6 +97,10 @@ impl Default for PatternAwareConfig {
     }
 }
 
+/// Stable-subset tiers: members re-read while resident are evicted after the others.
+const PROVEN: u64 = 0;
+const UNPROVEN: u64 = 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pool {
     Consumed,
@@ -138,6 +142,10 @@ impl Sketch {
         let w = self.mask + 1;
         let hr = mix64(h ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         row * w + (hr as usize & self.mask)
+    }
+    /// Ages every `10 x items` increments (TinyLFU's sample size), at least 4096.
+    fn set_items(&mut self, items: usize) {
+        self.age_every = (10 * items as u64).max(4096);
     }
     fn add(&mut self, h: u64) -> u64 {
         let mut min = u8::MAX;
@@ -183,13 +191,12 @@ pub struct PatternAwarePolicy {
     entries: HashMap<CacheKey, Entry, FxBuild>,
     consumed: BTreeMap<u64, CacheKey>,
     ahead: BTreeMap<u64, CacheKey>,
-    stable: BTreeMap<(u64, u64), CacheKey>,
+    /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
+    stable: BTreeMap<(u64, u64, u64), CacheKey>,
     freq: BTreeMap<(u64, u64), CacheKey>,
     bytes: [u64; 4],
     seq: u64,
     cap: u64,
-    /// LFU-DA inflation: priority of the last `freq` victim.
-    inflation: u64,
     sketch: Sketch,
     seen: Vec<u64>,
     seen_set: usize,
@@ -236,7 +243,6 @@ impl PatternAwarePolicy {
             bytes: [0; 4],
             seq: 0,
             cap: cfg.capacity_hint.unwrap_or(0),
-            inflation: 0,
             sketch,
             seen,
             seen_set: 0,
@@ -297,8 +303,13 @@ impl PatternAwarePolicy {
         was
     }
 
+    /// Largest hash among the unproven members of the stable subset: a newcomer with
+    /// a smaller hash replaces it.
     fn stable_threshold(&self) -> Option<u64> {
-        self.stable.last_key_value().map(|((h, _), _)| *h)
+        self.stable
+            .last_key_value()
+            .filter(|((tier, _, _), _)| *tier == UNPROVEN)
+            .map(|((_, h, _), _)| *h)
     }
 
     /// Where a scan item of hash `h` goes: the stable subset or the consumed queue.
@@ -338,7 +349,7 @@ impl PatternAwarePolicy {
                 self.ahead.remove(&e.order);
             }
             Pool::Stable => {
-                self.stable.remove(&(e.hash, e.seq));
+                self.stable.remove(&(e.order, e.hash, e.seq));
             }
             Pool::Freq => {
                 self.freq.remove(&(e.order, e.seq));
@@ -361,10 +372,10 @@ impl PatternAwarePolicy {
                 self.ahead.insert(e.order, key.clone());
             }
             Pool::Stable => {
-                self.stable.insert((e.hash, e.seq), key.clone());
+                self.stable.insert((e.order, e.hash, e.seq), key.clone());
             }
             Pool::Freq => {
-                e.order = self.inflation + self.sketch.estimate(e.hash).max(1);
+                e.order = self.sketch.estimate(e.hash).max(1);
                 self.freq.insert((e.order, e.seq), key.clone());
             }
         }
@@ -374,6 +385,9 @@ impl PatternAwarePolicy {
     fn move_to(&mut self, key: &CacheKey, pool: Pool) {
         if let Some(mut e) = self.entries.get(key).copied() {
             self.unlink(key, &e);
+            if pool == Pool::Stable {
+                e.order = UNPROVEN;
+            }
             self.link(key, &mut e, pool);
             self.entries.insert(key.clone(), e);
         }
@@ -395,7 +409,7 @@ impl PatternAwarePolicy {
             }
         }
         self.misses += 1;
-        if self.misses % self.cfg.rebalance_every.max(1) == 0 {
+        if self.misses.is_multiple_of(self.cfg.rebalance_every.max(1)) {
             self.rebalance();
         }
     }
@@ -405,6 +419,11 @@ impl PatternAwarePolicy {
     }
 
     fn rebalance(&mut self) {
+        let items = self.entries.len();
+        self.sketch.set_items(items);
+        if self.cap > 0 {
+            self.tree.set_share_window(items as u64);
+        }
         let (f, s) = (self.gain_freq, self.gain_stable);
         let step = self.cfg.rebalance_step;
         if f > s * 1.1 {
@@ -473,7 +492,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             size,
             pool,
             hash: h,
-            order: 0,
+            order: UNPROVEN,
             seq: 0,
         };
         self.link(key, &mut e, pool);
@@ -508,6 +527,13 @@ impl EvictionPolicy for PatternAwarePolicy {
                 self.move_to(key, pool);
             }
             Pool::Consumed if !obs.repeat => self.move_to(key, Pool::Freq),
+            Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
+                let mut e = e;
+                self.unlink(key, &e);
+                e.order = PROVEN;
+                self.link(key, &mut e, Pool::Stable);
+                self.entries.insert(key.clone(), e);
+            }
             Pool::Freq if !obs.repeat => self.move_to(key, Pool::Freq),
             _ => {}
         }
@@ -520,14 +546,18 @@ impl EvictionPolicy for PatternAwarePolicy {
         self.unlink(key, &e);
         let evicted = self.last_victim.take() == Some(e.hash);
         if evicted && e.pool == Pool::Freq {
-            self.inflation = self.inflation.max(e.order);
             self.push_ghost(e.hash, e.size);
         }
     }
 
     fn victim(&mut self) -> Option<CacheKey> {
         let resident = self.resident_bytes();
-        self.cap = self.cap.max(resident.saturating_add(self.pending_size));
+        let cap = self.cap.max(resident.saturating_add(self.pending_size));
+        if cap != self.cap {
+            self.cap = cap;
+            self.tree.set_share_window(self.entries.len() as u64);
+            self.sketch.set_items(self.entries.len());
+        }
         let pick = if let Some((_, k)) = self.consumed.first_key_value() {
             Some(k)
         } else if (self.bytes[1] as f64) > self.cfg.ahead_share * self.cap as f64

@@ -153,6 +153,15 @@ struct Node {
     last_tick: u64,
 }
 
+/// Cross-job summary of one file / namespace node: who read it last and when another
+/// job last did, so concurrent readers are seen.
+#[derive(Clone, Copy)]
+struct Share {
+    job: u64,
+    tick: u64,
+    shared_tick: u64,
+}
+
 /// Tunables of the tree.
 #[derive(Clone, Debug)]
 pub struct TreeConfig {
@@ -160,6 +169,12 @@ pub struct TreeConfig {
     /// Streams kept before the least recently used half is dropped: 65,536, i.e. a few
     /// MiB of state, enough for thousands of concurrent jobs x their open files.
     pub max_streams: usize,
+    /// Accesses (all jobs) within which a second job reading the same file makes it
+    /// *shared*: 65,536 until the policy knows how many blocks the cache holds, then
+    /// that number (see [`StreamTree::set_share_window`]): readers trailing each other by
+    /// less than a cache's worth of accesses are served by recency, and workers that
+    /// take turns on a file once per epoch are not "sharing" it.
+    pub share_window: u64,
 }
 
 impl Default for TreeConfig {
@@ -167,6 +182,7 @@ impl Default for TreeConfig {
         TreeConfig {
             classifier: ClassifierConfig::default(),
             max_streams: 1 << 16,
+            share_window: 1 << 16,
         }
     }
 }
@@ -182,12 +198,20 @@ pub struct Observation {
     pub dirs: Pattern,
     /// The access repeats the job's previous block of this file (same visit).
     pub repeat: bool,
+    /// Another job read the same file (or KV namespace) within the sharing window:
+    /// the data is being consumed by several readers at once.
+    pub shared: bool,
 }
 
 impl Observation {
     /// The pattern that decides retention: skewed anywhere means popular items exist;
     /// otherwise the finest classified level.
     pub fn retention(&self) -> Pattern {
+        // Data several jobs read at about the same time is popular by definition: the
+        // trailing readers need what the leading one just read.
+        if self.shared {
+            return Pattern::Skewed;
+        }
         let levels = [self.blocks, self.files, self.dirs];
         if levels.contains(&Pattern::Skewed) {
             return Pattern::Skewed;
@@ -237,6 +261,7 @@ fn split(location: &str) -> Path<'_> {
 pub struct StreamTree {
     cfg: TreeConfig,
     nodes: HashMap<StreamId, Node, FxBuild>,
+    shares: HashMap<u64, Share, FxBuild>,
     scratch: Scratch,
     ticks: Vec<u64>,
     tick: u64,
@@ -254,6 +279,7 @@ impl StreamTree {
         StreamTree {
             cfg,
             nodes: HashMap::default(),
+            shares: HashMap::default(),
             scratch: Scratch::default(),
             ticks: Vec::new(),
             tick: 0,
@@ -270,6 +296,13 @@ impl StreamTree {
         self.nodes.is_empty()
     }
 
+    /// Sets the sharing window (in accesses). The policy sets it to the number of
+    /// blocks the cache holds: a second job re-reading within that many accesses is
+    /// served by keeping recent data, one further away is not.
+    pub fn set_share_window(&mut self, accesses: u64) {
+        self.cfg.share_window = accesses.max(1);
+    }
+
     /// Streams dropped so far by the memory bound.
     pub fn dropped(&self) -> u64 {
         self.dropped
@@ -278,12 +311,37 @@ impl StreamTree {
     /// Approximate heap bytes of the tree (entries, their windows, table slack).
     pub fn approx_bytes(&self) -> usize {
         let entry = std::mem::size_of::<(StreamId, Node)>() + 1;
+        let share = std::mem::size_of::<(u64, Share)>() + 1;
         let windows: usize = self
             .nodes
             .values()
             .map(|n| n.stats.window_capacity() * 4)
             .sum();
-        self.nodes.capacity() * entry + windows
+        self.nodes.capacity() * entry + self.shares.capacity() * share + windows
+    }
+
+    fn is_shared(&self, node: u64) -> bool {
+        self.shares.get(&node).is_some_and(|s| {
+            s.shared_tick > 0 && self.tick - s.shared_tick <= self.cfg.share_window
+        })
+    }
+
+    fn share(&mut self, job: u64, node: u64) -> bool {
+        let tick = self.tick;
+        let w = self.cfg.share_window;
+        let s = self.shares.entry(node).or_insert(Share {
+            job,
+            tick,
+            shared_tick: 0,
+        });
+        if s.job != job {
+            if tick.saturating_sub(s.tick) <= w {
+                s.shared_tick = tick;
+            }
+            s.job = job;
+        }
+        s.tick = tick;
+        s.shared_tick > 0 && tick - s.shared_tick <= w
     }
 
     /// Records a demand access and returns the patterns of its streams.
@@ -296,6 +354,7 @@ impl StreamTree {
                 let p = split(&k.location);
                 let file_h = hash_bytes(p.file.as_bytes());
                 let block_fp = mix64(k.block) as u32;
+                obs.shared = self.share(job, file_h);
                 if let Some(dir) = p.dir {
                     let dir_h = hash_bytes(dir.as_bytes());
                     if let Some(root) = p.root {
@@ -317,8 +376,11 @@ impl StreamTree {
                         file_h as u32,
                     );
                     obs.files = v.after;
+                    let same_file = v.repeat;
                     let v = self.visit(job, LEVEL_FILE ^ file_h, v.hint, k.block, block_fp);
-                    obs.repeat = v.repeat;
+                    // Same visit only if the job's previous read in this directory was
+                    // this file and its previous read of this file was this block.
+                    obs.repeat = v.repeat && same_file;
                     obs.blocks = v.after;
                     if v.after != v.before && v.after != Pattern::Unknown {
                         if let Some(d) = self.nodes.get_mut(&StreamId {
@@ -343,6 +405,7 @@ impl StreamTree {
             CacheKey::Kv(k) => {
                 let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
                 let h = hash_bytes(&k.hash);
+                obs.shared = self.share(job, ns_h);
                 // Prefix hashes carry no order: index = hash, so never adjacent.
                 let v = self.visit(job, LEVEL_FILE ^ ns_h, Pattern::Unknown, h, h as u32);
                 obs.repeat = v.repeat;
@@ -351,6 +414,13 @@ impl StreamTree {
         }
         if self.nodes.len() > self.cfg.max_streams {
             self.prune();
+        }
+        if self.shares.len() > self.cfg.max_streams {
+            let cut = self.tick.saturating_sub(self.cfg.share_window);
+            self.shares.retain(|_, s| s.tick >= cut);
+            if self.shares.len() > self.cfg.max_streams / 2 {
+                self.shares.clear();
+            }
         }
         obs
     }
@@ -391,6 +461,7 @@ impl StreamTree {
             CacheKey::File(k) => {
                 let p = split(&k.location);
                 let file_h = hash_bytes(p.file.as_bytes());
+                obs.shared = self.is_shared(file_h);
                 let mut hint = Pattern::Unknown;
                 if let Some(dir) = p.dir {
                     if let Some(root) = p.root {
@@ -407,6 +478,7 @@ impl StreamTree {
             CacheKey::Kv(k) => {
                 let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
                 obs.blocks = get(LEVEL_FILE ^ ns_h).map_or(Pattern::Unknown, |x| x.0);
+                obs.shared = self.is_shared(ns_h);
             }
         }
         obs

@@ -1,7 +1,245 @@
 use super::*;
+use crate::access::JobId;
+use crate::space::TierSpace;
+use proptest::prelude::*;
 
+const MB: u64 = 1 << 20;
+
+fn demand(job: u64, t: u64) -> AccessContext {
+    AccessContext::demand(JobId(job), t)
+}
+
+/// A read through a tier as the engine and the replay do it: touch, else place.
+fn read(s: &mut TierSpace, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+    if s.touch(key, ctx) {
+        return true;
+    }
+    let _ = s.place(key, size, ctx);
+    false
+}
+
+fn strata(cap: u64) -> TierSpace {
+    TierSpace::new(cap, Box::new(PatternAwarePolicy::default()))
+}
+
+proptest! {
+    /// Whatever the sequence of demand reads, prefetches and removals: the victim is
+    /// always resident, the budget holds, and the policy's byte counts match the tier's.
+    #[test]
+    fn victim_is_resident_and_accounting_matches(
+        ops in proptest::collection::vec((0u8..4, 0u64..3, 0u64..40, 1u64..4), 1..400)
+    ) {
+        let mut p = PatternAwarePolicy::default();
+        let mut resident: HashMap<CacheKey, u64> = HashMap::new();
+        let budget = 20;
+        let mut t = 0;
+        for (op, job, id, size) in ops {
+            t += 1;
+            let key = if id % 5 == 0 {
+                CacheKey::kv("ns", vec![id as u8])
+            } else {
+                CacheKey::file(format!("d{}/f{}", id % 3, id % 7), "v", id)
+            };
+            let ctx = if op == 1 {
+                AccessContext::prefetch(JobId(job), t)
+            } else {
+                demand(job, t)
+            };
+            if op == 3 {
+                if resident.remove(&key).is_some() {
+                    p.on_remove(&key);
+                }
+                continue;
+            }
+            if resident.contains_key(&key) {
+                p.on_hit(&key, &ctx);
+                continue;
+            }
+            if !p.admit(&key, size, &ctx) {
+                continue;
+            }
+            while resident.values().sum::<u64>() + size > budget {
+                let v = p.victim();
+                prop_assert!(v.is_some(), "no victim while over budget");
+                let v = v.expect("checked");
+                prop_assert!(resident.contains_key(&v), "victim {v} not resident");
+                resident.remove(&v);
+                p.on_remove(&v);
+            }
+            resident.insert(key.clone(), size);
+            p.on_insert(&key, size, &ctx);
+            let st = p.stats();
+            prop_assert_eq!(
+                st.stable_bytes + st.freq_bytes + st.consumed_bytes + st.ahead_bytes,
+                resident.values().sum::<u64>()
+            );
+        }
+    }
+}
+
+/// A hot set (read over and over by one job) survives a one-time scan by another job
+/// that is many times larger than the cache.
 #[test]
-fn placeholder() {
-    let p = PatternAwarePolicy::default();
-    assert_eq!(p.name(), "strata");
+fn hot_set_survives_a_large_scan() {
+    let mut s = strata(100 * MB);
+    let hot: Vec<CacheKey> = (0..40)
+        .map(|i| CacheKey::file(format!("models/m{i}.bin"), "v", 0))
+        .collect();
+    let mut t = 0;
+    // Skewed warm-up: the hot set, read repeatedly.
+    for round in 0..30 {
+        for (i, k) in hot.iter().enumerate() {
+            if (i + round) % 3 != 0 {
+                t += 1;
+                read(&mut s, k, MB, &demand(1, t));
+            }
+        }
+    }
+    // One sequential scan of 1,000 blocks (10x the cache), interleaved with hot reads.
+    let mut hot_hits = 0;
+    let mut hot_reads = 0;
+    for b in 0..1000u64 {
+        t += 1;
+        read(
+            &mut s,
+            &CacheKey::file("scan/big.bin", "v", b),
+            MB,
+            &demand(2, t),
+        );
+        if b % 10 == 0 {
+            let k = &hot[(b as usize / 10) % hot.len()];
+            t += 1;
+            hot_reads += 1;
+            if read(&mut s, k, MB, &demand(1, t)) {
+                hot_hits += 1;
+            }
+        }
+    }
+    let resident_hot = hot.iter().filter(|k| s.contains(k)).count();
+    assert!(
+        resident_hot >= 36,
+        "hot set evicted by the scan: {resident_hot}/40 left"
+    );
+    assert!(
+        hot_hits * 10 >= hot_reads * 9,
+        "hot hits {hot_hits}/{hot_reads}"
+    );
+}
+
+/// The same scan through LRU wipes the hot set (the reason for the test above).
+#[test]
+fn lru_loses_the_hot_set_to_the_same_scan() {
+    let mut s = TierSpace::new(100 * MB, Box::new(crate::policy::LruPolicy::new()));
+    let hot: Vec<CacheKey> = (0..40)
+        .map(|i| CacheKey::file(format!("models/m{i}.bin"), "v", 0))
+        .collect();
+    let mut t = 0;
+    for _ in 0..30 {
+        for k in &hot {
+            t += 1;
+            read(&mut s, k, MB, &demand(1, t));
+        }
+    }
+    for b in 0..1000u64 {
+        t += 1;
+        read(
+            &mut s,
+            &CacheKey::file("scan/big.bin", "v", b),
+            MB,
+            &demand(2, t),
+        );
+    }
+    assert!(hot.iter().filter(|k| s.contains(k)).count() < 5);
+}
+
+/// Per-epoch shuffles of a set 5x the cache: the policy keeps a stable subset, so
+/// epochs after the first hit about cache/set of their reads (LRU: about 0).
+#[test]
+fn shuffled_epochs_keep_a_stable_subset() {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let n = 2000u64;
+    let cap = n / 5;
+    let files: Vec<CacheKey> = (0..n)
+        .map(|i| CacheKey::file(format!("train/c{}/img_{i}.jpg", i % 20), "v", 0))
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let run = |s: &mut TierSpace, rng: &mut rand::rngs::StdRng| {
+        let mut order: Vec<usize> = (0..n as usize).collect();
+        let mut t = 0;
+        let mut hits = vec![0u64; 4];
+        for h in hits.iter_mut() {
+            order.shuffle(rng);
+            for &i in &order {
+                t += 1;
+                if read(s, &files[i], 1, &demand(1, t)) {
+                    *h += 1;
+                }
+            }
+        }
+        hits
+    };
+    let mut s = TierSpace::new(cap, Box::new(PatternAwarePolicy::default()));
+    let hits = run(&mut s, &mut rng);
+    let mut l = TierSpace::new(cap, Box::new(crate::policy::LruPolicy::new()));
+    let lru = run(&mut l, &mut rng);
+    let share = cap as f64 / n as f64;
+    for e in 2..4 {
+        let ratio = hits[e] as f64 / n as f64;
+        assert!(
+            ratio > 0.8 * share,
+            "epoch {e}: hit ratio {ratio} vs share {share}"
+        );
+        assert!(
+            hits[e] > 3 * lru[e],
+            "epoch {e}: strata {} lru {}",
+            hits[e],
+            lru[e]
+        );
+    }
+}
+
+/// Prefetched blocks are protected until read, then a sequential stream's consumed
+/// blocks go first ("evict behind").
+#[test]
+fn prefetched_blocks_wait_and_consumed_ones_go_first() {
+    let mut p = PatternAwarePolicy::default();
+    let ctx = demand(1, 1);
+    // Classify job 1's stream on file f as sequential.
+    for b in 0..40u64 {
+        let k = CacheKey::file("ds/f.bin", "v", b);
+        p.admit(&k, 1, &ctx);
+        p.on_insert(&k, 1, &ctx);
+    }
+    assert_eq!(
+        p.pattern_of(&CacheKey::file("ds/f.bin", "v", 40), &ctx),
+        Pattern::Sequential
+    );
+    let ahead = CacheKey::file("ds/f.bin", "v", 41);
+    let pf = AccessContext::prefetch(JobId(1), 2);
+    p.admit(&ahead, 1, &pf);
+    p.on_insert(&ahead, 1, &pf);
+    // Everything else is evicted before the unread prefetched block.
+    let mut order = Vec::new();
+    while let Some(v) = p.victim() {
+        p.on_remove(&v);
+        order.push(v);
+    }
+    assert_eq!(order.last(), Some(&ahead));
+}
+
+/// Random reads over a set smaller than the cache are all kept (no needless misses).
+#[test]
+fn small_random_set_fits_entirely() {
+    let mut s = strata(100);
+    let mut misses_late = 0;
+    let mut x = 12345u64;
+    for t in 0..5000u64 {
+        x = crate::stream::mix64(x);
+        let k = CacheKey::file("d/f.bin", "v", x % 50);
+        if !read(&mut s, &k, 1, &demand(1, t)) && t > 1000 {
+            misses_late += 1;
+        }
+    }
+    assert_eq!(misses_late, 0);
 }
