@@ -269,7 +269,14 @@ fn per_epoch_shuffle_prefetches_unread_members() {
     assert!(r.coverage() >= 0.6, "coverage {:.3}", r.coverage());
     // The same trace without its listing: names are random, nothing is predicted.
     let mut p = SemanticPredictor::default();
-    let r = evaluate(&wl.events, &mut p, EvalConfig { window: 2000 });
+    let r = evaluate(
+        &wl.events,
+        &mut p,
+        EvalConfig {
+            window: 2000,
+            shared: false,
+        },
+    );
     assert!(r.issued * 100 < r.file_reads, "{r:?}");
 }
 
@@ -306,4 +313,16 @@ fn epoch_subsets_do_not_trigger_pool_waste() {
             assert!(r.waste_ratio() < 0.05, "frac {frac} seed {seed}: {r:?}");
         }
     }
+}
+
+#[test]
+fn loader_workers_share_one_permutation() {
+    // 8 workers, each reading every 8th file of the epoch's permutation: no worker alone
+    // sees a whole epoch; the shared pool does.
+    let wl = w::loader_workers(9, 2_000, 8, 3);
+    let r = wl.eval_semantic(SemanticConfig::default());
+    eprintln!("{r:?}");
+    assert!(r.precision() >= 0.95, "precision {:.3}", r.precision());
+    assert!(r.coverage() >= 0.6, "coverage {:.3}", r.coverage());
+    assert!(r.waste_ratio() < 0.05, "waste {:.4}", r.waste_ratio());
 }

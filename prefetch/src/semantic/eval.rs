@@ -24,15 +24,22 @@ use crate::{AccessEvent, Feedback, Predictor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EvalConfig {
-    /// Accesses of the same job a prefetched file stays cached.
+    /// File reads (of the same job, or of all jobs when `shared`) a prefetched file stays
+    /// cached.
     pub window: usize,
+    /// One cache for all jobs: a prefetch is used by whichever job reads it first (data
+    /// loader workers with one job id each), and the window counts everyone's reads.
+    pub shared: bool,
 }
 
 impl Default for EvalConfig {
     fn default() -> Self {
         // 64 files: twice the default prediction depth, so a correct prediction at full
         // depth is still cached when it is read.
-        EvalConfig { window: 64 }
+        EvalConfig {
+            window: 64,
+            shared: false,
+        }
     }
 }
 
@@ -102,33 +109,28 @@ pub fn evaluate(
     for ev in events {
         r.accesses += 1;
         r.demand_bytes += ev.len;
+        // The cache the read goes through: the job's own view, or everyone's.
+        let who = if cfg.shared { JobId(u64::MAX) } else { ev.job };
         let new_file = ev.offset == 0 && job_last.get(&ev.job) != Some(&ev.path);
         if !new_file {
             out.clear();
             predictor.on_access(ev, &mut out);
-            record(
-                &mut r,
-                &mut pending,
-                &mut expiry,
-                ev.job,
-                *job_seq.get(&ev.job).unwrap_or(&0),
-                cfg,
-                &out,
-            );
+            let now = job_seq.get(&who).copied().unwrap_or(0);
+            record(&mut r, &mut pending, &mut expiry, who, now, cfg, &out);
             continue;
         }
         job_last.insert(ev.job, ev.path.clone());
         r.file_reads += 1;
-        let seq = job_seq.entry(ev.job).or_insert(0);
+        let seq = job_seq.entry(who).or_insert(0);
         *seq += 1;
         let now = *seq;
         // Expire this job's prefetches older than the window.
-        let q = expiry.entry(ev.job).or_default();
+        let q = expiry.entry(who).or_default();
         while q.front().is_some_and(|(e, _)| *e < now) {
             let Some((e, path)) = q.pop_front() else {
                 break;
             };
-            let key = (ev.job, path);
+            let key = (who, path);
             if pending.get(&key).is_some_and(|p| p.expires == e) {
                 if let Some(p) = pending.remove(&key) {
                     r.wasted += 1;
@@ -137,7 +139,7 @@ pub fn evaluate(
                 }
             }
         }
-        if let Some(p) = pending.remove(&(ev.job, ev.path.clone())) {
+        if let Some(p) = pending.remove(&(who, ev.path.clone())) {
             r.covered += 1;
             r.used += 1;
             let bytes = if ev.file_size > 0 {
@@ -150,7 +152,7 @@ pub fn evaluate(
         }
         out.clear();
         predictor.on_access(ev, &mut out);
-        record(&mut r, &mut pending, &mut expiry, ev.job, now, cfg, &out);
+        record(&mut r, &mut pending, &mut expiry, who, now, cfg, &out);
     }
     // Whatever is still pending at the end was fetched for nothing.
     for p in pending.values() {

@@ -25,7 +25,7 @@
 use super::listing::MemberSet;
 use super::SemanticConfig;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SetTracker {
     read: Vec<bool>,
     issued: Vec<bool>,
@@ -45,12 +45,29 @@ pub struct SetTracker {
     pub epochs: u64,
 }
 
+impl Default for SetTracker {
+    fn default() -> Self {
+        SetTracker {
+            read: Vec::new(),
+            issued: Vec::new(),
+            epoch_reads: 0,
+            run: 0,
+            log_p: 0.0,
+            accepted: false,
+            strikes: 0,
+            reads_since_accept: 0,
+            outstanding: 0,
+            cursor: 0,
+            pool_scale: 1.0,
+            last_member: None,
+            epochs: 0,
+        }
+    }
+}
+
 impl SetTracker {
     pub fn new() -> Self {
-        SetTracker {
-            pool_scale: 1.0,
-            ..SetTracker::default()
-        }
+        SetTracker::default()
     }
 
     fn grow(&mut self, n: usize) {

@@ -32,10 +32,20 @@ const FEEDBACK_WEIGHT: f64 = 1.0 / 64.0;
 /// Per-step confidence decay: the 10th file ahead is less sure than the next.
 const STEP_DECAY: f32 = 0.97;
 
+/// Which rule issued a request, to route its feedback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    Lane,
+    /// The job's own per-epoch pool.
+    Pool,
+    /// The pool over all jobs' reads of the template's set.
+    SharedPool,
+}
+
 #[derive(Clone, Debug)]
 struct Issued {
     key: StreamKey,
-    pool: bool,
+    origin: Origin,
 }
 
 /// Counters for reports and tests.
@@ -55,6 +65,10 @@ pub struct SemanticPredictor {
     cfg: SemanticConfig,
     streams: StreamTable,
     listing: ListingIndex,
+    /// Per-epoch permutation over all jobs' reads of a template's member set: data-loader
+    /// workers (one job id each) split every epoch's permutation between them, so each
+    /// worker alone reads a subset but together they read the whole set once per epoch.
+    shared: HashMap<Arc<str>, SetTracker>,
     issued: HashMap<Arc<str>, Issued>,
     issued_order: VecDeque<Arc<str>>,
     seq: u64,
@@ -76,6 +90,7 @@ impl SemanticPredictor {
             listing: ListingIndex::new(cfg.max_listed_entries),
             cfg,
             streams: StreamTable::default(),
+            shared: HashMap::new(),
             issued: HashMap::new(),
             issued_order: VecDeque::new(),
             seq: 0,
@@ -129,10 +144,10 @@ impl SemanticPredictor {
         feedback * (0.25 + 0.75 * self.spare)
     }
 
-    fn remember(&mut self, path: Arc<str>, key: &StreamKey, pool: bool) {
+    fn remember(&mut self, path: Arc<str>, key: &StreamKey, origin: Origin) {
         let rec = Issued {
             key: key.clone(),
-            pool,
+            origin,
         };
         if self.issued.insert(path.clone(), rec).is_none() {
             self.issued_order.push_back(path);
@@ -171,12 +186,17 @@ impl Predictor for SemanticPredictor {
         }
         let set = listing.set(&t.template);
         let member = set.and_then(|s| s.id(&t.path));
-        if let (Some(s), Some(m)) = (set, member) {
+        let shared = if let (Some(s), Some(m)) = (set, member) {
             stream
                 .set
-                .get_or_insert_with(SetTracker::new)
+                .get_or_insert_with(SetTracker::default)
                 .observe(m, s, cfg);
-        }
+            let shared = self.shared.entry(t.template.clone()).or_default();
+            shared.observe(m, s, cfg);
+            Some(shared)
+        } else {
+            None
+        };
         let current = t.path.clone();
         let li = match stream.assign(&t, cfg) {
             Some(i) => {
@@ -186,7 +206,7 @@ impl Predictor for SemanticPredictor {
             None => stream.open_lane(Lane::new(t, seq, member, event.file_size, cfg), cfg),
         };
 
-        let mut issued: Vec<(Arc<str>, bool)> = Vec::new();
+        let mut issued: Vec<(Arc<str>, Origin)> = Vec::new();
         let avg = stream.avg_size();
         let lane = &mut stream.lanes[li];
         if lane.rule(cfg).is_some() && lane.depth > 0 {
@@ -214,11 +234,21 @@ impl Predictor for SemanticPredictor {
                     len,
                     confidence,
                 });
-                issued.push((c.path, false));
+                issued.push((c.path, Origin::Lane));
             }
-        } else if let (Some(tracker), Some(s)) = (stream.set.as_mut(), set) {
+        } else if let Some(s) = set {
+            // The pool with the most evidence: the shared one once it has seen a whole
+            // epoch, else the job's own, else the shared one.
+            let own_accepted = stream.set.as_ref().is_some_and(|t| t.accepted);
+            let (tracker, origin) = match (shared, stream.set.as_mut()) {
+                (Some(g), _) if g.accepted && g.epochs >= 1 => (Some(g), Origin::SharedPool),
+                (_, Some(own)) if own_accepted => (Some(own), Origin::Pool),
+                (Some(g), _) => (Some(g), Origin::SharedPool),
+                (None, own) => (own, Origin::Pool),
+            };
             let burst = ((f64::from(cfg.max_burst) * scale).ceil() as u32).max(1);
             let mut ids = Vec::new();
+            let Some(tracker) = tracker else { return };
             tracker.pick(s, burst, avg, cfg, &mut ids);
             let confidence = tracker.confidence();
             for id in ids {
@@ -236,16 +266,16 @@ impl Predictor for SemanticPredictor {
                     len,
                     confidence,
                 });
-                issued.push((path, true));
+                issued.push((path, origin));
             }
         }
-        for (path, pool) in issued {
-            if pool {
-                self.stats.pool_requests += 1;
-            } else {
+        for (path, origin) in issued {
+            if origin == Origin::Lane {
                 self.stats.lane_requests += 1;
+            } else {
+                self.stats.pool_requests += 1;
             }
-            self.remember(path, &key, pool);
+            self.remember(path, &key, origin);
         }
     }
 
@@ -255,21 +285,27 @@ impl Predictor for SemanticPredictor {
         let Some(rec) = self.issued.remove(path) else {
             return;
         };
-        let Some(stream) = self.streams.get_mut(&rec.key) else {
-            return;
-        };
-        if rec.pool {
-            if let Some(tracker) = stream.set.as_mut() {
-                if used {
-                    tracker.on_used();
-                } else {
-                    tracker.on_wasted();
+        let tracker = match rec.origin {
+            Origin::SharedPool => self.shared.get_mut(&rec.key.1),
+            Origin::Pool => self.streams.get_mut(&rec.key).and_then(|s| s.set.as_mut()),
+            Origin::Lane => {
+                if !used {
+                    let lanes = self.streams.get_mut(&rec.key).map(|s| &mut s.lanes);
+                    if let Some(lane) =
+                        lanes.and_then(|l| l.iter_mut().find(|l| l.is_pending(path)))
+                    {
+                        lane.drop_pending(path);
+                        lane.penalize();
+                    }
                 }
+                None
             }
-        } else if !used {
-            if let Some(lane) = stream.lanes.iter_mut().find(|l| l.is_pending(path)) {
-                lane.drop_pending(path);
-                lane.penalize();
+        };
+        if let Some(tracker) = tracker {
+            if used {
+                tracker.on_used();
+            } else {
+                tracker.on_wasted();
             }
         }
     }

@@ -51,6 +51,8 @@ pub struct Workload {
     /// `(dir, [(name, size)])`.
     pub listings: Vec<(String, Vec<(String, u64)>)>,
     pub window: usize,
+    /// Evaluate with one cache shared by all jobs ([`EvalConfig::shared`]).
+    pub shared: bool,
 }
 
 impl Workload {
@@ -65,6 +67,7 @@ impl Workload {
             &mut p,
             EvalConfig {
                 window: self.window,
+                shared: self.shared,
             },
         )
     }
@@ -178,6 +181,7 @@ pub fn name_ordered(seed: u64, classes: usize, per_class: usize) -> Workload {
         listings: listings_of(&files),
         events: whole(1, &files),
         window: 64,
+        shared: false,
     }
 }
 
@@ -191,6 +195,7 @@ pub fn numbered(n: usize) -> Workload {
         events: whole(1, &files),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -204,6 +209,7 @@ pub fn shards(n: usize) -> Workload {
         events: chunked(1, &files, 16 * MIB),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -226,6 +232,7 @@ pub fn dated(days: i64, parts: usize) -> Workload {
         events: whole(1, &files),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -249,6 +256,7 @@ pub fn dated_listed(seed: u64, days: i64) -> Workload {
         listings: listings_of(&files),
         events: whole(1, &files),
         window: 64,
+        shared: false,
     }
 }
 
@@ -272,6 +280,7 @@ pub fn checkpoints(loads: usize, shards: usize) -> Workload {
         events: chunked(1, &files, 256 * MIB),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -300,6 +309,7 @@ pub fn four_tenants(seed: u64, one_job: bool) -> Workload {
         events: interleave(seed ^ 0x5eed, traces),
         listings,
         window: 64,
+        shared: false,
     }
 }
 
@@ -318,6 +328,7 @@ pub fn four_workers_one_template(seed: u64, per_worker: usize) -> Workload {
         events: interleave(seed, traces),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -345,6 +356,43 @@ pub fn shuffled_epochs(seed: u64, n: usize, epochs: usize) -> Workload {
         listings: listings_of(&files),
         events,
         window: n,
+        shared: false,
+    }
+}
+
+/// PyTorch-style data loading: each epoch is a fresh permutation of the `n` listed
+/// files, dealt round-robin to `workers` loader processes (job ids 1..=workers), whose
+/// reads interleave at random. No worker alone reads the whole set; together they do.
+/// Evaluated with one shared cache, window = set size.
+pub fn loader_workers(seed: u64, n: usize, workers: usize, epochs: usize) -> Workload {
+    let mut rng = Rng::new(seed);
+    let files: Vec<(String, u64)> = (0..n)
+        .map(|i| {
+            (
+                format!("train/c{:03}/img-{i:06}.jpg", i % 100),
+                64 * KIB + rng.below(64 * KIB),
+            )
+        })
+        .collect();
+    let mut events = Vec::new();
+    for _ in 0..epochs {
+        let mut order = files.clone();
+        rng.shuffle(&mut order);
+        let traces = (0..workers)
+            .map(|w| {
+                let mine: Vec<(String, u64)> =
+                    order.iter().skip(w).step_by(workers).cloned().collect();
+                whole(w as u64 + 1, &mine)
+            })
+            .collect();
+        events.extend(interleave(rng.next_u64(), traces));
+    }
+    Workload {
+        name: "loader workers splitting per-epoch shuffles",
+        listings: listings_of(&files),
+        events,
+        window: n,
+        shared: true,
     }
 }
 
@@ -367,6 +415,7 @@ pub fn sampled_epochs(seed: u64, n: usize, fraction: f64, epochs: usize) -> Work
         listings: listings_of(&files),
         events,
         window: n,
+        shared: false,
     }
 }
 
@@ -384,6 +433,7 @@ pub fn random_listed(seed: u64, n: usize, reads: usize) -> Workload {
         listings: listings_of(&files),
         events: whole(1, &picks),
         window: 64,
+        shared: false,
     }
 }
 
@@ -399,6 +449,7 @@ pub fn random_numbers(seed: u64, range: u64, reads: usize) -> Workload {
         events: whole(1, &picks),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
 
@@ -413,5 +464,6 @@ pub fn random_hashes(seed: u64, reads: usize) -> Workload {
         events: whole(1, &picks),
         listings: Vec::new(),
         window: 64,
+        shared: false,
     }
 }
