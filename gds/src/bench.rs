@@ -50,6 +50,19 @@ pub struct StagedBenchReport {
     pub staged_runs_gbps: Vec<f64>,
     pub memcpy_runs_gbps: Vec<f64>,
     pub disk_runs_gbps: Vec<f64>,
+    /// The transfer layer's counters after the run (path, O_DIRECT fallbacks, bytes).
+    pub transfer: crate::transfer::TransferStats,
+    /// 1-minute load average before and after (other work on the machine skews all
+    /// three figures; the ratios are the robust part).
+    pub loadavg_before: f64,
+    pub loadavg_after: f64,
+}
+
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
 }
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
@@ -111,6 +124,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
     }
     let size = cfg.size_bytes;
     let chunk = cfg.chunk_bytes;
+    let loadavg_before = loadavg();
     let (file, crc) = write_test_file(&cfg.dir, size, chunk)?;
     let path = file.0.clone();
 
@@ -146,35 +160,46 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
 
     let (mut staged_runs, mut memcpy_runs, mut disk_runs) = (Vec::new(), Vec::new(), Vec::new());
     let mut rbuf = dev.alloc_pinned(chunk)?;
-    for _ in 0..cfg.runs {
-        // Raw O_DIRECT sequential reads, same request size, one thread.
-        let t = Instant::now();
-        let mut off = 0u64;
-        while off < size {
-            let n = direct.read_at(rbuf.as_mut_slice(), off)?;
-            if n == 0 {
-                return Err(GdsError::ShortRead {
-                    offset: off,
-                    expected: size,
-                    got: off,
-                });
+    for run in 0..cfg.runs {
+        // Alternate the order so neither ceiling always runs right before staging.
+        let order: [u8; 3] = if run % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for which in order {
+            match which {
+                0 => {
+                    // Raw O_DIRECT sequential reads, same request size, one thread.
+                    let t = Instant::now();
+                    let mut off = 0u64;
+                    while off < size {
+                        let n = direct.read_at(rbuf.as_mut_slice(), off)?;
+                        if n == 0 {
+                            return Err(GdsError::ShortRead {
+                                offset: off,
+                                expected: size,
+                                got: off,
+                            });
+                        }
+                        off += n as u64;
+                    }
+                    disk_runs.push(gbps(size, t.elapsed().as_secs_f64()));
+                }
+                1 => {
+                    // memcpy, chunk by chunk, one thread.
+                    let t = Instant::now();
+                    for (d, s) in sink.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                        d.copy_from_slice(s);
+                    }
+                    std::hint::black_box(&sink);
+                    memcpy_runs.push(gbps(size, t.elapsed().as_secs_f64()));
+                }
+                _ => {
+                    // The staged pipeline: O_DIRECT reads into pinned buffers
+                    // overlapping the copies.
+                    let t = Instant::now();
+                    engine.read_into_device_blocking(&path, 0, size, &dst, 0)?;
+                    staged_runs.push(gbps(size, t.elapsed().as_secs_f64()));
+                }
             }
-            off += n as u64;
         }
-        disk_runs.push(gbps(size, t.elapsed().as_secs_f64()));
-
-        // memcpy, chunk by chunk, one thread.
-        let t = Instant::now();
-        for (d, s) in sink.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            d.copy_from_slice(s);
-        }
-        std::hint::black_box(&sink);
-        memcpy_runs.push(gbps(size, t.elapsed().as_secs_f64()));
-
-        // The staged pipeline: O_DIRECT into pinned buffers overlapping the copies.
-        let t = Instant::now();
-        engine.read_into_device_blocking(&path, 0, size, &dst, 0)?;
-        staged_runs.push(gbps(size, t.elapsed().as_secs_f64()));
     }
 
     let per_run: Vec<f64> = staged_runs
@@ -210,5 +235,8 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
         staged_runs_gbps: staged_runs,
         memcpy_runs_gbps: memcpy_runs,
         disk_runs_gbps: disk_runs,
+        transfer: engine.stats(),
+        loadavg_before,
+        loadavg_after: loadavg(),
     })
 }
