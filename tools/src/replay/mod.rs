@@ -19,10 +19,12 @@
 //!   `byte_hit_ratio` = bytes of reads served from arrived blocks / bytes read.
 //! - **Store model.** Every block fetch (demand miss or prefetch) is one GET costing
 //!   `get_latency` (default 20 ms, a typical S3 first-byte latency) and then its bytes
-//!   over one link of `bandwidth` (default 200 MB/s) shared by all fetches in FIFO
-//!   order: `start = max(issue + latency, link free)`, `arrival = start + bytes / bw`.
-//!   Latencies overlap (GETs are concurrent), bytes do not (one shared pipe). A read
-//!   completes when its last block has arrived.
+//!   over one link of `bandwidth` (default 200 MB/s) **shared equally by all transfers
+//!   in progress** (processor sharing, as concurrent TCP connections to one store share
+//!   a bottleneck): with `n` transfers active each gets `bandwidth / n`. Latencies
+//!   overlap (GETs are concurrent). A read completes when its last block has arrived.
+//!   Simulated with virtual time (each active transfer has received `v` bytes;
+//!   `dv/dt = bandwidth / n`), so each event costs O(log transfers).
 //! - **Admission.** A miss calls `TierSpace::place` (the policy may refuse it: then the
 //!   bytes are fetched but not cached). Space is reserved at issue, as a real cache
 //!   allocates the buffer it fetches into.
@@ -30,8 +32,9 @@
 //!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`);
 //!   each requested block that is not resident is admitted with
 //!   `place(ctx.prefetch = true)` and fetched over the same link. Prefetches are dropped
-//!   while the link's backlog exceeds `prefetch_max_backlog` (default 100 ms of transfers),
-//!   as a real client bounds its readahead queue; demand fetches are never dropped.
+//!   while the bytes outstanding on the link exceed `prefetch_max_backlog` worth of
+//!   transfer (default 100 ms, 20 MB at 200 MB/s), as a real client bounds its readahead
+//!   queue; demand fetches are never dropped.
 //!   Requests for paths the trace never mentions are ignored (the object does not exist).
 //!   When demand first reads a prefetched block the predictor gets `Feedback::Used`;
 //!   when it is evicted unread, `Feedback::Wasted`. `prefetch_precision` = prefetched
@@ -52,7 +55,7 @@ mod policies;
 pub use policies::{make_policy, strata_policy_set, Listings, PolicySet, POLICY_NAMES};
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use strata_cache_core::policy::NextUse;
@@ -70,7 +73,8 @@ pub struct StoreModel {
     pub get_latency_ns: u64,
     /// Bytes per second of the link all fetches share.
     pub bandwidth_bytes_per_s: f64,
-    /// Prefetches are dropped while the link is booked further ahead than this.
+    /// Prefetches are dropped while the bytes outstanding on the link would take longer
+    /// than this to transfer at full bandwidth.
     pub prefetch_max_backlog_ns: u64,
 }
 
@@ -82,8 +86,8 @@ impl Default for StoreModel {
             // 200 MB/s: one client's sustained S3 throughput, the issue's stated model.
             bandwidth_bytes_per_s: 200e6,
             // 100 ms of transfers (20 MB at 200 MB/s): a readahead queue of the size
-            // FUSE caches keep in flight per reader, and a bound on how long a demand
-            // fetch can wait behind prefetches on the FIFO link.
+            // FUSE caches keep in flight, and a bound on how much prefetch can share the
+            // link with demand at once.
             prefetch_max_backlog_ns: 100_000_000,
         }
     }
@@ -254,28 +258,159 @@ impl Prepared {
 
 const NO_PREFETCH: u8 = u8::MAX;
 
-#[derive(Clone, Copy, Default)]
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
 struct BlockState {
     resident: bool,
-    ready_ns: u64,
+    /// Its bytes have arrived (a resident block that has not is in flight).
+    arrived: bool,
     /// Index of the predictor that prefetched it, while unread.
     prefetch_by: u8,
+    /// The transfer bringing it in, while in flight.
+    transfer: u32,
 }
 
+const EMPTY: BlockState = BlockState {
+    resident: false,
+    arrived: false,
+    prefetch_by: NO_PREFETCH,
+    transfer: NONE,
+};
+
+/// `f64` with a total order, for the heap of finish times.
+#[derive(Clone, Copy, PartialEq)]
+struct Vf(f64);
+impl Eq for Vf {}
+impl PartialOrd for Vf {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Vf {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+struct Transfer {
+    /// The block it fills (`NONE`: fetched but not admitted).
+    block: u32,
+    bytes: u64,
+    /// Jobs whose current read waits for it.
+    waiters: Vec<u32>,
+}
+
+/// The store link under processor sharing, in virtual time.
 struct Link {
-    model: StoreModel,
-    free_at: u64,
-    ns_per_byte: f64,
+    latency_ns: u64,
+    bytes_per_ns: f64,
+    max_backlog_bytes: f64,
+    /// Bytes each active transfer has received since the start (virtual time).
+    v: f64,
+    /// Real time `v` is current at.
+    at: u64,
+    active: BinaryHeap<Reverse<(Vf, u32)>>,
+    sum_finish: f64,
+    /// Transfers in their latency phase: (start of bytes, id), in start order.
+    waiting: VecDeque<(u64, u32)>,
+    waiting_bytes: u64,
+    transfers: Vec<Transfer>,
+    free: Vec<u32>,
 }
 
 impl Link {
-    fn fetch(&mut self, now: u64, bytes: u64) -> u64 {
-        let start = (now + self.model.get_latency_ns).max(self.free_at);
-        self.free_at = start + (bytes as f64 * self.ns_per_byte) as u64;
-        self.free_at
+    fn new(model: &StoreModel) -> Self {
+        let bytes_per_ns = model.bandwidth_bytes_per_s / 1e9;
+        Link {
+            latency_ns: model.get_latency_ns,
+            bytes_per_ns,
+            max_backlog_bytes: model.prefetch_max_backlog_ns as f64 * bytes_per_ns,
+            v: 0.0,
+            at: 0,
+            active: BinaryHeap::new(),
+            sum_finish: 0.0,
+            waiting: VecDeque::new(),
+            waiting_bytes: 0,
+            transfers: Vec::new(),
+            free: Vec::new(),
+        }
     }
-    fn backlog(&self, now: u64) -> u64 {
-        self.free_at.saturating_sub(now)
+
+    /// Starts a GET of `bytes` for `block` at `now`; returns its id.
+    fn fetch(&mut self, now: u64, bytes: u64, block: u32) -> u32 {
+        let t = Transfer {
+            block,
+            bytes,
+            waiters: Vec::new(),
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.transfers[id as usize] = t;
+                id
+            }
+            None => {
+                self.transfers.push(t);
+                (self.transfers.len() - 1) as u32
+            }
+        };
+        self.waiting.push_back((now + self.latency_ns, id));
+        self.waiting_bytes += bytes;
+        id
+    }
+
+    /// Bytes not yet delivered (in flight or waiting for their first byte).
+    fn outstanding(&self) -> f64 {
+        self.sum_finish - self.active.len() as f64 * self.v + self.waiting_bytes as f64
+    }
+
+    fn advance(&mut self, to: u64) {
+        let n = self.active.len();
+        if n > 0 && to > self.at {
+            self.v += (to - self.at) as f64 * self.bytes_per_ns / n as f64;
+        }
+        self.at = self.at.max(to);
+    }
+
+    /// Time of the next start or completion (`u64::MAX`: none).
+    fn next_event(&self) -> u64 {
+        let start = self.waiting.front().map_or(u64::MAX, |w| w.0);
+        let done = self.active.peek().map_or(u64::MAX, |Reverse((f, _))| {
+            let dt = (f.0 - self.v).max(0.0) * self.active.len() as f64 / self.bytes_per_ns;
+            self.at + dt.ceil() as u64
+        });
+        start.min(done)
+    }
+
+    /// Processes the link's events at `now` (= `next_event()`); appends finished ids.
+    fn step(&mut self, now: u64, finished: &mut Vec<u32>) {
+        self.advance(now);
+        // Completions first (the rate changed at `now`), then starts.
+        while let Some(&Reverse((f, id))) = self.active.peek() {
+            // Half a byte of slack absorbs the rounding of `next_event`.
+            if f.0 > self.v + 0.5 {
+                break;
+            }
+            self.active.pop();
+            self.sum_finish -= f.0;
+            finished.push(id);
+        }
+        if self.active.is_empty() {
+            // Re-anchor to keep `v` small and exact.
+            self.v = 0.0;
+            self.sum_finish = 0.0;
+        }
+        while let Some(&(start, id)) = self.waiting.front() {
+            if start > now {
+                break;
+            }
+            self.waiting.pop_front();
+            let bytes = self.transfers[id as usize].bytes;
+            self.waiting_bytes -= bytes;
+            let f = self.v + bytes as f64;
+            self.sum_finish += f;
+            self.active.push(Reverse((Vf(f), id)));
+        }
     }
 }
 
@@ -296,6 +431,14 @@ struct Run<'a> {
     extra_key_ids: HashMap<CacheKey, u32, FxBuild>,
     link: Link,
     reqs: Vec<PrefetchRequest>,
+    /// Per job: blocks its current read still waits for.
+    pending: Vec<u32>,
+    /// Per job: next record (index into its `job_recs`).
+    cursor: Vec<usize>,
+    end: Vec<u64>,
+    /// Jobs' next issue times.
+    issues: BinaryHeap<Reverse<(u64, u32)>>,
+    finished: Vec<u32>,
     accesses: u64,
     hits: u64,
     bytes_read: u64,
@@ -336,6 +479,7 @@ impl Run<'_> {
             };
             let st = &mut self.state[id as usize];
             st.resident = false;
+            st.arrived = false;
             if st.prefetch_by != NO_PREFETCH {
                 let pi = st.prefetch_by as usize;
                 st.prefetch_by = NO_PREFETCH;
@@ -345,14 +489,58 @@ impl Run<'_> {
         }
     }
 
-    /// Replays one read issued at `now`; returns when it completes.
-    fn read(&mut self, ri: usize, job: JobId, now: u64) -> u64 {
+    /// The current read of job `j` completed at `now`: schedule its next one.
+    fn complete(&mut self, j: u32, now: u64) {
+        let ju = j as usize;
+        let recs = &self.p.trace.records;
+        let ri = self.p.job_recs[ju][self.cursor[ju]] as usize;
+        self.cursor[ju] += 1;
+        match self.p.job_recs[ju].get(self.cursor[ju]) {
+            Some(&next) => {
+                let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
+                self.issues.push(Reverse((now + gap, j)));
+            }
+            None => self.end[ju] = now,
+        }
+    }
+
+    /// Transfers finished at `now`: blocks arrive, waiting reads may complete.
+    fn arrived(&mut self, now: u64) {
+        let mut finished = std::mem::take(&mut self.finished);
+        for &tid in &finished {
+            let t = &mut self.link.transfers[tid as usize];
+            let waiters = std::mem::take(&mut t.waiters);
+            let b = t.block;
+            if b != NONE && self.state[b as usize].transfer == tid {
+                let st = &mut self.state[b as usize];
+                st.transfer = NONE;
+                st.arrived = st.resident;
+            }
+            for &j in &waiters {
+                self.pending[j as usize] -= 1;
+                if self.pending[j as usize] == 0 {
+                    self.complete(j, now);
+                }
+            }
+            // Give the (empty) buffer back so the next transfer reuses it.
+            let mut w = waiters;
+            w.clear();
+            self.link.transfers[tid as usize].waiters = w;
+            self.link.free.push(tid);
+        }
+        finished.clear();
+        self.finished = finished;
+    }
+
+    /// Replays read `ri` of job `j`, issued at `now`.
+    fn read(&mut self, ri: usize, j: u32, now: u64) {
+        let job = JobId(u64::from(j));
         let r = self.p.trace.records[ri];
         let (a0, a1) = self.p.rec_acc[ri];
         let bb = self.p.block_bytes;
         let kv = is_kv(&self.p.trace.paths[r.path as usize]);
         let ctx = AccessContext::demand(job, now);
-        let mut done = now;
+        let mut wait = 0u32;
         for pos in a0..a1 {
             let id = self.p.acc[pos as usize];
             if let Some(h) = &self.next_use {
@@ -372,11 +560,12 @@ impl Run<'_> {
             let st = self.state[id as usize];
             if st.resident {
                 self.space.touch(&self.p.keys[id as usize], &ctx);
-                if st.ready_ns <= now {
+                if st.arrived {
                     self.hits += 1;
                     self.bytes_hit += overlap;
                 } else {
-                    done = done.max(st.ready_ns);
+                    self.link.transfers[st.transfer as usize].waiters.push(j);
+                    wait += 1;
                 }
                 if st.prefetch_by != NO_PREFETCH {
                     self.state[id as usize].prefetch_by = NO_PREFETCH;
@@ -390,23 +579,34 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let ready = self.link.fetch(now, bytes);
-            done = done.max(ready);
-            if let Ok(Placement::Admitted { evicted }) =
-                self.space.place(&self.p.keys[id as usize], bytes, &ctx)
-            {
-                self.evicted(evicted, job);
+            let admitted = match self.space.place(&self.p.keys[id as usize], bytes, &ctx) {
+                Ok(Placement::Admitted { evicted }) => {
+                    self.evicted(evicted, job);
+                    true
+                }
+                _ => false,
+            };
+            let tid = self
+                .link
+                .fetch(now, bytes, if admitted { id } else { NONE });
+            self.link.transfers[tid as usize].waiters.push(j);
+            wait += 1;
+            if admitted {
                 self.state[id as usize] = BlockState {
                     resident: true,
-                    ready_ns: ready,
+                    arrived: false,
                     prefetch_by: NO_PREFETCH,
+                    transfer: tid,
                 };
             }
         }
         if !self.predictors.is_empty() {
             self.predict(r.path, r.offset, r.len, r.size, a0, job, now);
         }
-        done
+        self.pending[j as usize] = wait;
+        if wait == 0 {
+            self.complete(j, now);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -472,29 +672,27 @@ impl Run<'_> {
                     self.extra_key_ids.insert(key.clone(), id);
                     self.extra_keys.push(key);
                     self.extra_sizes.push(bytes);
-                    self.state.push(BlockState {
-                        prefetch_by: NO_PREFETCH,
-                        ..BlockState::default()
-                    });
+                    self.state.push(EMPTY);
                     id
                 }
             };
             if self.state[id as usize].resident {
                 continue;
             }
-            if self.link.backlog(now) > self.link.model.prefetch_max_backlog_ns {
+            if self.link.outstanding() > self.link.max_backlog_bytes {
                 return;
             }
             let key = self.key(id).clone();
             let bytes = self.size(id);
             if let Ok(Placement::Admitted { evicted }) = self.space.place(&key, bytes, &ctx) {
                 self.evicted(evicted, job);
-                let ready = self.link.fetch(now, bytes);
+                let tid = self.link.fetch(now, bytes, id);
                 self.prefetch_bytes += bytes;
                 self.state[id as usize] = BlockState {
                     resident: true,
-                    ready_ns: ready,
+                    arrived: false,
                     prefetch_by: pi,
+                    transfer: tid,
                 };
             }
         }
@@ -574,22 +772,17 @@ fn replay_once(
         next_use,
         hints,
         order,
-        state: vec![
-            BlockState {
-                prefetch_by: NO_PREFETCH,
-                ..BlockState::default()
-            };
-            p.keys.len()
-        ],
+        state: vec![EMPTY; p.keys.len()],
         extra_keys: Vec::new(),
         extra_sizes: Vec::new(),
         extra_ids: HashMap::default(),
         extra_key_ids: HashMap::default(),
-        link: Link {
-            model: cfg.store,
-            free_at: 0,
-            ns_per_byte: 1e9 / cfg.store.bandwidth_bytes_per_s,
-        },
+        link: Link::new(&cfg.store),
+        pending: vec![0; p.job_recs.len()],
+        cursor: vec![0; p.job_recs.len()],
+        end: vec![0; p.job_recs.len()],
+        issues: BinaryHeap::with_capacity(p.job_recs.len()),
+        finished: Vec::new(),
         reqs: Vec::new(),
         accesses: 0,
         hits: 0,
@@ -599,29 +792,32 @@ fn replay_once(
         prefetch_used: 0,
     };
     let recs = &p.trace.records;
-    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(p.job_recs.len());
-    let mut cursor = vec![0usize; p.job_recs.len()];
     let mut start = vec![0u64; p.job_recs.len()];
-    let mut end = vec![0u64; p.job_recs.len()];
     for (j, rs) in p.job_recs.iter().enumerate() {
         if let Some(&r0) = rs.first() {
             start[j] = recs[r0 as usize].ts_ns;
-            heap.push(Reverse((start[j], j as u32)));
+            run.issues.push(Reverse((start[j], j as u32)));
         }
     }
-    while let Some(Reverse((now, j))) = heap.pop() {
-        let ju = j as usize;
-        let ri = p.job_recs[ju][cursor[ju]] as usize;
-        let done = run.read(ri, JobId(u64::from(j)), now);
-        cursor[ju] += 1;
-        match p.job_recs[ju].get(cursor[ju]) {
-            Some(&next) => {
-                let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
-                heap.push(Reverse((done + gap, j)));
-            }
-            None => end[ju] = done,
+    loop {
+        let next_issue = run.issues.peek().map_or(u64::MAX, |Reverse((t, _))| *t);
+        let next_link = run.link.next_event();
+        if next_issue == u64::MAX && next_link == u64::MAX {
+            break;
+        }
+        // Link events first at equal times: a block arriving at the instant a read is
+        // issued is a hit.
+        if next_link <= next_issue {
+            let mut finished = std::mem::take(&mut run.finished);
+            run.link.step(next_link, &mut finished);
+            run.finished = finished;
+            run.arrived(next_link);
+        } else if let Some(Reverse((now, j))) = run.issues.pop() {
+            let ri = p.job_recs[j as usize][run.cursor[j as usize]] as usize;
+            run.read(ri, j, now);
         }
     }
+    let end = std::mem::take(&mut run.end);
     let mut job_jct_s = BTreeMap::new();
     let mut total = 0.0;
     let mut n = 0usize;
