@@ -1,16 +1,25 @@
-//! `strata demo`: the README's main job on an embedded default. A sample dataset is
-//! generated into a local directory that serves as the object store, caches live in a
-//! temp dir, a short workload reads the dataset through the cache core twice (a cold
-//! and a warm epoch), and the stats are printed.
+//! `strata demo`: the README's main job, the whole system on an embedded default.
+//!
+//! A sample dataset is generated into a local directory that serves as the object
+//! store; one daemon (`strata serve`'s code, in-process) runs the cache core with its
+//! caches in a temp dir, a FUSE mount of the dataset, the KV service and the admin API;
+//! a short workload goes through both doors (two epochs of reads through the mount, a
+//! prefix-sharing KV workload over gRPC), and the daemon's stats are printed as
+//! `strata stats` shows them.
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use bytes::Bytes;
-use strata_cache_core::{AccessContext, JobId, ObjectReader};
+use strata_kvcache::client::KvClient;
+use strata_kvcache::keys::chain_hashes_v1;
+use tokio_util::sync::CancellationToken;
 
-use crate::config::{open_core, open_store, CacheConfig, StoreConfig};
+use crate::admin::fetch_stats;
+use crate::commands::serve::serve;
+use crate::commands::stats::render;
+use crate::config::{AdminConfig, CacheConfig, KvConfig, MountConfig, StoreConfig, StrataConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -45,66 +54,151 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         data_dir.display()
     );
 
-    let store = open_store(
-        &format!("file://{}", data_dir.display()),
-        &StoreConfig::default(),
-    )?;
-    let cache = CacheConfig {
-        dir: Some(temp.path().join("cache")),
-        memory: "64MiB".into(),
-        disk: "1GiB".into(),
-        ..Default::default()
+    let mountpoint = temp.path().join("mnt");
+    let socket = temp.path().join("kv.sock");
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let cfg = StrataConfig {
+        store: StoreConfig {
+            url: Some(format!("file://{}", data_dir.display())),
+            ..Default::default()
+        },
+        cache: CacheConfig {
+            dir: Some(temp.path().join("cache")),
+            memory: "256MiB".into(),
+            disk: "1GiB".into(),
+            ..Default::default()
+        },
+        kv: KvConfig {
+            listen: None,
+            unix_socket: Some(socket.clone()),
+            ..Default::default()
+        },
+        admin: AdminConfig {
+            listen: Some(admin.clone()),
+        },
+        mounts: vec![MountConfig {
+            mountpoint: mountpoint.clone(),
+            ..Default::default()
+        }],
     };
-    let core = open_core(&cache)?;
-    println!(
-        "cache: memory 64 MiB, disk 1 GiB in {}",
-        core.cache_dir.display()
-    );
-    let reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?;
+    let stop = CancellationToken::new();
+    let daemon = tokio::spawn(serve(cfg, stop.clone()));
+    let result = workload(&mountpoint, &socket, &admin, args.json).await;
+    stop.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), daemon).await;
+    result?;
+    match stopped {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(e.context("daemon")),
+        Ok(Err(join)) => bail!("daemon task failed: {join}"),
+        Err(_) => bail!("daemon did not stop within 30 s"),
+    }
+}
 
-    let objects = store.list_all("").await?;
+async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> anyhow::Result<()> {
+    wait_for(|| mountpoint.join("train").is_dir(), "the mount").await?;
+    wait_for(|| socket.exists(), "the KV socket").await?;
+    println!(
+        "daemon up: mount at {}, KV service on {}, admin on {admin}",
+        mountpoint.display(),
+        socket.display()
+    );
+
+    // Door 1: a training job reads the dataset through the mount, twice.
     for epoch in 1..=2 {
-        let t = Instant::now();
-        let mut bytes = 0u64;
-        for obj in &objects {
-            let ctx = AccessContext::demand(JobId(1), 0);
-            bytes += reader.read(obj, 0, obj.size, &ctx).await?.len() as u64;
-        }
-        let s = t.elapsed().as_secs_f64();
+        let root = mountpoint.to_path_buf();
+        let (n, bytes, secs) = tokio::task::spawn_blocking(move || read_tree(&root)).await??;
         println!(
-            "epoch {epoch}: read {} objects, {:.1} MiB in {:.3} s ({:.0} MiB/s)",
-            objects.len(),
+            "mount epoch {epoch}: {n} files, {:.1} MiB in {secs:.3} s ({:.0} MiB/s)",
             bytes as f64 / (1 << 20) as f64,
-            s,
-            bytes as f64 / (1 << 20) as f64 / s.max(1e-9)
+            bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
         );
     }
-    let stats = core.engine.stats();
-    if args.json {
+
+    // Door 2: an inference engine shares a system prompt across requests.
+    let mut kv = KvClient::connect(&format!("unix://{}", socket.display())).await?;
+    let ns = "demo-model/tenant-a";
+    let block_tokens = 256;
+    let block_bytes = 256 << 10;
+    let system_prompt: Vec<u32> = (0..4 * block_tokens as u32).collect();
+    let mut reused = 0usize;
+    let mut total = 0usize;
+    for request in 0..8u32 {
+        let mut tokens = system_prompt.clone();
+        tokens.extend((0..4 * block_tokens as u32).map(|t| 100_000 + request * 10_000 + t));
+        let chain = chain_hashes_v1(&tokens, block_tokens, b"", false);
+        let cached = kv.match_prefix(ns, &chain).await?;
+        reused += cached;
+        total += chain.len();
+        for (i, h) in chain.iter().enumerate().skip(cached) {
+            kv.put(ns, h, block_payload(h, i, block_bytes)).await?;
+        }
+        // Read back the whole chain as the engine would before decoding.
+        for (i, h) in chain.iter().enumerate() {
+            let got = kv
+                .get(ns, h)
+                .await?
+                .context("a block just put is missing")?;
+            if got != block_payload(h, i, block_bytes) {
+                bail!("KV block {i} of request {request} came back different");
+            }
+        }
+    }
+    println!("kv: 8 requests, {reused} of {total} prefix blocks reused from the cache instead of recomputed");
+
+    let stats = fetch_stats(&format!("http://{admin}")).await?;
+    if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
     } else {
-        println!(
-            "\n{:<10} {:>12} {:>12} {:>9} {:>9} {:>7} {:>10}",
-            "tier", "used", "capacity", "hits", "misses", "hit%", "evictions"
-        );
-        for t in &stats.tiers {
-            println!(
-                "{:<10} {:>12} {:>12} {:>9} {:>9} {:>6.1}% {:>10}",
-                t.name.split(':').next().unwrap_or(&t.name),
-                t.used_bytes,
-                t.capacity_bytes,
-                t.hits,
-                t.misses,
-                100.0 * t.hit_ratio(),
-                t.evictions
-            );
-        }
-        println!(
-            "fetched from store: {} blocks, {} bytes",
-            stats.fills, stats.fill_bytes
-        );
+        println!();
+        print!("{}", render(admin, &stats, None));
     }
     Ok(())
+}
+
+fn block_payload(hash: &[u8], index: usize, len: usize) -> Bytes {
+    let seed = u64::from_le_bytes(hash[..8].try_into().unwrap_or([0; 8])) ^ index as u64;
+    pseudo_random(len, seed)
+}
+
+/// Reads every file under `root`; returns (files, bytes, seconds).
+fn read_tree(root: &Path) -> anyhow::Result<(usize, u64, f64)> {
+    let t = Instant::now();
+    let (mut n, mut bytes) = (0usize, 0u64);
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                bytes += std::fs::read(&path)
+                    .with_context(|| format!("reading {}", path.display()))?
+                    .len() as u64;
+                n += 1;
+            }
+        }
+    }
+    Ok((n, bytes, t.elapsed().as_secs_f64()))
+}
+
+async fn wait_for(ready: impl Fn() -> bool, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        if Instant::now() > deadline {
+            bail!("{what} did not come up within 30 s (FUSE needs root and /dev/fuse)");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Writes `n` small files (imagenet-like names) and two multi-block files.
