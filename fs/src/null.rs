@@ -17,6 +17,7 @@ use crate::fuse::configure_kernel;
 /// See the module doc. File `i` has inode `i + 2`.
 pub struct NullFs {
     files: Vec<(String, u64)>,
+    served: std::sync::Arc<std::sync::atomic::AtomicU64>,
     zeros: Vec<u8>,
     now: SystemTime,
 }
@@ -27,9 +28,15 @@ impl NullFs {
     pub fn new(files: Vec<(String, u64)>) -> Self {
         NullFs {
             files,
+            served: Default::default(),
             zeros: vec![0; 16 << 20],
             now: SystemTime::now(),
         }
+    }
+
+    /// Bytes replied to reads so far (shared; survives moving the fs into a session).
+    pub fn served(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.served.clone()
     }
 
     fn attr(&self, ino: u64) -> Option<FileAttr> {
@@ -102,6 +109,8 @@ impl Filesystem for NullFs {
             return reply.error(Errno::ENOENT);
         };
         let n = a.size.saturating_sub(offset).min(size as u64) as usize;
+        self.served
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         reply.data(&self.zeros[..n.min(self.zeros.len())]);
     }
 
