@@ -6,6 +6,7 @@ pub mod fs;
 pub mod gds;
 pub mod kv;
 pub mod replay;
+pub mod tiers;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -17,6 +18,8 @@ pub enum BenchCommand {
     Kv(kv::KvArgs),
     /// Replay a trace through several cache policies in simulated time.
     Replay(replay::ReplayArgs),
+    /// Get throughput and p50/p99 per tier (memory, disk, store) next to its ceiling.
+    Tiers(tiers::TiersArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -25,5 +28,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fs(a) => fs::run(a),
         BenchCommand::Kv(a) => kv::run(a),
         BenchCommand::Replay(a) => replay::run(a),
+        BenchCommand::Tiers(a) => tiers::run(a),
     }
 }
