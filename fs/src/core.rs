@@ -292,6 +292,9 @@ struct FileHandle {
     readahead: Mutex<Box<dyn Readahead>>,
     /// Bytes served through this handle; a whole-file read triggers a passthrough copy.
     served: AtomicU64,
+    /// Whether the semantic predictor has seen this open (it predicts files, so one
+    /// event per open suffices; tokenizing a path on every 4 KiB read would not).
+    seen_by_semantic: std::sync::atomic::AtomicBool,
 }
 
 /// The core. Cheap to share (`Arc`); all methods take `&self`.
@@ -668,6 +671,7 @@ impl FsCore {
             obj,
             readahead: Mutex::new((self.opts.readahead)()),
             served: AtomicU64::new(0),
+            seen_by_semantic: std::sync::atomic::AtomicBool::new(false),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -708,7 +712,8 @@ impl FsCore {
             }
         }
         if let Some(p) = &self.opts.predictors {
-            self.predict(p, &h.obj, offset, size as u64, &ctx);
+            let first = !h.seen_by_semantic.swap(true, Ordering::Relaxed);
+            self.predict(p, &h.obj, offset, size as u64, first, &ctx);
         }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
@@ -743,6 +748,7 @@ impl FsCore {
         obj: &Arc<ObjectInfo>,
         offset: u64,
         len: u64,
+        first_of_open: bool,
         ctx: &AccessContext,
     ) {
         let bs = self.reader.block_size();
@@ -762,7 +768,7 @@ impl FsCore {
         if let Some(s) = &p.sequential {
             s.lock().on_access(&ev, &mut out);
         }
-        if let Some(s) = &p.semantic {
+        if let Some(s) = p.semantic.as_ref().filter(|_| first_of_open) {
             s.lock().on_access(&ev, &mut out);
         }
         for req in out {
