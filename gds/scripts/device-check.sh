@@ -14,9 +14,9 @@
 # else the compat path is measured). And either
 #   - a Rust toolchain (cargo >= 1.85): the script builds
 #       cargo build --release -p strata-gds --features cuda --example device_check
-#   - or a prebuilt binary, built elsewhere with that command: put it at
-#       target/release/examples/device_check  or point STRATA_DEVICE_CHECK_BIN at it.
-#     (It loads CUDA at run time, so it builds on a machine without a GPU.)
+#   - or a prebuilt binary (preferred when present), built elsewhere with that command
+#     and stripped to target/gds-device-check/device_check (1.6 MB; it loads CUDA at
+#     run time, so it builds on a machine without a GPU), or STRATA_DEVICE_CHECK_BIN.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -36,6 +36,11 @@ else
 fi
 
 BIN="${STRATA_DEVICE_CHECK_BIN:-}"
+PREBUILT=target/gds-device-check/device_check
+if [ -z "$BIN" ] && [ -x "$PREBUILT" ] && [ "${STRATA_DEVICE_CHECK_BUILD:-0}" != 1 ]; then
+  BIN="$PREBUILT"
+  echo "using the prebuilt $BIN (built $(date -r "$BIN" -u +%FT%TZ)); STRATA_DEVICE_CHECK_BUILD=1 rebuilds"
+fi
 if [ -z "$BIN" ]; then
   if command -v cargo >/dev/null 2>&1; then
     echo "building: cargo build --release -p strata-gds --features cuda --example device_check"
@@ -47,10 +52,12 @@ if [ -z "$BIN" ]; then
   else
     cat >&2 <<'MSG'
 device-check: cannot run: no cargo and no prebuilt binary.
-  Either install Rust (https://rustup.rs, toolchain >= 1.85) and rerun, or build on any
-  Linux x86_64 machine (no GPU needed):
+  Either install Rust (https://rustup.rs, toolchain >= 1.85; building also needs
+  Debian's librocksdb-dev for strata-cache-core) and rerun, or build on any Linux x86_64
+  machine (no GPU needed; the binary loads CUDA at run time and needs glibc >= 2.34):
     cargo build --release -p strata-gds --features cuda --example device_check
-  and copy target/release/examples/device_check here (same path), or set
+    strip -o target/gds-device-check/device_check target/release/examples/device_check
+  and copy target/gds-device-check/device_check here (same path), or set
   STRATA_DEVICE_CHECK_BIN=/path/to/device_check.
 MSG
     exit 3
