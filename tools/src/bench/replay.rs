@@ -229,3 +229,67 @@ fn plot(
     root.present()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::gen::{generate, Workload};
+
+    #[test]
+    fn json_report_has_the_documented_fields() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.csv");
+        trace::write_file(&generate(Workload::Mixed, 1, 0.02), &path).expect("write");
+        let p = Prepared::new(trace::read_file(&path).expect("read"), 1 << 20);
+        let cap = parse_capacity("20%", p.unique_bytes()).expect("capacity");
+        let policies: Vec<String> = POLICY_NAMES.iter().map(|s| s.to_string()).collect();
+        let results = run_all(&p, &policies, cap, 1 << 20, StoreModel::default()).expect("replay");
+        let report = Report {
+            trace: path.display().to_string(),
+            capacity_bytes: cap,
+            unique_bytes: p.unique_bytes(),
+            results,
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&report).expect("serialize"))
+                .expect("json");
+        for k in ["trace", "capacity_bytes", "unique_bytes", "results"] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+        let rs = v["results"].as_array().expect("array");
+        assert_eq!(rs.len(), POLICY_NAMES.len());
+        for r in rs {
+            for k in [
+                "policy",
+                "hit_ratio",
+                "byte_hit_ratio",
+                "prefetch_bytes",
+                "prefetch_precision",
+                "jct_s",
+                "job_jct_s",
+            ] {
+                assert!(r.get(k).is_some(), "{k} in {r}");
+            }
+            let jobs = r["job_jct_s"].as_object().expect("map");
+            assert_eq!(jobs.len(), p.trace().jobs.len());
+            let mean =
+                jobs.values().map(|x| x.as_f64().expect("f64")).sum::<f64>() / jobs.len() as f64;
+            assert!(
+                (mean - r["jct_s"].as_f64().expect("f64")).abs() < 1e-9,
+                "jct_s is the mean"
+            );
+            let h = r["hit_ratio"].as_f64().expect("f64");
+            assert!((0.0..=1.0).contains(&h));
+        }
+    }
+
+    #[test]
+    fn plot_writes_a_png() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let png = dir.path().join("p.png");
+        let curves = vec![("lru".to_string(), vec![(10.0, 0.1), (20.0, 0.3)])];
+        plot(&png, "t", &curves).expect("plot");
+        let bytes = std::fs::read(&png).expect("png written");
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    }
+}

@@ -87,3 +87,31 @@ fn summary(t: &trace::Trace, out: &std::path::Path) {
         t.unique_bytes(1 << 20) as f64 / 1e6
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gen_writes_a_readable_trace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("kv.csv.gz");
+        run(TraceCommand::Gen(GenArgs {
+            workload: Workload::KvPrefix,
+            seed: 3,
+            out: out.clone(),
+            scale: 0.05,
+        }))
+        .expect("gen");
+        let t = trace::read_file(&out).expect("read back");
+        assert!(!t.records.is_empty());
+        assert!(t.paths.iter().all(|p| p.starts_with("kv/")));
+        assert!(run(TraceCommand::Gen(GenArgs {
+            workload: Workload::KvPrefix,
+            seed: 3,
+            out,
+            scale: 0.0,
+        }))
+        .is_err());
+    }
+}
