@@ -48,4 +48,7 @@ pub trait Predictor: Send {
     fn on_access(&mut self, event: &AccessEvent, out: &mut Vec<PrefetchRequest>);
     /// Outcome of an earlier request from this predictor for `path`.
     fn on_feedback(&mut self, _job: JobId, _path: &str, _feedback: Feedback) {}
+    /// Hint: fraction of the store's bandwidth currently unused (0 = saturated, 1 = idle).
+    /// Predictors may scale their depth with it; the default ignores it.
+    fn set_spare_bandwidth(&mut self, _spare: f64) {}
 }

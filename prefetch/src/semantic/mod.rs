@@ -16,7 +16,7 @@
 //! 4. The predictor emits up to K requests (whole small files, the first chunk of large
 //!    ones) with a confidence. K adapts per lane to measured hits, globally to
 //!    [`Feedback`](crate::Feedback), and to the store's spare bandwidth
-//!    ([`SemanticPredictor::set_spare_bandwidth`]). A lane that misses goes quiet and must
+//!    ([`Predictor::set_spare_bandwidth`](crate::Predictor::set_spare_bandwidth)). A lane that misses goes quiet and must
 //!    re-confirm its rule: on a random workload nothing is confirmed, so nothing is
 //!    fetched.
 //!

@@ -8,7 +8,7 @@
 //!   i.e. the last ~64 outcomes). Below 50% useful, every depth is scaled by twice the
 //!   rate (a safety net when lanes misjudge themselves; above 50% prefetch pays for
 //!   itself and lanes decide alone);
-//! - store bandwidth: [`SemanticPredictor::set_spare_bandwidth`] (0 = saturated,
+//! - store bandwidth: [`Predictor::set_spare_bandwidth`](crate::Predictor::set_spare_bandwidth) (0 = saturated,
 //!   1 = idle) scales depths by `0.25 + 0.75 * spare`; a confirmed lane still keeps one
 //!   file ahead on a busy store, since a correct prefetch only moves a read earlier.
 
@@ -124,15 +124,6 @@ impl SemanticPredictor {
     /// file (small files) or its first chunk (large ones).
     pub fn observe_listing_sized<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         self.listing.observe(dir, entries);
-    }
-
-    /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped).
-    pub fn set_spare_bandwidth(&mut self, spare: f64) {
-        self.spare = if spare.is_nan() {
-            1.0
-        } else {
-            spare.clamp(0.0, 1.0)
-        };
     }
 
     fn depth_scale(&self) -> f64 {
@@ -277,6 +268,11 @@ impl Predictor for SemanticPredictor {
             }
             self.remember(path, &key, origin);
         }
+    }
+
+    /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped; NaN = idle).
+    fn set_spare_bandwidth(&mut self, spare: f64) {
+        self.spare = if spare.is_nan() { 1.0 } else { spare.clamp(0.0, 1.0) };
     }
 
     fn on_feedback(&mut self, _job: JobId, path: &str, feedback: Feedback) {
