@@ -272,7 +272,11 @@ impl Predictor for SemanticPredictor {
 
     /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped; NaN = idle).
     fn set_spare_bandwidth(&mut self, spare: f64) {
-        self.spare = if spare.is_nan() { 1.0 } else { spare.clamp(0.0, 1.0) };
+        self.spare = if spare.is_nan() {
+            1.0
+        } else {
+            spare.clamp(0.0, 1.0)
+        };
     }
 
     fn on_feedback(&mut self, _job: JobId, path: &str, feedback: Feedback) {
