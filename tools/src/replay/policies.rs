@@ -16,8 +16,8 @@
 //! predictors because they are part of it.
 
 use strata_cache_core::policy::{
-    ArcPolicy, BeladyPolicy, EvictionPolicy, LfuPolicy, LruPolicy, NextUse, PatternAwarePolicy,
-    TinyLfuPolicy, TwoRandomPolicy,
+    ArcPolicy, BeladyPolicy, EvictionPolicy, LfuPolicy, LruPolicy, NextUse, PatternAwareConfig,
+    PatternAwarePolicy, TinyLfuPolicy, TwoRandomPolicy,
 };
 use strata_prefetch::semantic::SemanticPredictor;
 use strata_prefetch::sequential::SequentialPredictor;
@@ -53,9 +53,11 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 /// `strata` = [`PatternAwarePolicy`] + [`SequentialPredictor`] + [`SemanticPredictor`];
 /// `strata-nosemantic` leaves the semantic predictor out. The semantic predictor is
 /// handed the dataset's directory listings (what the mount would have answered to the
-/// job's `readdir`), which it uses for lexical-order and per-epoch-permutation rules.
+/// job's `readdir`), which it uses for lexical-order and per-epoch-permutation rules,
+/// and the policy is told the tier's byte budget (as the engine would).
 pub fn strata_policy_set(
     semantic: bool,
+    capacity: u64,
     listings: &Listings,
 ) -> (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) {
     let mut predictors: Vec<Box<dyn Predictor>> = vec![Box::new(SequentialPredictor::default())];
@@ -66,7 +68,11 @@ pub fn strata_policy_set(
         }
         predictors.push(Box::new(sp));
     }
-    (Box::new(PatternAwarePolicy::default()), predictors)
+    let cfg = PatternAwareConfig {
+        capacity_hint: Some(capacity),
+        ..PatternAwareConfig::default()
+    };
+    (Box::new(PatternAwarePolicy::new(cfg)), predictors)
 }
 
 /// Builds the policy called `name` for a tier of `capacity` bytes (`listings` feed
@@ -84,8 +90,8 @@ pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Re
             next_use = Some(h);
             (Box::new(p), Vec::new())
         }
-        "strata" => strata_policy_set(true, listings),
-        "strata-nosemantic" => strata_policy_set(false, listings),
+        "strata" => strata_policy_set(true, capacity, listings),
+        "strata-nosemantic" => strata_policy_set(false, capacity, listings),
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")
