@@ -114,6 +114,17 @@ impl Filesystem for NullFs {
         reply.data(&self.zeros[..n.min(self.zeros.len())]);
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: fuser::ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
     fn readdir(
         &self,
         _req: &Request,
