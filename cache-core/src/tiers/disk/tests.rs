@@ -433,3 +433,99 @@ async fn too_large_is_refused() {
     assert!(matches!(err, CacheError::TooLarge { .. }));
     assert_eq!(block_files(dir.path()), 0);
 }
+
+/// One round of put / get / remove on a few shared keys: keys collide across workers so
+/// that claims are contended, values differ so that no put is skipped as a duplicate.
+async fn churn(tier: Arc<DiskTier>, worker: u64, rounds: u64) {
+    for r in 0..rounds {
+        let key = CacheKey::file("churn", "v", (worker * 7 + r) % 24);
+        let len = 4096 * (1 + ((worker + r) % 5) as usize) + (r as usize % 3) * 1000;
+        let value = data(len, (worker * 31 + r) as u8);
+        tier.put(&key, Block::new(value.clone()))
+            .await
+            .expect("put");
+        if let Some(got) = get(&tier, &key).await {
+            // Another worker may have replaced the value meanwhile: any stored value is
+            // one that some worker wrote, and it always passes its crc.
+            assert!(got.len() >= 4096, "a short value was served");
+        }
+        if r.is_multiple_of(3) {
+            tier.remove(&key).await.expect("remove");
+        }
+    }
+}
+
+/// Regression guard for a hang reported on the io_uring engine under concurrency:
+/// tasks on a 2-worker runtime plus plain threads that poll each call once with
+/// `now_or_never` and then spawn it (what the FUSE adapter does on its session
+/// threads), all on the same keys so that claims are contended, with syncs on. Bounded,
+/// so that a lost wakeup or a deadlock fails the test instead of hanging it.
+#[test]
+fn io_uring_tier_does_not_hang_under_mixed_concurrency() {
+    use futures::FutureExt;
+    const TASKS: u64 = 16;
+    const ROUNDS: u64 = 60;
+    const THREADS: u64 = 4;
+    const FOREIGN: u64 = 100;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier =
+        Arc::new(DiskTier::open(dir.path(), 256 << 20, opts(EngineKind::IoUring)).expect("open"));
+    assert_eq!(tier.engine_name(), "io_uring");
+    let handle = rt.handle().clone();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let outcome = rt.block_on(async {
+        for w in 0..TASKS {
+            let (tier, done) = (tier.clone(), done_tx.clone());
+            tokio::spawn(async move {
+                churn(tier, w, ROUNDS).await;
+                let _ = done.send(());
+            });
+        }
+        // Foreign threads: each call polled once there, then handed to the runtime.
+        let mut threads = Vec::new();
+        for t in 0..THREADS {
+            let (tier, handle, done) = (tier.clone(), handle.clone(), done_tx.clone());
+            threads.push(std::thread::spawn(move || {
+                let _ctx = handle.enter();
+                for r in 0..FOREIGN {
+                    let (tier, done) = (tier.clone(), done.clone());
+                    let mut fut = Box::pin(async move {
+                        churn(tier, 100 + t * FOREIGN + r, 2).await;
+                        let _ = done.send(());
+                    });
+                    if (&mut fut).now_or_never().is_none() {
+                        handle.spawn(fut);
+                    }
+                }
+            }));
+        }
+        drop(done_tx);
+        for th in threads {
+            th.join().expect("submitting thread");
+        }
+        let mut done = 0u64;
+        let all = async {
+            while done_rx.recv().await.is_some() {
+                done += 1;
+            }
+        };
+        let finished = tokio::time::timeout(std::time::Duration::from_secs(60), all)
+            .await
+            .is_ok();
+        (finished, done)
+    });
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    let expected = TASKS + THREADS * FOREIGN;
+    let (finished, done) = outcome;
+    assert!(
+        finished,
+        "disk tier on io_uring hung: {done} of {expected} callers finished"
+    );
+    assert_eq!(done, expected);
+}
