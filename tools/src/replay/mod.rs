@@ -29,7 +29,8 @@
 //!   bytes are fetched but not cached). Space is reserved at issue, as a real cache
 //!   allocates the buffer it fetches into.
 //! - **Prefetch.** After each demand read is issued, every predictor gets an
-//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`);
+//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`)
+//!   after `set_spare_bandwidth(1 - outstanding / backlog bound)`;
 //!   each requested block that is not resident is admitted with
 //!   `place(ctx.prefetch = true)` and fetched over the same link. Prefetches are dropped
 //!   while the bytes outstanding on the link exceed `prefetch_max_backlog` worth of
@@ -631,9 +632,17 @@ impl Run<'_> {
             now_ns: now,
             pattern: self.space.pattern_of(&self.p.keys[first as usize], &ctx),
         };
+        // Spare bandwidth as the client sees it: 1 with nothing outstanding, 0 once the
+        // prefetch backlog bound is reached (prefetches would be dropped anyway).
+        let spare = if self.link.max_backlog_bytes > 0.0 {
+            (1.0 - self.link.outstanding() / self.link.max_backlog_bytes).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let mut reqs = std::mem::take(&mut self.reqs);
         for pi in 0..self.predictors.len() {
             reqs.clear();
+            self.predictors[pi].set_spare_bandwidth(spare);
             self.predictors[pi].on_access(&event, &mut reqs);
             for req in &reqs {
                 self.prefetch(pi as u8, req, job, now);
