@@ -84,6 +84,23 @@ pub struct TiersReport {
     pub disk_engine: String,
     /// Whether the disk tier and its ceiling used O_DIRECT.
     pub o_direct: bool,
+    /// crc32c throughput on this CPU (the disk tier verifies every byte it serves).
+    pub crc32c_gbps: f64,
+}
+
+/// crc32c over 1 MiB values, best of five passes over 64 MiB.
+fn crc32c_gbps() -> f64 {
+    let data = pattern(64 << 20, 7);
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        for off in (0..data.len()).step_by(1 << 20) {
+            // Block::new computes the crc32c, as a disk hit's verification does.
+            black_box(Block::new(data.slice(off..off + (1 << 20))).crc());
+        }
+        best = best.max(data.len() as f64 / t.elapsed().as_secs_f64().max(1e-12) / 1e9);
+    }
+    best
 }
 
 /// Per-get latencies and, per round, the loop's throughput.
@@ -399,6 +416,7 @@ pub async fn bench(args: &TiersArgs, dir: &Path) -> anyhow::Result<TiersReport> 
         results,
         disk_engine: engine,
         o_direct,
+        crc32c_gbps: crc32c_gbps(),
     })
 }
 
@@ -430,9 +448,10 @@ pub fn run(args: TiersArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "disk engine: {}, O_DIRECT: {}, dir: {}",
+        "disk engine: {}, O_DIRECT: {}, crc32c: {:.1} GB/s, dir: {}",
         report.disk_engine,
         report.o_direct,
+        report.crc32c_gbps,
         tmp.path().display()
     );
     println!(
