@@ -529,3 +529,20 @@ fn io_uring_tier_does_not_hang_under_mixed_concurrency() {
     );
     assert_eq!(done, expected);
 }
+
+#[tokio::test]
+async fn second_open_of_a_live_directory_fails_without_wiping() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = open(dir.path(), 16 << 20);
+    let k = CacheKey::file("live", "v", 0);
+    tier.put(&k, Block::new(data(5000, 1))).await.expect("put");
+    // RocksDB's lock keeps a second process (or instance) out; that must be an error,
+    // never mistaken for a corrupt index and wiped.
+    let second = DiskTier::open(dir.path(), 16 << 20, DiskOptions::default());
+    assert!(matches!(second, Err(CacheError::Index(_))), "{second:?}");
+    assert_eq!(get(&tier, &k).await, Some(data(5000, 1)));
+    drop(tier);
+    let tier = open(dir.path(), 16 << 20);
+    assert!(!tier.recovery().wiped);
+    assert_eq!(tier.resident(), vec![(k, 5000)]);
+}
