@@ -11,7 +11,19 @@
 //!   `MountHandle::unmount()`; several mounts can share one cache core.
 //! - [`null`]: a do-nothing file system (zeros) mounted with the same options, the
 //!   FUSE ceiling the benchmark compares against.
-//! - [`readahead`]: the readahead trait and its window-doubling default.
+//! - [`readahead`]: the per-file readahead trait and its window-doubling default;
+//!   [`Predictors`] (in `CoreOptions::predictors`) feeds every read and listing to the
+//!   prefetch crate's sequential and semantic predictors instead (what `strata mount`
+//!   uses by default).
+//!
+//! Daemon entry point (kept as the issue asked; `strata serve` mounts several prefixes
+//! of one store on one cache core with it):
+//!
+//! ```ignore
+//! pub fn spawn(reader: ObjectReader, prefix: &str, mountpoint: &Path, opts: MountOptions)
+//!     -> Result<MountHandle>;
+//! impl MountHandle { pub fn unmount(self) -> Result<()>; pub fn is_finished(&self) -> bool; }
+//! ```
 
 pub mod core;
 pub mod error;
