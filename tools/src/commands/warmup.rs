@@ -164,3 +164,62 @@ pub fn warmup(
         seconds: start.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use strata_cache_core::tiers::MemoryTier;
+    use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, StoreOptions};
+
+    use super::*;
+
+    /// Warming a real mount pulls every block of every file into the cache: a second
+    /// full read then costs the store nothing.
+    #[test]
+    fn warmup_fills_the_cache_through_a_real_mount() {
+        let src = tempfile::tempdir().expect("src");
+        let mut total = 0u64;
+        for (i, n) in [0usize, 10, 300_000, 70_000].iter().enumerate() {
+            let p = src.path().join(format!("d{}/f{i}", i % 2));
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, vec![i as u8; *n]).expect("write");
+            total += *n as u64;
+        }
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let store = BackingStore::from_url(
+            &format!("file://{}", src.path().display()),
+            &StoreOptions::default(),
+        )
+        .expect("store");
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .build()
+            .expect("engine");
+        let reader = ObjectReader::new(engine.clone(), store, 64 << 10).expect("reader");
+        let mnt = tempfile::tempdir().expect("mnt");
+        let opts = strata_fs::MountOptions {
+            runtime: Some(rt.handle().clone()),
+            ..Default::default()
+        };
+        let h = strata_fs::spawn(reader, "", mnt.path(), opts).expect("mount");
+        let r = warmup(&[mnt.path().to_path_buf()], true, 3, false).expect("warmup");
+        assert_eq!((r.files, r.bytes, r.failed), (4, total, 0));
+        let fills = engine.stats().fills;
+        assert!(fills >= 1 + 5 + 2, "every block fetched: {fills}");
+        // Non-recursive on the root sees no files (they are all in subdirectories).
+        let r = warmup(&[mnt.path().to_path_buf()], false, 3, false).expect("warmup");
+        assert_eq!(r.files, 0);
+        // Everything is cached now: reading it all again fetches nothing.
+        let again = warmup(
+            &[mnt.path().join("d0"), mnt.path().join("d1")],
+            false,
+            2,
+            false,
+        )
+        .expect("again");
+        assert_eq!(again.bytes, total);
+        assert_eq!(engine.stats().fills, fills, "served from the cache");
+        h.unmount().expect("unmount");
+    }
+}
