@@ -393,10 +393,12 @@ impl KvClient {
 }
 
 fn tune(ep: Endpoint) -> Endpoint {
-    // Same windows as the server (see `ServerConfig`), and no Nagle delay.
+    // Same windows and frame size as the server (see `ServerConfig`): the frame size a
+    // client advertises bounds the DATA frames the server sends it. No Nagle delay.
     ep.tcp_nodelay(true)
         .initial_stream_window_size(8 << 20)
         .initial_connection_window_size(32 << 20)
+        .max_frame_size((1u32 << 20) - 1)
 }
 
 fn to_bytes(hashes: &[impl AsRef<[u8]>]) -> Vec<Bytes> {

@@ -38,6 +38,18 @@ pub struct KvArgs {
     /// (1 GiB) plus the put phase's churn, with eviction running as in production.
     #[arg(long, default_value_t = 2048)]
     pub memory_mib: u64,
+    /// Block sizes in KiB (default: 64, 1024, 16384).
+    #[arg(long, value_delimiter = ',', default_values_t = [64u64, 1024, 16384])]
+    pub sizes_kib: Vec<u64>,
+    /// Client counts (default: 1, 4, 16).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
+    pub clients: Vec<usize>,
+    /// Size of the messages a Get streams, in KiB (the server's `chunk_bytes`).
+    #[arg(long, default_value_t = 1024)]
+    pub chunk_kib: usize,
+    /// Keep glibc's default allocator settings (to measure what `tune_allocator` buys).
+    #[arg(long)]
+    pub default_malloc: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,6 +79,9 @@ pub struct KvReport {
 const NS: &str = "bench/kv";
 
 pub fn run(args: KvArgs) -> anyhow::Result<()> {
+    if !args.default_malloc {
+        strata_kvcache::server::tune_allocator();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -260,7 +275,11 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(args.memory_mib << 20)))
         .build()?;
-    let service = KvService::new(engine, ServerConfig::default());
+    let cfg = ServerConfig {
+        chunk_bytes: args.chunk_kib << 10,
+        ..Default::default()
+    };
+    let service = KvService::new(engine, cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -272,9 +291,9 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
 
     let loopback_tcp_gbps = loopback_tcp(args.secs.max(0.5)).await?;
     let mut results = Vec::new();
-    for size in [64usize << 10, 1 << 20, 16 << 20] {
-        for n in [1usize, 4, 16] {
-            results.push(cell(&addr, size, n, args.secs).await?);
+    for &size in &args.sizes_kib {
+        for &n in &args.clients {
+            results.push(cell(&addr, (size as usize) << 10, n, args.secs).await?);
         }
     }
     let small = cell(&addr, 256 << 10, 4, args.secs).await?;

@@ -74,6 +74,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(d) = args.disk {
         cfg.cache.disk = d;
     }
+    strata_kvcache::server::tune_allocator();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -268,10 +269,13 @@ pub async fn serve(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result
     // Run until stopped, or until a server fails (then stop the others).
     let mut result = Ok(());
     tokio::select! {
+        biased;
         _ = stop.cancelled() => {}
         Some(r) = tasks.join_next() => {
             result = r.context("server task panicked").and_then(|r| r);
-            if result.is_ok() {
+            // A server that ends cleanly because a stop was requested meanwhile is
+            // the normal shutdown, not a failure.
+            if result.is_ok() && !stop.is_cancelled() {
                 result = Err(anyhow::anyhow!("a server stopped unexpectedly"));
             }
             stop.cancel();
