@@ -45,6 +45,9 @@ struct Level {
     space: Mutex<TierSpace>,
     /// Counted here, not in the tier: the engine decides evictions.
     evictions: AtomicU64,
+    /// Lookups the level's accounting answered as absent without asking the tier (the
+    /// tier's own counter sees only the lookups that reach it).
+    misses: AtomicU64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -112,6 +115,7 @@ impl EngineBuilder {
                 tier,
                 space: Mutex::new(space),
                 evictions: AtomicU64::new(0),
+                misses: AtomicU64::new(0),
             });
         }
         Ok(CacheEngine {
@@ -178,6 +182,7 @@ impl CacheEngine {
     pub async fn get(&self, key: &CacheKey, ctx: &AccessContext) -> Result<Option<Bytes>> {
         for (i, level) in self.inner.levels.iter().enumerate() {
             if !level.space.lock().touch(key, ctx) {
+                level.misses.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             match level.tier.get(key).await {
@@ -461,6 +466,7 @@ impl CacheEngine {
                 .map(|l| {
                     let mut t = l.tier.stats();
                     t.evictions += l.evictions.load(Ordering::Relaxed);
+                    t.misses += l.misses.load(Ordering::Relaxed);
                     t
                 })
                 .collect(),

@@ -182,3 +182,19 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test]
+async fn misses_are_counted_per_level() {
+    let (engine, _, _) = two_level(1000, 1000);
+    let key = CacheKey::file("f", "v", 0);
+    assert_eq!(engine.get(&key, &ctx()).await.expect("get"), None);
+    let s = engine.stats();
+    assert_eq!((s.tiers[0].misses, s.tiers[1].misses), (1, 1));
+    engine
+        .put(&key, Bytes::from_static(b"x"), &ctx())
+        .await
+        .expect("put");
+    assert!(engine.get(&key, &ctx()).await.expect("get").is_some());
+    let s = engine.stats();
+    assert_eq!((s.tiers[0].hits, s.tiers[0].misses), (1, 1));
+}
