@@ -36,7 +36,8 @@ pub struct SequentialConfig {
     pub max_depth: u64,
     /// Smallest request: 1 MiB (the default block), to keep requests block-sized.
     pub min_request: u64,
-    /// Contiguous reads before an unclassified stream is treated as sequential: 3.
+    /// Exactly contiguous reads needed before readahead starts mid-file: 2 (three reads
+    /// in a row), for classified and unclassified streams alike.
     pub min_run: u32,
     /// Streams tracked before the least recently used half is dropped: 4096.
     pub max_streams: usize,
@@ -49,7 +50,7 @@ impl Default for SequentialConfig {
             min_depth: 2 << 20,
             max_depth: 32 << 20,
             min_request: 1 << 20,
-            min_run: 3,
+            min_run: 2,
             max_streams: 4096,
         }
     }
@@ -133,9 +134,7 @@ impl Predictor for SequentialPredictor {
         });
         s.last_use = tick;
         let contiguous = s.last_ns > 0 || s.end > 0;
-        let contiguous = contiguous
-            && ev.offset >= s.end.saturating_sub(self.cfg.min_request)
-            && ev.offset <= s.end + self.cfg.min_request;
+        let contiguous = contiguous && ev.offset == s.end;
         s.run = if contiguous {
             s.run.saturating_add(1)
         } else {
@@ -156,9 +155,14 @@ impl Predictor for SequentialPredictor {
         if !contiguous {
             s.high_water = read_end;
         }
+        // A sequential classification allows prefetch from the start of a file (the
+        // pattern inherited from the job's sibling files) or once the reads are exactly
+        // contiguous for `min_run` steps; forward reads with gaps (column chunks of a
+        // parquet file) are "sequential" to the classifier but would waste readahead.
+        let exact_run = s.run >= self.cfg.min_run;
         let sequential = match ev.pattern {
-            Pattern::Sequential => true,
-            Pattern::Unknown => s.run >= self.cfg.min_run,
+            Pattern::Sequential => exact_run || ev.offset == 0,
+            Pattern::Unknown => exact_run,
             Pattern::Random | Pattern::Skewed => false,
         };
         if !sequential {

@@ -1,0 +1,40 @@
+//! Tests of the classifier's tests: false-classification rates and detection delays on
+//! generated streams of known type (the table in docs/PATTERNS.md).
+//!
+//! `cargo run --release -p strata-cache-core --example classify_rates`
+
+use strata_cache_core::classify::eval::{measure, Kind};
+use strata_cache_core::classify::ClassifierConfig;
+
+fn main() {
+    let cfg = ClassifierConfig::default();
+    let cases = [
+        (Kind::Sequential { noise: 0.0 }, 512),
+        (Kind::Sequential { noise: 0.3 }, 512),
+        (Kind::Sequential { noise: 0.6 }, 512),
+        (Kind::Uniform { n: 8 }, 512),
+        (Kind::Uniform { n: 64 }, 512),
+        (Kind::Uniform { n: 1000 }, 512),
+        (Kind::Uniform { n: 1 << 20 }, 512),
+        (Kind::Shuffle { n: 5000 }, 512),
+        (Kind::Zipf { n: 2000, s: 0.7 }, 1024),
+        (Kind::Zipf { n: 2000, s: 0.9 }, 1024),
+        (Kind::Zipf { n: 2000, s: 1.2 }, 1024),
+        (Kind::Zipf { n: 100, s: 1.0 }, 1024),
+    ];
+    println!(
+        "alpha={} min_samples={} window={} test_every={} hysteresis={}",
+        cfg.alpha, cfg.min_samples, cfg.window, cfg.test_every, cfg.hysteresis
+    );
+    println!(
+        "| stream | visits | streams | wrong per test | wrong at end | mean delay | max delay |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (kind, len) in cases {
+        let r = measure(kind, len, 500, 42, &cfg);
+        println!(
+            "| {kind:?} | {len} | {} | {:.4} | {:.3} | {:.1} | {} |",
+            r.streams, r.per_test_error, r.final_error, r.mean_delay, r.max_delay
+        );
+    }
+}
