@@ -265,8 +265,9 @@ fn per_epoch_shuffle_prefetches_unread_members() {
     let r = wl.eval_semantic(SemanticConfig::default());
     eprintln!("{r:?}");
     assert!(r.precision() >= 0.95, "precision {:.3}", r.precision());
-    // Epoch 1 spends ~136 reads on the test and ramps the pool; epochs 2-3 are covered.
-    assert!(r.coverage() >= 0.6, "coverage {:.3}", r.coverage());
+    // Epoch 1 spends ~136 reads on the test and keeps its pool small; epochs 2-3 ramp
+    // the pool up again from their start.
+    assert!(r.coverage() >= 0.5, "coverage {:.3}", r.coverage());
     // The same trace without its listing: names are random, nothing is predicted.
     let mut p = SemanticPredictor::default();
     let r = evaluate(
@@ -323,6 +324,22 @@ fn loader_workers_share_one_permutation() {
     let r = wl.eval_semantic(SemanticConfig::default());
     eprintln!("{r:?}");
     assert!(r.precision() >= 0.95, "precision {:.3}", r.precision());
-    assert!(r.coverage() >= 0.6, "coverage {:.3}", r.coverage());
+    assert!(r.coverage() >= 0.5, "coverage {:.3}", r.coverage());
     assert!(r.waste_ratio() < 0.05, "waste {:.4}", r.waste_ratio());
+}
+
+#[test]
+fn pool_learns_a_small_cache_and_does_not_thrash() {
+    // The cache keeps a prefetch for 200 reads of a 2k-file shuffle: the pool learns the
+    // horizon from `Wasted` feedback and then fills only near the end of each epoch.
+    let mut wl = w::loader_workers(7, 2_000, 8, 4);
+    wl.window = 200;
+    let r = wl.eval_semantic(SemanticConfig::default());
+    assert!(r.waste_ratio() < 0.05, "{r:?}");
+    assert!(r.precision() >= 0.7, "{r:?}");
+    let mut wl = w::shuffled_epochs(7, 2_000, 4);
+    wl.window = 200;
+    let r = wl.eval_semantic(SemanticConfig::default());
+    // One job: the first epoch-2 ramp is wasted before the first feedback arrives.
+    assert!(r.waste_ratio() < 0.1, "{r:?}");
 }

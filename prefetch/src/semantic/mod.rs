@@ -80,6 +80,9 @@ pub struct SemanticConfig {
     /// Pool bound before a whole epoch was seen, as a fraction of the epoch's reads: 4%,
     /// under the 5% waste budget even if the job samples only part of the set.
     pub unconfirmed_pool_frac: f64,
+    /// Least probability that a pooled member is read before the cache drops it (from the
+    /// learnt cache horizon): 0.8, the precision target for interleaved streams.
+    pub pool_min_precision: f64,
     /// Pool size right after acceptance (once an epoch was seen): 4.
     pub pool_initial: u32,
     /// Pool growth per demand read after acceptance: 2 (the pool outgrows the reader, so
@@ -112,6 +115,7 @@ impl Default for SemanticConfig {
             pool_max_files: 4096,
             pool_max_bytes: 512 << 20,
             unconfirmed_pool_frac: 0.04,
+            pool_min_precision: 0.8,
             pool_initial: 4,
             pool_growth: 2,
             max_burst: 16,

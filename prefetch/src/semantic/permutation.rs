@@ -17,10 +17,14 @@
 //! reads of the epoch, divided by `1 + strikes`: a job that samples only part of the set
 //! per epoch looks exactly like a shuffle until its first repeat, and this bound keeps
 //! what it wastes under 5% of what it reads. After a complete epoch, the pool may grow by
-//! `pool_growth` per demand read since acceptance, up to `pool_max_files` /
-//! `pool_max_bytes` (the pool must fit in the cache, or prefetches evict each other) and
-//! scaled down by `Wasted` feedback (evictions of unread members mean the pool is larger
-//! than the cache keeps).
+//! `pool_growth` per demand read since the epoch began, up to `pool_max_files` /
+//! `pool_max_bytes` (the pool must fit in the cache, or prefetches evict each other).
+//!
+//! Cache horizon. `Wasted` feedback (a pooled member evicted unread) tells how many reads
+//! the cache keeps a prefetch: `h`. In a uniform random order an unread member is read
+//! within `h` reads with probability `h / unread`, so with a cache smaller than the set
+//! the pool only fills near the end of an epoch, when that probability reaches
+//! `pool_min_precision` (80%), and never holds more than `h` members: no thrash.
 
 use super::listing::MemberSet;
 use super::SemanticConfig;
@@ -39,8 +43,13 @@ pub struct SetTracker {
     /// Issued this epoch and not read yet.
     pub outstanding: u64,
     cursor: usize,
-    /// Multiplier on the pool size from feedback (1 = full).
-    pub pool_scale: f64,
+    /// Reads over the tracker's life (not reset by epochs): the clock of `issued_at`.
+    total_reads: u64,
+    /// `total_reads` when each member was last issued.
+    issued_at: Vec<u64>,
+    /// Reads a prefetched member stays cached, learnt from feedback: `None` until a
+    /// prefetch was dropped unread (the cache then seems to keep everything).
+    pub horizon: Option<f64>,
     last_member: Option<u32>,
     pub epochs: u64,
 }
@@ -58,7 +67,9 @@ impl Default for SetTracker {
             reads_since_accept: 0,
             outstanding: 0,
             cursor: 0,
-            pool_scale: 1.0,
+            total_reads: 0,
+            issued_at: Vec::new(),
+            horizon: None,
             last_member: None,
             epochs: 0,
         }
@@ -74,6 +85,7 @@ impl SetTracker {
         if self.read.len() < n {
             self.read.resize(n, false);
             self.issued.resize(n, false);
+            self.issued_at.resize(n, 0);
         }
     }
 
@@ -83,6 +95,9 @@ impl SetTracker {
         self.epoch_reads = 0;
         self.outstanding = 0;
         self.cursor = 0;
+        // The pool ramps up again each epoch: until the cache's horizon is known, a flood
+        // at the start of an epoch is what a small cache would throw away.
+        self.reads_since_accept = 0;
     }
 
     /// P(all distinct) so far under random-with-replacement, as `1 - p`: the confidence
@@ -120,6 +135,7 @@ impl SetTracker {
         }
         self.read[i] = true;
         self.epoch_reads += 1;
+        self.total_reads += 1;
         if self.issued[i] {
             self.outstanding = self.outstanding.saturating_sub(1);
         }
@@ -164,13 +180,27 @@ impl SetTracker {
             (self.epoch_reads as f64 * cfg.unconfirmed_pool_frac
                 / f64::from(1 + self.strikes.min(64))) as u64
         };
-        let limit = (limit as f64 * self.pool_scale) as u64;
+        // A cache that keeps prefetches `h` reads: an unread member is read within `h`
+        // reads with probability ~h/unread (uniform order), and no more than `h` can be
+        // outstanding. Prefetch only while that is at least `pool_min_precision`.
+        let limit = match self.horizon {
+            None => limit,
+            Some(h) => {
+                let unread = set.len().saturating_sub(self.epoch_reads as usize).max(1) as f64;
+                if h / unread < cfg.pool_min_precision {
+                    0
+                } else {
+                    limit.min(h as u64)
+                }
+            }
+        };
         let mut want = limit.saturating_sub(self.outstanding).min(u64::from(burst));
         while want > 0 && self.cursor < set.len() {
             if let Some(id) = set.at_rank(self.cursor) {
                 let i = id as usize;
                 if !self.read[i] && !self.issued[i] {
                     self.issued[i] = true;
+                    self.issued_at[i] = self.total_reads;
                     self.outstanding += 1;
                     out.push(id);
                     want -= 1;
@@ -180,14 +210,30 @@ impl SetTracker {
         }
     }
 
-    /// An unread pooled member was evicted: the pool is larger than the cache keeps.
-    pub fn on_wasted(&mut self) {
+    /// Member `id` was dropped unread: the cache keeps prefetches about as many reads as
+    /// it waited (averaged, weight 1/4 per report).
+    pub fn on_wasted(&mut self, id: Option<u32>) {
         self.outstanding = self.outstanding.saturating_sub(1);
-        self.pool_scale = (self.pool_scale * 0.5).max(1.0 / 64.0);
+        let age = id
+            .and_then(|i| self.issued_at.get(i as usize))
+            .map_or(0, |at| self.total_reads.saturating_sub(*at)) as f64;
+        self.horizon = Some(match self.horizon {
+            None => age,
+            Some(h) => 0.75 * h + 0.25 * age,
+        });
     }
 
-    pub fn on_used(&mut self) {
-        self.pool_scale = (self.pool_scale * 1.05).min(1.0);
+    /// Member `id` was read while cached: the cache kept it at least this long.
+    pub fn on_used(&mut self, id: Option<u32>) {
+        if let (Some(h), Some(at)) = (
+            self.horizon,
+            id.and_then(|i| self.issued_at.get(i as usize)),
+        ) {
+            let age = self.total_reads.saturating_sub(*at) as f64;
+            if age > h {
+                self.horizon = Some(age);
+            }
+        }
     }
 }
 

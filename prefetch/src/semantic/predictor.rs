@@ -285,6 +285,7 @@ impl Predictor for SemanticPredictor {
         let Some(rec) = self.issued.remove(path) else {
             return;
         };
+        let id = self.listing.set(&rec.key.1).and_then(|s| s.id(path));
         let tracker = match rec.origin {
             Origin::SharedPool => self.shared.get_mut(&rec.key.1),
             Origin::Pool => self.streams.get_mut(&rec.key).and_then(|s| s.set.as_mut()),
@@ -303,9 +304,9 @@ impl Predictor for SemanticPredictor {
         };
         if let Some(tracker) = tracker {
             if used {
-                tracker.on_used();
+                tracker.on_used(id);
             } else {
-                tracker.on_wasted();
+                tracker.on_wasted(id);
             }
         }
     }
