@@ -548,6 +548,16 @@ mod tests {
         assert!(!t.observe(&CacheKey::file("f", "v", 4), &ctx(1)).repeat);
     }
 
+    /// The per-stream figures quoted in docs/PATTERNS.md.
+    #[test]
+    fn state_sizes_match_the_docs() {
+        let node = std::mem::size_of::<(StreamId, Node)>();
+        let share = std::mem::size_of::<(u64, Share)>();
+        eprintln!("stream entry {node} B, share entry {share} B");
+        assert!(node <= 128, "{node}");
+        assert!(share <= 32, "{share}");
+    }
+
     #[test]
     fn memory_is_bounded() {
         let mut t = StreamTree::new(TreeConfig {
