@@ -46,6 +46,8 @@ impl PinnedPool {
     }
 
     /// Takes `n` buffers (at most the pool size), waiting for others to give theirs back.
+    /// Every buffer taken must come back through [`Self::give`] (as a buffer, or counted
+    /// as `lost`): one dropped silently keeps its slot and shrinks the pool for good.
     pub fn take(&self, n: usize) -> Result<Vec<PinnedBuffer>> {
         let n = n.clamp(1, self.max_buffers);
         let mut state = self.state.lock();
@@ -88,5 +90,40 @@ impl PinnedPool {
         state.total -= lost.min(state.total);
         drop(state);
         self.freed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulated::EmulatedDevice;
+
+    #[test]
+    fn sets_are_bounded_reused_and_replaced_when_lost() {
+        let pool = Arc::new(PinnedPool::new(Arc::new(EmulatedDevice::new(0)), 4096, 3));
+        let a = pool.take(2).expect("two");
+        assert_eq!(a.len(), 2);
+        let addr = a[0].as_slice().as_ptr();
+        // Only one more exists; a second set of two must wait for the first.
+        let p2 = pool.clone();
+        let waiter = std::thread::spawn(move || {
+            let got = p2.take(2).expect("after give");
+            let n = got.len();
+            p2.give(got, 0);
+            n
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished(), "pool must not exceed 3 buffers");
+        pool.give(a, 0);
+        assert_eq!(waiter.join().expect("join"), 2);
+        // Buffers come back for reuse (no new allocation): the same memory shows up.
+        let all = pool.take(3).expect("three");
+        assert!(all.iter().any(|b| b.as_slice().as_ptr() == addr));
+        // Two lost (never returned): replacements are allocated on the next take.
+        pool.give(all.into_iter().take(1).collect(), 2);
+        assert_eq!(pool.take(3).expect("replaced").len(), 3);
+        // Asking for more than the pool holds is clamped, not a deadlock.
+        let pool = PinnedPool::new(Arc::new(EmulatedDevice::new(0)), 4096, 2);
+        assert_eq!(pool.take(5).expect("clamped").len(), 2);
     }
 }

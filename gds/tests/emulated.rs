@@ -572,3 +572,18 @@ async fn ipc_export_is_received_by_a_separate_client_process() {
         .expect("spawn client");
     assert!(!out.status.success());
 }
+
+#[test]
+fn bad_chunk_sizes_are_refused() {
+    let dev = Arc::new(EmulatedDevice::new(1 << 20));
+    for chunk in [0usize, 1000, 4097] {
+        let cfg = TransferConfig {
+            chunk_bytes: chunk,
+            ..TransferConfig::default()
+        };
+        assert!(matches!(
+            TransferEngine::new(dev.clone(), cfg),
+            Err(GdsError::InvalidRange(_))
+        ));
+    }
+}
