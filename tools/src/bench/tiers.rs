@@ -153,17 +153,9 @@ fn visit_order(k: usize) -> Vec<usize> {
     v
 }
 
+/// Deterministic incompressible bytes (the demo's generator).
 fn pattern(len: usize, seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v.into()
+    crate::commands::demo::pseudo_random(len, seed)
 }
 
 /// Runs `op(i)` for `n` iterations, timing each, into `into` as one round.
