@@ -248,10 +248,12 @@ async fn cell(addr: &str, size: usize, n: usize, secs: f64) -> anyhow::Result<Ce
     let cs = clients(addr, n).await?;
     let tag = format!("p{size}x{n}");
     let (put_bytes, put_time) = put_phase(&cs, size, secs, &tag).await?;
-    // Working set: at most 1 GiB and 64 blocks, put last so that it is resident.
+    // Working set: at most 1 GiB and 64 blocks, put last so that it is resident; its
+    // keys are new for each cell (an earlier cell's working set may have been evicted
+    // by this cell's put phase, and a re-put of a key the server still counts is a no-op).
     let ws_len = ((1usize << 30) / size).clamp(1, 64);
     let ws: Vec<Vec<u8>> = (0..ws_len as u64)
-        .map(|i| key(&format!("w{size}"), 0, i))
+        .map(|i| key(&format!("w{size}x{n}"), 0, i))
         .collect();
     let mut c0 = cs[0].clone();
     let data = Bytes::from(vec![0x5Au8; size]);
