@@ -3,6 +3,7 @@
 use clap::Subcommand;
 
 pub mod fs;
+pub mod fs_small;
 pub mod gds;
 pub mod kv;
 pub mod replay;
@@ -14,6 +15,8 @@ pub enum BenchCommand {
     Gds(gds::GdsArgs),
     /// FUSE mount: seq 1 MiB and random 4 KiB reads, cold and warm, next to a null FUSE fs, the local dir and direct store reads.
     Fs(fs::FsArgs),
+    /// Small files through the FUSE mount over a slow store: per-file latency with semantic prefetch on vs off.
+    FsSmall(fs_small::FsSmallArgs),
     /// KV service over loopback: put/get throughput and latency next to raw loopback TCP.
     Kv(kv::KvArgs),
     /// Replay a trace through several cache policies in simulated time.
@@ -26,6 +29,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Gds(a) => gds::run(a),
         BenchCommand::Fs(a) => fs::run(a),
+        BenchCommand::FsSmall(a) => fs_small::run(a),
         BenchCommand::Kv(a) => kv::run(a),
         BenchCommand::Replay(a) => replay::run(a),
         BenchCommand::Tiers(a) => tiers::run(a),
