@@ -243,22 +243,28 @@ pub fn run(args: FsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The benchmark's working directory: `dir` if given (created), else a temp dir that
+/// lives as long as the returned guard.
+pub(crate) fn work_dir(
+    dir: Option<&std::path::Path>,
+    prefix: &str,
+) -> anyhow::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            Ok((d.to_path_buf(), None))
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
+}
+
 pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     let size = parse_size(&args.file_size)?;
     let bw = parse_size(&args.bandwidth)?;
-    let tmp;
-    let work = match &args.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("strata-bench-fs-")
-                .tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (work, _tmp) = work_dir(args.dir.as_deref(), "strata-bench-fs-")?;
     let data_dir = work.join("data");
     std::fs::create_dir_all(&data_dir)?;
     let names: Vec<String> = (0..args.files)

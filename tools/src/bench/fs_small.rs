@@ -224,19 +224,7 @@ fn stats(mut lat: Vec<Duration>) -> (f64, f64) {
 
 pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
     let bw = parse_size(&args.bandwidth)?;
-    let tmp;
-    let work = match &args.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("strata-bench-fs-small-")
-                .tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (work, _tmp) = super::fs::work_dir(args.dir.as_deref(), "strata-bench-fs-small-")?;
     let data = work.join("data");
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (names, total) = make_dataset(&data, args, &mut rng)?;
