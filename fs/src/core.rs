@@ -29,8 +29,11 @@
 //!   header, so they cannot be handed to the kernel). Later opens of that version get
 //!   the file back in [`Opened::passthrough`] so the adapter can open it in FUSE
 //!   passthrough mode: reads then bypass userspace entirely.
-//! - **Access context.** Each read carries the reading process (pid) as its job, so the
-//!   engine's policies and stream tree see per-process streams.
+//! - **Access context.** Each read carries its job: the FUSE request's pid is the
+//!   calling *thread*, which [`JobResolver`] maps to its process group (by default;
+//!   [`CoreOptions::job_scope`]), so a data loader's reader threads and worker
+//!   processes are one job to the engine's policies, its stream tree and the
+//!   predictors, not one job per thread.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -49,6 +52,7 @@ use strata_prefetch::sequential::SequentialPredictor;
 use strata_prefetch::{AccessEvent, Predictor, PrefetchRequest};
 
 use crate::error::{Error, Result};
+use crate::job::{JobResolver, JobScope};
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
 
 /// Inode number of the mount's root directory (FUSE's fixed root).
@@ -79,6 +83,10 @@ pub struct CoreOptions {
     pub max_attr_entries: u64,
     /// Cached listings. 4096 directories.
     pub max_listings: u64,
+    /// What one job is (the FUSE request names a thread): default
+    /// [`JobScope::ProcessGroup`], so a data loader's threads and worker processes are
+    /// one job (see [`crate::job`] for why).
+    pub job_scope: JobScope,
 }
 
 impl std::fmt::Debug for CoreOptions {
@@ -86,6 +94,7 @@ impl std::fmt::Debug for CoreOptions {
         f.debug_struct("CoreOptions")
             .field("metadata_ttl", &self.metadata_ttl)
             .field("passthrough", &self.passthrough)
+            .field("job_scope", &self.job_scope)
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +112,7 @@ impl Default for CoreOptions {
             predictors: None,
             max_attr_entries: 1 << 20,
             max_listings: 4096,
+            job_scope: JobScope::default(),
         }
     }
 }
@@ -314,6 +324,7 @@ pub struct FsCore {
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
     passthrough_bytes: AtomicU64,
     passthrough_inflight: Mutex<std::collections::HashSet<PathBuf>>,
+    jobs: JobResolver,
     counters: Counters,
 }
 
@@ -342,6 +353,7 @@ impl FsCore {
             .max_capacity(opts.max_listings)
             .time_to_live(opts.metadata_ttl)
             .build();
+        let jobs = JobResolver::new(opts.job_scope);
         FsCore {
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
@@ -357,6 +369,7 @@ impl FsCore {
             opened_versions: Mutex::new(HashMap::new()),
             passthrough_bytes: AtomicU64::new(0),
             passthrough_inflight: Mutex::new(Default::default()),
+            jobs,
             counters: Counters::default(),
         }
     }
@@ -681,7 +694,14 @@ impl FsCore {
         })
     }
 
-    /// Reads `size` bytes at `offset` of open file `fh` for process `pid` (0: unknown).
+    /// The job of a request from thread `tid` (0: caller not visible; the handle `fh`
+    /// is then its own job).
+    pub fn job_of(&self, tid: u32, fh: u64) -> JobId {
+        JobId(self.jobs.job_of(tid).unwrap_or((1 << 63) | fh))
+    }
+
+    /// Reads `size` bytes at `offset` of open file `fh` for thread `pid` (the FUSE
+    /// request's pid, a TID; 0: unknown), on behalf of its job ([`Self::job_of`]).
     pub async fn read(
         self: &Arc<Self>,
         fh: u64,
@@ -698,8 +718,7 @@ impl FsCore {
                 what: "file handle",
                 id: fh,
             })?;
-        let job = if pid != 0 { pid as u64 } else { (1 << 63) | fh };
-        let ctx = AccessContext::demand(JobId(job), self.now_ns());
+        let ctx = AccessContext::demand(self.job_of(pid, fh), self.now_ns());
         let seq_predictor = self
             .opts
             .predictors

@@ -11,6 +11,7 @@
 //!   `MountHandle::unmount()`; several mounts can share one cache core.
 //! - [`null`]: a do-nothing file system (zeros) mounted with the same options, the
 //!   FUSE ceiling the benchmark compares against.
+//! - [`job`]: maps a request's thread id to its job (process group by default), cached.
 //! - [`readahead`]: the per-file readahead trait and its window-doubling default;
 //!   [`Predictors`] (in `CoreOptions::predictors`) feeds every read and listing to the
 //!   prefetch crate's sequential and semantic predictors instead (what `strata mount`
@@ -28,10 +29,12 @@
 pub mod core;
 pub mod error;
 pub mod fuse;
+pub mod job;
 pub mod mount;
 pub mod null;
 pub mod readahead;
 
 pub use crate::core::{CoreOptions, FsCore, PassthroughOptions, Predictors};
 pub use crate::error::{Error, Result};
+pub use crate::job::{JobResolver, JobScope};
 pub use crate::mount::{spawn, MountHandle, MountOptions};

@@ -444,3 +444,39 @@ async fn the_semantic_predictor_prefetches_the_next_shards() {
     .await
     .expect("bounded");
 }
+
+/// The FUSE request's pid is a thread id; every thread of this process resolves to one
+/// job (its process group by default, the process with `JobScope::Process`), and a
+/// caller the daemon cannot see (pid 0) is keyed by its file handle.
+#[tokio::test]
+async fn reader_threads_of_one_process_are_one_job() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let by_process = fixture(CoreOptions {
+            job_scope: strata_fs::JobScope::Process,
+            ..Default::default()
+        })
+        .await;
+        let jobs: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let tid = strata_fs::job::current_tid();
+                        (tid, fx.core.job_of(tid, 1), by_process.core.job_of(tid, 1))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        // SAFETY: getpgrp has no preconditions and cannot fail.
+        let pgrp = unsafe { libc::getpgrp() } as u64;
+        for (tid, group, process) in &jobs {
+            assert_eq!(group.0, pgrp, "thread {tid}");
+            assert_eq!(process.0, std::process::id() as u64, "thread {tid}");
+        }
+        assert_eq!(fx.core.job_of(0, 5).0, (1 << 63) | 5);
+        assert_ne!(fx.core.job_of(0, 5), fx.core.job_of(0, 6));
+    })
+    .await
+    .expect("bounded");
+}
