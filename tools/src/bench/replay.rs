@@ -160,7 +160,7 @@ fn print_table(r: &Report, jobs: usize) {
         100.0 * r.capacity_bytes as f64 / r.unique_bytes.max(1) as f64
     );
     println!(
-        "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9}",
+        "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9} {:>9} {:>9}",
         "policy",
         "hit%",
         "byte hit%",
@@ -168,12 +168,14 @@ fn print_table(r: &Report, jobs: usize) {
         "precision",
         "mean JCT s",
         "total JCT s",
+        "read ms",
+        "p99 ms",
         "Macc/s"
     );
     for row in &r.results {
         let x = &row.result;
         println!(
-            "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2}",
+            "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
             x.policy,
             100.0 * x.hit_ratio,
             100.0 * x.byte_hit_ratio,
@@ -181,6 +183,8 @@ fn print_table(r: &Report, jobs: usize) {
             x.prefetch_precision,
             x.jct_s,
             x.total_jct_s,
+            x.mean_read_latency_ms,
+            x.p99_read_latency_ms,
             row.replay_accesses_per_s / 1e6
         );
     }
@@ -267,6 +271,8 @@ mod tests {
                 "prefetch_precision",
                 "jct_s",
                 "job_jct_s",
+                "mean_read_latency_ms",
+                "p99_read_latency_ms",
             ] {
                 assert!(r.get(k).is_some(), "{k} in {r}");
             }

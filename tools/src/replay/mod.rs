@@ -122,6 +122,9 @@ pub struct PolicyResult {
     pub prefetch_precision: f64,
     /// Mean simulated job completion time (s).
     pub jct_s: f64,
+    /// Mean and 99th percentile of read latency (issue to completion), ms.
+    pub mean_read_latency_ms: f64,
+    pub p99_read_latency_ms: f64,
     pub job_jct_s: BTreeMap<String, f64>,
     /// Block accesses replayed.
     pub accesses: u64,
@@ -437,6 +440,10 @@ struct Run<'a> {
     /// Per job: next record (index into its `job_recs`).
     cursor: Vec<usize>,
     end: Vec<u64>,
+    /// Per job: when its current read was issued.
+    issued_at: Vec<u64>,
+    /// Latency of every completed read, ns.
+    latencies: Vec<u64>,
     /// Jobs' next issue times.
     issues: BinaryHeap<Reverse<(u64, u32)>>,
     finished: Vec<u32>,
@@ -496,6 +503,7 @@ impl Run<'_> {
         let recs = &self.p.trace.records;
         let ri = self.p.job_recs[ju][self.cursor[ju]] as usize;
         self.cursor[ju] += 1;
+        self.latencies.push(now - self.issued_at[ju]);
         match self.p.job_recs[ju].get(self.cursor[ju]) {
             Some(&next) => {
                 let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
@@ -541,6 +549,7 @@ impl Run<'_> {
         let bb = self.p.block_bytes;
         let kv = is_kv(&self.p.trace.paths[r.path as usize]);
         let ctx = AccessContext::demand(job, now);
+        self.issued_at[j as usize] = now;
         let mut wait = 0u32;
         for pos in a0..a1 {
             let id = self.p.acc[pos as usize];
@@ -790,6 +799,8 @@ fn replay_once(
         pending: vec![0; p.job_recs.len()],
         cursor: vec![0; p.job_recs.len()],
         end: vec![0; p.job_recs.len()],
+        issued_at: vec![0; p.job_recs.len()],
+        latencies: Vec::with_capacity(p.trace.records.len()),
         issues: BinaryHeap::with_capacity(p.job_recs.len()),
         finished: Vec::new(),
         reqs: Vec::new(),
@@ -839,6 +850,7 @@ fn replay_once(
         n += 1;
         job_jct_s.insert(p.trace.jobs[j].to_string(), s);
     }
+    let (mean_read_latency_ms, p99_read_latency_ms) = latency_summary(&mut run.latencies);
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let result = PolicyResult {
         policy: name,
@@ -847,11 +859,24 @@ fn replay_once(
         prefetch_bytes: run.prefetch_bytes,
         prefetch_precision: ratio(run.prefetch_used, run.prefetch_bytes),
         jct_s: if n == 0 { 0.0 } else { total / n as f64 },
+        mean_read_latency_ms,
+        p99_read_latency_ms,
         job_jct_s,
         accesses: run.accesses,
         total_jct_s: total,
     };
     (result, run.order)
+}
+
+/// Mean and 99th percentile (nearest rank) of `ns`, in ms; `(0, 0)` when empty.
+fn latency_summary(ns: &mut [u64]) -> (f64, f64) {
+    if ns.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = ns.iter().map(|&x| x as f64).sum::<f64>() / ns.len() as f64;
+    let rank = ((ns.len() as f64 * 0.99).ceil() as usize).clamp(1, ns.len()) - 1;
+    let (_, p99, _) = ns.select_nth_unstable(rank);
+    (mean / 1e6, *p99 as f64 / 1e6)
 }
 
 /// Parses a capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of `unique_bytes`.

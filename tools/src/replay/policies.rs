@@ -10,6 +10,7 @@
 //! | `opt` | [`BeladyPolicy`] fed the trace's next-use index | none |
 //! | `strata` | [`strata_policy_set`]`(true)` | sequential + semantic |
 //! | `strata-nosemantic` | [`strata_policy_set`]`(false)` | sequential |
+//! | `strata-noprefetch` | [`PatternAwarePolicy`] alone | none (isolates retention) |
 //!
 //! The baselines get no prefetching: the systems they stand for either have none on
 //! these paths or a readahead we do not model; `strata*` is measured with its
@@ -24,9 +25,10 @@ use strata_prefetch::sequential::SequentialPredictor;
 use strata_prefetch::Predictor;
 
 /// Every name [`make_policy`] accepts.
-pub const POLICY_NAMES: [&str; 8] = [
+pub const POLICY_NAMES: [&str; 9] = [
     "strata",
     "strata-nosemantic",
+    "strata-noprefetch",
     "lru",
     "lfu",
     "arc",
@@ -92,6 +94,10 @@ pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Re
         }
         "strata" => strata_policy_set(true, capacity, listings),
         "strata-nosemantic" => strata_policy_set(false, capacity, listings),
+        "strata-noprefetch" => {
+            let (policy, _) = strata_policy_set(false, capacity, listings);
+            (policy, Vec::new())
+        }
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")

@@ -80,6 +80,19 @@ fn latency_overlaps_and_bandwidth_is_shared() {
 }
 
 #[test]
+fn read_latency_is_issue_to_completion_of_every_read() {
+    // A miss, then a hit on the same block: latencies one GET and 0.
+    let t = trace(&[(0, "a", "f", 0, 1000, 1000), (0, "a", "f", 0, 1000, 1000)]);
+    let r = run(&t, "lru", MB);
+    let get_ms = 20.0 + 1000.0 / 200e6 * 1e3;
+    assert!(close(r.mean_read_latency_ms, get_ms / 2.0), "{r:?}");
+    assert!(close(r.p99_read_latency_ms, get_ms), "{r:?}");
+    // Without the cache both reads pay a GET.
+    let r = run(&t, "lru", 1);
+    assert!(close(r.mean_read_latency_ms, get_ms), "{r:?}");
+}
+
+#[test]
 fn think_time_is_added_after_completion() {
     // Two misses 100 ms apart in the trace: the second is issued 100 ms after the
     // first completes.
