@@ -5,14 +5,27 @@
 //! random gaps) under `--classes` class directories, in a local directory behind a
 //! `FaultyStore` adding `--latency-ms` per request and sharing `--bandwidth`.
 //!
-//! For each prefetch mode (`window`: per-file readahead only, which cannot name the
-//! next file, i.e. no cross-file prefetch; `predictors`: sequential + semantic
-//! predictors) and each order (name order; one shuffled epoch), a fresh cache and a
-//! fresh mount (so everything is cold) are set up, the job lists every class directory
-//! (as a data loader indexing its dataset does; untimed), then `--threads` reader
-//! threads (data-loader workers) take the next file of the order from a shared counter
-//! and time `open` + reading the whole file. Reported per (mode, order): mean and p99
-//! of that per-file latency, and the job's wall time.
+//! For each job scope (`--job-scopes`: what the mount counts as one job, see
+//! `strata_fs::job`), each prefetch mode (`--modes`; `window`: per-file readahead only,
+//! which cannot name the next file, i.e. no cross-file prefetch; `predictors`:
+//! sequential + semantic predictors) and each order (`--orders`; name order, or one
+//! shuffled epoch), a fresh cache and a fresh mount (so everything is cold) are set up,
+//! the job lists every class directory (as a data loader indexing its dataset does;
+//! untimed), then `--threads` workers read the order and time `open` + reading the
+//! whole file. Reported per cell: mean and p99 of that per-file latency, and the job's
+//! wall time.
+//!
+//! How the workers split the order:
+//! - `--batch 0` (default): each takes the next file from a shared counter (a thread
+//!   pool over one queue);
+//! - `--batch B`: like a PyTorch `DataLoader(batch_size=B, num_workers=N)`: the order is
+//!   cut into batches of B consecutive files and worker `w` reads batches `w, w+N, ...`
+//!   (a static round-robin; the main process's back-pressure, at most
+//!   `prefetch_factor` batches ahead per worker, is not modelled, so workers may drift
+//!   apart a little more than in PyTorch).
+//! - `--processes`: the workers are child processes (this binary re-run with the
+//!   hidden `--worker-list`), as a `DataLoader`'s workers are; needs `--batch` > 0
+//!   (there is no shared counter), and latencies come back on the children's stdout.
 //!
 //! Mounts are unmounted by `MountHandle`'s `Drop` on every path, errors included.
 
@@ -30,7 +43,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::{BackingStore, ObjectReader, RetryPolicy, StoreOptions};
-use strata_fs::MountOptions;
+use strata_fs::{JobScope, MountOptions};
 
 use crate::commands::mount::PrefetchMode;
 use crate::config::{open_core, parse_size, CacheConfig};
@@ -68,10 +81,59 @@ pub struct FsSmallArgs {
     /// Working directory (dataset, caches, mount points). Default: a temp dir.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// What the mount counts as one job, one set of cells per scope: `group` (process
+    /// group, the mount's default), `process`, `thread` (the FUSE request's pid as is).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Scope::Group])]
+    pub job_scopes: Vec<Scope>,
+    /// Prefetch modes to run.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [PrefetchMode::Window, PrefetchMode::Predictors])]
+    pub modes: Vec<PrefetchMode>,
+    /// Orders to read.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Order::Name, Order::Shuffled])]
+    pub orders: Vec<Order>,
+    /// Files per batch, each worker reading whole batches round-robin (0: one shared
+    /// queue of files). See the module doc.
+    #[arg(long, default_value_t = 0)]
+    pub batch: usize,
+    /// Workers are child processes instead of threads (needs --batch > 0).
+    #[arg(long)]
+    pub processes: bool,
+    /// Internal: run as one worker process reading the files listed in this file.
+    #[arg(long, hide = true)]
+    pub worker_list: Option<PathBuf>,
+}
+
+/// `--job-scopes` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Thread,
+    Process,
+    Group,
+}
+
+impl From<Scope> for JobScope {
+    fn from(s: Scope) -> JobScope {
+        match s {
+            Scope::Thread => JobScope::Thread,
+            Scope::Process => JobScope::Process,
+            Scope::Group => JobScope::ProcessGroup,
+        }
+    }
+}
+
+/// `--orders` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Order {
+    /// Name order (sorted paths).
+    Name,
+    /// One seeded permutation (one cold epoch).
+    Shuffled,
 }
 
 #[derive(Debug, Serialize)]
 pub struct Cell {
+    pub job_scope: Scope,
     pub prefetch: String,
     pub order: String,
     pub mean_ms: f64,
@@ -85,14 +147,22 @@ pub struct FsSmallReport {
     pub files: usize,
     pub classes: usize,
     pub threads: usize,
+    pub batch: usize,
+    pub processes: bool,
     pub dataset_bytes: u64,
     pub latency_ms: u64,
     pub bandwidth_bytes_per_sec: u64,
     pub cells: Vec<Cell>,
-    /// 1 - mean(predictors) / mean(window), name order.
-    pub name_order_mean_cut: f64,
-    /// The same for the shuffled epoch.
-    pub shuffled_mean_cut: f64,
+    /// Per (job scope, order) with both modes measured: 1 - mean(predictors) /
+    /// mean(window).
+    pub mean_cuts: Vec<MeanCut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MeanCut {
+    pub job_scope: Scope,
+    pub order: String,
+    pub cut: f64,
 }
 
 fn faulty_store(root: &Path, cfg: FaultConfig) -> anyhow::Result<BackingStore> {
@@ -134,12 +204,111 @@ fn make_dataset(
     Ok((names, total))
 }
 
-/// One cold pass: fresh cache, fresh mount, list, read `order` with the worker pool.
+/// How the workers of one pass split the order.
+enum Plan<'a> {
+    /// One shared queue.
+    Shared(&'a [String]),
+    /// Worker `w` reads `lists[w]` in order.
+    PerWorker(Vec<Vec<String>>),
+}
+
+/// Batches of `batch` consecutive files dealt round-robin to `workers` workers.
+fn deal_batches(order: &[String], batch: usize, workers: usize) -> Vec<Vec<String>> {
+    let mut lists = vec![Vec::new(); workers.max(1)];
+    for (k, b) in order.chunks(batch.max(1)).enumerate() {
+        lists[k % workers.max(1)].extend(b.iter().cloned());
+    }
+    lists
+}
+
+/// Opens and reads each file whole; per-file latency and total bytes.
+fn read_files<'a>(
+    mnt: &Path,
+    files: impl Iterator<Item = &'a str>,
+) -> anyhow::Result<(Vec<Duration>, u64)> {
+    let mut lat = Vec::new();
+    let mut bytes = 0u64;
+    let mut buf = Vec::with_capacity(1 << 16);
+    for rel in files {
+        let t0 = Instant::now();
+        buf.clear();
+        let mut f = File::open(mnt.join(rel)).with_context(|| format!("open {rel}"))?;
+        bytes += f
+            .read_to_end(&mut buf)
+            .with_context(|| format!("read {rel}"))? as u64;
+        lat.push(t0.elapsed());
+    }
+    Ok((lat, bytes))
+}
+
+/// The hidden worker-process mode: the list's first line is the mount, the others the
+/// files; prints `bytes N` and then one latency in ns per line.
+fn worker_process(list: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(list)?;
+    let mut lines = text.lines();
+    let mnt = PathBuf::from(lines.next().context("empty worker list")?);
+    let (lat, bytes) = read_files(&mnt, lines)?;
+    let mut out = String::with_capacity(lat.len() * 10 + 32);
+    out.push_str(&format!("bytes {bytes}\n"));
+    for d in lat {
+        out.push_str(&format!("{}\n", d.as_nanos()));
+    }
+    std::io::stdout().write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// Runs one worker list per child process; waits for all.
+fn run_processes(
+    work: &Path,
+    tag: &str,
+    mnt: &Path,
+    lists: &[Vec<String>],
+) -> anyhow::Result<Vec<(Vec<Duration>, u64)>> {
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for (w, files) in lists.iter().enumerate() {
+        let list = work.join(format!("worker-{tag}-{w}.txt"));
+        let mut text = format!("{}\n", mnt.display());
+        for f in files {
+            text.push_str(f);
+            text.push('\n');
+        }
+        std::fs::write(&list, text)?;
+        let child = std::process::Command::new(&exe)
+            .args(["bench", "fs-small", "--worker-list"])
+            .arg(&list)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn worker {w} ({})", exe.display()))?;
+        children.push(child);
+    }
+    let mut out = Vec::new();
+    for (w, c) in children.into_iter().enumerate() {
+        let o = c.wait_with_output()?;
+        anyhow::ensure!(o.status.success(), "worker {w} failed: {}", o.status);
+        let text = String::from_utf8(o.stdout)?;
+        let mut lines = text.lines();
+        let bytes = lines
+            .next()
+            .and_then(|l| l.strip_prefix("bytes "))
+            .context("worker output")?
+            .parse()?;
+        let lat = lines
+            .map(|l| l.parse::<u64>().map(Duration::from_nanos))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push((lat, bytes));
+    }
+    Ok(out)
+}
+
+/// One cold pass: fresh cache, fresh mount, list, read the plan with the workers.
+#[allow(clippy::too_many_arguments)]
 fn pass(
     work: &Path,
     tag: &str,
     mode: PrefetchMode,
-    order: &[String],
+    scope: Scope,
+    plan: &Plan<'_>,
     args: &FsSmallArgs,
     cold: &FaultConfig,
     total: u64,
@@ -157,7 +326,10 @@ fn pass(
     let mnt = work.join(format!("mnt-{tag}"));
     std::fs::create_dir_all(&mnt)?;
     let reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?;
-    let mut copts = strata_fs::CoreOptions::default();
+    let mut copts = strata_fs::CoreOptions {
+        job_scope: scope.into(),
+        ..Default::default()
+    };
     mode.apply(&mut copts);
     let opts = MountOptions {
         core: copts,
@@ -175,34 +347,33 @@ fn pass(
     }
     let next = AtomicUsize::new(0);
     let t = Instant::now();
-    let per: Vec<(Vec<Duration>, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..args.threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<(Vec<Duration>, u64)> {
-                    let mut lat = Vec::new();
-                    let mut bytes = 0u64;
-                    let mut buf = Vec::with_capacity(1 << 16);
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(rel) = order.get(i) else { break };
-                        let t0 = Instant::now();
-                        buf.clear();
-                        let mut f =
-                            File::open(mnt.join(rel)).with_context(|| format!("open {rel}"))?;
-                        bytes += f
-                            .read_to_end(&mut buf)
-                            .with_context(|| format!("read {rel}"))?
-                            as u64;
-                        lat.push(t0.elapsed());
-                    }
-                    Ok((lat, bytes))
+    let per: Vec<(Vec<Duration>, u64)> = match plan {
+        Plan::PerWorker(lists) if args.processes => run_processes(work, tag, &mnt, lists)?,
+        _ => std::thread::scope(|s| {
+            let mnt = &mnt;
+            let next = &next;
+            let hs: Vec<_> = (0..args.threads.max(1))
+                .map(|w| {
+                    s.spawn(move || match plan {
+                        Plan::Shared(order) => read_files(
+                            mnt,
+                            std::iter::from_fn(|| {
+                                order
+                                    .get(next.fetch_add(1, Ordering::Relaxed))
+                                    .map(|s| s.as_str())
+                            }),
+                        ),
+                        Plan::PerWorker(lists) => {
+                            read_files(mnt, lists.get(w).into_iter().flatten().map(|s| s.as_str()))
+                        }
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("reader panicked"))?)
-            .collect::<anyhow::Result<Vec<_>>>()
-    })?;
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().map_err(|_| anyhow::anyhow!("reader panicked"))?)
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?,
+    };
     let job = t.elapsed();
     h.unmount()?;
     drop(core);
@@ -235,45 +406,76 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
         bandwidth_bytes_per_sec: Some(bw),
         ..Default::default()
     };
+    anyhow::ensure!(
+        !args.processes || args.batch > 0,
+        "--processes needs --batch > 0 (child processes share no queue)"
+    );
     let mut cells = Vec::new();
-    for mode in [PrefetchMode::Window, PrefetchMode::Predictors] {
-        for (oname, order) in [("name", &names), ("shuffled", &shuffled)] {
-            let m = format!("{mode:?}").to_lowercase();
-            let tag = format!("{m}-{oname}");
-            let (lat, job, bytes) = pass(&work, &tag, mode, order, args, &cold, total)?;
-            anyhow::ensure!(bytes == total, "{tag}: read {bytes} of {total} bytes");
-            let (mean_ms, p99_ms) = stats(lat);
-            cells.push(Cell {
-                prefetch: m,
-                order: oname.into(),
-                mean_ms,
-                p99_ms,
-                job_s: job.as_secs_f64(),
-                bytes,
-            });
+    for &scope in &args.job_scopes {
+        for &mode in &args.modes {
+            for &o in &args.orders {
+                let (oname, order) = match o {
+                    Order::Name => ("name", &names),
+                    Order::Shuffled => ("shuffled", &shuffled),
+                };
+                let plan = if args.batch == 0 {
+                    Plan::Shared(order)
+                } else {
+                    Plan::PerWorker(deal_batches(order, args.batch, args.threads))
+                };
+                let m = format!("{mode:?}").to_lowercase();
+                let tag = format!("{scope:?}-{m}-{oname}").to_lowercase();
+                let (lat, job, bytes) = pass(&work, &tag, mode, scope, &plan, args, &cold, total)?;
+                anyhow::ensure!(bytes == total, "{tag}: read {bytes} of {total} bytes");
+                let (mean_ms, p99_ms) = stats(lat);
+                cells.push(Cell {
+                    job_scope: scope,
+                    prefetch: m,
+                    order: oname.into(),
+                    mean_ms,
+                    p99_ms,
+                    job_s: job.as_secs_f64(),
+                    bytes,
+                });
+            }
         }
     }
-    let mean = |p: &str, o: &str| {
+    let mean = |sc: Scope, p: &str, o: &str| {
         cells
             .iter()
-            .find(|c| c.prefetch == p && c.order == o)
-            .map_or(0.0, |c| c.mean_ms)
+            .find(|c| c.job_scope == sc && c.prefetch == p && c.order == o)
+            .map(|c| c.mean_ms)
     };
-    let cut = |o: &str| 1.0 - mean("predictors", o) / mean("window", o).max(1e-12);
+    let mut mean_cuts = Vec::new();
+    for &sc in &args.job_scopes {
+        for o in ["name", "shuffled"] {
+            if let (Some(p), Some(w)) = (mean(sc, "predictors", o), mean(sc, "window", o)) {
+                mean_cuts.push(MeanCut {
+                    job_scope: sc,
+                    order: o.into(),
+                    cut: 1.0 - p / w.max(1e-12),
+                });
+            }
+        }
+    }
     Ok(FsSmallReport {
         files: names.len(),
         classes: args.classes,
         threads: args.threads,
+        batch: args.batch,
+        processes: args.processes,
         dataset_bytes: total,
         latency_ms: args.latency_ms,
         bandwidth_bytes_per_sec: bw,
-        name_order_mean_cut: cut("name"),
-        shuffled_mean_cut: cut("shuffled"),
         cells,
+        mean_cuts,
     })
 }
 
 pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
+    if let Some(list) = &args.worker_list {
+        return worker_process(list);
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -286,25 +488,38 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
+    let loader = match (r.batch, r.processes) {
+        (0, _) => "one shared queue".to_string(),
+        (b, false) => format!("batches of {b} round-robin, threads"),
+        (b, true) => format!("batches of {b} round-robin, processes"),
+    };
     println!(
-        "{} files in {} classes, {} bytes; {} reader threads; store +{} ms, {} B/s",
+        "{} files in {} classes, {} bytes; {} workers ({loader}); store +{} ms, {} B/s",
         r.files, r.classes, r.dataset_bytes, r.threads, r.latency_ms, r.bandwidth_bytes_per_sec
     );
     println!(
-        "{:<12}{:<10}{:>10}{:>10}{:>10}",
-        "prefetch", "order", "mean ms", "p99 ms", "job s"
+        "{:<8}{:<12}{:<10}{:>10}{:>10}{:>10}",
+        "job", "prefetch", "order", "mean ms", "p99 ms", "job s"
     );
     for c in &r.cells {
         println!(
-            "{:<12}{:<10}{:>10.2}{:>10.2}{:>10.2}",
-            c.prefetch, c.order, c.mean_ms, c.p99_ms, c.job_s
+            "{:<8}{:<12}{:<10}{:>10.2}{:>10.2}{:>10.2}",
+            format!("{:?}", c.job_scope).to_lowercase(),
+            c.prefetch,
+            c.order,
+            c.mean_ms,
+            c.p99_ms,
+            c.job_s
         );
     }
-    println!(
-        "mean latency cut by predictors: name order {:.1}%, shuffled {:.1}%",
-        r.name_order_mean_cut * 100.0,
-        r.shuffled_mean_cut * 100.0
-    );
+    for m in &r.mean_cuts {
+        println!(
+            "mean latency cut by predictors, job = {:?}, {} order: {:.1}%",
+            m.job_scope,
+            m.order,
+            m.cut * 100.0
+        );
+    }
     Ok(())
 }
 
@@ -327,14 +542,73 @@ mod tests {
             bandwidth: "1GB".into(),
             seed: 7,
             dir: None,
+            job_scopes: vec![Scope::Group],
+            modes: vec![PrefetchMode::Window, PrefetchMode::Predictors],
+            orders: vec![Order::Name, Order::Shuffled],
+            batch: 0,
+            processes: false,
+            worker_list: None,
         };
         let r = bench(&args).expect("bench");
         assert_eq!(r.files, 30);
         assert_eq!(r.cells.len(), 4);
+        assert_eq!(r.mean_cuts.len(), 2);
         for c in &r.cells {
             assert_eq!(c.bytes, r.dataset_bytes, "{}/{}", c.prefetch, c.order);
             assert!(c.mean_ms > 0.0 && c.p99_ms >= c.mean_ms * 0.999);
             assert!(c.job_s > 0.0);
         }
+        // Batches dealt to threads, two job scopes, one mode and order: every file
+        // read once per cell; no cut without the window cells.
+        let r = bench(&FsSmallArgs {
+            batch: 4,
+            job_scopes: vec![Scope::Thread, Scope::Group],
+            modes: vec![PrefetchMode::Predictors],
+            orders: vec![Order::Shuffled],
+            ..args
+        })
+        .expect("bench batches");
+        assert_eq!(r.cells.len(), 2);
+        assert!(r.mean_cuts.is_empty());
+        for c in &r.cells {
+            assert_eq!(c.bytes, r.dataset_bytes, "{:?}", c.job_scope);
+        }
+    }
+
+    #[test]
+    fn batches_are_dealt_round_robin_and_cover_the_order_once() {
+        let order: Vec<String> = (0..10).map(|i| i.to_string()).collect();
+        let lists = deal_batches(&order, 3, 2);
+        assert_eq!(lists[0], ["0", "1", "2", "6", "7", "8"]);
+        assert_eq!(lists[1], ["3", "4", "5", "9"]);
+        let mut all: Vec<_> = deal_batches(&order, 2, 4).concat();
+        all.sort();
+        let mut want = order.clone();
+        want.sort();
+        assert_eq!(all, want);
+    }
+
+    #[test]
+    fn processes_need_batches() {
+        let err = bench(&FsSmallArgs {
+            json: true,
+            files: 4,
+            classes: 1,
+            min_size: "1KiB".into(),
+            max_size: "1KiB".into(),
+            threads: 2,
+            latency_ms: 0,
+            bandwidth: "1GB".into(),
+            seed: 1,
+            dir: None,
+            job_scopes: vec![Scope::Group],
+            modes: vec![PrefetchMode::Window],
+            orders: vec![Order::Name],
+            batch: 0,
+            processes: true,
+            worker_list: None,
+        })
+        .expect_err("no shared queue across processes");
+        assert!(err.to_string().contains("--batch"), "{err}");
     }
 }
