@@ -49,9 +49,10 @@ use strata_cache_core::{AccessContext, CacheError, JobId, ObjectInfo, ObjectRead
 
 use strata_prefetch::semantic::SemanticPredictor;
 use strata_prefetch::sequential::SequentialPredictor;
-use strata_prefetch::{AccessEvent, Predictor, PrefetchRequest};
+use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
 use crate::error::{Error, Result};
+use crate::feedback::PrefetchLedger;
 use crate::job::{JobResolver, JobScope};
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
 
@@ -325,6 +326,9 @@ pub struct FsCore {
     passthrough_bytes: AtomicU64,
     passthrough_inflight: Mutex<std::collections::HashSet<PathBuf>>,
     jobs: JobResolver,
+    /// Outstanding cross-file prefetches, to tell the semantic predictor which were
+    /// read and which were evicted unread ([`crate::feedback`]).
+    ledger: Mutex<PrefetchLedger>,
     counters: Counters,
 }
 
@@ -337,6 +341,12 @@ pub struct Counters {
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
     pub prefetch_requests: AtomicU64,
+    /// Prefetches of other files than the one read (the semantic predictor's).
+    pub prefetch_files: AtomicU64,
+    /// ...of which a demand open later read ([`Feedback::Used`])...
+    pub prefetch_files_used: AtomicU64,
+    /// ...and which were evicted unread ([`Feedback::Wasted`]).
+    pub prefetch_files_wasted: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub passthrough_copies: AtomicU64,
 }
@@ -370,6 +380,7 @@ impl FsCore {
             passthrough_bytes: AtomicU64::new(0),
             passthrough_inflight: Mutex::new(Default::default()),
             jobs,
+            ledger: Mutex::new(PrefetchLedger::new()),
             counters: Counters::default(),
         }
     }
@@ -788,7 +799,28 @@ impl FsCore {
             s.lock().on_access(&ev, &mut out);
         }
         if let Some(s) = p.semantic.as_ref().filter(|_| first_of_open) {
-            s.lock().on_access(&ev, &mut out);
+            // Outcomes first: this open settles a prefetch of its own file, and the
+            // sweep finds earlier ones evicted unread; the predictor adapts before it
+            // predicts again.
+            let (used, wasted) = {
+                let engine = self.reader.engine();
+                let mut ledger = self.ledger.lock();
+                (
+                    ledger.demand(&obj.path),
+                    ledger.sweep(|k| engine.contains(k)),
+                )
+            };
+            let c = &self.counters;
+            let mut sem = s.lock();
+            if let Some(u) = used {
+                c.prefetch_files_used.fetch_add(1, Ordering::Relaxed);
+                sem.on_feedback(u.job, &u.path, Feedback::Used { bytes: u.bytes });
+            }
+            for w in wasted {
+                c.prefetch_files_wasted.fetch_add(1, Ordering::Relaxed);
+                sem.on_feedback(w.job, &w.path, Feedback::Wasted { bytes: w.bytes });
+            }
+            sem.on_access(&ev, &mut out);
         }
         for req in out {
             let range = req.offset..req.offset.saturating_add(req.len.max(1));
@@ -796,15 +828,60 @@ impl FsCore {
                 self.prefetch(obj, range.start..range.end.min(obj.size), ctx);
                 continue;
             }
+            self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
+            self.ledger
+                .lock()
+                .issued(req.path.clone(), ctx.job, range.end - range.start);
             let core = self.clone();
             let ctx = *ctx;
             tokio::spawn(async move {
                 let path: Arc<str> = req.path.clone();
-                if let Ok(Meta::File(o)) = core.meta(&path).await {
-                    core.prefetch(&o, range.start..range.end.min(o.size), &ctx);
+                let key = match core.meta(&path).await {
+                    Ok(Meta::File(o)) => core.fetch_ahead(&o, range, &ctx).await,
+                    _ => None,
+                };
+                let mut ledger = core.ledger.lock();
+                match key {
+                    Some(k) => ledger.filled(&path, k),
+                    None => ledger.forget(&path),
                 }
             });
         }
+    }
+
+    /// Fetches `range` of another file ahead of demand (blocks already cached are left
+    /// alone) and waits for it; the first block's key once every block is cached, None
+    /// if the range is empty or a fetch failed.
+    async fn fetch_ahead(
+        &self,
+        obj: &ObjectInfo,
+        range: Range<u64>,
+        ctx: &AccessContext,
+    ) -> Option<strata_cache_core::CacheKey> {
+        let range = range.start..range.end.min(obj.size);
+        if range.start >= range.end {
+            return None;
+        }
+        let bs = self.reader.block_size();
+        let (first, last) = (range.start / bs, (range.end - 1) / bs);
+        self.counters
+            .prefetch_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let ctx = AccessContext {
+            prefetch: true,
+            ..*ctx
+        };
+        let engine = self.reader.engine();
+        let fetches = (first..=last)
+            .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
+            .map(|b| self.reader.read_block(obj, b, &ctx));
+        for r in futures::future::join_all(fetches).await {
+            if let Err(e) = r {
+                tracing::debug!(path = %obj.path, error = %e, "prefetch failed");
+                return None;
+            }
+        }
+        Some(ObjectReader::block_key(obj, first))
     }
 
     fn prefetch(&self, obj: &ObjectInfo, range: Range<u64>, ctx: &AccessContext) {

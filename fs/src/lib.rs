@@ -11,6 +11,8 @@
 //!   `MountHandle::unmount()`; several mounts can share one cache core.
 //! - [`null`]: a do-nothing file system (zeros) mounted with the same options, the
 //!   FUSE ceiling the benchmark compares against.
+//! - [`feedback`]: which cross-file prefetches were read and which evicted unread,
+//!   reported back to the semantic predictor.
 //! - [`job`]: maps a request's thread id to its job (process group by default), cached.
 //! - [`readahead`]: the per-file readahead trait and its window-doubling default;
 //!   [`Predictors`] (in `CoreOptions::predictors`) feeds every read and listing to the
@@ -28,6 +30,7 @@
 
 pub mod core;
 pub mod error;
+pub mod feedback;
 pub mod fuse;
 pub mod job;
 pub mod mount;

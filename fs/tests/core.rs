@@ -480,3 +480,82 @@ async fn reader_threads_of_one_process_are_one_job() {
     .await
     .expect("bounded");
 }
+
+/// Cross-file prefetches are reported back: a prefetched shard read by demand counts as
+/// used; prefetched shards that leave the cache unread count as wasted at a later open.
+#[tokio::test]
+async fn prefetch_outcomes_are_counted_used_and_wasted() {
+    use std::sync::atomic::Ordering::Relaxed;
+    timed(async {
+        let opts = CoreOptions {
+            predictors: Some(Arc::new(strata_fs::Predictors::standard())),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        for i in 0..12 {
+            fx.store
+                .put(&format!("shards/shard-{i:05}.tar"), data(3000, i as u8))
+                .await
+                .expect("seed shard");
+        }
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "shards").await.expect("shards");
+        let fh = c.opendir(dir.attr.ino).await.expect("list");
+        c.releasedir(fh);
+        let read = |name: String, parent: u64| async move {
+            let e = c.lookup(parent, &name).await.expect("lookup");
+            let o = c.open(e.attr.ino, false).await.expect("open");
+            c.read(o.fh, 0, 4096, 99).await.expect("read");
+            c.release(o.fh);
+        };
+        // Waits until every issued cross-file prefetch has filled its (one) block.
+        let settle = || async {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let issued = c.counters().prefetch_files.load(Relaxed);
+                if issued > 0 && fx.engine.stats().prefetch_fills >= issued {
+                    return issued;
+                }
+                assert!(Instant::now() < deadline, "prefetches never filled");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        for i in 0..5 {
+            read(format!("shard-{i:05}.tar"), dir.attr.ino).await;
+        }
+        settle().await;
+        read("shard-00005.tar".into(), dir.attr.ino).await;
+        assert!(c.counters().prefetch_files_used.load(Relaxed) >= 1);
+        assert_eq!(c.counters().prefetch_files_wasted.load(Relaxed), 0);
+        let issued = settle().await;
+        // Evict every shard not yet read, then open something else: the sweep finds them.
+        let mut evicted = 0;
+        for i in 6..12 {
+            let obj = fx
+                .store
+                .head(&format!("shards/shard-{i:05}.tar"))
+                .await
+                .expect("head");
+            if fx
+                .engine
+                .remove(&ObjectReader::block_key(&obj, 0))
+                .await
+                .expect("remove")
+            {
+                evicted += 1;
+            }
+        }
+        assert!(
+            evicted >= 1,
+            "some shard past 5 was prefetched ({issued} issued)"
+        );
+        read("top.txt".into(), ROOT_INO).await;
+        assert_eq!(
+            c.counters().prefetch_files_wasted.load(Relaxed),
+            evicted,
+            "each evicted unread prefetch reported once"
+        );
+    })
+    .await
+    .expect("bounded");
+}
