@@ -140,6 +140,20 @@ pub struct Cell {
     pub p99_ms: f64,
     pub job_s: f64,
     pub bytes: u64,
+    /// Files prefetched ahead of their first read (the semantic predictor's requests).
+    pub prefetched_files: u64,
+    /// ...of which the job then read (precision = used / prefetched; the rest were
+    /// still cached and unread at the end, or evicted unread: `prefetched_wasted`).
+    pub prefetched_used: u64,
+    pub prefetched_wasted: u64,
+}
+
+/// What one pass measured.
+struct PassResult {
+    lat: Vec<Duration>,
+    job: Duration,
+    bytes: u64,
+    prefetched: (u64, u64, u64),
 }
 
 #[derive(Debug, Serialize)]
@@ -312,7 +326,7 @@ fn pass(
     args: &FsSmallArgs,
     cold: &FaultConfig,
     total: u64,
-) -> anyhow::Result<(Vec<Duration>, Duration, u64)> {
+) -> anyhow::Result<PassResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -375,11 +389,24 @@ fn pass(
         })?,
     };
     let job = t.elapsed();
+    let prefetched = h.core().map_or((0, 0, 0), |c| {
+        let c = c.counters();
+        (
+            c.prefetch_files.load(Ordering::Relaxed),
+            c.prefetch_files_used.load(Ordering::Relaxed),
+            c.prefetch_files_wasted.load(Ordering::Relaxed),
+        )
+    });
     h.unmount()?;
     drop(core);
     let bytes = per.iter().map(|p| p.1).sum();
     let lat = per.into_iter().flat_map(|p| p.0).collect();
-    Ok((lat, job, bytes))
+    Ok(PassResult {
+        lat,
+        job,
+        bytes,
+        prefetched,
+    })
 }
 
 fn stats(mut lat: Vec<Duration>) -> (f64, f64) {
@@ -425,17 +452,21 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
                 };
                 let m = format!("{mode:?}").to_lowercase();
                 let tag = format!("{scope:?}-{m}-{oname}").to_lowercase();
-                let (lat, job, bytes) = pass(&work, &tag, mode, scope, &plan, args, &cold, total)?;
+                let r = pass(&work, &tag, mode, scope, &plan, args, &cold, total)?;
+                let bytes = r.bytes;
                 anyhow::ensure!(bytes == total, "{tag}: read {bytes} of {total} bytes");
-                let (mean_ms, p99_ms) = stats(lat);
+                let (mean_ms, p99_ms) = stats(r.lat);
                 cells.push(Cell {
                     job_scope: scope,
                     prefetch: m,
                     order: oname.into(),
                     mean_ms,
                     p99_ms,
-                    job_s: job.as_secs_f64(),
+                    job_s: r.job.as_secs_f64(),
                     bytes,
+                    prefetched_files: r.prefetched.0,
+                    prefetched_used: r.prefetched.1,
+                    prefetched_wasted: r.prefetched.2,
                 });
             }
         }
@@ -498,18 +529,21 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         r.files, r.classes, r.dataset_bytes, r.threads, r.latency_ms, r.bandwidth_bytes_per_sec
     );
     println!(
-        "{:<8}{:<12}{:<10}{:>10}{:>10}{:>10}",
-        "job", "prefetch", "order", "mean ms", "p99 ms", "job s"
+        "{:<8}{:<12}{:<10}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}",
+        "job", "prefetch", "order", "mean ms", "p99 ms", "job s", "pf files", "used", "wasted"
     );
     for c in &r.cells {
         println!(
-            "{:<8}{:<12}{:<10}{:>10.2}{:>10.2}{:>10.2}",
+            "{:<8}{:<12}{:<10}{:>10.2}{:>10.2}{:>10.2}{:>12}{:>10}{:>10}",
             format!("{:?}", c.job_scope).to_lowercase(),
             c.prefetch,
             c.order,
             c.mean_ms,
             c.p99_ms,
-            c.job_s
+            c.job_s,
+            c.prefetched_files,
+            c.prefetched_used,
+            c.prefetched_wasted
         );
     }
     for m in &r.mean_cuts {
@@ -557,6 +591,10 @@ mod tests {
             assert_eq!(c.bytes, r.dataset_bytes, "{}/{}", c.prefetch, c.order);
             assert!(c.mean_ms > 0.0 && c.p99_ms >= c.mean_ms * 0.999);
             assert!(c.job_s > 0.0);
+            assert!(c.prefetched_used + c.prefetched_wasted <= c.prefetched_files);
+            if c.prefetch == "window" {
+                assert_eq!(c.prefetched_files, 0, "window readahead stays in its file");
+            }
         }
         // Batches dealt to threads, two job scopes, one mode and order: every file
         // read once per cell; no cut without the window cells.
