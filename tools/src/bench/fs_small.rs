@@ -27,6 +27,13 @@
 //!   hidden `--worker-list`), as a `DataLoader`'s workers are; needs `--batch` > 0
 //!   (there is no shared counter), and latencies come back on the children's stdout.
 //!
+//! Epochs (`--epochs E`): the pass reads the order E times on the same mount and cache
+//! (name order every epoch; a fresh permutation per epoch when shuffled). Each file's
+//! kernel page cache is dropped after it is read (`posix_fadvise(DONTNEED)`), so a
+//! later epoch is served by Strata's cache or the store, as for a dataset larger than
+//! RAM; with `--cache-frac` below 0.5 the cache's two tiers together hold less than
+//! the dataset, the case the per-epoch permutation pool is for.
+//!
 //! Mounts are unmounted by `MountHandle`'s `Drop` on every path, errors included.
 
 use std::fs::File;
@@ -98,6 +105,13 @@ pub struct FsSmallArgs {
     /// Workers are child processes instead of threads (needs --batch > 0).
     #[arg(long)]
     pub processes: bool,
+    /// Epochs per pass (same mount and cache; see the module doc).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: usize,
+    /// Size of each of the cache's two tiers (memory, disk) as a fraction of the
+    /// dataset. 2: everything fits (a cold first epoch measures prefetch alone).
+    #[arg(long, default_value_t = 2.0)]
+    pub cache_frac: f64,
     /// Internal: run as one worker process reading the files listed in this file.
     #[arg(long, hide = true)]
     pub worker_list: Option<PathBuf>,
@@ -140,6 +154,8 @@ pub struct Cell {
     pub p99_ms: f64,
     pub job_s: f64,
     pub bytes: u64,
+    /// Mean per-file latency of each epoch.
+    pub epoch_mean_ms: Vec<f64>,
     /// Files prefetched ahead of their first read (the semantic predictor's requests).
     pub prefetched_files: u64,
     /// ...of which the job then read (precision = used / prefetched; the rest were
@@ -150,7 +166,8 @@ pub struct Cell {
 
 /// What one pass measured.
 struct PassResult {
-    lat: Vec<Duration>,
+    /// Per epoch.
+    lat: Vec<Vec<Duration>>,
     job: Duration,
     bytes: u64,
     prefetched: (u64, u64, u64),
@@ -163,6 +180,8 @@ pub struct FsSmallReport {
     pub threads: usize,
     pub batch: usize,
     pub processes: bool,
+    pub epochs: usize,
+    pub cache_frac: f64,
     pub dataset_bytes: u64,
     pub latency_ms: u64,
     pub bandwidth_bytes_per_sec: u64,
@@ -239,6 +258,7 @@ fn deal_batches(order: &[String], batch: usize, workers: usize) -> Vec<Vec<Strin
 fn read_files<'a>(
     mnt: &Path,
     files: impl Iterator<Item = &'a str>,
+    drop_page_cache: bool,
 ) -> anyhow::Result<(Vec<Duration>, u64)> {
     let mut lat = Vec::new();
     let mut bytes = 0u64;
@@ -251,17 +271,23 @@ fn read_files<'a>(
             .read_to_end(&mut buf)
             .with_context(|| format!("read {rel}"))? as u64;
         lat.push(t0.elapsed());
+        if drop_page_cache {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open fd; the call only drops clean cached pages.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
     }
     Ok((lat, bytes))
 }
 
-/// The hidden worker-process mode: the list's first line is the mount, the others the
-/// files; prints `bytes N` and then one latency in ns per line.
+/// The hidden worker-process mode: the list's first line is the mount, the second
+/// `dontneed 0|1` (drop each file's page cache), the others the files; prints `bytes N` and then one latency in ns per line.
 fn worker_process(list: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(list)?;
     let mut lines = text.lines();
     let mnt = PathBuf::from(lines.next().context("empty worker list")?);
-    let (lat, bytes) = read_files(&mnt, lines)?;
+    let dontneed = lines.next() == Some("dontneed 1");
+    let (lat, bytes) = read_files(&mnt, lines, dontneed)?;
     let mut out = String::with_capacity(lat.len() * 10 + 32);
     out.push_str(&format!("bytes {bytes}\n"));
     for d in lat {
@@ -277,12 +303,13 @@ fn run_processes(
     tag: &str,
     mnt: &Path,
     lists: &[Vec<String>],
+    dontneed: bool,
 ) -> anyhow::Result<Vec<(Vec<Duration>, u64)>> {
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for (w, files) in lists.iter().enumerate() {
         let list = work.join(format!("worker-{tag}-{w}.txt"));
-        let mut text = format!("{}\n", mnt.display());
+        let mut text = format!("{}\ndontneed {}\n", mnt.display(), u8::from(dontneed));
         for f in files {
             text.push_str(f);
             text.push('\n');
@@ -322,7 +349,7 @@ fn pass(
     tag: &str,
     mode: PrefetchMode,
     scope: Scope,
-    plan: &Plan<'_>,
+    epochs: &[Plan<'_>],
     args: &FsSmallArgs,
     cold: &FaultConfig,
     total: u64,
@@ -332,8 +359,8 @@ fn pass(
         .build()?;
     let core = open_core(&CacheConfig {
         dir: Some(work.join(format!("cache-{tag}"))),
-        memory: format!("{}", total * 2),
-        disk: format!("{}", total * 2),
+        memory: format!("{}", (total as f64 * args.cache_frac) as u64),
+        disk: format!("{}", (total as f64 * args.cache_frac) as u64),
         ..Default::default()
     })?;
     let store = faulty_store(&work.join("data"), cold.clone())?;
@@ -359,35 +386,47 @@ fn pass(
             f?;
         }
     }
-    let next = AtomicUsize::new(0);
+    let dontneed = epochs.len() > 1;
     let t = Instant::now();
-    let per: Vec<(Vec<Duration>, u64)> = match plan {
-        Plan::PerWorker(lists) if args.processes => run_processes(work, tag, &mnt, lists)?,
-        _ => std::thread::scope(|s| {
-            let mnt = &mnt;
-            let next = &next;
-            let hs: Vec<_> = (0..args.threads.max(1))
-                .map(|w| {
-                    s.spawn(move || match plan {
-                        Plan::Shared(order) => read_files(
-                            mnt,
-                            std::iter::from_fn(|| {
-                                order
-                                    .get(next.fetch_add(1, Ordering::Relaxed))
-                                    .map(|s| s.as_str())
-                            }),
-                        ),
-                        Plan::PerWorker(lists) => {
-                            read_files(mnt, lists.get(w).into_iter().flatten().map(|s| s.as_str()))
-                        }
+    let mut lat = Vec::new();
+    let mut bytes = 0;
+    for (e, plan) in epochs.iter().enumerate() {
+        let next = AtomicUsize::new(0);
+        let per: Vec<(Vec<Duration>, u64)> = match plan {
+            Plan::PerWorker(lists) if args.processes => {
+                run_processes(work, &format!("{tag}-e{e}"), &mnt, lists, dontneed)?
+            }
+            _ => std::thread::scope(|s| {
+                let mnt = &mnt;
+                let next = &next;
+                let hs: Vec<_> = (0..args.threads.max(1))
+                    .map(|w| {
+                        s.spawn(move || match plan {
+                            Plan::Shared(order) => read_files(
+                                mnt,
+                                std::iter::from_fn(|| {
+                                    order
+                                        .get(next.fetch_add(1, Ordering::Relaxed))
+                                        .map(|s| s.as_str())
+                                }),
+                                dontneed,
+                            ),
+                            Plan::PerWorker(lists) => read_files(
+                                mnt,
+                                lists.get(w).into_iter().flatten().map(|s| s.as_str()),
+                                dontneed,
+                            ),
+                        })
                     })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().map_err(|_| anyhow::anyhow!("reader panicked"))?)
-                .collect::<anyhow::Result<Vec<_>>>()
-        })?,
-    };
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().map_err(|_| anyhow::anyhow!("reader panicked"))?)
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?,
+        };
+        bytes += per.iter().map(|p| p.1).sum::<u64>();
+        lat.push(per.into_iter().flat_map(|p| p.0).collect());
+    }
     let job = t.elapsed();
     let prefetched = h.core().map_or((0, 0, 0), |c| {
         let c = c.counters();
@@ -399,8 +438,6 @@ fn pass(
     });
     h.unmount()?;
     drop(core);
-    let bytes = per.iter().map(|p| p.1).sum();
-    let lat = per.into_iter().flat_map(|p| p.0).collect();
     Ok(PassResult {
         lat,
         job,
@@ -426,8 +463,16 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
     let data = work.join("data");
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (names, total) = make_dataset(&data, args, &mut rng)?;
-    let mut shuffled = names.clone();
-    shuffled.shuffle(&mut rng);
+    anyhow::ensure!(args.epochs >= 1, "--epochs must be at least 1");
+    anyhow::ensure!(args.cache_frac > 0.0, "--cache-frac must be positive");
+    // One permutation per epoch.
+    let shuffled: Vec<Vec<String>> = (0..args.epochs)
+        .map(|_| {
+            let mut o = names.clone();
+            o.shuffle(&mut rng);
+            o
+        })
+        .collect();
     let cold = FaultConfig {
         latency: Duration::from_millis(args.latency_ms),
         bandwidth_bytes_per_sec: Some(bw),
@@ -441,21 +486,28 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
     for &scope in &args.job_scopes {
         for &mode in &args.modes {
             for &o in &args.orders {
-                let (oname, order) = match o {
-                    Order::Name => ("name", &names),
-                    Order::Shuffled => ("shuffled", &shuffled),
+                let (oname, orders): (&str, Vec<&[String]>) = match o {
+                    Order::Name => ("name", vec![&names[..]; args.epochs]),
+                    Order::Shuffled => ("shuffled", shuffled.iter().map(|v| &v[..]).collect()),
                 };
-                let plan = if args.batch == 0 {
-                    Plan::Shared(order)
-                } else {
-                    Plan::PerWorker(deal_batches(order, args.batch, args.threads))
-                };
+                let plans: Vec<Plan<'_>> = orders
+                    .into_iter()
+                    .map(|order| {
+                        if args.batch == 0 {
+                            Plan::Shared(order)
+                        } else {
+                            Plan::PerWorker(deal_batches(order, args.batch, args.threads))
+                        }
+                    })
+                    .collect();
                 let m = format!("{mode:?}").to_lowercase();
                 let tag = format!("{scope:?}-{m}-{oname}").to_lowercase();
-                let r = pass(&work, &tag, mode, scope, &plan, args, &cold, total)?;
+                let r = pass(&work, &tag, mode, scope, &plans, args, &cold, total)?;
                 let bytes = r.bytes;
-                anyhow::ensure!(bytes == total, "{tag}: read {bytes} of {total} bytes");
-                let (mean_ms, p99_ms) = stats(r.lat);
+                let want = total * args.epochs as u64;
+                anyhow::ensure!(bytes == want, "{tag}: read {bytes} of {want} bytes");
+                let epoch_mean_ms = r.lat.iter().map(|l| stats(l.clone()).0).collect();
+                let (mean_ms, p99_ms) = stats(r.lat.concat());
                 cells.push(Cell {
                     job_scope: scope,
                     prefetch: m,
@@ -464,6 +516,7 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
                     p99_ms,
                     job_s: r.job.as_secs_f64(),
                     bytes,
+                    epoch_mean_ms,
                     prefetched_files: r.prefetched.0,
                     prefetched_used: r.prefetched.1,
                     prefetched_wasted: r.prefetched.2,
@@ -495,6 +548,8 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
         threads: args.threads,
         batch: args.batch,
         processes: args.processes,
+        epochs: args.epochs,
+        cache_frac: args.cache_frac,
         dataset_bytes: total,
         latency_ms: args.latency_ms,
         bandwidth_bytes_per_sec: bw,
@@ -525,8 +580,16 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         (b, true) => format!("batches of {b} round-robin, processes"),
     };
     println!(
-        "{} files in {} classes, {} bytes; {} workers ({loader}); store +{} ms, {} B/s",
-        r.files, r.classes, r.dataset_bytes, r.threads, r.latency_ms, r.bandwidth_bytes_per_sec
+        "{} files in {} classes, {} bytes; {} workers ({loader}); store +{} ms, {} B/s; \
+         {} epoch(s), cache tiers {} x dataset each",
+        r.files,
+        r.classes,
+        r.dataset_bytes,
+        r.threads,
+        r.latency_ms,
+        r.bandwidth_bytes_per_sec,
+        r.epochs,
+        r.cache_frac
     );
     println!(
         "{:<8}{:<12}{:<10}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}",
@@ -545,6 +608,10 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
             c.prefetched_used,
             c.prefetched_wasted
         );
+        if r.epochs > 1 {
+            let e: Vec<String> = c.epoch_mean_ms.iter().map(|m| format!("{m:.2}")).collect();
+            println!("        mean ms per epoch: {}", e.join(" / "));
+        }
     }
     for m in &r.mean_cuts {
         println!(
@@ -581,6 +648,8 @@ mod tests {
             orders: vec![Order::Name, Order::Shuffled],
             batch: 0,
             processes: false,
+            epochs: 1,
+            cache_frac: 2.0,
             worker_list: None,
         };
         let r = bench(&args).expect("bench");
@@ -596,10 +665,13 @@ mod tests {
                 assert_eq!(c.prefetched_files, 0, "window readahead stays in its file");
             }
         }
-        // Batches dealt to threads, two job scopes, one mode and order: every file
-        // read once per cell; no cut without the window cells.
+        // Batches dealt to threads, two job scopes, one mode and order, two epochs on a
+        // cache smaller than the set: every file read once per epoch in each cell; no
+        // cut without the window cells.
         let r = bench(&FsSmallArgs {
             batch: 4,
+            epochs: 2,
+            cache_frac: 0.3,
             job_scopes: vec![Scope::Thread, Scope::Group],
             modes: vec![PrefetchMode::Predictors],
             orders: vec![Order::Shuffled],
@@ -609,7 +681,8 @@ mod tests {
         assert_eq!(r.cells.len(), 2);
         assert!(r.mean_cuts.is_empty());
         for c in &r.cells {
-            assert_eq!(c.bytes, r.dataset_bytes, "{:?}", c.job_scope);
+            assert_eq!(c.bytes, 2 * r.dataset_bytes, "{:?}", c.job_scope);
+            assert_eq!(c.epoch_mean_ms.len(), 2);
         }
     }
 
@@ -644,6 +717,8 @@ mod tests {
             orders: vec![Order::Name],
             batch: 0,
             processes: true,
+            epochs: 1,
+            cache_frac: 2.0,
             worker_list: None,
         })
         .expect_err("no shared queue across processes");
