@@ -4,11 +4,24 @@
 //! object-store file or an opaque KV-cache block. Keys have a stable byte encoding
 //! ([`CacheKey::encode`]) used by the persistent disk index, so it is versioned and must
 //! not change without a bump of [`KEY_ENCODING_VERSION`].
+//!
+//! Hashing: every key carries a 64-bit hash of its content, computed once when it is
+//! built ([`CacheKey::content_hash`]); `Hash` writes only that word, and `Eq` compares it
+//! (and the block) before the strings, whose `Arc`s are compared by pointer before by
+//! content. A key is built once and looked up many times (a replay builds one per block
+//! and then probes the tier, the policy and its own index with it on every access), so
+//! hashing ~50 bytes of path per lookup, and following two `Arc`s into cold memory per
+//! comparison, was most of a lookup's cost. The hash is deterministic (no per-process
+//! seed) so that replays and iteration orders are reproducible; it is not meant to
+//! withstand keys crafted to collide, which only the cluster's own clients could send.
+//! It is never persisted (the disk index and file names use the encoding).
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use crate::error::CacheError;
+use crate::stream::{hash_bytes, mix64};
 
 /// Version byte leading every encoded key.
 pub const KEY_ENCODING_VERSION: u8 = 1;
@@ -22,7 +35,10 @@ pub const KV_BLOCK_MIN: usize = 1 << 10;
 pub const KV_BLOCK_MAX: usize = 64 << 20;
 
 /// A block of one version of an object-store file.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Fields are read-only in practice: build keys with [`CacheKey::file`], which computes
+/// the content hash the `Hash`/`Eq` impls rely on.
+#[derive(Clone, PartialOrd, Ord)]
 pub struct FileBlockKey {
     /// Object location relative to the store root (e.g. `train/shard-0001.tar`).
     pub location: Arc<str>,
@@ -31,38 +47,127 @@ pub struct FileBlockKey {
     pub version: Arc<str>,
     /// Block index within the object (offset / block size).
     pub block: u64,
+    /// Hash of the three fields above (last, so the derived order is unchanged).
+    content_hash: u64,
 }
 
 /// An opaque KV-cache block, content-addressed by the client.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Build with [`CacheKey::kv`] (see [`FileBlockKey`]).
+#[derive(Clone, PartialOrd, Ord)]
 pub struct KvBlockKey {
     /// Namespace (model + tenant); keeps tenants apart.
     pub namespace: Arc<str>,
     /// Content hash given by the client (at most 64 bytes).
     pub hash: Arc<[u8]>,
+    /// Hash of the two fields above (last, so the derived order is unchanged).
+    content_hash: u64,
 }
 
 /// The key of any cached item.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CacheKey {
     File(FileBlockKey),
     Kv(KvBlockKey),
 }
 
+/// Kind tags mixed into the content hash, so a file key and a KV key never share it
+/// by construction of their fields alone.
+const FILE_TAG: u64 = 0x4649_4c45;
+const KV_TAG: u64 = 0x4b56;
+
+fn file_hash(location: &str, version: &str, block: u64) -> u64 {
+    let h = mix64(FILE_TAG ^ hash_bytes(location.as_bytes()));
+    let h = mix64(h ^ hash_bytes(version.as_bytes()));
+    mix64(h ^ block)
+}
+
+fn kv_hash(namespace: &str, hash: &[u8]) -> u64 {
+    let h = mix64(KV_TAG ^ hash_bytes(namespace.as_bytes()));
+    mix64(h ^ hash_bytes(hash))
+}
+
+/// Same string: same `Arc` (the common case: keys of one file share its path), or
+/// equal content.
+#[inline]
+fn same_str(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || **a == **b
+}
+
+impl PartialEq for FileBlockKey {
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        self.content_hash == o.content_hash
+            && self.block == o.block
+            && same_str(&self.location, &o.location)
+            && same_str(&self.version, &o.version)
+    }
+}
+impl Eq for FileBlockKey {}
+
+impl Hash for FileBlockKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.content_hash);
+    }
+}
+
+impl PartialEq for KvBlockKey {
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        self.content_hash == o.content_hash
+            && same_str(&self.namespace, &o.namespace)
+            && (Arc::ptr_eq(&self.hash, &o.hash) || *self.hash == *o.hash)
+    }
+}
+impl Eq for KvBlockKey {}
+
+impl Hash for KvBlockKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.content_hash);
+    }
+}
+
+/// One word per key (the variant is already in the content hash's tag).
+impl Hash for CacheKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.content_hash());
+    }
+}
+
 impl CacheKey {
     pub fn file(location: impl Into<Arc<str>>, version: impl Into<Arc<str>>, block: u64) -> Self {
+        let location = location.into();
+        let version = version.into();
         CacheKey::File(FileBlockKey {
-            location: location.into(),
-            version: version.into(),
+            content_hash: file_hash(&location, &version, block),
+            location,
+            version,
             block,
         })
     }
 
     pub fn kv(namespace: impl Into<Arc<str>>, hash: impl Into<Arc<[u8]>>) -> Self {
+        let namespace = namespace.into();
+        let hash = hash.into();
         CacheKey::Kv(KvBlockKey {
-            namespace: namespace.into(),
-            hash: hash.into(),
+            content_hash: kv_hash(&namespace, &hash),
+            namespace,
+            hash,
         })
+    }
+
+    /// 64-bit hash of the key's content, computed when the key was built: what `Hash`
+    /// writes. Deterministic across processes of one build, but not a persistent
+    /// format (use [`CacheKey::fingerprint`] for names on disk).
+    #[inline]
+    pub fn content_hash(&self) -> u64 {
+        match self {
+            CacheKey::File(k) => k.content_hash,
+            CacheKey::Kv(k) => k.content_hash,
+        }
     }
 
     /// Stable, versioned byte encoding (used as the disk index key).
@@ -196,6 +301,52 @@ mod tests {
             let k = CacheKey::kv(ns, hash);
             prop_assert_eq!(CacheKey::decode(&k.encode()).unwrap(), k);
         }
+    }
+
+    proptest! {
+        /// `Eq`, `Hash` and `Ord` agree with the fields: keys built from separate
+        /// allocations of equal text are equal and hash alike; the order is the fields'
+        /// order (location, version, block), as before the content hash was added.
+        #[test]
+        fn eq_hash_and_order_follow_the_fields(
+            a in ("[ab/]{0,6}", "[xy]{0,2}", 0u64..4),
+            b in ("[ab/]{0,6}", "[xy]{0,2}", 0u64..4),
+        ) {
+            let ka = CacheKey::file(a.0.as_str(), a.1.as_str(), a.2);
+            let kb = CacheKey::file(b.0.as_str(), b.1.as_str(), b.2);
+            let ka2 = CacheKey::file(String::from(a.0.as_str()), String::from(a.1.as_str()), a.2);
+            prop_assert!(ka == ka2);
+            prop_assert_eq!(ka.content_hash(), ka2.content_hash());
+            prop_assert_eq!(ka == kb, a == b);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            if a != b {
+                prop_assert_ne!(ka.content_hash(), kb.content_hash());
+            }
+        }
+
+        #[test]
+        fn kv_eq_and_hash_follow_the_fields(
+            a in ("[ab]{0,3}", proptest::collection::vec(0u8..3, 0..3)),
+            b in ("[ab]{0,3}", proptest::collection::vec(0u8..3, 0..3)),
+        ) {
+            let ka = CacheKey::kv(a.0.as_str(), a.1.clone());
+            let kb = CacheKey::kv(b.0.as_str(), b.1.clone());
+            prop_assert_eq!(ka == kb, a == b);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            if a == b {
+                prop_assert_eq!(ka.content_hash(), kb.content_hash());
+            } else {
+                prop_assert_ne!(ka.content_hash(), kb.content_hash());
+            }
+        }
+    }
+
+    #[test]
+    fn file_and_kv_keys_never_compare_equal() {
+        let f = CacheKey::file("a", "b", 0);
+        let k = CacheKey::kv("a", b"b".to_vec());
+        assert_ne!(f, k);
+        assert_ne!(f.content_hash(), k.content_hash());
     }
 
     #[test]

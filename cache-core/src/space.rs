@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use crate::access::AccessContext;
 use crate::error::CacheError;
 use crate::key::CacheKey;
-use crate::policy::EvictionPolicy;
+use crate::policy::{EvictionPolicy, KeyBuild};
 
 /// The residents of one tier under a byte budget.
 pub struct TierSpace {
     budget: u64,
     used: u64,
-    entries: HashMap<CacheKey, u64>,
+    entries: HashMap<CacheKey, u64, KeyBuild>,
     policy: Box<dyn EvictionPolicy>,
 }
 
@@ -33,7 +33,7 @@ impl TierSpace {
         TierSpace {
             budget,
             used: 0,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             policy,
         }
     }

@@ -14,13 +14,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::EvictionPolicy;
+use super::{EvictionPolicy, KeyBuild};
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 
 #[derive(Default)]
 struct LruList {
-    map: HashMap<CacheKey, (u64, u64)>,
+    map: HashMap<CacheKey, (u64, u64), KeyBuild>,
     order: BTreeMap<u64, CacheKey>,
     bytes: u64,
 }

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::EvictionPolicy;
+use super::{EvictionPolicy, KeyBuild};
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 
@@ -39,9 +39,9 @@ pub struct BeladyPolicy {
     hint: NextUse,
     capacity: u64,
     used: u64,
-    sizes: HashMap<CacheKey, u64>,
+    sizes: HashMap<CacheKey, u64, KeyBuild>,
     seq: u64,
-    state: HashMap<CacheKey, (u64, u64)>,
+    state: HashMap<CacheKey, (u64, u64), KeyBuild>,
     /// (next use, -seq) -> key; the last entry is the victim.
     order: BTreeMap<(u64, u64), CacheKey>,
 }
@@ -56,9 +56,9 @@ impl BeladyPolicy {
                 hint: hint.clone(),
                 capacity,
                 used: 0,
-                sizes: HashMap::new(),
+                sizes: HashMap::default(),
                 seq: 0,
-                state: HashMap::new(),
+                state: HashMap::default(),
                 order: BTreeMap::new(),
             },
             hint,

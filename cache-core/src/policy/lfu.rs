@@ -6,14 +6,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::EvictionPolicy;
+use super::{EvictionPolicy, KeyBuild};
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 
 #[derive(Default)]
 pub struct LfuPolicy {
     tick: u64,
-    state: HashMap<CacheKey, (u64, u64)>,
+    state: HashMap<CacheKey, (u64, u64), KeyBuild>,
     order: BTreeMap<(u64, u64), CacheKey>,
 }
 

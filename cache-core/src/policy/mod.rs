@@ -25,6 +25,14 @@ use crate::access::AccessContext;
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
 
+/// Hasher of the policies' and [`crate::space::TierSpace`]'s `CacheKey` maps: Fx
+/// ([`crate::stream::FxBuild`]), several times cheaper than std's SipHash on the
+/// ~30-60 bytes of a file key, which was most of a replay's per-access cost.
+/// Deterministic, so it must not be used where iteration order decides anything (none
+/// of these maps is iterated for a decision). Not DoS-resistant: KV keys are chosen by
+/// clients, who are the cluster's own inference engines (trusted), not the internet.
+pub type KeyBuild = crate::stream::FxBuild;
+
 pub trait EvictionPolicy: Send + 'static {
     fn name(&self) -> &'static str;
     /// Whether to cache `key` at all. Called before any victim is chosen for it.

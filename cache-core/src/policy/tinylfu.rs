@@ -11,11 +11,14 @@
 //! tier evicts exactly what moka evicted and both account the same bytes.
 //!
 //! Hashing uses std's `DefaultHasher` with its fixed keys instead of a random state so
-//! that replays are reproducible.
+//! that replays are reproducible. moka's frequency sketch is indexed by that hash, so
+//! its decisions depend on what a key hashes to: keys go in wrapped in [`MokaKey`],
+//! which hashes the key's fields as `CacheKey`'s derived `Hash` once did, so the
+//! policy's choices do not move when `CacheKey`'s own (fast, precomputed) hash changes.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::VecDeque;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hash};
 use std::sync::Arc;
 
 use moka::notification::RemovalCause;
@@ -27,8 +30,31 @@ use crate::key::CacheKey;
 
 type Hasher = BuildHasherDefault<DefaultHasher>;
 
+/// A [`CacheKey`] hashed field by field: the variant index (as `isize`), then each
+/// field's own `Hash` (exactly `#[derive(Hash)]`'s sequence, pinned by a test).
+#[derive(Clone, PartialEq, Eq)]
+struct MokaKey(CacheKey);
+
+impl Hash for MokaKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match &self.0 {
+            CacheKey::File(k) => {
+                state.write_isize(0);
+                k.location.hash(state);
+                k.version.hash(state);
+                k.block.hash(state);
+            }
+            CacheKey::Kv(k) => {
+                state.write_isize(1);
+                k.namespace.hash(state);
+                k.hash.hash(state);
+            }
+        }
+    }
+}
+
 pub struct TinyLfuPolicy {
-    cache: moka::sync::Cache<CacheKey, u64, Hasher>,
+    cache: moka::sync::Cache<MokaKey, u64, Hasher>,
     evicted: Arc<Mutex<VecDeque<CacheKey>>>,
 }
 
@@ -39,10 +65,10 @@ impl TinyLfuPolicy {
         let q = evicted.clone();
         let cache = moka::sync::Cache::builder()
             .max_capacity(capacity)
-            .weigher(|_k: &CacheKey, v: &u64| u32::try_from(*v).unwrap_or(u32::MAX))
-            .eviction_listener(move |k: Arc<CacheKey>, _v: u64, cause: RemovalCause| {
+            .weigher(|_k: &MokaKey, v: &u64| u32::try_from(*v).unwrap_or(u32::MAX))
+            .eviction_listener(move |k: Arc<MokaKey>, _v: u64, cause: RemovalCause| {
                 if cause == RemovalCause::Size {
-                    q.lock().push_back((*k).clone());
+                    q.lock().push_back(k.0.clone());
                 }
             })
             .build_with_hasher(Hasher::default());
@@ -56,10 +82,11 @@ impl EvictionPolicy for TinyLfuPolicy {
     }
     fn admit(&mut self, key: &CacheKey, size: u64, _ctx: &AccessContext) -> bool {
         // The miss counts towards the key's frequency estimate.
-        let _ = self.cache.get(key);
-        self.cache.insert(key.clone(), size);
+        let mk = MokaKey(key.clone());
+        let _ = self.cache.get(&mk);
+        self.cache.insert(mk.clone(), size);
         self.cache.run_pending_tasks();
-        if self.cache.contains_key(key) {
+        if self.cache.contains_key(&mk) {
             true
         } else {
             self.evicted.lock().retain(|k| k != key);
@@ -68,7 +95,7 @@ impl EvictionPolicy for TinyLfuPolicy {
     }
     fn on_insert(&mut self, _key: &CacheKey, _size: u64, _ctx: &AccessContext) {}
     fn on_hit(&mut self, key: &CacheKey, _ctx: &AccessContext) {
-        let _ = self.cache.get(key);
+        let _ = self.cache.get(&MokaKey(key.clone()));
     }
     fn on_remove(&mut self, key: &CacheKey) {
         let mut q = self.evicted.lock();
@@ -77,7 +104,7 @@ impl EvictionPolicy for TinyLfuPolicy {
         } else {
             q.retain(|k| k != key);
             drop(q);
-            self.cache.invalidate(key);
+            self.cache.invalidate(&MokaKey(key.clone()));
         }
     }
     fn victim(&mut self) -> Option<CacheKey> {
@@ -87,7 +114,7 @@ impl EvictionPolicy for TinyLfuPolicy {
         // moka's accounting and the tier's disagree only if an item was refused by the
         // tier after moka admitted it; fall back to any moka resident.
         self.cache.run_pending_tasks();
-        self.cache.iter().next().map(|(k, _)| (*k).clone())
+        self.cache.iter().next().map(|(k, _)| k.0.clone())
     }
 }
 
@@ -95,6 +122,52 @@ impl EvictionPolicy for TinyLfuPolicy {
 mod tests {
     use super::*;
     use crate::space::{Placement, TierSpace};
+
+    /// The shape `CacheKey` had when its `Hash` was derived: `MokaKey` must hash the
+    /// same words, or moka's sketch (and every `tinylfu` replay result) would move.
+    #[derive(Hash)]
+    struct DerivedFile {
+        location: Arc<str>,
+        version: Arc<str>,
+        block: u64,
+    }
+    #[derive(Hash)]
+    struct DerivedKv {
+        namespace: Arc<str>,
+        hash: Arc<[u8]>,
+    }
+    #[derive(Hash)]
+    enum DerivedKey {
+        File(DerivedFile),
+        Kv(DerivedKv),
+    }
+
+    #[test]
+    fn moka_key_hashes_like_the_derived_impl() {
+        use std::hash::BuildHasher;
+        let h = Hasher::default();
+        for (loc, ver, block) in [
+            ("a/b.bin", "v1", 7u64),
+            ("", "", 0),
+            ("x", "etag", u64::MAX),
+        ] {
+            let ours = h.hash_one(MokaKey(CacheKey::file(loc, ver, block)));
+            let derived = h.hash_one(DerivedKey::File(DerivedFile {
+                location: Arc::from(loc),
+                version: Arc::from(ver),
+                block,
+            }));
+            assert_eq!(ours, derived, "{loc} {ver} {block}");
+        }
+        for (ns, hash) in [("llama/t1", vec![1u8, 2, 3]), ("", vec![])] {
+            let ours = h.hash_one(MokaKey(CacheKey::kv(ns, hash.clone())));
+            let derived = h.hash_one(DerivedKey::Kv(DerivedKv {
+                namespace: Arc::from(ns),
+                hash: Arc::from(hash),
+            }));
+            assert_eq!(ours, derived, "{ns}");
+        }
+    }
 
     #[test]
     fn frequent_items_beat_one_hit_wonders() {

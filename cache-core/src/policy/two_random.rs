@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::EvictionPolicy;
+use super::{EvictionPolicy, KeyBuild};
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 
@@ -14,7 +14,7 @@ pub struct TwoRandomPolicy {
     rng: u64,
     tick: u64,
     slots: Vec<(CacheKey, u64)>,
-    index: HashMap<CacheKey, usize>,
+    index: HashMap<CacheKey, usize, KeyBuild>,
 }
 
 impl TwoRandomPolicy {
@@ -26,7 +26,7 @@ impl TwoRandomPolicy {
             rng: seed,
             tick: 0,
             slots: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
         }
     }
 
