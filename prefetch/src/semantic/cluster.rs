@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use strata_cache_core::stream::FxBuild;
 use strata_cache_core::JobId;
 
 use super::permutation::SetTracker;
@@ -110,7 +111,7 @@ impl Stream {
 /// `(job, template)` -> stream, LRU-bounded.
 #[derive(Debug, Default)]
 pub struct StreamTable {
-    streams: HashMap<StreamKey, Stream>,
+    streams: HashMap<StreamKey, Stream, FxBuild>,
     /// last_seq -> key, for LRU eviction.
     lru: BTreeMap<u64, StreamKey>,
 }

@@ -12,7 +12,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::tokenize::tokenize;
+use strata_cache_core::stream::FxBuild;
+
+use super::tokenize::tokenize_shared;
 
 /// All listed files of one template.
 #[derive(Debug, Default)]
@@ -20,7 +22,7 @@ pub struct MemberSet {
     paths: Vec<Arc<str>>,
     /// Size in bytes, 0 when the listing did not say.
     sizes: Vec<u64>,
-    ids: HashMap<Arc<str>, u32>,
+    ids: HashMap<Arc<str>, u32, FxBuild>,
     /// Member ids in (directory, name) order; valid when `!dirty`.
     order: Vec<u32>,
     /// Position of each id in `order`.
@@ -99,8 +101,8 @@ impl MemberSet {
 /// Every listing seen, grouped by template.
 #[derive(Debug, Default)]
 pub struct ListingIndex {
-    sets: HashMap<Arc<str>, MemberSet>,
-    listed_dirs: HashSet<Arc<str>>,
+    sets: HashMap<Arc<str>, MemberSet, FxBuild>,
+    listed_dirs: HashSet<Arc<str>, FxBuild>,
     entries: usize,
     max_entries: usize,
 }
@@ -129,7 +131,7 @@ impl ListingIndex {
             } else {
                 Arc::from(format!("{dir}/{name}"))
             };
-            let t = tokenize(&path);
+            let t = tokenize_shared(path.clone());
             let set = self.sets.entry(t.template.clone()).or_default();
             if set.ids.contains_key(&path) || self.entries < self.max_entries {
                 if !set.ids.contains_key(&path) {
@@ -173,5 +175,53 @@ impl ListingIndex {
         let set = self.set(template)?;
         let size = set.size(set.id(path)?);
         (size > 0).then_some(size)
+    }
+
+    /// [`Self::exists`] and [`Self::size_of`] together, with one lookup of the set and
+    /// of the member (the stride walk asks both for every candidate).
+    pub fn exists_and_size(&self, template: &str, path: &str) -> (Option<bool>, Option<u64>) {
+        let member = self
+            .set(template)
+            .and_then(|s| s.id(path).map(|id| s.size(id)));
+        let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+        let exists = self.is_listed(dir).then_some(member.is_some());
+        (exists, member.filter(|&size| size > 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exists_and_size_agrees_with_exists_and_size_of() {
+        let mut l = ListingIndex::new(1 << 20);
+        l.observe(
+            "d",
+            &[("f-001.bin", 10u64), ("f-002.bin", 0), ("g-001.txt", 5)],
+        );
+        l.observe("", &[("top-1.bin", 7u64)]);
+        let paths = [
+            "d/f-001.bin",
+            "d/f-002.bin",
+            "d/f-003.bin",
+            "d/g-001.txt",
+            "e/f-001.bin",
+            "top-1.bin",
+            "top-2.bin",
+        ];
+        let mut answers = 0;
+        for p in paths {
+            let template = tokenize_shared(Arc::from(p)).template;
+            l.prepare(&template);
+            let both = l.exists_and_size(&template, p);
+            assert_eq!(
+                both,
+                (l.exists(&template, p), l.size_of(&template, p)),
+                "{p}"
+            );
+            answers += usize::from(both.0 == Some(true));
+        }
+        assert_eq!(answers, 4, "the four listed files exist");
     }
 }

@@ -15,13 +15,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use strata_cache_core::stream::FxBuild;
 use strata_cache_core::JobId;
 
 use super::cluster::{StreamKey, StreamTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
 use super::regularity::Lane;
-use super::tokenize::tokenize;
+use super::tokenize::tokenize_shared;
 use super::SemanticConfig;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
@@ -68,8 +69,8 @@ pub struct SemanticPredictor {
     /// Per-epoch permutation over all jobs' reads of a template's member set: data-loader
     /// workers (one job id each) split every epoch's permutation between them, so each
     /// worker alone reads a subset but together they read the whole set once per epoch.
-    shared: HashMap<Arc<str>, SetTracker>,
-    issued: HashMap<Arc<str>, Issued>,
+    shared: HashMap<Arc<str>, SetTracker, FxBuild>,
+    issued: HashMap<Arc<str>, Issued, FxBuild>,
     issued_order: VecDeque<Arc<str>>,
     seq: u64,
     /// EWMA of "feedback was Used".
@@ -90,8 +91,8 @@ impl SemanticPredictor {
             listing: ListingIndex::new(cfg.max_listed_entries),
             cfg,
             streams: StreamTable::default(),
-            shared: HashMap::new(),
-            issued: HashMap::new(),
+            shared: HashMap::default(),
+            issued: HashMap::default(),
             issued_order: VecDeque::new(),
             seq: 0,
             // Start trusting: lanes only predict after confirming a rule anyway.
@@ -161,7 +162,7 @@ impl Predictor for SemanticPredictor {
         self.stats.accesses += 1;
         let seq = self.seq;
         let scale = self.depth_scale();
-        let t = tokenize(&event.path);
+        let t = tokenize_shared(event.path.clone());
         let key: StreamKey = (event.job, t.template.clone());
         self.listing.prepare(&t.template);
         let cfg = &self.cfg;

@@ -29,6 +29,8 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
+use strata_cache_core::stream::FxBuild;
+
 use super::listing::ListingIndex;
 use super::tokenize::{FieldKind, TokenizedPath};
 use super::SemanticConfig;
@@ -84,7 +86,7 @@ pub struct Lane {
     pub hits: u64,
     pub judged: u64,
     pending: VecDeque<Arc<str>>,
-    pending_set: HashSet<Arc<str>>,
+    pending_set: HashSet<Arc<str>, FxBuild>,
     /// Largest file size seen in the lane: the size guess for unlisted predictions.
     pub max_file_size: u64,
 }
@@ -138,7 +140,7 @@ impl Lane {
             hits: 0,
             judged: 0,
             pending: VecDeque::new(),
-            pending_set: HashSet::new(),
+            pending_set: HashSet::default(),
             max_file_size: file_size,
         };
         lane.arm_bound();
@@ -420,10 +422,10 @@ impl Lane {
                 return;
             }
             let path = self.last.render(&next, &self.pad);
-            match listing.exists(template, &path) {
-                Some(false) => return,
-                _ => out.push(Candidate {
-                    size: listing.size_of(template, &path),
+            match listing.exists_and_size(template, &path) {
+                (Some(false), _) => return,
+                (_, size) => out.push(Candidate {
+                    size,
                     path: Arc::from(path),
                     step,
                 }),

@@ -160,6 +160,30 @@ fn push_literal(key: &mut String, lit: &str) {
 
 /// Splits `path` into template and fields. Total and allocation-light; never fails.
 pub fn tokenize(path: &str) -> TokenizedPath {
+    tokenize_shared(Arc::from(path))
+}
+
+/// [`tokenize`] of a path the caller already holds in an `Arc` (an access event's):
+/// the result shares it instead of copying it.
+pub fn tokenize_shared(path: Arc<str>) -> TokenizedPath {
+    let (template, fields, spans, of_total) = split_fields(&path);
+    TokenizedPath {
+        path,
+        template,
+        fields,
+        spans,
+        of_total,
+    }
+}
+
+type Split = (
+    Arc<str>,
+    Vec<Field>,
+    Vec<Range<usize>>,
+    Option<(usize, usize)>,
+);
+
+fn split_fields(path: &str) -> Split {
     let b = path.as_bytes();
     let mut key = String::with_capacity(path.len());
     let mut fields = Vec::new();
@@ -216,13 +240,7 @@ pub fn tokenize(path: &str) -> TokenizedPath {
         let numbers = fields[idx].kind == FieldKind::Number && fields[t].kind == FieldKind::Number;
         (numbers && matches!(between, "-of-" | "_of_" | "-of_" | "_of-" | "of")).then_some((idx, t))
     });
-    TokenizedPath {
-        path: Arc::from(path),
-        template: Arc::from(key),
-        fields,
-        spans,
-        of_total,
-    }
+    (Arc::from(key), fields, spans, of_total)
 }
 
 /// Writes one field value the way the dataset writes it.
