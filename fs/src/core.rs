@@ -341,7 +341,8 @@ pub struct Counters {
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
     pub prefetch_requests: AtomicU64,
-    /// Prefetches of other files than the one read (the semantic predictor's).
+    /// Prefetches of other files than the one read (the semantic predictor's); a file
+    /// already cached or already on its way is not counted...
     pub prefetch_files: AtomicU64,
     /// ...of which a demand open later read ([`Feedback::Used`])...
     pub prefetch_files_used: AtomicU64,
@@ -828,10 +829,14 @@ impl FsCore {
                 self.prefetch(obj, range.start..range.end.min(obj.size), ctx);
                 continue;
             }
-            self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
-            self.ledger
+            let new = self
+                .ledger
                 .lock()
                 .issued(req.path.clone(), ctx.job, range.end - range.start);
+            if !new {
+                continue; // already on its way
+            }
+            self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
             let core = self.clone();
             let ctx = *ctx;
             tokio::spawn(async move {
@@ -843,7 +848,13 @@ impl FsCore {
                 let mut ledger = core.ledger.lock();
                 match key {
                     Some(k) => ledger.filled(&path, k),
-                    None => ledger.forget(&path),
+                    // Not a prefetch after all (unless a demand read already counted
+                    // it used).
+                    None => {
+                        if ledger.forget(&path) {
+                            core.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             });
         }
@@ -851,7 +862,7 @@ impl FsCore {
 
     /// Fetches `range` of another file ahead of demand (blocks already cached are left
     /// alone) and waits for it; the first block's key once every block is cached, None
-    /// if the range is empty or a fetch failed.
+    /// if nothing was fetched (empty range, all cached already) or a fetch failed.
     async fn fetch_ahead(
         &self,
         obj: &ObjectInfo,
@@ -872,9 +883,13 @@ impl FsCore {
             ..*ctx
         };
         let engine = self.reader.engine();
-        let fetches = (first..=last)
+        let fetches: Vec<_> = (first..=last)
             .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
-            .map(|b| self.reader.read_block(obj, b, &ctx));
+            .map(|b| self.reader.read_block(obj, b, &ctx))
+            .collect();
+        if fetches.is_empty() {
+            return None;
+        }
         for r in futures::future::join_all(fetches).await {
             if let Err(e) = r {
                 tracing::debug!(path = %obj.path, error = %e, "prefetch failed");

@@ -68,11 +68,12 @@ impl PrefetchLedger {
         self.map.is_empty()
     }
 
-    /// A prefetch of `bytes` of `path` for `job` was issued. A path already outstanding
-    /// keeps its entry (one outcome per file).
-    pub fn issued(&mut self, path: Arc<str>, job: JobId, bytes: u64) {
+    /// A prefetch of `bytes` of `path` for `job` is about to be issued: true if it is
+    /// new; false if one is already outstanding (that one keeps its entry: one outcome
+    /// per file, and the caller need not fetch again).
+    pub fn issued(&mut self, path: Arc<str>, job: JobId, bytes: u64) -> bool {
         if self.map.contains_key(&path) {
-            return;
+            return false;
         }
         while self.map.len() >= Self::MAX_TRACKED {
             match self.order.pop_front() {
@@ -92,6 +93,7 @@ impl PrefetchLedger {
         );
         self.order.push_back(path);
         self.compact();
+        true
     }
 
     /// The prefetch of `path` completed; `first_block` is the key the sweep checks.
@@ -101,10 +103,12 @@ impl PrefetchLedger {
         }
     }
 
-    /// The prefetch of `path` could not be made (the path vanished, the store failed):
-    /// no outcome.
-    pub fn forget(&mut self, path: &str) {
-        self.map.remove(path);
+    /// The prefetch of `path` was not made (the path vanished, the store failed, or
+    /// the file was cached already, which the replay does not count as a prefetch
+    /// either): no outcome. False if it was no longer outstanding (a demand read
+    /// reported it used meanwhile).
+    pub fn forget(&mut self, path: &str) -> bool {
+        self.map.remove(path).is_some()
     }
 
     /// A demand read of `path`: the outcome `Used`, if a prefetch of it was outstanding.
@@ -168,8 +172,11 @@ mod tests {
     #[test]
     fn a_demand_read_reports_used_once() {
         let mut l = PrefetchLedger::new();
-        l.issued(p("a"), JobId(3), 100);
-        l.issued(p("a"), JobId(4), 999); // already outstanding: kept as first issued
+        assert!(l.issued(p("a"), JobId(3), 100));
+        assert!(
+            !l.issued(p("a"), JobId(4), 999),
+            "outstanding: kept as first issued"
+        );
         assert_eq!(l.len(), 1);
         let o = l.demand("a").expect("outstanding");
         assert_eq!((o.job, &*o.path, o.bytes), (JobId(3), "a", 100));
@@ -230,7 +237,8 @@ mod tests {
     fn forgotten_and_used_slots_are_skipped_and_the_ledger_is_bounded() {
         let mut l = PrefetchLedger::new();
         l.issued(p("x"), JobId(1), 1);
-        l.forget("x");
+        assert!(l.forget("x"));
+        assert!(!l.forget("x"));
         assert!(l.sweep(|_| false).is_empty());
         assert!(l.is_empty());
         for i in 0..PrefetchLedger::MAX_TRACKED + 10 {
