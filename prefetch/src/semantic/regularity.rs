@@ -91,6 +91,19 @@ pub struct Lane {
     pub max_file_size: u64,
 }
 
+/// Per-field step from `x` to `y`: `None` when the kinds differ, an opaque field changed
+/// or the difference overflows.
+#[inline]
+fn delta(x: &super::tokenize::Field, y: &super::tokenize::Field) -> Option<i64> {
+    if x.kind != y.kind {
+        None
+    } else if x.kind == FieldKind::Opaque {
+        (x.value == y.value).then_some(0)
+    } else {
+        y.value.checked_sub(x.value)
+    }
+}
+
 fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
     if a.fields.len() != b.fields.len() {
         return None;
@@ -98,15 +111,7 @@ fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
     a.fields
         .iter()
         .zip(&b.fields)
-        .map(|(x, y)| {
-            if x.kind != y.kind {
-                None
-            } else if x.kind == FieldKind::Opaque {
-                (x.value == y.value).then_some(0)
-            } else {
-                y.value.checked_sub(x.value)
-            }
-        })
+        .map(|(x, y)| delta(x, y))
         .collect()
 }
 
@@ -169,18 +174,34 @@ impl Lane {
     }
 
     /// Distance of `t` from this lane's position, for assigning interleaved accesses.
+    /// (Sum of |`deltas`|, computed without building the vector: this runs for every
+    /// lane on every access.)
     pub fn distance(&self, t: &TokenizedPath) -> Option<u64> {
-        let d = deltas(&self.last, t)?;
-        Some(
-            d.iter()
-                .map(|x| x.unsigned_abs())
-                .fold(0u64, u64::saturating_add),
-        )
+        if self.last.fields.len() != t.fields.len() {
+            return None;
+        }
+        let mut sum = 0u64;
+        for (x, y) in self.last.fields.iter().zip(&t.fields) {
+            sum = sum.saturating_add(delta(x, y)?.unsigned_abs());
+        }
+        Some(sum)
     }
 
-    /// True when `t` is exactly the next step of this lane's stride.
+    /// True when `t` is exactly the next step of this lane's stride (`deltas == stride`,
+    /// compared field by field).
     pub fn continues(&self, t: &TokenizedPath) -> bool {
-        self.stride.is_some() && deltas(&self.last, t) == self.stride
+        let Some(stride) = &self.stride else {
+            return false;
+        };
+        self.last.fields.len() == t.fields.len()
+            && stride.len() == t.fields.len()
+            && self
+                .last
+                .fields
+                .iter()
+                .zip(&t.fields)
+                .zip(stride)
+                .all(|((x, y), s)| delta(x, y) == Some(*s))
     }
 
     pub fn is_pending(&self, path: &str) -> bool {
@@ -394,17 +415,23 @@ impl Lane {
         let Some(stride) = &self.stride else { return };
         let template = &self.last.template;
         let mut pos: Vec<i64> = self.last.fields.iter().map(|f| f.value).collect();
+        // Buffers reused across steps (this runs on every access of a confirmed lane).
+        let mut next: Vec<i64> = Vec::with_capacity(pos.len());
+        let mut path = String::with_capacity(self.last.path.len() + 4);
         let mut step = 0;
         while step < k {
             step += 1;
-            let mut next: Vec<i64> = pos.iter().zip(stride).map(|(a, b)| a + b).collect();
+            next.clear();
+            next.extend(pos.iter().zip(stride).map(|(a, b)| a + b));
             // An `-of-N` load stops at N: the next checkpoint is another load.
             if let Some(r) = self.rollover.as_ref().filter(|_| self.bound.is_none()) {
                 let past_end = next[r.inner] > r.end;
-                let path = self.last.render(&next, &self.pad);
-                let missing = listing.exists(template, &path) == Some(false);
-                if missing || (past_end && listing.exists(template, &path).is_none()) {
-                    next = pos.clone();
+                path.clear();
+                self.last.render_into(&mut path, &next, &self.pad);
+                let exists = listing.exists(template, &path);
+                if exists == Some(false) || (past_end && exists.is_none()) {
+                    next.clear();
+                    next.extend_from_slice(&pos);
                     next[r.outer] += r.outer_step;
                     next[r.inner] = r.base;
                 }
@@ -421,16 +448,17 @@ impl Lane {
             {
                 return;
             }
-            let path = self.last.render(&next, &self.pad);
+            path.clear();
+            self.last.render_into(&mut path, &next, &self.pad);
             match listing.exists_and_size(template, &path) {
                 (Some(false), _) => return,
                 (_, size) => out.push(Candidate {
                     size,
-                    path: Arc::from(path),
+                    path: Arc::from(path.as_str()),
                     step,
                 }),
             }
-            pos = next;
+            std::mem::swap(&mut pos, &mut next);
         }
     }
 

@@ -305,6 +305,12 @@ impl TokenizedPath {
     /// width when written padded.
     pub fn render(&self, values: &[i64], pad: &[u8]) -> String {
         let mut out = String::with_capacity(self.path.len() + 4);
+        self.render_into(&mut out, values, pad);
+        out
+    }
+
+    /// [`Self::render`] appended to `out` (lets a caller reuse one buffer).
+    pub fn render_into(&self, out: &mut String, values: &[i64], pad: &[u8]) {
         let mut at = 0;
         for (i, (f, span)) in self.fields.iter().zip(&self.spans).enumerate() {
             out.push_str(&self.path[at..span.start]);
@@ -314,12 +320,11 @@ impl TokenizedPath {
             } else {
                 let own = if f.padded { f.width } else { 0 };
                 let w = own.max(pad.get(i).copied().unwrap_or(0));
-                render_field(&mut out, f.kind, v, w);
+                render_field(out, f.kind, v, w);
             }
             at = span.end;
         }
         out.push_str(&self.path[at..]);
-        out
     }
 }
 
