@@ -13,7 +13,8 @@
 //! | `consumed` | scan data (sequential/random stream) outside the stable subset, once read | first, oldest first ("evict behind") |
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
 //! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
-//! | `freq` | skewed or not yet classified data | LFU with dynamic aging (LFU-DA), when over its share |
+//! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share |
+//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU, ties oldest first) |
 //!
 //! * **Sequential and random streams** (data read about once per epoch, in sequence or
 //!   shuffled) are not worth keeping by recency: LRU on a per-epoch shuffle of a set
@@ -23,9 +24,14 @@
 //!   hash sample, the same every epoch, so a shuffled epoch hits ~share/size of its
 //!   reads. Everything else from such streams goes to `consumed` and is evicted right
 //!   after it is read, so one scan cannot push out a hot set.
-//! * **Skewed streams** (and streams not yet classified) go to `freq`: priority
-//!   `L + f`, with `f` from an aged count-min sketch (history survives eviction) and `L`
-//!   the priority of the last `freq` victim (dynamic aging, so formerly hot items fade).
+//! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
+//!   when the window is over its share its oldest item moves to the frequency main
+//!   (`freq`) if the main has room, else competes with the main's least frequent item
+//!   by sketch frequency (W-TinyLFU: the loser leaves). The main ranks by `f` from an
+//!   aged count-min sketch (history survives eviction; aging halves it every 10 x
+//!   resident items, and the main's keys with it, so formerly hot items fade).
+//!   LFU-DA (`L + f`) was measured instead of plain `f` and lost 4 points on
+//!   inference-skew at 10% (0.567 vs 0.606), so it is not used.
 //! * **Prefetched** items (`ctx.prefetch`) wait in `ahead`; their first demand read moves
 //!   them to the pool their stream's pattern picks.
 //!
@@ -40,10 +46,37 @@
 //! that would have earned more hits. A one-time scan earns the stable band nothing, so it
 //! cannot grow; a hot set's ghost hits hold its space.
 //!
+//! # Recency vs frequency: the adaptive window
+//!
+//! Which side wins depends on the data: KV prefix blocks of conversations are re-read
+//! a turn later (recency: LRU/ARC win on the Mooncake traces and on kv-prefix), model
+//! and embedding reads have static Zipf popularity (LFU wins on inference-skew). So the
+//! window's share of the frequency side is learnt, ARC-style, from two ghost lists of
+//! equal reach (`window_ghost_share` of capacity each, key hashes only): the window's
+//! recent victims (contest losers) and the main's. A demand miss on a window ghost is
+//! a hit a larger window would have had; on a main ghost, a larger main. Under H0 (the
+//! same extra space is worth as much on either side) each such miss falls on either
+//! list with probability 1/2; once `window_min_votes` are in, a two-sided binomial test
+//! (`statrs`) at `window_alpha` either rejects, and the share moves one
+//! `rebalance_step` toward the side that hit more (counts restart), or the evidence
+//! keeps accumulating (halved every 16 x the minimum so that it stays current). So the
+//! share moves as fast as the evidence arrives and stays put while the two are even.
+//! The same ghost entries record the frequency side's total eviction position, so the
+//! stable-vs-freq probe above still counts only misses within its own probe size.
+//!
+//! Known limit (measured, docs/PATTERNS.md): the probes are *marginal* (10% of
+//! capacity). Where the hit-ratio curve is not concave in the window size, e.g. reuse
+//! further back than the probe reaches with a main full of stale-frequency items, the
+//! evidence can point away from the global optimum (Mooncake conversation at 20%: 0.96x
+//! of LRU). Larger probes (50%, 100% of capacity) were measured and were worse: the
+//! ghost that evicts more bytes then collects more hits and the share runs away to 0 or 1.
+//!
 //! All decisions are pure logic, O(log n) per access (B-tree orders) plus O(1) stream
 //! updates; no allocation per access beyond the map entries of new residents.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use statrs::distribution::{Binomial, DiscreteCDF};
 
 use super::EvictionPolicy;
 use crate::access::AccessContext;
@@ -62,16 +95,33 @@ pub struct PatternAwareConfig {
     /// is dropped: 0.25, enough for several streams' readahead windows while leaving
     /// three quarters to retained data.
     pub ahead_share: f64,
-    /// Share of the frequency side kept as a recency window (W-TinyLFU): 0 (off). With
-    /// 0.1 the replay measured kv-prefix 0.822 (= LRU) but inference-skew 0.628 against
-    /// 0.697 without it (docs/PATTERNS.md), so new skewed items enter the frequency-ranked
-    /// main directly until an adaptive window is in.
+    /// Initial share of the frequency side kept as a recency window (W-TinyLFU): 0.01,
+    /// Caffeine's starting point (a new item gets a short recency chance before it must
+    /// beat the main's least frequent item). Only the start: with `adapt_window` the
+    /// share follows the ghost evidence (see the module docs).
     pub window_share: f64,
+    /// Adapt `window_share` ARC-style from the two ghost lists: true. A fixed share is
+    /// wrong for someone: the replay measured recency-heavy KV traces (Mooncake,
+    /// kv-prefix) losing 2-17% to LRU/ARC with no window, and a Zipf trace
+    /// (inference-skew) losing to LFU with a large one.
+    pub adapt_window: bool,
     /// Initial share of `stable` in the retained space: 0.5 (no prior either way).
     pub stable_share: f64,
     /// Probe size of the marginal-benefit estimators, as a share of capacity: 0.1, large
     /// enough to see hits within one rebalance period, small enough to be "marginal".
     pub ghost_share: f64,
+    /// Bytes each of the window's and the main's ghost lists remembers, as a share of
+    /// capacity: 0.1, the same marginal probe as `ghost_share`. Measured at 0.25, 0.5
+    /// and 1.0: with longer ghosts the segment that evicts more collects more hits
+    /// whatever their value and the share ran away (inference-skew at 20% went to an
+    /// all-LRU window, 0.63 against 0.69).
+    pub window_ghost_share: f64,
+    /// Ghost hits needed before the window share may move: 16 (the classifier's
+    /// minimum sample; with fewer the binomial test cannot reject at `window_alpha`
+    /// unless nearly all hits fall on one side).
+    pub window_min_votes: u64,
+    /// Significance level of the window test: 0.01, the project's alpha.
+    pub window_alpha: f64,
     /// Demand misses between rebalances: 1024, a few epochs' worth of evidence on the
     /// smallest workloads while still reacting within a fraction of a pass on large ones.
     pub rebalance_every: u64,
@@ -92,15 +142,29 @@ impl Default for PatternAwareConfig {
             tree: TreeConfig::default(),
             capacity_hint: None,
             ahead_share: 0.25,
-            window_share: 0.0,
+            window_share: 0.01,
+            adapt_window: true,
             stable_share: 0.5,
             ghost_share: 0.1,
+            window_ghost_share: 0.1,
+            window_min_votes: 16,
+            window_alpha: 0.01,
             rebalance_every: 1024,
             rebalance_step: 0.05,
             sketch_width: 1 << 15,
             seen_bits: 1 << 21,
         }
     }
+}
+
+/// A recent victim of the frequency side.
+#[derive(Clone, Copy, Debug)]
+struct Ghost {
+    seq: u64,
+    /// 0 = evicted from the window, 1 = from the main.
+    seg: usize,
+    /// `evicted_freq` before this eviction.
+    pos: u64,
 }
 
 /// Stable-subset tiers: members re-read while resident are evicted after the others.
@@ -190,6 +254,12 @@ pub struct PatternAwareStats {
     pub ahead_bytes: u64,
     pub streams: usize,
     pub rebalances: u64,
+    /// Current recency-window share of the frequency side.
+    pub window_share: f64,
+    pub window_bytes: u64,
+    /// Demand misses that hit the window's / the main's ghost list.
+    pub window_ghost_hits: u64,
+    pub main_ghost_hits: u64,
 }
 
 /// The pattern-aware eviction policy. See the module docs.
@@ -209,12 +279,20 @@ pub struct PatternAwarePolicy {
     sketch: Sketch,
     seen: Vec<u64>,
     seen_set: usize,
-    ghost: HashMap<u64, u64, FxBuild>,
-    ghost_fifo: VecDeque<(u64, u64, u64)>,
-    ghost_bytes: u64,
+    /// Recent victims of the frequency side, by key hash (no data).
+    ghost: HashMap<u64, Ghost, FxBuild>,
+    /// Per segment (0 = window, 1 = main): FIFO of (hash, size, seq) and its bytes.
+    ghost_fifo: [VecDeque<(u64, u64, u64)>; 2],
+    ghost_bytes: [u64; 2],
+    /// Bytes evicted from the frequency side so far (ghost depth = now - then).
+    evicted_freq: u64,
+    window_share: f64,
+    ghost_hits: [u64; 2],
     stable_share: f64,
     gain_freq: f64,
     gain_stable: f64,
+    /// Ghost hits of the window / the main since the window share last moved.
+    window_votes: [u64; 2],
     misses: u64,
     rebalances: u64,
     /// Decision taken in `admit` for the item about to be inserted.
@@ -258,11 +336,15 @@ impl PatternAwarePolicy {
             seen,
             seen_set: 0,
             ghost: HashMap::default(),
-            ghost_fifo: VecDeque::new(),
-            ghost_bytes: 0,
+            ghost_fifo: [VecDeque::new(), VecDeque::new()],
+            ghost_bytes: [0; 2],
+            evicted_freq: 0,
+            window_share: cfg.window_share.clamp(0.0, 1.0),
+            ghost_hits: [0; 2],
             stable_share: cfg.stable_share,
             gain_freq: 0.0,
             gain_stable: 0.0,
+            window_votes: [0; 2],
             misses: 0,
             rebalances: 0,
             pending: None,
@@ -286,6 +368,10 @@ impl PatternAwarePolicy {
             freq_bytes: self.bytes[3] + self.bytes[4],
             streams: self.tree.len(),
             rebalances: self.rebalances,
+            window_share: self.window_share,
+            window_bytes: self.bytes[4],
+            window_ghost_hits: self.ghost_hits[0],
+            main_ghost_hits: self.ghost_hits[1],
         }
     }
 
@@ -347,7 +433,7 @@ impl PatternAwarePolicy {
     }
 
     fn freq_pool(&self) -> Pool {
-        if self.cfg.window_share > 0.0 {
+        if self.cfg.adapt_window || self.window_share > 0.0 {
             Pool::Window
         } else {
             Pool::Freq
@@ -421,8 +507,13 @@ impl PatternAwarePolicy {
 
     /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
     fn on_demand_miss(&mut self, h: u64, size: u64, obs: &Observation, seen: bool) {
-        if self.ghost.remove(&h).is_some() {
-            self.gain_freq += size as f64;
+        if let Some(g) = self.ghost.remove(&h) {
+            // Would a frequency side larger by the probe size have kept it?
+            if self.evicted_freq - g.pos <= self.ghost_cap() {
+                self.gain_freq += size as f64;
+            }
+            self.ghost_hits[g.seg] += 1;
+            self.window_evidence(g.seg);
         } else if seen
             && matches!(obs.retention(), Pattern::Sequential | Pattern::Random)
             && self.bytes[2] > 0
@@ -444,6 +535,46 @@ impl PatternAwarePolicy {
         (self.cap as f64 * self.cfg.ghost_share) as u64
     }
 
+    /// Bytes each segment's ghost list remembers: at least the stable-vs-freq probe.
+    fn segment_ghost_cap(&self) -> u64 {
+        let share = self.cfg.window_ghost_share.max(self.cfg.ghost_share);
+        (self.cap as f64 * share) as u64
+    }
+
+    /// A demand miss on a key the window evicted recently would have hit with a larger
+    /// window; one the main evicted, with a larger main. Both ghost lists reach back the
+    /// same number of evicted bytes, so under H0 ("the same extra space is worth as
+    /// much in either segment") a ghost hit falls in either list with probability 1/2.
+    /// Once `window_min_votes` hits are in, a two-sided binomial test at
+    /// `window_alpha` decides: reject and the share moves one `rebalance_step` toward
+    /// the segment that hit more, and the count restarts under the new share. The share
+    /// therefore moves as fast as the evidence arrives (kv-prefix has few misses,
+    /// Mooncake many) and stays put while the two are even.
+    fn window_evidence(&mut self, seg: usize) {
+        if !self.cfg.adapt_window {
+            return;
+        }
+        self.window_votes[seg] += 1;
+        let [w, m] = self.window_votes;
+        let n = w + m;
+        if n < self.cfg.window_min_votes.max(1) {
+            return;
+        }
+        let p = Binomial::new(0.5, n).map_or(1.0, |b| 2.0 * b.sf(w.max(m) - 1));
+        if p < self.cfg.window_alpha {
+            let step = self.cfg.rebalance_step;
+            self.window_share = if w > m {
+                (self.window_share + step).min(1.0)
+            } else {
+                (self.window_share - step).max(0.0)
+            };
+            self.window_votes = [0; 2];
+        } else if n >= 16 * self.cfg.window_min_votes.max(1) {
+            // Old evidence fades so a changed workload is seen.
+            self.window_votes = [w / 2, m / 2];
+        }
+    }
+
     fn rebalance(&mut self) {
         let items = self.entries.len();
         self.sketch.set_items(items);
@@ -459,6 +590,7 @@ impl PatternAwarePolicy {
         }
         self.gain_freq /= 2.0;
         self.gain_stable /= 2.0;
+
         self.rebalances += 1;
     }
 
@@ -479,23 +611,32 @@ impl PatternAwarePolicy {
         }
     }
 
-    /// W-TinyLFU between the recency window and the frequency main: when the window is
-    /// over its share, its oldest item competes with the main's least frequent by
-    /// sketch frequency; the loser is the victim, a winning candidate moves to main.
+    /// W-TinyLFU between the recency window and the frequency main. While the window
+    /// is over its share, its oldest item graduates to the main if the main is under
+    /// its own share; otherwise that candidate competes with the main's least frequent
+    /// item by sketch frequency and the loser is the victim (a winning candidate moves
+    /// to the main). With the window within its share, the main's least frequent goes.
     fn freq_victim(&mut self) -> Option<CacheKey> {
-        let window_over =
-            self.bytes[4] as f64 > self.cfg.window_share * (self.bytes[3] + self.bytes[4]) as f64;
-        if window_over && self.freq.is_empty() {
-            // The main starts empty: the window's oldest seeds it instead of leaving.
-            if let Some((_, c)) = self.window.first_key_value() {
-                let c = c.clone();
+        let side = (self.bytes[3] + self.bytes[4]) as f64;
+        let window_target = self.window_share * side;
+        let main_target = side - window_target;
+        let mut contest = None;
+        while self.bytes[4] as f64 > window_target {
+            let Some((_, c)) = self.window.first_key_value() else {
+                break;
+            };
+            let c = c.clone();
+            let size = self.entries.get(&c).map_or(0, |e| e.size);
+            if self.freq.is_empty() || ((self.bytes[3] + size) as f64) <= main_target {
                 self.move_to(&c, Pool::Freq);
+            } else {
+                contest = Some(c);
+                break;
             }
         }
-        let cand = self.window.first_key_value().map(|(_, k)| k.clone());
         let main = self.freq.first_key_value().map(|(_, k)| k.clone());
-        let pick = match (cand, main) {
-            (Some(c), Some(m)) if window_over => {
+        let pick = match (contest, main) {
+            (Some(c), Some(m)) => {
                 let hc = self.entries.get(&c).map_or(0, |e| e.hash);
                 let hm = self.entries.get(&m).map_or(0, |e| e.hash);
                 if self.sketch.estimate(hc) > self.sketch.estimate(hm) {
@@ -505,26 +646,37 @@ impl PatternAwarePolicy {
                     c
                 }
             }
-            (_, Some(m)) => m,
+            (None, Some(m)) => m,
             (Some(c), None) => c,
-            (None, None) => return None,
+            (None, None) => match self.window.first_key_value() {
+                Some((_, c)) => c.clone(),
+                None => return None,
+            },
         };
         self.last_victim = self.entries.get(&pick).map(|e| e.hash);
         Some(pick)
     }
 
-    fn push_ghost(&mut self, h: u64, size: u64) {
+    fn push_ghost(&mut self, h: u64, size: u64, seg: usize) {
         let seq = self.next_seq();
-        self.ghost.insert(h, seq);
-        self.ghost_fifo.push_back((h, size, seq));
-        self.ghost_bytes += size;
-        let cap = self.ghost_cap();
-        while self.ghost_bytes > cap {
-            let Some((gh, gs, gseq)) = self.ghost_fifo.pop_front() else {
+        self.ghost.insert(
+            h,
+            Ghost {
+                seq,
+                seg,
+                pos: self.evicted_freq,
+            },
+        );
+        self.evicted_freq += size;
+        self.ghost_fifo[seg].push_back((h, size, seq));
+        self.ghost_bytes[seg] += size;
+        let cap = self.segment_ghost_cap();
+        while self.ghost_bytes[seg] > cap {
+            let Some((gh, gs, gseq)) = self.ghost_fifo[seg].pop_front() else {
                 break;
             };
-            self.ghost_bytes -= gs;
-            if self.ghost.get(&gh) == Some(&gseq) {
+            self.ghost_bytes[seg] -= gs;
+            if self.ghost.get(&gh).is_some_and(|g| g.seq == gseq) {
                 self.ghost.remove(&gh);
             }
         }
@@ -624,7 +776,8 @@ impl EvictionPolicy for PatternAwarePolicy {
         self.unlink(key, &e);
         let evicted = self.last_victim.take() == Some(e.hash);
         if evicted && matches!(e.pool, Pool::Freq | Pool::Window) {
-            self.push_ghost(e.hash, e.size);
+            let seg = if e.pool == Pool::Window { 0 } else { 1 };
+            self.push_ghost(e.hash, e.size, seg);
         }
     }
 

@@ -243,3 +243,98 @@ fn small_random_set_fits_entirely() {
     }
     assert_eq!(misses_late, 0);
 }
+
+/// A tier holding a `PatternAwarePolicy` directly, so its stats stay readable.
+struct Sim {
+    p: PatternAwarePolicy,
+    res: HashMap<CacheKey, u64>,
+    used: u64,
+    cap: u64,
+}
+
+impl Sim {
+    fn new(cap: u64) -> Self {
+        Sim {
+            p: PatternAwarePolicy::default(),
+            res: HashMap::new(),
+            used: 0,
+            cap,
+        }
+    }
+    fn read(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        if self.res.contains_key(key) {
+            self.p.on_hit(key, ctx);
+            return true;
+        }
+        if self.p.admit(key, size, ctx) {
+            while self.used + size > self.cap {
+                let v = self.p.victim().expect("a victim while over budget");
+                self.used -= self.res.remove(&v).expect("victim is resident");
+                self.p.on_remove(&v);
+            }
+            self.res.insert(key.clone(), size);
+            self.used += size;
+            self.p.on_insert(key, size, ctx);
+        }
+        false
+    }
+}
+
+fn kv(id: u64) -> CacheKey {
+    CacheKey::kv("ns", id.to_le_bytes().to_vec())
+}
+
+/// The window controller: ghost hits all on the window's side move the share up once
+/// the binomial test rejects "even"; all on the main's side move it down; an even split
+/// never moves it, however long it goes on.
+#[test]
+fn window_share_follows_significant_ghost_evidence() {
+    let mut p = PatternAwarePolicy::default();
+    let start = p.window_share;
+    // 16 window votes, none for the main: P = 2 * 0.5^16, far below 0.01.
+    for _ in 0..16 {
+        p.window_evidence(0);
+    }
+    let up = p.window_share;
+    assert!(
+        (up - (start + p.cfg.rebalance_step)).abs() < 1e-9,
+        "{start} -> {up}"
+    );
+    for _ in 0..16 {
+        p.window_evidence(1);
+    }
+    assert!(p.window_share < up, "{} !< {up}", p.window_share);
+    let before = p.window_share;
+    for i in 0..10_000 {
+        p.window_evidence(i % 2);
+    }
+    assert_eq!(p.window_share, before);
+    // 12 to 4 is not significant at 0.01 (p = 0.077): no move yet.
+    let mut q = PatternAwarePolicy::default();
+    for i in 0..16 {
+        q.window_evidence(usize::from(i % 4 == 0));
+    }
+    assert_eq!(q.window_share, start);
+}
+
+/// Zipf-popular reads (static popularity): frequency wins, the window stays small and
+/// the hit ratio is at least LRU's.
+#[test]
+fn window_stays_small_on_zipf() {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Zipf};
+    let cap = 100 * MB;
+    let mut s = Sim::new(cap);
+    let mut l = TierSpace::new(cap, Box::new(crate::policy::LruPolicy::new()));
+    let zipf = Zipf::new(1000.0, 0.9).expect("valid");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (mut hits, mut lru_hits) = (0u64, 0u64);
+    for t in 0..40_000u64 {
+        let id = zipf.sample(&mut rng) as u64;
+        hits += u64::from(s.read(&kv(id), MB, &demand(t % 4, t)));
+        lru_hits += u64::from(read(&mut l, &kv(id), MB, &demand(t % 4, t)));
+    }
+    let w = s.p.stats().window_share;
+    assert!(w <= 0.2, "window share {w}");
+    assert!(hits > lru_hits, "strata {hits} lru {lru_hits}");
+}
