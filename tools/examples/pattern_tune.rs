@@ -10,7 +10,8 @@
 //!
 //! Environment knobs (unset = the defaults):
 //! - `FULL=1`: `strata` exactly as `strata bench replay` builds it (with the semantic
-//!   predictor); otherwise `PatternAwarePolicy` + `SequentialPredictor` (`NOPF=1`: none),
+//!   predictor); otherwise `PatternAwarePolicy` + `SequentialPredictor` (`NOPF=1`: none;
+//!   `SEM=1`: the sequential and semantic predictors as `strata` has them),
 //!   with the config overrides below;
 //! - `AHEAD`, `WINDOW`, `ADAPT` (0/1), `WGHOST`, `STABLE`, `GHOST`: `PatternAwareConfig`
 //!   fields `ahead_share`, `window_share`, `adapt_window`, `window_ghost_share`,
@@ -26,7 +27,9 @@ use std::time::Instant;
 use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey, Pattern};
 use strata_prefetch::sequential::{SequentialConfig, SequentialPredictor};
-use strata_tools::replay::{make_policy, replay, PolicyResult, PolicySet, Prepared, ReplayConfig};
+use strata_tools::replay::{
+    make_policy, replay, strata_policy_set, PolicyResult, PolicySet, Prepared, ReplayConfig,
+};
 use strata_tools::trace::gen::{generate, Workload};
 
 /// Delegates to a shared `PatternAwarePolicy` so its stats can be read after the replay.
@@ -145,6 +148,8 @@ fn main() -> anyhow::Result<()> {
                     policy: Box::new(Shared(shared.clone())),
                     predictors: if std::env::var("NOPF").is_ok() {
                         Vec::new()
+                    } else if std::env::var("SEM").is_ok() {
+                        strata_policy_set(true, cap, p.listings()).1
                     } else {
                         vec![Box::new(SequentialPredictor::new(seq_cfg()))]
                     },
