@@ -59,7 +59,12 @@ impl Stream {
     /// Records a read of `path`; false when it was one of the last [`RECENT_FILES`]
     /// files (a later chunk of a file being read).
     pub fn note_file(&mut self, path: &Arc<str>) -> bool {
-        if self.recent.iter().any(|p| p == path) {
+        // Pointer first: a file's chunk reads usually carry the same `Arc`.
+        if self
+            .recent
+            .iter()
+            .any(|p| Arc::ptr_eq(p, path) || p == path)
+        {
             return false;
         }
         if self.recent.len() >= RECENT_FILES {
