@@ -436,8 +436,25 @@ impl CacheEngine {
                 demotions.push((next, victim, b));
             }
         }
-        match level.tier.put(key, block).await {
-            Ok(()) => Ok((true, demotions)),
+        match self.put_with_retry(level, key, block).await {
+            Ok(()) => {
+                // A concurrent placement may have evicted this key while its put was on
+                // the way (its remove found nothing yet). Left there, the bytes would be
+                // an orphan the budget no longer counts, and orphans fill the tier until
+                // every put fails with `Full`.
+                if !level.space.lock().contains(key) {
+                    if let Err(e) = level.tier.remove(key).await {
+                        tracing::warn!(tier = %level.tier.name(), %key, error = %e, "orphan removal failed");
+                    }
+                    // Stored, then evicted by newer data: a normal eviction, not a
+                    // failed put.
+                    return Ok((true, demotions));
+                }
+                Ok((true, demotions))
+            }
+            // Evicted by a concurrent placement before its bytes could land: the same
+            // outcome as stored-then-evicted, not a failure.
+            Err(CacheError::Full(_)) if !level.space.lock().contains(key) => Ok((true, demotions)),
             Err(e) => {
                 level.space.lock().remove(key);
                 tracing::warn!(tier = %level.tier.name(), %key, error = %e, "tier put failed");
@@ -449,6 +466,24 @@ impl CacheEngine {
                 }
             }
         }
+    }
+
+    /// `tier.put`, retried a few times on `Full` while the budget still holds `key`:
+    /// the tier can be transiently over the budget's view by blocks whose puts were in
+    /// flight when a concurrent placement evicted them; their owners remove them as soon
+    /// as those puts complete (see `place_one`), so room appears within milliseconds.
+    async fn put_with_retry(&self, level: &Level, key: &CacheKey, block: Block) -> Result<()> {
+        // 1+2+4+8 ms: longer than one block write to a local disk, short against a GET.
+        const BACKOFF_MS: [u64; 4] = [1, 2, 4, 8];
+        for wait in BACKOFF_MS {
+            match level.tier.put(key, block.clone()).await {
+                Err(CacheError::Full(_)) if level.space.lock().contains(key) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                other => return other,
+            }
+        }
+        level.tier.put(key, block).await
     }
 
     fn next_level_lacking(&self, from: usize, key: &CacheKey) -> Option<usize> {

@@ -198,3 +198,93 @@ async fn misses_are_counted_per_level() {
     let s = engine.stats();
     assert_eq!((s.tiers[0].hits, s.tiers[0].misses), (1, 1));
 }
+
+/// A tier that yields to the scheduler inside every call, so concurrent engine
+/// operations interleave at each await as they do over a real disk.
+struct YieldingTier(MemoryTier);
+
+#[async_trait::async_trait]
+impl Tier for YieldingTier {
+    fn kind(&self) -> strata_cache_core::TierKind {
+        self.0.kind()
+    }
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.0.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.0.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
+        tokio::task::yield_now().await;
+        self.0.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        self.0.put(key, block).await
+    }
+    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
+        tokio::task::yield_now().await;
+        self.0.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.0.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.0.resident()
+    }
+    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
+        self.0.stats()
+    }
+}
+
+/// A block the policy evicts while its own put is still on the way must not be left in
+/// the tier behind the budget's back: such orphans fill the tier until every later put
+/// fails with `Full`.
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_puts_leave_no_orphans_in_a_full_tier() {
+    const BLOCK: usize = 1000;
+    let tier = Arc::new(YieldingTier(MemoryTier::new(8 * BLOCK as u64)));
+    let engine = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("build");
+    let mut failed_puts = 0;
+    for round in 0..20u64 {
+        let mut tasks = Vec::new();
+        for i in 0..32u64 {
+            let engine = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                let key = CacheKey::file(format!("obj{round}-{i}"), "v1", 0);
+                engine
+                    .put(&key, Bytes::from(vec![i as u8; BLOCK]), &ctx())
+                    .await
+            }));
+        }
+        for t in tasks {
+            if let Err(e) = t.await.expect("join") {
+                if failed_puts == 0 {
+                    eprintln!("first failed put: {e}");
+                }
+                failed_puts += 1;
+            }
+        }
+        let held = tier.resident();
+        for (key, _) in &held {
+            assert!(
+                engine.contains(key),
+                "round {round}: {key} is in the tier but not in the engine's accounting"
+            );
+        }
+        assert!(tier.used_bytes() <= tier.capacity_bytes());
+    }
+    // Room is made for every put by evicting older blocks, so none should fail.
+    assert_eq!(failed_puts, 0, "puts failed on a tier full of orphans");
+}
