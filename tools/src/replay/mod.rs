@@ -139,7 +139,13 @@ pub struct Prepared {
     path_index: HashMap<Arc<str>, u32>,
     keys: Vec<CacheKey>,
     sizes: Vec<u64>,
-    key_ids: HashMap<CacheKey, u32, FxBuild>,
+    /// Block id by key, through the key's content hash (a one-word map, so an eviction's
+    /// lookup stays in the CPU cache on large traces); keys whose hash collides with an
+    /// earlier key's live in `key_ids_spill`.
+    key_ids: HashMap<u64, u32, FxBuild>,
+    key_ids_spill: HashMap<CacheKey, u32, FxBuild>,
+    /// Per path: whether it names a KV entry (`kv/...`), computed once.
+    path_kv: Vec<bool>,
     block_ids: HashMap<(u32, u64), u32, FxBuild>,
     /// Per record: its range in `acc`.
     rec_acc: Vec<(u32, u32)>,
@@ -188,6 +194,8 @@ impl Prepared {
             keys: Vec::new(),
             sizes: Vec::new(),
             key_ids: HashMap::default(),
+            key_ids_spill: HashMap::default(),
+            path_kv: trace.paths.iter().map(|p| is_kv(p)).collect(),
             block_ids: HashMap::default(),
             rec_acc: Vec::with_capacity(trace.records.len()),
             acc: Vec::with_capacity(trace.records.len()),
@@ -208,7 +216,13 @@ impl Prepared {
                         CacheKey::file(path.clone(), version.clone(), idx)
                     };
                     let id = p.keys.len() as u32;
-                    p.key_ids.insert(key.clone(), id);
+                    if let Some(&other) = p.key_ids.get(&key.content_hash()) {
+                        if p.keys[other as usize] != key {
+                            p.key_ids_spill.insert(key.clone(), id);
+                        }
+                    } else {
+                        p.key_ids.insert(key.content_hash(), id);
+                    }
                     p.keys.push(key);
                     p.sizes.push(bytes);
                     p.unique_bytes += bytes;
@@ -475,7 +489,9 @@ impl Run<'_> {
     fn id_of_key(&self, key: &CacheKey) -> Option<u32> {
         self.p
             .key_ids
-            .get(key)
+            .get(&key.content_hash())
+            .filter(|&&id| self.p.keys[id as usize] == *key)
+            .or_else(|| self.p.key_ids_spill.get(key))
             .or_else(|| self.extra_key_ids.get(key))
             .copied()
     }
@@ -547,7 +563,7 @@ impl Run<'_> {
         let r = self.p.trace.records[ri];
         let (a0, a1) = self.p.rec_acc[ri];
         let bb = self.p.block_bytes;
-        let kv = is_kv(&self.p.trace.paths[r.path as usize]);
+        let kv = self.p.path_kv[r.path as usize];
         let ctx = AccessContext::demand(job, now);
         self.issued_at[j as usize] = now;
         let mut wait = 0u32;
