@@ -486,6 +486,15 @@ impl CacheEngine {
         level.tier.put(key, block).await
     }
 
+    /// The eviction policy of each level, top first.
+    pub fn policy_names(&self) -> Vec<&'static str> {
+        self.inner
+            .levels
+            .iter()
+            .map(|l| l.space.lock().policy_name())
+            .collect()
+    }
+
     fn next_level_lacking(&self, from: usize, key: &CacheKey) -> Option<usize> {
         (from + 1..self.inner.levels.len())
             .find(|&j| !self.inner.levels[j].space.lock().contains(key))

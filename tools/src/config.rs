@@ -11,6 +11,7 @@
 //! dir = "/var/cache/strata"           # default: a fresh temp dir
 //! memory = "4GiB"
 //! disk = "100GiB"
+//! policy = "strata"                  # or lru, lfu, arc, 2random, tinylfu
 //!
 //! [kv]
 //! listen = "127.0.0.1:7070"
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
+use strata_cache_core::policy;
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, CacheEngine, StoreOptions, DEFAULT_BLOCK_SIZE};
@@ -63,6 +65,11 @@ pub struct CacheConfig {
     pub disk: String,
     /// File block size. 1 MiB: see `strata_cache_core::DEFAULT_BLOCK_SIZE`.
     pub block_size: String,
+    /// Eviction policy of every tier: `strata` (the pattern-aware policy: scans cannot
+    /// push out hot data, shuffled epochs keep a stable subset, skewed reads are ranked
+    /// by frequency; docs/PATTERNS.md), or a baseline (`lru`, `lfu`, `arc`, `2random`,
+    /// `tinylfu`) for comparison.
+    pub policy: String,
 }
 
 impl Default for CacheConfig {
@@ -72,6 +79,7 @@ impl Default for CacheConfig {
             memory: "1GiB".into(),
             disk: "10GiB".into(),
             block_size: DEFAULT_BLOCK_SIZE.to_string(),
+            policy: "strata".into(),
         }
     }
 }
@@ -191,7 +199,8 @@ pub struct Core {
     _temp: Option<tempfile::TempDir>,
 }
 
-/// Builds the tiers and the engine from `cfg` (memory over disk, LRU for now).
+/// Builds the tiers and the engine from `cfg` (memory over disk, each tier evicting
+/// with `cfg.policy`).
 pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let (cache_dir, temp) = match &cfg.dir {
         Some(d) => {
@@ -207,15 +216,17 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
             (t.path().to_path_buf(), Some(t))
         }
     };
-    let memory = Arc::new(MemoryTier::new(parse_size(&cfg.memory)?));
+    let memory_bytes = parse_size(&cfg.memory)?;
+    let memory = Arc::new(MemoryTier::new(memory_bytes));
     let disk_bytes = parse_size(&cfg.disk)?;
-    let mut builder = CacheEngine::builder().tier(memory.clone());
+    let mut builder = CacheEngine::builder()
+        .tier_with_policy(memory.clone(), policy::by_name(&cfg.policy, memory_bytes)?);
     let disk = if disk_bytes > 0 {
         let d = Arc::new(
             DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())
                 .with_context(|| format!("opening disk tier in {}", cache_dir.display()))?,
         );
-        builder = builder.tier(d.clone());
+        builder = builder.tier_with_policy(d.clone(), policy::by_name(&cfg.policy, disk_bytes)?);
         Some(d)
     } else {
         None
@@ -255,5 +266,26 @@ mod tests {
         assert_eq!(c.mounts.len(), 1);
         assert_eq!(c.cache.disk, "10GiB");
         assert!(toml::from_str::<StrataConfig>("[cache]\nmemroy = \"1G\"\n").is_err());
+    }
+
+    #[test]
+    fn tiers_evict_with_the_configured_policy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = CacheConfig {
+            dir: Some(dir.path().to_path_buf()),
+            memory: "1MiB".into(),
+            disk: "4MiB".into(),
+            ..CacheConfig::default()
+        };
+        let core = open_core(&cfg).expect("default policy opens");
+        assert_eq!(core.engine.policy_names(), ["strata", "strata"]);
+        drop(core);
+        cfg.policy = "lru".into();
+        let core = open_core(&cfg).expect("lru opens");
+        assert_eq!(core.engine.policy_names(), ["lru", "lru"]);
+        drop(core);
+        cfg.policy = "belady".into();
+        let err = open_core(&cfg).err().expect("unknown policy is refused");
+        assert!(format!("{err:#}").contains("known: strata, lru"), "{err:#}");
     }
 }

@@ -56,3 +56,29 @@ pub trait EvictionPolicy: Send + 'static {
 
 /// Builds a policy by name; the engine and the replay bench both go through here.
 pub type PolicyFactory = Box<dyn Fn() -> Box<dyn EvictionPolicy> + Send + Sync>;
+
+/// Names [`by_name`] accepts: the policies a live tier can run (`opt` needs the future).
+pub const LIVE_POLICY_NAMES: [&str; 6] = ["strata", "lru", "lfu", "arc", "2random", "tinylfu"];
+
+/// The policy called `name` for a tier of `capacity` bytes: the one constructor the
+/// daemon's tiers and the replay share, so the replay measures what a mount runs.
+/// `strata` is [`PatternAwarePolicy`] told the tier's budget.
+pub fn by_name(name: &str, capacity: u64) -> crate::Result<Box<dyn EvictionPolicy>> {
+    Ok(match name {
+        "strata" => Box::new(PatternAwarePolicy::new(PatternAwareConfig {
+            capacity_hint: Some(capacity),
+            ..PatternAwareConfig::default()
+        })),
+        "lru" => Box::new(LruPolicy::new()),
+        "lfu" => Box::new(LfuPolicy::new()),
+        "arc" => Box::new(ArcPolicy::new(capacity)),
+        "2random" => Box::new(TwoRandomPolicy::default()),
+        "tinylfu" => Box::new(TinyLfuPolicy::new(capacity)),
+        other => {
+            return Err(crate::CacheError::InvalidArgument(format!(
+                "unknown eviction policy `{other}` (known: {})",
+                LIVE_POLICY_NAMES.join(", ")
+            )))
+        }
+    })
+}

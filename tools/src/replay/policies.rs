@@ -2,24 +2,21 @@
 //!
 //! | name | policy | prefetch |
 //! |---|---|---|
-//! | `lru` | [`LruPolicy`] (mountpoint-s3, LMCache) | none |
-//! | `lfu` | [`LfuPolicy`], in-cache counts, LRU tie-break | none |
-//! | `arc` | [`ArcPolicy`], ARC counted in bytes | none |
-//! | `2random` | [`TwoRandomPolicy`] (JuiceFS default), fixed seed | none |
-//! | `tinylfu` | [`TinyLfuPolicy`], moka's W-TinyLFU as the whole cache (Dynamo KVBM) | none |
-//! | `opt` | [`BeladyPolicy`] fed the trace's next-use index | none |
+//! | `lru` | [`LruPolicy`](strata_cache_core::policy::LruPolicy) (mountpoint-s3, LMCache) | none |
+//! | `lfu` | [`LfuPolicy`](strata_cache_core::policy::LfuPolicy), in-cache counts, LRU tie-break | none |
+//! | `arc` | [`ArcPolicy`](strata_cache_core::policy::ArcPolicy), ARC counted in bytes | none |
+//! | `2random` | [`TwoRandomPolicy`](strata_cache_core::policy::TwoRandomPolicy) (JuiceFS default), fixed seed | none |
+//! | `tinylfu` | [`TinyLfuPolicy`](strata_cache_core::policy::TinyLfuPolicy), moka's W-TinyLFU as the whole cache (Dynamo KVBM) | none |
+//! | `opt` | [`BeladyPolicy`](strata_cache_core::policy::BeladyPolicy) fed the trace's next-use index | none |
 //! | `strata` | [`strata_policy_set`]`(true)` | sequential + semantic |
 //! | `strata-nosemantic` | [`strata_policy_set`]`(false)` | sequential |
-//! | `strata-noprefetch` | [`PatternAwarePolicy`] alone | none (isolates retention) |
+//! | `strata-noprefetch` | [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) alone | none (isolates retention) |
 //!
 //! The baselines get no prefetching: the systems they stand for either have none on
 //! these paths or a readahead we do not model; `strata*` is measured with its
 //! predictors because they are part of it.
 
-use strata_cache_core::policy::{
-    ArcPolicy, BeladyPolicy, EvictionPolicy, LfuPolicy, LruPolicy, NextUse, PatternAwareConfig,
-    PatternAwarePolicy, TinyLfuPolicy, TwoRandomPolicy,
-};
+use strata_cache_core::policy::{self, BeladyPolicy, EvictionPolicy, NextUse};
 use strata_prefetch::semantic::SemanticPredictor;
 use strata_prefetch::sequential::SequentialPredictor;
 use strata_prefetch::Predictor;
@@ -52,7 +49,7 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 
 /// The pattern-aware core and its predictors: the ONE place `strata*` is assembled.
 ///
-/// `strata` = [`PatternAwarePolicy`] + [`SequentialPredictor`] + [`SemanticPredictor`];
+/// `strata` = [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) + [`SequentialPredictor`] + [`SemanticPredictor`];
 /// `strata-nosemantic` leaves the semantic predictor out. The semantic predictor is
 /// handed the dataset's directory listings (what the mount would have answered to the
 /// job's `readdir`), which it uses for lexical-order and per-epoch-permutation rules,
@@ -70,11 +67,8 @@ pub fn strata_policy_set(
         }
         predictors.push(Box::new(sp));
     }
-    let cfg = PatternAwareConfig {
-        capacity_hint: Some(capacity),
-        ..PatternAwareConfig::default()
-    };
-    (Box::new(PatternAwarePolicy::new(cfg)), predictors)
+    let policy = policy::by_name("strata", capacity).expect("strata is a live policy name");
+    (policy, predictors)
 }
 
 /// Builds the policy called `name` for a tier of `capacity` bytes (`listings` feed
@@ -82,11 +76,9 @@ pub fn strata_policy_set(
 pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Result<PolicySet> {
     let mut next_use = None;
     let (policy, predictors): (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) = match name {
-        "lru" => (Box::new(LruPolicy::new()), Vec::new()),
-        "lfu" => (Box::new(LfuPolicy::new()), Vec::new()),
-        "arc" => (Box::new(ArcPolicy::new(capacity)), Vec::new()),
-        "2random" => (Box::new(TwoRandomPolicy::default()), Vec::new()),
-        "tinylfu" => (Box::new(TinyLfuPolicy::new(capacity)), Vec::new()),
+        "lru" | "lfu" | "arc" | "2random" | "tinylfu" => {
+            (policy::by_name(name, capacity)?, Vec::new())
+        }
         "opt" => {
             let (p, h) = BeladyPolicy::new(capacity);
             next_use = Some(h);
