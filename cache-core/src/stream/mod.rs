@@ -269,6 +269,10 @@ fn split(location: &str) -> Path<'_> {
     }
 }
 
+/// Upper bound of the node table's initial capacity: 32,768 entries (~4 MiB), the
+/// default `max_streams / 2`.
+const NODES_PRESIZE_MAX: usize = 1 << 15;
+
 /// The access-stream tree.
 pub struct StreamTree {
     cfg: TreeConfig,
@@ -288,9 +292,17 @@ impl Default for StreamTree {
 
 impl StreamTree {
     pub fn new(cfg: TreeConfig) -> Self {
+        // Pre-sized to half of `max_streams` (the size the table is left at by a prune):
+        // growing through every power of two below it (rehashing each entry and
+        // faulting in each intermediate table) was ~10% of a policy replay. Capped so
+        // a huge `max_streams` does not reserve memory the tree may never use.
+        let nodes = HashMap::with_capacity_and_hasher(
+            (cfg.max_streams / 2).min(NODES_PRESIZE_MAX),
+            FxBuild::default(),
+        );
         StreamTree {
             cfg,
-            nodes: HashMap::default(),
+            nodes,
             shares: HashMap::default(),
             scratch: Scratch::default(),
             ticks: Vec::new(),
