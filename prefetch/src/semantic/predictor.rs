@@ -22,7 +22,7 @@ use super::cluster::{StreamKey, StreamTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
 use super::regularity::Lane;
-use super::tokenize::tokenize_shared;
+use super::tokenize::{tokenize_shared, TokenizedPath};
 use super::SemanticConfig;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
@@ -73,6 +73,10 @@ pub struct SemanticPredictor {
     issued: HashMap<Arc<str>, Issued, FxBuild>,
     issued_order: VecDeque<Arc<str>>,
     seq: u64,
+    /// The last access's tokenized path: tokenizing is a pure function of the path's
+    /// text, and consecutive accesses are mostly chunks of one file (the same `Arc`),
+    /// so the template is reused instead of rebuilt (a `String` and an `Arc` per access).
+    last_tok: Option<TokenizedPath>,
     /// EWMA of "feedback was Used".
     useful: f64,
     spare: f64,
@@ -95,6 +99,7 @@ impl SemanticPredictor {
             issued: HashMap::default(),
             issued_order: VecDeque::new(),
             seq: 0,
+            last_tok: None,
             // Start trusting: lanes only predict after confirming a rule anyway.
             useful: 1.0,
             spare: 1.0,
@@ -162,9 +167,18 @@ impl Predictor for SemanticPredictor {
         self.stats.accesses += 1;
         let seq = self.seq;
         let scale = self.depth_scale();
-        let t = tokenize_shared(event.path.clone());
-        let key: StreamKey = (event.job, t.template.clone());
-        self.listing.prepare(&t.template);
+        let memo = match self.last_tok.take() {
+            Some(mut m) if Arc::ptr_eq(&m.path, &event.path) || *m.path == *event.path => {
+                // Same text, so the same template, fields and spans; the path is the
+                // event's own `Arc`, as a fresh tokenization would hold.
+                m.path = event.path.clone();
+                m
+            }
+            _ => tokenize_shared(event.path.clone()),
+        };
+        let tok = self.last_tok.insert(memo);
+        let key: StreamKey = (event.job, tok.template.clone());
+        self.listing.prepare(&tok.template);
         let cfg = &self.cfg;
         let listing = &self.listing;
         let stream = self.streams.touch(&key, seq, cfg.max_streams);
@@ -172,6 +186,7 @@ impl Predictor for SemanticPredictor {
             // Another chunk of a file just read: nothing new about the name stream.
             return;
         }
+        let t = tok.clone();
         if event.file_size > 0 {
             stream.size_sum = stream.size_sum.saturating_add(event.file_size);
             stream.size_n += 1;
