@@ -136,7 +136,7 @@ pub struct PolicyResult {
 pub struct Prepared {
     trace: Trace,
     block_bytes: u64,
-    path_index: HashMap<Arc<str>, u32>,
+    path_index: HashMap<Arc<str>, u32, FxBuild>,
     keys: Vec<CacheKey>,
     sizes: Vec<u64>,
     /// Block id by key, through the key's content hash (a one-word map, so an eviction's
