@@ -400,24 +400,31 @@ async fn a_whole_small_object_read_gets_a_passthrough_copy() {
     .expect("bounded");
 }
 
+/// A core with the standard predictors over 12 shards `shards/shard-NNNNN.tar` of 3000
+/// bytes each, their directory already listed (as a loader indexes its dataset).
+async fn listed_shards_with_predictors() -> (Fixture, strata_fs::core::Entry) {
+    let opts = CoreOptions {
+        predictors: Some(Arc::new(strata_fs::Predictors::standard())),
+        ..Default::default()
+    };
+    let fx = fixture(opts).await;
+    for i in 0..12 {
+        fx.store
+            .put(&format!("shards/shard-{i:05}.tar"), data(3000, i as u8))
+            .await
+            .expect("seed shard");
+    }
+    let dir = fx.core.lookup(ROOT_INO, "shards").await.expect("shards");
+    let fh = fx.core.opendir(dir.attr.ino).await.expect("list");
+    fx.core.releasedir(fh);
+    (fx, dir)
+}
+
 #[tokio::test]
 async fn the_semantic_predictor_prefetches_the_next_shards() {
     timed(async {
-        let opts = CoreOptions {
-            predictors: Some(Arc::new(strata_fs::Predictors::standard())),
-            ..Default::default()
-        };
-        let fx = fixture(opts).await;
-        for i in 0..12 {
-            fx.store
-                .put(&format!("shards/shard-{i:05}.tar"), data(3000, i as u8))
-                .await
-                .expect("seed shard");
-        }
+        let (fx, dir) = listed_shards_with_predictors().await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "shards").await.expect("shards");
-        let fh = c.opendir(dir.attr.ino).await.expect("list");
-        c.releasedir(fh);
         for i in 0..5 {
             let e = c
                 .lookup(dir.attr.ino, &format!("shard-{i:05}.tar"))
@@ -487,21 +494,8 @@ async fn reader_threads_of_one_process_are_one_job() {
 async fn prefetch_outcomes_are_counted_used_and_wasted() {
     use std::sync::atomic::Ordering::Relaxed;
     timed(async {
-        let opts = CoreOptions {
-            predictors: Some(Arc::new(strata_fs::Predictors::standard())),
-            ..Default::default()
-        };
-        let fx = fixture(opts).await;
-        for i in 0..12 {
-            fx.store
-                .put(&format!("shards/shard-{i:05}.tar"), data(3000, i as u8))
-                .await
-                .expect("seed shard");
-        }
+        let (fx, dir) = listed_shards_with_predictors().await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "shards").await.expect("shards");
-        let fh = c.opendir(dir.attr.ino).await.expect("list");
-        c.releasedir(fh);
         let read = |name: String, parent: u64| async move {
             let e = c.lookup(parent, &name).await.expect("lookup");
             let o = c.open(e.attr.ino, false).await.expect("open");
