@@ -421,14 +421,20 @@ impl CacheEngine {
         // Move victims out first so the tier's own budget check passes.
         for (victim, _) in evicted {
             level.evictions.fetch_add(1, Ordering::Relaxed);
-            let bytes = match level.tier.get(&victim).await {
-                Ok(TierGet::Hit(b)) => Some(b),
-                _ => None,
+            // Read the victim only if a lower level will take it: at the bottom the read
+            // would only delay the removal that frees its bytes in the tier.
+            let next = self.next_level_lacking(i, &victim);
+            let bytes = match next {
+                Some(_) => match level.tier.get(&victim).await {
+                    Ok(TierGet::Hit(b)) => Some(b),
+                    _ => None,
+                },
+                None => None,
             };
             if let Err(e) = level.tier.remove(&victim).await {
                 tracing::warn!(tier = %level.tier.name(), key = %victim, error = %e, "evict failed");
             }
-            if let (Some(b), Some(next)) = (bytes, self.next_level_lacking(i, &victim)) {
+            if let (Some(b), Some(next)) = (bytes, next) {
                 self.inner
                     .counters
                     .demotions
@@ -473,8 +479,10 @@ impl CacheEngine {
     /// flight when a concurrent placement evicted them; their owners remove them as soon
     /// as those puts complete (see `place_one`), so room appears within milliseconds.
     async fn put_with_retry(&self, level: &Level, key: &CacheKey, block: Block) -> Result<()> {
-        // 1+2+4+8 ms: longer than one block write to a local disk, short against a GET.
-        const BACKOFF_MS: [u64; 4] = [1, 2, 4, 8];
+        // Up to 255 ms in all: a removal on a loaded machine waits for the disk tier's
+        // key lock and a RocksDB delete on the blocking pool (measured: 15 ms was not
+        // always enough on 2 busy cores); still short against the GET this put follows.
+        const BACKOFF_MS: [u64; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
         for wait in BACKOFF_MS {
             match level.tier.put(key, block.clone()).await {
                 Err(CacheError::Full(_)) if level.space.lock().contains(key) => {
