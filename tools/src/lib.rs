@@ -8,3 +8,15 @@ pub mod commands;
 pub mod config;
 pub mod replay;
 pub mod trace;
+
+/// Logs to stderr at `RUST_LOG`'s filter, or `default` (e.g. `"info"`) when unset; a
+/// second call (tests, a bench inside a process that already logs) is a no-op.
+pub fn init_logging(default: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

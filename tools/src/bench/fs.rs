@@ -206,13 +206,7 @@ fn mountpoint(work: &Path, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 pub fn run(args: FsArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::init_logging("warn");
     let report = bench(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

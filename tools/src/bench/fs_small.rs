@@ -562,13 +562,7 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
     if let Some(list) = &args.worker_list {
         return worker_process(list);
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::init_logging("warn");
     let r = bench(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);

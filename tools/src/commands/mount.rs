@@ -101,13 +101,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if !args.foreground {
         return daemonize(&args);
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::init_logging("info");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata-fs")
