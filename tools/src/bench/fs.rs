@@ -46,6 +46,32 @@ use strata_fs::{MountOptions, PassthroughOptions};
 use crate::commands::mount::PrefetchMode;
 use crate::config::{open_core, parse_size, CacheConfig};
 
+/// The cold store both fs benches put behind the mount: a `FaultyStore` adding latency
+/// per request and sharing one bandwidth between all of them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ColdStoreArgs {
+    /// Added latency per store request (20 ms: an S3 GET's first byte).
+    #[arg(long, default_value_t = 20)]
+    pub latency_ms: u64,
+    /// Shared store bandwidth, e.g. 200MB (one client's sustained S3 throughput).
+    #[arg(long, default_value = "200MB")]
+    pub bandwidth: String,
+}
+
+impl ColdStoreArgs {
+    pub fn bandwidth_bytes(&self) -> anyhow::Result<u64> {
+        parse_size(&self.bandwidth)
+    }
+
+    pub fn fault_config(&self) -> anyhow::Result<FaultConfig> {
+        Ok(FaultConfig {
+            latency: Duration::from_millis(self.latency_ms),
+            bandwidth_bytes_per_sec: Some(self.bandwidth_bytes()?),
+            ..Default::default()
+        })
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct FsArgs {
     /// Print one JSON object instead of a table.
@@ -64,12 +90,9 @@ pub struct FsArgs {
     /// Threads issuing random reads. 4: two per core here, enough to keep FUSE busy.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
-    /// Added latency per store request (cold model).
-    #[arg(long, default_value_t = 20)]
-    pub latency_ms: u64,
-    /// Shared store bandwidth (cold model), e.g. 200MB.
-    #[arg(long, default_value = "200MB")]
-    pub bandwidth: String,
+    /// The cold store's latency and bandwidth.
+    #[command(flatten)]
+    pub store: ColdStoreArgs,
     /// Prefetching of the Strata mounts (as `strata mount --prefetch`).
     #[arg(long, value_enum, default_value_t = PrefetchMode::Predictors)]
     pub prefetch: PrefetchMode,
@@ -192,7 +215,8 @@ fn rand_read(
     Ok(ops.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
 }
 
-fn faulty_store(root: &Path, cfg: FaultConfig) -> anyhow::Result<BackingStore> {
+/// A `file://` store at `root` behind a `FaultyStore` configured by `cfg`.
+pub(super) fn faulty_store(root: &Path, cfg: FaultConfig) -> anyhow::Result<BackingStore> {
     let url = format!("file://{}", root.display());
     let base = BackingStore::from_url(&url, &StoreOptions::default())?;
     let faulty: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(base.inner().clone(), cfg));
@@ -257,7 +281,7 @@ pub(crate) fn work_dir(
 
 pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     let size = parse_size(&args.file_size)?;
-    let bw = parse_size(&args.bandwidth)?;
+    let bw = args.store.bandwidth_bytes()?;
     let (work, _tmp) = work_dir(args.dir.as_deref(), "strata-bench-fs-")?;
     let data_dir = work.join("data");
     std::fs::create_dir_all(&data_dir)?;
@@ -314,11 +338,7 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     let mut null_fuse_rand_iops = rand_read(&null_mnt, &names, size, args.threads, args.rand_secs)?;
 
     // Direct store reads under the cold model.
-    let cold = FaultConfig {
-        latency: Duration::from_millis(args.latency_ms),
-        bandwidth_bytes_per_sec: Some(bw),
-        ..Default::default()
-    };
+    let cold = args.store.fault_config()?;
     let store_direct_seq_gbps = {
         let store = faulty_store(&data_dir, cold.clone())?;
         let t = Instant::now();
@@ -438,7 +458,7 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
         cold_vs_direct: cold_seq_gbps / store_direct_seq_gbps.max(1e-12),
         dataset_bytes: total,
         files: names.len(),
-        latency_ms: args.latency_ms,
+        latency_ms: args.store.latency_ms,
         bandwidth_bytes_per_sec: bw,
         read_ahead_kb,
         prefetch: format!("{:?}", args.prefetch).to_lowercase(),
@@ -461,8 +481,10 @@ mod tests {
             file_size: "3MiB".into(),
             rand_secs: 0.2,
             threads: 2,
-            latency_ms: 1,
-            bandwidth: "1GB".into(),
+            store: ColdStoreArgs {
+                latency_ms: 1,
+                bandwidth: "1GB".into(),
+            },
             prefetch: PrefetchMode::Predictors,
             dir: None,
         };

@@ -40,16 +40,16 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use object_store::ObjectStore;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
-use strata_cache_core::{BackingStore, ObjectReader, RetryPolicy, StoreOptions};
+use strata_cache_core::store::faulty::FaultConfig;
+
+use super::fs::{faulty_store, ColdStoreArgs};
+use strata_cache_core::ObjectReader;
 use strata_fs::{JobScope, MountOptions};
 
 use crate::commands::mount::PrefetchMode;
@@ -76,12 +76,9 @@ pub struct FsSmallArgs {
     /// Reader threads (data-loader workers). 4: PyTorch's usual `num_workers` per GPU.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
-    /// Added latency per store request.
-    #[arg(long, default_value_t = 20)]
-    pub latency_ms: u64,
-    /// Shared store bandwidth, e.g. 200MB.
-    #[arg(long, default_value = "200MB")]
-    pub bandwidth: String,
+    /// The cold store's latency and bandwidth.
+    #[command(flatten)]
+    pub store: ColdStoreArgs,
     /// Seed of the sizes, names and shuffle.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -196,13 +193,6 @@ pub struct MeanCut {
     pub job_scope: Scope,
     pub order: String,
     pub cut: f64,
-}
-
-fn faulty_store(root: &Path, cfg: FaultConfig) -> anyhow::Result<BackingStore> {
-    let url = format!("file://{}", root.display());
-    let base = BackingStore::from_url(&url, &StoreOptions::default())?;
-    let faulty: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(base.inner().clone(), cfg));
-    Ok(BackingStore::new(faulty, "faulty", RetryPolicy::default()))
 }
 
 /// Writes the dataset; returns relative paths in name order, and total bytes.
@@ -458,7 +448,7 @@ fn stats(mut lat: Vec<Duration>) -> (f64, f64) {
 }
 
 pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
-    let bw = parse_size(&args.bandwidth)?;
+    let bw = args.store.bandwidth_bytes()?;
     let (work, _tmp) = super::fs::work_dir(args.dir.as_deref(), "strata-bench-fs-small-")?;
     let data = work.join("data");
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
@@ -473,11 +463,7 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
             o
         })
         .collect();
-    let cold = FaultConfig {
-        latency: Duration::from_millis(args.latency_ms),
-        bandwidth_bytes_per_sec: Some(bw),
-        ..Default::default()
-    };
+    let cold = args.store.fault_config()?;
     anyhow::ensure!(
         !args.processes || args.batch > 0,
         "--processes needs --batch > 0 (child processes share no queue)"
@@ -551,7 +537,7 @@ pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
         epochs: args.epochs,
         cache_frac: args.cache_frac,
         dataset_bytes: total,
-        latency_ms: args.latency_ms,
+        latency_ms: args.store.latency_ms,
         bandwidth_bytes_per_sec: bw,
         cells,
         mean_cuts,
@@ -633,8 +619,10 @@ mod tests {
             min_size: "1KiB".into(),
             max_size: "2KiB".into(),
             threads: 2,
-            latency_ms: 1,
-            bandwidth: "1GB".into(),
+            store: ColdStoreArgs {
+                latency_ms: 1,
+                bandwidth: "1GB".into(),
+            },
             seed: 7,
             dir: None,
             job_scopes: vec![Scope::Group],
@@ -702,8 +690,10 @@ mod tests {
             min_size: "1KiB".into(),
             max_size: "1KiB".into(),
             threads: 2,
-            latency_ms: 0,
-            bandwidth: "1GB".into(),
+            store: ColdStoreArgs {
+                latency_ms: 0,
+                bandwidth: "1GB".into(),
+            },
             seed: 1,
             dir: None,
             job_scopes: vec![Scope::Group],
