@@ -1,20 +1,42 @@
-//! What the cache knows about an access beyond its key: who made it and when. Front doors
-//! fill it in; the access-stream tree and the policies read it.
+//! What the cache knows about an access beyond its key: who made it, when, why, and what
+//! the engine's access tracker saw. Front doors fill in the first three; the engine fills
+//! in the observation before any policy sees the access.
 
-/// Identifies the job making an access: a reading process or open handle at the FUSE
-/// mount, a client connection or namespace at the KV service, a trace's job column in
-/// replay. Streams of different jobs are never merged.
+use crate::stream::Observation;
+
+/// Identifies the job making an access: a reading process group at the FUSE mount, a
+/// namespace at the KV service, a trace's job column in replay. Streams of different
+/// jobs are never merged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobId(pub u64);
 
-/// Context handed with every access to the engine, the stream tree and the policies.
+/// Why a block is being read or placed. Only `Demand` is observed by the access
+/// tracker: a prefetch, a promotion or a demotion is the cache moving data, not the job
+/// reading it, and must not teach the classifier anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AccessKind {
+    /// A read the job is waiting for (or a put it made).
+    #[default]
+    Demand,
+    /// A fill ahead of demand, decided by the prefetch controller.
+    Prefetch,
+    /// A copy of a lower level's hit into a faster level.
+    Promotion,
+    /// A victim of a faster level moved down.
+    Demotion,
+}
+
+/// Context handed with every access to the engine, the tracker and the policies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AccessContext {
     pub job: JobId,
     /// Monotonic time in nanoseconds (wall clock in the daemon, simulated time in replay).
     pub now_ns: u64,
-    /// True when the access is a prefetch, not a demand read.
-    pub prefetch: bool,
+    pub kind: AccessKind,
+    /// The patterns of the access's streams, as the engine's tracker classified them when
+    /// the access arrived (all `Unknown` for anything but a demand access, and until the
+    /// engine has observed it). Policies read it; they never classify on their own.
+    pub obs: Observation,
 }
 
 impl AccessContext {
@@ -22,7 +44,7 @@ impl AccessContext {
         AccessContext {
             job,
             now_ns,
-            prefetch: false,
+            ..Default::default()
         }
     }
 
@@ -30,7 +52,28 @@ impl AccessContext {
         AccessContext {
             job,
             now_ns,
-            prefetch: true,
+            kind: AccessKind::Prefetch,
+            ..Default::default()
         }
+    }
+
+    /// The same job and time, for data the cache moves on its own (`kind` must not be
+    /// `Demand`); carries no observation.
+    pub fn moved(&self, kind: AccessKind) -> Self {
+        AccessContext {
+            job: self.job,
+            now_ns: self.now_ns,
+            kind,
+            obs: Observation::default(),
+        }
+    }
+
+    /// A read the job waits for (the only kind the tracker observes).
+    pub fn is_demand(&self) -> bool {
+        self.kind == AccessKind::Demand
+    }
+
+    pub fn is_prefetch(&self) -> bool {
+        self.kind == AccessKind::Prefetch
     }
 }

@@ -2,21 +2,31 @@
 //! promotion on hit, demotion on eviction, and single-flight for concurrent misses.
 //!
 //! Design:
-//! - Each level pairs a [`Tier`] (the bytes) with a [`TierSpace`] (accounting + the
-//!   eviction policy). Decisions are taken under the space's mutex, which is never held
-//!   across an `.await`; the tier I/O happens after the lock is released.
+//! - Decisions are taken by one [`Hierarchy`] (the access tracker and each level's
+//!   [`crate::space::TierSpace`]: byte accounting and the eviction policy) under one
+//!   mutex, never held across an `.await`; the tier I/O happens after it is released.
+//!   The replay simulator drives the same `Hierarchy`.
+//! - Every demand access is observed by the tracker once, when it arrives; the
+//!   observation travels in `ctx.obs` to every policy. Prefetch fills, promotions and
+//!   demotions are marked ([`AccessKind`]) and never observed as demand.
+//! - One budget: a level's `TierSpace` is the only authority on its bytes. A write
+//!   reserves its bytes first (evicting as needed) and becomes a resident, and so a
+//!   possible victim, only when its bytes have landed; so no eviction can race a write
+//!   in flight and leave bytes the budget does not count, and tiers never refuse for
+//!   capacity (they report device errors, `ENOSPC` included). A victim is uncharged
+//!   when chosen and removed from its device before the write that evicted it lands, so
+//!   a device exceeds its budget only by victims whose removal is under way (at most
+//!   one block per concurrent write).
 //! - A fill goes to the top level and, when `write_through` is set, to the persistent
 //!   levels too, so a restart finds the data (mountpoint-s3 #1619: "cache wiped at every
 //!   mount"). A victim evicted from a level is demoted to the next level that does not
 //!   already hold it.
 //! - A hit on a lower level is promoted to the top level.
+//! - A level whose accounting holds a key its tier no longer has (a corrupt block the
+//!   disk tier dropped) forgets the key at the first miss, so it can be filled again.
 //! - Concurrent misses on one key share one fetch: the first caller spawns it as a task
 //!   (so it finishes even if that caller is cancelled, e.g. an interrupted FUSE read) and
 //!   every caller awaits the same shared result.
-//! - The space may briefly count a key whose bytes the tier no longer has (a corrupt
-//!   block the disk tier dropped, or a put in flight): that errs on the safe side of the
-//!   budget, a get then falls through to the next level, and the entry is reclaimed when
-//!   the policy evicts it or the block is filled again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,22 +37,48 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::Mutex;
 
-use crate::access::AccessContext;
+use crate::access::{AccessContext, AccessKind};
 use crate::block::Block;
 use crate::error::{CacheError, Result};
+use crate::hierarchy::Hierarchy;
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
 use crate::policy::{EvictionPolicy, LruPolicy};
 use crate::space::{Placement, TierSpace};
 use crate::stats::TierStatsSnapshot;
+use crate::stream::{StreamReport, TreeConfig};
 use crate::tier::{Tier, TierGet, TierKind};
 
 type SharedFetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>>>;
 
-/// One level of the hierarchy.
+/// Bytes reserved at one level, released when dropped (unless taken over by a commit).
+struct Charge<'a> {
+    state: &'a Mutex<Hierarchy>,
+    level: usize,
+    bytes: u64,
+}
+
+impl<'a> Charge<'a> {
+    fn new(state: &'a Mutex<Hierarchy>, level: usize, bytes: u64) -> Self {
+        Charge {
+            state,
+            level,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Charge<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.state.lock().release(self.level, self.bytes);
+        }
+    }
+}
+
+/// One level's device and the counters the engine keeps for it.
 struct Level {
     tier: Arc<dyn Tier>,
-    space: Mutex<TierSpace>,
     /// Counted here, not in the tier: the engine decides evictions.
     evictions: AtomicU64,
     /// Lookups the level's accounting answered as absent without asking the tier (the
@@ -60,6 +96,7 @@ enum Persist {
 pub struct EngineBuilder {
     levels: Vec<(Arc<dyn Tier>, Box<dyn EvictionPolicy>)>,
     write_through: bool,
+    tree: TreeConfig,
 }
 
 impl Default for EngineBuilder {
@@ -68,6 +105,7 @@ impl Default for EngineBuilder {
         EngineBuilder {
             levels: Vec::new(),
             write_through: true,
+            tree: TreeConfig::default(),
         }
     }
 }
@@ -94,33 +132,67 @@ impl EngineBuilder {
         self
     }
 
+    /// Tunables of the access tracker's stream tree.
+    pub fn tracker(mut self, tree: TreeConfig) -> Self {
+        self.tree = tree;
+        self
+    }
+
     /// Builds the engine; the accounting of each level starts from what the tier already
-    /// holds (a disk tier reopened after a restart).
+    /// holds (a disk tier reopened after a restart). Residents the budget cannot hold
+    /// (the budget shrank since the last run) are removed from the tier, so the budget
+    /// stays the one account of its bytes.
     pub fn build(self) -> Result<CacheEngine> {
         if self.levels.is_empty() {
             return Err(CacheError::InvalidArgument(
                 "an engine needs at least one tier".into(),
             ));
         }
-        let ctx = AccessContext::default();
+        let ctx = AccessContext::default().moved(AccessKind::Promotion);
         let mut levels = Vec::with_capacity(self.levels.len());
+        let mut spaces = Vec::with_capacity(self.levels.len());
+        let mut excess = Vec::new();
         for (tier, policy) in self.levels {
             let mut space = TierSpace::new(tier.capacity_bytes(), policy);
             for (key, size) in tier.resident() {
-                // Residents beyond the budget (budget shrunk since last run) are left to
-                // the tier; the engine just does not count them as cached.
-                let _ = space.place(&key, size, &ctx);
+                if !matches!(
+                    space.place(&key, size, &ctx),
+                    Ok(Placement::Admitted { .. })
+                ) {
+                    excess.push((tier.clone(), key));
+                }
             }
+            spaces.push(space);
             levels.push(Level {
                 tier,
-                space: Mutex::new(space),
                 evictions: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
             });
         }
+        if !excess.is_empty() {
+            tracing::info!(
+                blocks = excess.len(),
+                "removing cached blocks beyond the configured budget"
+            );
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        for (tier, key) in excess {
+                            if let Err(e) = tier.remove(&key).await {
+                                tracing::warn!(tier = %tier.name(), %key, error = %e, "removing an excess block failed");
+                            }
+                        }
+                    });
+                }
+                Err(_) => tracing::warn!(
+                    "no async runtime: blocks beyond the budget stay on the device until the next start"
+                ),
+            }
+        }
         Ok(CacheEngine {
             inner: Arc::new(Inner {
                 levels,
+                state: Mutex::new(Hierarchy::with_tracker(spaces, self.tree)),
                 write_through: self.write_through,
                 inflight: Mutex::new(HashMap::new()),
                 counters: EngineCounters::default(),
@@ -138,10 +210,14 @@ struct EngineCounters {
     demotions: AtomicU64,
     prefetch_fills: AtomicU64,
     prefetch_bytes: AtomicU64,
+    /// Blocks a level counted whose bytes its tier no longer had (forgotten).
+    lost_blocks: AtomicU64,
 }
 
 struct Inner {
     levels: Vec<Level>,
+    /// The access tracker and every level's accounting; never held across an await.
+    state: Mutex<Hierarchy>,
     write_through: bool,
     inflight: Mutex<HashMap<CacheKey, SharedFetch>>,
     counters: EngineCounters,
@@ -166,7 +242,26 @@ pub struct EngineStatsSnapshot {
     pub demotions: u64,
     pub prefetch_fills: u64,
     pub prefetch_bytes: u64,
+    /// Blocks a level's accounting held but its tier had lost (e.g. dropped as corrupt);
+    /// forgotten so they can be filled again.
+    #[serde(default)]
+    pub lost_blocks: u64,
+    /// The access tracker: demand accesses observed and streams tracked.
+    #[serde(default)]
+    pub tracker: TrackerStats,
 }
+
+/// The access tracker as `strata stats` shows it.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct TrackerStats {
+    pub observed: u64,
+    pub streams: usize,
+    /// The most recently active streams, each with its pattern and deciding test.
+    pub recent: Vec<StreamReport>,
+}
+
+/// Streams listed in [`EngineStatsSnapshot::tracker`]: 32, what fits a terminal.
+const STATS_STREAMS: usize = 32;
 
 impl CacheEngine {
     pub fn builder() -> EngineBuilder {
@@ -178,10 +273,23 @@ impl CacheEngine {
         self.inner.levels.iter().map(|l| l.tier.kind()).collect()
     }
 
+    /// `ctx` as policies must see it: a demand access observed by the tracker (once).
+    fn observed(&self, key: &CacheKey, ctx: &AccessContext) -> AccessContext {
+        let mut ctx = *ctx;
+        self.inner.state.lock().observe(key, &mut ctx);
+        ctx
+    }
+
     /// Looks `key` up in every level, fastest first; promotes a lower-level hit.
     pub async fn get(&self, key: &CacheKey, ctx: &AccessContext) -> Result<Option<Bytes>> {
+        let ctx = self.observed(key, ctx);
+        self.lookup(key, &ctx).await
+    }
+
+    /// [`Self::get`] for an access already observed.
+    async fn lookup(&self, key: &CacheKey, ctx: &AccessContext) -> Result<Option<Bytes>> {
         for (i, level) in self.inner.levels.iter().enumerate() {
-            if !level.space.lock().touch(key, ctx) {
+            if !self.inner.state.lock().touch(i, key, ctx) {
                 level.misses.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -192,7 +300,18 @@ impl CacheEngine {
                     }
                     return Ok(Some(block.into_data()));
                 }
-                Ok(TierGet::Miss) | Ok(TierGet::Throttled) => continue,
+                Ok(TierGet::Miss) => {
+                    // Counted but gone (dropped as corrupt, or removed behind our
+                    // back): forget it so a later fill or put stores it again.
+                    if self.inner.state.lock().forget(i, key).is_some() {
+                        self.inner
+                            .counters
+                            .lost_blocks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                Ok(TierGet::Throttled) => continue,
                 // A failing tier is skipped, not fatal: the data is still in the store.
                 Err(e) => {
                     tracing::warn!(tier = %level.tier.name(), %key, error = %e, "tier get failed");
@@ -205,37 +324,33 @@ impl CacheEngine {
 
     /// Which level holds `key` now, if any (fastest first).
     pub fn locate(&self, key: &CacheKey) -> Option<TierKind> {
-        self.inner
-            .levels
-            .iter()
-            .find(|l| l.space.lock().contains(key))
-            .map(|l| l.tier.kind())
+        let i = self.inner.state.lock().locate(key)?;
+        Some(self.inner.levels[i].tier.kind())
     }
 
     /// Whether any level holds `key`.
     pub fn contains(&self, key: &CacheKey) -> bool {
-        self.locate(key).is_some()
+        self.inner.state.lock().locate(key).is_some()
     }
 
-    /// The pattern the top level's policy has classified `key`'s stream as.
+    /// The pattern the access tracker has classified `key`'s stream as (for `ctx.job`):
+    /// what the prefetch controller is told, whatever the eviction policy.
     pub fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
-        self.inner
-            .levels
-            .first()
-            .map(|l| l.space.lock().pattern_of(key, ctx))
-            .unwrap_or_default()
+        self.inner.state.lock().tracker().pattern_of(key, ctx)
     }
 
     /// Stores `data` under `key` (values are immutable: a repeated put is idempotent).
     pub async fn put(&self, key: &CacheKey, data: Bytes, ctx: &AccessContext) -> Result<()> {
-        self.fill(key, Block::new(data), ctx, Persist::Inline).await
+        let ctx = self.observed(key, ctx);
+        self.fill(key, Block::new(data), &ctx, Persist::Inline)
+            .await
     }
 
     /// Removes `key` from every level; returns whether any held it.
     pub async fn remove(&self, key: &CacheKey) -> Result<bool> {
         let mut found = false;
-        for level in &self.inner.levels {
-            level.space.lock().remove(key);
+        for (i, level) in self.inner.levels.iter().enumerate() {
+            self.inner.state.lock().forget(i, key);
             found |= level.tier.remove(key).await?;
         }
         Ok(found)
@@ -253,7 +368,8 @@ impl CacheEngine {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Bytes>> + Send + 'static,
     {
-        if let Some(bytes) = self.get(key, ctx).await? {
+        let ctx = self.observed(key, ctx);
+        if let Some(bytes) = self.lookup(key, &ctx).await? {
             return Ok(bytes);
         }
         let shared = {
@@ -267,7 +383,7 @@ impl CacheEngine {
             } else {
                 let engine = self.clone();
                 let task_key = key.clone();
-                let task_ctx = *ctx;
+                let task_ctx = ctx;
                 let task = tokio::spawn(async move {
                     let result = fetch().await;
                     if let Ok(bytes) = &result {
@@ -322,7 +438,7 @@ impl CacheEngine {
         let c = &self.inner.counters;
         c.fills.fetch_add(1, Ordering::Relaxed);
         c.fill_bytes.fetch_add(block.len(), Ordering::Relaxed);
-        if ctx.prefetch {
+        if ctx.is_prefetch() {
             c.prefetch_fills.fetch_add(1, Ordering::Relaxed);
             c.prefetch_bytes.fetch_add(block.len(), Ordering::Relaxed);
         }
@@ -369,7 +485,8 @@ impl CacheEngine {
         if from == 0 {
             return;
         }
-        if let Ok(true) = self.insert_at(0, key, block, ctx).await {
+        let ctx = ctx.moved(AccessKind::Promotion);
+        if let Ok(true) = self.insert_at(0, key, block, &ctx).await {
             self.inner
                 .counters
                 .promotions
@@ -387,8 +504,9 @@ impl CacheEngine {
         ctx: &AccessContext,
     ) -> Result<bool> {
         let (stored, mut demotions) = self.place_one(start, key, block, ctx).await?;
+        let moved = ctx.moved(AccessKind::Demotion);
         while let Some((i, victim, bytes)) = demotions.pop() {
-            match self.place_one(i, &victim, bytes, ctx).await {
+            match self.place_one(i, &victim, bytes, &moved).await {
                 Ok((_, more)) => demotions.extend(more),
                 // A failed demotion only loses a cached copy; the store still has it.
                 Err(e) => tracing::warn!(key = %victim, error = %e, "demotion failed"),
@@ -397,8 +515,9 @@ impl CacheEngine {
         Ok(stored)
     }
 
-    /// Places one block at level `i`: evicts what the policy names, writes the block,
-    /// and returns whether it was stored plus the victims to demote further down.
+    /// Places one block at level `i`: reserves its bytes (evicting what the policy
+    /// names), removes the victims, writes the block, and makes it a resident once its
+    /// bytes have landed. Returns whether it was stored plus the victims to demote.
     async fn place_one(
         &self,
         i: usize,
@@ -407,23 +526,27 @@ impl CacheEngine {
         ctx: &AccessContext,
     ) -> Result<(bool, Vec<(usize, CacheKey, Block)>)> {
         let level = &self.inner.levels[i];
-        let placement = level.space.lock().place(key, block.len(), ctx);
-        let evicted = match placement {
-            Ok(Placement::Admitted { evicted }) => evicted,
-            // Re-put: the tier may have dropped the bytes (corruption); write again.
-            Ok(Placement::AlreadyResident) => Vec::new(),
-            Ok(Placement::Refused) | Err(CacheError::TooLarge { .. }) => {
-                return Ok((false, Vec::new()))
-            }
+        let size = block.len();
+        let placement = self.inner.state.lock().reserve(i, key, size, ctx);
+        let (admitted, evicted) = match placement {
+            Ok(Placement::Admitted { evicted }) => (true, evicted),
+            // Refused after evicting (only writes in flight left): the victims still go.
+            Ok(Placement::Refused { evicted }) => (false, evicted),
+            // Values are immutable: already stored. (Bytes the tier lost are forgotten
+            // at the first lookup that misses them.)
+            Ok(Placement::AlreadyResident) => return Ok((true, Vec::new())),
+            Err(CacheError::TooLarge { .. }) => return Ok((false, Vec::new())),
             Err(e) => return Err(e),
         };
+        // Charged until released: a caller cancelled mid-way (a client that hung up)
+        // must not leave bytes charged forever.
+        let mut write = Charge::new(&self.inner.state, i, if admitted { size } else { 0 });
         let mut demotions = Vec::new();
-        // Move victims out first so the tier's own budget check passes.
         for (victim, _) in evicted {
             level.evictions.fetch_add(1, Ordering::Relaxed);
             // Read the victim only if a lower level will take it: at the bottom the read
             // would only delay the removal that frees its bytes in the tier.
-            let next = self.next_level_lacking(i, &victim);
+            let next = self.inner.state.lock().next_level_lacking(i, &victim);
             let bytes = match next {
                 Some(_) => match level.tier.get(&victim).await {
                     Ok(TierGet::Hit(b)) => Some(b),
@@ -442,27 +565,17 @@ impl CacheEngine {
                 demotions.push((next, victim, b));
             }
         }
-        match self.put_with_retry(level, key, block).await {
+        if !admitted {
+            return Ok((false, demotions));
+        }
+        match level.tier.put(key, block).await {
             Ok(()) => {
-                // A concurrent placement may have evicted this key while its put was on
-                // the way (its remove found nothing yet). Left there, the bytes would be
-                // an orphan the budget no longer counts, and orphans fill the tier until
-                // every put fails with `Full`.
-                if !level.space.lock().contains(key) {
-                    if let Err(e) = level.tier.remove(key).await {
-                        tracing::warn!(tier = %level.tier.name(), %key, error = %e, "orphan removal failed");
-                    }
-                    // Stored, then evicted by newer data: a normal eviction, not a
-                    // failed put.
-                    return Ok((true, demotions));
-                }
+                write.bytes = 0; // the commit takes the reservation over
+                self.inner.state.lock().commit(i, key, size, ctx);
                 Ok((true, demotions))
             }
-            // Evicted by a concurrent placement before its bytes could land: the same
-            // outcome as stored-then-evicted, not a failure.
-            Err(CacheError::Full(_)) if !level.space.lock().contains(key) => Ok((true, demotions)),
             Err(e) => {
-                level.space.lock().remove(key);
+                drop(write);
                 tracing::warn!(tier = %level.tier.name(), %key, error = %e, "tier put failed");
                 // Victims already left this level; still demote them.
                 if demotions.is_empty() {
@@ -474,42 +587,27 @@ impl CacheEngine {
         }
     }
 
-    /// `tier.put`, retried a few times on `Full` while the budget still holds `key`:
-    /// the tier can be transiently over the budget's view by blocks whose puts were in
-    /// flight when a concurrent placement evicted them; their owners remove them as soon
-    /// as those puts complete (see `place_one`), so room appears within milliseconds.
-    async fn put_with_retry(&self, level: &Level, key: &CacheKey, block: Block) -> Result<()> {
-        // Up to 255 ms in all: a removal on a loaded machine waits for the disk tier's
-        // key lock and a RocksDB delete on the blocking pool (measured: 15 ms was not
-        // always enough on 2 busy cores); still short against the GET this put follows.
-        const BACKOFF_MS: [u64; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
-        for wait in BACKOFF_MS {
-            match level.tier.put(key, block.clone()).await {
-                Err(CacheError::Full(_)) if level.space.lock().contains(key) => {
-                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-                }
-                other => return other,
-            }
-        }
-        level.tier.put(key, block).await
-    }
-
     /// The eviction policy of each level, top first.
     pub fn policy_names(&self) -> Vec<&'static str> {
-        self.inner
-            .levels
-            .iter()
-            .map(|l| l.space.lock().policy_name())
-            .collect()
+        self.inner.state.lock().policy_names()
     }
 
-    fn next_level_lacking(&self, from: usize, key: &CacheKey) -> Option<usize> {
-        (from + 1..self.inner.levels.len())
-            .find(|&j| !self.inner.levels[j].space.lock().contains(key))
+    /// The access tracker's most recently active streams (at most `max`).
+    pub fn streams(&self, max: usize) -> Vec<StreamReport> {
+        self.inner.state.lock().tracker().report(max)
     }
 
     pub fn stats(&self) -> EngineStatsSnapshot {
         let c = &self.inner.counters;
+        let tracker = {
+            let state = self.inner.state.lock();
+            let t = state.tracker();
+            TrackerStats {
+                observed: t.observed(),
+                streams: t.streams(),
+                recent: t.report(STATS_STREAMS),
+            }
+        };
         EngineStatsSnapshot {
             tiers: self
                 .inner
@@ -529,6 +627,8 @@ impl CacheEngine {
             demotions: c.demotions.load(Ordering::Relaxed),
             prefetch_fills: c.prefetch_fills.load(Ordering::Relaxed),
             prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
+            lost_blocks: c.lost_blocks.load(Ordering::Relaxed),
+            tracker,
         }
     }
 }

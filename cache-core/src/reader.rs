@@ -114,10 +114,7 @@ impl ObjectReader {
     /// prefetch: counted as such, never blocking the caller).
     pub fn prefetch(&self, obj: &ObjectInfo, first: u64, count: u64, ctx: &AccessContext) {
         let total = self.block_count(obj);
-        let ctx = AccessContext {
-            prefetch: true,
-            ..*ctx
-        };
+        let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
         for b in first..(first + count).min(total) {
             if self.engine.contains(&Self::block_key(obj, b)) {
                 continue;

@@ -1,6 +1,17 @@
 //! Byte accounting and eviction for one tier: the synchronous core that both the async
 //! engine and the replay simulator drive, so a policy is measured by the same code that
 //! serves reads.
+//!
+//! This is the only authority on a tier's bytes: tiers store what they are told and
+//! report device errors, without a budget of their own. An engine that writes bytes
+//! asynchronously uses [`TierSpace::reserve`] then [`TierSpace::commit`] (or
+//! [`TierSpace::release`]): the bytes are charged from the reservation on, but the key
+//! becomes a resident, and so a possible victim, only once its bytes have landed. A
+//! block can therefore never be evicted while its write is in flight, and no write can
+//! leave bytes in a tier that the budget does not count. (A victim is uncharged when
+//! chosen; charging it until its removal completes was measured to cascade under
+//! concurrent writes: every reservation then evicted more, and puts were refused with
+//! residents to spare.)
 
 use std::collections::HashMap;
 
@@ -13,6 +24,8 @@ use crate::policy::{EvictionPolicy, KeyBuild};
 pub struct TierSpace {
     budget: u64,
     used: u64,
+    /// Bytes of writes in flight (reserved, not yet residents).
+    reserved: u64,
     entries: HashMap<CacheKey, u64, KeyBuild>,
     policy: Box<dyn EvictionPolicy>,
 }
@@ -24,8 +37,10 @@ pub enum Placement {
     Admitted { evicted: Vec<(CacheKey, u64)> },
     /// Already resident; nothing changed but recency.
     AlreadyResident,
-    /// The policy's admission hook refused it.
-    Refused,
+    /// Not admitted: the policy's admission hook refused it, or the policy ran out of
+    /// victims (only writes in flight left) after evicting these, which have left the
+    /// tier all the same.
+    Refused { evicted: Vec<(CacheKey, u64)> },
 }
 
 impl TierSpace {
@@ -33,6 +48,7 @@ impl TierSpace {
         TierSpace {
             budget,
             used: 0,
+            reserved: 0,
             entries: HashMap::default(),
             policy,
         }
@@ -41,8 +57,13 @@ impl TierSpace {
     pub fn budget(&self) -> u64 {
         self.budget
     }
+    /// Bytes of residents.
     pub fn used(&self) -> u64 {
         self.used
+    }
+    /// Bytes reserved for writes in flight.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
     }
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -63,11 +84,6 @@ impl TierSpace {
         self.entries.iter()
     }
 
-    /// The pattern the policy has classified `key`'s stream as.
-    pub fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> crate::pattern::Pattern {
-        self.policy.pattern_of(key, ctx)
-    }
-
     /// Records a read of `key`; returns whether it was resident.
     pub fn touch(&mut self, key: &CacheKey, ctx: &AccessContext) -> bool {
         if self.entries.contains_key(key) {
@@ -78,11 +94,29 @@ impl TierSpace {
         }
     }
 
-    /// Makes room for `key` of `size` bytes and records it as resident.
+    /// Makes room for `key` of `size` bytes and records it as resident at once (the
+    /// replay's synchronous path: its bytes "land" in simulated time).
     ///
     /// The budget holds afterwards whatever the policy does: if the policy runs out of
     /// victims before enough room is made, the item is refused.
     pub fn place(
+        &mut self,
+        key: &CacheKey,
+        size: u64,
+        ctx: &AccessContext,
+    ) -> Result<Placement, CacheError> {
+        let placement = self.reserve(key, size, ctx)?;
+        if let Placement::Admitted { .. } = &placement {
+            self.commit(key, size, ctx);
+        }
+        Ok(placement)
+    }
+
+    /// Makes room for `key` of `size` bytes and charges them as a write in flight; the
+    /// key is not a resident (nor a possible victim) until [`Self::commit`]. On
+    /// `Admitted` the caller must end the reservation with `commit` or `release`, and
+    /// remove the victims' bytes from the device before the write.
+    pub fn reserve(
         &mut self,
         key: &CacheKey,
         size: u64,
@@ -99,12 +133,15 @@ impl TierSpace {
             return Ok(Placement::AlreadyResident);
         }
         if !self.policy.admit(key, size, ctx) {
-            return Ok(Placement::Refused);
+            return Ok(Placement::Refused {
+                evicted: Vec::new(),
+            });
         }
         let mut evicted = Vec::new();
-        while self.used + size > self.budget {
+        while self.used + self.reserved + size > self.budget {
             let Some(victim) = self.policy.victim() else {
-                return Ok(Placement::Refused);
+                // Only writes in flight are left to free: refuse rather than overrun.
+                return Ok(Placement::Refused { evicted });
             };
             match self.entries.remove(&victim) {
                 Some(vsize) => {
@@ -117,10 +154,27 @@ impl TierSpace {
                 None => self.policy.on_remove(&victim),
             }
         }
+        self.reserved += size;
+        Ok(Placement::Admitted { evicted })
+    }
+
+    /// The reserved write of `key` landed: it becomes a resident. Returns false (and
+    /// frees the reservation) if it already was one (a concurrent write of the same
+    /// immutable value landed first).
+    pub fn commit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        self.reserved = self.reserved.saturating_sub(size);
+        if self.entries.contains_key(key) {
+            return false;
+        }
         self.entries.insert(key.clone(), size);
         self.used += size;
         self.policy.on_insert(key, size, ctx);
-        Ok(Placement::Admitted { evicted })
+        true
+    }
+
+    /// The reserved write failed: its bytes are no longer charged.
+    pub fn release(&mut self, size: u64) {
+        self.reserved = self.reserved.saturating_sub(size);
     }
 
     /// Forgets `key` (removed by a caller, or found corrupt); returns its size.
@@ -152,7 +206,55 @@ mod tests {
                 } else {
                     let _ = s.place(&k, size, &ctx);
                 }
-                prop_assert!(s.used() <= s.budget());
+                prop_assert!(s.used() + s.reserved() <= s.budget());
+                prop_assert_eq!(s.used(), s.keys().map(|(_, v)| *v).sum::<u64>());
+            }
+        }
+    }
+
+    proptest! {
+        /// Reservations in flight are charged but never chosen as victims: whatever
+        /// interleaving of reserve / commit / release / remove, the budget covers
+        /// residents plus writes in flight, and no victim is a key still in flight.
+        #[test]
+        fn writes_in_flight_are_charged_and_never_evicted(
+            ops in proptest::collection::vec((0u8..4, 0u64..30, 1u64..30), 1..300)
+        ) {
+            let mut s = TierSpace::new(100, Box::new(LruPolicy::new()));
+            let ctx = AccessContext::default();
+            let mut flight: Vec<(CacheKey, u64)> = Vec::new();
+            for (op, id, size) in ops {
+                let k = CacheKey::file("f", "v", id);
+                match op {
+                    // (The engine's single-flight keeps one fill of a key per level.)
+                    0 if !flight.iter().any(|(f, _)| *f == k) => {
+                        let (admitted, evicted) = match s.reserve(&k, size, &ctx) {
+                            Ok(Placement::Admitted { evicted }) => (true, evicted),
+                            Ok(Placement::Refused { evicted }) => (false, evicted),
+                            _ => (false, Vec::new()),
+                        };
+                        for (v, _) in &evicted {
+                            prop_assert!(!flight.iter().any(|(f, _)| f == v));
+                        }
+                        if admitted {
+                            flight.push((k, size));
+                        }
+                    }
+                    1 if !flight.is_empty() => {
+                        let (k, size) = flight.remove(id as usize % flight.len());
+                        s.commit(&k, size, &ctx);
+                    }
+                    2 if !flight.is_empty() => {
+                        let (_, size) = flight.remove(id as usize % flight.len());
+                        s.release(size);
+                    }
+                    _ => {
+                        s.remove(&k);
+                    }
+                }
+                let in_flight: u64 = flight.iter().map(|(_, n)| n).sum();
+                prop_assert_eq!(s.reserved(), in_flight);
+                prop_assert!(s.used() + s.reserved() <= s.budget());
                 prop_assert_eq!(s.used(), s.keys().map(|(_, v)| *v).sum::<u64>());
             }
         }

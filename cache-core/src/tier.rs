@@ -1,9 +1,11 @@
 //! The tier trait: one level of the hierarchy (GPU memory, CPU memory, local disk).
 //!
-//! Tiers are dumb stores under a byte budget: they never choose what to evict. The
-//! engine decides placement and eviction through [`crate::space::TierSpace`] and calls
-//! `put` only after making room, so a tier refuses (`CacheError::Full`) rather than
-//! exceeding its budget. Every implementation runs [`crate::conformance`].
+//! Tiers are dumb stores: they never choose what to evict and keep no budget of their
+//! own. The engine's [`crate::space::TierSpace`] is the one authority on a level's bytes
+//! (sized from [`Tier::capacity_bytes`]) and calls `put` only after making room; a tier
+//! stores what it is told and fails only for device reasons (`CacheError::Full` when the
+//! device itself is out of space, I/O errors, a lost GPU). Every implementation runs
+//! [`crate::conformance`].
 
 use async_trait::async_trait;
 
@@ -47,12 +49,13 @@ pub trait Tier: Send + Sync + 'static {
     fn kind(&self) -> TierKind;
     /// Human name for stats (e.g. `memory`, `disk:/var/cache/strata`).
     fn name(&self) -> String;
-    /// Byte budget; `used_bytes` never exceeds it.
+    /// The configured size: the budget the engine's accounting enforces for this tier.
     fn capacity_bytes(&self) -> u64;
     fn used_bytes(&self) -> u64;
     async fn get(&self, key: &CacheKey) -> Result<TierGet>;
-    /// Stores a block. Fails with `Full` if it does not fit the budget; a put of a key
-    /// already present replaces it (values are immutable, so it is the same bytes).
+    /// Stores a block (no budget check: the engine made room). Fails only for device
+    /// reasons (`Full` = the device has no space); a put of a key already present
+    /// replaces it (values are immutable, so it is the same bytes).
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()>;
     /// Removes a key; returns whether it was present.
     async fn remove(&self, key: &CacheKey) -> Result<bool>;

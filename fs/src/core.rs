@@ -878,10 +878,7 @@ impl FsCore {
         self.counters
             .prefetch_requests
             .fetch_add(1, Ordering::Relaxed);
-        let ctx = AccessContext {
-            prefetch: true,
-            ..*ctx
-        };
+        let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
         let engine = self.reader.engine();
         let fetches: Vec<_> = (first..=last)
             .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))

@@ -259,13 +259,6 @@ impl Tier for GpuTier {
                 inner.map.remove(key);
                 inner.committed -= old_len;
             }
-            let used = inner.committed + inner.reserved;
-            if used + size > self.capacity {
-                return Err(CacheError::Full(format!(
-                    "gpu tier: {size} bytes do not fit ({used} of {} used)",
-                    self.capacity
-                )));
-            }
             inner.reserved += size;
         }
         let copied = if size == 0 {

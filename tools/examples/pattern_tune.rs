@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
-use strata_cache_core::{AccessContext, CacheKey, Pattern};
+use strata_cache_core::{AccessContext, CacheKey};
 use strata_prefetch::sequential::{SequentialConfig, SequentialPredictor};
 use strata_tools::replay::{
     make_policy, replay, strata_policy_set, PolicyResult, PolicySet, Prepared, ReplayConfig,
@@ -60,10 +60,6 @@ impl EvictionPolicy for Shared {
     }
     fn victim(&mut self) -> Option<CacheKey> {
         self.with(|p| p.victim())
-    }
-    fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
-        let g = self.0.lock().expect("not poisoned");
-        g.pattern_of(key, ctx)
     }
 }
 

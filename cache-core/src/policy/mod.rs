@@ -23,7 +23,6 @@ pub use two_random::TwoRandomPolicy;
 
 use crate::access::AccessContext;
 use crate::key::CacheKey;
-use crate::pattern::Pattern;
 
 /// Hasher of the policies' and [`crate::space::TierSpace`]'s `CacheKey` maps: Fx
 /// ([`crate::stream::FxBuild`]), several times cheaper than std's SipHash on the
@@ -47,11 +46,6 @@ pub trait EvictionPolicy: Send + 'static {
     fn on_remove(&mut self, key: &CacheKey);
     /// The resident to evict next, if any; it stays resident until `on_remove`.
     fn victim(&mut self) -> Option<CacheKey>;
-    /// The pattern this policy has classified `key`'s stream as (pattern-aware policies
-    /// only); feeds the prefetch predictors.
-    fn pattern_of(&self, _key: &CacheKey, _ctx: &AccessContext) -> Pattern {
-        Pattern::Unknown
-    }
 }
 
 /// Builds a policy by name; the engine and the replay bench both go through here.

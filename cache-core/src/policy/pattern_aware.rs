@@ -3,8 +3,10 @@
 //!
 //! # How an item is placed
 //!
-//! Every demand access (a hit through `on_hit`, a miss through `admit`) is recorded in the
-//! [`StreamTree`], which returns the pattern of the job's streams at each granularity.
+//! Every demand access arrives with the engine's classification of the job's streams at
+//! each granularity (`ctx.obs`, from the [`crate::tracker::AccessTracker`]; the policy
+//! never classifies on its own, so it sees exactly what every other policy and the
+//! prefetch controller see).
 //! The *retention pattern* (skewed anywhere, else the finest classified level; see
 //! [`Observation::retention`]) decides where the item lives:
 //!
@@ -32,7 +34,7 @@
 //!   resident items, and the main's keys with it, so formerly hot items fade).
 //!   LFU-DA (`L + f`) was measured instead of plain `f` and lost 4 points on
 //!   inference-skew at 10% (0.567 vs 0.606), so it is not used.
-//! * **Prefetched** items (`ctx.prefetch`) wait in `ahead`; their first demand read moves
+//! * **Prefetched** items (`ctx.is_prefetch()`) wait in `ahead`; their first demand read moves
 //!   them to the pool their stream's pattern picks.
 //!
 //! # Space allocation by marginal benefit
@@ -82,12 +84,11 @@ use super::EvictionPolicy;
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
-use crate::stream::{key_hash, mix64, FxBuild, Observation, StreamTree, TreeConfig};
+use crate::stream::{key_hash, mix64, FxBuild, Observation};
 
 /// Tunables of [`PatternAwarePolicy`]. Every default carries its reason.
 #[derive(Clone, Debug)]
 pub struct PatternAwareConfig {
-    pub tree: TreeConfig,
     /// Byte budget of the tier, if the caller knows it; otherwise learnt from the first
     /// eviction (the tier is full when it first asks for a victim).
     pub capacity_hint: Option<u64>,
@@ -139,7 +140,6 @@ pub struct PatternAwareConfig {
 impl Default for PatternAwareConfig {
     fn default() -> Self {
         PatternAwareConfig {
-            tree: TreeConfig::default(),
             capacity_hint: None,
             ahead_share: 0.25,
             window_share: 0.01,
@@ -252,7 +252,6 @@ pub struct PatternAwareStats {
     pub freq_bytes: u64,
     pub consumed_bytes: u64,
     pub ahead_bytes: u64,
-    pub streams: usize,
     pub rebalances: u64,
     /// Current recency-window share of the frequency side.
     pub window_share: f64,
@@ -265,7 +264,6 @@ pub struct PatternAwareStats {
 /// The pattern-aware eviction policy. See the module docs.
 pub struct PatternAwarePolicy {
     cfg: PatternAwareConfig,
-    tree: StreamTree,
     entries: HashMap<CacheKey, Entry, FxBuild>,
     consumed: BTreeMap<u64, CacheKey>,
     ahead: BTreeMap<u64, CacheKey>,
@@ -322,7 +320,6 @@ impl PatternAwarePolicy {
         let sketch = Sketch::new(cfg.sketch_width);
         let seen = vec![0u64; cfg.seen_bits.max(64).next_power_of_two() / 64];
         PatternAwarePolicy {
-            tree: StreamTree::new(cfg.tree.clone()),
             entries: HashMap::default(),
             consumed: BTreeMap::new(),
             ahead: BTreeMap::new(),
@@ -354,11 +351,6 @@ impl PatternAwarePolicy {
         }
     }
 
-    /// The stream tree (for inspection).
-    pub fn tree(&self) -> &StreamTree {
-        &self.tree
-    }
-
     pub fn stats(&self) -> PatternAwareStats {
         PatternAwareStats {
             stable_share: self.stable_share,
@@ -366,7 +358,6 @@ impl PatternAwarePolicy {
             ahead_bytes: self.bytes[1],
             stable_bytes: self.bytes[2],
             freq_bytes: self.bytes[3] + self.bytes[4],
-            streams: self.tree.len(),
             rebalances: self.rebalances,
             window_share: self.window_share,
             window_bytes: self.bytes[4],
@@ -578,9 +569,6 @@ impl PatternAwarePolicy {
     fn rebalance(&mut self) {
         let items = self.entries.len();
         self.sketch.set_items(items);
-        if self.cap > 0 {
-            self.tree.set_share_window(items as u64);
-        }
         let (f, s) = (self.gain_freq, self.gain_stable);
         let step = self.cfg.rebalance_step;
         if f > s * 1.1 {
@@ -691,11 +679,11 @@ impl EvictionPolicy for PatternAwarePolicy {
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
         let h = key_hash(key);
         self.pending_size = size;
-        if ctx.prefetch {
+        if ctx.is_prefetch() {
             self.pending = Some((h, Pool::Ahead));
             return true;
         }
-        let obs = self.tree.observe(key, ctx);
+        let obs = ctx.obs;
         let seen = self.seen_check_set(h);
         if !obs.repeat {
             self.count(h);
@@ -710,8 +698,8 @@ impl EvictionPolicy for PatternAwarePolicy {
         let h = key_hash(key);
         let pool = match self.pending.take() {
             Some((ph, pool)) if ph == h => pool,
-            _ if ctx.prefetch => Pool::Ahead,
-            _ => self.pool_for(h, size, self.tree.lookup(key, ctx).retention()),
+            _ if ctx.is_prefetch() => Pool::Ahead,
+            _ => self.pool_for(h, size, ctx.obs.retention()),
         };
         self.pending_size = 0;
         if let Some(old) = self.entries.remove(key) {
@@ -729,10 +717,10 @@ impl EvictionPolicy for PatternAwarePolicy {
     }
 
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
-        if ctx.prefetch {
+        if !ctx.is_demand() {
             return;
         }
-        let obs = self.tree.observe(key, ctx);
+        let obs = ctx.obs;
         let Some(e) = self.entries.get(key).copied() else {
             return;
         };
@@ -786,7 +774,6 @@ impl EvictionPolicy for PatternAwarePolicy {
         let cap = self.cap.max(resident.saturating_add(self.pending_size));
         if cap != self.cap {
             self.cap = cap;
-            self.tree.set_share_window(self.entries.len() as u64);
             self.sketch.set_items(self.entries.len());
         }
         let pick = if let Some((_, k)) = self.consumed.first_key_value() {
@@ -810,15 +797,6 @@ impl EvictionPolicy for PatternAwarePolicy {
         let k = pick.cloned()?;
         self.last_victim = self.entries.get(&k).map(|e| e.hash);
         Some(k)
-    }
-
-    fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
-        let obs = self.tree.lookup(key, ctx);
-        if obs.blocks != Pattern::Unknown {
-            obs.blocks
-        } else {
-            obs.files
-        }
     }
 }
 

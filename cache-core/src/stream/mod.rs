@@ -30,9 +30,10 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::access::AccessContext;
-use crate::classify::{ClassifierConfig, Scratch, StreamStats};
+use crate::classify::{ClassifierConfig, Scratch, StreamStats, TestOutcome};
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
 
@@ -148,6 +149,65 @@ struct StreamId {
     node: u64,
 }
 
+/// What the items of a stream are (for reports; the node id already separates them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Granularity {
+    Blocks,
+    Files,
+    Dirs,
+    KvBlocks,
+}
+
+/// One stream as `strata stats` shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StreamReport {
+    pub job: u64,
+    /// `blocks` (of a file), `files` (of a directory), `dirs` (of a dataset root) or
+    /// `kv-blocks` (of a namespace).
+    pub granularity: String,
+    /// The file, directory, dataset root or namespace.
+    pub name: String,
+    pub pattern: Pattern,
+    /// The test that decided the pattern, with its statistic, in words.
+    pub decided_by: String,
+    pub visits: u32,
+    /// p-values of the sequential (binomial) and uniform-popularity (chi-square) tests
+    /// on the evidence as it stands now.
+    pub p_sequential: f64,
+    pub p_uniform: f64,
+    pub zipf_s: f64,
+    /// Accesses (all jobs) since this stream was last touched.
+    pub age: u64,
+}
+
+/// Words for the test behind a stream's pattern.
+fn decided_by(stats: &StreamStats, now: &TestOutcome, cfg: &ClassifierConfig) -> String {
+    match stats.pattern() {
+        Pattern::Unknown => format!(
+            "no test yet ({} of {} steps needed)",
+            stats.visits().saturating_sub(1),
+            cfg.min_samples
+        ),
+        _ if stats.visits() <= cfg.min_samples => {
+            "inherited from its sibling streams (too few steps of its own)".to_string()
+        }
+        Pattern::Sequential => format!(
+            "binomial adjacency test rejected uniform order (p = {:.2e} < {})",
+            now.p_sequential, cfg.alpha
+        ),
+        Pattern::Skewed => format!(
+            "chi-square rejected uniform popularity (p = {:.2e} < {}), Zipf s = {:.2}",
+            now.p_uniform,
+            cfg.alpha,
+            stats.zipf_s()
+        ),
+        Pattern::Random => format!(
+            "neither test rejected (binomial p = {:.2}, chi-square p = {:.2})",
+            now.p_sequential, now.p_uniform
+        ),
+    }
+}
+
 const LEVEL_FILE: u64 = 0x0100_0000_0000_0000;
 const LEVEL_DIR: u64 = 0x0200_0000_0000_0000;
 const LEVEL_ROOT: u64 = 0x0300_0000_0000_0000;
@@ -162,6 +222,10 @@ struct Visit {
 struct Node {
     /// The stream this slot holds (to rebuild the index when pruning).
     id: StreamId,
+    /// The path (or KV namespace) of the access that created the stream, shared with
+    /// the key that carried it (no copy): names the stream in `strata stats`.
+    label: Arc<str>,
+    granularity: Granularity,
     stats: StreamStats,
     /// Last pattern a child stream of this job under this node was classified as.
     child_hint: Pattern,
@@ -394,8 +458,8 @@ impl StreamTree {
                     if let Some(root) = p.root {
                         let root_h = hash_bytes(root.as_bytes());
                         let v = self.visit(
-                            job,
-                            LEVEL_ROOT ^ root_h,
+                            (job, LEVEL_ROOT ^ root_h),
+                            (Granularity::Dirs, &k.location),
                             Pattern::Unknown,
                             name_index(p.dir_name),
                             dir_h as u32,
@@ -403,15 +467,21 @@ impl StreamTree {
                         obs.dirs = v.after;
                     }
                     let v = self.visit(
-                        job,
-                        LEVEL_DIR ^ dir_h,
+                        (job, LEVEL_DIR ^ dir_h),
+                        (Granularity::Files, &k.location),
                         Pattern::Unknown,
                         name_index(p.file_name),
                         file_h as u32,
                     );
                     obs.files = v.after;
                     let same_file = v.repeat;
-                    let v = self.visit(job, LEVEL_FILE ^ file_h, v.hint, k.block, block_fp);
+                    let v = self.visit(
+                        (job, LEVEL_FILE ^ file_h),
+                        (Granularity::Blocks, &k.location),
+                        v.hint,
+                        k.block,
+                        block_fp,
+                    );
                     // Same visit only if the job's previous read in this directory was
                     // this file and its previous read of this file was this block.
                     obs.repeat = v.repeat && same_file;
@@ -426,8 +496,8 @@ impl StreamTree {
                     }
                 } else {
                     let v = self.visit(
-                        job,
-                        LEVEL_FILE ^ file_h,
+                        (job, LEVEL_FILE ^ file_h),
+                        (Granularity::Blocks, &k.location),
                         Pattern::Unknown,
                         k.block,
                         block_fp,
@@ -441,7 +511,13 @@ impl StreamTree {
                 let h = hash_bytes(&k.hash);
                 obs.shared = self.share(job, ns_h);
                 // Prefix hashes carry no order: index = hash, so never adjacent.
-                let v = self.visit(job, LEVEL_FILE ^ ns_h, Pattern::Unknown, h, h as u32);
+                let v = self.visit(
+                    (job, LEVEL_FILE ^ ns_h),
+                    (Granularity::KvBlocks, &k.namespace),
+                    Pattern::Unknown,
+                    h,
+                    h as u32,
+                );
                 obs.repeat = v.repeat;
                 obs.blocks = v.after;
             }
@@ -459,7 +535,14 @@ impl StreamTree {
         obs
     }
 
-    fn visit(&mut self, job: u64, node: u64, prior: Pattern, idx: u64, fp: u32) -> Visit {
+    fn visit(
+        &mut self,
+        (job, node): (u64, u64),
+        (granularity, label): (Granularity, &Arc<str>),
+        prior: Pattern,
+        idx: u64,
+        fp: u32,
+    ) -> Visit {
         let tick = self.tick;
         let id = StreamId { job, node };
         let slot = match self.index.entry(id) {
@@ -469,6 +552,8 @@ impl StreamTree {
                 e.insert(slot as u32);
                 self.nodes.push(Node {
                     id,
+                    label: label.clone(),
+                    granularity,
                     stats: StreamStats::new(prior),
                     child_hint: Pattern::Unknown,
                     last_tick: tick,
@@ -525,6 +610,45 @@ impl StreamTree {
             }
         }
         obs
+    }
+
+    /// The `max` most recently active streams, newest first, each with its pattern and
+    /// the evidence of the tests as they stand now (for `strata stats`). O(streams).
+    pub fn report(&self, max: usize) -> Vec<StreamReport> {
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.sort_unstable_by_key(|&i| std::cmp::Reverse(self.nodes[i].last_tick));
+        order.truncate(max);
+        let mut scratch = Scratch::default();
+        order
+            .into_iter()
+            .map(|i| {
+                let n = &self.nodes[i];
+                let (granularity, name) = match n.granularity {
+                    Granularity::Dirs => {
+                        ("dirs", n.label.split('/').next().unwrap_or("").to_string())
+                    }
+                    Granularity::Files => (
+                        "files",
+                        n.label.rsplit_once('/').map_or("", |(d, _)| d).to_string(),
+                    ),
+                    Granularity::Blocks => ("blocks", n.label.to_string()),
+                    Granularity::KvBlocks => ("kv-blocks", n.label.to_string()),
+                };
+                let test = n.stats.test_now(&self.cfg.classifier, &mut scratch);
+                StreamReport {
+                    job: n.id.job,
+                    granularity: granularity.to_string(),
+                    name,
+                    pattern: n.stats.pattern(),
+                    decided_by: decided_by(&n.stats, &test, &self.cfg.classifier),
+                    visits: n.stats.visits(),
+                    p_sequential: test.p_sequential,
+                    p_uniform: test.p_uniform,
+                    zipf_s: n.stats.zipf_s(),
+                    age: self.tick - n.last_tick,
+                }
+            })
+            .collect()
     }
 
     /// Drops the least recently used half of the streams.
@@ -632,7 +756,7 @@ mod tests {
         let node = std::mem::size_of::<Node>() + std::mem::size_of::<(StreamId, u32)>();
         let share = std::mem::size_of::<(u64, Share)>();
         eprintln!("stream entry {node} B, share entry {share} B");
-        assert!(node <= 144, "{node}");
+        assert!(node <= 160, "{node}");
         assert!(share <= 32, "{share}");
     }
 

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use crate::block::Block;
-use crate::error::{CacheError, Result};
+use crate::error::Result;
 use crate::key::CacheKey;
 use crate::stats::{TierStats, TierStatsSnapshot};
 use crate::tier::{Tier, TierGet, TierKind};
@@ -68,12 +68,6 @@ impl Tier for MemoryTier {
         let size = block.len();
         let mut inner = self.inner.lock();
         let old = inner.map.get(key).map(Block::len).unwrap_or(0);
-        if inner.used - old + size > self.capacity {
-            return Err(CacheError::Full(format!(
-                "memory tier: {size} bytes do not fit ({} of {} used)",
-                inner.used, self.capacity
-            )));
-        }
         inner.used = inner.used - old + size;
         inner.map.insert(key.clone(), block);
         drop(inner);

@@ -59,6 +59,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use strata_cache_core::hierarchy::Hierarchy;
 use strata_cache_core::policy::NextUse;
 use strata_cache_core::space::{Placement, TierSpace};
 use strata_cache_core::stream::FxBuild;
@@ -435,7 +436,8 @@ impl Link {
 /// One replay run's mutable state.
 struct Run<'a> {
     p: &'a Prepared,
-    space: TierSpace,
+    /// The engine's synchronous core: the access tracker and the level(s) under test.
+    cache: Hierarchy,
     predictors: Vec<Box<dyn Predictor>>,
     next_use: Option<NextUse>,
     /// Next-use position per flat access, for `next_use`.
@@ -583,9 +585,12 @@ impl Run<'_> {
             };
             self.accesses += 1;
             self.bytes_read += overlap;
+            // The tracker observes every demand block access once, as the engine does.
+            let mut ctx = ctx;
+            self.cache.observe(&self.p.keys[id as usize], &mut ctx);
             let st = self.state[id as usize];
             if st.resident {
-                self.space.touch(&self.p.keys[id as usize], &ctx);
+                self.cache.touch(0, &self.p.keys[id as usize], &ctx);
                 if st.arrived {
                     self.hits += 1;
                     self.bytes_hit += overlap;
@@ -605,10 +610,14 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let admitted = match self.space.place(&self.p.keys[id as usize], bytes, &ctx) {
+            let admitted = match self.cache.place(0, &self.p.keys[id as usize], bytes, &ctx) {
                 Ok(Placement::Admitted { evicted }) => {
                     self.evicted(evicted, job);
                     true
+                }
+                Ok(Placement::Refused { evicted }) => {
+                    self.evicted(evicted, job);
+                    false
                 }
                 _ => false,
             };
@@ -655,7 +664,10 @@ impl Run<'_> {
             len,
             file_size: size,
             now_ns: now,
-            pattern: self.space.pattern_of(&self.p.keys[first as usize], &ctx),
+            pattern: self
+                .cache
+                .tracker()
+                .pattern_of(&self.p.keys[first as usize], &ctx),
         };
         // Spare bandwidth as the client sees it: 1 with nothing outstanding, 0 once the
         // prefetch backlog bound is reached (prefetches would be dropped anyway).
@@ -718,7 +730,7 @@ impl Run<'_> {
             }
             let key = self.key(id).clone();
             let bytes = self.size(id);
-            if let Ok(Placement::Admitted { evicted }) = self.space.place(&key, bytes, &ctx) {
+            if let Ok(Placement::Admitted { evicted }) = self.cache.place(0, &key, bytes, &ctx) {
                 self.evicted(evicted, job);
                 let tid = self.link.fetch(now, bytes, id);
                 self.prefetch_bytes += bytes;
@@ -801,7 +813,7 @@ fn replay_once(
     };
     let mut run = Run {
         p,
-        space: TierSpace::new(cfg.capacity_bytes, policy),
+        cache: Hierarchy::new(vec![TierSpace::new(cfg.capacity_bytes, policy)]),
         predictors,
         next_use,
         hints,

@@ -1,6 +1,7 @@
 use super::*;
 use crate::access::JobId;
 use crate::space::TierSpace;
+use crate::tracker::AccessTracker;
 use proptest::prelude::*;
 
 const MB: u64 = 1 << 20;
@@ -9,8 +10,24 @@ fn demand(job: u64, t: u64) -> AccessContext {
     AccessContext::demand(JobId(job), t)
 }
 
-/// A read through a tier as the engine and the replay do it: touch, else place.
+thread_local! {
+    /// The engine's tracker, one per test (each test runs on its own thread).
+    static TRACKER: std::cell::RefCell<AccessTracker> = std::cell::RefCell::new(AccessTracker::default());
+}
+
+/// `ctx` as the engine hands it to a policy: observed by the tracker (demand only).
+fn observed(key: &CacheKey, ctx: &AccessContext) -> AccessContext {
+    let obs = TRACKER.with(|t| t.borrow_mut().observe(key, ctx));
+    AccessContext { obs, ..*ctx }
+}
+
+fn pattern_of(key: &CacheKey, ctx: &AccessContext) -> Pattern {
+    TRACKER.with(|t| t.borrow().pattern_of(key, ctx))
+}
+
+/// A read through a tier as the engine and the replay do it: observe, touch, else place.
 fn read(s: &mut TierSpace, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+    let ctx = &observed(key, ctx);
     if s.touch(key, ctx) {
         return true;
     }
@@ -51,6 +68,7 @@ proptest! {
                 }
                 continue;
             }
+            let ctx = observed(&key, &ctx);
             if resident.contains_key(&key) {
                 p.on_hit(&key, &ctx);
                 continue;
@@ -208,11 +226,12 @@ fn prefetched_blocks_wait_and_consumed_ones_go_first() {
     // Classify job 1's stream on file f as sequential.
     for b in 0..40u64 {
         let k = CacheKey::file("ds/f.bin", "v", b);
+        let ctx = observed(&k, &ctx);
         p.admit(&k, 1, &ctx);
         p.on_insert(&k, 1, &ctx);
     }
     assert_eq!(
-        p.pattern_of(&CacheKey::file("ds/f.bin", "v", 40), &ctx),
+        pattern_of(&CacheKey::file("ds/f.bin", "v", 40), &ctx),
         Pattern::Sequential
     );
     let ahead = CacheKey::file("ds/f.bin", "v", 41);
@@ -262,6 +281,7 @@ impl Sim {
         }
     }
     fn read(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        let ctx = &observed(key, ctx);
         if self.res.contains_key(key) {
             self.p.on_hit(key, ctx);
             return true;

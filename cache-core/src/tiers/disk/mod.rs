@@ -622,12 +622,6 @@ impl Tier for DiskTier {
 
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {
         let size = block.len();
-        if size > self.capacity {
-            return Err(CacheError::TooLarge {
-                size,
-                limit: self.capacity,
-            });
-        }
         let _claim = self.claim(key).await;
         let reservation = {
             let mut st = self.state.lock();
@@ -635,15 +629,6 @@ impl Tier for DiskTier {
                 if old.data_len == size && old.crc == block.crc() {
                     return Ok(()); // values are immutable: already stored
                 }
-            }
-            if st.used + st.reserved + size > self.capacity {
-                return Err(CacheError::Full(format!(
-                    "disk tier {}: {size} bytes do not fit ({} used, {} reserved, of {})",
-                    self.dir.display(),
-                    st.used,
-                    st.reserved,
-                    self.capacity
-                )));
             }
             st.reserved += size;
             Reservation {

@@ -335,32 +335,11 @@ async fn same_key_put_concurrently_leaves_one_file() {
     assert!((0..8).any(|i| got == data(5000, i)));
 }
 
-#[tokio::test]
-async fn concurrent_puts_never_exceed_the_budget() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cap = 10 * 100_000 + 7;
-    let tier = Arc::new(open(dir.path(), cap));
-    let mut tasks = Vec::new();
-    for i in 0..32u64 {
-        let tier = tier.clone();
-        tasks.push(tokio::spawn(async move {
-            let r = tier
-                .put(&CacheKey::file("b", "v", i), Block::new(data(100_000, 1)))
-                .await;
-            assert!(tier.used_bytes() <= cap);
-            r.is_ok()
-        }));
-    }
-    let mut ok = 0;
-    for t in tasks {
-        ok += usize::from(t.await.expect("task"));
-    }
-    assert_eq!(ok, 10, "exactly as many as fit");
-    assert_eq!(tier.used_bytes(), 1_000_000);
-    assert_eq!(block_files(dir.path()), 10);
-}
-
 /// An engine whose writes fail with ENOSPC once `full` is set.
+// The budget is the engine's (one `TierSpace` per level): concurrent puts never
+// exceeding it is asserted in cache-core/tests/engine.rs over a tier that yields in
+// every call; a tier itself only refuses for device reasons (next test).
+
 #[derive(Debug)]
 struct FillingDisk {
     inner: Arc<dyn IoEngine>,
@@ -420,18 +399,6 @@ async fn full_device_is_a_clear_error_and_loses_nothing() {
     drop(tier);
     let tier = open(dir.path(), 16 << 20);
     assert_eq!(tier.resident(), vec![(a.clone(), 70_000)]);
-}
-
-#[tokio::test]
-async fn too_large_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tier = open(dir.path(), 1000);
-    let err = tier
-        .put(&CacheKey::file("x", "v", 0), Block::new(data(1001, 0)))
-        .await
-        .expect_err("too large");
-    assert!(matches!(err, CacheError::TooLarge { .. }));
-    assert_eq!(block_files(dir.path()), 0);
 }
 
 /// One round of put / get / remove on a few shared keys: keys collide across workers so

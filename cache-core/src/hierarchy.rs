@@ -1,0 +1,197 @@
+//! The synchronous core of the tiered cache: the access tracker plus one [`TierSpace`]
+//! per level, fastest first. Pure logic, no I/O, no clock.
+//!
+//! The async engine ([`crate::engine::CacheEngine`]) holds one `Hierarchy` behind a
+//! mutex (never across an `.await`) and performs the I/O its answers call for; the
+//! replay simulator drives the same type in simulated time. So what the replay measures
+//! (which level holds what, what is evicted, how streams are classified) is what the
+//! daemon decides.
+//!
+//! Per access: [`Hierarchy::observe`] once (demand only; it fills `ctx.obs` for every
+//! policy), then [`Hierarchy::touch`] level by level, then on a miss
+//! [`Hierarchy::reserve`] / [`Hierarchy::commit`] (async writers) or
+//! [`Hierarchy::place`] (synchronous callers).
+
+use crate::access::AccessContext;
+use crate::error::CacheError;
+use crate::key::CacheKey;
+use crate::space::{Placement, TierSpace};
+use crate::stream::TreeConfig;
+use crate::tracker::AccessTracker;
+
+/// Demand admissions between updates of the tracker's sharing window: 1,024, the
+/// cadence at which the pattern-aware policy used to set it from its own tier.
+const SHARE_WINDOW_EVERY: u64 = 1024;
+
+/// The tracker and the levels' spaces. See the module docs.
+pub struct Hierarchy {
+    tracker: AccessTracker,
+    levels: Vec<TierSpace>,
+    demand_admissions: u64,
+}
+
+impl Hierarchy {
+    /// Levels fastest first, with a default tracker.
+    pub fn new(levels: Vec<TierSpace>) -> Self {
+        Self::with_tracker(levels, TreeConfig::default())
+    }
+
+    pub fn with_tracker(levels: Vec<TierSpace>, tree: TreeConfig) -> Self {
+        Hierarchy {
+            tracker: AccessTracker::new(tree),
+            levels,
+            demand_admissions: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.levels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.levels.is_empty()
+    }
+
+    pub fn tracker(&self) -> &AccessTracker {
+        &self.tracker
+    }
+
+    pub fn level(&self, i: usize) -> &TierSpace {
+        &self.levels[i]
+    }
+
+    /// Observes a demand access once, writing its streams' patterns into `ctx.obs`
+    /// (other kinds get an empty observation). Call before any touch or placement.
+    pub fn observe(&mut self, key: &CacheKey, ctx: &mut AccessContext) {
+        ctx.obs = self.tracker.observe(key, ctx);
+    }
+
+    /// Records a read of `key` at level `i`; returns whether that level holds it.
+    pub fn touch(&mut self, i: usize, key: &CacheKey, ctx: &AccessContext) -> bool {
+        self.levels[i].touch(key, ctx)
+    }
+
+    /// Whether level `i` counts `key` as resident.
+    pub fn contains(&self, i: usize, key: &CacheKey) -> bool {
+        self.levels[i].contains(key)
+    }
+
+    /// The fastest level holding `key`.
+    pub fn locate(&self, key: &CacheKey) -> Option<usize> {
+        (0..self.levels.len()).find(|&i| self.levels[i].contains(key))
+    }
+
+    /// The first level below `from` that does not hold `key` (where a victim goes).
+    pub fn next_level_lacking(&self, from: usize, key: &CacheKey) -> Option<usize> {
+        (from + 1..self.levels.len()).find(|&j| !self.levels[j].contains(key))
+    }
+
+    /// [`TierSpace::place`] at level `i` (residents at once).
+    pub fn place(
+        &mut self,
+        i: usize,
+        key: &CacheKey,
+        size: u64,
+        ctx: &AccessContext,
+    ) -> Result<Placement, CacheError> {
+        let placement = self.levels[i].place(key, size, ctx);
+        self.count_admission(ctx, &placement);
+        placement
+    }
+
+    /// [`TierSpace::reserve`] at level `i`: bytes charged, key resident at `commit`.
+    pub fn reserve(
+        &mut self,
+        i: usize,
+        key: &CacheKey,
+        size: u64,
+        ctx: &AccessContext,
+    ) -> Result<Placement, CacheError> {
+        let placement = self.levels[i].reserve(key, size, ctx);
+        self.count_admission(ctx, &placement);
+        placement
+    }
+
+    /// [`TierSpace::commit`] at level `i`.
+    pub fn commit(&mut self, i: usize, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        self.levels[i].commit(key, size, ctx)
+    }
+
+    /// [`TierSpace::release`] at level `i`.
+    pub fn release(&mut self, i: usize, size: u64) {
+        self.levels[i].release(size);
+    }
+
+    /// Forgets `key` at level `i` (removed, or its bytes were found gone).
+    pub fn forget(&mut self, i: usize, key: &CacheKey) -> Option<u64> {
+        self.levels[i].remove(key)
+    }
+
+    /// Resident blocks of every level.
+    pub fn resident_blocks(&self) -> usize {
+        self.levels.iter().map(TierSpace::len).sum()
+    }
+
+    /// Policy name of each level, fastest first.
+    pub fn policy_names(&self) -> Vec<&'static str> {
+        self.levels.iter().map(TierSpace::policy_name).collect()
+    }
+
+    /// Every `SHARE_WINDOW_EVERY` demand admissions the tracker's sharing window is set
+    /// to the blocks the whole cache holds: readers trailing each other by less than a
+    /// cache's worth of accesses are served by recency.
+    fn count_admission(&mut self, ctx: &AccessContext, placement: &Result<Placement, CacheError>) {
+        if !ctx.is_demand()
+            || !matches!(
+                placement,
+                Ok(Placement::Admitted { .. }) | Ok(Placement::Refused { .. })
+            )
+        {
+            return;
+        }
+        self.demand_admissions += 1;
+        if self.demand_admissions.is_multiple_of(SHARE_WINDOW_EVERY) {
+            let blocks = self.resident_blocks() as u64;
+            self.tracker.set_share_window(blocks);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::access::JobId;
+    use crate::pattern::Pattern;
+    use crate::policy::LruPolicy;
+
+    /// With plain LRU on every level the tracker still classifies: the classification
+    /// belongs to the cache, not to the pattern-aware policy.
+    #[test]
+    fn lru_levels_still_classify_streams() {
+        let mut h = Hierarchy::new(vec![
+            TierSpace::new(4, Box::new(LruPolicy::new())),
+            TierSpace::new(8, Box::new(LruPolicy::new())),
+        ]);
+        let mut last = AccessContext::default();
+        for b in 0..64u64 {
+            let key = CacheKey::file("ds/train/a.bin", "v", b);
+            let mut ctx = AccessContext::demand(JobId(3), b);
+            h.observe(&key, &mut ctx);
+            if !h.touch(0, &key, &ctx) {
+                let _ = h.place(0, &key, 1, &ctx);
+            }
+            last = ctx;
+        }
+        assert_eq!(last.obs.blocks, Pattern::Sequential);
+        let report = h.tracker().report(4);
+        assert!(report
+            .iter()
+            .any(|r| r.pattern == Pattern::Sequential && r.job == 3));
+        // A demotion into level 1 teaches the tracker nothing.
+        let before = h.tracker().observed();
+        let mut moved = last.moved(crate::access::AccessKind::Demotion);
+        h.observe(&CacheKey::file("ds/train/a.bin", "v", 0), &mut moved);
+        let _ = h.place(1, &CacheKey::file("ds/train/a.bin", "v", 0), 1, &moved);
+        assert_eq!(h.tracker().observed(), before);
+    }
+}
