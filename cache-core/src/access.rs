@@ -1,11 +1,8 @@
 //! What the cache knows about an access beyond its key: who made it and when. Front doors
 //! fill it in; the access-stream tree and the policies read it.
 
-/// Identifies the job making an access: a reading process or open handle at the FUSE
-/// mount, a client connection or namespace at the KV service, a trace's job column in
-/// replay. Streams of different jobs are never merged.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct JobId(pub u64);
+/// Defined in `strata-types` (the pure-logic crates share it without linking the core).
+pub use strata_types::JobId;
 
 /// Context handed with every access to the engine, the stream tree and the policies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -20,15 +20,16 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use strata_types::{hash_bytes, mix64};
+
 use crate::error::CacheError;
-use crate::stream::{hash_bytes, mix64};
 
 /// Version byte leading every encoded key.
 pub const KEY_ENCODING_VERSION: u8 = 1;
 
-/// Default file block size: 1 MiB, large enough that a 1 MiB FUSE read is one block
-/// fetch and small enough that a random 4 KiB read does not drag in much more.
-pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+/// Default file block size (1 MiB, reasons in `strata-types`, where it is defined so
+/// the prefetch predictors share it without linking the core).
+pub use strata_types::DEFAULT_BLOCK_SIZE;
 
 /// Smallest and largest KV block the cache accepts (1 KiB .. 64 MiB).
 pub const KV_BLOCK_MIN: usize = 1 << 10;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use strata_cache_core::{JobId, Pattern};
+use strata_types::{JobId, Pattern};
 
 use super::eval::{evaluate, EvalConfig, EvalReport};
 use super::tokenize::civil_from_days;
