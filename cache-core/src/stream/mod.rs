@@ -39,8 +39,10 @@ use crate::pattern::Pattern;
 /// predictors share them without linking the core); re-exported at their old paths.
 pub use strata_types::hash::{hash_bytes, mix64, FxBuild, FxHasher};
 
-/// A uniformly distributed, process-stable 64-bit hash of a cache key (no allocation,
-/// unlike [`CacheKey::fingerprint`]). The policy samples its stable subsets with it.
+/// A uniformly distributed, process-stable 64-bit hash of a cache key without its
+/// version (no allocation; recomputed per call). The policy samples its stable subsets
+/// with it, so its value is pinned: it is not [`CacheKey::content_hash`], and replacing
+/// one by the other changes the policy's decisions (the table in [`crate::key`]).
 #[inline]
 pub fn key_hash(key: &CacheKey) -> u64 {
     match key {

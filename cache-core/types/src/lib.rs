@@ -9,7 +9,7 @@
 
 pub mod hash;
 
-pub use hash::{hash_bytes, mix64, FxBuild, FxHasher};
+pub use hash::{hash_bytes, mix64, FxBuild, FxHasher, SplitMix64};
 
 /// Default file block size: 1 MiB, large enough that a 1 MiB FUSE read is one block
 /// fetch and small enough that a random 4 KiB read does not drag in much more.
