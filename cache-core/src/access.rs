@@ -4,11 +4,8 @@
 
 use crate::stream::Observation;
 
-/// Identifies the job making an access: a reading process group at the FUSE mount, a
-/// namespace at the KV service, a trace's job column in replay. Streams of different
-/// jobs are never merged.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct JobId(pub u64);
+/// Defined in `strata-types` (the pure-logic crates share it without linking the core).
+pub use strata_types::JobId;
 
 /// Why a block is being read or placed. Only `Demand` is observed by the access
 /// tracker: a prefetch, a promotion or a demotion is the cache moving data, not the job

@@ -15,20 +15,36 @@
 //! seed) so that replays and iteration orders are reproducible; it is not meant to
 //! withstand keys crafted to collide, which only the cluster's own clients could send.
 //! It is never persisted (the disk index and file names use the encoding).
+//!
+//! ## Which hash of a key is for what
+//!
+//! | what | value | used for |
+//! |---|---|---|
+//! | [`CacheKey::encode`] | bytes, versioned ([`KEY_ENCODING_VERSION`]) | the only persistent form: the disk index's key and each block file's header (files are named by sequence number) |
+//! | [`CacheKey::content_hash`] | all fields, tagged by kind; cached in the key | `Hash`/`Eq` of every in-memory map of keys, LRU's slot index, the replay's key ids |
+//! | [`crate::stream::key_hash`] | location + block (the version left out) or namespace + hash; computed per call | the pattern-aware policy's frequency sketch, ghost lists and stable-subset sampling |
+//! | `MokaKey`'s `Hash` (`policy/tinylfu.rs`) | std `DefaultHasher`, field by field | moka's frequency sketch (TinyLFU) |
+//!
+//! The last two differ from `content_hash` in value, and the policies' decisions (so
+//! every replay result) depend on those values: they are kept bit-identical rather
+//! than folded into `content_hash`, and changing one is a measured change (re-run
+//! `strata bench replay`), not a refactor. All three 64-bit hashes are built from the
+//! one Fx hasher and splitmix64 finaliser in `strata-types`.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use strata_types::{hash_bytes, mix64};
+
 use crate::error::CacheError;
-use crate::stream::{hash_bytes, mix64};
 
 /// Version byte leading every encoded key.
 pub const KEY_ENCODING_VERSION: u8 = 1;
 
-/// Default file block size: 1 MiB, large enough that a 1 MiB FUSE read is one block
-/// fetch and small enough that a random 4 KiB read does not drag in much more.
-pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+/// Default file block size (1 MiB, reasons in `strata-types`, where it is defined so
+/// the prefetch predictors share it without linking the core).
+pub use strata_types::DEFAULT_BLOCK_SIZE;
 
 /// Smallest and largest KV block the cache accepts (1 KiB .. 64 MiB).
 pub const KV_BLOCK_MIN: usize = 1 << 10;
@@ -161,7 +177,7 @@ impl CacheKey {
 
     /// 64-bit hash of the key's content, computed when the key was built: what `Hash`
     /// writes. Deterministic across processes of one build, but not a persistent
-    /// format (use [`CacheKey::fingerprint`] for names on disk).
+    /// format (persist [`CacheKey::encode`]).
     #[inline]
     pub fn content_hash(&self) -> u64 {
         match self {
@@ -229,17 +245,6 @@ impl CacheKey {
             }
             _ => Err(bad("unknown kind")),
         }
-    }
-
-    /// A 64-bit fingerprint, stable across processes (FNV-1a over the encoding); used
-    /// for file names on disk and for sampling.
-    pub fn fingerprint(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.encode() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
     }
 
     /// The replay/trace path of this key: the file location, or `kv/<ns>/<hex hash>`.
@@ -355,18 +360,5 @@ mod tests {
         for cut in 0..enc.len() {
             assert!(CacheKey::decode(&enc[..cut]).is_err(), "cut at {cut}");
         }
-    }
-
-    #[test]
-    fn fingerprint_is_stable() {
-        // Pinned: the fingerprint names files on disk, so it must never change silently.
-        assert_eq!(
-            CacheKey::file("a", "v", 0).fingerprint(),
-            CacheKey::file("a", "v", 0).fingerprint()
-        );
-        assert_ne!(
-            CacheKey::file("a", "v", 0).fingerprint(),
-            CacheKey::file("a", "v", 1).fingerprint()
-        );
     }
 }

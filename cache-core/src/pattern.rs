@@ -1,15 +1,6 @@
 //! Access patterns a stream can be classified as (see the classifier).
+//!
+//! [`Pattern`] is defined in `strata-types` so that the prefetch predictors can read it
+//! without linking the core; this module keeps its path in the core.
 
-/// The pattern of one access stream.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Pattern {
-    /// Not enough evidence yet.
-    #[default]
-    Unknown,
-    Sequential,
-    Random,
-    Skewed,
-}
+pub use strata_types::Pattern;

@@ -6,7 +6,7 @@ pub mod sequential;
 
 use std::sync::Arc;
 
-use strata_cache_core::{JobId, Pattern};
+use strata_types::{JobId, Pattern};
 
 /// One demand read as a predictor sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,8 +18,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
-use strata_cache_core::stream::FxHasher;
-use strata_cache_core::{JobId, Pattern};
+use strata_types::{FxHasher, JobId, Pattern};
 
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use strata_cache_core::{JobId, Pattern};
 use strata_prefetch::semantic::workloads as w;
 use strata_prefetch::semantic::{
     evaluate, tokenize, EvalConfig, FieldKind, SemanticConfig, SemanticPredictor,
 };
 use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+use strata_types::{JobId, Pattern};
 
 fn ev(job: u64, path: &str, size: u64) -> AccessEvent {
     AccessEvent {

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use strata_cache_core::{JobId, Pattern};
 use strata_prefetch::semantic::workloads::{random_listed, random_numbers};
 use strata_prefetch::semantic::{tokenize, SemanticConfig, SemanticPredictor};
 use strata_prefetch::{AccessEvent, Predictor};
+use strata_types::{JobId, Pattern};
 
 fn ev(job: u64, path: &str) -> AccessEvent {
     AccessEvent {

@@ -6,12 +6,14 @@
 
 use std::collections::HashMap;
 
+use strata_types::SplitMix64;
+
 use super::{EvictionPolicy, KeyBuild};
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 
 pub struct TwoRandomPolicy {
-    rng: u64,
+    rng: SplitMix64,
     tick: u64,
     slots: Vec<(CacheKey, u64)>,
     index: HashMap<CacheKey, usize, KeyBuild>,
@@ -23,7 +25,7 @@ impl TwoRandomPolicy {
 
     pub fn new(seed: u64) -> Self {
         TwoRandomPolicy {
-            rng: seed,
+            rng: SplitMix64::new(seed),
             tick: 0,
             slots: Vec::new(),
             index: HashMap::default(),
@@ -31,12 +33,7 @@ impl TwoRandomPolicy {
     }
 
     fn next(&mut self) -> u64 {
-        // splitmix64
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.rng.next_u64()
     }
 }
 

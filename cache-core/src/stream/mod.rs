@@ -29,7 +29,6 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::access::AccessContext;
@@ -37,82 +36,14 @@ use crate::classify::{ClassifierConfig, Scratch, StreamStats, TestOutcome};
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
 
-/// A small, fast, deterministic hasher (the Fx/rustc hash) for the tree's and the
-/// policy's internal maps, whose keys are already well-mixed 64-bit hashes or small
-/// tuples: SipHash would be most of the per-access cost.
-#[derive(Default, Clone, Copy, Debug)]
-pub struct FxHasher {
-    hash: u64,
-}
+/// The Fx hasher and the splitmix64 finaliser live in `strata-types` (the prefetch
+/// predictors share them without linking the core); re-exported at their old paths.
+pub use strata_types::hash::{hash_bytes, mix64, FxBuild, FxHasher};
 
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl Hasher for FxHasher {
-    /// 8 bytes at a time (little-endian), the last chunk zero-padded. Whole chunks are
-    /// fixed-size loads and the tail is assembled in a register: a variable-length
-    /// copy per chunk (a `memcpy` call each) was most of the cost of hashing a path.
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut buf = [0u8; 8];
-            buf.copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(buf));
-        }
-        let tail = chunks.remainder();
-        if !tail.is_empty() {
-            let v = tail
-                .iter()
-                .rev()
-                .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
-            self.write_u64(v);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ i).wrapping_mul(FX_SEED);
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.write_u64(u64::from(i));
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.write_u64(u64::from(i));
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.write_u64(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-/// `BuildHasher` for [`FxHasher`].
-pub type FxBuild = BuildHasherDefault<FxHasher>;
-
-/// Finaliser (splitmix64) turning a weak hash into uniformly spread bits.
-#[inline]
-pub fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// Stable 64-bit hash of a byte string (Fx, 8 bytes at a time, then mixed).
-#[inline]
-pub fn hash_bytes(b: &[u8]) -> u64 {
-    let mut h = FxHasher::default();
-    h.write(b);
-    h.write_u64(b.len() as u64);
-    mix64(h.finish())
-}
-
-/// A uniformly distributed, process-stable 64-bit hash of a cache key (no allocation,
-/// unlike [`CacheKey::fingerprint`]). The policy samples its stable subsets with it.
+/// A uniformly distributed, process-stable 64-bit hash of a cache key without its
+/// version (no allocation; recomputed per call). The policy samples its stable subsets
+/// with it, so its value is pinned: it is not [`CacheKey::content_hash`], and replacing
+/// one by the other changes the policy's decisions (the table in [`crate::key`]).
 #[inline]
 pub fn key_hash(key: &CacheKey) -> u64 {
     match key {
@@ -680,31 +611,6 @@ mod tests {
 
     fn ctx(job: u64) -> AccessContext {
         AccessContext::demand(JobId(job), 0)
-    }
-
-    /// `FxHasher::write` hashes exactly what the chunk-copying version did (node ids,
-    /// key hashes and so every classification and sample depend on these values).
-    #[test]
-    fn fx_write_matches_the_reference() {
-        fn reference(bytes: &[u8]) -> u64 {
-            let mut h = FxHasher::default();
-            for chunk in bytes.chunks(8) {
-                let mut buf = [0u8; 8];
-                buf[..chunk.len()].copy_from_slice(chunk);
-                h.write_u64(u64::from_le_bytes(buf));
-            }
-            h.finish()
-        }
-        let data: Vec<u8> = (0..200u32)
-            .map(|i| (mix64(u64::from(i)) >> 7) as u8)
-            .collect();
-        for start in 0..9 {
-            for end in start..data.len() {
-                let mut h = FxHasher::default();
-                h.write(&data[start..end]);
-                assert_eq!(h.finish(), reference(&data[start..end]), "{start}..{end}");
-            }
-        }
     }
 
     #[test]

@@ -17,8 +17,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use strata_cache_core::stream::FxBuild;
-use strata_cache_core::JobId;
+use strata_types::{FxBuild, JobId};
 
 use super::permutation::SetTracker;
 use super::regularity::Lane;

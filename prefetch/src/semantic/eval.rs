@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use strata_cache_core::JobId;
+use strata_types::JobId;
 
 use crate::{AccessEvent, Feedback, Predictor};
 

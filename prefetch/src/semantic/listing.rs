@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use strata_cache_core::stream::FxBuild;
+use strata_types::FxBuild;
 
 use super::tokenize::tokenize_shared;
 

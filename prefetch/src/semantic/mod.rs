@@ -109,7 +109,7 @@ impl Default for SemanticConfig {
             lane_gap: 1024,
             max_streams: 4096,
             small_file_max: 8 << 20,
-            first_chunk: strata_cache_core::DEFAULT_BLOCK_SIZE,
+            first_chunk: strata_types::DEFAULT_BLOCK_SIZE,
             perm_alpha: 0.01,
             epoch_complete: 0.95,
             pool_max_files: 4096,

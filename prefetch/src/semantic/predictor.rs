@@ -15,8 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use strata_cache_core::stream::FxBuild;
-use strata_cache_core::JobId;
+use strata_types::{FxBuild, JobId};
 
 use super::cluster::{StreamKey, StreamTable};
 use super::listing::ListingIndex;

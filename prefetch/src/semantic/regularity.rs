@@ -29,7 +29,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use strata_cache_core::stream::FxBuild;
+use strata_types::FxBuild;
 
 use super::listing::ListingIndex;
 use super::tokenize::{FieldKind, TokenizedPath};

@@ -1,11 +1,11 @@
 //! Synthetic, seeded traces for tests and `examples/semantic_eval.rs`: the naming
 //! schemes of the issue (ImageNet-style class directories, tar shards, dated partitions,
 //! `-of-N` checkpoints), interleaved tenants, per-epoch shuffles and purely random reads.
-//! Deterministic: a small SplitMix64 generator, no external randomness.
+//! Deterministic: the splitmix64 generator of `strata-types`, no external randomness.
 
 use std::sync::Arc;
 
-use strata_cache_core::{JobId, Pattern};
+use strata_types::{JobId, Pattern, SplitMix64};
 
 use super::eval::{evaluate, EvalConfig, EvalReport};
 use super::tokenize::civil_from_days;
@@ -13,21 +13,17 @@ use super::tokenize::days_from_civil;
 use super::{SemanticConfig, SemanticPredictor};
 use crate::AccessEvent;
 
-/// SplitMix64: tiny, seeded, good enough for trace generation.
+/// SplitMix64 ([`SplitMix64`]): tiny, seeded, good enough for trace generation.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n > 0`).

@@ -22,14 +22,13 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
+use strata_cache_core::stream::mix64;
+
 use super::{Trace, TraceBuilder, TraceError};
 
-/// The splitmix64 finaliser: a bijection on u64 (each step is invertible).
+/// The splitmix64 finaliser ([`mix64`]): a bijection on u64 (each step is invertible).
 pub fn scramble(id: u64) -> u64 {
-    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    mix64(id)
 }
 
 #[derive(serde::Deserialize)]
