@@ -140,6 +140,14 @@ mod tests {
         }
     }
 
+    fn with_gpu(dir: &std::path::Path, gpu: &str, device: &str) -> CacheConfig {
+        CacheConfig {
+            gpu: Some(gpu.into()),
+            gpu_device: Some(device.into()),
+            ..cfg(dir)
+        }
+    }
+
     #[test]
     fn tiers_evict_with_the_configured_policy() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -159,10 +167,8 @@ mod tests {
     #[test]
     fn a_gpu_tier_sits_above_memory_and_disk() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = cfg(dir.path());
-        cfg.gpu = Some("2MiB".into());
-        cfg.gpu_device = Some("emulated".into());
-        let core = open_core(&cfg).expect("emulated GPU tier opens");
+        let core =
+            open_core(&with_gpu(dir.path(), "2MiB", "emulated")).expect("emulated GPU tier opens");
         let tiers: Vec<String> = core
             .engine
             .stats()
@@ -179,9 +185,7 @@ mod tests {
     #[test]
     fn a_cuda_device_without_cuda_is_a_clear_error() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = cfg(dir.path());
-        cfg.gpu = Some("1GiB".into());
-        cfg.gpu_device = Some("0".into());
+        let cfg = with_gpu(dir.path(), "1GiB", "0");
         let err = format!("{:#}", open_core(&cfg).err().expect("refused"));
         assert!(
             err.contains("CUDA device 0") && err.contains("cuda"),

@@ -85,10 +85,17 @@ pub(crate) fn plan(kv: &KvConfig) -> anyhow::Result<Option<KvPlan>> {
     Ok(Some(KvPlan { server, tcp }))
 }
 
-/// The running service and the socket file to remove at exit.
+/// The running service; dropping it removes its socket file (at exit, and when a
+/// later part of the daemon fails to start).
 pub(crate) struct RunningKv {
     pub service: KvService,
-    pub socket: PathBuf,
+    socket: PathBuf,
+}
+
+impl Drop for RunningKv {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
 }
 
 /// Binds the listeners of `plan` and spawns their servers into `tasks`; they stop when

@@ -61,15 +61,8 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {
         for m in &cfg.mounts {
-            let h = match mount::mount(m, &core, store, url) {
-                Ok(h) => h,
-                Err(e) => {
-                    // Leave nothing mounted behind a failed start.
-                    stop.cancel();
-                    unmount_all(mounts).await;
-                    return Err(e);
-                }
-            };
+            // On an error, dropping the handles unmounts what was mounted so far.
+            let h = mount::mount(m, &core, store, url)?;
             println!("mount {}", m.mountpoint.display());
             infos.push(MountInfo {
                 mountpoint: m.mountpoint.clone(),
@@ -147,26 +140,20 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     {
         tracing::warn!("requests still in flight after 10 s; exiting anyway");
     }
-    unmount_all(mounts).await;
-    if let Some(kv) = kv {
-        let _ = std::fs::remove_file(&kv.socket);
-    }
-    drop(core);
-    result
-}
-
-/// Unmounts `mounts` off the runtime's workers (an unmount waits for the session).
-async fn unmount_all(mounts: Vec<strata_fs::MountHandle>) {
-    let done = tokio::task::spawn_blocking(move || {
+    // Off the runtime's workers: an unmount waits for the session to end.
+    let unmounted = tokio::task::spawn_blocking(move || {
         for m in mounts {
             if let Err(e) = m.unmount() {
                 tracing::warn!(error = %e, "unmount failed");
             }
         }
     });
-    if let Err(e) = done.await {
+    if let Err(e) = unmounted.await {
         tracing::warn!(error = %e, "unmount task failed");
     }
+    drop(kv);
+    drop(core);
+    result
 }
 
 /// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
