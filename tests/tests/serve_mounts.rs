@@ -1,9 +1,12 @@
-//! `strata serve`'s mounts through the real kernel: a strata.toml with a `[[mounts]]`
-//! entry over a local directory of 200 files, loaded and run as `strata serve --config`
-//! runs it (`StrataConfig::load`, then `strata_tools::daemon::run`), read in name order;
-//! the admin API's stats (what `strata stats --json` prints) then show the mount's
-//! predictors prefetched. Before the mount options were shared with `strata mount`, a
-//! daemon mount had no predictors and this read showed `prefetch_fills: 0`.
+//! The daemon's mounts through the real kernel, over a local directory of 200 files
+//! read in name order:
+//! - a strata.toml with a `[[mounts]]` entry, loaded and run as `strata serve --config`
+//!   runs it (`StrataConfig::load`, then `strata_tools::daemon::run`): the admin API's
+//!   stats (what `strata stats --json` prints) show the mount's predictors prefetched.
+//!   Before the mount options were shared with `strata mount`, a daemon mount had no
+//!   predictors and this read showed `prefetch_fills: 0`;
+//! - `strata mount`'s command line, parsed by the CLI and run by the same daemon:
+//!   prefetches alike, and exits cleanly when the mount is removed from outside.
 
 mod fuse_common;
 
@@ -28,8 +31,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(config: &Path, mnt: &Path, admin: String) -> Daemon {
-        let cfg = StrataConfig::load(config).expect("config loads");
+    fn start(cfg: StrataConfig, mnt: &Path, admin: String) -> Daemon {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -93,26 +95,82 @@ impl Drop for Daemon {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+fn name(i: usize) -> String {
+    format!("sample-{i:05}.bin")
+}
+
+/// Where one test's files live.
+struct Scene {
+    dir: tempfile::TempDir,
+    /// The store root: `FILES` files of `FILE_BYTES` in `data/`.
+    src: PathBuf,
+    mnt: PathBuf,
+    /// A free loopback address for the admin API.
+    admin: String,
+}
+
+fn scene() -> Scene {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    let data = src.join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    for i in 0..FILES {
+        std::fs::write(data.join(name(i)), pattern(FILE_BYTES, i as u64)).expect("write");
+    }
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
-        .port()
+        .port();
+    Scene {
+        src,
+        mnt,
+        admin: format!("127.0.0.1:{port}"),
+        dir,
+    }
+}
+
+/// A data loader: lists the directory, reads every file whole in name order, checks
+/// the bytes.
+fn read_in_name_order(mnt: &Path) {
+    let mut names: Vec<String> = std::fs::read_dir(mnt.join("data"))
+        .expect("list the mount")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), FILES);
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(n, &name(i));
+        let got = std::fs::read(mnt.join("data").join(n)).expect("read through the mount");
+        assert!(
+            got == pattern(FILE_BYTES, i as u64),
+            "{n}: bytes differ from the source"
+        );
+    }
+}
+
+/// `engine.prefetch_fills` and `engine.prefetch_bytes` of a `strata stats --json`.
+fn assert_prefetched(stats: &serde_json::Value) {
+    let engine = &stats["engine"];
+    let fills = engine["prefetch_fills"]
+        .as_u64()
+        .expect("engine.prefetch_fills");
+    assert!(
+        fills > 0,
+        "the daemon's mount prefetched nothing for a name-order read: {engine:#}"
+    );
+    assert!(
+        engine["prefetch_bytes"].as_u64() > Some(0),
+        "prefetch_bytes with the fills: {engine:#}"
+    );
 }
 
 #[test]
 fn a_mounts_entry_prefetches_files_read_in_name_order() {
     bounded(240, || {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let src = dir.path().join("src");
-        let data = src.join("data");
-        std::fs::create_dir_all(&data).expect("mkdir");
-        let name = |i: usize| format!("sample-{i:05}.bin");
-        for i in 0..FILES {
-            std::fs::write(data.join(name(i)), pattern(FILE_BYTES, i as u64)).expect("write");
-        }
-        let mnt = dir.path().join("mnt");
-        let admin = format!("127.0.0.1:{}", free_port());
+        let sc = scene();
+        let (dir, src, mnt, admin) = (&sc.dir, &sc.src, &sc.mnt, sc.admin.clone());
         // A user's file: store, caches, a mount with nothing but its mountpoint (every
         // mount option at its default), the KV service on its Unix socket.
         let config = dir.path().join("strata.toml");
@@ -130,42 +188,64 @@ fn a_mounts_entry_prefetches_files_read_in_name_order() {
             ),
         )
         .expect("write config");
-        let mut daemon = Daemon::start(&config, &mnt, admin);
+        let cfg = StrataConfig::load(&config).expect("config loads");
+        let mut daemon = Daemon::start(cfg, mnt, admin);
         let before = daemon.stats().expect("stats");
         assert_eq!(before["engine"]["prefetch_fills"], 0, "nothing read yet");
         assert_eq!(before["mounts"].as_array().map(Vec::len), Some(1));
 
-        // A data loader: list the directory, read every file whole in name order.
-        let mut names: Vec<String> = std::fs::read_dir(mnt.join("data"))
-            .expect("list the mount")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names.len(), FILES);
-        for (i, n) in names.iter().enumerate() {
-            assert_eq!(n, &name(i));
-            let got = std::fs::read(mnt.join("data").join(n)).expect("read through the mount");
-            assert!(
-                got == pattern(FILE_BYTES, i as u64),
-                "{n}: bytes differ from the source"
-            );
-        }
-
-        let after = daemon.stats().expect("stats");
-        let engine = &after["engine"];
-        let fills = engine["prefetch_fills"]
-            .as_u64()
-            .expect("engine.prefetch_fills");
-        assert!(
-            fills > 0,
-            "the daemon's mount prefetched nothing for a name-order read: {engine:#}"
-        );
-        assert!(
-            engine["prefetch_bytes"].as_u64() > Some(0),
-            "prefetch_bytes with the fills: {engine:#}"
-        );
+        read_in_name_order(mnt);
+        assert_prefetched(&daemon.stats().expect("stats"));
 
         daemon.stop().expect("daemon stops cleanly");
-        assert!(!is_mounted(&mnt), "unmounted at stop");
+        assert!(!is_mounted(mnt), "unmounted at stop");
+    });
+}
+
+#[test]
+fn strata_mount_flags_run_the_same_mount_and_end_with_it() {
+    use clap::Parser;
+    use strata_tools::cli::{Cli, Command};
+    bounded(240, || {
+        let sc = scene();
+        let (dir, src, mnt, admin) = (&sc.dir, &sc.src, &sc.mnt, sc.admin.clone());
+        let url = format!("file://{}", src.display());
+        let cache = dir.path().join("cache");
+        let argv = [
+            "strata",
+            "mount",
+            &url,
+            mnt.to_str().expect("utf-8 path"),
+            "--cache-dir",
+            cache.to_str().expect("utf-8 path"),
+            "--admin",
+            &admin,
+            "--foreground",
+        ];
+        let Command::Mount(args) = Cli::parse_from(argv).command else {
+            panic!("parsed as another command");
+        };
+        let cfg = args.to_config();
+        assert!(!cfg.kv.enabled, "strata mount runs no KV service");
+        let mut daemon = Daemon::start(cfg, mnt, admin);
+        read_in_name_order(mnt);
+        assert_prefetched(&daemon.stats().expect("stats"));
+
+        // Removed from outside: the daemon (no KV service) ends cleanly with its mount.
+        let out = std::process::Command::new("timeout")
+            .args(["30", "fusermount3", "-u"])
+            .arg(mnt)
+            .output()
+            .expect("run fusermount3");
+        assert!(out.status.success(), "fusermount3 -u: {out:?}");
+        let task = daemon.task.take().expect("daemon task");
+        let ended = daemon
+            .rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(20), task).await });
+        match ended {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("daemon did not end cleanly after the unmount: {other:?}"),
+        }
+        assert!(!is_mounted(mnt));
     });
 }
