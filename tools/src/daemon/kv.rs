@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use strata_kvcache::server::{self as kv, KvService, ServerConfig, TlsFiles};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{parse_size, KvConfig};
@@ -105,7 +104,7 @@ pub(crate) async fn start(
     socket: PathBuf,
     engine: strata_cache_core::CacheEngine,
     stop: &CancellationToken,
-    tasks: &mut JoinSet<anyhow::Result<()>>,
+    tasks: &mut super::Servers,
 ) -> anyhow::Result<RunningKv> {
     let service = KvService::new(engine, plan.server);
     if let Some(addr) = plan.tcp {

@@ -43,7 +43,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         _ => None,
     };
     let core = open_core(&cfg.cache)?;
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = Servers::new();
 
     let kv = match kv_plan {
         Some(plan) => {
@@ -92,24 +92,38 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     }
     println!("ready");
 
-    // Run until stopped, until a server fails (then stop the others), or until the
-    // last mount of a mounts-only daemon is gone.
-    let mut result = Ok(());
+    let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
+    shut_down(tasks, mounts).await;
+    drop(kv);
+    drop(core);
+    result
+}
+
+type Servers = tokio::task::JoinSet<anyhow::Result<()>>;
+
+/// Waits until `stop` is cancelled, a server fails (then stops the others), or, with
+/// no KV service, the last mount was removed from outside.
+async fn supervise(
+    stop: &CancellationToken,
+    tasks: &mut Servers,
+    mounts: &[strata_fs::MountHandle],
+    kv_running: bool,
+) -> anyhow::Result<()> {
     let mut gone = vec![false; mounts.len()];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => return Ok(()),
             Some(r) = tasks.join_next() => {
-                result = r.context("server task panicked").and_then(|r| r);
+                let mut result = r.context("server task panicked").and_then(|r| r);
                 // A server that ends cleanly because a stop was requested meanwhile is
                 // the normal shutdown, not a failure.
                 if result.is_ok() && !stop.is_cancelled() {
                     result = Err(anyhow::anyhow!("a server stopped unexpectedly"));
                 }
                 stop.cancel();
-                break;
+                return result;
             }
             _ = tick.tick() => {
                 for (m, g) in mounts.iter().zip(gone.iter_mut()) {
@@ -118,15 +132,19 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                         tracing::warn!(mountpoint = %m.mountpoint().display(), "unmounted from outside");
                     }
                 }
-                if kv.is_none() && !gone.is_empty() && gone.iter().all(|g| *g) {
+                if !kv_running && !gone.is_empty() && gone.iter().all(|g| *g) {
                     tracing::info!("every mount is gone and no KV service runs: exiting");
                     stop.cancel();
-                    break;
+                    return Ok(());
                 }
             }
         }
     }
-    // Finish in-flight requests; bounded so a stuck client cannot hold the exit.
+}
+
+/// Lets the servers finish requests in flight (bounded, so a stuck client cannot hold
+/// the exit), then unmounts.
+async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
     let drain = async {
         while let Some(r) = tasks.join_next().await {
             if let Ok(Err(e)) = r {
@@ -151,9 +169,6 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     if let Err(e) = unmounted.await {
         tracing::warn!(error = %e, "unmount task failed");
     }
-    drop(kv);
-    drop(core);
-    result
 }
 
 /// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
