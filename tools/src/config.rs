@@ -268,18 +268,6 @@ pub enum PrefetchMode {
     Predictors,
 }
 
-impl PrefetchMode {
-    /// Applies the mode to a core's options.
-    pub fn apply(self, core: &mut strata_fs::CoreOptions) {
-        core.predictors = match self {
-            PrefetchMode::Window => None,
-            PrefetchMode::Predictors => {
-                Some(std::sync::Arc::new(strata_fs::Predictors::standard()))
-            }
-        };
-    }
-}
-
 impl StrataConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)

@@ -9,7 +9,20 @@ use strata_cache_core::{BackingStore, ObjectReader};
 use strata_fs::{MountHandle, MountOptions, PassthroughOptions};
 
 use super::cache::Core;
-use crate::config::{parse_size, MountConfig};
+use crate::config::{parse_size, MountConfig, PrefetchMode};
+
+impl PrefetchMode {
+    /// Applies the mode to a core's options (the benchmarks set up their mounts with
+    /// it too).
+    pub fn apply(self, core: &mut strata_fs::CoreOptions) {
+        core.predictors = match self {
+            PrefetchMode::Window => None,
+            PrefetchMode::Predictors => {
+                Some(std::sync::Arc::new(strata_fs::Predictors::standard()))
+            }
+        };
+    }
+}
 
 /// The filesystem options `m` asks for on `core` (`fsname`: the store URL, shown in
 /// the mount table).
