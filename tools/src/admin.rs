@@ -34,7 +34,9 @@ pub struct MountInfo {
     pub prefix: String,
 }
 
-/// Everything `GET /stats` returns.
+/// Everything `GET /stats` returns. A new part of the daemon (next: the access
+/// tracker's per-stream classification) adds its own field, `#[serde(default)]` so a
+/// `strata stats` of another version still reads the answer.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DaemonStats {
     pub version: String,

@@ -1,5 +1,7 @@
 //! `strata.toml`: one file configures the store, the cache tiers, the KV service and
 //! the mounts of one daemon. Every field has a default, so an empty file (or none) runs.
+//! This module is only the data and its checks; `crate::daemon` builds the daemon from
+//! it (`strata serve` reads the file, `strata mount` fills the same structs from flags).
 //!
 //! ```toml
 //! [store]
@@ -12,24 +14,26 @@
 //! memory = "4GiB"
 //! disk = "100GiB"
 //! policy = "strata"                  # or lru, lfu, arc, 2random, tinylfu
+//! gpu = "8GiB"                        # a GPU-memory tier above memory (optional)
+//! gpu_device = "0"                    # CUDA ordinal, or "emulated"; required with gpu
 //!
 //! [kv]
 //! listen = "127.0.0.1:7070"
 //!
-//! [[mounts]]
+//! [[mounts]]                          # as `strata mount`; same fields, same defaults
 //! mountpoint = "/mnt/data"
 //! prefix = "train"                    # a sub-tree of the store (optional)
+//! prefetch = "predictors"             # or "window"
+//! passthrough_max = "64MiB"           # "0" disables passthrough
+//! metadata_ttl_secs = 5
+//! read_ahead_kb = 4096
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use strata_cache_core::policy;
-use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
-use strata_cache_core::tiers::MemoryTier;
-use strata_cache_core::{BackingStore, CacheEngine, StoreOptions, DEFAULT_BLOCK_SIZE};
+use strata_cache_core::DEFAULT_BLOCK_SIZE;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -70,6 +74,71 @@ pub struct CacheConfig {
     /// by frequency; docs/PATTERNS.md), or a baseline (`lru`, `lfu`, `arc`, `2random`,
     /// `tinylfu`) for comparison.
     pub policy: String,
+    /// GPU-memory tier budget (e.g. "8GiB"), the fastest level, above memory and disk.
+    /// None (or "0"): no GPU tier. Off by default: device memory belongs to the training
+    /// or inference job unless the operator hands some of it to the cache.
+    pub gpu: Option<String>,
+    /// Device of the GPU tier: a CUDA ordinal ("0"; needs a build with the `cuda`
+    /// feature) or "emulated" (host memory standing in for a device, for machines
+    /// without a GPU). Required with `gpu`: the device is never chosen silently, so a
+    /// daemon never runs on the emulated device believing it has a GPU.
+    pub gpu_device: Option<String>,
+}
+
+/// The device a GPU tier lives on (`[cache] gpu_device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuDevice {
+    /// Host memory standing in for device memory.
+    Emulated,
+    /// CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+/// A configured GPU tier: its budget and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuTierConfig {
+    pub bytes: u64,
+    pub device: GpuDevice,
+}
+
+impl CacheConfig {
+    /// The GPU tier `gpu` and `gpu_device` ask for; None when `gpu` is unset or "0".
+    /// Either field without the other is an error that says what to write.
+    pub fn gpu_tier(&self) -> anyhow::Result<Option<GpuTierConfig>> {
+        let bytes = match self.gpu.as_deref() {
+            Some(s) => parse_size(s).context("[cache] gpu")?,
+            None => 0,
+        };
+        let Some(device) = self.gpu_device.as_deref().map(str::trim) else {
+            if bytes == 0 {
+                return Ok(None);
+            }
+            bail!(
+                "[cache] gpu = {:?} needs a device: add gpu_device = \"0\" (CUDA device 0; \
+                 strata built with --features cuda) or gpu_device = \"emulated\" (host memory \
+                 standing in for a GPU, on machines without one)",
+                self.gpu.as_deref().unwrap_or_default()
+            );
+        };
+        if bytes == 0 {
+            bail!(
+                "[cache] gpu_device = {device:?} without a GPU tier size: add gpu = \"1GiB\" \
+                 (or remove gpu_device)"
+            );
+        }
+        let device = if device.eq_ignore_ascii_case("emulated") {
+            GpuDevice::Emulated
+        } else {
+            let n = device.parse::<usize>().with_context(|| {
+                format!(
+                    "[cache] gpu_device = {device:?}: expected a CUDA ordinal (\"0\", \"1\", ...) \
+                     or \"emulated\""
+                )
+            })?;
+            GpuDevice::Cuda(n)
+        };
+        Ok(Some(GpuTierConfig { bytes, device }))
+    }
 }
 
 impl Default for CacheConfig {
@@ -80,6 +149,8 @@ impl Default for CacheConfig {
             disk: "10GiB".into(),
             block_size: DEFAULT_BLOCK_SIZE.to_string(),
             policy: "strata".into(),
+            gpu: None,
+            gpu_device: None,
         }
     }
 }
@@ -87,6 +158,9 @@ impl Default for CacheConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvConfig {
+    /// Serve the KV service at all. On by default (it is half of what the daemon is
+    /// for); `strata mount` turns it off, running mounts only.
+    pub enabled: bool,
     /// TCP address of the KV service. Loopback by default: any other address needs TLS
     /// and a token.
     pub listen: Option<String>,
@@ -107,6 +181,7 @@ pub struct KvConfig {
 impl Default for KvConfig {
     fn default() -> Self {
         KvConfig {
+            enabled: true,
             listen: Some("127.0.0.1:7070".into()),
             unix_socket: None,
             max_block: "64MiB".into(),
@@ -133,22 +208,91 @@ impl Default for AdminConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+/// One mount: `[[mounts]]` in strata.toml and the flags of `strata mount` are this one
+/// struct (the flags are derived from it), with one set of defaults (its `Default`), and
+/// `crate::daemon::mount` is the one place a mount is built from it.
+#[derive(Clone, Debug, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields, default)]
 pub struct MountConfig {
+    /// Directory to mount on.
     pub mountpoint: PathBuf,
     /// Sub-tree of the store to mount ("" for all of it).
+    #[arg(long, default_value_t = MountConfig::default().prefix)]
     pub prefix: String,
-    /// Seconds directory listings and attributes are cached.
-    pub metadata_ttl_secs: Option<u64>,
+    /// Seconds listings and attributes are cached. 5: the `ls`/`stat` storm of a job's
+    /// start hits the store once, and a dataset updated in place is seen within
+    /// seconds (see strata_fs::CoreOptions::metadata_ttl).
+    #[arg(long = "metadata-ttl", default_value_t = MountConfig::default().metadata_ttl_secs)]
+    pub metadata_ttl_secs: u64,
+    /// Let other users read the mount (needs `user_allow_other` for non-root).
+    #[arg(long)]
     pub allow_other: bool,
+    /// Prefetching. `predictors` by default: the prefetch crate's rate-following
+    /// sequential and semantic next-file predictors, fed every read and listing, which
+    /// is what makes a job reading many files in name order find the next one cached;
+    /// `window` is per-file window doubling only.
+    #[arg(long, value_enum, default_value_t = MountConfig::default().prefetch)]
+    pub prefetch: PrefetchMode,
+    /// Largest object kept as a plain file in `<cache dir>/passthrough` for FUSE
+    /// passthrough ("0" disables it). 64 MiB: files of that size are read whole and
+    /// often, and then bypass userspace entirely; larger ones stay in blocks.
+    #[arg(long, default_value_t = MountConfig::default().passthrough_max)]
+    pub passthrough_max: String,
+    /// Kernel readahead of the mount in KiB. 4096: four 1 MiB requests in flight per
+    /// sequential reader (the kernel's own default is 128 KiB).
+    #[arg(long, default_value_t = MountConfig::default().read_ahead_kb)]
+    pub read_ahead_kb: u32,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            mountpoint: PathBuf::new(),
+            prefix: String::new(),
+            metadata_ttl_secs: 5,
+            allow_other: false,
+            prefetch: PrefetchMode::Predictors,
+            passthrough_max: "64MiB".into(),
+            read_ahead_kb: 4096,
+        }
+    }
+}
+
+/// How a mount prefetches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefetchMode {
+    /// Per-file window doubling (strata_fs::readahead).
+    Window,
+    /// Sequential + semantic predictors (strata_prefetch).
+    Predictors,
 }
 
 impl StrataConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+        let cfg: StrataConfig =
+            toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        cfg.check()
+            .with_context(|| format!("checking config {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// The checks that need no I/O (the daemon repeats them before opening anything),
+    /// so a bad file is refused when read.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.cache.gpu_tier()?;
+        for m in &self.mounts {
+            if m.mountpoint.as_os_str().is_empty() {
+                bail!("a [[mounts]] entry needs a mountpoint");
+            }
+            parse_size(&m.passthrough_max).context("[[mounts]] passthrough_max")?;
+        }
+        if !self.mounts.is_empty() && self.store.url.is_none() {
+            bail!("[[mounts]] need a [store] url");
+        }
+        Ok(())
     }
 }
 
@@ -173,73 +317,6 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         other => bail!("bad size unit {other:?} in {s:?}"),
     };
     Ok((n * mult as f64) as u64)
-}
-
-/// Opens the backing store named by `url` with the connection options of `cfg`.
-pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> {
-    let opts = StoreOptions {
-        endpoint: cfg.endpoint.clone(),
-        region: cfg.region.clone(),
-        access_key_id: cfg.access_key_id.clone(),
-        secret_access_key: cfg.secret_access_key.clone(),
-        allow_http: cfg.allow_http,
-        ..Default::default()
-    };
-    Ok(BackingStore::from_url(url, &opts)?)
-}
-
-/// The cache core of one daemon: the engine and handles on its tiers.
-pub struct Core {
-    pub engine: CacheEngine,
-    pub memory: Arc<MemoryTier>,
-    pub disk: Option<Arc<DiskTier>>,
-    pub block_size: u64,
-    pub cache_dir: PathBuf,
-    /// Keeps a temp cache dir alive for the daemon's lifetime.
-    _temp: Option<tempfile::TempDir>,
-}
-
-/// Builds the tiers and the engine from `cfg` (memory over disk, each tier evicting
-/// with `cfg.policy`).
-pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
-    let (cache_dir, temp) = match &cfg.dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("creating cache dir {}", d.display()))?;
-            (d.clone(), None)
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("strata-cache-")
-                .tempdir()
-                .context("creating temp cache dir")?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
-    let memory_bytes = parse_size(&cfg.memory)?;
-    let memory = Arc::new(MemoryTier::new(memory_bytes));
-    let disk_bytes = parse_size(&cfg.disk)?;
-    let mut builder = CacheEngine::builder()
-        .tier_with_policy(memory.clone(), policy::by_name(&cfg.policy, memory_bytes)?);
-    let disk = if disk_bytes > 0 {
-        let d = Arc::new(
-            DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())
-                .with_context(|| format!("opening disk tier in {}", cache_dir.display()))?,
-        );
-        builder = builder.tier_with_policy(d.clone(), policy::by_name(&cfg.policy, disk_bytes)?);
-        Some(d)
-    } else {
-        None
-    };
-    let engine = builder.build()?;
-    Ok(Core {
-        engine,
-        memory,
-        disk,
-        block_size: parse_size(&cfg.block_size)?,
-        cache_dir,
-        _temp: temp,
-    })
 }
 
 #[cfg(test)]
@@ -269,23 +346,52 @@ mod tests {
     }
 
     #[test]
-    fn tiers_evict_with_the_configured_policy() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = CacheConfig {
-            dir: Some(dir.path().to_path_buf()),
-            memory: "1MiB".into(),
-            disk: "4MiB".into(),
-            ..CacheConfig::default()
-        };
-        let core = open_core(&cfg).expect("default policy opens");
-        assert_eq!(core.engine.policy_names(), ["strata", "strata"]);
-        drop(core);
-        cfg.policy = "lru".into();
-        let core = open_core(&cfg).expect("lru opens");
-        assert_eq!(core.engine.policy_names(), ["lru", "lru"]);
-        drop(core);
-        cfg.policy = "belady".into();
-        let err = open_core(&cfg).err().expect("unknown policy is refused");
-        assert!(format!("{err:#}").contains("known: strata, lru"), "{err:#}");
+    fn mount_flags_and_mounts_entries_share_defaults() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            mount: MountConfig,
+        }
+        let flags = Cli::parse_from(["strata", "/mnt/x"]).mount;
+        let entry: StrataConfig = toml::from_str("[[mounts]]\nmountpoint = \"/mnt/x\"\n").unwrap();
+        let entry = &entry.mounts[0];
+        // Debug covers every field, so a field added to one side only shows here.
+        assert_eq!(format!("{flags:?}"), format!("{entry:?}"));
+        assert_eq!(entry.prefetch, PrefetchMode::Predictors);
+        assert_eq!(entry.passthrough_max, "64MiB");
+        let c: StrataConfig = toml::from_str(
+            "[[mounts]]\nmountpoint = \"/m\"\nprefetch = \"window\"\npassthrough_max = \"0\"\nmetadata_ttl_secs = 1\n",
+        )
+        .unwrap();
+        assert_eq!(c.mounts[0].prefetch, PrefetchMode::Window);
+        assert_eq!(c.mounts[0].metadata_ttl_secs, 1);
+    }
+
+    #[test]
+    fn a_gpu_tier_needs_an_explicit_device() {
+        let parse = |t: &str| toml::from_str::<StrataConfig>(t).unwrap().cache.gpu_tier();
+        assert_eq!(parse("").unwrap(), None);
+        assert_eq!(parse("[cache]\ngpu = \"0\"\n").unwrap(), None);
+        let err = format!("{:#}", parse("[cache]\ngpu = \"1GiB\"\n").unwrap_err());
+        assert!(
+            err.contains("gpu_device = \"emulated\"") && err.contains("gpu_device = \"0\""),
+            "says what to write: {err}"
+        );
+        assert_eq!(
+            parse("[cache]\ngpu = \"1GiB\"\ngpu_device = \"emulated\"\n").unwrap(),
+            Some(GpuTierConfig {
+                bytes: 1 << 30,
+                device: GpuDevice::Emulated
+            })
+        );
+        assert_eq!(
+            parse("[cache]\ngpu = \"1GiB\"\ngpu_device = \"1\"\n")
+                .unwrap()
+                .map(|g| g.device),
+            Some(GpuDevice::Cuda(1))
+        );
+        assert!(parse("[cache]\ngpu = \"1GiB\"\ngpu_device = \"tpu\"\n").is_err());
+        assert!(parse("[cache]\ngpu_device = \"emulated\"\n").is_err());
     }
 }

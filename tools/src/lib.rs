@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod daemon;
 pub mod replay;
 pub mod trace;
 

@@ -43,8 +43,8 @@ use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::{BackingStore, ObjectReader, RetryPolicy, StoreOptions};
 use strata_fs::{MountOptions, PassthroughOptions};
 
-use crate::commands::mount::PrefetchMode;
-use crate::config::{open_core, parse_size, CacheConfig};
+use crate::config::{parse_size, CacheConfig, PrefetchMode};
+use crate::daemon::open_core;
 
 /// The cold store both fs benches put behind the mount: a `FaultyStore` adding latency
 /// per request and sharing one bandwidth between all of them.

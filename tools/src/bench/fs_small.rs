@@ -52,8 +52,8 @@ use super::fs::{faulty_store, ColdStoreArgs};
 use strata_cache_core::ObjectReader;
 use strata_fs::{JobScope, MountOptions};
 
-use crate::commands::mount::PrefetchMode;
-use crate::config::{open_core, parse_size, CacheConfig};
+use crate::config::{parse_size, CacheConfig, PrefetchMode};
+use crate::daemon::open_core;
 
 #[derive(Debug, clap::Args)]
 pub struct FsSmallArgs {

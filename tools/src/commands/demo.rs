@@ -1,7 +1,7 @@
 //! `strata demo`: the README's main job, the whole system on an embedded default.
 //!
 //! A sample dataset is generated into a local directory that serves as the object
-//! store; one daemon (`strata serve`'s code, in-process) runs the cache core with its
+//! store; one daemon (`crate::daemon`, as `strata serve` runs it, in-process) runs the cache core with its
 //! caches in a temp dir, a FUSE mount of the dataset, the KV service and the admin API;
 //! a short workload goes through both doors (two epochs of reads through the mount, a
 //! prefix-sharing KV workload over gRPC), and the daemon's stats are printed as
@@ -17,7 +17,6 @@ use strata_kvcache::keys::chain_hashes_v1;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::fetch_stats;
-use crate::commands::serve::serve;
 use crate::commands::stats::render;
 use crate::config::{AdminConfig, CacheConfig, KvConfig, MountConfig, StoreConfig, StrataConfig};
 
@@ -82,7 +81,7 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         }],
     };
     let stop = CancellationToken::new();
-    let daemon = tokio::spawn(serve(cfg, stop.clone()));
+    let daemon = tokio::spawn(crate::daemon::run(cfg, stop.clone()));
     let result = workload(&mountpoint, &socket, &admin, args.json).await;
     stop.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(30), daemon).await;

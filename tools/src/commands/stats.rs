@@ -72,16 +72,11 @@ fn ratio(h: u64, m: u64) -> f64 {
     }
 }
 
-/// Human view of `s`; with `prev`, the rates since that snapshot.
+/// Human view of `s`; with `prev`, the rates since that snapshot. One section per
+/// part of the daemon, in the order of the data path.
 pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> String {
     let mut o = String::new();
-    let dt = prev.map(|p| (s.uptime_secs - p.uptime_secs).max(1e-3));
-    let rate = |now: u64, before: Option<u64>| -> String {
-        match (dt, before) {
-            (Some(dt), Some(b)) => format!("{:.1}/s", now.saturating_sub(b) as f64 / dt),
-            _ => String::new(),
-        }
-    };
+    let r = Rates::new(s, prev);
     let _ = writeln!(
         o,
         "strata {} @ {endpoint}   up {:.0}s   mounts {}",
@@ -90,6 +85,40 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
         s.mounts.len()
     );
     let _ = writeln!(o);
+    render_tiers(&mut o, s, prev, &r);
+    render_engine(&mut o, s, prev, &r);
+    // Per-job/stream access patterns (and the test that decided each) get their own
+    // section here, from their own field of `DaemonStats`, once the engine's access
+    // tracker reports them.
+    render_kv(&mut o, s, prev, &r);
+    for m in &s.mounts {
+        let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
+    }
+    o
+}
+
+/// Per-second rates since the previous snapshot (empty without one).
+struct Rates {
+    dt: Option<f64>,
+}
+
+impl Rates {
+    fn new(s: &DaemonStats, prev: Option<&DaemonStats>) -> Self {
+        Rates {
+            dt: prev.map(|p| (s.uptime_secs - p.uptime_secs).max(1e-3)),
+        }
+    }
+
+    fn of(&self, now: u64, before: Option<u64>) -> String {
+        match (self.dt, before) {
+            (Some(dt), Some(b)) => format!("{:.1}/s", now.saturating_sub(b) as f64 / dt),
+            _ => String::new(),
+        }
+    }
+}
+
+/// The tier levels, fastest first (GPU, memory, disk: as configured).
+fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Rates) {
     let _ = writeln!(
         o,
         "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
@@ -113,9 +142,13 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
             t.misses,
             pct(t.hit_ratio()),
             t.evictions,
-            rate(t.hits, before)
+            r.of(t.hits, before)
         );
     }
+}
+
+/// Engine-wide movement: fills, promotions, demotions, prefetch.
+fn render_engine(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Rates) {
     let e = &s.engine;
     let _ = writeln!(o);
     let _ = writeln!(
@@ -123,7 +156,7 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
         "fills {} ({:.1} MiB from store or puts) {}   promotions {}   demotions {}   single-flight joins {}",
         e.fills,
         mib(e.fill_bytes),
-        rate(e.fills, prev.map(|p| p.engine.fills)),
+        r.of(e.fills, prev.map(|p| p.engine.fills)),
         e.promotions,
         e.demotions,
         e.singleflight_joins
@@ -138,57 +171,58 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
         kv_issued,
         kv_used
     );
-    if let Some(kv) = &s.kv {
-        let _ = writeln!(o);
+}
+
+/// The KV service: totals, per-namespace figures, the load model.
+fn render_kv(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Rates) {
+    let Some(kv) = &s.kv else {
+        return;
+    };
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "KV: puts {} ({:.1} MiB, {} already present)   gets {} {}   hit {}   lookups {}   removed {}   rejected {}",
+        kv.puts,
+        mib(kv.put_bytes),
+        kv.puts_already_present,
+        kv.gets,
+        r.of(kv.gets, prev.and_then(|p| p.kv.as_ref()).map(|k| k.gets)),
+        pct(kv.hit_ratio),
+        kv.lookups,
+        kv.removes,
+        kv.rejected
+    );
+    if !kv.namespaces.is_empty() {
         let _ = writeln!(
             o,
-            "KV: puts {} ({:.1} MiB, {} already present)   gets {} {}   hit {}   lookups {}   removed {}   rejected {}",
-            kv.puts,
-            mib(kv.put_bytes),
-            kv.puts_already_present,
-            kv.gets,
-            rate(kv.gets, prev.and_then(|p| p.kv.as_ref()).map(|k| k.gets)),
-            pct(kv.hit_ratio),
-            kv.lookups,
-            kv.removes,
-            kv.rejected
+            "{:<32} {:>8} {:>10} {:>10} {:>10} {:>7} {:>10}",
+            "NAMESPACE", "PUTS", "PUT MiB", "HITS", "MISSES", "HIT%", "GET MiB"
         );
-        if !kv.namespaces.is_empty() {
+        for n in &kv.namespaces {
             let _ = writeln!(
                 o,
-                "{:<32} {:>8} {:>10} {:>10} {:>10} {:>7} {:>10}",
-                "NAMESPACE", "PUTS", "PUT MiB", "HITS", "MISSES", "HIT%", "GET MiB"
+                "{:<32} {:>8} {:>10.1} {:>10} {:>10} {:>7} {:>10.1}",
+                n.namespace,
+                n.puts,
+                mib(n.put_bytes),
+                n.hits,
+                n.misses,
+                pct(ratio(n.hits, n.misses)),
+                mib(n.get_bytes)
             );
-            for n in &kv.namespaces {
-                let _ = writeln!(
-                    o,
-                    "{:<32} {:>8} {:>10.1} {:>10} {:>10} {:>7} {:>10.1}",
-                    n.namespace,
-                    n.puts,
-                    mib(n.put_bytes),
-                    n.hits,
-                    n.misses,
-                    pct(ratio(n.hits, n.misses)),
-                    mib(n.get_bytes)
-                );
-            }
         }
-        let model: Vec<String> = kv
-            .load_model
-            .iter()
-            .map(|t| {
-                format!(
-                    "{} {:.0} us + {:.1} Gb/s",
-                    t.tier, t.latency_us, t.bandwidth_gbps
-                )
-            })
-            .collect();
-        let _ = writeln!(o, "load model: {}", model.join(", "));
     }
-    for m in &s.mounts {
-        let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
-    }
-    o
+    let model: Vec<String> = kv
+        .load_model
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {:.0} us + {:.1} Gb/s",
+                t.tier, t.latency_us, t.bandwidth_gbps
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "load model: {}", model.join(", "));
 }
 
 #[cfg(test)]

@@ -1,0 +1,196 @@
+//! The cache core of one daemon: the backing store and the tier hierarchy (GPU, memory,
+//! disk; fastest first) on one engine, built from `[store]` and `[cache]`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use strata_cache_core::policy;
+use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::{BackingStore, CacheEngine, StoreOptions, Tier};
+use strata_gds::{DeviceChoice, GpuTier, TransferConfig, TransferEngine};
+
+use crate::config::{parse_size, CacheConfig, GpuDevice, GpuTierConfig, StoreConfig};
+
+/// Opens the backing store named by `url` with the connection options of `cfg`.
+pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> {
+    let opts = StoreOptions {
+        endpoint: cfg.endpoint.clone(),
+        region: cfg.region.clone(),
+        access_key_id: cfg.access_key_id.clone(),
+        secret_access_key: cfg.secret_access_key.clone(),
+        allow_http: cfg.allow_http,
+        ..Default::default()
+    };
+    Ok(BackingStore::from_url(url, &opts)?)
+}
+
+/// The cache core of one daemon: the engine and handles on its tiers.
+pub struct Core {
+    pub engine: CacheEngine,
+    pub gpu: Option<Arc<GpuTier>>,
+    pub memory: Arc<MemoryTier>,
+    pub disk: Option<Arc<DiskTier>>,
+    pub block_size: u64,
+    pub cache_dir: PathBuf,
+    /// Keeps a temp cache dir alive for the daemon's lifetime.
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// Builds the tiers and the engine from `cfg`: GPU (when configured) over memory over
+/// disk (unless "0"), each level evicting with `cfg.policy`.
+pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
+    // Checked first, so a refused GPU configuration leaves no cache dir behind.
+    let gpu_cfg = cfg.gpu_tier()?;
+    let (cache_dir, temp) = match &cfg.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("creating cache dir {}", d.display()))?;
+            (d.clone(), None)
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("strata-cache-")
+                .tempdir()
+                .context("creating temp cache dir")?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let level = |tier: Arc<dyn Tier>, bytes: u64| -> anyhow::Result<_> {
+        Ok((tier, policy::by_name(&cfg.policy, bytes)?))
+    };
+    let mut levels = Vec::new();
+    let gpu = match gpu_cfg {
+        Some(g) => {
+            let tier = Arc::new(open_gpu_tier(g)?);
+            levels.push(level(tier.clone(), g.bytes)?);
+            Some(tier)
+        }
+        None => None,
+    };
+    let memory_bytes = parse_size(&cfg.memory)?;
+    let memory = Arc::new(MemoryTier::new(memory_bytes));
+    levels.push(level(memory.clone(), memory_bytes)?);
+    let disk_bytes = parse_size(&cfg.disk)?;
+    let disk = if disk_bytes > 0 {
+        let d = Arc::new(
+            DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())
+                .with_context(|| format!("opening disk tier in {}", cache_dir.display()))?,
+        );
+        levels.push(level(d.clone(), disk_bytes)?);
+        Some(d)
+    } else {
+        None
+    };
+    let engine = levels
+        .into_iter()
+        .fold(CacheEngine::builder(), |b, (tier, policy)| {
+            b.tier_with_policy(tier, policy)
+        })
+        .build()?;
+    Ok(Core {
+        engine,
+        gpu,
+        memory,
+        disk,
+        block_size: parse_size(&cfg.block_size)?,
+        cache_dir,
+        _temp: temp,
+    })
+}
+
+/// The GPU tier of `g` on its device; a CUDA device that cannot be opened (not built
+/// in, no driver, no such ordinal) is an error naming the alternatives, never a silent
+/// fallback to the emulated device.
+fn open_gpu_tier(g: GpuTierConfig) -> anyhow::Result<GpuTier> {
+    let choice = match g.device {
+        GpuDevice::Emulated => DeviceChoice::Emulated {
+            memory_limit: g.bytes,
+        },
+        GpuDevice::Cuda(ordinal) => DeviceChoice::Cuda {
+            ordinal,
+            memory_limit: g.bytes,
+        },
+    };
+    let device = strata_gds::open_device(&choice).with_context(|| match g.device {
+        GpuDevice::Cuda(n) => format!(
+            "opening CUDA device {n} for the GPU tier ([cache] gpu_device = \"{n}\"); on a \
+             machine without a usable GPU set gpu_device = \"emulated\" or remove gpu"
+        ),
+        GpuDevice::Emulated => "opening the emulated GPU device".into(),
+    })?;
+    let transfers = TransferEngine::new(device, TransferConfig::default())
+        .context("starting the GPU tier's transfer engine")?;
+    let tier = GpuTier::new(transfers, g.bytes);
+    tracing::info!(device = %tier.describe(), bytes = g.bytes, "GPU tier");
+    Ok(tier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(dir: &std::path::Path) -> CacheConfig {
+        CacheConfig {
+            dir: Some(dir.to_path_buf()),
+            memory: "1MiB".into(),
+            disk: "4MiB".into(),
+            ..CacheConfig::default()
+        }
+    }
+
+    fn with_gpu(dir: &std::path::Path, gpu: &str, device: &str) -> CacheConfig {
+        CacheConfig {
+            gpu: Some(gpu.into()),
+            gpu_device: Some(device.into()),
+            ..cfg(dir)
+        }
+    }
+
+    #[test]
+    fn tiers_evict_with_the_configured_policy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = cfg(dir.path());
+        let core = open_core(&cfg).expect("default policy opens");
+        assert_eq!(core.engine.policy_names(), ["strata", "strata"]);
+        drop(core);
+        cfg.policy = "lru".into();
+        let core = open_core(&cfg).expect("lru opens");
+        assert_eq!(core.engine.policy_names(), ["lru", "lru"]);
+        drop(core);
+        cfg.policy = "belady".into();
+        let err = open_core(&cfg).err().expect("unknown policy is refused");
+        assert!(format!("{err:#}").contains("known: strata, lru"), "{err:#}");
+    }
+
+    #[test]
+    fn a_gpu_tier_sits_above_memory_and_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core =
+            open_core(&with_gpu(dir.path(), "2MiB", "emulated")).expect("emulated GPU tier opens");
+        let tiers: Vec<String> = core
+            .engine
+            .stats()
+            .tiers
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(tiers.len(), 3, "{tiers:?}");
+        assert_eq!(tiers[0], "gpu:emulated");
+        assert_eq!(core.gpu.as_ref().map(|g| g.capacity_bytes()), Some(2 << 20));
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_cuda_device_without_cuda_is_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = with_gpu(dir.path(), "1GiB", "0");
+        let err = format!("{:#}", open_core(&cfg).err().expect("refused"));
+        assert!(
+            err.contains("CUDA device 0") && err.contains("cuda"),
+            "{err}"
+        );
+        assert!(err.contains("emulated"), "names the alternative: {err}");
+    }
+}

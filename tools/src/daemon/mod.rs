@@ -1,0 +1,347 @@
+//! The daemon: one cache core (GPU / memory / disk tiers over the object store) with
+//! the KV service, any number of mounts and the admin API on it, built from a
+//! [`StrataConfig`]. `strata serve` (a config file) and `strata mount` (flags, one
+//! mount, no KV service) both parse their arguments into a config and call [`run`];
+//! `strata demo` runs it in-process.
+//!
+//! - [`cache`]: the store and the tier hierarchy (`[store]`, `[cache]`).
+//! - [`kv`]: the KV service (`[kv]`): loopback by default; any other address is refused
+//!   without TLS and a token.
+//! - [`mount`]: the one builder of a mount (`[[mounts]]` and `strata mount` alike).
+//! - The admin API (`[admin] listen`) serves `/stats` and `/metrics`; `strata stats`
+//!   reads it.
+//!
+//! Once listening, the daemon prints one line per endpoint (`kv tcp 127.0.0.1:7070`,
+//! `kv unix /path`, `mount /mnt/x`, `admin 127.0.0.1:7071`) then `ready`, so scripts and
+//! tests can start it with port 0 and read the bound addresses. It runs until `stop` is
+//! cancelled (SIGINT/SIGTERM in [`run_until_signal`]), until a server fails, or, with no
+//! KV service, until every mount was removed from outside (`fusermount3 -u`); then it
+//! finishes requests in flight and unmounts.
+
+pub mod cache;
+pub mod kv;
+pub mod mount;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, AdminState, MountInfo};
+use crate::config::StrataConfig;
+pub use cache::{open_core, open_store, Core};
+
+/// Runs the daemon of `cfg` until `stop` is cancelled (or it stops on its own, see the
+/// module docs).
+pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Check before opening anything, so a refused configuration leaves no trace.
+    cfg.check()?;
+    let kv_plan = kv::plan(&cfg.kv)?;
+    let store = match cfg.store.url.as_deref() {
+        Some(url) if !cfg.mounts.is_empty() => Some((url, open_store(url, &cfg.store)?)),
+        _ => None,
+    };
+    let core = open_core(&cfg.cache)?;
+    let mut tasks = Servers::new();
+
+    let kv = match kv_plan {
+        Some(plan) => {
+            let socket = cfg
+                .kv
+                .unix_socket
+                .clone()
+                .unwrap_or_else(|| core.cache_dir.join("kv.sock"));
+            Some(kv::start(plan, socket, core.engine.clone(), &stop, &mut tasks).await?)
+        }
+        None => None,
+    };
+
+    let mut mounts = Vec::new();
+    let mut infos = Vec::new();
+    if let Some((url, store)) = &store {
+        for m in &cfg.mounts {
+            // On an error, dropping the handles unmounts what was mounted so far.
+            let h = mount::mount(m, &core, store, url)?;
+            println!("mount {}", m.mountpoint.display());
+            infos.push(MountInfo {
+                mountpoint: m.mountpoint.clone(),
+                prefix: m.prefix.clone(),
+            });
+            mounts.push(h);
+        }
+    }
+
+    if let Some(a) = cfg.admin.listen.as_deref().filter(|a| !a.is_empty()) {
+        let addr = kv::resolve(a)?;
+        if !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "admin API (read-only stats) is reachable beyond this host");
+        }
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding admin API on {addr}"))?;
+        println!("admin {}", l.local_addr()?);
+        let state = AdminState {
+            engine: core.engine.clone(),
+            kv: kv.as_ref().map(|k| k.service.clone()),
+            mounts: infos,
+            started,
+        };
+        let stop = stop.clone();
+        tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
+    }
+    println!("ready");
+
+    let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
+    shut_down(tasks, mounts).await;
+    drop(kv);
+    drop(core);
+    result
+}
+
+type Servers = tokio::task::JoinSet<anyhow::Result<()>>;
+
+/// Waits until `stop` is cancelled, a server fails (then stops the others), or, with
+/// no KV service, the last mount was removed from outside.
+async fn supervise(
+    stop: &CancellationToken,
+    tasks: &mut Servers,
+    mounts: &[strata_fs::MountHandle],
+    kv_running: bool,
+) -> anyhow::Result<()> {
+    let mut gone = vec![false; mounts.len()];
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return Ok(()),
+            Some(r) = tasks.join_next() => {
+                let mut result = r.context("server task panicked").and_then(|r| r);
+                // A server that ends cleanly because a stop was requested meanwhile is
+                // the normal shutdown, not a failure.
+                if result.is_ok() && !stop.is_cancelled() {
+                    result = Err(anyhow::anyhow!("a server stopped unexpectedly"));
+                }
+                stop.cancel();
+                return result;
+            }
+            _ = tick.tick() => {
+                for (m, g) in mounts.iter().zip(gone.iter_mut()) {
+                    if !*g && m.is_finished() {
+                        *g = true;
+                        tracing::warn!(mountpoint = %m.mountpoint().display(), "unmounted from outside");
+                    }
+                }
+                if !kv_running && !gone.is_empty() && gone.iter().all(|g| *g) {
+                    tracing::info!("every mount is gone and no KV service runs: exiting");
+                    stop.cancel();
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Lets the servers finish requests in flight (bounded, so a stuck client cannot hold
+/// the exit), then unmounts.
+async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
+    let drain = async {
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "server ended with an error");
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in flight after 10 s; exiting anyway");
+    }
+    // Off the runtime's workers: an unmount waits for the session to end.
+    let unmounted = tokio::task::spawn_blocking(move || {
+        for m in mounts {
+            if let Err(e) = m.unmount() {
+                tracing::warn!(error = %e, "unmount failed");
+            }
+        }
+    });
+    if let Err(e) = unmounted.await {
+        tracing::warn!(error = %e, "unmount task failed");
+    }
+}
+
+/// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
+/// [`run`] until SIGINT or SIGTERM.
+pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
+    crate::init_logging("info");
+    if cfg.kv.enabled {
+        strata_kvcache::server::tune_allocator();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata")
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async move {
+        let stop = CancellationToken::new();
+        let signal_stop = stop.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            eprintln!("shutting down");
+            signal_stop.cancel();
+        });
+        run(cfg, stop).await
+    })
+}
+
+async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the daemon");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::fetch_stats;
+
+    /// A daemon of `cfg` (caches in `dir`, KV on its Unix socket only, admin on a free
+    /// port), started in the background; returns its admin address.
+    async fn start(
+        mut cfg: StrataConfig,
+        dir: &std::path::Path,
+        stop: &CancellationToken,
+    ) -> (tokio::task::JoinHandle<anyhow::Result<()>>, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let admin = format!("127.0.0.1:{port}");
+        cfg.cache.dir = Some(dir.to_path_buf());
+        cfg.kv.listen = None;
+        cfg.admin.listen = Some(admin.clone());
+        let daemon = tokio::spawn(run(cfg, stop.clone()));
+        for _ in 0..200 {
+            if fetch_stats(&admin).await.is_ok() {
+                return (daemon, admin);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("daemon did not answer on {admin}");
+    }
+
+    async fn kv_client(dir: &std::path::Path) -> strata_kvcache::KvClient {
+        let sock = dir.join("kv.sock");
+        strata_kvcache::KvClient::connect(&format!("unix://{}", sock.display()))
+            .await
+            .expect("daemon listens on its unix socket")
+    }
+
+    async fn stopped(stop: CancellationToken, daemon: tokio::task::JoinHandle<anyhow::Result<()>>) {
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(10), daemon)
+            .await
+            .expect("stops within 10 s")
+            .expect("joins")
+            .expect("ran without error");
+    }
+
+    #[tokio::test]
+    async fn refused_configuration_fails_before_binding() {
+        let mut cfg = StrataConfig::default();
+        cfg.kv.listen = Some("0.0.0.0:0".into());
+        let e = run(cfg, CancellationToken::new())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serves_kv_and_admin_then_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StrataConfig::default();
+        cfg.cache.memory = "16MiB".into();
+        cfg.cache.disk = "0".into();
+        let stop = CancellationToken::new();
+        let (daemon, _) = start(cfg, dir.path(), &stop).await;
+        let mut c = kv_client(dir.path()).await;
+        c.put("m/t", b"k", bytes::Bytes::from(vec![1u8; 4096]))
+            .await
+            .unwrap();
+        assert!(c.exists("m/t", b"k").await.unwrap());
+        stopped(stop, daemon).await;
+        assert!(
+            !dir.path().join("kv.sock").exists(),
+            "socket removed at exit"
+        );
+    }
+
+    /// `[cache] gpu = "1GiB"`, `gpu_device = "emulated"`: three levels in the stats,
+    /// the GPU one first; a KV block put lands in it and is read back from it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_configured_gpu_tier_runs_above_memory_and_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg: StrataConfig = toml::from_str(
+            "[cache]\nmemory = \"16MiB\"\ndisk = \"64MiB\"\ngpu = \"1GiB\"\ngpu_device = \"emulated\"\n",
+        )
+        .unwrap();
+        let stop = CancellationToken::new();
+        let (daemon, admin) = start(cfg, dir.path(), &stop).await;
+        let mut c = kv_client(dir.path()).await;
+        let block = bytes::Bytes::from(vec![7u8; 256 << 10]);
+        c.put("m/t", b"k", block.clone()).await.unwrap();
+        assert_eq!(c.get("m/t", b"k").await.unwrap(), Some(block));
+
+        let s = fetch_stats(&admin).await.unwrap();
+        let json = serde_json::to_value(&s).unwrap();
+        let tiers = json["engine"]["tiers"].as_array().expect("engine.tiers");
+        let names: Vec<&str> = tiers.iter().filter_map(|t| t["name"].as_str()).collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert_eq!(names[0], "gpu:emulated", "{names:?}");
+        assert_eq!(tiers[0]["capacity_bytes"], 1u64 << 30);
+        let gpu = &s.engine.tiers[0];
+        assert!(
+            gpu.used_bytes >= 256 << 10,
+            "the put landed in the GPU tier: {gpu:?}"
+        );
+        assert!(gpu.hits >= 1, "the get was served by the GPU tier: {gpu:?}");
+        let human = crate::commands::stats::render(&admin, &s, None);
+        assert!(human.contains("gpu:emulated"), "{human}");
+        stopped(stop, daemon).await;
+    }
+
+    #[tokio::test]
+    async fn a_gpu_size_without_a_device_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg: StrataConfig = toml::from_str("[cache]\ngpu = \"1GiB\"\n").unwrap();
+        cfg.cache.dir = Some(dir.path().join("cache"));
+        let e = format!(
+            "{:#}",
+            run(cfg, CancellationToken::new()).await.unwrap_err()
+        );
+        assert!(
+            e.contains("needs a device") && e.contains("gpu_device = \"emulated\""),
+            "{e}"
+        );
+        assert!(
+            !dir.path().join("cache").exists(),
+            "refused before opening anything"
+        );
+
+        let path = dir.path().join("strata.toml");
+        std::fs::write(&path, "[cache]\ngpu = \"1GiB\"\n").unwrap();
+        let e = format!("{:#}", StrataConfig::load(&path).unwrap_err());
+        assert!(e.contains("gpu_device"), "refused when read: {e}");
+    }
+}

@@ -1,0 +1,61 @@
+//! The one place a mount is built: `[[mounts]]` of `strata serve` and `strata mount`
+//! both come here with a [`MountConfig`], so they prefetch, pass through and cache
+//! metadata alike.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use strata_cache_core::{BackingStore, ObjectReader};
+use strata_fs::{MountHandle, MountOptions, PassthroughOptions};
+
+use super::cache::Core;
+use crate::config::{parse_size, MountConfig, PrefetchMode};
+
+impl PrefetchMode {
+    /// Applies the mode to a core's options (the benchmarks set up their mounts with
+    /// it too).
+    pub fn apply(self, core: &mut strata_fs::CoreOptions) {
+        core.predictors = match self {
+            PrefetchMode::Window => None,
+            PrefetchMode::Predictors => {
+                Some(std::sync::Arc::new(strata_fs::Predictors::standard()))
+            }
+        };
+    }
+}
+
+/// The filesystem options `m` asks for on `core` (`fsname`: the store URL, shown in
+/// the mount table).
+pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Result<MountOptions> {
+    let mut opts = MountOptions {
+        allow_other: m.allow_other,
+        fsname: fsname.to_string(),
+        read_ahead_kb: Some(m.read_ahead_kb),
+        ..Default::default()
+    };
+    opts.core.metadata_ttl = Duration::from_secs(m.metadata_ttl_secs);
+    m.prefetch.apply(&mut opts.core);
+    let pt_max = parse_size(&m.passthrough_max).context("passthrough_max")?;
+    if pt_max > 0 {
+        let mut pt = PassthroughOptions::new(core.cache_dir.join("passthrough"));
+        pt.max_object = pt_max;
+        opts.core.passthrough = Some(pt);
+    }
+    Ok(opts)
+}
+
+/// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine.
+/// Must run inside the daemon's tokio runtime.
+pub fn mount(
+    m: &MountConfig,
+    core: &Core,
+    store: &BackingStore,
+    url: &str,
+) -> anyhow::Result<MountHandle> {
+    let opts = mount_options(m, core, url)?;
+    let reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?;
+    std::fs::create_dir_all(&m.mountpoint)
+        .with_context(|| format!("creating {}", m.mountpoint.display()))?;
+    strata_fs::spawn(reader, &m.prefix, &m.mountpoint, opts)
+        .with_context(|| format!("mounting {url} at {}", m.mountpoint.display()))
+}
