@@ -6,7 +6,10 @@
 //!   Before the mount options were shared with `strata mount`, a daemon mount had no
 //!   predictors and this read showed `prefetch_fills: 0`;
 //! - `strata mount`'s command line, parsed by the CLI and run by the same daemon:
-//!   prefetches alike, and exits cleanly when the mount is removed from outside.
+//!   prefetches alike, and exits cleanly when the mount is removed from outside;
+//! - with `policy = "lru"` the engine's access tracker still classifies the loader's
+//!   streams, and `strata stats` (text and `--json`) names each stream's pattern and
+//!   the test that decided it.
 
 mod fuse_common;
 
@@ -164,6 +167,64 @@ fn assert_prefetched(stats: &serde_json::Value) {
         engine["prefetch_bytes"].as_u64() > Some(0),
         "prefetch_bytes with the fills: {engine:#}"
     );
+}
+
+/// A user's strata.toml over the scene: store, caches, one mount with only its
+/// mountpoint, no KV socket, the admin API; `extra_cache` goes into `[cache]`.
+fn write_config(sc: &Scene, extra_cache: &str) -> PathBuf {
+    let config = sc.dir.path().join("strata.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nurl = \"file://{src}\"\n\n\
+             [cache]\ndir = \"{cache}\"\nmemory = \"256MiB\"\ndisk = \"256MiB\"\n{extra_cache}\n\n\
+             [kv]\nlisten = \"\"\n\n\
+             [admin]\nlisten = \"{admin}\"\n\n\
+             [[mounts]]\nmountpoint = \"{mnt}\"\n",
+            src = sc.src.display(),
+            cache = sc.dir.path().join("cache").display(),
+            mnt = sc.mnt.display(),
+            admin = sc.admin,
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+#[test]
+fn lru_policy_still_classifies_streams_and_stats_show_the_deciding_test() {
+    bounded(240, || {
+        let sc = scene();
+        let config = write_config(&sc, "policy = \"lru\"");
+        let cfg = StrataConfig::load(&config).expect("config loads");
+        let daemon = Daemon::start(cfg, &sc.mnt, sc.admin.clone());
+        read_in_name_order(&sc.mnt);
+        let json = daemon.stats().expect("stats");
+        let tiers = json["engine"]["tiers"].as_array().expect("tiers");
+        assert!(!tiers.is_empty());
+        let recent = json["engine"]["tracker"]["recent"]
+            .as_array()
+            .expect("engine.tracker.recent");
+        let files = recent
+            .iter()
+            .find(|r| r["granularity"] == "files" && r["name"] == "data")
+            .unwrap_or_else(|| panic!("no stream of the files in data/: {recent:#?}"));
+        assert_eq!(files["pattern"], "sequential", "{files:#}");
+        let decided = files["decided_by"].as_str().expect("decided_by");
+        assert!(decided.contains("binomial"), "{decided}");
+        assert!(files["job"].as_u64().is_some());
+        // The human view shows the same.
+        let stats = daemon
+            .rt
+            .block_on(strata_tools::admin::fetch_stats(&sc.admin))
+            .expect("stats");
+        let text = strata_tools::commands::stats::render(&sc.admin, &stats, None);
+        let line = text
+            .lines()
+            .find(|l| l.contains("files") && l.contains("sequential"))
+            .unwrap_or_else(|| panic!("no sequential files stream in:\n{text}"));
+        assert!(line.contains("binomial"), "{line}");
+    });
 }
 
 #[test]

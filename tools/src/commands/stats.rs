@@ -87,9 +87,7 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
     let _ = writeln!(o);
     render_tiers(&mut o, s, prev, &r);
     render_engine(&mut o, s, prev, &r);
-    // Per-job/stream access patterns (and the test that decided each) get their own
-    // section here, from their own field of `DaemonStats`, once the engine's access
-    // tracker reports them.
+    render_streams(&mut o, s);
     render_kv(&mut o, s, prev, &r);
     for m in &s.mounts {
         let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
@@ -143,6 +141,48 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
             pct(t.hit_ratio()),
             t.evictions,
             r.of(t.hits, before)
+        );
+    }
+}
+
+/// Streams shown in the human view: the most recently active, 12 (the JSON has more).
+const STREAMS_SHOWN: usize = 12;
+
+/// The access tracker's streams: per job and granularity, the pattern and the test
+/// that decided it (classified whatever the eviction policy).
+fn render_streams(o: &mut String, s: &DaemonStats) {
+    let t = &s.engine.tracker;
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "access tracker: {} demand accesses observed, {} streams",
+        t.observed, t.streams
+    );
+    if t.recent.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:>20} {:<9} {:<10} {:>7}  {:<32} DECIDED BY",
+        "JOB", "ITEMS", "PATTERN", "VISITS", "STREAM"
+    );
+    for r in t.recent.iter().take(STREAMS_SHOWN) {
+        let chars = r.name.chars().count();
+        let name = if chars > 32 {
+            let tail: String = r.name.chars().skip(chars - 29).collect();
+            format!("...{tail}")
+        } else {
+            r.name.clone()
+        };
+        let _ = writeln!(
+            o,
+            "{:>20} {:<9} {:<10} {:>7}  {:<32} {}",
+            r.job,
+            r.granularity,
+            format!("{:?}", r.pattern).to_lowercase(),
+            r.visits,
+            name,
+            r.decided_by
         );
     }
 }
