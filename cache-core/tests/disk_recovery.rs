@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use strata_cache_core::io::EngineKind;
+use strata_cache_core::io::IoEngineKind;
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::{Block, CacheKey, Tier, TierGet};
 
@@ -55,11 +55,11 @@ fn value(i: u64) -> Bytes {
         .into()
 }
 
-fn engine_from_env() -> EngineKind {
+fn engine_from_env() -> IoEngineKind {
     std::env::var(CHILD_ENGINE_ENV)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(EngineKind::Auto)
+        .unwrap_or(IoEngineKind::Auto)
 }
 
 fn say(line: String) {

@@ -20,7 +20,7 @@ use strata_cache_core::tiers::memory::MemoryTier;
 use strata_cache_core::{Block, CacheKey, Tier, TierGet};
 use strata_gds::cuda::CudaDevice;
 use strata_gds::file::{DirectFile, ReadAt};
-use strata_gds::{Device, GpuTier, IpcHandle, TransferConfig, TransferEngine};
+use strata_gds::{Device, GpuTier, IpcHandle, TransferConfig, Transfers};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -107,10 +107,10 @@ fn ipc_child(args: &[String]) -> Res<bool> {
         .collect::<Result<_, _>>()?;
     let handle = IpcHandle::from_bytes(&wire)?;
     let dev: Arc<dyn Device> = Arc::new(CudaDevice::open(0, 8 << 30)?);
-    let engine = TransferEngine::new(dev.clone(), TransferConfig::default())?;
+    let transfers = Transfers::new(dev.clone(), TransferConfig::default())?;
     let mine = dev.alloc(handle.len as usize)?;
     dev.ipc().ok_or("no ipc")?.import_into(&handle, &mine, 0)?;
-    let back = engine.device_to_vec_blocking(&mine)?;
+    let back = transfers.device_to_vec_blocking(&mine)?;
     Ok(crc32c::crc32c(&back) == handle.crc)
 }
 
@@ -125,32 +125,32 @@ fn write_file(dir: &Path, size: u64) -> Res<(tempfile::NamedTempFile, Vec<u8>)> 
 fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     let dev: Arc<dyn Device> = device.clone();
     let mut c = Checks { failed: Vec::new() };
-    let engine = TransferEngine::new(dev.clone(), TransferConfig::default())?;
-    let compat = TransferEngine::new(
+    let transfers = Transfers::new(dev.clone(), TransferConfig::default())?;
+    let compat = Transfers::new(
         dev.clone(),
         TransferConfig {
             force_compat: true,
             ..TransferConfig::default()
         },
     )?;
-    println!("{}", serde_json::json!({"describe": engine.describe()}));
-    println!("{}", serde_json::to_string(&engine.stats())?);
+    println!("{}", serde_json::json!({"describe": transfers.describe()}));
+    println!("{}", serde_json::to_string(&transfers.stats())?);
 
     // --- correctness: host <-> device <-> device
     let host = pattern((64 << 20) + 12_345, 7);
-    let a = engine.bytes_to_device_blocking(&host)?;
+    let a = transfers.bytes_to_device_blocking(&host)?;
     c.check(
         "host_to_device_to_host",
-        engine.device_to_vec_blocking(&a)? == host,
+        transfers.device_to_vec_blocking(&a)? == host,
     );
     let b = dev.alloc(host.len())?;
-    engine.device_to_device_blocking(&a, 0, &b, 0, host.len())?;
+    transfers.device_to_device_blocking(&a, 0, &b, 0, host.len())?;
     c.check(
         "device_to_device",
-        engine.device_to_vec_blocking(&b)? == host,
+        transfers.device_to_vec_blocking(&b)? == host,
     );
     let mut part = vec![0u8; 1_000_001];
-    engine.device_to_host_blocking(&b, 4097, &mut part)?;
+    transfers.device_to_host_blocking(&b, 4097, &mut part)?;
     c.check(
         "device_to_host_range",
         part[..] == host[4097..4097 + 1_000_001],
@@ -160,12 +160,12 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     // --- correctness: file -> device, active path and compat path
     let (file, data) = write_file(dir, size)?;
     let ranges = [(0u64, size), (4097, 10_000_019), (size - 77, 77), (123, 1)];
-    for (name, eng) in [("active", &engine), ("compat", &compat)] {
+    for (name, eng) in [("active", &transfers), ("compat", &compat)] {
         for (off, len) in ranges {
             let dst = dev.alloc(len as usize)?;
             eng.read_into_device_blocking(file.path(), off, len, &dst, 0)?;
             let ok =
-                engine.device_to_vec_blocking(&dst)? == data[off as usize..(off + len) as usize];
+                transfers.device_to_vec_blocking(&dst)? == data[off as usize..(off + len) as usize];
             c.check(&format!("file_to_device_{name}_{off}+{len}"), ok);
         }
     }
@@ -174,7 +174,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let tier = Arc::new(GpuTier::new(engine.clone(), 1 << 30));
+    let tier = Arc::new(GpuTier::new(transfers.clone(), 1 << 30));
     let lower = MemoryTier::new(1 << 30);
     let block_len = 2 << 20;
     let blocks = 64usize;
@@ -194,7 +194,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
         }
         let dst = dev.alloc(block_len)?;
         ok &= tier.get_into_device(&keys[0], &dst, 0).await?;
-        ok &= engine.device_to_vec_blocking(&dst)? == values[0];
+        ok &= transfers.device_to_vec_blocking(&dst)? == values[0];
         ok &= tier.demote(&keys[1], &lower).await?;
         ok &= matches!(lower.get(&keys[1]).await?, TierGet::Hit(b) if b.data() == &values[1]);
         ok &= !tier.contains(&keys[1]).await;
@@ -234,7 +234,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     // disk -> GPU vs raw O_DIRECT reads of the same file.
     let dst = dev.alloc(size as usize)?;
     let direct = DirectFile::open(file.path())?;
-    let chunk = engine.config().chunk_bytes;
+    let chunk = transfers.config().chunk_bytes;
     let mut rbuf = dev.alloc_pinned(chunk)?;
     let disk = measure("disk_raw_odirect", size, &mut || {
         let mut off = 0;
@@ -248,7 +248,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
         Ok(())
     })?;
     let d2g = measure("disk_to_gpu_active", size, &mut || {
-        engine.read_into_device_blocking(file.path(), 0, size, &dst, 0)?;
+        transfers.read_into_device_blocking(file.path(), 0, size, &dst, 0)?;
         Ok(())
     })?;
     let d2g_compat = measure("disk_to_gpu_compat", size, &mut || {
@@ -260,7 +260,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     let src = pattern(hbytes as usize, 3);
     let hdst = dev.alloc(hbytes as usize)?;
     let h2g = measure("host_to_gpu_staged", hbytes, &mut || {
-        engine.host_to_device_blocking(&src, &hdst, 0)?;
+        transfers.host_to_device_blocking(&src, &hdst, 0)?;
         Ok(())
     })?;
     let stream = dev.new_stream()?;
@@ -286,7 +286,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
     })?;
     let big = dev.alloc(total as usize)?;
     let d2d = measure("device_to_device_ceiling", total, &mut || {
-        engine.device_to_device_blocking(&big, 0, &hit_dst, 0, total as usize)?;
+        transfers.device_to_device_blocking(&big, 0, &hit_dst, 0, total as usize)?;
         Ok(())
     })?;
     let host_hits = measure("gpu_tier_hits_to_host", total, &mut || {
@@ -301,17 +301,17 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
         "{}",
         serde_json::json!({
             "summary": {
-                "path": engine.path().as_str(),
+                "path": transfers.path().as_str(),
                 "disk_to_gpu_gbps": d2g, "disk_to_gpu_compat_gbps": d2g_compat, "disk_raw_gbps": disk,
                 "host_to_gpu_gbps": h2g, "pinned_memcpy_gbps": h2g_ceiling,
                 "tier_hits_d2d_gbps": hits, "d2d_ceiling_gbps": d2d, "tier_hits_to_host_gbps": host_hits,
-                "stats": engine.stats(),
+                "stats": transfers.stats(),
             }
         })
     );
     println!(
         "path {}: disk->GPU {:.2} GB/s (compat {:.2}) vs raw disk {:.2}; host->GPU {:.2} vs pinned memcpy {:.2}; tier hits {:.2} vs d2d {:.2} (to host {:.2})",
-        engine.path().as_str(), d2g, d2g_compat, disk, h2g, h2g_ceiling, hits, d2d, host_hits
+        transfers.path().as_str(), d2g, d2g_compat, disk, h2g, h2g_ceiling, hits, d2d, host_hits
     );
     Ok(c.failed)
 }

@@ -14,7 +14,7 @@ use crate::device::Device;
 use crate::emulated::EmulatedDevice;
 use crate::error::{GdsError, Result};
 use crate::file::{DirectFile, ReadAt};
-use crate::transfer::{TransferConfig, TransferEngine};
+use crate::transfer::{TransferConfig, Transfers};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -129,7 +129,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
     let path = file.0.clone();
 
     let dev = Arc::new(EmulatedDevice::new(size + (64 << 20)));
-    let engine = TransferEngine::new(
+    let transfers = Transfers::new(
         dev.clone(),
         TransferConfig {
             chunk_bytes: chunk,
@@ -150,7 +150,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
     let mut sink = vec![1u8; len];
 
     // Warm-up: faults in the device buffer and staging, and checks the bytes.
-    engine.read_into_device_blocking(&path, 0, size, &dst, 0)?;
+    transfers.read_into_device_blocking(&path, 0, size, &dst, 0)?;
     let verified = crc32c::crc32c(&dev.read_raw(&dst)?) == crc;
     if !verified {
         return Err(GdsError::Corrupt(
@@ -195,7 +195,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
                     // The staged pipeline: O_DIRECT reads into pinned buffers
                     // overlapping the copies.
                     let t = Instant::now();
-                    engine.read_into_device_blocking(&path, 0, size, &dst, 0)?;
+                    transfers.read_into_device_blocking(&path, 0, size, &dst, 0)?;
                     staged_runs.push(gbps(size, t.elapsed().as_secs_f64()));
                 }
             }
@@ -227,15 +227,15 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
         ceiling,
         size_bytes: size,
         chunk_bytes: chunk,
-        depth: engine.config().depth,
+        depth: transfers.config().depth,
         runs: cfg.runs,
         direct_io: direct.is_direct(),
-        path: engine.path().as_str(),
+        path: transfers.path().as_str(),
         verified,
         staged_runs_gbps: staged_runs,
         memcpy_runs_gbps: memcpy_runs,
         disk_runs_gbps: disk_runs,
-        transfer: engine.stats(),
+        transfer: transfers.stats(),
         loadavg_before,
         loadavg_after: loadavg(),
     })

@@ -8,7 +8,7 @@
 //!   at what the device reported free when opened.
 //! - Pinned buffers: `cuMemHostAlloc` (page-locked, page-aligned: DMA-able and valid
 //!   `O_DIRECT` targets).
-//! - Streams: one non-blocking CUDA stream per [`Stream`]; the stream's worker thread
+//! - Streams: one non-blocking CUDA stream per [`DeviceStream`]; the stream's worker thread
 //!   issues the async copy and waits for it, which keeps per-stream order and frees the
 //!   caller to read the next chunk meanwhile.
 //! - Sticky errors (illegal address, ECC, launch failure...) mark the device lost.
@@ -32,7 +32,7 @@ use cudarc::driver::sys;
 
 use crate::device::{
     AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceMemory,
-    PinnedBuffer, PinnedMemory, Stream,
+    DeviceStream, PinnedBuffer, PinnedMemory,
 };
 use crate::error::{GdsError, Result};
 use crate::ipc::{IpcBackend, IpcExport, IpcHandle};
@@ -203,7 +203,7 @@ impl CopyEngine for CudaCopy {
     fn htod(&self, src: &[u8], dst: &DeviceBuffer, dst_off: usize) -> Result<()> {
         self.shared.bind()?;
         let d = ptr_of(dst, dst_off)?;
-        // SAFETY: range checked by Stream; src outlives the synchronize in `finish`.
+        // SAFETY: range checked by DeviceStream; src outlives the synchronize in `finish`.
         let r = unsafe { cu::memcpy_htod_async(d, src, self.stream) };
         self.finish(r, "memcpy htod")
     }
@@ -226,7 +226,7 @@ impl CopyEngine for CudaCopy {
     ) -> Result<()> {
         self.shared.bind()?;
         let (s, d) = (ptr_of(src, src_off)?, ptr_of(dst, dst_off)?);
-        // SAFETY: ranges checked by Stream; both allocations held by the job.
+        // SAFETY: ranges checked by DeviceStream; both allocations held by the job.
         let r = unsafe { cu::memcpy_dtod_async(d, s, len, self.stream) };
         self.finish(r, "memcpy dtod")
     }
@@ -445,7 +445,7 @@ impl Device for CudaDevice {
         })))
     }
 
-    fn new_stream(&self) -> Result<Stream> {
+    fn new_stream(&self) -> Result<DeviceStream> {
         self.shared.bind()?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking)
             .map_err(|e| self.shared.classify(e, "cuStreamCreate"))?;
@@ -453,7 +453,7 @@ impl Device for CudaDevice {
             shared: self.shared.clone(),
             stream,
         });
-        Stream::spawn(engine, "strata-cuda-stream")
+        DeviceStream::spawn(engine, "strata-cuda-stream")
     }
 
     fn is_lost(&self) -> bool {

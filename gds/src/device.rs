@@ -9,7 +9,7 @@
 //!   engines can read it; 4 KiB-aligned everywhere, so `O_DIRECT` can fill it). A copy
 //!   *takes* it and hands it back on completion (tokio-uring's owned-buffer style), so no
 //!   lock is held while bytes move and the borrow checker rules out reuse mid-copy.
-//! - [`Stream`] is an ordered queue of copies run by one worker thread: copies on one
+//! - [`DeviceStream`] is an ordered queue of copies run by one worker thread: copies on one
 //!   stream complete in submission order (as on a CUDA stream), copies on different
 //!   streams overlap. Each backend supplies the synchronous copy primitives
 //!   ([`CopyEngine`]); the worker makes them asynchronous. Waiting is a blocking call
@@ -54,7 +54,7 @@ pub trait Device: Send + Sync + 'static {
     /// Allocates a page-aligned (page-locked where the backend can) host buffer.
     fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer>;
     /// A new ordered copy queue.
-    fn new_stream(&self) -> Result<Stream>;
+    fn new_stream(&self) -> Result<DeviceStream>;
     /// True once the device is gone; all buffers on it are invalid.
     fn is_lost(&self) -> bool;
     /// Client access: exporting device buffers to other processes, if supported.
@@ -207,7 +207,7 @@ impl PinnedMemory for AlignedBuf {
     }
 }
 
-/// Synchronous copy primitives a backend supplies; a [`Stream`] runs them in order on
+/// Synchronous copy primitives a backend supplies; a [`DeviceStream`] runs them in order on
 /// its worker thread.
 pub trait CopyEngine: Send + Sync + 'static {
     fn htod(&self, src: &[u8], dst: &DeviceBuffer, dst_off: usize) -> Result<()>;
@@ -225,13 +225,13 @@ pub trait CopyEngine: Send + Sync + 'static {
 type Job = Box<dyn FnOnce(&dyn CopyEngine) + Send>;
 
 /// An ordered queue of asynchronous copies (see the module docs).
-pub struct Stream {
+pub struct DeviceStream {
     tx: mpsc::Sender<Job>,
 }
 
-impl std::fmt::Debug for Stream {
+impl std::fmt::Debug for DeviceStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Stream")
+        f.write_str("DeviceStream")
     }
 }
 
@@ -265,10 +265,10 @@ impl<T> Pending<T> {
     }
 }
 
-impl Stream {
+impl DeviceStream {
     /// Starts a worker thread running `engine`'s copies in submission order. The thread
     /// exits when the stream is dropped and its queue drained.
-    pub fn spawn(engine: Arc<dyn CopyEngine>, name: &str) -> Result<Stream> {
+    pub fn spawn(engine: Arc<dyn CopyEngine>, name: &str) -> Result<DeviceStream> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(name.to_string())
@@ -277,7 +277,7 @@ impl Stream {
                     job(engine.as_ref());
                 }
             })?;
-        Ok(Stream { tx })
+        Ok(DeviceStream { tx })
     }
 
     fn submit<T: Send + 'static>(

@@ -15,7 +15,7 @@ use parking_lot::RwLock;
 
 use crate::device::{
     AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceMemory,
-    PinnedBuffer, Stream,
+    DeviceStream, PinnedBuffer,
 };
 use crate::error::{GdsError, Result};
 
@@ -298,9 +298,9 @@ impl Device for EmulatedDevice {
         Ok(PinnedBuffer::new(Box::new(AlignedBuf::zeroed(len)?)))
     }
 
-    fn new_stream(&self) -> Result<Stream> {
+    fn new_stream(&self) -> Result<DeviceStream> {
         self.shared.check_lost()?;
-        Stream::spawn(self.shared.clone(), "strata-emu-stream")
+        DeviceStream::spawn(self.shared.clone(), "strata-emu-stream")
     }
 
     fn is_lost(&self) -> bool {

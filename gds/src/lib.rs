@@ -8,7 +8,7 @@
 //!   `cuda::CudaDevice` (cudarc with dynamic loading; a missing driver is an error
 //!   from [`open_device`], never a panic).
 //! - [`file`]: `O_DIRECT` positional reads (buffered fallback where refused).
-//! - [`transfer`]: the [`TransferEngine`]: disk -> device (cuFile when available, else
+//! - [`transfer`]: the [`Transfers`]: disk -> device (cuFile when available, else
 //!   the chunked, double-buffered bounce pipeline), host <-> device, device -> device,
 //!   object-store bytes -> device; the active [`TransferPath`] and counters for
 //!   `strata stats`. `read_into_device` is the file-data API for GPU-aware loaders.
@@ -30,12 +30,12 @@ pub mod cuda;
 
 use std::sync::Arc;
 
-pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceKind, PinnedBuffer, Stream};
+pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceStream, PinnedBuffer};
 pub use emulated::EmulatedDevice;
 pub use error::{GdsError, Result};
 pub use ipc::{IpcBackend, IpcExport, IpcHandle};
 pub use tier::GpuTier;
-pub use transfer::{TransferConfig, TransferEngine, TransferPath, TransferStats};
+pub use transfer::{TransferConfig, TransferPath, TransferStats, Transfers};
 
 /// Which device to open.
 #[derive(Clone, Debug, PartialEq, Eq)]

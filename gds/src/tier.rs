@@ -2,14 +2,14 @@
 //!
 //! Each block is one device allocation plus its crc32c kept on the host. Reads back to
 //! host memory verify the checksum (a bad block is dropped and reported as a miss, so
-//! the engine refetches it from a lower tier); device-to-device hits
+//! the transfers refetches it from a lower tier); device-to-device hits
 //! ([`GpuTier::get_into_device`]) do not, since checking would need a kernel and HBM is
 //! ECC-protected.
 //!
 //! Failures never lose data the tier claims to hold: a put that fails (device out of
 //! memory, device lost mid-copy) leaves the tier as it was, minus nothing; when the
 //! device is lost every entry is dropped at once (device memory is gone), so
-//! `resident()` and `used_bytes()` say so and the engine falls back to lower tiers.
+//! `resident()` and `used_bytes()` say so and the transfers falls back to lower tiers.
 //! Budget accounting reserves a put's bytes before the copy starts, so concurrent puts
 //! can never together exceed the budget.
 
@@ -25,10 +25,10 @@ use strata_cache_core::{Block, CacheError, CacheKey, Result, Tier, TierGet, Tier
 use crate::device::DeviceBuffer;
 use crate::error::GdsError;
 use crate::ipc::IpcExport;
-use crate::transfer::{blocking, TransferEngine, TransferStats};
+use crate::transfer::{blocking, TransferStats, Transfers};
 
 pub struct GpuTier {
-    engine: Arc<TransferEngine>,
+    transfers: Arc<Transfers>,
     capacity: u64,
     inner: Mutex<Inner>,
     stats: TierStats,
@@ -51,28 +51,28 @@ struct Entry {
 }
 
 impl GpuTier {
-    /// A tier of `capacity_bytes` on `engine`'s device.
-    pub fn new(engine: Arc<TransferEngine>, capacity_bytes: u64) -> Self {
+    /// A tier of `capacity_bytes` on `transfers`'s device.
+    pub fn new(transfers: Arc<Transfers>, capacity_bytes: u64) -> Self {
         GpuTier {
-            engine,
+            transfers,
             capacity: capacity_bytes,
             inner: Mutex::new(Inner::default()),
             stats: TierStats::default(),
         }
     }
 
-    pub fn engine(&self) -> &Arc<TransferEngine> {
-        &self.engine
+    pub fn transfers(&self) -> &Arc<Transfers> {
+        &self.transfers
     }
 
     /// The transfer layer's stats (path, device, bytes moved).
     pub fn transfer_stats(&self) -> TransferStats {
-        self.engine.stats()
+        self.transfers.stats()
     }
 
     /// One line describing the device and the active transfer path.
     pub fn describe(&self) -> String {
-        self.engine.describe()
+        self.transfers.describe()
     }
 
     /// Drops everything after the device was lost: its memory is gone.
@@ -91,7 +91,7 @@ impl GpuTier {
     }
 
     fn check_device(&self) -> Result<()> {
-        if self.engine.device().is_lost() {
+        if self.transfers.device().is_lost() {
             self.device_lost();
             return Err(CacheError::Device("device lost".into()));
         }
@@ -100,7 +100,7 @@ impl GpuTier {
 
     fn fail(&self, e: GdsError) -> CacheError {
         self.stats.error();
-        if e.is_device_lost() || self.engine.device().is_lost() {
+        if e.is_device_lost() || self.transfers.device().is_lost() {
             self.device_lost();
         }
         e.into()
@@ -117,7 +117,7 @@ impl GpuTier {
     }
 
     /// Copies a resident block into a caller's device buffer (a GPU-side hit, e.g. into
-    /// an inference engine's KV buffer); returns false on a miss.
+    /// an inference transfers's KV buffer); returns false on a miss.
     pub async fn get_into_device(
         &self,
         key: &CacheKey,
@@ -130,9 +130,9 @@ impl GpuTier {
             return Ok(false);
         };
         if let Some(src) = entry.buf {
-            let (engine, dst) = (self.engine.clone(), dst.clone());
+            let (transfers, dst) = (self.transfers.clone(), dst.clone());
             let len = entry.len as usize;
-            blocking(move || engine.device_to_device_blocking(&src, 0, &dst, dst_off, len))
+            blocking(move || transfers.device_to_device_blocking(&src, 0, &dst, dst_off, len))
                 .await
                 .map_err(|e| self.fail(e))?;
         }
@@ -172,14 +172,14 @@ impl GpuTier {
             return Ok(None);
         };
         let ipc = self
-            .engine
+            .transfers
             .device()
             .ipc()
             .ok_or_else(|| CacheError::Device("device does not support IPC export".into()))?;
         let export = match &entry.buf {
             Some(buf) => ipc.export(buf, entry.crc),
             None => Ok(IpcExport::empty(
-                self.engine.device().info().kind,
+                self.transfers.device().info().kind,
                 entry.crc,
             )),
         };
@@ -194,7 +194,7 @@ impl Tier for GpuTier {
     }
 
     fn name(&self) -> String {
-        format!("gpu:{}", self.engine.device().info().name)
+        format!("gpu:{}", self.transfers.device().info().name)
     }
 
     fn capacity_bytes(&self) -> u64 {
@@ -215,8 +215,8 @@ impl Tier for GpuTier {
         let data = match &entry.buf {
             None => Bytes::new(),
             Some(buf) => {
-                let (engine, buf) = (self.engine.clone(), buf.clone());
-                let v = blocking(move || engine.device_to_vec_blocking(&buf))
+                let (transfers, buf) = (self.transfers.clone(), buf.clone());
+                let v = blocking(move || transfers.device_to_vec_blocking(&buf))
                     .await
                     .map_err(|e| self.fail(e))?;
                 Bytes::from(v)
@@ -264,15 +264,15 @@ impl Tier for GpuTier {
         let copied = if size == 0 {
             Ok(None)
         } else {
-            let engine = self.engine.clone();
+            let transfers = self.transfers.clone();
             let data = block.data().clone();
-            blocking(move || engine.bytes_to_device_blocking(&data).map(Some)).await
+            blocking(move || transfers.bytes_to_device_blocking(&data).map(Some)).await
         };
         let mut inner = self.inner.lock();
         inner.reserved -= size;
         match copied {
             Ok(buf) => {
-                if self.engine.device().is_lost() {
+                if self.transfers.device().is_lost() {
                     drop(inner);
                     self.device_lost();
                     self.stats.error();

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::device::{
-    Device, DeviceBuffer, DeviceInfo, DeviceKind, Done, Pending, PinnedBuffer, Stream,
+    Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceStream, Done, Pending, PinnedBuffer,
 };
 use crate::error::{GdsError, Result};
 use crate::file::{DirectFile, ReadAt};
@@ -173,9 +173,9 @@ pub struct TransferStats {
 }
 
 /// Moves bytes to and from one device.
-pub struct TransferEngine {
+pub struct Transfers {
     device: Arc<dyn Device>,
-    streams: Vec<Stream>,
+    streams: Vec<DeviceStream>,
     next_stream: AtomicUsize,
     pool: PinnedPool,
     config: TransferConfig,
@@ -185,7 +185,7 @@ pub struct TransferEngine {
     counters: Counters,
 }
 
-impl std::fmt::Debug for TransferEngine {
+impl std::fmt::Debug for Transfers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
     }
@@ -283,7 +283,7 @@ fn fill(src: &dyn ReadAt, buf: &mut [u8], pos: u64, needed: usize) -> Result<usi
     Ok(filled)
 }
 
-impl TransferEngine {
+impl Transfers {
     /// Sets up streams and staging for `device` and selects the transfer path.
     pub fn new(device: Arc<dyn Device>, config: TransferConfig) -> Result<Arc<Self>> {
         if config.chunk_bytes == 0
@@ -322,7 +322,7 @@ impl TransferEngine {
             config.max_staging_buffers.max(depth),
         );
         tracing::info!(path = path.as_str(), reason = %path_reason, "gds transfer path");
-        Ok(Arc::new(TransferEngine {
+        Ok(Arc::new(Transfers {
             device,
             streams,
             next_stream: AtomicUsize::new(0),
@@ -347,7 +347,7 @@ impl TransferEngine {
         &self.config
     }
 
-    fn stream(&self) -> &Stream {
+    fn stream(&self) -> &DeviceStream {
         let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % self.streams.len();
         &self.streams[i]
     }

@@ -12,7 +12,7 @@ use strata_cache_core::{Block, CacheError, CacheKey, Tier, TierGet};
 use strata_gds::file::{DirectFile, ReadAt};
 use strata_gds::{
     open_device, Device, DeviceChoice, DeviceKind, EmulatedDevice, GdsError, GpuTier, IpcHandle,
-    TransferConfig, TransferEngine, TransferPath,
+    TransferConfig, TransferPath, Transfers,
 };
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -32,10 +32,10 @@ fn small_chunks() -> TransferConfig {
     }
 }
 
-fn setup(limit: u64) -> (Arc<EmulatedDevice>, Arc<TransferEngine>) {
+fn setup(limit: u64) -> (Arc<EmulatedDevice>, Arc<Transfers>) {
     let dev = Arc::new(EmulatedDevice::new(limit));
-    let engine = TransferEngine::new(dev.clone(), small_chunks()).expect("engine");
-    (dev, engine)
+    let transfers = Transfers::new(dev.clone(), small_chunks()).expect("transfers");
+    (dev, transfers)
 }
 
 fn temp_file(data: &[u8]) -> tempfile::NamedTempFile {
@@ -56,15 +56,15 @@ async fn hit_bytes(tier: &dyn Tier, key: &CacheKey) -> Option<Bytes> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn gpu_tier_conforms() {
-    let (_dev, engine) = setup(64 << 20);
-    strata_cache_core::conformance::run_all(Arc::new(GpuTier::new(engine, 16 << 20))).await;
+    let (_dev, transfers) = setup(64 << 20);
+    strata_cache_core::conformance::run_all(Arc::new(GpuTier::new(transfers, 16 << 20))).await;
 }
 
 #[test]
 fn file_ranges_land_in_device_memory_byte_for_byte() {
     let data = pattern((1 << 20) + 12_345, 7);
     let file = temp_file(&data);
-    let (dev, engine) = setup(8 << 20);
+    let (dev, transfers) = setup(8 << 20);
     let ranges: [(u64, u64); 6] = [
         (0, data.len() as u64),       // whole file, unaligned end
         (4097, 300_001),              // unaligned start and length across chunks
@@ -75,7 +75,7 @@ fn file_ranges_land_in_device_memory_byte_for_byte() {
     ];
     for (off, len) in ranges {
         let dst = dev.alloc(len as usize + 3).expect("alloc");
-        let n = engine
+        let n = transfers
             .read_into_device_blocking(file.path(), off, len, &dst, 3)
             .expect("read_into_device");
         assert_eq!(n, len);
@@ -90,21 +90,21 @@ fn file_ranges_land_in_device_memory_byte_for_byte() {
     // Buffered files (where O_DIRECT is refused) take the same pipeline.
     let buffered = DirectFile::open_buffered(file.path()).expect("open");
     let dst = dev.alloc(200_000).expect("alloc");
-    engine
+    transfers
         .read_from_into_device_blocking(&buffered, 777, 200_000, &dst, 0)
         .expect("buffered read");
     assert_eq!(dev.read_raw(&dst).expect("raw"), &data[777..200_777]);
-    assert_eq!(engine.path(), TransferPath::Emulated);
-    assert!(engine.stats().file_to_device_bytes >= data.len() as u64);
+    assert_eq!(transfers.path(), TransferPath::Emulated);
+    assert!(transfers.stats().file_to_device_bytes >= data.len() as u64);
 }
 
 #[tokio::test]
 async fn async_read_into_device_matches_file() {
     let data = pattern(300_000, 3);
     let file = temp_file(&data);
-    let (dev, engine) = setup(1 << 20);
+    let (dev, transfers) = setup(1 << 20);
     let dst = dev.alloc(data.len()).expect("alloc");
-    engine
+    transfers
         .read_into_device(
             file.path().to_path_buf(),
             0,
@@ -144,7 +144,7 @@ impl ReadAt for Stingy {
 #[test]
 fn partial_reads_are_resumed_and_short_reads_are_clear_errors() {
     let data = pattern(200_000, 11);
-    let (dev, engine) = setup(1 << 20);
+    let (dev, transfers) = setup(1 << 20);
     let dst = dev.alloc(data.len()).expect("alloc");
     let partial = Stingy {
         data: data.clone(),
@@ -152,7 +152,7 @@ fn partial_reads_are_resumed_and_short_reads_are_clear_errors() {
         eof: data.len(),
         calls: AtomicUsize::new(0),
     };
-    engine
+    transfers
         .read_from_into_device_blocking(&partial, 0, data.len() as u64, &dst, 0)
         .expect("partial reads resume");
     assert_eq!(dev.read_raw(&dst).expect("raw"), data);
@@ -164,7 +164,7 @@ fn partial_reads_are_resumed_and_short_reads_are_clear_errors() {
         eof: 150_000,
         calls: AtomicUsize::new(0),
     };
-    let err = engine
+    let err = transfers
         .read_from_into_device_blocking(&short, 0, data.len() as u64, &dst, 0)
         .expect_err("source ends early");
     assert!(
@@ -180,43 +180,43 @@ fn partial_reads_are_resumed_and_short_reads_are_clear_errors() {
 
     // A real file read past its end is the same clear error.
     let file = temp_file(&data);
-    let err = engine
+    let err = transfers
         .read_into_device_blocking(file.path(), 100_000, 150_000, &dst, 0)
         .expect_err("past EOF");
     assert!(matches!(err, GdsError::ShortRead { .. }), "{err}");
 
     // Staging buffers went back to the pool: the next transfer still runs.
-    engine
+    transfers
         .read_into_device_blocking(file.path(), 0, data.len() as u64, &dst, 0)
         .expect("after errors");
     assert_eq!(dev.read_raw(&dst).expect("raw"), data);
-    assert!(engine.stats().errors >= 2);
+    assert!(transfers.stats().errors >= 2);
 }
 
 #[test]
 fn host_device_round_trips_across_chunks() {
-    let (dev, engine) = setup(4 << 20);
+    let (dev, transfers) = setup(4 << 20);
     for len in [0usize, 1, 4095, 65_536, 65_537, 1_000_003] {
         let data = pattern(len, len as u32);
-        let a = engine.bytes_to_device_blocking(&data).expect("h2d");
+        let a = transfers.bytes_to_device_blocking(&data).expect("h2d");
         let b = dev.alloc(len).expect("alloc");
-        engine
+        transfers
             .device_to_device_blocking(&a, 0, &b, 0, len)
             .expect("d2d");
         assert_eq!(
-            engine.device_to_vec_blocking(&b).expect("d2h"),
+            transfers.device_to_vec_blocking(&b).expect("d2h"),
             data,
             "len {len}"
         );
         if len > 10 {
             let mut part = vec![0u8; len - 10];
-            engine
+            transfers
                 .device_to_host_blocking(&a, 5, &mut part)
                 .expect("d2h part");
             assert_eq!(&part[..], &data[5..len - 5]);
         }
     }
-    let s = engine.stats();
+    let s = transfers.stats();
     assert!(s.h2d_bytes > 0 && s.d2h_bytes > 0 && s.d2d_bytes > 0);
     assert_eq!(s.device.kind, DeviceKind::Emulated);
 }
@@ -225,15 +225,15 @@ fn host_device_round_trips_across_chunks() {
 async fn concurrent_transfers_share_a_small_pool_without_deadlock() {
     let data = pattern(700_000, 5);
     let file = Arc::new(temp_file(&data));
-    let (dev, engine) = setup(32 << 20);
+    let (dev, transfers) = setup(32 << 20);
     let mut tasks = Vec::new();
     for i in 0..12u64 {
-        let (engine, dev, file) = (engine.clone(), dev.clone(), file.clone());
+        let (transfers, dev, file) = (transfers.clone(), dev.clone(), file.clone());
         tasks.push(tokio::spawn(async move {
             let off = i * 1000 + 1;
             let len = 600_000;
             let dst = dev.alloc(len).expect("alloc");
-            engine
+            transfers
                 .read_into_device(file.path().to_path_buf(), off, len as u64, dst.clone(), 0)
                 .await
                 .expect("read");
@@ -249,8 +249,8 @@ async fn concurrent_transfers_share_a_small_pool_without_deadlock() {
 #[tokio::test]
 async fn budget_and_device_limit_are_both_enforced() {
     // Tier budget below the device limit: the budget refuses.
-    let (_dev, engine) = setup(8 << 20);
-    let tier = GpuTier::new(engine, 1 << 20);
+    let (_dev, transfers) = setup(8 << 20);
+    let tier = GpuTier::new(transfers, 1 << 20);
     let mut stored = 0;
     for i in 0..8u64 {
         match tier
@@ -269,8 +269,8 @@ async fn budget_and_device_limit_are_both_enforced() {
     assert_eq!(stored, 3);
 
     // Device limit below the budget: the allocation fails cleanly, as Full.
-    let (dev, engine) = setup(500_000);
-    let tier = GpuTier::new(engine, 8 << 20);
+    let (dev, transfers) = setup(500_000);
+    let tier = GpuTier::new(transfers, 8 << 20);
     let a = CacheKey::file("f", "v", 0);
     tier.put(&a, Block::new(Bytes::from(pattern(300_000, 2))))
         .await
@@ -293,8 +293,8 @@ async fn budget_and_device_limit_are_both_enforced() {
 
 #[tokio::test]
 async fn injected_allocation_failure_keeps_the_tier_intact() {
-    let (dev, engine) = setup(8 << 20);
-    let tier = GpuTier::new(engine, 4 << 20);
+    let (dev, transfers) = setup(8 << 20);
+    let tier = GpuTier::new(transfers, 4 << 20);
     let a = CacheKey::kv("ns", vec![1; 8]);
     let b = CacheKey::kv("ns", vec![2; 8]);
     tier.put(&a, Block::new(Bytes::from(pattern(10_000, 1))))
@@ -320,8 +320,8 @@ async fn injected_allocation_failure_keeps_the_tier_intact() {
 
 #[tokio::test]
 async fn device_lost_mid_put_drops_the_tier_cleanly_and_lower_tiers_keep_their_copies() {
-    let (dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let host = MemoryTier::new(8 << 20);
     let keys: Vec<CacheKey> = (0..4).map(|i| CacheKey::file("m", "v", i)).collect();
     for (i, k) in keys.iter().enumerate() {
@@ -367,8 +367,8 @@ async fn device_lost_mid_put_drops_the_tier_cleanly_and_lower_tiers_keep_their_c
 
 #[tokio::test]
 async fn device_lost_mid_read_back_is_an_error_not_a_bad_hit() {
-    let (dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::file("r", "v", 0);
     gpu.put(&k, Block::new(Bytes::from(pattern(500_000, 4))))
         .await
@@ -380,8 +380,8 @@ async fn device_lost_mid_read_back_is_an_error_not_a_bad_hit() {
 
 #[tokio::test]
 async fn demotion_that_cannot_land_keeps_the_block() {
-    let (_dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (_dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let tiny = MemoryTier::new(1000);
     let k = CacheKey::file("d", "v", 0);
     gpu.put(&k, Block::new(Bytes::from(pattern(50_000, 8))))
@@ -396,8 +396,8 @@ async fn demotion_that_cannot_land_keeps_the_block() {
 
 #[tokio::test]
 async fn corrupt_device_bytes_are_dropped_not_served() {
-    let (dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::kv("ns", vec![7; 16]);
     gpu.put(&k, Block::new(Bytes::from(pattern(70_000, 6))))
         .await
@@ -413,8 +413,8 @@ async fn corrupt_device_bytes_are_dropped_not_served() {
 
 #[tokio::test]
 async fn misses_fill_from_the_store_and_hits_go_device_to_device() {
-    let (dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::file("s", "v", 0);
     let data = Bytes::from(pattern(123_456, 9));
     let fetched = data.clone();
@@ -443,8 +443,8 @@ async fn misses_fill_from_the_store_and_hits_go_device_to_device() {
 
 #[tokio::test]
 async fn ipc_export_reaches_a_client_device_and_is_revoked_on_drop() {
-    let (_dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (_dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::kv("llama", vec![3; 32]);
     let data = pattern(100_000, 12);
     gpu.put(&k, Block::new(Bytes::from(data.clone())))
@@ -513,10 +513,10 @@ fn device_choice_falls_back_without_cuda() {
             Err(GdsError::Unavailable(_))
         ));
     }
-    let engine = TransferEngine::new(dev, TransferConfig::default()).expect("engine");
-    let json = serde_json::to_value(engine.stats()).expect("json");
+    let transfers = Transfers::new(dev, TransferConfig::default()).expect("transfers");
+    let json = serde_json::to_value(transfers.stats()).expect("json");
     assert!(json["path"].is_string());
-    assert!(engine.describe().contains("transfer path"));
+    assert!(transfers.describe().contains("transfer path"));
 }
 
 #[test]
@@ -539,8 +539,8 @@ fn staged_bench_verifies_its_bytes_and_reports_both_ceilings() {
 
 #[tokio::test]
 async fn ipc_export_is_received_by_a_separate_client_process() {
-    let (_dev, engine) = setup(16 << 20);
-    let gpu = GpuTier::new(engine, 8 << 20);
+    let (_dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::kv("llama", vec![5; 32]);
     let data = pattern(250_000, 21);
     gpu.put(&k, Block::new(Bytes::from(data.clone())))
@@ -582,7 +582,7 @@ fn bad_chunk_sizes_are_refused() {
             ..TransferConfig::default()
         };
         assert!(matches!(
-            TransferEngine::new(dev.clone(), cfg),
+            Transfers::new(dev.clone(), cfg),
             Err(GdsError::InvalidRange(_))
         ));
     }

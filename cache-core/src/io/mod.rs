@@ -13,7 +13,7 @@
 //!   The fallback where io_uring is unavailable (old kernel: `ENOSYS`; seccomp or
 //!   `kernel.io_uring_disabled`: `EPERM`).
 //!
-//! [`open_engine`] with [`EngineKind::Auto`] tries io_uring (ring set-up plus one
+//! [`open_engine`] with [`IoEngineKind::Auto`] tries io_uring (ring set-up plus one
 //! no-op round trip, so a ring that can be created but not used is also caught) and
 //! falls back to psync; [`IoEngine::name`] reports which one runs. Tests force either.
 //!
@@ -235,7 +235,7 @@ pub trait IoEngine: Send + Sync + fmt::Debug + 'static {
 
 /// Which engine to run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum EngineKind {
+pub enum IoEngineKind {
     /// io_uring if the kernel lets this process use it, else psync.
     #[default]
     Auto,
@@ -243,13 +243,13 @@ pub enum EngineKind {
     Psync,
 }
 
-impl std::str::FromStr for EngineKind {
+impl std::str::FromStr for IoEngineKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "auto" => Ok(EngineKind::Auto),
-            "io_uring" | "uring" => Ok(EngineKind::IoUring),
-            "psync" => Ok(EngineKind::Psync),
+            "auto" => Ok(IoEngineKind::Auto),
+            "io_uring" | "uring" => Ok(IoEngineKind::IoUring),
+            "psync" => Ok(IoEngineKind::Psync),
             other => Err(format!(
                 "unknown I/O engine {other:?} (auto, io_uring, psync)"
             )),
@@ -259,11 +259,11 @@ impl std::str::FromStr for EngineKind {
 
 /// Opens an engine. `IoUring` fails if the ring cannot be set up; `Auto` falls back to
 /// psync in that case (logged at `warn`).
-pub fn open_engine(kind: EngineKind) -> io::Result<Arc<dyn IoEngine>> {
+pub fn open_engine(kind: IoEngineKind) -> io::Result<Arc<dyn IoEngine>> {
     match kind {
-        EngineKind::Psync => Ok(Arc::new(psync::PsyncEngine::new())),
-        EngineKind::IoUring => Ok(Arc::new(uring::UringEngine::new()?)),
-        EngineKind::Auto => match uring::UringEngine::new() {
+        IoEngineKind::Psync => Ok(Arc::new(psync::PsyncEngine::new())),
+        IoEngineKind::IoUring => Ok(Arc::new(uring::UringEngine::new()?)),
+        IoEngineKind::Auto => match uring::UringEngine::new() {
             Ok(e) => Ok(Arc::new(e)),
             Err(err) => {
                 tracing::warn!(%err, "io_uring unavailable, using the psync engine");
@@ -361,19 +361,19 @@ mod tests {
 
     #[tokio::test]
     async fn psync_round_trip() {
-        engine_round_trip(open_engine(EngineKind::Psync).expect("psync")).await;
+        engine_round_trip(open_engine(IoEngineKind::Psync).expect("psync")).await;
     }
 
     #[tokio::test]
     async fn uring_round_trip() {
-        let engine = open_engine(EngineKind::IoUring).expect("io_uring works on this machine");
+        let engine = open_engine(IoEngineKind::IoUring).expect("io_uring works on this machine");
         assert_eq!(engine.name(), "io_uring");
         engine_round_trip(engine).await;
     }
 
     #[tokio::test]
     async fn uring_many_in_flight() {
-        let engine = open_engine(EngineKind::IoUring).expect("io_uring");
+        let engine = open_engine(IoEngineKind::IoUring).expect("io_uring");
         let dir = tempfile::tempdir().expect("tempdir");
         let file = Arc::new(
             std::fs::OpenOptions::new()

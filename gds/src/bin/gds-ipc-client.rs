@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use strata_gds::{
-    open_device, DeviceChoice, DeviceKind, IpcHandle, TransferConfig, TransferEngine,
-};
+use strata_gds::{open_device, DeviceChoice, DeviceKind, IpcHandle, TransferConfig, Transfers};
 
 fn main() {
     if let Err(e) = run() {
@@ -39,13 +37,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             memory_limit: limit,
         })?,
     };
-    let engine = TransferEngine::new(Arc::clone(&device), TransferConfig::default())?;
+    let transfers = Transfers::new(Arc::clone(&device), TransferConfig::default())?;
     let mine = device.alloc(usize::try_from(handle.len)?)?;
     device
         .ipc()
         .ok_or("this device cannot import IPC handles")?
         .import_into(&handle, &mine, 0)?;
-    let back = engine.device_to_vec_blocking(&mine)?;
+    let back = transfers.device_to_vec_blocking(&mine)?;
     println!("{} {:08x}", back.len(), crc32c::crc32c(&back));
     Ok(())
 }

@@ -29,7 +29,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use serde::Serialize;
-use strata_cache_core::io::{AlignedBuf, EngineKind};
+use strata_cache_core::io::{AlignedBuf, IoEngineKind};
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier, Durability};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, Block, CacheKey, StoreOptions, Tier, TierGet};
@@ -51,7 +51,7 @@ pub struct TiersArgs {
     pub tiers: Vec<String>,
     /// I/O engine of the disk tier: auto, io_uring or psync.
     #[arg(long, default_value = "auto")]
-    pub engine: EngineKind,
+    pub engine: IoEngineKind,
 }
 
 const SIZES: [usize; 3] = [4 << 10, 1 << 20, 16 << 20];
@@ -289,7 +289,7 @@ async fn bench_disk(
     dir: &Path,
     size: usize,
     n: usize,
-    engine: EngineKind,
+    engine: IoEngineKind,
 ) -> anyhow::Result<(TierResult, &'static str, bool)> {
     let k = working_set(size, n);
     let tier_dir = dir.join(format!("disk-{size}"));
@@ -489,7 +489,7 @@ mod tests {
             dir: None,
             iters: Some(4),
             tiers: vec!["memory".into(), "disk".into(), "store".into()],
-            engine: EngineKind::Auto,
+            engine: IoEngineKind::Auto,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -9,7 +9,7 @@ use strata_cache_core::policy;
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, CacheEngine, StoreOptions, Tier};
-use strata_gds::{DeviceChoice, GpuTier, TransferConfig, TransferEngine};
+use strata_gds::{DeviceChoice, GpuTier, TransferConfig, Transfers};
 
 use crate::config::{parse_size, CacheConfig, GpuDevice, GpuTierConfig, StoreConfig};
 
@@ -120,7 +120,7 @@ fn open_gpu_tier(g: GpuTierConfig) -> anyhow::Result<GpuTier> {
         ),
         GpuDevice::Emulated => "opening the emulated GPU device".into(),
     })?;
-    let transfers = TransferEngine::new(device, TransferConfig::default())
+    let transfers = Transfers::new(device, TransferConfig::default())
         .context("starting the GPU tier's transfer engine")?;
     let tier = GpuTier::new(transfers, g.bytes);
     tracing::info!(device = %tier.describe(), bytes = g.bytes, "GPU tier");

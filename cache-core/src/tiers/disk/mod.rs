@@ -91,7 +91,7 @@ use tokio::sync::watch;
 
 use crate::block::Block;
 use crate::error::{CacheError, Result};
-use crate::io::{open_engine, AlignedBuf, BufPool, EngineKind, IoEngine, ALIGN};
+use crate::io::{open_engine, AlignedBuf, BufPool, IoEngine, IoEngineKind, ALIGN};
 use crate::key::CacheKey;
 use crate::stats::{TierStats, TierStatsSnapshot};
 use crate::tier::{Tier, TierGet, TierKind};
@@ -121,7 +121,7 @@ pub enum Durability {
 #[derive(Clone, Debug)]
 pub struct DiskOptions {
     /// Auto: io_uring when the kernel allows it, else psync.
-    pub engine: EngineKind,
+    pub engine: IoEngineKind,
     pub durability: Durability,
     /// Try `O_DIRECT` (probed at open; buffered if the file system refuses it). On by
     /// default: a cache tier that also fills the page cache holds every block twice and
@@ -138,7 +138,7 @@ pub struct DiskOptions {
 impl Default for DiskOptions {
     fn default() -> Self {
         DiskOptions {
-            engine: EngineKind::Auto,
+            engine: IoEngineKind::Auto,
             durability: Durability::Sync,
             direct_io: true,
             fd_cache: 1024,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::*;
 use crate::conformance;
 
-fn opts(engine: EngineKind) -> DiskOptions {
+fn opts(engine: IoEngineKind) -> DiskOptions {
     DiskOptions {
         engine,
         ..DiskOptions::default()
@@ -57,7 +57,7 @@ fn block_files(dir: &Path) -> usize {
 #[tokio::test]
 async fn conforms_with_io_uring() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tier = DiskTier::open(dir.path(), 16 << 20, opts(EngineKind::IoUring)).expect("open");
+    let tier = DiskTier::open(dir.path(), 16 << 20, opts(IoEngineKind::IoUring)).expect("open");
     assert_eq!(tier.engine_name(), "io_uring");
     eprintln!("O_DIRECT in {}: {}", dir.path().display(), tier.direct_io());
     conformance::run_all(Arc::new(tier)).await;
@@ -66,7 +66,7 @@ async fn conforms_with_io_uring() {
 #[tokio::test]
 async fn conforms_with_psync() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tier = DiskTier::open(dir.path(), 16 << 20, opts(EngineKind::Psync)).expect("open");
+    let tier = DiskTier::open(dir.path(), 16 << 20, opts(IoEngineKind::Psync)).expect("open");
     assert_eq!(tier.engine_name(), "psync");
     conformance::run_all(Arc::new(tier)).await;
 }
@@ -374,7 +374,7 @@ impl IoEngine for FillingDisk {
 async fn full_device_is_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = Arc::new(FillingDisk {
-        inner: open_engine(EngineKind::Auto).expect("engine"),
+        inner: open_engine(IoEngineKind::Auto).expect("engine"),
         full: AtomicBool::new(false),
     });
     let tier =
@@ -442,7 +442,7 @@ fn io_uring_tier_does_not_hang_under_mixed_concurrency() {
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let tier =
-        Arc::new(DiskTier::open(dir.path(), 256 << 20, opts(EngineKind::IoUring)).expect("open"));
+        Arc::new(DiskTier::open(dir.path(), 256 << 20, opts(IoEngineKind::IoUring)).expect("open"));
     assert_eq!(tier.engine_name(), "io_uring");
     let handle = rt.handle().clone();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
