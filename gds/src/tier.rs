@@ -1,17 +1,17 @@
-//! The GPU-memory tier: cache blocks held in device memory under a byte budget.
+//! The GPU-memory tier: cache blocks held in device memory.
 //!
 //! Each block is one device allocation plus its crc32c kept on the host. Reads back to
 //! host memory verify the checksum (a bad block is dropped and reported as a miss, so
-//! the transfers refetches it from a lower tier); device-to-device hits
+//! the engine refetches it from a lower tier); device-to-device hits
 //! ([`GpuTier::get_into_device`]) do not, since checking would need a kernel and HBM is
 //! ECC-protected.
 //!
 //! Failures never lose data the tier claims to hold: a put that fails (device out of
 //! memory, device lost mid-copy) leaves the tier as it was, minus nothing; when the
 //! device is lost every entry is dropped at once (device memory is gone), so
-//! `resident()` and `used_bytes()` say so and the transfers falls back to lower tiers.
-//! Budget accounting reserves a put's bytes before the copy starts, so concurrent puts
-//! can never together exceed the budget.
+//! `resident()` and `used_bytes()` say so and the engine falls back to lower tiers.
+//! The byte budget is the engine's (one `TierSpace` per level); the tier only reports
+//! what the device refuses (out of device memory, as `Full`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
