@@ -28,6 +28,9 @@ pub struct Hierarchy {
     tracker: AccessTracker,
     levels: Vec<TierSpace>,
     demand_admissions: u64,
+    /// Per level, the most room a placement ever needed (bytes resident + in flight +
+    /// its own), for the sharing window.
+    peak_need: Vec<u64>,
 }
 
 impl Hierarchy {
@@ -39,6 +42,7 @@ impl Hierarchy {
     pub fn with_tracker(levels: Vec<TierSpace>, tree: TreeConfig) -> Self {
         Hierarchy {
             tracker: AccessTracker::new(tree),
+            peak_need: vec![0; levels.len()],
             levels,
             demand_admissions: 0,
         }
@@ -94,9 +98,8 @@ impl Hierarchy {
         size: u64,
         ctx: &AccessContext,
     ) -> Result<Placement, CacheError> {
-        let placement = self.levels[i].place(key, size, ctx);
-        self.count_admission(ctx, &placement);
-        placement
+        self.before_placement(i, key, size, ctx);
+        self.levels[i].place(key, size, ctx)
     }
 
     /// [`TierSpace::reserve`] at level `i`: bytes charged, key resident at `commit`.
@@ -107,9 +110,8 @@ impl Hierarchy {
         size: u64,
         ctx: &AccessContext,
     ) -> Result<Placement, CacheError> {
-        let placement = self.levels[i].reserve(key, size, ctx);
-        self.count_admission(ctx, &placement);
-        placement
+        self.before_placement(i, key, size, ctx);
+        self.levels[i].reserve(key, size, ctx)
     }
 
     /// [`TierSpace::commit`] at level `i`.
@@ -137,20 +139,27 @@ impl Hierarchy {
         self.levels.iter().map(TierSpace::policy_name).collect()
     }
 
-    /// Every `SHARE_WINDOW_EVERY` demand admissions the tracker's sharing window is set
-    /// to the blocks the whole cache holds: readers trailing each other by less than a
-    /// cache's worth of accesses are served by recency.
-    fn count_admission(&mut self, ctx: &AccessContext, placement: &Result<Placement, CacheError>) {
-        if !ctx.is_demand()
-            || !matches!(
-                placement,
-                Ok(Placement::Admitted { .. }) | Ok(Placement::Refused { .. })
-            )
-        {
+    /// The tracker's sharing window is the number of blocks the whole cache holds
+    /// (readers trailing each other by less than a cache's worth of accesses are served
+    /// by recency). It is set, before the placement, whenever a level needs more room
+    /// than it ever has (first when it fills up), and every `SHARE_WINDOW_EVERY`
+    /// demand admissions.
+    fn before_placement(&mut self, i: usize, key: &CacheKey, size: u64, ctx: &AccessContext) {
+        let level = &self.levels[i];
+        if level.contains(key) || size > level.budget() {
             return;
         }
-        self.demand_admissions += 1;
-        if self.demand_admissions.is_multiple_of(SHARE_WINDOW_EVERY) {
+        let need = level.used() + level.reserved() + size;
+        let mut update = false;
+        if need > level.budget() && need > self.peak_need[i] {
+            self.peak_need[i] = need;
+            update = true;
+        }
+        if ctx.is_demand() {
+            self.demand_admissions += 1;
+            update |= self.demand_admissions.is_multiple_of(SHARE_WINDOW_EVERY);
+        }
+        if update {
             let blocks = self.resident_blocks() as u64;
             self.tracker.set_share_window(blocks);
         }
