@@ -329,6 +329,9 @@ pub struct FsCore {
     passthrough_bytes: AtomicU64,
     passthrough_inflight: Mutex<std::collections::HashSet<PathBuf>>,
     jobs: JobResolver,
+    /// Bytes of demand reads in progress (the controller counts them against its
+    /// prefetch backlog bound: they share the store link).
+    demand_in_flight: AtomicU64,
     counters: Counters,
 }
 
@@ -381,6 +384,7 @@ impl FsCore {
             passthrough_bytes: AtomicU64::new(0),
             passthrough_inflight: Mutex::new(Default::default()),
             jobs,
+            demand_in_flight: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -731,6 +735,11 @@ impl FsCore {
                 self.prefetch(&h.obj, range, &ctx);
             }
         }
+        let len = demand_blocks(offset, size as u64, h.obj.size, self.reader.block_size());
+        let _in_flight = InFlight::new(
+            &self.demand_in_flight,
+            len.end.saturating_sub(len.start) * self.reader.block_size(),
+        );
         if let Some(p) = &self.opts.predictors {
             self.predict(p, &h.obj, offset, size as u64, &ctx);
         }
@@ -785,6 +794,7 @@ impl FsCore {
         let mut orders: Vec<PrefetchOrder> = Vec::new();
         let outcomes = {
             let mut c = p.controller.lock();
+            c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
             let mut outcomes = Vec::new();
             if c.outstanding() > 0 {
                 for b in demand.clone() {
@@ -1048,4 +1058,23 @@ fn demand_blocks(offset: u64, len: u64, size: u64, bs: u64) -> Range<u64> {
         return 0..0;
     }
     offset / bs..(end - 1) / bs + 1
+}
+
+/// Counts `bytes` in `counter` while alive (a demand read in progress).
+struct InFlight<'a> {
+    counter: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(counter: &'a AtomicU64, bytes: u64) -> Self {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        InFlight { counter, bytes }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }

@@ -22,7 +22,6 @@ struct NextFile {
     calls: Arc<std::sync::atomic::AtomicU64>,
     used: Arc<std::sync::atomic::AtomicU64>,
     wasted: Arc<std::sync::atomic::AtomicU64>,
-    spare: Arc<std::sync::Mutex<f64>>,
 }
 
 impl Predictor for NextFile {
@@ -47,9 +46,6 @@ impl Predictor for NextFile {
             Feedback::Wasted { .. } => self.wasted.fetch_add(1, Relaxed),
         };
     }
-    fn set_spare_bandwidth(&mut self, spare: f64) {
-        *self.spare.lock().expect("not poisoned") = spare;
-    }
 }
 
 fn with_next_file(bound: u64) -> (AccessController<u64>, NextFile) {
@@ -58,7 +54,6 @@ fn with_next_file(bound: u64) -> (AccessController<u64>, NextFile) {
         calls: p.calls.clone(),
         used: p.used.clone(),
         wasted: p.wasted.clone(),
-        spare: p.spare.clone(),
     };
     let c = AccessController::new(
         ControllerConfig {
@@ -167,8 +162,8 @@ fn the_sweep_finds_landed_blocks_evicted_unread_at_the_next_new_file() {
 }
 
 #[test]
-fn the_backlog_refuses_past_the_bound_and_sets_spare() {
-    let (mut c, probe) = with_next_file(3000);
+fn the_backlog_refuses_past_the_bound_counting_demand_in_flight() {
+    let (mut c, _) = with_next_file(3000);
     let order = PrefetchOrder {
         job: JobId(1),
         path: Arc::from("f2"),
@@ -181,17 +176,19 @@ fn the_backlog_refuses_past_the_bound_and_sets_spare() {
     assert_eq!(c.issue(0, &order, 5000, true), Admission::Issue);
     assert_eq!(c.issue(1, &order, 1, false), Admission::BacklogFull);
     c.landed(&0);
-    assert_eq!(c.spare(), 1.0);
+    assert_eq!(c.backlog_bytes(), 0);
     assert_eq!(c.issue(1, &order, 1500, false), Admission::Issue);
     assert_eq!(c.issue(2, &order, 1500, false), Admission::Issue);
     assert_eq!(c.issue(3, &order, 1, false), Admission::BacklogFull);
-    assert_eq!(c.spare(), 0.0);
     // Demand claims one in flight: its bytes leave the backlog.
     c.demand(&1);
     assert_eq!(c.backlog_bytes(), 1500);
-    let mut out = Vec::new();
-    c.on_access(&ev(1, "f1", 0, 10, 10, 1), |_| true, &mut out);
-    assert_eq!(*probe.spare.lock().expect("not poisoned"), 0.5);
+    // Demand in flight counts against the bound too.
+    c.set_demand_in_flight(1000);
+    assert_eq!(c.issue(3, &order, 600, false), Admission::BacklogFull);
+    assert_eq!(c.issue(3, &order, 500, false), Admission::Issue);
+    c.set_demand_in_flight(0);
+    assert_eq!(c.backlog_bytes(), 2000);
 }
 
 #[derive(Clone, Debug)]

@@ -2,6 +2,7 @@ use super::*;
 use crate::trace::TraceBuilder;
 use proptest::prelude::*;
 use strata_cache_core::policy::LruPolicy;
+use strata_prefetch::{Feedback, Predictor, PrefetchRequest};
 
 const MB: u64 = 1 << 20;
 const MS: u64 = 1_000_000;
@@ -21,7 +22,7 @@ fn run(t: &Trace, policy: &str, capacity: u64) -> PolicyResult {
     let p = Prepared::new(t.clone(), MB);
     replay(
         &p,
-        make_policy(policy, capacity, p.listings()).expect("known policy"),
+        make_policy(policy, capacity).expect("known policy"),
         &ReplayConfig::new(capacity),
     )
 }
@@ -186,7 +187,11 @@ fn prefetch_is_admitted_fetched_and_accounted() {
     let set = PolicySet {
         name: "lru+next".into(),
         policy: Box::new(LruPolicy::new()),
-        predictors: vec![Box::new(NextFile { used: used.clone() })],
+        controller: Some(AccessController::new(
+            ControllerConfig::default(),
+            None,
+            Some(Box::new(NextFile { used: used.clone() })),
+        )),
         next_use: None,
     };
     let r = replay(&p, set, &ReplayConfig::new(MB));
@@ -207,13 +212,17 @@ fn prefetch_is_admitted_fetched_and_accounted() {
     let set = PolicySet {
         name: "lru+next".into(),
         policy: Box::new(LruPolicy::new()),
-        predictors: vec![Box::new(NextFile { used: used.clone() })],
+        controller: Some(AccessController::new(
+            ControllerConfig::default(),
+            None,
+            Some(Box::new(NextFile { used: used.clone() })),
+        )),
         next_use: None,
     };
     let with = replay(&p, set, &ReplayConfig::new(MB));
     let without = replay(
         &p,
-        make_policy("lru", MB, p.listings()).expect("lru"),
+        make_policy("lru", MB).expect("lru"),
         &ReplayConfig::new(MB),
     );
     // f0 misses and f1 is prefetched with it: under processor sharing both arrive
@@ -247,12 +256,12 @@ fn replay_is_deterministic() {
     for name in POLICY_NAMES {
         let a = replay(
             &p,
-            make_policy(name, cap, p.listings()).expect("known"),
+            make_policy(name, cap).expect("known"),
             &ReplayConfig::new(cap),
         );
         let b = replay(
             &p,
-            make_policy(name, cap, p.listings()).expect("known"),
+            make_policy(name, cap).expect("known"),
             &ReplayConfig::new(cap),
         );
         assert_eq!(a.hit_ratio, b.hit_ratio, "{name}");
@@ -291,7 +300,7 @@ fn bandwidth_is_shared_equally_between_transfers_in_progress() {
     let p = Prepared::new(t, MB);
     let r = replay(
         &p,
-        make_policy("lru", 100 * MB, p.listings()).expect("lru"),
+        make_policy("lru", 100 * MB).expect("lru"),
         &ReplayConfig::new(100 * MB),
     );
     assert_eq!(r.accesses, 11, "x is 10 blocks, y one");
