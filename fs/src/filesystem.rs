@@ -23,7 +23,11 @@
 //!   the new version (new cache keys) and is told not to keep the old page cache.
 //! - **Reads** go through [`ObjectReader`], which serves each block from whichever tier
 //!   holds it and shares concurrent misses (single-flight). A per-handle
-//!   [`Readahead`] policy turns sequential reads into block prefetches.
+//!   [`Readahead`] policy turns sequential reads into block prefetches, unless
+//!   [`CoreOptions::predictors`] is set: then the prefetch crate's access controller
+//!   decides every prefetch (within the file and across files) and its priority, and
+//!   this core only issues what it orders and reports what became of it
+//!   ([`FsCore::read`] -> `predict`; the replay simulator drives the same controller).
 //! - **Passthrough copies.** A small object read completely is also written once as a
 //!   plain file under `<cache_dir>/passthrough/` (the disk tier's block files carry a
 //!   header, so they cannot be handed to the kernel). Later opens of that version get

@@ -56,7 +56,8 @@ pub trait Predictor: Send {
     /// Outcome of an earlier request from this predictor for `path`.
     fn on_feedback(&mut self, _job: JobId, _path: &str, _feedback: Feedback) {}
     /// Hint: fraction of the store's bandwidth currently unused (0 = saturated, 1 = idle).
-    /// Predictors may scale their depth with it; the default ignores it.
+    /// Predictors may scale their depth with it; the default ignores it. The
+    /// [`AccessController`] does not set it (measured a net loss; see its docs).
     fn set_spare_bandwidth(&mut self, _spare: f64) {}
     /// The names and sizes in directory `dir` (relative to the dataset root), as a
     /// listing returned them; the default ignores them.

@@ -65,6 +65,18 @@ fn with_next_file(bound: u64) -> (AccessController<u64>, NextFile) {
     (c, probe)
 }
 
+/// A cross-file order of job 1 for `f2`.
+fn cross_file_order() -> PrefetchOrder {
+    PrefetchOrder {
+        job: JobId(1),
+        path: Arc::from("f2"),
+        offset: 0,
+        len: 1000,
+        origin: Origin::CrossFile,
+        priority: 0.5,
+    }
+}
+
 /// The first access of a file per job since it read another one feeds the cross-file
 /// predictor; further chunks of the same file do not.
 #[test]
@@ -137,14 +149,7 @@ fn readahead_comes_before_cross_file_and_outcomes_reach_the_predictor() {
 #[test]
 fn the_sweep_finds_landed_blocks_evicted_unread_at_the_next_new_file() {
     let (mut c, probe) = with_next_file(u64::MAX);
-    let order = PrefetchOrder {
-        job: JobId(1),
-        path: Arc::from("f2"),
-        offset: 0,
-        len: 1000,
-        origin: Origin::CrossFile,
-        priority: 0.5,
-    };
+    let order = cross_file_order();
     for h in 0..3u64 {
         assert_eq!(c.issue(h, &order, 1000, h == 0), Admission::Issue);
     }
@@ -164,14 +169,7 @@ fn the_sweep_finds_landed_blocks_evicted_unread_at_the_next_new_file() {
 #[test]
 fn the_backlog_refuses_past_the_bound_counting_demand_in_flight() {
     let (mut c, _) = with_next_file(3000);
-    let order = PrefetchOrder {
-        job: JobId(1),
-        path: Arc::from("f2"),
-        offset: 0,
-        len: 1000,
-        origin: Origin::CrossFile,
-        priority: 0.5,
-    };
+    let order = cross_file_order();
     // One block larger than the bound goes alone.
     assert_eq!(c.issue(0, &order, 5000, true), Admission::Issue);
     assert_eq!(c.issue(1, &order, 1, false), Admission::BacklogFull);
@@ -219,14 +217,7 @@ proptest! {
     fn backlog_is_bounded_and_outcomes_are_unique(ops in proptest::collection::vec(op(), 1..200)) {
         let bound = 4000;
         let (mut c, _) = with_next_file(bound);
-        let order = PrefetchOrder {
-            job: JobId(1),
-            path: Arc::from("f2"),
-            offset: 0,
-            len: 1000,
-            origin: Origin::CrossFile,
-            priority: 0.5,
-        };
+        let order = cross_file_order();
         // Per handle: Some(landed) while issued and unsettled.
         let mut model: HashMap<u8, (bool, u64)> = HashMap::default();
         let mut file = 0u64;

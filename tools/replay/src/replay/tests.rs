@@ -172,6 +172,20 @@ impl Predictor for NextFile {
     }
 }
 
+/// LRU with an access controller whose cross-file predictor is [`NextFile`].
+fn lru_with_next_file(used: &std::sync::Arc<std::sync::atomic::AtomicU64>) -> PolicySet {
+    PolicySet {
+        name: "lru+next".into(),
+        policy: Box::new(LruPolicy::new()),
+        controller: Some(AccessController::new(
+            ControllerConfig::default(),
+            None,
+            Some(Box::new(NextFile { used: used.clone() })),
+        )),
+        next_use: None,
+    }
+}
+
 #[test]
 fn prefetch_is_admitted_fetched_and_accounted() {
     let names: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
@@ -184,16 +198,7 @@ fn prefetch_is_admitted_fetched_and_accounted() {
     let t = trace(&rows);
     let p = Prepared::new(t, MB);
     let used = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let set = PolicySet {
-        name: "lru+next".into(),
-        policy: Box::new(LruPolicy::new()),
-        controller: Some(AccessController::new(
-            ControllerConfig::default(),
-            None,
-            Some(Box::new(NextFile { used: used.clone() })),
-        )),
-        next_use: None,
-    };
+    let set = lru_with_next_file(&used);
     let r = replay(&p, set, &ReplayConfig::new(MB));
     assert!(
         close(r.hit_ratio, 19.0 / 20.0),
@@ -209,16 +214,7 @@ fn prefetch_is_admitted_fetched_and_accounted() {
         .map(|n| (0, "j", n.as_str(), 0, 1000, 1000))
         .collect();
     let p = Prepared::new(trace(&rows), MB);
-    let set = PolicySet {
-        name: "lru+next".into(),
-        policy: Box::new(LruPolicy::new()),
-        controller: Some(AccessController::new(
-            ControllerConfig::default(),
-            None,
-            Some(Box::new(NextFile { used: used.clone() })),
-        )),
-        next_use: None,
-    };
+    let set = lru_with_next_file(&used);
     let with = replay(&p, set, &ReplayConfig::new(MB));
     let without = replay(
         &p,
