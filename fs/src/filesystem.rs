@@ -739,11 +739,13 @@ impl FsCore {
                 self.prefetch(&h.obj, range, &ctx);
             }
         }
-        let len = demand_blocks(offset, size as u64, h.obj.size, self.reader.block_size());
-        let _in_flight = InFlight::new(
-            &self.demand_in_flight,
-            len.end.saturating_sub(len.start) * self.reader.block_size(),
-        );
+        // The blocks this read must fetch count against the prefetch backlog while it
+        // runs (hits are served at once and owe the store link nothing).
+        let owed = match &self.opts.predictors {
+            Some(_) => self.missing_bytes(&h.obj, offset, size as u64),
+            None => 0,
+        };
+        let _in_flight = InFlight::new(&self.demand_in_flight, owed);
         if let Some(p) = &self.opts.predictors {
             self.predict(p, &h.obj, offset, size as u64, &ctx);
         }
@@ -769,6 +771,16 @@ impl FsCore {
             self.maybe_copy_for_passthrough(&h);
         }
         Ok(data)
+    }
+
+    /// Bytes of the blocks of `offset..offset+len` of `obj` not cached.
+    fn missing_bytes(&self, obj: &ObjectInfo, offset: u64, len: u64) -> u64 {
+        let bs = self.reader.block_size();
+        let engine = self.reader.engine();
+        demand_blocks(offset, len, obj.size, bs)
+            .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
+            .map(|b| (obj.size - b * bs).min(bs))
+            .sum()
     }
 
     /// Drives the access controller for one demand read: reports the blocks it reads

@@ -36,7 +36,7 @@
 //!   link owes: prefetch issued and neither landed nor claimed by demand (the ledger's
 //!   count), plus the demand bytes in flight the driver reports
 //!   ([`AccessController::set_demand_in_flight`]: the replay knows them to the byte, the
-//!   mount counts the bytes of reads in progress). A block that would exceed it is
+//!   mount counts the uncached blocks of reads in progress). A block that would exceed it is
 //!   refused ([`Admission::BacklogFull`]), except when nothing is in flight (a block
 //!   larger than the bound still goes, alone). Demand is never refused.
 //! - **No spare-bandwidth hint.** The predictors' `set_spare_bandwidth` is not called
