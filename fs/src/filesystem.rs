@@ -881,15 +881,16 @@ impl FsCore {
                 continue;
             }
             let bytes = (obj.size - b * bs).min(bs);
-            match p
-                .controller
-                .lock()
-                .issue(key.clone(), order, bytes, issued == 0)
-            {
+            let mut c = p.controller.lock();
+            match c.issue(key.clone(), order, bytes, issued == 0) {
                 Admission::Issue => issued += 1,
                 Admission::Outstanding => continue,
-                Admission::BacklogFull => break,
+                Admission::BacklogFull => {
+                    c.refused(order, (b * bs).max(order.offset));
+                    break;
+                }
             }
+            drop(c);
             let core = self.clone();
             let p = p.clone();
             let obj = obj.clone();

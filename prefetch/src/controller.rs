@@ -32,6 +32,10 @@
 //!   blocks are next in line for a reader already waiting), speculative cross-file
 //!   prefetch after it (`confidence`, at most 1). Orders are returned sorted, so when the
 //!   backlog fills, the lowest are the ones refused.
+//! - **Refused readahead is deferred, not lost.** A readahead block refused by the
+//!   backlog ([`AccessController::refused`]) is ordered again, first, at the stream's
+//!   next access (the sequential predictor has moved its window past it; without this
+//!   the reader meets a hole of demand misses).
 //! - **Backlog.** [`ControllerConfig::max_backlog_bytes`] bounds the bytes the store
 //!   link owes: prefetch issued and neither landed nor claimed by demand (the ledger's
 //!   count), plus the demand bytes in flight the driver reports
@@ -255,6 +259,9 @@ pub struct AccessController<H> {
     last_file: HashMap<JobId, Arc<str>, FxBuild>,
     /// Demand bytes the driver has in flight, as last reported.
     demand_in_flight: u64,
+    /// Readahead refused by a full backlog, per (job, file): ordered again, first, at
+    /// the stream's next access (the sequential predictor has moved past it).
+    deferred: HashMap<(JobId, Arc<str>), std::ops::Range<u64>, FxBuild>,
     reqs: Vec<PrefetchRequest>,
 }
 
@@ -284,6 +291,7 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             ledger: PrefetchLedger::default(),
             last_file: HashMap::default(),
             demand_in_flight: 0,
+            deferred: HashMap::default(),
             reqs: Vec::new(),
         }
     }
@@ -416,6 +424,24 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             Vec::new()
         };
         let start = out.len();
+        if !self.deferred.is_empty() {
+            if let Some(r) = self.deferred.remove(&(ev.job, ev.path.clone())) {
+                // Only while the reader is still short of the hole: one that jumped into
+                // or past it reads with gaps, and demand fetches what it wants.
+                let from = r.start.max(ev.offset.saturating_add(ev.len));
+                if ev.offset < r.start && from < r.end {
+                    out.push(PrefetchOrder {
+                        job: ev.job,
+                        path: ev.path.clone(),
+                        offset: from,
+                        len: r.end - from,
+                        origin: Origin::Readahead,
+                        // Nearer to the reader than any fresh readahead.
+                        priority: 2.5,
+                    });
+                }
+            }
+        }
         let mut reqs = std::mem::take(&mut self.reqs);
         if let Some(p) = &mut self.sequential {
             reqs.clear();
@@ -457,6 +483,29 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             },
         );
         Admission::Issue
+    }
+
+    /// `order` stopped at byte `at` because the backlog was full
+    /// ([`Admission::BacklogFull`]). Readahead is ordered again from there at the
+    /// stream's next access (its predictor has moved on and would leave a hole that
+    /// demand then misses); cross-file speculation is just dropped.
+    pub fn refused(&mut self, order: &PrefetchOrder, at: u64) {
+        if order.origin != Origin::Readahead {
+            return;
+        }
+        let end = order.offset.saturating_add(order.len);
+        if at >= end {
+            return;
+        }
+        if self.deferred.len() >= MAX_JOBS {
+            self.deferred.clear();
+        }
+        let r = self
+            .deferred
+            .entry((order.job, order.path.clone()))
+            .or_insert(at..end);
+        r.start = r.start.min(at);
+        r.end = r.end.max(end);
     }
 
     /// The prefetch of `h` has landed in the cache.

@@ -271,3 +271,40 @@ proptest! {
         }
     }
 }
+
+/// Readahead refused by a full backlog is ordered again, first, at the stream's next
+/// access while the reader is short of it; cross-file orders are just dropped.
+#[test]
+fn refused_readahead_is_ordered_again_while_still_ahead() {
+    let (mut c, _) = with_next_file(u64::MAX);
+    let ra = PrefetchOrder {
+        job: JobId(1),
+        path: Arc::from("f1"),
+        offset: 4 * MB,
+        len: 8 * MB,
+        origin: Origin::Readahead,
+        priority: 1.9,
+    };
+    c.refused(&ra, 6 * MB);
+    c.refused(&cross_file_order(), 0);
+    let mut out = Vec::new();
+    c.on_access(&ev(1, "f1", 3 * MB, MB, 100 * MB, 1), |_| true, &mut out);
+    let first = &out[0];
+    assert_eq!(
+        (first.origin, first.offset, first.len),
+        (Origin::Readahead, 6 * MB, 6 * MB)
+    );
+    assert!(out.iter().skip(1).all(|o| o.priority < first.priority));
+    // Ordered once: the next access does not repeat it.
+    out.clear();
+    c.on_access(&ev(1, "f1", 4 * MB, MB, 100 * MB, 2), |_| true, &mut out);
+    assert!(
+        out.iter().all(|o| o.offset != 6 * MB || o.len != 6 * MB),
+        "{out:?}"
+    );
+    // A reader that jumped into the hole gets no deferred order.
+    c.refused(&ra, 6 * MB);
+    out.clear();
+    c.on_access(&ev(1, "f1", 7 * MB, MB, 100 * MB, 3), |_| true, &mut out);
+    assert!(out.iter().all(|o| o.priority <= 2.0), "{out:?}");
+}

@@ -776,7 +776,15 @@ impl Run<'_> {
             match c.issue(id, order, bytes, lead) {
                 Admission::Issue => {}
                 Admission::Outstanding => continue,
-                Admission::BacklogFull => return,
+                Admission::BacklogFull => {
+                    let at = if is_kv(&path) {
+                        0
+                    } else {
+                        idx * self.p.block_bytes
+                    };
+                    c.refused(order, at.max(order.offset));
+                    return;
+                }
             }
             lead = false;
             if self.place(id, bytes, &ctx) {
