@@ -45,9 +45,10 @@
 //!   larger than the bound still goes, alone). Demand is never refused.
 //! - **No spare-bandwidth hint.** The predictors' `set_spare_bandwidth` is not called
 //!   (before, only the replay set it, from its link backlog): measured on the generated
-//!   workloads with this backlog rule, the hint made the semantic predictor a net loss
-//!   on `mixed` (byte hit ratio 0.585 with it, 0.616 without; sequential only: 0.615),
-//!   and the backlog bound already limits what speculation can take from demand.
+//!   workloads with this backlog rule (before refused readahead was deferred), the hint
+//!   made the semantic predictor a net loss on `mixed` at 20% capacity (byte hit ratio
+//!   0.585 with it, 0.616 without; sequential only: 0.615), and the backlog bound
+//!   already limits what speculation can take from demand.
 //! - **Outcomes.** Each issued block gets at most one outcome: `Used` (first demand
 //!   read, in flight or landed) or `Wasted` (evicted unread, or found gone by a sweep),
 //!   routed to the predictor that asked for it. A failed fetch gets none.
