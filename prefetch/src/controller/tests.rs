@@ -58,6 +58,7 @@ fn with_next_file(bound: u64) -> (AccessController<u64>, NextFile) {
     let c = AccessController::new(
         ControllerConfig {
             max_backlog_bytes: bound,
+            ..ControllerConfig::default()
         },
         Some(Box::new(crate::sequential::SequentialPredictor::default())),
         Some(Box::new(p)),
@@ -181,8 +182,8 @@ fn the_backlog_refuses_past_the_bound_counting_demand_in_flight() {
     // Demand claims one in flight: its bytes leave the backlog.
     c.demand(&1);
     assert_eq!(c.backlog_bytes(), 1500);
-    // Demand in flight counts against the bound too.
-    c.set_demand_in_flight(1000);
+    // Demand in flight counts against the bound too, twice.
+    c.set_demand_in_flight(500);
     assert_eq!(c.issue(3, &order, 600, false), Admission::BacklogFull);
     assert_eq!(c.issue(3, &order, 500, false), Admission::Issue);
     c.set_demand_in_flight(0);

@@ -871,6 +871,7 @@ fn replay_once(
             cfg.store.prefetch_max_backlog_ns as f64 * cfg.store.bandwidth_bytes_per_s / 1e9;
         c.set_config(ControllerConfig {
             max_backlog_bytes: bound as u64,
+            ..ControllerConfig::default()
         });
     }
     let order = if next_use.is_some() {
