@@ -30,8 +30,8 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
-use crate::core::{Attr, FsCore, Kind};
 use crate::error::Error;
+use crate::filesystem::{Attr, FsCore, Kind};
 
 /// Converts the core's attributes to fuser's.
 pub fn file_attr(a: &Attr) -> FileAttr {

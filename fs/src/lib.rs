@@ -1,6 +1,6 @@
 //! Strata's FUSE mount: object storage read as a local directory, through the cache.
 //!
-//! - [`core::FsCore`]: the file system as async methods with plain reply types (inode
+//! - [`filesystem::FsCore`]: the file system as async methods with plain reply types (inode
 //!   table, metadata cache with TTL, version-consistent opens, reads through the
 //!   cache core's [`strata_cache_core::ObjectReader`], readahead, passthrough copies).
 //!   Tested without a kernel.
@@ -11,13 +11,12 @@
 //!   `MountHandle::unmount()`; several mounts can share one cache core.
 //! - [`null`]: a do-nothing file system (zeros) mounted with the same options, the
 //!   FUSE ceiling the benchmark compares against.
-//! - [`feedback`]: which cross-file prefetches were read and which evicted unread,
-//!   reported back to the semantic predictor.
 //! - [`job`]: maps a request's thread id to its job (process group by default), cached.
 //! - [`readahead`]: the per-file readahead trait and its window-doubling default;
-//!   [`Predictors`] (in `CoreOptions::predictors`) feeds every read and listing to the
-//!   prefetch crate's sequential and semantic predictors instead (what `strata mount`
-//!   uses by default).
+//!   [`Predictors`] (in `CoreOptions::predictors`) drives the prefetch crate's
+//!   [`strata_prefetch::AccessController`] instead (sequential and semantic predictors,
+//!   prefetch priority, backlog and outcome feedback; what `strata mount` uses by
+//!   default, and what `strata bench replay` measures).
 //!
 //! Daemon entry point (kept as the issue asked; `strata serve` mounts several prefixes
 //! of one store on one cache core with it):
@@ -28,16 +27,15 @@
 //! impl MountHandle { pub fn unmount(self) -> Result<()>; pub fn is_finished(&self) -> bool; }
 //! ```
 
-pub mod core;
 pub mod error;
-pub mod feedback;
+pub mod filesystem;
 pub mod fuse;
 pub mod job;
 pub mod mount;
 pub mod null;
 pub mod readahead;
 
-pub use crate::core::{CoreOptions, FsCore, PassthroughOptions, Predictors};
 pub use crate::error::{Error, Result};
+pub use crate::filesystem::{CoreOptions, FsCore, PassthroughOptions, Predictors};
 pub use crate::job::{JobResolver, JobScope};
 pub use crate::mount::{spawn, MountHandle, MountOptions};

@@ -25,8 +25,8 @@ use std::time::Duration;
 use fuser::{BackgroundSession, Config, Filesystem, MountOption, SessionACL};
 use strata_cache_core::ObjectReader;
 
-use crate::core::{CoreOptions, FsCore};
 use crate::error::{Error, Result};
+use crate::filesystem::{CoreOptions, FsCore};
 use crate::fuse::FuseFs;
 
 /// Options of one mount.

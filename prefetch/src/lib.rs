@@ -1,8 +1,15 @@
 //! Prefetch predictors: pure logic fed with access events, emitting prefetch requests.
 //! The cache core (or the replay simulator) does the I/O; predictors never touch a store.
+//! [`controller::AccessController`] owns the predictors, decides prefetches and their
+//! priority, and tracks their outcomes: the mount and the replay both drive it.
 
+pub mod controller;
 pub mod semantic;
 pub mod sequential;
+
+pub use controller::{
+    AccessController, Admission, ControllerConfig, Origin, Outcome, PrefetchOrder,
+};
 
 use std::sync::Arc;
 
@@ -49,6 +56,10 @@ pub trait Predictor: Send {
     /// Outcome of an earlier request from this predictor for `path`.
     fn on_feedback(&mut self, _job: JobId, _path: &str, _feedback: Feedback) {}
     /// Hint: fraction of the store's bandwidth currently unused (0 = saturated, 1 = idle).
-    /// Predictors may scale their depth with it; the default ignores it.
+    /// Predictors may scale their depth with it; the default ignores it. The
+    /// [`AccessController`] does not set it (measured a net loss; see its docs).
     fn set_spare_bandwidth(&mut self, _spare: f64) {}
+    /// The names and sizes in directory `dir` (relative to the dataset root), as a
+    /// listing returned them; the default ignores them.
+    fn on_listing(&mut self, _dir: &str, _entries: &[(&str, u64)]) {}
 }

@@ -1,5 +1,6 @@
 //! Library behind the `strata` binary: each subcommand's logic, so tests can call it
-//! without spawning the binary.
+//! without spawning the binary. The replay simulator and trace tooling are the
+//! `strata-replay` crate (`tools/replay/`); `bench replay` and `trace` here are its CLI.
 
 pub mod admin;
 pub mod bench;
@@ -7,8 +8,6 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
-pub mod replay;
-pub mod trace;
 
 /// Logs to stderr at `RUST_LOG`'s filter, or `default` (e.g. `"info"`) when unset; a
 /// second call (tests, a bench inside a process that already logs) is a no-op.

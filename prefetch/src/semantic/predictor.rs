@@ -285,6 +285,10 @@ impl Predictor for SemanticPredictor {
         }
     }
 
+    fn on_listing(&mut self, dir: &str, entries: &[(&str, u64)]) {
+        self.observe_listing_sized(dir, entries);
+    }
+
     /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped; NaN = idle).
     fn set_spare_bandwidth(&mut self, spare: f64) {
         self.spare = if spare.is_nan() {

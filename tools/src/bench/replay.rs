@@ -3,7 +3,7 @@
 //! Prints a table (or `--json`: `{trace, capacity_bytes, unique_bytes, results: [{policy,
 //! hit_ratio, byte_hit_ratio, prefetch_bytes, prefetch_precision, jct_s, job_jct_s, ...}]}`)
 //! and, with `--plot FILE.png`, draws hit ratio against capacity (`--plot-capacities`,
-//! percent of unique bytes) for every policy. See [`crate::replay`] for the rules.
+//! percent of unique bytes) for every policy. See [`strata_replay::replay`] for the rules.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -11,10 +11,10 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 
-use crate::replay::{
+use strata_replay::replay::{
     self, make_policy, parse_capacity, Prepared, ReplayConfig, StoreModel, POLICY_NAMES,
 };
-use crate::trace;
+use strata_replay::trace;
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -48,7 +48,8 @@ pub struct ReplayArgs {
     /// Object store bandwidth shared by all fetches, MB/s (10^6 bytes).
     #[arg(long, default_value_t = 200.0)]
     pub bandwidth_mbps: f64,
-    /// Drop prefetches while the store link is booked this far ahead, ms.
+    /// Prefetch backlog bound of the access controller, as ms of transfer at
+    /// --bandwidth-mbps: prefetches issued and not landed beyond it are dropped.
     #[arg(long, default_value_t = 100.0)]
     pub prefetch_backlog_ms: f64,
 }
@@ -137,7 +138,7 @@ fn run_all(
     policies
         .iter()
         .map(|name| {
-            let set = make_policy(name, capacity, p.listings())?;
+            let set = make_policy(name, capacity)?;
             let t0 = Instant::now();
             let result = replay::replay(p, set, &cfg);
             let wall = t0.elapsed().as_secs_f64();
@@ -237,7 +238,7 @@ fn plot(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::gen::{generate, Workload};
+    use strata_replay::trace::gen::{generate, Workload};
 
     #[test]
     fn json_report_has_the_documented_fields() {

@@ -1,11 +1,11 @@
-//! `strata trace gen|import`: write replay traces (see [`crate::trace`]).
+//! `strata trace gen|import`: write replay traces (see [`strata_replay::trace`]).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::trace::{self, gen::Workload};
+use strata_replay::trace::{self, gen::Workload};
 
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {

@@ -8,8 +8,8 @@
 //! | `2random` | [`TwoRandomPolicy`](strata_cache_core::policy::TwoRandomPolicy) (JuiceFS default), fixed seed | none |
 //! | `tinylfu` | [`TinyLfuPolicy`](strata_cache_core::policy::TinyLfuPolicy), moka's W-TinyLFU as the whole cache (Dynamo KVBM) | none |
 //! | `opt` | [`BeladyPolicy`](strata_cache_core::policy::BeladyPolicy) fed the trace's next-use index | none |
-//! | `strata` | [`strata_policy_set`]`(true)` | sequential + semantic |
-//! | `strata-nosemantic` | [`strata_policy_set`]`(false)` | sequential |
+//! | `strata` | [`strata_policy_set`]`(true)` | the daemon's access controller: sequential + semantic |
+//! | `strata-nosemantic` | [`strata_policy_set`]`(false)` | the access controller, sequential only |
 //! | `strata-noprefetch` | [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) alone | none (isolates retention) |
 //!
 //! The baselines get no prefetching: the systems they stand for either have none on
@@ -17,9 +17,7 @@
 //! predictors because they are part of it.
 
 use strata_cache_core::policy::{self, BeladyPolicy, EvictionPolicy, NextUse};
-use strata_prefetch::semantic::SemanticPredictor;
-use strata_prefetch::sequential::SequentialPredictor;
-use strata_prefetch::Predictor;
+use strata_prefetch::AccessController;
 
 /// Every name [`make_policy`] accepts.
 pub const POLICY_NAMES: [&str; 9] = [
@@ -34,11 +32,14 @@ pub const POLICY_NAMES: [&str; 9] = [
     "opt",
 ];
 
-/// A policy under test with its predictors.
+/// A policy under test with its access controller (None: no prefetching). The replay
+/// sets the controller's backlog bound from its store model
+/// ([`super::StoreModel::prefetch_max_backlog_ns`]).
 pub struct PolicySet {
     pub name: String,
     pub policy: Box<dyn EvictionPolicy>,
-    pub predictors: Vec<Box<dyn Predictor>>,
+    /// Block handles are the replay's dense block ids.
+    pub controller: Option<AccessController<u32>>,
     /// Set for `opt`: the simulator feeds it the future.
     pub next_use: Option<NextUse>,
 }
@@ -47,49 +48,39 @@ pub struct PolicySet {
 /// `readdir` (`dir` relative to the dataset root, `""` for the root).
 pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 
-/// The pattern-aware core and its predictors: the ONE place `strata*` is assembled.
+/// The pattern-aware core and its access controller: the ONE place `strata*` is
+/// assembled.
 ///
-/// `strata` = [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) + [`SequentialPredictor`] + [`SemanticPredictor`];
-/// `strata-nosemantic` leaves the semantic predictor out. The semantic predictor is
-/// handed the dataset's directory listings (what the mount would have answered to the
-/// job's `readdir`), which it uses for lexical-order and per-epoch-permutation rules,
-/// and the policy is told the tier's byte budget (as the engine would).
+/// `strata` = [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) +
+/// the daemon's [`AccessController::standard`] (sequential and semantic predictors);
+/// `strata-nosemantic` leaves the semantic predictor out. The controller learns the
+/// dataset's directory listings as the mount does, when a job first reads in a directory
+/// (see [`super::replay`]); the policy is told the tier's byte budget (as the engine
+/// would).
 pub fn strata_policy_set(
     semantic: bool,
     capacity: u64,
-    listings: &Listings,
-) -> (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) {
-    let mut predictors: Vec<Box<dyn Predictor>> = vec![Box::new(SequentialPredictor::default())];
-    if semantic {
-        let mut sp = SemanticPredictor::default();
-        for (dir, entries) in listings {
-            sp.observe_listing_sized(dir, entries);
-        }
-        predictors.push(Box::new(sp));
-    }
+) -> (Box<dyn EvictionPolicy>, AccessController<u32>) {
+    let controller = AccessController::with_predictors(true, semantic);
     let policy = policy::by_name("strata", capacity).expect("strata is a live policy name");
-    (policy, predictors)
+    (policy, controller)
 }
 
-/// Builds the policy called `name` for a tier of `capacity` bytes (`listings` feed
-/// `strata`'s semantic predictor).
-pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Result<PolicySet> {
+/// Builds the policy called `name` for a tier of `capacity` bytes.
+pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
     let mut next_use = None;
-    let (policy, predictors): (Box<dyn EvictionPolicy>, Vec<Box<dyn Predictor>>) = match name {
-        "lru" | "lfu" | "arc" | "2random" | "tinylfu" => {
-            (policy::by_name(name, capacity)?, Vec::new())
-        }
+    let (policy, controller) = match name {
+        "lru" | "lfu" | "arc" | "2random" | "tinylfu" => (policy::by_name(name, capacity)?, None),
         "opt" => {
             let (p, h) = BeladyPolicy::new(capacity);
             next_use = Some(h);
-            (Box::new(p), Vec::new())
+            (Box::new(p) as Box<dyn EvictionPolicy>, None)
         }
-        "strata" => strata_policy_set(true, capacity, listings),
-        "strata-nosemantic" => strata_policy_set(false, capacity, listings),
-        "strata-noprefetch" => {
-            let (policy, _) = strata_policy_set(false, capacity, listings);
-            (policy, Vec::new())
+        "strata" | "strata-nosemantic" => {
+            let (policy, c) = strata_policy_set(name == "strata", capacity);
+            (policy, Some(c))
         }
+        "strata-noprefetch" => (strata_policy_set(false, capacity).0, None),
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")
@@ -98,7 +89,7 @@ pub fn make_policy(name: &str, capacity: u64, listings: &Listings) -> anyhow::Re
     Ok(PolicySet {
         name: name.to_string(),
         policy,
-        predictors,
+        controller,
         next_use,
     })
 }

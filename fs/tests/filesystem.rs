@@ -9,7 +9,7 @@ use object_store::ObjectStore;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
-use strata_fs::core::{Kind, ROOT_INO};
+use strata_fs::filesystem::{Kind, ROOT_INO};
 use strata_fs::{CoreOptions, FsCore, PassthroughOptions};
 
 const BS: u64 = 64 << 10;
@@ -402,7 +402,7 @@ async fn a_whole_small_object_read_gets_a_passthrough_copy() {
 
 /// A core with the standard predictors over 12 shards `shards/shard-NNNNN.tar` of 3000
 /// bytes each, their directory already listed (as a loader indexes its dataset).
-async fn listed_shards_with_predictors() -> (Fixture, strata_fs::core::Entry) {
+async fn listed_shards_with_predictors() -> (Fixture, strata_fs::filesystem::Entry) {
     let opts = CoreOptions {
         predictors: Some(Arc::new(strata_fs::Predictors::standard())),
         ..Default::default()
@@ -510,7 +510,12 @@ async fn prefetch_outcomes_are_counted_used_and_wasted() {
                 if issued > 0 && fx.engine.stats().prefetch_fills >= issued {
                     return issued;
                 }
-                assert!(Instant::now() < deadline, "prefetches never filled");
+                assert!(
+                    Instant::now() < deadline,
+                    "prefetches never filled: {issued} {:?} {:?}",
+                    fx.engine.stats(),
+                    c.counters()
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };

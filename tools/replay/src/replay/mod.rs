@@ -1,6 +1,7 @@
 //! The replay simulator: drives the real cache-core code (one
-//! [`strata_cache_core::space::TierSpace`] holding the policy under test, the
-//! [`strata_prefetch::Predictor`]s) with a trace, in **simulated time**.
+//! [`strata_cache_core::space::TierSpace`] holding the policy under test) and the
+//! daemon's [`strata_prefetch::AccessController`] (the one `FsCore` drives) with a
+//! trace, in **simulated time**.
 //!
 //! # Rules (the same for every policy)
 //!
@@ -28,18 +29,20 @@
 //! - **Admission.** A miss calls `TierSpace::place` (the policy may refuse it: then the
 //!   bytes are fetched but not cached). Space is reserved at issue, as a real cache
 //!   allocates the buffer it fetches into.
-//! - **Prefetch.** After each demand read is issued, every predictor gets an
-//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`)
-//!   after `set_spare_bandwidth(1 - outstanding / backlog bound)`;
-//!   each requested block that is not resident is admitted with
-//!   `place(ctx.prefetch = true)` and fetched over the same link. Prefetches are dropped
-//!   while the bytes outstanding on the link exceed `prefetch_max_backlog` worth of
-//!   transfer (default 100 ms, 20 MB at 200 MB/s), as a real client bounds its readahead
-//!   queue; demand fetches are never dropped.
-//!   Requests for paths the trace never mentions are ignored (the object does not exist).
-//!   When demand first reads a prefetched block the predictor gets `Feedback::Used`;
-//!   when it is evicted unread, `Feedback::Wasted`. `prefetch_precision` = prefetched
-//!   bytes later read / prefetched bytes.
+//! - **Prefetch** is decided by the access controller exactly as in the mount: the
+//!   replay only plays the mount's part. When a job first reads a file of a directory
+//!   the controller has not seen, it gets that directory's listing (what the mount
+//!   answers the loader's `readdir` with; KV paths have none). On each demand read the
+//!   replay reports the prefetched blocks it touches (`demand`: `Used`), then passes the
+//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`) to
+//!   `on_access` and issues the orders it returns, in their priority order: each block
+//!   that is not resident and that the controller admits (`issue`: not outstanding, and
+//!   the prefetch backlog, `prefetch_max_backlog` worth of transfer = 20 MB by default,
+//!   the controller's default too, not full) is placed with `ctx.prefetch = true` and
+//!   fetched over the same link; its arrival is reported (`landed`), its eviction while
+//!   unread too (`evicted`: `Wasted`). Demand fetches are never dropped. Orders for
+//!   paths the trace never mentions are ignored (the object does not exist).
+//!   `prefetch_precision` = prefetched bytes later read / prefetched bytes.
 //! - **Belady (`opt`).** Gets the position of the next access to the same block in the
 //!   trace's time order (precomputed once). With several concurrent jobs the simulated
 //!   order can differ slightly from the trace's, so `opt` is then a (very) good policy,
@@ -63,8 +66,8 @@ use strata_cache_core::hierarchy::Hierarchy;
 use strata_cache_core::policy::NextUse;
 use strata_cache_core::space::{Placement, TierSpace};
 use strata_cache_core::stream::FxBuild;
-use strata_cache_core::{AccessContext, CacheKey, JobId, DEFAULT_BLOCK_SIZE};
-use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+use strata_cache_core::{AccessContext, CacheKey, JobId, Pattern, DEFAULT_BLOCK_SIZE};
+use strata_prefetch::{AccessController, AccessEvent, Admission, ControllerConfig, PrefetchOrder};
 
 use crate::trace::{blocks_of, is_kv, Trace};
 
@@ -75,8 +78,8 @@ pub struct StoreModel {
     pub get_latency_ns: u64,
     /// Bytes per second of the link all fetches share.
     pub bandwidth_bytes_per_s: f64,
-    /// Prefetches are dropped while the bytes outstanding on the link would take longer
-    /// than this to transfer at full bandwidth.
+    /// The access controller's prefetch backlog bound, as transfer time at full
+    /// bandwidth: prefetch bytes issued and not landed at most (more are dropped).
     pub prefetch_max_backlog_ns: u64,
 }
 
@@ -87,9 +90,9 @@ impl Default for StoreModel {
             get_latency_ns: 20_000_000,
             // 200 MB/s: one client's sustained S3 throughput, the issue's stated model.
             bandwidth_bytes_per_s: 200e6,
-            // 100 ms of transfers (20 MB at 200 MB/s): a readahead queue of the size
-            // FUSE caches keep in flight, and a bound on how much prefetch can share the
-            // link with demand at once.
+            // 100 ms of transfers (20 MB at 200 MB/s): the access controller's default
+            // bound (`ControllerConfig::max_backlog_bytes`), so the replay measures the
+            // daemon's setting.
             prefetch_max_backlog_ns: 100_000_000,
         }
     }
@@ -158,6 +161,8 @@ pub struct Prepared {
     job_recs: Vec<Vec<u32>>,
     unique_bytes: u64,
     listings: Listings,
+    /// Per path: its directory's index in `listings` (`NONE` for KV entries).
+    path_dir: Vec<u32>,
 }
 
 /// The version tag of every replayed object (traces have one version per path).
@@ -204,6 +209,7 @@ impl Prepared {
             job_recs: vec![Vec::new(); trace.jobs.len()],
             unique_bytes: 0,
             listings: Vec::new(),
+            path_dir: Vec::new(),
             trace: Trace::default(),
         };
         for (ri, r) in trace.records.iter().enumerate() {
@@ -247,6 +253,22 @@ impl Prepared {
                 dirs.entry(dir).or_default().push((name.to_string(), size));
             }
         }
+        let dir_index: HashMap<&str, u32> = dirs
+            .keys()
+            .enumerate()
+            .map(|(i, d)| (*d, i as u32))
+            .collect();
+        p.path_dir = trace
+            .paths
+            .iter()
+            .map(|path| {
+                if is_kv(path) {
+                    return NONE;
+                }
+                let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+                dir_index[dir]
+            })
+            .collect();
         p.listings = dirs
             .into_iter()
             .map(|(d, mut v)| {
@@ -275,8 +297,6 @@ impl Prepared {
     }
 }
 
-const NO_PREFETCH: u8 = u8::MAX;
-
 const NONE: u32 = u32::MAX;
 
 #[derive(Clone, Copy)]
@@ -284,8 +304,8 @@ struct BlockState {
     resident: bool,
     /// Its bytes have arrived (a resident block that has not is in flight).
     arrived: bool,
-    /// Index of the predictor that prefetched it, while unread.
-    prefetch_by: u8,
+    /// Prefetched and not read yet (outstanding in the controller's ledger).
+    prefetched: bool,
     /// The transfer bringing it in, while in flight.
     transfer: u32,
 }
@@ -293,7 +313,7 @@ struct BlockState {
 const EMPTY: BlockState = BlockState {
     resident: false,
     arrived: false,
-    prefetch_by: NO_PREFETCH,
+    prefetched: false,
     transfer: NONE,
 };
 
@@ -316,6 +336,8 @@ struct Transfer {
     /// The block it fills (`NONE`: fetched but not admitted).
     block: u32,
     bytes: u64,
+    /// A demand fetch (else a prefetch).
+    demand: bool,
     /// Jobs whose current read waits for it.
     waiters: Vec<u32>,
 }
@@ -324,18 +346,21 @@ struct Transfer {
 struct Link {
     latency_ns: u64,
     bytes_per_ns: f64,
-    max_backlog_bytes: f64,
     /// Bytes each active transfer has received since the start (virtual time).
     v: f64,
     /// Real time `v` is current at.
     at: u64,
     active: BinaryHeap<Reverse<(Vf, u32)>>,
-    sum_finish: f64,
     /// Transfers in their latency phase: (start of bytes, id), in start order.
     waiting: VecDeque<(u64, u32)>,
-    waiting_bytes: u64,
     transfers: Vec<Transfer>,
     free: Vec<u32>,
+    /// Demand transfers in their latency phase: their bytes...
+    demand_waiting: u64,
+    /// ...and the active ones: how many, and the sum of their finish marks in `v`, so
+    /// the demand bytes still owed are `demand_finish - demand_active * v + waiting`.
+    demand_active: u32,
+    demand_finish: f64,
 }
 
 impl Link {
@@ -344,23 +369,28 @@ impl Link {
         Link {
             latency_ns: model.get_latency_ns,
             bytes_per_ns,
-            max_backlog_bytes: model.prefetch_max_backlog_ns as f64 * bytes_per_ns,
             v: 0.0,
             at: 0,
             active: BinaryHeap::new(),
-            sum_finish: 0.0,
             waiting: VecDeque::new(),
-            waiting_bytes: 0,
             transfers: Vec::new(),
             free: Vec::new(),
+            demand_waiting: 0,
+            demand_active: 0,
+            demand_finish: 0.0,
         }
     }
 
-    /// Starts a GET of `bytes` for `block` at `now`; returns its id.
-    fn fetch(&mut self, now: u64, bytes: u64, block: u32) -> u32 {
+    /// Starts a GET of `bytes` for `block` at `now` (on `demand`, else a prefetch);
+    /// returns its id.
+    fn fetch(&mut self, now: u64, bytes: u64, block: u32, demand: bool) -> u32 {
+        if demand {
+            self.demand_waiting += bytes;
+        }
         let t = Transfer {
             block,
             bytes,
+            demand,
             waiters: Vec::new(),
         };
         let id = match self.free.pop() {
@@ -374,13 +404,13 @@ impl Link {
             }
         };
         self.waiting.push_back((now + self.latency_ns, id));
-        self.waiting_bytes += bytes;
         id
     }
 
-    /// Bytes not yet delivered (in flight or waiting for their first byte).
-    fn outstanding(&self) -> f64 {
-        self.sum_finish - self.active.len() as f64 * self.v + self.waiting_bytes as f64
+    /// Demand bytes the link still owes (in flight or waiting for their first byte).
+    fn demand_owed(&self) -> u64 {
+        let active = self.demand_finish - f64::from(self.demand_active) * self.v;
+        (active.max(0.0) + self.demand_waiting as f64) as u64
     }
 
     fn advance(&mut self, to: u64) {
@@ -411,23 +441,29 @@ impl Link {
                 break;
             }
             self.active.pop();
-            self.sum_finish -= f.0;
+            if self.transfers[id as usize].demand {
+                self.demand_active -= 1;
+                self.demand_finish -= f.0;
+            }
             finished.push(id);
         }
         if self.active.is_empty() {
             // Re-anchor to keep `v` small and exact.
             self.v = 0.0;
-            self.sum_finish = 0.0;
+            self.demand_finish = 0.0;
         }
         while let Some(&(start, id)) = self.waiting.front() {
             if start > now {
                 break;
             }
             self.waiting.pop_front();
-            let bytes = self.transfers[id as usize].bytes;
-            self.waiting_bytes -= bytes;
-            let f = self.v + bytes as f64;
-            self.sum_finish += f;
+            let t = &self.transfers[id as usize];
+            let f = self.v + t.bytes as f64;
+            if t.demand {
+                self.demand_waiting -= t.bytes;
+                self.demand_active += 1;
+                self.demand_finish += f;
+            }
             self.active.push(Reverse((Vf(f), id)));
         }
     }
@@ -436,9 +472,11 @@ impl Link {
 /// One replay run's mutable state.
 struct Run<'a> {
     p: &'a Prepared,
-    /// The engine's synchronous core: the access tracker and the level(s) under test.
+    /// The engine's synchronous core: the access tracker and the level under test.
     cache: Hierarchy,
-    predictors: Vec<Box<dyn Predictor>>,
+    controller: Option<AccessController<u32>>,
+    /// Per directory (index in `Prepared::listings`): its listing was handed over.
+    listed: Vec<bool>,
     next_use: Option<NextUse>,
     /// Next-use position per flat access, for `next_use`.
     hints: &'a [u64],
@@ -450,7 +488,7 @@ struct Run<'a> {
     extra_ids: HashMap<(u32, u64), u32, FxBuild>,
     extra_key_ids: HashMap<CacheKey, u32, FxBuild>,
     link: Link,
-    reqs: Vec<PrefetchRequest>,
+    orders: Vec<PrefetchOrder>,
     /// Per job: blocks its current read still waits for.
     pending: Vec<u32>,
     /// Per job: next record (index into its `job_recs`).
@@ -480,14 +518,6 @@ impl Run<'_> {
             &self.extra_keys[id as usize - n]
         }
     }
-    fn size(&self, id: u32) -> u64 {
-        let n = self.p.sizes.len();
-        if (id as usize) < n {
-            self.p.sizes[id as usize]
-        } else {
-            self.extra_sizes[id as usize - n]
-        }
-    }
     fn id_of_key(&self, key: &CacheKey) -> Option<u32> {
         self.p
             .key_ids
@@ -498,19 +528,54 @@ impl Run<'_> {
             .copied()
     }
 
-    fn evicted(&mut self, evicted: Vec<(CacheKey, u64)>, job: JobId) {
-        for (k, bytes) in evicted {
+    // The replay's only calls into the engine's synchronous core (`Hierarchy`, one
+    // level): observe (in `read`), touch, place and the tracker's pattern.
+
+    /// A demand hit on resident block `id`.
+    fn touch(&mut self, id: u32, ctx: &AccessContext) {
+        let n = self.p.keys.len();
+        let key = match self.p.keys.get(id as usize) {
+            Some(k) => k,
+            None => &self.extra_keys[id as usize - n],
+        };
+        self.cache.touch(0, key, ctx);
+    }
+
+    /// Admits block `id` (`bytes`) for `ctx`; true if the policy took it. Victims leave.
+    fn place(&mut self, id: u32, bytes: u64, ctx: &AccessContext) -> bool {
+        let key = self.key(id).clone();
+        match self.cache.place(0, &key, bytes, ctx) {
+            Ok(Placement::Admitted { evicted }) => {
+                self.evicted(evicted);
+                true
+            }
+            // Refused after evicting (only writes in flight were left): victims leave.
+            Ok(Placement::Refused { evicted }) => {
+                self.evicted(evicted);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// The stream pattern of an access to block `id`, as the cache core classifies it.
+    fn pattern(&self, id: u32, ctx: &AccessContext) -> Pattern {
+        self.cache.tracker().pattern_of(self.key(id), ctx)
+    }
+
+    fn evicted(&mut self, evicted: Vec<(CacheKey, u64)>) {
+        for (k, _) in evicted {
             let Some(id) = self.id_of_key(&k) else {
                 continue;
             };
             let st = &mut self.state[id as usize];
             st.resident = false;
             st.arrived = false;
-            if st.prefetch_by != NO_PREFETCH {
-                let pi = st.prefetch_by as usize;
-                st.prefetch_by = NO_PREFETCH;
-                let path = k.path();
-                self.predictors[pi].on_feedback(job, &path, Feedback::Wasted { bytes });
+            if st.prefetched {
+                st.prefetched = false;
+                if let Some(c) = &mut self.controller {
+                    c.evicted(&id);
+                }
             }
         }
     }
@@ -542,6 +607,11 @@ impl Run<'_> {
                 let st = &mut self.state[b as usize];
                 st.transfer = NONE;
                 st.arrived = st.resident;
+                if st.prefetched {
+                    if let Some(c) = &mut self.controller {
+                        c.landed(&b);
+                    }
+                }
             }
             for &j in &waiters {
                 self.pending[j as usize] -= 1;
@@ -590,7 +660,7 @@ impl Run<'_> {
             self.cache.observe(&self.p.keys[id as usize], &mut ctx);
             let st = self.state[id as usize];
             if st.resident {
-                self.cache.touch(0, &self.p.keys[id as usize], &ctx);
+                self.touch(id, &ctx);
                 if st.arrived {
                     self.hits += 1;
                     self.bytes_hit += overlap;
@@ -598,44 +668,31 @@ impl Run<'_> {
                     self.link.transfers[st.transfer as usize].waiters.push(j);
                     wait += 1;
                 }
-                if st.prefetch_by != NO_PREFETCH {
-                    self.state[id as usize].prefetch_by = NO_PREFETCH;
+                if st.prefetched {
+                    self.state[id as usize].prefetched = false;
                     self.prefetch_used += bytes;
-                    let path = &self.p.trace.paths[r.path as usize];
-                    self.predictors[st.prefetch_by as usize].on_feedback(
-                        job,
-                        path,
-                        Feedback::Used { bytes },
-                    );
+                    if let Some(c) = &mut self.controller {
+                        c.demand(&id);
+                    }
                 }
                 continue;
             }
-            let admitted = match self.cache.place(0, &self.p.keys[id as usize], bytes, &ctx) {
-                Ok(Placement::Admitted { evicted }) => {
-                    self.evicted(evicted, job);
-                    true
-                }
-                Ok(Placement::Refused { evicted }) => {
-                    self.evicted(evicted, job);
-                    false
-                }
-                _ => false,
-            };
+            let admitted = self.place(id, bytes, &ctx);
             let tid = self
                 .link
-                .fetch(now, bytes, if admitted { id } else { NONE });
+                .fetch(now, bytes, if admitted { id } else { NONE }, true);
             self.link.transfers[tid as usize].waiters.push(j);
             wait += 1;
             if admitted {
                 self.state[id as usize] = BlockState {
                     resident: true,
                     arrived: false,
-                    prefetch_by: NO_PREFETCH,
+                    prefetched: false,
                     transfer: tid,
                 };
             }
         }
-        if !self.predictors.is_empty() {
+        if self.controller.is_some() {
             self.predict(r.path, r.offset, r.len, r.size, a0, job, now);
         }
         self.pending[j as usize] = wait;
@@ -644,6 +701,8 @@ impl Run<'_> {
         }
     }
 
+    /// The mount's part for one demand read: the directory's listing on the first read
+    /// in it, the access event, then the controller's orders issued in its order.
     #[allow(clippy::too_many_arguments)]
     fn predict(
         &mut self,
@@ -655,8 +714,17 @@ impl Run<'_> {
         job: JobId,
         now: u64,
     ) {
+        let Some(mut c) = self.controller.take() else {
+            return;
+        };
+        let dir = self.p.path_dir[path as usize];
+        if dir != NONE && !self.listed[dir as usize] {
+            self.listed[dir as usize] = true;
+            let (name, entries) = &self.p.listings[dir as usize];
+            let entries: Vec<(&str, u64)> = entries.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+            c.on_listing(name, &entries);
+        }
         let first = self.p.acc[a0 as usize];
-        let ctx = AccessContext::demand(job, now);
         let event = AccessEvent {
             job,
             path: self.p.trace.paths[path as usize].clone(),
@@ -664,42 +732,33 @@ impl Run<'_> {
             len,
             file_size: size,
             now_ns: now,
-            pattern: self
-                .cache
-                .tracker()
-                .pattern_of(&self.p.keys[first as usize], &ctx),
+            pattern: self.pattern(first, &AccessContext::demand(job, now)),
         };
-        // Spare bandwidth as the client sees it: 1 with nothing outstanding, 0 once the
-        // prefetch backlog bound is reached (prefetches would be dropped anyway).
-        let spare = if self.link.max_backlog_bytes > 0.0 {
-            (1.0 - self.link.outstanding() / self.link.max_backlog_bytes).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        let mut reqs = std::mem::take(&mut self.reqs);
-        for pi in 0..self.predictors.len() {
-            reqs.clear();
-            self.predictors[pi].set_spare_bandwidth(spare);
-            self.predictors[pi].on_access(&event, &mut reqs);
-            for req in &reqs {
-                self.prefetch(pi as u8, req, job, now);
-            }
+        let mut orders = std::mem::take(&mut self.orders);
+        orders.clear();
+        c.set_demand_in_flight(self.link.demand_owed());
+        // Evictions are reported as they happen: nothing for a sweep to find.
+        c.on_access(&event, |_| true, &mut orders);
+        for order in &orders {
+            self.prefetch(&mut c, order, now);
         }
-        self.reqs = reqs;
+        self.orders = orders;
+        self.controller = Some(c);
     }
 
-    fn prefetch(&mut self, pi: u8, req: &PrefetchRequest, job: JobId, now: u64) {
-        let Some(&pid) = self.p.path_index.get(&req.path) else {
+    fn prefetch(&mut self, c: &mut AccessController<u32>, order: &PrefetchOrder, now: u64) {
+        let Some(&pid) = self.p.path_index.get(&order.path) else {
             return;
         };
         let size = self.p.trace.sizes[pid as usize];
-        if req.offset >= size || req.len == 0 {
+        if order.offset >= size || order.len == 0 {
             return;
         }
-        let len = req.len.min(size - req.offset);
+        let len = order.len.min(size - order.offset);
         let path = self.p.trace.paths[pid as usize].clone();
-        let ctx = AccessContext::prefetch(job, now);
-        for (idx, bytes) in blocks_of(&path, req.offset, len, size, self.p.block_bytes) {
+        let ctx = AccessContext::prefetch(order.job, now);
+        let mut lead = true;
+        for (idx, bytes) in blocks_of(&path, order.offset, len, size, self.p.block_bytes) {
             let id = match self
                 .p
                 .block_ids
@@ -725,21 +784,32 @@ impl Run<'_> {
             if self.state[id as usize].resident {
                 continue;
             }
-            if self.link.outstanding() > self.link.max_backlog_bytes {
-                return;
+            match c.issue(id, order, bytes, lead) {
+                Admission::Issue => {}
+                Admission::Outstanding => continue,
+                Admission::BacklogFull => {
+                    let at = if is_kv(&path) {
+                        0
+                    } else {
+                        idx * self.p.block_bytes
+                    };
+                    c.refused(order, at.max(order.offset));
+                    return;
+                }
             }
-            let key = self.key(id).clone();
-            let bytes = self.size(id);
-            if let Ok(Placement::Admitted { evicted }) = self.cache.place(0, &key, bytes, &ctx) {
-                self.evicted(evicted, job);
-                let tid = self.link.fetch(now, bytes, id);
+            lead = false;
+            if self.place(id, bytes, &ctx) {
+                let tid = self.link.fetch(now, bytes, id, false);
                 self.prefetch_bytes += bytes;
                 self.state[id as usize] = BlockState {
                     resident: true,
                     arrived: false,
-                    prefetch_by: pi,
+                    prefetched: true,
                     transfer: tid,
                 };
+            } else {
+                // The policy refused it: no prefetch made.
+                c.failed(&id);
             }
         }
     }
@@ -767,7 +837,7 @@ pub fn replay(p: &Prepared, set: PolicySet, cfg: &ReplayConfig) -> PolicyResult 
         let set = PolicySet {
             name: best.policy.clone(),
             policy: Box::new(policy),
-            predictors: Vec::new(),
+            controller: None,
             next_use: Some(h),
         };
         let (r, o) = replay_once(p, set, &hints, cfg);
@@ -803,9 +873,18 @@ fn replay_once(
     let PolicySet {
         name,
         policy,
-        predictors,
+        mut controller,
         next_use,
     } = set;
+    if let Some(c) = &mut controller {
+        // The store model's backlog bound (by default the controller's own default).
+        let bound =
+            cfg.store.prefetch_max_backlog_ns as f64 * cfg.store.bandwidth_bytes_per_s / 1e9;
+        c.set_config(ControllerConfig {
+            max_backlog_bytes: bound as u64,
+            ..ControllerConfig::default()
+        });
+    }
     let order = if next_use.is_some() {
         Vec::with_capacity(p.acc.len())
     } else {
@@ -814,7 +893,8 @@ fn replay_once(
     let mut run = Run {
         p,
         cache: Hierarchy::new(vec![TierSpace::new(cfg.capacity_bytes, policy)]),
-        predictors,
+        controller,
+        listed: vec![false; p.listings.len()],
         next_use,
         hints,
         order,
@@ -831,7 +911,7 @@ fn replay_once(
         latencies: Vec::with_capacity(p.trace.records.len()),
         issues: BinaryHeap::with_capacity(p.job_recs.len()),
         finished: Vec::new(),
-        reqs: Vec::new(),
+        orders: Vec::new(),
         accesses: 0,
         hits: 0,
         bytes_read: 0,

@@ -2,6 +2,7 @@ use super::*;
 use crate::trace::TraceBuilder;
 use proptest::prelude::*;
 use strata_cache_core::policy::LruPolicy;
+use strata_prefetch::{Feedback, Predictor, PrefetchRequest};
 
 const MB: u64 = 1 << 20;
 const MS: u64 = 1_000_000;
@@ -21,7 +22,7 @@ fn run(t: &Trace, policy: &str, capacity: u64) -> PolicyResult {
     let p = Prepared::new(t.clone(), MB);
     replay(
         &p,
-        make_policy(policy, capacity, p.listings()).expect("known policy"),
+        make_policy(policy, capacity).expect("known policy"),
         &ReplayConfig::new(capacity),
     )
 }
@@ -171,6 +172,20 @@ impl Predictor for NextFile {
     }
 }
 
+/// LRU with an access controller whose cross-file predictor is [`NextFile`].
+fn lru_with_next_file(used: &std::sync::Arc<std::sync::atomic::AtomicU64>) -> PolicySet {
+    PolicySet {
+        name: "lru+next".into(),
+        policy: Box::new(LruPolicy::new()),
+        controller: Some(AccessController::new(
+            ControllerConfig::default(),
+            None,
+            Some(Box::new(NextFile { used: used.clone() })),
+        )),
+        next_use: None,
+    }
+}
+
 #[test]
 fn prefetch_is_admitted_fetched_and_accounted() {
     let names: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
@@ -183,12 +198,7 @@ fn prefetch_is_admitted_fetched_and_accounted() {
     let t = trace(&rows);
     let p = Prepared::new(t, MB);
     let used = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let set = PolicySet {
-        name: "lru+next".into(),
-        policy: Box::new(LruPolicy::new()),
-        predictors: vec![Box::new(NextFile { used: used.clone() })],
-        next_use: None,
-    };
+    let set = lru_with_next_file(&used);
     let r = replay(&p, set, &ReplayConfig::new(MB));
     assert!(
         close(r.hit_ratio, 19.0 / 20.0),
@@ -204,16 +214,11 @@ fn prefetch_is_admitted_fetched_and_accounted() {
         .map(|n| (0, "j", n.as_str(), 0, 1000, 1000))
         .collect();
     let p = Prepared::new(trace(&rows), MB);
-    let set = PolicySet {
-        name: "lru+next".into(),
-        policy: Box::new(LruPolicy::new()),
-        predictors: vec![Box::new(NextFile { used: used.clone() })],
-        next_use: None,
-    };
+    let set = lru_with_next_file(&used);
     let with = replay(&p, set, &ReplayConfig::new(MB));
     let without = replay(
         &p,
-        make_policy("lru", MB, p.listings()).expect("lru"),
+        make_policy("lru", MB).expect("lru"),
         &ReplayConfig::new(MB),
     );
     // f0 misses and f1 is prefetched with it: under processor sharing both arrive
@@ -247,12 +252,12 @@ fn replay_is_deterministic() {
     for name in POLICY_NAMES {
         let a = replay(
             &p,
-            make_policy(name, cap, p.listings()).expect("known"),
+            make_policy(name, cap).expect("known"),
             &ReplayConfig::new(cap),
         );
         let b = replay(
             &p,
-            make_policy(name, cap, p.listings()).expect("known"),
+            make_policy(name, cap).expect("known"),
             &ReplayConfig::new(cap),
         );
         assert_eq!(a.hit_ratio, b.hit_ratio, "{name}");
@@ -291,7 +296,7 @@ fn bandwidth_is_shared_equally_between_transfers_in_progress() {
     let p = Prepared::new(t, MB);
     let r = replay(
         &p,
-        make_policy("lru", 100 * MB, p.listings()).expect("lru"),
+        make_policy("lru", 100 * MB).expect("lru"),
         &ReplayConfig::new(100 * MB),
     );
     assert_eq!(r.accesses, 11, "x is 10 blocks, y one");

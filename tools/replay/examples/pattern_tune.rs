@@ -1,7 +1,7 @@
 //! Side-by-side replay of the pattern-aware policy against the baselines on generated
 //! workloads or trace files (the tuning loop behind docs/PATTERNS.md):
 //!
-//! `cargo run --release -p strata-tools --example pattern_tune -- [scale] [seed] [workloads] [caps]`
+//! `cargo run --release -p strata-replay --example pattern_tune -- [scale] [seed] [workloads] [caps]`
 //!
 //! e.g. `... -- 1 1 mixed,shards 10,20,40`. A workload that names a file (contains `/`)
 //! is read as a trace (`.csv` or `.csv.gz`, e.g. an imported Mooncake trace). Prints
@@ -27,10 +27,11 @@ use std::time::Instant;
 use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
 use strata_prefetch::sequential::{SequentialConfig, SequentialPredictor};
-use strata_tools::replay::{
+use strata_prefetch::{AccessController, ControllerConfig};
+use strata_replay::replay::{
     make_policy, replay, strata_policy_set, PolicyResult, PolicySet, Prepared, ReplayConfig,
 };
-use strata_tools::trace::gen::{generate, Workload};
+use strata_replay::trace::gen::{generate, Workload};
 
 /// Delegates to a shared `PatternAwarePolicy` so its stats can be read after the replay.
 struct Shared(Arc<Mutex<PatternAwarePolicy>>);
@@ -87,7 +88,7 @@ fn main() -> anyhow::Result<()> {
     let jobs = std::env::var("JOBS").is_ok();
     for w in wls.split(',') {
         let (name, trace) = if w.contains('/') {
-            let t = strata_tools::trace::read_file(std::path::Path::new(w))?;
+            let t = strata_replay::trace::read_file(std::path::Path::new(w))?;
             let n = std::path::Path::new(w)
                 .file_name()
                 .and_then(|s| s.to_str())
@@ -117,7 +118,7 @@ fn main() -> anyhow::Result<()> {
             let mut groups = Vec::new();
             for b in &baselines {
                 let t = Instant::now();
-                let r = replay(&p, make_policy(b, cap, p.listings())?, &cfg);
+                let r = replay(&p, make_policy(b, cap)?, &cfg);
                 let speed = r.accesses as f64 / t.elapsed().as_secs_f64();
                 println!(
                     "{w:>18} {pct:>4}% {b:>8} bhr {:.4} hr {:.4} jct {:8.2}s {:>6.2}M acc/s",
@@ -137,17 +138,21 @@ fn main() -> anyhow::Result<()> {
             }
             let shared = Arc::new(Mutex::new(PatternAwarePolicy::new(pol_cfg(cap))));
             let set = if std::env::var("FULL").is_ok() {
-                make_policy("strata", cap, p.listings())?
+                make_policy("strata", cap)?
             } else {
                 PolicySet {
                     name: "strata".into(),
                     policy: Box::new(Shared(shared.clone())),
-                    predictors: if std::env::var("NOPF").is_ok() {
-                        Vec::new()
+                    controller: if std::env::var("NOPF").is_ok() {
+                        None
                     } else if std::env::var("SEM").is_ok() {
-                        strata_policy_set(true, cap, p.listings()).1
+                        Some(strata_policy_set(true, cap).1)
                     } else {
-                        vec![Box::new(SequentialPredictor::new(seq_cfg()))]
+                        Some(AccessController::new(
+                            ControllerConfig::default(),
+                            Some(Box::new(SequentialPredictor::new(seq_cfg()))),
+                            None,
+                        ))
                     },
                     next_use: None,
                 }

@@ -23,7 +23,11 @@
 //!   the new version (new cache keys) and is told not to keep the old page cache.
 //! - **Reads** go through [`ObjectReader`], which serves each block from whichever tier
 //!   holds it and shares concurrent misses (single-flight). A per-handle
-//!   [`Readahead`] policy turns sequential reads into block prefetches.
+//!   [`Readahead`] policy turns sequential reads into block prefetches, unless
+//!   [`CoreOptions::predictors`] is set: then the prefetch crate's access controller
+//!   decides every prefetch (within the file and across files) and its priority, and
+//!   this core only issues what it orders and reports what became of it
+//!   ([`FsCore::read`] -> `predict`; the replay simulator drives the same controller).
 //! - **Passthrough copies.** A small object read completely is also written once as a
 //!   plain file under `<cache_dir>/passthrough/` (the disk tier's block files carry a
 //!   header, so they cannot be handed to the kernel). Later opens of that version get
@@ -45,14 +49,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use strata_cache_core::{AccessContext, CacheError, JobId, ObjectInfo, ObjectReader};
+use strata_cache_core::{AccessContext, CacheError, CacheKey, JobId, ObjectInfo, ObjectReader};
 
-use strata_prefetch::semantic::SemanticPredictor;
-use strata_prefetch::sequential::SequentialPredictor;
-use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+use strata_prefetch::{AccessController, AccessEvent, Admission, Origin, PrefetchOrder};
 
 use crate::error::{Error, Result};
-use crate::feedback::PrefetchLedger;
 use crate::job::{JobResolver, JobScope};
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
 
@@ -77,8 +78,8 @@ pub struct CoreOptions {
     pub readahead: ReadaheadFactory,
     /// Plain-file copies for FUSE passthrough; None disables them.
     pub passthrough: Option<PassthroughOptions>,
-    /// Mount-wide predictors fed every demand read (and, for the semantic one, every
-    /// listing); their requests may name other files. None: only per-handle readahead.
+    /// The mount-wide access controller, fed every demand read and every listing; its
+    /// prefetch orders may name other files. None: only per-handle readahead.
     pub predictors: Option<Arc<Predictors>>,
     /// Attribute cache entries. 1 M: ~200 MB at worst, far above any one listing.
     pub max_attr_entries: u64,
@@ -118,32 +119,41 @@ impl Default for CoreOptions {
     }
 }
 
-/// The prefetch crate's predictors, shared by every open file of a mount. Each is
-/// locked only for its (pure, I/O-free) `on_access`; the core resolves and fetches what
-/// they request.
-#[derive(Default)]
+/// The prefetch crate's [`AccessController`], shared by every open file of a mount and
+/// locked only for its (pure, I/O-free) calls: it decides what to prefetch and in which
+/// order, and tracks the outcomes; the core resolves and fetches what it orders (the
+/// replay simulator drives the same controller, see `strata_replay::replay`).
 pub struct Predictors {
-    /// Rate-following sequential readahead (replaces the per-handle window when set).
-    pub sequential: Option<Mutex<SequentialPredictor>>,
-    /// Next-file prediction from path names (`shard-00041` -> `shard-00042`).
-    pub semantic: Option<Mutex<SemanticPredictor>>,
+    controller: Mutex<AccessController<CacheKey>>,
+    /// The controller does readahead within files (the per-handle window is off).
+    sequential: bool,
 }
 
 impl std::fmt::Debug for Predictors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Predictors")
-            .field("sequential", &self.sequential.is_some())
-            .field("semantic", &self.semantic.is_some())
+            .field("controller", &*self.controller.lock())
             .finish()
     }
 }
 
+impl Default for Predictors {
+    /// No predictors: listings and reads are observed, nothing is prefetched.
+    fn default() -> Self {
+        Self::new(AccessController::with_predictors(false, false))
+    }
+}
+
 impl Predictors {
-    /// Both predictors with their default tuning.
+    /// The sequential and semantic predictors with their default tuning.
     pub fn standard() -> Self {
+        Self::new(AccessController::standard())
+    }
+
+    pub fn new(controller: AccessController<CacheKey>) -> Self {
         Predictors {
-            sequential: Some(Mutex::new(SequentialPredictor::default())),
-            semantic: Some(Mutex::new(SemanticPredictor::default())),
+            sequential: controller.has_sequential(),
+            controller: Mutex::new(controller),
         }
     }
 }
@@ -303,9 +313,6 @@ struct FileHandle {
     readahead: Mutex<Box<dyn Readahead>>,
     /// Bytes served through this handle; a whole-file read triggers a passthrough copy.
     served: AtomicU64,
-    /// Whether the semantic predictor has seen this open (it predicts files, so one
-    /// event per open suffices; tokenizing a path on every 4 KiB read would not).
-    seen_by_semantic: std::sync::atomic::AtomicBool,
 }
 
 /// The core. Cheap to share (`Arc`); all methods take `&self`.
@@ -326,9 +333,9 @@ pub struct FsCore {
     passthrough_bytes: AtomicU64,
     passthrough_inflight: Mutex<std::collections::HashSet<PathBuf>>,
     jobs: JobResolver,
-    /// Outstanding cross-file prefetches, to tell the semantic predictor which were
-    /// read and which were evicted unread ([`crate::feedback`]).
-    ledger: Mutex<PrefetchLedger>,
+    /// Bytes of demand reads in progress (the controller counts them against its
+    /// prefetch backlog bound: they share the store link).
+    demand_in_flight: AtomicU64,
     counters: Counters,
 }
 
@@ -344,9 +351,9 @@ pub struct Counters {
     /// Prefetches of other files than the one read (the semantic predictor's); a file
     /// already cached or already on its way is not counted...
     pub prefetch_files: AtomicU64,
-    /// ...of which a demand open later read ([`Feedback::Used`])...
+    /// ...of which a demand read later read the first prefetched block (`Used`)...
     pub prefetch_files_used: AtomicU64,
-    /// ...and which were evicted unread ([`Feedback::Wasted`]).
+    /// ...and which were evicted unread (`Wasted`).
     pub prefetch_files_wasted: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub passthrough_copies: AtomicU64,
@@ -381,7 +388,7 @@ impl FsCore {
             passthrough_bytes: AtomicU64::new(0),
             passthrough_inflight: Mutex::new(Default::default()),
             jobs,
-            ledger: Mutex::new(PrefetchLedger::new()),
+            demand_in_flight: AtomicU64::new(0),
             counters: Counters::default(),
         }
     }
@@ -552,12 +559,7 @@ impl FsCore {
             let child = self.child_path(path, name);
             self.attrs.insert(child, m.clone()).await;
         }
-        if let Some(sem) = self
-            .opts
-            .predictors
-            .as_ref()
-            .and_then(|p| p.semantic.as_ref())
-        {
+        if let Some(p) = &self.opts.predictors {
             let sized: Vec<(&str, u64)> = entries
                 .iter()
                 .filter_map(|(n, m)| match m {
@@ -565,7 +567,7 @@ impl FsCore {
                     _ => None,
                 })
                 .collect();
-            sem.lock().observe_listing_sized(path, &sized);
+            p.controller.lock().on_listing(path, &sized);
         }
         let listing = Arc::new(Listing { entries });
         self.listings.insert(path.clone(), listing.clone()).await;
@@ -696,7 +698,6 @@ impl FsCore {
             obj,
             readahead: Mutex::new((self.opts.readahead)()),
             served: AtomicU64::new(0),
-            seen_by_semantic: std::sync::atomic::AtomicBool::new(false),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -731,20 +732,22 @@ impl FsCore {
                 id: fh,
             })?;
         let ctx = AccessContext::demand(self.job_of(pid, fh), self.now_ns());
-        let seq_predictor = self
-            .opts
-            .predictors
-            .as_ref()
-            .is_some_and(|p| p.sequential.is_some());
+        let seq_predictor = self.opts.predictors.as_ref().is_some_and(|p| p.sequential);
         if !seq_predictor {
             let ahead = h.readahead.lock().on_read(offset, size as u64, h.obj.size);
             if let Some(range) = ahead {
                 self.prefetch(&h.obj, range, &ctx);
             }
         }
+        // The blocks this read must fetch count against the prefetch backlog while it
+        // runs (hits are served at once and owe the store link nothing).
+        let owed = match &self.opts.predictors {
+            Some(_) => self.missing_bytes(&h.obj, offset, size as u64),
+            None => 0,
+        };
+        let _in_flight = InFlight::new(&self.demand_in_flight, owed);
         if let Some(p) = &self.opts.predictors {
-            let first = !h.seen_by_semantic.swap(true, Ordering::Relaxed);
-            self.predict(p, &h.obj, offset, size as u64, first, &ctx);
+            self.predict(p, &h.obj, offset, size as u64, &ctx);
         }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
@@ -770,19 +773,30 @@ impl FsCore {
         Ok(data)
     }
 
-    /// Feeds one demand read to the predictors and starts what they ask for: ranges of
-    /// this object at once, other paths after resolving them (a metadata-cache hit
-    /// usually).
+    /// Bytes of the blocks of `offset..offset+len` of `obj` not cached.
+    fn missing_bytes(&self, obj: &ObjectInfo, offset: u64, len: u64) -> u64 {
+        let bs = self.reader.block_size();
+        let engine = self.reader.engine();
+        demand_blocks(offset, len, obj.size, bs)
+            .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
+            .map(|b| (obj.size - b * bs).min(bs))
+            .sum()
+    }
+
+    /// Drives the access controller for one demand read: reports the blocks it reads
+    /// (a prefetched one is `Used`), hands it the access, and issues the orders it returns
+    /// in their order: ranges of this object at once, other paths after resolving them
+    /// (a metadata-cache hit usually).
     fn predict(
         self: &Arc<Self>,
-        p: &Predictors,
+        p: &Arc<Predictors>,
         obj: &Arc<ObjectInfo>,
         offset: u64,
         len: u64,
-        first_of_open: bool,
         ctx: &AccessContext,
     ) {
         let bs = self.reader.block_size();
+        let engine = self.reader.engine();
         let ev = AccessEvent {
             job: ctx.job,
             path: obj.path.clone(),
@@ -790,110 +804,140 @@ impl FsCore {
             len,
             file_size: obj.size,
             now_ns: ctx.now_ns,
-            pattern: self
-                .reader
-                .engine()
-                .pattern_of(&ObjectReader::block_key(obj, offset / bs), ctx),
+            pattern: engine.pattern_of(&ObjectReader::block_key(obj, offset / bs), ctx),
         };
-        let mut out: Vec<PrefetchRequest> = Vec::new();
-        if let Some(s) = &p.sequential {
-            s.lock().on_access(&ev, &mut out);
-        }
-        if let Some(s) = p.semantic.as_ref().filter(|_| first_of_open) {
-            // Outcomes first: this open settles a prefetch of its own file, and the
-            // sweep finds earlier ones evicted unread; the predictor adapts before it
-            // predicts again.
-            let (used, wasted) = {
-                let engine = self.reader.engine();
-                let mut ledger = self.ledger.lock();
-                (
-                    ledger.demand(&obj.path),
-                    ledger.sweep(|k| engine.contains(k)),
-                )
+        let demand = demand_blocks(offset, len, obj.size, bs);
+        let mut orders: Vec<PrefetchOrder> = Vec::new();
+        let outcomes = {
+            let mut c = p.controller.lock();
+            c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
+            let mut outcomes = Vec::new();
+            if c.outstanding() > 0 {
+                for b in demand.clone() {
+                    outcomes.extend(c.demand(&ObjectReader::block_key(obj, b)));
+                }
+            }
+            outcomes.extend(c.on_access(&ev, |k| engine.contains(k), &mut orders));
+            outcomes
+        };
+        for o in outcomes
+            .iter()
+            .filter(|o| o.origin == Origin::CrossFile && o.lead)
+        {
+            let counter = if o.used {
+                &self.counters.prefetch_files_used
+            } else {
+                &self.counters.prefetch_files_wasted
             };
-            let c = &self.counters;
-            let mut sem = s.lock();
-            if let Some(u) = used {
-                c.prefetch_files_used.fetch_add(1, Ordering::Relaxed);
-                sem.on_feedback(u.job, &u.path, Feedback::Used { bytes: u.bytes });
-            }
-            for w in wasted {
-                c.prefetch_files_wasted.fetch_add(1, Ordering::Relaxed);
-                sem.on_feedback(w.job, &w.path, Feedback::Wasted { bytes: w.bytes });
-            }
-            sem.on_access(&ev, &mut out);
+            counter.fetch_add(1, Ordering::Relaxed);
         }
-        for req in out {
-            let range = req.offset..req.offset.saturating_add(req.len.max(1));
-            if req.path == obj.path {
-                self.prefetch(obj, range.start..range.end.min(obj.size), ctx);
+        for order in orders {
+            if order.path == obj.path {
+                // The blocks this read fetches itself are not prefetches.
+                self.issue(p, obj, &order, demand.clone(), ctx);
                 continue;
             }
-            let new = self
-                .ledger
-                .lock()
-                .issued(req.path.clone(), ctx.job, range.end - range.start);
-            if !new {
-                continue; // already on its way
-            }
-            self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
             let core = self.clone();
+            let p = p.clone();
             let ctx = *ctx;
             tokio::spawn(async move {
-                let path: Arc<str> = req.path.clone();
-                let key = match core.meta(&path).await {
-                    Ok(Meta::File(o)) => core.fetch_ahead(&o, range, &ctx).await,
-                    _ => None,
-                };
-                let mut ledger = core.ledger.lock();
-                match key {
-                    Some(k) => ledger.filled(&path, k),
-                    // Not a prefetch after all (unless a demand read already counted
-                    // it used).
-                    None => {
-                        if ledger.forget(&path) {
-                            core.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
-                        }
-                    }
+                if let Ok(Meta::File(o)) = core.meta(&order.path).await {
+                    core.issue(&p, &o, &order, 0..0, &ctx);
                 }
             });
         }
     }
 
-    /// Fetches `range` of another file ahead of demand (blocks already cached are left
-    /// alone) and waits for it; the first block's key once every block is cached, None
-    /// if nothing was fetched (empty range, all cached already) or a fetch failed.
-    async fn fetch_ahead(
-        &self,
-        obj: &ObjectInfo,
-        range: Range<u64>,
+    /// Fetches the blocks of `order`'s range of `obj` ahead of demand, each in its own
+    /// task, except those in `skip`, those cached already and those the controller
+    /// refuses (already outstanding, or the backlog is full); reports each one's landing
+    /// back, or, when it failed or was no fetch after all (a demand read fetched it
+    /// meanwhile: the replay does not count that as a prefetch either), its failure.
+    fn issue(
+        self: &Arc<Self>,
+        p: &Arc<Predictors>,
+        obj: &Arc<ObjectInfo>,
+        order: &PrefetchOrder,
+        skip: Range<u64>,
         ctx: &AccessContext,
-    ) -> Option<strata_cache_core::CacheKey> {
-        let range = range.start..range.end.min(obj.size);
-        if range.start >= range.end {
-            return None;
+    ) -> u64 {
+        let end = order.offset.saturating_add(order.len.max(1)).min(obj.size);
+        if order.offset >= end {
+            return 0;
         }
-        let bs = self.reader.block_size();
-        let (first, last) = (range.start / bs, (range.end - 1) / bs);
         self.counters
             .prefetch_requests
             .fetch_add(1, Ordering::Relaxed);
+        let bs = self.reader.block_size();
         let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
         let engine = self.reader.engine();
-        let fetches: Vec<_> = (first..=last)
-            .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
-            .map(|b| self.reader.read_block(obj, b, &ctx))
-            .collect();
-        if fetches.is_empty() {
-            return None;
-        }
-        for r in futures::future::join_all(fetches).await {
-            if let Err(e) = r {
-                tracing::debug!(path = %obj.path, error = %e, "prefetch failed");
-                return None;
+        let mut issued = 0u64;
+        for b in order.offset / bs..=(end - 1) / bs {
+            let key = ObjectReader::block_key(obj, b);
+            if skip.contains(&b) || engine.contains(&key) {
+                continue;
             }
+            let bytes = (obj.size - b * bs).min(bs);
+            let mut c = p.controller.lock();
+            match c.issue(key.clone(), order, bytes, issued == 0) {
+                Admission::Issue => issued += 1,
+                Admission::Outstanding => continue,
+                Admission::BacklogFull => {
+                    c.refused(order, (b * bs).max(order.offset));
+                    break;
+                }
+            }
+            drop(c);
+            let core = self.clone();
+            let p = p.clone();
+            let obj = obj.clone();
+            let lead = issued == 1 && order.origin == Origin::CrossFile;
+            tokio::spawn(async move {
+                let r = core.prefetch_block(&obj, b, &ctx).await;
+                let mut c = p.controller.lock();
+                match r {
+                    Ok(true) => {
+                        c.landed(&key);
+                        if lead {
+                            core.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(false) => {
+                        c.failed(&key);
+                    }
+                    Err(e) => {
+                        tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
+                        c.failed(&key);
+                    }
+                }
+            });
         }
-        Some(ObjectReader::block_key(obj, first))
+        issued
+    }
+
+    /// Block `block` of `obj` into the cache; true if this call fetched it from the
+    /// store (false: it was cached, or another reader's fetch brought it).
+    async fn prefetch_block(
+        &self,
+        obj: &ObjectInfo,
+        block: u64,
+        ctx: &AccessContext,
+    ) -> std::result::Result<bool, CacheError> {
+        let bs = self.reader.block_size();
+        let start = block * bs;
+        let end = (start + bs).min(obj.size);
+        let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = fetched.clone();
+        let store = self.reader.store().clone();
+        let obj2 = obj.clone();
+        self.reader
+            .engine()
+            .get_or_fetch(&ObjectReader::block_key(obj, block), ctx, move || {
+                flag.store(true, Ordering::Relaxed);
+                async move { store.get_range(&obj2, start..end).await }
+            })
+            .await?;
+        Ok(fetched.load(Ordering::Relaxed))
     }
 
     fn prefetch(&self, obj: &ObjectInfo, range: Range<u64>, ctx: &AccessContext) {
@@ -1018,5 +1062,33 @@ impl FsCore {
             }
             core.passthrough_inflight.lock().remove(&path);
         });
+    }
+}
+
+/// Blocks of `offset..offset+len` (clamped to `size`) for block size `bs`.
+fn demand_blocks(offset: u64, len: u64, size: u64, bs: u64) -> Range<u64> {
+    let end = offset.saturating_add(len).min(size);
+    if offset >= end {
+        return 0..0;
+    }
+    offset / bs..(end - 1) / bs + 1
+}
+
+/// Counts `bytes` in `counter` while alive (a demand read in progress).
+struct InFlight<'a> {
+    counter: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(counter: &'a AtomicU64, bytes: u64) -> Self {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        InFlight { counter, bytes }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
