@@ -52,6 +52,20 @@ pub struct ReplayArgs {
     /// --bandwidth-mbps: prefetches issued and not landed beyond it are dropped.
     #[arg(long, default_value_t = 100.0)]
     pub prefetch_backlog_ms: f64,
+    /// Tiers below the `--capacity` one, fastest first, as `KIND=SIZE` (`memory` or
+    /// `disk`; SIZE as for --capacity), e.g. `--lower disk=60%`: the hierarchy the
+    /// daemon runs (demotion, promotion, write-through to disk), each read over its own
+    /// device model. Without it the cache is one tier.
+    #[arg(long, value_delimiter = ',')]
+    pub lower: Vec<String>,
+}
+
+/// `KIND=SIZE` of `--lower`.
+fn parse_lower(spec: &str, unique: u64) -> anyhow::Result<replay::LevelModel> {
+    let (kind, size) = spec
+        .split_once('=')
+        .with_context(|| format!("--lower `{spec}`: expected KIND=SIZE, e.g. disk=60%"))?;
+    replay::LevelModel::new(kind, parse_capacity(size, unique)?)
 }
 
 #[derive(serde::Serialize)]
@@ -90,7 +104,18 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         prefetch_max_backlog_ns: (a.prefetch_backlog_ms * 1e6) as u64,
     };
     let capacity = parse_capacity(&a.capacity, unique)?;
-    let results = run_all(&prepared, &a.policies, capacity, a.block_bytes, store)?;
+    let lower = a
+        .lower
+        .iter()
+        .map(|l| parse_lower(l, unique))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cfg = ReplayConfig {
+        capacity_bytes: capacity,
+        block_bytes: a.block_bytes,
+        store,
+        lower,
+    };
+    let results = run_all(&prepared, &a.policies, &cfg)?;
     let report = Report {
         trace: a.trace.display().to_string(),
         capacity_bytes: capacity,
@@ -107,7 +132,11 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
             a.policies.iter().map(|p| (p.clone(), Vec::new())).collect();
         for &pct in &a.plot_capacities {
             let cap = parse_capacity(&format!("{pct}%"), unique)?;
-            let rows = run_all(&prepared, &a.policies, cap, a.block_bytes, store)?;
+            let cfg = ReplayConfig {
+                capacity_bytes: cap,
+                ..cfg.clone()
+            };
+            let rows = run_all(&prepared, &a.policies, &cfg)?;
             for (c, r) in curves.iter_mut().zip(rows) {
                 c.1.push((pct, r.result.hit_ratio));
             }
@@ -123,24 +152,13 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_all(
-    p: &Prepared,
-    policies: &[String],
-    capacity: u64,
-    block_bytes: u64,
-    store: StoreModel,
-) -> anyhow::Result<Vec<Row>> {
-    let cfg = ReplayConfig {
-        capacity_bytes: capacity,
-        block_bytes,
-        store,
-    };
+fn run_all(p: &Prepared, policies: &[String], cfg: &ReplayConfig) -> anyhow::Result<Vec<Row>> {
     policies
         .iter()
         .map(|name| {
-            let set = make_policy(name, capacity)?;
+            let set = make_policy(name, cfg.capacity_bytes)?;
             let t0 = Instant::now();
-            let result = replay::replay(p, set, &cfg);
+            let result = replay::replay(p, set, cfg);
             let wall = t0.elapsed().as_secs_f64();
             Ok(Row {
                 replay_accesses_per_s: result.accesses as f64 / wall.max(1e-9),
@@ -248,7 +266,7 @@ mod tests {
         let p = Prepared::new(trace::read_file(&path).expect("read"), 1 << 20);
         let cap = parse_capacity("20%", p.unique_bytes()).expect("capacity");
         let policies: Vec<String> = POLICY_NAMES.iter().map(|s| s.to_string()).collect();
-        let results = run_all(&p, &policies, cap, 1 << 20, StoreModel::default()).expect("replay");
+        let results = run_all(&p, &policies, &ReplayConfig::new(cap)).expect("replay");
         let report = Report {
             trace: path.display().to_string(),
             capacity_bytes: cap,

@@ -1,7 +1,9 @@
-//! The replay simulator: drives the real cache-core code (one
-//! [`strata_cache_core::space::TierSpace`] holding the policy under test) and the
-//! daemon's [`strata_prefetch::AccessController`] (the one `FsCore` drives) with a
-//! trace, in **simulated time**.
+//! The replay simulator: drives the real cache-core code (the engine's synchronous
+//! core, [`strata_cache_core::hierarchy::Hierarchy`]: the access tracker and one
+//! [`strata_cache_core::space::TierSpace`] per tier, holding the policy under test) and
+//! the daemon's [`strata_prefetch::AccessController`] (the one `FsCore` drives) with a
+//! trace, in **simulated time**. So a replay result is a statement about the daemon:
+//! the same classification, the same eviction decisions, the same prefetch orders.
 //!
 //! # Rules (the same for every policy)
 //!
@@ -26,17 +28,25 @@
 //!   overlap (GETs are concurrent). A read completes when its last block has arrived.
 //!   Simulated with virtual time (each active transfer has received `v` bytes;
 //!   `dv/dt = bandwidth / n`), so each event costs O(log transfers).
-//! - **Admission.** A miss calls `TierSpace::place` (the policy may refuse it: then the
-//!   bytes are fetched but not cached). Space is reserved at issue, as a real cache
-//!   allocates the buffer it fetches into.
+//! - **Classification.** Every demand block access is observed by the tracker once,
+//!   before the policy sees it (`Hierarchy::observe`), as in the engine.
+//! - **Admission.** A miss calls `Hierarchy::place` at the top tier (the policy may
+//!   refuse it: then the bytes are fetched but not cached). Space is reserved at issue,
+//!   as a real cache allocates the buffer it fetches into.
+//! - **Tiers** (`ReplayConfig::lower`, `--lower disk=60%`): as in the engine, the top
+//!   tier's victims whose bytes arrived are demoted to the next tier lacking them,
+//!   fills are written through to persistent (disk) tiers, and a block found only in a
+//!   lower tier is a hit read over that tier's device (its own latency and shared
+//!   bandwidth, [`LevelModel`]) and promoted to the top. `level_hits` counts hits per
+//!   tier. Without lower tiers the cache is one tier, as before.
 //! - **Prefetch** is decided by the access controller exactly as in the mount: the
 //!   replay only plays the mount's part. When a job first reads a file of a directory
 //!   the controller has not seen, it gets that directory's listing (what the mount
 //!   answers the loader's `readdir` with; KV paths have none). On each demand read the
 //!   replay reports the prefetched blocks it touches (`demand`: `Used`), then passes the
-//!   [`AccessEvent`] (its `pattern` from the policy through `TierSpace::pattern_of`) to
+//!   [`AccessEvent`] (its `pattern` from the tracker, as `CacheEngine::pattern_of`) to
 //!   `on_access` and issues the orders it returns, in their priority order: each block
-//!   that is not resident and that the controller admits (`issue`: not outstanding, and
+//!   that is cached in no tier and that the controller admits (`issue`: not outstanding, and
 //!   the prefetch backlog, `prefetch_max_backlog` worth of transfer = 20 MB by default,
 //!   the controller's default too, not full) is placed with `ctx.prefetch = true` and
 //!   fetched over the same link; its arrival is reported (`landed`), its eviction while
@@ -63,10 +73,10 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use strata_cache_core::hierarchy::Hierarchy;
-use strata_cache_core::policy::NextUse;
+use strata_cache_core::policy::{self, NextUse};
 use strata_cache_core::space::{Placement, TierSpace};
 use strata_cache_core::stream::FxBuild;
-use strata_cache_core::{AccessContext, CacheKey, JobId, Pattern, DEFAULT_BLOCK_SIZE};
+use strata_cache_core::{AccessContext, AccessKind, CacheKey, JobId, Pattern, DEFAULT_BLOCK_SIZE};
 use strata_prefetch::{AccessController, AccessEvent, Admission, ControllerConfig, PrefetchOrder};
 
 use crate::trace::{blocks_of, is_kv, Trace};
@@ -99,11 +109,17 @@ impl Default for StoreModel {
 }
 
 /// Replay parameters other than the policy.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ReplayConfig {
+    /// Bytes of the top level (the fastest tier, where fills land).
     pub capacity_bytes: u64,
     pub block_bytes: u64,
     pub store: StoreModel,
+    /// Tiers below the top one, fastest first (none: the cache is one tier). They work
+    /// as in the daemon's engine: the top level's victims are demoted to the next level
+    /// lacking them, a lower-level hit is read over that device and promoted to the
+    /// top, and fills are written through to persistent levels.
+    pub lower: Vec<LevelModel>,
 }
 
 impl ReplayConfig {
@@ -112,7 +128,43 @@ impl ReplayConfig {
             capacity_bytes,
             block_bytes: DEFAULT_BLOCK_SIZE,
             store: StoreModel::default(),
+            lower: Vec::new(),
         }
+    }
+}
+
+/// A tier below the top one, as the replay models it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelModel {
+    /// `memory` or `disk` (persistent: fills are written through to it).
+    pub kind: String,
+    pub capacity_bytes: u64,
+    /// Time to the first byte of a read from this tier.
+    pub latency_ns: u64,
+    /// Read bandwidth, shared by the concurrent reads of this tier.
+    pub bandwidth_bytes_per_s: f64,
+}
+
+impl LevelModel {
+    /// A tier of `kind` with its default device model: `memory` 1 µs and 10 GB/s (a
+    /// copy out of host memory), `disk` 80 µs and 2 GB/s (a 4 KiB-aligned read from one
+    /// NVMe SSD, as `strata bench tiers` measures the disk tier's O_DIRECT path).
+    pub fn new(kind: &str, capacity_bytes: u64) -> anyhow::Result<Self> {
+        let (latency_ns, bandwidth_bytes_per_s) = match kind {
+            "memory" => (1_000, 10e9),
+            "disk" => (80_000, 2e9),
+            other => anyhow::bail!("unknown tier kind `{other}` (memory or disk)"),
+        };
+        Ok(LevelModel {
+            kind: kind.to_string(),
+            capacity_bytes,
+            latency_ns,
+            bandwidth_bytes_per_s,
+        })
+    }
+
+    fn persistent(&self) -> bool {
+        self.kind == "disk"
     }
 }
 
@@ -134,6 +186,9 @@ pub struct PolicyResult {
     pub accesses: u64,
     /// Sum of job completion times (s).
     pub total_jct_s: f64,
+    /// Block accesses served by each tier, top first (only with lower tiers).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub level_hits: Vec<u64>,
 }
 
 /// A trace compiled for replay; shared by the runs of every policy.
@@ -308,6 +363,10 @@ struct BlockState {
     prefetched: bool,
     /// The transfer bringing it in, while in flight.
     transfer: u32,
+    /// Which link `transfer` is on: 0 the store, `l` the device of lower level `l`.
+    via: u8,
+    /// Lower levels holding it: bit `l - 1` for level `l` (`resident` is the top).
+    lower: u8,
 }
 
 const EMPTY: BlockState = BlockState {
@@ -315,6 +374,8 @@ const EMPTY: BlockState = BlockState {
     arrived: false,
     prefetched: false,
     transfer: NONE,
+    via: 0,
+    lower: 0,
 };
 
 /// `f64` with a total order, for the heap of finish times.
@@ -472,8 +533,13 @@ impl Link {
 /// One replay run's mutable state.
 struct Run<'a> {
     p: &'a Prepared,
-    /// The engine's synchronous core: the access tracker and the level under test.
+    /// The engine's synchronous core: the access tracker and the levels under test.
     cache: Hierarchy,
+    /// Per lower level (index `l - 1`): its device link and whether fills are written
+    /// through to it.
+    devices: Vec<Link>,
+    persistent: Vec<bool>,
+    level_hits: Vec<u64>,
     controller: Option<AccessController<u32>>,
     /// Per directory (index in `Prepared::listings`): its listing was handed over.
     listed: Vec<bool>,
@@ -541,21 +607,35 @@ impl Run<'_> {
         self.cache.touch(0, key, ctx);
     }
 
-    /// Admits block `id` (`bytes`) for `ctx`; true if the policy took it. Victims leave.
+    /// Fills block `id` (`bytes`) into the top level for `ctx`, as the engine's fill:
+    /// true if the policy took it; victims are demoted or leave; the fill is written
+    /// through to persistent lower levels.
     fn place(&mut self, id: u32, bytes: u64, ctx: &AccessContext) -> bool {
-        let key = self.key(id).clone();
-        match self.cache.place(0, &key, bytes, ctx) {
-            Ok(Placement::Admitted { evicted }) => {
-                self.evicted(evicted);
-                true
+        let admitted = self.place_at(0, id, bytes, ctx);
+        for l in 1..=self.devices.len() {
+            if self.persistent[l - 1] && self.state[id as usize].lower & (1 << (l - 1)) == 0 {
+                self.place_at(l, id, bytes, ctx);
             }
-            // Refused after evicting (only writes in flight were left): victims leave.
-            Ok(Placement::Refused { evicted }) => {
-                self.evicted(evicted);
-                false
-            }
-            _ => false,
         }
+        admitted
+    }
+
+    /// Places block `id` at `level`; true if admitted there (a lower level also counts
+    /// a block it already holds).
+    fn place_at(&mut self, level: usize, id: u32, bytes: u64, ctx: &AccessContext) -> bool {
+        let key = self.key(id).clone();
+        let (admitted, evicted) = match self.cache.place(level, &key, bytes, ctx) {
+            Ok(Placement::Admitted { evicted }) => (true, evicted),
+            // Refused after evicting (only writes in flight were left): victims leave.
+            Ok(Placement::Refused { evicted }) => (false, evicted),
+            Ok(Placement::AlreadyResident) => (level > 0, Vec::new()),
+            Err(_) => (false, Vec::new()),
+        };
+        if admitted && level > 0 {
+            self.state[id as usize].lower |= 1 << (level - 1);
+        }
+        self.evicted(level, evicted, ctx);
+        admitted
     }
 
     /// The stream pattern of an access to block `id`, as the cache core classifies it.
@@ -563,15 +643,32 @@ impl Run<'_> {
         self.cache.tracker().pattern_of(self.key(id), ctx)
     }
 
-    fn evicted(&mut self, evicted: Vec<(CacheKey, u64)>) {
-        for (k, _) in evicted {
+    /// Victims of `level`: demoted to the next level lacking them (a top-level victim
+    /// only once its bytes arrived), else gone; a prefetched block gone from every
+    /// level unread is reported wasted.
+    fn evicted(&mut self, level: usize, evicted: Vec<(CacheKey, u64)>, ctx: &AccessContext) {
+        for (k, bytes) in evicted {
             let Some(id) = self.id_of_key(&k) else {
                 continue;
             };
             let st = &mut self.state[id as usize];
-            st.resident = false;
-            st.arrived = false;
-            if st.prefetched {
+            let landed = if level == 0 {
+                let landed = st.arrived;
+                st.resident = false;
+                st.arrived = false;
+                landed
+            } else {
+                st.lower &= !(1 << (level - 1));
+                true
+            };
+            if landed {
+                if let Some(next) = self.cache.next_level_lacking(level, &k) {
+                    let moved = ctx.moved(AccessKind::Demotion);
+                    self.place_at(next, id, bytes, &moved);
+                }
+            }
+            let st = &mut self.state[id as usize];
+            if st.prefetched && !st.resident && st.lower == 0 {
                 st.prefetched = false;
                 if let Some(c) = &mut self.controller {
                     c.evicted(&id);
@@ -596,14 +693,26 @@ impl Run<'_> {
         }
     }
 
-    /// Transfers finished at `now`: blocks arrive, waiting reads may complete.
-    fn arrived(&mut self, now: u64) {
+    /// The store link (`via` 0) or the device of lower level `via`.
+    fn link_mut(&mut self, via: u8) -> &mut Link {
+        match via {
+            0 => &mut self.link,
+            l => &mut self.devices[l as usize - 1],
+        }
+    }
+
+    /// Transfers of link `via` finished at `now`: blocks arrive, waiting reads may
+    /// complete.
+    fn arrived(&mut self, now: u64, via: u8) {
         let mut finished = std::mem::take(&mut self.finished);
         for &tid in &finished {
-            let t = &mut self.link.transfers[tid as usize];
+            let t = &mut self.link_mut(via).transfers[tid as usize];
             let waiters = std::mem::take(&mut t.waiters);
             let b = t.block;
-            if b != NONE && self.state[b as usize].transfer == tid {
+            if b != NONE
+                && self.state[b as usize].transfer == tid
+                && self.state[b as usize].via == via
+            {
                 let st = &mut self.state[b as usize];
                 st.transfer = NONE;
                 st.arrived = st.resident;
@@ -622,8 +731,9 @@ impl Run<'_> {
             // Give the (empty) buffer back so the next transfer reuses it.
             let mut w = waiters;
             w.clear();
-            self.link.transfers[tid as usize].waiters = w;
-            self.link.free.push(tid);
+            let link = self.link_mut(via);
+            link.transfers[tid as usize].waiters = w;
+            link.free.push(tid);
         }
         finished.clear();
         self.finished = finished;
@@ -664,8 +774,13 @@ impl Run<'_> {
                 if st.arrived {
                     self.hits += 1;
                     self.bytes_hit += overlap;
+                    if let Some(h) = self.level_hits.first_mut() {
+                        *h += 1;
+                    }
                 } else {
-                    self.link.transfers[st.transfer as usize].waiters.push(j);
+                    self.link_mut(st.via).transfers[st.transfer as usize]
+                        .waiters
+                        .push(j);
                     wait += 1;
                 }
                 if st.prefetched {
@@ -674,6 +789,32 @@ impl Run<'_> {
                     if let Some(c) = &mut self.controller {
                         c.demand(&id);
                     }
+                }
+                continue;
+            }
+            if st.lower != 0 {
+                // A lower level holds it: read over that device, promoted to the top.
+                let l = st.lower.trailing_zeros() as usize + 1;
+                self.cache.touch(l, &self.p.keys[id as usize], &ctx);
+                self.hits += 1;
+                self.bytes_hit += overlap;
+                self.level_hits[l] += 1;
+                let tid = self.devices[l - 1].fetch(now, bytes, id, true);
+                self.devices[l - 1].transfers[tid as usize].waiters.push(j);
+                wait += 1;
+                if st.prefetched {
+                    self.state[id as usize].prefetched = false;
+                    self.prefetch_used += bytes;
+                    if let Some(c) = &mut self.controller {
+                        c.demand(&id);
+                    }
+                }
+                if self.place_at(0, id, bytes, &ctx.moved(AccessKind::Promotion)) {
+                    let st = &mut self.state[id as usize];
+                    st.resident = true;
+                    st.arrived = false;
+                    st.transfer = tid;
+                    st.via = l as u8;
                 }
                 continue;
             }
@@ -689,6 +830,8 @@ impl Run<'_> {
                     arrived: false,
                     prefetched: false,
                     transfer: tid,
+                    via: 0,
+                    ..self.state[id as usize]
                 };
             }
         }
@@ -781,7 +924,9 @@ impl Run<'_> {
                     id
                 }
             };
-            if self.state[id as usize].resident {
+            // Cached at any level: nothing to fetch (the mount checks the engine alike).
+            let st = self.state[id as usize];
+            if st.resident || st.lower != 0 {
                 continue;
             }
             match c.issue(id, order, bytes, lead) {
@@ -806,6 +951,8 @@ impl Run<'_> {
                     arrived: false,
                     prefetched: true,
                     transfer: tid,
+                    via: 0,
+                    ..self.state[id as usize]
                 };
             } else {
                 // The policy refused it: no prefetch made.
@@ -885,6 +1032,19 @@ fn replay_once(
             ..ControllerConfig::default()
         });
     }
+    // Lower tiers evict as the top one does (`opt`, which needs the future, and the
+    // strata variants run their live policy there).
+    let lower_policy = match name.as_str() {
+        n if n.starts_with("strata") => "strata",
+        n if policy::LIVE_POLICY_NAMES.contains(&n) => n,
+        _ => "lru",
+    };
+    let mut levels = vec![TierSpace::new(cfg.capacity_bytes, policy)];
+    for l in &cfg.lower {
+        let policy =
+            policy::by_name(lower_policy, l.capacity_bytes).expect("a live policy name builds");
+        levels.push(TierSpace::new(l.capacity_bytes, policy));
+    }
     let order = if next_use.is_some() {
         Vec::with_capacity(p.acc.len())
     } else {
@@ -892,7 +1052,24 @@ fn replay_once(
     };
     let mut run = Run {
         p,
-        cache: Hierarchy::new(vec![TierSpace::new(cfg.capacity_bytes, policy)]),
+        cache: Hierarchy::new(levels),
+        devices: cfg
+            .lower
+            .iter()
+            .map(|l| {
+                Link::new(&StoreModel {
+                    get_latency_ns: l.latency_ns,
+                    bandwidth_bytes_per_s: l.bandwidth_bytes_per_s,
+                    ..StoreModel::default()
+                })
+            })
+            .collect(),
+        persistent: cfg.lower.iter().map(LevelModel::persistent).collect(),
+        level_hits: if cfg.lower.is_empty() {
+            Vec::new()
+        } else {
+            vec![0; cfg.lower.len() + 1]
+        },
         controller,
         listed: vec![false; p.listings.len()],
         next_use,
@@ -929,7 +1106,19 @@ fn replay_once(
     }
     loop {
         let next_issue = run.issues.peek().map_or(u64::MAX, |Reverse((t, _))| *t);
-        let next_link = run.link.next_event();
+        // The earliest event of the store link and the devices (the store first at
+        // equal times).
+        let (next_link, via) = (0..=run.devices.len())
+            .map(|v| {
+                let t = if v == 0 {
+                    run.link.next_event()
+                } else {
+                    run.devices[v - 1].next_event()
+                };
+                (t, v as u8)
+            })
+            .min()
+            .unwrap_or((u64::MAX, 0));
         if next_issue == u64::MAX && next_link == u64::MAX {
             break;
         }
@@ -937,9 +1126,9 @@ fn replay_once(
         // issued is a hit.
         if next_link <= next_issue {
             let mut finished = std::mem::take(&mut run.finished);
-            run.link.step(next_link, &mut finished);
+            run.link_mut(via).step(next_link, &mut finished);
             run.finished = finished;
-            run.arrived(next_link);
+            run.arrived(next_link, via);
         } else if let Some(Reverse((now, j))) = run.issues.pop() {
             let ri = p.job_recs[j as usize][run.cursor[j as usize]] as usize;
             run.read(ri, j, now);
@@ -972,6 +1161,7 @@ fn replay_once(
         job_jct_s,
         accesses: run.accesses,
         total_jct_s: total,
+        level_hits: std::mem::take(&mut run.level_hits),
     };
     (result, run.order)
 }
