@@ -12,6 +12,7 @@ pub mod client;
 pub mod error;
 pub mod keys;
 pub mod server;
+pub mod staging;
 pub mod stats;
 
 /// Generated protobuf messages and service of `strata.kv.v1`.

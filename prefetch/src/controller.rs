@@ -71,6 +71,10 @@ pub enum Origin {
     Readahead,
     /// Another file predicted from names, listings or epochs (the semantic predictor).
     CrossFile,
+    /// Asked for by a client: the KV service's `Prefetch` (staging blocks into the
+    /// fastest tier before the engine needs them). No predictor: the backlog and the
+    /// ledger of outcomes apply alike.
+    Requested,
 }
 
 /// A range to fetch ahead of demand, as decided by the controller.
@@ -387,6 +391,7 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         let p = match t.origin {
             Origin::Readahead => self.sequential.as_mut(),
             Origin::CrossFile => self.cross_file.as_mut(),
+            Origin::Requested => None,
         };
         if let Some(p) = p {
             p.on_feedback(t.job, &t.path, feedback);
@@ -541,7 +546,8 @@ fn push_orders(
         job,
         priority: match origin {
             Origin::Readahead => 1.0 + r.confidence.clamp(0.0, 1.0),
-            Origin::CrossFile => r.confidence.clamp(0.0, 1.0),
+            // Cross-file speculation, and (never from a predictor) a client's request.
+            Origin::CrossFile | Origin::Requested => r.confidence.clamp(0.0, 1.0),
         },
         path: r.path,
         offset: r.offset,
