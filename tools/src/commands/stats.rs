@@ -132,7 +132,7 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
         let _ = writeln!(
             o,
             "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
-            t.name,
+            tail(&t.name, 24),
             mib(t.used_bytes),
             mib(t.capacity_bytes),
             pct(use_pct),
@@ -143,6 +143,16 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
             r.of(t.hits, before)
         );
     }
+}
+
+/// `s` cut to its last `width` characters (with `...` in front) if longer.
+fn tail(s: &str, width: usize) -> String {
+    let chars = s.chars().count();
+    if chars <= width {
+        return s.to_string();
+    }
+    let kept: String = s.chars().skip(chars - (width - 3)).collect();
+    format!("...{kept}")
 }
 
 /// Streams shown in the human view: the most recently active, 12 (the JSON has more).
@@ -166,14 +176,14 @@ fn render_streams(o: &mut String, s: &DaemonStats) {
         "{:>20} {:<9} {:<10} {:>7}  {:<32} DECIDED BY",
         "JOB", "ITEMS", "PATTERN", "VISITS", "STREAM"
     );
-    for r in t.recent.iter().take(STREAMS_SHOWN) {
-        let chars = r.name.chars().count();
-        let name = if chars > 32 {
-            let tail: String = r.name.chars().skip(chars - 29).collect();
-            format!("...{tail}")
-        } else {
-            r.name.clone()
-        };
+    // A file read in one visit (a small file) is a stream of one block: nothing to
+    // classify, and hundreds of them would hide the streams that say something.
+    let telling = t
+        .recent
+        .iter()
+        .filter(|r| r.granularity != "blocks" || r.visits > 1);
+    for r in telling.take(STREAMS_SHOWN) {
+        let name = tail(&r.name, 32);
         let _ = writeln!(
             o,
             "{:>20} {:<9} {:<10} {:>7}  {:<32} {}",
