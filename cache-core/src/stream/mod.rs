@@ -111,6 +111,15 @@ pub struct StreamReport {
     pub age: u64,
 }
 
+/// A p-value for people: `< 1e-12` below that (the tests' tails underflow to 0).
+fn p_text(p: f64) -> String {
+    if p < 1e-12 {
+        "< 1e-12".to_string()
+    } else {
+        format!("= {p:.2e}")
+    }
+}
+
 /// Words for the test behind a stream's pattern.
 fn decided_by(stats: &StreamStats, now: &TestOutcome, cfg: &ClassifierConfig) -> String {
     match stats.pattern() {
@@ -123,12 +132,13 @@ fn decided_by(stats: &StreamStats, now: &TestOutcome, cfg: &ClassifierConfig) ->
             "inherited from its sibling streams (too few steps of its own)".to_string()
         }
         Pattern::Sequential => format!(
-            "binomial adjacency test rejected uniform order (p = {:.2e} < {})",
-            now.p_sequential, cfg.alpha
+            "binomial adjacency test rejected uniform order (p {} < {})",
+            p_text(now.p_sequential),
+            cfg.alpha
         ),
         Pattern::Skewed => format!(
-            "chi-square rejected uniform popularity (p = {:.2e} < {}), Zipf s = {:.2}",
-            now.p_uniform,
+            "chi-square rejected uniform popularity (p {} < {}), Zipf s = {:.2}",
+            p_text(now.p_uniform),
             cfg.alpha,
             stats.zipf_s()
         ),
