@@ -24,7 +24,7 @@ use super::regularity::Lane;
 use super::tokenize::TokenizedPath;
 use super::SemanticConfig;
 
-pub type StreamKey = (JobId, Arc<str>);
+pub type ClusterKey = (JobId, Arc<str>);
 
 /// Files per stream whose re-accesses are not news: 8 covers readers that interleave a
 /// few open files (a parquet reader fetching footers, then column chunks, of several
@@ -32,7 +32,7 @@ pub type StreamKey = (JobId, Arc<str>);
 pub const RECENT_FILES: usize = 8;
 
 #[derive(Debug)]
-pub struct Stream {
+pub struct PathCluster {
     pub lanes: Vec<Lane>,
     pub set: Option<SetTracker>,
     /// Files read last (most recent at the back), at most [`RECENT_FILES`].
@@ -43,9 +43,9 @@ pub struct Stream {
     pub size_n: u64,
 }
 
-impl Stream {
+impl PathCluster {
     fn new() -> Self {
-        Stream {
+        PathCluster {
             lanes: Vec::new(),
             set: None,
             recent: VecDeque::new(),
@@ -112,18 +112,19 @@ impl Stream {
     }
 }
 
-/// `(job, template)` -> stream, LRU-bounded.
+/// `(job, template)` -> the cluster of requests it names (the semantic predictor's
+/// "stream", not an access stream of the cache core's tracker), LRU-bounded.
 #[derive(Debug, Default)]
-pub struct StreamTable {
-    streams: HashMap<StreamKey, Stream, FxBuild>,
+pub struct ClusterTable {
+    streams: HashMap<ClusterKey, PathCluster, FxBuild>,
     /// last_seq -> key, for LRU eviction.
-    lru: BTreeMap<u64, StreamKey>,
+    lru: BTreeMap<u64, ClusterKey>,
 }
 
-impl StreamTable {
+impl ClusterTable {
     /// The stream for `key`, created (evicting the LRU stream beyond `max`) if needed,
     /// and touched at `seq` (sequence numbers must increase).
-    pub fn touch(&mut self, key: &StreamKey, seq: u64, max: usize) -> &mut Stream {
+    pub fn touch(&mut self, key: &ClusterKey, seq: u64, max: usize) -> &mut PathCluster {
         if let Some(s) = self.streams.get(key) {
             self.lru.remove(&s.last_seq);
         } else {
@@ -135,12 +136,15 @@ impl StreamTable {
             }
         }
         self.lru.insert(seq, key.clone());
-        let s = self.streams.entry(key.clone()).or_insert_with(Stream::new);
+        let s = self
+            .streams
+            .entry(key.clone())
+            .or_insert_with(PathCluster::new);
         s.last_seq = seq;
         s
     }
 
-    pub fn get_mut(&mut self, key: &StreamKey) -> Option<&mut Stream> {
+    pub fn get_mut(&mut self, key: &ClusterKey) -> Option<&mut PathCluster> {
         self.streams.get_mut(key)
     }
 
@@ -159,7 +163,7 @@ mod tests {
 
     #[test]
     fn stream_table_is_lru_bounded() {
-        let mut t = StreamTable::default();
+        let mut t = ClusterTable::default();
         for i in 0..100u64 {
             let key = (JobId(i % 7), Arc::from(format!("t{i}")));
             t.touch(&key, i + 1, 10);
@@ -172,7 +176,7 @@ mod tests {
 
     #[test]
     fn recent_files_are_not_news() {
-        let mut s = Stream::new();
+        let mut s = PathCluster::new();
         let a: Arc<str> = Arc::from("a");
         assert!(s.note_file(&a));
         assert!(!s.note_file(&a));

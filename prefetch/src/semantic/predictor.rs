@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use strata_types::{FxBuild, JobId};
 
-use super::cluster::{StreamKey, StreamTable};
+use super::cluster::{ClusterKey, ClusterTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
 use super::regularity::Lane;
@@ -44,7 +44,7 @@ enum Origin {
 
 #[derive(Clone, Debug)]
 struct Issued {
-    key: StreamKey,
+    key: ClusterKey,
     origin: Origin,
 }
 
@@ -63,7 +63,7 @@ pub struct SemanticStats {
 #[derive(Debug)]
 pub struct SemanticPredictor {
     cfg: SemanticConfig,
-    streams: StreamTable,
+    streams: ClusterTable,
     listing: ListingIndex,
     /// Per-epoch permutation over all jobs' reads of a template's member set: data-loader
     /// workers (one job id each) split every epoch's permutation between them, so each
@@ -93,7 +93,7 @@ impl SemanticPredictor {
         SemanticPredictor {
             listing: ListingIndex::new(cfg.max_listed_entries),
             cfg,
-            streams: StreamTable::default(),
+            streams: ClusterTable::default(),
             shared: HashMap::default(),
             issued: HashMap::default(),
             issued_order: VecDeque::new(),
@@ -140,7 +140,7 @@ impl SemanticPredictor {
         feedback * (0.25 + 0.75 * self.spare)
     }
 
-    fn remember(&mut self, path: Arc<str>, key: &StreamKey, origin: Origin) {
+    fn remember(&mut self, path: Arc<str>, key: &ClusterKey, origin: Origin) {
         let rec = Issued {
             key: key.clone(),
             origin,
@@ -176,7 +176,7 @@ impl Predictor for SemanticPredictor {
             _ => tokenize_shared(event.path.clone()),
         };
         let tok = self.last_tok.insert(memo);
-        let key: StreamKey = (event.job, tok.template.clone());
+        let key: ClusterKey = (event.job, tok.template.clone());
         self.listing.prepare(&tok.template);
         let cfg = &self.cfg;
         let listing = &self.listing;
