@@ -72,6 +72,11 @@ pub struct ObjectInfo {
     /// Whether `version` is a real ETag (and so can be sent as `If-Match`).
     pub has_etag: bool,
     pub last_modified_unix_ns: i64,
+    /// Block size of the layout the listing handle reads in: an [`crate::ObjectReader`]'s
+    /// store handle ([`crate::ObjectReader::store`]) sets its own, so
+    /// [`crate::ObjectReader::block_key`] names blocks of that layout; a plain handle
+    /// says [`crate::DEFAULT_BLOCK_SIZE`].
+    pub block_size: u64,
 }
 
 /// One level of a directory-style listing.
@@ -88,6 +93,11 @@ pub struct BackingStore {
     store: Arc<dyn ObjectStore>,
     label: String,
     retry: RetryPolicy,
+    /// Written into every [`ObjectInfo`] this handle returns.
+    block_size: u64,
+    /// The root directory of a `file://` store: versions of its files are taken from
+    /// our own `stat` (see [`local_version`]), not only from `object_store`'s ETag.
+    local_root: Option<Arc<std::path::Path>>,
 }
 
 impl std::fmt::Debug for BackingStore {
@@ -105,7 +115,16 @@ impl BackingStore {
             store,
             label: label.into(),
             retry,
+            block_size: crate::DEFAULT_BLOCK_SIZE,
+            local_root: None,
         }
+    }
+
+    /// This handle with `block_size` written into the [`ObjectInfo`]s it returns (what
+    /// [`crate::ObjectReader::new`] does to its handle).
+    pub fn with_block_size(mut self, block_size: u64) -> Self {
+        self.block_size = block_size;
+        self
     }
 
     /// Opens a store by URL: `file:///data`, `memory://`, `s3://bucket/prefix`,
@@ -115,14 +134,17 @@ impl BackingStore {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://...".into()))?;
+        let mut local_root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = std::path::Path::new(rest);
                 if !dir.is_dir() {
                     return Err(bad(format!("{} is not a directory", dir.display())));
                 }
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                let dir = dir.canonicalize().map_err(|e| bad(e.to_string()))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| bad(e.to_string()))?;
+                local_root = Some(Arc::from(dir.as_path()));
                 (Arc::new(fs), String::new())
             }
             "memory" => (
@@ -153,6 +175,8 @@ impl BackingStore {
             store,
             label: url.to_string(),
             retry: opts.retry.clone(),
+            block_size: crate::DEFAULT_BLOCK_SIZE,
+            local_root,
         })
     }
 
@@ -173,7 +197,11 @@ impl BackingStore {
                 async move { self.store.head(&p).await }
             })
             .await?;
-        Ok(info_from_meta(&meta))
+        let info = info_from_meta(&meta, self.block_size);
+        match &self.local_root {
+            Some(root) => local_info(root.clone(), info).await,
+            None => Ok(info),
+        }
     }
 
     /// Bytes `range` of version `obj` of an object; fails with `Changed` if the object
@@ -184,7 +212,7 @@ impl BackingStore {
         }
         let want = range.end - range.start;
         let p = Path::from(obj.path.as_ref());
-        let if_match = obj.has_etag.then(|| obj.version.to_string());
+        let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let bytes = self
             .retrying(|| {
                 let p = p.clone();
@@ -202,6 +230,15 @@ impl BackingStore {
                 obj.path,
                 bytes.len()
             )));
+        }
+        // A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
+        // restores the mtime; its ctime cannot be restored. Checked after the read, so
+        // a change before or during it fails the read instead of mixing versions.
+        if let Some(root) = &self.local_root {
+            let now = local_info(root.clone(), obj.clone()).await?;
+            if now.version != obj.version {
+                return Err(CacheError::Changed(obj.path.to_string()));
+            }
         }
         Ok(bytes)
     }
@@ -224,26 +261,39 @@ impl BackingStore {
             };
             s.trim_start_matches('/').to_string()
         };
+        let mut files: Vec<ObjectInfo> = res
+            .objects
+            .iter()
+            .map(|m| info_from_meta(m, self.block_size))
+            .collect();
+        if let Some(root) = &self.local_root {
+            files = local_infos(root.clone(), files).await?;
+        }
         Ok(DirListing {
             dirs: res.common_prefixes.iter().map(strip).collect(),
-            files: res.objects.iter().map(info_from_meta).collect(),
+            files,
         })
     }
 
     /// Every object under `prefix`, recursively.
     pub async fn list_all(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
-        self.retrying(|| {
-            let prefix = prefix.clone();
-            async move {
-                self.store
-                    .list(prefix.as_ref())
-                    .map_ok(|m| info_from_meta(&m))
-                    .try_collect::<Vec<_>>()
-                    .await
-            }
-        })
-        .await
+        let files = self
+            .retrying(|| {
+                let prefix = prefix.clone();
+                async move {
+                    self.store
+                        .list(prefix.as_ref())
+                        .map_ok(|m| info_from_meta(&m, self.block_size))
+                        .try_collect::<Vec<_>>()
+                        .await
+                }
+            })
+            .await?;
+        match &self.local_root {
+            Some(root) => local_infos(root.clone(), files).await,
+            None => Ok(files),
+        }
     }
 
     /// Writes an object (sample data, tests; the mount itself is read-only).
@@ -304,7 +354,7 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
     }
 }
 
-fn info_from_meta(meta: &object_store::ObjectMeta) -> ObjectInfo {
+fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInfo {
     let ns = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
     let (version, has_etag) = match &meta.e_tag {
         Some(e) => (e.clone(), true),
@@ -316,7 +366,69 @@ fn info_from_meta(meta: &object_store::ObjectMeta) -> ObjectInfo {
         version: Arc::from(version),
         has_etag,
         last_modified_unix_ns: ns,
+        block_size,
     }
+}
+
+/// Separates `object_store`'s ETag from what [`local_version`] appends to it.
+const LOCAL_VERSION_SEP: &str = "+c";
+
+/// The ETag to send as `If-Match` for a version tag (a local file's version is its
+/// ETag plus the ctime and mtime in nanoseconds).
+fn etag_of(version: &str) -> &str {
+    version
+        .split_once(LOCAL_VERSION_SEP)
+        .map_or(version, |(etag, _)| etag)
+}
+
+/// Version tag of a local file: `object_store`'s ETag (inode, mtime in µs, size) plus
+/// the ctime and mtime to the nanosecond. A file rewritten in place gets a new ctime
+/// whatever its mtime is set back to, so it gets a new version and new block keys.
+fn local_version(etag: &str, m: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!(
+        "{etag}{LOCAL_VERSION_SEP}{:x}.{:x}m{:x}.{:x}",
+        m.ctime(),
+        m.ctime_nsec(),
+        m.mtime(),
+        m.mtime_nsec()
+    )
+}
+
+/// `info` with its version taken from the file under `root` (see [`local_version`]).
+async fn local_info(root: Arc<std::path::Path>, info: ObjectInfo) -> Result<ObjectInfo> {
+    let mut v = local_infos(root, vec![info]).await?;
+    v.pop().ok_or_else(|| CacheError::Store {
+        attempts: 1,
+        message: "local stat returned nothing".into(),
+    })
+}
+
+/// [`local_info`] of many files, in one blocking task.
+async fn local_infos(
+    root: Arc<std::path::Path>,
+    infos: Vec<ObjectInfo>,
+) -> Result<Vec<ObjectInfo>> {
+    tokio::task::spawn_blocking(move || {
+        infos
+            .into_iter()
+            .map(|mut info| {
+                let path = root.join(info.path.as_ref());
+                let m = std::fs::metadata(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => CacheError::NotFound(info.path.to_string()),
+                    _ => CacheError::Io(e),
+                })?;
+                let etag = etag_of(&info.version).to_string();
+                info.version = Arc::from(local_version(&etag, &m));
+                Ok(info)
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| CacheError::Store {
+        attempts: 1,
+        message: format!("local stat task failed: {e}"),
+    })?
 }
 
 fn cloud_store(

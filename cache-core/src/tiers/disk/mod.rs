@@ -153,7 +153,8 @@ pub struct RecoveryReport {
     /// Blocks kept.
     pub kept: u64,
     pub kept_bytes: u64,
-    /// Index entries that did not decode.
+    /// Index entries that did not decode (or were of another key encoding or cache
+    /// format: an older build's).
     pub bad_index_entries: u64,
     /// Entries whose file was missing or had the wrong size.
     pub bad_files: u64,
@@ -307,7 +308,15 @@ impl DiskTier {
                 .map_err(|e| e.to_string())
                 .and_then(|key| IndexEntry::decode(&v).map(|e| (key, e)));
             let (key, entry) = match decoded {
-                Ok(kv) if !ids.contains(&kv.1.file_id) && !report.wiped => kv,
+                // A key of another cache format names bytes this build does not make:
+                // dropped like an undecodable one (older key encodings do not decode).
+                Ok(kv)
+                    if !ids.contains(&kv.1.file_id)
+                        && !report.wiped
+                        && kv.0.is_current_format() =>
+                {
+                    kv
+                }
                 _ => {
                     report.bad_index_entries += 1;
                     batch.delete(&k);
