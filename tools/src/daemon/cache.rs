@@ -73,6 +73,12 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let memory = Arc::new(MemoryTier::new(memory_bytes));
     levels.push(level(memory.clone(), memory_bytes)?);
     let disk_bytes = parse_size(&cfg.disk)?;
+    // Before the disk tier sizes its open-file cache from the limit: many clients
+    // and open block files must not run the daemon out of descriptors.
+    match strata_cache_core::tiers::disk::raise_fd_limit() {
+        Ok(limit) => tracing::info!(limit, "descriptor soft limit raised to the hard limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
+    }
     let disk = if disk_bytes > 0 {
         let d = Arc::new(
             DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())

@@ -57,10 +57,22 @@
 //!
 //! A get reads the file, checks magic, version, header crc, that the stored key is
 //! the key asked for, that lengths and crc agree with the index, that the file is not
-//! truncated, and finally the data's crc32c (`Block::from_stored`). Any failure (or a
-//! missing file, or an I/O error) drops the block (index entry and file), counts an
-//! error, and answers `Miss`, so the engine refetches it. A corrupt block is never
-//! served.
+//! truncated, and finally the data's crc32c (`Block::from_stored`). An integrity
+//! failure (any of those checks, or a missing file) drops the block (index entry and
+//! file), counts an error, and answers `Miss`: the engine then forgets the block at
+//! this level and refetches it. A corrupt block is never served.
+//!
+//! Any other error (out of descriptors, `EIO`, `ENOMEM`, ...) says nothing about the
+//! block, only about this attempt: it counts an error and fails the get
+//! (`CacheError::Io`) with the block left in place, so a burst of `EMFILE` cannot
+//! empty the cache (the engine skips the level for that read and the store serves it).
+//!
+//! # Descriptors
+//!
+//! The open-file cache holds at most a quarter of the process's descriptor soft limit
+//! (read at open; daemons raise it to the hard limit first, [`raise_fd_limit`]), and
+//! the index keeps at most [`INDEX_MAX_OPEN_FILES`] files open, so the tier never
+//! takes the descriptors the rest of the process needs.
 //!
 //! # Recovery (`DiskTier::open`)
 //!
@@ -100,6 +112,8 @@ use format::{check_header, header_len, write_header, IndexEntry};
 
 /// Number of fan-out directories (the low byte of a file id).
 const FANOUT: u64 = 256;
+/// Files RocksDB keeps open for the index (its default is unlimited).
+pub const INDEX_MAX_OPEN_FILES: i32 = 256;
 /// Values below this are copied out of the read buffer (see `read_block`): at 64 KiB
 /// the copy costs a few microseconds and the header + padding is at most 12% extra.
 const SMALL_VALUE: usize = 64 << 10;
@@ -128,7 +142,8 @@ pub struct DiskOptions {
     /// evicts the applications' own pages.
     pub direct_io: bool,
     /// Open block files kept for reads: 1024 keeps a hot set of 1 GiB of 1 MiB blocks
-    /// open, well under the usual 64 Ki descriptor limit, and saves an `open` per hit.
+    /// open and saves an `open` per hit. Capped at a quarter of the descriptor soft
+    /// limit (read at open), so the cache can never run the process out of descriptors.
     pub fd_cache: u64,
     /// Read buffers kept for reuse (see [`BufPool`]): 64 MiB covers 64 concurrent
     /// 1 MiB hits whose values were already dropped by their readers.
@@ -207,6 +222,61 @@ fn index_err(e: rocksdb::Error) -> CacheError {
     CacheError::Index(e.to_string())
 }
 
+/// Whether a failed read says the block itself is bad (checksum, header, truncation,
+/// or its file gone), as opposed to a failure of this attempt (descriptors, `EIO`, ...).
+fn is_integrity_failure(e: &CacheError) -> bool {
+    match e {
+        CacheError::Corrupt(_) => true,
+        CacheError::Io(e) => e.kind() == io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+/// The process's soft limit on open descriptors (`RLIMIT_NOFILE`), if it has one.
+pub fn fd_soft_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and reads nothing else.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// Raises the descriptor soft limit to the hard limit (what a daemon does at start, so
+/// that many clients and open block files do not run it out of descriptors). Returns
+/// the soft limit now in force.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: as in `fd_soft_limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lim.rlim_cur = lim.rlim_max;
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// The open-file cache size for `wanted`: at most a quarter of the descriptor limit.
+fn fd_cache_size(wanted: u64) -> u64 {
+    match fd_soft_limit() {
+        Some(limit) => wanted.min(limit / 4).max(1),
+        None => wanted,
+    }
+}
+
 fn is_device_full(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
@@ -282,6 +352,7 @@ impl DiskTier {
         let mut report = RecoveryReport::default();
         let mut db_opts = rocksdb::Options::default();
         db_opts.create_if_missing(true);
+        db_opts.set_max_open_files(INDEX_MAX_OPEN_FILES);
         let db = match DB::open(&db_opts, &index_dir) {
             Ok(db) => db,
             Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
@@ -389,7 +460,7 @@ impl DiskTier {
                 used,
                 ..State::default()
             }),
-            fds: moka::sync::Cache::new(options.fd_cache),
+            fds: moka::sync::Cache::new(fd_cache_size(options.fd_cache)),
             pool: BufPool::new(options.read_pool_bytes),
             next_id: AtomicU64::new(max_id + 1),
             stats,
@@ -621,10 +692,16 @@ impl Tier for DiskTier {
                 self.stats.hit(block.len());
                 Ok(TierGet::Hit(block))
             }
-            Err(e) => {
+            Err(e) if is_integrity_failure(&e) => {
                 self.drop_bad(key, entry, &e).await;
                 self.stats.miss();
                 Ok(TierGet::Miss)
+            }
+            Err(e) => {
+                // Not the block's fault: keep it, fail this read.
+                self.stats.error();
+                tracing::debug!(tier = %self.name(), %key, error = %e, "disk read failed; block kept");
+                Err(e)
             }
         }
     }

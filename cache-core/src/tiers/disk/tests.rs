@@ -513,3 +513,123 @@ async fn second_open_of_a_live_directory_fails_without_wiping() {
     assert!(!tier.recovery().wiped);
     assert_eq!(tier.resident(), vec![(k, 5000)]);
 }
+
+/// An engine whose reads fail with `EMFILE` (or another transient errno) while `fail`
+/// is set: a failure of the attempt, not of the block.
+#[derive(Debug)]
+struct FlakyReads {
+    inner: Arc<dyn IoEngine>,
+    fail: AtomicBool,
+    errno: i32,
+}
+
+#[async_trait]
+impl IoEngine for FlakyReads {
+    fn name(&self) -> &'static str {
+        "flaky-reads"
+    }
+    async fn read_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: AlignedBuf,
+    ) -> io::Result<AlignedBuf> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(self.errno));
+        }
+        self.inner.read_at(file, offset, buf).await
+    }
+    async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
+        self.inner.write_at(file, offset, buf).await
+    }
+    async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
+        self.inner.sync_data(file).await
+    }
+}
+
+fn flaky(dir: &Path, errno: i32) -> (DiskTier, Arc<FlakyReads>) {
+    let engine = Arc::new(FlakyReads {
+        inner: open_engine(IoEngineKind::Auto).expect("engine"),
+        fail: AtomicBool::new(false),
+        errno,
+    });
+    let tier = DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), engine.clone())
+        .expect("open");
+    (tier, engine)
+}
+
+/// Finding 2 of issue 12: a transient read error (out of descriptors, EIO) fails the
+/// read but never deletes a good block; only integrity failures drop one.
+#[tokio::test]
+async fn transient_read_errors_keep_the_block() {
+    for errno in [libc::EMFILE, libc::EIO, libc::ENFILE] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tier, engine) = flaky(dir.path(), errno);
+        let key = CacheKey::kv("ns", vec![1, 2, 3]);
+        tier.put(&key, Block::new(data(100_000, 7)))
+            .await
+            .expect("put");
+        let path = tier.block_file(&key).expect("resident");
+        engine.fail.store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            let err = tier.get(&key).await.expect_err("a failed read is an error");
+            assert!(matches!(err, CacheError::Io(_)), "errno {errno}: {err:?}");
+        }
+        assert!(tier.contains(&key).await, "errno {errno}: block kept");
+        assert!(path.exists(), "errno {errno}: file kept");
+        assert_eq!(tier.used_bytes(), 100_000);
+        assert_eq!(tier.stats().errors, 3);
+        engine.fail.store(false, Ordering::SeqCst);
+        assert_eq!(
+            get(&tier, &key).await,
+            Some(data(100_000, 7)),
+            "errno {errno}"
+        );
+    }
+}
+
+/// Through the engine: while the disk fails transiently a read is served by the fetch
+/// (the store), the block is neither forgotten nor deleted, and once the disk is back
+/// it is a disk hit again, with nothing refilled.
+#[tokio::test]
+async fn the_engine_rides_out_transient_disk_errors() {
+    use crate::{AccessContext, CacheEngine};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tier, engine) = flaky(dir.path(), libc::EMFILE);
+    let tier = Arc::new(tier);
+    let cache = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("engine");
+    let ctx = AccessContext::default();
+    let key = CacheKey::kv("ns", vec![4; 8]);
+    cache.put(&key, data(50_000, 3), &ctx).await.expect("put");
+    engine.fail.store(true, Ordering::SeqCst);
+    let got = cache
+        .get_or_fetch(&key, &ctx, || async { Ok(data(50_000, 3)) })
+        .await
+        .expect("served by the fetch");
+    assert_eq!(got, data(50_000, 3));
+    assert!(cache.contains(&key), "still counted");
+    assert!(tier.contains(&key).await, "still stored");
+    engine.fail.store(false, Ordering::SeqCst);
+    let fills = cache.stats().fills;
+    assert_eq!(
+        cache.get(&key, &ctx).await.expect("get"),
+        Some(data(50_000, 3))
+    );
+    let stats = cache.stats();
+    assert_eq!(stats.fills, fills, "nothing refilled");
+    assert_eq!(stats.lost_blocks, 0);
+}
+
+#[test]
+fn the_open_file_cache_stays_below_the_descriptor_limit() {
+    let before = fd_soft_limit().expect("a descriptor limit");
+    let raised = raise_fd_limit().expect("raise to the hard limit");
+    assert!(raised >= before);
+    let limit = fd_soft_limit().expect("a descriptor limit");
+    assert_eq!(limit, raised);
+    assert!(fd_cache_size(u64::MAX) <= limit / 4);
+    assert_eq!(fd_cache_size(3), 3.min(limit / 4).max(1));
+}
