@@ -344,6 +344,8 @@ async fn same_key_put_concurrently_leaves_one_file() {
 struct FillingDisk {
     inner: Arc<dyn IoEngine>,
     full: AtomicBool,
+    /// Writes attempted (failed ones included).
+    writes: AtomicU64,
 }
 
 #[async_trait]
@@ -360,6 +362,7 @@ impl IoEngine for FillingDisk {
         self.inner.read_at(file, offset, buf).await
     }
     async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         if self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
@@ -370,13 +373,18 @@ impl IoEngine for FillingDisk {
     }
 }
 
+fn filling_disk() -> Arc<FillingDisk> {
+    Arc::new(FillingDisk {
+        inner: open_engine(IoEngineKind::Auto).expect("engine"),
+        full: AtomicBool::new(false),
+        writes: AtomicU64::new(0),
+    })
+}
+
 #[tokio::test]
 async fn full_device_is_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Arc::new(FillingDisk {
-        inner: open_engine(IoEngineKind::Auto).expect("engine"),
-        full: AtomicBool::new(false),
-    });
+    let engine = filling_disk();
     let tier =
         DiskTier::open_with_engine(dir.path(), 16 << 20, DiskOptions::default(), engine.clone())
             .expect("open");
@@ -632,4 +640,126 @@ fn the_open_file_cache_stays_below_the_descriptor_limit() {
     assert_eq!(limit, raised);
     assert!(fd_cache_size(u64::MAX) <= limit / 4);
     assert_eq!(fd_cache_size(3), 3.min(limit / 4).max(1));
+}
+
+/// A memory level over a disk level whose device can fill up.
+fn memory_over_filling_disk(
+    dir: &Path,
+    backoff: std::time::Duration,
+) -> (crate::CacheEngine, Arc<DiskTier>, Arc<FillingDisk>) {
+    let io = filling_disk();
+    let disk = Arc::new(
+        DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), io.clone())
+            .expect("open"),
+    );
+    let engine = crate::CacheEngine::builder()
+        .tier(Arc::new(crate::tiers::MemoryTier::new(16 << 20)))
+        .tier(disk.clone())
+        .degraded_backoff(backoff)
+        .build()
+        .expect("engine");
+    (engine, disk, io)
+}
+
+/// Finding 8 of issue 12: a put is acknowledged only once on disk. A failed disk write
+/// fails the put (it used to be swallowed because memory took the block), and leaves
+/// no copy behind, so the client's retry is stored, not answered "already present".
+#[tokio::test]
+async fn a_put_is_acknowledged_only_once_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), std::time::Duration::ZERO);
+    let ctx = crate::AccessContext::default();
+    let a = CacheKey::kv("ns", vec![1]);
+    engine.put(&a, data(10_000, 1), &ctx).await.expect("put");
+    assert!(disk.contains(&a).await, "acknowledged means on disk");
+
+    io.full.store(true, Ordering::SeqCst);
+    let b = CacheKey::kv("ns", vec![2]);
+    let err = engine
+        .put(&b, data(10_000, 2), &ctx)
+        .await
+        .expect_err("the disk write failed: not acknowledged");
+    assert!(matches!(err, CacheError::Full(_)), "{err:?}");
+    assert!(!engine.contains(&b), "no unacknowledged copy is left");
+    assert!(!disk.contains(&b).await);
+
+    // The retry (back-off 0: the disk is tried again) is stored once the device has room.
+    io.full.store(false, Ordering::SeqCst);
+    engine.put(&b, data(10_000, 2), &ctx).await.expect("retry");
+    assert!(disk.contains(&b).await);
+    assert_eq!(
+        engine.get(&b, &ctx).await.expect("get"),
+        Some(data(10_000, 2))
+    );
+}
+
+/// A full disk degrades the disk level: one failed write, one log line, a counter;
+/// then puts fail at once without touching the device (or, with `put_stored`, land in
+/// memory as volatile) until the back-off ends, and reads go on.
+#[tokio::test]
+async fn a_full_disk_degrades_instead_of_failing_every_put() {
+    use crate::Stored;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backoff = std::time::Duration::from_millis(300);
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), backoff);
+    let ctx = crate::AccessContext::default();
+    let old = CacheKey::kv("ns", vec![0]);
+    engine.put(&old, data(5000, 9), &ctx).await.expect("put");
+
+    io.full.store(true, Ordering::SeqCst);
+    let writes = io.writes.load(Ordering::SeqCst);
+    assert!(engine
+        .put(&CacheKey::kv("ns", vec![1]), data(5000, 1), &ctx)
+        .await
+        .is_err());
+    assert_eq!(
+        io.writes.load(Ordering::SeqCst),
+        writes + 1,
+        "one failed write"
+    );
+    let started = std::time::Instant::now();
+    for i in 2..22u8 {
+        let k = CacheKey::kv("ns", vec![i]);
+        assert!(engine.put(&k, data(5000, i), &ctx).await.is_err());
+    }
+    assert!(started.elapsed() < backoff, "degraded puts fail at once");
+    assert_eq!(
+        io.writes.load(Ordering::SeqCst),
+        writes + 1,
+        "a degraded disk is not written"
+    );
+    let k = CacheKey::kv("ns", vec![30]);
+    assert_eq!(
+        engine
+            .put_stored(&k, data(5000, 30), &ctx)
+            .await
+            .expect("put_stored"),
+        Stored::Volatile
+    );
+    assert_eq!(
+        engine.get(&k, &ctx).await.expect("get"),
+        Some(data(5000, 30))
+    );
+    assert_eq!(
+        engine.get(&old, &ctx).await.expect("get"),
+        Some(data(5000, 9))
+    );
+    let stats = engine.stats();
+    assert_eq!(stats.degradations, 1);
+    assert!(stats.degraded_skips >= 21, "{}", stats.degraded_skips);
+    assert_eq!(stats.degraded, vec![disk.name()]);
+
+    // After the back-off, with room again, puts are durable again.
+    io.full.store(false, Ordering::SeqCst);
+    tokio::time::sleep(backoff).await;
+    let k = CacheKey::kv("ns", vec![40]);
+    assert_eq!(
+        engine
+            .put_stored(&k, data(5000, 40), &ctx)
+            .await
+            .expect("put"),
+        Stored::Durable
+    );
+    assert!(disk.contains(&k).await);
+    assert!(engine.stats().degraded.is_empty());
 }
