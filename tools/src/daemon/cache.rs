@@ -45,8 +45,10 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let gpu_cfg = cfg.gpu_tier()?;
     let (cache_dir, temp) = match &cfg.dir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("creating cache dir {}", d.display()))?;
+            // 0700 and ours (a dir owned by another user is refused): it holds every
+            // tenant's KV data, copies of the store's files and the KV socket.
+            strata_cache_core::tiers::disk::private_dir(d)
+                .with_context(|| format!("cache dir {}", d.display()))?;
             (d.clone(), None)
         }
         None => {

@@ -67,6 +67,15 @@
 //! (`CacheError::Io`) with the block left in place, so a burst of `EMFILE` cannot
 //! empty the cache (the engine skips the level for that read and the store serves it).
 //!
+//! # Permissions
+//!
+//! The cache directory and its sub-directories are created `0700` and block files
+//! `0600` (the cache holds every tenant's KV data and copies of the store's files); an
+//! existing directory of ours that is more open is tightened, and one owned by another
+//! user is refused ([`private_dir`]). Block and probe files are opened with
+//! `O_NOFOLLOW` and created with `O_EXCL`, so a symlink planted in the directory is
+//! never followed.
+//!
 //! # Descriptors
 //!
 //! The open-file cache holds at most a quarter of the process's descriptor soft limit
@@ -90,7 +99,7 @@ pub mod format;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -303,15 +312,54 @@ fn parse_block_name(name: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
+/// Creates `dir` (and missing parents) `0700`, or checks an existing one: it must be
+/// a directory owned by this process's user (a cache in someone else's directory could
+/// be read or planted by them); a more open mode of ours is tightened to `0700`.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
+    let m = fs::metadata(dir)?;
+    if !m.is_dir() {
+        return Err(CacheError::InvalidArgument(format!(
+            "cache dir {} is not a directory",
+            dir.display()
+        )));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(CacheError::InvalidArgument(format!(
+            "cache dir {} is owned by uid {}, not by this user (uid {me}): refusing to              use it (choose a directory of your own, or fix its owner)",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o077 != 0 {
+        tracing::info!(dir = %dir.display(), mode = format!("{:o}", m.mode() & 0o777), "cache dir tightened to 0700");
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Whether files in `dir` can be opened and written with `O_DIRECT`.
 fn probe_direct(dir: &Path) -> bool {
     let path = dir.join(".direct-probe");
     let ok = (|| -> io::Result<()> {
+        // A left-over probe (or anything planted under its name) is unlinked, never
+        // followed: create_new is O_EXCL, and O_NOFOLLOW besides.
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .mode(0o600)
+            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
             .open(&path)?;
         let mut buf = AlignedBuf::zeroed(ALIGN);
         std::os::unix::fs::FileExt::write_all_at(&f, buf.full_mut(), 0)
@@ -345,9 +393,10 @@ impl DiskTier {
         let dir = dir.as_ref().to_path_buf();
         let data_dir = dir.join("data");
         let index_dir = dir.join("index");
-        fs::create_dir_all(&data_dir)?;
+        private_dir(&dir)?;
+        private_dir(&data_dir)?;
         for i in 0..FANOUT {
-            fs::create_dir_all(data_dir.join(format!("{i:02x}")))?;
+            private_dir(&data_dir.join(format!("{i:02x}")))?;
         }
         let mut report = RecoveryReport::default();
         let mut db_opts = rocksdb::Options::default();
@@ -532,9 +581,8 @@ impl DiskTier {
         let file = blocking(move || {
             let mut o = OpenOptions::new();
             o.read(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
+            let direct = if direct { libc::O_DIRECT } else { 0 };
+            o.custom_flags(direct | libc::O_NOFOLLOW);
             o.open(path)
         })
         .await?;
@@ -614,10 +662,11 @@ impl DiskTier {
         let sync = self.durability == Durability::Sync;
         let file = blocking(move || {
             let mut o = OpenOptions::new();
-            o.write(true).create_new(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
+            // 0600: block files hold tenants' data; O_EXCL and O_NOFOLLOW: never
+            // through a symlink.
+            o.write(true).create_new(true).mode(0o600);
+            let direct = if direct { libc::O_DIRECT } else { 0 };
+            o.custom_flags(direct | libc::O_NOFOLLOW);
             let f = o.open(&path)?;
             if sync {
                 // The new name must be durable too, not only the bytes.

@@ -763,3 +763,60 @@ async fn a_full_disk_degrades_instead_of_failing_every_put() {
     assert!(disk.contains(&k).await);
     assert!(engine.stats().degraded.is_empty());
 }
+
+fn mode_of(p: &Path) -> u32 {
+    fs::metadata(p).expect("stat").mode() & 0o777
+}
+
+/// Finding 6 of issue 12: the cache dir is private (0700), block files 0600, and a
+/// dir of ours left more open by an older build is tightened.
+#[tokio::test]
+async fn the_cache_dir_and_block_files_are_private() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("new/cache");
+    let tier = open(&dir, 16 << 20);
+    let key = CacheKey::kv("tenant-a", vec![1; 8]);
+    tier.put(&key, Block::new(data(5000, 1)))
+        .await
+        .expect("put");
+    assert_eq!(mode_of(&dir), 0o700);
+    assert_eq!(mode_of(&dir.join("data")), 0o700);
+    assert_eq!(mode_of(&dir.join("data/00")), 0o700);
+    assert_eq!(mode_of(&tier.block_file(&key).expect("file")), 0o600);
+    drop(tier);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let tier = open(&dir, 16 << 20);
+    assert_eq!(mode_of(&dir), 0o700, "tightened at open");
+    assert_eq!(get(&tier, &key).await, Some(data(5000, 1)));
+}
+
+/// A pre-existing cache dir owned by another user is refused with a clear error.
+#[test]
+fn a_cache_dir_owned_by_another_user_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: only root can give a directory to another user");
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("theirs");
+    fs::create_dir(&dir).expect("mkdir");
+    std::os::unix::fs::chown(&dir, Some(54_321), Some(54_321)).expect("chown");
+    let err = DiskTier::open(&dir, 16 << 20, DiskOptions::default()).expect_err("refused");
+    assert!(matches!(err, CacheError::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("owned by uid 54321"), "{err}");
+    assert!(!dir.join("data").exists(), "nothing created in it");
+}
+
+/// The O_DIRECT probe never writes through a symlink planted under its name.
+#[test]
+fn the_probe_file_does_not_follow_symlinks() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("cache");
+    fs::create_dir(&dir).expect("mkdir");
+    let victim = root.path().join("precious");
+    fs::write(&victim, b"do not touch").expect("write");
+    std::os::unix::fs::symlink(&victim, dir.join(".direct-probe")).expect("symlink");
+    let _tier = open(&dir, 16 << 20);
+    assert_eq!(fs::read(&victim).expect("read"), b"do not touch");
+}
