@@ -1,14 +1,17 @@
 //! Keys that name what the bytes are (issue 12, finding 1): a restart with another
 //! block size on the same cache directory never serves bytes of the old block layout,
-//! and a local file rewritten in place (its mtime restored) is read anew.
+//! and a local file rewritten in place (its mtime restored) is read anew. Paths
+//! (finding 6): a `file://` store keeps out of what symlinks lead to outside its root,
+//! and one key a listing cannot name costs that key, not its directory.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::{
-    AccessContext, BackingStore, CacheEngine, ObjectReader, RetryPolicy, StoreOptions,
+    AccessContext, BackingStore, CacheEngine, CacheError, ObjectReader, RetryPolicy, StoreOptions,
 };
 
 const MIB: u64 = 1 << 20;
@@ -123,4 +126,84 @@ async fn a_local_file_rewritten_in_place_with_its_mtime_restored_is_read_anew() 
     let listed = store.list_dir("").await.expect("list");
     assert_eq!(listed.files.len(), 1);
     assert_eq!(listed.files[0].version, obj2.version);
+}
+
+#[tokio::test]
+async fn one_key_a_listing_cannot_name_is_skipped_not_the_directory() {
+    let mem = Arc::new(object_store::memory::InMemory::new());
+    let faulty = Arc::new(FaultyStore::new(
+        mem,
+        FaultConfig {
+            // What S3 lists for an object uploaded as "d//x".
+            bad_key: Some("d//x".into()),
+            ..FaultConfig::default()
+        },
+    ));
+    let store = BackingStore::new(faulty, "s3-like", RetryPolicy::default());
+    for p in ["d/a", "d/b", "d/sub/c", "other/e"] {
+        store.put(p, Bytes::from_static(b"x")).await.expect("put");
+    }
+    let listing = store
+        .list_dir("d")
+        .await
+        .expect("the directory still lists");
+    let mut files: Vec<&str> = listing.files.iter().map(|f| f.path.as_ref()).collect();
+    files.sort();
+    assert_eq!(files, vec!["d/a", "d/b"]);
+    assert_eq!(listing.dirs, vec!["sub".to_string()]);
+    let root = store.list_dir("").await.expect("root lists");
+    assert_eq!(root.dirs, vec!["d".to_string(), "other".to_string()]);
+    let all = store.list_all("d").await.expect("recursive listing");
+    assert_eq!(all.len(), 3);
+    // A directory without the bad key is untouched.
+    assert_eq!(store.list_dir("other").await.expect("list").files.len(), 1);
+}
+
+#[tokio::test]
+async fn a_file_store_does_not_follow_symlinks_out_of_its_root() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let root = base.path().join("data");
+    let outside = base.path().join("secret");
+    std::fs::create_dir_all(root.join("sub")).expect("mkdir");
+    std::fs::create_dir_all(&outside).expect("mkdir");
+    std::fs::write(outside.join("key.pem"), b"private").expect("write");
+    std::fs::write(root.join("sub/in.txt"), b"inside").expect("write");
+    std::os::unix::fs::symlink(outside.join("key.pem"), root.join("leak.pem")).expect("ln");
+    std::os::unix::fs::symlink(&outside, root.join("leakdir")).expect("ln");
+    std::os::unix::fs::symlink(root.join("sub/in.txt"), root.join("alias.txt")).expect("ln");
+    let url = format!("file://{}", root.display());
+
+    let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("open");
+    let top = store.list_dir("").await.expect("list");
+    let mut names: Vec<&str> = top.files.iter().map(|f| f.path.as_ref()).collect();
+    names.sort();
+    assert_eq!(names, vec!["alias.txt"], "a link inside the root is fine");
+    assert_eq!(top.dirs, vec!["sub".to_string()]);
+    assert!(matches!(
+        store.head("leak.pem").await,
+        Err(CacheError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.head("leakdir/key.pem").await,
+        Err(CacheError::NotFound(_))
+    ));
+    let all = store.list_all("").await.expect("list all");
+    assert!(all.iter().all(|f| !f.path.contains("leak")), "{all:?}");
+    let alias = store.head("alias.txt").await.expect("head");
+    assert_eq!(
+        store.get_range(&alias, 0..6).await.expect("read"),
+        Bytes::from_static(b"inside")
+    );
+
+    // Allowed by configuration.
+    let opts = StoreOptions {
+        follow_symlinks: true,
+        ..StoreOptions::default()
+    };
+    let open = BackingStore::from_url(&url, &opts).expect("open");
+    let leak = open.head("leak.pem").await.expect("followed when allowed");
+    assert_eq!(
+        open.get_range(&leak, 0..7).await.expect("read"),
+        Bytes::from_static(b"private")
+    );
 }

@@ -8,6 +8,7 @@
 //! url = "s3://bucket/prefix"          # or file:///data, memory://, gs://, az://
 //! endpoint = "http://127.0.0.1:9000"  # S3-compatible servers
 //! allow_http = true
+//! follow_symlinks = false            # file://: links out of the root stay invisible
 //!
 //! [cache]
 //! dir = "/var/cache/strata"           # default: a fresh temp dir
@@ -55,6 +56,10 @@ pub struct StoreConfig {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
     pub allow_http: bool,
+    /// `file://` stores: follow symlinks that lead out of the store's root. Off: such
+    /// entries are left out of listings and not found, so a link planted in a dataset
+    /// cannot expose other files through the mount.
+    pub follow_symlinks: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]

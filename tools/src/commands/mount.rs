@@ -48,6 +48,10 @@ pub struct MountArgs {
     /// Allow a plain-HTTP endpoint.
     #[arg(long)]
     pub allow_http: bool,
+    /// file:// stores: follow symlinks that lead out of the store's root
+    /// (`[store] follow_symlinks`; off: such entries are invisible).
+    #[arg(long)]
+    pub follow_symlinks: bool,
     #[arg(long)]
     pub region: Option<String>,
     /// Access key (default: AWS_ACCESS_KEY_ID from the environment).
@@ -70,6 +74,7 @@ impl MountArgs {
                 access_key_id: self.access_key_id.clone(),
                 secret_access_key: self.secret_access_key.clone(),
                 allow_http: self.allow_http,
+                follow_symlinks: self.follow_symlinks,
             },
             cache: CacheConfig {
                 dir: self.cache_dir.clone(),

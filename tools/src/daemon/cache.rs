@@ -21,6 +21,7 @@ pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> 
         access_key_id: cfg.access_key_id.clone(),
         secret_access_key: cfg.secret_access_key.clone(),
         allow_http: cfg.allow_http,
+        follow_symlinks: cfg.follow_symlinks,
         ..Default::default()
     };
     Ok(BackingStore::from_url(url, &opts)?)
