@@ -335,23 +335,26 @@ async fn same_key_put_concurrently_leaves_one_file() {
     assert!((0..8).any(|i| got == data(5000, i)));
 }
 
-/// An engine whose writes fail with ENOSPC once `full` is set.
+/// An I/O engine that injects device failures: writes fail with `ENOSPC` while `full`
+/// is set (and are counted), reads fail with `read_errno` while it is not 0 (`EMFILE`,
+/// `EIO`: a failure of the attempt, not of the block).
 // The budget is the engine's (one `TierSpace` per level): concurrent puts never
 // exceeding it is asserted in cache-core/tests/engine.rs over a tier that yields in
 // every call; a tier itself only refuses for device reasons (next test).
 
 #[derive(Debug)]
-struct FillingDisk {
+struct FaultyIo {
     inner: Arc<dyn IoEngine>,
     full: AtomicBool,
     /// Writes attempted (failed ones included).
     writes: AtomicU64,
+    read_errno: std::sync::atomic::AtomicI32,
 }
 
 #[async_trait]
-impl IoEngine for FillingDisk {
+impl IoEngine for FaultyIo {
     fn name(&self) -> &'static str {
-        "filling"
+        "faulty"
     }
     async fn read_at(
         &self,
@@ -359,7 +362,10 @@ impl IoEngine for FillingDisk {
         offset: u64,
         buf: AlignedBuf,
     ) -> io::Result<AlignedBuf> {
-        self.inner.read_at(file, offset, buf).await
+        match self.read_errno.load(Ordering::SeqCst) {
+            0 => self.inner.read_at(file, offset, buf).await,
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
     }
     async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
         self.writes.fetch_add(1, Ordering::SeqCst);
@@ -373,18 +379,19 @@ impl IoEngine for FillingDisk {
     }
 }
 
-fn filling_disk() -> Arc<FillingDisk> {
-    Arc::new(FillingDisk {
+fn faulty_io() -> Arc<FaultyIo> {
+    Arc::new(FaultyIo {
         inner: open_engine(IoEngineKind::Auto).expect("engine"),
         full: AtomicBool::new(false),
         writes: AtomicU64::new(0),
+        read_errno: std::sync::atomic::AtomicI32::new(0),
     })
 }
 
 #[tokio::test]
 async fn full_device_is_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = filling_disk();
+    let engine = faulty_io();
     let tier =
         DiskTier::open_with_engine(dir.path(), 16 << 20, DiskOptions::default(), engine.clone())
             .expect("open");
@@ -522,48 +529,12 @@ async fn second_open_of_a_live_directory_fails_without_wiping() {
     assert_eq!(tier.resident(), vec![(k, 5000)]);
 }
 
-/// An engine whose reads fail with `EMFILE` (or another transient errno) while `fail`
-/// is set: a failure of the attempt, not of the block.
-#[derive(Debug)]
-struct FlakyReads {
-    inner: Arc<dyn IoEngine>,
-    fail: AtomicBool,
-    errno: i32,
-}
-
-#[async_trait]
-impl IoEngine for FlakyReads {
-    fn name(&self) -> &'static str {
-        "flaky-reads"
-    }
-    async fn read_at(
-        &self,
-        file: Arc<File>,
-        offset: u64,
-        buf: AlignedBuf,
-    ) -> io::Result<AlignedBuf> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(self.errno));
-        }
-        self.inner.read_at(file, offset, buf).await
-    }
-    async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
-        self.inner.write_at(file, offset, buf).await
-    }
-    async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
-        self.inner.sync_data(file).await
-    }
-}
-
-fn flaky(dir: &Path, errno: i32) -> (DiskTier, Arc<FlakyReads>) {
-    let engine = Arc::new(FlakyReads {
-        inner: open_engine(IoEngineKind::Auto).expect("engine"),
-        fail: AtomicBool::new(false),
-        errno,
-    });
+/// The disk tier over a [`FaultyIo`], and the errno its reads fail with when armed.
+fn flaky(dir: &Path, errno: i32) -> (DiskTier, Arc<FaultyIo>, i32) {
+    let engine = faulty_io();
     let tier = DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), engine.clone())
         .expect("open");
-    (tier, engine)
+    (tier, engine, errno)
 }
 
 /// Finding 2 of issue 12: a transient read error (out of descriptors, EIO) fails the
@@ -572,13 +543,13 @@ fn flaky(dir: &Path, errno: i32) -> (DiskTier, Arc<FlakyReads>) {
 async fn transient_read_errors_keep_the_block() {
     for errno in [libc::EMFILE, libc::EIO, libc::ENFILE] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (tier, engine) = flaky(dir.path(), errno);
+        let (tier, engine, errno) = flaky(dir.path(), errno);
         let key = CacheKey::kv("ns", vec![1, 2, 3]);
         tier.put(&key, Block::new(data(100_000, 7)))
             .await
             .expect("put");
         let path = tier.block_file(&key).expect("resident");
-        engine.fail.store(true, Ordering::SeqCst);
+        engine.read_errno.store(errno, Ordering::SeqCst);
         for _ in 0..3 {
             let err = tier.get(&key).await.expect_err("a failed read is an error");
             assert!(matches!(err, CacheError::Io(_)), "errno {errno}: {err:?}");
@@ -587,7 +558,7 @@ async fn transient_read_errors_keep_the_block() {
         assert!(path.exists(), "errno {errno}: file kept");
         assert_eq!(tier.used_bytes(), 100_000);
         assert_eq!(tier.stats().errors, 3);
-        engine.fail.store(false, Ordering::SeqCst);
+        engine.read_errno.store(0, Ordering::SeqCst);
         assert_eq!(
             get(&tier, &key).await,
             Some(data(100_000, 7)),
@@ -603,7 +574,7 @@ async fn transient_read_errors_keep_the_block() {
 async fn the_engine_rides_out_transient_disk_errors() {
     use crate::{AccessContext, CacheEngine};
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tier, engine) = flaky(dir.path(), libc::EMFILE);
+    let (tier, engine, errno) = flaky(dir.path(), libc::EMFILE);
     let tier = Arc::new(tier);
     let cache = CacheEngine::builder()
         .tier(tier.clone())
@@ -612,7 +583,7 @@ async fn the_engine_rides_out_transient_disk_errors() {
     let ctx = AccessContext::default();
     let key = CacheKey::kv("ns", vec![4; 8]);
     cache.put(&key, data(50_000, 3), &ctx).await.expect("put");
-    engine.fail.store(true, Ordering::SeqCst);
+    engine.read_errno.store(errno, Ordering::SeqCst);
     let got = cache
         .get_or_fetch(&key, &ctx, || async { Ok(data(50_000, 3)) })
         .await
@@ -620,7 +591,7 @@ async fn the_engine_rides_out_transient_disk_errors() {
     assert_eq!(got, data(50_000, 3));
     assert!(cache.contains(&key), "still counted");
     assert!(tier.contains(&key).await, "still stored");
-    engine.fail.store(false, Ordering::SeqCst);
+    engine.read_errno.store(0, Ordering::SeqCst);
     let fills = cache.stats().fills;
     assert_eq!(
         cache.get(&key, &ctx).await.expect("get"),
@@ -646,8 +617,8 @@ fn the_open_file_cache_stays_below_the_descriptor_limit() {
 fn memory_over_filling_disk(
     dir: &Path,
     backoff: std::time::Duration,
-) -> (crate::CacheEngine, Arc<DiskTier>, Arc<FillingDisk>) {
-    let io = filling_disk();
+) -> (crate::CacheEngine, Arc<DiskTier>, Arc<FaultyIo>) {
+    let io = faulty_io();
     let disk = Arc::new(
         DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), io.clone())
             .expect("open"),
