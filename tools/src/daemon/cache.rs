@@ -19,7 +19,8 @@ pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> 
         endpoint: cfg.endpoint.clone(),
         region: cfg.region.clone(),
         access_key_id: cfg.access_key_id.clone(),
-        secret_access_key: cfg.secret_access_key.clone(),
+        // Inline, from its file, or (None) from the environment by the store client.
+        secret_access_key: cfg.secret_access_key()?,
         allow_http: cfg.allow_http,
         follow_symlinks: cfg.follow_symlinks,
         ..Default::default()
