@@ -22,6 +22,19 @@
 //!   mount"). A victim evicted from a level is demoted to the next level that does not
 //!   already hold it.
 //! - A hit on a lower level is promoted to the top level.
+//! - Durability of puts: [`CacheEngine::put`] is acknowledged only once the block is
+//!   stored on every persistent (disk) level that write-through reaches, so an
+//!   acknowledged put survives a restart; if that write fails, the put fails with the
+//!   disk's error and the block is removed from the levels that took it (a retry writes
+//!   it again instead of finding it "already present" in memory only).
+//!   [`CacheEngine::put_stored`] instead keeps the block wherever it landed and says
+//!   which durability it got ([`Stored`]), for callers that can tell their clients.
+//! - A full or failing disk degrades: the first write error (`ENOSPC`, an I/O or index
+//!   error) marks the level degraded for a back-off period (30 s by default), with one
+//!   log line and a counter ([`EngineStatsSnapshot::degradations`]); meanwhile writes
+//!   skip the level (fills and demotions lose only a cached copy; `put` fails at once,
+//!   `put_stored` answers [`Stored::Volatile`]) instead of paying the error on every
+//!   write. Reads still use the level. The first write after the back-off tries again.
 //! - A level whose accounting holds a key its tier no longer has (a corrupt block the
 //!   disk tier dropped) forgets the key at the first miss, so it can be filled again.
 //! - Concurrent misses on one key share one fetch: the first caller spawns it as a task
@@ -30,8 +43,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -84,6 +99,33 @@ struct Level {
     /// Lookups the level's accounting answered as absent without asking the tier (the
     /// tier's own counter sees only the lookups that reach it).
     misses: AtomicU64,
+    /// Writes skip the level until this instant (nanoseconds since the engine's epoch;
+    /// 0: healthy). Set by a device error on a persistent level.
+    degraded_until: AtomicU64,
+    /// Whether the level is in a degraded spell (for one log line per spell).
+    degraded: AtomicBool,
+}
+
+/// What an acknowledged [`CacheEngine::put_stored`] achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// On every persistent level write-through reaches (or there is none and the block
+    /// is held in memory): survives a restart when a disk tier exists.
+    Durable,
+    /// Held by a volatile level only: the persistent level was degraded, refused it or
+    /// failed to write it. Lost at a restart.
+    Volatile,
+}
+
+/// Back-off of a degraded persistent level (see the module docs): long enough that a
+/// full device costs one failed write per 30 s, short enough to notice freed space soon.
+pub const DEFAULT_DEGRADED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What a fill achieved beyond landing somewhere.
+struct Fill {
+    /// Why an inline put is not durable (a persistent level it had to reach does not
+    /// hold the block), if it is not.
+    not_durable: Option<CacheError>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -97,6 +139,7 @@ pub struct EngineBuilder {
     levels: Vec<(Arc<dyn Tier>, Box<dyn EvictionPolicy>)>,
     write_through: bool,
     tree: TreeConfig,
+    degraded_backoff: Duration,
 }
 
 impl Default for EngineBuilder {
@@ -106,6 +149,7 @@ impl Default for EngineBuilder {
             levels: Vec::new(),
             write_through: true,
             tree: TreeConfig::default(),
+            degraded_backoff: DEFAULT_DEGRADED_BACKOFF,
         }
     }
 }
@@ -129,6 +173,12 @@ impl EngineBuilder {
     /// Whether fills also go to persistent (disk) levels at once, not only on demotion.
     pub fn write_through(mut self, on: bool) -> Self {
         self.write_through = on;
+        self
+    }
+
+    /// How long writes skip a persistent level after a device error on it.
+    pub fn degraded_backoff(mut self, backoff: Duration) -> Self {
+        self.degraded_backoff = backoff;
         self
     }
 
@@ -167,6 +217,8 @@ impl EngineBuilder {
                 tier,
                 evictions: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
+                degraded_until: AtomicU64::new(0),
+                degraded: AtomicBool::new(false),
             });
         }
         if !excess.is_empty() {
@@ -196,6 +248,8 @@ impl EngineBuilder {
                 write_through: self.write_through,
                 inflight: Mutex::new(HashMap::new()),
                 counters: EngineCounters::default(),
+                epoch: Instant::now(),
+                degraded_backoff: self.degraded_backoff,
             }),
         })
     }
@@ -212,6 +266,10 @@ struct EngineCounters {
     prefetch_bytes: AtomicU64,
     /// Blocks a level counted whose bytes its tier no longer had (forgotten).
     lost_blocks: AtomicU64,
+    /// Times a persistent level went from healthy to degraded.
+    degradations: AtomicU64,
+    /// Writes that skipped a degraded level.
+    degraded_skips: AtomicU64,
 }
 
 struct Inner {
@@ -221,6 +279,9 @@ struct Inner {
     write_through: bool,
     inflight: Mutex<HashMap<CacheKey, SharedFetch>>,
     counters: EngineCounters,
+    /// Time origin of `Level::degraded_until`.
+    epoch: Instant,
+    degraded_backoff: Duration,
 }
 
 /// The tiered cache. Cheap to clone (shared state).
@@ -249,6 +310,15 @@ pub struct EngineStatsSnapshot {
     /// The access tracker: demand accesses observed and streams tracked.
     #[serde(default)]
     pub tracker: TrackerStats,
+    /// Times a persistent level was degraded by a device error (full, failing).
+    #[serde(default)]
+    pub degradations: u64,
+    /// Writes (fills, puts, demotions) that skipped a degraded level.
+    #[serde(default)]
+    pub degraded_skips: u64,
+    /// Names of the levels degraded now.
+    #[serde(default)]
+    pub degraded: Vec<String>,
 }
 
 /// The access tracker as `strata stats` shows it.
@@ -340,10 +410,111 @@ impl CacheEngine {
     }
 
     /// Stores `data` under `key` (values are immutable: a repeated put is idempotent).
+    ///
+    /// Acknowledged only once durable: with write-through to a disk level (the default),
+    /// `Ok` means the block is on disk (synced, as the disk tier's durability says). If
+    /// the disk level is degraded or its write fails, the put fails (at once while
+    /// degraded: no per-put stall) and the block is left nowhere, so a retry stores it
+    /// again. See [`Self::put_stored`] to keep the block in memory instead.
     pub async fn put(&self, key: &CacheKey, data: Bytes, ctx: &AccessContext) -> Result<()> {
+        if self.inner.write_through {
+            if let Some(i) = self.degraded_persistent_level() {
+                self.inner
+                    .counters
+                    .degraded_skips
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(CacheError::Full(format!(
+                    "{} is degraded after a device error; {key} not stored (not durable)",
+                    self.inner.levels[i].tier.name()
+                )));
+            }
+        }
         let ctx = self.observed(key, ctx);
-        self.fill(key, Block::new(data), &ctx, Persist::Inline)
-            .await
+        let fill = self
+            .fill(key, Block::new(data), &ctx, Persist::Inline)
+            .await?;
+        match fill.not_durable {
+            None => Ok(()),
+            Some(e) => {
+                // Unacknowledged: leave no copy that would make a retry "already present".
+                if let Err(r) = self.remove(key).await {
+                    tracing::warn!(%key, error = %r, "removing an unacknowledged put failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Stores `data` under `key` wherever the levels take it and says whether that is
+    /// durable ([`Stored`]): a degraded or failing disk level leaves the block in memory
+    /// ([`Stored::Volatile`]) instead of failing the put.
+    pub async fn put_stored(
+        &self,
+        key: &CacheKey,
+        data: Bytes,
+        ctx: &AccessContext,
+    ) -> Result<Stored> {
+        let ctx = self.observed(key, ctx);
+        let fill = self
+            .fill(key, Block::new(data), &ctx, Persist::Inline)
+            .await?;
+        Ok(match fill.not_durable {
+            None => Stored::Durable,
+            Some(_) => Stored::Volatile,
+        })
+    }
+
+    /// The first persistent level in a degraded spell, if any.
+    fn degraded_persistent_level(&self) -> Option<usize> {
+        (0..self.inner.levels.len())
+            .find(|&i| self.inner.levels[i].tier.kind() == TierKind::Disk && self.is_degraded(i))
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether writes skip level `i` now.
+    fn is_degraded(&self, i: usize) -> bool {
+        let until = self.inner.levels[i].degraded_until.load(Ordering::Relaxed);
+        until != 0 && self.now_ns() < until
+    }
+
+    /// After a write error at level `i`: a device error on a persistent level starts
+    /// (or extends) a degraded spell. One log line per spell.
+    fn note_write_error(&self, i: usize, e: &CacheError) {
+        let level = &self.inner.levels[i];
+        let device = matches!(
+            e,
+            CacheError::Full(_) | CacheError::Io(_) | CacheError::Index(_)
+        );
+        if level.tier.kind() != TierKind::Disk || !device {
+            return;
+        }
+        let backoff = u64::try_from(self.inner.degraded_backoff.as_nanos()).unwrap_or(u64::MAX);
+        let until = self.now_ns().saturating_add(backoff).max(1);
+        level.degraded_until.store(until, Ordering::Relaxed);
+        if !level.degraded.swap(true, Ordering::Relaxed) {
+            self.inner
+                .counters
+                .degradations
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                tier = %level.tier.name(),
+                error = %e,
+                backoff = ?self.inner.degraded_backoff,
+                "disk level degraded: writes skip it for the back-off (reads go on)"
+            );
+        }
+    }
+
+    /// After a successful write at level `i`: ends a degraded spell.
+    fn note_write_ok(&self, i: usize) {
+        let level = &self.inner.levels[i];
+        if level.degraded.swap(false, Ordering::Relaxed) {
+            level.degraded_until.store(0, Ordering::Relaxed);
+            tracing::info!(tier = %level.tier.name(), "disk level recovered: writes resume");
+        }
     }
 
     /// Removes `key` from every level; returns whether any held it.
@@ -434,7 +605,7 @@ impl CacheEngine {
         block: Block,
         ctx: &AccessContext,
         persist: Persist,
-    ) -> Result<()> {
+    ) -> Result<Fill> {
         let c = &self.inner.counters;
         c.fills.fetch_add(1, Ordering::Relaxed);
         c.fill_bytes.fetch_add(block.len(), Ordering::Relaxed);
@@ -444,9 +615,13 @@ impl CacheEngine {
         }
         let mut stored = false;
         let mut last_err = None;
+        // Why a persistent level that an inline put should reach does not hold the block.
+        let mut not_durable: Option<CacheError> = None;
         let mut deferred = Vec::new();
         for i in 0..self.inner.levels.len() {
             let persistent = self.inner.levels[i].tier.kind() == TierKind::Disk;
+            // Inline puts must reach every persistent level write-through reaches.
+            let must_persist = persistent && persist == Persist::Inline && self.inner.write_through;
             if stored {
                 if !(self.inner.write_through && persistent) {
                     continue;
@@ -456,10 +631,45 @@ impl CacheEngine {
                     continue;
                 }
             }
+            if persistent && self.is_degraded(i) {
+                self.inner
+                    .counters
+                    .degraded_skips
+                    .fetch_add(1, Ordering::Relaxed);
+                if must_persist {
+                    not_durable.get_or_insert_with(|| {
+                        CacheError::Full(format!(
+                            "{} is degraded after a device error",
+                            self.inner.levels[i].tier.name()
+                        ))
+                    });
+                }
+                continue;
+            }
             match self.insert_at(i, key, block.clone(), ctx).await {
-                Ok(true) => stored = true,
-                Ok(false) => {}
-                Err(e) => last_err = Some(e),
+                Ok(true) => {
+                    stored = true;
+                    if persistent {
+                        self.note_write_ok(i);
+                    }
+                }
+                Ok(false) => {
+                    if must_persist {
+                        not_durable.get_or_insert_with(|| {
+                            CacheError::Full(format!(
+                                "{} did not admit {key}",
+                                self.inner.levels[i].tier.name()
+                            ))
+                        });
+                    }
+                }
+                Err(e) => {
+                    self.note_write_error(i, &e);
+                    if must_persist {
+                        not_durable = Some(e.duplicate());
+                    }
+                    last_err = Some(e);
+                }
             }
         }
         if !deferred.is_empty() {
@@ -467,16 +677,32 @@ impl CacheEngine {
             let (key, ctx) = (key.clone(), *ctx);
             tokio::spawn(async move {
                 for i in deferred {
-                    if let Err(e) = engine.insert_at(i, &key, block.clone(), &ctx).await {
-                        tracing::debug!(%key, error = %e, "background write-through failed");
+                    if engine.is_degraded(i) {
+                        engine
+                            .inner
+                            .counters
+                            .degraded_skips
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    match engine.insert_at(i, &key, block.clone(), &ctx).await {
+                        Ok(true) => engine.note_write_ok(i),
+                        Ok(false) => {}
+                        Err(e) => {
+                            engine.note_write_error(i, &e);
+                            tracing::debug!(%key, error = %e, "background write-through failed");
+                        }
                     }
                 }
             });
         }
         match (stored, last_err) {
-            (true, _) => Ok(()),
+            (true, _) => Ok(Fill { not_durable }),
             (false, Some(e)) => Err(e),
-            (false, None) => Err(CacheError::Full(format!("no tier admitted {key}"))),
+            (false, None) => {
+                Err(not_durable
+                    .unwrap_or_else(|| CacheError::Full(format!("no tier admitted {key}"))))
+            }
         }
     }
 
@@ -506,10 +732,21 @@ impl CacheEngine {
         let (stored, mut demotions) = self.place_one(start, key, block, ctx).await?;
         let moved = ctx.moved(AccessKind::Demotion);
         while let Some((i, victim, bytes)) = demotions.pop() {
+            if self.inner.levels[i].tier.kind() == TierKind::Disk && self.is_degraded(i) {
+                // Only a cached copy is lost; the store (or the client) still has it.
+                self.inner
+                    .counters
+                    .degraded_skips
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             match self.place_one(i, &victim, bytes, &moved).await {
                 Ok((_, more)) => demotions.extend(more),
                 // A failed demotion only loses a cached copy; the store still has it.
-                Err(e) => tracing::warn!(key = %victim, error = %e, "demotion failed"),
+                Err(e) => {
+                    self.note_write_error(i, &e);
+                    tracing::debug!(key = %victim, error = %e, "demotion failed");
+                }
             }
         }
         Ok(stored)
@@ -629,6 +866,12 @@ impl CacheEngine {
             prefetch_bytes: c.prefetch_bytes.load(Ordering::Relaxed),
             lost_blocks: c.lost_blocks.load(Ordering::Relaxed),
             tracker,
+            degradations: c.degradations.load(Ordering::Relaxed),
+            degraded_skips: c.degraded_skips.load(Ordering::Relaxed),
+            degraded: (0..self.inner.levels.len())
+                .filter(|&i| self.is_degraded(i))
+                .map(|i| self.inner.levels[i].tier.name())
+                .collect(),
         }
     }
 }

@@ -39,8 +39,16 @@ use strata_types::{hash_bytes, mix64};
 
 use crate::error::CacheError;
 
-/// Version byte leading every encoded key.
-pub const KEY_ENCODING_VERSION: u8 = 1;
+/// Version byte leading every encoded key. 2: file keys carry their block size and
+/// cache format ([`FILE_FORMAT_VERSION`]). Keys of another version do not decode, so
+/// the disk tier drops entries an older build wrote (never serves them).
+pub const KEY_ENCODING_VERSION: u8 = 2;
+
+/// Version of how a file block's bytes are derived from its object (which bytes, in
+/// what form). Part of every file key, so blocks cut or transformed by another rule
+/// are never mistaken for this build's; bump it when that rule changes. 1: block `b`
+/// is the raw bytes `b * block_size .. (b + 1) * block_size` of the object version.
+pub const FILE_FORMAT_VERSION: u16 = 1;
 
 /// Default file block size (1 MiB, reasons in `strata-types`, where it is defined so
 /// the prefetch predictors share it without linking the core).
@@ -61,9 +69,17 @@ pub struct FileBlockKey {
     /// ETag or other version tag of the object; a changed object has a new key, so
     /// two versions are never mixed.
     pub version: Arc<str>,
+    /// Cache format the block was made under ([`FILE_FORMAT_VERSION`]).
+    pub format: u16,
+    /// Bytes per block of the layout this block belongs to: block 1 of a 1 MiB layout
+    /// and block 1 of a 4 MiB layout are different bytes, so different keys (a restart
+    /// with another `block_size` on the same cache directory never serves the old
+    /// layout's blocks).
+    pub block_size: u64,
     /// Block index within the object (offset / block size).
     pub block: u64,
-    /// Hash of the three fields above (last, so the derived order is unchanged).
+    /// Hash of the fields above (last; with one format and block size, as in any one
+    /// run, the derived order is (location, version, block) as before they existed).
     content_hash: u64,
 }
 
@@ -92,9 +108,14 @@ pub enum CacheKey {
 const FILE_TAG: u64 = 0x4649_4c45;
 const KV_TAG: u64 = 0x4b56;
 
-fn file_hash(location: &str, version: &str, block: u64) -> u64 {
+fn file_hash(location: &str, version: &str, format: u16, block_size: u64, block: u64) -> u64 {
     let h = mix64(FILE_TAG ^ hash_bytes(location.as_bytes()));
-    let h = mix64(h ^ hash_bytes(version.as_bytes()));
+    let mut h = mix64(h ^ hash_bytes(version.as_bytes()));
+    // Mixed in only when not the defaults, so keys of the default layout keep the hash
+    // they always had: map iteration orders, and so replay results, are unchanged.
+    if format != FILE_FORMAT_VERSION || block_size != DEFAULT_BLOCK_SIZE {
+        h = mix64(h ^ (u64::from(format) << 48) ^ block_size);
+    }
     mix64(h ^ block)
 }
 
@@ -115,6 +136,8 @@ impl PartialEq for FileBlockKey {
     fn eq(&self, o: &Self) -> bool {
         self.content_hash == o.content_hash
             && self.block == o.block
+            && self.block_size == o.block_size
+            && self.format == o.format
             && same_str(&self.location, &o.location)
             && same_str(&self.version, &o.version)
     }
@@ -154,15 +177,49 @@ impl Hash for CacheKey {
 }
 
 impl CacheKey {
+    /// Block `block` of an object version cut into [`DEFAULT_BLOCK_SIZE`] blocks (tests,
+    /// benchmarks, replays). Readers name their own block size: [`CacheKey::file_block`].
     pub fn file(location: impl Into<Arc<str>>, version: impl Into<Arc<str>>, block: u64) -> Self {
+        Self::file_block(location, version, DEFAULT_BLOCK_SIZE, block)
+    }
+
+    /// Block `block` of an object version cut into `block_size`-byte blocks, under this
+    /// build's [`FILE_FORMAT_VERSION`].
+    pub fn file_block(
+        location: impl Into<Arc<str>>,
+        version: impl Into<Arc<str>>,
+        block_size: u64,
+        block: u64,
+    ) -> Self {
+        Self::file_with_format(location, version, FILE_FORMAT_VERSION, block_size, block)
+    }
+
+    fn file_with_format(
+        location: impl Into<Arc<str>>,
+        version: impl Into<Arc<str>>,
+        format: u16,
+        block_size: u64,
+        block: u64,
+    ) -> Self {
         let location = location.into();
         let version = version.into();
         CacheKey::File(FileBlockKey {
-            content_hash: file_hash(&location, &version, block),
+            content_hash: file_hash(&location, &version, format, block_size, block),
             location,
             version,
+            format,
+            block_size,
             block,
         })
+    }
+
+    /// Whether this build can serve the bytes a key names: KV keys always, file keys
+    /// of this build's [`FILE_FORMAT_VERSION`] (a persistent tier drops the others).
+    pub fn is_current_format(&self) -> bool {
+        match self {
+            CacheKey::File(k) => k.format == FILE_FORMAT_VERSION,
+            CacheKey::Kv(_) => true,
+        }
     }
 
     pub fn kv(namespace: impl Into<Arc<str>>, hash: impl Into<Arc<[u8]>>) -> Self {
@@ -189,8 +246,8 @@ impl CacheKey {
     /// Stable, versioned byte encoding (used as the disk index key).
     ///
     /// Layout: `version:u8, kind:u8` then for files `len:u32 location, len:u32 version,
-    /// block:u64`, for KV `len:u32 namespace, len:u32 hash`; integers big-endian so that
-    /// keys of one object sort by block.
+    /// format:u16, block_size:u64, block:u64`, for KV `len:u32 namespace, len:u32 hash`;
+    /// integers big-endian so that keys of one object (and layout) sort by block.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.push(KEY_ENCODING_VERSION);
@@ -199,6 +256,8 @@ impl CacheKey {
                 out.push(b'F');
                 put_bytes(&mut out, k.location.as_bytes());
                 put_bytes(&mut out, k.version.as_bytes());
+                out.extend_from_slice(&k.format.to_be_bytes());
+                out.extend_from_slice(&k.block_size.to_be_bytes());
                 out.extend_from_slice(&k.block.to_be_bytes());
             }
             CacheKey::Kv(k) => {
@@ -225,15 +284,24 @@ impl CacheKey {
             b'F' => {
                 let location = take_str(&mut buf).ok_or_else(|| bad("location"))?;
                 let version = take_str(&mut buf).ok_or_else(|| bad("version"))?;
-                let block = buf
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
+                let format = take_array(&mut buf)
+                    .map(u16::from_be_bytes)
+                    .ok_or_else(|| bad("format"))?;
+                let block_size = take_array(&mut buf)
+                    .map(u64::from_be_bytes)
+                    .ok_or_else(|| bad("block size"))?;
+                let block = take_array(&mut buf)
                     .map(u64::from_be_bytes)
                     .ok_or_else(|| bad("block"))?;
-                if buf.len() != 8 {
+                if !buf.is_empty() {
                     return Err(bad("trailing bytes"));
                 }
-                Ok(CacheKey::file(location, version, block))
+                if block_size == 0 {
+                    return Err(bad("block size 0"));
+                }
+                Ok(CacheKey::file_with_format(
+                    location, version, format, block_size, block,
+                ))
             }
             b'K' => {
                 let ns = take_str(&mut buf).ok_or_else(|| bad("namespace"))?;
@@ -270,6 +338,12 @@ fn take_bytes<'a>(buf: &mut &'a [u8]) -> Option<&'a [u8]> {
     Some(head)
 }
 
+fn take_array<const N: usize>(buf: &mut &[u8]) -> Option<[u8; N]> {
+    let head: [u8; N] = buf.get(..N)?.try_into().ok()?;
+    *buf = buf.get(N..)?;
+    Some(head)
+}
+
 fn take_str(buf: &mut &[u8]) -> Option<String> {
     take_bytes(buf).and_then(|b| String::from_utf8(b.to_vec()).ok())
 }
@@ -283,7 +357,14 @@ impl fmt::Debug for CacheKey {
 impl fmt::Display for CacheKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CacheKey::File(k) => write!(f, "file:{}@{}#{}", k.location, k.version, k.block),
+            CacheKey::File(k) if k.block_size == DEFAULT_BLOCK_SIZE => {
+                write!(f, "file:{}@{}#{}", k.location, k.version, k.block)
+            }
+            CacheKey::File(k) => write!(
+                f,
+                "file:{}@{}#{}/{}",
+                k.location, k.version, k.block, k.block_size
+            ),
             CacheKey::Kv(k) => write!(f, "kv:{}/{}", k.namespace, hex::encode(&k.hash)),
         }
     }
@@ -296,8 +377,13 @@ mod tests {
 
     proptest! {
         #[test]
-        fn file_key_round_trips(loc in ".{0,40}", ver in "[a-f0-9]{0,32}", block in any::<u64>()) {
-            let k = CacheKey::file(loc, ver, block);
+        fn file_key_round_trips(
+            loc in ".{0,40}",
+            ver in "[a-f0-9]{0,32}",
+            bs in 1u64..(1 << 30),
+            block in any::<u64>(),
+        ) {
+            let k = CacheKey::file_block(loc, ver, bs, block);
             prop_assert_eq!(CacheKey::decode(&k.encode()).unwrap(), k);
         }
 
@@ -352,6 +438,29 @@ mod tests {
         let k = CacheKey::kv("a", b"b".to_vec());
         assert_ne!(f, k);
         assert_ne!(f.content_hash(), k.content_hash());
+    }
+
+    /// Finding 1 of issue 12: the block size and the format are part of a file key.
+    #[test]
+    fn block_size_and_format_tell_file_keys_apart() {
+        let a = CacheKey::file_block("d/f", "v", 1 << 20, 1);
+        let b = CacheKey::file_block("d/f", "v", 4 << 20, 1);
+        assert_ne!(a, b);
+        assert_ne!(a.encode(), b.encode());
+        assert_ne!(a.content_hash(), b.content_hash());
+        assert_eq!(a, CacheKey::file("d/f", "v", 1), "the default layout");
+        let old = CacheKey::file_with_format("d/f", "v", FILE_FORMAT_VERSION + 1, 1 << 20, 1);
+        assert_ne!(old, a);
+        assert!(!old.is_current_format() && a.is_current_format());
+        assert_eq!(CacheKey::decode(&old.encode()).unwrap(), old);
+        // A version-1 encoding (no format, no block size) is refused, not misread.
+        let mut v1 = vec![1u8, b'F'];
+        for s in [&b"d/f"[..], &b"v"[..]] {
+            v1.extend_from_slice(&(s.len() as u32).to_be_bytes());
+            v1.extend_from_slice(s);
+        }
+        v1.extend_from_slice(&1u64.to_be_bytes());
+        assert!(CacheKey::decode(&v1).is_err());
     }
 
     #[test]

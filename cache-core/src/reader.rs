@@ -30,7 +30,7 @@ impl ObjectReader {
         }
         Ok(ObjectReader {
             engine,
-            store,
+            store: store.with_block_size(block_size),
             block_size,
         })
     }
@@ -52,8 +52,23 @@ impl ObjectReader {
         obj.size.div_ceil(self.block_size)
     }
 
+    /// The key of block `block` of `obj` in this reader's layout (its block size is
+    /// part of the key, so blocks cut at another size are never served).
+    pub fn key(&self, obj: &ObjectInfo, block: u64) -> CacheKey {
+        CacheKey::file_block(
+            obj.path.clone(),
+            obj.version.clone(),
+            self.block_size,
+            block,
+        )
+    }
+
+    /// The key of block `block` of `obj` in the layout of the handle that listed it
+    /// ([`ObjectInfo::block_size`]): a reader's own when `obj` came from
+    /// [`ObjectReader::store`]. Prefer [`ObjectReader::key`], which cannot disagree with
+    /// the bytes the reader fetches.
     pub fn block_key(obj: &ObjectInfo, block: u64) -> CacheKey {
-        CacheKey::file(obj.path.clone(), obj.version.clone(), block)
+        CacheKey::file_block(obj.path.clone(), obj.version.clone(), obj.block_size, block)
     }
 
     /// Whole block `block` of `obj`, from the cache or the store.
@@ -68,7 +83,7 @@ impl ObjectReader {
             return Ok(Bytes::new());
         }
         let end = (start + self.block_size).min(obj.size);
-        let key = Self::block_key(obj, block);
+        let key = self.key(obj, block);
         let store = self.store.clone();
         let obj2 = obj.clone();
         self.engine
@@ -116,7 +131,7 @@ impl ObjectReader {
         let total = self.block_count(obj);
         let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
         for b in first..(first + count).min(total) {
-            if self.engine.contains(&Self::block_key(obj, b)) {
+            if self.engine.contains(&self.key(obj, b)) {
                 continue;
             }
             let reader = self.clone();

@@ -778,7 +778,7 @@ impl FsCore {
         let bs = self.reader.block_size();
         let engine = self.reader.engine();
         demand_blocks(offset, len, obj.size, bs)
-            .filter(|&b| !engine.contains(&ObjectReader::block_key(obj, b)))
+            .filter(|&b| !engine.contains(&self.reader.key(obj, b)))
             .map(|b| (obj.size - b * bs).min(bs))
             .sum()
     }
@@ -804,7 +804,7 @@ impl FsCore {
             len,
             file_size: obj.size,
             now_ns: ctx.now_ns,
-            pattern: engine.pattern_of(&ObjectReader::block_key(obj, offset / bs), ctx),
+            pattern: engine.pattern_of(&self.reader.key(obj, offset / bs), ctx),
         };
         let demand = demand_blocks(offset, len, obj.size, bs);
         let mut orders: Vec<PrefetchOrder> = Vec::new();
@@ -814,7 +814,7 @@ impl FsCore {
             let mut outcomes = Vec::new();
             if c.outstanding() > 0 {
                 for b in demand.clone() {
-                    outcomes.extend(c.demand(&ObjectReader::block_key(obj, b)));
+                    outcomes.extend(c.demand(&self.reader.key(obj, b)));
                 }
             }
             outcomes.extend(c.on_access(&ev, |k| engine.contains(k), &mut orders));
@@ -873,7 +873,7 @@ impl FsCore {
         let engine = self.reader.engine();
         let mut issued = 0u64;
         for b in order.offset / bs..=(end - 1) / bs {
-            let key = ObjectReader::block_key(obj, b);
+            let key = self.reader.key(obj, b);
             if skip.contains(&b) || engine.contains(&key) {
                 continue;
             }
@@ -932,7 +932,7 @@ impl FsCore {
         let obj2 = obj.clone();
         self.reader
             .engine()
-            .get_or_fetch(&ObjectReader::block_key(obj, block), ctx, move || {
+            .get_or_fetch(&self.reader.key(obj, block), ctx, move || {
                 flag.store(true, Ordering::Relaxed);
                 async move { store.get_range(&obj2, start..end).await }
             })

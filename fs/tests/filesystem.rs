@@ -438,7 +438,7 @@ async fn the_semantic_predictor_prefetches_the_next_shards() {
         let reader = c.reader().clone();
         let deadline = Instant::now() + Duration::from_secs(5);
         let next = fx.store.head("shards/shard-00005.tar").await.expect("head");
-        while !fx.engine.contains(&ObjectReader::block_key(&next, 0)) {
+        while !fx.engine.contains(&reader.key(&next, 0)) {
             assert!(
                 Instant::now() < deadline,
                 "shard 5 prefetched before it is read: {:?}",
@@ -537,7 +537,7 @@ async fn prefetch_outcomes_are_counted_used_and_wasted() {
                 .expect("head");
             if fx
                 .engine
-                .remove(&ObjectReader::block_key(&obj, 0))
+                .remove(&c.reader().key(&obj, 0))
                 .await
                 .expect("remove")
             {

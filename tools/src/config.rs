@@ -8,6 +8,10 @@
 //! url = "s3://bucket/prefix"          # or file:///data, memory://, gs://, az://
 //! endpoint = "http://127.0.0.1:9000"  # S3-compatible servers
 //! allow_http = true
+//! # credentials: from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...,
+//! # as object_store reads them), or the secret from a file readable by the daemon only:
+//! secret_access_key_file = "/etc/strata/s3-secret"
+//! follow_symlinks = false            # file://: links out of the root stay invisible
 //!
 //! [cache]
 //! dir = "/var/cache/strata"           # default: a fresh temp dir
@@ -53,8 +57,18 @@ pub struct StoreConfig {
     pub endpoint: Option<String>,
     pub region: Option<String>,
     pub access_key_id: Option<String>,
+    /// The secret inline (kept for existing configs; prefer the environment or
+    /// `secret_access_key_file`). Unset: `AWS_SECRET_ACCESS_KEY` etc. from the
+    /// environment, read by the store client itself.
     pub secret_access_key: Option<String>,
+    /// A file holding the secret (trailing newline ignored), so it is never in a
+    /// command line (`ps`) nor in the config file.
+    pub secret_access_key_file: Option<PathBuf>,
     pub allow_http: bool,
+    /// `file://` stores: follow symlinks that lead out of the store's root. Off: such
+    /// entries are left out of listings and not found, so a link planted in a dataset
+    /// cannot expose other files through the mount.
+    pub follow_symlinks: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -319,9 +333,83 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     Ok((n * mult as f64) as u64)
 }
 
+impl StoreConfig {
+    /// The secret key the configuration gives, inline or from its file; None: the store
+    /// client takes it from the environment (`AWS_SECRET_ACCESS_KEY`, ...).
+    pub fn secret_access_key(&self) -> anyhow::Result<Option<String>> {
+        match (&self.secret_access_key, &self.secret_access_key_file) {
+            (Some(_), Some(_)) => {
+                bail!("[store] secret_access_key and secret_access_key_file are both set; keep one")
+            }
+            (Some(s), None) => Ok(Some(s.clone())),
+            (None, Some(path)) => read_secret_file(path).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// Reads a secret from `path`: the whole file, trailing newline (or CR LF) removed.
+/// Warns when other users can read the file.
+pub fn read_secret_file(path: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("secret file {}", path.display()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        tracing::warn!(
+            file = %path.display(),
+            "secret file is readable by other users; chmod 600 it"
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading secret file {}", path.display()))?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        bail!("secret file {} is empty", path.display());
+    }
+    Ok(secret.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Finding 9 of issue 12 (secrets): the secret comes from a file (or the
+    /// environment), never needs to be on a command line; ambiguity is an error.
+    #[test]
+    fn the_secret_key_comes_from_a_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "s3cr3t/with+chars\n").expect("write");
+        let cfg: StrataConfig = toml::from_str(&format!(
+            "[store]\nurl = \"s3://b\"\nsecret_access_key_file = \"{}\"\n",
+            file.display()
+        ))
+        .expect("parse");
+        assert_eq!(
+            cfg.store.secret_access_key().expect("read").as_deref(),
+            Some("s3cr3t/with+chars")
+        );
+        let both = StoreConfig {
+            secret_access_key: Some("x".into()),
+            ..cfg.store.clone()
+        };
+        assert!(
+            both.secret_access_key().is_err(),
+            "inline and file: ambiguous"
+        );
+        let missing = StoreConfig {
+            secret_access_key_file: Some(dir.path().join("nope")),
+            ..StoreConfig::default()
+        };
+        let err = missing.secret_access_key().expect_err("missing file");
+        assert!(format!("{err:#}").contains("nope"), "{err:#}");
+        std::fs::write(&file, "\n").expect("write");
+        assert!(cfg.store.secret_access_key().is_err(), "an empty secret");
+        assert_eq!(
+            StoreConfig::default().secret_access_key().expect("none"),
+            None
+        );
+    }
 
     #[test]
     fn sizes_parse() {

@@ -35,6 +35,29 @@ pub struct FaultConfig {
     pub hang_every: u64,
     /// All reads fail while set (a store that is down).
     pub down: bool,
+    /// A key the store holds that `object_store` cannot name (as S3's `d//x`, with an
+    /// empty segment): listing its directory level fails with `InvalidPath` (as the S3
+    /// client fails the whole page), and a plain listing yields an error item for it.
+    pub bad_key: Option<String>,
+}
+
+/// The error `object_store` gives for `key`, which it cannot name.
+fn bad_key_error(key: &str) -> object_store::Error {
+    object_store::Error::InvalidPath {
+        source: object_store::path::Error::EmptySegment {
+            path: key.to_string(),
+        },
+    }
+}
+
+/// Whether `key` lies under `prefix` (None: the root).
+fn under(prefix: Option<&Path>, key: &str) -> bool {
+    match prefix {
+        None => true,
+        Some(p) => key
+            .strip_prefix(p.as_ref())
+            .is_some_and(|rest| rest.starts_with('/')),
+    }
 }
 
 /// See the module doc.
@@ -182,13 +205,23 @@ impl ObjectStore for FaultyStore {
             );
             return Box::pin(futures::stream::once(async move { Err(err) }));
         }
-        self.inner.list(prefix)
+        match cfg.bad_key {
+            Some(k) if under(prefix, &k) => {
+                let bad = futures::stream::once(async move { Err(bad_key_error(&k)) });
+                Box::pin(futures::StreamExt::chain(self.inner.list(prefix), bad))
+            }
+            _ => self.inner.list(prefix),
+        }
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.before_read(prefix.map(|p| p.as_ref()).unwrap_or(""))
+        let cfg = self
+            .before_read(prefix.map(|p| p.as_ref()).unwrap_or(""))
             .await?;
-        self.inner.list_with_delimiter(prefix).await
+        match cfg.bad_key {
+            Some(k) if under(prefix, &k) => Err(bad_key_error(&k)),
+            _ => self.inner.list_with_delimiter(prefix).await,
+        }
     }
 
     async fn copy_opts(

@@ -8,6 +8,13 @@
 //!   returned. Cloud clients' own retries are turned off so this is the only policy.
 //! - Reads of one object name its version (ETag, sent as `If-Match`): an object that
 //!   changes mid-read fails with [`CacheError::Changed`] instead of mixing versions.
+//! - A `file://` store does not follow symlinks out of its root (unless
+//!   [`StoreOptions::follow_symlinks`]): such entries are left out of listings (with a
+//!   warning) and are not found by `head` or reads, so a link planted in a dataset
+//!   cannot expose files outside it. Links that stay inside the root work.
+//! - A key the client library cannot name (S3's `d//x`: an empty segment) costs that
+//!   key, not its directory: the listing is redone key by key and the bad key skipped
+//!   with a warning.
 //! - [`faulty::FaultyStore`] wraps any store to inject latency, bandwidth limits,
 //!   errors and hangs, for tests and for the cold-read benchmarks.
 
@@ -18,9 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::StreamExt;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::{CacheError, Result};
 
@@ -56,6 +63,9 @@ pub struct StoreOptions {
     pub secret_access_key: Option<String>,
     /// Allow plain-HTTP endpoints (local test servers).
     pub allow_http: bool,
+    /// `file://` stores: follow symlinks that lead out of the root (off: such entries
+    /// are invisible).
+    pub follow_symlinks: bool,
     /// Further backend config keys, as `object_store` names them (e.g. `aws_session_token`).
     pub extra: Vec<(String, String)>,
     pub retry: RetryPolicy,
@@ -72,6 +82,11 @@ pub struct ObjectInfo {
     /// Whether `version` is a real ETag (and so can be sent as `If-Match`).
     pub has_etag: bool,
     pub last_modified_unix_ns: i64,
+    /// Block size of the layout the listing handle reads in: an [`crate::ObjectReader`]'s
+    /// store handle ([`crate::ObjectReader::store`]) sets its own, so
+    /// [`crate::ObjectReader::block_key`] names blocks of that layout; a plain handle
+    /// says [`crate::DEFAULT_BLOCK_SIZE`].
+    pub block_size: u64,
 }
 
 /// One level of a directory-style listing.
@@ -88,6 +103,13 @@ pub struct BackingStore {
     store: Arc<dyn ObjectStore>,
     label: String,
     retry: RetryPolicy,
+    /// Written into every [`ObjectInfo`] this handle returns.
+    block_size: u64,
+    /// The root directory of a `file://` store: versions of its files are taken from
+    /// our own `stat` (see [`local_version`]), not only from `object_store`'s ETag.
+    local_root: Option<Arc<std::path::Path>>,
+    /// See [`StoreOptions::follow_symlinks`].
+    follow_symlinks: bool,
 }
 
 impl std::fmt::Debug for BackingStore {
@@ -105,7 +127,17 @@ impl BackingStore {
             store,
             label: label.into(),
             retry,
+            block_size: crate::DEFAULT_BLOCK_SIZE,
+            local_root: None,
+            follow_symlinks: false,
         }
+    }
+
+    /// This handle with `block_size` written into the [`ObjectInfo`]s it returns (what
+    /// [`crate::ObjectReader::new`] does to its handle).
+    pub fn with_block_size(mut self, block_size: u64) -> Self {
+        self.block_size = block_size;
+        self
     }
 
     /// Opens a store by URL: `file:///data`, `memory://`, `s3://bucket/prefix`,
@@ -115,14 +147,17 @@ impl BackingStore {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://...".into()))?;
+        let mut local_root = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = std::path::Path::new(rest);
                 if !dir.is_dir() {
                     return Err(bad(format!("{} is not a directory", dir.display())));
                 }
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                let dir = dir.canonicalize().map_err(|e| bad(e.to_string()))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| bad(e.to_string()))?;
+                local_root = Some(Arc::from(dir.as_path()));
                 (Arc::new(fs), String::new())
             }
             "memory" => (
@@ -153,6 +188,9 @@ impl BackingStore {
             store,
             label: url.to_string(),
             retry: opts.retry.clone(),
+            block_size: crate::DEFAULT_BLOCK_SIZE,
+            local_root,
+            follow_symlinks: opts.follow_symlinks,
         })
     }
 
@@ -173,7 +211,11 @@ impl BackingStore {
                 async move { self.store.head(&p).await }
             })
             .await?;
-        Ok(info_from_meta(&meta))
+        let info = info_from_meta(&meta, self.block_size);
+        match &self.local_root {
+            Some(root) => local_info(root.clone(), info, self.follow_symlinks).await,
+            None => Ok(info),
+        }
     }
 
     /// Bytes `range` of version `obj` of an object; fails with `Changed` if the object
@@ -184,7 +226,7 @@ impl BackingStore {
         }
         let want = range.end - range.start;
         let p = Path::from(obj.path.as_ref());
-        let if_match = obj.has_etag.then(|| obj.version.to_string());
+        let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let bytes = self
             .retrying(|| {
                 let p = p.clone();
@@ -203,18 +245,43 @@ impl BackingStore {
                 bytes.len()
             )));
         }
+        // A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
+        // restores the mtime; its ctime cannot be restored. Checked after the read, so
+        // a change before or during it fails the read instead of mixing versions.
+        if let Some(root) = &self.local_root {
+            let now = local_info(root.clone(), obj.clone(), self.follow_symlinks).await?;
+            if now.version != obj.version {
+                return Err(CacheError::Changed(obj.path.to_string()));
+            }
+        }
         Ok(bytes)
     }
 
     /// One directory level under `dir` ("" for the root).
     pub async fn list_dir(&self, dir: &str) -> Result<DirListing> {
         let prefix = (!dir.is_empty()).then(|| Path::from(dir));
-        let res = self
+        let mut res = self
             .retrying(|| {
                 let prefix = prefix.clone();
-                async move { self.store.list_with_delimiter(prefix.as_ref()).await }
+                async move { self.list_level(prefix.as_ref()).await }
             })
             .await?;
+        if let Some(root) = &self.local_root {
+            if !self.follow_symlinks {
+                let root = root.clone();
+                let dirs = std::mem::take(&mut res.common_prefixes);
+                res.common_prefixes = tokio::task::spawn_blocking(move || {
+                    dirs.into_iter()
+                        .filter(|d| inside_root(&root, d.as_ref()))
+                        .collect()
+                })
+                .await
+                .map_err(|e| CacheError::Store {
+                    attempts: 1,
+                    message: format!("local stat task failed: {e}"),
+                })?;
+            }
+        }
         let strip = |p: &Path| -> String {
             let s = p.as_ref();
             let s = if dir.is_empty() {
@@ -224,26 +291,105 @@ impl BackingStore {
             };
             s.trim_start_matches('/').to_string()
         };
+        let mut files: Vec<ObjectInfo> = res
+            .objects
+            .iter()
+            .map(|m| info_from_meta(m, self.block_size))
+            .collect();
+        if let Some(root) = &self.local_root {
+            files = local_infos(root.clone(), files, self.follow_symlinks, true).await?;
+        }
         Ok(DirListing {
             dirs: res.common_prefixes.iter().map(strip).collect(),
-            files: res.objects.iter().map(info_from_meta).collect(),
+            files,
         })
     }
 
     /// Every object under `prefix`, recursively.
     pub async fn list_all(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
-        self.retrying(|| {
-            let prefix = prefix.clone();
-            async move {
-                self.store
-                    .list(prefix.as_ref())
-                    .map_ok(|m| info_from_meta(&m))
-                    .try_collect::<Vec<_>>()
-                    .await
+        let files = self
+            .retrying(|| {
+                let prefix = prefix.clone();
+                async move {
+                    let metas = self.list_skipping_bad_keys(prefix.as_ref()).await?;
+                    Ok(metas
+                        .iter()
+                        .map(|m| info_from_meta(m, self.block_size))
+                        .collect::<Vec<_>>())
+                }
+            })
+            .await?;
+        match &self.local_root {
+            Some(root) => local_infos(root.clone(), files, self.follow_symlinks, true).await,
+            None => Ok(files),
+        }
+    }
+
+    /// One level under `prefix`. If the store holds a key the client library cannot
+    /// name (an `InvalidPath` error fails the whole page), the level is rebuilt from a
+    /// plain listing that skips such keys, with a warning: one odd key must not hide
+    /// its whole directory.
+    async fn list_level(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        match self.store.list_with_delimiter(prefix).await {
+            Err(object_store::Error::InvalidPath { source }) => {
+                tracing::warn!(
+                    store = %self.label,
+                    dir = prefix.map(|p| p.as_ref()).unwrap_or(""),
+                    error = %source,
+                    "listing holds a key that cannot be named; listing key by key and skipping it"
+                );
+                let metas = self.list_skipping_bad_keys(prefix).await?;
+                let mut dirs = std::collections::BTreeSet::new();
+                let mut objects = Vec::new();
+                for m in metas {
+                    let rest: Vec<_> = match prefix {
+                        Some(p) => match m.location.prefix_match(p) {
+                            Some(parts) => parts.collect(),
+                            None => continue,
+                        },
+                        None => m.location.parts().collect(),
+                    };
+                    match rest.as_slice() {
+                        [] => {}
+                        [_file] => objects.push(m),
+                        [first, ..] => {
+                            let d = match prefix {
+                                Some(p) => p.clone().join(first.clone()),
+                                None => Path::from_iter([first.clone()]),
+                            };
+                            dirs.insert(d);
+                        }
+                    }
+                }
+                Ok(ListResult {
+                    common_prefixes: dirs.into_iter().collect(),
+                    objects,
+                    extensions: Default::default(),
+                })
             }
-        })
-        .await
+            other => other,
+        }
+    }
+
+    /// Every object under `prefix`; keys the client library cannot name are skipped
+    /// with a warning, other errors fail the listing.
+    async fn list_skipping_bad_keys(
+        &self,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<Vec<object_store::ObjectMeta>> {
+        let mut stream = self.store.list(prefix);
+        let mut out = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(m) => out.push(m),
+                Err(object_store::Error::InvalidPath { source }) => {
+                    tracing::warn!(store = %self.label, error = %source, "skipping a key that cannot be named");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// Writes an object (sample data, tests; the mount itself is read-only).
@@ -304,7 +450,7 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
     }
 }
 
-fn info_from_meta(meta: &object_store::ObjectMeta) -> ObjectInfo {
+fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInfo {
     let ns = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
     let (version, has_etag) = match &meta.e_tag {
         Some(e) => (e.clone(), true),
@@ -316,7 +462,96 @@ fn info_from_meta(meta: &object_store::ObjectMeta) -> ObjectInfo {
         version: Arc::from(version),
         has_etag,
         last_modified_unix_ns: ns,
+        block_size,
     }
+}
+
+/// Separates `object_store`'s ETag from what [`local_version`] appends to it.
+const LOCAL_VERSION_SEP: &str = "+c";
+
+/// The ETag to send as `If-Match` for a version tag (a local file's version is its
+/// ETag plus the ctime and mtime in nanoseconds).
+fn etag_of(version: &str) -> &str {
+    version
+        .split_once(LOCAL_VERSION_SEP)
+        .map_or(version, |(etag, _)| etag)
+}
+
+/// Version tag of a local file: `object_store`'s ETag (inode, mtime in µs, size) plus
+/// the ctime and mtime to the nanosecond. A file rewritten in place gets a new ctime
+/// whatever its mtime is set back to, so it gets a new version and new block keys.
+fn local_version(etag: &str, m: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!(
+        "{etag}{LOCAL_VERSION_SEP}{:x}.{:x}m{:x}.{:x}",
+        m.ctime(),
+        m.ctime_nsec(),
+        m.mtime(),
+        m.mtime_nsec()
+    )
+}
+
+/// Whether `rel` under `root` (canonical) resolves to a place inside `root`.
+fn inside_root(root: &std::path::Path, rel: &str) -> bool {
+    match std::fs::canonicalize(root.join(rel)) {
+        Ok(real) => real.starts_with(root),
+        // Gone meanwhile (or a dangling link): not something to list.
+        Err(_) => false,
+    }
+}
+
+/// `info` with its version taken from the file under `root` (see [`local_version`]).
+async fn local_info(
+    root: Arc<std::path::Path>,
+    info: ObjectInfo,
+    follow_symlinks: bool,
+) -> Result<ObjectInfo> {
+    let mut v = local_infos(root, vec![info], follow_symlinks, false).await?;
+    v.pop().ok_or_else(|| CacheError::Store {
+        attempts: 1,
+        message: "local stat returned nothing".into(),
+    })
+}
+
+/// [`local_info`] of many files, in one blocking task. Entries that lead out of the
+/// root through a symlink are skipped (`skip_escapes`, for listings) or not found.
+async fn local_infos(
+    root: Arc<std::path::Path>,
+    infos: Vec<ObjectInfo>,
+    follow_symlinks: bool,
+    skip_escapes: bool,
+) -> Result<Vec<ObjectInfo>> {
+    tokio::task::spawn_blocking(move || {
+        infos
+            .into_iter()
+            .filter(|info| {
+                if follow_symlinks || !skip_escapes || inside_root(&root, &info.path) {
+                    return true;
+                }
+                tracing::warn!(path = %info.path, "skipping a symlink out of the store root");
+                false
+            })
+            .map(|mut info| {
+                if !follow_symlinks && !inside_root(&root, &info.path) {
+                    tracing::warn!(path = %info.path, "refusing a symlink out of the store root");
+                    return Err(CacheError::NotFound(info.path.to_string()));
+                }
+                let path = root.join(info.path.as_ref());
+                let m = std::fs::metadata(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => CacheError::NotFound(info.path.to_string()),
+                    _ => CacheError::Io(e),
+                })?;
+                let etag = etag_of(&info.version).to_string();
+                info.version = Arc::from(local_version(&etag, &m));
+                Ok(info)
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| CacheError::Store {
+        attempts: 1,
+        message: format!("local stat task failed: {e}"),
+    })?
 }
 
 fn cloud_store(

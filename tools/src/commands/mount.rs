@@ -48,14 +48,49 @@ pub struct MountArgs {
     /// Allow a plain-HTTP endpoint.
     #[arg(long)]
     pub allow_http: bool,
+    /// file:// stores: follow symlinks that lead out of the store's root
+    /// (`[store] follow_symlinks`; off: such entries are invisible).
+    #[arg(long)]
+    pub follow_symlinks: bool,
     #[arg(long)]
     pub region: Option<String>,
     /// Access key (default: AWS_ACCESS_KEY_ID from the environment).
     #[arg(long)]
     pub access_key_id: Option<String>,
-    /// Secret key (default: AWS_SECRET_ACCESS_KEY from the environment).
+    /// Deprecated: a secret on the command line is visible to every local user in
+    /// `ps`. Use AWS_SECRET_ACCESS_KEY in the environment or --secret-access-key-file.
     #[arg(long)]
     pub secret_access_key: Option<String>,
+    /// File holding the secret key (default: AWS_SECRET_ACCESS_KEY from the
+    /// environment).
+    #[arg(long)]
+    pub secret_access_key_file: Option<PathBuf>,
+}
+
+/// Printed when the secret is given on the command line.
+const SECRET_FLAG_WARNING: &str = "warning: --secret-access-key is deprecated: the secret \
+     is visible to every local user in `ps`; set AWS_SECRET_ACCESS_KEY in the environment \
+     or use --secret-access-key-file";
+
+/// `argv` without `--secret-access-key` and its value, and the secret it held: the
+/// re-executed daemon gets it through its environment, not its command line.
+fn scrub_secret(
+    argv: Vec<std::ffi::OsString>,
+) -> (Vec<std::ffi::OsString>, Option<std::ffi::OsString>) {
+    const FLAG: &str = "--secret-access-key";
+    let mut out = Vec::with_capacity(argv.len());
+    let mut secret = None;
+    let mut args = argv.into_iter();
+    while let Some(a) = args.next() {
+        match a.to_str() {
+            Some(FLAG) => secret = args.next(),
+            Some(s) if s.starts_with("--secret-access-key=") => {
+                secret = Some(s[FLAG.len() + 1..].into());
+            }
+            _ => out.push(a),
+        }
+    }
+    (out, secret)
 }
 
 impl MountArgs {
@@ -69,7 +104,9 @@ impl MountArgs {
                 region: self.region.clone(),
                 access_key_id: self.access_key_id.clone(),
                 secret_access_key: self.secret_access_key.clone(),
+                secret_access_key_file: self.secret_access_key_file.clone(),
                 allow_http: self.allow_http,
+                follow_symlinks: self.follow_symlinks,
             },
             cache: CacheConfig {
                 dir: self.cache_dir.clone(),
@@ -96,6 +133,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             args.mount.mountpoint.display()
         );
     }
+    if args.secret_access_key.is_some() {
+        eprintln!("{SECRET_FLAG_WARNING}");
+    }
     if !args.foreground {
         return daemonize(&args);
     }
@@ -107,7 +147,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("locating the strata binary")?;
-    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let (mut argv, secret) = scrub_secret(std::env::args_os().skip(1).collect());
     argv.push("--foreground".into());
     let log = match &args.cache_dir {
         Some(d) => {
@@ -117,6 +157,9 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
         None => std::process::Stdio::null(),
     };
     let mut cmd = std::process::Command::new(exe);
+    if let Some(secret) = secret {
+        cmd.env("AWS_SECRET_ACCESS_KEY", secret);
+    }
     cmd.args(argv)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -157,4 +200,59 @@ pub fn is_mounted(path: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     info.lines()
         .any(|l| l.split(' ').nth(4).map(Path::new) == Some(p.as_path()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The detached daemon never carries the secret in its command line (`ps`): it
+    /// travels in the child's environment.
+    #[test]
+    fn the_secret_is_scrubbed_from_the_daemon_command_line() {
+        let argv = |v: &[&str]| -> Vec<std::ffi::OsString> { v.iter().map(|s| s.into()).collect() };
+        let (out, secret) = scrub_secret(argv(&[
+            "mount",
+            "s3://b/p",
+            "/mnt",
+            "--secret-access-key",
+            "hunter2",
+            "--region",
+            "us-east-1",
+        ]));
+        assert_eq!(
+            out,
+            argv(&["mount", "s3://b/p", "/mnt", "--region", "us-east-1"])
+        );
+        assert_eq!(secret, Some("hunter2".into()));
+        let (out, secret) = scrub_secret(argv(&["mount", "--secret-access-key=a=b", "/mnt"]));
+        assert_eq!(out, argv(&["mount", "/mnt"]));
+        assert_eq!(secret, Some("a=b".into()));
+        let (out, secret) = scrub_secret(argv(&["mount", "--secret-access-key-file", "/s"]));
+        assert_eq!(out, argv(&["mount", "--secret-access-key-file", "/s"]));
+        assert_eq!(secret, None);
+    }
+
+    #[test]
+    fn the_secret_file_flag_reaches_the_store_config() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "strata",
+            "mount",
+            "s3://b/p",
+            "/mnt/x",
+            "--secret-access-key-file",
+            "/run/secrets/s3",
+        ])
+        .expect("parse");
+        let crate::cli::Command::Mount(args) = cli.command else {
+            panic!("not a mount");
+        };
+        let cfg = args.to_config();
+        assert_eq!(
+            cfg.store.secret_access_key_file.as_deref(),
+            Some(Path::new("/run/secrets/s3"))
+        );
+        assert_eq!(cfg.store.secret_access_key, None);
+    }
 }

@@ -19,8 +19,10 @@ pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> 
         endpoint: cfg.endpoint.clone(),
         region: cfg.region.clone(),
         access_key_id: cfg.access_key_id.clone(),
-        secret_access_key: cfg.secret_access_key.clone(),
+        // Inline, from its file, or (None) from the environment by the store client.
+        secret_access_key: cfg.secret_access_key()?,
         allow_http: cfg.allow_http,
+        follow_symlinks: cfg.follow_symlinks,
         ..Default::default()
     };
     Ok(BackingStore::from_url(url, &opts)?)
@@ -45,8 +47,10 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let gpu_cfg = cfg.gpu_tier()?;
     let (cache_dir, temp) = match &cfg.dir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("creating cache dir {}", d.display()))?;
+            // 0700 and ours (a dir owned by another user is refused): it holds every
+            // tenant's KV data, copies of the store's files and the KV socket.
+            strata_cache_core::tiers::disk::private_dir(d)
+                .with_context(|| format!("cache dir {}", d.display()))?;
             (d.clone(), None)
         }
         None => {
@@ -73,6 +77,12 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let memory = Arc::new(MemoryTier::new(memory_bytes));
     levels.push(level(memory.clone(), memory_bytes)?);
     let disk_bytes = parse_size(&cfg.disk)?;
+    // Before the disk tier sizes its open-file cache from the limit: many clients
+    // and open block files must not run the daemon out of descriptors.
+    match strata_cache_core::tiers::disk::raise_fd_limit() {
+        Ok(limit) => tracing::info!(limit, "descriptor soft limit raised to the hard limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
+    }
     let disk = if disk_bytes > 0 {
         let d = Arc::new(
             DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())

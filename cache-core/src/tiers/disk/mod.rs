@@ -57,10 +57,31 @@
 //!
 //! A get reads the file, checks magic, version, header crc, that the stored key is
 //! the key asked for, that lengths and crc agree with the index, that the file is not
-//! truncated, and finally the data's crc32c (`Block::from_stored`). Any failure (or a
-//! missing file, or an I/O error) drops the block (index entry and file), counts an
-//! error, and answers `Miss`, so the engine refetches it. A corrupt block is never
-//! served.
+//! truncated, and finally the data's crc32c (`Block::from_stored`). An integrity
+//! failure (any of those checks, or a missing file) drops the block (index entry and
+//! file), counts an error, and answers `Miss`: the engine then forgets the block at
+//! this level and refetches it. A corrupt block is never served.
+//!
+//! Any other error (out of descriptors, `EIO`, `ENOMEM`, ...) says nothing about the
+//! block, only about this attempt: it counts an error and fails the get
+//! (`CacheError::Io`) with the block left in place, so a burst of `EMFILE` cannot
+//! empty the cache (the engine skips the level for that read and the store serves it).
+//!
+//! # Permissions
+//!
+//! The cache directory and its sub-directories are created `0700` and block files
+//! `0600` (the cache holds every tenant's KV data and copies of the store's files); an
+//! existing directory of ours that is more open is tightened, and one owned by another
+//! user is refused ([`private_dir`]). Block and probe files are opened with
+//! `O_NOFOLLOW` and created with `O_EXCL`, so a symlink planted in the directory is
+//! never followed.
+//!
+//! # Descriptors
+//!
+//! The open-file cache holds at most a quarter of the process's descriptor soft limit
+//! (read at open; daemons raise it to the hard limit first, [`raise_fd_limit`]), and
+//! the index keeps at most [`INDEX_MAX_OPEN_FILES`] files open, so the tier never
+//! takes the descriptors the rest of the process needs.
 //!
 //! # Recovery (`DiskTier::open`)
 //!
@@ -78,7 +99,7 @@ pub mod format;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -100,6 +121,8 @@ use format::{check_header, header_len, write_header, IndexEntry};
 
 /// Number of fan-out directories (the low byte of a file id).
 const FANOUT: u64 = 256;
+/// Files RocksDB keeps open for the index (its default is unlimited).
+pub const INDEX_MAX_OPEN_FILES: i32 = 256;
 /// Values below this are copied out of the read buffer (see `read_block`): at 64 KiB
 /// the copy costs a few microseconds and the header + padding is at most 12% extra.
 const SMALL_VALUE: usize = 64 << 10;
@@ -128,7 +151,8 @@ pub struct DiskOptions {
     /// evicts the applications' own pages.
     pub direct_io: bool,
     /// Open block files kept for reads: 1024 keeps a hot set of 1 GiB of 1 MiB blocks
-    /// open, well under the usual 64 Ki descriptor limit, and saves an `open` per hit.
+    /// open and saves an `open` per hit. Capped at a quarter of the descriptor soft
+    /// limit (read at open), so the cache can never run the process out of descriptors.
     pub fd_cache: u64,
     /// Read buffers kept for reuse (see [`BufPool`]): 64 MiB covers 64 concurrent
     /// 1 MiB hits whose values were already dropped by their readers.
@@ -153,7 +177,8 @@ pub struct RecoveryReport {
     /// Blocks kept.
     pub kept: u64,
     pub kept_bytes: u64,
-    /// Index entries that did not decode.
+    /// Index entries that did not decode (or were of another key encoding or cache
+    /// format: an older build's).
     pub bad_index_entries: u64,
     /// Entries whose file was missing or had the wrong size.
     pub bad_files: u64,
@@ -206,6 +231,61 @@ fn index_err(e: rocksdb::Error) -> CacheError {
     CacheError::Index(e.to_string())
 }
 
+/// Whether a failed read says the block itself is bad (checksum, header, truncation,
+/// or its file gone), as opposed to a failure of this attempt (descriptors, `EIO`, ...).
+fn is_integrity_failure(e: &CacheError) -> bool {
+    match e {
+        CacheError::Corrupt(_) => true,
+        CacheError::Io(e) => e.kind() == io::ErrorKind::NotFound,
+        _ => false,
+    }
+}
+
+/// The process's soft limit on open descriptors (`RLIMIT_NOFILE`), if it has one.
+pub fn fd_soft_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and reads nothing else.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// Raises the descriptor soft limit to the hard limit (what a daemon does at start, so
+/// that many clients and open block files do not run it out of descriptors). Returns
+/// the soft limit now in force.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: as in `fd_soft_limit`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct we pass.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lim.rlim_cur = lim.rlim_max;
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// The open-file cache size for `wanted`: at most a quarter of the descriptor limit.
+fn fd_cache_size(wanted: u64) -> u64 {
+    match fd_soft_limit() {
+        Some(limit) => wanted.min(limit / 4).max(1),
+        None => wanted,
+    }
+}
+
 fn is_device_full(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
@@ -232,15 +312,54 @@ fn parse_block_name(name: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
+/// Creates `dir` (and missing parents) `0700`, or checks an existing one: it must be
+/// a directory owned by this process's user (a cache in someone else's directory could
+/// be read or planted by them); a more open mode of ours is tightened to `0700`.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))?;
+    let m = fs::metadata(dir)?;
+    if !m.is_dir() {
+        return Err(CacheError::InvalidArgument(format!(
+            "cache dir {} is not a directory",
+            dir.display()
+        )));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(CacheError::InvalidArgument(format!(
+            "cache dir {} is owned by uid {}, not by this user (uid {me}): refusing to              use it (choose a directory of your own, or fix its owner)",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o077 != 0 {
+        tracing::info!(dir = %dir.display(), mode = format!("{:o}", m.mode() & 0o777), "cache dir tightened to 0700");
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Whether files in `dir` can be opened and written with `O_DIRECT`.
 fn probe_direct(dir: &Path) -> bool {
     let path = dir.join(".direct-probe");
     let ok = (|| -> io::Result<()> {
+        // A left-over probe (or anything planted under its name) is unlinked, never
+        // followed: create_new is O_EXCL, and O_NOFOLLOW besides.
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .mode(0o600)
+            .custom_flags(libc::O_DIRECT | libc::O_NOFOLLOW)
             .open(&path)?;
         let mut buf = AlignedBuf::zeroed(ALIGN);
         std::os::unix::fs::FileExt::write_all_at(&f, buf.full_mut(), 0)
@@ -274,13 +393,15 @@ impl DiskTier {
         let dir = dir.as_ref().to_path_buf();
         let data_dir = dir.join("data");
         let index_dir = dir.join("index");
-        fs::create_dir_all(&data_dir)?;
+        private_dir(&dir)?;
+        private_dir(&data_dir)?;
         for i in 0..FANOUT {
-            fs::create_dir_all(data_dir.join(format!("{i:02x}")))?;
+            private_dir(&data_dir.join(format!("{i:02x}")))?;
         }
         let mut report = RecoveryReport::default();
         let mut db_opts = rocksdb::Options::default();
         db_opts.create_if_missing(true);
+        db_opts.set_max_open_files(INDEX_MAX_OPEN_FILES);
         let db = match DB::open(&db_opts, &index_dir) {
             Ok(db) => db,
             Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
@@ -307,7 +428,15 @@ impl DiskTier {
                 .map_err(|e| e.to_string())
                 .and_then(|key| IndexEntry::decode(&v).map(|e| (key, e)));
             let (key, entry) = match decoded {
-                Ok(kv) if !ids.contains(&kv.1.file_id) && !report.wiped => kv,
+                // A key of another cache format names bytes this build does not make:
+                // dropped like an undecodable one (older key encodings do not decode).
+                Ok(kv)
+                    if !ids.contains(&kv.1.file_id)
+                        && !report.wiped
+                        && kv.0.is_current_format() =>
+                {
+                    kv
+                }
                 _ => {
                     report.bad_index_entries += 1;
                     batch.delete(&k);
@@ -380,7 +509,7 @@ impl DiskTier {
                 used,
                 ..State::default()
             }),
-            fds: moka::sync::Cache::new(options.fd_cache),
+            fds: moka::sync::Cache::new(fd_cache_size(options.fd_cache)),
             pool: BufPool::new(options.read_pool_bytes),
             next_id: AtomicU64::new(max_id + 1),
             stats,
@@ -452,9 +581,8 @@ impl DiskTier {
         let file = blocking(move || {
             let mut o = OpenOptions::new();
             o.read(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
+            let direct = if direct { libc::O_DIRECT } else { 0 };
+            o.custom_flags(direct | libc::O_NOFOLLOW);
             o.open(path)
         })
         .await?;
@@ -534,10 +662,11 @@ impl DiskTier {
         let sync = self.durability == Durability::Sync;
         let file = blocking(move || {
             let mut o = OpenOptions::new();
-            o.write(true).create_new(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
+            // 0600: block files hold tenants' data; O_EXCL and O_NOFOLLOW: never
+            // through a symlink.
+            o.write(true).create_new(true).mode(0o600);
+            let direct = if direct { libc::O_DIRECT } else { 0 };
+            o.custom_flags(direct | libc::O_NOFOLLOW);
             let f = o.open(&path)?;
             if sync {
                 // The new name must be durable too, not only the bytes.
@@ -612,10 +741,16 @@ impl Tier for DiskTier {
                 self.stats.hit(block.len());
                 Ok(TierGet::Hit(block))
             }
-            Err(e) => {
+            Err(e) if is_integrity_failure(&e) => {
                 self.drop_bad(key, entry, &e).await;
                 self.stats.miss();
                 Ok(TierGet::Miss)
+            }
+            Err(e) => {
+                // Not the block's fault: keep it, fail this read.
+                self.stats.error();
+                tracing::debug!(tier = %self.name(), %key, error = %e, "disk read failed; block kept");
+                Err(e)
             }
         }
     }

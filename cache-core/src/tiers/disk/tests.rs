@@ -335,21 +335,26 @@ async fn same_key_put_concurrently_leaves_one_file() {
     assert!((0..8).any(|i| got == data(5000, i)));
 }
 
-/// An engine whose writes fail with ENOSPC once `full` is set.
+/// An I/O engine that injects device failures: writes fail with `ENOSPC` while `full`
+/// is set (and are counted), reads fail with `read_errno` while it is not 0 (`EMFILE`,
+/// `EIO`: a failure of the attempt, not of the block).
 // The budget is the engine's (one `TierSpace` per level): concurrent puts never
 // exceeding it is asserted in cache-core/tests/engine.rs over a tier that yields in
 // every call; a tier itself only refuses for device reasons (next test).
 
 #[derive(Debug)]
-struct FillingDisk {
+struct FaultyIo {
     inner: Arc<dyn IoEngine>,
     full: AtomicBool,
+    /// Writes attempted (failed ones included).
+    writes: AtomicU64,
+    read_errno: std::sync::atomic::AtomicI32,
 }
 
 #[async_trait]
-impl IoEngine for FillingDisk {
+impl IoEngine for FaultyIo {
     fn name(&self) -> &'static str {
-        "filling"
+        "faulty"
     }
     async fn read_at(
         &self,
@@ -357,9 +362,13 @@ impl IoEngine for FillingDisk {
         offset: u64,
         buf: AlignedBuf,
     ) -> io::Result<AlignedBuf> {
-        self.inner.read_at(file, offset, buf).await
+        match self.read_errno.load(Ordering::SeqCst) {
+            0 => self.inner.read_at(file, offset, buf).await,
+            errno => Err(io::Error::from_raw_os_error(errno)),
+        }
     }
     async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         if self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
@@ -370,13 +379,19 @@ impl IoEngine for FillingDisk {
     }
 }
 
+fn faulty_io() -> Arc<FaultyIo> {
+    Arc::new(FaultyIo {
+        inner: open_engine(IoEngineKind::Auto).expect("engine"),
+        full: AtomicBool::new(false),
+        writes: AtomicU64::new(0),
+        read_errno: std::sync::atomic::AtomicI32::new(0),
+    })
+}
+
 #[tokio::test]
 async fn full_device_is_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Arc::new(FillingDisk {
-        inner: open_engine(IoEngineKind::Auto).expect("engine"),
-        full: AtomicBool::new(false),
-    });
+    let engine = faulty_io();
     let tier =
         DiskTier::open_with_engine(dir.path(), 16 << 20, DiskOptions::default(), engine.clone())
             .expect("open");
@@ -512,4 +527,267 @@ async fn second_open_of_a_live_directory_fails_without_wiping() {
     let tier = open(dir.path(), 16 << 20);
     assert!(!tier.recovery().wiped);
     assert_eq!(tier.resident(), vec![(k, 5000)]);
+}
+
+/// The disk tier over a [`FaultyIo`], and the errno its reads fail with when armed.
+fn flaky(dir: &Path, errno: i32) -> (DiskTier, Arc<FaultyIo>, i32) {
+    let engine = faulty_io();
+    let tier = DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), engine.clone())
+        .expect("open");
+    (tier, engine, errno)
+}
+
+/// Finding 2 of issue 12: a transient read error (out of descriptors, EIO) fails the
+/// read but never deletes a good block; only integrity failures drop one.
+#[tokio::test]
+async fn transient_read_errors_keep_the_block() {
+    for errno in [libc::EMFILE, libc::EIO, libc::ENFILE] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tier, engine, errno) = flaky(dir.path(), errno);
+        let key = CacheKey::kv("ns", vec![1, 2, 3]);
+        tier.put(&key, Block::new(data(100_000, 7)))
+            .await
+            .expect("put");
+        let path = tier.block_file(&key).expect("resident");
+        engine.read_errno.store(errno, Ordering::SeqCst);
+        for _ in 0..3 {
+            let err = tier.get(&key).await.expect_err("a failed read is an error");
+            assert!(matches!(err, CacheError::Io(_)), "errno {errno}: {err:?}");
+        }
+        assert!(tier.contains(&key).await, "errno {errno}: block kept");
+        assert!(path.exists(), "errno {errno}: file kept");
+        assert_eq!(tier.used_bytes(), 100_000);
+        assert_eq!(tier.stats().errors, 3);
+        engine.read_errno.store(0, Ordering::SeqCst);
+        assert_eq!(
+            get(&tier, &key).await,
+            Some(data(100_000, 7)),
+            "errno {errno}"
+        );
+    }
+}
+
+/// Through the engine: while the disk fails transiently a read is served by the fetch
+/// (the store), the block is neither forgotten nor deleted, and once the disk is back
+/// it is a disk hit again, with nothing refilled.
+#[tokio::test]
+async fn the_engine_rides_out_transient_disk_errors() {
+    use crate::{AccessContext, CacheEngine};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tier, engine, errno) = flaky(dir.path(), libc::EMFILE);
+    let tier = Arc::new(tier);
+    let cache = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("engine");
+    let ctx = AccessContext::default();
+    let key = CacheKey::kv("ns", vec![4; 8]);
+    cache.put(&key, data(50_000, 3), &ctx).await.expect("put");
+    engine.read_errno.store(errno, Ordering::SeqCst);
+    let got = cache
+        .get_or_fetch(&key, &ctx, || async { Ok(data(50_000, 3)) })
+        .await
+        .expect("served by the fetch");
+    assert_eq!(got, data(50_000, 3));
+    assert!(cache.contains(&key), "still counted");
+    assert!(tier.contains(&key).await, "still stored");
+    engine.read_errno.store(0, Ordering::SeqCst);
+    let fills = cache.stats().fills;
+    assert_eq!(
+        cache.get(&key, &ctx).await.expect("get"),
+        Some(data(50_000, 3))
+    );
+    let stats = cache.stats();
+    assert_eq!(stats.fills, fills, "nothing refilled");
+    assert_eq!(stats.lost_blocks, 0);
+}
+
+#[test]
+fn the_open_file_cache_stays_below_the_descriptor_limit() {
+    let before = fd_soft_limit().expect("a descriptor limit");
+    let raised = raise_fd_limit().expect("raise to the hard limit");
+    assert!(raised >= before);
+    let limit = fd_soft_limit().expect("a descriptor limit");
+    assert_eq!(limit, raised);
+    assert!(fd_cache_size(u64::MAX) <= limit / 4);
+    assert_eq!(fd_cache_size(3), 3.min(limit / 4).max(1));
+}
+
+/// A memory level over a disk level whose device can fill up.
+fn memory_over_filling_disk(
+    dir: &Path,
+    backoff: std::time::Duration,
+) -> (crate::CacheEngine, Arc<DiskTier>, Arc<FaultyIo>) {
+    let io = faulty_io();
+    let disk = Arc::new(
+        DiskTier::open_with_engine(dir, 16 << 20, DiskOptions::default(), io.clone())
+            .expect("open"),
+    );
+    let engine = crate::CacheEngine::builder()
+        .tier(Arc::new(crate::tiers::MemoryTier::new(16 << 20)))
+        .tier(disk.clone())
+        .degraded_backoff(backoff)
+        .build()
+        .expect("engine");
+    (engine, disk, io)
+}
+
+/// Finding 8 of issue 12: a put is acknowledged only once on disk. A failed disk write
+/// fails the put (it used to be swallowed because memory took the block), and leaves
+/// no copy behind, so the client's retry is stored, not answered "already present".
+#[tokio::test]
+async fn a_put_is_acknowledged_only_once_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), std::time::Duration::ZERO);
+    let ctx = crate::AccessContext::default();
+    let a = CacheKey::kv("ns", vec![1]);
+    engine.put(&a, data(10_000, 1), &ctx).await.expect("put");
+    assert!(disk.contains(&a).await, "acknowledged means on disk");
+
+    io.full.store(true, Ordering::SeqCst);
+    let b = CacheKey::kv("ns", vec![2]);
+    let err = engine
+        .put(&b, data(10_000, 2), &ctx)
+        .await
+        .expect_err("the disk write failed: not acknowledged");
+    assert!(matches!(err, CacheError::Full(_)), "{err:?}");
+    assert!(!engine.contains(&b), "no unacknowledged copy is left");
+    assert!(!disk.contains(&b).await);
+
+    // The retry (back-off 0: the disk is tried again) is stored once the device has room.
+    io.full.store(false, Ordering::SeqCst);
+    engine.put(&b, data(10_000, 2), &ctx).await.expect("retry");
+    assert!(disk.contains(&b).await);
+    assert_eq!(
+        engine.get(&b, &ctx).await.expect("get"),
+        Some(data(10_000, 2))
+    );
+}
+
+/// A full disk degrades the disk level: one failed write, one log line, a counter;
+/// then puts fail at once without touching the device (or, with `put_stored`, land in
+/// memory as volatile) until the back-off ends, and reads go on.
+#[tokio::test]
+async fn a_full_disk_degrades_instead_of_failing_every_put() {
+    use crate::Stored;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backoff = std::time::Duration::from_millis(300);
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), backoff);
+    let ctx = crate::AccessContext::default();
+    let old = CacheKey::kv("ns", vec![0]);
+    engine.put(&old, data(5000, 9), &ctx).await.expect("put");
+
+    io.full.store(true, Ordering::SeqCst);
+    let writes = io.writes.load(Ordering::SeqCst);
+    assert!(engine
+        .put(&CacheKey::kv("ns", vec![1]), data(5000, 1), &ctx)
+        .await
+        .is_err());
+    assert_eq!(
+        io.writes.load(Ordering::SeqCst),
+        writes + 1,
+        "one failed write"
+    );
+    let started = std::time::Instant::now();
+    for i in 2..22u8 {
+        let k = CacheKey::kv("ns", vec![i]);
+        assert!(engine.put(&k, data(5000, i), &ctx).await.is_err());
+    }
+    assert!(started.elapsed() < backoff, "degraded puts fail at once");
+    assert_eq!(
+        io.writes.load(Ordering::SeqCst),
+        writes + 1,
+        "a degraded disk is not written"
+    );
+    let k = CacheKey::kv("ns", vec![30]);
+    assert_eq!(
+        engine
+            .put_stored(&k, data(5000, 30), &ctx)
+            .await
+            .expect("put_stored"),
+        Stored::Volatile
+    );
+    assert_eq!(
+        engine.get(&k, &ctx).await.expect("get"),
+        Some(data(5000, 30))
+    );
+    assert_eq!(
+        engine.get(&old, &ctx).await.expect("get"),
+        Some(data(5000, 9))
+    );
+    let stats = engine.stats();
+    assert_eq!(stats.degradations, 1);
+    assert!(stats.degraded_skips >= 21, "{}", stats.degraded_skips);
+    assert_eq!(stats.degraded, vec![disk.name()]);
+
+    // After the back-off, with room again, puts are durable again.
+    io.full.store(false, Ordering::SeqCst);
+    tokio::time::sleep(backoff).await;
+    let k = CacheKey::kv("ns", vec![40]);
+    assert_eq!(
+        engine
+            .put_stored(&k, data(5000, 40), &ctx)
+            .await
+            .expect("put"),
+        Stored::Durable
+    );
+    assert!(disk.contains(&k).await);
+    assert!(engine.stats().degraded.is_empty());
+}
+
+fn mode_of(p: &Path) -> u32 {
+    fs::metadata(p).expect("stat").mode() & 0o777
+}
+
+/// Finding 6 of issue 12: the cache dir is private (0700), block files 0600, and a
+/// dir of ours left more open by an older build is tightened.
+#[tokio::test]
+async fn the_cache_dir_and_block_files_are_private() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("new/cache");
+    let tier = open(&dir, 16 << 20);
+    let key = CacheKey::kv("tenant-a", vec![1; 8]);
+    tier.put(&key, Block::new(data(5000, 1)))
+        .await
+        .expect("put");
+    assert_eq!(mode_of(&dir), 0o700);
+    assert_eq!(mode_of(&dir.join("data")), 0o700);
+    assert_eq!(mode_of(&dir.join("data/00")), 0o700);
+    assert_eq!(mode_of(&tier.block_file(&key).expect("file")), 0o600);
+    drop(tier);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let tier = open(&dir, 16 << 20);
+    assert_eq!(mode_of(&dir), 0o700, "tightened at open");
+    assert_eq!(get(&tier, &key).await, Some(data(5000, 1)));
+}
+
+/// A pre-existing cache dir owned by another user is refused with a clear error.
+#[test]
+fn a_cache_dir_owned_by_another_user_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: only root can give a directory to another user");
+        return;
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("theirs");
+    fs::create_dir(&dir).expect("mkdir");
+    std::os::unix::fs::chown(&dir, Some(54_321), Some(54_321)).expect("chown");
+    let err = DiskTier::open(&dir, 16 << 20, DiskOptions::default()).expect_err("refused");
+    assert!(matches!(err, CacheError::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("owned by uid 54321"), "{err}");
+    assert!(!dir.join("data").exists(), "nothing created in it");
+}
+
+/// The O_DIRECT probe never writes through a symlink planted under its name.
+#[test]
+fn the_probe_file_does_not_follow_symlinks() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("cache");
+    fs::create_dir(&dir).expect("mkdir");
+    let victim = root.path().join("precious");
+    fs::write(&victim, b"do not touch").expect("write");
+    std::os::unix::fs::symlink(&victim, dir.join(".direct-probe")).expect("symlink");
+    let _tier = open(&dir, 16 << 20);
+    assert_eq!(fs::read(&victim).expect("read"), b"do not touch");
 }
