@@ -4,7 +4,8 @@
 //! place ([`From<KvError> for tonic::Status`]), so every bad input gets the same code
 //! everywhere: malformed requests, oversized and truncated blocks are
 //! `INVALID_ARGUMENT`, an unknown namespace or a missing block `NOT_FOUND`, a cache that
-//! cannot make room `RESOURCE_EXHAUSTED`, a bad token `UNAUTHENTICATED`.
+//! cannot make room or a full in-flight budget `RESOURCE_EXHAUSTED`, a stream idle past
+//! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`.
 
 use strata_cache_core::CacheError;
 use tonic::{Code, Status};
@@ -23,6 +24,19 @@ pub enum KvError {
     /// A put stream that ended before its declared size.
     #[error("put stream ended after {got} of {declared} declared bytes; nothing stored")]
     Truncated { got: u64, declared: u64 },
+    /// A stream the client stopped sending (Put) or reading (Get) for the idle timeout;
+    /// it was aborted and released what it held.
+    #[error("{what} stream idle for more than {idle:?}: aborted, nothing kept")]
+    Idle {
+        what: &'static str,
+        idle: std::time::Duration,
+    },
+    /// The server cannot take the request now (a shared budget stayed full); retry.
+    #[error("server busy: {0}")]
+    Busy(String),
+    /// The server is shutting down.
+    #[error("server shutting down")]
+    ShuttingDown,
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -58,6 +72,9 @@ impl KvError {
                 CacheError::Corrupt(_) => Code::DataLoss,
                 _ => Code::Internal,
             },
+            KvError::Idle { .. } => Code::DeadlineExceeded,
+            KvError::Busy(_) => Code::ResourceExhausted,
+            KvError::ShuttingDown => Code::Unavailable,
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,
             KvError::Config(_) => Code::InvalidArgument,

@@ -6,11 +6,14 @@
 //! - [`client`]: [`client::KvClient`], over TCP (optionally TLS + token) or a Unix socket.
 //! - [`keys`]: the stable, versioned key derivation clients use (docs/KV_KEYS.md).
 //! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
+//! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
+//!   client from blocking the others.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 pub mod client;
 pub mod error;
 pub mod keys;
+pub mod limits;
 pub mod server;
 pub mod stats;
 

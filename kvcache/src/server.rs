@@ -11,9 +11,15 @@
 //!   `tonic::Status` once at the edge (`error.rs`).
 //! - A Put buffers its block before storing it (values are immutable, a block is stored
 //!   whole or not at all, so a truncated stream stores nothing). The bytes of all puts
-//!   in flight are bounded by a semaphore (`max_inflight_put_bytes`): many concurrent
-//!   large puts wait instead of exhausting memory; a single gRPC message is bounded by
+//!   in flight are bounded (`max_inflight_put_bytes`), and so are one connection's
+//!   (`per_connection_put_bytes`); a Put reserves the bytes it has received, not the
+//!   size it declares (`limits.rs`). A single gRPC message is bounded by
 //!   `max_message_bytes`, so a client must chunk large blocks.
+//! - Nothing waits on a client forever: a Put stream that sends nothing for
+//!   `idle_timeout` is aborted (DEADLINE_EXCEEDED, its reservation released), a Get or
+//!   BatchGet stream the client does not read for `idle_timeout` is dropped with the
+//!   block it pins; HTTP/2 keepalive closes dead connections, and one connection opens at
+//!   most `max_concurrent_streams` streams.
 //! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
 //!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
 //!   for window updates; TCP_NODELAY keeps small-block latency low.
@@ -29,18 +35,18 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use strata_cache_core::key::KV_BLOCK_MAX;
 use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{KvError, Result};
+use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
 use crate::stats::KvStats;
@@ -79,6 +85,26 @@ pub struct ServerConfig {
     /// Bytes of all puts buffered at once. Default 1 GiB: sixteen 64 MiB blocks in
     /// flight, a bounded fraction of a server's memory whatever the client count.
     pub max_inflight_put_bytes: u64,
+    /// Bytes the puts of one connection may buffer at once. Default 256 MiB, a quarter
+    /// of the global budget: one connection (however many streams it opens) leaves at
+    /// least three quarters to the others, and still buffers four largest blocks at once.
+    pub per_connection_put_bytes: u64,
+    /// A Put stream that sends nothing, or a Get stream the client does not read, for
+    /// this long is aborted and releases what it holds; a Put waits at most this long
+    /// for budget. Default 10 s: a live client sends a 1 MiB message in well under 10 ms
+    /// even over a 1 Gb/s link, so 10 s of silence mid-block is a stalled or dead client,
+    /// while a GC pause or a loaded host of a healthy one stays far below it.
+    pub idle_timeout: Duration,
+    /// Most concurrent streams one HTTP/2 connection may open. Default 256: an inference
+    /// engine multiplexes its in-flight requests over one connection (tens to a few
+    /// hundred), and the bound caps what one connection makes the server track.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 keepalive: a PING after this much silence on a connection, and the
+    /// connection is closed when the answer takes longer than `keepalive_timeout`.
+    /// Defaults 30 s / 10 s: a dead peer (host gone, cable pulled) is noticed within
+    /// 40 s, at one small frame per idle connection every 30 s.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
     /// Size of the messages a Get streams (see [`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
     /// Largest gRPC message accepted. Default 4 MiB (tonic's default): clients send
@@ -99,6 +125,11 @@ impl Default for ServerConfig {
             token: None,
             tls: None,
             max_inflight_put_bytes: 1 << 30,
+            per_connection_put_bytes: 256 << 20,
+            idle_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 256,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             max_message_bytes: 4 << 20,
             stream_window: 8 << 20,
@@ -148,6 +179,9 @@ pub async fn serve(
         .tcp_nodelay(true)
         .initial_stream_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)
+        .max_concurrent_streams(Some(cfg.max_concurrent_streams))
+        .http2_keepalive_interval(Some(cfg.keepalive_interval))
+        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
         // 1 MiB frames: fewer frames (and syscalls) per block than the 16 KiB default.
         .max_frame_size(Some((1 << 20) - 1));
     let listener = listener.into();
@@ -165,15 +199,19 @@ pub async fn serve(
         }
     }
     let router = builder.add_service(service.grpc());
+    let per_conn = cfg.per_connection_put_bytes;
     match listener {
         Listener::Tcp(l) => {
-            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            let incoming = tonic::transport::server::TcpIncoming::from(l)
+                .with_nodelay(Some(true))
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
         }
         Listener::Unix(l) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l)
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -205,7 +243,7 @@ struct Inner {
     engine: CacheEngine,
     config: ServerConfig,
     registered: HashSet<String>,
-    put_budget: Semaphore,
+    put_budget: PutBudget,
     stats: KvStats,
     started: Instant,
     top_tier: Option<TierKind>,
@@ -217,18 +255,14 @@ pub struct KvService {
     inner: Arc<Inner>,
 }
 
-/// Put budget unit: permits count KiB so that 1 GiB fits a `u32`-sized semaphore.
-const PERMIT_BYTES: u64 = 1024;
-
 impl KvService {
     pub fn new(engine: CacheEngine, config: ServerConfig) -> Self {
-        let permits = (config.max_inflight_put_bytes / PERMIT_BYTES)
-            .max(config.max_block.div_ceil(PERMIT_BYTES));
         let top_tier = engine.tier_kinds().first().copied();
         KvService {
             inner: Arc::new(Inner {
                 registered: config.namespaces.iter().cloned().collect(),
-                put_budget: Semaphore::new(permits.min(Semaphore::MAX_PERMITS as u64) as usize),
+                // At least one largest block, so a lone put of it can always proceed.
+                put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
                 stats: KvStats::default(),
                 started: Instant::now(),
                 top_tier,
@@ -256,7 +290,9 @@ impl KvService {
     }
 
     pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
-        self.inner.stats.snapshot()
+        let mut s = self.inner.stats.snapshot();
+        s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s
     }
 
     pub fn engine(&self) -> &CacheEngine {
@@ -326,8 +362,27 @@ impl KvService {
         })
     }
 
-    async fn do_put(&self, mut stream: Streaming<pb::PutRequest>) -> Result<pb::PutResponse> {
-        let first = stream.message().await?.ok_or_else(|| {
+    /// The next message of a Put stream, or [`KvError::Idle`] after `idle_timeout`.
+    async fn next_put(
+        &self,
+        stream: &mut Streaming<pb::PutRequest>,
+    ) -> Result<Option<pb::PutRequest>> {
+        let idle = self.inner.config.idle_timeout;
+        match tokio::time::timeout(idle, stream.message()).await {
+            Ok(m) => Ok(m?),
+            Err(_) => {
+                self.inner.stats.idle_aborted();
+                Err(KvError::Idle { what: "put", idle })
+            }
+        }
+    }
+
+    async fn do_put(
+        &self,
+        conn: Option<ConnInfo>,
+        mut stream: Streaming<pb::PutRequest>,
+    ) -> Result<pb::PutResponse> {
+        let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
         let ns = self.check_namespace(&first.namespace)?;
@@ -352,48 +407,73 @@ impl KvService {
                 already_present: true,
             });
         }
-        let permits = size.div_ceil(PERMIT_BYTES) as u32;
-        let _permit = self
+        // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
+        // is released when this function returns, whatever the outcome.
+        let mut reserved: Reservation = self
             .inner
             .put_budget
-            .acquire_many(permits)
-            .await
-            .map_err(|_| KvError::Invalid("server shutting down".into()))?;
-        let data = if first.data.len() as u64 == size {
-            first.data
-        } else {
-            let mut buf = BytesMut::with_capacity(size as usize);
-            buf.extend_from_slice(&first.data);
-            while (buf.len() as u64) < size {
-                let Some(msg) = stream.message().await? else {
-                    return Err(KvError::Truncated {
-                        got: buf.len() as u64,
-                        declared: size,
-                    });
-                };
-                if buf.len() as u64 + msg.data.len() as u64 > size {
-                    return Err(KvError::Invalid(format!(
-                        "got more than the declared {size} bytes"
-                    )));
-                }
-                buf.extend_from_slice(&msg.data);
+            .reservation(conn, self.inner.config.idle_timeout);
+        let mut got = first.data.len() as u64;
+        reserved.cover(got).await?;
+        let mut parts = vec![first.data];
+        while got < size {
+            let Some(msg) = self.next_put(&mut stream).await? else {
+                return Err(KvError::Truncated {
+                    got,
+                    declared: size,
+                });
+            };
+            if got + msg.data.len() as u64 > size {
+                return Err(KvError::Invalid(format!(
+                    "got more than the declared {size} bytes"
+                )));
             }
-            buf.freeze()
-        };
+            got += msg.data.len() as u64;
+            reserved.cover(got).await?;
+            if !msg.data.is_empty() {
+                parts.push(msg.data);
+            }
+        }
         // The stream must end here: more bytes mean the declared size was wrong.
-        while let Some(msg) = stream.message().await? {
+        while let Some(msg) = self.next_put(&mut stream).await? {
             if !msg.data.is_empty() {
                 return Err(KvError::Invalid(format!(
                     "got more than the declared {size} bytes"
                 )));
             }
         }
+        let data = if parts.len() == 1 {
+            parts.swap_remove(0)
+        } else {
+            // One copy into a block of its exact size (as when the buffer was
+            // preallocated from the declared size, which a stalled client could abuse).
+            let mut buf = BytesMut::with_capacity(size as usize);
+            for p in parts.drain(..) {
+                buf.extend_from_slice(&p);
+            }
+            buf.freeze()
+        };
         let ctx = self.ctx(&ns, false);
         self.inner.engine.put(&key, data, &ctx).await?;
         self.inner.stats.put(&ns, size, false);
         Ok(pb::PutResponse {
             already_present: false,
         })
+    }
+
+    /// `stream`, dropped (with the blocks it pins) when the client stops reading it.
+    fn idle_guarded<T: Send + 'static>(
+        &self,
+        stream: BoxStream<T>,
+        what: &'static str,
+    ) -> BoxStream<T> {
+        let this = self.clone();
+        Box::pin(IdleGuard::new(
+            stream,
+            self.inner.config.idle_timeout,
+            what,
+            move || this.inner.stats.idle_aborted(),
+        ))
     }
 
     /// Fetches one block, counting the hit or miss.
@@ -532,7 +612,8 @@ impl KvCache for KvService {
         &self,
         request: Request<Streaming<pb::PutRequest>>,
     ) -> std::result::Result<Response<pb::PutResponse>, Status> {
-        let r = self.do_put(request.into_inner()).await;
+        let conn = ConnInfo::of(&request);
+        let r = self.do_put(conn, request.into_inner()).await;
         self.reject(r).map(Response::new)
     }
 
@@ -562,8 +643,19 @@ impl KvCache for KvService {
                 })
             })
             .collect();
-        let stream = TimedStream::new(futures::stream::iter(msgs), self.clone(), tier, size);
-        Ok(Response::new(Box::pin(stream)))
+        let single = msgs.len() <= 1;
+        let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
+            futures::stream::iter(msgs),
+            self.clone(),
+            tier,
+            size,
+        ));
+        if single {
+            // One message: taken (and copied into the response) on the first poll, so
+            // nothing stays pinned by a client that does not read.
+            return Ok(Response::new(stream));
+        }
+        Ok(Response::new(self.idle_guarded(stream, "get")))
     }
 
     type BatchGetStream = BoxStream<pb::BatchGetResponse>;
@@ -612,7 +704,9 @@ impl KvCache for KvService {
                 }
             })
             .flat_map(futures::stream::iter);
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(
+            self.idle_guarded(Box::pin(stream), "batch get"),
+        ))
     }
 
     async fn exists(

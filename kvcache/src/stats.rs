@@ -66,6 +66,12 @@ pub struct KvStatsSnapshot {
     pub prefetch_used: u64,
     /// Requests refused with an error status (bad input, full cache, auth).
     pub rejected: u64,
+    /// Put or Get streams aborted because the client stopped sending or reading.
+    #[serde(default)]
+    pub idle_aborted: u64,
+    /// Bytes the Put streams in flight hold in the put budget now.
+    #[serde(default)]
+    pub put_reserved_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
     /// The load model's current estimates per tier.
     pub load_model: Vec<TierLoadEstimate>,
@@ -102,6 +108,7 @@ pub struct KvStats {
     prefetch_issued: AtomicU64,
     prefetch_used: AtomicU64,
     rejected: AtomicU64,
+    idle_aborted: AtomicU64,
     namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
     prefetched: Mutex<HashSet<CacheKey>>,
     prefetched_len: AtomicUsize,
@@ -175,6 +182,9 @@ impl KvStats {
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
+    pub fn idle_aborted(&self) {
+        self.idle_aborted.fetch_add(1, Ordering::Relaxed);
+    }
     /// A block staged into the fastest tier by Prefetch.
     pub fn prefetched(&self, key: CacheKey) {
         self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
@@ -218,6 +228,8 @@ impl KvStats {
             prefetch_issued: l(&self.prefetch_issued),
             prefetch_used: l(&self.prefetch_used),
             rejected: l(&self.rejected),
+            idle_aborted: l(&self.idle_aborted),
+            put_reserved_bytes: 0,
             namespaces,
             load_model: self.load.snapshot(),
         }
