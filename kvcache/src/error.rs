@@ -18,6 +18,12 @@ pub enum KvError {
     /// A malformed request (empty or oversized hash, bad namespace, missing header...).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A block smaller than the server's minimum.
+    #[error(
+        "block of {size} bytes is below the server's minimum of {min} bytes \
+         (pack smaller KV blocks together)"
+    )]
+    TooSmall { size: u64, min: u64 },
     /// A block larger than the server's limit.
     #[error("block of {size} bytes exceeds the server's limit of {limit} bytes")]
     TooLarge { size: u64, limit: u64 },
@@ -59,9 +65,10 @@ impl KvError {
     pub fn code(&self) -> Code {
         match self {
             KvError::UnknownNamespace(_) | KvError::NotFound => Code::NotFound,
-            KvError::Invalid(_) | KvError::TooLarge { .. } | KvError::Truncated { .. } => {
-                Code::InvalidArgument
-            }
+            KvError::Invalid(_)
+            | KvError::TooSmall { .. }
+            | KvError::TooLarge { .. }
+            | KvError::Truncated { .. } => Code::InvalidArgument,
             KvError::Cache(e) => match e {
                 CacheError::Full(_) => Code::ResourceExhausted,
                 CacheError::TooLarge { .. } => Code::ResourceExhausted,

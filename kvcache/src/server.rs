@@ -7,7 +7,7 @@
 //! Design:
 //! - Every request is validated before it touches the cache: namespace 1..=128 bytes of
 //!   printable UTF-8 (registered, when the server registers namespaces), hash 1..=64
-//!   bytes, declared block size 1..=`max_block`. Errors are [`KvError`], turned into a
+//!   bytes, declared block size `min_block..=max_block`. Errors are [`KvError`], turned into a
 //!   `tonic::Status` once at the edge (`error.rs`).
 //! - A Put buffers its block before storing it (values are immutable, a block is stored
 //!   whole or not at all, so a truncated stream stores nothing). The bytes of all puts
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use strata_cache_core::key::KV_BLOCK_MAX;
+use strata_cache_core::key::{KV_BLOCK_MAX, KV_BLOCK_MIN};
 use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
 use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
@@ -75,6 +75,13 @@ pub struct TlsFiles {
 pub struct ServerConfig {
     /// Largest block accepted. Default 64 MiB: the cache core's KV limit.
     pub max_block: u64,
+    /// Smallest block accepted. Default 1 KiB (the cache core's `KV_BLOCK_MIN`): one
+    /// token of the smallest served models is tens of KiB of KV, so a real block is far
+    /// above it, while each block costs a disk-tier file (a 4 KiB page at least, an
+    /// inode, two fsyncs) and its index entries whatever its size: below 1 KiB the
+    /// overhead dwarfs the data, and a flood of tiny blocks is the cheapest way to wear
+    /// the cache out.
+    pub min_block: u64,
     /// Namespaces served; empty: any namespace, created on first put.
     pub namespaces: Vec<String>,
     /// Bearer token clients must send (`authorization: Bearer <token>`); None: none.
@@ -121,6 +128,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_block: KV_BLOCK_MAX as u64,
+            min_block: KV_BLOCK_MIN as u64,
             namespaces: Vec::new(),
             token: None,
             tls: None,
@@ -263,7 +271,8 @@ impl KvService {
                 registered: config.namespaces.iter().cloned().collect(),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
-                stats: KvStats::default(),
+                // Registered namespaces are always tracked one by one.
+                stats: KvStats::with_pinned(&config.namespaces),
                 started: Instant::now(),
                 top_tier,
                 engine,
@@ -391,6 +400,10 @@ impl KvService {
         let limit = self.inner.config.max_block;
         if size == 0 {
             return Err(KvError::Invalid("declared block size is 0".into()));
+        }
+        let min = self.inner.config.min_block;
+        if size < min {
+            return Err(KvError::TooSmall { size, min });
         }
         if size > limit {
             return Err(KvError::TooLarge { size, limit });

@@ -168,6 +168,10 @@ pub struct KvConfig {
     pub unix_socket: Option<PathBuf>,
     /// Largest KV block accepted (default 64 MiB, the cache core's limit).
     pub max_block: String,
+    /// Smallest KV block accepted (default 1 KiB, the cache core's limit: below it
+    /// each block's file, inode and fsyncs cost more than its bytes; see
+    /// `strata_kvcache::ServerConfig::min_block`).
+    pub min_block: String,
     /// PEM certificate and key for TLS (required for non-loopback `listen`).
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -185,6 +189,7 @@ impl Default for KvConfig {
             listen: Some("127.0.0.1:7070".into()),
             unix_socket: None,
             max_block: "64MiB".into(),
+            min_block: "1KiB".into(),
             tls_cert: None,
             tls_key: None,
             token: None,

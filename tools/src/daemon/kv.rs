@@ -45,8 +45,14 @@ pub(crate) fn resolve(listen: &str) -> anyhow::Result<SocketAddr> {
 
 /// The KV server settings of `kv` (sizes parsed, TLS files named).
 pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
+    let max_block = parse_size(&kv.max_block).context("[kv] max_block")?;
+    let min_block = parse_size(&kv.min_block).context("[kv] min_block")?;
+    if min_block == 0 || min_block > max_block {
+        bail!("[kv] min_block = {:?} must be 1..= max_block", kv.min_block);
+    }
     Ok(ServerConfig {
-        max_block: parse_size(&kv.max_block)?,
+        max_block,
+        min_block,
         namespaces: kv.namespaces.clone(),
         token: kv.token.clone().filter(|t| !t.is_empty()),
         tls: match (&kv.tls_cert, &kv.tls_key) {
