@@ -5,7 +5,9 @@
 //! everywhere: malformed requests, oversized and truncated blocks are
 //! `INVALID_ARGUMENT`, an unknown namespace or a missing block `NOT_FOUND`, a cache that
 //! cannot make room or a full in-flight budget `RESOURCE_EXHAUSTED`, a stream idle past
-//! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`.
+//! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`, a tenant's
+//! namespace outside its patterns `PERMISSION_DENIED`, a tenant past its quota
+//! `RESOURCE_EXHAUSTED`.
 
 use strata_cache_core::CacheError;
 use tonic::{Code, Status};
@@ -43,6 +45,21 @@ pub enum KvError {
     /// The server is shutting down.
     #[error("server shutting down")]
     ShuttingDown,
+    /// A tenant named a namespace its patterns do not allow. The answer depends only on
+    /// the tenant's own patterns, so it reveals nothing about what others stored.
+    #[error("namespace {namespace:?} is not one of tenant {tenant:?}'s namespaces")]
+    Denied { tenant: String, namespace: String },
+    /// A put would take the tenant past its byte quota.
+    #[error(
+        "tenant {tenant:?} is over its quota: {used} of {quota} bytes used, a block of \
+         {size} bytes does not fit (remove blocks, or raise the quota)"
+    )]
+    Quota {
+        tenant: String,
+        used: u64,
+        size: u64,
+        quota: u64,
+    },
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -80,7 +97,8 @@ impl KvError {
                 _ => Code::Internal,
             },
             KvError::Idle { .. } => Code::DeadlineExceeded,
-            KvError::Busy(_) => Code::ResourceExhausted,
+            KvError::Busy(_) | KvError::Quota { .. } => Code::ResourceExhausted,
+            KvError::Denied { .. } => Code::PermissionDenied,
             KvError::ShuttingDown => Code::Unavailable,
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,

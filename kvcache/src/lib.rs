@@ -8,6 +8,7 @@
 //! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
 //! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
 //!   client from blocking the others.
+//! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 pub mod client;
@@ -16,6 +17,7 @@ pub mod keys;
 pub mod limits;
 pub mod server;
 pub mod stats;
+pub mod tenants;
 
 /// Generated protobuf messages and service of `strata.kv.v1`.
 pub mod pb {
@@ -27,6 +29,7 @@ pub use client::KvClient;
 pub use error::KvError;
 pub use server::{KvService, Listener, ServerConfig};
 pub use stats::KvStatsSnapshot;
+pub use tenants::TenantConfig;
 
 /// Makes rustls use `ring` for TLS. The workspace links both of rustls's providers
 /// (object_store brings aws-lc-rs), and rustls then refuses to pick one on its own.

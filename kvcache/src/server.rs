@@ -23,6 +23,10 @@
 //! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
 //!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
 //!   for window updates; TCP_NODELAY keeps small-block latency low.
+//! - Tenants (`tenants.rs`): with `tenants` configured, a request's token names its
+//!   tenant, which uses only the namespaces its patterns allow (others are
+//!   PERMISSION_DENIED), in a key space of its own, within its byte quota
+//!   (RESOURCE_EXHAUSTED past it).
 //! - Unknown namespaces: when `namespaces` is non-empty only those are served and any
 //!   other is NOT_FOUND; when empty (the default) a namespace is created by its first
 //!   put and reads of an unseen namespace are plain misses.
@@ -50,6 +54,7 @@ use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
 use crate::stats::KvStats;
+use crate::tenants::{constant_time_eq, Tenant, TenantConfig, Tenants};
 
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
@@ -85,7 +90,11 @@ pub struct ServerConfig {
     /// Namespaces served; empty: any namespace, created on first put.
     pub namespaces: Vec<String>,
     /// Bearer token clients must send (`authorization: Bearer <token>`); None: none.
+    /// Ignored when `tenants` are configured (each tenant has its own).
     pub token: Option<String>,
+    /// Tenants (`tenants.rs`); empty: the single-tenant service (any namespace, one
+    /// optional token). Check them with [`crate::tenants::check_tenants`].
+    pub tenants: Vec<TenantConfig>,
     /// TLS identity; None: plaintext (loopback and Unix socket only, enforced by the
     /// daemon, which refuses a non-loopback address without TLS and a token).
     pub tls: Option<TlsFiles>,
@@ -131,6 +140,7 @@ impl Default for ServerConfig {
             min_block: KV_BLOCK_MIN as u64,
             namespaces: Vec::new(),
             token: None,
+            tenants: Vec::new(),
             tls: None,
             max_inflight_put_bytes: 1 << 30,
             per_connection_put_bytes: 256 << 20,
@@ -251,6 +261,7 @@ struct Inner {
     engine: CacheEngine,
     config: ServerConfig,
     registered: HashSet<String>,
+    tenants: Arc<Tenants>,
     put_budget: PutBudget,
     stats: KvStats,
     started: Instant,
@@ -269,6 +280,7 @@ impl KvService {
         KvService {
             inner: Arc::new(Inner {
                 registered: config.namespaces.iter().cloned().collect(),
+                tenants: Arc::new(Tenants::new(&config.tenants)),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
                 // Registered namespaces are always tracked one by one.
@@ -293,6 +305,7 @@ impl KvService {
             svc,
             TokenCheck {
                 token: self.inner.config.token.clone().map(Arc::from),
+                tenants: self.inner.tenants.clone(),
                 stats: self.clone(),
             },
         )
@@ -319,7 +332,17 @@ impl KvService {
         }
     }
 
-    fn check_namespace(&self, ns: &str) -> Result<Arc<str>> {
+    /// The cache namespace of the client's `ns`: checked, and scoped to the tenant
+    /// when tenants are configured (`tenants.rs`).
+    fn scope(&self, ns: &str, tenant: Option<&Tenant>) -> Result<Arc<str>> {
+        self.check_namespace(ns)?;
+        match tenant {
+            Some(t) => t.scope(ns),
+            None => Ok(Arc::from(ns)),
+        }
+    }
+
+    fn check_namespace(&self, ns: &str) -> Result<()> {
         if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
             return Err(KvError::Invalid(format!(
                 "namespace must be 1..={MAX_NAMESPACE_LEN} bytes, got {}",
@@ -334,7 +357,7 @@ impl KvService {
         if !self.inner.registered.is_empty() && !self.inner.registered.contains(ns) {
             return Err(KvError::UnknownNamespace(ns.to_string()));
         }
-        Ok(Arc::from(ns))
+        Ok(())
     }
 
     fn key(&self, ns: &Arc<str>, hash: &[u8]) -> Result<CacheKey> {
@@ -347,8 +370,13 @@ impl KvService {
         Ok(CacheKey::kv(ns.clone(), hash))
     }
 
-    fn keys(&self, ns: &str, hashes: &[Bytes]) -> Result<(Arc<str>, Vec<CacheKey>)> {
-        let ns = self.check_namespace(ns)?;
+    fn keys(
+        &self,
+        ns: &str,
+        hashes: &[Bytes],
+        tenant: Option<&Tenant>,
+    ) -> Result<(Arc<str>, Vec<CacheKey>)> {
+        let ns = self.scope(ns, tenant)?;
         if hashes.len() > MAX_BATCH_KEYS {
             return Err(KvError::Invalid(format!(
                 "at most {MAX_BATCH_KEYS} keys per request, got {}",
@@ -389,12 +417,13 @@ impl KvService {
     async fn do_put(
         &self,
         conn: Option<ConnInfo>,
+        tenant: Option<Arc<Tenant>>,
         mut stream: Streaming<pb::PutRequest>,
     ) -> Result<pb::PutResponse> {
         let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
-        let ns = self.check_namespace(&first.namespace)?;
+        let ns = self.scope(&first.namespace, tenant.as_deref())?;
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
         let limit = self.inner.config.max_block;
@@ -420,6 +449,16 @@ impl KvService {
                 already_present: true,
             });
         }
+        // The tenant's quota first, so a tenant past it fails before sending the block;
+        // the charge is refunded unless the block is stored.
+        let mut charge = match &tenant {
+            Some(t) if t.charge(&key, size, &self.inner.engine)? => Some(QuotaCharge {
+                tenant: t,
+                key: &key,
+                keep: false,
+            }),
+            _ => None,
+        };
         // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
         // is released when this function returns, whatever the outcome.
         let mut reserved: Reservation = self
@@ -468,6 +507,9 @@ impl KvService {
         };
         let ctx = self.ctx(&ns, false);
         self.inner.engine.put(&key, data, &ctx).await?;
+        if let Some(c) = charge.as_mut() {
+            c.keep = true;
+        }
         self.inner.stats.put(&ns, size, false);
         Ok(pb::PutResponse {
             already_present: false,
@@ -527,35 +569,63 @@ fn tier_pb(t: Option<TierKind>) -> Tier {
     }
 }
 
-/// Checks the bearer token (when one is configured) of every request.
+/// The tenant a request authenticated as (set by [`TokenCheck`]).
 #[derive(Clone)]
-pub struct TokenCheck {
-    token: Option<Arc<str>>,
-    stats: KvService,
+struct AuthTenant(Arc<Tenant>);
+
+fn tenant_of<T>(req: &Request<T>) -> Option<Arc<Tenant>> {
+    req.extensions().get::<AuthTenant>().map(|a| a.0.clone())
 }
 
-impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
-        let Some(want) = &self.token else {
-            return Ok(req);
-        };
-        let got = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match got {
-            Some(t) if constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(req),
-            _ => {
-                self.stats.inner.stats.rejected();
-                Err(Status::unauthenticated("missing or wrong bearer token"))
-            }
+/// A tenant's quota charge for one put, refunded on drop unless kept (the put failed,
+/// was aborted or truncated).
+struct QuotaCharge<'a> {
+    tenant: &'a Tenant,
+    key: &'a CacheKey,
+    keep: bool,
+}
+
+impl Drop for QuotaCharge<'_> {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.tenant.forget(self.key);
         }
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Checks the bearer token of every request: a tenant's token when tenants are
+/// configured (the request then carries its tenant), else the one token if set.
+#[derive(Clone)]
+pub struct TokenCheck {
+    token: Option<Arc<str>>,
+    tenants: Arc<Tenants>,
+    stats: KvService,
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if self.tenants.is_empty() && self.token.is_none() {
+            return Ok(req);
+        }
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::as_bytes);
+        if !self.tenants.is_empty() {
+            if let Some(t) = got.and_then(|g| self.tenants.authenticate(g)) {
+                req.extensions_mut().insert(AuthTenant(t));
+                return Ok(req);
+            }
+        } else if let (Some(want), Some(g)) = (&self.token, got) {
+            if constant_time_eq(g, want.as_bytes()) {
+                return Ok(req);
+            }
+        }
+        self.stats.inner.stats.rejected();
+        Err(Status::unauthenticated("missing or wrong bearer token"))
+    }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
@@ -626,7 +696,8 @@ impl KvCache for KvService {
         request: Request<Streaming<pb::PutRequest>>,
     ) -> std::result::Result<Response<pb::PutResponse>, Status> {
         let conn = ConnInfo::of(&request);
-        let r = self.do_put(conn, request.into_inner()).await;
+        let tenant = tenant_of(&request);
+        let r = self.do_put(conn, tenant, request.into_inner()).await;
         self.reject(r).map(Response::new)
     }
 
@@ -636,9 +707,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let ns = self.check_namespace(&req.namespace)?;
+            let ns = self.scope(&req.namespace, tenant.as_deref())?;
             let key = self.key(&ns, &req.hash)?;
             self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)
         }
@@ -677,8 +749,9 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes))?;
+        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes, tenant.as_deref()))?;
         let this = self.clone();
         // Blocks are fetched one at a time as the client drains the stream, so a batch
         // never holds more than one block beyond what the cache already holds.
@@ -726,9 +799,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::ExistsRequest>,
     ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = (|| {
-            let ns = self.check_namespace(&req.namespace)?;
+            let ns = self.scope(&req.namespace, tenant.as_deref())?;
             let key = self.key(&ns, &req.hash)?;
             self.inner.stats.lookups(1);
             let tier = self.inner.engine.locate(&key);
@@ -744,13 +818,16 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchExistsRequest>,
     ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
-            self.inner.stats.lookups(keys.len() as u64);
-            pb::BatchExistsResponse {
-                exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
-            }
-        });
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(_, keys)| {
+                self.inner.stats.lookups(keys.len() as u64);
+                pb::BatchExistsResponse {
+                    exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
+                }
+            });
         self.reject(r).map(Response::new)
     }
 
@@ -758,17 +835,20 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::MatchPrefixRequest>,
     ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
-            let matched = keys
-                .iter()
-                .take_while(|k| self.inner.engine.contains(k))
-                .count();
-            self.inner.stats.lookups(matched as u64 + 1);
-            pb::MatchPrefixResponse {
-                matched: matched as u32,
-            }
-        });
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(_, keys)| {
+                let matched = keys
+                    .iter()
+                    .take_while(|k| self.inner.engine.contains(k))
+                    .count();
+                self.inner.stats.lookups(matched as u64 + 1);
+                pb::MatchPrefixResponse {
+                    matched: matched as u32,
+                }
+            });
         self.reject(r).map(Response::new)
     }
 
@@ -776,13 +856,17 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let (_, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let (_, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let mut removed = 0u32;
             for k in &keys {
                 if self.inner.engine.remove(k).await? {
                     removed += 1;
+                }
+                if let Some(t) = &tenant {
+                    t.forget(k);
                 }
             }
             self.inner.stats.removed(removed as u64);
@@ -796,9 +880,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::PrefetchRequest>,
     ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let (ns, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let (ns, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let ctx = self.ctx(&ns, true);
             let mut resp = pb::PrefetchResponse::default();
             for k in keys {
@@ -826,34 +911,37 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::EstimateLoadRequest>,
     ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(ns, keys)| {
-            // Unknown block size: the namespace's mean put size, else 1 MiB (a
-            // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
-            let bytes = match req.block_bytes {
-                0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
-                b => b,
-            };
-            let model = &self.inner.stats.load;
-            let mut resp = pb::EstimateLoadResponse::default();
-            let mut in_prefix = true;
-            for k in &keys {
-                let tier = self.inner.engine.locate(k);
-                let load_us = model.estimate_us(tier, bytes);
-                if in_prefix && tier.is_some() {
-                    resp.matched += 1;
-                    resp.total_us += load_us;
-                } else {
-                    in_prefix = false;
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(ns, keys)| {
+                // Unknown block size: the namespace's mean put size, else 1 MiB (a
+                // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+                let bytes = match req.block_bytes {
+                    0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+                    b => b,
+                };
+                let model = &self.inner.stats.load;
+                let mut resp = pb::EstimateLoadResponse::default();
+                let mut in_prefix = true;
+                for k in &keys {
+                    let tier = self.inner.engine.locate(k);
+                    let load_us = model.estimate_us(tier, bytes);
+                    if in_prefix && tier.is_some() {
+                        resp.matched += 1;
+                        resp.total_us += load_us;
+                    } else {
+                        in_prefix = false;
+                    }
+                    resp.blocks.push(pb::BlockLoad {
+                        tier: tier_pb(tier) as i32,
+                        load_us,
+                    });
                 }
-                resp.blocks.push(pb::BlockLoad {
-                    tier: tier_pb(tier) as i32,
-                    load_us,
-                });
-            }
-            self.inner.stats.lookups(keys.len() as u64);
-            resp
-        });
+                self.inner.stats.lookups(keys.len() as u64);
+                resp
+            });
         self.reject(r).map(Response::new)
     }
 

@@ -20,6 +20,16 @@
 //! [kv]
 //! listen = "127.0.0.1:7070"
 //!
+//! [[kv.tenants]]                      # none: the single-tenant loopback demo
+//! name = "team-a"
+//! token_file = "/etc/strata/team-a.token"   # or token = "..."
+//! namespaces = ["llama3-*"]           # patterns: * any run, ? one character
+//! quota = "20GiB"                     # bytes of blocks the tenant may keep cached
+//!
+//! [admin]
+//! listen = "127.0.0.1:7071"
+//! token_file = "/etc/strata/admin.token"    # required off-loopback and with tenants
+//!
 //! [[mounts]]                          # as `strata mount`; same fields, same defaults
 //! mountpoint = "/mnt/data"
 //! prefix = "train"                    # a sub-tree of the store (optional)
@@ -180,6 +190,59 @@ pub struct KvConfig {
     /// Namespaces served (e.g. "llama3-8b/tenant-a"); empty: any namespace, created
     /// on first put. When set, any other namespace is refused with NOT_FOUND.
     pub namespaces: Vec<String>,
+    /// Tenants (`[[kv.tenants]]`): each with its own token, namespace patterns, key
+    /// space and byte quota (`strata_kvcache::tenants`). None: the single-tenant demo,
+    /// where any client that reaches the service may read, overwrite and remove any
+    /// namespace (the daemon says so at start).
+    pub tenants: Vec<KvTenantConfig>,
+}
+
+/// One `[[kv.tenants]]` entry.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvTenantConfig {
+    /// Letters, digits, '-', '_' and '.'; shown in stats.
+    pub name: String,
+    /// The tenant's bearer token; or `token_file`, a file holding it (kept out of the
+    /// config file and of `ps`). Exactly one of the two.
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    /// Namespace patterns the tenant may use: `*` any run of characters, `?` one.
+    pub namespaces: Vec<String>,
+    /// Bytes of blocks the tenant may keep cached (e.g. "20GiB"); required, so one
+    /// tenant cannot fill the cache for all.
+    pub quota: String,
+}
+
+impl std::fmt::Debug for KvTenantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvTenantConfig")
+            .field("name", &self.name)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("namespaces", &self.namespaces)
+            .field("quota", &self.quota)
+            .finish()
+    }
+}
+
+/// A secret given inline or in a file (trimmed), for error messages as `what`; None
+/// when neither is set, an error when both are.
+pub fn secret(
+    what: &str,
+    inline: Option<&str>,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<String>> {
+    match (inline, file) {
+        (Some(_), Some(_)) => bail!("{what}: set token or token_file, not both"),
+        (Some(t), None) => Ok(Some(t.to_string())),
+        (None, Some(f)) => {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("{what}: reading token_file {}", f.display()))?;
+            Ok(Some(t.trim().to_string()))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 impl Default for KvConfig {
@@ -194,6 +257,7 @@ impl Default for KvConfig {
             tls_key: None,
             token: None,
             namespaces: Vec::new(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -203,12 +267,20 @@ impl Default for KvConfig {
 pub struct AdminConfig {
     /// HTTP address of the admin API and Prometheus `/metrics`.
     pub listen: Option<String>,
+    /// Admin bearer token (or `token_file`). When set, every endpoint but `/healthz`
+    /// requires it; without it the API is read-only. Required when `listen` is not
+    /// loopback, and when `[[kv.tenants]]` are configured (the stats name every
+    /// tenant's namespaces).
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: Some("127.0.0.1:7071".into()),
+            token: None,
+            token_file: None,
         }
     }
 }

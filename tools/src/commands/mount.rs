@@ -83,6 +83,7 @@ impl MountArgs {
             },
             admin: AdminConfig {
                 listen: self.admin.clone(),
+                ..Default::default()
             },
             mounts: vec![self.mount.clone()],
         }
