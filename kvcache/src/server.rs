@@ -217,7 +217,8 @@ pub async fn serve(
         }
     }
     let router = builder.add_service(service.grpc());
-    let per_conn = cfg.per_connection_put_bytes;
+    // At least one largest block, so a lone put of it on a connection can proceed.
+    let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
     match listener {
         Listener::Tcp(l) => {
             let incoming = tonic::transport::server::TcpIncoming::from(l)

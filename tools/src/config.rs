@@ -182,6 +182,10 @@ pub struct KvConfig {
     /// each block's file, inode and fsyncs cost more than its bytes; see
     /// `strata_kvcache::ServerConfig::min_block`).
     pub min_block: String,
+    /// Seconds a Put stream may send nothing, or a Get stream go unread, before it is
+    /// aborted and releases what it holds (default 10: see
+    /// `strata_kvcache::ServerConfig::idle_timeout`).
+    pub idle_timeout_secs: u64,
     /// PEM certificate and key for TLS (required for non-loopback `listen`).
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -253,6 +257,7 @@ impl Default for KvConfig {
             unix_socket: None,
             max_block: "64MiB".into(),
             min_block: "1KiB".into(),
+            idle_timeout_secs: 10,
             tls_cert: None,
             tls_key: None,
             token: None,

@@ -57,6 +57,7 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
         max_block,
         min_block,
         tenants,
+        idle_timeout: std::time::Duration::from_secs(kv.idle_timeout_secs.max(1)),
         namespaces: kv.namespaces.clone(),
         token: kv.token.clone().filter(|t| !t.is_empty()),
         tls: match (&kv.tls_cert, &kv.tls_key) {
