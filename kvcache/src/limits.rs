@@ -7,7 +7,8 @@
 //!   many streams it opens) cannot take the whole budget from the others. Waiting for
 //!   budget is bounded by the idle timeout: past it the Put fails with
 //!   RESOURCE_EXHAUSTED and releases what it held, so Puts that fill the budget between
-//!   them cannot wait on each other forever.
+//!   them cannot wait on each other forever. With tenants, each tenant has a share too
+//!   (`per_tenant_put_bytes`), so one tenant's many connections cannot take it all.
 //! - [`ConnIo`]: wraps every accepted connection so its requests carry a [`ConnInfo`]
 //!   (the connection's budget) in their extensions.
 //! - [`IdleGuard`]: a response stream the client stops reading is dropped (and with it
@@ -36,7 +37,8 @@ fn permits_for(bytes: u64) -> u64 {
     bytes.div_ceil(PERMIT_BYTES)
 }
 
-fn semaphore(bytes: u64) -> Arc<Semaphore> {
+/// A budget of `bytes`, in permits of [`PERMIT_BYTES`].
+pub(crate) fn semaphore(bytes: u64) -> Arc<Semaphore> {
     Arc::new(Semaphore::new(
         permits_for(bytes).min(Semaphore::MAX_PERMITS as u64) as usize,
     ))
@@ -144,11 +146,17 @@ impl PutBudget {
         (self.total_permits - self.global.available_permits() as u64) * PERMIT_BYTES
     }
 
-    /// An empty reservation for one Put stream on `conn`.
-    pub fn reservation(&self, conn: Option<ConnInfo>, wait: Duration) -> Reservation {
+    /// An empty reservation for one Put stream on `conn`, by the tenant whose
+    /// in-flight share is `tenant`.
+    pub fn reservation(
+        &self,
+        conn: Option<ConnInfo>,
+        tenant: Option<Arc<Semaphore>>,
+        wait: Duration,
+    ) -> Reservation {
         Reservation {
             global: self.global.clone(),
-            conn,
+            shares: conn.map(|c| c.budget).into_iter().chain(tenant).collect(),
             wait,
             held: Vec::new(),
             permits: 0,
@@ -160,7 +168,8 @@ impl PutBudget {
 /// was aborted as idle).
 pub struct Reservation {
     global: Arc<Semaphore>,
-    conn: Option<ConnInfo>,
+    /// The connection's share, then the tenant's.
+    shares: Vec<Arc<Semaphore>>,
     wait: Duration,
     held: Vec<OwnedSemaphorePermit>,
     permits: u64,
@@ -176,25 +185,23 @@ impl Reservation {
         let n = u32::try_from(need).map_err(|_| KvError::Invalid("block too large".into()))?;
         let wait = self.wait;
         let acquire = async {
-            // The connection's share first: a connection over its share waits on its
-            // own streams and takes nothing from the others' global budget meanwhile.
-            let conn = match &self.conn {
-                Some(c) => Some(c.budget.clone().acquire_many_owned(n).await),
-                None => None,
-            };
-            let global = self.global.clone().acquire_many_owned(n).await;
-            (conn, global)
+            // The connection's and the tenant's shares first: a connection or tenant
+            // over its share waits on its own streams and takes nothing from the
+            // others' global budget meanwhile.
+            let mut got = Vec::with_capacity(self.shares.len() + 1);
+            for s in self.shares.iter().chain(std::iter::once(&self.global)) {
+                let p = s.clone().acquire_many_owned(n).await;
+                got.push(p.map_err(|_| KvError::ShuttingDown)?);
+            }
+            Ok::<_, KvError>(got)
         };
         match tokio::time::timeout(wait, acquire).await {
-            Ok((conn, Ok(global))) => {
-                if let Some(c) = conn {
-                    self.held.push(c.map_err(|_| KvError::ShuttingDown)?);
-                }
-                self.held.push(global);
+            Ok(Ok(got)) => {
+                self.held.extend(got);
                 self.permits += need;
                 Ok(())
             }
-            Ok((_, Err(_))) => Err(KvError::ShuttingDown),
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(KvError::Busy(format!(
                 "the server's in-flight put budget stayed full for {wait:?}; retry later"
             ))),
@@ -345,7 +352,7 @@ mod tests {
     async fn a_reservation_covers_what_arrives_and_releases_on_drop() {
         let b = PutBudget::new(4 << 10);
         let conn = ConnInfo::new(2 << 10);
-        let mut r = b.reservation(Some(conn.clone()), Duration::from_millis(50));
+        let mut r = b.reservation(Some(conn.clone()), None, Duration::from_millis(50));
         r.cover(1).await.expect("1 byte");
         assert_eq!(b.reserved_bytes(), 1 << 10);
         r.cover(2 << 10).await.expect("2 KiB");
@@ -355,7 +362,7 @@ mod tests {
             .await
             .expect_err("over the connection's share");
         assert!(matches!(e, KvError::Busy(_)), "{e}");
-        let mut other = b.reservation(None, Duration::from_millis(50));
+        let mut other = b.reservation(None, None, Duration::from_millis(50));
         other
             .cover(2 << 10)
             .await
@@ -363,5 +370,13 @@ mod tests {
         drop(r);
         drop(other);
         assert_eq!(b.reserved_bytes(), 0);
+        // A tenant's share caps it across connections.
+        let tenant = semaphore(2 << 10);
+        let mut t1 = b.reservation(None, Some(tenant.clone()), Duration::from_millis(50));
+        let mut t2 = b.reservation(None, Some(tenant), Duration::from_millis(50));
+        t1.cover(2 << 10).await.expect("the tenant's share");
+        assert!(matches!(t2.cover(1).await, Err(KvError::Busy(_))));
+        drop(t1);
+        t2.cover(1).await.expect("freed");
     }
 }

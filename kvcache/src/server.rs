@@ -105,6 +105,10 @@ pub struct ServerConfig {
     /// of the global budget: one connection (however many streams it opens) leaves at
     /// least three quarters to the others, and still buffers four largest blocks at once.
     pub per_connection_put_bytes: u64,
+    /// Bytes the puts of one tenant may buffer at once, over all its connections.
+    /// Default 512 MiB, half the global budget: one tenant, however many connections it
+    /// opens, leaves at least half to the others.
+    pub per_tenant_put_bytes: u64,
     /// A Put stream that sends nothing, or a Get stream the client does not read, for
     /// this long is aborted and releases what it holds; a Put waits at most this long
     /// for budget. Default 10 s: a live client sends a 1 MiB message in well under 10 ms
@@ -144,6 +148,7 @@ impl Default for ServerConfig {
             tls: None,
             max_inflight_put_bytes: 1 << 30,
             per_connection_put_bytes: 256 << 20,
+            per_tenant_put_bytes: 512 << 20,
             idle_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             keepalive_interval: Duration::from_secs(30),
@@ -281,7 +286,10 @@ impl KvService {
         KvService {
             inner: Arc::new(Inner {
                 registered: config.namespaces.iter().cloned().collect(),
-                tenants: Arc::new(Tenants::new(&config.tenants)),
+                tenants: Arc::new(Tenants::new(
+                    &config.tenants,
+                    config.per_tenant_put_bytes.max(config.max_block),
+                )),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
                 // Registered namespaces are always tracked one by one.
@@ -462,10 +470,11 @@ impl KvService {
         };
         // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
         // is released when this function returns, whatever the outcome.
-        let mut reserved: Reservation = self
-            .inner
-            .put_budget
-            .reservation(conn, self.inner.config.idle_timeout);
+        let mut reserved: Reservation = self.inner.put_budget.reservation(
+            conn,
+            tenant.as_ref().map(|t| t.inflight()),
+            self.inner.config.idle_timeout,
+        );
         let mut got = first.data.len() as u64;
         reserved.cover(got).await?;
         let mut parts = vec![first.data];

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_cache_core::{CacheEngine, CacheKey};
+use tokio::sync::Semaphore;
 
 use crate::error::{KvError, Result};
 
@@ -141,11 +142,15 @@ pub struct Tenant {
     patterns: Vec<String>,
     quota: u64,
     ledger: Mutex<Ledger>,
+    /// The tenant's share of the in-flight put budget (`limits.rs`).
+    inflight: Arc<Semaphore>,
 }
 
 impl Tenant {
-    pub fn new(cfg: &TenantConfig) -> Self {
+    /// `inflight_bytes`: the most its puts may buffer at once, over all connections.
+    pub fn new(cfg: &TenantConfig, inflight_bytes: u64) -> Self {
         Tenant {
+            inflight: crate::limits::semaphore(inflight_bytes),
             name: cfg.name.clone(),
             token: cfg.token.as_bytes().into(),
             patterns: cfg.namespaces.clone(),
@@ -160,6 +165,11 @@ impl Tenant {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The tenant's share of the in-flight put budget.
+    pub fn inflight(&self) -> Arc<Semaphore> {
+        self.inflight.clone()
     }
 
     /// The cache namespace of the tenant's `ns`, or PERMISSION_DENIED when its patterns
@@ -226,9 +236,12 @@ pub struct Tenants {
 }
 
 impl Tenants {
-    pub fn new(cfgs: &[TenantConfig]) -> Self {
+    pub fn new(cfgs: &[TenantConfig], inflight_bytes: u64) -> Self {
         Tenants {
-            list: cfgs.iter().map(|c| Arc::new(Tenant::new(c))).collect(),
+            list: cfgs
+                .iter()
+                .map(|c| Arc::new(Tenant::new(c, inflight_bytes)))
+                .collect(),
         }
     }
 
@@ -296,7 +309,7 @@ mod tests {
 
     #[test]
     fn tokens_find_their_tenant_and_scope_namespaces() {
-        let ts = Tenants::new(&[cfg("a", "t1"), cfg("b", "t2")]);
+        let ts = Tenants::new(&[cfg("a", "t1"), cfg("b", "t2")], 1 << 20);
         assert_eq!(
             ts.authenticate(b"t2").map(|t| t.name().to_string()),
             Some("b".into())

@@ -198,6 +198,77 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
+    let tenant = |name: &str| strata_kvcache::TenantConfig {
+        name: name.into(),
+        token: format!("tok-{name}"),
+        namespaces: vec![NS.into()],
+        quota_bytes: 1 << 30,
+    };
+    let cfg = ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_put_bytes: 16 << 20,
+        per_connection_put_bytes: 4 << 20,
+        per_tenant_put_bytes: 8 << 20,
+        tenants: vec![tenant("a"), tenant("b")],
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let connect = |token: &'static str| {
+        let addr = server.addr.clone();
+        async move {
+            KvClient::connect_with(
+                &addr,
+                strata_kvcache::client::ClientOptions {
+                    token: Some(token.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("connect")
+        }
+    };
+    // Tenant a: four connections, each with a stream holding 2 of 4 declared MiB and
+    // one more waiting: 16 MiB, the whole budget, without a tenant share.
+    let mut stalled = Vec::new();
+    for conn in 0..4 {
+        let c = connect("tok-a").await;
+        for i in 0..2 {
+            let mut c = c.clone();
+            let hash = format!("hog-{conn}-{i}").into_bytes();
+            stalled.push(tokio::spawn(async move {
+                let mut req = tonic::Request::new(stalled_put(hash, 4 << 20, 2 << 20));
+                req.metadata_mut()
+                    .insert("authorization", "Bearer tok-a".parse().expect("header"));
+                c.raw().put(req).await.map(|r| r.into_inner())
+            }));
+        }
+    }
+    wait_for(&server.service, "tenant a's share taken", |s| {
+        s.put_reserved_bytes >= 8 << 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.service.stats().put_reserved_bytes,
+        8 << 20,
+        "one tenant holds at most its share"
+    );
+    let mut b = connect("tok-b").await;
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b.put(NS, b"b-block", block(4 << 20, 4)),
+    )
+    .await
+    .expect("tenant b still gets budget")
+    .expect("put");
+    for h in stalled {
+        h.abort();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_the_client_never_reads_is_dropped_after_the_idle_timeout() {
     let cfg = ServerConfig {
         idle_timeout: Duration::from_millis(300),
