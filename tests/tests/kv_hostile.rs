@@ -96,6 +96,21 @@ async fn wait_for(
     }
 }
 
+/// Waits until the puts in flight hold `share` bytes, gives the others time to try
+/// for more, and checks they got none: `who` holds at most its share.
+async fn assert_holds_exactly(service: &KvService, share: u64, who: &str) {
+    wait_for(service, "the share taken", |s| {
+        s.put_reserved_bytes >= share
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        service.stats().put_reserved_bytes,
+        share,
+        "{who} holds at most its share"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_stalled_puts_do_not_block_a_normal_put() {
     // Defaults (1 GiB budget, 10 s idle timeout): the reproduction of finding 4.
@@ -174,17 +189,7 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
     // capped the connection, more than the whole 16 MiB budget.
     let hostile = KvClient::connect(&server.addr).await.expect("connect");
     let stalled = start_stalled(&hostile, "hog", 10, 4 << 20, 2 << 20);
-    wait_for(&server.service, "the connection's share taken", |s| {
-        s.put_reserved_bytes >= 8 << 20
-    })
-    .await;
-    // Give the other streams time to try for more.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        server.service.stats().put_reserved_bytes,
-        8 << 20,
-        "one connection holds at most its share"
-    );
+    assert_holds_exactly(&server.service, 8 << 20, "one connection").await;
     let mut good = KvClient::connect(&server.addr).await.expect("connect");
     let data = block(4 << 20, 3);
     tokio::time::timeout(Duration::from_secs(5), good.put(NS, b"fair", data))
@@ -244,16 +249,7 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
             }));
         }
     }
-    wait_for(&server.service, "tenant a's share taken", |s| {
-        s.put_reserved_bytes >= 8 << 20
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        server.service.stats().put_reserved_bytes,
-        8 << 20,
-        "one tenant holds at most its share"
-    );
+    assert_holds_exactly(&server.service, 8 << 20, "one tenant").await;
     let mut b = connect("tok-b").await;
     tokio::time::timeout(
         Duration::from_secs(5),
