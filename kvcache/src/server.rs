@@ -292,8 +292,13 @@ impl KvService {
                 )),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
-                // Registered namespaces are always tracked one by one.
-                stats: KvStats::with_pinned(&config.namespaces),
+                // Registered namespaces are always tracked one by one (with tenants,
+                // stats name the tenant's key space, "<tenant>:<namespace>", instead).
+                stats: KvStats::with_pinned(if config.tenants.is_empty() {
+                    &config.namespaces
+                } else {
+                    &[]
+                }),
                 started: Instant::now(),
                 top_tier,
                 engine,

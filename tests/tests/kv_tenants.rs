@@ -110,6 +110,19 @@ async fn tenants_cannot_read_overwrite_remove_or_probe_each_others_blocks() {
     denied(c.prefetch(NS, &[b"k1"]).await.expect_err("prefetch"));
     assert!(a.get(NS, b"k1").await.expect("get").expect("still there") == data);
 
+    // Stats name each tenant's key space.
+    let names: Vec<String> = server
+        .service
+        .stats()
+        .namespaces
+        .into_iter()
+        .map(|n| n.namespace)
+        .collect();
+    assert!(
+        names.contains(&format!("a:{NS}")) && names.contains(&format!("b:{NS}")),
+        "{names:?}"
+    );
+
     // No token, or a wrong one: UNAUTHENTICATED.
     let mut anon = client(&server.addr, None).await;
     assert_eq!(
