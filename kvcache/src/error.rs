@@ -4,7 +4,10 @@
 //! place ([`From<KvError> for tonic::Status`]), so every bad input gets the same code
 //! everywhere: malformed requests, oversized and truncated blocks are
 //! `INVALID_ARGUMENT`, an unknown namespace or a missing block `NOT_FOUND`, a cache that
-//! cannot make room `RESOURCE_EXHAUSTED`, a bad token `UNAUTHENTICATED`.
+//! cannot make room or a full in-flight budget `RESOURCE_EXHAUSTED`, a stream idle past
+//! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`, a tenant's
+//! namespace outside its patterns `PERMISSION_DENIED`, a tenant past its quota
+//! `RESOURCE_EXHAUSTED`.
 
 use strata_cache_core::CacheError;
 use tonic::{Code, Status};
@@ -17,12 +20,46 @@ pub enum KvError {
     /// A malformed request (empty or oversized hash, bad namespace, missing header...).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A block smaller than the server's minimum.
+    #[error(
+        "block of {size} bytes is below the server's minimum of {min} bytes \
+         (pack smaller KV blocks together)"
+    )]
+    TooSmall { size: u64, min: u64 },
     /// A block larger than the server's limit.
     #[error("block of {size} bytes exceeds the server's limit of {limit} bytes")]
     TooLarge { size: u64, limit: u64 },
     /// A put stream that ended before its declared size.
     #[error("put stream ended after {got} of {declared} declared bytes; nothing stored")]
     Truncated { got: u64, declared: u64 },
+    /// A stream the client stopped sending (Put) or reading (Get) for the idle timeout;
+    /// it was aborted and released what it held.
+    #[error("{what} stream idle for more than {idle:?}: aborted, nothing kept")]
+    Idle {
+        what: &'static str,
+        idle: std::time::Duration,
+    },
+    /// The server cannot take the request now (a shared budget stayed full); retry.
+    #[error("server busy: {0}")]
+    Busy(String),
+    /// The server is shutting down.
+    #[error("server shutting down")]
+    ShuttingDown,
+    /// A tenant named a namespace its patterns do not allow. The answer depends only on
+    /// the tenant's own patterns, so it reveals nothing about what others stored.
+    #[error("namespace {namespace:?} is not one of tenant {tenant:?}'s namespaces")]
+    Denied { tenant: String, namespace: String },
+    /// A put would take the tenant past its byte quota.
+    #[error(
+        "tenant {tenant:?} is over its quota: {used} of {quota} bytes used, a block of \
+         {size} bytes does not fit (remove blocks, or raise the quota)"
+    )]
+    Quota {
+        tenant: String,
+        used: u64,
+        size: u64,
+        quota: u64,
+    },
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -45,9 +82,10 @@ impl KvError {
     pub fn code(&self) -> Code {
         match self {
             KvError::UnknownNamespace(_) | KvError::NotFound => Code::NotFound,
-            KvError::Invalid(_) | KvError::TooLarge { .. } | KvError::Truncated { .. } => {
-                Code::InvalidArgument
-            }
+            KvError::Invalid(_)
+            | KvError::TooSmall { .. }
+            | KvError::TooLarge { .. }
+            | KvError::Truncated { .. } => Code::InvalidArgument,
             KvError::Cache(e) => match e {
                 CacheError::Full(_) => Code::ResourceExhausted,
                 CacheError::TooLarge { .. } => Code::ResourceExhausted,
@@ -58,6 +96,10 @@ impl KvError {
                 CacheError::Corrupt(_) => Code::DataLoss,
                 _ => Code::Internal,
             },
+            KvError::Idle { .. } => Code::DeadlineExceeded,
+            KvError::Busy(_) | KvError::Quota { .. } => Code::ResourceExhausted,
+            KvError::Denied { .. } => Code::PermissionDenied,
+            KvError::ShuttingDown => Code::Unavailable,
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,
             KvError::Config(_) => Code::InvalidArgument,

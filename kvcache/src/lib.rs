@@ -6,14 +6,19 @@
 //! - [`client`]: [`client::KvClient`], over TCP (optionally TLS + token) or a Unix socket.
 //! - [`keys`]: the stable, versioned key derivation clients use (docs/KV_KEYS.md).
 //! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
+//! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
+//!   client from blocking the others.
+//! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 pub mod client;
 pub mod error;
 pub mod keys;
+pub mod limits;
 pub mod server;
 pub mod staging;
 pub mod stats;
+pub mod tenants;
 
 /// Generated protobuf messages and service of `strata.kv.v1`.
 pub mod pb {
@@ -25,6 +30,7 @@ pub use client::KvClient;
 pub use error::KvError;
 pub use server::{KvService, Listener, ServerConfig};
 pub use stats::KvStatsSnapshot;
+pub use tenants::TenantConfig;
 
 /// Makes rustls use `ring` for TLS. The workspace links both of rustls's providers
 /// (object_store brings aws-lc-rs), and rustls then refuses to pick one on its own.

@@ -7,16 +7,26 @@
 //! Design:
 //! - Every request is validated before it touches the cache: namespace 1..=128 bytes of
 //!   printable UTF-8 (registered, when the server registers namespaces), hash 1..=64
-//!   bytes, declared block size 1..=`max_block`. Errors are [`KvError`], turned into a
+//!   bytes, declared block size `min_block..=max_block`. Errors are [`KvError`], turned into a
 //!   `tonic::Status` once at the edge (`error.rs`).
 //! - A Put buffers its block before storing it (values are immutable, a block is stored
 //!   whole or not at all, so a truncated stream stores nothing). The bytes of all puts
-//!   in flight are bounded by a semaphore (`max_inflight_put_bytes`): many concurrent
-//!   large puts wait instead of exhausting memory; a single gRPC message is bounded by
+//!   in flight are bounded (`max_inflight_put_bytes`), and so are one connection's
+//!   (`per_connection_put_bytes`); a Put reserves the bytes it has received, not the
+//!   size it declares (`limits.rs`). A single gRPC message is bounded by
 //!   `max_message_bytes`, so a client must chunk large blocks.
+//! - Nothing waits on a client forever: a Put stream that sends nothing for
+//!   `idle_timeout` is aborted (DEADLINE_EXCEEDED, its reservation released), a Get or
+//!   BatchGet stream the client does not read for `idle_timeout` is dropped with the
+//!   block it pins; HTTP/2 keepalive closes dead connections, and one connection opens at
+//!   most `max_concurrent_streams` streams.
 //! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
 //!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
 //!   for window updates; TCP_NODELAY keeps small-block latency low.
+//! - Tenants (`tenants.rs`): with `tenants` configured, a request's token names its
+//!   tenant, which uses only the namespaces its patterns allow (others are
+//!   PERMISSION_DENIED), in a key space of its own, within its byte quota
+//!   (RESOURCE_EXHAUSTED past it).
 //! - Unknown namespaces: when `namespaces` is non-empty only those are served and any
 //!   other is NOT_FOUND; when empty (the default) a namespace is created by its first
 //!   put and reads of an unseen namespace are plain misses.
@@ -29,21 +39,22 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
-use strata_cache_core::key::KV_BLOCK_MAX;
+use strata_cache_core::key::{KV_BLOCK_MAX, KV_BLOCK_MIN};
 use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Semaphore;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{KvError, Result};
+use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
 use crate::stats::KvStats;
+use crate::tenants::{constant_time_eq, Tenant, TenantConfig, Tenants};
 
 /// Longest namespace accepted, in bytes.
 pub const MAX_NAMESPACE_LEN: usize = 128;
@@ -69,16 +80,51 @@ pub struct TlsFiles {
 pub struct ServerConfig {
     /// Largest block accepted. Default 64 MiB: the cache core's KV limit.
     pub max_block: u64,
+    /// Smallest block accepted. Default 1 KiB (the cache core's `KV_BLOCK_MIN`): one
+    /// token of the smallest served models is tens of KiB of KV, so a real block is far
+    /// above it, while each block costs a disk-tier file (a 4 KiB page at least, an
+    /// inode, two fsyncs) and its index entries whatever its size: below 1 KiB the
+    /// overhead dwarfs the data, and a flood of tiny blocks is the cheapest way to wear
+    /// the cache out.
+    pub min_block: u64,
     /// Namespaces served; empty: any namespace, created on first put.
     pub namespaces: Vec<String>,
     /// Bearer token clients must send (`authorization: Bearer <token>`); None: none.
+    /// Ignored when `tenants` are configured (each tenant has its own).
     pub token: Option<String>,
+    /// Tenants (`tenants.rs`); empty: the single-tenant service (any namespace, one
+    /// optional token). Check them with [`crate::tenants::check_tenants`].
+    pub tenants: Vec<TenantConfig>,
     /// TLS identity; None: plaintext (loopback and Unix socket only, enforced by the
     /// daemon, which refuses a non-loopback address without TLS and a token).
     pub tls: Option<TlsFiles>,
     /// Bytes of all puts buffered at once. Default 1 GiB: sixteen 64 MiB blocks in
     /// flight, a bounded fraction of a server's memory whatever the client count.
     pub max_inflight_put_bytes: u64,
+    /// Bytes the puts of one connection may buffer at once. Default 256 MiB, a quarter
+    /// of the global budget: one connection (however many streams it opens) leaves at
+    /// least three quarters to the others, and still buffers four largest blocks at once.
+    pub per_connection_put_bytes: u64,
+    /// Bytes the puts of one tenant may buffer at once, over all its connections.
+    /// Default 512 MiB, half the global budget: one tenant, however many connections it
+    /// opens, leaves at least half to the others.
+    pub per_tenant_put_bytes: u64,
+    /// A Put stream that sends nothing, or a Get stream the client does not read, for
+    /// this long is aborted and releases what it holds; a Put waits at most this long
+    /// for budget. Default 10 s: a live client sends a 1 MiB message in well under 10 ms
+    /// even over a 1 Gb/s link, so 10 s of silence mid-block is a stalled or dead client,
+    /// while a GC pause or a loaded host of a healthy one stays far below it.
+    pub idle_timeout: Duration,
+    /// Most concurrent streams one HTTP/2 connection may open. Default 256: an inference
+    /// engine multiplexes its in-flight requests over one connection (tens to a few
+    /// hundred), and the bound caps what one connection makes the server track.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 keepalive: a PING after this much silence on a connection, and the
+    /// connection is closed when the answer takes longer than `keepalive_timeout`.
+    /// Defaults 30 s / 10 s: a dead peer (host gone, cable pulled) is noticed within
+    /// 40 s, at one small frame per idle connection every 30 s.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
     /// Size of the messages a Get streams (see [`DEFAULT_CHUNK_BYTES`]).
     pub chunk_bytes: usize,
     /// Largest gRPC message accepted. Default 4 MiB (tonic's default): clients send
@@ -95,10 +141,18 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_block: KV_BLOCK_MAX as u64,
+            min_block: KV_BLOCK_MIN as u64,
             namespaces: Vec::new(),
             token: None,
+            tenants: Vec::new(),
             tls: None,
             max_inflight_put_bytes: 1 << 30,
+            per_connection_put_bytes: 256 << 20,
+            per_tenant_put_bytes: 512 << 20,
+            idle_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 256,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             max_message_bytes: 4 << 20,
             stream_window: 8 << 20,
@@ -148,6 +202,9 @@ pub async fn serve(
         .tcp_nodelay(true)
         .initial_stream_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)
+        .max_concurrent_streams(Some(cfg.max_concurrent_streams))
+        .http2_keepalive_interval(Some(cfg.keepalive_interval))
+        .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
         // 1 MiB frames: fewer frames (and syscalls) per block than the 16 KiB default.
         .max_frame_size(Some((1 << 20) - 1));
     let listener = listener.into();
@@ -165,15 +222,20 @@ pub async fn serve(
         }
     }
     let router = builder.add_service(service.grpc());
+    // At least one largest block, so a lone put of it on a connection can proceed.
+    let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
     match listener {
         Listener::Tcp(l) => {
-            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            let incoming = tonic::transport::server::TcpIncoming::from(l)
+                .with_nodelay(Some(true))
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
         }
         Listener::Unix(l) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l)
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -205,7 +267,8 @@ struct Inner {
     engine: CacheEngine,
     config: ServerConfig,
     registered: HashSet<String>,
-    put_budget: Semaphore,
+    tenants: Arc<Tenants>,
+    put_budget: PutBudget,
     stats: KvStats,
     started: Instant,
     top_tier: Option<TierKind>,
@@ -217,19 +280,25 @@ pub struct KvService {
     inner: Arc<Inner>,
 }
 
-/// Put budget unit: permits count KiB so that 1 GiB fits a `u32`-sized semaphore.
-const PERMIT_BYTES: u64 = 1024;
-
 impl KvService {
     pub fn new(engine: CacheEngine, config: ServerConfig) -> Self {
-        let permits = (config.max_inflight_put_bytes / PERMIT_BYTES)
-            .max(config.max_block.div_ceil(PERMIT_BYTES));
         let top_tier = engine.tier_kinds().first().copied();
         KvService {
             inner: Arc::new(Inner {
                 registered: config.namespaces.iter().cloned().collect(),
-                put_budget: Semaphore::new(permits.min(Semaphore::MAX_PERMITS as u64) as usize),
-                stats: KvStats::default(),
+                tenants: Arc::new(Tenants::new(
+                    &config.tenants,
+                    config.per_tenant_put_bytes.max(config.max_block),
+                )),
+                // At least one largest block, so a lone put of it can always proceed.
+                put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
+                // Registered namespaces are always tracked one by one (with tenants,
+                // stats name the tenant's key space, "<tenant>:<namespace>", instead).
+                stats: KvStats::with_pinned(if config.tenants.is_empty() {
+                    &config.namespaces
+                } else {
+                    &[]
+                }),
                 started: Instant::now(),
                 top_tier,
                 engine,
@@ -250,13 +319,16 @@ impl KvService {
             svc,
             TokenCheck {
                 token: self.inner.config.token.clone().map(Arc::from),
+                tenants: self.inner.tenants.clone(),
                 stats: self.clone(),
             },
         )
     }
 
     pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
-        self.inner.stats.snapshot()
+        let mut s = self.inner.stats.snapshot();
+        s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s
     }
 
     pub fn engine(&self) -> &CacheEngine {
@@ -274,7 +346,17 @@ impl KvService {
         }
     }
 
-    fn check_namespace(&self, ns: &str) -> Result<Arc<str>> {
+    /// The cache namespace of the client's `ns`: checked, and scoped to the tenant
+    /// when tenants are configured (`tenants.rs`).
+    fn scope(&self, ns: &str, tenant: Option<&Tenant>) -> Result<Arc<str>> {
+        self.check_namespace(ns)?;
+        match tenant {
+            Some(t) => t.scope(ns),
+            None => Ok(Arc::from(ns)),
+        }
+    }
+
+    fn check_namespace(&self, ns: &str) -> Result<()> {
         if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
             return Err(KvError::Invalid(format!(
                 "namespace must be 1..={MAX_NAMESPACE_LEN} bytes, got {}",
@@ -289,7 +371,7 @@ impl KvService {
         if !self.inner.registered.is_empty() && !self.inner.registered.contains(ns) {
             return Err(KvError::UnknownNamespace(ns.to_string()));
         }
-        Ok(Arc::from(ns))
+        Ok(())
     }
 
     fn key(&self, ns: &Arc<str>, hash: &[u8]) -> Result<CacheKey> {
@@ -302,8 +384,13 @@ impl KvService {
         Ok(CacheKey::kv(ns.clone(), hash))
     }
 
-    fn keys(&self, ns: &str, hashes: &[Bytes]) -> Result<(Arc<str>, Vec<CacheKey>)> {
-        let ns = self.check_namespace(ns)?;
+    fn keys(
+        &self,
+        ns: &str,
+        hashes: &[Bytes],
+        tenant: Option<&Tenant>,
+    ) -> Result<(Arc<str>, Vec<CacheKey>)> {
+        let ns = self.scope(ns, tenant)?;
         if hashes.len() > MAX_BATCH_KEYS {
             return Err(KvError::Invalid(format!(
                 "at most {MAX_BATCH_KEYS} keys per request, got {}",
@@ -326,16 +413,40 @@ impl KvService {
         })
     }
 
-    async fn do_put(&self, mut stream: Streaming<pb::PutRequest>) -> Result<pb::PutResponse> {
-        let first = stream.message().await?.ok_or_else(|| {
+    /// The next message of a Put stream, or [`KvError::Idle`] after `idle_timeout`.
+    async fn next_put(
+        &self,
+        stream: &mut Streaming<pb::PutRequest>,
+    ) -> Result<Option<pb::PutRequest>> {
+        let idle = self.inner.config.idle_timeout;
+        match tokio::time::timeout(idle, stream.message()).await {
+            Ok(m) => Ok(m?),
+            Err(_) => {
+                self.inner.stats.idle_aborted();
+                Err(KvError::Idle { what: "put", idle })
+            }
+        }
+    }
+
+    async fn do_put(
+        &self,
+        conn: Option<ConnInfo>,
+        tenant: Option<Arc<Tenant>>,
+        mut stream: Streaming<pb::PutRequest>,
+    ) -> Result<pb::PutResponse> {
+        let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
-        let ns = self.check_namespace(&first.namespace)?;
+        let ns = self.scope(&first.namespace, tenant.as_deref())?;
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
         let limit = self.inner.config.max_block;
         if size == 0 {
             return Err(KvError::Invalid("declared block size is 0".into()));
+        }
+        let min = self.inner.config.min_block;
+        if size < min {
+            return Err(KvError::TooSmall { size, min });
         }
         if size > limit {
             return Err(KvError::TooLarge { size, limit });
@@ -352,48 +463,87 @@ impl KvService {
                 already_present: true,
             });
         }
-        let permits = size.div_ceil(PERMIT_BYTES) as u32;
-        let _permit = self
-            .inner
-            .put_budget
-            .acquire_many(permits)
-            .await
-            .map_err(|_| KvError::Invalid("server shutting down".into()))?;
-        let data = if first.data.len() as u64 == size {
-            first.data
-        } else {
-            let mut buf = BytesMut::with_capacity(size as usize);
-            buf.extend_from_slice(&first.data);
-            while (buf.len() as u64) < size {
-                let Some(msg) = stream.message().await? else {
-                    return Err(KvError::Truncated {
-                        got: buf.len() as u64,
-                        declared: size,
-                    });
-                };
-                if buf.len() as u64 + msg.data.len() as u64 > size {
-                    return Err(KvError::Invalid(format!(
-                        "got more than the declared {size} bytes"
-                    )));
-                }
-                buf.extend_from_slice(&msg.data);
-            }
-            buf.freeze()
+        // The tenant's quota first, so a tenant past it fails before sending the block;
+        // the charge is refunded unless the block is stored.
+        let mut charge = match &tenant {
+            Some(t) if t.charge(&key, size, &self.inner.engine)? => Some(QuotaCharge {
+                tenant: t,
+                key: &key,
+                keep: false,
+            }),
+            _ => None,
         };
+        // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
+        // is released when this function returns, whatever the outcome.
+        let mut reserved: Reservation = self.inner.put_budget.reservation(
+            conn,
+            tenant.as_ref().map(|t| t.inflight()),
+            self.inner.config.idle_timeout,
+        );
+        let mut got = first.data.len() as u64;
+        reserved.cover(got).await?;
+        let mut parts = vec![first.data];
+        while got < size {
+            let Some(msg) = self.next_put(&mut stream).await? else {
+                return Err(KvError::Truncated {
+                    got,
+                    declared: size,
+                });
+            };
+            if got + msg.data.len() as u64 > size {
+                return Err(KvError::Invalid(format!(
+                    "got more than the declared {size} bytes"
+                )));
+            }
+            got += msg.data.len() as u64;
+            reserved.cover(got).await?;
+            if !msg.data.is_empty() {
+                parts.push(msg.data);
+            }
+        }
         // The stream must end here: more bytes mean the declared size was wrong.
-        while let Some(msg) = stream.message().await? {
+        while let Some(msg) = self.next_put(&mut stream).await? {
             if !msg.data.is_empty() {
                 return Err(KvError::Invalid(format!(
                     "got more than the declared {size} bytes"
                 )));
             }
         }
+        let data = if parts.len() == 1 {
+            parts.swap_remove(0)
+        } else {
+            // One copy into a block of its exact size (as when the buffer was
+            // preallocated from the declared size, which a stalled client could abuse).
+            let mut buf = BytesMut::with_capacity(size as usize);
+            for p in parts.drain(..) {
+                buf.extend_from_slice(&p);
+            }
+            buf.freeze()
+        };
         let ctx = self.ctx(&ns, false);
         self.inner.engine.put(&key, data, &ctx).await?;
+        if let Some(c) = charge.as_mut() {
+            c.keep = true;
+        }
         self.inner.stats.put(&ns, size, false);
         Ok(pb::PutResponse {
             already_present: false,
         })
+    }
+
+    /// `stream`, dropped (with the blocks it pins) when the client stops reading it.
+    fn idle_guarded<T: Send + 'static>(
+        &self,
+        stream: BoxStream<T>,
+        what: &'static str,
+    ) -> BoxStream<T> {
+        let this = self.clone();
+        Box::pin(IdleGuard::new(
+            stream,
+            self.inner.config.idle_timeout,
+            what,
+            move || this.inner.stats.idle_aborted(),
+        ))
     }
 
     /// Fetches one block, counting the hit or miss.
@@ -434,35 +584,63 @@ fn tier_pb(t: Option<TierKind>) -> Tier {
     }
 }
 
-/// Checks the bearer token (when one is configured) of every request.
+/// The tenant a request authenticated as (set by [`TokenCheck`]).
 #[derive(Clone)]
-pub struct TokenCheck {
-    token: Option<Arc<str>>,
-    stats: KvService,
+struct AuthTenant(Arc<Tenant>);
+
+fn tenant_of<T>(req: &Request<T>) -> Option<Arc<Tenant>> {
+    req.extensions().get::<AuthTenant>().map(|a| a.0.clone())
 }
 
-impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
-        let Some(want) = &self.token else {
-            return Ok(req);
-        };
-        let got = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        match got {
-            Some(t) if constant_time_eq(t.as_bytes(), want.as_bytes()) => Ok(req),
-            _ => {
-                self.stats.inner.stats.rejected();
-                Err(Status::unauthenticated("missing or wrong bearer token"))
-            }
+/// A tenant's quota charge for one put, refunded on drop unless kept (the put failed,
+/// was aborted or truncated).
+struct QuotaCharge<'a> {
+    tenant: &'a Tenant,
+    key: &'a CacheKey,
+    keep: bool,
+}
+
+impl Drop for QuotaCharge<'_> {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.tenant.forget(self.key);
         }
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Checks the bearer token of every request: a tenant's token when tenants are
+/// configured (the request then carries its tenant), else the one token if set.
+#[derive(Clone)]
+pub struct TokenCheck {
+    token: Option<Arc<str>>,
+    tenants: Arc<Tenants>,
+    stats: KvService,
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if self.tenants.is_empty() && self.token.is_none() {
+            return Ok(req);
+        }
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::as_bytes);
+        if !self.tenants.is_empty() {
+            if let Some(t) = got.and_then(|g| self.tenants.authenticate(g)) {
+                req.extensions_mut().insert(AuthTenant(t));
+                return Ok(req);
+            }
+        } else if let (Some(want), Some(g)) = (&self.token, got) {
+            if constant_time_eq(g, want.as_bytes()) {
+                return Ok(req);
+            }
+        }
+        self.stats.inner.stats.rejected();
+        Err(Status::unauthenticated("missing or wrong bearer token"))
+    }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
@@ -532,7 +710,9 @@ impl KvCache for KvService {
         &self,
         request: Request<Streaming<pb::PutRequest>>,
     ) -> std::result::Result<Response<pb::PutResponse>, Status> {
-        let r = self.do_put(request.into_inner()).await;
+        let conn = ConnInfo::of(&request);
+        let tenant = tenant_of(&request);
+        let r = self.do_put(conn, tenant, request.into_inner()).await;
         self.reject(r).map(Response::new)
     }
 
@@ -542,9 +722,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let ns = self.check_namespace(&req.namespace)?;
+            let ns = self.scope(&req.namespace, tenant.as_deref())?;
             let key = self.key(&ns, &req.hash)?;
             self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)
         }
@@ -562,8 +743,19 @@ impl KvCache for KvService {
                 })
             })
             .collect();
-        let stream = TimedStream::new(futures::stream::iter(msgs), self.clone(), tier, size);
-        Ok(Response::new(Box::pin(stream)))
+        let single = msgs.len() <= 1;
+        let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
+            futures::stream::iter(msgs),
+            self.clone(),
+            tier,
+            size,
+        ));
+        if single {
+            // One message: taken (and copied into the response) on the first poll, so
+            // nothing stays pinned by a client that does not read.
+            return Ok(Response::new(stream));
+        }
+        Ok(Response::new(self.idle_guarded(stream, "get")))
     }
 
     type BatchGetStream = BoxStream<pb::BatchGetResponse>;
@@ -572,8 +764,9 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes))?;
+        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes, tenant.as_deref()))?;
         let this = self.clone();
         // Blocks are fetched one at a time as the client drains the stream, so a batch
         // never holds more than one block beyond what the cache already holds.
@@ -612,16 +805,19 @@ impl KvCache for KvService {
                 }
             })
             .flat_map(futures::stream::iter);
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(
+            self.idle_guarded(Box::pin(stream), "batch get"),
+        ))
     }
 
     async fn exists(
         &self,
         request: Request<pb::ExistsRequest>,
     ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = (|| {
-            let ns = self.check_namespace(&req.namespace)?;
+            let ns = self.scope(&req.namespace, tenant.as_deref())?;
             let key = self.key(&ns, &req.hash)?;
             self.inner.stats.lookups(1);
             let tier = self.inner.engine.locate(&key);
@@ -637,13 +833,16 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchExistsRequest>,
     ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
-            self.inner.stats.lookups(keys.len() as u64);
-            pb::BatchExistsResponse {
-                exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
-            }
-        });
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(_, keys)| {
+                self.inner.stats.lookups(keys.len() as u64);
+                pb::BatchExistsResponse {
+                    exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
+                }
+            });
         self.reject(r).map(Response::new)
     }
 
@@ -651,17 +850,20 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::MatchPrefixRequest>,
     ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(_, keys)| {
-            let matched = keys
-                .iter()
-                .take_while(|k| self.inner.engine.contains(k))
-                .count();
-            self.inner.stats.lookups(matched as u64 + 1);
-            pb::MatchPrefixResponse {
-                matched: matched as u32,
-            }
-        });
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(_, keys)| {
+                let matched = keys
+                    .iter()
+                    .take_while(|k| self.inner.engine.contains(k))
+                    .count();
+                self.inner.stats.lookups(matched as u64 + 1);
+                pb::MatchPrefixResponse {
+                    matched: matched as u32,
+                }
+            });
         self.reject(r).map(Response::new)
     }
 
@@ -669,13 +871,17 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let (_, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let (_, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let mut removed = 0u32;
             for k in &keys {
                 if self.inner.engine.remove(k).await? {
                     removed += 1;
+                }
+                if let Some(t) = &tenant {
+                    t.forget(k);
                 }
             }
             self.inner.stats.removed(removed as u64);
@@ -689,9 +895,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::PrefetchRequest>,
     ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
         let r = async {
-            let (ns, keys) = self.keys(&req.namespace, &req.hashes)?;
+            let (ns, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let ctx = self.ctx(&ns, true);
             let mut resp = pb::PrefetchResponse::default();
             for k in keys {
@@ -719,34 +926,37 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::EstimateLoadRequest>,
     ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
+        let tenant = tenant_of(&request);
         let req = request.into_inner();
-        let r = self.keys(&req.namespace, &req.hashes).map(|(ns, keys)| {
-            // Unknown block size: the namespace's mean put size, else 1 MiB (a
-            // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
-            let bytes = match req.block_bytes {
-                0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
-                b => b,
-            };
-            let model = &self.inner.stats.load;
-            let mut resp = pb::EstimateLoadResponse::default();
-            let mut in_prefix = true;
-            for k in &keys {
-                let tier = self.inner.engine.locate(k);
-                let load_us = model.estimate_us(tier, bytes);
-                if in_prefix && tier.is_some() {
-                    resp.matched += 1;
-                    resp.total_us += load_us;
-                } else {
-                    in_prefix = false;
+        let r = self
+            .keys(&req.namespace, &req.hashes, tenant.as_deref())
+            .map(|(ns, keys)| {
+                // Unknown block size: the namespace's mean put size, else 1 MiB (a
+                // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+                let bytes = match req.block_bytes {
+                    0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+                    b => b,
+                };
+                let model = &self.inner.stats.load;
+                let mut resp = pb::EstimateLoadResponse::default();
+                let mut in_prefix = true;
+                for k in &keys {
+                    let tier = self.inner.engine.locate(k);
+                    let load_us = model.estimate_us(tier, bytes);
+                    if in_prefix && tier.is_some() {
+                        resp.matched += 1;
+                        resp.total_us += load_us;
+                    } else {
+                        in_prefix = false;
+                    }
+                    resp.blocks.push(pb::BlockLoad {
+                        tier: tier_pb(tier) as i32,
+                        load_us,
+                    });
                 }
-                resp.blocks.push(pb::BlockLoad {
-                    tier: tier_pb(tier) as i32,
-                    load_us,
-                });
-            }
-            self.inner.stats.lookups(keys.len() as u64);
-            resp
-        });
+                self.inner.stats.lookups(keys.len() as u64);
+                resp
+            });
         self.reject(r).map(Response::new)
     }
 

@@ -18,9 +18,17 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use strata_cache_core::{CacheKey, TierKind};
 
-/// Most namespaces tracked one by one; beyond, they are counted under [`OTHER_NS`] so a
-/// client inventing namespaces cannot grow the server's memory without bound.
-pub const MAX_TRACKED_NAMESPACES: usize = 1024;
+/// Most namespaces tracked one by one (besides the registered ones, always tracked);
+/// beyond, they are counted under [`OTHER_NS`] so a client inventing namespaces cannot
+/// grow the server's memory, nor the metrics' label sets, without bound. 256: a
+/// daemon serves a handful of models times a handful of tenants, and 256 namespaces are
+/// ~1,500 Prometheus series, what one scrape comfortably carries.
+///
+/// Only a namespace that stored a block gets its own entry: Gets, misses and lookups
+/// of a namespace never put to are counted under [`OTHER_NS`], so probing junk names
+/// costs no entry at all, and filling the table takes real puts (of at least
+/// `min_block` bytes each).
+pub const MAX_TRACKED_NAMESPACES: usize = 256;
 /// Bucket of the namespaces beyond [`MAX_TRACKED_NAMESPACES`].
 pub const OTHER_NS: &str = "(other)";
 /// Most prefetched keys remembered to count "prefetch used"; beyond, the oldest set is
@@ -66,6 +74,12 @@ pub struct KvStatsSnapshot {
     pub prefetch_used: u64,
     /// Requests refused with an error status (bad input, full cache, auth).
     pub rejected: u64,
+    /// Put or Get streams aborted because the client stopped sending or reading.
+    #[serde(default)]
+    pub idle_aborted: u64,
+    /// Bytes the Put streams in flight hold in the put budget now.
+    #[serde(default)]
+    pub put_reserved_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
     /// The load model's current estimates per tier.
     pub load_model: Vec<TierLoadEstimate>,
@@ -102,24 +116,55 @@ pub struct KvStats {
     prefetch_issued: AtomicU64,
     prefetch_used: AtomicU64,
     rejected: AtomicU64,
+    idle_aborted: AtomicU64,
     namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
+    /// Entries made for registered namespaces (outside the cap).
+    pinned: usize,
     prefetched: Mutex<HashSet<CacheKey>>,
     prefetched_len: AtomicUsize,
     pub load: LoadModel,
 }
 
 impl KvStats {
-    fn ns(&self, ns: &str) -> Arc<NsCounters> {
+    /// Counters with `pinned` namespaces tracked from the start, outside the cap.
+    pub fn with_pinned(pinned: &[String]) -> Self {
+        let map: HashMap<Arc<str>, Arc<NsCounters>> = pinned
+            .iter()
+            .map(|n| (Arc::from(n.as_str()), Arc::default()))
+            .collect();
+        KvStats {
+            pinned: map.len(),
+            namespaces: RwLock::new(map),
+            ..Default::default()
+        }
+    }
+
+    /// The entry of `ns`, made if there is room (puts only).
+    fn ns_for_put(&self, ns: &str) -> Arc<NsCounters> {
         if let Some(c) = self.namespaces.read().get(ns) {
             return c.clone();
         }
         let mut map = self.namespaces.write();
-        let name: Arc<str> = if map.len() >= MAX_TRACKED_NAMESPACES && !map.contains_key(ns) {
+        let other = usize::from(map.contains_key(OTHER_NS));
+        let full = map.len() - other >= MAX_TRACKED_NAMESPACES + self.pinned;
+        let name: Arc<str> = if full && !map.contains_key(ns) {
             OTHER_NS.into()
         } else {
             ns.into()
         };
         map.entry(name).or_default().clone()
+    }
+
+    /// The entry of `ns` if it has one, else the shared [`OTHER_NS`] entry.
+    fn ns_existing(&self, ns: &str) -> Arc<NsCounters> {
+        if let Some(c) = self.namespaces.read().get(ns) {
+            return c.clone();
+        }
+        self.namespaces
+            .write()
+            .entry(OTHER_NS.into())
+            .or_default()
+            .clone()
     }
 
     pub fn put(&self, ns: &str, bytes: u64, already_present: bool) {
@@ -129,14 +174,14 @@ impl KvStats {
             return;
         }
         self.put_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let c = self.ns(ns);
+        let c = self.ns_for_put(ns);
         c.puts.fetch_add(1, Ordering::Relaxed);
         c.put_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// A Get of `key`: `Some(bytes)` on a hit.
     pub fn get(&self, ns: &str, key: &CacheKey, hit: Option<u64>) {
-        let c = self.ns(ns);
+        let c = self.ns_existing(ns);
         match hit {
             Some(bytes) => {
                 self.hits.fetch_add(1, Ordering::Relaxed);
@@ -174,6 +219,9 @@ impl KvStats {
     }
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn idle_aborted(&self) {
+        self.idle_aborted.fetch_add(1, Ordering::Relaxed);
     }
     /// A block staged into the fastest tier by Prefetch.
     pub fn prefetched(&self, key: CacheKey) {
@@ -218,6 +266,8 @@ impl KvStats {
             prefetch_issued: l(&self.prefetch_issued),
             prefetch_used: l(&self.prefetch_used),
             rejected: l(&self.rejected),
+            idle_aborted: l(&self.idle_aborted),
+            put_reserved_bytes: 0,
             namespaces,
             load_model: self.load.snapshot(),
         }
@@ -366,16 +416,39 @@ mod tests {
             s.put(&format!("ns{i}"), 1, false);
         }
         let snap = s.snapshot();
+        // "a" only read: counted under (other), no entry of its own.
+        assert!(!snap.namespaces.iter().any(|n| n.namespace == "a"));
         assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 1);
-        let a = snap
+        let other = snap
             .namespaces
             .iter()
-            .find(|n| n.namespace == "a")
-            .expect("ns a tracked");
-        assert_eq!(a.hit_ratio, 0.5);
-        assert!(snap
+            .find(|n| n.namespace == OTHER_NS)
+            .expect("other bucket");
+        assert_eq!(other.puts, 10);
+        assert_eq!(other.hit_ratio, 0.5);
+    }
+
+    #[test]
+    fn junk_reads_make_no_entries_and_registered_namespaces_keep_theirs() {
+        let s = KvStats::with_pinned(&["model/tenant".to_string()]);
+        for i in 0..10_000 {
+            let ns = format!("junk{i}");
+            s.get(&ns, &CacheKey::kv(ns.as_str(), vec![1u8]), None);
+        }
+        let snap = s.snapshot();
+        assert_eq!(snap.namespaces.len(), 2, "{:?}", snap.namespaces);
+        assert_eq!(snap.misses, 10_000);
+        for i in 0..(2 * MAX_TRACKED_NAMESPACES) {
+            s.put(&format!("junk{i}"), 1024, false);
+        }
+        s.put("model/tenant", 4096, false);
+        let snap = s.snapshot();
+        assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 2);
+        let t = snap
             .namespaces
             .iter()
-            .any(|n| n.namespace == OTHER_NS && n.puts == 11));
+            .find(|n| n.namespace == "model/tenant")
+            .expect("the registered namespace keeps its entry");
+        assert_eq!((t.puts, t.put_bytes), (1, 4096));
     }
 }

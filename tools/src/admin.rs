@@ -5,16 +5,25 @@
 //! service's) and render them; a fresh Prometheus registry is built per scrape from the
 //! snapshot, so there is one source of truth for the JSON and the metrics and nothing
 //! to keep in sync on the hot paths. The API is read-only.
+//!
+//! Access: with an admin token (`[admin] token` or `token_file`), every endpoint but
+//! `/healthz` needs `Authorization: Bearer <token>` (401 otherwise); without one, only
+//! GET/HEAD are served (403 for anything that could change state). The token is
+//! required to listen beyond loopback, and with `[[kv.tenants]]` (the stats name every
+//! tenant's namespaces). `strata stats` sends `$STRATA_ADMIN_TOKEN` when set.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use prometheus_client::encoding::text::encode;
@@ -24,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use strata_cache_core::{CacheEngine, EngineStatsSnapshot};
+use strata_kvcache::tenants::constant_time_eq;
 use strata_kvcache::{KvService, KvStatsSnapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -53,6 +63,40 @@ pub struct AdminState {
     pub kv: Option<KvService>,
     pub mounts: Vec<MountInfo>,
     pub started: Instant,
+    /// The admin token (see the module docs); None: read-only, loopback only.
+    pub token: Option<Arc<str>>,
+}
+
+/// Env variable `strata stats` (and [`fetch_stats`]) take the admin token from.
+pub const TOKEN_ENV: &str = "STRATA_ADMIN_TOKEN";
+
+/// Where the admin API listens and with which token, checked before anything is
+/// opened: None when `listen` is unset or empty.
+pub fn plan(
+    cfg: &crate::config::AdminConfig,
+    tenants: bool,
+) -> anyhow::Result<Option<(SocketAddr, Option<String>)>> {
+    let Some(listen) = cfg.listen.as_deref().filter(|a| !a.is_empty()) else {
+        return Ok(None);
+    };
+    let addr = crate::daemon::kv::resolve(listen)?;
+    let token = crate::config::secret("[admin]", cfg.token.as_deref(), cfg.token_file.as_deref())?
+        .filter(|t| !t.is_empty());
+    if token.is_none() {
+        if !addr.ip().is_loopback() {
+            bail!(
+                "refusing to serve the admin API on non-loopback address {addr} without an \
+                 admin token: set [admin] token_file (or token), or listen on 127.0.0.1"
+            );
+        }
+        if tenants {
+            bail!(
+                "[[kv.tenants]] need an admin token: the admin API's stats name every \
+                 tenant's namespaces; set [admin] token_file (or token), or listen = \"\""
+            );
+        }
+    }
+    Ok(Some((addr, token)))
 }
 
 impl AdminState {
@@ -72,7 +116,41 @@ pub fn router(state: AdminState) -> Router {
         .route("/stats", get(stats_handler))
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
+}
+
+/// The access rule of the module docs, before any handler (and the 404/405 fallback).
+async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    match &s.token {
+        Some(want) => {
+            let ok = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|got| constant_time_eq(got.as_bytes(), want.as_bytes()));
+            if ok {
+                next.run(req).await
+            } else {
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "admin token required\n",
+                )
+                    .into_response()
+            }
+        }
+        None if matches!(*req.method(), Method::GET | Method::HEAD) => next.run(req).await,
+        None => (
+            StatusCode::FORBIDDEN,
+            "state-changing admin requests need an admin token ([admin] token_file)\n",
+        )
+            .into_response(),
+    }
 }
 
 /// Serves the admin API on `listener` until `shutdown` resolves.
@@ -358,15 +436,45 @@ pub async fn fetch_stats(endpoint: &str) -> anyhow::Result<DaemonStats> {
 }
 
 /// A minimal HTTP/1.1 GET (one request per connection): the admin API is local and
-/// tiny, not worth an HTTP client dependency.
+/// tiny, not worth an HTTP client dependency. Sends `$STRATA_ADMIN_TOKEN` when set.
 pub async fn http_get(endpoint: &str, path: &str) -> anyhow::Result<String> {
+    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let (status, body) = http_request(endpoint, "GET", path, token.as_deref()).await?;
+    if status != 200 {
+        let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
+        bail!(
+            "admin API at {hostport} answered {status}: {}{}",
+            body.trim(),
+            if status == 401 {
+                format!(" (set {TOKEN_ENV})")
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(body)
+}
+
+/// One HTTP/1.1 request with an optional bearer token; the status code and body.
+pub async fn http_request(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
     let mut s = tokio::net::TcpStream::connect(hostport)
         .await
         .with_context(|| {
             format!("connecting to the admin API at {hostport} (is `strata serve` running?)")
         })?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\n{auth}Content-Length: 0\r\n\
+         Connection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
@@ -374,17 +482,21 @@ pub async fn http_get(endpoint: &str, path: &str) -> anyhow::Result<String> {
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
         bail!("malformed HTTP answer from {hostport}")
     };
-    let status = head.lines().next().unwrap_or_default();
-    if !status.contains(" 200 ") {
-        bail!("admin API at {hostport} answered {status:?}");
-    }
-    if head
+    let status = head
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .with_context(|| format!("malformed HTTP status line from {hostport}"))?;
+    let body = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        return dechunk(body);
-    }
-    Ok(body.to_string())
+        dechunk(body)?
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
 }
 
 fn dechunk(mut body: &str) -> anyhow::Result<String> {

@@ -24,6 +24,16 @@
 //! [kv]
 //! listen = "127.0.0.1:7070"
 //!
+//! [[kv.tenants]]                      # none: the single-tenant loopback demo
+//! name = "team-a"
+//! token_file = "/etc/strata/team-a.token"   # or token = "..."
+//! namespaces = ["llama3-*"]           # patterns: * any run, ? one character
+//! quota = "20GiB"                     # bytes of blocks the tenant may keep cached
+//!
+//! [admin]
+//! listen = "127.0.0.1:7071"
+//! token_file = "/etc/strata/admin.token"    # required off-loopback and with tenants
+//!
 //! [[mounts]]                          # as `strata mount`; same fields, same defaults
 //! mountpoint = "/mnt/data"
 //! prefix = "train"                    # a sub-tree of the store (optional)
@@ -182,6 +192,14 @@ pub struct KvConfig {
     pub unix_socket: Option<PathBuf>,
     /// Largest KV block accepted (default 64 MiB, the cache core's limit).
     pub max_block: String,
+    /// Smallest KV block accepted (default 1 KiB, the cache core's limit: below it
+    /// each block's file, inode and fsyncs cost more than its bytes; see
+    /// `strata_kvcache::ServerConfig::min_block`).
+    pub min_block: String,
+    /// Seconds a Put stream may send nothing, or a Get stream go unread, before it is
+    /// aborted and releases what it holds (default 10: see
+    /// `strata_kvcache::ServerConfig::idle_timeout`).
+    pub idle_timeout_secs: u64,
     /// PEM certificate and key for TLS (required for non-loopback `listen`).
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -190,6 +208,59 @@ pub struct KvConfig {
     /// Namespaces served (e.g. "llama3-8b/tenant-a"); empty: any namespace, created
     /// on first put. When set, any other namespace is refused with NOT_FOUND.
     pub namespaces: Vec<String>,
+    /// Tenants (`[[kv.tenants]]`): each with its own token, namespace patterns, key
+    /// space and byte quota (`strata_kvcache::tenants`). None: the single-tenant demo,
+    /// where any client that reaches the service may read, overwrite and remove any
+    /// namespace (the daemon says so at start).
+    pub tenants: Vec<KvTenantConfig>,
+}
+
+/// One `[[kv.tenants]]` entry.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvTenantConfig {
+    /// Letters, digits, '-', '_' and '.'; shown in stats.
+    pub name: String,
+    /// The tenant's bearer token; or `token_file`, a file holding it (kept out of the
+    /// config file and of `ps`). Exactly one of the two.
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    /// Namespace patterns the tenant may use: `*` any run of characters, `?` one.
+    pub namespaces: Vec<String>,
+    /// Bytes of blocks the tenant may keep cached (e.g. "20GiB"); required, so one
+    /// tenant cannot fill the cache for all.
+    pub quota: String,
+}
+
+impl std::fmt::Debug for KvTenantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvTenantConfig")
+            .field("name", &self.name)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("namespaces", &self.namespaces)
+            .field("quota", &self.quota)
+            .finish()
+    }
+}
+
+/// A secret given inline or in a file (trimmed), for error messages as `what`; None
+/// when neither is set, an error when both are.
+pub fn secret(
+    what: &str,
+    inline: Option<&str>,
+    file: Option<&Path>,
+) -> anyhow::Result<Option<String>> {
+    match (inline, file) {
+        (Some(_), Some(_)) => bail!("{what}: set token or token_file, not both"),
+        (Some(t), None) => Ok(Some(t.to_string())),
+        (None, Some(f)) => {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("{what}: reading token_file {}", f.display()))?;
+            Ok(Some(t.trim().to_string()))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 impl Default for KvConfig {
@@ -199,10 +270,13 @@ impl Default for KvConfig {
             listen: Some("127.0.0.1:7070".into()),
             unix_socket: None,
             max_block: "64MiB".into(),
+            min_block: "1KiB".into(),
+            idle_timeout_secs: 10,
             tls_cert: None,
             tls_key: None,
             token: None,
             namespaces: Vec::new(),
+            tenants: Vec::new(),
         }
     }
 }
@@ -212,12 +286,20 @@ impl Default for KvConfig {
 pub struct AdminConfig {
     /// HTTP address of the admin API and Prometheus `/metrics`.
     pub listen: Option<String>,
+    /// Admin bearer token (or `token_file`). When set, every endpoint but `/healthz`
+    /// requires it; without it the API is read-only. Required when `listen` is not
+    /// loopback, and when `[[kv.tenants]]` are configured (the stats name every
+    /// tenant's namespaces).
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: Some("127.0.0.1:7071".into()),
+            token: None,
+            token_file: None,
         }
     }
 }

@@ -74,6 +74,7 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         },
         admin: AdminConfig {
             listen: Some(admin.clone()),
+            ..Default::default()
         },
         mounts: vec![MountConfig {
             mountpoint: mountpoint.clone(),

@@ -120,6 +120,7 @@ impl MountArgs {
             },
             admin: AdminConfig {
                 listen: self.admin.clone(),
+                ..Default::default()
             },
             mounts: vec![self.mount.clone()],
         }

@@ -6,13 +6,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use strata_kvcache::server::{self as kv, KvService, ServerConfig, TlsFiles};
+use strata_kvcache::tenants::{check_tenants, TenantConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{parse_size, KvConfig};
+use crate::config::{parse_size, secret, KvConfig};
 
 /// Checks that exposing the KV service on `addr` is allowed by `kv`: loopback always;
-/// any other address only with TLS and a token (KV blocks are a tenant's prompts in
-/// another form, and must not leave the host in clear or to anyone who asks).
+/// any other address only with TLS and tokens, the one `token` or tenants' (KV blocks
+/// are a tenant's prompts in another form, and must not leave the host in clear or to
+/// anyone who asks).
 pub fn check_exposure(addr: &SocketAddr, kv: &KvConfig) -> anyhow::Result<()> {
     if addr.ip().is_loopback() {
         return Ok(());
@@ -21,8 +23,8 @@ pub fn check_exposure(addr: &SocketAddr, kv: &KvConfig) -> anyhow::Result<()> {
     if kv.tls_cert.is_none() || kv.tls_key.is_none() {
         missing.push("TLS (`tls_cert` and `tls_key`)");
     }
-    if kv.token.as_deref().is_none_or(str::is_empty) {
-        missing.push("a `token`");
+    if kv.token.as_deref().is_none_or(str::is_empty) && kv.tenants.is_empty() {
+        missing.push("a `token` (or [[kv.tenants]])");
     }
     if !missing.is_empty() {
         bail!(
@@ -45,8 +47,17 @@ pub(crate) fn resolve(listen: &str) -> anyhow::Result<SocketAddr> {
 
 /// The KV server settings of `kv` (sizes parsed, TLS files named).
 pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
+    let max_block = parse_size(&kv.max_block).context("[kv] max_block")?;
+    let min_block = parse_size(&kv.min_block).context("[kv] min_block")?;
+    if min_block == 0 || min_block > max_block {
+        bail!("[kv] min_block = {:?} must be 1..= max_block", kv.min_block);
+    }
+    let tenants = tenants(kv)?;
     Ok(ServerConfig {
-        max_block: parse_size(&kv.max_block)?,
+        max_block,
+        min_block,
+        tenants,
+        idle_timeout: std::time::Duration::from_secs(kv.idle_timeout_secs.max(1)),
         namespaces: kv.namespaces.clone(),
         token: kv.token.clone().filter(|t| !t.is_empty()),
         tls: match (&kv.tls_cert, &kv.tls_key) {
@@ -59,6 +70,30 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
         },
         ..Default::default()
     })
+}
+
+/// The tenants of `[[kv.tenants]]`, tokens read and checked.
+fn tenants(kv: &KvConfig) -> anyhow::Result<Vec<TenantConfig>> {
+    if !kv.tenants.is_empty() && kv.token.is_some() {
+        bail!(
+            "[kv] token is the single-tenant token: with [[kv.tenants]] each tenant has its \
+             own; remove [kv] token"
+        );
+    }
+    let mut out = Vec::new();
+    for t in &kv.tenants {
+        let what = format!("[[kv.tenants]] {:?}", t.name);
+        let token = secret(&what, t.token.as_deref(), t.token_file.as_deref())?
+            .with_context(|| format!("{what}: needs a token or a token_file"))?;
+        out.push(TenantConfig {
+            name: t.name.clone(),
+            token,
+            namespaces: t.namespaces.clone(),
+            quota_bytes: parse_size(&t.quota).with_context(|| format!("{what}: quota"))?,
+        });
+    }
+    check_tenants(&out).context("[[kv.tenants]]")?;
+    Ok(out)
 }
 
 /// What `[kv]` asks for, checked before anything is opened so a refused configuration
@@ -106,6 +141,18 @@ pub(crate) async fn start(
     stop: &CancellationToken,
     tasks: &mut super::Servers,
 ) -> anyhow::Result<RunningKv> {
+    if plan.server.tenants.is_empty() {
+        tracing::warn!(
+            "KV service in single-tenant demo mode (no [[kv.tenants]]): any client that \
+             reaches it may read, overwrite and remove any namespace; keep it on loopback \
+             and the Unix socket"
+        );
+    } else {
+        tracing::info!(
+            tenants = plan.server.tenants.len(),
+            "KV service with tenants"
+        );
+    }
     let service = KvService::new(engine, plan.server);
     if let Some(addr) = plan.tcp {
         let l = tokio::net::TcpListener::bind(addr)
@@ -128,8 +175,7 @@ pub(crate) async fn start(
         std::fs::remove_file(&socket)
             .with_context(|| format!("removing stale socket {}", socket.display()))?;
     }
-    let ul = tokio::net::UnixListener::bind(&socket)
-        .with_context(|| format!("binding {}", socket.display()))?;
+    let ul = bind_private(&socket)?;
     println!("kv unix {}", socket.display());
     let (svc, stop) = (service.clone(), stop.clone());
     tasks.spawn(async move {
@@ -138,6 +184,26 @@ pub(crate) async fn start(
             .context("KV service (unix)")
     });
     Ok(RunningKv { service, socket })
+}
+
+/// Binds a Unix socket at `path` that only this user can connect to (mode 0600): bound
+/// under a temporary name, restricted, then renamed into place, so it is never
+/// reachable with looser permissions.
+pub(crate) fn bind_private(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let l = tokio::net::UnixListener::bind(&tmp)
+        .with_context(|| format!("binding {}", tmp.display()))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("placing socket {}", path.display()));
+    }
+    Ok(l)
 }
 
 #[cfg(test)]
@@ -162,6 +228,56 @@ mod tests {
         assert!(
             check_exposure(&any, &kv).is_err(),
             "an empty token is no token"
+        );
+        kv.token = None;
+        kv.tenants = vec![Default::default()];
+        assert!(check_exposure(&any, &kv).is_ok(), "tenants have tokens");
+    }
+
+    #[test]
+    fn tenants_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("b.token");
+        std::fs::write(&f, "tok-b\n").unwrap();
+        let cfg: crate::config::StrataConfig = toml::from_str(&format!(
+            "[[kv.tenants]]\nname = \"a\"\ntoken = \"tok-a\"\nnamespaces = [\"llama3-*\"]\nquota = \"1GiB\"\n\
+             [[kv.tenants]]\nname = \"b\"\ntoken_file = {f:?}\nnamespaces = [\"m-*\"]\nquota = \"1MiB\"\n"
+        ))
+        .unwrap();
+        let s = server_config(&cfg.kv).unwrap();
+        assert_eq!(s.tenants.len(), 2);
+        assert_eq!(s.tenants[1].token, "tok-b");
+        assert_eq!(s.tenants[1].quota_bytes, 1 << 20);
+        assert!(
+            !format!("{:?}", cfg.kv).contains("tok-a"),
+            "tokens are not logged"
+        );
+        let mut kv = cfg.kv.clone();
+        kv.tenants[1].token = Some("x".into());
+        assert!(server_config(&kv).is_err(), "token and token_file");
+        let mut kv = cfg.kv.clone();
+        kv.tenants[1].token_file = None;
+        assert!(server_config(&kv).is_err(), "no token");
+        let mut kv = cfg.kv.clone();
+        kv.token = Some("single".into());
+        assert!(server_config(&kv).is_err(), "[kv] token with tenants");
+        let mut kv = cfg.kv;
+        kv.tenants[1].quota = String::new();
+        assert!(server_config(&kv).is_err(), "a quota is required");
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_private_to_its_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kv.sock");
+        let _l = bind_private(&p).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp left"
         );
     }
 }

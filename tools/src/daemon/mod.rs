@@ -38,6 +38,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     // Check before opening anything, so a refused configuration leaves no trace.
     cfg.check()?;
     let kv_plan = kv::plan(&cfg.kv)?;
+    let admin_plan = admin::plan(&cfg.admin, kv_plan.is_some() && !cfg.kv.tenants.is_empty())?;
     let store = match cfg.store.url.as_deref() {
         Some(url) if !cfg.mounts.is_empty() => Some((url, open_store(url, &cfg.store)?)),
         _ => None,
@@ -72,10 +73,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
     }
 
-    if let Some(a) = cfg.admin.listen.as_deref().filter(|a| !a.is_empty()) {
-        let addr = kv::resolve(a)?;
+    if let Some((addr, token)) = admin_plan {
         if !addr.ip().is_loopback() {
-            tracing::warn!(%addr, "admin API (read-only stats) is reachable beyond this host");
+            tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
         }
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -86,6 +86,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             kv: kv.as_ref().map(|k| k.service.clone()),
             mounts: infos,
             started,
+            token: token.map(std::sync::Arc::from),
         };
         let stop = stop.clone();
         tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });

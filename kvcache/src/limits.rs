@@ -1,0 +1,382 @@
+//! What bounds one client's cost to everyone else (issue 12, finding 4).
+//!
+//! - [`PutBudget`]: the bytes all Put streams buffer. A Put reserves the bytes it has
+//!   *received*, not the size it declares, so a stream that declares 64 MiB and sends
+//!   one byte holds one KiB of budget, not 64 MiB. Each connection also has its own
+//!   cap ([`ConnInfo`]), a fraction of the global budget, so one connection (however
+//!   many streams it opens) cannot take the whole budget from the others. Waiting for
+//!   budget is bounded by the idle timeout: past it the Put fails with
+//!   RESOURCE_EXHAUSTED and releases what it held, so Puts that fill the budget between
+//!   them cannot wait on each other forever. With tenants, each tenant has a share too
+//!   (`per_tenant_put_bytes`), so one tenant's many connections cannot take it all.
+//! - [`ConnIo`]: wraps every accepted connection so its requests carry a [`ConnInfo`]
+//!   (the connection's budget) in their extensions.
+//! - [`IdleGuard`]: a response stream the client stops reading is dropped (and with it
+//!   the block it pins) after the idle timeout; the client then gets DEADLINE_EXCEEDED.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::{Connected, TlsConnectInfo};
+use tonic::Status;
+
+use crate::error::{KvError, Result};
+
+/// Budget unit: permits count KiB so that 1 GiB fits a semaphore comfortably.
+pub const PERMIT_BYTES: u64 = 1024;
+
+fn permits_for(bytes: u64) -> u64 {
+    bytes.div_ceil(PERMIT_BYTES)
+}
+
+/// A budget of `bytes`, in permits of [`PERMIT_BYTES`].
+pub(crate) fn semaphore(bytes: u64) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(
+        permits_for(bytes).min(Semaphore::MAX_PERMITS as u64) as usize,
+    ))
+}
+
+/// The per-connection part of the put budget, carried in each request's extensions.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    budget: Arc<Semaphore>,
+}
+
+impl ConnInfo {
+    pub fn new(bytes: u64) -> Self {
+        ConnInfo {
+            budget: semaphore(bytes),
+        }
+    }
+
+    /// The connection of a request (plain or TLS); None when the request did not come
+    /// through [`ConnIo`] (then only the global budget applies).
+    pub fn of<T>(req: &tonic::Request<T>) -> Option<ConnInfo> {
+        let ext = req.extensions();
+        ext.get::<ConnInfo>()
+            .or_else(|| ext.get::<TlsConnectInfo<ConnInfo>>().map(|t| t.get_ref()))
+            .cloned()
+    }
+}
+
+/// An accepted connection tagged with its [`ConnInfo`].
+pub struct ConnIo<T> {
+    io: T,
+    info: ConnInfo,
+}
+
+impl<T> ConnIo<T> {
+    pub fn new(io: T, per_connection_bytes: u64) -> Self {
+        ConnIo {
+            io,
+            info: ConnInfo::new(per_connection_bytes),
+        }
+    }
+}
+
+impl<T> Connected for ConnIo<T> {
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for ConnIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The global budget of bytes buffered by Put streams.
+pub struct PutBudget {
+    global: Arc<Semaphore>,
+    total_permits: u64,
+}
+
+impl PutBudget {
+    pub fn new(bytes: u64) -> Self {
+        let global = semaphore(bytes);
+        let total_permits = global.available_permits() as u64;
+        PutBudget {
+            global,
+            total_permits,
+        }
+    }
+
+    /// Bytes reserved by Puts in flight now.
+    pub fn reserved_bytes(&self) -> u64 {
+        (self.total_permits - self.global.available_permits() as u64) * PERMIT_BYTES
+    }
+
+    /// An empty reservation for one Put stream on `conn`, by the tenant whose
+    /// in-flight share is `tenant`.
+    pub fn reservation(
+        &self,
+        conn: Option<ConnInfo>,
+        tenant: Option<Arc<Semaphore>>,
+        wait: Duration,
+    ) -> Reservation {
+        Reservation {
+            global: self.global.clone(),
+            shares: conn.map(|c| c.budget).into_iter().chain(tenant).collect(),
+            wait,
+            held: Vec::new(),
+            permits: 0,
+        }
+    }
+}
+
+/// What one Put stream holds; released when dropped (the stream ended, failed, or
+/// was aborted as idle).
+pub struct Reservation {
+    global: Arc<Semaphore>,
+    /// The connection's share, then the tenant's.
+    shares: Vec<Arc<Semaphore>>,
+    wait: Duration,
+    held: Vec<OwnedSemaphorePermit>,
+    permits: u64,
+}
+
+impl Reservation {
+    /// Makes the reservation cover `bytes` in all, waiting at most the idle timeout.
+    pub async fn cover(&mut self, bytes: u64) -> Result<()> {
+        let need = permits_for(bytes).saturating_sub(self.permits);
+        if need == 0 {
+            return Ok(());
+        }
+        let n = u32::try_from(need).map_err(|_| KvError::Invalid("block too large".into()))?;
+        let wait = self.wait;
+        let acquire = async {
+            // The connection's and the tenant's shares first: a connection or tenant
+            // over its share waits on its own streams and takes nothing from the
+            // others' global budget meanwhile.
+            let mut got = Vec::with_capacity(self.shares.len() + 1);
+            for s in self.shares.iter().chain(std::iter::once(&self.global)) {
+                let p = s.clone().acquire_many_owned(n).await;
+                got.push(p.map_err(|_| KvError::ShuttingDown)?);
+            }
+            Ok::<_, KvError>(got)
+        };
+        match tokio::time::timeout(wait, acquire).await {
+            Ok(Ok(got)) => {
+                self.held.extend(got);
+                self.permits += need;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(KvError::Busy(format!(
+                "the server's in-flight put budget stayed full for {wait:?}; retry later"
+            ))),
+        }
+    }
+}
+
+/// State shared by an [`IdleGuard`] and its watchdog (times in milliseconds since the
+/// guard was made).
+struct Shared<S> {
+    inner: Mutex<Option<S>>,
+    last_poll_ms: AtomicU64,
+    /// The last poll found the inner stream itself not ready (the server fetching a
+    /// block): the client is not idle then.
+    waiting_on_server: AtomicBool,
+    expired: AtomicBool,
+    start: tokio::time::Instant,
+}
+
+/// A response stream that is dropped when the client stops reading it for `idle`.
+///
+/// A watchdog task holds only a weak reference: it wakes every `idle`, and when the
+/// stream has not been polled since, drops the inner stream (the block it pins is
+/// freed), so the next poll yields DEADLINE_EXCEEDED. The lock is only taken inside
+/// `poll_next` and by the watchdog, never across an await.
+pub struct IdleGuard<S> {
+    shared: Arc<Shared<S>>,
+    idle: Duration,
+    what: &'static str,
+    errored: bool,
+}
+
+impl<S: Send + 'static> IdleGuard<S> {
+    pub fn new(
+        inner: S,
+        idle: Duration,
+        what: &'static str,
+        on_expire: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Some(inner)),
+            last_poll_ms: AtomicU64::new(0),
+            waiting_on_server: AtomicBool::new(false),
+            expired: AtomicBool::new(false),
+            start: tokio::time::Instant::now(),
+        });
+        let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            let mut deadline = tokio::time::Instant::now() + idle;
+            loop {
+                tokio::time::sleep_until(deadline).await;
+                let Some(s) = weak.upgrade() else { return };
+                let last = s.start + Duration::from_millis(s.last_poll_ms.load(Ordering::Relaxed));
+                let now = tokio::time::Instant::now();
+                if s.waiting_on_server.load(Ordering::Relaxed) {
+                    deadline = now + idle;
+                    continue;
+                }
+                if last + idle <= now {
+                    let dropped = s.inner.lock().take();
+                    if dropped.is_some() {
+                        s.expired.store(true, Ordering::Relaxed);
+                        drop(dropped);
+                        on_expire();
+                    }
+                    return;
+                }
+                deadline = last + idle;
+            }
+        });
+        IdleGuard {
+            shared,
+            idle,
+            what,
+            errored: false,
+        }
+    }
+}
+
+impl<T, S> Stream for IdleGuard<S>
+where
+    S: Stream<Item = std::result::Result<T, Status>> + Unpin,
+{
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let now = self.shared.start.elapsed().as_millis() as u64;
+        self.shared.last_poll_ms.store(now, Ordering::Relaxed);
+        let r = {
+            let mut inner = self.shared.inner.lock();
+            match inner.as_mut() {
+                Some(s) => {
+                    let r = s.poll_next_unpin(cx);
+                    self.shared
+                        .waiting_on_server
+                        .store(r.is_pending(), Ordering::Relaxed);
+                    if let Poll::Ready(None) = r {
+                        // Done: free the inner stream now, not when the body drops.
+                        *inner = None;
+                    }
+                    Some(r)
+                }
+                None => None,
+            }
+        };
+        match r {
+            Some(r) => r,
+            None if self.shared.expired.load(Ordering::Relaxed) && !self.errored => {
+                self.errored = true;
+                Poll::Ready(Some(Err(Status::from(KvError::Idle {
+                    what: self.what,
+                    idle: self.idle,
+                }))))
+            }
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unread_stream_releases_what_it_pins_after_the_idle_timeout() {
+        let pinned = Arc::new(vec![0u8; 1 << 20]);
+        let held = pinned.clone();
+        let inner = futures::stream::iter(vec![Ok::<_, Status>(1u8), Ok(2)]).map(move |x| {
+            let _ = &held;
+            x
+        });
+        let mut g = IdleGuard::new(Box::pin(inner), Duration::from_millis(200), "get", || {});
+        assert_eq!(g.next().await.map(|r| r.is_ok()), Some(true));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(Arc::strong_count(&pinned), 2, "read recently: kept");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(
+            Arc::strong_count(&pinned),
+            1,
+            "unread past the timeout: dropped"
+        );
+        let e = g.next().await.expect("an error item").expect_err("idle");
+        assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
+        assert!(g.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_reservation_covers_what_arrives_and_releases_on_drop() {
+        let b = PutBudget::new(4 << 10);
+        let conn = ConnInfo::new(2 << 10);
+        let mut r = b.reservation(Some(conn.clone()), None, Duration::from_millis(50));
+        r.cover(1).await.expect("1 byte");
+        assert_eq!(b.reserved_bytes(), 1 << 10);
+        r.cover(2 << 10).await.expect("2 KiB");
+        assert_eq!(b.reserved_bytes(), 2 << 10);
+        let e = r
+            .cover(3 << 10)
+            .await
+            .expect_err("over the connection's share");
+        assert!(matches!(e, KvError::Busy(_)), "{e}");
+        let mut other = b.reservation(None, None, Duration::from_millis(50));
+        other
+            .cover(2 << 10)
+            .await
+            .expect("other connections still get budget");
+        drop(r);
+        drop(other);
+        assert_eq!(b.reserved_bytes(), 0);
+        // A tenant's share caps it across connections.
+        let tenant = semaphore(2 << 10);
+        let mut t1 = b.reservation(None, Some(tenant.clone()), Duration::from_millis(50));
+        let mut t2 = b.reservation(None, Some(tenant), Duration::from_millis(50));
+        t1.cover(2 << 10).await.expect("the tenant's share");
+        assert!(matches!(t2.cover(1).await, Err(KvError::Busy(_))));
+        drop(t1);
+        t2.cover(1).await.expect("freed");
+    }
+}

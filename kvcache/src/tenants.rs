@@ -1,0 +1,322 @@
+//! Tenants of the KV service (issue 12, finding 3).
+//!
+//! With tenants configured (`[[kv.tenants]]` in strata.toml), every request carries a
+//! tenant's bearer token, and:
+//! - a tenant uses only the namespaces its patterns allow (`*` any run of characters,
+//!   `?` one character: `"llama3-*"`); a request naming any other namespace is
+//!   PERMISSION_DENIED. The answer depends only on the token's own patterns, never on
+//!   what is cached, so it reveals nothing about other tenants.
+//! - a tenant's blocks live under its own key space: the cache namespace is
+//!   `"<tenant>:<namespace>"` (tenant names cannot contain `:`). Two tenants whose
+//!   patterns overlap still never see, overwrite or remove each other's blocks, nor
+//!   learn whether the other stored a key (an `already_present` put, Exists, Locate,
+//!   MatchPrefix and EstimateLoad all look at the caller's own key space only).
+//! - a tenant's blocks count against its byte quota, each block once whatever the
+//!   tiers holding it; a put past the quota is RESOURCE_EXHAUSTED. Usage is a ledger of
+//!   the tenant's blocks: puts add, removes subtract, and blocks the cache evicted
+//!   are dropped from it when a put would exceed the quota (at most once a second, so
+//!   a tenant at its quota cannot make every put walk its ledger).
+//!
+//! Without tenants the service is the single-tenant demo: one optional token, any
+//! namespace (the daemon says so at start).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use strata_cache_core::{CacheEngine, CacheKey};
+use tokio::sync::Semaphore;
+
+use crate::error::{KvError, Result};
+
+/// Separates the tenant's name from the namespace in cache keys.
+pub const TENANT_SEP: char = ':';
+
+/// Least time between two walks of a tenant's ledger for evicted blocks: 1 s, so a
+/// tenant at its quota pays at most one walk a second, not one per put.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One tenant, as configured.
+#[derive(Clone)]
+pub struct TenantConfig {
+    /// Letters, digits, `-`, `_` and `.`; shown in stats and logs.
+    pub name: String,
+    /// Bearer token of the tenant (resolved from `token` or `token_file`).
+    pub token: String,
+    /// Namespace patterns the tenant may use (`*`, `?`).
+    pub namespaces: Vec<String>,
+    /// Bytes of blocks the tenant may keep cached.
+    pub quota_bytes: u64,
+}
+
+impl std::fmt::Debug for TenantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConfig")
+            .field("name", &self.name)
+            .field("token", &"<redacted>")
+            .field("namespaces", &self.namespaces)
+            .field("quota_bytes", &self.quota_bytes)
+            .finish()
+    }
+}
+
+/// Checks a tenant list: valid unique names, non-empty unique tokens, at least one
+/// pattern, a quota.
+pub fn check_tenants(tenants: &[TenantConfig]) -> Result<()> {
+    let bad = |m: String| Err(KvError::Config(m));
+    for (i, t) in tenants.iter().enumerate() {
+        if t.name.is_empty()
+            || !t
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return bad(format!(
+                "tenant name {:?}: use letters, digits, '-', '_' and '.'",
+                t.name
+            ));
+        }
+        if t.token.trim().is_empty() {
+            return bad(format!("tenant {:?} has an empty token", t.name));
+        }
+        if t.namespaces.is_empty() || t.namespaces.iter().any(String::is_empty) {
+            return bad(format!(
+                "tenant {:?} needs namespace patterns (e.g. \"llama3-*\")",
+                t.name
+            ));
+        }
+        if t.quota_bytes == 0 {
+            return bad(format!("tenant {:?} needs a quota above 0", t.name));
+        }
+        for u in &tenants[..i] {
+            if u.name == t.name {
+                return bad(format!("two tenants are named {:?}", t.name));
+            }
+            if u.token == t.token {
+                return bad(format!(
+                    "tenants {:?} and {:?} share a token",
+                    u.name, t.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `ns` matches `pattern` (`*`: any run of characters, `?`: one character).
+pub fn pattern_matches(pattern: &str, ns: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let s: Vec<char> = ns.chars().collect();
+    let (mut i, mut j) = (0, 0);
+    // Last `*` seen and the position in `s` it currently stands up to.
+    let mut star: Option<(usize, usize)> = None;
+    while j < s.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == s[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+struct Ledger {
+    used: u64,
+    blocks: HashMap<CacheKey, u64>,
+    next_prune: Instant,
+}
+
+/// A tenant at run time: its patterns and its quota ledger.
+pub struct Tenant {
+    name: String,
+    token: Box<[u8]>,
+    patterns: Vec<String>,
+    quota: u64,
+    ledger: Mutex<Ledger>,
+    /// The tenant's share of the in-flight put budget (`limits.rs`).
+    inflight: Arc<Semaphore>,
+}
+
+impl Tenant {
+    /// `inflight_bytes`: the most its puts may buffer at once, over all connections.
+    pub fn new(cfg: &TenantConfig, inflight_bytes: u64) -> Self {
+        Tenant {
+            inflight: crate::limits::semaphore(inflight_bytes),
+            name: cfg.name.clone(),
+            token: cfg.token.as_bytes().into(),
+            patterns: cfg.namespaces.clone(),
+            quota: cfg.quota_bytes,
+            ledger: Mutex::new(Ledger {
+                used: 0,
+                blocks: HashMap::new(),
+                next_prune: Instant::now(),
+            }),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The tenant's share of the in-flight put budget.
+    pub fn inflight(&self) -> Arc<Semaphore> {
+        self.inflight.clone()
+    }
+
+    /// The cache namespace of the tenant's `ns`, or PERMISSION_DENIED when its patterns
+    /// do not allow `ns`.
+    pub fn scope(&self, ns: &str) -> Result<Arc<str>> {
+        if !self.patterns.iter().any(|p| pattern_matches(p, ns)) {
+            return Err(KvError::Denied {
+                tenant: self.name.clone(),
+                namespace: ns.to_string(),
+            });
+        }
+        Ok(Arc::from(format!("{}{TENANT_SEP}{ns}", self.name)))
+    }
+
+    /// Bytes of the tenant's blocks, as the ledger counts them now.
+    pub fn used_bytes(&self) -> u64 {
+        self.ledger.lock().used
+    }
+
+    /// Counts `size` bytes of `key` against the quota. Returns whether it was newly
+    /// counted (false: the ledger already holds the key, from an earlier or concurrent
+    /// put of it); refund a new charge with [`Tenant::forget`] if the put fails.
+    pub fn charge(&self, key: &CacheKey, size: u64, engine: &CacheEngine) -> Result<bool> {
+        let mut l = self.ledger.lock();
+        if l.blocks.contains_key(key) {
+            return Ok(false);
+        }
+        if l.used + size > self.quota {
+            let now = Instant::now();
+            if now >= l.next_prune {
+                // Blocks the cache evicted no longer count (synchronous lookups only:
+                // no await under this lock).
+                l.blocks.retain(|k, _| engine.contains(k));
+                l.used = l.blocks.values().sum();
+                l.next_prune = now + PRUNE_INTERVAL;
+            }
+            if l.used + size > self.quota {
+                return Err(KvError::Quota {
+                    tenant: self.name.clone(),
+                    used: l.used,
+                    size,
+                    quota: self.quota,
+                });
+            }
+        }
+        l.blocks.insert(key.clone(), size);
+        l.used += size;
+        Ok(true)
+    }
+
+    /// `key` is no longer the tenant's (removed, or its put failed).
+    pub fn forget(&self, key: &CacheKey) {
+        let mut l = self.ledger.lock();
+        if let Some(size) = l.blocks.remove(key) {
+            l.used -= size;
+        }
+    }
+}
+
+/// The configured tenants.
+#[derive(Default)]
+pub struct Tenants {
+    list: Vec<Arc<Tenant>>,
+}
+
+impl Tenants {
+    pub fn new(cfgs: &[TenantConfig], inflight_bytes: u64) -> Self {
+        Tenants {
+            list: cfgs
+                .iter()
+                .map(|c| Arc::new(Tenant::new(c, inflight_bytes)))
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The tenant whose token is `token`. Compares against every tenant's token in
+    /// constant time per token, so the time taken does not tell which one matched.
+    pub fn authenticate(&self, token: &[u8]) -> Option<Arc<Tenant>> {
+        let mut found = None;
+        for t in &self.list {
+            if constant_time_eq(token, &t.token) {
+                found = Some(t.clone());
+            }
+        }
+        found
+    }
+}
+
+/// Byte strings equal, in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_like_globs() {
+        assert!(pattern_matches("llama3-*", "llama3-8b/tenant-a"));
+        assert!(pattern_matches("llama3-*", "llama3-"));
+        assert!(!pattern_matches("llama3-*", "llama2-7b"));
+        assert!(pattern_matches("exact", "exact"));
+        assert!(!pattern_matches("exact", "exact2"));
+        assert!(pattern_matches("*/team-?", "m/team-a"));
+        assert!(!pattern_matches("*/team-?", "m/team-ab"));
+        assert!(pattern_matches("a*b*c", "axxbyyc"));
+        assert!(!pattern_matches("a*b*c", "axxbyy"));
+        assert!(pattern_matches("*", "anything"));
+    }
+
+    fn cfg(name: &str, token: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            namespaces: vec!["m-*".into()],
+            quota_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn tenant_lists_are_checked() {
+        assert!(check_tenants(&[cfg("a", "t1"), cfg("b", "t2")]).is_ok());
+        assert!(check_tenants(&[cfg("a", "t1"), cfg("a", "t2")]).is_err());
+        assert!(check_tenants(&[cfg("a", "t1"), cfg("b", "t1")]).is_err());
+        assert!(check_tenants(&[cfg("a:b", "t1")]).is_err());
+        assert!(check_tenants(&[cfg("a", " ")]).is_err());
+        let mut c = cfg("a", "t");
+        c.quota_bytes = 0;
+        assert!(check_tenants(&[c]).is_err());
+        assert!(!format!("{:?}", cfg("a", "secret")).contains("secret"));
+    }
+
+    #[test]
+    fn tokens_find_their_tenant_and_scope_namespaces() {
+        let ts = Tenants::new(&[cfg("a", "t1"), cfg("b", "t2")], 1 << 20);
+        assert_eq!(
+            ts.authenticate(b"t2").map(|t| t.name().to_string()),
+            Some("b".into())
+        );
+        assert!(ts.authenticate(b"t3").is_none());
+        let a = ts.authenticate(b"t1").expect("a");
+        assert_eq!(&*a.scope("m-1").expect("allowed"), "a:m-1");
+        assert!(matches!(a.scope("x-1"), Err(KvError::Denied { .. })));
+    }
+}

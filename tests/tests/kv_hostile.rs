@@ -1,0 +1,317 @@
+//! KV service end to end against hostile or broken clients (issue 12, finding 4): one
+//! stalled client must not block everyone. Stalled Put streams hold only what they
+//! sent, are aborted after the idle timeout and release it; one connection cannot take
+//! the whole put budget; a Get the client never reads is dropped after the idle timeout.
+
+mod kv_common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kv_common::{block, memory_engine, TestServer};
+use strata_kvcache::pb;
+use strata_kvcache::pb::kv_cache_client::KvCacheClient;
+use strata_kvcache::server::ServerConfig;
+use strata_kvcache::{KvClient, KvService};
+use tonic::Code;
+
+const NS: &str = "m/t";
+
+/// A Put stream that declares `declared` bytes, sends `sent` of them, then stalls
+/// (keeps the stream open and sends nothing more).
+fn stalled_put(
+    hash: Vec<u8>,
+    declared: u64,
+    sent: usize,
+) -> impl futures::Stream<Item = pb::PutRequest> + Send + 'static {
+    let chunks: Vec<Bytes> = {
+        let data = block(sent, 99);
+        let mut v = Vec::new();
+        let mut off = 0;
+        while off < sent {
+            let end = (off + (1 << 20)).min(sent);
+            v.push(data.slice(off..end));
+            off = end;
+        }
+        v
+    };
+    let msgs: Vec<pb::PutRequest> = chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| pb::PutRequest {
+            namespace: if i == 0 { NS.into() } else { String::new() },
+            hash: if i == 0 {
+                Bytes::from(hash.clone())
+            } else {
+                Bytes::new()
+            },
+            size: if i == 0 { declared } else { 0 },
+            data: d,
+        })
+        .collect();
+    futures::stream::iter(msgs).chain(futures::stream::pending())
+}
+
+/// Starts `n` stalled puts on `client`'s connection; their outcomes come back through
+/// the handles.
+fn start_stalled(
+    client: &KvClient,
+    tag: &str,
+    n: usize,
+    declared: u64,
+    sent: usize,
+) -> Vec<tokio::task::JoinHandle<Result<pb::PutResponse, tonic::Status>>> {
+    (0..n)
+        .map(|i| {
+            let mut c = client.clone();
+            let hash = format!("stalled-{tag}-{i}").into_bytes();
+            tokio::spawn(async move {
+                c.raw()
+                    .put(stalled_put(hash, declared, sent))
+                    .await
+                    .map(|r| r.into_inner())
+            })
+        })
+        .collect()
+}
+
+/// Waits (at most 10 s) until `cond` holds for the service's stats.
+async fn wait_for(
+    service: &KvService,
+    what: &str,
+    cond: impl Fn(&strata_kvcache::KvStatsSnapshot) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = service.stats();
+        if cond(&s) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the puts in flight hold `share` bytes, gives the others time to try
+/// for more, and checks they got none: `who` holds at most its share.
+async fn assert_holds_exactly(service: &KvService, share: u64, who: &str) {
+    wait_for(service, "the share taken", |s| {
+        s.put_reserved_bytes >= share
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        service.stats().put_reserved_bytes,
+        share,
+        "{who} holds at most its share"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_stalled_puts_do_not_block_a_normal_put() {
+    // Defaults (1 GiB budget, 10 s idle timeout): the reproduction of finding 4.
+    let server = TestServer::start(memory_engine(256 << 20), ServerConfig::default()).await;
+    // 20 streams over 4 connections, each declaring 64 MiB and sending one byte.
+    let mut stalled = Vec::new();
+    for conn in 0..4 {
+        let c = KvClient::connect(&server.addr).await.expect("connect");
+        stalled.extend(start_stalled(&c, &conn.to_string(), 5, 64 << 20, 1));
+    }
+    // All 20 have reached the server (each reserved the one KiB it sent).
+    wait_for(&server.service, "20 stalled puts", |s| {
+        s.put_reserved_bytes >= 20 * 1024
+    })
+    .await;
+    let mut good = KvClient::connect(&server.addr).await.expect("connect");
+    let data = block(1 << 20, 7);
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), good.put(NS, b"good", data.clone())).await;
+    let took = t.elapsed();
+    eprintln!("1 MiB put with 20 stalled streams: {took:?}");
+    r.expect("the normal put is not blocked by the stalled ones")
+        .expect("the normal put succeeds");
+    assert!(took < Duration::from_secs(2), "put took {took:?}");
+    assert!(good.get(NS, b"good").await.expect("get").expect("hit") == data);
+    for h in &stalled {
+        assert!(!h.is_finished(), "stalled puts wait for their idle timeout");
+    }
+    for h in stalled {
+        h.abort();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_put_is_aborted_after_the_idle_timeout_and_releases_its_budget() {
+    let cfg = ServerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let c = KvClient::connect(&server.addr).await.expect("connect");
+    let t = Instant::now();
+    let handles = start_stalled(&c, "idle", 3, 64 << 20, 256 << 10);
+    for h in handles {
+        let e = tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .expect("the stalled put ends within 5 s")
+            .expect("task joins")
+            .expect_err("a stalled put fails");
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+        assert!(e.message().contains("idle"), "{e:?}");
+    }
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    let s = server.service.stats();
+    assert_eq!(s.put_reserved_bytes, 0, "the reservations are released");
+    assert_eq!(s.idle_aborted, 3);
+    let mut c2 = c.clone();
+    assert!(
+        !c2.exists(NS, b"stalled-idle-0").await.expect("exists"),
+        "nothing of an aborted put is stored"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_cannot_take_the_whole_put_budget() {
+    let cfg = ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_put_bytes: 16 << 20,
+        per_connection_put_bytes: 8 << 20,
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    // Ten streams on one connection, each 2 of 4 declared MiB sent: 20 MiB if nothing
+    // capped the connection, more than the whole 16 MiB budget.
+    let hostile = KvClient::connect(&server.addr).await.expect("connect");
+    let stalled = start_stalled(&hostile, "hog", 10, 4 << 20, 2 << 20);
+    assert_holds_exactly(&server.service, 8 << 20, "one connection").await;
+    let mut good = KvClient::connect(&server.addr).await.expect("connect");
+    let data = block(4 << 20, 3);
+    tokio::time::timeout(Duration::from_secs(5), good.put(NS, b"fair", data))
+        .await
+        .expect("another connection still gets budget")
+        .expect("put");
+    for h in stalled {
+        h.abort();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
+    let tenant = |name: &str| strata_kvcache::TenantConfig {
+        name: name.into(),
+        token: format!("tok-{name}"),
+        namespaces: vec![NS.into()],
+        quota_bytes: 1 << 30,
+    };
+    let cfg = ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_put_bytes: 16 << 20,
+        per_connection_put_bytes: 4 << 20,
+        per_tenant_put_bytes: 8 << 20,
+        tenants: vec![tenant("a"), tenant("b")],
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let connect = |token: &'static str| {
+        let addr = server.addr.clone();
+        async move {
+            KvClient::connect_with(
+                &addr,
+                strata_kvcache::client::ClientOptions {
+                    token: Some(token.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("connect")
+        }
+    };
+    // Tenant a: four connections, each with a stream holding 2 of 4 declared MiB and
+    // one more waiting: 16 MiB, the whole budget, without a tenant share.
+    let mut stalled = Vec::new();
+    for conn in 0..4 {
+        let c = connect("tok-a").await;
+        for i in 0..2 {
+            let mut c = c.clone();
+            let hash = format!("hog-{conn}-{i}").into_bytes();
+            stalled.push(tokio::spawn(async move {
+                let mut req = tonic::Request::new(stalled_put(hash, 4 << 20, 2 << 20));
+                req.metadata_mut()
+                    .insert("authorization", "Bearer tok-a".parse().expect("header"));
+                c.raw().put(req).await.map(|r| r.into_inner())
+            }));
+        }
+    }
+    assert_holds_exactly(&server.service, 8 << 20, "one tenant").await;
+    let mut b = connect("tok-b").await;
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b.put(NS, b"b-block", block(4 << 20, 4)),
+    )
+    .await
+    .expect("tenant b still gets budget")
+    .expect("put");
+    for h in stalled {
+        h.abort();
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_the_client_never_reads_is_dropped_after_the_idle_timeout() {
+    let cfg = ServerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let size = 16usize << 20;
+    c.put(NS, b"big", block(size, 1)).await.expect("put");
+    // A plain channel with HTTP/2's 64 KiB default windows: the server can send little
+    // before the client reads.
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut raw = KvCacheClient::new(ch).max_decoding_message_size(8 << 20);
+    let mut stream = raw
+        .get(pb::GetRequest {
+            namespace: NS.into(),
+            hash: Bytes::from_static(b"big"),
+        })
+        .await
+        .expect("get starts")
+        .into_inner();
+    let first = stream.message().await.expect("first").expect("a message");
+    assert_eq!(first.size, size as u64);
+    // The block is removed; only the unread stream still refers to it.
+    assert_eq!(c.remove(NS, &[b"big"]).await.expect("remove"), 1);
+    wait_for(&server.service, "the unread get dropped", |s| {
+        s.idle_aborted == 1
+    })
+    .await;
+    let mut got = first.data.len();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(m)) => got += m.data.len(),
+            Ok(None) => panic!("the stream ended normally after {got} bytes"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        got < size,
+        "the rest of the block was dropped ({got} bytes came)"
+    );
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    // The service keeps serving.
+    c.put(NS, b"after", block(1 << 20, 2)).await.expect("put");
+    server.stop().await;
+}

@@ -1,0 +1,219 @@
+//! KV service end to end with tenants (issue 12, finding 3): a tenant's token can
+//! neither read, overwrite, remove nor learn the existence of another tenant's blocks;
+//! a namespace outside its patterns is PERMISSION_DENIED whatever is cached; its quota
+//! is enforced (RESOURCE_EXHAUSTED past it).
+
+mod kv_common;
+
+use bytes::Bytes;
+use kv_common::{block, memory_engine, TestServer};
+use strata_cache_core::CacheKey;
+use strata_kvcache::client::{BlockTier, ClientOptions};
+use strata_kvcache::server::ServerConfig;
+use strata_kvcache::{KvClient, TenantConfig};
+use tonic::Code;
+
+const NS: &str = "llama3-8b/chat";
+
+fn tenant(name: &str, token: &str, namespaces: &[&str], quota: u64) -> TenantConfig {
+    TenantConfig {
+        name: name.into(),
+        token: token.into(),
+        namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        quota_bytes: quota,
+    }
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        tenants: vec![
+            tenant("a", "tok-a", &["llama3-*"], 4 << 20),
+            // Overlapping patterns: b may use llama3-* too, in its own key space.
+            tenant("b", "tok-b", &["llama3-*", "mistral-*"], 64 << 20),
+            tenant("c", "tok-c", &["qwen-*"], 64 << 20),
+        ],
+        ..Default::default()
+    }
+}
+
+async fn client(addr: &str, token: Option<&str>) -> KvClient {
+    KvClient::connect_with(
+        addr,
+        ClientOptions {
+            token: token.map(String::from),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_cannot_read_overwrite_remove_or_probe_each_others_blocks() {
+    let server = TestServer::start(memory_engine(256 << 20), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    let mut b = client(&server.addr, Some("tok-b")).await;
+    let mut c = client(&server.addr, Some("tok-c")).await;
+    let data = block(64 << 10, 1);
+    assert!(!a.put(NS, b"k1", data.clone()).await.expect("a puts"));
+    assert!(a.exists(NS, b"k1").await.expect("a sees its own block"));
+
+    // b's patterns allow the same namespace name, but b sees its own key space only.
+    assert!(b.get(NS, b"k1").await.expect("get").is_none(), "no read");
+    assert!(!b.exists(NS, b"k1").await.expect("exists"), "no existence");
+    assert_eq!(b.locate(NS, b"k1").await.expect("locate"), BlockTier::None);
+    assert_eq!(b.match_prefix(NS, &[b"k1"]).await.expect("prefix"), 0);
+    assert_eq!(
+        b.batch_exists(NS, &[b"k1"]).await.expect("batch exists"),
+        vec![false]
+    );
+    assert_eq!(
+        b.batch_get(NS, &[b"k1"]).await.expect("batch get"),
+        vec![None]
+    );
+    assert_eq!(
+        b.estimate_load(NS, &[b"k1"], 0)
+            .await
+            .expect("estimate")
+            .matched,
+        0
+    );
+    // b's put of the same key stores b's block (not "already present", which would
+    // tell b that a has it) and leaves a's untouched.
+    let junk = block(64 << 10, 666);
+    assert!(!b.put(NS, b"k1", junk.clone()).await.expect("b puts"));
+    assert_eq!(b.remove(NS, &[b"k1"]).await.expect("b removes its own"), 1);
+    assert_eq!(b.remove(NS, &[b"k1"]).await.expect("nothing more"), 0);
+    assert!(
+        a.get(NS, b"k1")
+            .await
+            .expect("get")
+            .expect("a's block stays")
+            == data,
+        "a's block was neither overwritten nor removed"
+    );
+
+    // c's patterns do not allow the namespace: PERMISSION_DENIED, with the same answer
+    // for a key a stored and a key nobody stored.
+    let denied = |e: strata_kvcache::KvError| {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+        e.to_string()
+    };
+    let m1 = denied(c.get(NS, b"k1").await.expect_err("get"));
+    let m2 = denied(c.get(NS, b"never-stored").await.expect_err("get"));
+    assert_eq!(m1, m2, "the answer does not depend on what is cached");
+    denied(c.exists(NS, b"k1").await.expect_err("exists"));
+    denied(c.match_prefix(NS, &[b"k1"]).await.expect_err("prefix"));
+    denied(c.put(NS, b"k1", junk.clone()).await.expect_err("put"));
+    denied(c.remove(NS, &[b"k1"]).await.expect_err("remove"));
+    denied(c.batch_get(NS, &[b"k1"]).await.expect_err("batch get"));
+    denied(c.prefetch(NS, &[b"k1"]).await.expect_err("prefetch"));
+    assert!(a.get(NS, b"k1").await.expect("get").expect("still there") == data);
+
+    // Stats name each tenant's key space.
+    let names: Vec<String> = server
+        .service
+        .stats()
+        .namespaces
+        .into_iter()
+        .map(|n| n.namespace)
+        .collect();
+    assert!(
+        names.contains(&format!("a:{NS}")) && names.contains(&format!("b:{NS}")),
+        "{names:?}"
+    );
+
+    // No token, or a wrong one: UNAUTHENTICATED.
+    let mut anon = client(&server.addr, None).await;
+    assert_eq!(
+        anon.get(NS, b"k1").await.expect_err("no token").code(),
+        Code::Unauthenticated
+    );
+    let mut wrong = client(&server.addr, Some("tok-z")).await;
+    assert_eq!(
+        wrong
+            .put(NS, b"k2", junk)
+            .await
+            .expect_err("wrong token")
+            .code(),
+        Code::Unauthenticated
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_quota_is_enforced() {
+    let server = TestServer::start(memory_engine(256 << 20), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    let mut b = client(&server.addr, Some("tok-b")).await;
+    let mb = |i: u64| block(1 << 20, i);
+    for i in 0..4u64 {
+        a.put(NS, &i.to_be_bytes(), mb(i))
+            .await
+            .expect("within quota");
+    }
+    // A repeated put of a stored block costs nothing.
+    assert!(a.put(NS, &0u64.to_be_bytes(), mb(0)).await.expect("re-put"));
+    let e = a
+        .put(NS, b"fifth", mb(5))
+        .await
+        .expect_err("past the 4 MiB quota");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(
+        e.to_string().contains("quota") && e.to_string().contains("4194304"),
+        "{e}"
+    );
+    assert!(
+        !a.exists(NS, b"fifth").await.expect("exists"),
+        "nothing stored"
+    );
+    // Other tenants are not affected.
+    b.put(NS, b"fifth", mb(5))
+        .await
+        .expect("b has its own quota");
+    // Removing frees quota.
+    assert_eq!(
+        a.remove(NS, &[0u64.to_be_bytes()]).await.expect("remove"),
+        1
+    );
+    a.put(NS, b"fifth", mb(5))
+        .await
+        .expect("fits after a remove");
+    // A block the cache evicted no longer counts (evicted here by removing it from
+    // the engine directly, as eviction does, without the tenant's remove).
+    let evicted = CacheKey::kv(format!("a:{NS}").as_str(), 1u64.to_be_bytes().to_vec());
+    assert!(server
+        .service
+        .engine()
+        .remove(&evicted)
+        .await
+        .expect("engine remove"));
+    // The ledger is reconciled with the cache at most once a second (the refusal
+    // above just did): past that, the evicted block's bytes are free again.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    a.put(NS, b"sixth", mb(6))
+        .await
+        .expect("fits after an eviction");
+    let e = a.put(NS, b"seventh", mb(7)).await.expect_err("full again");
+    assert_eq!(e.code(), Code::ResourceExhausted);
+    // A put that fails half-way (truncated) leaves no charge behind.
+    assert_eq!(a.remove(NS, &[b"sixth"]).await.expect("remove"), 1);
+    let truncated = vec![strata_kvcache::pb::PutRequest {
+        namespace: NS.into(),
+        hash: Bytes::from_static(b"trunc"),
+        size: 1 << 20,
+        data: block(1024, 9),
+    }];
+    let mut raw = a.clone();
+    let mut req = tonic::Request::new(tokio_stream::iter(truncated));
+    req.metadata_mut()
+        .insert("authorization", "Bearer tok-a".parse().expect("header"));
+    assert_eq!(
+        raw.raw().put(req).await.expect_err("truncated").code(),
+        Code::InvalidArgument
+    );
+    a.put(NS, b"seventh", mb(7))
+        .await
+        .expect("the truncated put was refunded");
+    server.stop().await;
+}
