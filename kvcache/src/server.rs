@@ -45,6 +45,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use strata_cache_core::key::{KV_BLOCK_MAX, KV_BLOCK_MIN};
 use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
+use strata_prefetch::Admission;
 use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
@@ -53,6 +54,7 @@ use crate::error::{KvError, Result};
 use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
+use crate::staging::Staging;
 use crate::stats::KvStats;
 use crate::tenants::{constant_time_eq, Tenant, TenantConfig, Tenants};
 
@@ -272,6 +274,8 @@ struct Inner {
     stats: KvStats,
     started: Instant,
     top_tier: Option<TierKind>,
+    /// The KV `Prefetch`, decided and accounted by the daemon's access controller.
+    staging: Staging,
 }
 
 /// The service: cheap to clone; clones share counters and the put budget.
@@ -301,6 +305,7 @@ impl KvService {
                 }),
                 started: Instant::now(),
                 top_tier,
+                staging: Staging::default(),
                 engine,
                 config,
             }),
@@ -327,6 +332,10 @@ impl KvService {
 
     pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
         let mut s = self.inner.stats.snapshot();
+        let staged = self.inner.staging.stats();
+        s.prefetch_used = staged.used;
+        s.prefetch_wasted = staged.wasted;
+        s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
         s
     }
@@ -335,9 +344,13 @@ impl KvService {
         &self.inner.engine
     }
 
+    /// One job per namespace: streams of different tenants are never merged.
+    fn job(&self, ns: &str) -> JobId {
+        JobId(fnv1a(ns.as_bytes()))
+    }
+
     fn ctx(&self, ns: &str, prefetch: bool) -> AccessContext {
-        // One job per namespace: streams of different tenants are never merged.
-        let job = JobId(fnv1a(ns.as_bytes()));
+        let job = self.job(ns);
         let now_ns = self.inner.started.elapsed().as_nanos() as u64;
         if prefetch {
             AccessContext::prefetch(job, now_ns)
@@ -552,7 +565,16 @@ impl KvService {
         let got = self.inner.engine.get(key, &self.ctx(ns, false)).await?;
         self.inner
             .stats
-            .get(ns, key, got.as_ref().map(|b| b.len() as u64));
+            .get(ns, got.as_ref().map(|b| b.len() as u64));
+        if got.is_some() {
+            // A staged block read (used); a few staged ones checked for having left the
+            // fastest tier unread (wasted).
+            let engine = &self.inner.engine;
+            let top = self.inner.top_tier;
+            self.inner
+                .staging
+                .on_get(key, self.job(ns), |k| engine.locate(k) == top);
+        }
         Ok(got.map(|b| (b, tier)))
     }
 
@@ -901,17 +923,39 @@ impl KvCache for KvService {
             let (ns, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let ctx = self.ctx(&ns, true);
             let mut resp = pb::PrefetchResponse::default();
+            let staging = &self.inner.staging;
             for k in keys {
                 match self.inner.engine.locate(&k) {
                     None => resp.missing += 1,
                     Some(t) if Some(t) == self.inner.top_tier => resp.already_fast += 1,
                     Some(_) => {
-                        // A get promotes a lower-tier hit into the fastest tier.
-                        if self.inner.engine.get(&k, &ctx).await?.is_some() {
-                            resp.staged += 1;
-                            self.inner.stats.prefetched(k);
-                        } else {
-                            resp.missing += 1;
+                        // The staging controller decides (backlog bound, one staging per
+                        // block); a get promotes a lower-tier hit into the fastest tier.
+                        let bytes = self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20);
+                        match staging.admit(&k, ctx.job, &ns, bytes) {
+                            Admission::Issue => {}
+                            // Being staged by another call: it will be fast.
+                            Admission::Outstanding => {
+                                resp.staged += 1;
+                                continue;
+                            }
+                            // Deferred: left where it is (counted in stats).
+                            Admission::BacklogFull => continue,
+                        }
+                        match self.inner.engine.get(&k, &ctx).await {
+                            Ok(Some(_)) => {
+                                staging.landed(&k);
+                                resp.staged += 1;
+                                self.inner.stats.prefetched();
+                            }
+                            Ok(None) => {
+                                staging.failed(&k);
+                                resp.missing += 1;
+                            }
+                            Err(e) => {
+                                staging.failed(&k);
+                                return Err(e.into());
+                            }
                         }
                     }
                 }

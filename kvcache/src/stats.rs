@@ -9,14 +9,14 @@
 //! weighted average of the Gets the service has completed: small blocks (< 64 KiB)
 //! update the latency, large ones (>= 256 KiB) the bandwidth.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
-use strata_cache_core::{CacheKey, TierKind};
+use strata_cache_core::TierKind;
 
 /// Most namespaces tracked one by one (besides the registered ones, always tracked);
 /// beyond, they are counted under [`OTHER_NS`] so a client inventing namespaces cannot
@@ -31,9 +31,6 @@ use strata_cache_core::{CacheKey, TierKind};
 pub const MAX_TRACKED_NAMESPACES: usize = 256;
 /// Bucket of the namespaces beyond [`MAX_TRACKED_NAMESPACES`].
 pub const OTHER_NS: &str = "(other)";
-/// Most prefetched keys remembered to count "prefetch used"; beyond, the oldest set is
-/// dropped (the count is then a lower bound).
-const MAX_PREFETCHED_TRACKED: usize = 1 << 16;
 
 #[derive(Default)]
 struct NsCounters {
@@ -71,7 +68,14 @@ pub struct KvStatsSnapshot {
     pub lookups: u64,
     pub removes: u64,
     pub prefetch_issued: u64,
+    /// Staged blocks read by a Get afterwards.
     pub prefetch_used: u64,
+    /// Staged blocks that left the fastest tier unread.
+    #[serde(default)]
+    pub prefetch_wasted: u64,
+    /// Blocks not staged because the staging backlog was full.
+    #[serde(default)]
+    pub prefetch_deferred: u64,
     /// Requests refused with an error status (bad input, full cache, auth).
     pub rejected: u64,
     /// Put or Get streams aborted because the client stopped sending or reading.
@@ -114,14 +118,11 @@ pub struct KvStats {
     lookups: AtomicU64,
     removes: AtomicU64,
     prefetch_issued: AtomicU64,
-    prefetch_used: AtomicU64,
     rejected: AtomicU64,
     idle_aborted: AtomicU64,
     namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
     /// Entries made for registered namespaces (outside the cap).
     pinned: usize,
-    prefetched: Mutex<HashSet<CacheKey>>,
-    prefetched_len: AtomicUsize,
     pub load: LoadModel,
 }
 
@@ -180,7 +181,7 @@ impl KvStats {
     }
 
     /// A Get of `key`: `Some(bytes)` on a hit.
-    pub fn get(&self, ns: &str, key: &CacheKey, hit: Option<u64>) {
+    pub fn get(&self, ns: &str, hit: Option<u64>) {
         let c = self.ns_existing(ns);
         match hit {
             Some(bytes) => {
@@ -188,13 +189,6 @@ impl KvStats {
                 self.get_bytes.fetch_add(bytes, Ordering::Relaxed);
                 c.hits.fetch_add(1, Ordering::Relaxed);
                 c.get_bytes.fetch_add(bytes, Ordering::Relaxed);
-                if self.prefetched_len.load(Ordering::Relaxed) > 0 {
-                    let mut set = self.prefetched.lock();
-                    if set.remove(key) {
-                        self.prefetch_used.fetch_add(1, Ordering::Relaxed);
-                    }
-                    self.prefetched_len.store(set.len(), Ordering::Relaxed);
-                }
             }
             None => {
                 self.misses.fetch_add(1, Ordering::Relaxed);
@@ -223,15 +217,10 @@ impl KvStats {
     pub fn idle_aborted(&self) {
         self.idle_aborted.fetch_add(1, Ordering::Relaxed);
     }
-    /// A block staged into the fastest tier by Prefetch.
-    pub fn prefetched(&self, key: CacheKey) {
+    /// A block staged into the fastest tier by Prefetch (its outcome is counted by the
+    /// staging controller, [`crate::staging::Staging`]).
+    pub fn prefetched(&self) {
         self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
-        let mut set = self.prefetched.lock();
-        if set.len() >= MAX_PREFETCHED_TRACKED {
-            set.clear();
-        }
-        set.insert(key);
-        self.prefetched_len.store(set.len(), Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> KvStatsSnapshot {
@@ -264,7 +253,10 @@ impl KvStats {
             lookups: l(&self.lookups),
             removes: l(&self.removes),
             prefetch_issued: l(&self.prefetch_issued),
-            prefetch_used: l(&self.prefetch_used),
+            // Filled in by the service from its staging controller.
+            prefetch_used: 0,
+            prefetch_wasted: 0,
+            prefetch_deferred: 0,
             rejected: l(&self.rejected),
             idle_aborted: l(&self.idle_aborted),
             put_reserved_bytes: 0,
@@ -409,9 +401,8 @@ mod tests {
     #[test]
     fn namespaces_are_bounded_and_hit_ratio_counts() {
         let s = KvStats::default();
-        let k = CacheKey::kv("a", vec![1u8]);
-        s.get("a", &k, Some(10));
-        s.get("a", &k, None);
+        s.get("a", Some(10));
+        s.get("a", None);
         for i in 0..(MAX_TRACKED_NAMESPACES + 10) {
             s.put(&format!("ns{i}"), 1, false);
         }
@@ -433,7 +424,7 @@ mod tests {
         let s = KvStats::with_pinned(&["model/tenant".to_string()]);
         for i in 0..10_000 {
             let ns = format!("junk{i}");
-            s.get(&ns, &CacheKey::kv(ns.as_str(), vec![1u8]), None);
+            s.get(&ns, None);
         }
         let snap = s.snapshot();
         assert_eq!(snap.namespaces.len(), 2, "{:?}", snap.namespaces);

@@ -396,6 +396,18 @@ pub fn render_metrics(s: &DaemonStats) -> String {
         );
         counter(
             &mut reg,
+            "kv_prefetch_wasted",
+            "Prefetched KV blocks that left the fastest tier unread",
+            kv.prefetch_wasted,
+        );
+        counter(
+            &mut reg,
+            "kv_prefetch_deferred",
+            "KV blocks not staged because the staging backlog was full",
+            kv.prefetch_deferred,
+        );
+        counter(
+            &mut reg,
             "kv_rejected",
             "KV requests refused with an error status",
             kv.rejected,

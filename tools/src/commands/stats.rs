@@ -211,15 +211,16 @@ fn render_engine(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r:
         e.demotions,
         e.singleflight_joins
     );
-    let kv_issued = s.kv.as_ref().map_or(0, |k| k.prefetch_issued);
-    let kv_used = s.kv.as_ref().map_or(0, |k| k.prefetch_used);
+    let kv = s.kv.clone().unwrap_or_default();
     let _ = writeln!(
         o,
-        "prefetch: {} fills ({:.1} MiB)   KV staged {} / used {}",
+        "prefetch: {} fills ({:.1} MiB)   KV staged {} / used {} / wasted {} / deferred {}",
         e.prefetch_fills,
         mib(e.prefetch_bytes),
-        kv_issued,
-        kv_used
+        kv.prefetch_issued,
+        kv.prefetch_used,
+        kv.prefetch_wasted,
+        kv.prefetch_deferred
     );
 }
 
