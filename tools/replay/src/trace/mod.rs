@@ -24,6 +24,7 @@
 
 pub mod gen;
 pub mod mooncake;
+pub mod record;
 
 use std::collections::HashMap;
 use std::fs::File;
