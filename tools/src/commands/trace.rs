@@ -110,6 +110,12 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     trace::write_file(&rec.trace, &a.out)
         .with_context(|| format!("writing {}", a.out.display()))?;
     summary(&rec.trace, &a.out);
+    let st = &rec.stats;
+    eprintln!(
+        "strace: {} lines, {} calls, {} processes; {} reads kept, {} of other files or fds, \
+         {} lines not understood",
+        st.lines, st.calls, st.processes, st.reads, st.reads_elsewhere, st.malformed
+    );
     if let Some(f) = failed {
         anyhow::bail!("{f}; the trace of what it read is in {}", a.out.display());
     }
