@@ -767,12 +767,14 @@ mod tests {
         (rows, st)
     }
 
-    fn ranges(text: &str) -> Vec<(String, u64, u64)> {
-        run(text).0.into_iter().map(|r| (r.2, r.3, r.4)).collect()
-    }
-
-    fn r(p: &str, off: u64, len: u64) -> (String, u64, u64) {
-        (p.to_string(), off, len)
+    /// Asserts the `(path, offset, len)` of the rows `text` records.
+    fn assert_ranges(text: &str, want: &[(&str, u64, u64)]) {
+        let got: Vec<_> = run(text).0.into_iter().map(|r| (r.2, r.3, r.4)).collect();
+        let want: Vec<_> = want
+            .iter()
+            .map(|&(p, o, l)| (p.to_string(), o, l))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -841,7 +843,7 @@ mod tests {
 
     #[test]
     fn dup_shares_an_offset_and_close_ends_it() {
-        let got = ranges(
+        assert_ranges(
             r#"7 1.0 openat(AT_FDCWD, "/data/x", O_RDONLY) = 3
 7 1.1 dup(3) = 4
 7 1.2 read(4, ""..., 100) = 100
@@ -857,16 +859,13 @@ mod tests {
 7 2.2 openat(AT_FDCWD, "/elsewhere/y", O_RDONLY) = 12
 7 2.3 read(12, ""..., 5) = 5
 "#,
-        );
-        assert_eq!(
-            got,
-            vec![
-                r("x", 0, 100),
-                r("x", 100, 100),
-                r("x", 200, 5),
-                r("x", 205, 5),
-                r("x", 210, 5)
-            ]
+            &[
+                ("x", 0, 100),
+                ("x", 100, 100),
+                ("x", 200, 5),
+                ("x", 205, 5),
+                ("x", 210, 5),
+            ],
         );
     }
 
@@ -942,7 +941,7 @@ mod tests {
 
     #[test]
     fn paths_resolve_against_cwd_dirfds_and_exec_drops_cloexec() {
-        let got = ranges(
+        assert_ranges(
             r#"40 1.0 chdir("/data/sub") = 0
 40 1.1 openat(AT_FDCWD, "../x", O_RDONLY) = 3
 40 1.2 openat(AT_FDCWD, "/data/dir", O_RDONLY|O_DIRECTORY) = 4
@@ -959,15 +958,7 @@ mod tests {
 40 2.3 pipe2([5, 6], O_CLOEXEC) = 0
 40 2.4 read(6, ""..., 4) = 4
 "#,
-        );
-        assert_eq!(
-            got,
-            vec![
-                r("x", 0, 1),
-                r("dir/y", 0, 2),
-                r("sub/z", 0, 3),
-                r("x", 1, 4)
-            ]
+            &[("x", 0, 1), ("dir/y", 0, 2), ("sub/z", 0, 3), ("x", 1, 4)],
         );
     }
 
