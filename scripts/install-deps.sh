@@ -11,7 +11,8 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 #  librocksdb-dev   RocksDB linked as a system library (saves ~12 min of C++ per cold build)
 #  libclang-dev     bindgen for librocksdb-sys
 #  protobuf-compiler protoc for the KV service's gRPC code generation
-apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config)
+#  strace           `strata trace record` and its tests
+apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -23,7 +23,7 @@ pub enum Command {
     /// Benchmarks: tiers, replay, fs, kv, gds.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Replay traces: generate synthetic workloads, import external traces.
+    /// Replay traces: generate synthetic workloads, import external traces, record a command's reads.
     #[command(subcommand)]
     Trace(commands::trace::TraceCommand),
     /// Run the daemon: KV service, mounts and admin API on one cache core.

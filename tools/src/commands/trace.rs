@@ -1,4 +1,4 @@
-//! `strata trace gen|import`: write replay traces (see [`strata_replay::trace`]).
+//! `strata trace gen|import|record`: write replay traces (see [`strata_replay::trace`]).
 
 use std::path::PathBuf;
 
@@ -13,6 +13,25 @@ pub enum TraceCommand {
     Gen(GenArgs),
     /// Convert an external trace to the replay format.
     Import(ImportArgs),
+    /// Run a command under strace and write the reads it makes of regular files under
+    /// --root (fds followed across dup/fork/threads; one job per process group).
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Output CSV (gzip'd if it ends in .gz).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Only reads of files under this directory are kept, with paths relative to it.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+    /// Keep strace's own output here (else it goes to a temporary file, then away).
+    #[arg(long)]
+    pub strace_log: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -71,6 +90,34 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("writing {}", a.out.display()))?;
             summary(&t, &a.out);
         }
+        TraceCommand::Record(a) => record(a)?,
+    }
+    Ok(())
+}
+
+fn record(a: RecordArgs) -> anyhow::Result<()> {
+    let rec = trace::record::record(&a.root, &a.cmd, a.strace_log.as_deref())?;
+    let failed = (!rec.succeeded()).then(|| format!("the command failed ({})", rec.status));
+    if rec.trace.records.is_empty() {
+        anyhow::bail!(
+            "no reads of regular files under {} were recorded ({} other reads, {} processes){}",
+            rec.root.display(),
+            rec.stats.reads_elsewhere,
+            rec.stats.processes,
+            failed.map(|f| format!("; {f}")).unwrap_or_default()
+        );
+    }
+    trace::write_file(&rec.trace, &a.out)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    summary(&rec.trace, &a.out);
+    let st = &rec.stats;
+    eprintln!(
+        "strace: {} lines, {} calls, {} processes; {} reads kept, {} of other files or fds, \
+         {} lines not understood",
+        st.lines, st.calls, st.processes, st.reads, st.reads_elsewhere, st.malformed
+    );
+    if let Some(f) = failed {
+        anyhow::bail!("{f}; the trace of what it read is in {}", a.out.display());
     }
     Ok(())
 }

@@ -1,4 +1,6 @@
-//! Replay traces: the CSV format, synthetic workload generators and the Mooncake import.
+//! Replay traces: the CSV format, synthetic workload generators, the Mooncake import and
+//! the strace recorder ([`record`], `strata trace record`; a corpus recorded with it is in
+//! `tools/replay/traces/`).
 //!
 //! # Format
 //!
@@ -24,6 +26,7 @@
 
 pub mod gen;
 pub mod mooncake;
+pub mod record;
 
 use std::collections::HashMap;
 use std::fs::File;

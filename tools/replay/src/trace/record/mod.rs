@@ -1,0 +1,125 @@
+//! `strata trace record`: runs a command under `strace` and turns the reads it made of
+//! regular files under a root into a trace. [`parse`] is the pure part (fd, offset,
+//! process and job tracking, unit-tested on hand-written strace lines); this module
+//! runs strace and reads its log.
+
+pub mod parse;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub use parse::{parse_strace, FsLookup, Lookup, ParseStats};
+
+use super::Trace;
+
+/// The system calls strace is asked to report: everything the parser follows.
+pub const SYSCALLS: &str = "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,\
+read,readv,pread64,preadv,preadv2,lseek,clone,clone3,fork,vfork,execve,execveat,chdir,fchdir,\
+setpgid,setsid,pipe,pipe2,socket,socketpair,accept,accept4,eventfd2,epoll_create1,\
+memfd_create,timerfd_create,signalfd4,inotify_init1,pidfd_open";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(
+        "`strace` is not installed (or not on PATH): install it (`apt-get install strace`, \
+         or scripts/install-deps.sh) to record traces"
+    )]
+    StraceMissing,
+    #[error("no command to record (usage: strata trace record --out T.csv -- CMD ARGS...)")]
+    NoCommand,
+    #[error("root {root}: {err}")]
+    Root { root: PathBuf, err: std::io::Error },
+    #[error("running strace: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(
+        "strace exited with {status} before tracing anything (it cannot run the command, \
+         or ptrace is not permitted here: see its message above)"
+    )]
+    StraceFailed { status: String },
+}
+
+/// What a recording produced.
+pub struct Recorded {
+    pub trace: Trace,
+    pub stats: ParseStats,
+    /// The command's exit code (`None`: killed by a signal, see `status`).
+    pub exit_code: Option<i32>,
+    /// The command's exit status in words.
+    pub status: String,
+    /// The root the paths are relative to (its real path).
+    pub root: PathBuf,
+}
+
+impl Recorded {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+/// Runs `cmd` under strace in the current directory and parses what it read under
+/// `root`. `keep_log`: where to leave strace's own output (else a temporary file that is
+/// removed). A failing command still yields its trace (see [`Recorded::exit_code`]).
+pub fn record(
+    root: &Path,
+    cmd: &[OsString],
+    keep_log: Option<&Path>,
+) -> Result<Recorded, RecordError> {
+    if cmd.is_empty() {
+        return Err(RecordError::NoCommand);
+    }
+    let root = std::fs::canonicalize(root).map_err(|err| RecordError::Root {
+        root: root.to_path_buf(),
+        err,
+    })?;
+    let cwd = std::env::current_dir()?;
+    let temp;
+    let log: &Path = match keep_log {
+        Some(p) => p,
+        None => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            temp = std::env::temp_dir().join(format!(
+                "strata-record-{}-{nanos}.strace",
+                std::process::id()
+            ));
+            &temp
+        }
+    };
+    let status = Command::new("strace")
+        .args(["-f", "-qq", "-ttt", "-s", "0", "--seccomp-bpf", "-e"])
+        .arg(format!("trace={SYSCALLS}"))
+        .arg("-o")
+        .arg(log)
+        .arg("--")
+        .args(cmd)
+        .status()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => RecordError::StraceMissing,
+            _ => RecordError::Io(e),
+        })?;
+    let text = std::fs::read(log);
+    if keep_log.is_none() {
+        let _ = std::fs::remove_file(log);
+    }
+    let text = match text {
+        Ok(t) if !t.is_empty() => t,
+        _ if !status.success() => {
+            return Err(RecordError::StraceFailed {
+                status: status.to_string(),
+            })
+        }
+        Ok(t) => t,
+        Err(e) => return Err(RecordError::Io(e)),
+    };
+    let text = String::from_utf8_lossy(&text);
+    let (trace, stats) = parse_strace(&text, &root, &cwd, &mut FsLookup);
+    Ok(Recorded {
+        trace,
+        stats,
+        exit_code: status.code(),
+        status: status.to_string(),
+        root,
+    })
+}

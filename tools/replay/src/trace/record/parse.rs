@@ -1,0 +1,972 @@
+//! Turns `strace -f -ttt` output into trace reads: pure logic, no I/O (the one look-up
+//! of a file's real path and size goes through the [`Lookup`] the caller passes).
+//!
+//! What it follows:
+//!
+//! - **File descriptors** per fd table: `open`/`openat`/`creat` make a new open file
+//!   description (OFD) with its own offset; `dup`/`dup2`/`dup3`/`fcntl(F_DUPFD[_CLOEXEC])`
+//!   make another fd onto the *same* OFD (one shared offset); `close`/`close_range` drop
+//!   fds; `execve` drops close-on-exec fds; fds made by pipes, sockets and the like
+//!   replace whatever the number meant before and are never recorded.
+//! - **Processes and threads**: a `clone`/`clone3` with `CLONE_FILES` (threads) shares the
+//!   parent's fd table, one without it (and `fork`/`vfork`) copies it, with every fd onto
+//!   the parent's OFDs (a forked child moves the parent's offsets and the other way
+//!   round, as in the kernel); `CLONE_FS` shares the working directory (`chdir`/`fchdir`).
+//!   Strace prints a child's first lines before its parent's `clone` returns, so the
+//!   parser reads every `clone` result first and builds a process when it first appears.
+//! - **Offsets**: `read`/`readv` read at the OFD's offset and move it by the bytes
+//!   returned; `pread64`/`preadv`/`preadv2` read at their own offset; `lseek` sets it to
+//!   what the call returned. Errors (`= -1 E...`), restarts (`= ? ERESTARTSYS`) and
+//!   end of file (`= 0`) record nothing. Reads through `mmap` page faults are invisible
+//!   to strace and are not in the trace.
+//! - **Split calls**: `read(3,  <unfinished ...>` and a later `<... read resumed>...`
+//!   of the same pid are joined into one call, timed at its start.
+//! - **Jobs, one per process group**: the traced command starts its own group (named by
+//!   its pid); a child inherits its parent's group; `setpgid(p, g)` and `setsid()` move
+//!   a process. A job is named `<program>-<pgid>`, the program being the base name of
+//!   the last `execve` of the group's leader (or the program it was forked running; `pg`
+//!   when none was traced).
+//!
+//! Only reads of regular files under the root are kept, with their path relative to it
+//! (after the [`Lookup`] resolves symbolic links); reads of anything else only move
+//! offsets.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use crate::trace::{Trace, TraceBuilder};
+
+/// What the parser asks of the file system: for an absolute path, the regular file's
+/// real (symlink-free) path and size, or `None` when it is not a regular file or is gone.
+pub trait Lookup {
+    fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)>;
+}
+
+/// The real file system (`canonicalize` and `metadata`).
+pub struct FsLookup;
+
+impl Lookup for FsLookup {
+    fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)> {
+        let real = std::fs::canonicalize(abs).ok()?;
+        let md = std::fs::metadata(&real).ok()?;
+        md.is_file().then_some((real, md.len()))
+    }
+}
+
+/// Counts of what the parser saw, for the summary and error messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParseStats {
+    pub lines: usize,
+    pub calls: usize,
+    pub processes: usize,
+    /// Reads (with data) of files kept in the trace.
+    pub reads: usize,
+    /// Reads (with data) of regular files outside the root, or of other fds we follow.
+    pub reads_elsewhere: usize,
+    /// Lines that looked like calls but did not parse (skipped).
+    pub malformed: usize,
+}
+
+/// One read before the trace is built (sizes are fixed at the end).
+struct RawRead {
+    ts_ns: u64,
+    pgid: u32,
+    file: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// An open file description: what was opened, and the one offset its fds share.
+struct Ofd {
+    /// Absolute path as opened (for `openat` relative to a directory fd, `fchdir`).
+    abs: Option<Arc<Path>>,
+    /// Index into `Parser::files` when it is a regular file under the root.
+    file: Option<u32>,
+    offset: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Fd {
+    ofd: usize,
+    cloexec: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Proc {
+    /// Index of its fd table (shared by threads).
+    files: usize,
+    /// Index of its working directory (shared with `CLONE_FS`).
+    fs: usize,
+    pgid: u32,
+}
+
+/// A `clone`'s result, read before the main pass.
+#[derive(Clone, Copy)]
+struct Birth {
+    parent: u32,
+    share_files: bool,
+    share_fs: bool,
+}
+
+struct Parser<'a, L: Lookup> {
+    root: PathBuf,
+    lookup: &'a mut L,
+    t0: Option<u64>,
+    births: HashMap<u32, Birth>,
+    procs: HashMap<u32, Proc>,
+    tables: Vec<HashMap<i32, Fd>>,
+    cwds: Vec<Arc<Path>>,
+    ofds: Vec<Ofd>,
+    /// Regular files under the root: relative path and size at look-up.
+    files: Vec<(String, u64)>,
+    file_ids: HashMap<Arc<Path>, Option<u32>>,
+    /// Base name of each pid's last `execve`.
+    exe: HashMap<u32, String>,
+    reads: Vec<RawRead>,
+    stats: ParseStats,
+    top: Option<u32>,
+    initial_cwd: Arc<Path>,
+}
+
+/// One whole call: `name(args) = ret`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Call<'a> {
+    pub name: &'a str,
+    pub args: Vec<&'a str>,
+    /// The return value when it is a number (`-1` for errors); `None` for `?`.
+    pub ret: Option<i64>,
+}
+
+/// Parses strace output (`strace -f -ttt`, pids on every line) into a trace. `root` and
+/// `cwd` (the command's starting directory) are absolute; `root` should be free of
+/// symbolic links (the [`Lookup`]'s real paths are compared with it).
+pub fn parse_strace<L: Lookup>(
+    text: &str,
+    root: &Path,
+    cwd: &Path,
+    lookup: &mut L,
+) -> (Trace, ParseStats) {
+    let mut p = Parser {
+        root: root.to_path_buf(),
+        lookup,
+        t0: None,
+        births: HashMap::new(),
+        procs: HashMap::new(),
+        tables: Vec::new(),
+        cwds: Vec::new(),
+        ofds: Vec::new(),
+        files: Vec::new(),
+        file_ids: HashMap::new(),
+        exe: HashMap::new(),
+        reads: Vec::new(),
+        stats: ParseStats::default(),
+        top: None,
+        initial_cwd: Arc::from(cwd),
+    };
+    let calls = join_lines(text, &mut p.stats);
+    p.t0 = calls.iter().map(|c| c.1).min();
+    // Pass 1: who was born of whom, with what sharing.
+    for (pid, _, line) in &calls {
+        if let Some(c) = parse_call(line) {
+            if let Some(child) = c.ret.filter(|&r| r > 0) {
+                if let Some(b) = birth(&c, *pid) {
+                    p.births.insert(child as u32, b);
+                }
+            }
+        }
+    }
+    // Pass 2: everything else, in the order the calls completed.
+    for (pid, ts, line) in &calls {
+        match parse_call(line) {
+            Some(c) => {
+                p.stats.calls += 1;
+                p.call(*pid, *ts, &c);
+            }
+            None => p.stats.malformed += 1,
+        }
+    }
+    let trace = p.build();
+    (trace, p.stats)
+}
+
+/// Splits lines into `(pid, ts_us, call text)`, joining `<unfinished ...>` with its
+/// `<... resumed>`; signals and exit notes are dropped.
+fn join_lines<'a>(
+    text: &'a str,
+    stats: &mut ParseStats,
+) -> Vec<(u32, u64, std::borrow::Cow<'a, str>)> {
+    let mut pending: HashMap<u32, (u64, &'a str)> = HashMap::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        stats.lines += 1;
+        let Some((pid, ts, rest)) = split_prefix(line) else {
+            continue;
+        };
+        if rest.starts_with("---") || rest.starts_with("+++") {
+            continue;
+        }
+        if let Some(head) = rest.strip_suffix("<unfinished ...>") {
+            pending.insert(pid, (ts, head.strip_suffix(' ').unwrap_or(head)));
+            continue;
+        }
+        if let Some(tail) = rest.strip_prefix("<... ") {
+            // `<... read resumed>rest`: glue onto the pending head of this pid.
+            let Some(end) = tail.find(" resumed>") else {
+                continue;
+            };
+            let Some((start_ts, head)) = pending.remove(&pid) else {
+                continue;
+            };
+            let resumed = &tail[end + " resumed>".len()..];
+            out.push((pid, start_ts, format!("{head}{resumed}").into()));
+            continue;
+        }
+        out.push((pid, ts, rest.into()));
+    }
+    out
+}
+
+/// `PID  SECS.USECS rest` → `(pid, microseconds, rest)`.
+fn split_prefix(line: &str) -> Option<(u32, u64, &str)> {
+    let line = line.trim_start();
+    let (pid, rest) = line.split_once(' ')?;
+    let pid: u32 = pid.parse().ok()?;
+    let rest = rest.trim_start();
+    let (ts, rest) = rest.split_once(' ')?;
+    let (s, us) = ts.split_once('.')?;
+    let us = format!("{us:0<6}");
+    let t = s.parse::<u64>().ok()? * 1_000_000 + us.get(..6)?.parse::<u64>().ok()?;
+    Some((pid, t, rest))
+}
+
+/// Parses `name(args) = ret ...`; the args are split at top-level commas, respecting
+/// strings (with escapes) and brackets.
+pub(crate) fn parse_call(s: &str) -> Option<Call<'_>> {
+    let open = s.find('(')?;
+    let name = &s[..open];
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return None;
+    }
+    let bytes = s.as_bytes();
+    let mut depth = 0i32;
+    let mut in_str = false;
+    let mut args = Vec::new();
+    let mut start = open + 1;
+    let mut i = open + 1;
+    let mut close = None;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_str {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_str = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_str = true,
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' if depth == 0 => {
+                    close = Some(i);
+                    break;
+                }
+                b')' | b']' | b'}' => depth -= 1,
+                b',' if depth == 0 => {
+                    args.push(s[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    let close = close?;
+    let last = s[start..close].trim();
+    if !last.is_empty() || !args.is_empty() {
+        args.push(last);
+    }
+    let rest = s[close + 1..].trim_start().strip_prefix('=')?.trim_start();
+    let tok = rest.split_whitespace().next()?;
+    let ret = if tok == "?" {
+        None
+    } else if let Some(hex) = tok.strip_prefix("0x") {
+        Some(i64::from_str_radix(hex, 16).ok()?)
+    } else {
+        Some(tok.parse().ok()?)
+    };
+    Some(Call { name, args, ret })
+}
+
+/// The sharing a successful `clone`/`clone3`/`fork`/`vfork` of `parent` asks for.
+fn birth(c: &Call<'_>, parent: u32) -> Option<Birth> {
+    let flags = match c.name {
+        "clone" => c
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("flags="))
+            .unwrap_or(""),
+        "clone3" => {
+            let a = c.args.first()?;
+            let i = a.find("flags=")?;
+            let f = &a[i + "flags=".len()..];
+            &f[..f.find([',', '}']).unwrap_or(f.len())]
+        }
+        "fork" | "vfork" => "",
+        _ => return None,
+    };
+    let has = |f: &str| flags.split('|').any(|x| x.trim() == f);
+    Some(Birth {
+        parent,
+        share_files: has("CLONE_FILES"),
+        share_fs: has("CLONE_FS"),
+    })
+}
+
+/// An unquoted strace string (`"a\"b"` → `a"b`), with octal and C escapes.
+fn unquote(s: &str) -> Option<String> {
+    let inner = s.strip_prefix('"')?;
+    let inner = inner.strip_suffix("\"...").or(inner.strip_suffix('"'))?;
+    let mut out = Vec::with_capacity(inner.len());
+    let b = inner.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            out.push(b[i]);
+            i += 1;
+            continue;
+        }
+        i += 1;
+        let c = *b.get(i)?;
+        i += 1;
+        match c {
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'v' => out.push(0x0b),
+            b'f' => out.push(0x0c),
+            b'x' => {
+                let h = inner.get(i..i + 2)?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 2;
+            }
+            b'0'..=b'7' => {
+                let mut v = u32::from(c - b'0');
+                let mut n = 1;
+                while n < 3 && i < b.len() && (b'0'..=b'7').contains(&b[i]) {
+                    v = v * 8 + u32::from(b[i] - b'0');
+                    i += 1;
+                    n += 1;
+                }
+                out.push(v as u8);
+            }
+            other => out.push(other),
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn num(s: &str) -> Option<i64> {
+    if let Some(h) = s.strip_prefix("0x") {
+        i64::from_str_radix(h, 16).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+/// `/a/./b/../c` → `/a/c` (lexically; symbolic links are the [`Lookup`]'s business).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::Normal(x) => out.push(x),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl<L: Lookup> Parser<'_, L> {
+    /// The process `pid`, built on first sight from its birth record (or as the top
+    /// process, the first one seen, in its own group).
+    fn proc(&mut self, pid: u32) -> Proc {
+        if let Some(p) = self.procs.get(&pid) {
+            return *p;
+        }
+        // A child's first line may come before any of its parent's (a thread started
+        // while the parent sat in `clone`): build the parent first, as it was then.
+        let parent = self.births.remove(&pid).filter(|b| b.parent != pid);
+        let p = match parent {
+            Some(b) => {
+                let pp = self.proc(b.parent);
+                let files = if b.share_files {
+                    pp.files
+                } else {
+                    self.tables.push(self.tables[pp.files].clone());
+                    self.tables.len() - 1
+                };
+                let fs = if b.share_fs {
+                    pp.fs
+                } else {
+                    self.cwds.push(self.cwds[pp.fs].clone());
+                    self.cwds.len() - 1
+                };
+                Proc {
+                    files,
+                    fs,
+                    pgid: pp.pgid,
+                }
+            }
+            None => {
+                // The top process (or one whose parent was never seen): a group of its own.
+                self.top.get_or_insert(pid);
+                self.tables.push(HashMap::new());
+                self.cwds.push(self.initial_cwd.clone());
+                Proc {
+                    files: self.tables.len() - 1,
+                    fs: self.cwds.len() - 1,
+                    pgid: pid,
+                }
+            }
+        };
+        // A child runs its parent's program until it calls execve.
+        if let Some(exe) = parent.and_then(|b| self.exe.get(&b.parent)).cloned() {
+            self.exe.insert(pid, exe);
+        }
+        self.stats.processes += 1;
+        self.procs.insert(pid, p);
+        p
+    }
+
+    fn fd(&self, p: Proc, fd: i64) -> Option<Fd> {
+        self.tables[p.files].get(&i32::try_from(fd).ok()?).copied()
+    }
+
+    fn set_fd(&mut self, p: Proc, fd: i64, ofd: usize, cloexec: bool) {
+        if let Ok(fd) = i32::try_from(fd) {
+            self.tables[p.files].insert(fd, Fd { ofd, cloexec });
+        }
+    }
+
+    /// The absolute path of `path` as `pid` names it, relative to `dirfd` (`AT_FDCWD` or
+    /// an fd naming a directory).
+    fn resolve(&self, p: Proc, dirfd: Option<&str>, path: &str) -> Option<Arc<Path>> {
+        let path = Path::new(path);
+        if path.is_absolute() {
+            return Some(Arc::from(normalize(path)));
+        }
+        let base: Arc<Path> = match dirfd {
+            None | Some("AT_FDCWD") => self.cwds[p.fs].clone(),
+            Some(d) => {
+                let fd = self.fd(p, num(d)?)?;
+                self.ofds[fd.ofd].abs.clone()?
+            }
+        };
+        Some(Arc::from(normalize(&base.join(path))))
+    }
+
+    /// The file id of `abs` when it is a regular file under the root.
+    fn file_of(&mut self, abs: &Arc<Path>) -> Option<u32> {
+        if let Some(id) = self.file_ids.get(abs) {
+            return *id;
+        }
+        let id = self.lookup.regular_file(abs).and_then(|(real, size)| {
+            let rel = real.strip_prefix(&self.root).ok()?.to_str()?.to_string();
+            // The CSV cannot carry these (no quoting); such files are left out.
+            if rel.is_empty() || rel.contains([',', '"', '\n', '\r']) {
+                return None;
+            }
+            self.files.push((rel, size));
+            Some((self.files.len() - 1) as u32)
+        });
+        self.file_ids.insert(abs.clone(), id);
+        id
+    }
+
+    fn new_ofd(&mut self, abs: Option<Arc<Path>>, file: Option<u32>) -> usize {
+        self.ofds.push(Ofd {
+            abs,
+            file,
+            offset: 0,
+        });
+        self.ofds.len() - 1
+    }
+
+    fn read(&mut self, p: Proc, ts: u64, fd: i64, at: Option<u64>, n: i64) {
+        let Some(f) = self.fd(p, fd) else { return };
+        let Ok(n) = u64::try_from(n) else { return };
+        let o = &mut self.ofds[f.ofd];
+        let offset = match at {
+            Some(a) => a,
+            None => {
+                let off = o.offset;
+                o.offset += n;
+                off
+            }
+        };
+        if n == 0 {
+            return;
+        }
+        match o.file {
+            Some(file) => {
+                self.stats.reads += 1;
+                self.reads.push(RawRead {
+                    ts_ns: ts.saturating_sub(self.t0.unwrap_or(ts)) * 1000,
+                    pgid: p.pgid,
+                    file,
+                    offset,
+                    len: n,
+                });
+            }
+            None => self.stats.reads_elsewhere += 1,
+        }
+    }
+
+    fn call(&mut self, pid: u32, ts: u64, c: &Call<'_>) {
+        let p = self.proc(pid);
+        let Some(ret) = c.ret else { return };
+        if ret < 0 {
+            return;
+        }
+        let a = |i: usize| c.args.get(i).copied();
+        let arg_num = |i: usize| a(i).and_then(num);
+        match c.name {
+            "open" | "openat" | "creat" | "openat2" => {
+                let (dirfd, pi, fi) = match c.name {
+                    "open" | "creat" => (None, 0, 1),
+                    _ => (a(0), 1, 2),
+                };
+                let Some(path) = a(pi).and_then(unquote) else {
+                    return;
+                };
+                let abs = self.resolve(p, dirfd, &path);
+                let file = abs.as_ref().and_then(|abs| self.file_of(abs));
+                let cloexec = a(fi).is_some_and(|f| f.contains("O_CLOEXEC"));
+                let ofd = self.new_ofd(abs, file);
+                self.set_fd(p, ret, ofd, cloexec);
+            }
+            "close" => {
+                if let Some(fd) = arg_num(0).and_then(|f| i32::try_from(f).ok()) {
+                    self.tables[p.files].remove(&fd);
+                }
+            }
+            "close_range" => {
+                let (Some(lo), Some(hi)) = (arg_num(0), a(1)) else {
+                    return;
+                };
+                if a(2).is_some_and(|f| f.contains("CLOSE_RANGE_CLOEXEC")) {
+                    return; // only marks them; execve drops them
+                }
+                let hi = num(hi).unwrap_or(i64::from(i32::MAX));
+                self.tables[p.files].retain(|&fd, _| i64::from(fd) < lo || i64::from(fd) > hi);
+            }
+            "dup" | "dup2" | "dup3" => {
+                let Some(old) = arg_num(0).and_then(|f| self.fd(p, f)) else {
+                    self.drop_fd(p, ret);
+                    return;
+                };
+                let cloexec = c.name == "dup3" && a(2).is_some_and(|f| f.contains("O_CLOEXEC"));
+                self.set_fd(p, ret, old.ofd, cloexec);
+            }
+            "fcntl" | "fcntl64" => match a(1) {
+                Some(cmd @ ("F_DUPFD" | "F_DUPFD_CLOEXEC")) => {
+                    match arg_num(0).and_then(|f| self.fd(p, f)) {
+                        Some(old) => self.set_fd(p, ret, old.ofd, cmd == "F_DUPFD_CLOEXEC"),
+                        None => self.drop_fd(p, ret),
+                    }
+                }
+                Some("F_SETFD") => {
+                    if let (Some(fd), Some(flag)) = (arg_num(0), a(2)) {
+                        if let Some(e) = i32::try_from(fd)
+                            .ok()
+                            .and_then(|fd| self.tables[p.files].get_mut(&fd))
+                        {
+                            e.cloexec = flag.contains("FD_CLOEXEC") || flag == "1";
+                        }
+                    }
+                }
+                _ => {}
+            },
+            "read" | "readv" => {
+                if let Some(fd) = arg_num(0) {
+                    self.read(p, ts, fd, None, ret);
+                }
+            }
+            "pread64" | "preadv" | "preadv2" => {
+                let at = a(3).and_then(num).and_then(|o| u64::try_from(o).ok());
+                if let (Some(fd), Some(at)) = (arg_num(0), at) {
+                    self.read(p, ts, fd, Some(at), ret);
+                }
+            }
+            "lseek" => {
+                if let Some(f) = arg_num(0).and_then(|f| self.fd(p, f)) {
+                    self.ofds[f.ofd].offset = ret as u64;
+                }
+            }
+            "execve" | "execveat" => {
+                // The process gets a private table without its close-on-exec fds.
+                let mut t = self.tables[p.files].clone();
+                t.retain(|_, fd| !fd.cloexec);
+                self.tables.push(t);
+                let files = self.tables.len() - 1;
+                if let Some(pr) = self.procs.get_mut(&pid) {
+                    pr.files = files;
+                }
+                let path = a(if c.name == "execve" { 0 } else { 1 }).and_then(unquote);
+                if let Some(path) = path {
+                    let base = Path::new(&path)
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or("pg");
+                    self.exe.insert(pid, base.to_string());
+                }
+            }
+            "chdir" => {
+                if let Some(abs) = a(0)
+                    .and_then(unquote)
+                    .and_then(|path| self.resolve(p, None, &path))
+                {
+                    self.cwds[p.fs] = abs;
+                }
+            }
+            "fchdir" => {
+                let abs = arg_num(0)
+                    .and_then(|f| self.fd(p, f))
+                    .and_then(|f| self.ofds[f.ofd].abs.clone());
+                if let Some(abs) = abs {
+                    self.cwds[p.fs] = abs;
+                }
+            }
+            "setpgid" => {
+                let (Some(target), Some(group)) = (arg_num(0), arg_num(1)) else {
+                    return;
+                };
+                let target = if target == 0 { pid } else { target as u32 };
+                let group = if group == 0 { target } else { group as u32 };
+                self.proc(target);
+                self.set_group(target, group);
+            }
+            "setsid" => self.set_group(pid, pid),
+            "pipe" | "pipe2" | "socketpair" => {
+                // `pipe2([3, 4], 0)` / `socketpair(..., [3, 4])`: both fds now mean a pipe.
+                let arr = c.args.iter().find(|s| s.starts_with('['));
+                for fd in arr
+                    .map(|s| {
+                        s.trim_matches(['[', ']'])
+                            .split(',')
+                            .filter_map(|x| num(x.trim()))
+                    })
+                    .into_iter()
+                    .flatten()
+                {
+                    self.drop_fd(p, fd);
+                }
+            }
+            "socket" | "accept" | "accept4" | "eventfd2" | "epoll_create1" | "memfd_create"
+            | "timerfd_create" | "signalfd4" | "inotify_init1" | "pidfd_open" => {
+                self.drop_fd(p, ret);
+            }
+            _ => {}
+        }
+    }
+
+    /// `fd` now names something we do not follow.
+    fn drop_fd(&mut self, p: Proc, fd: i64) {
+        let ofd = self.new_ofd(None, None);
+        self.set_fd(p, fd, ofd, false);
+    }
+
+    /// Moves `pid` and every thread sharing its fd table into `group`.
+    fn set_group(&mut self, pid: u32, group: u32) {
+        let Some(files) = self.procs.get(&pid).map(|p| p.files) else {
+            return;
+        };
+        for pr in self.procs.values_mut() {
+            if pr.files == files {
+                pr.pgid = group;
+            }
+        }
+    }
+
+    fn build(&mut self) -> Trace {
+        // A path's size is its size at look-up, or more if the run read past it (the
+        // file grew while it ran): every row of a path carries one size.
+        let mut sizes: Vec<u64> = self.files.iter().map(|f| f.1).collect();
+        for r in &self.reads {
+            let s = &mut sizes[r.file as usize];
+            *s = (*s).max(r.offset + r.len);
+        }
+        let mut b = TraceBuilder::new();
+        let mut jobs: HashMap<u32, u32> = HashMap::new();
+        let mut paths: HashMap<u32, u32> = HashMap::new();
+        for r in &self.reads {
+            let job = *jobs.entry(r.pgid).or_insert_with(|| {
+                let exe = self.exe.get(&r.pgid).map_or("pg", |s| s.as_str());
+                let exe: String = exe
+                    .chars()
+                    .map(|c| {
+                        if matches!(c, ',' | '"' | '\n' | '\r') {
+                            '_'
+                        } else {
+                            c
+                        }
+                    })
+                    .collect();
+                b.job(&format!("{exe}-{}", r.pgid))
+            });
+            let path = *paths.entry(r.file).or_insert_with(|| {
+                let (name, _) = &self.files[r.file as usize];
+                // Names the format cannot carry are an error of the recorder, not the run.
+                b.path(name, sizes[r.file as usize])
+                    .unwrap_or_else(|e| panic!("recorder bug: {e}"))
+            });
+            b.push(r.ts_ns, job, path, r.offset, r.len)
+                .unwrap_or_else(|e| panic!("recorder bug: {e}"));
+        }
+        let mut t = b.finish();
+        t.sort_by_time();
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every path under `/data` is a regular file of 1 MB; nothing else exists.
+    struct Fake;
+    impl Lookup for Fake {
+        fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)> {
+            let s = abs.to_str()?;
+            (s.starts_with("/data/") && !s.ends_with("/dir"))
+                .then(|| (abs.to_path_buf(), 1_000_000))
+        }
+    }
+
+    /// `(ts_ns, job, path, offset, len)` of each row.
+    type Row = (u64, String, String, u64, u64);
+
+    fn run(text: &str) -> (Vec<Row>, ParseStats) {
+        let (t, st) = parse_strace(text, Path::new("/data"), Path::new("/data"), &mut Fake);
+        let rows = t
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    r.ts_ns,
+                    t.job_name(r).to_string(),
+                    t.path_name(r).to_string(),
+                    r.offset,
+                    r.len,
+                )
+            })
+            .collect();
+        (rows, st)
+    }
+
+    /// Asserts the `(path, offset, len)` of the rows `text` records.
+    fn assert_ranges(text: &str, want: &[(&str, u64, u64)]) {
+        let got: Vec<_> = run(text).0.into_iter().map(|r| (r.2, r.3, r.4)).collect();
+        let want: Vec<_> = want
+            .iter()
+            .map(|&(p, o, l)| (p.to_string(), o, l))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn parses_calls() {
+        let c = parse_call(r#"read(3, ""..., 4096)    = 4096"#).expect("call");
+        assert_eq!(c.name, "read");
+        assert_eq!(c.args, vec!["3", r#"""..."#, "4096"]);
+        assert_eq!(c.ret, Some(4096));
+        let c =
+            parse_call(r#"openat(AT_FDCWD, "a, b\")(.txt", O_RDONLY) = -1 ENOENT (No such file)"#)
+                .expect("call");
+        assert_eq!(c.args.len(), 3);
+        assert_eq!(unquote(c.args[1]).as_deref(), Some("a, b\")(.txt"));
+        assert_eq!(c.ret, Some(-1));
+        let c = parse_call("read(3, 0x7f, 10) = ? ERESTARTSYS (To be restarted)").expect("call");
+        assert_eq!(c.ret, None);
+        let c = parse_call(
+            "clone3({flags=CLONE_VM|CLONE_FILES|CLONE_THREAD, exit_signal=0} => {parent_tid=[7]}, 88) = 7",
+        )
+        .expect("call");
+        assert_eq!(c.args.len(), 2);
+        let b = birth(&c, 1).expect("birth");
+        assert!(b.share_files && !b.share_fs);
+        assert_eq!(
+            unquote(r#""\303\251t\303\251\x41""#).as_deref(),
+            Some("étéA")
+        );
+        assert!(parse_call("--- SIGCHLD {si_signo=SIGCHLD} ---").is_none());
+    }
+
+    #[test]
+    fn follows_offsets_seeks_and_preads() {
+        let rows = run(
+            r#"100 1.000000 openat(AT_FDCWD, "a.bin", O_RDONLY|O_CLOEXEC) = 3
+100 1.000010 read(3, ""..., 4096) = 4096
+100 1.000020 read(3, ""..., 4096) = 100
+100 1.000030 lseek(3, 5000, SEEK_SET) = 5000
+100 1.000040 readv(3, [{iov_base="", iov_len=10}, {iov_base="", iov_len=20}], 2) = 30
+100 1.000050 pread64(3, ""..., 50, 90000) = 50
+100 1.000060 read(3, ""..., 10) = 10
+100 1.000070 preadv(3, [{iov_base="", iov_len=8}], 1, 7) = 8
+100 1.000080 read(3, "", 4096) = 0
+100 1.000090 read(3, 0x7ffd, 4096) = -1 EINTR (Interrupted system call)
+100 1.000100 read(3, 0x7ffd, 4096) = ? ERESTARTSYS (To be restarted if SA_RESTART is set)
+100 1.000110 lseek(3, 0, SEEK_CUR) = 5040
+100 1.000120 read(3, ""..., 1) = 1
+100 1.000130 read(0, ""..., 10) = 10
+"#,
+        )
+        .0;
+        let got: Vec<_> = rows.iter().map(|r| (r.0, r.3, r.4)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (10_000, 0, 4096),
+                (20_000, 4096, 100),
+                (40_000, 5000, 30),
+                (50_000, 90000, 50),
+                (60_000, 5030, 10),
+                (70_000, 7, 8),
+                (120_000, 5040, 1),
+            ]
+        );
+        assert!(rows.iter().all(|r| r.1 == "pg-100" && r.2 == "a.bin"));
+    }
+
+    #[test]
+    fn dup_shares_an_offset_and_close_ends_it() {
+        assert_ranges(
+            r#"7 1.0 openat(AT_FDCWD, "/data/x", O_RDONLY) = 3
+7 1.1 dup(3) = 4
+7 1.2 read(4, ""..., 100) = 100
+7 1.3 read(3, ""..., 100) = 100
+7 1.4 fcntl(3, F_DUPFD_CLOEXEC, 0) = 9
+7 1.5 dup2(3, 12) = 12
+7 1.6 dup3(3, 13, O_CLOEXEC) = 13
+7 1.7 close(3) = 0
+7 1.8 read(9, ""..., 5) = 5
+7 1.9 read(12, ""..., 5) = 5
+7 2.0 read(13, ""..., 5) = 5
+7 2.1 read(3, ""..., 5) = 5
+7 2.2 openat(AT_FDCWD, "/elsewhere/y", O_RDONLY) = 12
+7 2.3 read(12, ""..., 5) = 5
+"#,
+            &[
+                ("x", 0, 100),
+                ("x", 100, 100),
+                ("x", 200, 5),
+                ("x", 205, 5),
+                ("x", 210, 5),
+            ],
+        );
+    }
+
+    #[test]
+    fn forked_children_inherit_fds_and_share_offsets() {
+        let (rows, st) = run(r#"10 1.0 openat(AT_FDCWD, "f", O_RDONLY) = 3
+10 1.1 clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|SIGCHLD, child_tidptr=0x7f) = 11
+11 1.2 read(3, ""..., 10) = 10
+11 1.3 close(3) = 0
+10 1.4 read(3, ""..., 10) = 10
+11 1.5 openat(AT_FDCWD, "g", O_RDONLY) = 3
+11 1.6 read(3, ""..., 7) = 7
+10 1.7 read(3, ""..., 10) = 10
+"#);
+        let got: Vec<_> = rows.iter().map(|r| (r.2.as_str(), r.3, r.4)).collect();
+        // The child's read moved the shared offset; its close did not close the parent's fd.
+        assert_eq!(
+            got,
+            vec![("f", 0, 10), ("f", 10, 10), ("g", 0, 7), ("f", 20, 10)]
+        );
+        assert!(rows.iter().all(|r| r.1 == "pg-10"), "one group: {rows:?}");
+        assert_eq!(st.processes, 2);
+    }
+
+    #[test]
+    fn threads_share_the_table_and_split_calls_join() {
+        // The thread appears before its parent's clone3 returns; it opens on the shared
+        // table, and two reads interleave as unfinished/resumed halves.
+        let got = run(r#"20 1.000000 clone3({flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD, exit_signal=0}, 88 <unfinished ...>
+21 1.000100 openat(AT_FDCWD, "t", O_RDONLY|O_CLOEXEC) = 5
+20 1.000200 <... clone3 resumed> => {parent_tid=[21]}, 88) = 21
+20 1.000300 read(5,  <unfinished ...>
+21 1.000400 pread64(5,  <unfinished ...>
+20 1.000500 <... read resumed>""..., 64) = 64
+21 1.000600 <... pread64 resumed>""..., 16, 4096) = 16
+21 1.000700 read(5, ""..., 64) = 64
+21 1.000800 +++ exited with 0 +++
+"#)
+        .0;
+        let got: Vec<_> = got.iter().map(|r| (r.0, r.3, r.4)).collect();
+        assert_eq!(
+            got,
+            vec![(300_000, 0, 64), (400_000, 4096, 16), (700_000, 64, 64)]
+        );
+    }
+
+    #[test]
+    fn jobs_follow_process_groups() {
+        let rows = run(
+            r#"30 1.0 execve("/usr/bin/bash", ["bash"], 0x1 /* 3 vars */) = 0
+30 1.1 clone(child_stack=NULL, flags=SIGCHLD) = 31
+30 1.2 clone(child_stack=NULL, flags=SIGCHLD) = 32
+31 1.3 setpgid(0, 0) = 0
+31 1.4 execve("/usr/bin/python3", ["python3"], 0x1 /* 3 vars */) = 0
+32 1.5 setsid() = 32
+32 1.6 execve("/usr/bin/sqlite3", ["sqlite3"], 0x1 /* 3 vars */) = 0
+31 1.7 clone(child_stack=NULL, flags=SIGCHLD) = 33
+33 1.8 openat(AT_FDCWD, "a", O_RDONLY) = 3
+33 1.9 read(3, ""..., 1) = 1
+32 2.0 openat(AT_FDCWD, "b", O_RDONLY) = 3
+32 2.1 read(3, ""..., 1) = 1
+30 2.2 openat(AT_FDCWD, "c", O_RDONLY) = 3
+30 2.3 read(3, ""..., 1) = 1
+"#,
+        )
+        .0;
+        let jobs: Vec<_> = rows.iter().map(|r| (r.2.as_str(), r.1.as_str())).collect();
+        assert_eq!(
+            jobs,
+            vec![("a", "python3-31"), ("b", "sqlite3-32"), ("c", "bash-30")]
+        );
+    }
+
+    #[test]
+    fn paths_resolve_against_cwd_dirfds_and_exec_drops_cloexec() {
+        assert_ranges(
+            r#"40 1.0 chdir("/data/sub") = 0
+40 1.1 openat(AT_FDCWD, "../x", O_RDONLY) = 3
+40 1.2 openat(AT_FDCWD, "/data/dir", O_RDONLY|O_DIRECTORY) = 4
+40 1.3 openat(4, "y", O_RDONLY|O_CLOEXEC) = 5
+40 1.4 open("./z", O_RDONLY) = 6
+40 1.5 read(3, ""..., 1) = 1
+40 1.6 read(5, ""..., 2) = 2
+40 1.7 read(6, ""..., 3) = 3
+40 1.8 openat(AT_FDCWD, "/etc/passwd", O_RDONLY) = 7
+40 1.9 read(7, ""..., 3) = 3
+40 2.0 execve("/bin/cat", ["cat"], 0x1 /* 1 var */) = 0
+40 2.1 read(3, ""..., 4) = 4
+40 2.2 read(5, ""..., 4) = 4
+40 2.3 pipe2([5, 6], O_CLOEXEC) = 0
+40 2.4 read(6, ""..., 4) = 4
+"#,
+            &[("x", 0, 1), ("dir/y", 0, 2), ("sub/z", 0, 3), ("x", 1, 4)],
+        );
+    }
+
+    #[test]
+    fn tolerates_noise() {
+        let (rows, st) = run("garbage\n\n50 1.0 read(3, \"\"..., 4) = 4\n50 1.1 <... read resumed>) = 4\n50 1.2 weird line = x\n");
+        assert!(rows.is_empty());
+        assert_eq!(st.lines, 5);
+        assert_eq!(st.malformed, 1);
+    }
+}
