@@ -90,16 +90,7 @@ pub fn memory_engine(bytes: u64) -> CacheEngine {
 
 /// Deterministic, seed-dependent content (so a mixed-up block is detected).
 pub fn block(size: usize, seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(size);
-    while v.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(size);
-    Bytes::from(v)
+    Bytes::from(strata_cache_core::testdata::xorshift_bytes(size, seed))
 }
 
 pub fn hash(i: u64) -> Vec<u8> {
