@@ -9,6 +9,7 @@ use bytes::Bytes;
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::CacheEngine;
 use strata_kvcache::server::{self, KvService, ServerConfig};
+use strata_kvcache::KvClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -91,6 +92,11 @@ pub fn memory_engine(bytes: u64) -> CacheEngine {
 /// Deterministic, seed-dependent content (so a mixed-up block is detected).
 pub fn block(size: usize, seed: u64) -> Bytes {
     Bytes::from(strata_cache_core::testdata::xorshift_bytes(size, seed))
+}
+
+/// Reads `hash` in `ns`, which must be a hit (`what` says why it should be).
+pub async fn get_hit(c: &mut KvClient, ns: &str, hash: &[u8], what: &str) -> Bytes {
+    c.get(ns, hash).await.expect("get").expect(what)
 }
 
 pub fn hash(i: u64) -> Vec<u8> {
