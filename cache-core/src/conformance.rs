@@ -6,8 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::block::Block;
+use crate::error::{CacheError, Result};
 use crate::key::CacheKey;
-use crate::tier::{Tier, TierGet};
+use crate::stats::TierStatsSnapshot;
+use crate::tier::{Tier, TierGet, TierKind};
 
 fn pattern(len: usize, seed: u8) -> Bytes {
     Bytes::from(
@@ -107,4 +109,84 @@ pub async fn run_all(tier: Arc<dyn Tier>) {
     sizes_round_trip(tier.as_ref()).await;
     used_bytes_count_what_is_stored(tier.as_ref()).await;
     concurrent_access(tier.clone()).await;
+}
+
+/// A test tier over another: every call goes to `inner`, with the faults a test asks
+/// for. [`TestTier::yielding`] yields to the scheduler in `get`, `put` (twice) and
+/// `remove`, so concurrent operations interleave at each await as over a real disk;
+/// [`TestTier::refusing_puts`] refuses every write with `Full`, as a full device would.
+pub struct TestTier<T> {
+    inner: T,
+    name: Option<String>,
+    yields: bool,
+    refuse_puts: bool,
+}
+
+impl<T: Tier> TestTier<T> {
+    /// Yields before every `get`, `put` and `remove`.
+    pub fn yielding(inner: T) -> Self {
+        Self {
+            inner,
+            name: None,
+            yields: true,
+            refuse_puts: false,
+        }
+    }
+
+    /// Refuses every `put` with [`CacheError::Full`]; named `name`.
+    pub fn refusing_puts(inner: T, name: &str) -> Self {
+        Self {
+            inner,
+            name: Some(name.to_string()),
+            yields: false,
+            refuse_puts: true,
+        }
+    }
+
+    async fn yield_now(&self) {
+        if self.yields {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Tier> Tier for TestTier<T> {
+    fn kind(&self) -> TierKind {
+        self.inner.kind()
+    }
+    fn name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.inner.name())
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.inner.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> Result<TierGet> {
+        self.yield_now().await;
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {
+        if self.refuse_puts {
+            return Err(CacheError::Full("device full (injected)".into()));
+        }
+        self.yield_now().await;
+        self.yield_now().await;
+        self.inner.put(key, block).await
+    }
+    async fn remove(&self, key: &CacheKey) -> Result<bool> {
+        self.yield_now().await;
+        self.inner.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.inner.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.inner.resident()
+    }
+    fn stats(&self) -> TierStatsSnapshot {
+        self.inner.stats()
+    }
 }

@@ -90,7 +90,8 @@ impl Hierarchy {
         (from + 1..self.levels.len()).find(|&j| !self.levels[j].contains(key))
     }
 
-    /// [`TierSpace::place`] at level `i` (residents at once).
+    /// [`TierSpace::place`] at level `i` (residents at once): a [`Self::reserve`]
+    /// committed at once when admitted.
     pub fn place(
         &mut self,
         i: usize,
@@ -98,8 +99,11 @@ impl Hierarchy {
         size: u64,
         ctx: &AccessContext,
     ) -> Result<Placement, CacheError> {
-        self.before_placement(i, key, size, ctx);
-        self.levels[i].place(key, size, ctx)
+        let placement = self.reserve(i, key, size, ctx)?;
+        if let Placement::Admitted { .. } = &placement {
+            self.commit(i, key, size, ctx);
+        }
+        Ok(placement)
     }
 
     /// [`TierSpace::reserve`] at level `i`: bytes charged, key resident at `commit`.

@@ -18,6 +18,7 @@ pub mod space;
 pub mod stats;
 pub mod store;
 pub mod stream;
+pub mod testdata;
 pub mod tier;
 pub mod tiers;
 pub mod tracker;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_cache_core::io::IoEngineKind;
+use strata_cache_core::testdata::xorshift_bytes;
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::{Block, CacheKey, Tier, TierGet};
 
@@ -43,16 +44,7 @@ fn key(i: u64) -> CacheKey {
 /// Block `i`: 1 KiB .. 129 KiB of bytes from a generator seeded by `i`.
 fn value(i: u64) -> Bytes {
     let len = 1024 + (i * 7919 % (128 << 10)) as usize;
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect::<Vec<u8>>()
-        .into()
+    xorshift_bytes(len, i).into()
 }
 
 fn engine_from_env() -> IoEngineKind {

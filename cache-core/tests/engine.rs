@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use strata_cache_core::conformance::TestTier;
 use strata_cache_core::policy::by_name;
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{AccessContext, CacheEngine, CacheError, CacheKey, Tier};
@@ -211,50 +212,15 @@ async fn misses_are_counted_per_level() {
     assert_eq!((s.tiers[0].hits, s.tiers[0].misses), (1, 1));
 }
 
-/// A tier that yields to the scheduler inside every call, so concurrent engine
-/// operations interleave at each await as they do over a real disk.
-struct YieldingTier(MemoryTier);
-
-#[async_trait::async_trait]
-impl Tier for YieldingTier {
-    fn kind(&self) -> strata_cache_core::TierKind {
-        self.0.kind()
-    }
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.0.capacity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.0.used_bytes()
-    }
-    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
-        tokio::task::yield_now().await;
-        self.0.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &CacheKey,
-        block: strata_cache_core::Block,
-    ) -> strata_cache_core::Result<()> {
-        tokio::task::yield_now().await;
-        tokio::task::yield_now().await;
-        self.0.put(key, block).await
-    }
-    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
-        tokio::task::yield_now().await;
-        self.0.remove(key).await
-    }
-    async fn contains(&self, key: &CacheKey) -> bool {
-        self.0.contains(key).await
-    }
-    fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.0.resident()
-    }
-    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
-        self.0.stats()
-    }
+/// An engine over one memory tier of `capacity` bytes that yields in every call (so
+/// concurrent operations interleave at each await as over a real disk), and that tier.
+fn yielding_engine(capacity: u64) -> (Arc<TestTier<MemoryTier>>, CacheEngine) {
+    let tier = Arc::new(TestTier::yielding(MemoryTier::new(capacity)));
+    let engine = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("build");
+    (tier, engine)
 }
 
 /// One budget: concurrent puts and evictions over a tier that yields in every call
@@ -265,11 +231,7 @@ impl Tier for YieldingTier {
 #[tokio::test(flavor = "current_thread")]
 async fn concurrent_puts_stay_within_one_budget() {
     const BLOCK: usize = 1000;
-    let tier = Arc::new(YieldingTier(MemoryTier::new(40 * BLOCK as u64)));
-    let engine = CacheEngine::builder()
-        .tier(tier.clone())
-        .build()
-        .expect("build");
+    let (tier, engine) = yielding_engine(40 * BLOCK as u64);
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for round in 0..20u64 {
         let mut tasks = Vec::new();
@@ -304,11 +266,7 @@ async fn concurrent_puts_stay_within_one_budget() {
 #[tokio::test(flavor = "current_thread")]
 async fn writes_beyond_the_budget_in_flight_are_refused_not_overcommitted() {
     const BLOCK: usize = 1000;
-    let tier = Arc::new(YieldingTier(MemoryTier::new(8 * BLOCK as u64)));
-    let engine = CacheEngine::builder()
-        .tier(tier.clone())
-        .build()
-        .expect("build");
+    let (tier, engine) = yielding_engine(8 * BLOCK as u64);
     let mut tasks = Vec::new();
     for i in 0..32u64 {
         let engine = engine.clone();
@@ -348,8 +306,8 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
         rt.block_on(async {
-            let top = Arc::new(YieldingTier(MemoryTier::new(300)));
-            let bottom = Arc::new(YieldingTier(MemoryTier::new(900)));
+            let top = Arc::new(TestTier::yielding(MemoryTier::new(300)));
+            let bottom = Arc::new(TestTier::yielding(MemoryTier::new(900)));
             let engine = CacheEngine::builder()
                 .tier_with_policy(top.clone(), by_name(policy, 300).expect("policy"))
                 .tier_with_policy(bottom.clone(), by_name(policy, 900).expect("policy"))

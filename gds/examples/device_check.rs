@@ -24,17 +24,7 @@ use strata_gds::{Device, GpuTier, IpcHandle, TransferConfig, Transfers};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = vec![0u8; len];
-    for w in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
-    }
-    v
-}
+use strata_cache_core::testdata::xorshift_bytes as pattern;
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs / 1e9
@@ -101,11 +91,7 @@ fn main() {
 }
 
 fn ipc_child(args: &[String]) -> Res<bool> {
-    let wire: Vec<u8> = (0..args[2].len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&args[2][i..i + 2], 16))
-        .collect::<Result<_, _>>()?;
-    let handle = IpcHandle::from_bytes(&wire)?;
+    let handle = IpcHandle::from_hex(&args[2])?;
     let dev: Arc<dyn Device> = Arc::new(CudaDevice::open(0, 8 << 30)?);
     let transfers = Transfers::new(dev.clone(), TransferConfig::default())?;
     let mine = dev.alloc(handle.len as usize)?;
@@ -204,12 +190,7 @@ fn run(device: Arc<CudaDevice>, size: u64, dir: &Path) -> Res<Vec<String>> {
 
     // --- correctness: IPC into another process
     let export = tier.export_ipc(&keys[2])?.ok_or("key 2 not resident")?;
-    let hex: String = export
-        .handle()
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = export.handle().to_hex();
     let status = std::process::Command::new(std::env::current_exe()?)
         .args(["--ipc-child", &hex])
         .status()?;

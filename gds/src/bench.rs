@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use strata_cache_core::testdata::fill_xorshift;
+
 use crate::device::Device;
 use crate::emulated::EmulatedDevice;
 use crate::error::{GdsError, Result};
@@ -75,18 +77,6 @@ fn median(v: &[f64]) -> f64 {
     s.get(s.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Fills `buf` with xorshift bytes (incompressible, so no layer can shortcut them).
-pub fn fill_pattern(buf: &mut [u8], seed: u64) {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        w.copy_from_slice(&b[..w.len()]);
-    }
-}
-
 /// Removes the test file when the benchmark ends, however it ends.
 struct TestFile(PathBuf);
 
@@ -104,7 +94,7 @@ fn write_test_file(dir: &Path, size: u64, chunk: usize) -> Result<(TestFile, u32
     let (mut crc, mut written, mut i) = (0u32, 0u64, 0u64);
     while written < size {
         let n = chunk.min((size - written) as usize);
-        fill_pattern(&mut block[..n], i);
+        fill_xorshift(&mut block[..n], i);
         crc = crc32c::crc32c_append(crc, &block[..n]);
         f.write_all(&block[..n])?;
         written += n as u64;
@@ -146,7 +136,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
     // memcpy ceiling: a filled source into a touched destination, like the emulated
     // device's resident memory.
     let mut src = vec![0u8; len];
-    fill_pattern(&mut src, 99);
+    fill_xorshift(&mut src, 99);
     let mut sink = vec![1u8; len];
 
     // Warm-up: faults in the device buffer and staging, and checks the bytes.

@@ -31,7 +31,7 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 use crate::device::{
-    AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceMemory,
+    AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceCopy, DeviceInfo, DeviceKind, DeviceMemory,
     DeviceStream, PinnedBuffer, PinnedMemory,
 };
 use crate::error::{GdsError, Result};
@@ -216,18 +216,12 @@ impl CopyEngine for CudaCopy {
         self.finish(r, "memcpy dtoh")
     }
 
-    fn dtod(
-        &self,
-        src: &DeviceBuffer,
-        src_off: usize,
-        dst: &DeviceBuffer,
-        dst_off: usize,
-        len: usize,
-    ) -> Result<()> {
+    fn dtod(&self, copy: DeviceCopy<'_>) -> Result<()> {
         self.shared.bind()?;
-        let (s, d) = (ptr_of(src, src_off)?, ptr_of(dst, dst_off)?);
+        let s = ptr_of(copy.src, copy.src_off)?;
+        let d = ptr_of(copy.dst, copy.dst_off)?;
         // SAFETY: ranges checked by DeviceStream; both allocations held by the job.
-        let r = unsafe { cu::memcpy_dtod_async(d, s, len, self.stream) };
+        let r = unsafe { cu::memcpy_dtod_async(d, s, copy.len, self.stream) };
         self.finish(r, "memcpy dtod")
     }
 }

@@ -207,19 +207,23 @@ impl PinnedMemory for AlignedBuf {
     }
 }
 
+/// A device -> device copy: `len` bytes of `src` from `src_off` to `dst` at `dst_off`
+/// (`src` and `dst` may be one buffer).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceCopy<'a> {
+    pub src: &'a DeviceBuffer,
+    pub src_off: usize,
+    pub dst: &'a DeviceBuffer,
+    pub dst_off: usize,
+    pub len: usize,
+}
+
 /// Synchronous copy primitives a backend supplies; a [`DeviceStream`] runs them in order on
 /// its worker thread.
 pub trait CopyEngine: Send + Sync + 'static {
     fn htod(&self, src: &[u8], dst: &DeviceBuffer, dst_off: usize) -> Result<()>;
     fn dtoh(&self, src: &DeviceBuffer, src_off: usize, dst: &mut [u8]) -> Result<()>;
-    fn dtod(
-        &self,
-        src: &DeviceBuffer,
-        src_off: usize,
-        dst: &DeviceBuffer,
-        dst_off: usize,
-        len: usize,
-    ) -> Result<()>;
+    fn dtod(&self, copy: DeviceCopy<'_>) -> Result<()>;
 }
 
 type Job = Box<dyn FnOnce(&dyn CopyEngine) + Send>;
@@ -333,19 +337,24 @@ impl DeviceStream {
     }
 
     /// Device -> device.
-    pub fn dtod(
-        &self,
-        src: &DeviceBuffer,
-        src_off: usize,
-        dst: &DeviceBuffer,
-        dst_off: usize,
-        len: usize,
-    ) -> Pending<()> {
-        let (src, dst) = (src.clone(), dst.clone());
+    pub fn dtod(&self, copy: DeviceCopy<'_>) -> Pending<()> {
+        let DeviceCopy {
+            src_off,
+            dst_off,
+            len,
+            ..
+        } = copy;
+        let (src, dst) = (copy.src.clone(), copy.dst.clone());
         self.submit((), move |engine, _| {
             src.check_range(src_off, len)?;
             dst.check_range(dst_off, len)?;
-            engine.dtod(&src, src_off, &dst, dst_off, len)
+            engine.dtod(DeviceCopy {
+                src: &src,
+                src_off,
+                dst: &dst,
+                dst_off,
+                len,
+            })
         })
     }
 }

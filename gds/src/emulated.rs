@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::device::{
-    AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceMemory,
+    AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceCopy, DeviceInfo, DeviceKind, DeviceMemory,
     DeviceStream, PinnedBuffer,
 };
 use crate::error::{GdsError, Result};
@@ -213,14 +213,14 @@ impl CopyEngine for Shared {
         Ok(())
     }
 
-    fn dtod(
-        &self,
-        src: &DeviceBuffer,
-        src_off: usize,
-        dst: &DeviceBuffer,
-        dst_off: usize,
-        len: usize,
-    ) -> Result<()> {
+    fn dtod(&self, copy: DeviceCopy<'_>) -> Result<()> {
+        let DeviceCopy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        } = copy;
         self.check_lost()?;
         let (s, d) = (self.own(src)?, self.own(dst)?);
         let n = self.charge(len);
@@ -338,7 +338,13 @@ mod tests {
             .wait();
         done.result.expect("htod");
         stream
-            .dtod(&a, 0, &b, 0, data.len())
+            .dtod(DeviceCopy {
+                src: &a,
+                src_off: 0,
+                dst: &b,
+                dst_off: 0,
+                len: data.len(),
+            })
             .wait()
             .result
             .expect("dtod");
@@ -396,7 +402,14 @@ mod tests {
         assert!(done.value.is_some(), "staging buffer comes back");
         assert!(dev.is_lost());
         assert!(matches!(dev.alloc(1), Err(GdsError::DeviceLost(_))));
-        let done = stream.dtod(&buf, 0, &buf, 500, 10).wait();
+        let copy = DeviceCopy {
+            src: &buf,
+            src_off: 0,
+            dst: &buf,
+            dst_off: 500,
+            len: 10,
+        };
+        let done = stream.dtod(copy).wait();
         assert!(matches!(done.result, Err(GdsError::DeviceLost(_))));
     }
 

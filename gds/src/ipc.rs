@@ -95,6 +95,30 @@ impl IpcHandle {
             token: token.to_vec(),
         })
     }
+
+    /// The wire form in lowercase hex, to pass on a command line.
+    pub fn to_hex(&self) -> String {
+        self.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads [`Self::to_hex`]'s form.
+    pub fn from_hex(hex: &str) -> Result<Self> {
+        let bad = |why: &str| GdsError::Ipc(format!("bad handle: {why}"));
+        if !hex.len().is_multiple_of(2) {
+            return Err(bad("odd-length hex"));
+        }
+        let wire = hex
+            .as_bytes()
+            .chunks(2)
+            .map(|d| {
+                std::str::from_utf8(d)
+                    .ok()
+                    .and_then(|d| u8::from_str_radix(d, 16).ok())
+            })
+            .collect::<Option<Vec<u8>>>()
+            .ok_or_else(|| bad("not hex"))?;
+        Self::from_bytes(&wire)
+    }
 }
 
 /// A live export: the handle stays valid until this is dropped.
@@ -221,5 +245,24 @@ impl IpcBackend for EmulatedDevice {
             )));
         }
         self.write_raw(&bytes, dst, dst_off)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_rejects_what_is_not_hex() {
+        let h = IpcHandle {
+            kind: DeviceKind::Cuda,
+            len: 1 << 33,
+            crc: 0xDEAD_BEEF,
+            token: vec![0, 1, 0xAB, 0xFF],
+        };
+        assert_eq!(IpcHandle::from_hex(&h.to_hex()).expect("round trip"), h);
+        assert!(IpcHandle::from_hex("abc").is_err());
+        assert!(IpcHandle::from_hex(&h.to_hex().replace('a', "g")).is_err());
+        assert!(IpcHandle::from_hex("é00").is_err());
     }
 }

@@ -30,7 +30,9 @@ pub mod cuda;
 
 use std::sync::Arc;
 
-pub use device::{Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceStream, PinnedBuffer};
+pub use device::{
+    Device, DeviceBuffer, DeviceCopy, DeviceInfo, DeviceKind, DeviceStream, PinnedBuffer,
+};
 pub use emulated::EmulatedDevice;
 pub use error::{GdsError, Result};
 pub use ipc::{IpcBackend, IpcExport, IpcHandle};

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::device::{
-    Device, DeviceBuffer, DeviceInfo, DeviceKind, DeviceStream, Done, Pending, PinnedBuffer,
+    Device, DeviceBuffer, DeviceCopy, DeviceInfo, DeviceKind, DeviceStream, Done, Pending,
+    PinnedBuffer,
 };
 use crate::error::{GdsError, Result};
 use crate::file::{DirectFile, ReadAt};
@@ -582,11 +583,14 @@ impl Transfers {
         dst_off: usize,
         len: usize,
     ) -> Result<()> {
-        let r = self
-            .stream()
-            .dtod(src, src_off, dst, dst_off, len)
-            .wait()
-            .result;
+        let copy = DeviceCopy {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        };
+        let r = self.stream().dtod(copy).wait().result;
         self.count(r, &self.counters.d2d_bytes, len as u64)
     }
 

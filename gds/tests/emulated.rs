@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use strata_cache_core::conformance::TestTier;
 use strata_cache_core::tiers::memory::MemoryTier;
 use strata_cache_core::{Block, CacheError, CacheKey, Tier, TierGet};
 use strata_gds::file::{DirectFile, ReadAt};
@@ -363,7 +364,8 @@ async fn device_lost_mid_read_back_is_an_error_not_a_bad_hit() {
 async fn demotion_that_cannot_land_keeps_the_block() {
     let (_dev, transfers) = setup(16 << 20);
     let gpu = GpuTier::new(transfers, 8 << 20);
-    let failing = FailingTier(MemoryTier::new(1 << 20));
+    // A lower tier whose device refuses every write (as a full disk would).
+    let failing = TestTier::refusing_puts(MemoryTier::new(1 << 20), "failing");
     let k = CacheKey::file("d", "v", 0);
     gpu.put(&k, Block::new(Bytes::from(pattern(50_000, 8))))
         .await
@@ -528,12 +530,7 @@ async fn ipc_export_is_received_by_a_separate_client_process() {
         .await
         .expect("put");
     let export = gpu.export_ipc(&k).expect("export").expect("resident");
-    let hex: String = export
-        .handle()
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = export.handle().to_hex();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
         .arg(&hex)
         .output()
@@ -566,42 +563,5 @@ fn bad_chunk_sizes_are_refused() {
             Transfers::new(dev.clone(), cfg),
             Err(GdsError::InvalidRange(_))
         ));
-    }
-}
-
-/// A lower tier whose device refuses every write (as a full disk would).
-struct FailingTier(MemoryTier);
-
-#[async_trait::async_trait]
-impl Tier for FailingTier {
-    fn kind(&self) -> strata_cache_core::TierKind {
-        self.0.kind()
-    }
-    fn name(&self) -> String {
-        "failing".into()
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.0.capacity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.0.used_bytes()
-    }
-    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<TierGet> {
-        self.0.get(key).await
-    }
-    async fn put(&self, _key: &CacheKey, _block: Block) -> strata_cache_core::Result<()> {
-        Err(CacheError::Full("device full (injected)".into()))
-    }
-    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
-        self.0.remove(key).await
-    }
-    async fn contains(&self, key: &CacheKey) -> bool {
-        self.0.contains(key).await
-    }
-    fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.0.resident()
-    }
-    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
-        self.0.stats()
     }
 }

@@ -30,6 +30,22 @@ pub struct AccessEvent {
     pub pattern: Pattern,
 }
 
+impl AccessEvent {
+    /// A read of `len` bytes at `offset` of `path` (`file_size` bytes long) by `job`, at
+    /// time 0 and of no known pattern (set `now_ns` and `pattern` where they matter).
+    pub fn read(job: u64, path: &str, offset: u64, len: u64, file_size: u64) -> Self {
+        Self {
+            job: JobId(job),
+            path: Arc::from(path),
+            offset,
+            len,
+            file_size,
+            now_ns: 0,
+            pattern: Pattern::Unknown,
+        }
+    }
+}
+
 /// A byte range worth fetching ahead of demand.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrefetchRequest {

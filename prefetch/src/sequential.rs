@@ -220,13 +220,9 @@ mod tests {
         pattern: Pattern,
     ) -> AccessEvent {
         AccessEvent {
-            job: JobId(job),
-            path: Arc::from(path),
-            offset,
-            len,
-            file_size: 1 << 40,
             now_ns,
             pattern,
+            ..AccessEvent::read(job, path, offset, len, 1 << 40)
         }
     }
 

@@ -1,25 +1,15 @@
 //! Semantic prefetch: tokenizer, rules and the targets on synthetic workloads
 //! (fixed seeds; precision, coverage and waste computed by `semantic::eval`).
 
-use std::sync::Arc;
-
 use strata_prefetch::semantic::workloads as w;
 use strata_prefetch::semantic::{
     evaluate, tokenize, EvalConfig, FieldKind, SemanticConfig, SemanticPredictor,
 };
 use strata_prefetch::{AccessEvent, Feedback, Predictor, PrefetchRequest};
-use strata_types::{JobId, Pattern};
+use strata_types::JobId;
 
 fn ev(job: u64, path: &str, size: u64) -> AccessEvent {
-    AccessEvent {
-        job: JobId(job),
-        path: Arc::from(path),
-        offset: 0,
-        len: size,
-        file_size: size,
-        now_ns: 0,
-        pattern: Pattern::Unknown,
-    }
+    AccessEvent::read(job, path, 0, size, size)
 }
 
 /// Feeds `paths` in order; returns every request issued, in order.

@@ -1,23 +1,12 @@
 //! Property tests of the semantic predictor.
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 use strata_prefetch::semantic::workloads::{random_listed, random_numbers};
 use strata_prefetch::semantic::{tokenize, SemanticConfig, SemanticPredictor};
 use strata_prefetch::{AccessEvent, Predictor};
-use strata_types::{JobId, Pattern};
 
 fn ev(job: u64, path: &str) -> AccessEvent {
-    AccessEvent {
-        job: JobId(job),
-        path: Arc::from(path),
-        offset: 0,
-        len: 4096,
-        file_size: 4096,
-        now_ns: 0,
-        pattern: Pattern::Unknown,
-    }
+    AccessEvent::read(job, path, 0, 4096, 4096)
 }
 
 proptest! {

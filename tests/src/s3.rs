@@ -48,6 +48,18 @@ impl MotoServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Store options that reach this server with the test credentials, over plain HTTP.
+    pub fn store_options(&self) -> strata_cache_core::StoreOptions {
+        strata_cache_core::StoreOptions {
+            endpoint: Some(self.endpoint()),
+            region: Some(REGION.into()),
+            access_key_id: Some(ACCESS_KEY.into()),
+            secret_access_key: Some(SECRET_KEY.into()),
+            allow_http: true,
+            ..Default::default()
+        }
+    }
+
     /// Creates a bucket (moto accepts unsigned requests).
     pub fn create_bucket(&self, bucket: &str) {
         let status = http(self.port, "PUT", &format!("/{bucket}"), "").unwrap_or_default();

@@ -20,16 +20,30 @@ fn size(client: u64, i: u64) -> usize {
     1024 + ((client * 7919 + i * 104_729) % (700 << 10)) as usize
 }
 
+/// Runs `client` for each of the `CLIENTS` clients at once, each on its own
+/// connection to `addr`, and waits for them all (`what` names a task that failed).
+async fn every_client<F, Fut>(addr: &str, what: &str, client: F)
+where
+    F: Fn(u64, KvClient) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut tasks = Vec::new();
+    for cl in 0..CLIENTS {
+        let c = KvClient::connect(addr).await.expect("connect");
+        tasks.push(tokio::spawn(client(cl, c)));
+    }
+    for t in tasks {
+        t.await.expect(what);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_clients_put_and_read_each_others_blocks() {
     let server = TestServer::start(memory_engine(1 << 30), ServerConfig::default()).await;
     let shared = block(2 << 20, 777);
-    let mut tasks = Vec::new();
-    for cl in 0..CLIENTS {
-        let addr = server.addr.clone();
+    every_client(&server.addr, "writer task", |cl, mut c| {
         let shared = shared.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = KvClient::connect(&addr).await.expect("connect");
+        async move {
             for i in 0..PER_CLIENT {
                 c.put(NS, &key(cl, i), block(size(cl, i), cl * 1000 + i))
                     .await
@@ -39,17 +53,12 @@ async fn many_clients_put_and_read_each_others_blocks() {
             c.put(NS, b"shared", shared.clone())
                 .await
                 .expect("shared put");
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer task");
-    }
-    let mut tasks = Vec::new();
-    for cl in 0..CLIENTS {
-        let addr = server.addr.clone();
+        }
+    })
+    .await;
+    every_client(&server.addr, "reader task", |cl, mut c| {
         let shared = shared.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = KvClient::connect(&addr).await.expect("connect");
+        async move {
             let other = (cl + 1) % CLIENTS;
             for i in 0..PER_CLIENT {
                 let got = c.get(NS, &key(other, i)).await.expect("get").expect("hit");
@@ -70,11 +79,9 @@ async fn many_clients_put_and_read_each_others_blocks() {
                     .expect("hit")
                     == shared
             );
-        }));
-    }
-    for t in tasks {
-        t.await.expect("reader task");
-    }
+        }
+    })
+    .await;
     let stats = server.service.stats();
     assert_eq!(stats.puts, CLIENTS * (PER_CLIENT + 1));
     // Puts of the shared key racing each other may each store it (same bytes): at

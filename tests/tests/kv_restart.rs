@@ -5,7 +5,7 @@ mod kv_common;
 
 use std::sync::Arc;
 
-use kv_common::{block, hash, TestServer};
+use kv_common::{block, get_hit, hash, TestServer};
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::CacheEngine;
@@ -56,11 +56,7 @@ async fn blocks_survive_a_restart_with_a_disk_tier() {
             BlockTier::Disk,
             "memory started empty"
         );
-        let got = c
-            .get(NS, &hash(i as u64))
-            .await
-            .expect("get")
-            .expect("block survived");
+        let got = get_hit(&mut c, NS, &hash(i as u64), "block survived").await;
         assert!(got == block(s, i as u64), "block {i} intact after restart");
     }
     server.stop().await;

@@ -3,7 +3,7 @@
 
 mod kv_common;
 
-use kv_common::{block, hash, memory_engine, TestServer};
+use kv_common::{block, get_hit, hash, memory_engine, TestServer};
 use strata_kvcache::client::{BlockTier, ClientOptions};
 use strata_kvcache::server::ServerConfig;
 use strata_kvcache::KvClient;
@@ -21,11 +21,7 @@ async fn round_trips_from_1kib_to_64mib() {
             !c.put(NS, &hash(i as u64), data.clone()).await.expect("put"),
             "first put stores"
         );
-        let got = c
-            .get(NS, &hash(i as u64))
-            .await
-            .expect("get")
-            .expect("block cached");
+        let got = get_hit(&mut c, NS, &hash(i as u64), "block cached").await;
         assert_eq!(got.len(), size);
         assert!(got == data, "block of {size} bytes comes back intact");
         // Values are immutable: a repeated put is idempotent.
@@ -90,8 +86,17 @@ async fn unix_socket_serves_the_same_api() {
         .expect("connect over unix socket");
     let data = block(3 << 20, 42);
     c.put(NS, b"k", data.clone()).await.expect("put");
-    assert!(c.get(NS, b"k").await.expect("get").expect("hit") == data);
+    assert!(get_hit(&mut c, NS, b"k", "hit").await == data);
     server.stop().await;
+}
+
+/// A client connected to `addr` presenting `token`.
+async fn connect_with_token(addr: &str, token: &str) -> KvClient {
+    let opts = ClientOptions {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    KvClient::connect_with(addr, opts).await.expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,24 +112,12 @@ async fn a_configured_token_is_required() {
         .await
         .expect_err("no token is refused");
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
-    let bad = ClientOptions {
-        token: Some("guess".into()),
-        ..Default::default()
-    };
-    let mut wrong = KvClient::connect_with(&server.addr, bad)
-        .await
-        .expect("connect");
+    let mut wrong = connect_with_token(&server.addr, "guess").await;
     assert_eq!(
         wrong.ping().await.expect_err("wrong token").code(),
         tonic::Code::Unauthenticated
     );
-    let good = ClientOptions {
-        token: Some("s3cret".into()),
-        ..Default::default()
-    };
-    let mut c = KvClient::connect_with(&server.addr, good)
-        .await
-        .expect("connect");
+    let mut c = connect_with_token(&server.addr, "s3cret").await;
     c.put(NS, b"k", block(4096, 1))
         .await
         .expect("put with token");

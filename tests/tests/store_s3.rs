@@ -5,21 +5,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_cache_core::tiers::MemoryTier;
-use strata_cache_core::{
-    AccessContext, BackingStore, CacheEngine, CacheError, ObjectReader, StoreOptions,
-};
-use strata_tests::s3::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use strata_cache_core::{AccessContext, BackingStore, CacheEngine, CacheError, ObjectReader};
+use strata_tests::s3::MotoServer;
 
 fn s3_store(server: &MotoServer, url: &str) -> BackingStore {
-    let opts = StoreOptions {
-        endpoint: Some(server.endpoint()),
-        region: Some(REGION.into()),
-        access_key_id: Some(ACCESS_KEY.into()),
-        secret_access_key: Some(SECRET_KEY.into()),
-        allow_http: true,
-        ..Default::default()
-    };
-    BackingStore::from_url(url, &opts).expect("open s3 store")
+    BackingStore::from_url(url, &server.store_options()).expect("open s3 store")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

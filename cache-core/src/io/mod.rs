@@ -273,6 +273,21 @@ pub fn open_engine(kind: IoEngineKind) -> io::Result<Arc<dyn IoEngine>> {
     }
 }
 
+/// A new, empty read-write file in a new temporary directory, which lasts as long as
+/// the returned guard: the engines' tests' scratch file.
+#[cfg(test)]
+pub(crate) fn temp_file() -> (tempfile::TempDir, Arc<File>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(dir.path().join("f"))
+        .expect("open");
+    (dir, Arc::new(file))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,17 +327,7 @@ mod tests {
     }
 
     async fn engine_round_trip(engine: Arc<dyn IoEngine>) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("f");
-        let file = Arc::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("open"),
-        );
+        let (_dir, file) = temp_file();
         let mut buf = AlignedBuf::zeroed(3 * ALIGN);
         for (i, b) in buf.full_mut().iter_mut().enumerate() {
             *b = (i % 251) as u8;
@@ -333,10 +338,7 @@ mod tests {
             .await
             .expect("write");
         engine.sync_data(file.clone()).await.expect("sync");
-        assert_eq!(
-            std::fs::metadata(&path).expect("stat").len(),
-            4 * ALIGN as u64
-        );
+        assert_eq!(file.metadata().expect("stat").len(), 4 * ALIGN as u64);
         let got = engine
             .read_at(file.clone(), ALIGN as u64, AlignedBuf::zeroed(3 * ALIGN))
             .await
@@ -374,16 +376,7 @@ mod tests {
     #[tokio::test]
     async fn uring_many_in_flight() {
         let engine = open_engine(IoEngineKind::IoUring).expect("io_uring");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = Arc::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(dir.path().join("f"))
-                .expect("open"),
-        );
+        let (_dir, file) = temp_file();
         // More requests than the ring has entries, all at once.
         let mut tasks = Vec::new();
         for i in 0..600u64 {

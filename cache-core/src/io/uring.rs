@@ -400,16 +400,7 @@ mod tests {
             .build()
             .expect("runtime");
         let engine: Arc<dyn IoEngine> = Arc::new(UringEngine::new().expect("io_uring"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = Arc::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .read(true)
-                .write(true)
-                .open(dir.path().join("f"))
-                .expect("open"),
-        );
+        let (_dir, file) = super::super::temp_file();
         const PER_SOURCE: u64 = 1500;
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let op = move |engine: Arc<dyn IoEngine>, file: Arc<File>, i: u64| async move {

@@ -19,14 +19,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let hex = std::env::args()
         .nth(1)
         .ok_or("usage: gds-ipc-client <hex handle>")?;
-    if hex.len() % 2 != 0 {
-        return Err("odd-length hex".into());
-    }
-    let wire = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()?;
-    let handle = IpcHandle::from_bytes(&wire)?;
+    let handle = IpcHandle::from_hex(&hex)?;
     let limit = handle.len + (1 << 20);
     let device = match handle.kind {
         DeviceKind::Emulated => open_device(&DeviceChoice::Emulated {

@@ -6,13 +6,9 @@ const MB: u64 = 1 << 20;
 
 fn ev(job: u64, path: &str, offset: u64, len: u64, size: u64, now_ns: u64) -> AccessEvent {
     AccessEvent {
-        job: JobId(job),
-        path: Arc::from(path),
-        offset,
-        len,
-        file_size: size,
         now_ns,
         pattern: Pattern::Sequential,
+        ..AccessEvent::read(job, path, offset, len, size)
     }
 }
 

@@ -242,6 +242,23 @@ mod tests {
     use super::*;
     use crate::semantic::listing::ListingIndex;
 
+    /// Observes `members` in order until `t` accepts the set; returns the count up to
+    /// and including the member it accepted at (0 if it never did).
+    fn observe_until_accepted(
+        t: &mut SetTracker,
+        set: &MemberSet,
+        cfg: &SemanticConfig,
+        members: std::ops::Range<u32>,
+    ) -> u32 {
+        for i in members {
+            t.observe(i, set, cfg);
+            if t.accepted {
+                return i + 1;
+            }
+        }
+        0
+    }
+
     fn set_of(n: usize) -> ListingIndex {
         let mut idx = ListingIndex::new(usize::MAX);
         let names: Vec<(String, u64)> = (0..n).map(|i| (format!("f-{i:05}"), 10)).collect();
@@ -284,25 +301,11 @@ mod tests {
         let set = idx.set("d/f-{n}").expect("listed");
         let cfg = SemanticConfig::default();
         let mut t = SetTracker::new();
-        let mut first = 0;
-        for i in 0..1000u32 {
-            t.observe(i, set, &cfg);
-            if t.accepted {
-                first = i + 1;
-                break;
-            }
-        }
+        let first = observe_until_accepted(&mut t, set, &cfg, 0..1000);
         assert!(t.accepted);
         t.observe(0, set, &cfg); // repeat after ~10% of the set
         assert!(!t.accepted);
-        let mut second = 0;
-        for i in 1..1000u32 {
-            t.observe(i, set, &cfg);
-            if t.accepted {
-                second = i + 1;
-                break;
-            }
-        }
+        let second = observe_until_accepted(&mut t, set, &cfg, 1..1000);
         assert!(second as f64 > first as f64 * 1.3, "{first} then {second}");
         // Before a complete epoch, the pool stays under 4% of the epoch's reads.
         let mut ids = Vec::new();

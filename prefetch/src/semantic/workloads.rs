@@ -3,9 +3,7 @@
 //! `-of-N` checkpoints), interleaved tenants, per-epoch shuffles and purely random reads.
 //! Deterministic: the splitmix64 generator of `strata-types`, no external randomness.
 
-use std::sync::Arc;
-
-use strata_types::{JobId, Pattern, SplitMix64};
+use strata_types::{JobId, SplitMix64};
 
 use super::eval::{evaluate, EvalConfig, EvalReport};
 use super::tokenize::civil_from_days;
@@ -52,6 +50,34 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// One job's reads of names no listing shows, in a 64-block window.
+    fn unlisted(name: &'static str, events: Vec<AccessEvent>) -> Self {
+        Self {
+            name,
+            events,
+            listings: Vec::new(),
+            window: 64,
+            shared: false,
+        }
+    }
+
+    /// Reads of the listed `files` (or some of them).
+    fn listed(
+        name: &'static str,
+        files: &[(String, u64)],
+        events: Vec<AccessEvent>,
+        window: usize,
+        shared: bool,
+    ) -> Self {
+        Self {
+            name,
+            events,
+            listings: listings_of(files),
+            window,
+            shared,
+        }
+    }
+
     /// Evaluates a fresh [`SemanticPredictor`] with `cfg`, given this workload's listings.
     pub fn eval_semantic(&self, cfg: SemanticConfig) -> EvalReport {
         let mut p = SemanticPredictor::new(cfg);
@@ -77,15 +103,31 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 fn event(job: u64, path: String, offset: u64, len: u64, size: u64) -> AccessEvent {
-    AccessEvent {
-        job: JobId(job),
-        path: Arc::from(path),
-        offset,
-        len,
-        file_size: size,
-        now_ns: 0,
-        pattern: Pattern::Unknown,
+    AccessEvent::read(job, &path, offset, len, size)
+}
+
+/// `n` files named by `name`, of 64 to 128 KiB each.
+fn varied_files(rng: &mut Rng, n: usize, name: impl Fn(usize) -> String) -> Vec<(String, u64)> {
+    (0..n)
+        .map(|i| (name(i), 64 * KIB + rng.below(64 * KIB)))
+        .collect()
+}
+
+/// `epochs` passes over `files`, each in a fresh random order that `read` turns into
+/// the epoch's events.
+fn per_epoch(
+    rng: &mut Rng,
+    files: &[(String, u64)],
+    epochs: usize,
+    mut read: impl FnMut(&mut Rng, &[(String, u64)]) -> Vec<AccessEvent>,
+) -> Vec<AccessEvent> {
+    let mut events = Vec::new();
+    for _ in 0..epochs {
+        let mut order = files.to_vec();
+        rng.shuffle(&mut order);
+        events.extend(read(rng, &order));
     }
+    events
 }
 
 /// Whole-file reads of `(path, size)` by `job`.
@@ -172,13 +214,13 @@ pub fn name_ordered(seed: u64, classes: usize, per_class: usize) -> Workload {
         names.sort();
         files.extend(names);
     }
-    Workload {
-        name: "name-ordered small files (listed)",
-        listings: listings_of(&files),
-        events: whole(1, &files),
-        window: 64,
-        shared: false,
-    }
+    Workload::listed(
+        "name-ordered small files (listed)",
+        &files,
+        whole(1, &files),
+        64,
+        false,
+    )
 }
 
 /// `data/img_N.jpg`, N = 1.., unpadded, in numeric order, no listing.
@@ -186,13 +228,7 @@ pub fn numbered(n: usize) -> Workload {
     let files: Vec<(String, u64)> = (1..=n)
         .map(|i| (format!("data/img_{i}.jpg"), 100 * KIB))
         .collect();
-    Workload {
-        name: "numbered small files (unlisted)",
-        events: whole(1, &files),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted("numbered small files (unlisted)", whole(1, &files))
 }
 
 /// `shards/train-NNNNNN.tar` (64 MiB), read in 16 MiB pieces, no listing.
@@ -200,13 +236,7 @@ pub fn shards(n: usize) -> Workload {
     let files: Vec<(String, u64)> = (0..n)
         .map(|i| (format!("shards/train-{i:06}.tar"), 64 * MIB))
         .collect();
-    Workload {
-        name: "tar shards (unlisted)",
-        events: chunked(1, &files, 16 * MIB),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted("tar shards (unlisted)", chunked(1, &files, 16 * MIB))
 }
 
 /// `lake/events/date=YYYY-MM-DD/part-NNNN.parquet`, `parts` per day from 2025-01-20
@@ -223,13 +253,7 @@ pub fn dated(days: i64, parts: usize) -> Workload {
             ));
         }
     }
-    Workload {
-        name: "dated partitions (unlisted)",
-        events: whole(1, &files),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted("dated partitions (unlisted)", whole(1, &files))
 }
 
 /// Dated partitions with a varying number of parts per day, listings given.
@@ -247,13 +271,13 @@ pub fn dated_listed(seed: u64, days: i64) -> Workload {
             ));
         }
     }
-    Workload {
-        name: "dated partitions, varying parts (listed)",
-        listings: listings_of(&files),
-        events: whole(1, &files),
-        window: 64,
-        shared: false,
-    }
+    Workload::listed(
+        "dated partitions, varying parts (listed)",
+        &files,
+        whole(1, &files),
+        64,
+        false,
+    )
 }
 
 /// `ckpt/step-K/model-0000i-of-0000N.safetensors` loads (1 GiB shards read as 256 MiB
@@ -271,13 +295,10 @@ pub fn checkpoints(loads: usize, shards: usize) -> Workload {
             ));
         }
     }
-    Workload {
-        name: "checkpoint shards -of-N (unlisted)",
-        events: chunked(1, &files, 256 * MIB),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted(
+        "checkpoint shards -of-N (unlisted)",
+        chunked(1, &files, 256 * MIB),
+    )
 }
 
 /// Four tenants (shards, dated partitions, ImageNet-style, numbered files) whose requests
@@ -319,13 +340,10 @@ pub fn four_workers_one_template(seed: u64, per_worker: usize) -> Workload {
             whole(1, &files)
         })
         .collect();
-    Workload {
-        name: "four workers, one job, one template",
-        events: interleave(seed, traces),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted(
+        "four workers, one job, one template",
+        interleave(seed, traces),
+    )
 }
 
 /// A listed set of `n` files read in a fresh random order each epoch. The window is the
@@ -333,27 +351,15 @@ pub fn four_workers_one_template(seed: u64, per_worker: usize) -> Workload {
 /// prefetched members until the epoch reads them.
 pub fn shuffled_epochs(seed: u64, n: usize, epochs: usize) -> Workload {
     let mut rng = Rng::new(seed);
-    let files: Vec<(String, u64)> = (0..n)
-        .map(|i| {
-            (
-                format!("train/sample-{i:06}.jpg"),
-                64 * KIB + rng.below(64 * KIB),
-            )
-        })
-        .collect();
-    let mut events = Vec::new();
-    for _ in 0..epochs {
-        let mut order = files.clone();
-        rng.shuffle(&mut order);
-        events.extend(whole(1, &order));
-    }
-    Workload {
-        name: "per-epoch shuffle over a listed set",
-        listings: listings_of(&files),
+    let files = varied_files(&mut rng, n, |i| format!("train/sample-{i:06}.jpg"));
+    let events = per_epoch(&mut rng, &files, epochs, |_, order| whole(1, order));
+    Workload::listed(
+        "per-epoch shuffle over a listed set",
+        &files,
         events,
-        window: n,
-        shared: false,
-    }
+        n,
+        false,
+    )
 }
 
 /// PyTorch-style data loading: each epoch is a fresh permutation of the `n` listed
@@ -362,18 +368,10 @@ pub fn shuffled_epochs(seed: u64, n: usize, epochs: usize) -> Workload {
 /// Evaluated with one shared cache, window = set size.
 pub fn loader_workers(seed: u64, n: usize, workers: usize, epochs: usize) -> Workload {
     let mut rng = Rng::new(seed);
-    let files: Vec<(String, u64)> = (0..n)
-        .map(|i| {
-            (
-                format!("train/c{:03}/img-{i:06}.jpg", i % 100),
-                64 * KIB + rng.below(64 * KIB),
-            )
-        })
-        .collect();
-    let mut events = Vec::new();
-    for _ in 0..epochs {
-        let mut order = files.clone();
-        rng.shuffle(&mut order);
+    let files = varied_files(&mut rng, n, |i| {
+        format!("train/c{:03}/img-{i:06}.jpg", i % 100)
+    });
+    let events = per_epoch(&mut rng, &files, epochs, |rng, order| {
         let traces = (0..workers)
             .map(|w| {
                 let mine: Vec<(String, u64)> =
@@ -381,15 +379,15 @@ pub fn loader_workers(seed: u64, n: usize, workers: usize, epochs: usize) -> Wor
                 whole(w as u64 + 1, &mine)
             })
             .collect();
-        events.extend(interleave(rng.next_u64(), traces));
-    }
-    Workload {
-        name: "loader workers splitting per-epoch shuffles",
-        listings: listings_of(&files),
+        interleave(rng.next_u64(), traces)
+    });
+    Workload::listed(
+        "loader workers splitting per-epoch shuffles",
+        &files,
         events,
-        window: n,
-        shared: true,
-    }
+        n,
+        true,
+    )
 }
 
 /// A listed set of `n` files of which each epoch reads a random `fraction`, without
@@ -400,19 +398,16 @@ pub fn sampled_epochs(seed: u64, n: usize, fraction: f64, epochs: usize) -> Work
         .map(|i| (format!("train/sample-{i:06}.jpg"), 96 * KIB))
         .collect();
     let take = ((n as f64 * fraction) as usize).min(n);
-    let mut events = Vec::new();
-    for _ in 0..epochs {
-        let mut order = files.clone();
-        rng.shuffle(&mut order);
-        events.extend(whole(1, &order[..take]));
-    }
-    Workload {
-        name: "per-epoch random subset of a listed set",
-        listings: listings_of(&files),
+    let events = per_epoch(&mut rng, &files, epochs, |_, order| {
+        whole(1, &order[..take])
+    });
+    Workload::listed(
+        "per-epoch random subset of a listed set",
+        &files,
         events,
-        window: n,
-        shared: false,
-    }
+        n,
+        false,
+    )
 }
 
 /// Uniform random reads with replacement from a listed set of `n` files.
@@ -424,13 +419,13 @@ pub fn random_listed(seed: u64, n: usize, reads: usize) -> Workload {
     let picks: Vec<(String, u64)> = (0..reads)
         .map(|_| files[rng.below(n as u64) as usize].clone())
         .collect();
-    Workload {
-        name: "random reads of a listed set",
-        listings: listings_of(&files),
-        events: whole(1, &picks),
-        window: 64,
-        shared: false,
-    }
+    Workload::listed(
+        "random reads of a listed set",
+        &files,
+        whole(1, &picks),
+        64,
+        false,
+    )
 }
 
 /// Random numbered names in `0..range`, unlisted (a small range makes chance strides
@@ -440,13 +435,7 @@ pub fn random_numbers(seed: u64, range: u64, reads: usize) -> Workload {
     let picks: Vec<(String, u64)> = (0..reads)
         .map(|_| (format!("blobs/obj-{:08}.dat", rng.below(range)), 128 * KIB))
         .collect();
-    Workload {
-        name: "random numbered names (unlisted)",
-        events: whole(1, &picks),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted("random numbered names (unlisted)", whole(1, &picks))
 }
 
 /// Content-addressed names (`kv/ns/<16 hex>`), random.
@@ -455,11 +444,5 @@ pub fn random_hashes(seed: u64, reads: usize) -> Workload {
     let picks: Vec<(String, u64)> = (0..reads)
         .map(|_| (format!("kv/ns/{:016x}", rng.next_u64()), 256 * KIB))
         .collect();
-    Workload {
-        name: "random hashed names",
-        events: whole(1, &picks),
-        listings: Vec::new(),
-        window: 64,
-        shared: false,
-    }
+    Workload::unlisted("random hashed names", whole(1, &picks))
 }

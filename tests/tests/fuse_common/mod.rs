@@ -15,7 +15,7 @@ use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy, StoreOptions};
 use strata_fs::{CoreOptions, MountHandle, MountOptions};
-use strata_tests::s3::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use strata_tests::s3::MotoServer;
 
 /// Small blocks so that modest files span many of them.
 pub const BLOCK: u64 = 256 << 10;
@@ -26,16 +26,9 @@ pub enum Backend {
     S3,
 }
 
+/// Deterministic, seed-dependent file contents (the tests compare what they wrote).
 pub fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    strata_cache_core::testdata::xorshift_bytes(n, seed)
 }
 
 /// The source tree: files of every size class, nested directories, a wide directory.
@@ -116,15 +109,8 @@ impl Fixture {
             Backend::S3 => {
                 let server = MotoServer::start();
                 server.create_bucket("data");
-                let opts = StoreOptions {
-                    endpoint: Some(server.endpoint()),
-                    region: Some(REGION.into()),
-                    access_key_id: Some(ACCESS_KEY.into()),
-                    secret_access_key: Some(SECRET_KEY.into()),
-                    allow_http: true,
-                    ..Default::default()
-                };
-                let s = BackingStore::from_url("s3://data/ds", &opts).expect("s3 store");
+                let s = BackingStore::from_url("s3://data/ds", &server.store_options())
+                    .expect("s3 store");
                 rt.block_on(async {
                     for (p, d) in source_files() {
                         s.put(&p, Bytes::from(d)).await.expect("upload");

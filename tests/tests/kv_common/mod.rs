@@ -9,6 +9,7 @@ use bytes::Bytes;
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::CacheEngine;
 use strata_kvcache::server::{self, KvService, ServerConfig};
+use strata_kvcache::KvClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -90,16 +91,12 @@ pub fn memory_engine(bytes: u64) -> CacheEngine {
 
 /// Deterministic, seed-dependent content (so a mixed-up block is detected).
 pub fn block(size: usize, seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(size);
-    while v.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(size);
-    Bytes::from(v)
+    Bytes::from(strata_cache_core::testdata::xorshift_bytes(size, seed))
+}
+
+/// Reads `hash` in `ns`, which must be a hit (`what` says why it should be).
+pub async fn get_hit(c: &mut KvClient, ns: &str, hash: &[u8], what: &str) -> Bytes {
+    c.get(ns, hash).await.expect("get").expect(what)
 }
 
 pub fn hash(i: u64) -> Vec<u8> {

@@ -232,14 +232,5 @@ fn write_file(p: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
 
 /// Deterministic bytes (xorshift) so runs are comparable.
 pub fn pseudo_random(len: usize, seed: u64) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v.into()
+    strata_cache_core::testdata::xorshift_bytes(len, seed).into()
 }

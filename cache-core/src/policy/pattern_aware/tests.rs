@@ -25,6 +25,11 @@ fn pattern_of(key: &CacheKey, ctx: &AccessContext) -> Pattern {
     TRACKER.with(|t| t.borrow().pattern_of(key, ctx))
 }
 
+/// Block `b` of the one large file the scan tests read.
+fn scan_block(b: u64) -> CacheKey {
+    CacheKey::file("scan/big.bin", "v", b)
+}
+
 /// A read through a tier as the engine and the replay do it: observe, touch, else place.
 fn read(s: &mut TierSpace, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
     let ctx = &observed(key, ctx);
@@ -118,12 +123,7 @@ fn hot_set_survives_a_large_scan() {
     let mut hot_reads = 0;
     for b in 0..1000u64 {
         t += 1;
-        read(
-            &mut s,
-            &CacheKey::file("scan/big.bin", "v", b),
-            MB,
-            &demand(2, t),
-        );
+        read(&mut s, &scan_block(b), MB, &demand(2, t));
         if b % 10 == 0 {
             let k = &hot[(b as usize / 10) % hot.len()];
             t += 1;
@@ -160,12 +160,7 @@ fn lru_loses_the_hot_set_to_the_same_scan() {
     }
     for b in 0..1000u64 {
         t += 1;
-        read(
-            &mut s,
-            &CacheKey::file("scan/big.bin", "v", b),
-            MB,
-            &demand(2, t),
-        );
+        read(&mut s, &scan_block(b), MB, &demand(2, t));
     }
     assert!(hot.iter().filter(|k| s.contains(k)).count() < 5);
 }

@@ -739,6 +739,16 @@ impl Run<'_> {
         self.finished = finished;
     }
 
+    /// A demand read of a prefetched block: the prefetch was used, and the controller
+    /// hears of the demand.
+    fn prefetch_demanded(&mut self, id: u32, bytes: u64) {
+        self.state[id as usize].prefetched = false;
+        self.prefetch_used += bytes;
+        if let Some(c) = &mut self.controller {
+            c.demand(&id);
+        }
+    }
+
     /// Replays read `ri` of job `j`, issued at `now`.
     fn read(&mut self, ri: usize, j: u32, now: u64) {
         let job = JobId(u64::from(j));
@@ -784,11 +794,7 @@ impl Run<'_> {
                     wait += 1;
                 }
                 if st.prefetched {
-                    self.state[id as usize].prefetched = false;
-                    self.prefetch_used += bytes;
-                    if let Some(c) = &mut self.controller {
-                        c.demand(&id);
-                    }
+                    self.prefetch_demanded(id, bytes);
                 }
                 continue;
             }
@@ -803,11 +809,7 @@ impl Run<'_> {
                 self.devices[l - 1].transfers[tid as usize].waiters.push(j);
                 wait += 1;
                 if st.prefetched {
-                    self.state[id as usize].prefetched = false;
-                    self.prefetch_used += bytes;
-                    if let Some(c) = &mut self.controller {
-                        c.demand(&id);
-                    }
+                    self.prefetch_demanded(id, bytes);
                 }
                 if self.place_at(0, id, bytes, &ctx.moved(AccessKind::Promotion)) {
                     let st = &mut self.state[id as usize];

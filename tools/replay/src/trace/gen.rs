@@ -136,6 +136,13 @@ impl Gen<'_> {
         Job { id, t: start }
     }
 
+    /// `n` worker jobs `{name}-w0..`, all starting at `start`.
+    fn workers(&mut self, name: &str, n: usize, start: u64) -> Vec<Job> {
+        (0..n)
+            .map(|w| self.job(&format!("{name}-w{w}"), start))
+            .collect()
+    }
+
     fn path(&mut self, name: &str, size: u64) -> u32 {
         // Generators name each path with one size, so a clash is a generator bug.
         self.b
@@ -169,9 +176,7 @@ impl Gen<'_> {
         // Data-loader workers (PyTorch `num_workers`): worker w reads every
         // LOADERS-th file of the epoch's permutation; together 1 ms of compute per
         // sample.
-        let mut jobs: Vec<Job> = (0..LOADERS)
-            .map(|w| self.job(&format!("train-img-w{w}"), start))
-            .collect();
+        let mut jobs = self.workers("train-img", LOADERS, start);
         for _epoch in 0..3 {
             files.shuffle(rng);
             for (k, &(p, size)) in files.iter().enumerate() {
@@ -192,9 +197,7 @@ impl Gen<'_> {
             .collect();
         // WebDataset workers: worker w streams every SHARD_WORKERS-th shard of the
         // epoch's order; together 2 ms of compute per MiB.
-        let mut jobs: Vec<Job> = (0..SHARD_WORKERS)
-            .map(|w| self.job(&format!("train-shards-w{w}"), start))
-            .collect();
+        let mut jobs = self.workers("train-shards", SHARD_WORKERS, start);
         for _epoch in 0..3 {
             shards.shuffle(rng);
             for (k, &(p, size)) in shards.iter().enumerate() {
