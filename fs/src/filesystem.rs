@@ -3,12 +3,16 @@
 //! ([`crate::fuse`]) only translates.
 //!
 //! Design:
-//! - **Inodes.** One inode per path, handed out on first sight (lookup or readdir) and
-//!   kept for the mount's lifetime (the kernel's `forget` is ignored: an entry is a path
-//!   and a number, ~100 bytes, so even 10 M objects fit in about a GiB; a
-//!   reclaiming table is future work). A path that changes kind (an object replaced
-//!   by a prefix of the same name) gets a new inode, so the kernel never sees a file
-//!   turn into a directory under one number.
+//! - **Inodes.** One inode per path, handed out on first sight (lookup or readdir). Each
+//!   counts the kernel's references (one per LOOKUP reply and per READDIRPLUS entry, as
+//!   the kernel counts them) and is dropped when the kernel's FORGET brings the count to
+//!   zero, so the table holds what the kernel holds. Inodes only named in a plain
+//!   READDIR (never referenced) are swept once the table passes
+//!   [`CoreOptions::max_inodes`]. A forgotten path keeps its attributes in the
+//!   metadata cache (keyed by path), so the next lookup costs no HEAD; it gets a new
+//!   number. A path that changes kind (an object replaced by a prefix of the same
+//!   name) gets a new inode, so the kernel never sees a file turn into a directory under
+//!   one number.
 //! - **Metadata cache.** Attributes and directory listings are kept in `moka` caches
 //!   with a TTL (`metadata_ttl`); a listing also fills the attribute cache of every
 //!   child, so `ls -l` of a 100k-object directory is one paginated LIST and no HEADs,
@@ -85,6 +89,10 @@ pub struct CoreOptions {
     pub max_attr_entries: u64,
     /// Cached listings. 4096 directories.
     pub max_listings: u64,
+    /// Inodes the kernel does not reference (named by a plain READDIR only) may
+    /// accumulate until the table holds this many: 1 M (~100 MB); then they are swept.
+    /// Referenced inodes are never swept: the kernel's FORGETs bound those.
+    pub max_inodes: usize,
     /// What one job is (the FUSE request names a thread): default
     /// [`JobScope::ProcessGroup`], so a data loader's threads and worker processes are
     /// one job (see [`crate::job`] for why).
@@ -114,6 +122,7 @@ impl Default for CoreOptions {
             predictors: None,
             max_attr_entries: 1 << 20,
             max_listings: 4096,
+            max_inodes: 1 << 20,
             job_scope: JobScope::default(),
         }
     }
@@ -256,6 +265,8 @@ struct Node {
     path: Arc<str>,
     kind: Kind,
     generation: u64,
+    /// The kernel's references (LOOKUP replies and READDIRPLUS entries not forgotten).
+    lookups: u64,
 }
 
 #[derive(Default)]
@@ -277,17 +288,20 @@ impl InodeTable {
                 path: root.clone(),
                 kind: Kind::Dir,
                 generation: 1,
+                lookups: 1,
             },
         );
         t.by_path.insert(root, ROOT_INO);
         t
     }
 
-    /// The inode of `path` as `kind`, created if new (or if the path changed kind).
-    fn intern(&mut self, path: &Arc<str>, kind: Kind) -> (u64, u64) {
+    /// The inode of `path` as `kind`, created if new (or if the path changed kind);
+    /// `reference`: the reply hands the kernel a reference (a LOOKUP reply).
+    fn intern(&mut self, path: &Arc<str>, kind: Kind, reference: bool) -> (u64, u64) {
         if let Some(&ino) = self.by_path.get(path) {
-            if let Some(n) = self.nodes.get(&ino) {
+            if let Some(n) = self.nodes.get_mut(&ino) {
                 if n.kind == kind || ino == ROOT_INO {
+                    n.lookups += u64::from(reference);
                     return (ino, n.generation);
                 }
             }
@@ -300,10 +314,61 @@ impl InodeTable {
                 path: path.clone(),
                 kind,
                 generation: 1,
+                lookups: u64::from(reference),
             },
         );
         self.by_path.insert(path.clone(), ino);
         (ino, 1)
+    }
+
+    /// The kernel took `n` more references to `ino` (READDIRPLUS entries).
+    fn referenced(&mut self, ino: u64, n: u64) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.lookups += n;
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`; at zero the inode goes (the root
+    /// never does). Returns whether it went.
+    fn forget(&mut self, ino: u64, n: u64) -> bool {
+        if ino == ROOT_INO {
+            return false;
+        }
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return false;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups > 0 {
+            return false;
+        }
+        self.drop_node(ino);
+        true
+    }
+
+    fn drop_node(&mut self, ino: u64) {
+        if let Some(node) = self.nodes.remove(&ino) {
+            if self.by_path.get(&node.path) == Some(&ino) {
+                self.by_path.remove(&node.path);
+            }
+        }
+    }
+
+    /// Past `max` inodes, drops those the kernel holds no reference to, except `keep`
+    /// (inodes of open handles). Returns how many went.
+    fn sweep(&mut self, max: usize, keep: &std::collections::HashSet<u64>) -> usize {
+        if self.nodes.len() <= max {
+            return 0;
+        }
+        let idle: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|(ino, n)| n.lookups == 0 && **ino != ROOT_INO && !keep.contains(ino))
+            .map(|(ino, _)| *ino)
+            .collect();
+        for &ino in &idle {
+            self.drop_node(ino);
+        }
+        idle.len()
     }
 }
 
@@ -327,6 +392,8 @@ pub struct FsCore {
     listings: moka::future::Cache<Arc<str>, Arc<Listing>>,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    /// Table size at which the next inode sweep may run (see `sweep_inodes`).
+    next_sweep_at: AtomicU64,
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
@@ -383,6 +450,7 @@ impl FsCore {
             listings,
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
             passthrough_bytes: AtomicU64::new(0),
@@ -462,13 +530,15 @@ impl FsCore {
         }
     }
 
-    fn entry_for(&self, path: &Arc<str>, meta: &Meta) -> Result<Entry> {
+    /// The entry of `path`; `reference`: the reply hands the kernel a reference (a
+    /// LOOKUP reply; not GETATTR nor a directory listing).
+    fn entry_for(&self, path: &Arc<str>, meta: &Meta, reference: bool) -> Result<Entry> {
         let kind = match meta {
             Meta::File(_) => Kind::File,
             Meta::Dir => Kind::Dir,
             Meta::Missing => return Err(Error::NotFound(path.to_string())),
         };
-        let (ino, generation) = self.inodes.write().intern(path, kind);
+        let (ino, generation) = self.inodes.write().intern(path, kind, reference);
         Ok(Entry {
             attr: self.attr_of(ino, meta),
             generation,
@@ -586,14 +656,58 @@ impl FsCore {
         }
         let path = self.child_path(&dir.path, name);
         let meta = self.meta(&path).await?;
-        self.entry_for(&path, &meta)
+        self.entry_for(&path, &meta, true)
+    }
+
+    /// The kernel forgot `nlookup` references to `ino` (FUSE FORGET).
+    pub fn forget(&self, ino: u64, nlookup: u64) {
+        self.inodes.write().forget(ino, nlookup);
+    }
+
+    /// The kernel took a reference to `ino` through a READDIRPLUS entry (the adapter
+    /// calls this for each entry it fits in the reply, except `.` and `..`, which the
+    /// kernel does not count).
+    pub fn referenced(&self, ino: u64) {
+        self.inodes.write().referenced(ino, 1);
+    }
+
+    /// Inodes in the table now.
+    pub fn inode_count(&self) -> usize {
+        self.inodes.read().nodes.len()
+    }
+
+    /// Keeps the table within `max_inodes` by dropping unreferenced inodes, except
+    /// those of open files and every entry of an open directory (a READDIRPLUS reply
+    /// may still hand them to the kernel). A sweep that leaves the table over a quarter
+    /// of the bound above it is not retried until the table grows by that much (the
+    /// kernel's own references alone may exceed the bound: no sweep per opendir then).
+    fn sweep_inodes(&self) {
+        let len = self.inodes.read().nodes.len();
+        let next = self.next_sweep_at.load(Ordering::Relaxed) as usize;
+        if len <= self.opts.max_inodes || len < next {
+            return;
+        }
+        let mut keep: std::collections::HashSet<u64> =
+            self.files.lock().values().map(|h| h.ino).collect();
+        for entries in self.dirs.lock().values() {
+            keep.extend(entries.iter().map(|e| e.entry.attr.ino));
+        }
+        let mut inodes = self.inodes.write();
+        let swept = inodes.sweep(self.opts.max_inodes, &keep);
+        let left = inodes.nodes.len();
+        drop(inodes);
+        self.next_sweep_at.store(
+            (left + self.opts.max_inodes / 4 + 1) as u64,
+            Ordering::Relaxed,
+        );
+        tracing::debug!(swept, left, "unreferenced inodes dropped");
     }
 
     /// Current attributes of `ino` (re-resolved after the TTL).
     pub async fn getattr(&self, ino: u64) -> Result<Entry> {
         let node = self.node(ino)?;
         let meta = self.meta(&node.path).await?;
-        let entry = self.entry_for(&node.path, &meta)?;
+        let entry = self.entry_for(&node.path, &meta, false)?;
         if entry.attr.ino != ino {
             // The path changed kind since this inode was issued.
             return Err(Error::NotFound(node.path.to_string()));
@@ -640,7 +754,7 @@ impl FsCore {
         });
         for (name, meta) in &listing.entries {
             let path = self.child_path(&node.path, name);
-            let entry = self.entry_for(&path, meta)?;
+            let entry = self.entry_for(&path, meta, false)?;
             out.push(DirEntry {
                 name: name.clone(),
                 offset: out.len() as u64 + 1,
@@ -649,6 +763,7 @@ impl FsCore {
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.dirs.lock().insert(fh, Arc::new(out));
+        self.sweep_inodes();
         Ok(fh)
     }
 

@@ -154,6 +154,10 @@ impl Filesystem for FuseFs {
         });
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.core.forget(ino.0, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let core = self.core.clone();
         self.dispatch(async move {
@@ -340,6 +344,10 @@ impl Filesystem for FuseFs {
                         Generation(e.entry.generation),
                     ) {
                         break;
+                    }
+                    // The kernel counts a reference for every entry but `.` and `..`.
+                    if e.name != "." && e.name != ".." {
+                        self.core.referenced(e.entry.attr.ino);
                     }
                 }
                 reply.ok();

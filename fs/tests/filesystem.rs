@@ -558,3 +558,87 @@ async fn prefetch_outcomes_are_counted_used_and_wasted() {
     .await
     .expect("bounded");
 }
+
+/// FORGET is honoured: an inode lives while the kernel references it (one reference per
+/// LOOKUP reply) and goes when the kernel forgets the last one; the path keeps its
+/// attributes in the metadata cache, so looking it up again costs no store request.
+#[tokio::test]
+async fn forgotten_inodes_leave_the_table_and_cost_nothing_to_find_again() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let base = c.inode_count();
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        assert_eq!(c.inode_count(), base + 1);
+        c.lookup(dir.attr.ino, "small").await.expect("again");
+        c.lookup(dir.attr.ino, "small").await.expect("again");
+        // Three references: two forgotten, the inode stays.
+        c.forget(small.attr.ino, 2);
+        c.getattr(small.attr.ino).await.expect("still referenced");
+        c.forget(small.attr.ino, 1);
+        assert_eq!(c.inode_count(), base);
+        let err = c.getattr(small.attr.ino).await.expect_err("forgotten");
+        assert_eq!(err.errno(), libc::EBADF, "{err}");
+        // The root is never forgotten; unknown inodes are ignored.
+        c.forget(ROOT_INO, 100);
+        c.forget(987_654, 1);
+        c.getattr(ROOT_INO).await.expect("root");
+        let reads = fx.faulty.reads();
+        let again = c.lookup(dir.attr.ino, "small").await.expect("found again");
+        assert_ne!(again.attr.ino, small.attr.ino, "a new number");
+        assert_eq!(again.attr.size, 1000);
+        assert_eq!(fx.faulty.reads(), reads, "attributes still cached by path");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Inodes named only by a plain READDIR (never referenced by the kernel) are swept
+/// once the table passes `max_inodes`; referenced ones, open files and the entries of
+/// open directories (a READDIRPLUS reply may still hand them out) are kept.
+#[tokio::test]
+async fn unreferenced_inodes_are_swept_past_the_bound() {
+    timed(async {
+        let fx = fixture(CoreOptions {
+            max_inodes: 3,
+            ..CoreOptions::default()
+        })
+        .await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        // A plain listing names dir's entries without referencing them; while the
+        // directory is open they stay.
+        let fh = c.opendir(dir.attr.ino).await.expect("opendir");
+        let listed = c.readdir(fh, 0, 100).expect("readdir");
+        let ino_of = |name: &str| {
+            listed
+                .iter()
+                .find(|e| e.name == name)
+                .map(|e| e.entry.attr.ino)
+                .expect("listed")
+        };
+        let (big, small, sub) = (ino_of("big.bin"), ino_of("small"), ino_of("sub"));
+        c.getattr(small).await.expect("entry of an open directory");
+        c.releasedir(fh);
+        let opened = c.open(big, false).await.expect("open");
+        // Listing the root passes the bound: small and sub (unreferenced, their
+        // directory closed) go; big.bin (open), dir (referenced) and the root's entries
+        // (its handle open) stay.
+        let root_fh = c.opendir(ROOT_INO).await.expect("opendir root");
+        assert!(c.getattr(small).await.is_err());
+        assert!(c.getattr(sub).await.is_err());
+        c.getattr(big).await.expect("open file kept");
+        c.getattr(dir.attr.ino).await.expect("referenced dir kept");
+        // root, dir, big.bin, top.txt, empty, pre.
+        assert_eq!(c.inode_count(), 6);
+        c.releasedir(root_fh);
+        let got = c.read(opened.fh, 0, 10, 0).await.expect("read");
+        assert_eq!(got.len(), 10);
+        // Looked up again by name: found (a new number).
+        let again = c.lookup(dir.attr.ino, "small").await.expect("lookup");
+        assert_ne!(again.attr.ino, small);
+    })
+    .await
+    .expect("bounded");
+}

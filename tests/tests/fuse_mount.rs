@@ -253,6 +253,51 @@ fn passthrough_opens_read_the_same_bytes(b: Backend) {
     );
 }
 
+/// Inodes in the mount's table, as `statfs` reports them (`f_files`).
+fn inode_count(path: &std::path::Path) -> u64 {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path and a zeroed out-struct statvfs fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0, "statvfs");
+    st.f_files
+}
+
+/// The kernel's FORGET reaches the mount: after the kernel drops its cached inodes
+/// (`drop_caches`, as memory pressure would) the mount's inode table shrinks back,
+/// and every file is still found by name.
+fn the_kernel_forgets_inodes_and_the_table_shrinks(b: Backend) {
+    let fx = Fixture::new(b);
+    for i in 0..150 {
+        std::fs::metadata(fx.m(&format!("wide/f{i:04}"))).expect("stat");
+    }
+    let referenced = inode_count(fx.mnt.path());
+    assert!(referenced >= 150, "{referenced}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches (root)");
+        let now = inode_count(fx.mnt.path());
+        if now + 100 <= referenced {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "FORGET did not shrink the table: {referenced} -> {now}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for i in (0..150).step_by(7) {
+        let got = std::fs::read(fx.m(&format!("wide/f{i:04}"))).expect("read again");
+        assert_eq!(got.len(), 100 + i);
+    }
+}
+
+#[test]
+fn the_kernel_forgets_inodes_and_the_table_shrinks_local() {
+    bounded(120, || {
+        the_kernel_forgets_inodes_and_the_table_shrinks(Backend::Local)
+    })
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
         mod local {
