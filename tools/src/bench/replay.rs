@@ -96,6 +96,8 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.block_bytes > 0, "--block-bytes must be > 0");
     anyhow::ensure!(a.bandwidth_mbps > 0.0, "--bandwidth-mbps must be > 0");
     let t = trace::read_file(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
+    t.check_replayable(a.block_bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
     let prepared = Prepared::new(t, a.block_bytes);
     let unique = prepared.unique_bytes();
     let store = StoreModel {

@@ -123,15 +123,19 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
 }
 
 fn summary(t: &trace::Trace, out: &std::path::Path) {
-    let bytes: u64 = t.records.iter().map(|r| r.len).sum();
+    let bytes: u128 = t.records.iter().map(|r| u128::from(r.len)).sum();
+    // Unique bytes enumerate blocks: only for a trace a replay could hold.
+    let unique = match t.check_replayable(1 << 20) {
+        Ok(()) => format!("{:.1} MB unique", t.unique_bytes(1 << 20) as f64 / 1e6),
+        Err(e) => format!("not replayable: {e}"),
+    };
     eprintln!(
-        "wrote {}: {} reads, {} jobs, {} paths, {:.1} MB read, {:.1} MB unique (1 MiB blocks)",
+        "wrote {}: {} reads, {} jobs, {} paths, {:.1} MB read, {unique} (1 MiB blocks)",
         out.display(),
         t.records.len(),
         t.jobs.len(),
         t.paths.len(),
         bytes as f64 / 1e6,
-        t.unique_bytes(1 << 20) as f64 / 1e6
     );
 }
 

@@ -37,6 +37,11 @@ use std::sync::Arc;
 /// The CSV header every trace starts with.
 pub const HEADER: &str = "ts_ns,job,path,offset,len,size";
 
+/// Block accesses a replay holds at most: 2^28 (~268 M; the compiled trace keeps about
+/// 16 bytes per access, so ~4 GiB), far beyond the recorded and generated traces
+/// (~10^5) while a crafted row (`len` = 2^60) is refused before anything is allocated.
+pub const MAX_BLOCK_ACCESSES: u128 = 1 << 28;
+
 /// Errors reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -90,6 +95,36 @@ impl Trace {
             }
         }
         seen.values().sum()
+    }
+
+    /// Block accesses a replay of this trace makes at `block_bytes` (one per block each
+    /// read touches), computed without enumerating them (a crafted row can name 2^60
+    /// bytes).
+    pub fn block_accesses(&self, block_bytes: u64) -> u128 {
+        let bb = block_bytes.max(1);
+        self.records
+            .iter()
+            .map(|r| {
+                if is_kv(&self.paths[r.path as usize]) {
+                    1
+                } else {
+                    u128::from((r.offset + r.len - 1) / bb - r.offset / bb + 1)
+                }
+            })
+            .sum()
+    }
+
+    /// Refuses a trace whose replay at `block_bytes` would not fit the replay's memory
+    /// bound ([`MAX_BLOCK_ACCESSES`]): a clear error instead of exhausting memory.
+    pub fn check_replayable(&self, block_bytes: u64) -> Result<(), String> {
+        let n = self.block_accesses(block_bytes);
+        if n > MAX_BLOCK_ACCESSES {
+            return Err(format!(
+                "the trace makes {n} block accesses at {block_bytes}-byte blocks; a replay holds \
+                 at most {MAX_BLOCK_ACCESSES} (a larger --block-bytes makes fewer)"
+            ));
+        }
+        Ok(())
     }
 
     /// Stable-sorts records by time (ties keep their order).
@@ -329,6 +364,23 @@ pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A crafted row naming 2^60 bytes is refused by arithmetic, before any block is
+    /// enumerated (it used to exhaust memory in `strata bench replay`).
+    #[test]
+    fn a_crafted_huge_read_is_refused_without_allocating() {
+        let csv = format!(
+            "{HEADER}\n0,j,huge.bin,0,{len},{len}\n1,j,small.bin,0,10,10\n",
+            len = 1u64 << 60
+        );
+        let t = read_csv(csv.as_bytes()).expect("a well-formed trace");
+        assert_eq!(t.block_accesses(1 << 20), (1u128 << 40) + 1);
+        let err = t.check_replayable(1 << 20).expect_err("too large");
+        assert!(err.contains("block accesses"), "{err}");
+        // The same trace with ordinary rows only is fine.
+        let ok = read_csv(format!("{HEADER}\n1,j,small.bin,0,10,10\n").as_bytes()).expect("ok");
+        ok.check_replayable(1 << 20).expect("replayable");
+    }
 
     fn sample() -> Trace {
         let mut b = TraceBuilder::new();
