@@ -52,13 +52,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use sha2::{Digest, Sha256};
 use strata_cache_core::{AccessContext, CacheError, CacheKey, JobId, ObjectInfo, ObjectReader};
 
 use strata_prefetch::{AccessController, AccessEvent, Admission, Origin, PrefetchOrder};
 
 use crate::error::{Error, Result};
 use crate::job::{JobResolver, JobScope};
+use crate::passthrough::PassthroughStore;
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
 
 /// Inode number of the mount's root directory (FUSE's fixed root).
@@ -397,8 +397,9 @@ pub struct FsCore {
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
-    passthrough_bytes: AtomicU64,
-    passthrough_inflight: Mutex<std::collections::HashSet<PathBuf>>,
+    /// The passthrough copies (verified, durable, budgeted); None without passthrough
+    /// or when its directory could not be opened.
+    passthrough: Option<Arc<PassthroughStore>>,
     jobs: JobResolver,
     /// Bytes of demand reads in progress (the controller counts them against its
     /// prefetch backlog bound: they share the store link).
@@ -439,6 +440,15 @@ impl FsCore {
             .time_to_live(opts.metadata_ttl)
             .build();
         let jobs = JobResolver::new(opts.job_scope);
+        let passthrough = opts.passthrough.clone().and_then(|o| {
+            let dir = o.dir.clone();
+            PassthroughStore::open(o)
+                .map(Arc::new)
+                .map_err(|e| {
+                    tracing::warn!(dir = %dir.display(), error = %e, "passthrough copies disabled: their directory cannot be used");
+                })
+                .ok()
+        });
         FsCore {
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
@@ -453,8 +463,7 @@ impl FsCore {
             next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
-            passthrough_bytes: AtomicU64::new(0),
-            passthrough_inflight: Mutex::new(Default::default()),
+            passthrough,
             jobs,
             demand_in_flight: AtomicU64::new(0),
             counters: Counters::default(),
@@ -801,7 +810,7 @@ impl FsCore {
             let prev = versions.insert(ino, obj.version.clone());
             prev.as_deref() == Some(&*obj.version)
         };
-        let passthrough = self.passthrough_file(&obj);
+        let passthrough = self.passthrough_file(&obj).await;
         if passthrough.is_some() {
             self.counters
                 .passthrough_opens
@@ -1107,75 +1116,59 @@ impl FsCore {
         }
     }
 
-    fn passthrough_path(&self, obj: &ObjectInfo) -> Option<PathBuf> {
-        let pt = self.opts.passthrough.as_ref()?;
-        if obj.size == 0 || obj.size > pt.max_object {
-            return None;
-        }
-        let mut h = Sha256::new();
-        h.update(obj.path.as_bytes());
-        h.update([0]);
-        h.update(obj.version.as_bytes());
-        h.update(obj.size.to_le_bytes());
-        Some(pt.dir.join(hex::encode(&h.finalize()[..16])))
-    }
-
-    /// The plain copy of exactly `obj`'s version, if one was written.
-    fn passthrough_file(&self, obj: &ObjectInfo) -> Option<std::fs::File> {
-        let path = self.passthrough_path(obj)?;
-        let f = std::fs::File::open(&path).ok()?;
-        match f.metadata() {
-            Ok(m) if m.len() == obj.size => Some(f),
-            _ => None,
-        }
+    /// The verified passthrough copy of exactly `obj`'s version, if one is kept (the
+    /// first open of a copy in this daemon's life reads it to check it, off the
+    /// runtime's threads).
+    async fn passthrough_file(&self, obj: &ObjectInfo) -> Option<std::fs::File> {
+        let store = self.passthrough.clone()?;
+        let name = store.name_for(&obj.path, &obj.version, obj.size)?;
+        let size = obj.size;
+        tokio::task::spawn_blocking(move || store.get(&name, size))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// After a whole small object was read, writes its plain copy once (from the cache,
     /// in the background; never blocks the read).
     fn maybe_copy_for_passthrough(self: &Arc<Self>, h: &FileHandle) {
-        let Some(pt) = self.opts.passthrough.clone() else {
+        let Some(store) = self.passthrough.clone() else {
             return;
         };
-        let Some(path) = self.passthrough_path(&h.obj) else {
+        let Some(name) = store.name_for(&h.obj.path, &h.obj.version, h.obj.size) else {
             return;
         };
-        tracing::debug!(path = %h.obj.path, copy = %path.display(), "whole object read; passthrough copy");
-        if path.exists()
-            || self.passthrough_bytes.load(Ordering::Relaxed) + h.obj.size > pt.budget
-            || !self.passthrough_inflight.lock().insert(path.clone())
-        {
+        if !store.begin(&name, h.obj.size) {
             return;
         }
+        tracing::debug!(path = %h.obj.path, copy = %name, "whole object read; passthrough copy");
         let core = self.clone();
         let obj = h.obj.clone();
         tokio::spawn(async move {
             let ctx = AccessContext::prefetch(JobId(0), core.now_ns());
-            let result = async {
-                let data = core.reader.read(&obj, 0, obj.size, &ctx).await?;
-                let dir = pt.dir.clone();
-                let path2 = path.clone();
-                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                    std::fs::create_dir_all(&dir)?;
-                    let tmp = path2.with_extension("tmp");
-                    std::fs::write(&tmp, &data)?;
-                    std::fs::rename(&tmp, &path2)
-                })
-                .await
-                .map_err(|e| CacheError::Io(std::io::Error::other(e)))??;
-                Ok::<(), CacheError>(())
-            }
-            .await;
-            match result {
-                Ok(()) => {
-                    core.passthrough_bytes
-                        .fetch_add(obj.size, Ordering::Relaxed);
+            let data = match core.reader.read(&obj, 0, obj.size, &ctx).await {
+                Ok(d) => d,
+                Err(e) => {
+                    store.abort(&name);
+                    tracing::debug!(path = %obj.path, error = %e, "passthrough copy failed");
+                    return;
+                }
+            };
+            let writer = store.clone();
+            let written = tokio::task::spawn_blocking(move || writer.write(&name, &data)).await;
+            match written {
+                Ok(Ok(())) => {
                     core.counters
                         .passthrough_copies
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) => tracing::debug!(path = %obj.path, error = %e, "passthrough copy failed"),
+                Ok(Err(e)) => {
+                    tracing::debug!(path = %obj.path, error = %e, "passthrough copy failed")
+                }
+                Err(e) => {
+                    tracing::debug!(path = %obj.path, error = %e, "passthrough copy task failed")
+                }
             }
-            core.passthrough_inflight.lock().remove(&path);
         });
     }
 }

@@ -33,6 +33,7 @@ pub mod fuse;
 pub mod job;
 pub mod mount;
 pub mod null;
+pub mod passthrough;
 pub mod readahead;
 
 pub use crate::error::{Error, Result};

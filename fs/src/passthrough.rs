@@ -1,0 +1,409 @@
+//! Plain-file copies of small objects for FUSE passthrough (reads then bypass the
+//! daemon entirely), kept so that they can be trusted and do not grow without bound.
+//!
+//! - **Named by what they hold**: a copy's name is a hash of (path, version, size), so a
+//!   new version of an object is a new copy and an old one is never served for it.
+//! - **Verified**: each copy has a sidecar `<name>.crc` with the crc32c of its bytes. The
+//!   first open of a copy in a daemon's life reads it whole and checks the crc (copies
+//!   are at most `max_object` bytes); a mismatch, a missing sidecar or a wrong size
+//!   deletes the copy and the read goes through the cache instead. Later opens trust it.
+//! - **Durable**: a copy is written to a temporary file (created exclusively, mode 0600,
+//!   never following a link), fsynced with its sidecar, then renamed into place; a crash
+//!   leaves a temporary file or a copy without its sidecar, both removed at start.
+//! - **Bounded**: the copies' bytes are counted from the directory at start; a new copy
+//!   evicts the least recently opened ones until the total fits `budget`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+use crate::filesystem::PassthroughOptions;
+
+const CRC_SUFFIX: &str = ".crc";
+const TMP_SUFFIX: &str = ".tmp";
+
+#[derive(Debug)]
+struct Copy {
+    size: u64,
+    crc: u32,
+    /// Last open (or write), in `State::tick`s: the LRU order.
+    last: u64,
+    verified: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    copies: HashMap<String, Copy>,
+    lru: BTreeMap<u64, String>,
+    bytes: u64,
+    tick: u64,
+    inflight: HashSet<String>,
+}
+
+impl State {
+    fn touch(&mut self, name: &str) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(c) = self.copies.get_mut(name) {
+            self.lru.remove(&c.last);
+            c.last = tick;
+            self.lru.insert(tick, name.to_string());
+        }
+    }
+
+    fn forget(&mut self, name: &str) -> Option<Copy> {
+        let c = self.copies.remove(name)?;
+        self.lru.remove(&c.last);
+        self.bytes -= c.size;
+        Some(c)
+    }
+}
+
+/// The copies of one mount. See the module docs.
+#[derive(Debug)]
+pub struct PassthroughStore {
+    opts: PassthroughOptions,
+    state: Mutex<State>,
+}
+
+impl PassthroughStore {
+    /// Opens (creating, mode 0700) the copies' directory and indexes what a previous
+    /// run left: copies with a well-formed sidecar count against the budget; temporary
+    /// files and copies without a sidecar are removed.
+    pub fn open(opts: PassthroughOptions) -> io::Result<Self> {
+        fs::create_dir_all(&opts.dir)?;
+        fs::set_permissions(
+            &opts.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        let mut state = State::default();
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&opts.dir)? {
+            let entry = entry?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if name.ends_with(TMP_SUFFIX) {
+                let _ = fs::remove_file(entry.path());
+            } else if !name.ends_with(CRC_SUFFIX) {
+                names.push((name, entry.metadata()?.len()));
+            }
+        }
+        for (name, size) in names {
+            match read_crc(&opts.dir.join(format!("{name}{CRC_SUFFIX}"))) {
+                Some(crc) => {
+                    state.tick += 1;
+                    state.bytes += size;
+                    state.lru.insert(state.tick, name.clone());
+                    state.copies.insert(
+                        name,
+                        Copy {
+                            size,
+                            crc,
+                            last: state.tick,
+                            verified: false,
+                        },
+                    );
+                }
+                None => remove_copy(&opts.dir, &name),
+            }
+        }
+        // A leftover sidecar without its copy.
+        for entry in fs::read_dir(&opts.dir)? {
+            let entry = entry?;
+            if let Some(name) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(CRC_SUFFIX))
+            {
+                if !state.copies.contains_key(name) {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        Ok(PassthroughStore {
+            opts,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The copy name of one version of an object, if objects of `size` are copied.
+    pub fn name_for(&self, path: &str, version: &str, size: u64) -> Option<String> {
+        if size == 0 || size > self.opts.max_object {
+            return None;
+        }
+        let mut h = Sha256::new();
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(version.as_bytes());
+        h.update(size.to_le_bytes());
+        Some(hex::encode(&h.finalize()[..16]))
+    }
+
+    /// Bytes of the copies kept now.
+    pub fn bytes(&self) -> u64 {
+        self.state.lock().bytes
+    }
+
+    /// Copies kept now.
+    pub fn len(&self) -> usize {
+        self.state.lock().copies.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The copy `name` of `size` bytes, opened for reading, if there is a good one.
+    /// Blocking: the first open in this daemon's life reads the copy to verify it.
+    pub fn get(&self, name: &str, size: u64) -> Option<File> {
+        let (crc, verified) = {
+            let mut st = self.state.lock();
+            let c = st.copies.get(name)?;
+            if c.size != size {
+                return None;
+            }
+            let found = (c.crc, c.verified);
+            st.touch(name);
+            found
+        };
+        let path = self.opts.dir.join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .ok();
+        let good = match &file {
+            Some(f) if verified => f.metadata().is_ok_and(|m| m.len() == size),
+            Some(f) => crc_of(f, size).ok() == Some(crc),
+            None => false,
+        };
+        if !good {
+            tracing::warn!(copy = %path.display(), "passthrough copy damaged or gone; removed, reads go through the cache");
+            self.state.lock().forget(name);
+            remove_copy(&self.opts.dir, name);
+            return None;
+        }
+        if !verified {
+            if let Some(c) = self.state.lock().copies.get_mut(name) {
+                c.verified = true;
+            }
+        }
+        let mut f = file?;
+        // Back to the start after verifying (the kernel reads at the FUSE file's
+        // offsets, but a fresh-looking handle costs nothing).
+        f.seek(SeekFrom::Start(0)).ok()?;
+        Some(f)
+    }
+
+    /// Whether a copy of `name` (`size` bytes) should be written now: not kept yet,
+    /// not being written, small enough for the budget. True reserves it: end with
+    /// [`Self::write`] or [`Self::abort`].
+    pub fn begin(&self, name: &str, size: u64) -> bool {
+        if size > self.opts.budget {
+            return false;
+        }
+        let mut st = self.state.lock();
+        !st.copies.contains_key(name) && st.inflight.insert(name.to_string())
+    }
+
+    /// The reserved copy was not made.
+    pub fn abort(&self, name: &str) {
+        self.state.lock().inflight.remove(name);
+    }
+
+    /// Writes the reserved copy `name` durably (see the module docs), evicting the least
+    /// recently opened copies to stay within the budget. Blocking.
+    pub fn write(&self, name: &str, data: &[u8]) -> io::Result<()> {
+        let result = self.write_files(name, data);
+        let mut st = self.state.lock();
+        st.inflight.remove(name);
+        let crc = result?;
+        let size = data.len() as u64;
+        let mut victims = Vec::new();
+        while st.bytes + size > self.opts.budget {
+            let Some((_, oldest)) = st.lru.pop_first() else {
+                break;
+            };
+            if let Some(c) = st.copies.remove(&oldest) {
+                st.bytes -= c.size;
+            }
+            victims.push(oldest);
+        }
+        st.tick += 1;
+        let tick = st.tick;
+        st.bytes += size;
+        st.lru.insert(tick, name.to_string());
+        st.copies.insert(
+            name.to_string(),
+            Copy {
+                size,
+                crc,
+                last: tick,
+                verified: true,
+            },
+        );
+        drop(st);
+        for v in victims {
+            remove_copy(&self.opts.dir, &v);
+        }
+        Ok(())
+    }
+
+    fn write_files(&self, name: &str, data: &[u8]) -> io::Result<u32> {
+        let crc = crc32c::crc32c(data);
+        let dir = &self.opts.dir;
+        let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
+        let crc_tmp = dir.join(format!("{name}{CRC_SUFFIX}{TMP_SUFFIX}"));
+        let written = (|| {
+            write_synced(&tmp, data)?;
+            write_synced(&crc_tmp, format!("{crc:08x}").as_bytes())?;
+            fs::rename(&tmp, dir.join(name))?;
+            fs::rename(&crc_tmp, dir.join(format!("{name}{CRC_SUFFIX}")))?;
+            File::open(dir)?.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(&crc_tmp);
+            remove_copy(dir, name);
+            return Err(e);
+        }
+        Ok(crc)
+    }
+}
+
+/// Creates `path` exclusively (0600, no link followed), writes `data`, fsyncs.
+fn write_synced(path: &Path, data: &[u8]) -> io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+fn read_crc(path: &PathBuf) -> Option<u32> {
+    let text = fs::read_to_string(path).ok()?;
+    u32::from_str_radix(text.trim(), 16).ok()
+}
+
+fn crc_of(mut f: &File, size: u64) -> io::Result<u32> {
+    let mut buf = Vec::with_capacity(size as usize);
+    f.read_to_end(&mut buf)?;
+    if buf.len() as u64 != size {
+        return Err(io::Error::other("size changed"));
+    }
+    Ok(crc32c::crc32c(&buf))
+}
+
+fn remove_copy(dir: &Path, name: &str) {
+    let _ = fs::remove_file(dir.join(name));
+    let _ = fs::remove_file(dir.join(format!("{name}{CRC_SUFFIX}")));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, budget: u64) -> PassthroughStore {
+        PassthroughStore::open(PassthroughOptions {
+            dir: dir.to_path_buf(),
+            max_object: 1 << 20,
+            budget,
+        })
+        .expect("open")
+    }
+
+    fn contents(f: File) -> Vec<u8> {
+        let mut v = Vec::new();
+        (&f).read_to_end(&mut v).expect("read");
+        v
+    }
+
+    #[test]
+    fn copies_survive_a_restart_and_count_against_the_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 20);
+        let name = s.name_for("a/b.bin", "etag1", 1000).expect("copied size");
+        assert!(
+            s.name_for("a/b.bin", "etag1", 2 << 20).is_none(),
+            "too large"
+        );
+        assert_ne!(s.name_for("a/b.bin", "etag2", 1000), Some(name.clone()));
+        assert!(s.begin(&name, 1000));
+        assert!(!s.begin(&name, 1000), "one writer");
+        s.write(&name, &[7u8; 1000]).expect("write");
+        assert!(!s.begin(&name, 1000), "kept already");
+        assert_eq!(contents(s.get(&name, 1000).expect("copy")), vec![7u8; 1000]);
+        assert!(
+            s.get(&name, 999).is_none(),
+            "another size is another object"
+        );
+        let mode = fs::metadata(dir.path().join(&name)).expect("meta");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        drop(s);
+        // Leftovers of a crash: a temporary file and a copy without its sidecar.
+        fs::write(dir.path().join("x.tmp"), b"half").expect("tmp");
+        fs::write(dir.path().join("orphan"), b"no crc").expect("orphan");
+        let s = store(dir.path(), 1 << 20);
+        assert_eq!((s.len(), s.bytes()), (1, 1000));
+        assert!(!dir.path().join("x.tmp").exists() && !dir.path().join("orphan").exists());
+        assert_eq!(
+            contents(s.get(&name, 1000).expect("after restart")),
+            vec![7u8; 1000]
+        );
+    }
+
+    #[test]
+    fn a_damaged_copy_is_removed_not_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 20);
+        let name = s.name_for("f", "v", 4096).expect("name");
+        assert!(s.begin(&name, 4096));
+        s.write(&name, &[1u8; 4096]).expect("write");
+        drop(s);
+        // Same size, one byte flipped on disk.
+        let mut bytes = fs::read(dir.path().join(&name)).expect("read");
+        bytes[100] ^= 0xff;
+        fs::write(dir.path().join(&name), &bytes).expect("flip");
+        let s = store(dir.path(), 1 << 20);
+        assert!(s.get(&name, 4096).is_none(), "checked at its first open");
+        assert!(!dir.path().join(&name).exists());
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn the_least_recently_opened_copies_make_room() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 3000);
+        let names: Vec<String> = (0..4)
+            .map(|i| s.name_for(&format!("f{i}"), "v", 1000).expect("name"))
+            .collect();
+        for n in &names[..3] {
+            assert!(s.begin(n, 1000));
+            s.write(n, &[0u8; 1000]).expect("write");
+        }
+        s.get(&names[0], 1000).expect("opened: now the most recent");
+        assert!(s.begin(&names[3], 1000));
+        s.write(&names[3], &[0u8; 1000]).expect("write");
+        assert_eq!(s.bytes(), 3000);
+        assert!(
+            s.get(&names[1], 1000).is_none(),
+            "least recently opened went"
+        );
+        assert!(!dir.path().join(&names[1]).exists());
+        for n in [&names[0], &names[2], &names[3]] {
+            assert!(s.get(n, 1000).is_some());
+        }
+    }
+}
