@@ -1,6 +1,6 @@
 //! `strata bench replay`: one trace through several policies at the same capacity.
 //!
-//! Prints a table (or `--json`: `{trace, capacity_bytes, unique_bytes, results: [{policy,
+//! Prints a table ranked by total JCT (or `--json`: `{trace, capacity_bytes, unique_bytes, results: [{policy,
 //! hit_ratio, byte_hit_ratio, prefetch_bytes, prefetch_precision, jct_s, job_jct_s, ...}]}`)
 //! and, with `--plot FILE.png`, draws hit ratio against capacity (`--plot-capacities`,
 //! percent of unique bytes) for every policy. See [`strata_replay::replay`] for the rules.
@@ -193,7 +193,11 @@ fn print_table(r: &Report, jobs: usize) {
         "p99 ms",
         "Macc/s"
     );
-    for row in &r.results {
+    // Ranked by total JCT: the time jobs take is what a cache is for (a hit ratio can
+    // rise while jobs get slower, e.g. many small random reads served late).
+    let mut rows: Vec<&Row> = r.results.iter().collect();
+    rows.sort_by(|a, b| a.result.total_jct_s.total_cmp(&b.result.total_jct_s));
+    for row in rows {
         let x = &row.result;
         println!(
             "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
