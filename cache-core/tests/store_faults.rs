@@ -9,7 +9,8 @@ use bytes::Bytes;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{
-    AccessContext, BackingStore, CacheEngine, CacheError, ObjectReader, RetryPolicy, StoreOptions,
+    AccessContext, BackingStore, CacheEngine, CacheError, ObjectInfo, ObjectReader, RetryPolicy,
+    StoreOptions,
 };
 
 fn quick_retry() -> RetryPolicy {
@@ -20,23 +21,31 @@ fn quick_retry() -> RetryPolicy {
     }
 }
 
-fn faulty(config: FaultConfig) -> (BackingStore, Arc<FaultyStore>) {
+/// A faulty store (injecting `config`) that holds `data` at `path`, and that object.
+async fn faulty_holding(
+    config: FaultConfig,
+    path: &str,
+    data: Bytes,
+) -> (BackingStore, Arc<FaultyStore>, ObjectInfo) {
     let inner = Arc::new(object_store::memory::InMemory::new());
     let f = Arc::new(FaultyStore::new(inner, config));
-    (BackingStore::new(f.clone(), "faulty", quick_retry()), f)
+    let store = BackingStore::new(f.clone(), "faulty", quick_retry());
+    store.put(path, data).await.expect("put");
+    let obj = store.head(path).await.expect("head");
+    (store, f, obj)
 }
 
 #[tokio::test]
 async fn transient_errors_are_retried() {
-    let (store, f) = faulty(FaultConfig {
-        fail_every: 2,
-        ..Default::default()
-    });
-    store
-        .put("a", Bytes::from_static(b"0123456789"))
-        .await
-        .expect("put");
-    let obj = store.head("a").await.expect("head");
+    let (store, f, obj) = faulty_holding(
+        FaultConfig {
+            fail_every: 2,
+            ..Default::default()
+        },
+        "a",
+        Bytes::from_static(b"0123456789"),
+    )
+    .await;
     for _ in 0..10 {
         assert_eq!(
             store.get_range(&obj, 2..5).await.expect("get"),
@@ -48,12 +57,8 @@ async fn transient_errors_are_retried() {
 
 #[tokio::test]
 async fn a_dead_store_fails_clearly_and_quickly() {
-    let (store, f) = faulty(FaultConfig::default());
-    store
-        .put("a", Bytes::from_static(b"data"))
-        .await
-        .expect("put");
-    let obj = store.head("a").await.expect("head");
+    let (store, f, obj) =
+        faulty_holding(FaultConfig::default(), "a", Bytes::from_static(b"data")).await;
     f.set_config(FaultConfig {
         down: true,
         ..Default::default()
@@ -72,12 +77,8 @@ async fn a_dead_store_fails_clearly_and_quickly() {
 
 #[tokio::test]
 async fn a_hung_store_times_out() {
-    let (store, f) = faulty(FaultConfig::default());
-    store
-        .put("a", Bytes::from_static(b"data"))
-        .await
-        .expect("put");
-    let obj = store.head("a").await.expect("head");
+    let (store, f, obj) =
+        faulty_holding(FaultConfig::default(), "a", Bytes::from_static(b"data")).await;
     f.set_config(FaultConfig {
         hang_every: 1,
         ..Default::default()
@@ -92,12 +93,8 @@ async fn a_hung_store_times_out() {
 
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
-    let (store, f) = faulty(FaultConfig::default());
-    store
-        .put("obj", Bytes::from(vec![9u8; 5000]))
-        .await
-        .expect("put");
-    let obj = store.head("obj").await.expect("head");
+    let (store, f, obj) =
+        faulty_holding(FaultConfig::default(), "obj", Bytes::from(vec![9u8; 5000])).await;
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(1 << 20)))
         .build()

@@ -39,6 +39,17 @@ async fn raw_put(
         .map(|r| r.into_inner())
 }
 
+/// Sends a raw put stream the server must refuse as invalid (`what` names it); the status.
+async fn invalid_put(c: &mut KvClient, msgs: Vec<pb::PutRequest>, what: &str) -> tonic::Status {
+    let e = raw_put(c, msgs).await.expect_err(what);
+    assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+    e
+}
+
+fn assert_says(e: &tonic::Status, text: &str) {
+    assert!(e.message().contains(text), "{}", e.message());
+}
+
 async fn assert_alive(c: &mut KvClient) {
     c.put(NS, b"alive", block(2048, 5))
         .await
@@ -146,13 +157,8 @@ async fn truncated_and_overlong_streams_store_nothing() {
         3 << 20,
         &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
     );
-    let e = raw_put(&mut c, msgs).await.expect_err("truncated");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(
-        e.message().contains("ended after 2097152 of 3145728"),
-        "{}",
-        e.message()
-    );
+    let e = invalid_put(&mut c, msgs, "truncated").await;
+    assert_says(&e, "ended after 2097152 of 3145728");
     assert!(
         !c.exists(NS, b"trunc").await.expect("exists"),
         "nothing partial stored"
@@ -164,22 +170,14 @@ async fn truncated_and_overlong_streams_store_nothing() {
         1 << 20,
         &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
     );
-    let e = raw_put(&mut c, msgs).await.expect_err("overlong");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(
-        e.message().contains("more than the declared"),
-        "{}",
-        e.message()
-    );
+    let e = invalid_put(&mut c, msgs, "overlong").await;
+    assert_says(&e, "more than the declared");
     // Header alone, no bytes.
-    let e = raw_put(&mut c, put_msgs(NS, b"hdr", 4096, &[Bytes::new()]))
-        .await
-        .expect_err("no data");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let msgs = put_msgs(NS, b"hdr", 4096, &[Bytes::new()]);
+    invalid_put(&mut c, msgs, "no data").await;
     // No message at all.
-    let e = raw_put(&mut c, Vec::new()).await.expect_err("empty stream");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("empty put stream"), "{}", e.message());
+    let e = invalid_put(&mut c, Vec::new(), "empty stream").await;
+    assert_says(&e, "empty put stream");
     assert!(
         !c.exists(NS, b"long").await.expect("exists")
             && !c.exists(NS, b"hdr").await.expect("exists")
@@ -229,10 +227,8 @@ async fn malformed_requests_are_invalid_argument() {
         let e = r.expect_err(what);
         assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
     }
-    let e = raw_put(&mut c, put_msgs(NS, b"zero", 0, &[Bytes::new()]))
-        .await
-        .expect_err("zero size");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let msgs = put_msgs(NS, b"zero", 0, &[Bytes::new()]);
+    invalid_put(&mut c, msgs, "zero size").await;
     assert!(server.service.stats().rejected >= 9);
     assert_alive(&mut c).await;
     server.stop().await;
