@@ -50,11 +50,21 @@ fn assert_says(e: &tonic::Status, text: &str) {
     assert!(e.message().contains(text), "{}", e.message());
 }
 
-async fn assert_alive(c: &mut KvClient) {
+/// A test server on a memory cache of `cache_bytes`, and a client of it.
+async fn start(cache_bytes: u64, cfg: ServerConfig) -> (TestServer, KvClient) {
+    let server = TestServer::start(memory_engine(cache_bytes), cfg).await;
+    let c = KvClient::connect(&server.addr).await.expect("connect");
+    (server, c)
+}
+
+/// Checks that the server still stores and serves after what the test sent, then
+/// stops it.
+async fn stop_alive(server: TestServer, mut c: KvClient) {
     c.put(NS, b"alive", block(2048, 5))
         .await
         .expect("server still stores");
     assert!(c.get(NS, b"alive").await.expect("get").expect("hit") == block(2048, 5));
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,8 +73,7 @@ async fn unknown_namespace_is_not_found_when_namespaces_are_registered() {
         namespaces: vec![NS.into()],
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(16 << 20), cfg).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, cfg).await;
     let e = c
         .put("other/tenant", b"k", block(1024, 1))
         .await
@@ -94,14 +103,12 @@ async fn unknown_namespace_is_not_found_when_namespaces_are_registered() {
             .code(),
         Code::NotFound
     );
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_mode_creates_namespaces_on_first_put() {
-    let server = TestServer::start(memory_engine(16 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, ServerConfig::default()).await;
     assert!(!c
         .exists("fresh/ns", b"k")
         .await
@@ -120,8 +127,7 @@ async fn oversized_blocks_are_refused_before_transfer() {
         max_block: 1 << 20,
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(64 << 20), cfg).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(64 << 20, cfg).await;
     let e = c
         .put(NS, b"big", block((1 << 20) + 1, 1))
         .await
@@ -141,14 +147,12 @@ async fn oversized_blocks_are_refused_before_transfer() {
     let e = raw_put(&mut c, msgs).await.expect_err("a 5 MiB message");
     assert_ne!(e.code(), Code::Ok);
     assert!(!c.exists(NS, b"fat").await.expect("exists"));
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_and_overlong_streams_store_nothing() {
-    let server = TestServer::start(memory_engine(64 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(64 << 20, ServerConfig::default()).await;
     let data = block(3 << 20, 9);
     // Declares 3 MiB, sends 2 MiB, then ends the stream.
     let msgs = put_msgs(
@@ -182,14 +186,12 @@ async fn truncated_and_overlong_streams_store_nothing() {
         !c.exists(NS, b"long").await.expect("exists")
             && !c.exists(NS, b"hdr").await.expect("exists")
     );
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_invalid_argument() {
-    let server = TestServer::start(memory_engine(16 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, ServerConfig::default()).await;
     let long = [7u8; 65];
     let cases: Vec<(&str, Result<(), strata_kvcache::KvError>)> = vec![
         (
@@ -230,15 +232,13 @@ async fn malformed_requests_are_invalid_argument() {
     let msgs = put_msgs(NS, b"zero", 0, &[Bytes::new()]);
     invalid_put(&mut c, msgs, "zero size").await;
     assert!(server.service.stats().rejected >= 9);
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cache_evicts_or_refuses_and_never_crashes() {
     // 4 MiB of memory, the only tier.
-    let server = TestServer::start(memory_engine(4 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(4 << 20, ServerConfig::default()).await;
     let e = c
         .put(NS, b"huge", block(8 << 20, 1))
         .await
@@ -258,6 +258,5 @@ async fn a_full_cache_evicts_or_refuses_and_never_crashes() {
     let tiers = server.service.engine().stats().tiers;
     assert!(tiers[0].used_bytes <= tiers[0].capacity_bytes);
     assert!(tiers[0].evictions >= 16);
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }

@@ -101,6 +101,14 @@ async fn stop(server: TestServer, stalled: Vec<Stalled>) {
     server.stop().await;
 }
 
+/// Puts a block that must get budget despite the stalled puts (`what`): within 5 s.
+async fn put_within_5s(c: &mut KvClient, hash: &[u8], data: Bytes, what: &str) {
+    tokio::time::timeout(Duration::from_secs(5), c.put(NS, hash, data))
+        .await
+        .expect(what)
+        .expect("put");
+}
+
 /// Waits (at most 10 s) until `cond` holds for the service's stats.
 async fn wait_for(
     service: &KvService,
@@ -210,10 +218,13 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
     assert_holds_exactly(&server.service, 8 << 20, "one connection").await;
     let mut good = KvClient::connect(&server.addr).await.expect("connect");
     let data = block(4 << 20, 3);
-    tokio::time::timeout(Duration::from_secs(5), good.put(NS, b"fair", data))
-        .await
-        .expect("another connection still gets budget")
-        .expect("put");
+    put_within_5s(
+        &mut good,
+        b"fair",
+        data,
+        "another connection still gets budget",
+    )
+    .await;
     stop(server, stalled).await;
 }
 
@@ -266,13 +277,8 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
     }
     assert_holds_exactly(&server.service, 8 << 20, "one tenant").await;
     let mut b = connect("tok-b").await;
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        b.put(NS, b"b-block", block(4 << 20, 4)),
-    )
-    .await
-    .expect("tenant b still gets budget")
-    .expect("put");
+    let data = block(4 << 20, 4);
+    put_within_5s(&mut b, b"b-block", data, "tenant b still gets budget").await;
     stop(server, stalled).await;
 }
 
