@@ -154,13 +154,10 @@ async fn oversized_blocks_are_refused_before_transfer() {
 async fn truncated_and_overlong_streams_store_nothing() {
     let (server, mut c) = start(64 << 20, ServerConfig::default()).await;
     let data = block(3 << 20, 9);
+    // 2 MiB in two 1 MiB messages.
+    let two_mib = [data.slice(..1 << 20), data.slice(1 << 20..2 << 20)];
     // Declares 3 MiB, sends 2 MiB, then ends the stream.
-    let msgs = put_msgs(
-        NS,
-        b"trunc",
-        3 << 20,
-        &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
-    );
+    let msgs = put_msgs(NS, b"trunc", 3 << 20, &two_mib);
     let e = invalid_put(&mut c, msgs, "truncated").await;
     assert_says(&e, "ended after 2097152 of 3145728");
     assert!(
@@ -168,12 +165,7 @@ async fn truncated_and_overlong_streams_store_nothing() {
         "nothing partial stored"
     );
     // Declares 1 MiB, sends 2 MiB.
-    let msgs = put_msgs(
-        NS,
-        b"long",
-        1 << 20,
-        &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
-    );
+    let msgs = put_msgs(NS, b"long", 1 << 20, &two_mib);
     let e = invalid_put(&mut c, msgs, "overlong").await;
     assert_says(&e, "more than the declared");
     // Header alone, no bytes.
