@@ -21,19 +21,15 @@ fn quick_retry() -> RetryPolicy {
     }
 }
 
-fn faulty(config: FaultConfig) -> (BackingStore, Arc<FaultyStore>) {
-    let inner = Arc::new(object_store::memory::InMemory::new());
-    let f = Arc::new(FaultyStore::new(inner, config));
-    (BackingStore::new(f.clone(), "faulty", quick_retry()), f)
-}
-
-/// A store (faults as `config`) holding `data` at `path`, and the object's info.
-async fn faulty_with(
+/// A faulty store (injecting `config`) that holds `data` at `path`, and that object.
+async fn faulty_holding(
+    config: FaultConfig,
     path: &str,
     data: Bytes,
-    config: FaultConfig,
 ) -> (BackingStore, Arc<FaultyStore>, ObjectInfo) {
-    let (store, f) = faulty(config);
+    let inner = Arc::new(object_store::memory::InMemory::new());
+    let f = Arc::new(FaultyStore::new(inner, config));
+    let store = BackingStore::new(f.clone(), "faulty", quick_retry());
     store.put(path, data).await.expect("put");
     let obj = store.head(path).await.expect("head");
     (store, f, obj)
@@ -41,13 +37,13 @@ async fn faulty_with(
 
 #[tokio::test]
 async fn transient_errors_are_retried() {
-    let (store, f, obj) = faulty_with(
-        "a",
-        Bytes::from_static(b"0123456789"),
+    let (store, f, obj) = faulty_holding(
         FaultConfig {
             fail_every: 2,
             ..Default::default()
         },
+        "a",
+        Bytes::from_static(b"0123456789"),
     )
     .await;
     for _ in 0..10 {
@@ -62,7 +58,7 @@ async fn transient_errors_are_retried() {
 #[tokio::test]
 async fn a_dead_store_fails_clearly_and_quickly() {
     let (store, f, obj) =
-        faulty_with("a", Bytes::from_static(b"data"), FaultConfig::default()).await;
+        faulty_holding(FaultConfig::default(), "a", Bytes::from_static(b"data")).await;
     f.set_config(FaultConfig {
         down: true,
         ..Default::default()
@@ -82,7 +78,7 @@ async fn a_dead_store_fails_clearly_and_quickly() {
 #[tokio::test]
 async fn a_hung_store_times_out() {
     let (store, f, obj) =
-        faulty_with("a", Bytes::from_static(b"data"), FaultConfig::default()).await;
+        faulty_holding(FaultConfig::default(), "a", Bytes::from_static(b"data")).await;
     f.set_config(FaultConfig {
         hang_every: 1,
         ..Default::default()
@@ -98,7 +94,7 @@ async fn a_hung_store_times_out() {
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =
-        faulty_with("obj", Bytes::from(vec![9u8; 5000]), FaultConfig::default()).await;
+        faulty_holding(FaultConfig::default(), "obj", Bytes::from(vec![9u8; 5000])).await;
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(1 << 20)))
         .build()

@@ -23,6 +23,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 use tonic::Request;
 
+use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
 use crate::pb;
 use crate::pb::kv_cache_client::KvCacheClient;
@@ -232,10 +233,7 @@ impl KvClient {
         namespace: &str,
         hashes: &[impl AsRef<[u8]>],
     ) -> Result<Vec<Option<Bytes>>> {
-        let req = self.req(pb::BatchGetRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
-        });
+        let req = self.req(pb::BatchGetRequest::named(namespace, hashes));
         let mut stream = self.inner.batch_get(req).await?.into_inner();
         let mut out: Vec<Option<Bytes>> = vec![None; hashes.len()];
         let mut cur: Option<(usize, usize, BytesMut)> = None;
@@ -295,10 +293,7 @@ impl KvClient {
         namespace: &str,
         hashes: &[impl AsRef<[u8]>],
     ) -> Result<Vec<bool>> {
-        let req = self.req(pb::BatchExistsRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
-        });
+        let req = self.req(pb::BatchExistsRequest::named(namespace, hashes));
         Ok(self.inner.batch_exists(req).await?.into_inner().exists)
     }
 
@@ -308,10 +303,7 @@ impl KvClient {
         namespace: &str,
         hashes: &[impl AsRef<[u8]>],
     ) -> Result<usize> {
-        let req = self.req(pb::MatchPrefixRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
-        });
+        let req = self.req(pb::MatchPrefixRequest::named(namespace, hashes));
         Ok(self.inner.match_prefix(req).await?.into_inner().matched as usize)
     }
 
@@ -326,10 +318,7 @@ impl KvClient {
 
     /// Removes keys; returns how many were cached.
     pub async fn remove(&mut self, namespace: &str, hashes: &[impl AsRef<[u8]>]) -> Result<u32> {
-        let req = self.req(pb::RemoveRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
-        });
+        let req = self.req(pb::RemoveRequest::named(namespace, hashes));
         Ok(self.inner.remove(req).await?.into_inner().removed)
     }
 
@@ -339,10 +328,7 @@ impl KvClient {
         namespace: &str,
         hashes: &[impl AsRef<[u8]>],
     ) -> Result<PrefetchOutcome> {
-        let req = self.req(pb::PrefetchRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
-        });
+        let req = self.req(pb::PrefetchRequest::named(namespace, hashes));
         let r = self.inner.prefetch(req).await?.into_inner();
         Ok(PrefetchOutcome {
             staged: r.staged,
@@ -360,9 +346,8 @@ impl KvClient {
         block_bytes: u64,
     ) -> Result<LoadEstimate> {
         let req = self.req(pb::EstimateLoadRequest {
-            namespace: namespace.to_string(),
-            hashes: to_bytes(hashes),
             block_bytes,
+            ..BlocksRequest::named(namespace, hashes)
         });
         let r = self.inner.estimate_load(req).await?.into_inner();
         Ok(LoadEstimate {
@@ -399,11 +384,4 @@ fn tune(ep: Endpoint) -> Endpoint {
         .initial_stream_window_size(8 << 20)
         .initial_connection_window_size(32 << 20)
         .max_frame_size((1u32 << 20) - 1)
-}
-
-fn to_bytes(hashes: &[impl AsRef<[u8]>]) -> Vec<Bytes> {
-    hashes
-        .iter()
-        .map(|h| Bytes::copy_from_slice(h.as_ref()))
-        .collect()
 }

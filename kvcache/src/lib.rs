@@ -11,6 +11,7 @@
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
+mod blocks;
 pub mod client;
 pub mod error;
 pub mod keys;

@@ -50,6 +50,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
 use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
@@ -426,6 +427,24 @@ impl KvService {
         })
     }
 
+    /// A request that names blocks, opened: its tenant, body, scoped namespace and keys
+    /// (an invalid namespace or hash is rejected).
+    fn blocks<R: BlocksRequest>(
+        &self,
+        request: Request<R>,
+    ) -> std::result::Result<Blocks<R>, Status> {
+        let tenant = tenant_of(&request);
+        let req = request.into_inner();
+        let (ns, keys) =
+            self.reject(self.keys(req.namespace(), req.hashes(), tenant.as_deref()))?;
+        Ok(Blocks {
+            tenant,
+            req,
+            ns,
+            keys,
+        })
+    }
+
     /// The next message of a Put stream, or [`KvError::Idle`] after `idle_timeout`.
     async fn next_put(
         &self,
@@ -614,6 +633,14 @@ fn tenant_of<T>(req: &Request<T>) -> Option<Arc<Tenant>> {
     req.extensions().get::<AuthTenant>().map(|a| a.0.clone())
 }
 
+/// An opened [`BlocksRequest`] (see [`KvService::blocks`]).
+struct Blocks<R> {
+    tenant: Option<Arc<Tenant>>,
+    req: R,
+    ns: Arc<str>,
+    keys: Vec<CacheKey>,
+}
+
 /// A tenant's quota charge for one put, refunded on drop unless kept (the put failed,
 /// was aborted or truncated).
 struct QuotaCharge<'a> {
@@ -786,9 +813,7 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let (ns, keys) = self.reject(self.keys(&req.namespace, &req.hashes, tenant.as_deref()))?;
+        let Blocks { ns, keys, .. } = self.blocks(request)?;
         let this = self.clone();
         // Blocks are fetched one at a time as the client drains the stream, so a batch
         // never holds more than one block beyond what the cache already holds.
@@ -855,48 +880,34 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchExistsRequest>,
     ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let r = self
-            .keys(&req.namespace, &req.hashes, tenant.as_deref())
-            .map(|(_, keys)| {
-                self.inner.stats.lookups(keys.len() as u64);
-                pb::BatchExistsResponse {
-                    exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
-                }
-            });
-        self.reject(r).map(Response::new)
+        let Blocks { keys, .. } = self.blocks(request)?;
+        self.inner.stats.lookups(keys.len() as u64);
+        Ok(Response::new(pb::BatchExistsResponse {
+            exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
+        }))
     }
 
     async fn match_prefix(
         &self,
         request: Request<pb::MatchPrefixRequest>,
     ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let r = self
-            .keys(&req.namespace, &req.hashes, tenant.as_deref())
-            .map(|(_, keys)| {
-                let matched = keys
-                    .iter()
-                    .take_while(|k| self.inner.engine.contains(k))
-                    .count();
-                self.inner.stats.lookups(matched as u64 + 1);
-                pb::MatchPrefixResponse {
-                    matched: matched as u32,
-                }
-            });
-        self.reject(r).map(Response::new)
+        let Blocks { keys, .. } = self.blocks(request)?;
+        let matched = keys
+            .iter()
+            .take_while(|k| self.inner.engine.contains(k))
+            .count();
+        self.inner.stats.lookups(matched as u64 + 1);
+        Ok(Response::new(pb::MatchPrefixResponse {
+            matched: matched as u32,
+        }))
     }
 
     async fn remove(
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
+        let Blocks { tenant, keys, .. } = self.blocks(request)?;
         let r = async {
-            let (_, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let mut removed = 0u32;
             for k in &keys {
                 if self.inner.engine.remove(k).await? {
@@ -917,10 +928,8 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::PrefetchRequest>,
     ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
+        let Blocks { ns, keys, .. } = self.blocks(request)?;
         let r = async {
-            let (ns, keys) = self.keys(&req.namespace, &req.hashes, tenant.as_deref())?;
             let ctx = self.ctx(&ns, true);
             let mut resp = pb::PrefetchResponse::default();
             let staging = &self.inner.staging;
@@ -970,38 +979,32 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::EstimateLoadRequest>,
     ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
-        let tenant = tenant_of(&request);
-        let req = request.into_inner();
-        let r = self
-            .keys(&req.namespace, &req.hashes, tenant.as_deref())
-            .map(|(ns, keys)| {
-                // Unknown block size: the namespace's mean put size, else 1 MiB (a
-                // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
-                let bytes = match req.block_bytes {
-                    0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
-                    b => b,
-                };
-                let model = &self.inner.stats.load;
-                let mut resp = pb::EstimateLoadResponse::default();
-                let mut in_prefix = true;
-                for k in &keys {
-                    let tier = self.inner.engine.locate(k);
-                    let load_us = model.estimate_us(tier, bytes);
-                    if in_prefix && tier.is_some() {
-                        resp.matched += 1;
-                        resp.total_us += load_us;
-                    } else {
-                        in_prefix = false;
-                    }
-                    resp.blocks.push(pb::BlockLoad {
-                        tier: tier_pb(tier) as i32,
-                        load_us,
-                    });
-                }
-                self.inner.stats.lookups(keys.len() as u64);
-                resp
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        // Unknown block size: the namespace's mean put size, else 1 MiB (a
+        // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+        let bytes = match req.block_bytes {
+            0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+            b => b,
+        };
+        let model = &self.inner.stats.load;
+        let mut resp = pb::EstimateLoadResponse::default();
+        let mut in_prefix = true;
+        for k in &keys {
+            let tier = self.inner.engine.locate(k);
+            let load_us = model.estimate_us(tier, bytes);
+            if in_prefix && tier.is_some() {
+                resp.matched += 1;
+                resp.total_us += load_us;
+            } else {
+                in_prefix = false;
+            }
+            resp.blocks.push(pb::BlockLoad {
+                tier: tier_pb(tier) as i32,
+                load_us,
             });
-        self.reject(r).map(Response::new)
+        }
+        self.inner.stats.lookups(keys.len() as u64);
+        Ok(Response::new(resp))
     }
 
     async fn ping(

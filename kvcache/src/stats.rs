@@ -89,6 +89,14 @@ pub struct KvStatsSnapshot {
     pub load_model: Vec<TierLoadEstimate>,
 }
 
+impl KvStatsSnapshot {
+    /// The entry of namespace `name`, if it has one (the folded ones are under
+    /// [`OTHER_NS`]).
+    pub fn namespace(&self, name: &str) -> Option<&NamespaceStats> {
+        self.namespaces.iter().find(|n| n.namespace == name)
+    }
+}
+
 /// The load model's view of one tier.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TierLoadEstimate {
@@ -408,13 +416,9 @@ mod tests {
         }
         let snap = s.snapshot();
         // "a" only read: counted under (other), no entry of its own.
-        assert!(!snap.namespaces.iter().any(|n| n.namespace == "a"));
+        assert!(snap.namespace("a").is_none());
         assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 1);
-        let other = snap
-            .namespaces
-            .iter()
-            .find(|n| n.namespace == OTHER_NS)
-            .expect("other bucket");
+        let other = snap.namespace(OTHER_NS).expect("other bucket");
         assert_eq!(other.puts, 10);
         assert_eq!(other.hit_ratio, 0.5);
     }
@@ -436,9 +440,7 @@ mod tests {
         let snap = s.snapshot();
         assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 2);
         let t = snap
-            .namespaces
-            .iter()
-            .find(|n| n.namespace == "model/tenant")
+            .namespace("model/tenant")
             .expect("the registered namespace keeps its entry");
         assert_eq!((t.puts, t.put_bytes), (1, 4096));
     }

@@ -39,11 +39,32 @@ async fn raw_put(
         .map(|r| r.into_inner())
 }
 
-async fn assert_alive(c: &mut KvClient) {
+/// Sends a raw put stream the server must refuse as invalid (`what` names it); the status.
+async fn invalid_put(c: &mut KvClient, msgs: Vec<pb::PutRequest>, what: &str) -> tonic::Status {
+    let e = raw_put(c, msgs).await.expect_err(what);
+    assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+    e
+}
+
+fn assert_says(e: &tonic::Status, text: &str) {
+    assert!(e.message().contains(text), "{}", e.message());
+}
+
+/// A test server on a memory cache of `cache_bytes`, and a client of it.
+async fn start(cache_bytes: u64, cfg: ServerConfig) -> (TestServer, KvClient) {
+    let server = TestServer::start(memory_engine(cache_bytes), cfg).await;
+    let c = KvClient::connect(&server.addr).await.expect("connect");
+    (server, c)
+}
+
+/// Checks that the server still stores and serves after what the test sent, then
+/// stops it.
+async fn stop_alive(server: TestServer, mut c: KvClient) {
     c.put(NS, b"alive", block(2048, 5))
         .await
         .expect("server still stores");
     assert!(c.get(NS, b"alive").await.expect("get").expect("hit") == block(2048, 5));
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,8 +73,7 @@ async fn unknown_namespace_is_not_found_when_namespaces_are_registered() {
         namespaces: vec![NS.into()],
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(16 << 20), cfg).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, cfg).await;
     let e = c
         .put("other/tenant", b"k", block(1024, 1))
         .await
@@ -83,14 +103,12 @@ async fn unknown_namespace_is_not_found_when_namespaces_are_registered() {
             .code(),
         Code::NotFound
     );
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_mode_creates_namespaces_on_first_put() {
-    let server = TestServer::start(memory_engine(16 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, ServerConfig::default()).await;
     assert!(!c
         .exists("fresh/ns", b"k")
         .await
@@ -109,8 +127,7 @@ async fn oversized_blocks_are_refused_before_transfer() {
         max_block: 1 << 20,
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(64 << 20), cfg).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(64 << 20, cfg).await;
     let e = c
         .put(NS, b"big", block((1 << 20) + 1, 1))
         .await
@@ -130,68 +147,43 @@ async fn oversized_blocks_are_refused_before_transfer() {
     let e = raw_put(&mut c, msgs).await.expect_err("a 5 MiB message");
     assert_ne!(e.code(), Code::Ok);
     assert!(!c.exists(NS, b"fat").await.expect("exists"));
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_and_overlong_streams_store_nothing() {
-    let server = TestServer::start(memory_engine(64 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(64 << 20, ServerConfig::default()).await;
     let data = block(3 << 20, 9);
+    // 2 MiB in two 1 MiB messages.
+    let two_mib = [data.slice(..1 << 20), data.slice(1 << 20..2 << 20)];
     // Declares 3 MiB, sends 2 MiB, then ends the stream.
-    let msgs = put_msgs(
-        NS,
-        b"trunc",
-        3 << 20,
-        &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
-    );
-    let e = raw_put(&mut c, msgs).await.expect_err("truncated");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(
-        e.message().contains("ended after 2097152 of 3145728"),
-        "{}",
-        e.message()
-    );
+    let msgs = put_msgs(NS, b"trunc", 3 << 20, &two_mib);
+    let e = invalid_put(&mut c, msgs, "truncated").await;
+    assert_says(&e, "ended after 2097152 of 3145728");
     assert!(
         !c.exists(NS, b"trunc").await.expect("exists"),
         "nothing partial stored"
     );
     // Declares 1 MiB, sends 2 MiB.
-    let msgs = put_msgs(
-        NS,
-        b"long",
-        1 << 20,
-        &[data.slice(..1 << 20), data.slice(1 << 20..2 << 20)],
-    );
-    let e = raw_put(&mut c, msgs).await.expect_err("overlong");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(
-        e.message().contains("more than the declared"),
-        "{}",
-        e.message()
-    );
+    let msgs = put_msgs(NS, b"long", 1 << 20, &two_mib);
+    let e = invalid_put(&mut c, msgs, "overlong").await;
+    assert_says(&e, "more than the declared");
     // Header alone, no bytes.
-    let e = raw_put(&mut c, put_msgs(NS, b"hdr", 4096, &[Bytes::new()]))
-        .await
-        .expect_err("no data");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let msgs = put_msgs(NS, b"hdr", 4096, &[Bytes::new()]);
+    invalid_put(&mut c, msgs, "no data").await;
     // No message at all.
-    let e = raw_put(&mut c, Vec::new()).await.expect_err("empty stream");
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("empty put stream"), "{}", e.message());
+    let e = invalid_put(&mut c, Vec::new(), "empty stream").await;
+    assert_says(&e, "empty put stream");
     assert!(
         !c.exists(NS, b"long").await.expect("exists")
             && !c.exists(NS, b"hdr").await.expect("exists")
     );
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_invalid_argument() {
-    let server = TestServer::start(memory_engine(16 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(16 << 20, ServerConfig::default()).await;
     let long = [7u8; 65];
     let cases: Vec<(&str, Result<(), strata_kvcache::KvError>)> = vec![
         (
@@ -229,20 +221,16 @@ async fn malformed_requests_are_invalid_argument() {
         let e = r.expect_err(what);
         assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
     }
-    let e = raw_put(&mut c, put_msgs(NS, b"zero", 0, &[Bytes::new()]))
-        .await
-        .expect_err("zero size");
-    assert_eq!(e.code(), Code::InvalidArgument);
+    let msgs = put_msgs(NS, b"zero", 0, &[Bytes::new()]);
+    invalid_put(&mut c, msgs, "zero size").await;
     assert!(server.service.stats().rejected >= 9);
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cache_evicts_or_refuses_and_never_crashes() {
     // 4 MiB of memory, the only tier.
-    let server = TestServer::start(memory_engine(4 << 20), ServerConfig::default()).await;
-    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let (server, mut c) = start(4 << 20, ServerConfig::default()).await;
     let e = c
         .put(NS, b"huge", block(8 << 20, 1))
         .await
@@ -262,6 +250,5 @@ async fn a_full_cache_evicts_or_refuses_and_never_crashes() {
     let tiers = server.service.engine().stats().tiers;
     assert!(tiers[0].used_bytes <= tiers[0].capacity_bytes);
     assert!(tiers[0].evictions >= 16);
-    assert_alive(&mut c).await;
-    server.stop().await;
+    stop_alive(server, c).await;
 }

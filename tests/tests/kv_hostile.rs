@@ -53,6 +53,9 @@ fn stalled_put(
     futures::stream::iter(msgs).chain(futures::stream::pending())
 }
 
+/// A stalled put's task: its outcome once the server ends the stream.
+type Stalled = tokio::task::JoinHandle<Result<pb::PutResponse, tonic::Status>>;
+
 /// Starts `n` stalled puts on `client`'s connection; their outcomes come back through
 /// the handles.
 fn start_stalled(
@@ -61,7 +64,7 @@ fn start_stalled(
     n: usize,
     declared: u64,
     sent: usize,
-) -> Vec<tokio::task::JoinHandle<Result<pb::PutResponse, tonic::Status>>> {
+) -> Vec<Stalled> {
     (0..n)
         .map(|i| {
             let mut c = client.clone();
@@ -74,6 +77,36 @@ fn start_stalled(
             })
         })
         .collect()
+}
+
+/// A test server on a 256 MiB memory cache.
+async fn start(cfg: ServerConfig) -> TestServer {
+    TestServer::start(memory_engine(256 << 20), cfg).await
+}
+
+/// A server whose idle timeout (300 ms) a test can wait out.
+async fn start_short_idle() -> TestServer {
+    start(ServerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await
+}
+
+/// Aborts the stalled puts still waiting, then stops the server.
+async fn stop(server: TestServer, stalled: Vec<Stalled>) {
+    for h in stalled {
+        h.abort();
+    }
+    server.stop().await;
+}
+
+/// Puts a block that must get budget despite the stalled puts (`what`): within 5 s.
+async fn put_within_5s(c: &mut KvClient, hash: &[u8], data: Bytes, what: &str) {
+    tokio::time::timeout(Duration::from_secs(5), c.put(NS, hash, data))
+        .await
+        .expect(what)
+        .expect("put");
 }
 
 /// Waits (at most 10 s) until `cond` holds for the service's stats.
@@ -114,7 +147,7 @@ async fn assert_holds_exactly(service: &KvService, share: u64, who: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_stalled_puts_do_not_block_a_normal_put() {
     // Defaults (1 GiB budget, 10 s idle timeout): the reproduction of finding 4.
-    let server = TestServer::start(memory_engine(256 << 20), ServerConfig::default()).await;
+    let server = start(ServerConfig::default()).await;
     // 20 streams over 4 connections, each declaring 64 MiB and sending one byte.
     let mut stalled = Vec::new();
     for conn in 0..4 {
@@ -139,19 +172,12 @@ async fn twenty_stalled_puts_do_not_block_a_normal_put() {
     for h in &stalled {
         assert!(!h.is_finished(), "stalled puts wait for their idle timeout");
     }
-    for h in stalled {
-        h.abort();
-    }
-    server.stop().await;
+    stop(server, stalled).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_put_is_aborted_after_the_idle_timeout_and_releases_its_budget() {
-    let cfg = ServerConfig {
-        idle_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
-    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let server = start_short_idle().await;
     let c = KvClient::connect(&server.addr).await.expect("connect");
     let t = Instant::now();
     let handles = start_stalled(&c, "idle", 3, 64 << 20, 256 << 10);
@@ -184,7 +210,7 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
         per_connection_put_bytes: 8 << 20,
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let server = start(cfg).await;
     // Ten streams on one connection, each 2 of 4 declared MiB sent: 20 MiB if nothing
     // capped the connection, more than the whole 16 MiB budget.
     let hostile = KvClient::connect(&server.addr).await.expect("connect");
@@ -192,14 +218,14 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
     assert_holds_exactly(&server.service, 8 << 20, "one connection").await;
     let mut good = KvClient::connect(&server.addr).await.expect("connect");
     let data = block(4 << 20, 3);
-    tokio::time::timeout(Duration::from_secs(5), good.put(NS, b"fair", data))
-        .await
-        .expect("another connection still gets budget")
-        .expect("put");
-    for h in stalled {
-        h.abort();
-    }
-    server.stop().await;
+    put_within_5s(
+        &mut good,
+        b"fair",
+        data,
+        "another connection still gets budget",
+    )
+    .await;
+    stop(server, stalled).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +244,7 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
         tenants: vec![tenant("a"), tenant("b")],
         ..Default::default()
     };
-    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let server = start(cfg).await;
     let connect = |token: &'static str| {
         let addr = server.addr.clone();
         async move {
@@ -251,26 +277,14 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
     }
     assert_holds_exactly(&server.service, 8 << 20, "one tenant").await;
     let mut b = connect("tok-b").await;
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        b.put(NS, b"b-block", block(4 << 20, 4)),
-    )
-    .await
-    .expect("tenant b still gets budget")
-    .expect("put");
-    for h in stalled {
-        h.abort();
-    }
-    server.stop().await;
+    let data = block(4 << 20, 4);
+    put_within_5s(&mut b, b"b-block", data, "tenant b still gets budget").await;
+    stop(server, stalled).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_the_client_never_reads_is_dropped_after_the_idle_timeout() {
-    let cfg = ServerConfig {
-        idle_timeout: Duration::from_millis(300),
-        ..Default::default()
-    };
-    let server = TestServer::start(memory_engine(256 << 20), cfg).await;
+    let server = start_short_idle().await;
     let mut c = KvClient::connect(&server.addr).await.expect("connect");
     let size = 16usize << 20;
     c.put(NS, b"big", block(size, 1)).await.expect("put");

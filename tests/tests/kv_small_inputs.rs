@@ -62,11 +62,7 @@ async fn junk_namespaces_fold_into_one_bucket() {
     }
     let s = server.service.stats();
     assert_eq!(s.namespaces.len(), MAX_TRACKED_NAMESPACES + 1);
-    let other = s
-        .namespaces
-        .iter()
-        .find(|n| n.namespace == OTHER_NS)
-        .expect("other bucket");
+    let other = s.namespace(OTHER_NS).expect("other bucket");
     assert_eq!(other.puts, 50);
     assert_eq!(other.misses, 2000);
     server.stop().await;

@@ -198,6 +198,15 @@ fn gauge_family(reg: &mut Registry, name: &str, help: &str, values: &[(Labels, f
     reg.register(name, help, fam);
 }
 
+/// One labelled value per item, for a metric family.
+fn per<T, V>(
+    items: &[T],
+    labels: impl Fn(&T) -> Labels,
+    value: impl Fn(&T) -> V,
+) -> Vec<(Labels, V)> {
+    items.iter().map(|i| (labels(i), value(i))).collect()
+}
+
 fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
     let c = Counter::<u64>::default();
     c.inc_by(v);
@@ -209,67 +218,60 @@ pub fn render_metrics(s: &DaemonStats) -> String {
     let mut reg = Registry::with_prefix("strata");
     let e = &s.engine;
     let tier = |name: &str| vec![("tier".to_string(), name.to_string())];
-    let per_tier_u =
-        |f: &dyn Fn(&strata_cache_core::stats::TierStatsSnapshot) -> u64| -> Vec<(Labels, u64)> {
-            e.tiers.iter().map(|t| (tier(&t.name), f(t))).collect()
-        };
-    let per_tier_f =
-        |f: &dyn Fn(&strata_cache_core::stats::TierStatsSnapshot) -> f64| -> Vec<(Labels, f64)> {
-            e.tiers.iter().map(|t| (tier(&t.name), f(t))).collect()
-        };
+    let per_tier = |t: &strata_cache_core::stats::TierStatsSnapshot| tier(&t.name);
     gauge_family(
         &mut reg,
         "tier_used_bytes",
         "Bytes held by the tier",
-        &per_tier_f(&|t| t.used_bytes as f64),
+        &per(&e.tiers, per_tier, |t| t.used_bytes as f64),
     );
     gauge_family(
         &mut reg,
         "tier_capacity_bytes",
         "Byte budget of the tier",
-        &per_tier_f(&|t| t.capacity_bytes as f64),
+        &per(&e.tiers, per_tier, |t| t.capacity_bytes as f64),
     );
     gauge_family(
         &mut reg,
         "tier_hit_ratio",
         "Hits / (hits + misses) of the tier",
-        &per_tier_f(&|t| t.hit_ratio()),
+        &per(&e.tiers, per_tier, |t| t.hit_ratio()),
     );
     counter_family(
         &mut reg,
         "tier_hits",
         "Lookups the tier answered",
-        &per_tier_u(&|t| t.hits),
+        &per(&e.tiers, per_tier, |t| t.hits),
     );
     counter_family(
         &mut reg,
         "tier_misses",
         "Lookups the tier missed",
-        &per_tier_u(&|t| t.misses),
+        &per(&e.tiers, per_tier, |t| t.misses),
     );
     counter_family(
         &mut reg,
         "tier_evictions",
         "Blocks evicted from the tier",
-        &per_tier_u(&|t| t.evictions),
+        &per(&e.tiers, per_tier, |t| t.evictions),
     );
     counter_family(
         &mut reg,
         "tier_read_bytes",
         "Bytes read from the tier",
-        &per_tier_u(&|t| t.bytes_out),
+        &per(&e.tiers, per_tier, |t| t.bytes_out),
     );
     counter_family(
         &mut reg,
         "tier_written_bytes",
         "Bytes written to the tier",
-        &per_tier_u(&|t| t.bytes_in),
+        &per(&e.tiers, per_tier, |t| t.bytes_in),
     );
     counter_family(
         &mut reg,
         "tier_errors",
         "Failed tier operations",
-        &per_tier_u(&|t| t.errors),
+        &per(&e.tiers, per_tier, |t| t.errors),
     );
     counter(
         &mut reg,
@@ -321,53 +323,43 @@ pub fn render_metrics(s: &DaemonStats) -> String {
     reg.register("mounts", "Mounts served by the daemon", mounts);
     if let Some(kv) = &s.kv {
         let ns = |n: &str| vec![("namespace".to_string(), n.to_string())];
-        let per_ns =
-            |f: &dyn Fn(&strata_kvcache::stats::NamespaceStats) -> u64| -> Vec<(Labels, u64)> {
-                kv.namespaces
-                    .iter()
-                    .map(|n| (ns(&n.namespace), f(n)))
-                    .collect()
-            };
+        let per_ns = |n: &strata_kvcache::stats::NamespaceStats| ns(&n.namespace);
+        let per_model_tier = |t: &strata_kvcache::stats::TierLoadEstimate| tier(&t.tier);
         counter_family(
             &mut reg,
             "kv_hits",
             "KV Gets that hit",
-            &per_ns(&|n| n.hits),
+            &per(&kv.namespaces, per_ns, |n| n.hits),
         );
         counter_family(
             &mut reg,
             "kv_misses",
             "KV Gets that missed",
-            &per_ns(&|n| n.misses),
+            &per(&kv.namespaces, per_ns, |n| n.misses),
         );
         counter_family(
             &mut reg,
             "kv_puts",
             "KV blocks stored",
-            &per_ns(&|n| n.puts),
+            &per(&kv.namespaces, per_ns, |n| n.puts),
         );
         counter_family(
             &mut reg,
             "kv_put_bytes",
             "KV bytes stored",
-            &per_ns(&|n| n.put_bytes),
+            &per(&kv.namespaces, per_ns, |n| n.put_bytes),
         );
         counter_family(
             &mut reg,
             "kv_get_bytes",
             "KV bytes served",
-            &per_ns(&|n| n.get_bytes),
+            &per(&kv.namespaces, per_ns, |n| n.get_bytes),
         );
-        let ratios: Vec<(Labels, f64)> = kv
-            .namespaces
-            .iter()
-            .map(|n| (ns(&n.namespace), n.hit_ratio))
-            .collect();
         gauge_family(
             &mut reg,
             "kv_hit_ratio",
             "KV hit ratio per namespace",
-            &ratios,
+            &per(&kv.namespaces, per_ns, |n| n.hit_ratio),
         );
         counter(
             &mut reg,
@@ -412,27 +404,17 @@ pub fn render_metrics(s: &DaemonStats) -> String {
             "KV requests refused with an error status",
             kv.rejected,
         );
-        let lat: Vec<(Labels, f64)> = kv
-            .load_model
-            .iter()
-            .map(|t| (tier(&t.tier), t.latency_us))
-            .collect();
         gauge_family(
             &mut reg,
             "kv_load_latency_us",
             "Load model: fixed cost of a Get per tier",
-            &lat,
+            &per(&kv.load_model, per_model_tier, |t| t.latency_us),
         );
-        let bw: Vec<(Labels, f64)> = kv
-            .load_model
-            .iter()
-            .map(|t| (tier(&t.tier), t.bandwidth_gbps))
-            .collect();
         gauge_family(
             &mut reg,
             "kv_load_bandwidth_gbps",
             "Load model: Get bandwidth per tier",
-            &bw,
+            &per(&kv.load_model, per_model_tier, |t| t.bandwidth_gbps),
         );
     }
     let mut out = String::new();

@@ -270,16 +270,12 @@ impl BackingStore {
             if !self.follow_symlinks {
                 let root = root.clone();
                 let dirs = std::mem::take(&mut res.common_prefixes);
-                res.common_prefixes = tokio::task::spawn_blocking(move || {
+                res.common_prefixes = local_stat(move || {
                     dirs.into_iter()
                         .filter(|d| inside_root(&root, d.as_ref()))
                         .collect()
                 })
-                .await
-                .map_err(|e| CacheError::Store {
-                    attempts: 1,
-                    message: format!("local stat task failed: {e}"),
-                })?;
+                .await?;
             }
         }
         let strip = |p: &Path| -> String {
@@ -513,6 +509,16 @@ async fn local_info(
     })
 }
 
+/// Runs `f`, which stats local files, on the blocking pool.
+async fn local_stat<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CacheError::Store {
+            attempts: 1,
+            message: format!("local stat task failed: {e}"),
+        })
+}
+
 /// [`local_info`] of many files, in one blocking task. Entries that lead out of the
 /// root through a symlink are skipped (`skip_escapes`, for listings) or not found.
 async fn local_infos(
@@ -521,7 +527,7 @@ async fn local_infos(
     follow_symlinks: bool,
     skip_escapes: bool,
 ) -> Result<Vec<ObjectInfo>> {
-    tokio::task::spawn_blocking(move || {
+    local_stat(move || {
         infos
             .into_iter()
             .filter(|info| {
@@ -547,11 +553,7 @@ async fn local_infos(
             })
             .collect()
     })
-    .await
-    .map_err(|e| CacheError::Store {
-        attempts: 1,
-        message: format!("local stat task failed: {e}"),
-    })?
+    .await?
 }
 
 fn cloud_store(

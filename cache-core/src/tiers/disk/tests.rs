@@ -664,6 +664,18 @@ async fn a_put_is_acknowledged_only_once_on_disk() {
     );
 }
 
+/// Puts KV block `i` (5000 bytes of `i`) with `put_stored`: its key and where it
+/// landed.
+async fn put_stored(engine: &crate::CacheEngine, i: u8) -> (CacheKey, crate::Stored) {
+    let k = CacheKey::kv("ns", vec![i]);
+    let ctx = crate::AccessContext::default();
+    let stored = engine
+        .put_stored(&k, data(5000, i), &ctx)
+        .await
+        .expect("put_stored");
+    (k, stored)
+}
+
 /// A full disk degrades the disk level: one failed write, one log line, a counter;
 /// then puts fail at once without touching the device (or, with `put_stored`, land in
 /// memory as volatile) until the back-off ends, and reads go on.
@@ -699,14 +711,8 @@ async fn a_full_disk_degrades_instead_of_failing_every_put() {
         writes + 1,
         "a degraded disk is not written"
     );
-    let k = CacheKey::kv("ns", vec![30]);
-    assert_eq!(
-        engine
-            .put_stored(&k, data(5000, 30), &ctx)
-            .await
-            .expect("put_stored"),
-        Stored::Volatile
-    );
+    let (k, stored) = put_stored(&engine, 30).await;
+    assert_eq!(stored, Stored::Volatile);
     assert_eq!(
         engine.get(&k, &ctx).await.expect("get"),
         Some(data(5000, 30))
@@ -723,14 +729,8 @@ async fn a_full_disk_degrades_instead_of_failing_every_put() {
     // After the back-off, with room again, puts are durable again.
     io.full.store(false, Ordering::SeqCst);
     tokio::time::sleep(backoff).await;
-    let k = CacheKey::kv("ns", vec![40]);
-    assert_eq!(
-        engine
-            .put_stored(&k, data(5000, 40), &ctx)
-            .await
-            .expect("put"),
-        Stored::Durable
-    );
+    let (k, stored) = put_stored(&engine, 40).await;
+    assert_eq!(stored, Stored::Durable);
     assert!(disk.contains(&k).await);
     assert!(engine.stats().degraded.is_empty());
 }
