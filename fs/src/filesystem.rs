@@ -1016,23 +1016,30 @@ impl FsCore {
             let p = p.clone();
             let obj = obj.clone();
             let lead = issued == 1 && order.origin == Origin::CrossFile;
+            // A file prefetch counts from its issue: each counted file gets at most
+            // one outcome (used or wasted), so used + wasted <= files at any moment.
+            if lead {
+                self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
+            }
             tokio::spawn(async move {
                 let r = core.prefetch_block(&obj, b, &ctx).await;
                 let mut c = p.controller.lock();
-                match r {
+                let made = match r {
                     Ok(true) => {
                         c.landed(&key);
-                        if lead {
-                            core.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
-                        }
+                        true
                     }
-                    Ok(false) => {
-                        c.failed(&key);
-                    }
+                    Ok(false) => false,
                     Err(e) => {
                         tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
-                        c.failed(&key);
+                        false
                     }
+                };
+                // Not a prefetch after all (cached already, another reader's fetch, or
+                // a failure) and no outcome given yet: uncounted. One a demand read
+                // already claimed (used) stays counted: the prediction was right.
+                if !made && c.failed(&key) && lead {
+                    core.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
                 }
             });
         }
