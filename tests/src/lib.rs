@@ -4,4 +4,5 @@
 //!
 //! The end-to-end tests across crates live in `tests/tests/`.
 
+pub mod fuzz;
 pub mod s3;

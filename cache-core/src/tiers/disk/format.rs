@@ -35,6 +35,11 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const FIXED_HEADER: usize = 40;
 pub const INDEX_VALUE_VERSION: u8 = 1;
 pub const INDEX_VALUE_LEN: usize = 25;
+/// Largest data length a header or index value may state (1 TiB, far above any block):
+/// larger ones are corrupt, and would overflow the file size and data range computed
+/// from them (found by fuzzing `check_header`: a header and index agreeing on a
+/// `data_len` near 2^64 made the range wrap and the read panic slicing it).
+pub const MAX_DATA_LEN: u64 = 1 << 40;
 
 /// Where a block lives and what it must look like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +82,9 @@ impl IndexEntry {
         };
         if !is_aligned(e.header_len as usize) || (e.header_len as usize) < ALIGN {
             return Err(format!("index header_len {}", e.header_len));
+        }
+        if e.data_len > MAX_DATA_LEN {
+            return Err(format!("index data_len {}", e.data_len));
         }
         Ok(e)
     }
@@ -147,8 +155,13 @@ pub fn check_header(
     if hlen != expect.header_len || dlen != expect.data_len || crc != expect.crc {
         return Err("header disagrees with the index".into());
     }
+    if dlen > MAX_DATA_LEN {
+        return Err(format!("data_len {dlen} in header"));
+    }
     let start = hlen as usize;
-    let end = start + dlen as usize;
+    let end = start
+        .checked_add(dlen as usize)
+        .ok_or_else(|| format!("data_len {dlen} in header"))?;
     if file.len() < end {
         return Err(format!("truncated: {} of {end} bytes present", file.len()));
     }
@@ -204,6 +217,31 @@ mod tests {
         let cut = e.header_len as usize + 4999;
         assert!(check_header(&file[..cut], b"k1", &e).is_err());
         assert!(check_header(&file[..20], b"k1", &e).is_err());
+    }
+
+    #[test]
+    fn a_data_len_near_2_pow_64_is_refused_not_wrapped() {
+        // Header and index agree on a data_len whose range from header_len wraps: it
+        // must be an error, not an inverted range that panics the read slicing it.
+        let key = b"k";
+        let dlen = u64::MAX - 100;
+        let hlen = header_len(key.len());
+        let mut file = vec![0u8; hlen];
+        write_header(&mut file, key, dlen, 9);
+        let e = IndexEntry {
+            file_id: 1,
+            data_len: dlen,
+            crc: 9,
+            header_len: hlen as u32,
+        };
+        assert!(check_header(&file, key, &e).is_err());
+        // Nor does such an index value decode (its file_len would overflow too).
+        assert!(IndexEntry::decode(&e.encode()).is_err());
+        let e = IndexEntry {
+            data_len: MAX_DATA_LEN,
+            ..e
+        };
+        assert_eq!(IndexEntry::decode(&e.encode()), Ok(e));
     }
 
     #[test]
