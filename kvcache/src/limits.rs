@@ -229,6 +229,10 @@ struct Shared<S> {
 /// `poll_next` and by the watchdog, never across an await.
 pub struct IdleGuard<S> {
     shared: Arc<Shared<S>>,
+    /// Told when the guard goes (the stream ended or the client left), so the watchdog
+    /// ends at once instead of sleeping out its timeout: a client making many short
+    /// gets must not leave a timeout's worth of sleeping tasks behind.
+    closed: Arc<tokio::sync::Notify>,
     idle: Duration,
     what: &'static str,
     errored: bool,
@@ -249,10 +253,15 @@ impl<S: Send + 'static> IdleGuard<S> {
             start: tokio::time::Instant::now(),
         });
         let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
+        let closed = Arc::new(tokio::sync::Notify::new());
+        let watch_closed = closed.clone();
         tokio::spawn(async move {
             let mut deadline = tokio::time::Instant::now() + idle;
             loop {
-                tokio::time::sleep_until(deadline).await;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    _ = watch_closed.notified() => return,
+                }
                 let Some(s) = weak.upgrade() else { return };
                 let last = s.start + Duration::from_millis(s.last_poll_ms.load(Ordering::Relaxed));
                 let now = tokio::time::Instant::now();
@@ -274,6 +283,7 @@ impl<S: Send + 'static> IdleGuard<S> {
         });
         IdleGuard {
             shared,
+            closed,
             idle,
             what,
             errored: false,
@@ -321,9 +331,38 @@ where
     }
 }
 
+impl<S> Drop for IdleGuard<S> {
+    fn drop(&mut self) {
+        // A permit is stored if the watchdog is not waiting yet: it still sees it.
+        self.closed.notify_one();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The watchdog of a dropped guard ends at once, not after its idle timeout.
+    #[tokio::test]
+    async fn a_dropped_guard_ends_its_watchdog_at_once() {
+        let inner = futures::stream::iter(vec![Ok::<_, Status>(1u8)]);
+        let g = IdleGuard::new(Box::pin(inner), Duration::from_secs(3600), "get", || {});
+        let closed = g.closed.clone();
+        assert_eq!(
+            Arc::strong_count(&closed),
+            3,
+            "guard, watchdog and this test"
+        );
+        drop(g);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&closed) > 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "watchdog still alive"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 
     #[tokio::test]
     async fn an_unread_stream_releases_what_it_pins_after_the_idle_timeout() {
