@@ -1,10 +1,14 @@
-"""Starts a real `strata serve` (KV service on 127.0.0.1:0 and a Unix socket, memory
-tier only) for the tests, and stops it with SIGTERM afterwards.
+"""Starts a real `strata serve` for the tests and stops it with SIGTERM afterwards.
+
+`server`: the single-tenant loopback demo (KV service on 127.0.0.1:0 and a Unix socket,
+memory tier only). `tenant_server`: the same with `[[kv.tenants]]` and an admin token
+from a `strata.toml` (`TENANTS` below).
 
 The binary is $STRATA_BIN, default <repo>/target/debug/strata (`cargo build -p
 strata-tools` first). A missing binary fails the tests: it is never a skip.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,15 +20,30 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
+#: Tenants of `tenant_server`: name -> (token, namespace patterns, quota).
+TENANTS = {
+    "team-a": ("tok-a", ["llama3-*"], "8MiB"),
+    # b may use the same namespace names as a: it gets its own key space.
+    "team-b": ("tok-b", ["llama3-*", "mistral-*"], "64MiB"),
+    "team-c": ("tok-c", ["qwen-*"], "64MiB"),
+}
+ADMIN_TOKEN = "tok-admin"
 
-@pytest.fixture(scope="session")
-def server():
+
+@contextlib.contextmanager
+def strata_serve(extra_args, config_text=None):
+    """Runs `strata serve` with a fresh cache dir; yields its endpoints."""
     binary = os.environ.get("STRATA_BIN", str(REPO / "target" / "debug" / "strata"))
     if not os.path.exists(binary):
         pytest.fail(f"{binary} not found: run `cargo build -p strata-tools` or set STRATA_BIN")
     with tempfile.TemporaryDirectory(prefix="strata-pytest-") as d:
-        cmd = [binary, "serve", "--cache-dir", d, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0",
-               "--memory", "256MiB", "--disk", "0"]
+        cmd = [binary, "serve", "--cache-dir", os.path.join(d, "cache"), "--listen", "127.0.0.1:0",
+               "--admin", "127.0.0.1:0", "--memory", "256MiB", "--disk", "0", *extra_args]
+        if config_text is not None:
+            path = os.path.join(d, "strata.toml")
+            with open(path, "w") as f:
+                f.write(config_text)
+            cmd += ["--config", path]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         endpoints = {}
         deadline = time.monotonic() + 30
@@ -47,3 +66,23 @@ def server():
             finally:
                 if proc.poll() is None:
                     proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server():
+    with strata_serve([]) as endpoints:
+        yield endpoints
+
+
+def _tenants_toml():
+    out = [f'[admin]\ntoken = "{ADMIN_TOKEN}"\n']
+    for name, (token, patterns, quota) in TENANTS.items():
+        pats = ", ".join(f'"{p}"' for p in patterns)
+        out.append(f'[[kv.tenants]]\nname = "{name}"\ntoken = "{token}"\nnamespaces = [{pats}]\nquota = "{quota}"\n')
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="session")
+def tenant_server():
+    with strata_serve([], _tenants_toml()) as endpoints:
+        yield endpoints
