@@ -8,7 +8,27 @@
 """
 
 from .client import KvClient, KvError
-from .keys import V1_ROOT, block_hash_v1, chain_hashes_v1
+from .keys import (
+    V1_ROOT,
+    V2_ROOT,
+    ModelIdentity,
+    block_hash_v1,
+    block_hash_v2,
+    chain_hashes_v1,
+    chain_hashes_v2,
+    rank_key,
+)
 
-__all__ = ["KvClient", "KvError", "V1_ROOT", "block_hash_v1", "chain_hashes_v1"]
+__all__ = [
+    "KvClient",
+    "KvError",
+    "ModelIdentity",
+    "V1_ROOT",
+    "V2_ROOT",
+    "block_hash_v1",
+    "block_hash_v2",
+    "chain_hashes_v1",
+    "chain_hashes_v2",
+    "rank_key",
+]
 __version__ = "0.1.0"

@@ -9,11 +9,12 @@ missing block is ``None``, not an error.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
 
 from ._gen import kv_pb2, kv_pb2_grpc
+from .keys import IDENTITY_METADATA, ModelIdentity
 
 #: Size of the messages a put is cut into: the server's default chunk (1 MiB); the
 #: server refuses single messages over 4 MiB.
@@ -44,7 +45,10 @@ class KvClient:
 
     ``addr``: ``unix:///path/kv.sock``, ``host:port`` (plaintext) or, with
     ``root_certificates`` (PEM bytes), a TLS connection to ``host:port``. ``token`` is
-    sent as ``authorization: Bearer <token>``.
+    sent as ``authorization: Bearer <token>``. ``identity`` (a :class:`ModelIdentity` or
+    its digest) is sent with every call: the service binds each namespace to the first
+    identity it sees and refuses calls with another (``FAILED_PRECONDITION``), so blocks
+    of another model revision are never served even if a key collides by mistake.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class KvClient:
         token: Optional[str] = None,
         root_certificates: Optional[bytes] = None,
         timeout: Optional[float] = 60.0,
+        identity: Optional[Union[ModelIdentity, bytes]] = None,
     ):
         options = [
             ("grpc.max_receive_message_length", 16 << 20),
@@ -70,7 +75,15 @@ class KvClient:
             self._channel = grpc.insecure_channel(addr, options=options)
         self._stub = kv_pb2_grpc.KvCacheStub(self._channel)
         self.namespace = namespace
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        md = []
+        if token:
+            md.append(("authorization", f"Bearer {token}"))
+        if identity is not None:
+            digest = identity.digest() if isinstance(identity, ModelIdentity) else bytes(identity)
+            if len(digest) != 32:
+                raise ValueError(f"identity digest must be 32 bytes, got {len(digest)}")
+            md.append((IDENTITY_METADATA, digest.hex()))
+        self._metadata = tuple(md) or None
         self._timeout = timeout
 
     # -- plumbing ---------------------------------------------------------------------
