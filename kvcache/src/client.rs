@@ -38,6 +38,10 @@ pub struct ClientOptions {
     pub ca_cert: Option<PathBuf>,
     /// Name the server's certificate must carry (default: the address's host).
     pub tls_domain: Option<String>,
+    /// The model identity digest ([`crate::keys::ModelIdentity::digest`]) sent with
+    /// every request: the service binds each namespace to the first identity that puts
+    /// into it and refuses another (FAILED_PRECONDITION).
+    pub identity: Option<[u8; 32]>,
 }
 
 /// Where a block is, as the server reports it.
@@ -84,6 +88,7 @@ pub struct PrefetchOutcome {
 pub struct KvClient {
     inner: KvCacheClient<Channel>,
     token: Option<MetadataValue<tonic::metadata::Ascii>>,
+    identity: Option<MetadataValue<tonic::metadata::Ascii>>,
     chunk_bytes: usize,
 }
 
@@ -149,6 +154,11 @@ impl KvClient {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             token,
+            identity: opts
+                .identity
+                .map(|d| MetadataValue::try_from(hex::encode(d)))
+                .transpose()
+                .map_err(|_| KvError::Config("identity digest as metadata".into()))?,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
         })
     }
@@ -157,6 +167,10 @@ impl KvClient {
         let mut r = Request::new(msg);
         if let Some(t) = &self.token {
             r.metadata_mut().insert("authorization", t.clone());
+        }
+        if let Some(i) = &self.identity {
+            r.metadata_mut()
+                .insert(crate::keys::IDENTITY_METADATA, i.clone());
         }
         r
     }

@@ -7,7 +7,8 @@
 //! cannot make room or a full in-flight budget `RESOURCE_EXHAUSTED`, a stream idle past
 //! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`, a tenant's
 //! namespace outside its patterns `PERMISSION_DENIED`, a tenant past its quota
-//! `RESOURCE_EXHAUSTED`.
+//! `RESOURCE_EXHAUSTED`, a model identity other than the namespace's
+//! `FAILED_PRECONDITION`.
 
 use strata_cache_core::CacheError;
 use tonic::{Code, Status};
@@ -60,6 +61,18 @@ pub enum KvError {
         size: u64,
         quota: u64,
     },
+    /// The call's model identity differs from the one its namespace is bound to
+    /// (`identity.rs`): blocks of one model are never served to, or mixed with, another.
+    #[error(
+        "namespace {namespace:?} holds KV of model identity {bound}..., this client \
+         sends {got}... (another revision, RoPE scaling, KV dtype, layout or LoRA?): use \
+         a namespace per model"
+    )]
+    IdentityMismatch {
+        namespace: String,
+        bound: String,
+        got: String,
+    },
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -99,6 +112,7 @@ impl KvError {
             KvError::Idle { .. } => Code::DeadlineExceeded,
             KvError::Busy(_) | KvError::Quota { .. } => Code::ResourceExhausted,
             KvError::Denied { .. } => Code::PermissionDenied,
+            KvError::IdentityMismatch { .. } => Code::FailedPrecondition,
             KvError::ShuttingDown => Code::Unavailable,
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,

@@ -8,12 +8,14 @@
 //! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
 //! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
 //!   client from blocking the others.
+//! - [`identity`]: namespaces bound to a model identity (keys v2).
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 mod blocks;
 pub mod client;
 pub mod error;
+pub mod identity;
 pub mod keys;
 pub mod limits;
 pub mod server;

@@ -52,6 +52,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
+use crate::identity::{IdentityBindings, IdentityDigest};
+use crate::keys::{parse_identity_hex, IDENTITY_METADATA};
 use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
@@ -138,6 +140,9 @@ pub struct ServerConfig {
     /// default halves throughput).
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Where namespaces' model-identity bindings persist (`identity.rs`); None: in
+    /// memory only. The daemon puts it in the cache dir, next to the blocks it guards.
+    pub identity_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -160,6 +165,7 @@ impl Default for ServerConfig {
             max_message_bytes: 4 << 20,
             stream_window: 8 << 20,
             connection_window: 32 << 20,
+            identity_file: None,
         }
     }
 }
@@ -277,6 +283,8 @@ struct Inner {
     top_tier: Option<TierKind>,
     /// The KV `Prefetch`, decided and accounted by the daemon's access controller.
     staging: Staging,
+    /// Namespaces bound to a model identity (keys v2).
+    identities: IdentityBindings,
 }
 
 /// The service: cheap to clone; clones share counters and the put budget.
@@ -307,6 +315,7 @@ impl KvService {
                 started: Instant::now(),
                 top_tier,
                 staging: Staging::default(),
+                identities: IdentityBindings::open(config.identity_file.clone()),
                 engine,
                 config,
             }),
@@ -362,12 +371,18 @@ impl KvService {
 
     /// The cache namespace of the client's `ns`: checked, and scoped to the tenant
     /// when tenants are configured (`tenants.rs`).
-    fn scope(&self, ns: &str, tenant: Option<&Tenant>) -> Result<Arc<str>> {
+    /// `caller`: the tenant and model identity the request came with; `bind`: a put,
+    /// which binds an unbound namespace to its identity (`identity.rs`).
+    fn scope(&self, ns: &str, caller: &Caller, bind: bool) -> Result<Arc<str>> {
         self.check_namespace(ns)?;
-        match tenant {
-            Some(t) => t.scope(ns),
-            None => Ok(Arc::from(ns)),
-        }
+        let scoped = match caller.tenant.as_deref() {
+            Some(t) => t.scope(ns)?,
+            None => Arc::from(ns),
+        };
+        self.inner
+            .identities
+            .check(&scoped, caller.identity.as_ref(), bind)?;
+        Ok(scoped)
     }
 
     fn check_namespace(&self, ns: &str) -> Result<()> {
@@ -402,9 +417,9 @@ impl KvService {
         &self,
         ns: &str,
         hashes: &[Bytes],
-        tenant: Option<&Tenant>,
+        caller: &Caller,
     ) -> Result<(Arc<str>, Vec<CacheKey>)> {
-        let ns = self.scope(ns, tenant)?;
+        let ns = self.scope(ns, caller, false)?;
         if hashes.len() > MAX_BATCH_KEYS {
             return Err(KvError::Invalid(format!(
                 "at most {MAX_BATCH_KEYS} keys per request, got {}",
@@ -433,12 +448,11 @@ impl KvService {
         &self,
         request: Request<R>,
     ) -> std::result::Result<Blocks<R>, Status> {
-        let tenant = tenant_of(&request);
+        let caller = Caller::of(&request);
         let req = request.into_inner();
-        let (ns, keys) =
-            self.reject(self.keys(req.namespace(), req.hashes(), tenant.as_deref()))?;
+        let (ns, keys) = self.reject(self.keys(req.namespace(), req.hashes(), &caller))?;
         Ok(Blocks {
-            tenant,
+            tenant: caller.tenant,
             req,
             ns,
             keys,
@@ -463,13 +477,14 @@ impl KvService {
     async fn do_put(
         &self,
         conn: Option<ConnInfo>,
-        tenant: Option<Arc<Tenant>>,
+        caller: Caller,
         mut stream: Streaming<pb::PutRequest>,
     ) -> Result<pb::PutResponse> {
         let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
-        let ns = self.scope(&first.namespace, tenant.as_deref())?;
+        let ns = self.scope(&first.namespace, &caller, true)?;
+        let tenant = caller.tenant;
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
         let limit = self.inner.config.max_block;
@@ -629,8 +644,24 @@ fn tier_pb(t: Option<TierKind>) -> Tier {
 #[derive(Clone)]
 struct AuthTenant(Arc<Tenant>);
 
-fn tenant_of<T>(req: &Request<T>) -> Option<Arc<Tenant>> {
-    req.extensions().get::<AuthTenant>().map(|a| a.0.clone())
+/// The model identity digest a request carried (set by [`TokenCheck`]).
+#[derive(Clone, Copy)]
+struct CallerIdentity(IdentityDigest);
+
+/// Who a request comes from: its tenant (when tenants are configured) and the model
+/// identity it declared (keys v2), both set by [`TokenCheck`].
+struct Caller {
+    tenant: Option<Arc<Tenant>>,
+    identity: Option<IdentityDigest>,
+}
+
+impl Caller {
+    fn of<T>(req: &Request<T>) -> Self {
+        Caller {
+            tenant: req.extensions().get::<AuthTenant>().map(|a| a.0.clone()),
+            identity: req.extensions().get::<CallerIdentity>().map(|i| i.0),
+        }
+    }
 }
 
 /// An opened [`BlocksRequest`] (see [`KvService::blocks`]).
@@ -668,6 +699,19 @@ pub struct TokenCheck {
 
 impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(v) = req.metadata().get(IDENTITY_METADATA) {
+            let digest = v
+                .to_str()
+                .ok()
+                .and_then(parse_identity_hex)
+                .ok_or_else(|| {
+                    self.stats.inner.stats.rejected();
+                    Status::invalid_argument(format!(
+                        "{IDENTITY_METADATA} must be a 32-byte digest in hex (64 digits)"
+                    ))
+                })?;
+            req.extensions_mut().insert(CallerIdentity(digest));
+        }
         if self.tenants.is_empty() && self.token.is_none() {
             return Ok(req);
         }
@@ -760,8 +804,8 @@ impl KvCache for KvService {
         request: Request<Streaming<pb::PutRequest>>,
     ) -> std::result::Result<Response<pb::PutResponse>, Status> {
         let conn = ConnInfo::of(&request);
-        let tenant = tenant_of(&request);
-        let r = self.do_put(conn, tenant, request.into_inner()).await;
+        let caller = Caller::of(&request);
+        let r = self.do_put(conn, caller, request.into_inner()).await;
         self.reject(r).map(Response::new)
     }
 
@@ -771,10 +815,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
-        let tenant = tenant_of(&request);
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let r = async {
-            let ns = self.scope(&req.namespace, tenant.as_deref())?;
+            let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
             self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)
         }
@@ -861,10 +905,10 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::ExistsRequest>,
     ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
-        let tenant = tenant_of(&request);
+        let caller = Caller::of(&request);
         let req = request.into_inner();
         let r = (|| {
-            let ns = self.scope(&req.namespace, tenant.as_deref())?;
+            let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
             self.inner.stats.lookups(1);
             let tier = self.inner.engine.locate(&key);

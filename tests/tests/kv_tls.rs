@@ -31,6 +31,7 @@ async fn tls_with_token_round_trip() {
         token: Some("tok".into()),
         ca_cert: Some(tls_dir().join("ca.pem")),
         tls_domain: Some("localhost".into()),
+        ..Default::default()
     };
     let mut c = KvClient::connect_with(&url, opts.clone())
         .await

@@ -137,6 +137,7 @@ impl Drop for RunningKv {
 pub(crate) async fn start(
     plan: KvPlan,
     socket: PathBuf,
+    cache_dir: &std::path::Path,
     engine: strata_cache_core::CacheEngine,
     stop: &CancellationToken,
     tasks: &mut super::Servers,
@@ -153,7 +154,13 @@ pub(crate) async fn start(
             "KV service with tenants"
         );
     }
-    let service = KvService::new(engine, plan.server);
+    let mut server = plan.server;
+    // Namespaces' model-identity bindings sit in the cache dir, next to the blocks they
+    // guard, so a restart over a warm disk tier keeps them.
+    if server.identity_file.is_none() {
+        server.identity_file = Some(cache_dir.join("kv-identities.json"));
+    }
+    let service = KvService::new(engine, server);
     if let Some(addr) = plan.tcp {
         let l = tokio::net::TcpListener::bind(addr)
             .await

@@ -53,7 +53,17 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                 .unix_socket
                 .clone()
                 .unwrap_or_else(|| core.cache_dir.join("kv.sock"));
-            Some(kv::start(plan, socket, core.engine.clone(), &stop, &mut tasks).await?)
+            Some(
+                kv::start(
+                    plan,
+                    socket,
+                    &core.cache_dir,
+                    core.engine.clone(),
+                    &stop,
+                    &mut tasks,
+                )
+                .await?,
+            )
         }
         None => None,
     };
