@@ -595,6 +595,11 @@ impl KvService {
 
     /// Fetches one block, counting the hit or miss.
     async fn fetch(&self, ns: &str, key: &CacheKey) -> Result<Option<(Bytes, Option<TierKind>)>> {
+        // A block being staged by a Prefetch: wait for it rather than read it twice.
+        self.inner
+            .staging
+            .wait(key, self.inner.config.idle_timeout)
+            .await;
         let tier = self.inner.engine.locate(key);
         let got = self.inner.engine.get(key, &self.ctx(ns, false)).await?;
         self.inner
@@ -973,50 +978,55 @@ impl KvCache for KvService {
         request: Request<pb::PrefetchRequest>,
     ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
         let Blocks { ns, keys, .. } = self.blocks(request)?;
-        let r = async {
-            let ctx = self.ctx(&ns, true);
-            let mut resp = pb::PrefetchResponse::default();
-            let staging = &self.inner.staging;
-            for k in keys {
-                match self.inner.engine.locate(&k) {
-                    None => resp.missing += 1,
-                    Some(t) if Some(t) == self.inner.top_tier => resp.already_fast += 1,
-                    Some(_) => {
-                        // The staging controller decides (backlog bound, one staging per
-                        // block); a get promotes a lower-tier hit into the fastest tier.
-                        let bytes = self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20);
-                        match staging.admit(&k, ctx.job, &ns, bytes) {
-                            Admission::Issue => {}
-                            // Being staged by another call: it will be fast.
-                            Admission::Outstanding => {
-                                resp.staged += 1;
-                                continue;
-                            }
-                            // Deferred: left where it is (counted in stats).
-                            Admission::BacklogFull => continue,
+        let ctx = self.ctx(&ns, true);
+        let mut resp = pb::PrefetchResponse::default();
+        let staging = &self.inner.staging;
+        let mut issued = Vec::new();
+        for k in keys {
+            match self.inner.engine.locate(&k) {
+                None => resp.missing += 1,
+                Some(t) if Some(t) == self.inner.top_tier => resp.already_fast += 1,
+                Some(_) => {
+                    // The staging controller decides (backlog bound, one staging per
+                    // block); a get promotes a lower-tier hit into the fastest tier.
+                    let bytes = self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20);
+                    match staging.admit(&k, ctx.job, &ns, bytes) {
+                        Admission::Issue => {
+                            resp.staged += 1;
+                            issued.push(k);
                         }
-                        match self.inner.engine.get(&k, &ctx).await {
-                            Ok(Some(_)) => {
-                                staging.landed(&k);
-                                resp.staged += 1;
-                                self.inner.stats.prefetched();
-                            }
-                            Ok(None) => {
-                                staging.failed(&k);
-                                resp.missing += 1;
-                            }
-                            Err(e) => {
-                                staging.failed(&k);
-                                return Err(e.into());
-                            }
-                        }
+                        // Being staged by another call: it will be fast.
+                        Admission::Outstanding => resp.staged += 1,
+                        // Deferred: left where it is (counted in stats).
+                        Admission::BacklogFull => {}
                     }
                 }
             }
-            Ok(resp)
         }
-        .await;
-        self.reject(r).map(Response::new)
+        if !issued.is_empty() {
+            // Answered now; the moves run in the background, in the order asked (the
+            // engine reads the first blocks first), bounded by the staging backlog.
+            let this = self.clone();
+            tokio::spawn(async move {
+                let staging = &this.inner.staging;
+                let guards: Vec<_> = issued.iter().map(|k| staging.begin(k)).collect();
+                for (k, guard) in issued.iter().zip(guards) {
+                    match this.inner.engine.get(k, &ctx).await {
+                        Ok(Some(_)) => {
+                            staging.landed(k);
+                            this.inner.stats.prefetched();
+                        }
+                        Ok(None) => staging.failed(k),
+                        Err(e) => {
+                            staging.failed(k);
+                            tracing::warn!(key = %k, error = %e, "KV staging failed");
+                        }
+                    }
+                    drop(guard);
+                }
+            });
+        }
+        Ok(Response::new(resp))
     }
 
     async fn estimate_load(

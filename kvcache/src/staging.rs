@@ -11,9 +11,16 @@
 //! fastest tier unread is `wasted` (found by the controller's sweep, a few outstanding
 //! blocks checked per Get), so `strata stats` can say whether clients stage what they
 //! read.
+//!
+//! `Prefetch` is asynchronous: it answers at once and the staging runs in the
+//! background, so an engine overlaps the move with its own work (CALVO: the load is its
+//! own stage). A Get of a block being staged waits for that staging ([`Staging::wait`])
+//! rather than reading the lower tier a second time.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use strata_cache_core::{CacheKey, JobId};
@@ -43,6 +50,23 @@ pub struct Staging {
     used: AtomicU64,
     wasted: AtomicU64,
     deferred: AtomicU64,
+    /// Stagings in flight: a Get of one waits on its channel (true once done).
+    in_flight: Mutex<HashMap<CacheKey, tokio::sync::watch::Receiver<bool>>>,
+}
+
+/// One staging in flight (from [`Staging::begin`]); dropping it, however the staging
+/// ended, wakes the Gets waiting for the block.
+pub struct InFlight<'a> {
+    staging: &'a Staging,
+    key: CacheKey,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.staging.in_flight.lock().remove(&self.key);
+        let _ = self.done.send(true);
+    }
 }
 
 impl std::fmt::Debug for Staging {
@@ -72,6 +96,28 @@ impl Staging {
             used: AtomicU64::new(0),
             wasted: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            in_flight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Marks the staging of `key` (admitted with `Issue`) as running until the returned
+    /// guard drops.
+    pub fn begin(&self, key: &CacheKey) -> InFlight<'_> {
+        let (done, rx) = tokio::sync::watch::channel(false);
+        self.in_flight.lock().insert(key.clone(), rx);
+        InFlight {
+            staging: self,
+            key: key.clone(),
+            done,
+        }
+    }
+
+    /// Waits (at most `limit`) for a staging of `key` in flight to end; returns at once
+    /// when there is none. Whether it landed or not, the caller then reads as usual.
+    pub async fn wait(&self, key: &CacheKey, limit: Duration) {
+        let rx = self.in_flight.lock().get(key).cloned();
+        if let Some(mut rx) = rx {
+            let _ = tokio::time::timeout(limit, rx.wait_for(|done| *done)).await;
         }
     }
 
@@ -145,6 +191,40 @@ impl Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_get_waits_for_the_staging_in_flight_and_no_longer() {
+        let s = Arc::new(Staging::default());
+        let k = key(9);
+        // None in flight: no wait at all.
+        tokio::time::timeout(
+            Duration::from_millis(100),
+            s.wait(&k, Duration::from_secs(60)),
+        )
+        .await
+        .expect("returns at once");
+        let guard = s.begin(&k);
+        let waiter = {
+            let s = s.clone();
+            let k = k.clone();
+            tokio::spawn(async move { s.wait(&k, Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "waits while the staging runs");
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken when it ends")
+            .expect("task");
+        // A staging that never ends costs a waiter at most its limit.
+        let _stuck = s.begin(&k);
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            s.wait(&k, Duration::from_millis(20)),
+        )
+        .await
+        .expect("bounded by the limit");
+    }
 
     fn key(i: u8) -> CacheKey {
         CacheKey::kv("ns", vec![i; 16])
