@@ -3,11 +3,15 @@
 //! One process runs the server (memory tier only, so the figures are the service's,
 //! not a disk's) and the clients; each client is its own connection, as separate
 //! engine processes would be. For every block size (64 KiB, 1 MiB, 16 MiB) and client
-//! count (1, 4, 16): a put phase (distinct new keys) then a get phase (random keys of a
-//! resident working set), each for `--secs` seconds. Alongside, in the same run:
+//! count (1, 4, 16), over each transport (`tcp`: loopback TCP; `unix`: the daemon's
+//! Unix socket, what a client on the same host uses): a put phase (distinct new keys)
+//! then a get phase (random keys of a resident working set), each for `--secs` seconds.
+//! Alongside, in the same run:
 //! - raw loopback TCP throughput (one connection, 1 MiB writes, no framing): the
-//!   physical ceiling a Get is compared with;
-//! - p50/p99 of a 256 KiB memory hit with 4 clients;
+//!   physical ceiling a TCP Get is compared with;
+//! - memcpy throughput (64 MiB buffers, one thread): the ceiling of any same-host
+//!   transport, since a block must at least be copied once into the client's memory;
+//! - p50/p99 of a 256 KiB memory hit with 4 and with 16 clients;
 //! - p50/p99 of `MatchPrefix` over a 1,000-key chain.
 //!
 //! Both ends share the machine's cores, as the baseline's ends do, so the ratio
@@ -44,6 +48,9 @@ pub struct KvArgs {
     /// Client counts (default: 1, 4, 16).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
     pub clients: Vec<usize>,
+    /// Transports (default: tcp, unix).
+    #[arg(long, value_delimiter = ',', default_values_t = [Transport::Tcp, Transport::Unix])]
+    pub transports: Vec<Transport>,
     /// Size of the messages a Get streams, in KiB (the server's `chunk_bytes`).
     #[arg(long, default_value_t = 1024)]
     pub chunk_kib: usize,
@@ -52,8 +59,26 @@ pub struct KvArgs {
     pub default_malloc: bool,
 }
 
+/// How the clients reach the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    Tcp,
+    Unix,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Unix => "unix",
+        })
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct CellResult {
+    pub transport: Transport,
     pub block_size: usize,
     pub clients: usize,
     pub put_gbps: f64,
@@ -67,10 +92,17 @@ pub struct CellResult {
 #[derive(Debug, Serialize)]
 pub struct KvReport {
     pub loopback_tcp_gbps: f64,
+    /// One thread copying 64 MiB buffers, Gb/s (the unit of every other figure).
+    pub memcpy_gbps: f64,
     pub results: Vec<CellResult>,
-    /// Get of blocks >= 1 MiB, best client count, over raw loopback TCP.
+    /// TCP Get of blocks >= 1 MiB, best client count, over raw loopback TCP.
     pub large_get_vs_loopback: f64,
+    /// Unix-socket Get of 1 MiB blocks by one client, over memcpy.
+    pub unix_1m_1client_get_vs_memcpy: Option<f64>,
+    /// TCP Get of 1 MiB blocks by one client, over raw loopback TCP.
+    pub tcp_1m_1client_get_vs_loopback: Option<f64>,
     pub get_256k_4clients_p99_us: f64,
+    pub get_256k_16clients_p99_us: f64,
     pub match_prefix_1000_p50_us: f64,
     pub match_prefix_1000_p99_us: f64,
     pub secs_per_phase: f64,
@@ -89,21 +121,37 @@ pub fn run(args: KvArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("raw loopback TCP: {:.2} Gb/s", report.loopback_tcp_gbps);
         println!(
-            "{:>10} {:>7} {:>9} {:>9} {:>10} {:>10}",
-            "block", "clients", "put Gb/s", "get Gb/s", "get p50us", "get p99us"
+            "raw loopback TCP: {:.2} Gb/s   memcpy: {:.2} Gb/s",
+            report.loopback_tcp_gbps, report.memcpy_gbps
+        );
+        println!(
+            "{:>9} {:>10} {:>7} {:>9} {:>9} {:>10} {:>10}",
+            "transport", "block", "clients", "put Gb/s", "get Gb/s", "get p50us", "get p99us"
         );
         for r in &report.results {
             println!(
-                "{:>10} {:>7} {:>9.2} {:>9.2} {:>10.0} {:>10.0}",
-                r.block_size, r.clients, r.put_gbps, r.get_gbps, r.get_p50_us, r.get_p99_us
+                "{:>9} {:>10} {:>7} {:>9.2} {:>9.2} {:>10.0} {:>10.0}",
+                r.transport,
+                r.block_size,
+                r.clients,
+                r.put_gbps,
+                r.get_gbps,
+                r.get_p50_us,
+                r.get_p99_us
             );
         }
+        let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
         println!(
-            "large get / loopback: {:.0}%   256 KiB x4 p99: {:.0} us   MatchPrefix(1000) p50/p99: {:.0}/{:.0} us",
+            "1 MiB x1 get: tcp/loopback {}, unix/memcpy {}",
+            pct(report.tcp_1m_1client_get_vs_loopback),
+            pct(report.unix_1m_1client_get_vs_memcpy)
+        );
+        println!(
+            "large get / loopback: {:.0}%   256 KiB p99 x4/x16: {:.0}/{:.0} us   MatchPrefix(1000) p50/p99: {:.0}/{:.0} us",
             report.large_get_vs_loopback * 100.0,
             report.get_256k_4clients_p99_us,
+            report.get_256k_16clients_p99_us,
             report.match_prefix_1000_p50_us,
             report.match_prefix_1000_p99_us
         );
@@ -244,16 +292,36 @@ async fn get_phase(
     Ok((bytes, elapsed, lat))
 }
 
-async fn cell(addr: &str, size: usize, n: usize, secs: f64) -> anyhow::Result<CellResult> {
+/// One thread copying a 64 MiB buffer into another for `secs`; Gb/s.
+fn memcpy_gbps(secs: f64) -> f64 {
+    let src = vec![0xA5u8; 64 << 20];
+    let mut dst = vec![0u8; 64 << 20];
+    let start = Instant::now();
+    let mut bytes = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        bytes += src.len() as u64;
+    }
+    gbps(bytes, start.elapsed())
+}
+
+async fn cell(
+    addr: &str,
+    transport: Transport,
+    size: usize,
+    n: usize,
+    secs: f64,
+) -> anyhow::Result<CellResult> {
     let cs = clients(addr, n).await?;
-    let tag = format!("p{size}x{n}");
+    let tag = format!("p{size}x{n}{transport}");
     let (put_bytes, put_time) = put_phase(&cs, size, secs, &tag).await?;
     // Working set: at most 1 GiB and 64 blocks, put last so that it is resident; its
     // keys are new for each cell (an earlier cell's working set may have been evicted
     // by this cell's put phase, and a re-put of a key the server still counts is a no-op).
     let ws_len = ((1usize << 30) / size).clamp(1, 64);
     let ws: Vec<Vec<u8>> = (0..ws_len as u64)
-        .map(|i| key(&format!("w{size}x{n}"), 0, i))
+        .map(|i| key(&format!("w{size}x{n}{transport}"), 0, i))
         .collect();
     let mut c0 = cs[0].clone();
     let data = Bytes::from(vec![0x5Au8; size]);
@@ -262,6 +330,7 @@ async fn cell(addr: &str, size: usize, n: usize, secs: f64) -> anyhow::Result<Ce
     }
     let (get_bytes, get_time, lat) = get_phase(&cs, &Arc::new(ws), secs).await?;
     Ok(CellResult {
+        transport,
         block_size: size,
         clients: n,
         put_gbps: gbps(put_bytes, put_time),
@@ -284,23 +353,46 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     let service = KvService::new(engine, cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
+    let sock_dir = tempfile::tempdir()?;
+    let sock = sock_dir.path().join("kv.sock");
+    let unix_listener = tokio::net::UnixListener::bind(&sock)?;
+    let unix_addr = format!("unix://{}", sock.display());
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(strata_kvcache::server::serve(
         listener,
+        service.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let unix_server = tokio::spawn(strata_kvcache::server::serve(
+        unix_listener,
         service,
         stop.clone().cancelled_owned(),
     ));
 
     let loopback_tcp_gbps = loopback_tcp(args.secs.max(0.5)).await?;
+    let memcpy_gbps = tokio::task::spawn_blocking({
+        let secs = args.secs.max(0.5);
+        move || memcpy_gbps(secs)
+    })
+    .await?;
     let mut results = Vec::new();
-    for &size in &args.sizes_kib {
-        for &n in &args.clients {
-            results.push(cell(&addr, (size as usize) << 10, n, args.secs).await?);
+    for &transport in &args.transports {
+        let a = match transport {
+            Transport::Tcp => addr.as_str(),
+            Transport::Unix => unix_addr.as_str(),
+        };
+        for &size in &args.sizes_kib {
+            for &n in &args.clients {
+                results.push(cell(a, transport, (size as usize) << 10, n, args.secs).await?);
+            }
         }
     }
-    let small = cell(&addr, 256 << 10, 4, args.secs).await?;
+    let small = cell(&addr, Transport::Tcp, 256 << 10, 4, args.secs).await?;
     let get_256k_4clients_p99_us = small.get_p99_us;
     results.push(small);
+    let small16 = cell(&addr, Transport::Tcp, 256 << 10, 16, args.secs).await?;
+    let get_256k_16clients_p99_us = small16.get_p99_us;
+    results.push(small16);
 
     // MatchPrefix over a 1,000-key chain, all cached (the longest walk).
     let mut c = KvClient::connect(&addr).await?;
@@ -320,15 +412,27 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
 
     stop.cancel();
     server.await??;
+    unix_server.await??;
     let best_large = results
         .iter()
-        .filter(|r| r.block_size >= 1 << 20)
+        .filter(|r| r.transport == Transport::Tcp && r.block_size >= 1 << 20)
         .map(|r| r.get_gbps)
         .fold(0.0, f64::max);
+    let one_mib_one_client = |t: Transport| {
+        results
+            .iter()
+            .find(|r| r.transport == t && r.block_size == 1 << 20 && r.clients == 1)
+            .map(|r| r.get_gbps)
+    };
     Ok(KvReport {
         loopback_tcp_gbps,
+        memcpy_gbps,
         large_get_vs_loopback: best_large / loopback_tcp_gbps,
+        unix_1m_1client_get_vs_memcpy: one_mib_one_client(Transport::Unix).map(|g| g / memcpy_gbps),
+        tcp_1m_1client_get_vs_loopback: one_mib_one_client(Transport::Tcp)
+            .map(|g| g / loopback_tcp_gbps),
         get_256k_4clients_p99_us,
+        get_256k_16clients_p99_us,
         match_prefix_1000_p50_us: percentile(&lat, 0.5),
         match_prefix_1000_p99_us: percentile(&lat, 0.99),
         secs_per_phase: args.secs,
