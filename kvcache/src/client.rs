@@ -16,6 +16,7 @@
 //! clone: clones share one HTTP/2 connection, which multiplexes concurrent requests.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use hyper_util::rt::TokioIo;
@@ -90,6 +91,49 @@ pub struct KvClient {
     token: Option<MetadataValue<tonic::metadata::Ascii>>,
     identity: Option<MetadataValue<tonic::metadata::Ascii>>,
     chunk_bytes: usize,
+    /// The attached shared-memory arena and its session id (same host only).
+    shm: Option<Arc<crate::shm_client::ShmClient>>,
+    shm_session: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// A fetched block: owned bytes, or a leased range of the shared-memory arena read in
+/// place (the lease is released when this drops).
+pub enum Block {
+    Inline(Bytes),
+    Shared {
+        shm: Arc<crate::shm_client::ShmClient>,
+        lease: u64,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl Block {
+    /// Whether it was served from the shared-memory arena.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Block::Shared { .. })
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Block::Inline(b) => b,
+            // Checked in range when the lease was received.
+            Block::Shared {
+                shm, offset, len, ..
+            } => shm.read(*offset, *len).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Block::Shared { shm, lease, .. } = self {
+            shm.release_now(*lease);
+        }
+    }
 }
 
 /// Largest message the client accepts: 8 MiB, above the server's chunk size with room.
@@ -160,6 +204,8 @@ impl KvClient {
                 .transpose()
                 .map_err(|_| KvError::Config("identity digest as metadata".into()))?,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            shm: None,
+            shm_session: None,
         })
     }
 
@@ -209,10 +255,37 @@ impl KvClient {
 
     /// Fetches a block; `None` when it is not cached.
     pub async fn get(&mut self, namespace: &str, hash: &[u8]) -> Result<Option<Bytes>> {
-        let req = self.req(pb::GetRequest {
+        Ok(self.get_block(namespace, hash).await?.map(|b| match &b {
+            Block::Inline(bytes) => bytes.clone(),
+            // The caller wants owned bytes: one copy out of the arena, lease released.
+            Block::Shared { .. } => Bytes::copy_from_slice(&b),
+        }))
+    }
+
+    /// Attaches to the daemon's shared-memory arena (its side socket, `kv-shm.sock`
+    /// beside `kv.sock`): later Gets of this client are answered with leased ranges of
+    /// the arena where possible ([`Self::get_block`]), without a copy through the socket.
+    pub async fn attach_shm(&mut self, side_socket: &std::path::Path) -> Result<()> {
+        let shm = crate::shm_client::ShmClient::connect(side_socket).await?;
+        self.shm_session = Some(
+            MetadataValue::try_from(shm.session_hex())
+                .map_err(|_| KvError::Config("session id as metadata".into()))?,
+        );
+        self.shm = Some(Arc::new(shm));
+        Ok(())
+    }
+
+    /// Fetches one block: in place in the shared-memory arena when attached and the
+    /// server leased it (released when the [`Block`] drops), else inline bytes.
+    pub async fn get_block(&mut self, namespace: &str, hash: &[u8]) -> Result<Option<Block>> {
+        let mut req = self.req(pb::GetRequest {
             namespace: namespace.to_string(),
             hash: Bytes::copy_from_slice(hash),
         });
+        if let Some(s) = &self.shm_session {
+            req.metadata_mut()
+                .insert(crate::shm::SHM_SESSION_METADATA, s.clone());
+        }
         let mut stream = match self.inner.get(req).await {
             Ok(r) => r.into_inner(),
             Err(s) if s.code() == tonic::Code::NotFound && s.message() == "block not found" => {
@@ -224,8 +297,28 @@ impl KvClient {
             return Err(KvError::Invalid("empty Get stream".into()));
         };
         let size = first.size as usize;
+        if first.shm_lease != 0 {
+            let shm = self.shm.clone().ok_or_else(|| {
+                KvError::Invalid("server answered with a shared-memory lease unasked".into())
+            })?;
+            if shm.read(first.shm_offset, first.size).is_none() {
+                shm.release_now(first.shm_lease);
+                return Err(KvError::Invalid(format!(
+                    "lease [{}, +{}) lies outside the {}-byte arena",
+                    first.shm_offset,
+                    first.size,
+                    shm.size()
+                )));
+            }
+            return Ok(Some(Block::Shared {
+                shm,
+                lease: first.shm_lease,
+                offset: first.shm_offset,
+                len: first.size,
+            }));
+        }
         if first.data.len() == size {
-            return Ok(Some(first.data));
+            return Ok(Some(Block::Inline(first.data)));
         }
         let mut buf = BytesMut::with_capacity(size);
         buf.extend_from_slice(&first.data);
@@ -238,7 +331,7 @@ impl KvClient {
                 declared: size as u64,
             });
         }
-        Ok(Some(buf.freeze()))
+        Ok(Some(Block::Inline(buf.freeze())))
     }
 
     /// Fetches several blocks; `None` for each one not cached.

@@ -9,6 +9,8 @@
 //! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
 //!   client from blocking the others.
 //! - [`identity`]: namespaces bound to a model identity (keys v2).
+//! - [`shm`], [`shm_client`]: the same-host zero-copy path (a shared-memory arena
+//!   handed over the Unix socket; Gets answered with leased offsets).
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
@@ -19,6 +21,8 @@ pub mod identity;
 pub mod keys;
 pub mod limits;
 pub mod server;
+pub mod shm;
+pub mod shm_client;
 pub mod staging;
 pub mod stats;
 pub mod tenants;

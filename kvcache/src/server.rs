@@ -57,6 +57,7 @@ use crate::keys::{parse_identity_hex, IDENTITY_METADATA};
 use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
+use crate::shm::{parse_session, ShmArena, SHM_SESSION_METADATA};
 use crate::staging::Staging;
 use crate::stats::KvStats;
 use crate::tenants::{constant_time_eq, Tenant, TenantConfig, Tenants};
@@ -143,6 +144,11 @@ pub struct ServerConfig {
     /// Where namespaces' model-identity bindings persist (`identity.rs`); None: in
     /// memory only. The daemon puts it in the cache dir, next to the blocks it guards.
     pub identity_file: Option<PathBuf>,
+    /// Size of the same-host zero-copy arena (`shm.rs`); 0 disables it. Default 0 here
+    /// (the library serves TCP too); the daemon sets `[kv] shm` (default 256 MiB: 64
+    /// blocks of 4 MiB, 16 MiB... enough for the blocks of a few prefills in flight,
+    /// memory that is shared with clients rather than copied to them).
+    pub shm_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -166,6 +172,7 @@ impl Default for ServerConfig {
             stream_window: 8 << 20,
             connection_window: 32 << 20,
             identity_file: None,
+            shm_bytes: 0,
         }
     }
 }
@@ -285,6 +292,8 @@ struct Inner {
     staging: Staging,
     /// Namespaces bound to a model identity (keys v2).
     identities: IdentityBindings,
+    /// The same-host zero-copy arena (`shm.rs`); None: disabled.
+    shm: Option<Arc<ShmArena>>,
 }
 
 /// The service: cheap to clone; clones share counters and the put budget.
@@ -316,6 +325,16 @@ impl KvService {
                 top_tier,
                 staging: Staging::default(),
                 identities: IdentityBindings::open(config.identity_file.clone()),
+                shm: match config.shm_bytes {
+                    0 => None,
+                    n => match ShmArena::new(n as usize) {
+                        Ok(a) => Some(Arc::new(a)),
+                        Err(e) => {
+                            tracing::error!(error = %e, "shared-memory arena unavailable; same-host Gets send bytes inline");
+                            None
+                        }
+                    },
+                },
                 engine,
                 config,
             }),
@@ -352,6 +371,11 @@ impl KvService {
 
     pub fn engine(&self) -> &CacheEngine {
         &self.inner.engine
+    }
+
+    /// The same-host arena, to serve its side socket ([`crate::shm::serve_side_socket`]).
+    pub fn shm_arena(&self) -> Option<Arc<ShmArena>> {
+        self.inner.shm.clone()
     }
 
     /// One job per namespace: streams of different tenants are never merged.
@@ -821,26 +845,46 @@ impl KvCache for KvService {
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
         let caller = Caller::of(&request);
+        let session = request
+            .metadata()
+            .get(SHM_SESSION_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_session);
         let req = request.into_inner();
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
-            self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)
+            let (data, tier) = self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)?;
+            Ok((key, data, tier))
         }
         .await;
-        let (data, tier) = self.reject(r)?;
+        let (key, data, tier) = self.reject(r)?;
         let size = data.len() as u64;
-        let msgs: Vec<_> = self
-            .chunks(&data)
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| {
-                Ok(pb::GetResponse {
-                    size: if i == 0 { size } else { 0 },
-                    data: d,
+        // Same host, attached to the arena: a lease on the block instead of its bytes.
+        let lease = match (&self.inner.shm, session) {
+            (Some(arena), Some(s)) => arena.lease(s, &key, &data),
+            _ => None,
+        };
+        let msgs: Vec<_> = match lease {
+            Some(l) => vec![Ok(pb::GetResponse {
+                size,
+                data: Bytes::new(),
+                shm_offset: l.offset,
+                shm_lease: l.id,
+            })],
+            None => self
+                .chunks(&data)
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    Ok(pb::GetResponse {
+                        size: if i == 0 { size } else { 0 },
+                        data: d,
+                        ..Default::default()
+                    })
                 })
-            })
-            .collect();
+                .collect(),
+        };
         let single = msgs.len() <= 1;
         let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
             futures::stream::iter(msgs),
@@ -961,6 +1005,9 @@ impl KvCache for KvService {
             for k in &keys {
                 if self.inner.engine.remove(k).await? {
                     removed += 1;
+                }
+                if let Some(arena) = &self.inner.shm {
+                    arena.forget(k);
                 }
                 if let Some(t) = &tenant {
                     t.forget(k);

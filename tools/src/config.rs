@@ -23,6 +23,7 @@
 //!
 //! [kv]
 //! listen = "127.0.0.1:7070"
+//! shm = "256MiB"                      # same-host zero-copy arena ("0": off)
 //!
 //! [[kv.tenants]]                      # none: the single-tenant loopback demo
 //! name = "team-a"
@@ -213,6 +214,12 @@ pub struct KvConfig {
     /// where any client that reaches the service may read, overwrite and remove any
     /// namespace (the daemon says so at start).
     pub tenants: Vec<KvTenantConfig>,
+    /// Size of the same-host zero-copy arena (`strata_kvcache::shm`), handed to local
+    /// clients over `kv-shm.sock` beside the Unix socket; "0" disables it. Default
+    /// 256 MiB: the blocks of a few prefills in flight, shared with clients instead of
+    /// copied through the socket. Off with tenants: every attached client maps the
+    /// whole arena, so it would show one tenant's blocks to another.
+    pub shm: String,
 }
 
 /// One `[[kv.tenants]]` entry.
@@ -277,6 +284,7 @@ impl Default for KvConfig {
             token: None,
             namespaces: Vec::new(),
             tenants: Vec::new(),
+            shm: "256MiB".into(),
         }
     }
 }

@@ -9,6 +9,11 @@ missing block is ``None``, not an error.
 
 from __future__ import annotations
 
+import mmap
+import os
+import socket
+import struct
+import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
@@ -40,6 +45,76 @@ def _wrap(e: grpc.RpcError) -> KvError:
     return KvError(e.code(), e.details() or "")
 
 
+#: gRPC metadata naming a shared-memory session (kvcache/src/shm.rs).
+SHM_SESSION_METADATA = "strata-shm-session"
+
+
+class _ShmArena:
+    """The daemon's shared-memory arena, attached over its side socket: the memfd comes
+    with SCM_RIGHTS and is mapped read-only; lease ids go back on the socket."""
+
+    def __init__(self, path: str):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(path)
+            msg, fds, _flags, _addr = socket.recv_fds(self._sock, 32, 1)
+            if len(msg) != 32 or not fds:
+                raise ConnectionError(f"bad hello from {path}: {len(msg)} bytes, {len(fds)} descriptors")
+            try:
+                size = struct.unpack_from("<Q", msg, 16)[0]
+                self._map = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.size = size
+        self.session = f"{int.from_bytes(msg[:16], 'little'):032x}"
+        self.view = memoryview(self._map)
+        self._lock = threading.Lock()
+
+    def release(self, lease: int) -> None:
+        with self._lock:
+            try:
+                self._sock.sendall(struct.pack("<Q", lease))
+            except OSError:
+                pass  # the session is gone; the daemon released its leases already
+
+    def close(self) -> None:
+        self._sock.close()  # ends the session: the daemon releases what is left
+        # The mapping goes when the last view into it does.
+
+
+class BlockView:
+    """A fetched block: ``data`` is a read-only memoryview, in place in the daemon's
+    shared-memory arena when ``shared`` (valid until :meth:`release`, or the end of a
+    ``with`` block), else over inline bytes."""
+
+    def __init__(self, data, arena: Optional[_ShmArena] = None, lease: int = 0):
+        self.data = data
+        self.shared = arena is not None
+        self._arena, self._lease = arena, lease
+
+    def release(self) -> None:
+        if self._arena is not None:
+            self.data.release()
+            self._arena.release(self._lease)
+            self._arena = None
+
+    def __enter__(self) -> "BlockView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
 class KvClient:
     """A connection to a Strata KV service.
 
@@ -49,6 +124,9 @@ class KvClient:
     its digest) is sent with every call: the service binds each namespace to the first
     identity it sees and refuses calls with another (``FAILED_PRECONDITION``), so blocks
     of another model revision are never served even if a key collides by mistake.
+    ``shm``: on the daemon's host, attach to its shared-memory arena (True: the
+    ``kv-shm.sock`` beside a ``unix://`` address; or the side socket's path): Gets are
+    then answered with ranges of the arena read in place (:meth:`get_view`).
     """
 
     def __init__(
@@ -59,6 +137,7 @@ class KvClient:
         root_certificates: Optional[bytes] = None,
         timeout: Optional[float] = 60.0,
         identity: Optional[Union[ModelIdentity, bytes]] = None,
+        shm: Union[bool, str] = False,
     ):
         options = [
             ("grpc.max_receive_message_length", 16 << 20),
@@ -83,7 +162,18 @@ class KvClient:
             if len(digest) != 32:
                 raise ValueError(f"identity digest must be 32 bytes, got {len(digest)}")
             md.append((IDENTITY_METADATA, digest.hex()))
+        self._arena: Optional[_ShmArena] = None
+        if shm:
+            if shm is True:
+                if not addr.startswith("unix:"):
+                    raise ValueError("shm=True needs a unix:// address (or pass the side socket's path)")
+                kv_sock = "/" + addr[len("unix:"):].lstrip("/")  # unix:///run/kv.sock -> /run/kv.sock
+                shm = os.path.join(os.path.dirname(kv_sock), "kv-shm.sock")
+            self._arena = _ShmArena(shm)
         self._metadata = tuple(md) or None
+        self._get_metadata = self._metadata
+        if self._arena is not None:
+            self._get_metadata = tuple(md) + ((SHM_SESSION_METADATA, self._arena.session),)
         self._timeout = timeout
 
     # -- plumbing ---------------------------------------------------------------------
@@ -126,15 +216,32 @@ class KvClient:
         return self.match_prefix(keys, namespace)
 
     def get(self, key: bytes, namespace: Optional[str] = None) -> Optional[bytes]:
+        view = self.get_view(key, namespace)
+        if view is None:
+            return None
+        if not view.shared:
+            return view.data.obj
+        with view:
+            return bytes(view.data)  # owned bytes wanted: one copy out of the arena
+
+    def get_view(self, key: bytes, namespace: Optional[str] = None) -> Optional[BlockView]:
+        """A block without a copy when attached to the arena (see :class:`BlockView`)."""
         req = kv_pb2.GetRequest(namespace=self._ns(namespace), hash=key)
         try:
-            stream = self._stub.Get(req, timeout=self._timeout, metadata=self._metadata)
-            parts = [m.data for m in stream]
+            stream = self._stub.Get(req, timeout=self._timeout, metadata=self._get_metadata)
+            msgs = list(stream)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
                 return None
             raise _wrap(e) from None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if msgs and msgs[0].shm_lease:
+            m = msgs[0]
+            if self._arena is None or m.shm_offset + m.size > self._arena.size:
+                raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {m.shm_offset}+{m.size}")
+            data = self._arena.view[m.shm_offset : m.shm_offset + m.size]
+            return BlockView(data, self._arena, m.shm_lease)
+        parts = [m.data for m in msgs]
+        return BlockView(memoryview(parts[0] if len(parts) == 1 else b"".join(parts)))
 
     def batched_get(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[Optional[bytes]]:
         req = kv_pb2.BatchGetRequest(namespace=self._ns(namespace), hashes=list(keys))
@@ -190,6 +297,8 @@ class KvClient:
         }
 
     def close(self) -> None:
+        if self._arena is not None:
+            self._arena.close()
         self._channel.close()
 
     def __enter__(self) -> "KvClient":

@@ -95,3 +95,26 @@ def test_admin_stats_count_python_traffic(server, client):
     with urllib.request.urlopen(f"http://{server['admin']}/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'strata_kv_hits_total{namespace="py/tenant-a"}' in text
+
+
+def test_same_host_gets_read_the_shared_memory_arena_in_place(server):
+    """Attached to the daemon's arena (memfd over kv-shm.sock), a Get is a leased range
+    read in place: the right bytes, no copy through the socket; leases released."""
+    import os as _os
+
+    blocks = {b"shm-%d" % i: _os.urandom((1 << 20) + i * 4097) for i in range(6)}
+    with KvClient(server["unix"], namespace="shm-test/ns", shm=True) as c:
+        for k, v in blocks.items():
+            c.put(k, v)
+        for _ in range(3):
+            for k, v in blocks.items():
+                with c.get_view(k) as view:
+                    assert view.shared, "served from the arena"
+                    assert view.data.readonly
+                    assert view.data == v
+                assert c.get(k) == v
+        assert c.get_view(b"absent") is None
+    # Without shm the same blocks come inline.
+    with KvClient(server["unix"], namespace="shm-test/ns") as c:
+        view = c.get_view(b"shm-0")
+        assert not view.shared and view.data == blocks[b"shm-0"]

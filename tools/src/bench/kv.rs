@@ -4,7 +4,8 @@
 //! not a disk's) and the clients; each client is its own connection, as separate
 //! engine processes would be. For every block size (64 KiB, 1 MiB, 16 MiB) and client
 //! count (1, 4, 16), over each transport (`tcp`: loopback TCP; `unix`: the daemon's
-//! Unix socket, what a client on the same host uses): a put phase (distinct new keys)
+//! Unix socket, what a client on the same host uses; `shm`: the Unix socket with the
+//! shared-memory arena attached, the block read in place, each page touched): a put phase (distinct new keys)
 //! then a get phase (random keys of a resident working set), each for `--secs` seconds.
 //! Alongside, in the same run:
 //! - raw loopback TCP throughput (one connection, 1 MiB writes, no framing): the
@@ -49,7 +50,7 @@ pub struct KvArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
     pub clients: Vec<usize>,
     /// Transports (default: tcp, unix).
-    #[arg(long, value_delimiter = ',', default_values_t = [Transport::Tcp, Transport::Unix])]
+    #[arg(long, value_delimiter = ',', default_values_t = [Transport::Tcp, Transport::Unix, Transport::Shm])]
     pub transports: Vec<Transport>,
     /// Size of the messages a Get streams, in KiB (the server's `chunk_bytes`).
     #[arg(long, default_value_t = 1024)]
@@ -65,13 +66,16 @@ pub struct KvArgs {
 pub enum Transport {
     Tcp,
     Unix,
+    /// The Unix socket with the shared-memory arena attached (Gets read in place).
+    Shm,
 }
 
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Transport::Tcp => "tcp",
             Transport::Unix => "unix",
+            Transport::Shm => "shm",
         })
     }
 }
@@ -99,6 +103,8 @@ pub struct KvReport {
     pub large_get_vs_loopback: f64,
     /// Unix-socket Get of 1 MiB blocks by one client, over memcpy.
     pub unix_1m_1client_get_vs_memcpy: Option<f64>,
+    /// Shared-memory Get (in place) of 1 MiB blocks by one client, over memcpy.
+    pub shm_1m_1client_get_vs_memcpy: Option<f64>,
     /// TCP Get of 1 MiB blocks by one client, over raw loopback TCP.
     pub tcp_1m_1client_get_vs_loopback: Option<f64>,
     pub get_256k_4clients_p99_us: f64,
@@ -143,9 +149,10 @@ pub fn run(args: KvArgs) -> anyhow::Result<()> {
         }
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
         println!(
-            "1 MiB x1 get: tcp/loopback {}, unix/memcpy {}",
+            "1 MiB x1 get: tcp/loopback {}, unix/memcpy {}, shm/memcpy {}",
             pct(report.tcp_1m_1client_get_vs_loopback),
-            pct(report.unix_1m_1client_get_vs_memcpy)
+            pct(report.unix_1m_1client_get_vs_memcpy),
+            pct(report.shm_1m_1client_get_vs_memcpy)
         );
         println!(
             "large get / loopback: {:.0}%   256 KiB p99 x4/x16: {:.0}/{:.0} us   MatchPrefix(1000) p50/p99: {:.0}/{:.0} us",
@@ -206,14 +213,22 @@ fn key(tag: &str, client: usize, i: u64) -> Vec<u8> {
     format!("{tag}-{client}-{i}").into_bytes()
 }
 
-async fn clients(addr: &str, n: usize) -> anyhow::Result<Vec<KvClient>> {
+async fn clients(
+    addr: &str,
+    n: usize,
+    shm: Option<&std::path::Path>,
+) -> anyhow::Result<Vec<KvClient>> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        v.push(
-            KvClient::connect(addr)
+        let mut c = KvClient::connect(addr)
+            .await
+            .context("connecting to the bench server")?;
+        if let Some(side) = shm {
+            c.attach_shm(side)
                 .await
-                .context("connecting to the bench server")?,
-        );
+                .context("attaching the shared-memory arena")?;
+        }
+        v.push(c);
     }
     Ok(v)
 }
@@ -270,10 +285,18 @@ async fn get_phase(
                     .wrapping_add(1_442_695_040_888_963_407);
                 let k = &ws[(x >> 33) as usize % ws.len()];
                 let t = Instant::now();
+                // In place (a leased arena range when attached, else the bytes that
+                // came through the socket); every page touched so an arena block is
+                // really readable here, not just named.
                 let got = c
-                    .get(NS, k)
+                    .get_block(NS, k)
                     .await?
                     .context("working-set block missing: memory budget too small")?;
+                let mut touch = 0u8;
+                for p in got.iter().step_by(4096) {
+                    touch ^= *p;
+                }
+                std::hint::black_box(touch);
                 lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
                 bytes += got.len() as u64;
             }
@@ -308,12 +331,13 @@ fn memcpy_gbps(secs: f64) -> f64 {
 
 async fn cell(
     addr: &str,
+    shm: Option<&std::path::Path>,
     transport: Transport,
     size: usize,
     n: usize,
     secs: f64,
 ) -> anyhow::Result<CellResult> {
-    let cs = clients(addr, n).await?;
+    let cs = clients(addr, n, shm).await?;
     let tag = format!("p{size}x{n}{transport}");
     let (put_bytes, put_time) = put_phase(&cs, size, secs, &tag).await?;
     // Working set: at most 1 GiB and 64 blocks, put last so that it is resident; its
@@ -348,16 +372,28 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
         .build()?;
     let cfg = ServerConfig {
         chunk_bytes: args.chunk_kib << 10,
+        // The daemon's default arena: room for the largest working set's hot part.
+        shm_bytes: 256 << 20,
         ..Default::default()
     };
     let service = KvService::new(engine, cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
+    let stop = tokio_util::sync::CancellationToken::new();
     let sock_dir = tempfile::tempdir()?;
     let sock = sock_dir.path().join("kv.sock");
     let unix_listener = tokio::net::UnixListener::bind(&sock)?;
     let unix_addr = format!("unix://{}", sock.display());
-    let stop = tokio_util::sync::CancellationToken::new();
+    let shm_sock = sock_dir.path().join("kv-shm.sock");
+    let shm_listener = tokio::net::UnixListener::bind(&shm_sock)?;
+    let arena = service
+        .shm_arena()
+        .context("the shared-memory arena could not be created")?;
+    let shm_server = tokio::spawn(strata_kvcache::shm::serve_side_socket(
+        shm_listener,
+        arena,
+        stop.clone().cancelled_owned(),
+    ));
     let server = tokio::spawn(strata_kvcache::server::serve(
         listener,
         service.clone(),
@@ -377,20 +413,21 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     .await?;
     let mut results = Vec::new();
     for &transport in &args.transports {
-        let a = match transport {
-            Transport::Tcp => addr.as_str(),
-            Transport::Unix => unix_addr.as_str(),
+        let (a, shm) = match transport {
+            Transport::Tcp => (addr.as_str(), None),
+            Transport::Unix => (unix_addr.as_str(), None),
+            Transport::Shm => (unix_addr.as_str(), Some(shm_sock.as_path())),
         };
         for &size in &args.sizes_kib {
             for &n in &args.clients {
-                results.push(cell(a, transport, (size as usize) << 10, n, args.secs).await?);
+                results.push(cell(a, shm, transport, (size as usize) << 10, n, args.secs).await?);
             }
         }
     }
-    let small = cell(&addr, Transport::Tcp, 256 << 10, 4, args.secs).await?;
+    let small = cell(&addr, None, Transport::Tcp, 256 << 10, 4, args.secs).await?;
     let get_256k_4clients_p99_us = small.get_p99_us;
     results.push(small);
-    let small16 = cell(&addr, Transport::Tcp, 256 << 10, 16, args.secs).await?;
+    let small16 = cell(&addr, None, Transport::Tcp, 256 << 10, 16, args.secs).await?;
     let get_256k_16clients_p99_us = small16.get_p99_us;
     results.push(small16);
 
@@ -413,6 +450,7 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     stop.cancel();
     server.await??;
     unix_server.await??;
+    shm_server.await?;
     let best_large = results
         .iter()
         .filter(|r| r.transport == Transport::Tcp && r.block_size >= 1 << 20)
@@ -429,6 +467,7 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
         memcpy_gbps,
         large_get_vs_loopback: best_large / loopback_tcp_gbps,
         unix_1m_1client_get_vs_memcpy: one_mib_one_client(Transport::Unix).map(|g| g / memcpy_gbps),
+        shm_1m_1client_get_vs_memcpy: one_mib_one_client(Transport::Shm).map(|g| g / memcpy_gbps),
         tcp_1m_1client_get_vs_loopback: one_mib_one_client(Transport::Tcp)
             .map(|g| g / loopback_tcp_gbps),
         get_256k_4clients_p99_us,

@@ -53,7 +53,18 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
         bail!("[kv] min_block = {:?} must be 1..= max_block", kv.min_block);
     }
     let tenants = tenants(kv)?;
+    let shm_bytes = match parse_size(&kv.shm).context("[kv] shm")? {
+        n if n > 0 && !tenants.is_empty() => {
+            tracing::info!(
+                "[kv] shm off: with tenants, one arena mapped by every client would show \
+                 one tenant's blocks to another"
+            );
+            0
+        }
+        n => n,
+    };
     Ok(ServerConfig {
+        shm_bytes,
         max_block,
         min_block,
         tenants,
@@ -124,11 +135,15 @@ pub(crate) fn plan(kv: &KvConfig) -> anyhow::Result<Option<KvPlan>> {
 pub(crate) struct RunningKv {
     pub service: KvService,
     socket: PathBuf,
+    shm_socket: Option<PathBuf>,
 }
 
 impl Drop for RunningKv {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.socket);
+        if let Some(s) = &self.shm_socket {
+            let _ = std::fs::remove_file(s);
+        }
     }
 }
 
@@ -184,13 +199,34 @@ pub(crate) async fn start(
     }
     let ul = bind_private(&socket)?;
     println!("kv unix {}", socket.display());
-    let (svc, stop) = (service.clone(), stop.clone());
+    let (svc, stop2) = (service.clone(), stop.clone());
     tasks.spawn(async move {
-        kv::serve(ul, svc, stop.cancelled_owned())
+        kv::serve(ul, svc, stop2.cancelled_owned())
             .await
             .context("KV service (unix)")
     });
-    Ok(RunningKv { service, socket })
+    // The shared-memory side socket, beside the Unix socket (same owner, 0600): only
+    // the daemon's user can attach and map the arena.
+    let shm_socket = match service.shm_arena() {
+        Some(arena) => {
+            let path = socket.with_file_name("kv-shm.sock");
+            let _ = std::fs::remove_file(&path);
+            let l = bind_private(&path)?;
+            println!("kv shm {}", path.display());
+            let stop = stop.clone();
+            tasks.spawn(async move {
+                strata_kvcache::shm::serve_side_socket(l, arena, stop.cancelled_owned()).await;
+                Ok(())
+            });
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(RunningKv {
+        service,
+        socket,
+        shm_socket,
+    })
 }
 
 /// Binds a Unix socket at `path` that only this user can connect to (mode 0600): bound

@@ -47,12 +47,16 @@ class GetRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., hash: _Optional[bytes] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("size", "data")
+    __slots__ = ("size", "data", "shm_offset", "shm_lease")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHM_LEASE_FIELD_NUMBER: _ClassVar[int]
     size: int
     data: bytes
-    def __init__(self, size: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    shm_offset: int
+    shm_lease: int
+    def __init__(self, size: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_offset: _Optional[int] = ..., shm_lease: _Optional[int] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
     __slots__ = ("namespace", "hashes")

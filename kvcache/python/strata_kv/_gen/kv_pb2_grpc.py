@@ -142,6 +142,8 @@ class KvCacheServicer:
 
     def Prefetch(self, request, context):
         """Stages blocks into the fastest tier ahead of a Get (e.g. disk -> memory).
+        Asynchronous: answers at once while the moves run; a Get of a block being staged
+        waits for its move instead of reading the lower tier again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

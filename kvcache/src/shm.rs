@@ -1,0 +1,700 @@
+//! Same-host zero-copy Gets: a shared-memory arena the service hands to local clients.
+//!
+//! A client on the daemon's host connects to the side socket (`kv-shm.sock` in the
+//! cache dir, 0600) and receives, with `SCM_RIGHTS`, a memfd holding the arena plus a
+//! session id; it maps the arena read-only. A Get that carries the session id (gRPC
+//! metadata [`SHM_SESSION_METADATA`]) is answered with an offset and a lease instead of
+//! the bytes: the client reads the block in place, without a copy through the socket,
+//! and writes the lease id back on the side socket when done. While leased, a range is
+//! never reused, so a mapped block cannot change under its reader; when the side
+//! connection closes (the client exited or crashed) its leases are released.
+//!
+//! The arena is a cache of blocks recently served this way: a block stays in it after
+//! its leases end (least recently used first out), so a hot block is copied into the
+//! arena once and then served by reference. An arena entry keeps the engine's buffer it
+//! was copied from; a later Get that gets another buffer from the engine (the block was
+//! evicted and put again) copies afresh, so the arena never serves stale bytes.
+//!
+//! Bounds: the arena size (`[kv] shm`), and per session at most a quarter of it leased
+//! at once, so one client cannot pin the whole arena; past that, or when every range is
+//! leased, the Get falls back to inline bytes. The memfd is sealed against shrinking,
+//! so a client's mapping can never fault on a truncated file.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use parking_lot::Mutex;
+use strata_cache_core::CacheKey;
+use tokio::io::AsyncReadExt;
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::error::{KvError, Result};
+
+/// gRPC metadata naming the caller's shared-memory session (32 hex digits).
+pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
+
+/// Arena ranges are whole pages, so a block's range never shares a page with another's.
+const PAGE: usize = 4096;
+
+/// A session id: 128 random bits, as 32 hex digits on the wire.
+pub type SessionId = u128;
+
+/// One lease handed to a client: where the block is and what to release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Counters for stats and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShmStats {
+    pub sessions: u64,
+    /// Gets answered from the arena, and how many of those copied the block in.
+    pub leases: u64,
+    pub copies: u64,
+    /// Gets that fell back to inline bytes (arena or session cap full).
+    pub fallbacks: u64,
+    pub leased_bytes: u64,
+}
+
+struct Entry {
+    /// None once detached (a newer copy of the key exists, or it was removed): freed
+    /// when its last lease ends.
+    key: Option<CacheKey>,
+    offset: usize,
+    /// Rounded up to whole pages.
+    span: usize,
+    /// The engine's buffer this copy came from (kept so its identity can be compared).
+    source: Bytes,
+    refs: u32,
+    /// Position in `idle` while unreferenced.
+    idle_tick: Option<u64>,
+}
+
+#[derive(Default)]
+struct Session {
+    leases: HashSet<u64>,
+    bytes: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Free ranges: offset -> length, coalesced.
+    free: BTreeMap<usize, usize>,
+    entries: HashMap<u64, Entry>,
+    by_key: HashMap<CacheKey, u64>,
+    /// Unreferenced entries by last use (the eviction order).
+    idle: BTreeMap<u64, u64>,
+    leases: HashMap<u64, (SessionId, u64)>,
+    sessions: HashMap<SessionId, Session>,
+    tick: u64,
+    next_id: u64,
+}
+
+/// The arena: a sealed memfd mapped read-write here, read-only by clients.
+pub struct ShmArena {
+    fd: OwnedFd,
+    base: NonNull<u8>,
+    size: usize,
+    per_session_bytes: u64,
+    state: Mutex<State>,
+    leases: AtomicU64,
+    copies: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+// SAFETY: `base` points to a shared mapping owned by the arena for its whole life;
+// writes go only to ranges allocated to one writer (under `state`'s allocation
+// protocol), so sharing the pointer between threads is sound.
+unsafe impl Send for ShmArena {}
+unsafe impl Sync for ShmArena {}
+
+impl std::fmt::Debug for ShmArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmArena")
+            .field("size", &self.size)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Drop for ShmArena {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `new` with this base and size and is not
+        // used after the arena is dropped.
+        unsafe {
+            let _ = munmap(self.base.cast(), self.size);
+        }
+    }
+}
+
+fn io(e: nix::Error, what: &str) -> KvError {
+    KvError::Cache(strata_cache_core::CacheError::Io(std::io::Error::new(
+        std::io::Error::from(e).kind(),
+        format!("shared-memory arena: {what}: {e}"),
+    )))
+}
+
+impl ShmArena {
+    /// An arena of `size` bytes (rounded up to pages).
+    pub fn new(size: usize) -> Result<Self> {
+        let size = size.div_ceil(PAGE).max(1) * PAGE;
+        let fd = memfd_create(
+            c"strata-kv-arena",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| io(e, "memfd_create"))?;
+        nix::unistd::ftruncate(&fd, size as i64).map_err(|e| io(e, "ftruncate"))?;
+        // Clients map it: it must never shrink under them (a read past a truncation
+        // would be SIGBUS), nor grow behind our bookkeeping.
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+            ),
+        )
+        .map_err(|e| io(e, "sealing"))?;
+        let len = NonZeroUsize::new(size).ok_or_else(|| KvError::Config("empty arena".into()))?;
+        // SAFETY: a fresh shared mapping of a memfd we own, of its full size; nothing
+        // else maps it writable.
+        let base = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|e| io(e, "mmap"))?;
+        let mut state = State {
+            // Ids start at 1: a lease id 0 on the wire means "inline".
+            next_id: 1,
+            ..State::default()
+        };
+        state.free.insert(0, size);
+        Ok(ShmArena {
+            fd,
+            base: base.cast(),
+            size,
+            per_session_bytes: (size as u64 / 4).max(PAGE as u64),
+            state: Mutex::new(state),
+            leases: AtomicU64::new(0),
+            copies: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The memfd clients map.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Starts a session; its leases end with [`Self::close_session`].
+    pub fn open_session(&self) -> Result<SessionId> {
+        let mut raw = [0u8; 16];
+        getrandom(&mut raw)?;
+        let id = u128::from_le_bytes(raw);
+        self.state.lock().sessions.insert(id, Session::default());
+        Ok(id)
+    }
+
+    /// Ends a session, releasing every lease it still holds.
+    pub fn close_session(&self, id: SessionId) {
+        let mut st = self.state.lock();
+        if let Some(s) = st.sessions.remove(&id) {
+            for lease in s.leases {
+                release_locked(&mut st, lease);
+            }
+        }
+    }
+
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.state.lock().sessions.contains_key(&id)
+    }
+
+    /// Releases one lease of `session` (unknown ids, or another session's, are ignored).
+    pub fn release(&self, session: SessionId, lease: u64) {
+        let mut st = self.state.lock();
+        if st.leases.get(&lease).map(|(s, _)| *s) != Some(session) {
+            return;
+        }
+        let len = st
+            .leases
+            .get(&lease)
+            .and_then(|(_, e)| st.entries.get(e))
+            .map_or(0, |e| e.source.len() as u64);
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.leases.remove(&lease);
+            s.bytes = s.bytes.saturating_sub(len);
+        }
+        release_locked(&mut st, lease);
+    }
+
+    /// Drops the arena's copy of `key` (the block was removed); leased ranges stay
+    /// valid until released.
+    pub fn forget(&self, key: &CacheKey) {
+        let mut st = self.state.lock();
+        if let Some(id) = st.by_key.remove(key) {
+            detach_locked(&mut st, id);
+        }
+    }
+
+    /// Leases `data` (the engine's bytes of `key`) to `session`: from the arena's copy
+    /// when it is of the same buffer, else copied in. None: fall back to inline bytes
+    /// (unknown session, its cap reached, or no room the eviction of unleased entries
+    /// could make).
+    pub fn lease(&self, session: SessionId, key: &CacheKey, data: &Bytes) -> Option<Lease> {
+        let len = data.len();
+        if len == 0 || len > self.size {
+            return None;
+        }
+        let span = len.div_ceil(PAGE) * PAGE;
+        let (lease, entry_id, fresh) = {
+            let mut st = self.state.lock();
+            let session_bytes = st.sessions.get(&session)?.bytes;
+            if session_bytes + len as u64 > self.per_session_bytes {
+                drop(st);
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            let existing = st.by_key.get(key).copied();
+            let reuse = existing.filter(|id| {
+                st.entries
+                    .get(id)
+                    .is_some_and(|e| e.source.as_ptr() == data.as_ptr() && e.source.len() == len)
+            });
+            let (entry_id, fresh) = match reuse {
+                Some(id) => (id, false),
+                None => {
+                    if let Some(old) = existing {
+                        st.by_key.remove(key);
+                        detach_locked(&mut st, old);
+                    }
+                    let Some(offset) = allocate_locked(&mut st, span) else {
+                        drop(st);
+                        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    };
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    // Keyless until filled: nobody else can be handed this range yet.
+                    st.entries.insert(
+                        id,
+                        Entry {
+                            key: None,
+                            offset,
+                            span,
+                            source: data.clone(),
+                            refs: 0,
+                            idle_tick: None,
+                        },
+                    );
+                    (id, true)
+                }
+            };
+            let lease_id = st.next_id;
+            st.next_id += 1;
+            let e = st.entries.get_mut(&entry_id)?;
+            e.refs += 1;
+            let offset = e.offset as u64;
+            if let Some(t) = e.idle_tick.take() {
+                st.idle.remove(&t);
+            }
+            st.leases.insert(lease_id, (session, entry_id));
+            let s = st.sessions.get_mut(&session)?;
+            s.leases.insert(lease_id);
+            s.bytes += len as u64;
+            (
+                Lease {
+                    id: lease_id,
+                    offset,
+                    len: len as u64,
+                },
+                entry_id,
+                fresh,
+            )
+        };
+        if fresh {
+            // SAFETY: [offset, offset + len) lies inside the mapping (allocated from
+            // its free list) and belongs to this entry alone: it was free, and the
+            // entry is not findable by key until the copy is done, so nothing reads or
+            // writes it concurrently (clients map the arena read-only).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.base.as_ptr().add(lease.offset as usize),
+                    len,
+                );
+            }
+            self.copies.fetch_add(1, Ordering::Relaxed);
+            let mut st = self.state.lock();
+            if !st.by_key.contains_key(key) {
+                if let Some(e) = st.entries.get_mut(&entry_id) {
+                    e.key = Some(key.clone());
+                    st.by_key.insert(key.clone(), entry_id);
+                }
+            }
+        }
+        self.leases.fetch_add(1, Ordering::Relaxed);
+        Some(lease)
+    }
+
+    pub fn stats(&self) -> ShmStats {
+        let st = self.state.lock();
+        ShmStats {
+            sessions: st.sessions.len() as u64,
+            leases: self.leases.load(Ordering::Relaxed),
+            copies: self.copies.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
+            leased_bytes: st.sessions.values().map(|s| s.bytes).sum(),
+        }
+    }
+
+    /// The bytes at a lease's range, as a client would read them (tests).
+    #[cfg(test)]
+    fn read(&self, lease: &Lease) -> Vec<u8> {
+        // SAFETY: a leased range inside the mapping; its bytes are not rewritten
+        // while the lease is held.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(lease.offset as usize),
+                lease.len as usize,
+            )
+            .to_vec()
+        }
+    }
+}
+
+fn release_locked(st: &mut State, lease: u64) {
+    let Some((_, entry_id)) = st.leases.remove(&lease) else {
+        return;
+    };
+    let Some(e) = st.entries.get_mut(&entry_id) else {
+        return;
+    };
+    e.refs = e.refs.saturating_sub(1);
+    if e.refs > 0 {
+        return;
+    }
+    if e.key.is_none() {
+        free_entry_locked(st, entry_id);
+    } else {
+        st.tick += 1;
+        let t = st.tick;
+        if let Some(e) = st.entries.get_mut(&entry_id) {
+            e.idle_tick = Some(t);
+        }
+        st.idle.insert(t, entry_id);
+    }
+}
+
+/// Unlinks an entry from its key; frees it now if nobody holds it.
+fn detach_locked(st: &mut State, id: u64) {
+    let Some(e) = st.entries.get_mut(&id) else {
+        return;
+    };
+    e.key = None;
+    if e.refs == 0 {
+        free_entry_locked(st, id);
+    }
+}
+
+fn free_entry_locked(st: &mut State, id: u64) {
+    let Some(e) = st.entries.remove(&id) else {
+        return;
+    };
+    if let Some(t) = e.idle_tick {
+        st.idle.remove(&t);
+    }
+    if let Some(k) = &e.key {
+        if st.by_key.get(k) == Some(&id) {
+            st.by_key.remove(k);
+        }
+    }
+    free_range_locked(st, e.offset, e.span);
+}
+
+fn free_range_locked(st: &mut State, mut offset: usize, mut len: usize) {
+    // Coalesce with the free neighbours on both sides.
+    if let Some((&prev, &plen)) = st.free.range(..offset).next_back() {
+        if prev + plen == offset {
+            st.free.remove(&prev);
+            offset = prev;
+            len += plen;
+        }
+    }
+    if let Some(&next_len) = st.free.get(&(offset + len)) {
+        st.free.remove(&(offset + len));
+        len += next_len;
+    }
+    st.free.insert(offset, len);
+}
+
+/// First fit; evicts unleased entries (least recently used first) until one fits.
+fn allocate_locked(st: &mut State, span: usize) -> Option<usize> {
+    loop {
+        let fit = st
+            .free
+            .iter()
+            .find(|(_, &l)| l >= span)
+            .map(|(&o, &l)| (o, l));
+        if let Some((o, l)) = fit {
+            st.free.remove(&o);
+            if l > span {
+                st.free.insert(o + span, l - span);
+            }
+            return Some(o);
+        }
+        let (_, victim) = st.idle.pop_first()?;
+        if let Some(e) = st.entries.get_mut(&victim) {
+            e.idle_tick = None;
+        }
+        free_entry_locked(st, victim);
+    }
+}
+
+fn getrandom(buf: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(|e| KvError::Cache(strata_cache_core::CacheError::Io(e)))
+}
+
+/// Parses a session id sent as 32 hex digits.
+pub fn parse_session(s: &str) -> Option<SessionId> {
+    if s.len() != 32 {
+        return None;
+    }
+    u128::from_str_radix(s, 16).ok()
+}
+
+/// Serves the side socket until `shutdown`: each connection gets a session, the memfd
+/// (SCM_RIGHTS) and a 32-byte hello (session id as 16 bytes LE, arena size as u64 LE,
+/// 8 reserved), then sends lease ids (u64 LE) to release; closing it ends the session.
+pub async fn serve_side_socket(
+    listener: UnixListener,
+    arena: Arc<ShmArena>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let arena = arena.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = session(stream, &arena).await {
+                            tracing::debug!(error = %e, "shared-memory session ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "shared-memory socket accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()> {
+    let id = arena
+        .open_session()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    // Released whatever happens below.
+    struct Close<'a>(&'a ShmArena, SessionId);
+    impl Drop for Close<'_> {
+        fn drop(&mut self) {
+            self.0.close_session(self.1);
+        }
+    }
+    let _close = Close(arena, id);
+    let mut hello = [0u8; 32];
+    hello[..16].copy_from_slice(&id.to_le_bytes());
+    hello[16..24].copy_from_slice(&(arena.size() as u64).to_le_bytes());
+    let fds = [arena.fd().as_raw_fd()];
+    loop {
+        stream.writable().await?;
+        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            nix::sys::socket::sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[std::io::IoSlice::new(&hello)],
+                &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(n) if n == hello.len() => break,
+            Ok(n) => return Err(std::io::Error::other(format!("short hello: {n} bytes"))),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let mut buf = [0u8; 8];
+    loop {
+        match stream.read_exact(&mut buf).await {
+            Ok(_) => arena.release(id, u64::from_le_bytes(buf)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> CacheKey {
+        CacheKey::kv("ns", vec![i; 16])
+    }
+
+    fn block(n: usize, seed: u8) -> Bytes {
+        Bytes::from(
+            (0..n)
+                .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn a_hot_block_is_copied_once_and_served_by_reference() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("session");
+        let b = block(100_000, 1);
+        let l1 = a.lease(s, &key(1), &b).expect("lease");
+        assert_eq!(a.read(&l1), b.to_vec());
+        let l2 = a.lease(s, &key(1), &b).expect("again");
+        assert_eq!(
+            (l2.offset, a.stats().copies),
+            (l1.offset, 1),
+            "no second copy"
+        );
+        a.release(s, l1.id);
+        a.release(s, l2.id);
+        // The engine hands another buffer for the key (evicted and put again): a fresh
+        // copy, never the stale one.
+        let b2 = block(100_000, 2);
+        let l3 = a.lease(s, &key(1), &b2).expect("fresh");
+        assert_eq!(a.read(&l3), b2.to_vec());
+        assert_eq!(a.stats().copies, 2);
+    }
+
+    #[test]
+    fn leased_ranges_are_never_reused_and_caps_fall_back() {
+        // 1 MiB arena; one session may lease 256 KiB at once.
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s1 = a.open_session().expect("s1");
+        let blocks: Vec<Bytes> = (0..4).map(|i| block(250 << 10, i)).collect();
+        let l0 = a.lease(s1, &key(0), &blocks[0]).expect("first");
+        assert!(
+            a.lease(s1, &key(1), &blocks[1]).is_none(),
+            "past the session's quarter of the arena"
+        );
+        // Other sessions fill the rest; the arena then has no room while all is leased.
+        let mut held = Vec::new();
+        for i in 1..4u8 {
+            let s = a.open_session().expect("session");
+            held.push((s, a.lease(s, &key(i), &blocks[i as usize]).expect("fits")));
+        }
+        let s5 = a.open_session().expect("s5");
+        assert!(
+            a.lease(s5, &key(9), &block(250 << 10, 9)).is_none(),
+            "all leased"
+        );
+        assert!(a.stats().fallbacks >= 2);
+        for (i, (_, l)) in held.iter().enumerate() {
+            assert_eq!(a.read(l), blocks[i + 1].to_vec(), "untouched while leased");
+        }
+        assert_eq!(a.read(&l0), blocks[0].to_vec());
+        // A session that ends releases its leases: its range can be reused.
+        a.close_session(held[0].0);
+        let l9 = a
+            .lease(s5, &key(9), &block(250 << 10, 9))
+            .expect("room now");
+        assert_eq!(a.read(&l9), block(250 << 10, 9).to_vec());
+        assert_eq!(
+            a.read(&l0),
+            blocks[0].to_vec(),
+            "still leased, still intact"
+        );
+    }
+
+    #[test]
+    fn forget_and_release_return_all_space() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("s");
+        let ls: Vec<Lease> = (0..3)
+            .map(|i| a.lease(s, &key(i), &block(50_000, i)).expect("lease"))
+            .collect();
+        a.forget(&key(1));
+        for l in &ls {
+            a.release(s, l.id);
+        }
+        a.forget(&key(0));
+        a.forget(&key(2));
+        let st = a.state.lock();
+        assert!(st.entries.is_empty() && st.by_key.is_empty() && st.idle.is_empty());
+        assert_eq!(st.free.len(), 1, "coalesced back into one range");
+        assert_eq!(st.free.get(&0), Some(&(1 << 20)));
+    }
+
+    #[tokio::test]
+    async fn a_client_receives_the_memfd_and_its_session_ends_on_disconnect() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kv-shm.sock");
+        let arena = Arc::new(ShmArena::new(1 << 20).expect("arena"));
+        let listener = UnixListener::bind(&path).expect("bind");
+        let stop = tokio_util_stop();
+        let server = tokio::spawn(serve_side_socket(listener, arena.clone(), stop.1));
+        let client = crate::shm_client::ShmClient::connect(&path)
+            .await
+            .expect("attach");
+        assert_eq!(client.size(), 1 << 20);
+        assert!(arena.has_session(client.session()));
+        let b = block(10_000, 3);
+        let l = arena.lease(client.session(), &key(3), &b).expect("lease");
+        assert_eq!(client.read(l.offset, l.len).expect("in range"), &b[..]);
+        client.release(l.id).await.expect("release");
+        let session = client.session();
+        drop(client);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while arena.has_session(session) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "session ends on close"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let _ = stop.0.send(());
+        server.await.expect("server task");
+    }
+
+    fn tokio_util_stop() -> (
+        tokio::sync::oneshot::Sender<()>,
+        impl std::future::Future<Output = ()>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        (tx, async move {
+            let _ = rx.await;
+        })
+    }
+}
