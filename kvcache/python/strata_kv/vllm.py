@@ -260,8 +260,10 @@ class StrataConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         st = self._state(request)
+        # All the request's blocks (vLLM passes every block, also on the second call
+        # after an async load, and new ones after a preemption).
         ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
-        if len(ids) > len(st.block_ids):
+        if ids:
             st.block_ids = ids
         if num_external_tokens <= 0:
             return

@@ -10,6 +10,7 @@ A missing sglang is an import error here: the test fails, it is never skipped.
 
 import uuid
 
+import grpc
 import pytest
 import torch
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
@@ -18,6 +19,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
+from strata_kv import KvError
 from strata_kv.sglang import StrataHiCacheStorage
 
 PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
@@ -186,3 +188,23 @@ def test_mla_pages_are_written_once_and_shared_by_tp_ranks(server):
     reader = backend(server, namespace, fresh, tp_rank=1, tp_size=2, mla=True)
     assert reader.batch_get_v1(keys, indices(offsets)) == [True] * len(keys)
     assert [page_bytes(fresh, o) for o in offsets] == [page_bytes(p0, o) for o in offsets]
+
+
+def test_identity_refused_by_the_service_is_a_miss(server):
+    namespace = ns()
+    _, keys = write_pages(server, namespace)
+    pool = host_pool()
+    st = backend(server, namespace, pool)
+
+    def refuse(*_args, **_kwargs):
+        raise KvError(grpc.StatusCode.FAILED_PRECONDITION, "namespace bound to another model identity")
+
+    # What the service answers once the namespace is bound to another identity.
+    client = st._conn()
+    client.match_prefix = client.batch_exists = client.exists = client.batched_get = client.put = refuse
+    assert st.batch_exists(keys) == 0
+    assert not st.exists(keys[0])
+    assert st.batch_get_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
+    assert st.batch_set_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
+    assert not pool.kv_buffer.any()
+    assert st.get_stats()["identity_refusals"] >= 5

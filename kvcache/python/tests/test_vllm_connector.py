@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 
+import grpc
 import pytest
 import torch
 from vllm.config import (
@@ -34,6 +35,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from strata_kv import KvClient, KvError
 from strata_kv.vllm import BlockTransfer, StrataConnector, StrataConnectorMetadata
 
 BLOCK = 16
@@ -295,3 +297,26 @@ def test_prefix_needs_every_ranks_share(server, models):
     # Had the engine two TP ranks, rank 1's shares are missing: no block is usable.
     conn.tp_size = 2
     assert conn._stored_prefix(conn._state(request("b-1")).hashes) == 0
+
+
+def refuse(*_args, **_kwargs):
+    raise KvError(grpc.StatusCode.FAILED_PRECONDITION, "namespace bound to another model identity")
+
+
+def test_identity_refused_by_the_service_is_a_miss_and_a_load_error(server, models):
+    namespace = ns()
+    run_writer(engine_config(models["base"], server, namespace))
+    b = Engine(engine_config(models["base"], server, namespace))
+    # What the service answers once the namespace is bound to another identity.
+    sched = b.scheduler.connector
+    sched.client.match_prefix = refuse
+    sched.client.batch_exists = refuse
+    assert sched.get_num_new_matched_tokens(request("b-1"), 0) == (0, False)
+    assert sched.stats["identity_refusals"] == 1
+    # A refusal between lookup and load: the blocks are load errors, never filled.
+    sched.client = KvClient(server["unix"], namespace=namespace, identity=sched.identity)
+    b.worker.client.batched_get = refuse
+    b.scheduler.add_request(request("b-2"))
+    _, meta, recving, errors = b.step(compute=False)
+    assert recving == {"b-2"} and errors == {bid for _, bid in meta.loads[0].blocks}
+    assert all(not t.any() for t in b.caches.values())
