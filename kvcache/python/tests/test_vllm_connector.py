@@ -19,6 +19,7 @@ import grpc
 import pytest
 import torch
 from vllm.config import (
+    LoRAConfig,
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -67,7 +68,7 @@ def models(tmp_path_factory):
     return {"base": base, "rope_scaled": scaled}
 
 
-def engine_config(model, server, namespace, revision=None, failure_policy="recompute"):
+def engine_config(model, server, namespace, revision=None, failure_policy="recompute", step_tokens=1024, lora=False):
     mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
     extra = {"strata_addr": server["unix"], "namespace": namespace}
     if revision is not None:
@@ -77,9 +78,12 @@ def engine_config(model, server, namespace, revision=None, failure_policy="recom
                           kv_load_failure_policy=failure_policy)
     vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BLOCK), kv_transfer_config=kt,
                     scheduler_config=SchedulerConfig(max_model_len=1024, is_encoder_decoder=False,
-                                                     max_num_batched_tokens=1024, max_num_seqs=8),
+                                                     max_num_batched_tokens=step_tokens, max_num_seqs=8,
+                                                     enable_chunked_prefill=True),
                     device_config=DeviceConfig("cpu"))
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
+    if lora:
+        vc.lora_config = LoRAConfig(max_loras=2, max_lora_rank=8)
     return vc
 
 
@@ -107,19 +111,25 @@ class Engine:
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
         if compute:
-            for new in out.scheduled_new_reqs:
-                req = self.scheduler.requests[new.req_id]
-                n = new.num_computed_tokens + out.num_scheduled_tokens[new.req_id]
-                self.forward(req.all_token_ids[:n], new.block_ids[0], start=new.num_computed_tokens)
+            started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+            cached = out.scheduled_cached_reqs
+            started += list(zip(cached.req_ids, cached.num_computed_tokens))
+            for req_id, computed in started:
+                req = self.scheduler.requests[req_id]
+                n = computed + out.num_scheduled_tokens[req_id]
+                blocks = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
+                self.forward(req.all_token_ids[:n], blocks, start=computed)
         self.worker.wait_for_save()
         self.worker.flush(timeout=30)
         recving = self._finished_loads()
         errors = self.worker.get_block_ids_with_load_errors()
         self.worker.clear_connector_metadata()
-        # Every scheduled request ran its whole prompt: each samples one token.
+        # A request whose prompt is done samples one token; a prefill chunk samples none.
         ran = list(out.num_scheduled_tokens)
+        sampled = [[7] if self.scheduler.requests[r].num_computed_tokens >= self.scheduler.requests[r].num_prompt_tokens
+                   else [] for r in ran]
         mro = ModelRunnerOutput(req_ids=ran, req_id_to_index={r: i for i, r in enumerate(ran)},
-                                sampled_token_ids=[[7] for _ in ran])
+                                sampled_token_ids=sampled)
         mro.kv_connector_output = KVConnectorOutput(finished_recving=recving or None,
                                                     invalid_block_ids=errors)
         self.scheduler.update_from_output(out, mro)
@@ -320,3 +330,40 @@ def test_identity_refused_by_the_service_is_a_miss_and_a_load_error(server, mode
     _, meta, recving, errors = b.step(compute=False)
     assert recving == {"b-2"} and errors == {bid for _, bid in meta.loads[0].blocks}
     assert all(not t.any() for t in b.caches.values())
+
+
+def test_chunked_prefill_saves_each_block_once_as_it_completes(server, models):
+    namespace = ns()
+    # 2 blocks per step: the prompt's prefill takes two steps, the second through vLLM's
+    # cached-request path.
+    a = Engine(engine_config(models["base"], server, namespace, step_tokens=2 * BLOCK))
+    a.scheduler.add_request(request("a-1"))
+    out1, meta1, _, _ = a.step()
+    assert out1.num_scheduled_tokens == {"a-1": 2 * BLOCK}
+    assert [len(t.blocks) for t in meta1.saves] == [2]
+    out2, meta2, _, _ = a.step()
+    assert out2.scheduled_cached_reqs.req_ids == ["a-1"]
+    assert [len(t.blocks) for t in meta2.saves] == [FULL_BLOCKS - 2]
+    blocks = a.scheduler.kv_cache_manager.get_blocks("a-1").get_block_ids()[0][:FULL_BLOCKS]
+    written = [a.block_bytes(bid) for bid in blocks]
+
+    b = Engine(engine_config(models["base"], server, namespace))
+    b.scheduler.add_request(request("b-1"))
+    _, meta, recving, errors = b.step(compute=False)
+    assert recving == {"b-1"} and errors == set()
+    assert [b.block_bytes(bid) for _, bid in meta.loads[0].blocks] == written
+
+
+def test_lora_request_in_a_lora_engine_misses_blocks_of_the_base_model(server, models):
+    namespace = ns()
+    run_writer(engine_config(models["base"], server, namespace))
+    c = Engine(engine_config(models["base"], server, namespace, lora=True))
+    c.scheduler.add_request(request("c-1", lora=LoRARequest("adapter-a", 1, "/adapters/a")))
+    out, meta, recving, errors = c.step(compute=False)
+    assert meta.loads == [] and not recving and not errors
+    [new] = out.scheduled_new_reqs
+    assert new.num_computed_tokens == 0 and new.lora_request.lora_name == "adapter-a"
+    # The same engine, the base model (no adapter): a hit.
+    c.scheduler.add_request(request("c-2"))
+    _, meta2, recving2, _ = c.step(compute=False)
+    assert [len(t.blocks) for t in meta2.loads] == [FULL_BLOCKS] and recving2 == {"c-2"}
