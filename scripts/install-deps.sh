@@ -12,7 +12,9 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 #  libclang-dev     bindgen for librocksdb-sys
 #  protobuf-compiler protoc for the KV service's gRPC code generation
 #  strace           `strata trace record` and its tests
-apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace)
+#  g++ libssl-dev   SGLang compiles its page hash (C++, -lcrypto) on first use in the
+#                   connector tests
+apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace g++ libssl-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

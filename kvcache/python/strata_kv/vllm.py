@@ -1,0 +1,480 @@
+"""vLLM KV connector on Strata (issue 15): ``StrataConnector``, a ``KVConnectorBase_V1``.
+
+Load it with::
+
+    vllm serve <model> --kv-transfer-config '{"kv_connector": "StrataConnector",
+      "kv_connector_module_path": "strata_kv.vllm", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"strata_addr": "unix:///run/strata/kv.sock",
+                                    "namespace": "llama3-8b"}}'
+
+What it does, per request:
+
+* Scheduler: the request's full prompt blocks are hashed with the v2 derivation bound to
+  the model identity (model, revision, dtype/KV dtype, block size, RoPE scaling from the
+  HF config, TP/PP size, quantization) plus the request's LoRA adapter and cache salt,
+  so KV of another revision, RoPE scaling or adapter is a miss, never a load.
+  ``get_num_new_matched_tokens`` asks Strata for the longest prefix whose every rank's
+  share is stored and answers ``load_async=True``: the load is its own scheduling stage
+  and the request waits in ``WAITING_FOR_REMOTE_KVS`` while other requests run.
+* Worker: each rank stores and loads only its own share of a block under
+  :func:`strata_kv.rank_key` (36-byte key: chain hash, TP rank, PP rank). A value is a
+  small header naming the rank's cache layout (layer names, per-block shapes, dtypes)
+  and the block's bytes for every layer; a value whose header or size does not match
+  is a load error (the blocks are recomputed), never copied into the cache.
+
+Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
+``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
+``revision`` (overrides the model config's revision, e.g. a weights checksum),
+``min_load_blocks`` (default 1), ``timeout_s`` (default 30).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from contextlib import nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import grpc
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from .client import KvClient, KvError
+from .keys import ModelIdentity, chain_hashes_v2, rank_key
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+#: First bytes of every stored block value; the version changes when the format does.
+VALUE_MAGIC = b"STRKVv1\0"
+HEADER_BYTES = len(VALUE_MAGIC) + 32
+
+
+# -- the model identity -----------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def model_identity_of(vllm_config: "VllmConfig", revision: Optional[str] = None) -> ModelIdentity:
+    """The engine-wide identity: everything in vLLM's config that changes KV values.
+
+    Per-request fields (LoRA adapter, cache salt) are added by :func:`request_identity`.
+    """
+    mc = vllm_config.model_config
+    cc = vllm_config.cache_config
+    pc = vllm_config.parallel_config
+    hf = getattr(mc, "hf_text_config", None) or mc.hf_config
+    rope = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
+    extra: Dict[str, str] = {"engine": "vllm", "dtype": str(mc.dtype)}
+    theta = getattr(hf, "rope_theta", None)
+    if theta is not None:
+        extra["rope_theta"] = repr(theta)
+    if getattr(mc, "quantization", None):
+        extra["quantization"] = str(mc.quantization)
+    kv_dtype = cc.cache_dtype if cc.cache_dtype and cc.cache_dtype != "auto" else str(mc.dtype)
+    return ModelIdentity(
+        model=str(mc.model),
+        revision=revision if revision is not None else (mc.revision or ""),
+        kv_dtype=str(kv_dtype),
+        # Blocks are stored per rank as [B, H, N, C] layer slices; the value header
+        # pins the exact per-layer shapes, so this names the format only.
+        kv_layout="vllm:block-per-layer",
+        block_tokens=int(cc.block_size),
+        rope_scaling=_jsonable(rope),
+        tp_size=int(pc.tensor_parallel_size),
+        pp_size=int(pc.pipeline_parallel_size),
+        extra=extra,
+    )
+
+
+def request_identity(base: ModelIdentity, request: "Request") -> ModelIdentity:
+    """``base`` with the request's LoRA adapter and cache salt."""
+    lora = getattr(request, "lora_request", None)
+    lora_id = ""
+    if lora is not None:
+        # The name is what users pick; the path and id tell two uploads of a name apart.
+        lora_id = f"{lora.lora_name}#{lora.lora_int_id}@{getattr(lora, 'lora_path', '')}"
+    return replace(base, lora=lora_id, cache_salt=getattr(request, "cache_salt", None) or "")
+
+
+def _mm_extras(request: "Request") -> bytes:
+    """Multimodal inputs change KV values behind the same placeholder tokens: their
+    hashes enter every block's extras (coarse: the whole request's, never a wrong hit)."""
+    feats = getattr(request, "mm_features", None) or []
+    ids = [str(getattr(f, "identifier", "")) for f in feats]
+    return ("mm:" + ",".join(ids)).encode() if ids else b""
+
+
+# -- metadata the scheduler hands the workers ---------------------------------------------
+
+
+@dataclass
+class BlockTransfer:
+    req_id: str
+    #: (chain hash of the block, block id in the paged cache)
+    blocks: List[Tuple[bytes, int]]
+
+
+@dataclass
+class StrataConnectorMetadata(KVConnectorMetadata):
+    loads: List[BlockTransfer] = field(default_factory=list)
+    saves: List[BlockTransfer] = field(default_factory=list)
+
+
+@dataclass
+class _ReqState:
+    request: Any
+    hashes: List[bytes]
+    block_ids: List[int] = field(default_factory=list)
+    #: leading blocks known to be in Strata (looked up or stored): never stored again
+    stored_blocks: int = 0
+    #: locally computed tokens the last lookup was told about
+    local_tokens: int = 0
+    #: blocks a failed load showed unusable here: never offered again (else vLLM's
+    #: recompute policy would send the request straight back to the same failed load)
+    load_limit: Optional[int] = None
+    #: the in-flight load: (index of its first block, its block ids)
+    loading: Optional[Tuple[int, List[int]]] = None
+    failed_block_ids: Set[int] = field(default_factory=set)
+
+
+class StrataConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig" = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        cfg = self._kv_transfer_config
+        get = cfg.get_from_extra_config
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.addr = get("strata_addr", None) or os.environ.get("STRATA_KV_ADDR", "127.0.0.1:7070")
+        self.namespace = get("namespace", None) or str(vllm_config.model_config.model)
+        token = get("token", None) or os.environ.get("STRATA_KV_TOKEN")
+        revision = get("revision", None)
+        # A single block saves little next to a round trip; one is the floor.
+        self.min_load_blocks = max(1, int(get("min_load_blocks", 1)))
+        self.identity = model_identity_of(vllm_config, revision)
+        pc = vllm_config.parallel_config
+        self.tp_size = int(pc.tensor_parallel_size)
+        self.pp_size = int(pc.pipeline_parallel_size)
+        # The namespace binds to the engine-wide identity; LoRA and salt only change keys.
+        self.client = KvClient(self.addr, namespace=self.namespace, token=token,
+                               timeout=float(get("timeout_s", 30.0)), identity=self.identity)
+
+        # scheduler side
+        self._reqs: Dict[str, _ReqState] = {}
+        self._pending_loads: List[BlockTransfer] = []
+
+        # worker side
+        self.tp_rank, self.pp_rank = _ranks()
+        self._layers: List[Tuple[str, torch.Tensor]] = []
+        self._kernel_blocks = 1
+        self._layout_digest = b""
+        self._block_value_bytes = 0
+        # One thread: loads and saves keep their order, and gRPC calls stay off the
+        # forward pass.
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-kv")
+        self._io_futures: List[Any] = []
+        self._lock = threading.Lock()
+        self._finished_loads: Set[str] = set()
+        self._load_errors: Set[int] = set()
+        self._load_stream = None
+        self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
+                      "load_errors": 0, "save_errors": 0, "identity_refusals": 0}
+
+    # ==============================================================================
+    # scheduler side
+    # ==============================================================================
+
+    def _state(self, request: "Request") -> _ReqState:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            tokens = list(request.prompt_token_ids or [])
+            ident = request_identity(self.identity, request)
+            hashes = chain_hashes_v2(ident, tokens, self.block_size, extras=_mm_extras(request))
+            st = _ReqState(request=request, hashes=hashes)
+            self._reqs[request.request_id] = st
+        return st
+
+    def _refused(self, what: str, e: KvError) -> None:
+        if e.code == grpc.StatusCode.FAILED_PRECONDITION:
+            self.stats["identity_refusals"] += 1
+            logger.warning("strata: %s refused: namespace %r holds another model identity (%s)",
+                           what, self.namespace, e.message)
+        else:
+            logger.warning("strata: %s failed: %s", what, e)
+
+    def _stored_prefix(self, hashes: Sequence[bytes]) -> int:
+        """Leading blocks whose every rank's share is stored (the same for all ranks)."""
+        if not hashes:
+            return 0
+        shares = [(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+        keys = [rank_key(h, t, p) for h in hashes for t, p in shares]
+        try:
+            if len(shares) == 1:
+                return self.client.match_prefix(keys)
+            present = self.client.batch_exists(keys)
+        except KvError as e:
+            self._refused("lookup", e)
+            return 0
+        n = len(shares)
+        for i in range(len(hashes)):
+            if not all(present[i * n : (i + 1) * n]):
+                return i
+        return len(hashes)
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        st = self._state(request)
+        st.local_tokens = num_computed_tokens
+        self.stats["lookups"] += 1
+        matched = self._stored_prefix(st.hashes)
+        if st.load_limit is not None:
+            matched = min(matched, st.load_limit)
+        st.stored_blocks = max(st.stored_blocks, matched)
+        self.stats["matched_blocks"] += matched
+        ext = matched * self.block_size - num_computed_tokens
+        if matched < self.min_load_blocks or ext <= 0:
+            return 0, False
+        return ext, True
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        st = self._state(request)
+        # All the request's blocks (vLLM passes every block, also on the second call
+        # after an async load, and new ones after a preemption).
+        ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        if ids:
+            st.block_ids = ids
+        if num_external_tokens <= 0:
+            return
+        first = st.local_tokens // self.block_size
+        last = (st.local_tokens + num_external_tokens) // self.block_size
+        plan = [(st.hashes[i], st.block_ids[i]) for i in range(first, last)]
+        st.loading = (first, [b for _, b in plan])
+        st.failed_block_ids = set()
+        self._pending_loads.append(BlockTransfer(request.request_id, plan))
+
+    def update_connector_output(self, connector_output: Any):
+        """Learns which loads failed, so a retried request is not offered them again."""
+        invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
+        for st in self._reqs.values():
+            if st.loading is not None and invalid:
+                st.failed_block_ids |= invalid.intersection(st.loading[1])
+        for req_id in getattr(connector_output, "finished_recving", None) or ():
+            st = self._reqs.get(req_id)
+            if st is None or st.loading is None:
+                continue
+            first, ids = st.loading
+            if st.failed_block_ids:
+                bad = min(i for i, b in enumerate(ids) if b in st.failed_block_ids)
+                st.load_limit = first + bad
+            st.loading = None
+
+    def _blocks_to_save(self, st: _ReqState, computed_tokens: int) -> List[Tuple[bytes, int]]:
+        done = min(computed_tokens // self.block_size, len(st.hashes), len(st.block_ids))
+        out = [(st.hashes[i], st.block_ids[i]) for i in range(st.stored_blocks, done)]
+        st.stored_blocks = max(st.stored_blocks, done)
+        return out
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = StrataConnectorMetadata(loads=self._pending_loads)
+        self._pending_loads = []
+        for new in scheduler_output.scheduled_new_reqs:
+            st = self._reqs.get(new.req_id)
+            if st is None:
+                continue  # never looked up: its identity (salt) is unknown, so never stored
+            st.block_ids = list(new.block_ids[0])
+            computed = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            blocks = self._blocks_to_save(st, computed)
+            if blocks:
+                meta.saves.append(BlockTransfer(new.req_id, blocks))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids and new_ids is not None:
+                st.block_ids = list(new_ids[0])  # a resumed request gets all its blocks anew
+            elif new_ids is not None:
+                st.block_ids.extend(new_ids[0])
+            computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            blocks = self._blocks_to_save(st, computed)
+            if blocks:
+                meta.saves.append(BlockTransfer(req_id, blocks))
+        return meta
+
+    def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        # Saves copy the blocks out in wait_for_save, so the blocks can be freed now.
+        self._reqs.pop(request.request_id, None)
+        return False, None
+
+    # ==============================================================================
+    # worker side
+    # ==============================================================================
+
+    def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]):
+        self._layers = list(kv_caches.items())
+        if not self._layers:
+            return
+        num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
+        first = self._layers[0][1]
+        # vLLM may split a logical block into several kernel blocks (leading dim).
+        self._kernel_blocks = max(1, first.shape[0] // num_blocks) if num_blocks else 1
+        desc = []
+        for name, t in self._layers:
+            per_block = list(t.shape[1:])
+            desc.append([name, per_block, str(t.dtype), self._kernel_blocks])
+        desc_json = json.dumps({"layers": desc, "tp": [self.tp_rank, self.tp_size],
+                                "pp": [self.pp_rank, self.pp_size]}, sort_keys=True)
+        self._layout_digest = hashlib.sha256(desc_json.encode()).digest()
+        self._block_value_bytes = HEADER_BYTES + sum(
+            self._kernel_blocks * t[0].numel() * t.element_size() for _, t in self._layers)
+        if first.is_cuda:
+            self._load_stream = torch.cuda.Stream(device=first.device)
+
+    def _block_views(self, block_id: int) -> List[torch.Tensor]:
+        k = self._kernel_blocks
+        return [t[block_id * k : (block_id + 1) * k] for _, t in self._layers]
+
+    def _pack(self, block_id: int) -> bytes:
+        parts = [VALUE_MAGIC, self._layout_digest]
+        for v in self._block_views(block_id):
+            parts.append(v.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+        return b"".join(parts)
+
+    def _unpack_into(self, block_id: int, value: Optional[bytes]) -> bool:
+        if value is None or len(value) != self._block_value_bytes:
+            return False
+        if value[: len(VALUE_MAGIC)] != VALUE_MAGIC or value[len(VALUE_MAGIC) : HEADER_BYTES] != self._layout_digest:
+            return False
+        buf = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        off = HEADER_BYTES
+        for view in self._block_views(block_id):
+            n = view.numel() * view.element_size()
+            src = buf[off : off + n].view(view.dtype).view(view.shape)
+            view.copy_(src, non_blocking=False)
+            off += n
+        return True
+
+    def _load(self, transfer: BlockTransfer) -> None:
+        keys = [rank_key(h, self.tp_rank, self.pp_rank) for h, _ in transfer.blocks]
+        failed: List[int] = []
+        try:
+            values = self.client.batched_get(keys)
+        except KvError as e:
+            self._refused("load", e)
+            values = [None] * len(keys)
+        ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
+        with ctx:
+            for (_, block_id), value in zip(transfer.blocks, values):
+                if self._unpack_into(block_id, value):
+                    self.stats["loaded_blocks"] += 1
+                else:
+                    failed.append(block_id)
+        if self._load_stream is not None:
+            self._load_stream.synchronize()
+        with self._lock:
+            if failed:
+                self.stats["load_errors"] += len(failed)
+                logger.warning("strata: %d of %d blocks of %s did not load; vLLM recomputes them",
+                               len(failed), len(keys), transfer.req_id)
+            # Errors before completion: vLLM must see them no later than the request.
+            self._load_errors.update(failed)
+            self._finished_loads.add(transfer.req_id)
+
+    def _save(self, req_id: str, items: List[Tuple[bytes, bytes]]) -> None:
+        for key, value in items:
+            try:
+                self.client.put(key, value)
+                self.stats["saved_blocks"] += 1
+            except KvError as e:
+                self.stats["save_errors"] += 1
+                self._refused(f"save of {req_id}", e)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, StrataConnectorMetadata) or not self._layers:
+            return
+        for transfer in meta.loads:
+            self._submit(self._load, transfer)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # Loads are asynchronous (load_async=True): a request runs only after its load
+        # finished, so no layer ever waits here.
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        # A block is saved once whole (every layer written): in wait_for_save.
+        return
+
+    def wait_for_save(self):
+        meta = self._connector_metadata
+        if not isinstance(meta, StrataConnectorMetadata) or not self._layers:
+            return
+        for transfer in meta.saves:
+            # Copied out now, before vLLM may reuse the blocks; sent in the background.
+            items = [(rank_key(h, self.tp_rank, self.pp_rank), self._pack(b)) for h, b in transfer.blocks]
+            self._submit(self._save, transfer.req_id, items)
+
+    def _submit(self, fn, *args) -> None:
+        fut = self._io.submit(fn, *args)
+        with self._lock:
+            self._io_futures = [f for f in self._io_futures if not f.done()]
+            self._io_futures.append(fut)
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Waits for the background loads and saves submitted so far."""
+        with self._lock:
+            futs = list(self._io_futures)
+        for f in futs:
+            f.result(timeout=timeout)
+
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        with self._lock:
+            done, self._finished_loads = self._finished_loads, set()
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        with self._lock:
+            errs, self._load_errors = self._load_errors, set()
+        return errs
+
+    def shutdown(self):
+        self._io.shutdown(wait=True)
+        self.client.close()
+
+
+def _ranks() -> Tuple[int, int]:
+    """This worker's (TP rank, PP rank); (0, 0) before vLLM's groups exist."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group, model_parallel_is_initialized
+
+        if model_parallel_is_initialized():
+            return get_tp_group().rank_in_group, get_pp_group().rank_in_group
+    except (ImportError, AssertionError, AttributeError):
+        pass
+    return 0, 0
+
+
+__all__ = ["StrataConnector", "StrataConnectorMetadata", "model_identity_of", "request_identity"]

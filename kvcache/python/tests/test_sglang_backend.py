@@ -1,0 +1,210 @@
+"""``strata_kv.sglang.StrataHiCacheStorage`` against the installed SGLang (issue 15).
+
+Real objects, CPU only: the backend is created by SGLang's own ``StorageBackendFactory``
+("dynamic" backend, as ``--hicache-storage-backend dynamic`` does), over SGLang's real
+``MHATokenToKVPoolHost`` built on CPU tensors, with page keys from SGLang's own chained
+page hash (``get_hash_str``, the LoRA/extra-key seed from ``storage_namespace_seed``).
+
+A missing sglang is an import error here: the test fails, it is never skipped.
+"""
+
+import uuid
+
+import grpc
+import pytest
+import torch
+from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
+
+from strata_kv import KvError
+from strata_kv.sglang import StrataHiCacheStorage
+
+PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
+PROMPT = list(range(500, 500 + 5 * PAGE))
+
+
+def host_pool(layout="page_first", dtype=torch.float32):
+    """SGLang's MHA host pool over CPU 'device' buffers."""
+    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+
+    def ptrs(ts):
+        return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+    info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
+                         page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
+                         device=torch.device("cpu"))
+    return MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
+                                pin_memory=False, device="cpu", device_capacity_tokens=TOKENS,
+                                start_layer=0, end_layer=LAYERS)
+
+
+def backend(server, namespace, pool, tp_rank=0, tp_size=1, mla=False, **extra):
+    cfg = HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=pool.layout == "page_first",
+        model_name="tiny-llama",
+        extra_config={"backend_name": "strata", "module_path": "strata_kv.sglang",
+                      "class_name": "StrataHiCacheStorage", "interface_v1": 1,
+                      "strata_addr": server["unix"], "namespace": namespace, **extra},
+    )
+    st = StorageBackendFactory.create_backend("dynamic", cfg, pool)
+    assert isinstance(st, StrataHiCacheStorage) and isinstance(st, HiCacheStorage)
+    st.register_mem_pool_host(pool)
+    return st
+
+
+def fill(pool, pages, seed):
+    """Random page contents written through the pool's own page API."""
+    g = torch.Generator().manual_seed(seed)
+    for off in pages:
+        shape = pool.get_dummy_flat_data_page().shape
+        pool.set_from_flat_data_page(off, torch.randn(shape, generator=g, dtype=torch.float32).to(pool.dtype))
+
+
+def page_bytes(pool, off):
+    return pool.get_data_page(off, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def indices(offsets):
+    return torch.cat([torch.arange(o, o + PAGE) for o in offsets])
+
+
+def page_keys(tokens=PROMPT, lora=None):
+    return get_hash_str(tokens, storage_namespace_seed(lora, None), page_size=PAGE)
+
+
+def ns():
+    return f"sglang-test-{uuid.uuid4().hex[:8]}"
+
+
+def write_pages(server, namespace, seed=1, offsets=(0, 4, 8, 12, 16), **extra):
+    pool = host_pool()
+    fill(pool, offsets, seed)
+    st = backend(server, namespace, pool, **extra)
+    keys = page_keys()
+    assert st.batch_set_v1(keys, indices(offsets)) == [True] * len(keys)
+    return [page_bytes(pool, o) for o in offsets], keys
+
+
+def test_pages_set_by_one_instance_load_byte_exact_in_another(server):
+    namespace = ns()
+    written, keys = write_pages(server, namespace)
+    pool = host_pool()
+    st = backend(server, namespace, pool)
+    assert st.batch_exists(keys) == len(keys)
+    dst = [20, 28, 36, 44, 52]
+    assert st.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
+    assert [page_bytes(pool, o) for o in dst] == written
+    assert st.get_stats()["pages_read"] == len(keys)
+
+
+def test_layer_first_pool_and_generic_get_set(server):
+    namespace = ns()
+    pool = host_pool("layer_first")
+    fill(pool, [0], 7)
+    st = backend(server, namespace, pool)
+    page = pool.get_data_page(0, flat=True)
+    [key] = page_keys(PROMPT[:PAGE])
+    assert st.set(key, page)
+    assert st.exists(key)
+    target = pool.get_dummy_flat_data_page()
+    got = st.get(key, target)
+    assert got is target and torch.equal(got, page)
+    assert st.batch_get([key, "f" * 64], [pool.get_dummy_flat_data_page(), pool.get_dummy_flat_data_page()])[1] is None
+    # A target of another size is never filled.
+    assert st.get(key, torch.zeros(3)) is None
+
+
+def test_batch_exists_is_the_longest_leading_run(server):
+    namespace = ns()
+    pool = host_pool()
+    fill(pool, [0, 4, 8, 12, 16], 3)
+    st = backend(server, namespace, pool)
+    keys = page_keys()
+    assert st.batch_set_v1([keys[0], keys[1], keys[3]], indices([0, 4, 12])) == [True] * 3
+    assert st.batch_exists(keys) == 2
+    assert st.batch_exists(keys[3:4]) == 1
+    assert st.batch_exists([]) == 0
+
+
+@pytest.mark.parametrize("change", ["revision", "rope_scaling", "kv_dtype", "lora"])
+def test_changed_model_identity_is_a_miss_never_a_load(server, change):
+    namespace = ns()
+    _, keys = write_pages(server, namespace, revision="rev-1", rope_scaling=None)
+    extra = {"revision": "rev-1", "rope_scaling": None}
+    if change == "revision":
+        extra["revision"] = "rev-2"
+    elif change == "rope_scaling":
+        extra["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    elif change == "kv_dtype":
+        extra["kv_dtype"] = "fp8_e4m3"
+    elif change == "lora":
+        keys = page_keys(lora="adapter-a")  # SGLang seeds the page chain with the LoRA id
+    pool = host_pool()
+    st = backend(server, namespace, pool, **extra)
+    assert st.batch_exists(keys) == 0
+    assert st.batch_get_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
+    assert not pool.kv_buffer.any(), "nothing was copied into the host pool"
+
+
+def test_every_tp_rank_gets_the_same_answer_and_its_own_share(server):
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    pools = [host_pool(), host_pool()]
+    ranks = [backend(server, namespace, pools[r], tp_rank=r, tp_size=2) for r in range(2)]
+    fill(pools[0], offsets, 10)
+    fill(pools[1], offsets, 11)
+    assert ranks[0].batch_set_v1(keys, indices(offsets)) == [True] * len(keys)
+    # Rank 1 has stored nothing yet: no page is usable by the TP group, on either rank.
+    assert [r.batch_exists(keys) for r in ranks] == [0, 0]
+    assert ranks[1].batch_set_v1(keys[:3], indices(offsets[:3])) == [True] * 3
+    assert [r.batch_exists(keys) for r in ranks] == [3, 3]
+    for r in range(2):
+        fresh = host_pool()
+        reader = backend(server, namespace, fresh, tp_rank=r, tp_size=2)
+        assert reader.batch_get_v1(keys[:3], indices([20, 24, 28])) == [True] * 3
+        assert [page_bytes(fresh, o) for o in [20, 24, 28]] == [page_bytes(pools[r], o) for o in offsets[:3]]
+
+
+def test_mla_pages_are_written_once_and_shared_by_tp_ranks(server):
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    p0, p1 = host_pool(), host_pool()
+    fill(p0, offsets, 20)
+    fill(p1, offsets, 21)  # a non-writer's data must never reach the store
+    r1 = backend(server, namespace, p1, tp_rank=1, tp_size=2, mla=True)
+    assert r1.batch_set_v1(keys, indices(offsets)) == [True] * len(keys)
+    assert r1.batch_exists(keys) == 0 and r1.get_stats()["pages_written"] == 0
+    r0 = backend(server, namespace, p0, tp_rank=0, tp_size=2, mla=True)
+    assert r0.batch_set_v1(keys, indices(offsets)) == [True] * len(keys)
+    assert r1.batch_exists(keys) == len(keys)
+    fresh = host_pool()
+    reader = backend(server, namespace, fresh, tp_rank=1, tp_size=2, mla=True)
+    assert reader.batch_get_v1(keys, indices(offsets)) == [True] * len(keys)
+    assert [page_bytes(fresh, o) for o in offsets] == [page_bytes(p0, o) for o in offsets]
+
+
+def test_identity_refused_by_the_service_is_a_miss(server):
+    namespace = ns()
+    _, keys = write_pages(server, namespace)
+    pool = host_pool()
+    st = backend(server, namespace, pool)
+
+    def refuse(*_args, **_kwargs):
+        raise KvError(grpc.StatusCode.FAILED_PRECONDITION, "namespace bound to another model identity")
+
+    # What the service answers once the namespace is bound to another identity.
+    client = st._conn()
+    client.match_prefix = client.batch_exists = client.exists = client.batched_get = client.put = refuse
+    assert st.batch_exists(keys) == 0
+    assert not st.exists(keys[0])
+    assert st.batch_get_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
+    assert st.batch_set_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
+    assert not pool.kv_buffer.any()
+    assert st.get_stats()["identity_refusals"] >= 5
