@@ -456,6 +456,11 @@ class StrataConnector(KVConnectorBase_V1):
             self._io_futures = [f for f in self._io_futures if not f.done()]
             self._io_futures.append(fut)
 
+    def idle(self) -> bool:
+        """Whether every background load and save submitted so far has finished."""
+        with self._lock:
+            return all(f.done() for f in self._io_futures)
+
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits for the background loads and saves submitted so far."""
         with self._lock:

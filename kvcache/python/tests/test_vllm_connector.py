@@ -141,7 +141,7 @@ class Engine:
         while time.monotonic() < deadline:
             _, r = self.worker.get_finished(set())
             done |= r or set()
-            if not self.worker._io_futures or all(f.done() for f in self.worker._io_futures):
+            if self.worker.idle():
                 _, r = self.worker.get_finished(set())
                 return done | (r or set())
             time.sleep(0.01)
