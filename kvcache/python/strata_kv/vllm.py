@@ -182,6 +182,10 @@ class StrataConnector(KVConnectorBase_V1):
         self.client = KvClient(self.addr, namespace=self.namespace, token=token,
                                timeout=float(get("timeout_s", 30.0)), identity=self.identity)
 
+        # kv_producer only stores, kv_consumer only loads, kv_both does both.
+        self.loads_enabled = bool(cfg.is_kv_consumer)
+        self.saves_enabled = bool(cfg.is_kv_producer)
+
         # scheduler side
         self._reqs: Dict[str, _ReqState] = {}
         self._pending_loads: List[BlockTransfer] = []
@@ -202,6 +206,11 @@ class StrataConnector(KVConnectorBase_V1):
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0}
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A cache, not a hand-off: a save lost to a preemption is a later miss.
+        return False
 
     # ==============================================================================
     # scheduler side
@@ -245,8 +254,10 @@ class StrataConnector(KVConnectorBase_V1):
         return len(hashes)
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
-        st = self._state(request)
+        st = self._state(request)  # a kv_producer needs it too: the keys to store under
         st.local_tokens = num_computed_tokens
+        if not self.loads_enabled:
+            return 0, False
         self.stats["lookups"] += 1
         matched = self._stored_prefix(st.hashes)
         if st.load_limit is not None:
@@ -291,6 +302,8 @@ class StrataConnector(KVConnectorBase_V1):
             st.loading = None
 
     def _blocks_to_save(self, st: _ReqState, computed_tokens: int) -> List[Tuple[bytes, int]]:
+        if not self.saves_enabled:
+            return []
         done = min(computed_tokens // self.block_size, len(st.hashes), len(st.block_ids))
         out = [(st.hashes[i], st.block_ids[i]) for i in range(st.stored_blocks, done)]
         st.stored_blocks = max(st.stored_blocks, done)
@@ -442,6 +455,11 @@ class StrataConnector(KVConnectorBase_V1):
         with self._lock:
             self._io_futures = [f for f in self._io_futures if not f.done()]
             self._io_futures.append(fut)
+
+    def idle(self) -> bool:
+        """Whether every background load and save submitted so far has finished."""
+        with self._lock:
+            return all(f.done() for f in self._io_futures)
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Waits for the background loads and saves submitted so far."""

@@ -141,7 +141,7 @@ class Engine:
         while time.monotonic() < deadline:
             _, r = self.worker.get_finished(set())
             done |= r or set()
-            if not self.worker._io_futures or all(f.done() for f in self.worker._io_futures):
+            if self.worker.idle():
                 _, r = self.worker.get_finished(set())
                 return done | (r or set())
             time.sleep(0.01)
@@ -367,3 +367,23 @@ def test_lora_request_in_a_lora_engine_misses_blocks_of_the_base_model(server, m
     c.scheduler.add_request(request("c-2"))
     _, meta2, recving2, _ = c.step(compute=False)
     assert [len(t.blocks) for t in meta2.loads] == [FULL_BLOCKS] and recving2 == {"c-2"}
+
+
+def test_roles_producer_only_stores_consumer_only_loads(server, models):
+    namespace = ns()
+    producer_cfg = engine_config(models["base"], server, namespace)
+    producer_cfg.kv_transfer_config.kv_role = "kv_producer"
+    run_writer(producer_cfg)
+    p = Engine(producer_cfg)
+    assert p.scheduler.connector.get_num_new_matched_tokens(request("p-1"), 0) == (0, False)
+
+    consumer_cfg = engine_config(models["base"], server, namespace)
+    consumer_cfg.kv_transfer_config.kv_role = "kv_consumer"
+    c = Engine(consumer_cfg)
+    # A prompt Strata does not hold: computed here, and a consumer does not store it.
+    c.scheduler.add_request(request("c-1", tokens=list(range(900, 900 + 3 * BLOCK))))
+    out, meta, _, _ = c.step()
+    assert out.num_scheduled_tokens == {"c-1": 3 * BLOCK}
+    assert meta.saves == [] and c.worker.stats["saved_blocks"] == 0
+    assert c.scheduler.connector.get_num_new_matched_tokens(request("c-2"), 0) == (FULL_BLOCKS * BLOCK, True)
+    assert not c.scheduler.connector.requires_kv_delivery
