@@ -25,7 +25,16 @@ What it does, per request:
 Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
 ``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
 ``revision`` (overrides the model config's revision, e.g. a weights checksum),
-``min_load_blocks`` (default 1), ``timeout_s`` (default 30).
+``min_load_blocks`` (default 1), ``timeout_s`` (default 30), ``prefill_us_per_token``
+(default: measured), ``load_or_recompute`` (default true).
+
+Load or recompute: a stored prefix is loaded only as far as loading beats recomputing
+it. The service's ``EstimateLoad`` gives each block's expected load time from the
+tier it is on and the bandwidth it measures online (with what is queued); the
+connector measures this engine's prefill time per token from its own scheduler steps
+(an exponential average over prefill-dominated steps, or ``prefill_us_per_token``) and
+loads the prefix with the largest saving (:func:`blocks_worth_loading`). Until a
+prefill has been measured it loads (a cache hit is the better first guess).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import json
 import logging
 import os
 import threading
+import time
 from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -64,6 +74,49 @@ logger = logging.getLogger(__name__)
 #: First bytes of every stored block value; the version changes when the format does.
 VALUE_MAGIC = b"STRKVv1\0"
 HEADER_BYTES = len(VALUE_MAGIC) + 32
+
+
+# -- load or recompute -------------------------------------------------------------------
+
+
+def blocks_worth_loading(load_us: Sequence[float], recompute_us_per_block: Optional[float]) -> int:
+    """How many of the leading blocks to load: the prefix whose loading saves the most
+    time over recomputing it (0 when none saves any). ``None``: no prefill measured yet,
+    load them all. Recomputing is taken as linear in tokens, which undercounts long
+    prompts (attention grows with the position), so it errs toward recomputing."""
+    if recompute_us_per_block is None:
+        return len(load_us)
+    best_k, best, spent = 0, 0.0, 0.0
+    for i, us in enumerate(load_us):
+        spent += us
+        saving = (i + 1) * recompute_us_per_block - spent
+        if saving > best:
+            best, best_k = saving, i + 1
+    return best_k
+
+
+class PrefillClock:
+    """This engine's prefill time per token, from its scheduler's steps: the time from
+    one ``build_connector_meta`` to the next is the previous step's, and a step that
+    schedules at least ``min_tokens`` tokens is dominated by prefill."""
+
+    #: Weight of the newest step in the average: a few steps follow a load change.
+    ALPHA = 0.2
+
+    def __init__(self, min_tokens: int = 256, fixed_us_per_token: Optional[float] = None):
+        self.min_tokens = min_tokens
+        self.us_per_token: Optional[float] = fixed_us_per_token
+        self._fixed = fixed_us_per_token is not None
+        self._last: Optional[Tuple[float, int]] = None
+
+    def step(self, now: float, scheduled_tokens: int) -> None:
+        if self._last is not None and not self._fixed:
+            t, tokens = self._last
+            if tokens >= self.min_tokens and now > t:
+                us = (now - t) * 1e6 / tokens
+                self.us_per_token = us if self.us_per_token is None else (
+                    self.ALPHA * us + (1 - self.ALPHA) * self.us_per_token)
+        self._last = (now, scheduled_tokens)
 
 
 # -- the model identity -----------------------------------------------------------------
@@ -174,6 +227,9 @@ class StrataConnector(KVConnectorBase_V1):
         revision = get("revision", None)
         # A single block saves little next to a round trip; one is the floor.
         self.min_load_blocks = max(1, int(get("min_load_blocks", 1)))
+        fixed = get("prefill_us_per_token", None)
+        self.prefill = PrefillClock(fixed_us_per_token=float(fixed) if fixed is not None else None)
+        self.load_or_recompute = bool(get("load_or_recompute", True))
         self.identity = model_identity_of(vllm_config, revision)
         pc = vllm_config.parallel_config
         self.tp_size = int(pc.tensor_parallel_size)
@@ -205,7 +261,8 @@ class StrataConnector(KVConnectorBase_V1):
         self._load_errors: Set[int] = set()
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
-                      "load_errors": 0, "save_errors": 0, "identity_refusals": 0}
+                      "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
+                      "recompute_chosen_blocks": 0}
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -264,10 +321,27 @@ class StrataConnector(KVConnectorBase_V1):
             matched = min(matched, st.load_limit)
         st.stored_blocks = max(st.stored_blocks, matched)
         self.stats["matched_blocks"] += matched
+        matched = self._worth_loading(st.hashes, num_computed_tokens // self.block_size, matched)
         ext = matched * self.block_size - num_computed_tokens
         if matched < self.min_load_blocks or ext <= 0:
             return 0, False
         return ext, True
+
+    def _worth_loading(self, hashes: Sequence[bytes], first: int, matched: int) -> int:
+        """``matched`` cut to the prefix that loads faster than it recomputes."""
+        rate = self.prefill.us_per_token
+        if not self.load_or_recompute or rate is None or matched <= first:
+            return matched
+        try:
+            est = self.client.estimate_load([rank_key(h, 0, 0) for h in hashes[first:matched]])
+        except KvError as e:
+            self._refused("estimate", e)
+            return matched
+        load_us = [us for _, us in est["blocks"]]
+        keep = blocks_worth_loading(load_us, rate * self.block_size)
+        if keep < len(load_us):
+            self.stats["recompute_chosen_blocks"] += len(load_us) - keep
+        return first + keep
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         st = self._state(request)
@@ -310,6 +384,7 @@ class StrataConnector(KVConnectorBase_V1):
         return out
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        self.prefill.step(time.monotonic(), sum(scheduler_output.num_scheduled_tokens.values()))
         meta = StrataConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
         for new in scheduler_output.scheduled_new_reqs:

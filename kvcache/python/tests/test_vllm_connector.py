@@ -387,3 +387,46 @@ def test_roles_producer_only_stores_consumer_only_loads(server, models):
     assert meta.saves == [] and c.worker.stats["saved_blocks"] == 0
     assert c.scheduler.connector.get_num_new_matched_tokens(request("c-2"), 0) == (FULL_BLOCKS * BLOCK, True)
     assert not c.scheduler.connector.requires_kv_delivery
+
+
+# -- load or recompute (issue 15, item 4) ---------------------------------------------------
+
+from strata_kv.vllm import PrefillClock, blocks_worth_loading  # noqa: E402
+
+
+def test_blocks_worth_loading_takes_the_prefix_with_the_largest_saving():
+    assert blocks_worth_loading([100.0, 100.0, 100.0], None) == 3, "nothing measured: load"
+    assert blocks_worth_loading([100.0, 100.0, 100.0], 500.0) == 3
+    assert blocks_worth_loading([100.0, 100.0, 100.0], 50.0) == 0, "recomputing is faster"
+    # Two memory blocks then disk blocks slower than recomputing: stop after the fast ones.
+    assert blocks_worth_loading([10.0, 10.0, 900.0, 900.0], 300.0) == 2
+    # A slow block between fast ones is worth loading when what follows pays for it.
+    assert blocks_worth_loading([10.0, 400.0, 10.0, 10.0], 300.0) == 4
+    assert blocks_worth_loading([], 1.0) == 0
+
+
+def test_prefill_clock_averages_prefill_dominated_steps_only():
+    c = PrefillClock(min_tokens=256)
+    c.step(0.0, 1000)
+    assert c.us_per_token is None
+    c.step(0.010, 8)  # the 1000-token step took 10 ms: 10 us per token
+    assert c.us_per_token == pytest.approx(10.0)
+    c.step(0.500, 1000)  # the 8-token (decode) step is not a prefill measurement
+    assert c.us_per_token == pytest.approx(10.0)
+    c.step(0.530, 0)  # 30 us per token, averaged in
+    assert c.us_per_token == pytest.approx(0.2 * 30 + 0.8 * 10)
+    assert PrefillClock(fixed_us_per_token=3.0).us_per_token == 3.0
+
+
+def test_a_prefix_that_recomputes_faster_than_it_loads_is_recomputed(server, models):
+    namespace = ns()
+    run_writer(engine_config(models["base"], server, namespace))
+    c = Engine(engine_config(models["base"], server, namespace))
+    conn = c.scheduler.connector
+    # This engine prefills absurdly fast: every stored block loads slower than it computes.
+    conn.prefill = PrefillClock(fixed_us_per_token=1e-6)
+    assert conn.get_num_new_matched_tokens(request("r-fast"), 0) == (0, False)
+    assert conn.stats["recompute_chosen_blocks"] == FULL_BLOCKS
+    # A slow prefill (1 s per token): loading wins for every block.
+    conn.prefill = PrefillClock(fixed_us_per_token=1e6)
+    assert conn.get_num_new_matched_tokens(request("r-slow"), 0) == (FULL_BLOCKS * BLOCK, True)
