@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence
@@ -86,6 +87,9 @@ class StrataHiCacheStorage(HiCacheStorage):
         self._token = extra.get("token") or os.environ.get("STRATA_KV_TOKEN")
         # Seconds per call: a store that does not answer must not stall prefetch forever.
         self._timeout = float(extra.get("timeout_s", 30.0))
+        # Same host (a unix:// address): pages are read in place from the daemon's
+        # shared-memory arena and copied once, into the host pool ("shm": false to not).
+        self._shm = bool(extra.get("shm", str(self.addr).startswith("unix:")))
 
         sc = storage_config
         cp = max(1, sc.attn_cp_size)
@@ -158,8 +162,14 @@ class StrataHiCacheStorage(HiCacheStorage):
     def _conn(self) -> KvClient:
         with self._lock:
             if self._client is None:
-                self._client = KvClient(self.addr, namespace=self.namespace, token=self._token,
-                                        timeout=self._timeout, identity=self._identity)
+                try:
+                    self._client = KvClient(self.addr, namespace=self.namespace, token=self._token,
+                                            timeout=self._timeout, identity=self._identity, shm=self._shm)
+                except OSError as e:  # no arena (off, or tenants): bytes through the socket
+                    logger.warning("strata: shared memory unavailable (%s); reading through the socket", e)
+                    self._shm = False
+                    self._client = KvClient(self.addr, namespace=self.namespace, token=self._token,
+                                            timeout=self._timeout, identity=self._identity)
             return self._client
 
     def _failed(self, what: str, e: KvError) -> None:
@@ -296,10 +306,44 @@ class StrataHiCacheStorage(HiCacheStorage):
             raise ValueError(f"{len(keys)} pages but {host_indices.numel()} host indices (page {page})")
         return [int(host_indices[i * page].item()) for i in range(len(keys))]
 
+    def _get_v1_shared(self, keys: Sequence[str], offsets: Sequence[int]) -> List[bool]:
+        """batch_get_v1 through the arena: each page read in place, one copy into the pool."""
+        pool = self.mem_pool_host
+        client = self._conn()
+        results = []
+        for key, off in zip(keys, offsets):
+            try:
+                view = client.get_view(self._key(key))
+            except KvError as e:
+                self._failed("get", e)
+                results.extend([False] * (len(keys) - len(results)))
+                return results
+            if view is None:
+                self._stats["misses"] += 1
+                results.append(False)
+                continue
+            with view:
+                if len(view.data) != self._page_bytes:
+                    self._stats["errors"] += 1
+                    results.append(False)
+                    continue
+                with warnings.catch_warnings():
+                    # The arena is mapped read-only; torch only reads this view.
+                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                    page = torch.frombuffer(view.data, dtype=torch.uint8).view(pool.dtype)
+                    pool.set_from_flat_data_page(off, page)
+            self._stats["pages_read"] += 1
+            self._stats["bytes_read"] += self._page_bytes
+            results.append(True)
+        return results
+
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         offsets = self._page_offsets(keys, host_indices)
         pool = self.mem_pool_host
+        self._conn()
+        if self._shm:
+            return self._get_v1_shared(keys, offsets)
         results = []
         for off, data in zip(offsets, self._fetch(keys)):
             if data is None or len(data) != self._page_bytes:

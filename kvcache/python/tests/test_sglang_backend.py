@@ -10,7 +10,6 @@ A missing sglang is an import error here: the test fails, it is never skipped.
 
 import uuid
 
-import grpc
 import pytest
 import torch
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
@@ -19,7 +18,6 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
-from strata_kv import KvError
 from strata_kv.sglang import StrataHiCacheStorage
 
 PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
@@ -100,6 +98,12 @@ def test_pages_set_by_one_instance_load_byte_exact_in_another(server):
     assert st.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
     assert [page_bytes(pool, o) for o in dst] == written
     assert st.get_stats()["pages_read"] == len(keys)
+    assert st._shm, "on the daemon's host the pages came through the shared-memory arena"
+    # The same through the socket (shm off): the same bytes.
+    pool2 = host_pool()
+    st2 = backend(server, namespace, pool2, shm=False)
+    assert st2.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
+    assert [page_bytes(pool2, o) for o in dst] == written and not st2._shm
 
 
 def test_layer_first_pool_and_generic_get_set(server):
@@ -194,14 +198,9 @@ def test_identity_refused_by_the_service_is_a_miss(server):
     namespace = ns()
     _, keys = write_pages(server, namespace)
     pool = host_pool()
-    st = backend(server, namespace, pool)
-
-    def refuse(*_args, **_kwargs):
-        raise KvError(grpc.StatusCode.FAILED_PRECONDITION, "namespace bound to another model identity")
-
-    # What the service answers once the namespace is bound to another identity.
-    client = st._conn()
-    client.match_prefix = client.batch_exists = client.exists = client.batched_get = client.put = refuse
+    # Another revision in the namespace the writer bound: the real service refuses every
+    # call (FAILED_PRECONDITION), through the socket and through the arena alike.
+    st = backend(server, namespace, pool, revision="another-revision")
     assert st.batch_exists(keys) == 0
     assert not st.exists(keys[0])
     assert st.batch_get_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
