@@ -82,6 +82,12 @@ pub struct LoadStats {
     pub failed_reads: AtomicU64,
     pub reads_failed_while_store_down: AtomicU64,
     pub reads_interrupted_by_kill: AtomicU64,
+    /// Of those, the ones whose span touched a store-down window.
+    pub reads_interrupted_while_store_down: AtomicU64,
+    /// Longest a read cut by a kill had been waiting (a stall the kill hid).
+    pub max_interrupted_read_us: AtomicU64,
+    /// Reads that succeeded although their span touched a store-down window.
+    pub reads_ok_while_store_down: AtomicU64,
     pub short_reads: AtomicU64,
     pub file_wrong_bytes: AtomicU64,
     pub wrong_reads: AtomicU64,
@@ -170,11 +176,17 @@ pub fn reader(ctx: Arc<LoadCtx>, id: u64) {
         let t0 = Instant::now();
         let r = read_range(&path, off, len as usize);
         let t1 = Instant::now();
+        let us = (t1 - t0).as_micros() as u64;
         if ctx.phase.epoch() != e0 {
             s.reads_interrupted_by_kill.fetch_add(1, Ordering::Relaxed);
+            // How long it had been waiting when the kill cut it: a stall the kill hid.
+            s.max_interrupted_read_us.fetch_max(us, Ordering::Relaxed);
+            if ctx.faults.down_during(t0, t1) {
+                s.reads_interrupted_while_store_down
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             continue;
         }
-        let us = (t1 - t0).as_micros() as u64;
         s.max_read_us.fetch_max(us, Ordering::Relaxed);
         let store_down = ctx.faults.down_during(t0, t1);
         if !store_down {
@@ -187,6 +199,9 @@ pub fn reader(ctx: Arc<LoadCtx>, id: u64) {
         match r {
             Ok(buf) => {
                 s.reads.fetch_add(1, Ordering::Relaxed);
+                if store_down {
+                    s.reads_ok_while_store_down.fetch_add(1, Ordering::Relaxed);
+                }
                 s.read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
                 if buf.len() != len as usize {
                     s.short_reads.fetch_add(1, Ordering::Relaxed);

@@ -72,16 +72,18 @@ pub struct ChaosArgs {
     /// several windows per minute, most cycles see one start or end.
     #[arg(long, default_value = "3000..10000")]
     pub store_up_ms: String,
-    /// How long the store is down each time (ms, range; "0..0" never). 1000..4000:
-    /// "down for seconds", longer than the store client's retries ride out.
-    #[arg(long, default_value = "1000..4000")]
+    /// How long the store is down each time (ms, range; "0..0" never). 1000..6000:
+    /// "down for seconds", often longer than the ~3.6 s of backoff the store client's
+    /// retries ride out, so some reads must fail, and the report shows how fast.
+    #[arg(long, default_value = "1000..6000")]
     pub store_down_ms: String,
-    /// Dataset files in the bucket. 24: more than the readers can keep in one cycle.
-    #[arg(long, default_value_t = 24)]
+    /// Dataset files in the bucket. 64 (of up to 8 MiB, ~290 MiB): more than the
+    /// readers cover in a run, so reads keep reaching the store cycle after cycle.
+    #[arg(long, default_value_t = 64)]
     pub files: usize,
-    /// Largest dataset file (sizes uniform from an eighth of it). 4MiB: several
+    /// Largest dataset file (sizes uniform from an eighth of it). 8MiB: several
     /// blocks per file at the default 1 MiB block size.
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "8MiB")]
     pub max_file_size: String,
     /// Largest range one read asks for.
     #[arg(long, default_value = "1MiB")]
@@ -174,6 +176,11 @@ pub struct ChaosReport {
     pub reads_failed_while_store_down: u64,
     pub max_failed_read_ms_while_store_down: u64,
     pub reads_interrupted_by_kill: u64,
+    pub reads_interrupted_while_store_down: u64,
+    /// Longest a read cut by a kill had been waiting: a stall the kill hid, so a lower
+    /// bound to add to `max_read_stall_ms` when judging stalls.
+    pub max_interrupted_read_ms: u64,
+    pub reads_ok_while_store_down: u64,
     pub short_reads: u64,
     pub file_wrong_bytes: u64,
     pub kv_wrong_bytes: u64,
@@ -494,6 +501,9 @@ fn report(
         reads_failed_while_store_down: get(&s.reads_failed_while_store_down),
         max_failed_read_ms_while_store_down: get(&s.max_failed_read_us) / 1000,
         reads_interrupted_by_kill: get(&s.reads_interrupted_by_kill),
+        reads_interrupted_while_store_down: get(&s.reads_interrupted_while_store_down),
+        max_interrupted_read_ms: get(&s.max_interrupted_read_us) / 1000,
+        reads_ok_while_store_down: get(&s.reads_ok_while_store_down),
         short_reads: get(&s.short_reads),
         file_wrong_bytes: file_wrong,
         kv_wrong_bytes: kv_wrong,
