@@ -24,9 +24,10 @@ pub struct DaemonSpec {
     pub ready_timeout: Duration,
 }
 
-/// One running daemon.
+/// One running daemon; killed on drop if still running (an error path of the bench),
+/// so no daemon outlives the run.
 pub struct DaemonProc {
-    child: Child,
+    child: KillOnDrop,
     pub kv_tcp: String,
     pub started_in: Duration,
 }
@@ -89,9 +90,8 @@ impl DaemonProc {
                 }
             }
         }
-        let child = proc_guard.0.take().context("daemon child")?;
         Ok(DaemonProc {
-            child,
+            child: proc_guard,
             kv_tcp: kv_tcp.context("the daemon printed no `kv tcp` address")?,
             started_in: t0.elapsed(),
         })
@@ -99,18 +99,20 @@ impl DaemonProc {
 
     /// `kill -9`, then reaps the process.
     pub fn kill9(mut self) -> anyhow::Result<()> {
-        self.child.kill().context("SIGKILL the daemon")?;
-        self.child.wait().context("reaping the daemon")?;
+        let mut child = self.child.0.take().context("daemon already gone")?;
+        child.kill().context("SIGKILL the daemon")?;
+        child.wait().context("reaping the daemon")?;
         Ok(())
     }
 
     /// SIGTERM and a wait for a clean exit (bounded); SIGKILL if it does not come.
     pub fn terminate(mut self, within: Duration) -> anyhow::Result<()> {
+        let mut child = self.child.0.take().context("daemon already gone")?;
         // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = child.try_wait()? {
                 if !status.success() {
                     bail!("the daemon exited with {status} on SIGTERM");
                 }
@@ -118,13 +120,14 @@ impl DaemonProc {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = child.kill();
+        let _ = child.wait();
         bail!("the daemon did not exit within {within:?} of SIGTERM")
     }
 }
 
-/// Kills a child that never became ready.
+/// Kills the child on drop unless it was taken (a daemon that never became ready, or
+/// one the bench stopped on an error path).
 struct KillOnDrop(Option<Child>);
 
 impl Drop for KillOnDrop {
