@@ -34,6 +34,7 @@ async fn fixture(opts: CoreOptions) -> Fixture {
     let retry = RetryPolicy {
         attempts: 2,
         base_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_millis(300),
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);

@@ -65,6 +65,8 @@ pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     config: Mutex<FaultConfig>,
     reads: AtomicU64,
+    /// The next this-many reads fail with a transient error (see [`Self::fail_next`]).
+    burst: AtomicU64,
     link_free_at: Mutex<Option<Instant>>,
 }
 
@@ -74,6 +76,7 @@ impl FaultyStore {
             inner,
             config: Mutex::new(config),
             reads: AtomicU64::new(0),
+            burst: AtomicU64::new(0),
             link_free_at: Mutex::new(None),
         }
     }
@@ -81,6 +84,12 @@ impl FaultyStore {
     /// Changes the injected faults (e.g. take the store down mid-test).
     pub fn set_config(&self, config: FaultConfig) {
         *self.config.lock() = config;
+    }
+
+    /// Makes the next `n` reads fail with a transient (503-like) error: a run of errors
+    /// in a row, as a store answering a fraction of requests with 5xx sometimes gives.
+    pub fn fail_next(&self, n: u64) {
+        self.burst.store(n, Ordering::Relaxed);
     }
 
     /// Reads (gets and listings) seen so far, injected failures included.
@@ -95,7 +104,11 @@ impl FaultyStore {
         if !cfg.latency.is_zero() {
             tokio::time::sleep(cfg.latency).await;
         }
-        if cfg.down || (cfg.fail_every > 0 && n.is_multiple_of(cfg.fail_every)) {
+        let in_burst = self
+            .burst
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
+            .is_ok();
+        if in_burst || cfg.down || (cfg.fail_every > 0 && n.is_multiple_of(cfg.fail_every)) {
             return Err(injected(location, "injected 503 Service Unavailable"));
         }
         if cfg.hang_every > 0 && n.is_multiple_of(cfg.hang_every) {

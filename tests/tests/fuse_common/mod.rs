@@ -170,6 +170,7 @@ pub fn retry_fast() -> RetryPolicy {
     RetryPolicy {
         attempts: 2,
         base_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_secs(2),
     }
 }

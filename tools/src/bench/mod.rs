@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 
+pub mod chaos;
 pub mod fs;
 pub mod fs_small;
 pub mod gds;
@@ -11,6 +12,8 @@ pub mod tiers;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// The real daemon under mixed load, killed with SIGKILL and restarted over and over, over an S3 store with injected faults.
+    Chaos(chaos::ChaosArgs),
     /// GPU tier staging on the emulated device: disk -> bounce -> device vs its ceilings.
     Gds(gds::GdsArgs),
     /// FUSE mount: seq 1 MiB and random 4 KiB reads, cold and warm, next to a null FUSE fs, the local dir and direct store reads.
@@ -27,6 +30,7 @@ pub enum BenchCommand {
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Chaos(a) => chaos::run(a),
         BenchCommand::Gds(a) => gds::run(a),
         BenchCommand::Fs(a) => fs::run(a),
         BenchCommand::FsSmall(a) => fs_small::run(a),
