@@ -67,7 +67,13 @@ impl EvictionPolicy for Shared {
 fn job_groups(r: &PolicyResult) -> BTreeMap<String, f64> {
     let mut g: BTreeMap<String, (f64, u32)> = BTreeMap::new();
     for (j, s) in &r.job_jct_s {
-        let name = j.rsplit_once('-').map_or(j.as_str(), |x| x.0).to_string();
+        // `JOBS=each`: one column per job (recorded traces name jobs `<program>-<pgid>`,
+        // so grouping by program would merge the tenants of a mix).
+        let name = if std::env::var("JOBS").as_deref() == Ok("each") {
+            j.clone()
+        } else {
+            j.rsplit_once('-').map_or(j.as_str(), |x| x.0).to_string()
+        };
         let e = g.entry(name).or_default();
         e.0 += s;
         e.1 += 1;

@@ -77,7 +77,9 @@ use strata_cache_core::policy::{self, NextUse};
 use strata_cache_core::space::{Placement, TierSpace};
 use strata_cache_core::stream::FxBuild;
 use strata_cache_core::{AccessContext, AccessKind, CacheKey, JobId, Pattern, DEFAULT_BLOCK_SIZE};
-use strata_prefetch::{AccessController, AccessEvent, Admission, ControllerConfig, PrefetchOrder};
+use strata_prefetch::{
+    AccessController, AccessEvent, Admission, ControllerConfig, LinkShare, PrefetchOrder,
+};
 
 use crate::trace::{blocks_of, is_kv, Trace};
 
@@ -403,24 +405,32 @@ struct Transfer {
     waiters: Vec<u32>,
 }
 
-/// The store link under processor sharing, in virtual time.
+/// Class index of demand transfers in [`Link`]'s per-class state (prefetch is 1).
+const DEMAND: usize = 0;
+
+/// The store link in virtual time: demand and prefetch transfers are two classes
+/// whose shares of the bandwidth [`LinkShare`] decides (demand first, prefetch capped
+/// while demand waits, work-conserving); within a class every transfer gets an equal
+/// share (processor sharing).
 struct Link {
     latency_ns: u64,
     bytes_per_ns: f64,
-    /// Bytes each active transfer has received since the start (virtual time).
-    v: f64,
+    share: LinkShare,
+    /// Per class: bytes each of its active transfers has received since the class was
+    /// last idle (virtual time).
+    v: [f64; 2],
     /// Real time `v` is current at.
     at: u64,
-    active: BinaryHeap<Reverse<(Vf, u32)>>,
+    /// Per class: active transfers by their finish mark in that class's `v`.
+    active: [BinaryHeap<Reverse<(Vf, u32)>>; 2],
     /// Transfers in their latency phase: (start of bytes, id), in start order.
     waiting: VecDeque<(u64, u32)>,
     transfers: Vec<Transfer>,
     free: Vec<u32>,
     /// Demand transfers in their latency phase: their bytes...
     demand_waiting: u64,
-    /// ...and the active ones: how many, and the sum of their finish marks in `v`, so
-    /// the demand bytes still owed are `demand_finish - demand_active * v + waiting`.
-    demand_active: u32,
+    /// ...and the sum of the active ones' finish marks, so the demand bytes still owed
+    /// are `demand_finish - active[DEMAND].len() * v[DEMAND] + waiting`.
     demand_finish: f64,
 }
 
@@ -430,14 +440,16 @@ impl Link {
         Link {
             latency_ns: model.get_latency_ns,
             bytes_per_ns,
-            v: 0.0,
+            // The daemon's default split (demand first, prefetch at most 20% while
+            // demand waits): issue 13 item 4.
+            share: LinkShare::default(),
+            v: [0.0; 2],
             at: 0,
-            active: BinaryHeap::new(),
+            active: [BinaryHeap::new(), BinaryHeap::new()],
             waiting: VecDeque::new(),
             transfers: Vec::new(),
             free: Vec::new(),
             demand_waiting: 0,
-            demand_active: 0,
             demand_finish: 0.0,
         }
     }
@@ -470,14 +482,32 @@ impl Link {
 
     /// Demand bytes the link still owes (in flight or waiting for their first byte).
     fn demand_owed(&self) -> u64 {
-        let active = self.demand_finish - f64::from(self.demand_active) * self.v;
+        let n = self.active[DEMAND].len() as f64;
+        let active = self.demand_finish - n * self.v[DEMAND];
         (active.max(0.0) + self.demand_waiting as f64) as u64
     }
 
+    /// Bytes per ns each active transfer of each class receives now.
+    fn rates(&self) -> [f64; 2] {
+        let n = [self.active[0].len(), self.active[1].len()];
+        let (d, p) = self.share.shares(n[0], n[1]);
+        let per = |s: f64, k: usize| {
+            if k == 0 {
+                0.0
+            } else {
+                s * self.bytes_per_ns / k as f64
+            }
+        };
+        [per(d, n[0]), per(p, n[1])]
+    }
+
     fn advance(&mut self, to: u64) {
-        let n = self.active.len();
-        if n > 0 && to > self.at {
-            self.v += (to - self.at) as f64 * self.bytes_per_ns / n as f64;
+        if to > self.at {
+            let dt = (to - self.at) as f64;
+            let r = self.rates();
+            for (v, r) in self.v.iter_mut().zip(r) {
+                *v += dt * r;
+            }
         }
         self.at = self.at.max(to);
     }
@@ -485,33 +515,42 @@ impl Link {
     /// Time of the next start or completion (`u64::MAX`: none).
     fn next_event(&self) -> u64 {
         let start = self.waiting.front().map_or(u64::MAX, |w| w.0);
-        let done = self.active.peek().map_or(u64::MAX, |Reverse((f, _))| {
-            let dt = (f.0 - self.v).max(0.0) * self.active.len() as f64 / self.bytes_per_ns;
-            self.at + dt.ceil() as u64
-        });
-        start.min(done)
+        let r = self.rates();
+        let mut next = start;
+        for ((active, v), r) in self.active.iter().zip(self.v).zip(r) {
+            if let Some(Reverse((f, _))) = active.peek() {
+                if r > 0.0 {
+                    let dt = (f.0 - v).max(0.0) / r;
+                    next = next.min(self.at + dt.ceil() as u64);
+                }
+            }
+        }
+        next
     }
 
     /// Processes the link's events at `now` (= `next_event()`); appends finished ids.
     fn step(&mut self, now: u64, finished: &mut Vec<u32>) {
         self.advance(now);
-        // Completions first (the rate changed at `now`), then starts.
-        while let Some(&Reverse((f, id))) = self.active.peek() {
-            // Half a byte of slack absorbs the rounding of `next_event`.
-            if f.0 > self.v + 0.5 {
-                break;
+        // Completions first (the rates changed at `now`), then starts.
+        for c in 0..2 {
+            while let Some(&Reverse((f, id))) = self.active[c].peek() {
+                // Half a byte of slack absorbs the rounding of `next_event`.
+                if f.0 > self.v[c] + 0.5 {
+                    break;
+                }
+                self.active[c].pop();
+                if c == DEMAND {
+                    self.demand_finish -= f.0;
+                }
+                finished.push(id);
             }
-            self.active.pop();
-            if self.transfers[id as usize].demand {
-                self.demand_active -= 1;
-                self.demand_finish -= f.0;
+            if self.active[c].is_empty() {
+                // Re-anchor to keep `v` small and exact.
+                self.v[c] = 0.0;
+                if c == DEMAND {
+                    self.demand_finish = 0.0;
+                }
             }
-            finished.push(id);
-        }
-        if self.active.is_empty() {
-            // Re-anchor to keep `v` small and exact.
-            self.v = 0.0;
-            self.demand_finish = 0.0;
         }
         while let Some(&(start, id)) = self.waiting.front() {
             if start > now {
@@ -519,13 +558,13 @@ impl Link {
             }
             self.waiting.pop_front();
             let t = &self.transfers[id as usize];
-            let f = self.v + t.bytes as f64;
+            let c = usize::from(!t.demand);
+            let f = self.v[c] + t.bytes as f64;
             if t.demand {
                 self.demand_waiting -= t.bytes;
-                self.demand_active += 1;
                 self.demand_finish += f;
             }
-            self.active.push(Reverse((Vf(f), id)));
+            self.active[c].push(Reverse((Vf(f), id)));
         }
     }
 }

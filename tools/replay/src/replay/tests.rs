@@ -221,13 +221,16 @@ fn prefetch_is_admitted_fetched_and_accounted() {
         make_policy("lru", MB).expect("lru"),
         &ReplayConfig::new(MB),
     );
-    // f0 misses and f1 is prefetched with it: under processor sharing both arrive
-    // together, so f1 hits; f2 is then read while in flight (a miss that waits only for
-    // the rest), its companion prefetch f3 hits, and so on: every other read hits.
-    assert!(close(with.hit_ratio, 0.5), "{with:?}");
+    // f0 misses and f1 is prefetched with it. Demand comes first on the link
+    // (`LinkShare`: prefetch gets at most 20% while a demand transfer is active), so
+    // f0 arrives first and f1 is read while still in flight: a miss that waits only
+    // for the rest of its transfer, so every read misses but the prefetches still
+    // overlap the 20 ms latencies: about half the JCT of no prefetch. (Under plain
+    // sharing f1 arrived with f0 and every other read hit.)
+    assert!(close(with.hit_ratio, 0.0), "{with:?}");
     assert!(
-        with.jct_s < without.jct_s,
-        "{} < {}",
+        with.jct_s < 0.6 * without.jct_s,
+        "{} < 0.6 x {}",
         with.jct_s,
         without.jct_s
     );
