@@ -13,6 +13,8 @@
 
 pub mod membership;
 pub mod placement;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use membership::{
     read_group, GroupConfig, Member, Membership, NodeId, NodeInfo, DEFAULT_PREFIX,

@@ -2,14 +2,12 @@
 //! lease TTL, and riding out an etcd outage. Each test starts its own etcd and bounds
 //! its own time.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use strata_cluster::testing::Etcd;
 use strata_cluster::{read_group, GroupConfig, Member, Membership, NodeId, NodeInfo};
-use support::Etcd;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

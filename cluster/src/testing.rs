@@ -1,4 +1,5 @@
-//! A real etcd for the tests: Debian's `etcd-server` (`/usr/bin/etcd`, installed by
+//! Test support (feature `testing`): a real etcd for the tests of this crate and of the
+//! daemon: Debian's `etcd-server` (`/usr/bin/etcd`, installed by
 //! scripts/install-deps.sh), started on free loopback ports with its own data dir and
 //! killed when dropped. `STRATA_ETCD` names another binary. A missing binary fails the
 //! test (never a skip).
@@ -115,7 +116,6 @@ impl Etcd {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    #[allow(dead_code)]
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
