@@ -220,3 +220,65 @@ async fn an_etcd_outage_keeps_the_membership_and_members_reregister() {
     })
     .await;
 }
+
+/// A member whose lease ran out while etcd stayed up (a pause longer than the TTL, a
+/// partition from etcd alone) is told so by its next renewal and registers again: the
+/// others see it leave and come back, and it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_expired_registers_again() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let g = group(&etcd);
+        let a = Member::start(g.clone(), node("a")).expect("start a");
+        let b = Member::start(g.clone(), node("b")).expect("start b");
+        let mut seen_by_a = a.membership();
+        until(
+            &mut seen_by_a,
+            Duration::from_secs(10),
+            "two members",
+            |m| m.nodes.len() == 2,
+        )
+        .await;
+        until(
+            &mut b.membership(),
+            Duration::from_secs(10),
+            "two members",
+            |m| m.nodes.len() == 2,
+        )
+        .await;
+
+        // Expire b's lease behind its back, as etcd would after a long silence.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("connect");
+        let key = format!("{}b", g.nodes_prefix());
+        let resp = client.get(key, None).await.expect("get b");
+        let lease = resp.kvs().first().expect("b's record").lease();
+        let revoked_at = client
+            .lease_revoke(lease)
+            .await
+            .expect("revoke")
+            .header()
+            .expect("header")
+            .revision();
+
+        // The next renewal (a third of the TTL) finds the lease gone; b registers again
+        // under a new lease, and a's view follows (a revision after the revoke, b in it).
+        // (Waiting to see b missing first would race b's quick return.)
+        let back = until(&mut seen_by_a, 3 * TTL, "b back", |m| {
+            m.revision > revoked_at && m.nodes.len() == 2
+        })
+        .await;
+        assert_eq!(back.nodes[&NodeId::new("b")], node("b"));
+        let resp = client
+            .get(format!("{}b", g.nodes_prefix()), None)
+            .await
+            .expect("get b");
+        let new_lease = resp.kvs().first().expect("b's record again").lease();
+        assert_ne!(new_lease, lease);
+        // And stays: its new lease is being renewed.
+        tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+        assert_eq!(read_group(&g).await.expect("read").ids(), ids(&["a", "b"]));
+    })
+    .await;
+}
