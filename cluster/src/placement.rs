@@ -77,12 +77,21 @@ impl Placement {
             .map(|c| (score(c.seed, c.weight, key_hash), c))
             .collect();
         // Highest score first; equal scores by id, so every node picks the same order.
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
-        scored
-            .into_iter()
-            .take(r)
-            .map(|(_, c)| c.id.clone())
-            .collect()
+        let order = |a: &(f64, &Candidate), b: &(f64, &Candidate)| {
+            b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id))
+        };
+        let r = r.min(scored.len());
+        if r == 0 {
+            return Vec::new();
+        }
+        // Only the top r need ordering: a selection, then a sort of r (a group of
+        // hundreds of nodes asks for 1 to 3 owners per block).
+        if r < scored.len() {
+            scored.select_nth_unstable_by(r - 1, order);
+            scored.truncate(r);
+        }
+        scored.sort_unstable_by(order);
+        scored.into_iter().map(|(_, c)| c.id.clone()).collect()
     }
 
     /// The primary owner of `key`, None for an empty group.
@@ -155,6 +164,15 @@ mod tests {
             dedup.sort();
             dedup.dedup();
             prop_assert_eq!(dedup.len(), owners.len());
+        }
+
+        /// The owners for R are the first R of the owners for more: asking for more
+        /// replicas never reorders the primary and the fallbacks.
+        #[test]
+        fn fewer_owners_are_a_prefix_of_more(n in 1usize..16, r in 1usize..6, k in any::<u64>()) {
+            let p = Placement::new(ids(n).into_iter().enumerate().map(|(i, id)| (id, 1.0 + (i % 3) as f64)));
+            let all = p.owners(&key(k), n);
+            prop_assert_eq!(p.owners(&key(k), r), all[..r.min(n)].to_vec());
         }
 
         /// One of N equal nodes leaves: only the keys it owned move (each to a node that
