@@ -282,3 +282,33 @@ async fn a_member_whose_lease_expired_registers_again() {
     })
     .await;
 }
+
+/// A daemon that starts while etcd is down serves alone (empty membership, not
+/// connected) and joins once etcd comes up; a one-shot read of a down etcd fails
+/// within the call timeout instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_before_etcd_joins_when_it_comes_up() {
+    let mut etcd = Etcd::start();
+    etcd.kill();
+    let g = group(&etcd);
+    let a = Member::start(g.clone(), node("a")).expect("start a");
+    bounded(async {
+        let started = Instant::now();
+        assert!(read_group(&g).await.is_err(), "etcd is down");
+        assert!(started.elapsed() < g.call_timeout + Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let seen = a.membership().borrow().clone();
+        assert!(!seen.connected && seen.nodes.is_empty(), "{seen:?}");
+    })
+    .await;
+    etcd.restart();
+    bounded(async {
+        let seen = until(&mut a.membership(), 5 * TTL, "a joining", |m| {
+            m.connected && m.nodes.len() == 1
+        })
+        .await;
+        assert_eq!(seen.ids(), ids(&["a"]));
+        assert_eq!(read_group(&g).await.expect("read").ids(), ids(&["a"]));
+    })
+    .await;
+}
