@@ -14,7 +14,10 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 #  strace           `strata trace record` and its tests
 #  g++ libssl-dev   SGLang compiles its page hash (C++, -lcrypto) on first use in the
 #                   connector tests
-apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace g++ libssl-dev)
+#  etcd-server      /usr/bin/etcd for the cache group's membership tests (issue 16); the
+#                   tests start their own on loopback ports, so the packaged service is
+#                   stopped and disabled below
+apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace g++ libssl-dev etcd-server)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -23,6 +26,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing Debian packages: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The package enables an etcd service on 2379; nothing here needs it running (machines
+# without systemd, such as containers, never start it).
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
 # Python: moto's S3 server for the S3 tests; grpcio for the Python KV client and its tests.

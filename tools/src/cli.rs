@@ -34,6 +34,9 @@ pub enum Command {
     Mount(commands::mount::MountArgs),
     /// Prefetch files or directories of a Strata mount into the cache.
     Warmup(commands::warmup::WarmupArgs),
+    /// The cache group on etcd (`[cluster]`): `status` lists members and key shares.
+    #[command(subcommand)]
+    Cluster(commands::cluster::ClusterCommand),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -45,5 +48,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stats(args) => commands::stats::run(args),
         Command::Mount(args) => commands::mount::run(args),
         Command::Warmup(args) => commands::warmup::run(args),
+        Command::Cluster(cmd) => commands::cluster::run(cmd),
     }
 }

@@ -33,6 +33,15 @@
 //!
 //! [admin]
 //! listen = "127.0.0.1:7071"
+//!
+//! [cluster]                           # none: a single node, as before (issue 16)
+//! etcd_endpoints = ["http://10.0.0.5:2379"]
+//! group = "train-cache"
+//! node_id = "node-a"                  # default: the host name
+//! advertise = "10.0.0.11:7073"        # where the peers reach this node
+//! zone = "rack-1"                     # optional failure domain
+//! replication = 2                     # owners of each KV block
+//! lease_ttl_secs = 10                 # a silent node leaves the group after this
 //! token_file = "/etc/strata/admin.token"    # required off-loopback and with tenants
 //!
 //! [[mounts]]                          # as `strata mount`; same fields, same defaults
@@ -58,6 +67,100 @@ pub struct StrataConfig {
     pub kv: KvConfig,
     pub admin: AdminConfig,
     pub mounts: Vec<MountConfig>,
+    /// The cache group; None: a single node.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: this daemon's membership in a cache group on etcd (issue 16).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd client URLs (`http://host:2379`).
+    pub etcd_endpoints: Vec<String>,
+    /// The group's name: daemons with the same name (and etcd) form one cache.
+    pub group: String,
+    /// This node's id in the group; default: the host name, so one config serves every
+    /// node of a DaemonSet.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// `host:port` the peers reach this node at.
+    pub advertise: String,
+    /// Failure domain (rack, zone); empty: none.
+    #[serde(default)]
+    pub zone: String,
+    /// Owners of each KV block. 2: one node can crash without losing a block.
+    #[serde(default = "default_replication")]
+    pub replication: usize,
+    /// Seconds a node that stopped renewing stays in the group. 10: a crash is noticed
+    /// within 10 s, while renewals every ~3 s ride out short blips.
+    #[serde(default = "default_lease_ttl_secs")]
+    pub lease_ttl_secs: u64,
+    /// Root of the group's keys in etcd (several groups, or other users, share one
+    /// etcd).
+    #[serde(default = "default_cluster_prefix")]
+    pub prefix: String,
+}
+
+fn default_replication() -> usize {
+    2
+}
+
+fn default_lease_ttl_secs() -> u64 {
+    10
+}
+
+fn default_cluster_prefix() -> String {
+    strata_cluster::DEFAULT_PREFIX.to_string()
+}
+
+impl ClusterConfig {
+    /// The checks that need no I/O.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for e in &self.etcd_endpoints {
+            if e.starts_with("https://") {
+                bail!("[cluster] etcd endpoint {e:?}: TLS to etcd is not supported yet; use http:// on a private network");
+            }
+            if !e.starts_with("http://") {
+                bail!("[cluster] etcd endpoint {e:?} must be an http:// URL");
+            }
+        }
+        if self.replication == 0 {
+            bail!("[cluster] replication must be at least 1");
+        }
+        let (host, port) = self.advertise.rsplit_once(':').with_context(|| {
+            format!("[cluster] advertise {:?} must be host:port", self.advertise)
+        })?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            bail!("[cluster] advertise {:?} must be host:port", self.advertise);
+        }
+        if let Some(id) = &self.node_id {
+            strata_cluster::membership::check_segment("[cluster] node_id", id)?;
+        }
+        self.group_config().check()?;
+        Ok(())
+    }
+
+    /// The group as the membership code takes it.
+    pub fn group_config(&self) -> strata_cluster::GroupConfig {
+        let mut g = strata_cluster::GroupConfig::new(self.etcd_endpoints.clone(), &self.group);
+        g.prefix = self.prefix.clone();
+        g.lease_ttl = std::time::Duration::from_secs(self.lease_ttl_secs);
+        g
+    }
+
+    /// This node's id: `node_id`, or the host name.
+    pub fn node_id(&self) -> anyhow::Result<String> {
+        if let Some(id) = &self.node_id {
+            return Ok(id.clone());
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("[cluster] node_id unset and the host name unreadable")?;
+        let host = host.trim();
+        if host.is_empty() {
+            bail!("[cluster] node_id unset and the host name is empty");
+        }
+        Ok(host.to_string())
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -396,6 +499,9 @@ impl StrataConfig {
         if !self.mounts.is_empty() && self.store.url.is_none() {
             bail!("[[mounts]] need a [store] url");
         }
+        if let Some(c) = &self.cluster {
+            c.check()?;
+        }
         Ok(())
     }
 }
@@ -462,6 +568,44 @@ pub fn read_secret_file(path: &Path) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[cluster]` parses with its defaults, and the checks refuse what would fail later.
+    #[test]
+    fn cluster_section_parses_and_is_checked() {
+        let ok = r#"
+            [cluster]
+            etcd_endpoints = ["http://127.0.0.1:2379"]
+            group = "g"
+            node_id = "a"
+            advertise = "10.0.0.1:7073"
+        "#;
+        let cfg: StrataConfig = toml::from_str(ok).expect("parse");
+        cfg.check().expect("valid");
+        let c = cfg.cluster.as_ref().expect("cluster");
+        assert_eq!((c.replication, c.lease_ttl_secs), (2, 10));
+        assert_eq!(c.group_config().nodes_prefix(), "/strata/g/nodes/");
+        assert!(StrataConfig::default().cluster.is_none());
+
+        for (bad, why) in [
+            (ok.replace("http://127", "https://127"), "TLS"),
+            (
+                ok.replace("http://127.0.0.1:2379", "127.0.0.1:2379"),
+                "http://",
+            ),
+            (ok.replace("10.0.0.1:7073", "10.0.0.1"), "host:port"),
+            (
+                ok.replace("node_id = \"a\"", "node_id = \"a/b\""),
+                "node_id",
+            ),
+            (ok.replace("group = \"g\"", "group = \"\""), "group"),
+            (ok.replace("[\"http://127.0.0.1:2379\"]", "[]"), "endpoints"),
+            (format!("{ok}\nreplication = 0"), "replication"),
+        ] {
+            let cfg: StrataConfig = toml::from_str(&bad).expect("parse");
+            let err = format!("{:#}", cfg.check().expect_err(why));
+            assert!(err.contains(why), "{why}: {err}");
+        }
+    }
 
     /// Finding 9 of issue 12 (secrets): the secret comes from a file (or the
     /// environment), never needs to be on a command line; ambiguity is an error.

@@ -80,6 +80,8 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
             mountpoint: mountpoint.clone(),
             ..Default::default()
         }],
+        // The demo is one node.
+        cluster: None,
     };
     let stop = CancellationToken::new();
     let daemon = tokio::spawn(crate::daemon::run(cfg, stop.clone()));

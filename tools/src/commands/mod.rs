@@ -1,5 +1,6 @@
 //! Subcommands other than benchmarks.
 
+pub mod cluster;
 pub mod demo;
 pub mod mount;
 pub mod serve;

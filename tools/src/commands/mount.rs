@@ -123,6 +123,8 @@ impl MountArgs {
                 ..Default::default()
             },
             mounts: vec![self.mount.clone()],
+            // `strata mount` is a single node; a group member runs `strata serve`.
+            cluster: None,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! - [`kv`]: the KV service (`[kv]`): loopback by default; any other address is refused
 //!   without TLS and a token.
 //! - [`mount`]: the one builder of a mount (`[[mounts]]` and `strata mount` alike).
+//! - [`cluster`]: membership in the cache group on etcd (`[cluster]`; none: one node).
 //! - The admin API (`[admin] listen`) serves `/stats` and `/metrics`; `strata stats`
 //!   reads it.
 //!
@@ -19,6 +20,7 @@
 //! finishes requests in flight and unmounts.
 
 pub mod cache;
+pub mod cluster;
 pub mod kv;
 pub mod mount;
 
@@ -45,6 +47,14 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     };
     let core = open_core(&cfg.cache)?;
     let mut tasks = Servers::new();
+    let cluster = match &cfg.cluster {
+        Some(c) => {
+            let h = cluster::start(c, &cfg.cache)?;
+            println!("cluster {} {}", c.group, h.node);
+            Some(h)
+        }
+        None => None,
+    };
 
     let kv = match kv_plan {
         Some(plan) => {
@@ -105,6 +115,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
 
     let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
     shut_down(tasks, mounts).await;
+    if let Some(c) = cluster {
+        c.leave().await;
+    }
     drop(kv);
     drop(core);
     result
@@ -265,6 +278,69 @@ mod tests {
             .expect("stops within 10 s")
             .expect("joins")
             .expect("ran without error");
+    }
+
+    /// `[cluster]` (issue 16): two daemons on a real etcd register with their tier
+    /// budgets as capacity, `strata cluster status`'s report gives each its share by
+    /// capacity, and a daemon that stops leaves the group at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn daemons_with_a_cluster_section_join_the_group_and_leave_on_stop() {
+        use strata_cluster::{read_group, NodeId};
+        let etcd = strata_cluster::testing::Etcd::start();
+        let test = async {
+            let cluster = |id: &str| crate::config::ClusterConfig {
+                etcd_endpoints: vec![etcd.endpoint()],
+                group: "g".into(),
+                node_id: Some(id.into()),
+                advertise: format!("127.0.0.1:{}", if id == "a" { 7001 } else { 7002 }),
+                zone: String::new(),
+                replication: 2,
+                lease_ttl_secs: 2,
+                prefix: "strata".into(),
+            };
+            let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+            let mut cfg = StrataConfig::default();
+            cfg.cache.disk = "0".into();
+            cfg.cache.memory = "16MiB".into();
+            cfg.cluster = Some(cluster("a"));
+            let (a, _) = start(cfg.clone(), dir_a.path(), &stop_a).await;
+            cfg.cache.memory = "48MiB".into();
+            cfg.cluster = Some(cluster("b"));
+            let (b, _) = start(cfg, dir_b.path(), &stop_b).await;
+
+            let group = cluster("a").group_config();
+            let mut seen = Default::default();
+            for _ in 0..100 {
+                seen = read_group(&group).await.expect("read group");
+                if seen.nodes.len() == 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(seen.ids(), vec![NodeId::new("a"), NodeId::new("b")]);
+            let report = crate::commands::cluster::Report::new("g", &seen);
+            let shares: Vec<f64> = report.nodes.iter().map(|n| n.share).collect();
+            assert!(
+                (shares[0] - 0.25).abs() < 1e-9 && (shares[1] - 0.75).abs() < 1e-9,
+                "{shares:?}"
+            );
+            assert_eq!(report.nodes[1].capacity["memory"], 48 << 20);
+
+            // A stop revokes the lease: gone without waiting for the 2 s TTL to run out.
+            stopped(stop_b, b).await;
+            let left = read_group(&group).await.expect("read group");
+            assert_eq!(left.ids(), vec![NodeId::new("a")]);
+            stopped(stop_a, a).await;
+            assert!(read_group(&group)
+                .await
+                .expect("read group")
+                .nodes
+                .is_empty());
+        };
+        tokio::time::timeout(Duration::from_secs(60), test)
+            .await
+            .expect("test took more than 60 s");
     }
 
     #[tokio::test]

@@ -1,0 +1,427 @@
+//! The group's members, on etcd.
+//!
+//! Each member writes its [`NodeInfo`] as JSON to `/<prefix>/<group>/nodes/<node id>`,
+//! attached to a lease of `lease_ttl` that it renews every third of the TTL; etcd deletes
+//! the record when the lease runs out, so a crashed or partitioned node leaves the group
+//! after at most the TTL. Each member also reads the group and then watches it from the
+//! revision it read, so its [`Membership`] follows every join and leave in etcd's order.
+//!
+//! When etcd cannot be reached, the member keeps publishing the last membership it saw
+//! (marked `connected: false`) and retries with a bounded exponential backoff; once
+//! etcd answers it registers again under a new lease and re-reads the group. A member
+//! never decides on its own that another one left: only etcd's lease expiry does, so
+//! every member sees the same sequence of memberships.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::ClusterError;
+
+/// The default root of the group keys: `/strata/<group>/nodes/...`.
+pub const DEFAULT_PREFIX: &str = "strata";
+
+/// A member's id, unique in its group (the host name is the usual choice).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(String);
+
+impl NodeId {
+    pub fn new(id: impl Into<String>) -> NodeId {
+        NodeId(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a member tells the group about itself (the JSON record in etcd).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: NodeId,
+    /// Where the peers reach this node's peer service (`host:port`).
+    pub advertise: String,
+    /// Bytes per tier (`"gpu"`, `"memory"`, `"disk"`): the placement weighs nodes by
+    /// their total.
+    #[serde(default)]
+    pub capacity: BTreeMap<String, u64>,
+    /// Failure domain (rack, availability zone); empty when not configured.
+    #[serde(default)]
+    pub zone: String,
+}
+
+impl NodeInfo {
+    /// The node's placement weight: its total capacity in bytes (0: owns nothing).
+    pub fn weight(&self) -> f64 {
+        self.capacity.values().map(|b| *b as f64).sum()
+    }
+}
+
+/// The group as one member last saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Membership {
+    pub nodes: BTreeMap<NodeId, NodeInfo>,
+    /// The etcd revision this snapshot reflects (0 before the first read).
+    pub revision: i64,
+    /// False while etcd is unreachable: `nodes` is then the last membership seen.
+    pub connected: bool,
+}
+
+impl Membership {
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.nodes.keys().cloned().collect()
+    }
+}
+
+/// Where the group lives and how its members keep their place in it.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// etcd client URLs (`http://10.0.0.5:2379`).
+    pub endpoints: Vec<String>,
+    /// Root of the keys ([`DEFAULT_PREFIX`]); several groups share one etcd by name.
+    pub prefix: String,
+    pub group: String,
+    /// How long a silent member stays in the group. etcd counts leases in whole
+    /// seconds, so this is rounded up to at least 1 s.
+    pub lease_ttl: Duration,
+    /// Bound of one etcd call (connect, grant, put, get), so a hung etcd is treated as a
+    /// down one.
+    pub call_timeout: Duration,
+    /// Backoff between reconnection attempts: doubles from `backoff_min` up to
+    /// `backoff_max`, reset after a session that registered.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl GroupConfig {
+    /// A group with the defaults below for the timing knobs.
+    pub fn new(endpoints: Vec<String>, group: impl Into<String>) -> GroupConfig {
+        GroupConfig {
+            endpoints,
+            prefix: DEFAULT_PREFIX.to_string(),
+            group: group.into(),
+            // 10 s: a crashed node's keys are re-placed within 10 s, while a GC pause or
+            // a short network blip (renewals every ~3 s) does not evict a live node.
+            lease_ttl: Duration::from_secs(10),
+            // 3 s: far above a healthy etcd's latency, short enough that a member
+            // notices a dead etcd well within one lease TTL.
+            call_timeout: Duration::from_secs(3),
+            // 100 ms .. 5 s: quick to come back after a restart, without hammering an
+            // etcd that is down for longer.
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+
+    /// The checks that need no I/O.
+    pub fn check(&self) -> Result<(), ClusterError> {
+        if self.endpoints.is_empty() {
+            return Err(ClusterError::Config("no etcd endpoints".into()));
+        }
+        check_segment("group", &self.group)?;
+        if self.prefix.trim_matches('/').is_empty() {
+            return Err(ClusterError::Config("empty key prefix".into()));
+        }
+        if self.lease_ttl.is_zero() || self.call_timeout.is_zero() {
+            return Err(ClusterError::Config(
+                "lease TTL and call timeout must be positive".into(),
+            ));
+        }
+        if self.backoff_min.is_zero() || self.backoff_max < self.backoff_min {
+            return Err(ClusterError::Config(
+                "backoff_min must be positive and at most backoff_max".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `/<prefix>/<group>/nodes/`: the key prefix every member record lives under.
+    pub fn nodes_prefix(&self) -> String {
+        format!("/{}/{}/nodes/", self.prefix.trim_matches('/'), self.group)
+    }
+
+    fn node_key(&self, id: &NodeId) -> String {
+        format!("{}{}", self.nodes_prefix(), id)
+    }
+
+    fn lease_secs(&self) -> i64 {
+        let ms = self.lease_ttl.as_millis();
+        ms.div_ceil(1000).max(1) as i64
+    }
+}
+
+/// Group names and node ids become key segments: no slashes, nothing empty.
+pub fn check_segment(what: &str, s: &str) -> Result<(), ClusterError> {
+    if s.is_empty() || s.contains('/') || s.chars().any(char::is_control) {
+        return Err(ClusterError::Config(format!(
+            "{what} {s:?} must be non-empty, without '/' or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// One daemon's place in the group: registration, lease renewal and the watch, in a
+/// background task. Dropping it stops the task without revoking the lease (as a crash
+/// would: the record goes after the TTL); [`Member::leave`] leaves at once.
+pub struct Member {
+    membership: watch::Receiver<Membership>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Member {
+    /// Starts registering `me` in the group and following it. Returns at once; the
+    /// membership is empty (`revision` 0) until etcd first answers.
+    pub fn start(cfg: GroupConfig, me: NodeInfo) -> Result<Member, ClusterError> {
+        cfg.check()?;
+        check_segment("node id", me.id.as_str())?;
+        let record = serde_json::to_vec(&me).map_err(ClusterError::Encode)?;
+        let (tx, rx) = watch::channel(Membership::default());
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let task = tokio::spawn(run(cfg, me.id, record, tx, stop_rx));
+        Ok(Member {
+            membership: rx,
+            stop: Some(stop_tx),
+            task: Some(task),
+        })
+    }
+
+    /// The current membership and its changes.
+    pub fn membership(&self) -> watch::Receiver<Membership> {
+        self.membership.clone()
+    }
+
+    /// Leaves the group: revokes the lease (the others see the leave at once, not after
+    /// the TTL) and stops the task.
+    pub async fn leave(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Reads the group once (for `strata cluster status`).
+pub async fn read_group(cfg: &GroupConfig) -> Result<Membership, ClusterError> {
+    cfg.check()?;
+    let mut client = connect(cfg).await?;
+    read(&mut client, cfg).await
+}
+
+async fn connect(cfg: &GroupConfig) -> Result<Client, ClusterError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(cfg.call_timeout)
+        // HTTP/2 pings: a silently dead etcd (no RST, e.g. a partition) breaks the
+        // watch and keepalive streams instead of leaving them hanging.
+        .with_keep_alive(cfg.call_timeout, cfg.call_timeout)
+        .with_keep_alive_while_idle(true);
+    bounded(cfg, Client::connect(&cfg.endpoints, Some(options))).await
+}
+
+async fn bounded<T>(
+    cfg: &GroupConfig,
+    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, ClusterError> {
+    match tokio::time::timeout(cfg.call_timeout, call).await {
+        Ok(r) => r.map_err(ClusterError::from),
+        Err(_) => Err(ClusterError::Timeout(cfg.call_timeout)),
+    }
+}
+
+async fn read(client: &mut Client, cfg: &GroupConfig) -> Result<Membership, ClusterError> {
+    let prefix = cfg.nodes_prefix();
+    let resp = bounded(
+        cfg,
+        client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
+    let mut m = Membership {
+        revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+        connected: true,
+        ..Membership::default()
+    };
+    for kv in resp.kvs() {
+        let Some(id) = id_of(cfg, kv.key()) else {
+            continue;
+        };
+        if let Some(info) = parse_record(kv.key(), kv.value()) {
+            m.nodes.insert(id, info);
+        }
+    }
+    Ok(m)
+}
+
+/// The node id a record's key names (records are keyed by id, so the key wins over
+/// whatever id the JSON claims).
+fn id_of(cfg: &GroupConfig, key: &[u8]) -> Option<NodeId> {
+    let id = key.strip_prefix(cfg.nodes_prefix().as_bytes())?;
+    std::str::from_utf8(id).ok().map(NodeId::new)
+}
+
+/// A record that does not parse is left out (logged), not fatal: one bad writer must
+/// not take the whole group's view down.
+fn parse_record(key: &[u8], value: &[u8]) -> Option<NodeInfo> {
+    match serde_json::from_slice::<NodeInfo>(value) {
+        Ok(info) => Some(info),
+        Err(source) => {
+            let e = ClusterError::BadRecord {
+                key: String::from_utf8_lossy(key).into_owned(),
+                source,
+            };
+            tracing::warn!(error = %e, "ignoring a node record");
+            None
+        }
+    }
+}
+
+/// The member task: sessions with etcd, separated by backoff, until stopped.
+async fn run(
+    cfg: GroupConfig,
+    me: NodeId,
+    record: Vec<u8>,
+    tx: watch::Sender<Membership>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut backoff = cfg.backoff_min;
+    loop {
+        let mut registered = false;
+        let outcome = session(&cfg, &me, &record, &tx, &mut stop, &mut registered).await;
+        match outcome {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, node = %me, "etcd session ended; keeping the last membership");
+                tx.send_if_modified(|m| std::mem::replace(&mut m.connected, false));
+            }
+        }
+        if registered {
+            backoff = cfg.backoff_min;
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(cfg.backoff_max);
+    }
+}
+
+/// One session: connect, register under a fresh lease, read the group, then renew and
+/// follow the watch until an error (Err) or a stop (Ok, after revoking the lease).
+async fn session(
+    cfg: &GroupConfig,
+    me: &NodeId,
+    record: &[u8],
+    tx: &watch::Sender<Membership>,
+    stop: &mut oneshot::Receiver<()>,
+    registered: &mut bool,
+) -> Result<(), ClusterError> {
+    let mut client = connect(cfg).await?;
+    let lease = bounded(cfg, client.lease_grant(cfg.lease_secs(), None))
+        .await?
+        .id();
+    // A fresh lease each session: the one of a previous session may have expired while
+    // etcd was away, taking the record with it. Writing the record again under the new
+    // lease also moves it off the old one, whose expiry then deletes nothing.
+    bounded(
+        cfg,
+        client.put(
+            cfg.node_key(me),
+            record.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        ),
+    )
+    .await?;
+    *registered = true;
+    let (mut keeper, mut renewals) = bounded(cfg, client.lease_keep_alive(lease)).await?;
+
+    let snapshot = read(&mut client, cfg).await?;
+    let mut watch_stream = bounded(
+        cfg,
+        client.watch(
+            cfg.nodes_prefix(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(snapshot.revision + 1),
+            ),
+        ),
+    )
+    .await?;
+    tx.send_replace(snapshot);
+
+    // Renew three times per TTL: two renewals may be lost before the lease runs out.
+    let mut tick = tokio::time::interval((cfg.lease_ttl / 3).max(Duration::from_millis(100)));
+    let mut last_renewal = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut *stop => {
+                // Leave at once rather than after the TTL; best effort (bounded).
+                let _ = bounded(cfg, client.lease_revoke(lease)).await;
+                return Ok(());
+            }
+            _ = tick.tick() => {
+                if last_renewal.elapsed() > cfg.lease_ttl {
+                    // No answer for a whole TTL: the lease may be gone; start over.
+                    return Err(ClusterError::Timeout(cfg.lease_ttl));
+                }
+                bounded(cfg, keeper.keep_alive()).await?;
+            }
+            renewal = renewals.message() => {
+                match renewal? {
+                    Some(r) if r.ttl() > 0 => last_renewal = tokio::time::Instant::now(),
+                    Some(_) => return Err(ClusterError::LeaseExpired),
+                    None => return Err(ClusterError::StreamEnded("lease keepalive")),
+                }
+            }
+            event = watch_stream.message() => {
+                let Some(resp) = event? else {
+                    return Err(ClusterError::StreamEnded("watch"));
+                };
+                if resp.canceled() {
+                    return Err(ClusterError::WatchCancelled(resp.compact_revision()));
+                }
+                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                tx.send_if_modified(|m| {
+                    let before = m.nodes.clone();
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let Some(id) = id_of(cfg, kv.key()) else { continue };
+                        match ev.event_type() {
+                            EventType::Put => {
+                                if let Some(info) = parse_record(kv.key(), kv.value()) {
+                                    m.nodes.insert(id, info);
+                                }
+                            }
+                            EventType::Delete => {
+                                m.nodes.remove(&id);
+                            }
+                        }
+                    }
+                    m.revision = m.revision.max(revision);
+                    m.nodes != before
+                });
+            }
+        }
+    }
+}

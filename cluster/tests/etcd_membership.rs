@@ -1,0 +1,314 @@
+//! Membership on a real etcd (issue 16): registration, the watch, leaving after the
+//! lease TTL, and riding out an etcd outage. Each test starts its own etcd and bounds
+//! its own time.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use strata_cluster::testing::Etcd;
+use strata_cluster::{read_group, GroupConfig, Member, Membership, NodeId, NodeInfo};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// 2 s: etcd's smallest lease TTL with its default timing (1.5 election timeouts,
+/// rounded up), so the leave and outage tests run in seconds.
+const TTL: Duration = Duration::from_secs(2);
+
+fn group(etcd: &Etcd) -> GroupConfig {
+    let mut g = GroupConfig::new(vec![etcd.endpoint()], "test");
+    g.lease_ttl = TTL;
+    g.call_timeout = Duration::from_secs(1);
+    g.backoff_min = Duration::from_millis(50);
+    g.backoff_max = Duration::from_millis(500);
+    g
+}
+
+fn node(id: &str) -> NodeInfo {
+    NodeInfo {
+        id: NodeId::new(id),
+        advertise: format!("{id}.example:7073"),
+        capacity: BTreeMap::from([("memory".into(), 1 << 30), ("disk".into(), 10 << 30)]),
+        zone: "zone-a".into(),
+    }
+}
+
+fn ids(names: &[&str]) -> Vec<NodeId> {
+    names.iter().map(|n| NodeId::new(*n)).collect()
+}
+
+/// Waits (at most `within`) until the member's membership satisfies `pred`.
+async fn until(
+    rx: &mut watch::Receiver<Membership>,
+    within: Duration,
+    what: &str,
+    pred: impl FnMut(&Membership) -> bool,
+) -> Membership {
+    let outcome = tokio::time::timeout(within, rx.wait_for(pred))
+        .await
+        .map(|r| r.map(|m| m.clone()));
+    match outcome {
+        Ok(Ok(m)) => m,
+        Ok(Err(_)) => panic!("{what}: the member task ended"),
+        Err(_) => panic!(
+            "{what}: not within {within:?}; last seen {:?}",
+            *rx.borrow()
+        ),
+    }
+}
+
+/// The whole test in 60 s at most.
+async fn bounded(test: impl Future<Output = ()>) {
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("test took more than 60 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_see_each_other_and_a_leave_at_once() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let g = group(&etcd);
+        let members: Vec<Member> = ["a", "b", "c"]
+            .iter()
+            .map(|id| Member::start(g.clone(), node(id)).expect("start"))
+            .collect();
+        for m in &members {
+            let seen = until(
+                &mut m.membership(),
+                Duration::from_secs(10),
+                "three members",
+                |m| m.nodes.len() == 3,
+            )
+            .await;
+            assert_eq!(seen.ids(), ids(&["a", "b", "c"]));
+            assert!(seen.connected);
+            // The record round-trips: the peers get the address and capacities.
+            assert_eq!(seen.nodes[&NodeId::new("b")], node("b"));
+        }
+        // etcd holds exactly the three records.
+        let direct = read_group(&g).await.expect("read group");
+        assert_eq!(direct.ids(), ids(&["a", "b", "c"]));
+
+        // A clean leave revokes the lease: the others see it well before the TTL.
+        let mut members = members;
+        let c = members.pop().expect("c");
+        let left = Instant::now();
+        c.leave().await;
+        for m in &members {
+            until(&mut m.membership(), TTL, "c's leave", |m| {
+                m.nodes.len() == 2
+            })
+            .await;
+        }
+        assert!(left.elapsed() < TTL, "leave took {:?}", left.elapsed());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_renewing_leaves_after_the_ttl() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let g = group(&etcd);
+        let a = Member::start(g.clone(), node("a")).expect("start a");
+        let b = Member::start(g.clone(), node("b")).expect("start b");
+        let c = Member::start(g.clone(), node("c")).expect("start c");
+        for m in [&a, &b, &c] {
+            until(
+                &mut m.membership(),
+                Duration::from_secs(10),
+                "three members",
+                |m| m.nodes.len() == 3,
+            )
+            .await;
+        }
+        // Dropping c aborts its task as a crash would: no revoke, just no renewals.
+        let crashed = Instant::now();
+        drop(c);
+        for m in [&a, &b] {
+            let seen = until(&mut m.membership(), 4 * TTL, "c expiring", |m| {
+                m.nodes.len() == 2
+            })
+            .await;
+            assert_eq!(seen.ids(), ids(&["a", "b"]));
+        }
+        // Not before the lease could run out: its last renewal was at most a third of
+        // the TTL before the crash.
+        let gone_after = crashed.elapsed();
+        assert!(
+            gone_after >= TTL * 2 / 3 - Duration::from_millis(100),
+            "c left after {gone_after:?}, before its lease could expire"
+        );
+        // The live ones stayed (their renewals work).
+        tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+        assert_eq!(read_group(&g).await.expect("read").ids(), ids(&["a", "b"]));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_outage_keeps_the_membership_and_members_reregister() {
+    let mut etcd = Etcd::start();
+    let g = group(&etcd);
+    let members: Vec<Member> = ["a", "b", "c"]
+        .iter()
+        .map(|id| Member::start(g.clone(), node(id)).expect("start"))
+        .collect();
+    bounded(async {
+        for m in &members {
+            until(
+                &mut m.membership(),
+                Duration::from_secs(10),
+                "three members",
+                |m| m.nodes.len() == 3,
+            )
+            .await;
+        }
+    })
+    .await;
+
+    etcd.kill();
+    bounded(async {
+        for m in &members {
+            until(&mut m.membership(), 3 * TTL, "noticing the outage", |m| {
+                !m.connected
+            })
+            .await;
+        }
+        // Longer than a TTL without etcd: nobody is dropped from anyone's view.
+        tokio::time::sleep(2 * TTL).await;
+        for m in &members {
+            let seen = m.membership().borrow().clone();
+            assert!(!seen.connected);
+            assert_eq!(seen.ids(), ids(&["a", "b", "c"]));
+        }
+    })
+    .await;
+
+    etcd.restart();
+    bounded(async {
+        for m in &members {
+            until(&mut m.membership(), 5 * TTL, "reconnecting", |m| {
+                m.connected && m.nodes.len() == 3
+            })
+            .await;
+        }
+        // etcd restores the old leases with a fresh TTL; after two TTLs they are gone,
+        // so the records still there are the ones re-registered under renewed leases.
+        tokio::time::sleep(2 * TTL + Duration::from_millis(500)).await;
+        assert_eq!(
+            read_group(&g).await.expect("read").ids(),
+            ids(&["a", "b", "c"])
+        );
+        for m in &members {
+            let seen = m.membership().borrow().clone();
+            assert!(seen.connected);
+            assert_eq!(seen.ids(), ids(&["a", "b", "c"]));
+        }
+        // The watches were re-established: a newcomer is seen by everyone.
+        let d = Member::start(g.clone(), node("d")).expect("start d");
+        for m in members.iter().chain([&d]) {
+            until(
+                &mut m.membership(),
+                Duration::from_secs(10),
+                "d joining",
+                |m| m.nodes.len() == 4,
+            )
+            .await;
+        }
+    })
+    .await;
+}
+
+/// A member whose lease ran out while etcd stayed up (a pause longer than the TTL, a
+/// partition from etcd alone) is told so by its next renewal and registers again: the
+/// others see it leave and come back, and it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_expired_registers_again() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let g = group(&etcd);
+        let a = Member::start(g.clone(), node("a")).expect("start a");
+        let b = Member::start(g.clone(), node("b")).expect("start b");
+        let mut seen_by_a = a.membership();
+        until(
+            &mut seen_by_a,
+            Duration::from_secs(10),
+            "two members",
+            |m| m.nodes.len() == 2,
+        )
+        .await;
+        until(
+            &mut b.membership(),
+            Duration::from_secs(10),
+            "two members",
+            |m| m.nodes.len() == 2,
+        )
+        .await;
+
+        // Expire b's lease behind its back, as etcd would after a long silence.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("connect");
+        let key = format!("{}b", g.nodes_prefix());
+        let resp = client.get(key, None).await.expect("get b");
+        let lease = resp.kvs().first().expect("b's record").lease();
+        let revoked_at = client
+            .lease_revoke(lease)
+            .await
+            .expect("revoke")
+            .header()
+            .expect("header")
+            .revision();
+
+        // The next renewal (a third of the TTL) finds the lease gone; b registers again
+        // under a new lease, and a's view follows (a revision after the revoke, b in it).
+        // (Waiting to see b missing first would race b's quick return.)
+        let back = until(&mut seen_by_a, 3 * TTL, "b back", |m| {
+            m.revision > revoked_at && m.nodes.len() == 2
+        })
+        .await;
+        assert_eq!(back.nodes[&NodeId::new("b")], node("b"));
+        let resp = client
+            .get(format!("{}b", g.nodes_prefix()), None)
+            .await
+            .expect("get b");
+        let new_lease = resp.kvs().first().expect("b's record again").lease();
+        assert_ne!(new_lease, lease);
+        // And stays: its new lease is being renewed.
+        tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+        assert_eq!(read_group(&g).await.expect("read").ids(), ids(&["a", "b"]));
+    })
+    .await;
+}
+
+/// A daemon that starts while etcd is down serves alone (empty membership, not
+/// connected) and joins once etcd comes up; a one-shot read of a down etcd fails
+/// within the call timeout instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_before_etcd_joins_when_it_comes_up() {
+    let mut etcd = Etcd::start();
+    etcd.kill();
+    let g = group(&etcd);
+    let a = Member::start(g.clone(), node("a")).expect("start a");
+    bounded(async {
+        let started = Instant::now();
+        assert!(read_group(&g).await.is_err(), "etcd is down");
+        assert!(started.elapsed() < g.call_timeout + Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let seen = a.membership().borrow().clone();
+        assert!(!seen.connected && seen.nodes.is_empty(), "{seen:?}");
+    })
+    .await;
+    etcd.restart();
+    bounded(async {
+        let seen = until(&mut a.membership(), 5 * TTL, "a joining", |m| {
+            m.connected && m.nodes.len() == 1
+        })
+        .await;
+        assert_eq!(seen.ids(), ids(&["a"]));
+        assert_eq!(read_group(&g).await.expect("read").ids(), ids(&["a"]));
+    })
+    .await;
+}
