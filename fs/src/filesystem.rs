@@ -398,6 +398,9 @@ impl InodeTable {
 /// Copy name per object (path, version) with a passthrough copy.
 type KeptCopies = HashMap<(Arc<str>, Arc<str>), String>;
 
+/// Open handles per object (path, version) expected to get a passthrough copy.
+type ExpectedCopies = HashMap<(Arc<str>, Arc<str>), u32>;
+
 struct FileHandle {
     ino: u64,
     obj: Arc<ObjectInfo>,
@@ -408,6 +411,8 @@ struct FileHandle {
     /// daemon (the kernel declined passthrough) are served from it, since the copy is
     /// the object's one durable copy (its blocks leave the disk tier).
     copy: Option<Arc<std::fs::File>>,
+    /// Counted in `FsCore::expected` (until released).
+    expects_copy: bool,
     /// Bytes served through this handle; a whole-file read triggers a passthrough copy.
     served: AtomicU64,
 }
@@ -435,6 +440,11 @@ pub struct FsCore {
     /// Copy names of the objects (path, version) known to have a passthrough copy: the
     /// engine's disk levels do not keep their blocks (one copy per byte on disk).
     kept: Arc<Mutex<KeptCopies>>,
+    /// Objects open now that may get a passthrough copy (small enough, none yet), with
+    /// their open handles: their blocks skip the disk tier meanwhile, so a file read
+    /// whole is written to disk once, as its copy, instead of as a block that the copy
+    /// then replaces. A file not read whole reaches disk by demotion, as before.
+    expected: Arc<Mutex<ExpectedCopies>>,
     jobs: JobResolver,
     /// Bytes of demand reads in progress (the controller counts them against its
     /// prefetch backlog bound: they share the store link).
@@ -485,16 +495,20 @@ impl FsCore {
                 .ok()
         });
         let kept: Arc<Mutex<KeptCopies>> = Arc::default();
+        let expected: Arc<Mutex<ExpectedCopies>> = Arc::default();
         if let Some(store) = &passthrough {
-            let (store, kept) = (store.clone(), kept.clone());
+            let (store, kept, expected) = (store.clone(), kept.clone(), expected.clone());
             reader
                 .engine()
                 .add_kept_elsewhere(Arc::new(move |key: &CacheKey| {
                     let CacheKey::File(k) = key else {
                         return false;
                     };
-                    let mut kept = kept.lock();
                     let id = (k.location.clone(), k.version.clone());
+                    if expected.lock().contains_key(&id) {
+                        return true;
+                    }
+                    let mut kept = kept.lock();
                     match kept.get(&id) {
                         Some(name) if store.contains(name) => true,
                         // The copy was evicted from its budget: the blocks may go to
@@ -509,6 +523,7 @@ impl FsCore {
         }
         FsCore {
             kept,
+            expected,
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
             root,
@@ -889,6 +904,18 @@ impl FsCore {
             // A copy made in an earlier run: from now on it is the durable copy.
             self.keep_in_copy(&obj);
         }
+        let expects_copy = passthrough.is_none()
+            && self
+                .passthrough
+                .as_ref()
+                .is_some_and(|p| p.name_for(&obj.path, &obj.version, obj.size).is_some());
+        if expects_copy {
+            *self
+                .expected
+                .lock()
+                .entry((obj.path.clone(), obj.version.clone()))
+                .or_insert(0) += 1;
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = FileHandle {
             ino,
@@ -896,6 +923,7 @@ impl FsCore {
             readahead: Mutex::new((self.opts.readahead)()),
             ramp: Mutex::new(self.request_ramp()),
             copy,
+            expects_copy,
             served: AtomicU64::new(0),
         };
         self.files.lock().insert(fh, Arc::new(handle));
@@ -1210,7 +1238,19 @@ impl FsCore {
     }
 
     pub fn release(&self, fh: u64) {
-        self.files.lock().remove(&fh);
+        let Some(h) = self.files.lock().remove(&fh) else {
+            return;
+        };
+        if h.expects_copy {
+            let id = (h.obj.path.clone(), h.obj.version.clone());
+            let mut expected = self.expected.lock();
+            if let Some(n) = expected.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    expected.remove(&id);
+                }
+            }
+        }
     }
 
     /// Inode of an open handle (tests, tracing).
