@@ -66,6 +66,10 @@ use crate::tier::{Tier, TierGet, TierKind};
 
 type SharedFetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>>>;
 
+/// The shared result of one run fetch ([`CacheEngine::fetch_runs`]): the run's blocks.
+pub type RunFetch =
+    Shared<BoxFuture<'static, std::result::Result<Arc<Vec<Bytes>>, Arc<CacheError>>>>;
+
 /// Bytes reserved at one level, released when dropped (unless taken over by a commit).
 struct Charge<'a> {
     state: &'a Mutex<Hierarchy>,
@@ -250,6 +254,7 @@ impl EngineBuilder {
                 counters: EngineCounters::default(),
                 epoch: Instant::now(),
                 degraded_backoff: self.degraded_backoff,
+                kept_elsewhere: parking_lot::RwLock::new(Vec::new()),
             }),
         })
     }
@@ -282,7 +287,13 @@ struct Inner {
     /// Time origin of `Level::degraded_until`.
     epoch: Instant,
     degraded_backoff: Duration,
+    /// Keys with a durable copy outside the engine (see
+    /// [`CacheEngine::add_kept_elsewhere`]); persistent levels do not store them.
+    kept_elsewhere: parking_lot::RwLock<Vec<KeptElsewhere>>,
 }
+
+/// Says whether a key has a durable copy outside the engine.
+pub type KeptElsewhere = Arc<dyn Fn(&CacheKey) -> bool + Send + Sync>;
 
 /// The tiered cache. Cheap to clone (shared state).
 #[derive(Clone)]
@@ -474,6 +485,37 @@ impl CacheEngine {
         u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Declares which keys have a durable copy outside the engine (a mount's
+    /// passthrough files hold whole small objects): persistent levels neither take such
+    /// keys on fill nor on demotion, so a byte is kept on disk once. Volatile levels
+    /// still cache them. The caller drops copies already on disk with
+    /// [`Self::drop_persistent`]. Each mount adds its own.
+    pub fn add_kept_elsewhere(&self, f: KeptElsewhere) {
+        self.inner.kept_elsewhere.write().push(f);
+    }
+
+    /// Whether level `i` must not store `key` (it is persistent and `key` is kept
+    /// elsewhere).
+    fn skip_persistent(&self, i: usize, key: &CacheKey) -> bool {
+        self.inner.levels[i].tier.kind() == TierKind::Disk
+            && self.inner.kept_elsewhere.read().iter().any(|f| f(key))
+    }
+
+    /// Removes `key` from the persistent levels only (its durable copy now lives
+    /// elsewhere: see [`Self::add_kept_elsewhere`]); returns whether any held it.
+    pub async fn drop_persistent(&self, key: &CacheKey) -> Result<bool> {
+        let mut found = false;
+        for (i, level) in self.inner.levels.iter().enumerate() {
+            if level.tier.kind() != TierKind::Disk {
+                continue;
+            }
+            if self.inner.state.lock().forget(i, key).is_some() {
+                found |= level.tier.remove(key).await?;
+            }
+        }
+        Ok(found)
+    }
+
     /// Whether writes skip level `i` now.
     fn is_degraded(&self, i: usize) -> bool {
         let until = self.inner.levels[i].degraded_until.load(Ordering::Relaxed);
@@ -593,6 +635,104 @@ impl CacheEngine {
         shared.await.map_err(|e| e.duplicate())
     }
 
+    /// Fetches several blocks with one request each run: claims every key of `keys`
+    /// that is neither cached nor in flight, groups the claimed keys into runs of
+    /// consecutive indices, and for each run spawns one task running `fetch(run)`, which
+    /// must return the run's blocks in order. Each claimed key is in flight (in the
+    /// single-flight map) until its run's fill, so a concurrent `get_or_fetch` of any of
+    /// them joins the run instead of fetching the block again. Keys not claimed were
+    /// cached or someone else's fetch. Returns the runs claimed, each with the shared
+    /// result of its fetch.
+    pub fn fetch_runs<F, Fut>(
+        &self,
+        keys: &[CacheKey],
+        ctx: &AccessContext,
+        fetch: F,
+    ) -> Vec<(std::ops::Range<usize>, RunFetch)>
+    where
+        F: Fn(std::ops::Range<usize>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Bytes>>> + Send + 'static,
+    {
+        let fetch = Arc::new(fetch);
+        let mut runs = Vec::new();
+        let mut inflight = self.inner.inflight.lock();
+        let mut i = 0;
+        while i < keys.len() {
+            let free = |k: &CacheKey| !inflight.contains_key(k) && !self.contains(k);
+            if !free(&keys[i]) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < keys.len() && free(&keys[i]) {
+                i += 1;
+            }
+            let run = start..i;
+            let run_keys: Vec<CacheKey> = keys[run.clone()].to_vec();
+            let engine = self.clone();
+            let fetch = fetch.clone();
+            let task_ctx = *ctx;
+            let task_run = run.clone();
+            // Spawned while the map is locked: the task's removals wait for the
+            // insertions below, so none is left behind.
+            let task = tokio::spawn(async move {
+                let result = fetch(task_run).await.and_then(|blocks| {
+                    if blocks.len() == run_keys.len() {
+                        Ok(blocks)
+                    } else {
+                        Err(CacheError::Corrupt(format!(
+                            "a run fetch returned {} blocks for {} keys",
+                            blocks.len(),
+                            run_keys.len()
+                        )))
+                    }
+                });
+                if let Ok(blocks) = &result {
+                    for (key, bytes) in run_keys.iter().zip(blocks) {
+                        if let Err(e) = engine
+                            .fill(
+                                key,
+                                Block::new(bytes.clone()),
+                                &task_ctx,
+                                Persist::Background,
+                            )
+                            .await
+                        {
+                            tracing::warn!(%key, error = %e, "fill failed; serving uncached");
+                        }
+                    }
+                }
+                {
+                    let mut inflight = engine.inner.inflight.lock();
+                    for key in &run_keys {
+                        inflight.remove(key);
+                    }
+                }
+                result.map(Arc::new).map_err(Arc::new)
+            });
+            let whole: RunFetch = async move {
+                match task.await {
+                    Ok(r) => r,
+                    Err(join) => Err(Arc::new(CacheError::SharedFetch(format!(
+                        "run fetch task failed: {join}"
+                    )))),
+                }
+            }
+            .boxed()
+            .shared();
+            for (n, key) in keys[run.clone()].iter().enumerate() {
+                let one: SharedFetch = whole
+                    .clone()
+                    .map(move |r| r.map(|blocks| blocks[n].clone()))
+                    .boxed()
+                    .shared();
+                inflight.insert(key.clone(), one);
+            }
+            runs.push((run, whole));
+        }
+        runs
+    }
+
     /// Fills `key` into the top level (and persistent levels when writing through).
     ///
     /// `persist` says how the write-through to persistent levels happens: `Inline` for
@@ -620,6 +760,9 @@ impl CacheEngine {
         let mut deferred = Vec::new();
         for i in 0..self.inner.levels.len() {
             let persistent = self.inner.levels[i].tier.kind() == TierKind::Disk;
+            if self.skip_persistent(i, key) {
+                continue;
+            }
             // Inline puts must reach every persistent level write-through reaches.
             let must_persist = persistent && persist == Persist::Inline && self.inner.write_through;
             if stored {
@@ -677,6 +820,9 @@ impl CacheEngine {
             let (key, ctx) = (key.clone(), *ctx);
             tokio::spawn(async move {
                 for i in deferred {
+                    if engine.skip_persistent(i, &key) {
+                        continue;
+                    }
                     if engine.is_degraded(i) {
                         engine
                             .inner
@@ -686,7 +832,16 @@ impl CacheEngine {
                         continue;
                     }
                     match engine.insert_at(i, &key, block.clone(), &ctx).await {
-                        Ok(true) => engine.note_write_ok(i),
+                        Ok(true) => {
+                            engine.note_write_ok(i);
+                            // Kept elsewhere meanwhile (its drop may have run before
+                            // this write committed): one copy on disk, not two.
+                            if engine.skip_persistent(i, &key) {
+                                if let Err(e) = engine.drop_persistent(&key).await {
+                                    tracing::debug!(%key, error = %e, "dropping a block kept elsewhere failed");
+                                }
+                            }
+                        }
                         Ok(false) => {}
                         Err(e) => {
                             engine.note_write_error(i, &e);
@@ -732,6 +887,9 @@ impl CacheEngine {
         let (stored, mut demotions) = self.place_one(start, key, block, ctx).await?;
         let moved = ctx.moved(AccessKind::Demotion);
         while let Some((i, victim, bytes)) = demotions.pop() {
+            if self.skip_persistent(i, &victim) {
+                continue;
+            }
             if self.inner.levels[i].tier.kind() == TierKind::Disk && self.is_degraded(i) {
                 // Only a cached copy is lost; the store (or the client) still has it.
                 self.inner

@@ -8,6 +8,7 @@ pub mod classify;
 pub mod conformance;
 pub mod engine;
 pub mod error;
+pub mod fetch_plan;
 pub mod hierarchy;
 pub mod io;
 pub mod key;

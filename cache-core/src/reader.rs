@@ -5,14 +5,26 @@
 //! concurrent reader (the engine's single-flight). A read spanning several blocks
 //! fetches them concurrently and stitches them; a read inside one block is a zero-copy
 //! slice of it.
+//!
+//! Prefetches of a sequential stream go through [`ObjectReader::fetch_run`]: several
+//! consecutive blocks in one ranged GET, split into blocks as the body arrives, each
+//! block in flight in the engine's single-flight map until it lands (so a demand read
+//! of any of them joins the run). Every run's timing feeds the reader's
+//! [`LinkEstimator`], from which the mount sizes the bytes it keeps in flight.
 
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
 use crate::access::AccessContext;
 use crate::engine::CacheEngine;
 use crate::error::{CacheError, Result};
+use crate::fetch_plan::{plan_runs, LinkEstimator, RequestRamp};
 use crate::key::CacheKey;
 use crate::store::{BackingStore, ObjectInfo};
 
@@ -21,6 +33,28 @@ pub struct ObjectReader {
     engine: CacheEngine,
     store: BackingStore,
     block_size: u64,
+    link: Arc<Link>,
+}
+
+/// The store link as this reader's run fetches measure it.
+struct Link {
+    estimate: Mutex<LinkEstimator>,
+    /// Time origin of the estimator's clock.
+    epoch: Instant,
+    /// Ranged GETs sent by run fetches and the blocks they carried (stats, tests).
+    requests: AtomicU64,
+    blocks: AtomicU64,
+}
+
+/// What became of one block of a [`ObjectReader::fetch_run`].
+#[derive(Debug)]
+pub enum RunBlock {
+    /// This call fetched it from the store into the cache.
+    Fetched,
+    /// Cached already, or another reader's fetch brings it.
+    NotFetched,
+    /// The fetch failed (the block is not cached).
+    Failed(CacheError),
 }
 
 impl ObjectReader {
@@ -32,7 +66,88 @@ impl ObjectReader {
             engine,
             store: store.with_block_size(block_size),
             block_size,
+            link: Arc::new(Link {
+                estimate: Mutex::new(LinkEstimator::default()),
+                epoch: Instant::now(),
+                requests: AtomicU64::new(0),
+                blocks: AtomicU64::new(0),
+            }),
         })
+    }
+
+    /// The link estimate from this reader's run fetches (shared by its clones).
+    pub fn link(&self) -> LinkEstimator {
+        self.link.estimate.lock().clone()
+    }
+
+    /// Ranged GETs sent by run fetches, and the blocks they carried.
+    pub fn run_requests(&self) -> (u64, u64) {
+        (
+            self.link.requests.load(Ordering::Relaxed),
+            self.link.blocks.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Fetches blocks `run` of `obj` ahead of demand: the blocks neither cached nor in
+    /// flight are fetched with one ranged GET per stretch of consecutive ones (the
+    /// caller sizes `run`: see [`crate::fetch_plan`]) and filled block by block; a
+    /// demand read of any of them meanwhile waits for that GET instead of sending its
+    /// own. Returns what became of each block, in order.
+    pub async fn fetch_run(
+        &self,
+        obj: &ObjectInfo,
+        run: std::ops::Range<u64>,
+        ctx: &AccessContext,
+    ) -> Vec<(u64, RunBlock)> {
+        let run = run.start..run.end.min(self.block_count(obj));
+        if run.is_empty() {
+            return Vec::new();
+        }
+        let keys: Vec<CacheKey> = run.clone().map(|b| self.key(obj, b)).collect();
+        let store = self.store.clone();
+        let obj2 = obj.clone();
+        let bs = self.block_size;
+        let first = run.start;
+        let link = self.link.clone();
+        let claimed = self.engine.fetch_runs(&keys, ctx, move |r| {
+            let (store, obj, link) = (store.clone(), obj2.clone(), link.clone());
+            let start = (first + r.start as u64) * bs;
+            let end = ((first + r.end as u64) * bs).min(obj.size);
+            let blocks = (r.end - r.start) as u64;
+            async move {
+                link.requests.fetch_add(1, Ordering::Relaxed);
+                link.blocks.fetch_add(blocks, Ordering::Relaxed);
+                let sent = link.epoch.elapsed();
+                let res = store.get_range_blocks(&obj, start..end, bs).await;
+                let now = link.epoch.elapsed();
+                if let Ok((_, ttfb)) = &res {
+                    link.estimate.lock().observe(
+                        now.as_nanos() as u64,
+                        end - start,
+                        ttfb.as_nanos() as u64,
+                        (now - sent).as_nanos() as u64,
+                    );
+                }
+                res.map(|(blocks, _)| blocks)
+            }
+        });
+        let mut out: Vec<(u64, RunBlock)> =
+            run.clone().map(|b| (b, RunBlock::NotFetched)).collect();
+        let results = futures::future::join_all(
+            claimed
+                .into_iter()
+                .map(|(r, f)| async move { (r, f.await) }),
+        )
+        .await;
+        for (r, res) in results {
+            for i in r {
+                out[i].1 = match &res {
+                    Ok(_) => RunBlock::Fetched,
+                    Err(e) => RunBlock::Failed(e.duplicate()),
+                };
+            }
+        }
+        out
     }
 
     pub fn engine(&self) -> &CacheEngine {
@@ -126,19 +241,30 @@ impl ObjectReader {
     }
 
     /// Starts fetching blocks `first..first+count` of `obj` in the background (a
-    /// prefetch: counted as such, never blocking the caller).
-    pub fn prefetch(&self, obj: &ObjectInfo, first: u64, count: u64, ctx: &AccessContext) {
+    /// prefetch: counted as such, never blocking the caller), the missing ones in
+    /// ranged GETs as long as the stream's `ramp` allows.
+    pub fn prefetch(
+        &self,
+        obj: &ObjectInfo,
+        first: u64,
+        count: u64,
+        ramp: &mut RequestRamp,
+        ctx: &AccessContext,
+    ) {
         let total = self.block_count(obj);
         let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
-        for b in first..(first + count).min(total) {
-            if self.engine.contains(&self.key(obj, b)) {
-                continue;
-            }
+        let missing: Vec<u64> = (first..(first + count).min(total))
+            .filter(|&b| !self.engine.contains(&self.key(obj, b)))
+            .collect();
+        let (runs, _) = plan_runs(&missing, ramp, false);
+        for run in runs {
             let reader = self.clone();
             let obj = obj.clone();
             tokio::spawn(async move {
-                if let Err(e) = reader.read_block(&obj, b, &ctx).await {
-                    tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
+                for (b, r) in reader.fetch_run(&obj, run, &ctx).await {
+                    if let RunBlock::Failed(e) = r {
+                        tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
+                    }
                 }
             });
         }

@@ -19,7 +19,10 @@
 //!   and repeated `stat`s hit the store at most once per TTL (mountpoint-s3 #714,
 //!   #945, #953). Negative results are cached too (a missing name in a cached listing,
 //!   or a failed HEAD), with the same TTL. The kernel is given the same TTL for its own
-//!   entry and attribute caches.
+//!   entry and attribute caches (at most a day). For immutable datasets the TTL can be
+//!   indefinite ([`METADATA_TTL_INDEFINITE`], `--metadata-ttl indefinite`): entries
+//!   then leave only by the caches' size bounds, so a file's attributes survive the
+//!   kernel's FORGET and a cached file never pays a HEAD or LIST again.
 //! - **Versions.** `open` snapshots the object's version (ETag) into the handle; every
 //!   read of that handle names it, so blocks are cached under (path, version, block)
 //!   and a changed object can never mix into an open file: a read of a version the
@@ -54,12 +57,28 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use strata_cache_core::{AccessContext, CacheError, CacheKey, JobId, ObjectInfo, ObjectReader};
 
-use strata_prefetch::{AccessController, AccessEvent, Admission, Origin, PrefetchOrder};
+use strata_cache_core::fetch_plan::{plan_runs, stretch_readahead, FetchWindowConfig, RequestRamp};
+use strata_cache_core::reader::RunBlock;
+use strata_prefetch::{
+    AccessController, AccessEvent, Admission, ControllerConfig, Origin, PrefetchOrder,
+};
 
 use crate::error::{Error, Result};
 use crate::job::{JobResolver, JobScope};
 use crate::passthrough::PassthroughStore;
 use crate::readahead::{Readahead, WindowConfig, WindowDoubling};
+
+/// A metadata TTL that never expires (see [`CoreOptions::metadata_ttl`]).
+pub const METADATA_TTL_INDEFINITE: Duration = Duration::MAX;
+
+/// TTLs from this long on are indefinite: 100 years, longer than any mount lives, and
+/// within what the metadata caches accept as a TTL (they refuse over 1000 years).
+const INDEFINITE_FROM: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The longest TTL handed to the kernel: one day. With an indefinite TTL the kernel
+/// asks again once a day and finds our cached answer; a longer one gains nothing and
+/// risks overflow in the kernel's time arithmetic.
+const KERNEL_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 
 /// Inode number of the mount's root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
@@ -74,6 +93,10 @@ pub struct CoreOptions {
     /// training job's start hit the store once, while a dataset updated in place is
     /// seen within seconds (mountpoint-s3 defaults to 1 s; its users' top complaint is
     /// slow metadata, so we lean longer).
+    /// [`METADATA_TTL_INDEFINITE`] (any TTL of 100 years or more): attributes and
+    /// listings stay cached for the mount's life (bounded by `max_attr_entries` and
+    /// `max_listings`), for immutable datasets: a cached file never pays a HEAD or
+    /// LIST again, and new or changed objects are not seen until a remount.
     pub metadata_ttl: Duration,
     /// Owner reported for every entry (default: the daemon's uid/gid).
     pub uid: u32,
@@ -372,10 +395,24 @@ impl InodeTable {
     }
 }
 
+/// Copy name per object (path, version) with a passthrough copy.
+type KeptCopies = HashMap<(Arc<str>, Arc<str>), String>;
+
+/// Open handles per object (path, version) expected to get a passthrough copy.
+type ExpectedCopies = HashMap<(Arc<str>, Arc<str>), u32>;
+
 struct FileHandle {
     ino: u64,
     obj: Arc<ObjectInfo>,
     readahead: Mutex<Box<dyn Readahead>>,
+    /// Size of this file's next readahead request (ramps up to the largest GET).
+    ramp: Mutex<RequestRamp>,
+    /// The passthrough copy this handle was opened with: reads that still reach the
+    /// daemon (the kernel declined passthrough) are served from it, since the copy is
+    /// the object's one durable copy (its blocks leave the disk tier).
+    copy: Option<Arc<std::fs::File>>,
+    /// Counted in `FsCore::expected` (until released).
+    expects_copy: bool,
     /// Bytes served through this handle; a whole-file read triggers a passthrough copy.
     served: AtomicU64,
 }
@@ -400,6 +437,14 @@ pub struct FsCore {
     /// The passthrough copies (verified, durable, budgeted); None without passthrough
     /// or when its directory could not be opened.
     passthrough: Option<Arc<PassthroughStore>>,
+    /// Copy names of the objects (path, version) known to have a passthrough copy: the
+    /// engine's disk levels do not keep their blocks (one copy per byte on disk).
+    kept: Arc<Mutex<KeptCopies>>,
+    /// Objects open now that may get a passthrough copy (small enough, none yet), with
+    /// their open handles: their blocks skip the disk tier meanwhile, so a file read
+    /// whole is written to disk once, as its copy, instead of as a block that the copy
+    /// then replaces. A file not read whole reaches disk by demotion, as before.
+    expected: Arc<Mutex<ExpectedCopies>>,
     jobs: JobResolver,
     /// Bytes of demand reads in progress (the controller counts them against its
     /// prefetch backlog bound: they share the store link).
@@ -431,14 +476,14 @@ impl FsCore {
     /// A core serving the sub-tree `prefix` ("" for all) of `reader`'s store.
     pub fn new(reader: ObjectReader, prefix: &str, opts: CoreOptions) -> Self {
         let root: Arc<str> = Arc::from(prefix.trim_matches('/'));
-        let attrs = moka::future::Cache::builder()
-            .max_capacity(opts.max_attr_entries)
-            .time_to_live(opts.metadata_ttl)
-            .build();
-        let listings = moka::future::Cache::builder()
-            .max_capacity(opts.max_listings)
-            .time_to_live(opts.metadata_ttl)
-            .build();
+        let indefinite = opts.metadata_ttl >= INDEFINITE_FROM;
+        let mut attrs = moka::future::Cache::builder().max_capacity(opts.max_attr_entries);
+        let mut listings = moka::future::Cache::builder().max_capacity(opts.max_listings);
+        if !indefinite {
+            attrs = attrs.time_to_live(opts.metadata_ttl);
+            listings = listings.time_to_live(opts.metadata_ttl);
+        }
+        let (attrs, listings) = (attrs.build(), listings.build());
         let jobs = JobResolver::new(opts.job_scope);
         let passthrough = opts.passthrough.clone().and_then(|o| {
             let dir = o.dir.clone();
@@ -449,7 +494,36 @@ impl FsCore {
                 })
                 .ok()
         });
+        let kept: Arc<Mutex<KeptCopies>> = Arc::default();
+        let expected: Arc<Mutex<ExpectedCopies>> = Arc::default();
+        if let Some(store) = &passthrough {
+            let (store, kept, expected) = (store.clone(), kept.clone(), expected.clone());
+            reader
+                .engine()
+                .add_kept_elsewhere(Arc::new(move |key: &CacheKey| {
+                    let CacheKey::File(k) = key else {
+                        return false;
+                    };
+                    let id = (k.location.clone(), k.version.clone());
+                    if expected.lock().contains_key(&id) {
+                        return true;
+                    }
+                    let mut kept = kept.lock();
+                    match kept.get(&id) {
+                        Some(name) if store.contains(name) => true,
+                        // The copy was evicted from its budget: the blocks may go to
+                        // disk again.
+                        Some(_) => {
+                            kept.remove(&id);
+                            false
+                        }
+                        None => false,
+                    }
+                }));
+        }
         FsCore {
+            kept,
+            expected,
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
             root,
@@ -482,9 +556,17 @@ impl FsCore {
         &self.counters
     }
 
+    /// A fresh request ramp: one block up to the largest ranged GET.
+    fn request_ramp(&self) -> RequestRamp {
+        RequestRamp::new(
+            FetchWindowConfig::default().max_request,
+            self.reader.block_size(),
+        )
+    }
+
     /// The TTL handed to the kernel for entries and attributes.
     pub fn ttl(&self) -> Duration {
-        self.opts.metadata_ttl
+        self.opts.metadata_ttl.min(KERNEL_TTL_MAX)
     }
 
     fn node(&self, ino: u64) -> Result<Node> {
@@ -551,7 +633,7 @@ impl FsCore {
         Ok(Entry {
             attr: self.attr_of(ino, meta),
             generation,
-            ttl: self.opts.metadata_ttl,
+            ttl: self.ttl(),
         })
     }
 
@@ -811,16 +893,37 @@ impl FsCore {
             prev.as_deref() == Some(&*obj.version)
         };
         let passthrough = self.passthrough_file(&obj).await;
+        let copy = passthrough
+            .as_ref()
+            .and_then(|f| f.try_clone().ok())
+            .map(Arc::new);
         if passthrough.is_some() {
             self.counters
                 .passthrough_opens
                 .fetch_add(1, Ordering::Relaxed);
+            // A copy made in an earlier run: from now on it is the durable copy.
+            self.keep_in_copy(&obj);
+        }
+        let expects_copy = passthrough.is_none()
+            && self
+                .passthrough
+                .as_ref()
+                .is_some_and(|p| p.name_for(&obj.path, &obj.version, obj.size).is_some());
+        if expects_copy {
+            *self
+                .expected
+                .lock()
+                .entry((obj.path.clone(), obj.version.clone()))
+                .or_insert(0) += 1;
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = FileHandle {
             ino,
             obj,
             readahead: Mutex::new((self.opts.readahead)()),
+            ramp: Mutex::new(self.request_ramp()),
+            copy,
+            expects_copy,
             served: AtomicU64::new(0),
         };
         self.files.lock().insert(fh, Arc::new(handle));
@@ -855,12 +958,15 @@ impl FsCore {
                 what: "file handle",
                 id: fh,
             })?;
+        if let Some(copy) = &h.copy {
+            return read_copy(copy.clone(), offset, size, h.obj.size).await;
+        }
         let ctx = AccessContext::demand(self.job_of(pid, fh), self.now_ns());
         let seq_predictor = self.opts.predictors.as_ref().is_some_and(|p| p.sequential);
         if !seq_predictor {
             let ahead = h.readahead.lock().on_read(offset, size as u64, h.obj.size);
             if let Some(range) = ahead {
-                self.prefetch(&h.obj, range, &ctx);
+                self.prefetch(&h.obj, range, &h.ramp, &ctx);
             }
         }
         // The blocks this read must fetch count against the prefetch backlog while it
@@ -871,7 +977,7 @@ impl FsCore {
         };
         let _in_flight = InFlight::new(&self.demand_in_flight, owed);
         if let Some(p) = &self.opts.predictors {
-            self.predict(p, &h.obj, offset, size as u64, &ctx);
+            self.predict(p, &h, offset, size as u64, &ctx);
         }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
@@ -914,13 +1020,16 @@ impl FsCore {
     fn predict(
         self: &Arc<Self>,
         p: &Arc<Predictors>,
-        obj: &Arc<ObjectInfo>,
+        h: &FileHandle,
         offset: u64,
         len: u64,
         ctx: &AccessContext,
     ) {
+        let obj = &h.obj;
         let bs = self.reader.block_size();
         let engine = self.reader.engine();
+        // The link's bandwidth-delay product bounds what prefetch keeps in flight.
+        let in_flight_target = self.reader.link().in_flight_target();
         let ev = AccessEvent {
             job: ctx.job,
             path: obj.path.clone(),
@@ -934,6 +1043,13 @@ impl FsCore {
         let mut orders: Vec<PrefetchOrder> = Vec::new();
         let outcomes = {
             let mut c = p.controller.lock();
+            if c.config().max_backlog_bytes != in_flight_target {
+                let cfg = ControllerConfig {
+                    max_backlog_bytes: in_flight_target,
+                    ..c.config().clone()
+                };
+                c.set_config(cfg);
+            }
             c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
             let mut outcomes = Vec::new();
             if c.outstanding() > 0 {
@@ -957,32 +1073,39 @@ impl FsCore {
         }
         for order in orders {
             if order.path == obj.path {
-                // The blocks this read fetches itself are not prefetches.
-                self.issue(p, obj, &order, demand.clone(), ctx);
+                // The blocks this read fetches itself are not prefetches. Readahead
+                // requests ramp up with the stream.
+                self.issue(p, obj, &order, demand.clone(), &h.ramp, ctx);
                 continue;
             }
             let core = self.clone();
             let p = p.clone();
             let ctx = *ctx;
+            // Another file: fetched whole in as few GETs as the request cap allows.
+            let mut full = self.request_ramp();
+            full.skip_to_max();
             tokio::spawn(async move {
                 if let Ok(Meta::File(o)) = core.meta(&order.path).await {
-                    core.issue(&p, &o, &order, 0..0, &ctx);
+                    core.issue(&p, &o, &order, 0..0, &Mutex::new(full), &ctx);
                 }
             });
         }
     }
 
-    /// Fetches the blocks of `order`'s range of `obj` ahead of demand, each in its own
-    /// task, except those in `skip`, those cached already and those the controller
-    /// refuses (already outstanding, or the backlog is full); reports each one's landing
-    /// back, or, when it failed or was no fetch after all (a demand read fetched it
-    /// meanwhile: the replay does not count that as a prefetch either), its failure.
+    /// Fetches the blocks of `order`'s range of `obj` ahead of demand, except those in
+    /// `skip`, those cached already and those the controller refuses (already
+    /// outstanding, or the backlog is full): the admitted blocks go in ranged GETs of
+    /// up to `max_blocks` consecutive blocks ([`strata_cache_core::fetch_plan`]), each
+    /// run in its own task. Reports each block's landing back, or, when it failed or
+    /// was no fetch after all (a demand read fetched it meanwhile: the replay does not
+    /// count that as a prefetch either), its failure.
     fn issue(
         self: &Arc<Self>,
         p: &Arc<Predictors>,
         obj: &Arc<ObjectInfo>,
         order: &PrefetchOrder,
         skip: Range<u64>,
+        ramp: &Mutex<RequestRamp>,
         ctx: &AccessContext,
     ) -> u64 {
         let end = order.offset.saturating_add(order.len.max(1)).min(obj.size);
@@ -995,93 +1118,108 @@ impl FsCore {
         let bs = self.reader.block_size();
         let ctx = AccessContext::prefetch(ctx.job, ctx.now_ns);
         let engine = self.reader.engine();
-        let mut issued = 0u64;
-        for b in order.offset / bs..=(end - 1) / bs {
+        let mut admitted: Vec<u64> = Vec::new();
+        let mut lead_block = None;
+        let first = order.offset / bs;
+        let mut last = (end - 1) / bs;
+        if order.origin == Origin::Readahead {
+            let request = ramp.lock().peek_blocks();
+            last = stretch_readahead(first, last, request, obj.size.div_ceil(bs));
+        }
+        let mut stopped_by_backlog = false;
+        for b in first..=last {
             let key = self.reader.key(obj, b);
             if skip.contains(&b) || engine.contains(&key) {
                 continue;
             }
             let bytes = (obj.size - b * bs).min(bs);
             let mut c = p.controller.lock();
-            match c.issue(key.clone(), order, bytes, issued == 0) {
-                Admission::Issue => issued += 1,
+            match c.issue(key, order, bytes, admitted.is_empty()) {
+                Admission::Issue => {}
                 Admission::Outstanding => continue,
                 Admission::BacklogFull => {
                     c.refused(order, (b * bs).max(order.offset));
+                    stopped_by_backlog = true;
                     break;
                 }
             }
             drop(c);
+            if admitted.is_empty() && order.origin == Origin::CrossFile {
+                // A file prefetch counts from its issue: each counted file gets at
+                // most one outcome (used or wasted), so used + wasted <= files.
+                self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
+                lead_block = Some(b);
+            }
+            admitted.push(b);
+        }
+        let (runs, released) = plan_runs(&admitted, &mut ramp.lock(), stopped_by_backlog);
+        if let Some(&from) = released.first() {
+            // Sent with the stream's next prefetch, as part of a full request.
+            let mut c = p.controller.lock();
+            for &b in &released {
+                c.failed(&self.reader.key(obj, b));
+                if lead_block == Some(b) {
+                    self.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            c.refused(order, (from * bs).max(order.offset));
+        }
+        for run in runs {
             let core = self.clone();
             let p = p.clone();
             let obj = obj.clone();
-            let lead = issued == 1 && order.origin == Origin::CrossFile;
-            // A file prefetch counts from its issue: each counted file gets at most
-            // one outcome (used or wasted), so used + wasted <= files at any moment.
-            if lead {
-                self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
-            }
             tokio::spawn(async move {
-                let r = core.prefetch_block(&obj, b, &ctx).await;
+                let results = core.reader.fetch_run(&obj, run, &ctx).await;
                 let mut c = p.controller.lock();
-                let made = match r {
-                    Ok(true) => {
-                        c.landed(&key);
-                        true
+                for (b, r) in results {
+                    let key = core.reader.key(&obj, b);
+                    let made = match r {
+                        RunBlock::Fetched => {
+                            c.landed(&key);
+                            true
+                        }
+                        RunBlock::NotFetched => false,
+                        RunBlock::Failed(e) => {
+                            tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
+                            false
+                        }
+                    };
+                    // Not a prefetch after all (cached already, another reader's
+                    // fetch, or a failure) and no outcome given yet: uncounted. One a
+                    // demand read already claimed (used) stays counted: the prediction
+                    // was right.
+                    if !made && c.failed(&key) && lead_block == Some(b) {
+                        core.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
                     }
-                    Ok(false) => false,
-                    Err(e) => {
-                        tracing::debug!(path = %obj.path, block = b, error = %e, "prefetch failed");
-                        false
-                    }
-                };
-                // Not a prefetch after all (cached already, another reader's fetch, or
-                // a failure) and no outcome given yet: uncounted. One a demand read
-                // already claimed (used) stays counted: the prediction was right.
-                if !made && c.failed(&key) && lead {
-                    core.counters.prefetch_files.fetch_sub(1, Ordering::Relaxed);
                 }
             });
         }
-        issued
+        (admitted.len() - released.len()) as u64
     }
 
-    /// Block `block` of `obj` into the cache; true if this call fetched it from the
-    /// store (false: it was cached, or another reader's fetch brought it).
-    async fn prefetch_block(
+    fn prefetch(
         &self,
         obj: &ObjectInfo,
-        block: u64,
+        range: Range<u64>,
+        ramp: &Mutex<RequestRamp>,
         ctx: &AccessContext,
-    ) -> std::result::Result<bool, CacheError> {
-        let bs = self.reader.block_size();
-        let start = block * bs;
-        let end = (start + bs).min(obj.size);
-        let fetched = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = fetched.clone();
-        let store = self.reader.store().clone();
-        let obj2 = obj.clone();
-        self.reader
-            .engine()
-            .get_or_fetch(&self.reader.key(obj, block), ctx, move || {
-                flag.store(true, Ordering::Relaxed);
-                async move { store.get_range(&obj2, start..end).await }
-            })
-            .await?;
-        Ok(fetched.load(Ordering::Relaxed))
-    }
-
-    fn prefetch(&self, obj: &ObjectInfo, range: Range<u64>, ctx: &AccessContext) {
+    ) {
         if range.start >= range.end {
             return;
         }
         let bs = self.reader.block_size();
         let first = range.start / bs;
-        let last = (range.end - 1) / bs;
+        let last = stretch_readahead(
+            first,
+            (range.end - 1) / bs,
+            ramp.lock().peek_blocks(),
+            obj.size.div_ceil(bs),
+        );
         self.counters
             .prefetch_requests
             .fetch_add(1, Ordering::Relaxed);
-        self.reader.prefetch(obj, first, last - first + 1, ctx);
+        self.reader
+            .prefetch(obj, first, last - first + 1, &mut ramp.lock(), ctx);
     }
 
     /// Prefetches a whole file into the cache (warmup); returns its size.
@@ -1100,7 +1238,19 @@ impl FsCore {
     }
 
     pub fn release(&self, fh: u64) {
-        self.files.lock().remove(&fh);
+        let Some(h) = self.files.lock().remove(&fh) else {
+            return;
+        };
+        if h.expects_copy {
+            let id = (h.obj.path.clone(), h.obj.version.clone());
+            let mut expected = self.expected.lock();
+            if let Some(n) = expected.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    expected.remove(&id);
+                }
+            }
+        }
     }
 
     /// Inode of an open handle (tests, tracing).
@@ -1136,6 +1286,32 @@ impl FsCore {
             .flatten()
     }
 
+    /// `obj` has a durable passthrough copy: its blocks leave the disk levels and are
+    /// not written there again while the copy is kept (one copy per byte on disk).
+    fn keep_in_copy(&self, obj: &Arc<ObjectInfo>) {
+        let Some(store) = &self.passthrough else {
+            return;
+        };
+        let Some(name) = store.name_for(&obj.path, &obj.version, obj.size) else {
+            return;
+        };
+        self.kept
+            .lock()
+            .insert((obj.path.clone(), obj.version.clone()), name);
+        // Also at each passthrough open, not only when the copy is made: a background
+        // write-through that raced the first drop is removed then.
+        let reader = self.reader.clone();
+        let obj = obj.clone();
+        tokio::spawn(async move {
+            for b in 0..reader.block_count(&obj) {
+                let key = reader.key(&obj, b);
+                if let Err(e) = reader.engine().drop_persistent(&key).await {
+                    tracing::debug!(%key, error = %e, "dropping a block kept in a passthrough copy failed");
+                }
+            }
+        });
+    }
+
     /// After a whole small object was read, writes its plain copy once (from the cache,
     /// in the background; never blocks the read).
     fn maybe_copy_for_passthrough(self: &Arc<Self>, h: &FileHandle) {
@@ -1168,6 +1344,7 @@ impl FsCore {
                     core.counters
                         .passthrough_copies
                         .fetch_add(1, Ordering::Relaxed);
+                    core.keep_in_copy(&obj);
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(path = %obj.path, error = %e, "passthrough copy failed")
@@ -1178,6 +1355,30 @@ impl FsCore {
             }
         });
     }
+}
+
+/// Bytes `offset..offset+size` (clamped to `file_size`) of a passthrough copy, read off
+/// the runtime's threads.
+async fn read_copy(
+    copy: Arc<std::fs::File>,
+    offset: u64,
+    size: u32,
+    file_size: u64,
+) -> Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+        let mut buf = vec![0u8; len];
+        copy.read_exact_at(&mut buf, offset)?;
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r);
+    read.map_err(|e| Error::Cache(CacheError::Io(e)))
 }
 
 /// Blocks of `offset..offset+len` (clamped to `size`) for block size `bs`.

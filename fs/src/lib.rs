@@ -37,6 +37,8 @@ pub mod passthrough;
 pub mod readahead;
 
 pub use crate::error::{Error, Result};
-pub use crate::filesystem::{CoreOptions, FsCore, PassthroughOptions, Predictors};
+pub use crate::filesystem::{
+    CoreOptions, FsCore, PassthroughOptions, Predictors, METADATA_TTL_INDEFINITE,
+};
 pub use crate::job::{JobResolver, JobScope};
 pub use crate::mount::{spawn, MountHandle, MountOptions};

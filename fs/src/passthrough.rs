@@ -145,6 +145,11 @@ impl PassthroughStore {
         Some(hex::encode(&h.finalize()[..16]))
     }
 
+    /// Whether the copy `name` is kept now.
+    pub fn contains(&self, name: &str) -> bool {
+        self.state.lock().copies.contains_key(name)
+    }
+
     /// Bytes of the copies kept now.
     pub fn bytes(&self) -> u64 {
         self.state.lock().bytes

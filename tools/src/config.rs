@@ -49,7 +49,7 @@
 //! prefix = "train"                    # a sub-tree of the store (optional)
 //! prefetch = "predictors"             # or "window"
 //! passthrough_max = "64MiB"           # "0" disables passthrough
-//! metadata_ttl_secs = 5
+//! metadata_ttl = "5s"                # or "indefinite" for immutable datasets
 //! read_ahead_kb = 4096
 //! ```
 
@@ -193,7 +193,9 @@ pub struct CacheConfig {
     /// CPU-memory tier budget (e.g. "1GiB"). 1 GiB: room for a working set of small
     /// files and hot blocks without crowding the training job out of RAM.
     pub memory: String,
-    /// Disk tier budget (e.g. "10GiB"; "0" disables the tier).
+    /// Disk budget (e.g. "10GiB"; "0": nothing on disk): everything Strata writes
+    /// under the cache dir, the disk tier's blocks and the mounts' passthrough copies
+    /// (a quarter of it, at most 4 GiB; see `daemon::cache::passthrough_share`).
     pub disk: String,
     /// File block size. 1 MiB: see `strata_cache_core::DEFAULT_BLOCK_SIZE`.
     pub block_size: String,
@@ -426,11 +428,15 @@ pub struct MountConfig {
     /// Sub-tree of the store to mount ("" for all of it).
     #[arg(long, default_value_t = MountConfig::default().prefix)]
     pub prefix: String,
-    /// Seconds listings and attributes are cached. 5: the `ls`/`stat` storm of a job's
-    /// start hits the store once, and a dataset updated in place is seen within
-    /// seconds (see strata_fs::CoreOptions::metadata_ttl).
-    #[arg(long = "metadata-ttl", default_value_t = MountConfig::default().metadata_ttl_secs)]
-    pub metadata_ttl_secs: u64,
+    /// How long listings and attributes are cached: seconds ("5"), a duration ("500ms",
+    /// "10m", "2h", "1d") or "indefinite" (for immutable datasets: a cached file never
+    /// pays a HEAD or LIST again; new or changed objects need a remount). 5 s: the
+    /// `ls`/`stat` storm of a job's start hits the store once, and a dataset updated in
+    /// place is seen within seconds (see strata_fs::CoreOptions::metadata_ttl). The
+    /// old `metadata_ttl_secs` key is still read.
+    #[arg(long = "metadata-ttl", default_value_t = MountConfig::default().metadata_ttl)]
+    #[serde(alias = "metadata_ttl_secs")]
+    pub metadata_ttl: MetadataTtl,
     /// Let other users read the mount (needs `user_allow_other` for non-root).
     #[arg(long)]
     pub allow_other: bool,
@@ -456,11 +462,83 @@ impl Default for MountConfig {
         MountConfig {
             mountpoint: PathBuf::new(),
             prefix: String::new(),
-            metadata_ttl_secs: 5,
+            metadata_ttl: MetadataTtl::After(std::time::Duration::from_secs(5)),
             allow_other: false,
             prefetch: PrefetchMode::Predictors,
             passthrough_max: "64MiB".into(),
             read_ahead_kb: 4096,
+        }
+    }
+}
+
+/// How long a mount trusts cached metadata (`--metadata-ttl`, `metadata_ttl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetadataTtl {
+    After(std::time::Duration),
+    /// For the mount's life (immutable datasets).
+    Indefinite,
+}
+
+impl MetadataTtl {
+    /// The TTL the filesystem core takes.
+    pub fn duration(self) -> std::time::Duration {
+        match self {
+            MetadataTtl::After(d) => d,
+            MetadataTtl::Indefinite => strata_fs::METADATA_TTL_INDEFINITE,
+        }
+    }
+}
+
+impl std::fmt::Display for MetadataTtl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetadataTtl::Indefinite => f.write_str("indefinite"),
+            MetadataTtl::After(d) if d.subsec_nanos() == 0 => write!(f, "{}s", d.as_secs()),
+            MetadataTtl::After(d) => write!(f, "{}ms", d.as_millis()),
+        }
+    }
+}
+
+impl std::str::FromStr for MetadataTtl {
+    type Err = anyhow::Error;
+
+    /// "indefinite", plain seconds ("5"), or a number with a unit: ms, s, m, h, d.
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let t = s.trim().to_ascii_lowercase();
+        if t == "indefinite" {
+            return Ok(MetadataTtl::Indefinite);
+        }
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num.parse().with_context(|| {
+            format!("bad metadata TTL {s:?} (seconds, 500ms, 10m, 2h, 1d or indefinite)")
+        })?;
+        let ms = match unit.trim() {
+            "ms" => 1,
+            "" | "s" => 1_000,
+            "m" | "min" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            other => bail!("bad metadata TTL unit {other:?} in {s:?}"),
+        };
+        let ms = n
+            .checked_mul(ms)
+            .with_context(|| format!("metadata TTL {s:?} is too long; use \"indefinite\""))?;
+        Ok(MetadataTtl::After(std::time::Duration::from_millis(ms)))
+    }
+}
+
+impl<'de> Deserialize<'de> for MetadataTtl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Secs(n) => Ok(MetadataTtl::After(std::time::Duration::from_secs(n))),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
         }
     }
 }
@@ -687,7 +765,70 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.mounts[0].prefetch, PrefetchMode::Window);
-        assert_eq!(c.mounts[0].metadata_ttl_secs, 1);
+        assert_eq!(
+            c.mounts[0].metadata_ttl,
+            MetadataTtl::After(std::time::Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn metadata_ttl_takes_durations_and_indefinite_in_flags_and_files() {
+        use clap::Parser;
+        use std::time::Duration;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            mount: MountConfig,
+        }
+        let flag = |v: &str| {
+            Cli::try_parse_from(["strata", "/mnt/x", "--metadata-ttl", v])
+                .map(|c| c.mount.metadata_ttl)
+        };
+        assert_eq!(flag("indefinite").unwrap(), MetadataTtl::Indefinite);
+        assert_eq!(
+            flag("30").unwrap(),
+            MetadataTtl::After(Duration::from_secs(30))
+        );
+        assert_eq!(
+            flag("500ms").unwrap(),
+            MetadataTtl::After(Duration::from_millis(500))
+        );
+        assert_eq!(
+            flag("10m").unwrap(),
+            MetadataTtl::After(Duration::from_secs(600))
+        );
+        assert_eq!(
+            flag("2h").unwrap(),
+            MetadataTtl::After(Duration::from_secs(7200))
+        );
+        assert!(flag("forever").is_err());
+        assert!(flag("5 parsecs").is_err());
+        let file = |t: &str| {
+            toml::from_str::<StrataConfig>(&format!("[[mounts]]\nmountpoint = \"/m\"\n{t}\n"))
+                .map(|c| c.mounts[0].metadata_ttl)
+        };
+        assert_eq!(
+            file("metadata_ttl = \"indefinite\"").unwrap(),
+            MetadataTtl::Indefinite
+        );
+        assert_eq!(
+            file("metadata_ttl = 7").unwrap(),
+            MetadataTtl::After(Duration::from_secs(7))
+        );
+        assert_eq!(
+            file("metadata_ttl = \"1d\"").unwrap(),
+            MetadataTtl::After(Duration::from_secs(86_400))
+        );
+        assert!(file("metadata_ttl = \"soon\"").is_err());
+        // The core gets a TTL it treats as never expiring.
+        assert_eq!(
+            MetadataTtl::Indefinite.duration(),
+            strata_fs::METADATA_TTL_INDEFINITE
+        );
+        // Display round-trips (it is the flag's shown default).
+        for t in ["indefinite", "5s", "500ms"] {
+            assert_eq!(t.parse::<MetadataTtl>().unwrap().to_string(), t);
+        }
     }
 
     #[test]

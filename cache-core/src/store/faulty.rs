@@ -68,6 +68,47 @@ pub struct FaultyStore {
     /// The next this-many reads fail with a transient error (see [`Self::fail_next`]).
     burst: AtomicU64,
     link_free_at: Mutex<Option<Instant>>,
+    gets: GetCounters,
+}
+
+/// What the data GETs (not HEADs, not listings) through a [`FaultyStore`] looked like:
+/// how many, how large, how many at once.
+#[derive(Default)]
+struct GetCounters {
+    count: AtomicU64,
+    bytes: AtomicU64,
+    largest: AtomicU64,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+/// A snapshot of [`FaultyStore::gets`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GetStats {
+    /// Data GETs that returned a body.
+    pub count: u64,
+    pub bytes: u64,
+    /// The largest body of one GET.
+    pub largest: u64,
+    /// The most GETs in progress at once (injected failures included).
+    pub max_in_flight: u64,
+}
+
+/// Counts a GET in flight while alive.
+struct InFlightGet<'a>(&'a GetCounters);
+
+impl<'a> InFlightGet<'a> {
+    fn new(c: &'a GetCounters) -> Self {
+        let now = c.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        c.max_in_flight.fetch_max(now, Ordering::Relaxed);
+        InFlightGet(c)
+    }
+}
+
+impl Drop for InFlightGet<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl FaultyStore {
@@ -78,6 +119,18 @@ impl FaultyStore {
             reads: AtomicU64::new(0),
             burst: AtomicU64::new(0),
             link_free_at: Mutex::new(None),
+            gets: GetCounters::default(),
+        }
+    }
+
+    /// The data GETs so far: count, bytes, largest, most at once.
+    pub fn gets(&self) -> GetStats {
+        let g = &self.gets;
+        GetStats {
+            count: g.count.load(Ordering::Relaxed),
+            bytes: g.bytes.load(Ordering::Relaxed),
+            largest: g.largest.load(Ordering::Relaxed),
+            max_in_flight: g.max_in_flight.load(Ordering::Relaxed),
         }
     }
 
@@ -179,8 +232,9 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        let cfg = self.before_read(location.as_ref()).await?;
         let head = options.head;
+        let _in_flight = (!head).then(|| InFlightGet::new(&self.gets));
+        let cfg = self.before_read(location.as_ref()).await?;
         let result = self.inner.get_opts(location, options).await?;
         if head {
             return Ok(result);
@@ -192,6 +246,10 @@ impl ObjectStore for FaultyStore {
         let extensions = result.extensions.clone();
         let body: Bytes = result.bytes().await?;
         self.transfer(body.len() as u64, &cfg).await;
+        let g = &self.gets;
+        g.count.fetch_add(1, Ordering::Relaxed);
+        g.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        g.largest.fetch_max(body.len() as u64, Ordering::Relaxed);
         let stream = futures::stream::once(async move { Ok(body) });
         Ok(GetResult {
             payload: GetResultPayload::Stream(Box::pin(stream)),

@@ -228,13 +228,24 @@ impl BackingStore {
     /// Bytes `range` of version `obj` of an object; fails with `Changed` if the object
     /// is no longer that version, and with `Corrupt` if the store returns a short body.
     pub async fn get_range(&self, obj: &ObjectInfo, range: Range<u64>) -> Result<Bytes> {
+        self.get_range_timed(obj, range).await.map(|(b, _)| b)
+    }
+
+    /// [`Self::get_range`], also saying how long the successful attempt took to its
+    /// first byte (the response headers), for the link estimate of
+    /// [`crate::fetch_plan::LinkEstimator`].
+    pub async fn get_range_timed(
+        &self,
+        obj: &ObjectInfo,
+        range: Range<u64>,
+    ) -> Result<(Bytes, Duration)> {
         if range.start >= range.end {
-            return Ok(Bytes::new());
+            return Ok((Bytes::new(), Duration::ZERO));
         }
         let want = range.end - range.start;
         let p = Path::from(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
-        let bytes = self
+        let (bytes, ttfb) = self
             .retrying(|| {
                 let p = p.clone();
                 let opts = GetOptions {
@@ -242,7 +253,12 @@ impl BackingStore {
                     range: Some(GetRange::Bounded(range.clone())),
                     ..Default::default()
                 };
-                async move { self.store.get_opts(&p, opts).await?.bytes().await }
+                async move {
+                    let sent = std::time::Instant::now();
+                    let res = self.store.get_opts(&p, opts).await?;
+                    let ttfb = sent.elapsed();
+                    Ok((res.bytes().await?, ttfb))
+                }
             })
             .await?;
         if bytes.len() as u64 != want {
@@ -252,16 +268,91 @@ impl BackingStore {
                 bytes.len()
             )));
         }
-        // A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
-        // restores the mtime; its ctime cannot be restored. Checked after the read, so
-        // a change before or during it fails the read instead of mixing versions.
+        self.check_local_version(obj).await?;
+        Ok((bytes, ttfb))
+    }
+
+    /// A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
+    /// restores the mtime; its ctime cannot be restored. Checked after a read, so a
+    /// change before or during it fails the read instead of mixing versions.
+    async fn check_local_version(&self, obj: &ObjectInfo) -> Result<()> {
         if let Some(root) = &self.local_root {
             let now = local_info(root.clone(), obj.clone(), self.follow_symlinks).await?;
             if now.version != obj.version {
                 return Err(CacheError::Changed(obj.path.to_string()));
             }
         }
-        Ok(bytes)
+        Ok(())
+    }
+
+    /// Bytes `range` of version `obj` as one ranged GET, cut into pieces of
+    /// `block_size` (the last one shorter) as the body streams in: each piece is its
+    /// own buffer, so a cache that keeps some of them and evicts others frees what it
+    /// evicts (slices of one buffer would keep all of it alive). Also returns the time
+    /// to first byte of the successful attempt. Fails as [`Self::get_range`] does.
+    pub async fn get_range_blocks(
+        &self,
+        obj: &ObjectInfo,
+        range: Range<u64>,
+        block_size: u64,
+    ) -> Result<(Vec<Bytes>, Duration)> {
+        if range.start >= range.end {
+            return Ok((Vec::new(), Duration::ZERO));
+        }
+        if block_size == 0 {
+            return Err(CacheError::InvalidArgument("block size must be > 0".into()));
+        }
+        let want = range.end - range.start;
+        let p = Path::from(obj.path.as_ref());
+        let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
+        let piece = |done: u64| (want - done).min(block_size) as usize;
+        let (blocks, got, ttfb) = self
+            .retrying(|| {
+                let p = p.clone();
+                let opts = GetOptions {
+                    if_match: if_match.clone(),
+                    range: Some(GetRange::Bounded(range.clone())),
+                    ..Default::default()
+                };
+                async move {
+                    let sent = std::time::Instant::now();
+                    let res = self.store.get_opts(&p, opts).await?;
+                    let ttfb = sent.elapsed();
+                    let mut stream = res.into_stream();
+                    let mut blocks = Vec::with_capacity(want.div_ceil(block_size) as usize);
+                    let mut got = 0u64;
+                    // The piece being filled and its length.
+                    let mut target = piece(0);
+                    let mut cur = bytes::BytesMut::with_capacity(target);
+                    while let Some(chunk) = stream.next().await {
+                        let mut chunk = chunk?;
+                        got += chunk.len() as u64;
+                        while !chunk.is_empty() && target > 0 {
+                            let take = (target - cur.len()).min(chunk.len());
+                            cur.extend_from_slice(&chunk.split_to(take));
+                            if cur.len() == target {
+                                let done = (blocks.len() as u64 + 1) * block_size;
+                                target = if done < want { piece(done) } else { 0 };
+                                let full = std::mem::replace(
+                                    &mut cur,
+                                    bytes::BytesMut::with_capacity(target),
+                                );
+                                blocks.push(full.freeze());
+                            }
+                        }
+                    }
+                    Ok((blocks, got, ttfb))
+                }
+            })
+            .await?;
+        if got != want {
+            return Err(CacheError::Corrupt(format!(
+                "{}: store returned {got} bytes for a {want}-byte range",
+                obj.path
+            )));
+        }
+        self.check_local_version(obj).await?;
+        Ok((blocks, ttfb))
     }
 
     /// One directory level under `dir` ("" for the root).

@@ -36,6 +36,10 @@ pub struct Core {
     pub disk: Option<Arc<DiskTier>>,
     pub block_size: u64,
     pub cache_dir: PathBuf,
+    /// Bytes of the disk budget set aside for mounts' passthrough copies (the disk
+    /// tier has the rest): the disk budget counts everything Strata writes. See
+    /// [`passthrough_share`].
+    pub passthrough_budget: u64,
     /// Keeps a temp cache dir alive for the daemon's lifetime.
     _temp: Option<tempfile::TempDir>,
 }
@@ -83,12 +87,14 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         Ok(limit) => tracing::info!(limit, "descriptor soft limit raised to the hard limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
     }
-    let disk = if disk_bytes > 0 {
+    let passthrough_budget = passthrough_share(disk_bytes);
+    let tier_bytes = disk_bytes - passthrough_budget;
+    let disk = if tier_bytes > 0 {
         let d = Arc::new(
-            DiskTier::open(cache_dir.join("blocks"), disk_bytes, DiskOptions::default())
+            DiskTier::open(cache_dir.join("blocks"), tier_bytes, DiskOptions::default())
                 .with_context(|| format!("opening disk tier in {}", cache_dir.display()))?,
         );
-        levels.push(level(d.clone(), disk_bytes)?);
+        levels.push(level(d.clone(), tier_bytes)?);
         Some(d)
     } else {
         None
@@ -106,8 +112,18 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         disk,
         block_size: parse_size(&cfg.block_size)?,
         cache_dir,
+        passthrough_budget,
         _temp: temp,
     })
+}
+
+/// The part of a disk budget of `disk_bytes` that passthrough copies may use: a
+/// quarter, at most 4 GiB (the copies' old default budget). A quarter: copies hold
+/// whole small objects read often, the disk tier holds everything else, and a copy's
+/// blocks leave the disk tier (one copy per byte), so the share is not a second copy.
+/// 0 with no disk budget: "0" means Strata writes nothing to disk.
+pub fn passthrough_share(disk_bytes: u64) -> u64 {
+    (disk_bytes / 4).min(4 << 30)
 }
 
 /// The GPU tier of `g` on its device; a CUDA device that cannot be opened (not built

@@ -2,8 +2,6 @@
 //! both come here with a [`MountConfig`], so they prefetch, pass through and cache
 //! metadata alike.
 
-use std::time::Duration;
-
 use anyhow::Context;
 use strata_cache_core::{BackingStore, ObjectReader};
 use strata_fs::{MountHandle, MountOptions, PassthroughOptions};
@@ -33,12 +31,14 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         read_ahead_kb: Some(m.read_ahead_kb),
         ..Default::default()
     };
-    opts.core.metadata_ttl = Duration::from_secs(m.metadata_ttl_secs);
+    opts.core.metadata_ttl = m.metadata_ttl.duration();
     m.prefetch.apply(&mut opts.core);
     let pt_max = parse_size(&m.passthrough_max).context("passthrough_max")?;
-    if pt_max > 0 {
+    // Copies live within the disk budget (its passthrough share): none without one.
+    if pt_max > 0 && core.passthrough_budget > 0 {
         let mut pt = PassthroughOptions::new(core.cache_dir.join("passthrough"));
         pt.max_object = pt_max;
+        pt.budget = core.passthrough_budget;
         opts.core.passthrough = Some(pt);
     }
     Ok(opts)

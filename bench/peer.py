@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Strata against a peer (mountpoint-s3) on the data-path cases of issue 14.
+
+Starts a local S3 server (moto_server, installed by scripts/install-deps.sh), uploads a
+large file and a set of small files, and runs each case through a real FUSE mount of
+Strata (and of mountpoint-s3 when --peer names a `mount-s3` binary; and of a second
+Strata build when --before names one, for before/after figures in the same run),
+dropping the page cache before every run (root only), medians of --runs. Prints JSON:
+
+  {"results": [{"case", "strata_s", "peer_s", "ratio", ...}], "cache_bytes_ratio": ...}
+
+ratio = peer_s / strata_s (Strata's speed relative to the peer; null without a peer).
+With --before, each result also has "before_s" and "speedup_vs_before"
+(= before_s / strata_s). cache_bytes_ratio = bytes Strata keeps under its cache
+directory / bytes read, after the small-file set was read once cold (and
+"cache_bytes_ratio_large" for the large file).
+
+Usage (as root):
+  bench/peer.py --strata target/release/strata [--before /path/strata-old]
+                [--peer /path/mount-s3] [--large-mib 1024] [--small-count 2000]
+                [--small-kib 100] [--runs 3]
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+BUCKET = "bench"
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        log(f"cannot drop the page cache ({e}); run as root for cold figures")
+
+
+class Moto:
+    def __init__(self):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit("moto_server did not start")
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDS["AWS_REGION"],
+        )
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class Mount:
+    """One FUSE mount of `kind` ("strata" or "peer") at a fresh mountpoint."""
+
+    def __init__(self, kind, binary, endpoint, work, memory=None, ttl="indefinite"):
+        self.mnt = tempfile.mkdtemp(dir=work, prefix="mnt-")
+        self.cache = tempfile.mkdtemp(dir=work, prefix="cache-")
+        env = dict(os.environ, **CREDS)
+        if kind == "strata":
+            cmd = [
+                binary, "mount", f"s3://{BUCKET}", self.mnt,
+                "--endpoint", endpoint, "--allow-http", "--region", "us-east-1",
+                "--cache-dir", self.cache, "--metadata-ttl", ttl, "--foreground",
+            ]
+            if memory:
+                cmd += ["--memory-cache", memory]
+        else:
+            cmd = [
+                binary, BUCKET, self.mnt, "--endpoint-url", endpoint,
+                "--force-path-style", "--region", "us-east-1",
+                "--cache", self.cache, "--metadata-ttl", "indefinite", "--foreground",
+            ]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(
+                os.path.join(work, f"{kind}.log"), "a")
+        )
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if subprocess.run(["mountpoint", "-q", self.mnt]).returncode == 0:
+                return
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{kind} mount exited: see {work}/{kind}.log")
+            time.sleep(0.1)
+        raise SystemExit(f"{kind} did not mount within 30 s")
+
+    def cache_breakdown(self):
+        """Bytes on disk per directory two levels under the cache dir."""
+        out = {}
+        for root, _, files in os.walk(self.cache):
+            rel = os.path.relpath(root, self.cache).split(os.sep)[:2]
+            key = "/".join(rel)
+            for f in files:
+                try:
+                    b = os.lstat(os.path.join(root, f)).st_blocks * 512
+                except OSError:
+                    continue
+                out[key] = out.get(key, 0) + b
+        return out
+
+    def cache_bytes(self):
+        total = 0
+        for root, _, files in os.walk(self.cache):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+    def settled_cache_bytes(self, limit_s=60):
+        """Cache bytes once they stop changing (background writes and copies done)."""
+        last, same = -1, 0
+        deadline = time.time() + limit_s
+        while time.time() < deadline:
+            now = self.cache_bytes()
+            same = same + 1 if now == last else 0
+            if same >= 2:
+                break
+            last = now
+            time.sleep(1)
+        return last
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.mnt, ignore_errors=True)
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def dd(path):
+    subprocess.run(
+        ["dd", f"if={path}", "of=/dev/null", "bs=1M"],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def cat_all(paths):
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def readers(paths, n):
+    parts = [paths[i::n] for i in range(n)]
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        list(ex.map(cat_all, parts))
+
+
+def shuffled(paths, seed, threads=4):
+    order = list(paths)
+    random.Random(seed).shuffle(order)
+    with concurrent.futures.ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda p: cat_all([p]), order))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--strata", required=True)
+    ap.add_argument("--strata-ttl", default="indefinite",
+                    help="--metadata-ttl of the Strata mounts (a number for builds before issue 14)")
+    ap.add_argument("--before", help="another Strata build, run side by side")
+    ap.add_argument("--peer", help="a mount-s3 binary")
+    ap.add_argument("--large-mib", type=int, default=1024)
+    ap.add_argument("--small-count", type=int, default=2000)
+    ap.add_argument("--small-kib", type=int, default=100)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cases", default="all", help="comma list of case prefixes")
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+
+    work = args.work or tempfile.mkdtemp(prefix="strata-peer-")
+    os.makedirs(work, exist_ok=True)
+    moto = Moto()
+    try:
+        s3 = moto.client()
+        s3.create_bucket(Bucket=BUCKET)
+        large = os.urandom(1 << 20) * args.large_mib
+        s3.put_object(Bucket=BUCKET, Key="large.bin", Body=large)
+        large_bytes = len(large)
+        del large
+        small_body = os.urandom(args.small_kib << 10)
+        names = [f"small/f{i:05d}.bin" for i in range(args.small_count)]
+        for n in names:
+            s3.put_object(Bucket=BUCKET, Key=n, Body=small_body)
+        small_bytes = len(small_body) * len(names)
+        log(f"uploaded {large_bytes >> 20} MiB + {len(names)} x {args.small_kib} KiB to {moto.endpoint}")
+
+        systems = {"strata": ("strata", args.strata, args.strata_ttl)}
+        if args.before:
+            # An older build may not know "indefinite": a day is the same in one run.
+            systems["before"] = ("strata", args.before, "86400")
+        if args.peer:
+            systems["peer"] = ("peer", args.peer, None)
+
+        def mount(name, memory=None):
+            kind, binary, ttl = systems[name]
+            return Mount(kind, binary, moto.endpoint, work, memory=memory, ttl=ttl)
+
+        def cold(name, run):
+            """Median of fresh mounts, each read once cold."""
+            times = []
+            for _ in range(args.runs):
+                m = mount(name)
+                try:
+                    drop_caches()
+                    times.append(timed(lambda: run(m.mnt)))
+                finally:
+                    m.close()
+            return statistics.median(times)
+
+        def warm(name, run, memory=None, warmup=None):
+            """Median of reads after one warming read, page cache dropped each time."""
+            m = mount(name, memory)
+            try:
+                (warmup or run)(m.mnt)
+                time.sleep(1)  # write-through to the disk tier settles
+                times = []
+                for _ in range(args.runs):
+                    drop_caches()
+                    times.append(timed(lambda: run(m.mnt)))
+                return statistics.median(times)
+            finally:
+                m.close()
+
+        def small_paths(mnt):
+            return [os.path.join(mnt, n) for n in names]
+
+        cases = [
+            ("large dd cold", lambda n: cold(n, lambda p: dd(f"{p}/large.bin")), True),
+            ("large dd warm (memory)", lambda n: warm(n, lambda p: dd(f"{p}/large.bin")), False),
+            ("large dd warm (disk, memory 64MiB)",
+             lambda n: warm(n, lambda p: dd(f"{p}/large.bin"), memory="64MiB"), False),
+            ("small serial cold", lambda n: cold(n, lambda p: cat_all(small_paths(p))), True),
+            ("small 8 readers cold",
+             lambda n: cold(n, lambda p: readers(small_paths(p), 8)), True),
+            ("small serial warm", lambda n: warm(n, lambda p: cat_all(small_paths(p))), False),
+            ("small 8 readers warm",
+             lambda n: warm(n, lambda p: readers(small_paths(p), 8)), False),
+        ]
+
+        def loader_epochs(name):
+            e1, e2 = [], []
+            for r in range(args.runs):
+                m = mount(name)
+                try:
+                    drop_caches()
+                    e1.append(timed(lambda: shuffled(small_paths(m.mnt), 2 * r)))
+                    drop_caches()
+                    e2.append(timed(lambda: shuffled(small_paths(m.mnt), 2 * r + 1)))
+                finally:
+                    m.close()
+            return statistics.median(e1), statistics.median(e2)
+
+        wanted = None if args.cases == "all" else args.cases.split(",")
+        results = []
+        for case, run, cold_case in cases:
+            if wanted and not any(case.startswith(w) for w in wanted):
+                continue
+            row = {"case": case}
+            for name in systems:
+                if name == "before" and not cold_case:
+                    continue
+                log(f"{case}: {name} ...")
+                row[f"{name}_s"] = round(run(name), 3)
+            results.append(row)
+        if not wanted or any("loader".startswith(w) or w.startswith("loader") for w in wanted):
+            rows = [{"case": "shuffled loader (4 threads) epoch 1"},
+                    {"case": "shuffled loader (4 threads) epoch 2"}]
+            for name in systems:
+                log(f"shuffled loader: {name} ...")
+                a, b = loader_epochs(name)
+                rows[0][f"{name}_s"] = round(a, 3)
+                rows[1][f"{name}_s"] = round(b, 3)
+            results += rows
+
+        # Bytes on disk for bytes read: each set read once cold, then the cache settles.
+        ratios = {}
+        for label, run, nbytes in [
+            ("cache_bytes_ratio", lambda p: cat_all(small_paths(p)), small_bytes),
+            ("cache_bytes_ratio_large", lambda p: dd(f"{p}/large.bin"), large_bytes),
+        ]:
+            m = mount("strata")
+            try:
+                drop_caches()
+                run(m.mnt)
+                ratios[label] = round(m.settled_cache_bytes() / nbytes, 3)
+                ratios[label + "_by_dir"] = m.cache_breakdown()
+                if args.before:
+                    b = mount("before")
+                    try:
+                        drop_caches()
+                        run(b.mnt)
+                        ratios[label + "_before"] = round(
+                            b.settled_cache_bytes() / nbytes, 3)
+                        ratios[label + "_before_by_dir"] = b.cache_breakdown()
+                    finally:
+                        b.close()
+            finally:
+                m.close()
+
+        for row in results:
+            s = row.get("strata_s")
+            p = row.get("peer_s")
+            row.setdefault("peer_s", None)
+            row["ratio"] = round(p / s, 3) if (p and s) else None
+            if row.get("before_s") and s:
+                row["speedup_vs_before"] = round(row["before_s"] / s, 3)
+        out = {
+            "results": results,
+            **ratios,
+            "sizes": {
+                "large_mib": args.large_mib,
+                "small_count": args.small_count,
+                "small_kib": args.small_kib,
+                "runs": args.runs,
+            },
+        }
+        print(json.dumps(out, indent=1))
+    finally:
+        moto.stop()
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+//! The data path at its ceilings (issue 14), without a kernel: a cold sequential read
+//! through the filesystem core sends fewer, larger, overlapping ranged GETs and
+//! returns the right bytes, also when the store fails now and then; with an indefinite
+//! metadata TTL a cached file never pays a HEAD or LIST again.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use object_store::ObjectStore;
+use strata_cache_core::store::faulty::{FaultConfig, FaultyStore, GetStats};
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
+use strata_fs::filesystem::ROOT_INO;
+use strata_fs::{CoreOptions, FsCore, Predictors, METADATA_TTL_INDEFINITE};
+
+/// Blocks of 256 KiB: a 24 MiB file is 96 blocks, 3 full 8 MiB requests' worth.
+const BS: u64 = 256 << 10;
+const FILE: u64 = 24 << 20;
+/// What a FUSE read asks for at a time (the kernel's max_read).
+const READ: u64 = 128 << 10;
+
+fn data(n: usize) -> Bytes {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add((i >> 12) as u8))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn timed<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(Duration::from_secs(60), f)
+}
+
+struct Fixture {
+    core: Arc<FsCore>,
+    faulty: Arc<FaultyStore>,
+    bytes: Bytes,
+}
+
+async fn fixture(opts: CoreOptions, faults: FaultConfig) -> Fixture {
+    let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faulty = Arc::new(FaultyStore::new(mem, FaultConfig::default()));
+    let retry = RetryPolicy {
+        attempts: 4,
+        base_backoff: Duration::from_millis(5),
+        attempt_timeout: Duration::from_secs(5),
+    };
+    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
+    let bytes = data(FILE as usize);
+    store
+        .put("data/big.bin", bytes.clone())
+        .await
+        .expect("seed");
+    store.put("data/small", data(1000)).await.expect("seed");
+    faulty.set_config(faults);
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(256 << 20)))
+        .build()
+        .expect("engine");
+    let reader = ObjectReader::new(engine, store, BS).expect("reader");
+    Fixture {
+        core: Arc::new(FsCore::new(reader, "", opts)),
+        faulty,
+        bytes,
+    }
+}
+
+/// Reads `data/big.bin` start to end in FUSE-sized reads, one at a time (as `dd`);
+/// returns the bytes and the store's GET statistics for the read alone.
+async fn read_sequentially(fx: &Fixture) -> (Bytes, GetStats) {
+    let c = &fx.core;
+    let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+    let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+    let o = c.open(e.attr.ino, false).await.expect("open");
+    let before = fx.faulty.gets();
+    let mut out = BytesMut::with_capacity(FILE as usize);
+    let mut off = 0;
+    while off < FILE {
+        let got = c.read(o.fh, off, READ as u32, 7).await.expect("read");
+        assert!(!got.is_empty(), "short read at {off}");
+        off += got.len() as u64;
+        out.extend_from_slice(&got);
+    }
+    c.release(o.fh);
+    let after = fx.faulty.gets();
+    (
+        out.freeze(),
+        GetStats {
+            count: after.count - before.count,
+            bytes: after.bytes - before.bytes,
+            ..after
+        },
+    )
+}
+
+/// A link with a time to first byte and a bandwidth, as a remote store has.
+fn remote_link() -> FaultConfig {
+    FaultConfig {
+        latency: Duration::from_millis(5),
+        bandwidth_bytes_per_sec: Some(400 << 20),
+        ..Default::default()
+    }
+}
+
+fn with_predictors() -> CoreOptions {
+    CoreOptions {
+        predictors: Some(Arc::new(Predictors::standard())),
+        ..Default::default()
+    }
+}
+
+fn assert_fewer_larger_overlapping(gets: &GetStats) {
+    let blocks = FILE / BS;
+    // Block-per-GET would be 96 GETs of 256 KiB, one or two at a time.
+    assert!(
+        gets.count * 4 <= blocks,
+        "{} GETs for {blocks} blocks: {gets:?}",
+        gets.count
+    );
+    assert!(gets.largest >= 4 << 20, "largest GET {gets:?}");
+    assert!(gets.max_in_flight >= 2, "GETs overlap: {gets:?}");
+}
+
+#[tokio::test]
+async fn a_cold_sequential_read_sends_fewer_larger_overlapping_gets() {
+    timed(async {
+        let fx = fixture(with_predictors(), remote_link()).await;
+        let (got, gets) = read_sequentially(&fx).await;
+        assert!(got == fx.bytes, "the bytes of the object");
+        assert_fewer_larger_overlapping(&gets);
+        // Nothing fetched twice: at most the object plus a block or two fetched by
+        // demand while its run was being sent.
+        assert!(gets.bytes <= FILE + 2 * BS, "{gets:?}");
+        let (requests, blocks) = fx.core.reader().run_requests();
+        assert!(
+            blocks > requests * 2,
+            "runs carry several blocks: {requests} requests, {blocks} blocks"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn the_window_readahead_coalesces_too() {
+    timed(async {
+        let fx = fixture(CoreOptions::default(), remote_link()).await;
+        let (got, gets) = read_sequentially(&fx).await;
+        assert!(got == fx.bytes, "the bytes of the object");
+        assert_fewer_larger_overlapping(&gets);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_cold_sequential_read_is_right_under_injected_errors() {
+    timed(async {
+        // Every fifth store read fails once (a 503): retried, never a wrong byte.
+        let faults = FaultConfig {
+            fail_every: 5,
+            ..remote_link()
+        };
+        for opts in [with_predictors(), CoreOptions::default()] {
+            let fx = fixture(opts, faults.clone()).await;
+            let (got, gets) = read_sequentially(&fx).await;
+            assert!(got == fx.bytes, "the bytes of the object");
+            assert!(gets.count * 2 <= FILE / BS, "still coalesced: {gets:?}");
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn an_indefinite_metadata_ttl_never_asks_the_store_again() {
+    timed(async {
+        let ttl = Duration::from_millis(100);
+        let mut short = with_predictors();
+        short.metadata_ttl = ttl;
+        let mut forever = with_predictors();
+        forever.metadata_ttl = METADATA_TTL_INDEFINITE;
+        let mut asked = Vec::new();
+        for opts in [short, forever] {
+            let fx = fixture(opts, FaultConfig::default()).await;
+            let c = &fx.core;
+            let open_and_read = || async {
+                let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+                let e = c.lookup(dir.attr.ino, "small").await.expect("small");
+                let o = c.open(e.attr.ino, false).await.expect("open");
+                assert_eq!(c.read(o.fh, 0, 1000, 7).await.expect("read"), data(1000));
+                c.release(o.fh);
+                // The kernel forgets the inodes (page cache dropped).
+                c.forget(e.attr.ino, 1);
+                c.forget(dir.attr.ino, 1);
+            };
+            open_and_read().await;
+            let store_calls = |c: &FsCore| {
+                c.counters().store_heads.load(Ordering::Relaxed)
+                    + c.counters().store_lists.load(Ordering::Relaxed)
+            };
+            let first = store_calls(c);
+            assert!(first > 0, "the first open asks the store");
+            tokio::time::sleep(ttl * 3).await;
+            open_and_read().await;
+            asked.push(store_calls(c) - first);
+            // The kernel is never handed a TTL it could overflow on.
+            assert!(c.ttl() <= Duration::from_secs(24 * 3600));
+        }
+        assert!(asked[0] > 0, "a short TTL asks again after it expires");
+        assert_eq!(asked[1], 0, "an indefinite TTL never asks again");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Bytes the files under `dir` occupy on disk (allocated blocks), recursively.
+fn disk_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in entries.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_dir() {
+            total += disk_bytes(&e.path());
+        } else {
+            total += m.blocks() * 512;
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_small_file_set_is_kept_on_disk_once() {
+    timed(async {
+        use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+        const FILES: usize = 40;
+        const SIZE: usize = 100 << 10;
+        let cache = tempfile::tempdir().expect("cache dir");
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let store = BackingStore::new(mem, "mem", RetryPolicy::default());
+        for i in 0..FILES {
+            store
+                .put(&format!("set/f{i:03}"), data(SIZE + i))
+                .await
+                .expect("seed");
+        }
+        let disk = Arc::new(
+            DiskTier::open(
+                cache.path().join("blocks"),
+                64 << 20,
+                DiskOptions::default(),
+            )
+            .expect("disk tier"),
+        );
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .tier(disk)
+            .build()
+            .expect("engine");
+        let reader = ObjectReader::new(engine.clone(), store, 1 << 20).expect("reader");
+        let opts = CoreOptions {
+            passthrough: Some(strata_fs::PassthroughOptions::new(
+                cache.path().join("passthrough"),
+            )),
+            ..with_predictors()
+        };
+        let c = Arc::new(FsCore::new(reader, "", opts));
+        let dir = c.lookup(ROOT_INO, "set").await.expect("set");
+        let read_all = || async {
+            let mut read = 0u64;
+            for i in 0..FILES {
+                let e = c
+                    .lookup(dir.attr.ino, &format!("f{i:03}"))
+                    .await
+                    .expect("lookup");
+                let o = c.open(e.attr.ino, false).await.expect("open");
+                let got = c.read(o.fh, 0, (SIZE + i) as u32, 7).await.expect("read");
+                assert_eq!(got, data(SIZE + i));
+                read += got.len() as u64;
+                c.release(o.fh);
+            }
+            read
+        };
+        let read = read_all().await;
+        // Wait for the copies and for the disk tier to give their blocks up.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let copies = c.counters().passthrough_copies.load(Ordering::Relaxed);
+            let on_disk_tier = engine.stats().tiers[1].used_bytes;
+            if copies == FILES as u64 && on_disk_tier == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "copies {copies}, disk tier still holds {on_disk_tier} bytes"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let data_bytes = disk_bytes(&cache.path().join("blocks/data"))
+            + disk_bytes(&cache.path().join("passthrough"));
+        assert!(
+            data_bytes as f64 <= 1.1 * read as f64,
+            "{data_bytes} bytes on disk for {read} bytes read"
+        );
+        // Read again: served by the copies (the kernel would pass them through; here
+        // the core reads them), right bytes, and nothing written to disk again.
+        assert_eq!(read_all().await, read);
+        assert!(c.counters().passthrough_opens.load(Ordering::Relaxed) >= FILES as u64);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            engine.stats().tiers[1].used_bytes,
+            0,
+            "no block went back to disk"
+        );
+    })
+    .await
+    .expect("bounded");
+}
