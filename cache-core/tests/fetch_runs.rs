@@ -37,6 +37,7 @@ async fn fixture(faults: FaultConfig) -> Fixture {
         attempts: 4,
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(2),
+        max_backoff: Duration::from_millis(100),
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data((8 * BS + BS / 2) as usize);

@@ -45,6 +45,7 @@ async fn fixture(opts: CoreOptions, faults: FaultConfig) -> Fixture {
         attempts: 4,
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(5),
+        max_backoff: Duration::from_millis(100),
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data(FILE as usize);
