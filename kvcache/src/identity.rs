@@ -14,6 +14,9 @@
 //! persisted (`kv-identities.json` in the cache dir, written atomically) so a restart
 //! over a warm disk tier keeps them; an unreadable file is moved aside with an error in
 //! the log (the v2 keys still separate models) rather than stopping the service.
+//! Writes are at most one per [`PERSIST_INTERVAL`] (the next call or the service's
+//! drop writes what is pending), so a client inventing namespaces cannot turn each new
+//! binding into a rewrite and an fsync of the whole file.
 //!
 //! [`IDENTITY_METADATA`]: crate::keys::IDENTITY_METADATA
 
@@ -26,10 +29,15 @@ use parking_lot::Mutex;
 
 use crate::error::{KvError, Result};
 
-/// Most namespaces bound at once. 65,536: far beyond models times tenants on one node,
+/// Most namespaces bound at once. 16,384: far beyond models times tenants on one node,
 /// and it bounds what a client inventing namespaces can make the server remember (the
-/// file stays under ~8 MiB).
-pub const MAX_BINDINGS: usize = 1 << 16;
+/// file stays under ~2 MiB).
+pub const MAX_BINDINGS: usize = 1 << 14;
+
+/// Least time between two writes of the bindings file: one second, so a burst of new
+/// namespaces costs one rewrite per second, while a crash loses at most the bindings of
+/// the last second (their v2 keys still keep the models apart).
+pub const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A 32-byte model identity digest.
 pub type IdentityDigest = [u8; 32];
@@ -40,6 +48,22 @@ pub struct IdentityBindings {
     map: Mutex<HashMap<Arc<str>, IdentityDigest>>,
     /// Where they persist; None: memory only.
     file: Option<PathBuf>,
+    /// When the file was last written (None: never), and whether bindings wait for the
+    /// next write.
+    persist: Mutex<Persist>,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Persist {
+    last: Option<std::time::Instant>,
+    dirty: bool,
+}
+
+impl Drop for IdentityBindings {
+    fn drop(&mut self) {
+        self.flush(true);
+    }
 }
 
 impl IdentityBindings {
@@ -52,6 +76,38 @@ impl IdentityBindings {
         IdentityBindings {
             map: Mutex::new(map),
             file,
+            persist: Mutex::new(Persist::default()),
+            writes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Times the file was written (tests).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes pending bindings if the interval has passed (or `now_anyway`).
+    fn flush(&self, now_anyway: bool) {
+        let Some(file) = &self.file else {
+            return;
+        };
+        {
+            let mut p = self.persist.lock();
+            if !p.dirty {
+                return;
+            }
+            let due = p.last.is_none_or(|t| t.elapsed() >= PERSIST_INTERVAL);
+            if !(due || now_anyway) {
+                return;
+            }
+            p.dirty = false;
+            p.last = Some(std::time::Instant::now());
+        }
+        let text = encode(&self.map.lock());
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = write_atomically(file, text.as_bytes()) {
+            tracing::error!(file = %file.display(), error = %e, "could not persist KV namespace identities");
         }
     }
 
@@ -71,10 +127,10 @@ impl IdentityBindings {
         let Some(id) = identity else {
             return Ok(());
         };
-        let snapshot = {
+        {
             let mut map = self.map.lock();
             match map.get(ns) {
-                Some(b) if b == id => return Ok(()),
+                Some(b) if b == id => {}
                 Some(b) => {
                     return Err(KvError::IdentityMismatch {
                         namespace: ns.to_string(),
@@ -82,7 +138,7 @@ impl IdentityBindings {
                         got: hex::encode(&id[..6]),
                     })
                 }
-                None if !bind => return Ok(()),
+                None if !bind => {}
                 None => {
                     if map.len() >= MAX_BINDINGS {
                         return Err(KvError::Busy(format!(
@@ -90,17 +146,13 @@ impl IdentityBindings {
                         )));
                     }
                     map.insert(ns.clone(), *id);
-                    self.file.as_ref().map(|_| encode(&map))
+                    self.persist.lock().dirty = true;
                 }
             }
-        };
-        // Written outside the lock; a failed write keeps the binding for this run and
-        // says so (it would only be lost on a restart).
-        if let (Some(file), Some(text)) = (&self.file, snapshot) {
-            if let Err(e) = write_atomically(file, text.as_bytes()) {
-                tracing::error!(file = %file.display(), error = %e, "could not persist KV namespace identities");
-            }
         }
+        // Outside the map's lock; a failed write keeps the bindings for this run and
+        // says so (they would only be lost on a restart).
+        self.flush(false);
         Ok(())
     }
 }
@@ -194,13 +246,34 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_of_new_namespaces_is_one_write_and_the_rest_lands_on_drop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let b = IdentityBindings::open(Some(f.clone()));
+        for i in 0..500 {
+            b.check(&Arc::from(format!("ns-{i}")), Some(&A), true)
+                .expect("bind");
+        }
+        assert!(b.writes() <= 2, "{} writes for 500 bindings", b.writes());
+        drop(b);
+        let again = IdentityBindings::open(Some(f));
+        assert_eq!(
+            again.bound("ns-499"),
+            Some(A),
+            "pending bindings written on drop"
+        );
+        assert_eq!(again.map.lock().len(), 500);
+    }
+
+    #[test]
     fn bindings_survive_a_reopen_and_a_corrupt_file_is_moved_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
         let ns: Arc<str> = Arc::from("m/t");
-        IdentityBindings::open(Some(f.clone()))
-            .check(&ns, Some(&A), true)
-            .expect("bind");
+        let first = IdentityBindings::open(Some(f.clone()));
+        first.check(&ns, Some(&A), true).expect("bind");
+        assert_eq!(first.writes(), 1, "the first binding is written at once");
+        drop(first);
         let again = IdentityBindings::open(Some(f.clone()));
         assert_eq!(again.bound("m/t"), Some(A));
         assert!(again.check(&ns, Some(&B), false).is_err());
