@@ -44,6 +44,10 @@ pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
 /// Arena ranges are whole pages, so a block's range never shares a page with another's.
 const PAGE: usize = 4096;
 
+/// Most sessions at once: 1,024 local clients (engine workers) is far beyond one
+/// host's, and it bounds the descriptors and tasks the side socket can be made to hold.
+pub const MAX_SESSIONS: usize = 1024;
+
 /// A session id: 128 random bits, as 32 hex digits on the wire.
 pub type SessionId = u128;
 
@@ -64,6 +68,7 @@ pub struct ShmStats {
     pub copies: u64,
     /// Gets that fell back to inline bytes (arena or session cap full).
     pub fallbacks: u64,
+    /// Arena bytes (whole pages) leased right now.
     pub leased_bytes: u64,
 }
 
@@ -210,7 +215,13 @@ impl ShmArena {
         let mut raw = [0u8; 16];
         getrandom(&mut raw)?;
         let id = u128::from_le_bytes(raw);
-        self.state.lock().sessions.insert(id, Session::default());
+        let mut st = self.state.lock();
+        if st.sessions.len() >= MAX_SESSIONS {
+            return Err(KvError::Busy(format!(
+                "{MAX_SESSIONS} shared-memory sessions are open; use the socket"
+            )));
+        }
+        st.sessions.insert(id, Session::default());
         Ok(id)
     }
 
@@ -238,7 +249,7 @@ impl ShmArena {
             .leases
             .get(&lease)
             .and_then(|(_, e)| st.entries.get(e))
-            .map_or(0, |e| e.source.len() as u64);
+            .map_or(0, |e| e.span as u64);
         if let Some(s) = st.sessions.get_mut(&session) {
             s.leases.remove(&lease);
             s.bytes = s.bytes.saturating_sub(len);
@@ -268,7 +279,9 @@ impl ShmArena {
         let (lease, entry_id, fresh) = {
             let mut st = self.state.lock();
             let session_bytes = st.sessions.get(&session)?.bytes;
-            if session_bytes + len as u64 > self.per_session_bytes {
+            // Counted in whole pages, as the arena holds them: tiny blocks cannot let a
+            // session occupy more of the arena than its share.
+            if session_bytes + span as u64 > self.per_session_bytes {
                 drop(st);
                 self.fallbacks.fetch_add(1, Ordering::Relaxed);
                 return None;
@@ -319,7 +332,7 @@ impl ShmArena {
             st.leases.insert(lease_id, (session, entry_id));
             let s = st.sessions.get_mut(&session)?;
             s.leases.insert(lease_id);
-            s.bytes += len as u64;
+            s.bytes += span as u64;
             (
                 Lease {
                     id: lease_id,
@@ -636,6 +649,22 @@ mod tests {
             blocks[0].to_vec(),
             "still leased, still intact"
         );
+    }
+
+    #[test]
+    fn a_session_of_tiny_blocks_is_held_to_its_share_in_pages() {
+        // 1 MiB arena: a session may hold 256 KiB of pages, i.e. 64 one-page blocks,
+        // however small the blocks are.
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("s");
+        let more: Vec<_> = (1..MAX_SESSIONS).map(|_| a.open_session()).collect();
+        assert!(more.iter().all(Result::is_ok));
+        assert!(a.open_session().is_err(), "sessions are bounded");
+        let leased = (0..100u8)
+            .filter(|i| a.lease(s, &key(*i), &block(1024, *i)).is_some())
+            .count();
+        assert_eq!(leased, 64);
+        assert_eq!(a.stats().leased_bytes, 256 << 10);
     }
 
     #[test]
