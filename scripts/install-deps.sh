@@ -33,11 +33,12 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
-# Python: moto's S3 server for the S3 tests; grpcio for the Python KV client and its tests.
-py_pkgs=("moto[server]" "grpcio" "grpcio-tools" "protobuf" "pytest")
+# Python: moto's S3 server for the S3 tests; grpcio for the Python KV client and its tests;
+# kubernetes-validate checks deploy/kubernetes against the Kubernetes schemas (offline).
+py_pkgs=("moto[server]" "grpcio" "grpcio-tools" "protobuf" "pytest" "kubernetes-validate")
 need_pip=0
 command -v moto_server >/dev/null 2>&1 || need_pip=1
-python3 -c "import grpc, grpc_tools, google.protobuf, pytest" >/dev/null 2>&1 || need_pip=1
+python3 -c "import grpc, grpc_tools, google.protobuf, pytest, kubernetes_validate" >/dev/null 2>&1 || need_pip=1
 if [ "$need_pip" = 1 ]; then
   echo "installing Python packages: ${py_pkgs[*]}"
   python3 -m pip install -q --disable-pip-version-check "${py_pkgs[@]}"

@@ -11,6 +11,8 @@ scripts/install-deps.sh
 
 export RUST_BACKTRACE=1
 cargo test --workspace --all-targets
+# The Kubernetes manifests against the API schemas (unknown fields are errors).
+python3 -m kubernetes_validate --strict --quiet deploy/kubernetes/*.yaml
 if [ -d kvcache/python/tests ]; then
   scripts/test-python-client.sh
 fi

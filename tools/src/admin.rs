@@ -538,10 +538,75 @@ mod tests {
                     ..Default::default()
                 }],
                 prefetch_issued: 2,
+                load_model: vec![strata_kvcache::stats::TierLoadEstimate {
+                    tier: "memory".into(),
+                    latency_us: 50.0,
+                    bandwidth_gbps: 16.0,
+                    inflight_bytes: 0,
+                }],
                 ..Default::default()
             }),
             mounts: vec![],
         }
+    }
+
+    /// The Grafana dashboard in the repo (`deploy/grafana`) only queries metrics the
+    /// daemon exports: a renamed metric fails here, not on an operator's screen.
+    #[test]
+    fn the_grafana_dashboard_queries_only_exported_metrics() {
+        let text = render_metrics(&sample());
+        // Every family the daemon registers, whether or not the sample fills it.
+        let mut exported = std::collections::HashSet::new();
+        for l in text.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                if let (Some(name), Some(kind)) = (it.next(), it.next()) {
+                    exported.insert(name.to_string());
+                    if kind == "counter" {
+                        exported.insert(format!("{name}_total"));
+                    }
+                }
+            }
+        }
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/grafana/strata-dashboard.json"
+        );
+        let dash: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("dashboard in the repo"))
+                .expect("dashboard is JSON");
+        let mut exprs = Vec::new();
+        fn walk<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, x) in m {
+                        match (k.as_str(), x.as_str()) {
+                            ("expr" | "query", Some(e)) => out.push(e),
+                            _ => walk(x, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+                _ => {}
+            }
+        }
+        walk(&dash, &mut exprs);
+        assert!(exprs.len() >= 10, "{} queries", exprs.len());
+        let mut used = 0;
+        for e in exprs {
+            for (i, _) in e.match_indices("strata_") {
+                let name: String = e[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(
+                    exported.contains(name.as_str()),
+                    "{name} (in {e:?}) is not exported"
+                );
+                used += 1;
+            }
+        }
+        assert!(used >= 15);
     }
 
     #[test]

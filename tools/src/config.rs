@@ -645,6 +645,35 @@ pub fn read_secret_file(path: &Path) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The `strata.toml` the Kubernetes manifests ship (deploy/kubernetes) parses and
+    /// passes the checks, once the DaemonSet has filled in the pod's address.
+    #[test]
+    fn the_kubernetes_configmap_is_a_valid_config() {
+        let yaml = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/kubernetes/strata.yaml"
+        ))
+        .expect("manifests in the repo");
+        let start = yaml
+            .find("strata.toml: |")
+            .expect("the ConfigMap's strata.toml")
+            + 15;
+        let toml_text: String = yaml[start..]
+            .lines()
+            .take_while(|l| !l.starts_with("---"))
+            .map(|l| l.strip_prefix("    ").unwrap_or(l.trim()))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace("@POD_IP@", "10.0.0.7");
+        let cfg: StrataConfig = toml::from_str(&toml_text).expect("parses");
+        cfg.check().expect("passes the checks");
+        assert_eq!(cfg.mounts.len(), 1);
+        assert_eq!(
+            cfg.cluster.as_ref().map(|c| c.advertise.as_str()),
+            Some("10.0.0.7:7072")
+        );
+    }
     use super::*;
 
     /// `[cluster]` parses with its defaults, and the checks refuse what would fail later.
