@@ -41,6 +41,12 @@ pub fn block_hash_v1(
     let mut h = Sha256::new();
     h.update(V1_TAG);
     h.update(parent);
+    block_body(h, tokens, extras)
+}
+
+/// The part of a block's hash every derivation shares: the length-prefixed tokens and
+/// extras after the derivation's own prefix.
+fn block_body(mut h: Sha256, tokens: &[u32], extras: &[u8]) -> [u8; 32] {
     h.update((tokens.len() as u32).to_le_bytes());
     for t in tokens {
         h.update(t.to_le_bytes());
@@ -48,6 +54,29 @@ pub fn block_hash_v1(
     h.update((extras.len() as u32).to_le_bytes());
     h.update(extras);
     h.finalize().into()
+}
+
+/// Chains `block` over the `block_tokens`-token blocks of `tokens` from a zero root
+/// (see [`chain_hashes_v1`] for the partial-block rule).
+fn chain(
+    tokens: &[u32],
+    block_tokens: usize,
+    include_partial: bool,
+    block: impl Fn(&[u8; 32], &[u32]) -> [u8; 32],
+) -> Vec<[u8; 32]> {
+    if block_tokens == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(tokens.len() / block_tokens + 1);
+    let mut parent = [0u8; 32];
+    for chunk in tokens.chunks(block_tokens) {
+        if chunk.len() < block_tokens && !include_partial {
+            break;
+        }
+        parent = block(&parent, chunk);
+        out.push(parent);
+    }
+    out
 }
 
 /// Hashes of the blocks of a token sequence cut into `block_tokens`-token blocks,
@@ -60,19 +89,9 @@ pub fn chain_hashes_v1(
     extras: &[u8],
     include_partial: bool,
 ) -> Vec<[u8; V1_HASH_LEN]> {
-    if block_tokens == 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::with_capacity(tokens.len() / block_tokens + 1);
-    let mut parent = V1_ROOT;
-    for chunk in tokens.chunks(block_tokens) {
-        if chunk.len() < block_tokens && !include_partial {
-            break;
-        }
-        parent = block_hash_v1(&parent, chunk, extras);
-        out.push(parent);
-    }
-    out
+    chain(tokens, block_tokens, include_partial, |parent, chunk| {
+        block_hash_v1(parent, chunk, extras)
+    })
 }
 
 /// Tag of the v2 block derivation.
@@ -170,13 +189,7 @@ pub fn block_hash_v2(
     h.update(V2_TAG);
     h.update(identity);
     h.update(parent);
-    h.update((tokens.len() as u32).to_le_bytes());
-    for t in tokens {
-        h.update(t.to_le_bytes());
-    }
-    h.update((extras.len() as u32).to_le_bytes());
-    h.update(extras);
-    h.finalize().into()
+    block_body(h, tokens, extras)
 }
 
 /// As [`chain_hashes_v1`], bound to the model identity `identity` (its digest).
@@ -187,19 +200,9 @@ pub fn chain_hashes_v2(
     extras: &[u8],
     include_partial: bool,
 ) -> Vec<[u8; V2_HASH_LEN]> {
-    if block_tokens == 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::with_capacity(tokens.len() / block_tokens + 1);
-    let mut parent = V2_ROOT;
-    for chunk in tokens.chunks(block_tokens) {
-        if chunk.len() < block_tokens && !include_partial {
-            break;
-        }
-        parent = block_hash_v2(identity, &parent, chunk, extras);
-        out.push(parent);
-    }
-    out
+    chain(tokens, block_tokens, include_partial, |parent, chunk| {
+        block_hash_v2(identity, parent, chunk, extras)
+    })
 }
 
 /// The key of one rank's share of a block: the chain hash, then `le_u16(tp_rank)` and

@@ -28,14 +28,33 @@ def block_hash_v1(parent: bytes, tokens: Sequence[int], extras: bytes = b"") -> 
     """Hash of one block given its parent's hash (or ``V1_ROOT``)."""
     if len(parent) != V1_HASH_LEN:
         raise ValueError(f"parent hash must be {V1_HASH_LEN} bytes, got {len(parent)}")
+    return _block_digest(V1_TAG + bytes(parent), tokens, extras)
+
+
+def _block_digest(prefix: bytes, tokens: Sequence[int], extras: bytes) -> bytes:
+    """SHA-256 of a derivation's prefix, then the length-prefixed tokens and extras."""
     h = hashlib.sha256()
-    h.update(V1_TAG)
-    h.update(parent)
+    h.update(prefix)
     h.update(struct.pack("<I", len(tokens)))
     h.update(struct.pack(f"<{len(tokens)}I", *tokens))
     h.update(struct.pack("<I", len(extras)))
     h.update(extras)
     return h.digest()
+
+
+def _chain(tokens: Sequence[int], block_tokens: int, include_partial: bool, block) -> List[bytes]:
+    """``block(parent, chunk)`` chained over the blocks of ``tokens`` from a zero root."""
+    out: List[bytes] = []
+    if block_tokens <= 0:
+        return out
+    parent = bytes(32)
+    for i in range(0, len(tokens), block_tokens):
+        chunk = tokens[i : i + block_tokens]
+        if len(chunk) < block_tokens and not include_partial:
+            break
+        parent = block(parent, chunk)
+        out.append(parent)
+    return out
 
 
 def chain_hashes_v1(
@@ -45,17 +64,7 @@ def chain_hashes_v1(
 
     A trailing partial block is hashed only with ``include_partial``.
     """
-    out: List[bytes] = []
-    if block_tokens <= 0:
-        return out
-    parent = V1_ROOT
-    for i in range(0, len(tokens), block_tokens):
-        chunk = tokens[i : i + block_tokens]
-        if len(chunk) < block_tokens and not include_partial:
-            break
-        parent = block_hash_v1(parent, chunk, extras)
-        out.append(parent)
-    return out
+    return _chain(tokens, block_tokens, include_partial, lambda p, c: block_hash_v1(p, c, extras))
 
 
 # -- v2: keys bound to the model --------------------------------------------------------
@@ -155,15 +164,7 @@ def block_hash_v2(identity: IdentityLike, parent: bytes, tokens: Sequence[int], 
     """Hash of one block of ``identity``'s model given its parent's hash (or ``V2_ROOT``)."""
     if len(parent) != V2_HASH_LEN:
         raise ValueError(f"parent hash must be {V2_HASH_LEN} bytes, got {len(parent)}")
-    h = hashlib.sha256()
-    h.update(V2_TAG)
-    h.update(_digest_of(identity))
-    h.update(parent)
-    h.update(struct.pack("<I", len(tokens)))
-    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
-    h.update(struct.pack("<I", len(extras)))
-    h.update(extras)
-    return h.digest()
+    return _block_digest(V2_TAG + _digest_of(identity) + bytes(parent), tokens, extras)
 
 
 def chain_hashes_v2(
@@ -176,17 +177,7 @@ def chain_hashes_v2(
     """As :func:`chain_hashes_v1`, bound to ``identity`` (a :class:`ModelIdentity` or its
     32-byte digest)."""
     digest = _digest_of(identity)
-    out: List[bytes] = []
-    if block_tokens <= 0:
-        return out
-    parent = V2_ROOT
-    for i in range(0, len(tokens), block_tokens):
-        chunk = tokens[i : i + block_tokens]
-        if len(chunk) < block_tokens and not include_partial:
-            break
-        parent = block_hash_v2(digest, parent, chunk, extras)
-        out.append(parent)
-    return out
+    return _chain(tokens, block_tokens, include_partial, lambda p, c: block_hash_v2(digest, p, c, extras))
 
 
 def rank_key(block_hash: bytes, tp_rank: int = 0, pp_rank: int = 0) -> bytes:
