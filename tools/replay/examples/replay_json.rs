@@ -9,25 +9,8 @@
 //! `cargo run --release -p strata-replay --example replay_json -- TRACE CAPACITY POLICIES`
 //! e.g. `... -- tools/replay/traces/mix.csv.gz 10% strata,lru,arc`.
 
-use std::time::Instant;
-
-use strata_replay::replay::{self, make_policy, parse_capacity, Prepared, ReplayConfig};
-
-#[derive(serde::Serialize)]
-struct Row {
-    #[serde(flatten)]
-    result: replay::PolicyResult,
-    replay_wall_s: f64,
-    replay_accesses_per_s: f64,
-}
-
-#[derive(serde::Serialize)]
-struct Report {
-    trace: String,
-    capacity_bytes: u64,
-    unique_bytes: u64,
-    results: Vec<Row>,
-}
+use strata_replay::replay::report::{run_all, Report};
+use strata_replay::replay::{parse_capacity, Prepared, ReplayConfig};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -44,18 +27,8 @@ fn main() -> anyhow::Result<()> {
     let unique = p.unique_bytes();
     let capacity = parse_capacity(&args[2], unique)?;
     let cfg = ReplayConfig::new(capacity);
-    let mut results = Vec::new();
-    for name in args[3].split(',') {
-        let set = make_policy(name, capacity)?;
-        let t0 = Instant::now();
-        let result = replay::replay(&p, set, &cfg);
-        let wall = t0.elapsed().as_secs_f64();
-        results.push(Row {
-            replay_accesses_per_s: result.accesses as f64 / wall.max(1e-9),
-            replay_wall_s: wall,
-            result,
-        });
-    }
+    let policies: Vec<String> = args[3].split(',').map(String::from).collect();
+    let results = run_all(&p, &policies, &cfg)?;
     let report = Report {
         trace: path.display().to_string(),
         capacity_bytes: capacity,

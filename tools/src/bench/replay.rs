@@ -6,13 +6,13 @@
 //! percent of unique bytes) for every policy. See [`strata_replay::replay`] for the rules.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
 
+use strata_replay::replay::report::{run_all, Report, Row};
 use strata_replay::replay::{
-    self, make_policy, parse_capacity, Prepared, ReplayConfig, StoreModel, POLICY_NAMES,
+    self, parse_capacity, Prepared, ReplayConfig, StoreModel, POLICY_NAMES,
 };
 use strata_replay::trace;
 
@@ -66,23 +66,6 @@ fn parse_lower(spec: &str, unique: u64) -> anyhow::Result<replay::LevelModel> {
         .split_once('=')
         .with_context(|| format!("--lower `{spec}`: expected KIND=SIZE, e.g. disk=60%"))?;
     replay::LevelModel::new(kind, parse_capacity(size, unique)?)
-}
-
-#[derive(serde::Serialize)]
-struct Row {
-    #[serde(flatten)]
-    result: replay::PolicyResult,
-    /// Wall-clock seconds the replay took (this machine, one core).
-    replay_wall_s: f64,
-    replay_accesses_per_s: f64,
-}
-
-#[derive(serde::Serialize)]
-struct Report {
-    trace: String,
-    capacity_bytes: u64,
-    unique_bytes: u64,
-    results: Vec<Row>,
 }
 
 pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
@@ -152,23 +135,6 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", png.display());
     }
     Ok(())
-}
-
-fn run_all(p: &Prepared, policies: &[String], cfg: &ReplayConfig) -> anyhow::Result<Vec<Row>> {
-    policies
-        .iter()
-        .map(|name| {
-            let set = make_policy(name, cfg.capacity_bytes)?;
-            let t0 = Instant::now();
-            let result = replay::replay(p, set, cfg);
-            let wall = t0.elapsed().as_secs_f64();
-            Ok(Row {
-                replay_accesses_per_s: result.accesses as f64 / wall.max(1e-9),
-                replay_wall_s: wall,
-                result,
-            })
-        })
-        .collect()
 }
 
 fn print_table(r: &Report, jobs: usize) {

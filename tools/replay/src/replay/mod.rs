@@ -65,6 +65,7 @@
 //! except what the policy and `TierSpace` do themselves.
 
 mod policies;
+pub mod report;
 
 pub use policies::{make_policy, strata_policy_set, Listings, PolicySet, POLICY_NAMES};
 
