@@ -3,7 +3,7 @@
 //! asking a peer that just failed, and whether to keep a copy of a remote block. The
 //! daemon's reader does the I/O around them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::membership::NodeId;
@@ -173,45 +173,47 @@ impl PeerBackoff {
     }
 }
 
-/// Whether a block read from its owner is kept in this node's tiers: on its second
-/// fetch from the owner (a doorkeeper, as in TinyLFU). A block read once stays only on
-/// its owner, so the group's capacity adds up; a block this node keeps re-reading is
-/// hot here and the pattern-aware policy ranks it with the rest. The set of blocks seen
-/// once is bounded: when full it is cleared (forgetting old single touches, never
-/// admitting wrongly).
+/// Whether a block read from its owner is kept in this node's tiers: on its `after`-th
+/// fetch from the owner (0: never). Never by default: a block lives only on its owner,
+/// so the group's capacity adds up (a dataset read every epoch would otherwise be
+/// copied to every reader by its second epoch); an operator whose hot set is small and
+/// latency-bound sets `[cluster] keep_remote_after = 2`, and the copies then compete in
+/// the tiers under the pattern-aware policy like any block. The counts are bounded:
+/// when full they are cleared (forgetting old touches, never admitting early).
 #[derive(Clone, Debug)]
-pub struct SecondTouch {
-    seen: HashSet<u64>,
+pub struct RemoteAdmission {
+    after: u32,
+    counts: HashMap<u64, u32>,
     cap: usize,
 }
 
-impl SecondTouch {
-    /// 65,536 keys (~1 MiB of hashes): a minute of misses at 1 GB/s of 1 MiB blocks.
+impl RemoteAdmission {
+    /// 65,536 keys (~1 MiB of counts): a minute of misses at 1 GB/s of 1 MiB blocks.
     pub const DEFAULT_CAP: usize = 1 << 16;
 
-    pub fn new(cap: usize) -> Self {
-        SecondTouch {
-            seen: HashSet::new(),
+    pub fn new(after: u32, cap: usize) -> Self {
+        RemoteAdmission {
+            after,
+            counts: HashMap::new(),
             cap: cap.max(1),
         }
     }
 
     /// A block (by its key's hash) was fetched from its owner: keep a copy?
     pub fn admit(&mut self, key_hash: u64) -> bool {
-        if self.seen.remove(&key_hash) {
+        if self.after == 0 {
+            return false;
+        }
+        if !self.counts.contains_key(&key_hash) && self.counts.len() >= self.cap {
+            self.counts.clear();
+        }
+        let c = self.counts.entry(key_hash).or_insert(0);
+        *c += 1;
+        if *c >= self.after {
+            self.counts.remove(&key_hash);
             return true;
         }
-        if self.seen.len() >= self.cap {
-            self.seen.clear();
-        }
-        self.seen.insert(key_hash);
         false
-    }
-}
-
-impl Default for SecondTouch {
-    fn default() -> Self {
-        SecondTouch::new(Self::DEFAULT_CAP)
     }
 }
 
@@ -324,8 +326,10 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_block_is_kept_on_its_second_fetch() {
-        let mut d = SecondTouch::new(4);
+    fn a_remote_block_is_kept_on_its_nth_fetch_or_never() {
+        let mut never = RemoteAdmission::new(0, 4);
+        assert!((0..10).all(|_| !never.admit(1)), "0: never kept");
+        let mut d = RemoteAdmission::new(2, 4);
         assert!(!d.admit(1));
         assert!(!d.admit(2));
         assert!(d.admit(1), "second fetch of 1 keeps it");
@@ -333,7 +337,8 @@ mod tests {
         for k in 10..14 {
             assert!(!d.admit(k));
         }
-        // The set was full and cleared: 2's first touch is forgotten, never a wrong yes.
+        // The counts were full and cleared: 2's first touch is forgotten, never a
+        // wrong yes.
         assert!(!d.admit(2));
     }
 }

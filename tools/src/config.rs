@@ -45,6 +45,7 @@
 //! listen = "0.0.0.0:7073"             # the peer service (default: 0.0.0.0:<advertise port>)
 //! token_file = "/etc/strata/peer.token"     # the group's shared secret; required off-loopback
 //! hedge_min_ms = 2                    # shortest wait for a block's owner before the store
+//! keep_remote_after = 0               # keep another node's block on its n-th fetch (0: never)
 //!
 //! [[mounts]]                          # as `strata mount`; same fields, same defaults
 //! mountpoint = "/mnt/data"
@@ -116,6 +117,11 @@ pub struct ClusterConfig {
     /// from the store exactly once.
     #[serde(default = "default_hedge_min_ms")]
     pub hedge_min_ms: u64,
+    /// Keep a copy of a block another node owns on its n-th fetch from the owner; 0
+    /// (default): never, so the group's capacity adds up (see
+    /// `strata_cluster::hedge::RemoteAdmission`).
+    #[serde(default)]
+    pub keep_remote_after: u32,
 }
 
 fn default_hedge_min_ms() -> u64 {
@@ -239,6 +245,11 @@ pub struct StoreConfig {
     /// entries are left out of listings and not found, so a link planted in a dataset
     /// cannot expose other files through the mount.
     pub follow_symlinks: bool,
+    /// Benchmarks only: latency (ms) added to every store request and a bandwidth
+    /// ("200MB") shared by this daemon's store reads, as the in-process benches inject
+    /// them (`strata bench cluster` runs daemons as child processes). 0 / None: off.
+    pub inject_latency_ms: u64,
+    pub inject_bandwidth: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -45,6 +45,11 @@ pub struct GroupSpec {
     /// `[cluster] hedge_min_ms`: tests raise it so each block is read from the store
     /// exactly once even on a loaded machine.
     pub hedge_min_ms: u64,
+    /// More lines of every node's `[store]` (`inject_latency_ms = 20`).
+    pub store_toml: String,
+    /// Each node in a group of its own (named after it): N independent nodes with
+    /// the same config, the baseline the group is measured against.
+    pub independent: bool,
     /// More TOML appended to every node's config (sections the caller adds: another
     /// helper's `[kv]` settings, a mount option).
     pub extra_toml: String,
@@ -66,6 +71,8 @@ impl Default for GroupSpec {
             lease_ttl_secs: 2,
             token: Some("group-secret-for-tests".into()),
             hedge_min_ms: 2,
+            store_toml: String::new(),
+            independent: false,
             extra_toml: String::new(),
             env: Vec::new(),
             ready_timeout: Duration::from_secs(30),
@@ -142,11 +149,11 @@ impl Group {
             let (admin, peer, kv) = (free_port()?, free_port()?, free_port()?);
             let mountpoint = spec.mounts.then(|| ndir.join("mnt"));
             let mut toml = format!(
-                "[store]\nurl = {store_url:?}\n\n\
+                "[store]\nurl = {store_url:?}\n{store_extra}\n\
                  [cache]\ndir = {cache:?}\nmemory = {mem:?}\ndisk = {disk:?}\nblock_size = {bs:?}\n\n\
                  [kv]\nlisten = \"127.0.0.1:{kv}\"\n\n\
                  [admin]\nlisten = \"127.0.0.1:{admin}\"\n\n\
-                 [cluster]\netcd_endpoints = [{etcd:?}]\ngroup = \"test\"\nnode_id = {id:?}\n\
+                 [cluster]\netcd_endpoints = [{etcd:?}]\ngroup = {group:?}\nnode_id = {id:?}\n\
                  advertise = \"127.0.0.1:{peer}\"\nlisten = \"127.0.0.1:{peer}\"\n\
                  lease_ttl_secs = {ttl}\nhedge_min_ms = {hedge}\n",
                 cache = ndir.join("cache").display().to_string(),
@@ -156,6 +163,8 @@ impl Group {
                 etcd = etcd.endpoint(),
                 ttl = spec.lease_ttl_secs,
                 hedge = spec.hedge_min_ms,
+                store_extra = spec.store_toml,
+                group = if spec.independent { id.as_str() } else { "test" },
             );
             if let Some(t) = &token_file {
                 toml.push_str(&format!("token_file = {:?}\n", t.display().to_string()));
@@ -193,7 +202,9 @@ impl Group {
             spec,
             dir,
         };
-        g.wait_members(g.nodes.len(), Duration::from_secs(20))?;
+        if !g.spec.independent {
+            g.wait_members(g.nodes.len(), Duration::from_secs(20))?;
+        }
         Ok(g)
     }
 

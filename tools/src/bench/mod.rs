@@ -3,6 +3,7 @@
 use clap::Subcommand;
 
 pub mod chaos;
+pub mod cluster;
 pub mod fs;
 pub mod fs_small;
 pub mod gds;
@@ -15,6 +16,8 @@ pub mod tiers;
 pub enum BenchCommand {
     /// The real daemon under mixed load, killed with SIGKILL and restarted over and over, over an S3 store with injected faults.
     Chaos(chaos::ChaosArgs),
+    /// A cache group of daemons on loopback (real etcd) against independent nodes and one big node: store bytes, hit ratios, peer throughput, failover.
+    Cluster(cluster::ClusterArgs),
     /// GPU tier staging on the emulated device: disk -> bounce -> device vs its ceilings.
     Gds(gds::GdsArgs),
     /// FUSE mount: seq 1 MiB and random 4 KiB reads, cold and warm, next to a null FUSE fs, the local dir and direct store reads.
@@ -32,6 +35,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Chaos(a) => chaos::run(a),
+        BenchCommand::Cluster(a) => cluster::run(a),
         BenchCommand::Gds(a) => gds::run(a),
         BenchCommand::Fs(a) => fs::run(a),
         BenchCommand::FsSmall(a) => fs_small::run(a),

@@ -107,6 +107,7 @@ impl MountArgs {
                 secret_access_key_file: self.secret_access_key_file.clone(),
                 allow_http: self.allow_http,
                 follow_symlinks: self.follow_symlinks,
+                ..StoreConfig::default()
             },
             cache: CacheConfig {
                 dir: self.cache_dir.clone(),

@@ -25,7 +25,26 @@ pub fn open_store(url: &str, cfg: &StoreConfig) -> anyhow::Result<BackingStore> 
         follow_symlinks: cfg.follow_symlinks,
         ..Default::default()
     };
-    Ok(BackingStore::from_url(url, &opts)?)
+    let store = BackingStore::from_url(url, &opts)?;
+    if cfg.inject_latency_ms == 0 && cfg.inject_bandwidth.is_none() {
+        return Ok(store);
+    }
+    // A benchmark's slow store (see `StoreConfig::inject_latency_ms`); same label, so
+    // peers reading the same store still agree.
+    let fault = strata_cache_core::store::faulty::FaultConfig {
+        latency: std::time::Duration::from_millis(cfg.inject_latency_ms),
+        bandwidth_bytes_per_sec: cfg
+            .inject_bandwidth
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("[store] inject_bandwidth")?,
+        ..Default::default()
+    };
+    let slow: Arc<dyn object_store::ObjectStore> = Arc::new(
+        strata_cache_core::store::faulty::FaultyStore::new(store.inner().clone(), fault),
+    );
+    Ok(BackingStore::new(slow, url, opts.retry))
 }
 
 /// The cache core of one daemon: the engine and handles on its tiers.

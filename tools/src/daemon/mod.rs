@@ -79,9 +79,15 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                     h.membership(),
                     channels,
                     metrics.clone(),
-                    strata_cluster::hedge::HedgePolicy::with_floor(Duration::from_millis(
-                        c.hedge_min_ms,
-                    )),
+                    peer_reads::ReadOptions {
+                        hedge: strata_cluster::hedge::HedgePolicy::with_floor(
+                            Duration::from_millis(c.hedge_min_ms),
+                        ),
+                        recent_budget: peer_reads::recent_budget(
+                            strata_cache_core::Tier::capacity_bytes(core.memory.as_ref()),
+                        ),
+                        keep_remote_after: c.keep_remote_after,
+                    },
                 )) as std::sync::Arc<dyn strata_cache_core::PeerSource>
             });
             Some((h, metrics, reads))
@@ -337,6 +343,7 @@ mod tests {
                 listen: Some("127.0.0.1:0".into()),
                 token_file: None,
                 hedge_min_ms: 2,
+                keep_remote_after: 0,
             };
             let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());

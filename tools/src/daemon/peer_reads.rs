@@ -7,12 +7,13 @@
 //! error a single node would not have had. Decisions are in [`strata_cluster::hedge`];
 //! this module is the I/O around them.
 //!
-//! Keeping copies: a block fetched from its owner is written into this node's tiers on
-//! its second fetch ([`SecondTouch`]), so a block read once lives only on its owner and
-//! the group's capacity adds up. Blocks not kept sit in a small buffer of recent
-//! remote blocks ([`RECENT_BYTES`]), so the kernel's sub-block reads of one block and
+//! Keeping copies: a block fetched from its owner is written into this node's tiers
+//! only on its `keep_remote_after`-th fetch ([`RemoteAdmission`]; default never), so a
+//! block lives on its owner and the group's capacity adds up. Blocks not kept sit in a small buffer of recent
+//! remote blocks ([`recent_budget`]), so the kernel's sub-block reads of one block and
 //! a prefetched block's demand read do not ask the owner again. A block this node read
-//! from the store (a fallback) is kept, as a single node would.
+//! from the store because its owner failed is kept, as a single node would; one a
+//! hedge won is not (the owner is fetching it too).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -22,7 +23,9 @@ use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt};
 use parking_lot::{Mutex, RwLock};
 use strata_cache_core::{CacheKey, PeerFetch, PeerSource, StoreFetch};
-use strata_cluster::hedge::{self, HedgePolicy, LatencyWindow, PeerBackoff, Route, SecondTouch};
+use strata_cluster::hedge::{
+    self, HedgePolicy, LatencyWindow, PeerBackoff, RemoteAdmission, Route,
+};
 use strata_cluster::peer::pb::FetchBlockRequest;
 use strata_cluster::peer::PeerChannels;
 use strata_cluster::{Membership, NodeId, Placement};
@@ -30,14 +33,28 @@ use tokio::sync::watch;
 
 use super::peer_metrics::PeerMetrics;
 
-/// Bytes of recent remote blocks kept outside the tiers. 64 MiB: a sequential
-/// reader's prefetch window of 1 MiB blocks, so prefetched remote blocks wait here for
-/// their demand read.
-pub const RECENT_BYTES: u64 = 64 << 20;
+/// Bytes of recent remote blocks kept outside the tiers: a sixteenth of the memory
+/// tier (it is memory the tier's budget does not count), at least 2 MiB (the block
+/// being read and the next one) and at most 64 MiB (a sequential reader's prefetch
+/// window of 1 MiB blocks, so prefetched remote blocks wait here for their demand
+/// read).
+pub fn recent_budget(memory_tier_bytes: u64) -> u64 {
+    (memory_tier_bytes / 16).clamp(2 << 20, 64 << 20)
+}
 
 /// Longest a peer call may take in all. 30 s: a hedge answers a slow read long before;
 /// this only frees what a hung peer holds.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the reads decide (from `[cluster]` and the memory tier's size).
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOptions {
+    pub hedge: HedgePolicy,
+    /// See [`recent_budget`].
+    pub recent_budget: u64,
+    /// See `[cluster] keep_remote_after`.
+    pub keep_remote_after: u32,
+}
 
 /// The group as the reads see it: rebuilt on each membership change.
 struct View {
@@ -48,7 +65,7 @@ struct View {
 struct State {
     windows: HashMap<NodeId, LatencyWindow>,
     backoff: PeerBackoff,
-    admit: SecondTouch,
+    admit: RemoteAdmission,
     recent: VecDeque<(CacheKey, Bytes)>,
     recent_bytes: u64,
 }
@@ -60,6 +77,7 @@ struct Inner {
     channels: PeerChannels,
     metrics: Arc<PeerMetrics>,
     policy: HedgePolicy,
+    recent_budget: u64,
     state: Mutex<State>,
     epoch: Instant,
 }
@@ -90,7 +108,7 @@ impl GroupReads {
         mut membership: watch::Receiver<Membership>,
         channels: PeerChannels,
         metrics: Arc<PeerMetrics>,
-        policy: HedgePolicy,
+        opts: ReadOptions,
     ) -> GroupReads {
         let first = view_of(&membership.borrow_and_update());
         let g = GroupReads {
@@ -100,11 +118,15 @@ impl GroupReads {
                 view: RwLock::new(Arc::new(first)),
                 channels,
                 metrics,
-                policy,
+                policy: opts.hedge,
+                recent_budget: opts.recent_budget,
                 state: Mutex::new(State {
                     windows: HashMap::new(),
                     backoff: PeerBackoff::default(),
-                    admit: SecondTouch::default(),
+                    admit: RemoteAdmission::new(
+                        opts.keep_remote_after,
+                        RemoteAdmission::DEFAULT_CAP,
+                    ),
                     recent: VecDeque::new(),
                     recent_bytes: 0,
                 }),
@@ -151,7 +173,7 @@ impl GroupReads {
         let mut st = self.inner.state.lock();
         st.recent_bytes += data.len() as u64;
         st.recent.push_back((key, data));
-        while st.recent_bytes > RECENT_BYTES {
+        while st.recent_bytes > self.inner.recent_budget {
             match st.recent.pop_front() {
                 Some((_, b)) => st.recent_bytes -= b.len() as u64,
                 None => break,
@@ -322,9 +344,12 @@ impl GroupReads {
                 // learns that the peer is slow.
                 self.answered_late(&owner, started.elapsed());
                 match r {
+                    // The owner is fetching it too and will hold it: no second copy
+                    // here, only the recent buffer.
                     Ok(b) => {
                         self.inner.metrics.fallback(owner.as_str());
-                        Ok((b, true))
+                        self.remember(req.key.clone(), b.clone());
+                        Ok((b, false))
                     }
                     // The store failed: the peer may still answer.
                     Err(e) => match peer.await {
