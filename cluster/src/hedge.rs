@@ -78,6 +78,56 @@ impl HedgePolicy {
     }
 }
 
+/// A cap on hedges: each peer request earns `fraction` of a hedge (up to `burst`
+/// saved), each hedge spends one. A hedge past an owner that is itself fetching the
+/// block from the store is a second GET of the same bytes; the budget keeps those at
+/// about `fraction` of the peer requests (as "The Tail at Scale" bounds hedged
+/// requests), while a peer that is really stuck is still raced after
+/// [`HedgeBudget::hard_wait`].
+#[derive(Clone, Debug)]
+pub struct HedgeBudget {
+    /// 0.02: at most ~2 % more store requests than the group needs.
+    pub fraction: f64,
+    /// 4 hedges saved at most: a burst of slow answers gets a few races, not many.
+    pub burst: f64,
+    tokens: f64,
+}
+
+impl Default for HedgeBudget {
+    fn default() -> Self {
+        HedgeBudget {
+            fraction: 0.02,
+            burst: 4.0,
+            // One to start with: the first slow answer may be raced.
+            tokens: 1.0,
+        }
+    }
+}
+
+impl HedgeBudget {
+    /// A peer request was sent.
+    pub fn on_request(&mut self) {
+        self.tokens = (self.tokens + self.fraction).min(self.burst);
+    }
+
+    /// Whether a hedge may start now (spends one if so).
+    pub fn try_hedge(&mut self) -> bool {
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// How long a read waits for its owner before racing the store even without
+    /// budget: 4 x the hedge delay, at least the policy's ceiling (a stuck peer costs
+    /// at most this, never an error).
+    pub fn hard_wait(delay: Duration, policy: &HedgePolicy) -> Duration {
+        (delay * 4).max(policy.ceiling)
+    }
+}
+
 /// The last `cap` answer times of one peer.
 #[derive(Clone, Debug)]
 pub struct LatencyWindow {
@@ -302,6 +352,33 @@ mod tests {
             pol.delay(&w),
             pol.floor,
             "old samples age out; the floor holds"
+        );
+    }
+
+    #[test]
+    fn hedges_are_capped_to_a_fraction_of_the_requests() {
+        let mut b = HedgeBudget::default();
+        assert!(b.try_hedge(), "the first slow answer may be raced");
+        assert!(!b.try_hedge());
+        let mut hedges = 0;
+        for _ in 0..1000 {
+            b.on_request();
+            if b.try_hedge() {
+                hedges += 1;
+            }
+        }
+        assert!(
+            (19..=20).contains(&hedges),
+            "{hedges} hedges per 1000 requests"
+        );
+        let pol = HedgePolicy::default();
+        assert_eq!(
+            HedgeBudget::hard_wait(Duration::from_millis(5), &pol),
+            pol.ceiling
+        );
+        assert_eq!(
+            HedgeBudget::hard_wait(Duration::from_secs(1), &pol),
+            Duration::from_secs(4)
         );
     }
 

@@ -24,7 +24,7 @@ use futures::future::{BoxFuture, FutureExt};
 use parking_lot::{Mutex, RwLock};
 use strata_cache_core::{CacheKey, PeerFetch, PeerSource, StoreFetch};
 use strata_cluster::hedge::{
-    self, HedgePolicy, LatencyWindow, PeerBackoff, RemoteAdmission, Route,
+    self, HedgeBudget, HedgePolicy, LatencyWindow, PeerBackoff, RemoteAdmission, Route,
 };
 use strata_cluster::peer::pb::FetchBlockRequest;
 use strata_cluster::peer::PeerChannels;
@@ -64,6 +64,7 @@ struct View {
 
 struct State {
     windows: HashMap<NodeId, LatencyWindow>,
+    budget: HedgeBudget,
     backoff: PeerBackoff,
     admit: RemoteAdmission,
     recent: VecDeque<(CacheKey, Bytes)>,
@@ -122,6 +123,7 @@ impl GroupReads {
                 recent_budget: opts.recent_budget,
                 state: Mutex::new(State {
                     windows: HashMap::new(),
+                    budget: HedgeBudget::default(),
                     backoff: PeerBackoff::default(),
                     admit: RemoteAdmission::new(
                         opts.keep_remote_after,
@@ -291,7 +293,8 @@ impl GroupReads {
             return Ok((b, false));
         }
         let (available, delay) = {
-            let st = self.inner.state.lock();
+            let mut st = self.inner.state.lock();
+            st.budget.on_request();
             let delay = st
                 .windows
                 .get(&owner)
@@ -322,7 +325,28 @@ impl GroupReads {
             }
             _ = tokio::time::sleep(delay) => {}
         }
-        // Slower than its p99: race the store.
+        // Slower than its p99; without hedge budget, wait on up to the hard limit.
+        if !self.inner.state.lock().budget.try_hedge() {
+            let hard = HedgeBudget::hard_wait(delay, &self.inner.policy).saturating_sub(delay);
+            tokio::select! {
+                r = &mut peer => {
+                    return match r {
+                        Ok(b) => {
+                            self.answered(&owner, started.elapsed());
+                            let keep = self.keep(&req.key, &b);
+                            Ok((b, keep))
+                        }
+                        Err(e) => {
+                            self.failed(&owner, &addr, &e);
+                            self.inner.metrics.fallback(owner.as_str());
+                            from_store().await.map(|b| (b, true))
+                        }
+                    };
+                }
+                _ = tokio::time::sleep(hard) => {}
+            }
+        }
+        // Race the store.
         self.inner.metrics.hedge(owner.as_str());
         let store = from_store();
         tokio::pin!(store);
