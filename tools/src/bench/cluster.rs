@@ -60,6 +60,9 @@ pub struct ClusterArgs {
     pub lease_ttl_secs: u64,
     #[arg(long, default_value_t = 16)]
     pub seed: u64,
+    /// The `strata` binary the daemons run (default: this one; tests name theirs).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -308,7 +311,10 @@ pub fn bench(args: &ClusterArgs) -> anyhow::Result<ClusterReport> {
         .tempdir()?;
     let names = write_dataset(data.path(), args.seed, n_files, file_size)?;
     let unique = (n_files * file_size) as u64;
-    let binary = std::env::current_exe().context("the strata binary")?;
+    let binary = match &args.binary {
+        Some(b) => b.clone(),
+        None => std::env::current_exe().context("the strata binary")?,
+    };
     let bw = args.store.bandwidth_bytes()?;
     let base = GroupSpec {
         binary,
