@@ -637,7 +637,21 @@ mod tests {
                 ..Default::default()
             }),
             mounts: vec![],
-            peer: None,
+            peer: Some(crate::daemon::peer_metrics::PeerStats {
+                node: "node-a".into(),
+                peers: [(
+                    "node-b".to_string(),
+                    crate::daemon::peer_metrics::PeerCounters {
+                        requests_out: 2,
+                        bytes_in: 2048,
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                store_gets: 5,
+                store_bytes: 5120,
+                ..Default::default()
+            }),
         }
     }
 
@@ -705,6 +719,8 @@ mod tests {
         let text = render_metrics(&sample());
         for line in [
             "strata_tier_used_bytes{tier=\"memory\"} 100",
+            "strata_peer_bytes_in_total{peer=\"node-b\"} 2048",
+            "strata_store_read_bytes_total 5120",
             "strata_tier_capacity_bytes{tier=\"memory\"} 1000",
             "strata_tier_hits_total{tier=\"memory\"} 3",
             "strata_tier_evictions_total{tier=\"memory\"} 7",
