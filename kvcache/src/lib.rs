@@ -12,6 +12,8 @@
 //! - [`shm`], [`shm_client`]: the same-host zero-copy path (a shared-memory arena
 //!   handed over the Unix socket; Gets answered with leased offsets).
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
+//! - [`routing`]: the cache group's KV routing planner (pure): whom to ask about which
+//!   key, batched per owner, and what the answers mean.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 mod blocks;
@@ -20,6 +22,7 @@ pub mod error;
 pub mod identity;
 pub mod keys;
 pub mod limits;
+pub mod routing;
 pub mod server;
 pub mod shm;
 pub mod shm_client;
