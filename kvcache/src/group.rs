@@ -10,7 +10,7 @@
 //!   on the peer listener ([`crate::KvService::peer_grpc`]) only ever serves from the
 //!   local tiers, so a forwarded request is never forwarded again (no loops, whatever
 //!   two nodes believe about the membership).
-//! - **Trust.** A forwarded request carries the group token (`strata-group-token`),
+//! - **Trust.** A forwarded request carries the group token (`authorization: Bearer`),
 //!   the tenant the entry node authenticated (`strata-peer-tenant`, by name) and the
 //!   caller's model identity (`strata-model-identity`). The peer face refuses any call
 //!   without the token, and re-applies the tenant's namespace patterns, key space and
@@ -47,8 +47,9 @@ use crate::pb;
 use crate::pb::kv_cache_client::KvCacheClient;
 use crate::routing::NodeIdx;
 
-/// Metadata of a forwarded request: the group token.
-pub const GROUP_TOKEN_METADATA: &str = "strata-group-token";
+/// Metadata of a forwarded request: the group token, as `Bearer <token>` (the same
+/// header the daemon's peer listener checks for every peer service).
+pub const GROUP_TOKEN_METADATA: &str = "authorization";
 /// Metadata of a forwarded request: the tenant the entry node authenticated.
 pub const PEER_TENANT_METADATA: &str = "strata-peer-tenant";
 /// Metadata of a forwarded request: the node it comes from (for per-peer figures).
@@ -279,7 +280,7 @@ const BW_SAMPLE_MIN: usize = 256 << 10;
 impl Router {
     pub fn new(view: Arc<dyn GroupView>, opts: GroupOptions) -> Result<Router, crate::KvError> {
         let token = match opts.token.as_deref() {
-            Some(t) => Some(t.parse().map_err(|_| {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
                 crate::KvError::Config("the group token must be printable ASCII".into())
             })?),
             None => None,

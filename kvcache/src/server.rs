@@ -1829,7 +1829,9 @@ impl tonic::service::Interceptor for PeerCheck {
             let got = req
                 .metadata()
                 .get(GROUP_TOKEN_METADATA)
-                .map(|v| v.as_bytes())
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::as_bytes)
                 .unwrap_or_default();
             if !constant_time_eq(got, want.as_bytes()) {
                 inner.stats.rejected();

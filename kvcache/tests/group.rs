@@ -333,7 +333,7 @@ async fn tenants_stay_apart_across_the_group_and_peers_need_the_token() {
                 if let Some(t) = token {
                     req.metadata_mut().insert(
                         strata_kvcache::group::GROUP_TOKEN_METADATA,
-                        t.parse().expect("ascii"),
+                        format!("Bearer {t}").parse().expect("ascii"),
                     );
                 }
                 if let Some(t) = tenant {
