@@ -434,6 +434,7 @@ impl KvService {
         s.prefetch_wasted = staged.wasted;
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s.group = self.group_stats();
         s
     }
 

@@ -32,8 +32,13 @@ impl ClusterHandle {
     }
 }
 
-/// This node's record: the tiers' budgets are its capacity (its placement weight).
-pub fn node_info(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<NodeInfo> {
+/// This node's record: the tiers' budgets are its capacity (its placement weight);
+/// `admin`: its admin API's bound address, if it serves one.
+pub fn node_info(
+    c: &ClusterConfig,
+    cache: &CacheConfig,
+    admin: Option<std::net::SocketAddr>,
+) -> anyhow::Result<NodeInfo> {
     let mut capacity = BTreeMap::new();
     capacity.insert(
         "memory".to_string(),
@@ -51,13 +56,18 @@ pub fn node_info(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<NodeI
         advertise: c.advertise.clone(),
         capacity,
         zone: c.zone.clone(),
+        admin: admin.map(|a| a.to_string()).unwrap_or_default(),
     })
 }
 
 /// Starts the membership; returns at once (etcd may be down: the node keeps trying and
 /// serves as a single node meanwhile).
-pub fn start(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<ClusterHandle> {
-    let me = node_info(c, cache)?;
+pub fn start(
+    c: &ClusterConfig,
+    cache: &CacheConfig,
+    admin: Option<std::net::SocketAddr>,
+) -> anyhow::Result<ClusterHandle> {
+    let me = node_info(c, cache, admin)?;
     let node = me.id.clone();
     let member = Member::start(c.group_config(), me).context("starting cluster membership")?;
     let mut rx = member.membership();

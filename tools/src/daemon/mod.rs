@@ -47,9 +47,23 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     };
     let core = open_core(&cfg.cache)?;
     let mut tasks = Servers::new();
+    // The admin API is bound before the group is joined: the node's record carries
+    // its address, for `strata stats --cluster`.
+    let admin_listener = match &admin_plan {
+        Some((addr, _)) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding admin API on {addr}"))?,
+        ),
+        None => None,
+    };
+    let admin_addr = admin_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
     let cluster = match &cfg.cluster {
         Some(c) => {
-            let h = cluster::start(c, &cfg.cache)?;
+            let h = cluster::start(c, &cfg.cache, admin_addr)?;
             println!("cluster {} {}", c.group, h.node);
             Some(h)
         }
@@ -77,6 +91,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
         None => None,
     };
+    // In a group the KV service routes by key to the owners (`strata_kvcache::group`).
+    if let (Some(h), Some(k)) = (&cluster, &kv) {
+        kv::join_group(&k.service, h, None)?;
+    }
 
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
@@ -93,13 +111,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
     }
 
-    if let Some((addr, token)) = admin_plan {
+    if let (Some((addr, token)), Some(l)) = (admin_plan, admin_listener) {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
         }
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding admin API on {addr}"))?;
         println!("admin {}", l.local_addr()?);
         let state = AdminState {
             engine: core.engine.clone(),
@@ -107,6 +122,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             mounts: infos,
             started,
             token: token.map(std::sync::Arc::from),
+            cluster: cluster.as_ref().map(|h| (h.node.clone(), h.membership())),
         };
         let stop = stop.clone();
         tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
