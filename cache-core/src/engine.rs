@@ -581,6 +581,23 @@ impl CacheEngine {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Bytes>> + Send + 'static,
     {
+        self.get_or_fetch_keep(key, ctx, move || fetch().map(|r| r.map(|b| (b, true))))
+            .await
+    }
+
+    /// [`Self::get_or_fetch`] where the fetch also says whether to keep the bytes: a
+    /// block read from another node of the cache group is filled into the tiers only
+    /// when the group's admission rule says so; concurrent callers share it either way.
+    pub async fn get_or_fetch_keep<F, Fut>(
+        &self,
+        key: &CacheKey,
+        ctx: &AccessContext,
+        fetch: F,
+    ) -> Result<Bytes>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(Bytes, bool)>> + Send + 'static,
+    {
         let ctx = self.observed(key, ctx);
         if let Some(bytes) = self.lookup(key, &ctx).await? {
             return Ok(bytes);
@@ -599,7 +616,7 @@ impl CacheEngine {
                 let task_ctx = ctx;
                 let task = tokio::spawn(async move {
                     let result = fetch().await;
-                    if let Ok(bytes) = &result {
+                    if let Ok((bytes, true)) = &result {
                         // Fill before leaving the in-flight map, so a caller arriving
                         // after removal finds the block cached.
                         if let Err(e) = engine
@@ -615,7 +632,7 @@ impl CacheEngine {
                         }
                     }
                     engine.inner.inflight.lock().remove(&task_key);
-                    result.map_err(Arc::new)
+                    result.map(|(bytes, _)| bytes).map_err(Arc::new)
                 });
                 let fut: BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>> =
                     async move {

@@ -11,10 +11,17 @@
 //! block in flight in the engine's single-flight map until it lands (so a demand read
 //! of any of them joins the run). Every run's timing feeds the reader's
 //! [`LinkEstimator`], from which the mount sizes the bytes it keeps in flight.
+//!
+//! In a cache group (issue 16) a reader has a [`PeerSource`]: a missed block that
+//! another node owns is asked of that node (which fetches it from the store once for
+//! the whole group), the store being this node's fallback. The reader knows nothing of
+//! the network: the daemon implements the source over the peer service.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, FutureExt};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -34,6 +41,41 @@ pub struct ObjectReader {
     store: BackingStore,
     block_size: u64,
     link: Arc<Link>,
+    peers: Option<Arc<dyn PeerSource>>,
+}
+
+/// A block the reader missed and wants through its owner in the cache group.
+#[derive(Clone, Debug)]
+pub struct PeerFetch {
+    pub key: CacheKey,
+    pub obj: ObjectInfo,
+    pub block: u64,
+    /// The reader's block size (part of the key).
+    pub block_size: u64,
+    /// The block's bytes in the object.
+    pub range: Range<u64>,
+    pub ctx: AccessContext,
+}
+
+/// This node's own fetch of a block from the store: what a [`PeerSource`] falls back to.
+pub type StoreFetch = Box<dyn FnOnce() -> BoxFuture<'static, Result<Bytes>> + Send>;
+
+/// Blocks from the other nodes of a cache group. Implementations must never fail a
+/// read the store alone would have served: on any peer trouble they run `from_store`.
+pub trait PeerSource: Send + Sync {
+    /// Whether block `key` is asked of another node (it owns it) rather than fetched
+    /// from the store here. Cheap: called for every block a prefetch plans.
+    fn remote(&self, key: &CacheKey) -> bool;
+
+    /// The block of `req` through its owner, or `from_store` on a failure, a slow
+    /// owner (hedged) or a membership change that made this node the owner. Returns
+    /// the bytes and whether to keep them in this node's tiers. Lazy: nothing happens
+    /// until the future is polled (a cache hit never polls it).
+    fn fetch(
+        &self,
+        req: PeerFetch,
+        from_store: StoreFetch,
+    ) -> BoxFuture<'static, Result<(Bytes, bool)>>;
 }
 
 /// The store link as this reader's run fetches measure it.
@@ -72,7 +114,19 @@ impl ObjectReader {
                 requests: AtomicU64::new(0),
                 blocks: AtomicU64::new(0),
             }),
+            peers: None,
         })
+    }
+
+    /// This reader in a cache group: missed blocks other nodes own come from them.
+    pub fn with_peers(mut self, peers: Arc<dyn PeerSource>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// Whether `key` is asked of another node of the group.
+    fn is_remote(&self, key: &CacheKey) -> bool {
+        self.peers.as_ref().is_some_and(|p| p.remote(key))
     }
 
     /// The link estimate from this reader's run fetches (shared by its clones).
@@ -103,6 +157,73 @@ impl ObjectReader {
         if run.is_empty() {
             return Vec::new();
         }
+        if self.peers.is_some() {
+            let remote: Vec<bool> = run
+                .clone()
+                .map(|b| self.is_remote(&self.key(obj, b)))
+                .collect();
+            if remote.iter().any(|r| *r) {
+                return self.fetch_run_grouped(obj, run, &remote, ctx).await;
+            }
+        }
+        self.fetch_local_run(obj, run, ctx).await
+    }
+
+    /// [`Self::fetch_run`] in a group: blocks other nodes own one by one through them,
+    /// stretches of this node's own blocks as ranged GETs.
+    async fn fetch_run_grouped(
+        &self,
+        obj: &ObjectInfo,
+        run: std::ops::Range<u64>,
+        remote: &[bool],
+        ctx: &AccessContext,
+    ) -> Vec<(u64, RunBlock)> {
+        let mut parts: Vec<BoxFuture<'_, Vec<(u64, RunBlock)>>> = Vec::new();
+        let mut i = 0;
+        while i < remote.len() {
+            let b = run.start + i as u64;
+            if remote[i] {
+                parts.push(
+                    async move {
+                        let key = self.key(obj, b);
+                        if self.engine.contains(&key) {
+                            return vec![(b, RunBlock::NotFetched)];
+                        }
+                        let r = match self.read_block(obj, b, ctx).await {
+                            Ok(_) => RunBlock::Fetched,
+                            Err(e) => RunBlock::Failed(e),
+                        };
+                        vec![(b, r)]
+                    }
+                    .boxed(),
+                );
+                i += 1;
+            } else {
+                let mut j = i;
+                while j < remote.len() && !remote[j] {
+                    j += 1;
+                }
+                let local = b..run.start + j as u64;
+                parts.push(self.fetch_local_run(obj, local, ctx).boxed());
+                i = j;
+            }
+        }
+        let mut out: Vec<(u64, RunBlock)> = futures::future::join_all(parts)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        out.sort_by_key(|(b, _)| *b);
+        out
+    }
+
+    /// [`Self::fetch_run`] from the store only.
+    async fn fetch_local_run(
+        &self,
+        obj: &ObjectInfo,
+        run: std::ops::Range<u64>,
+        ctx: &AccessContext,
+    ) -> Vec<(u64, RunBlock)> {
         let keys: Vec<CacheKey> = run.clone().map(|b| self.key(obj, b)).collect();
         let store = self.store.clone();
         let obj2 = obj.clone();
@@ -201,6 +322,22 @@ impl ObjectReader {
         let key = self.key(obj, block);
         let store = self.store.clone();
         let obj2 = obj.clone();
+        if let Some(peers) = self.peers.as_ref().filter(|p| p.remote(&key)) {
+            let from_store: StoreFetch =
+                Box::new(move || async move { store.get_range(&obj2, start..end).await }.boxed());
+            let fut = peers.fetch(
+                PeerFetch {
+                    key: key.clone(),
+                    obj: obj.clone(),
+                    block,
+                    block_size: self.block_size,
+                    range: start..end,
+                    ctx: *ctx,
+                },
+                from_store,
+            );
+            return self.engine.get_or_fetch_keep(&key, ctx, move || fut).await;
+        }
         self.engine
             .get_or_fetch(&key, ctx, move || async move {
                 store.get_range(&obj2, start..end).await

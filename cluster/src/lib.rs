@@ -8,10 +8,16 @@
 //!   renewing leaves after the lease TTL; while etcd is unreachable a node keeps the last
 //!   membership it saw and re-registers when etcd returns.
 //!
-//! The peer data plane (a later slice) plugs in by reading the `watch` channel, building
-//! a [`Placement`] from each new snapshot and dialing the owners' `advertise` addresses.
+//! - [`hedge`]: the peer read path's decisions (which node to ask, when to hedge with
+//!   the store, when to pause a failing peer, whether to keep a remote block). Pure.
+//! - [`peer`]: the peer data plane's wire side: the `strata.peer.v1` services, the
+//!   group token on both ends, a pool of channels to the members. The daemon serves it
+//!   and its readers use it, building a [`Placement`] from each membership snapshot
+//!   and dialing the owners' `advertise` addresses.
 
+pub mod hedge;
 pub mod membership;
+pub mod peer;
 pub mod placement;
 #[cfg(feature = "testing")]
 pub mod testing;

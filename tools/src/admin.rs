@@ -57,6 +57,10 @@ pub struct DaemonStats {
     /// The cache group as this node sees it (issue 16); None: a single node.
     #[serde(default)]
     pub cluster: Option<ClusterMembers>,
+    /// The cache group's data plane (issue 16): per-peer bytes and requests, this
+    /// node's store reads. None: a single node.
+    #[serde(default)]
+    pub peer: Option<crate::daemon::peer_metrics::PeerStats>,
 }
 
 /// The group's members as one node sees them: what `strata stats --cluster` starts
@@ -92,6 +96,12 @@ pub struct AdminState {
     pub cluster: Option<(
         strata_cluster::NodeId,
         tokio::sync::watch::Receiver<strata_cluster::Membership>,
+    )>,
+    /// The peer data plane's counters and the store whose reads they are set against
+    /// (None: a single node).
+    pub peer: Option<(
+        Arc<crate::daemon::peer_metrics::PeerMetrics>,
+        Option<strata_cache_core::BackingStore>,
     )>,
 }
 
@@ -157,6 +167,10 @@ impl AdminState {
                         .collect(),
                 }
             }),
+            peer: self
+                .peer
+                .as_ref()
+                .map(|(m, store)| m.snapshot(store.as_ref().map_or((0, 0), |s| s.read_counts()))),
         }
     }
 }
@@ -263,6 +277,79 @@ fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
     reg.register(name, help, c);
 }
 
+/// The cache group's data plane: per peer (`peer="node-b"`), and this node's store reads.
+fn render_peer_metrics(reg: &mut Registry, p: &crate::daemon::peer_metrics::PeerStats) {
+    let peers: Vec<(&String, &crate::daemon::peer_metrics::PeerCounters)> =
+        p.peers.iter().collect();
+    let label = |(id, _): &(&String, &crate::daemon::peer_metrics::PeerCounters)| {
+        vec![("peer".to_string(), id.to_string())]
+    };
+    type C<'a> = (&'a String, &'a crate::daemon::peer_metrics::PeerCounters);
+    type Field = fn(&C<'_>) -> u64;
+    let fams: [(&str, &str, Field); 7] = [
+        (
+            "peer_requests_out",
+            "Blocks this node asked the peer for",
+            |c| c.1.requests_out,
+        ),
+        (
+            "peer_bytes_in",
+            "Verified bytes received from the peer",
+            |c| c.1.bytes_in,
+        ),
+        (
+            "peer_requests_in",
+            "Blocks the peer asked this node for",
+            |c| c.1.requests_in,
+        ),
+        ("peer_bytes_out", "Bytes served to the peer", |c| {
+            c.1.bytes_out
+        }),
+        (
+            "peer_errors",
+            "Asks to the peer that failed (unreachable, error, bad checksum)",
+            |c| c.1.errors,
+        ),
+        (
+            "peer_fallbacks",
+            "Reads of the peer's blocks answered by the store instead",
+            |c| c.1.fallbacks,
+        ),
+        (
+            "peer_hedges",
+            "Store fetches started because the peer was slower than its p99",
+            |c| c.1.hedges,
+        ),
+    ];
+    for (name, help, f) in fams {
+        counter_family(reg, name, help, &per(&peers, label, f));
+    }
+    counter(
+        reg,
+        "store_gets",
+        "Ranged GETs sent to the object store",
+        p.store_gets,
+    );
+    counter(
+        reg,
+        "store_read_bytes",
+        "Bytes read from the object store",
+        p.store_bytes,
+    );
+    counter(
+        reg,
+        "peer_remote_kept",
+        "Remote blocks admitted into this node's tiers",
+        p.remote_kept,
+    );
+    counter(
+        reg,
+        "peer_remote_not_kept",
+        "Remote blocks read without keeping a copy",
+        p.remote_not_kept,
+    );
+}
+
 /// Renders `s` in the Prometheus/OpenMetrics text format.
 pub fn render_metrics(s: &DaemonStats) -> String {
     let mut reg = Registry::with_prefix("strata");
@@ -365,6 +452,9 @@ pub fn render_metrics(s: &DaemonStats) -> String {
         "Bytes filled by prefetch",
         e.prefetch_bytes,
     );
+    if let Some(p) = &s.peer {
+        render_peer_metrics(&mut reg, p);
+    }
     let up = Gauge::<f64, AtomicU64>::default();
     up.set(s.uptime_secs);
     reg.register("uptime_seconds", "Seconds since the daemon started", up);
@@ -684,6 +774,8 @@ mod tests {
                 ..Default::default()
             }),
             mounts: vec![],
+            peer: None,
+            cluster: None,
         }
     }
 

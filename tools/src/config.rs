@@ -42,7 +42,9 @@
 //! zone = "rack-1"                     # optional failure domain
 //! replication = 2                     # owners of each KV block
 //! lease_ttl_secs = 10                 # a silent node leaves the group after this
-//! token_file = "/etc/strata/admin.token"    # required off-loopback and with tenants
+//! listen = "0.0.0.0:7073"             # the peer service (default: 0.0.0.0:<advertise port>)
+//! token_file = "/etc/strata/peer.token"     # the group's shared secret; required off-loopback
+//! hedge_min_ms = 2                    # shortest wait for a block's owner before the store
 //!
 //! [[mounts]]                          # as `strata mount`; same fields, same defaults
 //! mountpoint = "/mnt/data"
@@ -99,6 +101,25 @@ pub struct ClusterConfig {
     /// etcd).
     #[serde(default = "default_cluster_prefix")]
     pub prefix: String,
+    /// Where the peer service (`strata.peer.v1`, and the KV routing service) listens.
+    /// None: `0.0.0.0:<advertise port>`, so the advertised port is reachable on every
+    /// interface without repeating it (behind NAT or a pod IP, set both).
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// The group's shared secret (one line): peers send it as a bearer token and refuse
+    /// calls without it. Required unless the peer service listens on loopback only.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// Shortest wait (ms) for a block's owner before this node also asks the store
+    /// (the wait is otherwise the owner's measured p99). 2: below it a hedge mostly
+    /// doubles store traffic for jitter. Tests raise it so that every block is read
+    /// from the store exactly once.
+    #[serde(default = "default_hedge_min_ms")]
+    pub hedge_min_ms: u64,
+}
+
+fn default_hedge_min_ms() -> u64 {
+    2
 }
 
 fn default_replication() -> usize {
@@ -136,8 +157,43 @@ impl ClusterConfig {
         if let Some(id) = &self.node_id {
             strata_cluster::membership::check_segment("[cluster] node_id", id)?;
         }
+        let listen = self.peer_listen()?;
+        if self.token_file.is_none() && !listen.ip().is_loopback() {
+            bail!(
+                "[cluster] the peer service listens on {listen}, beyond this host: refusing \
+                 without the group's token (set token_file), or listen on loopback"
+            );
+        }
         self.group_config().check()?;
         Ok(())
+    }
+
+    /// The address the peer service binds: `listen`, or every interface on the
+    /// advertised port.
+    pub fn peer_listen(&self) -> anyhow::Result<std::net::SocketAddr> {
+        match &self.listen {
+            Some(l) => l
+                .parse()
+                .with_context(|| format!("[cluster] listen {l:?} must be ip:port")),
+            None => {
+                let port = self
+                    .advertise
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .with_context(|| {
+                        format!("[cluster] advertise {:?} must be host:port", self.advertise)
+                    })?;
+                Ok(std::net::SocketAddr::from(([0, 0, 0, 0], port)))
+            }
+        }
+    }
+
+    /// The group token from `token_file`; None without one (loopback-only groups).
+    pub fn token(&self) -> anyhow::Result<Option<String>> {
+        self.token_file
+            .as_deref()
+            .map(|p| read_secret_file(p).context("[cluster] token_file"))
+            .transpose()
     }
 
     /// The group as the membership code takes it.
@@ -687,8 +743,21 @@ mod tests {
             advertise = "10.0.0.1:7073"
         "#;
         let cfg: StrataConfig = toml::from_str(ok).expect("parse");
+        // The peer service would listen on every interface: not without the token.
+        let err = format!("{:#}", cfg.check().expect_err("no token"));
+        assert!(err.contains("token_file"), "{err}");
+        let ok = format!("{ok}\ntoken_file = \"/etc/strata/peer.token\"\n");
+        let ok = ok.as_str();
+        let cfg: StrataConfig = toml::from_str(ok).expect("parse");
         cfg.check().expect("valid");
         let c = cfg.cluster.as_ref().expect("cluster");
+        assert_eq!(c.peer_listen().expect("listen").to_string(), "0.0.0.0:7073");
+        let local: StrataConfig = toml::from_str(
+            "[cluster]\netcd_endpoints = [\"http://127.0.0.1:2379\"]\ngroup = \"g\"\n\
+             advertise = \"127.0.0.1:7073\"\nlisten = \"127.0.0.1:7073\"\n",
+        )
+        .expect("parse");
+        local.check().expect("a loopback-only group needs no token");
         assert_eq!((c.replication, c.lease_ttl_secs), (2, 10));
         assert_eq!(c.group_config().nodes_prefix(), "/strata/g/nodes/");
         assert!(StrataConfig::default().cluster.is_none());
@@ -707,6 +776,7 @@ mod tests {
             (ok.replace("group = \"g\"", "group = \"\""), "group"),
             (ok.replace("[\"http://127.0.0.1:2379\"]", "[]"), "endpoints"),
             (format!("{ok}\nreplication = 0"), "replication"),
+            (format!("{ok}\nlisten = \"nowhere\""), "ip:port"),
         ] {
             let cfg: StrataConfig = toml::from_str(&bad).expect("parse");
             let err = format!("{:#}", cfg.check().expect_err(why));

@@ -117,6 +117,24 @@ pub struct BackingStore {
     local_root: Option<Arc<std::path::Path>>,
     /// See [`StoreOptions::follow_symlinks`].
     follow_symlinks: bool,
+    /// Ranged GETs that returned data and their bytes, shared by every clone of this
+    /// handle (the cache group's "fetched from the store once" is read from these).
+    reads: Arc<StoreReads>,
+}
+
+/// Counters of a [`BackingStore`]'s successful data reads.
+#[derive(Debug, Default)]
+pub struct StoreReads {
+    pub gets: std::sync::atomic::AtomicU64,
+    pub bytes: std::sync::atomic::AtomicU64,
+}
+
+impl StoreReads {
+    fn count(&self, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.gets.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(bytes, Relaxed);
+    }
 }
 
 impl std::fmt::Debug for BackingStore {
@@ -137,7 +155,18 @@ impl BackingStore {
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root: None,
             follow_symlinks: false,
+            reads: Arc::default(),
         }
+    }
+
+    /// Ranged GETs that returned data through this handle or its clones, and their
+    /// bytes.
+    pub fn read_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.reads.gets.load(Relaxed),
+            self.reads.bytes.load(Relaxed),
+        )
     }
 
     /// This handle with `block_size` written into the [`ObjectInfo`]s it returns (what
@@ -198,6 +227,7 @@ impl BackingStore {
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root,
             follow_symlinks: opts.follow_symlinks,
+            reads: Arc::default(),
         })
     }
 
@@ -269,6 +299,7 @@ impl BackingStore {
             )));
         }
         self.check_local_version(obj).await?;
+        self.reads.count(want);
         Ok((bytes, ttfb))
     }
 
@@ -352,6 +383,7 @@ impl BackingStore {
             )));
         }
         self.check_local_version(obj).await?;
+        self.reads.count(want);
         Ok((blocks, ttfb))
     }
 

@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod fs;
 pub mod fs_small;
 pub mod gds;
+pub mod group;
 pub mod kv;
 pub mod replay;
 pub mod tiers;

@@ -122,6 +122,13 @@ impl ClusterNodeRow {
                     g.served_bytes_out + g.peers.iter().map(|p| p.bytes_out).sum::<u64>();
             }
         }
+        // File blocks: what peers sent this node is what the store did not have to.
+        if let Some(p) = &s.peer {
+            let file_in: u64 = p.peers.values().map(|c| c.bytes_in).sum();
+            self.peer_bytes_in += file_in;
+            self.peer_bytes_out += p.peers.values().map(|c| c.bytes_out).sum::<u64>();
+            self.store_bytes_saved = file_in;
+        }
     }
 }
 

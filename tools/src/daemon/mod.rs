@@ -9,6 +9,8 @@
 //!   without TLS and a token.
 //! - [`mount`]: the one builder of a mount (`[[mounts]]` and `strata mount` alike).
 //! - [`cluster`]: membership in the cache group on etcd (`[cluster]`; none: one node).
+//! - [`peer`]: the group's peer listener (`[cluster] listen`, the group token): the
+//!   owner side of the peer data plane.
 //! - The admin API (`[admin] listen`) serves `/stats` and `/metrics`; `strata stats`
 //!   reads it.
 //!
@@ -23,6 +25,9 @@ pub mod cache;
 pub mod cluster;
 pub mod kv;
 pub mod mount;
+pub mod peer;
+pub mod peer_metrics;
+pub mod peer_reads;
 
 use std::time::{Duration, Instant};
 
@@ -61,15 +66,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         .as_ref()
         .map(tokio::net::TcpListener::local_addr)
         .transpose()?;
-    let cluster = match &cfg.cluster {
-        Some(c) => {
-            let h = cluster::start(c, &cfg.cache, admin_addr)?;
-            println!("cluster {} {}", c.group, h.node);
-            Some(h)
-        }
-        None => None,
-    };
-
+    // The KV service first: in a group, the peer listener serves its peer face.
     let kv = match kv_plan {
         Some(plan) => {
             let socket = cfg
@@ -91,17 +88,56 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
         None => None,
     };
-    // In a group the KV service routes by key to the owners (`strata_kvcache::group`).
-    if let (Some(h), Some(k)) = (&cluster, &kv) {
-        kv::join_group(&k.service, h, None)?;
-    }
+    let cluster = match &cfg.cluster {
+        Some(c) => {
+            let token = c.token()?;
+            let h = cluster::start(c, &cfg.cache, admin_addr)?;
+            println!("cluster {} {}", c.group, h.node);
+            // In a group the KV service routes by key to the owners
+            // (`strata_kvcache::group`).
+            if let Some(k) = &kv {
+                kv::join_group(&k.service, &h, token.clone())?;
+            }
+            let metrics = std::sync::Arc::new(peer_metrics::PeerMetrics::new(h.node.as_str()));
+            let ctx = peer::PeerContext {
+                group: c.group.clone(),
+                node: h.node.clone(),
+                engine: core.engine.clone(),
+                store: store.as_ref().map(|(_, s)| s.clone()),
+                metrics: metrics.clone(),
+                kv: kv.as_ref().map(|k| k.service.clone()),
+            };
+            let addr =
+                peer::start(c.peer_listen()?, token.as_deref(), ctx, &stop, &mut tasks).await?;
+            println!("peer {addr}");
+            // A dial to a dead peer gives up after 1 s (the read hedges to the store
+            // after the peer's p99 anyway; this bounds what dead dials hold).
+            let channels =
+                strata_cluster::peer::PeerChannels::new(token.as_deref(), Duration::from_secs(1))?;
+            let reads = store.as_ref().map(|(url, _)| {
+                std::sync::Arc::new(peer_reads::GroupReads::start(
+                    h.node.clone(),
+                    url.to_string(),
+                    h.membership(),
+                    channels,
+                    metrics.clone(),
+                    strata_cluster::hedge::HedgePolicy::with_floor(Duration::from_millis(
+                        c.hedge_min_ms,
+                    )),
+                )) as std::sync::Arc<dyn strata_cache_core::PeerSource>
+            });
+            Some((h, metrics, reads))
+        }
+        None => None,
+    };
 
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {
         for m in &cfg.mounts {
             // On an error, dropping the handles unmounts what was mounted so far.
-            let h = mount::mount(m, &core, store, url)?;
+            let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
+            let h = mount::mount(m, &core, store, url, peers)?;
             println!("mount {}", m.mountpoint.display());
             infos.push(MountInfo {
                 mountpoint: m.mountpoint.clone(),
@@ -122,7 +158,12 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             mounts: infos,
             started,
             token: token.map(std::sync::Arc::from),
-            cluster: cluster.as_ref().map(|h| (h.node.clone(), h.membership())),
+            cluster: cluster
+                .as_ref()
+                .map(|(h, _, _)| (h.node.clone(), h.membership())),
+            peer: cluster
+                .as_ref()
+                .map(|(_, m, _)| (m.clone(), store.as_ref().map(|(_, s)| s.clone()))),
         };
         let stop = stop.clone();
         tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
@@ -131,7 +172,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
 
     let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
     shut_down(tasks, mounts).await;
-    if let Some(c) = cluster {
+    if let Some((c, _, _)) = cluster {
         c.leave().await;
     }
     drop(kv);
@@ -313,6 +354,9 @@ mod tests {
                 replication: 2,
                 lease_ttl_secs: 2,
                 prefix: "strata".into(),
+                listen: Some("127.0.0.1:0".into()),
+                token_file: None,
+                hedge_min_ms: 2,
             };
             let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());

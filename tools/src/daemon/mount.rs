@@ -44,16 +44,21 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
     Ok(opts)
 }
 
-/// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine.
-/// Must run inside the daemon's tokio runtime.
+/// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine,
+/// reading blocks other nodes own through `peers` in a cache group. Must run inside
+/// the daemon's tokio runtime.
 pub fn mount(
     m: &MountConfig,
     core: &Core,
     store: &BackingStore,
     url: &str,
+    peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
     let opts = mount_options(m, core, url)?;
-    let reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?;
+    let mut reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?;
+    if let Some(p) = peers {
+        reader = reader.with_peers(p);
+    }
     std::fs::create_dir_all(&m.mountpoint)
         .with_context(|| format!("creating {}", m.mountpoint.display()))?;
     strata_fs::spawn(reader, &m.prefix, &m.mountpoint, opts)
