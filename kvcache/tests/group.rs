@@ -210,8 +210,36 @@ async fn blocks_put_through_one_node_are_found_through_every_node() {
             let got = c.batch_get(ns, &chain).await.expect("batch get");
             assert_eq!(got.iter().filter(|b| b.is_some()).count(), 24);
         }
-        // A remote block costs its hop: a node that holds none of a chain estimates more
-        // than the sum of local memory reads would be.
+        // EstimateLoad includes the hop: a block asked through a node that does not
+        // hold it costs its primary's own estimate plus the hop to it.
+        let addrs: Vec<String> = nodes.iter().map(|n| n.peer_addr.clone()).collect();
+        let view = FixedView {
+            me: 0,
+            addrs,
+            replication: 2,
+        };
+        for (i, h) in hashes.iter().enumerate().skip(1) {
+            let r = view
+                .routes(&[strata_kvcache::group::placement_key(ns, h)])
+                .expect("routes");
+            let (primary, outsider) = (r.candidates[0][0], r.candidates[0][2]);
+            let est = |node: usize| {
+                let addr = nodes[node].client_addr.clone();
+                let h = h.clone();
+                async move {
+                    let mut c = KvClient::connect(&addr).await.expect("c");
+                    c.estimate_load(ns, &[h], 1 << 20)
+                        .await
+                        .expect("est")
+                        .total_us
+                }
+            };
+            let (direct, routed) = (est(primary).await, est(outsider).await);
+            assert!(
+                routed > direct && direct > 0.0,
+                "block {i}: through its owner {direct} us, through another node {routed} us"
+            );
+        }
         let g = nodes[1].service.group_stats().expect("in a group");
         assert!(
             g.remote_hits > 0 && g.peers.iter().any(|p| p.bytes_in > 0),
