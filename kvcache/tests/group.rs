@@ -417,3 +417,125 @@ async fn tenants_stay_apart_across_the_group_and_peers_need_the_token() {
     .await
     .expect("within 60 s");
 }
+
+/// A view with fixed candidates for every key (the test picks who is "owner").
+struct Scripted {
+    me: usize,
+    nodes: Vec<(String, String)>,
+    candidates: Vec<usize>,
+    replication: usize,
+}
+
+impl GroupView for Scripted {
+    fn local_id(&self) -> Arc<str> {
+        Arc::from(self.nodes[self.me].0.as_str())
+    }
+
+    fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {
+        Some(Routes {
+            nodes: self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (id, addr))| PeerNode {
+                    id: Arc::from(id.as_str()),
+                    addr: Arc::from(addr.as_str()),
+                    local: i == self.me,
+                })
+                .collect(),
+            candidates: vec![self.candidates.clone(); keys.len()],
+            replication: self.replication,
+        })
+    }
+}
+
+/// An owner that accepts connections and never answers (a wedged host): a Get through
+/// another node is hedged to the next candidate after the owner's hedge delay and
+/// answers from there, long before the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_owner_is_hedged_with_the_next_candidate() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let hole = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let hole_addr = hole.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = hole.accept().await {
+                held.push(s);
+            }
+        });
+        let peer_b = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let peer_b_addr = peer_b.local_addr().expect("addr").to_string();
+        let nodes = vec![
+            ("a".to_string(), "127.0.0.1:1".to_string()),
+            ("hole".to_string(), hole_addr),
+            ("b".to_string(), peer_b_addr),
+        ];
+        // b holds the block (its own view: it is the only candidate, stored locally).
+        let b = KvService::new(engine(), ServerConfig::default());
+        b.join_group(
+            Arc::new(Scripted {
+                me: 2,
+                nodes: nodes.clone(),
+                candidates: vec![2],
+                replication: 1,
+            }),
+            GroupOptions {
+                token: Some("t".into()),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        let face = b.peer_grpc();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(face)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(peer_b))
+                .await
+        });
+        let b_client = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let b_client_addr = b_client.local_addr().expect("addr").to_string();
+        let svc = b.clone();
+        tokio::spawn(async move { server::serve(b_client, svc, std::future::pending()).await });
+        let mut cb = KvClient::connect(&b_client_addr).await.expect("b");
+        cb.put("m/t", b"k", block(1, 4096)).await.expect("put");
+        // a: the wedged node is the owner (R = 1), b the next candidate.
+        let a = KvService::new(engine(), ServerConfig::default());
+        a.join_group(
+            Arc::new(Scripted {
+                me: 0,
+                nodes,
+                candidates: vec![1, 2],
+                replication: 1,
+            }),
+            GroupOptions {
+                token: Some("t".into()),
+                request_timeout: Duration::from_secs(20),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        let a_client = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let a_addr = a_client.local_addr().expect("addr").to_string();
+        let svc = a.clone();
+        tokio::spawn(async move { server::serve(a_client, svc, std::future::pending()).await });
+        let mut ca = KvClient::connect(&a_addr).await.expect("a");
+        let started = std::time::Instant::now();
+        let got = ca.get("m/t", b"k").await.expect("get");
+        let took = started.elapsed();
+        assert_eq!(got, Some(block(1, 4096)));
+        assert!(took < Duration::from_secs(2), "took {took:?}: not hedged");
+        let g = a.group_stats().expect("group");
+        let hole = g.peers.iter().find(|p| p.node == "hole").expect("hole");
+        assert!(hole.hedges >= 1, "{g:?}");
+    })
+    .await
+    .expect("within 30 s");
+}
