@@ -22,6 +22,7 @@ async fn start(token: Option<&str>) -> (String, CancellationToken) {
         started: Instant::now(),
         token: token.map(std::sync::Arc::from),
         cluster: None,
+        peer: None,
     };
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
