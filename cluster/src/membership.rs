@@ -60,6 +60,10 @@ pub struct NodeInfo {
     /// Failure domain (rack, availability zone); empty when not configured.
     #[serde(default)]
     pub zone: String,
+    /// `host:port` of the node's admin API (`/stats`), for `strata stats --cluster`;
+    /// empty when it serves none.
+    #[serde(default)]
+    pub admin: String,
 }
 
 impl NodeInfo {

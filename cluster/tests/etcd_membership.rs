@@ -30,6 +30,7 @@ fn node(id: &str) -> NodeInfo {
         advertise: format!("{id}.example:7073"),
         capacity: BTreeMap::from([("memory".into(), 1 << 30), ("disk".into(), 10 << 30)]),
         zone: "zone-a".into(),
+        admin: String::new(),
     }
 }
 

@@ -12,14 +12,20 @@
 //! - [`shm`], [`shm_client`]: the same-host zero-copy path (a shared-memory arena
 //!   handed over the Unix socket; Gets answered with leased offsets).
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
+//! - [`group`]: the KV service across the cache group: routing by key to the owners,
+//!   the peer face, per-peer figures.
+//! - [`routing`]: the cache group's KV routing planner (pure): whom to ask about which
+//!   key, batched per owner, and what the answers mean.
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 mod blocks;
 pub mod client;
 pub mod error;
+pub mod group;
 pub mod identity;
 pub mod keys;
 pub mod limits;
+pub mod routing;
 pub mod server;
 pub mod shm;
 pub mod shm_client;

@@ -37,7 +37,8 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -52,11 +53,16 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
+use crate::group::{
+    placement_key, Forward, GroupOptions, GroupView, RemoteError, Router, Routes,
+    GROUP_TOKEN_METADATA, PEER_TENANT_METADATA,
+};
 use crate::identity::{IdentityBindings, IdentityDigest};
 use crate::keys::{parse_identity_hex, IDENTITY_METADATA};
 use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
+use crate::routing::{demote_suspects, Answer, KeyState, Lookup, Replicate};
 use crate::shm::{parse_session, ShmArena, SHM_SESSION_METADATA};
 use crate::staging::Staging;
 use crate::stats::KvStats;
@@ -294,12 +300,21 @@ struct Inner {
     identities: IdentityBindings,
     /// The same-host zero-copy arena (`shm.rs`); None: disabled.
     shm: Option<Arc<ShmArena>>,
+    /// The cache group's router (`group.rs`), set once by [`KvService::join_group`].
+    router: OnceLock<Arc<Router>>,
+    /// Requests served for other nodes on the peer listener, and their block bytes.
+    served_for_peers: AtomicU64,
+    served_bytes_out: AtomicU64,
+    served_bytes_in: AtomicU64,
 }
 
 /// The service: cheap to clone; clones share counters and the put budget.
 #[derive(Clone)]
 pub struct KvService {
     inner: Arc<Inner>,
+    /// The face served on the peer listener: serves from the local tiers only, never
+    /// forwards (`group.rs`).
+    peer_side: bool,
 }
 
 impl KvService {
@@ -335,10 +350,63 @@ impl KvService {
                         }
                     },
                 },
+                router: OnceLock::new(),
+                served_for_peers: AtomicU64::new(0),
+                served_bytes_out: AtomicU64::new(0),
+                served_bytes_in: AtomicU64::new(0),
                 engine,
                 config,
             }),
+            peer_side: false,
         }
+    }
+
+    /// Joins the cache group: from now on the client-facing service routes requests
+    /// by key to their owners (`group.rs`). Once per service.
+    pub fn join_group(&self, view: Arc<dyn GroupView>, mut opts: GroupOptions) -> Result<()> {
+        opts.max_message_bytes = self.inner.config.max_message_bytes;
+        opts.chunk_bytes = self.inner.config.chunk_bytes;
+        let router = Router::new(view, opts)?;
+        self.inner
+            .router
+            .set(Arc::new(router))
+            .map_err(|_| KvError::Config("the KV service is already in a group".into()))
+    }
+
+    /// The face of this service for the peer listener: the group token required, the
+    /// forwarded tenant and identity applied, served from the local tiers only.
+    pub fn peer_grpc(
+        &self,
+    ) -> tonic::service::interceptor::InterceptedService<KvCacheServer<KvService>, PeerCheck> {
+        let max = self.inner.config.max_message_bytes;
+        let peer = KvService {
+            inner: self.inner.clone(),
+            peer_side: true,
+        };
+        let svc = KvCacheServer::new(peer.clone())
+            .max_decoding_message_size(max.max(self.inner.config.chunk_bytes + 1024))
+            .max_encoding_message_size(max.max(self.inner.config.chunk_bytes + 1024));
+        tonic::service::interceptor::InterceptedService::new(svc, PeerCheck { svc: peer })
+    }
+
+    /// The router, when this face routes (the client face of a service in a group).
+    fn router(&self) -> Option<&Arc<Router>> {
+        if self.peer_side {
+            None
+        } else {
+            self.inner.router.get()
+        }
+    }
+
+    /// The group's view of the figures (None outside a group).
+    pub fn group_stats(&self) -> Option<crate::group::GroupKvStats> {
+        self.inner.router.get().map(|r| {
+            let mut s = r.stats();
+            s.served_for_peers = self.inner.served_for_peers.load(Ordering::Relaxed);
+            s.served_bytes_out = self.inner.served_bytes_out.load(Ordering::Relaxed);
+            s.served_bytes_in = self.inner.served_bytes_in.load(Ordering::Relaxed);
+            s
+        })
     }
 
     /// The tonic service, with the token check and message limits applied.
@@ -366,6 +434,7 @@ impl KvService {
         s.prefetch_wasted = staged.wasted;
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s.group = self.group_stats();
         s
     }
 
@@ -527,7 +596,10 @@ impl KvService {
                 "got more than the declared {size} bytes"
             )));
         }
-        if self.inner.engine.contains(&key) {
+        // In a group the owners store the block (and check the quota); this node only
+        // buffers it on the way.
+        let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
+        if group.is_none() && self.inner.engine.contains(&key) {
             // Immutable values: the same key holds the same bytes; skip the transfer.
             self.inner.stats.put(&ns, size, true);
             return Ok(pb::PutResponse {
@@ -537,11 +609,13 @@ impl KvService {
         // The tenant's quota first, so a tenant past it fails before sending the block;
         // the charge is refunded unless the block is stored.
         let mut charge = match &tenant {
-            Some(t) if t.charge(&key, size, &self.inner.engine)? => Some(QuotaCharge {
-                tenant: t,
-                key: &key,
-                keep: false,
-            }),
+            Some(t) if group.is_none() && t.charge(&key, size, &self.inner.engine)? => {
+                Some(QuotaCharge {
+                    tenant: t,
+                    key: &key,
+                    keep: false,
+                })
+            }
             _ => None,
         };
         // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
@@ -591,6 +665,30 @@ impl KvService {
             }
             buf.freeze()
         };
+        if self.peer_side {
+            self.inner
+                .served_bytes_in
+                .fetch_add(size, Ordering::Relaxed);
+        }
+        if let Some((router, routes)) = group {
+            let fwd = Forward {
+                tenant: tenant.as_ref().map(|t| t.name().to_string()),
+                identity: caller.identity,
+            };
+            let already_present = self
+                .put_to_group(
+                    &router,
+                    &routes,
+                    tenant.as_ref(),
+                    &fwd,
+                    &first.namespace,
+                    &ns,
+                    &key,
+                    data,
+                )
+                .await?;
+            return Ok(pb::PutResponse { already_present });
+        }
         let ctx = self.ctx(&ns, false);
         self.inner.engine.put(&key, data, &ctx).await?;
         if let Some(c) = charge.as_mut() {
@@ -689,6 +787,14 @@ impl Caller {
         Caller {
             tenant: req.extensions().get::<AuthTenant>().map(|a| a.0.clone()),
             identity: req.extensions().get::<CallerIdentity>().map(|i| i.0),
+        }
+    }
+
+    /// Who a forwarded request acts for.
+    fn forward(&self) -> Forward {
+        Forward {
+            tenant: self.tenant.as_ref().map(|t| t.name().to_string()),
+            identity: self.identity,
         }
     }
 }
@@ -845,21 +951,31 @@ impl KvCache for KvService {
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
         let caller = Caller::of(&request);
+        // A peer's call never leases this host's arena.
         let session = request
             .metadata()
             .get(SHM_SESSION_METADATA)
             .and_then(|v| v.to_str().ok())
-            .and_then(parse_session);
+            .and_then(parse_session)
+            .filter(|_| !self.peer_side);
         let req = request.into_inner();
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
-            let (data, tier) = self.fetch(&ns, &key).await?.ok_or(KvError::NotFound)?;
+            let (data, tier) = self
+                .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
+                .await?
+                .ok_or(KvError::NotFound)?;
             Ok((key, data, tier))
         }
         .await;
         let (key, data, tier) = self.reject(r)?;
         let size = data.len() as u64;
+        if self.peer_side {
+            self.inner
+                .served_bytes_out
+                .fetch_add(size, Ordering::Relaxed);
+        }
         // Same host, attached to the arena: a lease on the block instead of its bytes.
         let lease = match (&self.inner.shm, session) {
             (Some(arena), Some(s)) => arena.lease(s, &key, &data),
@@ -906,17 +1022,22 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
-        let Blocks { ns, keys, .. } = self.blocks(request)?;
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         let this = self.clone();
+        let client_ns: Arc<str> = Arc::from(req.namespace.as_str());
         // Blocks are fetched one at a time as the client drains the stream, so a batch
-        // never holds more than one block beyond what the cache already holds.
-        let stream = futures::stream::iter(keys.into_iter().enumerate())
-            .then(move |(i, key)| {
+        // never holds more than one block beyond what the cache already holds (in a
+        // group, each from the local tiers or its owners, as a Get).
+        let stream = futures::stream::iter(keys.into_iter().zip(req.hashes).enumerate())
+            .then(move |(i, (key, hash))| {
                 let this = this.clone();
                 let ns = ns.clone();
+                let client_ns = client_ns.clone();
+                let fwd = fwd.clone();
                 async move {
                     let index = i as u32;
-                    match this.fetch(&ns, &key).await {
+                    match this.fetch_routed(&client_ns, &ns, &key, &hash, &fwd).await {
                         Ok(Some((data, _))) => {
                             let size = data.len() as u64;
                             let msgs: Vec<_> = this
@@ -956,16 +1077,39 @@ impl KvCache for KvService {
     ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
         let caller = Caller::of(&request);
         let req = request.into_inner();
-        let r = (|| {
+        let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
             self.inner.stats.lookups(1);
             let tier = self.inner.engine.locate(&key);
+            if tier.is_none() {
+                let hashes = [req.hash.clone()];
+                if let Some(found) = self
+                    .exists_routed(
+                        &req.namespace,
+                        &ns,
+                        &hashes,
+                        &[key],
+                        false,
+                        &caller.forward(),
+                    )
+                    .await?
+                {
+                    let remote = matches!(found.state(0), KeyState::Found(_));
+                    // Where it is on the owner is the owner's business: memory for an
+                    // engine that asks "is it cached" (the tier field is advisory).
+                    return Ok(pb::ExistsResponse {
+                        exists: remote,
+                        tier: if remote { Tier::Memory } else { Tier::None } as i32,
+                    });
+                }
+            }
             Ok(pb::ExistsResponse {
                 exists: tier.is_some(),
                 tier: tier_pb(tier) as i32,
             })
-        })();
+        }
+        .await;
         self.reject(r).map(Response::new)
     }
 
@@ -973,8 +1117,19 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::BatchExistsRequest>,
     ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
-        let Blocks { keys, .. } = self.blocks(request)?;
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         self.inner.stats.lookups(keys.len() as u64);
+        let routed = self
+            .exists_routed(&req.namespace, &ns, &req.hashes, &keys, false, &fwd)
+            .await;
+        if let Some(l) = self.reject(routed)? {
+            return Ok(Response::new(pb::BatchExistsResponse {
+                exists: (0..keys.len())
+                    .map(|i| matches!(l.state(i), KeyState::Found(_)))
+                    .collect(),
+            }));
+        }
         Ok(Response::new(pb::BatchExistsResponse {
             exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
         }))
@@ -984,7 +1139,17 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::MatchPrefixRequest>,
     ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
-        let Blocks { keys, .. } = self.blocks(request)?;
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        let routed = self
+            .exists_routed(&req.namespace, &ns, &req.hashes, &keys, true, &fwd)
+            .await;
+        if let Some(l) = self.reject(routed)? {
+            self.inner.stats.lookups(keys.len() as u64);
+            return Ok(Response::new(pb::MatchPrefixResponse {
+                matched: l.matched() as u32,
+            }));
+        }
         let matched = keys
             .iter()
             .take_while(|k| self.inner.engine.contains(k))
@@ -999,21 +1164,22 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::RemoveRequest>,
     ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
-        let Blocks { tenant, keys, .. } = self.blocks(request)?;
+        let fwd = Caller::of(&request).forward();
+        let Blocks {
+            tenant,
+            req,
+            ns,
+            keys,
+        } = self.blocks(request)?;
         let r = async {
-            let mut removed = 0u32;
-            for k in &keys {
-                if self.inner.engine.remove(k).await? {
-                    removed += 1;
-                }
-                if let Some(arena) = &self.inner.shm {
-                    arena.forget(k);
-                }
-                if let Some(t) = &tenant {
-                    t.forget(k);
-                }
+            if let Some(removed) = self
+                .remove_routed(&req.namespace, &ns, &req.hashes, &keys, &fwd)
+                .await?
+            {
+                self.remove_local(&keys, tenant.as_ref()).await?;
+                return Ok(pb::RemoveResponse { removed });
             }
-            self.inner.stats.removed(removed as u64);
+            let removed = self.remove_local(&keys, tenant.as_ref()).await?;
             Ok(pb::RemoveResponse { removed })
         }
         .await;
@@ -1024,8 +1190,88 @@ impl KvCache for KvService {
         &self,
         request: Request<pb::PrefetchRequest>,
     ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
-        let Blocks { ns, keys, .. } = self.blocks(request)?;
-        let ctx = self.ctx(&ns, true);
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        let routed = self
+            .prefetch_routed(&req.namespace, &ns, &req.hashes, &keys, &fwd)
+            .await;
+        if let Some(resp) = self.reject(routed)? {
+            return Ok(Response::new(resp));
+        }
+        Ok(Response::new(self.prefetch_local(&ns, keys)))
+    }
+
+    async fn estimate_load(
+        &self,
+        request: Request<pb::EstimateLoadRequest>,
+    ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        // Unknown block size: the namespace's mean put size, else 1 MiB (a
+        // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+        let bytes = match req.block_bytes {
+            0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+            b => b,
+        };
+        self.inner.stats.lookups(keys.len() as u64);
+        let routed = self.estimate_routed(&req, &ns, &keys, bytes, &fwd).await;
+        if let Some(resp) = self.reject(routed)? {
+            return Ok(Response::new(resp));
+        }
+        let model = &self.inner.stats.load;
+        let mut resp = pb::EstimateLoadResponse::default();
+        let mut in_prefix = true;
+        for k in &keys {
+            let tier = self.inner.engine.locate(k);
+            let load_us = model.estimate_us(tier, bytes);
+            if in_prefix && tier.is_some() {
+                resp.matched += 1;
+                resp.total_us += load_us;
+            } else {
+                in_prefix = false;
+            }
+            resp.blocks.push(pb::BlockLoad {
+                tier: tier_pb(tier) as i32,
+                load_us,
+            });
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn ping(
+        &self,
+        _request: Request<pb::PingRequest>,
+    ) -> std::result::Result<Response<pb::PingResponse>, Status> {
+        Ok(Response::new(pb::PingResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            api: crate::API_VERSION.to_string(),
+            max_block_bytes: self.inner.config.max_block,
+        }))
+    }
+}
+
+impl KvService {
+    /// Removes `keys` from the local tiers; the number removed.
+    async fn remove_local(&self, keys: &[CacheKey], tenant: Option<&Arc<Tenant>>) -> Result<u32> {
+        let mut removed = 0u32;
+        for k in keys {
+            if self.inner.engine.remove(k).await? {
+                removed += 1;
+            }
+            if let Some(arena) = &self.inner.shm {
+                arena.forget(k);
+            }
+            if let Some(t) = tenant {
+                t.forget(k);
+            }
+        }
+        self.inner.stats.removed(removed as u64);
+        Ok(removed)
+    }
+
+    /// Stages those of `keys` in a lower local tier into the fastest one.
+    fn prefetch_local(&self, ns: &Arc<str>, keys: Vec<CacheKey>) -> pb::PrefetchResponse {
+        let ctx = self.ctx(ns, true);
         let mut resp = pb::PrefetchResponse::default();
         let staging = &self.inner.staging;
         let mut issued = Vec::new();
@@ -1036,8 +1282,8 @@ impl KvCache for KvService {
                 Some(_) => {
                     // The staging controller decides (backlog bound, one staging per
                     // block); a get promotes a lower-tier hit into the fastest tier.
-                    let bytes = self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20);
-                    match staging.admit(&k, ctx.job, &ns, bytes) {
+                    let bytes = self.inner.stats.mean_put_bytes(ns).unwrap_or(1 << 20);
+                    match staging.admit(&k, ctx.job, ns, bytes) {
                         Admission::Issue => {
                             resp.staged += 1;
                             issued.push(k);
@@ -1073,49 +1319,549 @@ impl KvCache for KvService {
                 }
             });
         }
-        Ok(Response::new(resp))
+        resp
     }
 
-    async fn estimate_load(
+    /// The routes of `hashes` in the scoped namespace `ns`, when this face routes and
+    /// the group has other nodes.
+    fn routes_for(&self, ns: &str, hashes: &[Bytes]) -> Option<(Arc<Router>, Routes)> {
+        let router = self.router()?;
+        let keys: Vec<Vec<u8>> = hashes.iter().map(|h| placement_key(ns, h)).collect();
+        let routes = router.routes(&keys)?;
+        Some((router.clone(), routes))
+    }
+
+    /// One block from the local tiers, else (in a group) from its owners.
+    async fn fetch_routed(
         &self,
-        request: Request<pb::EstimateLoadRequest>,
-    ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
-        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
-        // Unknown block size: the namespace's mean put size, else 1 MiB (a
-        // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
-        let bytes = match req.block_bytes {
-            0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
-            b => b,
+        client_ns: &str,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        hash: &[u8],
+        fwd: &Forward,
+    ) -> Result<Option<(Bytes, Option<TierKind>)>> {
+        let Some(router) = self.router() else {
+            return self.fetch(ns, key).await;
         };
+        if self.inner.engine.contains(key) {
+            if let Some(hit) = self.fetch(ns, key).await? {
+                router.local_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(hit));
+            }
+        }
+        let Some((router, routes)) = self.routes_for(ns, &[Bytes::copy_from_slice(hash)]) else {
+            return self.fetch(ns, key).await;
+        };
+        let got = self
+            .get_from_group(&router, &routes, fwd, client_ns, hash)
+            .await?;
+        self.inner
+            .stats
+            .get(ns, got.as_ref().map(|b| b.len() as u64));
+        if got.is_some() {
+            router.remote_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(got.map(|b| (b, None)))
+    }
+
+    /// A Get over the key's candidates (the local node already missed): in placement
+    /// order, suspects last, the next one asked too when one is slower than its p99.
+    async fn get_from_group(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        fwd: &Forward,
+        client_ns: &str,
+        hash: &[u8],
+    ) -> Result<Option<Bytes>> {
+        let mut cands = routes.candidates.first().cloned().unwrap_or_default();
+        let replication = routes.replication.max(1);
+        // The local node answered already: an owner that said no (the candidate past
+        // the R owners only counts when asked in its turn, which it was not).
+        let mut misses = 0;
+        if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
+            cands.remove(pos);
+            if pos < replication {
+                misses += 1;
+            }
+        }
+        demote_suspects(&mut cands, |n| router.is_suspect(&routes.nodes[n]));
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        let mut next = 0;
+        let launch = |n: usize| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move {
+                let r = router.remote_get(&node, fwd, client_ns, hash).await;
+                (node, r)
+            }
+        };
+        let mut last_launched = None;
+        loop {
+            // A miss is final once R candidates said no and nothing is in flight (a
+            // hedged request to the next node may answer "no" before a slow owner
+            // answers "here").
+            if inflight.is_empty() {
+                if misses >= replication {
+                    return Ok(None);
+                }
+                let Some(&n) = cands.get(next) else {
+                    return Ok(None);
+                };
+                next += 1;
+                last_launched = Some(routes.nodes[n].clone());
+                inflight.push(launch(n));
+            }
+            let hedge = match (&last_launched, cands.get(next)) {
+                (Some(node), Some(_)) if misses < replication => router.hedge_delay(node),
+                // Nothing left to hedge with: wait for what is in flight.
+                _ => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                Some((node, r)) = inflight.next() => match r {
+                    Ok(Some(b)) => return Ok(Some(b)),
+                    Ok(None) => misses += 1,
+                    Err(RemoteError::Down(s)) => {
+                        tracing::debug!(node = %node.id, status = %s, "KV owner down; next replica");
+                    }
+                    Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+                },
+                _ = tokio::time::sleep(hedge) => {
+                    if let (Some(slow), Some(&n)) = (&last_launched, cands.get(next)) {
+                        router.count_hedge(slow);
+                        next += 1;
+                        last_launched = Some(routes.nodes[n].clone());
+                        inflight.push(launch(n));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores a received block on this node (quota, then the engine); Ok(already
+    /// present).
+    async fn store_local(
+        &self,
+        tenant: Option<&Arc<Tenant>>,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        data: Bytes,
+    ) -> Result<bool> {
+        let size = data.len() as u64;
+        if self.inner.engine.contains(key) {
+            self.inner.stats.put(ns, size, true);
+            return Ok(true);
+        }
+        let mut charge = match tenant {
+            Some(t) if t.charge(key, size, &self.inner.engine)? => Some(QuotaCharge {
+                tenant: t,
+                key,
+                keep: false,
+            }),
+            _ => None,
+        };
+        let ctx = self.ctx(ns, false);
+        self.inner.engine.put(key, data, &ctx).await?;
+        if let Some(c) = charge.as_mut() {
+            c.keep = true;
+        }
+        self.inner.stats.put(ns, size, false);
+        Ok(false)
+    }
+
+    /// A received block to its R owners (see `group.rs` for when it is acknowledged).
+    #[allow(clippy::too_many_arguments)]
+    async fn put_to_group(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        caller_tenant: Option<&Arc<Tenant>>,
+        fwd: &Forward,
+        client_ns: &str,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        data: Bytes,
+    ) -> Result<bool> {
+        let cands = routes.candidates.first().cloned().unwrap_or_default();
+        let mut plan = Replicate::new(cands, routes.replication);
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        let store = |n: usize| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            let data = data.clone();
+            async move {
+                let r = if node.local {
+                    self.store_local(caller_tenant, ns, key, data)
+                        .await
+                        .map_err(|e| RemoteError::Refused(Status::from(e)))
+                } else {
+                    router
+                        .remote_put(&node, fwd, client_ns, key_hash(key), data)
+                        .await
+                };
+                (n, r)
+            }
+        };
+        for n in plan.initial() {
+            inflight.push(store(n));
+        }
+        let mut all_present = true;
+        let mut refused = None;
+        while let Some((n, r)) = inflight.next().await {
+            match r {
+                Ok(present) => {
+                    all_present &= present;
+                    plan.outcome(n, true);
+                }
+                Err(RemoteError::Down(s)) => {
+                    tracing::debug!(node = %routes.nodes[n].id, status = %s, "KV put: owner down, trying the next node");
+                    if let Some(sub) = plan.outcome(n, false) {
+                        inflight.push(store(sub));
+                    }
+                }
+                Err(RemoteError::Refused(s)) => {
+                    // Not a node failure: no substitute; the caller gets the refusal.
+                    refused.get_or_insert(s);
+                }
+            }
+        }
+        if let Some(s) = refused {
+            return Err(KvError::Status(s));
+        }
+        if plan.stored().is_empty() {
+            // No owner reachable: keep it here, where this node's Gets find it first,
+            // rather than fail a put a single node would have taken.
+            router.kept_locally.fetch_add(1, Ordering::Relaxed);
+            return self.store_local(caller_tenant, ns, key, data).await;
+        }
+        if plan.under_replicated() {
+            router.under_replicated.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(all_present)
+    }
+
+    /// Which of `keys` the group holds (None outside a group): local hits first, then
+    /// batched rounds over the candidates.
+    async fn exists_routed(
+        &self,
+        client_ns: &str,
+        ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        prefix: bool,
+        fwd: &Forward,
+    ) -> Result<Option<Lookup>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, prefix, None)
+            .await?;
+        Ok(Some(l))
+    }
+
+    /// The lookup of `keys` over the group; with `estimate` (block bytes), each found
+    /// block's load estimate as its holder gave it plus the hop from there.
+    #[allow(clippy::too_many_arguments)]
+    async fn lookup(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        fwd: &Forward,
+        client_ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        prefix: bool,
+        estimate: Option<u64>,
+    ) -> Result<(Lookup, Vec<Option<pb::BlockLoad>>)> {
+        let local = routes.nodes.iter().position(|n| n.local);
+        let mut cands = routes.candidates.clone();
+        for c in &mut cands {
+            demote_suspects(c, |n| router.is_suspect(&routes.nodes[n]));
+        }
+        let mut l = Lookup::new(cands, routes.replication, prefix);
+        let mut loads: Vec<Option<pb::BlockLoad>> = vec![None; keys.len()];
         let model = &self.inner.stats.load;
+        let local_load = |tier: Option<TierKind>| {
+            estimate.map(|bytes| pb::BlockLoad {
+                tier: tier_pb(tier) as i32,
+                load_us: model.estimate_us(tier, bytes),
+            })
+        };
+        // What this node holds costs nothing to ask.
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(t) = self.inner.engine.locate(k) {
+                l.known_hit(i, local.unwrap_or(usize::MAX));
+                loads[i] = local_load(Some(t));
+            }
+        }
+        while !l.done() {
+            let round = l.next_round();
+            let mut calls = futures::stream::FuturesUnordered::new();
+            for (n, idx) in round {
+                let node = routes.nodes[n].clone();
+                if node.local {
+                    for i in idx {
+                        let t = self.inner.engine.locate(&keys[i]);
+                        if t.is_some() {
+                            loads[i] = local_load(t);
+                        }
+                        l.answer(
+                            i,
+                            n,
+                            if t.is_some() {
+                                Answer::Hit
+                            } else {
+                                Answer::Miss
+                            },
+                        );
+                    }
+                    continue;
+                }
+                let batch: Vec<Bytes> = idx.iter().map(|i| hashes[*i].clone()).collect();
+                let router = router.clone();
+                calls.push(async move {
+                    let r = match estimate {
+                        None => router
+                            .remote_exists(&node, fwd, client_ns, batch)
+                            .await
+                            .map(|v| v.into_iter().map(|e| (e, None)).collect::<Vec<_>>()),
+                        Some(bytes) => router
+                            .remote_estimate(&node, fwd, client_ns, batch, bytes)
+                            .await
+                            .map(|v| {
+                                v.into_iter()
+                                    .map(|mut b| {
+                                        let hit = b.tier != Tier::None as i32
+                                            && b.tier != Tier::Unspecified as i32;
+                                        b.load_us += router.hop_us(&node, bytes);
+                                        (hit, Some(b))
+                                    })
+                                    .collect()
+                            }),
+                    };
+                    (n, idx, r)
+                });
+            }
+            while let Some((n, idx, r)) = calls.next().await {
+                match r {
+                    Ok(v) => {
+                        for (i, (hit, load)) in idx.into_iter().zip(v) {
+                            if hit {
+                                loads[i] = load;
+                            }
+                            l.answer(i, n, if hit { Answer::Hit } else { Answer::Miss });
+                        }
+                    }
+                    Err(RemoteError::Down(_)) => {
+                        for i in idx {
+                            l.answer(i, n, Answer::Failed);
+                        }
+                    }
+                    Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+                }
+            }
+        }
+        Ok((l, loads))
+    }
+
+    /// EstimateLoad over the group (None outside a group).
+    async fn estimate_routed(
+        &self,
+        req: &pb::EstimateLoadRequest,
+        ns: &str,
+        keys: &[CacheKey],
+        bytes: u64,
+        fwd: &Forward,
+    ) -> Result<Option<pb::EstimateLoadResponse>> {
+        let Some((router, routes)) = self.routes_for(ns, &req.hashes) else {
+            return Ok(None);
+        };
+        let (l, loads) = self
+            .lookup(
+                &router,
+                &routes,
+                fwd,
+                &req.namespace,
+                &req.hashes,
+                keys,
+                false,
+                Some(bytes),
+            )
+            .await?;
         let mut resp = pb::EstimateLoadResponse::default();
         let mut in_prefix = true;
-        for k in &keys {
-            let tier = self.inner.engine.locate(k);
-            let load_us = model.estimate_us(tier, bytes);
-            if in_prefix && tier.is_some() {
+        for (i, load) in loads.into_iter().enumerate() {
+            let found = matches!(l.state(i), KeyState::Found(_));
+            let b = match load {
+                Some(b) if found => b,
+                _ => pb::BlockLoad {
+                    tier: Tier::None as i32,
+                    load_us: 0.0,
+                },
+            };
+            if in_prefix && found {
                 resp.matched += 1;
-                resp.total_us += load_us;
+                resp.total_us += b.load_us;
             } else {
                 in_prefix = false;
             }
-            resp.blocks.push(pb::BlockLoad {
-                tier: tier_pb(tier) as i32,
-                load_us,
-            });
+            resp.blocks.push(b);
         }
-        self.inner.stats.lookups(keys.len() as u64);
-        Ok(Response::new(resp))
+        Ok(Some(resp))
     }
 
-    async fn ping(
+    /// Remove everywhere a key may be (its candidates and this node); the number of
+    /// keys the group held (None outside a group).
+    async fn remove_routed(
         &self,
-        _request: Request<pb::PingRequest>,
-    ) -> std::result::Result<Response<pb::PingResponse>, Status> {
-        Ok(Response::new(pb::PingResponse {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            api: crate::API_VERSION.to_string(),
-            max_block_bytes: self.inner.config.max_block,
-        }))
+        client_ns: &str,
+        ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        fwd: &Forward,
+    ) -> Result<Option<u32>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, false, None)
+            .await?;
+        let held = (0..keys.len())
+            .filter(|i| matches!(l.state(*i), KeyState::Found(_)))
+            .count() as u32;
+        let mut per_node: std::collections::BTreeMap<usize, Vec<Bytes>> = Default::default();
+        for (i, c) in routes.candidates.iter().enumerate() {
+            for n in c {
+                if !routes.nodes[*n].local {
+                    per_node.entry(*n).or_default().push(hashes[i].clone());
+                }
+            }
+        }
+        let calls = per_node.into_iter().map(|(n, batch)| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move { router.remote_remove(&node, fwd, client_ns, batch).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            if let Err(RemoteError::Refused(s)) = r {
+                return Err(KvError::Status(s));
+            }
+        }
+        Ok(Some(held))
+    }
+
+    /// Prefetch where each block is (None outside a group).
+    async fn prefetch_routed(
+        &self,
+        client_ns: &str,
+        ns: &Arc<str>,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        fwd: &Forward,
+    ) -> Result<Option<pb::PrefetchResponse>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, false, None)
+            .await?;
+        let mut resp = pb::PrefetchResponse::default();
+        let mut local_keys = Vec::new();
+        let mut per_node: std::collections::BTreeMap<usize, Vec<Bytes>> = Default::default();
+        for i in 0..keys.len() {
+            match l.state(i) {
+                KeyState::Found(n) if n < routes.nodes.len() && !routes.nodes[n].local => {
+                    per_node.entry(n).or_default().push(hashes[i].clone());
+                }
+                KeyState::Found(_) => local_keys.push(keys[i].clone()),
+                _ => resp.missing += 1,
+            }
+        }
+        let local = self.prefetch_local(ns, local_keys);
+        resp.staged += local.staged;
+        resp.already_fast += local.already_fast;
+        resp.missing += local.missing;
+        let calls = per_node.into_iter().map(|(n, batch)| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move { router.remote_prefetch(&node, fwd, client_ns, batch).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(p) => {
+                    resp.staged += p.staged;
+                    resp.already_fast += p.already_fast;
+                    resp.missing += p.missing;
+                }
+                // Staging is advisory: a holder that went away stages nothing.
+                Err(RemoteError::Down(_)) => {}
+                Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+            }
+        }
+        Ok(Some(resp))
+    }
+}
+
+/// The hash of a KV key.
+fn key_hash(key: &CacheKey) -> &[u8] {
+    match key {
+        CacheKey::Kv(k) => k.hash.as_ref(),
+        _ => &[],
+    }
+}
+
+/// Checks the calls on the peer listener: the group token, then the tenant and model
+/// identity the entry node forwards (`group.rs`).
+#[derive(Clone)]
+pub struct PeerCheck {
+    svc: KvService,
+}
+
+impl tonic::service::Interceptor for PeerCheck {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let inner = &self.svc.inner;
+        let Some(router) = inner.router.get() else {
+            return Err(Status::unavailable(
+                "this node's KV service is not in a group",
+            ));
+        };
+        if let Some(want) = router.opts.token.as_deref() {
+            let got = req
+                .metadata()
+                .get(GROUP_TOKEN_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::as_bytes)
+                .unwrap_or_default();
+            if !constant_time_eq(got, want.as_bytes()) {
+                inner.stats.rejected();
+                return Err(Status::unauthenticated("missing or wrong group token"));
+            }
+        }
+        if let Some(v) = req.metadata().get(IDENTITY_METADATA) {
+            let digest = v
+                .to_str()
+                .ok()
+                .and_then(parse_identity_hex)
+                .ok_or_else(|| Status::invalid_argument("bad forwarded model identity"))?;
+            req.extensions_mut().insert(CallerIdentity(digest));
+        }
+        if !inner.tenants.is_empty() {
+            // With tenants, a forwarded call acts for one, named by the entry node that
+            // authenticated it; its patterns, key space and quota apply here again.
+            let tenant = req
+                .metadata()
+                .get(PEER_TENANT_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|name| inner.tenants.by_name(name))
+                .ok_or_else(|| {
+                    inner.stats.rejected();
+                    Status::permission_denied("a forwarded call must name a known tenant")
+                })?;
+            req.extensions_mut().insert(AuthTenant(tenant));
+        }
+        inner.served_for_peers.fetch_add(1, Ordering::Relaxed);
+        Ok(req)
     }
 }

@@ -87,6 +87,10 @@ pub struct KvStatsSnapshot {
     pub namespaces: Vec<NamespaceStats>,
     /// The load model's current estimates per tier.
     pub load_model: Vec<TierLoadEstimate>,
+    /// The cache group's view (issue 16): routed hits, replication, per-peer traffic.
+    /// None: a single node.
+    #[serde(default)]
+    pub group: Option<crate::group::GroupKvStats>,
 }
 
 impl KvStatsSnapshot {
@@ -270,6 +274,7 @@ impl KvStats {
             put_reserved_bytes: 0,
             namespaces,
             load_model: self.load.snapshot(),
+            group: None,
         }
     }
 }

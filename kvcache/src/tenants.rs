@@ -249,6 +249,12 @@ impl Tenants {
         self.list.is_empty()
     }
 
+    /// The tenant named `name` (a forwarded call names the tenant its entry node
+    /// authenticated, `group.rs`).
+    pub fn by_name(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.list.iter().find(|t| t.name == name).cloned()
+    }
+
     /// The tenant whose token is `token`. Compares against every tenant's token in
     /// constant time per token, so the time taken does not tell which one matched.
     pub fn authenticate(&self, token: &[u8]) -> Option<Arc<Tenant>> {

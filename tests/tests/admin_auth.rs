@@ -21,6 +21,7 @@ async fn start(token: Option<&str>) -> (String, CancellationToken) {
         mounts: vec![],
         started: Instant::now(),
         token: token.map(std::sync::Arc::from),
+        cluster: None,
         peer: None,
     };
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")

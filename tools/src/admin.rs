@@ -54,10 +54,33 @@ pub struct DaemonStats {
     pub engine: EngineStatsSnapshot,
     pub kv: Option<KvStatsSnapshot>,
     pub mounts: Vec<MountInfo>,
+    /// The cache group as this node sees it (issue 16); None: a single node.
+    #[serde(default)]
+    pub cluster: Option<ClusterMembers>,
     /// The cache group's data plane (issue 16): per-peer bytes and requests, this
     /// node's store reads. None: a single node.
     #[serde(default)]
     pub peer: Option<crate::daemon::peer_metrics::PeerStats>,
+}
+
+/// The group's members as one node sees them: what `strata stats --cluster` starts
+/// from (each member's admin address, to ask it for its own figures).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMembers {
+    pub node: String,
+    /// False while etcd is unreachable (the members are the last ones seen).
+    pub connected: bool,
+    pub members: Vec<ClusterMember>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMember {
+    pub id: String,
+    pub advertise: String,
+    /// Empty: the member serves no admin API.
+    pub admin: String,
+    /// The share of keys placement gives it (its capacity over the group's).
+    pub expected_share: f64,
 }
 
 /// What the admin handlers read.
@@ -69,6 +92,11 @@ pub struct AdminState {
     pub started: Instant,
     /// The admin token (see the module docs); None: read-only, loopback only.
     pub token: Option<Arc<str>>,
+    /// This node's id and the group's membership (None: a single node).
+    pub cluster: Option<(
+        strata_cluster::NodeId,
+        tokio::sync::watch::Receiver<strata_cluster::Membership>,
+    )>,
     /// The peer data plane's counters and the store whose reads they are set against
     /// (None: a single node).
     pub peer: Option<(
@@ -117,6 +145,28 @@ impl AdminState {
             engine: self.engine.stats(),
             kv: self.kv.as_ref().map(|k| k.stats()),
             mounts: self.mounts.clone(),
+            cluster: self.cluster.as_ref().map(|(me, rx)| {
+                let m = rx.borrow().clone();
+                let shares: std::collections::HashMap<_, _> =
+                    strata_cluster::Placement::from_membership(&m)
+                        .expected_shares()
+                        .into_iter()
+                        .collect();
+                ClusterMembers {
+                    node: me.to_string(),
+                    connected: m.connected,
+                    members: m
+                        .nodes
+                        .values()
+                        .map(|n| ClusterMember {
+                            id: n.id.to_string(),
+                            advertise: n.advertise.clone(),
+                            admin: n.admin.clone(),
+                            expected_share: shares.get(&n.id).copied().unwrap_or(0.0),
+                        })
+                        .collect(),
+                }
+            }),
             peer: self
                 .peer
                 .as_ref()
@@ -506,11 +556,98 @@ pub fn render_metrics(s: &DaemonStats) -> String {
             "Load model: Get bandwidth per tier",
             &per(&kv.load_model, per_model_tier, |t| t.bandwidth_gbps),
         );
+        if let Some(g) = &kv.group {
+            render_kv_group_metrics(&mut reg, g);
+        }
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut out, &reg);
     out
+}
+
+/// The KV service across the cache group (issue 16): routed hits, replication, and
+/// per peer (`peer="node-b"`) the KV requests, failures, hedges and block bytes.
+fn render_kv_group_metrics(reg: &mut Registry, g: &strata_kvcache::group::GroupKvStats) {
+    counter(
+        reg,
+        "kv_group_remote_hits",
+        "KV Gets answered from another node's tiers",
+        g.remote_hits,
+    );
+    counter(
+        reg,
+        "kv_group_local_hits",
+        "KV Gets answered from this node's tiers while in a group",
+        g.local_hits,
+    );
+    counter(
+        reg,
+        "kv_group_puts_under_replicated",
+        "KV Puts stored on fewer than R nodes",
+        g.puts_under_replicated,
+    );
+    counter(
+        reg,
+        "kv_group_puts_kept_locally",
+        "KV Puts no owner could take, kept on this node",
+        g.puts_kept_locally,
+    );
+    counter(
+        reg,
+        "kv_group_served_for_peers",
+        "KV requests served for other nodes",
+        g.served_for_peers,
+    );
+    counter(
+        reg,
+        "kv_group_served_bytes_out",
+        "KV block bytes served to other nodes",
+        g.served_bytes_out,
+    );
+    counter(
+        reg,
+        "kv_group_served_bytes_in",
+        "KV block bytes stored for other nodes",
+        g.served_bytes_in,
+    );
+    let peer = |p: &strata_kvcache::group::PeerStats| vec![("peer".to_string(), p.node.clone())];
+    counter_family(
+        reg,
+        "kv_peer_requests",
+        "KV requests forwarded to the peer",
+        &per(&g.peers, peer, |p| p.requests),
+    );
+    counter_family(
+        reg,
+        "kv_peer_failures",
+        "KV requests to the peer that failed (down, timed out)",
+        &per(&g.peers, peer, |p| p.failures),
+    );
+    counter_family(
+        reg,
+        "kv_peer_hedges",
+        "KV Gets also sent to the next replica because the peer was slower than its p99",
+        &per(&g.peers, peer, |p| p.hedges),
+    );
+    counter_family(
+        reg,
+        "kv_peer_bytes_in",
+        "KV block bytes received from the peer",
+        &per(&g.peers, peer, |p| p.bytes_in),
+    );
+    counter_family(
+        reg,
+        "kv_peer_bytes_out",
+        "KV block bytes sent to the peer",
+        &per(&g.peers, peer, |p| p.bytes_out),
+    );
+    gauge_family(
+        reg,
+        "kv_peer_get_p99_us",
+        "Recent p99 of KV Gets from the peer (the hedge delay)",
+        &per(&g.peers, peer, |p| p.get_p99_us),
+    );
 }
 
 /// Fetches `GET /stats` from an admin endpoint (`host:port` or `http://host:port`).
@@ -652,6 +789,7 @@ mod tests {
                 store_bytes: 5120,
                 ..Default::default()
             }),
+            cluster: None,
         }
     }
 

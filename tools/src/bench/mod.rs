@@ -9,6 +9,7 @@ pub mod fs_small;
 pub mod gds;
 pub mod group;
 pub mod kv;
+pub mod kv_group;
 pub mod replay;
 pub mod tiers;
 
@@ -26,6 +27,8 @@ pub enum BenchCommand {
     FsSmall(fs_small::FsSmallArgs),
     /// KV service over loopback: put/get throughput and latency next to raw loopback TCP.
     Kv(kv::KvArgs),
+    /// KV across a cache group: a Get routed through another node next to a local hit.
+    KvGroup(kv_group::KvGroupArgs),
     /// Replay a trace through several cache policies in simulated time.
     Replay(replay::ReplayArgs),
     /// Get throughput and p50/p99 per tier (memory, disk, store) next to its ceiling.
@@ -40,6 +43,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fs(a) => fs::run(a),
         BenchCommand::FsSmall(a) => fs_small::run(a),
         BenchCommand::Kv(a) => kv::run(a),
+        BenchCommand::KvGroup(a) => kv_group::run(a),
         BenchCommand::Replay(a) => replay::run(a),
         BenchCommand::Tiers(a) => tiers::run(a),
     }

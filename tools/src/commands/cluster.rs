@@ -179,6 +179,7 @@ mod tests {
                     advertise: format!("{id}:7073"),
                     capacity: BTreeMap::from([("disk".to_string(), gib << 30)]),
                     zone: String::new(),
+                    admin: String::new(),
                 },
             );
         }

@@ -1,6 +1,7 @@
 //! `strata stats [--endpoint ADDR] [--json] [--watch SECS]`: the daemon's figures from
 //! its admin API. `--watch` redraws a live view every SECS seconds with rates over the
-//! last interval, like `juicefs stats`.
+//! last interval, like `juicefs stats`. `--cluster`: every member of the daemon's cache
+//! group (issue 16), each asked at the admin address it registered.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -21,6 +22,10 @@ pub struct StatsArgs {
     /// last interval).
     #[arg(long, value_name = "SECS")]
     pub watch: Option<f64>,
+    /// Every node of the daemon's cache group: its share of the keys, the peer bytes
+    /// in and out, the store bytes the group saved.
+    #[arg(long, conflicts_with = "watch")]
+    pub cluster: bool,
 }
 
 pub fn run(args: StatsArgs) -> anyhow::Result<()> {
@@ -28,6 +33,15 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        if args.cluster {
+            let r = cluster_report(&args.endpoint).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", r.render());
+            }
+            return Ok(());
+        }
         let Some(secs) = args.watch else {
             let s = fetch_stats(&args.endpoint).await?;
             if args.json {
@@ -54,6 +68,181 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// `strata stats --cluster`: one row per member of the group.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClusterReport {
+    /// The node asked first (the members are as it sees them).
+    pub asked: String,
+    /// False while that node cannot reach etcd (the members are the last seen).
+    pub connected: bool,
+    pub nodes: Vec<ClusterNodeRow>,
+    /// Sums over the reachable nodes.
+    pub peer_bytes_in: u64,
+    pub peer_bytes_out: u64,
+    pub store_bytes_saved: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClusterNodeRow {
+    pub id: String,
+    pub admin: String,
+    /// Its `/stats` answered.
+    pub reachable: bool,
+    /// Why not, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The share of the keys placement gives it (capacity over the group's).
+    pub expected_share: f64,
+    /// KV blocks it stored (puts that wrote, its own clients' and the ones other nodes
+    /// routed to it) and their share of the group's.
+    pub kv_blocks_stored: u64,
+    pub share_of_keys: f64,
+    /// Bytes its tiers hold, and their share of the group's.
+    pub bytes_held: u64,
+    pub share_of_bytes: f64,
+    /// Bytes received from / sent to the other nodes (KV blocks both ways).
+    pub peer_bytes_in: u64,
+    pub peer_bytes_out: u64,
+    /// Bytes it got from a peer instead of the object store (file blocks).
+    pub store_bytes_saved: u64,
+}
+
+impl ClusterNodeRow {
+    fn fill(&mut self, s: &DaemonStats) {
+        self.reachable = true;
+        self.bytes_held = s.engine.tiers.iter().map(|t| t.used_bytes).sum();
+        if let Some(kv) = &s.kv {
+            self.kv_blocks_stored = kv.puts.saturating_sub(kv.puts_already_present);
+            if let Some(g) = &kv.group {
+                self.peer_bytes_in =
+                    g.served_bytes_in + g.peers.iter().map(|p| p.bytes_in).sum::<u64>();
+                self.peer_bytes_out =
+                    g.served_bytes_out + g.peers.iter().map(|p| p.bytes_out).sum::<u64>();
+            }
+        }
+        // File blocks: what peers sent this node is what the store did not have to.
+        if let Some(p) = &s.peer {
+            let file_in: u64 = p.peers.values().map(|c| c.bytes_in).sum();
+            self.peer_bytes_in += file_in;
+            self.peer_bytes_out += p.peers.values().map(|c| c.bytes_out).sum::<u64>();
+            self.store_bytes_saved = file_in;
+        }
+    }
+}
+
+impl ClusterReport {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "cache group as {} sees it{}",
+            self.asked,
+            if self.connected {
+                ""
+            } else {
+                " (etcd unreachable: last membership)"
+            }
+        );
+        let _ = writeln!(
+            out,
+            "{:<16} {:>8} {:>10} {:>8} {:>12} {:>8} {:>12} {:>12} {:>12}",
+            "node",
+            "expected",
+            "kv blocks",
+            "keys",
+            "held MiB",
+            "bytes",
+            "peer in MiB",
+            "peer out MiB",
+            "saved MiB"
+        );
+        for n in &self.nodes {
+            if !n.reachable {
+                let _ = writeln!(
+                    out,
+                    "{:<16} {:>7.1}%  unreachable: {}",
+                    n.id,
+                    n.expected_share * 100.0,
+                    n.error.as_deref().unwrap_or("no admin API")
+                );
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "{:<16} {:>7.1}% {:>10} {:>7.1}% {:>12.1} {:>7.1}% {:>12.1} {:>12.1} {:>12.1}",
+                n.id,
+                n.expected_share * 100.0,
+                n.kv_blocks_stored,
+                n.share_of_keys * 100.0,
+                mib(n.bytes_held),
+                n.share_of_bytes * 100.0,
+                mib(n.peer_bytes_in),
+                mib(n.peer_bytes_out),
+                mib(n.store_bytes_saved),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "group: peer in {:.1} MiB, peer out {:.1} MiB, store bytes saved {:.1} MiB",
+            mib(self.peer_bytes_in),
+            mib(self.peer_bytes_out),
+            mib(self.store_bytes_saved)
+        );
+        out
+    }
+}
+
+/// Asks the daemon at `endpoint` for its group, then every member for its figures
+/// (each within 3 s: a member that is down is a row that says so, not a failure).
+pub async fn cluster_report(endpoint: &str) -> anyhow::Result<ClusterReport> {
+    let local = fetch_stats(endpoint).await?;
+    let Some(c) = &local.cluster else {
+        anyhow::bail!("the daemon at {endpoint} is not in a cache group (no [cluster])");
+    };
+    let mut r = ClusterReport {
+        asked: c.node.clone(),
+        connected: c.connected,
+        ..Default::default()
+    };
+    let asks = c.members.iter().map(|m| async move {
+        let mut row = ClusterNodeRow {
+            id: m.id.clone(),
+            admin: m.admin.clone(),
+            expected_share: m.expected_share,
+            ..Default::default()
+        };
+        if m.admin.is_empty() {
+            row.error = Some("no admin API".into());
+            return row;
+        }
+        match tokio::time::timeout(Duration::from_secs(3), fetch_stats(&m.admin)).await {
+            Ok(Ok(s)) => row.fill(&s),
+            Ok(Err(e)) => row.error = Some(format!("{e:#}")),
+            Err(_) => row.error = Some("no answer within 3 s".into()),
+        }
+        row
+    });
+    r.nodes = futures::future::join_all(asks).await;
+    let keys: u64 = r.nodes.iter().map(|n| n.kv_blocks_stored).sum();
+    let bytes: u64 = r.nodes.iter().map(|n| n.bytes_held).sum();
+    for n in &mut r.nodes {
+        n.share_of_keys = if keys > 0 {
+            n.kv_blocks_stored as f64 / keys as f64
+        } else {
+            0.0
+        };
+        n.share_of_bytes = if bytes > 0 {
+            n.bytes_held as f64 / bytes as f64
+        } else {
+            0.0
+        };
+    }
+    r.peer_bytes_in = r.nodes.iter().map(|n| n.peer_bytes_in).sum();
+    r.peer_bytes_out = r.nodes.iter().map(|n| n.peer_bytes_out).sum();
+    r.store_bytes_saved = r.nodes.iter().map(|n| n.store_bytes_saved).sum();
+    Ok(r)
 }
 
 fn mib(b: u64) -> f64 {

@@ -32,8 +32,13 @@ impl ClusterHandle {
     }
 }
 
-/// This node's record: the tiers' budgets are its capacity (its placement weight).
-pub fn node_info(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<NodeInfo> {
+/// This node's record: the tiers' budgets are its capacity (its placement weight);
+/// `admin`: its admin API's bound address, if it serves one.
+pub fn node_info(
+    c: &ClusterConfig,
+    cache: &CacheConfig,
+    admin: Option<std::net::SocketAddr>,
+) -> anyhow::Result<NodeInfo> {
     let mut capacity = BTreeMap::new();
     capacity.insert(
         "memory".to_string(),
@@ -51,13 +56,18 @@ pub fn node_info(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<NodeI
         advertise: c.advertise.clone(),
         capacity,
         zone: c.zone.clone(),
+        admin: admin.map(|a| a.to_string()).unwrap_or_default(),
     })
 }
 
 /// Starts the membership; returns at once (etcd may be down: the node keeps trying and
 /// serves as a single node meanwhile).
-pub fn start(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<ClusterHandle> {
-    let me = node_info(c, cache)?;
+pub fn start(
+    c: &ClusterConfig,
+    cache: &CacheConfig,
+    admin: Option<std::net::SocketAddr>,
+) -> anyhow::Result<ClusterHandle> {
+    let me = node_info(c, cache, admin)?;
     let node = me.id.clone();
     let member = Member::start(c.group_config(), me).context("starting cluster membership")?;
     let mut rx = member.membership();
@@ -86,4 +96,100 @@ pub fn start(c: &ClusterConfig, cache: &CacheConfig) -> anyhow::Result<ClusterHa
         replication: c.replication,
         logger,
     })
+}
+
+/// The group as the KV service routes by it (`strata_kvcache::group::GroupView`): the
+/// last membership seen (kept while etcd is away), placed by weighted rendezvous.
+pub struct MembershipView {
+    me: NodeId,
+    me_str: std::sync::Arc<str>,
+    replication: usize,
+    rx: watch::Receiver<Membership>,
+    /// The placement of the last membership revision seen (rebuilt when it changes, so
+    /// a lookup costs the owners' scores only).
+    cache: std::sync::Mutex<Option<Placed>>,
+}
+
+struct Placed {
+    revision: i64,
+    ids: Vec<NodeId>,
+    placement: Placement,
+    table: Vec<strata_kvcache::group::PeerNode>,
+    index: std::collections::HashMap<NodeId, usize>,
+}
+
+impl MembershipView {
+    pub fn new(me: NodeId, replication: usize, rx: watch::Receiver<Membership>) -> Self {
+        MembershipView {
+            me_str: std::sync::Arc::from(me.as_str()),
+            me,
+            replication: replication.max(1),
+            rx,
+            cache: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn place(&self, m: &Membership) -> Placed {
+        let placement = Placement::from_membership(m);
+        let mut table = Vec::new();
+        let mut index = std::collections::HashMap::new();
+        for (id, info) in &m.nodes {
+            index.insert(id.clone(), table.len());
+            table.push(strata_kvcache::group::PeerNode {
+                id: std::sync::Arc::from(id.as_str()),
+                addr: std::sync::Arc::from(info.advertise.as_str()),
+                local: *id == self.me,
+            });
+        }
+        Placed {
+            revision: m.revision,
+            ids: m.ids(),
+            placement,
+            table,
+            index,
+        }
+    }
+}
+
+impl strata_kvcache::group::GroupView for MembershipView {
+    fn local_id(&self) -> std::sync::Arc<str> {
+        self.me_str.clone()
+    }
+
+    fn routes(&self, keys: &[Vec<u8>]) -> Option<strata_kvcache::group::Routes> {
+        let m = self.rx.borrow();
+        // No other member (alone, or etcd never reached): the single node of today.
+        if m.nodes.keys().all(|id| *id == self.me) {
+            return None;
+        }
+        let mut cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stale = cache
+            .as_ref()
+            .is_none_or(|p| p.revision != m.revision || p.ids.len() != m.nodes.len());
+        if stale {
+            *cache = Some(self.place(&m));
+        }
+        drop(m);
+        let p = cache.as_ref()?;
+        // The R owners and the next node: a Put's substitute for a dead owner, and
+        // the owner-to-be once the dead node's lease expires.
+        let candidates = keys
+            .iter()
+            .map(|k| {
+                p.placement
+                    .owners(k, self.replication + 1)
+                    .iter()
+                    .filter_map(|id| p.index.get(id).copied())
+                    .collect()
+            })
+            .collect();
+        Some(strata_kvcache::group::Routes {
+            nodes: p.table.clone(),
+            candidates,
+            replication: self.replication,
+        })
+    }
 }

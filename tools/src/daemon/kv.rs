@@ -229,6 +229,30 @@ pub(crate) async fn start(
     })
 }
 
+/// Makes `service` route by key across the group of `cluster` (issue 16): Puts to the
+/// R owners, lookups batched per owner (`strata_kvcache::group`). `token`: the group
+/// token its forwarded calls carry and its peer face requires.
+pub(crate) fn join_group(
+    service: &KvService,
+    cluster: &super::cluster::ClusterHandle,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let view = super::cluster::MembershipView::new(
+        cluster.node.clone(),
+        cluster.replication,
+        cluster.membership(),
+    );
+    service
+        .join_group(
+            std::sync::Arc::new(view),
+            strata_kvcache::group::GroupOptions {
+                token,
+                ..Default::default()
+            },
+        )
+        .context("joining the KV service to the cache group")
+}
+
 /// Binds a Unix socket at `path` that only this user can connect to (mode 0600): bound
 /// under a temporary name, restricted, then renamed into place, so it is never
 /// reachable with looser permissions.

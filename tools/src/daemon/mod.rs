@@ -52,11 +52,52 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     };
     let core = open_core(&cfg.cache)?;
     let mut tasks = Servers::new();
+    // The admin API is bound before the group is joined: the node's record carries
+    // its address, for `strata stats --cluster`.
+    let admin_listener = match &admin_plan {
+        Some((addr, _)) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding admin API on {addr}"))?,
+        ),
+        None => None,
+    };
+    let admin_addr = admin_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
+    // The KV service first: in a group, the peer listener serves its peer face.
+    let kv = match kv_plan {
+        Some(plan) => {
+            let socket = cfg
+                .kv
+                .unix_socket
+                .clone()
+                .unwrap_or_else(|| core.cache_dir.join("kv.sock"));
+            Some(
+                kv::start(
+                    plan,
+                    socket,
+                    &core.cache_dir,
+                    core.engine.clone(),
+                    &stop,
+                    &mut tasks,
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
     let cluster = match &cfg.cluster {
         Some(c) => {
             let token = c.token()?;
-            let h = cluster::start(c, &cfg.cache)?;
+            let h = cluster::start(c, &cfg.cache, admin_addr)?;
             println!("cluster {} {}", c.group, h.node);
+            // In a group the KV service routes by key to the owners
+            // (`strata_kvcache::group`).
+            if let Some(k) = &kv {
+                kv::join_group(&k.service, &h, token.clone())?;
+            }
             let metrics = std::sync::Arc::new(peer_metrics::PeerMetrics::new(h.node.as_str()));
             let ctx = peer::PeerContext {
                 group: c.group.clone(),
@@ -64,6 +105,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                 engine: core.engine.clone(),
                 store: store.as_ref().map(|(_, s)| s.clone()),
                 metrics: metrics.clone(),
+                kv: kv.as_ref().map(|k| k.service.clone()),
             };
             let addr =
                 peer::start(c.peer_listen()?, token.as_deref(), ctx, &stop, &mut tasks).await?;
@@ -95,28 +137,6 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         None => None,
     };
 
-    let kv = match kv_plan {
-        Some(plan) => {
-            let socket = cfg
-                .kv
-                .unix_socket
-                .clone()
-                .unwrap_or_else(|| core.cache_dir.join("kv.sock"));
-            Some(
-                kv::start(
-                    plan,
-                    socket,
-                    &core.cache_dir,
-                    core.engine.clone(),
-                    &stop,
-                    &mut tasks,
-                )
-                .await?,
-            )
-        }
-        None => None,
-    };
-
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {
@@ -133,13 +153,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
     }
 
-    if let Some((addr, token)) = admin_plan {
+    if let (Some((addr, token)), Some(l)) = (admin_plan, admin_listener) {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
         }
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding admin API on {addr}"))?;
         println!("admin {}", l.local_addr()?);
         let state = AdminState {
             engine: core.engine.clone(),
@@ -147,6 +164,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             mounts: infos,
             started,
             token: token.map(std::sync::Arc::from),
+            cluster: cluster
+                .as_ref()
+                .map(|(h, _, _)| (h.node.clone(), h.membership())),
             peer: cluster
                 .as_ref()
                 .map(|(_, m, _)| (m.clone(), store.as_ref().map(|(_, s)| s.clone()))),

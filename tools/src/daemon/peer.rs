@@ -35,6 +35,9 @@ pub struct PeerContext {
     /// The store the mounts read (None: no mounts, no file blocks to serve).
     pub store: Option<BackingStore>,
     pub metrics: Arc<PeerMetrics>,
+    /// The KV service, whose peer face (local-only, `strata_kvcache::group`) is served
+    /// here; None: no KV service.
+    pub kv: Option<strata_kvcache::KvService>,
 }
 
 /// Every service of the peer listener, each behind the group token. A new peer service
@@ -42,6 +45,9 @@ pub struct PeerContext {
 fn routes(auth: &PeerAuth, ctx: &PeerContext) -> Routes {
     let mut routes = Routes::builder();
     routes.add_service(auth.wrap(FilePeerServer::new(FileService::new(ctx.clone()))));
+    if let Some(kv) = &ctx.kv {
+        routes.add_service(auth.wrap(kv.peer_grpc()));
+    }
     routes.routes()
 }
 

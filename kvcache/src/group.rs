@@ -1,0 +1,717 @@
+//! The KV service across the cache group (issue 16): requests routed by key to the
+//! key's owners, so an engine connected to any node sees every block of the group.
+//!
+//! The crate graph stays one-way: this crate knows nothing of etcd or of the placement
+//! code. The daemon implements [`GroupView`] (membership + rendezvous placement, in
+//! `strata-cluster`) and hands it to [`crate::KvService::join_group`]; the planner's
+//! decisions are in [`crate::routing`] (pure), the asking is here.
+//!
+//! - **Two faces of one service.** The client-facing service routes; the face served
+//!   on the peer listener ([`crate::KvService::peer_grpc`]) only ever serves from the
+//!   local tiers, so a forwarded request is never forwarded again (no loops, whatever
+//!   two nodes believe about the membership).
+//! - **Trust.** A forwarded request carries the group token (`authorization: Bearer`),
+//!   the tenant the entry node authenticated (`strata-peer-tenant`, by name) and the
+//!   caller's model identity (`strata-model-identity`). The peer face refuses any call
+//!   without the token, and re-applies the tenant's namespace patterns, key space and
+//!   quota and the namespace's identity binding itself: a peer can vouch for who the
+//!   caller is, never widen what that caller may touch.
+//! - **Put** goes to the key's `R` owners at once; an owner that cannot be reached is
+//!   replaced by the next node of the key's placement order (the one that becomes an
+//!   owner when the dead node's lease runs out). The Put is acknowledged after every
+//!   target answered: when the group has `R` live nodes the block then sits on `R` of
+//!   them; with fewer it sits on all that are live (counted as under-replicated). An
+//!   owner's refusal (quota, identity, bad input) is the caller's error, as on one node.
+//!   With no owner reachable at all, the entry node keeps the block itself.
+//! - **Get** reads the local tiers first (a hit costs no hop), then the owners in
+//!   placement order, suspects (failed in the last `suspect_for`) last; when an owner
+//!   has not answered within its recent p99 the next one is asked too (a hedge) and the
+//!   first block wins. A block is a miss once `R` candidates said so.
+//! - **Exists, MatchPrefix, EstimateLoad, Prefetch, Remove** are batched: one request
+//!   per node per round ([`crate::routing::Lookup`]); EstimateLoad adds the hop to the
+//!   owner (its median round trip plus the bytes at the peer link's measured rate).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::pb;
+use crate::pb::kv_cache_client::KvCacheClient;
+use crate::routing::NodeIdx;
+
+/// Metadata of a forwarded request: the group token, as `Bearer <token>` (the same
+/// header the daemon's peer listener checks for every peer service).
+pub const GROUP_TOKEN_METADATA: &str = "authorization";
+/// Metadata of a forwarded request: the tenant the entry node authenticated.
+pub const PEER_TENANT_METADATA: &str = "strata-peer-tenant";
+/// Metadata of a forwarded request: the node it comes from (for per-peer figures).
+pub const PEER_NODE_METADATA: &str = "strata-peer-node";
+
+/// A node of a request's node table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerNode {
+    pub id: Arc<str>,
+    /// `host:port` of its peer listener.
+    pub addr: Arc<str>,
+    /// This node.
+    pub local: bool,
+}
+
+/// The candidates of a batch of keys, from one membership snapshot.
+#[derive(Clone, Debug)]
+pub struct Routes {
+    pub nodes: Vec<PeerNode>,
+    /// Per key: its `R` owners in placement order, then the next node of the order.
+    pub candidates: Vec<Vec<NodeIdx>>,
+    pub replication: usize,
+}
+
+/// The group as the KV service needs it: implemented by the daemon over the
+/// membership and the rendezvous placement.
+pub trait GroupView: Send + Sync + 'static {
+    /// This node's id.
+    fn local_id(&self) -> Arc<str>;
+    /// The candidates of each placement key ([`placement_key`]); None when there is no
+    /// other node to route to (serve locally, as a single node).
+    fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes>;
+}
+
+/// The bytes a KV block is placed by: its scoped namespace (the tenant's key space)
+/// and hash, separated by 0xFF, which UTF-8 never contains, so distinct pairs never
+/// collide.
+pub fn placement_key(scoped_ns: &str, hash: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(scoped_ns.len() + 1 + hash.len());
+    k.extend_from_slice(scoped_ns.as_bytes());
+    k.push(0xFF);
+    k.extend_from_slice(hash);
+    k
+}
+
+/// How the router talks to its peers; every default has its reason.
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    /// The group token sent with (and required of) every forwarded request; None:
+    /// none (loopback tests and trusted networks only: the daemon insists on one
+    /// beyond loopback).
+    pub token: Option<String>,
+    /// Bound of one forwarded call. Default 5 s: a 64 MiB block at 1 GB/s takes 64 ms,
+    /// so 5 s is a dead or wedged owner, not a slow one; the hedge answers long before.
+    pub request_timeout: Duration,
+    /// Bound of connecting to a peer. Default 500 ms: a loopback or LAN connect takes
+    /// well under a millisecond; a host that is gone does not answer at all.
+    pub connect_timeout: Duration,
+    /// Hedge delay before an owner has enough samples for a p99. Default 20 ms: above
+    /// a LAN round trip plus a memory-tier read of a few MiB, short next to a prefill.
+    pub hedge_default: Duration,
+    /// Floor of the hedge delay. Default 1 ms: below it a hedge only doubles the load
+    /// on loopback-fast owners.
+    pub hedge_min: Duration,
+    /// How long a node that failed is tried after the others. Default 2 s: several
+    /// lease renewals' worth; a node that came back is preferred again soon.
+    pub suspect_for: Duration,
+    /// Largest gRPC message, as the server's `max_message_bytes`.
+    pub max_message_bytes: usize,
+    /// Chunk size of forwarded Puts, as the server's `chunk_bytes`.
+    pub chunk_bytes: usize,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            token: None,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_millis(500),
+            hedge_default: Duration::from_millis(20),
+            hedge_min: Duration::from_millis(1),
+            suspect_for: Duration::from_secs(2),
+            max_message_bytes: 4 << 20,
+            chunk_bytes: crate::server::DEFAULT_CHUNK_BYTES,
+        }
+    }
+}
+
+/// Who a forwarded request acts for.
+#[derive(Clone, Debug, Default)]
+pub struct Forward {
+    pub tenant: Option<String>,
+    pub identity: Option<[u8; 32]>,
+}
+
+/// How a forwarded call failed.
+#[derive(Debug)]
+pub(crate) enum RemoteError {
+    /// The node is down, slow or misconfigured: try another.
+    Down(Status),
+    /// The owner refused the request itself (quota, identity, bad input): the
+    /// caller's error, as on one node.
+    Refused(Status),
+}
+
+impl RemoteError {
+    fn of(s: Status) -> RemoteError {
+        match s.code() {
+            Code::InvalidArgument
+            | Code::PermissionDenied
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted
+            | Code::OutOfRange => RemoteError::Refused(s),
+            _ => RemoteError::Down(s),
+        }
+    }
+}
+
+/// Recent latencies of one peer (a ring), for the hedge's p99 and the hop's p50.
+#[derive(Default)]
+struct Ring {
+    samples: Vec<u32>,
+    next: usize,
+}
+
+/// Samples kept per ring: 128, enough for a p99 that follows the last seconds.
+const RING: usize = 128;
+/// Samples before a ring's p99 is trusted.
+const MIN_SAMPLES: usize = 16;
+
+impl Ring {
+    fn push(&mut self, d: Duration) {
+        let us = d.as_micros().min(u32::MAX as u128) as u32;
+        if self.samples.len() < RING {
+            self.samples.push(us);
+        } else {
+            self.samples[self.next] = us;
+        }
+        self.next = (self.next + 1) % RING;
+    }
+
+    fn quantile(&self, q: f64) -> Option<Duration> {
+        if self.samples.len() < MIN_SAMPLES {
+            return None;
+        }
+        let mut s = self.samples.clone();
+        s.sort_unstable();
+        let i = ((s.len() - 1) as f64 * q).round() as usize;
+        Some(Duration::from_micros(u64::from(s[i])))
+    }
+}
+
+/// Per-peer figures.
+#[derive(Default)]
+struct PeerCounters {
+    addr: Mutex<Arc<str>>,
+    requests: AtomicU64,
+    failures: AtomicU64,
+    hedges: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    gets: Mutex<Ring>,
+    rpcs: Mutex<Ring>,
+    /// Bytes per second of forwarded Gets, EWMA; 0 before the first large one.
+    get_bps: Mutex<f64>,
+    suspect_until: Mutex<Option<Instant>>,
+}
+
+/// One peer's figures, as `strata stats` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerStats {
+    pub node: String,
+    pub addr: String,
+    pub requests: u64,
+    pub failures: u64,
+    pub hedges: u64,
+    /// Block bytes received from the peer (forwarded Gets).
+    pub bytes_in: u64,
+    /// Block bytes sent to the peer (forwarded Puts).
+    pub bytes_out: u64,
+    pub get_p50_us: f64,
+    pub get_p99_us: f64,
+    pub suspect: bool,
+}
+
+/// The group view of the KV service's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupKvStats {
+    pub node: String,
+    /// Gets answered from another node's tiers.
+    pub remote_hits: u64,
+    /// Gets answered from this node's tiers while in a group.
+    pub local_hits: u64,
+    /// Puts that landed on fewer than R nodes (fewer live nodes than R).
+    pub puts_under_replicated: u64,
+    /// Puts no owner could take, kept on this node instead.
+    pub puts_kept_locally: u64,
+    /// Requests served for other nodes on the peer listener.
+    pub served_for_peers: u64,
+    /// Block bytes served to peers / received from peers on the peer listener.
+    pub served_bytes_out: u64,
+    pub served_bytes_in: u64,
+    pub peers: Vec<PeerStats>,
+}
+
+/// The router of one KV service.
+pub struct Router {
+    view: Arc<dyn GroupView>,
+    pub(crate) opts: GroupOptions,
+    token: Option<AsciiMetadataValue>,
+    local_id: AsciiMetadataValue,
+    clients: Mutex<HashMap<Arc<str>, KvCacheClient<Channel>>>,
+    peers: Mutex<HashMap<Arc<str>, Arc<PeerCounters>>>,
+    pub(crate) remote_hits: AtomicU64,
+    pub(crate) local_hits: AtomicU64,
+    pub(crate) under_replicated: AtomicU64,
+    pub(crate) kept_locally: AtomicU64,
+}
+
+/// Default bandwidth of a peer link before one was measured: 1.25 GB/s, a 10 Gb/s
+/// NIC, the common floor of a datacenter node.
+const DEFAULT_PEER_BPS: f64 = 1.25e9;
+/// Round trip before one was measured: 200 us, a LAN hop with gRPC on both ends.
+const DEFAULT_RTT: Duration = Duration::from_micros(200);
+/// Gets smaller than this say more about latency than bandwidth: not sampled for it.
+const BW_SAMPLE_MIN: usize = 256 << 10;
+
+impl Router {
+    pub fn new(view: Arc<dyn GroupView>, opts: GroupOptions) -> Result<Router, crate::KvError> {
+        let token = match opts.token.as_deref() {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                crate::KvError::Config("the group token must be printable ASCII".into())
+            })?),
+            None => None,
+        };
+        let local_id = view
+            .local_id()
+            .parse()
+            .map_err(|_| crate::KvError::Config("the node id must be printable ASCII".into()))?;
+        Ok(Router {
+            view,
+            opts,
+            token,
+            local_id,
+            clients: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            remote_hits: AtomicU64::new(0),
+            local_hits: AtomicU64::new(0),
+            under_replicated: AtomicU64::new(0),
+            kept_locally: AtomicU64::new(0),
+        })
+    }
+
+    pub fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {
+        self.view.routes(keys)
+    }
+
+    pub fn local_id(&self) -> Arc<str> {
+        self.view.local_id()
+    }
+
+    fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {
+        let mut m = self.peers.lock();
+        let p = m.entry(node.id.clone()).or_default().clone();
+        *p.addr.lock() = node.addr.clone();
+        p
+    }
+
+    fn client(&self, node: &PeerNode) -> Result<KvCacheClient<Channel>, RemoteError> {
+        let mut m = self.clients.lock();
+        if let Some(c) = m.get(&node.addr) {
+            return Ok(c.clone());
+        }
+        let ep = Endpoint::from_shared(format!("http://{}", node.addr))
+            .map_err(|e| RemoteError::Down(Status::unavailable(format!("{}: {e}", node.addr))))?
+            .connect_timeout(self.opts.connect_timeout)
+            .tcp_nodelay(true)
+            .initial_stream_window_size(8 << 20)
+            .initial_connection_window_size(32 << 20)
+            // A peer that vanished is noticed on an idle connection too.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let max = self
+            .opts
+            .max_message_bytes
+            .max(self.opts.chunk_bytes + 1024);
+        let c = KvCacheClient::new(ep.connect_lazy())
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        m.insert(node.addr.clone(), c.clone());
+        Ok(c)
+    }
+
+    fn request<T>(&self, msg: T, fwd: &Forward) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(self.opts.request_timeout);
+        self.decorate(r.metadata_mut(), fwd);
+        r
+    }
+
+    fn decorate(&self, md: &mut MetadataMap, fwd: &Forward) {
+        if let Some(t) = &self.token {
+            md.insert(GROUP_TOKEN_METADATA, t.clone());
+        }
+        md.insert(PEER_NODE_METADATA, self.local_id.clone());
+        if let Some(t) = fwd.tenant.as_deref().and_then(|t| t.parse().ok()) {
+            md.insert(PEER_TENANT_METADATA, t);
+        }
+        if let Some(id) = fwd.identity {
+            if let Ok(v) = hex::encode(id).parse() {
+                md.insert(crate::keys::IDENTITY_METADATA, v);
+            }
+        }
+    }
+
+    /// Runs one forwarded call under the request timeout, counting it.
+    async fn call<T>(
+        &self,
+        node: &PeerNode,
+        fut: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, RemoteError> {
+        let p = self.peer(node);
+        p.requests.fetch_add(1, Ordering::Relaxed);
+        let r = match tokio::time::timeout(self.opts.request_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(s)) => Err(RemoteError::of(s)),
+            Err(_) => Err(RemoteError::Down(Status::deadline_exceeded(format!(
+                "node {} did not answer within {:?}",
+                node.id, self.opts.request_timeout
+            )))),
+        };
+        if let Err(RemoteError::Down(s)) = &r {
+            p.failures.fetch_add(1, Ordering::Relaxed);
+            *p.suspect_until.lock() = Some(Instant::now() + self.opts.suspect_for);
+            tracing::debug!(node = %node.id, addr = %node.addr, status = %s, "KV peer call failed");
+        }
+        r
+    }
+
+    /// Whether `node` failed within the last `suspect_for`.
+    pub(crate) fn is_suspect(&self, node: &PeerNode) -> bool {
+        let m = self.peers.lock();
+        m.get(&node.id)
+            .and_then(|p| *p.suspect_until.lock())
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// How long to wait for `node` before asking the next candidate too.
+    pub(crate) fn hedge_delay(&self, node: &PeerNode) -> Duration {
+        self.peer(node)
+            .gets
+            .lock()
+            .quantile(0.99)
+            .unwrap_or(self.opts.hedge_default)
+            .max(self.opts.hedge_min)
+    }
+
+    pub(crate) fn count_hedge(&self, node: &PeerNode) {
+        self.peer(node).hedges.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The expected cost of fetching `bytes` from `node` on top of its own load time:
+    /// its median round trip plus the bytes at the link's measured rate.
+    pub(crate) fn hop_us(&self, node: &PeerNode, bytes: u64) -> f64 {
+        let p = self.peer(node);
+        let rtt = p.rpcs.lock().quantile(0.5).unwrap_or(DEFAULT_RTT);
+        let bps = match *p.get_bps.lock() {
+            b if b > 0.0 => b,
+            _ => DEFAULT_PEER_BPS,
+        };
+        rtt.as_secs_f64() * 1e6 + bytes as f64 / bps * 1e6
+    }
+
+    /// A Get from `node`: Some(bytes), None for a miss.
+    pub(crate) async fn remote_get(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hash: &[u8],
+    ) -> Result<Option<Bytes>, RemoteError> {
+        let started = Instant::now();
+        let mut client = self.client(node)?;
+        let req = self.request(
+            pb::GetRequest {
+                namespace: ns.to_string(),
+                hash: Bytes::copy_from_slice(hash),
+            },
+            fwd,
+        );
+        let fetched = self
+            .call(node, async {
+                let mut stream = match client.get(req).await {
+                    Ok(s) => s.into_inner(),
+                    Err(s) if s.code() == Code::NotFound => return Ok(None),
+                    Err(s) => return Err(s),
+                };
+                let mut buf = BytesMut::new();
+                let mut first = true;
+                while let Some(msg) = stream.message().await? {
+                    if first {
+                        buf.reserve(msg.size as usize);
+                        first = false;
+                    }
+                    buf.extend_from_slice(&msg.data);
+                }
+                Ok(Some(buf.freeze()))
+            })
+            .await?;
+        let p = self.peer(node);
+        let took = started.elapsed();
+        p.gets.lock().push(took);
+        if let Some(b) = &fetched {
+            p.bytes_in.fetch_add(b.len() as u64, Ordering::Relaxed);
+            if b.len() >= BW_SAMPLE_MIN && !took.is_zero() {
+                let bps = b.len() as f64 / took.as_secs_f64();
+                let mut e = p.get_bps.lock();
+                // EWMA over ~8 samples: follows a link that changes, ignores one outlier.
+                *e = if *e > 0.0 {
+                    *e * 0.875 + bps * 0.125
+                } else {
+                    bps
+                };
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// A Put of a whole block to `node`; Ok(already_present).
+    pub(crate) async fn remote_put(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hash: &[u8],
+        data: Bytes,
+    ) -> Result<bool, RemoteError> {
+        let mut client = self.client(node)?;
+        let step = self.opts.chunk_bytes.max(1);
+        let size = data.len() as u64;
+        let mut msgs = Vec::with_capacity(data.len() / step + 1);
+        let mut off = 0;
+        while off < data.len() || off == 0 {
+            let end = (off + step).min(data.len());
+            msgs.push(pb::PutRequest {
+                namespace: if off == 0 {
+                    ns.to_string()
+                } else {
+                    String::new()
+                },
+                hash: if off == 0 {
+                    Bytes::copy_from_slice(hash)
+                } else {
+                    Bytes::new()
+                },
+                size: if off == 0 { size } else { 0 },
+                data: data.slice(off..end),
+            });
+            off = end;
+            if end == data.len() {
+                break;
+            }
+        }
+        let req = self.request(futures::stream::iter(msgs), fwd);
+        let r = self
+            .call(node, async { Ok(client.put(req).await?.into_inner()) })
+            .await?;
+        if !r.already_present {
+            self.peer(node).bytes_out.fetch_add(size, Ordering::Relaxed);
+        }
+        Ok(r.already_present)
+    }
+
+    /// BatchExists on `node`.
+    pub(crate) async fn remote_exists(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hashes: Vec<Bytes>,
+    ) -> Result<Vec<bool>, RemoteError> {
+        let n = hashes.len();
+        let mut client = self.client(node)?;
+        let req = self.request(
+            pb::BatchExistsRequest {
+                namespace: ns.to_string(),
+                hashes,
+            },
+            fwd,
+        );
+        let started = Instant::now();
+        let r = self
+            .call(node, async {
+                Ok(client.batch_exists(req).await?.into_inner().exists)
+            })
+            .await?;
+        self.peer(node).rpcs.lock().push(started.elapsed());
+        if r.len() != n {
+            return Err(RemoteError::Down(Status::internal(format!(
+                "node {} answered {} of {n} keys",
+                node.id,
+                r.len()
+            ))));
+        }
+        Ok(r)
+    }
+
+    /// EstimateLoad on `node`.
+    pub(crate) async fn remote_estimate(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hashes: Vec<Bytes>,
+        block_bytes: u64,
+    ) -> Result<Vec<pb::BlockLoad>, RemoteError> {
+        let n = hashes.len();
+        let mut client = self.client(node)?;
+        let req = self.request(
+            pb::EstimateLoadRequest {
+                namespace: ns.to_string(),
+                hashes,
+                block_bytes,
+            },
+            fwd,
+        );
+        let started = Instant::now();
+        let r = self
+            .call(node, async {
+                Ok(client.estimate_load(req).await?.into_inner().blocks)
+            })
+            .await?;
+        self.peer(node).rpcs.lock().push(started.elapsed());
+        if r.len() != n {
+            return Err(RemoteError::Down(Status::internal(format!(
+                "node {} answered {} of {n} keys",
+                node.id,
+                r.len()
+            ))));
+        }
+        Ok(r)
+    }
+
+    /// Remove on `node`.
+    pub(crate) async fn remote_remove(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hashes: Vec<Bytes>,
+    ) -> Result<u32, RemoteError> {
+        let mut client = self.client(node)?;
+        let req = self.request(
+            pb::RemoveRequest {
+                namespace: ns.to_string(),
+                hashes,
+            },
+            fwd,
+        );
+        self.call(node, async {
+            Ok(client.remove(req).await?.into_inner().removed)
+        })
+        .await
+    }
+
+    /// Prefetch on `node`.
+    pub(crate) async fn remote_prefetch(
+        &self,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hashes: Vec<Bytes>,
+    ) -> Result<pb::PrefetchResponse, RemoteError> {
+        let mut client = self.client(node)?;
+        let req = self.request(
+            pb::PrefetchRequest {
+                namespace: ns.to_string(),
+                hashes,
+            },
+            fwd,
+        );
+        self.call(node, async { Ok(client.prefetch(req).await?.into_inner()) })
+            .await
+    }
+
+    /// The router's figures.
+    pub fn stats(&self) -> GroupKvStats {
+        let mut peers: Vec<PeerStats> = self
+            .peers
+            .lock()
+            .iter()
+            .map(|(id, p)| {
+                let gets = p.gets.lock();
+                PeerStats {
+                    node: id.to_string(),
+                    addr: p.addr.lock().to_string(),
+                    requests: p.requests.load(Ordering::Relaxed),
+                    failures: p.failures.load(Ordering::Relaxed),
+                    hedges: p.hedges.load(Ordering::Relaxed),
+                    bytes_in: p.bytes_in.load(Ordering::Relaxed),
+                    bytes_out: p.bytes_out.load(Ordering::Relaxed),
+                    get_p50_us: gets.quantile(0.5).map_or(0.0, |d| d.as_secs_f64() * 1e6),
+                    get_p99_us: gets.quantile(0.99).map_or(0.0, |d| d.as_secs_f64() * 1e6),
+                    suspect: p.suspect_until.lock().is_some_and(|t| Instant::now() < t),
+                }
+            })
+            .collect();
+        peers.sort_by(|a, b| a.node.cmp(&b.node));
+        GroupKvStats {
+            node: self.view.local_id().to_string(),
+            remote_hits: self.remote_hits.load(Ordering::Relaxed),
+            local_hits: self.local_hits.load(Ordering::Relaxed),
+            puts_under_replicated: self.under_replicated.load(Ordering::Relaxed),
+            puts_kept_locally: self.kept_locally.load(Ordering::Relaxed),
+            peers,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_keys_of_distinct_pairs_differ() {
+        assert_ne!(placement_key("a", b"bc"), placement_key("ab", b"c"));
+        assert_ne!(placement_key("t:m", b"\x01"), placement_key("t:m", b"\x02"));
+    }
+
+    #[test]
+    fn rings_give_quantiles_once_they_have_enough_samples() {
+        let mut r = Ring::default();
+        for i in 0..10 {
+            r.push(Duration::from_micros(i));
+        }
+        assert_eq!(r.quantile(0.99), None);
+        for i in 0..1000u64 {
+            r.push(Duration::from_micros(i % 100));
+        }
+        let p99 = r.quantile(0.99).unwrap();
+        assert!(p99 >= Duration::from_micros(95), "{p99:?}");
+        assert_eq!(r.samples.len(), RING);
+    }
+
+    #[test]
+    fn owner_refusals_are_the_callers_and_the_rest_mean_try_another() {
+        assert!(matches!(
+            RemoteError::of(Status::permission_denied("x")),
+            RemoteError::Refused(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::failed_precondition("x")),
+            RemoteError::Refused(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::unavailable("x")),
+            RemoteError::Down(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::unauthenticated("bad group token")),
+            RemoteError::Down(_)
+        ));
+    }
+}

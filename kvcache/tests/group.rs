@@ -1,0 +1,541 @@
+//! The KV service across a group of in-process nodes (issue 16), with a fixed
+//! membership: routing by key, replicas, the peer face's checks. The same code with the
+//! etcd membership and `strata serve` daemons is tested in tests/tests/kv_group.rs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::CacheEngine;
+use strata_kvcache::client::ClientOptions;
+use strata_kvcache::group::{GroupOptions, GroupView, PeerNode, Routes};
+use strata_kvcache::server::{self, KvService, ServerConfig};
+use strata_kvcache::{KvClient, TenantConfig};
+use tokio::sync::oneshot;
+
+/// A fixed group: every node knows every other's peer address; candidates of a key are
+/// the nodes ordered by a hash of (node, key), R owners then one more.
+struct FixedView {
+    me: usize,
+    addrs: Vec<String>,
+    replication: usize,
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x
+}
+
+impl GroupView for FixedView {
+    fn local_id(&self) -> Arc<str> {
+        Arc::from(format!("node-{}", self.me))
+    }
+
+    fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {
+        let nodes: Vec<PeerNode> = self
+            .addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| PeerNode {
+                id: Arc::from(format!("node-{i}")),
+                addr: Arc::from(a.as_str()),
+                local: i == self.me,
+            })
+            .collect();
+        let candidates = keys
+            .iter()
+            .map(|k| {
+                let h = k.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+                });
+                let mut order: Vec<usize> = (0..nodes.len()).collect();
+                order.sort_by_key(|n| std::cmp::Reverse(mix(h ^ ((*n as u64 + 1) * 0x9e37))));
+                order.truncate(self.replication + 1);
+                order
+            })
+            .collect();
+        Some(Routes {
+            nodes,
+            candidates,
+            replication: self.replication,
+        })
+    }
+}
+
+struct Node {
+    client_addr: String,
+    peer_addr: String,
+    service: KvService,
+    stops: Vec<oneshot::Sender<()>>,
+}
+
+impl Node {
+    fn stop(&mut self) {
+        for s in self.stops.drain(..) {
+            let _ = s.send(());
+        }
+    }
+}
+
+fn engine() -> CacheEngine {
+    CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine")
+}
+
+/// `n` nodes, each with a client listener and a peer listener on loopback.
+async fn group(n: usize, replication: usize, config: ServerConfig, token: &str) -> Vec<Node> {
+    let mut peers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        peers.push(
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+        );
+        clients.push(
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+        );
+    }
+    let addrs: Vec<String> = peers
+        .iter()
+        .map(|l| l.local_addr().expect("addr").to_string())
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, (peer, client)) in peers.into_iter().zip(clients).enumerate() {
+        let service = KvService::new(engine(), config.clone());
+        service
+            .join_group(
+                Arc::new(FixedView {
+                    me: i,
+                    addrs: addrs.clone(),
+                    replication,
+                }),
+                GroupOptions {
+                    token: Some(token.to_string()),
+                    ..Default::default()
+                },
+            )
+            .expect("join");
+        let client_addr = client.local_addr().expect("addr").to_string();
+        let (tx1, rx1) = oneshot::channel::<()>();
+        let (tx2, rx2) = oneshot::channel::<()>();
+        let svc = service.clone();
+        tokio::spawn(async move {
+            server::serve(client, svc, async {
+                let _ = rx1.await;
+            })
+            .await
+        });
+        let peer_face = service.peer_grpc();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(peer_face)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(peer),
+                    async {
+                        let _ = rx2.await;
+                    },
+                )
+                .await
+        });
+        nodes.push(Node {
+            client_addr,
+            peer_addr: addrs[i].clone(),
+            service,
+            stops: vec![tx1, tx2],
+        });
+    }
+    nodes
+}
+
+fn block(i: u32, len: usize) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|j| (j as u32).wrapping_mul(31).wrapping_add(i * 7) as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+fn hash(i: u32) -> Vec<u8> {
+    format!("h-{i:04}").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_put_through_one_node_are_found_through_every_node() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let nodes = group(3, 2, ServerConfig::default(), "group-secret").await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        let ns = "llama/t";
+        let hashes: Vec<Vec<u8>> = (0..24).map(hash).collect();
+        for (i, h) in hashes.iter().enumerate() {
+            // 3 MiB blocks: forwarded puts and gets stream several chunks.
+            let len = if i == 0 { 3 << 20 } else { 4096 + i };
+            assert!(!a.put(ns, h, block(i as u32, len)).await.expect("put"));
+        }
+        // Each block sits on exactly R = 2 nodes.
+        let held: Vec<u64> = nodes.iter().map(|n| n.service.stats().puts).collect();
+        assert_eq!(held.iter().sum::<u64>(), 48, "{held:?}");
+        for n in &nodes {
+            let mut c = KvClient::connect(&n.client_addr).await.expect("c");
+            for (i, h) in hashes.iter().enumerate() {
+                let len = if i == 0 { 3 << 20 } else { 4096 + i };
+                let got = c.get(ns, h).await.expect("get").expect("found");
+                assert_eq!(
+                    got,
+                    block(i as u32, len),
+                    "block {i} through {}",
+                    n.client_addr
+                );
+            }
+            assert_eq!(c.match_prefix(ns, &hashes).await.expect("mp"), 24);
+            let mut chain = hashes.clone();
+            chain.insert(10, b"absent".to_vec());
+            assert_eq!(c.match_prefix(ns, &chain).await.expect("mp"), 10);
+            let ex = c.batch_exists(ns, &chain).await.expect("be");
+            assert_eq!(ex.iter().filter(|e| !**e).count(), 1);
+            assert!(!ex[10]);
+            let est = c.estimate_load(ns, &chain, 1 << 20).await.expect("el");
+            assert_eq!(est.matched, 10);
+            assert!(est.blocks.iter().enumerate().all(|(i, (t, us))| {
+                (i == 10) == (*t == strata_kvcache::client::BlockTier::None)
+                    && (i == 10 || *us > 0.0)
+            }));
+            let got = c.batch_get(ns, &chain).await.expect("batch get");
+            assert_eq!(got.iter().filter(|b| b.is_some()).count(), 24);
+        }
+        // EstimateLoad includes the hop: a block asked through a node that does not
+        // hold it costs its primary's own estimate plus the hop to it.
+        let addrs: Vec<String> = nodes.iter().map(|n| n.peer_addr.clone()).collect();
+        let view = FixedView {
+            me: 0,
+            addrs,
+            replication: 2,
+        };
+        for (i, h) in hashes.iter().enumerate().skip(1) {
+            let r = view
+                .routes(&[strata_kvcache::group::placement_key(ns, h)])
+                .expect("routes");
+            let (primary, outsider) = (r.candidates[0][0], r.candidates[0][2]);
+            let est = |node: usize| {
+                let addr = nodes[node].client_addr.clone();
+                let h = h.clone();
+                async move {
+                    let mut c = KvClient::connect(&addr).await.expect("c");
+                    c.estimate_load(ns, &[h], 1 << 20)
+                        .await
+                        .expect("est")
+                        .total_us
+                }
+            };
+            let (direct, routed) = (est(primary).await, est(outsider).await);
+            assert!(
+                routed > direct && direct > 0.0,
+                "block {i}: through its owner {direct} us, through another node {routed} us"
+            );
+        }
+        let g = nodes[1].service.group_stats().expect("in a group");
+        assert!(
+            g.remote_hits > 0 && g.peers.iter().any(|p| p.bytes_in > 0),
+            "{g:?}"
+        );
+        for mut n in nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_owner_costs_no_block_with_two_replicas() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        let ns = "m/t";
+        for i in 0..30 {
+            a.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        nodes[2].stop();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for via in [0, 1] {
+            let mut c = KvClient::connect(&nodes[via].client_addr).await.expect("c");
+            for i in 0..30 {
+                let got = c.get(ns, &hash(i)).await.expect("get").expect("found");
+                assert_eq!(got, block(i, 2048));
+            }
+            let chain: Vec<Vec<u8>> = (0..30).map(hash).collect();
+            assert_eq!(c.match_prefix(ns, &chain).await.expect("mp"), 30);
+        }
+        // Puts while node 2 is down land on the two live nodes (its substitute).
+        for i in 100..120 {
+            a.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        let g = nodes[0].service.group_stats().expect("group");
+        assert_eq!(g.puts_under_replicated, 0, "{g:?}");
+        let mut b = KvClient::connect(&nodes[1].client_addr).await.expect("b");
+        for i in 100..120 {
+            assert_eq!(
+                b.get(ns, &hash(i)).await.expect("get"),
+                Some(block(i, 2048))
+            );
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_stay_apart_across_the_group_and_peers_need_the_token() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let tenant = |name: &str, token: &str| TenantConfig {
+            name: name.into(),
+            token: token.into(),
+            namespaces: vec!["m-*".into()],
+            quota_bytes: 64 << 20,
+        };
+        let config = ServerConfig {
+            tenants: vec![tenant("a", "tok-a"), tenant("b", "tok-b")],
+            ..Default::default()
+        };
+        let nodes = group(3, 1, config, "group-secret").await;
+        let as_tenant = |addr: &str, token: &str| {
+            let addr = addr.to_string();
+            let token = token.to_string();
+            async move {
+                KvClient::connect_with(
+                    &addr,
+                    ClientOptions {
+                        token: Some(token),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("connect")
+            }
+        };
+        let mut a0 = as_tenant(&nodes[0].client_addr, "tok-a").await;
+        for i in 0..12 {
+            a0.put("m-1", &hash(i), block(i, 2048)).await.expect("put");
+        }
+        let mut a2 = as_tenant(&nodes[2].client_addr, "tok-a").await;
+        let mut b2 = as_tenant(&nodes[2].client_addr, "tok-b").await;
+        let chain: Vec<Vec<u8>> = (0..12).map(hash).collect();
+        assert_eq!(a2.match_prefix("m-1", &chain).await.expect("mp"), 12);
+        assert_eq!(b2.match_prefix("m-1", &chain).await.expect("mp"), 0);
+        for i in 0..12 {
+            let got = a2.get("m-1", &hash(i)).await.expect("get");
+            assert!(
+                got.is_some(),
+                "block {i}: {:?}",
+                nodes[2].service.group_stats()
+            );
+            assert!(b2.get("m-1", &hash(i)).await.expect("get").is_none());
+        }
+        // A tenant's patterns hold at every node: "x-1" is refused wherever it lands.
+        let e = a2.put("x-1", &hash(0), block(0, 2048)).await.unwrap_err();
+        assert!(
+            format!("{e}").contains("PermissionDenied")
+                || format!("{e:?}").contains("PermissionDenied"),
+            "{e:?}"
+        );
+        // The peer face: no group token, no answer; a wrong one, none either; the
+        // right one without a tenant, refused; a tenant token is no group token.
+        let ask = |token: Option<&'static str>, tenant: Option<&'static str>| {
+            let addr = nodes[0].peer_addr.clone();
+            async move {
+                let mut c = KvClient::connect(&addr).await.expect("peer connect");
+                let mut req = tonic::Request::new(strata_kvcache::pb::MatchPrefixRequest {
+                    namespace: "m-1".into(),
+                    hashes: (0..12).map(|i| Bytes::from(hash(i))).collect(),
+                });
+                if let Some(t) = token {
+                    req.metadata_mut().insert(
+                        strata_kvcache::group::GROUP_TOKEN_METADATA,
+                        format!("Bearer {t}").parse().expect("ascii"),
+                    );
+                }
+                if let Some(t) = tenant {
+                    req.metadata_mut().insert(
+                        strata_kvcache::group::PEER_TENANT_METADATA,
+                        t.parse().expect("ascii"),
+                    );
+                }
+                c.raw()
+                    .match_prefix(req)
+                    .await
+                    .map(|r| r.into_inner().matched)
+            }
+        };
+        assert_eq!(
+            ask(None, Some("a")).await.unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            ask(Some("tok-a"), Some("a")).await.unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            ask(Some("group-secret"), None).await.unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            ask(Some("group-secret"), Some("nobody"))
+                .await
+                .unwrap_err()
+                .code(),
+            tonic::Code::PermissionDenied
+        );
+        // With the token and tenant a: node 0's own blocks of a's key space, never
+        // forwarded further (the peer face serves locally).
+        let local = ask(Some("group-secret"), Some("a"))
+            .await
+            .expect("peer answer");
+        assert!(
+            local < 12,
+            "the peer face answered for the whole group: {local}"
+        );
+        assert_eq!(
+            ask(Some("group-secret"), Some("b"))
+                .await
+                .expect("peer answer"),
+            0
+        );
+        for mut n in nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
+
+/// A view with fixed candidates for every key (the test picks who is "owner").
+struct Scripted {
+    me: usize,
+    nodes: Vec<(String, String)>,
+    candidates: Vec<usize>,
+    replication: usize,
+}
+
+impl GroupView for Scripted {
+    fn local_id(&self) -> Arc<str> {
+        Arc::from(self.nodes[self.me].0.as_str())
+    }
+
+    fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {
+        Some(Routes {
+            nodes: self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, (id, addr))| PeerNode {
+                    id: Arc::from(id.as_str()),
+                    addr: Arc::from(addr.as_str()),
+                    local: i == self.me,
+                })
+                .collect(),
+            candidates: vec![self.candidates.clone(); keys.len()],
+            replication: self.replication,
+        })
+    }
+}
+
+/// An owner that accepts connections and never answers (a wedged host): a Get through
+/// another node is hedged to the next candidate after the owner's hedge delay and
+/// answers from there, long before the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_owner_is_hedged_with_the_next_candidate() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let hole = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let hole_addr = hole.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = hole.accept().await {
+                held.push(s);
+            }
+        });
+        let peer_b = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let peer_b_addr = peer_b.local_addr().expect("addr").to_string();
+        let nodes = vec![
+            ("a".to_string(), "127.0.0.1:1".to_string()),
+            ("hole".to_string(), hole_addr),
+            ("b".to_string(), peer_b_addr),
+        ];
+        // b holds the block (its own view: it is the only candidate, stored locally).
+        let b = KvService::new(engine(), ServerConfig::default());
+        b.join_group(
+            Arc::new(Scripted {
+                me: 2,
+                nodes: nodes.clone(),
+                candidates: vec![2],
+                replication: 1,
+            }),
+            GroupOptions {
+                token: Some("t".into()),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        let face = b.peer_grpc();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(face)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(peer_b))
+                .await
+        });
+        let b_client = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let b_client_addr = b_client.local_addr().expect("addr").to_string();
+        let svc = b.clone();
+        tokio::spawn(async move { server::serve(b_client, svc, std::future::pending()).await });
+        let mut cb = KvClient::connect(&b_client_addr).await.expect("b");
+        cb.put("m/t", b"k", block(1, 4096)).await.expect("put");
+        // a: the wedged node is the owner (R = 1), b the next candidate.
+        let a = KvService::new(engine(), ServerConfig::default());
+        a.join_group(
+            Arc::new(Scripted {
+                me: 0,
+                nodes,
+                candidates: vec![1, 2],
+                replication: 1,
+            }),
+            GroupOptions {
+                token: Some("t".into()),
+                request_timeout: Duration::from_secs(20),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        let a_client = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let a_addr = a_client.local_addr().expect("addr").to_string();
+        let svc = a.clone();
+        tokio::spawn(async move { server::serve(a_client, svc, std::future::pending()).await });
+        let mut ca = KvClient::connect(&a_addr).await.expect("a");
+        let started = std::time::Instant::now();
+        let got = ca.get("m/t", b"k").await.expect("get");
+        let took = started.elapsed();
+        assert_eq!(got, Some(block(1, 4096)));
+        assert!(took < Duration::from_secs(2), "took {took:?}: not hedged");
+        let g = a.group_stats().expect("group");
+        let hole = g.peers.iter().find(|p| p.node == "hole").expect("hole");
+        assert!(hole.hedges >= 1, "{g:?}");
+    })
+    .await
+    .expect("within 30 s");
+}

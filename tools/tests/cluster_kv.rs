@@ -1,0 +1,284 @@
+//! The KV service across the cache group (issue 16) with a real etcd and three real
+//! `strata serve` daemons on loopback ([`strata_tools::bench::group`]): blocks put
+//! through one node are found, byte for byte, through every node; with R = 2 a node
+//! killed with SIGKILL loses no block and Gets keep answering, before and after the
+//! group converges; a node rejoining with its warm disk tier serves its blocks again;
+//! with etcd stopped the nodes keep routing by the last membership. `strata stats
+//! --cluster [--json]` and the per-peer metrics over the same group. Every test bounds
+//! its own time.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_kvcache::KvClient;
+use strata_tools::bench::group::{wait_until, Group, GroupSpec};
+
+fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata"))
+}
+
+/// Runs `f` on a thread and fails the test if it takes longer than `secs`.
+fn bounded<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(_) => panic!("the test took longer than {secs} s"),
+    }
+}
+
+fn spec() -> GroupSpec {
+    GroupSpec {
+        binary: binary(),
+        nodes: 3,
+        mounts: false,
+        ..GroupSpec::default()
+    }
+}
+
+const NS: &str = "llama3-8b/team";
+
+fn hash(i: u32) -> Vec<u8> {
+    format!("chain-{i:05}").into_bytes()
+}
+
+/// Block `i`: its own bytes, 16 KiB (block 0: 3 MiB, several messages each way).
+fn block(i: u32) -> Bytes {
+    let len = if i == 0 { 3 << 20 } else { 16 << 10 };
+    Bytes::from(
+        (0..len)
+            .map(|j: usize| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i) as u8)
+            .collect::<Vec<u8>>(),
+    )
+}
+
+async fn client(g: &Group, node: usize) -> KvClient {
+    KvClient::connect(&g.nodes[node].kv)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", g.nodes[node].id))
+}
+
+async fn put_all(g: &Group, node: usize, range: std::ops::Range<u32>) {
+    let mut c = client(g, node).await;
+    for i in range {
+        c.put(NS, &hash(i), block(i))
+            .await
+            .unwrap_or_else(|e| panic!("put {i} through {}: {e}", g.nodes[node].id));
+    }
+}
+
+/// Every block of `range` through `node`, byte-exact; panics on the first wrong one.
+async fn get_all(g: &Group, node: usize, range: std::ops::Range<u32>) {
+    let mut c = client(g, node).await;
+    for i in range {
+        let got = c
+            .get(NS, &hash(i))
+            .await
+            .unwrap_or_else(|e| panic!("get {i} through {}: {e}", g.nodes[node].id));
+        assert!(
+            got.as_ref() == Some(&block(i)),
+            "block {i} through {}: {}",
+            g.nodes[node].id,
+            match got {
+                None => "missing".to_string(),
+                Some(b) => format!("{} wrong bytes of {}", b.len(), block(i).len()),
+            }
+        );
+    }
+}
+
+fn kv_group(g: &Group, node: usize) -> serde_json::Value {
+    let s = g.nodes[node].stats().expect("stats");
+    s["kv"]["group"].clone()
+}
+
+#[test]
+fn kv_blocks_put_through_a_are_found_through_b_and_c_and_stats_cluster_shows_the_group() {
+    bounded(150, || {
+        let g = Group::start(spec()).expect("group starts");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            put_all(&g, 0, 0..40).await;
+            for node in [1, 2, 0] {
+                get_all(&g, node, 0..40).await;
+                let mut c = client(&g, node).await;
+                let chain: Vec<Vec<u8>> = (0..40).map(hash).collect();
+                assert_eq!(c.match_prefix(NS, &chain).await.expect("match"), 40);
+                let mut broken = chain.clone();
+                broken.insert(25, b"never-put".to_vec());
+                assert_eq!(c.match_prefix(NS, &broken).await.expect("match"), 25);
+                let est = c
+                    .estimate_load(NS, &broken, 16 << 10)
+                    .await
+                    .expect("estimate");
+                assert_eq!(est.matched, 25);
+                assert!(est.total_us > 0.0, "{est:?}");
+            }
+        });
+        // R = 2: every block stored on two nodes, so the stores over the group are
+        // twice the blocks, spread by placement.
+        let stored: Vec<u64> = (0..3)
+            .map(|n| {
+                let s = g.nodes[n].stats().expect("stats");
+                s["kv"]["puts"].as_u64().unwrap_or(0)
+                    - s["kv"]["puts_already_present"].as_u64().unwrap_or(0)
+            })
+            .collect();
+        assert_eq!(stored.iter().sum::<u64>(), 80, "{stored:?}");
+        assert!(stored.iter().all(|s| *s > 0), "{stored:?}");
+        // The entry node sent the blocks it does not own to their owners.
+        let a = kv_group(&g, 0);
+        let sent: u64 = a["peers"]
+            .as_array()
+            .expect("peers")
+            .iter()
+            .map(|p| p["bytes_out"].as_u64().unwrap_or(0))
+            .sum();
+        assert!(sent > 0, "{a}");
+        // Per-peer KV metrics for Prometheus.
+        let m = g.nodes[1].metrics().expect("metrics");
+        assert!(
+            m.contains("strata_kv_peer_requests_total{peer=\"node-a\"}")
+                || m.contains("strata_kv_peer_requests_total{peer=\"node-c\"}"),
+            "{m}"
+        );
+        assert!(m.contains("strata_kv_group_remote_hits_total"), "{m}");
+
+        // `strata stats --cluster --json`: every node, its share of the keys, the
+        // peer bytes; the text form names every node.
+        let out = std::process::Command::new(binary())
+            .args([
+                "stats",
+                "--cluster",
+                "--json",
+                "--endpoint",
+                &g.nodes[1].admin,
+            ])
+            .output()
+            .expect("strata stats --cluster");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let nodes = r["nodes"].as_array().expect("nodes");
+        assert_eq!(nodes.len(), 3, "{r}");
+        let mut shares = 0.0;
+        let mut blocks = 0;
+        for n in nodes {
+            assert_eq!(n["reachable"], true, "{n}");
+            shares += n["share_of_keys"].as_f64().expect("share");
+            blocks += n["kv_blocks_stored"].as_u64().expect("blocks");
+            assert!(n["expected_share"].as_f64().expect("expected") > 0.1, "{n}");
+        }
+        assert_eq!(blocks, 80, "{r}");
+        assert!((shares - 1.0).abs() < 1e-9, "{r}");
+        assert!(r["peer_bytes_in"].as_u64().expect("in") > 3 << 20, "{r}");
+        assert!(r["peer_bytes_out"].as_u64().expect("out") > 3 << 20, "{r}");
+        let out = std::process::Command::new(binary())
+            .args(["stats", "--cluster", "--endpoint", &g.nodes[0].admin])
+            .output()
+            .expect("strata stats --cluster");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for id in ["node-a", "node-b", "node-c"] {
+            assert!(text.contains(id), "{text}");
+        }
+    });
+}
+
+#[test]
+fn kill_9_of_a_node_loses_no_kv_block_with_r2_and_its_rejoin_serves_its_blocks_again() {
+    bounded(180, || {
+        let mut g = Group::start(spec()).expect("group starts");
+        let ttl = Duration::from_secs(g.spec.lease_ttl_secs);
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(put_all(&g, 0, 0..60));
+        g.nodes[2].kill9();
+        // At once, while the dead node is still a member: every Get answers from the
+        // other replica (node-c's blocks were on two nodes).
+        rt.block_on(async {
+            get_all(&g, 0, 0..60).await;
+            get_all(&g, 1, 0..60).await;
+        });
+        // Puts while it is down land on live nodes only (a substitute for the dead
+        // owner), still R copies.
+        rt.block_on(put_all(&g, 1, 100..130));
+        let b = kv_group(&g, 1);
+        assert_eq!(b["puts_under_replicated"], 0, "{b}");
+        assert_eq!(b["puts_kept_locally"], 0, "{b}");
+        // The group converges after the lease TTL; Gets keep answering throughout.
+        g.wait_members(2, 2 * ttl + Duration::from_secs(3))
+            .expect("the dead node leaves after its lease TTL");
+        rt.block_on(async {
+            get_all(&g, 0, 0..60).await;
+            get_all(&g, 1, 100..130).await;
+        });
+        // The dead node comes back on its warm cache dir and serves its blocks again.
+        g.nodes[2].restart().expect("restart on the warm cache dir");
+        g.wait_members(3, Duration::from_secs(20)).expect("rejoins");
+        rt.block_on(async {
+            get_all(&g, 2, 0..60).await;
+            get_all(&g, 0, 0..60).await;
+            get_all(&g, 1, 0..60).await;
+            get_all(&g, 2, 100..130).await;
+        });
+        let c = kv_group(&g, 2);
+        // Its counters started at the restart: what it served, it served since.
+        let served = c["served_bytes_out"].as_u64().unwrap_or(0);
+        assert!(
+            served > 0,
+            "node-c served none of its blocks after rejoining: {c}"
+        );
+    });
+}
+
+#[test]
+fn with_etcd_down_kv_keeps_routing_by_the_last_membership() {
+    bounded(150, || {
+        let mut g = Group::start(spec()).expect("group starts");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(put_all(&g, 0, 0..30));
+        g.etcd.kill();
+        // Longer than the lease TTL: without etcd nobody expires, the membership is
+        // the last one seen.
+        std::thread::sleep(Duration::from_secs(g.spec.lease_ttl_secs + 1));
+        rt.block_on(async {
+            get_all(&g, 1, 0..30).await;
+            get_all(&g, 2, 0..30).await;
+            put_all(&g, 2, 200..220).await;
+            get_all(&g, 0, 200..220).await;
+        });
+        let s = g.nodes[1].stats().expect("stats");
+        assert_eq!(s["cluster"]["connected"], false, "{}", s["cluster"]);
+        assert_eq!(
+            s["cluster"]["members"].as_array().map(Vec::len),
+            Some(3),
+            "{}",
+            s["cluster"]
+        );
+        g.etcd.restart();
+        g.wait_members(3, Duration::from_secs(30))
+            .expect("every node registers again");
+        wait_until(Duration::from_secs(20), "nodes see etcd again", || {
+            g.nodes[1]
+                .stats()
+                .map(|s| s["cluster"]["connected"] == true)
+                .unwrap_or(false)
+        })
+        .expect("reconnected");
+        rt.block_on(async {
+            get_all(&g, 1, 0..30).await;
+            get_all(&g, 0, 200..220).await;
+        });
+    });
+}
