@@ -43,7 +43,10 @@ Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``
 ``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
 ``revision`` (overrides the model config's revision, e.g. a weights checksum),
 ``min_load_blocks`` (default 1), ``timeout_s`` (default 30), ``prefill_us_per_token``
-(default: measured), ``load_or_recompute`` (default true), ``layerwise`` (default false).
+(default: measured), ``load_or_recompute`` (default true), ``layerwise`` (default false), ``shm`` (default: true
+for a ``unix://`` address: a worker attaches to the daemon's shared-memory arena and
+copies each loaded block straight from it into the KV cache, one copy instead of the
+socket's; off, or no arena: the bytes come through the socket).
 
 Load or recompute: a stored prefix is loaded only as far as loading beats recomputing
 it. The service's ``EstimateLoad`` gives each block's expected load time from the
@@ -62,6 +65,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -269,8 +273,17 @@ class StrataConnector(KVConnectorBase_V1):
         self.pp_size = int(pc.pipeline_parallel_size)
         # The namespace binds to the engine-wide identity; LoRA and salt only change keys.
         self.timeout_s = float(get("timeout_s", 30.0))
-        self.client = KvClient(self.addr, namespace=self.namespace, token=token,
-                               timeout=self.timeout_s, identity=self.identity)
+        # Only a worker loads blocks: only a worker attaches to the arena.
+        self.shm = (role == KVConnectorRole.WORKER
+                    and bool(get("shm", str(self.addr).startswith("unix:"))))
+        try:
+            self.client = KvClient(self.addr, namespace=self.namespace, token=token,
+                                   timeout=self.timeout_s, identity=self.identity, shm=self.shm)
+        except OSError as e:  # no arena (off, or tenants): bytes through the socket
+            logger.warning("strata: shared memory unavailable (%s); loading through the socket", e)
+            self.shm = False
+            self.client = KvClient(self.addr, namespace=self.namespace, token=token,
+                                   timeout=self.timeout_s, identity=self.identity)
 
         # kv_producer only stores, kv_consumer only loads, kv_both does both.
         self.loads_enabled = bool(cfg.is_kv_consumer)
@@ -305,7 +318,7 @@ class StrataConnector(KVConnectorBase_V1):
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
-                      "recompute_chosen_blocks": 0}
+                      "recompute_chosen_blocks": 0, "shm_reads": 0}
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -542,9 +555,36 @@ class StrataConnector(KVConnectorBase_V1):
         if value[: len(LAYER_MAGIC)] != LAYER_MAGIC or value[len(LAYER_MAGIC) : HEADER_BYTES] != self._layer_digests[name]:
             return False
         view = self._layer_view(name, block_id)
-        src = torch.frombuffer(bytearray(value[HEADER_BYTES:]), dtype=torch.uint8)
+        src = _as_uint8(value)[HEADER_BYTES:]
         view.copy_(src.view(view.dtype).view(view.shape), non_blocking=False)
         return True
+
+    def _fetch_into(self, keys: List[bytes], fill) -> List[bool]:
+        """Fetches ``keys`` and hands each value (or None) to ``fill(i, value)``, which
+        copies it into the cache and says whether it fit. Attached to the arena: each
+        value is read in place there and released once copied; else one BatchGet."""
+        if not self.shm:
+            try:
+                values = self.client.batched_get(keys)
+            except KvError as e:
+                self._refused("load", e)
+                values = [None] * len(keys)
+            return [fill(i, v) for i, v in enumerate(values)]
+        out = []
+        for i, key in enumerate(keys):
+            try:
+                view = self.client.get_view(key)
+            except KvError as e:
+                self._refused("load", e)
+                return out + [fill(j, None) for j in range(i, len(keys))]
+            if view is None:
+                out.append(fill(i, None))
+                continue
+            with view:
+                if view.shared:
+                    self.stats["shm_reads"] += 1
+                out.append(fill(i, view.data))
+        return out
 
     def _block_views(self, block_id: int) -> List[torch.Tensor]:
         k = self._kernel_blocks
@@ -561,7 +601,7 @@ class StrataConnector(KVConnectorBase_V1):
             return False
         if value[: len(VALUE_MAGIC)] != VALUE_MAGIC or value[len(VALUE_MAGIC) : HEADER_BYTES] != self._layout_digest:
             return False
-        buf = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        buf = _as_uint8(value)
         off = HEADER_BYTES
         for view in self._block_views(block_id):
             n = view.numel() * view.element_size()
@@ -572,19 +612,11 @@ class StrataConnector(KVConnectorBase_V1):
 
     def _load(self, transfer: BlockTransfer) -> None:
         keys = [rank_key(h, self.tp_rank, self.pp_rank) for h, _ in transfer.blocks]
-        failed: List[int] = []
-        try:
-            values = self.client.batched_get(keys)
-        except KvError as e:
-            self._refused("load", e)
-            values = [None] * len(keys)
         ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
         with ctx:
-            for (_, block_id), value in zip(transfer.blocks, values):
-                if self._unpack_into(block_id, value):
-                    self.stats["loaded_blocks"] += 1
-                else:
-                    failed.append(block_id)
+            ok = self._fetch_into(keys, lambda i, v: self._unpack_into(transfer.blocks[i][1], v))
+        failed = [b for (_, b), good in zip(transfer.blocks, ok) if not good]
+        self.stats["loaded_blocks"] += len(ok) - len(failed)
         if self._load_stream is not None:
             self._load_stream.synchronize()
         with self._lock:
@@ -614,16 +646,10 @@ class StrataConnector(KVConnectorBase_V1):
             failed: List[int] = []
             try:
                 keys = [layer_key(h, self.tp_rank, self.pp_rank, li) for h, _ in blocks]
-                try:
-                    values = self.client.batched_get(keys)
-                except KvError as e:
-                    self._refused("load", e)
-                    values = [None] * len(keys)
                 ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
                 with ctx:
-                    for (_, block_id), value in zip(blocks, values):
-                        if not self._unpack_layer_into(name, block_id, value):
-                            failed.append(block_id)
+                    ok = self._fetch_into(keys, lambda i, v: self._unpack_layer_into(name, blocks[i][1], v))
+                failed = [b for (_, b), good in zip(blocks, ok) if not good]
                 if self._load_stream is not None:
                     self._load_stream.synchronize()
             except Exception:  # noqa: BLE001 - any failure is this layer's load error
@@ -719,6 +745,17 @@ class StrataConnector(KVConnectorBase_V1):
         self._io.shutdown(wait=True)
         self._load_io.shutdown(wait=True)
         self.client.close()
+
+
+def _as_uint8(value) -> torch.Tensor:
+    """A uint8 tensor over a value's bytes without copying them: ``bytes`` from the
+    socket, or a read-only view into the shared-memory arena (only ever read from)."""
+    if isinstance(value, bytes):
+        value = bytearray(value)  # torch wants a writable buffer; bytes are immutable
+        return torch.frombuffer(value, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": only read
+        return torch.frombuffer(value, dtype=torch.uint8)
 
 
 def _ranks() -> Tuple[int, int]:

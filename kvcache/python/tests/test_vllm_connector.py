@@ -69,11 +69,13 @@ def models(tmp_path_factory):
 
 
 def engine_config(model, server, namespace, revision=None, failure_policy="recompute", step_tokens=1024, lora=False,
-                  layerwise=False):
+                  layerwise=False, shm=None):
     mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
     extra = {"strata_addr": server["unix"], "namespace": namespace}
     if layerwise:
         extra["layerwise"] = True
+    if shm is not None:
+        extra["shm"] = shm
     if revision is not None:
         extra["revision"] = revision
     kt = KVTransferConfig(kv_connector="StrataConnector", kv_connector_module_path="strata_kv.vllm",
@@ -199,11 +201,12 @@ def test_connector_class_is_the_real_base():
     assert issubclass(StrataConnector, KVConnectorBase_V1)
 
 
-def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server, models):
+@pytest.mark.parametrize("shm", [True, False], ids=["shm-arena", "socket"])
+def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server, models, shm):
     namespace = ns()
     _, written = run_writer(engine_config(models["base"], server, namespace))
 
-    b = Engine(engine_config(models["base"], server, namespace))
+    b = Engine(engine_config(models["base"], server, namespace, shm=shm))
     b.scheduler.add_request(request("b-1"))
     out, meta, recving, errors = b.step(compute=False)
     # The scheduler took load_async=True: the request waits for its KV, nothing runs.
@@ -214,6 +217,8 @@ def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server
     loaded_ids = [bid for _, bid in meta.loads[0].blocks]
     assert [b.block_bytes(i) for i in loaded_ids] == written, "loaded byte-exact"
     assert b.worker.stats["loaded_blocks"] == FULL_BLOCKS
+    # Same host: read in place in the daemon's arena, or through the socket when off.
+    assert b.worker.stats["shm_reads"] == (FULL_BLOCKS if shm else 0)
 
     # Next step: the request runs with the loaded prefix counted as computed.
     out2, meta2, _, _ = b.step()
@@ -337,6 +342,7 @@ def test_identity_refused_by_the_service_is_a_miss_and_a_load_error(server, mode
     # A refusal between lookup and load: the blocks are load errors, never filled.
     sched.client = KvClient(server["unix"], namespace=namespace, identity=sched.identity)
     b.worker.client.batched_get = refuse
+    b.worker.client.get_view = refuse  # the shared-memory path's Get
     b.scheduler.add_request(request("b-2"))
     _, meta, recving, errors = b.step(compute=False)
     assert recving == {"b-2"} and errors == {bid for _, bid in meta.loads[0].blocks}
@@ -501,6 +507,7 @@ def test_layerwise_load_runs_in_the_step_of_the_request_byte_exact(server, model
     assert errors == set() and not recving, "a synchronous load reports no finished_recving"
     assert seen == written, "each layer loaded byte-exact before its attention ran"
     assert b.worker.stats["loaded_layer_blocks"] == FULL_BLOCKS * len(LAYERS)
+    assert b.worker.stats["shm_reads"] == FULL_BLOCKS * len(LAYERS)
     assert meta.saves == [], "blocks that came from Strata are not stored again"
     # A whole-block engine in the same namespace misses the layer values (other keys).
     c = Engine(engine_config(models["base"], server, namespace))
@@ -513,14 +520,17 @@ def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
     b = Engine(engine_config(models["base"], server, namespace, layerwise=True))
     # Layer 1's fetch is held until layer 0's attention has run.
     layer0_done = threading.Event()
-    fetch = b.worker.client.batched_get
+    held = []
+    fetch = b.worker.client.get_view  # one Get per value (the shared-memory path)
+    assert b.worker.shm
 
-    def gated(keys, namespace=None):
-        if keys and keys[0][-2:] == struct.pack("<H", 1):
+    def gated(key, namespace=None):
+        if key[-2:] == struct.pack("<H", 1):
+            held.append(key)
             assert layer0_done.wait(30), "layer 0 never ran"
-        return fetch(keys, namespace)
+        return fetch(key, namespace)
 
-    b.worker.client.batched_get = gated
+    b.worker.client.get_view = gated
     b.scheduler.add_request(request("b-1"))
     checked = []
 
@@ -537,6 +547,7 @@ def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
 
     _, _, _, errors = b.step(on_layer=on_layer)
     assert checked == LAYERS and errors == set()
+    assert len(held) == FULL_BLOCKS, "layer 1's fetches were held"
 
 
 def test_layerwise_save_sends_each_layer_as_soon_as_it_is_written(server, models):
