@@ -12,6 +12,8 @@
 //! - [`shm`], [`shm_client`]: the same-host zero-copy path (a shared-memory arena
 //!   handed over the Unix socket; Gets answered with leased offsets).
 //! - [`tenants`]: tenants' tokens, namespace patterns, key spaces and quotas.
+//! - [`wire`]: `Get` encoded and decoded without copying blocks (tonic copies each
+//!   message once on each end).
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 mod blocks;
@@ -26,6 +28,7 @@ pub mod shm_client;
 pub mod staging;
 pub mod stats;
 pub mod tenants;
+pub mod wire;
 
 /// Generated protobuf messages and service of `strata.kv.v1`.
 pub mod pb {
