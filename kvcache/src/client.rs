@@ -88,6 +88,10 @@ pub struct PrefetchOutcome {
 #[derive(Clone)]
 pub struct KvClient {
     inner: KvCacheClient<Channel>,
+    /// The same connection, for `Get`, which this client decodes itself (`wire.rs`).
+    channel: Channel,
+    /// Scheme and authority of the requests sent on `channel`.
+    origin: Uri,
     token: Option<MetadataValue<tonic::metadata::Ascii>>,
     identity: Option<MetadataValue<tonic::metadata::Ascii>>,
     chunk_bytes: usize,
@@ -146,6 +150,7 @@ impl KvClient {
     }
 
     pub async fn connect_with(addr: &str, opts: ClientOptions) -> Result<Self> {
+        let mut origin = Uri::from_static("http://localhost");
         let channel = if let Some(path) = addr.strip_prefix("unix://") {
             let path = PathBuf::from(path);
             // The URI is ignored by the connector; it must merely parse.
@@ -169,6 +174,7 @@ impl KvClient {
                 Endpoint::from_shared(url.clone())
                     .map_err(|e| KvError::Config(format!("bad address {addr:?}: {e}")))?,
             );
+            origin = ep.uri().clone();
             if url.starts_with("https://") {
                 crate::ensure_crypto_provider();
                 let mut tls = ClientTlsConfig::new();
@@ -194,7 +200,7 @@ impl KvClient {
             None => None,
         };
         Ok(KvClient {
-            inner: KvCacheClient::new(channel)
+            inner: KvCacheClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             token,
@@ -204,6 +210,8 @@ impl KvClient {
                 .transpose()
                 .map_err(|_| KvError::Config("identity digest as metadata".into()))?,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            channel,
+            origin,
             shm: None,
             shm_session: None,
         })
@@ -286,14 +294,44 @@ impl KvClient {
             req.metadata_mut()
                 .insert(crate::shm::SHM_SESSION_METADATA, s.clone());
         }
-        let mut stream = match self.inner.get(req).await {
-            Ok(r) => r.into_inner(),
-            Err(s) if s.code() == tonic::Code::NotFound && s.message() == "block not found" => {
+        let (metadata, _, msg) = req.into_parts();
+        // The first message (size, or a lease), then the chunks of an inline block:
+        // one chunk is kept as it came (sliced out of its frame), several are gathered.
+        let mut first: Option<pb::GetResponse> = None;
+        let mut gathered: Option<BytesMut> = None;
+        let r = crate::wire::call_get(
+            &mut self.channel,
+            &self.origin,
+            metadata,
+            &msg,
+            MAX_MESSAGE_BYTES,
+            |m| {
+                match (&mut first, &mut gathered) {
+                    (None, _) => first = Some(m),
+                    (Some(f), None) => {
+                        // The declared size, within the largest block a server stores.
+                        let cap = (f.size as usize).min(strata_cache_core::key::KV_BLOCK_MAX);
+                        let mut buf = BytesMut::with_capacity(cap);
+                        buf.extend_from_slice(&std::mem::take(&mut f.data));
+                        buf.extend_from_slice(&m.data);
+                        gathered = Some(buf);
+                    }
+                    (Some(_), Some(buf)) => buf.extend_from_slice(&m.data),
+                }
+                Ok(true)
+            },
+        )
+        .await;
+        match r {
+            Ok(()) => {}
+            Err(KvError::Status(s))
+                if s.code() == tonic::Code::NotFound && s.message() == "block not found" =>
+            {
                 return Ok(None)
             }
-            Err(s) => return Err(s.into()),
-        };
-        let Some(first) = stream.message().await? else {
+            Err(e) => return Err(e),
+        }
+        let Some(first) = first else {
             return Err(KvError::Invalid("empty Get stream".into()));
         };
         let size = first.size as usize;
@@ -317,21 +355,17 @@ impl KvClient {
                 len: first.size,
             }));
         }
-        if first.data.len() == size {
-            return Ok(Some(Block::Inline(first.data)));
-        }
-        let mut buf = BytesMut::with_capacity(size);
-        buf.extend_from_slice(&first.data);
-        while let Some(m) = stream.message().await? {
-            buf.extend_from_slice(&m.data);
-        }
-        if buf.len() != size {
+        let data = match gathered {
+            Some(buf) => buf.freeze(),
+            None => first.data,
+        };
+        if data.len() != size {
             return Err(KvError::Truncated {
-                got: buf.len() as u64,
+                got: data.len() as u64,
                 declared: size as u64,
             });
         }
-        Ok(Some(Block::Inline(buf.freeze())))
+        Ok(Some(Block::Inline(data)))
     }
 
     /// Fetches several blocks; `None` for each one not cached.
@@ -485,10 +519,12 @@ impl KvClient {
 }
 
 fn tune(ep: Endpoint) -> Endpoint {
-    // Same windows and frame size as the server (see `ServerConfig`): the frame size a
-    // client advertises bounds the DATA frames the server sends it. No Nagle delay.
+    // Same windows as the server (see `ServerConfig`). The frame size a client
+    // advertises bounds the DATA frames the server sends it. No Nagle delay.
     ep.tcp_nodelay(true)
         .initial_stream_window_size(8 << 20)
         .initial_connection_window_size(32 << 20)
-        .max_frame_size((1u32 << 20) - 1)
+        // The largest frame HTTP/2 allows (2^24 - 1): a Get's block chunk (1 MiB by
+        // default) then arrives as one frame, which `wire.rs` slices instead of copying.
+        .max_frame_size((1u32 << 24) - 1)
 }

@@ -16,6 +16,8 @@
 //!   the peer face, per-peer figures.
 //! - [`routing`]: the cache group's KV routing planner (pure): whom to ask about which
 //!   key, batched per owner, and what the answers mean.
+//! - [`wire`]: `Get` encoded and decoded without copying blocks (tonic copies each
+//!   message once on each end).
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
 mod blocks;
@@ -32,6 +34,7 @@ pub mod shm_client;
 pub mod staging;
 pub mod stats;
 pub mod tenants;
+pub mod wire;
 
 /// Generated protobuf messages and service of `strata.kv.v1`.
 pub mod pb {

@@ -410,21 +410,28 @@ impl KvService {
     }
 
     /// The tonic service, with the token check and message limits applied.
-    pub fn grpc(
-        &self,
-    ) -> tonic::service::interceptor::InterceptedService<KvCacheServer<KvService>, TokenCheck> {
+    /// `Get` is encoded without copying blocks (`wire.rs`); every other method is
+    /// tonic's generated server behind the same interceptor.
+    pub fn grpc(&self) -> crate::wire::GrpcService {
         let max = self.inner.config.max_message_bytes;
         let svc = KvCacheServer::new(self.clone())
             .max_decoding_message_size(max)
             .max_encoding_message_size(max.max(self.inner.config.chunk_bytes + 1024));
-        tonic::service::interceptor::InterceptedService::new(
-            svc,
-            TokenCheck {
-                token: self.inner.config.token.clone().map(Arc::from),
-                tenants: self.inner.tenants.clone(),
-                stats: self.clone(),
-            },
+        let check = TokenCheck {
+            token: self.inner.config.token.clone().map(Arc::from),
+            tenants: self.inner.tenants.clone(),
+            stats: self.clone(),
+        };
+        crate::wire::GrpcService::new(
+            self.clone(),
+            check.clone(),
+            tonic::service::interceptor::InterceptedService::new(svc, check),
         )
+    }
+
+    /// Largest gRPC message accepted (`ServerConfig::max_message_bytes`).
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.inner.config.max_message_bytes
     }
 
     pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
@@ -871,7 +878,7 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
 
 /// A Get's response stream; tells the load model when the last chunk left.
 struct TimedStream<S> {

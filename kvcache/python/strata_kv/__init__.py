@@ -16,6 +16,7 @@ from .keys import (
     block_hash_v2,
     chain_hashes_v1,
     chain_hashes_v2,
+    layer_key,
     rank_key,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "block_hash_v2",
     "chain_hashes_v1",
     "chain_hashes_v2",
+    "layer_key",
     "rank_key",
 ]
 __version__ = "0.1.0"

@@ -187,3 +187,13 @@ def rank_key(block_hash: bytes, tp_rank: int = 0, pp_rank: int = 0) -> bytes:
     if not (0 <= tp_rank < 1 << 16 and 0 <= pp_rank < 1 << 16):
         raise ValueError(f"ranks must fit 16 bits: tp {tp_rank}, pp {pp_rank}")
     return bytes(block_hash) + struct.pack("<HH", tp_rank, pp_rank)
+
+
+def layer_key(block_hash: bytes, tp_rank: int, pp_rank: int, layer: int) -> bytes:
+    """The key of one layer of one rank's share of a block (the vLLM connector's
+    layer-by-layer mode): :func:`rank_key` then le_u16 layer index (38 bytes), so a
+    layer's values load and store on their own while the forward pass runs."""
+    if not 0 <= layer < 1 << 16:
+        raise ValueError(f"layer index must fit 16 bits: {layer}")
+    return rank_key(block_hash, tp_rank, pp_rank) + struct.pack("<H", layer)
+

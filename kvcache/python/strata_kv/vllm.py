@@ -22,11 +22,31 @@ What it does, per request:
   and the block's bytes for every layer; a value whose header or size does not match
   is a load error (the blocks are recomputed), never copied into the cache.
 
+Layer by layer (extra config ``"layerwise": true``): each layer of a rank's block is
+its own value (:func:`strata_kv.layer_key`), the lookup answers ``load_async=False`` so
+the request runs in the step its KV loads in, ``start_load_kv`` starts fetching the
+layers in order and ``wait_for_layer_load`` waits only for its own layer, so layer
+``i``'s attention runs while layers ``i+1..`` are still arriving; ``save_kv_layer``
+copies each layer's finished blocks out as soon as the layer has written them and sends
+them while the next layers compute. Whole-block values (the default) suit a cache
+whose loads take longer than a step: the request then waits off the GPU while others
+run. The two modes' keys differ (36 vs 38 bytes), so they miss, never misread, each
+other's blocks in a shared namespace.
+
+Hybrid models (several KV cache groups: sliding window + full attention, SSM +
+attention): the connector does not implement vLLM's ``SupportsHMA``, so vLLM turns its
+hybrid KV cache manager off and gives it one group (sliding-window layers then keep
+every block); a KV cache config with several groups is refused at construction rather
+than loaded into the wrong blocks.
+
 Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
 ``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
 ``revision`` (overrides the model config's revision, e.g. a weights checksum),
 ``min_load_blocks`` (default 1), ``timeout_s`` (default 30), ``prefill_us_per_token``
-(default: measured), ``load_or_recompute`` (default true).
+(default: measured), ``load_or_recompute`` (default true), ``layerwise`` (default false), ``shm`` (default: true
+for a ``unix://`` address: a worker attaches to the daemon's shared-memory arena and
+copies each loaded block straight from it into the KV cache, one copy instead of the
+socket's; off, or no arena: the bytes come through the socket).
 
 Load or recompute: a stored prefix is loaded only as far as loading beats recomputing
 it. The service's ``EstimateLoad`` gives each block's expected load time from the
@@ -45,6 +65,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -59,7 +80,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from .client import KvClient, KvError
-from .keys import ModelIdentity, chain_hashes_v2, rank_key
+from .keys import ModelIdentity, chain_hashes_v2, layer_key, rank_key
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -73,6 +94,8 @@ logger = logging.getLogger(__name__)
 
 #: First bytes of every stored block value; the version changes when the format does.
 VALUE_MAGIC = b"STRKVv1\0"
+#: First bytes of a one-layer value (layer-by-layer mode).
+LAYER_MAGIC = b"STRKVl1\0"
 HEADER_BYTES = len(VALUE_MAGIC) + 32
 
 
@@ -212,6 +235,9 @@ class _ReqState:
     load_limit: Optional[int] = None
     #: the in-flight load: (index of its first block, its block ids)
     loading: Optional[Tuple[int, List[int]]] = None
+    #: a layer-by-layer load was handed to the workers: it ran in that step, so the
+    #: next connector output carries its errors
+    sync_load_sent: bool = False
     failed_block_ids: Set[int] = field(default_factory=set)
 
 
@@ -230,13 +256,34 @@ class StrataConnector(KVConnectorBase_V1):
         fixed = get("prefill_us_per_token", None)
         self.prefill = PrefillClock(fixed_us_per_token=float(fixed) if fixed is not None else None)
         self.load_or_recompute = bool(get("load_or_recompute", True))
+        self.layerwise = bool(get("layerwise", False))
+        groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+        if len(groups) > 1:
+            # vLLM gives a connector without SupportsHMA one group; several would need
+            # per-group block tables this connector does not keep.
+            raise ValueError(
+                f"StrataConnector handles one KV cache group, got {len(groups)} (a hybrid "
+                "model with the hybrid KV cache manager on): leave "
+                "--disable-hybrid-kv-cache-manager to vLLM's default for this connector")
+        #: Layer names in the order the model runs them (the index in layer keys).
+        self._layer_names: List[str] = list(groups[0].layer_names) if groups else []
         self.identity = model_identity_of(vllm_config, revision)
         pc = vllm_config.parallel_config
         self.tp_size = int(pc.tensor_parallel_size)
         self.pp_size = int(pc.pipeline_parallel_size)
         # The namespace binds to the engine-wide identity; LoRA and salt only change keys.
-        self.client = KvClient(self.addr, namespace=self.namespace, token=token,
-                               timeout=float(get("timeout_s", 30.0)), identity=self.identity)
+        self.timeout_s = float(get("timeout_s", 30.0))
+        # Only a worker loads blocks: only a worker attaches to the arena.
+        self.shm = (role == KVConnectorRole.WORKER
+                    and bool(get("shm", str(self.addr).startswith("unix:"))))
+        try:
+            self.client = KvClient(self.addr, namespace=self.namespace, token=token,
+                                   timeout=self.timeout_s, identity=self.identity, shm=self.shm)
+        except OSError as e:  # no arena (off, or tenants): bytes through the socket
+            logger.warning("strata: shared memory unavailable (%s); loading through the socket", e)
+            self.shm = False
+            self.client = KvClient(self.addr, namespace=self.namespace, token=token,
+                                   timeout=self.timeout_s, identity=self.identity)
 
         # kv_producer only stores, kv_consumer only loads, kv_both does both.
         self.loads_enabled = bool(cfg.is_kv_consumer)
@@ -249,12 +296,21 @@ class StrataConnector(KVConnectorBase_V1):
         # worker side
         self.tp_rank, self.pp_rank = _ranks()
         self._layers: List[Tuple[str, torch.Tensor]] = []
+        self._layer_tensors: Dict[str, torch.Tensor] = {}
+        self._layer_digests: Dict[str, bytes] = {}
+        self._layer_value_bytes: Dict[str, int] = {}
+        #: this step's layer-by-layer load: per layer, set when its blocks are in
+        self._layer_ready: Dict[str, threading.Event] = {}
+        self._layer_load_blocks: List[int] = []
         self._kernel_blocks = 1
         self._layout_digest = b""
         self._block_value_bytes = 0
         # One thread: loads and saves keep their order, and gRPC calls stay off the
         # forward pass.
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-kv")
+        # Loads on their own thread: a load the forward pass waits for must not queue
+        # behind the previous step's saves.
+        self._load_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-kv-load")
         self._io_futures: List[Any] = []
         self._lock = threading.Lock()
         self._finished_loads: Set[str] = set()
@@ -262,7 +318,7 @@ class StrataConnector(KVConnectorBase_V1):
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
-                      "recompute_chosen_blocks": 0}
+                      "recompute_chosen_blocks": 0, "shm_reads": 0}
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -296,6 +352,15 @@ class StrataConnector(KVConnectorBase_V1):
         if not hashes:
             return 0
         shares = [(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+        if self.layerwise:
+            # Every layer of every rank: the leading keys stored, in block order.
+            per_block = [(t, p, li) for t, p in shares for li in range(len(self._layer_names))]
+            keys = [layer_key(h, t, p, li) for h in hashes for t, p, li in per_block]
+            try:
+                return self.client.match_prefix(keys) // max(1, len(per_block))
+            except KvError as e:
+                self._refused("lookup", e)
+                return 0
         keys = [rank_key(h, t, p) for h in hashes for t, p in shares]
         try:
             if len(shares) == 1:
@@ -325,19 +390,26 @@ class StrataConnector(KVConnectorBase_V1):
         ext = matched * self.block_size - num_computed_tokens
         if matched < self.min_load_blocks or ext <= 0:
             return 0, False
-        return ext, True
+        # Layer by layer: the load overlaps this request's own forward pass, in the
+        # step that schedules it; whole blocks: a stage of its own (WAITING_FOR_REMOTE_KVS).
+        return ext, not self.layerwise
 
     def _worth_loading(self, hashes: Sequence[bytes], first: int, matched: int) -> int:
         """``matched`` cut to the prefix that loads faster than it recomputes."""
         rate = self.prefill.us_per_token
         if not self.load_or_recompute or rate is None or matched <= first:
             return matched
+        if self.layerwise:
+            # Layer 0's values stand for the block's; a block is that many layers.
+            keys, layers = [layer_key(h, 0, 0, 0) for h in hashes[first:matched]], max(1, len(self._layer_names))
+        else:
+            keys, layers = [rank_key(h, 0, 0) for h in hashes[first:matched]], 1
         try:
-            est = self.client.estimate_load([rank_key(h, 0, 0) for h in hashes[first:matched]])
+            est = self.client.estimate_load(keys)
         except KvError as e:
             self._refused("estimate", e)
             return matched
-        load_us = [us for _, us in est["blocks"]]
+        load_us = [us * layers for _, us in est["blocks"]]
         keep = blocks_worth_loading(load_us, rate * self.block_size)
         if keep < len(load_us):
             self.stats["recompute_chosen_blocks"] += len(load_us) - keep
@@ -357,6 +429,7 @@ class StrataConnector(KVConnectorBase_V1):
         plan = [(st.hashes[i], st.block_ids[i]) for i in range(first, last)]
         st.loading = (first, [b for _, b in plan])
         st.failed_block_ids = set()
+        st.sync_load_sent = False
         self._pending_loads.append(BlockTransfer(request.request_id, plan))
 
     def update_connector_output(self, connector_output: Any):
@@ -365,15 +438,26 @@ class StrataConnector(KVConnectorBase_V1):
         for st in self._reqs.values():
             if st.loading is not None and invalid:
                 st.failed_block_ids |= invalid.intersection(st.loading[1])
+            if st.loading is not None and st.sync_load_sent:
+                # A layer-by-layer load ran in the step this output is of: done.
+                self._load_done(st)
         for req_id in getattr(connector_output, "finished_recving", None) or ():
             st = self._reqs.get(req_id)
             if st is None or st.loading is None:
                 continue
-            first, ids = st.loading
-            if st.failed_block_ids:
-                bad = min(i for i, b in enumerate(ids) if b in st.failed_block_ids)
-                st.load_limit = first + bad
-            st.loading = None
+            self._load_done(st)
+
+    def _load_done(self, st: _ReqState) -> None:
+        """Blocks that failed to load are never offered to this request again."""
+        if st.loading is None:
+            return
+        first, ids = st.loading
+        if st.failed_block_ids:
+            bad = min(i for i, b in enumerate(ids) if b in st.failed_block_ids)
+            st.load_limit = first + bad
+        st.loading = None
+        st.sync_load_sent = False
+
 
     def _blocks_to_save(self, st: _ReqState, computed_tokens: int) -> List[Tuple[bytes, int]]:
         if not self.saves_enabled:
@@ -387,6 +471,11 @@ class StrataConnector(KVConnectorBase_V1):
         self.prefill.step(time.monotonic(), sum(scheduler_output.num_scheduled_tokens.values()))
         meta = StrataConnectorMetadata(loads=self._pending_loads)
         self._pending_loads = []
+        if self.layerwise:
+            for t in meta.loads:
+                st = self._reqs.get(t.req_id)
+                if st is not None:
+                    st.sync_load_sent = True
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
             if st is None:
@@ -423,8 +512,12 @@ class StrataConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]):
         self._layers = list(kv_caches.items())
+        self._layer_tensors = dict(self._layers)
         if not self._layers:
             return
+        if set(self._layer_names) != set(kv_caches):
+            # No group in the config (or another set of layers): the runner's order.
+            self._layer_names = [n for n, _ in self._layers]
         num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
         first = self._layers[0][1]
         # vLLM may split a logical block into several kernel blocks (leading dim).
@@ -436,10 +529,62 @@ class StrataConnector(KVConnectorBase_V1):
         desc_json = json.dumps({"layers": desc, "tp": [self.tp_rank, self.tp_size],
                                 "pp": [self.pp_rank, self.pp_size]}, sort_keys=True)
         self._layout_digest = hashlib.sha256(desc_json.encode()).digest()
+        for i, (name, t) in enumerate(self._layers):
+            # Each layer's value names the whole layout and its own place in it.
+            self._layer_digests[name] = hashlib.sha256(
+                desc_json.encode() + b"\0" + name.encode() + b"\0" + str(self._layer_names.index(name)).encode()
+            ).digest()
+            self._layer_value_bytes[name] = HEADER_BYTES + self._kernel_blocks * t[0].numel() * t.element_size()
         self._block_value_bytes = HEADER_BYTES + sum(
             self._kernel_blocks * t[0].numel() * t.element_size() for _, t in self._layers)
         if first.is_cuda:
             self._load_stream = torch.cuda.Stream(device=first.device)
+
+    def _layer_view(self, name: str, block_id: int) -> torch.Tensor:
+        k = self._kernel_blocks
+        return self._layer_tensors[name][block_id * k : (block_id + 1) * k]
+
+    def _pack_layer(self, name: str, block_id: int) -> bytes:
+        v = self._layer_view(name, block_id)
+        return b"".join([LAYER_MAGIC, self._layer_digests[name],
+                         v.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()])
+
+    def _unpack_layer_into(self, name: str, block_id: int, value: Optional[bytes]) -> bool:
+        if value is None or len(value) != self._layer_value_bytes[name]:
+            return False
+        if value[: len(LAYER_MAGIC)] != LAYER_MAGIC or value[len(LAYER_MAGIC) : HEADER_BYTES] != self._layer_digests[name]:
+            return False
+        view = self._layer_view(name, block_id)
+        src = _as_uint8(value)[HEADER_BYTES:]
+        view.copy_(src.view(view.dtype).view(view.shape), non_blocking=False)
+        return True
+
+    def _fetch_into(self, keys: List[bytes], fill) -> List[bool]:
+        """Fetches ``keys`` and hands each value (or None) to ``fill(i, value)``, which
+        copies it into the cache and says whether it fit. Attached to the arena: each
+        value is read in place there and released once copied; else one BatchGet."""
+        if not self.shm:
+            try:
+                values = self.client.batched_get(keys)
+            except KvError as e:
+                self._refused("load", e)
+                values = [None] * len(keys)
+            return [fill(i, v) for i, v in enumerate(values)]
+        out = []
+        for i, key in enumerate(keys):
+            try:
+                view = self.client.get_view(key)
+            except KvError as e:
+                self._refused("load", e)
+                return out + [fill(j, None) for j in range(i, len(keys))]
+            if view is None:
+                out.append(fill(i, None))
+                continue
+            with view:
+                if view.shared:
+                    self.stats["shm_reads"] += 1
+                out.append(fill(i, view.data))
+        return out
 
     def _block_views(self, block_id: int) -> List[torch.Tensor]:
         k = self._kernel_blocks
@@ -456,7 +601,7 @@ class StrataConnector(KVConnectorBase_V1):
             return False
         if value[: len(VALUE_MAGIC)] != VALUE_MAGIC or value[len(VALUE_MAGIC) : HEADER_BYTES] != self._layout_digest:
             return False
-        buf = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        buf = _as_uint8(value)
         off = HEADER_BYTES
         for view in self._block_views(block_id):
             n = view.numel() * view.element_size()
@@ -467,19 +612,11 @@ class StrataConnector(KVConnectorBase_V1):
 
     def _load(self, transfer: BlockTransfer) -> None:
         keys = [rank_key(h, self.tp_rank, self.pp_rank) for h, _ in transfer.blocks]
-        failed: List[int] = []
-        try:
-            values = self.client.batched_get(keys)
-        except KvError as e:
-            self._refused("load", e)
-            values = [None] * len(keys)
         ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
         with ctx:
-            for (_, block_id), value in zip(transfer.blocks, values):
-                if self._unpack_into(block_id, value):
-                    self.stats["loaded_blocks"] += 1
-                else:
-                    failed.append(block_id)
+            ok = self._fetch_into(keys, lambda i, v: self._unpack_into(transfer.blocks[i][1], v))
+        failed = [b for (_, b), good in zip(transfer.blocks, ok) if not good]
+        self.stats["loaded_blocks"] += len(ok) - len(failed)
         if self._load_stream is not None:
             self._load_stream.synchronize()
         with self._lock:
@@ -500,33 +637,84 @@ class StrataConnector(KVConnectorBase_V1):
                 self.stats["save_errors"] += 1
                 self._refused(f"save of {req_id}", e)
 
+    def _load_layers(self, blocks: List[Tuple[bytes, int]], ready: Dict[str, threading.Event]) -> None:
+        """Fetches and fills the layers in the order the model runs them, each
+        announced as soon as its blocks are in (a failed block is a load error)."""
+        names = [n for n in self._layer_names if n in ready]
+        for name in names:
+            li = self._layer_names.index(name)
+            failed: List[int] = []
+            try:
+                keys = [layer_key(h, self.tp_rank, self.pp_rank, li) for h, _ in blocks]
+                ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
+                with ctx:
+                    ok = self._fetch_into(keys, lambda i, v: self._unpack_layer_into(name, blocks[i][1], v))
+                failed = [b for (_, b), good in zip(blocks, ok) if not good]
+                if self._load_stream is not None:
+                    self._load_stream.synchronize()
+            except Exception:  # noqa: BLE001 - any failure is this layer's load error
+                logger.exception("strata: loading layer %s failed", name)
+                failed = [b for _, b in blocks]
+            finally:
+                with self._lock:
+                    if failed:
+                        self.stats["load_errors"] += len(failed)
+                        self._load_errors.update(failed)
+                    else:
+                        self.stats["loaded_layer_blocks"] = self.stats.get("loaded_layer_blocks", 0) + len(blocks)
+                ready[name].set()
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._connector_metadata
         if not isinstance(meta, StrataConnectorMetadata) or not self._layers:
             return
+        if self.layerwise:
+            blocks = [b for t in meta.loads for b in t.blocks]
+            self._layer_ready = {}
+            self._layer_load_blocks = [b for _, b in blocks]
+            if blocks:
+                self._layer_ready = {n: threading.Event() for n in self._layer_names}
+                self._submit(self._load_layers, blocks, self._layer_ready, executor=self._load_io)
+            return
         for transfer in meta.loads:
-            self._submit(self._load, transfer)
+            self._submit(self._load, transfer, executor=self._load_io)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Loads are asynchronous (load_async=True): a request runs only after its load
-        # finished, so no layer ever waits here.
-        return
+        # Whole blocks load asynchronously (load_async=True): such a request runs only
+        # after its load finished. Layer by layer: wait for this layer only.
+        ready = self._layer_ready.get(layer_name)
+        if ready is None or ready.wait(timeout=self.timeout_s):
+            return
+        # Late: the forward pass goes on; vLLM recomputes the blocks reported here.
+        logger.warning("strata: layer %s did not load within %.0f s", layer_name, self.timeout_s)
+        with self._lock:
+            self._load_errors.update(self._layer_load_blocks)
+            self.stats["load_errors"] += len(self._layer_load_blocks)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        # A block is saved once whole (every layer written): in wait_for_save.
-        return
+        # Whole blocks are saved once every layer is written: in wait_for_save. Layer by
+        # layer: this layer's blocks are final now; copied out here, sent in the
+        # background while the next layers compute.
+        meta = self._connector_metadata
+        if not self.layerwise or not isinstance(meta, StrataConnectorMetadata) or layer_name not in self._layer_digests:
+            return
+        li = self._layer_names.index(layer_name)
+        for transfer in meta.saves:
+            items = [(layer_key(h, self.tp_rank, self.pp_rank, li), self._pack_layer(layer_name, b))
+                     for h, b in transfer.blocks]
+            self._submit(self._save, transfer.req_id, items)
 
     def wait_for_save(self):
         meta = self._connector_metadata
-        if not isinstance(meta, StrataConnectorMetadata) or not self._layers:
+        if not isinstance(meta, StrataConnectorMetadata) or not self._layers or self.layerwise:
             return
         for transfer in meta.saves:
             # Copied out now, before vLLM may reuse the blocks; sent in the background.
             items = [(rank_key(h, self.tp_rank, self.pp_rank), self._pack(b)) for h, b in transfer.blocks]
             self._submit(self._save, transfer.req_id, items)
 
-    def _submit(self, fn, *args) -> None:
-        fut = self._io.submit(fn, *args)
+    def _submit(self, fn, *args, executor: Optional[ThreadPoolExecutor] = None) -> None:
+        fut = (executor or self._io).submit(fn, *args)
         with self._lock:
             self._io_futures = [f for f in self._io_futures if not f.done()]
             self._io_futures.append(fut)
@@ -555,7 +743,19 @@ class StrataConnector(KVConnectorBase_V1):
 
     def shutdown(self):
         self._io.shutdown(wait=True)
+        self._load_io.shutdown(wait=True)
         self.client.close()
+
+
+def _as_uint8(value) -> torch.Tensor:
+    """A uint8 tensor over a value's bytes without copying them: ``bytes`` from the
+    socket, or a read-only view into the shared-memory arena (only ever read from)."""
+    if isinstance(value, bytes):
+        value = bytearray(value)  # torch wants a writable buffer; bytes are immutable
+        return torch.frombuffer(value, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "buffer is not writable": only read
+        return torch.frombuffer(value, dtype=torch.uint8)
 
 
 def _ranks() -> Tuple[int, int]:

@@ -68,9 +68,14 @@ def models(tmp_path_factory):
     return {"base": base, "rope_scaled": scaled}
 
 
-def engine_config(model, server, namespace, revision=None, failure_policy="recompute", step_tokens=1024, lora=False):
+def engine_config(model, server, namespace, revision=None, failure_policy="recompute", step_tokens=1024, lora=False,
+                  layerwise=False, shm=None):
     mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
     extra = {"strata_addr": server["unix"], "namespace": namespace}
+    if layerwise:
+        extra["layerwise"] = True
+    if shm is not None:
+        extra["shm"] = shm
     if revision is not None:
         extra["revision"] = revision
     kt = KVTransferConfig(kv_connector="StrataConnector", kv_connector_module_path="strata_kv.vllm",
@@ -102,23 +107,30 @@ class Engine:
         self.caches = {n: torch.zeros(NUM_BLOCKS, kv_heads, BLOCK, 2 * HEAD_DIM) for n in LAYERS}
         self.worker.register_kv_caches(self.caches)
 
-    def step(self, compute=True):
+    def step(self, compute=True, on_layer=None):
         """One engine step: schedule, run the connector's worker hooks around a forward
-        pass that writes token-derived KV, feed the connector's output back."""
+        pass that writes token-derived KV, feed the connector's output back. The forward
+        pass drives the connector as vLLM's attention layers do: per layer, wait for its
+        KV (``on_layer(name)`` runs then), compute it, hand it over for saving."""
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
         assert isinstance(meta, StrataConnectorMetadata)
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
-        if compute:
-            started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
-            cached = out.scheduled_cached_reqs
-            started += list(zip(cached.req_ids, cached.num_computed_tokens))
-            for req_id, computed in started:
-                req = self.scheduler.requests[req_id]
-                n = computed + out.num_scheduled_tokens[req_id]
-                blocks = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
-                self.forward(req.all_token_ids[:n], blocks, start=computed)
+        started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+        cached = out.scheduled_cached_reqs
+        started += list(zip(cached.req_ids, cached.num_computed_tokens))
+        for li, name in enumerate(LAYERS):
+            self.worker.wait_for_layer_load(name)
+            if on_layer is not None:
+                on_layer(name)
+            if compute:
+                for req_id, computed in started:
+                    req = self.scheduler.requests[req_id]
+                    n = computed + out.num_scheduled_tokens[req_id]
+                    blocks = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
+                    self.forward(req.all_token_ids[:n], blocks, start=computed, layers=[li])
+            self.worker.save_kv_layer(name, self.caches[name], None)
         self.worker.wait_for_save()
         self.worker.flush(timeout=30)
         recving = self._finished_loads()
@@ -147,15 +159,16 @@ class Engine:
             time.sleep(0.01)
         raise AssertionError("loads did not finish in 30 s")
 
-    def forward(self, tokens, block_ids, start=0):
+    def forward(self, tokens, block_ids, start=0, layers=None):
         for pos in range(start - start % BLOCK, len(tokens), BLOCK):
             chunk = tokens[pos : pos + BLOCK]
             b = block_ids[pos // BLOCK]
             for li, name in enumerate(LAYERS):
-                self.caches[name][b, :, : len(chunk)] = kv_of(chunk, pos // BLOCK, li, self.caches[name].shape[1])
+                if layers is None or li in layers:
+                    self.caches[name][b, :, : len(chunk)] = kv_of(chunk, pos // BLOCK, li, self.caches[name].shape[1])
 
-    def block_bytes(self, block_id):
-        return b"".join(self.caches[n][block_id].numpy().tobytes() for n in LAYERS)
+    def block_bytes(self, block_id, layers=LAYERS):
+        return b"".join(self.caches[n][block_id].numpy().tobytes() for n in layers)
 
 
 def kv_of(tokens, block_index, layer, heads):
@@ -188,11 +201,12 @@ def test_connector_class_is_the_real_base():
     assert issubclass(StrataConnector, KVConnectorBase_V1)
 
 
-def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server, models):
+@pytest.mark.parametrize("shm", [True, False], ids=["shm-arena", "socket"])
+def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server, models, shm):
     namespace = ns()
     _, written = run_writer(engine_config(models["base"], server, namespace))
 
-    b = Engine(engine_config(models["base"], server, namespace))
+    b = Engine(engine_config(models["base"], server, namespace, shm=shm))
     b.scheduler.add_request(request("b-1"))
     out, meta, recving, errors = b.step(compute=False)
     # The scheduler took load_async=True: the request waits for its KV, nothing runs.
@@ -203,6 +217,8 @@ def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server
     loaded_ids = [bid for _, bid in meta.loads[0].blocks]
     assert [b.block_bytes(i) for i in loaded_ids] == written, "loaded byte-exact"
     assert b.worker.stats["loaded_blocks"] == FULL_BLOCKS
+    # Same host: read in place in the daemon's arena, or through the socket when off.
+    assert b.worker.stats["shm_reads"] == (FULL_BLOCKS if shm else 0)
 
     # Next step: the request runs with the loaded prefix counted as computed.
     out2, meta2, _, _ = b.step()
@@ -326,6 +342,7 @@ def test_identity_refused_by_the_service_is_a_miss_and_a_load_error(server, mode
     # A refusal between lookup and load: the blocks are load errors, never filled.
     sched.client = KvClient(server["unix"], namespace=namespace, identity=sched.identity)
     b.worker.client.batched_get = refuse
+    b.worker.client.get_view = refuse  # the shared-memory path's Get
     b.scheduler.add_request(request("b-2"))
     _, meta, recving, errors = b.step(compute=False)
     assert recving == {"b-2"} and errors == {bid for _, bid in meta.loads[0].blocks}
@@ -430,3 +447,158 @@ def test_a_prefix_that_recomputes_faster_than_it_loads_is_recomputed(server, mod
     # A slow prefill (1 s per token): loading wins for every block.
     conn.prefill = PrefillClock(fixed_us_per_token=1e6)
     assert conn.get_num_new_matched_tokens(request("r-slow"), 0) == (FULL_BLOCKS * BLOCK, True)
+
+
+# -- layer by layer (issue 15): loads overlap the forward pass, saves leave per layer ----
+
+import struct  # noqa: E402
+import threading  # noqa: E402
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.v1.kv_cache_interface import SlidingWindowSpec  # noqa: E402
+
+from strata_kv import layer_key, rank_key  # noqa: E402
+
+
+def run_layerwise_writer(vc, on_layer=None):
+    """Engine A computes PROMPT once, layer by layer; returns it and, per layer, the
+    bytes of each full prompt block."""
+    a = Engine(vc)
+    a.scheduler.add_request(request("a-1"))
+    out, meta, _, _ = a.step(on_layer=on_layer)
+    assert [len(t.blocks) for t in meta.saves] == [FULL_BLOCKS]
+    blocks = out.scheduled_new_reqs[0].block_ids[0][:FULL_BLOCKS]
+    assert a.worker.stats["saved_blocks"] == FULL_BLOCKS * len(LAYERS), "one value per layer and block"
+    return a, {n: [a.block_bytes(b, [n]) for b in blocks] for n in LAYERS}
+
+
+def test_layer_key_extends_the_rank_key_with_the_layer():
+    h = bytes(range(32))
+    assert layer_key(h, 1, 2, 3) == rank_key(h, 1, 2) + b"\x03\x00"
+    assert len(layer_key(h, 0, 0, 0)) == 38
+    assert layer_key(h, 0, 0, 0) != layer_key(h, 0, 0, 1)
+    with pytest.raises(ValueError):
+        layer_key(h, 0, 0, 1 << 16)
+
+
+def test_layerwise_load_runs_in_the_step_of_the_request_byte_exact(server, models):
+    namespace = ns()
+    a, written = run_layerwise_writer(engine_config(models["base"], server, namespace, layerwise=True))
+    hashes = a.scheduler.connector._state(request("a-x")).hashes[:FULL_BLOCKS]
+    probe = KvClient(server["unix"], namespace=namespace, identity=a.worker.identity)
+    assert all(probe.batch_exists([layer_key(h, 0, 0, li) for h in hashes for li in range(len(LAYERS))]))
+    assert not any(probe.batch_exists([rank_key(h, 0, 0) for h in hashes])), "no whole-block values"
+
+    b = Engine(engine_config(models["base"], server, namespace, layerwise=True))
+    b.scheduler.add_request(request("b-1"))
+    seen = {}
+
+    def on_layer(name):
+        # When the forward pass reaches a layer, that layer's blocks are in.
+        ids = [bid for _, bid in b.worker._connector_metadata.loads[0].blocks]
+        seen[name] = [b.block_bytes(i, [name]) for i in ids]
+
+    out, meta, recving, errors = b.step(on_layer=on_layer)
+    # load_async=False: the request runs in this very step, the prefix counted as computed.
+    [new] = out.scheduled_new_reqs
+    assert new.num_computed_tokens == FULL_BLOCKS * BLOCK
+    assert out.num_scheduled_tokens["b-1"] == len(PROMPT) - FULL_BLOCKS * BLOCK
+    assert [len(t.blocks) for t in meta.loads] == [FULL_BLOCKS]
+    assert errors == set() and not recving, "a synchronous load reports no finished_recving"
+    assert seen == written, "each layer loaded byte-exact before its attention ran"
+    assert b.worker.stats["loaded_layer_blocks"] == FULL_BLOCKS * len(LAYERS)
+    assert b.worker.stats["shm_reads"] == FULL_BLOCKS * len(LAYERS)
+    assert meta.saves == [], "blocks that came from Strata are not stored again"
+    # A whole-block engine in the same namespace misses the layer values (other keys).
+    c = Engine(engine_config(models["base"], server, namespace))
+    assert c.scheduler.connector.get_num_new_matched_tokens(request("c-1"), 0) == (0, False)
+
+
+def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
+    namespace = ns()
+    _, written = run_layerwise_writer(engine_config(models["base"], server, namespace, layerwise=True))
+    b = Engine(engine_config(models["base"], server, namespace, layerwise=True))
+    # Layer 1's fetch is held until layer 0's attention has run.
+    layer0_done = threading.Event()
+    held = []
+    fetch = b.worker.client.get_view  # one Get per value (the shared-memory path)
+    assert b.worker.shm
+
+    def gated(key, namespace=None):
+        if key[-2:] == struct.pack("<H", 1):
+            held.append(key)
+            assert layer0_done.wait(30), "layer 0 never ran"
+        return fetch(key, namespace)
+
+    b.worker.client.get_view = gated
+    b.scheduler.add_request(request("b-1"))
+    checked = []
+
+    def on_layer(name):
+        ids = [bid for _, bid in b.worker._connector_metadata.loads[0].blocks]
+        if name == LAYERS[0]:
+            assert [b.block_bytes(i, [name]) for i in ids] == written[name]
+            assert not b.worker._layer_ready[LAYERS[1]].is_set(), "layer 1 still loading"
+            assert all(not b.caches[LAYERS[1]][i].any() for i in ids), "layer 1 not filled yet"
+            layer0_done.set()
+        else:
+            assert [b.block_bytes(i, [name]) for i in ids] == written[name]
+        checked.append(name)
+
+    _, _, _, errors = b.step(on_layer=on_layer)
+    assert checked == LAYERS and errors == set()
+    assert len(held) == FULL_BLOCKS, "layer 1's fetches were held"
+
+
+def test_layerwise_save_sends_each_layer_as_soon_as_it_is_written(server, models):
+    namespace = ns()
+    a = Engine(engine_config(models["base"], server, namespace, layerwise=True))
+    hashes = a.scheduler.connector._state(request("x")).hashes
+    probe = KvClient(server["unix"], namespace=namespace, identity=a.worker.identity)
+    stored = {}
+
+    def on_layer(name):
+        if name == LAYERS[1]:
+            a.worker.flush(timeout=30)  # layer 0 was handed over; layer 1 not computed yet
+            stored["layer0"] = probe.batch_exists([layer_key(h, 0, 0, 0) for h in hashes[:FULL_BLOCKS]])
+            stored["layer1"] = probe.batch_exists([layer_key(h, 0, 0, 1) for h in hashes[:FULL_BLOCKS]])
+
+    a.scheduler.add_request(request("a-1"))
+    a.step(on_layer=on_layer)
+    assert stored == {"layer0": [True] * FULL_BLOCKS, "layer1": [False] * FULL_BLOCKS}
+    assert all(probe.batch_exists([layer_key(h, 0, 0, 1) for h in hashes[:FULL_BLOCKS]]))
+
+
+def test_layerwise_load_error_is_reported_and_recomputed(server, models):
+    namespace = ns()
+    run_layerwise_writer(engine_config(models["base"], server, namespace, layerwise=True))
+    # Another cache shape: no stored layer value fits, none is copied in.
+    d = Engine(engine_config(models["base"], server, namespace, layerwise=True), kv_heads=KV_HEADS * 2)
+    d.scheduler.add_request(request("d-1"))
+    out, meta, _, errors = d.step(compute=False)
+    loaded_ids = {bid for _, bid in meta.loads[0].blocks}
+    assert errors == loaded_ids
+    assert all(not d.caches[n][i].any() for n in LAYERS for i in loaded_ids)
+    # vLLM rolls the request back to the first bad block and computes it again; the
+    # connector does not offer the failed blocks to it again.
+    assert d.scheduler.requests["d-1"].num_computed_tokens == 0
+    assert d.scheduler.connector._reqs["d-1"].load_limit == 0
+    out2, meta2, _, _ = d.step()
+    assert meta2.loads == []
+    assert out2.num_scheduled_tokens.get("d-1") == len(PROMPT)
+
+
+def test_hybrid_kv_cache_groups_are_refused_not_misloaded(server, models):
+    vc = engine_config(models["base"], server, ns())
+    # vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA,
+    # so the connector sees one group...
+    assert not KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
+    # ...and a config with several (sliding window + full attention) is refused.
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+    swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32,
+                            sliding_window=2 * BLOCK)
+    hybrid = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], full), KVCacheGroupSpec([LAYERS[1]], swa)])
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ValueError, match="one KV cache group"):
+            StrataConnector(vc, role, hybrid)
