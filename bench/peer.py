@@ -65,12 +65,14 @@ def drop_caches():
 
 
 class Moto:
-    def __init__(self):
+    def __init__(self, work):
         self.port = free_port()
+        # Its access log (one line per request) tells what each system asked for.
+        self.log_path = os.path.join(work, "moto.log")
         self.proc = subprocess.Popen(
             ["moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(self.log_path, "w"),
         )
         self.endpoint = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 30
@@ -93,6 +95,16 @@ class Moto:
             region_name=CREDS["AWS_REGION"],
         )
 
+    def requests(self):
+        """Requests served so far, by method (from the access log)."""
+        counts = {}
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                for m in ("GET", "HEAD", "PUT", "POST"):
+                    if f'"{m} ' in line:
+                        counts[m] = counts.get(m, 0) + 1
+        return counts
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait()
@@ -101,7 +113,10 @@ class Moto:
 class Mount:
     """One FUSE mount of `kind` ("strata" or "peer") at a fresh mountpoint."""
 
-    def __init__(self, kind, binary, endpoint, work, memory=None, ttl="indefinite"):
+    def __init__(self, kind, binary, endpoint, work, memory=None, ttl="indefinite",
+                 extra=(), stats_to=None):
+        self.stats_to = stats_to
+        self.admin = None
         self.mnt = tempfile.mkdtemp(dir=work, prefix="mnt-")
         self.cache = tempfile.mkdtemp(dir=work, prefix="cache-")
         env = dict(os.environ, **CREDS)
@@ -113,6 +128,10 @@ class Mount:
             ]
             if memory:
                 cmd += ["--memory-cache", memory]
+            if stats_to:
+                self.admin = f"127.0.0.1:{free_port()}"
+                cmd += ["--admin", self.admin]
+            cmd += list(extra)
         else:
             cmd = [
                 binary, BUCKET, self.mnt, "--endpoint-url", endpoint,
@@ -169,7 +188,30 @@ class Mount:
             time.sleep(1)
         return last
 
+    def cpu_s(self):
+        """CPU seconds (user + system) the daemon has used so far."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def save_stats(self):
+        """Appends the daemon's /stats (JSON, one line) to `stats_to`."""
+        if not (self.stats_to and self.admin):
+            return
+        try:
+            with urllib.request.urlopen(f"http://{self.admin}/stats", timeout=5) as r:
+                body = json.loads(r.read())
+        except (OSError, ValueError) as e:
+            log(f"no stats from {self.admin}: {e}")
+            return
+        with open(self.stats_to, "a") as f:
+            f.write(json.dumps(body) + "\n")
+
     def close(self):
+        self.save_stats()
         subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -220,6 +262,9 @@ def main():
     ap.add_argument("--strata-ttl", default="indefinite",
                     help="--metadata-ttl of the Strata mounts (a number for builds before issue 14)")
     ap.add_argument("--before", help="another Strata build, run side by side")
+    ap.add_argument("--strata-args", default="",
+                    help="extra `strata mount` arguments for --strata's mounts (space-separated)")
+    ap.add_argument("--stats", help="append each --strata mount's /stats (admin API) to this file")
     ap.add_argument("--peer", help="a mount-s3 binary")
     ap.add_argument("--large-mib", type=int, default=1024)
     ap.add_argument("--small-count", type=int, default=2000)
@@ -227,11 +272,13 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cases", default="all", help="comma list of case prefixes")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--no-bytes", action="store_true",
+                    help="skip the bytes-on-disk measurement (cache_bytes_ratio)")
     args = ap.parse_args()
 
     work = args.work or tempfile.mkdtemp(prefix="strata-peer-")
     os.makedirs(work, exist_ok=True)
-    moto = Moto()
+    moto = Moto(work)
     try:
         s3 = moto.client()
         s3.create_bucket(Bucket=BUCKET)
@@ -246,28 +293,52 @@ def main():
         small_bytes = len(small_body) * len(names)
         log(f"uploaded {large_bytes >> 20} MiB + {len(names)} x {args.small_kib} KiB to {moto.endpoint}")
 
-        systems = {"strata": ("strata", args.strata, args.strata_ttl)}
+        systems = {"strata": ("strata", args.strata, args.strata_ttl, args.strata_args.split())}
         if args.before:
             # An older build may not know "indefinite": a day is the same in one run.
-            systems["before"] = ("strata", args.before, "86400")
+            systems["before"] = ("strata", args.before, "86400", [])
         if args.peer:
-            systems["peer"] = ("peer", args.peer, None)
+            systems["peer"] = ("peer", args.peer, None, [])
 
         def mount(name, memory=None):
-            kind, binary, ttl = systems[name]
-            return Mount(kind, binary, moto.endpoint, work, memory=memory, ttl=ttl)
+            kind, binary, ttl, extra = systems[name]
+            stats = args.stats if name == "strata" else None
+            return Mount(kind, binary, moto.endpoint, work, memory=memory, ttl=ttl,
+                         extra=extra, stats_to=stats)
 
-        def cold(name, run):
-            """Median of fresh mounts, each read once cold."""
-            times = []
+        cold_cpu = {}
+
+        def cold_round(names_, run):
+            """Fresh mounts, each read once cold; the systems take turns run by run (an
+            order effect, e.g. the store warming up, then falls on both alike)."""
+            times = {n: [] for n in names_}
+            cpu = {n: [] for n in names_}
+            reqs = {}
             for _ in range(args.runs):
-                m = mount(name)
-                try:
-                    drop_caches()
-                    times.append(timed(lambda: run(m.mnt)))
-                finally:
-                    m.close()
-            return statistics.median(times)
+                for name in names_:
+                    m = mount(name)
+                    try:
+                        drop_caches()
+                        before = moto.requests()
+                        cpu0 = m.cpu_s()
+                        times[name].append(timed(lambda: run(m.mnt)))
+                        cpu1 = m.cpu_s()
+                        if cpu0 is not None and cpu1 is not None:
+                            cpu[name].append(cpu1 - cpu0)
+                        time.sleep(0.5)  # prefetches still in flight land
+                        after = moto.requests()
+                        reqs[name] = {k: v - before.get(k, 0) for k, v in after.items()
+                                      if k in ("GET", "HEAD")}
+                    finally:
+                        m.close()
+            for name in names_:
+                log(f"  {name}: {[round(t, 3) for t in times[name]]} s, daemon CPU "
+                    f"{[round(c, 2) for c in cpu[name]]} s; "
+                    f"store requests of the last run: {reqs.get(name)}")
+            for n, c in cpu.items():
+                if c:
+                    cold_cpu[n] = statistics.median(c)
+            return {n: statistics.median(t) for n, t in times.items()}
 
         def warm(name, run, memory=None, warmup=None):
             """Median of reads after one warming read, page cache dropped each time."""
@@ -286,17 +357,16 @@ def main():
         def small_paths(mnt):
             return [os.path.join(mnt, n) for n in names]
 
+        # (case, "cold" | "warm", the read, --memory-cache for warm cases)
         cases = [
-            ("large dd cold", lambda n: cold(n, lambda p: dd(f"{p}/large.bin")), True),
-            ("large dd warm (memory)", lambda n: warm(n, lambda p: dd(f"{p}/large.bin")), False),
-            ("large dd warm (disk, memory 64MiB)",
-             lambda n: warm(n, lambda p: dd(f"{p}/large.bin"), memory="64MiB"), False),
-            ("small serial cold", lambda n: cold(n, lambda p: cat_all(small_paths(p))), True),
-            ("small 8 readers cold",
-             lambda n: cold(n, lambda p: readers(small_paths(p), 8)), True),
-            ("small serial warm", lambda n: warm(n, lambda p: cat_all(small_paths(p))), False),
-            ("small 8 readers warm",
-             lambda n: warm(n, lambda p: readers(small_paths(p), 8)), False),
+            ("large dd cold", "cold", lambda p: dd(f"{p}/large.bin"), None),
+            ("large dd warm (memory)", "warm", lambda p: dd(f"{p}/large.bin"), None),
+            ("large dd warm (disk, memory 64MiB)", "warm",
+             lambda p: dd(f"{p}/large.bin"), "64MiB"),
+            ("small serial cold", "cold", lambda p: cat_all(small_paths(p)), None),
+            ("small 8 readers cold", "cold", lambda p: readers(small_paths(p), 8), None),
+            ("small serial warm", "warm", lambda p: cat_all(small_paths(p)), None),
+            ("small 8 readers warm", "warm", lambda p: readers(small_paths(p), 8), None),
         ]
 
         def loader_epochs(name):
@@ -314,15 +384,23 @@ def main():
 
         wanted = None if args.cases == "all" else args.cases.split(",")
         results = []
-        for case, run, cold_case in cases:
+        for case, kind, run, memory in cases:
             if wanted and not any(case.startswith(w) for w in wanted):
                 continue
             row = {"case": case}
-            for name in systems:
-                if name == "before" and not cold_case:
-                    continue
-                log(f"{case}: {name} ...")
-                row[f"{name}_s"] = round(run(name), 3)
+            if kind == "cold":
+                log(f"{case}: {', '.join(systems)} in turn ...")
+                cold_cpu.clear()
+                for name, t in cold_round(list(systems), run).items():
+                    row[f"{name}_s"] = round(t, 3)
+                for name, c in cold_cpu.items():
+                    row[f"{name}_cpu_s"] = round(c, 2)
+            else:
+                for name in systems:
+                    if name == "before":
+                        continue
+                    log(f"{case}: {name} ...")
+                    row[f"{name}_s"] = round(warm(name, run, memory=memory), 3)
             results.append(row)
         if not wanted or any("loader".startswith(w) or w.startswith("loader") for w in wanted):
             rows = [{"case": "shuffled loader (4 threads) epoch 1"},
@@ -336,7 +414,7 @@ def main():
 
         # Bytes on disk for bytes read: each set read once cold, then the cache settles.
         ratios = {}
-        for label, run, nbytes in [
+        for label, run, nbytes in [] if args.no_bytes else [
             ("cache_bytes_ratio", lambda p: cat_all(small_paths(p)), small_bytes),
             ("cache_bytes_ratio_large", lambda p: dd(f"{p}/large.bin"), large_bytes),
         ]:

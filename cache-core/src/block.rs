@@ -22,6 +22,12 @@ impl Block {
     /// Rebuilds a block read back from a medium, checking it against the stored crc.
     pub fn from_stored(data: Bytes, crc: u32) -> Result<Self, CacheError> {
         let actual = crc32c::crc32c(&data);
+        Self::from_checked(data, crc, actual)
+    }
+
+    /// [`Self::from_stored`] for `data` whose crc32c was already computed as `actual`
+    /// (by the I/O engine, as the bytes arrived).
+    pub fn from_checked(data: Bytes, crc: u32, actual: u32) -> Result<Self, CacheError> {
         if actual != crc {
             return Err(CacheError::Corrupt(format!(
                 "crc32c mismatch: stored {crc:#010x}, computed {actual:#010x}"

@@ -86,6 +86,28 @@ struct Link {
     /// Ranged GETs sent by run fetches and the blocks they carried (stats, tests).
     requests: AtomicU64,
     blocks: AtomicU64,
+    /// EWMA of the whole duration of a store request of at most one block (a demand
+    /// miss or a one-block run), ns; 0 before the first. What a small file costs to
+    /// fetch, which sets how far ahead of a reader next files are requested.
+    small_request_ns: AtomicU64,
+}
+
+/// Weight of a new sample in [`Link::small_request_ns`]: 1/4, as the link estimator's.
+const SMALL_REQUEST_WEIGHT: f64 = 0.25;
+
+impl Link {
+    fn observe_small(&self, took: std::time::Duration) {
+        let new = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+        // Lost updates between racing completions only drop a sample from the average.
+        let old = self.small_request_ns.load(Ordering::Relaxed);
+        let blended = if old == 0 {
+            new
+        } else {
+            (old as f64 + SMALL_REQUEST_WEIGHT * (new as f64 - old as f64)) as u64
+        };
+        self.small_request_ns
+            .store(blended.max(1), Ordering::Relaxed);
+    }
 }
 
 /// What became of one block of a [`ObjectReader::fetch_run`].
@@ -113,6 +135,7 @@ impl ObjectReader {
                 epoch: Instant::now(),
                 requests: AtomicU64::new(0),
                 blocks: AtomicU64::new(0),
+                small_request_ns: AtomicU64::new(0),
             }),
             peers: None,
         })
@@ -132,6 +155,15 @@ impl ObjectReader {
     /// The link estimate from this reader's run fetches (shared by its clones).
     pub fn link(&self) -> LinkEstimator {
         self.link.estimate.lock().clone()
+    }
+
+    /// Measured duration of a store request of at most one block (None before one
+    /// completed): see [`Link::small_request_ns`].
+    pub fn small_request_latency(&self) -> Option<std::time::Duration> {
+        match self.link.small_request_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(std::time::Duration::from_nanos(ns)),
+        }
     }
 
     /// Ranged GETs sent by run fetches, and the blocks they carried.
@@ -248,6 +280,9 @@ impl ObjectReader {
                         ttfb.as_nanos() as u64,
                         (now - sent).as_nanos() as u64,
                     );
+                    if blocks == 1 {
+                        link.observe_small(now - sent);
+                    }
                 }
                 res.map(|(blocks, _)| blocks)
             }
@@ -338,9 +373,15 @@ impl ObjectReader {
             );
             return self.engine.get_or_fetch_keep(&key, ctx, move || fut).await;
         }
+        let link = self.link.clone();
         self.engine
             .get_or_fetch(&key, ctx, move || async move {
-                store.get_range(&obj2, start..end).await
+                let sent = Instant::now();
+                let res = store.get_range(&obj2, start..end).await;
+                if res.is_ok() {
+                    link.observe_small(sent.elapsed());
+                }
+                res
             })
             .await
     }

@@ -398,8 +398,64 @@ impl InodeTable {
 /// Copy name per object (path, version) with a passthrough copy.
 type KeptCopies = HashMap<(Arc<str>, Arc<str>), String>;
 
-/// Open handles per object (path, version) expected to get a passthrough copy.
-type ExpectedCopies = HashMap<(Arc<str>, Arc<str>), u32>;
+/// Objects (path, version) expected to get a passthrough copy, whose blocks therefore
+/// skip the disk tier meanwhile: those open (handles counted until released), and those
+/// whole-object prefetches brought in ahead of their reader (until their first open,
+/// when the handle takes over, or until pushed out by newer ones: a prefetch never
+/// read is then in memory only, where a wrong prediction costs no disk write at all).
+#[derive(Default)]
+struct ExpectedCopies {
+    handles: HashMap<(Arc<str>, Arc<str>), u32>,
+    prefetched: std::collections::HashSet<(Arc<str>, Arc<str>)>,
+    /// `prefetched` in marking order, for the bound.
+    prefetch_order: std::collections::VecDeque<(Arc<str>, Arc<str>)>,
+}
+
+/// Prefetched objects remembered as expecting a copy: 65,536 (two `Arc`s each, a few
+/// MiB), far more than any prefetch window keeps ahead of its readers.
+const MAX_PREFETCHED_EXPECTED: usize = 1 << 16;
+
+impl ExpectedCopies {
+    fn contains(&self, id: &(Arc<str>, Arc<str>)) -> bool {
+        self.handles.contains_key(id) || self.prefetched.contains(id)
+    }
+
+    fn open(&mut self, id: (Arc<str>, Arc<str>)) {
+        self.prefetched.remove(&id);
+        *self.handles.entry(id).or_insert(0) += 1;
+    }
+
+    fn release(&mut self, id: &(Arc<str>, Arc<str>)) {
+        if let Some(n) = self.handles.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                self.handles.remove(id);
+            }
+        }
+    }
+
+    fn prefetch(&mut self, id: (Arc<str>, Arc<str>)) {
+        if self.handles.contains_key(&id) || !self.prefetched.insert(id.clone()) {
+            return;
+        }
+        self.prefetch_order.push_back(id);
+        while self.prefetch_order.len() > MAX_PREFETCHED_EXPECTED {
+            if let Some(old) = self.prefetch_order.pop_front() {
+                self.prefetched.remove(&old);
+            }
+        }
+        // Entries already opened (or unmarked) linger in the order until popped;
+        // compact when they dominate so the queue stays bounded by the live set.
+        if self.prefetch_order.len() > 2 * self.prefetched.len() + 1024 {
+            let live = &self.prefetched;
+            self.prefetch_order.retain(|k| live.contains(k));
+        }
+    }
+
+    fn unmark_prefetch(&mut self, id: &(Arc<str>, Arc<str>)) {
+        self.prefetched.remove(id);
+    }
+}
 
 struct FileHandle {
     ino: u64,
@@ -505,7 +561,7 @@ impl FsCore {
                         return false;
                     };
                     let id = (k.location.clone(), k.version.clone());
-                    if expected.lock().contains_key(&id) {
+                    if expected.lock().contains(&id) {
                         return true;
                     }
                     let mut kept = kept.lock();
@@ -909,12 +965,11 @@ impl FsCore {
                 .passthrough
                 .as_ref()
                 .is_some_and(|p| p.name_for(&obj.path, &obj.version, obj.size).is_some());
+        let id = (obj.path.clone(), obj.version.clone());
         if expects_copy {
-            *self
-                .expected
-                .lock()
-                .entry((obj.path.clone(), obj.version.clone()))
-                .or_insert(0) += 1;
+            self.expected.lock().open(id);
+        } else {
+            self.expected.lock().unmark_prefetch(&id);
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = FileHandle {
@@ -1051,6 +1106,9 @@ impl FsCore {
                 c.set_config(cfg);
             }
             c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
+            if let Some(t) = self.reader.small_request_latency() {
+                c.set_request_latency(t.as_nanos().min(u128::from(u64::MAX)) as u64);
+            }
             let mut outcomes = Vec::new();
             if c.outstanding() > 0 {
                 for b in demand.clone() {
@@ -1149,6 +1207,7 @@ impl FsCore {
                 // most one outcome (used or wasted), so used + wasted <= files.
                 self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
                 lead_block = Some(b);
+                self.mark_prefetched_copy(obj, order);
             }
             admitted.push(b);
         }
@@ -1243,13 +1302,7 @@ impl FsCore {
         };
         if h.expects_copy {
             let id = (h.obj.path.clone(), h.obj.version.clone());
-            let mut expected = self.expected.lock();
-            if let Some(n) = expected.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    expected.remove(&id);
-                }
-            }
+            self.expected.lock().release(&id);
         }
     }
 
@@ -1279,11 +1332,33 @@ impl FsCore {
     async fn passthrough_file(&self, obj: &ObjectInfo) -> Option<std::fs::File> {
         let store = self.passthrough.clone()?;
         let name = store.name_for(&obj.path, &obj.version, obj.size)?;
+        if !store.contains(&name) {
+            // No copy: answered from the index, without a hop to a blocking thread (the
+            // open of every cold file asks).
+            return None;
+        }
         let size = obj.size;
         tokio::task::spawn_blocking(move || store.get(&name, size))
             .await
             .ok()
             .flatten()
+    }
+
+    /// A prefetch of the whole of `obj`, small enough for a passthrough copy: its blocks
+    /// land in memory only, since the read that is expected next makes the copy, which
+    /// is then the one disk copy (without this, each prefetched small file was written
+    /// to the disk tier and deleted from it again once copied; issue 14).
+    fn mark_prefetched_copy(&self, obj: &ObjectInfo, order: &PrefetchOrder) {
+        let whole = order.offset == 0 && order.len >= obj.size;
+        let copyable = self
+            .passthrough
+            .as_ref()
+            .is_some_and(|p| p.name_for(&obj.path, &obj.version, obj.size).is_some());
+        if whole && copyable {
+            self.expected
+                .lock()
+                .prefetch((obj.path.clone(), obj.version.clone()));
+        }
     }
 
     /// `obj` has a durable passthrough copy: its blocks leave the disk levels and are

@@ -301,6 +301,18 @@ async fn a_small_file_set_is_kept_on_disk_once() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Files the predictor fetched ahead of their open land in memory only: no
+        // block of the set was ever written to the disk tier (to be deleted once its
+        // copy exists: a write, a sync and a delete per small file).
+        assert!(
+            c.counters().prefetch_files.load(Ordering::Relaxed) > 0,
+            "the set was read in name order: next files are prefetched"
+        );
+        assert_eq!(
+            engine.stats().tiers[1].bytes_in,
+            0,
+            "bytes written to the disk tier for a set kept in passthrough copies"
+        );
         let data_bytes = disk_bytes(&cache.path().join("blocks/data"))
             + disk_bytes(&cache.path().join("passthrough"));
         assert!(

@@ -496,6 +496,13 @@ async fn prefetch_outcomes_are_counted_used_and_wasted() {
     use std::sync::atomic::Ordering::Relaxed;
     timed(async {
         let (fx, dir) = listed_shards_with_predictors().await;
+        // A store request slower than the reader's pace: the predictor keeps several
+        // shards ahead (its window follows latency / pace; against an instant store one
+        // shard ahead is all a reader needs, and nothing past shard 5 would be fetched).
+        fx.faulty.set_config(FaultConfig {
+            latency: Duration::from_millis(50),
+            ..Default::default()
+        });
         let c = &fx.core;
         let read = |name: String, parent: u64| async move {
             let e = c.lookup(parent, &name).await.expect("lookup");

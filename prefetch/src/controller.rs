@@ -361,6 +361,16 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         self.demand_in_flight = bytes;
     }
 
+    /// The store's measured time per request for a small object, ns (0: unknown): the
+    /// cross-file predictor keeps as many files requested ahead as the reader consumes
+    /// while one request is served (see
+    /// [`crate::semantic::predictor::latency_window`]).
+    pub fn set_request_latency(&mut self, ns: u64) {
+        if let Some(p) = &mut self.cross_file {
+            p.set_request_latency(ns);
+        }
+    }
+
     /// The names (and sizes) in directory `dir` (relative to the dataset root, `""` for
     /// the root), as a listing returned them.
     pub fn on_listing(&mut self, dir: &str, entries: &[(&str, u64)]) {

@@ -77,6 +77,10 @@ pub trait Predictor: Send {
     /// Predictors may scale their depth with it; the default ignores it. The
     /// [`AccessController`] does not set it (measured a net loss; see its docs).
     fn set_spare_bandwidth(&mut self, _spare: f64) {}
+    /// The store's measured time per request for a small object, ns (0: unknown):
+    /// predictors of other files size how far ahead they fetch from it and from how
+    /// fast the reader goes; the default ignores it.
+    fn set_request_latency(&mut self, _ns: u64) {}
     /// The names and sizes in directory `dir` (relative to the dataset root), as a
     /// listing returned them; the default ignores them.
     fn on_listing(&mut self, _dir: &str, _entries: &[(&str, u64)]) {}

@@ -182,6 +182,54 @@ fn spare_bandwidth_and_feedback_shrink_depth() {
     assert!(wasted <= 4, "wasted {wasted} idle {idle}");
 }
 
+/// Largest lookahead over a sequential run of 80 files read one per `interval_ns`, with
+/// the store's request latency set to `request_ns` (0: unknown).
+fn lookahead_timed(request_ns: u64, interval_ns: u64) -> i64 {
+    let mut p = SemanticPredictor::default();
+    p.set_request_latency(request_ns);
+    let mut best = 0;
+    let mut out = Vec::new();
+    for i in 0..80i64 {
+        out.clear();
+        let mut e = ev(1, &format!("s/f-{i:05}.bin"), 100);
+        e.now_ns = 1_000_000_000 + i as u64 * interval_ns;
+        p.on_access(&e, &mut out);
+        for r in &out {
+            let n: i64 = r.path[4..9].parse().expect("numbered");
+            best = best.max(n - i);
+        }
+    }
+    best
+}
+
+#[test]
+fn window_follows_request_latency_over_reader_pace() {
+    let max = i64::from(SemanticConfig::default().max_depth);
+    // Unknown latency: the confidence depth alone (grows to the cap).
+    assert_eq!(lookahead_timed(0, 1_000_000), max);
+    // 4 ms per request, a file per 1 ms: 4 files go by per request, 8 with the 2x
+    // headroom.
+    assert_eq!(lookahead_timed(4_000_000, 1_000_000), 8);
+    // A reader twice as fast needs twice the window.
+    assert_eq!(lookahead_timed(4_000_000, 500_000), 16);
+    // A slow reader on a fast store (0.1 ms per request, 1 ms per file): one ahead.
+    assert_eq!(lookahead_timed(100_000, 1_000_000), 1);
+    // Far more than the cap would need: the cap bounds it.
+    assert_eq!(lookahead_timed(1_000_000_000, 1_000_000), max);
+}
+
+#[test]
+fn latency_window_is_none_until_both_figures_are_known() {
+    use strata_prefetch::semantic::predictor::latency_window;
+    let cfg = SemanticConfig::default();
+    assert_eq!(latency_window(0, Some(1e6), &cfg), None);
+    assert_eq!(latency_window(5_000_000, None, &cfg), None);
+    // 5 ms / 1 ms x 2 = 10; rounding up, never below one file.
+    assert_eq!(latency_window(5_000_000, Some(1e6), &cfg), Some(10));
+    assert_eq!(latency_window(5_000_000, Some(3e6), &cfg), Some(4));
+    assert_eq!(latency_window(1, Some(1e9), &cfg), Some(1));
+}
+
 #[test]
 fn deterministic() {
     let wl = w::four_tenants(7, true);

@@ -33,11 +33,36 @@ const RING_ENTRIES: u32 = 256;
 const WAKE_TOKEN: u64 = u64::MAX;
 /// One request's largest transfer: the kernel caps a single read/write near 2 GiB.
 const MAX_TRANSFER: usize = 1 << 30;
+/// A checksummed read goes as parts of at least this size, submitted together, the
+/// ring thread checksumming each as it arrives in order: 128 KiB, so a 1 MiB value
+/// leaves 1/8 of its checksum after the last byte arrives, while each part is still a
+/// large transfer for the device.
+const MIN_PART: usize = 128 << 10;
+/// At most this many parts per read (larger values get larger parts): 16, a bound on
+/// the ring entries one request takes.
+const MAX_PARTS: usize = 16;
 
 enum OpKind {
     Read,
+    /// A read in parts with the crc32c of `Request::crc` computed as they arrive.
+    ReadCrc,
     Write,
     Fsync,
+}
+
+/// The state of a [`OpKind::ReadCrc`] in flight.
+struct Parts {
+    /// Each part's `(pos, len)` in the buffer, and its result once completed.
+    spans: Vec<(usize, usize)>,
+    results: Vec<Option<i32>>,
+    remaining: usize,
+    /// Parts checksummed so far (in order, while every earlier part was full).
+    next: usize,
+    /// Every part before `next` came back full.
+    full_prefix: bool,
+    crc: u32,
+    /// How far (a buffer position) the checksum has got.
+    crc_pos: usize,
 }
 
 struct Request {
@@ -49,12 +74,17 @@ struct Request {
     pos: usize,
     /// Bytes to transfer from `pos`.
     len: usize,
+    /// [`OpKind::ReadCrc`]: the buffer range to checksum.
+    crc: std::ops::Range<usize>,
+    parts: Option<Parts>,
     reply: oneshot::Sender<Reply>,
 }
 
 struct Reply {
     result: io::Result<usize>,
     buf: Option<AlignedBuf>,
+    /// [`OpKind::ReadCrc`]: the checksum, when the read covered the whole range.
+    crc: Option<u32>,
 }
 
 enum Msg {
@@ -98,6 +128,21 @@ impl UringEngine {
         pos: usize,
         len: usize,
     ) -> io::Result<Reply> {
+        self.submit_with_crc(kind, file, offset, buf, pos, len, 0..0)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn submit_with_crc(
+        &self,
+        kind: OpKind,
+        file: Arc<File>,
+        offset: u64,
+        buf: Option<AlignedBuf>,
+        pos: usize,
+        len: usize,
+        crc: std::ops::Range<usize>,
+    ) -> io::Result<Reply> {
         let (reply, rx) = oneshot::channel();
         let req = Request {
             kind,
@@ -106,6 +151,8 @@ impl UringEngine {
             buf,
             pos,
             len,
+            crc,
+            parts: None,
             reply,
         };
         self.tx
@@ -179,6 +226,49 @@ impl IoEngine for UringEngine {
         Ok(buf)
     }
 
+    async fn read_at_crc(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: AlignedBuf,
+        crc: std::ops::Range<usize>,
+    ) -> io::Result<(AlignedBuf, Option<u32>)> {
+        let len = buf.len();
+        if len <= MIN_PART || crc.start > crc.end || crc.end > len || len > MAX_TRANSFER {
+            // One part (nothing to overlap), or more than one transfer: read, then
+            // checksum.
+            let buf = self.read_at(file, offset, buf).await?;
+            let sum = buf.get(crc).map(crc32c::crc32c);
+            return Ok((buf, sum));
+        }
+        let ask = align_up(len).min(buf.capacity());
+        let reply = self
+            .submit_with_crc(
+                OpKind::ReadCrc,
+                file.clone(),
+                offset,
+                Some(buf),
+                0,
+                ask,
+                crc.clone(),
+            )
+            .await?;
+        let mut buf = reply
+            .buf
+            .ok_or_else(|| io::Error::other("io_uring read lost its buffer"))?;
+        let n = reply.result?;
+        if n < len {
+            // Short: the end of the file, or a partial transfer the parts do not
+            // resume. The plain read resumes partial transfers; its answer stands.
+            buf.set_len(len);
+            let buf = self.read_at(file, offset, buf).await?;
+            let sum = buf.get(crc).map(crc32c::crc32c);
+            return Ok((buf, sum));
+        }
+        buf.set_len(len);
+        Ok((buf, reply.crc))
+    }
+
     async fn write_at(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> io::Result<()> {
         let total = buf.capacity();
         let mut buf = Some(buf);
@@ -213,6 +303,10 @@ struct RingThread {
     wake_buf: Box<[u8; 8]>,
     wake_armed: bool,
     inflight: HashMap<u64, Request>,
+    /// Ring entry id of each part of a [`OpKind::ReadCrc`] -> (its request's id, part).
+    part_of: HashMap<u64, (u64, usize)>,
+    /// Entries submitted and not yet completed (the wake read excluded).
+    entries_in_flight: usize,
     next_id: u64,
     shutting_down: bool,
 }
@@ -226,6 +320,8 @@ impl RingThread {
             wake_buf: Box::new([0u8; 8]),
             wake_armed: false,
             inflight: HashMap::new(),
+            part_of: HashMap::new(),
+            entries_in_flight: 0,
             next_id: 0,
             shutting_down: false,
         }
@@ -256,7 +352,11 @@ impl RingThread {
 
     /// Moves queued requests into the ring while there is room for them.
     fn take_new_requests(&mut self) {
-        while (self.inflight.len() as u32) < RING_ENTRIES - 1 && !self.shutting_down {
+        // Room for a request of the most entries (the completion queue, twice the
+        // submission queue, then never overflows).
+        while self.entries_in_flight + MAX_PARTS < (RING_ENTRIES - 1) as usize
+            && !self.shutting_down
+        {
             match self.rx.try_recv() {
                 Ok(Msg::Op(req)) => self.push(req),
                 Ok(Msg::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
@@ -267,19 +367,155 @@ impl RingThread {
         }
     }
 
-    fn push(&mut self, mut req: Request) {
+    fn fresh_id(&mut self) -> u64 {
         let id = self.next_id;
         self.next_id = (self.next_id + 1) % (WAKE_TOKEN - 1);
+        id
+    }
+
+    /// A [`OpKind::ReadCrc`]: one read entry per part, all submitted now.
+    fn push_parts(&mut self, mut req: Request) {
+        let id = self.fresh_id();
+        let fd = types::Fd(req.file.as_raw_fd());
+        let Some(buf) = req.buf.as_mut() else {
+            let _ = req.reply.send(Reply {
+                result: Err(io::Error::other("read without a buffer")),
+                buf: None,
+                crc: None,
+            });
+            return;
+        };
+        let len = req.len.min(buf.capacity().saturating_sub(req.pos));
+        let part = align_up(len.div_ceil(MAX_PARTS).max(MIN_PART));
+        let mut spans = Vec::new();
+        let mut at = req.pos;
+        while at < req.pos + len {
+            let n = part.min(req.pos + len - at);
+            spans.push((at, n));
+            at += n;
+        }
+        for (i, &(pos, n)) in spans.iter().enumerate() {
+            let part_id = self.fresh_id();
+            // Parts are pushed in order, so this window starts past every part already
+            // in flight: no reference overlaps memory the kernel is writing.
+            let ptr = buf.window_mut(pos).as_mut_ptr();
+            let entry = opcode::Read::new(fd, ptr, n as u32)
+                .offset(req.offset + pos as u64)
+                .build()
+                .user_data(part_id);
+            // SAFETY: as in `push`: `req` (the buffer's heap storage and the file) is
+            // stored in `inflight` below and removed only after every part's
+            // completion was reaped (`Parts::remaining` reaches 0).
+            self.push_entry(&entry);
+            self.entries_in_flight += 1;
+            self.part_of.insert(part_id, (id, i));
+        }
+        let n = spans.len();
+        req.parts = Some(Parts {
+            spans,
+            results: vec![None; n],
+            remaining: n,
+            next: 0,
+            full_prefix: true,
+            crc: 0,
+            crc_pos: req.crc.start,
+        });
+        if n == 0 {
+            let _ = req.reply.send(Reply {
+                result: Ok(0),
+                buf: req.buf,
+                crc: (req.crc.is_empty()).then_some(0),
+            });
+            return;
+        }
+        self.inflight.insert(id, req);
+    }
+
+    /// Part `i` of request `id` completed with `res`: checksums what has arrived in
+    /// order, and answers the request once every part is in.
+    fn part_done(&mut self, id: u64, i: usize, res: i32) {
+        let Some(req) = self.inflight.get_mut(&id) else {
+            return;
+        };
+        let (Some(parts), Some(buf)) = (req.parts.as_mut(), req.buf.as_ref()) else {
+            return;
+        };
+        parts.results[i] = Some(res);
+        parts.remaining -= 1;
+        while parts.next < parts.spans.len() {
+            let Some(r) = parts.results[parts.next] else {
+                break;
+            };
+            let (pos, n) = parts.spans[parts.next];
+            parts.next += 1;
+            if !parts.full_prefix || r < 0 {
+                parts.full_prefix = false;
+                continue;
+            }
+            // What arrived of this part (all of it, or up to the end of the file).
+            let got = (r as usize).min(n);
+            // The crc range's share of it, from where the checksum got to.
+            let from = parts.crc_pos.max(pos);
+            let to = req.crc.end.min(pos + got);
+            if from < to {
+                if let Some(bytes) = buf.capacity_range(from..to) {
+                    parts.crc = crc32c::crc32c_append(parts.crc, bytes);
+                    parts.crc_pos = to;
+                }
+            }
+            if got != n {
+                parts.full_prefix = false;
+            }
+        }
+        if parts.remaining > 0 {
+            return;
+        }
+        let Some(req) = self.inflight.remove(&id) else {
+            return;
+        };
+        let Some(parts) = req.parts else {
+            return;
+        };
+        // As a plain read: bytes up to the first short part; an error in that prefix
+        // fails the read.
+        let mut filled = 0usize;
+        let mut result = Ok(0usize);
+        for (&(_, n), r) in parts.spans.iter().zip(&parts.results) {
+            let r = r.unwrap_or(0);
+            if r < 0 {
+                result = Err(io::Error::from_raw_os_error(-r));
+                break;
+            }
+            filled += r as usize;
+            if r as usize != n {
+                break;
+            }
+        }
+        let result = result.map(|_| filled);
+        let crc = (parts.crc_pos >= req.crc.end).then_some(parts.crc);
+        let _ = req.reply.send(Reply {
+            result,
+            buf: req.buf,
+            crc,
+        });
+    }
+
+    fn push(&mut self, mut req: Request) {
+        if matches!(req.kind, OpKind::ReadCrc) {
+            return self.push_parts(req);
+        }
+        let id = self.fresh_id();
         let fd = types::Fd(req.file.as_raw_fd());
         let entry = match req.kind {
             OpKind::Fsync => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            OpKind::Read | OpKind::Write => {
+            OpKind::Read | OpKind::ReadCrc | OpKind::Write => {
                 let Some(buf) = req.buf.as_mut() else {
                     let _ = req.reply.send(Reply {
                         result: Err(io::Error::other("read/write without a buffer")),
                         buf: None,
+                        crc: None,
                     });
                     return;
                 };
@@ -299,6 +535,7 @@ impl RingThread {
         // `inflight` below and removed only in `reap`, after the kernel has posted the
         // completion for `id`, so both outlive the kernel's use of them.
         self.push_entry(&entry);
+        self.entries_in_flight += 1;
         self.inflight.insert(id, req);
     }
 
@@ -344,6 +581,11 @@ impl RingThread {
                 self.wake_armed = false;
                 continue;
             }
+            self.entries_in_flight = self.entries_in_flight.saturating_sub(1);
+            if let Some((parent, i)) = self.part_of.remove(&id) {
+                self.part_done(parent, i, res);
+                continue;
+            }
             let Some(req) = self.inflight.remove(&id) else {
                 continue;
             };
@@ -356,6 +598,7 @@ impl RingThread {
             let _ = req.reply.send(Reply {
                 result,
                 buf: req.buf,
+                crc: None,
             });
         }
     }
@@ -369,6 +612,7 @@ impl RingThread {
                     let _ = req.reply.send(Reply {
                         result: Err(io::Error::new(e.kind(), e.to_string())),
                         buf: req.buf,
+                        crc: None,
                     });
                 }
                 Msg::Shutdown => break,

@@ -40,10 +40,16 @@ pub use tokenize::{tokenize, Field, FieldKind, TokenizedPath};
 /// Tuning of [`SemanticPredictor`]. Every default carries its reason.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SemanticConfig {
-    /// Most paths a lane keeps requested ahead. 32 small files hide a 20 ms store latency
-    /// for a reader consuming one file per 0.6 ms, and bound the waste when a confirmed
-    /// rule suddenly breaks to one window.
+    /// Most paths a lane keeps requested ahead: 32 small files hide a 20 ms store
+    /// latency for a reader consuming one file per 1.25 ms (with the 2x headroom), and
+    /// bound the waste when a confirmed rule suddenly breaks to one window. Within it,
+    /// the window is the smaller of the lane's confidence depth (doubling from
+    /// `initial_depth` on hits) and what the measured request latency and the lane's
+    /// own pace call for ([`predictor::latency_window`]).
     pub max_depth: u32,
+    /// Multiple of the files consumed during one request that a lane keeps requested:
+    /// 2 (see [`predictor::latency_window`] for why more than 1).
+    pub latency_headroom: f64,
     /// Depth right after a rule is confirmed: 2, so a false confirmation costs two files.
     pub initial_depth: u32,
     /// Consecutive confirmations a stride or lexical step needs: 2 (one difference is
@@ -102,6 +108,7 @@ impl Default for SemanticConfig {
     fn default() -> Self {
         SemanticConfig {
             max_depth: 32,
+            latency_headroom: 2.0,
             initial_depth: 2,
             min_run: 2,
             miss_limit: 3,

@@ -79,6 +79,9 @@ pub struct SemanticPredictor {
     /// EWMA of "feedback was Used".
     useful: f64,
     spare: f64,
+    /// The store's measured time per request for a small file, ns (0: unknown), from
+    /// the driver ([`Predictor::set_request_latency`]).
+    request_ns: u64,
     stats: SemanticStats,
 }
 
@@ -102,6 +105,7 @@ impl SemanticPredictor {
             // Start trusting: lanes only predict after confirming a rule anyway.
             useful: 1.0,
             spare: 1.0,
+            request_ns: 0,
             stats: SemanticStats::default(),
         }
     }
@@ -154,6 +158,28 @@ impl SemanticPredictor {
             }
         }
     }
+}
+
+/// Files a lane must keep requested ahead so that each arrives before its reader gets
+/// to it: a request takes `request_ns` and the reader takes `interval_ns` per file, so
+/// `request_ns / interval_ns` files are consumed while one is fetched (Little's law),
+/// kept at [`SemanticConfig::latency_headroom`] times that. The headroom matters
+/// beyond jitter: while the window is too small the reader waits on every file and
+/// the measured interval is the fetch time over the window, so without headroom the
+/// window would only ever grow by one file per measurement; with 2x it doubles until
+/// the reader stops waiting. None while either figure is unknown (the lane's
+/// confidence depth alone decides then).
+pub fn latency_window(
+    request_ns: u64,
+    interval_ns: Option<f64>,
+    cfg: &SemanticConfig,
+) -> Option<u32> {
+    let interval = interval_ns?;
+    if request_ns == 0 || interval <= 0.0 {
+        return None;
+    }
+    let need = (request_ns as f64 / interval * cfg.latency_headroom).ceil();
+    Some(need.clamp(1.0, f64::from(cfg.max_depth)) as u32)
 }
 
 impl Predictor for SemanticPredictor {
@@ -215,8 +241,12 @@ impl Predictor for SemanticPredictor {
         let mut issued: Vec<(Arc<str>, Origin)> = Vec::new();
         let avg = stream.avg_size();
         let lane = &mut stream.lanes[li];
+        lane.note_file_time(event.now_ns);
         if lane.rule(cfg).is_some() && lane.depth > 0 {
-            let k = ((f64::from(lane.depth) * scale).ceil() as u32).max(1);
+            let mut k = ((f64::from(lane.depth) * scale).ceil() as u32).max(1);
+            if let Some(need) = latency_window(self.request_ns, lane.file_interval_ns(), cfg) {
+                k = k.min(need);
+            }
             let acc = lane.accuracy();
             let lane_max = lane.max_file_size;
             for c in lane.candidates(k, listing, cfg) {
@@ -287,6 +317,10 @@ impl Predictor for SemanticPredictor {
 
     fn on_listing(&mut self, dir: &str, entries: &[(&str, u64)]) {
         self.observe_listing_sized(dir, entries);
+    }
+
+    fn set_request_latency(&mut self, ns: u64) {
+        self.request_ns = ns;
     }
 
     /// Fraction of the store's bandwidth currently unused, 0..=1 (clamped; NaN = idle).

@@ -89,7 +89,15 @@ pub struct Lane {
     pending_set: HashSet<Arc<str>, FxBuild>,
     /// Largest file size seen in the lane: the size guess for unlisted predictions.
     pub max_file_size: u64,
+    /// When the lane's last file was first read (`AccessEvent::now_ns`; 0: not yet).
+    last_file_ns: u64,
+    /// EWMA of the time between the lane's successive files, ns (0: not measured).
+    interval_ns: f64,
 }
+
+/// Weight of a new sample in a lane's file interval: 1/4, a few files' memory (a
+/// reader's pace changes when prefetch starts hitting, and the window must follow).
+const INTERVAL_WEIGHT: f64 = 0.25;
 
 /// Per-field step from `x` to `y`: `None` when the kinds differ, an opaque field changed
 /// or the difference overflows.
@@ -147,6 +155,8 @@ impl Lane {
             pending: VecDeque::new(),
             pending_set: HashSet::default(),
             max_file_size: file_size,
+            last_file_ns: 0,
+            interval_ns: 0.0,
         };
         lane.arm_bound();
         if lane.bound.is_some() {
@@ -216,6 +226,28 @@ impl Lane {
         } else {
             false
         }
+    }
+
+    /// The lane's next file was first read at `now_ns`: updates the measured interval
+    /// between its files (a clock of 0, as in tests without time, measures nothing).
+    pub fn note_file_time(&mut self, now_ns: u64) {
+        if now_ns == 0 {
+            return;
+        }
+        if self.last_file_ns != 0 && now_ns > self.last_file_ns {
+            let gap = (now_ns - self.last_file_ns) as f64;
+            self.interval_ns = if self.interval_ns == 0.0 {
+                gap
+            } else {
+                self.interval_ns + INTERVAL_WEIGHT * (gap - self.interval_ns)
+            };
+        }
+        self.last_file_ns = now_ns;
+    }
+
+    /// Measured time between the lane's files, ns (None before two timed files).
+    pub fn file_interval_ns(&self) -> Option<f64> {
+        (self.interval_ns > 0.0).then_some(self.interval_ns)
     }
 
     /// Laplace estimate of this lane's hit rate.

@@ -610,8 +610,13 @@ impl DiskTier {
     async fn read_block(&self, key: &CacheKey, entry: IndexEntry) -> Result<Block> {
         let file = self.open_for_read(key, entry.file_id).await?;
         let buf = self.pool.take(entry.file_len() as usize);
-        let buf = self.engine.read_at(file, 0, buf).await?;
+        // The value is checksummed by the I/O engine as its parts arrive (overlapping
+        // the transfer); the header, which says where the value is, is checked after.
+        let value = entry.header_len as usize..entry.header_len as usize + entry.data_len as usize;
+        let (buf, crc) = self.engine.read_at_crc(file, 0, buf, value).await?;
         let range = check_header(&buf, &key.encode(), &entry).map_err(CacheError::Corrupt)?;
+        // The engine's checksum covers exactly the range the header names.
+        let crc = crc.filter(|_| range.start == entry.header_len as usize);
         let data = if range.len() < SMALL_VALUE {
             // Copy small values out and recycle the buffer: a zero-copy slice would pin
             // a buffer of header + padding several times the value's size for as long
@@ -620,7 +625,10 @@ impl DiskTier {
         } else {
             buf.into_bytes().slice(range)
         };
-        Block::from_stored(data, entry.crc)
+        match crc {
+            Some(c) => Block::from_checked(data, entry.crc, c),
+            None => Block::from_stored(data, entry.crc),
+        }
     }
 
     /// Drops a block that failed to read, if `entry` is still what `key` maps to.
