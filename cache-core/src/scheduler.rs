@@ -8,8 +8,9 @@
 //! - **Classes.** [`Class::Demand`] (a reader waits for it), then [`Class::Prefetch`]
 //!   (readahead of the stream being read, or a client's explicit request), then
 //!   [`Class::Speculative`] (cross-file prediction). Demand is never queued.
-//! - **Share.** A prefetch or speculative request starts only while prefetch would keep
-//!   at most [`LinkShare::prefetch_cap`] of the requests in flight with demand active
+//! - **Share.** Beyond a floor of [`StoreScheduler::DEFAULT_FLOOR`] prefetch requests, a
+//!   prefetch or speculative request starts only while prefetch would keep at most
+//!   [`LinkShare::prefetch_cap`] of the requests in flight with demand active
 //!   (`(p + 1) / (d + p + 1) <= cap`); with no demand in flight it starts at once
 //!   (work-conserving). Concurrent GETs share a link about equally, so the request share
 //!   is the bandwidth share a store client can enforce; the replay's link also splits
@@ -73,10 +74,11 @@ impl<R: Copy + Eq + Hash, S: Eq> StoreScheduler<R, S> {
     /// (see [`Self::with_floor`]): 16. Measured on the whole replay corpus (17 traces x
     /// 10/20/40%, docs/BENCHMARKS.md "Demand before prefetch on the wire"): floors of
     /// 0 / 1 / 4 cost the sequential wins 8-55% JCT (generator shards 10%: 0.89 / 0.76 /
-    /// 0.62x the best baseline against 0.575x with no hold-back) and helped no trace's
-    /// total; at 16 no trace moves more than 1%. The controller's backlog (20 MB, about
-    /// 20 blocks) is then the tighter bound, and the link's split of bandwidth
-    /// ([`LinkShare`]) what keeps demand first.
+    /// 0.62x the best baseline against 0.575x with no hold-back) and helped two of 51
+    /// pairs by 2.4%; at 16 no pair moves more than 2.5% (generator shards 20%:
+    /// 0.977x). The controller's backlog (20 MB, about 20 blocks) is then the tighter
+    /// bound, and the link's split of bandwidth ([`LinkShare`]) what keeps demand
+    /// first in the replay.
     pub const DEFAULT_FLOOR: usize = 16;
 
     pub fn new(share: LinkShare) -> Self {
