@@ -938,17 +938,22 @@ impl Run<'_> {
             let (mut id, mut bytes) = (id, bytes);
             if !kv && !st.resident && st.lower == 0 && !st.queued {
                 // Not cached as a whole block: a small read of a random stream in a
-                // large file is fetched and cached in a smaller unit (the cache core's
-                // granularity), unless the block is dense with cached units.
+                // large file is served by its unit when that is cached, and on a miss
+                // fetched and cached in the unit (the cache core's granularity) unless
+                // the block is dense with cached units.
                 let bi = r.offset / bb + u64::from(pos - a0);
                 let bstart = bi * bb;
                 let at = r.offset.max(bstart) - bstart;
-                let cached = self.block_units.get(&(r.path, bi)).copied().unwrap_or(0);
-                if self.granularity.sparse(r.size.div_ceil(bb), cached) {
-                    let unit = self.granularity.unit(ctx.obs.blocks, at, overlap, bb);
-                    if unit < bb {
-                        (id, bytes) = self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
-                        st = self.state[id as usize];
+                let unit = self.granularity.unit(ctx.obs.blocks, at, overlap, bb);
+                if unit < bb && r.size.div_ceil(bb) >= self.granularity.min_file_blocks {
+                    let (uid, ubytes) = self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
+                    let ust = self.state[uid as usize];
+                    let cached = self.block_units.get(&(r.path, bi)).copied().unwrap_or(0);
+                    if ust.resident
+                        || ust.lower != 0
+                        || self.granularity.sparse(r.size.div_ceil(bb), cached)
+                    {
+                        (id, bytes, st) = (uid, ubytes, ust);
                     }
                 }
             }
