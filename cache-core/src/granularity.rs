@@ -30,7 +30,9 @@ pub struct Granularity {
     /// evicted before the reader returns and stay small; with room to spare blocks are
     /// cached whole, as LRU would. Measured on the corpus against 2: the same 23 of 51
     /// pairs behind, `mix` 0.915 / 1.103 / 1.418x the best baseline at 10 / 20 / 40%
-    /// (2: 0.926 / 1.117 / 1.429x), SQLite 0.83-0.86x (2: 0.83-0.84x).
+    /// (2: 0.926 / 1.117 / 1.429x), SQLite 0.83-0.86x (2: 0.83-0.84x); measured before
+    /// d95e18b (a cached unit's re-read then fetched its dense block; after it: 0.913 /
+    /// 1.103 / 1.423x and 0.83-0.86x).
     pub dense_units: u32,
 }
 
