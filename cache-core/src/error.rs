@@ -41,6 +41,10 @@ pub enum CacheError {
     /// The device tier failed (GPU or emulated).
     #[error("device error: {0}")]
     Device(String),
+    /// A prefetch was cancelled before it sent its request (its stream changed
+    /// course); a demand read that joined it fetches the block itself.
+    #[error("cancelled: {0}")]
+    Cancelled(String),
 }
 
 impl CacheError {
@@ -68,6 +72,7 @@ impl CacheError {
             CacheError::SharedFetch(s) => CacheError::SharedFetch(s.clone()),
             CacheError::Device(s) => CacheError::Device(s.clone()),
             CacheError::Changed(s) => CacheError::Changed(s.clone()),
+            CacheError::Cancelled(s) => CacheError::Cancelled(s.clone()),
         }
     }
 

@@ -33,7 +33,9 @@ use crate::engine::CacheEngine;
 use crate::error::{CacheError, Result};
 use crate::fetch_plan::{plan_runs, LinkEstimator, RequestRamp};
 use crate::key::CacheKey;
+use crate::scheduler::Class;
 use crate::store::{BackingStore, ObjectInfo};
+use crate::wire::Wire;
 
 #[derive(Clone)]
 pub struct ObjectReader {
@@ -41,6 +43,10 @@ pub struct ObjectReader {
     store: BackingStore,
     block_size: u64,
     link: Arc<Link>,
+    /// The store scheduler every request of this reader (and its clones) goes through:
+    /// demand first, prefetch within its share, queued prefetch cancelled when its
+    /// stream changes course (issue 13 item 4; the replay runs the same scheduler).
+    wire: Arc<Wire>,
     peers: Option<Arc<dyn PeerSource>>,
 }
 
@@ -137,6 +143,7 @@ impl ObjectReader {
                 blocks: AtomicU64::new(0),
                 small_request_ns: AtomicU64::new(0),
             }),
+            wire: Arc::new(Wire::default()),
             peers: None,
         })
     }
@@ -150,6 +157,11 @@ impl ObjectReader {
     /// Whether `key` is asked of another node of the group.
     fn is_remote(&self, key: &CacheKey) -> bool {
         self.peers.as_ref().is_some_and(|p| p.remote(key))
+    }
+
+    /// The store scheduler of this reader's requests.
+    pub fn wire(&self) -> &Arc<Wire> {
+        &self.wire
     }
 
     /// The link estimate from this reader's run fetches (shared by its clones).
@@ -185,6 +197,21 @@ impl ObjectReader {
         run: std::ops::Range<u64>,
         ctx: &AccessContext,
     ) -> Vec<(u64, RunBlock)> {
+        self.fetch_run_as(obj, run, ctx, Class::Prefetch).await
+    }
+
+    /// [`Self::fetch_run`] in store-scheduler class `class` ([`Class::Speculative`] for
+    /// cross-file prediction): the run waits while demand holds the link, and a demand
+    /// read of one of its blocks meanwhile starts it at once; a run cancelled while it
+    /// waits (its stream changed course) sends nothing and its blocks come back
+    /// [`RunBlock::Failed`] ([`CacheError::Cancelled`]).
+    pub async fn fetch_run_as(
+        &self,
+        obj: &ObjectInfo,
+        run: std::ops::Range<u64>,
+        ctx: &AccessContext,
+        class: Class,
+    ) -> Vec<(u64, RunBlock)> {
         let run = run.start..run.end.min(self.block_count(obj));
         if run.is_empty() {
             return Vec::new();
@@ -195,10 +222,10 @@ impl ObjectReader {
                 .map(|b| self.is_remote(&self.key(obj, b)))
                 .collect();
             if remote.iter().any(|r| *r) {
-                return self.fetch_run_grouped(obj, run, &remote, ctx).await;
+                return self.fetch_run_grouped(obj, run, &remote, ctx, class).await;
             }
         }
-        self.fetch_local_run(obj, run, ctx).await
+        self.fetch_local_run(obj, run, ctx, class).await
     }
 
     /// [`Self::fetch_run`] in a group: blocks other nodes own one by one through them,
@@ -209,6 +236,7 @@ impl ObjectReader {
         run: std::ops::Range<u64>,
         remote: &[bool],
         ctx: &AccessContext,
+        class: Class,
     ) -> Vec<(u64, RunBlock)> {
         let mut parts: Vec<BoxFuture<'_, Vec<(u64, RunBlock)>>> = Vec::new();
         let mut i = 0;
@@ -236,7 +264,7 @@ impl ObjectReader {
                     j += 1;
                 }
                 let local = b..run.start + j as u64;
-                parts.push(self.fetch_local_run(obj, local, ctx).boxed());
+                parts.push(self.fetch_local_run(obj, local, ctx, class).boxed());
                 i = j;
             }
         }
@@ -255,8 +283,12 @@ impl ObjectReader {
         obj: &ObjectInfo,
         run: std::ops::Range<u64>,
         ctx: &AccessContext,
+        class: Class,
     ) -> Vec<(u64, RunBlock)> {
         let keys: Vec<CacheKey> = run.clone().map(|b| self.key(obj, b)).collect();
+        // Queued before its blocks are claimed, so a demand read that finds one in
+        // flight finds it queued too, and promotes it.
+        let ticket = self.wire.submit(class, ctx.job, obj.path.clone(), &keys);
         let store = self.store.clone();
         let obj2 = obj.clone();
         let bs = self.block_size;
@@ -264,10 +296,19 @@ impl ObjectReader {
         let link = self.link.clone();
         let claimed = self.engine.fetch_runs(&keys, ctx, move |r| {
             let (store, obj, link) = (store.clone(), obj2.clone(), link.clone());
+            let ticket = ticket.clone();
             let start = (first + r.start as u64) * bs;
             let end = ((first + r.end as u64) * bs).min(obj.size);
             let blocks = (r.end - r.start) as u64;
             async move {
+                let Some(_permit) = ticket.await else {
+                    return Err(CacheError::Cancelled(format!(
+                        "prefetch of {} blocks {}..{}: its stream changed course",
+                        obj.path,
+                        start / bs,
+                        end.div_ceil(bs)
+                    )));
+                };
                 link.requests.fetch_add(1, Ordering::Relaxed);
                 link.blocks.fetch_add(blocks, Ordering::Relaxed);
                 let sent = link.epoch.elapsed();
@@ -355,11 +396,18 @@ impl ObjectReader {
         }
         let end = (start + self.block_size).min(obj.size);
         let key = self.key(obj, block);
-        let store = self.store.clone();
-        let obj2 = obj.clone();
         if let Some(peers) = self.peers.as_ref().filter(|p| p.remote(&key)) {
-            let from_store: StoreFetch =
-                Box::new(move || async move { store.get_range(&obj2, start..end).await }.boxed());
+            let store = self.store.clone();
+            let obj2 = obj.clone();
+            let wire = self.wire.clone();
+            // The store fallback of a peer fetch is demand on this node's wire too.
+            let from_store: StoreFetch = Box::new(move || {
+                async move {
+                    let _permit = wire.demand();
+                    store.get_range(&obj2, start..end).await
+                }
+                .boxed()
+            });
             let fut = peers.fetch(
                 PeerFetch {
                     key: key.clone(),
@@ -373,17 +421,29 @@ impl ObjectReader {
             );
             return self.engine.get_or_fetch_keep(&key, ctx, move || fut).await;
         }
-        let link = self.link.clone();
-        self.engine
-            .get_or_fetch(&key, ctx, move || async move {
+        // Demand before prefetch: a queued prefetch run bringing this block starts now.
+        self.wire.promote(&key);
+        let fetch = || {
+            let store = self.store.clone();
+            let obj2 = obj.clone();
+            let wire = self.wire.clone();
+            let link = self.link.clone();
+            move || async move {
+                let _permit = wire.demand();
                 let sent = Instant::now();
                 let res = store.get_range(&obj2, start..end).await;
                 if res.is_ok() {
                     link.observe_small(sent.elapsed());
                 }
                 res
-            })
-            .await
+            }
+        };
+        match self.engine.get_or_fetch(&key, ctx, fetch()).await {
+            // It joined a prefetch cancelled before it sent its request (the demand
+            // read raced its queueing): fetch the block as demand.
+            Err(CacheError::Cancelled(_)) => self.engine.get_or_fetch(&key, ctx, fetch()).await,
+            r => r,
+        }
     }
 
     /// Bytes `offset..offset+len` of `obj`, clamped to its size.

@@ -59,6 +59,7 @@ use strata_cache_core::{AccessContext, CacheError, CacheKey, JobId, ObjectInfo, 
 
 use strata_cache_core::fetch_plan::{plan_runs, stretch_readahead, FetchWindowConfig, RequestRamp};
 use strata_cache_core::reader::RunBlock;
+use strata_cache_core::scheduler::Class;
 use strata_prefetch::{
     AccessController, AccessEvent, Admission, ControllerConfig, Origin, PrefetchOrder,
 };
@@ -1094,6 +1095,10 @@ impl FsCore {
             now_ns: ctx.now_ns,
             pattern: engine.pattern_of(&self.reader.key(obj, offset / bs), ctx),
         };
+        // A stream that changed course drops the prefetch it still has queued.
+        self.reader
+            .wire()
+            .course(ctx.job, &obj.path, ev.pattern, offset);
         let demand = demand_blocks(offset, len, obj.size, bs);
         let mut orders: Vec<PrefetchOrder> = Vec::new();
         let outcomes = {
@@ -1223,12 +1228,19 @@ impl FsCore {
             }
             c.refused(order, (from * bs).max(order.offset));
         }
+        // Cross-file prediction is speculative: it goes after the readahead of streams
+        // being read.
+        let class = if order.origin == Origin::CrossFile {
+            Class::Speculative
+        } else {
+            Class::Prefetch
+        };
         for run in runs {
             let core = self.clone();
             let p = p.clone();
             let obj = obj.clone();
             tokio::spawn(async move {
-                let results = core.reader.fetch_run(&obj, run, &ctx).await;
+                let results = core.reader.fetch_run_as(&obj, run, &ctx, class).await;
                 let mut c = p.controller.lock();
                 for (b, r) in results {
                     let key = core.reader.key(&obj, b);

@@ -4,14 +4,12 @@
 //! priority, and tracks their outcomes: the mount and the replay both drive it.
 
 pub mod controller;
-pub mod link_share;
 pub mod semantic;
 pub mod sequential;
 
 pub use controller::{
     AccessController, Admission, ControllerConfig, Origin, Outcome, PrefetchOrder,
 };
-pub use link_share::LinkShare;
 
 use std::sync::Arc;
 

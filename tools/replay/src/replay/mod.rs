@@ -73,13 +73,16 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use strata_cache_core::granularity::Granularity;
 use strata_cache_core::hierarchy::Hierarchy;
+use strata_cache_core::link_share::LinkShare;
 use strata_cache_core::policy::{self, NextUse};
+use strata_cache_core::scheduler::{Class, CourseWatch, StoreScheduler};
 use strata_cache_core::space::{Placement, TierSpace};
 use strata_cache_core::stream::FxBuild;
 use strata_cache_core::{AccessContext, AccessKind, CacheKey, JobId, Pattern, DEFAULT_BLOCK_SIZE};
 use strata_prefetch::{
-    AccessController, AccessEvent, Admission, ControllerConfig, LinkShare, PrefetchOrder,
+    AccessController, AccessEvent, Admission, ControllerConfig, Origin, PrefetchOrder,
 };
 
 use crate::trace::{blocks_of, is_kv, Trace};
@@ -370,6 +373,9 @@ struct BlockState {
     via: u8,
     /// Lower levels holding it: bit `l - 1` for level `l` (`resident` is the top).
     lower: u8,
+    /// A prefetch of it waits in the store scheduler's queue (issued to the
+    /// controller, not placed, no transfer yet).
+    queued: bool,
 }
 
 const EMPTY: BlockState = BlockState {
@@ -379,6 +385,7 @@ const EMPTY: BlockState = BlockState {
     transfer: NONE,
     via: 0,
     lower: 0,
+    queued: false,
 };
 
 /// `f64` with a total order, for the heap of finish times.
@@ -402,6 +409,8 @@ struct Transfer {
     bytes: u64,
     /// A demand fetch (else a prefetch).
     demand: bool,
+    /// Its class in the store scheduler (store link only).
+    class: Class,
     /// Jobs whose current read waits for it.
     waiters: Vec<u32>,
 }
@@ -457,7 +466,8 @@ impl Link {
 
     /// Starts a GET of `bytes` for `block` at `now` (on `demand`, else a prefetch);
     /// returns its id.
-    fn fetch(&mut self, now: u64, bytes: u64, block: u32, demand: bool) -> u32 {
+    fn fetch(&mut self, now: u64, bytes: u64, block: u32, class: Class) -> u32 {
+        let demand = class == Class::Demand;
         if demand {
             self.demand_waiting += bytes;
         }
@@ -465,6 +475,7 @@ impl Link {
             block,
             bytes,
             demand,
+            class,
             waiters: Vec::new(),
         };
         let id = match self.free.pop() {
@@ -594,6 +605,21 @@ struct Run<'a> {
     extra_ids: HashMap<(u32, u64), u32, FxBuild>,
     extra_key_ids: HashMap<CacheKey, u32, FxBuild>,
     link: Link,
+    /// The daemon's store scheduler: demand first, prefetch within its share of the
+    /// link's requests, queued prefetch cancelled when its stream changes course.
+    sched: StoreScheduler<u32, (u32, u32)>,
+    /// Per queued prefetch (block id): its job and class.
+    queued_info: HashMap<u32, (JobId, Class), FxBuild>,
+    /// Per stream (job, path): its pattern and position, to see it change course.
+    course: CourseWatch<(u32, u32)>,
+    starts: Vec<u32>,
+    /// Fetch and cache units of demand misses (whole blocks for the baselines).
+    granularity: Granularity,
+    /// Ids of sub-block units: (path, unit, index) -> id (in the extra ids).
+    unit_ids: HashMap<(u32, u64, u64), u32, FxBuild>,
+    /// Per unit id: its file and block; per (file, block): units of it cached.
+    unit_block: HashMap<u32, (u32, u64), FxBuild>,
+    block_units: HashMap<(u32, u64), u32, FxBuild>,
     orders: Vec<PrefetchOrder>,
     /// Per job: blocks its current read still waits for.
     pending: Vec<u32>,
@@ -696,6 +722,11 @@ impl Run<'_> {
                 let landed = st.arrived;
                 st.resident = false;
                 st.arrived = false;
+                if let Some(b) = self.unit_block.get(&id) {
+                    if let Some(n) = self.block_units.get_mut(b) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
                 landed
             } else {
                 st.lower &= !(1 << (level - 1));
@@ -774,9 +805,94 @@ impl Run<'_> {
             let link = self.link_mut(via);
             link.transfers[tid as usize].waiters = w;
             link.free.push(tid);
+            if via == 0 {
+                let class = self.link.transfers[tid as usize].class;
+                let mut starts = std::mem::take(&mut self.starts);
+                self.sched.finished(class, &mut starts);
+                self.start_queued(now, starts);
+            }
         }
         finished.clear();
         self.finished = finished;
+    }
+
+    /// Starts the queued prefetches the scheduler released (`starts`, in order); one
+    /// no longer needed (cached meanwhile) ends at once and may release more.
+    fn start_queued(&mut self, now: u64, mut starts: Vec<u32>) {
+        let mut i = 0;
+        while i < starts.len() {
+            let id = starts[i];
+            i += 1;
+            let Some((job, class)) = self.queued_info.remove(&id) else {
+                continue;
+            };
+            self.state[id as usize].queued = false;
+            if !self.start_prefetch(id, job, class, now) {
+                if let Some(c) = &mut self.controller {
+                    c.failed(&id);
+                }
+                self.sched.finished(class, &mut starts);
+            }
+        }
+        starts.clear();
+        self.starts = starts;
+    }
+
+    /// Places prefetched block `id` for `job` and starts its transfer; false if it is
+    /// cached already or the policy refused it (no prefetch made).
+    fn start_prefetch(&mut self, id: u32, job: JobId, class: Class, now: u64) -> bool {
+        let st = self.state[id as usize];
+        if st.resident || st.lower != 0 {
+            return false;
+        }
+        let bytes = self.block_size(id);
+        if !self.place(id, bytes, &AccessContext::prefetch(job, now)) {
+            return false;
+        }
+        let tid = self.link.fetch(now, bytes, id, class);
+        self.prefetch_bytes += bytes;
+        self.state[id as usize] = BlockState {
+            resident: true,
+            arrived: false,
+            prefetched: true,
+            transfer: tid,
+            via: 0,
+            ..self.state[id as usize]
+        };
+        true
+    }
+
+    /// The id and size of unit `idx` of `unit` bytes of file `path` (`size` bytes),
+    /// made on first use.
+    fn unit_id(&mut self, path: u32, unit: u64, idx: u64, size: u64) -> (u32, u64) {
+        if let Some(&id) = self.unit_ids.get(&(path, unit, idx)) {
+            return (id, self.block_size(id));
+        }
+        let bytes = unit.min(size.saturating_sub(idx * unit)).max(1);
+        let key = CacheKey::file_block(
+            self.p.trace.paths[path as usize].clone(),
+            VERSION,
+            unit,
+            idx,
+        );
+        let id = (self.p.keys.len() + self.extra_keys.len()) as u32;
+        self.unit_ids.insert((path, unit, idx), id);
+        self.unit_block
+            .insert(id, (path, idx * unit / self.p.block_bytes));
+        self.extra_key_ids.insert(key.clone(), id);
+        self.extra_keys.push(key);
+        self.extra_sizes.push(bytes);
+        self.state.push(EMPTY);
+        (id, bytes)
+    }
+
+    fn block_size(&self, id: u32) -> u64 {
+        let n = self.p.sizes.len();
+        if (id as usize) < n {
+            self.p.sizes[id as usize]
+        } else {
+            self.extra_sizes[id as usize - n]
+        }
     }
 
     /// A demand read of a prefetched block: the prefetch was used, and the controller
@@ -818,7 +934,29 @@ impl Run<'_> {
             // The tracker observes every demand block access once, as the engine does.
             let mut ctx = ctx;
             self.cache.observe(&self.p.keys[id as usize], &mut ctx);
-            let st = self.state[id as usize];
+            let mut st = self.state[id as usize];
+            let (mut id, mut bytes) = (id, bytes);
+            if !kv && !st.resident && st.lower == 0 && !st.queued {
+                // Not cached as a whole block: a small read of a random stream in a
+                // large file is served by its unit when that is cached, and on a miss
+                // fetched and cached in the unit (the cache core's granularity) unless
+                // the block is dense with cached units.
+                let bi = r.offset / bb + u64::from(pos - a0);
+                let bstart = bi * bb;
+                let at = r.offset.max(bstart) - bstart;
+                let unit = self.granularity.unit(ctx.obs.blocks, at, overlap, bb);
+                if unit < bb && r.size.div_ceil(bb) >= self.granularity.min_file_blocks {
+                    let (uid, ubytes) = self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
+                    let ust = self.state[uid as usize];
+                    let cached = self.block_units.get(&(r.path, bi)).copied().unwrap_or(0);
+                    if ust.resident
+                        || ust.lower != 0
+                        || self.granularity.sparse(r.size.div_ceil(bb), cached)
+                    {
+                        (id, bytes, st) = (uid, ubytes, ust);
+                    }
+                }
+            }
             if st.resident {
                 self.touch(id, &ctx);
                 if st.arrived {
@@ -841,11 +979,12 @@ impl Run<'_> {
             if st.lower != 0 {
                 // A lower level holds it: read over that device, promoted to the top.
                 let l = st.lower.trailing_zeros() as usize + 1;
-                self.cache.touch(l, &self.p.keys[id as usize], &ctx);
+                let key = self.key(id).clone();
+                self.cache.touch(l, &key, &ctx);
                 self.hits += 1;
                 self.bytes_hit += overlap;
                 self.level_hits[l] += 1;
-                let tid = self.devices[l - 1].fetch(now, bytes, id, true);
+                let tid = self.devices[l - 1].fetch(now, bytes, id, Class::Demand);
                 self.devices[l - 1].transfers[tid as usize].waiters.push(j);
                 wait += 1;
                 if st.prefetched {
@@ -860,10 +999,22 @@ impl Run<'_> {
                 }
                 continue;
             }
+            if st.queued {
+                // Demand overtakes the queued prefetch of this block: it goes now, as
+                // demand (no prefetch was made: the controller gives it no outcome).
+                self.sched.promote(&id);
+                self.queued_info.remove(&id);
+                self.state[id as usize].queued = false;
+                if let Some(c) = &mut self.controller {
+                    c.failed(&id);
+                }
+            } else {
+                self.sched.demand_started();
+            }
             let admitted = self.place(id, bytes, &ctx);
             let tid = self
                 .link
-                .fetch(now, bytes, if admitted { id } else { NONE }, true);
+                .fetch(now, bytes, if admitted { id } else { NONE }, Class::Demand);
             self.link.transfers[tid as usize].waiters.push(j);
             wait += 1;
             if admitted {
@@ -875,6 +1026,9 @@ impl Run<'_> {
                     via: 0,
                     ..self.state[id as usize]
                 };
+                if let Some(b) = self.unit_block.get(&id) {
+                    *self.block_units.entry(*b).or_insert(0) += 1;
+                }
             }
         }
         if self.controller.is_some() {
@@ -919,6 +1073,18 @@ impl Run<'_> {
             now_ns: now,
             pattern: self.pattern(first, &AccessContext::demand(job, now)),
         };
+        let stream = (job.0 as u32, path);
+        if self.course.changed(stream, event.pattern, offset) {
+            // What readahead queued for the old course is not what comes next.
+            let mut cancelled = std::mem::take(&mut self.starts);
+            self.sched.cancel_stream(&stream, &mut cancelled);
+            for id in cancelled.drain(..) {
+                self.queued_info.remove(&id);
+                self.state[id as usize].queued = false;
+                c.failed(&id);
+            }
+            self.starts = cancelled;
+        }
         let mut orders = std::mem::take(&mut self.orders);
         orders.clear();
         c.set_demand_in_flight(self.link.demand_owed());
@@ -941,7 +1107,6 @@ impl Run<'_> {
         }
         let len = order.len.min(size - order.offset);
         let path = self.p.trace.paths[pid as usize].clone();
-        let ctx = AccessContext::prefetch(order.job, now);
         let mut lead = true;
         for (idx, bytes) in blocks_of(&path, order.offset, len, size, self.p.block_bytes) {
             let id = match self
@@ -985,20 +1150,21 @@ impl Run<'_> {
                 }
             }
             lead = false;
-            if self.place(id, bytes, &ctx) {
-                let tid = self.link.fetch(now, bytes, id, false);
-                self.prefetch_bytes += bytes;
-                self.state[id as usize] = BlockState {
-                    resident: true,
-                    arrived: false,
-                    prefetched: true,
-                    transfer: tid,
-                    via: 0,
-                    ..self.state[id as usize]
-                };
+            let class = if order.origin == Origin::CrossFile {
+                Class::Speculative
             } else {
+                Class::Prefetch
+            };
+            if !self.sched.submit(id, class, (order.job.0 as u32, pid)) {
+                // Held back while demand waits: placed when it starts.
+                self.state[id as usize].queued = true;
+                self.queued_info.insert(id, (order.job, class));
+            } else if !self.start_prefetch(id, order.job, class, now) {
                 // The policy refused it: no prefetch made.
                 c.failed(&id);
+                let mut starts = std::mem::take(&mut self.starts);
+                self.sched.finished(class, &mut starts);
+                self.start_queued(now, starts);
             }
         }
     }
@@ -1087,6 +1253,13 @@ fn replay_once(
             policy::by_name(lower_policy, l.capacity_bytes).expect("a live policy name builds");
         levels.push(TierSpace::new(l.capacity_bytes, policy));
     }
+    // Sub-block units for small random reads only in `strata-units`: the mount reads
+    // whole blocks, and `strata` must stay what the daemon does (one access path).
+    let granularity = if name == "strata-units" {
+        Granularity::default()
+    } else {
+        Granularity::BLOCKS
+    };
     let order = if next_use.is_some() {
         Vec::with_capacity(p.acc.len())
     } else {
@@ -1123,6 +1296,16 @@ fn replay_once(
         extra_ids: HashMap::default(),
         extra_key_ids: HashMap::default(),
         link: Link::new(&cfg.store),
+        // The daemon's scheduler (demand first, prefetch within its share beyond
+        // its floor, queued prefetch cancelled when its stream changes course).
+        sched: StoreScheduler::new(LinkShare::default()),
+        queued_info: HashMap::default(),
+        course: CourseWatch::default(),
+        starts: Vec::new(),
+        granularity,
+        unit_ids: HashMap::default(),
+        unit_block: HashMap::default(),
+        block_units: HashMap::default(),
         pending: vec![0; p.job_recs.len()],
         cursor: vec![0; p.job_recs.len()],
         end: vec![0; p.job_recs.len()],

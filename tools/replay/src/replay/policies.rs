@@ -20,10 +20,11 @@ use strata_cache_core::policy::{self, BeladyPolicy, EvictionPolicy, NextUse};
 use strata_prefetch::AccessController;
 
 /// Every name [`make_policy`] accepts.
-pub const POLICY_NAMES: [&str; 9] = [
+pub const POLICY_NAMES: [&str; 10] = [
     "strata",
     "strata-nosemantic",
     "strata-noprefetch",
+    "strata-units",
     "lru",
     "lfu",
     "arc",
@@ -53,7 +54,10 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 ///
 /// `strata` = [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) +
 /// the daemon's [`AccessController::standard`] (sequential and semantic predictors);
-/// `strata-nosemantic` leaves the semantic predictor out. The controller learns the
+/// `strata-nosemantic` leaves the semantic predictor out; `strata-units` is `strata`
+/// with sub-block fetch and cache units for small random reads
+/// ([`Granularity`](strata_cache_core::granularity::Granularity)), which the mount
+/// does not do yet, so it is an experiment, not a statement about the daemon. The controller learns the
 /// dataset's directory listings as the mount does, when a job first reads in a directory
 /// (see [`super::replay`]); the policy is told the tier's byte budget (as the engine
 /// would).
@@ -76,8 +80,8 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             next_use = Some(h);
             (Box::new(p) as Box<dyn EvictionPolicy>, None)
         }
-        "strata" | "strata-nosemantic" => {
-            let (policy, c) = strata_policy_set(name == "strata", capacity);
+        "strata" | "strata-nosemantic" | "strata-units" => {
+            let (policy, c) = strata_policy_set(name != "strata-nosemantic", capacity);
             (policy, Some(c))
         }
         "strata-noprefetch" => (strata_policy_set(false, capacity).0, None),

@@ -1,6 +1,8 @@
 //! Demand before prefetch on the store link (issue 13, item 4): how one link's
 //! bandwidth is split between the two priority classes of store requests while both
-//! have transfers in progress. Pure logic; the replay's link model uses it.
+//! have transfers in progress. Pure logic: the replay's link model splits its rates with
+//! it, and [`crate::scheduler::StoreScheduler`] bounds the prefetch requests it starts by
+//! the same cap.
 //!
 //! Within a class transfers share equally (processor sharing, as concurrent TCP
 //! connections to one store do). Between classes, prefetch takes at most
