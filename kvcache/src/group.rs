@@ -46,6 +46,7 @@ use tonic::{Code, Request, Status};
 use crate::pb;
 use crate::pb::kv_cache_client::KvCacheClient;
 use crate::routing::NodeIdx;
+use strata_types::LatencyWindow;
 
 /// Metadata of a forwarded request: the group token, as `Bearer <token>` (the same
 /// header the daemon's peer listener checks for every peer service).
@@ -168,37 +169,30 @@ impl RemoteError {
     }
 }
 
-/// Recent latencies of one peer (a ring), for the hedge's p99 and the hop's p50.
-#[derive(Default)]
-struct Ring {
-    samples: Vec<u32>,
-    next: usize,
-}
+/// Recent latencies of one peer, for the hedge's p99 and the hop's p50: the window the
+/// file peer path uses too, trusted only once it holds `MIN_SAMPLES`.
+struct Ring(LatencyWindow);
 
 /// Samples kept per ring: 128, enough for a p99 that follows the last seconds.
 const RING: usize = 128;
 /// Samples before a ring's p99 is trusted.
 const MIN_SAMPLES: usize = 16;
 
+impl Default for Ring {
+    fn default() -> Self {
+        Ring(LatencyWindow::new(RING))
+    }
+}
+
 impl Ring {
     fn push(&mut self, d: Duration) {
-        let us = d.as_micros().min(u32::MAX as u128) as u32;
-        if self.samples.len() < RING {
-            self.samples.push(us);
-        } else {
-            self.samples[self.next] = us;
-        }
-        self.next = (self.next + 1) % RING;
+        self.0.observe(d);
     }
 
     fn quantile(&self, q: f64) -> Option<Duration> {
-        if self.samples.len() < MIN_SAMPLES {
-            return None;
-        }
-        let mut s = self.samples.clone();
-        s.sort_unstable();
-        let i = ((s.len() - 1) as f64 * q).round() as usize;
-        Some(Duration::from_micros(u64::from(s[i])))
+        (self.0.len() >= MIN_SAMPLES)
+            .then(|| self.0.quantile(q))
+            .flatten()
     }
 }
 
@@ -540,21 +534,10 @@ impl Router {
             },
             fwd,
         );
-        let started = Instant::now();
-        let r = self
-            .call(node, async {
-                Ok(client.batch_exists(req).await?.into_inner().exists)
-            })
-            .await?;
-        self.peer(node).rpcs.lock().push(started.elapsed());
-        if r.len() != n {
-            return Err(RemoteError::Down(Status::internal(format!(
-                "node {} answered {} of {n} keys",
-                node.id,
-                r.len()
-            ))));
-        }
-        Ok(r)
+        self.lookup(node, n, async {
+            Ok(client.batch_exists(req).await?.into_inner().exists)
+        })
+        .await
     }
 
     /// EstimateLoad on `node`.
@@ -576,12 +559,23 @@ impl Router {
             },
             fwd,
         );
+        self.lookup(node, n, async {
+            Ok(client.estimate_load(req).await?.into_inner().blocks)
+        })
+        .await
+    }
+
+    /// A per-key lookup on `node` of `n` keys: timed into the node's round trips (the
+    /// hop EstimateLoad adds), and an answer that does not cover every key is the
+    /// node's fault (try another).
+    async fn lookup<T>(
+        &self,
+        node: &PeerNode,
+        n: usize,
+        fut: impl std::future::Future<Output = Result<Vec<T>, Status>>,
+    ) -> Result<Vec<T>, RemoteError> {
         let started = Instant::now();
-        let r = self
-            .call(node, async {
-                Ok(client.estimate_load(req).await?.into_inner().blocks)
-            })
-            .await?;
+        let r = self.call(node, fut).await?;
         self.peer(node).rpcs.lock().push(started.elapsed());
         if r.len() != n {
             return Err(RemoteError::Down(Status::internal(format!(
@@ -692,7 +686,7 @@ mod tests {
         }
         let p99 = r.quantile(0.99).unwrap();
         assert!(p99 >= Duration::from_micros(95), "{p99:?}");
-        assert_eq!(r.samples.len(), RING);
+        assert_eq!(r.0.len(), RING);
     }
 
     #[test]

@@ -276,19 +276,9 @@ impl BackingStore {
         let p = Path::from(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let (bytes, ttfb) = self
-            .retrying(|| {
-                let p = p.clone();
-                let opts = GetOptions {
-                    if_match: if_match.clone(),
-                    range: Some(GetRange::Bounded(range.clone())),
-                    ..Default::default()
-                };
-                async move {
-                    let sent = std::time::Instant::now();
-                    let res = self.store.get_opts(&p, opts).await?;
-                    let ttfb = sent.elapsed();
-                    Ok((res.bytes().await?, ttfb))
-                }
+            .retrying(|| async {
+                let (res, ttfb) = self.open_range(&p, &if_match, &range).await?;
+                Ok((res.bytes().await?, ttfb))
             })
             .await?;
         if bytes.len() as u64 != want {
@@ -301,6 +291,24 @@ impl BackingStore {
         self.check_local_version(obj).await?;
         self.reads.count(want);
         Ok((bytes, ttfb))
+    }
+
+    /// One attempt at bytes `range` of the version `if_match` names: the response,
+    /// whose body is still to be read, and its time to first byte.
+    async fn open_range(
+        &self,
+        p: &Path,
+        if_match: &Option<String>,
+        range: &Range<u64>,
+    ) -> object_store::Result<(object_store::GetResult, Duration)> {
+        let opts = GetOptions {
+            if_match: if_match.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let sent = std::time::Instant::now();
+        let res = self.store.get_opts(p, opts).await?;
+        Ok((res, sent.elapsed()))
     }
 
     /// A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
@@ -339,16 +347,9 @@ impl BackingStore {
         let piece = |done: u64| (want - done).min(block_size) as usize;
         let (blocks, got, ttfb) = self
             .retrying(|| {
-                let p = p.clone();
-                let opts = GetOptions {
-                    if_match: if_match.clone(),
-                    range: Some(GetRange::Bounded(range.clone())),
-                    ..Default::default()
-                };
+                let (p, if_match, range) = (&p, &if_match, &range);
                 async move {
-                    let sent = std::time::Instant::now();
-                    let res = self.store.get_opts(&p, opts).await?;
-                    let ttfb = sent.elapsed();
+                    let (res, ttfb) = self.open_range(p, if_match, range).await?;
                     let mut stream = res.into_stream();
                     let mut blocks = Vec::with_capacity(want.div_ceil(block_size) as usize);
                     let mut got = 0u64;

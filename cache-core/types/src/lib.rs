@@ -8,8 +8,10 @@
 //! already depends on the core can keep using those paths; the types are the same.
 
 pub mod hash;
+pub mod latency;
 
 pub use hash::{hash_bytes, mix64, FxBuild, FxHasher, SplitMix64};
+pub use latency::LatencyWindow;
 
 /// Default file block size: 1 MiB, large enough that a 1 MiB FUSE read is one block
 /// fetch and small enough that a random 4 KiB read does not drag in much more.

@@ -310,18 +310,7 @@ impl GroupReads {
         tokio::pin!(peer);
         tokio::select! {
             r = &mut peer => {
-                return match r {
-                    Ok(b) => {
-                        self.answered(&owner, started.elapsed());
-                        let keep = self.keep(&req.key, &b);
-                        Ok((b, keep))
-                    }
-                    Err(e) => {
-                        self.failed(&owner, &addr, &e);
-                        self.inner.metrics.fallback(owner.as_str());
-                        from_store().await.map(|b| (b, true))
-                    }
-                };
+                return self.settle(&owner, &addr, started, &req.key, r, from_store()).await;
             }
             _ = tokio::time::sleep(delay) => {}
         }
@@ -330,18 +319,7 @@ impl GroupReads {
             let hard = HedgeBudget::hard_wait(delay, &self.inner.policy).saturating_sub(delay);
             tokio::select! {
                 r = &mut peer => {
-                    return match r {
-                        Ok(b) => {
-                            self.answered(&owner, started.elapsed());
-                            let keep = self.keep(&req.key, &b);
-                            Ok((b, keep))
-                        }
-                        Err(e) => {
-                            self.failed(&owner, &addr, &e);
-                            self.inner.metrics.fallback(owner.as_str());
-                            from_store().await.map(|b| (b, true))
-                        }
-                    };
+                    return self.settle(&owner, &addr, started, &req.key, r, from_store()).await;
                 }
                 _ = tokio::time::sleep(hard) => {}
             }
@@ -351,18 +329,7 @@ impl GroupReads {
         let store = from_store();
         tokio::pin!(store);
         tokio::select! {
-            r = &mut peer => match r {
-                Ok(b) => {
-                    self.answered(&owner, started.elapsed());
-                    let keep = self.keep(&req.key, &b);
-                    Ok((b, keep))
-                }
-                Err(e) => {
-                    self.failed(&owner, &addr, &e);
-                    self.inner.metrics.fallback(owner.as_str());
-                    store.await.map(|b| (b, true))
-                }
-            },
+            r = &mut peer => self.settle(&owner, &addr, started, &req.key, r, store).await,
             r = &mut store => {
                 // The wait so far is a lower bound of this answer's time: the window
                 // learns that the peer is slow.
@@ -377,11 +344,7 @@ impl GroupReads {
                     }
                     // The store failed: the peer may still answer.
                     Err(e) => match peer.await {
-                        Ok(b) => {
-                            self.answered(&owner, started.elapsed());
-                            let keep = self.keep(&req.key, &b);
-                            Ok((b, keep))
-                        }
+                        Ok(b) => Ok(self.owner_answered(&owner, started, &req.key, b)),
                         Err(pe) => {
                             self.failed(&owner, &addr, &pe);
                             Err(e)
@@ -390,6 +353,40 @@ impl GroupReads {
                 }
             }
         }
+    }
+
+    /// The owner's answer `r` to a read started at `started`: its bytes (kept here if
+    /// the keep rule says so), or on a failure the read from the store.
+    async fn settle(
+        &self,
+        owner: &NodeId,
+        addr: &str,
+        started: Instant,
+        key: &CacheKey,
+        r: Result<Bytes, String>,
+        store: impl std::future::Future<Output = strata_cache_core::Result<Bytes>>,
+    ) -> strata_cache_core::Result<(Bytes, bool)> {
+        match r {
+            Ok(b) => Ok(self.owner_answered(owner, started, key, b)),
+            Err(e) => {
+                self.failed(owner, addr, &e);
+                self.inner.metrics.fallback(owner.as_str());
+                store.await.map(|b| (b, true))
+            }
+        }
+    }
+
+    /// Bytes the owner sent: its answer time learned, and whether to keep them here.
+    fn owner_answered(
+        &self,
+        owner: &NodeId,
+        started: Instant,
+        key: &CacheKey,
+        b: Bytes,
+    ) -> (Bytes, bool) {
+        self.answered(owner, started.elapsed());
+        let keep = self.keep(key, &b);
+        (b, keep)
     }
 
     fn answered_late(&self, owner: &NodeId, at_least: Duration) {
