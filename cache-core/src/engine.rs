@@ -355,7 +355,9 @@ impl CacheEngine {
     }
 
     /// `ctx` as policies must see it: a demand access observed by the tracker (once).
-    fn observed(&self, key: &CacheKey, ctx: &AccessContext) -> AccessContext {
+    /// Public for a reader that decides what to read from the observation (the stream's
+    /// pattern, for the fetch unit) before reading through the `*_observed` calls.
+    pub fn observed(&self, key: &CacheKey, ctx: &AccessContext) -> AccessContext {
         let mut ctx = *ctx;
         self.inner.state.lock().observe(key, &mut ctx);
         ctx
@@ -412,6 +414,22 @@ impl CacheEngine {
     /// Whether any level holds `key`.
     pub fn contains(&self, key: &CacheKey) -> bool {
         self.inner.state.lock().locate(key).is_some()
+    }
+
+    /// Whether any level holds `key` or a fetch of it is in flight (a read of it now
+    /// would not send a request of its own).
+    pub fn held_or_fetching(&self, key: &CacheKey) -> bool {
+        self.inner.inflight.lock().contains_key(key) || self.contains(key)
+    }
+
+    /// How many of `keys` are held or in flight ([`Self::held_or_fetching`]), under one
+    /// lock of each map.
+    pub fn count_held_or_fetching(&self, keys: &[CacheKey]) -> u32 {
+        let inflight = self.inner.inflight.lock();
+        let state = self.inner.state.lock();
+        keys.iter()
+            .filter(|k| inflight.contains_key(*k) || state.locate(k).is_some())
+            .count() as u32
     }
 
     /// The pattern the access tracker has classified `key`'s stream as (for `ctx.job`):
@@ -599,6 +617,36 @@ impl CacheEngine {
         Fut: Future<Output = Result<(Bytes, bool)>> + Send + 'static,
     {
         let ctx = self.observed(key, ctx);
+        self.get_or_fetch_keep_observed(key, &ctx, fetch).await
+    }
+
+    /// [`Self::get_or_fetch`] for an access already observed ([`Self::observed`]).
+    pub async fn get_or_fetch_observed<F, Fut>(
+        &self,
+        key: &CacheKey,
+        ctx: &AccessContext,
+        fetch: F,
+    ) -> Result<Bytes>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes>> + Send + 'static,
+    {
+        self.get_or_fetch_keep_observed(key, ctx, move || fetch().map(|r| r.map(|b| (b, true))))
+            .await
+    }
+
+    /// [`Self::get_or_fetch_keep`] for an access already observed ([`Self::observed`]).
+    pub async fn get_or_fetch_keep_observed<F, Fut>(
+        &self,
+        key: &CacheKey,
+        ctx: &AccessContext,
+        fetch: F,
+    ) -> Result<Bytes>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(Bytes, bool)>> + Send + 'static,
+    {
+        let ctx = *ctx;
         if let Some(bytes) = self.lookup(key, &ctx).await? {
             return Ok(bytes);
         }

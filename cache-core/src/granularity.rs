@@ -4,7 +4,25 @@
 //! reads 0.4%; the cache then holds hundreds of such pages where it held one block.
 //! Sequential streams (and reads of unknown pattern) keep whole blocks: their
 //! neighbours are read next, and readahead works in blocks. Pure logic: the replay
-//! uses it for every demand miss, with the tracker's block-level pattern of the read.
+//! uses it for every demand miss, with the tracker's block-level pattern of the read;
+//! the daemon's [`crate::reader::ObjectReader`] asks the same
+//! [`Granularity::demand_unit`] for every demand read of a block it does not hold, so a
+//! `strata-units` replay figure is a statement about the daemon with `[cache]
+//! read_units = "auto"`.
+//!
+//! ## How units are stored: as their own keys
+//!
+//! Unit `i` of `u` bytes of an object version is cached under the key of block `i` of
+//! the same version cut into `u`-byte blocks ([`crate::CacheKey::file_block`] with
+//! `block_size = u`). That key already means "raw bytes `i*u .. (i+1)*u`" (the key's
+//! format rule), so a unit is a complete cache item: every tier stores, checksums,
+//! evicts and recovers it as it does a block, and no tier ever holds a partially filled
+//! block. The costs are explicit: a block and units of it may both be cached (the block
+//! is always preferred, and the units age out), and a read outside the cached units of
+//! a block fetches the whole block, never a second unit next to the first (see
+//! [`Granularity::dense_units`]). Partial blocks with a per-block bitmap of valid ranges
+//! would save that overlap but would need range-aware checksums, a recovery that
+//! rebuilds the bitmaps, and single-flight per range: more ways to return short bytes.
 
 use strata_types::Pattern;
 
@@ -36,6 +54,16 @@ pub struct Granularity {
     pub dense_units: u32,
 }
 
+/// What the cache holds (or is fetching) around a candidate unit: see
+/// [`Granularity::demand_unit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnitsHeld {
+    /// The unit itself (served from the cache, or joining its fetch).
+    pub unit: bool,
+    /// Units of any size of the same block.
+    pub in_block: u32,
+}
+
 impl Default for Granularity {
     fn default() -> Self {
         Granularity {
@@ -60,6 +88,45 @@ impl Granularity {
     /// whose units are cached, may fetch units at all ([`Self::unit`] then decides).
     pub fn sparse(&self, file_blocks: u64, cached_units: u32) -> bool {
         file_blocks >= self.min_file_blocks && cached_units < self.dense_units
+    }
+
+    /// The unit a demand read of `len` bytes at `offset` within block-sized `block` of a
+    /// file of `file_size` bytes reads through, when that block is neither cached nor in
+    /// flight: `Some(unit)` (smaller than the block) to read, and on a miss fetch and
+    /// cache, only the aligned unit around the read; `None` for the whole block. `held`
+    /// is asked (only when a unit is a candidate, with its size) what the cache holds
+    /// around it. The one decision the replay and the daemon's reader share.
+    pub fn demand_unit(
+        &self,
+        pattern: Pattern,
+        offset: u64,
+        len: u64,
+        block: u64,
+        file_size: u64,
+        held: impl FnOnce(u64) -> UnitsHeld,
+    ) -> Option<u64> {
+        let unit = self.unit(pattern, offset, len, block);
+        let file_blocks = file_size.div_ceil(block.max(1));
+        if unit >= block || file_blocks < self.min_file_blocks {
+            return None;
+        }
+        let h = held(unit);
+        (h.unit || self.sparse(file_blocks, h.in_block)).then_some(unit)
+    }
+
+    /// Every unit size [`Self::unit`] can give in a block of `block` bytes, smallest
+    /// first (none for [`Self::BLOCKS`]): where a reader looks for units of a block.
+    pub fn unit_sizes(&self, block: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        if self.small_read == 0 || self.min_unit >= block {
+            return out;
+        }
+        let mut unit = self.min_unit.max(1).next_power_of_two();
+        while unit < block && block.is_multiple_of(unit) {
+            out.push(unit);
+            unit *= 2;
+        }
+        out
     }
 
     /// The unit to fetch and cache for a demand read of `len` bytes at `offset` within a
@@ -122,6 +189,68 @@ mod tests {
         );
         assert!(!g.sparse(8, 0), "an 8-block file is read whole");
         assert!(!Granularity::BLOCKS.sparse(u64::MAX - 1, 0));
+    }
+
+    #[test]
+    fn demand_unit_asks_what_is_held_only_for_a_candidate() {
+        let g = Granularity::default();
+        let big = 42 * MIB;
+        let none = |_| UnitsHeld::default();
+        assert_eq!(
+            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, none),
+            Some(16 << 10)
+        );
+        // A unit of the block cached already: the block is dense, read it whole...
+        let one = |_| UnitsHeld {
+            unit: false,
+            in_block: 1,
+        };
+        assert_eq!(
+            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, one),
+            None
+        );
+        // ...unless the unit the read needs is that one.
+        let it = |_| UnitsHeld {
+            unit: true,
+            in_block: 1,
+        };
+        assert_eq!(
+            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, it),
+            Some(16 << 10)
+        );
+        let never = |_: u64| -> UnitsHeld { panic!("no candidate: nothing to ask") };
+        assert_eq!(
+            g.demand_unit(Pattern::Sequential, 0, 4096, MIB, big, never),
+            None
+        );
+        assert_eq!(
+            g.demand_unit(Pattern::Random, 0, 4096, MIB, 8 * MIB, never),
+            None
+        );
+        let blocks = Granularity::BLOCKS;
+        assert_eq!(
+            blocks.demand_unit(Pattern::Random, 0, 4096, MIB, big, never),
+            None
+        );
+    }
+
+    #[test]
+    fn unit_sizes_are_every_size_unit_can_give() {
+        let g = Granularity::default();
+        let sizes = g.unit_sizes(MIB);
+        assert_eq!(sizes, (14..20).map(|s| 1u64 << s).collect::<Vec<_>>());
+        for (off, len) in [
+            (0, 1),
+            (8192, 4096),
+            (MIB - 5, 5),
+            (100_000, 60_000),
+            (0, 64 << 10),
+        ] {
+            let u = g.unit(Pattern::Random, off, len, MIB);
+            assert!(u == MIB || sizes.contains(&u), "{off}+{len}: {u}");
+        }
+        assert!(Granularity::BLOCKS.unit_sizes(MIB).is_empty());
+        assert!(g.unit_sizes(1_000_000).is_empty());
     }
 
     #[test]

@@ -12,6 +12,20 @@
 //! of any of them joins the run). Every run's timing feeds the reader's
 //! [`LinkEstimator`], from which the mount sizes the bytes it keeps in flight.
 //!
+//! Sub-block units (issue 13; [`crate::granularity`]): a demand read of a block that is
+//! neither cached nor in flight, by a stream the tracker classifies random or skewed,
+//! small, in a file of many blocks, reads through the aligned unit around it (16-64
+//! KiB) instead of the block: on a miss one ranged GET of the unit, cached under the
+//! unit's own key (see the granularity module docs for why own keys, not partial
+//! blocks). [`Granularity::demand_unit`] decides, the same call the replay makes, from
+//! the tracker's observation of the block's key (observed once, then read through the
+//! engine's `*_observed` calls). The whole block is still read when it is cached or in
+//! flight (a prefetch run), when another unit of it is held (the reader returns to this
+//! block: fetch it whole), and when another node of the group owns it (its owner serves
+//! the block from its tiers, no store GET to save). [`ObjectReader::with_granularity`]
+//! with [`Granularity::BLOCKS`] reads whole blocks always (`[cache] read_units =
+//! "block"`).
+//!
 //! In a cache group (issue 16) a reader has a [`PeerSource`]: a missed block that
 //! another node owns is asked of that node (which fetches it from the store once for
 //! the whole group), the store being this node's fallback. The reader knows nothing of
@@ -32,6 +46,7 @@ use crate::access::AccessContext;
 use crate::engine::CacheEngine;
 use crate::error::{CacheError, Result};
 use crate::fetch_plan::{plan_runs, LinkEstimator, RequestRamp};
+use crate::granularity::{Granularity, UnitsHeld};
 use crate::key::CacheKey;
 use crate::scheduler::Class;
 use crate::store::{BackingStore, ObjectInfo};
@@ -48,6 +63,8 @@ pub struct ObjectReader {
     /// stream changes course (issue 13 item 4; the replay runs the same scheduler).
     wire: Arc<Wire>,
     peers: Option<Arc<dyn PeerSource>>,
+    /// Fetch and cache units of demand reads (see the module docs).
+    granularity: Granularity,
 }
 
 /// A block the reader missed and wants through its owner in the cache group.
@@ -96,6 +113,9 @@ struct Link {
     /// miss or a one-block run), ns; 0 before the first. What a small file costs to
     /// fetch, which sets how far ahead of a reader next files are requested.
     small_request_ns: AtomicU64,
+    /// Ranged GETs of sub-block units sent by demand reads, and their bytes.
+    unit_requests: AtomicU64,
+    unit_bytes: AtomicU64,
 }
 
 /// Weight of a new sample in [`Link::small_request_ns`]: 1/4, as the link estimator's.
@@ -142,10 +162,35 @@ impl ObjectReader {
                 requests: AtomicU64::new(0),
                 blocks: AtomicU64::new(0),
                 small_request_ns: AtomicU64::new(0),
+                unit_requests: AtomicU64::new(0),
+                unit_bytes: AtomicU64::new(0),
             }),
             wire: Arc::new(Wire::default()),
             peers: None,
+            // Units for small random reads, as `[cache] read_units = "auto"` (the
+            // daemon's default; reasons in the tools crate's config).
+            granularity: Granularity::default(),
         })
+    }
+
+    /// This reader with fetch and cache units `g` ([`Granularity::BLOCKS`]: whole
+    /// blocks always).
+    pub fn with_granularity(mut self, g: Granularity) -> Self {
+        self.granularity = g;
+        self
+    }
+
+    /// The fetch and cache units of this reader.
+    pub fn granularity(&self) -> Granularity {
+        self.granularity
+    }
+
+    /// Ranged GETs of sub-block units sent by demand reads, and their bytes.
+    pub fn unit_requests(&self) -> (u64, u64) {
+        (
+            self.link.unit_requests.load(Ordering::Relaxed),
+            self.link.unit_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// This reader in a cache group: missed blocks other nodes own come from them.
@@ -394,8 +439,22 @@ impl ObjectReader {
         if start >= obj.size {
             return Ok(Bytes::new());
         }
-        let end = (start + self.block_size).min(obj.size);
         let key = self.key(obj, block);
+        let ctx = self.engine.observed(&key, ctx);
+        self.read_block_observed(obj, block, key, &ctx).await
+    }
+
+    /// [`Self::read_block`] of a block within `obj` whose access `ctx` the tracker has
+    /// observed already.
+    async fn read_block_observed(
+        &self,
+        obj: &ObjectInfo,
+        block: u64,
+        key: CacheKey,
+        ctx: &AccessContext,
+    ) -> Result<Bytes> {
+        let start = block.saturating_mul(self.block_size);
+        let end = (start + self.block_size).min(obj.size);
         if let Some(peers) = self.peers.as_ref().filter(|p| p.remote(&key)) {
             let store = self.store.clone();
             let obj2 = obj.clone();
@@ -419,7 +478,10 @@ impl ObjectReader {
                 },
                 from_store,
             );
-            return self.engine.get_or_fetch_keep(&key, ctx, move || fut).await;
+            return self
+                .engine
+                .get_or_fetch_keep_observed(&key, ctx, move || fut)
+                .await;
         }
         // Demand before prefetch: a queued prefetch run bringing this block starts now.
         self.wire.promote(&key);
@@ -438,12 +500,113 @@ impl ObjectReader {
                 res
             }
         };
-        match self.engine.get_or_fetch(&key, ctx, fetch()).await {
+        match self.engine.get_or_fetch_observed(&key, ctx, fetch()).await {
             // It joined a prefetch cancelled before it sent its request (the demand
             // read raced its queueing): fetch the block as demand.
-            Err(CacheError::Cancelled(_)) => self.engine.get_or_fetch(&key, ctx, fetch()).await,
+            Err(CacheError::Cancelled(_)) => {
+                self.engine.get_or_fetch_observed(&key, ctx, fetch()).await
+            }
             r => r,
         }
+    }
+
+    /// Bytes `from..to` (offsets within the block, `to` within the object) of block
+    /// `block` of `obj` for a demand read: through the unit
+    /// [`Granularity::demand_unit`] decides, else the whole block (module docs).
+    async fn read_in_block(
+        &self,
+        obj: &ObjectInfo,
+        block: u64,
+        from: u64,
+        to: u64,
+        ctx: &AccessContext,
+    ) -> Result<Bytes> {
+        let key = self.key(obj, block);
+        let ctx = self.engine.observed(&key, ctx);
+        if let Some(unit) = self.unit_for(obj, block, &key, from, to, &ctx) {
+            let base = block * self.block_size + from;
+            let idx = base / unit;
+            let unit_start = idx * unit;
+            let bytes = self.read_unit(obj, unit, idx, &ctx).await?;
+            return slice(
+                &bytes,
+                base - unit_start,
+                block * self.block_size + to - unit_start,
+            );
+        }
+        let bytes = self.read_block_observed(obj, block, key, &ctx).await?;
+        slice(&bytes, from, to)
+    }
+
+    /// The unit to read bytes `from..to` of block `block` through, if any (module docs):
+    /// never while the block is held or in flight, or owned by another node.
+    fn unit_for(
+        &self,
+        obj: &ObjectInfo,
+        block: u64,
+        key: &CacheKey,
+        from: u64,
+        to: u64,
+        ctx: &AccessContext,
+    ) -> Option<u64> {
+        let bs = self.block_size;
+        if self.granularity == Granularity::BLOCKS
+            || !ctx.is_demand()
+            || self.engine.held_or_fetching(key)
+            || self.is_remote(key)
+        {
+            return None;
+        }
+        let unit_key = |unit: u64, idx: u64| {
+            CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx)
+        };
+        self.granularity
+            .demand_unit(ctx.obs.blocks, from, to - from, bs, obj.size, |unit| {
+                let base = block * bs;
+                let in_block: Vec<CacheKey> = self
+                    .granularity
+                    .unit_sizes(bs)
+                    .into_iter()
+                    .flat_map(|u| (0..bs / u).map(move |i| (u, base / u + i)))
+                    .map(|(u, i)| unit_key(u, i))
+                    .collect();
+                UnitsHeld {
+                    unit: self
+                        .engine
+                        .held_or_fetching(&unit_key(unit, (base + from) / unit)),
+                    in_block: self.engine.count_held_or_fetching(&in_block),
+                }
+            })
+    }
+
+    /// Unit `idx` of `unit` bytes of `obj` (the object's bytes `idx*unit..`, clamped to
+    /// its size), from the cache or one ranged GET; concurrent misses share the GET.
+    async fn read_unit(
+        &self,
+        obj: &ObjectInfo,
+        unit: u64,
+        idx: u64,
+        ctx: &AccessContext,
+    ) -> Result<Bytes> {
+        let key = CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx);
+        let start = idx * unit;
+        let end = (start + unit).min(obj.size);
+        let store = self.store.clone();
+        let obj2 = obj.clone();
+        let wire = self.wire.clone();
+        let link = self.link.clone();
+        let fetch = move || async move {
+            let _permit = wire.demand();
+            let sent = Instant::now();
+            let res = store.get_range(&obj2, start..end).await;
+            if res.is_ok() {
+                link.observe_small(sent.elapsed());
+                link.unit_requests.fetch_add(1, Ordering::Relaxed);
+                link.unit_bytes.fetch_add(end - start, Ordering::Relaxed);
+            }
+            res
+        };
+        self.engine.get_or_fetch_observed(&key, ctx, fetch).await
     }
 
     /// Bytes `offset..offset+len` of `obj`, clamped to its size.
@@ -458,22 +621,26 @@ impl ObjectReader {
         if offset >= end {
             return Ok(Bytes::new());
         }
-        let first = offset / self.block_size;
-        let last = (end - 1) / self.block_size;
+        let bs = self.block_size;
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        // The part of the read inside block `b`, as offsets within it.
+        let part = |b: u64| {
+            let base = b * bs;
+            (offset.max(base) - base, end.min(base + bs) - base)
+        };
         if first == last {
-            let block = self.read_block(obj, first, ctx).await?;
-            let base = first * self.block_size;
-            return slice(&block, offset - base, end - base);
+            let (from, to) = part(first);
+            return self.read_in_block(obj, first, from, to, ctx).await;
         }
-        let blocks =
-            futures::future::try_join_all((first..=last).map(|b| self.read_block(obj, b, ctx)))
-                .await?;
+        let parts = futures::future::try_join_all((first..=last).map(|b| {
+            let (from, to) = part(b);
+            self.read_in_block(obj, b, from, to, ctx)
+        }))
+        .await?;
         let mut out = BytesMut::with_capacity((end - offset) as usize);
-        for (i, block) in blocks.iter().enumerate() {
-            let base = (first + i as u64) * self.block_size;
-            let from = offset.saturating_sub(base);
-            let to = (end - base).min(block.len() as u64);
-            out.extend_from_slice(&slice(block, from, to)?);
+        for p in &parts {
+            out.extend_from_slice(p);
         }
         Ok(out.freeze())
     }

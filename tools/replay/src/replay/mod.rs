@@ -73,7 +73,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use strata_cache_core::granularity::Granularity;
+use strata_cache_core::granularity::{Granularity, UnitsHeld};
 use strata_cache_core::hierarchy::Hierarchy;
 use strata_cache_core::link_share::LinkShare;
 use strata_cache_core::policy::{self, NextUse};
@@ -944,17 +944,22 @@ impl Run<'_> {
                 let bi = r.offset / bb + u64::from(pos - a0);
                 let bstart = bi * bb;
                 let at = r.offset.max(bstart) - bstart;
-                let unit = self.granularity.unit(ctx.obs.blocks, at, overlap, bb);
-                if unit < bb && r.size.div_ceil(bb) >= self.granularity.min_file_blocks {
-                    let (uid, ubytes) = self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
-                    let ust = self.state[uid as usize];
-                    let cached = self.block_units.get(&(r.path, bi)).copied().unwrap_or(0);
-                    if ust.resident
-                        || ust.lower != 0
-                        || self.granularity.sparse(r.size.div_ceil(bb), cached)
-                    {
-                        (id, bytes, st) = (uid, ubytes, ust);
-                    }
+                // The decision the daemon's reader takes too (`Granularity::demand_unit`).
+                let granularity = self.granularity;
+                let mut candidate = None;
+                let unit =
+                    granularity.demand_unit(ctx.obs.blocks, at, overlap, bb, r.size, |unit| {
+                        let (uid, ubytes) =
+                            self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
+                        let ust = self.state[uid as usize];
+                        candidate = Some((uid, ubytes, ust));
+                        UnitsHeld {
+                            unit: ust.resident || ust.lower != 0,
+                            in_block: self.block_units.get(&(r.path, bi)).copied().unwrap_or(0),
+                        }
+                    });
+                if let (Some(_), Some(c)) = (unit, candidate) {
+                    (id, bytes, st) = c;
                 }
             }
             if st.resident {
@@ -1253,8 +1258,8 @@ fn replay_once(
             policy::by_name(lower_policy, l.capacity_bytes).expect("a live policy name builds");
         levels.push(TierSpace::new(l.capacity_bytes, policy));
     }
-    // Sub-block units for small random reads only in `strata-units`: the mount reads
-    // whole blocks, and `strata` must stay what the daemon does (one access path).
+    // Sub-block units for small random reads only in `strata-units` (the daemon with
+    // `[cache] read_units = "auto"`); `strata` is the daemon with `read_units = "block"`.
     let granularity = if name == "strata-units" {
         Granularity::default()
     } else {

@@ -56,8 +56,10 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 /// the daemon's [`AccessController::standard`] (sequential and semantic predictors);
 /// `strata-nosemantic` leaves the semantic predictor out; `strata-units` is `strata`
 /// with sub-block fetch and cache units for small random reads
-/// ([`Granularity`](strata_cache_core::granularity::Granularity)), which the mount
-/// does not do yet, so it is an experiment, not a statement about the daemon. The controller learns the
+/// ([`Granularity`](strata_cache_core::granularity::Granularity)): the daemon with
+/// `[cache] read_units = "auto"` (its default), whose reader takes the same
+/// `Granularity::demand_unit` decision; `strata` is the daemon with `read_units =
+/// "block"`. The controller learns the
 /// dataset's directory listings as the mount does, when a job first reads in a directory
 /// (see [`super::replay`]); the policy is told the tier's byte budget (as the engine
 /// would).
