@@ -54,6 +54,8 @@ pub struct Core {
     pub memory: Arc<MemoryTier>,
     pub disk: Option<Arc<DiskTier>>,
     pub block_size: u64,
+    /// Fetch and cache units of the mounts' readers (`[cache] read_units`).
+    pub granularity: strata_cache_core::granularity::Granularity,
     pub cache_dir: PathBuf,
     /// Bytes of the disk budget set aside for mounts' passthrough copies (the disk
     /// tier has the rest): the disk budget counts everything Strata writes. See
@@ -68,6 +70,7 @@ pub struct Core {
 pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     // Checked first, so a refused GPU configuration leaves no cache dir behind.
     let gpu_cfg = cfg.gpu_tier()?;
+    let granularity = cfg.granularity()?;
     let (cache_dir, temp) = match &cfg.dir {
         Some(d) => {
             // 0700 and ours (a dir owned by another user is refused): it holds every
@@ -130,6 +133,7 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         memory,
         disk,
         block_size: parse_size(&cfg.block_size)?,
+        granularity,
         cache_dir,
         passthrough_budget,
         _temp: temp,
@@ -207,6 +211,32 @@ mod tests {
         cfg.policy = "belady".into();
         let err = open_core(&cfg).err().expect("unknown policy is refused");
         assert!(format!("{err:#}").contains("known: strata, lru"), "{err:#}");
+    }
+
+    #[test]
+    fn read_units_choose_the_readers_granularity() {
+        use strata_cache_core::granularity::Granularity;
+        // A directory per open: a disk tier's directory is held while its core lives.
+        let dir = |n: &str| tempfile::tempdir().expect(n);
+        let (a, b, c) = (dir("a"), dir("b"), dir("c"));
+        let core = open_core(&cfg(a.path())).expect("default read_units opens");
+        assert_eq!(core.granularity, Granularity::default(), "auto by default");
+        let block = CacheConfig {
+            read_units: "block".into(),
+            ..cfg(b.path())
+        };
+        assert_eq!(
+            open_core(&block).expect("block").granularity,
+            Granularity::BLOCKS
+        );
+        let pages = CacheConfig {
+            read_units: "pages".into(),
+            ..cfg(c.path())
+        };
+        let err = open_core(&pages)
+            .err()
+            .expect("an unknown value is refused");
+        assert!(format!("{err:#}").contains("read_units"), "{err:#}");
     }
 
     #[test]

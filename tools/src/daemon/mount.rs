@@ -55,7 +55,8 @@ pub fn mount(
     peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
     let opts = mount_options(m, core, url)?;
-    let mut reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?;
+    let mut reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?
+        .with_granularity(core.granularity);
     if let Some(p) = peers {
         reader = reader.with_peers(p);
     }
