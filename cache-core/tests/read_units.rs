@@ -259,6 +259,88 @@ async fn concurrent_misses_on_one_unit_share_one_get() {
     .expect("bounded");
 }
 
+/// Units are cache items like blocks: written through to the disk tier with their
+/// checksums, found there by a restarted engine and served without a store GET.
+#[tokio::test]
+async fn units_on_the_disk_tier_survive_a_restart() {
+    use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+    timed(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let inner: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let faulty = Arc::new(FaultyStore::new(inner, FaultConfig::default()));
+        let store = BackingStore::new(
+            faulty.clone() as Arc<dyn ObjectStore>,
+            "mem",
+            RetryPolicy::default(),
+        );
+        let bytes = data(SIZE as usize);
+        store
+            .put("db/app.sqlite", bytes.clone())
+            .await
+            .expect("seed");
+        let open = |store: BackingStore| {
+            let disk =
+                DiskTier::open(dir.path(), 256 << 20, DiskOptions::default()).expect("disk tier");
+            let engine = CacheEngine::builder()
+                .tier(Arc::new(MemoryTier::new(64 << 20)))
+                .tier(Arc::new(disk))
+                .build()
+                .expect("engine");
+            ObjectReader::new(engine, store, BS).expect("reader")
+        };
+        let reader = open(store.clone());
+        let obj = reader.store().head("db/app.sqlite").await.expect("head");
+        let fx = Fixture {
+            reader,
+            faulty: faulty.clone(),
+            obj: obj.clone(),
+            bytes: bytes.clone(),
+        };
+        fx.warm_up_random().await;
+        let pages: Vec<u64> = untouched_blocks().map(|b| b * BS + 2 * PAGE).collect();
+        for &at in &pages {
+            fx.read_ok(at, PAGE).await;
+        }
+        assert!(fx.reader.unit_requests().0 >= 32);
+        // The write-through to disk runs in the background: wait until it has landed.
+        let last = strata_cache_core::CacheKey::file_block(
+            obj.path.clone(),
+            obj.version.clone(),
+            UNIT,
+            *pages.last().expect("pages") / UNIT,
+        );
+        while fx.reader.engine().stats().tiers[1].used_bytes < 32 * UNIT
+            || !fx.reader.engine().contains(&last)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(fx);
+        let fx = Fixture {
+            reader: open(store),
+            faulty: faulty.clone(),
+            obj,
+            bytes,
+        };
+        // The same reads again: the tracker, new after the restart, classifies the
+        // stream at the same read, so each read asks for the item (block or unit) it
+        // asked for before, and the disk tier has every one.
+        let before = faulty.gets().count;
+        fx.warm_up_random().await;
+        for &at in &pages {
+            fx.read_ok(at, PAGE).await;
+        }
+        assert_eq!(
+            faulty.gets().count,
+            before,
+            "every item came from the disk tier"
+        );
+        assert_eq!(fx.reader.unit_requests().0, 0);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Reads of a random object against the object itself (the reference model): any
 /// sequence of reads, small and large, random and sequential, through a cache small
 /// enough to evict units and blocks, returns the object's bytes.
