@@ -23,6 +23,11 @@
 //! [`Granularity::dense_units`]). Partial blocks with a per-block bitmap of valid ranges
 //! would save that overlap but would need range-aware checksums, a recovery that
 //! rebuilds the bitmaps, and single-flight per range: more ways to return short bytes.
+//!
+//! A cached unit is looked for only by a read this module would fetch in units (a
+//! small read of a stream classified random or skewed): a stream not (yet) classified,
+//! as after a restart before its 16th read, fetches the whole block even where a unit
+//! holding the read is cached. The replay decides the same way.
 
 use strata_types::Pattern;
 
