@@ -24,10 +24,9 @@
 //! would save that overlap but would need range-aware checksums, a recovery that
 //! rebuilds the bitmaps, and single-flight per range: more ways to return short bytes.
 //!
-//! A cached unit is looked for only by a read this module would fetch in units (a
-//! small read of a stream classified random or skewed): a stream not (yet) classified,
-//! as after a restart before its 16th read, fetches the whole block even where a unit
-//! holding the read is cached. The replay decides the same way.
+//! A cached unit holding a read serves it whatever the stream's pattern (a stream not
+//! classified yet, as after a restart, finds the units an earlier one cached); only
+//! fetching in units needs the pattern.
 
 use strata_types::Pattern;
 
@@ -99,8 +98,12 @@ impl Granularity {
     /// file of `file_size` bytes reads through, when that block is neither cached nor in
     /// flight: `Some(unit)` (smaller than the block) to read, and on a miss fetch and
     /// cache, only the aligned unit around the read; `None` for the whole block. `held`
-    /// is asked (only when a unit is a candidate, with its size) what the cache holds
-    /// around it. The one decision the replay and the daemon's reader share.
+    /// says what the cache holds around a unit of the given size: asked for the unit
+    /// [`Self::unit`] gives (`candidate` true), else, for a read that is not a unit read
+    /// by its pattern (a stream not classified yet, as after a restart), for each unit
+    /// size that holds the read (`candidate` false; only `unit` is read): a cached unit
+    /// holding the read serves it rather than a fetch of its block. The one decision the
+    /// replay and the daemon's reader share.
     pub fn demand_unit(
         &self,
         pattern: Pattern,
@@ -108,15 +111,21 @@ impl Granularity {
         len: u64,
         block: u64,
         file_size: u64,
-        held: impl FnOnce(u64) -> UnitsHeld,
+        mut held: impl FnMut(u64, bool) -> UnitsHeld,
     ) -> Option<u64> {
-        let unit = self.unit(pattern, offset, len, block);
         let file_blocks = file_size.div_ceil(block.max(1));
-        if unit >= block || file_blocks < self.min_file_blocks {
+        if len == 0 || file_blocks < self.min_file_blocks {
             return None;
         }
-        let h = held(unit);
-        (h.unit || self.sparse(file_blocks, h.in_block)).then_some(unit)
+        let unit = self.unit(pattern, offset, len, block);
+        if unit < block {
+            let h = held(unit, true);
+            return (h.unit || self.sparse(file_blocks, h.in_block)).then_some(unit);
+        }
+        self.unit_sizes(block)
+            .into_iter()
+            .filter(|u| offset / u == (offset + len - 1) / u)
+            .find(|&u| held(u, false).unit)
     }
 
     /// Every unit size [`Self::unit`] can give in a block of `block` bytes, smallest
@@ -200,13 +209,13 @@ mod tests {
     fn demand_unit_asks_what_is_held_only_for_a_candidate() {
         let g = Granularity::default();
         let big = 42 * MIB;
-        let none = |_| UnitsHeld::default();
+        let none = |_, _| UnitsHeld::default();
         assert_eq!(
             g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, none),
             Some(16 << 10)
         );
         // A unit of the block cached already: the block is dense, read it whole...
-        let one = |_| UnitsHeld {
+        let one = |_, _| UnitsHeld {
             unit: false,
             in_block: 1,
         };
@@ -215,7 +224,7 @@ mod tests {
             None
         );
         // ...unless the unit the read needs is that one.
-        let it = |_| UnitsHeld {
+        let it = |_, _| UnitsHeld {
             unit: true,
             in_block: 1,
         };
@@ -223,13 +232,28 @@ mod tests {
             g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, it),
             Some(16 << 10)
         );
-        let never = |_: u64| -> UnitsHeld { panic!("no candidate: nothing to ask") };
-        assert_eq!(
-            g.demand_unit(Pattern::Sequential, 0, 4096, MIB, big, never),
-            None
-        );
+        let never = |_: u64, _: bool| -> UnitsHeld { panic!("small file: nothing to ask") };
         assert_eq!(
             g.demand_unit(Pattern::Random, 0, 4096, MIB, 8 * MIB, never),
+            None
+        );
+        // Not a unit read by its pattern: a cached unit holding the read serves it, the
+        // smallest first; none cached, the block.
+        let mut asked = Vec::new();
+        let held_32k = |u: u64, candidate: bool| {
+            asked.push((u, candidate));
+            UnitsHeld {
+                unit: u == 32 << 10,
+                in_block: 1,
+            }
+        };
+        assert_eq!(
+            g.demand_unit(Pattern::Sequential, 40 << 10, 4096, MIB, big, held_32k),
+            Some(32 << 10)
+        );
+        assert_eq!(asked, vec![(16 << 10, false), (32 << 10, false)]);
+        assert_eq!(
+            g.demand_unit(Pattern::Unknown, 0, 4096, MIB, big, none),
             None
         );
         let blocks = Granularity::BLOCKS;

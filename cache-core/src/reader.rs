@@ -560,9 +560,23 @@ impl ObjectReader {
         let unit_key = |unit: u64, idx: u64| {
             CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx)
         };
-        self.granularity
-            .demand_unit(ctx.obs.blocks, from, to - from, bs, obj.size, |unit| {
+        self.granularity.demand_unit(
+            ctx.obs.blocks,
+            from,
+            to - from,
+            bs,
+            obj.size,
+            |unit, candidate| {
                 let base = block * bs;
+                let unit_held = self
+                    .engine
+                    .held_or_fetching(&unit_key(unit, (base + from) / unit));
+                if !candidate {
+                    return UnitsHeld {
+                        unit: unit_held,
+                        in_block: 0,
+                    };
+                }
                 let in_block: Vec<CacheKey> = self
                     .granularity
                     .unit_sizes(bs)
@@ -571,12 +585,11 @@ impl ObjectReader {
                     .map(|(u, i)| unit_key(u, i))
                     .collect();
                 UnitsHeld {
-                    unit: self
-                        .engine
-                        .held_or_fetching(&unit_key(unit, (base + from) / unit)),
+                    unit: unit_held,
                     in_block: self.engine.count_held_or_fetching(&in_block),
                 }
-            })
+            },
+        )
     }
 
     /// Unit `idx` of `unit` bytes of `obj` (the object's bytes `idx*unit..`, clamped to

@@ -281,14 +281,16 @@ async fn units_on_the_disk_tier_survive_a_restart() {
         let open = |store: BackingStore| {
             let disk =
                 DiskTier::open(dir.path(), 256 << 20, DiskOptions::default()).expect("disk tier");
+            let disk = Arc::new(disk);
+            let weak = Arc::downgrade(&disk);
             let engine = CacheEngine::builder()
                 .tier(Arc::new(MemoryTier::new(64 << 20)))
-                .tier(Arc::new(disk))
+                .tier(disk)
                 .build()
                 .expect("engine");
-            ObjectReader::new(engine, store, BS).expect("reader")
+            (ObjectReader::new(engine, store, BS).expect("reader"), weak)
         };
-        let reader = open(store.clone());
+        let (reader, first_disk) = open(store.clone());
         let obj = reader.store().head("db/app.sqlite").await.expect("head");
         let fx = Fixture {
             reader,
@@ -314,22 +316,31 @@ async fn units_on_the_disk_tier_survive_a_restart() {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
         drop(fx);
+        // The first engine's background writes hold its disk tier (and the directory's
+        // lock) until they finish.
+        while first_disk.upgrade().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let fx = Fixture {
-            reader: open(store),
+            reader: open(store).0,
             faulty: faulty.clone(),
             obj,
             bytes,
         };
-        // The same reads again: the tracker, new after the restart, classifies the
-        // stream at the same read, so each read asks for the item (block or unit) it
-        // asked for before, and the disk tier has every one.
+        // The pages first, by a stream the new tracker has not classified: each is
+        // served by its cached unit (a fetch in units needs the pattern, a hit does
+        // not); then the warm-up's reads, whose blocks and units are on disk too.
         let before = faulty.gets().count;
-        fx.warm_up_random().await;
         for &at in &pages {
             fx.read_ok(at, PAGE).await;
         }
+        assert_eq!(
+            faulty.gets().count,
+            before,
+            "every unit came from the disk tier"
+        );
+        fx.warm_up_random().await;
         assert_eq!(
             faulty.gets().count,
             before,

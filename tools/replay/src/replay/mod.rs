@@ -947,17 +947,38 @@ impl Run<'_> {
                 // The decision the daemon's reader takes too (`Granularity::demand_unit`).
                 let granularity = self.granularity;
                 let mut candidate = None;
-                let unit =
-                    granularity.demand_unit(ctx.obs.blocks, at, overlap, bb, r.size, |unit| {
-                        let (uid, ubytes) =
-                            self.unit_id(r.path, unit, (bstart + at) / unit, r.size);
+                let unit = granularity.demand_unit(
+                    ctx.obs.blocks,
+                    at,
+                    overlap,
+                    bb,
+                    r.size,
+                    |unit, fetch| {
+                        let idx = (bstart + at) / unit;
+                        if !fetch {
+                            // Only whether it is cached: no id made for a unit never used.
+                            let Some(&uid) = self.unit_ids.get(&(r.path, unit, idx)) else {
+                                return UnitsHeld::default();
+                            };
+                            let ust = self.state[uid as usize];
+                            let held = ust.resident || ust.lower != 0;
+                            if held {
+                                candidate = Some((uid, self.block_size(uid), ust));
+                            }
+                            return UnitsHeld {
+                                unit: held,
+                                in_block: 0,
+                            };
+                        }
+                        let (uid, ubytes) = self.unit_id(r.path, unit, idx, r.size);
                         let ust = self.state[uid as usize];
                         candidate = Some((uid, ubytes, ust));
                         UnitsHeld {
                             unit: ust.resident || ust.lower != 0,
                             in_block: self.block_units.get(&(r.path, bi)).copied().unwrap_or(0),
                         }
-                    });
+                    },
+                );
                 if let (Some(_), Some(c)) = (unit, candidate) {
                     (id, bytes, st) = c;
                 }
