@@ -13,7 +13,8 @@
 //!   object-store bytes -> device; the active [`TransferPath`] and counters for
 //!   `strata stats`. `read_into_device` is the file-data API for GPU-aware loaders.
 //! - [`tier`]: [`GpuTier`], a `strata_cache_core::Tier` in device memory, checksummed.
-//! - [`ipc`]: handing blocks to a local inference process's own GPU buffers.
+//! - [`ipc`]: handing device-resident blocks to a local inference process by handle
+//!   (CUDA IPC, or the emulated device's memfd), under a lease.
 
 pub mod bench;
 pub mod device;
@@ -35,7 +36,7 @@ pub use device::{
 };
 pub use emulated::EmulatedDevice;
 pub use error::{GdsError, Result};
-pub use ipc::{IpcBackend, IpcExport, IpcHandle};
+pub use ipc::{ClientMemory, IpcBackend, IpcExport, IpcHandle, IpcView};
 pub use tier::GpuTier;
 pub use transfer::{TransferConfig, TransferPath, TransferStats, Transfers};
 

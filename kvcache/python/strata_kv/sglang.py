@@ -112,7 +112,7 @@ class StrataHiCacheStorage(HiCacheStorage):
         self._client: Optional[KvClient] = None
         self._lock = threading.Lock()
         self._stats = {"pages_read": 0, "pages_written": 0, "bytes_read": 0, "bytes_written": 0,
-                       "misses": 0, "errors": 0, "identity_refusals": 0}
+                       "misses": 0, "errors": 0, "identity_refusals": 0, "device_reads": 0}
 
     # -- identity and keys ----------------------------------------------------------
 
@@ -311,9 +311,13 @@ class StrataHiCacheStorage(HiCacheStorage):
         pool = self.mem_pool_host
         client = self._conn()
         results = []
+        # The host pool is in host memory: an emulated GPU tier's blocks are read in place
+        # in its memory by handle (a CUDA tier's would need a device-to-host copy here,
+        # which the daemon's own read does as well: those come as bytes).
+        device = client.device_memory == "emulated"
         for key, off in zip(keys, offsets):
             try:
-                view = client.get_view(self._key(key))
+                view = client.get_view(self._key(key), device=device)
             except KvError as e:
                 self._failed("get", e)
                 results.extend([False] * (len(keys) - len(results)))
@@ -334,6 +338,8 @@ class StrataHiCacheStorage(HiCacheStorage):
                     pool.set_from_flat_data_page(off, page)
             self._stats["pages_read"] += 1
             self._stats["bytes_read"] += self._page_bytes
+            if view.device is not None:
+                self._stats["device_reads"] += 1
             results.append(True)
         return results
 

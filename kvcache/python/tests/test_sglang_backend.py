@@ -106,6 +106,19 @@ def test_pages_set_by_one_instance_load_byte_exact_in_another(server):
     assert [page_bytes(pool2, o) for o in dst] == written and not st2._shm
 
 
+def test_pages_in_the_gpu_tier_load_by_device_handle(gpu_server):
+    """The daemon's (emulated) GPU tier holds the pages: the host pool, in host memory
+    like the emulated device, reads them in place by handle, byte-exact."""
+    namespace = ns()
+    written, keys = write_pages(gpu_server, namespace)
+    pool = host_pool()
+    st = backend(gpu_server, namespace, pool)
+    dst = [20, 28, 36, 44, 52]
+    assert st.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
+    assert [page_bytes(pool, o) for o in dst] == written
+    assert st.get_stats()["device_reads"] == len(keys)
+
+
 def test_layer_first_pool_and_generic_get_set(server):
     namespace = ns()
     pool = host_pool("layer_first")

@@ -229,6 +229,23 @@ def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server
     assert meta2.saves == [], "blocks that came from Strata are not stored again"
 
 
+def test_gpu_tier_blocks_load_by_device_handle_byte_exact(gpu_server, models):
+    """The daemon's GPU tier holds the blocks (emulated device): the worker, whose KV
+    cache is on the same (host) device, loads them by device handle, read in place in
+    the device memory the daemon sent, byte-exact, each lease released."""
+    namespace = ns()
+    _, written = run_writer(engine_config(models["base"], gpu_server, namespace))
+    b = Engine(engine_config(models["base"], gpu_server, namespace))
+    assert b.worker.client.device_memory == "emulated" and b.worker._device_reads
+    b.scheduler.add_request(request("b-1"))
+    _, meta, recving, errors = b.step(compute=False)
+    assert recving == {"b-1"} and errors == set()
+    loaded_ids = [bid for _, bid in meta.loads[0].blocks]
+    assert [b.block_bytes(i) for i in loaded_ids] == written, "loaded byte-exact"
+    assert b.worker.stats["device_reads"] == FULL_BLOCKS
+    assert b.worker.stats["shm_reads"] == 0
+
+
 @pytest.mark.parametrize("change", ["revision", "rope_scaling", "lora", "cache_salt"])
 def test_changed_model_identity_is_a_miss_never_a_load(server, models, change):
     namespace = ns()
@@ -524,11 +541,11 @@ def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
     fetch = b.worker.client.get_view  # one Get per value (the shared-memory path)
     assert b.worker.shm
 
-    def gated(key, namespace=None):
+    def gated(key, namespace=None, **kw):
         if key[-2:] == struct.pack("<H", 1):
             held.append(key)
             assert layer0_done.wait(30), "layer 0 never ran"
-        return fetch(key, namespace)
+        return fetch(key, namespace, **kw)
 
     b.worker.client.get_view = gated
     b.scheduler.add_request(request("b-1"))
