@@ -27,7 +27,7 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -610,6 +610,8 @@ def test_hybrid_kv_cache_groups_are_refused_not_misloaded(server, models):
     # vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA,
     # so the connector sees one group...
     assert not KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
+    assert not issubclass(StrataConnector, SupportsHMA)
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is True
     # ...and a config with several (sliding window + full attention) is refused.
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
     swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32,
