@@ -446,6 +446,7 @@ impl KvService {
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
         s.group = self.group_stats();
+        s.shm = self.inner.shm.as_ref().map(|a| a.stats());
         s
     }
 

@@ -68,7 +68,8 @@ pub struct Lease {
 }
 
 /// Counters for stats and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ShmStats {
     pub sessions: u64,
     /// Gets answered from the arena, and how many of those copied the block in.

@@ -178,3 +178,47 @@ def test_device_handle_wire_form_is_parsed_strictly():
     for bad in (v2[:-1], v2 + b"x", b"XGIP" + v2[4:], v2[:4] + bytes([3]) + v2[5:], v2[:5] + bytes([9]) + v2[6:]):
         with pytest.raises(ValueError):
             parse_handle(bad)
+
+
+def _shm_stats(endpoints):
+    with urllib.request.urlopen(f"http://{endpoints['admin']}/stats", timeout=10) as r:
+        return json.load(r)["kv"]["shm"]
+
+
+def test_a_killed_clients_device_leases_end_with_its_session(gpu_server):
+    """A client holding a device lease is killed (SIGKILL: no release sent): its side
+    socket closes, the daemon ends its session and drops the lease, so the block's
+    device memory is not pinned by a dead reader."""
+    import os as _os
+    import signal as _signal
+    import subprocess as _subprocess
+    import sys as _sys
+    import time as _time
+
+    block = _os.urandom(777_777)
+    with KvClient(gpu_server["unix"], namespace="dev-test/crash") as c:
+        c.put(b"crash-key", block)
+    before = _shm_stats(gpu_server)
+    child = _subprocess.Popen([_sys.executable, "-c", f"""
+import sys, time
+from strata_kv import KvClient
+c = KvClient({gpu_server['unix']!r}, namespace="dev-test/crash", shm=True)
+v = c.get_view(b"crash-key", device=True)
+assert v.device == "emulated" and len(v.data) == {len(block)}
+print("held", flush=True)
+time.sleep(120)
+"""], stdout=_subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        held = _shm_stats(gpu_server)
+        assert held["device_leases"] == before["device_leases"] + 1
+        assert held["device_leased_bytes"] == before["device_leased_bytes"] + len(block)
+        child.send_signal(_signal.SIGKILL)
+        child.wait(timeout=10)
+        deadline = _time.monotonic() + 10
+        while _shm_stats(gpu_server)["device_leased_bytes"] != before["device_leased_bytes"]:
+            assert _time.monotonic() < deadline, "the dead client's lease was not released"
+            _time.sleep(0.05)
+    finally:
+        if child.poll() is None:
+            child.kill()
