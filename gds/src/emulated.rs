@@ -147,17 +147,28 @@ impl Memory {
     }
 
     fn release(&self, mut offset: usize, mut len: usize) {
-        // Give the whole pages back to the system; the partial pages at the ends are
-        // zeroed by the next allocation that takes them.
-        let start = offset.div_ceil(PAGE) * PAGE;
-        let end = (offset + len) / PAGE * PAGE;
+        // Free ranges read zero (so an allocation needs no clearing): the whole pages go
+        // back to the system (they read zero again), the bytes of partial pages at the
+        // ends are zeroed here.
+        let start = (offset.div_ceil(PAGE) * PAGE).min(offset + len);
+        let end = ((offset + len) / PAGE * PAGE).max(start);
+        // SAFETY: both ranges lie inside this released allocation, which nothing uses
+        // any more (its last handle is being dropped).
+        unsafe {
+            std::ptr::write_bytes(self.base.as_ptr().add(offset), 0, start - offset);
+            std::ptr::write_bytes(self.base.as_ptr().add(end), 0, offset + len - end);
+        }
         if end > start {
-            let _ = fallocate(
+            let punched = fallocate(
                 &self.fd,
                 FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
                 start as i64,
                 (end - start) as i64,
             );
+            if punched.is_err() {
+                // SAFETY: as above; the pages stay resident but read zero.
+                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(start), 0, end - start) }
+            }
         }
         let mut free = self.free.lock();
         if let Some((&prev, &plen)) = free.range(..offset).next_back() {
@@ -620,8 +631,7 @@ impl Device for EmulatedDevice {
             span,
             lock: RwLock::new(()),
         };
-        // A reused range holds an earlier allocation's bytes; new memory reads zero.
-        mem.with_bytes_mut(|b| b.fill(0));
+        // New memory reads zero: free ranges are kept zeroed (`Memory::release`).
         Ok(DeviceBuffer::new(Arc::new(mem)))
     }
 
@@ -742,6 +752,23 @@ mod tests {
         };
         let done = stream.dtod(copy).wait();
         assert!(matches!(done.result, Err(GdsError::DeviceLost(_))));
+    }
+
+    #[test]
+    fn reused_memory_reads_zero_and_freed_ranges_coalesce() {
+        let dev = EmulatedDevice::new(1 << 20);
+        let stream = dev.new_stream().expect("stream");
+        // Sizes that leave partial pages at both ends of the ranges.
+        for len in [5000usize, 300, 12_345] {
+            let a = dev.alloc(len).expect("alloc");
+            let done = stream.htod(staged(&dev, &vec![0xEE; len]), 0..len, &a, 0).wait();
+            done.result.expect("htod");
+            drop(a);
+            let b = dev.alloc(len).expect("realloc");
+            assert_eq!(dev.read_raw(&b).expect("read"), vec![0; len], "len {len}");
+        }
+        assert_eq!(dev.allocated_bytes(), 0);
+        assert_eq!(dev.shared.memory.free.lock().len(), 1, "one free range again");
     }
 
     #[test]

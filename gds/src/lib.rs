@@ -56,7 +56,9 @@ pub enum DeviceChoice {
 /// `Unavailable` error for `Cuda` and a logged fallback for `CudaOrEmulated`.
 pub fn open_device(choice: &DeviceChoice) -> Result<Arc<dyn Device>> {
     match *choice {
-        DeviceChoice::Emulated { memory_limit } => Ok(Arc::new(EmulatedDevice::new(memory_limit))),
+        DeviceChoice::Emulated { memory_limit } => {
+            Ok(Arc::new(EmulatedDevice::try_new(memory_limit)?))
+        }
         DeviceChoice::Cuda {
             ordinal,
             memory_limit,
@@ -66,7 +68,7 @@ pub fn open_device(choice: &DeviceChoice) -> Result<Arc<dyn Device>> {
             memory_limit,
         } => open_cuda(ordinal, memory_limit).or_else(|e| {
             tracing::warn!(error = %e, "CUDA unavailable; using the emulated device");
-            Ok(Arc::new(EmulatedDevice::new(memory_limit)) as Arc<dyn Device>)
+            Ok(Arc::new(EmulatedDevice::try_new(memory_limit)?) as Arc<dyn Device>)
         }),
     }
 }
