@@ -761,14 +761,20 @@ mod tests {
         // Sizes that leave partial pages at both ends of the ranges.
         for len in [5000usize, 300, 12_345] {
             let a = dev.alloc(len).expect("alloc");
-            let done = stream.htod(staged(&dev, &vec![0xEE; len]), 0..len, &a, 0).wait();
+            let done = stream
+                .htod(staged(&dev, &vec![0xEE; len]), 0..len, &a, 0)
+                .wait();
             done.result.expect("htod");
             drop(a);
             let b = dev.alloc(len).expect("realloc");
             assert_eq!(dev.read_raw(&b).expect("read"), vec![0; len], "len {len}");
         }
         assert_eq!(dev.allocated_bytes(), 0);
-        assert_eq!(dev.shared.memory.free.lock().len(), 1, "one free range again");
+        assert_eq!(
+            dev.shared.memory.free.lock().len(),
+            1,
+            "one free range again"
+        );
     }
 
     #[test]

@@ -76,8 +76,10 @@ pub enum Transport {
     /// The Unix socket with the shared-memory arena attached (Gets read in place).
     Shm,
     /// The arena, over a server whose blocks sit in an (emulated) GPU tier.
+    #[serde(rename = "gpu-shm")]
     GpuShm,
     /// Device handles of that GPU tier (read in place in the device memory).
+    #[serde(rename = "gpu-handle")]
     GpuHandle,
 }
 
