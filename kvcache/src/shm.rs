@@ -19,6 +19,21 @@
 //! at once, so one client cannot pin the whole arena; past that, or when every range is
 //! leased, the Get falls back to inline bytes. The memfd is sealed against shrinking,
 //! so a client's mapping can never fault on a truncated file.
+//!
+//! Device leases (the GPU tier's IPC handles, `strata_gds::ipc`) ride on the same
+//! sessions: a Get that also carries [`DEVICE_IPC_METADATA`] for a block resident in
+//! the GPU tier is answered with a handle (`device_handle`) and a lease id instead of
+//! bytes. The lease holds the tier's export, so the block's device memory is neither
+//! freed nor reused while the client reads it, even if the key is evicted meanwhile
+//! (eviction waits for the lease, as an arena range's reuse does). Released like an
+//! arena lease: the id on the side socket, or the session's end. An emulated device's
+//! memory (a memfd) is sent in the hello beside the arena's, so its handles open in the
+//! client; a CUDA handle needs nothing more (the driver maps it). Per session at most a
+//! quarter of the GPU tier may be leased at once (the arena's rule, for the same reason:
+//! one client cannot pin the tier); past that the Get falls back to the arena or inline
+//! bytes. A read by handle is counted as a hit in the service's stats but is not seen by
+//! the engine's eviction policy (no bytes pass through the engine): a block read only by
+//! handle ages in the GPU tier as if unread.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroUsize;
