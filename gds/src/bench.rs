@@ -118,7 +118,7 @@ pub fn staged_copy_bench(cfg: &StagedBenchConfig) -> Result<StagedBenchReport> {
     let (file, crc) = write_test_file(&cfg.dir, size, chunk)?;
     let path = file.0.clone();
 
-    let dev = Arc::new(EmulatedDevice::new(size + (64 << 20)));
+    let dev = Arc::new(EmulatedDevice::try_new(size + (64 << 20))?);
     let transfers = Transfers::new(
         dev.clone(),
         TransferConfig {

@@ -484,6 +484,8 @@ impl IpcBackend for CudaDevice {
                 kind: DeviceKind::Cuda,
                 len: buf.len() as u64,
                 crc,
+                // Each tier block is its own allocation: it starts at the handle's base.
+                offset: 0,
                 token,
             },
             // Keeps the allocation alive (and its handle valid) while exported.
@@ -512,8 +514,9 @@ impl IpcBackend for CudaDevice {
             .result()
             .map_err(|e| GdsError::Ipc(format!("cuIpcOpenMemHandle: {e}")))?;
         let d = ptr_of(dst, dst_off)?;
-        // SAFETY: src is mapped for len bytes; d's range was checked.
-        let copied = unsafe { cu::memcpy_dtod_sync(d, src, len) }
+        // SAFETY: src is mapped for offset + len bytes (the exporter's allocation);
+        // d's range was checked.
+        let copied = unsafe { cu::memcpy_dtod_sync(d, src + handle.offset, len) }
             .map_err(|e| self.shared.classify(e, "IPC dtod copy"));
         // SAFETY: opened above, closed once.
         let _ = unsafe { sys::cuIpcCloseMemHandle(src) };

@@ -6,12 +6,29 @@
 //! per stream); a lost device fails every later call. Faults can be injected for tests:
 //! failing allocations, losing the device after a number of copied bytes (mid-transfer),
 //! and flipping a byte of device memory (to exercise checksums).
+//!
+//! Its memory is one memfd mapped into the process (as a GPU's memory is one address
+//! space), and an allocation is a range of it. That makes the emulated device's IPC
+//! path a real one (see [`crate::ipc`]): a client that received the memfd (over a Unix
+//! socket, `SCM_RIGHTS`) maps it and reads an exported allocation in place at the
+//! handle's offset, exactly as a CUDA client maps an exported allocation with
+//! `cuIpcOpenMemHandle`. Allocations are 256-byte aligned (cudaMalloc's guarantee, so
+//! layouts computed on the emulated device hold on a real one); a freed range's whole
+//! pages are punched out of the memfd, so the device's resident memory follows what is
+//! allocated, not its high-water mark.
 
 use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use nix::fcntl::{fallocate, fcntl, FallocateFlags, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+use parking_lot::{Mutex, RwLock};
 
 use crate::device::{
     AlignedBuf, CopyEngine, Device, DeviceBuffer, DeviceCopy, DeviceInfo, DeviceKind, DeviceMemory,
@@ -22,10 +39,190 @@ use crate::error::{GdsError, Result};
 /// Host memory acting as a device.
 pub struct EmulatedDevice {
     shared: Arc<Shared>,
+    /// Other devices' memory this one received (by their id), to open their handles.
+    peers: Mutex<HashMap<[u8; 16], Arc<PeerMemory>>>,
+}
+
+/// Alignment of allocations: cudaMalloc's (256 bytes).
+pub const ALLOC_ALIGN: usize = 256;
+
+const PAGE: usize = 4096;
+
+/// Address space reserved beyond twice the limit: 64 MiB, so a device with a tiny
+/// limit still has room for many small (256-byte-aligned) allocations. Sparse: a
+/// memfd's pages exist only once written.
+const SLACK: usize = 64 << 20;
+
+/// Most address space one emulated device reserves: 1 TiB (virtual and sparse; a larger
+/// limit is then bounded by fragmentation of this space rather than the byte count).
+const MAX_SPACE: usize = 1 << 40;
+
+/// The device's memory: one sealed memfd mapped read-write, and its free ranges.
+struct Memory {
+    fd: OwnedFd,
+    base: NonNull<u8>,
+    size: usize,
+    /// Free ranges: offset -> length, coalesced.
+    free: Mutex<BTreeMap<usize, usize>>,
+}
+
+// SAFETY: `base` is a shared mapping owned by `Memory` for its whole life; each byte
+// range belongs to one allocation whose `RwLock` orders the accesses to it.
+unsafe impl Send for Memory {}
+unsafe impl Sync for Memory {}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `Memory::new` with this base and size; unused after drop.
+        unsafe {
+            let _ = munmap(self.base.cast(), self.size);
+        }
+    }
+}
+
+fn sys(e: nix::Error, what: &str) -> GdsError {
+    GdsError::Io(std::io::Error::new(
+        std::io::Error::from(e).kind(),
+        format!("emulated device memory: {what}: {e}"),
+    ))
+}
+
+impl Memory {
+    fn new(limit: u64) -> Result<Self> {
+        let want = usize::try_from(limit)
+            .unwrap_or(MAX_SPACE)
+            .min(MAX_SPACE / 2)
+            .div_ceil(PAGE)
+            * PAGE;
+        // Twice the limit: first-fit fragmentation does not refuse what the byte limit
+        // allows until the device is badly fragmented.
+        let size = (want * 2 + SLACK).min(MAX_SPACE);
+        let fd = memfd_create(
+            c"strata-emulated-device",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| sys(e, "memfd_create"))?;
+        nix::unistd::ftruncate(&fd, size as i64).map_err(|e| sys(e, "ftruncate"))?;
+        // Clients map it: it must never shrink under them (SIGBUS) nor grow.
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
+            ),
+        )
+        .map_err(|e| sys(e, "sealing"))?;
+        let len = NonZeroUsize::new(size).ok_or_else(|| GdsError::InvalidRange("empty".into()))?;
+        // SAFETY: a fresh shared mapping of the whole memfd we own.
+        let base = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_NORESERVE,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|e| sys(e, "mmap"))?;
+        Ok(Memory {
+            fd,
+            base: base.cast(),
+            size,
+            free: Mutex::new(BTreeMap::from([(0, size)])),
+        })
+    }
+
+    /// First fit; None when no free range is large enough.
+    fn allocate(&self, span: usize) -> Option<usize> {
+        let mut free = self.free.lock();
+        let (o, l) = free
+            .iter()
+            .find(|(_, &l)| l >= span)
+            .map(|(&o, &l)| (o, l))?;
+        free.remove(&o);
+        if l > span {
+            free.insert(o + span, l - span);
+        }
+        Some(o)
+    }
+
+    fn release(&self, mut offset: usize, mut len: usize) {
+        // Free ranges read zero (so an allocation needs no clearing): the whole pages go
+        // back to the system (they read zero again), the bytes of partial pages at the
+        // ends are zeroed here.
+        let start = (offset.div_ceil(PAGE) * PAGE).min(offset + len);
+        let end = ((offset + len) / PAGE * PAGE).max(start);
+        // SAFETY: both ranges lie inside this released allocation, which nothing uses
+        // any more (its last handle is being dropped).
+        unsafe {
+            std::ptr::write_bytes(self.base.as_ptr().add(offset), 0, start - offset);
+            std::ptr::write_bytes(self.base.as_ptr().add(end), 0, offset + len - end);
+        }
+        if end > start {
+            let punched = fallocate(
+                &self.fd,
+                FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                start as i64,
+                (end - start) as i64,
+            );
+            if punched.is_err() {
+                // SAFETY: as above; the pages stay resident but read zero.
+                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(start), 0, end - start) }
+            }
+        }
+        let mut free = self.free.lock();
+        if let Some((&prev, &plen)) = free.range(..offset).next_back() {
+            if prev + plen == offset {
+                free.remove(&prev);
+                offset = prev;
+                len += plen;
+            }
+        }
+        if let Some(next_len) = free.remove(&(offset + len)) {
+            len += next_len;
+        }
+        free.insert(offset, len);
+    }
+}
+
+/// Another device's memory, mapped read-only (the client side of IPC).
+pub(crate) struct PeerMemory {
+    base: NonNull<u8>,
+    size: usize,
+}
+
+// SAFETY: a read-only shared mapping owned by this value for its whole life.
+unsafe impl Send for PeerMemory {}
+unsafe impl Sync for PeerMemory {}
+
+impl Drop for PeerMemory {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `attach_peer` with this base and size.
+        unsafe {
+            let _ = munmap(self.base.cast(), self.size);
+        }
+    }
+}
+
+impl PeerMemory {
+    /// The bytes at `offset..offset + len`, if inside the mapping.
+    pub(crate) fn bytes(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let off = usize::try_from(offset).ok()?;
+        let len = usize::try_from(len).ok()?;
+        if off.checked_add(len)? > self.size {
+            return None;
+        }
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        Some(unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(off), len) })
+    }
 }
 
 struct Shared {
     name: String,
+    /// Names this device's memory in IPC handles (random, so a handle of another
+    /// device or an earlier run is never mistaken for one of this device's).
+    id: [u8; 16],
+    memory: Memory,
     limit: u64,
     allocated: AtomicU64,
     next_id: AtomicU64,
@@ -36,22 +233,57 @@ struct Shared {
     copy_budget: AtomicU64,
 }
 
+/// One allocation: `len` bytes at `offset` of the device's memfd.
 struct EmuMem {
     id: u64,
     device: Arc<Shared>,
-    data: RwLock<Box<[u8]>>,
+    offset: usize,
+    len: usize,
+    /// Bytes of address space taken (`len` rounded up to [`ALLOC_ALIGN`]).
+    span: usize,
+    /// Orders this process's accesses to the range (copies on several streams).
+    lock: RwLock<()>,
+}
+
+impl EmuMem {
+    /// Runs `f` over the allocation's bytes under its read lock.
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        let _guard = self.lock.read();
+        // SAFETY: offset..offset+len lies inside the device mapping and belongs to
+        // this allocation alone until it is dropped; the lock orders writers.
+        f(unsafe {
+            std::slice::from_raw_parts(self.device.memory.base.as_ptr().add(self.offset), self.len)
+        })
+    }
+
+    /// Runs `f` over the allocation's bytes under its write lock.
+    fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let _guard = self.lock.write();
+        // SAFETY: as in `with_bytes`, and the write lock makes the access exclusive
+        // within this process (other processes only read, under a lease).
+        f(unsafe {
+            std::slice::from_raw_parts_mut(
+                self.device.memory.base.as_ptr().add(self.offset),
+                self.len,
+            )
+        })
+    }
 }
 
 impl Drop for EmuMem {
     fn drop(&mut self) {
-        let len = self.data.get_mut().len() as u64;
-        self.device.allocated.fetch_sub(len, Ordering::AcqRel);
+        if self.span > 0 {
+            self.device.memory.release(self.offset, self.span);
+        }
+        self.device
+            .allocated
+            .fetch_sub(self.len as u64, Ordering::AcqRel);
     }
 }
 
 impl DeviceMemory for EmuMem {
     fn len(&self) -> usize {
-        self.data.read().len()
+        self.len
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -60,10 +292,28 @@ impl DeviceMemory for EmuMem {
 
 impl EmulatedDevice {
     /// A device with `memory_limit` bytes of "device memory".
+    ///
+    /// Panics only if the process cannot create or map a memfd (out of descriptors or
+    /// address space), which no test or daemon recovers from; [`Self::try_new`] reports
+    /// it instead.
     pub fn new(memory_limit: u64) -> Self {
-        EmulatedDevice {
+        match Self::try_new(memory_limit) {
+            Ok(d) => d,
+            Err(e) => panic!("emulated device: {e}"),
+        }
+    }
+
+    /// A device with `memory_limit` bytes of "device memory", or why its memory could
+    /// not be created.
+    pub fn try_new(memory_limit: u64) -> Result<Self> {
+        let mut id = [0u8; 16];
+        random(&mut id)?;
+        Ok(EmulatedDevice {
+            peers: Mutex::new(HashMap::new()),
             shared: Arc::new(Shared {
                 name: "emulated".to_string(),
+                id,
+                memory: Memory::new(memory_limit)?,
                 limit: memory_limit,
                 allocated: AtomicU64::new(0),
                 next_id: AtomicU64::new(1),
@@ -71,7 +321,53 @@ impl EmulatedDevice {
                 fail_allocs: AtomicU32::new(0),
                 copy_budget: AtomicU64::new(u64::MAX),
             }),
+        })
+    }
+
+    /// The id naming this device's memory in its IPC handles.
+    pub fn memory_id(&self) -> [u8; 16] {
+        self.shared.id
+    }
+
+    /// The memfd holding this device's memory and its size: what a client must receive
+    /// (over a Unix socket) before it can open this device's handles.
+    pub fn memory_fd(&self) -> (BorrowedFd<'_>, u64) {
+        (
+            self.shared.memory.fd.as_fd(),
+            self.shared.memory.size as u64,
+        )
+    }
+
+    /// Client side: maps another emulated device's memory, received as `fd` (its
+    /// [`Self::memory_fd`]) with its size and id, read-only, so handles naming `id` open
+    /// on this device. The descriptor is closed once mapped.
+    pub fn attach_peer(&self, fd: OwnedFd, size: u64, id: [u8; 16]) -> Result<()> {
+        let size = usize::try_from(size).map_err(|_| GdsError::Ipc("peer size".into()))?;
+        let len = NonZeroUsize::new(size).ok_or_else(|| GdsError::Ipc("empty peer".into()))?;
+        // SAFETY: a read-only shared mapping of a sealed memfd (it cannot shrink under us).
+        let base = unsafe {
+            mmap(
+                None,
+                len,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED,
+                &fd,
+                0,
+            )
         }
+        .map_err(|e| sys(e, "mapping a peer device"))?;
+        let peer = PeerMemory {
+            base: base.cast(),
+            size,
+        };
+        self.peers.lock().insert(id, Arc::new(peer));
+        Ok(())
+    }
+
+    /// The peer memory a handle names, if attached.
+    pub(crate) fn peer(&self, id: &[u8]) -> Option<Arc<PeerMemory>> {
+        let id: [u8; 16] = id.try_into().ok()?;
+        self.peers.lock().get(&id).cloned()
     }
 
     /// Fault injection: the next `n` allocations fail with `OutOfMemory`.
@@ -95,14 +391,13 @@ impl EmulatedDevice {
     pub fn corrupt_byte(&self, buf: &DeviceBuffer, offset: usize) -> bool {
         match mem_of(buf) {
             Ok(mem) if Arc::ptr_eq(&mem.device, &self.shared) => {
-                let mut data = mem.data.write();
-                match data.get_mut(offset) {
+                mem.with_bytes_mut(|data| match data.get_mut(offset) {
                     Some(b) => {
                         *b ^= 0xff;
                         true
                     }
                     None => false,
-                }
+                })
             }
             _ => false,
         }
@@ -117,8 +412,21 @@ impl EmulatedDevice {
     /// Reads device memory directly (test and IPC-export helper; not a timed path).
     pub fn read_raw(&self, buf: &DeviceBuffer) -> Result<Vec<u8>> {
         self.shared.check_lost()?;
-        Ok(self.shared.own(buf)?.data.read().to_vec())
+        Ok(self.shared.own(buf)?.with_bytes(<[u8]>::to_vec))
     }
+
+    /// Where an allocation of this device lies in its memfd (IPC export helper).
+    pub(crate) fn offset_of(&self, buf: &DeviceBuffer) -> Result<u64> {
+        Ok(self.shared.own(buf)?.offset as u64)
+    }
+}
+
+/// Fills `buf` from the kernel's random source.
+fn random(buf: &mut [u8]) -> Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .map_err(GdsError::Io)
 }
 
 fn mem_of(buf: &DeviceBuffer) -> Result<&EmuMem> {
@@ -187,11 +495,13 @@ impl CopyEngine for Shared {
         self.check_lost()?;
         let mem = self.own(dst)?;
         let n = self.charge(src.len());
-        let mut data = mem.data.write();
-        let out = data
-            .get_mut(dst_off..dst_off + src.len())
-            .ok_or_else(|| GdsError::InvalidRange("htod past the buffer end".into()))?;
-        out[..n].copy_from_slice(&src[..n]);
+        mem.with_bytes_mut(|data| {
+            let out = data
+                .get_mut(dst_off..dst_off + src.len())
+                .ok_or_else(|| GdsError::InvalidRange("htod past the buffer end".into()))?;
+            out[..n].copy_from_slice(&src[..n]);
+            Ok::<_, GdsError>(())
+        })?;
         if n < src.len() {
             return Err(self.lost_mid_transfer(n, src.len()));
         }
@@ -202,11 +512,13 @@ impl CopyEngine for Shared {
         self.check_lost()?;
         let mem = self.own(src)?;
         let n = self.charge(dst.len());
-        let data = mem.data.read();
-        let inp = data
-            .get(src_off..src_off + dst.len())
-            .ok_or_else(|| GdsError::InvalidRange("dtoh past the buffer end".into()))?;
-        dst[..n].copy_from_slice(&inp[..n]);
+        mem.with_bytes(|data| {
+            let inp = data
+                .get(src_off..src_off + dst.len())
+                .ok_or_else(|| GdsError::InvalidRange("dtoh past the buffer end".into()))?;
+            dst[..n].copy_from_slice(&inp[..n]);
+            Ok::<_, GdsError>(())
+        })?;
         if n < dst.len() {
             return Err(self.lost_mid_transfer(n, dst.len()));
         }
@@ -226,24 +538,36 @@ impl CopyEngine for Shared {
         let n = self.charge(len);
         let bad = || GdsError::InvalidRange("dtod past a buffer end".into());
         if s.id == d.id {
-            let mut data = s.data.write();
-            if src_off.max(dst_off) + len > data.len() {
+            s.with_bytes_mut(|data| {
+                if src_off.max(dst_off) + len > data.len() {
+                    return Err(bad());
+                }
+                data.copy_within(src_off..src_off + n, dst_off);
+                Ok(())
+            })?;
+        } else {
+            if src_off + len > s.len || dst_off + len > d.len {
                 return Err(bad());
             }
-            data.copy_within(src_off..src_off + n, dst_off);
-        } else {
             // Lock in id order so two opposite copies on two streams cannot deadlock.
-            let (src_guard, mut dst_guard);
+            let (_src_guard, _dst_guard);
             if s.id < d.id {
-                src_guard = s.data.read();
-                dst_guard = d.data.write();
+                _src_guard = s.lock.read();
+                _dst_guard = d.lock.write();
             } else {
-                dst_guard = d.data.write();
-                src_guard = s.data.read();
+                _dst_guard = d.lock.write();
+                _src_guard = s.lock.read();
             }
-            let inp = src_guard.get(src_off..src_off + len).ok_or_else(bad)?;
-            let out = dst_guard.get_mut(dst_off..dst_off + len).ok_or_else(bad)?;
-            out[..n].copy_from_slice(&inp[..n]);
+            let base = self.memory.base.as_ptr();
+            // SAFETY: both ranges were checked inside their allocations, which are
+            // disjoint ranges of the mapping; the locks above order the accesses.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    base.add(s.offset + src_off),
+                    base.add(d.offset + dst_off),
+                    n,
+                );
+            }
         }
         if n < len {
             return Err(self.lost_mid_transfer(n, len));
@@ -286,11 +610,28 @@ impl Device for EmulatedDevice {
                 used.checked_add(want).filter(|&total| total <= s.limit)
             })
             .map_err(|used| oom(s.limit.saturating_sub(used)))?;
+        let span = len.div_ceil(ALLOC_ALIGN) * ALLOC_ALIGN;
+        let offset = if span == 0 {
+            0
+        } else {
+            match s.memory.allocate(span) {
+                Some(o) => o,
+                None => {
+                    // Address space too fragmented: as out of memory as a real device.
+                    let used = s.allocated.fetch_sub(want, Ordering::AcqRel) - want;
+                    return Err(oom(s.limit.saturating_sub(used)));
+                }
+            }
+        };
         let mem = EmuMem {
             id: s.next_id.fetch_add(1, Ordering::Relaxed),
             device: s.clone(),
-            data: RwLock::new(vec![0u8; len].into_boxed_slice()),
+            offset,
+            len,
+            span,
+            lock: RwLock::new(()),
         };
+        // New memory reads zero: free ranges are kept zeroed (`Memory::release`).
         Ok(DeviceBuffer::new(Arc::new(mem)))
     }
 
@@ -411,6 +752,29 @@ mod tests {
         };
         let done = stream.dtod(copy).wait();
         assert!(matches!(done.result, Err(GdsError::DeviceLost(_))));
+    }
+
+    #[test]
+    fn reused_memory_reads_zero_and_freed_ranges_coalesce() {
+        let dev = EmulatedDevice::new(1 << 20);
+        let stream = dev.new_stream().expect("stream");
+        // Sizes that leave partial pages at both ends of the ranges.
+        for len in [5000usize, 300, 12_345] {
+            let a = dev.alloc(len).expect("alloc");
+            let done = stream
+                .htod(staged(&dev, &vec![0xEE; len]), 0..len, &a, 0)
+                .wait();
+            done.result.expect("htod");
+            drop(a);
+            let b = dev.alloc(len).expect("realloc");
+            assert_eq!(dev.read_raw(&b).expect("read"), vec![0; len], "len {len}");
+        }
+        assert_eq!(dev.allocated_bytes(), 0);
+        assert_eq!(
+            dev.shared.memory.free.lock().len(),
+            1,
+            "one free range again"
+        );
     }
 
     #[test]

@@ -1,30 +1,41 @@
-//! Client access: a local inference process receiving KV blocks into its own GPU
-//! buffers.
+//! Client access: a local inference process reading KV blocks held in the GPU tier
+//! straight from device memory, by handle, without a copy through a socket.
 //!
-//! Mechanism (CUDA): the daemon holds each block in its own device allocation and
-//! exports it with `cuIpcGetMemHandle`, a 64-byte handle naming the live allocation.
-//! The handle (plus length and crc32c) travels to the client over the local control
-//! channel (the KV service's gRPC response or a Unix socket) as [`IpcHandle::to_bytes`].
-//! The client calls `cuIpcOpenMemHandle` in its own context, copies device-to-device
-//! into its own buffer (the copy never leaves the GPU), and closes the mapping. The
-//! daemon keeps the allocation alive while the [`IpcExport`] lives: KV values are
-//! immutable, so the client reads a stable value even if the daemon evicts the key in
-//! the meantime (the free is deferred until the export is dropped). CUDA IPC only works
-//! between processes (opening a handle in the exporting process fails) and on the same
-//! GPU or peer-accessible GPUs.
+//! Protocol (the same as the KV service's shared-memory arena, `kvcache/src/shm.rs`):
+//! the client asks Get for a device-resident block; the service exports the block's
+//! allocation and answers with an [`IpcHandle`] (device kind, memory id, offset,
+//! length, crc32c) and a lease id instead of the bytes. The client opens the handle,
+//! reads (or copies device-to-device into its own KV buffers), and releases the lease.
+//! While the lease is held the daemon keeps the allocation (the [`IpcExport`] holds a
+//! reference to its [`DeviceBuffer`]): evicting the key drops it from the tier, but
+//! the device memory is freed, and its range reused, only when the last lease on it
+//! ends. KV values are immutable, so a leased block never changes under its reader.
 //!
-//! Emulated stand-in: the exporter writes the block into a named shared-memory file
-//! (`/dev/shm/strata-ipc-<pid>-<n>`, mode 0600, unlinked when the export drops); the
-//! handle carries its name; the client opens it, verifies the crc and copies it into
-//! its own (emulated) device buffer. Same handle format, same life cycle, same errors.
+//! Backends, behind one trait ([`IpcBackend`]):
+//! - CUDA (`cuda` feature): the handle's token is the 64-byte `cuIpcGetMemHandle` of
+//!   the allocation; the client maps it with `cuIpcOpenMemHandle` (`cudaIpc*` in the
+//!   runtime API; the Python client calls it through the driver library) at `offset`,
+//!   copies, and closes it. CUDA IPC works only between processes on the same GPU (or
+//!   peer-accessible GPUs); opening in the exporting process fails.
+//! - Emulated: the device's memory is one sealed memfd ([`EmulatedDevice::memory_fd`]);
+//!   the handle's token is the device's random 16-byte memory id and `offset` is the
+//!   allocation's place in the memfd. A client receives the memfd once, over a Unix
+//!   socket with `SCM_RIGHTS` (the KV service sends it beside the arena's),
+//!   maps it read-only ([`EmulatedDevice::attach_peer`]) and reads at the offset. So the
+//!   whole path (request, handle, lease, open, byte-exact read, release, eviction
+//!   deferred by the lease) runs without a GPU, with CUDA's semantics: a handle opens
+//!   only where the device's memory was received, and only while exported.
+//!
+//! The crc in the handle lets an importer check what it read ([`IpcBackend::import_into`]
+//! does): a handle used after its lease ended reads whatever the range holds now and
+//! is refused as stale rather than copied.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 
+use crate::device::Device;
 use crate::device::{DeviceBuffer, DeviceKind};
-use crate::emulated::EmulatedDevice;
+use crate::emulated::{EmulatedDevice, PeerMemory};
 use crate::error::{GdsError, Result};
 
 /// What a client needs to open one exported block.
@@ -33,18 +44,23 @@ pub struct IpcHandle {
     pub kind: DeviceKind,
     pub len: u64,
     pub crc: u32,
-    /// Backend token: a CUDA IPC memory handle (64 bytes) or a shared-memory file name.
+    /// Where the block starts in what `token` names (the CUDA allocation, or the
+    /// emulated device's memory).
+    pub offset: u64,
+    /// Backend token: a CUDA IPC memory handle (64 bytes) or an emulated device's
+    /// 16-byte memory id.
     pub token: Vec<u8>,
 }
 
 const MAGIC: &[u8; 4] = b"SGIP";
-const VERSION: u8 = 1;
+/// Version 2 added `offset`; version 1 (offset 0) is still read.
+const VERSION: u8 = 2;
 
 impl IpcHandle {
-    /// Wire form: `SGIP`, version, kind (0 emulated, 1 cuda), len u64, crc u32,
-    /// token length u32, token; integers big-endian.
+    /// Wire form (version 2): `SGIP`, version, kind (0 emulated, 1 cuda), len u64,
+    /// crc u32, token length u32, token, offset u64; integers big-endian.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(22 + self.token.len());
+        let mut out = Vec::with_capacity(30 + self.token.len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(match self.kind {
@@ -55,6 +71,7 @@ impl IpcHandle {
         out.extend_from_slice(&self.crc.to_be_bytes());
         out.extend_from_slice(&(self.token.len() as u32).to_be_bytes());
         out.extend_from_slice(&self.token);
+        out.extend_from_slice(&self.offset.to_be_bytes());
         out
     }
 
@@ -63,7 +80,8 @@ impl IpcHandle {
         if b.len() < 22 || &b[..4] != MAGIC {
             return Err(bad("too short or wrong magic"));
         }
-        if b[4] != VERSION {
+        let version = b[4];
+        if version != 1 && version != VERSION {
             return Err(bad("unknown version"));
         }
         let kind = match b[5] {
@@ -84,14 +102,22 @@ impl IpcHandle {
         let len = u64_at(6).ok_or_else(|| bad("len"))?;
         let crc = u32_at(14).ok_or_else(|| bad("crc"))?;
         let tlen = u32_at(18).ok_or_else(|| bad("token length"))? as usize;
+        let tail = if version == 1 { 0 } else { 8 };
         let token = b
             .get(22..)
-            .filter(|t| t.len() == tlen)
+            .filter(|t| t.len() == tlen + tail)
+            .map(|t| &t[..tlen])
             .ok_or_else(|| bad("token"))?;
+        let offset = if version == 1 {
+            0
+        } else {
+            u64_at(22 + tlen).ok_or_else(|| bad("offset"))?
+        };
         Ok(IpcHandle {
             kind,
             len,
             crc,
+            offset,
             token: token.to_vec(),
         })
     }
@@ -149,6 +175,7 @@ impl IpcExport {
                 kind,
                 len: 0,
                 crc,
+                offset: 0,
                 token: Vec::new(),
             },
             _keep: None,
@@ -159,92 +186,114 @@ impl IpcExport {
     }
 }
 
+/// What a client must receive out of band before it can open a device's handles:
+/// the emulated device's memfd, its size and id. CUDA needs nothing (the driver opens
+/// the handle).
+pub struct ClientMemory<'a> {
+    pub fd: BorrowedFd<'a>,
+    pub size: u64,
+    pub id: [u8; 16],
+}
+
 /// Exporting device buffers to, and importing them in, another process.
 pub trait IpcBackend: Send + Sync {
     /// Daemon side: exports `buf`, whose bytes have checksum `crc`.
     fn export(&self, buf: &DeviceBuffer, crc: u32) -> Result<IpcExport>;
     /// Client side: opens `handle` and copies its bytes into `dst[dst_off..]`.
     fn import_into(&self, handle: &IpcHandle, dst: &DeviceBuffer, dst_off: usize) -> Result<()>;
-}
-
-/// Unlinks the shared-memory file when the export is dropped.
-struct ShmFile(PathBuf);
-
-impl Drop for ShmFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+    /// Daemon side: what a client needs before it can open this device's handles
+    /// (passed over the Unix socket); None when the handle is enough.
+    fn client_memory(&self) -> Option<ClientMemory<'_>> {
+        None
     }
 }
 
-fn shm_dir() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
+/// An opened emulated handle: the exported bytes, in place in the exporter's memory.
+pub struct IpcView {
+    peer: Arc<PeerMemory>,
+    offset: u64,
+    len: u64,
+}
+
+impl std::ops::Deref for IpcView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // Checked when the view was made.
+        self.peer.bytes(self.offset, self.len).unwrap_or(&[])
     }
 }
 
-static NEXT_EXPORT: AtomicU64 = AtomicU64::new(0);
-
-impl IpcBackend for EmulatedDevice {
-    fn export(&self, buf: &DeviceBuffer, crc: u32) -> Result<IpcExport> {
-        let bytes = self.read_raw(buf)?;
-        let n = NEXT_EXPORT.fetch_add(1, Ordering::Relaxed);
-        let path = shm_dir().join(format!("strata-ipc-{}-{n}", std::process::id()));
-        let guard = ShmFile(path.clone());
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| GdsError::Ipc(format!("create {}: {e}", path.display())))?;
-        f.write_all(&bytes)?;
-        let token = path.into_os_string().into_encoded_bytes();
-        Ok(IpcExport::new(
-            IpcHandle {
-                kind: DeviceKind::Emulated,
-                len: bytes.len() as u64,
-                crc,
-                token,
-            },
-            Box::new(guard),
-        ))
-    }
-
-    fn import_into(&self, handle: &IpcHandle, dst: &DeviceBuffer, dst_off: usize) -> Result<()> {
+impl EmulatedDevice {
+    /// Client side: opens an emulated handle in place (no copy): its bytes are read
+    /// straight from the exporter's memory, valid while the export's lease is held.
+    pub fn open_view(&self, handle: &IpcHandle) -> Result<IpcView> {
         if handle.kind != DeviceKind::Emulated {
             return Err(GdsError::Ipc(format!(
                 "cannot open a {:?} handle on an emulated device",
                 handle.kind
             )));
         }
+        let peer = self.peer(&handle.token).ok_or_else(|| {
+            GdsError::Ipc("the handle's device memory was not received (attach_peer)".into())
+        })?;
+        if peer.bytes(handle.offset, handle.len).is_none() {
+            return Err(GdsError::Ipc(format!(
+                "handle {}+{} outside the device's memory",
+                handle.offset, handle.len
+            )));
+        }
+        Ok(IpcView {
+            peer,
+            offset: handle.offset,
+            len: handle.len,
+        })
+    }
+}
+
+impl IpcBackend for EmulatedDevice {
+    fn export(&self, buf: &DeviceBuffer, crc: u32) -> Result<IpcExport> {
+        if self.is_lost() {
+            return Err(GdsError::DeviceLost("emulated device was lost".into()));
+        }
+        let offset = self.offset_of(buf)?;
+        Ok(IpcExport::new(
+            IpcHandle {
+                kind: DeviceKind::Emulated,
+                len: buf.len() as u64,
+                crc,
+                offset,
+                token: self.memory_id().to_vec(),
+            },
+            // Keeps the allocation (and so its range of the memfd) while exported.
+            Box::new(buf.clone()),
+        ))
+    }
+
+    fn import_into(&self, handle: &IpcHandle, dst: &DeviceBuffer, dst_off: usize) -> Result<()> {
         let len = usize::try_from(handle.len).map_err(|_| GdsError::Ipc("length".into()))?;
         dst.check_range(dst_off, len)?;
         if len == 0 {
             return Ok(());
         }
-        let path = PathBuf::from(
-            String::from_utf8(handle.token.clone())
-                .map_err(|_| GdsError::Ipc("token is not a path".into()))?,
-        );
-        let bytes = std::fs::read(&path).map_err(|e| {
-            GdsError::Ipc(format!("open {}: {e} (export revoked?)", path.display()))
-        })?;
-        if bytes.len() != len {
-            return Err(GdsError::Ipc(format!(
-                "exported {} bytes, handle says {len}",
-                bytes.len()
-            )));
-        }
-        let crc = crc32c::crc32c(&bytes);
+        let view = self.open_view(handle)?;
+        let crc = crc32c::crc32c(&view);
         if crc != handle.crc {
             return Err(GdsError::Corrupt(format!(
-                "imported block crc {crc:#010x} != handle crc {:#010x}",
+                "imported block crc {crc:#010x} != handle crc {:#010x} (export revoked: \
+                 the lease ended and the range was reused)",
                 handle.crc
             )));
         }
-        self.write_raw(&bytes, dst, dst_off)
+        self.write_raw(&view, dst, dst_off)
+    }
+
+    fn client_memory(&self) -> Option<ClientMemory<'_>> {
+        let (fd, size) = self.memory_fd();
+        Some(ClientMemory {
+            fd,
+            size,
+            id: self.memory_id(),
+        })
     }
 }
 
@@ -258,11 +307,29 @@ mod tests {
             kind: DeviceKind::Cuda,
             len: 1 << 33,
             crc: 0xDEAD_BEEF,
+            offset: 1 << 40,
             token: vec![0, 1, 0xAB, 0xFF],
         };
         assert_eq!(IpcHandle::from_hex(&h.to_hex()).expect("round trip"), h);
         assert!(IpcHandle::from_hex("abc").is_err());
         assert!(IpcHandle::from_hex(&h.to_hex().replace('a', "g")).is_err());
         assert!(IpcHandle::from_hex("é00").is_err());
+    }
+
+    #[test]
+    fn version_1_handles_still_read_with_offset_zero() {
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(b"SGIP");
+        v1.extend_from_slice(&[1, 1]);
+        v1.extend_from_slice(&7u64.to_be_bytes());
+        v1.extend_from_slice(&9u32.to_be_bytes());
+        v1.extend_from_slice(&2u32.to_be_bytes());
+        v1.extend_from_slice(&[0xAA, 0xBB]);
+        let h = IpcHandle::from_bytes(&v1).expect("v1");
+        assert_eq!((h.len, h.crc, h.offset), (7, 9, 0));
+        assert_eq!(h.token, vec![0xAA, 0xBB]);
+        let mut v3 = v1.clone();
+        v3[4] = 3;
+        assert!(IpcHandle::from_bytes(&v3).is_err());
     }
 }

@@ -13,7 +13,8 @@
 //!   object-store bytes -> device; the active [`TransferPath`] and counters for
 //!   `strata stats`. `read_into_device` is the file-data API for GPU-aware loaders.
 //! - [`tier`]: [`GpuTier`], a `strata_cache_core::Tier` in device memory, checksummed.
-//! - [`ipc`]: handing blocks to a local inference process's own GPU buffers.
+//! - [`ipc`]: handing device-resident blocks to a local inference process by handle
+//!   (CUDA IPC, or the emulated device's memfd), under a lease.
 
 pub mod bench;
 pub mod device;
@@ -35,7 +36,7 @@ pub use device::{
 };
 pub use emulated::EmulatedDevice;
 pub use error::{GdsError, Result};
-pub use ipc::{IpcBackend, IpcExport, IpcHandle};
+pub use ipc::{ClientMemory, IpcBackend, IpcExport, IpcHandle, IpcView};
 pub use tier::GpuTier;
 pub use transfer::{TransferConfig, TransferPath, TransferStats, Transfers};
 
@@ -55,7 +56,9 @@ pub enum DeviceChoice {
 /// `Unavailable` error for `Cuda` and a logged fallback for `CudaOrEmulated`.
 pub fn open_device(choice: &DeviceChoice) -> Result<Arc<dyn Device>> {
     match *choice {
-        DeviceChoice::Emulated { memory_limit } => Ok(Arc::new(EmulatedDevice::new(memory_limit))),
+        DeviceChoice::Emulated { memory_limit } => {
+            Ok(Arc::new(EmulatedDevice::try_new(memory_limit)?))
+        }
         DeviceChoice::Cuda {
             ordinal,
             memory_limit,
@@ -65,7 +68,7 @@ pub fn open_device(choice: &DeviceChoice) -> Result<Arc<dyn Device>> {
             memory_limit,
         } => open_cuda(ordinal, memory_limit).or_else(|e| {
             tracing::warn!(error = %e, "CUDA unavailable; using the emulated device");
-            Ok(Arc::new(EmulatedDevice::new(memory_limit)) as Arc<dyn Device>)
+            Ok(Arc::new(EmulatedDevice::try_new(memory_limit)?) as Arc<dyn Device>)
         }),
     }
 }

@@ -24,7 +24,7 @@ use strata_cache_core::{Block, CacheError, CacheKey, Result, Tier, TierGet, Tier
 
 use crate::device::DeviceBuffer;
 use crate::error::GdsError;
-use crate::ipc::IpcExport;
+use crate::ipc::{ClientMemory, IpcExport};
 use crate::transfer::{blocking, TransferStats, Transfers};
 
 pub struct GpuTier {
@@ -164,8 +164,16 @@ impl GpuTier {
         Ok(block)
     }
 
+    /// What a client must receive before it can open this tier's handles (the emulated
+    /// device's memory); None for CUDA, or a device without IPC.
+    pub fn ipc_client_memory(&self) -> Option<ClientMemory<'_>> {
+        self.transfers.device().ipc()?.client_memory()
+    }
+
     /// Exports a resident block to a local client process (see [`crate::ipc`]); the
-    /// export stays valid until the returned value is dropped.
+    /// export stays valid until the returned value is dropped: removing or evicting
+    /// the key meanwhile drops it from the tier, but its device memory is freed (and
+    /// reused) only when the last export of it is dropped.
     pub fn export_ipc(&self, key: &CacheKey) -> Result<Option<IpcExport>> {
         self.check_device()?;
         let Some(entry) = self.entry(key) else {

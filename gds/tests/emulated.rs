@@ -3,6 +3,7 @@
 //! mid-transfer, corruption) giving clear errors without losing data.
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -424,9 +425,21 @@ async fn misses_fill_from_the_store_and_hits_go_device_to_device() {
     assert_eq!(gpu.resident().len(), 1);
 }
 
+/// A client device that received `dev`'s memory, as the KV service's side socket
+/// hands it (here a duplicated descriptor in the same process).
+fn client_of(dev: &EmulatedDevice) -> EmulatedDevice {
+    let client = EmulatedDevice::new(1 << 20);
+    let (fd, size) = dev.memory_fd();
+    let fd = fd.try_clone_to_owned().expect("dup");
+    client
+        .attach_peer(fd, size, dev.memory_id())
+        .expect("attach");
+    client
+}
+
 #[tokio::test]
 async fn ipc_export_reaches_a_client_device_and_is_revoked_on_drop() {
-    let (_dev, transfers) = setup(16 << 20);
+    let (dev, transfers) = setup(16 << 20);
     let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::kv("llama", vec![3; 32]);
     let data = pattern(100_000, 12);
@@ -436,10 +449,24 @@ async fn ipc_export_reaches_a_client_device_and_is_revoked_on_drop() {
 
     let export = gpu.export_ipc(&k).expect("export").expect("resident");
     let wire = export.handle().to_bytes();
-    // The client: its own device, its own buffer, only the handle bytes in hand.
-    let client = EmulatedDevice::new(1 << 20);
     let handle = IpcHandle::from_bytes(&wire).expect("parse");
     assert_eq!(handle.len, data.len() as u64);
+    assert_eq!(
+        handle.token,
+        dev.memory_id().to_vec(),
+        "names the device memory"
+    );
+    // Without the device's memory the handle does not open (as CUDA IPC without the
+    // driver's mapping): a client must receive the memfd first.
+    let stranger = EmulatedDevice::new(1 << 20);
+    let mine = stranger.alloc(data.len()).expect("alloc");
+    assert!(matches!(
+        stranger.ipc().expect("ipc").import_into(&handle, &mine, 0),
+        Err(GdsError::Ipc(_))
+    ));
+    // The client: its own device, its own buffer, the handle bytes and the memfd.
+    let client = client_of(&dev);
+    assert_eq!(&client.open_view(&handle).expect("view")[..], &data[..]);
     let mine = client.alloc(data.len() + 8).expect("client alloc");
     client
         .ipc()
@@ -455,13 +482,23 @@ async fn ipc_export_reaches_a_client_device_and_is_revoked_on_drop() {
         client.ipc().expect("ipc").import_into(&forged, &mine, 0),
         Err(GdsError::Corrupt(_))
     ));
+    // A handle pointing past the device's memory is refused.
+    let mut wild = handle.clone();
+    wild.offset = u64::MAX - 10;
+    assert!(client.open_view(&wild).is_err());
     // Too small a destination is refused before anything is copied.
     let small = client.alloc(10).expect("alloc");
     assert!(matches!(
         client.ipc().expect("ipc").import_into(&handle, &small, 0),
         Err(GdsError::InvalidRange(_))
     ));
+    // Evicted and the export dropped: the range goes back to the device and is
+    // reused; the stale handle is refused, never copied.
+    assert!(gpu.remove(&k).await.expect("remove"));
     drop(export);
+    gpu.put(&k, Block::new(Bytes::from(pattern(100_000, 99))))
+        .await
+        .expect("put again");
     let err = client
         .ipc()
         .expect("ipc")
@@ -473,6 +510,42 @@ async fn ipc_export_reaches_a_client_device_and_is_revoked_on_drop() {
         .expect("ok")
         .is_none());
     assert!(IpcHandle::from_bytes(&wire[..wire.len() - 1]).is_err());
+}
+
+#[tokio::test]
+async fn an_exported_block_outlives_its_eviction_until_the_lease_ends() {
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
+    let client = client_of(&dev);
+    let k = CacheKey::kv("llama", vec![6; 32]);
+    let data = pattern(300_000, 5);
+    gpu.put(&k, Block::new(Bytes::from(data.clone())))
+        .await
+        .expect("put");
+    let export = gpu.export_ipc(&k).expect("export").expect("resident");
+    let view = client.open_view(export.handle()).expect("view");
+    let held = dev.allocated_bytes();
+    // Evicted while leased: gone from the tier, not from the device.
+    assert!(gpu.remove(&k).await.expect("remove"));
+    assert_eq!(gpu.used_bytes(), 0);
+    assert_eq!(dev.allocated_bytes(), held, "the lease keeps the memory");
+    // New blocks never land on the leased range: the reader still sees its bytes.
+    for i in 0..8u8 {
+        gpu.put(
+            &CacheKey::kv("llama", vec![i; 8]),
+            Block::new(Bytes::from(pattern(300_000, 100 + u32::from(i)))),
+        )
+        .await
+        .expect("put");
+    }
+    assert_eq!(&view[..], &data[..], "byte-exact while leased");
+    drop(view);
+    drop(export);
+    assert_eq!(
+        dev.allocated_bytes(),
+        held - data.len() as u64 + 8 * 300_000,
+        "freed when the lease ends"
+    );
 }
 
 #[test]
@@ -522,7 +595,7 @@ fn staged_bench_verifies_its_bytes_and_reports_both_ceilings() {
 
 #[tokio::test]
 async fn ipc_export_is_received_by_a_separate_client_process() {
-    let (_dev, transfers) = setup(16 << 20);
+    let (dev, transfers) = setup(16 << 20);
     let gpu = GpuTier::new(transfers, 8 << 20);
     let k = CacheKey::kv("llama", vec![5; 32]);
     let data = pattern(250_000, 21);
@@ -531,10 +604,23 @@ async fn ipc_export_is_received_by_a_separate_client_process() {
         .expect("put");
     let export = gpu.export_ipc(&k).expect("export").expect("resident");
     let hex = export.handle().to_hex();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
-        .arg(&hex)
-        .output()
-        .expect("spawn client");
+    // The device memory travels as an inherited descriptor (the KV service sends it
+    // over its Unix socket); the child maps it read-only.
+    let (fd, size) = dev.memory_fd();
+    let inherited = nix::unistd::dup(fd).expect("dup without close-on-exec");
+    let run = |hex: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
+            .args([
+                hex,
+                "--device-fd",
+                &inherited.as_raw_fd().to_string(),
+                "--device-size",
+                &size.to_string(),
+            ])
+            .output()
+            .expect("spawn client")
+    };
+    let out = run(&hex);
     assert!(
         out.status.success(),
         "client failed: {}",
@@ -542,13 +628,16 @@ async fn ipc_export_is_received_by_a_separate_client_process() {
     );
     let expect = format!("{} {:08x}\n", data.len(), crc32c::crc32c(&data));
     assert_eq!(String::from_utf8_lossy(&out.stdout), expect);
-    // Revoked: the same handle no longer opens.
+    // Revoked: evicted, the export dropped and the range reused, the same handle no
+    // longer opens (its bytes fail the handle's crc).
+    assert!(gpu.remove(&k).await.expect("remove"));
     drop(export);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gds-ipc-client"))
-        .arg(&hex)
-        .output()
-        .expect("spawn client");
+    gpu.put(&k, Block::new(Bytes::from(pattern(250_000, 22))))
+        .await
+        .expect("put again");
+    let out = run(&hex);
     assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("revoked"));
 }
 
 #[test]

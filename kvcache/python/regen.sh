@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m grpc_tools.protoc -I ../proto --python_out="$tmp" --pyi_out="$tmp" --grpc_python_out="$tmp" strata/kv/v1/kv.proto
+"${PYTHON:-python3}" -m grpc_tools.protoc -I ../proto --python_out="$tmp" --pyi_out="$tmp" --grpc_python_out="$tmp" strata/kv/v1/kv.proto
 for f in kv_pb2.py kv_pb2.pyi kv_pb2_grpc.py; do
   # The generated service module imports its messages by their proto package path;
   # inside this package they are a sibling module.

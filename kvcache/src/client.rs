@@ -98,6 +98,8 @@ pub struct KvClient {
     /// The attached shared-memory arena and its session id (same host only).
     shm: Option<Arc<crate::shm_client::ShmClient>>,
     shm_session: Option<MetadataValue<tonic::metadata::Ascii>>,
+    /// Ask for device handles of GPU-tier blocks ([`Self::want_device_handles`]).
+    want_device: bool,
 }
 
 /// A fetched block: owned bytes, or a leased range of the shared-memory arena read in
@@ -110,12 +112,29 @@ pub enum Block {
         offset: u64,
         len: u64,
     },
+    /// A block of the daemon's GPU tier, by device handle (`strata_gds::ipc`), leased
+    /// until this drops. Dereferences to its bytes for an emulated device (read in place
+    /// in the device memory the daemon sent); for CUDA to nothing: open `handle` with
+    /// the CUDA IPC API instead.
+    Device {
+        shm: Arc<crate::shm_client::ShmClient>,
+        lease: u64,
+        handle: strata_gds::IpcHandle,
+    },
 }
 
 impl Block {
     /// Whether it was served from the shared-memory arena.
     pub fn is_shared(&self) -> bool {
         matches!(self, Block::Shared { .. })
+    }
+
+    /// The device handle, when it was served by one.
+    pub fn device_handle(&self) -> Option<&strata_gds::IpcHandle> {
+        match self {
+            Block::Device { handle, .. } => Some(handle),
+            _ => None,
+        }
     }
 }
 
@@ -128,14 +147,21 @@ impl std::ops::Deref for Block {
             Block::Shared {
                 shm, offset, len, ..
             } => shm.read(*offset, *len).unwrap_or_default(),
+            // Checked in range when the handle was received.
+            Block::Device { shm, handle, .. } => shm
+                .device_read(&handle.token, handle.offset, handle.len)
+                .unwrap_or_default(),
         }
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if let Block::Shared { shm, lease, .. } = self {
-            shm.release_now(*lease);
+        match self {
+            Block::Shared { shm, lease, .. } | Block::Device { shm, lease, .. } => {
+                shm.release_now(*lease)
+            }
+            Block::Inline(_) => {}
         }
     }
 }
@@ -214,6 +240,7 @@ impl KvClient {
             origin,
             shm: None,
             shm_session: None,
+            want_device: false,
         })
     }
 
@@ -266,7 +293,7 @@ impl KvClient {
         Ok(self.get_block(namespace, hash).await?.map(|b| match &b {
             Block::Inline(bytes) => bytes.clone(),
             // The caller wants owned bytes: one copy out of the arena, lease released.
-            Block::Shared { .. } => Bytes::copy_from_slice(&b),
+            Block::Shared { .. } | Block::Device { .. } => Bytes::copy_from_slice(&b),
         }))
     }
 
@@ -283,6 +310,13 @@ impl KvClient {
         Ok(())
     }
 
+    /// After [`Self::attach_shm`]: ask for device handles of blocks resident in the
+    /// daemon's GPU tier (for a client whose own buffers are on the same device);
+    /// [`Self::get_block`] then returns [`Block::Device`] for those.
+    pub fn want_device_handles(&mut self, on: bool) {
+        self.want_device = on;
+    }
+
     /// Fetches one block: in place in the shared-memory arena when attached and the
     /// server leased it (released when the [`Block`] drops), else inline bytes.
     pub async fn get_block(&mut self, namespace: &str, hash: &[u8]) -> Result<Option<Block>> {
@@ -293,6 +327,12 @@ impl KvClient {
         if let Some(s) = &self.shm_session {
             req.metadata_mut()
                 .insert(crate::shm::SHM_SESSION_METADATA, s.clone());
+            if self.want_device {
+                req.metadata_mut().insert(
+                    crate::shm::DEVICE_IPC_METADATA,
+                    MetadataValue::from_static("1"),
+                );
+            }
         }
         let (metadata, _, msg) = req.into_parts();
         // The first message (size, or a lease), then the chunks of an inline block:
@@ -335,6 +375,33 @@ impl KvClient {
             return Err(KvError::Invalid("empty Get stream".into()));
         };
         let size = first.size as usize;
+        if !first.device_handle.is_empty() {
+            let shm = self.shm.clone().ok_or_else(|| {
+                KvError::Invalid("server answered with a device handle unasked".into())
+            })?;
+            let handle = match strata_gds::IpcHandle::from_bytes(&first.device_handle) {
+                Ok(h) if h.len == first.size => h,
+                other => {
+                    shm.release_now(first.shm_lease);
+                    return Err(KvError::Invalid(format!("bad device handle: {other:?}")));
+                }
+            };
+            if handle.kind == strata_gds::DeviceKind::Emulated
+                && shm
+                    .device_read(&handle.token, handle.offset, handle.len)
+                    .is_none()
+            {
+                shm.release_now(first.shm_lease);
+                return Err(KvError::Invalid(
+                    "device handle outside the device memory the daemon sent".into(),
+                ));
+            }
+            return Ok(Some(Block::Device {
+                shm,
+                lease: first.shm_lease,
+                handle,
+            }));
+        }
         if first.shm_lease != 0 {
             let shm = self.shm.clone().ok_or_else(|| {
                 KvError::Invalid("server answered with a shared-memory lease unasked".into())

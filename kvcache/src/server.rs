@@ -63,7 +63,7 @@ use crate::limits::{ConnInfo, ConnIo, IdleGuard, PutBudget, Reservation};
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
 use crate::pb::{self, Tier};
 use crate::routing::{demote_suspects, Answer, KeyState, Lookup, Replicate};
-use crate::shm::{parse_session, ShmArena, SHM_SESSION_METADATA};
+use crate::shm::{parse_session, ShmArena, DEVICE_IPC_METADATA, SHM_SESSION_METADATA};
 use crate::staging::Staging;
 use crate::stats::KvStats;
 use crate::tenants::{constant_time_eq, Tenant, TenantConfig, Tenants};
@@ -302,6 +302,9 @@ struct Inner {
     shm: Option<Arc<ShmArena>>,
     /// The cache group's router (`group.rs`), set once by [`KvService::join_group`].
     router: OnceLock<Arc<Router>>,
+    /// The engine's GPU tier, whose blocks same-host clients may read by device handle
+    /// (set once by [`KvService::attach_gpu_tier`]).
+    gpu: OnceLock<Arc<strata_gds::GpuTier>>,
     /// Requests served for other nodes on the peer listener, and their block bytes.
     served_for_peers: AtomicU64,
     served_bytes_out: AtomicU64,
@@ -351,6 +354,7 @@ impl KvService {
                     },
                 },
                 router: OnceLock::new(),
+                gpu: OnceLock::new(),
                 served_for_peers: AtomicU64::new(0),
                 served_bytes_out: AtomicU64::new(0),
                 served_bytes_in: AtomicU64::new(0),
@@ -442,11 +446,67 @@ impl KvService {
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
         s.group = self.group_stats();
+        s.shm = self.inner.shm.as_ref().map(|a| a.stats());
         s
     }
 
     pub fn engine(&self) -> &CacheEngine {
         &self.inner.engine
+    }
+
+    /// Lets same-host clients read blocks resident in `gpu` (the engine's GPU tier) by
+    /// device handle (`shm.rs`, `strata_gds::ipc`). Needs the shared-memory arena (its
+    /// sessions carry the leases): without it, or called twice, nothing changes.
+    pub fn attach_gpu_tier(&self, gpu: Arc<strata_gds::GpuTier>) {
+        let Some(arena) = &self.inner.shm else {
+            return;
+        };
+        // The emulated device's memory goes to every session; CUDA handles need nothing.
+        let memory = gpu
+            .ipc_client_memory()
+            .and_then(|m| match m.fd.try_clone_to_owned() {
+                Ok(fd) => Some((fd, m.size, m.id)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "GPU tier memory not shared; device handles off");
+                    None
+                }
+            });
+        if gpu.ipc_client_memory().is_some() && memory.is_none() {
+            return;
+        }
+        if self.inner.gpu.set(gpu.clone()).is_ok() {
+            arena.enable_device_leases(
+                strata_cache_core::Tier::capacity_bytes(gpu.as_ref()),
+                memory,
+            );
+        }
+    }
+
+    /// A device lease on `key` for `session` when the GPU tier holds it: (lease id,
+    /// handle wire bytes, block size). None: not resident there, no device leases, or
+    /// the session's cap reached (the Get then serves bytes as usual).
+    fn device_lease(
+        &self,
+        ns: &str,
+        session: crate::shm::SessionId,
+        key: &CacheKey,
+    ) -> Option<(u64, Vec<u8>, u64)> {
+        let (gpu, arena) = (self.inner.gpu.get()?, self.inner.shm.as_ref()?);
+        if self.inner.engine.locate(key) != Some(TierKind::Gpu) {
+            return None;
+        }
+        let export = match gpu.export_ipc(key) {
+            Ok(Some(e)) => e,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "device export failed; serving bytes");
+                return None;
+            }
+        };
+        let (handle, size) = (export.handle().to_bytes(), export.handle().len);
+        let lease = arena.lease_device(session, size, Box::new(export))?;
+        self.inner.stats.get(ns, Some(size));
+        Some((lease, handle, size))
     }
 
     /// The same-host arena, to serve its side socket ([`crate::shm::serve_side_socket`]).
@@ -765,6 +825,13 @@ fn fnv1a(b: &[u8]) -> u64 {
     })
 }
 
+/// What a Get serves: the block's bytes (inline or leased in the arena), or a device
+/// handle (lease id, handle wire bytes, size).
+enum Served {
+    Bytes(CacheKey, Bytes, Option<TierKind>),
+    Device((u64, Vec<u8>, u64)),
+}
+
 fn tier_pb(t: Option<TierKind>) -> Tier {
     match t {
         None | Some(TierKind::Store) => Tier::None,
@@ -965,18 +1032,44 @@ impl KvCache for KvService {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_session)
             .filter(|_| !self.peer_side);
+        let wants_device =
+            session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
         let req = request.into_inner();
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
+            if let (true, Some(s)) = (wants_device, session) {
+                if let Some(lease) = self.device_lease(&ns, s, &key) {
+                    return Ok(Served::Device(lease));
+                }
+            }
             let (data, tier) = self
                 .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
                 .await?
                 .ok_or(KvError::NotFound)?;
-            Ok((key, data, tier))
+            Ok(Served::Bytes(key, data, tier))
         }
         .await;
-        let (key, data, tier) = self.reject(r)?;
+        let (key, data, tier) = match self.reject(r)? {
+            Served::Bytes(key, data, tier) => (key, data, tier),
+            Served::Device((lease, handle, size)) => {
+                let msg = pb::GetResponse {
+                    size,
+                    shm_lease: lease,
+                    device_handle: Bytes::from(handle),
+                    ..Default::default()
+                };
+                // Not timed as a GPU-tier read: no bytes move here, and counting it would
+                // tell `EstimateLoad` the tier is as fast as sending a handle.
+                let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
+                    futures::stream::iter(vec![Ok(msg)]),
+                    self.clone(),
+                    None,
+                    size,
+                ));
+                return Ok(Response::new(stream));
+            }
+        };
         let size = data.len() as u64;
         if self.peer_side {
             self.inner
@@ -994,6 +1087,7 @@ impl KvCache for KvService {
                 data: Bytes::new(),
                 shm_offset: l.offset,
                 shm_lease: l.id,
+                ..Default::default()
             })],
             None => self
                 .chunks(&data)

@@ -19,6 +19,21 @@
 //! at once, so one client cannot pin the whole arena; past that, or when every range is
 //! leased, the Get falls back to inline bytes. The memfd is sealed against shrinking,
 //! so a client's mapping can never fault on a truncated file.
+//!
+//! Device leases (the GPU tier's IPC handles, `strata_gds::ipc`) ride on the same
+//! sessions: a Get that also carries [`DEVICE_IPC_METADATA`] for a block resident in
+//! the GPU tier is answered with a handle (`device_handle`) and a lease id instead of
+//! bytes. The lease holds the tier's export, so the block's device memory is neither
+//! freed nor reused while the client reads it, even if the key is evicted meanwhile
+//! (eviction waits for the lease, as an arena range's reuse does). Released like an
+//! arena lease: the id on the side socket, or the session's end. An emulated device's
+//! memory (a memfd) is sent in the hello beside the arena's, so its handles open in the
+//! client; a CUDA handle needs nothing more (the driver maps it). Per session at most a
+//! quarter of the GPU tier may be leased at once (the arena's rule, for the same reason:
+//! one client cannot pin the tier); past that the Get falls back to the arena or inline
+//! bytes. A read by handle is counted as a hit in the service's stats but is not seen by
+//! the engine's eviction policy (no bytes pass through the engine): a block read only by
+//! handle ages in the GPU tier as if unread.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroUsize;
@@ -41,6 +56,14 @@ use crate::error::{KvError, Result};
 /// gRPC metadata naming the caller's shared-memory session (32 hex digits).
 pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
 
+/// gRPC metadata (any value) asking for a device handle when the block is resident in
+/// the GPU tier (with [`SHM_SESSION_METADATA`]; see the module docs).
+pub const DEVICE_IPC_METADATA: &str = "strata-device-ipc";
+
+/// Size of the side socket's hello: session id (16), arena size (8), device memory
+/// size (8, 0 without); followed by the device memory's 16-byte id when that is not 0.
+pub const HELLO_BYTES: usize = 32;
+
 /// Arena ranges are whole pages, so a block's range never shares a page with another's.
 const PAGE: usize = 4096;
 
@@ -60,7 +83,8 @@ pub struct Lease {
 }
 
 /// Counters for stats and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ShmStats {
     pub sessions: u64,
     /// Gets answered from the arena, and how many of those copied the block in.
@@ -70,6 +94,23 @@ pub struct ShmStats {
     pub fallbacks: u64,
     /// Arena bytes (whole pages) leased right now.
     pub leased_bytes: u64,
+    /// Gets answered with a device handle, and the device bytes leased right now.
+    pub device_leases: u64,
+    pub device_leased_bytes: u64,
+}
+
+/// An emulated device's memory, sent to every session beside the arena.
+struct DeviceMemory {
+    fd: OwnedFd,
+    size: u64,
+    id: [u8; 16],
+}
+
+/// A device lease: the export it keeps alive (dropping it ends the lease).
+struct DeviceLease {
+    session: SessionId,
+    bytes: u64,
+    export: Box<dyn Send + Sync>,
 }
 
 struct Entry {
@@ -90,6 +131,7 @@ struct Entry {
 struct Session {
     leases: HashSet<u64>,
     bytes: u64,
+    device_bytes: u64,
 }
 
 #[derive(Default)]
@@ -101,6 +143,7 @@ struct State {
     /// Unreferenced entries by last use (the eviction order).
     idle: BTreeMap<u64, u64>,
     leases: HashMap<u64, (SessionId, u64)>,
+    device_leases: HashMap<u64, DeviceLease>,
     sessions: HashMap<SessionId, Session>,
     tick: u64,
     next_id: u64,
@@ -116,6 +159,10 @@ pub struct ShmArena {
     leases: AtomicU64,
     copies: AtomicU64,
     fallbacks: AtomicU64,
+    device_leases: AtomicU64,
+    /// Device bytes one session may hold leased (0: device leases off).
+    device_cap: AtomicU64,
+    device: std::sync::OnceLock<DeviceMemory>,
 }
 
 // SAFETY: `base` points to a shared mapping owned by the arena for its whole life;
@@ -198,7 +245,57 @@ impl ShmArena {
             leases: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            device_leases: AtomicU64::new(0),
+            device_cap: AtomicU64::new(0),
+            device: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Turns device leases on for a GPU tier of `tier_bytes`: a session may hold a
+    /// quarter of it leased at once (the arena's rule: one client cannot pin the tier).
+    /// `memory`: the emulated device's memfd (a duplicate the arena keeps), its size
+    /// and id, sent to every session; None for CUDA.
+    pub fn enable_device_leases(&self, tier_bytes: u64, memory: Option<(OwnedFd, u64, [u8; 16])>) {
+        self.device_cap
+            .store((tier_bytes / 4).max(1), Ordering::Relaxed);
+        if let Some((fd, size, id)) = memory {
+            let _ = self.device.set(DeviceMemory { fd, size, id });
+        }
+    }
+
+    /// Leases a device export of `bytes` to `session`; the export is dropped when the
+    /// lease is released or the session ends. None: unknown session, device leases
+    /// off, or the session's cap reached (the export is dropped at once).
+    pub fn lease_device(
+        &self,
+        session: SessionId,
+        bytes: u64,
+        export: Box<dyn Send + Sync>,
+    ) -> Option<u64> {
+        let cap = self.device_cap.load(Ordering::Relaxed);
+        let mut st = self.state.lock();
+        let used = st.sessions.get(&session)?.device_bytes;
+        if cap == 0 || used + bytes > cap {
+            drop(st);
+            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let id = st.next_id;
+        st.next_id += 1;
+        let s = st.sessions.get_mut(&session)?;
+        s.device_bytes += bytes;
+        s.leases.insert(id);
+        st.device_leases.insert(
+            id,
+            DeviceLease {
+                session,
+                bytes,
+                export,
+            },
+        );
+        drop(st);
+        self.device_leases.fetch_add(1, Ordering::Relaxed);
+        Some(id)
     }
 
     pub fn size(&self) -> usize {
@@ -228,11 +325,18 @@ impl ShmArena {
     /// Ends a session, releasing every lease it still holds.
     pub fn close_session(&self, id: SessionId) {
         let mut st = self.state.lock();
+        let mut exports = Vec::new();
         if let Some(s) = st.sessions.remove(&id) {
             for lease in s.leases {
-                release_locked(&mut st, lease);
+                match st.device_leases.remove(&lease) {
+                    Some(d) => exports.push(d.export),
+                    None => release_locked(&mut st, lease),
+                }
             }
         }
+        drop(st);
+        // Freeing device memory may be a driver call: outside the lock.
+        drop(exports);
     }
 
     pub fn has_session(&self, id: SessionId) -> bool {
@@ -242,6 +346,17 @@ impl ShmArena {
     /// Releases one lease of `session` (unknown ids, or another session's, are ignored).
     pub fn release(&self, session: SessionId, lease: u64) {
         let mut st = self.state.lock();
+        if st.device_leases.get(&lease).map(|d| d.session) == Some(session) {
+            let d = st.device_leases.remove(&lease);
+            if let (Some(d), Some(s)) = (&d, st.sessions.get_mut(&session)) {
+                s.leases.remove(&lease);
+                s.device_bytes = s.device_bytes.saturating_sub(d.bytes);
+            }
+            drop(st);
+            // The export (and maybe the device memory) goes here, outside the lock.
+            drop(d);
+            return;
+        }
         if st.leases.get(&lease).map(|(s, _)| *s) != Some(session) {
             return;
         }
@@ -376,6 +491,8 @@ impl ShmArena {
             copies: self.copies.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             leased_bytes: st.sessions.values().map(|s| s.bytes).sum(),
+            device_leases: self.device_leases.load(Ordering::Relaxed),
+            device_leased_bytes: st.sessions.values().map(|s| s.device_bytes).sum(),
         }
     }
 
@@ -498,8 +615,10 @@ pub fn parse_session(s: &str) -> Option<SessionId> {
 }
 
 /// Serves the side socket until `shutdown`: each connection gets a session, the memfd
-/// (SCM_RIGHTS) and a 32-byte hello (session id as 16 bytes LE, arena size as u64 LE,
-/// 8 reserved), then sends lease ids (u64 LE) to release; closing it ends the session.
+/// (SCM_RIGHTS; the emulated device's memfd second when there is one) and a hello
+/// (session id as 16 bytes LE, arena size as u64 LE, device memory size as u64 LE (0:
+/// none), then the device memory's 16-byte id when there is one), then sends lease ids
+/// (u64 LE) to release; closing it ends the session.
 pub async fn serve_side_socket(
     listener: UnixListener,
     arena: Arc<ShmArena>,
@@ -539,10 +658,18 @@ async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()
         }
     }
     let _close = Close(arena, id);
-    let mut hello = [0u8; 32];
-    hello[..16].copy_from_slice(&id.to_le_bytes());
-    hello[16..24].copy_from_slice(&(arena.size() as u64).to_le_bytes());
-    let fds = [arena.fd().as_raw_fd()];
+    let mut hello = Vec::with_capacity(HELLO_BYTES + 16);
+    hello.extend_from_slice(&id.to_le_bytes());
+    hello.extend_from_slice(&(arena.size() as u64).to_le_bytes());
+    let mut fds = vec![arena.fd().as_raw_fd()];
+    match arena.device.get() {
+        Some(d) => {
+            hello.extend_from_slice(&d.size.to_le_bytes());
+            hello.extend_from_slice(&d.id);
+            fds.push(d.fd.as_raw_fd());
+        }
+        None => hello.extend_from_slice(&0u64.to_le_bytes()),
+    }
     loop {
         stream.writable().await?;
         let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
@@ -684,6 +811,42 @@ mod tests {
         assert!(st.entries.is_empty() && st.by_key.is_empty() && st.idle.is_empty());
         assert_eq!(st.free.len(), 1, "coalesced back into one range");
         assert_eq!(st.free.get(&0), Some(&(1 << 20)));
+    }
+
+    #[test]
+    fn device_leases_hold_their_export_until_released_or_the_session_ends() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("session");
+        let export = Arc::new(());
+        let hold = || Box::new(export.clone()) as Box<dyn Send + Sync>;
+        assert!(a.lease_device(s, 10, hold()).is_none(), "off until enabled");
+        a.enable_device_leases(4000, None);
+        let l1 = a.lease_device(s, 600, hold()).expect("fits");
+        let _l2 = a.lease_device(s, 400, hold()).expect("fits");
+        assert!(
+            a.lease_device(s, 1, hold()).is_none(),
+            "a quarter of 4000 per session"
+        );
+        assert_eq!(Arc::strong_count(&export), 3);
+        a.release(s ^ 1, l1);
+        assert_eq!(
+            Arc::strong_count(&export),
+            3,
+            "another session's release is ignored"
+        );
+        a.release(s, l1);
+        assert_eq!(Arc::strong_count(&export), 2);
+        assert_eq!(a.stats().device_leased_bytes, 400);
+        a.close_session(s);
+        assert_eq!(
+            Arc::strong_count(&export),
+            1,
+            "the session's end drops its exports"
+        );
+        assert_eq!(
+            (a.stats().device_leases, a.stats().device_leased_bytes),
+            (2, 0)
+        );
     }
 
     #[tokio::test]

@@ -20,6 +20,8 @@ pub struct ShmClient {
     size: usize,
     session: SessionId,
     releases: tokio::sync::mpsc::UnboundedSender<u64>,
+    /// The daemon's emulated GPU memory (mapped read-only) and its id, when it sent one.
+    device: Option<(NonNull<u8>, usize, [u8; 16])>,
 }
 
 // SAFETY: `base` is a read-only shared mapping owned by this value for its whole life;
@@ -29,9 +31,12 @@ unsafe impl Sync for ShmClient {}
 
 impl Drop for ShmClient {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `connect`, unused after this.
+        // SAFETY: the mappings made in `connect`, unused after this.
         unsafe {
             let _ = munmap(self.base.cast(), self.size);
+            if let Some((base, size, _)) = self.device {
+                let _ = munmap(base.cast(), size);
+            }
         }
     }
 }
@@ -46,15 +51,15 @@ impl ShmClient {
         let stream = UnixStream::connect(path)
             .await
             .map_err(|e| cfg(&format!("connecting {}", path.display()), e))?;
-        let mut hello = [0u8; 32];
-        let fd = loop {
+        let mut hello = [0u8; crate::shm::HELLO_BYTES + 16];
+        let (fd, device_fd, got) = loop {
             stream
                 .readable()
                 .await
                 .map_err(|e| cfg("waiting for the hello", e))?;
             let got = stream.try_io(tokio::io::Interest::READABLE, || {
                 let mut iov = [std::io::IoSliceMut::new(&mut hello)];
-                let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+                let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
                 let msg = recvmsg::<()>(
                     stream.as_raw_fd(),
                     &mut iov,
@@ -62,21 +67,23 @@ impl ShmClient {
                     MsgFlags::MSG_CMSG_CLOEXEC,
                 )
                 .map_err(std::io::Error::from)?;
-                let mut fd = None;
+                let mut fds = Vec::new();
                 for c in msg.cmsgs().map_err(std::io::Error::from)? {
-                    if let ControlMessageOwned::ScmRights(fds) = c {
-                        for raw in fds {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        for raw in raw {
                             // SAFETY: a descriptor just received with SCM_RIGHTS is
                             // ours alone; wrapping it makes sure it is closed.
-                            let owned = unsafe { OwnedFd::from_raw_fd(raw) };
-                            fd.get_or_insert(owned);
+                            fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
                         }
                     }
                 }
-                Ok((msg.bytes, fd))
+                Ok((msg.bytes, fds))
             });
             match got {
-                Ok((32, Some(fd))) => break fd,
+                Ok((n, mut fds)) if n >= crate::shm::HELLO_BYTES && !fds.is_empty() => {
+                    let device = (fds.len() > 1).then(|| fds.remove(1));
+                    break (fds.remove(0), device, n);
+                }
                 Ok((n, _)) => return Err(cfg("hello", format!("{n} bytes, no arena descriptor"))),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(cfg("hello", e)),
@@ -102,6 +109,29 @@ impl ShmClient {
         }
         .map_err(|e| cfg("mmap", e))?;
         drop(fd);
+        let mut dsz = [0u8; 8];
+        dsz.copy_from_slice(&hello[24..32]);
+        let device_size = u64::from_le_bytes(dsz) as usize;
+        let device = match (device_fd, NonZeroUsize::new(device_size)) {
+            (Some(dfd), Some(dlen)) if got == hello.len() => {
+                let mut dev_id = [0u8; 16];
+                dev_id.copy_from_slice(&hello[32..48]);
+                // SAFETY: a read-only shared mapping of the device's sealed memfd.
+                let dbase = unsafe {
+                    mmap(
+                        None,
+                        dlen,
+                        ProtFlags::PROT_READ,
+                        MapFlags::MAP_SHARED,
+                        &dfd,
+                        0,
+                    )
+                }
+                .map_err(|e| cfg("mmap of the device memory", e))?;
+                Some((dbase.cast(), device_size, dev_id))
+            }
+            _ => None,
+        };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
         let mut stream = stream;
         tokio::spawn(async move {
@@ -117,6 +147,29 @@ impl ShmClient {
             size,
             session: u128::from_le_bytes(id),
             releases: tx,
+            device,
+        })
+    }
+
+    /// Whether the daemon sent its emulated GPU memory (its handles open here).
+    pub fn has_device_memory(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// The bytes an emulated device handle names: `len` at `offset` of the device
+    /// memory whose id is `id`; None if that is not the memory received, or out of it.
+    pub fn device_read(&self, id: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
+        let (base, size, dev_id) = self.device.as_ref()?;
+        if id != dev_id {
+            return None;
+        }
+        let end = offset.checked_add(len)?;
+        if end > *size as u64 {
+            return None;
+        }
+        // SAFETY: inside the mapping; a leased device range is never rewritten.
+        Some(unsafe {
+            std::slice::from_raw_parts(base.as_ptr().add(offset as usize), len as usize)
         })
     }
 

@@ -91,6 +91,9 @@ pub struct KvStatsSnapshot {
     /// None: a single node.
     #[serde(default)]
     pub group: Option<crate::group::GroupKvStats>,
+    /// The same-host arena and its device leases (`shm.rs`). None: no arena.
+    #[serde(default)]
+    pub shm: Option<crate::shm::ShmStats>,
 }
 
 impl KvStatsSnapshot {
@@ -275,6 +278,7 @@ impl KvStats {
             namespaces,
             load_model: self.load.snapshot(),
             group: None,
+            shm: None,
         }
     }
 }

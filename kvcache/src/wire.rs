@@ -437,6 +437,7 @@ mod tests {
             data: Bytes::from(vec![9u8; 300]),
             shm_offset: 0,
             shm_lease: 0,
+            ..Default::default()
         };
         let mut wire = BytesMut::new();
         wire.extend_from_slice(&encode_get_head(&msg));
@@ -453,6 +454,7 @@ mod tests {
             data: Bytes::new(),
             shm_offset: 4096,
             shm_lease: 7,
+            device_handle: Bytes::from_static(b"SGIP handle bytes"),
         };
         let head = encode_get_head(&lease);
         assert_eq!(pb::GetResponse::decode(&head[PREFIX..]).unwrap(), lease);

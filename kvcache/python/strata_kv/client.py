@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import grpc
 
 from ._gen import kv_pb2, kv_pb2_grpc
+from .ipc import KIND_CUDA, KIND_EMULATED, CudaMapping, IpcHandle, parse_handle
 from .keys import IDENTITY_METADATA, ModelIdentity
 
 #: Size of the messages a put is cut into: the server's default chunk (1 MiB); the
@@ -47,6 +48,11 @@ def _wrap(e: grpc.RpcError) -> KvError:
 
 #: gRPC metadata naming a shared-memory session (kvcache/src/shm.rs).
 SHM_SESSION_METADATA = "strata-shm-session"
+#: gRPC metadata asking for a device handle of a GPU-tier block (kvcache/src/shm.rs).
+DEVICE_IPC_METADATA = "strata-device-ipc"
+#: The side socket's hello: session (16), arena size (8), device memory size (8), then
+#: the device memory's id (16) when it is not 0.
+_HELLO, _HELLO_DEVICE = 32, 48
 
 
 class _ShmArena:
@@ -55,14 +61,21 @@ class _ShmArena:
 
     def __init__(self, path: str):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.device_view: Optional[memoryview] = None
+        self.device_id = b""
         try:
             self._sock.connect(path)
-            msg, fds, _flags, _addr = socket.recv_fds(self._sock, 32, 1)
-            if len(msg) != 32 or not fds:
+            msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
+            if len(msg) < _HELLO or not fds:
                 raise ConnectionError(f"bad hello from {path}: {len(msg)} bytes, {len(fds)} descriptors")
             try:
-                size = struct.unpack_from("<Q", msg, 16)[0]
+                size, device_size = struct.unpack_from("<QQ", msg, 16)
                 self._map = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ)
+                if device_size and len(msg) == _HELLO_DEVICE and len(fds) > 1:
+                    # The daemon's emulated GPU memory: its device handles open here.
+                    self._device_map = mmap.mmap(fds[1], device_size, mmap.MAP_SHARED, mmap.PROT_READ)
+                    self.device_view = memoryview(self._device_map)
+                    self.device_id = bytes(msg[32:48])
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -89,16 +102,37 @@ class _ShmArena:
 class BlockView:
     """A fetched block: ``data`` is a read-only memoryview, in place in the daemon's
     shared-memory arena when ``shared`` (valid until :meth:`release`, or the end of a
-    ``with`` block), else over inline bytes."""
+    ``with`` block), else over inline bytes.
 
-    def __init__(self, data, arena: Optional[_ShmArena] = None, lease: int = 0):
+    Served by device handle (``device`` is "emulated" or "cuda", ``handle`` the parsed
+    :class:`strata_kv.ipc.IpcHandle`): for an emulated device ``data`` is the block in
+    place in the daemon's device memory; for CUDA ``data`` is None and
+    :meth:`cuda_tensor` opens the handle (a uint8 CUDA tensor over the block)."""
+
+    def __init__(self, data, arena: Optional[_ShmArena] = None, lease: int = 0,
+                 handle: Optional[IpcHandle] = None):
         self.data = data
         self.shared = arena is not None
         self._arena, self._lease = arena, lease
+        self.handle = handle
+        self.device = handle.kind_name if handle is not None else None
+        self._cuda: Optional[CudaMapping] = None
+
+    def cuda_tensor(self, device: Optional[int] = None):
+        """The block as a CUDA tensor (a CUDA handle only; opened once, closed on release)."""
+        if self.handle is None or self.handle.kind != KIND_CUDA:
+            raise ValueError("not served by a CUDA handle")
+        if self._cuda is None:
+            self._cuda = CudaMapping(self.handle, device)
+        return self._cuda.tensor
 
     def release(self) -> None:
+        if self._cuda is not None:
+            self._cuda.close()
+            self._cuda = None
         if self._arena is not None:
-            self.data.release()
+            if self.data is not None:
+                self.data.release()
             self._arena.release(self._lease)
             self._arena = None
 
@@ -172,9 +206,20 @@ class KvClient:
             self._arena = _ShmArena(shm)
         self._metadata = tuple(md) or None
         self._get_metadata = self._metadata
+        self._device_metadata = self._metadata
         if self._arena is not None:
             self._get_metadata = tuple(md) + ((SHM_SESSION_METADATA, self._arena.session),)
+            self._device_metadata = self._get_metadata + ((DEVICE_IPC_METADATA, "1"),)
         self._timeout = timeout
+
+    @property
+    def device_memory(self) -> Optional[str]:
+        """"emulated" when attached to a daemon whose GPU tier is the emulated device
+        (its memory was received: its handles read in place here), else None (a CUDA
+        tier's handles need nothing received; ask with ``device=True`` to find out)."""
+        if self._arena is not None and self._arena.device_view is not None:
+            return "emulated"
+        return None
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -224,16 +269,21 @@ class KvClient:
         with view:
             return bytes(view.data)  # owned bytes wanted: one copy out of the arena
 
-    def get_view(self, key: bytes, namespace: Optional[str] = None) -> Optional[BlockView]:
-        """A block without a copy when attached to the arena (see :class:`BlockView`)."""
+    def get_view(self, key: bytes, namespace: Optional[str] = None, device: bool = False) -> Optional[BlockView]:
+        """A block without a copy when attached to the arena (see :class:`BlockView`).
+        ``device``: a block resident in the daemon's GPU tier comes by device handle
+        (for a caller whose buffers are on that device; other blocks as usual)."""
         req = kv_pb2.GetRequest(namespace=self._ns(namespace), hash=key)
+        md = self._device_metadata if device else self._get_metadata
         try:
-            stream = self._stub.Get(req, timeout=self._timeout, metadata=self._get_metadata)
+            stream = self._stub.Get(req, timeout=self._timeout, metadata=md)
             msgs = list(stream)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
                 return None
             raise _wrap(e) from None
+        if msgs and msgs[0].device_handle:
+            return self._device_view(msgs[0])
         if msgs and msgs[0].shm_lease:
             m = msgs[0]
             if self._arena is None or m.shm_offset + m.size > self._arena.size:
@@ -242,6 +292,24 @@ class KvClient:
             return BlockView(data, self._arena, m.shm_lease)
         parts = [m.data for m in msgs]
         return BlockView(memoryview(parts[0] if len(parts) == 1 else b"".join(parts)))
+
+    def _device_view(self, m) -> BlockView:
+        arena = self._arena
+        if arena is None:
+            raise KvError(grpc.StatusCode.INTERNAL, "a device handle unasked")
+        try:
+            h = parse_handle(m.device_handle)
+            if h.length != m.size:
+                raise ValueError(f"handle of {h.length} bytes for a block of {m.size}")
+            if h.kind == KIND_EMULATED:
+                dv = arena.device_view
+                if dv is None or h.token != arena.device_id or h.offset + h.length > len(dv):
+                    raise ValueError("handle outside the device memory the daemon sent")
+                return BlockView(dv[h.offset : h.offset + h.length], arena, m.shm_lease, h)
+            return BlockView(None, arena, m.shm_lease, h)
+        except ValueError as e:
+            arena.release(m.shm_lease)
+            raise KvError(grpc.StatusCode.INTERNAL, str(e)) from None
 
     def batched_get(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[Optional[bytes]]:
         req = kv_pb2.BatchGetRequest(namespace=self._ns(namespace), hashes=list(keys))

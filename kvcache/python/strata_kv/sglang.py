@@ -31,6 +31,10 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
 )
 
 from .client import KvClient, KvError
@@ -108,11 +112,13 @@ class StrataHiCacheStorage(HiCacheStorage):
 
         self.mem_pool_host = None
         self._page_bytes: Optional[int] = None
+        #: Extra host pools (v2) by name: their page layout, part of their page names.
+        self._pool_tags: Dict[str, str] = {}
         self._identity = self._make_identity(None)
         self._client: Optional[KvClient] = None
         self._lock = threading.Lock()
         self._stats = {"pages_read": 0, "pages_written": 0, "bytes_read": 0, "bytes_written": 0,
-                       "misses": 0, "errors": 0, "identity_refusals": 0}
+                       "misses": 0, "errors": 0, "identity_refusals": 0, "device_reads": 0}
 
     # -- identity and keys ----------------------------------------------------------
 
@@ -306,24 +312,53 @@ class StrataHiCacheStorage(HiCacheStorage):
             raise ValueError(f"{len(keys)} pages but {host_indices.numel()} host indices (page {page})")
         return [int(host_indices[i * page].item()) for i in range(len(keys))]
 
-    def _get_v1_shared(self, keys: Sequence[str], offsets: Sequence[int]) -> List[bool]:
-        """batch_get_v1 through the arena: each page read in place, one copy into the pool."""
-        pool = self.mem_pool_host
+    def _read_pages(self, pool: Any, page_bytes: int, strata_keys: Sequence[bytes],
+                    offsets: Sequence[int]) -> List[bool]:
+        """Pages ``strata_keys`` into ``pool`` at ``offsets``: attached to the arena, each
+        read in place (by device handle when the daemon's GPU tier is emulated, i.e. in
+        host memory like the pool) and copied once into the pool; else one BatchGet.
+        A value of another size than the pool's page is not loaded."""
         client = self._conn()
-        results = []
-        for key, off in zip(keys, offsets):
+        if not self._shm:
             try:
-                view = client.get_view(self._key(key))
+                values = client.batched_get(list(strata_keys))
             except KvError as e:
                 self._failed("get", e)
-                results.extend([False] * (len(keys) - len(results)))
+                return [False] * len(strata_keys)
+            results = []
+            for off, data in zip(offsets, values):
+                if data is None:
+                    self._stats["misses"] += 1
+                    results.append(False)
+                    continue
+                if len(data) != page_bytes:
+                    self._stats["errors"] += 1
+                    results.append(False)
+                    continue
+                page = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(pool.dtype)
+                pool.set_from_flat_data_page(off, page)
+                self._stats["pages_read"] += 1
+                self._stats["bytes_read"] += page_bytes
+                results.append(True)
+            return results
+        # The host pool is in host memory: an emulated GPU tier's blocks are read in place
+        # in its memory by handle (a CUDA tier's would need a device-to-host copy here,
+        # which the daemon's own read does as well: those come as bytes).
+        device = client.device_memory == "emulated"
+        results = []
+        for key, off in zip(strata_keys, offsets):
+            try:
+                view = client.get_view(key, device=device)
+            except KvError as e:
+                self._failed("get", e)
+                results.extend([False] * (len(strata_keys) - len(results)))
                 return results
             if view is None:
                 self._stats["misses"] += 1
                 results.append(False)
                 continue
             with view:
-                if len(view.data) != self._page_bytes:
+                if len(view.data) != page_bytes:
                     self._stats["errors"] += 1
                     results.append(False)
                     continue
@@ -332,29 +367,18 @@ class StrataHiCacheStorage(HiCacheStorage):
                     warnings.filterwarnings("ignore", message="The given buffer is not writable")
                     page = torch.frombuffer(view.data, dtype=torch.uint8).view(pool.dtype)
                     pool.set_from_flat_data_page(off, page)
+                if view.device is not None:
+                    self._stats["device_reads"] += 1
             self._stats["pages_read"] += 1
-            self._stats["bytes_read"] += self._page_bytes
+            self._stats["bytes_read"] += page_bytes
             results.append(True)
         return results
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         offsets = self._page_offsets(keys, host_indices)
-        pool = self.mem_pool_host
         self._conn()
-        if self._shm:
-            return self._get_v1_shared(keys, offsets)
-        results = []
-        for off, data in zip(offsets, self._fetch(keys)):
-            if data is None or len(data) != self._page_bytes:
-                if data is not None:
-                    self._stats["errors"] += 1
-                results.append(False)
-                continue
-            page = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(pool.dtype)
-            pool.set_from_flat_data_page(off, page)
-            results.append(True)
-        return results
+        return self._read_pages(self.mem_pool_host, self._page_bytes, [self._key(k) for k in keys], offsets)
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
@@ -363,6 +387,126 @@ class StrataHiCacheStorage(HiCacheStorage):
         offsets = self._page_offsets(keys, host_indices)
         blobs = [self._bytes_of(self.mem_pool_host.get_data_page(off, flat=True)) for off in offsets]
         return self._put(keys, blobs)
+
+    # -- v2: several host pools (hybrid models: SWA, Mamba, DSA indexer, ...) ----------
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        page = host_pool.get_dummy_flat_data_page()
+        # A pool's pages are keyed with its name and its page layout: pages of another
+        # shape or dtype (another model's pool of that name) are a miss, never a load.
+        tag = json.dumps([str(host_pool_name), list(page.shape), str(page.dtype),
+                          str(getattr(host_pool, "layout", ""))])
+        with self._lock:
+            self._pool_tags[str(host_pool_name)] = tag
+
+    def _v2_pool(self, name: Any) -> Optional[Any]:
+        pools = getattr(self, "registered_pools", {}) or {}
+        pool = pools.get(name)
+        if pool is None and str(name) == str(PoolName.KV):
+            pool = self.mem_pool_host
+        return pool
+
+    def _component(self, page_hash: str, name: Any) -> str:
+        """The page name of ``name``'s part of a page: the KV pool's is SGLang's page
+        hash itself (v1 and v2 share KV pages); another pool's adds its tag."""
+        if str(name) == str(PoolName.KV):
+            return page_hash
+        tag = self._pool_tags.get(str(name))
+        if tag is None:
+            raise KeyError(f"pool {name} was not registered (register_mem_host_pool_v2)")
+        return f"{page_hash}\0pool:{tag}"
+
+    def _all_shares_present(self, page_names: Sequence[str]) -> List[bool]:
+        """For each page name: is every TP/CP and PP share stored (the same answer on
+        every rank, as batch_exists)."""
+        if not page_names:
+            return []
+        shares = [(t, p) for p in range(self._pp_size) for t in range(self._tp_shares)]
+        digest = self._identity.digest()
+        probe = [sglang_page_key(digest, k, t, p) for k in page_names for t, p in shares]
+        present = self._conn().batch_exists(probe)
+        n = len(shares)
+        return [all(present[i * n : (i + 1) * n]) for i in range(len(page_names))]
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+        """The leading KV pages stored (every share), cut by each extra pool's policy:
+        ``ALL_PAGES`` needs the pool's page for every page of the prefix,
+        ``TRAILING_PAGES`` only for the last ``len(transfer.keys)`` pages (a window ending
+        at the prefix's end, so 5 may be restorable while 4 is not); the usable prefix is
+        the longest length every pool can restore. ``BLOCK_GROUPS`` is refused (as by
+        SGLang's own file backend): its group verdicts are not implemented here."""
+        kv_pages = self.batch_exists(keys, extra_info)
+        hit: Dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if transfer.hit_policy not in (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES):
+                raise ValueError(f"Unsupported pool hit policy: {transfer.hit_policy}")
+            if not restorable:
+                break
+            try:
+                present = self._all_shares_present([self._component(k, transfer.name) for k in keys[:kv_pages]])
+            except KvError as e:
+                self._failed("batch_exists_v2", e)
+                present = [False] * kv_pages
+            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = next((i for i, ok in enumerate(present) if not ok), kv_pages)
+                pool_restorable = set(range(1, boundary + 1))
+            else:
+                trailing = max(1, len(transfer.keys) if transfer.keys else 1)
+                pool_restorable = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - trailing) : n])}
+                boundary = max(pool_restorable, default=0)
+            if boundary:
+                hit[transfer.name] = boundary
+            restorable = [n for n in restorable if n in pool_restorable]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hit, restorable)
+
+    def _v2_offsets(self, transfer: PoolTransfer, pool: Any) -> Optional[List[int]]:
+        keys = transfer.keys or []
+        page = getattr(pool, "page_size", 1) or 1
+        idx = transfer.host_indices
+        if idx is None or idx.numel() != len(keys) * page:
+            logger.error("strata: pool %s: %d pages but %s host indices", transfer.name, len(keys),
+                         None if idx is None else idx.numel())
+            return None
+        return [int(idx[i * page].item()) for i in range(len(keys))]
+
+    def batch_get_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
+        """Each transfer's pages from Strata into its host pool (per-page success)."""
+        out: Dict[str, List[bool]] = {}
+        self._conn()
+        for t in transfers:
+            keys = t.keys or []
+            pool = self._v2_pool(t.name)
+            offsets = self._v2_offsets(t, pool) if pool is not None else None
+            if pool is None or offsets is None:
+                out[t.name] = [False] * len(keys)
+                continue
+            page = pool.get_dummy_flat_data_page()
+            names = [self._component(k, t.name) for k in keys]
+            out[t.name] = self._read_pages(pool, page.numel() * page.element_size(),
+                                           [self._key(n) for n in names], offsets)
+        return out
+
+    def batch_set_v2(self, transfers: List[PoolTransfer],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
+        """Each transfer's pages from its host pool into Strata (per-page success)."""
+        out: Dict[str, List[bool]] = {}
+        for t in transfers:
+            keys = t.keys or []
+            if not self._writer:
+                out[t.name] = [True] * len(keys)  # another rank writes this replicated share
+                continue
+            pool = self._v2_pool(t.name)
+            offsets = self._v2_offsets(t, pool) if pool is not None else None
+            if pool is None or offsets is None:
+                out[t.name] = [False] * len(keys)
+                continue
+            blobs = [self._bytes_of(pool.get_data_page(off, flat=True)) for off in offsets]
+            out[t.name] = self._put([self._component(k, t.name) for k in keys], blobs)
+        return out
 
     def clear(self) -> None:
         # The namespace is shared with other engines and restarts: never wiped from here.

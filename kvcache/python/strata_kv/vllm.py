@@ -318,7 +318,10 @@ class StrataConnector(KVConnectorBase_V1):
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
-                      "recompute_chosen_blocks": 0, "shm_reads": 0}
+                      "recompute_chosen_blocks": 0, "shm_reads": 0,
+                      "device_reads": 0}
+        #: Ask for device handles of GPU-tier blocks (set in register_kv_caches).
+        self._device_reads = False
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -539,6 +542,10 @@ class StrataConnector(KVConnectorBase_V1):
             self._kernel_blocks * t[0].numel() * t.element_size() for _, t in self._layers)
         if first.is_cuda:
             self._load_stream = torch.cuda.Stream(device=first.device)
+        # Blocks in the daemon's GPU tier come by device handle when the KV cache is on
+        # that device: a CUDA cache opens CUDA IPC handles (device-to-device copy, no
+        # host hop); a CPU cache reads an emulated device's memory in place.
+        self._device_reads = self.shm and (first.is_cuda or self.client.device_memory == "emulated")
 
     def _layer_view(self, name: str, block_id: int) -> torch.Tensor:
         k = self._kernel_blocks
@@ -552,7 +559,8 @@ class StrataConnector(KVConnectorBase_V1):
     def _unpack_layer_into(self, name: str, block_id: int, value: Optional[bytes]) -> bool:
         if value is None or len(value) != self._layer_value_bytes[name]:
             return False
-        if value[: len(LAYER_MAGIC)] != LAYER_MAGIC or value[len(LAYER_MAGIC) : HEADER_BYTES] != self._layer_digests[name]:
+        head = _head(value)
+        if head[: len(LAYER_MAGIC)] != LAYER_MAGIC or head[len(LAYER_MAGIC) :] != self._layer_digests[name]:
             return False
         view = self._layer_view(name, block_id)
         src = _as_uint8(value)[HEADER_BYTES:]
@@ -573,7 +581,7 @@ class StrataConnector(KVConnectorBase_V1):
         out = []
         for i, key in enumerate(keys):
             try:
-                view = self.client.get_view(key)
+                view = self.client.get_view(key, device=self._device_reads)
             except KvError as e:
                 self._refused("load", e)
                 return out + [fill(j, None) for j in range(i, len(keys))]
@@ -581,9 +589,22 @@ class StrataConnector(KVConnectorBase_V1):
                 out.append(fill(i, None))
                 continue
             with view:
-                if view.shared:
+                value = view.data
+                if view.device is not None:
+                    self.stats["device_reads"] += 1
+                    if view.device == "cuda":
+                        try:
+                            value = view.cuda_tensor(self._layers[0][1].device.index)
+                        except (OSError, ValueError) as e:
+                            # Another GPU (or no peer access): bytes from now on.
+                            logger.warning("strata: CUDA IPC handle did not open (%s); loading bytes", e)
+                            self._device_reads = False
+                            view.release()
+                            out.append(fill(i, self.client.get(key)))
+                            continue
+                elif view.shared:
                     self.stats["shm_reads"] += 1
-                out.append(fill(i, view.data))
+                out.append(fill(i, value))
         return out
 
     def _block_views(self, block_id: int) -> List[torch.Tensor]:
@@ -599,7 +620,8 @@ class StrataConnector(KVConnectorBase_V1):
     def _unpack_into(self, block_id: int, value: Optional[bytes]) -> bool:
         if value is None or len(value) != self._block_value_bytes:
             return False
-        if value[: len(VALUE_MAGIC)] != VALUE_MAGIC or value[len(VALUE_MAGIC) : HEADER_BYTES] != self._layout_digest:
+        head = _head(value)
+        if head[: len(VALUE_MAGIC)] != VALUE_MAGIC or head[len(VALUE_MAGIC) :] != self._layout_digest:
             return False
         buf = _as_uint8(value)
         off = HEADER_BYTES
@@ -747,9 +769,20 @@ class StrataConnector(KVConnectorBase_V1):
         self.client.close()
 
 
+def _head(value) -> bytes:
+    """A value's header (magic + layout digest) as host bytes; a CUDA value (a block
+    opened by IPC handle) copies just these 40 bytes to the host."""
+    if isinstance(value, torch.Tensor):
+        return bytes(value[:HEADER_BYTES].cpu().numpy())
+    return bytes(value[:HEADER_BYTES])
+
+
 def _as_uint8(value) -> torch.Tensor:
     """A uint8 tensor over a value's bytes without copying them: ``bytes`` from the
-    socket, or a read-only view into the shared-memory arena (only ever read from)."""
+    socket, a read-only view into the shared-memory arena or an emulated device's
+    memory (only ever read from), or a CUDA tensor over a block opened by IPC handle."""
+    if isinstance(value, torch.Tensor):
+        return value
     if isinstance(value, bytes):
         value = bytearray(value)  # torch wants a writable buffer; bytes are immutable
         return torch.frombuffer(value, dtype=torch.uint8)

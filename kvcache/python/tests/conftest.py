@@ -74,6 +74,17 @@ def server():
         yield endpoints
 
 
+#: An emulated GPU tier above memory: blocks land in (emulated) device memory, so Gets
+#: asked with ``device=True`` are answered by device handle (gds/src/ipc.rs).
+GPU_TOML = '[cache]\ngpu = "64MiB"\ngpu_device = "emulated"\n'
+
+
+@pytest.fixture(scope="session")
+def gpu_server():
+    with strata_serve([], config_text=GPU_TOML) as endpoints:
+        yield endpoints
+
+
 def _tenants_toml():
     out = [f'[admin]\ntoken = "{ADMIN_TOKEN}"\n']
     for name, (token, patterns, quota) in TENANTS.items():

@@ -118,3 +118,107 @@ def test_same_host_gets_read_the_shared_memory_arena_in_place(server):
     with KvClient(server["unix"], namespace="shm-test/ns") as c:
         view = c.get_view(b"shm-0")
         assert not view.shared and view.data == blocks[b"shm-0"]
+
+
+def test_gpu_tier_blocks_are_read_by_device_handle_in_place(gpu_server):
+    """A daemon whose GPU tier is the emulated device sends its device memory (a memfd)
+    over kv-shm.sock beside the arena; a Get asked with device=True of a GPU-resident
+    block is a handle + lease: read in place there, byte-exact, and still intact after
+    the key is evicted and new blocks are stored, until released."""
+    import os as _os
+
+    blocks = {b"dev-%d" % i: _os.urandom(300_000 + i * 4099) for i in range(4)}
+    with KvClient(gpu_server["unix"], namespace="dev-test/ns", shm=True) as c:
+        assert c.device_memory == "emulated"
+        for k, v in blocks.items():
+            c.put(k, v)
+            assert c.locate(k) == "gpu"
+        with c.get_view(b"dev-0") as plain:
+            assert plain.shared and plain.device is None, "not asked: the arena"
+        held = c.get_view(b"dev-0", device=True)
+        assert held.device == "emulated" and held.handle.length == len(blocks[b"dev-0"])
+        assert held.data.readonly and held.data == blocks[b"dev-0"]
+        for k, v in blocks.items():
+            with c.get_view(k, device=True) as view:
+                assert view.device == "emulated" and view.data == v
+        # Evicted while leased: a miss for everyone, the reader's bytes stay.
+        assert c.remove([b"dev-0"]) == 1
+        assert c.get(b"dev-0") is None
+        for i in range(8):
+            c.put(b"new-%d" % i, _os.urandom(300_000))
+        assert held.data == blocks[b"dev-0"], "intact until released"
+        held.release()
+        assert c.get_view(b"absent", device=True) is None
+    # Without the side socket, device=True has nothing to ask with: bytes inline.
+    with KvClient(gpu_server["unix"], namespace="dev-test/ns") as c:
+        assert c.device_memory is None
+        view = c.get_view(b"dev-1", device=True)
+        assert view.device is None and not view.shared and view.data == blocks[b"dev-1"]
+
+
+def test_a_daemon_without_a_gpu_tier_sends_no_device_memory(server):
+    with KvClient(server["unix"], namespace="dev-test/none", shm=True) as c:
+        assert c.device_memory is None
+        c.put(b"k", b"x" * 5000)
+        with c.get_view(b"k", device=True) as view:
+            assert view.device is None and view.shared and view.data == b"x" * 5000
+
+
+def test_device_handle_wire_form_is_parsed_strictly():
+    import struct
+
+    from strata_kv.ipc import KIND_CUDA, parse_handle
+
+    token = bytes(range(64))
+    v2 = b"SGIP" + bytes([2, KIND_CUDA]) + struct.pack(">QII", 1 << 20, 0xDEADBEEF, 64) + token + struct.pack(">Q", 4096)
+    h = parse_handle(v2)
+    assert (h.kind_name, h.length, h.crc, h.offset, h.token) == ("cuda", 1 << 20, 0xDEADBEEF, 4096, token)
+    v1 = b"SGIP" + bytes([1, 0]) + struct.pack(">QII", 7, 9, 2) + b"ab"
+    assert parse_handle(v1).offset == 0 and parse_handle(v1).kind_name == "emulated"
+    for bad in (v2[:-1], v2 + b"x", b"XGIP" + v2[4:], v2[:4] + bytes([3]) + v2[5:], v2[:5] + bytes([9]) + v2[6:]):
+        with pytest.raises(ValueError):
+            parse_handle(bad)
+
+
+def _shm_stats(endpoints):
+    with urllib.request.urlopen(f"http://{endpoints['admin']}/stats", timeout=10) as r:
+        return json.load(r)["kv"]["shm"]
+
+
+def test_a_killed_clients_device_leases_end_with_its_session(gpu_server):
+    """A client holding a device lease is killed (SIGKILL: no release sent): its side
+    socket closes, the daemon ends its session and drops the lease, so the block's
+    device memory is not pinned by a dead reader."""
+    import os as _os
+    import signal as _signal
+    import subprocess as _subprocess
+    import sys as _sys
+    import time as _time
+
+    block = _os.urandom(777_777)
+    with KvClient(gpu_server["unix"], namespace="dev-test/crash") as c:
+        c.put(b"crash-key", block)
+    before = _shm_stats(gpu_server)
+    child = _subprocess.Popen([_sys.executable, "-c", f"""
+import sys, time
+from strata_kv import KvClient
+c = KvClient({gpu_server['unix']!r}, namespace="dev-test/crash", shm=True)
+v = c.get_view(b"crash-key", device=True)
+assert v.device == "emulated" and len(v.data) == {len(block)}
+print("held", flush=True)
+time.sleep(120)
+"""], stdout=_subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        held = _shm_stats(gpu_server)
+        assert held["device_leases"] == before["device_leases"] + 1
+        assert held["device_leased_bytes"] == before["device_leased_bytes"] + len(block)
+        child.send_signal(_signal.SIGKILL)
+        child.wait(timeout=10)
+        deadline = _time.monotonic() + 10
+        while _shm_stats(gpu_server)["device_leased_bytes"] != before["device_leased_bytes"]:
+            assert _time.monotonic() < deadline, "the dead client's lease was not released"
+            _time.sleep(0.05)
+    finally:
+        if child.poll() is None:
+            child.kill()

@@ -13,7 +13,14 @@ import uuid
 import pytest
 import torch
 from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
@@ -24,16 +31,16 @@ PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
 PROMPT = list(range(500, 500 + 5 * PAGE))
 
 
-def host_pool(layout="page_first", dtype=torch.float32):
+def host_pool(layout="page_first", dtype=torch.float32, heads=HEADS):
     """SGLang's MHA host pool over CPU 'device' buffers."""
-    k = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS + PAGE, HEADS, DIM, dtype=dtype) for _ in range(LAYERS))
+    k = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(LAYERS))
+    v = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(LAYERS))
 
     def ptrs(ts):
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
 
     info = MHABufferInfo(buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v), layout=KVBufferLayout.NHD),
-                         page_size=PAGE, head_num=HEADS, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
+                         page_size=PAGE, head_num=heads, head_dim=DIM, v_head_dim=DIM, dtype=dtype,
                          device=torch.device("cpu"))
     return MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
                                 pin_memory=False, device="cpu", device_capacity_tokens=TOKENS,
@@ -104,6 +111,19 @@ def test_pages_set_by_one_instance_load_byte_exact_in_another(server):
     st2 = backend(server, namespace, pool2, shm=False)
     assert st2.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
     assert [page_bytes(pool2, o) for o in dst] == written and not st2._shm
+
+
+def test_pages_in_the_gpu_tier_load_by_device_handle(gpu_server):
+    """The daemon's (emulated) GPU tier holds the pages: the host pool, in host memory
+    like the emulated device, reads them in place by handle, byte-exact."""
+    namespace = ns()
+    written, keys = write_pages(gpu_server, namespace)
+    pool = host_pool()
+    st = backend(gpu_server, namespace, pool)
+    dst = [20, 28, 36, 44, 52]
+    assert st.batch_get_v1(keys, indices(dst)) == [True] * len(keys)
+    assert [page_bytes(pool, o) for o in dst] == written
+    assert st.get_stats()["device_reads"] == len(keys)
 
 
 def test_layer_first_pool_and_generic_get_set(server):
@@ -207,3 +227,87 @@ def test_identity_refused_by_the_service_is_a_miss(server):
     assert st.batch_set_v1(keys, indices([0, 4, 8, 12, 16])) == [False] * len(keys)
     assert not pool.kv_buffer.any()
     assert st.get_stats()["identity_refusals"] >= 5
+
+
+# -- v2: several host pools (SGLang's hybrid-model API) --------------------------------
+
+def hybrid(server, namespace, swa_heads=2, **extra):
+    """A backend over a KV pool and an SWA pool (SGLang's real host pool class, another
+    page layout), registered as SGLang's hybrid cache controller does."""
+    kv, swa = host_pool(), host_pool(heads=swa_heads)
+    st = backend(server, namespace, kv, **extra)
+    st.register_mem_host_pool_v2(kv, PoolName.KV)
+    st.register_mem_host_pool_v2(swa, PoolName.SWA)
+    return st, kv, swa
+
+
+def test_v2_pools_are_stored_and_loaded_byte_exact_and_share_kv_pages_with_v1(server):
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    st, kv, swa = hybrid(server, namespace)
+    fill(kv, offsets, 3)
+    fill(swa, offsets, 4)
+    res = st.batch_set_v2([PoolTransfer(PoolName.KV, host_indices=indices(offsets), keys=keys),
+                           PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
+    assert res == {PoolName.KV: [True] * 5, PoolName.SWA: [True] * 5}
+
+    st2, kv2, swa2 = hybrid(server, namespace)
+    hit = st2.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+    assert isinstance(hit, PoolTransferResult)
+    assert (hit.kv_hit_pages, hit.extra_pool_hit_pages) == (5, {PoolName.KV: 5, PoolName.SWA: 5})
+    dst = [20, 28, 36, 44, 52]
+    got = st2.batch_get_v2([PoolTransfer(PoolName.KV, host_indices=indices(dst), keys=keys),
+                            PoolTransfer(PoolName.SWA, host_indices=indices(dst), keys=keys)])
+    assert got == {PoolName.KV: [True] * 5, PoolName.SWA: [True] * 5}
+    assert [page_bytes(kv2, o) for o in dst] == [page_bytes(kv, o) for o in offsets]
+    assert [page_bytes(swa2, o) for o in dst] == [page_bytes(swa, o) for o in offsets]
+    # The KV pool's pages are v1's pages: a v1 reader loads them.
+    pool = host_pool()
+    st3 = backend(server, namespace, pool)
+    assert st3.batch_get_v1(keys, indices(dst)) == [True] * 5
+    assert [page_bytes(pool, o) for o in dst] == [page_bytes(kv, o) for o in offsets]
+    # Mismatched indices are a per-page failure, not an exception.
+    assert st2.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(dst[:2]), keys=keys)]) == {
+        PoolName.SWA: [False] * 5}
+
+
+def test_v2_hit_policies_cut_the_prefix_per_pool(server):
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    st, kv, swa = hybrid(server, namespace)
+    fill(kv, offsets, 5)
+    fill(swa, offsets, 6)
+    assert st.batch_set_v1(keys, indices(offsets)) == [True] * 5
+    # SWA state only for the third page (index 2): a window of one page ending there.
+    assert st.batch_set_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets[2:3]), keys=keys[2:3])]) == {
+        PoolName.SWA: [True]}
+    trailing = st.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys[:1],
+                                                      hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+    assert (trailing.kv_hit_pages, trailing.restorable_prefix_pages) == (3, [3])
+    assert trailing.extra_pool_hit_pages == {PoolName.KV: 5, PoolName.SWA: 3}
+    # Every page needed: the first one is missing, so nothing is usable.
+    every = st.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+    assert (every.kv_hit_pages, every.restorable_prefix_pages) == (0, [])
+    # Without extra pools v2 answers as batch_exists.
+    assert st.batch_exists_v2(keys).kv_hit_pages == 5
+    with pytest.raises(ValueError, match="Unsupported pool hit policy"):
+        st.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.BLOCK_GROUPS)])
+
+
+def test_v2_pool_of_another_page_layout_is_a_miss(server):
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    st, kv, swa = hybrid(server, namespace, swa_heads=2)
+    fill(swa, offsets, 7)
+    assert st.batch_set_v1(keys, indices(offsets)) == [True] * 5
+    st.batch_set_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
+    # Another engine whose SWA pool has another page layout (4 heads, not 2).
+    st2, _, swa2 = hybrid(server, namespace, swa_heads=4)
+    hit = st2.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+    assert hit.kv_hit_pages == 0 and PoolName.SWA not in hit.extra_pool_hit_pages
+    got = st2.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
+    assert got == {PoolName.SWA: [False] * 5}
+    assert not swa2.get_data_page(0, flat=True).any(), "nothing loaded"

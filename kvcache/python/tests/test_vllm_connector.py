@@ -27,7 +27,7 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -227,6 +227,23 @@ def test_saved_blocks_are_matched_and_loaded_byte_exact_by_another_engine(server
     assert out2.num_scheduled_tokens["b-1"] == len(PROMPT) - FULL_BLOCKS * BLOCK
     assert new.block_ids[0][:FULL_BLOCKS] == loaded_ids
     assert meta2.saves == [], "blocks that came from Strata are not stored again"
+
+
+def test_gpu_tier_blocks_load_by_device_handle_byte_exact(gpu_server, models):
+    """The daemon's GPU tier holds the blocks (emulated device): the worker, whose KV
+    cache is on the same (host) device, loads them by device handle, read in place in
+    the device memory the daemon sent, byte-exact, each lease released."""
+    namespace = ns()
+    _, written = run_writer(engine_config(models["base"], gpu_server, namespace))
+    b = Engine(engine_config(models["base"], gpu_server, namespace))
+    assert b.worker.client.device_memory == "emulated" and b.worker._device_reads
+    b.scheduler.add_request(request("b-1"))
+    _, meta, recving, errors = b.step(compute=False)
+    assert recving == {"b-1"} and errors == set()
+    loaded_ids = [bid for _, bid in meta.loads[0].blocks]
+    assert [b.block_bytes(i) for i in loaded_ids] == written, "loaded byte-exact"
+    assert b.worker.stats["device_reads"] == FULL_BLOCKS
+    assert b.worker.stats["shm_reads"] == 0
 
 
 @pytest.mark.parametrize("change", ["revision", "rope_scaling", "lora", "cache_salt"])
@@ -524,11 +541,11 @@ def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
     fetch = b.worker.client.get_view  # one Get per value (the shared-memory path)
     assert b.worker.shm
 
-    def gated(key, namespace=None):
+    def gated(key, namespace=None, **kw):
         if key[-2:] == struct.pack("<H", 1):
             held.append(key)
             assert layer0_done.wait(30), "layer 0 never ran"
-        return fetch(key, namespace)
+        return fetch(key, namespace, **kw)
 
     b.worker.client.get_view = gated
     b.scheduler.add_request(request("b-1"))
@@ -593,6 +610,8 @@ def test_hybrid_kv_cache_groups_are_refused_not_misloaded(server, models):
     # vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA,
     # so the connector sees one group...
     assert not KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
+    assert not issubclass(StrataConnector, SupportsHMA)
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is True
     # ...and a config with several (sliding window + full attention) is refused.
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
     swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32,

@@ -17,6 +17,13 @@
 //!
 //! Both ends share the machine's cores, as the baseline's ends do, so the ratio
 //! get/loopback is like for like.
+//!
+//! Opt-in transports over a second server whose top tier is a GPU tier on the emulated
+//! device (so the blocks are device-resident): `gpu-shm` (the arena: the tier reads the
+//! block back, checks its crc, copies it into the arena) and `gpu-handle` (a device
+//! handle: read in place in the device memory, nothing copied); side by side they show
+//! what handing out device handles saves. On a real GPU the handle path is a CUDA IPC
+//! device-to-device copy instead (kvcache/python/scripts/device-check.sh).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +75,12 @@ pub enum Transport {
     Unix,
     /// The Unix socket with the shared-memory arena attached (Gets read in place).
     Shm,
+    /// The arena, over a server whose blocks sit in an (emulated) GPU tier.
+    #[serde(rename = "gpu-shm")]
+    GpuShm,
+    /// Device handles of that GPU tier (read in place in the device memory).
+    #[serde(rename = "gpu-handle")]
+    GpuHandle,
 }
 
 impl std::fmt::Display for Transport {
@@ -76,6 +89,8 @@ impl std::fmt::Display for Transport {
             Transport::Tcp => "tcp",
             Transport::Unix => "unix",
             Transport::Shm => "shm",
+            Transport::GpuShm => "gpu-shm",
+            Transport::GpuHandle => "gpu-handle",
         })
     }
 }
@@ -105,6 +120,9 @@ pub struct KvReport {
     pub unix_1m_1client_get_vs_memcpy: Option<f64>,
     /// Shared-memory Get (in place) of 1 MiB blocks by one client, over memcpy.
     pub shm_1m_1client_get_vs_memcpy: Option<f64>,
+    /// GPU-tier blocks, 1 MiB, one client: by device handle over through the arena.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_handle_1m_1client_get_vs_gpu_shm: Option<f64>,
     /// TCP Get of 1 MiB blocks by one client, over raw loopback TCP.
     pub tcp_1m_1client_get_vs_loopback: Option<f64>,
     pub get_256k_4clients_p99_us: f64,
@@ -228,6 +246,7 @@ async fn clients(
     addr: &str,
     n: usize,
     shm: Option<&std::path::Path>,
+    device_handles: bool,
 ) -> anyhow::Result<Vec<KvClient>> {
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
@@ -238,6 +257,7 @@ async fn clients(
             c.attach_shm(side)
                 .await
                 .context("attaching the shared-memory arena")?;
+            c.want_device_handles(device_handles);
         }
         v.push(c);
     }
@@ -348,7 +368,7 @@ async fn cell(
     n: usize,
     secs: f64,
 ) -> anyhow::Result<CellResult> {
-    let cs = clients(addr, n, shm).await?;
+    let cs = clients(addr, n, shm, transport == Transport::GpuHandle).await?;
     let tag = format!("p{size}x{n}{transport}");
     let (put_bytes, put_time) = put_phase(&cs, size, secs, &tag).await?;
     // Working set: at most 1 GiB and 64 blocks, put last so that it is resident; its
@@ -377,6 +397,56 @@ async fn cell(
     })
 }
 
+type ServerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// The second server of the `gpu-*` transports: an emulated GPU tier of `memory_mib`
+/// above a memory tier of the same size, on its own Unix socket and side socket.
+/// Returns its address, its side socket and its tasks (they stop with `stop`).
+async fn gpu_server(
+    args: &KvArgs,
+    cfg: &ServerConfig,
+    dir: &std::path::Path,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<(String, std::path::PathBuf, Vec<ServerTask>)> {
+    let bytes = args.memory_mib << 20;
+    let device = Arc::new(strata_gds::EmulatedDevice::try_new(bytes)?);
+    let transfers = strata_gds::Transfers::new(device, strata_gds::TransferConfig::default())?;
+    let gpu = Arc::new(strata_gds::GpuTier::new(transfers, bytes));
+    let engine = CacheEngine::builder()
+        .tier(gpu.clone())
+        .tier(Arc::new(MemoryTier::new(bytes)))
+        .build()?;
+    let service = KvService::new(engine, cfg.clone());
+    service.attach_gpu_tier(gpu);
+    let sock = dir.join("kv-gpu.sock");
+    let side = dir.join("kv-gpu-shm.sock");
+    let listener = tokio::net::UnixListener::bind(&sock)?;
+    let side_listener = tokio::net::UnixListener::bind(&side)?;
+    let arena = service
+        .shm_arena()
+        .context("the shared-memory arena could not be created")?;
+    let side_task: ServerTask = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            strata_kvcache::shm::serve_side_socket(side_listener, arena, stop.cancelled_owned())
+                .await;
+            Ok(())
+        }
+    });
+    let serve_task: ServerTask = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            strata_kvcache::server::serve(listener, service, stop.cancelled_owned()).await?;
+            Ok(())
+        }
+    });
+    Ok((
+        format!("unix://{}", sock.display()),
+        side,
+        vec![side_task, serve_task],
+    ))
+}
+
 async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(args.memory_mib << 20)))
@@ -387,7 +457,7 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
         shm_bytes: 256 << 20,
         ..Default::default()
     };
-    let service = KvService::new(engine, cfg);
+    let service = KvService::new(engine, cfg.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -422,13 +492,30 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
         move || memcpy_gbps(secs)
     })
     .await?;
+    let gpu = if args
+        .transports
+        .iter()
+        .any(|t| matches!(t, Transport::GpuShm | Transport::GpuHandle))
+    {
+        Some(gpu_server(args, &cfg, sock_dir.path(), &stop).await?)
+    } else {
+        None
+    };
+    let endpoint = |t: Transport| -> anyhow::Result<(String, Option<std::path::PathBuf>)> {
+        Ok(match t {
+            Transport::Tcp => (addr.clone(), None),
+            Transport::Unix => (unix_addr.clone(), None),
+            Transport::Shm => (unix_addr.clone(), Some(shm_sock.clone())),
+            Transport::GpuShm | Transport::GpuHandle => {
+                let g = gpu.as_ref().context("GPU-tier server not started")?;
+                (g.0.clone(), Some(g.1.clone()))
+            }
+        })
+    };
     let mut results = Vec::new();
     for &transport in &args.transports {
-        let (a, shm) = match transport {
-            Transport::Tcp => (addr.as_str(), None),
-            Transport::Unix => (unix_addr.as_str(), None),
-            Transport::Shm => (unix_addr.as_str(), Some(shm_sock.as_path())),
-        };
+        let (a, shm) = endpoint(transport)?;
+        let (a, shm) = (a.as_str(), shm.as_deref());
         for &size in &args.sizes_kib {
             for &n in &args.clients {
                 results.push(cell(a, shm, transport, (size as usize) << 10, n, args.secs).await?);
@@ -440,12 +527,8 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     results.push(small);
     let mut by_transport = std::collections::BTreeMap::new();
     for &transport in &args.transports {
-        let (a, shm) = match transport {
-            Transport::Tcp => (addr.as_str(), None),
-            Transport::Unix => (unix_addr.as_str(), None),
-            Transport::Shm => (unix_addr.as_str(), Some(shm_sock.as_path())),
-        };
-        let c = cell(a, shm, transport, 256 << 10, 16, args.secs).await?;
+        let (a, shm) = endpoint(transport)?;
+        let c = cell(&a, shm.as_deref(), transport, 256 << 10, 16, args.secs).await?;
         by_transport.insert(transport.to_string(), c.get_p99_us);
         results.push(c);
     }
@@ -479,6 +562,11 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
     server.await??;
     unix_server.await??;
     shm_server.await?;
+    if let Some((_, _, tasks)) = gpu {
+        for t in tasks {
+            t.await??;
+        }
+    }
     let best_large = results
         .iter()
         .filter(|r| r.transport == Transport::Tcp && r.block_size >= 1 << 20)
@@ -496,6 +584,9 @@ async fn bench(args: &KvArgs) -> anyhow::Result<KvReport> {
         large_get_vs_loopback: best_large / loopback_tcp_gbps,
         unix_1m_1client_get_vs_memcpy: one_mib_one_client(Transport::Unix).map(|g| g / memcpy_gbps),
         shm_1m_1client_get_vs_memcpy: one_mib_one_client(Transport::Shm).map(|g| g / memcpy_gbps),
+        gpu_handle_1m_1client_get_vs_gpu_shm: one_mib_one_client(Transport::GpuHandle)
+            .zip(one_mib_one_client(Transport::GpuShm))
+            .map(|(h, s)| h / s),
         tcp_1m_1client_get_vs_loopback: one_mib_one_client(Transport::Tcp)
             .map(|g| g / loopback_tcp_gbps),
         get_256k_4clients_p99_us,

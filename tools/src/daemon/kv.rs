@@ -154,6 +154,7 @@ pub(crate) async fn start(
     socket: PathBuf,
     cache_dir: &std::path::Path,
     engine: strata_cache_core::CacheEngine,
+    gpu: Option<std::sync::Arc<strata_gds::GpuTier>>,
     stop: &CancellationToken,
     tasks: &mut super::Servers,
 ) -> anyhow::Result<RunningKv> {
@@ -176,6 +177,11 @@ pub(crate) async fn start(
         server.identity_file = Some(cache_dir.join("kv-identities.json"));
     }
     let service = KvService::new(engine, server);
+    // Same-host clients may then read GPU-tier blocks by device handle (before the side
+    // socket serves, so every session's hello carries the device memory).
+    if let Some(gpu) = gpu {
+        service.attach_gpu_tier(gpu);
+    }
     if let Some(addr) = plan.tcp {
         let l = tokio::net::TcpListener::bind(addr)
             .await

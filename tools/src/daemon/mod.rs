@@ -80,6 +80,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                     socket,
                     &core.cache_dir,
                     core.engine.clone(),
+                    core.gpu.clone(),
                     &stop,
                     &mut tasks,
                 )

@@ -47,16 +47,18 @@ class GetRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., hash: _Optional[bytes] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("size", "data", "shm_offset", "shm_lease")
+    __slots__ = ("size", "data", "shm_offset", "shm_lease", "device_handle")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_LEASE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_HANDLE_FIELD_NUMBER: _ClassVar[int]
     size: int
     data: bytes
     shm_offset: int
     shm_lease: int
-    def __init__(self, size: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_offset: _Optional[int] = ..., shm_lease: _Optional[int] = ...) -> None: ...
+    device_handle: bytes
+    def __init__(self, size: _Optional[int] = ..., data: _Optional[bytes] = ..., shm_offset: _Optional[int] = ..., shm_lease: _Optional[int] = ..., device_handle: _Optional[bytes] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
     __slots__ = ("namespace", "hashes")

@@ -1,0 +1,208 @@
+//! The GPU tier's device handles end to end, on the emulated device: a same-host
+//! client attached to the side socket asks Get for a GPU-resident block and receives a
+//! handle and a lease; it reads the block in place in the device memory it received
+//! over the socket (byte-exact), the lease keeps the memory when the key is evicted,
+//! and releasing it (or ending the session) gives the memory back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::CacheEngine;
+use strata_gds::{Device, EmulatedDevice, GpuTier, TransferConfig, Transfers};
+use strata_kvcache::client::{BlockTier, KvClient};
+use strata_kvcache::server::{serve, KvService, ServerConfig};
+
+const NS: &str = "llama/device-test";
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(131) ^ seed ^ (i >> 9) as u8)
+        .collect()
+}
+
+struct Daemon {
+    dev: Arc<EmulatedDevice>,
+    addr: String,
+    side: std::path::PathBuf,
+    service: KvService,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A KV service over an emulated GPU tier (8 MiB) above a memory tier, on a Unix socket
+/// with its side socket.
+async fn daemon(gpu_bytes: u64) -> Daemon {
+    let dev = Arc::new(EmulatedDevice::new(gpu_bytes * 2));
+    let transfers = Transfers::new(dev.clone(), TransferConfig::default()).expect("transfers");
+    let gpu = Arc::new(GpuTier::new(transfers, gpu_bytes));
+    let engine = CacheEngine::builder()
+        .tier(gpu.clone())
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let service = KvService::new(
+        engine,
+        ServerConfig {
+            shm_bytes: 16 << 20,
+            ..Default::default()
+        },
+    );
+    service.attach_gpu_tier(gpu);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("kv.sock");
+    let side = dir.path().join("kv-shm.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).expect("bind");
+    let side_listener = tokio::net::UnixListener::bind(&side).expect("bind side");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
+    let arena = service.shm_arena().expect("arena");
+    tokio::spawn(strata_kvcache::shm::serve_side_socket(
+        side_listener,
+        arena,
+        async move {
+            let _ = rx2.await;
+        },
+    ));
+    let svc = service.clone();
+    tokio::spawn(async move {
+        let _ = serve(listener, svc, async move {
+            let _ = rx.await;
+            let _ = tx2.send(());
+        })
+        .await;
+    });
+    Daemon {
+        dev,
+        addr: format!("unix://{}", sock.display()),
+        side,
+        service,
+        _dir: dir,
+        stop: Some(tx),
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_gpu_resident_block_is_read_by_handle_and_its_lease_defers_eviction() {
+    let d = daemon(8 << 20).await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    c.attach_shm(&d.side).await.expect("attach");
+    let data = pattern(300_000, 7);
+    c.put(NS, b"block-1", Bytes::from(data.clone()))
+        .await
+        .expect("put");
+    assert!(matches!(
+        c.locate(NS, b"block-1").await.expect("locate"),
+        BlockTier::Gpu
+    ));
+
+    // Attached but not asking for handles: the arena, as before.
+    let b = c
+        .get_block(NS, b"block-1")
+        .await
+        .expect("get")
+        .expect("hit");
+    assert!(b.is_shared() && b.device_handle().is_none());
+    assert_eq!(&b[..], &data[..]);
+    drop(b);
+
+    c.want_device_handles(true);
+    let b = c
+        .get_block(NS, b"block-1")
+        .await
+        .expect("get")
+        .expect("hit");
+    let h = b.device_handle().expect("served by handle").clone();
+    assert_eq!(h.kind, strata_gds::DeviceKind::Emulated);
+    assert_eq!((h.len, h.crc), (data.len() as u64, crc32c::crc32c(&data)));
+    assert_eq!(
+        &b[..],
+        &data[..],
+        "byte-exact, in place in the device memory"
+    );
+    let arena = d.service.shm_arena().expect("arena");
+    assert_eq!(arena.stats().device_leases, 1);
+    assert_eq!(arena.stats().device_leased_bytes, data.len() as u64);
+
+    // Evicted while leased: gone from the cache, its device memory kept for the reader.
+    let held = d.dev.allocated_bytes();
+    assert_eq!(c.remove(NS, &[b"block-1"]).await.expect("remove"), 1);
+    assert!(c.get(NS, b"block-1").await.expect("get").is_none());
+    assert_eq!(d.dev.allocated_bytes(), held);
+    // New blocks do not land on the leased range.
+    for i in 0..6u8 {
+        c.put(NS, &[b'n', i], Bytes::from(pattern(300_000, 100 + i)))
+            .await
+            .expect("put");
+    }
+    assert_eq!(
+        &b[..],
+        &data[..],
+        "still byte-exact after eviction and new puts"
+    );
+
+    // Released (the Block drops): the device memory of the evicted block goes.
+    let before = d.dev.allocated_bytes();
+    drop(b);
+    wait_until("the lease's release", || {
+        d.dev.allocated_bytes() == before - data.len() as u64
+    })
+    .await;
+    assert_eq!(arena.stats().device_leased_bytes, 0);
+}
+
+#[tokio::test]
+async fn device_leases_are_capped_per_session() {
+    // A 4 MiB tier: a session may hold 1 MiB of device leases at once.
+    let d = daemon(4 << 20).await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let blocks: Vec<Vec<u8>> = (0..4u8).map(|i| pattern(400_000, i)).collect();
+    for (i, v) in blocks.iter().enumerate() {
+        c.put(NS, &[b'k', i as u8], Bytes::from(v.clone()))
+            .await
+            .expect("put");
+    }
+    c.attach_shm(&d.side).await.expect("attach");
+    c.want_device_handles(true);
+    let mut held = Vec::new();
+    for (i, v) in blocks.iter().enumerate() {
+        let b = c
+            .get_block(NS, &[b'k', i as u8])
+            .await
+            .expect("get")
+            .expect("hit");
+        assert_eq!(&b[..], &v[..]);
+        held.push(b);
+    }
+    // Two fit in the session's quarter (800 KB of 1 MiB); the rest fell back to the arena.
+    let by_handle = held.iter().filter(|b| b.device_handle().is_some()).count();
+    assert_eq!(by_handle, 2);
+    assert!(held
+        .iter()
+        .all(|b| b.device_handle().is_some() || b.is_shared()));
+    let arena = d.service.shm_arena().expect("arena");
+    assert_eq!(arena.stats().device_leased_bytes, 800_000);
+    drop(held);
+    wait_until("the releases", || arena.stats().device_leased_bytes == 0).await;
+    // Released, the quarter is free again.
+    let b = c.get_block(NS, b"k\x03").await.expect("get").expect("hit");
+    assert!(b.device_handle().is_some());
+    assert_eq!(&b[..], &blocks[3][..]);
+}
