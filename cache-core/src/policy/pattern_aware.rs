@@ -93,6 +93,20 @@
 //! of LRU). Larger probes (50%, 100% of capacity) were measured and were worse: the
 //! ghost that evicts more bytes then collects more hits and the share runs away to 0 or 1.
 //!
+//! # Tenants that end (issue 13, `mix`)
+//!
+//! Frequency and proof of re-reading outlive the job that earned them. So the policy
+//! watches *periods* of `idle_period_share` x capacity of demand-miss bytes: a
+//! frequency side that earned hits in one period and none in the next, while every job
+//! that hit it read nothing at all, is released (the stable share goes to 1, and the
+//! ghost evidence moves it back when a skewed stream hits again); an unread prefetched
+//! block of a job that read nothing for two periods is the first victim; proven stable
+//! members are aged once per capacity of scan misses. A job still reading keeps what it
+//! has (its hot set may rest through a scan). `stable_share` moves per probe hit, at
+//! most `rebalance_step`, so a space split can follow a tenant in a few thousand misses.
+//! Jobs are tracked only up to 16 (`JobSet::CAP`) per period: with more (a KV trace's job
+//! per request) no job counts as gone and nothing is released.
+//!
 //! All decisions are pure logic, O(log n) per access (B-tree orders) plus O(1) stream
 //! updates; no allocation per access beyond the map entries of new residents.
 
