@@ -93,6 +93,20 @@
 //! of LRU). Larger probes (50%, 100% of capacity) were measured and were worse: the
 //! ghost that evicts more bytes then collects more hits and the share runs away to 0 or 1.
 //!
+//! # Tenants that end (issue 13, `mix`)
+//!
+//! Frequency and proof of re-reading outlive the job that earned them. So the policy
+//! watches *periods* of `idle_period_share` x capacity of demand-miss bytes: a
+//! frequency side that earned hits in one period and none in the next, while every job
+//! that hit it read nothing at all, is released (the stable share goes to 1, and the
+//! ghost evidence moves it back when a skewed stream hits again); an unread prefetched
+//! block of a job that read nothing for two periods is the first victim; proven stable
+//! members are aged once per capacity of scan misses. A job still reading keeps what it
+//! has (its hot set may rest through a scan). `stable_share` moves per probe hit, at
+//! most `rebalance_step`, so a space split can follow a tenant in a few thousand misses.
+//! Jobs are tracked only up to 16 (`JobSet::CAP`) per period: with more (a KV trace's job
+//! per request) no job counts as gone and nothing is released.
+//!
 //! All decisions are pure logic, O(log n) per access (B-tree orders) plus O(1) stream
 //! updates; no allocation per access beyond the map entries of new residents.
 
@@ -161,6 +175,21 @@ pub struct PatternAwareConfig {
     /// Bits of the "seen before" filter that tells first touches from re-reads for the
     /// stable band estimator: 2^21 (256 KiB), cleared when a quarter full.
     pub seen_bits: usize,
+    /// Move `stable_share` on every probe hit (ARC-style, at most `rebalance_step` per
+    /// hit) instead of one `rebalance_step` per `rebalance_every` misses: true (see
+    /// `stable_evidence`; the corpus, docs/BENCHMARKS.md "Tenants that end").
+    pub adapt_stable_per_hit: bool,
+    /// Age the stable subset's proof of re-reading once per capacity of scan misses:
+    /// true (see `age_proven`; without it `npy` at 20% took 8.6 s instead of 3.7 s).
+    pub age_proven: bool,
+    /// Release what tenants that stopped reading hold: a frequency side whose readers
+    /// all left goes to the stable subset (`idle_check`), and their unread prefetched
+    /// blocks are the first victims (`stale_ahead`): true.
+    pub release_idle: bool,
+    /// Length of the idleness period, in demand-miss bytes as a share of capacity:
+    /// 0.25. A whole capacity was measured and was too slow: on `mix` at 40% the
+    /// release came when the loader's first epoch, whose data it was for, was over.
+    pub idle_period_share: f64,
 }
 
 impl Default for PatternAwareConfig {
@@ -180,6 +209,10 @@ impl Default for PatternAwareConfig {
             sketch_width: 1 << 15,
             seen_bits: 1 << 21,
             adapt_consumed: true,
+            adapt_stable_per_hit: true,
+            age_proven: true,
+            release_idle: true,
+            idle_period_share: 0.25,
         }
     }
 }
@@ -193,6 +226,56 @@ struct Ghost {
     /// `evicted_freq` before this eviction.
     pos: u64,
 }
+
+/// A small set of job ids (the tenants seen in one idleness period), or "too many to
+/// tell" once more than `JobSet::CAP` distinct jobs were added (then no job counts as
+/// gone: with a request per job, as KV traces have, jobs say nothing about tenants).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct JobSet {
+    jobs: Vec<u64>,
+    overflow: bool,
+}
+
+impl JobSet {
+    /// Distinct jobs tracked: 16, more tenants than one cache tier serves in the traces
+    /// measured (3) while the linear scan stays a few compares.
+    pub(crate) const CAP: usize = 16;
+
+    pub(crate) fn insert(&mut self, job: u64) {
+        if self.overflow || self.jobs.contains(&job) {
+            return;
+        }
+        if self.jobs.len() == Self::CAP {
+            self.overflow = true;
+            self.jobs.clear();
+        } else {
+            self.jobs.push(job);
+        }
+    }
+
+    /// Whether every job of `self` is known to be absent from `other`: false when
+    /// `self` is empty or either set overflowed.
+    pub(crate) fn all_absent_from(&self, other: &JobSet) -> bool {
+        !self.overflow
+            && !other.overflow
+            && !self.jobs.is_empty()
+            && self.jobs.iter().all(|j| !other.jobs.contains(j))
+    }
+
+    /// Whether the period saw any access (sets cleared at its end say nothing before).
+    pub(crate) fn seen_any(&self) -> bool {
+        self.overflow || !self.jobs.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.jobs.clear();
+        self.overflow = false;
+    }
+}
+
+/// Oldest prefetched blocks examined for a gone job's (`stale_ahead`): 8, a few
+/// compares per victim.
+const STALE_AHEAD_LOOK: usize = 8;
 
 /// Stable-subset tiers: members re-read while resident are evicted after the others.
 const PROVEN: u64 = 0;
@@ -216,6 +299,8 @@ struct Entry {
     /// Order key within the pool: sequence number (consumed/ahead), priority (freq).
     order: u64,
     seq: u64,
+    /// The job whose access (demand or prefetch) placed it.
+    job: u64,
 }
 
 /// Aged count-min sketch (4 rows of saturating u8 counters).
@@ -290,6 +375,10 @@ pub struct PatternAwareStats {
     pub consumed_target: u64,
     /// Demand misses that hit the consumed pool's ghost list.
     pub consumed_ghost_hits: u64,
+    /// Times an idle frequency side's space went to the stable subset.
+    pub idle_releases: u64,
+    /// Prefetched blocks evicted as stale (unread a whole idleness period later).
+    pub stale_ahead_victims: u64,
     /// Victims taken from consumed / ahead / stable / freq main / window.
     pub victims: [u64; 5],
 }
@@ -333,6 +422,25 @@ pub struct PatternAwarePolicy {
     /// Ghost hits of the window / the main since the window share last moved.
     window_votes: [u64; 2],
     misses: u64,
+    /// Bytes of distinct scan items (sequential/random retention) seen since the
+    /// "seen" filter was last cleared: the population the stable subset samples.
+    scan_seen_bytes: u64,
+    /// Scan bytes missed since proven stable members were last aged (`age_proven`).
+    scan_miss_bytes: u64,
+    /// Demand miss bytes and frequency-side hits (resident or ghost) of the current
+    /// idleness period (`idle_check`).
+    period_miss_bytes: u64,
+    freq_side_hits: u64,
+    prev_freq_side_hits: u64,
+    /// Jobs that hit the frequency side in this / the previous period, and jobs that
+    /// read anything in this period: a side whose readers all left is released.
+    hit_jobs: JobSet,
+    prev_hit_jobs: JobSet,
+    period_jobs: JobSet,
+    idle_releases: u64,
+    stale_ahead_victims: u64,
+    /// Jobs that read anything in the previous period.
+    prev_period_jobs: JobSet,
     rebalances: u64,
     /// Decision taken in `admit` for the item about to be inserted.
     pending: Option<(u64, Pool)>,
@@ -387,6 +495,17 @@ impl PatternAwarePolicy {
             gain_stable: 0.0,
             window_votes: [0; 2],
             misses: 0,
+            scan_seen_bytes: 0,
+            scan_miss_bytes: 0,
+            period_miss_bytes: 0,
+            freq_side_hits: 0,
+            prev_freq_side_hits: 0,
+            hit_jobs: JobSet::default(),
+            prev_hit_jobs: JobSet::default(),
+            period_jobs: JobSet::default(),
+            idle_releases: 0,
+            stale_ahead_victims: 0,
+            prev_period_jobs: JobSet::default(),
             rebalances: 0,
             pending: None,
             pending_size: 0,
@@ -409,8 +528,22 @@ impl PatternAwarePolicy {
             main_ghost_hits: self.ghost_hits[1],
             consumed_target: self.consumed_target as u64,
             consumed_ghost_hits: self.consumed_ghost_hits,
+            idle_releases: self.idle_releases,
+            stale_ahead_victims: self.stale_ahead_victims,
             victims: self.victims,
         }
+    }
+
+    /// The pool holding `key` (`consumed`, `ahead`, `stable`, `freq`, `window`), for
+    /// diagnostics (the replay's per-tenant breakdown); None if not resident.
+    pub fn pool_of(&self, key: &CacheKey) -> Option<&'static str> {
+        self.entries.get(key).map(|e| match e.pool {
+            Pool::Consumed => "consumed",
+            Pool::Ahead => "ahead",
+            Pool::Stable => "stable",
+            Pool::Freq => "freq",
+            Pool::Window => "window",
+        })
     }
 
     fn resident_bytes(&self) -> u64 {
@@ -429,6 +562,7 @@ impl PatternAwarePolicy {
             if self.seen_set > bits / 4 {
                 self.seen.iter_mut().for_each(|x| *x = 0);
                 self.seen_set = 0;
+                self.scan_seen_bytes = 0;
             }
         }
         was
@@ -560,30 +694,37 @@ impl PatternAwarePolicy {
     }
 
     /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
-    fn on_demand_miss(&mut self, h: u64, size: u64, obs: &Observation, seen: bool) {
+    fn on_demand_miss(&mut self, h: u64, size: u64, job: u64, obs: &Observation, seen: bool) {
+        self.period_jobs.insert(job);
+        self.idle_check(size);
         if let Some(g) = self.ghost.remove(&h) {
             if g.seg == 2 {
                 self.consumed_hit_evidence(size, true);
             } else {
+                self.freq_side_hits += 1;
+                self.hit_jobs.insert(job);
                 // Would a frequency side larger by the probe size have kept it?
                 if self.evicted_freq - g.pos <= self.ghost_cap() {
                     self.gain_freq += size as f64;
+                    self.stable_evidence(size, false);
                 }
                 self.ghost_hits[g.seg] += 1;
                 self.window_evidence(g.seg);
                 self.consumed_hit_evidence(size, false);
             }
-        } else if seen
-            && matches!(obs.retention(), Pattern::Sequential | Pattern::Random)
-            && self.bytes[2] > 0
-        {
-            if let Some(t) = self.stable_threshold() {
-                let band = t as f64 * self.ghost_cap() as f64 / self.bytes[2] as f64;
+        } else if seen && matches!(obs.retention(), Pattern::Sequential | Pattern::Random) {
+            if let Some((t, band)) = self.stable_band() {
                 if h > t && ((h - t) as f64) <= band {
                     self.gain_stable += size as f64;
+                    self.stable_evidence(size, true);
                     self.consumed_hit_evidence(size, false);
                 }
             }
+        } else if matches!(obs.retention(), Pattern::Sequential | Pattern::Random) {
+            self.scan_seen_bytes += size;
+        }
+        if matches!(obs.retention(), Pattern::Sequential | Pattern::Random) {
+            self.age_proven(size);
         }
         self.misses += 1;
         if self.misses.is_multiple_of(self.cfg.rebalance_every.max(1)) {
@@ -614,6 +755,125 @@ impl PatternAwarePolicy {
             let step = size as f64 * (scan_ghost / retained_ghost).max(1.0);
             self.consumed_target = (self.consumed_target - step).max(0.0);
         }
+    }
+
+    /// The hashes a stable subset larger by the probe size (`ghost_cap`) would hold:
+    /// `(threshold, width)`, the band just above the threshold. With unproven members
+    /// the hash density is the subset's own (its bytes over its threshold). With none
+    /// (the subset empty, or holding only re-read members) a larger subset would take
+    /// the smallest hashes of the scan population, so the band starts at 0 and its
+    /// width is the probe's share of the scan bytes seen. Without that case a subset
+    /// emptied while another tenant was hot never saw evidence again and stayed empty
+    /// after that tenant ended (`mix`: a shuffled loader's second epoch, 2 hits).
+    fn stable_band(&self) -> Option<(u64, f64)> {
+        let probe = self.ghost_cap() as f64;
+        match self.stable_threshold() {
+            Some(t) if self.bytes[2] > 0 => Some((t, t as f64 * probe / self.bytes[2] as f64)),
+            _ if self.scan_seen_bytes > 0 => {
+                let share = (probe / self.scan_seen_bytes as f64).min(1.0);
+                Some((0, share * u64::MAX as f64))
+            }
+            _ => None,
+        }
+    }
+
+    /// Proof of re-reading fades: once a capacity's worth of scan bytes has missed
+    /// since the last aging, every proven member of the stable subset is unproven
+    /// again (and proven anew by its next re-read). Without it, members proven by a
+    /// job that has ended (a shard reader's second epoch) outranked every unproven one
+    /// forever and the subset of a still running loader shrank to what they left
+    /// (`mix` at 40%: 573 hits of 3,000 in the loader's second epoch, LRU 2,397).
+    /// O(n log n) once per capacity of misses, so O(log n) amortised per miss.
+    fn age_proven(&mut self, size: u64) {
+        if !self.cfg.age_proven || self.cap == 0 {
+            return;
+        }
+        self.scan_miss_bytes += size;
+        if self.scan_miss_bytes < self.cap.max(1) {
+            return;
+        }
+        self.scan_miss_bytes = 0;
+        let proven: Vec<((u64, u64, u64), CacheKey)> = self
+            .stable
+            .range(..(UNPROVEN, 0, 0))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for ((_, h, sq), key) in proven {
+            self.stable.remove(&(PROVEN, h, sq));
+            self.stable.insert((UNPROVEN, h, sq), key.clone());
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.order = UNPROVEN;
+            }
+        }
+    }
+
+    /// A frequency side that earned no hit (resident or ghost) while a capacity's worth
+    /// of bytes missed holds data nobody reads any more: the tenant that made it
+    /// frequent has ended. Its space goes to the stable subset (share 1, which the
+    /// ghost evidence moves back as soon as a skewed stream hits again), so the scan
+    /// data still being read replaces it instead of being rejected by a subset squeezed
+    /// by a dead tenant. Without it the frequency counts of a finished tenant outlived
+    /// it (`mix` at 40%: 40 MB of an ended SQLite job's blocks kept through the
+    /// loader's whole first epoch, whose second epoch then hit 19% against LRU's 80%).
+    /// A hot set read at all during the turnover (a scan interleaved with hot reads)
+    /// keeps its side: only complete idleness counts, where LRU would have lost it too.
+    fn idle_check(&mut self, size: u64) {
+        // Periods are measured in capacities: none until the capacity is known.
+        if !self.cfg.release_idle || self.cap == 0 {
+            return;
+        }
+        self.period_miss_bytes += size;
+        if (self.period_miss_bytes as f64) < (self.cap.max(1) as f64 * self.cfg.idle_period_share) {
+            return;
+        }
+        let freq_side = self.bytes[3] + self.bytes[4];
+        // Idle now after earning hits in the period before: a tenant stopped. A side
+        // that never earned anything yet (a single job's first pass) is not released:
+        // nothing says its data is dead rather than not yet re-read.
+        if self.freq_side_hits == 0
+            && self.prev_freq_side_hits > 0
+            && freq_side > 0
+            && self.prev_hit_jobs.all_absent_from(&self.period_jobs)
+        {
+            self.stable_share = 1.0;
+            self.idle_releases += 1;
+        }
+        self.prev_freq_side_hits = self.freq_side_hits;
+        // Prefetched blocks still unread a whole period after the period they came in
+        // are stale (their stream stopped or changed course): victims before
+        // anything read.
+        std::mem::swap(&mut self.prev_hit_jobs, &mut self.hit_jobs);
+        self.hit_jobs.clear();
+        std::mem::swap(&mut self.prev_period_jobs, &mut self.period_jobs);
+        self.period_jobs.clear();
+        self.period_miss_bytes = 0;
+        self.freq_side_hits = 0;
+    }
+
+    /// A prefetched, still unread block of a job that read nothing for two whole
+    /// idleness periods: its job is gone (or stalled) and the block is dead weight
+    /// until `ahead` grows over its share, which it may never do. It is the first
+    /// victim. `mix`: a shard reader's readahead (4-6 MB) outlived the job by minutes
+    /// of simulated time while the SQLite tenant it squeezed missed 75% more than
+    /// without prefetching. Only the oldest few are looked at (O(1)): a dead job's
+    /// prefetches are older than a live job's.
+    fn stale_ahead(&self) -> Option<CacheKey> {
+        if !self.cfg.release_idle {
+            return None;
+        }
+        self.ahead
+            .values()
+            .take(STALE_AHEAD_LOOK)
+            .find(|k| {
+                self.entries.get(*k).is_some_and(|e| {
+                    let mut one = JobSet::default();
+                    one.insert(e.job);
+                    one.all_absent_from(&self.period_jobs)
+                        && one.all_absent_from(&self.prev_period_jobs)
+                        && self.prev_period_jobs.seen_any()
+                })
+            })
+            .cloned()
     }
 
     fn ghost_cap(&self) -> u64 {
@@ -660,12 +920,34 @@ impl PatternAwarePolicy {
         }
     }
 
+    /// ARC's adaptation of the stable subset's share: a hit in the stable band (a miss
+    /// a subset larger by the probe would have hit) grows the share by the item's share
+    /// of the probe, a hit within the main's ghost probe shrinks it by as much, at most
+    /// `rebalance_step` per hit. Both probes reach the same bytes, so the step is the
+    /// same on either side (ARC's ratio is 1). The periodic rebalance alone moved 0.05
+    /// per 1024 misses: on a trace of a few thousand misses (`mix`) the share could not
+    /// follow the SQLite tenant (its JCT at 40% 12.0 s, 5.6 s with this). Unbounded, one
+    /// ghost hit on a cache of a few blocks swung the whole share (`npy` at 20%).
+    fn stable_evidence(&mut self, size: u64, to_stable: bool) {
+        if !self.cfg.adapt_stable_per_hit || self.cap == 0 {
+            return;
+        }
+        let step = (size as f64 / self.ghost_cap().max(1) as f64).min(self.cfg.rebalance_step);
+        self.stable_share = if to_stable {
+            (self.stable_share + step).min(1.0)
+        } else {
+            (self.stable_share - step).max(0.0)
+        };
+    }
+
     fn rebalance(&mut self) {
         let items = self.entries.len();
         self.sketch.set_items(items);
         let (f, s) = (self.gain_freq, self.gain_stable);
         let step = self.cfg.rebalance_step;
-        if f > s * 1.1 {
+        if self.cfg.adapt_stable_per_hit {
+            // Moved per hit instead (`stable_evidence`).
+        } else if f > s * 1.1 {
             self.stable_share = (self.stable_share - step).max(0.0);
         } else if s > f * 1.1 {
             self.stable_share = (self.stable_share + step).min(1.0);
@@ -790,7 +1072,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         if !obs.repeat {
             self.count(h);
         }
-        self.on_demand_miss(h, size, &obs, seen);
+        self.on_demand_miss(h, size, ctx.job.0, &obs, seen);
         let pool = self.pool_for(obs.retention());
         self.pending = Some((h, pool));
         true
@@ -813,6 +1095,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             hash: h,
             order: UNPROVEN,
             seq: 0,
+            job: ctx.job.0,
         };
         self.link(key, &mut e, pool);
         self.entries.insert(key.clone(), e);
@@ -827,6 +1110,9 @@ impl EvictionPolicy for PatternAwarePolicy {
             return;
         };
         self.seen_check_set(e.hash);
+        if self.cfg.release_idle {
+            self.period_jobs.insert(ctx.job.0);
+        }
         if !obs.repeat {
             self.count(e.hash);
         }
@@ -859,8 +1145,21 @@ impl EvictionPolicy for PatternAwarePolicy {
                 self.link(key, &mut e, Pool::Stable);
                 self.entries.insert(key.clone(), e);
             }
-            Pool::Freq if !obs.repeat => self.move_to(key, Pool::Freq),
-            Pool::Window if !obs.repeat => self.move_to(key, Pool::Window),
+            Pool::Freq if !obs.repeat => {
+                self.freq_side_hits += 1;
+                self.hit_jobs.insert(ctx.job.0);
+                self.move_to(key, Pool::Freq)
+            }
+            // A read of the same visit too: a block still being read (a tar shard read
+            // 10 KiB at a time before its stream is classified) is not old yet; left
+            // at its insertion position, other tenants' misses pushed it out between
+            // two of its reads (`mix`: the shard tenant re-fetched blocks a few reads
+            // later). The frequency sketch still counts visits only.
+            Pool::Window => {
+                self.freq_side_hits += 1;
+                self.hit_jobs.insert(ctx.job.0);
+                self.move_to(key, Pool::Window)
+            }
             _ => {}
         }
     }
@@ -892,6 +1191,11 @@ impl EvictionPolicy for PatternAwarePolicy {
         // The recency queue of scan data keeps its learnt share; beyond it, its oldest
         // item joins the stable subset if the subset wants it, else it is the victim
         // (evict-behind).
+        if let Some(k) = self.stale_ahead() {
+            self.stale_ahead_victims += 1;
+            self.last_victim = self.entries.get(&k).map(|e| e.hash);
+            return Some(k);
+        }
         let mut scan_victim = None;
         while self.bytes[0] as f64 > self.consumed_target {
             let Some((_, c)) = self.consumed.first_key_value() else {

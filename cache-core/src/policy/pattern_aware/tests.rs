@@ -463,3 +463,190 @@ fn shuffled_chunks_of_small_arrays_are_served_like_lru() {
         s.p.stats()
     );
 }
+
+impl Sim {
+    /// A policy told its capacity, as the engine and the replay build it.
+    fn with(cap: u64, cfg: PatternAwareConfig) -> Self {
+        Sim {
+            p: PatternAwarePolicy::new(PatternAwareConfig {
+                capacity_hint: Some(cap),
+                ..cfg
+            }),
+            ..Sim::new(cap)
+        }
+    }
+    /// A prefetch fill (the engine does not observe prefetches).
+    fn prefetch(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
+        if self.res.contains_key(key) || !self.p.admit(key, size, ctx) {
+            return;
+        }
+        while self.used + size > self.cap {
+            let v = self.p.victim().expect("a victim while over budget");
+            self.used -= self.res.remove(&v).expect("victim is resident");
+            self.p.on_remove(&v);
+        }
+        self.res.insert(key.clone(), size);
+        self.used += size;
+        self.p.on_insert(key, size, ctx);
+    }
+}
+
+fn release_cfg(release_idle: bool) -> PatternAwareConfig {
+    PatternAwareConfig {
+        release_idle,
+        ..PatternAwareConfig::default()
+    }
+}
+
+/// `mix` in miniature: job 1 reads a skewed hot set (the frequency side) while job 2
+/// starts a shuffled two-epoch pass over more files than the cache holds; job 1 then
+/// ends. Its frequency side earns nothing any more and its reader is gone, so its
+/// space goes to job 2's stable subset in time for the second epoch. Without the
+/// release the dead hot set keeps its space and the second epoch hits far less.
+/// Returns job 2's second-epoch hits and the policy's stats.
+fn tenant_ends_during_a_shuffled_pass(release_idle: bool) -> (u64, PatternAwareStats) {
+    let cap = 40 * MB;
+    let mut s = Sim::with(cap, release_cfg(release_idle));
+    let hot: Vec<CacheKey> = (0..30)
+        .map(|i| CacheKey::file(format!("db/m{i}.bin"), "v", 0))
+        .collect();
+    let n = 60u64;
+    let file = |i: u64| CacheKey::file(format!("imgs/c{}/f{i}.jpg", i % 6), "v", 0);
+    // A fixed permutation per epoch (multiplier coprime to n).
+    let order = |epoch: u64, k: u64| (k * if epoch == 0 { 7 } else { 13 } + epoch * 5) % n;
+    let mut t = 0;
+    // Job 1 alone: skewed reads of the hot set (Zipf-like: low ids far more often).
+    for round in 0..40u64 {
+        for i in 0..30u64 {
+            if i < 10 || (round + i) % 4 == 0 {
+                t += 1;
+                s.read(&hot[i as usize], MB, &demand(1, t));
+            }
+        }
+    }
+    // Job 2's first epoch; job 1 reads along for the first few files, then ends.
+    for k in 0..n {
+        t += 1;
+        s.read(&file(order(0, k)), MB, &demand(2, t));
+        if k < 8 {
+            for k in &hot[..10] {
+                t += 1;
+                s.read(k, MB, &demand(1, t));
+            }
+        }
+    }
+    let mut hits = 0;
+    for k in 0..n {
+        t += 1;
+        hits += u64::from(s.read(&file(order(1, k)), MB, &demand(2, t)));
+    }
+    (hits, s.p.stats())
+}
+
+#[test]
+fn a_finished_tenants_space_goes_to_the_running_one() {
+    let (with, st) = tenant_ends_during_a_shuffled_pass(true);
+    let (without, st0) = tenant_ends_during_a_shuffled_pass(false);
+    assert!(st.idle_releases >= 1, "{st:?}");
+    assert_eq!(st0.idle_releases, 0, "{st0:?}");
+    // 40 of 60 files fit: a subset with the whole cache hits ~2/3 of the epoch.
+    assert!(
+        with >= 25,
+        "second epoch hits {with} with the release ({st:?})"
+    );
+    assert!(
+        with >= without + 8,
+        "with {with} vs without {without} ({st0:?})"
+    );
+}
+
+/// A single job whose hot set rests while it scans keeps its frequency side: its
+/// reader has not gone, so nothing is released (the `npy` case: labels read again in
+/// the second pass).
+#[test]
+fn a_running_jobs_resting_hot_set_is_not_released() {
+    let mut s = Sim::with(20 * MB, PatternAwareConfig::default());
+    let hot: Vec<CacheKey> = (0..8)
+        .map(|i| CacheKey::file(format!("labels/l{i}.npy"), "v", 0))
+        .collect();
+    let mut t = 0;
+    for _ in 0..30 {
+        for k in &hot {
+            t += 1;
+            s.read(k, MB, &demand(1, t));
+        }
+    }
+    for b in 0..200u64 {
+        t += 1;
+        s.read(&scan_block(b), MB, &demand(1, t));
+    }
+    assert_eq!(s.p.stats().idle_releases, 0, "{:?}", s.p.stats());
+    let kept = hot.iter().filter(|k| s.res.contains_key(*k)).count();
+    assert!(kept >= 7, "hot set left: {kept}/8");
+}
+
+/// A gone job's unread prefetches are evicted before a running job's hot data even
+/// though `ahead` is within its share; with the release off they stay.
+#[test]
+fn a_gone_jobs_unread_prefetch_goes_first() {
+    let run = |release_idle: bool| {
+        let cap = 40 * MB;
+        let mut s = Sim::with(cap, release_cfg(release_idle));
+        let mut t = 0;
+        let pf: Vec<CacheKey> = (0..6)
+            .map(|b| CacheKey::file("shards/s0.tar", "v", b))
+            .collect();
+        t += 1;
+        s.read(
+            &CacheKey::file("shards/s0.tar", "v", 100),
+            MB,
+            &demand(1, t),
+        );
+        for k in &pf {
+            t += 1;
+            s.prefetch(k, MB, &AccessContext::prefetch(JobId(1), t));
+        }
+        // Job 2 alone: a hot set larger than what is left, read round robin.
+        let hot: Vec<CacheKey> = (0..40)
+            .map(|i| CacheKey::file(format!("db/p{i}.bin"), "v", 0))
+            .collect();
+        let mut hits = 0;
+        for round in 0..20 {
+            for k in &hot {
+                t += 1;
+                hits += u64::from(s.read(k, MB, &demand(2, t)) && round >= 10);
+            }
+        }
+        let left = pf.iter().filter(|k| s.res.contains_key(*k)).count();
+        (left, hits, s.p.stats())
+    };
+    let (left, hits, st) = run(true);
+    let (left0, hits0, _) = run(false);
+    assert_eq!(left, 0, "{st:?}");
+    assert!(st.stale_ahead_victims >= 6, "{st:?}");
+    assert_eq!(left0, 6);
+    assert!(
+        hits > hits0,
+        "hot hits {hits} vs {hits0} without the release"
+    );
+}
+
+proptest! {
+    /// JobSet against a model: `all_absent_from` is true exactly when neither set
+    /// overflowed, the first is not empty and the two share no job.
+    #[test]
+    fn job_set_matches_a_model(
+        a in proptest::collection::vec(0u64..40, 0..30),
+        b in proptest::collection::vec(0u64..40, 0..30),
+    ) {
+        let (mut sa, mut sb) = (JobSet::default(), JobSet::default());
+        a.iter().for_each(|&j| sa.insert(j));
+        b.iter().for_each(|&j| sb.insert(j));
+        let da: std::collections::BTreeSet<u64> = a.iter().copied().collect();
+        let db: std::collections::BTreeSet<u64> = b.iter().copied().collect();
+        let over = da.len() > JobSet::CAP || db.len() > JobSet::CAP;
+        let want = !over && !da.is_empty() && da.is_disjoint(&db);
+        prop_assert_eq!(sa.all_absent_from(&sb), want);
+        prop_assert_eq!(sa.seen_any(), !a.is_empty());
+    }
+}

@@ -1,0 +1,254 @@
+//! Per-tenant diagnostics of a policy on a multi-job trace (issue 13: which tenant's
+//! blocks a policy evicts, and how soon they are missed again).
+//!
+//! `cargo run --release -p strata-replay --example tenant_diag -- TRACE CAP% POLICIES`
+//!
+//! For each policy (`strata-noprefetch`, `strata` or a baseline) and each job: demand
+//! misses, the retention pattern the tracker gave its missed accesses, evictions of its
+//! blocks (for `strata*`, by the pool they were evicted from) and "re-misses": demand
+//! misses on a block the cache evicted earlier, bucketed by the bytes evicted in
+//! between as a share of capacity (a re-miss within 1x capacity is one a policy with
+//! better retention for this tenant could have hit).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
+use strata_cache_core::{AccessContext, CacheKey};
+use strata_replay::replay::{
+    make_policy, replay, strata_policy_set, PolicySet, Prepared, ReplayConfig,
+};
+
+#[derive(Default)]
+struct JobDiag {
+    misses: u64,
+    by_pattern: BTreeMap<String, u64>,
+    evicted_from: BTreeMap<String, u64>,
+    /// Re-misses by evicted-bytes distance: <0.25, <0.5, <1, <2, >=2 x capacity.
+    remiss: [u64; 5],
+    hits: u64,
+    hit_in: BTreeMap<String, u64>,
+    /// Pool of each of this job's evictions over time: (eviction index / 1000, pool) counts.
+    timeline: BTreeMap<(u64, String), u64>,
+}
+
+#[derive(Default)]
+struct Diag {
+    jobs: BTreeMap<u64, JobDiag>,
+    owner: HashMap<CacheKey, u64>,
+    evicted_at: HashMap<CacheKey, u64>,
+    evicted_bytes: u64,
+    sizes: HashMap<CacheKey, u64>,
+}
+
+struct Wrap {
+    inner: Box<dyn EvictionPolicy>,
+    strata: Option<Arc<Mutex<PatternAwarePolicy>>>,
+    diag: Arc<Mutex<Diag>>,
+    cap: u64,
+}
+
+impl EvictionPolicy for Wrap {
+    fn name(&self) -> &'static str {
+        "diag"
+    }
+    fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        if ctx.is_demand() {
+            let mut d = self.diag.lock().expect("not poisoned");
+            let d = &mut *d;
+            let dist = d.evicted_at.get(key).map(|at| d.evicted_bytes - at);
+            let j = d.jobs.entry(ctx.job.0).or_default();
+            j.misses += 1;
+            let o = ctx.obs;
+            *j.by_pattern
+                .entry(format!(
+                    "ret={:?} b={:?} f={:?} d={:?}{}",
+                    o.retention(),
+                    o.blocks,
+                    o.files,
+                    o.dirs,
+                    if o.shared { " shared" } else { "" }
+                ))
+                .or_default() += 1;
+            if let Some(dist) = dist {
+                let x = dist as f64 / self.cap as f64;
+                let b = [0.25, 0.5, 1.0, 2.0]
+                    .iter()
+                    .position(|t| x < *t)
+                    .unwrap_or(4);
+                j.remiss[b] += 1;
+            }
+        }
+        match &self.strata {
+            Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
+            None => self.inner.admit(key, size, ctx),
+        }
+    }
+    fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
+        {
+            let mut d = self.diag.lock().expect("not poisoned");
+            d.owner.entry(key.clone()).or_insert(ctx.job.0);
+            d.sizes.insert(key.clone(), size);
+        }
+        match &self.strata {
+            Some(s) => s.lock().expect("not poisoned").on_insert(key, size, ctx),
+            None => self.inner.on_insert(key, size, ctx),
+        }
+    }
+    fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        if ctx.is_demand() {
+            let pool = self
+                .strata
+                .as_ref()
+                .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
+                .unwrap_or("-");
+            let mut d = self.diag.lock().expect("not poisoned");
+            let j = d.jobs.entry(ctx.job.0).or_default();
+            j.hits += 1;
+            *j.hit_in.entry(pool.to_string()).or_default() += 1;
+        }
+        match &self.strata {
+            Some(s) => s.lock().expect("not poisoned").on_hit(key, ctx),
+            None => self.inner.on_hit(key, ctx),
+        }
+    }
+    fn on_remove(&mut self, key: &CacheKey) {
+        if std::env::var("COMP").is_ok() {
+            let d = self.diag.lock().expect("not poisoned");
+            if d.evicted_at.len().is_multiple_of(1000) {
+                if let Some(s) = &self.strata {
+                    let s = s.lock().expect("not poisoned");
+                    let mut comp: BTreeMap<(u64, &str), u64> = BTreeMap::new();
+                    for (k, o) in &d.owner {
+                        if let Some(pool) = s.pool_of(k) {
+                            *comp.entry((*o, pool)).or_default() +=
+                                d.sizes.get(k).copied().unwrap_or(0) >> 20;
+                        }
+                    }
+                    println!(
+                        "   @{} MiB by (job, pool): {comp:?} share {:.2}",
+                        d.evicted_at.len(),
+                        s.stats().stable_share
+                    );
+                }
+            }
+        }
+        let pool = self
+            .strata
+            .as_ref()
+            .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
+            .unwrap_or("-");
+        {
+            let mut d = self.diag.lock().expect("not poisoned");
+            let d = &mut *d;
+            let size = d.sizes.get(key).copied().unwrap_or(0);
+            d.evicted_bytes += size;
+            d.evicted_at.insert(key.clone(), d.evicted_bytes);
+            let owner = d.owner.get(key).copied().unwrap_or(u64::MAX);
+            let n = d.evicted_at.len() as u64;
+            *d.jobs
+                .entry(owner)
+                .or_default()
+                .timeline
+                .entry((n / 2000, pool.to_string()))
+                .or_default() += 1;
+            *d.jobs
+                .entry(owner)
+                .or_default()
+                .evicted_from
+                .entry(pool.to_string())
+                .or_default() += 1;
+        }
+        match &self.strata {
+            Some(s) => s.lock().expect("not poisoned").on_remove(key),
+            None => self.inner.on_remove(key),
+        }
+    }
+    fn victim(&mut self) -> Option<CacheKey> {
+        match &self.strata {
+            Some(s) => s.lock().expect("not poisoned").victim(),
+            None => self.inner.victim(),
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    anyhow::ensure!(args.len() == 4, "usage: tenant_diag TRACE CAP% POLICIES");
+    let t = strata_replay::trace::read_file(std::path::Path::new(&args[1]))?;
+    let p = Prepared::new(t, strata_cache_core::DEFAULT_BLOCK_SIZE);
+    let cap = strata_replay::replay::parse_capacity(&args[2], p.unique_bytes())?;
+    let cfg = ReplayConfig::new(cap);
+    for name in args[3].split(',') {
+        let diag = Arc::new(Mutex::new(Diag::default()));
+        let base = make_policy(name, cap)?;
+        let (strata, controller) = if name.starts_with("strata") {
+            let pol = Arc::new(Mutex::new(PatternAwarePolicy::new(PatternAwareConfig {
+                capacity_hint: Some(cap),
+                ..PatternAwareConfig::default()
+            })));
+            let c = if name == "strata-noprefetch" {
+                None
+            } else {
+                Some(strata_policy_set(true, cap).1)
+            };
+            (Some(pol), c)
+        } else {
+            (None, None)
+        };
+        let set = PolicySet {
+            name: name.to_string(),
+            policy: Box::new(Wrap {
+                inner: base.policy,
+                strata: strata.clone(),
+                diag: diag.clone(),
+                cap,
+            }),
+            controller,
+            next_use: base.next_use,
+        };
+        let r = replay(&p, set, &cfg);
+        println!(
+            "== {name} cap {} MiB: total JCT {:.1} s, hr {:.3}",
+            cap >> 20,
+            r.total_jct_s,
+            r.hit_ratio
+        );
+        for (j, s) in &r.job_jct_s {
+            println!("   job {j}: JCT {s:.1}");
+        }
+        if let Some(s) = &strata {
+            println!("   state {:?}", s.lock().expect("not poisoned").stats());
+        }
+        let d = diag.lock().expect("not poisoned");
+        if let Some(s) = &strata {
+            let s = s.lock().expect("not poisoned");
+            let mut comp: BTreeMap<(u64, &str), (u64, u64)> = BTreeMap::new();
+            for (k, o) in &d.owner {
+                if let Some(pool) = s.pool_of(k) {
+                    let e = comp.entry((*o, pool)).or_default();
+                    e.0 += 1;
+                    e.1 += d.sizes.get(k).copied().unwrap_or(0) >> 10;
+                }
+            }
+            println!("   resident at end (job, pool) -> (items, KiB): {comp:?}");
+        }
+        for (j, jd) in &d.jobs {
+            println!(
+                "  job#{j}: demand misses {} hits {} re-misses(<.25,<.5,<1,<2,>=2 cap) {:?}",
+                jd.misses, jd.hits, jd.remiss
+            );
+            println!("     evicted from {:?}", jd.evicted_from);
+            println!("     hit in {:?}", jd.hit_in);
+            if std::env::var("TIMELINE").is_ok() {
+                println!("     evictions by time {:?}", jd.timeline);
+            }
+            let mut v: Vec<_> = jd.by_pattern.iter().collect();
+            v.sort_by(|a, b| b.1.cmp(a.1));
+            for (k, n) in v.iter().take(6) {
+                println!("     {n:>7} {k}");
+            }
+        }
+    }
+    Ok(())
+}
