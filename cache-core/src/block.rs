@@ -15,13 +15,13 @@ pub struct Block {
 impl Block {
     /// Wraps bytes, computing their checksum.
     pub fn new(data: Bytes) -> Self {
-        let crc = crc32c::crc32c(&data);
+        let crc = crate::checksum::crc32c(&data);
         Block { data, crc }
     }
 
     /// Rebuilds a block read back from a medium, checking it against the stored crc.
     pub fn from_stored(data: Bytes, crc: u32) -> Result<Self, CacheError> {
-        let actual = crc32c::crc32c(&data);
+        let actual = crate::checksum::crc32c(&data);
         Self::from_checked(data, crc, actual)
     }
 

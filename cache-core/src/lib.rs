@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod block;
+pub mod checksum;
 pub mod classify;
 pub mod conformance;
 pub mod engine;

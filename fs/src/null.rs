@@ -2,6 +2,13 @@
 //! all zero, replied inline on the session threads. Mounted with exactly Strata's mount
 //! options and kernel settings ([`crate::mount::mount_fs`]), it is the FUSE ceiling the
 //! benchmark measures the real mount against.
+//!
+//! Its replies come from the first bytes of one zero buffer, which stay in the CPU's
+//! caches: a ceiling no file system serving real bytes reaches, since the kernel's
+//! copy of each reply then reads memory. [`NullFs::with_spread`] adds the same fs
+//! replying from a large buffer of distinct bytes at the read's offset (switched on
+//! and off at run time): the ceiling with that memory traffic, to tell it apart from
+//! the file system's own cost per request.
 
 use std::ffi::OsStr;
 use std::time::{Duration, SystemTime};
@@ -19,6 +26,9 @@ pub struct NullFs {
     files: Vec<(String, u64)>,
     served: std::sync::Arc<std::sync::atomic::AtomicU64>,
     zeros: Vec<u8>,
+    /// See [`NullFs::with_spread`]; empty when not asked for.
+    spread: Vec<u8>,
+    spread_on: std::sync::Arc<std::sync::atomic::AtomicBool>,
     now: SystemTime,
 }
 
@@ -30,8 +40,32 @@ impl NullFs {
             files,
             served: Default::default(),
             zeros: vec![0; 16 << 20],
+            spread: Vec::new(),
+            spread_on: Default::default(),
             now: SystemTime::now(),
         }
+    }
+
+    /// Also holds `bytes` (at least 16 MiB) of distinct non-zero bytes; while the switch
+    /// returned by [`Self::spread_switch`] is on, a read at `offset` is answered from
+    /// them at `offset` modulo their length (written, so every page is backed by its
+    /// own memory, not the shared zero page).
+    pub fn with_spread(mut self, bytes: usize) -> Self {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut spread = vec![0u8; bytes.max(self.zeros.len()).div_ceil(8) * 8];
+        for word in spread.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&(x | 1).to_le_bytes());
+        }
+        self.spread = spread;
+        self
+    }
+
+    /// The switch between zero replies (off, the default) and spread ones.
+    pub fn spread_switch(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.spread_on.clone()
     }
 
     /// Bytes replied to reads so far (shared; survives moving the fs into a session).
@@ -111,6 +145,11 @@ impl Filesystem for NullFs {
         let n = a.size.saturating_sub(offset).min(size as u64) as usize;
         self.served
             .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        if !self.spread.is_empty() && self.spread_on.load(std::sync::atomic::Ordering::Relaxed) {
+            let n = n.min(self.zeros.len());
+            let at = (offset as usize) % (self.spread.len() - n + 1);
+            return reply.data(&self.spread[at..at + n]);
+        }
         reply.data(&self.zeros[..n.min(self.zeros.len())]);
     }
 

@@ -260,7 +260,7 @@ pub trait IoEngine: Send + Sync + fmt::Debug + 'static {
         crc: Range<usize>,
     ) -> io::Result<(AlignedBuf, Option<u32>)> {
         let buf = self.read_at(file, offset, buf).await?;
-        let sum = buf.get(crc).map(crc32c::crc32c);
+        let sum = buf.get(crc).map(crate::checksum::crc32c);
         Ok((buf, sum))
     }
 

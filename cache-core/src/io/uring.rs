@@ -26,6 +26,7 @@ use io_uring::{opcode, types, IoUring};
 use tokio::sync::oneshot;
 
 use super::{align_up, AlignedBuf, IoEngine};
+use crate::checksum::{crc32c, Crc32c};
 
 /// Submission-queue entries; see the module doc.
 const RING_ENTRIES: u32 = 256;
@@ -35,8 +36,12 @@ const WAKE_TOKEN: u64 = u64::MAX;
 const MAX_TRANSFER: usize = 1 << 30;
 /// A checksummed read goes as parts of at least this size, submitted together, the
 /// ring thread checksumming each as it arrives in order: 128 KiB, so a 1 MiB value
-/// leaves 1/8 of its checksum after the last byte arrives, while each part is still a
-/// large transfer for the device.
+/// leaves 1/8 of its checksum after the last byte arrives on a device that completes
+/// parts in order (NVMe, where the block layer splits at its smaller request limit).
+/// On virtio-blk the block layer merges adjacent parts up to 254 pages and the host
+/// may signal completions in batches, so there a 1 MiB hit overlaps less (see
+/// docs/BENCHMARKS.md, "Disk tier and warm FUSE path, issue 14"; 512 KiB parts were
+/// measured too and were not better there).
 const MIN_PART: usize = 128 << 10;
 /// At most this many parts per read (larger values get larger parts): 16, a bound on
 /// the ring entries one request takes.
@@ -60,7 +65,7 @@ struct Parts {
     next: usize,
     /// Every part before `next` came back full.
     full_prefix: bool,
-    crc: u32,
+    crc: Crc32c,
     /// How far (a buffer position) the checksum has got.
     crc_pos: usize,
 }
@@ -88,7 +93,8 @@ struct Reply {
 }
 
 enum Msg {
-    Op(Request),
+    /// Boxed: a request (with its checksum state) is ~500 bytes, `Shutdown` none.
+    Op(Box<Request>),
     Shutdown,
 }
 
@@ -156,7 +162,7 @@ impl UringEngine {
             reply,
         };
         self.tx
-            .send(Msg::Op(req))
+            .send(Msg::Op(Box::new(req)))
             .map_err(|_| io::Error::other("io_uring thread has stopped"))?;
         (&self.wake).write_all(&1u64.to_ne_bytes())?;
         rx.await
@@ -238,7 +244,7 @@ impl IoEngine for UringEngine {
             // One part (nothing to overlap), or more than one transfer: read, then
             // checksum.
             let buf = self.read_at(file, offset, buf).await?;
-            let sum = buf.get(crc).map(crc32c::crc32c);
+            let sum = buf.get(crc).map(crc32c);
             return Ok((buf, sum));
         }
         let ask = align_up(len).min(buf.capacity());
@@ -262,7 +268,7 @@ impl IoEngine for UringEngine {
             // resume. The plain read resumes partial transfers; its answer stands.
             buf.set_len(len);
             let buf = self.read_at(file, offset, buf).await?;
-            let sum = buf.get(crc).map(crc32c::crc32c);
+            let sum = buf.get(crc).map(crc32c);
             return Ok((buf, sum));
         }
         buf.set_len(len);
@@ -358,7 +364,7 @@ impl RingThread {
             && !self.shutting_down
         {
             match self.rx.try_recv() {
-                Ok(Msg::Op(req)) => self.push(req),
+                Ok(Msg::Op(req)) => self.push(*req),
                 Ok(Msg::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
                     self.shutting_down = true;
                 }
@@ -386,8 +392,11 @@ impl RingThread {
             return;
         };
         let len = req.len.min(buf.capacity().saturating_sub(req.pos));
-        let part = align_up(len.div_ceil(MAX_PARTS).max(MIN_PART));
-        let mut spans = Vec::new();
+        // Parts of equal aligned size but the last (no small trailing part that would
+        // cost the device a request of its own), as many of at least MIN_PART as fit.
+        let count = (len / MIN_PART).clamp(1, MAX_PARTS);
+        let part = align_up(len.div_ceil(count));
+        let mut spans = Vec::with_capacity(count);
         let mut at = req.pos;
         while at < req.pos + len {
             let n = part.min(req.pos + len - at);
@@ -417,7 +426,7 @@ impl RingThread {
             remaining: n,
             next: 0,
             full_prefix: true,
-            crc: 0,
+            crc: Crc32c::new(),
             crc_pos: req.crc.start,
         });
         if n == 0 {
@@ -459,7 +468,7 @@ impl RingThread {
             let to = req.crc.end.min(pos + got);
             if from < to {
                 if let Some(bytes) = buf.capacity_range(from..to) {
-                    parts.crc = crc32c::crc32c_append(parts.crc, bytes);
+                    parts.crc.update(bytes);
                     parts.crc_pos = to;
                 }
             }
@@ -492,7 +501,7 @@ impl RingThread {
             }
         }
         let result = result.map(|_| filled);
-        let crc = (parts.crc_pos >= req.crc.end).then_some(parts.crc);
+        let crc = (parts.crc_pos >= req.crc.end).then(|| parts.crc.value());
         let _ = req.reply.send(Reply {
             result,
             buf: req.buf,

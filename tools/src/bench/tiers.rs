@@ -52,6 +52,11 @@ pub struct TiersArgs {
     /// I/O engine of the disk tier: auto, io_uring or psync.
     #[arg(long, default_value = "auto")]
     pub engine: IoEngineKind,
+    /// Also time the steps of a disk hit side by side (JSON `disk_breakdown`): a raw
+    /// `pread` of the tier's own block files, the same plus the crc32c of the value,
+    /// the I/O engine's read, its read with the checksum, and the whole tier get.
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 const SIZES: [usize; 3] = [4 << 10, 1 << 20, 16 << 20];
@@ -86,6 +91,18 @@ pub struct TiersReport {
     pub o_direct: bool,
     /// crc32c throughput on this CPU (the disk tier verifies every byte it serves).
     pub crc32c_gbps: f64,
+    /// With `--breakdown`: the steps of a disk hit, per value size.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub disk_breakdown: Vec<StepResult>,
+}
+
+/// One step of a disk hit timed alone (see `TiersArgs::breakdown`).
+#[derive(Debug, Serialize)]
+pub struct StepResult {
+    pub value_size: usize,
+    pub step: &'static str,
+    pub gbps: f64,
+    pub p50_us: f64,
 }
 
 /// crc32c over 1 MiB values, best of five passes over 64 MiB.
@@ -290,6 +307,7 @@ async fn bench_disk(
     size: usize,
     n: usize,
     engine: IoEngineKind,
+    breakdown: Option<&mut Vec<StepResult>>,
 ) -> anyhow::Result<(TierResult, &'static str, bool)> {
     let k = working_set(size, n);
     let tier_dir = dir.join(format!("disk-{size}"));
@@ -332,11 +350,109 @@ async fn bench_disk(
         },
     )
     .await?;
+    if let Some(into) = breakdown {
+        let steps = disk_breakdown(&tier, &keys, &order, size, n, engine, direct).await?;
+        into.extend(steps);
+    }
     let engine_name = tier.engine_name();
     drop(tier);
     let _ = std::fs::remove_file(&raw_path);
     let _ = std::fs::remove_dir_all(&tier_dir);
     Ok((result("disk", size, t, c), engine_name, direct))
+}
+
+/// The steps of a disk hit, each timed alone over the same keys in the same order, in
+/// interleaved rounds (see `TiersArgs::breakdown`): where the time between a raw read
+/// and a tier get goes.
+async fn disk_breakdown(
+    tier: &DiskTier,
+    keys: &[CacheKey],
+    order: &[usize],
+    size: usize,
+    n: usize,
+    engine: IoEngineKind,
+    direct: bool,
+) -> anyhow::Result<Vec<StepResult>> {
+    const STEPS: [&str; 5] = [
+        "pread_block_file",
+        "pread_block_file_then_crc",
+        "engine_read",
+        "engine_read_crc",
+        "tier_get",
+    ];
+    let k = keys.len();
+    let mut files = Vec::with_capacity(k);
+    for key in keys {
+        let path = tier
+            .block_file(key)
+            .context("benchmark block not resident")?;
+        let mut o = OpenOptions::new();
+        o.read(true);
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        files.push(std::sync::Arc::new(o.open(&path)?));
+    }
+    // Bench values are multiples of 4096, so the file is header + value, no padding.
+    let file_len = files[0].metadata()?.len() as usize;
+    let value = file_len - size..file_len;
+    let io = strata_cache_core::io::open_engine(engine)?;
+    let pool = strata_cache_core::io::BufPool::new(64 << 20);
+    let buf = std::cell::RefCell::new(AlignedBuf::zeroed(file_len));
+    let step = |s: usize, i: usize| {
+        let j = order[i % k];
+        let (file, key, io, pool, buf, value) = (
+            files[j].clone(),
+            &keys[j],
+            io.clone(),
+            &pool,
+            &buf,
+            value.clone(),
+        );
+        async move {
+            match s {
+                0 | 1 => {
+                    let mut b = buf.borrow_mut();
+                    file.read_exact_at(b.full_mut(), 0)?;
+                    if s == 1 {
+                        black_box(crc32c::crc32c(&b.full_mut()[value]));
+                    }
+                }
+                2 => {
+                    let b = io.read_at(file, 0, pool.take(file_len)).await?;
+                    anyhow::ensure!(b.len() == file_len, "short read");
+                }
+                3 => {
+                    let (b, crc) = io.read_at_crc(file, 0, pool.take(file_len), value).await?;
+                    anyhow::ensure!(b.len() == file_len && crc.is_some(), "short read");
+                }
+                _ => {
+                    black_box(expect_hit(tier.get(key).await)?);
+                }
+            }
+            Ok(())
+        }
+    };
+    let mut samples: Vec<Samples> = STEPS.iter().map(|_| Samples::default()).collect();
+    for (s, _) in STEPS.iter().enumerate() {
+        measure(k, size, &mut |i| step(s, i), &mut Samples::default()).await?;
+    }
+    let per_round = n.div_ceil(ROUNDS).max(1);
+    for _ in 0..ROUNDS {
+        for (s, into) in samples.iter_mut().enumerate() {
+            measure(per_round, size, &mut |i| step(s, i), into).await?;
+        }
+    }
+    Ok(STEPS
+        .iter()
+        .zip(samples.iter_mut())
+        .map(|(name, smp)| StepResult {
+            value_size: size,
+            step: name,
+            gbps: smp.gbps(),
+            p50_us: smp.percentile_us(0.50),
+        })
+        .collect())
 }
 
 async fn bench_store(dir: &Path, size: usize, n: usize) -> anyhow::Result<TierResult> {
@@ -388,6 +504,7 @@ pub async fn bench(args: &TiersArgs, dir: &Path) -> anyhow::Result<TiersReport> 
     let mut results = Vec::new();
     let mut engine = String::new();
     let mut o_direct = false;
+    let mut breakdown = Vec::new();
     for size in SIZES {
         let n = iters_for(args, size);
         let on = |t: &str| args.tiers.iter().any(|x| x == t);
@@ -395,7 +512,8 @@ pub async fn bench(args: &TiersArgs, dir: &Path) -> anyhow::Result<TiersReport> 
             results.push(bench_memory(size, n).await?);
         }
         if on("disk") {
-            let (r, e, d) = bench_disk(dir, size, n, args.engine).await?;
+            let steps = args.breakdown.then_some(&mut breakdown);
+            let (r, e, d) = bench_disk(dir, size, n, args.engine, steps).await?;
             results.push(r);
             engine = e.to_string();
             o_direct = d;
@@ -409,6 +527,7 @@ pub async fn bench(args: &TiersArgs, dir: &Path) -> anyhow::Result<TiersReport> 
         disk_engine: engine,
         o_direct,
         crc32c_gbps: crc32c_gbps(),
+        disk_breakdown: breakdown,
     })
 }
 
@@ -463,6 +582,15 @@ pub fn run(args: TiersArgs) -> anyhow::Result<()> {
             r.ceiling_p50_us
         );
     }
+    for st in &report.disk_breakdown {
+        println!(
+            "disk {:>7} {:<26} {:>9.2} GB/s {:>10.1} us p50",
+            human(st.value_size),
+            st.step,
+            st.gbps,
+            st.p50_us
+        );
+    }
     Ok(())
 }
 
@@ -490,6 +618,7 @@ mod tests {
             iters: Some(4),
             tiers: vec!["memory".into(), "disk".into(), "store".into()],
             engine: IoEngineKind::Auto,
+            breakdown: true,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -166,6 +166,40 @@ async fn flipped_data_byte_is_never_served() {
     corrupt_and_check(|p, e| flip(p, u64::from(e.header_len) + 54_321)).await;
 }
 
+/// A value large enough that the io_uring engine reads it in parts and checksums each
+/// as it lands (submitted by the caller itself): one flipped byte in the first part, at
+/// a part boundary, in the last part or as the value's last byte is found on either
+/// engine, and the block is dropped, never served; an intact neighbour still is.
+#[tokio::test]
+async fn flipped_byte_of_a_value_read_in_parts_is_never_served() {
+    let len = (1 << 20) + 12_345;
+    for engine in [IoEngineKind::IoUring, IoEngineKind::Psync] {
+        // 532_480: where the io_uring engine's second part starts (4 KiB header +
+        // value, 1,069,056 bytes read as two parts of 536,576 and 532,480).
+        for at in [0, 7, 532_479, 532_480, 700_001, len - 1] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let tier = DiskTier::open(dir.path(), 16 << 20, opts(engine)).expect("open");
+            let (key, other) = (CacheKey::kv("ns", vec![1]), CacheKey::kv("ns", vec![2]));
+            tier.put(&key, Block::new(data(len, 3))).await.expect("put");
+            tier.put(&other, Block::new(data(len, 4)))
+                .await
+                .expect("put");
+            let path = tier.block_file(&key).expect("resident");
+            let entry = *tier.state.lock().map.get(&key).expect("entry");
+            flip(&path, u64::from(entry.header_len) + at as u64);
+            assert_eq!(
+                get(&tier, &key).await,
+                None,
+                "{engine:?}: byte {at} flipped"
+            );
+            assert!(!tier.contains(&key).await);
+            assert!(!path.exists(), "bad block file deleted");
+            assert_eq!(tier.stats().errors, 1);
+            assert_eq!(get(&tier, &other).await, Some(data(len, 4)), "{engine:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn flipped_header_byte_is_never_served() {
     corrupt_and_check(|p, _| flip(p, 25)).await; // data_len
