@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Strata against a peer (mountpoint-s3) on the data-path cases of issue 14.
 
-Starts a local S3 server (moto_server, installed by scripts/install-deps.sh), uploads a
-large file and a set of small files, and runs each case through a real FUSE mount of
+Starts a local S3 server, uploads a large file and a set of small files, and runs each case through a real FUSE mount of
 Strata (and of mountpoint-s3 when --peer names a `mount-s3` binary; and of a second
 Strata build when --before names one, for before/after figures in the same run),
 dropping the page cache before every run (root only), medians of --runs. Prints JSON:
 
   {"results": [{"case", "strata_s", "peer_s", "ratio", ...}], "cache_bytes_ratio": ...}
+
+The S3 server (--server): s3rver (npm, file-backed, serves a ranged GET by reading
+just that range; installed on first use into --tools-dir with npm) is the default when
+node and npm are on PATH; moto_server (PyPI, installed by scripts/install-deps.sh)
+otherwise. moto reads and copies the WHOLE object for every ranged GET, so its timings
+of the large file measure moto, not the clients (a cold 1 GiB read takes minutes).
 
 ratio = peer_s / strata_s (Strata's speed relative to the peer; null without a peer).
 With --before, each result also has "before_s" and "speedup_vs_before"
@@ -18,7 +23,7 @@ directory / bytes read, after the small-file set was read once cold (and
 Usage (as root):
   bench/peer.py --strata target/release/strata [--before /path/strata-old]
                 [--peer /path/mount-s3] [--large-mib 1024] [--small-count 2000]
-                [--small-kib 100] [--runs 3]
+                [--small-kib 100] [--runs 3] [--server auto|s3rver|moto]
 """
 
 import argparse
@@ -34,12 +39,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 BUCKET = "bench"
+# s3rver checks signatures against its one built-in key pair; moto accepts any.
 CREDS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_ACCESS_KEY_ID": "S3RVER",
+    "AWS_SECRET_ACCESS_KEY": "S3RVER",
     "AWS_REGION": "us-east-1",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
@@ -64,7 +71,136 @@ def drop_caches():
         log(f"cannot drop the page cache ({e}); run as root for cold figures")
 
 
+def wait_listening(endpoint, proc, what, limit_s=30):
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers (s3rver says 403 to an unsigned request)
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{what} did not start within {limit_s} s")
+
+
+def s3_client(endpoint):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
+        region_name=CREDS["AWS_REGION"],
+        # The uploads run from 8 threads.
+        config=Config(max_pool_connections=16, s3={"addressing_style": "path"}),
+    )
+
+
+S3RVER_VERSION = "3.7.1"
+
+# Runs s3rver as a library so that every request is logged with its method, Range and
+# response length (its own log drops the method), one line each:
+#   METHOD PATH RANGE STATUS BYTES
+S3RVER_LAUNCHER = r"""
+const fs = require('fs');
+const S3rver = require(process.argv[2]);
+const [dir, port, logPath, bucket] = process.argv.slice(3);
+const out = fs.createWriteStream(logPath, { flags: 'a' });
+const server = new S3rver({
+  address: '127.0.0.1', port: Number(port), directory: dir, silent: true,
+  configureBuckets: [{ name: bucket, configs: [] }],
+});
+server.middleware.unshift(async (ctx, next) => {
+  await next();
+  out.write(`${ctx.method} ${ctx.path} ${ctx.get('range') || '-'} ${ctx.status} ` +
+            `${ctx.response.length || 0}
+`);
+});
+server.run().then(a => console.log(`s3rver ${a.address}:${a.port}`),
+                  e => { console.error(e); process.exit(1); });
+"""
+
+
+def have_node():
+    return shutil.which("node") is not None and shutil.which("npm") is not None
+
+
+def install_s3rver(tools_dir):
+    """s3rver's module directory, installed with npm into tools_dir on first use."""
+    prefix = os.path.join(tools_dir, f"s3rver-{S3RVER_VERSION}")
+    module = os.path.join(prefix, "node_modules", "s3rver")
+    if not os.path.exists(os.path.join(module, "package.json")):
+        log(f"installing s3rver@{S3RVER_VERSION} into {prefix} (npm) ...")
+        os.makedirs(prefix, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--prefix", prefix,
+             f"s3rver@{S3RVER_VERSION}"],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+    return module
+
+
+class S3rverServer:
+    """s3rver (npm), file-backed: a ranged GET reads only its range."""
+
+    name = f"s3rver {S3RVER_VERSION}"
+
+    def __init__(self, work, tools_dir):
+        module = install_s3rver(tools_dir)
+        self.port = free_port()
+        self.log_path = os.path.join(work, "s3rver.log")
+        launcher = os.path.join(work, "s3rver-launcher.js")
+        with open(launcher, "w") as f:
+            f.write(S3RVER_LAUNCHER)
+        data = os.path.join(work, "s3rver-data")
+        os.makedirs(data, exist_ok=True)
+        # Node 20's OpenSSL 3 lacks a digest s3rver uses for listings without it.
+        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
+        self.proc = subprocess.Popen(
+            ["node", launcher, module, data, str(self.port), self.log_path, BUCKET],
+            env=env, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(work, "s3rver.err"), "w"),
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        wait_listening(self.endpoint, self.proc, "s3rver")
+
+    def create_bucket(self, s3):
+        pass  # configured at startup
+
+    def client(self):
+        return s3_client(self.endpoint)
+
+    def requests(self):
+        """Requests served so far by method (LIST for listings), and the bytes of the
+        object GETs' responses ("GET_bytes")."""
+        counts = {}
+        with open(self.log_path, errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 5:
+                    continue
+                method = parts[0]
+                # A GET of the bucket (or of the service) is a listing, not a read.
+                if method == "GET" and parts[1].strip("/") in ("", BUCKET):
+                    method = "LIST"
+                counts[method] = counts.get(method, 0) + 1
+                if method == "GET" and parts[4].isdigit():
+                    counts["GET_bytes"] = counts.get("GET_bytes", 0) + int(parts[4])
+        return counts
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
 class Moto:
+    name = "moto"
+
     def __init__(self, work):
         self.port = free_port()
         # Its access log (one line per request) tells what each system asked for.
@@ -75,25 +211,13 @@ class Moto:
             stderr=open(self.log_path, "w"),
         )
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(self.endpoint, timeout=1)
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit("moto_server did not start")
+        wait_listening(self.endpoint, self.proc, "moto_server")
+
+    def create_bucket(self, s3):
+        s3.create_bucket(Bucket=BUCKET)
 
     def client(self):
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=CREDS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDS["AWS_SECRET_ACCESS_KEY"],
-            region_name=CREDS["AWS_REGION"],
-        )
+        return s3_client(self.endpoint)
 
     def requests(self):
         """Requests served so far, by method (from the access log)."""
@@ -136,7 +260,9 @@ class Mount:
             cmd = [
                 binary, BUCKET, self.mnt, "--endpoint-url", endpoint,
                 "--force-path-style", "--region", "us-east-1",
-                "--cache", self.cache, "--metadata-ttl", "indefinite", "--foreground",
+                # As BACKGROUND.md measured it: its disk cache on (4 GiB cap).
+                "--cache", self.cache, "--max-cache-size", "4096",
+                "--metadata-ttl", "indefinite", "--foreground",
             ]
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(
@@ -272,24 +398,38 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cases", default="all", help="comma list of case prefixes")
     ap.add_argument("--work", default=None)
+    ap.add_argument("--server", choices=("auto", "s3rver", "moto"), default="auto",
+                    help="the local S3 server; auto = s3rver when node and npm exist, else moto")
+    ap.add_argument("--tools-dir",
+                    default=os.path.join(os.path.expanduser("~"), ".cache", "strata-bench"),
+                    help="where s3rver is installed (npm) on first use")
     ap.add_argument("--no-bytes", action="store_true",
                     help="skip the bytes-on-disk measurement (cache_bytes_ratio)")
     args = ap.parse_args()
 
     work = args.work or tempfile.mkdtemp(prefix="strata-peer-")
     os.makedirs(work, exist_ok=True)
-    moto = Moto(work)
+    server_kind = args.server
+    if server_kind == "auto":
+        server_kind = "s3rver" if have_node() else "moto"
+    if server_kind == "moto":
+        log("S3 server: moto (reads the whole object per ranged GET: large-file "
+            "timings measure moto; use --server s3rver for timing)")
+        moto = Moto(work)
+    else:
+        moto = S3rverServer(work, args.tools_dir)
     try:
         s3 = moto.client()
-        s3.create_bucket(Bucket=BUCKET)
+        moto.create_bucket(s3)
         large = os.urandom(1 << 20) * args.large_mib
         s3.put_object(Bucket=BUCKET, Key="large.bin", Body=large)
         large_bytes = len(large)
         del large
         small_body = os.urandom(args.small_kib << 10)
         names = [f"small/f{i:05d}.bin" for i in range(args.small_count)]
-        for n in names:
-            s3.put_object(Bucket=BUCKET, Key=n, Body=small_body)
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda n: s3.put_object(Bucket=BUCKET, Key=n, Body=small_body),
+                        names))
         small_bytes = len(small_body) * len(names)
         log(f"uploaded {large_bytes >> 20} MiB + {len(names)} x {args.small_kib} KiB to {moto.endpoint}")
 
@@ -307,6 +447,7 @@ def main():
                          extra=extra, stats_to=stats)
 
         cold_cpu = {}
+        cold_reqs = {}
 
         def cold_round(names_, run):
             """Fresh mounts, each read once cold; the systems take turns run by run (an
@@ -328,7 +469,7 @@ def main():
                         time.sleep(0.5)  # prefetches still in flight land
                         after = moto.requests()
                         reqs[name] = {k: v - before.get(k, 0) for k, v in after.items()
-                                      if k in ("GET", "HEAD")}
+                                      if k in ("GET", "HEAD", "LIST", "GET_bytes")}
                     finally:
                         m.close()
             for name in names_:
@@ -338,6 +479,7 @@ def main():
             for n, c in cpu.items():
                 if c:
                     cold_cpu[n] = statistics.median(c)
+            cold_reqs.update(reqs)
             return {n: statistics.median(t) for n, t in times.items()}
 
         def warm(name, run, memory=None, warmup=None):
@@ -391,10 +533,15 @@ def main():
             if kind == "cold":
                 log(f"{case}: {', '.join(systems)} in turn ...")
                 cold_cpu.clear()
+                cold_reqs.clear()
                 for name, t in cold_round(list(systems), run).items():
                     row[f"{name}_s"] = round(t, 3)
                 for name, c in cold_cpu.items():
                     row[f"{name}_cpu_s"] = round(c, 2)
+                # The store requests of each system's last cold run (LIST, GET_bytes:
+                # s3rver only).
+                for name, r in cold_reqs.items():
+                    row[f"{name}_requests"] = r
             else:
                 for name in systems:
                     if name == "before":
@@ -445,6 +592,7 @@ def main():
             if row.get("before_s") and s:
                 row["speedup_vs_before"] = round(row["before_s"] / s, 3)
         out = {
+            "server": moto.name,
             "results": results,
             **ratios,
             "sizes": {

@@ -1185,12 +1185,18 @@ impl FsCore {
         let mut lead_block = None;
         let first = order.offset / bs;
         let mut last = (end - 1) / bs;
-        if order.origin == Origin::Readahead {
-            let request = ramp.lock().peek_blocks();
-            last = stretch_readahead(first, last, request, obj.size.div_ceil(bs));
-        }
+        // Readahead is stretched to one whole request from the first block it sends,
+        // not from the order's start: the predictor orders the next block or two at
+        // each read, just past what is in flight, and a stretch from there covers
+        // mostly blocks in flight already, so the one new block would go alone (one
+        // GET per read, issue 14).
+        let request = (order.origin == Origin::Readahead).then(|| ramp.lock().peek_blocks());
+        let total_blocks = obj.size.div_ceil(bs);
         let mut stopped_by_backlog = false;
-        for b in first..=last {
+        let mut next = first;
+        while next <= last {
+            let b = next;
+            next += 1;
             let key = self.reader.key(obj, b);
             if skip.contains(&b) || engine.contains(&key) {
                 continue;
@@ -1213,6 +1219,11 @@ impl FsCore {
                 self.counters.prefetch_files.fetch_add(1, Ordering::Relaxed);
                 lead_block = Some(b);
                 self.mark_prefetched_copy(obj, order);
+            }
+            if admitted.is_empty() {
+                if let Some(request) = request {
+                    last = stretch_readahead(b, last, request, total_blocks);
+                }
             }
             admitted.push(b);
         }
