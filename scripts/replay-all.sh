@@ -15,7 +15,7 @@ OUT=${1:?usage: replay-all.sh OUTDIR [GENDIR]}
 GEN=${2:-/work/replay-traces}
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/examples/replay_json}
 CAPS=${CAPS:-10 20 40}
-P=${P:-strata,strata-noprefetch,strata-units,lru,lfu,arc,2random,tinylfu,opt}
+P=${P:-strata,strata-noprefetch,strata-blocks,lru,lfu,arc,2random,tinylfu,opt}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 traces=()

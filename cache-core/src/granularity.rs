@@ -7,7 +7,7 @@
 //! uses it for every demand miss, with the tracker's block-level pattern of the read;
 //! the daemon's [`crate::reader::ObjectReader`] asks the same
 //! [`Granularity::demand_unit`] for every demand read of a block it does not hold, so a
-//! `strata-units` replay figure is a statement about the daemon with `[cache]
+//! `strata` replay figure is a statement about the daemon with `[cache]
 //! read_units = "auto"`.
 //!
 //! ## How units are stored: as their own keys

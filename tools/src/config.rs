@@ -275,12 +275,13 @@ pub struct CacheConfig {
     /// most 64 KiB) of a stream the tracker classifies random or skewed, in a file of at
     /// least 16 blocks, through the aligned 16-64 KiB unit around it instead of its
     /// whole block (`strata_cache_core::granularity`); `block` always reads whole
-    /// blocks. `auto` by default: on the replay corpus (the `strata-units` and `strata`
-    /// replay variants are these two settings) it leaves 44 of 51 trace/capacity pairs
-    /// unchanged and cuts the recorded SQLite lookups' total JCT to 0.83-0.85x, and
-    /// the 4-tenant mix at 10% to 0.92x, while the mix at 40% loses (1.17x: units
-    /// crowd out blocks a roomier cache could keep whole); geometric mean over all 51
-    /// pairs 0.99x (docs/BENCHMARKS.md, "Sub-block units in the daemon").
+    /// blocks. `auto` by default: on the replay corpus (the replay's `strata` and
+    /// `strata-blocks` variants are these two settings) it leaves 44 of 51 trace/capacity
+    /// pairs unchanged, cuts the recorded SQLite lookups' total JCT to 0.83-0.85x and the
+    /// 4-tenant mix at 10%/20% to 0.98x/0.97x, costs the mix at 40% 1.02x and h5 at 20%
+    /// 1.01x; geometric mean over all 51 pairs 0.99x, and 17 instead of 20 pairs miss the
+    /// issue's bar (docs/BENCHMARKS.md, "Sub-block units in the daemon" and "The merged
+    /// tree, night of 2026-12-01").
     pub read_units: String,
     /// GPU-memory tier budget (e.g. "8GiB"), the fastest level, above memory and disk.
     /// None (or "0"): no GPU tier. Off by default: device memory belongs to the training

@@ -4,7 +4,7 @@
 //! through a memory tier of the given capacity with the `strata` policy, in trace
 //! order, one read at a time (think time left out). Prints the reads' wall time, mean
 //! and p99 read latency, and the store GETs and bytes, for `[cache] read_units` =
-//! `auto` or `block` (issue 13: the sub-block units the replay's `strata-units`
+//! `auto` or `block` (issue 13: the sub-block units the replay's `strata`
 //! models).
 //!
 //! `cargo run --release -p strata-replay --example reader_trace -- TRACE CAPACITY

@@ -1279,9 +1279,10 @@ fn replay_once(
             policy::by_name(lower_policy, l.capacity_bytes).expect("a live policy name builds");
         levels.push(TierSpace::new(l.capacity_bytes, policy));
     }
-    // Sub-block units for small random reads only in `strata-units` (the daemon with
-    // `[cache] read_units = "auto"`); `strata` is the daemon with `read_units = "block"`.
-    let granularity = if name == "strata-units" {
+    // Sub-block units for small random reads in the `strata` variants (the daemon's
+    // default, `[cache] read_units = "auto"`); `strata-blocks` is the daemon with
+    // `read_units = "block"`, and the baselines keep whole blocks.
+    let granularity = if name.starts_with("strata") && name != "strata-blocks" {
         Granularity::default()
     } else {
         Granularity::BLOCKS

@@ -24,7 +24,7 @@ pub const POLICY_NAMES: [&str; 10] = [
     "strata",
     "strata-nosemantic",
     "strata-noprefetch",
-    "strata-units",
+    "strata-blocks",
     "lru",
     "lfu",
     "arc",
@@ -54,11 +54,11 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 ///
 /// `strata` = [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) +
 /// the daemon's [`AccessController::standard`] (sequential and semantic predictors);
-/// `strata-nosemantic` leaves the semantic predictor out; `strata-units` is `strata`
-/// with sub-block fetch and cache units for small random reads
-/// ([`Granularity`](strata_cache_core::granularity::Granularity)): the daemon with
-/// `[cache] read_units = "auto"` (its default), whose reader takes the same
-/// `Granularity::demand_unit` decision; `strata` is the daemon with `read_units =
+/// `strata-nosemantic` leaves the semantic predictor out. `strata` reads small random
+/// reads in sub-block fetch and cache units
+/// ([`Granularity`](strata_cache_core::granularity::Granularity)) as the daemon does
+/// with `[cache] read_units = "auto"` (its default), whose reader takes the same
+/// `Granularity::demand_unit` decision; `strata-blocks` is the daemon with `read_units =
 /// "block"`. The controller learns the
 /// dataset's directory listings as the mount does, when a job first reads in a directory
 /// (see [`super::replay`]); the policy is told the tier's byte budget (as the engine
@@ -82,7 +82,7 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             next_use = Some(h);
             (Box::new(p) as Box<dyn EvictionPolicy>, None)
         }
-        "strata" | "strata-nosemantic" | "strata-units" => {
+        "strata" | "strata-nosemantic" | "strata-blocks" => {
             let (policy, c) = strata_policy_set(name != "strata-nosemantic", capacity);
             (policy, Some(c))
         }

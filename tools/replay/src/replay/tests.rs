@@ -429,7 +429,7 @@ fn small_random_reads_are_cached_in_units_not_blocks() {
         })
         .collect();
     let t = trace(&rows);
-    let strata = run(&t, "strata-units", 4 * MB);
+    let strata = run(&t, "strata", 4 * MB);
     let lru = run(&t, "lru", 4 * MB);
     assert!(lru.byte_hit_ratio < 0.2, "{lru:?}");
     assert!(strata.byte_hit_ratio > 0.8, "{strata:?}");
