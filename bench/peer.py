@@ -507,6 +507,12 @@ def main():
              lambda p: dd(f"{p}/large.bin"), "64MiB"),
             ("small serial cold", "cold", lambda p: cat_all(small_paths(p)), None),
             ("small 8 readers cold", "cold", lambda p: readers(small_paths(p), 8), None),
+            # The same reads after one readdir of the folder, as `ls | xargs cat` or a
+            # data loader that lists its dataset first: a peer that looks each name up
+            # with its own LIST + HEAD (mountpoint-s3 without a listing) learns them all
+            # from the readdir instead, so this row isolates the data path.
+            ("small serial cold after readdir", "cold",
+             lambda p: (os.listdir(f"{p}/small"), cat_all(small_paths(p))), None),
             ("small serial warm", "warm", lambda p: cat_all(small_paths(p)), None),
             ("small 8 readers warm", "warm", lambda p: readers(small_paths(p), 8), None),
         ]
