@@ -24,7 +24,8 @@ else
 fi
 trap cleanup EXIT
 [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-pip=("$venv/bin/pip" install -q --disable-pip-version-check)
+# No pip cache: the wheels would stay on disk beside the venv (several GB for torch).
+pip=("$venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir)
 
 # The engines: installed unless the virtualenv already holds the pinned versions.
 reqs=kvcache/python/requirements-connectors.txt
