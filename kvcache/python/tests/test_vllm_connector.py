@@ -738,10 +738,13 @@ def test_hybrid_groups_save_and_load_byte_exact_each_layer_in_its_group(server, 
     # left to the null block (outside the window) were skipped, not written.
     held = [i for i in range(HMA_FULL) if swa_ids[i] != 0]
     assert held and held[-1] == HMA_FULL - 1
+    assert len(held) < HMA_FULL, "the window's group holds the null block before the window"
     for i in held:
         assert torch.equal(b.caches[LAYERS[1]][swa_ids[i]], expected_kv(i, LAYERS[1]))
-    if len(held) < HMA_FULL:
-        assert torch.count_nonzero(b.caches[LAYERS[1]][0]) == 0, "nothing written into the null block"
+    assert torch.count_nonzero(b.caches[LAYERS[1]][0]) == 0, "nothing written into the null block"
+    # A block the window's group no longer holds cannot be saved whole: no value at all.
+    assert b.worker._pack((full_ids[0], 0)) is None
+    assert b.worker._pack((full_ids[held[0]], swa_ids[held[0]])) is not None
     # The request goes on from the loaded prefix.
     out2, meta2, _ = b.step()
     [new] = out2.scheduled_new_reqs
