@@ -405,6 +405,28 @@ impl CacheEngine {
         Ok(None)
     }
 
+    /// Records a read of `key` that its reader makes in place, in the memory of the
+    /// level holding it (a GPU block read by device handle), where no bytes pass through
+    /// [`Self::get`]: the tracker observes it and that level's policy sees the hit, as
+    /// a get's would, so a block hot only through such reads is not evicted as cold.
+    /// Returns the holding level's kind; None when no level holds `key` (then only the
+    /// observation is recorded, as for a get that misses).
+    pub fn record_read_in_place(&self, key: &CacheKey, ctx: &AccessContext) -> Option<TierKind> {
+        let i = {
+            let mut state = self.inner.state.lock();
+            let mut ctx = *ctx;
+            state.observe(key, &mut ctx);
+            let i = state.locate(key)?;
+            state.touch(i, key, &ctx);
+            i
+        };
+        // The faster levels answered "absent" as a get's lookup would have found them.
+        for level in &self.inner.levels[..i] {
+            level.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(self.inner.levels[i].tier.kind())
+    }
+
     /// Which level holds `key` now, if any (fastest first).
     pub fn locate(&self, key: &CacheKey) -> Option<TierKind> {
         let i = self.inner.state.lock().locate(key)?;

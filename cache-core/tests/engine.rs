@@ -356,3 +356,32 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test]
+async fn a_read_in_place_is_a_hit_for_the_policy_without_moving_bytes() {
+    // Top holds three 100-byte blocks (LRU). k0 is put first, then read only in place
+    // (a device handle): it must outlive k1, put after it but never read.
+    let (engine, top, _bottom) = two_level(300, 1000);
+    let k = |i| CacheKey::file("f", "v", i);
+    for i in 0..3 {
+        engine
+            .put(&k(i), Bytes::from(vec![i as u8; 100]), &ctx())
+            .await
+            .expect("put");
+    }
+    let demand = AccessContext::demand(strata_cache_core::JobId(1), 1);
+    let out_before = top.stats().bytes_out;
+    assert_eq!(
+        engine.record_read_in_place(&k(0), &demand),
+        Some(strata_cache_core::TierKind::Memory)
+    );
+    assert_eq!(top.stats().bytes_out, out_before, "no bytes were read");
+    engine
+        .put(&k(3), Bytes::from(vec![3u8; 100]), &ctx())
+        .await
+        .expect("put 3");
+    assert!(top.contains(&k(0)).await, "k0, read in place, stays");
+    assert!(!top.contains(&k(1)).await, "k1, never read, is the victim");
+    // Not held anywhere: nothing to record.
+    assert_eq!(engine.record_read_in_place(&k(9), &demand), None);
+}

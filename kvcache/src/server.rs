@@ -505,8 +505,32 @@ impl KvService {
         };
         let (handle, size) = (export.handle().to_bytes(), export.handle().len);
         let lease = arena.lease_device(session, size, Box::new(export))?;
-        self.inner.stats.get(ns, Some(size));
+        // Recorded only once leased: a refused lease falls back to a Get that records
+        // the read itself, and one read must count once.
+        self.inner
+            .engine
+            .record_read_in_place(key, &self.ctx(ns, false));
+        self.record_served(ns, key, Some(size));
         Some((lease, handle, size))
+    }
+
+    /// What every local read records once answered, whichever way its bytes leave
+    /// (copied, leased in the arena, or by device handle), so no way of reading is
+    /// invisible to the counters or the staging controller: the namespace's hit or
+    /// miss and, for a hit, a staged block used. (The engine records the access for
+    /// its tracker and policies: [`CacheEngine::get`], or
+    /// [`CacheEngine::record_read_in_place`] for a read that bypasses it.)
+    fn record_served(&self, ns: &str, key: &CacheKey, size: Option<u64>) {
+        self.inner.stats.get(ns, size);
+        if size.is_some() {
+            // A staged block read (used); a few staged ones checked for having left the
+            // fastest tier unread (wasted).
+            let engine = &self.inner.engine;
+            let top = self.inner.top_tier;
+            self.inner
+                .staging
+                .on_get(key, self.job(ns), |k| engine.locate(k) == top);
+        }
     }
 
     /// The same-host arena, to serve its side socket ([`crate::shm::serve_side_socket`]).
@@ -791,18 +815,7 @@ impl KvService {
             .await;
         let tier = self.inner.engine.locate(key);
         let got = self.inner.engine.get(key, &self.ctx(ns, false)).await?;
-        self.inner
-            .stats
-            .get(ns, got.as_ref().map(|b| b.len() as u64));
-        if got.is_some() {
-            // A staged block read (used); a few staged ones checked for having left the
-            // fastest tier unread (wasted).
-            let engine = &self.inner.engine;
-            let top = self.inner.top_tier;
-            self.inner
-                .staging
-                .on_get(key, self.job(ns), |k| engine.locate(k) == top);
-        }
+        self.record_served(ns, key, got.as_ref().map(|b| b.len() as u64));
         Ok(got.map(|b| (b, tier)))
     }
 

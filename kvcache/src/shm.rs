@@ -31,9 +31,10 @@
 //! client; a CUDA handle needs nothing more (the driver maps it). Per session at most a
 //! quarter of the GPU tier may be leased at once (the arena's rule, for the same reason:
 //! one client cannot pin the tier); past that the Get falls back to the arena or inline
-//! bytes. A read by handle is counted as a hit in the service's stats but is not seen by
-//! the engine's eviction policy (no bytes pass through the engine): a block read only by
-//! handle ages in the GPU tier as if unread.
+//! bytes. A read by handle records its access as every read does (the engine's tracker
+//! and the GPU tier's policy through `CacheEngine::record_read_in_place`, the service's
+//! hit and the staging controller's "used"; `KvService::record_served`), though no bytes
+//! pass through the engine: a block read only by handle is as hot as one read as bytes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroUsize;

@@ -206,3 +206,72 @@ async fn device_leases_are_capped_per_session() {
     assert!(b.device_handle().is_some());
     assert_eq!(&b[..], &blocks[3][..]);
 }
+
+/// Every way a same-host client reads a block records the access where the eviction
+/// policy sees it: a block read only by device handle (no bytes through the engine),
+/// or only as an arena lease, is hot.
+#[tokio::test]
+async fn a_block_read_only_by_handle_is_hot_for_eviction() {
+    block_read_only_one_way_is_hot_for_eviction(true).await;
+}
+
+#[tokio::test]
+async fn a_block_read_only_by_arena_lease_is_hot_for_eviction() {
+    block_read_only_one_way_is_hot_for_eviction(false).await;
+}
+
+async fn block_read_only_one_way_is_hot_for_eviction(by_handle: bool) {
+    // A 4 MiB GPU tier (LRU) holds four 900 KB blocks; a fifth evicts one to memory.
+    let d = daemon(4 << 20).await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let blocks: Vec<Vec<u8>> = (0..5u8).map(|i| pattern(900_000, 40 + i)).collect();
+    for (i, v) in blocks.iter().take(4).enumerate() {
+        c.put(NS, &[b'h', i as u8], Bytes::from(v.clone()))
+            .await
+            .expect("put");
+    }
+    for i in 0..4u8 {
+        assert!(matches!(
+            c.locate(NS, &[b'h', i]).await.expect("locate"),
+            BlockTier::Gpu
+        ));
+    }
+    // h0, the oldest put, is then read only by device handle or only in the arena (the
+    // lease released each time); h1..h3 are never read.
+    c.attach_shm(&d.side).await.expect("attach");
+    c.want_device_handles(by_handle);
+    let arena = d.service.shm_arena().expect("arena");
+    let hits_before = d.service.stats().hits;
+    for _ in 0..3 {
+        let b = c.get_block(NS, b"h\x00").await.expect("get").expect("hit");
+        assert_eq!(b.device_handle().is_some(), by_handle);
+        assert!(b.is_shared() || by_handle, "served in the arena");
+        assert_eq!(&b[..], &blocks[0][..]);
+        drop(b);
+        wait_until("the lease's release", || {
+            arena.stats().device_leased_bytes == 0
+        })
+        .await;
+    }
+    // Counted as the namespace's hits, like any other read.
+    assert_eq!(d.service.stats().hits, hits_before + 3);
+    c.put(NS, b"h\x04", Bytes::from(blocks[4].clone()))
+        .await
+        .expect("put");
+    // The block read by handle stays on the GPU; the least recently used unread one,
+    // h1, is the one evicted (without the handle reads recorded, h0 would be).
+    assert!(matches!(
+        c.locate(NS, b"h\x00").await.expect("locate"),
+        BlockTier::Gpu
+    ));
+    assert!(!matches!(
+        c.locate(NS, b"h\x01").await.expect("locate"),
+        BlockTier::Gpu
+    ));
+    for i in 2..5u8 {
+        assert!(matches!(
+            c.locate(NS, &[b'h', i]).await.expect("locate"),
+            BlockTier::Gpu
+        ));
+    }
+}

@@ -33,11 +33,18 @@ whose loads take longer than a step: the request then waits off the GPU while ot
 run. The two modes' keys differ (36 vs 38 bytes), so they miss, never misread, each
 other's blocks in a shared namespace.
 
-Hybrid models (several KV cache groups: sliding window + full attention, SSM +
-attention): the connector does not implement vLLM's ``SupportsHMA``, so vLLM turns its
-hybrid KV cache manager off and gives it one group (sliding-window layers then keep
-every block); a KV cache config with several groups is refused at construction rather
-than loaded into the wrong blocks.
+Hybrid models (vLLM's hybrid memory allocator, ``SupportsHMA``): the KV cache groups
+are attention groups (full, sliding window, chunked local, MLA) with one block table
+each. A block's value is the same as with one group (every layer's bytes at the
+block's index, in the runner's layer order), so engines with the allocator on and off
+share values; each layer is read from and written to its own group's block. A group
+that no longer holds a block (a sliding window's null block, outside the window) is
+skipped on load (vLLM does not read it) and makes the block unsaveable (never a
+value with a hole). With several groups vLLM takes no block-level load errors, so a
+failed load fails the request's receive (``failed_recving``) and vLLM recomputes it.
+Refused at construction, with the reason: SSM (Mamba) groups (a state per request,
+not per block of tokens), groups with another block size, host-resident (HiSparse)
+groups, and layer-by-layer mode with several groups (its errors are block-level).
 
 Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
 ``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
@@ -77,6 +84,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 
 from .client import KvClient, KvError
@@ -97,6 +106,9 @@ VALUE_MAGIC = b"STRKVv1\0"
 #: First bytes of a one-layer value (layer-by-layer mode).
 LAYER_MAGIC = b"STRKVl1\0"
 HEADER_BYTES = len(VALUE_MAGIC) + 32
+#: vLLM's null block (``vllm.v1.attention.backends.utils.NULL_BLOCK_ID``): the id a
+#: group's block table holds where the group keeps no block (outside a sliding window).
+NULL_BLOCK_ID = 0
 
 
 # -- load or recompute -------------------------------------------------------------------
@@ -211,8 +223,49 @@ def _mm_extras(request: "Request") -> bytes:
 @dataclass
 class BlockTransfer:
     req_id: str
-    #: (chain hash of the block, block id in the paged cache)
+    #: (chain hash of the block, block id in the paged cache; with several KV cache
+    #: groups, the first group's)
     blocks: List[Tuple[bytes, int]]
+    #: Several KV cache groups: each block's id in every group, in group order.
+    group_ids: Optional[List[Tuple[int, ...]]] = None
+
+    def ids(self, i: int) -> Tuple[int, ...]:
+        """Block ``i``'s id in every KV cache group."""
+        return self.group_ids[i] if self.group_ids is not None else (self.blocks[i][1],)
+
+
+def _transfer(req_id: str, hashes: Sequence[bytes], ids: Sequence[Tuple[int, ...]]) -> BlockTransfer:
+    return BlockTransfer(req_id, [(h, g[0]) for h, g in zip(hashes, ids)],
+                         group_ids=list(ids) if ids and len(ids[0]) > 1 else None)
+
+
+#: Kinds of KV cache group whose blocks are a block of tokens' attention KV, read only
+#: through the group's block table (exact types: subclasses such as sink or ring
+#: attention keep other state).
+def _transferable_specs() -> Tuple[type, ...]:
+    from vllm.v1 import kv_cache_interface as k
+
+    names = ("FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec", "SlidingWindowMLASpec",
+             "ChunkedLocalAttentionSpec")
+    return tuple(getattr(k, n) for n in names if hasattr(k, n))
+
+
+def _check_group(index: int, group: Any, block_size: int) -> None:
+    """Raises ValueError for a KV cache group this connector cannot store or load."""
+    spec = group.kv_cache_spec
+    specs = list(getattr(spec, "kv_cache_specs", {}).values()) or [spec]  # uniform-type groups
+    allowed = _transferable_specs()
+    for sp in specs:
+        if type(sp) not in allowed:
+            raise ValueError(
+                f"StrataConnector: KV cache group {index} is {type(sp).__name__}; it stores "
+                "attention KV per block of tokens (full, sliding window, chunked local, MLA), "
+                "not SSM state or other per-request state")
+    if int(getattr(spec, "block_size", block_size)) != block_size:
+        raise ValueError(f"StrataConnector: KV cache group {index} has block size {spec.block_size}, "
+                         f"the cache {block_size}: keys are per {block_size}-token block")
+    if getattr(group, "host_resident", False):
+        raise ValueError(f"StrataConnector: KV cache group {index} is host-resident (HiSparse)")
 
 
 @dataclass
@@ -225,7 +278,8 @@ class StrataConnectorMetadata(KVConnectorMetadata):
 class _ReqState:
     request: Any
     hashes: List[bytes]
-    block_ids: List[int] = field(default_factory=list)
+    #: the request's block ids, one list per KV cache group
+    block_ids: List[List[int]] = field(default_factory=list)
     #: leading blocks known to be in Strata (looked up or stored): never stored again
     stored_blocks: int = 0
     #: locally computed tokens the last lookup was told about
@@ -241,7 +295,7 @@ class _ReqState:
     failed_block_ids: Set[int] = field(default_factory=set)
 
 
-class StrataConnector(KVConnectorBase_V1):
+class StrataConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig" = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = self._kv_transfer_config
@@ -258,15 +312,24 @@ class StrataConnector(KVConnectorBase_V1):
         self.load_or_recompute = bool(get("load_or_recompute", True))
         self.layerwise = bool(get("layerwise", False))
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+        #: KV cache groups (block tables) the requests' block ids come in.
+        self._num_groups = max(1, len(groups))
+        #: Each stored layer's KV cache group; a layer of a group vLLM marks as not
+        #: transferable (a replica it rebuilds after a load) is neither stored nor loaded.
+        self._layer_group: Dict[str, int] = {}
         if len(groups) > 1:
-            # vLLM gives a connector without SupportsHMA one group; several would need
-            # per-group block tables this connector does not keep.
-            raise ValueError(
-                f"StrataConnector handles one KV cache group, got {len(groups)} (a hybrid "
-                "model with the hybrid KV cache manager on): leave "
-                "--disable-hybrid-kv-cache-manager to vLLM's default for this connector")
+            for gi, g in enumerate(groups):
+                _check_group(gi, g, self.block_size)
+                if getattr(g, "enable_kv_transfer", True):
+                    self._layer_group.update({n: gi for n in g.layer_names})
+            if self.layerwise:
+                raise ValueError(
+                    f"StrataConnector: layer-by-layer mode with {len(groups)} KV cache groups: its "
+                    "failed loads are block-level errors, which vLLM takes only with one group; "
+                    "use whole-block values (layerwise: false) with the hybrid memory allocator")
         #: Layer names in the order the model runs them (the index in layer keys).
-        self._layer_names: List[str] = list(groups[0].layer_names) if groups else []
+        self._layer_names: List[str] = [n for g in groups for n in g.layer_names
+                                         if len(groups) == 1 or n in self._layer_group]
         self.identity = model_identity_of(vllm_config, revision)
         pc = vllm_config.parallel_config
         self.tp_size = int(pc.tensor_parallel_size)
@@ -315,6 +378,8 @@ class StrataConnector(KVConnectorBase_V1):
         self._lock = threading.Lock()
         self._finished_loads: Set[str] = set()
         self._load_errors: Set[int] = set()
+        #: Requests whose load failed, with several KV cache groups (reported whole).
+        self._failed_loads: Set[str] = set()
         self._load_stream = None
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
@@ -422,18 +487,23 @@ class StrataConnector(KVConnectorBase_V1):
         st = self._state(request)
         # All the request's blocks (vLLM passes every block, also on the second call
         # after an async load, and new ones after a preemption).
-        ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
-        if ids:
+        ids = [list(g) for g in blocks.get_block_ids()] if blocks is not None else []
+        if any(ids):
             st.block_ids = ids
         if num_external_tokens <= 0:
             return
         first = st.local_tokens // self.block_size
         last = (st.local_tokens + num_external_tokens) // self.block_size
-        plan = [(st.hashes[i], st.block_ids[i]) for i in range(first, last)]
-        st.loading = (first, [b for _, b in plan])
+        plan = _transfer(request.request_id, st.hashes[first:last], [self._ids(st, i) for i in range(first, last)])
+        st.loading = (first, [b for _, b in plan.blocks])
         st.failed_block_ids = set()
         st.sync_load_sent = False
-        self._pending_loads.append(BlockTransfer(request.request_id, plan))
+        self._pending_loads.append(plan)
+
+    @staticmethod
+    def _ids(st: _ReqState, i: int) -> Tuple[int, ...]:
+        """Block ``i``'s id in every group (the null block where a group has none)."""
+        return tuple(g[i] if i < len(g) else NULL_BLOCK_ID for g in st.block_ids)
 
     def update_connector_output(self, connector_output: Any):
         """Learns which loads failed, so a retried request is not offered them again."""
@@ -444,6 +514,12 @@ class StrataConnector(KVConnectorBase_V1):
             if st.loading is not None and st.sync_load_sent:
                 # A layer-by-layer load ran in the step this output is of: done.
                 self._load_done(st)
+        failed = set(getattr(connector_output, "failed_recving", None) or ())
+        for req_id in failed:
+            # Several groups: a failed load is the whole request's (vLLM recomputes it).
+            st = self._reqs.get(req_id)
+            if st is not None and st.loading is not None:
+                st.failed_block_ids = set(st.loading[1])
         for req_id in getattr(connector_output, "finished_recving", None) or ():
             st = self._reqs.get(req_id)
             if st is None or st.loading is None:
@@ -462,13 +538,15 @@ class StrataConnector(KVConnectorBase_V1):
         st.sync_load_sent = False
 
 
-    def _blocks_to_save(self, st: _ReqState, computed_tokens: int) -> List[Tuple[bytes, int]]:
-        if not self.saves_enabled:
-            return []
-        done = min(computed_tokens // self.block_size, len(st.hashes), len(st.block_ids))
-        out = [(st.hashes[i], st.block_ids[i]) for i in range(st.stored_blocks, done)]
+    def _blocks_to_save(self, st: _ReqState, req_id: str, computed_tokens: int) -> Optional[BlockTransfer]:
+        if not self.saves_enabled or not st.block_ids:
+            return None
+        done = min(computed_tokens // self.block_size, len(st.hashes), len(st.block_ids[0]))
+        first = st.stored_blocks
         st.stored_blocks = max(st.stored_blocks, done)
-        return out
+        if done <= first:
+            return None
+        return _transfer(req_id, st.hashes[first:done], [self._ids(st, i) for i in range(first, done)])
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         self.prefill.step(time.monotonic(), sum(scheduler_output.num_scheduled_tokens.values()))
@@ -483,11 +561,11 @@ class StrataConnector(KVConnectorBase_V1):
             st = self._reqs.get(new.req_id)
             if st is None:
                 continue  # never looked up: its identity (salt) is unknown, so never stored
-            st.block_ids = list(new.block_ids[0])
+            st.block_ids = [list(g) for g in new.block_ids]
             computed = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
-            blocks = self._blocks_to_save(st, computed)
-            if blocks:
-                meta.saves.append(BlockTransfer(new.req_id, blocks))
+            save = self._blocks_to_save(st, new.req_id, computed)
+            if save is not None:
+                meta.saves.append(save)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             st = self._reqs.get(req_id)
@@ -495,13 +573,16 @@ class StrataConnector(KVConnectorBase_V1):
                 continue
             new_ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids and new_ids is not None:
-                st.block_ids = list(new_ids[0])  # a resumed request gets all its blocks anew
+                st.block_ids = [list(g) for g in new_ids]  # a resumed request gets all its blocks anew
             elif new_ids is not None:
-                st.block_ids.extend(new_ids[0])
+                if not st.block_ids:
+                    st.block_ids = [[] for _ in new_ids]
+                for mine, more in zip(st.block_ids, new_ids):
+                    mine.extend(more)
             computed = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
-            blocks = self._blocks_to_save(st, computed)
-            if blocks:
-                meta.saves.append(BlockTransfer(req_id, blocks))
+            save = self._blocks_to_save(st, req_id, computed)
+            if save is not None:
+                meta.saves.append(save)
         return meta
 
     def request_finished(self, request: "Request", block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
@@ -509,11 +590,19 @@ class StrataConnector(KVConnectorBase_V1):
         self._reqs.pop(request.request_id, None)
         return False, None
 
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: Tuple[List[int], ...]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        # SupportsHMA's form of request_finished: the same (nothing held past the step).
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
     # ==============================================================================
     # worker side
     # ==============================================================================
 
     def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]):
+        if self._layer_group:
+            # Several groups: the layers of the transferable ones, in the runner's order.
+            kv_caches = {n: t for n, t in kv_caches.items() if n in self._layer_group}
         self._layers = list(kv_caches.items())
         self._layer_tensors = dict(self._layers)
         if not self._layers:
@@ -607,17 +696,27 @@ class StrataConnector(KVConnectorBase_V1):
                 out.append(fill(i, value))
         return out
 
-    def _block_views(self, block_id: int) -> List[torch.Tensor]:
+    def _block_views(self, ids: Tuple[int, ...]) -> List[Optional[torch.Tensor]]:
+        """Each layer's view of one block (its group's block ``ids[group]``); None for
+        a layer whose group holds the null block there."""
         k = self._kernel_blocks
-        return [t[block_id * k : (block_id + 1) * k] for _, t in self._layers]
+        out: List[Optional[torch.Tensor]] = []
+        for name, t in self._layers:
+            b = ids[self._layer_group.get(name, 0)]
+            out.append(None if len(ids) > 1 and b == NULL_BLOCK_ID else t[b * k : (b + 1) * k])
+        return out
 
-    def _pack(self, block_id: int) -> bytes:
+    def _pack(self, ids: Tuple[int, ...]) -> Optional[bytes]:
+        """A block's value; None when a group no longer holds it (never a value with a
+        hole: a load of it would fill the layer with another block's bytes)."""
         parts = [VALUE_MAGIC, self._layout_digest]
-        for v in self._block_views(block_id):
+        for v in self._block_views(ids):
+            if v is None:
+                return None
             parts.append(v.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
         return b"".join(parts)
 
-    def _unpack_into(self, block_id: int, value: Optional[bytes]) -> bool:
+    def _unpack_into(self, ids: Tuple[int, ...], value: Optional[bytes]) -> bool:
         if value is None or len(value) != self._block_value_bytes:
             return False
         head = _head(value)
@@ -625,10 +724,10 @@ class StrataConnector(KVConnectorBase_V1):
             return False
         buf = _as_uint8(value)
         off = HEADER_BYTES
-        for view in self._block_views(block_id):
-            n = view.numel() * view.element_size()
-            src = buf[off : off + n].view(view.dtype).view(view.shape)
-            view.copy_(src, non_blocking=False)
+        for (_, t), view in zip(self._layers, self._block_views(ids)):
+            n = self._kernel_blocks * t[0].numel() * t.element_size()
+            if view is not None:  # a group's null block: vLLM reads nothing there
+                view.copy_(buf[off : off + n].view(view.dtype).view(view.shape), non_blocking=False)
             off += n
         return True
 
@@ -636,7 +735,7 @@ class StrataConnector(KVConnectorBase_V1):
         keys = [rank_key(h, self.tp_rank, self.pp_rank) for h, _ in transfer.blocks]
         ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
         with ctx:
-            ok = self._fetch_into(keys, lambda i, v: self._unpack_into(transfer.blocks[i][1], v))
+            ok = self._fetch_into(keys, lambda i, v: self._unpack_into(transfer.ids(i), v))
         failed = [b for (_, b), good in zip(transfer.blocks, ok) if not good]
         self.stats["loaded_blocks"] += len(ok) - len(failed)
         if self._load_stream is not None:
@@ -646,8 +745,12 @@ class StrataConnector(KVConnectorBase_V1):
                 self.stats["load_errors"] += len(failed)
                 logger.warning("strata: %d of %d blocks of %s did not load; vLLM recomputes them",
                                len(failed), len(keys), transfer.req_id)
-            # Errors before completion: vLLM must see them no later than the request.
-            self._load_errors.update(failed)
+                if self._num_groups > 1:
+                    # Block ids are per group there: vLLM takes the request's failure only.
+                    self._failed_loads.add(transfer.req_id)
+                else:
+                    # Errors before completion: vLLM must see them no later than the request.
+                    self._load_errors.update(failed)
             self._finished_loads.add(transfer.req_id)
 
     def _save(self, req_id: str, items: List[Tuple[bytes, bytes]]) -> None:
@@ -732,7 +835,13 @@ class StrataConnector(KVConnectorBase_V1):
             return
         for transfer in meta.saves:
             # Copied out now, before vLLM may reuse the blocks; sent in the background.
-            items = [(rank_key(h, self.tp_rank, self.pp_rank), self._pack(b)) for h, b in transfer.blocks]
+            items = []
+            for i, (h, _) in enumerate(transfer.blocks):
+                value = self._pack(transfer.ids(i))
+                if value is None:
+                    self.stats["unsaveable_blocks"] = self.stats.get("unsaveable_blocks", 0) + 1
+                    continue
+                items.append((rank_key(h, self.tp_rank, self.pp_rank), value))
             self._submit(self._save, transfer.req_id, items)
 
     def _submit(self, fn, *args, executor: Optional[ThreadPoolExecutor] = None) -> None:
@@ -757,6 +866,14 @@ class StrataConnector(KVConnectorBase_V1):
         with self._lock:
             done, self._finished_loads = self._finished_loads, set()
         return None, (done or None)
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> KVConnectorTransferResults:
+        """Finished loads, and (several KV cache groups) the requests whose load
+        failed: vLLM recomputes those, as it recomputes a single group's failed blocks."""
+        with self._lock:  # one lock: a load is never reported finished twice
+            done, self._finished_loads = self._finished_loads, set()
+            failed, self._failed_loads = self._failed_loads, set()
+        return KVConnectorTransferResults(finished_recving=done | failed, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         with self._lock:

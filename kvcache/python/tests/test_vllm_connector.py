@@ -605,19 +605,211 @@ def test_layerwise_load_error_is_reported_and_recomputed(server, models):
     assert out2.num_scheduled_tokens.get("d-1") == len(PROMPT)
 
 
-def test_hybrid_kv_cache_groups_are_refused_not_misloaded(server, models):
+# -- the hybrid memory allocator (SupportsHMA) -------------------------------------------
+
+WINDOW = 2 * BLOCK
+HMA_PROMPT = list(range(300, 300 + 6 * BLOCK + 3))  # six full blocks: more than the window
+HMA_FULL = len(HMA_PROMPT) // BLOCK
+
+
+def full_spec():
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+
+
+def swa_spec():
+    return SlidingWindowSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32,
+                             sliding_window=WINDOW)
+
+
+class HybridEngine(Engine):
+    """Engine with vLLM's hybrid memory allocator on: layer 0 full attention, layer 1 a
+    sliding window, each group its own block table (``group_of``)."""
+
+    def __init__(self, vc):
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], full_spec()), KVCacheGroupSpec([LAYERS[1]], swa_spec())])
+        self.group_of = {LAYERS[0]: 0, LAYERS[1]: 1}
+        self.scheduler = Scheduler(vllm_config=vc, kv_cache_config=self.kv_cache_config,
+                                   structured_output_manager=StructuredOutputManager(vc), block_size=BLOCK)
+        assert isinstance(self.scheduler.connector, StrataConnector)
+        self.worker = StrataConnector(vc, KVConnectorRole.WORKER, self.kv_cache_config)
+        self.caches = {n: torch.zeros(NUM_BLOCKS, KV_HEADS, BLOCK, 2 * HEAD_DIM) for n in LAYERS}
+        self.worker.register_kv_caches(self.caches)
+
+    def step(self, compute=True, on_layer=None):
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
+        cached = out.scheduled_cached_reqs
+        started += list(zip(cached.req_ids, cached.num_computed_tokens))
+        for li, name in enumerate(LAYERS):
+            self.worker.wait_for_layer_load(name)
+            if compute:
+                for req_id, computed in started:
+                    req = self.scheduler.requests[req_id]
+                    n = computed + out.num_scheduled_tokens[req_id]
+                    ids = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[self.group_of[name]]
+                    self.forward(req.all_token_ids[:n], ids, start=computed, layers=[li])
+            self.worker.save_kv_layer(name, self.caches[name], None)
+        self.worker.wait_for_save()
+        self.worker.flush(timeout=30)
+        results = self.worker.get_transfer_results(set())
+        assert self.worker.get_block_ids_with_load_errors() == set(), "no block-level errors with several groups"
+        self.worker.clear_connector_metadata()
+        ran = list(out.num_scheduled_tokens)
+        sampled = [[7] if self.scheduler.requests[r].num_computed_tokens >= self.scheduler.requests[r].num_prompt_tokens
+                   else [] for r in ran]
+        mro = ModelRunnerOutput(req_ids=ran, req_id_to_index={r: i for i, r in enumerate(ran)},
+                                sampled_token_ids=sampled)
+        mro.kv_connector_output = KVConnectorOutput(finished_recving=results.finished_recving or None,
+                                                    failed_recving=results.failed_recving)
+        self.scheduler.update_from_output(out, mro)
+        return out, meta, results
+
+    def forward(self, tokens, block_ids, start=0, layers=None):
+        for pos in range(start - start % BLOCK, len(tokens), BLOCK):
+            b = block_ids[pos // BLOCK]
+            if b == 0:
+                continue  # the null block: the window has moved past it
+            chunk = tokens[pos : pos + BLOCK]
+            for li, name in enumerate(LAYERS):
+                if layers is None or li in layers:
+                    self.caches[name][b, :, : len(chunk)] = kv_of(chunk, pos // BLOCK, li, KV_HEADS)
+
+    def layer_blocks(self, req_id, name):
+        """The request's block ids in ``name``'s group."""
+        return self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[self.group_of[name]]
+
+
+@pytest.fixture
+def hma_platform(monkeypatch):
+    """The platform as a GPU's (or vLLM's CPU platform) declares it: hybrid KV cache
+    supported. These tests run on vLLM's unspecified platform (no accelerator, no
+    vllm._C), which turns the hybrid memory allocator off whatever the connector."""
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "support_hybrid_kv_cache", classmethod(lambda cls: True))
+
+
+def hma_config(model, server, namespace, **kw):
+    vc = engine_config(model, server, namespace, **kw)
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is False, "vLLM keeps HMA on for this connector"
+    return vc
+
+
+def expected_kv(index, name):
+    chunk = HMA_PROMPT[index * BLOCK : (index + 1) * BLOCK]
+    return kv_of(chunk, index, LAYERS.index(name), KV_HEADS)
+
+
+def test_connector_supports_vllms_hybrid_memory_allocator(server, models, hma_platform):
+    # vLLM leaves its hybrid memory allocator on with this connector (it turns it off
+    # for a connector without SupportsHMA, as it did for this one before).
     vc = engine_config(models["base"], server, ns())
-    # vLLM turns its hybrid KV cache manager off for a connector without SupportsHMA,
-    # so the connector sees one group...
-    assert not KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
-    assert not issubclass(StrataConnector, SupportsHMA)
-    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is True
-    # ...and a config with several (sliding window + full attention) is refused.
-    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32)
-    swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.float32,
-                            sliding_window=2 * BLOCK)
+    assert issubclass(StrataConnector, SupportsHMA)
+    assert KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
+    assert vc.scheduler_config.disable_hybrid_kv_cache_manager is False
+
+
+def test_hybrid_groups_save_and_load_byte_exact_each_layer_in_its_group(server, models, hma_platform):
+    space = ns()
+    a = HybridEngine(hma_config(models["base"], server, space))
+    a.scheduler.add_request(request("a-1", HMA_PROMPT))
+    out, meta, _ = a.step()
+    assert [len(t.blocks) for t in meta.saves] == [HMA_FULL]
+    assert meta.saves[0].group_ids is not None and all(len(g) == 2 for g in meta.saves[0].group_ids)
+    assert a.worker.stats["saved_blocks"] == HMA_FULL, "every block saved: both groups held it when computed"
+
+    b = HybridEngine(hma_config(models["base"], server, space))
+    b.scheduler.add_request(request("b-1", HMA_PROMPT))
+    out, meta, res = b.step()
+    assert [len(t.blocks) for t in meta.loads] == [HMA_FULL]
+    assert res.finished_recving == {"b-1"} and not res.failed_recving
+    assert b.worker.stats["loaded_blocks"] == HMA_FULL
+    full_ids, swa_ids = b.layer_blocks("b-1", LAYERS[0]), b.layer_blocks("b-1", LAYERS[1])
+    assert [g for g in meta.loads[0].group_ids] == list(zip(full_ids[:HMA_FULL], swa_ids[:HMA_FULL]))
+    # Full attention: every block loaded, byte-exact, into its own group's blocks.
+    for i in range(HMA_FULL):
+        assert torch.equal(b.caches[LAYERS[0]][full_ids[i]], expected_kv(i, LAYERS[0]))
+    # The sliding window: the blocks its group holds are loaded byte-exact; the ones it
+    # left to the null block (outside the window) were skipped, not written.
+    held = [i for i in range(HMA_FULL) if swa_ids[i] != 0]
+    assert held and held[-1] == HMA_FULL - 1
+    assert len(held) < HMA_FULL, "the window's group holds the null block before the window"
+    for i in held:
+        assert torch.equal(b.caches[LAYERS[1]][swa_ids[i]], expected_kv(i, LAYERS[1]))
+    assert torch.count_nonzero(b.caches[LAYERS[1]][0]) == 0, "nothing written into the null block"
+    # A block the window's group no longer holds cannot be saved whole: no value at all.
+    assert b.worker._pack((full_ids[0], 0)) is None
+    assert b.worker._pack((full_ids[held[0]], swa_ids[held[0]])) is not None
+    # The request goes on from the loaded prefix.
+    out2, meta2, _ = b.step()
+    [new] = out2.scheduled_new_reqs
+    assert new.num_computed_tokens == HMA_FULL * BLOCK
+    assert out2.num_scheduled_tokens["b-1"] == len(HMA_PROMPT) - HMA_FULL * BLOCK
+    assert meta2.saves == [], "blocks that came from Strata are not stored again"
+
+
+def test_hybrid_and_single_group_engines_share_values(server, models, hma_platform):
+    # Engine A without HMA (one group, sliding-window layers keep every block) stores;
+    # engine B with HMA loads the same values, each layer into its group's block.
+    space = ns()
+    vc = engine_config(models["base"], server, space)
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    a = Engine(vc)
+    a.scheduler.add_request(request("a-1", HMA_PROMPT))
+    a.step()
+    assert a.worker.stats["saved_blocks"] == HMA_FULL
+    b = HybridEngine(hma_config(models["base"], server, space))
+    b.scheduler.add_request(request("b-1", HMA_PROMPT))
+    _, meta, res = b.step()
+    assert res.finished_recving == {"b-1"} and b.worker.stats["loaded_blocks"] == HMA_FULL
+    for i, fid in enumerate(b.layer_blocks("b-1", LAYERS[0])[:HMA_FULL]):
+        assert torch.equal(b.caches[LAYERS[0]][fid], expected_kv(i, LAYERS[0]))
+
+
+def test_hybrid_failed_load_fails_the_receive_and_is_recomputed(server, models, hma_platform):
+    space = ns()
+    a = HybridEngine(hma_config(models["base"], server, space))
+    a.scheduler.add_request(request("a-1", HMA_PROMPT))
+    a.step()
+    # Another layout's value under the first block's key: its load fails.
+    st_hashes = a.scheduler.connector._reqs["a-1"].hashes
+    with KvClient(server["unix"], namespace=space, identity=a.worker.identity) as c:
+        key = rank_key(st_hashes[0], 0, 0)
+        assert c.remove([key]) == 1
+        c.put(key, b"STRKVv1\0" + bytes(32) + bytes(a.worker._block_value_bytes - 40))
+    b = HybridEngine(hma_config(models["base"], server, space))
+    b.scheduler.add_request(request("b-1", HMA_PROMPT))
+    _, meta, res = b.step()
+    assert len(meta.loads) == 1
+    assert res.failed_recving == {"b-1"} and "b-1" in res.finished_recving
+    assert b.worker.stats["load_errors"] == 1
+    # vLLM recomputes the whole request; the connector never offers that load again.
+    assert b.scheduler.requests["b-1"].num_computed_tokens == 0
+    out2, meta2, _ = b.step()
+    assert meta2.loads == []
+    assert out2.num_scheduled_tokens.get("b-1") == len(HMA_PROMPT)
+
+
+@pytest.mark.parametrize("what", ["mamba", "block_size", "layerwise"])
+def test_hybrid_groups_it_cannot_store_are_refused_with_the_reason(server, models, what):
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    vc = engine_config(models["base"], server, ns(), layerwise=(what == "layerwise"))
+    other = {
+        "mamba": MambaSpec(block_size=BLOCK, shapes=((4, 8),), dtypes=(torch.float32,)),
+        "block_size": SlidingWindowSpec(block_size=2 * BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+                                        dtype=torch.float32, sliding_window=WINDOW),
+        "layerwise": swa_spec(),
+    }[what]
     hybrid = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
-                           kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], full), KVCacheGroupSpec([LAYERS[1]], swa)])
+                           kv_cache_groups=[KVCacheGroupSpec([LAYERS[0]], full_spec()),
+                                            KVCacheGroupSpec([LAYERS[1]], other)])
+    reason = {"mamba": "MambaSpec", "block_size": "block size", "layerwise": "layer-by-layer"}[what]
     for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
-        with pytest.raises(ValueError, match="one KV cache group"):
+        with pytest.raises(ValueError, match=reason):
             StrataConnector(vc, role, hybrid)
