@@ -75,22 +75,40 @@ impl MemberSet {
         self.dirty = true;
     }
 
+    /// Brings `order` and `rank` up to date. Ids are assigned in insertion order and
+    /// `order` holds every id below its length, so only the members added since the
+    /// last rebuild are sorted, then merged into the sorted order: O(k log k + n) per
+    /// rebuild instead of sorting all n members (with two `String`s each) again. The
+    /// replay hands a listing per directory at the first read in it, so a shuffled
+    /// loader over a thousand directories rebuilt its set a thousand times: 20% of a
+    /// replay's time on `train-small-files` went to that sort. Paths in a set are
+    /// unique, so the (directory, name) order has no ties.
     fn rebuild(&mut self) {
         if !self.dirty {
             return;
         }
-        let split = |p: &str| -> (String, String) {
-            match p.rsplit_once('/') {
-                Some((d, n)) => (d.to_owned(), n.to_owned()),
-                None => (String::new(), p.to_owned()),
+        fn key(p: &str) -> (&str, &str) {
+            p.rsplit_once('/').unwrap_or(("", p))
+        }
+        let paths = &self.paths;
+        let mut fresh: Vec<u32> = (self.order.len() as u32..paths.len() as u32).collect();
+        fresh.sort_unstable_by(|&a, &b| key(&paths[a as usize]).cmp(&key(&paths[b as usize])));
+        let old = std::mem::take(&mut self.order);
+        let mut merged = Vec::with_capacity(paths.len());
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() && j < fresh.len() {
+            if key(&paths[old[i] as usize]) <= key(&paths[fresh[j] as usize]) {
+                merged.push(old[i]);
+                i += 1;
+            } else {
+                merged.push(fresh[j]);
+                j += 1;
             }
-        };
-        let mut keyed: Vec<((String, String), u32)> = (0..self.paths.len() as u32)
-            .map(|id| (split(&self.paths[id as usize]), id))
-            .collect();
-        keyed.sort();
-        self.order = keyed.into_iter().map(|(_, id)| id).collect();
-        self.rank = vec![0; self.order.len()];
+        }
+        merged.extend_from_slice(&old[i..]);
+        merged.extend_from_slice(&fresh[j..]);
+        self.order = merged;
+        self.rank.resize(self.order.len(), 0);
         for (r, &id) in self.order.iter().enumerate() {
             self.rank[id as usize] = r as u32;
         }
@@ -223,5 +241,33 @@ mod tests {
             answers += usize::from(both.0 == Some(true));
         }
         assert_eq!(answers, 4, "the four listed files exist");
+    }
+
+    proptest::proptest! {
+        /// Listings added in any order and any batches leave the same (directory, name)
+        /// order as sorting all members at once, and `rank` inverts `order`.
+        #[test]
+        fn incremental_rebuild_matches_a_full_sort(
+            batches in proptest::collection::vec(
+                proptest::collection::vec((0u8..6, 0u16..40), 0..20), 1..8)
+        ) {
+            let mut set = MemberSet::default();
+            for batch in batches {
+                for (d, n) in batch {
+                    set.insert(Arc::from(format!("d{d}/f-{n:03}.bin")), 1);
+                }
+                set.rebuild();
+                let mut want: Vec<u32> = (0..set.len() as u32).collect();
+                want.sort_by_key(|&id| {
+                    let p = set.path(id).to_string();
+                    let (d, n) = p.rsplit_once('/').map(|(d, n)| (d.to_owned(), n.to_owned())).unwrap_or_default();
+                    (d, n)
+                });
+                proptest::prop_assert_eq!(&set.order, &want);
+                for (r, &id) in set.order.iter().enumerate() {
+                    proptest::prop_assert_eq!(set.rank(id), r);
+                }
+            }
+        }
     }
 }

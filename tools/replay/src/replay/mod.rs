@@ -1057,7 +1057,12 @@ impl Run<'_> {
                 }
             }
         }
-        if self.controller.is_some() {
+        // KV blocks are served by the KV service, whose staging controller has no
+        // predictors (`strata_kvcache::staging`): the mount's readahead and cross-file
+        // prediction never see them. Feeding them here made every KV block a "new file"
+        // for the semantic predictor, which predicted nothing (0 bytes prefetched on
+        // the Mooncake traces) and took a fifth of the replay's time.
+        if self.controller.is_some() && !kv {
             self.predict(r.path, r.offset, r.len, r.size, a0, job, now);
         }
         self.pending[j as usize] = wait;
