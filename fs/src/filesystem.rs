@@ -491,7 +491,7 @@ pub struct FsCore {
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
-    /// The passthrough copies (verified, durable, budgeted); None without passthrough
+    /// The passthrough copies (verified, budgeted); None without passthrough
     /// or when its directory could not be opened.
     passthrough: Option<Arc<PassthroughStore>>,
     /// Copy names of the objects (path, version) known to have a passthrough copy: the

@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""The local S3 server's own ceiling for bench/peer.py's small-file set: 2,000 x 100 KiB
+GETs with `curl` (presigned URLs, no FUSE, no cache) one at a time and N in parallel.
+A FUSE client's cold small-file figure cannot beat the parallel one on the same machine.
+
+Usage: bench/s3rver_ceiling.py [PARALLELISM ...]   (default: 1 4 16 64)
+"""
+
+import concurrent.futures
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("peer", os.path.join(here, "peer.py"))
+peer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peer)
+
+
+def main():
+    work = tempfile.mkdtemp(prefix="strata-ceiling-")
+    srv = peer.S3rverServer(work, os.path.expanduser("~/.cache/strata-bench"))
+    try:
+        s3 = srv.client()
+        body = os.urandom(100 << 10)
+        names = [f"small/f{i:05d}.bin" for i in range(2000)]
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda n: s3.put_object(Bucket=peer.BUCKET, Key=n, Body=body), names))
+        cfg = os.path.join(work, "curl.cfg")
+        with open(cfg, "w") as f:
+            for n in names:
+                u = s3.generate_presigned_url(
+                    "get_object", Params={"Bucket": peer.BUCKET, "Key": n}, ExpiresIn=3600)
+                f.write(f'url = "{u}"\noutput = "/dev/null"\n')
+        for par in [int(a) for a in sys.argv[1:]] or [1, 4, 16, 64]:
+            args = ["curl", "-s", "-K", cfg]
+            if par > 1:
+                args += ["-Z", "--parallel-max", str(par)]
+            t = time.perf_counter()
+            subprocess.run(args, check=True)
+            print(f"curl, {par} in parallel: {time.perf_counter() - t:.2f} s for 2000 GETs",
+                  flush=True)
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()
