@@ -105,7 +105,7 @@ S3RVER_VERSION = "3.7.1"
 
 # Runs s3rver as a library so that every request is logged with its method, Range and
 # response length (its own log drops the method), one line each:
-#   METHOD PATH RANGE STATUS BYTES
+#   METHOD PATH RANGE STATUS BYTES START_MS END_MS (END: the response's last byte sent)
 S3RVER_LAUNCHER = r"""
 const fs = require('fs');
 const S3rver = require(process.argv[2]);
@@ -116,10 +116,14 @@ const server = new S3rver({
   configureBuckets: [{ name: bucket, configs: [] }],
 });
 server.middleware.unshift(async (ctx, next) => {
+  const t0 = Date.now();
   await next();
-  out.write(`${ctx.method} ${ctx.path} ${ctx.get('range') || '-'} ${ctx.status} ` +
-            `${ctx.response.length || 0}
-`);
+  // Start and end in ms since the epoch (the end: the response closed, its body sent
+  // or the request aborted), for a timeline of sizes and concurrency (get_timeline.py).
+  ctx.res.once('close', () => out.write(
+    `${ctx.method} ${ctx.path} ${ctx.get('range') || '-'} ${ctx.status} ` +
+    `${ctx.response.length || 0} ${t0} ${Date.now()}
+`));
 });
 server.run().then(a => console.log(`s3rver ${a.address}:${a.port}`),
                   e => { console.error(e); process.exit(1); });
@@ -182,7 +186,7 @@ class S3rverServer:
         with open(self.log_path, errors="replace") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) != 5:
+                if len(parts) < 5:
                     continue
                 method = parts[0]
                 # A GET of the bucket (or of the service) is a listing, not a read.

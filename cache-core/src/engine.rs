@@ -66,6 +66,26 @@ use crate::tier::{Tier, TierGet, TierKind};
 
 type SharedFetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>>>;
 
+/// Hands the blocks of one run fetch ([`CacheEngine::fetch_runs`]) to their waiters as
+/// each arrives, before the run's last byte (issue 14: a reader waiting on the first
+/// block of an 8 MiB GET waited for all eight). Block `i` of the run is delivered once;
+/// later deliveries of it (a retried request) are ignored. A block never delivered
+/// reaches its waiters with the run's result, after its fill.
+pub struct RunSink {
+    senders: Mutex<Vec<Option<tokio::sync::oneshot::Sender<Bytes>>>>,
+}
+
+impl RunSink {
+    /// Block `i` of the run is complete: its waiters get it now.
+    pub fn deliver(&self, i: usize, block: &Bytes) {
+        let tx = self.senders.lock().get_mut(i).and_then(Option::take);
+        if let Some(tx) = tx {
+            // No receiver left (nobody waits any more): nothing to hand over.
+            let _ = tx.send(block.clone());
+        }
+    }
+}
+
 /// The shared result of one run fetch ([`CacheEngine::fetch_runs`]): the run's blocks.
 pub type RunFetch =
     Shared<BoxFuture<'static, std::result::Result<Arc<Vec<Bytes>>, Arc<CacheError>>>>;
@@ -724,8 +744,9 @@ impl CacheEngine {
 
     /// Fetches several blocks with one request each run: claims every key of `keys`
     /// that is neither cached nor in flight, groups the claimed keys into runs of
-    /// consecutive indices, and for each run spawns one task running `fetch(run)`, which
-    /// must return the run's blocks in order. Each claimed key is in flight (in the
+    /// consecutive indices, and for each run spawns one task running `fetch(run, sink)`,
+    /// which must return the run's blocks in order, and may hand each block to its
+    /// waiters as soon as it is complete ([`RunSink::deliver`]). Each claimed key is in flight (in the
     /// single-flight map) until its run's fill, so a concurrent `get_or_fetch` of any of
     /// them joins the run instead of fetching the block again. Keys not claimed were
     /// cached or someone else's fetch. Returns the runs claimed, each with the shared
@@ -737,7 +758,7 @@ impl CacheEngine {
         fetch: F,
     ) -> Vec<(std::ops::Range<usize>, RunFetch)>
     where
-        F: Fn(std::ops::Range<usize>) -> Fut + Send + Sync + 'static,
+        F: Fn(std::ops::Range<usize>, RunSink) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Bytes>>> + Send + 'static,
     {
         let fetch = Arc::new(fetch);
@@ -760,10 +781,19 @@ impl CacheEngine {
             let fetch = fetch.clone();
             let task_ctx = *ctx;
             let task_run = run.clone();
+            let (senders, mut early): (Vec<_>, Vec<_>) = (0..run.len())
+                .map(|_| {
+                    let (tx, rx) = tokio::sync::oneshot::channel::<Bytes>();
+                    (Some(tx), Some(rx))
+                })
+                .unzip();
+            let sink = RunSink {
+                senders: Mutex::new(senders),
+            };
             // Spawned while the map is locked: the task's removals wait for the
             // insertions below, so none is left behind.
             let task = tokio::spawn(async move {
-                let result = fetch(task_run).await.and_then(|blocks| {
+                let result = fetch(task_run, sink).await.and_then(|blocks| {
                     if blocks.len() == run_keys.len() {
                         Ok(blocks)
                     } else {
@@ -808,11 +838,18 @@ impl CacheEngine {
             .boxed()
             .shared();
             for (n, key) in keys[run.clone()].iter().enumerate() {
-                let one: SharedFetch = whole
-                    .clone()
-                    .map(move |r| r.map(|blocks| blocks[n].clone()))
-                    .boxed()
-                    .shared();
+                let whole = whole.clone();
+                let rx = early[n].take();
+                let one: SharedFetch = async move {
+                    if let Some(rx) = rx {
+                        if let Ok(block) = rx.await {
+                            return Ok(block);
+                        }
+                    }
+                    whole.await.map(|blocks| blocks[n].clone())
+                }
+                .boxed()
+                .shared();
                 inflight.insert(key.clone(), one);
             }
             runs.push((run, whole));

@@ -31,7 +31,7 @@ pub mod wire;
 
 pub use access::{AccessContext, AccessKind, JobId};
 pub use block::Block;
-pub use engine::{CacheEngine, EngineBuilder, EngineStatsSnapshot, Stored};
+pub use engine::{CacheEngine, EngineBuilder, EngineStatsSnapshot, RunSink, Stored};
 pub use error::{CacheError, Result};
 pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
 pub use pattern::Pattern;

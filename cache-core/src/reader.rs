@@ -339,7 +339,7 @@ impl ObjectReader {
         let bs = self.block_size;
         let first = run.start;
         let link = self.link.clone();
-        let claimed = self.engine.fetch_runs(&keys, ctx, move |r| {
+        let claimed = self.engine.fetch_runs(&keys, ctx, move |r, sink| {
             let (store, obj, link) = (store.clone(), obj2.clone(), link.clone());
             let ticket = ticket.clone();
             let start = (first + r.start as u64) * bs;
@@ -357,7 +357,9 @@ impl ObjectReader {
                 link.requests.fetch_add(1, Ordering::Relaxed);
                 link.blocks.fetch_add(blocks, Ordering::Relaxed);
                 let sent = link.epoch.elapsed();
-                let res = store.get_range_blocks(&obj, start..end, bs).await;
+                let res = store
+                    .get_range_blocks(&obj, start..end, bs, &|i, b| sink.deliver(i, b))
+                    .await;
                 let now = link.epoch.elapsed();
                 if let Ok((_, ttfb)) = &res {
                     link.estimate.lock().observe(

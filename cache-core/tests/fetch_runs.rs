@@ -210,3 +210,60 @@ async fn runs_feed_the_link_estimate() {
     .await
     .expect("bounded");
 }
+
+/// A block of a run reaches the reader waiting on it as soon as it arrived, not when
+/// the whole run did (issue 14: a reader at the front of its readahead waited for all
+/// eight blocks of an 8 MiB GET before it got the first).
+#[tokio::test]
+async fn a_block_of_a_run_is_served_before_the_run_ends() {
+    timed(async {
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .build()
+            .expect("engine");
+        let keys: Vec<strata_cache_core::CacheKey> = (0..4)
+            .map(|b| strata_cache_core::CacheKey::file_block("f", "v", 4, b))
+            .collect();
+        let block = |b: u8| Bytes::from(vec![b; 4]);
+        let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
+        let gate = parking_lot::Mutex::new(Some(gate_rx));
+        let runs = engine.fetch_runs(&keys, &ctx(), move |r, sink| {
+            let gate = gate.lock().take();
+            async move {
+                let blocks: Vec<Bytes> = r.map(|b| block(b as u8)).collect();
+                // The first block arrives; the rest of the body is still on its way.
+                sink.deliver(0, &blocks[0]);
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                Ok(blocks)
+            }
+        });
+        assert_eq!(runs.len(), 1, "one run of four blocks");
+        let never = || async {
+            Err::<Bytes, _>(strata_cache_core::CacheError::InvalidArgument(
+                "a block of a run in flight is never fetched alone".into(),
+            ))
+        };
+        let demand = AccessContext::demand(JobId(1), 0);
+        let first = engine
+            .get_or_fetch(&keys[0], &demand, never)
+            .await
+            .expect("block 0 while the run is still open");
+        assert_eq!(first, block(0));
+        assert!(!engine.contains(&keys[3]), "the run has not ended");
+        gate_tx.send(()).expect("the run waits");
+        runs[0].1.clone().await.expect("the run ends");
+        let last = engine
+            .get_or_fetch(&keys[3], &demand, never)
+            .await
+            .expect("block 3 after the run");
+        assert_eq!(last, block(3));
+        assert!(
+            engine.contains(&keys[0]),
+            "every block is filled at the end"
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -1026,7 +1026,10 @@ impl FsCore {
             }
         }
         // The blocks this read must fetch count against the prefetch backlog while it
-        // runs (hits are served at once and owe the store link nothing).
+        // runs (hits are served at once and owe the store link nothing; blocks already
+        // in flight, its own readahead mostly, are owed once already: counted as demand
+        // too, a reader that caught up with its readahead held back the very prefetch
+        // it waits for, and the link idled between bursts, issue 14).
         let owed = match &self.opts.predictors {
             Some(_) => self.missing_bytes(&h.obj, offset, size as u64),
             None => 0,
@@ -1059,12 +1062,13 @@ impl FsCore {
         Ok(data)
     }
 
-    /// Bytes of the blocks of `offset..offset+len` of `obj` not cached.
+    /// Bytes of the blocks of `offset..offset+len` of `obj` neither cached nor in
+    /// flight: what this read adds to the store link's load.
     fn missing_bytes(&self, obj: &ObjectInfo, offset: u64, len: u64) -> u64 {
         let bs = self.reader.block_size();
         let engine = self.reader.engine();
         demand_blocks(offset, len, obj.size, bs)
-            .filter(|&b| !engine.contains(&self.reader.key(obj, b)))
+            .filter(|&b| !engine.held_or_fetching(&self.reader.key(obj, b)))
             .map(|b| (obj.size - b * bs).min(bs))
             .sum()
     }
@@ -1110,6 +1114,8 @@ impl FsCore {
                 };
                 c.set_config(cfg);
             }
+            // Readahead of a reader that waits on it may deepen to the same window.
+            c.set_link_window(in_flight_target);
             c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
             if let Some(t) = self.reader.small_request_latency() {
                 c.set_request_latency(t.as_nanos().min(u128::from(u64::MAX)) as u64);

@@ -371,6 +371,14 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         }
     }
 
+    /// The bytes the store link can keep in flight (see [`Predictor::set_link_window`]),
+    /// for readahead; the mount passes its link estimate, the replay leaves it unset.
+    pub fn set_link_window(&mut self, bytes: u64) {
+        if let Some(p) = &mut self.sequential {
+            p.set_link_window(bytes);
+        }
+    }
+
     /// The names (and sizes) in directory `dir` (relative to the dataset root, `""` for
     /// the root), as a listing returned them.
     pub fn on_listing(&mut self, dir: &str, entries: &[(&str, u64)]) {
@@ -393,7 +401,10 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
     }
 
     fn settle(&mut self, t: Tracked, used: bool) -> Outcome {
-        let feedback = if used {
+        let feedback = if used && !t.landed && t.origin == Origin::Readahead {
+            // The reader caught up with its readahead: it deepens (issue 14).
+            Feedback::Late { bytes: t.bytes }
+        } else if used {
             Feedback::Used { bytes: t.bytes }
         } else {
             Feedback::Wasted { bytes: t.bytes }

@@ -63,6 +63,10 @@ pub enum Feedback {
     Used { bytes: u64 },
     /// A prefetched range was evicted (or expired) unread.
     Wasted { bytes: u64 },
+    /// A prefetched range was read by demand before it landed: the reader waited on it,
+    /// so the readahead ahead of it was too shallow for the link (given to sequential
+    /// readahead only; a predictor that does not tell it apart treats it as `Used`).
+    Late { bytes: u64 },
 }
 
 pub trait Predictor: Send {
@@ -79,6 +83,11 @@ pub trait Predictor: Send {
     /// predictors of other files size how far ahead they fetch from it and from how
     /// fast the reader goes; the default ignores it.
     fn set_request_latency(&mut self, _ns: u64) {}
+    /// The bytes the driver's store link can keep in flight (its measured window,
+    /// bandwidth-delay product with headroom; 0: unknown): readahead may deepen to it
+    /// when the reader waits on its prefetches ([`Feedback::Late`]); the default
+    /// ignores it.
+    fn set_link_window(&mut self, _bytes: u64) {}
     /// The names and sizes in directory `dir` (relative to the dataset root), as a
     /// listing returned them; the default ignores them.
     fn on_listing(&mut self, _dir: &str, _entries: &[(&str, u64)]) {}

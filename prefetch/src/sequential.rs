@@ -13,6 +13,16 @@
 //! halves it (the cache could not hold that much), a used one grows it back by 1/8.
 //! Requests are issued once at least `min_request` new bytes are due (one block), so
 //! they are block-sized, not per-read dribbles.
+//!
+//! A reader that reads a prefetched block before it landed ([`Feedback::Late`]) waited
+//! on the store: the window was too shallow for the link, whatever the rate says (a
+//! reader held up by its readahead consumes at the rate the shallow window delivers,
+//! so the rate alone never asks for more). Such a stream's depth doubles, once per
+//! access that follows late feedback, up to the link's window
+//! ([`Predictor::set_link_window`], the driver's bandwidth-delay product with headroom;
+//! `max_depth` without one), as mountpoint-s3 doubles its read window from the first
+//! read (issue 14: a cold 1 GiB read kept 4-5 GETs in flight where the peer keeps 25).
+//! A reader that never waits (slow, or fully served ahead) keeps the rate's depth.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -64,6 +74,10 @@ struct StreamState {
     last_ns: u64,
     lead_scale: f64,
     last_use: u64,
+    /// Depth grown by late feedback (0: none), and whether late feedback arrived since
+    /// the last access (so a run of blocks read late doubles the depth once).
+    late_depth: u64,
+    late: bool,
 }
 
 /// Rate-following sequential readahead. See the module docs.
@@ -71,12 +85,23 @@ pub struct SequentialPredictor {
     cfg: SequentialConfig,
     streams: HashMap<(JobId, u64), StreamState, BuildHasherDefault<FxHasher>>,
     tick: u64,
+    /// The driver's link window in bytes (0: unknown): how deep late feedback may grow
+    /// a stream's depth beyond `max_depth`.
+    link_window: u64,
 }
 
 impl Default for SequentialPredictor {
     fn default() -> Self {
         Self::new(SequentialConfig::default())
     }
+}
+
+/// A stream's depth: the rate's (within `[min_depth, max_depth]`), or the depth late
+/// feedback grew it to (up to the link's window), whichever is deeper.
+fn depth_of(cfg: &SequentialConfig, link_window: u64, s: &StreamState) -> u64 {
+    let d = s.rate * cfg.lead_time_s * s.lead_scale;
+    let by_rate = (d as u64).clamp(cfg.min_depth, cfg.max_depth);
+    by_rate.max(s.late_depth.min(cfg.max_depth.max(link_window)))
 }
 
 fn path_hash(path: &str) -> u64 {
@@ -91,6 +116,7 @@ impl SequentialPredictor {
             cfg,
             streams: HashMap::default(),
             tick: 0,
+            link_window: 0,
         }
     }
 
@@ -102,8 +128,7 @@ impl SequentialPredictor {
     }
 
     fn depth(&self, s: &StreamState) -> u64 {
-        let d = s.rate * self.cfg.lead_time_s * s.lead_scale;
-        (d as u64).clamp(self.cfg.min_depth, self.cfg.max_depth)
+        depth_of(&self.cfg, self.link_window, s)
     }
 
     fn prune(&mut self) {
@@ -132,6 +157,11 @@ impl Predictor for SequentialPredictor {
             ..Default::default()
         });
         s.last_use = tick;
+        if s.late {
+            s.late = false;
+            let deeper = depth_of(&self.cfg, self.link_window, s).saturating_mul(2);
+            s.late_depth = deeper.min(self.cfg.max_depth.max(self.link_window));
+        }
         let contiguous = s.last_ns > 0 || s.end > 0;
         let contiguous = contiguous && ev.offset == s.end;
         s.run = if contiguous {
@@ -201,9 +231,19 @@ impl Predictor for SequentialPredictor {
         if let Some(s) = self.streams.get_mut(&(job, path_hash(path))) {
             match feedback {
                 Feedback::Used { .. } => s.lead_scale = (s.lead_scale * 1.125).min(4.0),
-                Feedback::Wasted { .. } => s.lead_scale = (s.lead_scale * 0.5).max(0.125),
+                // Deepened at the next access (not the lead: a late block says
+                // nothing about what the cache can hold).
+                Feedback::Late { .. } => s.late = true,
+                Feedback::Wasted { .. } => {
+                    s.lead_scale = (s.lead_scale * 0.5).max(0.125);
+                    s.late_depth /= 2;
+                }
             }
         }
+    }
+
+    fn set_link_window(&mut self, bytes: u64) {
+        self.link_window = bytes;
     }
 }
 
@@ -280,6 +320,77 @@ mod tests {
         p.on_feedback(JobId(1), "f", Feedback::Wasted { bytes: 1 << 20 });
         let d1 = p.depth_of(JobId(1), "f").expect("tracked");
         assert!(d1 < d0, "{d1} < {d0}");
+    }
+
+    /// Reads `n` more 1 MiB blocks of stream "f" from block `from` at 200 MB/s, each
+    /// access preceded by `late` late reports (the reader waited on that many blocks).
+    fn drive_late(p: &mut SequentialPredictor, from: u64, n: u64, late: u32) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut depths = Vec::new();
+        let mb = 1u64 << 20;
+        for i in from..from + n {
+            for _ in 0..late {
+                p.on_feedback(JobId(1), "f", Feedback::Late { bytes: mb });
+            }
+            let now = 1 + i * 5_000_000;
+            p.on_access(&ev(1, "f", i * mb, mb, now, Pattern::Sequential), &mut out);
+            depths.push(p.depth_of(JobId(1), "f").expect("tracked"));
+        }
+        depths
+    }
+
+    #[test]
+    fn late_feedback_doubles_depth_once_per_access_up_to_the_link_window() {
+        let mut p = SequentialPredictor::default();
+        p.set_link_window(256 << 20);
+        let before = drive_late(&mut p, 0, 4, 0);
+        let base = *before.last().expect("4 accesses");
+        assert!(base <= 32 << 20, "the rate's depth: {base}");
+        // Eight blocks read late before each access: one doubling per access.
+        let depths = drive_late(&mut p, 4, 8, 8);
+        assert_eq!(depths[0], base * 2);
+        assert_eq!(depths[1], base * 4);
+        assert_eq!(*depths.last().expect("8 accesses"), 256 << 20);
+        // Orders follow the deeper window.
+        let mut out = Vec::new();
+        p.on_access(
+            &ev(
+                1,
+                "f",
+                12 << 20,
+                1 << 20,
+                1 + 12 * 5_000_000,
+                Pattern::Sequential,
+            ),
+            &mut out,
+        );
+        let ahead = out.last().map(|r| r.offset + r.len).unwrap_or(0);
+        assert!(ahead >= (13 << 20) + (200 << 20), "ordered up to {ahead}");
+    }
+
+    #[test]
+    fn late_feedback_without_a_link_window_stops_at_max_depth() {
+        let mut p = SequentialPredictor::default();
+        let depths = drive_late(&mut p, 0, 12, 1);
+        assert_eq!(*depths.last().expect("12 accesses"), 32 << 20);
+    }
+
+    #[test]
+    fn a_reader_that_never_waits_keeps_the_rate_depth() {
+        let mut p = SequentialPredictor::default();
+        p.set_link_window(256 << 20);
+        let (slow, _) = drive(&mut p, 20e6, 64);
+        assert_eq!(slow, 2 << 20);
+    }
+
+    #[test]
+    fn wasted_feedback_halves_a_late_depth() {
+        let mut p = SequentialPredictor::default();
+        p.set_link_window(256 << 20);
+        let d0 = *drive_late(&mut p, 0, 10, 1).last().expect("10 accesses");
+        p.on_feedback(JobId(1), "f", Feedback::Wasted { bytes: 1 << 20 });
+        let d1 = p.depth_of(JobId(1), "f").expect("tracked");
+        assert_eq!(d1, d0 / 2);
     }
 
     #[test]

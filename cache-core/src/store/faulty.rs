@@ -80,6 +80,11 @@ struct GetCounters {
     largest: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+    /// Bytes asked for by the bounded ranged GETs in flight, and the most at once.
+    in_flight_bytes: AtomicU64,
+    max_in_flight_bytes: AtomicU64,
+    /// Each GET's body size and GETs in flight when it started, in completion order.
+    log: Mutex<Vec<(u64, u64)>>,
 }
 
 /// A snapshot of [`FaultyStore::gets`].
@@ -92,16 +97,35 @@ pub struct GetStats {
     pub largest: u64,
     /// The most GETs in progress at once (injected failures included).
     pub max_in_flight: u64,
+    /// The most bytes the bounded ranged GETs in progress asked for at once.
+    pub max_in_flight_bytes: u64,
 }
 
 /// Counts a GET in flight while alive.
 struct InFlightGet<'a>(&'a GetCounters);
 
 impl<'a> InFlightGet<'a> {
-    fn new(c: &'a GetCounters) -> Self {
+    fn new(c: &'a GetCounters) -> (Self, u64) {
         let now = c.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         c.max_in_flight.fetch_max(now, Ordering::Relaxed);
-        InFlightGet(c)
+        (InFlightGet(c), now)
+    }
+}
+
+/// Counts a GET's asked-for bytes in flight while alive.
+struct InFlightBytes<'a>(&'a GetCounters, u64);
+
+impl<'a> InFlightBytes<'a> {
+    fn new(c: &'a GetCounters, bytes: u64) -> Self {
+        let now = c.in_flight_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        c.max_in_flight_bytes.fetch_max(now, Ordering::Relaxed);
+        InFlightBytes(c, bytes)
+    }
+}
+
+impl Drop for InFlightBytes<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight_bytes.fetch_sub(self.1, Ordering::Relaxed);
     }
 }
 
@@ -131,7 +155,14 @@ impl FaultyStore {
             bytes: g.bytes.load(Ordering::Relaxed),
             largest: g.largest.load(Ordering::Relaxed),
             max_in_flight: g.max_in_flight.load(Ordering::Relaxed),
+            max_in_flight_bytes: g.max_in_flight_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// Each data GET so far, in completion order: its body size and how many GETs were
+    /// in flight when it started (itself included).
+    pub fn get_log(&self) -> Vec<(u64, u64)> {
+        self.gets.log.lock().clone()
     }
 
     /// Changes the injected faults (e.g. take the store down mid-test).
@@ -233,7 +264,12 @@ impl ObjectStore for FaultyStore {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         let head = options.head;
-        let _in_flight = (!head).then(|| InFlightGet::new(&self.gets));
+        let in_flight = (!head).then(|| InFlightGet::new(&self.gets));
+        let asked = match &options.range {
+            Some(object_store::GetRange::Bounded(r)) if !head => r.end - r.start,
+            _ => 0,
+        };
+        let _asked = InFlightBytes::new(&self.gets, asked);
         let cfg = self.before_read(location.as_ref()).await?;
         let result = self.inner.get_opts(location, options).await?;
         if head {
@@ -250,6 +286,8 @@ impl ObjectStore for FaultyStore {
         g.count.fetch_add(1, Ordering::Relaxed);
         g.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         g.largest.fetch_max(body.len() as u64, Ordering::Relaxed);
+        let at_start = in_flight.as_ref().map_or(0, |(_, n)| *n);
+        g.log.lock().push((body.len() as u64, at_start));
         let stream = futures::stream::once(async move { Ok(body) });
         Ok(GetResult {
             payload: GetResultPayload::Stream(Box::pin(stream)),

@@ -329,11 +329,15 @@ impl BackingStore {
     /// own buffer, so a cache that keeps some of them and evicts others frees what it
     /// evicts (slices of one buffer would keep all of it alive). Also returns the time
     /// to first byte of the successful attempt. Fails as [`Self::get_range`] does.
+    /// Each piece is also handed to `on_block` (with its index) as soon as it is
+    /// complete, so a reader waiting on it need not wait for the whole range; from an
+    /// object store only (a retried attempt hands its pieces again).
     pub async fn get_range_blocks(
         &self,
         obj: &ObjectInfo,
         range: Range<u64>,
         block_size: u64,
+        on_block: &(dyn Fn(usize, &Bytes) + Sync),
     ) -> Result<(Vec<Bytes>, Duration)> {
         if range.start >= range.end {
             return Ok((Vec::new(), Duration::ZERO));
@@ -345,6 +349,9 @@ impl BackingStore {
         let p = Path::from(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let piece = |done: u64| (want - done).min(block_size) as usize;
+        // A local file is checked for a rewrite after the read: its pieces go out only
+        // then, so a change mid-read never reaches a reader.
+        let early = self.local_root.is_none();
         let (blocks, got, ttfb) = self
             .retrying(|| {
                 let (p, if_match, range) = (&p, &if_match, &range);
@@ -369,7 +376,11 @@ impl BackingStore {
                                     &mut cur,
                                     bytes::BytesMut::with_capacity(target),
                                 );
-                                blocks.push(full.freeze());
+                                let full = full.freeze();
+                                if early {
+                                    on_block(blocks.len(), &full);
+                                }
+                                blocks.push(full);
                             }
                         }
                     }

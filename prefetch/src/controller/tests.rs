@@ -38,7 +38,7 @@ impl Predictor for NextFile {
     fn on_feedback(&mut self, _job: JobId, _path: &str, fb: Feedback) {
         use std::sync::atomic::Ordering::Relaxed;
         match fb {
-            Feedback::Used { .. } => self.used.fetch_add(1, Relaxed),
+            Feedback::Used { .. } | Feedback::Late { .. } => self.used.fetch_add(1, Relaxed),
             Feedback::Wasted { .. } => self.wasted.fetch_add(1, Relaxed),
         };
     }
@@ -304,4 +304,50 @@ fn refused_readahead_is_ordered_again_while_still_ahead() {
     out.clear();
     c.on_access(&ev(1, "f1", 7 * MB, MB, 100 * MB, 3), |_| true, &mut out);
     assert!(out.iter().all(|o| o.priority <= 2.0), "{out:?}");
+}
+
+/// Readahead read by demand before it landed is `Late` for the sequential predictor,
+/// whose window then deepens past its fixed maximum to the link's window (issue 14);
+/// read after it landed, it is `Used` and the window stays.
+#[test]
+fn readahead_read_before_it_landed_deepens_the_window() {
+    let run = |land_first: bool| {
+        let mut c: AccessController<u64> = AccessController::with_predictors(true, false);
+        c.set_link_window(256 * MB);
+        c.set_config(ControllerConfig {
+            max_backlog_bytes: u64::MAX,
+            ..ControllerConfig::default()
+        });
+        let mut out = Vec::new();
+        let mut deepest = 0u64;
+        for i in 0..40u64 {
+            // The reader reaches block i: report it, then the access.
+            if land_first {
+                c.landed(&i);
+            }
+            c.demand(&i);
+            out.clear();
+            c.on_access(
+                &ev(1, "f", i * MB, MB, 1 << 40, 1 + i * 5_000_000),
+                |_| true,
+                &mut out,
+            );
+            for o in &out {
+                deepest = deepest.max(o.offset + o.len - (i + 1) * MB);
+                let order = o.clone();
+                let (first, end) = (o.offset / MB, (o.offset + o.len).div_ceil(MB));
+                for b in first..end {
+                    let _ = c.issue(b, &order, MB, b == first);
+                }
+            }
+        }
+        deepest
+    };
+    let late = run(false);
+    let on_time = run(true);
+    assert!(on_time <= 32 * MB, "a reader served on time: {on_time}");
+    assert!(
+        late > 64 * MB,
+        "a reader that waits deepens: {late} (on time {on_time})"
+    );
 }

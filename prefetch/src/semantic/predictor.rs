@@ -333,7 +333,7 @@ impl Predictor for SemanticPredictor {
     }
 
     fn on_feedback(&mut self, _job: JobId, path: &str, feedback: Feedback) {
-        let used = matches!(feedback, Feedback::Used { .. });
+        let used = matches!(feedback, Feedback::Used { .. } | Feedback::Late { .. });
         self.useful += FEEDBACK_WEIGHT * (f64::from(u8::from(used)) - self.useful);
         let Some(rec) = self.issued.remove(path) else {
             return;
