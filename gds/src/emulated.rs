@@ -25,8 +25,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nix::fcntl::{fallocate, fcntl, FallocateFlags, FcntlArg, SealFlag};
-use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::fcntl::{fallocate, FallocateFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use parking_lot::{Mutex, RwLock};
 
@@ -35,6 +34,7 @@ use crate::device::{
     DeviceStream, PinnedBuffer,
 };
 use crate::error::{GdsError, Result};
+use crate::sealed_memfd::SealedMemfd;
 
 /// Host memory acting as a device.
 pub struct EmulatedDevice {
@@ -59,25 +59,9 @@ const MAX_SPACE: usize = 1 << 40;
 
 /// The device's memory: one sealed memfd mapped read-write, and its free ranges.
 struct Memory {
-    fd: OwnedFd,
-    base: NonNull<u8>,
-    size: usize,
+    map: SealedMemfd,
     /// Free ranges: offset -> length, coalesced.
     free: Mutex<BTreeMap<usize, usize>>,
-}
-
-// SAFETY: `base` is a shared mapping owned by `Memory` for its whole life; each byte
-// range belongs to one allocation whose `RwLock` orders the accesses to it.
-unsafe impl Send for Memory {}
-unsafe impl Sync for Memory {}
-
-impl Drop for Memory {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `Memory::new` with this base and size; unused after drop.
-        unsafe {
-            let _ = munmap(self.base.cast(), self.size);
-        }
-    }
 }
 
 fn sys(e: nix::Error, what: &str) -> GdsError {
@@ -97,37 +81,12 @@ impl Memory {
         // Twice the limit: first-fit fragmentation does not refuse what the byte limit
         // allows until the device is badly fragmented.
         let size = (want * 2 + SLACK).min(MAX_SPACE);
-        let fd = memfd_create(
-            c"strata-emulated-device",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| sys(e, "memfd_create"))?;
-        nix::unistd::ftruncate(&fd, size as i64).map_err(|e| sys(e, "ftruncate"))?;
-        // Clients map it: it must never shrink under them (SIGBUS) nor grow.
-        fcntl(
-            &fd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
-        )
-        .map_err(|e| sys(e, "sealing"))?;
         let len = NonZeroUsize::new(size).ok_or_else(|| GdsError::InvalidRange("empty".into()))?;
-        // SAFETY: a fresh shared mapping of the whole memfd we own.
-        let base = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED | MapFlags::MAP_NORESERVE,
-                &fd,
-                0,
-            )
-        }
-        .map_err(|e| sys(e, "mmap"))?;
+        // No swap reserved: most of the twice-the-limit space is never touched.
+        let map = SealedMemfd::create(c"strata-emulated-device", len, true)
+            .map_err(|e| sys(e.source, e.step))?;
         Ok(Memory {
-            fd,
-            base: base.cast(),
-            size,
+            map,
             free: Mutex::new(BTreeMap::from([(0, size)])),
         })
     }
@@ -155,19 +114,21 @@ impl Memory {
         // SAFETY: both ranges lie inside this released allocation, which nothing uses
         // any more (its last handle is being dropped).
         unsafe {
-            std::ptr::write_bytes(self.base.as_ptr().add(offset), 0, start - offset);
-            std::ptr::write_bytes(self.base.as_ptr().add(end), 0, offset + len - end);
+            std::ptr::write_bytes(self.map.base().as_ptr().add(offset), 0, start - offset);
+            std::ptr::write_bytes(self.map.base().as_ptr().add(end), 0, offset + len - end);
         }
         if end > start {
             let punched = fallocate(
-                &self.fd,
+                self.map.fd(),
                 FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
                 start as i64,
                 (end - start) as i64,
             );
             if punched.is_err() {
                 // SAFETY: as above; the pages stay resident but read zero.
-                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(start), 0, end - start) }
+                unsafe {
+                    std::ptr::write_bytes(self.map.base().as_ptr().add(start), 0, end - start)
+                }
             }
         }
         let mut free = self.free.lock();
@@ -252,7 +213,10 @@ impl EmuMem {
         // SAFETY: offset..offset+len lies inside the device mapping and belongs to
         // this allocation alone until it is dropped; the lock orders writers.
         f(unsafe {
-            std::slice::from_raw_parts(self.device.memory.base.as_ptr().add(self.offset), self.len)
+            std::slice::from_raw_parts(
+                self.device.memory.map.base().as_ptr().add(self.offset),
+                self.len,
+            )
         })
     }
 
@@ -263,7 +227,7 @@ impl EmuMem {
         // within this process (other processes only read, under a lease).
         f(unsafe {
             std::slice::from_raw_parts_mut(
-                self.device.memory.base.as_ptr().add(self.offset),
+                self.device.memory.map.base().as_ptr().add(self.offset),
                 self.len,
             )
         })
@@ -333,8 +297,8 @@ impl EmulatedDevice {
     /// (over a Unix socket) before it can open this device's handles.
     pub fn memory_fd(&self) -> (BorrowedFd<'_>, u64) {
         (
-            self.shared.memory.fd.as_fd(),
-            self.shared.memory.size as u64,
+            self.shared.memory.map.fd().as_fd(),
+            self.shared.memory.map.len() as u64,
         )
     }
 
@@ -558,7 +522,7 @@ impl CopyEngine for Shared {
                 _dst_guard = d.lock.write();
                 _src_guard = s.lock.read();
             }
-            let base = self.memory.base.as_ptr();
+            let base = self.memory.map.base().as_ptr();
             // SAFETY: both ranges were checked inside their allocations, which are
             // disjoint ranges of the mapping; the locks above order the accesses.
             unsafe {

@@ -23,6 +23,7 @@ pub mod error;
 pub mod file;
 pub mod ipc;
 pub mod pool;
+pub mod sealed_memfd;
 pub mod tier;
 pub mod transfer;
 

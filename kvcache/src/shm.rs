@@ -39,20 +39,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::memfd::{memfd_create, MFdFlags};
-use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use parking_lot::Mutex;
 use strata_cache_core::CacheKey;
 use tokio::io::AsyncReadExt;
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::error::{KvError, Result};
+use strata_gds::sealed_memfd::SealedMemfd;
 
 /// gRPC metadata naming the caller's shared-memory session (32 hex digits).
 pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
@@ -152,9 +149,7 @@ struct State {
 
 /// The arena: a sealed memfd mapped read-write here, read-only by clients.
 pub struct ShmArena {
-    fd: OwnedFd,
-    base: NonNull<u8>,
-    size: usize,
+    map: SealedMemfd,
     per_session_bytes: u64,
     state: Mutex<State>,
     leases: AtomicU64,
@@ -166,28 +161,12 @@ pub struct ShmArena {
     device: std::sync::OnceLock<DeviceMemory>,
 }
 
-// SAFETY: `base` points to a shared mapping owned by the arena for its whole life;
-// writes go only to ranges allocated to one writer (under `state`'s allocation
-// protocol), so sharing the pointer between threads is sound.
-unsafe impl Send for ShmArena {}
-unsafe impl Sync for ShmArena {}
-
 impl std::fmt::Debug for ShmArena {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmArena")
-            .field("size", &self.size)
+            .field("size", &self.map.len())
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-impl Drop for ShmArena {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created in `new` with this base and size and is not
-        // used after the arena is dropped.
-        unsafe {
-            let _ = munmap(self.base.cast(), self.size);
-        }
     }
 }
 
@@ -202,35 +181,9 @@ impl ShmArena {
     /// An arena of `size` bytes (rounded up to pages).
     pub fn new(size: usize) -> Result<Self> {
         let size = size.div_ceil(PAGE).max(1) * PAGE;
-        let fd = memfd_create(
-            c"strata-kv-arena",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(|e| io(e, "memfd_create"))?;
-        nix::unistd::ftruncate(&fd, size as i64).map_err(|e| io(e, "ftruncate"))?;
-        // Clients map it: it must never shrink under them (a read past a truncation
-        // would be SIGBUS), nor grow behind our bookkeeping.
-        fcntl(
-            &fd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
-        )
-        .map_err(|e| io(e, "sealing"))?;
         let len = NonZeroUsize::new(size).ok_or_else(|| KvError::Config("empty arena".into()))?;
-        // SAFETY: a fresh shared mapping of a memfd we own, of its full size; nothing
-        // else maps it writable.
-        let base = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(|e| io(e, "mmap"))?;
+        let map = SealedMemfd::create(c"strata-kv-arena", len, false)
+            .map_err(|e| io(e.source, e.step))?;
         let mut state = State {
             // Ids start at 1: a lease id 0 on the wire means "inline".
             next_id: 1,
@@ -238,9 +191,7 @@ impl ShmArena {
         };
         state.free.insert(0, size);
         Ok(ShmArena {
-            fd,
-            base: base.cast(),
-            size,
+            map,
             per_session_bytes: (size as u64 / 4).max(PAGE as u64),
             state: Mutex::new(state),
             leases: AtomicU64::new(0),
@@ -300,12 +251,12 @@ impl ShmArena {
     }
 
     pub fn size(&self) -> usize {
-        self.size
+        self.map.len()
     }
 
     /// The memfd clients map.
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.map.fd().as_fd()
     }
 
     /// Starts a session; its leases end with [`Self::close_session`].
@@ -388,7 +339,7 @@ impl ShmArena {
     /// could make).
     pub fn lease(&self, session: SessionId, key: &CacheKey, data: &Bytes) -> Option<Lease> {
         let len = data.len();
-        if len == 0 || len > self.size {
+        if len == 0 || len > self.map.len() {
             return None;
         }
         let span = len.div_ceil(PAGE) * PAGE;
@@ -467,7 +418,7 @@ impl ShmArena {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     data.as_ptr(),
-                    self.base.as_ptr().add(lease.offset as usize),
+                    self.map.base().as_ptr().add(lease.offset as usize),
                     len,
                 );
             }
@@ -504,7 +455,7 @@ impl ShmArena {
         // while the lease is held.
         unsafe {
             std::slice::from_raw_parts(
-                self.base.as_ptr().add(lease.offset as usize),
+                self.map.base().as_ptr().add(lease.offset as usize),
                 lease.len as usize,
             )
             .to_vec()
