@@ -3,6 +3,13 @@
 //! and a node killed mid-run costs no failed and no wrong read. Loose bounds: the
 //! figures against the targets are in docs/BENCHMARKS.md; this guards the
 //! behaviour (a group without its peer path would read ~3 x, like independent nodes).
+//!
+//! Placement is by the blocks' keys, whose versions (the local store's mtime and inode)
+//! differ on every run, so which owner draws how many blocks is random. An owner that
+//! draws more than its capacity evicts its own blocks and each stream may read them
+//! again: that overflow is allowed for (it was this test's flake at 1 MiB blocks, where
+//! 20 blocks over 3 owners often give one 9 to 11 MiB of 8). 256 KiB blocks make the
+//! draw smoother (80 blocks).
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -21,6 +28,7 @@ fn the_group_reads_the_store_about_once_and_a_kill_fails_no_read() {
             working_set: 2.5,
             file_size: "2MiB".into(),
             epochs: 2,
+            block_size: "256KiB".into(),
             store: ColdStoreArgs {
                 latency_ms: 5,
                 bandwidth: "500MB".into(),
@@ -39,7 +47,11 @@ fn the_group_reads_the_store_about_once_and_a_kill_fails_no_read() {
     };
     let unique = r.unique_bytes as f64;
     assert_eq!((r.failed_reads, r.wrong_reads), (0, 0), "{r:?}");
-    assert!(r.store_bytes_group as f64 <= 1.2 * unique, "{r:?}");
+    let overflow = r.owned_bytes_max.saturating_sub(r.capacity_bytes) * r.nodes as u64;
+    assert!(
+        r.store_bytes_group as f64 <= 1.2 * unique + overflow as f64,
+        "{r:?}"
+    );
     assert!(r.store_bytes_independent as f64 >= 2.5 * unique, "{r:?}");
     assert!(r.hit_ratio_group > r.hit_ratio_independent + 0.2, "{r:?}");
     assert!(

@@ -25,6 +25,8 @@ use anyhow::{bail, Context};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
+use strata_cluster::peer::pb::FetchBlockRequest;
+use strata_cluster::NodeId;
 
 use super::fs::ColdStoreArgs;
 use super::group::{count_wrong, write_dataset, Group, GroupSpec};
@@ -53,6 +55,9 @@ pub struct ClusterArgs {
     /// Passes of every node over the working set.
     #[arg(long, default_value_t = 3)]
     pub epochs: usize,
+    /// The daemons' block size, the unit of placement. 1 MiB: the daemon's default.
+    #[arg(long, default_value = "1MiB")]
+    pub block_size: String,
     #[command(flatten)]
     pub store: ColdStoreArgs,
     /// The group's lease TTL: a killed node leaves after it.
@@ -76,6 +81,11 @@ pub struct ClusterReport {
     pub hit_ratio_independent: f64,
     pub hit_ratio_one_node: f64,
     pub peer_read_gbps: f64,
+    /// Bytes of the working set the most loaded owner owns. Placement over a few dozen
+    /// blocks is lumpy: an owner drawing more than C evicts its own blocks and reads
+    /// them again, so `store_bytes_group` rises above the unique bytes by about
+    /// `owned_bytes_max - capacity_bytes` times the streams that reread them.
+    pub owned_bytes_max: u64,
     pub failover_ms: f64,
     pub failed_reads: u64,
     pub wrong_reads: u64,
@@ -104,6 +114,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             ("hit_ratio_independent", r.hit_ratio_independent),
             ("hit_ratio_one_node", r.hit_ratio_one_node),
             ("peer_read_gbps", r.peer_read_gbps),
+            ("owned_bytes_max", r.owned_bytes_max as f64),
             ("failover_ms", r.failover_ms),
             ("failed_reads", r.failed_reads as f64),
         ] {
@@ -189,11 +200,13 @@ fn counter_sum(g: &Group, field: &str) -> anyhow::Result<u64> {
     Ok(sum)
 }
 
-/// GB/s of blocks fetched with `FetchBlock` from their owners (8 in flight), the
-/// bench acting as a peer with the group token: once to warm the owners, then timed.
-async fn peer_throughput(g: &Group, names: &[String], url: &str) -> anyhow::Result<f64> {
-    use futures::{StreamExt, TryStreamExt};
-    use strata_cluster::peer::pb::FetchBlockRequest;
+/// Every block of the working set as its owner is asked for it: the owner's id and
+/// address, and the `FetchBlock` request (versions as the daemons see them).
+async fn owned_blocks(
+    g: &Group,
+    names: &[String],
+    url: &str,
+) -> anyhow::Result<Vec<(NodeId, String, FetchBlockRequest)>> {
     let m = strata_cluster::read_group(&g.group_config()).await?;
     let placement = strata_cluster::Placement::from_membership(&m);
     let addrs: std::collections::HashMap<_, _> = m
@@ -201,8 +214,6 @@ async fn peer_throughput(g: &Group, names: &[String], url: &str) -> anyhow::Resu
         .values()
         .map(|n| (n.id.clone(), n.advertise.clone()))
         .collect();
-    let channels =
-        strata_cluster::peer::PeerChannels::new(g.spec.token.as_deref(), Duration::from_secs(2))?;
     // Versions as the daemons see them (their store handle, see `open_store`).
     let base = strata_cache_core::BackingStore::from_url(url, &Default::default())?;
     let store = strata_cache_core::BackingStore::new(
@@ -211,7 +222,7 @@ async fn peer_throughput(g: &Group, names: &[String], url: &str) -> anyhow::Resu
         strata_cache_core::RetryPolicy::default(),
     );
     let bs = parse_size(&g.spec.block_size)?;
-    let mut reqs = Vec::new();
+    let mut out = Vec::new();
     for n in names {
         let obj = store.head(n).await?;
         for b in 0..obj.size.div_ceil(bs) {
@@ -223,7 +234,8 @@ async fn peer_throughput(g: &Group, names: &[String], url: &str) -> anyhow::Resu
             );
             let owner = placement.owner(&key.encode()).context("an empty group")?;
             let addr = addrs.get(&owner).context("owner address")?.clone();
-            reqs.push((
+            out.push((
+                owner,
                 addr,
                 FetchBlockRequest {
                     store: url.to_string(),
@@ -241,6 +253,35 @@ async fn peer_throughput(g: &Group, names: &[String], url: &str) -> anyhow::Resu
             ));
         }
     }
+    Ok(out)
+}
+
+/// Bytes the most loaded owner owns (see [`ClusterReport::owned_bytes_max`]).
+fn owned_bytes_max(blocks: &[(NodeId, String, FetchBlockRequest)]) -> u64 {
+    let mut per: std::collections::HashMap<&NodeId, u64> = Default::default();
+    for (owner, _, r) in blocks {
+        let len = r
+            .object_size
+            .saturating_sub(r.block_index * r.block_size)
+            .min(r.block_size);
+        *per.entry(owner).or_default() += len;
+    }
+    per.values().copied().max().unwrap_or(0)
+}
+
+/// GB/s of blocks fetched with `FetchBlock` from their owners (8 in flight), the
+/// bench acting as a peer with the group token: once to warm the owners, then timed.
+async fn peer_throughput(
+    g: &Group,
+    blocks: &[(NodeId, String, FetchBlockRequest)],
+) -> anyhow::Result<f64> {
+    use futures::{StreamExt, TryStreamExt};
+    let channels =
+        strata_cluster::peer::PeerChannels::new(g.spec.token.as_deref(), Duration::from_secs(2))?;
+    let reqs: Vec<(String, FetchBlockRequest)> = blocks
+        .iter()
+        .map(|(_, a, r)| (a.clone(), r.clone()))
+        .collect();
     let fetch_all = || {
         futures::stream::iter(reqs.clone())
             .map(|(addr, r)| {
@@ -323,6 +364,7 @@ pub fn bench(args: &ClusterArgs) -> anyhow::Result<ClusterReport> {
         memory: args.capacity.clone(),
         disk: "0".into(),
         lease_ttl_secs: args.lease_ttl_secs,
+        block_size: args.block_size.clone(),
         store_toml: format!(
             "inject_latency_ms = {}\ninject_bandwidth = \"{bw}\"\n",
             args.store.latency_ms
@@ -351,7 +393,8 @@ pub fn bench(args: &ClusterArgs) -> anyhow::Result<ClusterReport> {
     // The peer path's throughput: every block fetched from its owner, warm.
     let rt = tokio::runtime::Runtime::new()?;
     let url = base.store_url.clone().unwrap_or_default();
-    let peer_read_gbps = rt.block_on(peer_throughput(&g, &names, &url))?;
+    let blocks = rt.block_on(owned_blocks(&g, &names, &url))?;
+    let peer_read_gbps = rt.block_on(peer_throughput(&g, &blocks))?;
     // Failover: A reads on while C is killed.
     let (failover_ms, fo_failed, fo_wrong) = failover(&mut g, &mounts[0], &names, args)?;
     drop(g);
@@ -391,6 +434,7 @@ pub fn bench(args: &ClusterArgs) -> anyhow::Result<ClusterReport> {
         hit_ratio_independent: independent.hit_ratio,
         hit_ratio_one_node: one_node.hit_ratio,
         peer_read_gbps,
+        owned_bytes_max: owned_bytes_max(&blocks),
         failover_ms,
         failed_reads: group.failed + independent.failed + one_node.failed + fo_failed,
         wrong_reads: group.wrong + independent.wrong + one_node.wrong + fo_wrong,
