@@ -689,17 +689,26 @@ impl CacheEngine {
         Fut: Future<Output = Result<(Bytes, bool)>> + Send + 'static,
     {
         let ctx = *ctx;
-        if let Some(bytes) = self.lookup(key, &ctx).await? {
-            return Ok(bytes);
-        }
-        let shared = {
+        // A block can land between the lookup's miss and the in-flight check (another
+        // caller's fetch filled it and left the map, or a put stored it): then it is
+        // looked up again rather than fetched a second time. Once only: a level whose
+        // state says "held" but whose get keeps missing must not spin a reader.
+        let mut looked_again = false;
+        let shared = loop {
+            if let Some(bytes) = self.lookup(key, &ctx).await? {
+                return Ok(bytes);
+            }
             let mut inflight = self.inner.inflight.lock();
+            if !inflight.contains_key(key) && !looked_again && self.contains(key) {
+                looked_again = true;
+                continue;
+            }
             if let Some(f) = inflight.get(key) {
                 self.inner
                     .counters
                     .singleflight_joins
                     .fetch_add(1, Ordering::Relaxed);
-                f.clone()
+                break f.clone();
             } else {
                 let engine = self.clone();
                 let task_key = key.clone();
@@ -736,7 +745,7 @@ impl CacheEngine {
                     .boxed();
                 let shared = fut.shared();
                 inflight.insert(key.clone(), shared.clone());
-                shared
+                break shared;
             }
         };
         shared.await.map_err(|e| e.duplicate())

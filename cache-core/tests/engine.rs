@@ -58,6 +58,105 @@ async fn concurrent_misses_share_one_fetch() {
     assert!(engine.stats().singleflight_joins >= 1);
 }
 
+/// A level whose `get` takes `delay` (a slow disk), so a test can act between a
+/// lookup's start and its miss.
+struct SlowGets {
+    inner: Arc<MemoryTier>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Tier for SlowGets {
+    fn kind(&self) -> strata_cache_core::TierKind {
+        self.inner.kind()
+    }
+    fn name(&self) -> String {
+        "slow-gets".into()
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.inner.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        self.inner.put(key, block).await
+    }
+    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
+        self.inner.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.inner.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.inner.resident()
+    }
+    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
+        self.inner.stats()
+    }
+}
+
+/// A block that lands while a reader's lookup is missing it (the reader found it on a
+/// slow level that had lost it; meanwhile a put stored it on top) is looked up again,
+/// not fetched: the cluster test once saw a block fetched twice from the store when
+/// another caller's fetch filled it in that window.
+#[tokio::test]
+async fn a_block_that_lands_during_a_missing_lookup_is_not_fetched() {
+    let top = Arc::new(MemoryTier::new(100));
+    let bottom = Arc::new(MemoryTier::new(1000));
+    let engine = CacheEngine::builder()
+        .tier(top.clone())
+        .tier(Arc::new(SlowGets {
+            inner: bottom.clone(),
+            delay: Duration::from_millis(200),
+        }))
+        .build()
+        .expect("build");
+    let k = |i| CacheKey::file("f", "v", i);
+    for i in 0..2 {
+        engine
+            .put(&k(i), Bytes::from(vec![i as u8; 100]), &ctx())
+            .await
+            .expect("put");
+    }
+    assert!(bottom.contains(&k(0)).await, "k0 was demoted");
+    // The bottom level loses k0 behind the engine's back: the engine still counts it
+    // there, so a lookup waits on the slow get and then misses.
+    bottom.remove(&k(0)).await.expect("remove");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (engine, key, fetches) = (engine.clone(), k(0), fetches.clone());
+        tokio::spawn(async move {
+            engine
+                .get_or_fetch(&key, &ctx(), move || async move {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    Ok(Bytes::from(vec![9u8; 100]))
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    engine
+        .put(&k(0), Bytes::from(vec![0u8; 100]), &ctx())
+        .await
+        .expect("put during the lookup");
+    let got = reader.await.expect("join").expect("read");
+    assert_eq!(
+        got,
+        Bytes::from(vec![0u8; 100]),
+        "the stored block is served"
+    );
+    assert_eq!(fetches.load(Ordering::SeqCst), 0, "no second fetch");
+}
+
 #[tokio::test]
 async fn a_failed_fetch_reaches_every_waiter_and_is_not_cached() {
     let (engine, _, _) = two_level(1 << 20, 1 << 20);
