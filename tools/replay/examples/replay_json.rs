@@ -1,7 +1,7 @@
 //! `strata bench replay --json` without the daemon's dependencies: one trace, one
 //! capacity, several policies, the same JSON report (`{trace, capacity_bytes,
-//! unique_bytes, results: [{policy, hit_ratio, ..., replay_wall_s,
-//! replay_accesses_per_s}]}`) and the same replay (`strata_replay::replay`), with the
+//! unique_bytes, results: [{policy, hit_ratio, ..., replay_wall_s, replay_cpu_s,
+//! replay_cpu_ns_per_access, replay_accesses_per_s}]}`) and the same replay (`strata_replay::replay`), with the
 //! default store model (20 ms + 200 MB/s, 1 MiB blocks). Used by `scripts/replay-all.sh`
 //! to evaluate a policy change on every trace quickly (building `strata` pulls in the
 //! daemon's TLS stack; this needs only cache-core, prefetch and the replay crate).

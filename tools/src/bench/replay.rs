@@ -147,7 +147,7 @@ fn print_table(r: &Report, jobs: usize) {
         100.0 * r.capacity_bytes as f64 / r.unique_bytes.max(1) as f64
     );
     println!(
-        "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9} {:>9} {:>9}",
+        "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "policy",
         "hit%",
         "byte hit%",
@@ -157,6 +157,7 @@ fn print_table(r: &Report, jobs: usize) {
         "total JCT s",
         "read ms",
         "p99 ms",
+        "cpu ns/acc",
         "Macc/s"
     );
     // Ranked by total JCT: the time jobs take is what a cache is for (a hit ratio can
@@ -166,7 +167,7 @@ fn print_table(r: &Report, jobs: usize) {
     for row in rows {
         let x = &row.result;
         println!(
-            "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2} {:>9.2} {:>10.0} {:>9.2}",
             x.policy,
             100.0 * x.hit_ratio,
             100.0 * x.byte_hit_ratio,
@@ -176,6 +177,7 @@ fn print_table(r: &Report, jobs: usize) {
             x.total_jct_s,
             x.mean_read_latency_ms,
             x.p99_read_latency_ms,
+            row.replay_cpu_ns_per_access,
             row.replay_accesses_per_s / 1e6
         );
     }
@@ -264,6 +266,11 @@ mod tests {
                 "job_jct_s",
                 "mean_read_latency_ms",
                 "p99_read_latency_ms",
+                "replay_wall_s",
+                "replay_accesses_per_s",
+                "replay_cpu_s",
+                "replay_cpu_ns_per_access",
+                "replay_runs",
             ] {
                 assert!(r.get(k).is_some(), "{k} in {r}");
             }
