@@ -9,6 +9,11 @@
 //! misses on a block the cache evicted earlier, bucketed by the bytes evicted in
 //! between as a share of capacity (a re-miss within 1x capacity is one a policy with
 //! better retention for this tenant could have hit).
+//!
+//! On stderr, for `strata*`: `TRACEJOB=N` prints each demand miss of job N with the
+//! policy's split at that moment (stable share, pool bytes, ghost hits, releases);
+//! `LASTPOOL=1` prints each demand miss's key hash, the pool its key was last evicted
+//! from and how long ago (evicted bytes / capacity).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,6 +44,7 @@ struct Diag {
     evicted_at: HashMap<CacheKey, u64>,
     evicted_bytes: u64,
     sizes: HashMap<CacheKey, u64>,
+    last_pool: HashMap<CacheKey, String>,
 }
 
 struct Wrap {
@@ -79,10 +85,36 @@ impl EvictionPolicy for Wrap {
                 j.remiss[b] += 1;
             }
         }
-        match &self.strata {
+        if ctx.is_demand() && std::env::var("LASTPOOL").is_ok() {
+            let d = self.diag.lock().expect("not poisoned");
+            eprintln!(
+                "LAST h={} job={} last_pool={:?} dist={:?}",
+                strata_cache_core::stream::key_hash(key),
+                ctx.job.0,
+                d.last_pool.get(key),
+                d.evicted_at
+                    .get(key)
+                    .map(|at| (d.evicted_bytes - at) as f64 / self.cap as f64)
+            );
+        }
+        let r = match &self.strata {
             Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
             None => self.inner.admit(key, size, ctx),
+        };
+        if ctx.is_demand()
+            && std::env::var("TRACEJOB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                == Some(ctx.job.0)
+        {
+            if let Some(s) = &self.strata {
+                let st = s.lock().expect("not poisoned").stats();
+                let d = self.diag.lock().expect("not poisoned");
+                eprintln!("MISS t={} key={:?} size={} evicted_before={} share={:.3} stable={} freq={} cons={} ahead={} wg={} mg={} idle={}",
+                    ctx.now_ns, key, size, d.evicted_at.contains_key(key), st.stable_share, st.stable_bytes>>10, st.freq_bytes>>10, st.consumed_bytes>>10, st.ahead_bytes>>10, st.window_ghost_hits, st.main_ghost_hits, st.idle_releases);
+            }
         }
+        r
     }
     fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
         {
@@ -144,6 +176,7 @@ impl EvictionPolicy for Wrap {
             let size = d.sizes.get(key).copied().unwrap_or(0);
             d.evicted_bytes += size;
             d.evicted_at.insert(key.clone(), d.evicted_bytes);
+            d.last_pool.insert(key.clone(), pool.to_string());
             let owner = d.owner.get(key).copied().unwrap_or(u64::MAX);
             let n = d.evicted_at.len() as u64;
             *d.jobs
