@@ -13,7 +13,9 @@
 //! On stderr, for `strata*`: `TRACEJOB=N` prints each demand miss of job N with the
 //! policy's split at that moment (stable share, pool bytes, ghost hits, releases);
 //! `LASTPOOL=1` prints each demand miss's key hash, the pool its key was last evicted
-//! from and how long ago (evicted bytes / capacity).
+//! from and how long ago (evicted bytes / capacity). `DISPLACED=1` adds to the report
+//! every eviction counted by (owner job, pool, job whose admission evicted it, whether
+//! that admission was a prefetch).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -45,6 +47,8 @@ struct Diag {
     evicted_bytes: u64,
     sizes: HashMap<CacheKey, u64>,
     last_pool: HashMap<CacheKey, String>,
+    admitting: Option<(u64, bool)>,
+    displaced: BTreeMap<(u64, String, u64, bool), u64>,
 }
 
 struct Wrap {
@@ -97,6 +101,7 @@ impl EvictionPolicy for Wrap {
                     .map(|at| (d.evicted_bytes - at) as f64 / self.cap as f64)
             );
         }
+        self.diag.lock().expect("not poisoned").admitting = Some((ctx.job.0, ctx.is_prefetch()));
         let r = match &self.strata {
             Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
             None => self.inner.admit(key, size, ctx),
@@ -177,6 +182,12 @@ impl EvictionPolicy for Wrap {
             d.evicted_bytes += size;
             d.evicted_at.insert(key.clone(), d.evicted_bytes);
             d.last_pool.insert(key.clone(), pool.to_string());
+            if let Some((aj, pf)) = d.admitting {
+                let o = d.owner.get(key).copied().unwrap_or(u64::MAX);
+                *d.displaced
+                    .entry((o, pool.to_string(), aj, pf))
+                    .or_default() += 1;
+            }
             let owner = d.owner.get(key).copied().unwrap_or(u64::MAX);
             let n = d.evicted_at.len() as u64;
             *d.jobs
@@ -265,6 +276,12 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             println!("   resident at end (job, pool) -> (items, KiB): {comp:?}");
+        }
+        if std::env::var("DISPLACED").is_ok() {
+            println!(
+                "   evicted (owner, pool, admitting job, prefetch) -> n: {:?}",
+                d.displaced
+            );
         }
         for (j, jd) in &d.jobs {
             println!(
