@@ -9,6 +9,13 @@
 //! misses on a block the cache evicted earlier, bucketed by the bytes evicted in
 //! between as a share of capacity (a re-miss within 1x capacity is one a policy with
 //! better retention for this tenant could have hit).
+//!
+//! On stderr, for `strata*`: `TRACEJOB=N` prints each demand miss of job N with the
+//! policy's split at that moment (stable share, pool bytes, ghost hits, releases);
+//! `LASTPOOL=1` prints each demand miss's key hash, the pool its key was last evicted
+//! from and how long ago (evicted bytes / capacity). `DISPLACED=1` adds to the report
+//! every eviction counted by (owner job, pool, job whose admission evicted it, whether
+//! that admission was a prefetch).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,6 +46,9 @@ struct Diag {
     evicted_at: HashMap<CacheKey, u64>,
     evicted_bytes: u64,
     sizes: HashMap<CacheKey, u64>,
+    last_pool: HashMap<CacheKey, String>,
+    admitting: Option<(u64, bool)>,
+    displaced: BTreeMap<(u64, String, u64, bool), u64>,
 }
 
 struct Wrap {
@@ -79,10 +89,37 @@ impl EvictionPolicy for Wrap {
                 j.remiss[b] += 1;
             }
         }
-        match &self.strata {
+        if ctx.is_demand() && std::env::var("LASTPOOL").is_ok() {
+            let d = self.diag.lock().expect("not poisoned");
+            eprintln!(
+                "LAST h={} job={} last_pool={:?} dist={:?}",
+                strata_cache_core::stream::key_hash(key),
+                ctx.job.0,
+                d.last_pool.get(key),
+                d.evicted_at
+                    .get(key)
+                    .map(|at| (d.evicted_bytes - at) as f64 / self.cap as f64)
+            );
+        }
+        self.diag.lock().expect("not poisoned").admitting = Some((ctx.job.0, ctx.is_prefetch()));
+        let r = match &self.strata {
             Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
             None => self.inner.admit(key, size, ctx),
+        };
+        if ctx.is_demand()
+            && std::env::var("TRACEJOB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                == Some(ctx.job.0)
+        {
+            if let Some(s) = &self.strata {
+                let st = s.lock().expect("not poisoned").stats();
+                let d = self.diag.lock().expect("not poisoned");
+                eprintln!("MISS t={} key={:?} size={} evicted_before={} share={:.3} stable={} freq={} cons={} ahead={} wg={} mg={} idle={}",
+                    ctx.now_ns, key, size, d.evicted_at.contains_key(key), st.stable_share, st.stable_bytes>>10, st.freq_bytes>>10, st.consumed_bytes>>10, st.ahead_bytes>>10, st.window_ghost_hits, st.main_ghost_hits, st.idle_releases);
+            }
         }
+        r
     }
     fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
         {
@@ -144,6 +181,13 @@ impl EvictionPolicy for Wrap {
             let size = d.sizes.get(key).copied().unwrap_or(0);
             d.evicted_bytes += size;
             d.evicted_at.insert(key.clone(), d.evicted_bytes);
+            d.last_pool.insert(key.clone(), pool.to_string());
+            if let Some((aj, pf)) = d.admitting {
+                let o = d.owner.get(key).copied().unwrap_or(u64::MAX);
+                *d.displaced
+                    .entry((o, pool.to_string(), aj, pf))
+                    .or_default() += 1;
+            }
             let owner = d.owner.get(key).copied().unwrap_or(u64::MAX);
             let n = d.evicted_at.len() as u64;
             *d.jobs
@@ -232,6 +276,12 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             println!("   resident at end (job, pool) -> (items, KiB): {comp:?}");
+        }
+        if std::env::var("DISPLACED").is_ok() {
+            println!(
+                "   evicted (owner, pool, admitting job, prefetch) -> n: {:?}",
+                d.displaced
+            );
         }
         for (j, jd) in &d.jobs {
             println!(
