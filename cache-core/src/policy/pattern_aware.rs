@@ -736,7 +736,14 @@ impl PatternAwarePolicy {
                 e.order = UNPROVEN;
             }
             self.link(key, &mut e, pool);
-            self.entries.insert(key.clone(), e);
+            self.store(key, e);
+        }
+    }
+
+    /// Writes back the entry of resident `key` (in place: no key clone to drop again).
+    fn store(&mut self, key: &CacheKey, e: Entry) {
+        if let Some(slot) = self.entries.get_mut(key) {
+            *slot = e;
         }
     }
 
@@ -908,16 +915,23 @@ impl PatternAwarePolicy {
         if !self.cfg.release_idle {
             return None;
         }
+        // A job is gone when it is absent from both periods; sets that overflowed, or a
+        // previous period that saw nothing, say nothing (as `JobSet::all_absent_from`
+        // of a one-job set), so no block qualifies and none is looked up. Tested per
+        // job rather than through a one-job `JobSet` per block (an allocation each).
+        if !self.prev_period_jobs.seen_any()
+            || self.period_jobs.overflow
+            || self.prev_period_jobs.overflow
+        {
+            return None;
+        }
         self.ahead
             .values()
             .take(STALE_AHEAD_LOOK)
             .find(|k| {
                 self.entries.get(*k).is_some_and(|e| {
-                    let mut one = JobSet::default();
-                    one.insert(e.job);
-                    one.all_absent_from(&self.period_jobs)
-                        && one.all_absent_from(&self.prev_period_jobs)
-                        && self.prev_period_jobs.seen_any()
+                    !self.period_jobs.jobs.contains(&e.job)
+                        && !self.prev_period_jobs.jobs.contains(&e.job)
                 })
             })
             .cloned()
@@ -1190,7 +1204,7 @@ impl EvictionPolicy for PatternAwarePolicy {
                 self.unlink(key, &e);
                 e.order = PROVEN;
                 self.link(key, &mut e, Pool::Stable);
-                self.entries.insert(key.clone(), e);
+                self.store(key, e);
             }
             Pool::Freq if !obs.repeat => {
                 self.freq_side_hits += 1;

@@ -211,7 +211,9 @@ impl Predictor for SemanticPredictor {
             // Another chunk of a file just read: nothing new about the name stream.
             return;
         }
-        let t = tok.clone();
+        // Borrowed, not cloned: a lane copies it into its own buffers (`Lane::observe`),
+        // and only a new lane takes a copy of its own.
+        let t: &TokenizedPath = tok;
         if event.file_size > 0 {
             stream.size_sum = stream.size_sum.saturating_add(event.file_size);
             stream.size_n += 1;
@@ -230,12 +232,12 @@ impl Predictor for SemanticPredictor {
             None
         };
         let current = t.path.clone();
-        let li = match stream.assign(&t, cfg) {
+        let li = match stream.assign(t, cfg) {
             Some(i) => {
                 stream.lanes[i].observe(t, seq, member, event.file_size, listing, cfg);
                 i
             }
-            None => stream.open_lane(Lane::new(t, seq, member, event.file_size, cfg), cfg),
+            None => stream.open_lane(Lane::new(t.clone(), seq, member, event.file_size, cfg), cfg),
         };
 
         let mut issued: Vec<(Arc<str>, Origin)> = Vec::new();

@@ -300,7 +300,7 @@ impl Lane {
     /// Folds the next access of this lane in.
     pub fn observe(
         &mut self,
-        t: TokenizedPath,
+        t: &TokenizedPath,
         seq: u64,
         member: Option<u32>,
         file_size: u64,
@@ -336,11 +336,11 @@ impl Lane {
         self.last_member = member;
 
         // Stride, rollover.
-        match deltas(&self.last, &t) {
+        match deltas(&self.last, t) {
             Some(d) if d.iter().all(|x| *x == 0) => {}
             Some(d) if Some(&d) == self.stride.as_ref() => self.stride_run += 1,
             Some(d) => {
-                if let Some(r) = self.as_rollover(&d, &t) {
+                if let Some(r) = self.as_rollover(&d, t) {
                     self.rollover = Some(r);
                     self.stride_run += 1;
                 } else {
@@ -354,7 +354,8 @@ impl Lane {
                 self.stride_run = 0;
             }
         }
-        self.last = t;
+        // Into the lane's own buffers (no allocation once they are large enough).
+        self.last.clone_from(t);
         if self.bound.is_none() {
             // A new `-of-N` load starting at its first shard re-arms the bound walk.
             if let Some((idx, _)) = self.last.of_total {

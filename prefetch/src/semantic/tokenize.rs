@@ -43,7 +43,7 @@ pub struct Field {
 }
 
 /// A path split into template and fields.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct TokenizedPath {
     pub path: Arc<str>,
     /// Width-agnostic template key: literal text with `{n}`, `{d}`, `{h}` placeholders.
@@ -53,6 +53,28 @@ pub struct TokenizedPath {
     pub spans: Vec<Range<usize>>,
     /// `(index, total)`: field `index` counts up to field `total` (`-of-`).
     pub of_total: Option<(usize, usize)>,
+}
+
+impl Clone for TokenizedPath {
+    fn clone(&self) -> Self {
+        TokenizedPath {
+            path: self.path.clone(),
+            template: self.template.clone(),
+            fields: self.fields.clone(),
+            spans: self.spans.clone(),
+            of_total: self.of_total,
+        }
+    }
+
+    /// Field by field, so the vectors keep their allocations (a lane takes a copy of
+    /// every file it reads).
+    fn clone_from(&mut self, source: &Self) {
+        self.path.clone_from(&source.path);
+        self.template.clone_from(&source.template);
+        self.fields.clone_from(&source.fields);
+        self.spans.clone_from(&source.spans);
+        self.of_total = source.of_total;
+    }
 }
 
 /// Longest digit run read as a number (`u64` holds 19 digits; one kept as headroom for
@@ -148,6 +170,11 @@ fn opaque_run_at(b: &[u8], i: usize) -> Option<usize> {
 }
 
 fn push_literal(key: &mut String, lit: &str) {
+    // Most literals have no braces: one copy instead of a push per character.
+    if !lit.bytes().any(|b| b == b'{' || b == b'}') {
+        key.push_str(lit);
+        return;
+    }
     for c in lit.chars() {
         // Escape braces so literal text can never read as a placeholder.
         match c {
