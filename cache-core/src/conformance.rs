@@ -114,12 +114,15 @@ pub async fn run_all(tier: Arc<dyn Tier>) {
 /// A test tier over another: every call goes to `inner`, with the faults a test asks
 /// for. [`TestTier::yielding`] yields to the scheduler in `get`, `put` (twice) and
 /// `remove`, so concurrent operations interleave at each await as over a real disk;
-/// [`TestTier::refusing_puts`] refuses every write with `Full`, as a full device would.
+/// [`TestTier::refusing_puts`] refuses every write with `Full`, as a full device would;
+/// [`TestTier::slow_gets`] takes a fixed time to answer every `get`, as a slow disk would,
+/// so a test can act while a lookup is under way.
 pub struct TestTier<T> {
     inner: T,
     name: Option<String>,
     yields: bool,
     refuse_puts: bool,
+    get_delay: std::time::Duration,
 }
 
 impl<T: Tier> TestTier<T> {
@@ -130,6 +133,7 @@ impl<T: Tier> TestTier<T> {
             name: None,
             yields: true,
             refuse_puts: false,
+            get_delay: std::time::Duration::ZERO,
         }
     }
 
@@ -140,6 +144,18 @@ impl<T: Tier> TestTier<T> {
             name: Some(name.to_string()),
             yields: false,
             refuse_puts: true,
+            get_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Answers every `get` after `delay`.
+    pub fn slow_gets(inner: T, delay: std::time::Duration) -> Self {
+        Self {
+            inner,
+            name: None,
+            yields: false,
+            refuse_puts: false,
+            get_delay: delay,
         }
     }
 
@@ -166,6 +182,9 @@ impl<T: Tier> Tier for TestTier<T> {
     }
     async fn get(&self, key: &CacheKey) -> Result<TierGet> {
         self.yield_now().await;
+        if !self.get_delay.is_zero() {
+            tokio::time::sleep(self.get_delay).await;
+        }
         self.inner.get(key).await
     }
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {

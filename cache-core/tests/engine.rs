@@ -58,66 +58,19 @@ async fn concurrent_misses_share_one_fetch() {
     assert!(engine.stats().singleflight_joins >= 1);
 }
 
-/// A level whose `get` takes `delay` (a slow disk), so a test can act between a
-/// lookup's start and its miss.
-struct SlowGets {
-    inner: Arc<MemoryTier>,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl Tier for SlowGets {
-    fn kind(&self) -> strata_cache_core::TierKind {
-        self.inner.kind()
-    }
-    fn name(&self) -> String {
-        "slow-gets".into()
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &CacheKey,
-        block: strata_cache_core::Block,
-    ) -> strata_cache_core::Result<()> {
-        self.inner.put(key, block).await
-    }
-    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
-        self.inner.remove(key).await
-    }
-    async fn contains(&self, key: &CacheKey) -> bool {
-        self.inner.contains(key).await
-    }
-    fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.inner.resident()
-    }
-    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
-        self.inner.stats()
-    }
-}
-
 /// A block that lands while a reader's lookup is missing it (the reader found it on a
 /// slow level that had lost it; meanwhile a put stored it on top) is looked up again,
 /// not fetched: the cluster test once saw a block fetched twice from the store when
 /// another caller's fetch filled it in that window.
 #[tokio::test]
 async fn a_block_that_lands_during_a_missing_lookup_is_not_fetched() {
-    let top = Arc::new(MemoryTier::new(100));
-    let bottom = Arc::new(MemoryTier::new(1000));
+    let bottom = Arc::new(TestTier::slow_gets(
+        MemoryTier::new(1000),
+        Duration::from_millis(200),
+    ));
     let engine = CacheEngine::builder()
-        .tier(top.clone())
-        .tier(Arc::new(SlowGets {
-            inner: bottom.clone(),
-            delay: Duration::from_millis(200),
-        }))
+        .tier(Arc::new(MemoryTier::new(100)))
+        .tier(bottom.clone())
         .build()
         .expect("build");
     let k = |i| CacheKey::file("f", "v", i);
