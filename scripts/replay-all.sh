@@ -18,16 +18,7 @@ CAPS=${CAPS:-10 20 40}
 P=${P:-strata,strata-noprefetch,strata-blocks,lru,lfu,arc,2random,tinylfu,opt}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
-traces=()
-for t in h5 loader mix npy parquet safetensors shards sqlite; do
-  traces+=("$t $ROOT/tools/replay/traces/$t.csv.gz")
-done
-for w in mixed shards checkpoint preprocess train-small-files inference-skew kv-prefix; do
-  traces+=("gen-$w $GEN/$w.csv")
-done
-for m in conversation synthetic; do
-  traces+=("mooncake-$m $GEN/mooncake-$m.csv.gz")
-done
+. "$ROOT/scripts/replay-traces.sh"
 for t in "${traces[@]}"; do
   set -- $t
   if [ -n "${ONLY:-}" ] && ! [[ " $ONLY " == *" $1 "* ]]; then continue; fi

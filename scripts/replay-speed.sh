@@ -15,16 +15,7 @@ CAP=${CAP:-10%}
 RUNS=${RUNS:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
-traces=()
-for t in h5 loader mix npy parquet safetensors shards sqlite; do
-  traces+=("$t $ROOT/tools/replay/traces/$t.csv.gz")
-done
-for w in mixed shards checkpoint preprocess train-small-files inference-skew kv-prefix; do
-  traces+=("gen-$w $GEN/$w.csv")
-done
-for m in conversation synthetic; do
-  traces+=("mooncake-$m $GEN/mooncake-$m.csv.gz")
-done
+. "$ROOT/scripts/replay-traces.sh"
 for i in $(seq 1 "$RUNS"); do
   if [ $((i % 2)) -eq 1 ]; then order=lru,strata; else order=strata,lru; fi
   for t in "${traces[@]}"; do

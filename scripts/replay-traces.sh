@@ -1,0 +1,14 @@
+# The replay corpus issue 13 judges the policy on, as "NAME PATH" lines in the array
+# `traces`: the 8 recorded traces in the repo, the 7 generator workloads and both
+# Mooncake traces from GEN (as scripts/replay-set.sh makes them). Sourced by
+# replay-all.sh and replay-speed.sh, so both run the same set; needs ROOT and GEN.
+traces=()
+for t in h5 loader mix npy parquet safetensors shards sqlite; do
+  traces+=("$t $ROOT/tools/replay/traces/$t.csv.gz")
+done
+for w in mixed shards checkpoint preprocess train-small-files inference-skew kv-prefix; do
+  traces+=("gen-$w $GEN/$w.csv")
+done
+for m in conversation synthetic; do
+  traces+=("mooncake-$m $GEN/mooncake-$m.csv.gz")
+done
