@@ -277,6 +277,12 @@ impl Sim {
     }
     fn read(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
         let ctx = &observed(key, ctx);
+        self.access(key, size, ctx)
+    }
+
+    /// A demand access the policy has been told about: a hit, or an admission that
+    /// evicts until the block fits. Returns whether it hit.
+    fn access(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
         if self.res.contains_key(key) {
             self.p.on_hit(key, ctx);
             return true;
@@ -662,21 +668,7 @@ impl Sim {
             },
             ..demand(job, t)
         };
-        if self.res.contains_key(key) {
-            self.p.on_hit(key, &ctx);
-            return true;
-        }
-        if self.p.admit(key, size, &ctx) {
-            while self.used + size > self.cap {
-                let v = self.p.victim().expect("a victim while over budget");
-                self.used -= self.res.remove(&v).expect("victim is resident");
-                self.p.on_remove(&v);
-            }
-            self.res.insert(key.clone(), size);
-            self.used += size;
-            self.p.on_insert(key, size, &ctx);
-        }
-        false
+        self.access(key, size, &ctx)
     }
 }
 
