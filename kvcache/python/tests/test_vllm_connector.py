@@ -112,9 +112,18 @@ class Engine:
         pass that writes token-derived KV, feed the connector's output back. The forward
         pass drives the connector as vLLM's attention layers do: per layer, wait for its
         KV (``on_layer(name)`` runs then), compute it, hand it over for saving."""
+        out, meta = self._forward_pass(compute, on_layer)
+        assert isinstance(meta, StrataConnectorMetadata)
+        recving = self._finished_loads()
+        errors = self.worker.get_block_ids_with_load_errors()
+        self._feed_back(out, KVConnectorOutput(finished_recving=recving or None, invalid_block_ids=errors))
+        return out, meta, recving, errors
+
+    def _forward_pass(self, compute, on_layer):
+        """Schedules, then runs the worker's hooks around a forward pass (see ``step``)
+        until every layer is saved. Returns the scheduler output and its metadata."""
         out = self.scheduler.schedule()
         meta = out.kv_connector_metadata
-        assert isinstance(meta, StrataConnectorMetadata)
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
         started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
@@ -128,13 +137,14 @@ class Engine:
                 for req_id, computed in started:
                     req = self.scheduler.requests[req_id]
                     n = computed + out.num_scheduled_tokens[req_id]
-                    blocks = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
-                    self.forward(req.all_token_ids[:n], blocks, start=computed, layers=[li])
+                    self.forward(req.all_token_ids[:n], self.layer_blocks(req_id, name), start=computed, layers=[li])
             self.worker.save_kv_layer(name, self.caches[name], None)
         self.worker.wait_for_save()
         self.worker.flush(timeout=30)
-        recving = self._finished_loads()
-        errors = self.worker.get_block_ids_with_load_errors()
+        return out, meta
+
+    def _feed_back(self, out, kv_output):
+        """Ends the step: the model runner's output, with the connector's, to the scheduler."""
         self.worker.clear_connector_metadata()
         # A request whose prompt is done samples one token; a prefill chunk samples none.
         ran = list(out.num_scheduled_tokens)
@@ -142,10 +152,12 @@ class Engine:
                    else [] for r in ran]
         mro = ModelRunnerOutput(req_ids=ran, req_id_to_index={r: i for i, r in enumerate(ran)},
                                 sampled_token_ids=sampled)
-        mro.kv_connector_output = KVConnectorOutput(finished_recving=recving or None,
-                                                    invalid_block_ids=errors)
+        mro.kv_connector_output = kv_output
         self.scheduler.update_from_output(out, mro)
-        return out, meta, recving, errors
+
+    def layer_blocks(self, req_id, name):
+        """The request's block ids (one group: every layer shares them)."""
+        return self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
 
     def _finished_loads(self):
         done = set()
@@ -638,35 +650,11 @@ class HybridEngine(Engine):
         self.worker.register_kv_caches(self.caches)
 
     def step(self, compute=True, on_layer=None):
-        out = self.scheduler.schedule()
-        meta = out.kv_connector_metadata
-        self.worker.bind_connector_metadata(meta)
-        self.worker.start_load_kv(None)
-        started = [(n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs]
-        cached = out.scheduled_cached_reqs
-        started += list(zip(cached.req_ids, cached.num_computed_tokens))
-        for li, name in enumerate(LAYERS):
-            self.worker.wait_for_layer_load(name)
-            if compute:
-                for req_id, computed in started:
-                    req = self.scheduler.requests[req_id]
-                    n = computed + out.num_scheduled_tokens[req_id]
-                    ids = self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[self.group_of[name]]
-                    self.forward(req.all_token_ids[:n], ids, start=computed, layers=[li])
-            self.worker.save_kv_layer(name, self.caches[name], None)
-        self.worker.wait_for_save()
-        self.worker.flush(timeout=30)
+        out, meta = self._forward_pass(compute, on_layer)
         results = self.worker.get_transfer_results(set())
         assert self.worker.get_block_ids_with_load_errors() == set(), "no block-level errors with several groups"
-        self.worker.clear_connector_metadata()
-        ran = list(out.num_scheduled_tokens)
-        sampled = [[7] if self.scheduler.requests[r].num_computed_tokens >= self.scheduler.requests[r].num_prompt_tokens
-                   else [] for r in ran]
-        mro = ModelRunnerOutput(req_ids=ran, req_id_to_index={r: i for i, r in enumerate(ran)},
-                                sampled_token_ids=sampled)
-        mro.kv_connector_output = KVConnectorOutput(finished_recving=results.finished_recving or None,
-                                                    failed_recving=results.failed_recving)
-        self.scheduler.update_from_output(out, mro)
+        self._feed_back(out, KVConnectorOutput(finished_recving=results.finished_recving or None,
+                                               failed_recving=results.failed_recving))
         return out, meta, results
 
     def forward(self, tokens, block_ids, start=0, layers=None):
