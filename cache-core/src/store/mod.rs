@@ -363,6 +363,7 @@ impl BackingStore {
                     // The piece being filled and its length.
                     let mut target = piece(0);
                     let mut cur = bytes::BytesMut::with_capacity(target);
+                    prefault(&mut cur);
                     while let Some(chunk) = stream.next().await {
                         let mut chunk = chunk?;
                         got += chunk.len() as u64;
@@ -376,6 +377,7 @@ impl BackingStore {
                                     &mut cur,
                                     bytes::BytesMut::with_capacity(target),
                                 );
+                                prefault(&mut cur);
                                 let full = full.freeze();
                                 if early {
                                     on_block(blocks.len(), &full);
@@ -762,4 +764,38 @@ fn cloud_store(
             Arc::new(b.build()?)
         }
     })
+}
+
+/// Pieces at least this large are prefaulted (see [`prefault`]); smaller ones come
+/// from memory the allocator already has mapped.
+const PREFAULT_MIN: usize = 64 << 10;
+
+/// Maps the pages of a fresh piece's buffer in one `madvise(MADV_POPULATE_WRITE)`
+/// instead of one page fault per 4 KiB as the body is copied in. A cold read keeps its
+/// pieces in the memory tier, so their pages are new ones: on a cold 1 GiB read through
+/// the mount those faults were ~20% of the daemon's CPU, and a C loop on the same VM
+/// filled a fresh MiB in ~300 us faulting page by page against ~150 us populated first.
+/// Only an optimisation: a kernel before 5.14 answers `EINVAL` and the pages fault as
+/// before; pages already mapped are left as they are.
+fn prefault(buf: &mut bytes::BytesMut) {
+    const PAGE: usize = 4096;
+    let spare = buf.spare_capacity_mut();
+    if spare.len() < PREFAULT_MIN {
+        return;
+    }
+    let start = (spare.as_mut_ptr() as usize).next_multiple_of(PAGE);
+    let end = (spare.as_mut_ptr() as usize + spare.len()) / PAGE * PAGE;
+    if end <= start {
+        return;
+    }
+    // SAFETY: `start..end` lies inside `spare`, memory this buffer owns and nothing
+    // else references; MADV_POPULATE_WRITE only maps the pages (as a write fault would)
+    // and never changes the contents of a mapped page, and its result is ignored.
+    unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            end - start,
+            libc::MADV_POPULATE_WRITE,
+        );
+    }
 }

@@ -158,9 +158,9 @@ pub struct DiskOptions {
     /// open and saves an `open` per hit. Capped at a quarter of the descriptor soft
     /// limit (read at open), so the cache can never run the process out of descriptors.
     pub fd_cache: u64,
-    /// Read buffers kept for reuse (see [`BufPool`]): 64 MiB covers 64 concurrent
-    /// 1 MiB hits whose values were already dropped by their readers.
-    pub read_pool_bytes: usize,
+    /// Read and write buffers kept for reuse (see [`BufPool`]): 64 MiB covers 64
+    /// concurrent 1 MiB hits or writes whose buffers were already released.
+    pub buf_pool_bytes: usize,
 }
 
 impl Default for DiskOptions {
@@ -170,7 +170,7 @@ impl Default for DiskOptions {
             durability: Durability::Sync,
             direct_io: true,
             fd_cache: 1024,
-            read_pool_bytes: 64 << 20,
+            buf_pool_bytes: 64 << 20,
         }
     }
 }
@@ -519,7 +519,7 @@ impl DiskTier {
                 ..State::default()
             }),
             fds: moka::sync::Cache::new(fd_cache_size(options.fd_cache)),
-            pool: BufPool::new(options.read_pool_bytes),
+            pool: BufPool::new(options.buf_pool_bytes),
             next_id: AtomicU64::new(max_id + 1),
             stats,
             recovery: report,
@@ -796,9 +796,11 @@ impl Tier for DiskTier {
             crc: block.crc(),
             header_len: hlen as u32,
         };
-        let mut buf = AlignedBuf::zeroed(hlen + size as usize);
+        // A recycled buffer: a fresh one per put made the kernel fault in every page.
+        let mut buf = self.pool.take_for_write(hlen + size as usize);
         {
             let out = buf.full_mut();
+            out[..hlen].fill(0); // the header's padding after the key
             write_header(out, &enc, size, block.crc());
             out[hlen..hlen + size as usize].copy_from_slice(block.data());
         }

@@ -825,3 +825,39 @@ fn the_probe_file_does_not_follow_symlinks() {
     let _tier = open(&dir, 16 << 20);
     assert_eq!(fs::read(&victim).expect("read"), b"do not touch");
 }
+
+/// Write buffers are recycled (`BufPool::take_for_write`): a short value written
+/// after a long one of the same size class must leave zeros, not the long value's
+/// bytes, in its file's padding and header.
+#[tokio::test]
+async fn a_recycled_write_buffer_leaves_no_stale_bytes_in_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = open(dir.path(), 16 << 20);
+    let long = CacheKey::file("pad/long", "v", 0);
+    let short = CacheKey::file("pad/short", "v", 0);
+    tier.put(&long, Block::new(Bytes::from(vec![0xABu8; 4000])))
+        .await
+        .expect("put long");
+    let value = data(100, 3);
+    tier.put(&short, Block::new(value.clone()))
+        .await
+        .expect("put short");
+    let file = fs::read(tier.block_file(&short).expect("resident")).expect("read file");
+    let hlen = format::header_len(short.encode().len());
+    assert_eq!(
+        file.len(),
+        crate::io::align_up(hlen + 100),
+        "header + value, padded"
+    );
+    assert_eq!(&file[hlen..hlen + 100], &value[..]);
+    assert!(
+        file[hlen + 100..].iter().all(|&b| b == 0),
+        "the padding after the value is zeros"
+    );
+    let key_end = format::FIXED_HEADER + short.encode().len();
+    assert!(
+        file[key_end..hlen].iter().all(|&b| b == 0),
+        "the header's padding after the key is zeros"
+    );
+    assert_eq!(get(&tier, &short).await, Some(value));
+}
