@@ -32,7 +32,10 @@
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
 //!   by sketch frequency (W-TinyLFU: the loser leaves). The main ranks by `f` from an
 //!   aged count-min sketch (history survives eviction; aging halves it every 10 x
-//!   resident items, and the main's keys with it, so formerly hot items fade).
+//!   resident items, and the main's keys with it, so formerly hot items fade). Its
+//!   rows widen with the resident items (`sketch_follows_items`) so that a period adds
+//!   about one increment per counter: at a fixed width, thousands of 2 MiB KV blocks
+//!   made a block read once estimate 2-3 and win the contest against reused ones.
 //!   LFU-DA (`L + f`) was measured instead of plain `f` and lost 4 points on
 //!   inference-skew at 10% (0.567 vs 0.606), so it is not used.
 //! * **Prefetched** items (`ctx.is_prefetch()`) wait in `ahead`; their first demand read moves
