@@ -32,7 +32,10 @@
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
 //!   by sketch frequency (W-TinyLFU: the loser leaves). The main ranks by `f` from an
 //!   aged count-min sketch (history survives eviction; aging halves it every 10 x
-//!   resident items, and the main's keys with it, so formerly hot items fade).
+//!   resident items, and the main's keys with it, so formerly hot items fade). Its
+//!   rows widen with the resident items (`sketch_follows_items`) so that a period adds
+//!   about one increment per counter: at a fixed width, thousands of 2 MiB KV blocks
+//!   made a block read once estimate 2-3 and win the contest against reused ones.
 //!   LFU-DA (`L + f`) was measured instead of plain `f` and lost 4 points on
 //!   inference-skew at 10% (0.567 vs 0.606), so it is not used.
 //! * **Prefetched** items (`ctx.is_prefetch()`) wait in `ahead`; their first demand read moves
@@ -165,9 +168,10 @@ pub struct PatternAwareConfig {
     pub rebalance_every: u64,
     /// Share moved per rebalance: 0.05, so a full swing takes ~20 periods (no flapping).
     pub rebalance_step: f64,
-    /// Counters per row of the frequency sketch (4 rows of u8): 32,768, i.e. 128 KiB,
-    /// accurate for working sets up to ~100k hot items; aged every 10x that many
-    /// increments.
+    /// Counters per row of the frequency sketch (4 rows of u8) at the start: 32,768,
+    /// i.e. 128 KiB. The sketch is aged every 10 x resident items increments; with
+    /// `sketch_follows_items` the rows widen to at least that many counters once the
+    /// cache holds more than 3,276 items.
     pub sketch_width: usize,
     /// Learn how much recently read scan data to keep (the `consumed` pool's protected
     /// share) from its own ghost list, ARC-style: true. Evict-behind assumes a sequential
@@ -203,6 +207,18 @@ pub struct PatternAwareConfig {
     /// 0.25. A whole capacity was measured and was too slow: on `mix` at 40% the
     /// release came when the loader's first epoch, whose data it was for, was over.
     pub idle_period_share: f64,
+    /// Widen the sketch with the number of resident items: true. The sketch is aged
+    /// (halved) every `10 x items` increments, so with a fixed width a cache of many
+    /// items puts several foreign increments on every counter per period and the
+    /// estimate of a key read once reads like one read twice or three times: one-hit
+    /// blocks win the admission contest against reused ones. Measured on the Mooncake
+    /// traces (2 MiB KV blocks; at 20%, 8,784 items age every 87,840 increments, 2.7
+    /// per counter of 32,768): see docs/BENCHMARKS.md "Sketch width follows the
+    /// cache" (issue 13).
+    pub sketch_follows_items: bool,
+    /// Widest the sketch grows: 2^22 counters per row (16 MiB for the 4 rows), i.e.
+    /// exact counts up to ~400k resident items (a 400 GB tier of 1 MiB blocks).
+    pub sketch_max_width: usize,
 }
 
 impl Default for PatternAwareConfig {
@@ -227,6 +243,8 @@ impl Default for PatternAwareConfig {
             release_idle: true,
             band_needs_scan_victim: true,
             idle_period_share: 0.25,
+            sketch_follows_items: true,
+            sketch_max_width: 1 << 22,
         }
     }
 }
@@ -341,9 +359,41 @@ impl Sketch {
         let hr = mix64(h ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         row * w + (hr as usize & self.mask)
     }
-    /// Ages every `10 x items` increments (TinyLFU's sample size), at least 4096.
-    fn set_items(&mut self, items: usize) {
+    /// Ages every `10 x items` increments (TinyLFU's sample size), at least 4096. With
+    /// `grow`, widens the rows (up to `max_width`) so that one sample period adds at
+    /// most one increment per counter on average (`width >= age_every`).
+    fn set_items(&mut self, items: usize, grow: bool, max_width: usize) {
         self.age_every = (10 * items as u64).max(4096);
+        if grow {
+            let want = (self.age_every as usize)
+                .next_power_of_two()
+                .min(max_width.max(64).next_power_of_two());
+            if want > self.mask + 1 {
+                self.grow(want);
+            }
+        }
+    }
+
+    /// Widens every row to `width` (a power of two, larger than now). A key's counter in
+    /// a row is at `hash & mask`, so its new counter starts from its old one (`i & old
+    /// mask`): every estimate stays at least the key's true count (the count-min
+    /// guarantee), and the inherited collisions fade with the next agings.
+    fn grow(&mut self, width: usize) {
+        let old_w = self.mask + 1;
+        let mut rows = vec![0u8; 4 * width];
+        for r in 0..4 {
+            let old = &self.rows[r * old_w..(r + 1) * old_w];
+            for (i, c) in rows[r * width..(r + 1) * width].iter_mut().enumerate() {
+                *c = old[i & self.mask];
+            }
+        }
+        self.rows = rows;
+        self.mask = width - 1;
+    }
+
+    #[cfg(test)]
+    fn width(&self) -> usize {
+        self.mask + 1
     }
     /// Counts `h`; returns whether the counters were just aged (halved).
     fn add(&mut self, h: u64) -> bool {
@@ -1003,7 +1053,11 @@ impl PatternAwarePolicy {
 
     fn rebalance(&mut self) {
         let items = self.entries.len();
-        self.sketch.set_items(items);
+        self.sketch.set_items(
+            items,
+            self.cfg.sketch_follows_items,
+            self.cfg.sketch_max_width,
+        );
         let (f, s) = (self.gain_freq, self.gain_stable);
         let step = self.cfg.rebalance_step;
         if self.cfg.adapt_stable_per_hit {
@@ -1248,7 +1302,11 @@ impl EvictionPolicy for PatternAwarePolicy {
         let cap = self.cap.max(resident.saturating_add(self.pending_size));
         if cap != self.cap {
             self.cap = cap;
-            self.sketch.set_items(self.entries.len());
+            self.sketch.set_items(
+                self.entries.len(),
+                self.cfg.sketch_follows_items,
+                self.cfg.sketch_max_width,
+            );
         }
         // The recency queue of scan data keeps its learnt share; beyond it, its oldest
         // item joins the stable subset if the subset wants it, else it is the victim
