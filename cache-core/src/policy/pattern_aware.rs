@@ -219,6 +219,12 @@ pub struct PatternAwareConfig {
     /// Widest the sketch grows: 2^22 counters per row (16 MiB for the 4 rows), i.e.
     /// exact counts up to ~400k resident items (a 400 GB tier of 1 MiB blocks).
     pub sketch_max_width: usize,
+    /// Among main items of equal sketch frequency, evict the largest first: true.
+    /// Recorded Parquet reads (issue 13) re-read 64 KiB footers (a file's last,
+    /// partial block) in every pass; evicted oldest-first at a tie, three footers
+    /// went to make room for one 1 MiB block, each a full request latency to re-fetch.
+    /// Equal-sized items (KV blocks) keep the oldest-first order.
+    pub freq_ties_largest_first: bool,
 }
 
 impl Default for PatternAwareConfig {
@@ -245,6 +251,7 @@ impl Default for PatternAwareConfig {
             idle_period_share: 0.25,
             sketch_follows_items: true,
             sketch_max_width: 1 << 22,
+            freq_ties_largest_first: true,
         }
     }
 }
@@ -455,7 +462,8 @@ pub struct PatternAwarePolicy {
     ahead: BTreeMap<u64, CacheKey>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
     stable: BTreeMap<(u64, u64, u64), CacheKey>,
-    freq: BTreeMap<(u64, u64), CacheKey>,
+    /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
+    freq: BTreeMap<(u64, u64, u64), CacheKey>,
     bytes: [u64; 5],
     window: BTreeMap<u64, CacheKey>,
     seq: u64,
@@ -725,6 +733,18 @@ impl PatternAwarePolicy {
         }
     }
 
+    /// Second key of the main's order, after the frequency: among items of equal
+    /// frequency the largest goes first (`freq_ties_largest_first`), else 0 (oldest
+    /// first). Evicting the largest of equally reused items frees the most space per
+    /// expected lost hit; it never evicts a more frequent item.
+    fn freq_tie_rank(&self, size: u64) -> u64 {
+        if self.cfg.freq_ties_largest_first {
+            u64::MAX - size
+        } else {
+            0
+        }
+    }
+
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
@@ -742,7 +762,8 @@ impl PatternAwarePolicy {
                 self.stable.remove(&(e.order, e.hash, e.seq));
             }
             Pool::Freq => {
-                self.freq.remove(&(e.order, e.seq));
+                self.freq
+                    .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
             }
             Pool::Window => {
                 self.window.remove(&e.order);
@@ -769,7 +790,8 @@ impl PatternAwarePolicy {
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
-                self.freq.insert((e.order, e.seq), key.clone());
+                let tie = self.freq_tie_rank(e.size);
+                self.freq.insert((e.order, tie, e.seq), key.clone());
             }
             Pool::Window => {
                 e.order = e.seq;
@@ -1081,12 +1103,12 @@ impl PatternAwarePolicy {
             return;
         }
         let old = std::mem::take(&mut self.freq);
-        for ((f, seq), k) in old {
+        for ((f, tie, seq), k) in old {
             let nf = (f / 2).max(1);
             if let Some(e) = self.entries.get_mut(&k) {
                 e.order = nf;
             }
-            self.freq.insert((nf, seq), k);
+            self.freq.insert((nf, tie, seq), k);
         }
     }
 

@@ -809,3 +809,49 @@ fn one_hit_kv_blocks_do_not_displace_reused_ones_in_a_large_cache() {
         "grown {grown} fixed {fixed}"
     );
 }
+
+/// The frequency main's victim among equally frequent items, small ones inserted first.
+fn main_victim_of_equals(freq_ties_largest_first: bool) -> (CacheKey, CacheKey) {
+    let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+        capacity_hint: Some(4 * MB),
+        adapt_window: false,
+        window_share: 0.0,
+        freq_ties_largest_first,
+        ..PatternAwareConfig::default()
+    });
+    let footer = |f: u64| CacheKey::file(format!("pq/day={f}.parquet"), "v", 12);
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let items = [
+        (footer(0), 64 << 10),
+        (footer(1), 64 << 10),
+        (footer(2), 64 << 10),
+        (column.clone(), MB),
+    ];
+    let mut t = 0;
+    for (k, size) in &items {
+        t += 1;
+        assert!(p.admit(k, *size, &demand(1, t)));
+        p.on_insert(k, *size, &demand(1, t));
+        p.on_hit(k, &demand(1, t + 1));
+    }
+    assert_eq!(p.pool_of(&column), Some("freq"));
+    let v = p.victim().expect("a full main has a victim");
+    // A column chunk read once more outranks every footer: frequency comes first.
+    p.on_hit(&column, &demand(1, 100));
+    p.on_hit(&column, &demand(1, 101));
+    let v2 = p.victim().expect("a full main has a victim");
+    (v, v2)
+}
+
+/// Parquet footers (64 KiB, a file's last partial block) are re-read every pass; at a
+/// frequency tie with a 1 MiB column chunk the chunk goes, freeing 16x the space per
+/// lost hit. Oldest first (the order before issue 13's fix) took a footer.
+#[test]
+fn main_ties_evict_the_largest_item_first() {
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let (v, v2) = main_victim_of_equals(true);
+    assert_eq!(v, column);
+    assert_ne!(v2, column, "a more frequent item is never the victim");
+    let (old, _) = main_victim_of_equals(false);
+    assert_ne!(old, column);
+}
