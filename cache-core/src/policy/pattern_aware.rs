@@ -16,7 +16,7 @@
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
 //! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
 //! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share |
-//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU, ties oldest first) |
+//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU; ties largest first, then oldest) |
 //!
 //! * **Sequential and random streams** (data read about once per epoch, in sequence or
 //!   shuffled) are not worth keeping by recency: LRU on a per-epoch shuffle of a set
