@@ -219,11 +219,13 @@ pub struct PatternAwareConfig {
     /// Widest the sketch grows: 2^22 counters per row (16 MiB for the 4 rows), i.e.
     /// exact counts up to ~400k resident items (a 400 GB tier of 1 MiB blocks).
     pub sketch_max_width: usize,
-    /// Among main items of equal sketch frequency, evict the largest first: true.
-    /// Recorded Parquet reads (issue 13) re-read 64 KiB footers (a file's last,
-    /// partial block) in every pass; evicted oldest-first at a tie, three footers
-    /// went to make room for one 1 MiB block, each a full request latency to re-fetch.
-    /// Equal-sized items (KV blocks) keep the oldest-first order.
+    /// At equal sketch frequency the larger item goes: true. In the main's order
+    /// (largest first among equals, then oldest) and in the window -> main contest (a
+    /// candidate smaller than the main's least frequent item wins a tie). Recorded
+    /// Parquet reads (issue 13) re-read 64 KiB footers (a file's last, partial block)
+    /// in every pass; evicted oldest-first at a tie, three footers went to make room
+    /// for one 1 MiB block, each a full request latency to re-fetch. Equal-sized items
+    /// (KV blocks) keep the old order and contest.
     pub freq_ties_largest_first: bool,
 }
 
@@ -1140,7 +1142,12 @@ impl PatternAwarePolicy {
             (Some(c), Some(m)) => {
                 let hc = self.entries.get(&c).map_or(0, |e| e.hash);
                 let hm = self.entries.get(&m).map_or(0, |e| e.hash);
-                if self.sketch.estimate(hc) > self.sketch.estimate(hm) {
+                let (fc, fm) = (self.sketch.estimate(hc), self.sketch.estimate(hm));
+                let size_of = |k: &CacheKey| self.entries.get(k).map_or(0, |e| e.size);
+                // At a tie the smaller item stays, as in the main's own order.
+                let smaller_tie =
+                    self.cfg.freq_ties_largest_first && fc == fm && size_of(&c) < size_of(&m);
+                if fc > fm || smaller_tie {
                     self.move_to(&c, Pool::Freq);
                     m
                 } else {

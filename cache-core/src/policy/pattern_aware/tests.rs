@@ -855,3 +855,40 @@ fn main_ties_evict_the_largest_item_first() {
     let (old, _) = main_victim_of_equals(false);
     assert_ne!(old, column);
 }
+
+/// The window -> main contest between a small candidate and a large main item of equal
+/// frequency: the victim.
+fn contest_victim_of_equals(freq_ties_largest_first: bool) -> CacheKey {
+    let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+        capacity_hint: Some(2 * MB),
+        adapt_window: false,
+        window_share: 0.01,
+        freq_ties_largest_first,
+        ..PatternAwareConfig::default()
+    });
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let footer = |f: u64| CacheKey::file(format!("pq/day={f}.parquet"), "v", 12);
+    let mut t = 0;
+    for (k, size) in [(column, MB), (footer(0), 64 << 10), (footer(1), 64 << 10)] {
+        t += 1;
+        assert!(p.admit(&k, size, &demand(1, t)));
+        p.on_insert(&k, size, &demand(1, t));
+        p.on_hit(&k, &demand(1, t + 1));
+    }
+    // The column and the first footer graduate to the main; the second footer is the
+    // candidate against the main's least frequent item.
+    p.victim().expect("a full frequency side has a victim")
+}
+
+/// A small window item that ties with the main's largest least-frequent item takes its
+/// place (the same rule as the main's order); before issue 13's fix the candidate lost
+/// every tie whatever the sizes.
+#[test]
+fn the_window_contest_keeps_the_smaller_of_equals() {
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    assert_eq!(contest_victim_of_equals(true), column);
+    assert_eq!(
+        contest_victim_of_equals(false),
+        CacheKey::file("pq/day=1.parquet", "v", 12)
+    );
+}
