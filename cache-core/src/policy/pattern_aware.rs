@@ -30,7 +30,7 @@
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
-//!   by sketch frequency (W-TinyLFU: the loser leaves). The main ranks by `f` from an
+//!   by sketch frequency (W-TinyLFU: the loser leaves; at a tie the larger). The main ranks by `f` from an
 //!   aged count-min sketch (history survives eviction; aging halves it every 10 x
 //!   resident items, and the main's keys with it, so formerly hot items fade). Its
 //!   rows widen with the resident items (`sketch_follows_items`) so that a period adds
