@@ -16,7 +16,7 @@
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
 //! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
 //! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share |
-//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU, ties oldest first) |
+//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU; ties largest first, then oldest) |
 //!
 //! * **Sequential and random streams** (data read about once per epoch, in sequence or
 //!   shuffled) are not worth keeping by recency: LRU on a per-epoch shuffle of a set
@@ -30,7 +30,7 @@
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
-//!   by sketch frequency (W-TinyLFU: the loser leaves). The main ranks by `f` from an
+//!   by sketch frequency (W-TinyLFU: the loser leaves; at a tie the larger). The main ranks by `f` from an
 //!   aged count-min sketch (history survives eviction; aging halves it every 10 x
 //!   resident items, and the main's keys with it, so formerly hot items fade). Its
 //!   rows widen with the resident items (`sketch_follows_items`) so that a period adds
@@ -219,6 +219,14 @@ pub struct PatternAwareConfig {
     /// Widest the sketch grows: 2^22 counters per row (16 MiB for the 4 rows), i.e.
     /// exact counts up to ~400k resident items (a 400 GB tier of 1 MiB blocks).
     pub sketch_max_width: usize,
+    /// At equal sketch frequency the larger item goes: true. In the main's order
+    /// (largest first among equals, then oldest) and in the window -> main contest (a
+    /// candidate smaller than the main's least frequent item wins a tie). Recorded
+    /// Parquet reads (issue 13) re-read 64 KiB footers (a file's last, partial block)
+    /// in every pass; evicted oldest-first at a tie, three footers went to make room
+    /// for one 1 MiB block, each a full request latency to re-fetch. Equal-sized items
+    /// (KV blocks) keep the old order and contest.
+    pub freq_ties_largest_first: bool,
 }
 
 impl Default for PatternAwareConfig {
@@ -245,6 +253,7 @@ impl Default for PatternAwareConfig {
             idle_period_share: 0.25,
             sketch_follows_items: true,
             sketch_max_width: 1 << 22,
+            freq_ties_largest_first: true,
         }
     }
 }
@@ -455,7 +464,8 @@ pub struct PatternAwarePolicy {
     ahead: BTreeMap<u64, CacheKey>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
     stable: BTreeMap<(u64, u64, u64), CacheKey>,
-    freq: BTreeMap<(u64, u64), CacheKey>,
+    /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
+    freq: BTreeMap<(u64, u64, u64), CacheKey>,
     bytes: [u64; 5],
     window: BTreeMap<u64, CacheKey>,
     seq: u64,
@@ -725,6 +735,18 @@ impl PatternAwarePolicy {
         }
     }
 
+    /// Second key of the main's order, after the frequency: among items of equal
+    /// frequency the largest goes first (`freq_ties_largest_first`), else 0 (oldest
+    /// first). Evicting the largest of equally reused items frees the most space per
+    /// expected lost hit; it never evicts a more frequent item.
+    fn freq_tie_rank(&self, size: u64) -> u64 {
+        if self.cfg.freq_ties_largest_first {
+            u64::MAX - size
+        } else {
+            0
+        }
+    }
+
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
@@ -742,7 +764,8 @@ impl PatternAwarePolicy {
                 self.stable.remove(&(e.order, e.hash, e.seq));
             }
             Pool::Freq => {
-                self.freq.remove(&(e.order, e.seq));
+                self.freq
+                    .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
             }
             Pool::Window => {
                 self.window.remove(&e.order);
@@ -769,7 +792,8 @@ impl PatternAwarePolicy {
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
-                self.freq.insert((e.order, e.seq), key.clone());
+                let tie = self.freq_tie_rank(e.size);
+                self.freq.insert((e.order, tie, e.seq), key.clone());
             }
             Pool::Window => {
                 e.order = e.seq;
@@ -1081,12 +1105,12 @@ impl PatternAwarePolicy {
             return;
         }
         let old = std::mem::take(&mut self.freq);
-        for ((f, seq), k) in old {
+        for ((f, tie, seq), k) in old {
             let nf = (f / 2).max(1);
             if let Some(e) = self.entries.get_mut(&k) {
                 e.order = nf;
             }
-            self.freq.insert((nf, seq), k);
+            self.freq.insert((nf, tie, seq), k);
         }
     }
 
@@ -1118,7 +1142,12 @@ impl PatternAwarePolicy {
             (Some(c), Some(m)) => {
                 let hc = self.entries.get(&c).map_or(0, |e| e.hash);
                 let hm = self.entries.get(&m).map_or(0, |e| e.hash);
-                if self.sketch.estimate(hc) > self.sketch.estimate(hm) {
+                let (fc, fm) = (self.sketch.estimate(hc), self.sketch.estimate(hm));
+                let size_of = |k: &CacheKey| self.entries.get(k).map_or(0, |e| e.size);
+                // At a tie the smaller item stays, as in the main's own order.
+                let smaller_tie =
+                    self.cfg.freq_ties_largest_first && fc == fm && size_of(&c) < size_of(&m);
+                if fc > fm || smaller_tie {
                     self.move_to(&c, Pool::Freq);
                     m
                 } else {

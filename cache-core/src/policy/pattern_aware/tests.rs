@@ -809,3 +809,86 @@ fn one_hit_kv_blocks_do_not_displace_reused_ones_in_a_large_cache() {
         "grown {grown} fixed {fixed}"
     );
 }
+
+/// The frequency main's victim among equally frequent items, small ones inserted first.
+fn main_victim_of_equals(freq_ties_largest_first: bool) -> (CacheKey, CacheKey) {
+    let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+        capacity_hint: Some(4 * MB),
+        adapt_window: false,
+        window_share: 0.0,
+        freq_ties_largest_first,
+        ..PatternAwareConfig::default()
+    });
+    let footer = |f: u64| CacheKey::file(format!("pq/day={f}.parquet"), "v", 12);
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let items = [
+        (footer(0), 64 << 10),
+        (footer(1), 64 << 10),
+        (footer(2), 64 << 10),
+        (column.clone(), MB),
+    ];
+    let mut t = 0;
+    for (k, size) in &items {
+        t += 1;
+        assert!(p.admit(k, *size, &demand(1, t)));
+        p.on_insert(k, *size, &demand(1, t));
+        p.on_hit(k, &demand(1, t + 1));
+    }
+    assert_eq!(p.pool_of(&column), Some("freq"));
+    let v = p.victim().expect("a full main has a victim");
+    // A column chunk read once more outranks every footer: frequency comes first.
+    p.on_hit(&column, &demand(1, 100));
+    p.on_hit(&column, &demand(1, 101));
+    let v2 = p.victim().expect("a full main has a victim");
+    (v, v2)
+}
+
+/// Parquet footers (64 KiB, a file's last partial block) are re-read every pass; at a
+/// frequency tie with a 1 MiB column chunk the chunk goes, freeing 16x the space per
+/// lost hit. Oldest first (the order before issue 13's fix) took a footer.
+#[test]
+fn main_ties_evict_the_largest_item_first() {
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let (v, v2) = main_victim_of_equals(true);
+    assert_eq!(v, column);
+    assert_ne!(v2, column, "a more frequent item is never the victim");
+    let (old, _) = main_victim_of_equals(false);
+    assert_ne!(old, column);
+}
+
+/// The window -> main contest between a small candidate and a large main item of equal
+/// frequency: the victim.
+fn contest_victim_of_equals(freq_ties_largest_first: bool) -> CacheKey {
+    let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+        capacity_hint: Some(2 * MB),
+        adapt_window: false,
+        window_share: 0.01,
+        freq_ties_largest_first,
+        ..PatternAwareConfig::default()
+    });
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    let footer = |f: u64| CacheKey::file(format!("pq/day={f}.parquet"), "v", 12);
+    let mut t = 0;
+    for (k, size) in [(column, MB), (footer(0), 64 << 10), (footer(1), 64 << 10)] {
+        t += 1;
+        assert!(p.admit(&k, size, &demand(1, t)));
+        p.on_insert(&k, size, &demand(1, t));
+        p.on_hit(&k, &demand(1, t + 1));
+    }
+    // The column and the first footer graduate to the main; the second footer is the
+    // candidate against the main's least frequent item.
+    p.victim().expect("a full frequency side has a victim")
+}
+
+/// A small window item that ties with the main's largest least-frequent item takes its
+/// place (the same rule as the main's order); before issue 13's fix the candidate lost
+/// every tie whatever the sizes.
+#[test]
+fn the_window_contest_keeps_the_smaller_of_equals() {
+    let column = CacheKey::file("pq/day=0.parquet", "v", 2);
+    assert_eq!(contest_victim_of_equals(true), column);
+    assert_eq!(
+        contest_victim_of_equals(false),
+        CacheKey::file("pq/day=1.parquet", "v", 12)
+    );
+}

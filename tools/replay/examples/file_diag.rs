@@ -1,0 +1,145 @@
+//! Per-access log of one policy on a small recorded trace (issue 13, file-format
+//! traces): every demand hit/miss with the block, the retention pattern and the pool,
+//! every insert (demand or prefetch) and every eviction with the pool it left.
+//!
+//! `cargo run --release -p strata-replay --example file_diag -- TRACE CAP% POLICY`
+
+use std::sync::{Arc, Mutex};
+
+use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
+use strata_cache_core::{AccessContext, CacheKey};
+use strata_replay::replay::{
+    make_policy, replay, strata_policy_set, PolicySet, Prepared, ReplayConfig,
+};
+
+struct Wrap {
+    inner: Box<dyn EvictionPolicy>,
+    strata: Option<Arc<Mutex<PatternAwarePolicy>>>,
+}
+
+fn k(key: &CacheKey) -> String {
+    format!("{key:?}")
+}
+
+impl Wrap {
+    fn pool(&self, key: &CacheKey) -> &'static str {
+        self.strata
+            .as_ref()
+            .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
+            .unwrap_or("-")
+    }
+    fn with<R>(&mut self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
+        match &self.strata {
+            Some(s) => f(&mut *s.lock().expect("not poisoned")),
+            None => f(self.inner.as_mut()),
+        }
+    }
+}
+
+fn obs(ctx: &AccessContext) -> String {
+    let o = ctx.obs;
+    format!(
+        "t={:.3} {} ret={:?} b={:?} f={:?}{}",
+        ctx.now_ns as f64 / 1e9,
+        if ctx.is_prefetch() { "PF" } else { "D " },
+        o.retention(),
+        o.blocks,
+        o.files,
+        if o.shared { " shared" } else { "" }
+    )
+}
+
+impl EvictionPolicy for Wrap {
+    fn name(&self) -> &'static str {
+        "diag"
+    }
+    fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        let r = self.with(|p| p.admit(key, size, ctx));
+        println!("MISS  {} {} size={size} admit={r}", k(key), obs(ctx));
+        r
+    }
+    fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
+        self.with(|p| p.on_insert(key, size, ctx));
+        println!("  INS {} -> {}", k(key), self.pool(key));
+    }
+    fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        let before = self.pool(key);
+        self.with(|p| p.on_hit(key, ctx));
+        if ctx.is_demand() {
+            println!(
+                "HIT   {} {} in {before} -> {}",
+                k(key),
+                obs(ctx),
+                self.pool(key)
+            );
+        }
+    }
+    fn on_remove(&mut self, key: &CacheKey) {
+        println!("  EVICT {} from {}", k(key), self.pool(key));
+        self.with(|p| p.on_remove(key));
+    }
+    fn victim(&mut self) -> Option<CacheKey> {
+        self.with(|p| p.victim())
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    anyhow::ensure!(args.len() == 4, "usage: file_diag TRACE CAP% POLICY");
+    let t = strata_replay::trace::read_file(std::path::Path::new(&args[1]))?;
+    let p = Prepared::new(t, strata_cache_core::DEFAULT_BLOCK_SIZE);
+    let cap = strata_replay::replay::parse_capacity(&args[2], p.unique_bytes())?;
+    let cfg = ReplayConfig::new(cap);
+    let name = args[3].as_str();
+    let base_name = name.split(':').next().unwrap_or(name);
+    let base = make_policy(base_name, cap)?;
+    let (strata, controller) = if name.starts_with("strata") {
+        let pol = Arc::new(Mutex::new(PatternAwarePolicy::new(config(name, cap))));
+        let c = (base_name != "strata-noprefetch").then(|| strata_policy_set(true, cap).1);
+        (Some(pol), c)
+    } else {
+        (None, None)
+    };
+    let set = PolicySet {
+        name: name.to_string(),
+        policy: Box::new(Wrap {
+            inner: base.policy,
+            strata: strata.clone(),
+        }),
+        controller,
+        next_use: base.next_use,
+    };
+    let r = replay(&p, set, &cfg);
+    println!(
+        "== {name} cap {} MiB: total JCT {:.3} s, hr {:.3}",
+        cap >> 20,
+        r.total_jct_s,
+        r.hit_ratio
+    );
+    if let Some(s) = &strata {
+        println!("   state {:?}", s.lock().expect("not poisoned").stats());
+    }
+    Ok(())
+}
+
+/// The policy's config, with overrides from the policy name (as `kv_diag`):
+/// `strata:freq_ties_largest_first=0:window_min_votes=15`.
+fn config(name: &str, cap: u64) -> PatternAwareConfig {
+    let mut c = PatternAwareConfig {
+        capacity_hint: Some(cap),
+        ..PatternAwareConfig::default()
+    };
+    for kv in name.split(':').skip(1) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, "1"));
+        let f: f64 = v.parse().unwrap_or(0.0);
+        match k {
+            "window_min_votes" => c.window_min_votes = f as u64,
+            "window_alpha" => c.window_alpha = f,
+            "rebalance_step" => c.rebalance_step = f,
+            "ghost_share" => c.ghost_share = f,
+            "freq_ties_largest_first" => c.freq_ties_largest_first = f != 0.0,
+            other => eprintln!("unknown override {other}"),
+        }
+    }
+    c
+}
