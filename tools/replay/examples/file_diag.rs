@@ -138,6 +138,7 @@ fn config(name: &str, cap: u64) -> PatternAwareConfig {
             "rebalance_step" => c.rebalance_step = f,
             "ghost_share" => c.ghost_share = f,
             "freq_ties_largest_first" => c.freq_ties_largest_first = f != 0.0,
+            "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = f != 0.0,
             other => eprintln!("unknown override {other}"),
         }
     }

@@ -211,6 +211,7 @@ fn config(name: &str, cap: u64) -> PatternAwareConfig {
             "sketch_width" => c.sketch_width = f as usize,
             "sketch_follows_items" => c.sketch_follows_items = f != 0.0,
             "freq_ties_largest_first" => c.freq_ties_largest_first = f != 0.0,
+            "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = f != 0.0,
             other => eprintln!("unknown override {other}"),
         }
     }
