@@ -6,10 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
+use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
 use strata_replay::replay::{
-    make_policy, replay, strata_policy_set, PolicySet, Prepared, ReplayConfig,
+    make_policy, replay, shared_pattern_aware, strata_policy_set, PolicySet, Prepared, ReplayConfig,
 };
 
 struct Wrap {
@@ -94,9 +94,8 @@ fn main() -> anyhow::Result<()> {
     let base_name = name.split(':').next().unwrap_or(name);
     let base = make_policy(base_name, cap)?;
     let (strata, controller) = if name.starts_with("strata") {
-        let pol = Arc::new(Mutex::new(PatternAwarePolicy::new(config(name, cap))));
         let c = (base_name != "strata-noprefetch").then(|| strata_policy_set(true, cap).1);
-        (Some(pol), c)
+        (shared_pattern_aware(name, cap)?, c)
     } else {
         (None, None)
     };
@@ -120,27 +119,4 @@ fn main() -> anyhow::Result<()> {
         println!("   state {:?}", s.lock().expect("not poisoned").stats());
     }
     Ok(())
-}
-
-/// The policy's config, with overrides from the policy name (as `kv_diag`):
-/// `strata:freq_ties_largest_first=0:window_min_votes=15`.
-fn config(name: &str, cap: u64) -> PatternAwareConfig {
-    let mut c = PatternAwareConfig {
-        capacity_hint: Some(cap),
-        ..PatternAwareConfig::default()
-    };
-    for kv in name.split(':').skip(1) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, "1"));
-        let f: f64 = v.parse().unwrap_or(0.0);
-        match k {
-            "window_min_votes" => c.window_min_votes = f as u64,
-            "window_alpha" => c.window_alpha = f,
-            "rebalance_step" => c.rebalance_step = f,
-            "ghost_share" => c.ghost_share = f,
-            "freq_ties_largest_first" => c.freq_ties_largest_first = f != 0.0,
-            "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = f != 0.0,
-            other => eprintln!("unknown override {other}"),
-        }
-    }
-    c
 }

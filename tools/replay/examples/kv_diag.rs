@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
+use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{make_policy, replay, PolicySet, Prepared, ReplayConfig};
+use strata_replay::replay::{
+    make_policy, replay, shared_pattern_aware, PolicySet, Prepared, ReplayConfig,
+};
 
 #[derive(Default)]
 struct Slice {
@@ -136,9 +138,7 @@ fn main() -> anyhow::Result<()> {
     for name in runs {
         let diag = Arc::new(Mutex::new(Diag::default()));
         let base = make_policy(name.split(':').next().unwrap_or(&name), cap)?;
-        let strata = name
-            .starts_with("strata")
-            .then(|| Arc::new(Mutex::new(PatternAwarePolicy::new(config(&name, cap)))));
+        let strata = shared_pattern_aware(&name, cap)?;
         let set = PolicySet {
             name: name.clone(),
             policy: Box::new(Wrap {
@@ -189,31 +189,4 @@ fn main() -> anyhow::Result<()> {
         println!(" | {st}");
     }
     Ok(())
-}
-
-/// The policy's config, with overrides from the policy name: `strata:window_share=0.5:adapt_window=0`.
-fn config(name: &str, cap: u64) -> PatternAwareConfig {
-    let mut c = PatternAwareConfig {
-        capacity_hint: Some(cap),
-        ..PatternAwareConfig::default()
-    };
-    for kv in name.split(':').skip(1) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, "1"));
-        let f: f64 = v.parse().unwrap_or(0.0);
-        match k {
-            "window_share" => c.window_share = f,
-            "adapt_window" => c.adapt_window = f != 0.0,
-            "window_ghost_share" => c.window_ghost_share = f,
-            "ghost_share" => c.ghost_share = f,
-            "window_min_votes" => c.window_min_votes = f as u64,
-            "window_alpha" => c.window_alpha = f,
-            "rebalance_step" => c.rebalance_step = f,
-            "sketch_width" => c.sketch_width = f as usize,
-            "sketch_follows_items" => c.sketch_follows_items = f != 0.0,
-            "freq_ties_largest_first" => c.freq_ties_largest_first = f != 0.0,
-            "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = f != 0.0,
-            other => eprintln!("unknown override {other}"),
-        }
-    }
-    c
 }

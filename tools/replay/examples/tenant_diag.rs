@@ -20,10 +20,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use strata_cache_core::policy::{EvictionPolicy, PatternAwareConfig, PatternAwarePolicy};
+use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
 use strata_replay::replay::{
-    make_policy, replay, strata_policy_set, PolicySet, Prepared, ReplayConfig,
+    make_policy, replay, shared_pattern_aware, strata_policy_set, PolicySet, Prepared, ReplayConfig,
 };
 
 #[derive(Default)]
@@ -227,16 +227,8 @@ fn main() -> anyhow::Result<()> {
         let diag = Arc::new(Mutex::new(Diag::default()));
         let base = make_policy(name, cap)?;
         let (strata, controller) = if name.starts_with("strata") {
-            let pol = Arc::new(Mutex::new(PatternAwarePolicy::new(PatternAwareConfig {
-                capacity_hint: Some(cap),
-                ..PatternAwareConfig::default()
-            })));
-            let c = if name == "strata-noprefetch" {
-                None
-            } else {
-                Some(strata_policy_set(true, cap).1)
-            };
-            (Some(pol), c)
+            let c = (name != "strata-noprefetch").then(|| strata_policy_set(true, cap).1);
+            (shared_pattern_aware(name, cap)?, c)
         } else {
             (None, None)
         };

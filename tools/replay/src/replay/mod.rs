@@ -67,7 +67,10 @@
 mod policies;
 pub mod report;
 
-pub use policies::{make_policy, strata_policy_set, Listings, PolicySet, POLICY_NAMES};
+pub use policies::{
+    make_policy, pattern_aware_config, shared_pattern_aware, strata_policy_set, Listings,
+    PolicySet, POLICY_NAMES,
+};
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};

@@ -16,7 +16,12 @@
 //! these paths or a readahead we do not model; `strata*` is measured with its
 //! predictors because they are part of it.
 
-use strata_cache_core::policy::{self, BeladyPolicy, EvictionPolicy, NextUse};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use strata_cache_core::policy::{
+    self, BeladyPolicy, EvictionPolicy, NextUse, PatternAwareConfig, PatternAwarePolicy,
+};
 use strata_prefetch::AccessController;
 
 /// Every name [`make_policy`] accepts.
@@ -98,4 +103,70 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
         controller,
         next_use,
     })
+}
+
+/// The pattern-aware policy's configuration for a tier of `capacity` bytes, with knob
+/// overrides appended to the policy's name (`strata:window_share=0.5:sketch_follows_items=0`;
+/// a bare knob means 1): the diagnostic examples' perturbation runs, which move a neutral
+/// knob to see whether a measured gain survives it. Booleans take 0 or 1.
+pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<PatternAwareConfig> {
+    let mut c = PatternAwareConfig {
+        capacity_hint: Some(capacity),
+        ..PatternAwareConfig::default()
+    };
+    for kv in name.split(':').skip(1) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, "1"));
+        let f: f64 = v
+            .parse()
+            .with_context(|| format!("override `{kv}`: `{v}` is not a number"))?;
+        let on = f != 0.0;
+        match k {
+            "window_share" => c.window_share = f,
+            "adapt_window" => c.adapt_window = on,
+            "window_ghost_share" => c.window_ghost_share = f,
+            "ghost_share" => c.ghost_share = f,
+            "window_min_votes" => c.window_min_votes = f as u64,
+            "window_alpha" => c.window_alpha = f,
+            "rebalance_step" => c.rebalance_step = f,
+            "sketch_width" => c.sketch_width = f as usize,
+            "sketch_follows_items" => c.sketch_follows_items = on,
+            "freq_ties_largest_first" => c.freq_ties_largest_first = on,
+            "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = on,
+            other => anyhow::bail!("unknown pattern-aware override `{other}`"),
+        }
+    }
+    Ok(c)
+}
+
+/// The pattern-aware policy of a `strata*` name (with the overrides of
+/// [`pattern_aware_config`]), shared so that a diagnostic can read its state while the
+/// replay drives it; None for the baselines' names.
+pub fn shared_pattern_aware(
+    name: &str,
+    capacity: u64,
+) -> anyhow::Result<Option<Arc<Mutex<PatternAwarePolicy>>>> {
+    if !name.starts_with("strata") {
+        return Ok(None);
+    }
+    let cfg = pattern_aware_config(name, capacity)?;
+    Ok(Some(Arc::new(Mutex::new(PatternAwarePolicy::new(cfg)))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_aware_overrides_come_from_the_name() {
+        let c = pattern_aware_config("strata:window_share=0.5:sketch_follows_items=0", 1 << 30)
+            .expect("valid overrides");
+        assert_eq!(c.window_share, 0.5);
+        assert!(!c.sketch_follows_items);
+        assert_eq!(c.capacity_hint, Some(1 << 30));
+        let plain = pattern_aware_config("strata", 1 << 30).expect("no overrides");
+        assert_eq!(plain.window_share, PatternAwareConfig::default().window_share);
+        assert!(pattern_aware_config("strata:no_such_knob=1", 1).is_err());
+        assert!(pattern_aware_config("strata:window_share=half", 1).is_err());
+        assert!(shared_pattern_aware("lru", 1).expect("a baseline").is_none());
+    }
 }
