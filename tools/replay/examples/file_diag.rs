@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{
-    make_policy, replay, shared_pattern_aware, strata_policy_set, PolicySet, Prepared, ReplayConfig,
-};
+use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
 
 struct Wrap {
     inner: Box<dyn EvictionPolicy>,
@@ -91,23 +89,9 @@ fn main() -> anyhow::Result<()> {
     let cap = strata_replay::replay::parse_capacity(&args[2], p.unique_bytes())?;
     let cfg = ReplayConfig::new(cap);
     let name = args[3].as_str();
-    let base_name = name.split(':').next().unwrap_or(name);
-    let base = make_policy(base_name, cap)?;
-    let (strata, controller) = if name.starts_with("strata") {
-        let c = (base_name != "strata-noprefetch").then(|| strata_policy_set(true, cap).1);
-        (shared_pattern_aware(name, cap)?, c)
-    } else {
-        (None, None)
-    };
-    let set = PolicySet {
-        name: name.to_string(),
-        policy: Box::new(Wrap {
-            inner: base.policy,
-            strata: strata.clone(),
-        }),
-        controller,
-        next_use: base.next_use,
-    };
+    let (set, strata) = diag_policy_set(name, cap, |inner, strata| {
+        Box::new(Wrap { inner, strata }) as Box<dyn EvictionPolicy>
+    })?;
     let r = replay(&p, set, &cfg);
     println!(
         "== {name} cap {} MiB: total JCT {:.3} s, hr {:.3}",

@@ -12,9 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{
-    make_policy, replay, shared_pattern_aware, PolicySet, Prepared, ReplayConfig,
-};
+use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
 
 #[derive(Default)]
 struct Slice {
@@ -137,19 +135,16 @@ fn main() -> anyhow::Result<()> {
     let mut table: Vec<(String, BTreeMap<u64, Slice>, f64, f64)> = Vec::new();
     for name in runs {
         let diag = Arc::new(Mutex::new(Diag::default()));
-        let base = make_policy(name.split(':').next().unwrap_or(&name), cap)?;
-        let strata = shared_pattern_aware(&name, cap)?;
-        let set = PolicySet {
-            name: name.clone(),
-            policy: Box::new(Wrap {
-                inner: base.policy,
-                strata: strata.clone(),
+        // Retention alone: no prefetch (it never fires on KV traces; see the module doc).
+        let (mut set, strata) = diag_policy_set(&name, cap, |inner, strata| {
+            Box::new(Wrap {
+                inner,
+                strata,
                 diag: diag.clone(),
                 slice_ns,
-            }),
-            controller: None,
-            next_use: base.next_use,
-        };
+            }) as Box<dyn EvictionPolicy>
+        })?;
+        set.controller = None;
         let r = replay(&p, set, &cfg);
         let d = std::mem::take(&mut *diag.lock().expect("not poisoned"));
         println!(

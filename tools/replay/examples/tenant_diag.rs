@@ -22,9 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{
-    make_policy, replay, shared_pattern_aware, strata_policy_set, PolicySet, Prepared, ReplayConfig,
-};
+use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
 
 #[derive(Default)]
 struct JobDiag {
@@ -225,24 +223,14 @@ fn main() -> anyhow::Result<()> {
     let cfg = ReplayConfig::new(cap);
     for name in args[3].split(',') {
         let diag = Arc::new(Mutex::new(Diag::default()));
-        let base = make_policy(name, cap)?;
-        let (strata, controller) = if name.starts_with("strata") {
-            let c = (name != "strata-noprefetch").then(|| strata_policy_set(true, cap).1);
-            (shared_pattern_aware(name, cap)?, c)
-        } else {
-            (None, None)
-        };
-        let set = PolicySet {
-            name: name.to_string(),
-            policy: Box::new(Wrap {
-                inner: base.policy,
-                strata: strata.clone(),
+        let (set, strata) = diag_policy_set(name, cap, |inner, strata| {
+            Box::new(Wrap {
+                inner,
+                strata,
                 diag: diag.clone(),
                 cap,
-            }),
-            controller,
-            next_use: base.next_use,
-        };
+            }) as Box<dyn EvictionPolicy>
+        })?;
         let r = replay(&p, set, &cfg);
         println!(
             "== {name} cap {} MiB: total JCT {:.1} s, hr {:.3}",

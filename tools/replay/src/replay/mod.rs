@@ -68,8 +68,8 @@ mod policies;
 pub mod report;
 
 pub use policies::{
-    make_policy, pattern_aware_config, shared_pattern_aware, strata_policy_set, Listings,
-    PolicySet, POLICY_NAMES,
+    diag_policy_set, make_policy, pattern_aware_config, shared_pattern_aware, strata_policy_set,
+    Listings, PolicySet, SharedPatternAware, POLICY_NAMES,
 };
 
 use std::cmp::Reverse;

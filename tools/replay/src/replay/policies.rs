@@ -144,12 +144,36 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
 pub fn shared_pattern_aware(
     name: &str,
     capacity: u64,
-) -> anyhow::Result<Option<Arc<Mutex<PatternAwarePolicy>>>> {
+) -> anyhow::Result<Option<SharedPatternAware>> {
     if !name.starts_with("strata") {
         return Ok(None);
     }
     let cfg = pattern_aware_config(name, capacity)?;
     Ok(Some(Arc::new(Mutex::new(PatternAwarePolicy::new(cfg)))))
+}
+
+/// The pattern-aware policy shared between a diagnostic example and the replay.
+pub type SharedPatternAware = Arc<Mutex<PatternAwarePolicy>>;
+
+/// For the diagnostic examples: the policy set of `name` (a [`make_policy`] name, with
+/// [`pattern_aware_config`]'s overrides after a `:`) whose policy is what `wrap` builds
+/// from the baseline's policy and, for `strata*`, the shared pattern-aware policy, which
+/// is returned too so the example can read its state. Prefetch as `make_policy` gives
+/// the name.
+pub fn diag_policy_set(
+    name: &str,
+    capacity: u64,
+    wrap: impl FnOnce(Box<dyn EvictionPolicy>, Option<SharedPatternAware>) -> Box<dyn EvictionPolicy>,
+) -> anyhow::Result<(PolicySet, Option<SharedPatternAware>)> {
+    let base = make_policy(name.split(':').next().unwrap_or(name), capacity)?;
+    let strata = shared_pattern_aware(name, capacity)?;
+    let set = PolicySet {
+        name: name.to_string(),
+        policy: wrap(base.policy, strata.clone()),
+        controller: base.controller,
+        next_use: base.next_use,
+    };
+    Ok((set, strata))
 }
 
 #[cfg(test)]
@@ -164,9 +188,14 @@ mod tests {
         assert!(!c.sketch_follows_items);
         assert_eq!(c.capacity_hint, Some(1 << 30));
         let plain = pattern_aware_config("strata", 1 << 30).expect("no overrides");
-        assert_eq!(plain.window_share, PatternAwareConfig::default().window_share);
+        assert_eq!(
+            plain.window_share,
+            PatternAwareConfig::default().window_share
+        );
         assert!(pattern_aware_config("strata:no_such_knob=1", 1).is_err());
         assert!(pattern_aware_config("strata:window_share=half", 1).is_err());
-        assert!(shared_pattern_aware("lru", 1).expect("a baseline").is_none());
+        assert!(shared_pattern_aware("lru", 1)
+            .expect("a baseline")
+            .is_none());
     }
 }
