@@ -4,15 +4,12 @@
 //!
 //! `cargo run --release -p strata-replay --example file_diag -- TRACE CAP% POLICY`
 
-use std::sync::{Arc, Mutex};
-
-use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
+use strata_cache_core::policy::EvictionPolicy;
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
+use strata_replay::replay::{diag_policy_set, replay, DiagTarget, Prepared, ReplayConfig};
 
 struct Wrap {
-    inner: Box<dyn EvictionPolicy>,
-    strata: Option<Arc<Mutex<PatternAwarePolicy>>>,
+    target: DiagTarget,
 }
 
 fn k(key: &CacheKey) -> String {
@@ -21,16 +18,10 @@ fn k(key: &CacheKey) -> String {
 
 impl Wrap {
     fn pool(&self, key: &CacheKey) -> &'static str {
-        self.strata
-            .as_ref()
+        self.target
+            .strata()
             .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
             .unwrap_or("-")
-    }
-    fn with<R>(&mut self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
-        match &self.strata {
-            Some(s) => f(&mut *s.lock().expect("not poisoned")),
-            None => f(self.inner.as_mut()),
-        }
     }
 }
 
@@ -52,17 +43,17 @@ impl EvictionPolicy for Wrap {
         "diag"
     }
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
-        let r = self.with(|p| p.admit(key, size, ctx));
+        let r = self.target.with(|p| p.admit(key, size, ctx));
         println!("MISS  {} {} size={size} admit={r}", k(key), obs(ctx));
         r
     }
     fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
-        self.with(|p| p.on_insert(key, size, ctx));
+        self.target.with(|p| p.on_insert(key, size, ctx));
         println!("  INS {} -> {}", k(key), self.pool(key));
     }
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
         let before = self.pool(key);
-        self.with(|p| p.on_hit(key, ctx));
+        self.target.with(|p| p.on_hit(key, ctx));
         if ctx.is_demand() {
             println!(
                 "HIT   {} {} in {before} -> {}",
@@ -74,10 +65,10 @@ impl EvictionPolicy for Wrap {
     }
     fn on_remove(&mut self, key: &CacheKey) {
         println!("  EVICT {} from {}", k(key), self.pool(key));
-        self.with(|p| p.on_remove(key));
+        self.target.with(|p| p.on_remove(key));
     }
     fn victim(&mut self) -> Option<CacheKey> {
-        self.with(|p| p.victim())
+        self.target.with(|p| p.victim())
     }
 }
 
@@ -89,8 +80,8 @@ fn main() -> anyhow::Result<()> {
     let cap = strata_replay::replay::parse_capacity(&args[2], p.unique_bytes())?;
     let cfg = ReplayConfig::new(cap);
     let name = args[3].as_str();
-    let (set, strata) = diag_policy_set(name, cap, |inner, strata| {
-        Box::new(Wrap { inner, strata }) as Box<dyn EvictionPolicy>
+    let (set, strata) = diag_policy_set(name, cap, |target| {
+        Box::new(Wrap { target }) as Box<dyn EvictionPolicy>
     })?;
     let r = replay(&p, set, &cfg);
     println!(

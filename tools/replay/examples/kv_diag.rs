@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
+use strata_cache_core::policy::EvictionPolicy;
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
+use strata_replay::replay::{diag_policy_set, replay, DiagTarget, Prepared, ReplayConfig};
 
 #[derive(Default)]
 struct Slice {
@@ -28,8 +28,7 @@ struct Diag {
 }
 
 struct Wrap {
-    inner: Box<dyn EvictionPolicy>,
-    strata: Option<Arc<Mutex<PatternAwarePolicy>>>,
+    target: DiagTarget,
     diag: Arc<Mutex<Diag>>,
     slice_ns: u64,
 }
@@ -47,7 +46,7 @@ impl Wrap {
                 if o.shared { " shared" } else { "" }
             ))
             .or_default() += 1;
-        let state = self.strata.as_ref().map(|s| {
+        let state = self.target.strata().map(|s| {
             let st = s.lock().expect("not poisoned").stats();
             format!(
                 "wshare {:.2} win {} main {} cons {} stable {} wg {} mg {} cg {} ctarget {}",
@@ -82,37 +81,22 @@ impl EvictionPolicy for Wrap {
         if ctx.is_demand() {
             self.note(ctx, false);
         }
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
-            None => self.inner.admit(key, size, ctx),
-        }
+        self.target.with(|p| p.admit(key, size, ctx))
     }
     fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_insert(key, size, ctx),
-            None => self.inner.on_insert(key, size, ctx),
-        }
+        self.target.with(|p| p.on_insert(key, size, ctx))
     }
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
         if ctx.is_demand() {
             self.note(ctx, true);
         }
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_hit(key, ctx),
-            None => self.inner.on_hit(key, ctx),
-        }
+        self.target.with(|p| p.on_hit(key, ctx))
     }
     fn on_remove(&mut self, key: &CacheKey) {
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_remove(key),
-            None => self.inner.on_remove(key),
-        }
+        self.target.with(|p| p.on_remove(key))
     }
     fn victim(&mut self) -> Option<CacheKey> {
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").victim(),
-            None => self.inner.victim(),
-        }
+        self.target.with(|p| p.victim())
     }
 }
 
@@ -136,10 +120,9 @@ fn main() -> anyhow::Result<()> {
     for name in runs {
         let diag = Arc::new(Mutex::new(Diag::default()));
         // Retention alone: no prefetch (it never fires on KV traces; see the module doc).
-        let (mut set, strata) = diag_policy_set(&name, cap, |inner, strata| {
+        let (mut set, strata) = diag_policy_set(&name, cap, |target| {
             Box::new(Wrap {
-                inner,
-                strata,
+                target,
                 diag: diag.clone(),
                 slice_ns,
             }) as Box<dyn EvictionPolicy>

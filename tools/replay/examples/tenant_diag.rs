@@ -20,9 +20,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use strata_cache_core::policy::{EvictionPolicy, PatternAwarePolicy};
+use strata_cache_core::policy::EvictionPolicy;
 use strata_cache_core::{AccessContext, CacheKey};
-use strata_replay::replay::{diag_policy_set, replay, Prepared, ReplayConfig};
+use strata_replay::replay::{diag_policy_set, replay, DiagTarget, Prepared, ReplayConfig};
 
 #[derive(Default)]
 struct JobDiag {
@@ -50,8 +50,7 @@ struct Diag {
 }
 
 struct Wrap {
-    inner: Box<dyn EvictionPolicy>,
-    strata: Option<Arc<Mutex<PatternAwarePolicy>>>,
+    target: DiagTarget,
     diag: Arc<Mutex<Diag>>,
     cap: u64,
 }
@@ -100,17 +99,14 @@ impl EvictionPolicy for Wrap {
             );
         }
         self.diag.lock().expect("not poisoned").admitting = Some((ctx.job.0, ctx.is_prefetch()));
-        let r = match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").admit(key, size, ctx),
-            None => self.inner.admit(key, size, ctx),
-        };
+        let r = self.target.with(|p| p.admit(key, size, ctx));
         if ctx.is_demand()
             && std::env::var("TRACEJOB")
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 == Some(ctx.job.0)
         {
-            if let Some(s) = &self.strata {
+            if let Some(s) = self.target.strata() {
                 let st = s.lock().expect("not poisoned").stats();
                 let d = self.diag.lock().expect("not poisoned");
                 eprintln!("MISS t={} key={:?} size={} evicted_before={} share={:.3} stable={} freq={} cons={} ahead={} wg={} mg={} idle={}",
@@ -125,16 +121,13 @@ impl EvictionPolicy for Wrap {
             d.owner.entry(key.clone()).or_insert(ctx.job.0);
             d.sizes.insert(key.clone(), size);
         }
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_insert(key, size, ctx),
-            None => self.inner.on_insert(key, size, ctx),
-        }
+        self.target.with(|p| p.on_insert(key, size, ctx))
     }
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
         if ctx.is_demand() {
             let pool = self
-                .strata
-                .as_ref()
+                .target
+                .strata()
                 .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
                 .unwrap_or("-");
             let mut d = self.diag.lock().expect("not poisoned");
@@ -142,16 +135,13 @@ impl EvictionPolicy for Wrap {
             j.hits += 1;
             *j.hit_in.entry(pool.to_string()).or_default() += 1;
         }
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_hit(key, ctx),
-            None => self.inner.on_hit(key, ctx),
-        }
+        self.target.with(|p| p.on_hit(key, ctx))
     }
     fn on_remove(&mut self, key: &CacheKey) {
         if std::env::var("COMP").is_ok() {
             let d = self.diag.lock().expect("not poisoned");
             if d.evicted_at.len().is_multiple_of(1000) {
-                if let Some(s) = &self.strata {
+                if let Some(s) = self.target.strata() {
                     let s = s.lock().expect("not poisoned");
                     let mut comp: BTreeMap<(u64, &str), u64> = BTreeMap::new();
                     for (k, o) in &d.owner {
@@ -169,8 +159,8 @@ impl EvictionPolicy for Wrap {
             }
         }
         let pool = self
-            .strata
-            .as_ref()
+            .target
+            .strata()
             .and_then(|s| s.lock().expect("not poisoned").pool_of(key))
             .unwrap_or("-");
         {
@@ -201,16 +191,10 @@ impl EvictionPolicy for Wrap {
                 .entry(pool.to_string())
                 .or_default() += 1;
         }
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").on_remove(key),
-            None => self.inner.on_remove(key),
-        }
+        self.target.with(|p| p.on_remove(key))
     }
     fn victim(&mut self) -> Option<CacheKey> {
-        match &self.strata {
-            Some(s) => s.lock().expect("not poisoned").victim(),
-            None => self.inner.victim(),
-        }
+        self.target.with(|p| p.victim())
     }
 }
 
@@ -223,10 +207,9 @@ fn main() -> anyhow::Result<()> {
     let cfg = ReplayConfig::new(cap);
     for name in args[3].split(',') {
         let diag = Arc::new(Mutex::new(Diag::default()));
-        let (set, strata) = diag_policy_set(name, cap, |inner, strata| {
+        let (set, strata) = diag_policy_set(name, cap, |target| {
             Box::new(Wrap {
-                inner,
-                strata,
+                target,
                 diag: diag.clone(),
                 cap,
             }) as Box<dyn EvictionPolicy>

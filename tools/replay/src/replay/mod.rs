@@ -69,7 +69,7 @@ pub mod report;
 
 pub use policies::{
     diag_policy_set, make_policy, pattern_aware_config, shared_pattern_aware, strata_policy_set,
-    Listings, PolicySet, SharedPatternAware, POLICY_NAMES,
+    DiagTarget, Listings, PolicySet, SharedPatternAware, POLICY_NAMES,
 };
 
 use std::cmp::Reverse;

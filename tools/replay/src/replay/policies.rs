@@ -155,21 +155,46 @@ pub fn shared_pattern_aware(
 /// The pattern-aware policy shared between a diagnostic example and the replay.
 pub type SharedPatternAware = Arc<Mutex<PatternAwarePolicy>>;
 
+/// The policy a diagnostic example's wrapper drives: the shared pattern-aware policy for
+/// a `strata*` name (whose state the example also reads), else the baseline's.
+pub struct DiagTarget {
+    inner: Box<dyn EvictionPolicy>,
+    strata: Option<SharedPatternAware>,
+}
+
+impl DiagTarget {
+    /// Runs `f` on the policy being replayed.
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut dyn EvictionPolicy) -> R) -> R {
+        match &self.strata {
+            Some(s) => f(&mut *s.lock().unwrap_or_else(|e| e.into_inner())),
+            None => f(self.inner.as_mut()),
+        }
+    }
+
+    /// The pattern-aware policy, for a `strata*` name.
+    pub fn strata(&self) -> Option<&SharedPatternAware> {
+        self.strata.as_ref()
+    }
+}
+
 /// For the diagnostic examples: the policy set of `name` (a [`make_policy`] name, with
 /// [`pattern_aware_config`]'s overrides after a `:`) whose policy is what `wrap` builds
-/// from the baseline's policy and, for `strata*`, the shared pattern-aware policy, which
-/// is returned too so the example can read its state. Prefetch as `make_policy` gives
-/// the name.
+/// around the [`DiagTarget`]; the shared pattern-aware policy is returned too, so the
+/// example can read its state after the replay. Prefetch as `make_policy` gives the name.
 pub fn diag_policy_set(
     name: &str,
     capacity: u64,
-    wrap: impl FnOnce(Box<dyn EvictionPolicy>, Option<SharedPatternAware>) -> Box<dyn EvictionPolicy>,
+    wrap: impl FnOnce(DiagTarget) -> Box<dyn EvictionPolicy>,
 ) -> anyhow::Result<(PolicySet, Option<SharedPatternAware>)> {
     let base = make_policy(name.split(':').next().unwrap_or(name), capacity)?;
     let strata = shared_pattern_aware(name, capacity)?;
+    let target = DiagTarget {
+        inner: base.policy,
+        strata: strata.clone(),
+    };
     let set = PolicySet {
         name: name.to_string(),
-        policy: wrap(base.policy, strata.clone()),
+        policy: wrap(target),
         controller: base.controller,
         next_use: base.next_use,
     };
