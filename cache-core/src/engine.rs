@@ -369,6 +369,15 @@ impl CacheEngine {
         EngineBuilder::default()
     }
 
+    /// Bytes all levels may hold together (the budgets, not what they hold now).
+    pub fn capacity_bytes(&self) -> u64 {
+        self.inner
+            .levels
+            .iter()
+            .map(|l| l.tier.capacity_bytes())
+            .fold(0, u64::saturating_add)
+    }
+
     /// Kinds of the levels, fastest first.
     pub fn tier_kinds(&self) -> Vec<TierKind> {
         self.inner.levels.iter().map(|l| l.tier.kind()).collect()

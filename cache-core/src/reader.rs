@@ -568,6 +568,7 @@ impl ObjectReader {
             to - from,
             bs,
             obj.size,
+            self.engine.capacity_bytes(),
             |unit, candidate| {
                 let base = block * bs;
                 let unit_held = self

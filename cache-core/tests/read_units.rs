@@ -1,5 +1,5 @@
 //! Sub-block read units (issue 13): a stream of small random reads of a large object is
-//! fetched and cached in the unit around each read (ranged GETs of 16 KiB where a
+//! fetched and cached in the unit around each read (ranged GETs of 4 KiB where a
 //! block is 256 KiB here), every read returns the object's bytes whatever mix of
 //! units and blocks the cache holds, and concurrent misses on one unit share one GET.
 
@@ -20,7 +20,7 @@ use strata_types::SplitMix64;
 const BS: u64 = 256 << 10;
 const PAGE: u64 = 4096;
 /// The unit a 4 KiB page read gets (`Granularity::default().min_unit`).
-const UNIT: u64 = 16 << 10;
+const UNIT: u64 = 4 << 10;
 /// 64 blocks, the last one short and its last unit too: 16 MiB less 5000 bytes.
 const SIZE: u64 = 64 * BS - 5000;
 
@@ -198,8 +198,8 @@ async fn reads_straddling_cached_and_uncached_units_are_byte_exact() {
         // A unit of block 40 cached, then reads reaching past it on either side, inside
         // the block and into the next block (whose own unit is cached too).
         let b40 = 40 * BS;
-        fx.read_ok(b40 + 5 * PAGE, PAGE).await; // unit 16..32 KiB of the block
-        fx.read_ok(41 * BS + PAGE, PAGE).await; // unit 0..16 KiB of block 41
+        fx.read_ok(b40 + 5 * PAGE, PAGE).await; // unit 20..24 KiB of the block
+        fx.read_ok(41 * BS + PAGE, PAGE).await; // unit 4..8 KiB of block 41
         let units = fx.reader.unit_requests().0;
         fx.read_ok(b40 + UNIT - 100, 200).await; // into the unit from before it
         fx.read_ok(b40 + 2 * UNIT - 10, 3 * PAGE).await; // from the unit past its end
@@ -208,7 +208,7 @@ async fn reads_straddling_cached_and_uncached_units_are_byte_exact() {
                                                  // A unit of a block with another of its units cached is not fetched: the
                                                  // block is (dense; see `Granularity::dense_units`).
         assert_eq!(fx.reader.unit_requests().0, units);
-        // Units at the object's end: the last unit is short (5000 bytes under 16 KiB).
+        // Units at the object's end: the last unit is short.
         let last_unit = SIZE / UNIT * UNIT;
         fx.read_ok(last_unit + 100, PAGE).await;
         fx.read_ok(SIZE - 10, 100).await; // clamped at the end
@@ -243,13 +243,13 @@ async fn concurrent_misses_on_one_unit_share_one_get() {
             let reader = fx.reader.clone();
             let obj = fx.obj.clone();
             tokio::spawn(async move {
-                let at = base + i * 1024;
-                (at, reader.read(&obj, at, 1024, &ctx()).await.expect("read"))
+                let at = base + i * 512;
+                (at, reader.read(&obj, at, 512, &ctx()).await.expect("read"))
             })
         });
         for r in futures::future::join_all(reads).await {
             let (at, got) = r.expect("task");
-            assert!(got == fx.bytes.slice(at as usize..at as usize + 1024));
+            assert!(got == fx.bytes.slice(at as usize..at as usize + 512));
         }
         let after = fx.gets();
         assert_eq!(after.count - before.count, 1, "one GET for eight readers");

@@ -99,7 +99,7 @@ async fn sqlite_like_lookups_fetch_a_fraction_of_the_bytes_of_whole_blocks() {
         let blocks = run(Granularity::BLOCKS, &offsets).await;
         let units = run(Granularity::default(), &offsets).await;
         // Whole blocks: every block of the file the lookups touch, 1 MiB each. Units:
-        // the blocks touched before the tracker called the stream random, then 16 KiB
+        // the blocks touched before the tracker called the stream random, then 4 KiB
         // per missed page (or its block, where a unit of it was cached already).
         assert!(
             units.bytes * 2 <= blocks.bytes,

@@ -618,6 +618,8 @@ struct Run<'a> {
     starts: Vec<u32>,
     /// Fetch and cache units of demand misses (whole blocks for the baselines).
     granularity: Granularity,
+    /// Bytes all levels hold together: what `granularity` weighs a file against.
+    cache_bytes: u64,
     /// Ids of sub-block units: (path, unit, index) -> id (in the extra ids).
     unit_ids: HashMap<(u32, u64, u64), u32, FxBuild>,
     /// Per unit id: its file and block; per (file, block): units of it cached.
@@ -956,6 +958,7 @@ impl Run<'_> {
                     overlap,
                     bb,
                     r.size,
+                    self.cache_bytes,
                     |unit, fetch| {
                         let idx = (bstart + at) / unit;
                         if !fetch {
@@ -1338,6 +1341,11 @@ fn replay_once(
         course: CourseWatch::default(),
         starts: Vec::new(),
         granularity,
+        cache_bytes: cfg
+            .lower
+            .iter()
+            .map(|l| l.capacity_bytes)
+            .fold(cfg.capacity_bytes, u64::saturating_add),
         unit_ids: HashMap::default(),
         unit_block: HashMap::default(),
         block_units: HashMap::default(),
