@@ -34,6 +34,10 @@ pub struct AccessContext {
     /// the access arrived (all `Unknown` for anything but a demand access, and until the
     /// engine has observed it). Policies read it; they never classify on their own.
     pub obs: Observation,
+    /// Bytes the read this access is part of asks for (0: not a read, or not known).
+    /// The tracker learns from it which streams read in small pieces (see
+    /// [`Observation::small_reads`]).
+    pub read_len: u64,
 }
 
 impl AccessContext {
@@ -62,7 +66,14 @@ impl AccessContext {
             now_ns: self.now_ns,
             kind,
             obs: Observation::default(),
+            read_len: 0,
         }
+    }
+
+    /// This context for an access that is part of a read of `len` bytes.
+    pub fn with_read_len(mut self, len: u64) -> Self {
+        self.read_len = len;
+        self
     }
 
     /// A read the job waits for (the only kind the tracker observes).

@@ -30,11 +30,17 @@
 
 use strata_types::Pattern;
 
+use crate::stream::Observation;
+
+/// Reads up to this many bytes are small: 64 KiB (a database page is 4-64 KiB; the
+/// recorded traces' array chunks, 256 KiB, and shard reads are larger). The tracker
+/// counts a stream's small reads with the same bound.
+pub const SMALL_READ_BYTES: u64 = 64 << 10;
+
 /// See the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Granularity {
-    /// Reads up to this many bytes are small: 64 KiB (a database page is 4-64 KiB;
-    /// the recorded traces' array chunks, 256 KiB, and shard reads are larger).
+    /// Reads up to this many bytes are small: [`SMALL_READ_BYTES`].
     pub small_read: u64,
     /// The smallest unit fetched: 4 KiB, one database page. The transfer a larger unit
     /// adds is nothing next to a GET's latency, but its cache space is not: the recorded
@@ -70,7 +76,10 @@ pub struct Granularity {
     /// for what would be hundreds of page GETs. Measured on the recorded SQLite lookups
     /// (an LRU model with 4 KiB units, JCT of the replay's link): units win at 10-40% of
     /// the file (124 / 98 / 84 s against 149 / 137 / 106 s for the dense rule), the
-    /// dense rule from 50% on (89 against 84, then 74 against 84 at 60%).
+    /// dense rule from 50% on (89 against 84, then 74 against 84 at 60%). Only for a
+    /// stream the tracker saw reading in small pieces ([`Observation::small_reads`]):
+    /// the small reads of a stream of large ones are the ends of larger reads (an HDF5
+    /// slice split at a chunk boundary) that the block serves next.
     pub sparse_file_ratio: u64,
 }
 
@@ -87,7 +96,7 @@ pub struct UnitsHeld {
 impl Default for Granularity {
     fn default() -> Self {
         Granularity {
-            small_read: 64 << 10,
+            small_read: SMALL_READ_BYTES,
             min_unit: 4 << 10,
             min_file_blocks: 16,
             dense_units: 1,
@@ -126,7 +135,8 @@ impl Granularity {
     /// flight: `Some(unit)` (smaller than the block) to read, and on a miss fetch and
     /// cache, only the aligned unit around the read; `None` for the whole block. `held`
     /// says what the cache holds around a unit of the given size: asked for the unit
-    /// [`Self::unit`] gives (`candidate` true), else, for a read that is not a unit read
+    /// [`Self::unit`] gives (`candidate` true) for the stream's block pattern `obs.blocks`,
+    /// else, for a read that is not a unit read
     /// by its pattern (a stream not classified yet, as after a restart), for each unit
     /// size that holds the read (`candidate` false; only `unit` is read): a cached unit
     /// holding the read serves it rather than a fetch of its block. `cache_bytes` is the
@@ -135,7 +145,7 @@ impl Granularity {
     #[allow(clippy::too_many_arguments)]
     pub fn demand_unit(
         &self,
-        pattern: Pattern,
+        obs: &Observation,
         offset: u64,
         len: u64,
         block: u64,
@@ -147,14 +157,13 @@ impl Granularity {
         if len == 0 || file_blocks < self.min_file_blocks {
             return None;
         }
-        let unit = self.unit(pattern, offset, len, block);
+        let unit = self.unit(obs.blocks, offset, len, block);
         if unit < block {
             let h = held(unit, true);
-            // Only a skewed stream's blocks are kept sparse in a large file: its popular
-            // pages are scattered, and units keep them without their cold neighbours. A
-            // uniformly random stream gains nothing from that, and its small reads are
-            // often the ends of larger ones the block serves next (HDF5's chunk pieces).
-            let cache_bytes = if pattern == Pattern::Skewed {
+            // Only a stream that reads in small pieces is kept sparse in a large file: a
+            // stream of mostly large reads whose small ones are the ends of larger reads
+            // (an HDF5 slice split at a chunk boundary) is served by the block next.
+            let cache_bytes = if obs.small_reads {
                 cache_bytes
             } else {
                 u64::MAX
@@ -218,6 +227,15 @@ mod tests {
     /// A cache as large as the test files (so the dense rule applies).
     const CACHE: u64 = 64 * MIB;
 
+    /// A stream of small reads with block pattern `p`.
+    fn obs(p: Pattern) -> Observation {
+        Observation {
+            blocks: p,
+            small_reads: true,
+            ..Observation::default()
+        }
+    }
+
     #[test]
     fn small_random_reads_get_small_units() {
         let g = Granularity::default();
@@ -266,11 +284,26 @@ mod tests {
             in_block: 1,
         };
         assert_eq!(
-            g.demand_unit(Pattern::Skewed, 8192, 4096, MIB, file, file / 10, one),
+            g.demand_unit(&obs(Pattern::Skewed), 8192, 4096, MIB, file, file / 10, one),
             Some(g.unit(Pattern::Skewed, 8192, 4096, MIB))
         );
         assert_eq!(
-            g.demand_unit(Pattern::Skewed, 8192, 4096, MIB, file, file / 2, one),
+            g.demand_unit(&obs(Pattern::Skewed), 8192, 4096, MIB, file, file / 2, one),
+            None
+        );
+        // Uniformly random page lookups too: what counts is that the stream reads in
+        // small pieces...
+        assert_eq!(
+            g.demand_unit(&obs(Pattern::Random), 8192, 4096, MIB, file, file / 10, one),
+            Some(g.unit(Pattern::Random, 8192, 4096, MIB))
+        );
+        // ...not a small piece of a stream of large reads: the block serves the rest.
+        let large_reads = Observation {
+            small_reads: false,
+            ..obs(Pattern::Random)
+        };
+        assert_eq!(
+            g.demand_unit(&large_reads, 8192, 4096, MIB, file, file / 10, one),
             None
         );
         // Whole blocks always.
@@ -283,7 +316,7 @@ mod tests {
         let big = 42 * MIB;
         let none = |_, _| UnitsHeld::default();
         assert_eq!(
-            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, CACHE, none),
+            g.demand_unit(&obs(Pattern::Random), 8192, 4096, MIB, big, CACHE, none),
             Some(4 << 10)
         );
         // A unit of the block cached already: the block is dense, read it whole...
@@ -292,7 +325,7 @@ mod tests {
             in_block: 1,
         };
         assert_eq!(
-            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, CACHE, one),
+            g.demand_unit(&obs(Pattern::Random), 8192, 4096, MIB, big, CACHE, one),
             None
         );
         // ...unless the unit the read needs is that one.
@@ -301,12 +334,12 @@ mod tests {
             in_block: 1,
         };
         assert_eq!(
-            g.demand_unit(Pattern::Random, 8192, 4096, MIB, big, CACHE, it),
+            g.demand_unit(&obs(Pattern::Random), 8192, 4096, MIB, big, CACHE, it),
             Some(4 << 10)
         );
         let never = |_: u64, _: bool| -> UnitsHeld { panic!("small file: nothing to ask") };
         assert_eq!(
-            g.demand_unit(Pattern::Random, 0, 4096, MIB, 8 * MIB, CACHE, never),
+            g.demand_unit(&obs(Pattern::Random), 0, 4096, MIB, 8 * MIB, CACHE, never),
             None
         );
         // Not a unit read by its pattern: a cached unit holding the read serves it, the
@@ -321,7 +354,7 @@ mod tests {
         };
         assert_eq!(
             g.demand_unit(
-                Pattern::Sequential,
+                &obs(Pattern::Sequential),
                 40 << 10,
                 4096,
                 MIB,
@@ -341,12 +374,12 @@ mod tests {
             ]
         );
         assert_eq!(
-            g.demand_unit(Pattern::Unknown, 0, 4096, MIB, big, CACHE, none),
+            g.demand_unit(&obs(Pattern::Unknown), 0, 4096, MIB, big, CACHE, none),
             None
         );
         let blocks = Granularity::BLOCKS;
         assert_eq!(
-            blocks.demand_unit(Pattern::Random, 0, 4096, MIB, big, CACHE, never),
+            blocks.demand_unit(&obs(Pattern::Random), 0, 4096, MIB, big, CACHE, never),
             None
         );
     }

@@ -563,7 +563,7 @@ impl ObjectReader {
             CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx)
         };
         self.granularity.demand_unit(
-            ctx.obs.blocks,
+            &ctx.obs,
             from,
             to - from,
             bs,
@@ -640,6 +640,8 @@ impl ObjectReader {
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
+        // The tracker learns the stream's read sizes from it (small page lookups).
+        let ctx = &ctx.with_read_len(len);
         // The part of the read inside block `b`, as offsets within it.
         let part = |b: u64| {
             let base = b * bs;

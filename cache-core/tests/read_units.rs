@@ -157,6 +157,42 @@ async fn small_random_reads_fetch_unit_sized_ranges() {
     .expect("bounded");
 }
 
+/// A file more than twice the cache: page lookups in blocks that hold units of
+/// theirs already still fetch units (`Granularity::sparse_file_ratio`), where the
+/// dense rule alone would fetch each such block whole, and a whole block would be
+/// evicted before the reader came back to it.
+#[tokio::test]
+async fn page_lookups_in_a_file_over_twice_the_cache_stay_units() {
+    timed(async {
+        let fx = fixture(
+            SIZE,
+            BS,
+            4 << 20,
+            Granularity::default(),
+            FaultConfig::default(),
+        )
+        .await;
+        fx.warm_up_random().await;
+        let before = fx.gets();
+        let mut rng = SplitMix64::new(21);
+        for _ in 0..64 {
+            // Pages of blocks 0..32, which the warm-up left units of.
+            let page = rng.next_u64() % (32 * BS / PAGE);
+            fx.read_ok(page * PAGE, PAGE).await;
+        }
+        let after = fx.gets();
+        let gets = after.count - before.count;
+        assert!(gets >= 16, "lookups miss: {gets}");
+        assert_eq!(
+            after.bytes - before.bytes,
+            gets * UNIT,
+            "every GET one unit"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 #[tokio::test]
 async fn block_mode_fetches_whole_blocks() {
     timed(async {

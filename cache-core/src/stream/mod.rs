@@ -158,6 +158,29 @@ struct Visit {
     after: Pattern,
     repeat: bool,
     hint: Pattern,
+    small_reads: bool,
+}
+
+/// The share of a stream's reads that are small, as a moving average in 1/65536ths
+/// with weight 1/16 for the newest read: it follows a change of habit within a few
+/// dozen reads, and a stream is "small reads" once more than half are.
+#[derive(Clone, Copy, Debug, Default)]
+struct SmallShare(u16);
+
+impl SmallShare {
+    fn record(&mut self, read_len: u64) {
+        let s = u32::from(self.0);
+        let target = if read_len <= crate::granularity::SMALL_READ_BYTES {
+            65535
+        } else {
+            0
+        };
+        self.0 = ((s * 15 + target) / 16) as u16;
+    }
+
+    fn mostly_small(self) -> bool {
+        self.0 > 32768
+    }
 }
 
 struct Node {
@@ -171,6 +194,8 @@ struct Node {
     /// Last pattern a child stream of this job under this node was classified as.
     child_hint: Pattern,
     last_tick: u64,
+    /// Reads of this stream that were small (file and KV streams; others record none).
+    small: SmallShare,
 }
 
 /// Cross-job summary of one file / namespace node: who read it last and when another
@@ -221,6 +246,10 @@ pub struct Observation {
     /// Another job read the same file (or KV namespace) within the sharing window:
     /// the data is being consumed by several readers at once.
     pub shared: bool,
+    /// Most of this job's recent reads of the file were small (at most
+    /// [`crate::granularity::SMALL_READ_BYTES`]): a database's page lookups, not the
+    /// pieces at the ends of larger reads (an HDF5 slice split at a chunk boundary).
+    pub small_reads: bool,
 }
 
 impl Observation {
@@ -404,6 +433,7 @@ impl StreamTree {
                             Pattern::Unknown,
                             name_index(p.dir_name),
                             dir_h as u32,
+                            0,
                         );
                         obs.dirs = v.after;
                     }
@@ -413,6 +443,7 @@ impl StreamTree {
                         Pattern::Unknown,
                         name_index(p.file_name),
                         file_h as u32,
+                        0,
                     );
                     obs.files = v.after;
                     let same_file = v.repeat;
@@ -422,11 +453,13 @@ impl StreamTree {
                         v.hint,
                         k.block,
                         block_fp,
+                        ctx.read_len,
                     );
                     // Same visit only if the job's previous read in this directory was
                     // this file and its previous read of this file was this block.
                     obs.repeat = v.repeat && same_file;
                     obs.blocks = v.after;
+                    obs.small_reads = v.small_reads;
                     if v.after != v.before && v.after != Pattern::Unknown {
                         if let Some(d) = self.node_mut(StreamId {
                             job,
@@ -442,9 +475,11 @@ impl StreamTree {
                         Pattern::Unknown,
                         k.block,
                         block_fp,
+                        ctx.read_len,
                     );
                     obs.repeat = v.repeat;
                     obs.blocks = v.after;
+                    obs.small_reads = v.small_reads;
                 }
             }
             CacheKey::Kv(k) => {
@@ -458,9 +493,11 @@ impl StreamTree {
                     Pattern::Unknown,
                     h,
                     h as u32,
+                    ctx.read_len,
                 );
                 obs.repeat = v.repeat;
                 obs.blocks = v.after;
+                obs.small_reads = v.small_reads;
             }
         }
         if self.nodes.len() > self.cfg.max_streams {
@@ -483,6 +520,7 @@ impl StreamTree {
         prior: Pattern,
         idx: u64,
         fp: u32,
+        read_len: u64,
     ) -> Visit {
         let tick = self.tick;
         let id = StreamId { job, node };
@@ -498,12 +536,16 @@ impl StreamTree {
                     stats: StreamStats::new(prior),
                     child_hint: Pattern::Unknown,
                     last_tick: tick,
+                    small: SmallShare::default(),
                 });
                 slot
             }
         };
         let n = &mut self.nodes[slot];
         n.last_tick = tick;
+        if read_len > 0 {
+            n.small.record(read_len);
+        }
         let before = n.stats.pattern();
         let repeat = n
             .stats
@@ -513,6 +555,7 @@ impl StreamTree {
             after: n.stats.pattern(),
             repeat,
             hint: n.child_hint,
+            small_reads: n.small.mostly_small(),
         }
     }
 
@@ -523,7 +566,7 @@ impl StreamTree {
             self.index
                 .get(&StreamId { job, node })
                 .map(|&slot| &self.nodes[slot as usize])
-                .map(|n| (n.stats.pattern(), n.child_hint))
+                .map(|n| (n.stats.pattern(), n.child_hint, n.small.mostly_small()))
         };
         let mut obs = Observation::default();
         match key {
@@ -537,16 +580,20 @@ impl StreamTree {
                         obs.dirs = get(LEVEL_ROOT ^ hash_bytes(root.as_bytes()))
                             .map_or(Pattern::Unknown, |x| x.0);
                     }
-                    if let Some((p, h)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
+                    if let Some((p, h, _)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
                         obs.files = p;
                         hint = h;
                     }
                 }
-                obs.blocks = get(LEVEL_FILE ^ file_h).map_or(hint, |x| x.0);
+                let file = get(LEVEL_FILE ^ file_h);
+                obs.blocks = file.map_or(hint, |x| x.0);
+                obs.small_reads = file.is_some_and(|x| x.2);
             }
             CacheKey::Kv(k) => {
                 let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
-                obs.blocks = get(LEVEL_FILE ^ ns_h).map_or(Pattern::Unknown, |x| x.0);
+                let ns = get(LEVEL_FILE ^ ns_h);
+                obs.blocks = ns.map_or(Pattern::Unknown, |x| x.0);
+                obs.small_reads = ns.is_some_and(|x| x.2);
                 obs.shared = self.is_shared(ns_h);
             }
         }
@@ -629,6 +676,43 @@ mod tests {
         assert_eq!(name_index("img_7.jpg"), 7);
         assert_eq!(name_index("part-3"), 3);
         assert_ne!(name_index("alpha"), name_index("beta"));
+    }
+
+    #[test]
+    fn a_stream_of_page_reads_is_small_reads_and_one_of_slices_is_not() {
+        let mut t = StreamTree::default();
+        let page = ctx(1).with_read_len(4096);
+        let mut o = Observation::default();
+        for i in 0..24u64 {
+            o = t.observe(&CacheKey::file("db/kv.db", "v", (i * 7) % 40), &page);
+        }
+        assert!(o.small_reads, "24 page lookups");
+        assert!(
+            t.lookup(&CacheKey::file("db/kv.db", "v", 0), &page)
+                .small_reads
+        );
+        // 256 KiB slices with a small piece at a chunk boundary every fifth read.
+        for i in 0..60u64 {
+            let len = if i % 5 == 0 { 16 << 10 } else { 256 << 10 };
+            o = t.observe(
+                &CacheKey::file("h5/data.h5", "v", (i * 13) % 64),
+                &ctx(1).with_read_len(len),
+            );
+        }
+        assert!(!o.small_reads, "mostly slices");
+        // The page stream turns into large reads: within a few dozen it is not small.
+        for i in 0..24u64 {
+            o = t.observe(
+                &CacheKey::file("db/kv.db", "v", (i * 7) % 40),
+                &ctx(1).with_read_len(1 << 20),
+            );
+        }
+        assert!(!o.small_reads, "changed habit");
+        // Reads of unknown length (0) leave the share as it is.
+        for i in 0..24u64 {
+            o = t.observe(&CacheKey::file("db/kv.db", "v", i % 40), &ctx(1));
+        }
+        assert!(!o.small_reads);
     }
 
     #[test]
