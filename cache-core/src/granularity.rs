@@ -56,6 +56,13 @@ pub struct Granularity {
     /// d95e18b (a cached unit's re-read then fetched its dense block; after it: 0.913 /
     /// 1.103 / 1.423x and 0.83-0.86x).
     pub dense_units: u32,
+    /// Files of at most this many bytes keep whole blocks whatever their pattern: 0
+    /// (none) until the owner sizes it from its cache ([`Self::for_cache`]: 3/4 of it).
+    /// Units pay where the cache cannot hold the file (a page per block fetched instead
+    /// of the block); where it can, the reader comes back to every block and each one
+    /// then costs a unit's GET and the block's after it (`dense_units`), where LRU pays
+    /// one. See [`FITS_WHOLE_SHARE`].
+    pub fits_whole: u64,
 }
 
 /// What the cache holds (or is fetching) around a candidate unit: see
@@ -68,6 +75,17 @@ pub struct UnitsHeld {
     pub in_block: u32,
 }
 
+/// Share of the cache a file may take and still be fetched in whole blocks: 3/4, so a
+/// file that fits beside a quarter of the cache for everything else keeps blocks.
+/// Measured on the replay corpus (docs/BENCHMARKS.md, "Multi-tenant mixes"): the 43.5 MB
+/// SQLite database in the `mix` / `mix4` traces at 40% (66 / 83 MiB) took 1.25 / 1.15x
+/// its LRU JCT in units (`mix`: 101 demand misses against LRU's 42) and 1.07 / 1.00x
+/// with this (56 / 42 misses). 0.6 is below that file's share at 40% of `mix` (no change); 1.0 and 1.5
+/// also cover `mix4` / `mix` at 20% (the file about the cache's size), where units are
+/// the better choice (+1.4% / +4.7% total JCT); the SQLite trace alone (17 MB at 40%)
+/// keeps its units at every share tried.
+pub const FITS_WHOLE_SHARE: f64 = 0.75;
+
 impl Default for Granularity {
     fn default() -> Self {
         Granularity {
@@ -75,6 +93,7 @@ impl Default for Granularity {
             min_unit: 16 << 10,
             min_file_blocks: 16,
             dense_units: 1,
+            fits_whole: 0,
         }
     }
 }
@@ -86,7 +105,21 @@ impl Granularity {
         min_unit: u64::MAX,
         min_file_blocks: u64::MAX,
         dense_units: 0,
+        fits_whole: 0,
     };
+
+    /// This granularity for a cache of `cache_bytes` (all levels that hold file data):
+    /// files of up to [`FITS_WHOLE_SHARE`] of it keep whole blocks. [`Self::BLOCKS`]
+    /// stays as it is.
+    pub fn for_cache(self, cache_bytes: u64) -> Granularity {
+        if self == Self::BLOCKS {
+            return self;
+        }
+        Granularity {
+            fits_whole: (cache_bytes as f64 * FITS_WHOLE_SHARE) as u64,
+            ..self
+        }
+    }
 
     /// Whether misses in a block of a file of `file_blocks` blocks, `cached_units` of
     /// whose units are cached, may fetch units at all ([`Self::unit`] then decides).
@@ -114,7 +147,7 @@ impl Granularity {
         mut held: impl FnMut(u64, bool) -> UnitsHeld,
     ) -> Option<u64> {
         let file_blocks = file_size.div_ceil(block.max(1));
-        if len == 0 || file_blocks < self.min_file_blocks {
+        if len == 0 || file_blocks < self.min_file_blocks || file_size <= self.fits_whole {
             return None;
         }
         let unit = self.unit(pattern, offset, len, block);
@@ -191,6 +224,30 @@ mod tests {
         assert_eq!(g.unit(Pattern::Unknown, 0, 4096, MIB), MIB);
         assert_eq!(g.unit(Pattern::Random, 0, 256 << 10, MIB), MIB);
         assert_eq!(Granularity::BLOCKS.unit(Pattern::Random, 0, 4096, MIB), MIB);
+    }
+
+    #[test]
+    fn files_the_cache_can_hold_keep_whole_blocks() {
+        let none = |_: u64, _: bool| UnitsHeld::default();
+        let file = 43 * MIB;
+        // A page of a 43 MiB file: units in a 20 MiB cache, the block in a 64 MiB one.
+        let small = Granularity::default().for_cache(20 * MIB);
+        assert_eq!(
+            small.demand_unit(Pattern::Random, 8192, 4096, MIB, file, none),
+            Some(16 << 10)
+        );
+        let large = Granularity::default().for_cache(64 * MIB);
+        assert_eq!(large.fits_whole, 48 * MIB);
+        assert_eq!(
+            large.demand_unit(Pattern::Random, 8192, 4096, MIB, file, none),
+            None
+        );
+        // Without a cache size (0) nothing changes; BLOCKS stays BLOCKS.
+        assert_eq!(
+            Granularity::default().demand_unit(Pattern::Random, 8192, 4096, MIB, file, none),
+            Some(16 << 10)
+        );
+        assert_eq!(Granularity::BLOCKS.for_cache(64 * MIB), Granularity::BLOCKS);
     }
 
     #[test]

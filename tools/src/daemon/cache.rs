@@ -88,7 +88,7 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         }
     };
     let level = |tier: Arc<dyn Tier>, bytes: u64| -> anyhow::Result<_> {
-        Ok((tier, policy::by_name(&cfg.policy, bytes)?))
+        Ok((tier, policy::by_name(&cfg.policy, bytes)?, bytes))
     };
     let mut levels = Vec::new();
     let gpu = match gpu_cfg {
@@ -121,9 +121,13 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     } else {
         None
     };
+    // Units pay only for files the cache cannot hold: sized by every level's bytes
+    // (the replay sizes it the same way).
+    let cache_bytes = levels.iter().map(|(_, _, b)| *b).sum::<u64>();
+    let granularity = granularity.for_cache(cache_bytes);
     let engine = levels
         .into_iter()
-        .fold(CacheEngine::builder(), |b, (tier, policy)| {
+        .fold(CacheEngine::builder(), |b, (tier, policy, _)| {
             b.tier_with_policy(tier, policy)
         })
         .build()?;
@@ -220,7 +224,15 @@ mod tests {
         let dir = |n: &str| tempfile::tempdir().expect(n);
         let (a, b, c) = (dir("a"), dir("b"), dir("c"));
         let core = open_core(&cfg(a.path())).expect("default read_units opens");
-        assert_eq!(core.granularity, Granularity::default(), "auto by default");
+        assert_eq!(
+            core.granularity,
+            Granularity {
+                fits_whole: core.granularity.fits_whole,
+                ..Granularity::default()
+            },
+            "auto by default"
+        );
+        assert!(core.granularity.fits_whole > 0, "sized by the cache");
         let block = CacheConfig {
             read_units: "block".into(),
             ..cfg(b.path())

@@ -1291,7 +1291,10 @@ fn replay_once(
     // default, `[cache] read_units = "auto"`); `strata-blocks` is the daemon with
     // `read_units = "block"`, and the baselines keep whole blocks.
     let granularity = if name.starts_with("strata") && name != "strata-blocks" {
-        Granularity::default()
+        // Sized by every level's bytes, as the daemon's (`open_core`).
+        let cache_bytes =
+            cfg.capacity_bytes + cfg.lower.iter().map(|l| l.capacity_bytes).sum::<u64>();
+        Granularity::default().for_cache(cache_bytes)
     } else {
         Granularity::BLOCKS
     };
