@@ -18,7 +18,7 @@ WORK=${WORK:-/tmp/strata-corpus}
 OUT=${OUT:-$repo/tools/replay/traces}
 W=(python3 "$repo/scripts/corpus/workloads.py")
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(sqlite shards loader npy parquet h5 safetensors mix)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(sqlite shards loader npy parquet h5 safetensors mix etl mix4)
 mkdir -p "$WORK" "$OUT"
 
 # The Python module a kind needs beyond the standard library.
@@ -59,6 +59,17 @@ for k in "${kinds[@]}"; do
         ${W[*]} run sqlite $WORK/sqlite &
         ${W[*]} run shards $WORK/shards &
         ${W[*]} run loader $WORK/loader &
+        wait"
+      ;;
+    mix4)
+      # The four tenants of issue 13's held-out mix: mix's three plus the ETL scan,
+      # each its own process group as in mix.
+      for part in sqlite shards loader etl; do gen "$part"; done
+      record mix4 bash -c "set -m
+        ${W[*]} run sqlite $WORK/sqlite &
+        ${W[*]} run shards $WORK/shards &
+        ${W[*]} run loader $WORK/loader &
+        ${W[*]} run etl $WORK/etl &
         wait"
       ;;
     *)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every trace the policy is judged on (issue 13): the 8 recorded corpus traces, the 7
+# Every trace the policy is judged on (issue 13): the 10 recorded corpus traces, the 7
 # generator workloads and both Mooncake traces, at 10/20/40% of unique bytes, every
 # policy; one JSON per trace and capacity (the format of `strata bench replay --json`).
 #

@@ -1,9 +1,9 @@
 # The replay corpus issue 13 judges the policy on, as "NAME PATH" lines in the array
-# `traces`: the 8 recorded traces in the repo, the 7 generator workloads and both
+# `traces`: the 10 recorded traces in the repo, the 7 generator workloads and both
 # Mooncake traces from GEN (as scripts/replay-set.sh makes them). Sourced by
 # replay-all.sh and replay-speed.sh, so both run the same set; needs ROOT and GEN.
 traces=()
-for t in h5 loader mix npy parquet safetensors shards sqlite; do
+for t in etl h5 loader mix mix4 npy parquet safetensors shards sqlite; do
   traces+=("$t $ROOT/tools/replay/traces/$t.csv.gz")
 done
 for w in mixed shards checkpoint preprocess train-small-files inference-skew kv-prefix; do

@@ -23,6 +23,9 @@ const PAGE: u64 = 4096;
 const UNIT: u64 = 4 << 10;
 /// 64 blocks, the last one short and its last unit too: 16 MiB less 5000 bytes.
 const SIZE: u64 = 64 * BS - 5000;
+/// A memory tier the object does not fit 3/4 of (so it is read in units,
+/// `Granularity::fits_whole_percent`) and is not over twice (so the dense rule holds).
+const MEM: u64 = 16 << 20;
 
 fn data(n: usize) -> Bytes {
     (0..n)
@@ -128,7 +131,7 @@ async fn small_random_reads_fetch_unit_sized_ranges() {
         let fx = fixture(
             SIZE,
             BS,
-            64 << 20,
+            MEM,
             Granularity::default(),
             FaultConfig::default(),
         )
@@ -225,7 +228,7 @@ async fn reads_straddling_cached_and_uncached_units_are_byte_exact() {
         let fx = fixture(
             SIZE,
             BS,
-            64 << 20,
+            MEM,
             Granularity::default(),
             FaultConfig::default(),
         )
@@ -263,7 +266,7 @@ async fn concurrent_misses_on_one_unit_share_one_get() {
         let fx = fixture(
             SIZE,
             BS,
-            64 << 20,
+            MEM,
             Granularity::default(),
             FaultConfig::default(),
         )
@@ -316,11 +319,11 @@ async fn units_on_the_disk_tier_survive_a_restart() {
             .expect("seed");
         let open = |store: BackingStore| {
             let disk =
-                DiskTier::open(dir.path(), 256 << 20, DiskOptions::default()).expect("disk tier");
+                DiskTier::open(dir.path(), 12 << 20, DiskOptions::default()).expect("disk tier");
             let disk = Arc::new(disk);
             let weak = Arc::downgrade(&disk);
             let engine = CacheEngine::builder()
-                .tier(Arc::new(MemoryTier::new(64 << 20)))
+                .tier(Arc::new(MemoryTier::new(8 << 20)))
                 .tier(disk)
                 .build()
                 .expect("engine");

@@ -19,6 +19,9 @@ Kinds:
   h5       h5py: chunked 2-D datasets read in random row blocks
   safetensors  safetensors: full loads of 4 checkpoint shards (16 MiB each), then
            the first two again
+  etl      Python csv: an ETL scan, a small dimension table loaded into a dict, then
+           8 fact CSV partitions (~6 MB each) read once end to end, joined and
+           aggregated (revenue per region and month)
 """
 
 import os
@@ -289,6 +292,58 @@ def run_safetensors(d):
         with open(os.path.join(base, f), "rb") as fh:
             total += sum(float(t[0, 0]) for t in load(fh.read()).values())
     print(f"safetensors: {total:.3f}")
+
+
+# --- ETL scan (csv) -----------------------------------------------------------------
+
+ETL_PARTS = 8
+ETL_ROWS = 110_000  # per partition: ~6 MB of CSV each
+ETL_CUSTOMERS = 20_000
+
+
+def gen_etl(d):
+    import csv
+
+    rng = random.Random(SEED)
+    base = os.path.join(d, "etl")
+    os.makedirs(base, exist_ok=True)
+    regions = ["emea", "amer", "apac", "latam"]
+    with open(os.path.join(base, "customers.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["customer_id", "region", "segment", "since"])
+        for c in range(ETL_CUSTOMERS):
+            w.writerow([c, rng.choice(regions), rng.choice(["retail", "smb", "corp"]), 2000 + rng.randrange(25)])
+    order = 0
+    for p in range(ETL_PARTS):
+        with open(os.path.join(base, f"orders-{p:02d}.csv"), "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["order_id", "date", "customer_id", "sku", "qty", "unit_price", "status"])
+            for _ in range(ETL_ROWS):
+                order += 1
+                date = f"2026-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
+                status = "returned" if rng.random() < 0.05 else "shipped"
+                w.writerow([order, date, rng.randrange(ETL_CUSTOMERS), f"SKU{rng.randrange(5000):05d}",
+                            1 + rng.randrange(5), f"{rng.uniform(1, 200):.2f}", status])
+
+
+def run_etl(d):
+    import csv
+    from collections import defaultdict
+
+    base = os.path.join(d, "etl")
+    # Default buffering, as an ETL script is written: 8 KiB reads, one pass per file.
+    with open(os.path.join(base, "customers.csv"), newline="") as f:
+        region = {int(r["customer_id"]): r["region"] for r in csv.DictReader(f)}
+    revenue = defaultdict(float)
+    rows = 0
+    for name in sorted(n for n in os.listdir(base) if n.startswith("orders-")):
+        with open(os.path.join(base, name), newline="") as f:
+            for r in csv.DictReader(f):
+                rows += 1
+                if r["status"] == "shipped":
+                    revenue[(region[int(r["customer_id"])], r["date"][:7])] += int(r["qty"]) * float(r["unit_price"])
+    top = max(revenue.items(), key=lambda kv: kv[1])
+    print(f"etl: {rows} rows, {len(revenue)} groups, top {top[0]} {top[1]:.0f}")
 
 
 def main():
