@@ -273,15 +273,16 @@ pub struct CacheConfig {
     pub policy: String,
     /// Fetch and cache units of file reads (issue 13): `auto` reads a small read (at
     /// most 64 KiB) of a stream the tracker classifies random or skewed, in a file of at
-    /// least 16 blocks, through the aligned 16-64 KiB unit around it instead of its
-    /// whole block (`strata_cache_core::granularity`); `block` always reads whole
-    /// blocks. `auto` by default: on the replay corpus (the replay's `strata` and
-    /// `strata-blocks` variants are these two settings) it leaves 44 of 51 trace/capacity
-    /// pairs unchanged, cuts the recorded SQLite lookups' total JCT to 0.83-0.85x and the
-    /// 4-tenant mix at 10%/20% to 0.98x/0.97x, costs the mix at 40% 1.02x and h5 at 20%
-    /// 1.01x; geometric mean over all 51 pairs 0.99x, and 17 instead of 20 pairs miss the
-    /// issue's bar (docs/BENCHMARKS.md, "Sub-block units in the daemon" and "The merged
-    /// tree, night of 2026-12-01").
+    /// least 16 blocks and over 3/4 of the cache (all tiers), through the aligned 4-64
+    /// KiB unit around it instead of its whole block; a second miss in a block with a
+    /// unit cached fetches the block, unless the stream reads mostly in small pieces and
+    /// the file is over twice the cache (`strata_cache_core::granularity` has the
+    /// reasons and figures); `block` always reads whole blocks. `auto` by default: on
+    /// the recorded SQLite lookups it is 0.75 / 0.74 / 0.62x the best baseline's JCT at
+    /// 10 / 20 / 40% of the file with 1.45 / 1.29 / 1.35x its byte hit ratio, and through
+    /// the mount (43 MB database, 8 MiB cache) it moved 230 MB from the store where
+    /// whole blocks moved 3.3 GB (docs/BENCHMARKS.md, "Skewed small reads of a large
+    /// file").
     pub read_units: String,
     /// GPU-memory tier budget (e.g. "8GiB"), the fastest level, above memory and disk.
     /// None (or "0"): no GPU tier. Off by default: device memory belongs to the training

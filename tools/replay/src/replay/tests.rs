@@ -412,9 +412,6 @@ fn a_hierarchy_replay_is_deterministic_for_every_policy() {
     }
 }
 
-/// Granularity that follows the pattern (issue 13): a hot set of 4 KiB pages, each in
-/// its own 1 MiB block, read in random order. Whole blocks fit 4 of the 48 pages in a
-/// 4 MiB cache; 16 KiB units fit all of them.
 /// Skewed point lookups as SQLite makes them (the 16-byte change counter at offset
 /// 24, then one 4 KiB page, popular pages scattered over the file) in a file 16x the
 /// cache: every block soon has a unit cached, which alone would make the whole block
@@ -443,6 +440,9 @@ fn skewed_lookups_in_a_file_far_larger_than_the_cache_stay_in_units() {
     assert!(strata.total_jct_s < lru.total_jct_s);
 }
 
+/// Granularity that follows the pattern (issue 13): a hot set of 4 KiB pages, each in
+/// its own 1 MiB block, read in random order. Whole blocks fit 4 of the 48 pages in a
+/// 4 MiB cache; 4 KiB units fit all of them.
 #[test]
 fn small_random_reads_are_cached_in_units_not_blocks() {
     let mut x = 7u64;
