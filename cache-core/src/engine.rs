@@ -475,11 +475,15 @@ impl CacheEngine {
 
     /// How many of `keys` are held or in flight ([`Self::held_or_fetching`]), under one
     /// lock of each map.
-    pub fn count_held_or_fetching(&self, keys: &[CacheKey]) -> u32 {
+    /// Counting stops at `max`: a caller comparing with a threshold (the granularity's
+    /// dense rule asks about up to 511 unit keys of a block) holds the engine's lock no
+    /// longer than the answer needs.
+    pub fn count_held_or_fetching(&self, keys: &[CacheKey], max: u32) -> u32 {
         let inflight = self.inner.inflight.lock();
         let state = self.inner.state.lock();
         keys.iter()
             .filter(|k| inflight.contains_key(*k) || state.locate(k).is_some())
+            .take(max as usize)
             .count() as u32
     }
 

@@ -92,7 +92,8 @@ pub struct Granularity {
 pub struct UnitsHeld {
     /// The unit itself (served from the cache, or joining its fetch).
     pub unit: bool,
-    /// Units of any size of the same block.
+    /// Units of any size of the same block (a caller may stop counting at
+    /// [`Granularity::dense_units`], all the decision compares it with).
     pub in_block: u32,
 }
 

@@ -589,7 +589,9 @@ impl ObjectReader {
                     .collect();
                 UnitsHeld {
                     unit: unit_held,
-                    in_block: self.engine.count_held_or_fetching(&in_block),
+                    in_block: self
+                        .engine
+                        .count_held_or_fetching(&in_block, self.granularity.dense_units),
                 }
             },
         )
