@@ -943,3 +943,49 @@ fn sequential_scans_keep_the_main_until_scan_reuse() {
     assert!(kept >= 11, "kept {kept}");
     assert!(prior <= 6, "prior {prior}");
 }
+
+/// The recorded `etl` scan in miniature (issue 13): a 4 MiB cache whose main holds three
+/// blocks of a file read once (frequency 1, never read again), a tiny window, and a
+/// reader in the middle of block 0 of the next file (read 8 KiB at a time: a repeat).
+/// Returns the victim a readahead fill of block 1 gets.
+fn readahead_victim_while_a_block_is_read(window_keeps_block_being_read: bool) -> CacheKey {
+    let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+        capacity_hint: Some(4 * MB),
+        adapt_window: false,
+        window_share: 0.01,
+        window_keeps_block_being_read,
+        ..PatternAwareConfig::default()
+    });
+    let mut t = 0;
+    for b in 0..3 {
+        t += 1;
+        let k = CacheKey::file("etl/orders-00.csv", "v", b);
+        assert!(p.admit(&k, MB, &demand(1, t)));
+        p.on_insert(&k, MB, &demand(1, t));
+    }
+    let current = CacheKey::file("etl/orders-01.csv", "v", 0);
+    assert!(p.admit(&current, MB, &demand(1, 4)));
+    p.on_insert(&current, MB, &demand(1, 4));
+    let piece = AccessContext {
+        obs: Observation {
+            repeat: true,
+            ..Observation::default()
+        },
+        ..demand(1, 5)
+    };
+    p.on_hit(&current, &piece);
+    let next = CacheKey::file("etl/orders-01.csv", "v", 1);
+    let pf = AccessContext::prefetch(JobId(1), 6);
+    assert!(p.admit(&next, MB, &pf));
+    p.victim().expect("a full cache has a victim")
+}
+
+/// A readahead fill takes a dead main item, not the block the reader is in the middle
+/// of: without the rule the block being read is the window's contest candidate, loses
+/// the frequency-1 tie and is fetched again (`etl` at 10%: 3.51 s vs LRU's 3.29 s).
+#[test]
+fn a_readahead_does_not_evict_the_block_being_read() {
+    let current = CacheKey::file("etl/orders-01.csv", "v", 0);
+    assert_ne!(readahead_victim_while_a_block_is_read(true), current);
+    assert_eq!(readahead_victim_while_a_block_is_read(false), current);
+}
