@@ -864,6 +864,9 @@ fn contest_victim_of_equals(freq_ties_largest_first: bool) -> CacheKey {
         adapt_window: false,
         window_share: 0.01,
         freq_ties_largest_first,
+        // The candidate here is also the latest demanded block, which that rule keeps
+        // out of the contest until the next demand: this test is about the tie alone.
+        window_keeps_last_demanded: false,
         ..PatternAwareConfig::default()
     });
     let column = CacheKey::file("pq/day=0.parquet", "v", 2);
@@ -946,14 +949,18 @@ fn sequential_scans_keep_the_main_until_scan_reuse() {
 
 /// The recorded `etl` scan in miniature (issue 13): a 4 MiB cache whose main holds three
 /// blocks of a file read once (frequency 1, never read again), a tiny window, and a
-/// reader in the middle of block 0 of the next file (read 8 KiB at a time: a repeat).
-/// Returns the victim a readahead fill of block 1 gets.
-fn readahead_victim_while_a_block_is_read(window_keeps_block_being_read: bool) -> CacheKey {
+/// reader that has just demanded block 0 of the next file (and will read the rest of it
+/// 8 KiB at a time, with `piece` a first further piece). Returns the victim a readahead
+/// fill of block 1 gets.
+fn readahead_victim_while_a_block_is_read(
+    window_keeps_last_demanded: bool,
+    piece: bool,
+) -> CacheKey {
     let mut p = PatternAwarePolicy::new(PatternAwareConfig {
         capacity_hint: Some(4 * MB),
         adapt_window: false,
         window_share: 0.01,
-        window_keeps_block_being_read,
+        window_keeps_last_demanded,
         ..PatternAwareConfig::default()
     });
     let mut t = 0;
@@ -966,14 +973,16 @@ fn readahead_victim_while_a_block_is_read(window_keeps_block_being_read: bool) -
     let current = CacheKey::file("etl/orders-01.csv", "v", 0);
     assert!(p.admit(&current, MB, &demand(1, 4)));
     p.on_insert(&current, MB, &demand(1, 4));
-    let piece = AccessContext {
-        obs: Observation {
-            repeat: true,
-            ..Observation::default()
-        },
-        ..demand(1, 5)
-    };
-    p.on_hit(&current, &piece);
+    if piece {
+        let piece = AccessContext {
+            obs: Observation {
+                repeat: true,
+                ..Observation::default()
+            },
+            ..demand(1, 5)
+        };
+        p.on_hit(&current, &piece);
+    }
     let next = CacheKey::file("etl/orders-01.csv", "v", 1);
     let pf = AccessContext::prefetch(JobId(1), 6);
     assert!(p.admit(&next, MB, &pf));
@@ -986,6 +995,11 @@ fn readahead_victim_while_a_block_is_read(window_keeps_block_being_read: bool) -
 #[test]
 fn a_readahead_does_not_evict_the_block_being_read() {
     let current = CacheKey::file("etl/orders-01.csv", "v", 0);
-    assert_ne!(readahead_victim_while_a_block_is_read(true), current);
-    assert_eq!(readahead_victim_while_a_block_is_read(false), current);
+    for piece in [false, true] {
+        assert_ne!(readahead_victim_while_a_block_is_read(true, piece), current);
+        assert_eq!(
+            readahead_victim_while_a_block_is_read(false, piece),
+            current
+        );
+    }
 }
