@@ -15,7 +15,7 @@
 //! | `consumed` | scan data (sequential/random stream) just read, a recency queue | beyond its learnt share, first: oldest first, unless the stable subset takes it ("evict behind") |
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
 //! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
-//! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share |
+//! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share (never the latest demanded block) |
 //! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU; ties largest first, then oldest) |
 //!
 //! * **Sequential and random streams** (data read about once per epoch, in sequence or
@@ -136,6 +136,11 @@ pub struct PatternAwareConfig {
     /// is dropped: 0.25, enough for several streams' readahead windows while leaving
     /// three quarters to retained data.
     pub ahead_share: f64,
+    /// The block of the latest demand access is not the window -> main contest's
+    /// candidate (so a prefetch fill never evicts it that way) until another block is
+    /// demanded: true. Its reader is most likely in the middle of it (`etl`: 8 KiB
+    /// reads of 1 MiB blocks); a demand miss clears it before its own victims are taken.
+    pub window_keeps_last_demanded: bool,
     /// Initial share of the frequency side kept as a recency window (W-TinyLFU): 0.01,
     /// Caffeine's starting point (a new item gets a short recency chance before it must
     /// beat the main's least frequent item). Only the start: with `adapt_window` the
@@ -248,6 +253,7 @@ impl Default for PatternAwareConfig {
         PatternAwareConfig {
             capacity_hint: None,
             ahead_share: 0.25,
+            window_keeps_last_demanded: true,
             window_share: 0.01,
             adapt_window: true,
             stable_share: 0.5,
@@ -543,6 +549,9 @@ pub struct PatternAwarePolicy {
     pending: Option<(u64, Pool)>,
     pending_size: u64,
     last_victim: Option<u64>,
+    /// Hash of the block the latest demand access read (set by its hit or insert,
+    /// cleared by the next demand miss's `admit`).
+    last_demanded: Option<u64>,
     /// The item about to be inserted is a demand miss of a sequential stream.
     pending_sequential_miss: bool,
 }
@@ -612,6 +621,7 @@ impl PatternAwarePolicy {
             pending: None,
             pending_size: 0,
             last_victim: None,
+            last_demanded: None,
             pending_sequential_miss: false,
             cfg,
         }
@@ -1154,6 +1164,17 @@ impl PatternAwarePolicy {
             let Some((_, c)) = self.window.first_key_value() else {
                 break;
             };
+            // The block of the latest demand access (its reader is most likely in the
+            // middle of it) is not the contest's candidate: at a tie it would lose to
+            // any dead frequency-1 item of the main, and a window smaller than one block
+            // makes it the candidate of every prefetch fill (`etl` at 10%: readahead
+            // evicted the block being read 8 KiB at a time, which was fetched again).
+            if self.cfg.window_keeps_last_demanded
+                && self.last_demanded.is_some()
+                && self.entries.get(c).map(|e| e.hash) == self.last_demanded
+            {
+                break;
+            }
             let c = c.clone();
             let size = self.entries.get(&c).map_or(0, |e| e.size);
             if self.freq.is_empty() || ((self.bytes[3] + size) as f64) <= main_target {
@@ -1257,6 +1278,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             return true;
         }
         let obs = ctx.obs;
+        self.last_demanded = None;
         let seen = self.seen_check_set(h);
         if !obs.repeat {
             self.count(h);
@@ -1276,6 +1298,9 @@ impl EvictionPolicy for PatternAwarePolicy {
             _ => self.pool_for(ctx.obs.retention()),
         };
         self.pending_size = 0;
+        if ctx.is_demand() {
+            self.last_demanded = Some(h);
+        }
         if let Some(old) = self.entries.remove(key) {
             self.unlink(key, &old);
         }
@@ -1300,6 +1325,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             return;
         };
         self.seen_check_set(e.hash);
+        self.last_demanded = Some(e.hash);
         if self.cfg.release_idle {
             self.period_jobs.insert(ctx.job.0);
         }

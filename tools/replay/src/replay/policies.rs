@@ -92,6 +92,16 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             (policy, Some(c))
         }
         "strata-noprefetch" => (strata_policy_set(false, capacity).0, None),
+        // `strata` with `pattern_aware_config`'s knob overrides: a whole-corpus noise
+        // check or A/B run with `replay_json` (P=strata:ghost_share=0.11).
+        other if other.starts_with("strata:") => {
+            let cfg = pattern_aware_config(other, capacity)?;
+            let controller = AccessController::with_predictors(true, true);
+            (
+                Box::new(PatternAwarePolicy::new(cfg)) as Box<dyn EvictionPolicy>,
+                Some(controller),
+            )
+        }
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")
@@ -132,6 +142,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "sketch_follows_items" => c.sketch_follows_items = on,
             "freq_ties_largest_first" => c.freq_ties_largest_first = on,
             "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = on,
+            "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
@@ -222,5 +233,14 @@ mod tests {
         assert!(shared_pattern_aware("lru", 1)
             .expect("a baseline")
             .is_none());
+    }
+
+    /// `replay_json` takes the same overrides, with the standard controller, so a
+    /// noise check can run over the whole corpus.
+    #[test]
+    fn make_policy_takes_knob_overrides() {
+        let set = make_policy("strata:ghost_share=0.11", 1 << 30).expect("a known knob");
+        assert!(set.controller.is_some());
+        assert!(make_policy("strata:no_such_knob=1", 1).is_err());
     }
 }
