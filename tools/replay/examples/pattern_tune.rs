@@ -152,7 +152,7 @@ fn main() -> anyhow::Result<()> {
                     controller: if std::env::var("NOPF").is_ok() {
                         None
                     } else if std::env::var("SEM").is_ok() {
-                        Some(strata_policy_set(true, cap).1)
+                        Some(strata_policy_set("strata", true, cap)?.1)
                     } else {
                         Some(AccessController::new(
                             ControllerConfig::default(),

@@ -8,8 +8,8 @@
 //! | `2random` | [`TwoRandomPolicy`](strata_cache_core::policy::TwoRandomPolicy) (JuiceFS default), fixed seed | none |
 //! | `tinylfu` | [`TinyLfuPolicy`](strata_cache_core::policy::TinyLfuPolicy), moka's W-TinyLFU as the whole cache (Dynamo KVBM) | none |
 //! | `opt` | [`BeladyPolicy`](strata_cache_core::policy::BeladyPolicy) fed the trace's next-use index | none |
-//! | `strata` | [`strata_policy_set`]`(true)` | the daemon's access controller: sequential + semantic |
-//! | `strata-nosemantic` | [`strata_policy_set`]`(false)` | the access controller, sequential only |
+//! | `strata` | [`strata_policy_set`]`(name, true)` | the daemon's access controller: sequential + semantic |
+//! | `strata-nosemantic` | [`strata_policy_set`]`(name, false)` | the access controller, sequential only |
 //! | `strata-noprefetch` | [`PatternAwarePolicy`](strata_cache_core::policy::PatternAwarePolicy) alone | none (isolates retention) |
 //!
 //! The baselines get no prefetching: the systems they stand for either have none on
@@ -68,13 +68,15 @@ pub type Listings = Vec<(String, Vec<(String, u64)>)>;
 /// dataset's directory listings as the mount does, when a job first reads in a directory
 /// (see [`super::replay`]); the policy is told the tier's byte budget (as the engine
 /// would).
+/// `name` may carry [`pattern_aware_config`]'s knob overrides (`strata:ghost_share=0.11`).
 pub fn strata_policy_set(
+    name: &str,
     semantic: bool,
     capacity: u64,
-) -> (Box<dyn EvictionPolicy>, AccessController<u32>) {
+) -> anyhow::Result<(Box<dyn EvictionPolicy>, AccessController<u32>)> {
     let controller = AccessController::with_predictors(true, semantic);
-    let policy = policy::by_name("strata", capacity).expect("strata is a live policy name");
-    (policy, controller)
+    let policy = PatternAwarePolicy::new(pattern_aware_config(name, capacity)?);
+    Ok((Box::new(policy), controller))
 }
 
 /// Builds the policy called `name` for a tier of `capacity` bytes.
@@ -87,21 +89,17 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             next_use = Some(h);
             (Box::new(p) as Box<dyn EvictionPolicy>, None)
         }
+        // `strata:KNOB=V...`: `strata` with knob overrides, for a whole-corpus noise
+        // check or A/B run with `replay_json` (P=strata:ghost_share=0.11).
         "strata" | "strata-nosemantic" | "strata-blocks" => {
-            let (policy, c) = strata_policy_set(name != "strata-nosemantic", capacity);
+            let (policy, c) = strata_policy_set(name, name != "strata-nosemantic", capacity)?;
             (policy, Some(c))
         }
-        "strata-noprefetch" => (strata_policy_set(false, capacity).0, None),
-        // `strata` with `pattern_aware_config`'s knob overrides: a whole-corpus noise
-        // check or A/B run with `replay_json` (P=strata:ghost_share=0.11).
         other if other.starts_with("strata:") => {
-            let cfg = pattern_aware_config(other, capacity)?;
-            let controller = AccessController::with_predictors(true, true);
-            (
-                Box::new(PatternAwarePolicy::new(cfg)) as Box<dyn EvictionPolicy>,
-                Some(controller),
-            )
+            let (policy, c) = strata_policy_set(other, true, capacity)?;
+            (policy, Some(c))
         }
+        "strata-noprefetch" => (strata_policy_set(name, false, capacity)?.0, None),
         other => anyhow::bail!(
             "unknown policy `{other}` (known: {})",
             POLICY_NAMES.join(", ")
