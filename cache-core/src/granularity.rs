@@ -133,19 +133,17 @@ impl Granularity {
         fits_whole_percent: 0,
     };
 
-    /// Whether misses in a block of a file of `file_size` bytes in `file_blocks` blocks,
-    /// `cached_units` of whose units are cached, may fetch units at all ([`Self::unit`]
-    /// then decides), in a cache of `cache_bytes` (all levels).
-    pub fn sparse(
-        &self,
-        file_size: u64,
-        file_blocks: u64,
-        cached_units: u32,
-        cache_bytes: u64,
-    ) -> bool {
-        file_blocks >= self.min_file_blocks
-            && (cached_units < self.dense_units
-                || file_size > cache_bytes.saturating_mul(self.sparse_file_ratio))
+    /// Whether a file of `file_size` bytes is too large for a cache of `cache_bytes` (all
+    /// levels) to keep its blocks whole ([`Self::sparse_file_ratio`]).
+    pub fn beyond_cache(&self, file_size: u64, cache_bytes: u64) -> bool {
+        file_size > cache_bytes.saturating_mul(self.sparse_file_ratio)
+    }
+
+    /// Whether misses in a block of a file of `file_blocks` blocks, `cached_units` of
+    /// whose units are cached, may fetch units at all ([`Self::unit`] then decides):
+    /// `beyond_cache` (see [`Self::beyond_cache`]) overrides the dense rule.
+    pub fn sparse(&self, file_blocks: u64, cached_units: u32, beyond_cache: bool) -> bool {
+        file_blocks >= self.min_file_blocks && (cached_units < self.dense_units || beyond_cache)
     }
 
     /// The unit a demand read of `len` bytes at `offset` within block-sized `block` of a
@@ -183,13 +181,8 @@ impl Granularity {
             // Only a stream that reads in small pieces is kept sparse in a large file: a
             // stream of mostly large reads whose small ones are the ends of larger reads
             // (an HDF5 slice split at a chunk boundary) is served by the block next.
-            let cache_bytes = if obs.small_reads {
-                cache_bytes
-            } else {
-                u64::MAX
-            };
-            return (h.unit || self.sparse(file_size, file_blocks, h.in_block, cache_bytes))
-                .then_some(unit);
+            let beyond_cache = obs.small_reads && self.beyond_cache(file_size, cache_bytes);
+            return (h.unit || self.sparse(file_blocks, h.in_block, beyond_cache)).then_some(unit);
         }
         self.unit_sizes(block)
             .into_iter()
@@ -302,16 +295,17 @@ mod tests {
     fn small_files_and_dense_blocks_stay_whole() {
         let g = Granularity::default();
         let file = 42 * MIB;
-        assert!(g.sparse(file, 42, 0, CACHE));
+        assert!(g.sparse(42, 0, g.beyond_cache(file, CACHE)));
         assert!(
-            !g.sparse(file, 42, 1, CACHE),
+            !g.sparse(42, 1, g.beyond_cache(file, CACHE)),
             "a unit of the block cached: fetch it whole"
         );
         assert!(
-            !g.sparse(8 * MIB, 8, 0, CACHE),
+            !g.sparse(8, 0, g.beyond_cache(8 * MIB, CACHE)),
             "an 8-block file is read whole"
         );
-        assert!(!Granularity::BLOCKS.sparse(u64::MAX - 1, u64::MAX - 1, 0, 0));
+        let blocks = Granularity::BLOCKS;
+        assert!(!blocks.sparse(u64::MAX - 1, 0, blocks.beyond_cache(u64::MAX - 1, 0)));
     }
 
     #[test]
@@ -319,10 +313,10 @@ mod tests {
         let g = Granularity::default();
         let file = 42 * MIB;
         // The cache holds half the file: a block read again is worth holding whole.
-        assert!(!g.sparse(file, 42, 1, file / 2));
+        assert!(!g.sparse(42, 1, g.beyond_cache(file, file / 2)));
         // It holds a tenth: the block would be gone before the next read of it.
-        assert!(g.sparse(file, 42, 1, file / 10));
-        assert!(g.sparse(file, 42, 200, file / 10));
+        assert!(g.sparse(42, 1, g.beyond_cache(file, file / 10)));
+        assert!(g.sparse(42, 200, g.beyond_cache(file, file / 10)));
         let one = |_, _| UnitsHeld {
             unit: false,
             in_block: 1,
@@ -351,7 +345,8 @@ mod tests {
             None
         );
         // Whole blocks always.
-        assert!(!Granularity::BLOCKS.sparse(file, 42, 0, 0));
+        let blocks = Granularity::BLOCKS;
+        assert!(!blocks.sparse(42, 0, blocks.beyond_cache(file, 0)));
     }
 
     #[test]
