@@ -350,7 +350,19 @@ class Mount:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.mnt, ignore_errors=True)
-        shutil.rmtree(self.cache, ignore_errors=True)
+        if KEPT_CACHES is None:
+            shutil.rmtree(self.cache, ignore_errors=True)
+        else:
+            KEPT_CACHES.append(self.cache)
+
+
+# With --keep-caches: the cache dirs of closed mounts, removed when the case ends.
+KEPT_CACHES = None
+
+
+def remove_kept_caches():
+    while KEPT_CACHES:
+        shutil.rmtree(KEPT_CACHES.pop(), ignore_errors=True)
 
 
 def timed(f):
@@ -409,7 +421,17 @@ def main():
                     help="where s3rver is installed (npm) on first use")
     ap.add_argument("--no-bytes", action="store_true",
                     help="skip the bytes-on-disk measurement (cache_bytes_ratio)")
+    ap.add_argument("--keep-caches", action="store_true",
+                    help="remove each mount's cache dir when the case ends, not right after "
+                         "its run: on an ext4 without a journal every inode allocation "
+                         "skips inodes freed in the last ~30 s (recently_deleted), so the "
+                         "block files a cold run creates just after the previous run's "
+                         "cache was removed cost ~18%% of the daemon's CPU (docs/BENCHMARKS.md, "
+                         "\"Cold fill: one copy per byte\")")
     args = ap.parse_args()
+    if args.keep_caches:
+        global KEPT_CACHES
+        KEPT_CACHES = []
 
     work = args.work or tempfile.mkdtemp(prefix="strata-peer-")
     os.makedirs(work, exist_ok=True)
@@ -582,6 +604,7 @@ def main():
                     log(f"{case}: {name} ...")
                     row[f"{name}_s"] = round(warm(name, run, memory=memory), 3)
             results.append(row)
+            remove_kept_caches()
         if not wanted or any("loader".startswith(w) or w.startswith("loader") for w in wanted):
             rows = [{"case": "shuffled loader (4 threads) epoch 1"},
                     {"case": "shuffled loader (4 threads) epoch 2"}]
@@ -637,6 +660,7 @@ def main():
         }
         print(json.dumps(out, indent=1))
     finally:
+        remove_kept_caches()
         moto.stop()
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

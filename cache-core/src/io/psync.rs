@@ -6,12 +6,13 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{AlignedBuf, IoEngine};
+use super::{iovecs, parts_len, AlignedBuf, IoEngine, WritePart};
 
 #[derive(Debug, Default)]
 pub struct PsyncEngine;
@@ -73,7 +74,42 @@ impl IoEngine for PsyncEngine {
         blocking(move || file.write_all_at(buf.full_mut(), offset)).await
     }
 
+    async fn write_parts_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        parts: Vec<WritePart>,
+    ) -> io::Result<()> {
+        blocking(move || pwritev_all(&file, offset, &parts)).await
+    }
+
     async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
         blocking(move || file.sync_data()).await
     }
+}
+
+/// `pwritev` until every byte of `parts` is written (resuming after a short write).
+fn pwritev_all(file: &File, offset: u64, parts: &[WritePart]) -> io::Result<()> {
+    let total = parts_len(parts);
+    let mut done = 0usize;
+    while done < total {
+        let iov = iovecs(parts, done);
+        let at = libc::off_t::try_from(offset + done as u64)
+            .map_err(|_| io::Error::other("write offset out of range"))?;
+        // SAFETY: each iovec points into a part of `parts`, borrowed (so alive and
+        // unmoved) for the whole call; pwritev only reads through them.
+        let n = unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), iov.len() as i32, at) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
 }

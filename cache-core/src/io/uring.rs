@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use io_uring::{opcode, types, IoUring};
 use tokio::sync::oneshot;
 
-use super::{align_up, AlignedBuf, IoEngine};
+use super::{align_up, iovecs, parts_len, AlignedBuf, IoEngine, WritePart};
 use crate::checksum::{crc32c, Crc32c};
 
 /// Submission-queue entries; see the module doc.
@@ -52,6 +52,8 @@ enum OpKind {
     /// A read in parts with the crc32c of `Request::crc` computed as they arrive.
     ReadCrc,
     Write,
+    /// A vectored write of `Request::wparts` from byte `pos` of their concatenation.
+    WriteV,
     Fsync,
 }
 
@@ -82,6 +84,8 @@ struct Request {
     /// [`OpKind::ReadCrc`]: the buffer range to checksum.
     crc: std::ops::Range<usize>,
     parts: Option<Parts>,
+    /// [`OpKind::WriteV`]: what is written (owned here until the completion).
+    wparts: Vec<WritePart>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -90,6 +94,8 @@ struct Reply {
     buf: Option<AlignedBuf>,
     /// [`OpKind::ReadCrc`]: the checksum, when the read covered the whole range.
     crc: Option<u32>,
+    /// [`OpKind::WriteV`]: the parts, handed back for a resumed short write.
+    wparts: Vec<WritePart>,
 }
 
 enum Msg {
@@ -159,8 +165,15 @@ impl UringEngine {
             len,
             crc,
             parts: None,
+            wparts: Vec::new(),
             reply,
         };
+        self.send(req, rx).await
+    }
+
+    /// Hands `req` to the ring thread and waits for its reply (`rx`, the receiving end
+    /// of `req.reply`).
+    async fn send(&self, req: Request, rx: oneshot::Receiver<Reply>) -> io::Result<Reply> {
         self.tx
             .send(Msg::Op(Box::new(req)))
             .map_err(|_| io::Error::other("io_uring thread has stopped"))?;
@@ -293,6 +306,39 @@ impl IoEngine for UringEngine {
         Ok(())
     }
 
+    async fn write_parts_at(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        parts: Vec<WritePart>,
+    ) -> io::Result<()> {
+        let total = parts_len(&parts);
+        let mut parts = parts;
+        let mut done = 0usize;
+        while done < total {
+            let (reply, rx) = oneshot::channel();
+            let req = Request {
+                kind: OpKind::WriteV,
+                file: file.clone(),
+                offset,
+                buf: None,
+                pos: done,
+                len: total - done,
+                crc: 0..0,
+                parts: None,
+                wparts: parts,
+                reply,
+            };
+            let reply = self.send(req, rx).await?;
+            parts = reply.wparts;
+            match reply.result? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => done += n,
+            }
+        }
+        Ok(())
+    }
+
     async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
         self.submit(OpKind::Fsync, file, 0, None, 0, 0)
             .await?
@@ -311,6 +357,10 @@ struct RingThread {
     inflight: HashMap<u64, Request>,
     /// Ring entry id of each part of a [`OpKind::ReadCrc`] -> (its request's id, part).
     part_of: HashMap<u64, (u64, usize)>,
+    /// The `iovec` array of each [`OpKind::WriteV`] in flight, by ring entry id: kept
+    /// until the completion (kept here, not in the request, because raw pointers would
+    /// make requests unsendable to this thread).
+    iovecs: HashMap<u64, Vec<libc::iovec>>,
     /// Entries submitted and not yet completed (the wake read excluded).
     entries_in_flight: usize,
     next_id: u64,
@@ -327,6 +377,7 @@ impl RingThread {
             wake_armed: false,
             inflight: HashMap::new(),
             part_of: HashMap::new(),
+            iovecs: HashMap::new(),
             entries_in_flight: 0,
             next_id: 0,
             shutting_down: false,
@@ -388,6 +439,7 @@ impl RingThread {
                 result: Err(io::Error::other("read without a buffer")),
                 buf: None,
                 crc: None,
+                wparts: Vec::new(),
             });
             return;
         };
@@ -434,6 +486,7 @@ impl RingThread {
                 result: Ok(0),
                 buf: req.buf,
                 crc: (req.crc.is_empty()).then_some(0),
+                wparts: Vec::new(),
             });
             return;
         }
@@ -506,6 +559,7 @@ impl RingThread {
             result,
             buf: req.buf,
             crc,
+            wparts: Vec::new(),
         });
     }
 
@@ -513,18 +567,22 @@ impl RingThread {
         if matches!(req.kind, OpKind::ReadCrc) {
             return self.push_parts(req);
         }
+        if matches!(req.kind, OpKind::WriteV) {
+            return self.push_writev(req);
+        }
         let id = self.fresh_id();
         let fd = types::Fd(req.file.as_raw_fd());
         let entry = match req.kind {
             OpKind::Fsync => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            OpKind::Read | OpKind::ReadCrc | OpKind::Write => {
+            OpKind::Read | OpKind::ReadCrc | OpKind::Write | OpKind::WriteV => {
                 let Some(buf) = req.buf.as_mut() else {
                     let _ = req.reply.send(Reply {
                         result: Err(io::Error::other("read/write without a buffer")),
                         buf: None,
                         crc: None,
+                        wparts: Vec::new(),
                     });
                     return;
                 };
@@ -545,6 +603,35 @@ impl RingThread {
         // completion for `id`, so both outlive the kernel's use of them.
         self.push_entry(&entry);
         self.entries_in_flight += 1;
+        self.inflight.insert(id, req);
+    }
+
+    /// A [`OpKind::WriteV`]: one `WRITEV` entry for the parts from byte `pos` on.
+    fn push_writev(&mut self, req: Request) {
+        let id = self.fresh_id();
+        let fd = types::Fd(req.file.as_raw_fd());
+        let iov = iovecs(&req.wparts, req.pos);
+        if iov.is_empty() {
+            let _ = req.reply.send(Reply {
+                result: Ok(0),
+                buf: None,
+                crc: None,
+                wparts: req.wparts,
+            });
+            return;
+        }
+        let entry = opcode::Writev::new(fd, iov.as_ptr(), iov.len() as u32)
+            .offset(req.offset + req.pos as u64)
+            .build()
+            .user_data(id);
+        // SAFETY: the entry points at the `iovec` array (its heap storage does not move
+        // when the Vec moves into `iovecs`) and through it at `req.wparts`' memory
+        // (heap storage of `AlignedBuf`s and `Bytes`, which does not move when `req`
+        // does) and at `req.file`'s descriptor. The array is kept in `iovecs` and `req`
+        // in `inflight` until `reap` has seen the completion for `id`.
+        self.push_entry(&entry);
+        self.entries_in_flight += 1;
+        self.iovecs.insert(id, iov);
         self.inflight.insert(id, req);
     }
 
@@ -595,6 +682,7 @@ impl RingThread {
                 self.part_done(parent, i, res);
                 continue;
             }
+            self.iovecs.remove(&id);
             let Some(req) = self.inflight.remove(&id) else {
                 continue;
             };
@@ -608,6 +696,7 @@ impl RingThread {
                 result,
                 buf: req.buf,
                 crc: None,
+                wparts: req.wparts,
             });
         }
     }
@@ -622,6 +711,7 @@ impl RingThread {
                         result: Err(io::Error::new(e.kind(), e.to_string())),
                         buf: req.buf,
                         crc: None,
+                        wparts: req.wparts,
                     });
                 }
                 Msg::Shutdown => break,
@@ -629,6 +719,7 @@ impl RingThread {
         }
         // Leaking is safe; freeing buffers the kernel may still write into is not.
         std::mem::forget(std::mem::take(&mut self.inflight));
+        std::mem::forget(std::mem::take(&mut self.iovecs));
         std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new([0u8; 8])));
     }
 }

@@ -30,6 +30,7 @@ use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::error::{CacheError, Result};
+use crate::io::{AlignedBuf, AlignedFill};
 
 /// Retry and timeout policy for store requests.
 #[derive(Clone, Debug)]
@@ -362,22 +363,17 @@ impl BackingStore {
                     let mut got = 0u64;
                     // The piece being filled and its length.
                     let mut target = piece(0);
-                    let mut cur = bytes::BytesMut::with_capacity(target);
-                    prefault(&mut cur);
+                    let mut cur = Piece::new(target);
                     while let Some(chunk) = stream.next().await {
                         let mut chunk = chunk?;
                         got += chunk.len() as u64;
                         while !chunk.is_empty() && target > 0 {
                             let take = (target - cur.len()).min(chunk.len());
-                            cur.extend_from_slice(&chunk.split_to(take));
+                            cur.extend(&chunk.split_to(take));
                             if cur.len() == target {
                                 let done = (blocks.len() as u64 + 1) * block_size;
                                 target = if done < want { piece(done) } else { 0 };
-                                let full = std::mem::replace(
-                                    &mut cur,
-                                    bytes::BytesMut::with_capacity(target),
-                                );
-                                prefault(&mut cur);
+                                let full = std::mem::replace(&mut cur, Piece::new(target));
                                 let full = full.freeze();
                                 if early {
                                     on_block(blocks.len(), &full);
@@ -766,9 +762,57 @@ fn cloud_store(
     })
 }
 
-/// Pieces at least this large are prefaulted (see [`prefault`]); smaller ones come
-/// from memory the allocator already has mapped.
+/// Pieces at least this large are page-aligned and prefaulted (see [`Piece`] and
+/// [`prefault`]); smaller ones come from memory the allocator already has mapped.
 const PREFAULT_MIN: usize = 64 << 10;
+
+/// A piece of a ranged GET's body being assembled. One of `PREFAULT_MIN` or more is a
+/// page-aligned buffer ([`AlignedBuf::filler`]: no zeroing, one copy per byte as
+/// before), so that its `Bytes` start on a 4096 boundary and the disk tier writes the
+/// block from them with `O_DIRECT` instead of copying it behind its header first
+/// (`DiskTier::file_parts`); the price is up to one page of address space per piece.
+/// Smaller pieces are plain buffers (a page of slack would be a large share of them).
+enum Piece {
+    Aligned(AlignedFill),
+    Plain(bytes::BytesMut),
+}
+
+impl Piece {
+    fn new(len: usize) -> Piece {
+        if len >= PREFAULT_MIN {
+            let mut fill = AlignedBuf::filler(len);
+            prefault(fill.spare_mut());
+            Piece::Aligned(fill)
+        } else {
+            Piece::Plain(bytes::BytesMut::with_capacity(len))
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Piece::Aligned(f) => f.filled(),
+            Piece::Plain(b) => b.len(),
+        }
+    }
+
+    /// Appends `bytes` (the caller never appends past the piece's length).
+    fn extend(&mut self, bytes: &[u8]) {
+        match self {
+            Piece::Aligned(f) => {
+                let took = f.extend(bytes);
+                debug_assert_eq!(took, bytes.len(), "appended past the piece");
+            }
+            Piece::Plain(b) => b.extend_from_slice(bytes),
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Piece::Aligned(f) => f.finish().into_bytes(),
+            Piece::Plain(b) => b.freeze(),
+        }
+    }
+}
 
 /// Maps the pages of a fresh piece's buffer in one `madvise(MADV_POPULATE_WRITE)`
 /// instead of one page fault per 4 KiB as the body is copied in. A cold read keeps its
@@ -777,9 +821,8 @@ const PREFAULT_MIN: usize = 64 << 10;
 /// filled a fresh MiB in ~300 us faulting page by page against ~150 us populated first.
 /// Only an optimisation: a kernel before 5.14 answers `EINVAL` and the pages fault as
 /// before; pages already mapped are left as they are.
-fn prefault(buf: &mut bytes::BytesMut) {
+fn prefault(spare: &mut [std::mem::MaybeUninit<u8>]) {
     const PAGE: usize = 4096;
-    let spare = buf.spare_capacity_mut();
     if spare.len() < PREFAULT_MIN {
         return;
     }

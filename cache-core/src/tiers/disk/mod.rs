@@ -112,7 +112,7 @@ use tokio::sync::watch;
 
 use crate::block::Block;
 use crate::error::{CacheError, Result};
-use crate::io::{open_engine, AlignedBuf, BufPool, IoEngine, IoEngineKind, ALIGN};
+use crate::io::{open_engine, AlignedBuf, BufPool, IoEngine, IoEngineKind, WritePart, ALIGN};
 use crate::key::CacheKey;
 use crate::stats::{TierStats, TierStatsSnapshot};
 use crate::tier::{Tier, TierGet, TierKind};
@@ -672,8 +672,49 @@ impl DiskTier {
         }
     }
 
+    /// The bytes of a block file for `block` (see [`format`]) as write parts. When the
+    /// value starts on a 4096 boundary in memory (a store piece does: `BackingStore`
+    /// fills them page-aligned for this), its whole 4096 units are written from the
+    /// block's own memory, between a header buffer and a buffer holding its last
+    /// partial unit and the zero padding: the value is not copied. Otherwise header and
+    /// value are copied into one buffer. Both give the same file, byte for byte.
+    fn file_parts(&self, enc: &[u8], hlen: usize, block: &Block) -> Vec<WritePart> {
+        let data = block.data();
+        let size = data.len();
+        let whole = size / ALIGN * ALIGN;
+        let direct = if whole > 0 {
+            WritePart::direct(data.slice(..whole))
+        } else {
+            None
+        };
+        if let Some(direct) = direct {
+            let mut header = self.pool.take_for_write(hlen);
+            {
+                let out = header.full_mut();
+                out.fill(0); // the header's padding after the key
+                write_header(out, enc, size as u64, block.crc());
+            }
+            let mut parts = vec![WritePart::Buf(header), direct];
+            if whole < size {
+                let mut tail = self.pool.take_for_write(size - whole);
+                tail.full_mut()[..size - whole].copy_from_slice(&data[whole..]);
+                parts.push(WritePart::Buf(tail));
+            }
+            return parts;
+        }
+        // A recycled buffer: a fresh one per put made the kernel fault in every page.
+        let mut buf = self.pool.take_for_write(hlen + size);
+        {
+            let out = buf.full_mut();
+            out[..hlen].fill(0); // the header's padding after the key
+            write_header(out, enc, size as u64, block.crc());
+            out[hlen..hlen + size].copy_from_slice(data);
+        }
+        vec![WritePart::Buf(buf)]
+    }
+
     /// Creates, writes and (by policy) syncs one block file.
-    async fn write_file(&self, id: u64, buf: AlignedBuf) -> io::Result<()> {
+    async fn write_file(&self, id: u64, parts: Vec<WritePart>) -> io::Result<()> {
         let path = block_path(&self.data_dir, id);
         let direct = self.direct;
         let sync = self.durability == Durability::Sync;
@@ -695,7 +736,7 @@ impl DiskTier {
         })
         .await?;
         let file = Arc::new(file);
-        self.engine.write_at(file.clone(), 0, buf).await?;
+        self.engine.write_parts_at(file.clone(), 0, parts).await?;
         if sync {
             self.engine.sync_data(file).await?;
         }
@@ -796,17 +837,10 @@ impl Tier for DiskTier {
             crc: block.crc(),
             header_len: hlen as u32,
         };
-        // A recycled buffer: a fresh one per put made the kernel fault in every page.
-        let mut buf = self.pool.take_for_write(hlen + size as usize);
-        {
-            let out = buf.full_mut();
-            out[..hlen].fill(0); // the header's padding after the key
-            write_header(out, &enc, size, block.crc());
-            out[hlen..hlen + size as usize].copy_from_slice(block.data());
-        }
+        let parts = self.file_parts(&enc, hlen, &block);
         drop(block);
 
-        let written = match self.write_file(entry.file_id, buf).await {
+        let written = match self.write_file(entry.file_id, parts).await {
             Ok(()) => {
                 let db = self.db.clone();
                 let wo = self.write_options();
