@@ -171,6 +171,7 @@ impl ListingIndex {
     pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         let dir = dir.trim_end_matches('/');
         self.listed_dirs.insert(Arc::from(dir));
+        let mut joined = String::new();
         for (name, size) in entries {
             let name = name.as_ref();
             if name.is_empty() || name.contains('/') {
@@ -179,17 +180,37 @@ impl ListingIndex {
             let path: Arc<str> = if dir.is_empty() {
                 Arc::from(name)
             } else {
-                Arc::from(format!("{dir}/{name}"))
+                joined.clear();
+                joined.push_str(dir);
+                joined.push('/');
+                joined.push_str(name);
+                Arc::from(joined.as_str())
             };
-            let t = self.tokenize(&path);
-            let set = self.sets.entry(t.template.clone()).or_default();
-            if set.ids.contains_key(&path) || self.entries < self.max_entries {
-                if !set.ids.contains_key(&path) {
+            let template = self.template_of(&path);
+            let set = self.sets.entry(template).or_default();
+            let known = set.ids.contains_key(&path);
+            if known || self.entries < self.max_entries {
+                if !known {
                     self.entries += 1;
                 }
                 set.insert(path, *size);
             }
         }
+    }
+
+    /// The template of `path`, from [`Self::tokenize`]'s memo (its tokenization is
+    /// remembered for the reads to come, without a copy made for the listing).
+    fn template_of(&mut self, path: &Arc<str>) -> Arc<str> {
+        if let Some(t) = self.tokenized.get(&**path) {
+            return t.template.clone();
+        }
+        let t = tokenize_shared(path.clone());
+        let template = t.template.clone();
+        if self.tokenized.len() >= MAX_TOKENIZED {
+            self.tokenized.clear();
+        }
+        self.tokenized.insert(path.clone(), t);
+        template
     }
 
     /// `tokenize_shared(path.clone())`, remembered by the path's text (tokenizing is a
