@@ -199,7 +199,11 @@ impl Predictor for SemanticPredictor {
                 m.path = event.path.clone();
                 m
             }
-            _ => self.listing.tokenize(&event.path),
+            Some(mut m) => {
+                self.listing.tokenize_into(&event.path, &mut m);
+                m
+            }
+            None => self.listing.tokenize(&event.path),
         };
         let tok = self.last_tok.insert(memo);
         let key: ClusterKey = (event.job, tok.template.clone());
