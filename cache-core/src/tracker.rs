@@ -54,12 +54,7 @@ impl AccessTracker {
     /// The finest classified pattern of `key`'s stream (blocks, else files): what the
     /// prefetch controller is told.
     pub fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
-        let obs = self.tree.lookup(key, ctx);
-        if obs.blocks != Pattern::Unknown {
-            obs.blocks
-        } else {
-            obs.files
-        }
+        self.tree.finest_pattern(key, ctx)
     }
 
     /// The sharing window in accesses: the number of blocks the cache holds (see

@@ -365,6 +365,92 @@ struct Entry {
     job: u64,
 }
 
+/// A pool ordered by sequence number alone (`consumed`, `ahead`, `window`): the same
+/// answers as a `BTreeMap<u64, V>` for the operations the policy uses (insert, remove
+/// by key, the first entry, the entries in order, emptiness), at a fraction of its cost.
+/// These pools only ever insert a fresh sequence number (`next_seq`, larger than every
+/// one before), so their order is insertion order: a deque sorted by sequence number,
+/// where a removal is a binary search and leaves a hole (the slot's value taken), holes
+/// at the front are popped at once (so the first slot is always a live entry) and the
+/// deque is compacted when holes outnumber the live entries. A hit in `consumed` or
+/// `window` (a remove and an insert at the young end) was two B-tree updates moving
+/// 64-byte keys within their nodes: ~10% of a replay's instructions on the generator's
+/// shard and preprocessing traces. An insert that is not the largest (never made by the
+/// policy) is still placed in order, so the map semantics hold for any sequence.
+#[derive(Debug)]
+struct SeqQueue<V> {
+    slots: VecDeque<(u64, Option<V>)>,
+    live: usize,
+}
+
+impl<V> Default for SeqQueue<V> {
+    fn default() -> Self {
+        SeqQueue {
+            slots: VecDeque::new(),
+            live: 0,
+        }
+    }
+}
+
+impl<V> SeqQueue<V> {
+    /// `BTreeMap::insert` (a value already under `seq` is replaced).
+    fn insert(&mut self, seq: u64, v: V) {
+        match self.slots.back() {
+            Some(&(last, _)) if last >= seq => {
+                let at = self.slots.partition_point(|(s, _)| *s < seq);
+                match self.slots.get_mut(at) {
+                    Some((s, slot)) if *s == seq => {
+                        if slot.replace(v).is_none() {
+                            self.live += 1;
+                        }
+                    }
+                    _ => {
+                        self.slots.insert(at, (seq, Some(v)));
+                        self.live += 1;
+                    }
+                }
+            }
+            _ => {
+                self.slots.push_back((seq, Some(v)));
+                self.live += 1;
+            }
+        }
+    }
+
+    /// `BTreeMap::remove`.
+    fn remove(&mut self, seq: &u64) -> Option<V> {
+        let at = self.slots.partition_point(|(s, _)| s < seq);
+        let v = match self.slots.get_mut(at) {
+            Some((s, slot)) if s == seq => slot.take()?,
+            _ => return None,
+        };
+        self.live -= 1;
+        while matches!(self.slots.front(), Some((_, None))) {
+            self.slots.pop_front();
+        }
+        if self.slots.len() > 2 * self.live + 32 {
+            self.slots.retain(|(_, v)| v.is_some());
+        }
+        Some(v)
+    }
+
+    /// `BTreeMap::first_key_value` (the front slot is live whenever there is one).
+    fn first_key_value(&self) -> Option<(&u64, &V)> {
+        self.slots
+            .front()
+            .and_then(|(s, v)| v.as_ref().map(|v| (s, v)))
+    }
+
+    /// `BTreeMap::values`: live values in sequence order.
+    fn values(&self) -> impl Iterator<Item = &V> {
+        self.slots.iter().filter_map(|(_, v)| v.as_ref())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+}
+
 /// Aged count-min sketch (4 rows of saturating u8 counters).
 struct Sketch {
     rows: Vec<u8>,
@@ -481,14 +567,16 @@ pub struct PatternAwareStats {
 pub struct PatternAwarePolicy {
     cfg: PatternAwareConfig,
     entries: HashMap<CacheKey, Entry, FxBuild>,
-    consumed: BTreeMap<u64, CacheKey>,
-    ahead: BTreeMap<u64, CacheKey>,
+    consumed: SeqQueue<CacheKey>,
+    /// With the job of each block (its entry's `job`), so `stale_ahead` reads it
+    /// without looking the key up.
+    ahead: SeqQueue<(CacheKey, u64)>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
     stable: BTreeMap<(u64, u64, u64), CacheKey>,
     /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
     freq: BTreeMap<(u64, u64, u64), CacheKey>,
     bytes: [u64; 5],
-    window: BTreeMap<u64, CacheKey>,
+    window: SeqQueue<CacheKey>,
     seq: u64,
     cap: u64,
     sketch: Sketch,
@@ -579,12 +667,12 @@ impl PatternAwarePolicy {
         let scan_victim = seen.clone();
         PatternAwarePolicy {
             entries: HashMap::default(),
-            consumed: BTreeMap::new(),
-            ahead: BTreeMap::new(),
+            consumed: SeqQueue::default(),
+            ahead: SeqQueue::default(),
             stable: BTreeMap::new(),
             freq: BTreeMap::new(),
             bytes: [0; 5],
-            window: BTreeMap::new(),
+            window: SeqQueue::default(),
             seq: 0,
             cap: cfg.capacity_hint.unwrap_or(0),
             sketch,
@@ -818,7 +906,7 @@ impl PatternAwarePolicy {
             }
             Pool::Ahead => {
                 e.order = e.seq;
-                self.ahead.insert(e.order, key.clone());
+                self.ahead.insert(e.order, (key.clone(), e.job));
             }
             Pool::Stable => {
                 self.stable.insert((e.order, e.hash, e.seq), key.clone());
@@ -1037,13 +1125,10 @@ impl PatternAwarePolicy {
         self.ahead
             .values()
             .take(STALE_AHEAD_LOOK)
-            .find(|k| {
-                self.entries.get(*k).is_some_and(|e| {
-                    !self.period_jobs.jobs.contains(&e.job)
-                        && !self.prev_period_jobs.jobs.contains(&e.job)
-                })
+            .find(|(_, job)| {
+                !self.period_jobs.jobs.contains(job) && !self.prev_period_jobs.jobs.contains(job)
             })
-            .cloned()
+            .map(|(k, _)| k.clone())
     }
 
     fn ghost_cap(&self) -> u64 {
@@ -1228,7 +1313,7 @@ impl PatternAwarePolicy {
             .last_key_value()
             .map(|(_, k)| k)
             .or_else(|| self.consumed.first_key_value().map(|(_, k)| k))
-            .or_else(|| self.ahead.first_key_value().map(|(_, k)| k))
+            .or_else(|| self.ahead.first_key_value().map(|(_, (k, _))| k))
     }
 
     fn push_ghost(&mut self, h: u64, size: u64, seg: usize) {
@@ -1438,7 +1523,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         } else if (self.bytes[1] as f64) > self.cfg.ahead_share * self.cap as f64
             && !self.ahead.is_empty()
         {
-            self.ahead.first_key_value().map(|(_, k)| k)
+            self.ahead.first_key_value().map(|(_, (k, _))| k)
         } else {
             let freq_side = self.bytes[3] + self.bytes[4];
             let retained = self.bytes[2] + freq_side;
@@ -1460,7 +1545,7 @@ impl EvictionPolicy for PatternAwarePolicy {
                     Some(own) => Some(own),
                     None => return k,
                 }
-            } else if let Some((_, k)) = self.ahead.first_key_value() {
+            } else if let Some((_, (k, _))) = self.ahead.first_key_value() {
                 Some(k)
             } else {
                 self.consumed.first_key_value().map(|(_, k)| k)

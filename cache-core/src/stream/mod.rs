@@ -600,6 +600,60 @@ impl StreamTree {
         obs
     }
 
+    /// The finest classified pattern of `key`'s streams for `job`: `lookup(key,
+    /// ctx).blocks` if classified, else `.files` (what the prefetch controller is told,
+    /// [`crate::tracker::AccessTracker::pattern_of`]), without the parts of
+    /// [`Self::lookup`] it does not need: the file's stream is looked up first and the
+    /// directory's (its pattern, and its hint for a file not tracked yet) only when the
+    /// file's is not classified; the root's stream and the sharing state never. The
+    /// replay asks this once per demand read of every `strata` policy, where the full
+    /// lookup (three path hashes, three probes and the split at every `/`) was 9-18% of
+    /// its instructions.
+    pub fn finest_pattern(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
+        let job = ctx.job.0;
+        let get = |node: u64| {
+            self.index
+                .get(&StreamId { job, node })
+                .map(|&slot| &self.nodes[slot as usize])
+        };
+        match key {
+            CacheKey::File(k) => {
+                let loc: &str = &k.location;
+                let file = get(LEVEL_FILE ^ hash_bytes(loc.as_bytes()));
+                if let Some(f) = file {
+                    let p = f.stats.pattern();
+                    if p != Pattern::Unknown {
+                        return p;
+                    }
+                }
+                // `split`'s directory: everything before the last `/`, else "".
+                let dir = match loc.as_bytes().iter().rposition(|&b| b == b'/') {
+                    Some(i) => &loc[..i],
+                    None => "",
+                };
+                let Some(d) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) else {
+                    return Pattern::Unknown;
+                };
+                // `lookup`'s blocks: the file's pattern (Unknown here) if it is tracked,
+                // else the directory's hint; then its files.
+                let blocks = if file.is_some() {
+                    Pattern::Unknown
+                } else {
+                    d.child_hint
+                };
+                if blocks != Pattern::Unknown {
+                    blocks
+                } else {
+                    d.stats.pattern()
+                }
+            }
+            CacheKey::Kv(k) => {
+                let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
+                get(LEVEL_FILE ^ ns_h).map_or(Pattern::Unknown, |n| n.stats.pattern())
+            }
+        }
+    }
+
     /// The `max` most recently active streams, newest first, each with its pattern and
     /// the evidence of the tests as they stand now (for `strata stats`). O(streams).
     pub fn report(&self, max: usize) -> Vec<StreamReport> {
@@ -668,6 +722,66 @@ mod tests {
 
     fn ctx(job: u64) -> AccessContext {
         AccessContext::demand(JobId(job), 0)
+    }
+
+    /// `finest_pattern` is `lookup`'s blocks-else-files for every key and job, tracked
+    /// or not: sequential and shuffled streams over nested, flat and root-level files,
+    /// KV namespaces, and probes of untracked files in tracked directories.
+    #[test]
+    fn finest_pattern_is_lookups_blocks_else_files() {
+        let mut t = StreamTree::default();
+        let locs = [
+            "ds/train/a/f-000.bin",
+            "ds/train/a/f-001.bin",
+            "ds/train/b/f-002.bin",
+            "flat/part-0.parquet",
+            "root.bin",
+            "other/x.db",
+        ];
+        let probe = |t: &StreamTree, key: &CacheKey, job: u64| {
+            let o = t.lookup(key, &ctx(job));
+            let want = if o.blocks != Pattern::Unknown {
+                o.blocks
+            } else {
+                o.files
+            };
+            assert_eq!(t.finest_pattern(key, &ctx(job)), want, "{key:?} job {job}");
+        };
+        let mut classified = 0;
+        for i in 0..4000u64 {
+            let r = mix64(i);
+            let job = 1 + r % 3;
+            let key = if r.is_multiple_of(11) {
+                CacheKey::kv(
+                    if r.is_multiple_of(2) { "m" } else { "n" },
+                    (r >> 8).to_le_bytes().to_vec(),
+                )
+            } else {
+                let loc = locs[((i / 40) as usize + job as usize) % locs.len()];
+                // Job 1 reads in order, job 2 shuffled, job 3 a few hot blocks.
+                let block = match job {
+                    1 => i % 64,
+                    2 => (r >> 16) % 64,
+                    _ => (r >> 16) % 4,
+                };
+                CacheKey::file(loc, "v", block)
+            };
+            t.observe(&key, &ctx(job).with_read_len(4096));
+            for job in 1..=4 {
+                probe(&t, &key, job);
+                for loc in locs {
+                    probe(&t, &CacheKey::file(loc, "v", 7), job);
+                }
+                probe(&t, &CacheKey::file("ds/train/a/f-999.bin", "v", 0), job);
+                probe(&t, &CacheKey::file("nowhere/f.bin", "v", 0), job);
+                probe(&t, &CacheKey::kv("m", vec![1, 2, 3]), job);
+            }
+            classified += usize::from(t.finest_pattern(&key, &ctx(job)) != Pattern::Unknown);
+        }
+        assert!(
+            classified > 1000,
+            "the probes saw classified streams: {classified}"
+        );
     }
 
     #[test]

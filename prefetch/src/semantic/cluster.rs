@@ -37,6 +37,8 @@ pub struct PathCluster {
     pub set: Option<SetTracker>,
     /// Files read last (most recent at the back), at most [`RECENT_FILES`].
     recent: VecDeque<Arc<str>>,
+    /// Its place in [`ClusterTable`]'s LRU order: the sequence number of a touch, not
+    /// necessarily the latest (touches of the most recent stream leave it).
     pub last_seq: u64,
     /// Sum and count of file sizes seen (for pool byte budgets).
     pub size_sum: u64,
@@ -124,23 +126,40 @@ pub struct ClusterTable {
 impl ClusterTable {
     /// The stream for `key`, created (evicting the LRU stream beyond `max`) if needed,
     /// and touched at `seq` (sequence numbers must increase).
+    ///
+    /// A touch of the most recently touched stream (one reader of one template: every
+    /// access) changes no stream's rank in the LRU order, so it leaves the order as it
+    /// is instead of moving the stream's entry from its previous number to `seq` (a
+    /// B-tree remove and insert per access). Eviction takes the same stream either way.
     pub fn touch(&mut self, key: &ClusterKey, seq: u64, max: usize) -> &mut PathCluster {
-        if let Some(s) = self.streams.get(key) {
-            self.lru.remove(&s.last_seq);
-        } else {
-            while self.streams.len() >= max.max(1) {
-                let Some((_, old)) = self.lru.pop_first() else {
-                    break;
-                };
-                self.streams.remove(&old);
+        let newest = self.lru.last_key_value().map(|(&k, _)| k);
+        let known = self.streams.get(key).map(|s| s.last_seq);
+        let moved = match known {
+            Some(last) if Some(last) == newest => false,
+            Some(last) => {
+                self.lru.remove(&last);
+                true
             }
+            None => {
+                while self.streams.len() >= max.max(1) {
+                    let Some((_, old)) = self.lru.pop_first() else {
+                        break;
+                    };
+                    self.streams.remove(&old);
+                }
+                true
+            }
+        };
+        if moved {
+            self.lru.insert(seq, key.clone());
         }
-        self.lru.insert(seq, key.clone());
         let s = self
             .streams
             .entry(key.clone())
             .or_insert_with(PathCluster::new);
-        s.last_seq = seq;
+        if moved {
+            s.last_seq = seq;
+        }
         s
     }
 
@@ -172,6 +191,40 @@ mod tests {
         // The most recent survive.
         assert!(t.get_mut(&(JobId(99 % 7), Arc::from("t99"))).is_some());
         assert!(t.get_mut(&(JobId(0), Arc::from("t0"))).is_none());
+    }
+
+    /// The table keeps exactly the `max` most recently touched streams, with runs of
+    /// touches of one stream (which leave the LRU order alone) among them.
+    #[test]
+    fn stream_table_keeps_the_most_recently_touched() {
+        let mut t = ClusterTable::default();
+        let mut model: Vec<u64> = Vec::new(); // most recent last
+        let mut x = 7u64;
+        for seq in 1..3000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Runs: often the same stream again, else one of 12.
+            let id = if (x >> 60) < 9 {
+                model.last().copied().unwrap_or(0)
+            } else {
+                (x >> 33) % 12
+            };
+            let key = (JobId(id), Arc::from("t"));
+            t.touch(&key, seq, 5);
+            model.retain(|&m| m != id);
+            model.push(id);
+            if model.len() > 5 {
+                model.remove(0);
+            }
+            assert_eq!(t.len(), model.len());
+            for m in &model {
+                assert!(
+                    t.get_mut(&(JobId(*m), Arc::from("t"))).is_some(),
+                    "{m} at {seq}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -14,7 +14,11 @@ use std::sync::Arc;
 
 use strata_types::FxBuild;
 
-use super::tokenize::tokenize_shared;
+use super::tokenize::{tokenize_shared, TokenizedPath};
+
+/// Tokenized paths [`ListingIndex::tokenize`] remembers: 64Ki (a few MiB; the listing
+/// itself may hold 4M entries). When full the memo starts over.
+const MAX_TOKENIZED: usize = 1 << 16;
 
 /// All listed files of one template.
 #[derive(Debug, Default)]
@@ -22,6 +26,9 @@ pub struct MemberSet {
     paths: Vec<Arc<str>>,
     /// Size in bytes, 0 when the listing did not say.
     sizes: Vec<u64>,
+    /// Per member: byte offset of its last `/` (`NO_SLASH`: none), so the (directory,
+    /// name) order is compared without searching the path again.
+    slash: Vec<u32>,
     ids: HashMap<Arc<str>, u32, FxBuild>,
     /// Member ids in (directory, name) order; valid when `!dirty`.
     order: Vec<u32>,
@@ -69,6 +76,12 @@ impl MemberSet {
             return;
         }
         let id = self.paths.len() as u32;
+        self.slash.push(
+            path.as_bytes()
+                .iter()
+                .rposition(|&b| b == b'/')
+                .map_or(NO_SLASH, |i| i as u32),
+        );
         self.paths.push(path.clone());
         self.sizes.push(size);
         self.ids.insert(path, id);
@@ -87,12 +100,17 @@ impl MemberSet {
         if !self.dirty {
             return;
         }
-        fn key(p: &str) -> (&str, &str) {
-            p.rsplit_once('/').unwrap_or(("", p))
-        }
-        let paths = &self.paths;
+        // `path.rsplit_once('/').unwrap_or(("", path))`, from the offset kept per member.
+        let (paths, slash) = (&self.paths, &self.slash);
+        let key = |id: u32| -> (&str, &str) {
+            let p: &str = &paths[id as usize];
+            match slash[id as usize] {
+                NO_SLASH => ("", p),
+                i => (&p[..i as usize], &p[i as usize + 1..]),
+            }
+        };
         let mut fresh: Vec<u32> = (self.order.len() as u32..paths.len() as u32).collect();
-        fresh.sort_unstable_by(|&a, &b| key(&paths[a as usize]).cmp(&key(&paths[b as usize])));
+        fresh.sort_unstable_by(|&a, &b| key(a).cmp(&key(b)));
         // Each fresh member goes where a binary search over the old order puts it (paths
         // are unique, so there are no ties and this is the order a full merge gives);
         // the old members between two insertion points are copied as a run. That is
@@ -105,8 +123,8 @@ impl MemberSet {
         // Where the first fresh member went: the order before it is unchanged.
         let mut first_changed = None;
         for &f in &fresh {
-            let kf = key(&paths[f as usize]);
-            let at = i + old[i..].partition_point(|&o| key(&paths[o as usize]) < kf);
+            let kf = key(f);
+            let at = i + old[i..].partition_point(|&o| key(o) < kf);
             first_changed.get_or_insert(at);
             merged.extend_from_slice(&old[i..at]);
             merged.push(f);
@@ -123,10 +141,17 @@ impl MemberSet {
     }
 }
 
+/// `MemberSet::slash` of a path without `/`.
+const NO_SLASH: u32 = u32::MAX;
+
 /// Every listing seen, grouped by template.
 #[derive(Debug, Default)]
 pub struct ListingIndex {
     sets: HashMap<Arc<str>, MemberSet, FxBuild>,
+    /// Tokenized paths by their text (see [`Self::tokenize`]): every listed entry is
+    /// tokenized to find its set, and the predictor tokenizes each file it sees read,
+    /// mostly listed ones (a shuffled loader's every access is a new file).
+    tokenized: HashMap<Arc<str>, TokenizedPath, FxBuild>,
     listed_dirs: HashSet<Arc<str>, FxBuild>,
     entries: usize,
     max_entries: usize,
@@ -146,6 +171,7 @@ impl ListingIndex {
     pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         let dir = dir.trim_end_matches('/');
         self.listed_dirs.insert(Arc::from(dir));
+        let mut joined = String::new();
         for (name, size) in entries {
             let name = name.as_ref();
             if name.is_empty() || name.contains('/') {
@@ -154,17 +180,69 @@ impl ListingIndex {
             let path: Arc<str> = if dir.is_empty() {
                 Arc::from(name)
             } else {
-                Arc::from(format!("{dir}/{name}"))
+                joined.clear();
+                joined.push_str(dir);
+                joined.push('/');
+                joined.push_str(name);
+                Arc::from(joined.as_str())
             };
-            let t = tokenize_shared(path.clone());
-            let set = self.sets.entry(t.template.clone()).or_default();
-            if set.ids.contains_key(&path) || self.entries < self.max_entries {
-                if !set.ids.contains_key(&path) {
+            let template = self.template_of(&path);
+            let set = self.sets.entry(template).or_default();
+            let known = set.ids.contains_key(&path);
+            if known || self.entries < self.max_entries {
+                if !known {
                     self.entries += 1;
                 }
                 set.insert(path, *size);
             }
         }
+    }
+
+    /// The template of `path`, from [`Self::tokenize`]'s memo (its tokenization is
+    /// remembered for the reads to come, without a copy made for the listing).
+    fn template_of(&mut self, path: &Arc<str>) -> Arc<str> {
+        if let Some(t) = self.tokenized.get(&**path) {
+            return t.template.clone();
+        }
+        let t = tokenize_shared(path.clone());
+        let template = t.template.clone();
+        if self.tokenized.len() >= MAX_TOKENIZED {
+            self.tokenized.clear();
+        }
+        self.tokenized.insert(path.clone(), t);
+        template
+    }
+
+    /// [`Self::tokenize`] into `out`, whose buffers are reused (the predictor's last
+    /// tokenized path: two `Vec` allocations and frees fewer per file read).
+    pub fn tokenize_into(&mut self, path: &Arc<str>, out: &mut TokenizedPath) {
+        match self.tokenized.get(&**path) {
+            Some(t) => {
+                out.clone_from(t);
+                out.path = path.clone();
+            }
+            None => *out = self.tokenize(path),
+        }
+    }
+
+    /// `tokenize_shared(path.clone())`, remembered by the path's text (tokenizing is a
+    /// pure function of it): a listing tokenizes each of its entries and the predictor
+    /// each file read, so a file listed and then read, or read again in a later epoch,
+    /// is tokenized once (a `String`, an `Arc` and two `Vec`s, ~3k instructions for a
+    /// short path, against a hash lookup and a copy of the fields). The result holds
+    /// `path` itself, as a fresh tokenization would.
+    pub fn tokenize(&mut self, path: &Arc<str>) -> TokenizedPath {
+        if let Some(t) = self.tokenized.get(&**path) {
+            let mut t = t.clone();
+            t.path = path.clone();
+            return t;
+        }
+        let t = tokenize_shared(path.clone());
+        if self.tokenized.len() >= MAX_TOKENIZED {
+            self.tokenized.clear();
+        }
+        self.tokenized.insert(path.clone(), t.clone());
+        t
     }
 
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so

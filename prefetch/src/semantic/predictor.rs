@@ -21,7 +21,7 @@ use super::cluster::{ClusterKey, ClusterTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
 use super::regularity::Lane;
-use super::tokenize::{tokenize_shared, TokenizedPath};
+use super::tokenize::TokenizedPath;
 use super::SemanticConfig;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
@@ -199,7 +199,11 @@ impl Predictor for SemanticPredictor {
                 m.path = event.path.clone();
                 m
             }
-            _ => tokenize_shared(event.path.clone()),
+            Some(mut m) => {
+                self.listing.tokenize_into(&event.path, &mut m);
+                m
+            }
+            None => self.listing.tokenize(&event.path),
         };
         let tok = self.last_tok.insert(memo);
         let key: ClusterKey = (event.job, tok.template.clone());

@@ -1003,3 +1003,46 @@ fn a_readahead_does_not_evict_the_block_being_read() {
         );
     }
 }
+
+proptest! {
+    /// `SeqQueue` answers as the `BTreeMap` it replaces, for the policy's pattern (each
+    /// insert a fresh, larger sequence number; removals anywhere) and for any other:
+    /// inserts below the largest, repeated sequence numbers, removals of absent ones.
+    #[test]
+    fn seq_queue_answers_as_a_btree_map(
+        ops in proptest::collection::vec((0u8..4, 0u64..64), 0..400),
+    ) {
+        let mut q: SeqQueue<u64> = SeqQueue::default();
+        let mut m: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut next = 0u64;
+        for (i, (op, x)) in ops.into_iter().enumerate() {
+            let v = i as u64;
+            match op {
+                // The policy's insert: a new largest sequence number.
+                0 | 1 => {
+                    next += 1 + x % 3;
+                    q.insert(next, v);
+                    m.insert(next, v);
+                }
+                // Any sequence number, maybe present, maybe below the largest.
+                2 => {
+                    q.insert(x, v);
+                    m.insert(x, v);
+                }
+                // Remove the oldest, a present one or an absent one.
+                _ => {
+                    let seq = match x % 3 {
+                        0 => m.keys().next().copied().unwrap_or(x),
+                        1 => m.keys().nth((x as usize) % m.len().max(1)).copied().unwrap_or(x),
+                        _ => x,
+                    };
+                    prop_assert_eq!(q.remove(&seq), m.remove(&seq));
+                }
+            }
+            prop_assert_eq!(q.first_key_value(), m.first_key_value());
+            prop_assert_eq!(q.is_empty(), m.is_empty());
+            prop_assert!(q.values().eq(m.values()));
+            prop_assert!(q.slots.len() <= 2 * m.len() + 33);
+        }
+    }
+}
