@@ -9,16 +9,15 @@
 //! Members get stable ids in insertion order; the sorted order is rebuilt lazily after a
 //! listing adds members, so trackers that index by id survive new listings.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use strata_types::FxBuild;
 
-use super::tokenize::{tokenize_shared, TokenizedPath};
-
-/// Tokenized paths [`ListingIndex::tokenize`] remembers: 64Ki (a few MiB; the listing
-/// itself may hold 4M entries). When full the memo starts over.
-const MAX_TOKENIZED: usize = 1 << 16;
+#[cfg(test)]
+use super::tokenize::tokenize_shared;
+use super::tokenize::{template_into, TemplateScratch};
 
 /// All listed files of one template.
 #[derive(Debug, Default)]
@@ -68,23 +67,32 @@ impl MemberSet {
         self.order.get(rank).copied()
     }
 
+    #[cfg(test)]
     fn insert(&mut self, path: Arc<str>, size: u64) {
-        if let Some(&id) = self.ids.get(&path) {
-            if size > 0 {
-                self.sizes[id as usize] = size;
+        match self.ids.entry(path) {
+            Entry::Occupied(e) => {
+                if size > 0 {
+                    self.sizes[*e.get() as usize] = size;
+                }
             }
-            return;
+            Entry::Vacant(e) => {
+                let path = e.key().clone();
+                e.insert(self.paths.len() as u32);
+                self.push(path, size);
+            }
         }
-        let id = self.paths.len() as u32;
+    }
+
+    /// Adds member `path`, whose id (`self.len()` before the call) `ids` already holds.
+    fn push(&mut self, path: Arc<str>, size: u64) {
         self.slash.push(
             path.as_bytes()
                 .iter()
                 .rposition(|&b| b == b'/')
                 .map_or(NO_SLASH, |i| i as u32),
         );
-        self.paths.push(path.clone());
+        self.paths.push(path);
         self.sizes.push(size);
-        self.ids.insert(path, id);
         self.dirty = true;
     }
 
@@ -148,13 +156,12 @@ const NO_SLASH: u32 = u32::MAX;
 #[derive(Debug, Default)]
 pub struct ListingIndex {
     sets: HashMap<Arc<str>, MemberSet, FxBuild>,
-    /// Tokenized paths by their text (see [`Self::tokenize`]): every listed entry is
-    /// tokenized to find its set, and the predictor tokenizes each file it sees read,
-    /// mostly listed ones (a shuffled loader's every access is a new file).
-    tokenized: HashMap<Arc<str>, TokenizedPath, FxBuild>,
     listed_dirs: HashSet<Arc<str>, FxBuild>,
     entries: usize,
     max_entries: usize,
+    /// Buffers of [`Self::observe`]'s template scan, kept between listings.
+    key: String,
+    scratch: TemplateScratch,
 }
 
 impl ListingIndex {
@@ -168,9 +175,22 @@ impl ListingIndex {
     /// Records the entries of `dir` (`""` for the root). Entries past `max_entries` in
     /// total are ignored: the index is bounded memory, and a set it cannot hold whole is
     /// still walked by the numeric rules.
+    ///
+    /// Only each entry's template is needed here (to find its set): the directory is
+    /// scanned once and each name after it ([`template_into`]), into buffers kept
+    /// between listings, and the set's own key is the template's `Arc` (one per set,
+    /// not one per entry). A full tokenization of every entry (four allocations, ~3,500
+    /// instructions for a short path) was two thirds of a listing's cost.
     pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         let dir = dir.trim_end_matches('/');
         self.listed_dirs.insert(Arc::from(dir));
+        let mut key = std::mem::take(&mut self.key);
+        key.clear();
+        if !dir.is_empty() {
+            template_into(dir, &mut key, &mut self.scratch);
+            key.push('/');
+        }
+        let dir_key = key.len();
         let mut joined = String::new();
         for (name, size) in entries {
             let name = name.as_ref();
@@ -186,63 +206,33 @@ impl ListingIndex {
                 joined.push_str(name);
                 Arc::from(joined.as_str())
             };
-            let template = self.template_of(&path);
-            let set = self.sets.entry(template).or_default();
-            let known = set.ids.contains_key(&path);
-            if known || self.entries < self.max_entries {
-                if !known {
-                    self.entries += 1;
+            key.truncate(dir_key);
+            template_into(name, &mut key, &mut self.scratch);
+            if !self.sets.contains_key(key.as_str()) {
+                self.sets
+                    .insert(Arc::from(key.as_str()), MemberSet::default());
+            }
+            let Some(set) = self.sets.get_mut(key.as_str()) else {
+                continue;
+            };
+            // One hash of the path: the entry of an unknown path is filled only while
+            // the index has room.
+            match set.ids.entry(path) {
+                Entry::Occupied(e) => {
+                    if *size > 0 {
+                        set.sizes[*e.get() as usize] = *size;
+                    }
                 }
-                set.insert(path, *size);
+                Entry::Vacant(e) if self.entries < self.max_entries => {
+                    self.entries += 1;
+                    let path = e.key().clone();
+                    e.insert(set.paths.len() as u32);
+                    set.push(path, *size);
+                }
+                Entry::Vacant(_) => {}
             }
         }
-    }
-
-    /// The template of `path`, from [`Self::tokenize`]'s memo (its tokenization is
-    /// remembered for the reads to come, without a copy made for the listing).
-    fn template_of(&mut self, path: &Arc<str>) -> Arc<str> {
-        if let Some(t) = self.tokenized.get(&**path) {
-            return t.template.clone();
-        }
-        let t = tokenize_shared(path.clone());
-        let template = t.template.clone();
-        if self.tokenized.len() >= MAX_TOKENIZED {
-            self.tokenized.clear();
-        }
-        self.tokenized.insert(path.clone(), t);
-        template
-    }
-
-    /// [`Self::tokenize`] into `out`, whose buffers are reused (the predictor's last
-    /// tokenized path: two `Vec` allocations and frees fewer per file read).
-    pub fn tokenize_into(&mut self, path: &Arc<str>, out: &mut TokenizedPath) {
-        match self.tokenized.get(&**path) {
-            Some(t) => {
-                out.clone_from(t);
-                out.path = path.clone();
-            }
-            None => *out = self.tokenize(path),
-        }
-    }
-
-    /// `tokenize_shared(path.clone())`, remembered by the path's text (tokenizing is a
-    /// pure function of it): a listing tokenizes each of its entries and the predictor
-    /// each file read, so a file listed and then read, or read again in a later epoch,
-    /// is tokenized once (a `String`, an `Arc` and two `Vec`s, ~3k instructions for a
-    /// short path, against a hash lookup and a copy of the fields). The result holds
-    /// `path` itself, as a fresh tokenization would.
-    pub fn tokenize(&mut self, path: &Arc<str>) -> TokenizedPath {
-        if let Some(t) = self.tokenized.get(&**path) {
-            let mut t = t.clone();
-            t.path = path.clone();
-            return t;
-        }
-        let t = tokenize_shared(path.clone());
-        if self.tokenized.len() >= MAX_TOKENIZED {
-            self.tokenized.clear();
-        }
-        self.tokenized.insert(path.clone(), t.clone());
-        t
+        self.key = key;
     }
 
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so

@@ -214,19 +214,35 @@ fn split_fields(path: &str) -> Split {
     split_fields_with::<true>(path)
 }
 
-/// [`split_fields`]; with `SKIP`, bytes that cannot start a field are passed over
-/// without trying each kind. A field starts with a digit (number, date) or an ASCII
-/// alphanumeric byte not preceded by one (opaque run), so a byte that is not
-/// alphanumeric, or a letter right after an alphanumeric byte, starts none: `date_at`
-/// needs four digits from it, `opaque_run_at` an alphanumeric run starting there
-/// after a non-alphanumeric byte. The result is the same either way (the test
-/// `skipping_bytes_that_start_no_field_changes_nothing` compares both).
+/// [`split_fields`] into fresh buffers (see [`scan_into`]).
 fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
-    let b = path.as_bytes();
     let mut key = String::with_capacity(path.len());
     // Paths of a dataset have a few fields: one allocation each, no regrowth.
     let mut fields = Vec::with_capacity(4);
     let mut spans = Vec::with_capacity(4);
+    scan_into::<SKIP>(path, &mut key, &mut fields, &mut spans);
+    let of_total = of_total(path, &fields, &spans);
+    (Arc::from(key), fields, spans, of_total)
+}
+
+/// Appends `path`'s template to `key` and its fields and spans to `fields` and `spans`
+/// (spans relative to `path`); the buffers are the caller's, so a caller that reuses
+/// them tokenizes without allocating.
+///
+/// With `SKIP`, bytes that cannot start a field are passed over without trying each
+/// kind. A field starts with a digit (number, date) or an ASCII alphanumeric byte not
+/// preceded by one (opaque run), so a byte that is not alphanumeric, or a letter right
+/// after an alphanumeric byte, starts none: `date_at` needs four digits from it,
+/// `opaque_run_at` an alphanumeric run starting there after a non-alphanumeric byte.
+/// The result is the same either way (the test
+/// `skipping_bytes_that_start_no_field_changes_nothing` compares both).
+fn scan_into<const SKIP: bool>(
+    path: &str,
+    key: &mut String,
+    fields: &mut Vec<Field>,
+    spans: &mut Vec<Range<usize>>,
+) {
+    let b = path.as_bytes();
     let mut lit_start = 0;
     let mut i = 0;
     while i < b.len() {
@@ -260,7 +276,7 @@ fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
         match field {
             Some((end, kind, value, padded)) => {
                 // Field boundaries are ASCII bytes, so these slices are char boundaries.
-                push_literal(&mut key, &path[lit_start..i]);
+                push_literal(key, &path[lit_start..i]);
                 key.push_str(match kind {
                     FieldKind::Number => "{n}",
                     FieldKind::Date => "{d}",
@@ -279,14 +295,37 @@ fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
             None => i += 1,
         }
     }
-    push_literal(&mut key, &path[lit_start..]);
-    let of_total = (1..fields.len()).find_map(|t| {
+    push_literal(key, &path[lit_start..]);
+}
+
+/// The `-of-` pair among `fields` (see [`TokenizedPath::of_total`]).
+fn of_total(path: &str, fields: &[Field], spans: &[Range<usize>]) -> Option<(usize, usize)> {
+    (1..fields.len()).find_map(|t| {
         let idx = t - 1;
         let between = &path[spans[idx].end..spans[t].start];
         let numbers = fields[idx].kind == FieldKind::Number && fields[t].kind == FieldKind::Number;
         (numbers && matches!(between, "-of-" | "_of_" | "-of_" | "_of-" | "of")).then_some((idx, t))
-    });
-    (Arc::from(key), fields, spans, of_total)
+    })
+}
+
+/// Reusable buffers for [`template_into`].
+#[derive(Debug, Default)]
+pub struct TemplateScratch {
+    fields: Vec<Field>,
+    spans: Vec<Range<usize>>,
+}
+
+/// Appends the template of `path` to `key`: `tokenize(path).template`, without
+/// allocating once the buffers are large enough. A field never spans a `/` (no field
+/// kind contains one, and what is around a field is tested only for digits and
+/// alphanumerics, which `/` is neither, like the start and end of the text), so for a
+/// `name` without `/` the template of `dir/name` is the template of `dir`, `/`, then
+/// the template of `name` (test `templates_compose_across_a_slash`): a listing scans
+/// its directory once and each entry's name.
+pub fn template_into(path: &str, key: &mut String, scratch: &mut TemplateScratch) {
+    scratch.fields.clear();
+    scratch.spans.clear();
+    scan_into::<true>(path, key, &mut scratch.fields, &mut scratch.spans);
 }
 
 /// Writes one field value the way the dataset writes it.
@@ -304,6 +343,21 @@ pub fn render_field(out: &mut String, kind: FieldKind, value: i64, pad_width: u8
 }
 
 impl TokenizedPath {
+    /// Makes `self` what `tokenize_shared(path)` returns, reusing its buffers: no
+    /// allocation when the template is the one `self` holds (consecutive files of a
+    /// dataset) and the field vectors are large enough. `key` is a scratch buffer.
+    pub fn retokenize(&mut self, path: Arc<str>, key: &mut String) {
+        key.clear();
+        self.fields.clear();
+        self.spans.clear();
+        scan_into::<true>(&path, key, &mut self.fields, &mut self.spans);
+        self.of_total = of_total(&path, &self.fields, &self.spans);
+        if *self.template != **key {
+            self.template = Arc::from(key.as_str());
+        }
+        self.path = path;
+    }
+
     /// Directory part (`""` at the root).
     pub fn dir(&self) -> &str {
         self.path.rsplit_once('/').map_or("", |(d, _)| d)
@@ -392,6 +446,50 @@ mod tests {
             with_date.insert_str(at.min(path.len()), &date);
             for p in [path.as_str(), with_date.as_str()] {
                 proptest::prop_assert_eq!(split_fields_with::<true>(p), split_fields_with::<false>(p));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The template of `dir/name` is `dir`'s, `/`, then `name`'s, so a listing
+        /// scans its directory once (`ListingIndex::observe`).
+        #[test]
+        fn templates_compose_across_a_slash(
+            dir in "[0-9a-fA-Fg-zG-Z/_.{}=-]{1,40}",
+            name in "[0-9a-fA-Fg-zG-Z_.{}=-]{0,32}",
+            date in "(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]",
+            at in 0usize..40,
+            in_dir in proptest::bool::ANY,
+        ) {
+            let (mut dir, mut name) = (dir, name);
+            if in_dir {
+                dir.insert_str(at.min(dir.len()), &date);
+            } else {
+                name.insert_str(at.min(name.len()), &date);
+            }
+            let mut scratch = TemplateScratch::default();
+            let mut key = String::new();
+            template_into(&dir, &mut key, &mut scratch);
+            key.push('/');
+            template_into(&name, &mut key, &mut scratch);
+            let whole = tokenize(&format!("{dir}/{name}"));
+            proptest::prop_assert_eq!(key.as_str(), &*whole.template);
+        }
+
+        /// `retokenize` over a run of paths (templates shared and not, field counts
+        /// growing and shrinking) leaves what a fresh `tokenize_shared` gives.
+        #[test]
+        fn retokenize_matches_a_fresh_tokenization(
+            paths in proptest::collection::vec(
+                "(d/n0[0-9]{3}/img_[0-9]{1,5}\\.jpg|part-[0-9]{1,3}-of-[0-9]{2}|[0-9a-fA-Fg-z/_.{}=-]{0,24})",
+                1..12),
+        ) {
+            let mut t = tokenize("x");
+            let mut key = String::new();
+            for p in paths {
+                let p: Arc<str> = Arc::from(p.as_str());
+                t.retokenize(p.clone(), &mut key);
+                proptest::prop_assert_eq!(&t, &tokenize_shared(p));
             }
         }
     }
