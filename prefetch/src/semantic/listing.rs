@@ -15,9 +15,11 @@ use std::sync::Arc;
 
 use strata_types::FxBuild;
 
-#[cfg(test)]
-use super::tokenize::tokenize_shared;
-use super::tokenize::{template_into, TemplateScratch};
+use super::tokenize::{tokenize_shared, DirScan, TokenizedPath};
+
+/// Tokenized paths [`ListingIndex::tokenize`] remembers: 64Ki (a few MiB; the listing
+/// itself may hold 4M entries). When full the memo starts over.
+const MAX_TOKENIZED: usize = 1 << 16;
 
 /// All listed files of one template.
 #[derive(Debug, Default)]
@@ -156,12 +158,15 @@ const NO_SLASH: u32 = u32::MAX;
 #[derive(Debug, Default)]
 pub struct ListingIndex {
     sets: HashMap<Arc<str>, MemberSet, FxBuild>,
+    /// Tokenized paths by their text (see [`Self::tokenize`]): every listed entry is
+    /// tokenized to find its set, and the predictor tokenizes each file it sees read,
+    /// mostly listed ones (a shuffled loader's every access is a new file).
+    tokenized: HashMap<Arc<str>, TokenizedPath, FxBuild>,
     listed_dirs: HashSet<Arc<str>, FxBuild>,
     entries: usize,
     max_entries: usize,
-    /// Buffers of [`Self::observe`]'s template scan, kept between listings.
-    key: String,
-    scratch: TemplateScratch,
+    /// [`Self::observe`]'s buffers, kept between listings.
+    scan: DirScan,
 }
 
 impl ListingIndex {
@@ -176,21 +181,16 @@ impl ListingIndex {
     /// total are ignored: the index is bounded memory, and a set it cannot hold whole is
     /// still walked by the numeric rules.
     ///
-    /// Only each entry's template is needed here (to find its set): the directory is
-    /// scanned once and each name after it ([`template_into`]), into buffers kept
-    /// between listings, and the set's own key is the template's `Arc` (one per set,
-    /// not one per entry). A full tokenization of every entry (four allocations, ~3,500
-    /// instructions for a short path) was two thirds of a listing's cost.
+    /// The directory is scanned once and each entry's name after it ([`DirScan`]),
+    /// into buffers kept between listings; an entry's tokenization is remembered for
+    /// the reads to come ([`Self::tokenize`]) with its set's key as its template (one
+    /// `Arc` per set, not one per entry). Tokenizing every whole path (a `String`, two
+    /// `Vec`s and an `Arc`, ~3,500 instructions for a 34-byte path) was two thirds of
+    /// a listing's cost.
     pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         let dir = dir.trim_end_matches('/');
         self.listed_dirs.insert(Arc::from(dir));
-        let mut key = std::mem::take(&mut self.key);
-        key.clear();
-        if !dir.is_empty() {
-            template_into(dir, &mut key, &mut self.scratch);
-            key.push('/');
-        }
-        let dir_key = key.len();
+        self.scan.start(dir);
         let mut joined = String::new();
         for (name, size) in entries {
             let name = name.as_ref();
@@ -206,13 +206,23 @@ impl ListingIndex {
                 joined.push_str(name);
                 Arc::from(joined.as_str())
             };
-            key.truncate(dir_key);
-            template_into(name, &mut key, &mut self.scratch);
-            if !self.sets.contains_key(key.as_str()) {
-                self.sets
-                    .insert(Arc::from(key.as_str()), MemberSet::default());
+            let key = self.scan.entry(name);
+            let template = match self.sets.get_key_value(key) {
+                Some((t, _)) => t.clone(),
+                None => {
+                    let t: Arc<str> = Arc::from(key);
+                    self.sets.insert(t.clone(), MemberSet::default());
+                    t
+                }
+            };
+            if !self.tokenized.contains_key(&path) {
+                if self.tokenized.len() >= MAX_TOKENIZED {
+                    self.tokenized.clear();
+                }
+                let t = self.scan.tokenized(path.clone(), template.clone());
+                self.tokenized.insert(path.clone(), t);
             }
-            let Some(set) = self.sets.get_mut(key.as_str()) else {
+            let Some(set) = self.sets.get_mut(&template) else {
                 continue;
             };
             // One hash of the path: the entry of an unknown path is filled only while
@@ -232,7 +242,38 @@ impl ListingIndex {
                 Entry::Vacant(_) => {}
             }
         }
-        self.key = key;
+    }
+
+    /// [`Self::tokenize`] into `out`, whose buffers are reused (the predictor's last
+    /// tokenized path: two `Vec` allocations and frees fewer per file read).
+    pub fn tokenize_into(&mut self, path: &Arc<str>, out: &mut TokenizedPath) {
+        match self.tokenized.get(&**path) {
+            Some(t) => {
+                out.clone_from(t);
+                out.path = path.clone();
+            }
+            None => *out = self.tokenize(path),
+        }
+    }
+
+    /// `tokenize_shared(path.clone())`, remembered by the path's text (tokenizing is a
+    /// pure function of it): a listing tokenizes each of its entries and the predictor
+    /// each file read, so a file listed and then read, or read again in a later epoch,
+    /// is tokenized once (a `String`, an `Arc` and two `Vec`s, ~3k instructions for a
+    /// short path, against a hash lookup and a copy of the fields). The result holds
+    /// `path` itself, as a fresh tokenization would.
+    pub fn tokenize(&mut self, path: &Arc<str>) -> TokenizedPath {
+        if let Some(t) = self.tokenized.get(&**path) {
+            let mut t = t.clone();
+            t.path = path.clone();
+            return t;
+        }
+        let t = tokenize_shared(path.clone());
+        if self.tokenized.len() >= MAX_TOKENIZED {
+            self.tokenized.clear();
+        }
+        self.tokenized.insert(path.clone(), t.clone());
+        t
     }
 
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so

@@ -21,7 +21,7 @@ use super::cluster::{ClusterKey, ClusterTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
 use super::regularity::Lane;
-use super::tokenize::{tokenize_shared, TokenizedPath};
+use super::tokenize::TokenizedPath;
 use super::SemanticConfig;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
@@ -76,8 +76,6 @@ pub struct SemanticPredictor {
     /// text, and consecutive accesses are mostly chunks of one file (the same `Arc`),
     /// so the template is reused instead of rebuilt (a `String` and an `Arc` per access).
     last_tok: Option<TokenizedPath>,
-    /// Scratch buffer of [`TokenizedPath::retokenize`].
-    key: String,
     /// EWMA of "feedback was Used".
     useful: f64,
     spare: f64,
@@ -104,7 +102,6 @@ impl SemanticPredictor {
             issued_order: VecDeque::new(),
             seq: 0,
             last_tok: None,
-            key: String::new(),
             // Start trusting: lanes only predict after confirming a rule anyway.
             useful: 1.0,
             spare: 1.0,
@@ -203,12 +200,10 @@ impl Predictor for SemanticPredictor {
                 m
             }
             Some(mut m) => {
-                // Into the last path's buffers (its template `Arc` kept when the
-                // template is the same): no allocation per file read.
-                m.retokenize(event.path.clone(), &mut self.key);
+                self.listing.tokenize_into(&event.path, &mut m);
                 m
             }
-            None => tokenize_shared(event.path.clone()),
+            None => self.listing.tokenize(&event.path),
         };
         let tok = self.last_tok.insert(memo);
         let key: ClusterKey = (event.job, tok.template.clone());

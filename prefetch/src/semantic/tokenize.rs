@@ -308,24 +308,67 @@ fn of_total(path: &str, fields: &[Field], spans: &[Range<usize>]) -> Option<(usi
     })
 }
 
-/// Reusable buffers for [`template_into`].
+/// Tokenizes the entries of one directory listing with the directory scanned once.
+///
+/// A field never spans a `/` (no field kind contains one, and what is around a field is
+/// tested only for digits and alphanumerics, which `/` is neither, like the start and
+/// end of the text), so for a `name` without `/` the tokenization of `dir/name` is
+/// `dir`'s fields, then `name`'s with their spans moved past `dir/`, and the template
+/// of `dir`, `/`, then the template of `name` (test
+/// `dir_scan_matches_tokenizing_the_whole_path`). The buffers are kept between
+/// listings.
 #[derive(Debug, Default)]
-pub struct TemplateScratch {
+pub struct DirScan {
+    key: String,
     fields: Vec<Field>,
     spans: Vec<Range<usize>>,
+    /// Lengths of `key` and of `fields` for the directory alone, and the offset of a
+    /// name in `dir/name`.
+    dir_key: usize,
+    dir_fields: usize,
+    name_at: usize,
 }
 
-/// Appends the template of `path` to `key`: `tokenize(path).template`, without
-/// allocating once the buffers are large enough. A field never spans a `/` (no field
-/// kind contains one, and what is around a field is tested only for digits and
-/// alphanumerics, which `/` is neither, like the start and end of the text), so for a
-/// `name` without `/` the template of `dir/name` is the template of `dir`, `/`, then
-/// the template of `name` (test `templates_compose_across_a_slash`): a listing scans
-/// its directory once and each entry's name.
-pub fn template_into(path: &str, key: &mut String, scratch: &mut TemplateScratch) {
-    scratch.fields.clear();
-    scratch.spans.clear();
-    scan_into::<true>(path, key, &mut scratch.fields, &mut scratch.spans);
+impl DirScan {
+    /// Scans `dir` (`""`: entries at the root, without a `/` in front).
+    pub fn start(&mut self, dir: &str) {
+        self.key.clear();
+        self.fields.clear();
+        self.spans.clear();
+        self.name_at = 0;
+        if !dir.is_empty() {
+            scan_into::<true>(dir, &mut self.key, &mut self.fields, &mut self.spans);
+            self.key.push('/');
+            self.name_at = dir.len() + 1;
+        }
+        self.dir_key = self.key.len();
+        self.dir_fields = self.fields.len();
+    }
+
+    /// Scans `name` (no `/`) of the started directory; returns the template of
+    /// `dir/name`.
+    pub fn entry(&mut self, name: &str) -> &str {
+        self.key.truncate(self.dir_key);
+        self.fields.truncate(self.dir_fields);
+        self.spans.truncate(self.dir_fields);
+        scan_into::<true>(name, &mut self.key, &mut self.fields, &mut self.spans);
+        for s in &mut self.spans[self.dir_fields..] {
+            *s = s.start + self.name_at..s.end + self.name_at;
+        }
+        &self.key
+    }
+
+    /// The tokenization of `path` (`dir/name` of the last [`Self::entry`]), with
+    /// `template` (an `Arc` of the text `entry` returned) shared instead of copied.
+    pub fn tokenized(&self, path: Arc<str>, template: Arc<str>) -> TokenizedPath {
+        TokenizedPath {
+            of_total: of_total(&path, &self.fields, &self.spans),
+            fields: self.fields.clone(),
+            spans: self.spans.clone(),
+            template,
+            path,
+        }
+    }
 }
 
 /// Writes one field value the way the dataset writes it.
@@ -343,21 +386,6 @@ pub fn render_field(out: &mut String, kind: FieldKind, value: i64, pad_width: u8
 }
 
 impl TokenizedPath {
-    /// Makes `self` what `tokenize_shared(path)` returns, reusing its buffers: no
-    /// allocation when the template is the one `self` holds (consecutive files of a
-    /// dataset) and the field vectors are large enough. `key` is a scratch buffer.
-    pub fn retokenize(&mut self, path: Arc<str>, key: &mut String) {
-        key.clear();
-        self.fields.clear();
-        self.spans.clear();
-        scan_into::<true>(&path, key, &mut self.fields, &mut self.spans);
-        self.of_total = of_total(&path, &self.fields, &self.spans);
-        if *self.template != **key {
-            self.template = Arc::from(key.as_str());
-        }
-        self.path = path;
-    }
-
     /// Directory part (`""` at the root).
     pub fn dir(&self) -> &str {
         self.path.rsplit_once('/').map_or("", |(d, _)| d)
@@ -451,45 +479,37 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The template of `dir/name` is `dir`'s, `/`, then `name`'s, so a listing
-        /// scans its directory once (`ListingIndex::observe`).
+        /// `DirScan` gives what tokenizing each whole `dir/name` gives, for directories
+        /// scanned once and several names each, at the root too.
         #[test]
-        fn templates_compose_across_a_slash(
-            dir in "[0-9a-fA-Fg-zG-Z/_.{}=-]{1,40}",
-            name in "[0-9a-fA-Fg-zG-Z_.{}=-]{0,32}",
+        fn dir_scan_matches_tokenizing_the_whole_path(
+            dir in "([0-9a-fA-Fg-zG-Z/_.{}=-]{1,40})?",
+            names in proptest::collection::vec("[0-9a-fA-Fg-zG-Z_.{}=-]{0,32}", 1..4),
             date in "(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]",
             at in 0usize..40,
             in_dir in proptest::bool::ANY,
         ) {
-            let (mut dir, mut name) = (dir, name);
-            if in_dir {
+            let (mut dir, mut names) = (dir, names);
+            if in_dir && !dir.is_empty() {
                 dir.insert_str(at.min(dir.len()), &date);
             } else {
-                name.insert_str(at.min(name.len()), &date);
+                let at = at.min(names[0].len());
+                names[0].insert_str(at, &date);
             }
-            let mut scratch = TemplateScratch::default();
-            let mut key = String::new();
-            template_into(&dir, &mut key, &mut scratch);
-            key.push('/');
-            template_into(&name, &mut key, &mut scratch);
-            let whole = tokenize(&format!("{dir}/{name}"));
-            proptest::prop_assert_eq!(key.as_str(), &*whole.template);
-        }
-
-        /// `retokenize` over a run of paths (templates shared and not, field counts
-        /// growing and shrinking) leaves what a fresh `tokenize_shared` gives.
-        #[test]
-        fn retokenize_matches_a_fresh_tokenization(
-            paths in proptest::collection::vec(
-                "(d/n0[0-9]{3}/img_[0-9]{1,5}\\.jpg|part-[0-9]{1,3}-of-[0-9]{2}|[0-9a-fA-Fg-z/_.{}=-]{0,24})",
-                1..12),
-        ) {
-            let mut t = tokenize("x");
-            let mut key = String::new();
-            for p in paths {
-                let p: Arc<str> = Arc::from(p.as_str());
-                t.retokenize(p.clone(), &mut key);
-                proptest::prop_assert_eq!(&t, &tokenize_shared(p));
+            names.push("part-0003-of-0008.bin".into());
+            let mut scan = DirScan::default();
+            scan.start("stale/2024-01-01/x1");
+            scan.entry("y2");
+            scan.start(&dir);
+            for name in &names {
+                let template: Arc<str> = Arc::from(scan.entry(name));
+                let path: Arc<str> = if dir.is_empty() {
+                    Arc::from(name.as_str())
+                } else {
+                    Arc::from(format!("{dir}/{name}"))
+                };
+                let got = scan.tokenized(path.clone(), template);
+                proptest::prop_assert_eq!(got, tokenize_shared(path));
             }
         }
     }
