@@ -238,7 +238,7 @@ impl Predictor for SemanticPredictor {
         let current = t.path.clone();
         let li = match stream.assign(t, cfg) {
             Some(i) => {
-                stream.lanes[i].observe(t, seq, member, event.file_size, listing, cfg);
+                stream.lanes[i].observe(t, seq, member, event.file_size, set, cfg);
                 i
             }
             None => stream.open_lane(Lane::new(t.clone(), seq, member, event.file_size, cfg), cfg),

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use strata_types::FxBuild;
 
-use super::listing::ListingIndex;
+use super::listing::{ListingIndex, MemberSet};
 use super::tokenize::{FieldKind, TokenizedPath};
 use super::SemanticConfig;
 
@@ -110,6 +110,12 @@ fn delta(x: &super::tokenize::Field, y: &super::tokenize::Field) -> Option<i64> 
     } else {
         y.value.checked_sub(x.value)
     }
+}
+
+/// The position of the only `true` of `flags`; None when there is none or several.
+fn only(mut flags: impl Iterator<Item = bool>) -> Option<usize> {
+    let first = flags.position(|f| f)?;
+    (!flags.any(|f| f)).then_some(first)
 }
 
 fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
@@ -304,7 +310,7 @@ impl Lane {
         seq: u64,
         member: Option<u32>,
         file_size: u64,
-        listing: &ListingIndex,
+        set: Option<&MemberSet>,
         cfg: &SemanticConfig,
     ) {
         self.last_seq = seq;
@@ -327,8 +333,8 @@ impl Lane {
             }
         }
 
-        // Lexical order in the listing.
-        let set = listing.set(&t.template);
+        // Lexical order in the listing (`set`: the listing's set of `t.template`, which
+        // the caller has looked up already).
         match (set, member, self.last_member) {
             (Some(s), Some(m), Some(prev)) if s.rank(m) == s.rank(prev) + 1 => self.lex_run += 1,
             _ => self.lex_run = 0,
@@ -379,13 +385,14 @@ impl Lane {
         if self.stride_run < 1 {
             return None;
         }
-        let moving: Vec<usize> = (0..stride.len()).filter(|&i| stride[i] != 0).collect();
-        let [inner] = moving[..] else { return None };
+        // The one field the stride moves and the one other field `d` changes, each
+        // found without collecting the candidates (a shuffled reader's every access
+        // changes its stride and asks).
+        let inner = only(stride.iter().map(|&s| s != 0))?;
         if stride[inner] <= 0 || d[inner] >= 0 {
             return None;
         }
-        let changed: Vec<usize> = (0..d.len()).filter(|&i| i != inner && d[i] != 0).collect();
-        let [outer] = changed[..] else { return None };
+        let outer = only(d.iter().enumerate().map(|(i, &x)| i != inner && x != 0))?;
         (d[outer] > 0).then(|| Rollover {
             outer,
             outer_step: d[outer],
@@ -505,6 +512,21 @@ impl Lane {
             if let Some(p) = self.pending.pop_front() {
                 self.pending_set.remove(&p);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::only;
+
+    proptest::proptest! {
+        /// `only` is `let [i] = positions_of_true[..]`, what it replaced.
+        #[test]
+        fn only_is_the_single_true_position(flags in proptest::collection::vec(proptest::bool::ANY, 0..8)) {
+            let positions: Vec<usize> = (0..flags.len()).filter(|&i| flags[i]).collect();
+            let want = if let [i] = positions[..] { Some(i) } else { None };
+            proptest::prop_assert_eq!(only(flags.iter().copied()), want);
         }
     }
 }

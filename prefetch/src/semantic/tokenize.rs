@@ -214,19 +214,35 @@ fn split_fields(path: &str) -> Split {
     split_fields_with::<true>(path)
 }
 
-/// [`split_fields`]; with `SKIP`, bytes that cannot start a field are passed over
-/// without trying each kind. A field starts with a digit (number, date) or an ASCII
-/// alphanumeric byte not preceded by one (opaque run), so a byte that is not
-/// alphanumeric, or a letter right after an alphanumeric byte, starts none: `date_at`
-/// needs four digits from it, `opaque_run_at` an alphanumeric run starting there
-/// after a non-alphanumeric byte. The result is the same either way (the test
-/// `skipping_bytes_that_start_no_field_changes_nothing` compares both).
+/// [`split_fields`] into fresh buffers (see [`scan_into`]).
 fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
-    let b = path.as_bytes();
     let mut key = String::with_capacity(path.len());
     // Paths of a dataset have a few fields: one allocation each, no regrowth.
     let mut fields = Vec::with_capacity(4);
     let mut spans = Vec::with_capacity(4);
+    scan_into::<SKIP>(path, &mut key, &mut fields, &mut spans);
+    let of_total = of_total(path, &fields, &spans);
+    (Arc::from(key), fields, spans, of_total)
+}
+
+/// Appends `path`'s template to `key` and its fields and spans to `fields` and `spans`
+/// (spans relative to `path`); the buffers are the caller's, so a caller that reuses
+/// them tokenizes without allocating.
+///
+/// With `SKIP`, bytes that cannot start a field are passed over without trying each
+/// kind. A field starts with a digit (number, date) or an ASCII alphanumeric byte not
+/// preceded by one (opaque run), so a byte that is not alphanumeric, or a letter right
+/// after an alphanumeric byte, starts none: `date_at` needs four digits from it,
+/// `opaque_run_at` an alphanumeric run starting there after a non-alphanumeric byte.
+/// The result is the same either way (the test
+/// `skipping_bytes_that_start_no_field_changes_nothing` compares both).
+fn scan_into<const SKIP: bool>(
+    path: &str,
+    key: &mut String,
+    fields: &mut Vec<Field>,
+    spans: &mut Vec<Range<usize>>,
+) {
+    let b = path.as_bytes();
     let mut lit_start = 0;
     let mut i = 0;
     while i < b.len() {
@@ -260,7 +276,7 @@ fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
         match field {
             Some((end, kind, value, padded)) => {
                 // Field boundaries are ASCII bytes, so these slices are char boundaries.
-                push_literal(&mut key, &path[lit_start..i]);
+                push_literal(key, &path[lit_start..i]);
                 key.push_str(match kind {
                     FieldKind::Number => "{n}",
                     FieldKind::Date => "{d}",
@@ -279,14 +295,80 @@ fn split_fields_with<const SKIP: bool>(path: &str) -> Split {
             None => i += 1,
         }
     }
-    push_literal(&mut key, &path[lit_start..]);
-    let of_total = (1..fields.len()).find_map(|t| {
+    push_literal(key, &path[lit_start..]);
+}
+
+/// The `-of-` pair among `fields` (see [`TokenizedPath::of_total`]).
+fn of_total(path: &str, fields: &[Field], spans: &[Range<usize>]) -> Option<(usize, usize)> {
+    (1..fields.len()).find_map(|t| {
         let idx = t - 1;
         let between = &path[spans[idx].end..spans[t].start];
         let numbers = fields[idx].kind == FieldKind::Number && fields[t].kind == FieldKind::Number;
         (numbers && matches!(between, "-of-" | "_of_" | "-of_" | "_of-" | "of")).then_some((idx, t))
-    });
-    (Arc::from(key), fields, spans, of_total)
+    })
+}
+
+/// Tokenizes the entries of one directory listing with the directory scanned once.
+///
+/// A field never spans a `/` (no field kind contains one, and what is around a field is
+/// tested only for digits and alphanumerics, which `/` is neither, like the start and
+/// end of the text), so for a `name` without `/` the tokenization of `dir/name` is
+/// `dir`'s fields, then `name`'s with their spans moved past `dir/`, and the template
+/// of `dir`, `/`, then the template of `name` (test
+/// `dir_scan_matches_tokenizing_the_whole_path`). The buffers are kept between
+/// listings.
+#[derive(Debug, Default)]
+pub struct DirScan {
+    key: String,
+    fields: Vec<Field>,
+    spans: Vec<Range<usize>>,
+    /// Lengths of `key` and of `fields` for the directory alone, and the offset of a
+    /// name in `dir/name`.
+    dir_key: usize,
+    dir_fields: usize,
+    name_at: usize,
+}
+
+impl DirScan {
+    /// Scans `dir` (`""`: entries at the root, without a `/` in front).
+    pub fn start(&mut self, dir: &str) {
+        self.key.clear();
+        self.fields.clear();
+        self.spans.clear();
+        self.name_at = 0;
+        if !dir.is_empty() {
+            scan_into::<true>(dir, &mut self.key, &mut self.fields, &mut self.spans);
+            self.key.push('/');
+            self.name_at = dir.len() + 1;
+        }
+        self.dir_key = self.key.len();
+        self.dir_fields = self.fields.len();
+    }
+
+    /// Scans `name` (no `/`) of the started directory; returns the template of
+    /// `dir/name`.
+    pub fn entry(&mut self, name: &str) -> &str {
+        self.key.truncate(self.dir_key);
+        self.fields.truncate(self.dir_fields);
+        self.spans.truncate(self.dir_fields);
+        scan_into::<true>(name, &mut self.key, &mut self.fields, &mut self.spans);
+        for s in &mut self.spans[self.dir_fields..] {
+            *s = s.start + self.name_at..s.end + self.name_at;
+        }
+        &self.key
+    }
+
+    /// The tokenization of `path` (`dir/name` of the last [`Self::entry`]), with
+    /// `template` (an `Arc` of the text `entry` returned) shared instead of copied.
+    pub fn tokenized(&self, path: Arc<str>, template: Arc<str>) -> TokenizedPath {
+        TokenizedPath {
+            of_total: of_total(&path, &self.fields, &self.spans),
+            fields: self.fields.clone(),
+            spans: self.spans.clone(),
+            template,
+            path,
+        }
+    }
 }
 
 /// Writes one field value the way the dataset writes it.
@@ -392,6 +474,42 @@ mod tests {
             with_date.insert_str(at.min(path.len()), &date);
             for p in [path.as_str(), with_date.as_str()] {
                 proptest::prop_assert_eq!(split_fields_with::<true>(p), split_fields_with::<false>(p));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// `DirScan` gives what tokenizing each whole `dir/name` gives, for directories
+        /// scanned once and several names each, at the root too.
+        #[test]
+        fn dir_scan_matches_tokenizing_the_whole_path(
+            dir in "([0-9a-fA-Fg-zG-Z/_.{}=-]{1,40})?",
+            names in proptest::collection::vec("[0-9a-fA-Fg-zG-Z_.{}=-]{0,32}", 1..4),
+            date in "(19|20)[0-9]{2}-[01][0-9]-[0-3][0-9]",
+            at in 0usize..40,
+            in_dir in proptest::bool::ANY,
+        ) {
+            let (mut dir, mut names) = (dir, names);
+            if in_dir && !dir.is_empty() {
+                dir.insert_str(at.min(dir.len()), &date);
+            } else {
+                let at = at.min(names[0].len());
+                names[0].insert_str(at, &date);
+            }
+            names.push("part-0003-of-0008.bin".into());
+            let mut scan = DirScan::default();
+            scan.start("stale/2024-01-01/x1");
+            scan.entry("y2");
+            scan.start(&dir);
+            for name in &names {
+                let template: Arc<str> = Arc::from(scan.entry(name));
+                let path: Arc<str> = if dir.is_empty() {
+                    Arc::from(name.as_str())
+                } else {
+                    Arc::from(format!("{dir}/{name}"))
+                };
+                let got = scan.tokenized(path.clone(), template);
+                proptest::prop_assert_eq!(got, tokenize_shared(path));
             }
         }
     }
