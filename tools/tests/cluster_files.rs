@@ -3,28 +3,18 @@
 //! group token, blocks fetched from the store once for the whole group, crashes,
 //! rejoins and an etcd outage. Every test bounds its own time.
 
+mod common;
+
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Duration;
 
+use common::bounded;
 use strata_cluster::peer::pb::HelloRequest;
 use strata_cluster::peer::PeerChannels;
 use strata_tools::bench::group::{count_wrong, wait_until, write_dataset, Group, GroupSpec};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_strata"))
-}
-
-/// Runs `f` on a thread and fails the test if it takes longer than `secs`.
-fn bounded<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("the test took longer than {secs} s"),
-    }
 }
 
 /// The peer listener answers a peer with the group token and refuses, with

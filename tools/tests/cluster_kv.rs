@@ -7,28 +7,18 @@
 //! --cluster [--json]` and the per-peer metrics over the same group. Every test bounds
 //! its own time.
 
+mod common;
+
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::bounded;
 use strata_kvcache::KvClient;
 use strata_tools::bench::group::{wait_until, Group, GroupSpec};
 
 fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_strata"))
-}
-
-/// Runs `f` on a thread and fails the test if it takes longer than `secs`.
-fn bounded<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("the test took longer than {secs} s"),
-    }
 }
 
 fn spec() -> GroupSpec {

@@ -295,9 +295,17 @@ impl Node {
                 Ok(line) if line.trim() == "ready" => return Ok(()),
                 Ok(_) => {}
                 Err(e) => {
+                    // A daemon that closed its stdout early has usually exited: its status
+                    // (a signal leaves no line in the log) says why.
+                    let status = match self.child.as_mut().map(Child::try_wait) {
+                        Some(Ok(Some(status))) => status.to_string(),
+                        Some(Ok(None)) => "still running".to_string(),
+                        Some(Err(err)) => format!("unknown: {err}"),
+                        None => "not started".to_string(),
+                    };
                     self.kill9();
                     bail!(
-                        "{} not ready within {:?} ({e}); log:\n{}",
+                        "{} not ready within {:?} ({e}; daemon {status}); log:\n{}",
                         self.id,
                         self.ready_timeout,
                         self.log_tail(30)
