@@ -22,7 +22,8 @@ pub struct Row {
     /// `replay_cpu_s` per block access, in nanoseconds: the speed figure to compare
     /// policies by (issue 13: strata within 3x of lru).
     pub replay_cpu_ns_per_access: f64,
-    /// Replays timed (see [`MIN_TIMED_CPU`]); the figures above are their mean.
+    /// Replays timed (see [`MIN_TIMED_CPU`], after the warm-up of [`WARM_UP_BELOW`]);
+    /// the figures above are their mean.
     pub replay_runs: u32,
 }
 
@@ -57,28 +58,55 @@ pub fn thread_cpu_time() -> std::io::Result<Duration> {
 pub const MIN_TIMED_CPU: Duration = Duration::from_millis(20);
 /// Bound on those runs, so a trace of a handful of accesses stays quick.
 pub const MAX_TIMED_RUNS: u32 = 1000;
+/// A replay whose first run takes less CPU time than this is timed only from its
+/// second run on, for every policy alike. The first run pays the process's cold
+/// costs (page faults of fresh allocations, allocator growth, cold caches): 15-40% of a
+/// 25 ms strata replay of `loader`. Without a warm-up a policy fast enough to be
+/// repeated ([`MIN_TIMED_CPU`]) had most of its runs warm while a slower one was timed
+/// on its cold run alone, which biased the ratio against the slower policy. A replay
+/// this long or longer amortises the cold costs in one run and is not repeated.
+pub const WARM_UP_BELOW: Duration = Duration::from_millis(200);
+
+/// Runs `run` (one replay: its result, CPU and wall time) as [`run_all`] times a
+/// policy: the first run untimed when it took under [`WARM_UP_BELOW`], then runs until
+/// their CPU time adds up to [`MIN_TIMED_CPU`] (at most [`MAX_TIMED_RUNS`]). Returns
+/// the first run's result, the timed runs' CPU and wall time, and their number.
+fn time_runs<R>(
+    mut run: impl FnMut() -> anyhow::Result<(R, Duration, Duration)>,
+) -> anyhow::Result<(R, Duration, Duration, u32)> {
+    let (result, mut cpu, mut wall) = run()?;
+    let mut runs = 1u32;
+    if cpu < WARM_UP_BELOW {
+        // That run was the warm-up: time the following ones.
+        (cpu, wall, runs) = (Duration::ZERO, Duration::ZERO, 0);
+    }
+    while runs == 0 || (cpu < MIN_TIMED_CPU && runs < MAX_TIMED_RUNS) {
+        let (_, c, w) = run()?;
+        cpu += c;
+        wall += w;
+        runs += 1;
+    }
+    Ok((result, cpu, wall, runs))
+}
 
 /// Replays `p` under each of `policies`, timing each (CPU and wall, per run; see
-/// [`MIN_TIMED_CPU`]). The result is the first run's (the replay is deterministic).
+/// [`MIN_TIMED_CPU`] and [`WARM_UP_BELOW`]). The result is the first run's (the replay
+/// is deterministic).
 pub fn run_all(p: &Prepared, policies: &[String], cfg: &ReplayConfig) -> anyhow::Result<Vec<Row>> {
     policies
         .iter()
         .map(|name| {
-            let mut first = None;
-            let (mut cpu, mut wall, mut runs) = (Duration::ZERO, Duration::ZERO, 0u32);
-            while runs == 0 || (cpu < MIN_TIMED_CPU && runs < MAX_TIMED_RUNS) {
+            let timed_run = || -> anyhow::Result<(PolicyResult, Duration, Duration)> {
                 let set = make_policy(name, cfg.capacity_bytes)?;
                 // Wall clock read outside the CPU clock, so the CPU interval lies
                 // within the wall interval (the replay is on this thread: cpu <= wall).
                 let wall0 = Instant::now();
                 let cpu0 = thread_cpu_time()?;
                 let result = replay(p, set, cfg);
-                cpu += thread_cpu_time()?.saturating_sub(cpu0);
-                wall += wall0.elapsed();
-                runs += 1;
-                first.get_or_insert(result);
-            }
-            let result = first.ok_or_else(|| anyhow::anyhow!("{name}: no replay ran"))?;
+                let cpu = thread_cpu_time()?.saturating_sub(cpu0);
+                Ok((result, cpu, wall0.elapsed()))
+            };
+            let (result, cpu, wall, runs) = time_runs(timed_run)?;
             let cpu = cpu.as_secs_f64() / f64::from(runs);
             let wall = wall.as_secs_f64() / f64::from(runs);
             Ok(Row {
@@ -148,6 +176,26 @@ mod tests {
             let per_access = 1e9 * r.replay_cpu_s / r.result.accesses as f64;
             assert!((r.replay_cpu_ns_per_access - per_access).abs() < 1e-6 * per_access);
         }
+    }
+
+    #[test]
+    fn a_short_first_run_is_a_warm_up_for_every_policy_and_a_long_one_is_timed() {
+        let ms = Duration::from_millis;
+        // A cold first run (15 ms, dearer than the warm 10 ms ones) is not counted:
+        // two warm runs reach MIN_TIMED_CPU.
+        let mut costs = vec![ms(15), ms(10), ms(10), ms(10)].into_iter();
+        let mut n = 0;
+        let (first, cpu, _, runs) = time_runs(|| {
+            n += 1;
+            let c = costs.next().expect("no more runs expected");
+            Ok((n, c, c))
+        })
+        .expect("runs");
+        assert_eq!(first, 1, "the result is the first run's");
+        assert_eq!((cpu, runs), (ms(20), 2));
+        // A first run of WARM_UP_BELOW or more is the one timed run.
+        let (_, cpu, _, runs) = time_runs(|| Ok(((), WARM_UP_BELOW, WARM_UP_BELOW))).expect("runs");
+        assert_eq!((cpu, runs), (WARM_UP_BELOW, 1));
     }
 
     #[test]
