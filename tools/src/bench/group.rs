@@ -290,10 +290,12 @@ impl Node {
             }
         });
         let deadline = Instant::now() + self.ready_timeout;
+        // What the daemon printed before `ready` (its listen addresses), for the error.
+        let mut printed = Vec::new();
         loop {
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(line) if line.trim() == "ready" => return Ok(()),
-                Ok(_) => {}
+                Ok(line) => printed.push(line),
                 Err(e) => {
                     // A daemon that closed its stdout early has usually exited: its status
                     // (a signal leaves no line in the log) says why.
@@ -305,9 +307,10 @@ impl Node {
                     };
                     self.kill9();
                     bail!(
-                        "{} not ready within {:?} ({e}; daemon {status}); log:\n{}",
+                        "{} not ready within {:?} ({e}; daemon {status}); stdout: {:?}; log:\n{}",
                         self.id,
                         self.ready_timeout,
+                        printed,
                         self.log_tail(30)
                     );
                 }
