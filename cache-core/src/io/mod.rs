@@ -37,6 +37,11 @@ use bytes::Bytes;
 /// size of 4Kn NVMe drives and a multiple of the 512-byte size of the others.
 pub const ALIGN: usize = 4096;
 
+/// Bytes from `ptr` to the next [`ALIGN`] boundary (0 when it is on one).
+fn offset_to_aligned(ptr: *const u8) -> usize {
+    (ALIGN - ptr as usize % ALIGN) % ALIGN
+}
+
 /// Rounds `n` up to a multiple of [`ALIGN`].
 pub const fn align_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
@@ -75,8 +80,7 @@ impl AlignedBuf {
         len: usize,
         pool: Option<Arc<BufPool>>,
     ) -> Self {
-        let addr = storage.as_ptr() as usize;
-        let start = (ALIGN - addr % ALIGN) % ALIGN;
+        let start = offset_to_aligned(storage.as_ptr());
         AlignedBuf {
             storage,
             start,
@@ -115,8 +119,7 @@ impl AlignedBuf {
     pub fn filler(len: usize) -> AlignedFill {
         let capacity = align_up(len.max(1));
         let mut storage = Vec::with_capacity(capacity + ALIGN);
-        let addr = storage.as_ptr() as usize;
-        let start = (ALIGN - addr % ALIGN) % ALIGN;
+        let start = offset_to_aligned(storage.as_ptr());
         storage.resize(start, 0);
         AlignedFill {
             storage,

@@ -101,9 +101,12 @@ pub fn header_len(key_len: usize) -> usize {
     align_up(FIXED_HEADER + key_len)
 }
 
-/// Writes the header into `out` (at least `header_len(key.len())` bytes, zeroed).
+/// Writes the header into `out[..header_len(key.len())]`, its padding zeroed (so a
+/// recycled buffer's stale bytes never reach the file).
 pub fn write_header(out: &mut [u8], key: &[u8], data_len: u64, crc: u32) {
     let hlen = header_len(key.len());
+    out[32..FIXED_HEADER].fill(0);
+    out[FIXED_HEADER + key.len()..hlen].fill(0);
     out[0..8].copy_from_slice(&MAGIC);
     out[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     out[10..12].copy_from_slice(&0u16.to_le_bytes());

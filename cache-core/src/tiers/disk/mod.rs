@@ -689,11 +689,7 @@ impl DiskTier {
         };
         if let Some(direct) = direct {
             let mut header = self.pool.take_for_write(hlen);
-            {
-                let out = header.full_mut();
-                out.fill(0); // the header's padding after the key
-                write_header(out, enc, size as u64, block.crc());
-            }
+            write_header(header.full_mut(), enc, size as u64, block.crc());
             let mut parts = vec![WritePart::Buf(header), direct];
             if whole < size {
                 let mut tail = self.pool.take_for_write(size - whole);
@@ -706,7 +702,6 @@ impl DiskTier {
         let mut buf = self.pool.take_for_write(hlen + size);
         {
             let out = buf.full_mut();
-            out[..hlen].fill(0); // the header's padding after the key
             write_header(out, enc, size as u64, block.crc());
             out[hlen..hlen + size].copy_from_slice(data);
         }
