@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""Held-out programs: traces the policy was never tuned on (tools/replay/traces/heldout/).
+
+The corpus of workloads.py drove issue 13's policy work; these programs were written
+and recorded after that work stopped, to check that its figures carry over to other
+programs, formats and parameters (other seeds, sizes and skews than the corpus's).
+`heldout.py gen KIND DIR` writes a data set (deterministic, no downloads); `heldout.py
+run KIND DIR` is the program whose reads `strata trace record` records.
+scripts/record-heldout.sh runs both for every kind.
+
+Kinds:
+  duckdb    DuckDB (4 threads): aggregates and a filter over 8 snappy Parquet files
+            (12 columns, 8 row groups), 4 queries touching different column sets
+  sqlrange  Python's sqlite3: a table with a secondary index on a timestamp; a range
+            scan over the index (uniform start, ~150 rows) every 32 point lookups by
+            rowid (Zipf 0.8), 1 KiB pages
+  zip       Python zipfile: one ~60 MB archive of 4,000 stored members (log-normal
+            sizes), read in a shuffled order for 2 epochs by one process
+  torch     torch.save / torch.load (zip format, mmap off): 3 checkpoints of ~24 MB
+            loaded in turn, then the newest twice more (an evaluation loop)
+  pandas    pandas.read_csv in 64 K-row chunks over 6 CSV files, then a second query
+            over the same files with usecols: two full passes, the second a loop
+  zarr      zarr v3: a 2-D float32 array in 128x128 chunks (one file per chunk), 600
+            random 256x256 windows (Zipf-skewed over a grid of window origins)
+  loader3   multiprocessing.Pool(8) over 4,000 small files in nested class dirs,
+            chunksize 16, reshuffled for each of 3 epochs
+  mixh      sqlrange, zip and pandas at once, each its own process group
+"""
+
+import os
+import random
+import sys
+
+SEED = 71  # not the corpus's 13
+
+
+def zipf_ranks(n, s, count, rng):
+    import bisect
+
+    weights = [1.0 / (k + 1) ** s for k in range(n)]
+    total = sum(weights)
+    cdf, acc = [], 0.0
+    for w in weights:
+        acc += w / total
+        cdf.append(acc)
+    return [min(bisect.bisect_left(cdf, rng.random()), n - 1) for _ in range(count)]
+
+
+# --- duckdb -------------------------------------------------------------------------
+
+
+def gen_duckdb(d):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(SEED)
+    base = os.path.join(d, "events")
+    os.makedirs(base, exist_ok=True)
+    for p in range(8):
+        n = 160_000
+        cols = {f"m{j}": rng.standard_normal(n) for j in range(8)}
+        cols["user_id"] = rng.integers(0, 50_000, n)
+        cols["country"] = rng.integers(0, 60, n).astype(np.int32)
+        cols["ts"] = np.sort(rng.integers(0, 86_400 * 30, n))
+        cols["kind"] = rng.integers(0, 12, n).astype(np.int16)
+        pq.write_table(pa.table(cols), os.path.join(base, f"part-{p:03d}.parquet"), row_group_size=20_000, compression="snappy")
+
+
+def run_duckdb(d):
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads TO 4")
+    con.execute("SET enable_object_cache TO false")
+    glob = os.path.join(d, "events", "*.parquet")
+    queries = [
+        f"SELECT country, count(*), avg(m0) FROM read_parquet('{glob}') GROUP BY country",
+        f"SELECT kind, sum(m1 * m2) FROM read_parquet('{glob}') WHERE ts < 86400 * 10 GROUP BY kind",
+        f"SELECT user_id, max(m3) FROM read_parquet('{glob}') WHERE m3 > 3.0 GROUP BY user_id ORDER BY 2 DESC LIMIT 10",
+        f"SELECT country, kind, avg(m0), avg(m4) FROM read_parquet('{glob}') GROUP BY ALL",
+    ]
+    for q in queries:
+        print("duckdb:", len(con.execute(q).fetchall()), "rows")
+
+
+# --- sqlite range scans -------------------------------------------------------------
+
+SQLR_ROWS = 150_000
+
+
+def gen_sqlrange(d):
+    import sqlite3
+
+    path = os.path.join(d, "events.db")
+    if os.path.exists(path):
+        os.remove(path)
+    rng = random.Random(SEED)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA page_size=1024")
+    con.execute("CREATE TABLE ev (id INTEGER PRIMARY KEY, ts INTEGER, body BLOB)")
+    con.executemany(
+        "INSERT INTO ev VALUES (?, ?, ?)",
+        ((i, rng.randrange(10_000_000), rng.randbytes(150 + rng.randrange(250))) for i in range(SQLR_ROWS)),
+    )
+    con.execute("CREATE INDEX ev_ts ON ev(ts)")
+    con.commit()
+    con.close()
+
+
+def run_sqlrange(d):
+    import sqlite3
+
+    rng = random.Random(SEED + 1)
+    perm = list(range(SQLR_ROWS))
+    rng.shuffle(perm)
+    con = sqlite3.connect(os.path.join(d, "events.db"))
+    con.execute("PRAGMA cache_size=-1000")
+    points = iter(zipf_ranks(SQLR_ROWS, 0.8, 12_000, rng))
+    n = 0
+    for i in range(12_000):
+        if i % 32 == 0:
+            lo = rng.randrange(10_000_000 - 10_000)
+            n += sum(len(r[0]) for r in con.execute("SELECT body FROM ev WHERE ts BETWEEN ? AND ?", (lo, lo + 10_000)))
+        row = con.execute("SELECT body FROM ev WHERE id = ?", (perm[next(points)],)).fetchone()
+        n += len(row[0])
+    print(f"sqlrange: {n} bytes")
+
+
+# --- zip archive --------------------------------------------------------------------
+
+
+def gen_zip(d):
+    import zipfile
+
+    rng = random.Random(SEED)
+    with zipfile.ZipFile(os.path.join(d, "images.zip"), "w", compression=zipfile.ZIP_STORED) as z:
+        for i in range(4000):
+            size = min(int(rng.lognormvariate(9.4, 0.7)), 300_000)  # median ~12 KB
+            z.writestr(f"train/c{i % 40:02d}/img_{i:05d}.jpg", rng.randbytes(size))
+
+
+def run_zip(d):
+    import hashlib
+    import zipfile
+
+    rng = random.Random(SEED + 1)
+    with zipfile.ZipFile(os.path.join(d, "images.zip")) as z:
+        names = z.namelist()
+        for epoch in range(2):
+            rng.shuffle(names)
+            h = 0
+            for name in names:
+                h ^= hashlib.md5(z.read(name)).digest()[0]
+            print(f"zip: epoch {epoch}: {len(names)} members ({h})")
+
+
+# --- torch checkpoints --------------------------------------------------------------
+
+
+def gen_torch(d):
+    import torch
+
+    g = torch.Generator().manual_seed(SEED)
+    base = os.path.join(d, "ckpt")
+    os.makedirs(base, exist_ok=True)
+    for step in (1000, 2000, 3000):
+        sd = {f"block{b}.{w}": torch.randn(384, 1024, generator=g) for b in range(5) for w in ("q", "k", "v")}
+        torch.save({"step": step, "model": sd}, os.path.join(base, f"step-{step}.pt"))
+
+
+def run_torch(d):
+    import torch
+
+    base = os.path.join(d, "ckpt")
+    names = sorted(os.listdir(base), key=lambda n: int(n.split("-")[1].split(".")[0]))
+    total = 0.0
+    for name in names + names[-1:] * 2:
+        ck = torch.load(os.path.join(base, name), map_location="cpu", mmap=False, weights_only=True)
+        total += sum(float(t[0, 0]) for t in ck["model"].values())
+    print(f"torch: {total:.3f}")
+
+
+# --- pandas -------------------------------------------------------------------------
+
+
+def gen_pandas(d):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(SEED)
+    base = os.path.join(d, "csv")
+    os.makedirs(base, exist_ok=True)
+    for p in range(6):
+        n = 90_000
+        pd.DataFrame(
+            {
+                "id": np.arange(p * n, (p + 1) * n),
+                "store": rng.integers(0, 300, n),
+                "price": rng.uniform(1, 500, n).round(2),
+                "qty": rng.integers(1, 9, n),
+                "note": rng.choice(["", "gift", "promo", "return", "bulk order"], n),
+            }
+        ).to_csv(os.path.join(base, f"sales-{p}.csv"), index=False)
+
+
+def run_pandas(d):
+    import pandas as pd
+
+    base = os.path.join(d, "csv")
+    files = sorted(os.listdir(base))
+    total = 0.0
+    for f in files:
+        for chunk in pd.read_csv(os.path.join(base, f), chunksize=65_536):
+            total += float((chunk["price"] * chunk["qty"]).sum())
+    per_store = None
+    for f in files:
+        s = pd.read_csv(os.path.join(base, f), usecols=["store", "qty"]).groupby("store")["qty"].sum()
+        per_store = s if per_store is None else per_store.add(s, fill_value=0)
+    print(f"pandas: {total:.0f}, {len(per_store)} stores")
+
+
+# --- zarr ---------------------------------------------------------------------------
+
+
+def gen_zarr(d):
+    import numpy as np
+    import zarr
+
+    rng = np.random.default_rng(SEED)
+    z = zarr.create_array(os.path.join(d, "field.zarr"), shape=(4096, 4096), chunks=(128, 128), dtype="f4", compressors=None, overwrite=True)
+    for r in range(0, 4096, 512):
+        z[r : r + 512, :] = rng.standard_normal((512, 4096), dtype=np.float32)
+
+
+def run_zarr(d):
+    import zarr
+
+    rng = random.Random(SEED + 1)
+    z = zarr.open_array(os.path.join(d, "field.zarr"), mode="r")
+    grid = [(r, c) for r in range(0, 4096 - 256, 64) for c in range(0, 4096 - 256, 64)]
+    rng.shuffle(grid)
+    total = 0.0
+    for k in zipf_ranks(len(grid), 0.9, 600, rng):
+        r, c = grid[k]
+        total += float(z[r : r + 256, c : c + 256].mean())
+    print(f"zarr: {total:.3f}")
+
+
+# --- loader, 3 epochs ---------------------------------------------------------------
+
+
+def gen_loader3(d):
+    rng = random.Random(SEED)
+    for i in range(4000):
+        cd = os.path.join(d, "data", f"split{i % 4}", f"class{(i // 4) % 50:03d}")
+        os.makedirs(cd, exist_ok=True)
+        size = min(int(rng.lognormvariate(9.6, 0.8)), 500_000)  # median ~15 KB
+        with open(os.path.join(cd, f"s{i:06d}.bin"), "wb") as f:
+            f.write(rng.randbytes(size))
+
+
+def load_sample(path):
+    import zlib
+
+    with open(path, "rb") as f:
+        return zlib.crc32(f.read()) & 1
+
+
+def run_loader3(d):
+    from multiprocessing import Pool
+
+    files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(d, "data")) for f in fs)
+    rng = random.Random(SEED + 1)
+    with Pool(8) as pool:
+        for epoch in range(3):
+            order = files[:]
+            rng.shuffle(order)
+            print(f"loader3: epoch {epoch}: {sum(pool.imap(load_sample, order, chunksize=16))}")
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in ("gen", "run"):
+        sys.exit(__doc__)
+    _, what, kind, d = sys.argv
+    fn = globals().get(f"{what}_{kind}")
+    if fn is None:
+        sys.exit(f"unknown kind {kind!r}\n{__doc__}")
+    os.makedirs(d, exist_ok=True)
+    fn(d)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Records the held-out trace set in tools/replay/traces/heldout/ (see its README):
+# programs the policy was never tuned on (scripts/corpus/heldout.py), recorded with
+# `strata trace record` as scripts/record-traces.sh records the corpus.
+#
+#   scripts/record-heldout.sh              # every kind
+#   scripts/record-heldout.sh zip mixh     # some
+#
+# Environment: STRATA (default `strata` on PATH), PY (the Python with numpy, pyarrow,
+# duckdb, pandas, zarr; default python3), TORCH_PY (a Python with torch for `torch`;
+# default $PY), WORK (data sets, default /tmp/strata-heldout, ~600 MB), OUT (default
+# tools/replay/traces/heldout).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+STRATA=${STRATA:-strata}
+PY=${PY:-python3}
+TORCH_PY=${TORCH_PY:-$PY}
+WORK=${WORK:-/tmp/strata-heldout}
+OUT=${OUT:-$repo/tools/replay/traces/heldout}
+H="$repo/scripts/corpus/heldout.py"
+kinds=("$@")
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh)
+mkdir -p "$WORK" "$OUT"
+
+py_for() { if [ "$1" = torch ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
+
+gen() { echo "generating $1 in $WORK/$1" >&2; "$(py_for "$1")" "$H" gen "$1" "$WORK/$1"; }
+
+record() {
+  local name=$1
+  shift
+  (cd "$WORK" && "$STRATA" trace record --root "$WORK" --out "$OUT/$name.csv.gz" -- "$@")
+}
+
+for k in "${kinds[@]}"; do
+  case "$k" in
+    mixh)
+      for part in sqlrange zip pandas; do gen "$part"; done
+      record mixh bash -c "set -m
+        $PY $H run sqlrange $WORK/sqlrange &
+        $PY $H run zip $WORK/zip &
+        $PY $H run pandas $WORK/pandas &
+        wait"
+      ;;
+    *)
+      gen "$k"
+      record "$k" "$(py_for "$k")" "$H" run "$k" "$WORK/$k"
+      ;;
+  esac
+done
