@@ -38,6 +38,10 @@ pub struct AccessContext {
     /// The tracker learns from it which streams read in small pieces (see
     /// [`Observation::small_reads`]).
     pub read_len: u64,
+    /// Where in the file the read this access is part of starts (`None`: not a file
+    /// read, or not known). The tracker learns from it how far a stream reads on
+    /// after each jump (see [`Observation::run_ahead`]).
+    pub read_offset: Option<u64>,
 }
 
 impl AccessContext {
@@ -67,12 +71,21 @@ impl AccessContext {
             kind,
             obs: Observation::default(),
             read_len: 0,
+            read_offset: None,
         }
     }
 
     /// This context for an access that is part of a read of `len` bytes.
     pub fn with_read_len(mut self, len: u64) -> Self {
         self.read_len = len;
+        self
+    }
+
+    /// This context for an access that is part of a read of `len` bytes at `offset` of
+    /// a file.
+    pub fn with_read(mut self, offset: u64, len: u64) -> Self {
+        self.read_len = len;
+        self.read_offset = Some(offset);
         self
     }
 

@@ -642,8 +642,9 @@ impl ObjectReader {
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
-        // The tracker learns the stream's read sizes from it (small page lookups).
-        let ctx = &ctx.with_read_len(len);
+        // The tracker learns the stream's read sizes (small page lookups) and how far
+        // it reads on after a jump from it.
+        let ctx = &ctx.with_read(offset, len);
         // The part of the read inside block `b`, as offsets within it.
         let part = |b: u64| {
             let base = b * bs;

@@ -196,6 +196,51 @@ async fn page_lookups_in_a_file_over_twice_the_cache_stay_units() {
     .expect("bounded");
 }
 
+/// Records read in 4 KiB pieces at random places (zip members): once the tracker has
+/// seen a few, the first piece of a record fetches a unit holding the whole record
+/// (`Observation::run_ahead`), and the pieces after it are served from that unit: about
+/// one GET per record where 4 KiB units would take one per piece.
+#[tokio::test]
+async fn records_read_in_pieces_take_one_get_each() {
+    timed(async {
+        let fx = fixture(
+            SIZE,
+            BS,
+            4 << 20,
+            Granularity::default(),
+            FaultConfig::default(),
+        )
+        .await;
+        fx.warm_up_random().await;
+        let record = 16 << 10;
+        let mut rng = SplitMix64::new(77);
+        // Within one block each: a record across a block's end takes a GET per block (a
+        // unit never straddles blocks), and blocks read in pairs look sequential.
+        let starts: Vec<u64> = (0..80)
+            .map(|_| (rng.next_u64() % 63) * BS + rng.next_u64() % (BS - record))
+            .collect();
+        let mut before = fx.gets();
+        for (i, start) in starts.into_iter().enumerate() {
+            if i == 48 {
+                before = fx.gets();
+            }
+            for piece in 0..4 {
+                fx.read_ok(start + piece * PAGE, PAGE).await;
+            }
+        }
+        let gets = fx.gets().count - before.count;
+        // A record's unit is 16-32 KiB, or more where it lies across an aligned
+        // boundary; 4 KiB units would take 4 GETs per record.
+        assert!(gets <= 34, "{gets} GETs for 32 records of 4 pieces");
+        assert!(
+            fx.gets().bytes - before.bytes < 32 * BS / 2,
+            "units, not whole blocks"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 #[tokio::test]
 async fn block_mode_fetches_whole_blocks() {
     timed(async {

@@ -917,7 +917,7 @@ impl Run<'_> {
         let (a0, a1) = self.p.rec_acc[ri];
         let bb = self.p.block_bytes;
         let kv = self.p.path_kv[r.path as usize];
-        let ctx = AccessContext::demand(job, now).with_read_len(r.len);
+        let ctx = AccessContext::demand(job, now).with_read(r.offset, r.len);
         self.issued_at[j as usize] = now;
         let mut wait = 0u32;
         for pos in a0..a1 {
