@@ -9,7 +9,7 @@
 #           mooncake --block-bytes 2097152`); default /work/replay-traces
 # env: BIN (default: the replay_json example, built with
 #      `cargo build --release -p strata-replay --examples`), CAPS (default "10 20 40"),
-#      ONLY (trace names), P (policies)
+#      ONLY (trace names), P (policies), SET=heldout (the held-out traces instead)
 set -eu
 OUT=${1:?usage: replay-all.sh OUTDIR [GENDIR]}
 GEN=${2:-/work/replay-traces}

@@ -2,7 +2,15 @@
 # `traces`: the 10 recorded traces in the repo, the 7 generator workloads and both
 # Mooncake traces from GEN (as scripts/replay-set.sh makes them). Sourced by
 # replay-all.sh and replay-speed.sh, so both run the same set; needs ROOT and GEN.
+# SET=heldout: the held-out traces instead (tools/replay/traces/heldout/, programs the
+# policy was not tuned on), named ho-NAME.
 traces=()
+if [ "${SET:-}" = heldout ]; then
+  for t in duckdb loader3 mixh pandas sqlrange torch zarr zip; do
+    traces+=("ho-$t $ROOT/tools/replay/traces/heldout/$t.csv.gz")
+  done
+  return 0 2>/dev/null || true
+fi
 for t in etl h5 loader mix mix4 npy parquet safetensors shards sqlite; do
   traces+=("$t $ROOT/tools/replay/traces/$t.csv.gz")
 done
