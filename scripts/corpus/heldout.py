@@ -25,6 +25,18 @@ Kinds:
   loader3   multiprocessing.Pool(8) over 4,000 small files in nested class dirs,
             chunksize 16, reshuffled for each of 3 epochs
   mixh      sqlrange, zip and pandas at once, each its own process group
+
+Second round (recorded after the first round's findings were fixed, to check the fixes):
+  zipdeflate  Python zipfile: an archive of 3,000 deflated members read in a shuffled
+            order for 2 epochs (compressed data read in chunks, not 4 KiB pieces)
+  sqljoin   Python's sqlite3, 4 KiB pages: orders joined to customers through an index,
+            Zipf(1.2) customer lookups with their last orders (two tables, two indexes)
+  h5cols    h5py: a gzip-compressed 2-D dataset in (256, 256) chunks, read as random
+            column bands (every chunk row of a column of chunks) and random tiles
+  tarrandom Python tarfile in random-access mode ('r:'): members of 8 tar shards
+            extracted by name in a Zipf-skewed order (an indexed webdataset)
+  parquetrg pyarrow ParquetFile.read_row_group: random row groups (Zipf 1.0) of 6 files,
+            2 columns each, 300 reads
 """
 
 import os
@@ -277,6 +289,184 @@ def run_loader3(d):
             order = files[:]
             rng.shuffle(order)
             print(f"loader3: epoch {epoch}: {sum(pool.imap(load_sample, order, chunksize=16))}")
+
+
+# --- second round ---------------------------------------------------------------
+
+
+def gen_zipdeflate(d):
+    import zipfile
+
+    rng = random.Random(SEED + 10)
+    words = [bytes(rng.randrange(97, 123) for _ in range(rng.randrange(3, 9))) for _ in range(2000)]
+    with zipfile.ZipFile(os.path.join(d, "docs.zip"), "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for i in range(3000):
+            n = min(int(rng.lognormvariate(8.3, 0.9)), 60_000)  # ~4,000 words median
+            text = b" ".join(rng.choice(words) for _ in range(n))
+            z.writestr(f"shard{i % 10}/doc_{i:05d}.txt", text + rng.randbytes(n // 4))
+
+
+def run_zipdeflate(d):
+    import zipfile
+    import zlib
+
+    rng = random.Random(SEED + 11)
+    with zipfile.ZipFile(os.path.join(d, "docs.zip")) as z:
+        names = z.namelist()
+        for epoch in range(2):
+            rng.shuffle(names)
+            c = 0
+            for name in names:
+                with z.open(name) as f:
+                    while True:
+                        b = f.read(65536)
+                        if not b:
+                            break
+                        c = zlib.crc32(b, c)
+            print(f"zipdeflate: epoch {epoch}: {len(names)} ({c})")
+
+
+SQLJ_CUSTOMERS = 40_000
+SQLJ_ORDERS = 250_000
+
+
+def gen_sqljoin(d):
+    import sqlite3
+
+    path = os.path.join(d, "shop.db")
+    if os.path.exists(path):
+        os.remove(path)
+    rng = random.Random(SEED + 20)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA page_size=4096")
+    con.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, addr BLOB)")
+    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, cust INTEGER, ts INTEGER, body BLOB)")
+    con.executemany(
+        "INSERT INTO customer VALUES (?, ?, ?)",
+        ((i, f"c{i}", rng.randbytes(100 + rng.randrange(100))) for i in range(SQLJ_CUSTOMERS)),
+    )
+    con.executemany(
+        "INSERT INTO orders VALUES (?, ?, ?, ?)",
+        ((i, rng.randrange(SQLJ_CUSTOMERS), i * 7, rng.randbytes(80 + rng.randrange(120))) for i in range(SQLJ_ORDERS)),
+    )
+    con.execute("CREATE INDEX orders_cust ON orders(cust, ts)")
+    con.commit()
+    con.close()
+
+
+def run_sqljoin(d):
+    import sqlite3
+
+    rng = random.Random(SEED + 21)
+    perm = list(range(SQLJ_CUSTOMERS))
+    rng.shuffle(perm)
+    con = sqlite3.connect(os.path.join(d, "shop.db"))
+    con.execute("PRAGMA cache_size=-2000")
+    n = 0
+    for rank in zipf_ranks(SQLJ_CUSTOMERS, 1.2, 8000, rng):
+        rows = con.execute(
+            "SELECT c.name, o.ts, o.body FROM customer c JOIN orders o ON o.cust = c.id "
+            "WHERE c.id = ? ORDER BY o.ts DESC LIMIT 3",
+            (perm[rank],),
+        ).fetchall()
+        n += len(rows)
+    print(f"sqljoin: {n} rows")
+
+
+def gen_h5cols(d):
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 30)
+    with h5py.File(os.path.join(d, "grid.h5"), "w") as f:
+        f.create_dataset(
+            "field",
+            data=(rng.standard_normal((4096, 4096)) * 100).astype(np.int16),
+            chunks=(256, 256),
+            compression="gzip",
+            compression_opts=1,
+        )
+
+
+def run_h5cols(d):
+    import h5py
+
+    rng = random.Random(SEED + 31)
+    total = 0
+    with h5py.File(os.path.join(d, "grid.h5"), "r", rdcc_nbytes=0) as f:
+        ds = f["field"]
+        for i in range(120):
+            if i % 3 == 0:
+                c = rng.randrange(0, 4096 - 64)
+                total += int(ds[:, c : c + 64].sum())
+            else:
+                r, c = rng.randrange(0, 4096 - 512), rng.randrange(0, 4096 - 512)
+                total += int(ds[r : r + 512, c : c + 512].sum())
+    print(f"h5cols: {total}")
+
+
+def gen_tarrandom(d):
+    import io
+    import tarfile
+
+    rng = random.Random(SEED + 40)
+    os.makedirs(os.path.join(d, "tars"), exist_ok=True)
+    for s in range(8):
+        with tarfile.open(os.path.join(d, "tars", f"part-{s:03d}.tar"), "w") as tar:
+            for i in range(250):
+                data = rng.randbytes(min(int(rng.lognormvariate(10.2, 0.6)), 400_000))
+                info = tarfile.TarInfo(f"{s:03d}/{i:05d}.bin")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def run_tarrandom(d):
+    import hashlib
+    import tarfile
+
+    rng = random.Random(SEED + 41)
+    base = os.path.join(d, "tars")
+    tars = {}
+    index = []
+    for name in sorted(os.listdir(base)):
+        t = tarfile.open(os.path.join(base, name), "r:")
+        tars[name] = t
+        index += [(name, m) for m in t.getmembers()]
+    rng.shuffle(index)
+    h = 0
+    for k in zipf_ranks(len(index), 0.9, 3000, rng):
+        name, m = index[k]
+        h ^= hashlib.sha1(tars[name].extractfile(m).read()).digest()[0]
+    print(f"tarrandom: {h}")
+
+
+def gen_parquetrg(d):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(SEED + 50)
+    os.makedirs(os.path.join(d, "pq"), exist_ok=True)
+    for p in range(6):
+        n = 240_000
+        cols = {f"f{j}": rng.standard_normal(n).astype(np.float32) for j in range(6)}
+        cols["label"] = rng.integers(0, 1000, n)
+        pq.write_table(pa.table(cols), os.path.join(d, "pq", f"train-{p}.parquet"), row_group_size=20_000, compression="none")
+
+
+def run_parquetrg(d):
+    import pyarrow.parquet as pq
+
+    rng = random.Random(SEED + 51)
+    base = os.path.join(d, "pq")
+    files = [pq.ParquetFile(os.path.join(base, f), memory_map=False) for f in sorted(os.listdir(base))]
+    groups = [(i, g) for i, f in enumerate(files) for g in range(f.num_row_groups)]
+    rng.shuffle(groups)
+    rows = 0
+    for k in zipf_ranks(len(groups), 1.0, 300, rng):
+        i, g = groups[k]
+        rows += files[i].read_row_group(g, columns=["f0", "label"]).num_rows
+    print(f"parquetrg: {rows}")
 
 
 def main():
