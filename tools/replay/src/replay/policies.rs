@@ -141,6 +141,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "freq_ties_largest_first" => c.freq_ties_largest_first = on,
             "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = on,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
+            "whole_files_by_frequency" => c.whole_files_by_frequency = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
