@@ -1318,13 +1318,17 @@ impl PatternAwarePolicy {
                 .get(&c)
                 .map_or((0, false), |e| (e.size, e.in_order));
             // A whole file read in order joins the main without a contest only while
-            // the main has room for it and one more (see `Entry::in_order`): moved in
-            // whenever the window was one item over its share, a pass's files made the
-            // main evict its least frequent, the file the pass reads next (0 hits).
-            let room = if in_order {
+            // the main fills (has room for it and one more, and has never had to give
+            // up an item; see `Entry::in_order`): moved in whenever the window was one
+            // item over its share, a pass's files made the main evict its least
+            // frequent, the file the pass reads next (0 hits); and with prefetch the
+            // window fills with read-ahead files and the share's room is no guide.
+            let room = if !in_order {
+                main_target
+            } else if self.victims[pool_ix(Pool::Freq)] == 0 {
                 main_target - size as f64
             } else {
-                main_target
+                0.0
             };
             if self.freq.is_empty() || ((self.bytes[3] + size) as f64) <= room {
                 self.move_to(&c, Pool::Freq);
