@@ -60,6 +60,18 @@
 //! chance re-reads and took the stable subset's space. A one-pass scan never re-reads
 //! within the probe, so its share stays 0 and the behaviour is pure evict-behind.
 //!
+//! A file re-read whole right after it was read (`torch.load` of the newest checkpoint
+//! again, an evaluation loop) re-reads at a distance of the file's size, beyond the
+//! probe: the consumed ghost never saw it, and each visit missed the blocks the first
+//! one let go. So a second ghost of `consumed`'s victims (the *reload ghost*, key hashes
+//! with the demand-byte clock `touched` at their last read, up to a capacity of bytes)
+//! answers whether an LRU of this capacity would still have held a re-read block (less
+//! than a capacity read since). A run of `reload_run` such misses of one job in a
+//! block-sequential stream is a re-visit, and its bytes grow the share as consumed ghost
+//! hits do: the rest of the re-read stays for the next visit. A chance re-read of a
+//! random stream, or one further back than the cache, changes nothing; a loop over more
+//! than the cache never comes back within it (docs/BENCHMARKS.md "A file re-read whole").
+//!
 //! # Space allocation by marginal benefit
 //!
 //! `stable` and `freq` share what `consumed`/`ahead` leave, split by `stable_share`.
@@ -246,6 +258,24 @@ pub struct PatternAwareConfig {
     /// the window's items have not won admission; measured both ways in
     /// docs/BENCHMARKS.md "Sequential scans take the main's space only on evidence".
     pub main_kept_until_scan_reuse: bool,
+    /// Recognise a file re-read whole soon after it was read (the reload ghost): true.
+    /// A demand miss of a block-sequential stream on a block the scan queue let go,
+    /// while an LRU of this capacity would still have held it (less than a capacity of
+    /// bytes read since its last read), is a re-read a larger scan queue would have hit;
+    /// once `reload_run` of them come in a row they grow the queue's share
+    /// (`consumed_target`) as hits on the consumed ghost do, so the rest of the re-read
+    /// stays for the next visit. The consumed ghost reaches only the marginal probe
+    /// (`window_ghost_share`): a file re-read whole right after it was read (`torch.load`
+    /// of the newest checkpoint again, an evaluation loop; reuse distance = the file's
+    /// size) never hit it, and every visit of a file that fits the cache missed the same
+    /// blocks again (docs/BENCHMARKS.md "A file re-read whole").
+    pub reload_ghost: bool,
+    /// Reload ghost hits one job makes in a row (no scan miss of that job between that
+    /// the reload ghost does not know) before they count: 4. A re-visit re-reads block
+    /// after block; a chance re-read within a capacity comes alone or in pairs (runs of
+    /// 1-2 in h5, npy, mix, gen-mixed, measured with 1). Counted from the first (their
+    /// bytes are kept until the run is long enough).
+    pub reload_run: u64,
     /// A whole small file (one block, shorter than the block size) whose stream is
     /// classified only at the files level (the blocks level has one block, so no
     /// evidence) is ranked by frequency (the window and main), not as scan data: true.
@@ -290,6 +320,8 @@ impl Default for PatternAwareConfig {
             freq_ties_largest_first: true,
             main_kept_until_scan_reuse: true,
             whole_files_by_frequency: true,
+            reload_ghost: true,
+            reload_run: 4,
         }
     }
 }
@@ -383,6 +415,9 @@ struct Entry {
     /// frequent item, so a pass over a directory does not replace the files the
     /// pass reads next (which are one read behind) with those it just read.
     in_order: bool,
+    /// `touched` at its last demand read in a new visit (at its insert for a prefetch):
+    /// the re-read's LRU reuse distance is `touched` then minus this.
+    touch: u64,
 }
 
 /// A pool ordered by sequence number alone (`consumed`, `ahead`, `window`): the same
@@ -581,6 +616,9 @@ pub struct PatternAwareStats {
     pub stale_ahead_victims: u64,
     /// Victims taken from consumed / ahead / stable / freq main / window.
     pub victims: [u64; 5],
+    /// Sequential re-reads within a capacity of a block the scan queue let go
+    /// (`reload_ghost`).
+    pub reload_ghost_hits: u64,
 }
 
 /// The pattern-aware eviction policy. See the module docs.
@@ -664,6 +702,20 @@ pub struct PatternAwarePolicy {
     pending_sequential_miss: bool,
     /// The item about to be inserted is a whole small file read in order.
     pending_in_order: bool,
+    /// Bytes of demand reads so far (misses, and hits in a new visit): the clock of the
+    /// reload ghost's reuse distances (`reload_ghost`).
+    touched: u64,
+    /// Victims of `consumed` with `touched` at their last read (and the FIFO's seq), up
+    /// to a capacity of bytes: a re-read further back than that would miss under LRU too.
+    reload: HashMap<u64, (u64, u64), FxBuild>,
+    reload_fifo: VecDeque<(u64, u64, u64)>,
+    reload_bytes: u64,
+    reload_seq: u64,
+    reload_run: u64,
+    reload_run_bytes: u64,
+    reload_run_job: Option<u64>,
+    /// Demand re-reads the reload ghost counted (`reload_ghost`).
+    reload_hits: u64,
 }
 
 impl Default for PatternAwarePolicy {
@@ -743,6 +795,15 @@ impl PatternAwarePolicy {
             last_demanded: None,
             pending_sequential_miss: false,
             pending_in_order: false,
+            touched: 0,
+            reload: HashMap::default(),
+            reload_fifo: VecDeque::new(),
+            reload_bytes: 0,
+            reload_seq: 0,
+            reload_run: 0,
+            reload_run_bytes: 0,
+            reload_run_job: None,
+            reload_hits: 0,
             cfg,
         }
     }
@@ -764,6 +825,7 @@ impl PatternAwarePolicy {
             idle_releases: self.idle_releases,
             stale_ahead_victims: self.stale_ahead_victims,
             victims: self.victims,
+            reload_ghost_hits: self.reload_hits,
         }
     }
 
@@ -995,9 +1057,25 @@ impl PatternAwarePolicy {
     }
 
     /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
-    fn on_demand_miss(&mut self, h: u64, size: u64, job: u64, retention: Pattern, seen: bool) {
+    fn on_demand_miss(
+        &mut self,
+        h: u64,
+        size: u64,
+        job: u64,
+        obs: &Observation,
+        retention: Pattern,
+        seen: bool,
+    ) {
         self.period_jobs.insert(job);
         self.idle_check(size);
+        let reload = self.reload_ghost_hit(h, obs);
+        let reload = if matches!(retention, Pattern::Sequential | Pattern::Random) {
+            // Within the consumed ghost's probe the re-read counts there already.
+            let counted = reload && self.ghost.get(&h).is_some_and(|g| g.seg == 2);
+            self.reload_observed(job, if counted { 0 } else { size }, reload)
+        } else {
+            false
+        };
         if let Some(g) = self.ghost.remove(&h) {
             if g.seg == 2 {
                 self.scan_reuse_seen = true;
@@ -1014,6 +1092,9 @@ impl PatternAwarePolicy {
                 self.window_evidence(g.seg);
                 self.consumed_hit_evidence(size, false);
             }
+        } else if reload {
+            // A re-visit the reload ghost counted: not a miss a larger stable subset
+            // would have hit.
         } else if seen && matches!(retention, Pattern::Sequential | Pattern::Random) {
             if let Some((t, band)) = self.stable_band() {
                 if h > t && ((h - t) as f64) <= band && self.band_eligible(h) {
@@ -1387,6 +1468,87 @@ impl PatternAwarePolicy {
             .or_else(|| self.ahead.first_key_value().map(|(_, (k, _))| k))
     }
 
+    /// Whether a demand miss on `h` re-reads, in a stream sequential at the block level,
+    /// a block the scan queue `consumed` let go while an LRU of this capacity would still
+    /// hold it: fewer than a capacity of bytes were read (`touched`) since its last read
+    /// (`reload_ghost`). The entry is used up either way. Random streams and streams
+    /// sequential only across files (one-block chunk files) are left to the marginal
+    /// probe: a shuffled epoch re-reads a few blocks within a capacity by chance, and
+    /// counted with a whole capacity of reach they took the stable subset's space (the
+    /// module docs, "Evict-behind only when it is behind"); measured, docs/BENCHMARKS.md
+    /// "A file re-read whole".
+    fn reload_ghost_hit(&mut self, h: u64, obs: &Observation) -> bool {
+        if !self.cfg.reload_ghost || self.reload.is_empty() {
+            return false;
+        }
+        let Some((touch, _)) = self.reload.remove(&h) else {
+            return false;
+        };
+        obs.retention() == Pattern::Sequential
+            && obs.blocks == Pattern::Sequential
+            && self.cap > 0
+            && self.touched.saturating_sub(touch) <= self.cap
+    }
+
+    /// A reload ghost hit: scan data is re-read, and a larger scan queue would have
+    /// kept it (the consumed ghost's evidence, with the whole capacity's reach).
+    fn reload_evidence(&mut self, size: u64) {
+        self.reload_hits += 1;
+        self.scan_reuse_seen = true;
+        self.consumed_hit_evidence(size, true);
+    }
+
+    /// A scan miss of `job` that the reload ghost knew (`hit`, with `size` the bytes it
+    /// may count) or did not: hits count once `reload_run` of them came in a row.
+    /// Returns whether this miss's bytes counted.
+    fn reload_observed(&mut self, job: u64, size: u64, hit: bool) -> bool {
+        if !hit {
+            if self.reload_run_job == Some(job) {
+                self.reload_run = 0;
+                self.reload_run_bytes = 0;
+            }
+            return false;
+        }
+        if self.reload_run_job != Some(job) {
+            self.reload_run_job = Some(job);
+            self.reload_run = 0;
+            self.reload_run_bytes = 0;
+        }
+        self.reload_run += 1;
+        self.reload_run_bytes += size;
+        if self.reload_run < self.cfg.reload_run.max(1) {
+            return false;
+        }
+        let b = std::mem::take(&mut self.reload_run_bytes);
+        if b > 0 {
+            self.reload_evidence(b);
+        }
+        size > 0
+    }
+
+    /// Remembers a victim of `consumed` read last at `touch`, up to a capacity of bytes
+    /// of such victims and no more entries than the cache holds items (ARC's bound on
+    /// its recency ghost; at least the newest, and 64).
+    fn push_reload(&mut self, h: u64, size: u64, touch: u64) {
+        self.reload_seq += 1;
+        let seq = self.reload_seq;
+        self.reload.insert(h, (touch, seq));
+        self.reload_fifo.push_back((h, size, seq));
+        self.reload_bytes += size;
+        let max_len = self.entries.len().max(64);
+        while (self.reload_bytes > self.cap || self.reload_fifo.len() > max_len)
+            && self.reload_fifo.len() > 1
+        {
+            let Some((gh, gs, gseq)) = self.reload_fifo.pop_front() else {
+                break;
+            };
+            self.reload_bytes -= gs;
+            if self.reload.get(&gh).is_some_and(|&(_, s)| s == gseq) {
+                self.reload.remove(&gh);
+            }
+        }
+    }
+
     fn push_ghost(&mut self, h: u64, size: u64, seg: usize) {
         let seq = self.next_seq();
         self.ghost.insert(
@@ -1441,7 +1603,8 @@ impl EvictionPolicy for PatternAwarePolicy {
             self.count(h);
         }
         let retention = self.retention(&obs, key, size);
-        self.on_demand_miss(h, size, ctx.job.0, retention, seen);
+        self.on_demand_miss(h, size, ctx.job.0, &obs, retention, seen);
+        self.touched += size;
         let pool = self.pool_for(retention);
         self.pending = Some((h, pool));
         self.pending_sequential_miss = retention == Pattern::Sequential;
@@ -1471,6 +1634,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             seq: 0,
             job: ctx.job.0,
             in_order: std::mem::take(&mut self.pending_in_order) && ctx.is_demand(),
+            touch: self.touched,
         };
         self.link(key, &mut e, pool);
         self.entries.insert(key.clone(), e);
@@ -1481,9 +1645,18 @@ impl EvictionPolicy for PatternAwarePolicy {
             return;
         }
         let obs = ctx.obs;
-        let Some(e) = self.entries.get(key).copied() else {
+        let Some(slot) = self.entries.get_mut(key) else {
             return;
         };
+        if !obs.repeat {
+            self.touched += slot.size;
+            slot.touch = self.touched;
+        }
+        let e = *slot;
+        if e.pool == Pool::Ahead && !self.reload.is_empty() {
+            // The block's next demand read after the entry: it is used up.
+            self.reload.remove(&e.hash);
+        }
         self.seen_check_set(e.hash);
         self.last_demanded = Some(e.hash);
         if self.cfg.release_idle {
@@ -1552,6 +1725,14 @@ impl EvictionPolicy for PatternAwarePolicy {
         };
         self.unlink(key, &e);
         let evicted = self.last_victim.take() == Some(e.hash);
+        // A reload ghost entry is used up by the block's next demand read (a miss, or
+        // the first read of a prefetched copy); a prefetched copy evicted unread leaves
+        // it, since the block's last read is still the one it records (`torch` at 40%
+        // with prefetch: the re-read's readahead was evicted unread and each block then
+        // missed; without the entry none of those misses counted).
+        if self.cfg.reload_ghost && evicted && e.pool == Pool::Consumed {
+            self.push_reload(e.hash, e.size, e.touch);
+        }
         if evicted {
             self.victims[pool_ix(e.pool)] += 1;
             self.mark_scan_victim(e.hash, matches!(e.pool, Pool::Consumed | Pool::Stable));

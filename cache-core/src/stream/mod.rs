@@ -223,7 +223,7 @@ impl RunLength {
         let end = offset.saturating_add(len);
         let before = if self.run > 0 && offset == self.start && end == self.end {
             // The same read, seen again for its next block.
-            self.run - (end - offset)
+            self.run.saturating_sub(end - offset)
         } else if self.run > 0 && offset == self.end {
             let before = self.run;
             self.run = self.run.saturating_add(len);

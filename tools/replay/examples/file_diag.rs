@@ -17,6 +17,22 @@ fn k(key: &CacheKey) -> String {
 }
 
 impl Wrap {
+    /// Reload ghost hits so far (0 for a baseline).
+    fn reloads(&self) -> u64 {
+        self.target.strata().map_or(0, |s| {
+            s.lock().expect("not poisoned").stats().reload_ghost_hits
+        })
+    }
+
+    /// " reload" when the access just counted as a reload ghost hit.
+    fn reload_mark(&self, before: u64) -> &'static str {
+        if self.reloads() > before {
+            " reload"
+        } else {
+            ""
+        }
+    }
+
     fn pool(&self, key: &CacheKey) -> &'static str {
         self.target
             .strata()
@@ -43,8 +59,14 @@ impl EvictionPolicy for Wrap {
         "diag"
     }
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
+        let before = self.reloads();
         let r = self.target.with(|p| p.admit(key, size, ctx));
-        println!("MISS  {} {} size={size} admit={r}", k(key), obs(ctx));
+        println!(
+            "MISS  {} {} size={size} admit={r}{}",
+            k(key),
+            obs(ctx),
+            self.reload_mark(before)
+        );
         r
     }
     fn on_insert(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
@@ -53,13 +75,15 @@ impl EvictionPolicy for Wrap {
     }
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
         let before = self.pool(key);
+        let reloads = self.reloads();
         self.target.with(|p| p.on_hit(key, ctx));
         if ctx.is_demand() {
             println!(
-                "HIT   {} {} in {before} -> {}",
+                "HIT   {} {} in {before} -> {}{}",
                 k(key),
                 obs(ctx),
-                self.pool(key)
+                self.pool(key),
+                self.reload_mark(reloads)
             );
         }
     }

@@ -140,6 +140,8 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "sketch_follows_items" => c.sketch_follows_items = on,
             "freq_ties_largest_first" => c.freq_ties_largest_first = on,
             "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = on,
+            "reload_ghost" => c.reload_ghost = on,
+            "reload_run" => c.reload_run = f as u64,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
             "whole_files_by_frequency" => c.whole_files_by_frequency = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
