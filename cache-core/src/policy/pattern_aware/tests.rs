@@ -1159,3 +1159,94 @@ proptest! {
         }
     }
 }
+
+/// Windows of a chunked array (zarr: one small file per chunk, a directory per row of
+/// chunks) at Zipf-chosen origins: the files of each row of a window are read in name
+/// order, so the tracker calls the files stream `Sequential`, while the skew of the
+/// origins makes some chunk files far more popular than others. Returns the hits of
+/// 4,000 window reads (2 x 3 chunks each) on a cache of 100 of the 1,024 chunk files.
+fn zipf_window_hits(whole_files_by_frequency: bool) -> u64 {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Zipf};
+    let size = 64 << 10;
+    let mut s = Sim::with(
+        100 * size,
+        PatternAwareConfig {
+            whole_files_by_frequency,
+            ..PatternAwareConfig::default()
+        },
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    // Origins on a 30 x 30 grid, ranked by a fixed shuffle so popular ones scatter.
+    let zipf = Zipf::new(900.0, 0.9).expect("valid");
+    let mut rank: Vec<u64> = (0..900).collect();
+    rank.shuffle(&mut rng);
+    let (mut hits, mut t) = (0, 0);
+    for _ in 0..4000 {
+        let o = rank[zipf.sample(&mut rng) as usize - 1];
+        let (r0, c0) = (o / 30, o % 30);
+        for r in r0..r0 + 2 {
+            for c in c0..c0 + 3 {
+                t += 1;
+                let key =
+                    CacheKey::file(format!("zw/{whole_files_by_frequency}/c/{r}/{c}"), "v", 0);
+                hits += u64::from(s.read(&key, size, &demand(1, t)));
+            }
+        }
+    }
+    // The rule must be what changed the outcome: the stream is a sequential one.
+    let probe = CacheKey::file(format!("zw/{whole_files_by_frequency}/c/5/5"), "v", 0);
+    assert_eq!(
+        observed(&probe, &demand(1, t + 1)).obs.files,
+        Pattern::Sequential
+    );
+    hits
+}
+
+#[test]
+fn skewed_whole_small_files_read_in_order_are_ranked_by_frequency() {
+    let (on, off) = (zipf_window_hits(true), zipf_window_hits(false));
+    assert!(
+        on * 10 >= off * 12,
+        "hits with the rule {on}, without {off}"
+    );
+}
+
+/// A directory of small files read whole in name order, pass after pass, larger than
+/// the cache: with the rule the frequency main keeps a fixed set of incumbents (ties
+/// keep them), as the stable subset's hash sample did. Returns the hits of the passes
+/// after the first.
+fn cyclic_small_files_hits(whole_files_by_frequency: bool) -> u64 {
+    let size = 64 << 10;
+    let mut s = Sim::with(
+        100 * size,
+        PatternAwareConfig {
+            whole_files_by_frequency,
+            ..PatternAwareConfig::default()
+        },
+    );
+    let (mut hits, mut t) = (0, 0);
+    for pass in 0..5 {
+        for f in 0..400 {
+            t += 1;
+            let key = CacheKey::file(format!("cy/{whole_files_by_frequency}/img-{f}"), "v", 0);
+            let hit = s.read(&key, size, &demand(1, t));
+            if pass > 0 {
+                hits += u64::from(hit);
+            }
+        }
+    }
+    hits
+}
+
+#[test]
+fn small_files_read_in_order_pass_after_pass_keep_a_subset() {
+    let (on, off) = (
+        cyclic_small_files_hits(true),
+        cyclic_small_files_hits(false),
+    );
+    // 4 passes of 400 reads on a cache of 100 files: a fixed subset hits ~1/4.
+    assert!(on * 10 >= off * 9, "hits with the rule {on}, without {off}");
+    assert!(on >= 4 * 400 / 8, "hits with the rule {on}");
+}

@@ -143,6 +143,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "reload_ghost" => c.reload_ghost = on,
             "reload_run" => c.reload_run = f as u64,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
+            "whole_files_by_frequency" => c.whole_files_by_frequency = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
