@@ -43,19 +43,10 @@ import os
 import random
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import main as workloads_main, zipf_ranks  # noqa: E402  (the corpus's own)
+
 SEED = 71  # not the corpus's 13
-
-
-def zipf_ranks(n, s, count, rng):
-    import bisect
-
-    weights = [1.0 / (k + 1) ** s for k in range(n)]
-    total = sum(weights)
-    cdf, acc = [], 0.0
-    for w in weights:
-        acc += w / total
-        cdf.append(acc)
-    return [min(bisect.bisect_left(cdf, rng.random()), n - 1) for _ in range(count)]
 
 
 # --- duckdb -------------------------------------------------------------------------
@@ -469,16 +460,5 @@ def run_parquetrg(d):
     print(f"parquetrg: {rows}")
 
 
-def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("gen", "run"):
-        sys.exit(__doc__)
-    _, what, kind, d = sys.argv
-    fn = globals().get(f"{what}_{kind}")
-    if fn is None:
-        sys.exit(f"unknown kind {kind!r}\n{__doc__}")
-    os.makedirs(d, exist_ok=True)
-    fn(d)
-
-
 if __name__ == "__main__":
-    main()
+    workloads_main(globals(), __doc__)

@@ -346,13 +346,16 @@ def run_etl(d):
     print(f"etl: {rows} rows, {len(revenue)} groups, top {top[0]} {top[1]:.0f}")
 
 
-def main():
+def main(kinds=None, doc=__doc__):
+    """`gen KIND DIR` / `run KIND DIR` with the `gen_KIND` / `run_KIND` functions of
+    `kinds` (this module's globals by default; heldout.py passes its own)."""
+    kinds = globals() if kinds is None else kinds
     if len(sys.argv) != 4 or sys.argv[1] not in ("gen", "run"):
-        sys.exit(__doc__)
+        sys.exit(doc)
     _, what, kind, d = sys.argv
-    fn = globals().get(f"{what}_{kind}")
+    fn = kinds.get(f"{what}_{kind}")
     if fn is None:
-        sys.exit(f"unknown kind {kind!r}\n{__doc__}")
+        sys.exit(f"unknown kind {kind!r}\n{doc}")
     os.makedirs(d, exist_ok=True)
     fn(d)
 
