@@ -957,12 +957,9 @@ impl Run<'_> {
                 // The decision the daemon's reader takes too (`Granularity::demand_unit`).
                 let granularity = self.granularity;
                 let mut candidate = None;
-                // Unit sizes with ids in this block (a fetch below may add its own).
-                let mut made = self
-                    .unit_sizes_made
-                    .get(&(r.path, bi))
-                    .copied()
-                    .unwrap_or(0);
+                // Unit sizes with ids in this block, looked up on the first probe (none
+                // for whole-block policies, which never probe).
+                let mut made: Option<u64> = None;
                 let unit = granularity.demand_unit(
                     &ctx.obs,
                     at,
@@ -974,7 +971,13 @@ impl Run<'_> {
                         let idx = (bstart + at) / unit;
                         if !fetch {
                             // Only whether it is cached: no id made for a unit never used.
-                            if unit.is_power_of_two() && made & size_bit(unit) == 0 {
+                            let sizes = *made.get_or_insert_with(|| {
+                                self.unit_sizes_made
+                                    .get(&(r.path, bi))
+                                    .copied()
+                                    .unwrap_or(0)
+                            });
+                            if unit.is_power_of_two() && sizes & size_bit(unit) == 0 {
                                 return UnitsHeld::default();
                             }
                             let Some(&uid) = self.unit_ids.get(&(r.path, unit, idx)) else {
@@ -991,7 +994,9 @@ impl Run<'_> {
                             };
                         }
                         let (uid, ubytes) = self.unit_id(r.path, unit, idx, r.size);
-                        made |= size_bit(unit);
+                        if let Some(sizes) = made.as_mut() {
+                            *sizes |= size_bit(unit);
+                        }
                         let ust = self.state[uid as usize];
                         candidate = Some((uid, ubytes, ust));
                         UnitsHeld {
