@@ -622,6 +622,10 @@ struct Run<'a> {
     cache_bytes: u64,
     /// Ids of sub-block units: (path, unit, index) -> id (in the extra ids).
     unit_ids: HashMap<(u32, u64, u64), u32, FxBuild>,
+    /// Per (file, block): the power-of-two unit sizes any id of `unit_ids` was made for
+    /// in it, bit `log2(unit)`. A miss asks for every unit size of its block; a size
+    /// never made there is answered without probing `unit_ids` (replay speed).
+    unit_sizes_made: HashMap<(u32, u64), u64, FxBuild>,
     /// Per unit id: its file and block; per (file, block): units of it cached.
     unit_block: HashMap<u32, (u32, u64), FxBuild>,
     block_units: HashMap<(u32, u64), u32, FxBuild>,
@@ -882,8 +886,9 @@ impl Run<'_> {
         );
         let id = (self.p.keys.len() + self.extra_keys.len()) as u32;
         self.unit_ids.insert((path, unit, idx), id);
-        self.unit_block
-            .insert(id, (path, idx * unit / self.p.block_bytes));
+        let block = idx * unit / self.p.block_bytes;
+        *self.unit_sizes_made.entry((path, block)).or_default() |= size_bit(unit);
+        self.unit_block.insert(id, (path, block));
         self.extra_key_ids.insert(key.clone(), id);
         self.extra_keys.push(key);
         self.extra_sizes.push(bytes);
@@ -952,6 +957,9 @@ impl Run<'_> {
                 // The decision the daemon's reader takes too (`Granularity::demand_unit`).
                 let granularity = self.granularity;
                 let mut candidate = None;
+                // Unit sizes with ids in this block, looked up on the first probe (none
+                // for whole-block policies, which never probe).
+                let mut made: Option<u64> = None;
                 let unit = granularity.demand_unit(
                     &ctx.obs,
                     at,
@@ -963,6 +971,15 @@ impl Run<'_> {
                         let idx = (bstart + at) / unit;
                         if !fetch {
                             // Only whether it is cached: no id made for a unit never used.
+                            let sizes = *made.get_or_insert_with(|| {
+                                self.unit_sizes_made
+                                    .get(&(r.path, bi))
+                                    .copied()
+                                    .unwrap_or(0)
+                            });
+                            if unit.is_power_of_two() && sizes & size_bit(unit) == 0 {
+                                return UnitsHeld::default();
+                            }
                             let Some(&uid) = self.unit_ids.get(&(r.path, unit, idx)) else {
                                 return UnitsHeld::default();
                             };
@@ -977,6 +994,9 @@ impl Run<'_> {
                             };
                         }
                         let (uid, ubytes) = self.unit_id(r.path, unit, idx, r.size);
+                        if let Some(sizes) = made.as_mut() {
+                            *sizes |= size_bit(unit);
+                        }
                         let ust = self.state[uid as usize];
                         candidate = Some((uid, ubytes, ust));
                         UnitsHeld {
@@ -1207,6 +1227,16 @@ impl Run<'_> {
     }
 }
 
+/// `unit_sizes_made`'s bit for a unit of `unit` bytes: `log2(unit)` for a power of two,
+/// none otherwise (such a size is always probed).
+fn size_bit(unit: u64) -> u64 {
+    if unit.is_power_of_two() {
+        1 << unit.trailing_zeros()
+    } else {
+        0
+    }
+}
+
 /// Runs of Belady for `opt` (see [`replay`]).
 const OPT_PASSES: usize = 3;
 
@@ -1347,6 +1377,7 @@ fn replay_once(
             .map(|l| l.capacity_bytes)
             .fold(cfg.capacity_bytes, u64::saturating_add),
         unit_ids: HashMap::default(),
+        unit_sizes_made: HashMap::default(),
         unit_block: HashMap::default(),
         block_units: HashMap::default(),
         pending: vec![0; p.job_recs.len()],
