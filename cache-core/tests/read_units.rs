@@ -120,6 +120,22 @@ impl Fixture {
     }
 }
 
+/// The object behind a 4 MiB memory tier (the object is over twice the cache, so a
+/// stream of small reads stays in units: `Granularity::sparse_file_ratio`), after
+/// [`Fixture::warm_up_random`].
+async fn over_twice_the_cache() -> Fixture {
+    let fx = fixture(
+        SIZE,
+        BS,
+        4 << 20,
+        Granularity::default(),
+        FaultConfig::default(),
+    )
+    .await;
+    fx.warm_up_random().await;
+    fx
+}
+
 /// Blocks 32..64 in an order with no run in it (each step jumps by 13, mod 32).
 fn untouched_blocks() -> impl Iterator<Item = u64> {
     (0..32u64).map(|i| 32 + (i * 13) % 32)
@@ -167,15 +183,7 @@ async fn small_random_reads_fetch_unit_sized_ranges() {
 #[tokio::test]
 async fn page_lookups_in_a_file_over_twice_the_cache_stay_units() {
     timed(async {
-        let fx = fixture(
-            SIZE,
-            BS,
-            4 << 20,
-            Granularity::default(),
-            FaultConfig::default(),
-        )
-        .await;
-        fx.warm_up_random().await;
+        let fx = over_twice_the_cache().await;
         let before = fx.gets();
         let mut rng = SplitMix64::new(21);
         for _ in 0..64 {
@@ -203,15 +211,7 @@ async fn page_lookups_in_a_file_over_twice_the_cache_stay_units() {
 #[tokio::test]
 async fn records_read_in_pieces_take_one_get_each() {
     timed(async {
-        let fx = fixture(
-            SIZE,
-            BS,
-            4 << 20,
-            Granularity::default(),
-            FaultConfig::default(),
-        )
-        .await;
-        fx.warm_up_random().await;
+        let fx = over_twice_the_cache().await;
         let record = 16 << 10;
         let mut rng = SplitMix64::new(77);
         // Within one block each: a record across a block's end takes a GET per block (a
