@@ -1,0 +1,361 @@
+//! The `KvCache` trait: each RPC validated, then served locally or through the group.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{tier_pb, Blocks, BoxStream, Caller, KvService, Served, TimedStream};
+use crate::error::KvError;
+use crate::limits::ConnInfo;
+use crate::pb::kv_cache_server::KvCache;
+use crate::pb::{self, Tier};
+use crate::routing::KeyState;
+use crate::shm::{parse_session, DEVICE_IPC_METADATA, SHM_SESSION_METADATA};
+
+#[tonic::async_trait]
+impl KvCache for KvService {
+    async fn put(
+        &self,
+        request: Request<Streaming<pb::PutRequest>>,
+    ) -> std::result::Result<Response<pb::PutResponse>, Status> {
+        let conn = ConnInfo::of(&request);
+        let caller = Caller::of(&request);
+        let r = self.do_put(conn, caller, request.into_inner()).await;
+        self.reject(r).map(Response::new)
+    }
+
+    type GetStream = BoxStream<pb::GetResponse>;
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> std::result::Result<Response<Self::GetStream>, Status> {
+        let caller = Caller::of(&request);
+        // A peer's call never leases this host's arena.
+        let session = request
+            .metadata()
+            .get(SHM_SESSION_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_session)
+            .filter(|_| !self.peer_side);
+        let wants_device =
+            session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
+        let req = request.into_inner();
+        let r = async {
+            let ns = self.scope(&req.namespace, &caller, false)?;
+            let key = self.key(&ns, &req.hash)?;
+            if let (true, Some(s)) = (wants_device, session) {
+                if let Some(lease) = self.device_lease(&ns, s, &key) {
+                    return Ok(Served::Device(lease));
+                }
+            }
+            let (data, tier) = self
+                .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
+                .await?
+                .ok_or(KvError::NotFound)?;
+            Ok(Served::Bytes(key, data, tier))
+        }
+        .await;
+        let (key, data, tier) = match self.reject(r)? {
+            Served::Bytes(key, data, tier) => (key, data, tier),
+            Served::Device((lease, handle, size)) => {
+                let msg = pb::GetResponse {
+                    size,
+                    shm_lease: lease,
+                    device_handle: Bytes::from(handle),
+                    ..Default::default()
+                };
+                // Not timed as a GPU-tier read: no bytes move here, and counting it would
+                // tell `EstimateLoad` the tier is as fast as sending a handle.
+                let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
+                    futures::stream::iter(vec![Ok(msg)]),
+                    self.clone(),
+                    None,
+                    size,
+                ));
+                return Ok(Response::new(stream));
+            }
+        };
+        let size = data.len() as u64;
+        if self.peer_side {
+            self.inner
+                .served_bytes_out
+                .fetch_add(size, Ordering::Relaxed);
+        }
+        // Same host, attached to the arena: a lease on the block instead of its bytes.
+        let lease = match (&self.inner.shm, session) {
+            (Some(arena), Some(s)) => arena.lease(s, &key, &data),
+            _ => None,
+        };
+        let msgs: Vec<_> = match lease {
+            Some(l) => vec![Ok(pb::GetResponse {
+                size,
+                data: Bytes::new(),
+                shm_offset: l.offset,
+                shm_lease: l.id,
+                ..Default::default()
+            })],
+            None => self
+                .chunks(&data)
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    Ok(pb::GetResponse {
+                        size: if i == 0 { size } else { 0 },
+                        data: d,
+                        ..Default::default()
+                    })
+                })
+                .collect(),
+        };
+        let single = msgs.len() <= 1;
+        let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
+            futures::stream::iter(msgs),
+            self.clone(),
+            tier,
+            size,
+        ));
+        if single {
+            // One message: taken (and copied into the response) on the first poll, so
+            // nothing stays pinned by a client that does not read.
+            return Ok(Response::new(stream));
+        }
+        Ok(Response::new(self.idle_guarded(stream, "get")))
+    }
+
+    type BatchGetStream = BoxStream<pb::BatchGetResponse>;
+
+    async fn batch_get(
+        &self,
+        request: Request<pb::BatchGetRequest>,
+    ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        let this = self.clone();
+        let client_ns: Arc<str> = Arc::from(req.namespace.as_str());
+        // Blocks are fetched one at a time as the client drains the stream, so a batch
+        // never holds more than one block beyond what the cache already holds (in a
+        // group, each from the local tiers or its owners, as a Get).
+        let stream = futures::stream::iter(keys.into_iter().zip(req.hashes).enumerate())
+            .then(move |(i, (key, hash))| {
+                let this = this.clone();
+                let ns = ns.clone();
+                let client_ns = client_ns.clone();
+                let fwd = fwd.clone();
+                async move {
+                    let index = i as u32;
+                    match this.fetch_routed(&client_ns, &ns, &key, &hash, &fwd).await {
+                        Ok(Some((data, _))) => {
+                            let size = data.len() as u64;
+                            let msgs: Vec<_> = this
+                                .chunks(&data)
+                                .into_iter()
+                                .enumerate()
+                                .map(|(j, d)| {
+                                    Ok(pb::BatchGetResponse {
+                                        index,
+                                        found: true,
+                                        size: if j == 0 { size } else { 0 },
+                                        data: d,
+                                    })
+                                })
+                                .collect();
+                            msgs
+                        }
+                        Ok(None) => vec![Ok(pb::BatchGetResponse {
+                            index,
+                            found: false,
+                            size: 0,
+                            data: Bytes::new(),
+                        })],
+                        Err(e) => vec![Err(Status::from(e))],
+                    }
+                }
+            })
+            .flat_map(futures::stream::iter);
+        Ok(Response::new(
+            self.idle_guarded(Box::pin(stream), "batch get"),
+        ))
+    }
+
+    async fn exists(
+        &self,
+        request: Request<pb::ExistsRequest>,
+    ) -> std::result::Result<Response<pb::ExistsResponse>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        let r = async {
+            let ns = self.scope(&req.namespace, &caller, false)?;
+            let key = self.key(&ns, &req.hash)?;
+            self.inner.stats.lookups(1);
+            let tier = self.inner.engine.locate(&key);
+            if tier.is_none() {
+                let hashes = [req.hash.clone()];
+                if let Some(found) = self
+                    .exists_routed(
+                        &req.namespace,
+                        &ns,
+                        &hashes,
+                        &[key],
+                        false,
+                        &caller.forward(),
+                    )
+                    .await?
+                {
+                    let remote = matches!(found.state(0), KeyState::Found(_));
+                    // Where it is on the owner is the owner's business: memory for an
+                    // engine that asks "is it cached" (the tier field is advisory).
+                    return Ok(pb::ExistsResponse {
+                        exists: remote,
+                        tier: if remote { Tier::Memory } else { Tier::None } as i32,
+                    });
+                }
+            }
+            Ok(pb::ExistsResponse {
+                exists: tier.is_some(),
+                tier: tier_pb(tier) as i32,
+            })
+        }
+        .await;
+        self.reject(r).map(Response::new)
+    }
+
+    async fn batch_exists(
+        &self,
+        request: Request<pb::BatchExistsRequest>,
+    ) -> std::result::Result<Response<pb::BatchExistsResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        self.inner.stats.lookups(keys.len() as u64);
+        let routed = self
+            .exists_routed(&req.namespace, &ns, &req.hashes, &keys, false, &fwd)
+            .await;
+        if let Some(l) = self.reject(routed)? {
+            return Ok(Response::new(pb::BatchExistsResponse {
+                exists: (0..keys.len())
+                    .map(|i| matches!(l.state(i), KeyState::Found(_)))
+                    .collect(),
+            }));
+        }
+        Ok(Response::new(pb::BatchExistsResponse {
+            exists: keys.iter().map(|k| self.inner.engine.contains(k)).collect(),
+        }))
+    }
+
+    async fn match_prefix(
+        &self,
+        request: Request<pb::MatchPrefixRequest>,
+    ) -> std::result::Result<Response<pb::MatchPrefixResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        let routed = self
+            .exists_routed(&req.namespace, &ns, &req.hashes, &keys, true, &fwd)
+            .await;
+        if let Some(l) = self.reject(routed)? {
+            self.inner.stats.lookups(keys.len() as u64);
+            return Ok(Response::new(pb::MatchPrefixResponse {
+                matched: l.matched() as u32,
+            }));
+        }
+        let matched = keys
+            .iter()
+            .take_while(|k| self.inner.engine.contains(k))
+            .count();
+        self.inner.stats.lookups(matched as u64 + 1);
+        Ok(Response::new(pb::MatchPrefixResponse {
+            matched: matched as u32,
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::RemoveRequest>,
+    ) -> std::result::Result<Response<pb::RemoveResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks {
+            tenant,
+            req,
+            ns,
+            keys,
+        } = self.blocks(request)?;
+        let r = async {
+            if let Some(removed) = self
+                .remove_routed(&req.namespace, &ns, &req.hashes, &keys, &fwd)
+                .await?
+            {
+                self.remove_local(&keys, tenant.as_ref()).await?;
+                return Ok(pb::RemoveResponse { removed });
+            }
+            let removed = self.remove_local(&keys, tenant.as_ref()).await?;
+            Ok(pb::RemoveResponse { removed })
+        }
+        .await;
+        self.reject(r).map(Response::new)
+    }
+
+    async fn prefetch(
+        &self,
+        request: Request<pb::PrefetchRequest>,
+    ) -> std::result::Result<Response<pb::PrefetchResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        let routed = self
+            .prefetch_routed(&req.namespace, &ns, &req.hashes, &keys, &fwd)
+            .await;
+        if let Some(resp) = self.reject(routed)? {
+            return Ok(Response::new(resp));
+        }
+        Ok(Response::new(self.prefetch_local(&ns, keys)))
+    }
+
+    async fn estimate_load(
+        &self,
+        request: Request<pb::EstimateLoadRequest>,
+    ) -> std::result::Result<Response<pb::EstimateLoadResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        // Unknown block size: the namespace's mean put size, else 1 MiB (a
+        // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+        let bytes = match req.block_bytes {
+            0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+            b => b,
+        };
+        self.inner.stats.lookups(keys.len() as u64);
+        let routed = self.estimate_routed(&req, &ns, &keys, bytes, &fwd).await;
+        if let Some(resp) = self.reject(routed)? {
+            return Ok(Response::new(resp));
+        }
+        let model = &self.inner.stats.load;
+        let mut resp = pb::EstimateLoadResponse::default();
+        let mut in_prefix = true;
+        for k in &keys {
+            let tier = self.inner.engine.locate(k);
+            let load_us = model.estimate_us(tier, bytes);
+            if in_prefix && tier.is_some() {
+                resp.matched += 1;
+                resp.total_us += load_us;
+            } else {
+                in_prefix = false;
+            }
+            resp.blocks.push(pb::BlockLoad {
+                tier: tier_pb(tier) as i32,
+                load_us,
+            });
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn ping(
+        &self,
+        _request: Request<pb::PingRequest>,
+    ) -> std::result::Result<Response<pb::PingResponse>, Status> {
+        Ok(Response::new(pb::PingResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            api: crate::API_VERSION.to_string(),
+            max_block_bytes: self.inner.config.max_block,
+        }))
+    }
+}

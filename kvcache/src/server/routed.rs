@@ -1,0 +1,580 @@
+//! Operations on keys another node of the cache group may own (`group.rs`): each
+//! routed to the owner or served from the local tiers.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use strata_cache_core::{CacheKey, TierKind};
+use strata_prefetch::Admission;
+use tonic::Status;
+
+use super::{key_hash, tier_pb, KvService, QuotaCharge};
+use crate::error::{KvError, Result};
+use crate::group::{placement_key, Forward, RemoteError, Router, Routes};
+use crate::pb::{self, Tier};
+use crate::routing::{demote_suspects, Answer, KeyState, Lookup, Replicate};
+use crate::tenants::Tenant;
+
+impl KvService {
+    /// Removes `keys` from the local tiers; the number removed.
+    pub(super) async fn remove_local(
+        &self,
+        keys: &[CacheKey],
+        tenant: Option<&Arc<Tenant>>,
+    ) -> Result<u32> {
+        let mut removed = 0u32;
+        for k in keys {
+            if self.inner.engine.remove(k).await? {
+                removed += 1;
+            }
+            if let Some(arena) = &self.inner.shm {
+                arena.forget(k);
+            }
+            if let Some(t) = tenant {
+                t.forget(k);
+            }
+        }
+        self.inner.stats.removed(removed as u64);
+        Ok(removed)
+    }
+
+    /// Stages those of `keys` in a lower local tier into the fastest one.
+    pub(super) fn prefetch_local(
+        &self,
+        ns: &Arc<str>,
+        keys: Vec<CacheKey>,
+    ) -> pb::PrefetchResponse {
+        let ctx = self.ctx(ns, true);
+        let mut resp = pb::PrefetchResponse::default();
+        let staging = &self.inner.staging;
+        let mut issued = Vec::new();
+        for k in keys {
+            match self.inner.engine.locate(&k) {
+                None => resp.missing += 1,
+                Some(t) if Some(t) == self.inner.top_tier => resp.already_fast += 1,
+                Some(_) => {
+                    // The staging controller decides (backlog bound, one staging per
+                    // block); a get promotes a lower-tier hit into the fastest tier.
+                    let bytes = self.inner.stats.mean_put_bytes(ns).unwrap_or(1 << 20);
+                    match staging.admit(&k, ctx.job, ns, bytes) {
+                        Admission::Issue => {
+                            resp.staged += 1;
+                            issued.push(k);
+                        }
+                        // Being staged by another call: it will be fast.
+                        Admission::Outstanding => resp.staged += 1,
+                        // Deferred: left where it is (counted in stats).
+                        Admission::BacklogFull => {}
+                    }
+                }
+            }
+        }
+        if !issued.is_empty() {
+            // Answered now; the moves run in the background, in the order asked (the
+            // engine reads the first blocks first), bounded by the staging backlog.
+            let this = self.clone();
+            tokio::spawn(async move {
+                let staging = &this.inner.staging;
+                let guards: Vec<_> = issued.iter().map(|k| staging.begin(k)).collect();
+                for (k, guard) in issued.iter().zip(guards) {
+                    match this.inner.engine.get(k, &ctx).await {
+                        Ok(Some(_)) => {
+                            staging.landed(k);
+                            this.inner.stats.prefetched();
+                        }
+                        Ok(None) => staging.failed(k),
+                        Err(e) => {
+                            staging.failed(k);
+                            tracing::warn!(key = %k, error = %e, "KV staging failed");
+                        }
+                    }
+                    drop(guard);
+                }
+            });
+        }
+        resp
+    }
+
+    /// The routes of `hashes` in the scoped namespace `ns`, when this face routes and
+    /// the group has other nodes.
+    pub(super) fn routes_for(&self, ns: &str, hashes: &[Bytes]) -> Option<(Arc<Router>, Routes)> {
+        let router = self.router()?;
+        let keys: Vec<Vec<u8>> = hashes.iter().map(|h| placement_key(ns, h)).collect();
+        let routes = router.routes(&keys)?;
+        Some((router.clone(), routes))
+    }
+
+    /// One block from the local tiers, else (in a group) from its owners.
+    pub(super) async fn fetch_routed(
+        &self,
+        client_ns: &str,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        hash: &[u8],
+        fwd: &Forward,
+    ) -> Result<Option<(Bytes, Option<TierKind>)>> {
+        let Some(router) = self.router() else {
+            return self.fetch(ns, key).await;
+        };
+        if self.inner.engine.contains(key) {
+            if let Some(hit) = self.fetch(ns, key).await? {
+                router.local_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(hit));
+            }
+        }
+        let Some((router, routes)) = self.routes_for(ns, &[Bytes::copy_from_slice(hash)]) else {
+            return self.fetch(ns, key).await;
+        };
+        let got = self
+            .get_from_group(&router, &routes, fwd, client_ns, hash)
+            .await?;
+        self.inner
+            .stats
+            .get(ns, got.as_ref().map(|b| b.len() as u64));
+        if got.is_some() {
+            router.remote_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(got.map(|b| (b, None)))
+    }
+
+    /// A Get over the key's candidates (the local node already missed): in placement
+    /// order, suspects last, the next one asked too when one is slower than its p99.
+    pub(super) async fn get_from_group(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        fwd: &Forward,
+        client_ns: &str,
+        hash: &[u8],
+    ) -> Result<Option<Bytes>> {
+        let mut cands = routes.candidates.first().cloned().unwrap_or_default();
+        let replication = routes.replication.max(1);
+        // The local node answered already: an owner that said no (the candidate past
+        // the R owners only counts when asked in its turn, which it was not).
+        let mut misses = 0;
+        if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
+            cands.remove(pos);
+            if pos < replication {
+                misses += 1;
+            }
+        }
+        demote_suspects(&mut cands, |n| router.is_suspect(&routes.nodes[n]));
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        let mut next = 0;
+        let launch = |n: usize| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move {
+                let r = router.remote_get(&node, fwd, client_ns, hash).await;
+                (node, r)
+            }
+        };
+        let mut last_launched = None;
+        loop {
+            // A miss is final once R candidates said no and nothing is in flight (a
+            // hedged request to the next node may answer "no" before a slow owner
+            // answers "here").
+            if inflight.is_empty() {
+                if misses >= replication {
+                    return Ok(None);
+                }
+                let Some(&n) = cands.get(next) else {
+                    return Ok(None);
+                };
+                next += 1;
+                last_launched = Some(routes.nodes[n].clone());
+                inflight.push(launch(n));
+            }
+            let hedge = match (&last_launched, cands.get(next)) {
+                (Some(node), Some(_)) if misses < replication => router.hedge_delay(node),
+                // Nothing left to hedge with: wait for what is in flight.
+                _ => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                Some((node, r)) = inflight.next() => match r {
+                    Ok(Some(b)) => return Ok(Some(b)),
+                    Ok(None) => misses += 1,
+                    Err(RemoteError::Down(s)) => {
+                        tracing::debug!(node = %node.id, status = %s, "KV owner down; next replica");
+                    }
+                    Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+                },
+                _ = tokio::time::sleep(hedge) => {
+                    if let (Some(slow), Some(&n)) = (&last_launched, cands.get(next)) {
+                        router.count_hedge(slow);
+                        next += 1;
+                        last_launched = Some(routes.nodes[n].clone());
+                        inflight.push(launch(n));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores a received block on this node (quota, then the engine); Ok(already
+    /// present).
+    pub(super) async fn store_local(
+        &self,
+        tenant: Option<&Arc<Tenant>>,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        data: Bytes,
+    ) -> Result<bool> {
+        let size = data.len() as u64;
+        if self.inner.engine.contains(key) {
+            self.inner.stats.put(ns, size, true);
+            return Ok(true);
+        }
+        let mut charge = match tenant {
+            Some(t) if t.charge(key, size, &self.inner.engine)? => Some(QuotaCharge {
+                tenant: t,
+                key,
+                keep: false,
+            }),
+            _ => None,
+        };
+        let ctx = self.ctx(ns, false);
+        self.inner.engine.put(key, data, &ctx).await?;
+        if let Some(c) = charge.as_mut() {
+            c.keep = true;
+        }
+        self.inner.stats.put(ns, size, false);
+        Ok(false)
+    }
+
+    /// A received block to its R owners (see `group.rs` for when it is acknowledged).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn put_to_group(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        caller_tenant: Option<&Arc<Tenant>>,
+        fwd: &Forward,
+        client_ns: &str,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        data: Bytes,
+    ) -> Result<bool> {
+        let cands = routes.candidates.first().cloned().unwrap_or_default();
+        let mut plan = Replicate::new(cands, routes.replication);
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        let store = |n: usize| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            let data = data.clone();
+            async move {
+                let r = if node.local {
+                    self.store_local(caller_tenant, ns, key, data)
+                        .await
+                        .map_err(|e| RemoteError::Refused(Status::from(e)))
+                } else {
+                    router
+                        .remote_put(&node, fwd, client_ns, key_hash(key), data)
+                        .await
+                };
+                (n, r)
+            }
+        };
+        for n in plan.initial() {
+            inflight.push(store(n));
+        }
+        let mut all_present = true;
+        let mut refused = None;
+        while let Some((n, r)) = inflight.next().await {
+            match r {
+                Ok(present) => {
+                    all_present &= present;
+                    plan.outcome(n, true);
+                }
+                Err(RemoteError::Down(s)) => {
+                    tracing::debug!(node = %routes.nodes[n].id, status = %s, "KV put: owner down, trying the next node");
+                    if let Some(sub) = plan.outcome(n, false) {
+                        inflight.push(store(sub));
+                    }
+                }
+                Err(RemoteError::Refused(s)) => {
+                    // Not a node failure: no substitute; the caller gets the refusal.
+                    refused.get_or_insert(s);
+                }
+            }
+        }
+        if let Some(s) = refused {
+            return Err(KvError::Status(s));
+        }
+        if plan.stored().is_empty() {
+            // No owner reachable: keep it here, where this node's Gets find it first,
+            // rather than fail a put a single node would have taken.
+            router.kept_locally.fetch_add(1, Ordering::Relaxed);
+            return self.store_local(caller_tenant, ns, key, data).await;
+        }
+        if plan.under_replicated() {
+            router.under_replicated.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(all_present)
+    }
+
+    /// Which of `keys` the group holds (None outside a group): local hits first, then
+    /// batched rounds over the candidates.
+    pub(super) async fn exists_routed(
+        &self,
+        client_ns: &str,
+        ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        prefix: bool,
+        fwd: &Forward,
+    ) -> Result<Option<Lookup>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, prefix, None)
+            .await?;
+        Ok(Some(l))
+    }
+
+    /// The lookup of `keys` over the group; with `estimate` (block bytes), each found
+    /// block's load estimate as its holder gave it plus the hop from there.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn lookup(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        fwd: &Forward,
+        client_ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        prefix: bool,
+        estimate: Option<u64>,
+    ) -> Result<(Lookup, Vec<Option<pb::BlockLoad>>)> {
+        let local = routes.nodes.iter().position(|n| n.local);
+        let mut cands = routes.candidates.clone();
+        for c in &mut cands {
+            demote_suspects(c, |n| router.is_suspect(&routes.nodes[n]));
+        }
+        let mut l = Lookup::new(cands, routes.replication, prefix);
+        let mut loads: Vec<Option<pb::BlockLoad>> = vec![None; keys.len()];
+        let model = &self.inner.stats.load;
+        let local_load = |tier: Option<TierKind>| {
+            estimate.map(|bytes| pb::BlockLoad {
+                tier: tier_pb(tier) as i32,
+                load_us: model.estimate_us(tier, bytes),
+            })
+        };
+        // What this node holds costs nothing to ask.
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(t) = self.inner.engine.locate(k) {
+                l.known_hit(i, local.unwrap_or(usize::MAX));
+                loads[i] = local_load(Some(t));
+            }
+        }
+        while !l.done() {
+            let round = l.next_round();
+            let mut calls = futures::stream::FuturesUnordered::new();
+            for (n, idx) in round {
+                let node = routes.nodes[n].clone();
+                if node.local {
+                    for i in idx {
+                        let t = self.inner.engine.locate(&keys[i]);
+                        if t.is_some() {
+                            loads[i] = local_load(t);
+                        }
+                        l.answer(
+                            i,
+                            n,
+                            if t.is_some() {
+                                Answer::Hit
+                            } else {
+                                Answer::Miss
+                            },
+                        );
+                    }
+                    continue;
+                }
+                let batch: Vec<Bytes> = idx.iter().map(|i| hashes[*i].clone()).collect();
+                let router = router.clone();
+                calls.push(async move {
+                    let r = match estimate {
+                        None => router
+                            .remote_exists(&node, fwd, client_ns, batch)
+                            .await
+                            .map(|v| v.into_iter().map(|e| (e, None)).collect::<Vec<_>>()),
+                        Some(bytes) => router
+                            .remote_estimate(&node, fwd, client_ns, batch, bytes)
+                            .await
+                            .map(|v| {
+                                v.into_iter()
+                                    .map(|mut b| {
+                                        let hit = b.tier != Tier::None as i32
+                                            && b.tier != Tier::Unspecified as i32;
+                                        b.load_us += router.hop_us(&node, bytes);
+                                        (hit, Some(b))
+                                    })
+                                    .collect()
+                            }),
+                    };
+                    (n, idx, r)
+                });
+            }
+            while let Some((n, idx, r)) = calls.next().await {
+                match r {
+                    Ok(v) => {
+                        for (i, (hit, load)) in idx.into_iter().zip(v) {
+                            if hit {
+                                loads[i] = load;
+                            }
+                            l.answer(i, n, if hit { Answer::Hit } else { Answer::Miss });
+                        }
+                    }
+                    Err(RemoteError::Down(_)) => {
+                        for i in idx {
+                            l.answer(i, n, Answer::Failed);
+                        }
+                    }
+                    Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+                }
+            }
+        }
+        Ok((l, loads))
+    }
+
+    /// EstimateLoad over the group (None outside a group).
+    pub(super) async fn estimate_routed(
+        &self,
+        req: &pb::EstimateLoadRequest,
+        ns: &str,
+        keys: &[CacheKey],
+        bytes: u64,
+        fwd: &Forward,
+    ) -> Result<Option<pb::EstimateLoadResponse>> {
+        let Some((router, routes)) = self.routes_for(ns, &req.hashes) else {
+            return Ok(None);
+        };
+        let (l, loads) = self
+            .lookup(
+                &router,
+                &routes,
+                fwd,
+                &req.namespace,
+                &req.hashes,
+                keys,
+                false,
+                Some(bytes),
+            )
+            .await?;
+        let mut resp = pb::EstimateLoadResponse::default();
+        let mut in_prefix = true;
+        for (i, load) in loads.into_iter().enumerate() {
+            let found = matches!(l.state(i), KeyState::Found(_));
+            let b = match load {
+                Some(b) if found => b,
+                _ => pb::BlockLoad {
+                    tier: Tier::None as i32,
+                    load_us: 0.0,
+                },
+            };
+            if in_prefix && found {
+                resp.matched += 1;
+                resp.total_us += b.load_us;
+            } else {
+                in_prefix = false;
+            }
+            resp.blocks.push(b);
+        }
+        Ok(Some(resp))
+    }
+
+    /// Remove everywhere a key may be (its candidates and this node); the number of
+    /// keys the group held (None outside a group).
+    pub(super) async fn remove_routed(
+        &self,
+        client_ns: &str,
+        ns: &str,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        fwd: &Forward,
+    ) -> Result<Option<u32>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, false, None)
+            .await?;
+        let held = (0..keys.len())
+            .filter(|i| matches!(l.state(*i), KeyState::Found(_)))
+            .count() as u32;
+        let mut per_node: std::collections::BTreeMap<usize, Vec<Bytes>> = Default::default();
+        for (i, c) in routes.candidates.iter().enumerate() {
+            for n in c {
+                if !routes.nodes[*n].local {
+                    per_node.entry(*n).or_default().push(hashes[i].clone());
+                }
+            }
+        }
+        let calls = per_node.into_iter().map(|(n, batch)| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move { router.remote_remove(&node, fwd, client_ns, batch).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            if let Err(RemoteError::Refused(s)) = r {
+                return Err(KvError::Status(s));
+            }
+        }
+        Ok(Some(held))
+    }
+
+    /// Prefetch where each block is (None outside a group).
+    pub(super) async fn prefetch_routed(
+        &self,
+        client_ns: &str,
+        ns: &Arc<str>,
+        hashes: &[Bytes],
+        keys: &[CacheKey],
+        fwd: &Forward,
+    ) -> Result<Option<pb::PrefetchResponse>> {
+        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+            return Ok(None);
+        };
+        let (l, _) = self
+            .lookup(&router, &routes, fwd, client_ns, hashes, keys, false, None)
+            .await?;
+        let mut resp = pb::PrefetchResponse::default();
+        let mut local_keys = Vec::new();
+        let mut per_node: std::collections::BTreeMap<usize, Vec<Bytes>> = Default::default();
+        for i in 0..keys.len() {
+            match l.state(i) {
+                KeyState::Found(n) if n < routes.nodes.len() && !routes.nodes[n].local => {
+                    per_node.entry(n).or_default().push(hashes[i].clone());
+                }
+                KeyState::Found(_) => local_keys.push(keys[i].clone()),
+                _ => resp.missing += 1,
+            }
+        }
+        let local = self.prefetch_local(ns, local_keys);
+        resp.staged += local.staged;
+        resp.already_fast += local.already_fast;
+        resp.missing += local.missing;
+        let calls = per_node.into_iter().map(|(n, batch)| {
+            let node = routes.nodes[n].clone();
+            let router = router.clone();
+            async move { router.remote_prefetch(&node, fwd, client_ns, batch).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(p) => {
+                    resp.staged += p.staged;
+                    resp.already_fast += p.already_fast;
+                    resp.missing += p.missing;
+                }
+                // Staging is advisory: a holder that went away stages nothing.
+                Err(RemoteError::Down(_)) => {}
+                Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
+            }
+        }
+        Ok(Some(resp))
+    }
+}

@@ -1,0 +1,542 @@
+//! The service's own operations: building it, validating requests, storing and
+//! fetching blocks locally.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
+use tonic::{Request, Status, Streaming};
+
+use super::{
+    fnv1a, Blocks, BoxStream, Caller, Inner, KvService, PeerCheck, QuotaCharge, ServerConfig,
+    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN,
+};
+use crate::blocks::BlocksRequest;
+use crate::error::{KvError, Result};
+use crate::group::{Forward, GroupOptions, GroupView, Router};
+use crate::identity::IdentityBindings;
+use crate::limits::{ConnInfo, IdleGuard, PutBudget, Reservation};
+use crate::pb::kv_cache_server::KvCacheServer;
+use crate::pb::{self};
+use crate::shm::ShmArena;
+use crate::staging::Staging;
+use crate::stats::KvStats;
+use crate::tenants::Tenants;
+
+impl KvService {
+    pub fn new(engine: CacheEngine, config: ServerConfig) -> Self {
+        let top_tier = engine.tier_kinds().first().copied();
+        KvService {
+            inner: Arc::new(Inner {
+                registered: config.namespaces.iter().cloned().collect(),
+                tenants: Arc::new(Tenants::new(
+                    &config.tenants,
+                    config.per_tenant_put_bytes.max(config.max_block),
+                )),
+                // At least one largest block, so a lone put of it can always proceed.
+                put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
+                // Registered namespaces are always tracked one by one (with tenants,
+                // stats name the tenant's key space, "<tenant>:<namespace>", instead).
+                stats: KvStats::with_pinned(if config.tenants.is_empty() {
+                    &config.namespaces
+                } else {
+                    &[]
+                }),
+                started: Instant::now(),
+                top_tier,
+                staging: Staging::default(),
+                identities: IdentityBindings::open(config.identity_file.clone()),
+                shm: match config.shm_bytes {
+                    0 => None,
+                    n => match ShmArena::new(n as usize) {
+                        Ok(a) => Some(Arc::new(a)),
+                        Err(e) => {
+                            tracing::error!(error = %e, "shared-memory arena unavailable; same-host Gets send bytes inline");
+                            None
+                        }
+                    },
+                },
+                router: OnceLock::new(),
+                gpu: OnceLock::new(),
+                served_for_peers: AtomicU64::new(0),
+                served_bytes_out: AtomicU64::new(0),
+                served_bytes_in: AtomicU64::new(0),
+                engine,
+                config,
+            }),
+            peer_side: false,
+        }
+    }
+
+    /// Joins the cache group: from now on the client-facing service routes requests
+    /// by key to their owners (`group.rs`). Once per service.
+    pub fn join_group(&self, view: Arc<dyn GroupView>, mut opts: GroupOptions) -> Result<()> {
+        opts.max_message_bytes = self.inner.config.max_message_bytes;
+        opts.chunk_bytes = self.inner.config.chunk_bytes;
+        let router = Router::new(view, opts)?;
+        self.inner
+            .router
+            .set(Arc::new(router))
+            .map_err(|_| KvError::Config("the KV service is already in a group".into()))
+    }
+
+    /// The face of this service for the peer listener: the group token required, the
+    /// forwarded tenant and identity applied, served from the local tiers only.
+    pub fn peer_grpc(
+        &self,
+    ) -> tonic::service::interceptor::InterceptedService<KvCacheServer<KvService>, PeerCheck> {
+        let max = self.inner.config.max_message_bytes;
+        let peer = KvService {
+            inner: self.inner.clone(),
+            peer_side: true,
+        };
+        let svc = KvCacheServer::new(peer.clone())
+            .max_decoding_message_size(max.max(self.inner.config.chunk_bytes + 1024))
+            .max_encoding_message_size(max.max(self.inner.config.chunk_bytes + 1024));
+        tonic::service::interceptor::InterceptedService::new(svc, PeerCheck { svc: peer })
+    }
+
+    /// The router, when this face routes (the client face of a service in a group).
+    pub(super) fn router(&self) -> Option<&Arc<Router>> {
+        if self.peer_side {
+            None
+        } else {
+            self.inner.router.get()
+        }
+    }
+
+    /// The group's view of the figures (None outside a group).
+    pub fn group_stats(&self) -> Option<crate::group::GroupKvStats> {
+        self.inner.router.get().map(|r| {
+            let mut s = r.stats();
+            s.served_for_peers = self.inner.served_for_peers.load(Ordering::Relaxed);
+            s.served_bytes_out = self.inner.served_bytes_out.load(Ordering::Relaxed);
+            s.served_bytes_in = self.inner.served_bytes_in.load(Ordering::Relaxed);
+            s
+        })
+    }
+
+    /// The tonic service, with the token check and message limits applied.
+    /// `Get` is encoded without copying blocks (`wire.rs`); every other method is
+    /// tonic's generated server behind the same interceptor.
+    pub fn grpc(&self) -> crate::wire::GrpcService {
+        let max = self.inner.config.max_message_bytes;
+        let svc = KvCacheServer::new(self.clone())
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max.max(self.inner.config.chunk_bytes + 1024));
+        let check = TokenCheck {
+            token: self.inner.config.token.clone().map(Arc::from),
+            tenants: self.inner.tenants.clone(),
+            stats: self.clone(),
+        };
+        crate::wire::GrpcService::new(
+            self.clone(),
+            check.clone(),
+            tonic::service::interceptor::InterceptedService::new(svc, check),
+        )
+    }
+
+    /// Largest gRPC message accepted (`ServerConfig::max_message_bytes`).
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.inner.config.max_message_bytes
+    }
+
+    pub fn stats(&self) -> crate::stats::KvStatsSnapshot {
+        let mut s = self.inner.stats.snapshot();
+        let staged = self.inner.staging.stats();
+        s.prefetch_used = staged.used;
+        s.prefetch_wasted = staged.wasted;
+        s.prefetch_deferred = staged.deferred;
+        s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s.group = self.group_stats();
+        s.shm = self.inner.shm.as_ref().map(|a| a.stats());
+        s
+    }
+
+    pub fn engine(&self) -> &CacheEngine {
+        &self.inner.engine
+    }
+
+    /// Lets same-host clients read blocks resident in `gpu` (the engine's GPU tier) by
+    /// device handle (`shm.rs`, `strata_gds::ipc`). Needs the shared-memory arena (its
+    /// sessions carry the leases): without it, or called twice, nothing changes.
+    pub fn attach_gpu_tier(&self, gpu: Arc<strata_gds::GpuTier>) {
+        let Some(arena) = &self.inner.shm else {
+            return;
+        };
+        // The emulated device's memory goes to every session; CUDA handles need nothing.
+        let memory = gpu
+            .ipc_client_memory()
+            .and_then(|m| match m.fd.try_clone_to_owned() {
+                Ok(fd) => Some((fd, m.size, m.id)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "GPU tier memory not shared; device handles off");
+                    None
+                }
+            });
+        if gpu.ipc_client_memory().is_some() && memory.is_none() {
+            return;
+        }
+        if self.inner.gpu.set(gpu.clone()).is_ok() {
+            arena.enable_device_leases(
+                strata_cache_core::Tier::capacity_bytes(gpu.as_ref()),
+                memory,
+            );
+        }
+    }
+
+    /// A device lease on `key` for `session` when the GPU tier holds it: (lease id,
+    /// handle wire bytes, block size). None: not resident there, no device leases, or
+    /// the session's cap reached (the Get then serves bytes as usual).
+    pub(super) fn device_lease(
+        &self,
+        ns: &str,
+        session: crate::shm::SessionId,
+        key: &CacheKey,
+    ) -> Option<(u64, Vec<u8>, u64)> {
+        let (gpu, arena) = (self.inner.gpu.get()?, self.inner.shm.as_ref()?);
+        if self.inner.engine.locate(key) != Some(TierKind::Gpu) {
+            return None;
+        }
+        let export = match gpu.export_ipc(key) {
+            Ok(Some(e)) => e,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "device export failed; serving bytes");
+                return None;
+            }
+        };
+        let (handle, size) = (export.handle().to_bytes(), export.handle().len);
+        let lease = arena.lease_device(session, size, Box::new(export))?;
+        // Recorded only once leased: a refused lease falls back to a Get that records
+        // the read itself, and one read must count once.
+        self.inner
+            .engine
+            .record_read_in_place(key, &self.ctx(ns, false));
+        self.record_served(ns, key, Some(size));
+        Some((lease, handle, size))
+    }
+
+    /// What every local read records once answered, whichever way its bytes leave
+    /// (copied, leased in the arena, or by device handle), so no way of reading is
+    /// invisible to the counters or the staging controller: the namespace's hit or
+    /// miss and, for a hit, a staged block used. (The engine records the access for
+    /// its tracker and policies: [`CacheEngine::get`], or
+    /// [`CacheEngine::record_read_in_place`] for a read that bypasses it.)
+    pub(super) fn record_served(&self, ns: &str, key: &CacheKey, size: Option<u64>) {
+        self.inner.stats.get(ns, size);
+        if size.is_some() {
+            // A staged block read (used); a few staged ones checked for having left the
+            // fastest tier unread (wasted).
+            let engine = &self.inner.engine;
+            let top = self.inner.top_tier;
+            self.inner
+                .staging
+                .on_get(key, self.job(ns), |k| engine.locate(k) == top);
+        }
+    }
+
+    /// The same-host arena, to serve its side socket ([`crate::shm::serve_side_socket`]).
+    pub fn shm_arena(&self) -> Option<Arc<ShmArena>> {
+        self.inner.shm.clone()
+    }
+
+    /// One job per namespace: streams of different tenants are never merged.
+    pub(super) fn job(&self, ns: &str) -> JobId {
+        JobId(fnv1a(ns.as_bytes()))
+    }
+
+    pub(super) fn ctx(&self, ns: &str, prefetch: bool) -> AccessContext {
+        let job = self.job(ns);
+        let now_ns = self.inner.started.elapsed().as_nanos() as u64;
+        if prefetch {
+            AccessContext::prefetch(job, now_ns)
+        } else {
+            AccessContext::demand(job, now_ns)
+        }
+    }
+
+    /// The cache namespace of the client's `ns`: checked, and scoped to the tenant
+    /// when tenants are configured (`tenants.rs`).
+    /// `caller`: the tenant and model identity the request came with; `bind`: a put,
+    /// which binds an unbound namespace to its identity (`identity.rs`).
+    pub(super) fn scope(&self, ns: &str, caller: &Caller, bind: bool) -> Result<Arc<str>> {
+        self.check_namespace(ns)?;
+        let scoped = match caller.tenant.as_deref() {
+            Some(t) => t.scope(ns)?,
+            None => Arc::from(ns),
+        };
+        self.inner
+            .identities
+            .check(&scoped, caller.identity.as_ref(), bind)?;
+        Ok(scoped)
+    }
+
+    pub(super) fn check_namespace(&self, ns: &str) -> Result<()> {
+        if ns.is_empty() || ns.len() > MAX_NAMESPACE_LEN {
+            return Err(KvError::Invalid(format!(
+                "namespace must be 1..={MAX_NAMESPACE_LEN} bytes, got {}",
+                ns.len()
+            )));
+        }
+        if ns.chars().any(char::is_control) {
+            return Err(KvError::Invalid(
+                "namespace contains control characters".into(),
+            ));
+        }
+        if !self.inner.registered.is_empty() && !self.inner.registered.contains(ns) {
+            return Err(KvError::UnknownNamespace(ns.to_string()));
+        }
+        Ok(())
+    }
+
+    pub(super) fn key(&self, ns: &Arc<str>, hash: &[u8]) -> Result<CacheKey> {
+        if hash.is_empty() || hash.len() > MAX_HASH_LEN {
+            return Err(KvError::Invalid(format!(
+                "hash must be 1..={MAX_HASH_LEN} bytes, got {}",
+                hash.len()
+            )));
+        }
+        Ok(CacheKey::kv(ns.clone(), hash))
+    }
+
+    pub(super) fn keys(
+        &self,
+        ns: &str,
+        hashes: &[Bytes],
+        caller: &Caller,
+    ) -> Result<(Arc<str>, Vec<CacheKey>)> {
+        let ns = self.scope(ns, caller, false)?;
+        if hashes.len() > MAX_BATCH_KEYS {
+            return Err(KvError::Invalid(format!(
+                "at most {MAX_BATCH_KEYS} keys per request, got {}",
+                hashes.len()
+            )));
+        }
+        let keys = hashes
+            .iter()
+            .map(|h| self.key(&ns, h))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((ns, keys))
+    }
+
+    pub(super) fn reject<T>(&self, r: Result<T>) -> std::result::Result<T, Status> {
+        r.map_err(|e| {
+            if e.code() != tonic::Code::NotFound {
+                self.inner.stats.rejected();
+            }
+            Status::from(e)
+        })
+    }
+
+    /// A request that names blocks, opened: its tenant, body, scoped namespace and keys
+    /// (an invalid namespace or hash is rejected).
+    pub(super) fn blocks<R: BlocksRequest>(
+        &self,
+        request: Request<R>,
+    ) -> std::result::Result<Blocks<R>, Status> {
+        let caller = Caller::of(&request);
+        let req = request.into_inner();
+        let (ns, keys) = self.reject(self.keys(req.namespace(), req.hashes(), &caller))?;
+        Ok(Blocks {
+            tenant: caller.tenant,
+            req,
+            ns,
+            keys,
+        })
+    }
+
+    /// The next message of a Put stream, or [`KvError::Idle`] after `idle_timeout`.
+    pub(super) async fn next_put(
+        &self,
+        stream: &mut Streaming<pb::PutRequest>,
+    ) -> Result<Option<pb::PutRequest>> {
+        let idle = self.inner.config.idle_timeout;
+        match tokio::time::timeout(idle, stream.message()).await {
+            Ok(m) => Ok(m?),
+            Err(_) => {
+                self.inner.stats.idle_aborted();
+                Err(KvError::Idle { what: "put", idle })
+            }
+        }
+    }
+
+    pub(super) async fn do_put(
+        &self,
+        conn: Option<ConnInfo>,
+        caller: Caller,
+        mut stream: Streaming<pb::PutRequest>,
+    ) -> Result<pb::PutResponse> {
+        let first = self.next_put(&mut stream).await?.ok_or_else(|| {
+            KvError::Invalid("empty put stream: the first message must carry the key".into())
+        })?;
+        let ns = self.scope(&first.namespace, &caller, true)?;
+        let tenant = caller.tenant;
+        let key = self.key(&ns, &first.hash)?;
+        let size = first.size;
+        let limit = self.inner.config.max_block;
+        if size == 0 {
+            return Err(KvError::Invalid("declared block size is 0".into()));
+        }
+        let min = self.inner.config.min_block;
+        if size < min {
+            return Err(KvError::TooSmall { size, min });
+        }
+        if size > limit {
+            return Err(KvError::TooLarge { size, limit });
+        }
+        if first.data.len() as u64 > size {
+            return Err(KvError::Invalid(format!(
+                "got more than the declared {size} bytes"
+            )));
+        }
+        // In a group the owners store the block (and check the quota); this node only
+        // buffers it on the way.
+        let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
+        if group.is_none() && self.inner.engine.contains(&key) {
+            // Immutable values: the same key holds the same bytes; skip the transfer.
+            self.inner.stats.put(&ns, size, true);
+            return Ok(pb::PutResponse {
+                already_present: true,
+            });
+        }
+        // The tenant's quota first, so a tenant past it fails before sending the block;
+        // the charge is refunded unless the block is stored.
+        let mut charge = match &tenant {
+            Some(t) if group.is_none() && t.charge(&key, size, &self.inner.engine)? => {
+                Some(QuotaCharge {
+                    tenant: t,
+                    key: &key,
+                    keep: false,
+                })
+            }
+            _ => None,
+        };
+        // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
+        // is released when this function returns, whatever the outcome.
+        let mut reserved: Reservation = self.inner.put_budget.reservation(
+            conn,
+            tenant.as_ref().map(|t| t.inflight()),
+            self.inner.config.idle_timeout,
+        );
+        let mut got = first.data.len() as u64;
+        reserved.cover(got).await?;
+        let mut parts = vec![first.data];
+        while got < size {
+            let Some(msg) = self.next_put(&mut stream).await? else {
+                return Err(KvError::Truncated {
+                    got,
+                    declared: size,
+                });
+            };
+            if got + msg.data.len() as u64 > size {
+                return Err(KvError::Invalid(format!(
+                    "got more than the declared {size} bytes"
+                )));
+            }
+            got += msg.data.len() as u64;
+            reserved.cover(got).await?;
+            if !msg.data.is_empty() {
+                parts.push(msg.data);
+            }
+        }
+        // The stream must end here: more bytes mean the declared size was wrong.
+        while let Some(msg) = self.next_put(&mut stream).await? {
+            if !msg.data.is_empty() {
+                return Err(KvError::Invalid(format!(
+                    "got more than the declared {size} bytes"
+                )));
+            }
+        }
+        let data = if parts.len() == 1 {
+            parts.swap_remove(0)
+        } else {
+            // One copy into a block of its exact size (as when the buffer was
+            // preallocated from the declared size, which a stalled client could abuse).
+            let mut buf = BytesMut::with_capacity(size as usize);
+            for p in parts.drain(..) {
+                buf.extend_from_slice(&p);
+            }
+            buf.freeze()
+        };
+        if self.peer_side {
+            self.inner
+                .served_bytes_in
+                .fetch_add(size, Ordering::Relaxed);
+        }
+        if let Some((router, routes)) = group {
+            let fwd = Forward {
+                tenant: tenant.as_ref().map(|t| t.name().to_string()),
+                identity: caller.identity,
+            };
+            let already_present = self
+                .put_to_group(
+                    &router,
+                    &routes,
+                    tenant.as_ref(),
+                    &fwd,
+                    &first.namespace,
+                    &ns,
+                    &key,
+                    data,
+                )
+                .await?;
+            return Ok(pb::PutResponse { already_present });
+        }
+        let ctx = self.ctx(&ns, false);
+        self.inner.engine.put(&key, data, &ctx).await?;
+        if let Some(c) = charge.as_mut() {
+            c.keep = true;
+        }
+        self.inner.stats.put(&ns, size, false);
+        Ok(pb::PutResponse {
+            already_present: false,
+        })
+    }
+
+    /// `stream`, dropped (with the blocks it pins) when the client stops reading it.
+    pub(super) fn idle_guarded<T: Send + 'static>(
+        &self,
+        stream: BoxStream<T>,
+        what: &'static str,
+    ) -> BoxStream<T> {
+        let this = self.clone();
+        Box::pin(IdleGuard::new(
+            stream,
+            self.inner.config.idle_timeout,
+            what,
+            move || this.inner.stats.idle_aborted(),
+        ))
+    }
+
+    /// Fetches one block, counting the hit or miss.
+    pub(super) async fn fetch(
+        &self,
+        ns: &str,
+        key: &CacheKey,
+    ) -> Result<Option<(Bytes, Option<TierKind>)>> {
+        // A block being staged by a Prefetch: wait for it rather than read it twice.
+        self.inner
+            .staging
+            .wait(key, self.inner.config.idle_timeout)
+            .await;
+        let tier = self.inner.engine.locate(key);
+        let got = self.inner.engine.get(key, &self.ctx(ns, false)).await?;
+        self.record_served(ns, key, got.as_ref().map(|b| b.len() as u64));
+        Ok(got.map(|b| (b, tier)))
+    }
+
+    pub(super) fn chunks(&self, data: &Bytes) -> Vec<Bytes> {
+        let step = self.inner.config.chunk_bytes.max(1);
+        let mut out = Vec::with_capacity(data.len() / step + 1);
+        let mut off = 0;
+        while off < data.len() {
+            let end = (off + step).min(data.len());
+            out.push(data.slice(off..end));
+            off = end;
+        }
+        out
+    }
+}
