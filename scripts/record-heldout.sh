@@ -7,9 +7,10 @@
 #   scripts/record-heldout.sh zip mixh     # some
 #
 # Environment: STRATA (default `strata` on PATH), PY (the Python with numpy, pyarrow,
-# duckdb, pandas, zarr; default python3), TORCH_PY (a Python with torch for `torch`;
-# default $PY), WORK (data sets, default /tmp/strata-heldout, ~600 MB), OUT (default
-# tools/replay/traces/heldout).
+# duckdb, pandas, zarr, h5py, safetensors; default python3), TORCH_PY (a Python with
+# torch for `torch` and `valloader`; default $PY), WORK (data sets, default
+# /tmp/strata-heldout, ~2 GB), OUT (default tools/replay/traces/heldout). The third
+# round's `cligrep` also runs bash, GNU grep, gzip and tar.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,10 +21,10 @@ WORK=${WORK:-/tmp/strata-heldout}
 OUT=${OUT:-$repo/tools/replay/traces/heldout}
 H="$repo/scripts/corpus/heldout.py"
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3)
 mkdir -p "$WORK" "$OUT"
 
-py_for() { if [ "$1" = torch ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
+py_for() { if [ "$1" = torch ] || [ "$1" = valloader ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
 
 gen() { echo "generating $1 in $WORK/$1" >&2; "$(py_for "$1")" "$H" gen "$1" "$WORK/$1"; }
 
@@ -41,6 +42,14 @@ for k in "${kinds[@]}"; do
         $PY $H run sqlrange $WORK/sqlrange &
         $PY $H run zip $WORK/zip &
         $PY $H run pandas $WORK/pandas &
+        wait"
+      ;;
+    mixh3)
+      for part in embed jsonlog cligrep; do gen "$part"; done
+      record mixh3 bash -c "set -m
+        $PY $H run embed $WORK/embed &
+        $PY $H run jsonlog $WORK/jsonlog &
+        $PY $H run cligrep $WORK/cligrep &
         wait"
       ;;
     *)

@@ -6,7 +6,8 @@
 # policy was not tuned on), named ho-NAME.
 traces=()
 if [ "${SET:-}" = heldout ]; then
-  for t in duckdb loader3 mixh pandas sqlrange torch zarr zip h5cols parquetrg sqljoin tarrandom zipdeflate; do
+  for t in duckdb loader3 mixh pandas sqlrange torch zarr zip h5cols parquetrg sqljoin tarrandom zipdeflate \
+    embed feather tpslice cligrep jsonlog valloader mixh3; do
     traces+=("ho-$t $ROOT/tools/replay/traces/heldout/$t.csv.gz")
   done
   return 0 2>/dev/null || true

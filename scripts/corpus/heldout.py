@@ -37,6 +37,26 @@ Second round (recorded after the first round's findings were fixed, to check the
             extracted by name in a Zipf-skewed order (an indexed webdataset)
   parquetrg pyarrow ParquetFile.read_row_group: random row groups (Zipf 1.0) of 6 files,
             2 columns each, 300 reads
+
+Third round (recorded 2026-12-02 afternoon on main at c91eb2d, to test generalization again):
+  embed     numpy: embedding lookups, rows of two .npy tables (100,000 and 300,000 x 128
+            float32) read one by one with np.fromfile after a seek (stdio buffered),
+            Zipf 0.9 / 1.1 ids over a permutation, deduplicated per batch, 250 batches
+  feather   pyarrow.feather.read_table(memory_map=False) with column projection: 150
+            queries of 2-3 of 16 columns (a few hot ones) over 5 uncompressed Feather
+            files (64 K-row record batches), the newest file the most (Zipf 1.0)
+  tpslice   a safetensors checkpoint (3 shards) loaded tensor-parallel: 4 ranks at once
+            (column-parallel weights one range each, row-parallel ones a piece per row),
+            then 2 ranks, then 1 (the byte ranges get_slice touches, read with pread)
+  cligrep   GNU grep -r, gzip -dc, tar -cf over a 3,000-file source tree and 8 gzip'd
+            logs: whole-tree searches, a hot subtree searched again and again, the
+            newest logs re-read
+  jsonlog   a JSON-lines log query tool: each of 60 queries reads a small index file,
+            seeks into 1-5 hourly segments through it and scans to the window's end,
+            windows Zipf(1.1)-skewed to the newest hours
+  valloader torch DataLoader (4 workers, shuffle) over 5,000 files for 3 epochs, and a
+            validation set of 500 files (2 workers, in order) after each epoch
+  mixh3     embed, jsonlog and cligrep at once, each its own process group
 """
 
 import os
@@ -458,6 +478,340 @@ def run_parquetrg(d):
         i, g = groups[k]
         rows += files[i].read_row_group(g, columns=["f0", "label"]).num_rows
     print(f"parquetrg: {rows}")
+
+
+# --- third round --------------------------------------------------------------------
+
+EMB_DIM = 128
+EMB_USERS = 100_000
+EMB_ITEMS = 300_000
+
+
+def gen_embed(d):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 60)
+    for name, n in (("user", EMB_USERS), ("item", EMB_ITEMS)):
+        np.save(os.path.join(d, f"{name}_emb.npy"), rng.standard_normal((n, EMB_DIM), dtype=np.float32))
+
+
+def run_embed(d):
+    import numpy as np
+
+    rng = random.Random(SEED + 61)
+    tables = {}
+    for name, n, s in (("user", EMB_USERS, 0.9), ("item", EMB_ITEMS, 1.1)):
+        f = open(os.path.join(d, f"{name}_emb.npy"), "rb")
+        np.lib.format.read_magic(f)
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        perm = list(range(n))
+        rng.shuffle(perm)
+        tables[name] = (f, f.tell(), dtype, perm, n, s)
+    total = 0.0
+    for step in range(250):
+        for name, per_batch in (("user", 32), ("item", 256)):
+            f, base, dtype, perm, n, s = tables[name]
+            ids = sorted({perm[k] for k in zipf_ranks_fast(n, s, per_batch, rng)})
+            for i in ids:
+                f.seek(base + i * EMB_DIM * dtype.itemsize)
+                total += float(np.fromfile(f, dtype=dtype, count=EMB_DIM)[0])
+    print(f"embed: {total:.3f}")
+
+
+_ZIPF_CDF = {}
+
+
+def zipf_ranks_fast(n, s, count, rng):
+    """zipf_ranks with its table kept between calls (the same distribution)."""
+    import bisect
+
+    cdf = _ZIPF_CDF.get((n, s))
+    if cdf is None:
+        weights = [1.0 / (k + 1) ** s for k in range(n)]
+        total = sum(weights)
+        cdf, acc = [], 0.0
+        for w in weights:
+            acc += w / total
+            cdf.append(acc)
+        _ZIPF_CDF[(n, s)] = cdf
+    return [min(bisect.bisect_left(cdf, rng.random()), n - 1) for _ in range(count)]
+
+
+FEATHER_COLS = ["ts", "user", "value", "latency", "bytes", "status", "region", "score"] + [f"x{j}" for j in range(8)]
+
+
+def gen_feather(d):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    rng = np.random.default_rng(SEED + 70)
+    os.makedirs(os.path.join(d, "days"), exist_ok=True)
+    for day in range(5):
+        n = 450_000
+        cols = {}
+        for j, c in enumerate(FEATHER_COLS):
+            if c in ("ts",):
+                cols[c] = np.sort(rng.integers(day * 86_400, (day + 1) * 86_400, n))
+            elif c in ("user", "status", "region", "bytes"):
+                cols[c] = rng.integers(0, 10_000, n)
+            else:
+                cols[c] = rng.standard_normal(n)
+        feather.write_feather(pa.table(cols), os.path.join(d, "days", f"day-{day}.feather"), compression="uncompressed", chunksize=65_536)
+
+
+def run_feather(d):
+    import pyarrow.compute as pc
+    import pyarrow.feather as feather
+
+    rng = random.Random(SEED + 71)
+    days = sorted(os.listdir(os.path.join(d, "days")))
+    hot = ["ts", "value", "latency", "status"]
+    total = 0.0
+    for q in range(150):
+        day = days[len(days) - 1 - zipf_ranks_fast(len(days), 1.0, 1, rng)[0]]  # the newest most
+        cols = sorted({hot[k] for k in zipf_ranks_fast(len(hot), 0.8, 2, rng)} | {FEATHER_COLS[rng.randrange(len(FEATHER_COLS))]})
+        t = feather.read_table(os.path.join(d, "days", day), columns=cols, memory_map=False)
+        total += float(pc.sum(t.column(cols[-1])).as_py() or 0)
+    print(f"feather: {total:.3f}")
+
+
+TP_LAYERS = 6
+TP_DIM = 1024
+TP_FFN = 2048
+TP_VOCAB = 8000
+
+
+def gen_tpslice(d):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(SEED + 80)
+    os.makedirs(os.path.join(d, "ckpt"), exist_ok=True)
+    shards = 3
+    for s in range(shards):
+        t = {}
+        if s == 0:
+            t["tok_embeddings.weight"] = rng.standard_normal((TP_VOCAB, TP_DIM), dtype=np.float32)
+        for layer in range(s * TP_LAYERS // shards, (s + 1) * TP_LAYERS // shards):
+            p = f"layers.{layer}."
+            for w in ("wq", "wk", "wv", "wo"):
+                t[p + f"attention.{w}.weight"] = rng.standard_normal((TP_DIM, TP_DIM), dtype=np.float32)
+            t[p + "feed_forward.w1.weight"] = rng.standard_normal((TP_FFN, TP_DIM), dtype=np.float32)
+            t[p + "feed_forward.w2.weight"] = rng.standard_normal((TP_DIM, TP_FFN), dtype=np.float32)
+            t[p + "attention_norm.weight"] = np.ones(TP_DIM, dtype=np.float32)
+        save_file(t, os.path.join(d, "ckpt", f"model-{s + 1:05d}-of-{shards:05d}.safetensors"))
+
+
+def tp_load_rank(d, rank, world):
+    """One tensor-parallel rank's part of every tensor, read the way safetensors'
+    `safe_open(...).get_slice` touches the file (it maps the file, and page faults are
+    invisible to strace, so the same byte ranges are read with pread): the header, then
+    for column-parallel weights (dim 0 split) one contiguous range, for row-parallel ones
+    (`wo`, `w2`: dim 1 split) one piece per row; norms whole."""
+    import json
+    import struct
+
+    import numpy as np
+
+    base = os.path.join(d, "ckpt")
+    total = 0.0
+    for name in sorted(os.listdir(base)):
+        fd = os.open(os.path.join(base, name), os.O_RDONLY)
+        try:
+            (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            meta = json.loads(os.pread(fd, n, 8))
+            meta.pop("__metadata__", None)
+            for key, m in sorted(meta.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+                start = 8 + n + m["data_offsets"][0]
+                shape = m["shape"]
+                if len(shape) == 1:
+                    buf = os.pread(fd, shape[0] * 4, start)
+                elif world > 1 and key.endswith(("wo.weight", "w2.weight")):
+                    cols = shape[1] // world
+                    row = shape[1] * 4
+                    buf = b"".join(os.pread(fd, cols * 4, start + r * row + rank * cols * 4) for r in range(shape[0]))
+                else:
+                    rows = shape[0] // world
+                    row = shape[1] * 4
+                    buf = os.pread(fd, rows * row, start + rank * rows * row)
+                total += float(np.frombuffer(buf, dtype=np.float32)[:4].sum())
+        finally:
+            os.close(fd)
+    return total
+
+
+def run_tpslice(d):
+    from multiprocessing import Pool
+
+    # A tensor-parallel launch of 4 ranks, each loading its slices at once, then an
+    # elastic restart on 2 ranks (other slices of the same bytes), then one rank of an
+    # evaluation job on a single device (the whole of every tensor).
+    for world in (4, 2):
+        with Pool(world) as pool:
+            parts = pool.starmap(tp_load_rank, [(d, r, world) for r in range(world)])
+        print(f"tpslice: tp={world}: {sum(parts):.3f}")
+    print(f"tpslice: tp=1: {tp_load_rank(d, 0, 1):.3f}")
+
+
+def _text_pool(rng, nbytes):
+    words = [bytes(rng.randrange(97, 123) for _ in range(rng.randrange(2, 10))) for _ in range(3000)]
+    words += [b"TODO", b"alloc_page", b"lock_acquire", b"ERROR", b"WARN", b"return", b"struct", b"static"]
+    lines, size = [], 0
+    while size < nbytes:
+        indent = b"    " * rng.randrange(0, 4)
+        line = indent + b" ".join(rng.choice(words) for _ in range(rng.randrange(2, 14))) + b";\n"
+        lines.append(line)
+        size += len(line)
+    return b"".join(lines)
+
+
+def gen_cligrep(d):
+    import gzip
+
+    rng = random.Random(SEED + 90)
+    pool = _text_pool(rng, 1 << 20)
+    subsystems = ["kernel", "mm", "fs", "net", "drivers", "crypto", "lib", "sound", "block", "ipc"]
+    for i in range(3000):
+        sub = subsystems[i % len(subsystems)]
+        dd = os.path.join(d, "src", sub, f"d{(i // len(subsystems)) % 12:02d}")
+        os.makedirs(dd, exist_ok=True)
+        n = min(int(rng.lognormvariate(10.3, 0.8)), 600_000)  # median ~30 KB
+        at = rng.randrange(0, len(pool) - n) if n < len(pool) else 0
+        with open(os.path.join(dd, f"f{i:05d}.c"), "wb") as f:
+            f.write(b"/* file %d */\n" % i + pool[at : at + n])
+    os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+    for k in range(8):
+        parts = []
+        for _ in range(200):
+            at = rng.randrange(0, len(pool) - 100_000)
+            parts.append(b"[%d] " % rng.randrange(1 << 30) + pool[at : at + 100_000])
+        with open(os.path.join(d, "logs", f"app-{k:02d}.log.gz"), "wb") as f:
+            f.write(gzip.compress(b"".join(parts), compresslevel=6))
+
+
+CLIGREP_SCRIPT = r"""
+set -u
+g() { grep "$@" > /dev/null || true; }
+g -rn TODO src                                  # a whole-tree search
+for p in alloc_page lock_acquire 'static struct' alloc_page; do
+  g -rl "$p" src/mm src/kernel                   # the subsystem being worked on, again and again
+done
+gzip -dc logs/app-00.log.gz logs/app-01.log.gz logs/app-02.log.gz logs/app-03.log.gz \
+  logs/app-04.log.gz logs/app-05.log.gz logs/app-06.log.gz logs/app-07.log.gz | grep -c ERROR || true
+tar -cf - src/mm src/kernel | wc -c             # a backup of what changed
+g -rn lock_acquire src/fs src/mm src/kernel
+gzip -dc logs/app-06.log.gz logs/app-07.log.gz | grep -c WARN || true   # the newest logs again
+g -rwn return src                                # the whole tree again
+g -rl TODO src/mm src/kernel
+"""
+
+
+def run_cligrep(d):
+    import subprocess
+
+    subprocess.run(["bash", "-c", CLIGREP_SCRIPT], cwd=d, check=True)
+    print("cligrep: done")
+
+
+JSONLOG_SEGMENTS = 24
+JSONLOG_LINES = 75_000
+JSONLOG_EVERY = 500
+
+
+def gen_jsonlog(d):
+    import json
+
+    rng = random.Random(SEED + 100)
+    os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+    msgs = [" ".join(f"w{rng.randrange(5000)}" for _ in range(rng.randrange(3, 12))) for _ in range(4000)]
+    index = {"segments": []}
+    for s in range(JSONLOG_SEGMENTS):
+        name = f"seg-{s:04d}.jsonl"
+        marks, off = [], 0
+        with open(os.path.join(d, "logs", name), "wb") as f:
+            for i in range(JSONLOG_LINES):
+                ts = s * 3600 + i * 3600 // JSONLOG_LINES
+                lvl = "ERROR" if rng.random() < 0.02 else ("WARN" if rng.random() < 0.1 else "INFO")
+                line = json.dumps(
+                    {"ts": ts, "svc": f"svc-{rng.randrange(40)}", "lvl": lvl, "msg": rng.choice(msgs), "trace": "%016x" % rng.getrandbits(64)}
+                ).encode() + b"\n"
+                if i % JSONLOG_EVERY == 0:
+                    marks.append([ts, off])
+                f.write(line)
+                off += len(line)
+        index["segments"].append({"name": name, "start": s * 3600, "end": (s + 1) * 3600, "marks": marks})
+    with open(os.path.join(d, "index.json"), "w") as f:
+        json.dump(index, f)
+
+
+def run_jsonlog(d):
+    import bisect
+    import json
+
+    rng = random.Random(SEED + 101)
+    hits = 0
+    for q in range(60):
+        with open(os.path.join(d, "index.json")) as f:  # every query (a CLI run) reads the index
+            index = json.load(f)
+        segs = index["segments"]
+        hours_ago = zipf_ranks_fast(len(segs), 1.1, 1, rng)[0]
+        span = 900 if rng.random() < 0.7 else 4 * 3600
+        end = segs[-1]["end"] - hours_ago * 3600 - rng.randrange(3600)
+        start = max(0, end - span)
+        for seg in segs:
+            if seg["end"] <= start or seg["start"] >= end:
+                continue
+            marks = seg["marks"]
+            k = max(0, bisect.bisect_right([m[0] for m in marks], start) - 1)
+            with open(os.path.join(d, "logs", seg["name"]), "rb") as f:
+                f.seek(marks[k][1])
+                for line in f:
+                    ts = int(line[7 : line.index(b",", 7)])  # {"ts": N, ...
+                    if ts >= end:
+                        break
+                    if ts >= start and b'"ERROR"' in line:
+                        hits += json.loads(line)["lvl"] == "ERROR"
+    print(f"jsonlog: {hits} errors")
+
+
+def gen_valloader(d):
+    rng = random.Random(SEED + 110)
+    for split, n, mu in (("train", 5000, 10.1), ("val", 500, 10.1)):
+        for i in range(n):
+            cd = os.path.join(d, split, f"class{i % 25:02d}")
+            os.makedirs(cd, exist_ok=True)
+            size = min(int(rng.lognormvariate(mu, 0.7)), 400_000)  # median ~24 KB
+            with open(os.path.join(cd, f"{split}_{i:05d}.bin"), "wb") as f:
+                f.write(rng.randbytes(size))
+
+
+class _Files:
+    def __init__(self, root):
+        self.files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        import torch
+
+        with open(self.files[i], "rb") as f:
+            b = f.read()
+        return torch.frombuffer(bytearray(b[:64]), dtype=torch.uint8).float().mean()
+
+
+def run_valloader(d):
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(SEED + 111)
+    train = DataLoader(_Files(os.path.join(d, "train")), batch_size=32, shuffle=True, num_workers=4)
+    val = DataLoader(_Files(os.path.join(d, "val")), batch_size=64, shuffle=False, num_workers=2)
+    for epoch in range(3):
+        t = sum(float(b.sum()) for b in train)
+        v = sum(float(b.sum()) for b in val)
+        print(f"valloader: epoch {epoch}: {t:.1f} {v:.1f}")
 
 
 if __name__ == "__main__":
