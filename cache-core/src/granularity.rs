@@ -178,7 +178,12 @@ impl Granularity {
         // Runs are read ahead only for a stream of small pieces: the small reads of a
         // stream of large ones are the ends of larger reads, not records.
         let ahead = if obs.small_reads { obs.run_ahead } else { len };
-        let unit = self.unit_ahead(obs.blocks, offset, len, ahead, block);
+        // A stream sweeping forward in small pieces reads all of the block: fetch it.
+        let unit = if obs.small_reads && obs.sweeping {
+            block
+        } else {
+            self.unit_ahead(obs.blocks, offset, len, ahead, block)
+        };
         let held_other = |held: &mut dyn FnMut(u64, bool) -> UnitsHeld| {
             self.unit_size_iter(block)
                 .filter(|&u| u != unit && offset / u == (offset + len - 1) / u)
@@ -389,6 +394,42 @@ mod tests {
         // Whole blocks always.
         let blocks = Granularity::BLOCKS;
         assert!(!blocks.sparse(42, 0, blocks.beyond_cache(file, 0)));
+    }
+
+    #[test]
+    fn a_stream_sweeping_in_small_pieces_fetches_whole_blocks() {
+        let g = Granularity::default();
+        let file = 42 * MIB;
+        let none = |_, _| UnitsHeld::default();
+        let sweeping = Observation {
+            sweeping: true,
+            ..obs(Pattern::Skewed)
+        };
+        assert_eq!(
+            g.demand_unit(
+                &obs(Pattern::Skewed),
+                8192,
+                1024,
+                MIB,
+                file,
+                file / 10,
+                none
+            ),
+            Some(4 << 10)
+        );
+        assert_eq!(
+            g.demand_unit(&sweeping, 8192, 1024, MIB, file, file / 10, none),
+            None
+        );
+        // A cached unit holding the read still serves it.
+        let held_4k = |u: u64, _| UnitsHeld {
+            unit: u == 4 << 10,
+            in_block: 1,
+        };
+        assert_eq!(
+            g.demand_unit(&sweeping, 8192, 1024, MIB, file, file / 10, held_4k),
+            Some(4 << 10)
+        );
     }
 
     #[test]

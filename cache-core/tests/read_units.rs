@@ -204,6 +204,34 @@ async fn page_lookups_in_a_file_over_twice_the_cache_stay_units() {
     .expect("bounded");
 }
 
+/// Four tensor-parallel ranks in one job each read 1 KiB of every 4 KiB row of a file
+/// over twice the cache, at different rows: the tracker sees a sweep
+/// (`Observation::sweeping`) and the reader fetches whole blocks, one GET per block
+/// passed, where units would take one per row.
+#[tokio::test]
+async fn interleaved_slices_of_every_row_fetch_whole_blocks() {
+    timed(async {
+        let fx = over_twice_the_cache().await;
+        let before = fx.gets();
+        // Blocks 32..64 (untouched by the warm-up), 64 rows of 4 KiB each; the ranks
+        // start 11, 5 and 15 blocks after rank 0 and read 256 rows (4 blocks) each, so
+        // the job jumps between four places.
+        let starts = [0u64, 11, 5, 15];
+        for row in 0..256u64 {
+            for (rank, start) in starts.iter().enumerate() {
+                let at = 32 * BS + (start * 64 + row) * PAGE + rank as u64 * 1024;
+                fx.read_ok(at, 1024).await;
+            }
+        }
+        let gets = fx.gets().count - before.count;
+        // 16 blocks are read, each by one rank; units took a GET per row (1,020 without
+        // the sweep rule: the job's block pattern is skewed).
+        assert!(gets <= 60, "{gets} GETs for 16 blocks swept by 4 ranks");
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Records read in 4 KiB pieces at random places (zip members): once the tracker has
 /// seen a few, the first piece of a record fetches a unit holding the whole record
 /// (`Observation::run_ahead`), and the pieces after it are served from that unit: about
