@@ -130,6 +130,9 @@ pub struct StreamStats {
     candidate: Pattern,
     streak: u8,
     zipf_s: f32,
+    /// The last test found the stream sequential and its window's popularity skewed:
+    /// each visit reads in order, but some items come back visit after visit.
+    reused: bool,
 }
 
 impl StreamStats {
@@ -143,6 +146,13 @@ impl StreamStats {
 
     pub fn pattern(&self) -> Pattern {
         self.pattern
+    }
+
+    /// Whether the last test found the stream sequential within its visits with a skewed
+    /// popularity across them (a columnar file's hot columns read again by query after
+    /// query): its items are worth ranking by frequency.
+    pub fn reused(&self) -> bool {
+        self.reused
     }
 
     /// Estimated Zipf exponent of the last skewed test (0 if never skewed).
@@ -203,6 +213,7 @@ impl StreamStats {
         if self.steps >= cfg.min_samples && self.since_test >= cfg.test_every {
             self.since_test = 0;
             let out = run_tests(self, cfg, scratch);
+            self.reused = out.pattern == Pattern::Sequential && out.p_uniform < cfg.alpha;
             self.apply(out.pattern, cfg);
             if out.pattern == Pattern::Skewed {
                 self.zipf_s = out.zipf_s as f32;
@@ -291,28 +302,15 @@ fn run_tests(s: &StreamStats, cfg: &ClassifierConfig, scratch: &mut Scratch) -> 
     let span = s.max_idx.saturating_sub(s.min_idx).saturating_add(1) as f64;
     let p0 = (cfg.forward_gap as f64 / span).clamp(cfg.p0_min, cfg.p0_max);
     let p_seq = sequential_p_value(s.steps, s.forward, p0);
+    let p_uni = popularity_p_value(s, scratch);
     if p_seq < cfg.alpha {
         return TestOutcome {
             pattern: Pattern::Sequential,
             p_sequential: p_seq,
-            p_uniform: 1.0,
+            p_uniform: p_uni,
             zipf_s: 0.0,
         };
     }
-    scratch.fps.clear();
-    scratch.fps.extend_from_slice(&s.ring);
-    scratch.fps.sort_unstable();
-    scratch.counts.clear();
-    let mut i = 0;
-    while i < scratch.fps.len() {
-        let mut j = i + 1;
-        while j < scratch.fps.len() && scratch.fps[j] == scratch.fps[i] {
-            j += 1;
-        }
-        scratch.counts.push(j - i);
-        i = j;
-    }
-    let p_uni = uniform_p_value(&scratch.counts);
     if p_uni < cfg.alpha {
         scratch.counts.sort_unstable_by(|a, b| b.cmp(a));
         let s_hat = zipf_exponent(&scratch.counts);
@@ -329,6 +327,25 @@ fn run_tests(s: &StreamStats, cfg: &ClassifierConfig, scratch: &mut Scratch) -> 
         p_uniform: p_uni,
         zipf_s: 0.0,
     }
+}
+
+/// The popularity test over the stream's window: the visit count of each distinct item
+/// into `scratch.counts`, and their chi-square p-value against uniform popularity.
+fn popularity_p_value(s: &StreamStats, scratch: &mut Scratch) -> f64 {
+    scratch.fps.clear();
+    scratch.fps.extend_from_slice(&s.ring);
+    scratch.fps.sort_unstable();
+    scratch.counts.clear();
+    let mut i = 0;
+    while i < scratch.fps.len() {
+        let mut j = i + 1;
+        while j < scratch.fps.len() && scratch.fps[j] == scratch.fps[i] {
+            j += 1;
+        }
+        scratch.counts.push(j - i);
+        i = j;
+    }
+    uniform_p_value(&scratch.counts)
 }
 
 #[cfg(test)]

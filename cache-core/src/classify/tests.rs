@@ -78,3 +78,44 @@ fn zipf_exponent_is_recovered() {
     let s = zipf_exponent(&counts);
     assert!((s - 1.2).abs() < 0.05, "{s}");
 }
+
+/// Column reads of a columnar file: each query reads 3 of 16 columns (4 blocks each) in
+/// order, two hot columns in most queries. Sequential, and reused: the hot blocks come
+/// back query after query. A file read whole pass after pass is sequential and not
+/// reused: every block as often as the others.
+#[test]
+fn hot_columns_read_in_order_are_sequential_and_reused() {
+    let c = cfg();
+    let mut sc = Scratch::default();
+    let mut cols = StreamStats::new(Pattern::Unknown);
+    let mut x = 5u64;
+    for q in 0..120u64 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cold = 2 + (x >> 33) % 14;
+        let mut picked = if q % 4 == 3 {
+            vec![cold]
+        } else {
+            vec![0, 1, cold]
+        };
+        picked.sort_unstable();
+        for col in picked {
+            for b in 0..4 {
+                let idx = col * 4 + b;
+                cols.observe(idx, idx as u32, &c, &mut sc);
+            }
+        }
+    }
+    assert_eq!(cols.pattern(), Pattern::Sequential);
+    assert!(cols.reused(), "hot columns come back");
+
+    let mut passes = StreamStats::new(Pattern::Unknown);
+    for _ in 0..8 {
+        for idx in 0..64u64 {
+            passes.observe(idx, idx as u32, &c, &mut sc);
+        }
+    }
+    assert_eq!(passes.pattern(), Pattern::Sequential);
+    assert!(!passes.reused(), "every block alike");
+}

@@ -161,6 +161,7 @@ struct Visit {
     small_reads: bool,
     run_ahead: u64,
     sweeping: bool,
+    reused: bool,
 }
 
 /// The share of a stream's reads that are small, as a moving average in 1/65536ths
@@ -391,6 +392,10 @@ pub struct Observation {
     /// ([`Sweep`]): it reads every part of the blocks it passes, so a miss fetches the
     /// block, not a unit.
     pub sweeping: bool,
+    /// This job reads the file's blocks in order within each visit, but some blocks
+    /// visit after visit ([`crate::classify::StreamStats::reused`]): retention ranks
+    /// them by frequency ([`Self::retention`]).
+    pub blocks_reused: bool,
 }
 
 impl Observation {
@@ -400,6 +405,13 @@ impl Observation {
         // Data several jobs read at about the same time is popular by definition: the
         // trailing readers need what the leading one just read.
         if self.shared {
+            return Pattern::Skewed;
+        }
+        // Sequential within each visit, skewed across them: hot columns of a columnar
+        // file, read by query after query (held-out `feather`: as scan data, the hot
+        // columns left the recency queue and the hash sample between queries; LFU kept
+        // them). docs/BENCHMARKS.md "Blocks read in order and reused".
+        if self.blocks == Pattern::Sequential && self.blocks_reused {
             return Pattern::Skewed;
         }
         let levels = [self.blocks, self.files, self.dirs];
@@ -603,6 +615,7 @@ impl StreamTree {
                     obs.small_reads = v.small_reads;
                     obs.run_ahead = v.run_ahead;
                     obs.sweeping = v.sweeping;
+                    obs.blocks_reused = v.reused;
                     if v.after != v.before && v.after != Pattern::Unknown {
                         if let Some(d) = self.node_mut(StreamId {
                             job,
@@ -625,6 +638,7 @@ impl StreamTree {
                     obs.small_reads = v.small_reads;
                     obs.run_ahead = v.run_ahead;
                     obs.sweeping = v.sweeping;
+                    obs.blocks_reused = v.reused;
                 }
             }
             CacheKey::Kv(k) => {
@@ -718,6 +732,7 @@ impl StreamTree {
             small_reads: n.small.mostly_small(),
             run_ahead,
             sweeping: n.sweep.sweeping(),
+            reused: n.stats.reused(),
         }
     }
 
@@ -1116,6 +1131,28 @@ mod tests {
             }
         }
         assert!(o.small_reads && !o.sweeping, "records in contiguous pieces");
+    }
+
+    /// A file read in order within each visit whose blocks come back visit after visit
+    /// is ranked by frequency; in order and not reused, it is scan data.
+    #[test]
+    fn reused_sequential_blocks_are_retained_as_skewed() {
+        let seq = Observation {
+            blocks: Pattern::Sequential,
+            ..Observation::default()
+        };
+        assert_eq!(seq.retention(), Pattern::Sequential);
+        let reused = Observation {
+            blocks_reused: true,
+            ..seq
+        };
+        assert_eq!(reused.retention(), Pattern::Skewed);
+        let random = Observation {
+            blocks: Pattern::Random,
+            blocks_reused: true,
+            ..Observation::default()
+        };
+        assert_eq!(random.retention(), Pattern::Random, "reused means in order");
     }
 
     /// The per-stream figures quoted in docs/PATTERNS.md.
