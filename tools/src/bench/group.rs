@@ -146,9 +146,15 @@ impl Group {
             let id = format!("node-{}", (b'a' + i as u8) as char);
             let ndir = dir.path().join(&id);
             std::fs::create_dir_all(&ndir)?;
-            let (admin, peer, kv) = (free_port()?, free_port()?, free_port()?);
-            let mountpoint = spec.mounts.then(|| ndir.join("mnt"));
-            let mut toml = format!(
+            // A port `free_port` released can be taken before the daemon binds it (an
+            // outgoing connection of a test running beside this one gets it as its
+            // ephemeral port): a daemon that failed for that is started again on new
+            // ports, twice at most.
+            let mut attempt = 0;
+            let node = loop {
+                let (admin, peer, kv) = (free_port()?, free_port()?, free_port()?);
+                let mountpoint = spec.mounts.then(|| ndir.join("mnt"));
+                let mut toml = format!(
                 "[store]\nurl = {store_url:?}\n{store_extra}\n\
                  [cache]\ndir = {cache:?}\nmemory = {mem:?}\ndisk = {disk:?}\nblock_size = {bs:?}\n\n\
                  [kv]\nlisten = \"127.0.0.1:{kv}\"\n\n\
@@ -166,34 +172,45 @@ impl Group {
                 store_extra = spec.store_toml,
                 group = if spec.independent { id.as_str() } else { "test" },
             );
-            if let Some(t) = &token_file {
-                toml.push_str(&format!("token_file = {:?}\n", t.display().to_string()));
-            }
-            if let Some(m) = &mountpoint {
-                toml.push_str(&format!(
-                    "\n[[mounts]]\nmountpoint = {:?}\n",
-                    m.display().to_string()
-                ));
-            }
-            toml.push_str(&spec.extra_toml);
-            let config = ndir.join("strata.toml");
-            std::fs::write(&config, toml)?;
-            let mut node = Node {
-                id,
-                index: i,
-                log: ndir.join("daemon.log"),
-                dir: ndir,
-                config,
-                mountpoint,
-                admin: format!("127.0.0.1:{admin}"),
-                peer: format!("127.0.0.1:{peer}"),
-                kv: format!("127.0.0.1:{kv}"),
-                binary: spec.binary.clone(),
-                env: spec.env.clone(),
-                ready_timeout: spec.ready_timeout,
-                child: None,
+                if let Some(t) = &token_file {
+                    toml.push_str(&format!("token_file = {:?}\n", t.display().to_string()));
+                }
+                if let Some(m) = &mountpoint {
+                    toml.push_str(&format!(
+                        "\n[[mounts]]\nmountpoint = {:?}\n",
+                        m.display().to_string()
+                    ));
+                }
+                toml.push_str(&spec.extra_toml);
+                let config = ndir.join("strata.toml");
+                std::fs::write(&config, toml)?;
+                let mut node = Node {
+                    id: id.clone(),
+                    index: i,
+                    log: ndir.join("daemon.log"),
+                    dir: ndir.clone(),
+                    config,
+                    mountpoint,
+                    admin: format!("127.0.0.1:{admin}"),
+                    peer: format!("127.0.0.1:{peer}"),
+                    kv: format!("127.0.0.1:{kv}"),
+                    binary: spec.binary.clone(),
+                    env: spec.env.clone(),
+                    ready_timeout: spec.ready_timeout,
+                    child: None,
+                };
+                match node.restart() {
+                    Ok(()) => break node,
+                    Err(e) if attempt < 2 && node.log_says_address_in_use() => {
+                        attempt += 1;
+                        eprintln!(
+                            "{}: a port was taken before the daemon bound it ({e:#}); new ports",
+                            node.id
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
             };
-            node.restart()?;
             nodes.push(node);
         }
         let g = Group {
@@ -311,7 +328,7 @@ impl Node {
                         self.id,
                         self.ready_timeout,
                         printed,
-                        self.log_tail(30)
+                        self.log_lines_without_backtrace(30)
                     );
                 }
             }
@@ -371,6 +388,30 @@ impl Node {
             p["store_gets"].as_u64().context("peer.store_gets")?,
             p["store_bytes"].as_u64().context("peer.store_bytes")?,
         ))
+    }
+
+    /// Whether the daemon's log says it could not bind an address already in use.
+    fn log_says_address_in_use(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .is_ok_and(|t| t.to_ascii_lowercase().contains("address already in use"))
+    }
+
+    /// The last `lines` lines of the daemon's log that are not backtrace frames (with
+    /// `RUST_BACKTRACE` set, the frames of an error would push its message out of a
+    /// plain tail).
+    fn log_lines_without_backtrace(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                let t = l.trim_start();
+                let frame = t
+                    .split_once(':')
+                    .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                !frame && !t.starts_with("at ")
+            })
+            .collect();
+        kept[kept.len().saturating_sub(lines)..].join("\n")
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
