@@ -987,66 +987,67 @@ impl PatternAwarePolicy {
         self.seq
     }
 
-    fn unlink(&mut self, key: &CacheKey, e: &Entry) {
-        match e.pool {
-            Pool::Consumed => {
-                self.consumed.remove(&e.order);
-            }
-            Pool::Ahead => {
-                self.ahead.remove(&e.order);
-            }
-            Pool::Stable => {
-                self.stable.remove(&(e.order, e.hash, e.seq));
-            }
-            Pool::Freq => {
-                self.freq
-                    .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
-            }
-            Pool::Window => {
-                self.window.remove(&e.order);
-            }
-        }
+    /// Takes `e` out of its pool; returns the pool's copy of its key (`None` if the
+    /// pool did not hold it), so a move re-links that copy instead of cloning the key
+    /// again (a clone and a drop are two atomic reference-count updates on each of the
+    /// key's `Arc`s, in memory nothing else of a lookup touches).
+    fn unlink(&mut self, e: &Entry) -> Option<CacheKey> {
+        let key = match e.pool {
+            Pool::Consumed => self.consumed.remove(&e.order),
+            Pool::Ahead => self.ahead.remove(&e.order).map(|(k, _)| k),
+            Pool::Stable => self.stable.remove(&(e.order, e.hash, e.seq)),
+            Pool::Freq => self
+                .freq
+                .remove(&(e.order, self.freq_tie_rank(e.size), e.seq)),
+            Pool::Window => self.window.remove(&e.order),
+        };
         self.bytes[pool_ix(e.pool)] -= e.size;
-        let _ = key;
+        key
     }
 
-    fn link(&mut self, key: &CacheKey, e: &mut Entry, pool: Pool) {
+    fn link(&mut self, key: CacheKey, e: &mut Entry, pool: Pool) {
         e.pool = pool;
         e.seq = self.next_seq();
         match pool {
             Pool::Consumed => {
                 e.order = e.seq;
-                self.consumed.insert(e.order, key.clone());
+                self.consumed.insert(e.order, key);
             }
             Pool::Ahead => {
                 e.order = e.seq;
-                self.ahead.insert(e.order, (key.clone(), e.job));
+                self.ahead.insert(e.order, (key, e.job));
             }
             Pool::Stable => {
-                self.stable.insert((e.order, e.hash, e.seq), key.clone());
+                self.stable.insert((e.order, e.hash, e.seq), key);
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
                 let tie = self.freq_tie_rank(e.size);
-                self.freq.insert((e.order, tie, e.seq), key.clone());
+                self.freq.insert((e.order, tie, e.seq), key);
             }
             Pool::Window => {
                 e.order = e.seq;
-                self.window.insert(e.order, key.clone());
+                self.window.insert(e.order, key);
             }
         }
         self.bytes[pool_ix(pool)] += e.size;
     }
 
     fn move_to(&mut self, key: &CacheKey, pool: Pool) {
-        if let Some(mut e) = self.entries.get(key).copied() {
-            self.unlink(key, &e);
-            if pool == Pool::Stable {
-                e.order = UNPROVEN;
-            }
-            self.link(key, &mut e, pool);
-            self.store(key, e);
+        if let Some(e) = self.entries.get(key).copied() {
+            self.move_entry(key, e, pool);
         }
+    }
+
+    /// [`Self::move_to`] for a caller that already holds a copy of `key`'s entry (one
+    /// lookup less); the pool's copy of the key moves with it.
+    fn move_entry(&mut self, key: &CacheKey, mut e: Entry, pool: Pool) {
+        let owned = self.unlink(&e).unwrap_or_else(|| key.clone());
+        if pool == Pool::Stable {
+            e.order = UNPROVEN;
+        }
+        self.link(owned, &mut e, pool);
+        self.store(key, e);
     }
 
     /// Writes back the entry of resident `key` (in place: no key clone to drop again).
@@ -1624,7 +1625,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             self.last_demanded = Some(h);
         }
         if let Some(old) = self.entries.remove(key) {
-            self.unlink(key, &old);
+            self.unlink(&old);
         }
         let mut e = Entry {
             size,
@@ -1636,7 +1637,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             in_order: std::mem::take(&mut self.pending_in_order) && ctx.is_demand(),
             touch: self.touched,
         };
-        self.link(key, &mut e, pool);
+        self.link(key.clone(), &mut e, pool);
         self.entries.insert(key.clone(), e);
     }
 
@@ -1652,6 +1653,8 @@ impl EvictionPolicy for PatternAwarePolicy {
             self.touched += slot.size;
             slot.touch = self.touched;
         }
+        // A copy: `count` below may re-rank entries of `freq` (their `order`), so only
+        // the other pools' moves reuse it (`move_entry`); `freq`'s re-reads it.
         let e = *slot;
         if e.pool == Pool::Ahead && !self.reload.is_empty() {
             // The block's next demand read after the entry: it is used up.
@@ -1670,10 +1673,7 @@ impl EvictionPolicy for PatternAwarePolicy {
                 // Read now: it joins its pattern's pool as a fresh demand fill would.
                 let pool = self.pool_for(self.retention(&obs, key, e.size));
                 let in_order = self.whole_file_in_order(&obs, key, e.size);
-                if let Some(slot) = self.entries.get_mut(key) {
-                    slot.in_order = in_order;
-                }
-                self.move_to(key, pool);
+                self.move_entry(key, Entry { in_order, ..e }, pool);
             }
             // Read again in a new visit: to the frequency main if it is as frequent as
             // the main's least frequent item (W-TinyLFU's admission test),
@@ -1687,17 +1687,17 @@ impl EvictionPolicy for PatternAwarePolicy {
                 } else {
                     Pool::Consumed
                 };
-                self.move_to(key, pool);
+                self.move_entry(key, e, pool);
             }
             // Still being read (the same visit): it is not behind its stream yet, so to
             // the young end of the queue (evict-behind means behind).
-            Pool::Consumed => self.move_to(key, Pool::Consumed),
+            Pool::Consumed => self.move_entry(key, e, Pool::Consumed),
             Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
                 self.scan_reuse_seen = true;
                 let mut e = e;
-                self.unlink(key, &e);
+                let owned = self.unlink(&e).unwrap_or_else(|| key.clone());
                 e.order = PROVEN;
-                self.link(key, &mut e, Pool::Stable);
+                self.link(owned, &mut e, Pool::Stable);
                 self.store(key, e);
             }
             Pool::Freq if !obs.repeat => {
@@ -1713,7 +1713,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             Pool::Window => {
                 self.freq_side_hits += 1;
                 self.hit_jobs.insert(ctx.job.0);
-                self.move_to(key, Pool::Window)
+                self.move_entry(key, e, Pool::Window)
             }
             _ => {}
         }
@@ -1723,7 +1723,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         let Some(e) = self.entries.remove(key) else {
             return;
         };
-        self.unlink(key, &e);
+        self.unlink(&e);
         let evicted = self.last_victim.take() == Some(e.hash);
         // A reload ghost entry is used up by the block's next demand read (a miss, or
         // the first read of a prefetched copy); a prefetched copy evicted unread leaves
