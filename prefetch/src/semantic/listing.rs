@@ -167,6 +167,10 @@ pub struct ListingIndex {
     max_entries: usize,
     /// [`Self::observe`]'s buffers, kept between listings.
     scan: DirScan,
+    /// Sets with members not yet in their order (`MemberSet::dirty`): while none is,
+    /// [`Self::prepare`] has nothing to do and skips its lookup (it runs on every
+    /// access; listings come once per directory).
+    dirty_sets: usize,
 }
 
 impl ListingIndex {
@@ -237,6 +241,9 @@ impl ListingIndex {
                     self.entries += 1;
                     let path = e.key().clone();
                     e.insert(set.paths.len() as u32);
+                    if !set.dirty {
+                        self.dirty_sets += 1;
+                    }
                     set.push(path, *size);
                 }
                 Entry::Vacant(_) => {}
@@ -279,8 +286,14 @@ impl ListingIndex {
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so
     /// that listing a thousand directories of one dataset sorts once, not a thousand times).
     pub fn prepare(&mut self, template: &str) {
+        if self.dirty_sets == 0 {
+            return;
+        }
         if let Some(set) = self.sets.get_mut(template) {
-            set.rebuild();
+            if set.dirty {
+                set.rebuild();
+                self.dirty_sets -= 1;
+            }
         }
     }
 
