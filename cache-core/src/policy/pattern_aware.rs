@@ -420,6 +420,13 @@ struct Entry {
     touch: u64,
 }
 
+/// A resident item's key and entry (`PatternAwarePolicy::slots`); `key` is `None` in a
+/// free slot.
+struct Slot {
+    key: Option<CacheKey>,
+    e: Entry,
+}
+
 /// A pool ordered by sequence number alone (`consumed`, `ahead`, `window`): the same
 /// answers as a `BTreeMap<u64, V>` for the operations the policy uses (insert, remove
 /// by key, the first entry, the entries in order, emptiness), at a fraction of its cost.
@@ -624,17 +631,27 @@ pub struct PatternAwareStats {
 /// The pattern-aware eviction policy. See the module docs.
 pub struct PatternAwarePolicy {
     cfg: PatternAwareConfig,
-    entries: HashMap<CacheKey, Entry, FxBuild>,
-    consumed: SeqQueue<CacheKey>,
+    /// Resident items: key -> its slot in `slots`.
+    entries: HashMap<CacheKey, u32, FxBuild>,
+    /// Each resident item's key and entry, by slot. The pools name items by slot, so
+    /// a move between pools, a re-rank by `count` and a victim's bookkeeping index a
+    /// slot instead of hashing and comparing a key, and the pools' queue slots and
+    /// B-tree nodes hold 4 bytes per item instead of a whole key (memory the replay's
+    /// held-out `mixh` and `sqlrange` spent their time waiting on). Slots only name
+    /// items: no order or decision depends on which slot an item has.
+    slots: Vec<Slot>,
+    /// Slots of removed items, reused first.
+    free: Vec<u32>,
+    consumed: SeqQueue<u32>,
     /// With the job of each block (its entry's `job`), so `stale_ahead` reads it
-    /// without looking the key up.
-    ahead: SeqQueue<(CacheKey, u64)>,
+    /// without looking the slot up.
+    ahead: SeqQueue<(u32, u64)>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
-    stable: BTreeMap<(u64, u64, u64), CacheKey>,
+    stable: BTreeMap<(u64, u64, u64), u32>,
     /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
-    freq: BTreeMap<(u64, u64, u64), CacheKey>,
+    freq: BTreeMap<(u64, u64, u64), u32>,
     bytes: [u64; 5],
-    window: SeqQueue<CacheKey>,
+    window: SeqQueue<u32>,
     seq: u64,
     cap: u64,
     sketch: Sketch,
@@ -750,6 +767,8 @@ impl PatternAwarePolicy {
         let scan_victim = seen.clone();
         PatternAwarePolicy {
             entries: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
             consumed: SeqQueue::default(),
             ahead: SeqQueue::default(),
             stable: BTreeMap::new(),
@@ -832,13 +851,15 @@ impl PatternAwarePolicy {
     /// The pool holding `key` (`consumed`, `ahead`, `stable`, `freq`, `window`), for
     /// diagnostics (the replay's per-tenant breakdown); None if not resident.
     pub fn pool_of(&self, key: &CacheKey) -> Option<&'static str> {
-        self.entries.get(key).map(|e| match e.pool {
-            Pool::Consumed => "consumed",
-            Pool::Ahead => "ahead",
-            Pool::Stable => "stable",
-            Pool::Freq => "freq",
-            Pool::Window => "window",
-        })
+        self.entries
+            .get(key)
+            .map(|&id| match self.slots[id as usize].e.pool {
+                Pool::Consumed => "consumed",
+                Pool::Ahead => "ahead",
+                Pool::Stable => "stable",
+                Pool::Freq => "freq",
+                Pool::Window => "window",
+            })
     }
 
     fn resident_bytes(&self) -> u64 {
@@ -960,8 +981,8 @@ impl PatternAwarePolicy {
     fn main_admits(&self, h: u64) -> bool {
         match self.freq.first_key_value() {
             None => true,
-            Some((_, k)) => {
-                let hm = self.entries.get(k).map_or(0, |e| e.hash);
+            Some((_, &k)) => {
+                let hm = self.slots[k as usize].e.hash;
                 // At least as frequent (not strictly, as in the eviction contest):
                 // nothing is displaced by this move itself, and a hot set read in a
                 // cycle has all its members at the same count.
@@ -987,74 +1008,88 @@ impl PatternAwarePolicy {
         self.seq
     }
 
-    /// Takes `e` out of its pool; returns the pool's copy of its key (`None` if the
-    /// pool did not hold it), so a move re-links that copy instead of cloning the key
-    /// again (a clone and a drop are two atomic reference-count updates on each of the
-    /// key's `Arc`s, in memory nothing else of a lookup touches).
-    fn unlink(&mut self, e: &Entry) -> Option<CacheKey> {
-        let key = match e.pool {
-            Pool::Consumed => self.consumed.remove(&e.order),
-            Pool::Ahead => self.ahead.remove(&e.order).map(|(k, _)| k),
-            Pool::Stable => self.stable.remove(&(e.order, e.hash, e.seq)),
-            Pool::Freq => self
-                .freq
-                .remove(&(e.order, self.freq_tie_rank(e.size), e.seq)),
-            Pool::Window => self.window.remove(&e.order),
-        };
+    /// Takes `e` out of its pool.
+    fn unlink(&mut self, e: &Entry) {
+        match e.pool {
+            Pool::Consumed => {
+                self.consumed.remove(&e.order);
+            }
+            Pool::Ahead => {
+                self.ahead.remove(&e.order);
+            }
+            Pool::Stable => {
+                self.stable.remove(&(e.order, e.hash, e.seq));
+            }
+            Pool::Freq => {
+                self.freq
+                    .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
+            }
+            Pool::Window => {
+                self.window.remove(&e.order);
+            }
+        }
         self.bytes[pool_ix(e.pool)] -= e.size;
-        key
     }
 
-    fn link(&mut self, key: CacheKey, e: &mut Entry, pool: Pool) {
+    /// Puts the item of slot `id` (entry `e`) into `pool`.
+    fn link(&mut self, id: u32, e: &mut Entry, pool: Pool) {
         e.pool = pool;
         e.seq = self.next_seq();
         match pool {
             Pool::Consumed => {
                 e.order = e.seq;
-                self.consumed.insert(e.order, key);
+                self.consumed.insert(e.order, id);
             }
             Pool::Ahead => {
                 e.order = e.seq;
-                self.ahead.insert(e.order, (key, e.job));
+                self.ahead.insert(e.order, (id, e.job));
             }
             Pool::Stable => {
-                self.stable.insert((e.order, e.hash, e.seq), key);
+                self.stable.insert((e.order, e.hash, e.seq), id);
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
                 let tie = self.freq_tie_rank(e.size);
-                self.freq.insert((e.order, tie, e.seq), key);
+                self.freq.insert((e.order, tie, e.seq), id);
             }
             Pool::Window => {
                 e.order = e.seq;
-                self.window.insert(e.order, key);
+                self.window.insert(e.order, id);
             }
         }
         self.bytes[pool_ix(pool)] += e.size;
     }
 
-    fn move_to(&mut self, key: &CacheKey, pool: Pool) {
-        if let Some(e) = self.entries.get(key).copied() {
-            self.move_entry(key, e, pool);
-        }
-    }
-
-    /// [`Self::move_to`] for a caller that already holds a copy of `key`'s entry (one
-    /// lookup less); the pool's copy of the key moves with it.
-    fn move_entry(&mut self, key: &CacheKey, mut e: Entry, pool: Pool) {
-        let owned = self.unlink(&e).unwrap_or_else(|| key.clone());
+    /// Moves the item of slot `id` to `pool` (to its young end, or by its rank).
+    fn move_to(&mut self, id: u32, pool: Pool) {
+        let mut e = self.slots[id as usize].e;
+        self.unlink(&e);
         if pool == Pool::Stable {
             e.order = UNPROVEN;
         }
-        self.link(owned, &mut e, pool);
-        self.store(key, e);
+        self.link(id, &mut e, pool);
+        self.slots[id as usize].e = e;
     }
 
-    /// Writes back the entry of resident `key` (in place: no key clone to drop again).
-    fn store(&mut self, key: &CacheKey, e: Entry) {
-        if let Some(slot) = self.entries.get_mut(key) {
-            *slot = e;
+    /// A slot for `key` (a free one first), holding `e` until the caller links it.
+    fn alloc_slot(&mut self, key: CacheKey, e: Entry) -> u32 {
+        let slot = Slot { key: Some(key), e };
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = slot;
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
         }
+    }
+
+    /// The key of slot `id`, for a victim (`None` only for a free slot, which no pool
+    /// names).
+    fn slot_key(&self, id: u32) -> Option<CacheKey> {
+        self.slots[id as usize].key.clone()
     }
 
     /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
@@ -1177,17 +1212,15 @@ impl PatternAwarePolicy {
             return;
         }
         self.scan_miss_bytes = 0;
-        let proven: Vec<((u64, u64, u64), CacheKey)> = self
+        let proven: Vec<((u64, u64, u64), u32)> = self
             .stable
             .range(..(UNPROVEN, 0, 0))
-            .map(|(k, v)| (*k, v.clone()))
+            .map(|(k, v)| (*k, *v))
             .collect();
-        for ((_, h, sq), key) in proven {
+        for ((_, h, sq), id) in proven {
             self.stable.remove(&(PROVEN, h, sq));
-            self.stable.insert((UNPROVEN, h, sq), key.clone());
-            if let Some(e) = self.entries.get_mut(&key) {
-                e.order = UNPROVEN;
-            }
+            self.stable.insert((UNPROVEN, h, sq), id);
+            self.slots[id as usize].e.order = UNPROVEN;
         }
     }
 
@@ -1242,7 +1275,7 @@ impl PatternAwarePolicy {
     /// of simulated time while the SQLite tenant it squeezed missed 75% more than
     /// without prefetching. Only the oldest few are looked at (O(1)): a dead job's
     /// prefetches are older than a live job's.
-    fn stale_ahead(&self) -> Option<CacheKey> {
+    fn stale_ahead(&self) -> Option<u32> {
         if !self.cfg.release_idle {
             return None;
         }
@@ -1262,7 +1295,7 @@ impl PatternAwarePolicy {
             .find(|(_, job)| {
                 !self.period_jobs.jobs.contains(job) && !self.prev_period_jobs.jobs.contains(job)
             })
-            .map(|(k, _)| k.clone())
+            .map(|&(id, _)| id)
     }
 
     fn ghost_cap(&self) -> u64 {
@@ -1360,12 +1393,10 @@ impl PatternAwarePolicy {
             return;
         }
         let old = std::mem::take(&mut self.freq);
-        for ((f, tie, seq), k) in old {
+        for ((f, tie, seq), id) in old {
             let nf = (f / 2).max(1);
-            if let Some(e) = self.entries.get_mut(&k) {
-                e.order = nf;
-            }
-            self.freq.insert((nf, tie, seq), k);
+            self.slots[id as usize].e.order = nf;
+            self.freq.insert((nf, tie, seq), id);
         }
     }
 
@@ -1374,13 +1405,13 @@ impl PatternAwarePolicy {
     /// its own share; otherwise that candidate competes with the main's least frequent
     /// item by sketch frequency and the loser is the victim (a winning candidate moves
     /// to the main). With the window within its share, the main's least frequent goes.
-    fn freq_victim(&mut self) -> Option<CacheKey> {
+    fn freq_victim(&mut self) -> Option<u32> {
         let side = (self.bytes[3] + self.bytes[4]) as f64;
         let window_target = self.window_share * side;
         let main_target = side - window_target;
         let mut contest = None;
         while self.bytes[4] as f64 > window_target {
-            let Some((_, c)) = self.window.first_key_value() else {
+            let Some((_, &c)) = self.window.first_key_value() else {
                 break;
             };
             // The block of the latest demand access (its reader is most likely in the
@@ -1390,15 +1421,11 @@ impl PatternAwarePolicy {
             // evicted the block being read 8 KiB at a time, which was fetched again).
             if self.cfg.window_keeps_last_demanded
                 && self.last_demanded.is_some()
-                && self.entries.get(c).map(|e| e.hash) == self.last_demanded
+                && Some(self.slots[c as usize].e.hash) == self.last_demanded
             {
                 break;
             }
-            let c = c.clone();
-            let (size, in_order) = self
-                .entries
-                .get(&c)
-                .map_or((0, false), |e| (e.size, e.in_order));
+            let Entry { size, in_order, .. } = self.slots[c as usize].e;
             // A whole file read in order joins the main without a contest only while
             // the main fills (has room for it and one more, and has never had to give
             // up an item; see `Entry::in_order`): moved in whenever the window was one
@@ -1413,27 +1440,24 @@ impl PatternAwarePolicy {
                 0.0
             };
             if self.freq.is_empty() || ((self.bytes[3] + size) as f64) <= room {
-                self.move_to(&c, Pool::Freq);
+                self.move_to(c, Pool::Freq);
             } else {
                 contest = Some(c);
                 break;
             }
         }
-        let main = self.freq.first_key_value().map(|(_, k)| k.clone());
+        let main = self.freq.first_key_value().map(|(_, &k)| k);
         let pick = match (contest, main) {
             (Some(c), Some(m)) => {
-                let hc = self.entries.get(&c).map_or(0, |e| e.hash);
-                let hm = self.entries.get(&m).map_or(0, |e| e.hash);
-                let (fc, fm) = (self.sketch.estimate(hc), self.sketch.estimate(hm));
-                let size_of = |k: &CacheKey| self.entries.get(k).map_or(0, |e| e.size);
+                let (ec, em) = (self.slots[c as usize].e, self.slots[m as usize].e);
+                let (fc, fm) = (self.sketch.estimate(ec.hash), self.sketch.estimate(em.hash));
                 // At a tie the smaller item stays, as in the main's own order.
-                let smaller_tie =
-                    self.cfg.freq_ties_largest_first && fc == fm && size_of(&c) < size_of(&m);
+                let smaller_tie = self.cfg.freq_ties_largest_first && fc == fm && ec.size < em.size;
                 // A whole file read in order must lead by more than the one read a
                 // pass puts between what it just read and what it reads next.
-                let lead = u64::from(self.entries.get(&c).is_some_and(|e| e.in_order));
+                let lead = u64::from(ec.in_order);
                 if fc > fm + lead || (smaller_tie && lead == 0) {
-                    self.move_to(&c, Pool::Freq);
+                    self.move_to(c, Pool::Freq);
                     m
                 } else {
                     c
@@ -1442,11 +1466,11 @@ impl PatternAwarePolicy {
             (None, Some(m)) => m,
             (Some(c), None) => c,
             (None, None) => match self.window.first_key_value() {
-                Some((_, c)) => c.clone(),
+                Some((_, &c)) => c,
                 None => return None,
             },
         };
-        self.last_victim = self.entries.get(&pick).map(|e| e.hash);
+        self.last_victim = Some(self.slots[pick as usize].e.hash);
         Some(pick)
     }
 
@@ -1455,7 +1479,7 @@ impl PatternAwarePolicy {
     /// (`main_kept_until_scan_reuse`): the stable subset's largest hash, else the
     /// oldest scan data read, else the oldest prefetched block. `None` when the rule
     /// does not apply or the scan side holds nothing.
-    fn scan_side_pays(&self) -> Option<&CacheKey> {
+    fn scan_side_pays(&self) -> Option<u32> {
         if !self.cfg.main_kept_until_scan_reuse || self.scan_reuse_seen {
             return None;
         }
@@ -1464,9 +1488,9 @@ impl PatternAwarePolicy {
         }
         self.stable
             .last_key_value()
-            .map(|(_, k)| k)
-            .or_else(|| self.consumed.first_key_value().map(|(_, k)| k))
-            .or_else(|| self.ahead.first_key_value().map(|(_, (k, _))| k))
+            .map(|(_, &k)| k)
+            .or_else(|| self.consumed.first_key_value().map(|(_, &k)| k))
+            .or_else(|| self.ahead.first_key_value().map(|(_, &(k, _))| k))
     }
 
     /// Whether a demand miss on `h` re-reads, in a stream sequential at the block level,
@@ -1624,9 +1648,6 @@ impl EvictionPolicy for PatternAwarePolicy {
         if ctx.is_demand() {
             self.last_demanded = Some(h);
         }
-        if let Some(old) = self.entries.remove(key) {
-            self.unlink(&old);
-        }
         let mut e = Entry {
             size,
             pool,
@@ -1637,8 +1658,22 @@ impl EvictionPolicy for PatternAwarePolicy {
             in_order: std::mem::take(&mut self.pending_in_order) && ctx.is_demand(),
             touch: self.touched,
         };
-        self.link(key.clone(), &mut e, pool);
-        self.entries.insert(key.clone(), e);
+        let id = match self.entries.get(key) {
+            // Already resident (not from the replay or the daemon, which insert only
+            // what is not): out of its pool, and in again as new.
+            Some(&id) => {
+                let old = self.slots[id as usize].e;
+                self.unlink(&old);
+                id
+            }
+            None => {
+                let id = self.alloc_slot(key.clone(), e);
+                self.entries.insert(key.clone(), id);
+                id
+            }
+        };
+        self.link(id, &mut e, pool);
+        self.slots[id as usize].e = e;
     }
 
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
@@ -1646,15 +1681,14 @@ impl EvictionPolicy for PatternAwarePolicy {
             return;
         }
         let obs = ctx.obs;
-        let Some(slot) = self.entries.get_mut(key) else {
+        let Some(&id) = self.entries.get(key) else {
             return;
         };
+        let slot = &mut self.slots[id as usize].e;
         if !obs.repeat {
             self.touched += slot.size;
             slot.touch = self.touched;
         }
-        // A copy: `count` below may re-rank entries of `freq` (their `order`), so only
-        // the other pools' moves reuse it (`move_entry`); `freq`'s re-reads it.
         let e = *slot;
         if e.pool == Pool::Ahead && !self.reload.is_empty() {
             // The block's next demand read after the entry: it is used up.
@@ -1673,7 +1707,8 @@ impl EvictionPolicy for PatternAwarePolicy {
                 // Read now: it joins its pattern's pool as a fresh demand fill would.
                 let pool = self.pool_for(self.retention(&obs, key, e.size));
                 let in_order = self.whole_file_in_order(&obs, key, e.size);
-                self.move_entry(key, Entry { in_order, ..e }, pool);
+                self.slots[id as usize].e.in_order = in_order;
+                self.move_to(id, pool);
             }
             // Read again in a new visit: to the frequency main if it is as frequent as
             // the main's least frequent item (W-TinyLFU's admission test),
@@ -1687,23 +1722,23 @@ impl EvictionPolicy for PatternAwarePolicy {
                 } else {
                     Pool::Consumed
                 };
-                self.move_entry(key, e, pool);
+                self.move_to(id, pool);
             }
             // Still being read (the same visit): it is not behind its stream yet, so to
             // the young end of the queue (evict-behind means behind).
-            Pool::Consumed => self.move_entry(key, e, Pool::Consumed),
+            Pool::Consumed => self.move_to(id, Pool::Consumed),
             Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
                 self.scan_reuse_seen = true;
                 let mut e = e;
-                let owned = self.unlink(&e).unwrap_or_else(|| key.clone());
+                self.unlink(&e);
                 e.order = PROVEN;
-                self.link(owned, &mut e, Pool::Stable);
-                self.store(key, e);
+                self.link(id, &mut e, Pool::Stable);
+                self.slots[id as usize].e = e;
             }
             Pool::Freq if !obs.repeat => {
                 self.freq_side_hits += 1;
                 self.hit_jobs.insert(ctx.job.0);
-                self.move_to(key, Pool::Freq)
+                self.move_to(id, Pool::Freq)
             }
             // A read of the same visit too: a block still being read (a tar shard read
             // 10 KiB at a time before its stream is classified) is not old yet; left
@@ -1713,17 +1748,20 @@ impl EvictionPolicy for PatternAwarePolicy {
             Pool::Window => {
                 self.freq_side_hits += 1;
                 self.hit_jobs.insert(ctx.job.0);
-                self.move_entry(key, e, Pool::Window)
+                self.move_to(id, Pool::Window)
             }
             _ => {}
         }
     }
 
     fn on_remove(&mut self, key: &CacheKey) {
-        let Some(e) = self.entries.remove(key) else {
+        let Some(id) = self.entries.remove(key) else {
             return;
         };
+        let e = self.slots[id as usize].e;
         self.unlink(&e);
+        self.slots[id as usize].key = None;
+        self.free.push(id);
         let evicted = self.last_victim.take() == Some(e.hash);
         // A reload ghost entry is used up by the block's next demand read (a miss, or
         // the first read of a prefetched copy); a prefetched copy evicted unread leaves
@@ -1761,59 +1799,55 @@ impl EvictionPolicy for PatternAwarePolicy {
         // (evict-behind).
         if let Some(k) = self.stale_ahead() {
             self.stale_ahead_victims += 1;
-            self.last_victim = self.entries.get(&k).map(|e| e.hash);
-            return Some(k);
+            self.last_victim = Some(self.slots[k as usize].e.hash);
+            return self.slot_key(k);
         }
         let mut scan_victim = None;
         while self.bytes[0] as f64 > self.consumed_target {
-            let Some((_, c)) = self.consumed.first_key_value() else {
+            let Some((_, &c)) = self.consumed.first_key_value() else {
                 break;
             };
-            let c = c.clone();
-            let (h, size) = self.entries.get(&c).map_or((0, 0), |e| (e.hash, e.size));
-            if self.stable_wants(h, size) {
-                self.move_to(&c, Pool::Stable);
+            let Entry { hash, size, .. } = self.slots[c as usize].e;
+            if self.stable_wants(hash, size) {
+                self.move_to(c, Pool::Stable);
             } else {
                 scan_victim = Some(c);
                 break;
             }
         }
-        let pick = if let Some(k) = scan_victim.as_ref() {
+        let pick = if let Some(k) = scan_victim {
             Some(k)
         } else if (self.bytes[1] as f64) > self.cfg.ahead_share * self.cap as f64
             && !self.ahead.is_empty()
         {
-            self.ahead.first_key_value().map(|(_, (k, _))| k)
+            self.ahead.first_key_value().map(|(_, &(k, _))| k)
         } else {
             let freq_side = self.bytes[3] + self.bytes[4];
             let retained = self.bytes[2] + freq_side;
             let stable_over = self.bytes[2] as f64 > self.stable_share * retained as f64;
             if !self.stable.is_empty() && (stable_over || freq_side == 0) {
-                self.stable.last_key_value().map(|(_, k)| k)
+                self.stable.last_key_value().map(|(_, &k)| k)
             } else if freq_side > 0 {
                 // The window -> main contest runs as usual; only a main item that
                 // lost to a sequential newcomer before any scan reuse is kept.
                 let k = self.freq_victim();
-                let main_item = k
-                    .as_ref()
-                    .and_then(|k| self.entries.get(k))
-                    .is_some_and(|e| e.pool == Pool::Freq);
+                let main_item = k.is_some_and(|k| self.slots[k as usize].e.pool == Pool::Freq);
                 if !main_item {
-                    return k;
+                    return k.and_then(|k| self.slot_key(k));
                 }
                 match self.scan_side_pays() {
                     Some(own) => Some(own),
-                    None => return k,
+                    None => return k.and_then(|k| self.slot_key(k)),
                 }
-            } else if let Some((_, (k, _))) = self.ahead.first_key_value() {
+            } else if let Some((_, &(k, _))) = self.ahead.first_key_value() {
                 Some(k)
             } else {
-                self.consumed.first_key_value().map(|(_, k)| k)
+                self.consumed.first_key_value().map(|(_, &k)| k)
             }
         };
-        let k = pick.cloned()?;
-        self.last_victim = self.entries.get(&k).map(|e| e.hash);
-        Some(k)
+        let k = pick?;
+        self.last_victim = Some(self.slots[k as usize].e.hash);
+        self.slot_key(k)
     }
 }
 
