@@ -382,6 +382,11 @@ impl JobSet {
     }
 }
 
+/// p-values `two_sided_p` remembers at most (then it starts over): 64Ki, ~2 MiB; the
+/// default test (`window_min_votes` 16, votes halved past 16x that, so n <= 256 and
+/// k >= n/2) needs under 40Ki.
+const BINOM_MEMO_MAX: usize = 1 << 16;
+
 /// Oldest prefetched blocks examined for a gone job's (`stale_ahead`): 8, a few
 /// compares per victim.
 const STALE_AHEAD_LOOK: usize = 8;
@@ -646,6 +651,9 @@ pub struct PatternAwarePolicy {
     /// With the job of each block (its entry's `job`), so `stale_ahead` reads it
     /// without looking the slot up.
     ahead: SeqQueue<(u32, u64)>,
+    /// Blocks in `ahead` per job (jobs with none are absent), so `stale_ahead` knows
+    /// without walking `ahead` when every job with a prefetched block is still reading.
+    ahead_jobs: HashMap<u64, u64, FxBuild>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
     stable: BTreeMap<(u64, u64, u64), u32>,
     /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
@@ -733,6 +741,8 @@ pub struct PatternAwarePolicy {
     reload_run_job: Option<u64>,
     /// Demand re-reads the reload ghost counted (`reload_ghost`).
     reload_hits: u64,
+    /// `two_sided_p`'s memo: `(n, k)` -> p-value.
+    binom_p: HashMap<(u64, u64), f64, FxBuild>,
 }
 
 impl Default for PatternAwarePolicy {
@@ -771,6 +781,7 @@ impl PatternAwarePolicy {
             free: Vec::new(),
             consumed: SeqQueue::default(),
             ahead: SeqQueue::default(),
+            ahead_jobs: HashMap::default(),
             stable: BTreeMap::new(),
             freq: BTreeMap::new(),
             bytes: [0; 5],
@@ -823,6 +834,7 @@ impl PatternAwarePolicy {
             reload_run_bytes: 0,
             reload_run_job: None,
             reload_hits: 0,
+            binom_p: HashMap::default(),
             cfg,
         }
     }
@@ -1015,7 +1027,14 @@ impl PatternAwarePolicy {
                 self.consumed.remove(&e.order);
             }
             Pool::Ahead => {
-                self.ahead.remove(&e.order);
+                if let Some((_, job)) = self.ahead.remove(&e.order) {
+                    if let Some(n) = self.ahead_jobs.get_mut(&job) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.ahead_jobs.remove(&job);
+                        }
+                    }
+                }
             }
             Pool::Stable => {
                 self.stable.remove(&(e.order, e.hash, e.seq));
@@ -1043,6 +1062,7 @@ impl PatternAwarePolicy {
             Pool::Ahead => {
                 e.order = e.seq;
                 self.ahead.insert(e.order, (id, e.job));
+                *self.ahead_jobs.entry(e.job).or_insert(0) += 1;
             }
             Pool::Stable => {
                 self.stable.insert((e.order, e.hash, e.seq), id);
@@ -1289,6 +1309,14 @@ impl PatternAwarePolicy {
         {
             return None;
         }
+        // No block's job is gone when no job with a block in `ahead` is: the walk
+        // below would find none (a few jobs prefetch; one, `zarr`, is the usual case).
+        let reading = |job: &u64| {
+            self.period_jobs.jobs.contains(job) || self.prev_period_jobs.jobs.contains(job)
+        };
+        if self.ahead_jobs.len() <= JobSet::CAP && self.ahead_jobs.keys().all(reading) {
+            return None;
+        }
         self.ahead
             .values()
             .take(STALE_AHEAD_LOOK)
@@ -1317,6 +1345,24 @@ impl PatternAwarePolicy {
     /// the segment that hit more, and the count restarts under the new share. The share
     /// therefore moves as fast as the evidence arrives (kv-prefix has few misses,
     /// Mooncake many) and stays put while the two are even.
+    /// `2 * P[X >= k]` for `X ~ Binomial(n, 1/2)` (1 where statrs refuses `n`), the
+    /// p-value of `window_evidence`'s test, memoized by `(n, k)`: the test runs on
+    /// every ghost hit once the votes are in, over the few hundred `(n, k)` the votes
+    /// reach, and a regularized incomplete beta function each time was 1% of a
+    /// replay's instructions (held-out `mixh`). The same function of the same
+    /// arguments, so the same value.
+    fn two_sided_p(&mut self, n: u64, k: u64) -> f64 {
+        if let Some(&p) = self.binom_p.get(&(n, k)) {
+            return p;
+        }
+        let p = Binomial::new(0.5, n).map_or(1.0, |b| 2.0 * b.sf(k - 1));
+        if self.binom_p.len() >= BINOM_MEMO_MAX {
+            self.binom_p.clear();
+        }
+        self.binom_p.insert((n, k), p);
+        p
+    }
+
     fn window_evidence(&mut self, seg: usize) {
         if !self.cfg.adapt_window {
             return;
@@ -1327,7 +1373,7 @@ impl PatternAwarePolicy {
         if n < self.cfg.window_min_votes.max(1) {
             return;
         }
-        let p = Binomial::new(0.5, n).map_or(1.0, |b| 2.0 * b.sf(w.max(m) - 1));
+        let p = self.two_sided_p(n, w.max(m));
         if p < self.cfg.window_alpha {
             let step = self.cfg.rebalance_step;
             self.window_share = if w > m {

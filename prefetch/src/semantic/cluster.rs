@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use strata_types::{hash_bytes, FxBuild, JobId};
+use strata_types::{FxBuild, JobId};
 
 use super::permutation::SetTracker;
 use super::regularity::Lane;
@@ -35,10 +35,8 @@ pub const RECENT_FILES: usize = 8;
 pub struct PathCluster {
     pub lanes: Vec<Lane>,
     pub set: Option<SetTracker>,
-    /// Files read last (most recent at the back), at most [`RECENT_FILES`], with the
-    /// hash of their text ([`hash_bytes`]): a new file (most accesses of a loader) is
-    /// told from all of them by one hash instead of a text compare each.
-    recent: VecDeque<(u64, Arc<str>)>,
+    /// Files read last (most recent at the back), at most [`RECENT_FILES`].
+    recent: VecDeque<Arc<str>>,
     /// Its place in [`ClusterTable`]'s LRU order: the sequence number of a touch, not
     /// necessarily the latest (touches of the most recent stream leave it).
     pub last_seq: u64,
@@ -62,19 +60,18 @@ impl PathCluster {
     /// Records a read of `path`; false when it was one of the last [`RECENT_FILES`]
     /// files (a later chunk of a file being read).
     pub fn note_file(&mut self, path: &Arc<str>) -> bool {
-        // Pointer first: a file's chunk reads usually carry the same `Arc`. Equal texts
-        // have equal hashes, so a hash that differs rules the text out.
-        if self.recent.iter().any(|(_, p)| Arc::ptr_eq(p, path)) {
-            return false;
-        }
-        let h = hash_bytes(path.as_bytes());
-        if self.recent.iter().any(|(ph, p)| *ph == h && p == path) {
+        // Pointer first: a file's chunk reads usually carry the same `Arc`.
+        if self
+            .recent
+            .iter()
+            .any(|p| Arc::ptr_eq(p, path) || p == path)
+        {
             return false;
         }
         if self.recent.len() >= RECENT_FILES {
             self.recent.pop_front();
         }
-        self.recent.push_back((h, path.clone()));
+        self.recent.push_back(path.clone());
         true
     }
 
