@@ -154,6 +154,10 @@ impl MemberSet {
 /// `MemberSet::slash` of a path without `/`.
 const NO_SLASH: u32 = u32::MAX;
 
+/// Dirty sets [`ListingIndex::prepare`] scans for its template before it looks the set
+/// up instead: 8.
+const DIRTY_SCAN: usize = 8;
+
 /// Every listing seen, grouped by template.
 #[derive(Debug, Default)]
 pub struct ListingIndex {
@@ -167,10 +171,11 @@ pub struct ListingIndex {
     max_entries: usize,
     /// [`Self::observe`]'s buffers, kept between listings.
     scan: DirScan,
-    /// Sets with members not yet in their order (`MemberSet::dirty`): while none is,
-    /// [`Self::prepare`] has nothing to do and skips its lookup (it runs on every
-    /// access; listings come once per directory).
-    dirty_sets: usize,
+    /// Templates of the sets with members not yet in their order (`MemberSet::dirty`),
+    /// in no order: [`Self::prepare`] (on every access) looks a set up only when its
+    /// template is one of them. Listings come once per directory, and a listing of a
+    /// directory of directories leaves a set no file access asks for, dirty for good.
+    dirty: Vec<Arc<str>>,
 }
 
 impl ListingIndex {
@@ -242,7 +247,7 @@ impl ListingIndex {
                     let path = e.key().clone();
                     e.insert(set.paths.len() as u32);
                     if !set.dirty {
-                        self.dirty_sets += 1;
+                        self.dirty.push(template.clone());
                     }
                     set.push(path, *size);
                 }
@@ -286,13 +291,14 @@ impl ListingIndex {
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so
     /// that listing a thousand directories of one dataset sorts once, not a thousand times).
     pub fn prepare(&mut self, template: &str) {
-        if self.dirty_sets == 0 {
+        // Past a few dirty sets the one lookup is cheaper than the scan.
+        if self.dirty.len() <= DIRTY_SCAN && !self.dirty.iter().any(|t| **t == *template) {
             return;
         }
         if let Some(set) = self.sets.get_mut(template) {
             if set.dirty {
                 set.rebuild();
-                self.dirty_sets -= 1;
+                self.dirty.retain(|t| **t != *template);
             }
         }
     }
