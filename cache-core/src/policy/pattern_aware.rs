@@ -423,6 +423,9 @@ struct Entry {
     /// `touched` at its last demand read in a new visit (at its insert for a prefetch):
     /// the re-read's LRU reuse distance is `touched` then minus this.
     touch: u64,
+    /// In `consumed`, `ahead` or `window`: its slot's position hint there
+    /// (`SeqQueue::insert`).
+    pos: u64,
 }
 
 /// A resident item's key and entry (`PatternAwarePolicy::slots`); `key` is `None` in a
@@ -448,6 +451,12 @@ struct Slot {
 struct SeqQueue<V> {
     slots: VecDeque<(u64, Option<V>)>,
     live: usize,
+    /// Slots popped from the front so far: `base + i` names slot `i` until the next
+    /// compaction or insert below the largest. `insert` returns that name and
+    /// `remove_at` tries it first (the slot is the one when it holds the sequence
+    /// number, which is unique), so the policy's removals skip the binary search
+    /// (its probes were cache misses in a queue of thousands).
+    base: u64,
 }
 
 impl<V> Default for SeqQueue<V> {
@@ -455,14 +464,16 @@ impl<V> Default for SeqQueue<V> {
         SeqQueue {
             slots: VecDeque::new(),
             live: 0,
+            base: 0,
         }
     }
 }
 
 impl<V> SeqQueue<V> {
-    /// `BTreeMap::insert` (a value already under `seq` is replaced).
-    fn insert(&mut self, seq: u64, v: V) {
-        match self.slots.back() {
+    /// `BTreeMap::insert` (a value already under `seq` is replaced); returns the
+    /// slot's position hint for [`Self::remove_at`].
+    fn insert(&mut self, seq: u64, v: V) -> u64 {
+        let at = match self.slots.back() {
             Some(&(last, _)) if last >= seq => {
                 let at = self.slots.partition_point(|(s, _)| *s < seq);
                 match self.slots.get_mut(at) {
@@ -476,17 +487,31 @@ impl<V> SeqQueue<V> {
                         self.live += 1;
                     }
                 }
+                at
             }
             _ => {
                 self.slots.push_back((seq, Some(v)));
                 self.live += 1;
+                self.slots.len() - 1
             }
-        }
+        };
+        self.base + at as u64
     }
 
     /// `BTreeMap::remove`.
+    #[cfg(test)]
     fn remove(&mut self, seq: &u64) -> Option<V> {
-        let at = self.slots.partition_point(|(s, _)| s < seq);
+        self.remove_at(seq, u64::MAX)
+    }
+
+    /// `BTreeMap::remove`, looking first at the slot `insert` named `hint` (any value
+    /// is safe: a slot that does not hold `seq` sends it to the binary search).
+    fn remove_at(&mut self, seq: &u64, hint: u64) -> Option<V> {
+        let guess = hint
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| self.slots.get(i).is_some_and(|(s, _)| s == seq));
+        let at = guess.unwrap_or_else(|| self.slots.partition_point(|(s, _)| s < seq));
         let v = match self.slots.get_mut(at) {
             Some((s, slot)) if s == seq => slot.take()?,
             _ => return None,
@@ -494,6 +519,7 @@ impl<V> SeqQueue<V> {
         self.live -= 1;
         while matches!(self.slots.front(), Some((_, None))) {
             self.slots.pop_front();
+            self.base += 1;
         }
         if self.slots.len() > 2 * self.live + 32 {
             self.slots.retain(|(_, v)| v.is_some());
@@ -1024,10 +1050,10 @@ impl PatternAwarePolicy {
     fn unlink(&mut self, e: &Entry) {
         match e.pool {
             Pool::Consumed => {
-                self.consumed.remove(&e.order);
+                self.consumed.remove_at(&e.order, e.pos);
             }
             Pool::Ahead => {
-                if let Some((_, job)) = self.ahead.remove(&e.order) {
+                if let Some((_, job)) = self.ahead.remove_at(&e.order, e.pos) {
                     if let Some(n) = self.ahead_jobs.get_mut(&job) {
                         *n -= 1;
                         if *n == 0 {
@@ -1044,7 +1070,7 @@ impl PatternAwarePolicy {
                     .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
             }
             Pool::Window => {
-                self.window.remove(&e.order);
+                self.window.remove_at(&e.order, e.pos);
             }
         }
         self.bytes[pool_ix(e.pool)] -= e.size;
@@ -1057,11 +1083,11 @@ impl PatternAwarePolicy {
         match pool {
             Pool::Consumed => {
                 e.order = e.seq;
-                self.consumed.insert(e.order, id);
+                e.pos = self.consumed.insert(e.order, id);
             }
             Pool::Ahead => {
                 e.order = e.seq;
-                self.ahead.insert(e.order, (id, e.job));
+                e.pos = self.ahead.insert(e.order, (id, e.job));
                 *self.ahead_jobs.entry(e.job).or_insert(0) += 1;
             }
             Pool::Stable => {
@@ -1074,7 +1100,7 @@ impl PatternAwarePolicy {
             }
             Pool::Window => {
                 e.order = e.seq;
-                self.window.insert(e.order, id);
+                e.pos = self.window.insert(e.order, id);
             }
         }
         self.bytes[pool_ix(pool)] += e.size;
@@ -1703,6 +1729,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             job: ctx.job.0,
             in_order: std::mem::take(&mut self.pending_in_order) && ctx.is_demand(),
             touch: self.touched,
+            pos: 0,
         };
         let id = match self.entries.get(key) {
             // Already resident (not from the replay or the daemon, which insert only
