@@ -382,6 +382,11 @@ impl JobSet {
     }
 }
 
+/// p-values `two_sided_p` remembers at most (then it starts over): 64Ki, ~2 MiB; the
+/// default test (`window_min_votes` 16, votes halved past 16x that, so n <= 256 and
+/// k >= n/2) needs under 40Ki.
+const BINOM_MEMO_MAX: usize = 1 << 16;
+
 /// Oldest prefetched blocks examined for a gone job's (`stale_ahead`): 8, a few
 /// compares per victim.
 const STALE_AHEAD_LOOK: usize = 8;
@@ -418,6 +423,16 @@ struct Entry {
     /// `touched` at its last demand read in a new visit (at its insert for a prefetch):
     /// the re-read's LRU reuse distance is `touched` then minus this.
     touch: u64,
+    /// In `consumed`, `ahead` or `window`: its slot's position hint there
+    /// (`SeqQueue::insert`).
+    pos: u64,
+}
+
+/// A resident item's key and entry (`PatternAwarePolicy::slots`); `key` is `None` in a
+/// free slot.
+struct Slot {
+    key: Option<CacheKey>,
+    e: Entry,
 }
 
 /// A pool ordered by sequence number alone (`consumed`, `ahead`, `window`): the same
@@ -436,6 +451,12 @@ struct Entry {
 struct SeqQueue<V> {
     slots: VecDeque<(u64, Option<V>)>,
     live: usize,
+    /// Slots popped from the front so far: `base + i` names slot `i` until the next
+    /// compaction or insert below the largest. `insert` returns that name and
+    /// `remove_at` tries it first (the slot is the one when it holds the sequence
+    /// number, which is unique), so the policy's removals skip the binary search
+    /// (its probes were cache misses in a queue of thousands).
+    base: u64,
 }
 
 impl<V> Default for SeqQueue<V> {
@@ -443,14 +464,16 @@ impl<V> Default for SeqQueue<V> {
         SeqQueue {
             slots: VecDeque::new(),
             live: 0,
+            base: 0,
         }
     }
 }
 
 impl<V> SeqQueue<V> {
-    /// `BTreeMap::insert` (a value already under `seq` is replaced).
-    fn insert(&mut self, seq: u64, v: V) {
-        match self.slots.back() {
+    /// `BTreeMap::insert` (a value already under `seq` is replaced); returns the
+    /// slot's position hint for [`Self::remove_at`].
+    fn insert(&mut self, seq: u64, v: V) -> u64 {
+        let at = match self.slots.back() {
             Some(&(last, _)) if last >= seq => {
                 let at = self.slots.partition_point(|(s, _)| *s < seq);
                 match self.slots.get_mut(at) {
@@ -464,17 +487,31 @@ impl<V> SeqQueue<V> {
                         self.live += 1;
                     }
                 }
+                at
             }
             _ => {
                 self.slots.push_back((seq, Some(v)));
                 self.live += 1;
+                self.slots.len() - 1
             }
-        }
+        };
+        self.base + at as u64
     }
 
     /// `BTreeMap::remove`.
+    #[cfg(test)]
     fn remove(&mut self, seq: &u64) -> Option<V> {
-        let at = self.slots.partition_point(|(s, _)| s < seq);
+        self.remove_at(seq, u64::MAX)
+    }
+
+    /// `BTreeMap::remove`, looking first at the slot `insert` named `hint` (any value
+    /// is safe: a slot that does not hold `seq` sends it to the binary search).
+    fn remove_at(&mut self, seq: &u64, hint: u64) -> Option<V> {
+        let guess = hint
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| self.slots.get(i).is_some_and(|(s, _)| s == seq));
+        let at = guess.unwrap_or_else(|| self.slots.partition_point(|(s, _)| s < seq));
         let v = match self.slots.get_mut(at) {
             Some((s, slot)) if s == seq => slot.take()?,
             _ => return None,
@@ -482,6 +519,7 @@ impl<V> SeqQueue<V> {
         self.live -= 1;
         while matches!(self.slots.front(), Some((_, None))) {
             self.slots.pop_front();
+            self.base += 1;
         }
         if self.slots.len() > 2 * self.live + 32 {
             self.slots.retain(|(_, v)| v.is_some());
@@ -624,17 +662,30 @@ pub struct PatternAwareStats {
 /// The pattern-aware eviction policy. See the module docs.
 pub struct PatternAwarePolicy {
     cfg: PatternAwareConfig,
-    entries: HashMap<CacheKey, Entry, FxBuild>,
-    consumed: SeqQueue<CacheKey>,
+    /// Resident items: key -> its slot in `slots`.
+    entries: HashMap<CacheKey, u32, FxBuild>,
+    /// Each resident item's key and entry, by slot. The pools name items by slot, so
+    /// a move between pools, a re-rank by `count` and a victim's bookkeeping index a
+    /// slot instead of hashing and comparing a key, and the pools' queue slots and
+    /// B-tree nodes hold 4 bytes per item instead of a whole key (memory the replay's
+    /// held-out `mixh` and `sqlrange` spent their time waiting on). Slots only name
+    /// items: no order or decision depends on which slot an item has.
+    slots: Vec<Slot>,
+    /// Slots of removed items, reused first.
+    free: Vec<u32>,
+    consumed: SeqQueue<u32>,
     /// With the job of each block (its entry's `job`), so `stale_ahead` reads it
-    /// without looking the key up.
-    ahead: SeqQueue<(CacheKey, u64)>,
+    /// without looking the slot up.
+    ahead: SeqQueue<(u32, u64)>,
+    /// Blocks in `ahead` per job (jobs with none are absent), so `stale_ahead` knows
+    /// without walking `ahead` when every job with a prefetched block is still reading.
+    ahead_jobs: HashMap<u64, u64, FxBuild>,
     /// Keyed by (tier, hash, seq): tier 0 = re-read while resident (proven), 1 = not yet.
-    stable: BTreeMap<(u64, u64, u64), CacheKey>,
+    stable: BTreeMap<(u64, u64, u64), u32>,
     /// Keyed by (sketch frequency, tie rank, seq); see `freq_tie_rank`.
-    freq: BTreeMap<(u64, u64, u64), CacheKey>,
+    freq: BTreeMap<(u64, u64, u64), u32>,
     bytes: [u64; 5],
-    window: SeqQueue<CacheKey>,
+    window: SeqQueue<u32>,
     seq: u64,
     cap: u64,
     sketch: Sketch,
@@ -716,6 +767,8 @@ pub struct PatternAwarePolicy {
     reload_run_job: Option<u64>,
     /// Demand re-reads the reload ghost counted (`reload_ghost`).
     reload_hits: u64,
+    /// `two_sided_p`'s memo: `(n, k)` -> p-value.
+    binom_p: HashMap<(u64, u64), f64, FxBuild>,
 }
 
 impl Default for PatternAwarePolicy {
@@ -750,8 +803,11 @@ impl PatternAwarePolicy {
         let scan_victim = seen.clone();
         PatternAwarePolicy {
             entries: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
             consumed: SeqQueue::default(),
             ahead: SeqQueue::default(),
+            ahead_jobs: HashMap::default(),
             stable: BTreeMap::new(),
             freq: BTreeMap::new(),
             bytes: [0; 5],
@@ -804,6 +860,7 @@ impl PatternAwarePolicy {
             reload_run_bytes: 0,
             reload_run_job: None,
             reload_hits: 0,
+            binom_p: HashMap::default(),
             cfg,
         }
     }
@@ -832,13 +889,15 @@ impl PatternAwarePolicy {
     /// The pool holding `key` (`consumed`, `ahead`, `stable`, `freq`, `window`), for
     /// diagnostics (the replay's per-tenant breakdown); None if not resident.
     pub fn pool_of(&self, key: &CacheKey) -> Option<&'static str> {
-        self.entries.get(key).map(|e| match e.pool {
-            Pool::Consumed => "consumed",
-            Pool::Ahead => "ahead",
-            Pool::Stable => "stable",
-            Pool::Freq => "freq",
-            Pool::Window => "window",
-        })
+        self.entries
+            .get(key)
+            .map(|&id| match self.slots[id as usize].e.pool {
+                Pool::Consumed => "consumed",
+                Pool::Ahead => "ahead",
+                Pool::Stable => "stable",
+                Pool::Freq => "freq",
+                Pool::Window => "window",
+            })
     }
 
     fn resident_bytes(&self) -> u64 {
@@ -960,8 +1019,8 @@ impl PatternAwarePolicy {
     fn main_admits(&self, h: u64) -> bool {
         match self.freq.first_key_value() {
             None => true,
-            Some((_, k)) => {
-                let hm = self.entries.get(k).map_or(0, |e| e.hash);
+            Some((_, &k)) => {
+                let hm = self.slots[k as usize].e.hash;
                 // At least as frequent (not strictly, as in the eviction contest):
                 // nothing is displaced by this move itself, and a hot set read in a
                 // cycle has all its members at the same count.
@@ -987,13 +1046,21 @@ impl PatternAwarePolicy {
         self.seq
     }
 
-    fn unlink(&mut self, key: &CacheKey, e: &Entry) {
+    /// Takes `e` out of its pool.
+    fn unlink(&mut self, e: &Entry) {
         match e.pool {
             Pool::Consumed => {
-                self.consumed.remove(&e.order);
+                self.consumed.remove_at(&e.order, e.pos);
             }
             Pool::Ahead => {
-                self.ahead.remove(&e.order);
+                if let Some((_, job)) = self.ahead.remove_at(&e.order, e.pos) {
+                    if let Some(n) = self.ahead_jobs.get_mut(&job) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.ahead_jobs.remove(&job);
+                        }
+                    }
+                }
             }
             Pool::Stable => {
                 self.stable.remove(&(e.order, e.hash, e.seq));
@@ -1003,57 +1070,72 @@ impl PatternAwarePolicy {
                     .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
             }
             Pool::Window => {
-                self.window.remove(&e.order);
+                self.window.remove_at(&e.order, e.pos);
             }
         }
         self.bytes[pool_ix(e.pool)] -= e.size;
-        let _ = key;
     }
 
-    fn link(&mut self, key: &CacheKey, e: &mut Entry, pool: Pool) {
+    /// Puts the item of slot `id` (entry `e`) into `pool`.
+    fn link(&mut self, id: u32, e: &mut Entry, pool: Pool) {
         e.pool = pool;
         e.seq = self.next_seq();
         match pool {
             Pool::Consumed => {
                 e.order = e.seq;
-                self.consumed.insert(e.order, key.clone());
+                e.pos = self.consumed.insert(e.order, id);
             }
             Pool::Ahead => {
                 e.order = e.seq;
-                self.ahead.insert(e.order, (key.clone(), e.job));
+                e.pos = self.ahead.insert(e.order, (id, e.job));
+                *self.ahead_jobs.entry(e.job).or_insert(0) += 1;
             }
             Pool::Stable => {
-                self.stable.insert((e.order, e.hash, e.seq), key.clone());
+                self.stable.insert((e.order, e.hash, e.seq), id);
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
                 let tie = self.freq_tie_rank(e.size);
-                self.freq.insert((e.order, tie, e.seq), key.clone());
+                self.freq.insert((e.order, tie, e.seq), id);
             }
             Pool::Window => {
                 e.order = e.seq;
-                self.window.insert(e.order, key.clone());
+                e.pos = self.window.insert(e.order, id);
             }
         }
         self.bytes[pool_ix(pool)] += e.size;
     }
 
-    fn move_to(&mut self, key: &CacheKey, pool: Pool) {
-        if let Some(mut e) = self.entries.get(key).copied() {
-            self.unlink(key, &e);
-            if pool == Pool::Stable {
-                e.order = UNPROVEN;
+    /// Moves the item of slot `id` to `pool` (to its young end, or by its rank).
+    fn move_to(&mut self, id: u32, pool: Pool) {
+        let mut e = self.slots[id as usize].e;
+        self.unlink(&e);
+        if pool == Pool::Stable {
+            e.order = UNPROVEN;
+        }
+        self.link(id, &mut e, pool);
+        self.slots[id as usize].e = e;
+    }
+
+    /// A slot for `key` (a free one first), holding `e` until the caller links it.
+    fn alloc_slot(&mut self, key: CacheKey, e: Entry) -> u32 {
+        let slot = Slot { key: Some(key), e };
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = slot;
+                id
             }
-            self.link(key, &mut e, pool);
-            self.store(key, e);
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
         }
     }
 
-    /// Writes back the entry of resident `key` (in place: no key clone to drop again).
-    fn store(&mut self, key: &CacheKey, e: Entry) {
-        if let Some(slot) = self.entries.get_mut(key) {
-            *slot = e;
-        }
+    /// The key of slot `id`, for a victim (`None` only for a free slot, which no pool
+    /// names).
+    fn slot_key(&self, id: u32) -> Option<CacheKey> {
+        self.slots[id as usize].key.clone()
     }
 
     /// Bookkeeping of a demand miss: marginal-benefit probes and periodic rebalance.
@@ -1176,17 +1258,15 @@ impl PatternAwarePolicy {
             return;
         }
         self.scan_miss_bytes = 0;
-        let proven: Vec<((u64, u64, u64), CacheKey)> = self
+        let proven: Vec<((u64, u64, u64), u32)> = self
             .stable
             .range(..(UNPROVEN, 0, 0))
-            .map(|(k, v)| (*k, v.clone()))
+            .map(|(k, v)| (*k, *v))
             .collect();
-        for ((_, h, sq), key) in proven {
+        for ((_, h, sq), id) in proven {
             self.stable.remove(&(PROVEN, h, sq));
-            self.stable.insert((UNPROVEN, h, sq), key.clone());
-            if let Some(e) = self.entries.get_mut(&key) {
-                e.order = UNPROVEN;
-            }
+            self.stable.insert((UNPROVEN, h, sq), id);
+            self.slots[id as usize].e.order = UNPROVEN;
         }
     }
 
@@ -1241,7 +1321,7 @@ impl PatternAwarePolicy {
     /// of simulated time while the SQLite tenant it squeezed missed 75% more than
     /// without prefetching. Only the oldest few are looked at (O(1)): a dead job's
     /// prefetches are older than a live job's.
-    fn stale_ahead(&self) -> Option<CacheKey> {
+    fn stale_ahead(&self) -> Option<u32> {
         if !self.cfg.release_idle {
             return None;
         }
@@ -1255,13 +1335,21 @@ impl PatternAwarePolicy {
         {
             return None;
         }
+        // No block's job is gone when no job with a block in `ahead` is: the walk
+        // below would find none (a few jobs prefetch; one, `zarr`, is the usual case).
+        let reading = |job: &u64| {
+            self.period_jobs.jobs.contains(job) || self.prev_period_jobs.jobs.contains(job)
+        };
+        if self.ahead_jobs.len() <= JobSet::CAP && self.ahead_jobs.keys().all(reading) {
+            return None;
+        }
         self.ahead
             .values()
             .take(STALE_AHEAD_LOOK)
             .find(|(_, job)| {
                 !self.period_jobs.jobs.contains(job) && !self.prev_period_jobs.jobs.contains(job)
             })
-            .map(|(k, _)| k.clone())
+            .map(|&(id, _)| id)
     }
 
     fn ghost_cap(&self) -> u64 {
@@ -1283,6 +1371,24 @@ impl PatternAwarePolicy {
     /// the segment that hit more, and the count restarts under the new share. The share
     /// therefore moves as fast as the evidence arrives (kv-prefix has few misses,
     /// Mooncake many) and stays put while the two are even.
+    /// `2 * P[X >= k]` for `X ~ Binomial(n, 1/2)` (1 where statrs refuses `n`), the
+    /// p-value of `window_evidence`'s test, memoized by `(n, k)`: the test runs on
+    /// every ghost hit once the votes are in, over the few hundred `(n, k)` the votes
+    /// reach, and a regularized incomplete beta function each time was 1% of a
+    /// replay's instructions (held-out `mixh`). The same function of the same
+    /// arguments, so the same value.
+    fn two_sided_p(&mut self, n: u64, k: u64) -> f64 {
+        if let Some(&p) = self.binom_p.get(&(n, k)) {
+            return p;
+        }
+        let p = Binomial::new(0.5, n).map_or(1.0, |b| 2.0 * b.sf(k - 1));
+        if self.binom_p.len() >= BINOM_MEMO_MAX {
+            self.binom_p.clear();
+        }
+        self.binom_p.insert((n, k), p);
+        p
+    }
+
     fn window_evidence(&mut self, seg: usize) {
         if !self.cfg.adapt_window {
             return;
@@ -1293,7 +1399,7 @@ impl PatternAwarePolicy {
         if n < self.cfg.window_min_votes.max(1) {
             return;
         }
-        let p = Binomial::new(0.5, n).map_or(1.0, |b| 2.0 * b.sf(w.max(m) - 1));
+        let p = self.two_sided_p(n, w.max(m));
         if p < self.cfg.window_alpha {
             let step = self.cfg.rebalance_step;
             self.window_share = if w > m {
@@ -1359,12 +1465,10 @@ impl PatternAwarePolicy {
             return;
         }
         let old = std::mem::take(&mut self.freq);
-        for ((f, tie, seq), k) in old {
+        for ((f, tie, seq), id) in old {
             let nf = (f / 2).max(1);
-            if let Some(e) = self.entries.get_mut(&k) {
-                e.order = nf;
-            }
-            self.freq.insert((nf, tie, seq), k);
+            self.slots[id as usize].e.order = nf;
+            self.freq.insert((nf, tie, seq), id);
         }
     }
 
@@ -1373,13 +1477,13 @@ impl PatternAwarePolicy {
     /// its own share; otherwise that candidate competes with the main's least frequent
     /// item by sketch frequency and the loser is the victim (a winning candidate moves
     /// to the main). With the window within its share, the main's least frequent goes.
-    fn freq_victim(&mut self) -> Option<CacheKey> {
+    fn freq_victim(&mut self) -> Option<u32> {
         let side = (self.bytes[3] + self.bytes[4]) as f64;
         let window_target = self.window_share * side;
         let main_target = side - window_target;
         let mut contest = None;
         while self.bytes[4] as f64 > window_target {
-            let Some((_, c)) = self.window.first_key_value() else {
+            let Some((_, &c)) = self.window.first_key_value() else {
                 break;
             };
             // The block of the latest demand access (its reader is most likely in the
@@ -1389,15 +1493,11 @@ impl PatternAwarePolicy {
             // evicted the block being read 8 KiB at a time, which was fetched again).
             if self.cfg.window_keeps_last_demanded
                 && self.last_demanded.is_some()
-                && self.entries.get(c).map(|e| e.hash) == self.last_demanded
+                && Some(self.slots[c as usize].e.hash) == self.last_demanded
             {
                 break;
             }
-            let c = c.clone();
-            let (size, in_order) = self
-                .entries
-                .get(&c)
-                .map_or((0, false), |e| (e.size, e.in_order));
+            let Entry { size, in_order, .. } = self.slots[c as usize].e;
             // A whole file read in order joins the main without a contest only while
             // the main fills (has room for it and one more, and has never had to give
             // up an item; see `Entry::in_order`): moved in whenever the window was one
@@ -1412,27 +1512,24 @@ impl PatternAwarePolicy {
                 0.0
             };
             if self.freq.is_empty() || ((self.bytes[3] + size) as f64) <= room {
-                self.move_to(&c, Pool::Freq);
+                self.move_to(c, Pool::Freq);
             } else {
                 contest = Some(c);
                 break;
             }
         }
-        let main = self.freq.first_key_value().map(|(_, k)| k.clone());
+        let main = self.freq.first_key_value().map(|(_, &k)| k);
         let pick = match (contest, main) {
             (Some(c), Some(m)) => {
-                let hc = self.entries.get(&c).map_or(0, |e| e.hash);
-                let hm = self.entries.get(&m).map_or(0, |e| e.hash);
-                let (fc, fm) = (self.sketch.estimate(hc), self.sketch.estimate(hm));
-                let size_of = |k: &CacheKey| self.entries.get(k).map_or(0, |e| e.size);
+                let (ec, em) = (self.slots[c as usize].e, self.slots[m as usize].e);
+                let (fc, fm) = (self.sketch.estimate(ec.hash), self.sketch.estimate(em.hash));
                 // At a tie the smaller item stays, as in the main's own order.
-                let smaller_tie =
-                    self.cfg.freq_ties_largest_first && fc == fm && size_of(&c) < size_of(&m);
+                let smaller_tie = self.cfg.freq_ties_largest_first && fc == fm && ec.size < em.size;
                 // A whole file read in order must lead by more than the one read a
                 // pass puts between what it just read and what it reads next.
-                let lead = u64::from(self.entries.get(&c).is_some_and(|e| e.in_order));
+                let lead = u64::from(ec.in_order);
                 if fc > fm + lead || (smaller_tie && lead == 0) {
-                    self.move_to(&c, Pool::Freq);
+                    self.move_to(c, Pool::Freq);
                     m
                 } else {
                     c
@@ -1441,11 +1538,11 @@ impl PatternAwarePolicy {
             (None, Some(m)) => m,
             (Some(c), None) => c,
             (None, None) => match self.window.first_key_value() {
-                Some((_, c)) => c.clone(),
+                Some((_, &c)) => c,
                 None => return None,
             },
         };
-        self.last_victim = self.entries.get(&pick).map(|e| e.hash);
+        self.last_victim = Some(self.slots[pick as usize].e.hash);
         Some(pick)
     }
 
@@ -1454,7 +1551,7 @@ impl PatternAwarePolicy {
     /// (`main_kept_until_scan_reuse`): the stable subset's largest hash, else the
     /// oldest scan data read, else the oldest prefetched block. `None` when the rule
     /// does not apply or the scan side holds nothing.
-    fn scan_side_pays(&self) -> Option<&CacheKey> {
+    fn scan_side_pays(&self) -> Option<u32> {
         if !self.cfg.main_kept_until_scan_reuse || self.scan_reuse_seen {
             return None;
         }
@@ -1463,9 +1560,9 @@ impl PatternAwarePolicy {
         }
         self.stable
             .last_key_value()
-            .map(|(_, k)| k)
-            .or_else(|| self.consumed.first_key_value().map(|(_, k)| k))
-            .or_else(|| self.ahead.first_key_value().map(|(_, (k, _))| k))
+            .map(|(_, &k)| k)
+            .or_else(|| self.consumed.first_key_value().map(|(_, &k)| k))
+            .or_else(|| self.ahead.first_key_value().map(|(_, &(k, _))| k))
     }
 
     /// Whether a demand miss on `h` re-reads, in a stream sequential at the block level,
@@ -1623,9 +1720,6 @@ impl EvictionPolicy for PatternAwarePolicy {
         if ctx.is_demand() {
             self.last_demanded = Some(h);
         }
-        if let Some(old) = self.entries.remove(key) {
-            self.unlink(key, &old);
-        }
         let mut e = Entry {
             size,
             pool,
@@ -1635,9 +1729,24 @@ impl EvictionPolicy for PatternAwarePolicy {
             job: ctx.job.0,
             in_order: std::mem::take(&mut self.pending_in_order) && ctx.is_demand(),
             touch: self.touched,
+            pos: 0,
         };
-        self.link(key, &mut e, pool);
-        self.entries.insert(key.clone(), e);
+        let id = match self.entries.get(key) {
+            // Already resident (not from the replay or the daemon, which insert only
+            // what is not): out of its pool, and in again as new.
+            Some(&id) => {
+                let old = self.slots[id as usize].e;
+                self.unlink(&old);
+                id
+            }
+            None => {
+                let id = self.alloc_slot(key.clone(), e);
+                self.entries.insert(key.clone(), id);
+                id
+            }
+        };
+        self.link(id, &mut e, pool);
+        self.slots[id as usize].e = e;
     }
 
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
@@ -1645,9 +1754,10 @@ impl EvictionPolicy for PatternAwarePolicy {
             return;
         }
         let obs = ctx.obs;
-        let Some(slot) = self.entries.get_mut(key) else {
+        let Some(&id) = self.entries.get(key) else {
             return;
         };
+        let slot = &mut self.slots[id as usize].e;
         if !obs.repeat {
             self.touched += slot.size;
             slot.touch = self.touched;
@@ -1670,10 +1780,8 @@ impl EvictionPolicy for PatternAwarePolicy {
                 // Read now: it joins its pattern's pool as a fresh demand fill would.
                 let pool = self.pool_for(self.retention(&obs, key, e.size));
                 let in_order = self.whole_file_in_order(&obs, key, e.size);
-                if let Some(slot) = self.entries.get_mut(key) {
-                    slot.in_order = in_order;
-                }
-                self.move_to(key, pool);
+                self.slots[id as usize].e.in_order = in_order;
+                self.move_to(id, pool);
             }
             // Read again in a new visit: to the frequency main if it is as frequent as
             // the main's least frequent item (W-TinyLFU's admission test),
@@ -1687,23 +1795,23 @@ impl EvictionPolicy for PatternAwarePolicy {
                 } else {
                     Pool::Consumed
                 };
-                self.move_to(key, pool);
+                self.move_to(id, pool);
             }
             // Still being read (the same visit): it is not behind its stream yet, so to
             // the young end of the queue (evict-behind means behind).
-            Pool::Consumed => self.move_to(key, Pool::Consumed),
+            Pool::Consumed => self.move_to(id, Pool::Consumed),
             Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
                 self.scan_reuse_seen = true;
                 let mut e = e;
-                self.unlink(key, &e);
+                self.unlink(&e);
                 e.order = PROVEN;
-                self.link(key, &mut e, Pool::Stable);
-                self.store(key, e);
+                self.link(id, &mut e, Pool::Stable);
+                self.slots[id as usize].e = e;
             }
             Pool::Freq if !obs.repeat => {
                 self.freq_side_hits += 1;
                 self.hit_jobs.insert(ctx.job.0);
-                self.move_to(key, Pool::Freq)
+                self.move_to(id, Pool::Freq)
             }
             // A read of the same visit too: a block still being read (a tar shard read
             // 10 KiB at a time before its stream is classified) is not old yet; left
@@ -1713,17 +1821,20 @@ impl EvictionPolicy for PatternAwarePolicy {
             Pool::Window => {
                 self.freq_side_hits += 1;
                 self.hit_jobs.insert(ctx.job.0);
-                self.move_to(key, Pool::Window)
+                self.move_to(id, Pool::Window)
             }
             _ => {}
         }
     }
 
     fn on_remove(&mut self, key: &CacheKey) {
-        let Some(e) = self.entries.remove(key) else {
+        let Some(id) = self.entries.remove(key) else {
             return;
         };
-        self.unlink(key, &e);
+        let e = self.slots[id as usize].e;
+        self.unlink(&e);
+        self.slots[id as usize].key = None;
+        self.free.push(id);
         let evicted = self.last_victim.take() == Some(e.hash);
         // A reload ghost entry is used up by the block's next demand read (a miss, or
         // the first read of a prefetched copy); a prefetched copy evicted unread leaves
@@ -1761,59 +1872,55 @@ impl EvictionPolicy for PatternAwarePolicy {
         // (evict-behind).
         if let Some(k) = self.stale_ahead() {
             self.stale_ahead_victims += 1;
-            self.last_victim = self.entries.get(&k).map(|e| e.hash);
-            return Some(k);
+            self.last_victim = Some(self.slots[k as usize].e.hash);
+            return self.slot_key(k);
         }
         let mut scan_victim = None;
         while self.bytes[0] as f64 > self.consumed_target {
-            let Some((_, c)) = self.consumed.first_key_value() else {
+            let Some((_, &c)) = self.consumed.first_key_value() else {
                 break;
             };
-            let c = c.clone();
-            let (h, size) = self.entries.get(&c).map_or((0, 0), |e| (e.hash, e.size));
-            if self.stable_wants(h, size) {
-                self.move_to(&c, Pool::Stable);
+            let Entry { hash, size, .. } = self.slots[c as usize].e;
+            if self.stable_wants(hash, size) {
+                self.move_to(c, Pool::Stable);
             } else {
                 scan_victim = Some(c);
                 break;
             }
         }
-        let pick = if let Some(k) = scan_victim.as_ref() {
+        let pick = if let Some(k) = scan_victim {
             Some(k)
         } else if (self.bytes[1] as f64) > self.cfg.ahead_share * self.cap as f64
             && !self.ahead.is_empty()
         {
-            self.ahead.first_key_value().map(|(_, (k, _))| k)
+            self.ahead.first_key_value().map(|(_, &(k, _))| k)
         } else {
             let freq_side = self.bytes[3] + self.bytes[4];
             let retained = self.bytes[2] + freq_side;
             let stable_over = self.bytes[2] as f64 > self.stable_share * retained as f64;
             if !self.stable.is_empty() && (stable_over || freq_side == 0) {
-                self.stable.last_key_value().map(|(_, k)| k)
+                self.stable.last_key_value().map(|(_, &k)| k)
             } else if freq_side > 0 {
                 // The window -> main contest runs as usual; only a main item that
                 // lost to a sequential newcomer before any scan reuse is kept.
                 let k = self.freq_victim();
-                let main_item = k
-                    .as_ref()
-                    .and_then(|k| self.entries.get(k))
-                    .is_some_and(|e| e.pool == Pool::Freq);
+                let main_item = k.is_some_and(|k| self.slots[k as usize].e.pool == Pool::Freq);
                 if !main_item {
-                    return k;
+                    return k.and_then(|k| self.slot_key(k));
                 }
                 match self.scan_side_pays() {
                     Some(own) => Some(own),
-                    None => return k,
+                    None => return k.and_then(|k| self.slot_key(k)),
                 }
-            } else if let Some((_, (k, _))) = self.ahead.first_key_value() {
+            } else if let Some((_, &(k, _))) = self.ahead.first_key_value() {
                 Some(k)
             } else {
-                self.consumed.first_key_value().map(|(_, k)| k)
+                self.consumed.first_key_value().map(|(_, &k)| k)
             }
         };
-        let k = pick.cloned()?;
-        self.last_victim = self.entries.get(&k).map(|e| e.hash);
-        Some(k)
+        let k = pick?;
+        self.last_victim = Some(self.slots[k as usize].e.hash);
+        self.slot_key(k)
     }
 }
 

@@ -118,9 +118,14 @@ impl PathCluster {
 /// "stream", not an access stream of the cache core's tracker), LRU-bounded.
 #[derive(Debug, Default)]
 pub struct ClusterTable {
-    streams: HashMap<ClusterKey, PathCluster, FxBuild>,
+    /// Key -> its stream's index in `slots`.
+    index: HashMap<ClusterKey, usize, FxBuild>,
+    /// The streams, dense (an eviction moves the last one into the hole).
+    slots: Vec<(ClusterKey, PathCluster)>,
     /// last_seq -> key, for LRU eviction.
     lru: BTreeMap<u64, ClusterKey>,
+    /// Slot of the stream touched last.
+    last: Option<usize>,
 }
 
 impl ClusterTable {
@@ -131,48 +136,80 @@ impl ClusterTable {
     /// access) changes no stream's rank in the LRU order, so it leaves the order as it
     /// is instead of moving the stream's entry from its previous number to `seq` (a
     /// B-tree remove and insert per access). Eviction takes the same stream either way.
+    /// That stream is found by comparing `key` with the last one touched (its template
+    /// `Arc` by pointer first), without hashing the template.
     pub fn touch(&mut self, key: &ClusterKey, seq: u64, max: usize) -> &mut PathCluster {
+        // The stream touched last holds the newest number in `lru` (a touch that moves a
+        // stream gives it `seq`, larger than all; one that does not leaves the newest
+        // as it is), so a touch of it again is the "not moved" case below.
+        let again = self.last.filter(|&i| {
+            let (k, _) = &self.slots[i];
+            k.0 == key.0 && (Arc::ptr_eq(&k.1, &key.1) || k.1 == key.1)
+        });
+        if let Some(i) = again {
+            return &mut self.slots[i].1;
+        }
         let newest = self.lru.last_key_value().map(|(&k, _)| k);
-        let known = self.streams.get(key).map(|s| s.last_seq);
-        let moved = match known {
-            Some(last) if Some(last) == newest => false,
-            Some(last) => {
-                self.lru.remove(&last);
-                true
+        let i = match self.index.get(key).copied() {
+            Some(i) => {
+                let last = self.slots[i].1.last_seq;
+                if Some(last) != newest {
+                    self.lru.remove(&last);
+                    self.lru.insert(seq, key.clone());
+                    self.slots[i].1.last_seq = seq;
+                }
+                i
             }
             None => {
-                while self.streams.len() >= max.max(1) {
+                while self.index.len() >= max.max(1) {
                     let Some((_, old)) = self.lru.pop_first() else {
                         break;
                     };
-                    self.streams.remove(&old);
+                    self.evict(&old);
                 }
-                true
+                self.lru.insert(seq, key.clone());
+                let mut s = PathCluster::new();
+                s.last_seq = seq;
+                self.slots.push((key.clone(), s));
+                let i = self.slots.len() - 1;
+                self.index.insert(key.clone(), i);
+                i
             }
         };
-        if moved {
-            self.lru.insert(seq, key.clone());
+        self.last = Some(i);
+        &mut self.slots[i].1
+    }
+
+    /// Drops `key`'s stream; the last slot moves into its place.
+    fn evict(&mut self, key: &ClusterKey) {
+        let Some(i) = self.index.remove(key) else {
+            return;
+        };
+        let moved = self.slots.len() - 1;
+        self.slots.swap_remove(i);
+        if i < self.slots.len() {
+            if let Some(j) = self.index.get_mut(&self.slots[i].0) {
+                *j = i;
+            }
         }
-        let s = self
-            .streams
-            .entry(key.clone())
-            .or_insert_with(PathCluster::new);
-        if moved {
-            s.last_seq = seq;
-        }
-        s
+        self.last = match self.last {
+            Some(l) if l == i => None,
+            Some(l) if l == moved => Some(i),
+            l => l,
+        };
     }
 
     pub fn get_mut(&mut self, key: &ClusterKey) -> Option<&mut PathCluster> {
-        self.streams.get_mut(key)
+        let i = *self.index.get(key)?;
+        Some(&mut self.slots[i].1)
     }
 
     pub fn len(&self) -> usize {
-        self.streams.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
+        self.index.is_empty()
     }
 }
 
@@ -224,6 +261,33 @@ mod tests {
                     "{m} at {seq}"
                 );
             }
+        }
+    }
+
+    /// Evictions move streams between slots: every key still finds its own stream
+    /// (marked with its id), through `touch` and `get_mut`.
+    #[test]
+    fn streams_stay_with_their_keys_across_evictions() {
+        let mut t = ClusterTable::default();
+        let mut x = 11u64;
+        for seq in 1..4000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = if (x >> 61) < 5 {
+                seq % 3
+            } else {
+                (x >> 33) % 40
+            };
+            let key = (JobId(id % 4), Arc::from(format!("t{id}")));
+            let s = t.touch(&key, seq, 16);
+            if s.size_n == 0 {
+                s.size_n = id + 1;
+            }
+            assert_eq!(s.size_n, id + 1, "touch {id} at {seq}");
+            let again = t.get_mut(&key).map(|s| s.size_n);
+            assert_eq!(again, Some(id + 1), "get_mut {id} at {seq}");
+            assert!(t.len() <= 16);
         }
     }
 

@@ -154,6 +154,10 @@ impl MemberSet {
 /// `MemberSet::slash` of a path without `/`.
 const NO_SLASH: u32 = u32::MAX;
 
+/// Dirty sets [`ListingIndex::prepare`] scans for its template before it looks the set
+/// up instead: 8.
+const DIRTY_SCAN: usize = 8;
+
 /// Every listing seen, grouped by template.
 #[derive(Debug, Default)]
 pub struct ListingIndex {
@@ -167,6 +171,11 @@ pub struct ListingIndex {
     max_entries: usize,
     /// [`Self::observe`]'s buffers, kept between listings.
     scan: DirScan,
+    /// Templates of the sets with members not yet in their order (`MemberSet::dirty`),
+    /// in no order: [`Self::prepare`] (on every access) looks a set up only when its
+    /// template is one of them. Listings come once per directory, and a listing of a
+    /// directory of directories leaves a set no file access asks for, dirty for good.
+    dirty: Vec<Arc<str>>,
 }
 
 impl ListingIndex {
@@ -237,6 +246,9 @@ impl ListingIndex {
                     self.entries += 1;
                     let path = e.key().clone();
                     e.insert(set.paths.len() as u32);
+                    if !set.dirty {
+                        self.dirty.push(template.clone());
+                    }
                     set.push(path, *size);
                 }
                 Entry::Vacant(_) => {}
@@ -279,8 +291,15 @@ impl ListingIndex {
     /// Brings `template`'s listing order up to date (sorting is deferred to first use so
     /// that listing a thousand directories of one dataset sorts once, not a thousand times).
     pub fn prepare(&mut self, template: &str) {
+        // Past a few dirty sets the one lookup is cheaper than the scan.
+        if self.dirty.len() <= DIRTY_SCAN && !self.dirty.iter().any(|t| **t == *template) {
+            return;
+        }
         if let Some(set) = self.sets.get_mut(template) {
-            set.rebuild();
+            if set.dirty {
+                set.rebuild();
+                self.dirty.retain(|t| **t != *template);
+            }
         }
     }
 

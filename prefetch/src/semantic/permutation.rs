@@ -52,6 +52,9 @@ pub struct SetTracker {
     pub horizon: Option<f64>,
     last_member: Option<u32>,
     pub epochs: u64,
+    /// `(alpha, alpha.ln())` for the last `perm_alpha` seen: the test's threshold is
+    /// computed on every read until acceptance, the logarithm once.
+    ln_alpha: (f64, f64),
 }
 
 impl Default for SetTracker {
@@ -72,6 +75,7 @@ impl Default for SetTracker {
             horizon: None,
             last_member: None,
             epochs: 0,
+            ln_alpha: (f64::NAN, f64::NAN),
         }
     }
 }
@@ -107,6 +111,15 @@ impl SetTracker {
     }
 
     /// Folds in a demand read of member `id`.
+    /// `alpha.ln()`, remembered for the last `alpha` (compared by bits: the same value,
+    /// the same logarithm).
+    fn ln_alpha(&mut self, alpha: f64) -> f64 {
+        if self.ln_alpha.0.to_bits() != alpha.to_bits() {
+            self.ln_alpha = (alpha, alpha.ln());
+        }
+        self.ln_alpha.1
+    }
+
     pub fn observe(&mut self, id: u32, set: &MemberSet, cfg: &SemanticConfig) {
         if self.last_member == Some(id) {
             return;
@@ -149,7 +162,7 @@ impl SetTracker {
                 f64::NEG_INFINITY
             };
             self.run += 1;
-            let threshold = cfg.perm_alpha.ln() * f64::from(1 + self.strikes.min(64));
+            let threshold = self.ln_alpha(cfg.perm_alpha) * f64::from(1 + self.strikes.min(64));
             if self.log_p < threshold {
                 self.accepted = true;
                 self.reads_since_accept = 0;

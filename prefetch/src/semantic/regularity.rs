@@ -93,6 +93,9 @@ pub struct Lane {
     last_file_ns: u64,
     /// EWMA of the time between the lane's successive files, ns (0: not measured).
     interval_ns: f64,
+    /// [`Self::observe`]'s field deltas, kept between accesses (a `Vec` per access
+    /// before; a new stride takes it, and the stride it replaces becomes the buffer).
+    deltas: Vec<i64>,
 }
 
 /// Weight of a new sample in a lane's file interval: 1/4, a few files' memory (a
@@ -118,6 +121,7 @@ fn only(mut flags: impl Iterator<Item = bool>) -> Option<usize> {
     (!flags.any(|f| f)).then_some(first)
 }
 
+#[cfg(test)]
 fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
     if a.fields.len() != b.fields.len() {
         return None;
@@ -127,6 +131,22 @@ fn deltas(a: &TokenizedPath, b: &TokenizedPath) -> Option<Vec<i64>> {
         .zip(&b.fields)
         .map(|(x, y)| delta(x, y))
         .collect()
+}
+
+/// [`deltas`] into `out` (cleared first): true where `deltas` is `Some` (then `out`
+/// holds its vector), false where it is `None` (`out` then holds a prefix).
+fn deltas_into(a: &TokenizedPath, b: &TokenizedPath, out: &mut Vec<i64>) -> bool {
+    out.clear();
+    if a.fields.len() != b.fields.len() {
+        return false;
+    }
+    for (x, y) in a.fields.iter().zip(&b.fields) {
+        match delta(x, y) {
+            Some(d) => out.push(d),
+            None => return false,
+        }
+    }
+    true
 }
 
 impl Lane {
@@ -163,6 +183,7 @@ impl Lane {
             max_file_size: file_size,
             last_file_ns: 0,
             interval_ns: 0.0,
+            deltas: Vec::new(),
         };
         lane.arm_bound();
         if lane.bound.is_some() {
@@ -342,24 +363,23 @@ impl Lane {
         self.last_member = member;
 
         // Stride, rollover.
-        match deltas(&self.last, t) {
-            Some(d) if d.iter().all(|x| *x == 0) => {}
-            Some(d) if Some(&d) == self.stride.as_ref() => self.stride_run += 1,
-            Some(d) => {
-                if let Some(r) = self.as_rollover(&d, t) {
-                    self.rollover = Some(r);
-                    self.stride_run += 1;
-                } else {
-                    self.stride = Some(d);
-                    self.stride_run = 1;
-                    self.bound = None;
-                }
-            }
-            None => {
-                self.stride = None;
-                self.stride_run = 0;
-            }
+        let mut d = std::mem::take(&mut self.deltas);
+        if !deltas_into(&self.last, t, &mut d) {
+            self.stride = None;
+            self.stride_run = 0;
+        } else if d.iter().all(|x| *x == 0) {
+        } else if self.stride.as_deref() == Some(&d[..]) {
+            self.stride_run += 1;
+        } else if let Some(r) = self.as_rollover(&d, t) {
+            self.rollover = Some(r);
+            self.stride_run += 1;
+        } else {
+            // The new stride takes the buffer; the one it replaces is the next buffer.
+            d = self.stride.replace(d).unwrap_or_default();
+            self.stride_run = 1;
+            self.bound = None;
         }
+        self.deltas = d;
         // Into the lane's own buffers (no allocation once they are large enough).
         self.last.clone_from(t);
         if self.bound.is_none() {
@@ -463,17 +483,25 @@ impl Lane {
             step += 1;
             next.clear();
             next.extend(pos.iter().zip(stride).map(|(a, b)| a + b));
+            // The listing's answer for `path` as rendered from `next`, when the rollover
+            // test below already asked it and left `next` as it was (the same path and
+            // the same answer as rendering and asking again).
+            let mut known = None;
             // An `-of-N` load stops at N: the next checkpoint is another load.
             if let Some(r) = self.rollover.as_ref().filter(|_| self.bound.is_none()) {
                 let past_end = next[r.inner] > r.end;
                 path.clear();
                 self.last.render_into(&mut path, &next, &self.pad);
-                let exists = listing.exists(template, &path);
+                // `exists_and_size(..).0` is `exists(..)`.
+                let found = listing.exists_and_size(template, &path);
+                let exists = found.0;
                 if exists == Some(false) || (past_end && exists.is_none()) {
                     next.clear();
                     next.extend_from_slice(&pos);
                     next[r.outer] += r.outer_step;
                     next[r.inner] = r.base;
+                } else {
+                    known = Some(found);
                 }
             }
             if let Some((idx, max)) = self.bound {
@@ -488,9 +516,15 @@ impl Lane {
             {
                 return;
             }
-            path.clear();
-            self.last.render_into(&mut path, &next, &self.pad);
-            match listing.exists_and_size(template, &path) {
+            let found = match known {
+                Some(found) => found,
+                None => {
+                    path.clear();
+                    self.last.render_into(&mut path, &next, &self.pad);
+                    listing.exists_and_size(template, &path)
+                }
+            };
+            match found {
                 (Some(false), _) => return,
                 (_, size) => out.push(Candidate {
                     size,
@@ -518,9 +552,50 @@ impl Lane {
 
 #[cfg(test)]
 mod tests {
-    use super::only;
+    use super::{deltas, deltas_into, only};
+    use crate::semantic::tokenize::tokenize;
 
     proptest::proptest! {
+        /// `deltas_into` gives what the collecting `deltas` it replaced in
+        /// `Lane::observe` gave, into a buffer that held anything before.
+        #[test]
+        fn deltas_into_is_deltas(
+            a in proptest::collection::vec((0u8..4, 0u32..40), 1..4),
+            b in proptest::collection::vec((0u8..4, 0u32..40), 1..4),
+            same_kinds in proptest::bool::ANY,
+            junk in proptest::collection::vec(proptest::num::i64::ANY, 0..6),
+        ) {
+            // Numbers, padded numbers, opaque hashes and words, so kinds differ too.
+            let name = |v: &[(u8, u32)]| -> String {
+                v.iter()
+                    .enumerate()
+                    .map(|(i, &(k, x))| match k {
+                        0 => format!("p{i}-{x}"),
+                        1 => format!("q{i}-{x:05}"),
+                        2 => format!("h{i}-9f8e7d6c5b4a3f2e1d0c{x:02x}"),
+                        _ => format!("w{i}-abc"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            // Half the cases: `b` with `a`'s layout, so the fields line up.
+            let b: Vec<(u8, u32)> = if same_kinds {
+                a.iter().zip(b.iter().cycle()).map(|(&(k, _), &(_, x))| (k, x)).collect()
+            } else {
+                b
+            };
+            let (ta, tb) = (tokenize(&name(&a)), tokenize(&name(&b)));
+            let mut out = junk;
+            let ok = deltas_into(&ta, &tb, &mut out);
+            match deltas(&ta, &tb) {
+                Some(d) => {
+                    proptest::prop_assert!(ok);
+                    proptest::prop_assert_eq!(out, d);
+                }
+                None => proptest::prop_assert!(!ok),
+            }
+        }
+
         /// `only` is `let [i] = positions_of_true[..]`, what it replaced.
         #[test]
         fn only_is_the_single_true_position(flags in proptest::collection::vec(proptest::bool::ANY, 0..8)) {

@@ -1118,6 +1118,49 @@ fn a_readahead_does_not_evict_the_block_being_read() {
 }
 
 proptest! {
+    /// `SeqQueue::remove_at` answers as `remove` whatever the hint: the one `insert`
+    /// returned (also after pops, compactions and inserts below the largest moved the
+    /// slot), a neighbour's, or any number.
+    #[test]
+    fn seq_queue_remove_at_any_hint_is_remove(
+        ops in proptest::collection::vec((0u8..5, 0u64..64), 0..400),
+    ) {
+        let mut q: SeqQueue<u64> = SeqQueue::default();
+        let mut m: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut hints: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut next = 0u64;
+        for (i, (op, x)) in ops.into_iter().enumerate() {
+            let v = i as u64;
+            match op {
+                0 | 1 => {
+                    next += 1 + x % 3;
+                    hints.insert(next, q.insert(next, v));
+                    m.insert(next, v);
+                }
+                2 => {
+                    hints.insert(x, q.insert(x, v));
+                    m.insert(x, v);
+                }
+                _ => {
+                    let seq = match x % 3 {
+                        0 => m.keys().next().copied().unwrap_or(x),
+                        1 => m.keys().nth((x as usize) % m.len().max(1)).copied().unwrap_or(x),
+                        _ => x,
+                    };
+                    let hint = match op {
+                        3 => hints.get(&seq).copied().unwrap_or(x),
+                        _ => x.wrapping_mul(7),
+                    };
+                    prop_assert_eq!(q.remove_at(&seq, hint), m.remove(&seq));
+                }
+            }
+            prop_assert_eq!(q.first_key_value(), m.first_key_value());
+            prop_assert!(q.values().eq(m.values()));
+        }
+    }
+}
+
+proptest! {
     /// `SeqQueue` answers as the `BTreeMap` it replaces, for the policy's pattern (each
     /// insert a fresh, larger sequence number; removals anywhere) and for any other:
     /// inserts below the largest, repeated sequence numbers, removals of absent ones.
