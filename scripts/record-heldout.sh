@@ -34,24 +34,22 @@ record() {
   (cd "$WORK" && "$STRATA" trace record --root "$WORK" --out "$OUT/$name.csv.gz" -- "$@")
 }
 
+# A multi-tenant trace: the parts' programs at once, one process group each.
+record_mix() {
+  local name=$1
+  shift
+  local script="set -m"
+  for part in "$@"; do
+    gen "$part"
+    script+=$'\n'"$PY $H run $part $WORK/$part &"
+  done
+  record "$name" bash -c "$script"$'\n'"wait"
+}
+
 for k in "${kinds[@]}"; do
   case "$k" in
-    mixh)
-      for part in sqlrange zip pandas; do gen "$part"; done
-      record mixh bash -c "set -m
-        $PY $H run sqlrange $WORK/sqlrange &
-        $PY $H run zip $WORK/zip &
-        $PY $H run pandas $WORK/pandas &
-        wait"
-      ;;
-    mixh3)
-      for part in embed jsonlog cligrep; do gen "$part"; done
-      record mixh3 bash -c "set -m
-        $PY $H run embed $WORK/embed &
-        $PY $H run jsonlog $WORK/jsonlog &
-        $PY $H run cligrep $WORK/cligrep &
-        wait"
-      ;;
+    mixh) record_mix mixh sqlrange zip pandas ;;
+    mixh3) record_mix mixh3 embed jsonlog cligrep ;;
     *)
       gen "$k"
       record "$k" "$(py_for "$k")" "$H" run "$k" "$WORK/$k"

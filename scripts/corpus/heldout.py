@@ -511,30 +511,11 @@ def run_embed(d):
     for step in range(250):
         for name, per_batch in (("user", 32), ("item", 256)):
             f, base, dtype, perm, n, s = tables[name]
-            ids = sorted({perm[k] for k in zipf_ranks_fast(n, s, per_batch, rng)})
+            ids = sorted({perm[k] for k in zipf_ranks(n, s, per_batch, rng)})
             for i in ids:
                 f.seek(base + i * EMB_DIM * dtype.itemsize)
                 total += float(np.fromfile(f, dtype=dtype, count=EMB_DIM)[0])
     print(f"embed: {total:.3f}")
-
-
-_ZIPF_CDF = {}
-
-
-def zipf_ranks_fast(n, s, count, rng):
-    """zipf_ranks with its table kept between calls (the same distribution)."""
-    import bisect
-
-    cdf = _ZIPF_CDF.get((n, s))
-    if cdf is None:
-        weights = [1.0 / (k + 1) ** s for k in range(n)]
-        total = sum(weights)
-        cdf, acc = [], 0.0
-        for w in weights:
-            acc += w / total
-            cdf.append(acc)
-        _ZIPF_CDF[(n, s)] = cdf
-    return [min(bisect.bisect_left(cdf, rng.random()), n - 1) for _ in range(count)]
 
 
 FEATHER_COLS = ["ts", "user", "value", "latency", "bytes", "status", "region", "score"] + [f"x{j}" for j in range(8)]
@@ -569,8 +550,8 @@ def run_feather(d):
     hot = ["ts", "value", "latency", "status"]
     total = 0.0
     for q in range(150):
-        day = days[len(days) - 1 - zipf_ranks_fast(len(days), 1.0, 1, rng)[0]]  # the newest most
-        cols = sorted({hot[k] for k in zipf_ranks_fast(len(hot), 0.8, 2, rng)} | {FEATHER_COLS[rng.randrange(len(FEATHER_COLS))]})
+        day = days[len(days) - 1 - zipf_ranks(len(days), 1.0, 1, rng)[0]]  # the newest most
+        cols = sorted({hot[k] for k in zipf_ranks(len(hot), 0.8, 2, rng)} | {FEATHER_COLS[rng.randrange(len(FEATHER_COLS))]})
         t = feather.read_table(os.path.join(d, "days", day), columns=cols, memory_map=False)
         total += float(pc.sum(t.column(cols[-1])).as_py() or 0)
     print(f"feather: {total:.3f}")
@@ -755,7 +736,7 @@ def run_jsonlog(d):
         with open(os.path.join(d, "index.json")) as f:  # every query (a CLI run) reads the index
             index = json.load(f)
         segs = index["segments"]
-        hours_ago = zipf_ranks_fast(len(segs), 1.1, 1, rng)[0]
+        hours_ago = zipf_ranks(len(segs), 1.1, 1, rng)[0]
         span = 900 if rng.random() < 0.7 else 4 * 3600
         end = segs[-1]["end"] - hours_ago * 3600 - rng.randrange(3600)
         start = max(0, end - span)

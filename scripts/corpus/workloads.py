@@ -31,16 +31,23 @@ import sys
 SEED = 13
 
 
+_ZIPF_CDF = {}
+
+
 def zipf_ranks(n, s, count, rng):
-    """`count` draws of ranks 0..n-1 with P(k) ~ 1/(k+1)^s (inverse CDF on a table)."""
+    """`count` draws of ranks 0..n-1 with P(k) ~ 1/(k+1)^s (inverse CDF on a table,
+    kept between calls: a caller drawing a few ranks per batch builds it once)."""
     import bisect
 
-    weights = [1.0 / (k + 1) ** s for k in range(n)]
-    total = sum(weights)
-    cdf, acc = [], 0.0
-    for w in weights:
-        acc += w / total
-        cdf.append(acc)
+    cdf = _ZIPF_CDF.get((n, s))
+    if cdf is None:
+        weights = [1.0 / (k + 1) ** s for k in range(n)]
+        total = sum(weights)
+        cdf, acc = [], 0.0
+        for w in weights:
+            acc += w / total
+            cdf.append(acc)
+        _ZIPF_CDF[(n, s)] = cdf
     return [min(bisect.bisect_left(cdf, rng.random()), n - 1) for _ in range(count)]
 
 
