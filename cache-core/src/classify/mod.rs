@@ -99,7 +99,7 @@ pub struct TestOutcome {
     pub pattern: Pattern,
     /// p-value of the sequential (binomial) test.
     pub p_sequential: f64,
-    /// p-value of the uniform-popularity (chi-square) test; 1 when not run.
+    /// p-value of the uniform-popularity (chi-square) test.
     pub p_uniform: f64,
     /// Estimated Zipf exponent when skewed (0 otherwise).
     pub zipf_s: f64,

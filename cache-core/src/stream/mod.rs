@@ -120,8 +120,23 @@ fn p_text(p: f64) -> String {
     }
 }
 
-/// Words for the test behind a stream's pattern.
+/// Words for the test behind a stream's pattern. The tests run on the evidence as it
+/// stands now; where they disagree with the pattern (which changes only after
+/// `hysteresis` tests agree), the words say so rather than quote p-values that
+/// contradict the pattern shown beside them.
 fn decided_by(stats: &StreamStats, now: &TestOutcome, cfg: &ClassifierConfig) -> String {
+    let held = stats.pattern() != Pattern::Unknown
+        && stats.visits() > cfg.min_samples
+        && now.pattern != stats.pattern();
+    if held {
+        return format!(
+            "held until {} tests agree: the test now says {} (binomial p {}, chi-square p {})",
+            cfg.hysteresis,
+            format!("{:?}", now.pattern).to_lowercase(),
+            p_text(now.p_sequential),
+            p_text(now.p_uniform)
+        );
+    }
     match stats.pattern() {
         Pattern::Unknown => format!(
             "no test yet ({} of {} steps needed)",
@@ -143,8 +158,9 @@ fn decided_by(stats: &StreamStats, now: &TestOutcome, cfg: &ClassifierConfig) ->
             stats.zipf_s()
         ),
         Pattern::Random => format!(
-            "neither test rejected (binomial p = {:.2}, chi-square p = {:.2})",
-            now.p_sequential, now.p_uniform
+            "neither test rejected (binomial p {}, chi-square p {})",
+            p_text(now.p_sequential),
+            p_text(now.p_uniform)
         ),
     }
 }
@@ -1153,6 +1169,42 @@ mod tests {
             ..Observation::default()
         };
         assert_eq!(random.retention(), Pattern::Random, "reused means in order");
+    }
+
+    /// The words beside a pattern never quote a test that contradicts it: while the
+    /// latest test disagrees (the pattern waits for `hysteresis` agreeing tests), they
+    /// say so.
+    #[test]
+    fn decided_by_says_when_the_test_now_disagrees_with_the_pattern() {
+        let cfg = ClassifierConfig::default();
+        let mut sc = Scratch::default();
+        let mut s = StreamStats::new(Pattern::Unknown);
+        let mut x = 3u64;
+        for _ in 0..64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let idx = (x >> 33) % 100_000;
+            s.observe(idx, idx as u32, &cfg, &mut sc);
+        }
+        assert_eq!(s.pattern(), Pattern::Random);
+        let agree = TestOutcome {
+            pattern: Pattern::Random,
+            p_sequential: 0.9,
+            p_uniform: 0.8,
+            zipf_s: 0.0,
+        };
+        assert!(decided_by(&s, &agree, &cfg).starts_with("neither test rejected"));
+        let skewed_now = TestOutcome {
+            pattern: Pattern::Skewed,
+            p_uniform: 0.003,
+            ..agree
+        };
+        let words = decided_by(&s, &skewed_now, &cfg);
+        assert!(
+            words.starts_with("held until 2 tests agree: the test now says skewed"),
+            "{words}"
+        );
     }
 
     /// The per-stream figures quoted in docs/PATTERNS.md.
