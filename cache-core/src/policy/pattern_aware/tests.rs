@@ -1118,12 +1118,15 @@ fn a_readahead_does_not_evict_the_block_being_read() {
 }
 
 proptest! {
-    /// `SeqQueue::remove_at` answers as `remove` whatever the hint: the one `insert`
+    /// `SeqQueue` answers as the `BTreeMap` it replaces, for the policy's pattern (each
+    /// insert a fresh, larger sequence number; removals anywhere) and for any other:
+    /// inserts below the largest, repeated sequence numbers, removals of absent ones.
+    /// A removal by `remove_at` answers the same whatever its hint: the one `insert`
     /// returned (also after pops, compactions and inserts below the largest moved the
-    /// slot), a neighbour's, or any number.
+    /// slot), or any number (`remove` is `remove_at` with no hint).
     #[test]
-    fn seq_queue_remove_at_any_hint_is_remove(
-        ops in proptest::collection::vec((0u8..5, 0u64..64), 0..400),
+    fn seq_queue_answers_as_a_btree_map(
+        ops in proptest::collection::vec((0u8..6, 0u64..64), 0..400),
     ) {
         let mut q: SeqQueue<u64> = SeqQueue::default();
         let mut m: BTreeMap<u64, u64> = BTreeMap::new();
@@ -1132,67 +1135,31 @@ proptest! {
         for (i, (op, x)) in ops.into_iter().enumerate() {
             let v = i as u64;
             match op {
+                // The policy's insert: a new largest sequence number.
                 0 | 1 => {
                     next += 1 + x % 3;
                     hints.insert(next, q.insert(next, v));
                     m.insert(next, v);
                 }
+                // Any sequence number, maybe present, maybe below the largest.
                 2 => {
                     hints.insert(x, q.insert(x, v));
                     m.insert(x, v);
                 }
+                // Remove the oldest, a present one or an absent one: without a hint,
+                // with the insert's, with any.
                 _ => {
                     let seq = match x % 3 {
                         0 => m.keys().next().copied().unwrap_or(x),
                         1 => m.keys().nth((x as usize) % m.len().max(1)).copied().unwrap_or(x),
                         _ => x,
                     };
-                    let hint = match op {
-                        3 => hints.get(&seq).copied().unwrap_or(x),
-                        _ => x.wrapping_mul(7),
+                    let got = match op {
+                        3 => q.remove(&seq),
+                        4 => q.remove_at(&seq, hints.get(&seq).copied().unwrap_or(x)),
+                        _ => q.remove_at(&seq, x.wrapping_mul(7)),
                     };
-                    prop_assert_eq!(q.remove_at(&seq, hint), m.remove(&seq));
-                }
-            }
-            prop_assert_eq!(q.first_key_value(), m.first_key_value());
-            prop_assert!(q.values().eq(m.values()));
-        }
-    }
-}
-
-proptest! {
-    /// `SeqQueue` answers as the `BTreeMap` it replaces, for the policy's pattern (each
-    /// insert a fresh, larger sequence number; removals anywhere) and for any other:
-    /// inserts below the largest, repeated sequence numbers, removals of absent ones.
-    #[test]
-    fn seq_queue_answers_as_a_btree_map(
-        ops in proptest::collection::vec((0u8..4, 0u64..64), 0..400),
-    ) {
-        let mut q: SeqQueue<u64> = SeqQueue::default();
-        let mut m: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut next = 0u64;
-        for (i, (op, x)) in ops.into_iter().enumerate() {
-            let v = i as u64;
-            match op {
-                // The policy's insert: a new largest sequence number.
-                0 | 1 => {
-                    next += 1 + x % 3;
-                    q.insert(next, v);
-                    m.insert(next, v);
-                }
-                // Any sequence number, maybe present, maybe below the largest.
-                2 => {
-                    q.insert(x, v);
-                    m.insert(x, v);
-                }
-                // Remove the oldest, a present one or an absent one.
-                _ => {
-                    let seq = match x % 3 {
-                        0 => m.keys().next().copied().unwrap_or(x),
-                        1 => m.keys().nth((x as usize) % m.len().max(1)).copied().unwrap_or(x),
-                        _ => x,
-                    };
-                    prop_assert_eq!(q.remove(&seq), m.remove(&seq));
+                    prop_assert_eq!(got, m.remove(&seq));
                 }
             }
             prop_assert_eq!(q.first_key_value(), m.first_key_value());
