@@ -1170,6 +1170,17 @@ proptest! {
     }
 }
 
+/// A cache of 100 files of `size` bytes, with or without `whole_files_by_frequency`.
+fn hundred_file_sim(size: u64, whole_files_by_frequency: bool) -> Sim {
+    Sim::with(
+        100 * size,
+        PatternAwareConfig {
+            whole_files_by_frequency,
+            ..PatternAwareConfig::default()
+        },
+    )
+}
+
 /// Windows of a chunked array (zarr: one small file per chunk, a directory per row of
 /// chunks) at Zipf-chosen origins: the files of each row of a window are read in name
 /// order, so the tracker calls the files stream `Sequential`, while the skew of the
@@ -1180,13 +1191,7 @@ fn zipf_window_hits(whole_files_by_frequency: bool) -> u64 {
     use rand::SeedableRng;
     use rand_distr::{Distribution, Zipf};
     let size = 64 << 10;
-    let mut s = Sim::with(
-        100 * size,
-        PatternAwareConfig {
-            whole_files_by_frequency,
-            ..PatternAwareConfig::default()
-        },
-    );
+    let mut s = hundred_file_sim(size, whole_files_by_frequency);
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     // Origins on a 30 x 30 grid, ranked by a fixed shuffle so popular ones scatter.
     let zipf = Zipf::new(900.0, 0.9).expect("valid");
@@ -1229,13 +1234,7 @@ fn skewed_whole_small_files_read_in_order_are_ranked_by_frequency() {
 /// after the first.
 fn cyclic_small_files_hits(whole_files_by_frequency: bool) -> u64 {
     let size = 64 << 10;
-    let mut s = Sim::with(
-        100 * size,
-        PatternAwareConfig {
-            whole_files_by_frequency,
-            ..PatternAwareConfig::default()
-        },
-    );
+    let mut s = hundred_file_sim(size, whole_files_by_frequency);
     let (mut hits, mut t) = (0, 0);
     for pass in 0..5 {
         for f in 0..400 {
