@@ -262,6 +262,36 @@ impl Group {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+
+    /// Waits until every running node's own view of the group (its `/stats`
+    /// `cluster.members`, learnt from its etcd watch) lists exactly `n` members
+    /// (bounded). etcd listing them is not enough for a test that needs the nodes to
+    /// route by the new membership: under load a node's watch can lag by seconds.
+    pub fn wait_views(&self, n: usize, within: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let lagging: Vec<&str> = self
+                .nodes
+                .iter()
+                .filter(|node| node.is_running())
+                .filter(|node| {
+                    let members = node
+                        .stats()
+                        .ok()
+                        .and_then(|s| s["cluster"]["members"].as_array().map(Vec::len));
+                    members != Some(n)
+                })
+                .map(|node| node.id.as_str())
+                .collect();
+            if lagging.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{lagging:?} do not see {n} members after {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Group {
