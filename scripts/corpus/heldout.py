@@ -64,7 +64,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workloads import main as workloads_main, zipf_ranks  # noqa: E402  (the corpus's own)
+from workloads import main as workloads_main, open_shuffled, zipf_ranks  # noqa: E402  (the corpus's own)
 
 SEED = 71  # not the corpus's 13
 
@@ -132,13 +132,8 @@ def gen_sqlrange(d):
 
 
 def run_sqlrange(d):
-    import sqlite3
-
     rng = random.Random(SEED + 1)
-    perm = list(range(SQLR_ROWS))
-    rng.shuffle(perm)
-    con = sqlite3.connect(os.path.join(d, "events.db"))
-    con.execute("PRAGMA cache_size=-1000")
+    perm, con = open_shuffled(os.path.join(d, "events.db"), SQLR_ROWS, 1000, rng)
     points = iter(zipf_ranks(SQLR_ROWS, 0.8, 12_000, rng))
     n = 0
     for i in range(12_000):
@@ -366,13 +361,8 @@ def gen_sqljoin(d):
 
 
 def run_sqljoin(d):
-    import sqlite3
-
     rng = random.Random(SEED + 21)
-    perm = list(range(SQLJ_CUSTOMERS))
-    rng.shuffle(perm)
-    con = sqlite3.connect(os.path.join(d, "shop.db"))
-    con.execute("PRAGMA cache_size=-2000")
+    perm, con = open_shuffled(os.path.join(d, "shop.db"), SQLJ_CUSTOMERS, 2000, rng)
     n = 0
     for rank in zipf_ranks(SQLJ_CUSTOMERS, 1.2, 8000, rng):
         rows = con.execute(

@@ -78,14 +78,22 @@ def gen_sqlite(d):
     con.close()
 
 
-def run_sqlite(d):
+def open_shuffled(path, rows, cache_kib, rng):
+    """A SQLite database opened with a page cache of `cache_kib` KiB, and the ids
+    0..rows-1 shuffled by `rng` (so skewed ranks land on scattered rows)."""
     import sqlite3
 
-    rng = random.Random(SEED + 1)
-    perm = list(range(SQLITE_ROWS))
+    perm = list(range(rows))
     rng.shuffle(perm)
-    con = sqlite3.connect(os.path.join(d, "kv.db"))
-    con.execute("PRAGMA cache_size=-2000")  # the default 2 MiB page cache
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA cache_size=-{cache_kib}")
+    return perm, con
+
+
+def run_sqlite(d):
+    rng = random.Random(SEED + 1)
+    # The default 2 MiB page cache.
+    perm, con = open_shuffled(os.path.join(d, "kv.db"), SQLITE_ROWS, 2000, rng)
     n = 0
     for rank in zipf_ranks(SQLITE_ROWS, 1.1, scaled(20_000), rng):
         row = con.execute("SELECT payload FROM kv WHERE id = ?", (perm[rank],)).fetchone()
