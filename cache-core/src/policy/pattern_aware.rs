@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | `consumed` | scan data (sequential/random stream) just read, a recency queue | beyond its learnt share, first: oldest first, unless the stable subset takes it ("evict behind") |
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
-//! | `stable` | scan data inside the stable subset | largest hash first, when over its share |
+//! | `stable` | scan data inside the stable subset, and hot scan data (proven) | unproven largest hash first, when over its share |
 //! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share (never the latest demanded block) |
 //! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU; ties largest first, then oldest) |
 //!
@@ -26,7 +26,9 @@
 //!   hash sample, the same every epoch, so a shuffled epoch hits ~share/size of its
 //!   reads. Scan data enters the recency queue `consumed` first; when it leaves it (the
 //!   queue over its share), the stable subset takes it or it is the victim, so one scan
-//!   cannot push out a hot set.
+//!   cannot push out a hot set. Members re-read while resident are *proven* and go
+//!   after every unproven one; so does scan data the sketch counts clearly hotter than
+//!   the member it would displace (`stable_admits_frequent`), whatever its hash.
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
@@ -290,6 +292,22 @@ pub struct PatternAwareConfig {
     /// subset as the hash sample is. Files of several blocks (npy's 8 MiB arrays, whose
     /// blocks level has too few visits to classify) keep their scan pattern.
     pub whole_files_by_frequency: bool,
+    /// Scan data leaving the recency queue joins the stable subset as a proven member
+    /// (evicted after every unproven one), whatever its hash, when the sketch counts it
+    /// clearly more often read than the member it would displace
+    /// (`f >= max(2 f_victim + 2, stable_frequent_min)`): true. The hash sample assumes
+    /// scan data is read about once per pass; scan data that is in fact hot (the newest
+    /// log segments every query re-reads, a subtree grepped again and again, a zip's
+    /// popular members) lost its place to a random sample of cold data where LFU and
+    /// LRU kept it. See `stable_takes_frequent` and docs/BENCHMARKS.md "Hot scan data
+    /// kept by frequency".
+    pub stable_admits_frequent: bool,
+    /// Least sketch count `stable_admits_frequent` takes as hot: 6. Random streams
+    /// re-read items by chance, and at 40% of a trace's bytes an item's count (halved
+    /// each aging period of 10 x resident items reads) reaches 2-4 that way; with a floor
+    /// of 2 those chance re-reads displaced the sample (h5 and gen-mixed at 40%: +2%
+    /// JCT), with 6 or 8 none did and the gains on the held-out traces stayed.
+    pub stable_frequent_min: u64,
 }
 
 impl Default for PatternAwareConfig {
@@ -322,6 +340,8 @@ impl Default for PatternAwareConfig {
             whole_files_by_frequency: true,
             reload_ghost: true,
             reload_run: 4,
+            stable_admits_frequent: true,
+            stable_frequent_min: 6,
         }
     }
 }
@@ -973,6 +993,42 @@ impl PatternAwarePolicy {
             return true;
         }
         matches!(self.stable_threshold(), Some(t) if h < t)
+    }
+
+    /// Whether a scan item of hash `h` leaving the recency queue joins the stable subset
+    /// as a proven member, whatever its hash (`stable_admits_frequent`): its sketch
+    /// count is at least `2 f + 2` (and `stable_frequent_min`), `f` the count of the
+    /// member it would displace (the subset's largest key). The sample assumes scan data
+    /// is read about once per pass, so any fixed subset is as good as another; scan data
+    /// that is in fact hot lost its space to a random sample of cold data (held-out
+    /// `mixh3`: the jsonlog tenant's newest segments, re-read by every query, among the
+    /// embed and cligrep tenants' blocks). The margin keeps loops as they were: in a
+    /// pass over more than the cache every item is read equally often, and at a sketch
+    /// aging (all counts halved) the newest read reaches at most `f / 2 + 1` against a
+    /// displaced member's `f / 2`; the sketch's own overestimate is 0-1 per period
+    /// (`sketch_follows_items`).
+    fn stable_takes_frequent(&self, h: u64) -> bool {
+        if !self.cfg.stable_admits_frequent {
+            return false;
+        }
+        let Some((_, &v)) = self.stable.last_key_value() else {
+            return false;
+        };
+        let fv = self.sketch.estimate(self.slots[v as usize].e.hash);
+        self.sketch.estimate(h) >= (2 * fv + 2).max(self.cfg.stable_frequent_min)
+    }
+
+    /// Marks the stable member of slot `id` proven (re-read), which ranks it below
+    /// every unproven member in the eviction order until `age_proven`.
+    fn prove_stable(&mut self, id: u32) {
+        let mut e = self.slots[id as usize].e;
+        if e.pool != Pool::Stable || e.order == PROVEN {
+            return;
+        }
+        self.unlink(&e);
+        e.order = PROVEN;
+        self.link(id, &mut e, Pool::Stable);
+        self.slots[id as usize].e = e;
     }
 
     /// The retention pattern of an access to `key` (an item of `size` bytes):
@@ -1802,11 +1858,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             Pool::Consumed => self.move_to(id, Pool::Consumed),
             Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
                 self.scan_reuse_seen = true;
-                let mut e = e;
-                self.unlink(&e);
-                e.order = PROVEN;
-                self.link(id, &mut e, Pool::Stable);
-                self.slots[id as usize].e = e;
+                self.prove_stable(id);
             }
             Pool::Freq if !obs.repeat => {
                 self.freq_side_hits += 1;
@@ -1881,8 +1933,13 @@ impl EvictionPolicy for PatternAwarePolicy {
                 break;
             };
             let Entry { hash, size, .. } = self.slots[c as usize].e;
-            if self.stable_wants(hash, size) {
+            let frequent = self.stable_takes_frequent(hash);
+            if frequent || self.stable_wants(hash, size) {
                 self.move_to(c, Pool::Stable);
+                if frequent {
+                    self.scan_reuse_seen = true;
+                    self.prove_stable(c);
+                }
             } else {
                 scan_victim = Some(c);
                 break;

@@ -95,6 +95,9 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             let (policy, c) = strata_policy_set(name, name != "strata-nosemantic", capacity)?;
             (policy, Some(c))
         }
+        other if other.starts_with("strata-noprefetch:") => {
+            (strata_policy_set(other, false, capacity)?.0, None)
+        }
         other if other.starts_with("strata:") => {
             let (policy, c) = strata_policy_set(other, true, capacity)?;
             (policy, Some(c))
@@ -144,6 +147,8 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "reload_run" => c.reload_run = f as u64,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
             "whole_files_by_frequency" => c.whole_files_by_frequency = on,
+            "stable_admits_frequent" => c.stable_admits_frequent = on,
+            "stable_frequent_min" => c.stable_frequent_min = f as u64,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
