@@ -1260,18 +1260,23 @@ fn small_files_read_in_order_pass_after_pass_keep_a_subset() {
     assert!(on >= 4 * 400 / 8, "hits with the rule {on}");
 }
 
-/// Upward sweeps over a 200 MiB file through a 40 MiB cache, each sweep reading the 10
-/// hot blocks (every 20th) and an eighth of the others (a different eighth each sweep),
-/// told `Sequential` (as embedding gathers sorted per batch are): hot scan data, read
-/// again within a capacity of scan misses. Returns the hot blocks' hits in sweeps 8-23.
-fn hot_blocks_in_sweeps_hits(stable_admits_frequent: bool) -> u64 {
-    let mut s = Sim::with(
+/// A 40 MiB cache with the stable subset's frequency rule on or off.
+fn frequency_rule_sim(stable_admits_frequent: bool) -> Sim {
+    Sim::with(
         40 * MB,
         PatternAwareConfig {
             stable_admits_frequent,
             ..PatternAwareConfig::default()
         },
-    );
+    )
+}
+
+/// Upward sweeps over a 200 MiB file through a 40 MiB cache, each sweep reading the 10
+/// hot blocks (every 20th) and an eighth of the others (a different eighth each sweep),
+/// told `Sequential` (as embedding gathers sorted per batch are): hot scan data, read
+/// again within a capacity of scan misses. Returns the hot blocks' hits in sweeps 8-23.
+fn hot_blocks_in_sweeps_hits(stable_admits_frequent: bool) -> u64 {
+    let mut s = frequency_rule_sim(stable_admits_frequent);
     let blk = |b: u64| CacheKey::file("emb/table.npy", "v", b);
     let (mut t, mut hot_hits) = (0, 0);
     for sweep in 0..24u64 {
@@ -1309,13 +1314,7 @@ fn hot_scan_blocks_outside_the_hash_sample_are_kept_by_frequency() {
 /// Passes in order over 200 blocks through a 40-block cache, `Sequential`: every block
 /// is read equally often, so the frequency rule must leave the hash sample as it was.
 fn loop_hits(stable_admits_frequent: bool) -> u64 {
-    let mut s = Sim::with(
-        40 * MB,
-        PatternAwareConfig {
-            stable_admits_frequent,
-            ..PatternAwareConfig::default()
-        },
-    );
+    let mut s = frequency_rule_sim(stable_admits_frequent);
     let blk = |b: u64| CacheKey::file("shards/all.tar", "v", b);
     let (mut t, mut hits) = (0, 0);
     for _ in 0..30 {
