@@ -230,6 +230,12 @@ mod tests {
         assert!(t.get_mut(&(JobId(0), Arc::from("t0"))).is_none());
     }
 
+    /// The next value of a 64-bit LCG (Knuth's MMIX constants): reproducible test draws.
+    fn lcg_next(x: u64) -> u64 {
+        x.wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+    }
+
     /// The table keeps exactly the `max` most recently touched streams, with runs of
     /// touches of one stream (which leave the LRU order alone) among them.
     #[test]
@@ -238,9 +244,7 @@ mod tests {
         let mut model: Vec<u64> = Vec::new(); // most recent last
         let mut x = 7u64;
         for seq in 1..3000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = lcg_next(x);
             // Runs: often the same stream again, else one of 12.
             let id = if (x >> 60) < 9 {
                 model.last().copied().unwrap_or(0)
@@ -271,9 +275,7 @@ mod tests {
         let mut t = ClusterTable::default();
         let mut x = 11u64;
         for seq in 1..4000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = lcg_next(x);
             let id = if (x >> 61) < 5 {
                 seq % 3
             } else {
