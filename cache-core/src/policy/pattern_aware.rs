@@ -303,10 +303,10 @@ pub struct PatternAwareConfig {
     /// kept by frequency".
     pub stable_admits_frequent: bool,
     /// Least sketch count `stable_admits_frequent` takes as hot: 6. Random streams
-    /// re-read items by chance, and at 40% of a trace's bytes an item's count (halved
-    /// each aging period of 10 x resident items reads) reaches 2-4 that way; with a floor
-    /// of 2 those chance re-reads displaced the sample (h5 and gen-mixed at 40%: +2%
-    /// JCT), with 6 or 8 none did and the gains on the held-out traces stayed.
+    /// re-read items by chance, so a count of 2-4 within an aging period (halved every
+    /// 10 x resident items reads) says little; with a floor of 2 such items displaced
+    /// the sample (h5 and gen-mixed at 40%: +2% JCT), with 6 or 8 neither lost and the
+    /// gains on the held-out traces stayed (docs/BENCHMARKS.md, variants measured).
     pub stable_frequent_min: u64,
 }
 

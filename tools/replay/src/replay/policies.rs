@@ -90,7 +90,8 @@ pub fn make_policy(name: &str, capacity: u64) -> anyhow::Result<PolicySet> {
             (Box::new(p) as Box<dyn EvictionPolicy>, None)
         }
         // `strata:KNOB=V...`: `strata` with knob overrides, for a whole-corpus noise
-        // check or A/B run with `replay_json` (P=strata:ghost_share=0.11).
+        // check or A/B run with `replay_json` (P=strata:ghost_share=0.11);
+        // `strata-noprefetch:KNOB=V...` the same without the prefetch controller.
         "strata" | "strata-nosemantic" | "strata-blocks" => {
             let (policy, c) = strata_policy_set(name, name != "strata-nosemantic", capacity)?;
             (policy, Some(c))
