@@ -481,6 +481,12 @@ impl Sim {
             ..Sim::new(cap)
         }
     }
+    /// A policy of the default configuration with one knob set by `set`.
+    fn with_knob(cap: u64, set: impl FnOnce(&mut PatternAwareConfig)) -> Self {
+        let mut cfg = PatternAwareConfig::default();
+        set(&mut cfg);
+        Sim::with(cap, cfg)
+    }
     /// A prefetch fill (the engine does not observe prefetches).
     fn prefetch(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) {
         if self.res.contains_key(key) || !self.p.admit(key, size, ctx) {
@@ -1172,13 +1178,9 @@ proptest! {
 
 /// A cache of 100 files of `size` bytes, with or without `whole_files_by_frequency`.
 fn hundred_file_sim(size: u64, whole_files_by_frequency: bool) -> Sim {
-    Sim::with(
-        100 * size,
-        PatternAwareConfig {
-            whole_files_by_frequency,
-            ..PatternAwareConfig::default()
-        },
-    )
+    Sim::with_knob(100 * size, |c| {
+        c.whole_files_by_frequency = whole_files_by_frequency
+    })
 }
 
 /// Windows of a chunked array (zarr: one small file per chunk, a directory per row of
@@ -1262,13 +1264,9 @@ fn small_files_read_in_order_pass_after_pass_keep_a_subset() {
 
 /// A 40 MiB cache with the stable subset's frequency rule on or off.
 fn frequency_rule_sim(stable_admits_frequent: bool) -> Sim {
-    Sim::with(
-        40 * MB,
-        PatternAwareConfig {
-            stable_admits_frequent,
-            ..PatternAwareConfig::default()
-        },
-    )
+    Sim::with_knob(40 * MB, |c| {
+        c.stable_admits_frequent = stable_admits_frequent
+    })
 }
 
 /// Upward sweeps over a 200 MiB file through a 40 MiB cache, each sweep reading the 10
