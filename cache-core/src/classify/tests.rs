@@ -119,3 +119,73 @@ fn hot_columns_read_in_order_are_sequential_and_reused() {
     assert_eq!(passes.pattern(), Pattern::Sequential);
     assert!(!passes.reused(), "every block alike");
 }
+
+/// A stream of sorted sparse sweeps (embedding lookups: each batch reads the blocks of
+/// its ids in order, each block at most once): `passes` passes over `n` blocks, block
+/// `i` read in a pass with probability `inclusion(i)`.
+fn sparse_sweeps(
+    c: &ClassifierConfig,
+    n: u64,
+    passes: usize,
+    seed: u64,
+    inclusion: impl Fn(u64) -> f64,
+) -> StreamStats {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut sc = Scratch::default();
+    let mut s = StreamStats::new(Pattern::Unknown);
+    for _ in 0..passes {
+        for idx in 0..n {
+            if rng.random_bool(inclusion(idx)) {
+                s.observe(idx, idx as u32, c, &mut sc);
+            }
+        }
+    }
+    s
+}
+
+/// Every eighth block in nearly every pass, the others in half: the popular rows' blocks.
+/// The window holds 2-3 passes, too few for the popularity test (2.); the test across
+/// passes finds them.
+#[test]
+fn sparse_sweeps_with_hot_blocks_are_reused() {
+    let hot = |i: u64| if i.is_multiple_of(8) { 0.95 } else { 0.5 };
+    let s = sparse_sweeps(&cfg(), 150, 200, 7, hot);
+    assert_eq!(s.pattern(), Pattern::Sequential);
+    assert!(s.reused(), "hot blocks come back pass after pass");
+    let without = ClassifierConfig {
+        pass_reuse: false,
+        ..cfg()
+    };
+    let s = sparse_sweeps(&without, 150, 200, 7, hot);
+    assert!(
+        !s.reused(),
+        "the window's popularity test alone misses them"
+    );
+}
+
+/// Every block in 60% of the passes: no block is hotter than another. At most 1 in 50
+/// streams is called reused (the bar is one-sided 0.001 per window, about 8 windows of
+/// memory, over 20 windows per stream).
+#[test]
+fn sparse_sweeps_with_uniform_inclusion_are_not_reused() {
+    let reused = (0..50)
+        .filter(|seed| sparse_sweeps(&cfg(), 150, 200, *seed, |_| 0.6).reused())
+        .count();
+    assert!(reused <= 1, "{reused} of 50");
+}
+
+/// A loop (every block in every pass, or nearly) and a single long scan are not reused:
+/// the first is the hash sample's case, the second has no second pass.
+#[test]
+fn loops_and_single_scans_are_not_reused() {
+    for (inclusion, seed) in [(1.0, 1), (0.97, 2)] {
+        let s = sparse_sweeps(&cfg(), 150, 100, seed, |_| inclusion);
+        assert_eq!(s.pattern(), Pattern::Sequential);
+        assert!(!s.reused(), "inclusion {inclusion}");
+    }
+    let s = sparse_sweeps(&cfg(), 20_000, 1, 3, |_| 0.5);
+    assert_eq!(s.pattern(), Pattern::Sequential);
+    assert!(!s.reused());
+}
