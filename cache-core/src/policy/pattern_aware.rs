@@ -28,7 +28,9 @@
 //!   queue over its share), the stable subset takes it or it is the victim, so one scan
 //!   cannot push out a hot set. Members re-read while resident are *proven* and go
 //!   after every unproven one; so does scan data the sketch counts clearly hotter than
-//!   the member it would displace (`stable_admits_frequent`), whatever its hash.
+//!   the member it would displace (`stable_admits_frequent`), whatever its hash. A
+//!   member re-read when its stream has since been found reused or skewed leaves for the
+//!   frequency main (`stable_follows_retention`).
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
@@ -308,6 +310,17 @@ pub struct PatternAwareConfig {
     /// the sample (h5 and gen-mixed at 40%: +2% JCT), with 6 or 8 neither lost and the
     /// gains on the held-out traces stayed (docs/BENCHMARKS.md, variants measured).
     pub stable_frequent_min: u64,
+    /// A member of the stable subset read again in a new visit while its stream is now
+    /// retained by frequency (found reused, skewed or shared since the block came in)
+    /// moves to the frequency main: true. The subset is for data read about once per
+    /// pass; held there, such blocks kept the subset's share of the space against the
+    /// frequency side that now ranks their stream (held-out `embed`, JCT at 10/20/40%:
+    /// 718 / 612 / 450 s without, 693 / 600 / 444 s with; LFU 691 / 597 / 433). Only
+    /// the subset follows: the recency queue's re-read blocks go on taking W-TinyLFU's
+    /// admission test (sending them to the window as well won more on `embed` and
+    /// `feather` but lost 4-11% on `sqljoin` across the noise family; docs/BENCHMARKS.md
+    /// "Reuse across passes").
+    pub stable_follows_retention: bool,
 }
 
 impl Default for PatternAwareConfig {
@@ -342,6 +355,7 @@ impl Default for PatternAwareConfig {
             reload_run: 4,
             stable_admits_frequent: true,
             stable_frequent_min: 6,
+            stable_follows_retention: true,
         }
     }
 }
@@ -1856,6 +1870,16 @@ impl EvictionPolicy for PatternAwarePolicy {
             // Still being read (the same visit): it is not behind its stream yet, so to
             // the young end of the queue (evict-behind means behind).
             Pool::Consumed => self.move_to(id, Pool::Consumed),
+            // Re-read (proven) while its stream is now ranked by frequency: it leaves
+            // the subset for the main (`stable_follows_retention`).
+            Pool::Stable
+                if !obs.repeat
+                    && self.cfg.stable_follows_retention
+                    && self.retention(&obs, key, e.size) == Pattern::Skewed =>
+            {
+                self.scan_reuse_seen = true;
+                self.move_to(id, Pool::Freq);
+            }
             Pool::Stable if !obs.repeat && e.order == UNPROVEN => {
                 self.scan_reuse_seen = true;
                 self.prove_stable(id);

@@ -1335,3 +1335,28 @@ fn a_loop_keeps_its_hash_sample_under_the_frequency_rule() {
         "loop hits with the rule {with}, without {without}"
     );
 }
+
+/// A stream read as scan data has members in the stable subset; then it is found reused
+/// (its retention now `Skewed`, as embedding gathers sorted per batch are once the test
+/// across passes has seen enough of them). A member read again leaves the subset for the
+/// frequency main, which now ranks its stream; with the rule off it stays in the subset.
+#[test]
+fn a_reread_member_of_a_stream_now_skewed_moves_to_the_main() {
+    for follows in [true, false] {
+        let mut s = Sim::with_knob(40 * MB, |c| c.stable_follows_retention = follows);
+        let blk = |b: u64| CacheKey::file("emb/table.npy", "v", b);
+        let mut t = 0;
+        for b in 0..100u64 {
+            t += 1;
+            s.read_as(&blk(b), MB, 1, t, Pattern::Sequential);
+        }
+        let member = (0..100u64)
+            .map(blk)
+            .find(|k| s.p.pool_of(k) == Some("stable"))
+            .expect("a pass over 100 MiB leaves members in the subset");
+        t += 1;
+        assert!(s.read_as(&member, MB, 1, t, Pattern::Skewed));
+        let want = if follows { "freq" } else { "stable" };
+        assert_eq!(s.p.pool_of(&member), Some(want), "follows {follows}");
+    }
+}

@@ -150,6 +150,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "whole_files_by_frequency" => c.whole_files_by_frequency = on,
             "stable_admits_frequent" => c.stable_admits_frequent = on,
             "stable_frequent_min" => c.stable_frequent_min = f as u64,
+            "stable_follows_retention" => c.stable_follows_retention = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
