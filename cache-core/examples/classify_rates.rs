@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p strata-cache-core --example classify_rates`
 
-use strata_cache_core::classify::eval::{measure, Kind};
+use strata_cache_core::classify::eval::{measure, reused_streams, Kind};
 use strata_cache_core::classify::ClassifierConfig;
 
 fn main() {
@@ -36,5 +36,30 @@ fn main() {
             "| {kind:?} | {len} | {} | {:.4} | {:.3} | {:.1} | {} |",
             r.streams, r.per_test_error, r.final_error, r.mean_delay, r.max_delay
         );
+    }
+    // Test 5 (reuse across passes): sorted sparse sweeps, `p` the share of the blocks
+    // each pass reads. Uniform: every block alike (a false "reused" is an error); hot:
+    // every eighth block at `p + 0.3` (found is right).
+    println!();
+    println!("| sparse sweeps | blocks | passes | streams | uniform: called reused | every 8th block at p + 0.3: found |");
+    println!("|---|---|---|---|---|---|");
+    for (n, passes) in [(150u64, 200usize), (1000, 60)] {
+        for p in [0.2, 0.4, 0.6, 0.7, 0.8] {
+            let uniform = reused_streams(&cfg, n, passes, 200, |_| p);
+            let hot = reused_streams(
+                &cfg,
+                n,
+                passes,
+                200,
+                |i| {
+                    if i % 8 == 0 {
+                        p + 0.3
+                    } else {
+                        p
+                    }
+                },
+            );
+            println!("| p = {p} | {n} | {passes} | 200 | {uniform} | {hot} |");
+        }
     }
 }

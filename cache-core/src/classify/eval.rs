@@ -83,6 +83,46 @@ pub fn generate(kind: Kind, len: usize, seed: u64) -> Vec<u64> {
     }
 }
 
+/// A stream of sorted sparse sweeps (embedding lookups: each batch reads the blocks of its
+/// ids in order, each block at most once): `passes` passes over `n` blocks, block `i`
+/// read in a pass with probability `inclusion(i)`. Returns the stream after them all.
+pub fn sparse_sweeps(
+    cfg: &ClassifierConfig,
+    n: u64,
+    passes: usize,
+    seed: u64,
+    inclusion: impl Fn(u64) -> f64,
+) -> StreamStats {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut scratch = Scratch::default();
+    let mut s = StreamStats::new(Pattern::Unknown);
+    for _ in 0..passes {
+        for idx in 0..n {
+            if rng.random_bool(inclusion(idx).clamp(0.0, 1.0)) {
+                s.observe(idx, crate::stream::mix64(idx) as u32, cfg, &mut scratch);
+            }
+        }
+    }
+    s
+}
+
+/// How many of `streams` generated sparse-sweep streams (seeds `0..streams`) end
+/// classified sequential and reused ([`StreamStats::reused`]).
+pub fn reused_streams(
+    cfg: &ClassifierConfig,
+    n: u64,
+    passes: usize,
+    streams: u64,
+    inclusion: impl Fn(u64) -> f64 + Copy,
+) -> usize {
+    (0..streams)
+        .filter(|&seed| {
+            let s = sparse_sweeps(cfg, n, passes, seed, inclusion);
+            s.pattern() == Pattern::Sequential && s.reused()
+        })
+        .count()
+}
+
 /// Result of running many generated streams of one kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Rates {

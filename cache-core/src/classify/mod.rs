@@ -47,7 +47,10 @@
 //!    One window is weak, so `D - (n - 1)` is summed over windows with weight 7/8 per
 //!    window and compared with the sum's null standard deviation: above 3.09 (one-sided
 //!    0.001) the stream is reused. Skipped for `P < 2` (one pass says nothing about
-//!    reuse) and `p >= 0.95` (a loop: every item alike).
+//!    reuse; so passes longer than half the window are out of its reach) and `p >= 0.8`
+//!    (a pass that reads most of the file is a loop, the hash sample's case; at 0.85
+//!    the estimated pass length made uniform sweeps look reused in a quarter of the
+//!    generated streams).
 //!
 //! Tests run every `test_every` visits once `min_samples` steps are in; a different
 //! outcome replaces the current pattern only after `hysteresis` consecutive tests agree
@@ -299,8 +302,8 @@ impl StreamStats {
         // Share of the items one pass reads.
         let m = w / n;
         let p = m / passes;
-        // One pass says nothing about reuse; a pass that reads (nearly) everything is a
-        // loop, whose items are all alike (the hash sample's case).
+        // One pass says nothing about reuse; a pass that reads 80% of the file or more
+        // is a loop, whose items are all alike (the hash sample's case).
         if passes < 2.0 || p >= 0.8 {
             return;
         }

@@ -1,4 +1,4 @@
-use super::eval::{measure, Kind};
+use super::eval::{measure, reused_streams, sparse_sweeps, Kind};
 use super::*;
 
 fn cfg() -> ClassifierConfig {
@@ -120,31 +120,6 @@ fn hot_columns_read_in_order_are_sequential_and_reused() {
     assert!(!passes.reused(), "every block alike");
 }
 
-/// A stream of sorted sparse sweeps (embedding lookups: each batch reads the blocks of
-/// its ids in order, each block at most once): `passes` passes over `n` blocks, block
-/// `i` read in a pass with probability `inclusion(i)`.
-fn sparse_sweeps(
-    c: &ClassifierConfig,
-    n: u64,
-    passes: usize,
-    seed: u64,
-    inclusion: impl Fn(u64) -> f64,
-) -> StreamStats {
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut sc = Scratch::default();
-    let mut s = StreamStats::new(Pattern::Unknown);
-    for _ in 0..passes {
-        for idx in 0..n {
-            if rng.random_bool(inclusion(idx)) {
-                s.observe(idx, idx as u32, c, &mut sc);
-            }
-        }
-    }
-    s
-}
-
 /// Every eighth block in nearly every pass, the others in half: the popular rows' blocks.
 /// The window holds 2-3 passes, too few for the popularity test (2.); the test across
 /// passes finds them.
@@ -170,9 +145,7 @@ fn sparse_sweeps_with_hot_blocks_are_reused() {
 /// memory, over 20 windows per stream).
 #[test]
 fn sparse_sweeps_with_uniform_inclusion_are_not_reused() {
-    let reused = (0..50)
-        .filter(|seed| sparse_sweeps(&cfg(), 150, 200, *seed, |_| 0.6).reused())
-        .count();
+    let reused = reused_streams(&cfg(), 150, 200, 50, |_| 0.6);
     assert!(reused <= 1, "{reused} of 50");
 }
 
