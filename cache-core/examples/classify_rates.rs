@@ -43,7 +43,7 @@ fn main() {
     println!();
     println!("| sparse sweeps | blocks | passes | streams | uniform: called reused | every 8th block at p + 0.3: found |");
     println!("|---|---|---|---|---|---|");
-    for (n, passes) in [(150u64, 200usize), (1000, 60)] {
+    for (n, passes) in [(150u64, 200usize), (1000, 60), (4000, 40)] {
         for p in [0.2, 0.4, 0.6, 0.7, 0.8] {
             let uniform = reused_streams(&cfg, n, passes, 200, |_| p);
             let hot = reused_streams(

@@ -47,10 +47,11 @@
 //!    One window is weak, so `D - (n - 1)` is summed over windows with weight 7/8 per
 //!    window and compared with the sum's null standard deviation: above 3.09 (one-sided
 //!    0.001) the stream is reused. Skipped for `P < 2` (one pass says nothing about
-//!    reuse; so passes longer than half the window are out of its reach) and `p >= 0.8`
-//!    (a pass that reads most of the file is a loop, the hash sample's case; at 0.85
-//!    the estimated pass length made uniform sweeps look reused in a quarter of the
-//!    generated streams).
+//!    reuse) and `p >= 0.8` (a pass that reads most of the file is a loop, the hash
+//!    sample's case; at 0.85 the estimated pass length made uniform sweeps look reused
+//!    in a quarter of the generated streams). Passes longer than half the window are
+//!    tested on a sample of the items instead (`PassSample`: the items whose index
+//!    hashes to 0 modulo a stride, in a window of their own that holds ~3 passes).
 //!
 //! Tests run every `test_every` visits once `min_samples` steps are in; a different
 //! outcome replaces the current pattern only after `hysteresis` consecutive tests agree
@@ -65,6 +66,7 @@ use statrs::distribution::{Binomial, DiscreteCDF};
 use statrs::stats_tests::chisquare::chisquare;
 
 use crate::pattern::Pattern;
+use crate::stream::mix64;
 
 pub mod eval;
 
@@ -189,7 +191,32 @@ pub struct StreamStats {
     pass_null_var: f32,
     /// The test's last outcome.
     pass_reused: bool,
+    /// For passes longer than half the window: the test's own window of sampled items
+    /// (allocated only for such streams).
+    pass_sample: Option<Box<PassSample>>,
 }
+
+/// The window of the test of reuse across passes for a stream whose passes are longer
+/// than half the main window: only the items whose index hashes to 0 modulo `stride`
+/// are recorded, so `window` sampled visits span `stride` times as many and hold at
+/// least 3 passes. Each sampled item's counts are as in the whole stream (spatial
+/// sampling: the pass structure is the same), the span's sampled items are counted
+/// exactly. Its evidence is its own (a new stride starts afresh).
+#[derive(Clone, Debug, Default)]
+struct PassSample {
+    stride: u32,
+    ring: Vec<u32>,
+    pos: u32,
+    excess: f32,
+    null_var: f32,
+}
+
+/// Largest sampling stride of [`PassSample`]: 64, so passes up to ~5,000 visits (a pass
+/// over a 5 GB file of 1 MiB blocks) are tested.
+const PASS_MAX_STRIDE: u32 = 64;
+/// Largest span whose sampled items are counted (per sampled window, one hash per
+/// index): 65,536 items.
+const PASS_MAX_SPAN: u64 = 1 << 16;
 
 impl StreamStats {
     /// A fresh stream, optionally starting from a pattern inherited from its siblings.
@@ -267,8 +294,11 @@ impl StreamStats {
         } else {
             false
         };
-        if full && cfg.pass_reuse {
+        if full && cfg.pass_reuse && self.pass_sample.is_none() {
             self.pass_test(cfg, scratch);
+        }
+        if cfg.pass_reuse {
+            self.pass_sample_visit(idx, cfg, scratch);
         }
         // Decay: keep the binomial evidence about the last ~window steps.
         if self.steps >= 2 * cfg.window as u32 {
@@ -293,38 +323,85 @@ impl StreamStats {
     /// filled with new visits: adds this window's evidence and updates `pass_reused`.
     fn pass_test(&mut self, cfg: &ClassifierConfig, scratch: &mut Scratch) {
         let n = self.max_idx.saturating_sub(self.min_idx).saturating_add(1) as f64;
-        let w = self.ring.len() as f64;
-        if n < 8.0 {
+        let passes = self.ring.len() as f64 * f64::from(self.pass_restarts);
+        scratch.fps.clear();
+        scratch.fps.extend_from_slice(&self.ring);
+        if let Some((excess, dof)) = pass_evidence(n, passes, scratch) {
+            let k = cfg.pass_decay;
+            self.pass_excess = (f64::from(self.pass_excess) * k + excess) as f32;
+            self.pass_null_var = (f64::from(self.pass_null_var) * k * k + 2.0 * dof) as f32;
+            self.pass_reused =
+                f64::from(self.pass_excess) > cfg.pass_z * f64::from(self.pass_null_var).sqrt();
+        }
+    }
+
+    /// The sampled window of the test of reuse across passes ([`PassSample`]): kept
+    /// while the stream's passes are longer than half the main window, its stride
+    /// chosen so that a sampled window holds about 3 passes.
+    fn pass_sample_visit(&mut self, idx: u64, cfg: &ClassifierConfig, scratch: &mut Scratch) {
+        let window = cfg.window.max(1) as f64;
+        let pass_len = if self.pass_restarts > 0.0 {
+            1.0 / f64::from(self.pass_restarts)
+        } else {
+            f64::INFINITY
+        };
+        let span = self.max_idx.saturating_sub(self.min_idx).saturating_add(1);
+        let wanted = if self.pattern != Pattern::Sequential
+            || self.visits < PASS_STEPS
+            || pass_len * 2.0 <= window
+            || !pass_len.is_finite()
+            || span > PASS_MAX_SPAN
+        {
+            0
+        } else {
+            ((3.0 * pass_len / window).ceil() as u32)
+                .next_power_of_two()
+                .min(PASS_MAX_STRIDE)
+        };
+        if wanted == 0 {
+            if self.pass_sample.take().is_some() {
+                self.pass_reused = false;
+            }
             return;
         }
-        // Passes in the window: its length over the mean pass length.
-        let passes = w * f64::from(self.pass_restarts);
-        // Share of the items one pass reads.
-        let m = w / n;
-        let p = m / passes;
-        // One pass says nothing about reuse; a pass that reads 80% of the file or more
-        // is a loop, whose items are all alike (the hash sample's case).
-        if passes < 2.0 || p >= 0.8 {
+        let sample = self.pass_sample.get_or_insert_with(Default::default);
+        if sample.stride != wanted {
+            **sample = PassSample {
+                stride: wanted,
+                ring: Vec::with_capacity(cfg.window),
+                ..Default::default()
+            };
+            self.pass_reused = false;
+        }
+        let stride = u64::from(sample.stride);
+        if !mix64(idx).is_multiple_of(stride) {
             return;
         }
-        let frac = passes - passes.floor();
-        // Null variance of an item's count: binomial over the passes, plus the partial
-        // pass, which covers some items and not others.
-        let v = m * (1.0 - p) + frac * (1.0 - frac) * p * p;
-        popularity_p_value(self, scratch);
-        let seen = scratch.counts.len() as f64;
-        let squares: f64 = scratch
-            .counts
-            .iter()
-            .map(|&c| (c as f64 - m).powi(2))
-            .sum::<f64>()
-            + (n - seen).max(0.0) * m * m;
-        let dof = n - 1.0;
-        let k = cfg.pass_decay;
-        self.pass_excess = (f64::from(self.pass_excess) * k + squares / v - dof) as f32;
-        self.pass_null_var = (f64::from(self.pass_null_var) * k * k + 2.0 * dof) as f32;
-        self.pass_reused =
-            f64::from(self.pass_excess) > cfg.pass_z * f64::from(self.pass_null_var).sqrt();
+        let full = if sample.ring.len() < cfg.window {
+            sample.ring.push(idx as u32);
+            sample.ring.len() == cfg.window
+        } else {
+            let pos = sample.pos as usize % sample.ring.len();
+            sample.ring[pos] = idx as u32;
+            sample.pos = ((pos + 1) % sample.ring.len()) as u32;
+            sample.pos == 0
+        };
+        if !full {
+            return;
+        }
+        let n = (self.min_idx..=self.max_idx)
+            .filter(|&i| mix64(i).is_multiple_of(stride))
+            .count() as f64;
+        let passes = sample.ring.len() as f64 * stride as f64 * f64::from(self.pass_restarts);
+        scratch.fps.clear();
+        scratch.fps.extend_from_slice(&sample.ring);
+        if let Some((excess, dof)) = pass_evidence(n, passes, scratch) {
+            let k = cfg.pass_decay;
+            sample.excess = (f64::from(sample.excess) * k + excess) as f32;
+            sample.null_var = (f64::from(sample.null_var) * k * k + 2.0 * dof) as f32;
+            self.pass_reused =
+                f64::from(sample.excess) > cfg.pass_z * f64::from(sample.null_var).sqrt();
+        }
     }
 
     fn apply(&mut self, outcome: Pattern, cfg: &ClassifierConfig) {
@@ -434,11 +511,44 @@ fn run_tests(s: &StreamStats, cfg: &ClassifierConfig, scratch: &mut Scratch) -> 
     }
 }
 
-/// The popularity test over the stream's window: the visit count of each distinct item
-/// into `scratch.counts`, and their chi-square p-value against uniform popularity.
-fn popularity_p_value(s: &StreamStats, scratch: &mut Scratch) -> f64 {
-    scratch.fps.clear();
-    scratch.fps.extend_from_slice(&s.ring);
+/// The evidence of one window for the test of reuse across passes (module doc, 5.):
+/// `scratch.fps` holds the window's items (one entry per visit), `n` the items the
+/// stream spans (of the window's population), `passes` the passes the window covers.
+/// Returns the window's statistic minus its null mean, and its degrees of freedom;
+/// None where the test does not apply (under 2 passes, or a pass reading 80% or more:
+/// a loop).
+fn pass_evidence(n: f64, passes: f64, scratch: &mut Scratch) -> Option<(f64, f64)> {
+    let w = scratch.fps.len() as f64;
+    if n < 8.0 || w == 0.0 {
+        return None;
+    }
+    // Share of the items one pass reads.
+    let m = w / n;
+    let p = m / passes;
+    // One pass says nothing about reuse; a pass that reads 80% of the file or more
+    // is a loop, whose items are all alike (the hash sample's case).
+    if passes < 2.0 || p >= 0.8 {
+        return None;
+    }
+    let frac = passes - passes.floor();
+    // Null variance of an item's count: binomial over the passes, plus the partial
+    // pass, which covers some items and not others.
+    let v = m * (1.0 - p) + frac * (1.0 - frac) * p * p;
+    count_items(scratch);
+    let seen = scratch.counts.len() as f64;
+    let squares: f64 = scratch
+        .counts
+        .iter()
+        .map(|&c| (c as f64 - m).powi(2))
+        .sum::<f64>()
+        + (n - seen).max(0.0) * m * m;
+    let dof = n - 1.0;
+    Some((squares / v - dof, dof))
+}
+
+/// The visit count of each distinct item of `scratch.fps` into `scratch.counts`
+/// (`fps` left sorted).
+fn count_items(scratch: &mut Scratch) {
     scratch.fps.sort_unstable();
     scratch.counts.clear();
     let mut i = 0;
@@ -450,6 +560,14 @@ fn popularity_p_value(s: &StreamStats, scratch: &mut Scratch) -> f64 {
         scratch.counts.push(j - i);
         i = j;
     }
+}
+
+/// The popularity test over the stream's window: the visit count of each distinct item
+/// into `scratch.counts`, and their chi-square p-value against uniform popularity.
+fn popularity_p_value(s: &StreamStats, scratch: &mut Scratch) -> f64 {
+    scratch.fps.clear();
+    scratch.fps.extend_from_slice(&s.ring);
+    count_items(scratch);
     uniform_p_value(&scratch.counts)
 }
 

@@ -162,3 +162,20 @@ fn loops_and_single_scans_are_not_reused() {
     assert_eq!(s.pattern(), Pattern::Sequential);
     assert!(!s.reused());
 }
+
+/// Passes longer than half the window (a 1,000-block table, a fifth of it per pass: 200
+/// visits) are tested on a sample of the blocks whose window holds about 3 passes
+/// (`PassSample`): a hot eighth is found, uniform sweeps are not called reused.
+#[test]
+fn long_passes_are_tested_on_a_sample_of_the_blocks() {
+    let hot = |i: u64| if i.is_multiple_of(8) { 0.5 } else { 0.2 };
+    let s = sparse_sweeps(&cfg(), 1000, 60, 11, hot);
+    assert_eq!(s.pattern(), Pattern::Sequential);
+    assert!(s.reused(), "hot blocks of long passes");
+    assert!(s.pass_sample.is_some(), "tested on a sample");
+    let uniform = reused_streams(&cfg(), 1000, 60, 50, |_| 0.2);
+    assert!(uniform <= 1, "{uniform} of 50");
+    // Short passes keep the main window and allocate no sample.
+    let short = sparse_sweeps(&cfg(), 150, 60, 12, |_| 0.5);
+    assert!(short.pass_sample.is_none());
+}
