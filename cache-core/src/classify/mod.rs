@@ -201,7 +201,9 @@ pub struct StreamStats {
 /// are recorded, so `window` sampled visits span `stride` times as many and hold at
 /// least 3 passes. Each sampled item's counts are as in the whole stream (spatial
 /// sampling: the pass structure is the same), the span's sampled items are counted
-/// exactly. Its evidence is its own (a new stride starts afresh).
+/// exactly. Its evidence is its own (a new stride starts afresh). Kept from the
+/// stream's 2,048th visit on (`PASS_STEPS`, when the pass length estimate has its full
+/// memory) while it is sequential.
 #[derive(Clone, Debug, Default)]
 struct PassSample {
     stride: u32,
