@@ -185,10 +185,8 @@ pub struct StreamStats {
     /// rounded the restarts down and made the passes look fewer and fuller: sweeps of
     /// 80% of a file were called reused in 200 of 200 streams.
     pass_restarts: f32,
-    /// Test of reuse across passes: the windows' statistics minus their null means,
-    /// summed with weight `pass_decay` per window, and the null variance of that sum.
-    pass_excess: f32,
-    pass_null_var: f32,
+    /// Test of reuse across passes: its evidence from the main window.
+    pass_evidence: PassEvidence,
     /// The test's last outcome.
     pass_reused: bool,
     /// For passes longer than half the window: the test's own window of sampled items
@@ -209,8 +207,36 @@ struct PassSample {
     stride: u32,
     ring: Vec<u32>,
     pos: u32,
+    evidence: PassEvidence,
+}
+
+/// Evidence of the test of reuse across passes: the windows' statistics minus their null
+/// means, summed with weight `pass_decay` per window, and the null variance of that sum.
+#[derive(Clone, Copy, Debug, Default)]
+struct PassEvidence {
     excess: f32,
     null_var: f32,
+}
+
+impl PassEvidence {
+    /// Adds the evidence of the window of items `ring` (one entry per visit), over `n`
+    /// items and `passes` passes; returns the test's verdict (reused) when the window
+    /// counts (see [`pass_evidence`]).
+    fn add(
+        &mut self,
+        ring: &[u32],
+        (n, passes): (f64, f64),
+        cfg: &ClassifierConfig,
+        scratch: &mut Scratch,
+    ) -> Option<bool> {
+        scratch.fps.clear();
+        scratch.fps.extend_from_slice(ring);
+        let (excess, dof) = pass_evidence(n, passes, scratch)?;
+        let k = cfg.pass_decay;
+        self.excess = (f64::from(self.excess) * k + excess) as f32;
+        self.null_var = (f64::from(self.null_var) * k * k + 2.0 * dof) as f32;
+        Some(f64::from(self.excess) > cfg.pass_z * f64::from(self.null_var).sqrt())
+    }
 }
 
 /// Largest sampling stride of [`PassSample`]: 64, so passes up to ~5,000 visits (a pass
@@ -326,14 +352,11 @@ impl StreamStats {
     fn pass_test(&mut self, cfg: &ClassifierConfig, scratch: &mut Scratch) {
         let n = self.max_idx.saturating_sub(self.min_idx).saturating_add(1) as f64;
         let passes = self.ring.len() as f64 * f64::from(self.pass_restarts);
-        scratch.fps.clear();
-        scratch.fps.extend_from_slice(&self.ring);
-        if let Some((excess, dof)) = pass_evidence(n, passes, scratch) {
-            let k = cfg.pass_decay;
-            self.pass_excess = (f64::from(self.pass_excess) * k + excess) as f32;
-            self.pass_null_var = (f64::from(self.pass_null_var) * k * k + 2.0 * dof) as f32;
-            self.pass_reused =
-                f64::from(self.pass_excess) > cfg.pass_z * f64::from(self.pass_null_var).sqrt();
+        if let Some(reused) = self
+            .pass_evidence
+            .add(&self.ring, (n, passes), cfg, scratch)
+        {
+            self.pass_reused = reused;
         }
     }
 
@@ -395,14 +418,8 @@ impl StreamStats {
             .filter(|&i| mix64(i).is_multiple_of(stride))
             .count() as f64;
         let passes = sample.ring.len() as f64 * stride as f64 * f64::from(self.pass_restarts);
-        scratch.fps.clear();
-        scratch.fps.extend_from_slice(&sample.ring);
-        if let Some((excess, dof)) = pass_evidence(n, passes, scratch) {
-            let k = cfg.pass_decay;
-            sample.excess = (f64::from(sample.excess) * k + excess) as f32;
-            sample.null_var = (f64::from(sample.null_var) * k * k + 2.0 * dof) as f32;
-            self.pass_reused =
-                f64::from(sample.excess) > cfg.pass_z * f64::from(sample.null_var).sqrt();
+        if let Some(reused) = sample.evidence.add(&sample.ring, (n, passes), cfg, scratch) {
+            self.pass_reused = reused;
         }
     }
 
