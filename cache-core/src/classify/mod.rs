@@ -311,17 +311,7 @@ impl StreamStats {
         self.visits = self.visits.saturating_add(1);
         self.last_idx = idx;
         self.last_fp = fp;
-        let full = if self.ring.len() < cfg.window {
-            self.ring.push(fp);
-            self.ring.len() == cfg.window
-        } else if !self.ring.is_empty() {
-            let pos = self.ring_pos as usize % self.ring.len();
-            self.ring[pos] = fp;
-            self.ring_pos = ((pos + 1) % self.ring.len()) as u32;
-            self.ring_pos == 0
-        } else {
-            false
-        };
+        let full = record_in_ring(&mut self.ring, &mut self.ring_pos, cfg.window, fp);
         if full && cfg.pass_reuse && self.pass_sample.is_none() {
             self.pass_test(cfg, scratch);
         }
@@ -365,21 +355,18 @@ impl StreamStats {
     /// chosen so that a sampled window holds about 3 passes.
     fn pass_sample_visit(&mut self, idx: u64, cfg: &ClassifierConfig, scratch: &mut Scratch) {
         let window = cfg.window.max(1) as f64;
-        let pass_len = if self.pass_restarts > 0.0 {
-            1.0 / f64::from(self.pass_restarts)
-        } else {
-            f64::INFINITY
-        };
         let span = self.max_idx.saturating_sub(self.min_idx).saturating_add(1);
+        // Cheap checks first: this runs on every visit of every stream.
         let wanted = if self.pattern != Pattern::Sequential
             || self.visits < PASS_STEPS
-            || pass_len * 2.0 <= window
-            || !pass_len.is_finite()
             || span > PASS_MAX_SPAN
+            || f64::from(self.pass_restarts) * window >= 2.0
+            || self.pass_restarts <= 0.0
         {
             0
         } else {
-            ((3.0 * pass_len / window).ceil() as u32)
+            // Passes per window under 2: sample so that one holds about 3.
+            ((3.0 / (f64::from(self.pass_restarts) * window)).ceil() as u32)
                 .next_power_of_two()
                 .min(PASS_MAX_STRIDE)
         };
@@ -402,16 +389,7 @@ impl StreamStats {
         if !mix64(idx).is_multiple_of(stride) {
             return;
         }
-        let full = if sample.ring.len() < cfg.window {
-            sample.ring.push(idx as u32);
-            sample.ring.len() == cfg.window
-        } else {
-            let pos = sample.pos as usize % sample.ring.len();
-            sample.ring[pos] = idx as u32;
-            sample.pos = ((pos + 1) % sample.ring.len()) as u32;
-            sample.pos == 0
-        };
-        if !full {
+        if !record_in_ring(&mut sample.ring, &mut sample.pos, cfg.window, idx as u32) {
             return;
         }
         let n = (self.min_idx..=self.max_idx)
@@ -528,6 +506,23 @@ fn run_tests(s: &StreamStats, cfg: &ClassifierConfig, scratch: &mut Scratch) -> 
         p_uniform: p_uni,
         zipf_s: 0.0,
     }
+}
+
+/// Records `item` in a ring of at most `window` entries (grown lazily, then overwriting
+/// the oldest at `pos`); returns whether the ring has just filled with new entries (it
+/// reached `window`, or wrapped round).
+fn record_in_ring(ring: &mut Vec<u32>, pos: &mut u32, window: usize, item: u32) -> bool {
+    if ring.len() < window {
+        ring.push(item);
+        return ring.len() == window;
+    }
+    if ring.is_empty() {
+        return false;
+    }
+    let at = *pos as usize % ring.len();
+    ring[at] = item;
+    *pos = ((at + 1) % ring.len()) as u32;
+    *pos == 0
 }
 
 /// The evidence of one window for the test of reuse across passes (module doc, 5.):
