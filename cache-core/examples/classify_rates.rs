@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p strata-cache-core --example classify_rates`
 
-use strata_cache_core::classify::eval::{measure, reused_streams, Kind};
+use strata_cache_core::classify::eval::{hot_eighth, measure, reused_streams, Kind};
 use strata_cache_core::classify::ClassifierConfig;
 
 fn main() {
@@ -46,19 +46,7 @@ fn main() {
     for (n, passes) in [(150u64, 200usize), (1000, 60), (4000, 40)] {
         for p in [0.2, 0.4, 0.6, 0.7, 0.8] {
             let uniform = reused_streams(&cfg, n, passes, 200, |_| p);
-            let hot = reused_streams(
-                &cfg,
-                n,
-                passes,
-                200,
-                |i| {
-                    if i % 8 == 0 {
-                        p + 0.3
-                    } else {
-                        p
-                    }
-                },
-            );
+            let hot = reused_streams(&cfg, n, passes, 200, hot_eighth(p + 0.3, p));
             println!("| p = {p} | {n} | {passes} | 200 | {uniform} | {hot} |");
         }
     }

@@ -106,6 +106,12 @@ pub fn sparse_sweeps(
     s
 }
 
+/// Inclusion of [`sparse_sweeps`] with a hot eighth: every eighth block read in a share
+/// `hot` of the passes, the others in a share `rest`.
+pub fn hot_eighth(hot: f64, rest: f64) -> impl Fn(u64) -> f64 + Copy {
+    move |i| if i.is_multiple_of(8) { hot } else { rest }
+}
+
 /// How many of `streams` generated sparse-sweep streams (seeds `0..streams`) end
 /// classified sequential and reused ([`StreamStats::reused`]).
 pub fn reused_streams(

@@ -1,4 +1,4 @@
-use super::eval::{measure, reused_streams, sparse_sweeps, Kind};
+use super::eval::{hot_eighth, measure, reused_streams, sparse_sweeps, Kind};
 use super::*;
 
 fn cfg() -> ClassifierConfig {
@@ -120,14 +120,26 @@ fn hot_columns_read_in_order_are_sequential_and_reused() {
     assert!(!passes.reused(), "every block alike");
 }
 
+/// [`sparse_sweeps`], which must leave the stream classified sequential.
+fn sequential_sweeps(
+    c: &ClassifierConfig,
+    n: u64,
+    passes: usize,
+    seed: u64,
+    inclusion: impl Fn(u64) -> f64,
+) -> StreamStats {
+    let s = sparse_sweeps(c, n, passes, seed, inclusion);
+    assert_eq!(s.pattern(), Pattern::Sequential, "{n} blocks, seed {seed}");
+    s
+}
+
 /// Every eighth block in nearly every pass, the others in half: the popular rows' blocks.
 /// The window holds 2-3 passes, too few for the popularity test (2.); the test across
 /// passes finds them.
 #[test]
 fn sparse_sweeps_with_hot_blocks_are_reused() {
-    let hot = |i: u64| if i.is_multiple_of(8) { 0.95 } else { 0.5 };
-    let s = sparse_sweeps(&cfg(), 150, 200, 7, hot);
-    assert_eq!(s.pattern(), Pattern::Sequential);
+    let hot = hot_eighth(0.95, 0.5);
+    let s = sequential_sweeps(&cfg(), 150, 200, 7, hot);
     assert!(s.reused(), "hot blocks come back pass after pass");
     let without = ClassifierConfig {
         pass_reuse: false,
@@ -154,12 +166,10 @@ fn sparse_sweeps_with_uniform_inclusion_are_not_reused() {
 #[test]
 fn loops_and_single_scans_are_not_reused() {
     for (inclusion, seed) in [(1.0, 1), (0.97, 2)] {
-        let s = sparse_sweeps(&cfg(), 150, 100, seed, |_| inclusion);
-        assert_eq!(s.pattern(), Pattern::Sequential);
+        let s = sequential_sweeps(&cfg(), 150, 100, seed, |_| inclusion);
         assert!(!s.reused(), "inclusion {inclusion}");
     }
-    let s = sparse_sweeps(&cfg(), 20_000, 1, 3, |_| 0.5);
-    assert_eq!(s.pattern(), Pattern::Sequential);
+    let s = sequential_sweeps(&cfg(), 20_000, 1, 3, |_| 0.5);
     assert!(!s.reused());
 }
 
@@ -168,9 +178,7 @@ fn loops_and_single_scans_are_not_reused() {
 /// (`PassSample`): a hot eighth is found, uniform sweeps are not called reused.
 #[test]
 fn long_passes_are_tested_on_a_sample_of_the_blocks() {
-    let hot = |i: u64| if i.is_multiple_of(8) { 0.5 } else { 0.2 };
-    let s = sparse_sweeps(&cfg(), 1000, 60, 11, hot);
-    assert_eq!(s.pattern(), Pattern::Sequential);
+    let s = sequential_sweeps(&cfg(), 1000, 60, 11, hot_eighth(0.5, 0.2));
     assert!(s.reused(), "hot blocks of long passes");
     assert!(s.pass_sample.is_some(), "tested on a sample");
     let uniform = reused_streams(&cfg(), 1000, 60, 50, |_| 0.2);
