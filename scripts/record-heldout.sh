@@ -21,7 +21,7 @@ WORK=${WORK:-/tmp/strata-heldout}
 OUT=${OUT:-$repo/tools/replay/traces/heldout}
 H="$repo/scripts/corpus/heldout.py"
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora)
 mkdir -p "$WORK" "$OUT"
 
 py_for() { if [ "$1" = torch ] || [ "$1" = valloader ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }

@@ -57,6 +57,15 @@ Third round (recorded 2026-12-02 afternoon on main at c91eb2d, to test generaliz
   valloader torch DataLoader (4 workers, shuffle) over 5,000 files for 3 epochs, and a
             validation set of 500 files (2 workers, in order) after each epoch
   mixh3     embed, jsonlog and cligrep at once, each its own process group
+
+Fourth round (recorded 2026-12-03 07:00 UTC on main at dda8230):
+  tokwin    a GPT pretraining sampler the way nanoGPT reads its data: random windows of
+            1,025 uint16 tokens from a 96 MB train.bin (batches of 12, np.fromfile at
+            an offset, the file opened per window), and every 100 steps an evaluation
+            of 20 batches from train.bin and from a 6 MB val.bin
+  lora      a multi-LoRA inference server: 120 safetensors adapters (1-6 MB), requests
+            for adapters Zipf(1.0)-skewed, the process keeping the 6 most recently used
+            loaded (vLLM's max_loras) and loading the others with safetensors' load_file
 """
 
 import os
@@ -783,6 +792,87 @@ def run_valloader(d):
         t = sum(float(b.sum()) for b in train)
         v = sum(float(b.sum()) for b in val)
         print(f"valloader: epoch {epoch}: {t:.1f} {v:.1f}")
+
+
+
+# --- tokwin -------------------------------------------------------------------------
+
+
+def gen_tokwin(d):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 120)
+    for name, mb in (("train", 96), ("val", 6)):
+        toks = rng.integers(0, 50257, size=mb * (1 << 20) // 2, dtype=np.uint16)
+        toks.tofile(os.path.join(d, f"{name}.bin"))
+
+
+def run_tokwin(d):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 121)
+    block, batch = 1024, 12
+    sizes = {n: os.path.getsize(os.path.join(d, f"{n}.bin")) // 2 for n in ("train", "val")}
+
+    def get_batch(split):
+        path = os.path.join(d, f"{split}.bin")
+        xs = []
+        for i in rng.integers(0, sizes[split] - block - 1, size=batch):
+            xs.append(np.fromfile(path, dtype=np.uint16, count=block + 1, offset=2 * int(i)))
+        return np.stack(xs)
+
+    acc = 0
+    for step in range(600):
+        if step % 100 == 0:
+            for split in ("train", "val"):
+                acc += sum(int(get_batch(split)[:, 0].sum()) for _ in range(20))
+        acc += int(get_batch("train")[:, -1].sum())
+    print(f"tokwin: {acc}")
+
+
+# --- lora ---------------------------------------------------------------------------
+
+
+def gen_lora(d):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(SEED + 130)
+    os.makedirs(os.path.join(d, "adapters"), exist_ok=True)
+    for a in range(120):
+        rank = int(rng.choice([8, 16, 32]))
+        layers = int(rng.integers(4, 9))
+        t = {}
+        for layer in range(layers):
+            for proj in ("q_proj", "v_proj"):
+                t[f"layers.{layer}.{proj}.lora_A"] = rng.standard_normal((rank, 1024), dtype=np.float32)
+                t[f"layers.{layer}.{proj}.lora_B"] = rng.standard_normal((1024, rank), dtype=np.float32)
+        save_file(t, os.path.join(d, "adapters", f"adapter-{a:03d}.safetensors"))
+
+
+def run_lora(d):
+    from collections import OrderedDict
+
+    from safetensors.numpy import load
+
+    rng = random.Random(SEED + 131)
+    # A random popularity order, so that the popular adapters are not the first files.
+    order = list(range(120))
+    rng.shuffle(order)
+    loaded, max_loras, acc = OrderedDict(), 6, 0.0
+    for rank in zipf_ranks(120, 1.0, 1500, rng):
+        a = order[rank]
+        if a in loaded:
+            loaded.move_to_end(a)
+        else:
+            # Read, then parsed: `load_file` maps the file, whose page faults strace
+            # does not see (through the mount they are reads of the same bytes).
+            with open(os.path.join(d, "adapters", f"adapter-{a:03d}.safetensors"), "rb") as f:
+                loaded[a] = load(f.read())
+            if len(loaded) > max_loras:
+                loaded.popitem(last=False)
+        acc += float(next(iter(loaded[a].values()))[0, 0])
+    print(f"lora: {acc:.3f}")
 
 
 if __name__ == "__main__":
