@@ -65,7 +65,8 @@ Fourth round (recorded 2026-12-03 07:00 UTC on main at dda8230):
             of 20 batches from train.bin and from a 6 MB val.bin
   lora      a multi-LoRA inference server: 120 safetensors adapters (1-6 MB), requests
             for adapters Zipf(1.0)-skewed, the process keeping the 6 most recently used
-            loaded (vLLM's max_loras) and loading the others with safetensors' load_file
+            loaded (vLLM's max_loras) and loading the others whole (read, then parsed by
+            safetensors.numpy.load)
 """
 
 import os
@@ -792,7 +793,6 @@ def run_valloader(d):
         t = sum(float(b.sum()) for b in train)
         v = sum(float(b.sum()) for b in val)
         print(f"valloader: epoch {epoch}: {t:.1f} {v:.1f}")
-
 
 
 # --- tokwin -------------------------------------------------------------------------
