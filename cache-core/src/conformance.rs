@@ -195,6 +195,14 @@ impl<T: Tier> Tier for TestTier<T> {
         self.yield_now().await;
         self.inner.put(key, block).await
     }
+    async fn put_refetchable(&self, key: &CacheKey, block: Block) -> Result<()> {
+        if self.refuse_puts {
+            return Err(CacheError::Full("device full (injected)".into()));
+        }
+        self.yield_now().await;
+        self.yield_now().await;
+        self.inner.put_refetchable(key, block).await
+    }
     async fn remove(&self, key: &CacheKey) -> Result<bool> {
         self.yield_now().await;
         self.inner.remove(key).await

@@ -29,6 +29,11 @@
 //!   it again instead of finding it "already present" in memory only).
 //!   [`CacheEngine::put_stored`] instead keeps the block wherever it landed and says
 //!   which durability it got ([`Stored`]), for callers that can tell their clients.
+//!   Copies of file blocks (fills, promotions, demotions) are written without the disk
+//!   tier's syncs ([`Tier::put_refetchable`]): the object store holds them, a power
+//!   loss costs only the copy (dropped at open or at the read that finds it torn), and
+//!   a cold read no longer pays a device flush per block or per 4 KiB unit. Copies of KV
+//!   blocks keep the tier's full durability: nothing else holds them.
 //! - A full or failing disk degrades: the first write error (`ENOSPC`, an I/O or index
 //!   error) marks the level degraded for a back-off period (30 s by default), with one
 //!   log line and a counter ([`EngineStatsSnapshot::degradations`]); meanwhile writes
@@ -156,6 +161,29 @@ struct Fill {
 enum Persist {
     Inline,
     Background,
+}
+
+/// How hard a tier write works to survive a crash ([`Tier::put`] or
+/// [`Tier::put_refetchable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteKind {
+    /// The tier's full durability: explicit puts (acknowledged once durable), and any
+    /// copy of a KV block (no store holds it).
+    Durable,
+    /// A copy of a file block the object store still holds (fills, promotions and
+    /// demotions): a lost copy costs a refetch, so the disk tier skips its syncs. A cold
+    /// read of 4 KiB units would otherwise pay a device flush per unit.
+    Refetchable,
+}
+
+impl WriteKind {
+    /// The write of a cached copy of `key` (not an explicit put).
+    fn of_copy(key: &CacheKey) -> Self {
+        match key {
+            CacheKey::File(_) => WriteKind::Refetchable,
+            CacheKey::Kv(_) => WriteKind::Durable,
+        }
+    }
 }
 
 /// Builds a [`CacheEngine`].
@@ -935,7 +963,11 @@ impl CacheEngine {
                 }
                 continue;
             }
-            match self.insert_at(i, key, block.clone(), ctx).await {
+            let kind = match persist {
+                Persist::Inline => WriteKind::Durable,
+                Persist::Background => WriteKind::of_copy(key),
+            };
+            match self.insert_at(i, key, block.clone(), ctx, kind).await {
                 Ok(true) => {
                     stored = true;
                     if persistent {
@@ -977,7 +1009,8 @@ impl CacheEngine {
                             .fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    match engine.insert_at(i, &key, block.clone(), &ctx).await {
+                    let kind = WriteKind::of_copy(&key);
+                    match engine.insert_at(i, &key, block.clone(), &ctx, kind).await {
                         Ok(true) => {
                             engine.note_write_ok(i);
                             // Kept elsewhere meanwhile (its drop may have run before
@@ -1013,7 +1046,10 @@ impl CacheEngine {
             return;
         }
         let ctx = ctx.moved(AccessKind::Promotion);
-        if let Ok(true) = self.insert_at(0, key, block, &ctx).await {
+        if let Ok(true) = self
+            .insert_at(0, key, block, &ctx, WriteKind::of_copy(key))
+            .await
+        {
             self.inner
                 .counters
                 .promotions
@@ -1029,8 +1065,9 @@ impl CacheEngine {
         key: &CacheKey,
         block: Block,
         ctx: &AccessContext,
+        kind: WriteKind,
     ) -> Result<bool> {
-        let (stored, mut demotions) = self.place_one(start, key, block, ctx).await?;
+        let (stored, mut demotions) = self.place_one(start, key, block, ctx, kind).await?;
         let moved = ctx.moved(AccessKind::Demotion);
         while let Some((i, victim, bytes)) = demotions.pop() {
             if self.skip_persistent(i, &victim) {
@@ -1044,7 +1081,8 @@ impl CacheEngine {
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            match self.place_one(i, &victim, bytes, &moved).await {
+            let kind = WriteKind::of_copy(&victim);
+            match self.place_one(i, &victim, bytes, &moved, kind).await {
                 Ok((_, more)) => demotions.extend(more),
                 // A failed demotion only loses a cached copy; the store still has it.
                 Err(e) => {
@@ -1065,6 +1103,7 @@ impl CacheEngine {
         key: &CacheKey,
         block: Block,
         ctx: &AccessContext,
+        kind: WriteKind,
     ) -> Result<(bool, Vec<(usize, CacheKey, Block)>)> {
         let level = &self.inner.levels[i];
         let size = block.len();
@@ -1109,7 +1148,11 @@ impl CacheEngine {
         if !admitted {
             return Ok((false, demotions));
         }
-        match level.tier.put(key, block).await {
+        let put = match kind {
+            WriteKind::Durable => level.tier.put(key, block).await,
+            WriteKind::Refetchable => level.tier.put_refetchable(key, block).await,
+        };
+        match put {
             Ok(()) => {
                 write.bytes = 0; // the commit takes the reservation over
                 self.inner.state.lock().commit(i, key, size, ctx);

@@ -57,6 +57,13 @@ pub trait Tier: Send + Sync + 'static {
     /// reasons (`Full` = the device has no space); a put of a key already present
     /// replaces it (values are immutable, so it is the same bytes).
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()>;
+    /// [`Self::put`] of a block the object store still holds (a read-through fill, a
+    /// demotion of one): losing it costs a refetch, not data, so a persistent tier may
+    /// skip the work that makes a write survive power loss (a disk tier's syncs). It must
+    /// still never serve bad bytes after a crash. Default: [`Self::put`].
+    async fn put_refetchable(&self, key: &CacheKey, block: Block) -> Result<()> {
+        self.put(key, block).await
+    }
     /// Removes a key; returns whether it was present.
     async fn remove(&self, key: &CacheKey) -> Result<bool>;
     async fn contains(&self, key: &CacheKey) -> bool;

@@ -437,3 +437,164 @@ async fn a_read_in_place_is_a_hit_for_the_policy_without_moving_bytes() {
     // Not held anywhere: nothing to record.
     assert_eq!(engine.record_read_in_place(&k(9), &demand), None);
 }
+
+/// A memory tier that presents itself as a disk and counts which kind of write reached
+/// it: `put` (the tier's full durability) or `put_refetchable` (syncs may be skipped).
+struct DurabilityProbe {
+    inner: MemoryTier,
+    durable: AtomicUsize,
+    refetchable: AtomicUsize,
+}
+
+impl DurabilityProbe {
+    fn new(capacity: u64) -> Arc<Self> {
+        Arc::new(DurabilityProbe {
+            inner: MemoryTier::new(capacity),
+            durable: AtomicUsize::new(0),
+            refetchable: AtomicUsize::new(0),
+        })
+    }
+    /// (durable, refetchable) writes so far.
+    fn writes(&self) -> (usize, usize) {
+        (
+            self.durable.load(Ordering::SeqCst),
+            self.refetchable.load(Ordering::SeqCst),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl Tier for DurabilityProbe {
+    fn kind(&self) -> strata_cache_core::TierKind {
+        strata_cache_core::TierKind::Disk
+    }
+    fn name(&self) -> String {
+        "disk:probe".into()
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.inner.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        self.durable.fetch_add(1, Ordering::SeqCst);
+        self.inner.put(key, block).await
+    }
+    async fn put_refetchable(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        self.refetchable.fetch_add(1, Ordering::SeqCst);
+        self.inner.put(key, block).await
+    }
+    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
+        self.inner.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.inner.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.inner.resident()
+    }
+    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
+        self.inner.stats()
+    }
+}
+
+/// Waits (up to 5 s) until `disk` saw `n` writes in all: fills write through in the
+/// background.
+async fn writes_reach(disk: &DurabilityProbe, n: usize) -> (usize, usize) {
+    for _ in 0..500 {
+        let (d, r) = disk.writes();
+        if d + r >= n {
+            return (d, r);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    disk.writes()
+}
+
+/// A read-through fill of a file block is a copy the object store still holds: it
+/// reaches the disk without the syncs, while an explicit put and every copy of a KV
+/// block (nothing else holds those) keep the disk's full durability.
+#[tokio::test]
+async fn only_copies_of_file_blocks_skip_the_disks_syncs() {
+    let disk = DurabilityProbe::new(1 << 20);
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(1 << 20)))
+        .tier(disk.clone())
+        .build()
+        .expect("build");
+    let file = CacheKey::file("f", "v", 0);
+    engine
+        .get_or_fetch(&file, &ctx(), || async {
+            Ok(Bytes::from_static(b"from the store"))
+        })
+        .await
+        .expect("fill");
+    assert_eq!(
+        writes_reach(&disk, 1).await,
+        (0, 1),
+        "the fill is refetchable"
+    );
+    engine
+        .put(
+            &CacheKey::file("f", "v", 1),
+            Bytes::from_static(b"put"),
+            &ctx(),
+        )
+        .await
+        .expect("file put");
+    engine
+        .put(
+            &CacheKey::kv("ns", vec![7u8; 32]),
+            Bytes::from_static(b"kv"),
+            &ctx(),
+        )
+        .await
+        .expect("kv put");
+    assert_eq!(disk.writes(), (2, 1), "explicit puts are durable");
+}
+
+/// Without write-through, a victim of the memory tier reaches the disk as a demotion:
+/// a file block's as a refetchable copy, a KV block's with full durability.
+#[tokio::test]
+async fn demotions_are_durable_only_for_kv_blocks() {
+    let disk = DurabilityProbe::new(1000);
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(100)))
+        .tier(disk.clone())
+        .write_through(false)
+        .build()
+        .expect("build");
+    let file = |i| CacheKey::file("f", "v", i);
+    for i in 0..2 {
+        engine
+            .get_or_fetch(&file(i), &ctx(), move || async move {
+                Ok(Bytes::from(vec![i as u8; 100]))
+            })
+            .await
+            .expect("fill");
+    }
+    assert_eq!(disk.writes(), (0, 1), "file block 0 demoted as a copy");
+    let kv = |i: u8| CacheKey::kv("ns", vec![i; 32]);
+    for i in 0..2u8 {
+        engine
+            .put(&kv(i), Bytes::from(vec![i; 100]), &ctx())
+            .await
+            .expect("kv put");
+    }
+    let (durable, refetchable) = disk.writes();
+    assert_eq!(refetchable, 2, "file block 1 demoted as a copy too");
+    assert_eq!(durable, 1, "KV block 0 demoted durably");
+    assert!(disk.contains(&kv(0)).await);
+}

@@ -40,7 +40,9 @@
 //! every index entry points at a complete file. A crash at any step leaves at worst a
 //! file no index entry names: removed at the next open. `Durability::Async` skips the
 //! syncs (survives a process crash, not a power loss) for caches that would rather
-//! refetch than wait. Puts and removes of one key are serialized (a per-key latch,
+//! refetch than wait. [`Tier::put_refetchable`] (the engine's fills and demotions of
+//! file blocks, which the object store still holds) writes without the syncs whatever
+//! the tier's durability. Puts and removes of one key are serialized (a per-key latch,
 //! awaited without holding any lock); gets never wait for them.
 //!
 //! A full device (`ENOSPC`, `EDQUOT`) fails the put with `CacheError::Full` naming the
@@ -551,9 +553,9 @@ impl DiskTier {
         Some(block_path(&self.data_dir, id))
     }
 
-    fn write_options(&self) -> WriteOptions {
+    fn write_options(durability: Durability) -> WriteOptions {
         let mut wo = WriteOptions::default();
-        wo.set_sync(self.durability == Durability::Sync);
+        wo.set_sync(durability == Durability::Sync);
         wo
     }
 
@@ -648,7 +650,7 @@ impl DiskTier {
     async fn unpublish(&self, key: &CacheKey, entry: IndexEntry) -> Result<()> {
         let db = self.db.clone();
         let enc = key.encode();
-        let wo = self.write_options();
+        let wo = Self::write_options(self.durability);
         blocking(move || db.delete_opt(enc, &wo).map_err(io::Error::other)).await?;
         {
             let mut st = self.state.lock();
@@ -708,11 +710,81 @@ impl DiskTier {
         vec![WritePart::Buf(buf)]
     }
 
-    /// Creates, writes and (by policy) syncs one block file.
-    async fn write_file(&self, id: u64, parts: Vec<WritePart>) -> io::Result<()> {
+    /// A put with `durability` (see the module docs, "Writes and durability").
+    async fn put_with(&self, key: &CacheKey, block: Block, durability: Durability) -> Result<()> {
+        let size = block.len();
+        let _claim = self.claim(key).await;
+        let reservation = {
+            let mut st = self.state.lock();
+            if let Some(old) = st.map.get(key) {
+                if old.data_len == size && old.crc == block.crc() {
+                    return Ok(()); // values are immutable: already stored
+                }
+            }
+            st.reserved += size;
+            Reservation {
+                tier: self,
+                bytes: size,
+            }
+        };
+        let enc = key.encode();
+        let hlen = header_len(enc.len());
+        let entry = IndexEntry {
+            file_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            data_len: size,
+            crc: block.crc(),
+            header_len: hlen as u32,
+        };
+        let parts = self.file_parts(&enc, hlen, &block);
+        drop(block);
+
+        let written = match self.write_file(entry.file_id, parts, durability).await {
+            Ok(()) => {
+                let db = self.db.clone();
+                let wo = Self::write_options(durability);
+                let value = entry.encode();
+                blocking(move || db.put_opt(enc, value, &wo).map_err(io::Error::other)).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            self.stats.error();
+            self.discard_file(entry.file_id).await;
+            if is_device_full(&e) {
+                return Err(CacheError::Full(format!(
+                    "disk tier {}: device full ({e}) writing {size} bytes; stored blocks are intact",
+                    self.dir.display()
+                )));
+            }
+            return Err(CacheError::Io(e));
+        }
+        let replaced = {
+            let mut st = self.state.lock();
+            st.used += size;
+            let old = st.map.insert(key.clone(), entry);
+            if let Some(old) = old {
+                st.used -= old.data_len;
+            }
+            old
+        };
+        drop(reservation);
+        if let Some(old) = replaced {
+            self.discard_file(old.file_id).await;
+        }
+        self.stats.wrote(size);
+        Ok(())
+    }
+
+    /// Creates, writes and (with `Durability::Sync`) syncs one block file.
+    async fn write_file(
+        &self,
+        id: u64,
+        parts: Vec<WritePart>,
+        durability: Durability,
+    ) -> io::Result<()> {
         let path = block_path(&self.data_dir, id);
         let direct = self.direct;
-        let sync = self.durability == Durability::Sync;
+        let sync = durability == Durability::Sync;
         let file = blocking(move || {
             let mut o = OpenOptions::new();
             // 0600: block files hold tenants' data; O_EXCL and O_NOFOLLOW: never
@@ -809,67 +881,14 @@ impl Tier for DiskTier {
     }
 
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {
-        let size = block.len();
-        let _claim = self.claim(key).await;
-        let reservation = {
-            let mut st = self.state.lock();
-            if let Some(old) = st.map.get(key) {
-                if old.data_len == size && old.crc == block.crc() {
-                    return Ok(()); // values are immutable: already stored
-                }
-            }
-            st.reserved += size;
-            Reservation {
-                tier: self,
-                bytes: size,
-            }
-        };
-        let enc = key.encode();
-        let hlen = header_len(enc.len());
-        let entry = IndexEntry {
-            file_id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            data_len: size,
-            crc: block.crc(),
-            header_len: hlen as u32,
-        };
-        let parts = self.file_parts(&enc, hlen, &block);
-        drop(block);
+        self.put_with(key, block, self.durability).await
+    }
 
-        let written = match self.write_file(entry.file_id, parts).await {
-            Ok(()) => {
-                let db = self.db.clone();
-                let wo = self.write_options();
-                let value = entry.encode();
-                blocking(move || db.put_opt(enc, value, &wo).map_err(io::Error::other)).await
-            }
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            self.stats.error();
-            self.discard_file(entry.file_id).await;
-            if is_device_full(&e) {
-                return Err(CacheError::Full(format!(
-                    "disk tier {}: device full ({e}) writing {size} bytes; stored blocks are intact",
-                    self.dir.display()
-                )));
-            }
-            return Err(CacheError::Io(e));
-        }
-        let replaced = {
-            let mut st = self.state.lock();
-            st.used += size;
-            let old = st.map.insert(key.clone(), entry);
-            if let Some(old) = old {
-                st.used -= old.data_len;
-            }
-            old
-        };
-        drop(reservation);
-        if let Some(old) = replaced {
-            self.discard_file(old.file_id).await;
-        }
-        self.stats.wrote(size);
-        Ok(())
+    /// Without syncs whatever the tier's [`Durability`]: the store holds the block, so a
+    /// power loss may cost the copy (found missing or torn at open or read, and dropped:
+    /// a miss), and a fill of small units is not bounded by the device's flush rate.
+    async fn put_refetchable(&self, key: &CacheKey, block: Block) -> Result<()> {
+        self.put_with(key, block, Durability::Async).await
     }
 
     async fn remove(&self, key: &CacheKey) -> Result<bool> {

@@ -382,6 +382,8 @@ struct FaultyIo {
     full: AtomicBool,
     /// Writes attempted (failed ones included).
     writes: AtomicU64,
+    /// `fdatasync`s asked for.
+    syncs: AtomicU64,
     read_errno: std::sync::atomic::AtomicI32,
 }
 
@@ -421,6 +423,7 @@ impl IoEngine for FaultyIo {
         self.inner.write_parts_at(file, offset, parts).await
     }
     async fn sync_data(&self, file: Arc<File>) -> io::Result<()> {
+        self.syncs.fetch_add(1, Ordering::SeqCst);
         self.inner.sync_data(file).await
     }
 }
@@ -430,6 +433,7 @@ fn faulty_io() -> Arc<FaultyIo> {
         inner: open_engine(IoEngineKind::Auto).expect("engine"),
         full: AtomicBool::new(false),
         writes: AtomicU64::new(0),
+        syncs: AtomicU64::new(0),
         read_errno: std::sync::atomic::AtomicI32::new(0),
     })
 }
@@ -460,6 +464,32 @@ async fn full_device_is_a_clear_error_and_loses_nothing() {
     drop(tier);
     let tier = open(dir.path(), 16 << 20);
     assert_eq!(tier.resident(), vec![(a.clone(), 70_000)]);
+}
+
+/// A refetchable put (a copy the object store holds) skips the syncs a durable put
+/// makes, and is still found, verified, after a reopen.
+#[tokio::test]
+async fn a_refetchable_put_is_not_synced_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = faulty_io();
+    let tier =
+        DiskTier::open_with_engine(dir.path(), 16 << 20, DiskOptions::default(), engine.clone())
+            .expect("open");
+    let (a, b) = (CacheKey::file("a", "v", 0), CacheKey::file("a", "v", 1));
+    tier.put(&a, Block::new(data(70_000, 1)))
+        .await
+        .expect("put");
+    let synced = engine.syncs.load(Ordering::SeqCst);
+    assert!(synced >= 1, "a durable put syncs its file");
+    tier.put_refetchable(&b, Block::new(data(70_000, 2)))
+        .await
+        .expect("put");
+    assert_eq!(engine.syncs.load(Ordering::SeqCst), synced, "no sync");
+    assert_eq!(get(&tier, &b).await, Some(data(70_000, 2)));
+    drop(tier);
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(get(&tier, &a).await, Some(data(70_000, 1)));
+    assert_eq!(get(&tier, &b).await, Some(data(70_000, 2)));
 }
 
 /// One round of put / get / remove on a few shared keys: keys collide across workers so
