@@ -60,7 +60,9 @@ pub trait Tier: Send + Sync + 'static {
     /// [`Self::put`] of a block the object store still holds (a read-through fill, a
     /// demotion of one): losing it costs a refetch, not data, so a persistent tier may
     /// skip the work that makes a write survive power loss (a disk tier's syncs). It must
-    /// still never serve bad bytes after a crash. Default: [`Self::put`].
+    /// still never serve bad bytes after a crash. A later [`Self::put`] of the same bytes
+    /// may find the copy present and leave it as it is: only file blocks are written this
+    /// way, and the object store is their durable copy. Default: [`Self::put`].
     async fn put_refetchable(&self, key: &CacheKey, block: Block) -> Result<()> {
         self.put(key, block).await
     }
