@@ -164,6 +164,17 @@ impl<T: Tier> TestTier<T> {
             tokio::task::yield_now().await;
         }
     }
+
+    /// What every put goes through first: the injected refusal, then two yields (a
+    /// write's reservation and its landing are separate steps).
+    async fn before_put(&self) -> Result<()> {
+        if self.refuse_puts {
+            return Err(CacheError::Full("device full (injected)".into()));
+        }
+        self.yield_now().await;
+        self.yield_now().await;
+        Ok(())
+    }
 }
 
 #[async_trait::async_trait]
@@ -188,19 +199,11 @@ impl<T: Tier> Tier for TestTier<T> {
         self.inner.get(key).await
     }
     async fn put(&self, key: &CacheKey, block: Block) -> Result<()> {
-        if self.refuse_puts {
-            return Err(CacheError::Full("device full (injected)".into()));
-        }
-        self.yield_now().await;
-        self.yield_now().await;
+        self.before_put().await?;
         self.inner.put(key, block).await
     }
     async fn put_refetchable(&self, key: &CacheKey, block: Block) -> Result<()> {
-        if self.refuse_puts {
-            return Err(CacheError::Full("device full (injected)".into()));
-        }
-        self.yield_now().await;
-        self.yield_now().await;
+        self.before_put().await?;
         self.inner.put_refetchable(key, block).await
     }
     async fn remove(&self, key: &CacheKey) -> Result<bool> {
