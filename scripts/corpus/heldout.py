@@ -67,6 +67,18 @@ Fourth round (recorded 2026-12-03 07:00 UTC on main at dda8230):
             for adapters Zipf(1.0)-skewed, the process keeping the 6 most recently used
             loaded (vLLM's max_loras) and loading the others whole (read, then parsed by
             safetensors.numpy.load)
+
+Fifth round (recorded 2026-12-03 on main at 2e1dab7, before any policy work on it):
+  cheaders  gcc -fsyntax-only over 360 C files that each include 8-20 of 90 shared
+            headers (Zipf-popular, include-guarded): a full build, then an edit-compile
+            loop (30 rounds of 6 recently edited files), then a rebuild by 4 compilers at
+            once; hot small headers re-read by every compiler amid a stream of cold sources
+  audiocrop python `wave` under multiprocessing.Pool(4): 240 WAV files (16 kHz mono,
+            8-60 s), 3 shuffled epochs, each sample a random 2 s crop (setpos, readframes)
+  vodstream 6 threads playing videos: 150 files of 1-8 MB, Zipf(0.9) popularity, each
+            play starting at 0 (70%) or a random seek, reading 256 KiB chunks for a random
+            share of the file, 900 plays
+  mixh4     cheaders, audiocrop and vodstream at once, each its own process group
 """
 
 import os
@@ -873,6 +885,170 @@ def run_lora(d):
                 loaded.popitem(last=False)
         acc += float(next(iter(loaded[a].values()))[0, 0])
     print(f"lora: {acc:.3f}")
+
+
+# --- cheaders -----------------------------------------------------------------------
+
+CHEADERS_HEADERS = 90
+CHEADERS_SOURCES = 360
+
+
+def _c_body(rng, tag, nbytes):
+    """Valid C of about `nbytes`: declarations and small functions, padded with comment
+    text the preprocessor still has to read."""
+    out, size, k = [], 0, 0
+    while size < nbytes:
+        k += 1
+        if rng.random() < 0.5:
+            chunk = "/* %s */\n" % " ".join("w%d" % rng.randrange(5000) for _ in range(rng.randrange(20, 120)))
+        else:
+            chunk = "static inline int %s_f%d(int x) { return x * %d + %d; }\n" % (tag, k, rng.randrange(1, 99), rng.randrange(1000))
+        out.append(chunk)
+        size += len(chunk)
+    return "".join(out)
+
+
+def gen_cheaders(d):
+    rng = random.Random(SEED + 140)
+    inc, src = os.path.join(d, "include"), os.path.join(d, "src")
+    os.makedirs(inc, exist_ok=True)
+    os.makedirs(src, exist_ok=True)
+    for h in range(CHEADERS_HEADERS):
+        n = min(int(rng.lognormvariate(9.3, 0.9)), 200_000)  # median ~11 KB
+        body = "#ifndef H%03d_H\n#define H%03d_H\n" % (h, h)
+        if h >= 5:  # most headers pull in one of the base headers, as real ones do
+            body += '#include "h%03d.h"\n' % rng.randrange(5)
+        body += "struct s%03d { int a; long b; };\n" % h + _c_body(rng, "h%03d" % h, n) + "#endif\n"
+        with open(os.path.join(inc, "h%03d.h" % h), "w") as f:
+            f.write(body)
+    for i in range(CHEADERS_SOURCES):
+        sub = os.path.join(src, "m%02d" % (i % 12))
+        os.makedirs(sub, exist_ok=True)
+        hs = sorted(set(zipf_ranks(CHEADERS_HEADERS, 1.0, rng.randrange(8, 21), rng)))
+        n = min(int(rng.lognormvariate(9.8, 0.8)), 300_000)  # median ~18 KB
+        body = "".join('#include "h%03d.h"\n' % h for h in hs) + _c_body(rng, "c%04d" % i, n)
+        body += "int c%04d_main(void) { return %s; }\n" % (i, " + ".join("(int)sizeof(struct s%03d)" % h for h in hs))
+        with open(os.path.join(sub, "c%04d.c" % i), "w") as f:
+            f.write(body)
+
+
+def run_cheaders(d):
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 141)
+    srcs = sorted(os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "src")) for f in fs)
+
+    def cc(path):
+        subprocess.run(["gcc", "-fsyntax-only", "-Iinclude", os.path.relpath(path, d)], cwd=d, check=True)
+
+    for p in srcs:  # a full build, one compiler at a time
+        cc(p)
+    edited = rng.sample(srcs, 40)  # the files a developer works on
+    for _ in range(30):  # the edit-compile loop
+        for p in rng.sample(edited, 6):
+            cc(p)
+    order = srcs[:]
+    rng.shuffle(order)
+    with ThreadPoolExecutor(4) as pool:  # a rebuild, `make -j4`
+        list(pool.map(cc, order))
+    print("cheaders: %d compiles" % (len(srcs) * 2 + 180))
+
+
+# --- audiocrop ----------------------------------------------------------------------
+
+AUDIO_FILES = 240
+AUDIO_RATE = 16_000
+
+
+def gen_audiocrop(d):
+    import struct
+    import wave
+
+    rng = random.Random(SEED + 150)
+    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    for i in range(AUDIO_FILES):
+        sub = os.path.join(d, "clips", "spk%02d" % (i % 16))
+        os.makedirs(sub, exist_ok=True)
+        frames = int(rng.uniform(8, 60) * AUDIO_RATE)
+        with wave.open(os.path.join(sub, "clip%04d.wav" % i), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(AUDIO_RATE)
+            w.writeframes(struct.pack("<I", i) + (noise * (2 * frames // len(noise) + 1))[: 2 * frames - 4])
+
+
+def _audio_crop(args):
+    import wave
+
+    path, seed = args
+    rng = random.Random(seed)
+    with wave.open(path, "rb") as w:
+        n = w.getnframes()
+        want = 2 * AUDIO_RATE
+        w.setpos(rng.randrange(0, max(1, n - want)))
+        return len(w.readframes(want))
+
+
+def run_audiocrop(d):
+    from multiprocessing import Pool
+
+    rng = random.Random(SEED + 151)
+    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "clips")) for f in fs)
+    total = 0
+    with Pool(4) as pool:
+        for epoch in range(3):
+            order = files[:]
+            rng.shuffle(order)
+            total += sum(pool.imap(_audio_crop, [(p, rng.randrange(1 << 30)) for p in order], chunksize=4))
+    print("audiocrop: %d bytes" % total)
+
+
+# --- vodstream ----------------------------------------------------------------------
+
+VOD_FILES = 150
+
+
+def gen_vodstream(d):
+    rng = random.Random(SEED + 160)
+    os.makedirs(os.path.join(d, "videos"), exist_ok=True)
+    chunk = bytes(rng.randrange(256) for _ in range(1 << 16))
+    for i in range(VOD_FILES):
+        n = int(rng.uniform(1, 8) * (1 << 20))
+        with open(os.path.join(d, "videos", "v%04d.mp4" % i), "wb") as f:
+            f.write((chunk * (n // len(chunk) + 1))[:n])
+
+
+def run_vodstream(d):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 161)
+    order = list(range(VOD_FILES))
+    rng.shuffle(order)  # popularity is not name order
+    plays = []
+    for rank in zipf_ranks(VOD_FILES, 0.9, 900, rng):
+        start = 0.0 if rng.random() < 0.7 else rng.random() * 0.8
+        share = min(1.0 - start, rng.expovariate(1 / 0.35))  # most viewers stop early
+        plays.append((order[rank], start, share))
+
+    def play(p):
+        v, start, share = p
+        path = os.path.join(d, "videos", "v%04d.mp4" % v)
+        size = os.path.getsize(path)
+        at, end, got = int(start * size), int((start + share) * size), 0
+        with open(path, "rb", buffering=0) as f:
+            f.seek(at)
+            while at < end:
+                b = f.read(256 << 10)
+                if not b:
+                    break
+                at += len(b)
+                got += len(b)
+        return got
+
+    with ThreadPoolExecutor(6) as pool:
+        total = sum(pool.map(play, plays))
+    print("vodstream: %d bytes" % total)
 
 
 if __name__ == "__main__":
