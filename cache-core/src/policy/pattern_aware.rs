@@ -16,7 +16,7 @@
 //! | `ahead` | prefetched, not yet read | when over `ahead_share` of capacity (stale), else last |
 //! | `stable` | scan data inside the stable subset, and hot scan data (proven) | unproven largest hash first, when over its share |
 //! | `window` | skewed or not yet classified data, new | recency (LRU), W-TinyLFU contest when over its share (never the latest demanded block) |
-//! | `freq` | the frequency main: items that won the contest | least sketch frequency first (LFU; ties largest first, then oldest) |
+//! | `freq` | the frequency main: items that won the contest | least reuse per byte first (`(f - 1) / size`, f the sketch's count; ties largest first, then oldest) |
 //!
 //! * **Sequential and random streams** (data read about once per epoch, in sequence or
 //!   shuffled) are not worth keeping by recency: LRU on a per-epoch shuffle of a set
@@ -34,8 +34,9 @@
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
-//!   by sketch frequency (W-TinyLFU: the loser leaves; at a tie the larger). The main ranks by `f` from an
-//!   aged count-min sketch (history survives eviction; aging halves it every 10 x
+//!   by reuse per byte (W-TinyLFU: the loser leaves; at a tie the larger). The main ranks by
+//!   `(f - 1) / size` (`main_ranks_by_density`; among equal sizes that is `f`'s order),
+//!   `f` from an aged count-min sketch (history survives eviction; aging halves it every 10 x
 //!   resident items, and the main's keys with it, so formerly hot items fade). Its
 //!   rows widen with the resident items (`sketch_follows_items`) so that a period adds
 //!   about one increment per counter: at a fixed width, thousands of 2 MiB KV blocks
@@ -240,7 +241,7 @@ pub struct PatternAwareConfig {
     /// Widest the sketch grows: 2^22 counters per row (16 MiB for the 4 rows), i.e.
     /// exact counts up to ~400k resident items (a 400 GB tier of 1 MiB blocks).
     pub sketch_max_width: usize,
-    /// At equal sketch frequency the larger item goes: true. In the main's order
+    /// At an equal rank (see `main_ranks_by_density`) the larger item goes: true. In the main's order
     /// (largest first among equals, then oldest) and in the window -> main contest (a
     /// candidate smaller than the main's least frequent item wins a tie). Recorded
     /// Parquet reads (issue 13) re-read 64 KiB footers (a file's last, partial block)
@@ -248,6 +249,19 @@ pub struct PatternAwareConfig {
     /// for one 1 MiB block, each a full request latency to re-fetch. Equal-sized items
     /// (KV blocks) keep the old order and contest.
     pub freq_ties_largest_first: bool,
+    /// The frequency main ranks items by reuse per byte, `(f - 1) / size`, and the
+    /// window -> main contest compares the same: true. A miss costs about one request
+    /// latency whatever the item's size up to a block (at 20 ms and 200 MB/s a 4 KiB
+    /// page costs 20 ms, a 1 MiB block 25 ms), so a byte given to a small item re-read
+    /// as often as a large one saves up to 256x the waiting. Ranked by `f` alone, 1 MiB
+    /// blocks held the space of hundreds of hot SQLite pages fetched as 4-64 KiB units
+    /// (held-out sqlrange at 10%: hit ratio 0.26 against TinyLFU's 0.41) and one-time
+    /// C sources displaced hot headers (held-out cheaders). `f - 1`, not `f`: one visit
+    /// is no evidence of reuse, and by `f / size` small files read once (npy's label
+    /// files) outranked 1 MiB blocks being re-read (npy at 20%: 1.42x the JCT). Among
+    /// items of one size (KV blocks) the order is `f`'s, as with `false`.
+    /// docs/BENCHMARKS.md "Reuse per byte in the frequency main".
+    pub main_ranks_by_density: bool,
     /// A sequential scan's demand miss evicts the frequency main's items only once
     /// scan data has shown reuse (see `scan_reuse_seen`): true. Before that, the scan
     /// side makes room itself (the stable subset's largest hash, else the oldest of
@@ -349,6 +363,7 @@ impl Default for PatternAwareConfig {
             sketch_follows_items: true,
             sketch_max_width: 1 << 22,
             freq_ties_largest_first: true,
+            main_ranks_by_density: true,
             main_kept_until_scan_reuse: true,
             whole_files_by_frequency: true,
             reload_ghost: true,
@@ -1099,10 +1114,31 @@ impl PatternAwarePolicy {
         }
     }
 
-    /// Second key of the main's order, after the frequency: among items of equal
-    /// frequency the largest goes first (`freq_ties_largest_first`), else 0 (oldest
-    /// first). Evicting the largest of equally reused items frees the most space per
-    /// expected lost hit; it never evicts a more frequent item.
+    /// The main's order of an item (`e.order` holds its sketch frequency): rank, tie
+    /// rank, sequence.
+    fn freq_key(&self, e: &Entry) -> (u64, u64, u64) {
+        (
+            self.freq_rank(e.order, e.size),
+            self.freq_tie_rank(e.size),
+            e.seq,
+        )
+    }
+
+    /// First key of the main's order for an item of sketch frequency `f` and `size`
+    /// bytes: `(f - 1) / size` in units of 2^-32 per byte (`main_ranks_by_density`;
+    /// `f` <= 255, so it fits), else `f`.
+    fn freq_rank(&self, f: u64, size: u64) -> u64 {
+        if !self.cfg.main_ranks_by_density {
+            f
+        } else {
+            (f.saturating_sub(1) << 32) / size.max(1)
+        }
+    }
+
+    /// Second key of the main's order, after the rank: among items of equal rank the
+    /// largest goes first (`freq_ties_largest_first`), else 0 (oldest first). Evicting
+    /// the largest of equally ranked items frees the most space per expected lost hit
+    /// (items read once all rank 0 under `main_ranks_by_density`).
     fn freq_tie_rank(&self, size: u64) -> u64 {
         if self.cfg.freq_ties_largest_first {
             u64::MAX - size
@@ -1136,8 +1172,7 @@ impl PatternAwarePolicy {
                 self.stable.remove(&(e.order, e.hash, e.seq));
             }
             Pool::Freq => {
-                self.freq
-                    .remove(&(e.order, self.freq_tie_rank(e.size), e.seq));
+                self.freq.remove(&self.freq_key(e));
             }
             Pool::Window => {
                 self.window.remove_at(&e.order, e.pos);
@@ -1165,8 +1200,7 @@ impl PatternAwarePolicy {
             }
             Pool::Freq => {
                 e.order = self.sketch.estimate(e.hash).max(1);
-                let tie = self.freq_tie_rank(e.size);
-                self.freq.insert((e.order, tie, e.seq), id);
+                self.freq.insert(self.freq_key(e), id);
             }
             Pool::Window => {
                 e.order = e.seq;
@@ -1535,10 +1569,11 @@ impl PatternAwarePolicy {
             return;
         }
         let old = std::mem::take(&mut self.freq);
-        for ((f, tie, seq), id) in old {
-            let nf = (f / 2).max(1);
-            self.slots[id as usize].e.order = nf;
-            self.freq.insert((nf, tie, seq), id);
+        for id in old.into_values() {
+            let e = &mut self.slots[id as usize].e;
+            e.order = (e.order / 2).max(1);
+            let key = self.freq_key(&self.slots[id as usize].e);
+            self.freq.insert(key, id);
         }
     }
 
@@ -1598,7 +1633,13 @@ impl PatternAwarePolicy {
                 // A whole file read in order must lead by more than the one read a
                 // pass puts between what it just read and what it reads next.
                 let lead = u64::from(ec.in_order);
-                if fc > fm + lead || (smaller_tie && lead == 0) {
+                // Ranked as the main ranks (per byte, `main_ranks_by_density`); at an
+                // equal rank, by frequency and the tie rule.
+                let (rc, rm) = (
+                    self.freq_rank(fc, ec.size),
+                    self.freq_rank(fm + lead, em.size),
+                );
+                if rc > rm || (rc == rm && (fc > fm + lead || (smaller_tie && lead == 0))) {
                     self.move_to(c, Pool::Freq);
                     m
                 } else {

@@ -817,12 +817,16 @@ fn one_hit_kv_blocks_do_not_displace_reused_ones_in_a_large_cache() {
 }
 
 /// The frequency main's victim among equally frequent items, small ones inserted first.
-fn main_victim_of_equals(freq_ties_largest_first: bool) -> (CacheKey, CacheKey) {
+fn main_victim_of_equals(
+    freq_ties_largest_first: bool,
+    main_ranks_by_density: bool,
+) -> (CacheKey, CacheKey) {
     let mut p = PatternAwarePolicy::new(PatternAwareConfig {
         capacity_hint: Some(4 * MB),
         adapt_window: false,
         window_share: 0.0,
         freq_ties_largest_first,
+        main_ranks_by_density,
         ..PatternAwareConfig::default()
     });
     let footer = |f: u64| CacheKey::file(format!("pq/day={f}.parquet"), "v", 12);
@@ -842,7 +846,7 @@ fn main_victim_of_equals(freq_ties_largest_first: bool) -> (CacheKey, CacheKey) 
     }
     assert_eq!(p.pool_of(&column), Some("freq"));
     let v = p.victim().expect("a full main has a victim");
-    // A column chunk read once more outranks every footer: frequency comes first.
+    // The column chunk read twice more: by frequency alone it outranks every footer.
     p.on_hit(&column, &demand(1, 100));
     p.on_hit(&column, &demand(1, 101));
     let v2 = p.victim().expect("a full main has a victim");
@@ -855,21 +859,75 @@ fn main_victim_of_equals(freq_ties_largest_first: bool) -> (CacheKey, CacheKey) 
 #[test]
 fn main_ties_evict_the_largest_item_first() {
     let column = CacheKey::file("pq/day=0.parquet", "v", 2);
-    let (v, v2) = main_victim_of_equals(true);
+    let (v, v2) = main_victim_of_equals(true, false);
     assert_eq!(v, column);
-    assert_ne!(v2, column, "a more frequent item is never the victim");
-    let (old, _) = main_victim_of_equals(false);
+    assert_ne!(
+        v2, column,
+        "by frequency, a more frequent item is never the victim"
+    );
+    let (old, _) = main_victim_of_equals(false, false);
     assert_ne!(old, column);
+    // Per byte, the column's three re-reads of 1 MiB are worth less than one of a
+    // 64 KiB footer: it stays the victim.
+    assert_eq!(main_victim_of_equals(true, true), (column.clone(), column));
+}
+
+/// `main_ranks_by_density`: the main's victims go by reuse per byte, `(f - 1) / size`.
+/// A 4 KiB unit read once has no reuse to show and goes first; then a 1 MiB block read
+/// three times goes before 4 KiB units read twice (a SQLite page's unit holds 1/256 of
+/// the space). By frequency alone a small unit read twice would go second.
+#[test]
+fn the_main_ranks_items_by_reuse_per_byte() {
+    let victims = |main_ranks_by_density: bool| {
+        let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+            capacity_hint: Some(4 * MB),
+            adapt_window: false,
+            window_share: 0.0,
+            main_ranks_by_density,
+            ..PatternAwareConfig::default()
+        });
+        let unit = |i: u64| CacheKey::file("db/main.sqlite", "v", 100 + i);
+        let block = CacheKey::file("db/main.sqlite", "v", 0);
+        let mut t = 0;
+        let mut read = |p: &mut PatternAwarePolicy, k: &CacheKey, size: u64, times: u64| {
+            t += 1;
+            assert!(p.admit(k, size, &demand(1, t)));
+            p.on_insert(k, size, &demand(1, t));
+            for _ in 1..times {
+                t += 1;
+                p.on_hit(k, &demand(1, t));
+            }
+        };
+        read(&mut p, &block, MB, 3);
+        for i in 0..4 {
+            read(&mut p, &unit(i), 4 << 10, 2);
+        }
+        read(&mut p, &unit(9), 4 << 10, 1);
+        let first = p.victim().expect("a full main has a victim");
+        p.on_remove(&first);
+        let second = p.victim().expect("a full main has a victim");
+        (first, second, block, unit(9))
+    };
+    let (first, second, block, once) = victims(true);
+    assert_eq!(first, once, "an item read once ranks last");
+    assert_eq!(second, block);
+    let (first, second, block, once) = victims(false);
+    assert_eq!(first, once);
+    assert_ne!(second, block, "by frequency the block read most stays");
 }
 
 /// The window -> main contest between a small candidate and a large main item of equal
 /// frequency: the victim.
-fn contest_victim_of_equals(freq_ties_largest_first: bool) -> CacheKey {
+fn contest_victim_of_equals(
+    freq_ties_largest_first: bool,
+    main_ranks_by_density: bool,
+) -> CacheKey {
     let mut p = PatternAwarePolicy::new(PatternAwareConfig {
         capacity_hint: Some(2 * MB),
         adapt_window: false,
         window_share: 0.01,
         freq_ties_largest_first,
+        main_ranks_by_density,
         // The candidate here is also the latest demanded block, which that rule keeps
         // out of the contest until the next demand: this test is about the tie alone.
         window_keeps_last_demanded: false,
@@ -895,11 +953,14 @@ fn contest_victim_of_equals(freq_ties_largest_first: bool) -> CacheKey {
 #[test]
 fn the_window_contest_keeps_the_smaller_of_equals() {
     let column = CacheKey::file("pq/day=0.parquet", "v", 2);
-    assert_eq!(contest_victim_of_equals(true), column);
+    assert_eq!(contest_victim_of_equals(true, false), column);
     assert_eq!(
-        contest_victim_of_equals(false),
+        contest_victim_of_equals(false, false),
         CacheKey::file("pq/day=1.parquet", "v", 12)
     );
+    // Per byte the footer's re-read outranks the column's whatever the tie rule.
+    assert_eq!(contest_victim_of_equals(true, true), column);
+    assert_eq!(contest_victim_of_equals(false, true), column);
 }
 
 /// The recorded safetensors load in miniature: file 0 read once with no history (the

@@ -143,6 +143,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "sketch_width" => c.sketch_width = f as usize,
             "sketch_follows_items" => c.sketch_follows_items = on,
             "freq_ties_largest_first" => c.freq_ties_largest_first = on,
+            "main_ranks_by_density" => c.main_ranks_by_density = on,
             "main_kept_until_scan_reuse" => c.main_kept_until_scan_reuse = on,
             "reload_ghost" => c.reload_ghost = on,
             "reload_run" => c.reload_run = f as u64,
