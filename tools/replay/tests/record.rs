@@ -138,3 +138,32 @@ os._exit(3)
         ]
     );
 }
+
+/// A file whose name the CSV cannot carry (an object key with a comma) is recorded under
+/// an escaped name, not left out.
+#[test]
+fn a_file_named_with_a_comma_is_kept_escaped() {
+    if !have_strace() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("part,0001.bin");
+    std::fs::write(&data, vec![1u8; 3000]).expect("write");
+    let rec = run(
+        dir.path(),
+        &[
+            "dd",
+            &format!("if={}", data.display()),
+            "of=/dev/null",
+            "bs=1000",
+            "status=none",
+        ],
+    );
+    assert!(rec.succeeded(), "{}", rec.status);
+    let got: Vec<_> = rows(&rec).into_iter().map(|r| (r.1, r.2, r.3)).collect();
+    let want: Vec<_> = [0, 1000, 2000]
+        .iter()
+        .map(|&o| ("part%2C0001.bin".to_string(), o, 1000))
+        .collect();
+    assert_eq!(got, want);
+}

@@ -323,8 +323,9 @@ fn birth(c: &Call<'_>, parent: u32) -> Option<Birth> {
     })
 }
 
-/// An unquoted strace string (`"a\"b"` → `a"b`), with octal and C escapes.
-fn unquote(s: &str) -> Option<String> {
+/// An unquoted strace string (`"a\"b"` → `a"b`), with octal and C escapes: a path's
+/// raw bytes, UTF-8 or not.
+fn unquote(s: &str) -> Option<std::ffi::OsString> {
     let inner = s.strip_prefix('"')?;
     let inner = inner.strip_suffix("\"...").or(inner.strip_suffix('"'))?;
     let mut out = Vec::with_capacity(inner.len());
@@ -363,7 +364,8 @@ fn unquote(s: &str) -> Option<String> {
             other => out.push(other),
         }
     }
-    String::from_utf8(out).ok()
+    use std::os::unix::ffi::OsStringExt;
+    Some(std::ffi::OsString::from_vec(out))
 }
 
 fn num(s: &str) -> Option<i64> {
@@ -453,7 +455,7 @@ impl<L: Lookup> Parser<'_, L> {
 
     /// The absolute path of `path` as `pid` names it, relative to `dirfd` (`AT_FDCWD` or
     /// an fd naming a directory).
-    fn resolve(&self, p: Proc, dirfd: Option<&str>, path: &str) -> Option<Arc<Path>> {
+    fn resolve(&self, p: Proc, dirfd: Option<&str>, path: &std::ffi::OsStr) -> Option<Arc<Path>> {
         let path = Path::new(path);
         if path.is_absolute() {
             return Some(Arc::from(normalize(path)));
@@ -474,9 +476,8 @@ impl<L: Lookup> Parser<'_, L> {
             return *id;
         }
         let id = self.lookup.regular_file(abs).and_then(|(real, size)| {
-            let rel = real.strip_prefix(&self.root).ok()?.to_str()?.to_string();
-            // The CSV cannot carry these (no quoting); such files are left out.
-            if rel.is_empty() || rel.contains([',', '"', '\n', '\r']) {
+            let rel = trace_name(real.strip_prefix(&self.root).ok()?);
+            if rel.is_empty() {
                 return None;
             }
             self.files.push((rel, size));
@@ -732,6 +733,37 @@ impl<L: Lookup> Parser<'_, L> {
     }
 }
 
+/// A file's path relative to the root as the trace names it. The CSV has no quoting, so
+/// the bytes it cannot carry (`,`, `"`, line breaks) and any byte of a name that is not
+/// UTF-8 are written `%XX`, and `%` itself as `%25`: a file named `a,b.bin` (an object
+/// key with a comma) is recorded as `a%2Cb.bin` instead of being left out, and two
+/// different names never map to one.
+fn trace_name(rel: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = rel.as_os_str().as_bytes();
+    let utf8 = std::str::from_utf8(bytes).is_ok();
+    let mut out = String::with_capacity(bytes.len());
+    for (i, &b) in bytes.iter().enumerate() {
+        let plain = matches!(b, b' '..=b'~') && !matches!(b, b',' | b'"' | b'%');
+        if plain {
+            out.push(b as char);
+        } else if utf8 && b >= 0x80 {
+            // Part of a UTF-8 character: copied whole at its first byte.
+            if !(0x80..0xc0).contains(&b) {
+                let len = match b {
+                    0xc0..=0xdf => 2,
+                    0xe0..=0xef => 3,
+                    _ => 4,
+                };
+                out.push_str(std::str::from_utf8(&bytes[i..i + len]).unwrap_or_default());
+            }
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -740,8 +772,9 @@ mod tests {
     struct Fake;
     impl Lookup for Fake {
         fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)> {
-            let s = abs.to_str()?;
-            (s.starts_with("/data/") && !s.ends_with("/dir"))
+            use std::os::unix::ffi::OsStrExt;
+            let s = abs.as_os_str().as_bytes();
+            (s.starts_with(b"/data/") && !s.ends_with(b"/dir"))
                 .then(|| (abs.to_path_buf(), 1_000_000))
         }
     }
@@ -787,7 +820,10 @@ mod tests {
             parse_call(r#"openat(AT_FDCWD, "a, b\")(.txt", O_RDONLY) = -1 ENOENT (No such file)"#)
                 .expect("call");
         assert_eq!(c.args.len(), 3);
-        assert_eq!(unquote(c.args[1]).as_deref(), Some("a, b\")(.txt"));
+        assert_eq!(
+            unquote(c.args[1]).as_deref(),
+            Some(std::ffi::OsStr::new("a, b\")(.txt"))
+        );
         assert_eq!(c.ret, Some(-1));
         let c = parse_call("read(3, 0x7f, 10) = ? ERESTARTSYS (To be restarted)").expect("call");
         assert_eq!(c.ret, None);
@@ -800,7 +836,7 @@ mod tests {
         assert!(b.share_files && !b.share_fs);
         assert_eq!(
             unquote(r#""\303\251t\303\251\x41""#).as_deref(),
-            Some("étéA")
+            Some(std::ffi::OsStr::new("étéA"))
         );
         assert!(parse_call("--- SIGCHLD {si_signo=SIGCHLD} ---").is_none());
     }
@@ -960,6 +996,31 @@ mod tests {
 "#,
             &[("x", 0, 1), ("dir/y", 0, 2), ("sub/z", 0, 3), ("x", 1, 4)],
         );
+    }
+
+    /// Names the CSV cannot carry are escaped, not dropped; UTF-8 names stay readable.
+    #[test]
+    fn names_with_commas_quotes_or_odd_bytes_are_escaped() {
+        assert_ranges(
+            r#"100 1.000000 openat(AT_FDCWD, "a,b.bin", O_RDONLY) = 3
+100 1.000010 read(3, ""..., 10) = 10
+100 1.000020 openat(AT_FDCWD, "q\"x%.bin", O_RDONLY) = 4
+100 1.000030 read(4, ""..., 20) = 20
+100 1.000040 openat(AT_FDCWD, "\303\251t\303\251.bin", O_RDONLY) = 5
+100 1.000050 read(5, ""..., 30) = 30
+100 1.000060 openat(AT_FDCWD, "\377x.bin", O_RDONLY) = 6
+100 1.000070 read(6, ""..., 40) = 40
+"#,
+            &[
+                ("a%2Cb.bin", 0, 10),
+                ("q%22x%25.bin", 0, 20),
+                ("été.bin", 0, 30),
+                ("%FFx.bin", 0, 40),
+            ],
+        );
+        use std::os::unix::ffi::OsStrExt;
+        let raw = std::ffi::OsStr::from_bytes(b"bad\xff\n.bin");
+        assert_eq!(trace_name(Path::new(raw)), "bad%FF%0A.bin");
     }
 
     #[test]
