@@ -42,28 +42,31 @@ fn rows(rec: &Recorded) -> Vec<(String, String, u64, u64, u64)> {
         .collect()
 }
 
+/// The rows of `dd bs=1000 ARGS` reading a file `name` of `len` bytes in a fresh root.
+fn dd_rows(name: &str, len: usize, args: &[&str]) -> Vec<(String, String, u64, u64, u64)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join(name);
+    std::fs::write(&data, vec![7u8; len]).expect("write");
+    let input = format!("if={}", data.display());
+    let mut cmd = vec![
+        "dd",
+        input.as_str(),
+        "of=/dev/null",
+        "bs=1000",
+        "status=none",
+    ];
+    cmd.extend_from_slice(args);
+    let rec = run(dir.path(), &cmd);
+    assert!(rec.succeeded(), "{}", rec.status);
+    rows(&rec)
+}
+
 #[test]
 fn dd_with_skip_reads_what_it_says() {
     if !have_strace() {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data.bin");
-    std::fs::write(&data, vec![7u8; 10_000]).expect("write");
-    let rec = run(
-        dir.path(),
-        &[
-            "dd",
-            &format!("if={}", data.display()),
-            "of=/dev/null",
-            "bs=1000",
-            "skip=3",
-            "count=2",
-            "status=none",
-        ],
-    );
-    assert!(rec.succeeded(), "{}", rec.status);
-    let got = rows(&rec);
+    let got = dd_rows("data.bin", 10_000, &["skip=3", "count=2"]);
     let want: Vec<_> = [3000, 4000]
         .iter()
         .map(|&o| (got[0].0.clone(), "data.bin".to_string(), o, 1000, 10_000))
@@ -146,21 +149,10 @@ fn a_file_named_with_a_comma_is_kept_escaped() {
     if !have_strace() {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("part,0001.bin");
-    std::fs::write(&data, vec![1u8; 3000]).expect("write");
-    let rec = run(
-        dir.path(),
-        &[
-            "dd",
-            &format!("if={}", data.display()),
-            "of=/dev/null",
-            "bs=1000",
-            "status=none",
-        ],
-    );
-    assert!(rec.succeeded(), "{}", rec.status);
-    let got: Vec<_> = rows(&rec).into_iter().map(|r| (r.1, r.2, r.3)).collect();
+    let got: Vec<_> = dd_rows("part,0001.bin", 3000, &[])
+        .into_iter()
+        .map(|r| (r.1, r.2, r.3))
+        .collect();
     let want: Vec<_> = [0, 1000, 2000]
         .iter()
         .map(|&o| ("part%2C0001.bin".to_string(), o, 1000))
