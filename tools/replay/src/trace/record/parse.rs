@@ -734,31 +734,38 @@ impl<L: Lookup> Parser<'_, L> {
 }
 
 /// A file's path relative to the root as the trace names it. The CSV has no quoting, so
-/// the bytes it cannot carry (`,`, `"`, line breaks) and any byte of a name that is not
-/// UTF-8 are written `%XX`, and `%` itself as `%25`: a file named `a,b.bin` (an object
-/// key with a comma) is recorded as `a%2Cb.bin` instead of being left out, and two
-/// different names never map to one.
+/// the characters it cannot carry (`,`, `"`, line breaks and other controls), `%` itself
+/// and, in a name that is not UTF-8, every byte outside printable ASCII are written
+/// `%XX`, byte by byte: a file named `a,b.bin` (an object key with a comma) is recorded
+/// as `a%2Cb.bin` instead of being left out, and two different names never map to one.
 fn trace_name(rel: &Path) -> String {
+    use std::fmt::Write;
     use std::os::unix::ffi::OsStrExt;
+    let escape = |out: &mut String, bytes: &[u8]| {
+        for b in bytes {
+            let _ = write!(out, "%{b:02X}");
+        }
+    };
     let bytes = rel.as_os_str().as_bytes();
-    let utf8 = std::str::from_utf8(bytes).is_ok();
     let mut out = String::with_capacity(bytes.len());
-    for (i, &b) in bytes.iter().enumerate() {
-        let plain = matches!(b, b' '..=b'~') && !matches!(b, b',' | b'"' | b'%');
-        if plain {
-            out.push(b as char);
-        } else if utf8 && b >= 0x80 {
-            // Part of a UTF-8 character: copied whole at its first byte.
-            if !(0x80..0xc0).contains(&b) {
-                let len = match b {
-                    0xc0..=0xdf => 2,
-                    0xe0..=0xef => 3,
-                    _ => 4,
-                };
-                out.push_str(std::str::from_utf8(&bytes[i..i + len]).unwrap_or_default());
+    match std::str::from_utf8(bytes) {
+        Ok(name) => {
+            for c in name.chars() {
+                if matches!(c, ',' | '"' | '%') || c.is_control() {
+                    escape(&mut out, c.encode_utf8(&mut [0; 4]).as_bytes());
+                } else {
+                    out.push(c);
+                }
             }
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+        }
+        Err(_) => {
+            for &b in bytes {
+                if b.is_ascii_graphic() && !matches!(b, b',' | b'"' | b'%') || b == b' ' {
+                    out.push(char::from(b));
+                } else {
+                    escape(&mut out, &[b]);
+                }
+            }
         }
     }
     out
