@@ -91,6 +91,12 @@ from workloads import main as workloads_main, open_shuffled, zipf_ranks  # noqa:
 SEED = 71  # not the corpus's 13
 
 
+def files_under(root):
+    """Every file below `root`, sorted by path (a program's listing order, the same on
+    every run)."""
+    return sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+
+
 # --- duckdb -------------------------------------------------------------------------
 
 
@@ -310,7 +316,7 @@ def load_sample(path):
 def run_loader3(d):
     from multiprocessing import Pool
 
-    files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(d, "data")) for f in fs)
+    files = files_under(os.path.join(d, "data"))
     rng = random.Random(SEED + 1)
     with Pool(8) as pool:
         for epoch in range(3):
@@ -781,7 +787,7 @@ def gen_valloader(d):
 
 class _Files:
     def __init__(self, root):
-        self.files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+        self.files = files_under(root)
 
     def __len__(self):
         return len(self.files)
@@ -937,7 +943,7 @@ def run_cheaders(d):
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(SEED + 141)
-    srcs = sorted(os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "src")) for f in fs)
+    srcs = files_under(os.path.join(d, "src"))
 
     def cc(path):
         subprocess.run(["gcc", "-fsyntax-only", "-Iinclude", os.path.relpath(path, d)], cwd=d, check=True)
@@ -994,7 +1000,7 @@ def run_audiocrop(d):
     from multiprocessing import Pool
 
     rng = random.Random(SEED + 151)
-    files = sorted(os.path.join(r, f) for r, _, fs in os.walk(os.path.join(d, "clips")) for f in fs)
+    files = files_under(os.path.join(d, "clips"))
     total = 0
     with Pool(4) as pool:
         for epoch in range(3):
