@@ -10,7 +10,8 @@
 # duckdb, pandas, zarr, h5py, safetensors; default python3), TORCH_PY (a Python with
 # torch for `torch` and `valloader`; default $PY), WORK (data sets, default
 # /tmp/strata-heldout, ~2 GB), OUT (default tools/replay/traces/heldout). The third
-# round's `cligrep` also runs bash, GNU grep, gzip and tar; the fifth's `cheaders` runs gcc.
+# round's `cligrep` also runs bash, GNU grep, gzip and tar; the fifth's `cheaders` runs gcc;
+# the sixth's `pyimport` starts $PY itself, once per worker.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +22,7 @@ WORK=${WORK:-/tmp/strata-heldout}
 OUT=${OUT:-$repo/tools/replay/traces/heldout}
 H="$repo/scripts/corpus/heldout.py"
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4 pyimport ivfsearch mixh5)
 mkdir -p "$WORK" "$OUT"
 
 py_for() { if [ "$1" = torch ] || [ "$1" = valloader ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
@@ -51,6 +52,7 @@ for k in "${kinds[@]}"; do
     mixh) record_mix mixh sqlrange zip pandas ;;
     mixh3) record_mix mixh3 embed jsonlog cligrep ;;
     mixh4) record_mix mixh4 cheaders audiocrop vodstream ;;
+    mixh5) record_mix mixh5 pyimport ivfsearch tokwin ;;
     *)
       gen "$k"
       record "$k" "$(py_for "$k")" "$H" run "$k" "$WORK/$k"

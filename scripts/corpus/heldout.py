@@ -79,6 +79,17 @@ Fifth round (recorded 2026-12-03 on main at 2e1dab7, before any policy work on i
             play starting at 0 (70%) or a random seek, reading 256 KiB chunks for a random
             share of the file, 900 plays
   mixh4     cheaders, audiocrop and vodstream at once, each its own process group
+
+Sixth round (recorded 2026-12-03 on main at c1a8b73, before any policy work on it):
+  pyimport  24 short-lived Python processes, 4 at a time, each its own session (a service's
+            workers restarting): each imports a Zipf-popular set of modules from a tree of
+            30 packages x 16 compiled modules that import each other (the .pyc files read
+            whole, the sources only stat'ed), a shared hot set read by every process
+  ivfsearch an IVF vector index on disk: 1,024 inverted lists of 64-d float32 vectors in one
+            file (sizes log-normal), the centroids and offsets read once; 4 threads answer
+            1,200 queries, each reading the 8 lists nearest to it (np.fromfile at an
+            offset), queries drawn near Zipf(1.0)-popular clusters
+  mixh5     pyimport, ivfsearch and tokwin at once, each its own process group
 """
 
 import os
@@ -1055,6 +1066,118 @@ def run_vodstream(d):
     with ThreadPoolExecutor(6) as pool:
         total = sum(pool.map(play, plays))
     print("vodstream: %d bytes" % total)
+
+
+# --- pyimport -----------------------------------------------------------------------
+
+PYIMPORT_PACKAGES = 30
+PYIMPORT_MODULES = 16
+
+
+def gen_pyimport(d):
+    import compileall
+
+    rng = random.Random(SEED + 170)
+    root = os.path.join(d, "site")
+    for p in range(PYIMPORT_PACKAGES):
+        pkg = os.path.join(root, "pkg%02d" % p)
+        os.makedirs(pkg, exist_ok=True)
+        with open(os.path.join(pkg, "__init__.py"), "w") as f:
+            f.write("VERSION = %d\n" % p)
+        for m in range(PYIMPORT_MODULES):
+            # Imports only go to lower-numbered packages (no cycles); the base
+            # packages are imported by most others, as a real dependency tree's are.
+            deps = set()
+            if p > 0:
+                for _ in range(rng.randrange(0, 4)):
+                    q = zipf_ranks(p, 1.2, 1, rng)[0]
+                    deps.add("pkg%02d.mod%02d" % (q, rng.randrange(PYIMPORT_MODULES)))
+            lines = ["import %s" % dep for dep in sorted(deps)]
+            n = min(int(rng.lognormvariate(8.8, 0.9)), 150_000)  # median ~6.6 KB of source
+            k = 0
+            while sum(len(x) + 1 for x in lines) < n:
+                k += 1
+                lines.append("def f%d(x):\n    return x * %d + %d  # %s" % (
+                    k, rng.randrange(1, 99), rng.randrange(1000),
+                    " ".join("w%d" % rng.randrange(5000) for _ in range(rng.randrange(4, 30)))))
+                if rng.random() < 0.2:
+                    lines.append("TABLE%d = %r" % (k, [rng.randrange(1 << 20) for _ in range(rng.randrange(8, 64))]))
+            with open(os.path.join(pkg, "mod%02d.py" % m), "w") as f:
+                f.write("\n".join(lines) + "\n")
+    compileall.compile_dir(root, quiet=1)
+
+
+def run_pyimport(d):
+    import subprocess
+
+    rng = random.Random(SEED + 171)
+    root = os.path.join(d, "site")
+    mods = ["pkg%02d.mod%02d" % (p, m) for p in range(PYIMPORT_PACKAGES) for m in range(PYIMPORT_MODULES)]
+    rng.shuffle(mods)  # popularity is not name order
+    procs = []
+    for w in range(24):
+        want = sorted({mods[r] for r in zipf_ranks(len(mods), 0.9, rng.randrange(10, 40), rng)})
+        code = "import sys; sys.path.insert(0, %r)\n" % root + "".join("import %s\n" % m for m in want)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+        if len(procs) == 4:  # four workers at a time
+            for pr in procs:
+                if pr.wait() != 0:
+                    raise SystemExit("an import failed")
+            procs = []
+    print("pyimport: 24 processes")
+
+
+# --- ivfsearch ----------------------------------------------------------------------
+
+IVF_LISTS = 1024
+IVF_DIM = 64
+
+
+def gen_ivfsearch(d):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 180)
+    os.makedirs(os.path.join(d, "index"), exist_ok=True)
+    centroids = rng.standard_normal((IVF_LISTS, IVF_DIM)).astype(np.float32)
+    sizes = np.minimum(rng.lognormal(6.0, 0.8, IVF_LISTS).astype(np.int64) + 16, 4000)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    np.save(os.path.join(d, "index", "centroids.npy"), centroids)
+    np.save(os.path.join(d, "index", "offsets.npy"), offsets)
+    with open(os.path.join(d, "index", "lists.bin"), "wb") as f:
+        for c in range(IVF_LISTS):
+            v = centroids[c] + 0.1 * rng.standard_normal((sizes[c], IVF_DIM)).astype(np.float32)
+            f.write(v.astype(np.float32).tobytes())
+
+
+def run_ivfsearch(d):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    rng = random.Random(SEED + 181)
+    centroids = np.load(os.path.join(d, "index", "centroids.npy"))
+    offsets = np.load(os.path.join(d, "index", "offsets.npy"))
+    lists = os.path.join(d, "index", "lists.bin")
+    order = list(range(IVF_LISTS))
+    rng.shuffle(order)  # popular clusters are spread through the file
+    nprng = np.random.default_rng(SEED + 182)
+    queries = [centroids[order[r]] + 0.5 * nprng.standard_normal(IVF_DIM).astype(np.float32)
+               for r in zipf_ranks(IVF_LISTS, 1.0, 1200, rng)]
+    row = IVF_DIM * 4
+
+    def search(q):
+        near = np.argsort(((centroids - q) ** 2).sum(axis=1))[:8]
+        best = np.inf
+        with open(lists, "rb") as f:
+            for c in sorted(near):
+                n = int(offsets[c + 1] - offsets[c])
+                v = np.fromfile(f, dtype=np.float32, count=n * IVF_DIM, offset=int(offsets[c]) * row - f.tell())
+                best = min(best, float(((v.reshape(n, IVF_DIM) - q) ** 2).sum(axis=1).min()))
+        return best
+
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(search, queries))
+    print("ivfsearch: %d queries, mean best %.3f" % (len(found), sum(found) / len(found)))
 
 
 if __name__ == "__main__":
