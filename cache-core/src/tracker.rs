@@ -51,8 +51,9 @@ impl AccessTracker {
         self.tree.lookup(key, ctx)
     }
 
-    /// The finest classified pattern of `key`'s stream (blocks, else files): what the
-    /// prefetch controller is told.
+    /// The finest classified pattern of `key`'s stream (blocks, else files; blocks read
+    /// in order and reused across visits are `Skewed`): what the prefetch controller is
+    /// told.
     pub fn pattern_of(&self, key: &CacheKey, ctx: &AccessContext) -> Pattern {
         self.tree.finest_pattern(key, ctx)
     }

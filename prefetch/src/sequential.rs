@@ -4,8 +4,18 @@
 //! the consumption rate (bytes per second of the job's own clock), and how far it has
 //! already asked to prefetch (the high-water mark). It prefetches only streams the cache
 //! core classified [`Pattern::Sequential`] (or, for streams the core has not classified
-//! yet, after `min_run` contiguous reads of its own); random and skewed streams are never
-//! prefetched (JuiceFS #6363/#5134: readahead on random reads is pure waste).
+//! yet, after `min_run` contiguous reads of its own); random streams are never prefetched
+//! (JuiceFS #6363/#5134: readahead on random reads is pure waste).
+//!
+//! A skewed stream (popular blocks; also blocks read in order within each visit and
+//! reused across visits, which the core reports as skewed) is read ahead only inside a
+//! contiguous run and only as far as the run has proven: at most `skewed_run_multiple`
+//! times the bytes the run has read, as the kernel's readahead grows its window only as
+//! the reader consumes it. Such a visit stops anywhere (a list of an IVF index read in
+//! three reads, a viewer who stops a popular video early), and the blocks the next visit
+//! wants are elsewhere and likely cached already; the rate's depth, measured between
+//! reads microseconds apart, had each 100 KB visit fetch megabytes past its end
+//! (docs/BENCHMARKS.md "Readahead of reused streams grows with the run").
 //!
 //! Depth = consumption rate x `lead_time`, clamped to `[min_depth, max_depth]`: a stream
 //! consuming 400 MB/s with a 100 ms lead needs 40 MB in flight to never wait, one reading
@@ -50,6 +60,10 @@ pub struct SequentialConfig {
     pub min_run: u32,
     /// Streams tracked before the least recently used half is dropped: 4096.
     pub max_streams: usize,
+    /// How far past a skewed stream's contiguous run readahead may reach, in multiples
+    /// of the bytes the run has read: 2, the kernel's doubling (the window grows as the
+    /// reader consumes it). 0 turns readahead off for skewed streams.
+    pub skewed_run_multiple: u64,
 }
 
 impl Default for SequentialConfig {
@@ -61,6 +75,7 @@ impl Default for SequentialConfig {
             min_request: 1 << 20,
             min_run: 2,
             max_streams: 4096,
+            skewed_run_multiple: 2,
         }
     }
 }
@@ -68,6 +83,8 @@ impl Default for SequentialConfig {
 #[derive(Clone, Debug, Default)]
 struct StreamState {
     end: u64,
+    /// Where the current contiguous run began.
+    run_start: u64,
     run: u32,
     high_water: u64,
     rate: f64,
@@ -183,6 +200,7 @@ impl Predictor for SequentialPredictor {
         s.end = read_end;
         if !contiguous {
             s.high_water = read_end;
+            s.run_start = ev.offset;
         }
         // A sequential classification allows prefetch from the start of a file (the
         // pattern inherited from the job's sibling files) or once the reads are exactly
@@ -192,13 +210,18 @@ impl Predictor for SequentialPredictor {
         let sequential = match ev.pattern {
             Pattern::Sequential => exact_run || ev.offset == 0,
             Pattern::Unknown => exact_run,
-            Pattern::Random | Pattern::Skewed => false,
+            Pattern::Skewed => exact_run && self.cfg.skewed_run_multiple > 0,
+            Pattern::Random => false,
         };
         if !sequential {
             return;
         }
         let s = s.clone();
-        let depth = self.depth(&s);
+        let mut depth = self.depth(&s);
+        if ev.pattern == Pattern::Skewed {
+            let proven = read_end.saturating_sub(s.run_start);
+            depth = depth.min(proven.saturating_mul(self.cfg.skewed_run_multiple));
+        }
         let mut target = read_end + depth;
         if ev.file_size > 0 {
             target = target.min(ev.file_size);
@@ -307,6 +330,89 @@ mod tests {
         for i in 0..100u64 {
             p.on_access(
                 &ev(1, "f", i << 20, 1 << 20, i * 1000 + 1, Pattern::Random),
+                &mut out,
+            );
+        }
+        assert!(out.is_empty());
+    }
+
+    /// A skewed stream's visit of three reads (an index list: a 4 KiB head, a 96 KiB
+    /// body, a 4 KiB buffer fill) read microseconds apart asks for nothing: twice its
+    /// 104 KiB is under one request. As `Sequential` the same reads fetch megabytes.
+    #[test]
+    fn a_short_skewed_visit_is_not_read_ahead() {
+        let visit = |pattern: Pattern| {
+            let mut p = SequentialPredictor::default();
+            let mut out = Vec::new();
+            for (i, v) in [7u64, 300, 91, 42].iter().enumerate() {
+                let base = v << 20;
+                let t = 1 + i as u64 * 1_000_000;
+                for (off, len, dt) in [
+                    (0, 4096, 0),
+                    (4096, 96 << 10, 20_000),
+                    (100 << 10, 4096, 40_000),
+                ] {
+                    p.on_access(
+                        &ev(1, "lists.bin", base + off, len, t + dt, pattern),
+                        &mut out,
+                    );
+                }
+            }
+            out.iter().map(|r| r.len).sum::<u64>()
+        };
+        assert_eq!(visit(Pattern::Skewed), 0);
+        assert!(
+            visit(Pattern::Sequential) >= 4 << 20,
+            "{}",
+            visit(Pattern::Sequential)
+        );
+    }
+
+    /// A skewed stream that goes on reading in order is read ahead as far as it has
+    /// proven: never more than twice its run past the read, growing with the run.
+    #[test]
+    fn a_skewed_run_is_read_ahead_twice_its_length() {
+        let mut p = SequentialPredictor::default();
+        let mut out = Vec::new();
+        let mb = 1u64 << 20;
+        let start = 64 * mb;
+        let mut reach = Vec::new();
+        for i in 0..24u64 {
+            let off = start + i * mb;
+            p.on_access(
+                &ev(1, "v.mp4", off, mb, 1 + i * 1_000, Pattern::Skewed),
+                &mut out,
+            );
+            let read_end = off + mb;
+            let ahead = out
+                .iter()
+                .map(|r| r.offset + r.len)
+                .max()
+                .unwrap_or(read_end);
+            assert!(
+                ahead - read_end <= 2 * (read_end - start),
+                "read {i}: {ahead}"
+            );
+            reach.push(ahead - read_end);
+        }
+        assert_eq!(reach[0], 0, "one read proves nothing");
+        assert!(
+            reach[23] >= 16 * mb,
+            "the window grew with the run: {reach:?}"
+        );
+    }
+
+    /// `skewed_run_multiple = 0`: skewed streams are not read ahead at all.
+    #[test]
+    fn skewed_readahead_can_be_turned_off() {
+        let mut p = SequentialPredictor::new(SequentialConfig {
+            skewed_run_multiple: 0,
+            ..SequentialConfig::default()
+        });
+        let mut out = Vec::new();
+        for i in 0..32u64 {
+            p.on_access(
+                &ev(1, "f", i << 20, 1 << 20, 1 + i * 1000, Pattern::Skewed),
                 &mut out,
             );
         }

@@ -759,7 +759,14 @@ impl StreamTree {
             self.index
                 .get(&StreamId { job, node })
                 .map(|&slot| &self.nodes[slot as usize])
-                .map(|n| (n.stats.pattern(), n.child_hint, n.small.mostly_small()))
+                .map(|n| {
+                    (
+                        n.stats.pattern(),
+                        n.child_hint,
+                        n.small.mostly_small(),
+                        n.stats.reused(),
+                    )
+                })
         };
         let mut obs = Observation::default();
         match key {
@@ -773,7 +780,7 @@ impl StreamTree {
                         obs.dirs = get(LEVEL_ROOT ^ hash_bytes(root.as_bytes()))
                             .map_or(Pattern::Unknown, |x| x.0);
                     }
-                    if let Some((p, h, _)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
+                    if let Some((p, h, _, _)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
                         obs.files = p;
                         hint = h;
                     }
@@ -781,6 +788,7 @@ impl StreamTree {
                 let file = get(LEVEL_FILE ^ file_h);
                 obs.blocks = file.map_or(hint, |x| x.0);
                 obs.small_reads = file.is_some_and(|x| x.2);
+                obs.blocks_reused = file.is_some_and(|x| x.3);
             }
             CacheKey::Kv(k) => {
                 let ns_h = hash_bytes(k.namespace.as_bytes()) ^ 0x6b76;
@@ -795,7 +803,11 @@ impl StreamTree {
 
     /// The finest classified pattern of `key`'s streams for `job`: `lookup(key,
     /// ctx).blocks` if classified, else `.files` (what the prefetch controller is told,
-    /// [`crate::tracker::AccessTracker::pattern_of`]), without the parts of
+    /// [`crate::tracker::AccessTracker::pattern_of`]), except that blocks read in order
+    /// within each visit and reused across visits (`blocks_reused`) are `Skewed`, as
+    /// [`Observation::retention`] ranks them: popular data whose visits may stop
+    /// anywhere, not a scan to read far ahead of (see the sequential predictor's
+    /// `skewed_run_multiple`). Computed without the parts of
     /// [`Self::lookup`] it does not need: the file's stream is looked up first and the
     /// directory's (its pattern, and its hint for a file not tracked yet) only when the
     /// file's is not classified; the root's stream and the sharing state never. The
@@ -815,6 +827,9 @@ impl StreamTree {
                 let file = get(LEVEL_FILE ^ hash_bytes(loc.as_bytes()));
                 if let Some(f) = file {
                     let p = f.stats.pattern();
+                    if p == Pattern::Sequential && f.stats.reused() {
+                        return Pattern::Skewed;
+                    }
                     if p != Pattern::Unknown {
                         return p;
                     }
@@ -918,8 +933,9 @@ mod tests {
     }
 
     /// `finest_pattern` is `lookup`'s blocks-else-files for every key and job, tracked
-    /// or not: sequential and shuffled streams over nested, flat and root-level files,
-    /// KV namespaces, and probes of untracked files in tracked directories.
+    /// or not (blocks in order and reused: skewed): sequential and shuffled streams over
+    /// nested, flat and root-level files, KV namespaces, and probes of untracked files
+    /// in tracked directories.
     #[test]
     fn finest_pattern_is_lookups_blocks_else_files() {
         let mut t = StreamTree::default();
@@ -933,7 +949,9 @@ mod tests {
         ];
         let probe = |t: &StreamTree, key: &CacheKey, job: u64| {
             let o = t.lookup(key, &ctx(job));
-            let want = if o.blocks != Pattern::Unknown {
+            let want = if o.blocks == Pattern::Sequential && o.blocks_reused {
+                Pattern::Skewed
+            } else if o.blocks != Pattern::Unknown {
                 o.blocks
             } else {
                 o.files
@@ -1169,6 +1187,44 @@ mod tests {
             ..Observation::default()
         };
         assert_eq!(random.retention(), Pattern::Random, "reused means in order");
+    }
+
+    /// What the prefetchers are told of a file whose hot columns are read in order by
+    /// query after query: `Skewed` (its retention), so readahead does not treat each
+    /// query's visit as a scan to run far ahead of; a file read whole pass after pass
+    /// stays `Sequential`.
+    #[test]
+    fn reused_in_order_blocks_are_skewed_to_the_prefetchers() {
+        let mut t = StreamTree::default();
+        let mut x = 5u64;
+        for q in 0..120u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let cold = 2 + (x >> 33) % 14;
+            let mut picked = if q % 4 == 3 {
+                vec![cold]
+            } else {
+                vec![0, 1, cold]
+            };
+            picked.sort_unstable();
+            for col in picked {
+                for b in 0..4 {
+                    t.observe(&CacheKey::file("t/cols.bin", "v", col * 4 + b), &ctx(1));
+                }
+            }
+        }
+        for _ in 0..8 {
+            for b in 0..64 {
+                t.observe(&CacheKey::file("t/scan.bin", "v", b), &ctx(1));
+            }
+        }
+        let cols = CacheKey::file("t/cols.bin", "v", 0);
+        let scan = CacheKey::file("t/scan.bin", "v", 0);
+        let o = t.lookup(&cols, &ctx(1));
+        assert_eq!((o.blocks, o.blocks_reused), (Pattern::Sequential, true));
+        assert_eq!(t.finest_pattern(&cols, &ctx(1)), Pattern::Skewed);
+        assert_eq!(t.finest_pattern(&scan, &ctx(1)), Pattern::Sequential);
     }
 
     /// The words beside a pattern never quote a test that contradicts it: while the
