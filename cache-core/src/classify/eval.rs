@@ -83,6 +83,31 @@ pub fn generate(kind: Kind, len: usize, seed: u64) -> Vec<u64> {
     }
 }
 
+/// The block indices of a columnar file's queries (16 columns of 4 blocks): `queries`
+/// queries, three of four reading columns 0 and 1 (the hot ones) and one cold column, the
+/// fourth the cold column alone, each query's columns in file order. Sequential within a
+/// query, reused across them.
+pub fn hot_column_queries(queries: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut x = 5u64;
+    for q in 0..queries {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cold = 2 + (x >> 33) % 14;
+        let mut picked = if q % 4 == 3 {
+            vec![cold]
+        } else {
+            vec![0, 1, cold]
+        };
+        picked.sort_unstable();
+        for col in picked {
+            out.extend((0..4).map(|b| col * 4 + b));
+        }
+    }
+    out
+}
+
 /// A stream of sorted sparse sweeps (embedding lookups: each batch reads the blocks of its
 /// ids in order, each block at most once): `passes` passes over `n` blocks, block `i`
 /// read in a pass with probability `inclusion(i)`. Returns the stream after them all.

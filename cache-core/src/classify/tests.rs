@@ -1,4 +1,4 @@
-use super::eval::{hot_eighth, measure, reused_streams, sparse_sweeps, Kind};
+use super::eval::{hot_column_queries, hot_eighth, measure, reused_streams, sparse_sweeps, Kind};
 use super::*;
 
 fn cfg() -> ClassifierConfig {
@@ -88,24 +88,8 @@ fn hot_columns_read_in_order_are_sequential_and_reused() {
     let c = cfg();
     let mut sc = Scratch::default();
     let mut cols = StreamStats::new(Pattern::Unknown);
-    let mut x = 5u64;
-    for q in 0..120u64 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let cold = 2 + (x >> 33) % 14;
-        let mut picked = if q % 4 == 3 {
-            vec![cold]
-        } else {
-            vec![0, 1, cold]
-        };
-        picked.sort_unstable();
-        for col in picked {
-            for b in 0..4 {
-                let idx = col * 4 + b;
-                cols.observe(idx, idx as u32, &c, &mut sc);
-            }
-        }
+    for idx in hot_column_queries(120) {
+        cols.observe(idx, idx as u32, &c, &mut sc);
     }
     assert_eq!(cols.pattern(), Pattern::Sequential);
     assert!(cols.reused(), "hot columns come back");

@@ -1196,23 +1196,8 @@ mod tests {
     #[test]
     fn reused_in_order_blocks_are_skewed_to_the_prefetchers() {
         let mut t = StreamTree::default();
-        let mut x = 5u64;
-        for q in 0..120u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let cold = 2 + (x >> 33) % 14;
-            let mut picked = if q % 4 == 3 {
-                vec![cold]
-            } else {
-                vec![0, 1, cold]
-            };
-            picked.sort_unstable();
-            for col in picked {
-                for b in 0..4 {
-                    t.observe(&CacheKey::file("t/cols.bin", "v", col * 4 + b), &ctx(1));
-                }
-            }
+        for b in crate::classify::eval::hot_column_queries(120) {
+            t.observe(&CacheKey::file("t/cols.bin", "v", b), &ctx(1));
         }
         for _ in 0..8 {
             for b in 0..64 {
