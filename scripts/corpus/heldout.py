@@ -90,6 +90,17 @@ Sixth round (recorded 2026-12-03 on main at c1a8b73, before any policy work on i
             1,200 queries, each reading the 8 lists nearest to it (np.fromfile at an
             offset), queries drawn near Zipf(1.0)-popular clusters
   mixh5     pyimport, ivfsearch and tokwin at once, each its own process group
+
+Seventh round (recorded 2026-12-03 after the sixth round's readahead change, before any
+policy work on it):
+  diskann   a DiskANN-style graph index on disk: 200,000 nodes of 256 B (a 32-d vector and
+            32 neighbour ids) in 4 KiB pages, compressed vectors in memory; 2 threads run
+            1,500 beam searches from the medoid, each reading the pages of the nodes it
+            expands (pread), query targets Zipf(1.0)-popular clusters
+  tfinterleave  a tf.data-style reader: 16 record shards (length-prefixed records of 20-80
+            KB), 4 shards read at once a record from each in turn (cycle length 4), shard
+            order reshuffled for each of 2 epochs
+  mixh6     diskann, tfinterleave and lora at once, each its own process group
 """
 
 import os
@@ -1178,6 +1189,132 @@ def run_ivfsearch(d):
     with ThreadPoolExecutor(4) as pool:
         found = list(pool.map(search, queries))
     print("ivfsearch: %d queries, mean best %.3f" % (len(found), sum(found) / len(found)))
+
+
+# --- diskann ------------------------------------------------------------------------
+
+DISKANN_NODES = 200_000
+DISKANN_DIM = 32
+DISKANN_DEGREE = 32
+DISKANN_CLUSTERS = 400
+
+
+def gen_diskann(d):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 190)
+    os.makedirs(os.path.join(d, "index"), exist_ok=True)
+    centers = rng.standard_normal((DISKANN_CLUSTERS, DISKANN_DIM)).astype(np.float32) * 4
+    per = DISKANN_NODES // DISKANN_CLUSTERS
+    cluster = np.repeat(np.arange(DISKANN_CLUSTERS), per)  # ids grouped by cluster
+    vecs = centers[cluster] + rng.standard_normal((DISKANN_NODES, DISKANN_DIM)).astype(np.float32)
+    # Most edges stay in the node's cluster, a few jump anywhere (the long links a
+    # search follows toward its target).
+    local = (cluster[:, None] * per + rng.integers(0, per, (DISKANN_NODES, 16))).astype(np.int32)
+    far = rng.integers(0, DISKANN_NODES, (DISKANN_NODES, DISKANN_DEGREE - 16)).astype(np.int32)
+    nbrs = np.concatenate([local, far], axis=1)
+    recs = np.concatenate([vecs.view(np.int32), nbrs], axis=1)  # 256 B per node
+    recs.astype(np.int32).tofile(os.path.join(d, "index", "graph.bin"))
+    vecs[:, :8].astype(np.float16).tofile(os.path.join(d, "index", "pq.bin"))  # the in-memory codes
+    np.save(os.path.join(d, "index", "centers.npy"), centers)
+
+
+def run_diskann(d):
+    import heapq
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    rng = random.Random(SEED + 191)
+    pq = np.fromfile(os.path.join(d, "index", "pq.bin"), dtype=np.float16).reshape(-1, 8).astype(np.float32)
+    centers = np.load(os.path.join(d, "index", "centers.npy"))
+    medoid = int(np.argmin(((pq - pq.mean(axis=0)) ** 2).sum(axis=1)))
+    order = list(range(DISKANN_CLUSTERS))
+    rng.shuffle(order)
+    nprng = np.random.default_rng(SEED + 192)
+    queries = [centers[order[r]] + nprng.standard_normal(DISKANN_DIM).astype(np.float32)
+               for r in zipf_ranks(DISKANN_CLUSTERS, 1.0, 1500, rng)]
+    path = os.path.join(d, "index", "graph.bin")
+    per_page = 4096 // 256
+
+    def search(q):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            qc = q[:8]
+            seen = {medoid}
+            cand = [(float(((pq[medoid] - qc) ** 2).sum()), medoid)]
+            best = []
+            for _ in range(40):  # nodes expanded per query
+                if not cand:
+                    break
+                _, node = heapq.heappop(cand)
+                page = node // per_page
+                raw = os.pread(fd, 4096, page * 4096)
+                rec = np.frombuffer(raw, dtype=np.int32).reshape(per_page, 64)[node % per_page]
+                full = rec[:DISKANN_DIM].view(np.float32)
+                heapq.heappush(best, (-float(((full - q) ** 2).sum()), node))
+                if len(best) > 10:
+                    heapq.heappop(best)
+                nb = [int(x) for x in rec[DISKANN_DIM:] if int(x) not in seen]
+                seen.update(nb)
+                if nb:
+                    dist = ((pq[nb] - qc) ** 2).sum(axis=1)
+                    for dd, x in zip(dist.tolist(), nb):
+                        heapq.heappush(cand, (dd, x))
+                cand = heapq.nsmallest(20, cand)  # the beam
+                heapq.heapify(cand)
+            return -max(best)[0]
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(2) as pool:
+        found = list(pool.map(search, queries))
+    print("diskann: %d queries, mean best %.2f" % (len(found), sum(found) / len(found)))
+
+
+# --- tfinterleave -------------------------------------------------------------------
+
+TF_SHARDS = 16
+
+
+def gen_tfinterleave(d):
+    import struct
+
+    rng = random.Random(SEED + 200)
+    os.makedirs(os.path.join(d, "records"), exist_ok=True)
+    blob = bytes(rng.randrange(256) for _ in range(1 << 17))
+    for i in range(TF_SHARDS):
+        with open(os.path.join(d, "records", "train-%05d-of-%05d.rec" % (i, TF_SHARDS)), "wb") as f:
+            size = 0
+            while size < 8 << 20:
+                n = rng.randrange(20_000, 80_000)
+                f.write(struct.pack("<I", n) + blob[:n])
+                size += 4 + n
+
+
+def run_tfinterleave(d):
+    import struct
+
+    rng = random.Random(SEED + 201)
+    shards = files_under(os.path.join(d, "records"))
+    total = 0
+    for _ in range(2):  # epochs
+        order = shards[:]
+        rng.shuffle(order)
+        pending = list(order)
+        active = [open(pending.pop(0), "rb") for _ in range(4)]  # cycle length 4
+        while active:
+            for f in list(active):
+                head = f.read(4)
+                if len(head) < 4:
+                    f.close()
+                    active.remove(f)
+                    if pending:
+                        active.append(open(pending.pop(0), "rb"))
+                    continue
+                (n,) = struct.unpack("<I", head)
+                total += len(f.read(n))
+    print("tfinterleave: %d bytes" % total)
 
 
 if __name__ == "__main__":
