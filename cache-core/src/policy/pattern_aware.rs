@@ -141,7 +141,7 @@ use super::EvictionPolicy;
 use crate::access::AccessContext;
 use crate::key::CacheKey;
 use crate::pattern::Pattern;
-use crate::stream::{key_hash, mix64, FxBuild, Observation};
+use crate::stream::{hash_bytes, key_hash, mix64, FxBuild, Observation};
 
 /// Tunables of [`PatternAwarePolicy`]. Every default carries its reason.
 #[derive(Clone, Debug)]
@@ -335,6 +335,15 @@ pub struct PatternAwareConfig {
     /// `feather` but lost 4-11% on `sqljoin` across the noise family; docs/BENCHMARKS.md
     /// "Reuse across passes").
     pub stable_follows_retention: bool,
+    /// A scan block its reader is still in the middle of (the stream's latest read of
+    /// it ended before the block's end) is not behind the stream, so evict-behind
+    /// passes over it: true. Recency order alone protects the block of one stream (a
+    /// read of the same visit moves it to the young end), but with the scan queue's
+    /// share at 0, several streams read at once each evicted the others' current block:
+    /// held-out `tfinterleave` (4 record shards read a record from each in turn, ~20
+    /// records per 1 MiB block) fetched one block 48 times at 10%, 6.8x LRU's JCT
+    /// (docs/BENCHMARKS.md "Several scans at once").
+    pub scan_keeps_blocks_mid_read: bool,
 }
 
 impl Default for PatternAwareConfig {
@@ -371,6 +380,7 @@ impl Default for PatternAwareConfig {
             stable_admits_frequent: true,
             stable_frequent_min: 6,
             stable_follows_retention: true,
+            scan_keeps_blocks_mid_read: true,
         }
     }
 }
@@ -818,7 +828,40 @@ pub struct PatternAwarePolicy {
     reload_hits: u64,
     /// `two_sided_p`'s memo: `(n, k)` -> p-value.
     binom_p: HashMap<(u64, u64), f64, FxBuild>,
+    /// The block each recently active file stream (`(job, file)` hashed) is in the
+    /// middle of reading, if any (`scan_keeps_blocks_mid_read`); the most recent
+    /// `MID_READ_STREAMS` streams.
+    mid_read: VecDeque<MidRead>,
+    /// Demand reads noted so far (`note_read`'s clock).
+    reads: u64,
 }
+
+/// A file stream's contiguous run and the block it is in the middle of reading.
+#[derive(Clone, Copy, Debug)]
+struct MidRead {
+    stream: u64,
+    /// Where the stream's current contiguous run began, and where its latest read ended.
+    run_start: u64,
+    end: u64,
+    /// The block of the latest read, if that read stopped inside it and the run has
+    /// read at least a block's worth (a stream that goes on reading, not a chunk read
+    /// before a jump elsewhere).
+    block: Option<u64>,
+    /// `reads` at the stream's latest read.
+    tick: u64,
+}
+
+/// Demand reads after which a stream that has not read again is no longer in the middle
+/// of its block: 64, several turns of readers that take turns (4 record shards read a
+/// record each in turn touch each one every ~8 reads), while a query that stopped
+/// mid-block and went elsewhere (a log scan ending in its time window) frees its block
+/// soon after.
+const MID_READ_TICKS: u64 = 64;
+
+/// File streams whose current block is remembered (`mid_read`): 32, more streams than
+/// one job's readers keep open at once (tf.data's cycle length, a loader's workers); a
+/// linear scan of 32 pairs per demand read.
+const MID_READ_STREAMS: usize = 32;
 
 impl Default for PatternAwarePolicy {
     fn default() -> Self {
@@ -910,6 +953,8 @@ impl PatternAwarePolicy {
             reload_run_job: None,
             reload_hits: 0,
             binom_p: HashMap::default(),
+            mid_read: VecDeque::new(),
+            reads: 0,
             cfg,
         }
     }
@@ -1456,6 +1501,60 @@ impl PatternAwarePolicy {
             .map(|&(id, _)| id)
     }
 
+    /// Remembers whether the demand read `ctx` of block `key` (hash `h`) stopped in the
+    /// middle of it: that block is then its stream's current block
+    /// (`scan_keeps_blocks_mid_read`).
+    fn note_read(&mut self, key: &CacheKey, h: u64, ctx: &AccessContext) {
+        if !self.cfg.scan_keeps_blocks_mid_read {
+            return;
+        }
+        let (CacheKey::File(k), Some(offset)) = (key, ctx.read_offset) else {
+            return;
+        };
+        self.reads += 1;
+        let stream = mix64(ctx.job.0 ^ hash_bytes(k.location.as_bytes()));
+        let prev = self
+            .mid_read
+            .iter()
+            .position(|m| m.stream == stream)
+            .and_then(|i| self.mid_read.remove(i));
+        let end = offset.saturating_add(ctx.read_len);
+        let run_start = match prev {
+            Some(m) if m.end == offset || (m.run_start <= offset && offset < m.end) => m.run_start,
+            _ => offset,
+        };
+        let block_end = (k.block + 1).saturating_mul(k.block_size);
+        let streaming = end.saturating_sub(run_start) >= k.block_size;
+        if self.mid_read.len() == MID_READ_STREAMS {
+            self.mid_read.pop_front();
+        }
+        self.mid_read.push_back(MidRead {
+            stream,
+            run_start,
+            end: end.max(prev.map_or(0, |m| if m.run_start == run_start { m.end } else { 0 })),
+            block: (end < block_end && streaming).then_some(h),
+            tick: self.reads,
+        });
+    }
+
+    /// Whether some stream is in the middle of reading the block of hash `h`.
+    fn mid_read(&self, h: u64) -> bool {
+        self.mid_read
+            .iter()
+            .any(|m| m.block == Some(h) && self.reads - m.tick <= MID_READ_TICKS)
+    }
+
+    /// The oldest item of `consumed` that no stream is in the middle of reading, among
+    /// the first `MID_READ_STREAMS + 1` (recency order puts the blocks being read at
+    /// the young end, so one is found there unless the queue holds only those).
+    fn consumed_behind(&self) -> Option<u32> {
+        self.consumed
+            .values()
+            .take(MID_READ_STREAMS + 1)
+            .copied()
+            .find(|&c| !self.mid_read(self.slots[c as usize].e.hash))
+    }
+
     fn ghost_cap(&self) -> u64 {
         (self.cap as f64 * self.cfg.ghost_share) as u64
     }
@@ -1806,6 +1905,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         }
         let obs = ctx.obs;
         self.last_demanded = None;
+        self.note_read(key, h, ctx);
         let seen = self.seen_check_set(h);
         if !obs.repeat {
             self.count(h);
@@ -1868,6 +1968,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         let Some(&id) = self.entries.get(key) else {
             return;
         };
+        self.note_read(key, self.slots[id as usize].e.hash, ctx);
         let slot = &mut self.slots[id as usize].e;
         if !obs.repeat {
             self.touched += slot.size;
@@ -1994,7 +2095,7 @@ impl EvictionPolicy for PatternAwarePolicy {
         }
         let mut scan_victim = None;
         while self.bytes[0] as f64 > self.consumed_target {
-            let Some((_, &c)) = self.consumed.first_key_value() else {
+            let Some(c) = self.consumed_behind() else {
                 break;
             };
             let Entry { hash, size, .. } = self.slots[c as usize].e;

@@ -152,6 +152,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "stable_admits_frequent" => c.stable_admits_frequent = on,
             "stable_frequent_min" => c.stable_frequent_min = f as u64,
             "stable_follows_retention" => c.stable_follows_retention = on,
+            "scan_keeps_blocks_mid_read" => c.scan_keeps_blocks_mid_read = on,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
