@@ -179,7 +179,7 @@ impl Granularity {
         // stream of large ones are the ends of larger reads, not records.
         let ahead = if obs.small_reads { obs.run_ahead } else { len };
         // A stream sweeping forward in small pieces reads all of the block: fetch it.
-        let unit = if obs.small_reads && obs.sweeping {
+        let unit = if obs.small_reads && (obs.sweeping || obs.block_local) {
             block
         } else {
             self.unit_ahead(obs.blocks, offset, len, ahead, block)
@@ -428,6 +428,29 @@ mod tests {
         };
         assert_eq!(
             g.demand_unit(&sweeping, 8192, 1024, MIB, file, file / 10, held_4k),
+            Some(4 << 10)
+        );
+    }
+
+    /// Small reads that come back to the blocks of the last few reads (a graph search
+    /// expanding one region's nodes page by page) fetch whole blocks, even in a file many
+    /// times the cache (where page lookups keep units).
+    #[test]
+    fn a_stream_of_small_reads_within_recent_blocks_fetches_whole_blocks() {
+        let g = Granularity::default();
+        let file = 42 * MIB;
+        let none = |_, _| UnitsHeld::default();
+        let local = Observation {
+            block_local: true,
+            ..obs(Pattern::Skewed)
+        };
+        assert_eq!(
+            g.demand_unit(&local, 8192, 4096, MIB, file, file / 10, none),
+            None
+        );
+        let lookups = obs(Pattern::Skewed);
+        assert_eq!(
+            g.demand_unit(&lookups, 8192, 4096, MIB, file, file / 10, none),
             Some(4 << 10)
         );
     }
