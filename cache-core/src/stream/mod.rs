@@ -1155,6 +1155,25 @@ mod tests {
         assert_eq!(o.run_ahead, 0);
     }
 
+    /// A demand read of `len` bytes at `offset` of `path` (1 MiB blocks) by job 1.
+    fn read_at(t: &mut StreamTree, path: &str, offset: u64, len: u64) -> Observation {
+        t.observe(
+            &CacheKey::file(path, "v", offset >> 20),
+            &ctx(1).with_read(offset, len),
+        )
+    }
+
+    /// A deterministic draw below `n` (an LCG seeded with `seed`).
+    fn lcg(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut x = seed;
+        move |n| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 17) % n
+        }
+    }
+
     /// Tensor-parallel ranks in one process group each read a slice of every row of a
     /// weight matrix (1 KiB of each 4 KiB row, ranks at different rows): a sweep. Page
     /// lookups anywhere in a large file and records read in contiguous pieces are not.
@@ -1162,12 +1181,7 @@ mod tests {
     fn interleaved_strided_slices_sweep_and_lookups_and_records_do_not() {
         let mut t = StreamTree::default();
         let mib = 1u64 << 20;
-        let read = |t: &mut StreamTree, path: &str, offset: u64, len: u64| {
-            t.observe(
-                &CacheKey::file(path, "v", offset / mib),
-                &ctx(1).with_read(offset, len),
-            )
-        };
+        let read = read_at;
         let mut o = Observation::default();
         for row in 0..200u64 {
             for rank in 0..4u64 {
@@ -1177,13 +1191,7 @@ mod tests {
             }
         }
         assert!(o.small_reads && o.sweeping, "strided slices sweep");
-        let mut x = 11u64;
-        let mut rnd = |n: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 17) % n
-        };
+        let mut rnd = lcg(11);
         for _ in 0..200 {
             o = read(&mut t, "db/kv.db", rnd(40 * mib / 4096) * 4096, 4096);
         }
@@ -1204,19 +1212,8 @@ mod tests {
     fn page_reads_clustered_in_regions_are_block_local_and_lookups_are_not() {
         let mut t = StreamTree::default();
         let mib = 1u64 << 20;
-        let read = |t: &mut StreamTree, path: &str, offset: u64| {
-            t.observe(
-                &CacheKey::file(path, "v", offset / mib),
-                &ctx(1).with_read(offset, 4096),
-            )
-        };
-        let mut x = 3u64;
-        let mut rnd = |n: u64| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 17) % n
-        };
+        let read = |t: &mut StreamTree, path: &str, offset: u64| read_at(t, path, offset, 4096);
+        let mut rnd = lcg(3);
         let mut o = Observation::default();
         for _ in 0..40 {
             let region = rnd(400) * (128 << 10);
