@@ -836,16 +836,14 @@ pub struct PatternAwarePolicy {
     reads: u64,
 }
 
-/// A file stream's contiguous run and the block it is in the middle of reading.
+/// The block a file stream is in the middle of reading (`mid_read`).
 #[derive(Clone, Copy, Debug)]
 struct MidRead {
+    /// The `(job, file)` stream, hashed.
     stream: u64,
-    /// Where the stream's current contiguous run began, and where its latest read ended.
-    run_start: u64,
-    end: u64,
-    /// The block of the latest read, if that read stopped inside it and the run has
-    /// read at least a block's worth (a stream that goes on reading, not a chunk read
-    /// before a jump elsewhere).
+    /// The block of the stream's latest read, if that read stopped inside it and the
+    /// stream's contiguous run ([`Observation::run_bytes`]) has read at least a block's
+    /// worth (a stream that goes on reading, not a chunk read before a jump elsewhere).
     block: Option<u64>,
     /// `reads` at the stream's latest read.
     tick: u64,
@@ -1513,25 +1511,16 @@ impl PatternAwarePolicy {
         };
         self.reads += 1;
         let stream = mix64(ctx.job.0 ^ hash_bytes(k.location.as_bytes()));
-        let prev = self
-            .mid_read
-            .iter()
-            .position(|m| m.stream == stream)
-            .and_then(|i| self.mid_read.remove(i));
-        let end = offset.saturating_add(ctx.read_len);
-        let run_start = match prev {
-            Some(m) if m.end == offset || (m.run_start <= offset && offset < m.end) => m.run_start,
-            _ => offset,
-        };
-        let block_end = (k.block + 1).saturating_mul(k.block_size);
-        let streaming = end.saturating_sub(run_start) >= k.block_size;
-        if self.mid_read.len() == MID_READ_STREAMS {
+        if let Some(i) = self.mid_read.iter().position(|m| m.stream == stream) {
+            self.mid_read.remove(i);
+        } else if self.mid_read.len() == MID_READ_STREAMS {
             self.mid_read.pop_front();
         }
+        let end = offset.saturating_add(ctx.read_len);
+        let block_end = (k.block + 1).saturating_mul(k.block_size);
+        let streaming = ctx.obs.run_bytes >= k.block_size;
         self.mid_read.push_back(MidRead {
             stream,
-            run_start,
-            end: end.max(prev.map_or(0, |m| if m.run_start == run_start { m.end } else { 0 })),
             block: (end < block_end && streaming).then_some(h),
             tick: self.reads,
         });

@@ -176,6 +176,7 @@ struct Visit {
     hint: Pattern,
     small_reads: bool,
     run_ahead: u64,
+    run_bytes: u64,
     sweeping: bool,
     local: bool,
     reused: bool,
@@ -428,6 +429,9 @@ pub struct Observation {
     /// 0 where unknown (no read offset, or not a file). A miss in units fetches a unit
     /// holding them, not one piece at a time.
     pub run_ahead: u64,
+    /// Bytes of this job's current contiguous run of the file up to this read's end
+    /// ([`RunLength`]); 0 where unknown (no read offset, or not a file).
+    pub run_bytes: u64,
     /// This job's small reads of the file sweep forward through it with gaps
     /// ([`Sweep`]): it reads every part of the blocks it passes, so a miss fetches the
     /// block, not a unit.
@@ -657,6 +661,7 @@ impl StreamTree {
                     obs.blocks = v.after;
                     obs.small_reads = v.small_reads;
                     obs.run_ahead = v.run_ahead;
+                    obs.run_bytes = v.run_bytes;
                     obs.sweeping = v.sweeping;
                     obs.block_local = v.local;
                     obs.blocks_reused = v.reused;
@@ -681,6 +686,7 @@ impl StreamTree {
                     obs.blocks = v.after;
                     obs.small_reads = v.small_reads;
                     obs.run_ahead = v.run_ahead;
+                    obs.run_bytes = v.run_bytes;
                     obs.sweeping = v.sweeping;
                     obs.block_local = v.local;
                     obs.blocks_reused = v.reused;
@@ -776,6 +782,7 @@ impl StreamTree {
             hint: n.child_hint,
             small_reads: n.small.mostly_small(),
             run_ahead,
+            run_bytes: if run_ahead > 0 { n.runs.run } else { 0 },
             sweeping: n.sweep.sweeping(),
             local: n.sweep.local(),
             reused: n.stats.reused(),
