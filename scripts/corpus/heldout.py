@@ -101,6 +101,18 @@ policy work on it):
             KB), 4 shards read at once a record from each in turn (cycle length 4), shard
             order reshuffled for each of 2 epochs
   mixh6     diskann, tfinterleave and lora at once, each its own process group
+
+Eighth round (recorded 2026-12-03 after the recency guard, before any policy work on it):
+  lsmkv     a LevelDB-style store: 20 sorted tables of 4 KiB data blocks (an index block
+            and footer at each table's end); 4 threads run 12,000 point lookups of
+            Zipf(0.9)-popular keys scattered over the key space, through a table cache of
+            6 open tables (opening one reads its footer and index), and every 2,000
+            lookups a verification pass reads 2 tables whole in 256 KiB pieces
+  ragdocs   a retrieval store: 30,000 JSON documents (0.5-6 KB) in 8 JSON-lines shards,
+            grouped by topic, located through an offsets table read at start; 4 threads
+            answer 3,000 queries, each fetching 6 documents of a Zipf(0.9)-popular topic
+            (its best documents more often) and 2 anywhere, one pread each
+  mixh7     lsmkv, ragdocs and jsonlog at once, each its own process group
 """
 
 import os
@@ -1315,6 +1327,204 @@ def run_tfinterleave(d):
                 (n,) = struct.unpack("<I", head)
                 total += len(f.read(n))
     print("tfinterleave: %d bytes" % total)
+
+
+# --- lsmkv --------------------------------------------------------------------------
+
+LSM_TABLES = 20
+LSM_KEYS_PER_TABLE = 60_000
+LSM_BLOCK = 4096
+
+
+def gen_lsmkv(d):
+    import struct
+
+    rng = random.Random(SEED + 210)
+    os.makedirs(os.path.join(d, "db"), exist_ok=True)
+    key = 0
+    for t in range(LSM_TABLES):
+        blocks, index, cur = [], [], bytearray()
+        first = None
+        for _ in range(LSM_KEYS_PER_TABLE):
+            key += rng.randrange(1, 4)
+            rec = struct.pack("<QH", key, 0) + bytes(rng.randrange(20, 90))
+            rec = rec[:8] + struct.pack("<H", len(rec) - 10) + rec[10:]
+            if len(cur) + len(rec) > LSM_BLOCK:
+                blocks.append(bytes(cur) + bytes(LSM_BLOCK - len(cur)))
+                index.append(first)
+                cur, first = bytearray(), None
+            if first is None:
+                first = key
+            cur += rec
+        blocks.append(bytes(cur) + bytes(LSM_BLOCK - len(cur)))
+        index.append(first)
+        with open(os.path.join(d, "db", "%06d.sst" % t), "wb") as f:
+            for b in blocks:
+                f.write(b)
+            index_at = f.tell()
+            f.write(struct.pack("<%dQ" % len(index), *index))
+            f.write(struct.pack("<QQ", index_at, len(index)))
+    with open(os.path.join(d, "db", "MANIFEST"), "w") as f:
+        f.write("%d %d\n" % (LSM_TABLES, key))
+
+
+def run_lsmkv(d):
+    import bisect
+    import struct
+    import threading
+    from collections import OrderedDict
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 211)
+    tables = files_under(os.path.join(d, "db"))
+    tables = [t for t in tables if t.endswith(".sst")]
+    with open(os.path.join(d, "db", "MANIFEST")) as f:
+        _, max_key = map(int, f.read().split())
+    # Each table's first key (the store's own metadata, kept in memory like a level's
+    # file list): read once from each footer and index.
+    def open_table(path):
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        index_at, n = struct.unpack("<QQ", os.pread(fd, 16, size - 16))
+        index = list(struct.unpack("<%dQ" % n, os.pread(fd, 8 * n, index_at)))
+        return fd, index
+
+    firsts = []
+    for t in tables:
+        fd, index = open_table(t)
+        firsts.append(index[0])
+        os.close(fd)
+    # The table cache (max_open_files 6): a table leaving it is closed once no lookup
+    # holds it (LevelDB's handles are reference-counted the same way).
+    cache, users, closing, lock = OrderedDict(), {}, set(), threading.Lock()
+
+    def acquire(i):
+        with lock:
+            if i in cache:
+                cache.move_to_end(i)
+                fd, index = cache[i]
+                users[fd] = users.get(fd, 0) + 1
+                return fd, index
+        fd, index = open_table(tables[i])
+        with lock:
+            if i in cache:
+                os.close(fd)
+                fd, index = cache[i]
+            else:
+                cache[i] = (fd, index)
+                while len(cache) > 6:
+                    _, (old, _) = cache.popitem(last=False)
+                    if users.get(old, 0) == 0:
+                        os.close(old)
+                    else:
+                        closing.add(old)
+            users[fd] = users.get(fd, 0) + 1
+            return fd, index
+
+    def release(fd):
+        with lock:
+            users[fd] -= 1
+            if users[fd] == 0 and fd in closing:
+                closing.discard(fd)
+                os.close(fd)
+
+    hot = list(range(200_000))
+    rng.shuffle(hot)
+    ranks = zipf_ranks(len(hot), 0.9, 12_000, rng)
+    keys = [hot[r] * max_key // len(hot) for r in ranks]
+    found = [0]
+
+    def lookup(k):
+        i = max(bisect.bisect_right(firsts, k) - 1, 0)
+        fd, index = acquire(i)
+        try:
+            b = max(bisect.bisect_right(index, k) - 1, 0)
+            raw = os.pread(fd, LSM_BLOCK, b * LSM_BLOCK)
+        finally:
+            release(fd)
+        at = 0
+        while at + 10 <= len(raw):
+            rk, n = struct.unpack_from("<QH", raw, at)
+            if rk >= k or (rk == 0 and n == 0):
+                found[0] += rk == k
+                break
+            at += 10 + n
+
+    def verify(i):
+        with open(tables[i], "rb", buffering=0) as f:
+            while f.read(256 << 10):
+                pass
+
+    with ThreadPoolExecutor(4) as pool:
+        for start in range(0, len(keys), 2000):
+            list(pool.map(lookup, keys[start:start + 2000]))
+            for i in rng.sample(range(len(tables)), 2):
+                verify(i)
+    print("lsmkv: %d lookups, %d found" % (len(keys), found[0]))
+
+
+# --- ragdocs ------------------------------------------------------------------------
+
+RAG_DOCS = 30_000
+RAG_SHARDS = 8
+RAG_TOPICS = 300
+
+
+def gen_ragdocs(d):
+    import json
+
+    import numpy as np
+
+    rng = random.Random(SEED + 220)
+    os.makedirs(os.path.join(d, "docs"), exist_ok=True)
+    words = ["w%d" % i for i in range(5000)]
+    per_shard = RAG_DOCS // RAG_SHARDS
+    table = []
+    for s in range(RAG_SHARDS):
+        with open(os.path.join(d, "docs", "shard-%02d.jsonl" % s), "wb") as f:
+            for j in range(per_shard):
+                doc = s * per_shard + j
+                n = int(min(6000, max(500, rng.lognormvariate(7.4, 0.6))))
+                text = " ".join(rng.choice(words) for _ in range(n // 6))[:n]
+                line = (json.dumps({"id": doc, "topic": doc * RAG_TOPICS // RAG_DOCS, "text": text}) + "\n").encode()
+                table.append((s, f.tell(), len(line)))
+                f.write(line)
+    np.save(os.path.join(d, "docs", "offsets.npy"), np.array(table, dtype=np.int64))
+
+
+def run_ragdocs(d):
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    rng = random.Random(SEED + 221)
+    table = np.load(os.path.join(d, "docs", "offsets.npy"))
+    shards = [os.path.join(d, "docs", "shard-%02d.jsonl" % s) for s in range(RAG_SHARDS)]
+    per_topic = RAG_DOCS // RAG_TOPICS
+    order = list(range(RAG_TOPICS))
+    rng.shuffle(order)
+    queries = []
+    for r in zipf_ranks(RAG_TOPICS, 0.9, 3000, rng):
+        topic = order[r]
+        picks = {topic * per_topic + k for k in zipf_ranks(per_topic, 1.0, 6, rng)}
+        picks |= {rng.randrange(RAG_DOCS) for _ in range(2)}
+        queries.append(sorted(picks))
+
+    def answer(docs):
+        total = 0
+        for doc in docs:
+            s, off, n = (int(x) for x in table[doc])
+            fd = os.open(shards[s], os.O_RDONLY)
+            try:
+                total += len(json.loads(os.pread(fd, n, off))["text"])
+            finally:
+                os.close(fd)
+        return total
+
+    with ThreadPoolExecutor(4) as pool:
+        got = sum(pool.map(answer, queries))
+    print("ragdocs: %d queries, %d chars" % (len(queries), got))
 
 
 if __name__ == "__main__":
