@@ -74,7 +74,7 @@ def main():
             wj = max(s["job_jct_s"], key=lambda j: s["job_jct_s"][j] / max(lru["job_jct_s"][j], 1e-9))
             w = s["job_jct_s"][wj] / max(lru["job_jct_s"][wj], 1e-9)
             worst = f"{w:.2f}"
-            if k[0].startswith("mix"):
+            if k[0].startswith(("mix", "ho-mix")):
                 mixes.append((k, s["total_jct_s"] / max(lru["total_jct_s"], 1e-9), w, wj))
         # CPU time per access where the report has it (wall time on a loaded machine
         # spread this ratio 2-60x between runs), else the wall-clock rate.
