@@ -1183,22 +1183,25 @@ impl CacheEngine {
 
     pub fn stats(&self) -> EngineStatsSnapshot {
         let c = &self.inner.counters;
-        let tracker = {
+        let (tracker, recency_periods) = {
             let state = self.inner.state.lock();
             let t = state.tracker();
-            TrackerStats {
+            let tracker = TrackerStats {
                 observed: t.observed(),
                 streams: t.streams(),
                 recent: t.report(STATS_STREAMS),
-            }
+            };
+            (tracker, state.policy_recency_periods())
         };
         EngineStatsSnapshot {
             tiers: self
                 .inner
                 .levels
                 .iter()
-                .map(|l| {
+                .zip(recency_periods.into_iter().chain(std::iter::repeat(0)))
+                .map(|(l, periods)| {
                     let mut t = l.tier.stats();
+                    t.policy_recency_periods = periods;
                     t.evictions += l.evictions.load(Ordering::Relaxed);
                     t.misses += l.misses.load(Ordering::Relaxed);
                     t

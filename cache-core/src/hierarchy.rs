@@ -143,6 +143,14 @@ impl Hierarchy {
         self.levels.iter().map(TierSpace::policy_name).collect()
     }
 
+    /// Each level's policy's recency periods, fastest first.
+    pub fn policy_recency_periods(&self) -> Vec<u64> {
+        self.levels
+            .iter()
+            .map(TierSpace::policy_recency_periods)
+            .collect()
+    }
+
     /// The tracker's sharing window is the number of blocks the whole cache holds
     /// (readers trailing each other by less than a cache's worth of accesses are served
     /// by recency). It is set, before the placement, whenever a level needs more room

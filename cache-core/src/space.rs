@@ -74,6 +74,10 @@ impl TierSpace {
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
     }
+    /// See [`EvictionPolicy::recency_periods`].
+    pub fn policy_recency_periods(&self) -> u64 {
+        self.policy.recency_periods()
+    }
     pub fn contains(&self, key: &CacheKey) -> bool {
         self.entries.contains_key(key)
     }

@@ -46,6 +46,7 @@ impl TierStats {
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            policy_recency_periods: 0,
         }
     }
 }
@@ -62,6 +63,11 @@ pub struct TierStatsSnapshot {
     pub bytes_out: u64,
     pub evictions: u64,
     pub errors: u64,
+    /// Times the tier's policy evicted in plain recency order for a while because a
+    /// shadow LRU out-hit it (`EvictionPolicy::recency_periods`; filled by the engine,
+    /// which owns the policies; absent in older stats JSON).
+    #[serde(default)]
+    pub policy_recency_periods: u64,
 }
 
 impl TierStatsSnapshot {

@@ -410,6 +410,12 @@ pub fn render_metrics(s: &DaemonStats) -> String {
         "Failed tier operations",
         &per(&e.tiers, per_tier, |t| t.errors),
     );
+    counter_family(
+        &mut reg,
+        "tier_policy_recency_periods",
+        "Times the tier's policy evicted in plain recency order for a while because a shadow LRU out-hit it",
+        &per(&e.tiers, per_tier, |t| t.policy_recency_periods),
+    );
     counter(
         &mut reg,
         "fills",
@@ -750,6 +756,7 @@ mod tests {
                     hits: 3,
                     misses: 1,
                     evictions: 7,
+                    policy_recency_periods: 2,
                     ..Default::default()
                 }],
                 fills: 4,
@@ -862,6 +869,7 @@ mod tests {
             "strata_tier_capacity_bytes{tier=\"memory\"} 1000",
             "strata_tier_hits_total{tier=\"memory\"} 3",
             "strata_tier_evictions_total{tier=\"memory\"} 7",
+            "strata_tier_policy_recency_periods_total{tier=\"memory\"} 2",
             "strata_tier_hit_ratio{tier=\"memory\"} 0.75",
             "strata_fill_bytes_total 4096",
             "strata_kv_hits_total{namespace=\"m/t\"} 9",

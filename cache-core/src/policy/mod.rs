@@ -46,6 +46,11 @@ pub trait EvictionPolicy: Send + 'static {
     fn on_remove(&mut self, key: &CacheKey);
     /// The resident to evict next, if any; it stays resident until `on_remove`.
     fn victim(&mut self) -> Option<CacheKey>;
+    /// Times the policy handed eviction to plain recency order because a shadow LRU
+    /// out-hit it (the pattern-aware policy's recency guard); 0 for the others.
+    fn recency_periods(&self) -> u64 {
+        0
+    }
 }
 
 /// Builds a policy by name; the engine and the replay bench both go through here.

@@ -1010,7 +1010,7 @@ impl PatternAwarePolicy {
             stale_ahead_victims: self.stale_ahead_victims,
             victims: self.victims,
             reload_ghost_hits: self.reload_hits,
-            recency_periods: self.guard.as_ref().map_or(0, |g| g.engaged),
+            recency_periods: EvictionPolicy::recency_periods(self),
         }
     }
 
@@ -1948,6 +1948,10 @@ impl PatternAwarePolicy {
 impl EvictionPolicy for PatternAwarePolicy {
     fn name(&self) -> &'static str {
         "strata"
+    }
+
+    fn recency_periods(&self) -> u64 {
+        self.guard.as_ref().map_or(0, |g| g.engaged)
     }
 
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {

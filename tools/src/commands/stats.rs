@@ -308,8 +308,17 @@ impl Rates {
 fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Rates) {
     let _ = writeln!(
         o,
-        "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
-        "TIER", "USED MiB", "CAP MiB", "USE%", "HITS", "MISSES", "HIT%", "EVICTED", "HITS/s"
+        "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11}",
+        "TIER",
+        "USED MiB",
+        "CAP MiB",
+        "USE%",
+        "HITS",
+        "MISSES",
+        "HIT%",
+        "EVICTED",
+        "HITS/s",
+        "LRU PERIODS"
     );
     for (i, t) in s.engine.tiers.iter().enumerate() {
         let before = prev.and_then(|p| p.engine.tiers.get(i)).map(|b| b.hits);
@@ -320,7 +329,7 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
         };
         let _ = writeln!(
             o,
-            "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10}",
+            "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11}",
             tail(&t.name, 24),
             mib(t.used_bytes),
             mib(t.capacity_bytes),
@@ -329,7 +338,8 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
             t.misses,
             pct(t.hit_ratio()),
             t.evictions,
-            r.of(t.hits, before)
+            r.of(t.hits, before),
+            t.policy_recency_periods
         );
     }
 }
@@ -483,6 +493,7 @@ mod tests {
             capacity_bytes: 4 << 20,
             hits: 30,
             misses: 10,
+            policy_recency_periods: 3,
             ..Default::default()
         });
         s.kv = Some(strata_kvcache::KvStatsSnapshot {
@@ -501,6 +512,10 @@ mod tests {
         assert!(text.contains("25.0%"), "memory use 1/4:\n{text}");
         assert!(text.contains("75.0%"), "tier hit ratio 30/40:\n{text}");
         assert!(text.contains("10.0/s"), "20 hits over 2 s:\n{text}");
+        assert!(
+            text.contains("LRU PERIODS") && text.contains("10.0/s           3"),
+            "the guard's periods:\n{text}"
+        );
         assert!(
             text.contains("m/t") && text.contains("25.0%"),
             "namespace hit ratio 1/4:\n{text}"

@@ -1430,8 +1430,9 @@ fn a_reread_member_of_a_stream_now_skewed_moves_to_the_main() {
 }
 
 /// Block misses of 4 readers taking turns over 16 shards of 8 blocks, two passes, in a
-/// 12 MiB tier under `cfg` (see `readers_taking_turns_keep_the_blocks_they_are_reading`).
-fn readers_taking_turns_misses(cfg: PatternAwareConfig) -> u64 {
+/// 12 MiB tier under `cfg` (see `readers_taking_turns_keep_the_blocks_they_are_reading`),
+/// and the recency periods the tier reports.
+fn readers_taking_turns(cfg: PatternAwareConfig) -> (u64, u64) {
     TRACKER.with(|t| *t.borrow_mut() = AccessTracker::default());
     let mut s = TierSpace::new(12 * MB, Box::new(PatternAwarePolicy::new(cfg)));
     let (shards, size) = (16u64, 8 * MB);
@@ -1481,7 +1482,7 @@ fn readers_taking_turns_misses(cfg: PatternAwareConfig) -> u64 {
             }
         }
     }
-    misses
+    (misses, s.policy_recency_periods())
 }
 
 /// Readers taking turns (tf.data's interleave: a record of 20-80 KB from each of 4
@@ -1492,11 +1493,12 @@ fn readers_taking_turns_misses(cfg: PatternAwareConfig) -> u64 {
 #[test]
 fn readers_taking_turns_keep_the_blocks_they_are_reading() {
     let misses = |keep: bool| {
-        readers_taking_turns_misses(PatternAwareConfig {
+        readers_taking_turns(PatternAwareConfig {
             scan_keeps_blocks_mid_read: keep,
             recency_guard: false,
             ..PatternAwareConfig::default()
         })
+        .0
     };
     let (kept, evicted) = (misses(true), misses(false));
     // 16 shards of 8 blocks read twice are 256 block fetches at best (LRU's count);
@@ -1514,13 +1516,16 @@ fn readers_taking_turns_keep_the_blocks_they_are_reading() {
 /// guard, 585 without).
 #[test]
 fn the_recency_guard_bounds_what_readers_taking_turns_lose_to_lru() {
-    let misses = |guard: bool| {
-        readers_taking_turns_misses(PatternAwareConfig {
+    let run = |guard: bool| {
+        readers_taking_turns(PatternAwareConfig {
             recency_guard: guard,
             ..PatternAwareConfig::default()
         })
     };
-    let (guarded, unguarded) = (misses(true), misses(false));
+    let ((guarded, periods), (unguarded, none)) = (run(true), run(false));
+    // The tier reports the guard's periods (the daemon's stats and metrics show them).
+    assert!(periods >= 1, "{periods} recency periods");
+    assert_eq!(none, 0);
     assert!(guarded < 400, "guarded {guarded} (LRU: 256)");
     assert!(
         guarded * 4 < unguarded * 3,
