@@ -74,7 +74,6 @@ struct Shadowed {
 pub(super) struct RecencyGuard {
     /// A key is sampled when its hash's top 32 bits are below this.
     sample_below: u64,
-    rate: f64,
     shadow_cap: u64,
     shadow: HashMap<u64, Shadowed, FxBuild>,
     order: SeqQueue<u64>,
@@ -86,8 +85,6 @@ pub(super) struct RecencyGuard {
     period_left: u64,
     /// Turnovers of the next recency period.
     turns: u64,
-    /// No vote has been halved since the policy last took over.
-    trial_fresh: bool,
     cap: u64,
     /// Recency periods begun so far.
     pub(super) engaged: u64,
@@ -97,7 +94,6 @@ impl RecencyGuard {
     pub(super) fn new(cap: u64) -> Self {
         let mut g = RecencyGuard {
             sample_below: 0,
-            rate: 1.0,
             shadow_cap: 0,
             shadow: HashMap::default(),
             order: SeqQueue::default(),
@@ -106,7 +102,6 @@ impl RecencyGuard {
             votes: [0; 2],
             period_left: 0,
             turns: FIRST_TURNS,
-            trial_fresh: false,
             cap: 0,
             engaged: 0,
         };
@@ -120,13 +115,13 @@ impl RecencyGuard {
             return;
         }
         self.cap = cap;
-        self.rate = if cap <= FULL_SHADOW_BYTES {
+        let rate = if cap <= FULL_SHADOW_BYTES {
             1.0
         } else {
             (FULL_SHADOW_BYTES as f64 / cap as f64).max(MIN_RATE)
         };
-        self.sample_below = (self.rate * (1u64 << 32) as f64) as u64;
-        self.shadow_cap = (cap as f64 * self.rate) as u64;
+        self.sample_below = (rate * (1u64 << 32) as f64) as u64;
+        self.shadow_cap = (cap as f64 * rate) as u64;
         self.trim();
     }
 
@@ -165,7 +160,6 @@ impl RecencyGuard {
             self.votes = [0; 2];
         } else if n >= HORIZON_VOTES {
             self.votes = [ahead / 2, behind / 2];
-            self.trial_fresh = false;
         }
     }
 
@@ -173,16 +167,16 @@ impl RecencyGuard {
         if self.period_left > 0 {
             self.period_left = self.period_left.saturating_sub(size.max(1));
             if self.period_left == 0 {
-                self.trial_fresh = true;
                 self.votes = [0; 2];
             }
         }
     }
 
     fn begin_period(&mut self) {
-        // Lost again at the first test of a trial: the workload still favours LRU.
+        // Lost again at the first test of a trial (the votes restart when a period ends
+        // and are only halved far past this): the workload still favours LRU.
         let [ahead, behind] = self.votes;
-        let quick_loss = self.engaged > 0 && self.trial_fresh && ahead + behind <= 2 * MIN_VOTES;
+        let quick_loss = self.engaged > 0 && ahead + behind <= 2 * MIN_VOTES;
         self.turns = if quick_loss {
             (self.turns * 2).min(MAX_TURNS)
         } else {
@@ -308,7 +302,7 @@ mod tests {
     #[test]
     fn a_large_cache_is_sampled() {
         let mut g = RecencyGuard::new(64 << 30);
-        assert!((g.rate - MIN_RATE).abs() < 1e-9);
+        assert_eq!(g.sample_below, (MIN_RATE * (1u64 << 32) as f64) as u64);
         let mut sampled = 0;
         for i in 0..10_000u64 {
             g.touch(h(i), 1 << 20);
