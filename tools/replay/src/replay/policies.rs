@@ -154,6 +154,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "stable_follows_retention" => c.stable_follows_retention = on,
             "scan_keeps_blocks_mid_read" => c.scan_keeps_blocks_mid_read = on,
             "recency_guard" => c.recency_guard = on,
+            "ahead_share" => c.ahead_share = f,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
         }
     }
