@@ -1,7 +1,7 @@
 //! `strata bench replay`: one trace through several policies at the same capacity.
 //!
 //! Prints a table ranked by total JCT (or `--json`: `{trace, capacity_bytes, unique_bytes, results: [{policy,
-//! hit_ratio, byte_hit_ratio, prefetch_bytes, prefetch_precision, jct_s, job_jct_s, ...}]}`)
+//! hit_ratio, byte_hit_ratio, prefetch_bytes, prefetch_precision, jct_s, job_jct_s, job_read_wait_s, ...}]}`)
 //! and, with `--plot FILE.png`, draws hit ratio against capacity (`--plot-capacities`,
 //! percent of unique bytes) for every policy. See [`strata_replay::replay`] for the rules.
 
@@ -264,6 +264,7 @@ mod tests {
                 "prefetch_precision",
                 "jct_s",
                 "job_jct_s",
+                "job_read_wait_s",
                 "mean_read_latency_ms",
                 "p99_read_latency_ms",
                 "replay_wall_s",

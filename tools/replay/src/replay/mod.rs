@@ -191,6 +191,10 @@ pub struct PolicyResult {
     pub mean_read_latency_ms: f64,
     pub p99_read_latency_ms: f64,
     pub job_jct_s: BTreeMap<String, f64>,
+    /// Per job: the time its reads spent waiting (issue to completion, summed), s. A
+    /// job's JCT is this plus its think time, so a tenant's JCT that moves without its
+    /// misses moving shows up here (what it waits on, not how often it misses).
+    pub job_read_wait_s: BTreeMap<String, f64>,
     /// Block accesses replayed.
     pub accesses: u64,
     /// Sum of job completion times (s).
@@ -639,6 +643,8 @@ struct Run<'a> {
     issued_at: Vec<u64>,
     /// Latency of every completed read, ns.
     latencies: Vec<u64>,
+    /// Per job: the sum of its reads' latencies, ns.
+    job_wait_ns: Vec<u64>,
     /// Jobs' next issue times.
     issues: BinaryHeap<Reverse<(u64, u32)>>,
     finished: Vec<u32>,
@@ -764,6 +770,7 @@ impl Run<'_> {
         let ri = self.p.job_recs[ju][self.cursor[ju]] as usize;
         self.cursor[ju] += 1;
         self.latencies.push(now - self.issued_at[ju]);
+        self.job_wait_ns[ju] += now - self.issued_at[ju];
         match self.p.job_recs[ju].get(self.cursor[ju]) {
             Some(&next) => {
                 let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
@@ -1385,6 +1392,7 @@ fn replay_once(
         end: vec![0; p.job_recs.len()],
         issued_at: vec![0; p.job_recs.len()],
         latencies: Vec::with_capacity(p.trace.records.len()),
+        job_wait_ns: vec![0; p.job_recs.len()],
         issues: BinaryHeap::with_capacity(p.job_recs.len()),
         finished: Vec::new(),
         orders: Vec::new(),
@@ -1435,6 +1443,7 @@ fn replay_once(
     }
     let end = std::mem::take(&mut run.end);
     let mut job_jct_s = BTreeMap::new();
+    let mut job_read_wait_s = BTreeMap::new();
     let mut total = 0.0;
     let mut n = 0usize;
     for (j, rs) in p.job_recs.iter().enumerate() {
@@ -1445,6 +1454,7 @@ fn replay_once(
         total += s;
         n += 1;
         job_jct_s.insert(p.trace.jobs[j].to_string(), s);
+        job_read_wait_s.insert(p.trace.jobs[j].to_string(), run.job_wait_ns[j] as f64 / 1e9);
     }
     let (mean_read_latency_ms, p99_read_latency_ms) = latency_summary(&mut run.latencies);
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
@@ -1458,6 +1468,7 @@ fn replay_once(
         mean_read_latency_ms,
         p99_read_latency_ms,
         job_jct_s,
+        job_read_wait_s,
         accesses: run.accesses,
         total_jct_s: total,
         level_hits: std::mem::take(&mut run.level_hits),

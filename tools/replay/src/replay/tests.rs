@@ -59,6 +59,29 @@ fn an_in_flight_block_is_a_miss_that_waits_only_for_the_rest() {
     assert!(jb < ja);
 }
 
+/// A job's JCT is its reads' waiting plus its think time: job a reads f (a miss), thinks
+/// 100 ms, reads it again (a hit, no wait); job b, reading f while a's fetch is in flight,
+/// waits for the rest of it only.
+#[test]
+fn a_jobs_read_wait_is_its_jct_less_its_think_time() {
+    let xfer = (MB as f64 / 200e6 * 1e9) as u64;
+    let t = trace(&[
+        (0, "a", "f", 0, MB, MB),
+        (100 * MS, "a", "f", 0, MB, MB),
+        (5 * MS, "b", "f", 0, MB, MB),
+    ]);
+    let r = run(&t, "lru", 10 * MB);
+    let (ja, wa) = (r.job_jct_s["a"], r.job_read_wait_s["a"]);
+    assert!(
+        close(wa, (20 * MS + xfer) as f64 / 1e9),
+        "a waits once: {wa}"
+    );
+    assert!(close(ja - wa, 0.1), "a thinks 100 ms: {ja} - {wa}");
+    let wb = r.job_read_wait_s["b"];
+    assert!(close(wb, (15 * MS + xfer) as f64 / 1e9), "b: {wb}");
+    assert!(close(wb, r.job_jct_s["b"]));
+}
+
 #[test]
 fn latency_overlaps_and_bandwidth_is_shared() {
     // One 10 MiB read: ten concurrent GETs, one 20 ms latency, bytes serialised.
