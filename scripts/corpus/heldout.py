@@ -113,6 +113,20 @@ Eighth round (recorded 2026-12-03 after the recency guard, before any policy wor
             answer 3,000 queries, each fetching 6 documents of a Zipf(0.9)-popular topic
             (its best documents more often) and 2 anywhere, one pread each
   mixh7     lsmkv, ragdocs and jsonlog at once, each its own process group
+
+Ninth round (recorded 2026-12-03 evening, after two dropped policy experiments, before any
+policy work on it):
+  tileserve a tiled-image (whole-slide) viewer server: one 6-level pyramid file of JPEG-like
+            tiles (6-40 KB) behind a tile offset table read at start; 4 threads serve 400
+            viewing sessions, each zooming from the lowest resolution into a Zipf(1.0)-
+            popular region of interest (a 4x3-tile viewport per level, one pread a tile),
+            panning a few steps at full resolution, then zooming out
+  restore   a restic-style backup restore: 70 pack files (4 MB) of content-defined chunks
+            (32-512 KB) and an index read at start; three snapshots share most chunks (each
+            newer one rewrites a fifth of the files); restore the newest snapshot, then
+            the oldest, 2 workers taking files in turn, each chunk one pread from its pack,
+            then a check reading a fifth of the packs whole
+  mixh8     tileserve, restore and sqljoin at once, each its own process group
 """
 
 import os
@@ -1525,6 +1539,178 @@ def run_ragdocs(d):
     with ThreadPoolExecutor(4) as pool:
         got = sum(pool.map(answer, queries))
     print("ragdocs: %d queries, %d chars" % (len(queries), got))
+
+
+# --- tileserve ------------------------------------------------------------------------
+
+TILE_LEVELS = 6  # level 0 is full resolution: 2^(levels-1) times the top level's tiles
+TILE_TOP = (2, 2)  # tiles across and down at the lowest resolution
+TILE_ROIS = 40
+
+
+def _tile_grid(level):
+    """Tiles across and down at `level` (0 = full resolution)."""
+    k = 1 << (TILE_LEVELS - 1 - level)
+    return TILE_TOP[0] * k, TILE_TOP[1] * k
+
+
+def gen_tileserve(d):
+    import struct
+
+    rng = random.Random(SEED + 230)
+    os.makedirs(d, exist_ok=True)
+    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    sizes = []
+    for level in range(TILE_LEVELS):
+        w, h = _tile_grid(level)
+        # Tissue compresses worse than background: tile sizes vary with content.
+        sizes += [int(rng.uniform(6, 40) * 1024) for _ in range(w * h)]
+    table = 8 * 2 * len(sizes)
+    with open(os.path.join(d, "slide.tiles"), "wb") as f:
+        f.write(struct.pack("<4sI", b"TILE", len(sizes)))
+        offsets, at = [], 8 + table
+        for n in sizes:
+            offsets.append((at, n))
+            at += n
+        f.write(b"".join(struct.pack("<QQ", o, n) for o, n in offsets))
+        for n in sizes:
+            start = rng.randrange(len(noise))
+            f.write((noise[start:] + noise)[:n])
+
+
+def run_tileserve(d):
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 231)
+    path = os.path.join(d, "slide.tiles")
+    fd = os.open(path, os.O_RDONLY)
+    _, count = struct.unpack("<4sI", os.pread(fd, 8, 0))
+    raw = os.pread(fd, 16 * count, 8)
+    table = [struct.unpack_from("<QQ", raw, 16 * i) for i in range(count)]
+    base, first = 0, []
+    for level in range(TILE_LEVELS):
+        first.append(base)
+        w, h = _tile_grid(level)
+        base += w * h
+    full_w, full_h = _tile_grid(0)
+    rois = [(rng.random(), rng.random()) for _ in range(TILE_ROIS)]
+    sessions = []
+    for r in zipf_ranks(TILE_ROIS, 1.0, 400, rng):
+        x, y = rois[r]
+        pans = [(rng.choice((-1, 0, 1)), rng.choice((-1, 0, 1))) for _ in range(rng.randrange(2, 8))]
+        sessions.append((x, y, pans))
+
+    def viewport(level, x, y):
+        """The tiles of a 4x3-tile view centred at (x, y) (fractions of the slide)."""
+        w, h = _tile_grid(level)
+        cx, cy = int(x * w), int(y * h)
+        out = []
+        for ty in range(max(0, cy - 1), min(h, cy + 2)):
+            for tx in range(max(0, cx - 2), min(w, cx + 2)):
+                out.append(first[level] + ty * w + tx)
+        return out
+
+    def serve(session):
+        x, y, pans = session
+        got = 0
+        views = [(level, x, y) for level in range(TILE_LEVELS - 1, -1, -1)]
+        for dx, dy in pans:
+            x = min(max(x + dx * 3.0 / full_w, 0.0), 1.0)
+            y = min(max(y + dy * 2.0 / full_h, 0.0), 1.0)
+            views.append((0, x, y))
+        views += [(level, x, y) for level in range(1, TILE_LEVELS)]
+        for level, vx, vy in views:
+            for t in viewport(level, vx, vy):
+                off, n = table[t]
+                got += len(os.pread(fd, n, off))
+        return got
+
+    with ThreadPoolExecutor(4) as pool:
+        total = sum(pool.map(serve, sessions))
+    os.close(fd)
+    print("tileserve: %d sessions, %d bytes" % (len(sessions), total))
+
+
+# --- restore --------------------------------------------------------------------------
+
+RESTORE_FILES = 300
+RESTORE_PACK = 4 << 20
+
+
+def gen_restore(d):
+    import json
+
+    rng = random.Random(SEED + 240)
+    os.makedirs(os.path.join(d, "data"), exist_ok=True)
+    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    index, packs = {}, []
+    pack, pack_at = None, 0
+
+    def new_chunk():
+        nonlocal pack, pack_at
+        n = int(min(512 << 10, max(32 << 10, rng.lognormvariate(11.9, 0.7))))
+        if pack is None or pack_at + n > RESTORE_PACK:
+            if pack is not None:
+                pack.close()
+            name = "%064x" % rng.getrandbits(256)
+            packs.append(name)
+            pack = open(os.path.join(d, "data", name), "wb")
+            pack_at = 0
+        cid = "%016x" % rng.getrandbits(64)
+        start = rng.randrange(len(noise))
+        pack.write((noise[start:] + noise)[:n])
+        index[cid] = (len(packs) - 1, pack_at, n)
+        pack_at += n
+        return cid
+
+    def new_file():
+        return [new_chunk() for _ in range(max(1, int(rng.expovariate(1 / 4.0))))]
+
+    snapshots = [[new_file() for _ in range(RESTORE_FILES)]]
+    for _ in range(2):
+        files = list(snapshots[-1])
+        for i in rng.sample(range(RESTORE_FILES), RESTORE_FILES // 5):
+            files[i] = new_file()
+        snapshots.append(files)
+    pack.close()
+    with open(os.path.join(d, "index.json"), "w") as f:
+        json.dump({"packs": packs, "chunks": index, "snapshots": snapshots}, f)
+
+
+def run_restore(d):
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 241)
+    with open(os.path.join(d, "index.json")) as f:
+        repo = json.load(f)
+    packs = [os.path.join(d, "data", p) for p in repo["packs"]]
+    chunks = repo["chunks"]
+
+    def restore_file(file_chunks):
+        got = 0
+        for cid in file_chunks:
+            p, off, n = chunks[cid]
+            fd = os.open(packs[p], os.O_RDONLY)
+            try:
+                got += len(os.pread(fd, n, off))
+            finally:
+                os.close(fd)
+        return got
+
+    total = 0
+    for snap in (repo["snapshots"][-1], repo["snapshots"][0]):
+        with ThreadPoolExecutor(2) as pool:
+            total += sum(pool.map(restore_file, snap))
+    for p in rng.sample(packs, len(packs) // 5):
+        with open(p, "rb", buffering=0) as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                total += len(b)
+    print("restore: %d packs, %d bytes" % (len(packs), total))
 
 
 if __name__ == "__main__":
