@@ -139,6 +139,18 @@ from workloads import main as workloads_main, open_shuffled, zipf_ranks  # noqa:
 SEED = 71  # not the corpus's 13
 
 
+def _noise(rng, n):
+    """`n` random bytes (incompressible file content), drawn from `rng`."""
+    return bytes(rng.randrange(256) for _ in range(n))
+
+
+def _noise_slice(rng, noise, n):
+    """`n` bytes of `noise` from a random offset, wrapping around (distinct contents of
+    any length without drawing every byte)."""
+    start = rng.randrange(len(noise))
+    return (noise[start:] + noise)[:n]
+
+
 def files_under(root):
     """Every file below `root`, sorted by path (a program's listing order, the same on
     every run)."""
@@ -1020,7 +1032,7 @@ def gen_audiocrop(d):
     import wave
 
     rng = random.Random(SEED + 150)
-    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    noise = _noise(rng, 1 << 16)
     for i in range(AUDIO_FILES):
         sub = os.path.join(d, "clips", "spk%02d" % (i % 16))
         os.makedirs(sub, exist_ok=True)
@@ -1066,7 +1078,7 @@ VOD_FILES = 150
 def gen_vodstream(d):
     rng = random.Random(SEED + 160)
     os.makedirs(os.path.join(d, "videos"), exist_ok=True)
-    chunk = bytes(rng.randrange(256) for _ in range(1 << 16))
+    chunk = _noise(rng, 1 << 16)
     for i in range(VOD_FILES):
         n = int(rng.uniform(1, 8) * (1 << 20))
         with open(os.path.join(d, "videos", "v%04d.mp4" % i), "wb") as f:
@@ -1308,7 +1320,7 @@ def gen_tfinterleave(d):
 
     rng = random.Random(SEED + 200)
     os.makedirs(os.path.join(d, "records"), exist_ok=True)
-    blob = bytes(rng.randrange(256) for _ in range(1 << 17))
+    blob = _noise(rng, 1 << 17)
     for i in range(TF_SHARDS):
         with open(os.path.join(d, "records", "train-%05d-of-%05d.rec" % (i, TF_SHARDS)), "wb") as f:
             size = 0
@@ -1559,7 +1571,7 @@ def gen_tileserve(d):
 
     rng = random.Random(SEED + 230)
     os.makedirs(d, exist_ok=True)
-    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    noise = _noise(rng, 1 << 16)
     sizes = []
     for level in range(TILE_LEVELS):
         w, h = _tile_grid(level)
@@ -1574,8 +1586,7 @@ def gen_tileserve(d):
             at += n
         f.write(b"".join(struct.pack("<QQ", o, n) for o, n in offsets))
         for n in sizes:
-            start = rng.randrange(len(noise))
-            f.write((noise[start:] + noise)[:n])
+            f.write(_noise_slice(rng, noise, n))
 
 
 def run_tileserve(d):
@@ -1643,7 +1654,7 @@ def gen_restore(d):
 
     rng = random.Random(SEED + 240)
     os.makedirs(os.path.join(d, "data"), exist_ok=True)
-    noise = bytes(rng.randrange(256) for _ in range(1 << 16))
+    noise = _noise(rng, 1 << 16)
     index, packs = {}, []
     pack, pack_at = None, 0
 
@@ -1658,8 +1669,7 @@ def gen_restore(d):
             pack = open(os.path.join(d, "data", name), "wb")
             pack_at = 0
         cid = "%016x" % rng.getrandbits(64)
-        start = rng.randrange(len(noise))
-        pack.write((noise[start:] + noise)[:n])
+        pack.write(_noise_slice(rng, noise, n))
         index[cid] = (len(packs) - 1, pack_at, n)
         pack_at += n
         return cid

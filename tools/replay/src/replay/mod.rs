@@ -769,8 +769,9 @@ impl Run<'_> {
         let recs = &self.p.trace.records;
         let ri = self.p.job_recs[ju][self.cursor[ju]] as usize;
         self.cursor[ju] += 1;
-        self.latencies.push(now - self.issued_at[ju]);
-        self.job_wait_ns[ju] += now - self.issued_at[ju];
+        let latency = now - self.issued_at[ju];
+        self.latencies.push(latency);
+        self.job_wait_ns[ju] += latency;
         match self.p.job_recs[ju].get(self.cursor[ju]) {
             Some(&next) => {
                 let gap = recs[next as usize].ts_ns.saturating_sub(recs[ri].ts_ns);
@@ -1453,8 +1454,9 @@ fn replay_once(
         let s = (end[j] - start[j]) as f64 / 1e9;
         total += s;
         n += 1;
-        job_jct_s.insert(p.trace.jobs[j].to_string(), s);
-        job_read_wait_s.insert(p.trace.jobs[j].to_string(), run.job_wait_ns[j] as f64 / 1e9);
+        let job = p.trace.jobs[j].to_string();
+        job_read_wait_s.insert(job.clone(), run.job_wait_ns[j] as f64 / 1e9);
+        job_jct_s.insert(job, s);
     }
     let (mean_read_latency_ms, p99_read_latency_ms) = latency_summary(&mut run.latencies);
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
