@@ -97,7 +97,10 @@ fn main() -> std::io::Result<()> {
     }
     for (name, v) in WAYS.iter().zip(lat.iter_mut()) {
         v.sort();
-        println!("{name:16} read p50 {:>8.1} us", v[v.len() / 2].as_secs_f64() * 1e6);
+        println!(
+            "{name:16} read p50 {:>8.1} us",
+            v[v.len() / 2].as_secs_f64() * 1e6
+        );
     }
     std::fs::remove_file(&path)
 }
