@@ -127,6 +127,20 @@ policy work on it):
             the oldest, 2 workers taking files in turn, each chunk one pread from its pack,
             then a check reading a fifth of the packs whole
   mixh8     tileserve, restore and sqljoin at once, each its own process group
+
+Tenth round (recorded 2026-12-03 night, after this session's two dropped guard and main
+experiments, before any policy work on it):
+  ftsearch  SQLite FTS5 full-text search (Python's sqlite3, 4 KiB pages, the default 2 MB
+            page cache): 30,000 documents of 60-400 words over a Zipf(1.1) vocabulary;
+            one connection answers 900 queries of 1-3 terms (queries Zipf(0.9)-popular
+            from a set of 400), each the 10 best matches by rank, then the full text of
+            the first 3
+  headscan  an image-dataset indexer then trainer: 5,000 PNG files (log-normal, ~50 KB) in
+            50 class directories; the header of every file parsed in listing order (the
+            signature and IHDR through a buffered read), then 2 shuffled epochs by
+            multiprocessing.Pool(4) over the files whose header passes a size filter (about
+            40%), each read whole
+  mixh9     ftsearch, headscan and embed at once, each its own process group
 """
 
 import os
@@ -1721,6 +1735,131 @@ def run_restore(d):
                     break
                 total += len(b)
     print("restore: %d packs, %d bytes" % (len(packs), total))
+
+
+# --- ftsearch -------------------------------------------------------------------------
+
+FTS_DOCS = 30_000
+FTS_VOCAB = 20_000
+FTS_QUERIES = 400
+
+
+def _fts_words():
+    """The vocabulary: pronounceable distinct words (the same on every run)."""
+    rng = random.Random(SEED + 250)
+    syll = [c + v for c in "bcdfghklmnprstvz" for v in "aeiou"]
+    words, seen = [], set()
+    while len(words) < FTS_VOCAB:
+        w = "".join(rng.choice(syll) for _ in range(rng.randrange(2, 5)))
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    return words
+
+
+def gen_ftsearch(d):
+    import sqlite3
+
+    path = os.path.join(d, "docs.db")
+    if os.path.exists(path):
+        os.remove(path)
+    rng = random.Random(SEED + 251)
+    words = _fts_words()
+    weights = [1.0 / (k + 1) ** 1.1 for k in range(FTS_VOCAB)]
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA page_size=4096")
+    con.execute("CREATE VIRTUAL TABLE docs USING fts5(title, body)")
+
+    def doc():
+        body = rng.choices(words, weights, k=rng.randrange(60, 400))
+        return (" ".join(rng.choices(words, k=4)), " ".join(body))
+
+    con.executemany("INSERT INTO docs(title, body) VALUES (?, ?)", (doc() for _ in range(FTS_DOCS)))
+    con.execute("INSERT INTO docs(docs) VALUES ('optimize')")
+    con.commit()
+    con.close()
+
+
+def run_ftsearch(d):
+    import sqlite3
+
+    rng = random.Random(SEED + 252)
+    words = _fts_words()
+    # Queries mix common and rare terms (a user's words are not the corpus's most
+    # frequent ones): terms drawn from ranks 50..8000.
+    queries = []
+    for _ in range(FTS_QUERIES):
+        terms = [words[rng.randrange(50, 8000)] for _ in range(rng.randrange(1, 4))]
+        queries.append(" OR ".join(terms) if rng.random() < 0.3 else " ".join(terms))
+    con = sqlite3.connect(os.path.join(d, "docs.db"))
+    hits = 0
+    for q in zipf_ranks(FTS_QUERIES, 0.9, 900, rng):
+        top = con.execute(
+            "SELECT rowid, title FROM docs WHERE docs MATCH ? ORDER BY rank LIMIT 10", (queries[q],)
+        ).fetchall()
+        for rowid, _ in top[:3]:
+            hits += len(con.execute("SELECT body FROM docs WHERE rowid = ?", (rowid,)).fetchone()[0])
+    con.close()
+    print("ftsearch: %d queries, %d bytes of text" % (900, hits))
+
+
+# --- headscan -------------------------------------------------------------------------
+
+HEAD_FILES = 5_000
+HEAD_CLASSES = 50
+
+
+def gen_headscan(d):
+    import struct
+    import zlib
+
+    rng = random.Random(SEED + 260)
+    noise = _noise(rng, 1 << 16)
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    for i in range(HEAD_FILES):
+        cdir = os.path.join(d, "train", "c%02d" % (i % HEAD_CLASSES))
+        os.makedirs(cdir, exist_ok=True)
+        w, h = rng.choice((64, 96, 128, 224, 256, 320, 512)), rng.choice((64, 96, 128, 224, 256, 384))
+        size = int(min(400 << 10, max(4 << 10, rng.lognormvariate(10.7, 0.6))))
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        png += chunk(b"tEXt", b"Comment\x00" + b"x" * rng.randrange(20, 2000))
+        png += chunk(b"IDAT", _noise_slice(rng, noise, size)) + chunk(b"IEND", b"")
+        with open(os.path.join(cdir, "%05d.png" % i), "wb") as f:
+            f.write(png)
+
+
+def _head_size(path):
+    """(width, height) from a PNG's IHDR, read the way an image library opens a file."""
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return (0, 0)
+    return struct.unpack(">II", head[16:24])
+
+
+def _head_load(path):
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def run_headscan(d):
+    from multiprocessing import Pool
+
+    rng = random.Random(SEED + 261)
+    paths = files_under(os.path.join(d, "train"))
+    keep = [p for p in paths if min(_head_size(p)) >= 128]
+    total = 0
+    with Pool(4) as pool:
+        for _ in range(2):
+            order = list(keep)
+            rng.shuffle(order)
+            total += sum(pool.imap(_head_load, order, chunksize=8))
+    print("headscan: %d files indexed, %d trained on, %d bytes" % (len(paths), len(keep), total))
 
 
 if __name__ == "__main__":
