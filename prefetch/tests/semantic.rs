@@ -151,6 +151,31 @@ fn listing_gives_lexical_order_with_gaps_across_directories() {
     assert_eq!(paths(&out), ["d/c02/x_40.jpg"]);
 }
 
+/// A listed directory read in name order: every file ahead is asked for once while its
+/// request is pending (the window is walked on every access), never the file being read
+/// nor one already read, and the requests run to the listing's end.
+#[test]
+fn a_listed_file_is_asked_for_once_while_pending() {
+    let mut p = SemanticPredictor::default();
+    let names: Vec<String> = (0..200).map(|i| format!("img_{i:04}.png")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    p.observe_listing("train/c00", &refs);
+    let mut asked = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let path = format!("train/c00/{name}");
+        out.clear();
+        p.on_access(&ev(1, &path, 50_000), &mut out);
+        for r in &out {
+            let n: usize = r.path[r.path.len() - 8..r.path.len() - 4].parse().unwrap();
+            assert!(n > i, "{} asked for at file {i}", r.path);
+            assert!(asked.insert(r.path.to_string()), "{} asked for twice", r.path);
+        }
+    }
+    assert!(asked.len() > 150, "only {} of the files ahead were asked for", asked.len());
+    assert!(asked.contains("train/c00/img_0199.png"));
+}
+
 /// Largest lookahead (highest file number requested minus the one being read) over a
 /// sequential run of 80 files.
 fn max_lookahead(spare: f64, waste_everything: bool) -> i64 {

@@ -20,7 +20,7 @@ use strata_types::{FxBuild, JobId};
 use super::cluster::{ClusterKey, ClusterTable};
 use super::listing::ListingIndex;
 use super::permutation::SetTracker;
-use super::regularity::Lane;
+use super::regularity::{Candidate, Lane};
 use super::tokenize::TokenizedPath;
 use super::SemanticConfig;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
@@ -83,6 +83,8 @@ pub struct SemanticPredictor {
     /// the driver ([`Predictor::set_request_latency`]).
     request_ns: u64,
     stats: SemanticStats,
+    /// A lane's candidates of the current access: a buffer kept between accesses.
+    candidates: Vec<Candidate>,
 }
 
 impl Default for SemanticPredictor {
@@ -107,6 +109,7 @@ impl SemanticPredictor {
             spare: 1.0,
             request_ns: 0,
             stats: SemanticStats::default(),
+            candidates: Vec::new(),
         }
     }
 
@@ -255,8 +258,11 @@ impl Predictor for SemanticPredictor {
             }
             let acc = lane.accuracy();
             let lane_max = lane.max_file_size;
-            for c in lane.candidates(k, listing, cfg) {
-                if c.path == current || lane.is_pending(&c.path) {
+            let mut found = std::mem::take(&mut self.candidates);
+            lane.candidates_into(k, listing, cfg, &current, &mut found);
+            for c in found.drain(..) {
+                // A path the window names twice is asked for once.
+                if lane.is_pending(&c.path) {
                     continue;
                 }
                 let confidence = acc * STEP_DECAY.powi(c.step as i32 - 1);
@@ -278,6 +284,7 @@ impl Predictor for SemanticPredictor {
                 });
                 issued.push((c.path, Origin::Lane));
             }
+            self.candidates = found;
         } else if let Some(s) = set {
             // The pool with the most evidence: the shared one once it has seen a whole
             // epoch, else the job's own, else the shared one.

@@ -87,6 +87,10 @@ pub struct Lane {
     pub judged: u64,
     pending: VecDeque<Arc<str>>,
     pending_set: HashSet<Arc<str>, FxBuild>,
+    /// Addresses of the `Arc`s `pending` holds: a listed file's path is one `Arc` for
+    /// the listing's life, so asking whether it is pending is a pointer lookup, not a
+    /// hash of its text (the window's files are asked about on every access).
+    pending_ptrs: HashSet<usize, FxBuild>,
     /// Largest file size seen in the lane: the size guess for unlisted predictions.
     pub max_file_size: u64,
     /// When the lane's last file was first read (`AccessEvent::now_ns`; 0: not yet).
@@ -180,6 +184,7 @@ impl Lane {
             judged: 0,
             pending: VecDeque::new(),
             pending_set: HashSet::default(),
+            pending_ptrs: HashSet::default(),
             max_file_size: file_size,
             last_file_ns: 0,
             interval_ns: 0.0,
@@ -245,13 +250,21 @@ impl Lane {
         self.pending_set.contains(path)
     }
 
+    /// [`Self::is_pending`], by the `Arc`'s address first (the same text in another
+    /// `Arc` is found by its text).
+    fn is_pending_arc(&self, path: &Arc<str>) -> bool {
+        self.pending_ptrs.contains(&arc_addr(path)) || self.pending_set.contains(&**path)
+    }
+
     /// Forgets a pending prediction (its prefetch was dropped unread).
     pub fn drop_pending(&mut self, path: &str) -> bool {
-        if self.pending_set.remove(path) {
-            self.pending.retain(|p| &**p != path);
-            true
-        } else {
-            false
+        match self.pending_set.take(path) {
+            Some(held) => {
+                self.pending_ptrs.remove(&arc_addr(&held));
+                self.pending.retain(|p| &**p != path);
+                true
+            }
+            None => false,
         }
     }
 
@@ -322,6 +335,7 @@ impl Lane {
         self.bound = None;
         self.pending.clear();
         self.pending_set.clear();
+        self.pending_ptrs.clear();
     }
 
     /// Folds the next access of this lane in.
@@ -433,29 +447,39 @@ impl Lane {
         }
     }
 
-    /// Up to `k` paths ahead, nearest first, according to the confirmed rule.
-    pub fn candidates(
+    /// The lane's next `k` files (steps 1..=k, nearest first, by the confirmed rule)
+    /// into `out` (cleared first), less `current` and the files already pending: those
+    /// would not be asked for again, so they cost neither a copy of their path nor a
+    /// slot (this runs on every access of a confirmed lane, and most of the window is
+    /// pending then).
+    pub fn candidates_into(
         &self,
         k: u32,
         listing: &ListingIndex,
         cfg: &SemanticConfig,
-    ) -> Vec<Candidate> {
-        let mut out = Vec::new();
+        current: &str,
+        out: &mut Vec<Candidate>,
+    ) {
+        out.clear();
         match self.rule(cfg) {
             None => {}
             Some(Rule::Lexical) => {
                 let (Some(set), Some(m)) = (listing.set(&self.last.template), self.last_member)
                 else {
-                    return out;
+                    return;
                 };
                 let r = set.rank(m);
                 for step in 1..=k {
                     let Some(id) = set.at_rank(r + step as usize) else {
                         break;
                     };
+                    let path = set.path(id);
+                    if **path == *current || self.is_pending_arc(path) {
+                        continue;
+                    }
                     let size = set.size(id);
                     out.push(Candidate {
-                        path: set.path(id).clone(),
+                        path: path.clone(),
                         size: (size > 0).then_some(size),
                         step,
                     });
@@ -465,13 +489,12 @@ impl Lane {
             // evidence for about r more (an unlisted dataset's end is unknown; this keeps
             // the overshoot past the end of a short directory to about its length).
             Some(Rule::Stride) => {
-                self.walk_stride(k.min(self.stride_run.max(1)), listing, &mut out)
+                self.walk_stride(k.min(self.stride_run.max(1)), listing, current, out)
             }
         }
-        out
     }
 
-    fn walk_stride(&self, k: u32, listing: &ListingIndex, out: &mut Vec<Candidate>) {
+    fn walk_stride(&self, k: u32, listing: &ListingIndex, current: &str, out: &mut Vec<Candidate>) {
         let Some(stride) = &self.stride else { return };
         let template = &self.last.template;
         let mut pos: Vec<i64> = self.last.fields.iter().map(|f| f.value).collect();
@@ -526,11 +549,12 @@ impl Lane {
             };
             match found {
                 (Some(false), _) => return,
-                (_, size) => out.push(Candidate {
+                (_, size) if path != current && !self.is_pending(&path) => out.push(Candidate {
                     size,
                     path: Arc::from(path.as_str()),
                     step,
                 }),
+                _ => {}
             }
             std::mem::swap(&mut pos, &mut next);
         }
@@ -539,15 +563,22 @@ impl Lane {
     /// Remembers an issued prediction for hit accounting (bounded).
     pub fn add_pending(&mut self, path: Arc<str>, cfg: &SemanticConfig) {
         if self.pending_set.insert(path.clone()) {
+            self.pending_ptrs.insert(arc_addr(&path));
             self.pending.push_back(path);
         }
         let cap = (cfg.max_depth as usize * 4).max(8);
         while self.pending.len() > cap {
             if let Some(p) = self.pending.pop_front() {
+                self.pending_ptrs.remove(&arc_addr(&p));
                 self.pending_set.remove(&p);
             }
         }
     }
+}
+
+/// An `Arc`'s address: an identity for as long as the `Arc` is held.
+fn arc_addr(path: &Arc<str>) -> usize {
+    Arc::as_ptr(path) as *const u8 as usize
 }
 
 #[cfg(test)]
