@@ -169,10 +169,18 @@ fn a_listed_file_is_asked_for_once_while_pending() {
         for r in &out {
             let n: usize = r.path[r.path.len() - 8..r.path.len() - 4].parse().unwrap();
             assert!(n > i, "{} asked for at file {i}", r.path);
-            assert!(asked.insert(r.path.to_string()), "{} asked for twice", r.path);
+            assert!(
+                asked.insert(r.path.to_string()),
+                "{} asked for twice",
+                r.path
+            );
         }
     }
-    assert!(asked.len() > 150, "only {} of the files ahead were asked for", asked.len());
+    assert!(
+        asked.len() > 150,
+        "only {} of the files ahead were asked for",
+        asked.len()
+    );
     assert!(asked.contains("train/c00/img_0199.png"));
 }
 
