@@ -141,6 +141,18 @@ experiments, before any policy work on it):
             multiprocessing.Pool(4) over the files whose header passes a size filter (about
             40%), each read whole
   mixh9     ftsearch, headscan and embed at once, each its own process group
+
+Eleventh round (recorded 2026-12-03 night, after this session's readahead-bound experiment
+was dropped, before any policy work on it):
+  mboxsearch  Python `mailbox.mbox`: a 93 MB mbox of 20,000 messages (1-6 KB bodies, 4% with
+            an 8-32 KB attachment); opening it scans the whole file for its table of contents,
+            then 3,000 reads of messages Zipf(1.0)-popular by thread (the newest threads the
+            most), and every 600 reads a search of the last 2,000 messages' bodies
+  bisectlog a sorted access log (1.6 M lines, 90 MB) searched the way `look` does: 2,500
+            lookups of timestamps (Zipf(0.9) over the last day's minutes), each a binary
+            search of seek + readline probes (4 KiB buffered), then the matching lines read
+            forward
+  mixh10    mboxsearch, bisectlog and tileserve at once, each its own process group
 """
 
 import os
@@ -1860,6 +1872,118 @@ def run_headscan(d):
             rng.shuffle(order)
             total += sum(pool.imap(_head_load, order, chunksize=8))
     print("headscan: %d files indexed, %d trained on, %d bytes" % (len(paths), len(keep), total))
+
+
+# --- mboxsearch -----------------------------------------------------------------------
+
+MBOX_MESSAGES = 20_000
+MBOX_THREADS = 2_500
+
+
+def gen_mboxsearch(d):
+    import email.message
+    import mailbox
+
+    rng = random.Random(SEED + 270)
+    path = os.path.join(d, "archive.mbox")
+    if os.path.exists(path):
+        os.remove(path)
+    words = ["w%d" % i for i in range(3000)]
+    box = mailbox.mbox(path)
+    box.lock()
+    try:
+        for i in range(MBOX_MESSAGES):
+            m = email.message.EmailMessage()
+            thread = min(MBOX_THREADS - 1, i * MBOX_THREADS // MBOX_MESSAGES + rng.randrange(3))
+            m["From"] = "user%d@example.org" % rng.randrange(400)
+            m["Subject"] = "thread %d: %s" % (thread, " ".join(rng.choices(words, k=5)))
+            m["Message-ID"] = "<%d@example.org>" % i
+            m.set_content(" ".join(rng.choices(words, k=rng.randrange(150, 1000))))
+            if rng.random() < 0.04:
+                m.add_attachment(rng.randbytes(rng.randrange(8 << 10, 32 << 10)), maintype="application", subtype="octet-stream")
+            box.add(m)
+        box.flush()
+    finally:
+        box.unlock()
+        box.close()
+
+
+def run_mboxsearch(d):
+    import mailbox
+
+    rng = random.Random(SEED + 271)
+    box = mailbox.mbox(os.path.join(d, "archive.mbox"), create=False)
+    keys = box.keys()  # the table of contents: one pass over the whole file
+    n = len(keys)
+    got = 0
+    for i, rank in enumerate(zipf_ranks(n // 8, 1.0, 3000, rng)):
+        # Newest threads the most: rank 0 is the newest group of 8 messages.
+        key = keys[n - 1 - (rank * 8 + rng.randrange(8))]
+        got += len(box.get_bytes(key))
+        if i % 600 == 599:
+            for k in keys[-2000:]:
+                if b"w17 w42" in box.get_bytes(k):
+                    got += 1
+    box.close()
+    print("mboxsearch: %d messages, %d bytes" % (n, got))
+
+
+# --- bisectlog ------------------------------------------------------------------------
+
+BISECT_LINES = 1_600_000
+BISECT_SPAN = 7 * 86400
+
+
+def gen_bisectlog(d):
+    rng = random.Random(SEED + 280)
+    os.makedirs(d, exist_ok=True)
+    paths = ["/api/v1/items/%d" % i for i in range(500)] + ["/static/app.%d.js" % i for i in range(50)]
+    with open(os.path.join(d, "access.log"), "w") as f:
+        ts = 1_700_000_000
+        step = BISECT_SPAN / BISECT_LINES
+        for i in range(BISECT_LINES):
+            f.write(
+                "%d 10.%d.%d.%d GET %s %d %d\n"
+                % (ts + int(i * step), rng.randrange(256), rng.randrange(256), rng.randrange(256),
+                   rng.choice(paths), rng.choice((200, 200, 200, 304, 404, 500)), rng.randrange(100, 90000))
+            )
+
+
+def _bisect_first(f, size, key):
+    """Offset of the first line whose timestamp is >= `key` (binary search by offset,
+    as `look` does: seek, skip the partial line, read one line)."""
+    lo, hi = 0, size
+    while hi - lo > 4096:
+        mid = (lo + hi) // 2
+        f.seek(mid)
+        f.readline()
+        line = f.readline()
+        if not line or int(line.split(b" ", 1)[0]) >= key:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def run_bisectlog(d):
+    rng = random.Random(SEED + 281)
+    path = os.path.join(d, "access.log")
+    size = os.path.getsize(path)
+    start = 1_700_000_000
+    minutes = 24 * 60
+    found = 0
+    with open(path, "rb", buffering=4096) as f:
+        for rank in zipf_ranks(minutes, 0.9, 2500, rng):
+            key = start + BISECT_SPAN - (rank + 1) * 60
+            f.seek(_bisect_first(f, size, key))
+            f.readline()
+            for line in f:
+                t = int(line.split(b" ", 1)[0])
+                if t >= key + 60:
+                    break
+                if t >= key:
+                    found += 1
+    print("bisectlog: %d lines found" % found)
 
 
 if __name__ == "__main__":
