@@ -261,10 +261,6 @@ impl Predictor for SemanticPredictor {
             let mut found = std::mem::take(&mut self.candidates);
             lane.candidates_into(k, listing, cfg, &current, &mut found);
             for c in found.drain(..) {
-                // A path the window names twice is asked for once.
-                if lane.is_pending(&c.path) {
-                    continue;
-                }
                 let confidence = acc * STEP_DECAY.powi(c.step as i32 - 1);
                 if confidence < cfg.min_confidence {
                     break;
@@ -275,7 +271,10 @@ impl Predictor for SemanticPredictor {
                     None if lane_max > 0 && lane_max <= cfg.small_file_max => lane_max,
                     None => cfg.first_chunk,
                 };
-                lane.add_pending(c.path.clone(), cfg);
+                // A path the window names twice is asked for once.
+                if !lane.add_pending(c.path.clone(), cfg) {
+                    continue;
+                }
                 out.push(PrefetchRequest {
                     path: c.path.clone(),
                     offset: 0,

@@ -561,8 +561,10 @@ impl Lane {
     }
 
     /// Remembers an issued prediction for hit accounting (bounded).
-    pub fn add_pending(&mut self, path: Arc<str>, cfg: &SemanticConfig) {
-        if self.pending_set.insert(path.clone()) {
+    /// False when `path` was pending already.
+    pub fn add_pending(&mut self, path: Arc<str>, cfg: &SemanticConfig) -> bool {
+        let added = self.pending_set.insert(path.clone());
+        if added {
             self.pending_ptrs.insert(arc_addr(&path));
             self.pending.push_back(path);
         }
@@ -573,6 +575,7 @@ impl Lane {
                 self.pending_set.remove(&p);
             }
         }
+        added
     }
 }
 
