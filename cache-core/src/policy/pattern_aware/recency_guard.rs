@@ -5,7 +5,8 @@
 //! turn; the window -> main contest lost the blocks the readers were in the middle of,
 //! 2.5x LRU's JCT at 10%). LRU is the baseline users compare against and the one whose
 //! behaviour needs no model, so the policy watches it: a *shadow LRU* of the same
-//! capacity (key hashes and sizes, no data) sees every demand access, and each access
+//! capacity (key hashes and sizes, no data) sees every demand access (and takes in every
+//! prefetch fill, as the cache's recency order does), and each access
 //! where exactly one of the two hit is a vote (McNemar's test: under H0 "the policy is
 //! as good as LRU here" a discordant access falls on either side with probability
 //! 1/2). Once `MIN_VOTES` are in and the sign test rejects at `ALPHA` with LRU ahead,
@@ -163,6 +164,16 @@ impl RecencyGuard {
         }
     }
 
+    /// A prefetched item of hash `h` entered the cache: the shadow takes it as its
+    /// youngest, as the cache's recency order does in a period (no vote: nothing was
+    /// read). The shadow is then the LRU a recency period can deliver, prefetch fills
+    /// and all, not one that prefetch never fills.
+    pub(super) fn on_prefetch_insert(&mut self, h: u64, size: u64) {
+        if (h >> 32) < self.sample_below {
+            self.touch(h, size);
+        }
+    }
+
     fn on_miss_bytes(&mut self, size: u64) {
         if self.period_left > 0 {
             self.period_left = self.period_left.saturating_sub(size.max(1));
@@ -297,6 +308,24 @@ mod tests {
             2 * FIRST_TURNS * cap,
             "lost again at once: a longer period"
         );
+    }
+
+    #[test]
+    fn a_prefetch_fill_takes_the_shadows_young_end_without_a_vote() {
+        let mut test = SignTest::default();
+        let mb = 1 << 20;
+        let mut g = RecencyGuard::new(4 * mb);
+        for i in 0..4 {
+            g.on_demand(h(i), mb, false, &mut test);
+        }
+        g.on_prefetch_insert(h(9), mb);
+        assert_eq!(g.votes, [0, 0], "a fill is not a read");
+        // The fill pushed out the least recent read, as it does in the cache: a policy
+        // that hits block 0 (it kept it) is ahead of this LRU, not level with it.
+        g.on_demand(h(0), mb, true, &mut test);
+        assert_eq!(g.votes, [1, 0]);
+        g.on_demand(h(9), mb, true, &mut test);
+        assert_eq!(g.votes, [1, 0], "the filled block is the shadow's too");
     }
 
     #[test]

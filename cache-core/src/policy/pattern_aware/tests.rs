@@ -325,6 +325,14 @@ fn window_share_follows_significant_ghost_evidence() {
         p.window_evidence(1);
     }
     assert!(p.window_share < up, "{} !< {up}", p.window_share);
+    // However long the main's side wins, the window keeps its minimum share (at 0 the
+    // window -> main contest would stop).
+    for _ in 0..64 {
+        for _ in 0..16 {
+            p.window_evidence(1);
+        }
+    }
+    assert_eq!(p.window_share, p.cfg.window_min_share);
     let before = p.window_share;
     for i in 0..10_000 {
         p.window_evidence(i % 2);
@@ -1368,9 +1376,11 @@ fn hot_scan_blocks_outside_the_hash_sample_are_kept_by_frequency() {
         hot_blocks_in_sweeps_hits(false),
     );
     // 10 hot blocks x 16 sweeps, all of which fit the cache; a hot block whose proof
-    // aged out (`age_proven`) just before it was read again can still go, so most
-    // (measured: 110, and 42 by the hash sample alone).
-    assert!(with >= 100, "hot hits with the rule: {with} of 160");
+    // aged out (`age_proven`, once per capacity of scan misses, a sweep misses ~25
+    // blocks) just before it was read again can still go, so how many depends on the
+    // phase of the aging against the sweeps (measured: 85, and 42 by the hash sample
+    // alone; 110 when the policy took its capacity for one block more than the tier's).
+    assert!(with >= 80, "hot hits with the rule: {with} of 160");
     assert!(
         without < with * 3 / 4,
         "hot hits by hash sample alone: {without}, with the rule {with}"
@@ -1502,11 +1512,14 @@ fn readers_taking_turns_keep_the_blocks_they_are_reading() {
     };
     let (kept, evicted) = (misses(true), misses(false));
     // 16 shards of 8 blocks read twice are 256 block fetches at best (LRU's count);
-    // measured 585 with the rule (the frequency side's window still loses some
-    // current blocks) and 1,930 without.
-    assert!(kept < 3 * 256, "kept {kept}");
+    // measured 849 with the rule (the frequency side's window still loses some
+    // current blocks; 585 before window victims admitted from the main's ghost went
+    // back to it, `main_victims_stay_main`, which moves which ghost entries a 12-block
+    // cache's one-block lists keep) and 2,097 without. The recency guard, on by
+    // default, bounds the rest (next test).
+    assert!(kept < 4 * 256, "kept {kept}");
     assert!(
-        evicted > 3 * kept,
+        evicted > 2 * kept,
         "without the rule {evicted} (with {kept})"
     );
 }
@@ -1559,4 +1572,69 @@ proptest! {
             prop_assert_eq!(a, b, "read {} of item {}", t, item);
         }
     }
+}
+
+/// The policy's capacity is the tier's: asking for a victim to make room for a block
+/// does not make the cache one block larger in the policy's eyes (it did: the probes,
+/// the pools' shares and the recency guard's shadow LRU were sized for capacity plus
+/// the incoming block, a 7-block LRU guarding a 6-block cache).
+#[test]
+fn the_policys_capacity_stays_the_tiers() {
+    let cap = 6 * MB;
+    let mut s = Sim::with(cap, PatternAwareConfig::default());
+    for t in 0..40u64 {
+        s.read(&kv(t % 9), MB, &demand(0, t));
+    }
+    assert!(s.used <= cap);
+    assert_eq!(s.p.cap, cap);
+}
+
+/// Binary searches over a sorted file of 64 blocks on a 6-block cache: every search
+/// reads the same top probes (the root block, then one of 2, one of 4, ...), and its
+/// last probes alternate between two neighbouring blocks where the target sits on a
+/// block boundary. The hot top blocks belong in the frequency main; each miss on the
+/// alternating pair is a window ghost hit. A block the main let go comes back through
+/// the window, so before `main_victims_stay_main` its later misses voted for a larger
+/// window too, the share ran to 1 (the cache an LRU, which thrashes on the top probes)
+/// and could not come back (held-out `bisectlog` at 40%: 354 s against LFU's 218).
+fn binary_search_hits(cfg: PatternAwareConfig) -> (u64, u64, f64) {
+    use rand::{Rng, SeedableRng};
+    let cap = 6 * MB;
+    let mut s = Sim::with(cap, cfg);
+    let mut l = TierSpace::new(cap, Box::new(crate::policy::LruPolicy::new()));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let (mut hits, mut lru_hits, mut t) = (0u64, 0u64, 0u64);
+    for _ in 0..3_000 {
+        let target: u64 = rng.random_range(0..255);
+        let (mut lo, mut hi) = (0u64, 256u64);
+        let mut probes = Vec::new();
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            probes.push(mid);
+            if target < mid {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        probes.extend([target, target + 1, target, target + 1]);
+        for b in probes {
+            t += 1;
+            hits += u64::from(s.read(&kv(b), MB, &demand(0, t)));
+            lru_hits += u64::from(read(&mut l, &kv(b), MB, &demand(0, t)));
+        }
+    }
+    (hits, lru_hits, s.p.stats().window_share)
+}
+
+#[test]
+fn blocks_the_main_let_go_do_not_vote_for_a_larger_window() {
+    // Without `main_victims_stay_main` (measured): share 0.86, 15,782 hits against
+    // LRU's 12,062; with it 0.31 and 17,228.
+    let (hits, lru_hits, share) = binary_search_hits(PatternAwareConfig::default());
+    assert!(share <= 0.5, "window share {share}");
+    assert!(
+        hits as f64 >= 1.35 * lru_hits as f64,
+        "strata {hits} lru {lru_hits}"
+    );
 }
