@@ -22,7 +22,7 @@ WORK=${WORK:-/tmp/strata-heldout}
 OUT=${OUT:-$repo/tools/replay/traces/heldout}
 H="$repo/scripts/corpus/heldout.py"
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4 pyimport ivfsearch mixh5 diskann tfinterleave mixh6 lsmkv ragdocs mixh7 tileserve restore mixh8 ftsearch headscan mixh9 mboxsearch bisectlog mixh10)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4 pyimport ivfsearch mixh5 diskann tfinterleave mixh6 lsmkv ragdocs mixh7 tileserve restore mixh8 ftsearch headscan mixh9 mboxsearch bisectlog mixh10 dbmlookup csvloop mixh11)
 mkdir -p "$WORK" "$OUT"
 
 py_for() { if [ "$1" = torch ] || [ "$1" = valloader ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
@@ -58,6 +58,7 @@ for k in "${kinds[@]}"; do
     mixh8) record_mix mixh8 tileserve restore sqljoin ;;
     mixh9) record_mix mixh9 ftsearch headscan embed ;;
     mixh10) record_mix mixh10 mboxsearch bisectlog tileserve ;;
+    mixh11) record_mix mixh11 dbmlookup csvloop sqlrange ;;
     *)
       gen "$k"
       record "$k" "$(py_for "$k")" "$H" run "$k" "$WORK/$k"

@@ -153,6 +153,19 @@ was dropped, before any policy work on it):
             search of seek + readline probes (4 KiB buffered), then the matching lines read
             forward
   mixh10    mboxsearch, bisectlog and tileserve at once, each its own process group
+
+Twelfth round (recorded 2026-12-04, after this session's window and guard changes, before
+any policy work on it):
+  dbmlookup Python's `dbm.dumb`: 150,000 keys with 200-1,200-byte values (a 143 MB .dat
+            file of 512-byte-aligned values and its .dir index, read whole at open); 40,000 lookups of Zipf(0.9)-
+            popular keys (each a seek + read of the .dat file, opened per lookup as
+            dbm.dumb does), and every 8,000 lookups a report reading the values of one
+            key prefix in insertion order (1/16 of the keys)
+  csvloop   a dashboard refresh run 3 times: Python's csv module over 3 CSV files (4 MB
+            customers, 17 MB orders, 30 MB events); per refresh an aggregate over orders,
+            a hash join of customers (build) with orders (probe) and a filtered count
+            over events, each a full sequential pass
+  mixh11    dbmlookup, csvloop and sqlrange at once, each its own process group
 """
 
 import os
@@ -1985,6 +1998,105 @@ def run_bisectlog(d):
                     found += 1
     print("bisectlog: %d lines found" % found)
 
+
+# --- dbmlookup ------------------------------------------------------------------------
+
+DBM_KEYS = 150_000
+
+
+def gen_dbmlookup(d):
+    import dbm.dumb
+
+    rng = random.Random(SEED + 290)
+    os.makedirs(d, exist_ok=True)
+    base = os.path.join(d, "kv")
+    for ext in (".dat", ".dir", ".bak"):
+        if os.path.exists(base + ext):
+            os.remove(base + ext)
+    db = dbm.dumb.open(base, "n")
+    try:
+        for i in range(DBM_KEYS):
+            db["k%02x:%07d" % (i % 256, i)] = rng.randbytes(rng.randrange(200, 1200))
+    finally:
+        db.close()
+
+
+def run_dbmlookup(d):
+    import dbm.dumb
+
+    rng = random.Random(SEED + 291)
+    db = dbm.dumb.open(os.path.join(d, "kv"), "r")  # reads the whole .dir index
+    got = 0
+    try:
+        for i, rank in enumerate(zipf_ranks(DBM_KEYS, 0.9, 40_000, rng)):
+            # Popularity scattered over the keys, not in insertion order.
+            k = (rank * 7919) % DBM_KEYS
+            got += len(db["k%02x:%07d" % (k % 256, k)])
+            if i % 8000 == 7999:
+                prefix = "k%x" % rng.randrange(16)
+                for key in db.keys():
+                    if key.decode().startswith(prefix):
+                        got += len(db[key])
+    finally:
+        db.close()
+    print("dbmlookup: %d bytes" % got)
+
+
+# --- csvloop --------------------------------------------------------------------------
+
+CSV_CUSTOMERS = 80_000
+CSV_ORDERS = 400_000
+CSV_EVENTS = 700_000
+
+
+def gen_csvloop(d):
+    import csv
+
+    rng = random.Random(SEED + 300)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "customers.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "name", "region", "segment", "since"])
+        for i in range(CSV_CUSTOMERS):
+            w.writerow([i, "customer-%06d-%s" % (i, rng.randbytes(12).hex()), rng.randrange(20),
+                        rng.choice("ABCDE"), 2000 + rng.randrange(25)])
+    with open(os.path.join(d, "orders.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "customer", "day", "amount", "status", "note"])
+        for i in range(CSV_ORDERS):
+            w.writerow([i, rng.randrange(CSV_CUSTOMERS), rng.randrange(365), "%.2f" % (rng.random() * 500),
+                        rng.choice(("paid", "paid", "open", "void")), rng.randbytes(6).hex()])
+    with open(os.path.join(d, "events.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ts", "user", "kind", "page", "ms"])
+        for i in range(CSV_EVENTS):
+            w.writerow([1_700_000_000 + i, rng.randrange(CSV_CUSTOMERS), rng.choice(("view", "click", "buy")),
+                        "/p/%d/%s" % (rng.randrange(5000), rng.randbytes(4).hex()), rng.randrange(2000)])
+
+
+def run_csvloop(d):
+    import csv
+
+    def rows(name):
+        with open(os.path.join(d, name), newline="") as f:
+            r = csv.reader(f)
+            next(r)
+            yield from r
+
+    out = 0
+    for _refresh in range(3):
+        by_day = {}
+        for o in rows("orders.csv"):
+            if o[4] == "paid":
+                by_day[o[2]] = by_day.get(o[2], 0.0) + float(o[3])
+        region = {c[0]: c[2] for c in rows("customers.csv")}
+        by_region = {}
+        for o in rows("orders.csv"):
+            g = region.get(o[1])
+            by_region[g] = by_region.get(g, 0) + 1
+        buys = sum(1 for e in rows("events.csv") if e[2] == "buy" and int(e[4]) > 1500)
+        out += len(by_day) + len(by_region) + buys
+    print("csvloop: %d" % out)
 
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
