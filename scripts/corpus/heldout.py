@@ -166,6 +166,18 @@ any policy work on it):
             a hash join of customers (build) with orders (probe) and a filtered count
             over events, each a full sequential pass
   mixh11    dbmlookup, csvloop and sqlrange at once, each its own process group
+
+Thirteenth round (recorded 2026-12-04, before any policy work on it; real command-line
+tools, driven from Python):
+  tarlist   GNU tar with --seek over an uncompressed 148 MB archive of 4,000 members
+            (log-normal sizes): 6 rounds of a verbose listing (each member's header read,
+            its data skipped by lseek) and an extraction to stdout of 30 members named
+            Zipf(1.0)-skewed (tar scans the headers up to each, reads the named ones)
+  cmpjoin   coreutils over sorted CSV snapshots: 3 rounds of `join` of an 18 MB customer
+            file with a 42 MB order file (two streams read in lockstep), `cmp` of
+            yesterday's and today's 42 MB order snapshots (differing near the end) and
+            `tail -c` of the newest 4 MB of today's
+  mixh12    tarlist, cmpjoin and ftsearch at once, each its own process group
 """
 
 import os
@@ -2097,6 +2109,106 @@ def run_csvloop(d):
         buys = sum(1 for e in rows("events.csv") if e[2] == "buy" and int(e[4]) > 1500)
         out += len(by_day) + len(by_region) + buys
     print("csvloop: %d" % out)
+
+# --- tarlist --------------------------------------------------------------------------
+
+TAR_MEMBERS = 4_000
+
+
+def gen_tarlist(d):
+    import tarfile
+
+    rng = random.Random(SEED + 310)
+    os.makedirs(d, exist_ok=True)
+    noise = _noise(rng, 4 << 20)
+    path = os.path.join(d, "backup.tar")
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(TAR_MEMBERS):
+            n = min(int(rng.lognormvariate(9.8, 1.2)), 3_000_000)  # median ~18 KB
+            info = tarfile.TarInfo("home/user%02d/file%05d.dat" % (i % 40, i))
+            info.size = n
+            info.mtime = 1_700_000_000 + i
+            tar.addfile(info, _BytesReader(_noise_slice(rng, noise, n)))
+
+
+class _BytesReader:
+    """A file-like over bytes, for tarfile.addfile without io's copy."""
+
+    def __init__(self, b):
+        self.b, self.at = b, 0
+
+    def read(self, n=-1):
+        n = len(self.b) - self.at if n < 0 else n
+        out = self.b[self.at : self.at + n]
+        self.at += len(out)
+        return out
+
+
+def run_tarlist(d):
+    import subprocess
+
+    rng = random.Random(SEED + 311)
+    names = ["home/user%02d/file%05d.dat" % (i % 40, i) for i in range(TAR_MEMBERS)]
+    order = list(range(len(names)))
+    rng.shuffle(order)  # popularity spread over the archive
+    ranks = [order[k] for k in zipf_ranks(len(names), 1.0, 6 * 30, rng)]
+    got = 0
+    for r in range(6):
+        out = subprocess.run(["tar", "--seek", "-tvf", "backup.tar"], cwd=d, check=True,
+                             capture_output=True).stdout
+        got += out.count(b"\n")
+        want = sorted({names[k] for k in ranks[r * 30 : (r + 1) * 30]})
+        out = subprocess.run(["tar", "--seek", "-xOf", "backup.tar", *want], cwd=d, check=True,
+                             capture_output=True).stdout
+        got += len(out)
+    print("tarlist: %d" % got)
+
+
+# --- cmpjoin --------------------------------------------------------------------------
+
+JOIN_CUSTOMERS = 400_000
+JOIN_ORDERS = 1_000_000
+
+
+def gen_cmpjoin(d):
+    rng = random.Random(SEED + 320)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "customers.csv"), "w") as f:
+        for i in range(JOIN_CUSTOMERS):
+            f.write("c%07d,%s,%d\n" % (i, rng.randbytes(16).hex(), rng.randrange(20)))
+    rows = sorted(
+        ("c%07d" % rng.randrange(JOIN_CUSTOMERS), i, rng.randrange(365), rng.random() * 500)
+        for i in range(JOIN_ORDERS)
+    )
+    lines = ["%s,o%08d,%d,%.2f,%s\n" % (c, i, day, amt, rng.randbytes(6).hex())
+             for c, i, day, amt in rows]
+    with open(os.path.join(d, "orders-yesterday.csv"), "w") as f:
+        f.writelines(lines)
+    # Today's snapshot: the same orders with a few amounts changed near the end.
+    for k in range(len(lines) - 2000, len(lines), 97):
+        lines[k] = lines[k][:-2] + "9\n"
+    with open(os.path.join(d, "orders-today.csv"), "w") as f:
+        f.writelines(lines)
+
+
+def run_cmpjoin(d):
+    import subprocess
+
+    env = dict(os.environ, LC_ALL="C")
+    got = 0
+    for _ in range(3):
+        out = subprocess.run(["join", "-t", ",", "-1", "1", "-2", "1", "customers.csv",
+                              "orders-today.csv"], cwd=d, env=env, check=True,
+                             capture_output=True).stdout
+        got += out.count(b"\n")
+        r = subprocess.run(["cmp", "orders-yesterday.csv", "orders-today.csv"], cwd=d, env=env,
+                           capture_output=True)
+        got += len(r.stdout)
+        out = subprocess.run(["tail", "-c", str(4 << 20), "orders-today.csv"], cwd=d, env=env,
+                             check=True, capture_output=True).stdout
+        got += len(out)
+    print("cmpjoin: %d" % got)
+
 
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
