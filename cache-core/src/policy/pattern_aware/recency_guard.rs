@@ -22,6 +22,12 @@
 //! never pays; one it does not pays a trial of a few dozen discordant accesses per
 //! period, each period twice as long as the last.
 //!
+//! Per job (`spare_starved_jobs`, up to `JOB_SLOTS` jobs): the same test on each job's
+//! discordant reads alone, at `ALPHA / JOB_SLOTS`. A job behind is *spared* for
+//! `FIRST_TURNS` turnovers (the policy then evicts another job's least recent item in
+//! place of one it read last); if its reads are still significantly behind while spared,
+//! sparing is futile for it and it is not spared again.
+//!
 //! Caches up to `FULL_SHADOW_BYTES` are shadowed whole. Above, the shadow samples key
 //! hashes at `FULL_SHADOW_BYTES / capacity` (at least 1/64) and holds that share of
 //! the capacity (SHARDS: an LRU of a spatially sampled key set at the scaled capacity
@@ -64,6 +70,42 @@ const FIRST_TURNS: u64 = 2;
 /// Longest recency period: 64 turnovers, so a workload that changes back is tried again.
 const MAX_TURNS: u64 = 64;
 
+/// Jobs whose reads are tested on their own (`spare_starved_jobs`): 16, the policy's
+/// `JobSet::CAP`; a trace of more jobs at once (a KV trace's request per job) spreads its
+/// votes too thin for any one job's test to reject.
+const JOB_SLOTS: usize = 16;
+
+/// One job's discordant reads against the shadow LRU, and how long its items are spared.
+#[derive(Clone, Copy, Debug)]
+struct JobVotes {
+    job: u64,
+    /// As [`RecencyGuard::votes`], for this job's reads only.
+    votes: [u64; 2],
+    /// Its votes while spared: whether sparing helped it.
+    spared_votes: [u64; 2],
+    /// Demand-miss bytes left while this job's items are spared (0: not spared).
+    spare_left: u64,
+    /// Still behind while spared: its loss is not the items the policy evicts, and it
+    /// is not spared again.
+    futile: bool,
+    /// The shadow's sequence number at its latest read (the least recent job gives up
+    /// its slot).
+    last: u64,
+}
+
+impl JobVotes {
+    fn new(job: u64, last: u64) -> Self {
+        JobVotes {
+            job,
+            votes: [0; 2],
+            spared_votes: [0; 2],
+            spare_left: 0,
+            futile: false,
+            last,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Shadowed {
     seq: u64,
@@ -89,6 +131,11 @@ pub(super) struct RecencyGuard {
     cap: u64,
     /// Recency periods begun so far.
     pub(super) engaged: u64,
+    /// Per-job tests (`spare_starved_jobs`), at most [`JOB_SLOTS`].
+    jobs: Vec<JobVotes>,
+    per_job: bool,
+    /// Spared periods begun so far.
+    pub(super) spared: u64,
 }
 
 impl RecencyGuard {
@@ -105,6 +152,9 @@ impl RecencyGuard {
             turns: FIRST_TURNS,
             cap: 0,
             engaged: 0,
+            jobs: Vec::new(),
+            per_job: false,
+            spared: 0,
         };
         g.set_capacity(cap);
         g
@@ -132,6 +182,30 @@ impl RecencyGuard {
         self.period_left = u64::MAX;
     }
 
+    /// Test each job's reads on their own too (`spare_starved_jobs`).
+    pub(super) fn set_per_job(&mut self, on: bool) {
+        self.per_job = on;
+    }
+
+    /// Whether `job`'s items are spared now (its own reads lost significantly to the
+    /// shadow LRU).
+    pub(super) fn spares(&self, job: u64) -> bool {
+        self.jobs.iter().any(|j| j.job == job && j.spare_left > 0)
+    }
+
+    /// Whether any job's items are spared now.
+    pub(super) fn sparing(&self) -> bool {
+        self.jobs.iter().any(|j| j.spare_left > 0)
+    }
+
+    /// Spares `job`'s items until the period ends (for tests of the victim's choice).
+    #[cfg(test)]
+    pub(super) fn force_spare(&mut self, job: u64) {
+        let mut j = JobVotes::new(job, self.seq);
+        j.spare_left = u64::MAX;
+        self.jobs.push(j);
+    }
+
     /// Whether the policy should evict in plain recency order now.
     pub(super) fn recency_period(&self) -> bool {
         self.period_left > 0
@@ -139,9 +213,16 @@ impl RecencyGuard {
 
     /// A demand read of the item of hash `h` (`size` bytes) that the policy's cache
     /// hit (`policy_hit`) or missed.
-    pub(super) fn on_demand(&mut self, h: u64, size: u64, policy_hit: bool, test: &mut SignTest) {
+    pub(super) fn on_demand(
+        &mut self,
+        h: u64,
+        size: u64,
+        policy_hit: bool,
+        job: u64,
+        test: &mut SignTest,
+    ) {
         if !policy_hit {
-            self.on_miss_bytes(size);
+            self.on_miss_bytes(size, test);
         }
         if (h >> 32) >= self.sample_below {
             return;
@@ -149,6 +230,9 @@ impl RecencyGuard {
         let lru_hit = self.touch(h, size);
         if self.recency_period() || lru_hit == policy_hit {
             return;
+        }
+        if self.per_job {
+            self.job_vote(job, lru_hit, test);
         }
         self.votes[usize::from(lru_hit)] += 1;
         let [ahead, behind] = self.votes;
@@ -174,7 +258,72 @@ impl RecencyGuard {
         }
     }
 
-    fn on_miss_bytes(&mut self, size: u64) {
+    /// A discordant read of `job` (`lru_hit`: the shadow hit, the policy missed): its
+    /// own sign test, at `ALPHA / JOB_SLOTS` (one test per job). A job found behind is
+    /// spared for a recency period's first length; one still significantly behind while
+    /// spared is not spared again (its loss is not what the policy evicts: a tenant read
+    /// in small units, whose LRU hits are other pages of blocks LRU keeps whole).
+    fn job_vote(&mut self, job: u64, lru_hit: bool, test: &mut SignTest) {
+        let seq = self.seq;
+        let i = match self.jobs.iter().position(|j| j.job == job) {
+            Some(i) => i,
+            None if self.jobs.len() < JOB_SLOTS => {
+                self.jobs.push(JobVotes::new(job, seq));
+                self.jobs.len() - 1
+            }
+            None => {
+                // The least recently reading job that is not spared gives up its slot.
+                let Some(i) = self
+                    .jobs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, j)| j.spare_left == 0)
+                    .min_by_key(|(_, j)| j.last)
+                    .map(|(i, _)| i)
+                else {
+                    return;
+                };
+                self.jobs[i] = JobVotes::new(job, seq);
+                i
+            }
+        };
+        let cap = self.cap;
+        let j = &mut self.jobs[i];
+        j.last = seq;
+        if j.spare_left > 0 {
+            j.spared_votes[usize::from(lru_hit)] += 1;
+            return;
+        }
+        j.votes[usize::from(lru_hit)] += 1;
+        let [ahead, behind] = j.votes;
+        let n = ahead + behind;
+        if n < MIN_VOTES {
+            return;
+        }
+        if !j.futile && behind > ahead && test.rejects(n, behind, ALPHA / JOB_SLOTS as f64) {
+            j.spare_left = FIRST_TURNS.saturating_mul(cap).max(1);
+
+            j.votes = [0; 2];
+            j.spared_votes = [0; 2];
+            self.spared += 1;
+        } else if n >= HORIZON_VOTES {
+            j.votes = [ahead / 2, behind / 2];
+        }
+    }
+
+    fn on_miss_bytes(&mut self, size: u64, test: &mut SignTest) {
+        for j in self.jobs.iter_mut().filter(|j| j.spare_left > 0) {
+            j.spare_left = j.spare_left.saturating_sub(size.max(1));
+            if j.spare_left == 0 {
+                let [ahead, behind] = j.spared_votes;
+                let n = ahead + behind;
+                j.futile = n >= MIN_VOTES
+                    && behind > ahead
+                    && test.rejects(n, behind, ALPHA / JOB_SLOTS as f64);
+
+                j.votes = [0; 2];
+            }
+        }
         if self.period_left > 0 {
             self.period_left = self.period_left.saturating_sub(size.max(1));
             if self.period_left == 0 {
@@ -267,8 +416,8 @@ mod tests {
         let mut first = None;
         for i in 0..200u64 {
             let key = h(i % 4);
-            behind.on_demand(key, 1 << 20, false, &mut test);
-            ahead.on_demand(key, 1 << 20, true, &mut test);
+            behind.on_demand(key, 1 << 20, false, 0, &mut test);
+            ahead.on_demand(key, 1 << 20, true, 0, &mut test);
             if behind.recency_period() && first.is_none() {
                 first = Some(i);
             }
@@ -289,7 +438,7 @@ mod tests {
         let mut lose_until_engaged = |g: &mut RecencyGuard| {
             let before = g.engaged;
             while g.engaged == before {
-                g.on_demand(h(i % 4), 1 << 20, false, &mut test);
+                g.on_demand(h(i % 4), 1 << 20, false, 0, &mut test);
                 i += 1;
             }
         };
@@ -297,10 +446,10 @@ mod tests {
         assert_eq!(g.period_left, FIRST_TURNS * cap);
         // Misses during the period use it up (hits do not).
         for _ in 0..(FIRST_TURNS * 8 - 1) {
-            g.on_miss_bytes(1 << 20);
+            g.on_miss_bytes(1 << 20, &mut SignTest::default());
         }
         assert!(g.recency_period());
-        g.on_miss_bytes(1 << 20);
+        g.on_miss_bytes(1 << 20, &mut SignTest::default());
         assert!(!g.recency_period(), "the policy is tried again");
         lose_until_engaged(&mut g);
         assert_eq!(
@@ -310,21 +459,74 @@ mod tests {
         );
     }
 
+    /// Two jobs whose discordant reads cancel out: the policy misses job 1's re-reads
+    /// that LRU hits, and hits job 2's first reads (prefetched) that LRU misses. The
+    /// cache as a whole is even with LRU, so no recency period; job 1 alone is behind,
+    /// so its items are spared, and job 2's are not. Still behind while spared, it is
+    /// not spared again.
+    #[test]
+    fn a_job_behind_lru_on_its_own_is_spared_until_sparing_proves_futile() {
+        let mut test = SignTest::default();
+        let mb = 1 << 20;
+        let mut g = RecencyGuard::new(64 * mb);
+        g.set_per_job(true);
+        let mut first = None;
+        for i in 0..200u64 {
+            g.on_demand(h(i % 4), mb, false, 1, &mut test);
+            g.on_demand(h(1000 + i), mb, true, 2, &mut test);
+            if g.spares(1) {
+                first = Some(i);
+                break;
+            }
+        }
+        // 32 of job 1's votes (all for LRU) after its 4 cold reads: p = 2^-31, below
+        // 0.001 / 16.
+        assert_eq!(first, Some(4 + MIN_VOTES - 1));
+        assert!(!g.spares(2));
+        assert_eq!(g.engaged, 0, "even in total: no recency period");
+        assert_eq!(g.spared, 1);
+        // Still behind while spared (its misses use the period up: 2 turnovers).
+        let mut i = 0;
+        while g.spares(1) {
+            g.on_demand(h(i % 4), mb, false, 1, &mut test);
+            g.on_demand(h(5000 + i), mb, true, 2, &mut test);
+            i += 1;
+        }
+        assert_eq!(
+            i,
+            FIRST_TURNS * 64,
+            "the period is 2 turnovers of miss bytes"
+        );
+        for i in 0..400u64 {
+            g.on_demand(h(i % 4), mb, false, 1, &mut test);
+            g.on_demand(h(9000 + i), mb, true, 2, &mut test);
+        }
+        assert_eq!(g.spared, 1, "sparing did not help: not again");
+        assert!(!g.sparing());
+        // Without the per-job test nothing is spared.
+        let mut off = RecencyGuard::new(64 * mb);
+        for i in 0..200u64 {
+            off.on_demand(h(i % 4), mb, false, 1, &mut test);
+            off.on_demand(h(1000 + i), mb, true, 2, &mut test);
+        }
+        assert!(!off.sparing());
+    }
+
     #[test]
     fn a_prefetch_fill_takes_the_shadows_young_end_without_a_vote() {
         let mut test = SignTest::default();
         let mb = 1 << 20;
         let mut g = RecencyGuard::new(4 * mb);
         for i in 0..4 {
-            g.on_demand(h(i), mb, false, &mut test);
+            g.on_demand(h(i), mb, false, 0, &mut test);
         }
         g.on_prefetch_insert(h(9), mb);
         assert_eq!(g.votes, [0, 0], "a fill is not a read");
         // The fill pushed out the least recent read, as it does in the cache: a policy
         // that hits block 0 (it kept it) is ahead of this LRU, not level with it.
-        g.on_demand(h(0), mb, true, &mut test);
+        g.on_demand(h(0), mb, true, 0, &mut test);
         assert_eq!(g.votes, [1, 0]);
-        g.on_demand(h(9), mb, true, &mut test);
+        g.on_demand(h(9), mb, true, 0, &mut test);
         assert_eq!(g.votes, [1, 0], "the filled block is the shadow's too");
     }
 

@@ -1638,3 +1638,52 @@ fn blocks_the_main_let_go_do_not_vote_for_a_larger_window() {
         "strata {hits} lru {lru_hits}"
     );
 }
+
+/// While the guard spares a job (its own reads lost significantly to the shadow LRU),
+/// the policy's victim, if that job read it last, is replaced by the least recently read
+/// item of another job; a victim of a job not spared is the policy's own.
+#[test]
+fn a_spared_jobs_items_give_way_to_the_least_recent_of_another_job() {
+    let cap = 4 * MB;
+    let cfg = PatternAwareConfig {
+        recency_guard: true,
+        spare_starved_jobs: true,
+        ..PatternAwareConfig::default()
+    };
+    let run = |spare: Option<u64>| {
+        let mut s = Sim::with(cap, cfg.clone());
+        if let Some(job) = spare {
+            s.p.guard.as_mut().expect("guard on").force_spare(job);
+        }
+        // Job 1 reads blocks 0-1, job 2 blocks 10-11, job 1 the first two again.
+        for (t, (job, b)) in [(1, 0), (1, 1), (2, 10), (2, 11), (1, 0), (1, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            s.read(&kv(b), MB, &demand(job, t as u64));
+        }
+        // A fifth block comes in: one of the four goes.
+        s.read(&kv(20), MB, &demand(3, 9));
+        let gone: Vec<u64> = [0u64, 1, 10, 11]
+            .into_iter()
+            .filter(|&b| !s.res.contains_key(&kv(b)))
+            .collect();
+        (gone, s.p.stats().spared_victims)
+    };
+    let (own, _) = run(None);
+    assert_eq!(own.len(), 1);
+    // Spare the job whose block the policy chose: the other job's least recent goes.
+    let owner = if own[0] < 10 { 1 } else { 2 };
+    let (spared, replaced) = run(Some(owner));
+    assert_eq!(replaced, 1);
+    let other_first = if owner == 1 { 10 } else { 0 };
+    assert_eq!(
+        spared,
+        vec![other_first],
+        "the other job's least recent block"
+    );
+    // Sparing a job the policy did not choose changes nothing.
+    let (untouched, replaced) = run(Some(3 - owner));
+    assert_eq!(untouched, own);
+    assert_eq!(replaced, 0);
+}

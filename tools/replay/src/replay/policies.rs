@@ -154,6 +154,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "stable_follows_retention" => c.stable_follows_retention = on,
             "scan_keeps_blocks_mid_read" => c.scan_keeps_blocks_mid_read = on,
             "recency_guard" => c.recency_guard = on,
+            "spare_starved_jobs" => c.spare_starved_jobs = on,
             "main_victims_stay_main" => c.main_victims_stay_main = on,
             "window_min_share" => c.window_min_share = f,
             "guard_sees_prefetch" => c.guard_sees_prefetch = on,
