@@ -178,6 +178,16 @@ tools, driven from Python):
             yesterday's and today's 42 MB order snapshots (differing near the end) and
             `tail -c` of the newest 4 MB of today's
   mixh12    tarlist, cmpjoin and ftsearch at once, each its own process group
+
+Fourteenth round (recorded 2026-12-04, after the tenant-sparing change, before any policy
+work on it; real command-line tools again):
+  difftree  GNU diff -rq of a source tree against its copy (3,000 files, log-normal sizes,
+            one in 20 changed), 3 times, then `diff -u` of the changed files (both trees
+            read file by file in lockstep)
+  verify    `sha256sum -c` of a manifest over 2,000 files (110 MB), split 4 ways with
+            `xargs -P 4`, twice (a dataset integrity check: every file read whole, 4
+            readers at once)
+  mixh13    difftree, verify and dbmlookup at once, each its own process group
 """
 
 import os
@@ -2208,6 +2218,93 @@ def run_cmpjoin(d):
                              check=True, capture_output=True).stdout
         got += len(out)
     print("cmpjoin: %d" % got)
+
+
+# --- difftree -------------------------------------------------------------------------
+
+DIFF_FILES = 3_000
+
+
+def gen_difftree(d):
+    import shutil
+
+    rng = random.Random(SEED + 330)
+    pool = _text_pool(rng, 1 << 20)
+    a = os.path.join(d, "a")
+    if os.path.exists(d):
+        shutil.rmtree(d)
+    for i in range(DIFF_FILES):
+        sub = os.path.join("pkg%02d" % (i % 30), "mod%02d" % ((i // 30) % 10))
+        os.makedirs(os.path.join(a, sub), exist_ok=True)
+        n = min(int(rng.lognormvariate(9.6, 1.0)), 800_000)  # median ~15 KB
+        at = rng.randrange(0, len(pool) - n) if n < len(pool) else 0
+        with open(os.path.join(a, sub, "f%05d.py" % i), "wb") as f:
+            f.write(b"# file %d\n" % i + pool[at : at + n])
+    shutil.copytree(a, os.path.join(d, "b"))
+    for i in range(0, DIFF_FILES, 20):
+        sub = os.path.join("pkg%02d" % (i % 30), "mod%02d" % ((i // 30) % 10))
+        path = os.path.join(d, "b", sub, "f%05d.py" % i)
+        with open(path, "ab") as f:
+            f.write(b"\n# changed\n")
+
+
+def run_difftree(d):
+    import subprocess
+
+    env = dict(os.environ, LC_ALL="C")
+    changed = b""
+    for _ in range(3):
+        r = subprocess.run(["diff", "-rq", "a", "b"], cwd=d, env=env, capture_output=True)
+        changed = r.stdout
+    got = 0
+    for line in changed.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == b"Files":
+            r = subprocess.run(["diff", "-u", parts[1], parts[3]], cwd=d, env=env,
+                               capture_output=True)
+            got += len(r.stdout)
+    print("difftree: %d changed, %d bytes of diff" % (len(changed.splitlines()), got))
+
+
+# --- verify ---------------------------------------------------------------------------
+
+VERIFY_FILES = 2_000
+
+
+def gen_verify(d):
+    import hashlib
+
+    rng = random.Random(SEED + 340)
+    noise = _noise(rng, 4 << 20)
+    os.makedirs(os.path.join(d, "data"), exist_ok=True)
+    lines = []
+    for i in range(VERIFY_FILES):
+        n = min(int(rng.lognormvariate(10.4, 0.9)), 2_000_000)  # median ~33 KB
+        body = _noise_slice(rng, noise, n)
+        name = "data/shard-%02d/sample-%05d.bin" % (i % 16, i)
+        os.makedirs(os.path.join(d, os.path.dirname(name)), exist_ok=True)
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(body)
+        lines.append("%s  %s\n" % (hashlib.sha256(body).hexdigest(), name))
+    with open(os.path.join(d, "SHA256SUMS"), "w") as f:
+        f.writelines(lines)
+
+
+VERIFY_SCRIPT = r"""
+set -eu
+for pass in 1 2; do
+  split -n l/4 -d SHA256SUMS part.
+  ls part.0* | xargs -P 4 -n 1 sha256sum --quiet -c
+  rm -f part.0*
+done
+"""
+
+
+def run_verify(d):
+    import subprocess
+
+    subprocess.run(["bash", "-c", VERIFY_SCRIPT], cwd=d, check=True)
+    print("verify: ok")
 
 
 if __name__ == "__main__":
