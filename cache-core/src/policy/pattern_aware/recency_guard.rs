@@ -302,7 +302,6 @@ impl RecencyGuard {
         }
         if !j.futile && behind > ahead && test.rejects(n, behind, ALPHA / JOB_SLOTS as f64) {
             j.spare_left = FIRST_TURNS.saturating_mul(cap).max(1);
-
             j.votes = [0; 2];
             j.spared_votes = [0; 2];
             self.spared += 1;
