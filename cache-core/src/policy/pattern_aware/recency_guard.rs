@@ -70,10 +70,10 @@ const FIRST_TURNS: u64 = 2;
 /// Longest recency period: 64 turnovers, so a workload that changes back is tried again.
 const MAX_TURNS: u64 = 64;
 
-/// Jobs whose reads are tested on their own (`spare_starved_jobs`): 16, the policy's
-/// `JobSet::CAP`; a trace of more jobs at once (a KV trace's request per job) spreads its
-/// votes too thin for any one job's test to reject.
-const JOB_SLOTS: usize = 16;
+/// Jobs whose reads are tested on their own (`spare_starved_jobs`): as many as the
+/// policy tracks per period (`JobSet::CAP`, 16); a trace of more jobs at once (a KV
+/// trace's request per job) spreads its votes too thin for any one job's test to reject.
+const JOB_SLOTS: usize = super::JobSet::CAP;
 
 /// One job's discordant reads against the shadow LRU, and how long its items are spared.
 #[derive(Clone, Copy, Debug)]
