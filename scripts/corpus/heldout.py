@@ -2307,5 +2307,116 @@ def run_verify(d):
     print("verify: ok")
 
 
+# --- httpstatic -----------------------------------------------------------------------
+
+HTTP_FILES = 4_000
+HTTP_REQUESTS = 6_000
+HTTP_CLIENTS = 4
+
+
+def gen_httpstatic(d):
+    rng = random.Random(SEED + 350)
+    noise = _noise(rng, 8 << 20)
+    for i in range(HTTP_FILES):
+        sub = os.path.join(d, "static", "c%02d" % (i % 50))
+        os.makedirs(sub, exist_ok=True)
+        n = min(int(rng.lognormvariate(10.2, 1.3)), 4_000_000)  # median ~27 KB
+        with open(os.path.join(sub, "a%05d.bin" % i), "wb") as f:
+            f.write(_noise_slice(rng, noise, n))
+
+
+def _http_fetch(port, paths):
+    import urllib.request
+
+    got = 0
+    for p in paths:
+        with urllib.request.urlopen("http://127.0.0.1:%d/%s" % (port, p)) as r:
+            got += len(r.read())
+    return got
+
+
+def run_httpstatic(d):
+    """Python's own static file server (`http.server`, a thread per request, files copied
+    to the socket with `shutil.copyfileobj`) under 4 clients: Zipf(0.9) popularity over the
+    files, and halfway a fifth of the ranks move to other files (content that trends)."""
+    import socket
+    import subprocess
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
+                               "--directory", "static", str(port)], cwd=d,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        rng = random.Random(SEED + 351)
+        names = ["c%02d/a%05d.bin" % (i % 50, i) for i in range(HTTP_FILES)]
+        order = list(range(HTTP_FILES))
+        rng.shuffle(order)
+        ranks = zipf_ranks(HTTP_FILES, 0.9, HTTP_REQUESTS, rng)
+        half = HTTP_REQUESTS // 2
+        moved = order[:]
+        for k in rng.sample(range(HTTP_FILES), HTTP_FILES // 5):
+            j = rng.randrange(HTTP_FILES)
+            moved[k], moved[j] = moved[j], moved[k]
+        paths = [names[order[r]] for r in ranks[:half]] + [names[moved[r]] for r in ranks[half:]]
+        lanes = [paths[c::HTTP_CLIENTS] for c in range(HTTP_CLIENTS)]
+        with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
+            got = sum(pool.map(lambda ps: _http_fetch(port, ps), lanes))
+    finally:
+        server.terminate()
+        server.wait()
+    print("httpstatic: %d bytes" % got)
+
+
+# --- sortmerge ------------------------------------------------------------------------
+
+SORT_RUNS = 48
+SORT_RUN_LINES = 30_000
+
+
+def gen_sortmerge(d):
+    rng = random.Random(SEED + 360)
+    os.makedirs(d, exist_ok=True)
+    for r in range(SORT_RUNS):
+        keys = sorted(rng.randbytes(8).hex() for _ in range(SORT_RUN_LINES))
+        with open(os.path.join(d, "run-%03d.txt" % r), "w") as f:
+            for k in keys:
+                f.write("%s\t%s\n" % (k, rng.randbytes(24).hex()))
+
+
+SORT_SCRIPT = r"""
+set -eu
+export LC_ALL=C
+runs=$(ls run-*.txt)
+newest=$(ls run-*.txt | tail -n 16)
+sort -m --batch-size=64 $runs | cksum
+sort -m --batch-size=64 $newest | cksum
+sort -m --batch-size=16 $runs | cksum
+"""
+
+
+def run_sortmerge(d):
+    """An LSM-style compaction with GNU sort: the 48 sorted runs merged at once, then the
+    16 newest merged again, then all 48 merged 16 at a time (sort's own temporary merges,
+    written outside the traced tree)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, TMPDIR=tmp)
+        out = subprocess.run(["bash", "-c", SORT_SCRIPT], cwd=d, env=env, check=True,
+                             capture_output=True).stdout
+    print("sortmerge: %s" % out.decode().split())
+
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
