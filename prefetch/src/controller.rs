@@ -28,6 +28,11 @@
 //!   job last read another file: it predicts *files*, so one event per file visit is all
 //!   it needs, and the rule depends only on the access sequence (not on opens, which the
 //!   replay does not have).
+//! - **Files left midway are resumed, not refetched.** Once a job's habit is to come
+//!   back to a file where its last visit stopped (a k-way merge taking turns among its
+//!   runs), a cross-file prediction of such a file asks for one visit's bytes from where
+//!   it stopped, and of a file not yet visited, one visit's bytes from its start, instead
+//!   of the whole file (`controller/resume.rs` has the rule and its reasons).
 //! - **Priority.** Readahead of the file being read comes first (`1 + confidence`; its
 //!   blocks are next in line for a reader already waiting), speculative cross-file
 //!   prefetch after it (`confidence`, at most 1). Orders are returned sorted, so when the
@@ -63,6 +68,7 @@ use strata_types::JobId;
 use crate::semantic::SemanticPredictor;
 use crate::sequential::SequentialPredictor;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
+use resume::Resume;
 
 /// Which predictor asked for a prefetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -277,6 +283,8 @@ pub struct AccessController<H> {
     /// the stream's next access (the sequential predictor has moved past it).
     deferred: HashMap<(JobId, Arc<str>), std::ops::Range<u64>, FxBuild>,
     reqs: Vec<PrefetchRequest>,
+    /// Where each job left files midway, for cross-file predictions (`resume.rs`).
+    resume: Resume,
 }
 
 impl<H> std::fmt::Debug for AccessController<H> {
@@ -304,6 +312,7 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             cross_file,
             ledger: PrefetchLedger::default(),
             last_file: HashMap::default(),
+            resume: Resume::default(),
             demand_in_flight: 0,
             deferred: HashMap::default(),
             reqs: Vec::new(),
@@ -450,6 +459,7 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             }
             self.last_file.insert(ev.job, ev.path.clone());
         }
+        self.resume.on_access(ev, new_file);
         // Outcomes first: the predictors adapt before they predict again.
         let wasted: Vec<Outcome> = if new_file && !self.ledger.is_empty() {
             self.ledger
@@ -489,6 +499,7 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             if let Some(p) = &mut self.cross_file {
                 reqs.clear();
                 p.on_access(ev, &mut reqs);
+                self.resume.narrow(ev.job, &mut reqs);
                 push_orders(ev.job, Origin::CrossFile, &mut reqs, out);
             }
         }
@@ -577,5 +588,6 @@ fn push_orders(
     }));
 }
 
+mod resume;
 #[cfg(test)]
 mod tests;
