@@ -2418,5 +2418,85 @@ def run_sortmerge(d):
     print("sortmerge: %s" % out.decode().split())
 
 
+# --- logtail --------------------------------------------------------------------------
+
+LOG_FILES = 300
+LOG_ROUNDS = 40
+
+
+def gen_logtail(d):
+    rng = random.Random(SEED + 370)
+    pool = _text_pool(rng, 1 << 20)
+    os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+    for i in range(LOG_FILES):
+        n = min(int(rng.lognormvariate(13.0, 0.8)), 4_000_000)  # median ~440 KB
+        at = rng.randrange(0, len(pool) - n) if n < len(pool) else 0
+        with open(os.path.join(d, "logs", "svc-%03d.log" % i), "wb") as f:
+            f.write(pool[at : at + n])
+
+
+def run_logtail(d):
+    """A monitoring loop: each round, GNU `tail -n 200` of 30 services' logs chosen by
+    Zipf(1.0) popularity (a dashboard's panels), and `tail -c 64K` of the 5 most popular;
+    tail seeks to the end and reads back as far as it needs."""
+    import subprocess
+
+    rng = random.Random(SEED + 371)
+    order = list(range(LOG_FILES))
+    rng.shuffle(order)
+    got = 0
+    for _ in range(LOG_ROUNDS):
+        picks = sorted({order[k] for k in zipf_ranks(LOG_FILES, 1.0, 30, rng)})
+        paths = ["logs/svc-%03d.log" % i for i in picks]
+        out = subprocess.run(["tail", "-q", "-n", "200", *paths], cwd=d, check=True,
+                             capture_output=True).stdout
+        got += len(out)
+        top = ["logs/svc-%03d.log" % order[k] for k in range(5)]
+        out = subprocess.run(["tail", "-q", "-c", "65536", *top], cwd=d, check=True,
+                             capture_output=True).stdout
+        got += len(out)
+    print("logtail: %d bytes" % got)
+
+
+# --- grepshards -----------------------------------------------------------------------
+
+GREP_SHARDS = 40
+GREP_QUERIES = 120
+
+
+def gen_grepshards(d):
+    rng = random.Random(SEED + 380)
+    pool = _text_pool(rng, 1 << 20)
+    os.makedirs(os.path.join(d, "shards"), exist_ok=True)
+    for i in range(GREP_SHARDS):
+        n = 3_000_000 + rng.randrange(2_000_000)
+        with open(os.path.join(d, "shards", "part-%02d.txt" % i), "wb") as f:
+            while n > 0:
+                at = rng.randrange(0, len(pool) - 65536)
+                piece = pool[at : at + min(n, 65536)]
+                f.write(piece)
+                n -= len(piece)
+
+
+def run_grepshards(d):
+    """Ad-hoc searches over a sharded text corpus: each query greps (GNU grep -c) 2-6
+    shards, the shards chosen by Zipf(0.8) popularity (recent partitions are searched
+    most); grep reads each shard whole."""
+    import subprocess
+
+    rng = random.Random(SEED + 381)
+    order = list(range(GREP_SHARDS))
+    rng.shuffle(order)
+    words = [b"error", b"timeout", b"retry", b"user", b"cache", b"node"]
+    got = 0
+    for _ in range(GREP_QUERIES):
+        picks = sorted({order[k] for k in zipf_ranks(GREP_SHARDS, 0.8, rng.randint(2, 6), rng)})
+        paths = ["shards/part-%02d.txt" % i for i in picks]
+        r = subprocess.run(["grep", "-c", rng.choice(words).decode(), *paths], cwd=d,
+                           capture_output=True)
+        got += len(r.stdout)
+    print("grepshards: %d" % got)
+
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
