@@ -2353,5 +2353,6 @@ impl PatternAwarePolicy {
 
 mod binomial;
 mod recency_guard;
+mod shadow_lru;
 #[cfg(test)]
 mod tests;

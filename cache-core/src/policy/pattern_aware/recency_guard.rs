@@ -28,24 +28,12 @@
 //! place of one it read last); if its reads are still significantly behind while spared,
 //! sparing is futile for it and it is not spared again.
 //!
-//! Caches up to `FULL_SHADOW_BYTES` are shadowed whole. Above, the shadow samples key
-//! hashes at `FULL_SHADOW_BYTES / capacity` (at least 1/64) and holds that share of
-//! the capacity (SHARDS: an LRU of a spatially sampled key set at the scaled capacity
-//! sees the same hit ratio), and only sampled accesses vote, so its memory and time
-//! stay bounded while its votes still come from the whole key space.
-
-use std::collections::HashMap;
+//! The shadow is a [`ShadowLru`] (sampled above 256 MiB), and only sampled accesses vote,
+//! so its memory and time stay bounded while its votes still come from the whole key
+//! space.
 
 use super::binomial::SignTest;
-use super::SeqQueue;
-use crate::stream::FxBuild;
-
-/// Caches shadowed whole: 256 MiB, 256 default blocks; beyond, the shadow holds about
-/// that many bytes of sampled keys, enough blocks for LRU's hit ratio to show.
-const FULL_SHADOW_BYTES: u64 = 256 << 20;
-
-/// Lowest sampling rate: 1/64, so a large cache still votes every few dozen accesses.
-const MIN_RATE: f64 = 1.0 / 64.0;
+use super::shadow_lru::ShadowLru;
 
 /// Discordant accesses before the test runs: 32. With fewer, one burst of a phase
 /// change (a new tenant's cold start) is enough to reject.
@@ -106,22 +94,10 @@ impl JobVotes {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Shadowed {
-    seq: u64,
-    pos: u64,
-    size: u64,
-}
-
 /// See the module docs.
 pub(super) struct RecencyGuard {
-    /// A key is sampled when its hash's top 32 bits are below this.
-    sample_below: u64,
-    shadow_cap: u64,
-    shadow: HashMap<u64, Shadowed, FxBuild>,
-    order: SeqQueue<u64>,
-    shadow_bytes: u64,
-    seq: u64,
+    /// The shadow LRU of the same capacity.
+    lru: ShadowLru,
     /// Discordant accesses: `[policy hit and LRU miss, policy miss and LRU hit]`.
     votes: [u64; 2],
     /// Demand-miss bytes left in the current recency period (0: the policy decides).
@@ -141,12 +117,7 @@ pub(super) struct RecencyGuard {
 impl RecencyGuard {
     pub(super) fn new(cap: u64) -> Self {
         let mut g = RecencyGuard {
-            sample_below: 0,
-            shadow_cap: 0,
-            shadow: HashMap::default(),
-            order: SeqQueue::default(),
-            shadow_bytes: 0,
-            seq: 0,
+            lru: ShadowLru::new(cap),
             votes: [0; 2],
             period_left: 0,
             turns: FIRST_TURNS,
@@ -166,14 +137,7 @@ impl RecencyGuard {
             return;
         }
         self.cap = cap;
-        let rate = if cap <= FULL_SHADOW_BYTES {
-            1.0
-        } else {
-            (FULL_SHADOW_BYTES as f64 / cap as f64).max(MIN_RATE)
-        };
-        self.sample_below = (rate * (1u64 << 32) as f64) as u64;
-        self.shadow_cap = (cap as f64 * rate) as u64;
-        self.trim();
+        self.lru.set_capacity(cap);
     }
 
     /// Starts a recency period that does not end (for tests of the period's order).
@@ -201,7 +165,7 @@ impl RecencyGuard {
     /// Spares `job`'s items until the period ends (for tests of the victim's choice).
     #[cfg(test)]
     pub(super) fn force_spare(&mut self, job: u64) {
-        let mut j = JobVotes::new(job, self.seq);
+        let mut j = JobVotes::new(job, self.lru.seq());
         j.spare_left = u64::MAX;
         self.jobs.push(j);
     }
@@ -224,10 +188,10 @@ impl RecencyGuard {
         if !policy_hit {
             self.on_miss_bytes(size, test);
         }
-        if (h >> 32) >= self.sample_below {
+        if !self.lru.sampled(h) {
             return;
         }
-        let lru_hit = self.touch(h, size);
+        let lru_hit = self.lru.touch(h, size);
         if self.recency_period() || lru_hit == policy_hit {
             return;
         }
@@ -253,8 +217,8 @@ impl RecencyGuard {
     /// read). The shadow is then the LRU a recency period can deliver, prefetch fills
     /// and all, not one that prefetch never fills.
     pub(super) fn on_prefetch_insert(&mut self, h: u64, size: u64) {
-        if (h >> 32) < self.sample_below {
-            self.touch(h, size);
+        if self.lru.sampled(h) {
+            self.lru.touch(h, size);
         }
     }
 
@@ -264,7 +228,7 @@ impl RecencyGuard {
     /// spared is not spared again (its loss is not what the policy evicts: a tenant read
     /// in small units, whose LRU hits are other pages of blocks LRU keeps whole).
     fn job_vote(&mut self, job: u64, lru_hit: bool, test: &mut SignTest) {
-        let seq = self.seq;
+        let seq = self.lru.seq();
         let i = match self.jobs.iter().position(|j| j.job == job) {
             Some(i) => i,
             None if self.jobs.len() < JOB_SLOTS => {
@@ -344,44 +308,6 @@ impl RecencyGuard {
         self.period_left = self.turns.saturating_mul(self.cap).max(1);
         self.engaged += 1;
     }
-
-    /// The shadow LRU's access: whether it held `h`; `h` is then its youngest.
-    fn touch(&mut self, h: u64, size: u64) -> bool {
-        self.seq += 1;
-        let seq = self.seq;
-        let hit = match self.shadow.get_mut(&h) {
-            Some(s) => {
-                self.order.remove_at(&s.seq, s.pos);
-                self.shadow_bytes = self.shadow_bytes - s.size + size;
-                s.seq = seq;
-                s.size = size;
-                s.pos = self.order.insert(seq, h);
-                true
-            }
-            None => {
-                let pos = self.order.insert(seq, h);
-                self.shadow.insert(h, Shadowed { seq, pos, size });
-                self.shadow_bytes += size;
-                false
-            }
-        };
-        self.trim();
-        hit
-    }
-
-    /// Drops the shadow's oldest until it fits its capacity (the newest always stays,
-    /// as a cache smaller than one item still holds the item just read).
-    fn trim(&mut self) {
-        while self.shadow_bytes > self.shadow_cap && self.shadow.len() > 1 {
-            let Some((&seq, &old)) = self.order.first_key_value() else {
-                break;
-            };
-            self.order.remove_at(&seq, u64::MAX);
-            if let Some(s) = self.shadow.remove(&old) {
-                self.shadow_bytes -= s.size;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -390,19 +316,6 @@ mod tests {
 
     fn h(i: u64) -> u64 {
         crate::stream::mix64(i + 1)
-    }
-
-    #[test]
-    fn the_shadow_is_an_lru_of_the_capacity() {
-        let mut g = RecencyGuard::new(4 << 20);
-        let mb = 1 << 20;
-        for i in 0..4 {
-            assert!(!g.touch(h(i), mb));
-        }
-        assert!(g.touch(h(0), mb), "resident");
-        assert!(!g.touch(h(4), mb), "new: evicts 1, the least recent");
-        assert!(!g.touch(h(1), mb));
-        assert!(g.touch(h(0), mb));
     }
 
     #[test]
@@ -527,19 +440,5 @@ mod tests {
         assert_eq!(g.votes, [1, 0]);
         g.on_demand(h(9), mb, true, 0, &mut test);
         assert_eq!(g.votes, [1, 0], "the filled block is the shadow's too");
-    }
-
-    #[test]
-    fn a_large_cache_is_sampled() {
-        let mut g = RecencyGuard::new(64 << 30);
-        assert_eq!(g.sample_below, (MIN_RATE * (1u64 << 32) as f64) as u64);
-        let mut sampled = 0;
-        for i in 0..10_000u64 {
-            g.touch(h(i), 1 << 20);
-            if (h(i) >> 32) < g.sample_below {
-                sampled += 1;
-            }
-        }
-        assert!((100..220).contains(&sampled), "{sampled} of 10000 at 1/64");
     }
 }
