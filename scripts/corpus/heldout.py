@@ -2498,5 +2498,127 @@ def run_grepshards(d):
     print("grepshards: %d" % got)
 
 
+# --- zipimport ------------------------------------------------------------------------
+
+ZIPIMP_PACKAGES = 40
+ZIPIMP_MODULES = 30
+ZIPIMP_WORKERS = 24
+
+
+def gen_zipimport(d):
+    import zipfile
+
+    rng = random.Random(SEED + 390)
+    pool = _text_pool(rng, 1 << 20).decode("ascii", "replace")
+    os.makedirs(d, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(d, "bundle.zip"), "w", zipfile.ZIP_STORED) as z:
+        for p in range(ZIPIMP_PACKAGES):
+            z.writestr("pkg%02d/__init__.py" % p, "")
+            for m in range(ZIPIMP_MODULES):
+                n = min(int(rng.lognormvariate(10.5, 1.0)), 400_000)  # median ~36 KB
+                at = rng.randrange(0, len(pool) - n)
+                body = "".join("# " + line + "\n" for line in pool[at : at + n].splitlines())
+                z.writestr("pkg%02d/mod%02d.py" % (p, m), "VALUE = %d\n%s" % (m, body))
+
+
+ZIPIMP_WORKER = r"""
+import importlib, random, sys
+sys.path.insert(0, "bundle.zip")
+rng = random.Random(int(sys.argv[1]))
+pkgs = [int(a) for a in sys.argv[2].split(",")]
+total = 0
+for p in pkgs:
+    for m in rng.sample(range(%d), 12):
+        total += importlib.import_module("pkg%%02d.mod%%02d" %% (p, m)).VALUE
+print(total)
+""" % ZIPIMP_MODULES
+
+
+def run_zipimport(d):
+    """Python's zipimport: 24 worker interpreters (4 at a time) start from one zipped
+    bundle of 1,200 modules; each imports 12 modules of each of 4 packages picked by
+    Zipf(1.0) popularity. zipimport reads the archive's central directory at start, then
+    each module's local header and data."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 391)
+    order = list(range(ZIPIMP_PACKAGES))
+    rng.shuffle(order)
+    jobs = []
+    for w in range(ZIPIMP_WORKERS):
+        pkgs = sorted({order[k] for k in zipf_ranks(ZIPIMP_PACKAGES, 1.0, 4, rng)})
+        jobs.append((w, ",".join(str(p) for p in pkgs)))
+
+    def one(job):
+        w, pkgs = job
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        return subprocess.run([sys.executable, "-c", ZIPIMP_WORKER, str(w), pkgs], cwd=d,
+                              env=env, check=True, capture_output=True).stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        got = sum(len(out) for out in pool.map(one, jobs))
+    print("zipimport: %d" % got)
+
+
+# --- arlink ---------------------------------------------------------------------------
+
+AR_OBJECTS = 600
+AR_PROGRAMS = 30
+
+
+def gen_arlink(d):
+    import subprocess
+
+    rng = random.Random(SEED + 400)
+    src = os.path.join(d, "src")
+    os.makedirs(src, exist_ok=True)
+    names = []
+    for i in range(AR_OBJECTS):
+        # Each object defines one entry point and a table sized log-normally, and calls
+        # one or two lower-numbered objects (a library's internal dependencies).
+        n = min(int(rng.lognormvariate(10.0, 1.2)), 1_000_000)  # median ~22 KB
+        deps = sorted({rng.randrange(i) for _ in range(2)}) if i > 0 else []
+        body = ["extern int f%04d(int);" % k for k in deps]
+        body.append("static const unsigned char table%04d[%d] = {%s};" % (
+            i, max(n, 1), ",".join(str(rng.randrange(256)) for _ in range(min(n, 64)))))
+        calls = " + ".join("f%04d(x)" % k for k in deps) or "0"
+        body.append("int f%04d(int x) { return table%04d[x %% %d] + %s; }" % (
+            i, i, max(n, 1), calls))
+        name = "o%04d" % i
+        with open(os.path.join(src, name + ".c"), "w") as f:
+            f.write("\n".join(body) + "\n")
+        names.append(name)
+    for start in range(0, len(names), 50):
+        part = names[start : start + 50]
+        subprocess.run(["gcc", "-O0", "-c", *[n + ".c" for n in part]], cwd=src, check=True)
+    subprocess.run(["ar", "rcs", os.path.join(d, "libbig.a"),
+                    *[os.path.join(src, n + ".o") for n in names]], check=True)
+    progs = os.path.join(d, "progs")
+    os.makedirs(progs, exist_ok=True)
+    for p in range(AR_PROGRAMS):
+        uses = sorted({min(int(rng.paretovariate(1.2)) * 7, AR_OBJECTS - 1) for _ in range(6)})
+        decl = "".join("extern int f%04d(int);\n" % u for u in uses)
+        call = " + ".join("f%04d(argc)" % u for u in uses)
+        with open(os.path.join(progs, "p%02d.c" % p), "w") as f:
+            f.write("%sint main(int argc, char **argv) { return (%s) & 1; }\n" % (decl, call))
+        subprocess.run(["gcc", "-c", "p%02d.c" % p], cwd=progs, check=True)
+
+
+def run_arlink(d):
+    """GNU ld linking 30 small programs against one static archive of 600 objects
+    (`gcc p.o -L. -lbig`, 3 rounds): ld reads the archive's symbol table, then the
+    members each program pulls in, programs sharing the popular low-level objects."""
+    import subprocess
+
+    with_tmp = dict(os.environ, TMPDIR="/tmp")
+    for _ in range(3):
+        for p in range(AR_PROGRAMS):
+            subprocess.run(["gcc", "-o", "/tmp/arlink-p%02d" % p,
+                            os.path.join("progs", "p%02d.o" % p), "-L.", "-lbig"], cwd=d,
+                           env=with_tmp, check=True)
+    print("arlink: linked %d" % (3 * AR_PROGRAMS))
+
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
