@@ -346,6 +346,32 @@ fn window_share_follows_significant_ghost_evidence() {
     assert_eq!(q.window_share, start);
 }
 
+/// Tests that keep rejecting the same way move the window share 1, 2, 4 steps; a test
+/// the other way moves one step back (`window_step_doubles`), and without the rule every
+/// move is one step.
+#[test]
+fn consecutive_window_moves_the_same_way_double() {
+    let moves = |doubles: bool, sides: &[usize]| {
+        let mut p = PatternAwarePolicy::new(PatternAwareConfig {
+            window_step_doubles: doubles,
+            ..PatternAwareConfig::default()
+        });
+        let step = p.cfg.rebalance_step;
+        let mut at = vec![p.window_share];
+        for &side in sides {
+            for _ in 0..16 {
+                p.window_evidence(side);
+            }
+            at.push(p.window_share);
+        }
+        at.windows(2)
+            .map(|w| ((w[1] - w[0]) / step).round() as i64)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(moves(true, &[0, 0, 0, 1, 0]), [1, 2, 4, -1, 1]);
+    assert_eq!(moves(false, &[0, 0, 0, 1, 0]), [1, 1, 1, -1, 1]);
+}
+
 /// Zipf-popular reads (static popularity): frequency wins, the window stays small and
 /// the hit ratio is at least LRU's.
 #[test]

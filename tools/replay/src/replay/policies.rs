@@ -157,6 +157,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "spare_starved_jobs" => c.spare_starved_jobs = on,
             "main_victims_stay_main" => c.main_victims_stay_main = on,
             "window_min_share" => c.window_min_share = f,
+            "window_step_doubles" => c.window_step_doubles = on,
             "guard_sees_prefetch" => c.guard_sees_prefetch = on,
             "ahead_share" => c.ahead_share = f,
             other => anyhow::bail!("unknown pattern-aware override `{other}`"),
