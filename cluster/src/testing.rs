@@ -2,7 +2,8 @@
 //! daemon: Debian's `etcd-server` (`/usr/bin/etcd`, installed by
 //! scripts/install-deps.sh), started on free loopback ports with its own data dir and
 //! killed when dropped. `STRATA_ETCD` names another binary. A missing binary fails the
-//! test (never a skip).
+//! test (never a skip). A port found free can be taken by another test's listener
+//! before etcd binds it: a start that fails that way is tried again on other ports.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,9 @@ fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// Starts on fresh ports after etcd found a port taken: up to 5 tries.
+const START_TRIES: u32 = 5;
+
 impl Etcd {
     /// Starts etcd and waits (at most 20 s) until it answers.
     pub fn start() -> Etcd {
@@ -34,15 +38,22 @@ impl Etcd {
              or set STRATA_ETCD to an etcd binary)",
             bin.display()
         );
-        let mut e = Etcd {
-            bin,
-            dir: tempfile::tempdir().expect("tempdir"),
-            client_port: free_port(),
-            peer_port: free_port(),
-            child: None,
-        };
-        e.restart();
-        e
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut e = Etcd {
+                bin: bin.clone(),
+                dir: tempfile::tempdir().expect("tempdir"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            };
+            match e.try_restart() {
+                Ok(()) => return e,
+                Err(why) if tries < START_TRIES && why.contains("address already in use") => {}
+                Err(why) => panic!("{why}"),
+            }
+        }
     }
 
     pub fn endpoint(&self) -> String {
@@ -63,6 +74,12 @@ impl Etcd {
 
     /// Starts etcd again on the same ports and data dir and waits until it answers.
     pub fn restart(&mut self) {
+        if let Err(why) = self.try_restart() {
+            panic!("{why}");
+        }
+    }
+
+    fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -85,27 +102,27 @@ impl Etcd {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until etcd answers; Err with its log's tail if it exits or takes over 20 s.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
         let url = format!("127.0.0.1:{}", self.client_port);
         loop {
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
-                    panic!("etcd exited ({status}):\n{}", self.log_tail());
+                    self.child = None;
+                    return Err(format!("etcd exited ({status}):\n{}", self.log_tail()));
                 }
             }
             // The health endpoint answers once the member has a leader and serves.
             if health(&url) {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd not ready in 20 s:\n{}",
-                self.log_tail()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!("etcd not ready in 20 s:\n{}", self.log_tail()));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -141,5 +158,29 @@ fn health(addr: &str) -> bool {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client port another listener holds makes etcd exit, which `start` retries on
+    /// other ports: the error must name the cause, not panic.
+    #[test]
+    fn a_taken_port_is_reported_for_a_retry() {
+        let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut e = Etcd {
+            bin: PathBuf::from("/usr/bin/etcd"),
+            dir: tempfile::tempdir().expect("tempdir"),
+            client_port: taken.local_addr().expect("addr").port(),
+            peer_port: free_port(),
+            child: None,
+        };
+        let why = e.try_restart().expect_err("the port is taken");
+        assert!(why.contains("address already in use"), "{why}");
+        // And `start` still comes up, on ports of its own.
+        let etcd = Etcd::start();
+        assert!(health(&etcd.endpoint()["http://".len()..]));
     }
 }
