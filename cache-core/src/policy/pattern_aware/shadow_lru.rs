@@ -1,8 +1,7 @@
 //! An LRU of key hashes and sizes, no data: what plain LRU would hold at a capacity.
 //!
 //! The recency guard compares the policy with one of the policy's own items
-//! ([`super::recency_guard`]); the block test compares it with one of whole blocks
-//! ([`super::block_test`]). Caches up to `FULL_SHADOW_BYTES` are shadowed whole. Above,
+//! ([`super::recency_guard`]). Caches up to `FULL_SHADOW_BYTES` are shadowed whole. Above,
 //! the shadow samples key hashes at `FULL_SHADOW_BYTES / capacity` (at least 1/64) and
 //! holds that share of the capacity (SHARDS: an LRU of a spatially sampled key set at
 //! the scaled capacity sees the same hit ratio), so its memory and time stay bounded.
