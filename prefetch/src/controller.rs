@@ -265,8 +265,7 @@ impl<H: Clone + Eq + Hash> PrefetchLedger<H> {
     }
 }
 
-/// Jobs whose last file is remembered (for the semantic feeding rule): 64Ki; beyond it
-/// the memory is cleared (each job then counts its current file as new once more).
+/// Readahead holes remembered (per job and file) before the record is cleared: 64Ki.
 const MAX_JOBS: usize = 1 << 16;
 
 /// The access controller. See the module docs.
@@ -275,15 +274,14 @@ pub struct AccessController<H> {
     sequential: Option<Box<dyn Predictor>>,
     cross_file: Option<Box<dyn Predictor>>,
     ledger: PrefetchLedger<H>,
-    /// Per job: the file it read last.
-    last_file: HashMap<JobId, Arc<str>, FxBuild>,
     /// Demand bytes the driver has in flight, as last reported.
     demand_in_flight: u64,
     /// Readahead refused by a full backlog, per (job, file): ordered again, first, at
     /// the stream's next access (the sequential predictor has moved past it).
     deferred: HashMap<(JobId, Arc<str>), std::ops::Range<u64>, FxBuild>,
     reqs: Vec<PrefetchRequest>,
-    /// Where each job left files midway, for cross-file predictions (`resume.rs`).
+    /// Per job: the file it reads now, and where it left files midway, for cross-file
+    /// predictions (`resume.rs`).
     resume: Resume,
 }
 
@@ -311,7 +309,6 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
             sequential,
             cross_file,
             ledger: PrefetchLedger::default(),
-            last_file: HashMap::default(),
             resume: Resume::default(),
             demand_in_flight: 0,
             deferred: HashMap::default(),
@@ -449,17 +446,8 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         cached: impl FnMut(&H) -> bool,
         out: &mut Vec<PrefetchOrder>,
     ) -> Vec<Outcome> {
-        let new_file = match self.last_file.get(&ev.job) {
-            Some(p) => !Arc::ptr_eq(p, &ev.path) && **p != *ev.path,
-            None => true,
-        };
-        if new_file {
-            if self.last_file.len() >= MAX_JOBS {
-                self.last_file.clear();
-            }
-            self.last_file.insert(ev.job, ev.path.clone());
-        }
-        self.resume.on_access(ev, new_file);
+        // The file a job reads, and where it left others midway (`resume.rs`).
+        let new_file = self.resume.on_access(ev);
         // Outcomes first: the predictors adapt before they predict again.
         let wasted: Vec<Outcome> = if new_file && !self.ledger.is_empty() {
             self.ledger

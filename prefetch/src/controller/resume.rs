@@ -33,6 +33,10 @@ const MIN_RESUMES: u32 = 4;
 /// Files remembered across all jobs before the record is cleared: 1 << 16, a few MiB.
 const MAX_LEFT: usize = 1 << 16;
 
+/// Jobs whose current visit is remembered: 64Ki; beyond it the memory is cleared (each
+/// job then counts its current file as new once more).
+const MAX_JOBS: usize = 1 << 16;
+
 /// The visit in progress: the file, where the visit began and ended, the file's size.
 #[derive(Clone, Debug)]
 struct Visit {
@@ -61,6 +65,8 @@ impl Habit {
 /// Visits per job and where the ones left midway stopped. See the module docs.
 #[derive(Debug, Default)]
 pub(super) struct Resume {
+    /// Per job: the file it is reading (its last access's) and where this visit of it
+    /// began and ended.
     current: HashMap<JobId, Visit, FxBuild>,
     /// (job, file) -> (where its last visit stopped, bytes it read), for visits that
     /// stopped short of the file's end.
@@ -69,19 +75,22 @@ pub(super) struct Resume {
 }
 
 impl Resume {
-    /// Every demand access; `new_file`: the job's previous access was to another file.
-    pub(super) fn on_access(&mut self, ev: &AccessEvent, new_file: bool) {
+    /// Every demand access. Returns whether it is to another file than the job's
+    /// previous access (a new visit: the semantic predictor's feeding rule).
+    pub(super) fn on_access(&mut self, ev: &AccessEvent) -> bool {
         let end = ev.offset.saturating_add(ev.len);
-        if !new_file {
-            if let Some(v) = self.current.get_mut(&ev.job) {
+        if let Some(v) = self.current.get_mut(&ev.job) {
+            if Arc::ptr_eq(&v.path, &ev.path) || *v.path == *ev.path {
                 v.end = end;
                 v.size = v.size.max(ev.file_size);
-                return;
+                return false;
             }
         }
-        if self.left.len() >= MAX_LEFT || self.current.len() >= MAX_LEFT {
-            self.left.clear();
+        if self.current.len() >= MAX_JOBS {
             self.current.clear();
+        }
+        if self.left.len() >= MAX_LEFT {
+            self.left.clear();
             self.habits.clear();
         }
         let visit = Visit {
@@ -100,7 +109,7 @@ impl Resume {
             }
         }
         if self.left.is_empty() {
-            return; // files read whole (KV blocks, a loader's samples): nothing to resume
+            return true; // files read whole (KV blocks, a loader's samples): nothing to resume
         }
         if let Some(&(stopped, _)) = self.left.get(&(ev.job, ev.path.clone())) {
             let h = self.habits.entry(ev.job).or_default();
@@ -110,6 +119,7 @@ impl Resume {
                 h.restarted = h.restarted.saturating_add(1);
             }
         }
+        true
     }
 
     /// Narrows `job`'s cross-file predictions of files it left midway to what its next
@@ -154,13 +164,9 @@ mod tests {
 
     /// A merge's turns: each of `files` runs read `piece` bytes per visit, `turns` times.
     fn merge_turns(r: &mut Resume, files: u32, piece: u64, turns: u64) {
-        let mut last = None;
         for t in 0..turns {
             for f in 0..files {
-                let path = format!("run-{f:03}");
-                let new_file = last.as_deref() != Some(path.as_str());
-                r.on_access(&read(1, &path, t * piece, piece), new_file);
-                last = Some(path);
+                r.on_access(&read(1, &format!("run-{f:03}"), t * piece, piece));
             }
         }
     }
@@ -190,12 +196,15 @@ mod tests {
         let mut r = Resume::default();
         // Each file's header first, then whole files from the start.
         for f in 0..16 {
-            r.on_access(&read(1, &format!("img-{f}"), 0, 4096), true);
+            r.on_access(&read(1, &format!("img-{f}"), 0, 4096));
         }
         for f in 0..16 {
             let path = format!("img-{f}");
-            r.on_access(&read(1, &path, 0, 1 << 20), true);
-            r.on_access(&read(1, &path, 1 << 20, 1 << 20), false);
+            assert!(r.on_access(&read(1, &path, 0, 1 << 20)), "a new visit");
+            assert!(
+                !r.on_access(&read(1, &path, 1 << 20, 1 << 20)),
+                "the same visit"
+            );
         }
         let mut reqs = vec![whole("img-3")];
         r.narrow(JobId(1), &mut reqs);
@@ -215,7 +224,7 @@ mod tests {
 
     fn merge_turns_from(r: &mut Resume, files: u32, piece: u64) {
         for f in 0..files {
-            r.on_access(&read(1, &format!("run-{f:03}"), piece, piece), true);
+            r.on_access(&read(1, &format!("run-{f:03}"), piece, piece));
         }
     }
 }
