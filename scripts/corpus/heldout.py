@@ -188,6 +188,27 @@ work on it; real command-line tools again):
             `xargs -P 4`, twice (a dataset integrity check: every file read whole, 4
             readers at once)
   mixh13    difftree, verify and dbmlookup at once, each its own process group
+
+Fifteenth to seventeenth rounds (2026-12-04, each before any policy work on it):
+  httpstatic `python3 -m http.server` serving 4,000 files to 4 clients, Zipf popularity
+            that shifts halfway
+  sortmerge GNU sort -m merging 48 sorted runs (48 streams read in turns)
+  mixh14    httpstatic, sortmerge and bisectlog at once
+  logtail   GNU tail over Zipf-popular service logs (seek to the end, read back)
+  grepshards GNU grep -c over 2-6 Zipf-popular text shards per query
+  mixh15    logtail, grepshards and tarlist at once
+  zipimport 24 Python interpreters importing modules from one zipped bundle
+  arlink    GNU ld linking 30 programs against a 600-object static archive
+  mixh16    zipimport, arlink and httpstatic at once
+
+Eighteenth round (recorded 2026-12-04 on main at c04f447, before any policy work on it):
+  tacscan   GNU tac (a file read backwards, 8 KiB at a time) piped to grep -m 20 ERROR over
+            Zipf-popular service logs, and now and then a whole reversed log
+  symbolize addr2line over 10 binaries built with -g (Zipf-popular): each request reads
+            the ELF headers and whole debug sections again
+  graphwalk GraphSAGE-style 2-hop neighbour sampling over a CSR graph on disk: 16-byte
+            offset reads and neighbour lists of a few dozen bytes, 4 threads
+  mixh17    tacscan, symbolize and graphwalk at once
 """
 
 import os
@@ -2618,6 +2639,186 @@ def run_arlink(d):
                             os.path.join("progs", "p%02d.o" % p), "-L.", "-lbig"], cwd=d,
                            env=with_tmp, check=True)
     print("arlink: linked %d" % (3 * AR_PROGRAMS))
+
+
+# --- tacscan --------------------------------------------------------------------------
+
+TAC_LOGS = 120
+TAC_QUERIES = 150
+
+
+def gen_tacscan(d):
+    rng = random.Random(SEED + 410)
+    words = _text_pool(rng, 1 << 20).split()
+    os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+    for i in range(TAC_LOGS):
+        n = min(int(rng.lognormvariate(13.6, 0.7)), 8_000_000)  # median ~800 KB
+        error_every = rng.choice([40, 150, 600, 2500])  # how rare this service's errors are
+        lines, size, t = [], 0, 1_700_000_000
+        while size < n:
+            t += rng.randrange(1, 4)
+            level = "ERROR" if rng.randrange(error_every) == 0 else "INFO"
+            msg = b" ".join(rng.choice(words) for _ in range(rng.randrange(4, 16))).decode()
+            line = "%d svc-%03d %s %s\n" % (t, i, level, msg)
+            lines.append(line)
+            size += len(line)
+        with open(os.path.join(d, "logs", "svc-%03d.log" % i), "w") as f:
+            f.write("".join(lines))
+
+
+def run_tacscan(d):
+    """Incident triage over service logs with GNU tac, which reads a file backwards from
+    its end (8 KiB reads, each after a seek back): `tac log | grep -m 20 ERROR` for 150
+    services picked by Zipf(1.0) popularity (tac stops, on SIGPIPE, once grep has its 20
+    newest errors: a rare-error log is read back further), and every 25 queries a whole
+    reversed log (`tac log | wc -l`) of a popular one."""
+    import subprocess
+
+    rng = random.Random(SEED + 411)
+    order = list(range(TAC_LOGS))
+    rng.shuffle(order)
+    got = 0
+    for q, rank in enumerate(zipf_ranks(TAC_LOGS, 1.0, TAC_QUERIES, rng)):
+        path = "logs/svc-%03d.log" % order[rank]
+        out = subprocess.run(["bash", "-c", "tac %s | grep -m 20 ERROR" % path], cwd=d,
+                             capture_output=True).stdout
+        got += len(out)
+        if q % 25 == 24:
+            path = "logs/svc-%03d.log" % order[zipf_ranks(TAC_LOGS, 1.0, 1, rng)[0]]
+            out = subprocess.run(["bash", "-c", "tac %s | wc -l" % path], cwd=d,
+                                 check=True, capture_output=True).stdout
+            got += len(out)
+    print("tacscan: %d bytes" % got)
+
+
+# --- symbolize ------------------------------------------------------------------------
+
+SYM_BINARIES = 10
+SYM_REQUESTS = 60
+
+
+def gen_symbolize(d):
+    import json
+    import subprocess
+
+    rng = random.Random(SEED + 420)
+    os.makedirs(os.path.join(d, "src"), exist_ok=True)
+    os.makedirs(os.path.join(d, "bin"), exist_ok=True)
+    addrs = {}
+    for b in range(SYM_BINARIES):
+        funcs = rng.randrange(6_000, 30_000)  # 2-11 MB binaries
+        out = ["#include <stdint.h>",
+               "struct rec { int64_t a; double b; char name[16]; struct rec *next; };"]
+        for f in range(funcs):
+            out.append("__attribute__((noinline)) int64_t f%05d(struct rec *r, int64_t x) {\n"
+                       "    int64_t acc = x * %d;\n"
+                       "    for (int i = 0; i < %d; i++) { acc += r->a ^ (acc >> %d); r = r->next; }\n"
+                       "    return acc + (int64_t)r->b;\n}" % (f, rng.randrange(3, 99),
+                                                                 rng.randrange(2, 9),
+                                                                 rng.randrange(1, 7)))
+        calls = " + ".join("f%05d(&r, argc)" % f for f in range(0, funcs, max(funcs // 40, 1)))
+        out.append("int main(int argc, char **argv) { struct rec r = {1, 2.0, \"x\", &r};"
+                   " (void)argv; return (int)(%s) & 1; }" % calls)
+        src = os.path.join(d, "src", "svc%02d.c" % b)
+        with open(src, "w") as fh:
+            fh.write("\n".join(out) + "\n")
+        exe = os.path.join(d, "bin", "svc%02d" % b)
+        subprocess.run(["gcc", "-g", "-O0", "-o", exe, src], check=True)
+        syms = subprocess.run(["nm", exe], check=True, capture_output=True, text=True).stdout
+        addrs[b] = [line.split()[0] for line in syms.splitlines()
+                    if line.split()[-1].startswith("f") and len(line.split()) == 3]
+    with open(os.path.join(d, "addrs.json"), "w") as fh:
+        json.dump(addrs, fh)
+
+
+def run_symbolize(d):
+    """A profile symbolization service: 60 requests, each for one of 10 service binaries
+    built with -g (Zipf(1.0): the busiest services are profiled most), each `addr2line
+    -f -i` of 40 sampled addresses; addr2line reads the ELF headers, then the whole debug
+    sections (info, line, str, abbrev) it needs, every time."""
+    import json
+    import subprocess
+
+    rng = random.Random(SEED + 421)
+    with open(os.path.join(d, "addrs.json")) as fh:
+        addrs = json.load(fh)
+    order = list(range(SYM_BINARIES))
+    rng.shuffle(order)
+    got = 0
+    for rank in zipf_ranks(SYM_BINARIES, 1.0, SYM_REQUESTS, rng):
+        b = order[rank]
+        picks = "\n".join(rng.choice(addrs[str(b)]) for _ in range(40)) + "\n"
+        out = subprocess.run(["addr2line", "-f", "-i", "-e", "bin/svc%02d" % b], cwd=d,
+                             input=picks, text=True, check=True, capture_output=True).stdout
+        got += len(out)
+    print("symbolize: %d bytes" % got)
+
+
+# --- graphwalk ------------------------------------------------------------------------
+
+GRAPH_NODES = 1_000_000
+GRAPH_BATCHES = 100
+GRAPH_SEEDS = 32
+GRAPH_FANOUT = 8
+
+
+def gen_graphwalk(d):
+    import array
+
+    rng = random.Random(SEED + 430)
+    os.makedirs(d, exist_ok=True)
+    offsets = array.array("q", [0])
+    with open(os.path.join(d, "edges.bin"), "wb") as f:
+        for v in range(GRAPH_NODES):
+            deg = min(int(rng.lognormvariate(1.8, 1.1)), 5_000)  # median ~6, heavy tail
+            # Neighbours skewed toward low ids (the hubs) and toward v's own id range
+            # (a community-ordered graph, as graph stores lay them out).
+            nbrs = array.array("i", (
+                int(GRAPH_NODES * rng.random() ** 3) if rng.random() < 0.5
+                else min(max(v + int(rng.gauss(0, 2_000)), 0), GRAPH_NODES - 1)
+                for _ in range(deg)))
+            f.write(nbrs.tobytes())
+            offsets.append(offsets[-1] + deg)
+    with open(os.path.join(d, "offsets.bin"), "wb") as f:
+        f.write(offsets.tobytes())
+
+
+def run_graphwalk(d):
+    """GraphSAGE-style neighbour sampling over a CSR graph on disk (1 M nodes, 8-byte
+    offsets and 4-byte neighbour ids): 4 threads each draw 25 batches of 32 training
+    seeds; per seed a pread of its offsets pair and its neighbour list, 8 sampled
+    neighbours, and the same for each of them (2 hops)."""
+    import array
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
+
+    off_fd = os.open(os.path.join(d, "offsets.bin"), os.O_RDONLY)
+    edge_fd = os.open(os.path.join(d, "edges.bin"), os.O_RDONLY)
+
+    def neighbours(v):
+        lo, hi = struct.unpack("<qq", os.pread(off_fd, 16, 8 * v))
+        if hi == lo:
+            return []
+        nb = array.array("i")
+        nb.frombytes(os.pread(edge_fd, 4 * (hi - lo), 4 * lo))
+        return list(nb)
+
+    def worker(w):
+        rng = random.Random(SEED + 431 + w)
+        train = range(0, GRAPH_NODES, 5)  # every fifth node is labelled
+        seen = 0
+        for _ in range(GRAPH_BATCHES // 4):
+            for s in rng.sample(train, GRAPH_SEEDS):
+                nb = neighbours(s)
+                for u in rng.sample(nb, min(GRAPH_FANOUT, len(nb))):
+                    seen += len(neighbours(u))
+        return seen
+
+    with ThreadPoolExecutor(4) as pool:
+        total = sum(pool.map(worker, range(4)))
+    os.close(off_fd)
+    os.close(edge_fd)
+    print("graphwalk: %d edges seen" % total)
 
 
 if __name__ == "__main__":
