@@ -181,6 +181,52 @@ async fn a_long_cold_sequential_read_stays_coalesced_and_right() {
     .expect("bounded");
 }
 
+/// `tac` over the mount: the file read from its end back to its start, each read ending
+/// where the last began. The controller reads such a run ahead downwards once it has
+/// proved itself, so most blocks are fetched ahead of the reader, the bytes are right
+/// and nothing is fetched twice. (Before backward readahead every block was a demand
+/// miss: 0 prefetch fills.)
+#[tokio::test]
+async fn a_cold_backward_read_is_read_ahead_downwards() {
+    timed(async {
+        let fx = fixture(with_predictors(), remote_link()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+        let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let o = c.open(e.attr.ino, false).await.expect("open");
+        let before = fx.faulty.gets();
+        let mut at = FILE;
+        let mut pieces = Vec::new();
+        while at > 0 {
+            let off = at.saturating_sub(READ);
+            let got = c.read(o.fh, off, (at - off) as u32, 7).await.expect("read");
+            assert_eq!(got.len() as u64, at - off, "short read at {off}");
+            pieces.push(got);
+            at = off;
+        }
+        c.release(o.fh);
+        let gets = fx.faulty.gets();
+        let mut out = BytesMut::with_capacity(FILE as usize);
+        for p in pieces.iter().rev() {
+            out.extend_from_slice(p);
+        }
+        assert!(out.freeze() == fx.bytes, "the bytes of the object");
+        let fills = c.reader().engine().stats().prefetch_fills;
+        assert!(
+            fills >= FILE / BS / 2,
+            "{fills} of {} blocks fetched ahead of a backward reader",
+            FILE / BS
+        );
+        assert!(
+            gets.bytes - before.bytes <= FILE + 2 * BS,
+            "nothing fetched twice: {} bytes",
+            gets.bytes - before.bytes
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 #[tokio::test]
 async fn the_window_readahead_coalesces_too() {
     timed(async {

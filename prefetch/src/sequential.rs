@@ -33,6 +33,17 @@
 //! `max_depth` without one), as mountpoint-s3 doubles its read window from the first
 //! read (issue 14: a cold 1 GiB read kept 4-5 GETs in flight where the peer keeps 25).
 //! A reader that never waits (slow, or fully served ahead) keeps the rate's depth.
+//!
+//! A stream read *backwards* (each read ending exactly where the one before began: GNU
+//! `tac` in 8 KiB steps, `tail` reading back from a log's end) is read ahead downwards
+//! once it has made `min_run` such steps, whatever its block pattern (the classifier
+//! counts forward steps only, so it calls such a stream random). Its depth is the
+//! rate's, capped at `backward_run_multiple` times the bytes the backward run has read,
+//! as for skewed streams: nothing but the run itself proves that the reader goes on,
+//! and most backward readers stop early (`tail -n 200`, `tac | grep -m 20` once grep has
+//! its lines). Requests are cut at `min_request` boundaries, nearest first, so the
+//! block the reader needs next is fetched first. Linux's readahead and mountpoint-s3's
+//! prefetcher read forward only; replayed on held-out `tacscan` (docs/BENCHMARKS.md).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -64,6 +75,10 @@ pub struct SequentialConfig {
     /// of the bytes the run has read: 2, the kernel's doubling (the window grows as the
     /// reader consumes it). 0 turns readahead off for skewed streams.
     pub skewed_run_multiple: u64,
+    /// How far below a backward run readahead may reach, in multiples of the bytes the
+    /// run has read: 2, as [`Self::skewed_run_multiple`] and for the same reason (only the
+    /// run proves the reader goes on). 0 turns backward readahead off.
+    pub backward_run_multiple: u64,
 }
 
 impl Default for SequentialConfig {
@@ -76,6 +91,7 @@ impl Default for SequentialConfig {
             min_run: 2,
             max_streams: 4096,
             skewed_run_multiple: 2,
+            backward_run_multiple: 2,
         }
     }
 }
@@ -95,6 +111,13 @@ struct StreamState {
     /// the last access (so a run of blocks read late doubles the depth once).
     late_depth: u64,
     late: bool,
+    /// Where the last read began, its backward run (reads each ending where the one
+    /// before began), the end of the run's first read, and the lowest offset backward
+    /// readahead has asked for.
+    start: u64,
+    back_run: u32,
+    back_top: u64,
+    low_water: u64,
 }
 
 /// Rate-following sequential readahead. See the module docs.
@@ -148,6 +171,41 @@ impl SequentialPredictor {
         depth_of(&self.cfg, self.link_window, s)
     }
 
+    /// Backward readahead of stream `key` (`s`, its state after access `ev`): the range
+    /// below the reader its depth calls for, in `min_request`-aligned pieces, nearest
+    /// first. See the module docs.
+    fn read_back(
+        &mut self,
+        key: (JobId, u64),
+        ev: &AccessEvent,
+        s: &StreamState,
+        out: &mut Vec<PrefetchRequest>,
+    ) {
+        let proven = s.back_top.saturating_sub(ev.offset);
+        let depth = self
+            .depth(s)
+            .min(proven.saturating_mul(self.cfg.backward_run_multiple));
+        let target = ev.offset.saturating_sub(depth);
+        let mut hi = s.low_water.min(ev.offset);
+        if target >= hi || (hi - target < self.cfg.min_request && target > 0) {
+            return;
+        }
+        let step = self.cfg.min_request.max(1);
+        while hi > target {
+            let lo = ((hi - 1) / step * step).max(target);
+            out.push(PrefetchRequest {
+                path: Arc::clone(&ev.path),
+                offset: lo,
+                len: hi - lo,
+                confidence: 0.6,
+            });
+            hi = lo;
+        }
+        if let Some(st) = self.streams.get_mut(&key) {
+            st.low_water = target;
+        }
+    }
+
     fn prune(&mut self) {
         let mut ticks: Vec<u64> = self.streams.values().map(|s| s.last_use).collect();
         let mid = ticks.len() / 2;
@@ -179,15 +237,24 @@ impl Predictor for SequentialPredictor {
             let deeper = depth_of(&self.cfg, self.link_window, s).saturating_mul(2);
             s.late_depth = deeper.min(self.cfg.max_depth.max(self.link_window));
         }
-        let contiguous = s.last_ns > 0 || s.end > 0;
-        let contiguous = contiguous && ev.offset == s.end;
+        let tracked = s.last_ns > 0 || s.end > 0;
+        let contiguous = tracked && ev.offset == s.end;
+        let backward = tracked && ev.len > 0 && s.start > 0 && ev.offset + ev.len == s.start;
         s.run = if contiguous {
             s.run.saturating_add(1)
         } else {
             0
         };
+        if backward {
+            s.back_run = s.back_run.saturating_add(1);
+        } else {
+            s.back_run = 0;
+            s.back_top = ev.offset + ev.len;
+            s.low_water = ev.offset;
+        }
+        s.start = ev.offset;
         // Consumption rate (bytes/s) as an EWMA over this stream's reads.
-        if s.last_ns > 0 && ev.now_ns > s.last_ns && contiguous {
+        if s.last_ns > 0 && ev.now_ns > s.last_ns && (contiguous || backward) {
             let inst = ev.len as f64 * 1e9 / (ev.now_ns - s.last_ns) as f64;
             s.rate = if s.rate == 0.0 {
                 inst
@@ -214,6 +281,10 @@ impl Predictor for SequentialPredictor {
             Pattern::Random => false,
         };
         if !sequential {
+            if backward && s.back_run >= self.cfg.min_run && self.cfg.backward_run_multiple > 0 {
+                let s = s.clone();
+                self.read_back(key, ev, &s, out);
+            }
             return;
         }
         let s = s.clone();
@@ -517,5 +588,116 @@ mod tests {
         }
         assert!(out.iter().all(|r| r.offset + r.len <= 10 << 20));
         assert_eq!(out.last().map(|r| r.offset + r.len), Some(10 << 20));
+    }
+
+    /// `tac` reading a 6 MiB log back from its end in 8 KiB steps, 10 us apart: once
+    /// the run has read 512 KiB (twice that is a request's worth) the blocks below are
+    /// asked for downwards, nearest first, in block-aligned pieces, never overlapping,
+    /// never above the reader and never below the file's start; nothing is asked for
+    /// before the run proved itself.
+    #[test]
+    fn a_backward_run_is_read_ahead_downwards() {
+        let mut p = SequentialPredictor::default();
+        let mut out = Vec::new();
+        let size = 6u64 << 20;
+        let step = 8u64 << 10;
+        let mut at = size;
+        let mut first_at = None;
+        let mut t = 1;
+        while at > 0 {
+            let off = at.saturating_sub(step);
+            let before = out.len();
+            p.on_access(
+                &ev(1, "app.log", off, at - off, t, Pattern::Random),
+                &mut out,
+            );
+            for r in &out[before..] {
+                assert!(r.offset + r.len <= off, "{r:?} not below the read at {off}");
+            }
+            if out.len() > before && first_at.is_none() {
+                first_at = Some(off);
+            }
+            at = off;
+            t += 10_000;
+        }
+        let first_at = first_at.expect("backward readahead");
+        assert!(
+            size - first_at >= 512 << 10,
+            "asked after {} bytes",
+            size - first_at
+        );
+        let mut below = u64::MAX;
+        for r in &out {
+            assert!(r.offset + r.len <= below, "not downwards: {r:?}");
+            assert!(r.len <= 1 << 20 && r.offset / (1 << 20) == (r.offset + r.len - 1) / (1 << 20));
+            below = r.offset;
+        }
+        assert_eq!(below, 0, "read back to the file's start");
+        let asked: u64 = out.iter().map(|r| r.len).sum();
+        assert!(asked < size, "asked {asked} of a {size}-byte file");
+    }
+
+    /// A reader that goes back a little (`tail -n 200`: three 8 KiB steps back from the
+    /// end) proves too short a run to ask for anything, and random reads that happen to
+    /// end where the last began once or twice never start backward readahead.
+    #[test]
+    fn short_or_accidental_backward_steps_ask_for_nothing() {
+        let mut p = SequentialPredictor::default();
+        let mut out = Vec::new();
+        let size = 64u64 << 20;
+        for (i, off) in [size - 4096, size - 12288, size - 20480, size - 28672]
+            .into_iter()
+            .enumerate()
+        {
+            let len = if i == 0 { 4096 } else { 8192 };
+            p.on_access(
+                &ev(
+                    1,
+                    "svc.log",
+                    off,
+                    len,
+                    1 + i as u64 * 1000,
+                    Pattern::Unknown,
+                ),
+                &mut out,
+            );
+        }
+        assert!(out.is_empty(), "{out:?}");
+        let mut q = SequentialPredictor::default();
+        let mut at = 40u64 << 20;
+        for i in 0..200u64 {
+            // Two steps back, then a jump elsewhere.
+            let off = if i % 3 == 2 {
+                (i * 7919 % 60) << 20
+            } else {
+                at - 4096
+            };
+            q.on_access(
+                &ev(2, "db", off, 4096, 1 + i * 1000, Pattern::Random),
+                &mut out,
+            );
+            at = off;
+        }
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    /// With `backward_run_multiple = 0` a long backward run asks for nothing.
+    #[test]
+    fn backward_readahead_can_be_turned_off() {
+        let mut p = SequentialPredictor::new(SequentialConfig {
+            backward_run_multiple: 0,
+            ..SequentialConfig::default()
+        });
+        let mut out = Vec::new();
+        let mut at = 16u64 << 20;
+        for i in 0..1000u64 {
+            let off = at - (16 << 10);
+            p.on_access(
+                &ev(1, "f", off, 16 << 10, 1 + i * 10_000, Pattern::Random),
+                &mut out,
+            );
+            at = off;
+        }
+        assert!(out.is_empty());
     }
 }
