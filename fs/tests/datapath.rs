@@ -227,6 +227,39 @@ async fn a_cold_backward_read_is_read_ahead_downwards() {
     .expect("bounded");
 }
 
+/// A strided reader over the mount (64 KiB from every MiB, a tensor slice of every
+/// row): neither a run nor random, so only the cycle of gaps predicts it; the reads
+/// after the first few are fetched ahead and the bytes are right. (Without cycle
+/// readahead: 0 prefetch fills.)
+#[tokio::test]
+async fn a_cold_strided_read_is_read_ahead_along_its_stride() {
+    timed(async {
+        let fx = fixture(with_predictors(), remote_link()).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+        let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let o = c.open(e.attr.ino, false).await.expect("open");
+        let piece = 64u64 << 10;
+        let rows = FILE / (1 << 20);
+        for row in 0..rows {
+            let off = row * (1 << 20) + 4096;
+            let got = c.read(o.fh, off, piece as u32, 7).await.expect("read");
+            assert!(
+                got == fx.bytes.slice(off as usize..(off + piece) as usize),
+                "row {row}"
+            );
+        }
+        c.release(o.fh);
+        let fills = c.reader().engine().stats().prefetch_fills;
+        assert!(
+            fills >= rows / 2,
+            "{fills} blocks fetched ahead of a strided reader of {rows} rows"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 #[tokio::test]
 async fn the_window_readahead_coalesces_too() {
     timed(async {

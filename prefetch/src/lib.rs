@@ -4,6 +4,7 @@
 //! priority, and tracks their outcomes: the mount and the replay both drive it.
 
 pub mod controller;
+pub mod gap_cycle;
 pub mod semantic;
 pub mod sequential;
 

@@ -44,6 +44,11 @@
 //! its lines). Requests are cut at `min_request` boundaries, nearest first, so the
 //! block the reader needs next is fetched first. Linux's readahead and mountpoint-s3's
 //! prefetcher read forward only; replayed on held-out `tacscan` (docs/BENCHMARKS.md).
+//!
+//! A stream that is neither (a column-projected reader of a row-batched file, a tensor
+//! slice read row by row) may repeat a cycle of gaps between its reads; once it has
+//! shown the same cycle twice ([`crate::gap_cycle`]), its next `cycle_reads` reads are
+//! asked for exactly (scaled by the stream's feedback as the lead is), each once.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -51,6 +56,7 @@ use std::sync::Arc;
 
 use strata_types::{FxHasher, JobId, Pattern};
 
+use crate::gap_cycle::{GapCycle, HISTORY};
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
 /// Tunables of [`SequentialPredictor`]. Every default carries its reason.
@@ -79,6 +85,11 @@ pub struct SequentialConfig {
     /// run has read: 2, as [`Self::skewed_run_multiple`] and for the same reason (only the
     /// run proves the reader goes on). 0 turns backward readahead off.
     pub backward_run_multiple: u64,
+    /// Reads asked for ahead of a stream repeating a cycle of gaps ([`GapCycle`]): 4,
+    /// scaled by the stream's feedback as the lead is (1 to 16): a column-projected
+    /// reader's next batch or two, each read a GET's latency the reader no longer waits
+    /// for. 0 turns cycle readahead off.
+    pub cycle_reads: usize,
 }
 
 impl Default for SequentialConfig {
@@ -92,6 +103,7 @@ impl Default for SequentialConfig {
             max_streams: 4096,
             skewed_run_multiple: 2,
             backward_run_multiple: 2,
+            cycle_reads: 4,
         }
     }
 }
@@ -118,6 +130,15 @@ struct StreamState {
     back_run: u32,
     back_top: u64,
     low_water: u64,
+    /// The stream's recent reads, for a cycle of gaps; how many reads the cycle's
+    /// readahead has asked for beyond the last read, and the offset of the first of them
+    /// (the read that keeps the cycle going).
+    cycle: GapCycle,
+    cycle_ahead: u32,
+    cycle_next: u64,
+    /// Gaps in a row the cycle has held for (see [`GapCycle::proven`]), counted on past
+    /// the history's reach.
+    cycle_held: u32,
 }
 
 /// Rate-following sequential readahead. See the module docs.
@@ -142,6 +163,163 @@ fn depth_of(cfg: &SequentialConfig, link_window: u64, s: &StreamState) -> u64 {
     let d = s.rate * cfg.lead_time_s * s.lead_scale;
     let by_rate = (d as u64).clamp(cfg.min_depth, cfg.max_depth);
     by_rate.max(s.late_depth.min(cfg.max_depth.max(link_window)))
+}
+
+/// Forward readahead of stream `s` (its state after access `ev`, read classified
+/// sequential): up to its depth past the read, from where it last asked.
+fn read_ahead(
+    cfg: &SequentialConfig,
+    link_window: u64,
+    ev: &AccessEvent,
+    s: &mut StreamState,
+    out: &mut Vec<PrefetchRequest>,
+) {
+    let read_end = ev.offset + ev.len;
+    let mut depth = depth_of(cfg, link_window, s);
+    if ev.pattern == Pattern::Skewed {
+        let proven = read_end.saturating_sub(s.run_start);
+        depth = depth.min(proven.saturating_mul(cfg.skewed_run_multiple));
+    }
+    let mut target = read_end + depth;
+    if ev.file_size > 0 {
+        target = target.min(ev.file_size);
+    }
+    let start = s.high_water.max(read_end);
+    if target <= start {
+        return;
+    }
+    let due = target - start;
+    let at_eof = ev.file_size > 0 && target == ev.file_size;
+    if due < cfg.min_request && !at_eof {
+        return;
+    }
+    out.push(PrefetchRequest {
+        path: Arc::clone(&ev.path),
+        offset: start,
+        len: due,
+        confidence: if ev.pattern == Pattern::Sequential {
+            0.9
+        } else {
+            0.6
+        },
+    });
+    s.high_water = target;
+}
+
+/// Backward readahead of stream `s` (its state after access `ev`): the range below the
+/// reader its depth calls for, in `min_request`-aligned pieces, nearest first. See the
+/// module docs.
+fn read_back(
+    cfg: &SequentialConfig,
+    link_window: u64,
+    ev: &AccessEvent,
+    s: &mut StreamState,
+    out: &mut Vec<PrefetchRequest>,
+) {
+    let proven = s.back_top.saturating_sub(ev.offset);
+    let depth = depth_of(cfg, link_window, s).min(proven.saturating_mul(cfg.backward_run_multiple));
+    let target = ev.offset.saturating_sub(depth);
+    let mut hi = s.low_water.min(ev.offset);
+    if target >= hi || (hi - target < cfg.min_request && target > 0) {
+        return;
+    }
+    let step = cfg.min_request.max(1);
+    while hi > target {
+        let lo = ((hi - 1) / step * step).max(target);
+        out.push(PrefetchRequest {
+            path: Arc::clone(&ev.path),
+            offset: lo,
+            len: hi - lo,
+            confidence: 0.6,
+        });
+        hi = lo;
+    }
+    s.low_water = target;
+}
+
+/// Predicted reads one cycle readahead looks through at most: 1024 (a 4 KiB slice of
+/// every 4 KiB-apart row, four blocks ahead).
+const CYCLE_LOOKAHEAD: usize = 1024;
+
+/// Readahead along a cycle of gaps ([`GapCycle`]): the reads the stream's cycle
+/// predicts, no more than twice the gaps it has held for in a row
+/// ([`GapCycle::proven`]; an accidental repeat proves little: GNU tar skipping members
+/// whose sizes round to the same records repeats a gap three times, then not; twice, as
+/// `skewed_run_multiple`), until they have moved to `cycle_reads` other blocks
+/// (`min_request`-sized;
+/// as many times `lead_scale` as feedback allows, 1 to 4x), at most `max_depth` bytes,
+/// less those asked for already. A fine stride (a small slice of every row) reads many
+/// times in one block, so the reads are counted by the blocks they move to, not one by
+/// one, and neighbours closer than a block are asked for as one range. See the module
+/// docs.
+fn read_cycle(
+    cfg: &SequentialConfig,
+    ev: &AccessEvent,
+    s: &mut StreamState,
+    out: &mut Vec<PrefetchRequest>,
+) {
+    if cfg.cycle_reads == 0 {
+        return;
+    }
+    let want =
+        ((cfg.cycle_reads as f64 * s.lead_scale).round() as usize).clamp(1, 4 * cfg.cycle_reads);
+    let step = cfg.min_request.max(1);
+    let Some((period, matched)) = s.cycle.proven() else {
+        s.cycle_held = 0;
+        return;
+    };
+    // The history holds `HISTORY - 1 - period` matches at most; a cycle that fills it
+    // keeps counting here, so a long stride proves itself beyond the history.
+    s.cycle_held = if matched + 1 + period >= HISTORY {
+        s.cycle_held.max(matched as u32).saturating_add(1)
+    } else {
+        matched as u32
+    };
+    let proven = (s.cycle_held as usize).saturating_mul(2);
+    let mut next = Vec::new();
+    s.cycle
+        .predict(0, proven.min(CYCLE_LOOKAHEAD), ev.file_size, &mut next);
+    // How far ahead the wanted blocks reach, in predicted reads.
+    let (mut moves, mut block, mut upto, mut bytes) = (0, ev.offset / step, 0, 0);
+    for &(offset, len) in &next {
+        let last = (offset + len.max(1) - 1) / step;
+        moves += usize::from(offset / step != block) + usize::from(last != offset / step);
+        block = last;
+        bytes += len;
+        if moves > want || bytes > cfg.max_depth {
+            break;
+        }
+        upto += 1;
+    }
+    let have = (s.cycle_ahead as usize).min(upto);
+    let mut range: Option<(u64, u64)> = None;
+    for &(offset, len) in &next[have..upto] {
+        let end = offset + len;
+        range = match range {
+            Some((lo, hi)) if offset / step <= hi / step + 1 && end / step + 1 >= lo / step => {
+                Some((lo.min(offset), hi.max(end)))
+            }
+            Some((lo, hi)) => {
+                out.push(PrefetchRequest {
+                    path: Arc::clone(&ev.path),
+                    offset: lo,
+                    len: hi - lo,
+                    confidence: 0.6,
+                });
+                Some((offset, end))
+            }
+            None => Some((offset, end)),
+        };
+    }
+    if let Some((lo, hi)) = range {
+        out.push(PrefetchRequest {
+            path: Arc::clone(&ev.path),
+            offset: lo,
+            len: hi - lo,
+            confidence: 0.6,
+        });
+    }
+    s.cycle_ahead = s.cycle_ahead.max(upto as u32);
 }
 
 fn path_hash(path: &str) -> u64 {
@@ -169,41 +347,6 @@ impl SequentialPredictor {
 
     fn depth(&self, s: &StreamState) -> u64 {
         depth_of(&self.cfg, self.link_window, s)
-    }
-
-    /// Backward readahead of stream `key` (`s`, its state after access `ev`): the range
-    /// below the reader its depth calls for, in `min_request`-aligned pieces, nearest
-    /// first. See the module docs.
-    fn read_back(
-        &mut self,
-        key: (JobId, u64),
-        ev: &AccessEvent,
-        s: &StreamState,
-        out: &mut Vec<PrefetchRequest>,
-    ) {
-        let proven = s.back_top.saturating_sub(ev.offset);
-        let depth = self
-            .depth(s)
-            .min(proven.saturating_mul(self.cfg.backward_run_multiple));
-        let target = ev.offset.saturating_sub(depth);
-        let mut hi = s.low_water.min(ev.offset);
-        if target >= hi || (hi - target < self.cfg.min_request && target > 0) {
-            return;
-        }
-        let step = self.cfg.min_request.max(1);
-        while hi > target {
-            let lo = ((hi - 1) / step * step).max(target);
-            out.push(PrefetchRequest {
-                path: Arc::clone(&ev.path),
-                offset: lo,
-                len: hi - lo,
-                confidence: 0.6,
-            });
-            hi = lo;
-        }
-        if let Some(st) = self.streams.get_mut(&key) {
-            st.low_water = target;
-        }
     }
 
     fn prune(&mut self) {
@@ -253,6 +396,13 @@ impl Predictor for SequentialPredictor {
             s.low_water = ev.offset;
         }
         s.start = ev.offset;
+        // A read where the cycle said: one of those asked for is now behind the reader.
+        if s.cycle_ahead > 0 && ev.offset == s.cycle_next {
+            s.cycle_ahead -= 1;
+        } else {
+            s.cycle_ahead = 0;
+        }
+        s.cycle.push(ev.offset, ev.len);
         // Consumption rate (bytes/s) as an EWMA over this stream's reads.
         if s.last_ns > 0 && ev.now_ns > s.last_ns && (contiguous || backward) {
             let inst = ev.len as f64 * 1e9 / (ev.now_ns - s.last_ns) as f64;
@@ -280,44 +430,18 @@ impl Predictor for SequentialPredictor {
             Pattern::Skewed => exact_run && self.cfg.skewed_run_multiple > 0,
             Pattern::Random => false,
         };
-        if !sequential {
-            if backward && s.back_run >= self.cfg.min_run && self.cfg.backward_run_multiple > 0 {
-                let s = s.clone();
-                self.read_back(key, ev, &s, out);
-            }
-            return;
+        let cfg = &self.cfg;
+        if sequential {
+            read_ahead(cfg, self.link_window, ev, s, out);
+        } else if backward && s.back_run >= cfg.min_run && cfg.backward_run_multiple > 0 {
+            read_back(cfg, self.link_window, ev, s, out);
+        } else if !contiguous {
+            read_cycle(cfg, ev, s, out);
         }
-        let s = s.clone();
-        let mut depth = self.depth(&s);
-        if ev.pattern == Pattern::Skewed {
-            let proven = read_end.saturating_sub(s.run_start);
-            depth = depth.min(proven.saturating_mul(self.cfg.skewed_run_multiple));
-        }
-        let mut target = read_end + depth;
-        if ev.file_size > 0 {
-            target = target.min(ev.file_size);
-        }
-        let start = s.high_water.max(read_end);
-        if target <= start {
-            return;
-        }
-        let due = target - start;
-        let at_eof = ev.file_size > 0 && target == ev.file_size;
-        if due < self.cfg.min_request && !at_eof {
-            return;
-        }
-        out.push(PrefetchRequest {
-            path: Arc::clone(&ev.path),
-            offset: start,
-            len: due,
-            confidence: if ev.pattern == Pattern::Sequential {
-                0.9
-            } else {
-                0.6
-            },
-        });
-        if let Some(st) = self.streams.get_mut(&key) {
-            st.high_water = target;
+        if s.cycle_ahead > 0 {
+            let mut next = Vec::new();
+            s.cycle.predict(0, 1, ev.file_size, &mut next);
+            s.cycle_next = next.first().map_or(u64::MAX, |&(o, _)| o);
         }
     }
 
@@ -664,11 +788,15 @@ mod tests {
         }
         assert!(out.is_empty(), "{out:?}");
         let mut q = SequentialPredictor::default();
-        let mut at = 40u64 << 20;
+        let mut at = 512u64 << 20;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
         for i in 0..200u64 {
-            // Two steps back, then a jump elsewhere.
+            // Two steps back, then a jump elsewhere (xorshift: no cycle of gaps).
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
             let off = if i % 3 == 2 {
-                (i * 7919 % 60) << 20
+                ((x % (1 << 18)) + 16) << 12
             } else {
                 at - 4096
             };
@@ -699,5 +827,146 @@ mod tests {
             at = off;
         }
         assert!(out.is_empty());
+    }
+
+    /// A column-projected reader (held-out `feather`'s shape: per 8 MiB record batch a
+    /// metadata read and two column buffers) is read ahead along its cycle once it has
+    /// shown two batches: the blocks of the next reads exactly, four blocks ahead, each
+    /// asked for once, and fewer after wasted feedback.
+    #[test]
+    fn a_cycle_of_gaps_is_read_ahead_read_by_read() {
+        let batch = 8_389_472u64;
+        let read = |b: u64, k: u64| {
+            let base = 848 + b * batch;
+            match k {
+                0 => (base, 864),
+                1 => (base + 1_049_440, 1 << 20),
+                _ => (base + 1_049_440 + 6_815_744, 512 << 10),
+            }
+        };
+        let mut p = SequentialPredictor::default();
+        let mut asked = Vec::new();
+        let mut first_at = None;
+        for i in 0..24u64 {
+            let (off, len) = read(i / 3, i % 3);
+            let before = asked.len();
+            p.on_access(
+                &ev(
+                    1,
+                    "day-3.feather",
+                    off,
+                    len,
+                    1 + i * 1000,
+                    Pattern::Sequential,
+                ),
+                &mut asked,
+            );
+            if asked.len() > before && first_at.is_none() {
+                first_at = Some(i);
+            }
+        }
+        // Read 6 continues read 5 (a batch's last buffer ends where the next batch
+        // begins): a contiguous step is the run rules', so the cycle asks at read 7.
+        assert_eq!(
+            first_at,
+            Some(7),
+            "after two batches and two reads: {asked:?}"
+        );
+        // Every later read was asked for once, and nothing else: the requests cover
+        // exactly the blocks of reads 8.. (neighbours in adjacent blocks are one range).
+        let mib = 1u64 << 20;
+        let blocks = |ranges: &mut dyn Iterator<Item = (u64, u64)>| {
+            let mut b: Vec<u64> = ranges
+                .flat_map(|(o, l)| (o / mib)..=((o + l - 1) / mib))
+                .collect();
+            b.sort_unstable();
+            b
+        };
+        let asked_blocks = blocks(&mut asked.iter().map(|r| (r.offset, r.len)));
+        let mut deduped = asked_blocks.clone();
+        deduped.dedup();
+        assert_eq!(asked_blocks, deduped, "a block asked for twice: {asked:?}");
+        let last = asked.iter().map(|r| r.offset + r.len).max().expect("asked");
+        let mut wanted = blocks(
+            &mut (8..40u64)
+                .map(|i| read(i / 3, i % 3))
+                .filter(|&(o, _)| o < last),
+        );
+        wanted.dedup();
+        assert_eq!(deduped, wanted);
+        assert!(
+            last > read(8, 1).0,
+            "into the next batch by the end: {asked:?}"
+        );
+
+        // Every prefetched read wasted: the stream asks for fewer blocks.
+        let span = |out: &[PrefetchRequest]| -> u64 {
+            out.iter()
+                .map(|r| (r.offset + r.len - 1) / mib - r.offset / mib + 1)
+                .sum()
+        };
+        let mut q = SequentialPredictor::default();
+        let mut out = Vec::new();
+        for i in 0..8u64 {
+            let (off, len) = read(i / 3, i % 3);
+            q.on_access(
+                &ev(1, "f", off, len, 1 + i * 1000, Pattern::Sequential),
+                &mut out,
+            );
+        }
+        let first = span(&out);
+        assert!(first >= 4, "{out:?}");
+        for _ in 0..3 {
+            q.on_feedback(JobId(1), "f", Feedback::Wasted { bytes: 1 << 20 });
+        }
+        // The reader goes elsewhere and starts the cycle again further on.
+        out.clear();
+        for i in 30..38u64 {
+            let (off, len) = read(i / 3, i % 3);
+            q.on_access(
+                &ev(1, "f", off, len, 1 + i * 1000, Pattern::Sequential),
+                &mut out,
+            );
+        }
+        assert!(
+            span(&out) < first,
+            "{} blocks after waste, {first} before: {out:?}",
+            span(&out)
+        );
+    }
+
+    /// A repeat the reader only happened to make (GNU tar skipping members of the same
+    /// number of records: a gap three times) is read ahead no further than twice what it
+    /// proved, inside the block being read; a stride held for 40 reads reaches blocks
+    /// ahead.
+    #[test]
+    fn a_cycle_reads_ahead_as_far_as_it_has_held() {
+        let reach = |reads: u64| {
+            let mut p = SequentialPredictor::default();
+            let mut out = Vec::new();
+            let base = 40u64 << 20;
+            for i in 0..reads {
+                let off = base + i * 20480;
+                p.on_access(
+                    &ev(1, "backup.tar", off, 10240, 1 + i * 1000, Pattern::Skewed),
+                    &mut out,
+                );
+            }
+            let last = base + (reads - 1) * 20480;
+            out.iter()
+                .map(|r| r.offset + r.len)
+                .max()
+                .map_or(0, |end| end - last)
+        };
+        assert!(
+            reach(4) <= 5 * 20480,
+            "an accidental repeat reached {} bytes",
+            reach(4)
+        );
+        assert!(
+            reach(40) >= 1 << 20,
+            "a held stride reached {} bytes",
+            reach(40)
+        );
     }
 }
