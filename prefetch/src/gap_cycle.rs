@@ -100,13 +100,28 @@ impl GapCycle {
         })
     }
 
-    /// Appends the next `n` reads the cycle predicts, as `(offset, len)`, nearest first,
-    /// after skipping the first `skip` (already asked for); stops at offset 0 or
-    /// `file_size` (when known, non-zero). Nothing without a period.
-    pub fn predict(&self, skip: usize, n: usize, file_size: u64, out: &mut Vec<(u64, u64)>) {
-        let Some(p) = self.period() else {
+    /// The offset of the next read a cycle of period `p` (from [`Self::proven`])
+    /// predicts: the gap into it repeats the gap into the read one period before it.
+    pub fn next_after(&self, p: usize) -> Option<u64> {
+        let (at, _) = self.read(0)?;
+        let next = i128::from(at) + self.gap(p.checked_sub(1)?)?;
+        u64::try_from(next).ok()
+    }
+
+    /// Appends the next `n` reads a cycle of period `p` (from [`Self::proven`])
+    /// predicts, as `(offset, len)`, nearest first, after skipping the first `skip`
+    /// (already asked for); stops at offset 0 or `file_size` (when known, non-zero).
+    pub fn predict(
+        &self,
+        p: usize,
+        skip: usize,
+        n: usize,
+        file_size: u64,
+        out: &mut Vec<(u64, u64)>,
+    ) {
+        if p == 0 {
             return;
-        };
+        }
         let Some((mut at, _)) = self.read(0) else {
             return;
         };
@@ -165,7 +180,7 @@ mod tests {
         let c = fed(&reads[..7]);
         assert_eq!(c.period(), Some(3));
         let mut out = Vec::new();
-        c.predict(0, 5, 1 << 30, &mut out);
+        c.predict(3, 0, 5, 1 << 30, &mut out);
         assert_eq!(&out[..2], &reads[7..9]);
         let base = 848 + 3 * batch;
         assert_eq!(
@@ -178,7 +193,8 @@ mod tests {
         );
         // Skipping what was asked for already.
         let mut later = Vec::new();
-        c.predict(2, 3, 1 << 30, &mut later);
+        c.predict(3, 2, 3, 1 << 30, &mut later);
+        assert_eq!(c.next_after(3), Some(out[0].0));
         assert_eq!(later, out[2..]);
     }
 
@@ -198,11 +214,11 @@ mod tests {
             "bounded by the history"
         );
         let mut out = Vec::new();
-        four.predict(0, 3, 5000, &mut out);
+        four.predict(1, 0, 3, 5000, &mut out);
         assert_eq!(out, vec![(4100, 64)], "stops at the file's end");
         let down = fed(&[(9000, 10), (8000, 10), (7000, 10), (6000, 10)]);
         let mut out = Vec::new();
-        down.predict(0, 10, 0, &mut out);
+        down.predict(1, 0, 10, 0, &mut out);
         assert_eq!(out.len(), 6, "downwards to offset 0: {out:?}");
     }
 

@@ -56,7 +56,7 @@ use std::sync::Arc;
 
 use strata_types::{FxHasher, JobId, Pattern};
 
-use crate::gap_cycle::{GapCycle, HISTORY};
+use crate::gap_cycle::GapCycle;
 use crate::{AccessEvent, Feedback, Predictor, PrefetchRequest};
 
 /// Tunables of [`SequentialPredictor`]. Every default carries its reason.
@@ -130,15 +130,18 @@ struct StreamState {
     back_run: u32,
     back_top: u64,
     low_water: u64,
-    /// The stream's recent reads, for a cycle of gaps; how many reads the cycle's
-    /// readahead has asked for beyond the last read, and the offset of the first of them
-    /// (the read that keeps the cycle going).
-    cycle: GapCycle,
+    /// The stream's recent reads, for a cycle of gaps (none until it first steps off a
+    /// run); how many reads the cycle's readahead has asked for beyond the last read,
+    /// and the offset of the first of them (the read that keeps the cycle going).
+    cycle: Option<Box<GapCycle>>,
     cycle_ahead: u32,
     cycle_next: u64,
-    /// Gaps in a row the cycle has held for (see [`GapCycle::proven`]), counted on past
-    /// the history's reach.
+    /// The cycle's period (0: none), the gaps in a row it has held for (see
+    /// [`GapCycle::proven`]; counted on, read by read, past the history's reach), and
+    /// how many reads ahead its readahead last reached.
+    cycle_period: u8,
     cycle_held: u32,
+    cycle_reach: u32,
 }
 
 /// Rate-following sequential readahead. See the module docs.
@@ -256,6 +259,7 @@ fn read_cycle(
     cfg: &SequentialConfig,
     ev: &AccessEvent,
     s: &mut StreamState,
+    on_cycle: bool,
     out: &mut Vec<PrefetchRequest>,
 ) {
     if cfg.cycle_reads == 0 {
@@ -264,21 +268,32 @@ fn read_cycle(
     let want =
         ((cfg.cycle_reads as f64 * s.lead_scale).round() as usize).clamp(1, 4 * cfg.cycle_reads);
     let step = cfg.min_request.max(1);
-    let Some((period, matched)) = s.cycle.proven() else {
-        s.cycle_held = 0;
+    if !on_cycle {
+        // A new cycle (or none): found from the history.
+        let Some((period, matched)) = s.cycle.as_ref().and_then(|c| c.proven()) else {
+            s.cycle_period = 0;
+            return;
+        };
+        s.cycle_period = period as u8;
+        s.cycle_held = matched as u32;
+    } else if s.cycle_ahead + (s.cycle_reach / 8).max(1) > s.cycle_reach {
+        // Still within an eighth of as far ahead as last asked: nothing to add yet (a
+        // fine stride's reach is hundreds of reads, recomputed every eighth of it, not
+        // at every read).
         return;
-    };
-    // The history holds `HISTORY - 1 - period` matches at most; a cycle that fills it
-    // keeps counting here, so a long stride proves itself beyond the history.
-    s.cycle_held = if matched + 1 + period >= HISTORY {
-        s.cycle_held.max(matched as u32).saturating_add(1)
-    } else {
-        matched as u32
-    };
+    }
     let proven = (s.cycle_held as usize).saturating_mul(2);
     let mut next = Vec::new();
-    s.cycle
-        .predict(0, proven.min(CYCLE_LOOKAHEAD), ev.file_size, &mut next);
+    let Some(cycle) = &s.cycle else {
+        return;
+    };
+    cycle.predict(
+        usize::from(s.cycle_period),
+        0,
+        proven.min(CYCLE_LOOKAHEAD),
+        ev.file_size,
+        &mut next,
+    );
     // How far ahead the wanted blocks reach, in predicted reads.
     let (mut moves, mut block, mut upto, mut bytes) = (0, ev.offset / step, 0, 0);
     for &(offset, len) in &next {
@@ -320,6 +335,7 @@ fn read_cycle(
         });
     }
     s.cycle_ahead = s.cycle_ahead.max(upto as u32);
+    s.cycle_reach = upto as u32;
 }
 
 fn path_hash(path: &str) -> u64 {
@@ -382,6 +398,7 @@ impl Predictor for SequentialPredictor {
         }
         let tracked = s.last_ns > 0 || s.end > 0;
         let contiguous = tracked && ev.offset == s.end;
+        let (prev_start, prev_end) = (s.start, s.end);
         let backward = tracked && ev.len > 0 && s.start > 0 && ev.offset + ev.len == s.start;
         s.run = if contiguous {
             s.run.saturating_add(1)
@@ -396,13 +413,28 @@ impl Predictor for SequentialPredictor {
             s.low_water = ev.offset;
         }
         s.start = ev.offset;
-        // A read where the cycle said: one of those asked for is now behind the reader.
-        if s.cycle_ahead > 0 && ev.offset == s.cycle_next {
-            s.cycle_ahead -= 1;
+        // A read where the cycle said: the cycle holds one more gap, and one of the reads
+        // asked for is now behind the reader.
+        let on_cycle = s.cycle_period > 0 && ev.offset == s.cycle_next;
+        match &mut s.cycle {
+            Some(c) => c.push(ev.offset, ev.len),
+            // Kept from a stream's first step off a run on: a stream read in runs only
+            // (most files, read whole) never pays for the history.
+            None if tracked && !contiguous => {
+                let mut c = GapCycle::default();
+                c.push(prev_start, prev_end - prev_start);
+                c.push(ev.offset, ev.len);
+                s.cycle = Some(Box::new(c));
+            }
+            None => {}
+        }
+        if on_cycle {
+            s.cycle_ahead = s.cycle_ahead.saturating_sub(1);
+            s.cycle_held = s.cycle_held.saturating_add(1);
         } else {
             s.cycle_ahead = 0;
+            s.cycle_period = 0;
         }
-        s.cycle.push(ev.offset, ev.len);
         // Consumption rate (bytes/s) as an EWMA over this stream's reads.
         if s.last_ns > 0 && ev.now_ns > s.last_ns && (contiguous || backward) {
             let inst = ev.len as f64 * 1e9 / (ev.now_ns - s.last_ns) as f64;
@@ -435,13 +467,13 @@ impl Predictor for SequentialPredictor {
             read_ahead(cfg, self.link_window, ev, s, out);
         } else if backward && s.back_run >= cfg.min_run && cfg.backward_run_multiple > 0 {
             read_back(cfg, self.link_window, ev, s, out);
-        } else if !contiguous {
-            read_cycle(cfg, ev, s, out);
+        } else if !contiguous || on_cycle {
+            read_cycle(cfg, ev, s, on_cycle, out);
         }
-        if s.cycle_ahead > 0 {
-            let mut next = Vec::new();
-            s.cycle.predict(0, 1, ev.file_size, &mut next);
-            s.cycle_next = next.first().map_or(u64::MAX, |&(o, _)| o);
+        if let (Some(c), true) = (&s.cycle, s.cycle_period > 0) {
+            s.cycle_next = c
+                .next_after(usize::from(s.cycle_period))
+                .unwrap_or(u64::MAX);
         }
     }
 
