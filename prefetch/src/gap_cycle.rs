@@ -84,17 +84,23 @@ impl GapCycle {
     /// repeat for a moment (tar skipping members whose sizes round to the same number of
     /// records) has proven little; a tensor slice read row by row, the whole history.
     pub fn proven(&self) -> Option<(usize, usize)> {
+        // The gaps, newest first, read out of the ring once: this runs at every read of
+        // a stream off a run that breaks its cycle (every read of a random one).
+        let mut gaps = [0i128; HISTORY - 1];
+        let mut n = 0;
+        while let Some(g) = gaps.get_mut(n).and(self.gap(n)) {
+            gaps[n] = g;
+            n += 1;
+        }
+        let gaps = &gaps[..n];
         (1..=MAX_PERIOD).find_map(|p| {
-            let matched = (0..HISTORY)
-                .take_while(|&j| match (self.gap(j), self.gap(j + p)) {
-                    (Some(a), Some(b)) => a == b,
-                    _ => false,
-                })
+            let matched = (0..n.saturating_sub(p))
+                .take_while(|&j| gaps[j] == gaps[j + p])
                 .count();
             if matched < p.max(2) {
                 return None;
             }
-            let net: i128 = (0..p).filter_map(|j| self.gap(j)).sum();
+            let net: i128 = gaps[..p].iter().sum();
             let all_contiguous = (0..p).all(|j| self.contiguous(j));
             (net != 0 && !all_contiguous).then_some((p, matched))
         })
