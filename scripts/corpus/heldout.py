@@ -209,6 +209,14 @@ Eighteenth round (recorded 2026-12-04 on main at c04f447, before any policy work
   graphwalk GraphSAGE-style 2-hop neighbour sampling over a CSR graph on disk: 16-byte
             offset reads and neighbour lists of a few dozen bytes, 4 threads
   mixh17    tacscan, symbolize and graphwalk at once
+
+Nineteenth round (recorded 2026-12-04 after the backward and cycle readahead, before any
+policy work on it):
+  parload   a parallel checkpoint loader: 8 threads of one process each read an eighth of a
+            48 MB shard in 1 MiB reads, shard after shard, the model loaded twice
+  sqldesc   SQLite feed pages: ORDER BY id DESC LIMIT 200 from Zipf-recent points (the
+            rowid B-tree read backwards), and counts over the last hour through an index
+  mixh18    parload, sqldesc and tacscan at once
 """
 
 import os
@@ -2819,6 +2827,117 @@ def run_graphwalk(d):
     os.close(off_fd)
     os.close(edge_fd)
     print("graphwalk: %d edges seen" % total)
+
+
+# --- parload --------------------------------------------------------------------------
+
+PARLOAD_SHARDS = 4
+PARLOAD_SHARD_BYTES = 48 << 20
+PARLOAD_THREADS = 8
+
+
+def gen_parload(d):
+    rng = random.Random(SEED + 440)
+    os.makedirs(d, exist_ok=True)
+    block = rng.randbytes(1 << 20)
+    for i in range(PARLOAD_SHARDS):
+        with open(os.path.join(d, "model-%05d-of-%05d.bin" % (i + 1, PARLOAD_SHARDS)), "wb") as f:
+            for k in range(PARLOAD_SHARD_BYTES >> 20):
+                f.write(block[k % 7 :] + block[: k % 7])
+
+
+def run_parload(d):
+    """A parallel checkpoint loader (as torch.distributed.checkpoint or a safetensors
+    loader with a thread pool reads a shard): 8 threads of one process each read a
+    contiguous eighth of a shard in 1 MiB reads, all at once, shard after shard; the
+    model is loaded, then loaded again (an evaluation restart)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = sorted(n for n in os.listdir(d) if n.startswith("model-"))
+    got = 0
+
+    def segment(args):
+        path, lo, hi = args
+        fd = os.open(path, os.O_RDONLY)
+        n = 0
+        try:
+            at = lo
+            while at < hi:
+                n += len(os.pread(fd, min(1 << 20, hi - at), at))
+                at += 1 << 20
+        finally:
+            os.close(fd)
+        return n
+
+    with ThreadPoolExecutor(PARLOAD_THREADS) as pool:
+        for _ in range(2):
+            for name in names:
+                path = os.path.join(d, name)
+                size = os.path.getsize(path)
+                part = size // PARLOAD_THREADS
+                segs = [(path, k * part, size if k == PARLOAD_THREADS - 1 else (k + 1) * part)
+                        for k in range(PARLOAD_THREADS)]
+                got += sum(pool.map(segment, segs))
+    print("parload: %d bytes" % got)
+
+
+# --- sqldesc --------------------------------------------------------------------------
+
+SQLDESC_ROWS = 400_000
+SQLDESC_QUERIES = 1_500
+
+
+def gen_sqldesc(d):
+    import sqlite3
+
+    rng = random.Random(SEED + 450)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "events.db")
+    if os.path.exists(path):
+        os.remove(path)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA page_size = 4096")
+    db.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, ts INTEGER, user INTEGER, "
+               "kind TEXT, body TEXT)")
+    t = 1_700_000_000
+    rows = []
+    for i in range(SQLDESC_ROWS):
+        t += rng.randrange(1, 5)
+        rows.append((i, t, rng.randrange(50_000), rng.choice(["view", "click", "buy", "error"]),
+                     rng.randbytes(rng.randrange(40, 200)).hex()))
+    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", rows)
+    db.execute("CREATE INDEX events_ts ON events (ts)")
+    db.commit()
+    db.close()
+
+
+def run_sqldesc(d):
+    """An activity feed over a SQLite event table (4 KiB pages, rows in time order):
+    1,500 queries `ORDER BY id DESC LIMIT 200` from a point Zipf(0.9)-skewed toward now,
+    each a page of a feed scrolled back through history (the table read backwards
+    through its rowid B-tree), and every 10th a count of one kind over the last hour
+    through the ts index."""
+    import sqlite3
+
+    rng = random.Random(SEED + 451)
+    db = sqlite3.connect("file:%s?mode=ro" % os.path.join(d, "events.db"), uri=True)
+    db.execute("PRAGMA cache_size = -2048")  # 2 MiB of its own page cache
+    hi, = db.execute("SELECT max(ts) FROM events").fetchone()
+    lo, = db.execute("SELECT min(ts) FROM events").fetchone()
+    span = hi - lo
+    got = 0
+    for q, rank in enumerate(zipf_ranks(1000, 0.9, SQLDESC_QUERIES, rng)):
+        start = hi - rank * span // 1000
+        rows = db.execute("SELECT id, ts, kind, body FROM events WHERE id <= "
+                          "(SELECT id FROM events WHERE ts <= ? ORDER BY ts DESC LIMIT 1) "
+                          "ORDER BY id DESC LIMIT 200", (start,)).fetchall()
+        got += len(rows)
+        if q % 10 == 9:
+            n, = db.execute("SELECT count(*) FROM events WHERE ts > ? AND kind = 'error'",
+                            (hi - 3600,)).fetchone()
+            got += n
+    db.close()
+    print("sqldesc: %d rows" % got)
 
 
 if __name__ == "__main__":
