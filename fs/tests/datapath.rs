@@ -72,13 +72,18 @@ async fn fixture_of(opts: CoreOptions, faults: FaultConfig, size: u64) -> Fixtur
     }
 }
 
+/// Opens `data/big.bin` through the core, as a reader's `open` would.
+async fn open_big(c: &FsCore) -> strata_fs::filesystem::Opened {
+    let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+    let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+    c.open(e.attr.ino, false).await.expect("open")
+}
+
 /// Reads `data/big.bin` start to end in FUSE-sized reads, one at a time (as `dd`);
 /// returns the bytes and the store's GET statistics for the read alone.
 async fn read_sequentially(fx: &Fixture) -> (Bytes, GetStats) {
     let c = &fx.core;
-    let dir = c.lookup(ROOT_INO, "data").await.expect("data");
-    let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
-    let o = c.open(e.attr.ino, false).await.expect("open");
+    let o = open_big(c).await;
     let before = fx.faulty.gets();
     let size = fx.bytes.len() as u64;
     let mut out = BytesMut::with_capacity(size as usize);
@@ -191,9 +196,7 @@ async fn a_cold_backward_read_is_read_ahead_downwards() {
     timed(async {
         let fx = fixture(with_predictors(), remote_link()).await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
-        let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
-        let o = c.open(e.attr.ino, false).await.expect("open");
+        let o = open_big(c).await;
         let before = fx.faulty.gets();
         let mut at = FILE;
         let mut pieces = Vec::new();
@@ -236,9 +239,7 @@ async fn a_cold_strided_read_is_read_ahead_along_its_stride() {
     timed(async {
         let fx = fixture(with_predictors(), remote_link()).await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
-        let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
-        let o = c.open(e.attr.ino, false).await.expect("open");
+        let o = open_big(c).await;
         let piece = 64u64 << 10;
         let rows = FILE / (1 << 20);
         for row in 0..rows {
