@@ -150,7 +150,7 @@ impl GapCycle {
                 let len = if file_size > 0 {
                     len.min(file_size - at)
                 } else {
-                    len
+                    len.min(u64::MAX - at)
                 };
                 out.push((at, len));
             }

@@ -223,6 +223,10 @@ fn read_back(
     let depth = depth_of(cfg, link_window, s).min(proven.saturating_mul(cfg.backward_run_multiple));
     let target = ev.offset.saturating_sub(depth);
     let mut hi = s.low_water.min(ev.offset);
+    if ev.file_size > 0 {
+        // A reader past the file's end (a client's bad offset) is not read back from there.
+        hi = hi.min(ev.file_size);
+    }
     if target >= hi || (hi - target < cfg.min_request && target > 0) {
         return;
     }
@@ -297,7 +301,7 @@ fn read_cycle(
     // How far ahead the wanted blocks reach, in predicted reads.
     let (mut moves, mut block, mut upto, mut bytes) = (0, ev.offset / step, 0, 0);
     for &(offset, len) in &next {
-        let last = (offset + len.max(1) - 1) / step;
+        let last = offset.saturating_add(len.max(1) - 1) / step;
         moves += usize::from(offset / step != block) + usize::from(last != offset / step);
         block = last;
         bytes += len;
@@ -309,7 +313,7 @@ fn read_cycle(
     let have = (s.cycle_ahead as usize).min(upto);
     let mut range: Option<(u64, u64)> = None;
     for &(offset, len) in &next[have..upto] {
-        let end = offset + len;
+        let end = offset.saturating_add(len);
         range = match range {
             Some((lo, hi)) if offset / step <= hi / step + 1 && end / step + 1 >= lo / step => {
                 Some((lo.min(offset), hi.max(end)))
@@ -1000,5 +1004,60 @@ mod tests {
             "a held stride reached {} bytes",
             reach(40)
         );
+    }
+
+    fn any_pattern() -> impl proptest::strategy::Strategy<Value = Pattern> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Pattern::Unknown),
+            Just(Pattern::Sequential),
+            Just(Pattern::Random),
+            Just(Pattern::Skewed)
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever a client reads (offsets near the end of the address space, reads past
+        /// a file's end, files of unknown size, backward and strided runs mixed with
+        /// jumps), the predictor never panics, and for a file of known size every range it
+        /// asks for is non-empty and inside the file.
+        #[test]
+        fn requests_stay_inside_the_file_whatever_the_reads(
+            size in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..(1 << 34), (u64::MAX - (1 << 20))..=u64::MAX],
+            steps in proptest::collection::vec(
+                (0u8..4, 0u64..(1 << 24), 1u64..(4 << 20), any_pattern()),
+                1..200,
+            ),
+        ) {
+            let mut p = SequentialPredictor::default();
+            let mut out = Vec::new();
+            let mut at = size / 2;
+            for (i, (kind, jump, len, pattern)) in steps.into_iter().enumerate() {
+                // Continue forwards, backwards, stride, or jump anywhere.
+                at = match kind {
+                    0 => at.saturating_add(len),
+                    1 => at.saturating_sub(len),
+                    2 => at.saturating_add(jump),
+                    _ => jump.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                };
+                let len = len.min(u64::MAX - at);
+                let before = out.len();
+                let e = AccessEvent {
+                    now_ns: 1 + i as u64 * 1000,
+                    pattern,
+                    ..AccessEvent::read(1, "f", at, len, size)
+                };
+                p.on_access(&e, &mut out);
+                if size > 0 {
+                    for r in &out[before..] {
+                        proptest::prop_assert!(r.len > 0, "{r:?}");
+                        proptest::prop_assert!(r.offset < size && r.offset + r.len <= size, "{r:?} in a file of {size}");
+                    }
+                }
+                if i % 7 == 3 {
+                    p.on_feedback(JobId(1), "f", Feedback::Wasted { bytes: 1 });
+                }
+            }
+        }
     }
 }
