@@ -47,8 +47,9 @@
 //!
 //! A stream that is neither (a column-projected reader of a row-batched file, a tensor
 //! slice read row by row) may repeat a cycle of gaps between its reads; once it has
-//! shown the same cycle twice ([`crate::gap_cycle`]), its next `cycle_reads` reads are
-//! asked for exactly (scaled by the stream's feedback as the lead is), each once.
+//! shown the same cycle twice ([`crate::gap_cycle`]), the reads the cycle predicts are
+//! asked for, each once, `cycle_reads` blocks ahead (scaled by the stream's feedback as
+//! the lead is) and no further than twice the gaps the cycle has held for in a row.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -85,10 +86,11 @@ pub struct SequentialConfig {
     /// run has read: 2, as [`Self::skewed_run_multiple`] and for the same reason (only the
     /// run proves the reader goes on). 0 turns backward readahead off.
     pub backward_run_multiple: u64,
-    /// Reads asked for ahead of a stream repeating a cycle of gaps ([`GapCycle`]): 4,
-    /// scaled by the stream's feedback as the lead is (1 to 16): a column-projected
-    /// reader's next batch or two, each read a GET's latency the reader no longer waits
-    /// for. 0 turns cycle readahead off.
+    /// Blocks a stream repeating a cycle of gaps ([`GapCycle`]) is read ahead by,
+    /// counted as its predicted reads move from block to block: 4, scaled by the
+    /// stream's feedback as the lead is (1 to 16): a column-projected reader's next
+    /// batch or two, each read a GET's latency the reader no longer waits for. 0 turns
+    /// cycle readahead off.
     pub cycle_reads: usize,
 }
 
@@ -253,12 +255,11 @@ const CYCLE_LOOKAHEAD: usize = 1024;
 /// ([`GapCycle::proven`]; an accidental repeat proves little: GNU tar skipping members
 /// whose sizes round to the same records repeats a gap three times, then not; twice, as
 /// `skewed_run_multiple`), until they have moved to `cycle_reads` other blocks
-/// (`min_request`-sized;
-/// as many times `lead_scale` as feedback allows, 1 to 4x), at most `max_depth` bytes,
-/// less those asked for already. A fine stride (a small slice of every row) reads many
-/// times in one block, so the reads are counted by the blocks they move to, not one by
-/// one, and neighbours closer than a block are asked for as one range. See the module
-/// docs.
+/// (`min_request`-sized; as many times `lead_scale` as feedback allows, 1 to 4x), at
+/// most `max_depth` bytes, less those asked for already. A fine stride (a small slice of
+/// every row) reads many times in one block, so the reads are counted by the blocks they
+/// move to, not one by one, and neighbours closer than a block are asked for as one
+/// range. See the module docs.
 fn read_cycle(
     cfg: &SequentialConfig,
     ev: &AccessEvent,
