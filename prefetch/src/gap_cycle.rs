@@ -13,7 +13,7 @@
 //! (at least 2 matching gaps for `P = 1`, so a stride needs four reads); the next reads
 //! are then predicted by continuing the cycle, each as long as the read one period back,
 //! and [`GapCycle::proven`] says how many gaps in a row the cycle has held for (the
-//! caller reads no further ahead than that).
+//! sequential predictor reads no further ahead than twice that).
 //!
 //! Evidence, not hope: random reads almost never repeat a cycle of exact byte gaps, and a
 //! cycle whose steps all continue the read before (forwards or backwards) is a run, left
@@ -21,12 +21,12 @@
 //! the same offsets) predicts nothing new. Pure logic; the sequential predictor owns one
 //! per stream and decides how far ahead to ask.
 
-/// Reads remembered per stream: 16, two cycles of the longest period.
-pub const HISTORY: usize = 16;
-
 /// Longest cycle of gaps recognised: 8 (a projection of up to 7 columns plus the
-/// batch's metadata read). Two full cycles must fit in [`HISTORY`].
-pub const MAX_PERIOD: usize = HISTORY / 2;
+/// batch's metadata read, or 8 threads of one job reading one file in turns).
+pub const MAX_PERIOD: usize = 8;
+
+/// Reads remembered per stream: 17, the 16 gaps of two cycles of the longest period.
+pub const HISTORY: usize = 2 * MAX_PERIOD + 1;
 
 /// The last reads of one stream, for cycle detection. See the module docs.
 #[derive(Clone, Debug, Default)]
@@ -226,6 +226,23 @@ mod tests {
         let mut out = Vec::new();
         down.predict(1, 0, 10, 0, &mut out);
         assert_eq!(out.len(), 6, "downwards to offset 0: {out:?}");
+    }
+
+    /// Eight threads of one job each reading its eighth of a file in turns (round 19's
+    /// `parload` when the scheduler keeps their order): the longest period, found once
+    /// two turns of all eight are in (17 reads: the history's length).
+    #[test]
+    fn eight_readers_in_turn_are_a_period_of_eight() {
+        let part = 6u64 << 20;
+        let reads: Vec<(u64, u64)> = (0..17u64)
+            .map(|k| ((k % 8) * part + (k / 8) * (1 << 20), 1 << 20))
+            .collect();
+        // (Within a turn the starts are a stride of their own: period 1 until the turn
+        // wraps.)
+        assert_eq!(fed(&reads[..16]).period(), Some(1));
+        let c = fed(&reads);
+        assert_eq!(c.period(), Some(8));
+        assert_eq!(c.next_after(8), Some(part + 2 * (1 << 20)));
     }
 
     /// Contiguous runs, re-reads of the same offsets and random reads have no cycle.
