@@ -133,17 +133,50 @@ struct StreamState {
     back_top: u64,
     low_water: u64,
     /// The stream's recent reads, for a cycle of gaps (none until it first steps off a
-    /// run); how many reads the cycle's readahead has asked for beyond the last read,
-    /// and the offset of the first of them (the read that keeps the cycle going).
+    /// run), and how many reads the cycle's readahead has asked for beyond the last read.
     cycle: Option<Box<GapCycle>>,
     cycle_ahead: u32,
-    cycle_next: u64,
     /// The cycle's period (0: none), the gaps in a row it has held for (see
     /// [`GapCycle::proven`]; counted on, read by read, past the history's reach), and
     /// how many reads ahead its readahead last reached.
     cycle_period: u8,
     cycle_held: u32,
     cycle_reach: u32,
+}
+
+impl StreamState {
+    /// Records read `ev` in the stream's cycle history (started at its first step off a
+    /// run, `off_run`: a stream read in runs only, most files read whole, never pays for
+    /// it; the read before is taken from `start`/`end`, so call this before they move).
+    /// Returns whether the read is the one the stream's cycle predicted next: then the
+    /// cycle holds one more gap and one of the reads asked for is behind the reader;
+    /// otherwise the cycle, if any, is broken.
+    fn note_cycle(&mut self, ev: &AccessEvent, off_run: bool) -> bool {
+        let on_cycle = match &self.cycle {
+            Some(c) if self.cycle_period > 0 => {
+                c.next_after(usize::from(self.cycle_period)) == Some(ev.offset)
+            }
+            _ => false,
+        };
+        match &mut self.cycle {
+            Some(c) => c.push(ev.offset, ev.len),
+            None if off_run => {
+                let mut c = GapCycle::default();
+                c.push(self.start, self.end - self.start);
+                c.push(ev.offset, ev.len);
+                self.cycle = Some(Box::new(c));
+            }
+            None => {}
+        }
+        if on_cycle {
+            self.cycle_ahead = self.cycle_ahead.saturating_sub(1);
+            self.cycle_held = self.cycle_held.saturating_add(1);
+        } else {
+            self.cycle_ahead = 0;
+            self.cycle_period = 0;
+        }
+        on_cycle
+    }
 }
 
 /// Rate-following sequential readahead. See the module docs.
@@ -403,8 +436,8 @@ impl Predictor for SequentialPredictor {
         }
         let tracked = s.last_ns > 0 || s.end > 0;
         let contiguous = tracked && ev.offset == s.end;
-        let (prev_start, prev_end) = (s.start, s.end);
-        let backward = tracked && ev.len > 0 && s.start > 0 && ev.offset + ev.len == s.start;
+        let read_end = ev.offset + ev.len;
+        let backward = tracked && ev.len > 0 && s.start > 0 && read_end == s.start;
         s.run = if contiguous {
             s.run.saturating_add(1)
         } else {
@@ -414,32 +447,11 @@ impl Predictor for SequentialPredictor {
             s.back_run = s.back_run.saturating_add(1);
         } else {
             s.back_run = 0;
-            s.back_top = ev.offset + ev.len;
+            s.back_top = read_end;
             s.low_water = ev.offset;
         }
+        let on_cycle = s.note_cycle(ev, tracked && !contiguous);
         s.start = ev.offset;
-        // A read where the cycle said: the cycle holds one more gap, and one of the reads
-        // asked for is now behind the reader.
-        let on_cycle = s.cycle_period > 0 && ev.offset == s.cycle_next;
-        match &mut s.cycle {
-            Some(c) => c.push(ev.offset, ev.len),
-            // Kept from a stream's first step off a run on: a stream read in runs only
-            // (most files, read whole) never pays for the history.
-            None if tracked && !contiguous => {
-                let mut c = GapCycle::default();
-                c.push(prev_start, prev_end - prev_start);
-                c.push(ev.offset, ev.len);
-                s.cycle = Some(Box::new(c));
-            }
-            None => {}
-        }
-        if on_cycle {
-            s.cycle_ahead = s.cycle_ahead.saturating_sub(1);
-            s.cycle_held = s.cycle_held.saturating_add(1);
-        } else {
-            s.cycle_ahead = 0;
-            s.cycle_period = 0;
-        }
         // Consumption rate (bytes/s) as an EWMA over this stream's reads.
         if s.last_ns > 0 && ev.now_ns > s.last_ns && (contiguous || backward) {
             let inst = ev.len as f64 * 1e9 / (ev.now_ns - s.last_ns) as f64;
@@ -450,7 +462,6 @@ impl Predictor for SequentialPredictor {
             };
         }
         s.last_ns = ev.now_ns.max(1);
-        let read_end = ev.offset + ev.len;
         s.end = read_end;
         if !contiguous {
             s.high_water = read_end;
@@ -474,11 +485,6 @@ impl Predictor for SequentialPredictor {
             read_back(cfg, self.link_window, ev, s, out);
         } else if !contiguous || on_cycle {
             read_cycle(cfg, ev, s, on_cycle, out);
-        }
-        if let (Some(c), true) = (&s.cycle, s.cycle_period > 0) {
-            s.cycle_next = c
-                .next_after(usize::from(s.cycle_period))
-                .unwrap_or(u64::MAX);
         }
     }
 
