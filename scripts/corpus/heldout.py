@@ -217,6 +217,18 @@ policy work on it):
   sqldesc   SQLite feed pages: ORDER BY id DESC LIMIT 200 from Zipf-recent points (the
             rowid B-tree read backwards), and counts over the last hour through an index
   mixh18    parload, sqldesc and tacscan at once
+
+Twentieth round (recorded 2026-12-04 on main at a5bd4da, before any policy work on it):
+  sweep     a hyperparameter sweep: 3 trials of one training script, 1.5 s apart, each its
+            own session with multiprocessing.Pool(2), each reading one image folder (2,400
+            files, log-normal ~54 KiB) for 2 epochs shuffled by its own seed
+  ckptavg   checkpoint averaging over a sliding window of 4 of 6 safetensors checkpoints
+            (~32 MB, bf16): each tensor read from all 4 files with pread, in the model's
+            order (layers.2 before layers.10) over a name-sorted layout
+  bgzf      region queries over 3 samples' BGZF files (BAM-like deflate blocks <= 64 KiB, an
+            index read whole at start): 700 regions of 2-60 kb around Zipf(1.0)-popular
+            genes, each read in all 3 samples block by block through a buffered reader
+  mixh19    sweep, ckptavg and bgzf at once
 """
 
 import os
@@ -2938,6 +2950,238 @@ def run_sqldesc(d):
             got += n
     db.close()
     print("sqldesc: %d rows" % got)
+
+
+# --- sweep --------------------------------------------------------------------------
+
+SWEEP_FILES = 2_400
+SWEEP_JOBS = 3
+SWEEP_EPOCHS = 2
+
+
+def gen_sweep(d):
+    rng = random.Random(SEED + 460)
+    noise = rng.randbytes(1 << 20)
+    for i in range(SWEEP_FILES):
+        cdir = os.path.join(d, "train", "c%02d" % (i % 40))
+        os.makedirs(cdir, exist_ok=True)
+        size = int(min(512 << 10, max(4 << 10, rng.lognormvariate(10.9, 0.7))))  # median ~54 KiB
+        with open(os.path.join(cdir, "%05d.jpg" % i), "wb") as f:
+            f.write(_noise_slice(rng, noise, size))
+
+
+def _sweep_sample(path):
+    import zlib
+
+    with open(path, "rb") as f:
+        return zlib.crc32(f.read())  # a decode's worth of work per byte
+
+
+def _sweep_job(d, k):
+    """One trial of the sweep: multiprocessing.Pool(2) over the whole image folder, a
+    shuffle of its own seed each epoch, chunksize 8."""
+    from multiprocessing import Pool
+
+    rng = random.Random(SEED + 461 + k)
+    files = files_under(os.path.join(d, "train"))
+    with Pool(2) as pool:
+        for _ in range(SWEEP_EPOCHS):
+            order = files[:]
+            rng.shuffle(order)
+            for _ in pool.imap_unordered(_sweep_sample, order, chunksize=8):
+                pass
+
+
+def run_sweep(d):
+    """A hyperparameter sweep: 3 trials of one training script started 1.5 s apart, each
+    its own session (as a scheduler launches them), each reading the same image folder
+    for 2 shuffled epochs with its own seed: one data set shared by jobs at different
+    points of their epochs."""
+    import subprocess
+    import time
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    for k in range(SWEEP_JOBS):
+        code = "import sys; sys.path.insert(0, %r)\nimport heldout\nheldout._sweep_job(%r, %d)\n" % (here, d, k)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+        time.sleep(1.5)
+    for pr in procs:
+        if pr.wait() != 0:
+            raise SystemExit("a trial failed")
+    print("sweep: %d trials" % SWEEP_JOBS)
+
+
+# --- ckptavg ------------------------------------------------------------------------
+
+CKPT_COUNT = 6
+CKPT_WINDOW = 4
+CKPT_LAYERS = 16
+CKPT_HIDDEN = 256
+
+
+def _ckpt_shapes():
+    """(name, shape) of a small transformer's tensors, in the model's own order."""
+    h = CKPT_HIDDEN
+    out = [("embed.weight", (8000, h))]
+    for i in range(CKPT_LAYERS):
+        p = "layers.%d." % i
+        out += [(p + "attn_norm.weight", (h,))]
+        out += [(p + "attn.%s.weight" % w, (h, h)) for w in ("q", "k", "v", "o")]
+        out += [(p + "mlp_norm.weight", (h,)), (p + "mlp.up.weight", (4 * h, h)),
+                (p + "mlp.up.bias", (4 * h,)), (p + "mlp.down.weight", (h, 4 * h))]
+    out += [("norm.weight", (h,)), ("lm_head.weight", (8000, h))]
+    return out
+
+
+def gen_ckptavg(d):
+    import json
+    import struct
+
+    rng = random.Random(SEED + 470)
+    noise = rng.randbytes(4 << 20)
+    shapes = _ckpt_shapes()
+    os.makedirs(d, exist_ok=True)
+    for c in range(CKPT_COUNT):
+        # safetensors' writer lays tensors out in name order (lexicographic: layers.10
+        # before layers.2), not in the model's order.
+        header, at = {}, 0
+        for name, shape in sorted(shapes):
+            n = 2
+            for s in shape:
+                n *= s
+            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [at, at + n]}
+            at += n
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(os.path.join(d, "step-%05d.safetensors" % ((c + 1) * 1000)), "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            for name, _ in sorted(shapes):
+                b, e = header[name]["data_offsets"]
+                f.write(_noise_slice(rng, noise, e - b))
+
+
+def run_ckptavg(d):
+    """Checkpoint averaging (a "model soup" / EMA of the last 4 checkpoints), over a
+    sliding window: steps 1-4, then 2-5, then 3-6. Each window opens its 4 safetensors
+    files, reads each header (8-byte length, then the JSON), then for each tensor in the
+    model's order (layers.2 before layers.10) reads it from all 4 files with pread and
+    averages them: 4 files read in lockstep, each in an order that jumps about its
+    name-sorted layout."""
+    import json
+    import struct
+    import zlib
+
+    names = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+    order = [name for name, _ in _ckpt_shapes()]
+    got = 0
+    for w in range(len(names) - CKPT_WINDOW + 1):
+        fds, headers = [], []
+        for name in names[w:w + CKPT_WINDOW]:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            n, = struct.unpack("<Q", os.pread(fd, 8, 0))
+            headers.append((8 + n, json.loads(os.pread(fd, n, 8))))
+            fds.append(fd)
+        for t in order:
+            acc = 0
+            for fd, (base, hdr) in zip(fds, headers):
+                b, e = hdr[t]["data_offsets"]
+                data = os.pread(fd, e - b, base + b)
+                acc = zlib.crc32(data, acc)
+                got += len(data)
+        for fd in fds:
+            os.close(fd)
+    print("ckptavg: %d bytes" % got)
+
+
+# --- bgzf ---------------------------------------------------------------------------
+
+BGZF_SAMPLES = 3
+BGZF_BLOCKS = 900
+BGZF_QUERIES = 700
+BGZF_GENES = 3_000
+
+
+def _bgzf_block(data):
+    """One BGZF block: a gzip member with the BC extra field giving its size."""
+    import struct
+    import zlib
+
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    cdata = c.compress(data) + c.flush()
+    bsize = 18 + len(cdata) + 8
+    head = b"\x1f\x8b\x08\x04" + b"\x00" * 4 + b"\x00\xff" + struct.pack("<H", 6) + b"BC" + struct.pack("<HH", 2, bsize - 1)
+    return head + cdata + struct.pack("<II", zlib.crc32(data), len(data))
+
+
+def gen_bgzf(d):
+    import struct
+
+    rng = random.Random(SEED + 480)
+    bases = bytes(b"ACGT"[i % 4] for i in range(256))
+    quals = bytes(33 + (i % 41) for i in range(256))
+    os.makedirs(d, exist_ok=True)
+    for s in range(BGZF_SAMPLES):
+        pos, at, index = 1, 0, []
+        with open(os.path.join(d, "sample%d.bgz" % s), "wb") as f:
+            for _ in range(BGZF_BLOCKS):
+                lines, n = [], 0
+                first = pos
+                while n < 60_000:
+                    pos += rng.randrange(0, 60)
+                    line = b"chr1\t%d\tr%08x\t%s\t%s\n" % (pos, rng.getrandbits(32), rng.randbytes(100).translate(bases), rng.randbytes(100).translate(quals))
+                    lines.append(line)
+                    n += len(line)
+                block = _bgzf_block(b"".join(lines))
+                index.append((first, at))
+                f.write(block)
+                at += len(block)
+            f.write(_bgzf_block(b""))  # the EOF marker block
+        with open(os.path.join(d, "sample%d.bgz.idx" % s), "wb") as f:
+            f.write(b"".join(struct.pack("<QQ", p, o) for p, o in index))
+
+
+def run_bgzf(d):
+    """Region queries over 3 samples' BGZF files (BAM-like: sorted records in
+    deflate blocks of <= 64 KiB, an index of each block's first position read whole at
+    start), the way a joint variant caller or a genome browser asks: 700 regions of
+    2-60 kb around Zipf(1.0)-popular genes, each read in all 3 samples: seek to the
+    first block that can hold it, then block after block (the header's 18 bytes, then
+    the rest, through Python's buffered reader) until past the region's end."""
+    import bisect
+    import struct
+    import zlib
+
+    rng = random.Random(SEED + 481)
+    samples = []
+    for s in range(BGZF_SAMPLES):
+        with open(os.path.join(d, "sample%d.bgz.idx" % s), "rb") as f:
+            raw = f.read()
+        idx = [struct.unpack_from("<QQ", raw, i) for i in range(0, len(raw), 16)]
+        samples.append((open(os.path.join(d, "sample%d.bgz" % s), "rb"), [p for p, _ in idx], [o for _, o in idx]))
+    span = min(firsts[-1] for _, firsts, _ in samples)
+    genes = [rng.randrange(1, span) for _ in range(BGZF_GENES)]
+    hits = 0
+    for g in zipf_ranks(BGZF_GENES, 1.0, BGZF_QUERIES, rng):
+        lo = genes[g]
+        hi = lo + rng.randrange(2_000, 60_000)
+        for f, firsts, offs in samples:
+            k = max(0, bisect.bisect_right(firsts, lo) - 1)
+            f.seek(offs[k])
+            while k < len(firsts) and firsts[k] <= hi:
+                head = f.read(18)
+                bsize = struct.unpack_from("<H", head, 16)[0] + 1
+                rest = f.read(bsize - 18)
+                text = zlib.decompressobj(-15).decompress(rest[:-8])
+                for line in text.split(b"\n"):
+                    if line:
+                        p = int(line.split(b"\t", 2)[1])
+                        if lo <= p <= hi:
+                            hits += 1
+                k += 1
+    for f, _, _ in samples:
+        f.close()
+    print("bgzf: %d records" % hits)
 
 
 if __name__ == "__main__":
