@@ -506,6 +506,11 @@ pub struct FsCore {
     /// Bytes of demand reads in progress (the controller counts them against its
     /// prefetch backlog bound: they share the store link).
     demand_in_flight: AtomicU64,
+    /// What the cache keeps of unread prefetch, in bytes: the pattern-aware policy's
+    /// `ahead` share of every level's budget. Readahead goes no deeper (the replay's
+    /// rule too): beyond it the oldest unread prefetch, the block the reader needs
+    /// next, is evicted before the reader gets to it.
+    cache_window: u64,
     counters: Counters,
 }
 
@@ -578,6 +583,9 @@ impl FsCore {
                     }
                 }));
         }
+        let cache_window = (reader.engine().capacity_bytes() as f64
+            * strata_cache_core::policy::PatternAwareConfig::default().ahead_share)
+            as u64;
         FsCore {
             kept,
             expected,
@@ -597,6 +605,7 @@ impl FsCore {
             passthrough,
             jobs,
             demand_in_flight: AtomicU64::new(0),
+            cache_window,
             counters: Counters::default(),
         }
     }
@@ -1114,8 +1123,11 @@ impl FsCore {
                 };
                 c.set_config(cfg);
             }
-            // Readahead of a reader that waits on it may deepen to the same window.
+            // Readahead of a reader that waits on it may deepen to the same window, and
+            // never past what the cache keeps of unread prefetch (the policy's `ahead`
+            // share of every level; the replay sets the same).
             c.set_link_window(in_flight_target);
+            c.set_cache_window(self.cache_window);
             c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
             if let Some(t) = self.reader.small_request_latency() {
                 c.set_request_latency(t.as_nanos().min(u128::from(u64::MAX)) as u64);

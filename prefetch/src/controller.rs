@@ -385,6 +385,14 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         }
     }
 
+    /// The bytes of unread prefetch the cache keeps (see
+    /// [`Predictor::set_cache_window`]): readahead never reaches further ahead.
+    pub fn set_cache_window(&mut self, bytes: u64) {
+        if let Some(p) = &mut self.sequential {
+            p.set_cache_window(bytes);
+        }
+    }
+
     /// The names (and sizes) in directory `dir` (relative to the dataset root, `""` for
     /// the root), as a listing returned them.
     pub fn on_listing(&mut self, dir: &str, entries: &[(&str, u64)]) {

@@ -89,6 +89,9 @@ pub trait Predictor: Send {
     /// when the reader waits on its prefetches ([`Feedback::Late`]); the default
     /// ignores it.
     fn set_link_window(&mut self, _bytes: u64) {}
+    /// The bytes of unread prefetch the cache keeps (0: unknown): readahead deeper than
+    /// that is evicted before the reader gets to it; the default ignores it.
+    fn set_cache_window(&mut self, _bytes: u64) {}
     /// The names and sizes in directory `dir` (relative to the dataset root), as a
     /// listing returned them; the default ignores them.
     fn on_listing(&mut self, _dir: &str, _entries: &[(&str, u64)]) {}

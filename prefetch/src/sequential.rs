@@ -45,6 +45,14 @@
 //! block the reader needs next is fetched first. Linux's readahead and mountpoint-s3's
 //! prefetcher read forward only; replayed on held-out `tacscan` (docs/BENCHMARKS.md).
 //!
+//! No stream is read ahead further than the cache keeps of unread prefetch
+//! ([`Predictor::set_cache_window`]: the driver passes the pattern-aware policy's `ahead`
+//! share of its capacity): beyond it the policy drops the oldest unread prefetch first,
+//! which is the block the reader needs next, so a deeper window fetched blocks twice
+//! (held-out `tarlist`, a 148 MB archive listed with GNU tar in a 30 MB cache: 32 MiB of
+//! readahead was used at a precision of 0.67 and 41.3 s; within the cache's 7.4 MB,
+//! 1.00 and 11.1 s; docs/BENCHMARKS.md "Readahead within what the cache keeps").
+//!
 //! A stream that is neither (a column-projected reader of a row-batched file, a tensor
 //! slice read row by row) may repeat a cycle of gaps between its reads; once it has
 //! shown the same cycle twice ([`crate::gap_cycle`]), the reads the cycle predicts are
@@ -187,6 +195,9 @@ pub struct SequentialPredictor {
     /// The driver's link window in bytes (0: unknown): how deep late feedback may grow
     /// a stream's depth beyond `max_depth`.
     link_window: u64,
+    /// What the cache keeps of unread prefetch, in bytes (0: unknown): no stream's depth
+    /// goes beyond it.
+    cache_window: u64,
 }
 
 impl Default for SequentialPredictor {
@@ -207,13 +218,16 @@ fn depth_of(cfg: &SequentialConfig, link_window: u64, s: &StreamState) -> u64 {
 /// sequential): up to its depth past the read, from where it last asked.
 fn read_ahead(
     cfg: &SequentialConfig,
-    link_window: u64,
+    (link_window, cache_window): (u64, u64),
     ev: &AccessEvent,
     s: &mut StreamState,
     out: &mut Vec<PrefetchRequest>,
 ) {
     let read_end = ev.offset + ev.len;
     let mut depth = depth_of(cfg, link_window, s);
+    if cache_window > 0 {
+        depth = depth.min(cache_window);
+    }
     if ev.pattern == Pattern::Skewed {
         let proven = read_end.saturating_sub(s.run_start);
         depth = depth.min(proven.saturating_mul(cfg.skewed_run_multiple));
@@ -389,6 +403,7 @@ impl SequentialPredictor {
             streams: HashMap::default(),
             tick: 0,
             link_window: 0,
+            cache_window: 0,
         }
     }
 
@@ -480,7 +495,7 @@ impl Predictor for SequentialPredictor {
         };
         let cfg = &self.cfg;
         if sequential {
-            read_ahead(cfg, self.link_window, ev, s, out);
+            read_ahead(cfg, (self.link_window, self.cache_window), ev, s, out);
         } else if backward && s.back_run >= cfg.min_run && cfg.backward_run_multiple > 0 {
             read_back(cfg, self.link_window, ev, s, out);
         } else if !contiguous || on_cycle {
@@ -505,6 +520,10 @@ impl Predictor for SequentialPredictor {
 
     fn set_link_window(&mut self, bytes: u64) {
         self.link_window = bytes;
+    }
+
+    fn set_cache_window(&mut self, bytes: u64) {
+        self.cache_window = bytes;
     }
 }
 
@@ -536,6 +555,29 @@ mod tests {
             p.on_access(&ev(1, "f", i * mb, mb, now, Pattern::Sequential), &mut out);
         }
         (p.depth_of(JobId(1), "f").expect("tracked"), out)
+    }
+
+    #[test]
+    fn readahead_stays_within_what_the_cache_keeps() {
+        // A 400 MB/s reader asks for 32 MiB ahead (the rate's 40 MB, capped); with a
+        // cache that keeps 3 MiB of unread prefetch, never more than 3 MiB past the read.
+        let mb = 1u64 << 20;
+        let furthest = |window: u64| {
+            let mut p = SequentialPredictor::default();
+            p.set_cache_window(window);
+            let mut far = 0;
+            for i in 0..64u64 {
+                let mut out = Vec::new();
+                let now = 1 + (i as f64 * mb as f64 / 400e6 * 1e9) as u64;
+                p.on_access(&ev(1, "f", i * mb, mb, now, Pattern::Sequential), &mut out);
+                for r in &out {
+                    far = far.max(r.offset + r.len - (i + 1) * mb);
+                }
+            }
+            far
+        };
+        assert_eq!(furthest(3 * mb), 3 * mb);
+        assert_eq!(furthest(0), 32 * mb, "unknown: the rate's depth");
     }
 
     #[test]

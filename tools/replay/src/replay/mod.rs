@@ -1314,6 +1314,15 @@ fn replay_once(
             max_backlog_bytes: bound as u64,
             ..ControllerConfig::default()
         });
+        // Readahead no deeper than the cache keeps of unread prefetch: the pattern-aware
+        // policy's `ahead` share of every level (the daemon sets the same).
+        let ahead = policy::PatternAwareConfig::default().ahead_share;
+        let cache_bytes = cfg
+            .lower
+            .iter()
+            .map(|l| l.capacity_bytes)
+            .fold(cfg.capacity_bytes, u64::saturating_add);
+        c.set_cache_window((cache_bytes as f64 * ahead) as u64);
     }
     // Lower tiers evict as the top one does (`opt`, which needs the future, and the
     // strata variants run their live policy there).
