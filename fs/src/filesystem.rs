@@ -506,11 +506,6 @@ pub struct FsCore {
     /// Bytes of demand reads in progress (the controller counts them against its
     /// prefetch backlog bound: they share the store link).
     demand_in_flight: AtomicU64,
-    /// What the cache keeps of unread prefetch, in bytes: the pattern-aware policy's
-    /// `ahead` share of every level's budget. Readahead goes no deeper (the replay's
-    /// rule too): beyond it the oldest unread prefetch, the block the reader needs
-    /// next, is evicted before the reader gets to it.
-    cache_window: u64,
     counters: Counters,
 }
 
@@ -583,9 +578,16 @@ impl FsCore {
                     }
                 }));
         }
-        let cache_window = (reader.engine().capacity_bytes() as f64
-            * strata_cache_core::policy::PatternAwareConfig::default().ahead_share)
-            as u64;
+        if let Some(p) = &opts.predictors {
+            // Readahead no deeper than the cache keeps of unread prefetch (the
+            // pattern-aware policy's `ahead` share of every level's budget; the replay
+            // sets the same): beyond it the oldest unread prefetch, the block the reader
+            // needs next, is evicted before the reader gets to it. The budgets are fixed
+            // for the mount's life, so this is set once.
+            let ahead = strata_cache_core::policy::PatternAwareConfig::default().ahead_share;
+            let window = (reader.engine().capacity_bytes() as f64 * ahead) as u64;
+            p.controller.lock().set_cache_window(window);
+        }
         FsCore {
             kept,
             expected,
@@ -605,7 +607,6 @@ impl FsCore {
             passthrough,
             jobs,
             demand_in_flight: AtomicU64::new(0),
-            cache_window,
             counters: Counters::default(),
         }
     }
@@ -1123,11 +1124,8 @@ impl FsCore {
                 };
                 c.set_config(cfg);
             }
-            // Readahead of a reader that waits on it may deepen to the same window, and
-            // never past what the cache keeps of unread prefetch (the policy's `ahead`
-            // share of every level; the replay sets the same).
+            // Readahead of a reader that waits on it may deepen to the same window.
             c.set_link_window(in_flight_target);
-            c.set_cache_window(self.cache_window);
             c.set_demand_in_flight(self.demand_in_flight.load(Ordering::Relaxed));
             if let Some(t) = self.reader.small_request_latency() {
                 c.set_request_latency(t.as_nanos().min(u128::from(u64::MAX)) as u64);

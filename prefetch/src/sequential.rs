@@ -45,7 +45,7 @@
 //! block the reader needs next is fetched first. Linux's readahead and mountpoint-s3's
 //! prefetcher read forward only; replayed on held-out `tacscan` (docs/BENCHMARKS.md).
 //!
-//! No stream is read ahead further than the cache keeps of unread prefetch
+//! No stream is read ahead forwards further than the cache keeps of unread prefetch
 //! ([`Predictor::set_cache_window`]: the driver passes the pattern-aware policy's `ahead`
 //! share of its capacity): beyond it the policy drops the oldest unread prefetch first,
 //! which is the block the reader needs next, so a deeper window fetched blocks twice
@@ -258,6 +258,18 @@ fn read_ahead(
     s.high_water = target;
 }
 
+/// A speculative request for bytes `lo..hi` of the file `ev` read: backward and cycle
+/// readahead, which only the stream's own run or cycle vouches for (confidence 0.6, as
+/// a skewed stream's forward readahead).
+fn speculative(ev: &AccessEvent, lo: u64, hi: u64) -> PrefetchRequest {
+    PrefetchRequest {
+        path: Arc::clone(&ev.path),
+        offset: lo,
+        len: hi - lo,
+        confidence: 0.6,
+    }
+}
+
 /// Backward readahead of stream `s` (its state after access `ev`): the range below the
 /// reader its depth calls for, in `min_request`-aligned pieces, nearest first. See the
 /// module docs.
@@ -282,12 +294,7 @@ fn read_back(
     let step = cfg.min_request.max(1);
     while hi > target {
         let lo = ((hi - 1) / step * step).max(target);
-        out.push(PrefetchRequest {
-            path: Arc::clone(&ev.path),
-            offset: lo,
-            len: hi - lo,
-            confidence: 0.6,
-        });
+        out.push(speculative(ev, lo, hi));
         hi = lo;
     }
     s.low_water = target;
@@ -367,24 +374,14 @@ fn read_cycle(
                 Some((lo.min(offset), hi.max(end)))
             }
             Some((lo, hi)) => {
-                out.push(PrefetchRequest {
-                    path: Arc::clone(&ev.path),
-                    offset: lo,
-                    len: hi - lo,
-                    confidence: 0.6,
-                });
+                out.push(speculative(ev, lo, hi));
                 Some((offset, end))
             }
             None => Some((offset, end)),
         };
     }
     if let Some((lo, hi)) = range {
-        out.push(PrefetchRequest {
-            path: Arc::clone(&ev.path),
-            offset: lo,
-            len: hi - lo,
-            confidence: 0.6,
-        });
+        out.push(speculative(ev, lo, hi));
     }
     s.cycle_ahead = s.cycle_ahead.max(upto as u32);
     s.cycle_reach = upto as u32;

@@ -1306,6 +1306,12 @@ fn replay_once(
         mut controller,
         next_use,
     } = set;
+    // Every level's budget together.
+    let cache_bytes = cfg
+        .lower
+        .iter()
+        .map(|l| l.capacity_bytes)
+        .fold(cfg.capacity_bytes, u64::saturating_add);
     if let Some(c) = &mut controller {
         // The store model's backlog bound (by default the controller's own default).
         let bound =
@@ -1317,11 +1323,6 @@ fn replay_once(
         // Readahead no deeper than the cache keeps of unread prefetch: the pattern-aware
         // policy's `ahead` share of every level (the daemon sets the same).
         let ahead = policy::PatternAwareConfig::default().ahead_share;
-        let cache_bytes = cfg
-            .lower
-            .iter()
-            .map(|l| l.capacity_bytes)
-            .fold(cfg.capacity_bytes, u64::saturating_add);
         c.set_cache_window((cache_bytes as f64 * ahead) as u64);
     }
     // Lower tiers evict as the top one does (`opt`, which needs the future, and the
@@ -1388,11 +1389,7 @@ fn replay_once(
         course: CourseWatch::default(),
         starts: Vec::new(),
         granularity,
-        cache_bytes: cfg
-            .lower
-            .iter()
-            .map(|l| l.capacity_bytes)
-            .fold(cfg.capacity_bytes, u64::saturating_add),
+        cache_bytes,
         unit_ids: HashMap::default(),
         unit_sizes_made: HashMap::default(),
         unit_block: HashMap::default(),
