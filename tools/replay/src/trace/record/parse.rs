@@ -20,7 +20,12 @@
 //!   end of file (`= 0`) record nothing. Reads through `mmap` page faults are invisible
 //!   to strace and are not in the trace.
 //! - **Split calls**: `read(3,  <unfinished ...>` and a later `<... read resumed>...`
-//!   of the same pid are joined into one call, timed at its start.
+//!   of the same pid are joined into one call, timed at its start. Calls take effect in
+//!   the order the kernel applies them: a call that makes an fd (`openat`, `dup`, ...) when
+//!   it returns, one that uses or frees an fd (`read`, `lseek`, `close`, ...) when it
+//!   starts. The kernel frees a closed fd on entry, so another thread's `openat` can be
+//!   given that number while strace still shows the `close` unfinished; applying the
+//!   close at its resumption would drop the new file's reads.
 //! - **Jobs, one per process group**: the traced command starts its own group (named by
 //!   its pid); a child inherits its parent's group; `setpgid(p, g)` and `setsid()` move
 //!   a process. A job is named `<program>-<pgid>`, the program being the base name of
@@ -190,14 +195,30 @@ pub fn parse_strace<L: Lookup>(
     (trace, p.stats)
 }
 
+/// Calls whose effect on the fd table or an offset happens when they start: the kernel
+/// looks the fd up (and, for `close`, frees it) on entry. Every other split call takes
+/// effect when it returns (an fd is handed out at the end of `openat`).
+const EFFECT_AT_START: &[&str] = &[
+    "read",
+    "readv",
+    "pread64",
+    "preadv",
+    "preadv2",
+    "lseek",
+    "close",
+    "close_range",
+];
+
+/// A joined call: `(pid, ts_us, call text)`.
+type JoinedCall<'a> = (u32, u64, std::borrow::Cow<'a, str>);
+
 /// Splits lines into `(pid, ts_us, call text)`, joining `<unfinished ...>` with its
-/// `<... resumed>`; signals and exit notes are dropped.
-fn join_lines<'a>(
-    text: &'a str,
-    stats: &mut ParseStats,
-) -> Vec<(u32, u64, std::borrow::Cow<'a, str>)> {
-    let mut pending: HashMap<u32, (u64, &'a str)> = HashMap::new();
-    let mut out = Vec::new();
+/// `<... resumed>` and placing the joined call where it takes effect (see
+/// [`EFFECT_AT_START`]); signals, exit notes and calls that never resumed are dropped.
+fn join_lines<'a>(text: &'a str, stats: &mut ParseStats) -> Vec<JoinedCall<'a>> {
+    // pid -> (start ts, head text, the slot reserved at the start, if any)
+    let mut pending: HashMap<u32, (u64, &'a str, Option<usize>)> = HashMap::new();
+    let mut out: Vec<Option<JoinedCall<'a>>> = Vec::new();
     for line in text.lines() {
         stats.lines += 1;
         let Some((pid, ts, rest)) = split_prefix(line) else {
@@ -207,7 +228,12 @@ fn join_lines<'a>(
             continue;
         }
         if let Some(head) = rest.strip_suffix("<unfinished ...>") {
-            pending.insert(pid, (ts, head.strip_suffix(' ').unwrap_or(head)));
+            let name = head.split('(').next().unwrap_or_default();
+            let slot = EFFECT_AT_START.contains(&name).then(|| {
+                out.push(None);
+                out.len() - 1
+            });
+            pending.insert(pid, (ts, head.strip_suffix(' ').unwrap_or(head), slot));
             continue;
         }
         if let Some(tail) = rest.strip_prefix("<... ") {
@@ -215,16 +241,20 @@ fn join_lines<'a>(
             let Some(end) = tail.find(" resumed>") else {
                 continue;
             };
-            let Some((start_ts, head)) = pending.remove(&pid) else {
+            let Some((start_ts, head, slot)) = pending.remove(&pid) else {
                 continue;
             };
             let resumed = &tail[end + " resumed>".len()..];
-            out.push((pid, start_ts, format!("{head}{resumed}").into()));
+            let call = Some((pid, start_ts, format!("{head}{resumed}").into()));
+            match slot {
+                Some(i) => out[i] = call,
+                None => out.push(call),
+            }
             continue;
         }
-        out.push((pid, ts, rest.into()));
+        out.push(Some((pid, ts, rest.into())));
     }
-    out
+    out.into_iter().flatten().collect()
 }
 
 /// `PID  SECS.USECS rest` → `(pid, microseconds, rest)`.
@@ -953,6 +983,26 @@ mod tests {
             got,
             vec![(300_000, 0, 64), (400_000, 4096, 16), (700_000, 64, 64)]
         );
+    }
+
+    #[test]
+    fn a_close_takes_effect_when_it_starts() {
+        // Thread 31 closes fd 3; the kernel frees it on entry, thread 32's openat gets
+        // 3 and reads it, and strace shows the close returning only after that openat.
+        let got = run(r#"30 1.000000 clone3({flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD, exit_signal=0}, 88) = 31
+30 1.000010 clone3({flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD, exit_signal=0}, 88) = 32
+31 1.000100 openat(AT_FDCWD, "f", O_RDONLY|O_CLOEXEC) = 3
+31 1.000200 read(3, ""..., 10) = 10
+31 1.000300 close(3 <unfinished ...>
+32 1.000400 openat(AT_FDCWD, "g", O_RDONLY|O_CLOEXEC <unfinished ...>
+32 1.000500 <... openat resumed>) = 3
+31 1.000600 <... close resumed>) = 0
+32 1.000700 read(3,  <unfinished ...>
+32 1.000900 <... read resumed>""..., 7) = 7
+"#)
+        .0;
+        let got: Vec<_> = got.iter().map(|r| (r.2.as_str(), r.3, r.4)).collect();
+        assert_eq!(got, vec![("f", 0, 10), ("g", 0, 7)]);
     }
 
     #[test]
