@@ -229,6 +229,18 @@ Twentieth round (recorded 2026-12-04 on main at a5bd4da, before any policy work 
             index read whole at start): 700 regions of 2-60 kb around Zipf(1.0)-popular
             genes, each read in all 3 samples block by block through a buffered reader
   mixh19    sweep, ckptavg and bgzf at once
+
+Twenty-first round (recorded 2026-12-04 on main at 19d5247, before any policy work on it):
+  balanced  a class-balanced sampler with replacement over an imbalanced image folder (8
+            classes of 1,200 down to 10 files): 3 epochs of 2,400 draws, a class uniformly,
+            then a file of it, read whole by multiprocessing.Pool(4)
+  curriculum curriculum training over 3,000 files ranked by a difficulty score read from a
+            JSON file: epoch 1 the easiest third, epoch 2 two thirds, epochs 3-4 all,
+            shuffled each epoch, read by 4 threads
+  dedup     fdupes' algorithm over a 4,000-file tree: sizes by stat, the first 4 KiB of
+            every file in a same-size group, whole-file hashes where heads collide, then
+            a byte-by-byte comparison of each duplicate pair in 8 KiB steps
+  mixh20    balanced, curriculum and dedup at once
 """
 
 import os
@@ -3182,6 +3194,179 @@ def run_bgzf(d):
     for f, _, _ in samples:
         f.close()
     print("bgzf: %d records" % hits)
+
+
+# --- balanced -----------------------------------------------------------------------
+
+BALANCED_CLASSES = [1_200, 600, 300, 150, 80, 40, 20, 10]
+BALANCED_DRAWS = 2_400
+BALANCED_EPOCHS = 3
+
+
+def gen_balanced(d):
+    rng = random.Random(SEED + 490)
+    noise = rng.randbytes(1 << 20)
+    for c, count in enumerate(BALANCED_CLASSES):
+        cdir = os.path.join(d, "train", "class%d" % c)
+        os.makedirs(cdir, exist_ok=True)
+        for i in range(count):
+            size = int(min(384 << 10, max(4 << 10, rng.lognormvariate(10.6, 0.6))))  # median ~40 KiB
+            with open(os.path.join(cdir, "%05d.jpg" % i), "wb") as f:
+                f.write(_noise_slice(rng, noise, size))
+
+
+def _balanced_sample(path):
+    import zlib
+
+    with open(path, "rb") as f:
+        return zlib.crc32(f.read())
+
+
+def run_balanced(d):
+    """A class-balanced sampler with replacement (PyTorch's WeightedRandomSampler with
+    weights 1/class size) over an imbalanced image folder: each draw picks a class
+    uniformly, then one of its files; 3 epochs of 2,400 draws read whole by
+    multiprocessing.Pool(4), chunksize 16. A rare class's files come back many times
+    an epoch, a common class's once in several epochs."""
+    from multiprocessing import Pool
+
+    rng = random.Random(SEED + 491)
+    root = os.path.join(d, "train")
+    classes = [files_under(os.path.join(root, c)) for c in sorted(os.listdir(root))]
+    with Pool(4) as pool:
+        for _ in range(BALANCED_EPOCHS):
+            order = [rng.choice(rng.choice(classes)) for _ in range(BALANCED_DRAWS)]
+            for _ in pool.imap(_balanced_sample, order, chunksize=16):
+                pass
+    print("balanced: %d draws" % (BALANCED_DRAWS * BALANCED_EPOCHS))
+
+
+# --- curriculum ---------------------------------------------------------------------
+
+CURRICULUM_FILES = 3_000
+CURRICULUM_STAGES = [1 / 3, 2 / 3, 1.0, 1.0]
+
+
+def gen_curriculum(d):
+    import json
+
+    rng = random.Random(SEED + 500)
+    noise = rng.randbytes(1 << 20)
+    scores = {}
+    for i in range(CURRICULUM_FILES):
+        sdir = os.path.join(d, "data", "shard%02d" % (i % 30))
+        os.makedirs(sdir, exist_ok=True)
+        name = "shard%02d/%05d.bin" % (i % 30, i)
+        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.9, 0.5))))  # median ~54 KiB
+        with open(os.path.join(d, "data", name), "wb") as f:
+            f.write(_noise_slice(rng, noise, size))
+        scores[name] = round(rng.random(), 6)
+    with open(os.path.join(d, "difficulty.json"), "w") as f:
+        json.dump(scores, f)
+
+
+def run_curriculum(d):
+    """Curriculum training: samples ranked by a difficulty score (a JSON file read at
+    start), epoch 1 over the easiest third, epoch 2 the easiest two thirds, epochs 3
+    and 4 over all, each epoch shuffled, read whole by 4 threads: a working set that
+    grows, its oldest part read most."""
+    import json
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(SEED + 501)
+    with open(os.path.join(d, "difficulty.json")) as f:
+        scores = json.load(f)
+    ranked = sorted(scores, key=lambda n: scores[n])
+
+    def load(name):
+        with open(os.path.join(d, "data", name), "rb") as f:
+            return zlib.crc32(f.read())
+
+    reads = 0
+    with ThreadPoolExecutor(4) as pool:
+        for share in CURRICULUM_STAGES:
+            pool_names = ranked[:int(len(ranked) * share)]
+            rng.shuffle(pool_names)
+            for _ in pool.map(load, pool_names):
+                reads += 1
+    print("curriculum: %d reads" % reads)
+
+
+# --- dedup --------------------------------------------------------------------------
+
+DEDUP_FILES = 4_000
+
+
+def gen_dedup(d):
+    """A tree of photos and documents where about one file in five is a copy of another
+    (same size, same bytes) and many distinct files share a size (sizes rounded to
+    512 bytes, as camera and office files often are)."""
+    rng = random.Random(SEED + 510)
+    noise = rng.randbytes(4 << 20)
+    made = []
+    for i in range(DEDUP_FILES):
+        sub = os.path.join(d, "home", "user%d" % (i % 6), "dir%02d" % (i % 37))
+        os.makedirs(sub, exist_ok=True)
+        path = os.path.join(sub, "f%05d.dat" % i)
+        if made and rng.random() < 0.2:
+            with open(rng.choice(made), "rb") as src:
+                data = src.read()
+        else:
+            size = int(min(6 << 20, max(1 << 10, rng.lognormvariate(11.5, 1.3)))) // 512 * 512 + 512
+            data = _noise_slice(rng, noise, size)
+            if rng.random() < 0.3:
+                # a distinct file whose head is another file's (same template, other body)
+                data = (noise[:4096] + data[4096:])[:size]
+        with open(path, "wb") as f:
+            f.write(data)
+        made.append(path)
+
+
+def run_dedup(d):
+    """fdupes' algorithm: walk the tree, group by size (stat only), read the first
+    4 KiB of every file in a group of two or more, hash whole files whose heads collide
+    (64 KiB reads), then compare each duplicate pair byte by byte in 8 KiB steps before
+    reporting it."""
+    import hashlib
+
+    by_size = {}
+    for path in files_under(os.path.join(d, "home")):
+        by_size.setdefault(os.stat(path).st_size, []).append(path)
+    pairs = 0
+    for size in sorted(by_size):
+        group = by_size[size]
+        if len(group) < 2:
+            continue
+        by_head = {}
+        for path in group:
+            with open(path, "rb") as f:
+                by_head.setdefault(hashlib.md5(f.read(4096)).digest(), []).append(path)
+        for heads in by_head.values():
+            if len(heads) < 2:
+                continue
+            by_full = {}
+            for path in heads:
+                h = hashlib.md5()
+                with open(path, "rb") as f:
+                    while True:
+                        chunk = f.read(65536)
+                        if not chunk:
+                            break
+                        h.update(chunk)
+                by_full.setdefault(h.digest(), []).append(path)
+            for same in by_full.values():
+                first = same[0]
+                for other in same[1:]:
+                    with open(first, "rb") as a, open(other, "rb") as b:
+                        while True:
+                            x, y = a.read(8192), b.read(8192)
+                            if x != y:
+                                break
+                            if not x:
+                                pairs += 1
+                                break
+    print("dedup: %d duplicate pairs" % pairs)
 
 
 if __name__ == "__main__":
