@@ -53,6 +53,14 @@
 //!    tested on a sample of the items instead (`PassSample`: the items whose index
 //!    hashes to 0 modulo a stride, in a window of their own that holds ~3 passes).
 //!
+//! 5. **Re-read** (a flag of random streams: [`StreamStats::reread`]): the window of 2.
+//!    holds at most half as many distinct items as visits (and at least 64 visits). A
+//!    shuffled epoch or uniform draws over more items than the window see each item
+//!    about once; a random stream over a small set (a class directory a balanced
+//!    sampler draws from as often as from one 100 times larger) re-reads within it.
+//!    Uniform popularity *within* the stream says nothing of its items' popularity
+//!    against other streams': the flag lets the policy rank them by frequency.
+//!
 //! Tests run every `test_every` visits once `min_samples` steps are in; a different
 //! outcome replaces the current pattern only after `hysteresis` consecutive tests agree
 //! (the first outcome of an unclassified stream is taken at once). Counts decay (halve)
@@ -158,6 +166,11 @@ pub struct Scratch {
     counts: Vec<usize>,
 }
 
+/// Visits a stream's window must hold before [`StreamStats::reread`] can say it re-reads
+/// its items: 64, a quarter of the default window, so that a few chance repeats among
+/// the first visits of a shuffle say nothing.
+const REREAD_MIN_VISITS: usize = 64;
+
 /// The bounded per-stream evidence: decayed step counts, index span, and a ring of the
 /// last `window` item fingerprints.
 #[derive(Clone, Debug, Default)]
@@ -179,6 +192,9 @@ pub struct StreamStats {
     /// The last test found the stream sequential and its window's popularity skewed:
     /// each visit reads in order, but some items come back visit after visit.
     reused: bool,
+    /// The last test found the stream random and its window re-reading its items: at
+    /// most half as many distinct items as visits (see [`StreamStats::reread`]).
+    reread: bool,
     /// Share of steps that go back (restart a pass): a moving average over about the
     /// last `PASS_STEPS` steps (weight `1 / min(steps, PASS_STEPS)` for the newest), so
     /// the mean pass length is `1 / pass_restarts`. Halving integer counts instead
@@ -266,6 +282,16 @@ impl StreamStats {
         self.reused
     }
 
+    /// Whether the last test found the stream random (no order, no skew) over a set it
+    /// reads again and again: its window of visits holds at most half as many distinct
+    /// items as visits (and at least `REREAD_MIN_VISITS` visits). A shuffled epoch over
+    /// more items than the window never is (its window holds each item about once); a
+    /// loop in random order over a small set (a class a balanced sampler draws from as
+    /// often as from a class 100 times larger) is, and its items are hot.
+    pub fn reread(&self) -> bool {
+        self.reread
+    }
+
     /// Estimated Zipf exponent of the last skewed test (0 if never skewed).
     pub fn zipf_s(&self) -> f64 {
         f64::from(self.zipf_s)
@@ -329,6 +355,10 @@ impl StreamStats {
             let out = run_tests(self, cfg, scratch);
             self.reused = out.pattern == Pattern::Sequential
                 && (out.p_uniform < cfg.alpha || self.pass_reused);
+            // `run_tests` left the window's distinct items' counts in `scratch`.
+            self.reread = out.pattern == Pattern::Random
+                && self.ring.len() >= REREAD_MIN_VISITS
+                && scratch.counts.len() * 2 <= self.ring.len();
             self.apply(out.pattern, cfg);
             if out.pattern == Pattern::Skewed {
                 self.zipf_s = out.zipf_s as f32;

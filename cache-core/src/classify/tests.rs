@@ -171,3 +171,55 @@ fn long_passes_are_tested_on_a_sample_of_the_blocks() {
     let short = sparse_sweeps(&cfg(), 150, 60, 12, |_| 0.5);
     assert!(short.pass_sample.is_none());
 }
+
+/// Feeds `visits` uniform draws from `n` items (a shuffle of all `n` per pass when
+/// `shuffle`) and returns the stream.
+fn random_stream(n: u64, visits: usize, shuffle: bool, seed: u64) -> StreamStats {
+    let c = cfg();
+    let mut sc = Scratch::default();
+    let mut s = StreamStats::new(Pattern::Unknown);
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        crate::stream::mix64(state)
+    };
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut i = 0;
+    for _ in 0..visits {
+        let idx = if shuffle {
+            if i == 0 {
+                for k in (1..order.len()).rev() {
+                    order.swap(k, (next() % (k as u64 + 1)) as usize);
+                }
+            }
+            let x = order[i];
+            i = (i + 1) % order.len();
+            x
+        } else {
+            next() % n
+        };
+        s.observe(idx, crate::stream::mix64(idx ^ 0x5a5a) as u32, &c, &mut sc);
+    }
+    s
+}
+
+/// A random stream over a small set (a class of 10-80 files a balanced sampler draws
+/// from) re-reads its items within its window; random draws or shuffled epochs over
+/// more items than the window do not, and neither does a stream too young to tell.
+#[test]
+fn random_streams_over_small_sets_reread() {
+    for (n, seed) in [(10, 1), (40, 2), (80, 3)] {
+        let s = random_stream(n, 2_000, false, seed);
+        assert_eq!(s.pattern(), Pattern::Random, "n={n}");
+        assert!(s.reread(), "n={n}");
+    }
+    for (n, shuffle, seed) in [(1_000, false, 4), (5_000, true, 5), (600, true, 6)] {
+        let s = random_stream(n, 3_000, shuffle, seed);
+        assert_eq!(s.pattern(), Pattern::Random, "n={n}");
+        assert!(!s.reread(), "n={n} shuffle={shuffle}");
+    }
+    assert!(
+        !random_stream(10, 40, false, 7).reread(),
+        "40 visits say nothing"
+    );
+}

@@ -31,6 +31,10 @@
 //!   the member it would displace (`stable_admits_frequent`), whatever its hash. A
 //!   member re-read when its stream has since been found reused or skewed leaves for the
 //!   frequency main (`stable_follows_retention`).
+//!   A whole small file of a random files stream that re-reads its items
+//!   (`reread_by_frequency`; a class directory of a balanced sampler) is ranked by
+//!   frequency instead: each class is uniform, but a small class's files are read
+//!   far more often than a large one's, which a hash sample across both ignores.
 //! * **Skewed streams** (and streams not yet classified) enter the recency `window`;
 //!   when the window is over its share its oldest item moves to the frequency main
 //!   (`freq`) if the main has room, else competes with the main's least frequent item
@@ -333,6 +337,16 @@ pub struct PatternAwareConfig {
     /// subset as the hash sample is. Files of several blocks (npy's 8 MiB arrays, whose
     /// blocks level has too few visits to classify) keep their scan pattern.
     pub whole_files_by_frequency: bool,
+    /// A whole small file whose files stream is random and re-reads its items within
+    /// the classifier's window ([`crate::classify::StreamStats::reread`]) is ranked by
+    /// frequency, not sampled by hash: true. The sample assumes an item comes back
+    /// about once per pass over more than the window; a balanced sampler's small
+    /// classes come back many times (held-out `balanced`, JCT at 10/20/40%: 101.3 /
+    /// 75.7 / 55.4 s without, 85.6 / 66.5 / 52.1 s with; TinyLFU 81.9 / 68.8 / 51.8).
+    /// Whole files only: applied to random block streams within a file (a zip's
+    /// members) and to files of several blocks (TFRecord shards read 4 at a time) it
+    /// lost 6-55% there (`mixh` at 40%: 199 -> 308 s); docs/BENCHMARKS.md.
+    pub reread_by_frequency: bool,
     /// Scan data leaving the recency queue joins the stable subset as a proven member
     /// (evicted after every unproven one), whatever its hash, when the sketch counts it
     /// clearly more often read than the member it would displace
@@ -455,6 +469,7 @@ impl Default for PatternAwareConfig {
             main_ranks_by_density: true,
             main_kept_until_scan_reuse: true,
             whole_files_by_frequency: true,
+            reread_by_frequency: true,
             reload_ghost: true,
             reload_run: 4,
             stable_admits_frequent: true,
@@ -1231,7 +1246,22 @@ impl PatternAwarePolicy {
         if self.whole_file_in_order(obs, key, size) {
             return Pattern::Unknown;
         }
-        obs.retention()
+        let r = obs.retention();
+        if r == Pattern::Random && self.whole_file_reread(obs, key, size) {
+            return Pattern::Unknown;
+        }
+        r
+    }
+
+    /// Whether `key` is a whole small file whose files stream is random over a set it
+    /// reads again and again (`reread_by_frequency`): the decision is the files
+    /// level's (`obs.blocks` unclassified, as for every one-block file).
+    fn whole_file_reread(&self, obs: &Observation, key: &CacheKey, size: u64) -> bool {
+        self.cfg.reread_by_frequency
+            && obs.files_reread
+            && obs.files == Pattern::Random
+            && obs.blocks == Pattern::Unknown
+            && is_whole_file(key, size)
     }
 
     /// Whether `key` is a whole small file (block 0 and `size` under the block size:

@@ -180,6 +180,7 @@ struct Visit {
     sweeping: bool,
     local: bool,
     reused: bool,
+    reread: bool,
 }
 
 /// The share of a stream's reads that are small, as a moving average in 1/65536ths
@@ -443,6 +444,9 @@ pub struct Observation {
     /// visit after visit ([`crate::classify::StreamStats::reused`]): retention ranks
     /// them by frequency ([`Self::retention`]).
     pub blocks_reused: bool,
+    /// This job's files of the directory are read in no order and without skew, but
+    /// again and again ([`crate::classify::StreamStats::reread`]).
+    pub files_reread: bool,
 }
 
 impl Observation {
@@ -646,6 +650,7 @@ impl StreamTree {
                         (0, None),
                     );
                     obs.files = v.after;
+                    obs.files_reread = v.reread;
                     let same_file = v.repeat;
                     let v = self.visit(
                         (job, LEVEL_FILE ^ file_h),
@@ -786,6 +791,7 @@ impl StreamTree {
             sweeping: n.sweep.sweeping(),
             local: n.sweep.local(),
             reused: n.stats.reused(),
+            reread: n.stats.reread(),
         }
     }
 
@@ -802,6 +808,7 @@ impl StreamTree {
                         n.child_hint,
                         n.small.mostly_small(),
                         n.stats.reused(),
+                        n.stats.reread(),
                     )
                 })
         };
@@ -817,8 +824,10 @@ impl StreamTree {
                         obs.dirs = get(LEVEL_ROOT ^ hash_bytes(root.as_bytes()))
                             .map_or(Pattern::Unknown, |x| x.0);
                     }
-                    if let Some((p, h, _, _)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes())) {
+                    if let Some((p, h, _, _, reread)) = get(LEVEL_DIR ^ hash_bytes(dir.as_bytes()))
+                    {
                         obs.files = p;
+                        obs.files_reread = reread;
                         hint = h;
                     }
                 }

@@ -149,6 +149,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "reload_run" => c.reload_run = f as u64,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
             "whole_files_by_frequency" => c.whole_files_by_frequency = on,
+            "reread_by_frequency" => c.reread_by_frequency = on,
             "stable_admits_frequent" => c.stable_admits_frequent = on,
             "stable_frequent_min" => c.stable_frequent_min = f as u64,
             "stable_follows_retention" => c.stable_follows_retention = on,
