@@ -16,7 +16,10 @@
 //!   parser reads every `clone` result first and builds a process when it first appears.
 //! - **Offsets**: `read`/`readv` read at the OFD's offset and move it by the bytes
 //!   returned; `pread64`/`preadv`/`preadv2` read at their own offset; `lseek` sets it to
-//!   what the call returned. Errors (`= -1 E...`), restarts (`= ? ERESTARTSYS`) and
+//!   what the call returned. Copies the kernel makes from a file read it too, at the
+//!   offset they are given (`[off]`) or else at the OFD's, moving it: `sendfile` (how
+//!   Python's `shutil.copyfile` and web servers send a file), `copy_file_range` (GNU
+//!   `cp`) and `splice`. Errors (`= -1 E...`), restarts (`= ? ERESTARTSYS`) and
 //!   end of file (`= 0`) record nothing. Reads through `mmap` page faults are invisible
 //!   to strace and are not in the trace.
 //! - **Split calls**: `read(3,  <unfinished ...>` and a later `<... read resumed>...`
@@ -201,6 +204,10 @@ pub fn parse_strace<L: Lookup>(
 const EFFECT_AT_START: &[&str] = &[
     "read",
     "readv",
+    "sendfile",
+    "sendfile64",
+    "copy_file_range",
+    "splice",
     "pread64",
     "preadv",
     "preadv2",
@@ -396,6 +403,14 @@ fn unquote(s: &str) -> Option<std::ffi::OsString> {
     }
     use std::os::unix::ffi::OsStringExt;
     Some(std::ffi::OsString::from_vec(out))
+}
+
+/// The value of an offset argument strace prints as `[5000]` (or `[0] => [4096]`, the
+/// value at entry first); `None` for `NULL`.
+fn bracketed_num(s: &str) -> Option<u64> {
+    let inner = s.strip_prefix('[')?;
+    let end = inner.find(']')?;
+    inner[..end].trim().parse().ok()
 }
 
 fn num(s: &str) -> Option<i64> {
@@ -630,6 +645,19 @@ impl<L: Lookup> Parser<'_, L> {
                 let at = a(3).and_then(num).and_then(|o| u64::try_from(o).ok());
                 if let (Some(fd), Some(at)) = (arg_num(0), at) {
                     self.read(p, ts, fd, Some(at), ret);
+                }
+            }
+            // A copy out of a file: (the source fd's argument, its offset's argument);
+            // a `NULL` offset reads at the OFD's and moves it.
+            "sendfile" | "sendfile64" | "copy_file_range" | "splice" => {
+                let (fd, off) = if c.name.starts_with("sendfile") {
+                    (1, 2)
+                } else {
+                    (0, 1)
+                };
+                let at = a(off).and_then(bracketed_num);
+                if let Some(fd) = arg_num(fd) {
+                    self.read(p, ts, fd, at, ret);
                 }
             }
             "lseek" => {
@@ -982,6 +1010,35 @@ mod tests {
         assert_eq!(
             got,
             vec![(300_000, 0, 64), (400_000, 4096, 16), (700_000, 64, 64)]
+        );
+    }
+
+    #[test]
+    fn copies_out_of_a_file_are_reads() {
+        // GNU cp's copy_file_range, shutil.copyfile's sendfile with an offset, a web
+        // server's sendfile at the file's offset, splice at an offset and at the OFD's.
+        let got = run(r#"40 1.000000 openat(AT_FDCWD, "a", O_RDONLY) = 3
+40 1.000100 copy_file_range(3, NULL, 4, NULL, 9223372035781033984, 0) = 3000
+40 1.000200 copy_file_range(3, NULL, 4, NULL, 9223372035781033984, 0) = 0
+40 1.000300 copy_file_range(3, [5000], 4, [0], 1000, 0) = 1000
+40 1.000400 sendfile(8, 3, [0] => [300], 8388608) = 300
+40 1.000500 sendfile(8, 3, NULL, 100) = 100
+40 1.000600 splice(3, [7000], 6, NULL, 4096, 0) = 4096
+40 1.000700 splice(3, NULL, 6, NULL, 50, 0) = 50
+40 1.000800 splice(6, NULL, 3, NULL, 50, 0) = 50
+"#)
+        .0;
+        let got: Vec<_> = got.iter().map(|r| (r.2.as_str(), r.3, r.4)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", 0, 3000),
+                ("a", 5000, 1000),
+                ("a", 0, 300),
+                ("a", 3000, 100),
+                ("a", 7000, 4096),
+                ("a", 3100, 50),
+            ]
         );
     }
 
