@@ -98,24 +98,37 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
 fn record(a: RecordArgs) -> anyhow::Result<()> {
     let rec = trace::record::record(&a.root, &a.cmd, a.strace_log.as_deref())?;
     let failed = (!rec.succeeded()).then(|| format!("the command failed ({})", rec.status));
+    let st = &rec.stats;
+    // Reads through a mapping are page faults: say so wherever the trace misses them.
+    let maps = (st.file_maps > 0).then(|| {
+        format!(
+            "{} mappings of files under the root ({:.1} MB): reads through them are page \
+             faults strace cannot see and are not in the trace",
+            st.file_maps,
+            st.file_map_bytes as f64 / 1e6
+        )
+    });
     if rec.trace.records.is_empty() {
         anyhow::bail!(
-            "no reads of regular files under {} were recorded ({} other reads, {} processes){}",
+            "no reads of regular files under {} were recorded ({} other reads, {} processes){}{}",
             rec.root.display(),
-            rec.stats.reads_elsewhere,
-            rec.stats.processes,
+            st.reads_elsewhere,
+            st.processes,
+            maps.as_ref().map(|m| format!("; {m}")).unwrap_or_default(),
             failed.map(|f| format!("; {f}")).unwrap_or_default()
         );
     }
     trace::write_file(&rec.trace, &a.out)
         .with_context(|| format!("writing {}", a.out.display()))?;
     summary(&rec.trace, &a.out);
-    let st = &rec.stats;
     eprintln!(
         "strace: {} lines, {} calls, {} processes; {} reads kept, {} of other files or fds, \
          {} lines not understood",
         st.lines, st.calls, st.processes, st.reads, st.reads_elsewhere, st.malformed
     );
+    if let Some(m) = maps {
+        eprintln!("warning: {m}");
+    }
     if let Some(f) = failed {
         anyhow::bail!("{f}; the trace of what it read is in {}", a.out.display());
     }

@@ -21,7 +21,8 @@
 //!   Python's `shutil.copyfile` and web servers send a file), `copy_file_range` (GNU
 //!   `cp`) and `splice`. Errors (`= -1 E...`), restarts (`= ? ERESTARTSYS`) and
 //!   end of file (`= 0`) record nothing. Reads through `mmap` page faults are invisible
-//!   to strace and are not in the trace.
+//!   to strace and are not in the trace; the mappings of files under the root are
+//!   counted ([`ParseStats::file_maps`]) so that the recorder can say so.
 //! - **Split calls**: `read(3,  <unfinished ...>` and a later `<... read resumed>...`
 //!   of the same pid are joined into one call, timed at its start. Calls take effect in
 //!   the order the kernel applies them: a call that makes an fd (`openat`, `dup`, ...) when
@@ -74,6 +75,10 @@ pub struct ParseStats {
     pub reads_elsewhere: usize,
     /// Lines that looked like calls but did not parse (skipped).
     pub malformed: usize,
+    /// Mappings (`mmap` of an fd) of files under the root, and their bytes: reads
+    /// through them are page faults strace cannot see, so they are not in the trace.
+    pub file_maps: usize,
+    pub file_map_bytes: u64,
 }
 
 /// One read before the trace is built (sizes are fixed at the end).
@@ -660,6 +665,13 @@ impl<L: Lookup> Parser<'_, L> {
                     self.read(p, ts, fd, at, ret);
                 }
             }
+            "mmap" => {
+                let mapped = arg_num(4).and_then(|fd| self.fd(p, fd));
+                if mapped.is_some_and(|f| self.ofds[f.ofd].file.is_some()) {
+                    self.stats.file_maps += 1;
+                    self.stats.file_map_bytes += a(1).and_then(num).map_or(0, |n| n.max(0) as u64);
+                }
+            }
             "lseek" => {
                 if let Some(f) = arg_num(0).and_then(|f| self.fd(p, f)) {
                     self.ofds[f.ofd].offset = ret as u64;
@@ -1040,6 +1052,18 @@ mod tests {
                 ("a", 3100, 50),
             ]
         );
+    }
+
+    #[test]
+    fn maps_of_files_under_the_root_are_counted() {
+        let (rows, st) = run(r#"41 1.000000 openat(AT_FDCWD, "a", O_RDONLY) = 3
+41 1.000100 mmap(NULL, 3000000, PROT_READ, MAP_SHARED, 3, 0) = 0x7f4b03c00000
+41 1.000200 openat(AT_FDCWD, "/usr/lib/x.so", O_RDONLY|O_CLOEXEC) = 4
+41 1.000300 mmap(NULL, 8192, PROT_READ, MAP_PRIVATE|MAP_DENYWRITE, 4, 0) = 0x7f4b040e2000
+41 1.000400 mmap(NULL, 4096, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0) = 0x7f4b040e0000
+"#);
+        assert!(rows.is_empty());
+        assert_eq!((st.file_maps, st.file_map_bytes), (1, 3_000_000));
     }
 
     #[test]
