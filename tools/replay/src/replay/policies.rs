@@ -148,6 +148,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "reload_ghost" => c.reload_ghost = on,
             "reload_run" => c.reload_run = f as u64,
             "window_keeps_last_demanded" => c.window_keeps_last_demanded = on,
+            "main_ranks_by_read" => c.main_ranks_by_read = on,
             "whole_files_by_frequency" => c.whole_files_by_frequency = on,
             "reread_by_frequency" => c.reread_by_frequency = on,
             "stable_admits_frequent" => c.stable_admits_frequent = on,
