@@ -241,6 +241,15 @@ Twenty-first round (recorded 2026-12-04 on main at 19d5247, before any policy wo
             every file in a same-size group, whole-file hashes where heads collide, then
             a byte-by-byte comparison of each duplicate pair in 8 KiB steps
   mixh20    balanced, curriculum and dedup at once
+
+Twenty-second round (recorded 2026-12-04 on main at 680fb1a, before any policy work on it):
+  mixture   a pretraining data mixture: 3 sources of token shards (2, 8 and 24 shards of
+            4 MB) drawn with weights 0.5 / 0.3 / 0.2, each draw a 32 KiB window at a
+            random offset of a random shard of the source, by 2 processes
+  traineval webdataset-style training: 2 worker processes stream their own tar shards in
+            64 KiB reads, and every 150 training samples the main process evaluates on a
+            40-file validation set read whole in name order
+  mixh21    mixture, traineval and curriculum at once
 """
 
 import os
@@ -3367,6 +3376,128 @@ def run_dedup(d):
                                 pairs += 1
                                 break
     print("dedup: %d duplicate pairs" % pairs)
+
+
+# --- mixture ------------------------------------------------------------------------
+
+MIXTURE_SOURCES = [("books", 2, 0.5), ("code", 8, 0.3), ("web", 24, 0.2)]
+MIXTURE_SHARD = 4 << 20
+MIXTURE_DRAWS = 3_000
+MIXTURE_WINDOW = 32 << 10
+
+
+def gen_mixture(d):
+    rng = random.Random(SEED + 520)
+    noise = rng.randbytes(8 << 20)
+    for name, shards, _ in MIXTURE_SOURCES:
+        os.makedirs(os.path.join(d, name), exist_ok=True)
+        for i in range(shards):
+            with open(os.path.join(d, name, "shard-%05d.bin" % i), "wb") as f:
+                f.write(_noise_slice(rng, noise, MIXTURE_SHARD))
+
+
+def _mixture_worker(d, k):
+    """One data-loader process: draws sources by weight, then a shard of the source and a
+    32 KiB window at a random token offset (`np.memmap`-free: `pread`, as a loader over
+    `open` files does)."""
+    rng = random.Random(SEED + 521 + k)
+    sources = [(sorted(os.listdir(os.path.join(d, n))), n, w) for n, _, w in MIXTURE_SOURCES]
+    fds = {}
+    got = 0
+    for _ in range(MIXTURE_DRAWS // 2):
+        names, src, _ = rng.choices(sources, weights=[w for _, _, w in sources])[0]
+        name = rng.choice(names)
+        path = os.path.join(d, src, name)
+        fd = fds.get(path)
+        if fd is None:
+            fd = fds[path] = os.open(path, os.O_RDONLY)
+        at = rng.randrange(0, MIXTURE_SHARD - MIXTURE_WINDOW) // 2 * 2
+        got += len(os.pread(fd, MIXTURE_WINDOW, at))
+    for fd in fds.values():
+        os.close(fd)
+    return got
+
+
+def run_mixture(d):
+    """A pretraining data mixture: 3 sources of token shards (2, 8 and 24 shards of 4 MB)
+    drawn with weights 0.5 / 0.3 / 0.2 regardless of their sizes, so the small source's
+    bytes are read 30 times as often as the large one's; each draw is a 32 KiB window at a
+    random offset of a random shard of its source, read with `pread` by 2 processes."""
+    from multiprocessing import Pool
+
+    with Pool(2) as pool:
+        got = sum(pool.starmap(_mixture_worker, [(d, 0), (d, 1)]))
+    print("mixture: %d bytes" % got)
+
+
+# --- traineval ----------------------------------------------------------------------
+
+TRAINEVAL_SHARDS = 12
+TRAINEVAL_PER_SHARD = 200
+TRAINEVAL_VAL = 40
+TRAINEVAL_EVERY = 150
+
+
+def gen_traineval(d):
+    import io
+    import tarfile
+
+    rng = random.Random(SEED + 530)
+    noise = rng.randbytes(1 << 20)
+    os.makedirs(os.path.join(d, "train"), exist_ok=True)
+    for s_ in range(TRAINEVAL_SHARDS):
+        with tarfile.open(os.path.join(d, "train", "shard-%04d.tar" % s_), "w") as tar:
+            for i in range(TRAINEVAL_PER_SHARD):
+                size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
+                data = _noise_slice(rng, noise, size)
+                info = tarfile.TarInfo("%06d.jpg" % (s_ * TRAINEVAL_PER_SHARD + i))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    os.makedirs(os.path.join(d, "val"), exist_ok=True)
+    for i in range(TRAINEVAL_VAL):
+        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
+        with open(os.path.join(d, "val", "%04d.jpg" % i), "wb") as f:
+            f.write(_noise_slice(rng, noise, size))
+
+
+def _traineval_stream(path):
+    """One worker's shard, streamed as webdataset does: the tar read front to back in 64
+    KiB reads, each member's bytes handed on."""
+    import tarfile
+
+    n = 0
+    with open(path, "rb", buffering=0) as raw:
+        import io
+
+        f = io.BufferedReader(raw, buffer_size=64 << 10)
+        with tarfile.open(fileobj=f, mode="r|") as tar:
+            for m in tar:
+                if m.isfile():
+                    n += len(tar.extractfile(m).read())
+    return n
+
+
+def run_traineval(d):
+    """Webdataset-style training with periodic evaluation: 2 worker processes stream the
+    12 training shards (each worker its own shards, 64 KiB reads), and after every 150
+    training samples the main process evaluates on a 40-file validation set read whole
+    in name order: a stream that never comes back, and a small set that comes back
+    every few seconds."""
+    from multiprocessing import Pool
+
+    shards = files_under(os.path.join(d, "train"))
+    val = files_under(os.path.join(d, "val"))
+    evals = 0
+    with Pool(2) as pool:
+        done = 0
+        for _ in pool.imap(_traineval_stream, shards):
+            done += TRAINEVAL_PER_SHARD
+            while evals * TRAINEVAL_EVERY < done:
+                for path in val:
+                    with open(path, "rb") as f:
+                        f.read()
+                evals += 1
+    print("traineval: %d evaluations" % evals)
 
 
 if __name__ == "__main__":
