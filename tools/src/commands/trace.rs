@@ -99,22 +99,35 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     let rec = trace::record::record(&a.root, &a.cmd, a.strace_log.as_deref())?;
     let failed = (!rec.succeeded()).then(|| format!("the command failed ({})", rec.status));
     let st = &rec.stats;
-    // Reads through a mapping are page faults: say so wherever the trace misses them.
-    let maps = (st.file_maps > 0).then(|| {
-        format!(
+    // Reads strace cannot see (through a mapping, through an io_uring): say so wherever
+    // the trace misses them.
+    let mut unseen = Vec::new();
+    if st.file_maps > 0 {
+        unseen.push(format!(
             "{} mappings of files under the root ({:.1} MB): reads through them are page \
              faults strace cannot see and are not in the trace",
             st.file_maps,
             st.file_map_bytes as f64 / 1e6
-        )
-    });
+        ));
+    }
+    if st.io_urings > 0 {
+        unseen.push(format!(
+            "{} io_uring instances: reads submitted through them are not system calls strace \
+             sees and are not in the trace",
+            st.io_urings
+        ));
+    }
+    let unseen = (!unseen.is_empty()).then(|| unseen.join("; "));
     if rec.trace.records.is_empty() {
         anyhow::bail!(
             "no reads of regular files under {} were recorded ({} other reads, {} processes){}{}",
             rec.root.display(),
             st.reads_elsewhere,
             st.processes,
-            maps.as_ref().map(|m| format!("; {m}")).unwrap_or_default(),
+            unseen
+                .as_ref()
+                .map(|m| format!("; {m}"))
+                .unwrap_or_default(),
             failed.map(|f| format!("; {f}")).unwrap_or_default()
         );
     }
@@ -126,7 +139,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
          {} lines not understood",
         st.lines, st.calls, st.processes, st.reads, st.reads_elsewhere, st.malformed
     );
-    if let Some(m) = maps {
+    if let Some(m) = unseen {
         eprintln!("warning: {m}");
     }
     if let Some(f) = failed {

@@ -22,7 +22,9 @@
 //!   `cp`) and `splice`. Errors (`= -1 E...`), restarts (`= ? ERESTARTSYS`) and
 //!   end of file (`= 0`) record nothing. Reads through `mmap` page faults are invisible
 //!   to strace and are not in the trace; the mappings of files under the root are
-//!   counted ([`ParseStats::file_maps`]) so that the recorder can say so.
+//!   counted ([`ParseStats::file_maps`]) so that the recorder can say so; so are the
+//!   io_uring instances set up ([`ParseStats::io_urings`]), whose reads strace does not
+//!   see either.
 //! - **Split calls**: `read(3,  <unfinished ...>` and a later `<... read resumed>...`
 //!   of the same pid are joined into one call, timed at its start. Calls take effect in
 //!   the order the kernel applies them: a call that makes an fd (`openat`, `dup`, ...) when
@@ -79,6 +81,8 @@ pub struct ParseStats {
     /// through them are page faults strace cannot see, so they are not in the trace.
     pub file_maps: usize,
     pub file_map_bytes: u64,
+    /// io_uring instances set up: reads submitted through one are not in the trace.
+    pub io_urings: usize,
 }
 
 /// One read before the trace is built (sizes are fixed at the end).
@@ -740,6 +744,11 @@ impl<L: Lookup> Parser<'_, L> {
             | "timerfd_create" | "signalfd4" | "inotify_init1" | "pidfd_open" => {
                 self.drop_fd(p, ret);
             }
+            // Reads submitted through an io_uring are not system calls strace sees.
+            "io_uring_setup" => {
+                self.stats.io_urings += 1;
+                self.drop_fd(p, ret);
+            }
             _ => {}
         }
     }
@@ -1064,6 +1073,8 @@ mod tests {
 "#);
         assert!(rows.is_empty());
         assert_eq!((st.file_maps, st.file_map_bytes), (1, 3_000_000));
+        let (_, st) = run("42 1.000000 io_uring_setup(64, {flags=0, sq_thread_cpu=0, sq_thread_idle=0, sq_entries=64, cq_entries=128}) = 5\n");
+        assert_eq!(st.io_urings, 1);
     }
 
     #[test]
