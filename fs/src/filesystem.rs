@@ -584,8 +584,8 @@ impl FsCore {
             // sets the same): beyond it the oldest unread prefetch, the block the reader
             // needs next, is evicted before the reader gets to it. The budgets are fixed
             // for the mount's life, so this is set once.
-            let ahead = strata_cache_core::policy::PatternAwareConfig::default().ahead_share;
-            let window = (reader.engine().capacity_bytes() as f64 * ahead) as u64;
+            let window = strata_cache_core::policy::PatternAwareConfig::default()
+                .unread_prefetch_bytes(reader.engine().capacity_bytes());
             p.controller.lock().set_cache_window(window);
         }
         FsCore {

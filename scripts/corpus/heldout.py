@@ -2991,7 +2991,8 @@ def gen_sweep(d):
             f.write(_noise_slice(rng, noise, size))
 
 
-def _sweep_sample(path):
+def _decode_whole(path):
+    """A sample read whole, as a loader's decode does (shared by the image loaders)."""
     import zlib
 
     with open(path, "rb") as f:
@@ -3009,7 +3010,7 @@ def _sweep_job(d, k):
         for _ in range(SWEEP_EPOCHS):
             order = files[:]
             rng.shuffle(order)
-            for _ in pool.imap_unordered(_sweep_sample, order, chunksize=8):
+            for _ in pool.imap_unordered(_decode_whole, order, chunksize=8):
                 pass
 
 
@@ -3224,13 +3225,6 @@ def gen_balanced(d):
                 f.write(_noise_slice(rng, noise, size))
 
 
-def _balanced_sample(path):
-    import zlib
-
-    with open(path, "rb") as f:
-        return zlib.crc32(f.read())
-
-
 def run_balanced(d):
     """A class-balanced sampler with replacement (PyTorch's WeightedRandomSampler with
     weights 1/class size) over an imbalanced image folder: each draw picks a class
@@ -3245,7 +3239,7 @@ def run_balanced(d):
     with Pool(4) as pool:
         for _ in range(BALANCED_EPOCHS):
             order = [rng.choice(rng.choice(classes)) for _ in range(BALANCED_DRAWS)]
-            for _ in pool.imap(_balanced_sample, order, chunksize=16):
+            for _ in pool.imap(_decode_whole, order, chunksize=16):
                 pass
     print("balanced: %d draws" % (BALANCED_DRAWS * BALANCED_EPOCHS))
 
@@ -3280,7 +3274,6 @@ def run_curriculum(d):
     and 4 over all, each epoch shuffled, read whole by 4 threads: a working set that
     grows, its oldest part read most."""
     import json
-    import zlib
     from concurrent.futures import ThreadPoolExecutor
 
     rng = random.Random(SEED + 501)
@@ -3289,8 +3282,7 @@ def run_curriculum(d):
     ranked = sorted(scores, key=lambda n: scores[n])
 
     def load(name):
-        with open(os.path.join(d, "data", name), "rb") as f:
-            return zlib.crc32(f.read())
+        return _decode_whole(os.path.join(d, "data", name))
 
     reads = 0
     with ThreadPoolExecutor(4) as pool:
@@ -3444,20 +3436,23 @@ def gen_traineval(d):
 
     rng = random.Random(SEED + 530)
     noise = rng.randbytes(1 << 20)
+
+    def sample():
+        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
+        return _noise_slice(rng, noise, size)
+
     os.makedirs(os.path.join(d, "train"), exist_ok=True)
     for s_ in range(TRAINEVAL_SHARDS):
         with tarfile.open(os.path.join(d, "train", "shard-%04d.tar" % s_), "w") as tar:
             for i in range(TRAINEVAL_PER_SHARD):
-                size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
-                data = _noise_slice(rng, noise, size)
+                data = sample()
                 info = tarfile.TarInfo("%06d.jpg" % (s_ * TRAINEVAL_PER_SHARD + i))
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     os.makedirs(os.path.join(d, "val"), exist_ok=True)
     for i in range(TRAINEVAL_VAL):
-        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
         with open(os.path.join(d, "val", "%04d.jpg" % i), "wb") as f:
-            f.write(_noise_slice(rng, noise, size))
+            f.write(sample())
 
 
 def _traineval_stream(path):

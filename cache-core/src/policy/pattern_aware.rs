@@ -453,6 +453,15 @@ pub struct PatternAwareConfig {
     pub guard_sees_prefetch: bool,
 }
 
+impl PatternAwareConfig {
+    /// Bytes of unread prefetch a cache of `capacity` bytes keeps (`ahead_share` of it):
+    /// the readahead window the daemon and the replay give the predictors, since deeper
+    /// readahead is evicted before the reader gets to it.
+    pub fn unread_prefetch_bytes(&self, capacity: u64) -> u64 {
+        (capacity as f64 * self.ahead_share) as u64
+    }
+}
+
 impl Default for PatternAwareConfig {
     fn default() -> Self {
         PatternAwareConfig {
@@ -604,9 +613,8 @@ struct Entry {
     from_main: bool,
     /// The job of its latest demand read (its insert's job until then).
     reader: u64,
-    /// Bytes of the demand read that brought it in (at least `size`; `size` for a
-    /// prefetch): the blocks of one read are worth keeping only together
-    /// (`main_ranks_by_read`).
+    /// Bytes of the demand read that brought it in (0 for a prefetch): the blocks of one
+    /// read are worth keeping only together (`main_ranks_by_read`).
     read_bytes: u64,
 }
 
@@ -2196,11 +2204,7 @@ impl EvictionPolicy for PatternAwarePolicy {
             pos: 0,
             from_main: std::mem::take(&mut self.pending_from_main) && ctx.is_demand(),
             reader: ctx.job.0,
-            read_bytes: if ctx.is_demand() {
-                ctx.read_len.max(size)
-            } else {
-                size
-            },
+            read_bytes: if ctx.is_demand() { ctx.read_len } else { 0 },
         };
         let id = match self.entries.get(key) {
             // Already resident (not from the replay or the daemon, which insert only

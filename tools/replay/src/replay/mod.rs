@@ -1322,8 +1322,9 @@ fn replay_once(
         });
         // Readahead no deeper than the cache keeps of unread prefetch: the pattern-aware
         // policy's `ahead` share of every level (the daemon sets the same).
-        let ahead = policy::PatternAwareConfig::default().ahead_share;
-        c.set_cache_window((cache_bytes as f64 * ahead) as u64);
+        c.set_cache_window(
+            policy::PatternAwareConfig::default().unread_prefetch_bytes(cache_bytes),
+        );
     }
     // Lower tiers evict as the top one does (`opt`, which needs the future, and the
     // strata variants run their live policy there).
