@@ -27,7 +27,11 @@
 //! discordant reads alone, at `ALPHA / JOB_SLOTS`. A job behind is *spared* for
 //! `FIRST_TURNS` turnovers (the policy then evicts another job's least recent item in
 //! place of one it read last); if its reads are still significantly behind while spared,
-//! sparing is futile for it and it is not spared again.
+//! sparing is futile for it and it is not spared again. Its payer is whichever job's
+//! items are least recent, which can be the job LRU serves best, so every job's
+//! discordant reads from the moment sparing begins are tested too
+//! (`spare_ends_when_costly`): once they are significantly behind, sparing ends and
+//! the spared jobs are not spared again.
 //!
 //! The shadow is a [`ShadowLru`] (sampled above 256 MiB), and only sampled accesses vote,
 //! so its memory and time stay bounded while its votes still come from the whole key
@@ -122,6 +126,12 @@ pub(super) struct RecencyGuard {
     per_job: bool,
     /// Spared periods begun so far.
     pub(super) spared: u64,
+    /// Sparing ended because the other jobs paid for it (`spare_ends_when_costly`).
+    pub(super) costly_ends: u64,
+    /// Every job's discordant reads since sparing began (`spare_ends_when_costly`).
+    sparing_votes: [u64; 2],
+    /// Whether sparing ends once `sparing_votes` are significantly behind.
+    sparing_cost_test: bool,
 }
 
 impl RecencyGuard {
@@ -137,6 +147,9 @@ impl RecencyGuard {
             jobs: Vec::new(),
             per_job: false,
             spared: 0,
+            costly_ends: 0,
+            sparing_votes: [0; 2],
+            sparing_cost_test: false,
         };
         g.set_capacity(cap);
         g
@@ -157,9 +170,11 @@ impl RecencyGuard {
         self.period_left = u64::MAX;
     }
 
-    /// Test each job's reads on their own too (`spare_starved_jobs`).
-    pub(super) fn set_per_job(&mut self, on: bool) {
+    /// Test each job's reads on their own too (`spare_starved_jobs`), and end sparing
+    /// when the cache as a whole pays for it (`spare_ends_when_costly`).
+    pub(super) fn set_per_job(&mut self, on: bool, cost_test: bool) {
         self.per_job = on;
+        self.sparing_cost_test = cost_test;
     }
 
     /// Whether `job`'s items are spared now (its own reads lost significantly to the
@@ -203,6 +218,9 @@ impl RecencyGuard {
             return;
         }
         let lru_hit = self.lru.touch(h, size);
+        if lru_hit != policy_hit && self.sparing() {
+            self.sparing_vote(lru_hit, test);
+        }
         if self.recency_period() || lru_hit == policy_hit {
             return;
         }
@@ -220,6 +238,28 @@ impl RecencyGuard {
             self.votes = [0; 2];
         } else if n >= HORIZON_VOTES {
             self.votes = [ahead / 2, behind / 2];
+        }
+    }
+
+    /// A discordant read while some job is spared, whichever job read it, counted in a
+    /// recency period too (sparing changes which items that period's order evicts).
+    /// Once they are significantly behind the shadow's, sparing costs the other jobs
+    /// more than it gains the spared ones: it ends, and they are not spared again.
+    fn sparing_vote(&mut self, lru_hit: bool, test: &mut SignTest) {
+        if !self.sparing_cost_test {
+            return;
+        }
+        self.sparing_votes[usize::from(lru_hit)] += 1;
+        let [ahead, behind] = self.sparing_votes;
+        let n = ahead + behind;
+        if n >= MIN_VOTES && behind > ahead && test.rejects(n, behind, ALPHA) {
+            for j in self.jobs.iter_mut().filter(|j| j.spare_left > 0) {
+                j.spare_left = 0;
+                j.futile = true;
+                j.votes = [0; 2];
+            }
+            self.sparing_votes = [0; 2];
+            self.costly_ends += 1;
         }
     }
 
@@ -276,6 +316,11 @@ impl RecencyGuard {
             return;
         }
         if !j.futile && behind > ahead && test.rejects(n, behind, ALPHA / JOB_SLOTS as f64) {
+            // The first job spared now: what sparing costs is counted from here.
+            if !self.sparing() {
+                self.sparing_votes = [0; 2];
+            }
+            let j = &mut self.jobs[i];
             j.spare_left = FIRST_TURNS.saturating_mul(cap).max(1);
             j.votes = [0; 2];
             j.spared_votes = [0; 2];
@@ -401,7 +446,7 @@ mod tests {
         let mut test = SignTest::default();
         let mb = 1 << 20;
         let mut g = RecencyGuard::new(64 * mb);
-        g.set_per_job(true);
+        g.set_per_job(true, true);
         let mut first = None;
         for i in 0..200u64 {
             g.on_demand(h(i % 4), mb, false, 1, &mut test);
@@ -442,6 +487,55 @@ mod tests {
             off.on_demand(h(1000 + i), mb, true, 2, &mut test);
         }
         assert!(!off.sparing());
+    }
+
+    /// Job 1 is spared as in the test above; then, while it is spared, job 2 (ahead of
+    /// LRU so far) loses its re-reads that LRU hits, as when the items sparing keeps push
+    /// job 2's loop out of the cache. Every job's votes since sparing began are then
+    /// behind: sparing ends at once, and job 1 is not spared again. With the cost test
+    /// off it runs its whole length.
+    #[test]
+    fn sparing_ends_when_the_other_jobs_pay_for_it() {
+        let mb = 1 << 20;
+        let run = |cost_test: bool| {
+            let mut test = SignTest::default();
+            let mut g = RecencyGuard::new(64 * mb);
+            g.set_per_job(true, cost_test);
+            let mut i = 0u64;
+            while !g.spares(1) {
+                g.on_demand(h(i % 4), mb, false, 1, &mut test);
+                g.on_demand(h(1000 + i), mb, true, 2, &mut test);
+                i += 1;
+            }
+            // Job 1's reads now hit (sparing helps it, but its hits are LRU's too: no
+            // vote); job 2's loop over 4 blocks misses where LRU hits.
+            let mut reads = 0u64;
+            while g.spares(1) && reads < 1000 {
+                g.on_demand(h(i % 4), mb, true, 1, &mut test);
+                g.on_demand(h(2000 + reads % 4), mb, false, 2, &mut test);
+                i += 1;
+                reads += 1;
+            }
+            (reads, g)
+        };
+        let (reads, mut g) = run(true);
+        // 4 cold reads of job 2's loop, then 31 votes behind: with job 2's hit in the
+        // round that began sparing, 31 of 32 (p ~ 2e-8 < 0.001).
+        assert_eq!(reads, 4 + MIN_VOTES - 1);
+        assert_eq!(g.costly_ends, 1);
+        assert!(!g.sparing());
+        let mut test = SignTest::default();
+        for i in 0..400u64 {
+            g.on_demand(h(3000 + i % 4), mb, false, 1, &mut test);
+            g.on_demand(h(9000 + i), mb, true, 2, &mut test);
+        }
+        assert_eq!(
+            g.spared, 1,
+            "a job whose sparing cost more is not spared again"
+        );
+        let (reads, g) = run(false);
+        assert_eq!(reads, FIRST_TURNS * 64, "without the test: its 2 turnovers");
+        assert_eq!(g.costly_ends, 0);
     }
 
     #[test]

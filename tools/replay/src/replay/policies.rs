@@ -157,6 +157,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "scan_keeps_blocks_mid_read" => c.scan_keeps_blocks_mid_read = on,
             "recency_guard" => c.recency_guard = on,
             "spare_starved_jobs" => c.spare_starved_jobs = on,
+            "spare_ends_when_costly" => c.spare_ends_when_costly = on,
             "main_victims_stay_main" => c.main_victims_stay_main = on,
             "window_min_share" => c.window_min_share = f,
             "window_step_doubles" => c.window_step_doubles = on,
