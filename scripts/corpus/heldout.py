@@ -250,6 +250,15 @@ Twenty-second round (recorded 2026-12-04 on main at 680fb1a, before any policy w
             64 KiB reads, and every 150 training samples the main process evaluates on a
             40-file validation set read whole in name order
   mixh21    mixture, traineval and curriculum at once
+
+Twenty-third round (recorded 2026-12-04 on main at e819d02, before any policy work on it):
+  casstore  a content-addressed blob store (a build cache, a model hub's blobs): 4,000
+            blobs under objects/ab/cdef..., named by their sha256, looked up by 4
+            threads with Zipf(1.0) popularity unrelated to the names, each read whole
+  resampled webdataset's ResampledShards: 2 worker processes each draw 20 of 16 tar
+            shards uniformly with replacement and stream every draw front to back in
+            64 KiB reads
+  mixh22    casstore, resampled and lsmkv at once
 """
 
 import os
@@ -3493,6 +3502,99 @@ def run_traineval(d):
                         f.read()
                 evals += 1
     print("traineval: %d evaluations" % evals)
+
+
+# --- casstore ----------------------------------------------------------------------
+
+CAS_BLOBS = 4_000
+CAS_LOOKUPS = 8_000
+
+
+def _cas_path(d, digest):
+    return os.path.join(d, "objects", digest[:2], digest[2:])
+
+
+def gen_casstore(d):
+    import hashlib
+
+    rng = random.Random(SEED + 540)
+    noise = rng.randbytes(1 << 20)
+    digests = []
+    for _ in range(CAS_BLOBS):
+        size = int(min(512 << 10, max(1 << 10, rng.lognormvariate(10.0, 1.0))))
+        data = _noise_slice(rng, noise, size)
+        digest = hashlib.sha256(data).hexdigest()
+        os.makedirs(os.path.dirname(_cas_path(d, digest)), exist_ok=True)
+        with open(_cas_path(d, digest), "wb") as f:
+            f.write(data)
+        digests.append(digest)
+    # The store's index, in insertion order: popularity is drawn over it, so a blob's
+    # rank has nothing to do with its name.
+    with open(os.path.join(d, "index.txt"), "w") as f:
+        f.write("\n".join(digests) + "\n")
+
+
+def run_casstore(d):
+    """Lookups in a content-addressed store: 4 threads resolve 8,000 references drawn
+    Zipf(1.0) over the store's 4,000 blobs (log-normal sizes, median ~22 KB) and read
+    each blob whole, as a build cache or a model hub's blob directory is read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with open(os.path.join(d, "index.txt")) as f:
+        digests = f.read().split()
+    rng = random.Random(SEED + 541)
+    refs = [digests[k] for k in zipf_ranks(len(digests), 1.0, CAS_LOOKUPS, rng)]
+
+    def fetch(digest):
+        with open(_cas_path(d, digest), "rb") as f:
+            return len(f.read())
+
+    with ThreadPoolExecutor(4) as pool:
+        got = sum(pool.map(fetch, refs, chunksize=8))
+    print("casstore: %d bytes" % got)
+
+
+# --- resampled ---------------------------------------------------------------------
+
+RESAMPLED_SHARDS = 16
+RESAMPLED_PER_SHARD = 150
+RESAMPLED_DRAWS = 20
+
+
+def gen_resampled(d):
+    import io
+    import tarfile
+
+    rng = random.Random(SEED + 550)
+    noise = rng.randbytes(1 << 20)
+    for s_ in range(RESAMPLED_SHARDS):
+        with tarfile.open(os.path.join(d, "shard-%04d.tar" % s_), "w") as tar:
+            for i in range(RESAMPLED_PER_SHARD):
+                size = int(min(256 << 10, max(4 << 10, rng.lognormvariate(10.3, 0.6))))
+                info = tarfile.TarInfo("%06d.cls" % (s_ * RESAMPLED_PER_SHARD + i))
+                info.size = size
+                tar.addfile(info, io.BytesIO(_noise_slice(rng, noise, size)))
+
+
+def _resampled_worker(d, k):
+    """One worker of `wds.ResampledShards`: draws shards uniformly with replacement and
+    streams each front to back (64 KiB reads)."""
+    rng = random.Random(SEED + 551 + k)
+    shards = files_under(d)
+    n = 0
+    for _ in range(RESAMPLED_DRAWS):
+        n += _traineval_stream(rng.choice(shards))
+    return n
+
+
+def run_resampled(d):
+    """webdataset's ResampledShards with 2 workers: 40 draws of 16 shards (~5 MB each)
+    with replacement, each draw streamed whole."""
+    from multiprocessing import Pool
+
+    with Pool(2) as pool:
+        got = sum(pool.starmap(_resampled_worker, [(d, 0), (d, 1)]))
+    print("resampled: %d bytes" % got)
 
 
 if __name__ == "__main__":
