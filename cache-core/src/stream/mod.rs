@@ -57,6 +57,9 @@ pub fn key_hash(key: &CacheKey) -> u64 {
 /// their hash (never adjacent by chance in practice).
 pub fn name_index(name: &str) -> u64 {
     let b = name.as_bytes();
+    if hex_digest_like(name) {
+        return hash_bytes(b);
+    }
     let mut end = b.len();
     // skip an extension-like suffix of non-digits
     while end > 0 && !b[end - 1].is_ascii_digit() {
@@ -72,6 +75,20 @@ pub fn name_index(name: &str) -> u64 {
     b[start..end]
         .iter()
         .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'))
+}
+
+/// Whether `name`'s stem (up to its first `.`) is a hex string with both digits and
+/// letters (`3f`, `a7c9e1...`): a content hash or its fan-out prefix (git objects, a
+/// model hub's or build cache's blob store), whose digits are no order. Read as a
+/// decimal number, `3f`, `a3` and `03` all name item 3, so a lookup wandering over
+/// 256 such directories stepped "forward" by 1-2 about every fifth visit and was taken
+/// for a sequential scan (held-out `casstore`).
+fn hex_digest_like(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or(name).as_bytes();
+    stem.len() >= 2
+        && stem.iter().all(u8::is_ascii_hexdigit)
+        && stem.iter().any(u8::is_ascii_digit)
+        && stem.iter().any(u8::is_ascii_alphabetic)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -1046,7 +1063,32 @@ mod tests {
         assert_eq!(name_index("shard-00042.tar"), 42);
         assert_eq!(name_index("img_7.jpg"), 7);
         assert_eq!(name_index("part-3"), 3);
+        assert_eq!(name_index("00042"), 42);
         assert_ne!(name_index("alpha"), name_index("beta"));
+        // Hex digests and their fan-out prefixes are names, not numbers.
+        assert_ne!(name_index("3f"), 3);
+        assert_ne!(name_index("a3"), 3);
+        assert_ne!(name_index("3f"), name_index("a3"));
+        assert_ne!(name_index("9e107d9d372bb6826bd81d3542a419d6.blob"), 6);
+    }
+
+    /// Lookups of blobs in a content-addressed store fanned out over 256 hex
+    /// directories, in an order that has nothing to do with the names: the directory
+    /// level is not a scan (read as numbers, `3f`, `a3` and `03` were all directory 3,
+    /// and the random walk stepped "forward" often enough to be called sequential).
+    #[test]
+    fn lookups_over_hex_fan_out_directories_are_not_a_scan() {
+        let mut t = StreamTree::default();
+        let mut rng = 0x5eed_u64;
+        let mut sequential = 0;
+        for i in 0..2000 {
+            rng = mix64(rng + i);
+            let dir = rng % 256;
+            let path = format!("store/objects/{dir:02x}/{:016x}", mix64(rng));
+            let o = t.observe(&CacheKey::file(path, "v", 0), &ctx(1));
+            sequential += usize::from(o.dirs == Pattern::Sequential);
+        }
+        assert_eq!(sequential, 0, "the directory stream was called sequential");
     }
 
     #[test]

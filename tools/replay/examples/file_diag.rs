@@ -44,12 +44,14 @@ impl Wrap {
 fn obs(ctx: &AccessContext) -> String {
     let o = ctx.obs;
     format!(
-        "t={:.3} {} ret={:?} b={:?} f={:?}{}",
+        "t={:.3} {} ret={:?} b={:?} f={:?} d={:?}{}{}",
         ctx.now_ns as f64 / 1e9,
         if ctx.is_prefetch() { "PF" } else { "D " },
         o.retention(),
         o.blocks,
         o.files,
+        o.dirs,
+        if o.files_reread { " reread" } else { "" },
         if o.shared { " shared" } else { "" }
     )
 }
