@@ -259,6 +259,17 @@ Twenty-third round (recorded 2026-12-04 on main at e819d02, before any policy wo
             shards uniformly with replacement and stream every draw front to back in
             64 KiB reads
   mixh22    casstore, resampled and lsmkv at once
+
+Twenty-fourth round (recorded 2026-12-04 on main at 92beee1, before any policy work on it):
+  hfhub     a model server with 2 model slots over a hub cache of 6 models (blobs named by
+            sha256, snapshots naming them): 80 requests, Zipf(1.2) over the models; a
+            request for a model not in a slot evicts the least recently used one and
+            loads the new one's config and safetensors shards whole (header, then 16 MiB
+            reads)
+  unziplookups  Info-ZIP `unzip -p`, one process per lookup: 300 members of a 3,000-member
+            archive, Zipf(1.1) over the members; each run reads the archive's end, its
+            central directory and the member
+  mixh23    hfhub, unziplookups and resampled at once
 """
 
 import os
@@ -3595,6 +3606,135 @@ def run_resampled(d):
     with Pool(2) as pool:
         got = sum(pool.starmap(_resampled_worker, [(d, 0), (d, 1)]))
     print("resampled: %d bytes" % got)
+
+
+# --- hfhub -------------------------------------------------------------------------
+
+HFHUB_MODELS = [("llama-mini", 3), ("bert-base", 1), ("vit-small", 1), ("whisper-tiny", 2),
+                ("t5-small", 2), ("clip-b32", 2)]
+HFHUB_SHARD = 9 << 20
+HFHUB_REQUESTS = 80
+HFHUB_SLOTS = 2
+
+
+def gen_hfhub(d):
+    import hashlib
+    import json
+    import struct
+
+    rng = random.Random(SEED + 560)
+    noise = rng.randbytes(16 << 20)  # longer than a shard: _noise_slice wraps once at most
+    for name, shards in HFHUB_MODELS:
+        repo = os.path.join(d, "models--org--" + name)
+        rev = hashlib.sha1(name.encode()).hexdigest()
+        os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+        os.makedirs(os.path.join(repo, "snapshots", rev), exist_ok=True)
+
+        def put(fname, data):
+            digest = hashlib.sha256(data).hexdigest()
+            with open(os.path.join(repo, "blobs", digest), "wb") as f:
+                f.write(data)
+            link = os.path.join(repo, "snapshots", rev, fname)
+            if os.path.lexists(link):  # generated again (a mix generates its parts)
+                os.remove(link)
+            os.symlink(os.path.join("..", "..", "blobs", digest), link)
+
+        put("config.json", json.dumps({"model": name, "shards": shards}).encode())
+        for i in range(shards):
+            size = HFHUB_SHARD + rng.randrange(-(2 << 20), 2 << 20)
+            tensors, at = {}, 0
+            for t in range(24):
+                n = size // 24 // 4 * 4
+                tensors["layer.%d.weight" % t] = {"dtype": "F32", "shape": [n // 4],
+                                                  "data_offsets": [at, at + n]}
+                at += n
+            header = json.dumps(tensors).encode()
+            put("model-%05d-of-%05d.safetensors" % (i + 1, shards),
+                struct.pack("<Q", len(header)) + header + _noise_slice(rng, noise, at))
+        with open(os.path.join(repo, "refs"), "w") as f:
+            f.write(rev)
+
+
+def _hfhub_load(d, name):
+    """What a loader without mmap reads: the config, then each shard's 8-byte header
+    length, its JSON header, and its tensors in 16 MiB reads."""
+    import json
+    import struct
+
+    repo = os.path.join(d, "models--org--" + name)
+    with open(os.path.join(repo, "refs")) as f:
+        snap = os.path.join(repo, "snapshots", f.read().strip())
+    with open(os.path.join(snap, "config.json"), "rb") as f:
+        config = json.loads(f.read())
+    got = 0
+    for i in range(config["shards"]):
+        path = os.path.join(snap, "model-%05d-of-%05d.safetensors" % (i + 1, config["shards"]))
+        with open(path, "rb", buffering=0) as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+            left = max(t["data_offsets"][1] for t in header.values())
+            while left > 0:
+                b = f.read(min(left, 16 << 20))
+                if not b:
+                    break
+                got += len(b)
+                left -= len(b)
+    return got
+
+
+def run_hfhub(d):
+    """A model server with 2 slots over a hub cache: 80 requests drawn Zipf(1.2) over 6
+    models; a model not in a slot replaces the least recently used one and is loaded
+    from its snapshot (config, then every shard whole)."""
+    rng = random.Random(SEED + 561)
+    names = [n for n, _ in HFHUB_MODELS]
+    slots, loads, got = [], 0, 0
+    for k in zipf_ranks(len(names), 1.2, HFHUB_REQUESTS, rng):
+        name = names[k]
+        if name in slots:
+            slots.remove(name)
+        else:
+            if len(slots) == HFHUB_SLOTS:
+                slots.pop(0)
+            got += _hfhub_load(d, name)
+            loads += 1
+        slots.append(name)
+    print("hfhub: %d loads, %d bytes" % (loads, got))
+
+
+# --- unziplookups ------------------------------------------------------------------
+
+UNZIP_MEMBERS = 3_000
+UNZIP_LOOKUPS = 300
+
+
+def gen_unziplookups(d):
+    import zipfile
+
+    rng = random.Random(SEED + 570)
+    noise = rng.randbytes(1 << 20)
+    os.makedirs(d, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(d, "corpus.zip"), "w", zipfile.ZIP_STORED) as z:
+        for i in range(UNZIP_MEMBERS):
+            size = int(min(256 << 10, max(1 << 10, rng.lognormvariate(9.7, 0.8))))
+            z.writestr("docs/%05d.txt" % i, _noise_slice(rng, noise, size))
+
+
+def run_unziplookups(d):
+    """Info-ZIP `unzip -p ARCHIVE MEMBER`, one process per lookup, 300 lookups Zipf(1.1)
+    over the archive's 3,000 members (a notebook pulling documents out of a zip)."""
+    import subprocess
+
+    rng = random.Random(SEED + 571)
+    archive = os.path.join(d, "corpus.zip")
+    got = 0
+    for k in zipf_ranks(UNZIP_MEMBERS, 1.1, UNZIP_LOOKUPS, rng):
+        # Popularity unrelated to the members' order in the archive.
+        member = "docs/%05d.txt" % ((k * 2654435761) % UNZIP_MEMBERS)
+        out = subprocess.run(["unzip", "-p", archive, member], check=True,
+                             stdout=subprocess.PIPE).stdout
+        got += len(out)
+    print("unziplookups: %d bytes" % got)
 
 
 if __name__ == "__main__":
