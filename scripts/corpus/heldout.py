@@ -294,6 +294,24 @@ def _noise_slice(rng, noise, n):
     return (noise[start:] + noise)[:n]
 
 
+def _clamped_lognormal(rng, mu, sigma, lo, hi):
+    """A log-normal draw (a file or record size) clamped to `[lo, hi]`, as an int."""
+    return int(min(hi, max(lo, rng.lognormvariate(mu, sigma))))
+
+
+def _write_tar(path, members):
+    """A tar archive at `path` of `members`, (name, bytes) pairs in order (a webdataset
+    shard)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
 def files_under(root):
     """Every file below `root`, sorted by path (a program's listing order, the same on
     every run)."""
@@ -638,18 +656,17 @@ def run_h5cols(d):
 
 
 def gen_tarrandom(d):
-    import io
-    import tarfile
-
     rng = random.Random(SEED + 40)
     os.makedirs(os.path.join(d, "tars"), exist_ok=True)
     for s in range(8):
-        with tarfile.open(os.path.join(d, "tars", f"part-{s:03d}.tar"), "w") as tar:
-            for i in range(250):
-                data = rng.randbytes(min(int(rng.lognormvariate(10.2, 0.6)), 400_000))
-                info = tarfile.TarInfo(f"{s:03d}/{i:05d}.bin")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+        _write_tar(
+            os.path.join(d, "tars", f"part-{s:03d}.tar"),
+            (
+                (f"{s:03d}/{i:05d}.bin",
+                 rng.randbytes(min(int(rng.lognormvariate(10.2, 0.6)), 400_000)))
+                for i in range(250)
+            ),
+        )
 
 
 def run_tarrandom(d):
@@ -1653,7 +1670,7 @@ def gen_ragdocs(d):
         with open(os.path.join(d, "docs", "shard-%02d.jsonl" % s), "wb") as f:
             for j in range(per_shard):
                 doc = s * per_shard + j
-                n = int(min(6000, max(500, rng.lognormvariate(7.4, 0.6))))
+                n = _clamped_lognormal(rng, 7.4, 0.6, 500, 6000)
                 text = " ".join(rng.choice(words) for _ in range(n // 6))[:n]
                 line = (json.dumps({"id": doc, "topic": doc * RAG_TOPICS // RAG_DOCS, "text": text}) + "\n").encode()
                 table.append((s, f.tell(), len(line)))
@@ -1803,7 +1820,7 @@ def gen_restore(d):
 
     def new_chunk():
         nonlocal pack, pack_at
-        n = int(min(512 << 10, max(32 << 10, rng.lognormvariate(11.9, 0.7))))
+        n = _clamped_lognormal(rng, 11.9, 0.7, 32 << 10, 512 << 10)
         if pack is None or pack_at + n > RESTORE_PACK:
             if pack is not None:
                 pack.close()
@@ -1952,7 +1969,7 @@ def gen_headscan(d):
         cdir = os.path.join(d, "train", "c%02d" % (i % HEAD_CLASSES))
         os.makedirs(cdir, exist_ok=True)
         w, h = rng.choice((64, 96, 128, 224, 256, 320, 512)), rng.choice((64, 96, 128, 224, 256, 384))
-        size = int(min(400 << 10, max(4 << 10, rng.lognormvariate(10.7, 0.6))))
+        size = _clamped_lognormal(rng, 10.7, 0.6, 4 << 10, 400 << 10)
         png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
         png += chunk(b"tEXt", b"Comment\x00" + b"x" * rng.randrange(20, 2000))
         png += chunk(b"IDAT", _noise_slice(rng, noise, size)) + chunk(b"IEND", b"")
@@ -3006,7 +3023,7 @@ def gen_sweep(d):
     for i in range(SWEEP_FILES):
         cdir = os.path.join(d, "train", "c%02d" % (i % 40))
         os.makedirs(cdir, exist_ok=True)
-        size = int(min(512 << 10, max(4 << 10, rng.lognormvariate(10.9, 0.7))))  # median ~54 KiB
+        size = _clamped_lognormal(rng, 10.9, 0.7, 4 << 10, 512 << 10)  # median ~54 KiB
         with open(os.path.join(cdir, "%05d.jpg" % i), "wb") as f:
             f.write(_noise_slice(rng, noise, size))
 
@@ -3240,7 +3257,7 @@ def gen_balanced(d):
         cdir = os.path.join(d, "train", "class%d" % c)
         os.makedirs(cdir, exist_ok=True)
         for i in range(count):
-            size = int(min(384 << 10, max(4 << 10, rng.lognormvariate(10.6, 0.6))))  # median ~40 KiB
+            size = _clamped_lognormal(rng, 10.6, 0.6, 4 << 10, 384 << 10)  # median ~40 KiB
             with open(os.path.join(cdir, "%05d.jpg" % i), "wb") as f:
                 f.write(_noise_slice(rng, noise, size))
 
@@ -3280,7 +3297,7 @@ def gen_curriculum(d):
         sdir = os.path.join(d, "data", "shard%02d" % (i % 30))
         os.makedirs(sdir, exist_ok=True)
         name = "shard%02d/%05d.bin" % (i % 30, i)
-        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.9, 0.5))))  # median ~54 KiB
+        size = _clamped_lognormal(rng, 10.9, 0.5, 8 << 10, 256 << 10)  # median ~54 KiB
         with open(os.path.join(d, "data", name), "wb") as f:
             f.write(_noise_slice(rng, noise, size))
         scores[name] = round(rng.random(), 6)
@@ -3334,7 +3351,7 @@ def gen_dedup(d):
             with open(rng.choice(made), "rb") as src:
                 data = src.read()
         else:
-            size = int(min(6 << 20, max(1 << 10, rng.lognormvariate(11.5, 1.3)))) // 512 * 512 + 512
+            size = _clamped_lognormal(rng, 11.5, 1.3, 1 << 10, 6 << 20) // 512 * 512 + 512
             data = _noise_slice(rng, noise, size)
             if rng.random() < 0.3:
                 # a distinct file whose head is another file's (same template, other body)
@@ -3451,24 +3468,20 @@ TRAINEVAL_EVERY = 150
 
 
 def gen_traineval(d):
-    import io
-    import tarfile
-
     rng = random.Random(SEED + 530)
     noise = rng.randbytes(1 << 20)
 
     def sample():
-        size = int(min(256 << 10, max(8 << 10, rng.lognormvariate(10.8, 0.5))))
+        size = _clamped_lognormal(rng, 10.8, 0.5, 8 << 10, 256 << 10)
         return _noise_slice(rng, noise, size)
 
     os.makedirs(os.path.join(d, "train"), exist_ok=True)
     for s_ in range(TRAINEVAL_SHARDS):
-        with tarfile.open(os.path.join(d, "train", "shard-%04d.tar" % s_), "w") as tar:
-            for i in range(TRAINEVAL_PER_SHARD):
-                data = sample()
-                info = tarfile.TarInfo("%06d.jpg" % (s_ * TRAINEVAL_PER_SHARD + i))
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+        _write_tar(
+            os.path.join(d, "train", "shard-%04d.tar" % s_),
+            (("%06d.jpg" % (s_ * TRAINEVAL_PER_SHARD + i), sample())
+             for i in range(TRAINEVAL_PER_SHARD)),
+        )
     os.makedirs(os.path.join(d, "val"), exist_ok=True)
     for i in range(TRAINEVAL_VAL):
         with open(os.path.join(d, "val", "%04d.jpg" % i), "wb") as f:
@@ -3532,7 +3545,7 @@ def gen_casstore(d):
     noise = rng.randbytes(1 << 20)
     digests = []
     for _ in range(CAS_BLOBS):
-        size = int(min(512 << 10, max(1 << 10, rng.lognormvariate(10.0, 1.0))))
+        size = _clamped_lognormal(rng, 10.0, 1.0, 1 << 10, 512 << 10)
         data = _noise_slice(rng, noise, size)
         digest = hashlib.sha256(data).hexdigest()
         os.makedirs(os.path.dirname(_cas_path(d, digest)), exist_ok=True)
@@ -3573,18 +3586,15 @@ RESAMPLED_DRAWS = 20
 
 
 def gen_resampled(d):
-    import io
-    import tarfile
-
     rng = random.Random(SEED + 550)
     noise = rng.randbytes(1 << 20)
     for s_ in range(RESAMPLED_SHARDS):
-        with tarfile.open(os.path.join(d, "shard-%04d.tar" % s_), "w") as tar:
-            for i in range(RESAMPLED_PER_SHARD):
-                size = int(min(256 << 10, max(4 << 10, rng.lognormvariate(10.3, 0.6))))
-                info = tarfile.TarInfo("%06d.cls" % (s_ * RESAMPLED_PER_SHARD + i))
-                info.size = size
-                tar.addfile(info, io.BytesIO(_noise_slice(rng, noise, size)))
+        _write_tar(
+            os.path.join(d, "shard-%04d.tar" % s_),
+            (("%06d.cls" % (s_ * RESAMPLED_PER_SHARD + i),
+              _noise_slice(rng, noise, _clamped_lognormal(rng, 10.3, 0.6, 4 << 10, 256 << 10)))
+             for i in range(RESAMPLED_PER_SHARD)),
+        )
 
 
 def _resampled_worker(d, k):
@@ -3716,7 +3726,7 @@ def gen_unziplookups(d):
     os.makedirs(d, exist_ok=True)
     with zipfile.ZipFile(os.path.join(d, "corpus.zip"), "w", zipfile.ZIP_STORED) as z:
         for i in range(UNZIP_MEMBERS):
-            size = int(min(256 << 10, max(1 << 10, rng.lognormvariate(9.7, 0.8))))
+            size = _clamped_lognormal(rng, 9.7, 0.8, 1 << 10, 256 << 10)
             z.writestr("docs/%05d.txt" % i, _noise_slice(rng, noise, size))
 
 

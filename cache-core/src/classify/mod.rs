@@ -53,10 +53,10 @@
 //!    tested on a sample of the items instead (`PassSample`: the items whose index
 //!    hashes to 0 modulo a stride, in a window of their own that holds ~3 passes).
 //!
-//! 5. **Re-read** (a flag of random streams: [`StreamStats::reread`]): the window of 2.
-//!    holds at most half as many distinct items as visits (and at least 64 visits). A
-//!    shuffled epoch or uniform draws over more items than the window see each item
-//!    about once; a random stream over a small set (a class directory a balanced
+//! 5. **Re-read** (a flag of random streams: [`StreamStats::reread`]): the window of
+//!    visits holds at most half as many distinct items as visits (and at least 64
+//!    visits). A shuffled epoch or uniform draws over more items than the window see
+//!    each item about once; a random stream over a small set (a class directory a balanced
 //!    sampler draws from as often as from one 100 times larger) re-reads within it.
 //!    Uniform popularity *within* the stream says nothing of its items' popularity
 //!    against other streams': the flag lets the policy rank them by frequency.

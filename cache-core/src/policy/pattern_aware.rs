@@ -579,12 +579,12 @@ impl JobSet {
 /// compares per victim.
 const STALE_AHEAD_LOOK: usize = 8;
 
-/// Stable-subset tiers: members re-read while resident are evicted after the others.
 /// Largest read `main_ranks_by_read` spreads an item's reuse over: 16 MiB. Beyond a
 /// few blocks a read's latency is a small part of its time, and one huge read should
 /// not make all its blocks the main's first victims.
 const RANK_READ_MAX: u64 = 16 << 20;
 
+/// Stable-subset tiers: members re-read while resident are evicted after the others.
 const PROVEN: u64 = 0;
 const UNPROVEN: u64 = 1;
 

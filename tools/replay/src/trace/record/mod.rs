@@ -15,7 +15,8 @@ use super::Trace;
 
 /// The system calls strace is asked to report: everything the parser follows.
 pub const SYSCALLS: &str = "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,\
-read,readv,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,splice,mmap,io_uring_setup,clone,clone3,fork,vfork,execve,execveat,chdir,fchdir,\
+read,readv,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,splice,mmap,\
+io_uring_setup,clone,clone3,fork,vfork,execve,execveat,chdir,fchdir,\
 setpgid,setsid,pipe,pipe2,socket,socketpair,accept,accept4,eventfd2,epoll_create1,\
 memfd_create,timerfd_create,signalfd4,inotify_init1,pidfd_open";
 
