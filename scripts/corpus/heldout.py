@@ -3747,5 +3747,133 @@ def run_unziplookups(d):
     print("unziplookups: %d bytes" % got)
 
 
+
+# --- driftserve --------------------------------------------------------------------
+
+DRIFT_POSTS = 3_000
+DRIFT_REQUESTS = 6_000
+DRIFT_CLIENTS = 4
+DRIFT_FIRST_HEAD = 600  # posts already published when the trace starts
+
+# Node's own static server: `fs.createReadStream` (64 KiB reads from the libuv pool's
+# threads) piped to the response.
+DRIFT_SERVER_JS = r"""
+const http = require('http'), fs = require('fs'), path = require('path');
+const root = process.argv[1];
+const srv = http.createServer((req, res) => {
+  const p = path.join(root, decodeURIComponent(req.url));
+  fs.stat(p, (err, st) => {
+    if (err) { res.writeHead(404); res.end(); return; }
+    res.writeHead(200, {'Content-Length': st.size});
+    fs.createReadStream(p).pipe(res);
+  });
+});
+srv.listen(0, '127.0.0.1', () => console.log(srv.address().port));
+"""
+
+
+def gen_driftserve(d):
+    rng = random.Random(SEED + 580)
+    noise = rng.randbytes(1 << 20)
+    for i in range(DRIFT_POSTS):
+        sub = os.path.join(d, "posts", "%02d" % (i // 100))
+        os.makedirs(sub, exist_ok=True)
+        size = _clamped_lognormal(rng, 10.3, 0.7, 4 << 10, 512 << 10)
+        with open(os.path.join(sub, "post-%05d.html" % i), "wb") as f:
+            f.write(_noise_slice(rng, noise, size))
+
+
+def _drift_paths(rng):
+    """The request stream: three quarters go to recent posts (Zipf(1.0) over the posts
+    before the moving head: the newest is the most read), a quarter to evergreen posts
+    (Zipf(0.8) over every published post, ranks fixed by a shuffle)."""
+    evergreen = list(range(DRIFT_POSTS))
+    rng.shuffle(evergreen)
+    paths = []
+    for i in range(DRIFT_REQUESTS):
+        head = DRIFT_FIRST_HEAD + (DRIFT_POSTS - DRIFT_FIRST_HEAD) * i // DRIFT_REQUESTS
+        if rng.random() < 0.75:
+            post = head - 1 - zipf_ranks(head, 1.0, 1, rng)[0]
+        else:
+            drawn = (evergreen[k] for k in zipf_ranks(DRIFT_POSTS, 0.8, 8, rng))
+            post = next((p for p in drawn if p < head), head - 1)
+        paths.append("posts/%02d/post-%05d.html" % (post // 100, post))
+    return paths
+
+
+def run_driftserve(d):
+    """A Node.js static file server under 4 keep-alive clients whose popularity drifts:
+    posts are published in order during the run and readers go mostly to the newest
+    (a blog or news site), some to evergreen posts."""
+    import http.client
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = subprocess.Popen(["node", "-e", DRIFT_SERVER_JS, d], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(server.stdout.readline())
+        paths = _drift_paths(random.Random(SEED + 581))
+
+        def fetch(lane):
+            conn = http.client.HTTPConnection("127.0.0.1", port)
+            got = 0
+            for p in lane:
+                conn.request("GET", "/" + p)
+                got += len(conn.getresponse().read())
+            conn.close()
+            return got
+
+        # Request i goes to client i % 4: the clients move with the head together.
+        with ThreadPoolExecutor(DRIFT_CLIENTS) as pool:
+            got = sum(pool.map(fetch, [paths[c::DRIFT_CLIENTS] for c in range(DRIFT_CLIENTS)]))
+    finally:
+        server.terminate()
+        server.wait()
+    print("driftserve: %d bytes" % got)
+
+
+# --- jqwindow ----------------------------------------------------------------------
+
+JQ_HOURS = 96
+JQ_QUERIES = 100
+JQ_WINDOW = 6  # hours a dashboard query covers
+JQ_DAILY_EVERY = 12  # every 12th query is a daily report over the last 24 hours
+
+
+def gen_jqwindow(d):
+    import json
+
+    rng = random.Random(SEED + 590)
+    os.makedirs(os.path.join(d, "logs"), exist_ok=True)
+    users = ["u%03d" % i for i in range(300)]
+    for h in range(JQ_HOURS):
+        lines = []
+        for _ in range(_clamped_lognormal(rng, 8.7, 0.3, 2_000, 12_000)):
+            lines.append(json.dumps({"ts": h * 3600 + rng.randrange(3600),
+                                     "user": rng.choice(users),
+                                     "status": rng.choice([200, 200, 200, 404, 500]),
+                                     "ms": rng.randrange(1, 900),
+                                     "path": "/api/%d/%s" % (rng.randrange(40), rng.randbytes(24).hex())}))
+        with open(os.path.join(d, "logs", "hour-%04d.jsonl" % h), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def run_jqwindow(d):
+    """`jq` dashboard queries over hourly JSONL logs as the hours go by: each query (a
+    `jq` process) reads the last 6 hours' files whole; every 12th is a daily report over
+    the last 24. The window slides one hour per query after the first day."""
+    import subprocess
+
+    got = 0
+    for q in range(JQ_QUERIES):
+        now = min(JQ_HOURS, 24 + q * (JQ_HOURS - 24) // (JQ_QUERIES - 1))
+        span = 24 if q % JQ_DAILY_EVERY == JQ_DAILY_EVERY - 1 else JQ_WINDOW
+        files = [os.path.join(d, "logs", "hour-%04d.jsonl" % h) for h in range(now - span, now)]
+        out = subprocess.run(["jq", "-c", "select(.status >= 500) | .ms"] + files,
+                             check=True, stdout=subprocess.PIPE).stdout
+        got += len(out)
+    print("jqwindow: %d bytes of output" % got)
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
