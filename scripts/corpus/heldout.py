@@ -3875,5 +3875,99 @@ def run_jqwindow(d):
         got += len(out)
     print("jqwindow: %d bytes of output" % got)
 
+
+# --- nodestart ---------------------------------------------------------------------
+
+NODE_PACKAGES = 60
+NODE_COMMANDS = 12
+NODE_RUNS = 30
+
+
+def gen_nodestart(d):
+    """A Node.js CLI's install tree: `node_modules` with 60 packages (a package.json, an
+    index.js and 3-10 lib files of 1-40 KB each, some requiring other packages), and
+    `app/` with a core and 12 subcommand modules, each requiring a few packages."""
+    import json
+
+    rng = random.Random(SEED + 600)
+    filler = "// " + "x" * 70 + "\n"
+    mods = os.path.join(d, "node_modules")
+    for p in range(NODE_PACKAGES):
+        name = "pkg%02d" % p
+        root = os.path.join(mods, name)
+        os.makedirs(os.path.join(root, "lib"), exist_ok=True)
+        with open(os.path.join(root, "package.json"), "w") as f:
+            json.dump({"name": name, "version": "1.%d.0" % p, "main": "index.js"}, f)
+        libs = rng.randrange(3, 11)
+        deps = rng.sample(range(p + 1, NODE_PACKAGES), min(2, NODE_PACKAGES - p - 1)) if p < 40 else []
+        lines = ["'use strict';"]
+        lines += ["require('./lib/part%d.js');" % i for i in range(libs)]
+        lines += ["require('pkg%02d');" % q for q in deps]
+        lines.append("module.exports = { name: '%s' };" % name)
+        with open(os.path.join(root, "index.js"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        for i in range(libs):
+            size = _clamped_lognormal(rng, 8.5, 0.9, 1 << 10, 40 << 10)
+            with open(os.path.join(root, "lib", "part%d.js" % i), "w") as f:
+                f.write("module.exports = %d;\n" % i + filler * (size // len(filler)))
+    app = os.path.join(d, "app")
+    os.makedirs(os.path.join(app, "commands"), exist_ok=True)
+    core = rng.sample(range(NODE_PACKAGES), 8)
+    with open(os.path.join(app, "main.js"), "w") as f:
+        f.write("".join("require('pkg%02d');\n" % q for q in core))
+        f.write("require('./commands/' + process.argv[2] + '.js');\n")
+    for c in range(NODE_COMMANDS):
+        with open(os.path.join(app, "commands", "cmd%02d.js" % c), "w") as f:
+            f.write("".join("require('pkg%02d');\n" % q
+                            for q in rng.sample(range(NODE_PACKAGES), rng.randrange(2, 7))))
+
+
+def run_nodestart(d):
+    """A Node.js CLI started 30 times (a serverless function's cold starts, a CI step):
+    each run loads the core's packages and one subcommand's, subcommands drawn
+    Zipf(1.0); every start resolves and reads its modules from disk again."""
+    import subprocess
+
+    rng = random.Random(SEED + 601)
+    for k in zipf_ranks(NODE_COMMANDS, 1.0, NODE_RUNS, rng):
+        subprocess.run(["node", os.path.join(d, "app", "main.js"), "cmd%02d" % k],
+                       check=True, cwd=d, env={**os.environ, "NODE_PATH": os.path.join(d, "node_modules")})
+    print("nodestart: %d runs" % NODE_RUNS)
+
+
+# --- zstdepochs --------------------------------------------------------------------
+
+ZSTD_SHARDS = 120
+ZSTD_EPOCHS = 2
+
+
+def gen_zstdepochs(d):
+    """120 zstd-compressed shards of ~0.4-1 MB (hex records, about 2:1)."""
+    import subprocess
+
+    rng = random.Random(SEED + 610)
+    os.makedirs(os.path.join(d, "shards"), exist_ok=True)
+    for i in range(ZSTD_SHARDS):
+        data = rng.randbytes(rng.randrange(400_000, 1_000_000)).hex()
+        raw = os.path.join(d, "shards", "shard-%04d.txt" % i)
+        with open(raw, "w") as f:
+            f.write("\n".join(data[k:k + 128] for k in range(0, len(data), 128)) + "\n")
+        subprocess.run(["zstd", "-q", "-f", "-3", "--rm", raw, "-o", raw + ".zst"], check=True)
+
+
+def run_zstdepochs(d):
+    """A preprocessing job's epochs over compressed shards: each epoch shuffles the
+    shard list and `xargs -P 2` runs `zstd -dc` on each (two decompressors at once,
+    output discarded), 2 epochs."""
+    import subprocess
+
+    rng = random.Random(SEED + 611)
+    names = [os.path.join(d, "shards", "shard-%04d.txt.zst" % i) for i in range(ZSTD_SHARDS)]
+    for _ in range(ZSTD_EPOCHS):
+        rng.shuffle(names)
+        subprocess.run(["xargs", "-P", "2", "-n", "1", "sh", "-c", "zstd -q -dc \"$0\" > /dev/null"],
+                       input="\n".join(names).encode(), check=True)
+    print("zstdepochs: %d epochs" % ZSTD_EPOCHS)
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
