@@ -3969,5 +3969,46 @@ def run_zstdepochs(d):
                        input="\n".join(names).encode(), check=True)
     print("zstdepochs: %d epochs" % ZSTD_EPOCHS)
 
+
+# --- nmsyms ------------------------------------------------------------------------
+
+NM_LIBS = 240
+NM_MAX_BYTES = 6 << 20
+NM_LOOKUPS = 300
+
+
+def gen_nmsyms(d):
+    """A symbol server's store: up to 240 of this machine's shared libraries (each at
+    most 6 MB, the smallest names first), copied under `libs/` (real ELF files)."""
+    import glob
+    import shutil
+
+    os.makedirs(os.path.join(d, "libs"), exist_ok=True)
+    found = sorted(p for p in glob.glob("/usr/lib/x86_64-linux-gnu/*.so.*")
+                   if os.path.isfile(p) and not os.path.islink(p)
+                   and os.path.getsize(p) <= NM_MAX_BYTES)
+    for p in found[:NM_LIBS]:
+        shutil.copyfile(p, os.path.join(d, "libs", os.path.basename(p)))
+
+
+def run_nmsyms(d):
+    """GNU nm as a symbol indexer and lookup service: first `nm -D --defined-only` over
+    every library (`xargs -P 2`), then 300 lookups, each one `nm -D` of a library drawn
+    Zipf(1.0) (a crash symbolizer asking about the libraries most processes load)."""
+    import subprocess
+
+    rng = random.Random(SEED + 620)
+    libs = sorted(os.listdir(os.path.join(d, "libs")))
+    paths = [os.path.join(d, "libs", n) for n in libs]
+    subprocess.run(["xargs", "-P", "2", "-n", "8", "nm", "-D", "--defined-only"],
+                   input="\n".join(paths).encode(), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    order = paths[:]
+    rng.shuffle(order)
+    for k in zipf_ranks(len(order), 1.0, NM_LOOKUPS, rng):
+        subprocess.run(["nm", "-D", "--defined-only", order[k]], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print("nmsyms: %d libraries, %d lookups" % (len(paths), NM_LOOKUPS))
+
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
