@@ -270,6 +270,25 @@ Twenty-fourth round (recorded 2026-12-04 on main at 92beee1, before any policy w
             archive, Zipf(1.1) over the members; each run reads the archive's end, its
             central directory and the member
   mixh23    hfhub, unziplookups and resampled at once
+
+Twenty-fifth round (recorded 2026-12-04 on main at 4f82c91, before any policy work on it):
+  driftserve  a Node.js static file server (fs.createReadStream) under 4 keep-alive clients:
+            6,000 requests over 3,000 posts published during the run, three quarters
+            Zipf(1.0) back from the newest, a quarter to evergreen posts
+  jqwindow  100 `jq` processes over hourly JSONL logs, each reading the last 6 hours
+            whole (every 12th the last 24) as the window slides
+  mixh24    driftserve, jqwindow and sqljoin at once
+
+Twenty-sixth round (recorded 2026-12-04, policy of 92beee1, before any work on it):
+  nodestart  a Node.js CLI started 30 times over a 60-package node_modules, each start
+            loading a core and one Zipf(1.0)-drawn subcommand's modules
+  zstdepochs  2 epochs of `xargs -P 2 zstd -dc` over 120 shuffled compressed shards
+  mixh25    nodestart, zstdepochs and hfhub at once
+
+Twenty-seventh round (recorded 2026-12-04, policy of 92beee1, before any work on it):
+  nmsyms    GNU `nm -D` over 240 of the machine's shared libraries (xargs -P 2), then
+            300 single-library lookups, Zipf(1.0)
+  mixh26    nmsyms, driftserve and zstdepochs at once
 """
 
 import os
@@ -3862,12 +3881,13 @@ def gen_jqwindow(d):
 def run_jqwindow(d):
     """`jq` dashboard queries over hourly JSONL logs as the hours go by: each query (a
     `jq` process) reads the last 6 hours' files whole; every 12th is a daily report over
-    the last 24. The window slides one hour per query after the first day."""
+    the last 24. From the first day's end to the last hour, the window slides about
+    three quarters of an hour per query."""
     import subprocess
 
     got = 0
     for q in range(JQ_QUERIES):
-        now = min(JQ_HOURS, 24 + q * (JQ_HOURS - 24) // (JQ_QUERIES - 1))
+        now = 24 + q * (JQ_HOURS - 24) // (JQ_QUERIES - 1)
         span = 24 if q % JQ_DAILY_EVERY == JQ_DAILY_EVERY - 1 else JQ_WINDOW
         files = [os.path.join(d, "logs", "hour-%04d.jsonl" % h) for h in range(now - span, now)]
         out = subprocess.run(["jq", "-c", "select(.status >= 500) | .ms"] + files,
@@ -3899,7 +3919,8 @@ def gen_nodestart(d):
         with open(os.path.join(root, "package.json"), "w") as f:
             json.dump({"name": name, "version": "1.%d.0" % p, "main": "index.js"}, f)
         libs = rng.randrange(3, 11)
-        deps = rng.sample(range(p + 1, NODE_PACKAGES), min(2, NODE_PACKAGES - p - 1)) if p < 40 else []
+        # Dependencies point forward only (no cycles); the last 20 packages are leaves.
+        deps = rng.sample(range(p + 1, NODE_PACKAGES), 2) if p < 40 else []
         lines = ["'use strict';"]
         lines += ["require('./lib/part%d.js');" % i for i in range(libs)]
         lines += ["require('pkg%02d');" % q for q in deps]
