@@ -21,6 +21,25 @@ pub enum Error {
     BadHandle { what: &'static str, id: u64 },
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A write the mount's options do not allow (replacing or deleting an object
+    /// without `--allow-overwrite` / `--allow-delete`).
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
+    /// What object storage cannot do (rename, changing part of an existing object).
+    #[error("not supported on object storage: {0}")]
+    Unsupported(String),
+    /// The name exists (create without overwrite).
+    #[error("already exists: {0}")]
+    Exists(String),
+    /// The object is being written through another handle.
+    #[error("busy: {0} is being written")]
+    Busy(String),
+    /// A local file operation failed (a staging file: a full disk gives ENOSPC).
+    #[error("{what}: {source}")]
+    Local {
+        what: String,
+        source: std::io::Error,
+    },
     /// Mounting or unmounting failed.
     #[error("{what} {path}: {source}")]
     Mount {
@@ -28,6 +47,9 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+    /// An upload that several callers waited on failed (each gets its error).
+    #[error("upload failed: {0}")]
+    Upload(std::sync::Arc<Error>),
     /// The cache core or the store failed.
     #[error(transparent)]
     Cache(#[from] CacheError),
@@ -43,6 +65,12 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::BadHandle { .. } => libc::EBADF,
             Error::Invalid(_) => libc::EINVAL,
+            Error::NotPermitted(_) => libc::EPERM,
+            Error::Unsupported(_) => libc::ENOTSUP,
+            Error::Exists(_) => libc::EEXIST,
+            Error::Busy(_) => libc::EBUSY,
+            Error::Local { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Upload(inner) => inner.errno(),
             Error::Mount { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Cache(e) => match e {
                 CacheError::NotFound(_) => libc::ENOENT,
@@ -63,7 +91,10 @@ impl Error {
     pub fn is_expected(&self) -> bool {
         matches!(
             self,
-            Error::NotFound(_) | Error::Cache(CacheError::NotFound(_)) | Error::ReadOnly
+            Error::NotFound(_)
+                | Error::Cache(CacheError::NotFound(_))
+                | Error::ReadOnly
+                | Error::Exists(_)
         )
     }
 }

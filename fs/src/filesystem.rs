@@ -84,6 +84,9 @@ const KERNEL_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Inode number of the mount's root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
 
+mod write;
+pub use write::WriteOptions;
+
 /// Builds the readahead policy of each newly opened file.
 pub type ReadaheadFactory = Arc<dyn Fn() -> Box<dyn Readahead> + Send + Sync>;
 
@@ -121,6 +124,9 @@ pub struct CoreOptions {
     /// [`JobScope::ProcessGroup`], so a data loader's threads and worker processes are
     /// one job (see [`crate::job`] for why).
     pub job_scope: JobScope,
+    /// Writes through the mount (new objects, uploaded at close; see the `write`
+    /// module). None: read-only, the default for a dataset mount.
+    pub writes: Option<WriteOptions>,
 }
 
 impl std::fmt::Debug for CoreOptions {
@@ -129,6 +135,7 @@ impl std::fmt::Debug for CoreOptions {
             .field("metadata_ttl", &self.metadata_ttl)
             .field("passthrough", &self.passthrough)
             .field("job_scope", &self.job_scope)
+            .field("writes", &self.writes)
             .finish_non_exhaustive()
     }
 }
@@ -148,6 +155,7 @@ impl Default for CoreOptions {
             max_listings: 4096,
             max_inodes: 1 << 20,
             job_scope: JobScope::default(),
+            writes: None,
         }
     }
 }
@@ -507,6 +515,9 @@ pub struct FsCore {
     /// prefetch backlog bound: they share the store link).
     demand_in_flight: AtomicU64,
     counters: Counters,
+    /// Files being written and directories made here; None: a read-only mount (also
+    /// when the staging directory could not be used).
+    writes: Option<write::Writes>,
 }
 
 /// What the core has done, for tests and stats.
@@ -588,7 +599,16 @@ impl FsCore {
                 .unread_prefetch_bytes(reader.engine().capacity_bytes());
             p.controller.lock().set_cache_window(window);
         }
+        let writes = opts.writes.clone().and_then(|o| {
+            let dir = o.staging_dir.clone();
+            write::Writes::open(o)
+                .map_err(|e| {
+                    tracing::error!(dir = %dir.display(), error = %e, "writes disabled: the staging directory cannot be used; the mount is read-only");
+                })
+                .ok()
+        });
         FsCore {
+            writes,
             kept,
             expected,
             reader,
@@ -668,7 +688,8 @@ impl FsCore {
                 size: obj.size,
                 kind: Kind::File,
                 mtime: UNIX_EPOCH + Duration::from_nanos(obj.last_modified_unix_ns.max(0) as u64),
-                perm: 0o444,
+                // Writable mounts say so (the kernel checks `default_permissions`).
+                perm: if self.writes.is_some() { 0o644 } else { 0o444 },
                 nlink: 1,
                 uid: self.opts.uid,
                 gid: self.opts.gid,
@@ -679,7 +700,7 @@ impl FsCore {
                 size: 0,
                 kind: Kind::Dir,
                 mtime: self.mounted_at,
-                perm: 0o555,
+                perm: if self.writes.is_some() { 0o755 } else { 0o555 },
                 nlink: 2,
                 uid: self.opts.uid,
                 gid: self.opts.gid,
@@ -716,6 +737,9 @@ impl FsCore {
     async fn meta(&self, path: &Arc<str>) -> Result<Meta> {
         if path == &self.root {
             return Ok(Meta::Dir);
+        }
+        if let Some(m) = self.written_meta(path) {
+            return Ok(m);
         }
         if let Some(m) = self.attrs.get(path).await {
             return Ok(m);
@@ -910,7 +934,26 @@ impl FsCore {
             offset: 2,
             entry: parent_entry,
         });
-        for (name, meta) in &listing.entries {
+        let mut written = self
+            .writes
+            .as_ref()
+            .map(|w| w.children(&node.path))
+            .unwrap_or_default();
+        // What is being written here shows its current size over any listed version.
+        written.retain(|(n, m)| {
+            matches!(m, Meta::File(_))
+                || listing
+                    .entries
+                    .binary_search_by(|(e, _)| e.as_str().cmp(n))
+                    .is_err()
+        });
+        written.sort_by(|a, b| a.0.cmp(&b.0));
+        let listed = listing.entries.iter().filter(|(n, _)| {
+            written
+                .binary_search_by(|(w, _)| w.as_str().cmp(n))
+                .is_err()
+        });
+        for (name, meta) in listed.chain(written.iter()) {
             let path = self.child_path(&node.path, name);
             let entry = self.entry_for(&path, meta, false)?;
             out.push(DirEntry {
@@ -949,6 +992,9 @@ impl FsCore {
             return Err(Error::ReadOnly);
         }
         let node = self.node(ino)?;
+        if let Some(Meta::File(_)) = self.written_meta(&node.path) {
+            return Err(Error::Busy(node.path.to_string()));
+        }
         let obj = match self.meta(&node.path).await? {
             Meta::File(obj) => obj,
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
@@ -1015,6 +1061,9 @@ impl FsCore {
         size: u32,
         pid: u32,
     ) -> Result<Bytes> {
+        if let Some(staged) = self.read_staged(fh, offset, size) {
+            return staged;
+        }
         let h = self
             .files
             .lock()
@@ -1353,11 +1402,22 @@ impl FsCore {
     pub fn statfs(&self) -> StatFs {
         let bsize = self.reader.block_size().min(u32::MAX as u64) as u32;
         // A store has no fixed size: report a large, constant one so tools that check
-        // free space (du, df, installers) behave; nothing can be written anyway.
+        // free space (du, df, installers) behave. A read-only mount has no free space;
+        // a writable one has what its staging directory's disk has (a file is staged
+        // whole before its upload).
+        let (free, total) = self.writes.as_ref().and_then(|w| w.free_bytes()).map_or(
+            (0, 1 << 30),
+            |(free, total)| {
+                (
+                    free / u64::from(bsize.max(1)),
+                    total / u64::from(bsize.max(1)),
+                )
+            },
+        );
         StatFs {
-            blocks: 1 << 30,
-            bfree: 0,
-            bavail: 0,
+            blocks: total,
+            bfree: free,
+            bavail: free,
             files: self.inodes.read().nodes.len() as u64,
             ffree: 0,
             bsize,

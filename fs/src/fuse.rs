@@ -74,7 +74,10 @@ pub(crate) fn configure_kernel(config: &mut KernelConfig, passthrough: bool) -> 
         | InitFlags::FUSE_READDIRPLUS_AUTO
         | InitFlags::FUSE_PARALLEL_DIROPS
         | InitFlags::FUSE_SPLICE_WRITE
-        | InitFlags::FUSE_SPLICE_MOVE;
+        | InitFlags::FUSE_SPLICE_MOVE
+        // O_TRUNC reaches `open` (else the kernel strips it and truncates by a separate
+        // SETATTR): a writable mount replaces an object whole only when asked to.
+        | InitFlags::FUSE_ATOMIC_O_TRUNC;
     let _ = config.add_capabilities(wanted & caps);
     // The largest readahead the kernel allows; requests then carry up to max_pages.
     if let Err(max) = config.set_max_readahead(u32::MAX) {
@@ -172,11 +175,17 @@ impl Filesystem for FuseFs {
         let core = self.core.clone();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let truncate = flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_APPEND == 0;
         let passthrough = self.passthrough;
         let opens = self.opens.clone();
         let handles = self.handles.clone();
         self.dispatch(async move {
-            let opened = match core.open(ino.0, write).await {
+            let opened = if write && core.writable() {
+                core.open_write(ino.0, truncate).await
+            } else {
+                core.open(ino.0, write).await
+            };
+            let opened = match opened {
                 Ok(o) => o,
                 Err(e) => return reply.error(errno(&e, "open")),
             };
@@ -256,7 +265,10 @@ impl Filesystem for FuseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0);
+        let writing = self.core.is_write_handle(fh.0);
+        if !writing {
+            self.core.release(fh.0);
+        }
         // Bind first: a guard in an `if let` scrutinee would live through the block and
         // take `handles` before `opens`, the reverse of `open`'s order (a deadlock).
         let removed = self.handles.lock().remove(&fh.0);
@@ -273,6 +285,16 @@ impl Filesystem for FuseFs {
                 }
             }
         }
+        if writing {
+            // Uploads what no flush did and drops (or keeps as a copy) the staging
+            // file; the kernel does not wait on a release's errors.
+            let core = self.core.clone();
+            self.dispatch(async move {
+                core.release_write(fh.0).await;
+                reply.ok();
+            });
+            return;
+        }
         reply.ok();
     }
 
@@ -280,11 +302,36 @@ impl Filesystem for FuseFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Every close: a file written through this handle is uploaded now, so the
+        // close returns the upload's error.
+        let core = self.core.clone();
+        self.dispatch(async move {
+            match core.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, "flush")),
+            }
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let core = self.core.clone();
+        self.dispatch(async move {
+            match core.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, "fsync")),
+            }
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -395,31 +442,36 @@ impl Filesystem for FuseFs {
         }
     }
 
-    // ---- writes: a read-only mount (also mounted `ro`, so the VFS refuses first).
+    // ---- writes: refused with EROFS on a read-only mount (also mounted `ro`, so the
+    // VFS refuses first); a writable one stages new objects (`FsCore::create`).
 
     fn write(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(errno(&Error::ReadOnly, "write"));
+        // A local pwrite into the staging file, on this session thread.
+        match self.core.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e, "write")),
+        }
     }
 
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -430,7 +482,13 @@ impl Filesystem for FuseFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(errno(&Error::ReadOnly, "setattr"));
+        let core = self.core.clone();
+        self.dispatch(async move {
+            match core.setattr(ino.0, size).await {
+                Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
+                Err(e) => reply.error(errno(&e, "setattr")),
+            }
+        });
     }
 
     fn mknod(
@@ -443,27 +501,53 @@ impl Filesystem for FuseFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(errno(&Error::ReadOnly, "mknod"));
+        let e = if self.core.writable() {
+            Error::Unsupported("device and special files".into())
+        } else {
+            Error::ReadOnly
+        };
+        reply.error(errno(&e, "mknod"));
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(errno(&Error::ReadOnly, "mkdir"));
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.dispatch(async move {
+            match core.mkdir(parent.0, &name).await {
+                Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(e.generation)),
+                Err(e) => reply.error(errno(&e, "mkdir")),
+            }
+        });
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno(&Error::ReadOnly, "unlink"));
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.dispatch(async move {
+            match core.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, "unlink")),
+            }
+        });
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno(&Error::ReadOnly, "rmdir"));
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        self.dispatch(async move {
+            match core.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, "rmdir")),
+            }
+        });
     }
 
     fn rename(
@@ -476,19 +560,44 @@ impl Filesystem for FuseFs {
         _flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(errno(&Error::ReadOnly, "rename"));
+        let e = if self.core.writable() {
+            Error::Unsupported("rename (objects have no links to move)".into())
+        } else {
+            Error::ReadOnly
+        };
+        reply.error(errno(&e, "rename"));
     }
 
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(errno(&Error::ReadOnly, "create"));
+        let core = self.core.clone();
+        let name = name.to_string_lossy().into_owned();
+        let handles = self.handles.clone();
+        let opens = self.opens.clone();
+        self.dispatch(async move {
+            match core.create(parent.0, &name).await {
+                Ok((e, fh)) => {
+                    // Counted as a normal open of its inode (no passthrough for it).
+                    opens.lock().entry(e.attr.ino).or_default().normal += 1;
+                    handles.lock().insert(fh, (e.attr.ino, false));
+                    reply.created(
+                        &e.ttl,
+                        &file_attr(&e.attr),
+                        Generation(e.generation),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    )
+                }
+                Err(e) => reply.error(errno(&e, "create")),
+            }
+        });
     }
 }

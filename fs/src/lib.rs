@@ -38,7 +38,7 @@ pub mod readahead;
 
 pub use crate::error::{Error, Result};
 pub use crate::filesystem::{
-    CoreOptions, FsCore, PassthroughOptions, Predictors, METADATA_TTL_INDEFINITE,
+    CoreOptions, FsCore, PassthroughOptions, Predictors, WriteOptions, METADATA_TTL_INDEFINITE,
 };
 pub use crate::job::{JobResolver, JobScope};
 pub use crate::mount::{spawn, MountHandle, MountOptions};

@@ -7,7 +7,8 @@
 //! handle.unmount()?; // also on drop
 //! ```
 //!
-//! - Mounted read-only (`ro`, `noatime`, `nodev`, `nosuid`, `default_permissions`).
+//! - Mounted read-only (`ro`, `noatime`, `nodev`, `nosuid`, `default_permissions`), or
+//!   `rw` when the core takes writes (`CoreOptions::writes`).
 //! - `auto_unmount` (default on): `fusermount3` stays as a watchdog and unmounts when
 //!   the daemon dies, so a crashed daemon leaves no mount hung until reboot.
 //! - [`MountHandle::unmount`] never hangs on open files: it tries a plain unmount; if the
@@ -69,7 +70,11 @@ pub(crate) fn fuser_config(opts: &MountOptions) -> Config {
     c.mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
         MountOption::Subtype("strata".into()),
-        MountOption::RO,
+        if opts.core.writes.is_some() {
+            MountOption::RW
+        } else {
+            MountOption::RO
+        },
         MountOption::NoAtime,
         MountOption::NoDev,
         MountOption::NoSuid,

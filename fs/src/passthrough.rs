@@ -227,10 +227,38 @@ impl PassthroughStore {
     /// recently opened copies to stay within the budget. Blocking.
     pub fn write(&self, name: &str, data: &[u8]) -> io::Result<()> {
         let result = self.write_files(name, data);
+        self.state.lock().inflight.remove(name);
+        self.index(name, data.len() as u64, result?);
+        Ok(())
+    }
+
+    /// Takes the finished file at `from` (`size` bytes of crc32c `crc`, on the same
+    /// file system: a file written through the mount and uploaded) as the copy `name`,
+    /// by a rename: the bytes written once become the copy the next open passes
+    /// through. False (and `from` left in place) when the budget cannot hold it, a copy
+    /// of `name` exists or is being written, or the rename fails. Blocking.
+    pub fn adopt(&self, name: &str, from: &Path, size: u64, crc: u32) -> bool {
+        if size > self.opts.budget || !self.begin(name, size) {
+            return false;
+        }
+        let renamed = fs::rename(from, self.opts.dir.join(file_name(name, crc)));
+        self.state.lock().inflight.remove(name);
+        match renamed {
+            Ok(()) => {
+                self.index(name, size, crc);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "written file not adopted as a passthrough copy");
+                false
+            }
+        }
+    }
+
+    /// Counts the new copy `name`, evicting the least recently opened copies to stay
+    /// within the budget.
+    fn index(&self, name: &str, size: u64, crc: u32) {
         let mut st = self.state.lock();
-        st.inflight.remove(name);
-        let crc = result?;
-        let size = data.len() as u64;
         let mut victims = Vec::new();
         while st.bytes + size > self.opts.budget {
             let Some((_, oldest)) = st.lru.pop_first() else {
@@ -258,7 +286,6 @@ impl PassthroughStore {
         for (v, crc) in victims {
             remove_copy(&self.opts.dir, &v, crc);
         }
-        Ok(())
     }
 
     fn write_files(&self, name: &str, data: &[u8]) -> io::Result<u32> {

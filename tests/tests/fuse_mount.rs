@@ -1,11 +1,12 @@
 //! End-to-end tests of the FUSE mount through the real kernel, against a local
 //! directory store and against an S3-compatible server (moto): bytes, shell tools,
-//! concurrency, mmap, read-only refusals, a failing store, and unmounting.
+//! concurrency, mmap, read-only refusals, writes uploaded as objects, a failing store,
+//! and unmounting.
 
 mod fuse_common;
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
@@ -131,6 +132,156 @@ fn writes_are_refused(b: Backend) {
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
     let err = std::fs::create_dir(fx.m("d2")).expect_err("mkdir");
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+}
+
+/// The object `rel` as the store holds it (not through the mount).
+fn stored(fx: &Fixture, rel: &str) -> Option<Vec<u8>> {
+    fx.rt.block_on(async {
+        let info = match fx.store.head(rel).await {
+            Ok(i) => i,
+            Err(strata_cache_core::CacheError::NotFound(_)) => return None,
+            Err(e) => panic!("head {rel}: {e}"),
+        };
+        if info.size == 0 {
+            return Some(Vec::new());
+        }
+        Some(
+            fx.store
+                .get_range(&info, 0..info.size)
+                .await
+                .expect("get")
+                .to_vec(),
+        )
+    })
+}
+
+fn writes_through_the_kernel_become_objects(b: Backend) {
+    let staging = tempfile::tempdir().expect("staging");
+    let mut w = strata_fs::WriteOptions::new(staging.path().join("s"));
+    w.allow_delete = true;
+    let fx = Fixture::with_core(
+        b,
+        strata_fs::CoreOptions {
+            metadata_ttl: Duration::from_secs(60),
+            writes: Some(w),
+            ..Default::default()
+        },
+        retry_fast(),
+    );
+    // A checkpoint directory and a file larger than one upload part (8 MiB): a
+    // multipart upload, its parts over S3's 5 MiB minimum.
+    std::fs::create_dir_all(fx.m("ckpt/step-1")).expect("mkdir -p");
+    let big = pattern(20 * 1024 * 1024 + 123, 77);
+    std::fs::write(fx.m("ckpt/step-1/model.bin"), &big).expect("write big");
+    assert!(
+        stored(&fx, "ckpt/step-1/model.bin") == Some(big.clone()),
+        "uploaded at close"
+    );
+    assert!(std::fs::read(fx.m("ckpt/step-1/model.bin")).expect("read back") == big);
+    // Seek back and patch before closing (what zip writers do).
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(fx.m("ckpt/patched"))
+            .expect("create");
+        f.write_all_at(b"world", 6).expect("tail");
+        f.write_all_at(b"hello ", 0).expect("head");
+        f.sync_all().expect("fsync uploads");
+        assert_eq!(
+            stored(&fx, "ckpt/patched").as_deref(),
+            Some(&b"hello world"[..])
+        );
+        f.write_all_at(b"H", 0).expect("patch");
+    }
+    assert_eq!(
+        stored(&fx, "ckpt/patched").as_deref(),
+        Some(&b"Hello world"[..])
+    );
+    // Shell tools: cp, tar -x (mkdir, create, then times and modes set after close),
+    // ls of new entries, sha256sum of what came back.
+    sh(
+        fx.mnt.path(),
+        "cp small.txt ckpt/copy.txt && tar -C dir -cf - . | tar -C ckpt -xf - && ls ckpt/sub/deeper/c",
+    );
+    assert_eq!(
+        sh(
+            fx.mnt.path(),
+            "cd ckpt && find . -type f -path './sub/*' | sort | xargs sha256sum"
+        ),
+        sh(
+            fx.s("dir").as_path(),
+            "find . -type f -path './sub/*' | sort | xargs sha256sum"
+        ),
+    );
+    assert_eq!(
+        stored(&fx, "ckpt/copy.txt").as_deref(),
+        Some(&b"hello, strata\n"[..])
+    );
+    // What object storage cannot do is refused with its errno; nothing changes.
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.m("small.txt"))
+        .expect_err("write in place");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
+    let err = std::fs::rename(fx.m("ckpt/copy.txt"), fx.m("ckpt/moved")).expect_err("rename");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
+    let err = File::create(fx.m("small.txt")).expect_err("overwrite not allowed");
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    assert!(stored(&fx, "small.txt").as_deref() == Some(&b"hello, strata\n"[..]));
+    // Deletes with allow_delete.
+    std::fs::remove_file(fx.m("ckpt/copy.txt")).expect("rm");
+    assert!(stored(&fx, "ckpt/copy.txt").is_none());
+    assert!(!fx.m("ckpt/copy.txt").exists());
+    // A failed upload fails close (EIO) and leaves no object.
+    let f = File::create(fx.m("ckpt/lost")).expect("create");
+    (&f).write_all(b"never stored").expect("write");
+    fx.faulty.set_config(FaultConfig {
+        writes_down: true,
+        ..Default::default()
+    });
+    let err = f.sync_all().expect_err("store refuses writes");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    drop(f);
+    fx.faulty.set_config(FaultConfig::default());
+    assert!(stored(&fx, "ckpt/lost").is_none());
+    // The staging files are gone once closed.
+    assert_eq!(
+        std::fs::read_dir(staging.path().join("s"))
+            .expect("staging")
+            .count(),
+        0
+    );
+}
+
+fn overwrites_replace_objects_whole(b: Backend) {
+    let staging = tempfile::tempdir().expect("staging");
+    let mut w = strata_fs::WriteOptions::new(staging.path().join("s"));
+    w.allow_overwrite = true;
+    let fx = Fixture::with_core(
+        b,
+        strata_fs::CoreOptions {
+            metadata_ttl: Duration::from_secs(60),
+            writes: Some(w),
+            ..Default::default()
+        },
+        retry_fast(),
+    );
+    // Read first, so the kernel and the cache hold the old version.
+    assert_eq!(
+        std::fs::read(fx.m("small.txt")).expect("old"),
+        b"hello, strata\n"
+    );
+    std::fs::write(fx.m("small.txt"), b"replaced").expect("overwrite (O_TRUNC)");
+    assert_eq!(stored(&fx, "small.txt").as_deref(), Some(&b"replaced"[..]));
+    assert_eq!(std::fs::read(fx.m("small.txt")).expect("new"), b"replaced");
+    assert_eq!(std::fs::metadata(fx.m("small.txt")).expect("stat").len(), 8);
+    // Appending would change an object in place.
+    let err = std::fs::OpenOptions::new()
+        .append(true)
+        .open(fx.m("small.txt"))
+        .expect_err("append");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
 }
 
 fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {
@@ -316,6 +467,8 @@ both_backends!(
     shell_tools_agree_with_the_source,
     concurrent_readers_and_mmap,
     writes_are_refused,
+    writes_through_the_kernel_become_objects,
+    overwrites_replace_objects_whole,
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,
     passthrough_opens_read_the_same_bytes,

@@ -54,6 +54,9 @@
 //! passthrough_max = "64MiB"           # "0" disables passthrough
 //! metadata_ttl = "5s"                # or "indefinite" for immutable datasets
 //! read_ahead_kb = 4096
+//! allow_writes = false                # true: new files are uploaded at close
+//! allow_overwrite = false             # with allow_writes: replace objects whole
+//! allow_delete = false                # with allow_writes: rm deletes objects
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -549,6 +552,18 @@ pub struct MountConfig {
     /// sequential reader (the kernel's own default is 128 KiB).
     #[arg(long, default_value_t = MountConfig::default().read_ahead_kb)]
     pub read_ahead_kb: u32,
+    /// Take writes: new files are staged under the cache dir and uploaded as objects
+    /// when closed (checkpoints saved where the data is read). Off by default: a
+    /// dataset mount is read-only.
+    #[arg(long)]
+    pub allow_writes: bool,
+    /// With `allow_writes`: an existing object may be replaced (written whole, opened
+    /// with O_TRUNC).
+    #[arg(long, requires = "allow_writes")]
+    pub allow_overwrite: bool,
+    /// With `allow_writes`: `rm` deletes objects.
+    #[arg(long, requires = "allow_writes")]
+    pub allow_delete: bool,
 }
 
 impl Default for MountConfig {
@@ -561,6 +576,9 @@ impl Default for MountConfig {
             prefetch: PrefetchMode::Predictors,
             passthrough_max: "64MiB".into(),
             read_ahead_kb: 4096,
+            allow_writes: false,
+            allow_overwrite: false,
+            allow_delete: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A failure-injecting wrapper around any `ObjectStore`: added latency, a shared
 //! bandwidth limit, error rates, and hangs. Reads of data (`get_opts`) and listings are
-//! affected; writes pass through so tests can seed data.
+//! affected; writes pass through so tests can seed data, unless `writes_down` or
+//! `fail_parts_after` says otherwise.
 //!
 //! The bandwidth model is a single link: each transfer of `n` bytes reserves `n / bw`
 //! seconds on it, after whatever is already queued, so concurrent readers share the
@@ -39,6 +40,11 @@ pub struct FaultConfig {
     /// empty segment): listing its directory level fails with `InvalidPath` (as the S3
     /// client fails the whole page), and a plain listing yields an error item for it.
     pub bad_key: Option<String>,
+    /// Every write (PUT, multipart start, part, completion) fails while set.
+    pub writes_down: bool,
+    /// Parts of a multipart upload after its first `n` fail (an upload that breaks
+    /// midway).
+    pub fail_parts_after: Option<u64>,
 }
 
 /// The error `object_store` gives for `key`, which it cannot name.
@@ -63,7 +69,7 @@ fn under(prefix: Option<&Path>, key: &str) -> bool {
 /// See the module doc.
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
-    config: Mutex<FaultConfig>,
+    config: Arc<Mutex<FaultConfig>>,
     reads: AtomicU64,
     /// The next this-many reads fail with a transient error (see [`Self::fail_next`]).
     burst: AtomicU64,
@@ -139,7 +145,7 @@ impl FaultyStore {
     pub fn new(inner: Arc<dyn ObjectStore>, config: FaultConfig) -> Self {
         FaultyStore {
             inner,
-            config: Mutex::new(config),
+            config: Arc::new(Mutex::new(config)),
             reads: AtomicU64::new(0),
             burst: AtomicU64::new(0),
             link_free_at: Mutex::new(None),
@@ -220,6 +226,40 @@ impl FaultyStore {
     }
 }
 
+/// A multipart upload through a [`FaultyStore`]: its parts and completion fail as the
+/// store's config says at the time they are sent.
+#[derive(Debug)]
+struct FaultyUpload {
+    inner: Box<dyn MultipartUpload>,
+    location: String,
+    config: Arc<Mutex<FaultConfig>>,
+    parts: u64,
+}
+
+#[async_trait]
+impl MultipartUpload for FaultyUpload {
+    fn put_part(&mut self, data: PutPayload) -> object_store::UploadPart {
+        self.parts += 1;
+        let cfg = self.config.lock().clone();
+        if cfg.writes_down || cfg.fail_parts_after.is_some_and(|n| self.parts > n) {
+            let e = injected(&self.location, "injected 503 on a part");
+            return Box::pin(async move { Err(e) });
+        }
+        self.inner.put_part(data)
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        if self.config.lock().writes_down {
+            return Err(injected(&self.location, "injected 503 on completion"));
+        }
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.inner.abort().await
+    }
+}
+
 fn injected(location: &str, msg: &str) -> object_store::Error {
     object_store::Error::Generic {
         store: "faulty",
@@ -247,6 +287,9 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
+        if self.config.lock().writes_down {
+            return Err(injected(location.as_ref(), "injected 503 on PUT"));
+        }
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -255,7 +298,16 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
+        if self.config.lock().writes_down {
+            return Err(injected(location.as_ref(), "injected 503 on upload start"));
+        }
+        let inner = self.inner.put_multipart_opts(location, opts).await?;
+        Ok(Box::new(FaultyUpload {
+            inner,
+            location: location.to_string(),
+            config: self.config.clone(),
+            parts: 0,
+        }))
     }
 
     async fn get_opts(

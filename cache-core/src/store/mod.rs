@@ -528,13 +528,88 @@ impl BackingStore {
         Ok(out)
     }
 
-    /// Writes an object (sample data, tests; the mount itself is read-only).
+    /// Writes an object in one PUT (retried).
     pub async fn put(&self, path: &str, data: Bytes) -> Result<()> {
         let p = Path::from(path);
         self.retrying(|| {
             let p = p.clone();
             let payload = PutPayload::from(data.clone());
             async move { self.store.put(&p, payload).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// Writes object `path` of `size` bytes, its bytes read in order by `next_part(offset,
+    /// len)`: one PUT (retried) when it fits in `part_size`, else a multipart upload
+    /// with up to `in_flight` parts on the wire while the next is read. A multipart
+    /// upload that fails is aborted, so a failed upload leaves no object (and a
+    /// completed one replaces the old object at once). Each wait on the store is bounded
+    /// by the retry policy's whole budget (attempts x attempt timeout): a store that
+    /// hangs fails the upload, it does not hang the writer.
+    pub async fn upload<F, Fut>(
+        &self,
+        path: &str,
+        size: u64,
+        part_size: usize,
+        in_flight: usize,
+        mut next_part: F,
+    ) -> Result<()>
+    where
+        F: FnMut(u64, usize) -> Fut,
+        Fut: std::future::Future<Output = std::io::Result<Bytes>>,
+    {
+        let part_size = part_size.max(1);
+        if size <= part_size as u64 {
+            let data = next_part(0, size as usize).await?;
+            return self.put(path, data).await;
+        }
+        let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
+        let bounded = |what: &str| CacheError::Store {
+            attempts: 1,
+            message: format!("{path}: {what} did not finish within {budget:?}"),
+        };
+        let p = Path::from(path);
+        let upload = tokio::time::timeout(budget, self.store.put_multipart(&p))
+            .await
+            .map_err(|_| bounded("starting the upload"))?
+            .map_err(|e| map_store_error(e, 1))?;
+        let mut parts = object_store::WriteMultipart::new_with_chunk_size(upload, part_size);
+        let mut offset = 0u64;
+        let sent: Result<()> = async {
+            while offset < size {
+                let len = (size - offset).min(part_size as u64) as usize;
+                let data = next_part(offset, len).await?;
+                tokio::time::timeout(budget, parts.wait_for_capacity(in_flight.max(1)))
+                    .await
+                    .map_err(|_| bounded("a part"))?
+                    .map_err(|e| map_store_error(e, 1))?;
+                parts.put(data);
+                offset += len as u64;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = sent {
+            if let Err(abort) = parts.abort().await {
+                tracing::warn!(path, error = %abort, "aborting a failed upload failed");
+            }
+            return Err(e);
+        }
+        // `finish` aborts the upload itself when a part or the completion fails; a
+        // timeout drops it, and the store's lifecycle rules collect its parts.
+        tokio::time::timeout(budget, parts.finish())
+            .await
+            .map_err(|_| bounded("completing the upload"))?
+            .map_err(|e| map_store_error(e, 1))?;
+        Ok(())
+    }
+
+    /// Deletes object `path` (retried; a missing object is `NotFound`).
+    pub async fn delete(&self, path: &str) -> Result<()> {
+        let p = Path::from(path);
+        self.retrying(|| {
+            let p = p.clone();
+            async move { self.store.delete(&p).await }
         })
         .await
     }

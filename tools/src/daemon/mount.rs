@@ -41,6 +41,32 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         pt.budget = core.passthrough_budget;
         opts.core.passthrough = Some(pt);
     }
+    if m.allow_overwrite || m.allow_delete {
+        anyhow::ensure!(
+            m.allow_writes,
+            "allow_overwrite and allow_delete need allow_writes"
+        );
+    }
+    if m.allow_writes {
+        // One staging directory per mount point (emptied when the mount starts), in
+        // the cache dir so a written file can become its passthrough copy by a rename.
+        let name: String = m
+            .mountpoint
+            .to_string_lossy()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut w = strata_fs::WriteOptions::new(core.cache_dir.join("staging").join(name));
+        w.allow_overwrite = m.allow_overwrite;
+        w.allow_delete = m.allow_delete;
+        opts.core.writes = Some(w);
+    }
     Ok(opts)
 }
 

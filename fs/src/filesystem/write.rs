@@ -1,0 +1,619 @@
+//! Writes through the mount: a training job saves its checkpoints where it reads its
+//! data (`torch.save`, `safetensors`, `np.save`, `cp`, `tar -x`), so a mount that
+//! refuses every write sends users back to a second tool. Objects are written whole;
+//! what object storage cannot do is refused with an errno that says so.
+//!
+//! - **Staged, uploaded at close.** A created (or, with `allow_overwrite`, truncated)
+//!   file is written into a local staging file under the cache directory, at any
+//!   offsets (`zipfile` seeks back to patch its headers; a strictly sequential stream,
+//!   as mountpoint-s3 requires, would refuse it). `flush` (every `close`) and `fsync`
+//!   upload it when it changed since the last upload: one PUT up to `part_size`, else a
+//!   multipart upload with `parts_in_flight` parts on the wire while the next is read.
+//!   The caller waits, so an upload that fails (the store down, 5xx after retries, a
+//!   timeout) fails its `close` with EIO and nothing half-written becomes visible: an
+//!   object appears only when its upload completes, and a multipart upload that fails
+//!   is aborted.
+//! - **Single-flight per file.** Concurrent flushes of one file share one upload; a
+//!   write that lands during an upload leaves the file changed, so the next flush
+//!   uploads again (`written` / `uploaded` generations).
+//! - **Seen at once.** While staged, the file's attributes come from the staging file
+//!   (its size grows as it is written) and it is listed in its directory; after the
+//!   upload its metadata is the store's (one HEAD: the real ETag and time), and the
+//!   parent's cached listing is dropped so the next `ls` lists the store again, also
+//!   under `--metadata-ttl indefinite`.
+//! - **One copy per byte, warm after write.** At release, an uploaded file no larger
+//!   than the passthrough limit is *renamed* into the passthrough copies as the copy of
+//!   the version the store returned: the restore that follows a save is served from
+//!   local disk by the kernel, and the bytes were written to disk once.
+//! - **Bounded by the disk, crash-safe.** A full disk fails the `write` with ENOSPC.
+//!   Staging files are removed at mount start: a crash before an upload completed
+//!   leaves no object (its multipart upload is aborted by the store's lifecycle rules,
+//!   as for any S3 client), one after leaves the object and no copy.
+//! - **Directories** made with `mkdir` exist in the mount until the daemon stops (object
+//!   storage has none: they become real with their first object); `rmdir` removes an
+//!   empty one. Rename is not supported (ENOTSUP); `unlink` needs `allow_delete`.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
+use parking_lot::Mutex;
+use strata_cache_core::ObjectInfo;
+
+use super::{Entry, FsCore, Kind, Meta, Node, Opened};
+use crate::error::{Error, Result};
+
+/// How the mount takes writes (`CoreOptions::writes`; None: read-only).
+#[derive(Clone, Debug)]
+pub struct WriteOptions {
+    /// Directory of the staging files (`<cache dir>/staging/<mount>`): emptied at start.
+    pub staging_dir: PathBuf,
+    /// Whether an existing object may be replaced (a create over it, or an open with
+    /// `O_TRUNC`). Off by default: a dataset mount should not lose an object to a
+    /// mistyped path.
+    pub allow_overwrite: bool,
+    /// Whether `unlink` deletes objects. Off by default, for the same reason.
+    pub allow_delete: bool,
+    /// Bytes per upload part, and the largest object sent in one PUT: 8 MiB, the part
+    /// size mountpoint-s3 and the AWS CLI use (S3 wants at least 5 MiB per part, and
+    /// 10,000 parts of 8 MiB allow 78 GiB objects).
+    pub part_size: usize,
+    /// Parts on the wire at once: 8, enough to keep a link to S3 busy (each part's
+    /// latency is mostly the store's) without buffering more than 64 MiB per file.
+    pub parts_in_flight: usize,
+}
+
+impl WriteOptions {
+    pub fn new(staging_dir: PathBuf) -> Self {
+        WriteOptions {
+            staging_dir,
+            allow_overwrite: false,
+            allow_delete: false,
+            part_size: 8 << 20,
+            parts_in_flight: 8,
+        }
+    }
+}
+
+/// One upload's outcome, shared by every flush that waited on it.
+type SharedUpload = Shared<BoxFuture<'static, std::result::Result<(), Arc<Error>>>>;
+
+/// A file being written: its staging file and upload state.
+pub(super) struct Staged {
+    path: Arc<str>,
+    file: File,
+    file_path: PathBuf,
+    size: AtomicU64,
+    /// Changes so far; a create counts as one (an empty file is uploaded too).
+    written: AtomicU64,
+    /// `written` as of the last completed upload.
+    uploaded: AtomicU64,
+    /// The last completed upload: (generation, crc32c of its bytes, the object).
+    last: Mutex<Option<(u64, u32, Arc<ObjectInfo>)>>,
+    /// The upload in progress, with the generation it uploads.
+    upload: Mutex<Option<(u64, SharedUpload)>>,
+    /// The last upload failed (its flush returned the error): release does not retry
+    /// it behind the caller's back.
+    failed: AtomicBool,
+}
+
+impl Staged {
+    fn changed(&self) -> bool {
+        self.uploaded.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
+    }
+
+    /// The attributes of the file as written so far.
+    fn meta(&self) -> Meta {
+        let mtime = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        Meta::File(Arc::new(ObjectInfo {
+            path: self.path.clone(),
+            size: self.size.load(Ordering::Acquire),
+            version: Arc::from(""),
+            has_etag: false,
+            last_modified_unix_ns: mtime,
+            block_size: strata_cache_core::DEFAULT_BLOCK_SIZE,
+        }))
+    }
+}
+
+/// The write state of a mount.
+pub(super) struct Writes {
+    opts: WriteOptions,
+    by_path: Mutex<HashMap<Arc<str>, Arc<Staged>>>,
+    handles: Mutex<HashMap<u64, Arc<Staged>>>,
+    /// Directories made by `mkdir` that the store may not have yet.
+    local_dirs: Mutex<HashSet<Arc<str>>>,
+    next_file: AtomicU64,
+}
+
+impl Writes {
+    /// Creates (mode 0700) and empties the staging directory.
+    pub(super) fn open(opts: WriteOptions) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&opts.staging_dir)?;
+        std::fs::set_permissions(
+            &opts.staging_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&opts.staging_dir)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                std::fs::remove_file(entry.path())?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::warn!(removed, dir = %opts.staging_dir.display(), "staged writes left by an earlier run removed (never uploaded)");
+        }
+        Ok(Writes {
+            opts,
+            by_path: Mutex::default(),
+            handles: Mutex::default(),
+            local_dirs: Mutex::default(),
+            next_file: AtomicU64::new(1),
+        })
+    }
+
+    /// A new staging file for `path` (refused while `path` is being written).
+    fn stage(&self, path: &Arc<str>) -> Result<Arc<Staged>> {
+        let mut by_path = self.by_path.lock();
+        if by_path.contains_key(path) {
+            return Err(Error::Busy(path.to_string()));
+        }
+        let n = self.next_file.fetch_add(1, Ordering::Relaxed);
+        let file_path = self.opts.staging_dir.join(format!("{n}.part"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&file_path)
+            .map_err(|source| Error::Local {
+                what: format!("creating staging file {}", file_path.display()),
+                source,
+            })?;
+        let staged = Arc::new(Staged {
+            path: path.clone(),
+            file,
+            file_path,
+            size: AtomicU64::new(0),
+            written: AtomicU64::new(1),
+            uploaded: AtomicU64::new(0),
+            last: Mutex::new(None),
+            upload: Mutex::new(None),
+            failed: AtomicBool::new(false),
+        });
+        by_path.insert(path.clone(), staged.clone());
+        Ok(staged)
+    }
+
+    pub(super) fn staged(&self, path: &str) -> Option<Arc<Staged>> {
+        self.by_path.lock().get(path).cloned()
+    }
+
+    fn handle(&self, fh: u64) -> Option<Arc<Staged>> {
+        self.handles.lock().get(&fh).cloned()
+    }
+
+    pub(super) fn is_local_dir(&self, path: &str) -> bool {
+        self.local_dirs.lock().contains(path)
+    }
+
+    /// Staged files and local directories directly under `dir`, as listing entries.
+    pub(super) fn children(&self, dir: &str) -> Vec<(String, Meta)> {
+        let under = |p: &str| -> Option<String> {
+            let rest = if dir.is_empty() {
+                p
+            } else {
+                p.strip_prefix(dir)?.strip_prefix('/')?
+            };
+            (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_string())
+        };
+        let mut out: Vec<(String, Meta)> = self
+            .local_dirs
+            .lock()
+            .iter()
+            .filter_map(|d| under(d).map(|n| (n, Meta::Dir)))
+            .collect();
+        out.extend(
+            self.by_path
+                .lock()
+                .values()
+                .filter_map(|s| under(&s.path).map(|n| (n, s.meta()))),
+        );
+        out
+    }
+
+    /// Free bytes where staging files go (statfs of a writable mount).
+    pub(super) fn free_bytes(&self) -> Option<(u64, u64)> {
+        let c =
+            std::ffi::CString::new(self.opts.staging_dir.as_os_str().as_encoded_bytes()).ok()?;
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return None;
+        }
+        let frsize = st.f_frsize as u64;
+        Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+    }
+}
+
+impl FsCore {
+    fn writes(&self) -> Result<&Writes> {
+        self.writes.as_ref().ok_or(Error::ReadOnly)
+    }
+
+    /// Whether this mount takes writes.
+    pub fn writable(&self) -> bool {
+        self.writes.is_some()
+    }
+
+    /// Creates `name` in directory `parent` for writing; returns its entry and handle.
+    pub async fn create(&self, parent: u64, name: &str) -> Result<(Entry, u64)> {
+        let writes = self.writes()?;
+        let (path, _) = self.child_of(parent, name)?;
+        match self.meta(&path).await? {
+            Meta::Dir => return Err(Error::IsDir(path.to_string())),
+            Meta::File(_) if !writes.opts.allow_overwrite => {
+                return Err(Error::Exists(path.to_string()))
+            }
+            _ => {}
+        }
+        let (ino, generation) = self.inodes.write().intern(&path, Kind::File, true);
+        let staged = writes.stage(&path)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        writes.handles.lock().insert(fh, staged.clone());
+        let entry = Entry {
+            attr: self.attr_of(ino, &staged.meta()),
+            generation,
+            ttl: self.ttl(),
+        };
+        Ok((entry, fh))
+    }
+
+    /// Opens existing file `ino` for writing: only to replace it whole (`truncate`,
+    /// with `allow_overwrite`).
+    pub async fn open_write(&self, ino: u64, truncate: bool) -> Result<Opened> {
+        let writes = self.writes()?;
+        let node = self.node(ino)?;
+        if let Some(s) = writes.staged(&node.path) {
+            return Err(Error::Busy(s.path.to_string()));
+        }
+        match self.meta(&node.path).await? {
+            Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
+            Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
+            Meta::File(_) => {}
+        }
+        if !truncate {
+            return Err(Error::Unsupported(format!(
+                "{}: an object is replaced whole (open with O_TRUNC), not changed in place",
+                node.path
+            )));
+        }
+        if !writes.opts.allow_overwrite {
+            return Err(Error::NotPermitted(format!(
+                "{}: replacing an object needs --allow-overwrite",
+                node.path
+            )));
+        }
+        let staged = writes.stage(&node.path)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        writes.handles.lock().insert(fh, staged);
+        Ok(Opened {
+            fh,
+            keep_cache: false,
+            passthrough: None,
+        })
+    }
+
+    /// The attributes of `path` while it is staged, or of a directory made here.
+    pub(super) fn written_meta(&self, path: &str) -> Option<Meta> {
+        let writes = self.writes.as_ref()?;
+        if let Some(s) = writes.staged(path) {
+            return Some(s.meta());
+        }
+        writes.is_local_dir(path).then_some(Meta::Dir)
+    }
+
+    /// Whether `fh` is a handle opened for writing.
+    pub fn is_write_handle(&self, fh: u64) -> bool {
+        self.writes
+            .as_ref()
+            .is_some_and(|w| w.handles.lock().contains_key(&fh))
+    }
+
+    /// Writes `data` at `offset` of write handle `fh`. Blocking (a local `pwrite`).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let staged = self.writes()?.handle(fh).ok_or(Error::BadHandle {
+            what: "write handle",
+            id: fh,
+        })?;
+        staged
+            .file
+            .write_all_at(data, offset)
+            .map_err(|source| Error::Local {
+                what: format!("writing {}", staged.path),
+                source,
+            })?;
+        staged
+            .size
+            .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        staged.written.fetch_add(1, Ordering::AcqRel);
+        Ok(data.len() as u32)
+    }
+
+    /// Reads of a write handle (opened `O_RDWR`): from its staging file. Blocking.
+    pub(super) fn read_staged(&self, fh: u64, offset: u64, size: u32) -> Option<Result<Bytes>> {
+        let staged = self.writes.as_ref()?.handle(fh)?;
+        let end = staged.size.load(Ordering::Acquire);
+        let len = (size as u64).min(end.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; len];
+        Some(
+            staged
+                .file
+                .read_exact_at(&mut buf, offset)
+                .map(|()| Bytes::from(buf))
+                .map_err(|source| Error::Local {
+                    what: format!("reading back {}", staged.path),
+                    source,
+                }),
+        )
+    }
+
+    /// Sets the size of `ino` (truncate) if it is being written. Changes of times, mode
+    /// or owner are accepted and ignored on any file (the store keeps none of them;
+    /// `tar -x` and `cp -p` set them after writing and would fail otherwise); resizing
+    /// an object not being written is not supported.
+    pub async fn setattr(&self, ino: u64, size: Option<u64>) -> Result<Entry> {
+        let writes = self.writes()?;
+        let node = self.node(ino)?;
+        let Some(staged) = writes.staged(&node.path) else {
+            if size.is_some() {
+                return Err(Error::Unsupported(format!(
+                    "{}: an object is replaced whole (open with O_TRUNC), not resized",
+                    node.path
+                )));
+            }
+            let meta = self.meta(&node.path).await?;
+            return self.entry_for(&node.path, &meta, false);
+        };
+        if let Some(size) = size {
+            staged.file.set_len(size).map_err(|source| Error::Local {
+                what: format!("truncating {}", staged.path),
+                source,
+            })?;
+            staged.size.store(size, Ordering::Release);
+            staged.written.fetch_add(1, Ordering::AcqRel);
+        }
+        self.entry_for(&node.path, &staged.meta(), false)
+    }
+
+    /// Uploads the file of write handle `fh` if it changed since its last upload
+    /// (FLUSH, on every close, and FSYNC). Other handles: nothing to do.
+    pub async fn flush(self: &Arc<Self>, fh: u64) -> Result<()> {
+        let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
+            return Ok(());
+        };
+        self.upload(&staged).await
+    }
+
+    /// Single-flight upload of `staged` until what was written before this call is
+    /// uploaded (a writer that keeps writing does not keep a flush waiting).
+    async fn upload(self: &Arc<Self>, staged: &Arc<Staged>) -> Result<()> {
+        let target = staged.written.load(Ordering::Acquire);
+        while staged.uploaded.load(Ordering::Acquire) < target {
+            let gen = staged.written.load(Ordering::Acquire);
+            let (id, fut) = {
+                let mut slot = staged.upload.lock();
+                match &*slot {
+                    Some((id, f)) => (*id, f.clone()),
+                    None => {
+                        let core = self.clone();
+                        let s = staged.clone();
+                        let f = async move { core.upload_once(&s, gen).await.map_err(Arc::new) }
+                            .boxed()
+                            .shared();
+                        *slot = Some((gen, f.clone()));
+                        (gen, f)
+                    }
+                }
+            };
+            let result = fut.await;
+            {
+                let mut slot = staged.upload.lock();
+                if slot.as_ref().is_some_and(|(i, _)| *i == id) {
+                    *slot = None;
+                }
+            }
+            if let Err(e) = result {
+                staged.failed.store(true, Ordering::Release);
+                return Err(Error::Upload(e));
+            }
+            staged.failed.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// One upload of `staged` as of generation `gen`, then its metadata.
+    async fn upload_once(&self, staged: &Arc<Staged>, gen: u64) -> Result<()> {
+        let opts = self.writes()?.opts.clone();
+        let size = staged.size.load(Ordering::Acquire);
+        let store = self.reader.store();
+        let file = staged.file.try_clone().map_err(|source| Error::Local {
+            what: format!("reopening {}", staged.path),
+            source,
+        })?;
+        let file = Arc::new(file);
+        // Parts are read in order, so the crc32c of the whole is appended part by part.
+        let crc = Arc::new(Mutex::new(0u32));
+        store
+            .upload(
+                &staged.path,
+                size,
+                opts.part_size,
+                opts.parts_in_flight,
+                |offset, len| {
+                    let (file, crc) = (file.clone(), crc.clone());
+                    async move {
+                        tokio::task::spawn_blocking(move || {
+                            let mut buf = vec![0u8; len];
+                            file.read_exact_at(&mut buf, offset)?;
+                            let mut c = crc.lock();
+                            *c = crc32c::crc32c_append(*c, &buf);
+                            Ok(Bytes::from(buf))
+                        })
+                        .await
+                        .map_err(std::io::Error::other)?
+                    }
+                },
+            )
+            .await?;
+        let crc = *crc.lock();
+        // The store's own metadata (ETag, time) for the attribute cache; if the HEAD
+        // fails the upload still stands and the next lookup asks again.
+        let parent = self.parent_of(&staged.path).map(Arc::<str>::from);
+        match store.head(&staged.path).await {
+            Ok(info) => {
+                let info = Arc::new(info);
+                *staged.last.lock() = Some((gen, crc, info.clone()));
+                self.attrs
+                    .insert(staged.path.clone(), Meta::File(info))
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(path = %staged.path, error = %e, "uploaded; its metadata will be fetched again");
+                self.attrs.invalidate(&staged.path).await;
+            }
+        }
+        if let Some(parent) = parent {
+            self.listings.invalidate(&parent).await;
+        }
+        staged.uploaded.fetch_max(gen, Ordering::AcqRel);
+        tracing::debug!(path = %staged.path, size, "uploaded");
+        Ok(())
+    }
+
+    /// Releases write handle `fh`: uploads what a flush did not (a failed upload is not
+    /// retried: its close already reported it), then drops the staging file or adopts
+    /// it as the passthrough copy of the uploaded version.
+    pub async fn release_write(self: &Arc<Self>, fh: u64) {
+        let Some(writes) = self.writes.as_ref() else {
+            return;
+        };
+        let Some(staged) = writes.handles.lock().remove(&fh) else {
+            return;
+        };
+        if staged.changed() && !staged.failed.load(Ordering::Acquire) {
+            if let Err(e) = self.upload(&staged).await {
+                tracing::error!(path = %staged.path, error = %e, "upload at release failed; the object was not written");
+            }
+        }
+        writes.by_path.lock().remove(&staged.path);
+        let last = staged.last.lock().clone();
+        let adopted = match (&self.passthrough, last) {
+            (Some(pt), Some((gen, crc, info))) if gen == staged.written.load(Ordering::Acquire) => {
+                match pt.name_for(&info.path, &info.version, info.size) {
+                    Some(name) if info.size == staged.size.load(Ordering::Acquire) => {
+                        let (pt, from) = (pt.clone(), staged.file_path.clone());
+                        let size = info.size;
+                        let adopted =
+                            tokio::task::spawn_blocking(move || pt.adopt(&name, &from, size, crc))
+                                .await
+                                .unwrap_or(false);
+                        if adopted {
+                            self.keep_in_copy(&info);
+                        }
+                        adopted
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        if !adopted {
+            if let Err(e) = std::fs::remove_file(&staged.file_path) {
+                tracing::warn!(file = %staged.file_path.display(), error = %e, "staging file not removed");
+            }
+        }
+    }
+
+    /// The path of `name` in directory `parent`, checked.
+    fn child_of(&self, parent: u64, name: &str) -> Result<(Arc<str>, Node)> {
+        let dir = self.node(parent)?;
+        if dir.kind != Kind::Dir {
+            return Err(Error::NotDir(dir.path.to_string()));
+        }
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(Error::Invalid(format!("bad name {name:?}")));
+        }
+        Ok((self.child_path(&dir.path, name), dir))
+    }
+
+    /// Deletes object `name` of directory `parent` (needs `allow_delete`).
+    pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
+        let writes = self.writes()?;
+        let (path, dir) = self.child_of(parent, name)?;
+        if writes.staged(&path).is_some() {
+            return Err(Error::Busy(path.to_string()));
+        }
+        match self.meta(&path).await? {
+            Meta::Dir => return Err(Error::IsDir(path.to_string())),
+            Meta::Missing => return Err(Error::NotFound(path.to_string())),
+            Meta::File(_) => {}
+        }
+        if !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{path}: deleting objects needs --allow-delete"
+            )));
+        }
+        self.reader.store().delete(&path).await?;
+        self.attrs.insert(path.clone(), Meta::Missing).await;
+        self.listings.invalidate(&dir.path).await;
+        Ok(())
+    }
+
+    /// Makes directory `name` in `parent` (in this mount until an object is written
+    /// under it; object storage has no directories).
+    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Entry> {
+        let writes = self.writes()?;
+        let (path, _) = self.child_of(parent, name)?;
+        if !matches!(self.meta(&path).await?, Meta::Missing) {
+            return Err(Error::Exists(path.to_string()));
+        }
+        writes.local_dirs.lock().insert(path.clone());
+        self.entry_for(&path, &Meta::Dir, true)
+    }
+
+    /// Removes directory `name` of `parent`: only an empty one made by `mkdir`.
+    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
+        let writes = self.writes()?;
+        let (path, _) = self.child_of(parent, name)?;
+        match self.meta(&path).await? {
+            Meta::Missing => return Err(Error::NotFound(path.to_string())),
+            Meta::File(_) => return Err(Error::NotDir(path.to_string())),
+            Meta::Dir => {}
+        }
+        let listed = self.listing(&path).await?;
+        if !listed.entries.is_empty() || !writes.children(&path).is_empty() {
+            return Err(Error::Local {
+                what: format!("removing {path}"),
+                source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
+            });
+        }
+        if !writes.local_dirs.lock().remove(&path) {
+            return Err(Error::Unsupported(format!(
+                "{path}: a directory of the store goes with its last object"
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,402 @@
+//! Writes through the core without a kernel: files staged and uploaded at flush, over
+//! an in-memory store behind the fault-injecting wrapper (see `filesystem::write`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::{ObjectStore, ObjectStoreExt};
+use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
+use strata_fs::filesystem::{Kind, ROOT_INO};
+use strata_fs::{CoreOptions, FsCore, PassthroughOptions, WriteOptions};
+
+const BS: u64 = 64 << 10;
+
+struct Fixture {
+    core: Arc<FsCore>,
+    mem: Arc<dyn ObjectStore>,
+    faulty: Arc<FaultyStore>,
+    dir: tempfile::TempDir,
+}
+
+fn data(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+/// A writable core over a store holding `old/obj` (1000 bytes) and `data/x`;
+/// `tune` adjusts the write options (parts of 64 KiB by default, so a few hundred KiB
+/// make a multipart upload).
+async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faulty = Arc::new(FaultyStore::new(mem.clone(), FaultConfig::default()));
+    let retry = RetryPolicy {
+        attempts: 2,
+        base_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(1),
+        attempt_timeout: Duration::from_secs(2),
+    };
+    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
+    store
+        .put("old/obj", Bytes::from(data(1000, 1)))
+        .await
+        .expect("seed");
+    store
+        .put("data/x", Bytes::from(data(10, 2)))
+        .await
+        .expect("seed");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let reader = ObjectReader::new(engine, store, BS).expect("reader");
+    let mut w = WriteOptions::new(dir.path().join("staging"));
+    w.part_size = 64 << 10;
+    w.parts_in_flight = 3;
+    let mut opts = CoreOptions {
+        writes: Some(w),
+        ..Default::default()
+    };
+    tune(&mut opts, dir.path());
+    Fixture {
+        core: Arc::new(FsCore::new(reader, "", opts)),
+        mem,
+        faulty,
+        dir,
+    }
+}
+
+async fn stored(fx: &Fixture, path: &str) -> Option<Vec<u8>> {
+    let p = object_store::path::Path::from(path);
+    match fx.mem.get(&p).await {
+        Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
+        Err(object_store::Error::NotFound { .. }) => None,
+        Err(e) => panic!("store: {e}"),
+    }
+}
+
+fn timed<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+    tokio::time::timeout(Duration::from_secs(20), f)
+}
+
+/// Reads all of `ino` through a fresh read handle.
+async fn read_back(core: &Arc<FsCore>, ino: u64) -> Vec<u8> {
+    let o = core.open(ino, false).await.expect("open for read");
+    let mut out = Vec::new();
+    loop {
+        let b = core
+            .read(o.fh, out.len() as u64, BS as u32, 1)
+            .await
+            .expect("read");
+        if b.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&b);
+    }
+    core.release(o.fh);
+    out
+}
+
+#[tokio::test]
+async fn a_created_file_is_uploaded_at_flush_at_any_offsets_and_read_back() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        assert_eq!(dir.attr.perm, 0o755, "a writable mount says so");
+        let (e, fh) = c.create(dir.attr.ino, "ckpt.bin").await.expect("create");
+        assert_eq!(e.attr.size, 0);
+        // 300 KiB + 17 written out of order: the tail first, then the head, then a
+        // header patched in place (what zipfile does).
+        let want = data(300 * 1024 + 17, 7);
+        let cut = 100 * 1024 + 3;
+        c.write(fh, cut as u64, &want[cut..]).expect("tail");
+        c.write(fh, 0, &want[..cut]).expect("head");
+        c.write(fh, 10, &want[10..30]).expect("patch");
+        let during = c.getattr(e.attr.ino).await.expect("getattr while staged");
+        assert_eq!(during.attr.size, want.len() as u64);
+        assert!(
+            stored(&fx, "data/ckpt.bin").await.is_none(),
+            "nothing visible before the upload"
+        );
+        let listed = c.opendir(dir.attr.ino).await.expect("opendir");
+        let names: Vec<String> = c
+            .readdir(listed, 0, 100)
+            .expect("readdir")
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert!(
+            names.contains(&"ckpt.bin".to_string()),
+            "listed while staged: {names:?}"
+        );
+        c.flush(fh).await.expect("flush uploads");
+        assert_eq!(
+            stored(&fx, "data/ckpt.bin").await.as_deref(),
+            Some(&want[..])
+        );
+        // Reads through the write handle come from the staging file.
+        let back = c.read(fh, 5, 40, 1).await.expect("read own writes");
+        assert_eq!(&back[..], &want[5..45]);
+        c.release_write(fh).await;
+        assert_eq!(
+            std::fs::read_dir(fx.dir.path().join("staging"))
+                .expect("staging")
+                .count(),
+            0,
+            "staging file gone after release"
+        );
+        let after = c.lookup(dir.attr.ino, "ckpt.bin").await.expect("lookup");
+        assert_eq!(after.attr.size, want.len() as u64);
+        assert_eq!(read_back(c, after.attr.ino).await, want);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn an_empty_file_is_an_empty_object_and_a_second_flush_uploads_nothing_new() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "empty").await.expect("create");
+        c.flush(fh).await.expect("flush");
+        assert_eq!(stored(&fx, "empty").await, Some(Vec::new()));
+        // The store going down after the upload does not fail a flush with no change.
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        c.flush(fh).await.expect("nothing to upload");
+        c.release_write(fh).await;
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_failed_upload_fails_the_flush_leaves_no_object_and_is_retried_by_the_next() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let want = data(400 * 1024, 3);
+        // Down: the multipart upload cannot start.
+        let (_, fh) = c.create(ROOT_INO, "a.bin").await.expect("create");
+        c.write(fh, 0, &want).expect("write");
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        let e = c.flush(fh).await.expect_err("store down");
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+        assert!(stored(&fx, "a.bin").await.is_none());
+        // Up again: the next flush (or fsync) uploads the unchanged file.
+        fx.faulty.set_config(FaultConfig::default());
+        c.flush(fh).await.expect("retried");
+        assert_eq!(stored(&fx, "a.bin").await.as_deref(), Some(&want[..]));
+        c.release_write(fh).await;
+
+        // Broken midway: parts after the first fail; the upload is aborted and no
+        // object (not a prefix of one) appears.
+        let (_, fh) = c.create(ROOT_INO, "b.bin").await.expect("create");
+        c.write(fh, 0, &want).expect("write");
+        fx.faulty.set_config(FaultConfig {
+            fail_parts_after: Some(1),
+            ..Default::default()
+        });
+        let e = c.flush(fh).await.expect_err("parts fail");
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+        assert!(stored(&fx, "b.bin").await.is_none(), "no partial object");
+        // A release after a failed flush does not retry behind the caller's back.
+        fx.faulty.set_config(FaultConfig::default());
+        c.release_write(fh).await;
+        assert!(stored(&fx, "b.bin").await.is_none());
+        let e = c
+            .lookup(ROOT_INO, "b.bin")
+            .await
+            .expect_err("never written");
+        assert_eq!(e.errno(), libc::ENOENT);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn concurrent_flushes_share_one_upload_and_writes_during_it_are_uploaded_next() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "c.bin").await.expect("create");
+        let first = data(256 * 1024, 9);
+        c.write(fh, 0, &first).expect("write");
+        let flushes: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.flush(fh).await })
+            })
+            .collect();
+        for f in flushes {
+            f.await.expect("join").expect("flush");
+        }
+        assert_eq!(stored(&fx, "c.bin").await.as_deref(), Some(&first[..]));
+        c.write(fh, 0, b"changed").expect("write again");
+        c.flush(fh).await.expect("flush again");
+        let mut second = first.clone();
+        second[..7].copy_from_slice(b"changed");
+        assert_eq!(stored(&fx, "c.bin").await.as_deref(), Some(&second[..]));
+        c.release_write(fh).await;
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        let e = c.create(old.attr.ino, "obj").await.expect_err("exists");
+        assert_eq!(e.errno(), libc::EEXIST);
+        let e = c
+            .open_write(obj.attr.ino, false)
+            .await
+            .expect_err("in place");
+        assert_eq!(e.errno(), libc::ENOTSUP);
+        let e = c
+            .open_write(obj.attr.ino, true)
+            .await
+            .expect_err("no overwrite");
+        assert_eq!(e.errno(), libc::EPERM);
+        let e = c.unlink(old.attr.ino, "obj").await.expect_err("no delete");
+        assert_eq!(e.errno(), libc::EPERM);
+        let e = c
+            .setattr(obj.attr.ino, Some(0))
+            .await
+            .expect_err("no resize");
+        assert_eq!(e.errno(), libc::ENOTSUP);
+        assert_eq!(stored(&fx, "old/obj").await, Some(data(1000, 1)));
+
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.allow_delete = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        assert_eq!(read_back(c, obj.attr.ino).await, data(1000, 1));
+        let o = c.open_write(obj.attr.ino, true).await.expect("overwrite");
+        // Being written: a reader is told so rather than shown the old object.
+        let e = c.open(obj.attr.ino, false).await.expect_err("busy");
+        assert_eq!(e.errno(), libc::EBUSY);
+        c.write(o.fh, 0, b"new content").expect("write");
+        c.flush(o.fh).await.expect("flush");
+        c.release_write(o.fh).await;
+        assert_eq!(read_back(c, obj.attr.ino).await, b"new content".to_vec());
+        c.unlink(old.attr.ino, "obj").await.expect("delete");
+        assert!(stored(&fx, "old/obj").await.is_none());
+        let e = c.lookup(old.attr.ino, "obj").await.expect_err("gone");
+        assert_eq!(e.errno(), libc::ENOENT);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn directories_made_here_hold_new_files_and_only_empty_ones_go() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let d = c.mkdir(ROOT_INO, "ckpt").await.expect("mkdir");
+        assert_eq!(d.attr.kind, Kind::Dir);
+        let e = c.mkdir(ROOT_INO, "ckpt").await.expect_err("twice");
+        assert_eq!(e.errno(), libc::EEXIST);
+        let e = c.mkdir(ROOT_INO, "data").await.expect_err("store dir");
+        assert_eq!(e.errno(), libc::EEXIST);
+        let step = c.mkdir(d.attr.ino, "step-100").await.expect("nested");
+        let (_, fh) = c.create(step.attr.ino, "model.pt").await.expect("create");
+        c.write(fh, 0, b"weights").expect("write");
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "ckpt/step-100/model.pt").await.as_deref(),
+            Some(&b"weights"[..])
+        );
+        let e = c
+            .rmdir(d.attr.ino, "step-100")
+            .await
+            .expect_err("not empty");
+        assert_eq!(e.errno(), libc::ENOTEMPTY);
+        let empty = c.mkdir(d.attr.ino, "step-200").await.expect("mkdir");
+        c.rmdir(d.attr.ino, "step-200").await.expect("rmdir empty");
+        let e = c.getattr(empty.attr.ino).await.expect_err("gone");
+        assert_eq!(e.errno(), libc::ENOENT);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared() {
+    timed(async {
+        // A staging file left by a crash is removed at start and never uploaded.
+        let pre = tempfile::tempdir().expect("tempdir");
+        let staging = pre.path().join("staging");
+        std::fs::create_dir_all(&staging).expect("mkdir");
+        std::fs::write(staging.join("7.part"), b"torn").expect("leftover");
+        let fx = fixture(|o, dir| {
+            o.writes.as_mut().expect("writes").staging_dir = staging.clone();
+            o.passthrough = Some(PassthroughOptions::new(dir.join("pt")));
+        })
+        .await;
+        assert_eq!(std::fs::read_dir(&staging).expect("staging").count(), 0);
+        let c = &fx.core;
+        let want = data(200 * 1024, 5);
+        let (e, fh) = c.create(ROOT_INO, "shard.tar").await.expect("create");
+        c.write(fh, 0, &want).expect("write");
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        // The next open passes through to the staged bytes, now the copy: no GET.
+        let gets = fx.faulty.gets().count;
+        let o = c.open(e.attr.ino, false).await.expect("open");
+        let file = o.passthrough.expect("served from the copy");
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut buf).expect("read copy");
+        assert_eq!(buf, want);
+        assert_eq!(fx.faulty.gets().count, gets);
+        assert_eq!(stored(&fx, "shard.tar").await.as_deref(), Some(&want[..]));
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_read_only_core_refuses_every_write_with_erofs() {
+    timed(async {
+        let fx = fixture(|o, _| o.writes = None).await;
+        let c = &fx.core;
+        assert_eq!(
+            c.create(ROOT_INO, "x").await.expect_err("create").errno(),
+            libc::EROFS
+        );
+        assert_eq!(
+            c.mkdir(ROOT_INO, "d").await.expect_err("mkdir").errno(),
+            libc::EROFS
+        );
+        assert_eq!(
+            c.unlink(ROOT_INO, "x").await.expect_err("unlink").errno(),
+            libc::EROFS
+        );
+        let d = c.lookup(ROOT_INO, "data").await.expect("dir");
+        assert_eq!(d.attr.perm, 0o555);
+    })
+    .await
+    .expect("bounded");
+}
