@@ -466,9 +466,11 @@ def main():
         if args.peer:
             systems["peer"] = ("peer", args.peer, None, [])
 
-        def mount(name, memory=None):
+        def mount(name, memory=None, writes=False):
             kind, binary, ttl, extra = systems[name]
             stats = args.stats if name == "strata" else None
+            if writes and kind == "strata":
+                extra = list(extra) + ["--allow-writes"]
             return Mount(kind, binary, moto.endpoint, work, memory=memory, ttl=ttl,
                          extra=extra, stats_to=stats)
 
@@ -614,6 +616,65 @@ def main():
                 rows[0][f"{name}_s"] = round(a, 3)
                 rows[1][f"{name}_s"] = round(b, 3)
             results += rows
+
+        if not wanted or any(w.startswith("write") for w in wanted):
+            # Writes through the mount, close included (the object exists when it
+            # returns): a checkpoint of --large-mib MiB written in 1 MiB writes, and
+            # --small-count / 4 files of --small-kib KiB. Strata mounts with
+            # --allow-writes; mountpoint-s3 writes new files by default. Each run writes
+            # new keys. The ceiling (`direct_s`): boto3 uploading the same bytes from
+            # memory (8 MiB parts, 8 at once), no file system in the way.
+            chunk = os.urandom(1 << 20)
+            small_w = os.urandom(args.small_kib << 10)
+            n_small_w = max(1, args.small_count // 4)
+
+            def write_large(p, key):
+                with open(os.path.join(p, key), "wb") as f:
+                    for _ in range(args.large_mib):
+                        f.write(chunk)
+
+            def write_small(p, key):
+                for i in range(n_small_w):
+                    with open(os.path.join(p, f"{key}-{i:05d}"), "wb") as f:
+                        f.write(small_w)
+
+            wcases = [(f"write {args.large_mib} MiB file, close included", write_large),
+                      (f"write {n_small_w} x {args.small_kib} KiB files, serial", write_small)]
+            for case, fn in wcases:
+                row = {"case": case}
+                for name in systems:
+                    if name == "before":
+                        continue
+                    log(f"{case}: {name} ...")
+                    times = []
+                    for r in range(args.runs):
+                        m = mount(name, writes=True)
+                        try:
+                            drop_caches()
+                            times.append(timed(lambda: fn(m.mnt, f"w-{name}-{r}")))
+                        finally:
+                            m.close()
+                    log(f"  {name}: {[round(t, 3) for t in times]} s")
+                    row[f"{name}_s"] = round(statistics.median(times), 3)
+                results.append(row)
+                remove_kept_caches()
+            try:
+                import io
+                from boto3.s3.transfer import TransferConfig
+                cfg = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=8,
+                                     multipart_threshold=8 << 20)
+                big = chunk * args.large_mib
+                t = [timed(lambda: s3.upload_fileobj(io.BytesIO(big), BUCKET,
+                                                     f"direct-{r}", Config=cfg))
+                     for r in range(args.runs)]
+                results[-2]["direct_s"] = round(statistics.median(t), 3)
+                del big
+                t = [timed(lambda: [s3.put_object(Bucket=BUCKET, Key=f"direct-{r}-{i}",
+                                                  Body=small_w) for i in range(n_small_w)])
+                     for r in range(args.runs)]
+                results[-1]["direct_s"] = round(statistics.median(t), 3)
+            except ImportError:
+                log("boto3.s3.transfer missing: no direct upload ceiling")
 
         # Bytes on disk for bytes read: each set read once cold, then the cache settles.
         ratios = {}

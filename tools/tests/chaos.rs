@@ -2,7 +2,8 @@
 //! (FUSE mount over moto's S3 behind the bench's fault proxy, KV service on loopback),
 //! killed with SIGKILL at seeded-random moments under mount readers and KV clients, and
 //! restarted on the same cache dir. No acknowledged block may be lost and no byte read
-//! (through the mount or the KV service) may be wrong.
+//! (through the mount or the KV service) may be wrong; no file written through the
+//! mount and confirmed by its fsync may be lost, and none may ever appear torn.
 //!
 //! The daemon is this package's `strata` binary (`CARGO_BIN_EXE_strata`), which cargo
 //! builds, current, before running the test; the test sits in the tools crate for that
@@ -43,6 +44,9 @@ fn kill_9_under_load_and_store_faults_loses_no_block_and_returns_no_wrong_byte()
             // Every read through the block cache and the store, not the kernel's copy.
             passthrough_max: "0".into(),
             verify_sample: 100,
+            // Files up to 1 MiB, so a short run confirms several (the bench's default
+            // adds multipart uploads).
+            max_write_size: "1MiB".into(),
             strata_bin: Some(env!("CARGO_BIN_EXE_strata").into()),
             ..ChaosArgs::default()
         },
@@ -70,5 +74,19 @@ fn kill_9_under_load_and_store_faults_loses_no_block_and_returns_no_wrong_byte()
     assert_eq!(
         report.verify_errors, 0,
         "verification requests failed: {report:#?}"
+    );
+    assert!(
+        report.writes_acked > 0,
+        "the mount writer got files confirmed: {report:#?}"
+    );
+    assert!(
+        report.written.checked >= report.writes_acked,
+        "every started file checked: {report:#?}"
+    );
+    assert_eq!(report.written.lost, 0, "confirmed files lost: {report:#?}");
+    assert_eq!(report.written.torn, 0, "torn or mixed objects: {report:#?}");
+    assert_eq!(
+        report.written.errors, 0,
+        "written files unreadable: {report:#?}"
     );
 }

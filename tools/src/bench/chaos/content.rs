@@ -41,6 +41,17 @@ pub fn file_name(index: usize) -> String {
     format!("shard-{index:04}.bin")
 }
 
+/// Name of writer `writer`'s `seq`-th file, written through the mount (at its root,
+/// beside the dataset, whose names it never takes).
+pub fn written_name(writer: u64, seq: u64) -> String {
+    format!("written-w{writer}-{seq:06}.bin")
+}
+
+/// Seed of the bytes of a written file (its bytes are `fill(seed, ..)`).
+pub fn written_seed(bench_seed: u64, writer: u64, seq: u64) -> u64 {
+    mix(bench_seed ^ mix(0x3A17_0000 ^ (writer << 40) ^ seq))
+}
+
 /// A KV block's key: 32 bytes named by (bench seed, client, sequence number).
 pub fn block_key(bench_seed: u64, client: usize, seq: u64) -> [u8; 32] {
     let mut key = [0u8; 32];

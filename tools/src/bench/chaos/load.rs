@@ -108,6 +108,18 @@ pub struct LoadStats {
     pub kv_get_errors_while_up: AtomicU64,
     pub kv_wrong_bytes: AtomicU64,
     pub kv_error_samples: Mutex<Vec<String>>,
+    /// Files written through the mount: closed with the upload confirmed...
+    pub writes_acked: AtomicU64,
+    /// ...failed with the daemon and the store up...
+    pub write_errors_while_up: AtomicU64,
+    pub writes_failed_while_store_down: AtomicU64,
+    /// ...or cut by a kill (nothing is promised for them but no torn object).
+    pub writes_interrupted_by_kill: AtomicU64,
+    pub write_error_samples: Mutex<Vec<String>>,
+    /// Every file a writer started, in order, with whether its upload was confirmed.
+    pub written: Mutex<Vec<Written>>,
+    /// Writers in the middle of a file now.
+    pub writes_in_progress: AtomicU64,
     /// Every acknowledged put's key, in order of acknowledgement.
     pub acked: Mutex<Vec<[u8; 32]>>,
     /// Acknowledged keys later answered "not found".
@@ -140,6 +152,16 @@ impl LoadStats {
     }
 }
 
+/// A file a writer started through the mount.
+#[derive(Clone, Copy, Debug)]
+pub struct Written {
+    pub writer: u64,
+    pub seq: u64,
+    pub size: u64,
+    /// `fsync` and `close` returned success: the object must exist, exactly.
+    pub acked: bool,
+}
+
 /// What the load works on.
 pub struct LoadCtx {
     pub seed: u64,
@@ -155,6 +177,8 @@ pub struct LoadCtx {
     pub block_max: u64,
     /// Pause between one KV client's operations.
     pub kv_pause: Duration,
+    /// Largest file a mount writer writes.
+    pub max_write: u64,
     pub started: Instant,
 }
 
@@ -232,6 +256,159 @@ pub fn reader(ctx: Arc<LoadCtx>, id: u64) {
             }
         }
     }
+}
+
+/// One mount writer: until stopped, writes a new file whenever a daemon is up (mostly
+/// up to 1 MiB, one in five over an upload part, so some are multipart uploads), then
+/// `fsync`s and closes it: both return the upload's outcome.
+pub fn writer(ctx: Arc<LoadCtx>, id: u64) {
+    let mut rng = StdRng::seed_from_u64(mix(ctx.seed ^ 0x3A17_0000 ^ id));
+    let s = &ctx.stats;
+    let mut seq = 0u64;
+    while !ctx.phase.stopped() {
+        let Some(e0) = ctx.phase.up_epoch() else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        let big = ctx.max_write > (8 << 20) && rng.random_bool(0.2);
+        let size = if big {
+            rng.random_range((8 << 20)..=ctx.max_write)
+        } else {
+            rng.random_range(1..=ctx.max_write.min(1 << 20))
+        };
+        let at = {
+            let mut w = s.written.lock().unwrap_or_else(|p| p.into_inner());
+            w.push(Written {
+                writer: id,
+                seq,
+                size,
+                acked: false,
+            });
+            w.len() - 1
+        };
+        let path = ctx.mountpoint.join(content::written_name(id, seq));
+        let t0 = Instant::now();
+        s.writes_in_progress.fetch_add(1, Ordering::AcqRel);
+        let r = write_file(&path, content::written_seed(ctx.seed, id, seq), size);
+        let t1 = Instant::now();
+        seq += 1;
+        if r.is_ok() {
+            // Confirmed: the upload completed, whatever happens to the daemon next.
+            s.written.lock().unwrap_or_else(|p| p.into_inner())[at].acked = true;
+            s.writes_acked.fetch_add(1, Ordering::Relaxed);
+        }
+        s.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
+        match r {
+            Ok(()) => {}
+            Err(_) if ctx.phase.epoch() != e0 => {
+                s.writes_interrupted_by_kill.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) if ctx.faults.down_during(t0, t1) => {
+                s.writes_failed_while_store_down
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                s.write_errors_while_up.fetch_add(1, Ordering::Relaxed);
+                keep_sample(
+                    &s.write_error_samples,
+                    format!(
+                        "t={:.1}s {} ({size} bytes): {e} (after {} ms)",
+                        (t0 - ctx.started).as_secs_f64(),
+                        path.display(),
+                        (t1 - t0).as_millis()
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Writes `size` bytes of `fill(seed, ..)` to the new file `path` in 1 MiB writes,
+/// then `fsync` and `close`, checking both (a close's error is its flush's).
+fn write_file(path: &Path, seed: u64, size: u64) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(buf.len() as u64) as usize;
+        content::fill(seed, off, &mut buf[..n]);
+        f.write_all_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    f.sync_all()?;
+    let fd = f.into_raw_fd();
+    // SAFETY: `fd` was just released by the `File`, so it is closed exactly once.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// What the final check of the written files found.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct WrittenCheck {
+    pub checked: u64,
+    /// Confirmed files missing.
+    pub lost: u64,
+    /// Files present with other bytes or another size (confirmed or not): a torn or
+    /// mixed upload.
+    pub torn: u64,
+    /// Unconfirmed files present whole (their upload completed as the kill came).
+    pub unconfirmed_present: u64,
+    /// Files that could not be read within the check's retries.
+    pub errors: u64,
+}
+
+/// Reads every file the writers started back through the mount of a fresh daemon:
+/// a confirmed one must be there with its exact bytes, any other must be absent or
+/// whole. Waits (up to 5 min) for the writers' last files (the load is stopped), and
+/// retries a read that fails (the proxy still injects faults) for up to 20 s.
+pub fn verify_written(ctx: &LoadCtx) -> WrittenCheck {
+    let until = Instant::now() + Duration::from_secs(300);
+    while ctx.stats.writes_in_progress.load(Ordering::Acquire) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let all = ctx
+        .stats
+        .written
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut c = WrittenCheck::default();
+    for w in all {
+        let path = ctx.mountpoint.join(content::written_name(w.writer, w.seq));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let got = loop {
+            match std::fs::read(&path) {
+                Ok(b) => break Some(Ok(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break Some(Err(())),
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(_) => break None,
+            }
+        };
+        c.checked += 1;
+        match got {
+            None => c.errors += 1,
+            Some(Err(())) if w.acked => c.lost += 1,
+            Some(Err(())) => {}
+            Some(Ok(bytes)) => {
+                let seed = content::written_seed(ctx.seed, w.writer, w.seq);
+                if bytes.len() as u64 != w.size || content::count_wrong(seed, 0, &bytes) > 0 {
+                    c.torn += 1;
+                } else if !w.acked {
+                    c.unconfirmed_present += 1;
+                }
+            }
+        }
+    }
+    c
 }
 
 /// Opens `path`, reads `len` bytes at `off` (fewer only at end of file), drops the

@@ -117,6 +117,15 @@ pub struct ChaosArgs {
     /// Default: the mount's own default.
     #[arg(long, default_value = "64MiB")]
     pub passthrough_max: String,
+    /// Mount writers (the mount takes writes when there are any): each writes new
+    /// files, `fsync`s and closes them; confirmed ones must survive every kill, and no
+    /// file may ever be present torn. 1.
+    #[arg(long, default_value_t = 1)]
+    pub writers: usize,
+    /// Largest file a writer writes (one in five is over 8 MiB, a multipart upload,
+    /// when this allows). 12MiB.
+    #[arg(long, default_value = "12MiB")]
+    pub max_write_size: String,
     /// An S3-compatible endpoint (credentials from AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY, AWS_REGION). Default: start `moto_server` from PATH.
     #[arg(long)]
@@ -190,6 +199,14 @@ pub struct ChaosReport {
     pub kv_get_errors_while_up: u64,
     pub blocks_verified: u64,
     pub verify_errors: u64,
+    /// Files written through the mount whose `fsync` and `close` succeeded.
+    pub writes_acked: u64,
+    pub write_errors_while_up: u64,
+    pub writes_failed_while_store_down: u64,
+    pub writes_interrupted_by_kill: u64,
+    /// The final check of every started file (see `load::verify_written`).
+    pub written: load::WrittenCheck,
+    pub write_error_samples: Vec<String>,
     pub store_faults_injected: u64,
     pub store: StoreFaults,
     pub restart_ms_p50: u64,
@@ -209,7 +226,8 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
         println!(
             "chaos: {} cycles, {} acknowledged blocks, {} lost, {} wrong bytes, {} failed reads \
              ({} while the store was down), max read stall {} ms ({} ms with the store up), \
-             {} reads, {} store faults injected, restart p50 {} ms",
+             {} reads, {} store faults injected, restart p50 {} ms; written through the \
+             mount: {} confirmed, {} lost, {} torn, {} unreadable",
             report.cycles,
             report.acked_blocks,
             report.lost_blocks,
@@ -221,11 +239,16 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
             report.reads,
             report.store_faults_injected,
             report.restart_ms_p50,
+            report.writes_acked,
+            report.written.lost,
+            report.written.torn,
+            report.written.errors,
         );
         for s in report
             .failed_read_samples
             .iter()
             .chain(&report.kv_error_samples)
+            .chain(&report.write_error_samples)
         {
             println!("  {s}");
         }
@@ -324,7 +347,8 @@ pub fn run_chaos(args: &ChaosArgs) -> anyhow::Result<ChaosReport> {
              [cache]\ndir = \"{cache}\"\nmemory = \"{memory}\"\ndisk = \"{disk}\"\n\n\
              [kv]\nlisten = \"127.0.0.1:0\"\n\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n\n\
-             [[mounts]]\nmountpoint = \"{mnt}\"\npassthrough_max = \"{passthrough}\"\n",
+             [[mounts]]\nmountpoint = \"{mnt}\"\npassthrough_max = \"{passthrough}\"\n\
+             allow_writes = {writes}\n",
             bucket = args.bucket,
             proxy = proxy.url(),
             cache = cache_dir.display(),
@@ -332,6 +356,7 @@ pub fn run_chaos(args: &ChaosArgs) -> anyhow::Result<ChaosReport> {
             disk = args.disk,
             mnt = mnt.display(),
             passthrough = args.passthrough_max,
+            writes = args.writers > 0,
         ),
     )?;
     let binary = match &args.strata_bin {
@@ -368,6 +393,7 @@ pub fn run_chaos(args: &ChaosArgs) -> anyhow::Result<ChaosReport> {
         block_min: blocks.start,
         block_max: blocks.end.max(blocks.start),
         kv_pause: Duration::from_millis(args.kv_pause_ms),
+        max_write: parse_size(&args.max_write_size)?.max(1),
         started,
     });
     let readers: Vec<_> = (0..args.readers)
@@ -376,21 +402,29 @@ pub fn run_chaos(args: &ChaosArgs) -> anyhow::Result<ChaosReport> {
             std::thread::spawn(move || load::reader(c, i as u64))
         })
         .collect();
+    let writers: Vec<_> = (0..args.writers)
+        .map(|i| {
+            let c = ctx.clone();
+            std::thread::spawn(move || load::writer(c, i as u64))
+        })
+        .collect();
     let clients: Vec<_> = (0..args.kv_clients)
         .map(|i| rt.spawn(load::kv_client(ctx.clone(), i)))
         .collect();
 
     let outcome = cycles(args, &rt, &ctx, &spec, kill_after, &mut rng);
     ctx.phase.stop();
-    for r in readers {
+    for r in readers.into_iter().chain(writers) {
         let _ = r.join();
     }
     for c in clients {
         let _ = rt.block_on(c);
     }
     detach_mount(&mnt);
-    let (verified, restarts) = outcome?;
-    Ok(report(args, &ctx, &proxy, verified, restarts, started))
+    let (verified, written, restarts) = outcome?;
+    Ok(report(
+        args, &ctx, &proxy, verified, written, restarts, started,
+    ))
 }
 
 /// The kill-restart cycles, then the final check of every acknowledged block. Returns
@@ -402,7 +436,7 @@ fn cycles(
     spec: &DaemonSpec,
     kill_after: std::ops::Range<u64>,
     rng: &mut StdRng,
-) -> anyhow::Result<(load::Verified, Vec<Duration>)> {
+) -> anyhow::Result<(load::Verified, load::WrittenCheck, Vec<Duration>)> {
     let mut restarts = Vec::new();
     let mut total = load::Verified::default();
     for cycle in 0..=args.cycles {
@@ -429,9 +463,10 @@ fn cycles(
         total.errors += v.errors;
         if last {
             ctx.phase.stop();
+            let written = load::verify_written(ctx);
             d.terminate(Duration::from_secs(30))?;
             detach_mount(&spec.mountpoint);
-            break;
+            return Ok((total, written, restarts));
         }
         ctx.phase.up(&d.kv_tcp);
         std::thread::sleep(Duration::from_millis(rng.random_range(kill_after.clone())));
@@ -441,7 +476,7 @@ fn cycles(
         detach_mount(&spec.mountpoint);
         tracing::info!(cycle, "killed");
     }
-    Ok((total, restarts))
+    unreachable!("the last cycle returns")
 }
 
 fn report(
@@ -449,6 +484,7 @@ fn report(
     ctx: &LoadCtx,
     proxy: &FaultProxy,
     verified: load::Verified,
+    written: load::WrittenCheck,
     restarts: Vec<Duration>,
     started: Instant,
 ) -> ChaosReport {
@@ -513,6 +549,16 @@ fn report(
         kv_get_errors_while_up: get(&s.kv_get_errors_while_up),
         blocks_verified: verified.checked,
         verify_errors: verified.errors,
+        writes_acked: get(&s.writes_acked),
+        write_errors_while_up: get(&s.write_errors_while_up),
+        writes_failed_while_store_down: get(&s.writes_failed_while_store_down),
+        writes_interrupted_by_kill: get(&s.writes_interrupted_by_kill),
+        written,
+        write_error_samples: s
+            .write_error_samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
         store_faults_injected: store.errors_injected
             + store.spikes_injected
             + store.answered_503_while_down
