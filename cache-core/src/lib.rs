@@ -36,6 +36,6 @@ pub use error::{CacheError, Result};
 pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
 pub use pattern::Pattern;
 pub use reader::{ObjectReader, PeerFetch, PeerSource, StoreFetch};
-pub use store::{BackingStore, DirListing, ObjectInfo, RetryPolicy, StoreOptions};
+pub use store::{BackingStore, DirListing, ObjectInfo, RetryPolicy, StoreOptions, StreamingUpload};
 pub use tier::{Tier, TierGet, TierKind};
 pub use tracker::AccessTracker;

@@ -457,7 +457,9 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // A local pwrite into the staging file, on this session thread.
+        // A local pwrite into the staging file, on this session thread (inside the
+        // runtime's context: a file written in order may start its streamed upload).
+        let _ctx = self.rt.enter();
         match self.core.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e, "write")),

@@ -57,6 +57,7 @@ async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixtu
     let mut w = WriteOptions::new(dir.path().join("staging"));
     w.part_size = 64 << 10;
     w.parts_in_flight = 3;
+    w.stream_from = 128 << 10;
     let mut opts = CoreOptions {
         writes: Some(w),
         ..Default::default()
@@ -396,6 +397,73 @@ async fn a_read_only_core_refuses_every_write_with_erofs() {
         );
         let d = c.lookup(ROOT_INO, "data").await.expect("dir");
         assert_eq!(d.attr.perm, 0o555);
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_file_written_in_order_is_sent_while_written_and_a_rewrite_falls_back() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        // In order, 20 writes of 32 KiB: parts go out before the flush.
+        let want = data(20 * 32 * 1024 + 5, 11);
+        let (_, fh) = c.create(ROOT_INO, "stream.bin").await.expect("create");
+        for (i, piece) in want.chunks(32 * 1024).enumerate() {
+            c.write(fh, (i * 32 * 1024) as u64, piece).expect("write");
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while fx.faulty.parts_put() < 5 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "parts sent while written"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            stored(&fx, "stream.bin").await.is_none(),
+            "not visible before the flush"
+        );
+        c.flush(fh).await.expect("flush completes the stream");
+        assert_eq!(stored(&fx, "stream.bin").await.as_deref(), Some(&want[..]));
+        assert!(
+            fx.faulty.parts_put() <= 11,
+            "each part sent once: {}",
+            fx.faulty.parts_put()
+        );
+        c.release_write(fh).await;
+
+        // In order past the threshold, then a header patched at the start: the stream
+        // breaks and the flush uploads the file as it is.
+        let mut want = data(400 * 1024, 12);
+        let (_, fh) = c.create(ROOT_INO, "patched.bin").await.expect("create");
+        for (i, piece) in want.chunks(64 * 1024).enumerate() {
+            c.write(fh, (i * 64 * 1024) as u64, piece).expect("write");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c.write(fh, 3, b"HEADER").expect("patch");
+        want[3..9].copy_from_slice(b"HEADER");
+        c.flush(fh).await.expect("flush falls back");
+        assert_eq!(stored(&fx, "patched.bin").await.as_deref(), Some(&want[..]));
+        c.release_write(fh).await;
+
+        // The store failing a streamed part: the flush falls back and, with the store
+        // back, uploads the file whole.
+        let want = data(300 * 1024, 13);
+        let (_, fh) = c.create(ROOT_INO, "flaky.bin").await.expect("create");
+        fx.faulty.set_config(FaultConfig {
+            fail_parts_after: Some(1),
+            ..Default::default()
+        });
+        for (i, piece) in want.chunks(64 * 1024).enumerate() {
+            c.write(fh, (i * 64 * 1024) as u64, piece).expect("write");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        fx.faulty.set_config(FaultConfig::default());
+        c.flush(fh).await.expect("fallback upload");
+        assert_eq!(stored(&fx, "flaky.bin").await.as_deref(), Some(&want[..]));
+        c.release_write(fh).await;
     })
     .await
     .expect("bounded");

@@ -75,6 +75,8 @@ pub struct FaultyStore {
     burst: AtomicU64,
     link_free_at: Mutex<Option<Instant>>,
     gets: GetCounters,
+    /// Multipart upload parts sent (not failed by injection).
+    parts_put: Arc<AtomicU64>,
 }
 
 /// What the data GETs (not HEADs, not listings) through a [`FaultyStore`] looked like:
@@ -150,6 +152,7 @@ impl FaultyStore {
             burst: AtomicU64::new(0),
             link_free_at: Mutex::new(None),
             gets: GetCounters::default(),
+            parts_put: Arc::default(),
         }
     }
 
@@ -169,6 +172,11 @@ impl FaultyStore {
     /// in flight when it started (itself included).
     pub fn get_log(&self) -> Vec<(u64, u64)> {
         self.gets.log.lock().clone()
+    }
+
+    /// Multipart upload parts sent to the inner store so far.
+    pub fn parts_put(&self) -> u64 {
+        self.parts_put.load(Ordering::Relaxed)
     }
 
     /// Changes the injected faults (e.g. take the store down mid-test).
@@ -234,6 +242,7 @@ struct FaultyUpload {
     location: String,
     config: Arc<Mutex<FaultConfig>>,
     parts: u64,
+    sent: Arc<AtomicU64>,
 }
 
 #[async_trait]
@@ -245,6 +254,7 @@ impl MultipartUpload for FaultyUpload {
             let e = injected(&self.location, "injected 503 on a part");
             return Box::pin(async move { Err(e) });
         }
+        self.sent.fetch_add(1, Ordering::Relaxed);
         self.inner.put_part(data)
     }
 
@@ -307,6 +317,7 @@ impl ObjectStore for FaultyStore {
             location: location.to_string(),
             config: self.config.clone(),
             parts: 0,
+            sent: self.parts_put.clone(),
         }))
     }
 

@@ -563,45 +563,46 @@ impl BackingStore {
             let data = next_part(0, size as usize).await?;
             return self.put(path, data).await;
         }
+        let mut up = self.start_upload(path, part_size, in_flight).await?;
+        let mut offset = 0u64;
+        while offset < size {
+            let len = (size - offset).min(part_size as u64) as usize;
+            let data = match next_part(offset, len).await {
+                Ok(d) => d,
+                Err(e) => {
+                    up.abort().await;
+                    return Err(e.into());
+                }
+            };
+            up.put(data).await?;
+            offset += len as u64;
+        }
+        up.finish().await
+    }
+
+    /// Starts a multipart upload of `path` whose size is not known yet (a file sent
+    /// while it is written): see [`StreamingUpload`].
+    pub async fn start_upload(
+        &self,
+        path: &str,
+        part_size: usize,
+        in_flight: usize,
+    ) -> Result<StreamingUpload> {
         let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
-        let bounded = |what: &str| CacheError::Store {
-            attempts: 1,
-            message: format!("{path}: {what} did not finish within {budget:?}"),
-        };
         let p = Path::from(path);
         let upload = tokio::time::timeout(budget, self.store.put_multipart(&p))
             .await
-            .map_err(|_| bounded("starting the upload"))?
+            .map_err(|_| bounded_wait(path, "starting the upload", budget))?
             .map_err(|e| map_store_error(e, 1))?;
-        let mut parts = object_store::WriteMultipart::new_with_chunk_size(upload, part_size);
-        let mut offset = 0u64;
-        let sent: Result<()> = async {
-            while offset < size {
-                let len = (size - offset).min(part_size as u64) as usize;
-                let data = next_part(offset, len).await?;
-                tokio::time::timeout(budget, parts.wait_for_capacity(in_flight.max(1)))
-                    .await
-                    .map_err(|_| bounded("a part"))?
-                    .map_err(|e| map_store_error(e, 1))?;
-                parts.put(data);
-                offset += len as u64;
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(e) = sent {
-            if let Err(abort) = parts.abort().await {
-                tracing::warn!(path, error = %abort, "aborting a failed upload failed");
-            }
-            return Err(e);
-        }
-        // `finish` aborts the upload itself when a part or the completion fails; a
-        // timeout drops it, and the store's lifecycle rules collect its parts.
-        tokio::time::timeout(budget, parts.finish())
-            .await
-            .map_err(|_| bounded("completing the upload"))?
-            .map_err(|e| map_store_error(e, 1))?;
-        Ok(())
+        Ok(StreamingUpload {
+            path: path.to_string(),
+            parts: Some(object_store::WriteMultipart::new_with_chunk_size(
+                upload,
+                part_size.max(1),
+            )),
+            in_flight: in_flight.max(1),
+            budget,
+        })
     }
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
@@ -647,6 +648,81 @@ impl BackingStore {
             backoff = backoff.saturating_mul(2).min(self.retry.max_backoff);
         }
         Err(CacheError::StoreTimeout { attempts })
+    }
+}
+
+/// The error of a wait on the store that outlived its budget.
+fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheError {
+    CacheError::Store {
+        attempts: 1,
+        message: format!("{path}: {what} did not finish within {budget:?}"),
+    }
+}
+
+/// A multipart upload in progress ([`BackingStore::start_upload`]): bytes are queued
+/// with [`Self::put`] (cut into parts of the part size, up to `in_flight` parts on the
+/// wire), and the object appears only at [`Self::finish`]. A failure aborts the upload
+/// (so does dropping it unfinished: its parts are the store's to collect), so a failed
+/// upload never leaves an object. Each wait on the store is bounded by the retry
+/// policy's whole budget (attempts x attempt timeout).
+pub struct StreamingUpload {
+    path: String,
+    /// None once finished or aborted.
+    parts: Option<object_store::WriteMultipart>,
+    in_flight: usize,
+    budget: Duration,
+}
+
+impl StreamingUpload {
+    /// Queues `data`, first waiting while `in_flight` parts are on the wire. An error
+    /// aborts the upload.
+    pub async fn put(&mut self, data: Bytes) -> Result<()> {
+        let Some(parts) = self.parts.as_mut() else {
+            return Err(CacheError::InvalidArgument(format!(
+                "{}: the upload already ended",
+                self.path
+            )));
+        };
+        let waited = tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
+            .await
+            .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
+            .and_then(|r| r.map_err(|e| map_store_error(e, 1)));
+        match waited {
+            Ok(()) => {
+                parts.put(data);
+                Ok(())
+            }
+            Err(e) => {
+                self.abort().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends what is queued and completes the upload: the object appears now.
+    pub async fn finish(mut self) -> Result<()> {
+        let Some(parts) = self.parts.take() else {
+            return Err(CacheError::InvalidArgument(format!(
+                "{}: the upload already ended",
+                self.path
+            )));
+        };
+        // `finish` aborts the upload itself when a part or the completion fails; a
+        // timeout drops it, and the store's lifecycle rules collect its parts.
+        tokio::time::timeout(self.budget, parts.finish())
+            .await
+            .map_err(|_| bounded_wait(&self.path, "completing the upload", self.budget))?
+            .map_err(|e| map_store_error(e, 1))?;
+        Ok(())
+    }
+
+    /// Aborts the upload (its parts are deleted; errors are only logged).
+    pub async fn abort(&mut self) {
+        if let Some(parts) = self.parts.take() {
+            if let Err(e) = parts.abort().await {
+                tracing::warn!(path = %self.path, error = %e, "aborting a failed upload failed");
+            }
+        }
     }
 }
 

@@ -13,6 +13,13 @@
 //!   timeout) fails its `close` with EIO and nothing half-written becomes visible: an
 //!   object appears only when its upload completes, and a multipart upload that fails
 //!   is aborted.
+//! - **Sent while written, when written in order.** A file that every write so far
+//!   appended to, once past `stream_from` (16 MiB), starts its multipart upload: a task
+//!   reads the staging file behind the writer and queues it part by part, so a large
+//!   checkpoint is mostly on the wire when it is closed (mountpoint-s3 streams too, but
+//!   only in order; here order is an optimisation, not a rule). A write below what the
+//!   task has read, or a truncate, breaks the stream: it aborts, and the flush uploads
+//!   the file whole, as does any failure of the stream.
 //! - **Single-flight per file.** Concurrent flushes of one file share one upload; a
 //!   write that lands during an upload leaves the file changed, so the next flush
 //!   uploads again (`written` / `uploaded` generations).
@@ -67,6 +74,11 @@ pub struct WriteOptions {
     /// Parts on the wire at once: 8, enough to keep a link to S3 busy (each part's
     /// latency is mostly the store's) without buffering more than 64 MiB per file.
     pub parts_in_flight: usize,
+    /// A file written in order starts its multipart upload once it holds this many
+    /// bytes, and sends parts while it is written (see the module doc): 16 MiB, two
+    /// parts, so a small file is still one PUT at close and never a multipart upload.
+    /// 0: always upload at close.
+    pub stream_from: u64,
 }
 
 impl WriteOptions {
@@ -77,6 +89,7 @@ impl WriteOptions {
             allow_delete: false,
             part_size: 8 << 20,
             parts_in_flight: 8,
+            stream_from: 16 << 20,
         }
     }
 }
@@ -101,6 +114,30 @@ pub(super) struct Staged {
     /// The last upload failed (its flush returned the error): release does not retry
     /// it behind the caller's back.
     failed: AtomicBool,
+    /// Every write so far appended at the end (the file may be streamed).
+    appending: AtomicBool,
+    /// The upload sent while the file is written, once started.
+    stream: Mutex<Option<Stream>>,
+}
+
+/// A multipart upload sent while its file is written in order: a task reads the
+/// staging file behind the writer and queues it part by part; a flush asks it to send
+/// the rest and complete. A write below what it has read breaks it (the bytes it sent
+/// are stale): it aborts, and the flush uploads the file at close as any other.
+struct Stream {
+    ctl: Arc<StreamCtl>,
+    task: tokio::task::JoinHandle<Result<u32>>,
+}
+
+#[derive(Default)]
+struct StreamCtl {
+    /// Bytes the task has read (or is reading); a write below breaks the stream.
+    read_upto: AtomicU64,
+    broken: AtomicBool,
+    /// A flush wants the upload completed at the file's size.
+    finish: AtomicBool,
+    /// More was written, or one of the flags changed.
+    wake: tokio::sync::Notify,
 }
 
 impl Staged {
@@ -191,6 +228,8 @@ impl Writes {
             last: Mutex::new(None),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
+            appending: AtomicBool::new(true),
+            stream: Mutex::new(None),
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
@@ -344,11 +383,56 @@ impl FsCore {
                 what: format!("writing {}", staged.path),
                 source,
             })?;
-        staged
+        let before = staged
             .size
             .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        if offset != before {
+            staged.appending.store(false, Ordering::Release);
+        }
         staged.written.fetch_add(1, Ordering::AcqRel);
+        // After the bytes landed: a stream that read below them has sent stale bytes.
+        let stream = staged.stream.lock().as_ref().map(|s| s.ctl.clone());
+        match stream {
+            Some(ctl) => {
+                if offset < ctl.read_upto.load(Ordering::Acquire) {
+                    ctl.broken.store(true, Ordering::Release);
+                }
+                ctl.wake.notify_one();
+            }
+            None => self.maybe_stream(&staged),
+        }
         Ok(data.len() as u32)
+    }
+
+    /// Starts streaming `staged` if it was written in order past `stream_from` (and a
+    /// runtime is there to run the sender; else it is uploaded at close).
+    fn maybe_stream(&self, staged: &Arc<Staged>) {
+        let Some(writes) = self.writes.as_ref() else {
+            return;
+        };
+        let opts = &writes.opts;
+        if opts.stream_from == 0
+            || staged.size.load(Ordering::Acquire) < opts.stream_from
+            || !staged.appending.load(Ordering::Acquire)
+        {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut slot = staged.stream.lock();
+        if slot.is_some() {
+            return;
+        }
+        let ctl = Arc::new(StreamCtl::default());
+        let task = rt.spawn(stream_upload(
+            self.reader.store().clone(),
+            staged.clone(),
+            ctl.clone(),
+            opts.part_size,
+            opts.parts_in_flight,
+        ));
+        *slot = Some(Stream { ctl, task });
     }
 
     /// Reads of a write handle (opened `O_RDWR`): from its staging file. Blocking.
@@ -392,7 +476,12 @@ impl FsCore {
                 source,
             })?;
             staged.size.store(size, Ordering::Release);
+            staged.appending.store(false, Ordering::Release);
             staged.written.fetch_add(1, Ordering::AcqRel);
+            if let Some(s) = staged.stream.lock().as_ref() {
+                s.ctl.broken.store(true, Ordering::Release);
+                s.ctl.wake.notify_one();
+            }
         }
         self.entry_for(&node.path, &staged.meta(), false)
     }
@@ -446,6 +535,22 @@ impl FsCore {
     /// One upload of `staged` as of generation `gen`, then its metadata.
     async fn upload_once(&self, staged: &Arc<Staged>, gen: u64) -> Result<()> {
         let opts = self.writes()?.opts.clone();
+        // A stream in progress finishes the upload if nothing broke it; any failure of
+        // it falls back to an upload of the whole file.
+        let stream = staged.stream.lock().take();
+        if let Some(Stream { ctl, task }) = stream {
+            ctl.finish.store(true, Ordering::Release);
+            ctl.wake.notify_one();
+            match task.await {
+                Ok(Ok(crc)) => return self.uploaded(staged, gen, crc).await,
+                Ok(Err(e)) => {
+                    tracing::debug!(path = %staged.path, error = %e, "streamed upload not used; uploading the file");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %staged.path, error = %e, "streamed upload task failed; uploading the file");
+                }
+            }
+        }
         let size = staged.size.load(Ordering::Acquire);
         let store = self.reader.store();
         let file = staged.file.try_clone().map_err(|source| Error::Local {
@@ -478,6 +583,14 @@ impl FsCore {
             )
             .await?;
         let crc = *crc.lock();
+        self.uploaded(staged, gen, crc).await
+    }
+
+    /// After `staged` was uploaded as of generation `gen` (bytes of crc32c `crc`): its
+    /// metadata from the store, its parent's listing dropped.
+    async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
+        let store = self.reader.store();
+        let size = staged.size.load(Ordering::Acquire);
         // The store's own metadata (ETag, time) for the attribute cache; if the HEAD
         // fails the upload still stands and the next lookup asks again.
         let parent = self.parent_of(&staged.path).map(Arc::<str>::from);
@@ -516,6 +629,12 @@ impl FsCore {
             if let Err(e) = self.upload(&staged).await {
                 tracing::error!(path = %staged.path, error = %e, "upload at release failed; the object was not written");
             }
+        }
+        // A stream no upload took (its file's last upload failed): abort it.
+        if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
+            ctl.broken.store(true, Ordering::Release);
+            ctl.wake.notify_one();
+            drop(task);
         }
         writes.by_path.lock().remove(&staged.path);
         let last = staged.last.lock().clone();
@@ -615,5 +734,76 @@ impl FsCore {
             )));
         }
         Ok(())
+    }
+}
+
+/// The sender of a [`Stream`]: reads `staged` behind its writer and queues it, until a
+/// flush asks it to finish (then it sends the rest and completes the upload) or a write
+/// below what it read breaks it (then it aborts). Returns the crc32c of what it sent.
+async fn stream_upload(
+    store: strata_cache_core::BackingStore,
+    staged: Arc<Staged>,
+    ctl: Arc<StreamCtl>,
+    part_size: usize,
+    in_flight: usize,
+) -> Result<u32> {
+    let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path));
+    let mut up = store
+        .start_upload(&staged.path, part_size, in_flight)
+        .await?;
+    let file = Arc::new(staged.file.try_clone().map_err(|source| Error::Local {
+        what: format!("reopening {}", staged.path),
+        source,
+    })?);
+    let (mut sent, mut crc) = (0u64, 0u32);
+    loop {
+        if ctl.broken.load(Ordering::Acquire) {
+            up.abort().await;
+            return Err(broken());
+        }
+        let finishing = ctl.finish.load(Ordering::Acquire);
+        if finishing {
+            // From here any write breaks the stream: what it completes is the file.
+            ctl.read_upto.store(u64::MAX, Ordering::Release);
+        }
+        let size = staged.size.load(Ordering::Acquire);
+        if sent < size {
+            let len = (size - sent).min(part_size as u64) as usize;
+            ctl.read_upto.fetch_max(sent + len as u64, Ordering::AcqRel);
+            let (f, at) = (file.clone(), sent);
+            let buf = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len];
+                f.read_exact_at(&mut buf, at).map(|()| buf)
+            })
+            .await
+            .map_err(|e| Error::Local {
+                what: format!("reading {} to stream it", staged.path),
+                source: std::io::Error::other(e),
+            })?
+            .map_err(|source| Error::Local {
+                what: format!("reading {} to stream it", staged.path),
+                source,
+            });
+            let buf = match buf {
+                Ok(b) => b,
+                Err(e) => {
+                    up.abort().await;
+                    return Err(e);
+                }
+            };
+            crc = crc32c::crc32c_append(crc, &buf);
+            up.put(Bytes::from(buf)).await?;
+            sent += len as u64;
+            continue;
+        }
+        if finishing {
+            if ctl.broken.load(Ordering::Acquire) {
+                up.abort().await;
+                return Err(broken());
+            }
+            up.finish().await?;
+            return Ok(crc);
+        }
+        ctl.wake.notified().await;
     }
 }
