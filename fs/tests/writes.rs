@@ -468,3 +468,40 @@ async fn a_file_written_in_order_is_sent_while_written_and_a_rewrite_falls_back(
     .await
     .expect("bounded");
 }
+
+#[tokio::test]
+async fn many_files_created_in_one_directory_do_not_list_it_per_file() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let before = fx.faulty.reads();
+        for i in 0..20 {
+            let name = format!("out-{i:03}");
+            // The kernel looks each new name up (a miss) before creating it.
+            let e = c.lookup(dir.attr.ino, &name).await.expect_err("new");
+            assert_eq!(e.errno(), libc::ENOENT);
+            let (_, fh) = c.create(dir.attr.ino, &name).await.expect("create");
+            c.write(fh, 0, name.as_bytes()).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+        }
+        // One HEAD per upload (the store's ETag), the first name's HEAD and LIST, and
+        // one listing of the directory: not a HEAD and a LIST per new name.
+        let reads = fx.faulty.reads() - before;
+        assert!(reads <= 20 + 3, "store reads for 20 new files: {reads}");
+        // The listing, updated in place, shows every new file.
+        let h = c.opendir(dir.attr.ino).await.expect("opendir");
+        let names: Vec<String> = c
+            .readdir(h, 0, 100)
+            .expect("readdir")
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert_eq!(names.iter().filter(|n| n.starts_with("out-")).count(), 20);
+        let got = c.lookup(dir.attr.ino, "out-007").await.expect("written");
+        assert_eq!(read_back(c, got.attr.ino).await, b"out-007".to_vec());
+    })
+    .await
+    .expect("bounded");
+}

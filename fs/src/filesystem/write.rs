@@ -168,6 +168,8 @@ pub(super) struct Writes {
     handles: Mutex<HashMap<u64, Arc<Staged>>>,
     /// Directories made by `mkdir` that the store may not have yet.
     local_dirs: Mutex<HashSet<Arc<str>>>,
+    /// Directories files were created in (bounded): the second create lists one.
+    created_in: Mutex<HashSet<Arc<str>>>,
     next_file: AtomicU64,
 }
 
@@ -195,6 +197,7 @@ impl Writes {
             by_path: Mutex::default(),
             handles: Mutex::default(),
             local_dirs: Mutex::default(),
+            created_in: Mutex::default(),
             next_file: AtomicU64::new(1),
         })
     }
@@ -233,6 +236,20 @@ impl Writes {
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
+    }
+
+    /// Notes a create in `dir`; true from the second on.
+    fn note_create_in(&self, dir: &Arc<str>) -> bool {
+        let mut seen = self.created_in.lock();
+        if seen.contains(dir) {
+            return true;
+        }
+        // Directories written to at once are few; forget them all past a bound.
+        if seen.len() >= 4096 {
+            seen.clear();
+        }
+        seen.insert(dir.clone());
+        false
     }
 
     pub(super) fn staged(&self, path: &str) -> Option<Arc<Staged>> {
@@ -299,7 +316,14 @@ impl FsCore {
     /// Creates `name` in directory `parent` for writing; returns its entry and handle.
     pub async fn create(&self, parent: u64, name: &str) -> Result<(Entry, u64)> {
         let writes = self.writes()?;
-        let (path, _) = self.child_of(parent, name)?;
+        let (path, dir) = self.child_of(parent, name)?;
+        // A second file created in a directory whose listing is not cached: list it
+        // once, so that the kernel's lookup of each next new name (a miss) is answered
+        // from the listing, not by a HEAD and a LIST of its own. (Not at the first: one
+        // file written into a huge dataset directory should not list all of it.)
+        if writes.note_create_in(&dir.path) && self.listings.get(&dir.path).await.is_none() {
+            self.listing(&dir.path).await?;
+        }
         match self.meta(&path).await? {
             Meta::Dir => return Err(Error::IsDir(path.to_string())),
             Meta::File(_) if !writes.opts.allow_overwrite => {
@@ -594,21 +618,23 @@ impl FsCore {
         // The store's own metadata (ETag, time) for the attribute cache; if the HEAD
         // fails the upload still stands and the next lookup asks again.
         let parent = self.parent_of(&staged.path).map(Arc::<str>::from);
-        match store.head(&staged.path).await {
+        let meta = match store.head(&staged.path).await {
             Ok(info) => {
                 let info = Arc::new(info);
                 *staged.last.lock() = Some((gen, crc, info.clone()));
                 self.attrs
-                    .insert(staged.path.clone(), Meta::File(info))
+                    .insert(staged.path.clone(), Meta::File(info.clone()))
                     .await;
+                Some(Meta::File(info))
             }
             Err(e) => {
                 tracing::warn!(path = %staged.path, error = %e, "uploaded; its metadata will be fetched again");
                 self.attrs.invalidate(&staged.path).await;
+                None
             }
-        }
+        };
         if let Some(parent) = parent {
-            self.listings.invalidate(&parent).await;
+            self.relist(&parent, &staged.path, meta).await;
         }
         staged.uploaded.fetch_max(gen, Ordering::AcqRel);
         tracing::debug!(path = %staged.path, size, "uploaded");
@@ -696,8 +722,37 @@ impl FsCore {
         }
         self.reader.store().delete(&path).await?;
         self.attrs.insert(path.clone(), Meta::Missing).await;
-        self.listings.invalidate(&dir.path).await;
+        self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
+    }
+
+    /// The cached listing of `dir` after `path` (in it) changed to `meta` (None:
+    /// unknown, the listing is dropped): updated in place rather than dropped, so a job
+    /// writing many files into one directory does not make every lookup of the next
+    /// new name list the store again. (Re-inserting restarts the listing's TTL: a
+    /// directory written to keeps its listing until the TTL after its last write.)
+    async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
+        let Some(meta) = meta else {
+            self.listings.invalidate(dir).await;
+            return;
+        };
+        let Some(old) = self.listings.get(dir).await else {
+            return;
+        };
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let mut entries = old.entries.clone();
+        let at = entries.binary_search_by(|(n, _)| n.as_str().cmp(name));
+        match (at, meta) {
+            (Ok(i), Meta::Missing) => {
+                entries.remove(i);
+            }
+            (Ok(i), m) => entries[i].1 = m,
+            (Err(_), Meta::Missing) => return,
+            (Err(i), m) => entries.insert(i, (name.to_string(), m)),
+        }
+        self.listings
+            .insert(dir.clone(), Arc::new(super::Listing { entries }))
+            .await;
     }
 
     /// Makes directory `name` in `parent` (in this mount until an object is written
