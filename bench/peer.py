@@ -675,6 +675,8 @@ def main():
                 results[-1]["direct_s"] = round(statistics.median(t), 3)
             except ImportError:
                 log("boto3.s3.transfer missing: no direct upload ceiling")
+            except Exception as e:  # the server failing the ceiling's run: no figure
+                log(f"direct upload ceiling failed: {e}")
 
         # Bytes on disk for bytes read: each set read once cold, then the cache settles.
         ratios = {}

@@ -178,3 +178,41 @@ async fn local_directory_store_detects_changed_objects() {
     ));
     assert!(BackingStore::from_url("ftp://x", &StoreOptions::default()).is_err());
 }
+
+#[tokio::test]
+async fn an_upload_never_has_more_parts_than_the_store_takes_and_a_failed_one_leaves_nothing() {
+    let (store, f, _) = faulty_holding(FaultConfig::default(), "seed", Bytes::from("x")).await;
+    let data: Vec<u8> = (0..25_000u32).map(|i| (i % 251) as u8).collect();
+    let body = Bytes::from(data.clone());
+    // Parts of 1 byte asked for: 25,000 would be over S3's 10,000, so they grow to 3.
+    store
+        .upload("big", data.len() as u64, 1, 16, |off, len| {
+            let b = body.slice(off as usize..off as usize + len);
+            async move { Ok(b) }
+        })
+        .await
+        .expect("upload");
+    assert!(f.parts_put() <= 10_000, "parts: {}", f.parts_put());
+    let obj = store.head("big").await.expect("head");
+    let got = store.get_range(&obj, 0..obj.size).await.expect("get");
+    assert_eq!(&got[..], &data[..]);
+    // Parts failing after the second: an error, and no object at all.
+    f.set_config(FaultConfig {
+        fail_parts_after: Some(2),
+        ..Default::default()
+    });
+    let body = Bytes::from(vec![7u8; 64]);
+    let e = store
+        .upload("broken", 64, 8, 2, |off, len| {
+            let b = body.slice(off as usize..off as usize + len);
+            async move { Ok(b) }
+        })
+        .await
+        .expect_err("parts fail");
+    assert!(matches!(e, CacheError::Store { .. }), "{e}");
+    f.set_config(FaultConfig::default());
+    assert!(matches!(
+        store.head("broken").await,
+        Err(CacheError::NotFound(_))
+    ));
+}

@@ -558,7 +558,11 @@ impl BackingStore {
         F: FnMut(u64, usize) -> Fut,
         Fut: std::future::Future<Output = std::io::Result<Bytes>>,
     {
-        let part_size = part_size.max(1);
+        // No more parts than S3 takes: a file over 10,000 parts of `part_size` is sent
+        // in larger parts (mountpoint-s3 instead refuses files over 78 GiB).
+        let part_size = part_size
+            .max(1)
+            .max(size.div_ceil(MAX_UPLOAD_PARTS) as usize);
         if size <= part_size as u64 {
             let data = next_part(0, size as usize).await?;
             return self.put(path, data).await;
@@ -650,6 +654,10 @@ impl BackingStore {
         Err(CacheError::StoreTimeout { attempts })
     }
 }
+
+/// Parts one multipart upload may have: S3's limit (also GCS's and Azure's block
+/// lists allow at least this many).
+pub const MAX_UPLOAD_PARTS: u64 = 10_000;
 
 /// The error of a wait on the store that outlived its budget.
 fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheError {

@@ -822,6 +822,14 @@ async fn stream_upload(
             ctl.read_upto.store(u64::MAX, Ordering::Release);
         }
         let size = staged.size.load(Ordering::Acquire);
+        if size > part_size as u64 * strata_cache_core::store::MAX_UPLOAD_PARTS {
+            // Too large for this part size: the upload at close picks a larger one.
+            up.abort().await;
+            return Err(Error::Unsupported(format!(
+                "{}: too large to stream in parts of {part_size} bytes",
+                staged.path
+            )));
+        }
         if sent < size {
             let len = (size - sent).min(part_size as u64) as usize;
             ctl.read_upto.fetch_max(sent + len as u64, Ordering::AcqRel);
