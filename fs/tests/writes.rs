@@ -32,15 +32,18 @@ fn data(n: usize, seed: u8) -> Vec<u8> {
 /// make a multipart upload).
 async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let faulty = Arc::new(FaultyStore::new(mem.clone(), FaultConfig::default()));
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    let mem: Arc<dyn ObjectStore> = memory.clone();
+    // Uploads go part by part through the store's multipart API, as on S3.
+    let faulty = Arc::new(FaultyStore::new(mem.clone(), FaultConfig::default()).with_parts(memory));
     let retry = RetryPolicy {
         attempts: 2,
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_secs(2),
     };
-    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
+    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry)
+        .with_part_store(faulty.clone(), "");
     store
         .put("old/obj", Bytes::from(data(1000, 1)))
         .await
@@ -501,6 +504,28 @@ async fn many_files_created_in_one_directory_do_not_list_it_per_file() {
         assert_eq!(names.iter().filter(|n| n.starts_with("out-")).count(), 20);
         let got = c.lookup(dir.attr.ino, "out-007").await.expect("written");
         assert_eq!(read_back(c, got.attr.ino).await, b"out-007".to_vec());
+    })
+    .await
+    .expect("bounded");
+}
+
+#[tokio::test]
+async fn a_part_the_store_fails_now_and_then_is_sent_again_not_the_whole_upload() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        // Every third attempt to send a part fails (5xx-like); each part is retried
+        // on its own, so the upload of 12 parts goes through.
+        fx.faulty.set_config(FaultConfig {
+            part_fail_every: 3,
+            ..Default::default()
+        });
+        let want = data(12 * 64 * 1024 - 100, 21);
+        let (_, fh) = c.create(ROOT_INO, "retried.bin").await.expect("create");
+        c.write(fh, 0, &want).expect("write");
+        c.flush(fh).await.expect("flush despite failing parts");
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "retried.bin").await.as_deref(), Some(&want[..]));
     })
     .await
     .expect("bounded");

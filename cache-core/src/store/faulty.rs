@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartId, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use parking_lot::Mutex;
 
@@ -43,8 +44,11 @@ pub struct FaultConfig {
     /// Every write (PUT, multipart start, part, completion) fails while set.
     pub writes_down: bool,
     /// Parts of a multipart upload after its first `n` fail (an upload that breaks
-    /// midway).
+    /// midway), however often they are retried.
     pub fail_parts_after: Option<u64>,
+    /// The first attempt to send every n-th part of an upload (by index) fails
+    /// transiently (0: never): a part retried on its own gets through.
+    pub part_fail_every: u64,
 }
 
 /// The error `object_store` gives for `key`, which it cannot name.
@@ -77,6 +81,10 @@ pub struct FaultyStore {
     gets: GetCounters,
     /// Multipart upload parts sent (not failed by injection).
     parts_put: Arc<AtomicU64>,
+    /// Parts (upload id, index) whose first attempt was failed by `part_fail_every`.
+    parts_failed_once: Mutex<std::collections::HashSet<(String, usize)>>,
+    /// The inner store's multipart API, when it has one (see [`Self::with_parts`]).
+    parts_inner: Option<Arc<dyn MultipartStore>>,
 }
 
 /// What the data GETs (not HEADs, not listings) through a [`FaultyStore`] looked like:
@@ -153,6 +161,8 @@ impl FaultyStore {
             link_free_at: Mutex::new(None),
             gets: GetCounters::default(),
             parts_put: Arc::default(),
+            parts_failed_once: Mutex::default(),
+            parts_inner: None,
         }
     }
 
@@ -172,6 +182,13 @@ impl FaultyStore {
     /// in flight when it started (itself included).
     pub fn get_log(&self) -> Vec<(u64, u64)> {
         self.gets.log.lock().clone()
+    }
+
+    /// This store with the multipart API by part index of `inner` (the same store as
+    /// its inner one), so that uploads may retry parts one by one through it.
+    pub fn with_parts(mut self, inner: Arc<dyn MultipartStore>) -> Self {
+        self.parts_inner = Some(inner);
+        self
     }
 
     /// Multipart upload parts sent to the inner store so far.
@@ -231,6 +248,67 @@ impl FaultyStore {
             done
         };
         tokio::time::sleep_until(done.into()).await;
+    }
+}
+
+#[async_trait]
+impl MultipartStore for FaultyStore {
+    async fn create_multipart(&self, path: &Path) -> object_store::Result<MultipartId> {
+        if self.config.lock().writes_down {
+            return Err(injected(path.as_ref(), "injected 503 on upload start"));
+        }
+        self.parts_api()?.create_multipart(path).await
+    }
+
+    async fn put_part(
+        &self,
+        path: &Path,
+        id: &MultipartId,
+        part_idx: usize,
+        data: PutPayload,
+    ) -> object_store::Result<PartId> {
+        let cfg = self.config.lock().clone();
+        let first_try_fails = cfg.part_fail_every > 0
+            && (part_idx as u64).is_multiple_of(cfg.part_fail_every)
+            && self
+                .parts_failed_once
+                .lock()
+                .insert((id.clone(), part_idx));
+        if cfg.writes_down
+            || cfg.fail_parts_after.is_some_and(|k| part_idx as u64 >= k)
+            || first_try_fails
+        {
+            return Err(injected(path.as_ref(), "injected 503 on a part"));
+        }
+        let part = self.parts_api()?.put_part(path, id, part_idx, data).await?;
+        self.parts_put.fetch_add(1, Ordering::Relaxed);
+        Ok(part)
+    }
+
+    async fn complete_multipart(
+        &self,
+        path: &Path,
+        id: &MultipartId,
+        parts: Vec<PartId>,
+    ) -> object_store::Result<PutResult> {
+        if self.config.lock().writes_down {
+            return Err(injected(path.as_ref(), "injected 503 on completion"));
+        }
+        self.parts_api()?.complete_multipart(path, id, parts).await
+    }
+
+    async fn abort_multipart(&self, path: &Path, id: &MultipartId) -> object_store::Result<()> {
+        self.parts_api()?.abort_multipart(path, id).await
+    }
+}
+
+impl FaultyStore {
+    fn parts_api(&self) -> object_store::Result<&Arc<dyn MultipartStore>> {
+        self.parts_inner
+            .as_ref()
+            .ok_or_else(|| object_store::Error::NotSupported {
+                source: "this FaultyStore was built without with_parts".into(),
+            })
     }
 }
 

@@ -19,6 +19,9 @@
 //!   errors and hangs, for tests and for the cold-read benchmarks.
 
 pub mod faulty;
+mod upload;
+
+pub use upload::{StreamingUpload, MAX_UPLOAD_PARTS};
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -121,6 +124,9 @@ pub struct BackingStore {
     /// Ranged GETs that returned data and their bytes, shared by every clone of this
     /// handle (the cache group's "fetched from the store once" is read from these).
     reads: Arc<StoreReads>,
+    /// The store's multipart API by part index, with this handle's prefix, where it
+    /// has one: uploads then retry each part on its own (see `upload`).
+    part_store: Option<(Arc<dyn object_store::multipart::MultipartStore>, String)>,
 }
 
 /// Counters of a [`BackingStore`]'s successful data reads.
@@ -157,7 +163,19 @@ impl BackingStore {
             local_root: None,
             follow_symlinks: false,
             reads: Arc::default(),
+            part_store: None,
         }
+    }
+
+    /// This handle with uploads sent part by part through `parts` (the same store as
+    /// the handle's, seen through its multipart API), under `prefix`.
+    pub fn with_part_store(
+        mut self,
+        parts: Arc<dyn object_store::multipart::MultipartStore>,
+        prefix: &str,
+    ) -> Self {
+        self.part_store = Some((parts, prefix.trim_matches('/').to_string()));
+        self
     }
 
     /// Ranged GETs that returned data through this handle or its clones, and their
@@ -185,6 +203,7 @@ impl BackingStore {
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://...".into()))?;
         let mut local_root = None;
+        let mut part_store: Option<Arc<dyn object_store::multipart::MultipartStore>> = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = std::path::Path::new(rest);
@@ -197,19 +216,20 @@ impl BackingStore {
                 local_root = Some(Arc::from(dir.as_path()));
                 (Arc::new(fs), String::new())
             }
-            "memory" => (
-                Arc::new(object_store::memory::InMemory::new()),
-                rest.trim_matches('/').to_string(),
-            ),
+            "memory" => {
+                let m = Arc::new(object_store::memory::InMemory::new());
+                part_store = Some(m.clone());
+                (m, rest.trim_matches('/').to_string())
+            }
             "s3" | "gs" | "az" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                 if bucket.is_empty() {
                     return Err(bad("missing bucket".into()));
                 }
-                (
-                    cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?,
-                    prefix.trim_matches('/').to_string(),
-                )
+                let (store, parts) =
+                    cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?;
+                part_store = Some(parts);
+                (store, prefix.trim_matches('/').to_string())
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
         };
@@ -229,6 +249,7 @@ impl BackingStore {
             local_root,
             follow_symlinks: opts.follow_symlinks,
             reads: Arc::default(),
+            part_store: part_store.map(|p| (p, prefix)),
         })
     }
 
@@ -592,21 +613,35 @@ impl BackingStore {
         part_size: usize,
         in_flight: usize,
     ) -> Result<StreamingUpload> {
+        if let Some((parts, prefix)) = &self.part_store {
+            let location = if prefix.is_empty() {
+                Path::from(path)
+            } else {
+                Path::from(format!("{prefix}/{path}"))
+            };
+            return StreamingUpload::by_parts(
+                parts.clone(),
+                location,
+                path,
+                part_size,
+                in_flight,
+                self.retry.clone(),
+                &self.label,
+            )
+            .await;
+        }
         let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
         let p = Path::from(path);
         let upload = tokio::time::timeout(budget, self.store.put_multipart(&p))
             .await
-            .map_err(|_| bounded_wait(path, "starting the upload", budget))?
+            .map_err(|_| upload::bounded_wait(path, "starting the upload", budget))?
             .map_err(|e| map_store_error(e, 1))?;
-        Ok(StreamingUpload {
-            path: path.to_string(),
-            parts: Some(object_store::WriteMultipart::new_with_chunk_size(
-                upload,
-                part_size.max(1),
-            )),
-            in_flight: in_flight.max(1),
+        Ok(StreamingUpload::whole(
+            object_store::WriteMultipart::new_with_chunk_size(upload, part_size.max(1)),
+            path,
+            in_flight,
             budget,
-        })
+        ))
     }
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
@@ -620,118 +655,49 @@ impl BackingStore {
     }
 
     /// Runs `op` under the retry policy, mapping the final error.
-    async fn retrying<T, F, Fut>(&self, mut op: F) -> Result<T>
+    async fn retrying<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
-        let mut backoff = self.retry.base_backoff;
-        let attempts = self.retry.attempts.max(1);
-        for attempt in 1..=attempts {
-            let last = attempt == attempts;
-            match tokio::time::timeout(self.retry.attempt_timeout, op()).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => {
-                    let transient = matches!(
-                        e,
-                        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-                    );
-                    if !transient || last {
-                        return Err(map_store_error(e, attempt));
-                    }
-                    tracing::debug!(store = %self.label, attempt, error = %e, "transient store error; retrying");
+        retry_op(&self.retry, &self.label, op).await
+    }
+}
+
+/// Runs `op` under `retry`: transient errors (5xx, broken connections) and timeouts
+/// of an attempt are retried with doubling backoff; the final error is mapped.
+pub(crate) async fn retry_op<T, F, Fut>(retry: &RetryPolicy, label: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = object_store::Result<T>>,
+{
+    let mut backoff = retry.base_backoff;
+    let attempts = retry.attempts.max(1);
+    for attempt in 1..=attempts {
+        let last = attempt == attempts;
+        match tokio::time::timeout(retry.attempt_timeout, op()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => {
+                let transient = matches!(
+                    e,
+                    object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+                );
+                if !transient || last {
+                    return Err(map_store_error(e, attempt));
                 }
-                Err(_elapsed) => {
-                    if last {
-                        return Err(CacheError::StoreTimeout { attempts: attempt });
-                    }
-                    tracing::debug!(store = %self.label, attempt, "store request timed out; retrying");
+                tracing::debug!(store = %label, attempt, error = %e, "transient store error; retrying");
+            }
+            Err(_elapsed) => {
+                if last {
+                    return Err(CacheError::StoreTimeout { attempts: attempt });
                 }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = backoff.saturating_mul(2).min(self.retry.max_backoff);
-        }
-        Err(CacheError::StoreTimeout { attempts })
-    }
-}
-
-/// Parts one multipart upload may have: S3's limit (also GCS's and Azure's block
-/// lists allow at least this many).
-pub const MAX_UPLOAD_PARTS: u64 = 10_000;
-
-/// The error of a wait on the store that outlived its budget.
-fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheError {
-    CacheError::Store {
-        attempts: 1,
-        message: format!("{path}: {what} did not finish within {budget:?}"),
-    }
-}
-
-/// A multipart upload in progress ([`BackingStore::start_upload`]): bytes are queued
-/// with [`Self::put`] (cut into parts of the part size, up to `in_flight` parts on the
-/// wire), and the object appears only at [`Self::finish`]. A failure aborts the upload
-/// (so does dropping it unfinished: its parts are the store's to collect), so a failed
-/// upload never leaves an object. Each wait on the store is bounded by the retry
-/// policy's whole budget (attempts x attempt timeout).
-pub struct StreamingUpload {
-    path: String,
-    /// None once finished or aborted.
-    parts: Option<object_store::WriteMultipart>,
-    in_flight: usize,
-    budget: Duration,
-}
-
-impl StreamingUpload {
-    /// Queues `data`, first waiting while `in_flight` parts are on the wire. An error
-    /// aborts the upload.
-    pub async fn put(&mut self, data: Bytes) -> Result<()> {
-        let Some(parts) = self.parts.as_mut() else {
-            return Err(CacheError::InvalidArgument(format!(
-                "{}: the upload already ended",
-                self.path
-            )));
-        };
-        let waited = tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
-            .await
-            .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
-            .and_then(|r| r.map_err(|e| map_store_error(e, 1)));
-        match waited {
-            Ok(()) => {
-                parts.put(data);
-                Ok(())
-            }
-            Err(e) => {
-                self.abort().await;
-                Err(e)
+                tracing::debug!(store = %label, attempt, "store request timed out; retrying");
             }
         }
+        tokio::time::sleep(backoff).await;
+        backoff = backoff.saturating_mul(2).min(retry.max_backoff);
     }
-
-    /// Sends what is queued and completes the upload: the object appears now.
-    pub async fn finish(mut self) -> Result<()> {
-        let Some(parts) = self.parts.take() else {
-            return Err(CacheError::InvalidArgument(format!(
-                "{}: the upload already ended",
-                self.path
-            )));
-        };
-        // `finish` aborts the upload itself when a part or the completion fails; a
-        // timeout drops it, and the store's lifecycle rules collect its parts.
-        tokio::time::timeout(self.budget, parts.finish())
-            .await
-            .map_err(|_| bounded_wait(&self.path, "completing the upload", self.budget))?
-            .map_err(|e| map_store_error(e, 1))?;
-        Ok(())
-    }
-
-    /// Aborts the upload (its parts are deleted; errors are only logged).
-    pub async fn abort(&mut self) {
-        if let Some(parts) = self.parts.take() {
-            if let Err(e) = parts.abort().await {
-                tracing::warn!(path = %self.path, error = %e, "aborting a failed upload failed");
-            }
-        }
-    }
+    Err(CacheError::StoreTimeout { attempts })
 }
 
 fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
@@ -859,7 +825,20 @@ fn cloud_store(
     scheme: &str,
     bucket: &str,
     opts: &StoreOptions,
-) -> object_store::Result<Arc<dyn ObjectStore>> {
+) -> object_store::Result<(
+    Arc<dyn ObjectStore>,
+    Arc<dyn object_store::multipart::MultipartStore>,
+)> {
+    // The same client seen as both traits: its multipart API sends parts by index.
+    fn both<S: ObjectStore + object_store::multipart::MultipartStore>(
+        s: S,
+    ) -> (
+        Arc<dyn ObjectStore>,
+        Arc<dyn object_store::multipart::MultipartStore>,
+    ) {
+        let s = Arc::new(s);
+        (s.clone(), s)
+    }
     // Our retry loop is the only one: the cloud clients' own (10 retries over up to 3
     // minutes by default) would turn a dead store into a hang.
     let retry = object_store::RetryConfig {
@@ -892,7 +871,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            Arc::new(b.build()?)
+            both(b.build()?)
         }
         "gs" => {
             let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -902,7 +881,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            Arc::new(b.build()?)
+            both(b.build()?)
         }
         _ => {
             let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
@@ -916,7 +895,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            Arc::new(b.build()?)
+            both(b.build()?)
         }
     })
 }

@@ -1,0 +1,277 @@
+//! Multipart uploads of objects written through a mount ([`StreamingUpload`]).
+//!
+//! A large object goes up in parts, and a part is one request among hundreds: a store
+//! that answers 0.1% of requests with a 5xx fails a 10 GiB upload of 1,280 parts more
+//! often than not unless each part is retried on its own. So where the store exposes
+//! parts by index (`MultipartStore`: S3, GCS, Azure, memory), each part, the creation
+//! and the completion are retried under the store's [`RetryPolicy`]; a part re-sent
+//! under its index replaces the failed attempt. Elsewhere (a local directory, whose
+//! writes do not fail transiently) `object_store`'s `WriteMultipart` sends them.
+//! Either way a failure aborts the upload: an object appears only at
+//! [`StreamingUpload::finish`], whole, or not at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{MultipartId, PutPayload, WriteMultipart};
+use tokio::task::JoinSet;
+
+use super::{map_store_error, retry_op, RetryPolicy};
+use crate::{CacheError, Result};
+
+/// Parts one multipart upload may have: S3's limit (GCS's and Azure's allow at least
+/// as many).
+pub const MAX_UPLOAD_PARTS: u64 = 10_000;
+
+/// The error of a wait on the store that outlived its budget.
+pub(super) fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheError {
+    CacheError::Store {
+        attempts: 1,
+        message: format!("{path}: {what} did not finish within {budget:?}"),
+    }
+}
+
+/// A multipart upload in progress ([`super::BackingStore::start_upload`]): bytes are
+/// queued with [`Self::put`] (cut into parts of the part size, up to `in_flight` parts
+/// on the wire), and the object appears only at [`Self::finish`]. A failure aborts
+/// the upload (so does dropping it unfinished: its parts are the store's to collect).
+pub struct StreamingUpload {
+    path: String,
+    sink: Option<Sink>,
+    in_flight: usize,
+    /// Bound on one wait for the store where parts are not retried one by one.
+    budget: Duration,
+}
+
+enum Sink {
+    /// Parts by index, each retried (see the module doc).
+    Parts(PartSink),
+    /// `object_store`'s own parts: a failed part fails the upload.
+    Whole(WriteMultipart),
+}
+
+struct PartSink {
+    store: Arc<dyn MultipartStore>,
+    /// The object's path in `store` (with the handle's prefix).
+    location: Path,
+    id: MultipartId,
+    part_size: usize,
+    /// Bytes queued for the next part.
+    pending: Vec<Bytes>,
+    pending_len: usize,
+    next_idx: usize,
+    tasks: JoinSet<Result<(usize, PartId)>>,
+    done: Vec<(usize, PartId)>,
+    retry: RetryPolicy,
+    label: String,
+}
+
+impl StreamingUpload {
+    /// An upload whose parts go by index through `store` at `location`.
+    pub(super) async fn by_parts(
+        store: Arc<dyn MultipartStore>,
+        location: Path,
+        path: &str,
+        part_size: usize,
+        in_flight: usize,
+        retry: RetryPolicy,
+        label: &str,
+    ) -> Result<StreamingUpload> {
+        let id = retry_op(&retry, label, || store.create_multipart(&location)).await?;
+        Ok(StreamingUpload {
+            path: path.to_string(),
+            sink: Some(Sink::Parts(PartSink {
+                store,
+                location,
+                id,
+                part_size: part_size.max(1),
+                pending: Vec::new(),
+                pending_len: 0,
+                next_idx: 0,
+                tasks: JoinSet::new(),
+                done: Vec::new(),
+                retry: retry.clone(),
+                label: label.to_string(),
+            })),
+            in_flight: in_flight.max(1),
+            budget: retry.attempt_timeout * retry.attempts.max(1),
+        })
+    }
+
+    /// An upload through `object_store`'s `WriteMultipart`.
+    pub(super) fn whole(
+        parts: WriteMultipart,
+        path: &str,
+        in_flight: usize,
+        budget: Duration,
+    ) -> StreamingUpload {
+        StreamingUpload {
+            path: path.to_string(),
+            sink: Some(Sink::Whole(parts)),
+            in_flight: in_flight.max(1),
+            budget,
+        }
+    }
+
+    fn ended(&self) -> CacheError {
+        CacheError::InvalidArgument(format!("{}: the upload already ended", self.path))
+    }
+
+    /// Queues `data`, first waiting while `in_flight` parts are on the wire. An error
+    /// aborts the upload.
+    pub async fn put(&mut self, data: Bytes) -> Result<()> {
+        let result = match self.sink.as_mut() {
+            None => return Err(self.ended()),
+            Some(Sink::Parts(p)) => p.put(data, self.in_flight).await,
+            Some(Sink::Whole(parts)) => {
+                let waited =
+                    tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
+                        .await
+                        .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
+                        .and_then(|r| r.map_err(|e| map_store_error(e, 1)));
+                waited.map(|()| parts.put(data))
+            }
+        };
+        if result.is_err() {
+            self.abort().await;
+        }
+        result
+    }
+
+    /// Sends what is queued and completes the upload: the object appears now.
+    pub async fn finish(mut self) -> Result<()> {
+        match self.sink.take() {
+            None => Err(self.ended()),
+            Some(Sink::Parts(mut p)) => match p.finish().await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    p.abort().await;
+                    Err(e)
+                }
+            },
+            Some(Sink::Whole(parts)) => {
+                // `finish` aborts the upload itself when a part or the completion fails;
+                // a timeout drops it, and the store's lifecycle rules collect its parts.
+                tokio::time::timeout(self.budget, parts.finish())
+                    .await
+                    .map_err(|_| bounded_wait(&self.path, "completing the upload", self.budget))?
+                    .map_err(|e| map_store_error(e, 1))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Aborts the upload (its parts are deleted; errors are only logged).
+    pub async fn abort(&mut self) {
+        let result = match self.sink.take() {
+            None => return,
+            Some(Sink::Parts(mut p)) => {
+                p.abort().await;
+                return;
+            }
+            Some(Sink::Whole(parts)) => parts.abort().await,
+        };
+        if let Err(e) = result {
+            tracing::warn!(path = %self.path, error = %e, "aborting a failed upload failed");
+        }
+    }
+}
+
+impl PartSink {
+    async fn put(&mut self, data: Bytes, in_flight: usize) -> Result<()> {
+        self.pending_len += data.len();
+        self.pending.push(data);
+        while self.pending_len >= self.part_size {
+            let part = self.take(self.part_size);
+            self.send(part, in_flight).await?;
+        }
+        Ok(())
+    }
+
+    /// The first `n` queued bytes, as one payload (no copy).
+    fn take(&mut self, n: usize) -> PutPayload {
+        let mut out = Vec::new();
+        let mut left = n;
+        while left > 0 {
+            let Some(first) = self.pending.first_mut() else {
+                break;
+            };
+            if first.len() <= left {
+                left -= first.len();
+                out.push(self.pending.remove(0));
+            } else {
+                out.push(first.split_to(left));
+                left = 0;
+            }
+        }
+        self.pending_len -= n - left;
+        PutPayload::from_iter(out)
+    }
+
+    /// Sends one part (retried on its own), after waiting for room.
+    async fn send(&mut self, part: PutPayload, in_flight: usize) -> Result<()> {
+        while self.tasks.len() >= in_flight {
+            self.join_one().await?;
+        }
+        let idx = self.next_idx;
+        self.next_idx += 1;
+        let (store, location, id) = (self.store.clone(), self.location.clone(), self.id.clone());
+        let (retry, label) = (self.retry.clone(), self.label.clone());
+        self.tasks.spawn(async move {
+            let part_id = retry_op(&retry, &label, || {
+                store.put_part(&location, &id, idx, part.clone())
+            })
+            .await?;
+            Ok((idx, part_id))
+        });
+        Ok(())
+    }
+
+    async fn join_one(&mut self) -> Result<()> {
+        match self.tasks.join_next().await {
+            Some(Ok(Ok(done))) => {
+                self.done.push(done);
+                Ok(())
+            }
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(e)) => Err(CacheError::Store {
+                attempts: 1,
+                message: format!("{}: a part's task failed: {e}", self.location),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    async fn finish(&mut self) -> Result<()> {
+        if self.pending_len > 0 || self.next_idx == 0 {
+            let part = self.take(self.pending_len);
+            self.send(part, usize::MAX).await?;
+        }
+        while !self.tasks.is_empty() {
+            self.join_one().await?;
+        }
+        self.done.sort_by_key(|(idx, _)| *idx);
+        let parts: Vec<PartId> = self.done.iter().map(|(_, p)| p.clone()).collect();
+        let (store, location, id) = (&self.store, &self.location, &self.id);
+        retry_op(&self.retry, &self.label, || {
+            store.complete_multipart(location, id, parts.clone())
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn abort(&mut self) {
+        self.tasks.abort_all();
+        let (store, location, id) = (&self.store, &self.location, &self.id);
+        if let Err(e) = retry_op(&self.retry, &self.label, || {
+            store.abort_multipart(location, id)
+        })
+        .await
+        {
+            tracing::warn!(path = %self.location, error = %e, "aborting a failed upload failed");
+        }
+    }
+}
