@@ -924,6 +924,13 @@ mod tests {
             c.mounts[0].metadata_ttl,
             MetadataTtl::After(std::time::Duration::from_secs(1))
         );
+        assert!(!c.mounts[0].allow_writes, "read-only unless asked");
+        let c: StrataConfig = toml::from_str(
+            "[[mounts]]\nmountpoint = \"/m\"\nallow_writes = true\nallow_delete = true\n",
+        )
+        .unwrap();
+        assert!(c.mounts[0].allow_writes && c.mounts[0].allow_delete);
+        assert!(!c.mounts[0].allow_overwrite);
     }
 
     #[test]
