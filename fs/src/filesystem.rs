@@ -353,6 +353,20 @@ impl InodeTable {
         (ino, 1)
     }
 
+    /// `from` was renamed to `to`: its inode now names `to` (the kernel keeps the
+    /// inode across a rename); an inode `to` had is left to the kernel's FORGET.
+    fn moved(&mut self, from: &Arc<str>, to: &Arc<str>) {
+        let Some(ino) = self.by_path.remove(from) else {
+            return;
+        };
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.path = to.clone();
+        }
+        // A replaced file's inode still names `to` until the kernel forgets it (the
+        // kernel's dentry now points at the moved inode).
+        self.by_path.insert(to.clone(), ino);
+    }
+
     /// The kernel took `n` more references to `ino` (READDIRPLUS entries).
     fn referenced(&mut self, ino: u64, n: u64) {
         if let Some(node) = self.nodes.get_mut(&ino) {

@@ -555,19 +555,34 @@ impl Filesystem for FuseFs {
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let e = if self.core.writable() {
-            Error::Unsupported("rename (objects have no links to move)".into())
-        } else {
-            Error::ReadOnly
-        };
-        reply.error(errno(&e, "rename"));
+        if flags.contains(RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(RenameFlags::RENAME_WHITEOUT)
+        {
+            let e = Error::Unsupported("rename exchange or whiteout".into());
+            return reply.error(errno(&e, "rename"));
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let core = self.core.clone();
+        let (name, newname) = (
+            name.to_string_lossy().into_owned(),
+            newname.to_string_lossy().into_owned(),
+        );
+        self.dispatch(async move {
+            match core
+                .rename(parent.0, &name, newparent.0, &newname, noreplace)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, "rename")),
+            }
+        });
     }
 
     fn create(

@@ -530,3 +530,66 @@ async fn a_part_the_store_fails_now_and_then_is_sent_again_not_the_whole_upload(
     .await
     .expect("bounded");
 }
+
+#[tokio::test]
+async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
+    timed(async {
+        // Without allow_delete a rename (which deletes its source) is refused.
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let e = c
+            .rename(old.attr.ino, "obj", ROOT_INO, "moved", false)
+            .await
+            .expect_err("no delete");
+        assert_eq!(e.errno(), libc::EPERM);
+        assert_eq!(stored(&fx, "old/obj").await, Some(data(1000, 1)));
+
+        let fx = fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        // Write to a temporary name, close, rename into place.
+        let (tmp, fh) = c.create(dir.attr.ino, "model.tmp").await.expect("create");
+        let e = c
+            .rename(dir.attr.ino, "model.tmp", dir.attr.ino, "model.bin", false)
+            .await
+            .expect_err("still being written");
+        assert_eq!(e.errno(), libc::EBUSY);
+        c.write(fh, 0, b"weights").expect("write");
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        c.rename(dir.attr.ino, "model.tmp", dir.attr.ino, "model.bin", false)
+            .await
+            .expect("rename");
+        assert!(stored(&fx, "data/model.tmp").await.is_none());
+        assert_eq!(
+            stored(&fx, "data/model.bin").await.as_deref(),
+            Some(&b"weights"[..])
+        );
+        // The kernel keeps the inode across the rename: it now names the new path.
+        let moved = c.getattr(tmp.attr.ino).await.expect("inode follows");
+        assert_eq!(moved.attr.size, 7);
+        let e = c.lookup(dir.attr.ino, "model.tmp").await.expect_err("gone");
+        assert_eq!(e.errno(), libc::ENOENT);
+        assert_eq!(read_back(c, tmp.attr.ino).await, b"weights".to_vec());
+        // Onto an existing file: refused without allow_overwrite, and with noreplace.
+        let e = c
+            .rename(dir.attr.ino, "model.bin", dir.attr.ino, "x", false)
+            .await
+            .expect_err("exists");
+        assert_eq!(e.errno(), libc::EPERM);
+        let e = c
+            .rename(dir.attr.ino, "model.bin", dir.attr.ino, "x", true)
+            .await
+            .expect_err("noreplace");
+        assert_eq!(e.errno(), libc::EEXIST);
+        // A directory is many objects: not renamed.
+        let e = c
+            .rename(ROOT_INO, "old", ROOT_INO, "older", false)
+            .await
+            .expect_err("directory");
+        assert_eq!(e.errno(), libc::ENOTSUP);
+    })
+    .await
+    .expect("bounded");
+}

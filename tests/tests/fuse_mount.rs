@@ -224,8 +224,23 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         .open(fx.m("small.txt"))
         .expect_err("write in place");
     assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
-    let err = std::fs::rename(fx.m("ckpt/copy.txt"), fx.m("ckpt/moved")).expect_err("rename");
+    let err = std::fs::rename(fx.m("ckpt"), fx.m("ckpt2")).expect_err("rename a directory");
     assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
+    // Write, then rename into place (an atomic save): the object moves, the inode
+    // follows; replacing an existing file needs allow_overwrite.
+    std::fs::rename(fx.m("ckpt/copy.txt"), fx.m("ckpt/moved.txt")).expect("rename");
+    assert!(stored(&fx, "ckpt/copy.txt").is_none());
+    assert_eq!(
+        stored(&fx, "ckpt/moved.txt").as_deref(),
+        Some(&b"hello, strata\n"[..])
+    );
+    assert_eq!(
+        std::fs::read(fx.m("ckpt/moved.txt")).expect("read moved"),
+        b"hello, strata\n"
+    );
+    let err = std::fs::rename(fx.m("ckpt/moved.txt"), fx.m("small.txt")).expect_err("replace");
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    std::fs::rename(fx.m("ckpt/moved.txt"), fx.m("ckpt/copy.txt")).expect("rename back");
     let err = File::create(fx.m("small.txt")).expect_err("overwrite not allowed");
     assert_eq!(err.raw_os_error(), Some(libc::EPERM));
     assert!(stored(&fx, "small.txt").as_deref() == Some(&b"hello, strata\n"[..]));
@@ -245,13 +260,20 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
     drop(f);
     fx.faulty.set_config(FaultConfig::default());
     assert!(stored(&fx, "ckpt/lost").is_none());
-    // The staging files are gone once closed.
-    assert_eq!(
-        std::fs::read_dir(staging.path().join("s"))
-            .expect("staging")
-            .count(),
-        0
-    );
+    // The staging files are gone once released (the kernel sends RELEASE after close
+    // returns, so this waits for it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(staging.path().join("s"))
+        .expect("staging")
+        .count()
+        > 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "staging files left after release"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn overwrites_replace_objects_whole(b: Backend) {

@@ -270,10 +270,7 @@ impl MultipartStore for FaultyStore {
         let cfg = self.config.lock().clone();
         let first_try_fails = cfg.part_fail_every > 0
             && (part_idx as u64).is_multiple_of(cfg.part_fail_every)
-            && self
-                .parts_failed_once
-                .lock()
-                .insert((id.clone(), part_idx));
+            && self.parts_failed_once.lock().insert((id.clone(), part_idx));
         if cfg.writes_down
             || cfg.fail_parts_after.is_some_and(|k| part_idx as u64 >= k)
             || first_try_fails

@@ -644,6 +644,17 @@ impl BackingStore {
         ))
     }
 
+    /// Moves object `from` to `to` (retried; the store's own rename where it has one,
+    /// else a server-side copy, then a delete of `from`).
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let (f, t) = (Path::from(from), Path::from(to));
+        self.retrying(|| {
+            let (f, t) = (f.clone(), t.clone());
+            async move { self.store.rename(&f, &t).await }
+        })
+        .await
+    }
+
     /// Deletes object `path` (retried; a missing object is `NotFound`).
     pub async fn delete(&self, path: &str) -> Result<()> {
         let p = Path::from(path);

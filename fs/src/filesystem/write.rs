@@ -38,7 +38,9 @@
 //!   as for any S3 client), one after leaves the object and no copy.
 //! - **Directories** made with `mkdir` exist in the mount until the daemon stops (object
 //!   storage has none: they become real with their first object); `rmdir` removes an
-//!   empty one. Rename is not supported (ENOTSUP); `unlink` needs `allow_delete`.
+//!   empty one. `unlink` needs `allow_delete`; so does renaming a file (write, then
+//!   rename into place: the store moves the object, by its own rename or a copy and a
+//!   delete, and the inode follows); a directory is not renamed (ENOTSUP).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -753,6 +755,75 @@ impl FsCore {
         self.listings
             .insert(dir.clone(), Arc::new(super::Listing { entries }))
             .await;
+    }
+
+    /// Renames file `name` of `parent` to `newname` of `newparent` (the write-then-rename
+    /// of an atomic save): the store moves the object (its own rename, or a copy and a
+    /// delete), so it needs `allow_delete`; replacing an existing file needs
+    /// `allow_overwrite` and is refused with `noreplace`. Directories and files being
+    /// written are not renamed (ENOTSUP, EBUSY). The inode follows the file.
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        let writes = self.writes()?;
+        let (from, from_dir) = self.child_of(parent, name)?;
+        let (to, to_dir) = self.child_of(newparent, newname)?;
+        for p in [&from, &to] {
+            if writes.staged(p).is_some() {
+                return Err(Error::Busy(p.to_string()));
+            }
+        }
+        match self.meta(&from).await? {
+            Meta::Missing => return Err(Error::NotFound(from.to_string())),
+            Meta::Dir => {
+                return Err(Error::Unsupported(format!(
+                    "{from}: renaming a directory (a prefix of many objects)"
+                )))
+            }
+            Meta::File(_) => {}
+        }
+        if from == to {
+            return Ok(());
+        }
+        match self.meta(&to).await? {
+            Meta::Dir => return Err(Error::IsDir(to.to_string())),
+            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
+            Meta::File(_) if !writes.opts.allow_overwrite => {
+                return Err(Error::NotPermitted(format!(
+                    "{to}: replacing an object needs --allow-overwrite"
+                )))
+            }
+            _ => {}
+        }
+        if !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{from}: a rename deletes the source object, which needs --allow-delete"
+            )));
+        }
+        let store = self.reader.store();
+        store.rename(&from, &to).await?;
+        self.attrs.insert(from.clone(), Meta::Missing).await;
+        self.relist(&from_dir.path, &from, Some(Meta::Missing))
+            .await;
+        let meta = match store.head(&to).await {
+            Ok(info) => Some(Meta::File(Arc::new(info))),
+            Err(e) => {
+                tracing::warn!(path = %to, error = %e, "renamed; its metadata will be fetched again");
+                None
+            }
+        };
+        match &meta {
+            Some(m) => self.attrs.insert(to.clone(), m.clone()).await,
+            None => self.attrs.invalidate(&to).await,
+        }
+        self.relist(&to_dir.path, &to, meta).await;
+        self.inodes.write().moved(&from, &to);
+        Ok(())
     }
 
     /// Makes directory `name` in `parent` (in this mount until an object is written
