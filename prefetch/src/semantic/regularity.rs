@@ -261,7 +261,11 @@ impl Lane {
         match self.pending_set.take(path) {
             Some(held) => {
                 self.pending_ptrs.remove(&arc_addr(&held));
-                self.pending.retain(|p| &**p != path);
+                // The queue holds the very `Arc` the set held (both are added together),
+                // once: found by address, without comparing paths.
+                if let Some(i) = self.pending.iter().position(|p| Arc::ptr_eq(p, &held)) {
+                    self.pending.remove(i);
+                }
                 true
             }
             None => false,
