@@ -179,6 +179,14 @@ async fn local_directory_store_detects_changed_objects() {
     assert!(BackingStore::from_url("ftp://x", &StoreOptions::default()).is_err());
 }
 
+fn shape(part_size: usize, in_flight: usize) -> strata_cache_core::store::UploadShape {
+    strata_cache_core::store::UploadShape {
+        part_size,
+        in_flight,
+        slots: None,
+    }
+}
+
 #[tokio::test]
 async fn an_upload_never_has_more_parts_than_the_store_takes_and_a_failed_one_leaves_nothing() {
     let (store, f, _) = faulty_holding(FaultConfig::default(), "seed", Bytes::from("x")).await;
@@ -186,7 +194,7 @@ async fn an_upload_never_has_more_parts_than_the_store_takes_and_a_failed_one_le
     let body = Bytes::from(data.clone());
     // Parts of 1 byte asked for: 25,000 would be over S3's 10,000, so they grow to 3.
     store
-        .upload("big", data.len() as u64, 1, 16, |off, len| {
+        .upload("big", data.len() as u64, &shape(1, 16), |off, len| {
             let b = body.slice(off as usize..off as usize + len);
             async move { Ok(b) }
         })
@@ -203,7 +211,7 @@ async fn an_upload_never_has_more_parts_than_the_store_takes_and_a_failed_one_le
     });
     let body = Bytes::from(vec![7u8; 64]);
     let e = store
-        .upload("broken", 64, 8, 2, |off, len| {
+        .upload("broken", 64, &shape(8, 2), |off, len| {
             let b = body.slice(off as usize..off as usize + len);
             async move { Ok(b) }
         })

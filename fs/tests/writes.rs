@@ -593,3 +593,55 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
     .await
     .expect("bounded");
 }
+
+#[tokio::test]
+async fn many_files_uploading_at_once_share_a_bounded_upload_memory() {
+    timed(async {
+        // Six files of five parts closed at once, each allowed 3 parts on the wire;
+        // parts take 20 ms. With room for two parts across the mount, at most two are
+        // on the wire (and none waits forever); without the bound, many more.
+        for (memory, most) in [(128u64 << 10, Some(2)), (1 << 30, None)] {
+            let fx = fixture(|o, _| {
+                let w = o.writes.as_mut().expect("writes");
+                w.upload_memory = memory;
+                w.stream_from = 0;
+            })
+            .await;
+            fx.faulty.set_config(FaultConfig {
+                part_latency: Duration::from_millis(20),
+                ..Default::default()
+            });
+            let c = &fx.core;
+            let mut handles = Vec::new();
+            for i in 0..6u8 {
+                let want = data(300 * 1024 + i as usize * 1000, 30 + i);
+                let (_, fh) = c.create(ROOT_INO, &format!("f{i}")).await.expect("create");
+                for (k, piece) in want.chunks(50_000).enumerate() {
+                    c.write(fh, (k * 50_000) as u64, piece).expect("write");
+                }
+                handles.push((fh, want));
+            }
+            let flushes: Vec<_> = handles
+                .iter()
+                .map(|(fh, _)| {
+                    let (c, fh) = (c.clone(), *fh);
+                    tokio::spawn(async move { c.flush(fh).await })
+                })
+                .collect();
+            for f in flushes {
+                f.await.expect("join").expect("flush");
+            }
+            for (i, (fh, want)) in handles.into_iter().enumerate() {
+                c.release_write(fh).await;
+                assert_eq!(stored(&fx, &format!("f{i}")).await, Some(want));
+            }
+            let seen = fx.faulty.max_parts_in_flight();
+            match most {
+                Some(m) => assert!(seen <= m, "parts on the wire at once: {seen}"),
+                None => assert!(seen > 2, "unbounded, parts at once: {seen}"),
+            }
+        }
+    })
+    .await
+    .expect("bounded: no upload waits forever for memory");
+}

@@ -49,6 +49,8 @@ pub struct FaultConfig {
     /// The first attempt to send every n-th part of an upload (by index) fails
     /// transiently (0: never): a part retried on its own gets through.
     pub part_fail_every: u64,
+    /// Added to every part sent by index (a part's time on the wire).
+    pub part_latency: Duration,
 }
 
 /// The error `object_store` gives for `key`, which it cannot name.
@@ -81,6 +83,9 @@ pub struct FaultyStore {
     gets: GetCounters,
     /// Multipart upload parts sent (not failed by injection).
     parts_put: Arc<AtomicU64>,
+    /// Parts sent by index in progress now, and the most at once.
+    parts_in_flight: AtomicU64,
+    max_parts_in_flight: AtomicU64,
     /// Parts (upload id, index) whose first attempt was failed by `part_fail_every`.
     parts_failed_once: Mutex<std::collections::HashSet<(String, usize)>>,
     /// The inner store's multipart API, when it has one (see [`Self::with_parts`]).
@@ -162,6 +167,8 @@ impl FaultyStore {
             gets: GetCounters::default(),
             parts_put: Arc::default(),
             parts_failed_once: Mutex::default(),
+            parts_in_flight: AtomicU64::new(0),
+            max_parts_in_flight: AtomicU64::new(0),
             parts_inner: None,
         }
     }
@@ -189,6 +196,11 @@ impl FaultyStore {
     pub fn with_parts(mut self, inner: Arc<dyn MultipartStore>) -> Self {
         self.parts_inner = Some(inner);
         self
+    }
+
+    /// The most parts (sent by index) in progress at once so far.
+    pub fn max_parts_in_flight(&self) -> u64 {
+        self.max_parts_in_flight.load(Ordering::Relaxed)
     }
 
     /// Multipart upload parts sent to the inner store so far.
@@ -277,7 +289,14 @@ impl MultipartStore for FaultyStore {
         {
             return Err(injected(path.as_ref(), "injected 503 on a part"));
         }
-        let part = self.parts_api()?.put_part(path, id, part_idx, data).await?;
+        let now = self.parts_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.max_parts_in_flight.fetch_max(now, Ordering::Relaxed);
+        if !cfg.part_latency.is_zero() {
+            tokio::time::sleep(cfg.part_latency).await;
+        }
+        let part = self.parts_api()?.put_part(path, id, part_idx, data).await;
+        self.parts_in_flight.fetch_sub(1, Ordering::Relaxed);
+        let part = part?;
         self.parts_put.fetch_add(1, Ordering::Relaxed);
         Ok(part)
     }

@@ -21,7 +21,7 @@
 pub mod faulty;
 mod upload;
 
-pub use upload::{StreamingUpload, MAX_UPLOAD_PARTS};
+pub use upload::{StreamingUpload, UploadShape, MAX_UPLOAD_PARTS};
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -571,8 +571,7 @@ impl BackingStore {
         &self,
         path: &str,
         size: u64,
-        part_size: usize,
-        in_flight: usize,
+        shape: &UploadShape,
         mut next_part: F,
     ) -> Result<()>
     where
@@ -581,14 +580,19 @@ impl BackingStore {
     {
         // No more parts than S3 takes: a file over 10,000 parts of `part_size` is sent
         // in larger parts (mountpoint-s3 instead refuses files over 78 GiB).
-        let part_size = part_size
+        let part_size = shape
+            .part_size
             .max(1)
             .max(size.div_ceil(MAX_UPLOAD_PARTS) as usize);
         if size <= part_size as u64 {
             let data = next_part(0, size as usize).await?;
             return self.put(path, data).await;
         }
-        let mut up = self.start_upload(path, part_size, in_flight).await?;
+        let shape = UploadShape {
+            part_size,
+            ..shape.clone()
+        };
+        let mut up = self.start_upload(path, &shape).await?;
         let mut offset = 0u64;
         while offset < size {
             let len = (size - offset).min(part_size as u64) as usize;
@@ -607,12 +611,8 @@ impl BackingStore {
 
     /// Starts a multipart upload of `path` whose size is not known yet (a file sent
     /// while it is written): see [`StreamingUpload`].
-    pub async fn start_upload(
-        &self,
-        path: &str,
-        part_size: usize,
-        in_flight: usize,
-    ) -> Result<StreamingUpload> {
+    pub async fn start_upload(&self, path: &str, shape: &UploadShape) -> Result<StreamingUpload> {
+        let (part_size, in_flight) = (shape.part_size, shape.in_flight);
         if let Some((parts, prefix)) = &self.part_store {
             let location = if prefix.is_empty() {
                 Path::from(path)
@@ -623,8 +623,7 @@ impl BackingStore {
                 parts.clone(),
                 location,
                 path,
-                part_size,
-                in_flight,
+                shape,
                 self.retry.clone(),
                 &self.label,
             )

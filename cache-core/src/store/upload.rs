@@ -26,6 +26,20 @@ use crate::{CacheError, Result};
 /// as many).
 pub const MAX_UPLOAD_PARTS: u64 = 10_000;
 
+/// How an upload is cut and paced.
+#[derive(Clone, Debug)]
+pub struct UploadShape {
+    /// Bytes per part (the last may be smaller).
+    pub part_size: usize,
+    /// Parts of this upload on the wire at once.
+    pub in_flight: usize,
+    /// Shared by uploads that together may have only so many parts on the wire (one
+    /// permit per part, held until the store answered it; where parts go by index):
+    /// many files closed at once then wait for room instead of each buffering
+    /// `in_flight` parts.
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
+}
+
 /// The error of a wait on the store that outlived its budget.
 pub(super) fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheError {
     CacheError::Store {
@@ -67,6 +81,7 @@ struct PartSink {
     done: Vec<(usize, PartId)>,
     retry: RetryPolicy,
     label: String,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl StreamingUpload {
@@ -75,8 +90,7 @@ impl StreamingUpload {
         store: Arc<dyn MultipartStore>,
         location: Path,
         path: &str,
-        part_size: usize,
-        in_flight: usize,
+        shape: &UploadShape,
         retry: RetryPolicy,
         label: &str,
     ) -> Result<StreamingUpload> {
@@ -87,7 +101,7 @@ impl StreamingUpload {
                 store,
                 location,
                 id,
-                part_size: part_size.max(1),
+                part_size: shape.part_size.max(1),
                 pending: Vec::new(),
                 pending_len: 0,
                 next_idx: 0,
@@ -95,8 +109,9 @@ impl StreamingUpload {
                 done: Vec::new(),
                 retry: retry.clone(),
                 label: label.to_string(),
+                slots: shape.slots.clone(),
             })),
-            in_flight: in_flight.max(1),
+            in_flight: shape.in_flight.max(1),
             budget: retry.attempt_timeout * retry.attempts.max(1),
         })
     }
@@ -216,6 +231,14 @@ impl PartSink {
         while self.tasks.len() >= in_flight {
             self.join_one().await?;
         }
+        // A permit of the shared bound, held by the part's task until the store answered.
+        let permit =
+            match &self.slots {
+                Some(s) => Some(s.clone().acquire_owned().await.map_err(|e| {
+                    CacheError::InvalidArgument(format!("upload slots closed: {e}"))
+                })?),
+                None => None,
+            };
         let idx = self.next_idx;
         self.next_idx += 1;
         let (store, location, id) = (self.store.clone(), self.location.clone(), self.id.clone());
@@ -225,6 +248,7 @@ impl PartSink {
                 store.put_part(&location, &id, idx, part.clone())
             })
             .await?;
+            drop(permit);
             Ok((idx, part_id))
         });
         Ok(())

@@ -53,6 +53,7 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use parking_lot::Mutex;
+use strata_cache_core::store::UploadShape;
 use strata_cache_core::ObjectInfo;
 
 use super::{Entry, FsCore, Kind, Meta, Node, Opened};
@@ -81,6 +82,12 @@ pub struct WriteOptions {
     /// parts, so a small file is still one PUT at close and never a multipart upload.
     /// 0: always upload at close.
     pub stream_from: u64,
+    /// Bytes of parts on the wire across all the mount's uploads: 512 MiB (64 parts).
+    /// Each upload keeps at most `parts_in_flight` parts on the wire, but many files
+    /// closed at once (every rank of a job saving its shard) would otherwise each hold
+    /// that much; past the bound their next parts wait (each upload then holds at most
+    /// the one part it waits to send). Where the store takes parts by index.
+    pub upload_memory: u64,
 }
 
 impl WriteOptions {
@@ -92,6 +99,7 @@ impl WriteOptions {
             part_size: 8 << 20,
             parts_in_flight: 8,
             stream_from: 16 << 20,
+            upload_memory: 512 << 20,
         }
     }
 }
@@ -172,6 +180,8 @@ pub(super) struct Writes {
     local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
     created_in: Mutex<HashSet<Arc<str>>>,
+    /// Parts on the wire across the mount's uploads (`upload_memory`).
+    upload_slots: Arc<tokio::sync::Semaphore>,
     next_file: AtomicU64,
 }
 
@@ -195,6 +205,9 @@ impl Writes {
             tracing::warn!(removed, dir = %opts.staging_dir.display(), "staged writes left by an earlier run removed (never uploaded)");
         }
         Ok(Writes {
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(
+                (opts.upload_memory / opts.part_size.max(1) as u64).clamp(1, 1 << 20) as usize,
+            )),
             opts,
             by_path: Mutex::default(),
             handles: Mutex::default(),
@@ -455,8 +468,11 @@ impl FsCore {
             self.reader.store().clone(),
             staged.clone(),
             ctl.clone(),
-            opts.part_size,
-            opts.parts_in_flight,
+            UploadShape {
+                part_size: opts.part_size,
+                in_flight: opts.parts_in_flight,
+                slots: Some(writes.upload_slots.clone()),
+            },
         ));
         *slot = Some(Stream { ctl, task });
     }
@@ -586,27 +602,21 @@ impl FsCore {
         let file = Arc::new(file);
         // Parts are read in order, so the crc32c of the whole is appended part by part.
         let crc = Arc::new(Mutex::new(0u32));
+        let shape = UploadShape {
+            part_size: opts.part_size,
+            in_flight: opts.parts_in_flight,
+            slots: Some(self.writes()?.upload_slots.clone()),
+        };
         store
-            .upload(
-                &staged.path,
-                size,
-                opts.part_size,
-                opts.parts_in_flight,
-                |offset, len| {
-                    let (file, crc) = (file.clone(), crc.clone());
-                    async move {
-                        tokio::task::spawn_blocking(move || {
-                            let mut buf = vec![0u8; len];
-                            file.read_exact_at(&mut buf, offset)?;
-                            let mut c = crc.lock();
-                            *c = crc32c::crc32c_append(*c, &buf);
-                            Ok(Bytes::from(buf))
-                        })
-                        .await
-                        .map_err(std::io::Error::other)?
-                    }
-                },
-            )
+            .upload(&staged.path, size, &shape, |offset, len| {
+                let (file, crc) = (file.clone(), crc.clone());
+                async move {
+                    let part = read_part(file, offset, len).await?;
+                    let mut c = crc.lock();
+                    *c = crc32c::crc32c_append(*c, &part);
+                    Ok(part)
+                }
+            })
             .await?;
         let crc = *crc.lock();
         self.uploaded(staged, gen, crc).await
@@ -863,6 +873,17 @@ impl FsCore {
     }
 }
 
+/// Reads `len` bytes at `offset` of `file` (off the runtime's threads).
+async fn read_part(file: Arc<File>, offset: u64, len: usize) -> std::io::Result<Bytes> {
+    let buf = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, offset).map(|()| buf)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(Bytes::from(buf))
+}
+
 /// The sender of a [`Stream`]: reads `staged` behind its writer and queues it, until a
 /// flush asks it to finish (then it sends the rest and completes the upload) or a write
 /// below what it read breaks it (then it aborts). Returns the crc32c of what it sent.
@@ -870,13 +891,11 @@ async fn stream_upload(
     store: strata_cache_core::BackingStore,
     staged: Arc<Staged>,
     ctl: Arc<StreamCtl>,
-    part_size: usize,
-    in_flight: usize,
+    shape: UploadShape,
 ) -> Result<u32> {
+    let part_size = shape.part_size.max(1);
     let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path));
-    let mut up = store
-        .start_upload(&staged.path, part_size, in_flight)
-        .await?;
+    let mut up = store.start_upload(&staged.path, &shape).await?;
     let file = Arc::new(staged.file.try_clone().map_err(|source| Error::Local {
         what: format!("reopening {}", staged.path),
         source,
@@ -901,23 +920,17 @@ async fn stream_upload(
                 staged.path
             )));
         }
-        if sent < size {
+        // Whole parts only until the flush: a part is sent as soon as it is read, so no
+        // read bytes wait in the upload for more data while holding upload memory.
+        if sent < size && (finishing || size - sent >= part_size as u64) {
             let len = (size - sent).min(part_size as u64) as usize;
             ctl.read_upto.fetch_max(sent + len as u64, Ordering::AcqRel);
-            let (f, at) = (file.clone(), sent);
-            let buf = tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; len];
-                f.read_exact_at(&mut buf, at).map(|()| buf)
-            })
-            .await
-            .map_err(|e| Error::Local {
-                what: format!("reading {} to stream it", staged.path),
-                source: std::io::Error::other(e),
-            })?
-            .map_err(|source| Error::Local {
-                what: format!("reading {} to stream it", staged.path),
-                source,
-            });
+            let buf = read_part(file.clone(), sent, len)
+                .await
+                .map_err(|source| Error::Local {
+                    what: format!("reading {} to stream it", staged.path),
+                    source,
+                });
             let buf = match buf {
                 Ok(b) => b,
                 Err(e) => {
@@ -926,7 +939,7 @@ async fn stream_upload(
                 }
             };
             crc = crc32c::crc32c_append(crc, &buf);
-            up.put(Bytes::from(buf)).await?;
+            up.put(buf).await?;
             sent += len as u64;
             continue;
         }
