@@ -235,10 +235,19 @@ impl PassthroughStore {
     /// Takes the finished file at `from` (`size` bytes of crc32c `crc`, on the same
     /// file system: a file written through the mount and uploaded) as the copy `name`,
     /// by a rename: the bytes written once become the copy the next open passes
-    /// through. False (and `from` left in place) when the budget cannot hold it, a copy
-    /// of `name` exists or is being written, or the rename fails. Blocking.
+    /// through. False (and `from` left in place) when the budget's free room cannot hold
+    /// it, a copy of `name` exists or is being written, or the rename fails. Blocking.
+    ///
+    /// Only into free room: a written file has not been read yet, while every copy kept
+    /// was, so a job saving many checkpoint shards must not push a dataset's copies out.
     pub fn adopt(&self, name: &str, from: &Path, size: u64, crc: u32) -> bool {
-        if size > self.opts.budget || !self.begin(name, size) {
+        {
+            let st = self.state.lock();
+            if st.bytes + size > self.opts.budget {
+                return false;
+            }
+        }
+        if !self.begin(name, size) {
             return false;
         }
         let renamed = fs::rename(from, self.opts.dir.join(file_name(name, crc)));

@@ -645,3 +645,49 @@ async fn many_files_uploading_at_once_share_a_bounded_upload_memory() {
     .await
     .expect("bounded: no upload waits forever for memory");
 }
+
+#[tokio::test]
+async fn written_files_become_copies_only_in_free_room_never_evicting_read_ones() {
+    timed(async {
+        // Room for 300 KiB of copies.
+        let fx = fixture(|o, dir| {
+            let mut pt = PassthroughOptions::new(dir.join("pt"));
+            pt.budget = 300 << 10;
+            o.passthrough = Some(pt);
+        })
+        .await;
+        let c = &fx.core;
+        let mut inos = Vec::new();
+        for i in 0..3u8 {
+            let want = data(120 * 1024, 40 + i);
+            let (e, fh) = c
+                .create(ROOT_INO, &format!("shard{i}"))
+                .await
+                .expect("create");
+            c.write(fh, 0, &want).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+            inos.push(e.attr.ino);
+        }
+        // The first two fit; the third would have evicted one, so it is not kept.
+        let opened: Vec<bool> = {
+            let mut v = Vec::new();
+            for ino in &inos {
+                let o = c.open(*ino, false).await.expect("open");
+                v.push(o.passthrough.is_some());
+                c.release(o.fh);
+            }
+            v
+        };
+        assert_eq!(opened, vec![true, true, false]);
+        // Every file is in the store whole either way.
+        for i in 0..3u8 {
+            assert_eq!(
+                stored(&fx, &format!("shard{i}")).await,
+                Some(data(120 * 1024, 40 + i))
+            );
+        }
+    })
+    .await
+    .expect("bounded");
+}
