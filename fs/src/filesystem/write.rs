@@ -30,8 +30,9 @@
 //!   under `--metadata-ttl indefinite`.
 //! - **One copy per byte, warm after write.** At release, an uploaded file no larger
 //!   than the passthrough limit is *renamed* into the passthrough copies as the copy of
-//!   the version the store returned: the restore that follows a save is served from
-//!   local disk by the kernel, and the bytes were written to disk once.
+//!   the version the store returned, when the copies' budget has free room (a file no
+//!   one has read yet never evicts copies that reads earned): the restore that follows a
+//!   save is served from local disk by the kernel, and the bytes were written once.
 //! - **Bounded by the disk, crash-safe.** A full disk fails the `write` with ENOSPC.
 //!   Staging files are removed at mount start: a crash before an upload completed
 //!   leaves no object (its multipart upload is aborted by the store's lifecycle rules,
