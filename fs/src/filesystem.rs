@@ -552,6 +552,16 @@ pub struct Counters {
     pub prefetch_files_wasted: AtomicU64,
     pub passthrough_opens: AtomicU64,
     pub passthrough_copies: AtomicU64,
+    /// Files written through the mount whose upload completed, and their bytes...
+    pub uploads: AtomicU64,
+    pub upload_bytes: AtomicU64,
+    /// ...uploads that failed (their flush or fsync returned the error)...
+    pub upload_failures: AtomicU64,
+    /// ...of which sent while written (a stream completed at the flush).
+    pub uploads_streamed: AtomicU64,
+    /// Objects deleted and files renamed through the mount.
+    pub deletes: AtomicU64,
+    pub renames: AtomicU64,
 }
 
 impl FsCore {

@@ -19,6 +19,7 @@ async fn start(token: Option<&str>) -> (String, CancellationToken) {
         engine,
         kv: None,
         mounts: vec![],
+        mount_cores: vec![],
         started: Instant::now(),
         token: token.map(std::sync::Arc::from),
         cluster: None,

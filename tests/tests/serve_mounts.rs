@@ -228,6 +228,45 @@ fn lru_policy_still_classifies_streams_and_stats_show_the_deciding_test() {
 }
 
 #[test]
+fn a_writable_mounts_entry_uploads_files_and_the_stats_count_them() {
+    bounded(240, || {
+        let sc = scene();
+        let config = write_config(&sc, "");
+        let text = std::fs::read_to_string(&config).expect("config");
+        std::fs::write(&config, format!("{text}allow_writes = true\n")).expect("config");
+        let cfg = StrataConfig::load(&config).expect("config loads");
+        let daemon = Daemon::start(cfg, &sc.mnt, sc.admin.clone());
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(sc.mnt.join("saved.bin"), &body).expect("write through the mount");
+        // The store (a local directory here) has the object as soon as close returned.
+        assert_eq!(
+            std::fs::read(sc.src.join("saved.bin")).expect("in the store"),
+            body
+        );
+        read_in_name_order(&sc.mnt);
+        let json = daemon.stats().expect("stats");
+        let st = &json["mounts"][0]["stats"];
+        assert_eq!(st["writable"], true, "{st:#}");
+        assert_eq!(st["uploads"], 1, "{st:#}");
+        assert_eq!(st["upload_bytes"], 300_000, "{st:#}");
+        assert_eq!(st["upload_failures"], 0, "{st:#}");
+        assert!(st["reads"].as_u64().unwrap_or(0) > 0, "{st:#}");
+        let stats = daemon
+            .rt
+            .block_on(strata_tools::admin::fetch_stats(&sc.admin))
+            .expect("stats");
+        let text = strata_tools::commands::stats::render(&sc.admin, &stats, None);
+        assert!(text.contains("written: 1 files uploaded"), "{text}");
+        let metrics = strata_tools::admin::render_metrics(&stats);
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("strata_mount_uploads_total{"))
+            .unwrap_or_else(|| panic!("no per-mount upload counter in:\n{metrics}"));
+        assert!(line.ends_with(" 1"), "{line}");
+    });
+}
+
+#[test]
 fn a_mounts_entry_prefetches_files_read_in_name_order() {
     bounded(240, || {
         let sc = scene();

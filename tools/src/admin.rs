@@ -42,6 +42,57 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub struct MountInfo {
     pub mountpoint: PathBuf,
     pub prefix: String,
+    /// What the mount has done since it started (None from a daemon that did not say).
+    #[serde(default)]
+    pub stats: Option<MountStats>,
+}
+
+/// A mount's counters (see `strata_fs::filesystem::Counters`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MountStats {
+    pub writable: bool,
+    pub lookups: u64,
+    pub store_heads: u64,
+    pub store_lists: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub prefetch_files: u64,
+    pub prefetch_files_used: u64,
+    pub prefetch_files_wasted: u64,
+    pub passthrough_opens: u64,
+    pub passthrough_copies: u64,
+    pub uploads: u64,
+    pub upload_bytes: u64,
+    pub upload_failures: u64,
+    pub uploads_streamed: u64,
+    pub deletes: u64,
+    pub renames: u64,
+}
+
+impl MountStats {
+    pub fn of(core: &strata_fs::FsCore) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = core.counters();
+        MountStats {
+            writable: core.writable(),
+            lookups: c.lookups.load(Relaxed),
+            store_heads: c.store_heads.load(Relaxed),
+            store_lists: c.store_lists.load(Relaxed),
+            reads: c.reads.load(Relaxed),
+            read_bytes: c.read_bytes.load(Relaxed),
+            prefetch_files: c.prefetch_files.load(Relaxed),
+            prefetch_files_used: c.prefetch_files_used.load(Relaxed),
+            prefetch_files_wasted: c.prefetch_files_wasted.load(Relaxed),
+            passthrough_opens: c.passthrough_opens.load(Relaxed),
+            passthrough_copies: c.passthrough_copies.load(Relaxed),
+            uploads: c.uploads.load(Relaxed),
+            upload_bytes: c.upload_bytes.load(Relaxed),
+            upload_failures: c.upload_failures.load(Relaxed),
+            uploads_streamed: c.uploads_streamed.load(Relaxed),
+            deletes: c.deletes.load(Relaxed),
+            renames: c.renames.load(Relaxed),
+        }
+    }
 }
 
 /// Everything `GET /stats` returns. A new part of the daemon (next: the access
@@ -89,6 +140,8 @@ pub struct AdminState {
     pub engine: CacheEngine,
     pub kv: Option<KvService>,
     pub mounts: Vec<MountInfo>,
+    /// The mounts' cores, in the order of `mounts` (their counters go into the stats).
+    pub mount_cores: Vec<Arc<strata_fs::FsCore>>,
     pub started: Instant,
     /// The admin token (see the module docs); None: read-only, loopback only.
     pub token: Option<Arc<str>>,
@@ -144,7 +197,15 @@ impl AdminState {
             uptime_secs: self.started.elapsed().as_secs_f64(),
             engine: self.engine.stats(),
             kv: self.kv.as_ref().map(|k| k.stats()),
-            mounts: self.mounts.clone(),
+            mounts: self
+                .mounts
+                .iter()
+                .enumerate()
+                .map(|(i, m)| MountInfo {
+                    stats: self.mount_cores.get(i).map(|c| MountStats::of(c)),
+                    ..m.clone()
+                })
+                .collect(),
             cluster: self.cluster.as_ref().map(|(me, rx)| {
                 let m = rx.borrow().clone();
                 let shares: std::collections::HashMap<_, _> =
@@ -275,6 +336,92 @@ fn counter(reg: &mut Registry, name: &str, help: &str, v: u64) {
     let c = Counter::<u64>::default();
     c.inc_by(v);
     reg.register(name, help, c);
+}
+
+/// Per mount (`mountpoint="/mnt/data"`): reads, prefetched files, passthrough, and
+/// what was written through it.
+fn render_mount_metrics(reg: &mut Registry, mounts: &[MountInfo]) {
+    let with: Vec<(Labels, &MountStats)> = mounts
+        .iter()
+        .filter_map(|m| {
+            let labels = vec![("mountpoint".to_string(), m.mountpoint.display().to_string())];
+            m.stats.as_ref().map(|st| (labels, st))
+        })
+        .collect();
+    let family = |reg: &mut Registry, name: &str, help: &str, f: fn(&MountStats) -> u64| {
+        let values: Vec<(Labels, u64)> = with.iter().map(|(l, st)| (l.clone(), f(st))).collect();
+        counter_family(reg, name, help, &values);
+    };
+    family(reg, "mount_reads", "Reads the mount served", |m| m.reads);
+    family(
+        reg,
+        "mount_read_bytes",
+        "Bytes the mount's reads returned",
+        |m| m.read_bytes,
+    );
+    family(
+        reg,
+        "mount_store_heads",
+        "HEADs the mount sent for metadata",
+        |m| m.store_heads,
+    );
+    family(reg, "mount_store_lists", "LISTs the mount sent", |m| {
+        m.store_lists
+    });
+    family(
+        reg,
+        "mount_prefetch_files",
+        "Other files the mount prefetched ahead of their readers",
+        |m| m.prefetch_files,
+    );
+    family(
+        reg,
+        "mount_prefetch_files_used",
+        "Prefetched files a reader then read",
+        |m| m.prefetch_files_used,
+    );
+    family(
+        reg,
+        "mount_prefetch_files_wasted",
+        "Prefetched files evicted unread",
+        |m| m.prefetch_files_wasted,
+    );
+    family(
+        reg,
+        "mount_passthrough_opens",
+        "Opens served by a passthrough copy",
+        |m| m.passthrough_opens,
+    );
+    family(
+        reg,
+        "mount_uploads",
+        "Files written through the mount and uploaded",
+        |m| m.uploads,
+    );
+    family(
+        reg,
+        "mount_upload_bytes",
+        "Bytes of the files uploaded",
+        |m| m.upload_bytes,
+    );
+    family(
+        reg,
+        "mount_upload_failures",
+        "Uploads that failed (their close or fsync returned the error)",
+        |m| m.upload_failures,
+    );
+    family(
+        reg,
+        "mount_deletes",
+        "Objects deleted through the mount",
+        |m| m.deletes,
+    );
+    family(
+        reg,
+        "mount_renames",
+        "Files renamed through the mount",
+        |m| m.renames,
+    );
 }
 
 /// The cache group's data plane: per peer (`peer="node-b"`), and this node's store reads.
@@ -467,6 +614,7 @@ pub fn render_metrics(s: &DaemonStats) -> String {
     let mounts = Gauge::<i64>::default();
     mounts.set(s.mounts.len() as i64);
     reg.register("mounts", "Mounts served by the daemon", mounts);
+    render_mount_metrics(&mut reg, &s.mounts);
     if let Some(kv) = &s.kv {
         let ns = |n: &str| vec![("namespace".to_string(), n.to_string())];
         let per_ns = |n: &strata_kvcache::stats::NamespaceStats| ns(&n.namespace);

@@ -568,6 +568,9 @@ impl FsCore {
             }
             if let Err(e) = result {
                 staged.failed.store(true, Ordering::Release);
+                self.counters
+                    .upload_failures
+                    .fetch_add(1, Ordering::Relaxed);
                 return Err(Error::Upload(e));
             }
             staged.failed.store(false, Ordering::Release);
@@ -585,7 +588,12 @@ impl FsCore {
             ctl.finish.store(true, Ordering::Release);
             ctl.wake.notify_one();
             match task.await {
-                Ok(Ok(crc)) => return self.uploaded(staged, gen, crc).await,
+                Ok(Ok(crc)) => {
+                    self.counters
+                        .uploads_streamed
+                        .fetch_add(1, Ordering::Relaxed);
+                    return self.uploaded(staged, gen, crc).await;
+                }
                 Ok(Err(e)) => {
                     tracing::debug!(path = %staged.path, error = %e, "streamed upload not used; uploading the file");
                 }
@@ -650,6 +658,10 @@ impl FsCore {
             self.relist(&parent, &staged.path, meta).await;
         }
         staged.uploaded.fetch_max(gen, Ordering::AcqRel);
+        self.counters.uploads.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .upload_bytes
+            .fetch_add(size, Ordering::Relaxed);
         tracing::debug!(path = %staged.path, size, "uploaded");
         Ok(())
     }
@@ -734,6 +746,7 @@ impl FsCore {
             )));
         }
         self.reader.store().delete(&path).await?;
+        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
@@ -818,6 +831,7 @@ impl FsCore {
         }
         let store = self.reader.store();
         store.rename(&from, &to).await?;
+        self.counters.renames.fetch_add(1, Ordering::Relaxed);
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, &from, Some(Meta::Missing))
             .await;

@@ -280,6 +280,31 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
     render_kv(&mut o, s, prev, &r);
     for m in &s.mounts {
         let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
+        if let Some(st) = &m.stats {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let _ = writeln!(
+                o,
+                "  reads {} ({:.1} MiB)   prefetched files {} (used {}, wasted {})   passthrough opens {}",
+                st.reads,
+                mib(st.read_bytes),
+                st.prefetch_files,
+                st.prefetch_files_used,
+                st.prefetch_files_wasted,
+                st.passthrough_opens,
+            );
+            if st.writable {
+                let _ = writeln!(
+                    o,
+                    "  written: {} files uploaded ({:.1} MiB, {} sent while written), {} failed, {} deleted, {} renamed",
+                    st.uploads,
+                    mib(st.upload_bytes),
+                    st.uploads_streamed,
+                    st.upload_failures,
+                    st.deletes,
+                    st.renames,
+                );
+            }
+        }
     }
     o
 }

@@ -149,6 +149,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             infos.push(MountInfo {
                 mountpoint: m.mountpoint.clone(),
                 prefix: m.prefix.clone(),
+                stats: None,
             });
             mounts.push(h);
         }
@@ -163,6 +164,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             engine: core.engine.clone(),
             kv: kv.as_ref().map(|k| k.service.clone()),
             mounts: infos,
+            mount_cores: mounts.iter().filter_map(|h| h.core().cloned()).collect(),
             started,
             token: token.map(std::sync::Arc::from),
             cluster: cluster
