@@ -84,6 +84,7 @@ const KERNEL_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Inode number of the mount's root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
 
+mod namespace;
 mod write;
 pub use write::WriteOptions;
 

@@ -57,8 +57,11 @@ use parking_lot::Mutex;
 use strata_cache_core::store::UploadShape;
 use strata_cache_core::ObjectInfo;
 
-use super::{Entry, FsCore, Kind, Meta, Node, Opened};
+use super::{Entry, FsCore, Kind, Meta, Opened};
 use crate::error::{Error, Result};
+
+mod stream;
+use stream::{read_part, stream_upload, Stream, StreamCtl};
 
 /// How the mount takes writes (`CoreOptions::writes`; None: read-only).
 #[derive(Clone, Debug)]
@@ -131,26 +134,6 @@ pub(super) struct Staged {
     stream: Mutex<Option<Stream>>,
 }
 
-/// A multipart upload sent while its file is written in order: a task reads the
-/// staging file behind the writer and queues it part by part; a flush asks it to send
-/// the rest and complete. A write below what it has read breaks it (the bytes it sent
-/// are stale): it aborts, and the flush uploads the file at close as any other.
-struct Stream {
-    ctl: Arc<StreamCtl>,
-    task: tokio::task::JoinHandle<Result<u32>>,
-}
-
-#[derive(Default)]
-struct StreamCtl {
-    /// Bytes the task has read (or is reading); a write below breaks the stream.
-    read_upto: AtomicU64,
-    broken: AtomicBool,
-    /// A flush wants the upload completed at the file's size.
-    finish: AtomicBool,
-    /// More was written, or one of the flags changed.
-    wake: tokio::sync::Notify,
-}
-
 impl Staged {
     fn changed(&self) -> bool {
         self.uploaded.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
@@ -174,11 +157,11 @@ impl Staged {
 
 /// The write state of a mount.
 pub(super) struct Writes {
-    opts: WriteOptions,
+    pub(super) opts: WriteOptions,
     by_path: Mutex<HashMap<Arc<str>, Arc<Staged>>>,
     handles: Mutex<HashMap<u64, Arc<Staged>>>,
     /// Directories made by `mkdir` that the store may not have yet.
-    local_dirs: Mutex<HashSet<Arc<str>>>,
+    pub(super) local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
     created_in: Mutex<HashSet<Arc<str>>>,
     /// Parts on the wire across the mount's uploads (`upload_memory`).
@@ -320,7 +303,7 @@ impl Writes {
 }
 
 impl FsCore {
-    fn writes(&self) -> Result<&Writes> {
+    pub(super) fn writes(&self) -> Result<&Writes> {
         self.writes.as_ref().ok_or(Error::ReadOnly)
     }
 
@@ -714,258 +697,5 @@ impl FsCore {
                 tracing::warn!(file = %staged.file_path.display(), error = %e, "staging file not removed");
             }
         }
-    }
-
-    /// The path of `name` in directory `parent`, checked.
-    fn child_of(&self, parent: u64, name: &str) -> Result<(Arc<str>, Node)> {
-        let dir = self.node(parent)?;
-        if dir.kind != Kind::Dir {
-            return Err(Error::NotDir(dir.path.to_string()));
-        }
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            return Err(Error::Invalid(format!("bad name {name:?}")));
-        }
-        Ok((self.child_path(&dir.path, name), dir))
-    }
-
-    /// Deletes object `name` of directory `parent` (needs `allow_delete`).
-    pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
-        let writes = self.writes()?;
-        let (path, dir) = self.child_of(parent, name)?;
-        if writes.staged(&path).is_some() {
-            return Err(Error::Busy(path.to_string()));
-        }
-        match self.meta(&path).await? {
-            Meta::Dir => return Err(Error::IsDir(path.to_string())),
-            Meta::Missing => return Err(Error::NotFound(path.to_string())),
-            Meta::File(_) => {}
-        }
-        if !writes.opts.allow_delete {
-            return Err(Error::NotPermitted(format!(
-                "{path}: deleting objects needs --allow-delete"
-            )));
-        }
-        self.reader.store().delete(&path).await?;
-        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
-        self.attrs.insert(path.clone(), Meta::Missing).await;
-        self.relist(&dir.path, &path, Some(Meta::Missing)).await;
-        Ok(())
-    }
-
-    /// The cached listing of `dir` after `path` (in it) changed to `meta` (None:
-    /// unknown, the listing is dropped): updated in place rather than dropped, so a job
-    /// writing many files into one directory does not make every lookup of the next
-    /// new name list the store again. (Re-inserting restarts the listing's TTL: a
-    /// directory written to keeps its listing until the TTL after its last write.)
-    async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
-        let Some(meta) = meta else {
-            self.listings.invalidate(dir).await;
-            return;
-        };
-        let Some(old) = self.listings.get(dir).await else {
-            return;
-        };
-        let name = path.rsplit('/').next().unwrap_or(path);
-        let mut entries = old.entries.clone();
-        let at = entries.binary_search_by(|(n, _)| n.as_str().cmp(name));
-        match (at, meta) {
-            (Ok(i), Meta::Missing) => {
-                entries.remove(i);
-            }
-            (Ok(i), m) => entries[i].1 = m,
-            (Err(_), Meta::Missing) => return,
-            (Err(i), m) => entries.insert(i, (name.to_string(), m)),
-        }
-        self.listings
-            .insert(dir.clone(), Arc::new(super::Listing { entries }))
-            .await;
-    }
-
-    /// Renames file `name` of `parent` to `newname` of `newparent` (the write-then-rename
-    /// of an atomic save): the store moves the object (its own rename, or a copy and a
-    /// delete), so it needs `allow_delete`; replacing an existing file needs
-    /// `allow_overwrite` and is refused with `noreplace`. Directories and files being
-    /// written are not renamed (ENOTSUP, EBUSY). The inode follows the file.
-    pub async fn rename(
-        &self,
-        parent: u64,
-        name: &str,
-        newparent: u64,
-        newname: &str,
-        noreplace: bool,
-    ) -> Result<()> {
-        let writes = self.writes()?;
-        let (from, from_dir) = self.child_of(parent, name)?;
-        let (to, to_dir) = self.child_of(newparent, newname)?;
-        for p in [&from, &to] {
-            if writes.staged(p).is_some() {
-                return Err(Error::Busy(p.to_string()));
-            }
-        }
-        match self.meta(&from).await? {
-            Meta::Missing => return Err(Error::NotFound(from.to_string())),
-            Meta::Dir => {
-                return Err(Error::Unsupported(format!(
-                    "{from}: renaming a directory (a prefix of many objects)"
-                )))
-            }
-            Meta::File(_) => {}
-        }
-        if from == to {
-            return Ok(());
-        }
-        match self.meta(&to).await? {
-            Meta::Dir => return Err(Error::IsDir(to.to_string())),
-            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
-            Meta::File(_) if !writes.opts.allow_overwrite => {
-                return Err(Error::NotPermitted(format!(
-                    "{to}: replacing an object needs --allow-overwrite"
-                )))
-            }
-            _ => {}
-        }
-        if !writes.opts.allow_delete {
-            return Err(Error::NotPermitted(format!(
-                "{from}: a rename deletes the source object, which needs --allow-delete"
-            )));
-        }
-        let store = self.reader.store();
-        store.rename(&from, &to).await?;
-        self.counters.renames.fetch_add(1, Ordering::Relaxed);
-        self.attrs.insert(from.clone(), Meta::Missing).await;
-        self.relist(&from_dir.path, &from, Some(Meta::Missing))
-            .await;
-        let meta = match store.head(&to).await {
-            Ok(info) => Some(Meta::File(Arc::new(info))),
-            Err(e) => {
-                tracing::warn!(path = %to, error = %e, "renamed; its metadata will be fetched again");
-                None
-            }
-        };
-        match &meta {
-            Some(m) => self.attrs.insert(to.clone(), m.clone()).await,
-            None => self.attrs.invalidate(&to).await,
-        }
-        self.relist(&to_dir.path, &to, meta).await;
-        self.inodes.write().moved(&from, &to);
-        Ok(())
-    }
-
-    /// Makes directory `name` in `parent` (in this mount until an object is written
-    /// under it; object storage has no directories).
-    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Entry> {
-        let writes = self.writes()?;
-        let (path, _) = self.child_of(parent, name)?;
-        if !matches!(self.meta(&path).await?, Meta::Missing) {
-            return Err(Error::Exists(path.to_string()));
-        }
-        writes.local_dirs.lock().insert(path.clone());
-        self.entry_for(&path, &Meta::Dir, true)
-    }
-
-    /// Removes directory `name` of `parent`: only an empty one made by `mkdir`.
-    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
-        let writes = self.writes()?;
-        let (path, _) = self.child_of(parent, name)?;
-        match self.meta(&path).await? {
-            Meta::Missing => return Err(Error::NotFound(path.to_string())),
-            Meta::File(_) => return Err(Error::NotDir(path.to_string())),
-            Meta::Dir => {}
-        }
-        let listed = self.listing(&path).await?;
-        if !listed.entries.is_empty() || !writes.children(&path).is_empty() {
-            return Err(Error::Local {
-                what: format!("removing {path}"),
-                source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
-            });
-        }
-        if !writes.local_dirs.lock().remove(&path) {
-            return Err(Error::Unsupported(format!(
-                "{path}: a directory of the store goes with its last object"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Reads `len` bytes at `offset` of `file` (off the runtime's threads).
-async fn read_part(file: Arc<File>, offset: u64, len: usize) -> std::io::Result<Bytes> {
-    let buf = tokio::task::spawn_blocking(move || {
-        let mut buf = vec![0u8; len];
-        file.read_exact_at(&mut buf, offset).map(|()| buf)
-    })
-    .await
-    .map_err(std::io::Error::other)??;
-    Ok(Bytes::from(buf))
-}
-
-/// The sender of a [`Stream`]: reads `staged` behind its writer and queues it, until a
-/// flush asks it to finish (then it sends the rest and completes the upload) or a write
-/// below what it read breaks it (then it aborts). Returns the crc32c of what it sent.
-async fn stream_upload(
-    store: strata_cache_core::BackingStore,
-    staged: Arc<Staged>,
-    ctl: Arc<StreamCtl>,
-    shape: UploadShape,
-) -> Result<u32> {
-    let part_size = shape.part_size.max(1);
-    let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path));
-    let mut up = store.start_upload(&staged.path, &shape).await?;
-    let file = Arc::new(staged.file.try_clone().map_err(|source| Error::Local {
-        what: format!("reopening {}", staged.path),
-        source,
-    })?);
-    let (mut sent, mut crc) = (0u64, 0u32);
-    loop {
-        if ctl.broken.load(Ordering::Acquire) {
-            up.abort().await;
-            return Err(broken());
-        }
-        let finishing = ctl.finish.load(Ordering::Acquire);
-        if finishing {
-            // From here any write breaks the stream: what it completes is the file.
-            ctl.read_upto.store(u64::MAX, Ordering::Release);
-        }
-        let size = staged.size.load(Ordering::Acquire);
-        if size > part_size as u64 * strata_cache_core::store::MAX_UPLOAD_PARTS {
-            // Too large for this part size: the upload at close picks a larger one.
-            up.abort().await;
-            return Err(Error::Unsupported(format!(
-                "{}: too large to stream in parts of {part_size} bytes",
-                staged.path
-            )));
-        }
-        // Whole parts only until the flush: a part is sent as soon as it is read, so no
-        // read bytes wait in the upload for more data while holding upload memory.
-        if sent < size && (finishing || size - sent >= part_size as u64) {
-            let len = (size - sent).min(part_size as u64) as usize;
-            ctl.read_upto.fetch_max(sent + len as u64, Ordering::AcqRel);
-            let buf = read_part(file.clone(), sent, len)
-                .await
-                .map_err(|source| Error::Local {
-                    what: format!("reading {} to stream it", staged.path),
-                    source,
-                });
-            let buf = match buf {
-                Ok(b) => b,
-                Err(e) => {
-                    up.abort().await;
-                    return Err(e);
-                }
-            };
-            crc = crc32c::crc32c_append(crc, &buf);
-            up.put(buf).await?;
-            sent += len as u64;
-            continue;
-        }
-        if finishing {
-            if ctl.broken.load(Ordering::Acquire) {
-                up.abort().await;
-                return Err(broken());
-            }
-            up.finish().await?;
-            return Ok(crc);
-        }
-        ctl.wake.notified().await;
     }
 }

@@ -1,0 +1,181 @@
+//! Directory-level writes of a writable mount: deletes, renames into place, and
+//! directories made in the mount (see the `write` module's doc for what each needs).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Entry, FsCore, Kind, Meta, Node};
+use crate::error::{Error, Result};
+
+impl FsCore {
+    /// The path of `name` in directory `parent`, checked.
+    pub(super) fn child_of(&self, parent: u64, name: &str) -> Result<(Arc<str>, Node)> {
+        let dir = self.node(parent)?;
+        if dir.kind != Kind::Dir {
+            return Err(Error::NotDir(dir.path.to_string()));
+        }
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(Error::Invalid(format!("bad name {name:?}")));
+        }
+        Ok((self.child_path(&dir.path, name), dir))
+    }
+
+    /// Deletes object `name` of directory `parent` (needs `allow_delete`).
+    pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
+        let writes = self.writes()?;
+        let (path, dir) = self.child_of(parent, name)?;
+        if writes.staged(&path).is_some() {
+            return Err(Error::Busy(path.to_string()));
+        }
+        match self.meta(&path).await? {
+            Meta::Dir => return Err(Error::IsDir(path.to_string())),
+            Meta::Missing => return Err(Error::NotFound(path.to_string())),
+            Meta::File(_) => {}
+        }
+        if !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{path}: deleting objects needs --allow-delete"
+            )));
+        }
+        self.reader.store().delete(&path).await?;
+        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        self.attrs.insert(path.clone(), Meta::Missing).await;
+        self.relist(&dir.path, &path, Some(Meta::Missing)).await;
+        Ok(())
+    }
+
+    /// The cached listing of `dir` after `path` (in it) changed to `meta` (None:
+    /// unknown, the listing is dropped): updated in place rather than dropped, so a job
+    /// writing many files into one directory does not make every lookup of the next
+    /// new name list the store again. (Re-inserting restarts the listing's TTL: a
+    /// directory written to keeps its listing until the TTL after its last write.)
+    pub(super) async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
+        let Some(meta) = meta else {
+            self.listings.invalidate(dir).await;
+            return;
+        };
+        let Some(old) = self.listings.get(dir).await else {
+            return;
+        };
+        let name = path.rsplit('/').next().unwrap_or(path);
+        let mut entries = old.entries.clone();
+        let at = entries.binary_search_by(|(n, _)| n.as_str().cmp(name));
+        match (at, meta) {
+            (Ok(i), Meta::Missing) => {
+                entries.remove(i);
+            }
+            (Ok(i), m) => entries[i].1 = m,
+            (Err(_), Meta::Missing) => return,
+            (Err(i), m) => entries.insert(i, (name.to_string(), m)),
+        }
+        self.listings
+            .insert(dir.clone(), Arc::new(super::Listing { entries }))
+            .await;
+    }
+
+    /// Renames file `name` of `parent` to `newname` of `newparent` (the write-then-rename
+    /// of an atomic save): the store moves the object (its own rename, or a copy and a
+    /// delete), so it needs `allow_delete`; replacing an existing file needs
+    /// `allow_overwrite` and is refused with `noreplace`. Directories and files being
+    /// written are not renamed (ENOTSUP, EBUSY). The inode follows the file.
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        noreplace: bool,
+    ) -> Result<()> {
+        let writes = self.writes()?;
+        let (from, from_dir) = self.child_of(parent, name)?;
+        let (to, to_dir) = self.child_of(newparent, newname)?;
+        for p in [&from, &to] {
+            if writes.staged(p).is_some() {
+                return Err(Error::Busy(p.to_string()));
+            }
+        }
+        match self.meta(&from).await? {
+            Meta::Missing => return Err(Error::NotFound(from.to_string())),
+            Meta::Dir => {
+                return Err(Error::Unsupported(format!(
+                    "{from}: renaming a directory (a prefix of many objects)"
+                )))
+            }
+            Meta::File(_) => {}
+        }
+        if from == to {
+            return Ok(());
+        }
+        match self.meta(&to).await? {
+            Meta::Dir => return Err(Error::IsDir(to.to_string())),
+            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
+            Meta::File(_) if !writes.opts.allow_overwrite => {
+                return Err(Error::NotPermitted(format!(
+                    "{to}: replacing an object needs --allow-overwrite"
+                )))
+            }
+            _ => {}
+        }
+        if !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{from}: a rename deletes the source object, which needs --allow-delete"
+            )));
+        }
+        let store = self.reader.store();
+        store.rename(&from, &to).await?;
+        self.counters.renames.fetch_add(1, Ordering::Relaxed);
+        self.attrs.insert(from.clone(), Meta::Missing).await;
+        self.relist(&from_dir.path, &from, Some(Meta::Missing))
+            .await;
+        let meta = match store.head(&to).await {
+            Ok(info) => Some(Meta::File(Arc::new(info))),
+            Err(e) => {
+                tracing::warn!(path = %to, error = %e, "renamed; its metadata will be fetched again");
+                None
+            }
+        };
+        match &meta {
+            Some(m) => self.attrs.insert(to.clone(), m.clone()).await,
+            None => self.attrs.invalidate(&to).await,
+        }
+        self.relist(&to_dir.path, &to, meta).await;
+        self.inodes.write().moved(&from, &to);
+        Ok(())
+    }
+
+    /// Makes directory `name` in `parent` (in this mount until an object is written
+    /// under it; object storage has no directories).
+    pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Entry> {
+        let writes = self.writes()?;
+        let (path, _) = self.child_of(parent, name)?;
+        if !matches!(self.meta(&path).await?, Meta::Missing) {
+            return Err(Error::Exists(path.to_string()));
+        }
+        writes.local_dirs.lock().insert(path.clone());
+        self.entry_for(&path, &Meta::Dir, true)
+    }
+
+    /// Removes directory `name` of `parent`: only an empty one made by `mkdir`.
+    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
+        let writes = self.writes()?;
+        let (path, _) = self.child_of(parent, name)?;
+        match self.meta(&path).await? {
+            Meta::Missing => return Err(Error::NotFound(path.to_string())),
+            Meta::File(_) => return Err(Error::NotDir(path.to_string())),
+            Meta::Dir => {}
+        }
+        let listed = self.listing(&path).await?;
+        if !listed.entries.is_empty() || !writes.children(&path).is_empty() {
+            return Err(Error::Local {
+                what: format!("removing {path}"),
+                source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
+            });
+        }
+        if !writes.local_dirs.lock().remove(&path) {
+            return Err(Error::Unsupported(format!(
+                "{path}: a directory of the store goes with its last object"
+            )));
+        }
+        Ok(())
+    }
+}
