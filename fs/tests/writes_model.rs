@@ -1,9 +1,11 @@
 //! Writes through the core against a reference model (a proptest state machine, as
 //! mountpoint-s3 checks its file system): random sequences of creates, writes at any
 //! offsets, truncates, flushes, releases, reads, deletes and renames over a few names,
-//! on a store that takes parts by index. After every step the store holds exactly what
-//! the model says was made visible (an object appears at a flush or release, whole),
-//! reads return those bytes, and every refusal is the errno the model expects.
+//! on a store that takes parts by index and now and then refuses every write. After
+//! every step the store holds exactly what the model says was made visible (an object
+//! appears at a successful flush or release, whole; a refused upload leaves the store
+//! as it was and fails its flush with EIO), reads return those bytes, and every
+//! refusal is the errno the model expects.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +32,8 @@ enum Op {
     Read(usize),
     Unlink(usize),
     Rename(usize, usize),
+    /// The store refuses (true) or takes (false) writes from now on.
+    WritesDown(bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -45,18 +49,28 @@ fn op() -> impl Strategy<Value = Op> {
         name.clone().prop_map(Op::Read),
         name.clone().prop_map(Op::Unlink),
         (name.clone(), name).prop_map(|(a, b)| Op::Rename(a, b)),
+        any::<bool>().prop_map(Op::WritesDown),
     ]
 }
 
-/// An open write handle in the model: its file's name, inode, handle and contents.
+/// An open write handle in the model: its file's name, inode, handle and contents;
+/// whether it changed since its last upload, and whether its last upload failed (then
+/// a release does not retry it).
 struct Open {
     name: usize,
     ino: u64,
     fh: u64,
     data: Vec<u8>,
+    changed: bool,
+    failed: bool,
 }
 
-async fn core() -> (Arc<FsCore>, Arc<dyn ObjectStore>, tempfile::TempDir) {
+async fn core() -> (
+    Arc<FsCore>,
+    Arc<dyn ObjectStore>,
+    Arc<FaultyStore>,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let memory = Arc::new(object_store::memory::InMemory::new());
     let mem: Arc<dyn ObjectStore> = memory.clone();
@@ -68,7 +82,7 @@ async fn core() -> (Arc<FsCore>, Arc<dyn ObjectStore>, tempfile::TempDir) {
         attempt_timeout: Duration::from_secs(2),
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry)
-        .with_part_store(faulty, "");
+        .with_part_store(faulty.clone(), "");
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(16 << 20)))
         .build()
@@ -85,7 +99,7 @@ async fn core() -> (Arc<FsCore>, Arc<dyn ObjectStore>, tempfile::TempDir) {
         writes: Some(w),
         ..Default::default()
     };
-    (Arc::new(FsCore::new(reader, "", opts)), mem, dir)
+    (Arc::new(FsCore::new(reader, "", opts)), mem, faulty, dir)
 }
 
 async fn stored(mem: &Arc<dyn ObjectStore>, name: &str) -> Option<Vec<u8>> {
@@ -134,7 +148,8 @@ proptest! {
             .build()
             .expect("rt");
         rt.block_on(async {
-            let (c, mem, _dir) = core().await;
+            let (c, mem, faulty, _dir) = core().await;
+            let mut down = false;
             // What the store holds, by name (an object appears whole at a flush or
             // release), and the files open for writing.
             let mut visible: HashMap<usize, Vec<u8>> = HashMap::new();
@@ -148,7 +163,7 @@ proptest! {
                             prop_assert_eq!(got.err().map(|e| e.errno()), Some(libc::EBUSY));
                         } else {
                             let (e, fh) = got.map_err(|e| TestCaseError::fail(format!("create: {e}")))?;
-                            open.push(Open { name: n, ino: e.attr.ino, fh, data: Vec::new() });
+                            open.push(Open { name: n, ino: e.attr.ino, fh, data: Vec::new(), changed: true, failed: false });
                         }
                     }
                     Op::Write(h, off, len, seed) => {
@@ -162,6 +177,7 @@ proptest! {
                         let end = off as usize + len;
                         if o.data.len() < end { o.data.resize(end, 0); }
                         o.data[off as usize..end].copy_from_slice(&bytes);
+                        o.changed = true;
                     }
                     Op::Truncate(h, size) => {
                         if open.is_empty() { continue; }
@@ -169,18 +185,38 @@ proptest! {
                         let o = &mut open[i];
                         c.setattr(o.ino, Some(size)).await.map_err(|e| TestCaseError::fail(format!("truncate: {e}")))?;
                         o.data.resize(size as usize, 0);
+                        o.changed = true;
                     }
                     Op::Flush(h) => {
                         if open.is_empty() { continue; }
-                        let o = &open[h % open.len()];
-                        c.flush(o.fh).await.map_err(|e| TestCaseError::fail(format!("flush: {e}")))?;
-                        visible.insert(o.name, o.data.clone());
+                        let i = h % open.len();
+                        let o = &mut open[i];
+                        let got = c.flush(o.fh).await.map_err(|e| e.errno());
+                        if !o.changed {
+                            prop_assert_eq!(got, Ok(()), "a flush with nothing new");
+                        } else if down {
+                            prop_assert_eq!(got, Err(libc::EIO), "flush with writes refused");
+                            o.failed = true;
+                        } else {
+                            prop_assert_eq!(got, Ok(()), "flush");
+                            visible.insert(o.name, o.data.clone());
+                            o.changed = false;
+                            o.failed = false;
+                        }
                     }
                     Op::Release(h) => {
                         if open.is_empty() { continue; }
                         let o = open.remove(h % open.len());
                         c.release_write(o.fh).await;
-                        visible.insert(o.name, o.data);
+                        // A release uploads what no flush did, unless the last upload
+                        // failed (its close reported it) or the store refuses writes.
+                        if o.changed && !o.failed && !down {
+                            visible.insert(o.name, o.data);
+                        }
+                    }
+                    Op::WritesDown(d) => {
+                        down = d;
+                        faulty.set_config(FaultConfig { writes_down: d, ..Default::default() });
                     }
                     Op::Read(n) => {
                         let got = read_all(&c, NAMES[n]).await;
@@ -226,9 +262,12 @@ proptest! {
                     prop_assert!(s.as_ref() == visible.get(&n), "step {}: store {} has {:?} bytes, model {:?}", step, name, s.as_ref().map(Vec::len), visible.get(&n).map(Vec::len));
                 }
             }
+            faulty.set_config(FaultConfig::default());
             for o in open.drain(..) {
                 c.release_write(o.fh).await;
-                visible.insert(o.name, o.data);
+                if o.changed && !o.failed {
+                    visible.insert(o.name, o.data);
+                }
             }
             for (n, name) in NAMES.iter().enumerate() {
                 prop_assert!(stored(&mem, name).await.as_ref() == visible.get(&n), "at the end: {}", name);
