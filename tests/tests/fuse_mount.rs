@@ -57,7 +57,7 @@ fn shell_tools_agree_with_the_source(b: Backend) {
     assert_eq!(sh(fx.mnt.path(), ls), sh(fx.src.path(), ls), "ls");
     let stat = "stat -c '%n %s %F' big.bin small.txt empty dir/sub/b.bin";
     assert_eq!(sh(fx.mnt.path(), stat), sh(fx.src.path(), stat), "stat");
-    let sums = "find . -type f | sort | xargs sha256sum";
+    let sums = "find . -type f -print0 | sort -z | xargs -0 sha256sum";
     assert_eq!(
         sh(fx.mnt.path(), sums),
         sh(fx.src.path(), sums),

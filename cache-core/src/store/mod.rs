@@ -263,7 +263,7 @@ impl BackingStore {
 
     /// Size and version of one object.
     pub async fn head(&self, path: &str) -> Result<ObjectInfo> {
-        let p = Path::from(path);
+        let p = object_key(path);
         let meta = self
             .retrying(|| {
                 let p = p.clone();
@@ -295,7 +295,7 @@ impl BackingStore {
             return Ok((Bytes::new(), Duration::ZERO));
         }
         let want = range.end - range.start;
-        let p = Path::from(obj.path.as_ref());
+        let p = object_key(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let (bytes, ttfb) = self
             .retrying(|| async {
@@ -368,7 +368,7 @@ impl BackingStore {
             return Err(CacheError::InvalidArgument("block size must be > 0".into()));
         }
         let want = range.end - range.start;
-        let p = Path::from(obj.path.as_ref());
+        let p = object_key(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
         let piece = |done: u64| (want - done).min(block_size) as usize;
         // A local file is checked for a rewrite after the read: its pieces go out only
@@ -420,7 +420,7 @@ impl BackingStore {
 
     /// One directory level under `dir` ("" for the root).
     pub async fn list_dir(&self, dir: &str) -> Result<DirListing> {
-        let prefix = (!dir.is_empty()).then(|| Path::from(dir));
+        let prefix = (!dir.is_empty()).then(|| object_key(dir));
         let mut res = self
             .retrying(|| {
                 let prefix = prefix.clone();
@@ -464,7 +464,7 @@ impl BackingStore {
 
     /// Every object under `prefix`, recursively.
     pub async fn list_all(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
-        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
+        let prefix = (!prefix.is_empty()).then(|| object_key(prefix));
         let files = self
             .retrying(|| {
                 let prefix = prefix.clone();
@@ -551,7 +551,7 @@ impl BackingStore {
 
     /// Writes an object in one PUT (retried).
     pub async fn put(&self, path: &str, data: Bytes) -> Result<()> {
-        let p = Path::from(path);
+        let p = object_key(path);
         self.retrying(|| {
             let p = p.clone();
             let payload = PutPayload::from(data.clone());
@@ -615,9 +615,9 @@ impl BackingStore {
         let (part_size, in_flight) = (shape.part_size, shape.in_flight);
         if let Some((parts, prefix)) = &self.part_store {
             let location = if prefix.is_empty() {
-                Path::from(path)
+                object_key(path)
             } else {
-                Path::from(format!("{prefix}/{path}"))
+                object_key(&format!("{prefix}/{path}"))
             };
             return StreamingUpload::by_parts(
                 parts.clone(),
@@ -630,7 +630,7 @@ impl BackingStore {
             .await;
         }
         let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
-        let p = Path::from(path);
+        let p = object_key(path);
         let upload = tokio::time::timeout(budget, self.store.put_multipart(&p))
             .await
             .map_err(|_| upload::bounded_wait(path, "starting the upload", budget))?
@@ -646,7 +646,7 @@ impl BackingStore {
     /// Moves object `from` to `to` (retried; the store's own rename where it has one,
     /// else a server-side copy, then a delete of `from`).
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        let (f, t) = (Path::from(from), Path::from(to));
+        let (f, t) = (object_key(from), object_key(to));
         self.retrying(|| {
             let (f, t) = (f.clone(), t.clone());
             async move { self.store.rename(&f, &t).await }
@@ -656,7 +656,7 @@ impl BackingStore {
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
     pub async fn delete(&self, path: &str) -> Result<()> {
-        let p = Path::from(path);
+        let p = object_key(path);
         self.retrying(|| {
             let p = p.clone();
             async move { self.store.delete(&p).await }
@@ -672,6 +672,15 @@ impl BackingStore {
     {
         retry_op(&self.retry, &self.label, op).await
     }
+}
+
+/// The store key of `path` as the mount and the listings name it: the text as it is
+/// (`Path::parse`), so a key with `%`, `#`, spaces or non-ASCII letters (as listed) is
+/// the key read and written. `Path::from` would percent-encode those and name another
+/// key, so such objects were listed but unreadable. Only what a key cannot hold as text
+/// (control characters, `.` or `..` segments, empty segments) is encoded.
+pub(crate) fn object_key(path: &str) -> Path {
+    Path::parse(path).unwrap_or_else(|_| Path::from(path))
 }
 
 /// Runs `op` under `retry`: transient errors (5xx, broken connections) and timeouts
