@@ -224,3 +224,50 @@ async fn an_upload_never_has_more_parts_than_the_store_takes_and_a_failed_one_le
         Err(CacheError::NotFound(_))
     ));
 }
+
+#[tokio::test]
+async fn odd_names_and_prefixes_are_the_keys_listed_read_and_uploaded() {
+    // A prefix and names object_store's Path::from would percent-encode.
+    let store =
+        BackingStore::from_url("memory://50%off/ünï", &StoreOptions::default()).expect("store");
+    let body = Bytes::from(vec![9u8; 3000]);
+    store.put("d/a b#1.bin", body.clone()).await.expect("put");
+    // Multipart through the store's parts by index, under the same prefix.
+    let big: Vec<u8> = (0..20_000u32).map(|i| (i % 7) as u8).collect();
+    let big_body = Bytes::from(big.clone());
+    store
+        .upload(
+            "d/ünïcødé.bin",
+            big.len() as u64,
+            &shape(4096, 2),
+            |off, len| {
+                let b = big_body.slice(off as usize..off as usize + len);
+                async move { Ok(b) }
+            },
+        )
+        .await
+        .expect("upload");
+    let listed = store.list_dir("d").await.expect("list");
+    let mut names: Vec<String> = listed.files.iter().map(|f| f.path.to_string()).collect();
+    names.sort();
+    assert_eq!(names, vec!["d/a b#1.bin", "d/ünïcødé.bin"]);
+    for f in &listed.files {
+        let got = store.get_range(f, 0..f.size).await.expect("read as listed");
+        let want: &[u8] = if f.path.ends_with(".bin") && f.size == 3000 {
+            &body
+        } else {
+            &big
+        };
+        assert_eq!(&got[..], want, "{}", f.path);
+    }
+    store
+        .rename("d/a b#1.bin", "d/50%.bin")
+        .await
+        .expect("rename");
+    assert!(store.head("d/50%.bin").await.is_ok());
+    store.delete("d/50%.bin").await.expect("delete");
+    assert!(matches!(
+        store.head("d/50%.bin").await,
+        Err(CacheError::NotFound(_))
+    ));
+}

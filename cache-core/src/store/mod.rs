@@ -236,9 +236,11 @@ impl BackingStore {
         let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
             store
         } else {
+            // The prefix as text too (see `object_key`): the part store's keys are
+            // built from the same string.
             Arc::new(object_store::prefix::PrefixStore::new(
                 store,
-                prefix.as_str(),
+                object_key(&prefix),
             ))
         };
         Ok(BackingStore {
