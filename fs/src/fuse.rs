@@ -139,6 +139,23 @@ impl FuseFs {
     }
 }
 
+impl FuseFs {
+    /// FLUSH and FSYNC: uploads what was written through `fh`; at once for any other
+    /// handle (no future per close of a read).
+    fn flush_writes(&self, fh: FileHandle, reply: ReplyEmpty, op: &'static str) {
+        if !self.core.is_write_handle(fh.0) {
+            return reply.ok();
+        }
+        let core = self.core.clone();
+        self.dispatch(async move {
+            match core.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, op)),
+            }
+        });
+    }
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         self.passthrough = configure_kernel(config, self.want_passthrough);
@@ -307,14 +324,8 @@ impl Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         // Every close: a file written through this handle is uploaded now, so the
-        // close returns the upload's error.
-        let core = self.core.clone();
-        self.dispatch(async move {
-            match core.flush(fh.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e, "flush")),
-            }
-        });
+        // close returns the upload's error. A read handle has nothing to flush.
+        self.flush_writes(fh, reply, "flush");
     }
 
     fn fsync(
@@ -325,13 +336,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let core = self.core.clone();
-        self.dispatch(async move {
-            match core.flush(fh.0).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e, "fsync")),
-            }
-        });
+        self.flush_writes(fh, reply, "fsync");
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

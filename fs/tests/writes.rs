@@ -5,12 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
-use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
+use strata_cache_core::{CacheEngine, ObjectReader};
 use strata_fs::filesystem::{Kind, ROOT_INO};
 use strata_fs::{CoreOptions, FsCore, PassthroughOptions, WriteOptions};
+
+mod write_common;
+use write_common::{part_store, PartStore};
 
 const BS: u64 = 64 << 10;
 
@@ -32,18 +35,7 @@ fn data(n: usize, seed: u8) -> Vec<u8> {
 /// make a multipart upload).
 async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
-    let memory = Arc::new(object_store::memory::InMemory::new());
-    let mem: Arc<dyn ObjectStore> = memory.clone();
-    // Uploads go part by part through the store's multipart API, as on S3.
-    let faulty = Arc::new(FaultyStore::new(mem.clone(), FaultConfig::default()).with_parts(memory));
-    let retry = RetryPolicy {
-        attempts: 2,
-        base_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_secs(1),
-        attempt_timeout: Duration::from_secs(2),
-    };
-    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry)
-        .with_part_store(faulty.clone(), "");
+    let PartStore { mem, faulty, store } = part_store();
     store
         .put("old/obj", Bytes::from(data(1000, 1)))
         .await
@@ -75,12 +67,7 @@ async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixtu
 }
 
 async fn stored(fx: &Fixture, path: &str) -> Option<Vec<u8>> {
-    let p = object_store::path::Path::from(path);
-    match fx.mem.get(&p).await {
-        Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
-        Err(object_store::Error::NotFound { .. }) => None,
-        Err(e) => panic!("store: {e}"),
-    }
+    write_common::stored(&fx.mem, path).await
 }
 
 fn timed<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {

@@ -9,15 +9,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use proptest::prelude::*;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
-use strata_cache_core::{BackingStore, CacheEngine, ObjectReader, RetryPolicy};
+use strata_cache_core::{CacheEngine, ObjectReader};
 use strata_fs::filesystem::ROOT_INO;
 use strata_fs::{CoreOptions, FsCore, WriteOptions};
+
+mod write_common;
+use write_common::{part_store, stored, PartStore};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
@@ -72,17 +74,7 @@ async fn core() -> (
     tempfile::TempDir,
 ) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let memory = Arc::new(object_store::memory::InMemory::new());
-    let mem: Arc<dyn ObjectStore> = memory.clone();
-    let faulty = Arc::new(FaultyStore::new(mem.clone(), FaultConfig::default()).with_parts(memory));
-    let retry = RetryPolicy {
-        attempts: 2,
-        base_backoff: Duration::from_millis(5),
-        max_backoff: Duration::from_millis(50),
-        attempt_timeout: Duration::from_secs(2),
-    };
-    let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry)
-        .with_part_store(faulty.clone(), "");
+    let PartStore { mem, faulty, store } = part_store();
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(16 << 20)))
         .build()
@@ -100,14 +92,6 @@ async fn core() -> (
         ..Default::default()
     };
     (Arc::new(FsCore::new(reader, "", opts)), mem, faulty, dir)
-}
-
-async fn stored(mem: &Arc<dyn ObjectStore>, name: &str) -> Option<Vec<u8>> {
-    match mem.get(&object_store::path::Path::from(name)).await {
-        Ok(r) => Some(r.bytes().await.expect("body").to_vec()),
-        Err(object_store::Error::NotFound { .. }) => None,
-        Err(e) => panic!("store: {e}"),
-    }
 }
 
 /// Reads `name` whole through a fresh handle: its bytes, or the errno.

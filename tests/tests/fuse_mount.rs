@@ -155,10 +155,15 @@ fn stored(fx: &Fixture, rel: &str) -> Option<Vec<u8>> {
     })
 }
 
-fn writes_through_the_kernel_become_objects(b: Backend) {
+/// A mount that takes writes (`tune` sets the permissions), with its staging files in
+/// the returned directory's `s/` (kept alive as long as the mount).
+fn writable(
+    b: Backend,
+    tune: impl FnOnce(&mut strata_fs::WriteOptions),
+) -> (Fixture, tempfile::TempDir) {
     let staging = tempfile::tempdir().expect("staging");
     let mut w = strata_fs::WriteOptions::new(staging.path().join("s"));
-    w.allow_delete = true;
+    tune(&mut w);
     let fx = Fixture::with_core(
         b,
         strata_fs::CoreOptions {
@@ -168,6 +173,11 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         },
         retry_fast(),
     );
+    (fx, staging)
+}
+
+fn writes_through_the_kernel_become_objects(b: Backend) {
+    let (fx, staging) = writable(b, |w| w.allow_delete = true);
     // A checkpoint directory and a file larger than one upload part (8 MiB): a
     // multipart upload, its parts over S3's 5 MiB minimum.
     std::fs::create_dir_all(fx.m("ckpt/step-1")).expect("mkdir -p");
@@ -277,18 +287,7 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
 }
 
 fn overwrites_replace_objects_whole(b: Backend) {
-    let staging = tempfile::tempdir().expect("staging");
-    let mut w = strata_fs::WriteOptions::new(staging.path().join("s"));
-    w.allow_overwrite = true;
-    let fx = Fixture::with_core(
-        b,
-        strata_fs::CoreOptions {
-            metadata_ttl: Duration::from_secs(60),
-            writes: Some(w),
-            ..Default::default()
-        },
-        retry_fast(),
-    );
+    let (fx, _staging) = writable(b, |w| w.allow_overwrite = true);
     // Read first, so the kernel and the cache hold the old version.
     assert_eq!(
         std::fs::read(fx.m("small.txt")).expect("old"),

@@ -53,6 +53,13 @@ pub struct FaultConfig {
     pub part_latency: Duration,
 }
 
+impl FaultConfig {
+    /// Whether part `idx` (from 0) of any upload is refused however often it is sent.
+    fn refuses_part(&self, idx: u64) -> bool {
+        self.writes_down || self.fail_parts_after.is_some_and(|n| idx >= n)
+    }
+}
+
 /// The error `object_store` gives for `key`, which it cannot name.
 fn bad_key_error(key: &str) -> object_store::Error {
     object_store::Error::InvalidPath {
@@ -283,10 +290,7 @@ impl MultipartStore for FaultyStore {
         let first_try_fails = cfg.part_fail_every > 0
             && (part_idx as u64).is_multiple_of(cfg.part_fail_every)
             && self.parts_failed_once.lock().insert((id.clone(), part_idx));
-        if cfg.writes_down
-            || cfg.fail_parts_after.is_some_and(|k| part_idx as u64 >= k)
-            || first_try_fails
-        {
+        if cfg.refuses_part(part_idx as u64) || first_try_fails {
             return Err(injected(path.as_ref(), "injected 503 on a part"));
         }
         let now = self.parts_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
@@ -342,9 +346,9 @@ struct FaultyUpload {
 #[async_trait]
 impl MultipartUpload for FaultyUpload {
     fn put_part(&mut self, data: PutPayload) -> object_store::UploadPart {
+        let idx = self.parts;
         self.parts += 1;
-        let cfg = self.config.lock().clone();
-        if cfg.writes_down || cfg.fail_parts_after.is_some_and(|n| self.parts > n) {
+        if self.config.lock().refuses_part(idx) {
             let e = injected(&self.location, "injected 503 on a part");
             return Box::pin(async move { Err(e) });
         }

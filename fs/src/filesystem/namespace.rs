@@ -4,6 +4,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use strata_cache_core::ObjectInfo;
+
 use super::{Entry, FsCore, Kind, Meta, Node};
 use crate::error::{Error, Result};
 
@@ -42,6 +44,27 @@ impl FsCore {
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
+    }
+
+    /// After the store made or replaced object `path` (in `dir`): its metadata from the
+    /// store (one HEAD: the real ETag and time) in the attribute cache and in `dir`'s
+    /// cached listing. If the HEAD fails the object still stands; its metadata is
+    /// dropped, and the next lookup asks again.
+    pub(super) async fn refresh(&self, dir: &Arc<str>, path: &Arc<str>) -> Option<Arc<ObjectInfo>> {
+        let info = match self.reader.store().head(path).await {
+            Ok(info) => Arc::new(info),
+            Err(e) => {
+                tracing::warn!(%path, error = %e, "written; its metadata will be fetched again");
+                self.attrs.invalidate(path).await;
+                self.relist(dir, path, None).await;
+                return None;
+            }
+        };
+        self.attrs
+            .insert(path.clone(), Meta::File(info.clone()))
+            .await;
+        self.relist(dir, path, Some(Meta::File(info.clone()))).await;
+        Some(info)
     }
 
     /// The cached listing of `dir` after `path` (in it) changed to `meta` (None:
@@ -127,18 +150,7 @@ impl FsCore {
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, &from, Some(Meta::Missing))
             .await;
-        let meta = match store.head(&to).await {
-            Ok(info) => Some(Meta::File(Arc::new(info))),
-            Err(e) => {
-                tracing::warn!(path = %to, error = %e, "renamed; its metadata will be fetched again");
-                None
-            }
-        };
-        match &meta {
-            Some(m) => self.attrs.insert(to.clone(), m.clone()).await,
-            None => self.attrs.invalidate(&to).await,
-        }
-        self.relist(&to_dir.path, &to, meta).await;
+        self.refresh(&to_dir.path, &to).await;
         self.inodes.write().moved(&from, &to);
         Ok(())
     }

@@ -617,28 +617,11 @@ impl FsCore {
     /// After `staged` was uploaded as of generation `gen` (bytes of crc32c `crc`): its
     /// metadata from the store, its parent's listing dropped.
     async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
-        let store = self.reader.store();
         let size = staged.size.load(Ordering::Acquire);
-        // The store's own metadata (ETag, time) for the attribute cache; if the HEAD
-        // fails the upload still stands and the next lookup asks again.
-        let parent = self.parent_of(&staged.path).map(Arc::<str>::from);
-        let meta = match store.head(&staged.path).await {
-            Ok(info) => {
-                let info = Arc::new(info);
-                *staged.last.lock() = Some((gen, crc, info.clone()));
-                self.attrs
-                    .insert(staged.path.clone(), Meta::File(info.clone()))
-                    .await;
-                Some(Meta::File(info))
+        if let Some(parent) = self.parent_of(&staged.path).map(Arc::<str>::from) {
+            if let Some(info) = self.refresh(&parent, &staged.path).await {
+                *staged.last.lock() = Some((gen, crc, info));
             }
-            Err(e) => {
-                tracing::warn!(path = %staged.path, error = %e, "uploaded; its metadata will be fetched again");
-                self.attrs.invalidate(&staged.path).await;
-                None
-            }
-        };
-        if let Some(parent) = parent {
-            self.relist(&parent, &staged.path, meta).await;
         }
         staged.uploaded.fetch_max(gen, Ordering::AcqRel);
         self.counters.uploads.fetch_add(1, Ordering::Relaxed);
