@@ -200,25 +200,33 @@ impl Predictors {
     }
 }
 
-/// Where and how big the passthrough copies are.
+/// A mount's passthrough copies: the daemon's one store of them (shared by its mounts,
+/// see [`PassthroughStore`]) and what this mount copies.
 #[derive(Clone, Debug)]
 pub struct PassthroughOptions {
-    /// Directory of the copies (e.g. `<cache_dir>/passthrough`).
-    pub dir: PathBuf,
+    pub copies: Arc<PassthroughStore>,
     /// Largest object copied. 64 MiB: model shards and dataset files of that size are
     /// read whole and often; larger objects stay in blocks (partial reads are common).
     pub max_object: u64,
-    /// Bytes of copies kept at most; beyond it no new copy is made. 4 GiB.
-    pub budget: u64,
+    /// Names this mount's store among the daemon's (its URL), so objects of two stores
+    /// with equal keys and versions never share a copy. "" for a store of its own.
+    pub namespace: String,
 }
 
 impl PassthroughOptions {
-    pub fn new(dir: PathBuf) -> Self {
-        PassthroughOptions {
-            dir,
+    /// Copies in `dir` within `budget` bytes, for a mount with a store of its own.
+    pub fn open(dir: PathBuf, budget: u64) -> std::io::Result<Self> {
+        Ok(PassthroughOptions {
+            copies: Arc::new(PassthroughStore::open(dir, budget)?),
             max_object: 64 << 20,
-            budget: 4 << 30,
-        }
+            namespace: String::new(),
+        })
+    }
+
+    /// The copy name of one version of an object, if objects of `size` are copied.
+    pub fn name_for(&self, path: &str, version: &str, size: u64) -> Option<String> {
+        (size > 0 && size <= self.max_object)
+            .then(|| PassthroughStore::name(&self.namespace, path, version, size))
     }
 }
 
@@ -516,7 +524,7 @@ pub struct FsCore {
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
     /// The passthrough copies (verified, budgeted); None without passthrough
     /// or when its directory could not be opened.
-    passthrough: Option<Arc<PassthroughStore>>,
+    passthrough: Option<PassthroughOptions>,
     /// Copy names of the objects (path, version) known to have a passthrough copy: the
     /// engine's disk levels do not keep their blocks (one copy per byte on disk).
     kept: Arc<Mutex<KeptCopies>>,
@@ -578,19 +586,11 @@ impl FsCore {
         }
         let (attrs, listings) = (attrs.build(), listings.build());
         let jobs = JobResolver::new(opts.job_scope);
-        let passthrough = opts.passthrough.clone().and_then(|o| {
-            let dir = o.dir.clone();
-            PassthroughStore::open(o)
-                .map(Arc::new)
-                .map_err(|e| {
-                    tracing::warn!(dir = %dir.display(), error = %e, "passthrough copies disabled: their directory cannot be used");
-                })
-                .ok()
-        });
+        let passthrough = opts.passthrough.clone();
         let kept: Arc<Mutex<KeptCopies>> = Arc::default();
         let expected: Arc<Mutex<ExpectedCopies>> = Arc::default();
-        if let Some(store) = &passthrough {
-            let (store, kept, expected) = (store.clone(), kept.clone(), expected.clone());
+        if let Some(pt) = &passthrough {
+            let (store, kept, expected) = (pt.copies.clone(), kept.clone(), expected.clone());
             reader
                 .engine()
                 .add_kept_elsewhere(Arc::new(move |key: &CacheKey| {
@@ -624,7 +624,10 @@ impl FsCore {
                 .unread_prefetch_bytes(reader.engine().capacity_bytes());
             p.controller.lock().set_cache_window(window);
         }
-        let writes = opts.writes.clone().and_then(|o| {
+        let writes = opts.writes.clone().and_then(|mut o| {
+            if o.local_files.is_none() {
+                o.local_files = passthrough.as_ref().map(|p| p.copies.clone());
+            }
             let dir = o.staging_dir.clone();
             write::Writes::open(o)
                 .map_err(|e| {
@@ -1454,8 +1457,9 @@ impl FsCore {
     /// first open of a copy in this daemon's life reads it to check it, off the
     /// runtime's threads).
     async fn passthrough_file(&self, obj: &ObjectInfo) -> Option<std::fs::File> {
-        let store = self.passthrough.clone()?;
-        let name = store.name_for(&obj.path, &obj.version, obj.size)?;
+        let pt = self.passthrough.as_ref()?;
+        let name = pt.name_for(&obj.path, &obj.version, obj.size)?;
+        let store = pt.copies.clone();
         if !store.contains(&name) {
             // No copy: answered from the index, without a hop to a blocking thread (the
             // open of every cold file asks).
@@ -1488,10 +1492,10 @@ impl FsCore {
     /// `obj` has a durable passthrough copy: its blocks leave the disk levels and are
     /// not written there again while the copy is kept (one copy per byte on disk).
     fn keep_in_copy(&self, obj: &Arc<ObjectInfo>) {
-        let Some(store) = &self.passthrough else {
+        let Some(pt) = &self.passthrough else {
             return;
         };
-        let Some(name) = store.name_for(&obj.path, &obj.version, obj.size) else {
+        let Some(name) = pt.name_for(&obj.path, &obj.version, obj.size) else {
             return;
         };
         self.kept
@@ -1514,12 +1518,13 @@ impl FsCore {
     /// After a whole small object was read, writes its plain copy once (from the cache,
     /// in the background; never blocks the read).
     fn maybe_copy_for_passthrough(self: &Arc<Self>, h: &FileHandle) {
-        let Some(store) = self.passthrough.clone() else {
+        let Some(pt) = &self.passthrough else {
             return;
         };
-        let Some(name) = store.name_for(&h.obj.path, &h.obj.version, h.obj.size) else {
+        let Some(name) = pt.name_for(&h.obj.path, &h.obj.version, h.obj.size) else {
             return;
         };
+        let store = pt.copies.clone();
         if !store.begin(&name, h.obj.size) {
             return;
         }

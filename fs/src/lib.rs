@@ -42,3 +42,4 @@ pub use crate::filesystem::{
 };
 pub use crate::job::{JobResolver, JobScope};
 pub use crate::mount::{spawn, MountHandle, MountOptions};
+pub use crate::passthrough::PassthroughStore;

@@ -18,17 +18,27 @@
 //!   and temporary files, are removed at start.
 //! - **Bounded**: the copies' bytes are counted from the directory at start; a new copy
 //!   evicts the least recently opened ones until the total fits `budget`.
+//! - **One per daemon**: every mount of a daemon shares the store (and its budget, the
+//!   disk budget's passthrough share): two stores indexing one directory would each
+//!   count the whole share and delete copies the other serves. A mount's copy names
+//!   carry its namespace (the store URL), so two stores' objects with equal keys and
+//!   versions never share a copy.
+//! - **Staged writes count too**: files being written through a mount (staged on local
+//!   disk until uploaded, `filesystem::write`) are charged to the same budget, so the
+//!   disk budget counts everything Strata writes. A staged file evicts copies to make
+//!   room (a copy can be made again from the store; a staged file is the only copy of
+//!   what the user wrote), and is never refused for the budget's sake: staged bytes
+//!   beyond the budget, once no copy is left to evict, are allowed and reported
+//!   ([`PassthroughStore::staged_bytes`]); the disk's own end is ENOSPC.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-
-use crate::filesystem::PassthroughOptions;
 
 /// The file name of copy `name` holding bytes of crc32c `crc`.
 fn file_name(name: &str, crc: u32) -> String {
@@ -62,6 +72,8 @@ struct State {
     bytes: u64,
     tick: u64,
     inflight: HashSet<String>,
+    /// Bytes of files being written through the mounts, charged to the budget.
+    staged: u64,
 }
 
 impl State {
@@ -81,12 +93,30 @@ impl State {
         self.bytes -= c.size;
         Some(c)
     }
+
+    /// Evicts the least recently opened copies until the copies and `extra` more
+    /// bytes fit `budget` along with what is staged (or none is left); the victims'
+    /// (name, crc), whose files the caller removes outside the lock.
+    fn make_room(&mut self, budget: u64, extra: u64) -> Vec<(String, u32)> {
+        let mut victims = Vec::new();
+        while self.bytes + self.staged + extra > budget {
+            let Some((_, oldest)) = self.lru.pop_first() else {
+                break;
+            };
+            if let Some(c) = self.copies.remove(&oldest) {
+                self.bytes -= c.size;
+                victims.push((oldest, c.crc));
+            }
+        }
+        victims
+    }
 }
 
 /// The copies of one mount. See the module docs.
 #[derive(Debug)]
 pub struct PassthroughStore {
-    opts: PassthroughOptions,
+    dir: PathBuf,
+    budget: u64,
     state: Mutex<State>,
 }
 
@@ -95,14 +125,12 @@ impl PassthroughStore {
     /// run left: copies named as this version names them count against the budget;
     /// anything else (temporary files, the earlier format's copies and sidecars) is
     /// removed.
-    pub fn open(opts: PassthroughOptions) -> io::Result<Self> {
-        fs::create_dir_all(&opts.dir)?;
-        fs::set_permissions(
-            &opts.dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )?;
+    pub fn open(dir: impl Into<PathBuf>, budget: u64) -> io::Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let mut state = State::default();
-        for entry in fs::read_dir(&opts.dir)? {
+        for entry in fs::read_dir(&dir)? {
             let entry = entry?;
             let file = entry.file_name();
             let parsed = file.to_str().and_then(parse_file_name);
@@ -128,22 +156,66 @@ impl PassthroughStore {
             }
         }
         Ok(PassthroughStore {
-            opts,
+            dir,
+            budget,
             state: Mutex::new(state),
         })
     }
 
-    /// The copy name of one version of an object, if objects of `size` are copied.
-    pub fn name_for(&self, path: &str, version: &str, size: u64) -> Option<String> {
-        if size == 0 || size > self.opts.max_object {
-            return None;
-        }
+    /// Bytes the copies and the staged files may take together.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The copy name of one version of an object of the store named `namespace` (""
+    /// for a store of its own: the names of copies made before namespaces).
+    pub fn name(namespace: &str, path: &str, version: &str, size: u64) -> String {
         let mut h = Sha256::new();
+        if !namespace.is_empty() {
+            h.update(namespace.as_bytes());
+            h.update([0]);
+        }
         h.update(path.as_bytes());
         h.update([0]);
         h.update(version.as_bytes());
         h.update(size.to_le_bytes());
-        Some(hex::encode(&h.finalize()[..16]))
+        hex::encode(&h.finalize()[..16])
+    }
+
+    /// Charges `bytes` more of a staged file to the budget, evicting the least recently
+    /// opened copies to make room (see the module docs); true if it evicted any.
+    /// Blocking (removes files).
+    pub fn charge_staged(&self, bytes: u64) -> bool {
+        if bytes == 0 {
+            return false;
+        }
+        let victims = {
+            let mut st = self.state.lock();
+            st.staged += bytes;
+            st.make_room(self.budget, 0)
+        };
+        let evicted = !victims.is_empty();
+        self.remove_files(victims);
+        evicted
+    }
+
+    /// Bytes the budget has free now (beside the copies and what is staged).
+    pub fn free_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        self.budget.saturating_sub(st.bytes + st.staged)
+    }
+
+    /// A staged file's `bytes` left the staging directory (removed, truncated, or
+    /// about to be adopted as a copy).
+    pub fn release_staged(&self, bytes: u64) {
+        let mut st = self.state.lock();
+        st.staged = st.staged.saturating_sub(bytes);
+    }
+
+    /// Bytes of staged files charged now (may exceed what the budget leaves: see the
+    /// module docs).
+    pub fn staged_bytes(&self) -> u64 {
+        self.state.lock().staged
     }
 
     /// Whether the copy `name` is kept now.
@@ -178,7 +250,7 @@ impl PassthroughStore {
             st.touch(name);
             found
         };
-        let path = self.opts.dir.join(file_name(name, crc));
+        let path = self.dir.join(file_name(name, crc));
         let file = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
@@ -192,7 +264,7 @@ impl PassthroughStore {
         if !good {
             tracing::warn!(copy = %path.display(), "passthrough copy damaged or gone; removed, reads go through the cache");
             self.state.lock().forget(name);
-            remove_copy(&self.opts.dir, name, crc);
+            remove_copy(&self.dir, name, crc);
             return None;
         }
         if !verified {
@@ -211,10 +283,10 @@ impl PassthroughStore {
     /// not being written, small enough for the budget. True reserves it: end with
     /// [`Self::write`] or [`Self::abort`].
     pub fn begin(&self, name: &str, size: u64) -> bool {
-        if size > self.opts.budget {
+        let mut st = self.state.lock();
+        if size + st.staged > self.budget {
             return false;
         }
-        let mut st = self.state.lock();
         !st.copies.contains_key(name) && st.inflight.insert(name.to_string())
     }
 
@@ -243,14 +315,14 @@ impl PassthroughStore {
     pub fn adopt(&self, name: &str, from: &Path, size: u64, crc: u32) -> bool {
         {
             let st = self.state.lock();
-            if st.bytes + size > self.opts.budget {
+            if st.bytes + st.staged + size > self.budget {
                 return false;
             }
         }
         if !self.begin(name, size) {
             return false;
         }
-        let renamed = fs::rename(from, self.opts.dir.join(file_name(name, crc)));
+        let renamed = fs::rename(from, self.dir.join(file_name(name, crc)));
         self.state.lock().inflight.remove(name);
         match renamed {
             Ok(()) => {
@@ -268,16 +340,7 @@ impl PassthroughStore {
     /// within the budget.
     fn index(&self, name: &str, size: u64, crc: u32) {
         let mut st = self.state.lock();
-        let mut victims = Vec::new();
-        while st.bytes + size > self.opts.budget {
-            let Some((_, oldest)) = st.lru.pop_first() else {
-                break;
-            };
-            if let Some(c) = st.copies.remove(&oldest) {
-                st.bytes -= c.size;
-                victims.push((oldest, c.crc));
-            }
-        }
+        let victims = st.make_room(self.budget, size);
         st.tick += 1;
         let tick = st.tick;
         st.bytes += size;
@@ -292,14 +355,18 @@ impl PassthroughStore {
             },
         );
         drop(st);
+        self.remove_files(victims);
+    }
+
+    fn remove_files(&self, victims: Vec<(String, u32)>) {
         for (v, crc) in victims {
-            remove_copy(&self.opts.dir, &v, crc);
+            remove_copy(&self.dir, &v, crc);
         }
     }
 
     fn write_files(&self, name: &str, data: &[u8]) -> io::Result<u32> {
         let crc = crc32c::crc32c(data);
-        let path = self.opts.dir.join(file_name(name, crc));
+        let path = self.dir.join(file_name(name, crc));
         let written = match create_and_write(&path, data) {
             // Left by a failed removal (the index never holds it): its name says it
             // holds these very bytes, but it is replaced rather than trusted.
@@ -347,12 +414,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn store(dir: &Path, budget: u64) -> PassthroughStore {
-        PassthroughStore::open(PassthroughOptions {
-            dir: dir.to_path_buf(),
-            max_object: 1 << 20,
-            budget,
-        })
-        .expect("open")
+        PassthroughStore::open(dir, budget).expect("open")
     }
 
     /// The one file of copy `name` in `dir`.
@@ -380,12 +442,12 @@ mod tests {
     fn copies_survive_a_restart_and_count_against_the_budget() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), 1 << 20);
-        let name = s.name_for("a/b.bin", "etag1", 1000).expect("copied size");
-        assert!(
-            s.name_for("a/b.bin", "etag1", 2 << 20).is_none(),
-            "too large"
+        let name = PassthroughStore::name("", "a/b.bin", "etag1", 1000);
+        assert_ne!(PassthroughStore::name("", "a/b.bin", "etag2", 1000), name);
+        assert_ne!(
+            PassthroughStore::name("s3://other", "a/b.bin", "etag1", 1000),
+            name
         );
-        assert_ne!(s.name_for("a/b.bin", "etag2", 1000), Some(name.clone()));
         assert!(s.begin(&name, 1000));
         assert!(!s.begin(&name, 1000), "one writer");
         s.write(&name, &[7u8; 1000]).expect("write");
@@ -423,7 +485,7 @@ mod tests {
     fn a_damaged_copy_is_removed_not_served() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), 1 << 20);
-        let name = s.name_for("f", "v", 4096).expect("name");
+        let name = PassthroughStore::name("", "f", "v", 4096);
         assert!(s.begin(&name, 4096));
         s.write(&name, &[1u8; 4096]).expect("write");
         drop(s);
@@ -446,7 +508,7 @@ mod tests {
     fn a_copy_is_one_file_and_a_torn_one_is_caught_after_a_restart() {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), 1 << 20);
-        let name = s.name_for("g", "v", 8192).expect("name");
+        let name = PassthroughStore::name("", "g", "v", 8192);
         assert!(s.begin(&name, 8192));
         let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
         s.write(&name, &data).expect("write");
@@ -471,7 +533,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = store(dir.path(), 3000);
         let names: Vec<String> = (0..4)
-            .map(|i| s.name_for(&format!("f{i}"), "v", 1000).expect("name"))
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 1000))
             .collect();
         for n in &names[..3] {
             assert!(s.begin(n, 1000));
@@ -493,5 +555,48 @@ mod tests {
         for n in [&names[0], &names[2], &names[3]] {
             assert!(s.get(n, 1000).is_some());
         }
+    }
+
+    /// Staged writes share the budget: they push copies out (a copy can be made again,
+    /// a staged file cannot), a copy never pushes them out, and a written file is
+    /// adopted only into the room its own staging leaves.
+    #[test]
+    fn staged_writes_count_against_the_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 3000);
+        let names: Vec<String> = (0..3)
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 1000))
+            .collect();
+        for n in &names {
+            assert!(s.begin(n, 1000));
+            s.write(n, &[0u8; 1000]).expect("write");
+        }
+        assert!(s.charge_staged(1500), "made room");
+        assert_eq!((s.len(), s.bytes(), s.staged_bytes()), (1, 1000, 1500));
+        assert!(s.get(&names[2], 1000).is_some(), "the most recent stays");
+        assert!(s.get(&names[0], 1000).is_none());
+        let on_disk = fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(on_disk, 1, "evicted copies' files are removed");
+        // A copy that does not fit beside what is staged is not begun.
+        let big = PassthroughStore::name("", "big", "v", 2000);
+        assert!(!s.begin(&big, 2000));
+        // Beyond the budget once no copy is left: allowed, and reported.
+        assert!(s.charge_staged(2000));
+        assert_eq!((s.len(), s.staged_bytes()), (0, 3500));
+        s.release_staged(3500);
+        assert_eq!(s.staged_bytes(), 0);
+        // Adoption: only into free room, counting the staged bytes.
+        let staged_file = dir.path().join("w.part");
+        fs::write(&staged_file, [9u8; 1000]).expect("staged file");
+        let crc = crc32c::crc32c(&[9u8; 1000]);
+        let adopted = PassthroughStore::name("", "w", "v", 1000);
+        assert!(!s.charge_staged(2500), "no copy to evict");
+        assert!(!s.adopt(&adopted, &staged_file, 1000, crc), "no free room");
+        s.release_staged(2500);
+        assert!(s.adopt(&adopted, &staged_file, 1000, crc));
+        assert_eq!(
+            contents(s.get(&adopted, 1000).expect("adopted")),
+            vec![9u8; 1000]
+        );
     }
 }

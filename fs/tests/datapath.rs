@@ -382,9 +382,10 @@ async fn a_small_file_set_is_kept_on_disk_once() {
             .expect("engine");
         let reader = ObjectReader::new(engine.clone(), store, 1 << 20).expect("reader");
         let opts = CoreOptions {
-            passthrough: Some(strata_fs::PassthroughOptions::new(
-                cache.path().join("passthrough"),
-            )),
+            passthrough: Some(
+                strata_fs::PassthroughOptions::open(cache.path().join("passthrough"), 4 << 30)
+                    .expect("copies"),
+            ),
             ..with_predictors()
         };
         let c = Arc::new(FsCore::new(reader, "", opts));

@@ -371,7 +371,9 @@ async fn a_whole_small_object_read_gets_a_passthrough_copy() {
     timed(async {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = CoreOptions {
-            passthrough: Some(PassthroughOptions::new(dir.path().join("pt"))),
+            passthrough: Some(
+                PassthroughOptions::open(dir.path().join("pt"), 4 << 30).expect("copies"),
+            ),
             ..Default::default()
         };
         let fx = fixture(opts).await;

@@ -344,7 +344,8 @@ async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared()
         std::fs::write(staging.join("7.part"), b"torn").expect("leftover");
         let fx = fixture(|o, dir| {
             o.writes.as_mut().expect("writes").staging_dir = staging.clone();
-            o.passthrough = Some(PassthroughOptions::new(dir.join("pt")));
+            o.passthrough =
+                Some(PassthroughOptions::open(dir.join("pt"), 4 << 30).expect("copies"));
         })
         .await;
         assert_eq!(std::fs::read_dir(&staging).expect("staging").count(), 0);
@@ -634,13 +635,12 @@ async fn many_files_uploading_at_once_share_a_bounded_upload_memory() {
 }
 
 #[tokio::test]
-async fn written_files_become_copies_only_in_free_room_never_evicting_read_ones() {
+async fn written_files_become_copies_only_in_free_room() {
     timed(async {
         // Room for 300 KiB of copies.
         let fx = fixture(|o, dir| {
-            let mut pt = PassthroughOptions::new(dir.join("pt"));
-            pt.budget = 300 << 10;
-            o.passthrough = Some(pt);
+            o.passthrough =
+                Some(PassthroughOptions::open(dir.join("pt"), 300 << 10).expect("copies"));
         })
         .await;
         let c = &fx.core;
@@ -656,7 +656,8 @@ async fn written_files_become_copies_only_in_free_room_never_evicting_read_ones(
             c.release_write(fh).await;
             inos.push(e.attr.ino);
         }
-        // The first two fit; the third would have evicted one, so it is not kept.
+        // The first two fit; the third's staging evicted the least recently opened
+        // copy to make room, and a file that borrowed room is not kept as a copy.
         let opened: Vec<bool> = {
             let mut v = Vec::new();
             for ino in &inos {
@@ -666,7 +667,7 @@ async fn written_files_become_copies_only_in_free_room_never_evicting_read_ones(
             }
             v
         };
-        assert_eq!(opened, vec![true, true, false]);
+        assert_eq!(opened, vec![false, true, false]);
         // Every file is in the store whole either way.
         for i in 0..3u8 {
             assert_eq!(
@@ -674,6 +675,151 @@ async fn written_files_become_copies_only_in_free_room_never_evicting_read_ones(
                 Some(data(120 * 1024, 40 + i))
             );
         }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A file being written is charged to the local files' budget it shares with the
+/// copies: it evicts the least recently opened copies while it grows (a copy can be
+/// made again; a staged file is the only copy of what was written), its charge ends
+/// when it leaves staging, and one that made room that way is not kept as a copy (the
+/// room goes back to copies reads earn); one that fit is.
+#[tokio::test]
+async fn staged_files_count_against_the_copies_budget() {
+    timed(async {
+        let pt_dir = tempfile::tempdir().expect("tempdir");
+        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 300 << 10).expect("copies");
+        let copies = pt.copies.clone();
+        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let c = &fx.core;
+        let mut inos = Vec::new();
+        for i in 0..2u8 {
+            let (e, fh) = c
+                .create(ROOT_INO, &format!("shard{i}"))
+                .await
+                .expect("create");
+            c.write(fh, 0, &data(120 << 10, i)).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+            inos.push(e.attr.ino);
+        }
+        assert_eq!((copies.len(), copies.bytes()), (2, 240 << 10));
+        let (e, fh) = c.create(ROOT_INO, "big").await.expect("create");
+        let big = data(150 << 10, 9);
+        for (i, chunk) in big.chunks(50 << 10).enumerate() {
+            c.write(fh, (i as u64) * (50 << 10), chunk).expect("write");
+        }
+        assert_eq!(copies.staged_bytes(), 150 << 10, "charged as written");
+        assert_eq!(
+            (copies.len(), copies.bytes()),
+            (1, 120 << 10),
+            "the older copy made room"
+        );
+        let served: Vec<bool> = {
+            let mut v = Vec::new();
+            for ino in &inos {
+                let o = c.open(*ino, false).await.expect("open");
+                v.push(o.passthrough.is_some());
+                c.release(o.fh);
+            }
+            v
+        };
+        assert_eq!(served, vec![false, true]);
+        // A truncate gives bytes back; a regrowth takes them again.
+        c.setattr(e.attr.ino, Some(10 << 10))
+            .await
+            .expect("truncate");
+        assert_eq!(copies.staged_bytes(), 10 << 10);
+        for (i, chunk) in big.chunks(50 << 10).enumerate() {
+            c.write(fh, (i as u64) * (50 << 10), chunk).expect("write");
+        }
+        assert_eq!(copies.staged_bytes(), 150 << 10);
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        assert_eq!(copies.staged_bytes(), 0, "uncharged when it left staging");
+        assert_eq!(
+            (copies.len(), copies.bytes()),
+            (1, 120 << 10),
+            "not adopted: its staging evicted a copy"
+        );
+        let o = c.open(e.attr.ino, false).await.expect("open");
+        assert!(o.passthrough.is_none());
+        c.release(o.fh);
+        assert_eq!(stored(&fx, "big").await, Some(big));
+        // A file that fits beside the copies all along is adopted.
+        let small = data(100 << 10, 11);
+        let (e, fh) = c.create(ROOT_INO, "small").await.expect("create");
+        c.write(fh, 0, &small).expect("write");
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        assert_eq!((copies.len(), copies.bytes()), (2, 220 << 10));
+        let o = c.open(e.attr.ino, false).await.expect("open");
+        assert!(o.passthrough.is_some());
+        c.release(o.fh);
+        let staging = std::fs::read_dir(fx.dir.path().join("staging")).expect("staging");
+        assert_eq!(staging.count(), 0, "nothing left staged");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A large file written in order while the budget is short frees what its stream has
+/// sent (a hole punched in the staging file) instead of evicting copies: its local
+/// footprint stays near its parts in flight, the copies stay, and the object is whole.
+/// A write below the freed bytes is refused with the reason (the file could no longer
+/// be uploaded whole), and the upload still completes.
+#[tokio::test]
+async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
+    timed(async {
+        let pt_dir = tempfile::tempdir().expect("tempdir");
+        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 512 << 10).expect("copies");
+        let copies = pt.copies.clone();
+        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let c = &fx.core;
+        for i in 0..2u8 {
+            let (_, fh) = c
+                .create(ROOT_INO, &format!("read{i}"))
+                .await
+                .expect("create");
+            c.write(fh, 0, &data(100 << 10, i)).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+        }
+        assert_eq!((copies.len(), copies.bytes()), (2, 200 << 10));
+        // 4 MiB in 64 KiB writes: 312 KiB of free room, 13x less than the file.
+        let want = data(4 << 20, 21);
+        let (_, fh) = c.create(ROOT_INO, "ckpt.bin").await.expect("create");
+        let mut most_staged = 0;
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            c.write(fh, (i as u64) * (64 << 10), piece).expect("write");
+            most_staged = most_staged.max(copies.staged_bytes());
+            // Let the stream take what was written (it reads off the runtime).
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(copies.len(), 2, "no copy evicted");
+        assert!(
+            most_staged <= 312 << 10,
+            "staged within the free room: {most_staged}"
+        );
+        let staging = std::fs::read_dir(fx.dir.path().join("staging"))
+            .expect("staging")
+            .map(|e| e.expect("entry").path())
+            .next()
+            .expect("the staged file");
+        let meta = std::fs::metadata(&staging).expect("meta");
+        assert_eq!(meta.len(), 4 << 20, "the size stays");
+        let on_disk = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+        assert!(on_disk <= 1 << 20, "sent bytes freed: {on_disk} on disk");
+        let err = c
+            .write(fh, 4096, b"patch")
+            .expect_err("below the freed bytes");
+        assert!(err.to_string().contains("freed"), "{err}");
+        c.flush(fh).await.expect("the stream completes");
+        assert_eq!(stored(&fx, "ckpt.bin").await.as_deref(), Some(&want[..]));
+        c.release_write(fh).await;
+        assert_eq!(copies.staged_bytes(), 0);
+        assert_eq!(copies.len(), 2, "a freed file is not adopted as a copy");
     })
     .await
     .expect("bounded");

@@ -24,6 +24,7 @@ async fn start(token: Option<&str>) -> (String, CancellationToken) {
         token: token.map(std::sync::Arc::from),
         cluster: None,
         peer: None,
+        local_files: None,
     };
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

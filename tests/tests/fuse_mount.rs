@@ -381,7 +381,9 @@ fn passthrough_opens_read_the_same_bytes(b: Backend) {
     let cache = tempfile::tempdir().expect("cache dir");
     let core = strata_fs::CoreOptions {
         metadata_ttl: Duration::from_secs(60),
-        passthrough: Some(strata_fs::PassthroughOptions::new(cache.path().join("pt"))),
+        passthrough: Some(
+            strata_fs::PassthroughOptions::open(cache.path().join("pt"), 4 << 30).expect("copies"),
+        ),
         ..Default::default()
     };
     let fx = Fixture::with_core(b, core, retry_fast());

@@ -112,6 +112,31 @@ pub struct DaemonStats {
     /// node's store reads. None: a single node.
     #[serde(default)]
     pub peer: Option<crate::daemon::peer_metrics::PeerStats>,
+    /// The mounts' local files: passthrough copies and staged writes, within the disk
+    /// budget's share for them. None: no disk budget (or a daemon that did not say).
+    #[serde(default)]
+    pub local_files: Option<LocalFilesStats>,
+}
+
+/// What the daemon's mounts keep as plain local files (`strata_fs::PassthroughStore`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LocalFilesStats {
+    pub copies: u64,
+    pub copy_bytes: u64,
+    /// Bytes of files being written through the mounts, not yet uploaded and removed.
+    pub staged_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+impl LocalFilesStats {
+    pub fn of(s: &strata_fs::PassthroughStore) -> Self {
+        LocalFilesStats {
+            copies: s.len() as u64,
+            copy_bytes: s.bytes(),
+            staged_bytes: s.staged_bytes(),
+            budget_bytes: s.budget(),
+        }
+    }
 }
 
 /// The group's members as one node sees them: what `strata stats --cluster` starts
@@ -142,6 +167,8 @@ pub struct AdminState {
     pub mounts: Vec<MountInfo>,
     /// The mounts' cores, in the order of `mounts` (their counters go into the stats).
     pub mount_cores: Vec<Arc<strata_fs::FsCore>>,
+    /// The mounts' copies and staged writes (None: no disk budget).
+    pub local_files: Option<Arc<strata_fs::PassthroughStore>>,
     pub started: Instant,
     /// The admin token (see the module docs); None: read-only, loopback only.
     pub token: Option<Arc<str>>,
@@ -232,6 +259,7 @@ impl AdminState {
                 .peer
                 .as_ref()
                 .map(|(m, store)| m.snapshot(store.as_ref().map_or((0, 0), |s| s.read_counts()))),
+            local_files: self.local_files.as_deref().map(LocalFilesStats::of),
         }
     }
 }
@@ -615,6 +643,31 @@ pub fn render_metrics(s: &DaemonStats) -> String {
     mounts.set(s.mounts.len() as i64);
     reg.register("mounts", "Mounts served by the daemon", mounts);
     render_mount_metrics(&mut reg, &s.mounts);
+    if let Some(l) = &s.local_files {
+        let g = |reg: &mut Registry, name: &str, help: &str, v: u64| {
+            let gauge = Gauge::<i64>::default();
+            gauge.set(v as i64);
+            reg.register(name, help, gauge);
+        };
+        g(
+            &mut reg,
+            "local_copy_bytes",
+            "Bytes of the mounts' passthrough copies",
+            l.copy_bytes,
+        );
+        g(
+            &mut reg,
+            "local_staged_bytes",
+            "Bytes of files written through the mounts and not yet uploaded",
+            l.staged_bytes,
+        );
+        g(
+            &mut reg,
+            "local_files_budget_bytes",
+            "Disk budget of the copies and staged files together",
+            l.budget_bytes,
+        );
+    }
     if let Some(kv) = &s.kv {
         let ns = |n: &str| vec![("namespace".to_string(), n.to_string())];
         let per_ns = |n: &strata_kvcache::stats::NamespaceStats| ns(&n.namespace);
@@ -945,6 +998,12 @@ mod tests {
                 ..Default::default()
             }),
             cluster: None,
+            local_files: Some(LocalFilesStats {
+                copies: 2,
+                copy_bytes: 300,
+                staged_bytes: 700,
+                budget_bytes: 1000,
+            }),
         }
     }
 

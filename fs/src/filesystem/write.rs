@@ -30,10 +30,18 @@
 //!   under `--metadata-ttl indefinite`.
 //! - **One copy per byte, warm after write.** At release, an uploaded file no larger
 //!   than the passthrough limit is *renamed* into the passthrough copies as the copy of
-//!   the version the store returned, when the copies' budget has free room (a file no
-//!   one has read yet never evicts copies that reads earned): the restore that follows a
-//!   save is served from local disk by the kernel, and the bytes were written once.
-//! - **Bounded by the disk, crash-safe.** A full disk fails the `write` with ENOSPC.
+//!   the version the store returned, when the copies' budget had free room for it all
+//!   along (a file no one has read yet keeps no room taken from copies that reads
+//!   earned): the restore that follows a save is served from local disk by the kernel,
+//!   and the bytes were written once.
+//! - **Within the disk budget, crash-safe.** A staged file is charged to the budget
+//!   the daemon's passthrough copies have (`local_files`, shared by its mounts): as it
+//!   grows it evicts the least recently opened copies, which can be made again, and it
+//!   is never refused for the budget's sake (what the user wrote has no other copy);
+//!   beyond the budget, with no copy left, it is reported (`strata stats`, "local
+//!   files"). A file whose staging evicted copies is not adopted as one (below): the
+//!   room it borrowed goes back to the copies reads earn. A full disk fails the
+//!   `write` with ENOSPC.
 //!   Staging files are removed at mount start: a crash before an upload completed
 //!   leaves no object (its multipart upload is aborted by the store's lifecycle rules,
 //!   as for any S3 client), one after leaves the object and no copy.
@@ -59,6 +67,7 @@ use strata_cache_core::ObjectInfo;
 
 use super::{Entry, FsCore, Kind, Meta, Opened};
 use crate::error::{Error, Result};
+use crate::passthrough::PassthroughStore;
 
 mod stream;
 use stream::{read_part, stream_upload, Stream, StreamCtl};
@@ -92,6 +101,11 @@ pub struct WriteOptions {
     /// that much; past the bound their next parts wait (each upload then holds at most
     /// the one part it waits to send). Where the store takes parts by index.
     pub upload_memory: u64,
+    /// The budget staged files are charged to: the daemon's local files (passthrough
+    /// copies and staged writes share the disk budget's passthrough share; see
+    /// [`PassthroughStore`]). None: the mount's copies' store if it has one, else
+    /// staged files are bounded by the disk alone.
+    pub local_files: Option<Arc<PassthroughStore>>,
 }
 
 impl WriteOptions {
@@ -104,6 +118,7 @@ impl WriteOptions {
             parts_in_flight: 8,
             stream_from: 16 << 20,
             upload_memory: 512 << 20,
+            local_files: None,
         }
     }
 }
@@ -132,9 +147,160 @@ pub(super) struct Staged {
     appending: AtomicBool,
     /// The upload sent while the file is written, once started.
     stream: Mutex<Option<Stream>>,
+    /// This file's bytes on local disk charged to `budget`, and the start of it freed.
+    charge: Mutex<Charge>,
+    budget: Option<Arc<PassthroughStore>>,
+    /// Charging this file evicted copies: it is not adopted as a copy itself (the room
+    /// it borrowed goes back to what reads earn; see [`PassthroughStore::adopt`]).
+    evicted: AtomicBool,
+}
+
+#[derive(Default)]
+struct Charge {
+    /// Bytes charged: the file's size as the last write or truncate left it, less
+    /// `freed`.
+    charged: u64,
+    /// Bytes at the start of the file already sent and punched out of the staging file.
+    freed: u64,
+}
+
+/// A write (or read, or truncate) at `offset` of a file whose first `freed` bytes were
+/// sent and freed from local disk (`Staged::free_sent`).
+fn freed_error(path: &str, offset: u64, freed: u64) -> Error {
+    Error::Unsupported(format!(
+        "{path}: offset {offset} is below the {freed} bytes already uploaded and freed \
+         from local disk while the disk budget was full (a file rewritten out of order \
+         must fit in the budget)"
+    ))
+}
+
+/// Frees `len` bytes at `offset` of `file` (its size unchanged; reads there see zeros).
+fn punch_hole(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (off, len) = (
+        libc::off_t::try_from(offset).map_err(std::io::Error::other)?,
+        libc::off_t::try_from(len).map_err(std::io::Error::other)?,
+    );
+    // SAFETY: a plain syscall on a descriptor `file` owns for the call's duration.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            len,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        self.uncharge();
+    }
 }
 
 impl Staged {
+    /// Bytes at the start of the file freed from local disk once sent (see
+    /// [`Self::free_sent`]); 0 unless the budget was short.
+    fn freed(&self) -> u64 {
+        self.charge.lock().freed
+    }
+
+    /// Charges the file's growth to `end` bytes to the local files' budget: when the
+    /// budget has no free room for it and the file is being streamed, first frees what
+    /// the stream has sent; then the least recently opened copies make room. Blocking
+    /// (punching a hole, removing copies).
+    fn charge_upto(&self, end: u64) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        let growth = {
+            let c = self.charge.lock();
+            end.saturating_sub(c.freed).saturating_sub(c.charged)
+        };
+        if growth == 0 {
+            return;
+        }
+        if budget.free_bytes() < growth {
+            self.free_sent(budget);
+        }
+        let add = {
+            let mut c = self.charge.lock();
+            let add = end.saturating_sub(c.freed).saturating_sub(c.charged);
+            c.charged += add;
+            add
+        };
+        if add > 0 && budget.charge_staged(add) {
+            self.evicted.store(true, Ordering::Release);
+        }
+    }
+
+    /// Frees (punches out) the start of the file that its stream has read into parts
+    /// it holds until they are stored: a checkpoint written in order then takes little
+    /// more local disk than its parts in flight, and evicts no copies, however large
+    /// it is. Only when the budget is short, since it costs the fallback: the file
+    /// cannot be uploaded whole again, so a write below the freed bytes is refused and
+    /// a stream that fails fails the close (see the module docs).
+    fn free_sent(&self, budget: &PassthroughStore) {
+        let Some(ctl) = self.stream.lock().as_ref().map(|s| s.ctl.clone()) else {
+            return;
+        };
+        if ctl.broken.load(Ordering::Acquire) {
+            return;
+        }
+        // Whole 4 KiB pages: a hole punched in part of a page frees nothing.
+        let upto = ctl.taken_upto.load(Ordering::Acquire) & !4095;
+        let from = self.freed();
+        if upto <= from {
+            return;
+        }
+        if let Err(e) = punch_hole(&self.file, from, upto - from) {
+            tracing::debug!(path = %self.path, error = %e, "sent bytes not freed");
+            return;
+        }
+        let released = {
+            let mut c = self.charge.lock();
+            if upto <= c.freed {
+                0
+            } else {
+                let r = (upto - c.freed).min(c.charged);
+                c.freed = upto;
+                c.charged -= r;
+                r
+            }
+        };
+        budget.release_staged(released);
+    }
+
+    /// The file was truncated to `size` bytes (never below what was freed: refused).
+    fn charge_exactly(&self, size: u64) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        let (grow, shrink) = {
+            let mut c = self.charge.lock();
+            let target = size.saturating_sub(c.freed);
+            let before = std::mem::replace(&mut c.charged, target);
+            (target.saturating_sub(before), before.saturating_sub(target))
+        };
+        if grow > 0 && budget.charge_staged(grow) {
+            self.evicted.store(true, Ordering::Release);
+        }
+        budget.release_staged(shrink);
+    }
+
+    /// The staging file leaves the staging directory (removed, or adopted as a copy).
+    fn uncharge(&self) {
+        if let Some(budget) = &self.budget {
+            let bytes = std::mem::take(&mut self.charge.lock().charged);
+            budget.release_staged(bytes);
+        }
+    }
+
     fn changed(&self) -> bool {
         self.uploaded.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
     }
@@ -232,6 +398,9 @@ impl Writes {
             failed: AtomicBool::new(false),
             appending: AtomicBool::new(true),
             stream: Mutex::new(None),
+            charge: Mutex::new(Charge::default()),
+            budget: self.opts.local_files.clone(),
+            evicted: AtomicBool::new(false),
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
@@ -399,6 +568,24 @@ impl FsCore {
             what: "write handle",
             id: fh,
         })?;
+        let freed = staged.freed();
+        let stream = staged.stream.lock().as_ref().map(|s| s.ctl.clone());
+        let below_sent = stream
+            .as_ref()
+            .is_some_and(|c| offset < c.read_upto.load(Ordering::Acquire));
+        // Below what was sent, once some of it was freed, the file cannot be uploaded
+        // whole again: refused here rather than at the close.
+        if offset < freed || (freed > 0 && below_sent) {
+            return Err(freed_error(&staged.path, offset, freed));
+        }
+        if let Some(ctl) = stream.as_ref().filter(|_| below_sent) {
+            // Before the room is made: a broken stream's bytes are not freed.
+            ctl.broken.store(true, Ordering::Release);
+        }
+        let end = offset + data.len() as u64;
+        // Room first (copies evicted before the bytes land: on a nearly full disk
+        // that is what lets them land).
+        staged.charge_upto(end);
         staged
             .file
             .write_all_at(data, offset)
@@ -406,9 +593,7 @@ impl FsCore {
                 what: format!("writing {}", staged.path),
                 source,
             })?;
-        let before = staged
-            .size
-            .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        let before = staged.size.fetch_max(end, Ordering::AcqRel);
         if offset != before {
             staged.appending.store(false, Ordering::Release);
         }
@@ -464,6 +649,10 @@ impl FsCore {
     /// Reads of a write handle (opened `O_RDWR`): from its staging file. Blocking.
     pub(super) fn read_staged(&self, fh: u64, offset: u64, size: u32) -> Option<Result<Bytes>> {
         let staged = self.writes.as_ref()?.handle(fh)?;
+        let freed = staged.freed();
+        if offset < freed {
+            return Some(Err(freed_error(&staged.path, offset, freed)));
+        }
         let end = staged.size.load(Ordering::Acquire);
         let len = (size as u64).min(end.saturating_sub(offset)) as usize;
         let mut buf = vec![0u8; len];
@@ -497,11 +686,16 @@ impl FsCore {
             return self.entry_for(&node.path, &meta, false);
         };
         if let Some(size) = size {
+            let freed = staged.freed();
+            if freed > 0 {
+                return Err(freed_error(&staged.path, size.min(freed), freed));
+            }
             staged.file.set_len(size).map_err(|source| Error::Local {
                 what: format!("truncating {}", staged.path),
                 source,
             })?;
             staged.size.store(size, Ordering::Release);
+            staged.charge_exactly(size);
             staged.appending.store(false, Ordering::Release);
             staged.written.fetch_add(1, Ordering::AcqRel);
             if let Some(s) = staged.stream.lock().as_ref() {
@@ -577,6 +771,8 @@ impl FsCore {
                         .fetch_add(1, Ordering::Relaxed);
                     return self.uploaded(staged, gen, crc).await;
                 }
+                // The start of the file is gone from local disk: no second try.
+                Ok(Err(e)) if staged.freed() > 0 => return Err(e),
                 Ok(Err(e)) => {
                     tracing::debug!(path = %staged.path, error = %e, "streamed upload not used; uploading the file");
                 }
@@ -584,6 +780,10 @@ impl FsCore {
                     tracing::warn!(path = %staged.path, error = %e, "streamed upload task failed; uploading the file");
                 }
             }
+        }
+        let freed = staged.freed();
+        if freed > 0 {
+            return Err(freed_error(&staged.path, 0, freed));
         }
         let size = staged.size.load(Ordering::Acquire);
         let store = self.reader.store();
@@ -654,12 +854,19 @@ impl FsCore {
             drop(task);
         }
         writes.by_path.lock().remove(&staged.path);
+        // Before the adoption, which takes only free room: this file's own bytes are
+        // the room it would take.
+        staged.uncharge();
         let last = staged.last.lock().clone();
         let adopted = match (&self.passthrough, last) {
-            (Some(pt), Some((gen, crc, info))) if gen == staged.written.load(Ordering::Acquire) => {
+            (Some(pt), Some((gen, crc, info)))
+                if gen == staged.written.load(Ordering::Acquire)
+                    && !staged.evicted.load(Ordering::Acquire)
+                    && staged.freed() == 0 =>
+            {
                 match pt.name_for(&info.path, &info.version, info.size) {
                     Some(name) if info.size == staged.size.load(Ordering::Acquire) => {
-                        let (pt, from) = (pt.clone(), staged.file_path.clone());
+                        let (pt, from) = (pt.copies.clone(), staged.file_path.clone());
                         let size = info.size;
                         let adopted =
                             tokio::task::spawn_blocking(move || pt.adopt(&name, &from, size, crc))

@@ -436,9 +436,8 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     // Passthrough: same warm cache, copies enabled.
     let warm_passthrough_seq_gbps = {
         let reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?;
-        let mut pt = PassthroughOptions::new(work.join("cache").join("passthrough"));
+        let mut pt = PassthroughOptions::open(work.join("cache").join("passthrough"), total * 2)?;
         pt.max_object = size;
-        pt.budget = total * 2;
         let opts = mopts(strata_fs::CoreOptions {
             passthrough: Some(pt),
             ..Default::default()

@@ -278,6 +278,21 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
     render_engine(&mut o, s, prev, &r);
     render_streams(&mut o, s);
     render_kv(&mut o, s, prev, &r);
+    if let Some(l) = &s.local_files {
+        let _ = writeln!(
+            o,
+            "local files: {} passthrough copies {:.1} MiB + staged writes {:.1} MiB of {:.1} MiB{}",
+            l.copies,
+            mib(l.copy_bytes),
+            mib(l.staged_bytes),
+            mib(l.budget_bytes),
+            if l.copy_bytes + l.staged_bytes > l.budget_bytes {
+                "   (over: staged writes are never refused for the budget)"
+            } else {
+                ""
+            }
+        );
+    }
     for m in &s.mounts {
         let _ = writeln!(o, "mount {} <- {:?}", m.mountpoint.display(), m.prefix);
         if let Some(st) = &m.stats {
@@ -544,6 +559,19 @@ mod tests {
         assert!(
             text.contains("m/t") && text.contains("25.0%"),
             "namespace hit ratio 1/4:\n{text}"
+        );
+        assert!(!text.contains("local files"), "none without a disk budget");
+        s.local_files = Some(crate::admin::LocalFilesStats {
+            copies: 3,
+            copy_bytes: 1 << 20,
+            staged_bytes: 4 << 20,
+            budget_bytes: 4 << 20,
+        });
+        let text = render("e", &s, None);
+        assert!(
+            text.contains("3 passthrough copies 1.0 MiB + staged writes 4.0 MiB of 4.0 MiB")
+                && text.contains("(over: staged writes are never refused"),
+            "local files, over their budget:\n{text}"
         );
     }
 }

@@ -9,6 +9,7 @@ use strata_cache_core::policy;
 use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{BackingStore, CacheEngine, StoreOptions, Tier};
+use strata_fs::PassthroughStore;
 use strata_gds::{DeviceChoice, GpuTier, TransferConfig, Transfers};
 
 use crate::config::{parse_size, CacheConfig, GpuDevice, GpuTierConfig, StoreConfig};
@@ -57,10 +58,11 @@ pub struct Core {
     /// Fetch and cache units of the mounts' readers (`[cache] read_units`).
     pub granularity: strata_cache_core::granularity::Granularity,
     pub cache_dir: PathBuf,
-    /// Bytes of the disk budget set aside for mounts' passthrough copies (the disk
-    /// tier has the rest): the disk budget counts everything Strata writes. See
-    /// [`passthrough_share`].
-    pub passthrough_budget: u64,
+    /// The daemon's local files: its mounts' passthrough copies and the files written
+    /// through them while staged, within the disk budget's passthrough share (the disk
+    /// tier has the rest: the disk budget counts everything Strata writes; see
+    /// [`passthrough_share`]). One for all mounts. None without a disk budget.
+    pub local_files: Option<Arc<PassthroughStore>>,
     /// Keeps a temp cache dir alive for the daemon's lifetime.
     _temp: Option<tempfile::TempDir>,
 }
@@ -121,6 +123,14 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     } else {
         None
     };
+    let local_files = if passthrough_budget > 0 {
+        let dir = cache_dir.join("passthrough");
+        let store = PassthroughStore::open(&dir, passthrough_budget)
+            .with_context(|| format!("opening the passthrough copies in {}", dir.display()))?;
+        Some(Arc::new(store))
+    } else {
+        None
+    };
     let engine = levels
         .into_iter()
         .fold(CacheEngine::builder(), |b, (tier, policy)| {
@@ -135,7 +145,7 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         block_size: parse_size(&cfg.block_size)?,
         granularity,
         cache_dir,
-        passthrough_budget,
+        local_files,
         _temp: temp,
     })
 }

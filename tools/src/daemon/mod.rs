@@ -165,6 +165,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             kv: kv.as_ref().map(|k| k.service.clone()),
             mounts: infos,
             mount_cores: mounts.iter().filter_map(|h| h.core().cloned()).collect(),
+            local_files: core.local_files.clone(),
             started,
             token: token.map(std::sync::Arc::from),
             cluster: cluster

@@ -35,11 +35,12 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
     m.prefetch.apply(&mut opts.core);
     let pt_max = parse_size(&m.passthrough_max).context("passthrough_max")?;
     // Copies live within the disk budget (its passthrough share): none without one.
-    if pt_max > 0 && core.passthrough_budget > 0 {
-        let mut pt = PassthroughOptions::new(core.cache_dir.join("passthrough"));
-        pt.max_object = pt_max;
-        pt.budget = core.passthrough_budget;
-        opts.core.passthrough = Some(pt);
+    if let Some(copies) = core.local_files.clone().filter(|_| pt_max > 0) {
+        opts.core.passthrough = Some(PassthroughOptions {
+            copies,
+            max_object: pt_max,
+            namespace: fsname.to_string(),
+        });
     }
     if m.allow_overwrite || m.allow_delete {
         anyhow::ensure!(
@@ -48,6 +49,14 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         );
     }
     if m.allow_writes {
+        // A written file is staged on local disk until it is uploaded: with "0" for
+        // the disk budget Strata writes nothing to disk.
+        let Some(local_files) = core.local_files.clone() else {
+            anyhow::bail!(
+                "allow_writes stages written files in the cache dir until they are \
+                 uploaded: it needs a disk budget ([cache] disk / --disk-cache, not \"0\")"
+            );
+        };
         // One staging directory per mount point (emptied when the mount starts), in
         // the cache dir so a written file can become its passthrough copy by a rename.
         let name: String = m
@@ -65,6 +74,7 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         let mut w = strata_fs::WriteOptions::new(core.cache_dir.join("staging").join(name));
         w.allow_overwrite = m.allow_overwrite;
         w.allow_delete = m.allow_delete;
+        w.local_files = Some(local_files);
         opts.core.writes = Some(w);
     }
     Ok(opts)
@@ -90,4 +100,74 @@ pub fn mount(
         .with_context(|| format!("creating {}", m.mountpoint.display()))?;
     strata_fs::spawn(reader, &m.prefix, &m.mountpoint, opts)
         .with_context(|| format!("mounting {url} at {}", m.mountpoint.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CacheConfig;
+    use crate::daemon::cache::open_core;
+    use std::sync::Arc;
+
+    fn core(dir: &std::path::Path, disk: &str) -> Core {
+        open_core(&CacheConfig {
+            dir: Some(dir.join("cache")),
+            memory: "8MiB".into(),
+            disk: disk.into(),
+            ..Default::default()
+        })
+        .expect("core")
+    }
+
+    /// Every mount of a daemon shares one store of local files (copies and staged
+    /// writes): two stores indexing one directory would each count the whole share and
+    /// delete each other's copies. Copy names are set apart by the store URL.
+    #[test]
+    fn mounts_share_one_budget_of_local_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = core(dir.path(), "64MiB");
+        let m = |at: &str| MountConfig {
+            mountpoint: dir.path().join(at),
+            allow_writes: true,
+            ..Default::default()
+        };
+        let a = mount_options(&m("a"), &core, "s3://one").expect("a");
+        let b = mount_options(&m("b"), &core, "s3://two").expect("b");
+        let (pa, pb) = (
+            a.core.passthrough.expect("copies a"),
+            b.core.passthrough.expect("copies b"),
+        );
+        assert!(Arc::ptr_eq(&pa.copies, &pb.copies));
+        assert_eq!(pa.copies.budget(), 16 << 20, "the disk budget's share");
+        assert_ne!(
+            pa.name_for("k", "v", 10),
+            pb.name_for("k", "v", 10),
+            "two stores' equal keys are two copies"
+        );
+        let staged = a.core.writes.expect("writes").local_files.expect("charged");
+        assert!(Arc::ptr_eq(&staged, &pa.copies));
+    }
+
+    /// With "0" for the disk budget Strata writes nothing to disk, so a writable mount
+    /// (it stages files on disk) is refused with the reason.
+    #[test]
+    fn writes_need_a_disk_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = core(dir.path(), "0");
+        let m = MountConfig {
+            mountpoint: dir.path().join("m"),
+            allow_writes: true,
+            ..Default::default()
+        };
+        let err = mount_options(&m, &core, "s3://one").expect_err("refused");
+        assert!(err.to_string().contains("disk budget"), "{err}");
+        let ro = MountConfig {
+            allow_writes: false,
+            ..m
+        };
+        assert!(
+            mount_options(&ro, &core, "s3://one").is_ok(),
+            "read-only is fine"
+        );
+    }
 }

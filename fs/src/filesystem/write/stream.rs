@@ -25,6 +25,9 @@ pub(super) struct Stream {
 pub(super) struct StreamCtl {
     /// Bytes the task has read (or is reading); a write below breaks the stream.
     pub(super) read_upto: AtomicU64,
+    /// Bytes the task has read and holds in memory until their part is stored: the
+    /// staging file below may be freed (`Staged::free_sent`).
+    pub(super) taken_upto: AtomicU64,
     pub(super) broken: AtomicBool,
     /// A flush wants the upload completed at the file's size.
     pub(super) finish: AtomicBool,
@@ -98,6 +101,8 @@ pub(super) async fn stream_upload(
                 }
             };
             crc = crc32c::crc32c_append(crc, &buf);
+            ctl.taken_upto
+                .fetch_max(sent + len as u64, Ordering::AcqRel);
             up.put(buf).await?;
             sent += len as u64;
             continue;
