@@ -140,15 +140,26 @@ impl FuseFs {
 }
 
 impl FuseFs {
-    /// FLUSH and FSYNC: uploads what was written through `fh`; at once for any other
-    /// handle (no future per close of a read).
-    fn flush_writes(&self, fh: FileHandle, reply: ReplyEmpty, op: &'static str) {
+    /// FLUSH (`close_by`: the closing thread) and FSYNC (None): uploads what was
+    /// written through `fh`; at once for any other handle (no future per close of a
+    /// read).
+    fn flush_writes(
+        &self,
+        fh: FileHandle,
+        close_by: Option<u32>,
+        reply: ReplyEmpty,
+        op: &'static str,
+    ) {
         if !self.core.is_write_handle(fh.0) {
             return reply.ok();
         }
         let core = self.core.clone();
         self.dispatch(async move {
-            match core.flush(fh.0).await {
+            let done = match close_by {
+                Some(pid) => core.close(fh.0, pid).await,
+                None => core.flush(fh.0).await,
+            };
+            match done {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e, op)),
             }
@@ -188,8 +199,9 @@ impl Filesystem for FuseFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let core = self.core.clone();
+        let pid = req.pid();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_APPEND == 0;
@@ -198,7 +210,7 @@ impl Filesystem for FuseFs {
         let handles = self.handles.clone();
         self.dispatch(async move {
             let opened = if write && core.writable() {
-                core.open_write(ino.0, truncate).await
+                core.open_write(ino.0, truncate, pid).await
             } else {
                 core.open(ino.0, write).await
             };
@@ -317,7 +329,7 @@ impl Filesystem for FuseFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
@@ -325,7 +337,7 @@ impl Filesystem for FuseFs {
     ) {
         // Every close: a file written through this handle is uploaded now, so the
         // close returns the upload's error. A read handle has nothing to flush.
-        self.flush_writes(fh, reply, "flush");
+        self.flush_writes(fh, Some(req.pid()), reply, "flush");
     }
 
     fn fsync(
@@ -336,7 +348,7 @@ impl Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.flush_writes(fh, reply, "fsync");
+        self.flush_writes(fh, None, reply, "fsync");
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -592,7 +604,7 @@ impl Filesystem for FuseFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -601,11 +613,12 @@ impl Filesystem for FuseFs {
         reply: ReplyCreate,
     ) {
         let core = self.core.clone();
+        let pid = req.pid();
         let name = name.to_string_lossy().into_owned();
         let handles = self.handles.clone();
         let opens = self.opens.clone();
         self.dispatch(async move {
-            match core.create(parent.0, &name).await {
+            match core.create(parent.0, &name, pid).await {
                 Ok((e, fh)) => {
                     // Counted as a normal open of its inode (no passthrough for it).
                     opens.lock().entry(e.attr.ino).or_default().normal += 1;

@@ -205,6 +205,12 @@ impl PassthroughStore {
         self.budget.saturating_sub(st.bytes + st.staged)
     }
 
+    /// Bytes a staged file could still take within the budget: the free room and what
+    /// evicting every copy would free.
+    pub fn room_for_staging(&self) -> u64 {
+        self.budget.saturating_sub(self.state.lock().staged)
+    }
+
     /// A staged file's `bytes` left the staging directory (removed, truncated, or
     /// about to be adopted as a copy).
     pub fn release_staged(&self, bytes: u64) {

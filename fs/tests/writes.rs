@@ -99,7 +99,7 @@ async fn a_created_file_is_uploaded_at_flush_at_any_offsets_and_read_back() {
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
         assert_eq!(dir.attr.perm, 0o755, "a writable mount says so");
-        let (e, fh) = c.create(dir.attr.ino, "ckpt.bin").await.expect("create");
+        let (e, fh) = c.create(dir.attr.ino, "ckpt.bin", 0).await.expect("create");
         assert_eq!(e.attr.size, 0);
         // 300 KiB + 17 written out of order: the tail first, then the head, then a
         // header patched in place (what zipfile does).
@@ -154,7 +154,7 @@ async fn an_empty_file_is_an_empty_object_and_a_second_flush_uploads_nothing_new
     timed(async {
         let fx = fixture(|_, _| {}).await;
         let c = &fx.core;
-        let (_, fh) = c.create(ROOT_INO, "empty").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "empty", 0).await.expect("create");
         c.flush(fh).await.expect("flush");
         assert_eq!(stored(&fx, "empty").await, Some(Vec::new()));
         // The store going down after the upload does not fail a flush with no change.
@@ -176,7 +176,7 @@ async fn a_failed_upload_fails_the_flush_leaves_no_object_and_is_retried_by_the_
         let c = &fx.core;
         let want = data(400 * 1024, 3);
         // Down: the multipart upload cannot start.
-        let (_, fh) = c.create(ROOT_INO, "a.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "a.bin", 0).await.expect("create");
         c.write(fh, 0, &want).expect("write");
         fx.faulty.set_config(FaultConfig {
             writes_down: true,
@@ -193,7 +193,7 @@ async fn a_failed_upload_fails_the_flush_leaves_no_object_and_is_retried_by_the_
 
         // Broken midway: parts after the first fail; the upload is aborted and no
         // object (not a prefix of one) appears.
-        let (_, fh) = c.create(ROOT_INO, "b.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "b.bin", 0).await.expect("create");
         c.write(fh, 0, &want).expect("write");
         fx.faulty.set_config(FaultConfig {
             fail_parts_after: Some(1),
@@ -221,7 +221,7 @@ async fn concurrent_flushes_share_one_upload_and_writes_during_it_are_uploaded_n
     timed(async {
         let fx = fixture(|_, _| {}).await;
         let c = &fx.core;
-        let (_, fh) = c.create(ROOT_INO, "c.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "c.bin", 0).await.expect("create");
         let first = data(256 * 1024, 9);
         c.write(fh, 0, &first).expect("write");
         let flushes: Vec<_> = (0..4)
@@ -252,15 +252,15 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         let c = &fx.core;
         let old = c.lookup(ROOT_INO, "old").await.expect("old");
         let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
-        let e = c.create(old.attr.ino, "obj").await.expect_err("exists");
+        let e = c.create(old.attr.ino, "obj", 0).await.expect_err("exists");
         assert_eq!(e.errno(), libc::EEXIST);
         let e = c
-            .open_write(obj.attr.ino, false)
+            .open_write(obj.attr.ino, false, 0)
             .await
             .expect_err("in place");
         assert_eq!(e.errno(), libc::ENOTSUP);
         let e = c
-            .open_write(obj.attr.ino, true)
+            .open_write(obj.attr.ino, true, 0)
             .await
             .expect_err("no overwrite");
         assert_eq!(e.errno(), libc::EPERM);
@@ -283,7 +283,10 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         let old = c.lookup(ROOT_INO, "old").await.expect("old");
         let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
         assert_eq!(read_back(c, obj.attr.ino).await, data(1000, 1));
-        let o = c.open_write(obj.attr.ino, true).await.expect("overwrite");
+        let o = c
+            .open_write(obj.attr.ino, true, 0)
+            .await
+            .expect("overwrite");
         // Being written: a reader is told so rather than shown the old object.
         let e = c.open(obj.attr.ino, false).await.expect_err("busy");
         assert_eq!(e.errno(), libc::EBUSY);
@@ -312,7 +315,10 @@ async fn directories_made_here_hold_new_files_and_only_empty_ones_go() {
         let e = c.mkdir(ROOT_INO, "data").await.expect_err("store dir");
         assert_eq!(e.errno(), libc::EEXIST);
         let step = c.mkdir(d.attr.ino, "step-100").await.expect("nested");
-        let (_, fh) = c.create(step.attr.ino, "model.pt").await.expect("create");
+        let (_, fh) = c
+            .create(step.attr.ino, "model.pt", 0)
+            .await
+            .expect("create");
         c.write(fh, 0, b"weights").expect("write");
         c.flush(fh).await.expect("flush");
         c.release_write(fh).await;
@@ -351,7 +357,7 @@ async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared()
         assert_eq!(std::fs::read_dir(&staging).expect("staging").count(), 0);
         let c = &fx.core;
         let want = data(200 * 1024, 5);
-        let (e, fh) = c.create(ROOT_INO, "shard.tar").await.expect("create");
+        let (e, fh) = c.create(ROOT_INO, "shard.tar", 0).await.expect("create");
         c.write(fh, 0, &want).expect("write");
         c.flush(fh).await.expect("flush");
         c.release_write(fh).await;
@@ -375,7 +381,10 @@ async fn a_read_only_core_refuses_every_write_with_erofs() {
         let fx = fixture(|o, _| o.writes = None).await;
         let c = &fx.core;
         assert_eq!(
-            c.create(ROOT_INO, "x").await.expect_err("create").errno(),
+            c.create(ROOT_INO, "x", 0)
+                .await
+                .expect_err("create")
+                .errno(),
             libc::EROFS
         );
         assert_eq!(
@@ -400,7 +409,7 @@ async fn a_file_written_in_order_is_sent_while_written_and_a_rewrite_falls_back(
         let c = &fx.core;
         // In order, 20 writes of 32 KiB: parts go out before the flush.
         let want = data(20 * 32 * 1024 + 5, 11);
-        let (_, fh) = c.create(ROOT_INO, "stream.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "stream.bin", 0).await.expect("create");
         for (i, piece) in want.chunks(32 * 1024).enumerate() {
             c.write(fh, (i * 32 * 1024) as u64, piece).expect("write");
         }
@@ -428,7 +437,7 @@ async fn a_file_written_in_order_is_sent_while_written_and_a_rewrite_falls_back(
         // In order past the threshold, then a header patched at the start: the stream
         // breaks and the flush uploads the file as it is.
         let mut want = data(400 * 1024, 12);
-        let (_, fh) = c.create(ROOT_INO, "patched.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "patched.bin", 0).await.expect("create");
         for (i, piece) in want.chunks(64 * 1024).enumerate() {
             c.write(fh, (i * 64 * 1024) as u64, piece).expect("write");
         }
@@ -442,7 +451,7 @@ async fn a_file_written_in_order_is_sent_while_written_and_a_rewrite_falls_back(
         // The store failing a streamed part: the flush falls back and, with the store
         // back, uploads the file whole.
         let want = data(300 * 1024, 13);
-        let (_, fh) = c.create(ROOT_INO, "flaky.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "flaky.bin", 0).await.expect("create");
         fx.faulty.set_config(FaultConfig {
             fail_parts_after: Some(1),
             ..Default::default()
@@ -472,7 +481,7 @@ async fn many_files_created_in_one_directory_do_not_list_it_per_file() {
             // The kernel looks each new name up (a miss) before creating it.
             let e = c.lookup(dir.attr.ino, &name).await.expect_err("new");
             assert_eq!(e.errno(), libc::ENOENT);
-            let (_, fh) = c.create(dir.attr.ino, &name).await.expect("create");
+            let (_, fh) = c.create(dir.attr.ino, &name, 0).await.expect("create");
             c.write(fh, 0, name.as_bytes()).expect("write");
             c.flush(fh).await.expect("flush");
             c.release_write(fh).await;
@@ -509,7 +518,7 @@ async fn a_part_the_store_fails_now_and_then_is_sent_again_not_the_whole_upload(
             ..Default::default()
         });
         let want = data(12 * 64 * 1024 - 100, 21);
-        let (_, fh) = c.create(ROOT_INO, "retried.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "retried.bin", 0).await.expect("create");
         c.write(fh, 0, &want).expect("write");
         c.flush(fh).await.expect("flush despite failing parts");
         c.release_write(fh).await;
@@ -537,7 +546,10 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
         // Write to a temporary name, close, rename into place.
-        let (tmp, fh) = c.create(dir.attr.ino, "model.tmp").await.expect("create");
+        let (tmp, fh) = c
+            .create(dir.attr.ino, "model.tmp", 0)
+            .await
+            .expect("create");
         let e = c
             .rename(dir.attr.ino, "model.tmp", dir.attr.ino, "model.bin", false)
             .await
@@ -603,7 +615,10 @@ async fn many_files_uploading_at_once_share_a_bounded_upload_memory() {
             let mut handles = Vec::new();
             for i in 0..6u8 {
                 let want = data(300 * 1024 + i as usize * 1000, 30 + i);
-                let (_, fh) = c.create(ROOT_INO, &format!("f{i}")).await.expect("create");
+                let (_, fh) = c
+                    .create(ROOT_INO, &format!("f{i}"), 0)
+                    .await
+                    .expect("create");
                 for (k, piece) in want.chunks(50_000).enumerate() {
                     c.write(fh, (k * 50_000) as u64, piece).expect("write");
                 }
@@ -648,7 +663,7 @@ async fn written_files_become_copies_only_in_free_room() {
         for i in 0..3u8 {
             let want = data(120 * 1024, 40 + i);
             let (e, fh) = c
-                .create(ROOT_INO, &format!("shard{i}"))
+                .create(ROOT_INO, &format!("shard{i}"), 0)
                 .await
                 .expect("create");
             c.write(fh, 0, &want).expect("write");
@@ -696,7 +711,7 @@ async fn staged_files_count_against_the_copies_budget() {
         let mut inos = Vec::new();
         for i in 0..2u8 {
             let (e, fh) = c
-                .create(ROOT_INO, &format!("shard{i}"))
+                .create(ROOT_INO, &format!("shard{i}"), 0)
                 .await
                 .expect("create");
             c.write(fh, 0, &data(120 << 10, i)).expect("write");
@@ -705,7 +720,7 @@ async fn staged_files_count_against_the_copies_budget() {
             inos.push(e.attr.ino);
         }
         assert_eq!((copies.len(), copies.bytes()), (2, 240 << 10));
-        let (e, fh) = c.create(ROOT_INO, "big").await.expect("create");
+        let (e, fh) = c.create(ROOT_INO, "big", 0).await.expect("create");
         let big = data(150 << 10, 9);
         for (i, chunk) in big.chunks(50 << 10).enumerate() {
             c.write(fh, (i as u64) * (50 << 10), chunk).expect("write");
@@ -749,7 +764,7 @@ async fn staged_files_count_against_the_copies_budget() {
         assert_eq!(stored(&fx, "big").await, Some(big));
         // A file that fits beside the copies all along is adopted.
         let small = data(100 << 10, 11);
-        let (e, fh) = c.create(ROOT_INO, "small").await.expect("create");
+        let (e, fh) = c.create(ROOT_INO, "small", 0).await.expect("create");
         c.write(fh, 0, &small).expect("write");
         c.flush(fh).await.expect("flush");
         c.release_write(fh).await;
@@ -764,9 +779,9 @@ async fn staged_files_count_against_the_copies_budget() {
     .expect("bounded");
 }
 
-/// A large file written in order while the budget is short frees what its stream has
-/// sent (a hole punched in the staging file) instead of evicting copies: its local
-/// footprint stays near its parts in flight, the copies stay, and the object is whole.
+/// A large file written in order past the budget evicts the copies, then frees what
+/// its stream has sent (a hole punched in the staging file) rather than overrun the
+/// budget: its local footprint stays near its parts in flight and the object is whole.
 /// A write below the freed bytes is refused with the reason (the file could no longer
 /// be uploaded whole), and the upload still completes.
 #[tokio::test]
@@ -779,7 +794,7 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
         let c = &fx.core;
         for i in 0..2u8 {
             let (_, fh) = c
-                .create(ROOT_INO, &format!("read{i}"))
+                .create(ROOT_INO, &format!("read{i}"), 0)
                 .await
                 .expect("create");
             c.write(fh, 0, &data(100 << 10, i)).expect("write");
@@ -787,9 +802,9 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
             c.release_write(fh).await;
         }
         assert_eq!((copies.len(), copies.bytes()), (2, 200 << 10));
-        // 4 MiB in 64 KiB writes: 312 KiB of free room, 13x less than the file.
+        // 4 MiB in 64 KiB writes: 512 KiB of room with the copies evicted, 8x less.
         let want = data(4 << 20, 21);
-        let (_, fh) = c.create(ROOT_INO, "ckpt.bin").await.expect("create");
+        let (_, fh) = c.create(ROOT_INO, "ckpt.bin", 0).await.expect("create");
         let mut most_staged = 0;
         for (i, piece) in want.chunks(64 << 10).enumerate() {
             c.write(fh, (i as u64) * (64 << 10), piece).expect("write");
@@ -797,10 +812,10 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
             // Let the stream take what was written (it reads off the runtime).
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        assert_eq!(copies.len(), 2, "no copy evicted");
+        assert_eq!(copies.len(), 0, "the copies made room first");
         assert!(
-            most_staged <= 312 << 10,
-            "staged within the free room: {most_staged}"
+            most_staged <= 512 << 10,
+            "staged within the budget: {most_staged}"
         );
         let staging = std::fs::read_dir(fx.dir.path().join("staging"))
             .expect("staging")
@@ -819,7 +834,74 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
         assert_eq!(stored(&fx, "ckpt.bin").await.as_deref(), Some(&want[..]));
         c.release_write(fh).await;
         assert_eq!(copies.staged_bytes(), 0);
-        assert_eq!(copies.len(), 2, "a freed file is not adopted as a copy");
+        assert_eq!(copies.len(), 0, "a freed file is not adopted as a copy");
+
+        // A close in the middle (a forked child's copy of the descriptor exiting)
+        // completes the upload of a freed file as it is, and seals it: the next write
+        // is refused, never sent again from the freed (zeroed) start.
+        let (_, fh) = c.create(ROOT_INO, "ckpt2.bin", 0).await.expect("create");
+        for (i, piece) in want.chunks(64 << 10).enumerate().take(32) {
+            c.write(fh, (i as u64) * (64 << 10), piece).expect("write");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        c.flush(fh).await.expect("the close of a dup");
+        let err = c.write(fh, 2 << 20, &want[2 << 20..(2 << 20) + 100]);
+        assert!(err.expect_err("sealed").to_string().contains("freed"));
+        c.flush(fh).await.expect("nothing new to upload");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "ckpt2.bin").await.as_deref(),
+            Some(&want[..2 << 20]),
+            "what the first close uploaded, whole"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A close in another process than the opener (a forked child exiting, or an `exec`
+/// closing its copy of the descriptor) does not upload: the opener may still be
+/// writing, and its own close uploads the whole file (with the error, if any). Nor
+/// does a close before anything was written.
+#[tokio::test]
+async fn a_close_in_another_process_leaves_the_upload_to_the_opener() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32;
+        let mut child = std::process::Command::new("sleep")
+            .arg("20")
+            .spawn()
+            .expect("a child process");
+        let other = child.id();
+        let want = data(300 << 10, 31);
+        let (_, fh) = c.create(ROOT_INO, "forked.bin", me).await.expect("create");
+        c.write(fh, 0, &want[..100 << 10]).expect("write");
+        c.close(fh, other).await.expect("the child's close");
+        assert_eq!(
+            stored(&fx, "forked.bin").await,
+            None,
+            "nothing half-written sent"
+        );
+        c.write(fh, 100 << 10, &want[100 << 10..])
+            .expect("the opener writes on");
+        c.close(fh, me).await.expect("the opener's close");
+        assert_eq!(stored(&fx, "forked.bin").await.as_deref(), Some(&want[..]));
+        // An unknown closer (0: outside the daemon's pid namespace) uploads, as before.
+        let (_, fh) = c.create(ROOT_INO, "unknown.bin", me).await.expect("create");
+        c.write(fh, 0, b"x").expect("write");
+        c.close(fh, 0).await.expect("close");
+        assert_eq!(stored(&fx, "unknown.bin").await.as_deref(), Some(&b"x"[..]));
+        // A close before anything was written (a shell's `>` moving its descriptor)
+        // sends nothing; the release uploads the empty file.
+        let (_, fh) = c.create(ROOT_INO, "empty.bin", me).await.expect("create");
+        c.close(fh, me).await.expect("close");
+        assert_eq!(stored(&fx, "empty.bin").await, None);
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "empty.bin").await.as_deref(), Some(&b""[..]));
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
     })
     .await
     .expect("bounded");

@@ -142,7 +142,7 @@ proptest! {
                 let writing = |n: usize, open: &Vec<Open>| open.iter().any(|o| o.name == n);
                 match op {
                     Op::Create(n) => {
-                        let got = c.create(ROOT_INO, NAMES[n]).await;
+                        let got = c.create(ROOT_INO, NAMES[n], 0).await;
                         if writing(n, &open) {
                             prop_assert_eq!(got.err().map(|e| e.errno()), Some(libc::EBUSY));
                         } else {

@@ -208,6 +208,44 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         stored(&fx, "ckpt/patched").as_deref(),
         Some(&b"Hello world"[..])
     );
+    // A child process given a copy of the descriptor closes it when it exits (the
+    // kernel's FLUSH comes from the child): nothing half-written is uploaded then; the
+    // opener's close uploads the whole file.
+    {
+        // The shell opens the file, children write through the descriptor they
+        // inherit and exit (not the shell's builtin echo: its redirection closes a copy
+        // in the shell itself, a close by the opener); the shell then waits for `go`
+        // before closing.
+        let sync = tempfile::tempdir().expect("sync dir");
+        let (ready, go) = (sync.path().join("ready"), sync.path().join("go"));
+        let script = format!(
+            "exec 3>ckpt/forked.txt; env echo one >&3; bash -c true; env echo two >&3; \
+             touch {r}; for i in $(seq 200); do [ -e {g} ] && break; sleep 0.05; done; \
+             exec 3>&-",
+            r = ready.display(),
+            g = go.display()
+        );
+        let mut shell = std::process::Command::new("timeout")
+            .args(["60", "bash", "-c", &script])
+            .current_dir(fx.mnt.path())
+            .spawn()
+            .expect("shell");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(Instant::now() < deadline, "the shell never got ready");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            stored(&fx, "ckpt/forked.txt").is_none(),
+            "the child's close uploaded nothing"
+        );
+        File::create(&go).expect("go");
+        assert!(shell.wait().expect("shell").success());
+    }
+    assert_eq!(
+        stored(&fx, "ckpt/forked.txt").as_deref(),
+        Some(&b"one\ntwo\n"[..])
+    );
     // Shell tools: cp, tar -x (mkdir, create, then times and modes set after close),
     // ls of new entries, sha256sum of what came back.
     sh(

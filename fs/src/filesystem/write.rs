@@ -12,14 +12,19 @@
 //!   The caller waits, so an upload that fails (the store down, 5xx after retries, a
 //!   timeout) fails its `close` with EIO and nothing half-written becomes visible: an
 //!   object appears only when its upload completes, and a multipart upload that fails
-//!   is aborted.
+//!   is aborted. Two closes do not upload ([`FsCore::close`]): one before anything was
+//!   written (a shell's `> file` moves its descriptor first), and one in another
+//!   process than the opener (a `fork`ed child's copy of the descriptor, closed when it
+//!   exits or `exec`s: the opener may still be writing); the opener's close, or else
+//!   the release when the last copy closes, uploads then.
 //! - **Sent while written, when written in order.** A file that every write so far
 //!   appended to, once past `stream_from` (16 MiB), starts its multipart upload: a task
 //!   reads the staging file behind the writer and queues it part by part, so a large
 //!   checkpoint is mostly on the wire when it is closed (mountpoint-s3 streams too, but
 //!   only in order; here order is an optimisation, not a rule). A write below what the
 //!   task has read, or a truncate, breaks the stream: it aborts, and the flush uploads
-//!   the file whole, as does any failure of the stream.
+//!   the file whole, as does any failure of the stream. With the disk budget short
+//!   (below), streaming starts at the first whole part.
 //! - **Single-flight per file.** Concurrent flushes of one file share one upload; a
 //!   write that lands during an upload leaves the file changed, so the next flush
 //!   uploads again (`written` / `uploaded` generations).
@@ -35,13 +40,21 @@
 //!   earned): the restore that follows a save is served from local disk by the kernel,
 //!   and the bytes were written once.
 //! - **Within the disk budget, crash-safe.** A staged file is charged to the budget
-//!   the daemon's passthrough copies have (`local_files`, shared by its mounts): as it
-//!   grows it evicts the least recently opened copies, which can be made again, and it
-//!   is never refused for the budget's sake (what the user wrote has no other copy);
-//!   beyond the budget, with no copy left, it is reported (`strata stats`, "local
-//!   files"). A file whose staging evicted copies is not adopted as one (below): the
-//!   room it borrowed goes back to the copies reads earn. A full disk fails the
-//!   `write` with ENOSPC.
+//!   the daemon's passthrough copies have (`local_files`, shared by its mounts). When
+//!   the budget has no free room for its growth, it evicts the least recently opened
+//!   copies, which can be made again. When even all of them would not make room, a
+//!   file being streamed frees what its stream has sent (a hole punched in the staging
+//!   file: a checkpoint written in order takes little more than its parts in flight,
+//!   however large). That costs the fallback, so once a file freed bytes, a write below
+//!   them is refused (ENOTSUP, with the reason), a failed stream fails the close, and a
+//!   close (a `dup`'s too: a `fork` and `exec` while the file is open) or `fsync` that
+//!   completes its upload seals it: later writes are refused, as in mountpoint-s3
+//!   always. Past the budget a staged file degrades to the peer's rules rather than
+//!   overrun the disk. Otherwise it is never refused for the budget's sake (what the
+//!   user wrote has no other copy): a file written out of order beyond the budget is
+//!   reported (`strata stats`, "local files"). A file whose staging evicted copies is
+//!   not adopted as one (below): the room it borrowed goes back to the copies reads
+//!   earn. A full disk fails the `write` with ENOSPC.
 //!   Staging files are removed at mount start: a crash before an upload completed
 //!   leaves no object (its multipart upload is aborted by the store's lifecycle rules,
 //!   as for any S3 client), one after leaves the object and no copy.
@@ -153,6 +166,9 @@ pub(super) struct Staged {
     /// Charging this file evicted copies: it is not adopted as a copy itself (the room
     /// it borrowed goes back to what reads earn; see [`PassthroughStore::adopt`]).
     evicted: AtomicBool,
+    /// The process that opened it (None: unknown): the close of a copy of its
+    /// descriptor in another process does not upload it ([`FsCore::close`]).
+    opener: Option<u32>,
 }
 
 #[derive(Default)]
@@ -164,13 +180,25 @@ struct Charge {
     freed: u64,
 }
 
+/// The process (thread group) of thread `tid`, from procfs; None for 0 (a caller
+/// outside the daemon's pid namespace) or when it cannot be read.
+fn process_of(tid: u32) -> Option<u32> {
+    if tid == 0 {
+        return None;
+    }
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| crate::job::parse_tgid(&s))
+}
+
 /// A write (or read, or truncate) at `offset` of a file whose first `freed` bytes were
 /// sent and freed from local disk (`Staged::free_sent`).
 fn freed_error(path: &str, offset: u64, freed: u64) -> Error {
     Error::Unsupported(format!(
-        "{path}: offset {offset} is below the {freed} bytes already uploaded and freed \
-         from local disk while the disk budget was full (a file rewritten out of order \
-         must fit in the budget)"
+        "{path}: its first {freed} bytes were uploaded and freed from local disk while \
+         the disk budget was full, so it cannot be uploaded whole again: written at \
+         {offset} below them, or after a close or fsync completed its upload (a file \
+         rewritten out of order, or closed and written on, must fit in the budget)"
     ))
 }
 
@@ -210,10 +238,10 @@ impl Staged {
         self.charge.lock().freed
     }
 
-    /// Charges the file's growth to `end` bytes to the local files' budget: when the
-    /// budget has no free room for it and the file is being streamed, first frees what
-    /// the stream has sent; then the least recently opened copies make room. Blocking
-    /// (punching a hole, removing copies).
+    /// Charges the file's growth to `end` bytes to the local files' budget: the least
+    /// recently opened copies make room; when even all of them could not, and the file
+    /// is being streamed, it first frees what the stream has sent. Blocking (removing
+    /// copies, punching a hole).
     fn charge_upto(&self, end: u64) {
         let Some(budget) = &self.budget else {
             return;
@@ -225,7 +253,7 @@ impl Staged {
         if growth == 0 {
             return;
         }
-        if budget.free_bytes() < growth {
+        if budget.room_for_staging() < growth {
             self.free_sent(budget);
         }
         let add = {
@@ -241,10 +269,12 @@ impl Staged {
 
     /// Frees (punches out) the start of the file that its stream has read into parts
     /// it holds until they are stored: a checkpoint written in order then takes little
-    /// more local disk than its parts in flight, and evicts no copies, however large
-    /// it is. Only when the budget is short, since it costs the fallback: the file
-    /// cannot be uploaded whole again, so a write below the freed bytes is refused and
-    /// a stream that fails fails the close (see the module docs).
+    /// more local disk than its parts in flight, however large it is. Only when the
+    /// alternative is going over the budget, since it costs the fallback: the file
+    /// cannot be uploaded whole again, so a write below the freed bytes is refused, a
+    /// stream that fails fails the close, and once a close (a `dup`'s too) or an
+    /// `fsync` completed the upload, the file takes no more writes, as in mountpoint-s3
+    /// (see the module docs).
     fn free_sent(&self, budget: &PassthroughStore) {
         let Some(ctl) = self.stream.lock().as_ref().map(|s| s.ctl.clone()) else {
             return;
@@ -368,7 +398,9 @@ impl Writes {
     }
 
     /// A new staging file for `path` (refused while `path` is being written).
-    fn stage(&self, path: &Arc<str>) -> Result<Arc<Staged>> {
+    fn stage(&self, path: &Arc<str>, pid: u32) -> Result<Arc<Staged>> {
+        // Outside the lock: a procfs read.
+        let opener = process_of(pid);
         let mut by_path = self.by_path.lock();
         if by_path.contains_key(path) {
             return Err(Error::Busy(path.to_string()));
@@ -401,6 +433,7 @@ impl Writes {
             charge: Mutex::new(Charge::default()),
             budget: self.opts.local_files.clone(),
             evicted: AtomicBool::new(false),
+            opener,
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
@@ -481,8 +514,9 @@ impl FsCore {
         self.writes.is_some()
     }
 
-    /// Creates `name` in directory `parent` for writing; returns its entry and handle.
-    pub async fn create(&self, parent: u64, name: &str) -> Result<(Entry, u64)> {
+    /// Creates `name` in directory `parent` for writing, by thread `pid` (the FUSE
+    /// request's; 0: unknown); returns its entry and handle.
+    pub async fn create(&self, parent: u64, name: &str, pid: u32) -> Result<(Entry, u64)> {
         let writes = self.writes()?;
         let (path, dir) = self.child_of(parent, name)?;
         // A second file created in a directory whose listing is not cached: list it
@@ -500,7 +534,7 @@ impl FsCore {
             _ => {}
         }
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, true);
-        let staged = writes.stage(&path)?;
+        let staged = writes.stage(&path, pid)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged.clone());
         let entry = Entry {
@@ -511,9 +545,9 @@ impl FsCore {
         Ok((entry, fh))
     }
 
-    /// Opens existing file `ino` for writing: only to replace it whole (`truncate`,
-    /// with `allow_overwrite`).
-    pub async fn open_write(&self, ino: u64, truncate: bool) -> Result<Opened> {
+    /// Opens existing file `ino` for writing, by thread `pid` (0: unknown): only to
+    /// replace it whole (`truncate`, with `allow_overwrite`).
+    pub async fn open_write(&self, ino: u64, truncate: bool, pid: u32) -> Result<Opened> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
         if let Some(s) = writes.staged(&node.path) {
@@ -536,7 +570,7 @@ impl FsCore {
                 node.path
             )));
         }
-        let staged = writes.stage(&node.path)?;
+        let staged = writes.stage(&node.path, pid)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged);
         Ok(Opened {
@@ -574,8 +608,10 @@ impl FsCore {
             .as_ref()
             .is_some_and(|c| offset < c.read_upto.load(Ordering::Acquire));
         // Below what was sent, once some of it was freed, the file cannot be uploaded
-        // whole again: refused here rather than at the close.
-        if offset < freed || (freed > 0 && below_sent) {
+        // whole again: refused here rather than at the close. So is any write once a
+        // flush completed the stream of a freed file (a second stream would send the
+        // freed bytes as zeros): the object is what that close uploaded.
+        if offset < freed || (freed > 0 && (below_sent || stream.is_none())) {
             return Err(freed_error(&staged.path, offset, freed));
         }
         if let Some(ctl) = stream.as_ref().filter(|_| below_sent) {
@@ -619,8 +655,24 @@ impl FsCore {
             return;
         };
         let opts = &writes.opts;
+        if staged.freed() > 0 {
+            // Its stream was completed by a flush; what it freed cannot be sent again.
+            return;
+        }
+        // With the budget spent on staged files, from its first whole part: what the
+        // stream sent can then be freed instead of the budget overrun
+        // (`Staged::free_sent`).
+        let short = staged
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.room_for_staging() < opts.part_size as u64);
+        let from = if short {
+            opts.stream_from.min(opts.part_size as u64)
+        } else {
+            opts.stream_from
+        };
         if opts.stream_from == 0
-            || staged.size.load(Ordering::Acquire) < opts.stream_from
+            || staged.size.load(Ordering::Acquire) < from
             || !staged.appending.load(Ordering::Acquire)
         {
             return;
@@ -707,11 +759,41 @@ impl FsCore {
     }
 
     /// Uploads the file of write handle `fh` if it changed since its last upload
-    /// (FLUSH, on every close, and FSYNC). Other handles: nothing to do.
+    /// (FSYNC, and a close by its opener). Other handles: nothing to do.
     pub async fn flush(self: &Arc<Self>, fh: u64) -> Result<()> {
         let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
             return Ok(());
         };
+        self.upload(&staged).await
+    }
+
+    /// A close of a descriptor of write handle `fh` by thread `pid` (FLUSH): uploads
+    /// as [`Self::flush`], except in two cases, left to a later close or else to the
+    /// release when the last copy of the descriptor closes (mountpoint-s3 skips both
+    /// too):
+    /// - nothing written yet: a shell's `> file` opens the file, moves the descriptor
+    ///   and closes the first one before the command writes a byte, so uploading here
+    ///   would send an empty object, then the file again;
+    /// - a close in another process than the one that opened the file (both known):
+    ///   a copy of the descriptor that a `fork` made (a child exiting, or an `exec`
+    ///   closing it), while the opener may still be writing; uploading would send a
+    ///   half-written file (and a streamed one could take no more writes).
+    pub async fn close(self: &Arc<Self>, fh: u64, pid: u32) -> Result<()> {
+        let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
+            return Ok(());
+        };
+        // Only the create so far (`written` starts at 1), never uploaded.
+        if staged.written.load(Ordering::Acquire) == 1
+            && staged.uploaded.load(Ordering::Acquire) == 0
+        {
+            return Ok(());
+        }
+        if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
+            if opener != closer {
+                tracing::debug!(path = %staged.path, opener, closer, "close in another process than the opener: upload left to the opener's close");
+                return Ok(());
+            }
+        }
         self.upload(&staged).await
     }
 
