@@ -376,6 +376,26 @@ impl InodeTable {
         self.by_path.insert(to.clone(), ino);
     }
 
+    /// Directory `from` was renamed to `to`: it and every inode under it now name the
+    /// same place under `to` (the kernel keeps them all across the rename).
+    fn moved_tree(&mut self, from: &str, to: &str) {
+        let under = format!("{from}/");
+        let moved: Vec<(Arc<str>, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| p.as_ref() == from || p.starts_with(&under))
+            .map(|(p, &ino)| (p.clone(), ino))
+            .collect();
+        for (old, ino) in moved {
+            let new: Arc<str> = Arc::from(format!("{to}{}", &old[from.len()..]));
+            self.by_path.remove(&old);
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                node.path = new.clone();
+            }
+            self.by_path.insert(new, ino);
+        }
+    }
+
     /// The kernel took `n` more references to `ino` (READDIRPLUS entries).
     fn referenced(&mut self, ino: u64, n: u64) {
         if let Some(node) = self.nodes.get_mut(&ino) {

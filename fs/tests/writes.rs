@@ -583,12 +583,6 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
             .await
             .expect_err("noreplace");
         assert_eq!(e.errno(), libc::EEXIST);
-        // A directory is many objects: not renamed.
-        let e = c
-            .rename(ROOT_INO, "old", ROOT_INO, "older", false)
-            .await
-            .expect_err("directory");
-        assert_eq!(e.errno(), libc::ENOTSUP);
     })
     .await
     .expect("bounded");
@@ -902,6 +896,119 @@ async fn a_close_in_another_process_leaves_the_upload_to_the_opener() {
         assert_eq!(stored(&fx, "empty.bin").await.as_deref(), Some(&b""[..]));
         child.kill().expect("kill");
         child.wait().expect("reaped");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Names in directory `ino`, through a fresh directory handle.
+async fn names_in(c: &Arc<FsCore>, ino: u64) -> Vec<String> {
+    let h = c.opendir(ino).await.expect("opendir");
+    let mut names: Vec<String> = c
+        .readdir(h, 0, 1000)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    c.releasedir(h);
+    names.sort();
+    names
+}
+
+/// A checkpoint directory written under a temporary name and renamed into place
+/// (Orbax, TensorFlow): every object moves, the inodes follow, and what cannot be done
+/// is refused with its errno before anything moves. A copy the store refuses leaves
+/// the source whole and no copy behind.
+#[tokio::test]
+async fn a_directory_renamed_into_place_moves_every_object_under_it() {
+    timed(async {
+        let fx = fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let c = &fx.core;
+        let tmp = c.mkdir(ROOT_INO, "tmp-ckpt").await.expect("mkdir");
+        let sub = c.mkdir(tmp.attr.ino, "sub").await.expect("mkdir sub");
+        let mut files = Vec::new();
+        for (dir, name, seed) in [(tmp.attr.ino, "a.bin", 1u8), (sub.attr.ino, "b.bin", 2)] {
+            let (e, fh) = c.create(dir, name, 0).await.expect("create");
+            c.write(fh, 0, &data(3000, seed)).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+            files.push(e.attr.ino);
+        }
+        // Busy while a file under it is being written; into itself is invalid.
+        let (_, open_fh) = c.create(sub.attr.ino, "c.bin", 0).await.expect("create");
+        let e = c
+            .rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "ckpt-1", false)
+            .await
+            .expect_err("busy");
+        assert_eq!(e.errno(), libc::EBUSY);
+        c.write(open_fh, 0, b"c").expect("write");
+        c.flush(open_fh).await.expect("flush");
+        c.release_write(open_fh).await;
+        let e = c
+            .rename(ROOT_INO, "tmp-ckpt", sub.attr.ino, "inside", false)
+            .await
+            .expect_err("into itself");
+        assert_eq!(e.errno(), libc::EINVAL);
+        // Onto a non-empty directory: ENOTEMPTY; onto an existing one with noreplace:
+        // EEXIST. Nothing moved.
+        let e = c
+            .rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "data", false)
+            .await
+            .expect_err("not empty");
+        assert_eq!(e.errno(), libc::ENOTEMPTY);
+        let e = c
+            .rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "data", true)
+            .await
+            .expect_err("noreplace");
+        assert_eq!(e.errno(), libc::EEXIST);
+        // A copy refused by the store: the source stays whole, no copy is left.
+        fx.faulty.set_config(FaultConfig {
+            fail_copy_of: Some("b.bin".into()),
+            ..Default::default()
+        });
+        c.rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "ckpt-1", false)
+            .await
+            .expect_err("a copy fails");
+        fx.faulty.set_config(FaultConfig::default());
+        assert_eq!(stored(&fx, "tmp-ckpt/a.bin").await, Some(data(3000, 1)));
+        assert_eq!(stored(&fx, "tmp-ckpt/sub/b.bin").await, Some(data(3000, 2)));
+        assert_eq!(
+            stored(&fx, "ckpt-1/a.bin").await,
+            None,
+            "the copy made was removed"
+        );
+        // Onto an empty directory made here: moved, object by object.
+        c.mkdir(ROOT_INO, "ckpt-1").await.expect("empty target");
+        c.rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "ckpt-1", false)
+            .await
+            .expect("rename the directory");
+        assert_eq!(stored(&fx, "ckpt-1/a.bin").await, Some(data(3000, 1)));
+        assert_eq!(stored(&fx, "ckpt-1/sub/b.bin").await, Some(data(3000, 2)));
+        assert_eq!(
+            stored(&fx, "ckpt-1/sub/c.bin").await.as_deref(),
+            Some(&b"c"[..])
+        );
+        for gone in ["tmp-ckpt/a.bin", "tmp-ckpt/sub/b.bin", "tmp-ckpt/sub/c.bin"] {
+            assert_eq!(stored(&fx, gone).await, None, "{gone}");
+        }
+        // The mount sees the new tree at once, and the old name no more.
+        let e = c.lookup(ROOT_INO, "tmp-ckpt").await.expect_err("gone");
+        assert_eq!(e.errno(), libc::ENOENT);
+        assert!(names_in(c, ROOT_INO).await.contains(&"ckpt-1".to_string()));
+        assert!(!names_in(c, ROOT_INO)
+            .await
+            .contains(&"tmp-ckpt".to_string()));
+        let moved = c.lookup(ROOT_INO, "ckpt-1").await.expect("moved");
+        assert_eq!(
+            moved.attr.ino, tmp.attr.ino,
+            "the inode follows the directory"
+        );
+        assert_eq!(names_in(c, moved.attr.ino).await, vec!["a.bin", "sub"]);
+        assert_eq!(names_in(c, sub.attr.ino).await, vec!["b.bin", "c.bin"]);
+        // Inodes under it follow too: the kernel reads them by inode.
+        assert_eq!(read_back(c, files[0]).await, data(3000, 1));
+        assert_eq!(read_back(c, files[1]).await, data(3000, 2));
     })
     .await
     .expect("bounded");

@@ -51,6 +51,9 @@ pub struct FaultConfig {
     pub part_fail_every: u64,
     /// Added to every part sent by index (a part's time on the wire).
     pub part_latency: Duration,
+    /// Copies from a key containing this text fail (a server-side copy the store
+    /// refuses), however often they are retried.
+    pub fail_copy_of: Option<String>,
 }
 
 impl FaultConfig {
@@ -500,6 +503,16 @@ impl ObjectStore for FaultyStore {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
+        let refused = {
+            let c = self.config.lock();
+            c.writes_down
+                || c.fail_copy_of
+                    .as_deref()
+                    .is_some_and(|k| from.as_ref().contains(k))
+        };
+        if refused {
+            return Err(injected(from.as_ref(), "injected 503 on copy"));
+        }
         self.inner.copy_opts(from, to, options).await
     }
 }

@@ -656,6 +656,16 @@ impl BackingStore {
         .await
     }
 
+    /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
+    pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        let (f, t) = (object_key(from), object_key(to));
+        self.retrying(|| {
+            let (f, t) = (f.clone(), t.clone());
+            async move { self.store.copy(&f, &t).await }
+        })
+        .await
+    }
+
     /// Deletes object `path` (retried; a missing object is `NotFound`).
     pub async fn delete(&self, path: &str) -> Result<()> {
         let p = object_key(path);

@@ -62,7 +62,9 @@
 //!   storage has none: they become real with their first object); `rmdir` removes an
 //!   empty one. `unlink` needs `allow_delete`; so does renaming a file (write, then
 //!   rename into place: the store moves the object, by its own rename or a copy and a
-//!   delete, and the inode follows); a directory is not renamed (ENOTSUP).
+//!   delete, and the inode follows), and renaming a directory (a checkpoint directory
+//!   saved under a temporary name): every object under it is copied, then the sources
+//!   deleted, up to 10,000 objects (`namespace::rename_dir`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -451,6 +453,15 @@ impl Writes {
         }
         seen.insert(dir.clone());
         false
+    }
+
+    /// A file being written under `prefix` (a directory's path and `/`), if any.
+    pub(super) fn staged_under(&self, prefix: &str) -> Option<Arc<str>> {
+        self.by_path
+            .lock()
+            .keys()
+            .find(|p| p.starts_with(prefix))
+            .cloned()
     }
 
     pub(super) fn staged(&self, path: &str) -> Option<Arc<Staged>> {
