@@ -466,11 +466,13 @@ def main():
         if args.peer:
             systems["peer"] = ("peer", args.peer, None, [])
 
-        def mount(name, memory=None, writes=False):
+        def mount(name, memory=None, writes=False, deletes=False):
             kind, binary, ttl, extra = systems[name]
             stats = args.stats if name == "strata" else None
             if writes and kind == "strata":
                 extra = list(extra) + ["--allow-writes"]
+            if deletes:  # both take the same flag
+                extra = list(extra) + ["--allow-delete"]
             return Mount(kind, binary, moto.endpoint, work, memory=memory, ttl=ttl,
                          extra=extra, stats_to=stats)
 
@@ -677,6 +679,56 @@ def main():
                 log("boto3.s3.transfer missing: no direct upload ceiling")
             except Exception as e:  # the server failing the ceiling's run: no figure
                 log(f"direct upload ceiling failed: {e}")
+
+            # A checkpoint directory saved under a temporary name and renamed into place
+            # (Orbax, TensorFlow): the same small files written into `tmp-...` (not
+            # timed), then the rename timed. Strata mounts with --allow-delete; the
+            # ceiling is boto3 copying and deleting the same keys, 16 at a time.
+            case = f"rename a directory of {n_small_w} x {args.small_kib} KiB files"
+            row = {"case": case}
+            for name in systems:
+                if name == "before":
+                    continue
+                log(f"{case}: {name} ...")
+                times = []
+                for r in range(args.runs):
+                    m = mount(name, writes=True, deletes=True)
+                    try:
+                        tmp = os.path.join(m.mnt, f"tmp-{name}-{r}")
+                        os.mkdir(tmp)
+                        write_small(tmp, "f")
+                        try:
+                            times.append(timed(lambda: os.rename(tmp, os.path.join(
+                                m.mnt, f"renamed-{name}-{r}"))))
+                        except OSError as e:
+                            row[f"{name}_error"] = f"{e.strerror} (errno {e.errno})"
+                            log(f"  {name}: refused: {e}")
+                            break
+                    finally:
+                        m.close()
+                if times:
+                    log(f"  {name}: {[round(t, 3) for t in times]} s")
+                    row[f"{name}_s"] = round(statistics.median(times), 3)
+            results.append(row)
+            try:
+                from concurrent.futures import ThreadPoolExecutor
+                t = []
+                for r in range(args.runs):
+                    keys = [f"dtmp-{r}/f-{i:05d}" for i in range(n_small_w)]
+                    for k in keys:
+                        s3.put_object(Bucket=BUCKET, Key=k, Body=small_w)
+
+                    def move(k, r=r):
+                        s3.copy_object(Bucket=BUCKET, Key=f"drenamed-{r}/{k.split('/')[1]}",
+                                       CopySource={"Bucket": BUCKET, "Key": k})
+                    def drop(k):
+                        s3.delete_object(Bucket=BUCKET, Key=k)
+                    with ThreadPoolExecutor(16) as ex:
+                        t.append(timed(lambda: (list(ex.map(move, keys)),
+                                                list(ex.map(drop, keys)))))
+                results[-1]["direct_s"] = round(statistics.median(t), 3)
+            except Exception as e:  # the server failing the ceiling's run: no figure
+                log(f"direct rename ceiling failed: {e}")
 
         # Bytes on disk for bytes read: each set read once cold, then the cache settles.
         ratios = {}

@@ -735,6 +735,9 @@ async fn staged_files_count_against_the_copies_budget() {
             v
         };
         assert_eq!(served, vec![false, true]);
+        // A write the disk refuses (past the largest file size) keeps no charge.
+        c.write(fh, 1 << 62, b"x").expect_err("EFBIG");
+        assert_eq!(copies.staged_bytes(), 150 << 10);
         // A truncate gives bytes back; a regrowth takes them again.
         c.setattr(e.attr.ino, Some(10 << 10))
             .await

@@ -630,16 +630,24 @@ impl FsCore {
             ctl.broken.store(true, Ordering::Release);
         }
         let end = offset + data.len() as u64;
-        // Room first (copies evicted before the bytes land: on a nearly full disk
-        // that is what lets them land).
-        staged.charge_upto(end);
-        staged
-            .file
-            .write_all_at(data, offset)
-            .map_err(|source| Error::Local {
+        // Room first (copies evicted before the bytes land: on a nearly full disk that
+        // is what lets them land), except for a write past the end that leaves a hole:
+        // charged once it landed, so one at an absurd offset (EFBIG) evicts nothing.
+        let leaves_hole = offset > staged.size.load(Ordering::Acquire);
+        if !leaves_hole {
+            staged.charge_upto(end);
+        }
+        if let Err(source) = staged.file.write_all_at(data, offset) {
+            // A write that failed (ENOSPC) keeps no charge.
+            staged.charge_exactly(staged.size.load(Ordering::Acquire));
+            return Err(Error::Local {
                 what: format!("writing {}", staged.path),
                 source,
-            })?;
+            });
+        }
+        if leaves_hole {
+            staged.charge_upto(end);
+        }
         let before = staged.size.fetch_max(end, Ordering::AcqRel);
         if offset != before {
             staged.appending.store(false, Ordering::Release);
