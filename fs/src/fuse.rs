@@ -476,7 +476,23 @@ impl Filesystem for FuseFs {
     ) {
         // A local pwrite into the staging file, on this session thread (inside the
         // runtime's context: a file written in order may start its streamed upload).
+        // Past the disk budget, a write that outran its file's upload waits for it
+        // first, off this thread.
         let _ctx = self.rt.enter();
+        if let Some(wait) = self.core.write_wait(fh.0, offset + data.len() as u64) {
+            let (core, data) = (self.core.clone(), data.to_vec());
+            self.dispatch(async move {
+                wait.await;
+                let written =
+                    tokio::task::spawn_blocking(move || core.write(fh.0, offset, &data)).await;
+                match written {
+                    Ok(Ok(n)) => reply.written(n),
+                    Ok(Err(e)) => reply.error(errno(&e, "write")),
+                    Err(_) => reply.error(Errno::from_i32(libc::EIO)),
+                }
+            });
+            return;
+        }
         match self.core.write(fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e, "write")),

@@ -1016,3 +1016,44 @@ async fn a_directory_renamed_into_place_moves_every_object_under_it() {
     .await
     .expect("bounded");
 }
+
+/// Past the budget, a file written faster than the store takes its parts waits for its
+/// stream (`write_wait`, awaited before each write as the FUSE adapter does): what is
+/// staged stays within the budget instead of piling up, and the object is whole.
+#[tokio::test]
+async fn a_write_past_the_budget_waits_for_a_lagging_stream() {
+    timed(async {
+        let pt_dir = tempfile::tempdir().expect("tempdir");
+        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 512 << 10).expect("copies");
+        let copies = pt.copies.clone();
+        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        fx.faulty.set_config(FaultConfig {
+            part_latency: Duration::from_millis(20),
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let want = data(4 << 20, 41);
+        let (_, fh) = c.create(ROOT_INO, "slow.bin", 0).await.expect("create");
+        let (mut most_staged, mut waits) = (0, 0);
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            let offset = (i as u64) * (64 << 10);
+            if let Some(wait) = c.write_wait(fh, offset + piece.len() as u64) {
+                waits += 1;
+                wait.await;
+            }
+            c.write(fh, offset, piece).expect("write");
+            most_staged = most_staged.max(copies.staged_bytes());
+        }
+        assert!(waits > 0, "the writer outran the store");
+        assert!(
+            most_staged <= 512 << 10,
+            "staged within the budget: {most_staged}"
+        );
+        c.flush(fh).await.expect("flush");
+        assert_eq!(stored(&fx, "slow.bin").await.as_deref(), Some(&want[..]));
+        c.release_write(fh).await;
+        assert_eq!(copies.staged_bytes(), 0);
+    })
+    .await
+    .expect("bounded");
+}

@@ -230,6 +230,9 @@ proptest! {
                             Err(libc::EBUSY)
                         } else if !visible.contains_key(&a) {
                             Err(libc::ENOENT)
+                        } else if down && a != b {
+                            // The store's copy is a write: refused, nothing moves.
+                            Err(libc::EIO)
                         } else {
                             if a != b {
                                 let v = visible.remove(&a).expect("checked");

@@ -338,6 +338,41 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
     }
 }
 
+/// A checkpoint larger than the disk budget's share for staged files, written in order
+/// through the kernel while the store takes each part slowly: writes that outrun the
+/// upload wait for it (off the FUSE session thread), what is staged stays within the
+/// share, and the object arrives whole.
+fn a_checkpoint_larger_than_the_budget_stays_within_it(b: Backend) {
+    let budget = tempfile::tempdir().expect("budget dir");
+    let local = std::sync::Arc::new(
+        strata_fs::PassthroughStore::open(budget.path().join("pt"), 12 << 20).expect("store"),
+    );
+    let charged = local.clone();
+    let (fx, _staging) = writable(b, move |w| {
+        // S3 takes parts of at least 5 MiB.
+        w.part_size = 5 << 20;
+        w.parts_in_flight = 2;
+        w.local_files = Some(local);
+    });
+    fx.faulty.set_config(FaultConfig {
+        part_latency: Duration::from_millis(150),
+        ..Default::default()
+    });
+    let want = pattern(60 << 20, 91);
+    let mut most = 0;
+    {
+        let mut f = File::create(fx.m("big-ckpt.bin")).expect("create");
+        for piece in want.chunks(1 << 20) {
+            f.write_all(piece).expect("write");
+            most = most.max(charged.staged_bytes());
+        }
+    }
+    fx.faulty.set_config(FaultConfig::default());
+    assert!(most <= 12 << 20, "staged within the share: {most}");
+    assert!(stored(&fx, "big-ckpt.bin") == Some(want), "uploaded whole");
+    assert_eq!(charged.staged_bytes(), 0);
+}
+
 fn overwrites_replace_objects_whole(b: Backend) {
     let (fx, _staging) = writable(b, |w| w.allow_overwrite = true);
     // Read first, so the kernel and the cache hold the old version.
@@ -543,6 +578,7 @@ both_backends!(
     concurrent_readers_and_mmap,
     writes_are_refused,
     writes_through_the_kernel_become_objects,
+    a_checkpoint_larger_than_the_budget_stays_within_it,
     overwrites_replace_objects_whole,
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,

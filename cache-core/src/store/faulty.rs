@@ -41,7 +41,8 @@ pub struct FaultConfig {
     /// empty segment): listing its directory level fails with `InvalidPath` (as the S3
     /// client fails the whole page), and a plain listing yields an error item for it.
     pub bad_key: Option<String>,
-    /// Every write (PUT, multipart start, part, completion) fails while set.
+    /// Every write (PUT, multipart start, part, completion, server-side copy) fails
+    /// while set.
     pub writes_down: bool,
     /// Parts of a multipart upload after its first `n` fail (an upload that breaks
     /// midway), however often they are retried.

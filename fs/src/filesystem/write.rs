@@ -45,7 +45,8 @@
 //!   copies, which can be made again. When even all of them would not make room, a
 //!   file being streamed frees what its stream has sent (a hole punched in the staging
 //!   file: a checkpoint written in order takes little more than its parts in flight,
-//!   however large). That costs the fallback, so once a file freed bytes, a write below
+//!   however large), and a write that outran its upload waits for it (bounded; no
+//!   time lost: the close waits for the upload anyway). That costs the fallback, so once a file freed bytes, a write below
 //!   them is refused (ENOTSUP, with the reason), a failed stream fails the close, and a
 //!   close (a `dup`'s too: a `fork` and `exec` while the file is open) or `fsync` that
 //!   completes its upload seals it: later writes are refused, as in mountpoint-s3
@@ -181,6 +182,16 @@ struct Charge {
     /// Bytes at the start of the file already sent and punched out of the staging file.
     freed: u64,
 }
+
+/// Parts of unsent bytes a file written past the budget may run ahead of its stream
+/// (`FsCore::write_wait`): 2, one being read while the next is written.
+const BACKLOG_PARTS: u64 = 2;
+
+/// How long a write past the budget waits for its stream before it lands anyway (the
+/// budget then overrun, and reported): 30 s, long enough for two 8 MiB parts on a
+/// slow link, short enough that a stuck store does not hang the writer for good (its
+/// close reports the failure).
+const BACKLOG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The process (thread group) of thread `tid`, from procfs; None for 0 (a caller
 /// outside the daemon's pid namespace) or when it cannot be read.
@@ -665,6 +676,52 @@ impl FsCore {
             None => self.maybe_stream(&staged),
         }
         Ok(data.len() as u32)
+    }
+
+    /// The wait a write to `fh` ending at `end` owes first, if any: past the budget,
+    /// a file whose stream has not taken all but [`BACKLOG_PARTS`] parts of what was
+    /// written waits for it (bounded by [`BACKLOG_WAIT`]), so a checkpoint written
+    /// faster than the store takes it stays within the budget instead of piling up on
+    /// disk. It costs no time: the close waits for the upload anyway. The FUSE adapter
+    /// awaits it off the session thread, then writes.
+    pub fn write_wait(&self, fh: u64, end: u64) -> Option<BoxFuture<'static, ()>> {
+        let writes = self.writes.as_ref()?;
+        let staged = writes.handle(fh)?;
+        let budget = staged.budget.as_ref()?;
+        let ctl = staged.stream.lock().as_ref().map(|s| s.ctl.clone())?;
+        let limit = BACKLOG_PARTS * writes.opts.part_size as u64;
+        let behind = {
+            let ctl = ctl.clone();
+            move || {
+                !ctl.broken.load(Ordering::Acquire)
+                    && end.saturating_sub(ctl.taken_upto.load(Ordering::Acquire)) > limit
+            }
+        };
+        // Past the budget: the room staging has left would not hold this write.
+        let growth = end.saturating_sub(staged.size.load(Ordering::Acquire));
+        if !behind() || budget.room_for_staging() >= growth.max(1) {
+            return None;
+        }
+        Some(
+            async move {
+                let waited = tokio::time::timeout(BACKLOG_WAIT, async {
+                    loop {
+                        let took = ctl.took.notified();
+                        if !behind() {
+                            return;
+                        }
+                        took.await;
+                    }
+                })
+                .await;
+                if waited.is_err() {
+                    tracing::debug!(
+                        "a write waited {BACKLOG_WAIT:?} for its stream; it lands past the budget"
+                    );
+                }
+            }
+            .boxed(),
+        )
     }
 
     /// Starts streaming `staged` if it was written in order past `stream_from` (and a

@@ -33,6 +33,9 @@ pub(super) struct StreamCtl {
     pub(super) finish: AtomicBool,
     /// More was written, or one of the flags changed.
     pub(super) wake: tokio::sync::Notify,
+    /// The task took another part (`taken_upto` grew) or ended: a writer held back
+    /// past the budget may go on (`FsCore::write_wait`).
+    pub(super) took: tokio::sync::Notify,
 }
 
 /// Reads `len` bytes at `offset` of `file` (off the runtime's threads).
@@ -55,6 +58,14 @@ pub(super) async fn stream_upload(
     ctl: Arc<StreamCtl>,
     shape: UploadShape,
 ) -> Result<u32> {
+    // However the task ends, a writer waiting on it goes on.
+    struct EndsWaits(Arc<StreamCtl>);
+    impl Drop for EndsWaits {
+        fn drop(&mut self) {
+            self.0.took.notify_waiters();
+        }
+    }
+    let _ends = EndsWaits(ctl.clone());
     let part_size = shape.part_size.max(1);
     let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path));
     let mut up = store.start_upload(&staged.path, &shape).await?;
@@ -103,6 +114,7 @@ pub(super) async fn stream_upload(
             crc = crc32c::crc32c_append(crc, &buf);
             ctl.taken_upto
                 .fetch_max(sent + len as u64, Ordering::AcqRel);
+            ctl.took.notify_waiters();
             up.put(buf).await?;
             sent += len as u64;
             continue;
