@@ -258,7 +258,7 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
             .open_write(obj.attr.ino, false, 0)
             .await
             .expect_err("in place");
-        assert_eq!(e.errno(), libc::ENOTSUP);
+        assert_eq!(e.errno(), libc::EPERM);
         let e = c
             .open_write(obj.attr.ino, true, 0)
             .await
@@ -294,6 +294,54 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         c.flush(o.fh).await.expect("flush");
         c.release_write(o.fh).await;
         assert_eq!(read_back(c, obj.attr.ino).await, b"new content".to_vec());
+        // Changed in place (a log opened to append, a patch at an offset): its bytes are
+        // read into staging at the open; an open and close without a write uploads
+        // nothing, one with writes uploads the whole file.
+        let uploads = || {
+            c.counters()
+                .uploads
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let before = uploads();
+        let o = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect("open to change");
+        assert_eq!(read_staged(c, o.fh, 11).await, b"new content".to_vec());
+        c.close(o.fh, 0).await.expect("close");
+        c.release_write(o.fh).await;
+        assert_eq!(uploads(), before, "nothing changed, nothing sent");
+        let o = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect("open to append");
+        c.write(o.fh, 11, b", appended").expect("append");
+        c.write(o.fh, 0, b"N").expect("patch");
+        c.close(o.fh, 0).await.expect("close uploads");
+        c.release_write(o.fh).await;
+        assert_eq!(
+            stored(&fx, "old/obj").await.as_deref(),
+            Some(&b"New content, appended"[..])
+        );
+        assert_eq!(
+            read_back(c, obj.attr.ino).await,
+            b"New content, appended".to_vec()
+        );
+        // Over the bound: only replaced whole.
+        let fx2 = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.rewrite_max = 999;
+        })
+        .await;
+        let old2 = fx2.core.lookup(ROOT_INO, "old").await.expect("old");
+        let obj2 = fx2.core.lookup(old2.attr.ino, "obj").await.expect("obj");
+        let e = fx2
+            .core
+            .open_write(obj2.attr.ino, false, 0)
+            .await
+            .expect_err("1000 bytes > 999");
+        assert_eq!(e.errno(), libc::ENOTSUP);
         c.unlink(old.attr.ino, "obj").await.expect("delete");
         assert!(stored(&fx, "old/obj").await.is_none());
         let e = c.lookup(old.attr.ino, "obj").await.expect_err("gone");
@@ -301,6 +349,14 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
     })
     .await
     .expect("bounded");
+}
+
+/// Reads `len` bytes at 0 of write handle `fh` (opened read-write) back from staging.
+async fn read_staged(c: &Arc<FsCore>, fh: u64, len: u32) -> Vec<u8> {
+    c.read(fh, 0, len, 0)
+        .await
+        .expect("read from staging")
+        .to_vec()
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Writes through the core against a reference model (a proptest state machine, as
-//! mountpoint-s3 checks its file system): random sequences of creates, writes at any
+//! mountpoint-s3 checks its file system): random sequences of creates, reopens of
+//! objects to change them, writes at any
 //! offsets, truncates, flushes, releases, reads, deletes and renames over a few names,
 //! on a store that takes parts by index and now and then refuses every write. After
 //! every step the store holds exactly what the model says was made visible (an object
@@ -26,6 +27,8 @@ const NAMES: [&str; 3] = ["a", "b", "c"];
 #[derive(Clone, Debug)]
 enum Op {
     Create(usize),
+    /// Opens an existing object to change it (append or patch: no `O_TRUNC`).
+    Reopen(usize),
     /// Handle (by position among the open ones), offset, length, byte seed.
     Write(usize, u64, usize, u8),
     Truncate(usize, u64),
@@ -42,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         name.clone().prop_map(Op::Create),
+        name.clone().prop_map(Op::Reopen),
         // Mostly appends of a few parts (64 KiB) so that streams start; any offset.
         (0usize..4, 0u64..300_000, 1usize..90_000, any::<u8>())
             .prop_map(|(h, o, l, s)| Op::Write(h, o, l, s)),
@@ -148,6 +152,20 @@ proptest! {
                         } else {
                             let (e, fh) = got.map_err(|e| TestCaseError::fail(format!("create: {e}")))?;
                             open.push(Open { name: n, ino: e.attr.ino, fh, data: Vec::new(), changed: true, failed: false });
+                        }
+                    }
+                    Op::Reopen(n) => {
+                        let got = match c.lookup(ROOT_INO, NAMES[n]).await {
+                            Ok(e) => c.open_write(e.attr.ino, false, 0).await.map(|o| (e.attr.ino, o.fh)).map_err(|e| e.errno()),
+                            Err(e) => Err(e.errno()),
+                        };
+                        if writing(n, &open) {
+                            prop_assert_eq!(got.err(), Some(libc::EBUSY), "reopen of {} while written", NAMES[n]);
+                        } else if let Some(data) = visible.get(&n) {
+                            let (ino, fh) = got.map_err(|e| TestCaseError::fail(format!("reopen: errno {e}")))?;
+                            open.push(Open { name: n, ino, fh, data: data.clone(), changed: false, failed: false });
+                        } else {
+                            prop_assert_eq!(got.err(), Some(libc::ENOENT), "reopen of missing {}", NAMES[n]);
                         }
                     }
                     Op::Write(h, off, len, seed) => {

@@ -266,12 +266,12 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         stored(&fx, "ckpt/copy.txt").as_deref(),
         Some(&b"hello, strata\n"[..])
     );
-    // What object storage cannot do is refused with its errno; nothing changes.
+    // Changing an object needs --allow-overwrite; nothing changes.
     let err = std::fs::OpenOptions::new()
         .write(true)
         .open(fx.m("small.txt"))
         .expect_err("write in place");
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM));
     // A directory renamed (a checkpoint directory saved under a temporary name): every
     // object under it moves; the tree reads back the same under its new name.
     std::fs::rename(fx.m("ckpt/sub"), fx.m("ckpt/sub.moved")).expect("rename a directory");
@@ -384,12 +384,33 @@ fn overwrites_replace_objects_whole(b: Backend) {
     assert_eq!(stored(&fx, "small.txt").as_deref(), Some(&b"replaced"[..]));
     assert_eq!(std::fs::read(fx.m("small.txt")).expect("new"), b"replaced");
     assert_eq!(std::fs::metadata(fx.m("small.txt")).expect("stat").len(), 8);
-    // Appending would change an object in place.
-    let err = std::fs::OpenOptions::new()
-        .append(true)
-        .open(fx.m("small.txt"))
-        .expect_err("append");
-    assert_eq!(err.raw_os_error(), Some(libc::ENOTSUP));
+    // Appended to (a log opened with "a", a shell's `>>`) and patched in place
+    // (`O_RDWR`): read into staging at the open, uploaded whole at the close.
+    sh(fx.mnt.path(), "echo ' and more' >> small.txt");
+    assert_eq!(
+        stored(&fx, "small.txt").as_deref(),
+        Some(&b"replaced and more\n"[..])
+    );
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fx.m("small.txt"))
+            .expect("open read-write");
+        f.write_all_at(b"R", 0).expect("patch");
+        let mut back = vec![0u8; 8];
+        f.read_exact_at(&mut back, 0)
+            .expect("read back what was written");
+        assert_eq!(&back, b"Replaced");
+    }
+    assert_eq!(
+        stored(&fx, "small.txt").as_deref(),
+        Some(&b"Replaced and more\n"[..])
+    );
+    assert_eq!(
+        std::fs::read(fx.m("small.txt")).expect("read"),
+        b"Replaced and more\n"
+    );
 }
 
 fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {

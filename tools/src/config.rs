@@ -55,7 +55,7 @@
 //! metadata_ttl = "5s"                # or "indefinite" for immutable datasets
 //! read_ahead_kb = 4096
 //! allow_writes = false                # true: new files are uploaded at close
-//! allow_overwrite = false             # with allow_writes: replace objects whole
+//! allow_overwrite = false             # with allow_writes: replace (or append to) objects
 //! allow_delete = false                # with allow_writes: rm deletes objects
 //! ```
 
@@ -560,10 +560,11 @@ pub struct MountConfig {
     #[arg(long)]
     pub allow_writes: bool,
     /// With `allow_writes`: an existing object may be replaced (written whole, opened
-    /// with O_TRUNC).
+    /// with O_TRUNC), or, up to 256 MiB, changed (appended to, patched in place: read
+    /// into staging at the open, replaced whole at the close).
     #[arg(long, requires = "allow_writes")]
     pub allow_overwrite: bool,
-    /// With `allow_writes`: `rm` deletes objects.
+    /// With `allow_writes`: `rm` deletes objects, `mv` renames files and directories.
     #[arg(long, requires = "allow_writes")]
     pub allow_delete: bool,
 }

@@ -6,7 +6,10 @@
 //! - **Staged, uploaded at close.** A created (or, with `allow_overwrite`, truncated)
 //!   file is written into a local staging file under the cache directory, at any
 //!   offsets (`zipfile` seeks back to patch its headers; a strictly sequential stream,
-//!   as mountpoint-s3 requires, would refuse it). `flush` (every `close`) and `fsync`
+//!   as mountpoint-s3 requires, would refuse it). With `allow_overwrite`, an object up
+//!   to `rewrite_max` (256 MiB) opened to be changed (a log opened with `"a"`, a
+//!   shell's `>>`, `O_RDWR` patches) is first read into its staging file, and replaced
+//!   whole at the close if it changed (the last close wins). `flush` (every `close`) and `fsync`
 //!   upload it when it changed since the last upload: one PUT up to `part_size`, else a
 //!   multipart upload with `parts_in_flight` parts on the wire while the next is read.
 //!   The caller waits, so an upload that fails (the store down, 5xx after retries, a
@@ -79,7 +82,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use strata_cache_core::store::UploadShape;
-use strata_cache_core::ObjectInfo;
+use strata_cache_core::{AccessContext, ObjectInfo};
 
 use super::{Entry, FsCore, Kind, Meta, Opened};
 use crate::error::{Error, Result};
@@ -117,6 +120,12 @@ pub struct WriteOptions {
     /// that much; past the bound their next parts wait (each upload then holds at most
     /// the one part it waits to send). Where the store takes parts by index.
     pub upload_memory: u64,
+    /// Largest object opened to be changed in place (appended to, or written without
+    /// `O_TRUNC`; needs `allow_overwrite`): its bytes are read into the staging file at
+    /// the open, and uploaded whole at the close. 256 MiB: logs, small databases and
+    /// configs are far smaller, and an open that reads more would stall its caller for
+    /// seconds on a slow store; larger objects can only be replaced.
+    pub rewrite_max: u64,
     /// The budget staged files are charged to: the daemon's local files (passthrough
     /// copies and staged writes share the disk budget's passthrough share; see
     /// [`PassthroughStore`]). None: the mount's copies' store if it has one, else
@@ -134,6 +143,7 @@ impl WriteOptions {
             parts_in_flight: 8,
             stream_from: 16 << 20,
             upload_memory: 512 << 20,
+            rewrite_max: 256 << 20,
             local_files: None,
         }
     }
@@ -169,6 +179,9 @@ pub(super) struct Staged {
     /// Charging this file evicted copies: it is not adopted as a copy itself (the room
     /// it borrowed goes back to what reads earn; see [`PassthroughStore::adopt`]).
     evicted: AtomicBool,
+    /// A write or truncate happened since the open (a close before the first does not
+    /// upload: [`FsCore::close`]).
+    touched: AtomicBool,
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
@@ -182,6 +195,9 @@ struct Charge {
     /// Bytes at the start of the file already sent and punched out of the staging file.
     freed: u64,
 }
+
+/// Bytes read at a time into the staging file of an object opened to be changed.
+const FILL_CHUNK: u64 = 8 << 20;
 
 /// Parts of unsent bytes a file written past the budget may run ahead of its stream
 /// (`FsCore::write_wait`): 2, one being read while the next is written.
@@ -446,10 +462,26 @@ impl Writes {
             charge: Mutex::new(Charge::default()),
             budget: self.opts.local_files.clone(),
             evicted: AtomicBool::new(false),
+            touched: AtomicBool::new(false),
             opener,
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
+    }
+
+    /// Drops `staged` before any handle took it (an open that failed): its path is free
+    /// again and its staging file removed.
+    fn unstage(&self, staged: &Arc<Staged>) {
+        let mut by_path = self.by_path.lock();
+        if by_path
+            .get(&staged.path)
+            .is_some_and(|s| Arc::ptr_eq(s, staged))
+        {
+            by_path.remove(&staged.path);
+        }
+        drop(by_path);
+        staged.uncharge();
+        let _ = std::fs::remove_file(&staged.file_path);
     }
 
     /// Notes a create in `dir`; true from the second on.
@@ -567,39 +599,94 @@ impl FsCore {
         Ok((entry, fh))
     }
 
-    /// Opens existing file `ino` for writing, by thread `pid` (0: unknown): only to
-    /// replace it whole (`truncate`, with `allow_overwrite`).
+    /// Opens existing file `ino` for writing, by thread `pid` (0: unknown), with
+    /// `allow_overwrite`: to replace it whole (`truncate`), or to change it (append, or
+    /// write in place: a log opened with `"a"`, a small database): then its bytes are
+    /// read into the staging file first, and the close uploads it whole if it changed
+    /// (the last close wins; the object is replaced, never patched). Objects over
+    /// `rewrite_max` are only replaced (ENOTSUP otherwise).
     pub async fn open_write(&self, ino: u64, truncate: bool, pid: u32) -> Result<Opened> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
         if let Some(s) = writes.staged(&node.path) {
             return Err(Error::Busy(s.path.to_string()));
         }
-        match self.meta(&node.path).await? {
+        let obj = match self.meta(&node.path).await? {
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
             Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
-            Meta::File(_) => {}
-        }
-        if !truncate {
-            return Err(Error::Unsupported(format!(
-                "{}: an object is replaced whole (open with O_TRUNC), not changed in place",
+            Meta::File(obj) => obj,
+        };
+        if !writes.opts.allow_overwrite {
+            return Err(Error::NotPermitted(format!(
+                "{}: replacing or changing an object needs --allow-overwrite",
                 node.path
             )));
         }
-        if !writes.opts.allow_overwrite {
-            return Err(Error::NotPermitted(format!(
-                "{}: replacing an object needs --allow-overwrite",
-                node.path
+        if !truncate && obj.size > writes.opts.rewrite_max {
+            return Err(Error::Unsupported(format!(
+                "{}: changing an object of {} bytes in place (at most {}: it is read into a \
+                 staging file first); replace it whole (open with O_TRUNC)",
+                node.path, obj.size, writes.opts.rewrite_max
             )));
         }
         let staged = writes.stage(&node.path, pid)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if !truncate {
+            if let Err(e) = self.fill_staged(&staged, &obj, pid, fh).await {
+                writes.unstage(&staged);
+                return Err(e);
+            }
+        }
         writes.handles.lock().insert(fh, staged);
         Ok(Opened {
             fh,
             keep_cache: false,
             passthrough: None,
         })
+    }
+
+    /// Reads `obj` into the staging file of `staged` (opened to change it in place):
+    /// afterwards the file is the object, unchanged, so a close without a write uploads
+    /// nothing.
+    async fn fill_staged(
+        &self,
+        staged: &Arc<Staged>,
+        obj: &ObjectInfo,
+        pid: u32,
+        fh: u64,
+    ) -> Result<()> {
+        staged.written.store(0, Ordering::Release);
+        staged.appending.store(false, Ordering::Release);
+        let ctx = AccessContext::demand(self.job_of(pid, fh), self.now_ns());
+        let mut offset = 0u64;
+        while offset < obj.size {
+            let len = (obj.size - offset).min(FILL_CHUNK);
+            let data = self.reader.read(obj, offset, len, &ctx).await?;
+            if data.len() as u64 != len {
+                return Err(Error::Unsupported(format!(
+                    "{}: changed in the store while read for an in-place change",
+                    obj.path
+                )));
+            }
+            let s = staged.clone();
+            let at = offset;
+            tokio::task::spawn_blocking(move || {
+                s.charge_upto(at + data.len() as u64);
+                s.file.write_all_at(&data, at)
+            })
+            .await
+            .map_err(|e| Error::Local {
+                what: format!("staging {}", obj.path),
+                source: std::io::Error::other(e),
+            })?
+            .map_err(|source| Error::Local {
+                what: format!("staging {}", obj.path),
+                source,
+            })?;
+            offset += len;
+        }
+        staged.size.store(obj.size, Ordering::Release);
+        Ok(())
     }
 
     /// The attributes of `path` while it is staged, or of a directory made here.
@@ -664,6 +751,7 @@ impl FsCore {
             staged.appending.store(false, Ordering::Release);
         }
         staged.written.fetch_add(1, Ordering::AcqRel);
+        staged.touched.store(true, Ordering::Release);
         // After the bytes landed: a stream that read below them has sent stale bytes.
         let stream = staged.stream.lock().as_ref().map(|s| s.ctl.clone());
         match stream {
@@ -826,6 +914,7 @@ impl FsCore {
             staged.charge_exactly(size);
             staged.appending.store(false, Ordering::Release);
             staged.written.fetch_add(1, Ordering::AcqRel);
+            staged.touched.store(true, Ordering::Release);
             if let Some(s) = staged.stream.lock().as_ref() {
                 s.ctl.broken.store(true, Ordering::Release);
                 s.ctl.wake.notify_one();
@@ -858,10 +947,8 @@ impl FsCore {
         let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
             return Ok(());
         };
-        // Only the create so far (`written` starts at 1), never uploaded.
-        if staged.written.load(Ordering::Acquire) == 1
-            && staged.uploaded.load(Ordering::Acquire) == 0
-        {
+        // Nothing written since the open, never uploaded.
+        if !staged.touched.load(Ordering::Acquire) && staged.uploaded.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
