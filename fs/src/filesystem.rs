@@ -275,6 +275,9 @@ pub struct Opened {
     pub keep_cache: bool,
     /// A plain local copy of exactly this version, for FUSE passthrough.
     pub passthrough: Option<std::fs::File>,
+    /// Every read must reach the daemon (`FOPEN_DIRECT_IO`): a file being written grows
+    /// under its readers, so the kernel's idea of its size and its page cache are stale.
+    pub direct_io: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1040,8 +1043,8 @@ impl FsCore {
             return Err(Error::ReadOnly);
         }
         let node = self.node(ino)?;
-        if let Some(Meta::File(_)) = self.written_meta(&node.path) {
-            return Err(Error::Busy(node.path.to_string()));
+        if let Some(opened) = self.open_staged(&node.path) {
+            return Ok(opened);
         }
         let obj = match self.meta(&node.path).await? {
             Meta::File(obj) => obj,
@@ -1091,6 +1094,7 @@ impl FsCore {
             fh,
             keep_cache,
             passthrough,
+            direct_io: false,
         })
     }
 
@@ -1433,6 +1437,11 @@ impl FsCore {
     }
 
     pub fn release(&self, fh: u64) {
+        if let Some(w) = &self.writes {
+            if w.readers.lock().remove(&fh).is_some() {
+                return;
+            }
+        }
         let Some(h) = self.files.lock().remove(&fh) else {
             return;
         };

@@ -222,6 +222,9 @@ impl Filesystem for FuseFs {
             if opened.keep_cache {
                 fl |= FopenFlags::FOPEN_KEEP_CACHE;
             }
+            if opened.direct_io {
+                fl |= FopenFlags::FOPEN_DIRECT_IO;
+            }
             let mut map = opens.lock();
             let st = map.entry(ino.0).or_default();
             // Passthrough only if no normal handle of this inode is open (kernel rule).

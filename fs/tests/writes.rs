@@ -287,10 +287,24 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
             .open_write(obj.attr.ino, true, 0)
             .await
             .expect("overwrite");
-        // Being written: a reader is told so rather than shown the old object.
-        let e = c.open(obj.attr.ino, false).await.expect_err("busy");
-        assert_eq!(e.errno(), libc::EBUSY);
         c.write(o.fh, 0, b"new content").expect("write");
+        // Being written: a reader sees what was written so far, as on a local disk,
+        // not the old object (and every read reaches the daemon: the file grows).
+        let r = c
+            .open(obj.attr.ino, false)
+            .await
+            .expect("open while written");
+        assert!(r.direct_io);
+        assert_eq!(
+            c.read(r.fh, 0, 100, 0).await.expect("read").as_ref(),
+            b"new content"
+        );
+        c.write(o.fh, 11, b"!").expect("write on");
+        assert_eq!(c.read(r.fh, 11, 100, 0).await.expect("read").as_ref(), b"!");
+        c.release(r.fh);
+        c.setattr(obj.attr.ino, Some(11))
+            .await
+            .expect("truncate back");
         c.flush(o.fh).await.expect("flush");
         c.release_write(o.fh).await;
         assert_eq!(read_back(c, obj.attr.ino).await, b"new content".to_vec());

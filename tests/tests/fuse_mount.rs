@@ -208,6 +208,25 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         stored(&fx, "ckpt/patched").as_deref(),
         Some(&b"Hello world"[..])
     );
+    // A file being written reads back, from another descriptor, what was written so
+    // far, also once it grew (a `tail -f` of a log written into the mount).
+    {
+        let mut f = File::create(fx.m("ckpt/growing.log")).expect("create");
+        f.write_all(b"step 1\n").expect("write");
+        assert_eq!(
+            std::fs::read(fx.m("ckpt/growing.log")).expect("read"),
+            b"step 1\n"
+        );
+        f.write_all(b"step 2\n").expect("write on");
+        let mut r = File::open(fx.m("ckpt/growing.log")).expect("open to read");
+        let mut got = String::new();
+        r.read_to_string(&mut got).expect("read");
+        assert_eq!(got, "step 1\nstep 2\n");
+    }
+    assert_eq!(
+        stored(&fx, "ckpt/growing.log").as_deref(),
+        Some(&b"step 1\nstep 2\n"[..])
+    );
     // A child process given a copy of the descriptor closes it when it exits (the
     // kernel's FLUSH comes from the child): nothing half-written is uploaded then; the
     // opener's close uploads the whole file.

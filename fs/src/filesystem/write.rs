@@ -32,10 +32,11 @@
 //!   write that lands during an upload leaves the file changed, so the next flush
 //!   uploads again (`written` / `uploaded` generations).
 //! - **Seen at once.** While staged, the file's attributes come from the staging file
-//!   (its size grows as it is written) and it is listed in its directory; after the
-//!   upload its metadata is the store's (one HEAD: the real ETag and time), and the
-//!   parent's cached listing is dropped so the next `ls` lists the store again, also
-//!   under `--metadata-ttl indefinite`.
+//!   (its size grows as it is written), it is listed in its directory, and an open to
+//!   read it reads what was written so far from the staging file (`tail -f` of a log;
+//!   `FOPEN_DIRECT_IO`, since it grows); after the upload its metadata is the store's
+//!   (one HEAD: the real ETag and time), and the parent's cached listing is updated so
+//!   the next `ls` shows it, also under `--metadata-ttl indefinite`.
 //! - **One copy per byte, warm after write.** At release, an uploaded file no larger
 //!   than the passthrough limit is *renamed* into the passthrough copies as the copy of
 //!   the version the store returned, when the copies' budget had free room for it all
@@ -385,6 +386,8 @@ pub(super) struct Writes {
     pub(super) opts: WriteOptions,
     by_path: Mutex<HashMap<Arc<str>, Arc<Staged>>>,
     handles: Mutex<HashMap<u64, Arc<Staged>>>,
+    /// Read handles of files being written: they read the staging file.
+    pub(super) readers: Mutex<HashMap<u64, Arc<Staged>>>,
     /// Directories made by `mkdir` that the store may not have yet.
     pub(super) local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
@@ -420,6 +423,7 @@ impl Writes {
             opts,
             by_path: Mutex::default(),
             handles: Mutex::default(),
+            readers: Mutex::default(),
             local_dirs: Mutex::default(),
             created_in: Mutex::default(),
             next_file: AtomicU64::new(1),
@@ -642,6 +646,24 @@ impl FsCore {
             fh,
             keep_cache: false,
             passthrough: None,
+            direct_io: false,
+        })
+    }
+
+    /// A read handle of `path` if it is being written here: it reads what was written
+    /// so far from the staging file, as on a local disk (`tail -f` of a log, a reader of
+    /// a shard being saved), every read reaching the daemon since the file grows. Bytes
+    /// already sent and freed past the budget cannot be read (ENOTSUP, the reason).
+    pub(super) fn open_staged(&self, path: &str) -> Option<Opened> {
+        let writes = self.writes.as_ref()?;
+        let staged = writes.staged(path)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        writes.readers.lock().insert(fh, staged);
+        Some(Opened {
+            fh,
+            keep_cache: false,
+            passthrough: None,
+            direct_io: true,
         })
     }
 
@@ -862,9 +884,13 @@ impl FsCore {
         *slot = Some(Stream { ctl, task });
     }
 
-    /// Reads of a write handle (opened `O_RDWR`): from its staging file. Blocking.
+    /// Reads of a write handle (opened `O_RDWR`), or of a read handle of a file being
+    /// written (`open_staged`): from its staging file. Blocking.
     pub(super) fn read_staged(&self, fh: u64, offset: u64, size: u32) -> Option<Result<Bytes>> {
-        let staged = self.writes.as_ref()?.handle(fh)?;
+        let writes = self.writes.as_ref()?;
+        let staged = writes
+            .handle(fh)
+            .or_else(|| writes.readers.lock().get(&fh).cloned())?;
         let freed = staged.freed();
         if offset < freed {
             return Some(Err(freed_error(&staged.path, offset, freed)));
