@@ -61,3 +61,6 @@ fi
 # Run from outside the source tree so the installed package is the one imported.
 PATH="$venv/bin:$PATH" STRATA_BIN="$strata_bin" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
   --rootdir "$PWD/kvcache/python" "$PWD/kvcache/python/tests"
+# Real checkpoint writers (torch, safetensors, numpy, logging) through a real mount.
+PATH="$venv/bin:$PATH" STRATA_BIN="$strata_bin" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  --rootdir "$PWD/tests/python" "$PWD/tests/python"

@@ -620,11 +620,6 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
             .create(dir.attr.ino, "model.tmp", 0)
             .await
             .expect("create");
-        let e = c
-            .rename(dir.attr.ino, "model.tmp", dir.attr.ino, "model.bin", false)
-            .await
-            .expect_err("still being written");
-        assert_eq!(e.errno(), libc::EBUSY);
         c.write(fh, 0, b"weights").expect("write");
         c.flush(fh).await.expect("flush");
         c.release_write(fh).await;
@@ -653,6 +648,70 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
             .await
             .expect_err("noreplace");
         assert_eq!(e.errno(), libc::EEXIST);
+
+        // Write a temporary file, close it, rename it at once (`tempfile`'s persist,
+        // safetensors' save): the kernel's RELEASE comes after the close returned, so
+        // the rename waits for it instead of failing with EBUSY.
+        let (_, fh) = c.create(dir.attr.ino, ".tmpXYZ", 0).await.expect("create");
+        c.write(fh, 0, b"tensors").expect("write");
+        c.close(fh, 0).await.expect("close uploads");
+        let core = fx.core.clone();
+        let late_release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            core.release_write(fh).await;
+        });
+        c.rename(
+            dir.attr.ino,
+            ".tmpXYZ",
+            dir.attr.ino,
+            "model.safetensors",
+            false,
+        )
+        .await
+        .expect("rename after the release");
+        late_release.await.expect("release");
+        assert_eq!(
+            stored(&fx, "data/model.safetensors").await.as_deref(),
+            Some(&b"tensors"[..])
+        );
+        assert!(stored(&fx, "data/.tmpXYZ").await.is_none());
+        // Renamed while still open (`tempfile`'s persist renames the file it holds, as
+        // safetensors saves): no wait, the file moves, and its close uploads it under
+        // the new name; one flushed before the rename leaves no object behind.
+        let (_, fh) = c.create(dir.attr.ino, "open.bin", 0).await.expect("create");
+        c.write(fh, 0, b"x").expect("write");
+        c.flush(fh).await.expect("an fsync before the rename");
+        assert!(stored(&fx, "data/open.bin").await.is_some());
+        let t0 = std::time::Instant::now();
+        c.rename(dir.attr.ino, "open.bin", dir.attr.ino, "moved.bin", false)
+            .await
+            .expect("rename while written");
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "no wait for an open file"
+        );
+        assert!(
+            stored(&fx, "data/open.bin").await.is_none(),
+            "the old object went"
+        );
+        let e = c.lookup(dir.attr.ino, "open.bin").await.expect_err("moved");
+        assert_eq!(e.errno(), libc::ENOENT);
+        assert_eq!(
+            c.lookup(dir.attr.ino, "moved.bin")
+                .await
+                .expect("new name")
+                .attr
+                .size,
+            1
+        );
+        c.write(fh, 1, b"yz").expect("write on");
+        c.close(fh, 0).await.expect("close");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "data/moved.bin").await.as_deref(),
+            Some(&b"xyz"[..])
+        );
+        assert!(stored(&fx, "data/open.bin").await.is_none());
     })
     .await
     .expect("bounded");

@@ -211,8 +211,11 @@ impl BackingStore {
                     return Err(bad(format!("{} is not a directory", dir.display())));
                 }
                 let dir = dir.canonicalize().map_err(|e| bad(e.to_string()))?;
+                // Deletes remove the directories they leave empty: an object store has
+                // no directories, and a listing would show an emptied one forever.
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| bad(e.to_string()))?;
+                    .map_err(|e| bad(e.to_string()))?
+                    .with_automatic_cleanup(true);
                 local_root = Some(Arc::from(dir.as_path()));
                 (Arc::new(fs), String::new())
             }

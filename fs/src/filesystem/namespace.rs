@@ -38,7 +38,7 @@ impl FsCore {
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         let writes = self.writes()?;
         let (path, dir) = self.child_of(parent, name)?;
-        if writes.staged(&path).is_some() {
+        if self.settled(&path).await.is_some() {
             return Err(Error::Busy(path.to_string()));
         }
         match self.meta(&path).await? {
@@ -125,10 +125,20 @@ impl FsCore {
         let writes = self.writes()?;
         let (from, from_dir) = self.child_of(parent, name)?;
         let (to, to_dir) = self.child_of(newparent, newname)?;
-        for p in [&from, &to] {
-            if writes.staged(p).is_some() {
-                return Err(Error::Busy(p.to_string()));
-            }
+        if from == to {
+            // A rename onto itself changes nothing, whatever the file is doing.
+            return match self.meta(&from).await? {
+                Meta::Missing => Err(Error::NotFound(from.to_string())),
+                _ => Ok(()),
+            };
+        }
+        if self.settled(&to).await.is_some() {
+            return Err(Error::Busy(to.to_string()));
+        }
+        if let Some(staged) = self.settled(&from).await {
+            return self
+                .rename_staged(staged, &from, &from_dir, &to, noreplace)
+                .await;
         }
         match self.meta(&from).await? {
             Meta::Missing => return Err(Error::NotFound(from.to_string())),
@@ -213,8 +223,10 @@ impl FsCore {
             )));
         }
         let under = format!("{from}/");
-        if let Some(p) = writes.staged_under(&under) {
-            return Err(Error::Busy(p.to_string()));
+        for p in writes.staged_under(&under) {
+            if self.settled(&p).await.is_some() {
+                return Err(Error::Busy(p.to_string()));
+            }
         }
         let objects = self.reader.store().list_all(&under).await?;
         if objects.len() > RENAME_DIR_MAX_OBJECTS {

@@ -67,7 +67,10 @@
 //!   storage has none: they become real with their first object); `rmdir` removes an
 //!   empty one. `unlink` needs `allow_delete`; so does renaming a file (write, then
 //!   rename into place: the store moves the object, by its own rename or a copy and a
-//!   delete, and the inode follows), and renaming a directory (a checkpoint directory
+//!   delete, and the inode follows; a file still open for writing moves with its
+//!   staging file, as `tempfile`'s persist needs: safetensors saves so; an operation
+//!   on a file just closed waits for its release, which the kernel sends after the
+//!   close returned), and renaming a directory (a checkpoint directory
 //!   saved under a temporary name): every object under it is copied, then the sources
 //!   deleted, up to 10,000 objects (`namespace::rename_dir`).
 
@@ -155,7 +158,8 @@ type SharedUpload = Shared<BoxFuture<'static, std::result::Result<(), Arc<Error>
 
 /// A file being written: its staging file and upload state.
 pub(super) struct Staged {
-    path: Arc<str>,
+    /// Where it is uploaded; a rename while it is written moves it ([`FsCore::rename`]).
+    path: Mutex<Arc<str>>,
     file: File,
     file_path: PathBuf,
     size: AtomicU64,
@@ -183,6 +187,9 @@ pub(super) struct Staged {
     /// A write or truncate happened since the open (a close before the first does not
     /// upload: [`FsCore::close`]).
     touched: AtomicBool,
+    /// A close came after the last write: the file is probably closed, its release
+    /// on the way ([`FsCore::settled`]).
+    closed: AtomicBool,
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
@@ -196,6 +203,11 @@ struct Charge {
     /// Bytes at the start of the file already sent and punched out of the staging file.
     freed: u64,
 }
+
+/// How long an operation on a file that was just closed waits for its release
+/// ([`FsCore::settled`]): the kernel's RELEASE follows the close within milliseconds;
+/// 2 s covers an upload at release (a file whose flush was skipped) on a busy daemon.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Bytes read at a time into the staging file of an object opened to be changed.
 const FILL_CHUNK: u64 = 8 << 20;
@@ -262,6 +274,10 @@ impl Drop for Staged {
 }
 
 impl Staged {
+    pub(super) fn path(&self) -> Arc<str> {
+        self.path.lock().clone()
+    }
+
     /// Bytes at the start of the file freed from local disk once sent (see
     /// [`Self::free_sent`]); 0 unless the budget was short.
     fn freed(&self) -> u64 {
@@ -319,7 +335,7 @@ impl Staged {
             return;
         }
         if let Err(e) = punch_hole(&self.file, from, upto - from) {
-            tracing::debug!(path = %self.path, error = %e, "sent bytes not freed");
+            tracing::debug!(path = %self.path(), error = %e, "sent bytes not freed");
             return;
         }
         let released = {
@@ -371,7 +387,7 @@ impl Staged {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);
         Meta::File(Arc::new(ObjectInfo {
-            path: self.path.clone(),
+            path: self.path().clone(),
             size: self.size.load(Ordering::Acquire),
             version: Arc::from(""),
             has_etag: false,
@@ -388,6 +404,8 @@ pub(super) struct Writes {
     handles: Mutex<HashMap<u64, Arc<Staged>>>,
     /// Read handles of files being written: they read the staging file.
     pub(super) readers: Mutex<HashMap<u64, Arc<Staged>>>,
+    /// A written file was released (its path is free again).
+    released: tokio::sync::Notify,
     /// Directories made by `mkdir` that the store may not have yet.
     pub(super) local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
@@ -424,6 +442,7 @@ impl Writes {
             by_path: Mutex::default(),
             handles: Mutex::default(),
             readers: Mutex::default(),
+            released: tokio::sync::Notify::new(),
             local_dirs: Mutex::default(),
             created_in: Mutex::default(),
             next_file: AtomicU64::new(1),
@@ -452,7 +471,7 @@ impl Writes {
                 source,
             })?;
         let staged = Arc::new(Staged {
-            path: path.clone(),
+            path: Mutex::new(path.clone()),
             file,
             file_path,
             size: AtomicU64::new(0),
@@ -467,6 +486,7 @@ impl Writes {
             budget: self.opts.local_files.clone(),
             evicted: AtomicBool::new(false),
             touched: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             opener,
         });
         by_path.insert(path.clone(), staged.clone());
@@ -478,10 +498,10 @@ impl Writes {
     fn unstage(&self, staged: &Arc<Staged>) {
         let mut by_path = self.by_path.lock();
         if by_path
-            .get(&staged.path)
+            .get(&staged.path())
             .is_some_and(|s| Arc::ptr_eq(s, staged))
         {
-            by_path.remove(&staged.path);
+            by_path.remove(&staged.path());
         }
         drop(by_path);
         staged.uncharge();
@@ -502,13 +522,14 @@ impl Writes {
         false
     }
 
-    /// A file being written under `prefix` (a directory's path and `/`), if any.
-    pub(super) fn staged_under(&self, prefix: &str) -> Option<Arc<str>> {
+    /// The files being written under `prefix` (a directory's path and `/`).
+    pub(super) fn staged_under(&self, prefix: &str) -> Vec<Arc<str>> {
         self.by_path
             .lock()
             .keys()
-            .find(|p| p.starts_with(prefix))
+            .filter(|p| p.starts_with(prefix))
             .cloned()
+            .collect()
     }
 
     pub(super) fn staged(&self, path: &str) -> Option<Arc<Staged>> {
@@ -543,7 +564,7 @@ impl Writes {
             self.by_path
                 .lock()
                 .values()
-                .filter_map(|s| under(&s.path).map(|n| (n, s.meta()))),
+                .filter_map(|s| under(&s.path()).map(|n| (n, s.meta()))),
         );
         out
     }
@@ -567,6 +588,100 @@ impl FsCore {
         self.writes.as_ref().ok_or(Error::ReadOnly)
     }
 
+    /// Whether `path` is still being written, after waiting (up to [`SETTLE_WAIT`]) for
+    /// the release of a file that was closed: the kernel sends RELEASE after `close`
+    /// returns, without waiting, so a rename (`tempfile`'s persist, an atomic save), an
+    /// unlink or a new open that follows a close at once would find the file still
+    /// being written and fail with EBUSY. A file written since its last close is being
+    /// written: no wait.
+    pub(super) async fn settled(&self, path: &str) -> Option<Arc<Staged>> {
+        let writes = self.writes.as_ref()?;
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let released = writes.released.notified();
+            let staged = writes.staged(path)?;
+            if !staged.closed.load(Ordering::Acquire) {
+                return Some(staged);
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return writes.staged(path);
+            }
+        }
+    }
+
+    /// Renames a file while it is being written (`tempfile`'s persist renames the file
+    /// it still holds open: safetensors saves so): its staging entry moves to `to`, so
+    /// its next flush uploads there. An object under `from` (an earlier flush's, or
+    /// the one the file replaces) is deleted (so it needs `allow_delete`); a stream sending to `from` is broken, and
+    /// the close uploads the file whole under `to`. Refused (EBUSY) during an upload,
+    /// and once the file freed sent bytes (it could not be sent again).
+    pub(super) async fn rename_staged(
+        &self,
+        staged: Arc<Staged>,
+        from: &Arc<str>,
+        from_dir: &super::Node,
+        to: &Arc<str>,
+        noreplace: bool,
+    ) -> Result<()> {
+        let writes = self.writes()?;
+        if from == to {
+            return Ok(());
+        }
+        match self.meta(to).await? {
+            Meta::Dir => return Err(Error::IsDir(to.to_string())),
+            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
+            Meta::File(_) if !writes.opts.allow_overwrite => {
+                return Err(Error::NotPermitted(format!(
+                    "{to}: replacing an object needs --allow-overwrite"
+                )))
+            }
+            _ => {}
+        }
+        // An object under `from`: uploaded by an earlier flush, or the one this file
+        // replaces. It goes with the rename.
+        let uploaded = staged.uploaded.load(Ordering::Acquire) > 0
+            || self.reader.store().head(from).await.is_ok();
+        if uploaded && !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{from}: a rename deletes the source object, which needs --allow-delete"
+            )));
+        }
+        if staged.freed() > 0 || staged.upload.lock().is_some() {
+            return Err(Error::Busy(from.to_string()));
+        }
+        {
+            let mut by_path = writes.by_path.lock();
+            if by_path.contains_key(to) {
+                return Err(Error::Busy(to.to_string()));
+            }
+            by_path.remove(from);
+            by_path.insert(to.clone(), staged.clone());
+            *staged.path.lock() = to.clone();
+        }
+        if let Some(s) = staged.stream.lock().as_ref() {
+            s.ctl.broken.store(true, Ordering::Release);
+            s.ctl.wake.notify_one();
+        }
+        // Changed: the next flush uploads it under its new name.
+        staged.written.fetch_add(1, Ordering::AcqRel);
+        *staged.last.lock() = None;
+        if uploaded {
+            match self.reader.store().delete(from).await {
+                Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(path = %from, error = %e, "renamed while written; the object uploaded under the old name was not deleted")
+                }
+            }
+        }
+        self.counters.renames.fetch_add(1, Ordering::Relaxed);
+        self.attrs.insert(from.clone(), Meta::Missing).await;
+        self.relist(&from_dir.path, from, Some(Meta::Missing)).await;
+        // `to` shows the file being written over any listed version until its upload.
+        self.attrs.invalidate(to).await;
+        self.inodes.write().moved(from, to);
+        Ok(())
+    }
+
     /// Whether this mount takes writes.
     pub fn writable(&self) -> bool {
         self.writes.is_some()
@@ -583,6 +698,9 @@ impl FsCore {
         // file written into a huge dataset directory should not list all of it.)
         if writes.note_create_in(&dir.path) && self.listings.get(&dir.path).await.is_none() {
             self.listing(&dir.path).await?;
+        }
+        if let Some(s) = self.settled(&path).await {
+            return Err(Error::Busy(s.path().to_string()));
         }
         match self.meta(&path).await? {
             Meta::Dir => return Err(Error::IsDir(path.to_string())),
@@ -612,8 +730,8 @@ impl FsCore {
     pub async fn open_write(&self, ino: u64, truncate: bool, pid: u32) -> Result<Opened> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
-        if let Some(s) = writes.staged(&node.path) {
-            return Err(Error::Busy(s.path.to_string()));
+        if let Some(s) = self.settled(&node.path).await {
+            return Err(Error::Busy(s.path().to_string()));
         }
         let obj = match self.meta(&node.path).await? {
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
@@ -743,7 +861,7 @@ impl FsCore {
         // flush completed the stream of a freed file (a second stream would send the
         // freed bytes as zeros): the object is what that close uploaded.
         if offset < freed || (freed > 0 && (below_sent || stream.is_none())) {
-            return Err(freed_error(&staged.path, offset, freed));
+            return Err(freed_error(&staged.path(), offset, freed));
         }
         if let Some(ctl) = stream.as_ref().filter(|_| below_sent) {
             // Before the room is made: a broken stream's bytes are not freed.
@@ -761,7 +879,7 @@ impl FsCore {
             // A write that failed (ENOSPC) keeps no charge.
             staged.charge_exactly(staged.size.load(Ordering::Acquire));
             return Err(Error::Local {
-                what: format!("writing {}", staged.path),
+                what: format!("writing {}", staged.path()),
                 source,
             });
         }
@@ -774,6 +892,7 @@ impl FsCore {
         }
         staged.written.fetch_add(1, Ordering::AcqRel);
         staged.touched.store(true, Ordering::Release);
+        staged.closed.store(false, Ordering::Release);
         // After the bytes landed: a stream that read below them has sent stale bytes.
         let stream = staged.stream.lock().as_ref().map(|s| s.ctl.clone());
         match stream {
@@ -893,7 +1012,7 @@ impl FsCore {
             .or_else(|| writes.readers.lock().get(&fh).cloned())?;
         let freed = staged.freed();
         if offset < freed {
-            return Some(Err(freed_error(&staged.path, offset, freed)));
+            return Some(Err(freed_error(&staged.path(), offset, freed)));
         }
         let end = staged.size.load(Ordering::Acquire);
         let len = (size as u64).min(end.saturating_sub(offset)) as usize;
@@ -904,7 +1023,7 @@ impl FsCore {
                 .read_exact_at(&mut buf, offset)
                 .map(|()| Bytes::from(buf))
                 .map_err(|source| Error::Local {
-                    what: format!("reading back {}", staged.path),
+                    what: format!("reading back {}", staged.path()),
                     source,
                 }),
         )
@@ -930,10 +1049,10 @@ impl FsCore {
         if let Some(size) = size {
             let freed = staged.freed();
             if freed > 0 {
-                return Err(freed_error(&staged.path, size.min(freed), freed));
+                return Err(freed_error(&staged.path(), size.min(freed), freed));
             }
             staged.file.set_len(size).map_err(|source| Error::Local {
-                what: format!("truncating {}", staged.path),
+                what: format!("truncating {}", staged.path()),
                 source,
             })?;
             staged.size.store(size, Ordering::Release);
@@ -941,6 +1060,7 @@ impl FsCore {
             staged.appending.store(false, Ordering::Release);
             staged.written.fetch_add(1, Ordering::AcqRel);
             staged.touched.store(true, Ordering::Release);
+            staged.closed.store(false, Ordering::Release);
             if let Some(s) = staged.stream.lock().as_ref() {
                 s.ctl.broken.store(true, Ordering::Release);
                 s.ctl.wake.notify_one();
@@ -973,13 +1093,14 @@ impl FsCore {
         let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
             return Ok(());
         };
+        staged.closed.store(true, Ordering::Release);
         // Nothing written since the open, never uploaded.
         if !staged.touched.load(Ordering::Acquire) && staged.uploaded.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
         if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
             if opener != closer {
-                tracing::debug!(path = %staged.path, opener, closer, "close in another process than the opener: upload left to the opener's close");
+                tracing::debug!(path = %staged.path(), opener, closer, "close in another process than the opener: upload left to the opener's close");
                 return Ok(());
             }
         }
@@ -1045,21 +1166,21 @@ impl FsCore {
                 // The start of the file is gone from local disk: no second try.
                 Ok(Err(e)) if staged.freed() > 0 => return Err(e),
                 Ok(Err(e)) => {
-                    tracing::debug!(path = %staged.path, error = %e, "streamed upload not used; uploading the file");
+                    tracing::debug!(path = %staged.path(), error = %e, "streamed upload not used; uploading the file");
                 }
                 Err(e) => {
-                    tracing::warn!(path = %staged.path, error = %e, "streamed upload task failed; uploading the file");
+                    tracing::warn!(path = %staged.path(), error = %e, "streamed upload task failed; uploading the file");
                 }
             }
         }
         let freed = staged.freed();
         if freed > 0 {
-            return Err(freed_error(&staged.path, 0, freed));
+            return Err(freed_error(&staged.path(), 0, freed));
         }
         let size = staged.size.load(Ordering::Acquire);
         let store = self.reader.store();
         let file = staged.file.try_clone().map_err(|source| Error::Local {
-            what: format!("reopening {}", staged.path),
+            what: format!("reopening {}", staged.path()),
             source,
         })?;
         let file = Arc::new(file);
@@ -1071,7 +1192,7 @@ impl FsCore {
             slots: Some(self.writes()?.upload_slots.clone()),
         };
         store
-            .upload(&staged.path, size, &shape, |offset, len| {
+            .upload(&staged.path(), size, &shape, |offset, len| {
                 let (file, crc) = (file.clone(), crc.clone());
                 async move {
                     let part = read_part(file, offset, len).await?;
@@ -1089,8 +1210,8 @@ impl FsCore {
     /// metadata from the store, its parent's listing dropped.
     async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
         let size = staged.size.load(Ordering::Acquire);
-        if let Some(parent) = self.parent_of(&staged.path).map(Arc::<str>::from) {
-            if let Some(info) = self.refresh(&parent, &staged.path).await {
+        if let Some(parent) = self.parent_of(&staged.path()).map(Arc::<str>::from) {
+            if let Some(info) = self.refresh(&parent, &staged.path()).await {
                 *staged.last.lock() = Some((gen, crc, info));
             }
         }
@@ -1099,7 +1220,7 @@ impl FsCore {
         self.counters
             .upload_bytes
             .fetch_add(size, Ordering::Relaxed);
-        tracing::debug!(path = %staged.path, size, "uploaded");
+        tracing::debug!(path = %staged.path(), size, "uploaded");
         Ok(())
     }
 
@@ -1115,7 +1236,7 @@ impl FsCore {
         };
         if staged.changed() && !staged.failed.load(Ordering::Acquire) {
             if let Err(e) = self.upload(&staged).await {
-                tracing::error!(path = %staged.path, error = %e, "upload at release failed; the object was not written");
+                tracing::error!(path = %staged.path(), error = %e, "upload at release failed; the object was not written");
             }
         }
         // A stream no upload took (its file's last upload failed): abort it.
@@ -1124,7 +1245,8 @@ impl FsCore {
             ctl.wake.notify_one();
             drop(task);
         }
-        writes.by_path.lock().remove(&staged.path);
+        writes.by_path.lock().remove(&staged.path());
+        writes.released.notify_waiters();
         // Before the adoption, which takes only free room: this file's own bytes are
         // the room it would take.
         staged.uncharge();

@@ -67,10 +67,10 @@ pub(super) async fn stream_upload(
     }
     let _ends = EndsWaits(ctl.clone());
     let part_size = shape.part_size.max(1);
-    let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path));
-    let mut up = store.start_upload(&staged.path, &shape).await?;
+    let broken = || Error::Unsupported(format!("{}: rewritten while streamed", staged.path()));
+    let mut up = store.start_upload(&staged.path(), &shape).await?;
     let file = Arc::new(staged.file.try_clone().map_err(|source| Error::Local {
-        what: format!("reopening {}", staged.path),
+        what: format!("reopening {}", staged.path()),
         source,
     })?);
     let (mut sent, mut crc) = (0u64, 0u32);
@@ -90,7 +90,7 @@ pub(super) async fn stream_upload(
             up.abort().await;
             return Err(Error::Unsupported(format!(
                 "{}: too large to stream in parts of {part_size} bytes",
-                staged.path
+                staged.path()
             )));
         }
         // Whole parts only until the flush: a part is sent as soon as it is read, so no
@@ -101,7 +101,7 @@ pub(super) async fn stream_upload(
             let buf = read_part(file.clone(), sent, len)
                 .await
                 .map_err(|source| Error::Local {
-                    what: format!("reading {} to stream it", staged.path),
+                    what: format!("reading {} to stream it", staged.path()),
                     source,
                 });
             let buf = match buf {
