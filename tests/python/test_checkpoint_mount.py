@@ -1,9 +1,10 @@
 """Real checkpoint writers through a real kernel mount: `torch.save` / `torch.load`,
-`safetensors` (it renames its temporary file while still holding it open), Hugging
-Face `save_pretrained` / `from_pretrained`, NumPy's `savez` (a zipfile that seeks back
-to patch its headers), a logging `FileHandler` appending across two runs, a checkpoint
-directory renamed into place (as Orbax and TensorFlow's checkpoint manager save), and a
-`subprocess.run` while a checkpoint is open (its child closes a copy of the descriptor).
+`torch.distributed.checkpoint`, `safetensors` (it renames its temporary file while still
+holding it open), Hugging Face `save_pretrained` / `from_pretrained`, NumPy's `savez` (a
+zipfile that seeks back to patch its headers), a logging `FileHandler` appending across
+two runs, a checkpoint directory renamed into place (as Orbax and TensorFlow's checkpoint
+manager save), and a `subprocess.run` while a checkpoint is open (its child closes a copy
+of the descriptor).
 
 Each test checks what the mount reads back and what the object store (a local
 directory behind `strata mount file://...`) holds: the same bytes, whole.
@@ -174,3 +175,18 @@ def test_hugging_face_save_pretrained_and_from_pretrained(mount):
     want = model.state_dict()
     for k, v in back.state_dict().items():
         assert torch.equal(v, want[k]), k
+
+
+def test_torch_distributed_checkpoint(mount):
+    mnt, store = mount
+    import torch.distributed.checkpoint as dcp
+
+    state = {k: v for k, v in model_state().items()}
+    dcp.save(state, checkpoint_id=str(mnt / "dcp-1"))
+    names = sorted(p.name for p in (mnt / "dcp-1").iterdir())
+    assert ".metadata" in names and any(n.endswith(".distcp") for n in names), names
+    for n in names:
+        same_bytes(mnt, store, f"dcp-1/{n}")
+    back = {k: torch.empty_like(v) for k, v in state.items()}
+    dcp.load(back, checkpoint_id=str(mnt / "dcp-1"))
+    assert all(torch.equal(back[k], v) for k, v in state.items())
