@@ -646,10 +646,13 @@ impl FsCore {
                 "{from}: a rename deletes the source object, which needs --allow-delete"
             )));
         }
-        if staged.freed() > 0 || staged.upload.lock().is_some() {
-            return Err(Error::Busy(from.to_string()));
-        }
         {
+            // Under the upload slot's lock: no upload starts (reading the path it
+            // sends to) while the path changes.
+            let slot = staged.upload.lock();
+            if staged.freed() > 0 || slot.is_some() {
+                return Err(Error::Busy(from.to_string()));
+            }
             let mut by_path = writes.by_path.lock();
             if by_path.contains_key(to) {
                 return Err(Error::Busy(to.to_string()));
