@@ -189,7 +189,11 @@ impl Filesystem for FuseFs {
         self.core.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // An fstat of a file being written: by its handle (it may have no path).
+        if let Some(e) = fh.and_then(|f| self.core.staged_attr(ino.0, f.0)) {
+            return reply.attr(&e.ttl, &file_attr(&e.attr));
+        }
         let core = self.core.clone();
         self.dispatch(async move {
             match core.getattr(ino.0).await {
@@ -513,7 +517,7 @@ impl Filesystem for FuseFs {
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -522,7 +526,7 @@ impl Filesystem for FuseFs {
     ) {
         let core = self.core.clone();
         self.dispatch(async move {
-            match core.setattr(ino.0, size).await {
+            match core.setattr(ino.0, size, fh.map(|f| f.0)).await {
                 Ok(e) => reply.attr(&e.ttl, &file_attr(&e.attr)),
                 Err(e) => reply.error(errno(&e, "setattr")),
             }

@@ -267,7 +267,7 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         let e = c.unlink(old.attr.ino, "obj").await.expect_err("no delete");
         assert_eq!(e.errno(), libc::EPERM);
         let e = c
-            .setattr(obj.attr.ino, Some(0))
+            .setattr(obj.attr.ino, Some(0), None)
             .await
             .expect_err("no resize");
         assert_eq!(e.errno(), libc::ENOTSUP);
@@ -302,7 +302,7 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         c.write(o.fh, 11, b"!").expect("write on");
         assert_eq!(c.read(r.fh, 11, 100, 0).await.expect("read").as_ref(), b"!");
         c.release(r.fh);
-        c.setattr(obj.attr.ino, Some(11))
+        c.setattr(obj.attr.ino, Some(11), None)
             .await
             .expect("truncate back");
         c.flush(o.fh).await.expect("flush");
@@ -712,6 +712,36 @@ async fn a_file_renamed_into_place_moves_its_object_and_keeps_its_inode() {
             Some(&b"xyz"[..])
         );
         assert!(stored(&fx, "data/open.bin").await.is_none());
+
+        // Unlinked while open (an anonymous temporary file): the name goes at once, the
+        // handle writes, reads and stats on, and nothing is ever uploaded.
+        let (e, fh) = c.create(dir.attr.ino, "scratch", 0).await.expect("create");
+        c.write(fh, 0, b"abc").expect("write");
+        c.unlink(dir.attr.ino, "scratch")
+            .await
+            .expect("unlink while open");
+        let gone = c.lookup(dir.attr.ino, "scratch").await.expect_err("gone");
+        assert_eq!(gone.errno(), libc::ENOENT);
+        c.write(fh, 3, b"def").expect("write on");
+        c.setattr(e.attr.ino, Some(5), Some(fh))
+            .await
+            .expect("ftruncate");
+        assert_eq!(c.staged_attr(e.attr.ino, fh).expect("fstat").attr.size, 5);
+        assert_eq!(
+            c.read(fh, 0, 100, 0).await.expect("read").as_ref(),
+            b"abcde"
+        );
+        c.close(fh, 0).await.expect("close");
+        c.release_write(fh).await;
+        assert!(
+            stored(&fx, "data/scratch").await.is_none(),
+            "never uploaded"
+        );
+        let (_, fh) = c
+            .create(dir.attr.ino, "scratch", 0)
+            .await
+            .expect("the name is free");
+        c.release_write(fh).await;
     })
     .await
     .expect("bounded");
@@ -868,7 +898,7 @@ async fn staged_files_count_against_the_copies_budget() {
         c.write(fh, 1 << 62, b"x").expect_err("EFBIG");
         assert_eq!(copies.staged_bytes(), 150 << 10);
         // A truncate gives bytes back; a regrowth takes them again.
-        c.setattr(e.attr.ino, Some(10 << 10))
+        c.setattr(e.attr.ino, Some(10 << 10), None)
             .await
             .expect("truncate");
         assert_eq!(copies.staged_bytes(), 10 << 10);

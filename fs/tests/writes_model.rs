@@ -69,6 +69,8 @@ struct Open {
     data: Vec<u8>,
     changed: bool,
     failed: bool,
+    /// Unlinked while open: written on, never uploaded.
+    unlinked: bool,
 }
 
 async fn core() -> (
@@ -143,7 +145,7 @@ proptest! {
             let mut visible: HashMap<usize, Vec<u8>> = HashMap::new();
             let mut open: Vec<Open> = Vec::new();
             for (step, op) in ops.into_iter().enumerate() {
-                let writing = |n: usize, open: &Vec<Open>| open.iter().any(|o| o.name == n);
+                let writing = |n: usize, open: &Vec<Open>| open.iter().any(|o| o.name == n && !o.unlinked);
                 match op {
                     Op::Create(n) => {
                         let got = c.create(ROOT_INO, NAMES[n], 0).await;
@@ -151,7 +153,7 @@ proptest! {
                             prop_assert_eq!(got.err().map(|e| e.errno()), Some(libc::EBUSY));
                         } else {
                             let (e, fh) = got.map_err(|e| TestCaseError::fail(format!("create: {e}")))?;
-                            open.push(Open { name: n, ino: e.attr.ino, fh, data: Vec::new(), changed: true, failed: false });
+                            open.push(Open { name: n, ino: e.attr.ino, fh, data: Vec::new(), changed: true, failed: false, unlinked: false });
                         }
                     }
                     Op::Reopen(n) => {
@@ -163,7 +165,7 @@ proptest! {
                             prop_assert_eq!(got.err(), Some(libc::EBUSY), "reopen of {} while written", NAMES[n]);
                         } else if let Some(data) = visible.get(&n) {
                             let (ino, fh) = got.map_err(|e| TestCaseError::fail(format!("reopen: errno {e}")))?;
-                            open.push(Open { name: n, ino, fh, data: data.clone(), changed: false, failed: false });
+                            open.push(Open { name: n, ino, fh, data: data.clone(), changed: false, failed: false, unlinked: false });
                         } else {
                             prop_assert_eq!(got.err(), Some(libc::ENOENT), "reopen of missing {}", NAMES[n]);
                         }
@@ -185,7 +187,7 @@ proptest! {
                         if open.is_empty() { continue; }
                         let i = h % open.len();
                         let o = &mut open[i];
-                        c.setattr(o.ino, Some(size)).await.map_err(|e| TestCaseError::fail(format!("truncate: {e}")))?;
+                        c.setattr(o.ino, Some(size), Some(o.fh)).await.map_err(|e| TestCaseError::fail(format!("truncate: {e}")))?;
                         o.data.resize(size as usize, 0);
                         o.changed = true;
                     }
@@ -194,7 +196,9 @@ proptest! {
                         let i = h % open.len();
                         let o = &mut open[i];
                         let got = c.flush(o.fh).await.map_err(|e| e.errno());
-                        if !o.changed {
+                        if o.unlinked {
+                            prop_assert_eq!(got, Ok(()), "a flush of an unlinked file");
+                        } else if !o.changed {
                             prop_assert_eq!(got, Ok(()), "a flush with nothing new");
                         } else if down {
                             prop_assert_eq!(got, Err(libc::EIO), "flush with writes refused");
@@ -212,7 +216,7 @@ proptest! {
                         c.release_write(o.fh).await;
                         // A release uploads what no flush did, unless the last upload
                         // failed (its close reported it) or the store refuses writes.
-                        if o.changed && !o.failed && !down {
+                        if o.changed && !o.failed && !down && !o.unlinked {
                             visible.insert(o.name, o.data);
                         }
                     }
@@ -222,7 +226,7 @@ proptest! {
                     }
                     Op::Read(n) => {
                         let got = read_all(&c, NAMES[n]).await;
-                        if let Some(o) = open.iter().find(|o| o.name == n) {
+                        if let Some(o) = open.iter().find(|o| o.name == n && !o.unlinked) {
                             // What was written so far, as on a local disk.
                             prop_assert!(got.as_ref() == Ok(&o.data), "step {}: read of {} while written ({:?} bytes) != model ({} bytes)", step, NAMES[n], got.as_ref().map(Vec::len), o.data.len());
                         } else {
@@ -235,7 +239,13 @@ proptest! {
                     Op::Unlink(n) => {
                         let got = c.unlink(ROOT_INO, NAMES[n]).await.map_err(|e| e.errno());
                         let want = if writing(n, &open) {
-                            Err(libc::EBUSY)
+                            // Unlinked while open: the name and any object under it go;
+                            // the handle writes on and uploads nothing.
+                            visible.remove(&n);
+                            for o in open.iter_mut().filter(|o| o.name == n && !o.unlinked) {
+                                o.unlinked = true;
+                            }
+                            Ok(())
                         } else if visible.remove(&n).is_some() {
                             Ok(())
                         } else {
@@ -252,7 +262,7 @@ proptest! {
                             // it under the new name, and no object stays under the old.
                             if a != b {
                                 visible.remove(&a);
-                                for o in open.iter_mut().filter(|o| o.name == a) {
+                                for o in open.iter_mut().filter(|o| o.name == a && !o.unlinked) {
                                     o.name = b;
                                     o.changed = true;
                                 }
@@ -284,7 +294,7 @@ proptest! {
             faulty.set_config(FaultConfig::default());
             for o in open.drain(..) {
                 c.release_write(o.fh).await;
-                if o.changed && !o.failed {
+                if o.changed && !o.failed && !o.unlinked {
                     visible.insert(o.name, o.data);
                 }
             }

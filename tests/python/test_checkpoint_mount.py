@@ -190,3 +190,14 @@ def test_torch_distributed_checkpoint(mount):
     back = {k: torch.empty_like(v) for k, v in state.items()}
     dcp.load(back, checkpoint_id=str(mnt / "dcp-1"))
     assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+def test_an_anonymous_temporary_file(mount):
+    mnt, store = mount
+    before = sorted(p.name for p in store.iterdir())
+    # Created and unlinked at once (or O_TMPFILE), then written and read back.
+    with tempfile.TemporaryFile(dir=mnt) as f:
+        f.write(b"scratch " * 1000)
+        f.seek(0)
+        assert f.read() == b"scratch " * 1000
+    assert sorted(p.name for p in store.iterdir()) == before, "nothing left in the store"

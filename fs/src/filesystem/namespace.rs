@@ -38,8 +38,8 @@ impl FsCore {
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         let writes = self.writes()?;
         let (path, dir) = self.child_of(parent, name)?;
-        if self.settled(&path).await.is_some() {
-            return Err(Error::Busy(path.to_string()));
+        if let Some(staged) = self.settled(&path).await {
+            return self.unlink_staged(staged, &path, &dir).await;
         }
         match self.meta(&path).await? {
             Meta::Dir => return Err(Error::IsDir(path.to_string())),

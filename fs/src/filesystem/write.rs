@@ -65,7 +65,9 @@
 //!   as for any S3 client), one after leaves the object and no copy.
 //! - **Directories** made with `mkdir` exist in the mount until the daemon stops (object
 //!   storage has none: they become real with their first object); `rmdir` removes an
-//!   empty one. `unlink` needs `allow_delete`; so does renaming a file (write, then
+//!   empty one. `unlink` needs `allow_delete` (a file unlinked while open for writing,
+//!   an anonymous temporary file, keeps its staging file for its handles and is never
+//!   uploaded); so does renaming a file (write, then
 //!   rename into place: the store moves the object, by its own rename or a copy and a
 //!   delete, and the inode follows; a file still open for writing moves with its
 //!   staging file, as `tempfile`'s persist needs: safetensors saves so; an operation
@@ -190,6 +192,8 @@ pub(super) struct Staged {
     /// A close came after the last write: the file is probably closed, its release
     /// on the way ([`FsCore::settled`]).
     closed: AtomicBool,
+    /// Unlinked while open: its handles still read and write it, nothing is uploaded.
+    unlinked: AtomicBool,
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
@@ -487,6 +491,7 @@ impl Writes {
             evicted: AtomicBool::new(false),
             touched: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            unlinked: AtomicBool::new(false),
             opener,
         });
         by_path.insert(path.clone(), staged.clone());
@@ -685,6 +690,53 @@ impl FsCore {
         Ok(())
     }
 
+    /// Unlinks a file while it is being written (POSIX lets a program remove a file it
+    /// holds open, and write and read on: an anonymous temporary file): the name goes
+    /// at once, the open handles keep the staging file, and nothing is uploaded. An
+    /// object under the name (an earlier flush's, or the one the file replaces) is
+    /// deleted, which needs `allow_delete`. Refused (EBUSY) during an upload.
+    pub(super) async fn unlink_staged(
+        &self,
+        staged: Arc<Staged>,
+        path: &Arc<str>,
+        dir: &super::Node,
+    ) -> Result<()> {
+        let writes = self.writes()?;
+        let object = staged.uploaded.load(Ordering::Acquire) > 0
+            || self.reader.store().head(path).await.is_ok();
+        if object && !writes.opts.allow_delete {
+            return Err(Error::NotPermitted(format!(
+                "{path}: deleting objects needs --allow-delete"
+            )));
+        }
+        {
+            let slot = staged.upload.lock();
+            if slot.is_some() {
+                return Err(Error::Busy(path.to_string()));
+            }
+            staged.unlinked.store(true, Ordering::Release);
+            let mut by_path = writes.by_path.lock();
+            if by_path.get(path).is_some_and(|s| Arc::ptr_eq(s, &staged)) {
+                by_path.remove(path);
+            }
+        }
+        if let Some(s) = staged.stream.lock().as_ref() {
+            s.ctl.broken.store(true, Ordering::Release);
+            s.ctl.wake.notify_one();
+        }
+        if object {
+            match self.reader.store().delete(path).await {
+                Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.attrs.insert(path.clone(), Meta::Missing).await;
+        self.relist(&dir.path, path, Some(Meta::Missing)).await;
+        writes.released.notify_waiters();
+        Ok(())
+    }
+
     /// Whether this mount takes writes.
     pub fn writable(&self) -> bool {
         self.writes.is_some()
@@ -841,6 +893,21 @@ impl FsCore {
         writes.is_local_dir(path).then_some(Meta::Dir)
     }
 
+    /// The attributes of inode `ino` through its open handle `fh`, if that handle is of
+    /// a file being written: an `fstat` names the file by handle, and a file renamed or
+    /// unlinked while open has no path to look up (an anonymous temporary file).
+    pub fn staged_attr(&self, ino: u64, fh: u64) -> Option<Entry> {
+        let writes = self.writes.as_ref()?;
+        let staged = writes
+            .handle(fh)
+            .or_else(|| writes.readers.lock().get(&fh).cloned())?;
+        Some(Entry {
+            attr: self.attr_of(ino, &staged.meta()),
+            generation: 0,
+            ttl: self.ttl(),
+        })
+    }
+
     /// Whether `fh` is a handle opened for writing.
     pub fn is_write_handle(&self, fh: u64) -> bool {
         self.writes
@@ -963,7 +1030,7 @@ impl FsCore {
             return;
         };
         let opts = &writes.opts;
-        if staged.freed() > 0 {
+        if staged.freed() > 0 || staged.unlinked.load(Ordering::Acquire) {
             // Its stream was completed by a flush; what it freed cannot be sent again.
             return;
         }
@@ -1036,10 +1103,13 @@ impl FsCore {
     /// or owner are accepted and ignored on any file (the store keeps none of them;
     /// `tar -x` and `cp -p` set them after writing and would fail otherwise); resizing
     /// an object not being written is not supported.
-    pub async fn setattr(&self, ino: u64, size: Option<u64>) -> Result<Entry> {
+    /// `fh`: the handle of an `ftruncate` (the file it names, also once renamed or
+    /// unlinked while open).
+    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> Result<Entry> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
-        let Some(staged) = writes.staged(&node.path) else {
+        let by_handle = fh.and_then(|f| writes.handle(f));
+        let Some(staged) = by_handle.or_else(|| writes.staged(&node.path)) else {
             if size.is_some() {
                 return Err(Error::Unsupported(format!(
                     "{}: an object is replaced whole (open with O_TRUNC), not resized",
@@ -1113,6 +1183,10 @@ impl FsCore {
     /// Single-flight upload of `staged` until what was written before this call is
     /// uploaded (a writer that keeps writing does not keep a flush waiting).
     async fn upload(self: &Arc<Self>, staged: &Arc<Staged>) -> Result<()> {
+        if staged.unlinked.load(Ordering::Acquire) {
+            // Removed while open: written on, never made an object.
+            return Ok(());
+        }
         let target = staged.written.load(Ordering::Acquire);
         while staged.uploaded.load(Ordering::Acquire) < target {
             let gen = staged.written.load(Ordering::Acquire);
@@ -1248,7 +1322,15 @@ impl FsCore {
             ctl.wake.notify_one();
             drop(task);
         }
-        writes.by_path.lock().remove(&staged.path());
+        {
+            // Only its own entry: the path may name another file by now (this one was
+            // unlinked, or renamed away, and a new one created there).
+            let mut by_path = writes.by_path.lock();
+            let path = staged.path();
+            if by_path.get(&path).is_some_and(|s| Arc::ptr_eq(s, &staged)) {
+                by_path.remove(&path);
+            }
+        }
         writes.released.notify_waiters();
         // Before the adoption, which takes only free room: this file's own bytes are
         // the room it would take.
@@ -1257,6 +1339,7 @@ impl FsCore {
         let adopted = match (&self.passthrough, last) {
             (Some(pt), Some((gen, crc, info)))
                 if gen == staged.written.load(Ordering::Acquire)
+                    && !staged.unlinked.load(Ordering::Acquire)
                     && !staged.evicted.load(Ordering::Acquire)
                     && staged.freed() == 0 =>
             {
