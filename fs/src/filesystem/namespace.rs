@@ -142,7 +142,6 @@ impl FsCore {
         }
         match self.meta(&from).await? {
             Meta::Missing => return Err(Error::NotFound(from.to_string())),
-            Meta::Dir if from == to => return Ok(()),
             Meta::Dir => {
                 return self
                     .rename_dir(&from, &from_dir, &to, &to_dir, noreplace)
@@ -150,19 +149,7 @@ impl FsCore {
             }
             Meta::File(_) => {}
         }
-        if from == to {
-            return Ok(());
-        }
-        match self.meta(&to).await? {
-            Meta::Dir => return Err(Error::IsDir(to.to_string())),
-            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
-            Meta::File(_) if !writes.opts.allow_overwrite => {
-                return Err(Error::NotPermitted(format!(
-                    "{to}: replacing an object needs --allow-overwrite"
-                )))
-            }
-            _ => {}
-        }
+        self.check_file_target(&to, noreplace).await?;
         if !writes.opts.allow_delete {
             return Err(Error::NotPermitted(format!(
                 "{from}: a rename deletes the source object, which needs --allow-delete"
@@ -280,24 +267,8 @@ impl FsCore {
         let stale = |p: &str| {
             p == from_ref || p == to_ref || p.starts_with(&under) || p.starts_with(&to_under)
         };
-        let listed: Vec<Arc<str>> = self
-            .listings
-            .iter()
-            .filter(|(k, _)| stale(k))
-            .map(|(k, _)| Arc::clone(&*k))
-            .collect();
-        for k in listed {
-            self.listings.invalidate(&k).await;
-        }
-        let known: Vec<Arc<str>> = self
-            .attrs
-            .iter()
-            .filter(|(k, _)| stale(k))
-            .map(|(k, _)| Arc::clone(&*k))
-            .collect();
-        for k in known {
-            self.attrs.invalidate(&k).await;
-        }
+        invalidate_where(&self.listings, &stale).await;
+        invalidate_where(&self.attrs, &stale).await;
         {
             let mut dirs = writes.local_dirs.lock();
             let made: Vec<Arc<str>> = dirs.iter().filter(|d| stale(d)).cloned().collect();
@@ -319,6 +290,19 @@ impl FsCore {
             )));
         }
         Ok(())
+    }
+
+    /// Whether a file may be renamed onto `to`: not a directory; an existing object only
+    /// with `allow_overwrite`, and not with `noreplace`.
+    pub(super) async fn check_file_target(&self, to: &Arc<str>, noreplace: bool) -> Result<()> {
+        match self.meta(to).await? {
+            Meta::Dir => Err(Error::IsDir(to.to_string())),
+            Meta::File(_) if noreplace => Err(Error::Exists(to.to_string())),
+            Meta::File(_) if !self.writes()?.opts.allow_overwrite => Err(Error::NotPermitted(
+                format!("{to}: replacing an object needs --allow-overwrite"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Makes directory `name` in `parent` (in this mount until an object is written
@@ -355,5 +339,22 @@ impl FsCore {
             )));
         }
         Ok(())
+    }
+}
+
+/// Drops every entry of `cache` whose path `stale` names.
+async fn invalidate_where<V>(
+    cache: &moka::future::Cache<Arc<str>, V>,
+    stale: &impl Fn(&str) -> bool,
+) where
+    V: Clone + Send + Sync + 'static,
+{
+    let keys: Vec<Arc<str>> = cache
+        .iter()
+        .filter(|(k, _)| stale(k))
+        .map(|(k, _)| Arc::clone(&*k))
+        .collect();
+    for k in keys {
+        cache.invalidate(&k).await;
     }
 }

@@ -381,6 +381,15 @@ impl Staged {
         }
     }
 
+    /// A stream in progress sends stale bytes (or to a stale key): it aborts, and the
+    /// file is uploaded whole at its close.
+    fn break_stream(&self) {
+        if let Some(s) = self.stream.lock().as_ref() {
+            s.ctl.broken.store(true, Ordering::Release);
+            s.ctl.wake.notify_one();
+        }
+    }
+
     fn changed(&self) -> bool {
         self.uploaded.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
     }
@@ -629,23 +638,9 @@ impl FsCore {
         noreplace: bool,
     ) -> Result<()> {
         let writes = self.writes()?;
-        if from == to {
-            return Ok(());
-        }
-        match self.meta(to).await? {
-            Meta::Dir => return Err(Error::IsDir(to.to_string())),
-            Meta::File(_) if noreplace => return Err(Error::Exists(to.to_string())),
-            Meta::File(_) if !writes.opts.allow_overwrite => {
-                return Err(Error::NotPermitted(format!(
-                    "{to}: replacing an object needs --allow-overwrite"
-                )))
-            }
-            _ => {}
-        }
-        // An object under `from`: uploaded by an earlier flush, or the one this file
-        // replaces. It goes with the rename.
-        let uploaded = staged.uploaded.load(Ordering::Acquire) > 0
-            || self.reader.store().head(from).await.is_ok();
+        self.check_file_target(to, noreplace).await?;
+        // An object under `from` goes with the rename.
+        let uploaded = self.object_under(&staged, from).await;
         if uploaded && !writes.opts.allow_delete {
             return Err(Error::NotPermitted(format!(
                 "{from}: a rename deletes the source object, which needs --allow-delete"
@@ -666,10 +661,7 @@ impl FsCore {
             by_path.insert(to.clone(), staged.clone());
             *staged.path.lock() = to.clone();
         }
-        if let Some(s) = staged.stream.lock().as_ref() {
-            s.ctl.broken.store(true, Ordering::Release);
-            s.ctl.wake.notify_one();
-        }
+        staged.break_stream();
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
         *staged.last.lock() = None;
@@ -690,6 +682,12 @@ impl FsCore {
         Ok(())
     }
 
+    /// Whether an object stands under `path` for a file being written there: one an
+    /// earlier flush uploaded, or the one the file replaces.
+    async fn object_under(&self, staged: &Staged, path: &str) -> bool {
+        staged.uploaded.load(Ordering::Acquire) > 0 || self.reader.store().head(path).await.is_ok()
+    }
+
     /// Unlinks a file while it is being written (POSIX lets a program remove a file it
     /// holds open, and write and read on: an anonymous temporary file): the name goes
     /// at once, the open handles keep the staging file, and nothing is uploaded. An
@@ -702,8 +700,7 @@ impl FsCore {
         dir: &super::Node,
     ) -> Result<()> {
         let writes = self.writes()?;
-        let object = staged.uploaded.load(Ordering::Acquire) > 0
-            || self.reader.store().head(path).await.is_ok();
+        let object = self.object_under(&staged, path).await;
         if object && !writes.opts.allow_delete {
             return Err(Error::NotPermitted(format!(
                 "{path}: deleting objects needs --allow-delete"
@@ -720,10 +717,7 @@ impl FsCore {
                 by_path.remove(path);
             }
         }
-        if let Some(s) = staged.stream.lock().as_ref() {
-            s.ctl.broken.store(true, Ordering::Release);
-            s.ctl.wake.notify_one();
-        }
+        staged.break_stream();
         if object {
             match self.reader.store().delete(path).await {
                 Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
@@ -1134,10 +1128,7 @@ impl FsCore {
             staged.written.fetch_add(1, Ordering::AcqRel);
             staged.touched.store(true, Ordering::Release);
             staged.closed.store(false, Ordering::Release);
-            if let Some(s) = staged.stream.lock().as_ref() {
-                s.ctl.broken.store(true, Ordering::Release);
-                s.ctl.wake.notify_one();
-            }
+            staged.break_stream();
         }
         self.entry_for(&node.path, &staged.meta(), false)
     }
