@@ -12,7 +12,10 @@
 //! - Passthrough bookkeeping (the kernel's rules): all open handles of one inode must be
 //!   either passthrough with the same backing file, or not passthrough. So an inode with
 //!   normal handles open gets normal opens, and an inode with passthrough handles open
-//!   reuses its backing id.
+//!   reuses its backing id. Hence no passthrough at all in a mount that can open an
+//!   existing object for writing (`allow_overwrite`): a writer opened while a reader holds
+//!   a backing would have to share it, and its writes would go into the cached copy
+//!   behind the core's back (and its staged file would be uploaded without them).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -110,7 +113,7 @@ pub struct FuseFs {
 
 impl FuseFs {
     pub fn new(core: Arc<FsCore>, rt: Handle) -> Self {
-        let want_passthrough = core.options().passthrough.is_some();
+        let want_passthrough = core.options().passthrough.is_some() && !core.changes_objects();
         FuseFs {
             core,
             rt,
@@ -231,8 +234,10 @@ impl Filesystem for FuseFs {
             }
             let mut map = opens.lock();
             let st = map.entry(ino.0).or_default();
-            // Passthrough only if no normal handle of this inode is open (kernel rule).
+            // Passthrough only if no normal handle of this inode is open (kernel rule),
+            // and never for a writer (its writes must reach the core).
             let backing = match (&opened.passthrough, passthrough, st.normal) {
+                _ if write => None,
                 (Some(file), true, 0) => match &st.backing {
                     Some(b) if st.passthrough > 0 => Some(b.clone()),
                     _ => match reply.open_backing(file) {

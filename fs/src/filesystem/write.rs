@@ -736,11 +736,16 @@ impl FsCore {
         self.writes.is_some()
     }
 
+    /// Whether an existing object's file may be opened for writing (`allow_overwrite`).
+    pub fn changes_objects(&self) -> bool {
+        self.writes.as_ref().is_some_and(|w| w.opts.allow_overwrite)
+    }
+
     /// Creates `name` in directory `parent` for writing, by thread `pid` (the FUSE
     /// request's; 0: unknown); returns its entry and handle.
     pub async fn create(&self, parent: u64, name: &str, pid: u32) -> Result<(Entry, u64)> {
         let writes = self.writes()?;
-        let (path, dir) = self.child_of(parent, name)?;
+        let (path, dir) = self.new_child_of(parent, name)?;
         // A second file created in a directory whose listing is not cached: list it
         // once, so that the kernel's lookup of each next new name (a miss) is answered
         // from the listing, not by a HEAD and a LIST of its own. (Not at the first: one
