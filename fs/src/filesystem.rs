@@ -808,6 +808,10 @@ impl FsCore {
             }
         }
         let store = self.reader.store();
+        if store.unstorable_name(path).is_some() {
+            // No object can have this name (a local store refuses to look it up).
+            return Ok(Meta::Missing);
+        }
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         let m = match store.head(path).await {
             Ok(obj) => Meta::File(Arc::new(obj)),

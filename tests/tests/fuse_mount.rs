@@ -432,6 +432,108 @@ fn overwrites_replace_objects_whole(b: Backend) {
     );
 }
 
+/// A file held open by a reader while another process replaces, appends to or patches
+/// it (`tail -f` of a log, a checkpoint loaded while the next is saved over it). The
+/// kernel gives every open of an inode that has a passthrough handle the same backing
+/// file, so a writer opened then would write into the cached copy behind the daemon's
+/// back and the close would upload the (truncated) staging file: a mount that can change
+/// objects opens nothing for passthrough.
+fn writes_while_a_reader_holds_the_file_reach_the_store(b: Backend) {
+    let staging = tempfile::tempdir().expect("staging");
+    let mut w = strata_fs::WriteOptions::new(staging.path().join("s"));
+    w.allow_overwrite = true;
+    let fx = Fixture::with_core(
+        b,
+        strata_fs::CoreOptions {
+            metadata_ttl: Duration::from_secs(60),
+            passthrough: Some(
+                strata_fs::PassthroughOptions::open(staging.path().join("pt"), 1 << 30)
+                    .expect("copies"),
+            ),
+            writes: Some(w),
+            ..Default::default()
+        },
+        retry_fast(),
+    );
+    let old = std::fs::read(fx.s("dir/a.txt")).expect("source");
+    // Read whole twice: the copy a passthrough open would use is made.
+    for _ in 0..2 {
+        assert_eq!(std::fs::read(fx.m("dir/a.txt")).expect("read"), old);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let reader = File::open(fx.m("dir/a.txt")).expect("reader");
+    std::fs::write(fx.m("dir/a.txt"), b"replaced").expect("replace (O_TRUNC)");
+    assert_eq!(stored(&fx, "dir/a.txt").as_deref(), Some(&b"replaced"[..]));
+    sh(fx.mnt.path(), "echo ' and more' >> dir/a.txt");
+    assert_eq!(
+        stored(&fx, "dir/a.txt").as_deref(),
+        Some(&b"replaced and more\n"[..])
+    );
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fx.m("dir/a.txt"))
+            .expect("open read-write");
+        f.write_all_at(b"R", 0).expect("patch");
+    }
+    assert_eq!(
+        stored(&fx, "dir/a.txt").as_deref(),
+        Some(&b"Replaced and more\n"[..])
+    );
+    // The reader's handle still reads the version it opened (or fails: never a mix).
+    let mut buf = vec![0u8; old.len()];
+    if let Ok(n) = reader.read_at(&mut buf, 0) {
+        assert_eq!(&buf[..n], &old[..n], "the reader's version");
+    }
+    drop(reader);
+    assert_eq!(
+        std::fs::read(fx.m("dir/a.txt")).expect("read back"),
+        b"Replaced and more\n"
+    );
+}
+
+/// `rm -rf` of a tree of the store and of a tree just copied in: each directory goes
+/// once its last object is deleted (it was ENOTSUP, then ENOTEMPTY from a stale listing
+/// of its parent). A name the store cannot keep as it is (a control character, which a
+/// key would percent-encode) is refused, not stored under another name.
+fn trees_are_removed_and_unstorable_names_refused(b: Backend) {
+    let (fx, _staging) = writable(b, |w| w.allow_delete = true);
+    sh(fx.mnt.path(), "ls -R dir > /dev/null && rm -rf dir");
+    assert!(!fx.m("dir").exists(), "dir removed");
+    for p in ["dir/a.txt", "dir/sub/b.bin", "dir/sub/deeper/c"] {
+        assert_eq!(stored(&fx, p), None, "{p} deleted");
+    }
+    let src = tempfile::tempdir().expect("tree");
+    std::fs::create_dir_all(src.path().join("t/b/c")).expect("mkdir");
+    std::fs::write(src.path().join("t/b/c/deep"), b"deep").expect("deep");
+    for i in 0..20 {
+        std::fs::write(src.path().join(format!("t/b/f{i}")), vec![i as u8; 100]).expect("f");
+    }
+    let cp = format!("cp -r {}/t copied && rm -rf copied", src.path().display());
+    sh(fx.mnt.path(), &cp);
+    assert!(!fx.m("copied").exists(), "copied tree removed");
+    assert_eq!(stored(&fx, "copied/b/f0"), None);
+    let bad = fx.m("tab\tname");
+    let e = std::fs::write(&bad, b"x").expect_err("a control character is refused");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    let e = std::fs::create_dir(fx.m("nl\ndir")).expect_err("in a directory name too");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    assert_eq!(stored(&fx, "tab%09name"), None, "nothing stored renamed");
+    // A local directory store keeps uploads in progress as NAME#N (and lists none).
+    let hashed = std::fs::write(fx.m("issue#12"), b"x");
+    match b {
+        Backend::Local => assert_eq!(
+            hashed.expect_err("refused").raw_os_error(),
+            Some(libc::EINVAL)
+        ),
+        Backend::S3 => {
+            hashed.expect("an S3 key may end so");
+            assert_eq!(stored(&fx, "issue#12").as_deref(), Some(&b"x"[..]));
+        }
+    }
+}
+
 fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {
     let fx = Fixture::new(b);
     // Prime metadata, then take the store down: uncached data fails with EIO, in time.
@@ -620,6 +722,8 @@ both_backends!(
     writes_through_the_kernel_become_objects,
     a_checkpoint_larger_than_the_budget_stays_within_it,
     overwrites_replace_objects_whole,
+    writes_while_a_reader_holds_the_file_reach_the_store,
+    trees_are_removed_and_unstorable_names_refused,
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,
     passthrough_opens_read_the_same_bytes,

@@ -167,6 +167,19 @@ impl BackingStore {
         }
     }
 
+    /// This handle's settings (a local directory's checks and names) around another
+    /// view of its store, which then takes every request (uploads too): a
+    /// fault-injecting wrapper in tests.
+    pub fn around(&self, store: Arc<dyn ObjectStore>, retry: RetryPolicy) -> Self {
+        BackingStore {
+            store,
+            retry,
+            reads: Arc::default(),
+            part_store: None,
+            ..self.clone()
+        }
+    }
+
     /// This handle with uploads sent part by part through `parts` (the same store as
     /// the handle's, seen through its multipart API), under `prefix`.
     pub fn with_part_store(
@@ -677,6 +690,41 @@ impl BackingStore {
             async move { self.store.delete(&p).await }
         })
         .await
+    }
+
+    /// Why this store cannot hold an object named `path` as the mount names it (None:
+    /// it can). A key cannot hold control characters, `.` or `..` segments (they would be
+    /// percent-encoded into another name, so the file would come back renamed), and a
+    /// local directory's object store keeps its uploads in progress as `NAME#N`, so a
+    /// file named so would never be listed or stored.
+    pub fn unstorable_name(&self, path: &str) -> Option<String> {
+        if let Err(e) = Path::parse(path) {
+            return Some(format!("{path:?} cannot be an object key: {e}"));
+        }
+        let last = path.rsplit('/').next().unwrap_or(path);
+        let upload_suffix = last
+            .rsplit_once('#')
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        (self.local_root.is_some() && upload_suffix).then(|| {
+            format!(
+                "{path:?}: a local directory store keeps uploads in progress as NAME#N, so it \
+                 cannot hold a file named so"
+            )
+        })
+    }
+
+    /// Removes directory `path` of a local directory store if it is empty (an object
+    /// store has no directories: elsewhere there is nothing to remove). Deletes already
+    /// remove the directories they empty; this is for one that was empty from the start.
+    /// (ENOTEMPTY if it holds what the store does not list.)
+    pub async fn remove_empty_dir(&self, path: &str) -> std::io::Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        match tokio::fs::remove_dir(root.join(path)).await {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
     }
 
     /// Runs `op` under the retry policy, mapping the final error.

@@ -34,6 +34,16 @@ impl FsCore {
         Ok((self.child_path(&dir.path, name), dir))
     }
 
+    /// [`Self::child_of`] for a name about to be made (a file, a directory, a rename's
+    /// target): refused with EINVAL when the store could not keep it under that name.
+    pub(super) fn new_child_of(&self, parent: u64, name: &str) -> Result<(Arc<str>, Node)> {
+        let (path, dir) = self.child_of(parent, name)?;
+        match self.reader.store().unstorable_name(&path) {
+            Some(why) => Err(Error::Invalid(why)),
+            None => Ok((path, dir)),
+        }
+    }
+
     /// Deletes object `name` of directory `parent` (needs `allow_delete`).
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         let writes = self.writes()?;
@@ -124,7 +134,7 @@ impl FsCore {
     ) -> Result<()> {
         let writes = self.writes()?;
         let (from, from_dir) = self.child_of(parent, name)?;
-        let (to, to_dir) = self.child_of(newparent, newname)?;
+        let (to, to_dir) = self.new_child_of(newparent, newname)?;
         if from == to {
             // A rename onto itself changes nothing, whatever the file is doing.
             return match self.meta(&from).await? {
@@ -309,7 +319,7 @@ impl FsCore {
     /// under it; object storage has no directories).
     pub async fn mkdir(&self, parent: u64, name: &str) -> Result<Entry> {
         let writes = self.writes()?;
-        let (path, _) = self.child_of(parent, name)?;
+        let (path, _) = self.new_child_of(parent, name)?;
         if !matches!(self.meta(&path).await?, Meta::Missing) {
             return Err(Error::Exists(path.to_string()));
         }
@@ -317,10 +327,12 @@ impl FsCore {
         self.entry_for(&path, &Meta::Dir, true)
     }
 
-    /// Removes directory `name` of `parent`: only an empty one made by `mkdir`.
+    /// Removes directory `name` of `parent` if it is empty: one made by `mkdir`, or one
+    /// of the store whose objects are all gone (`rm -rf` deletes them first; the prefix
+    /// went with the last, and a local directory store's empty folder is removed).
     pub async fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         let writes = self.writes()?;
-        let (path, _) = self.child_of(parent, name)?;
+        let (path, dir) = self.child_of(parent, name)?;
         match self.meta(&path).await? {
             Meta::Missing => return Err(Error::NotFound(path.to_string())),
             Meta::File(_) => return Err(Error::NotDir(path.to_string())),
@@ -333,11 +345,16 @@ impl FsCore {
                 source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
             });
         }
-        if !writes.local_dirs.lock().remove(&path) {
-            return Err(Error::Unsupported(format!(
-                "{path}: a directory of the store goes with its last object"
-            )));
+        let made_here = writes.local_dirs.lock().remove(&path);
+        if !made_here {
+            let removed = self.reader.store().remove_empty_dir(&path).await;
+            removed.map_err(|source| Error::Local {
+                what: format!("removing {path}"),
+                source,
+            })?;
         }
+        self.attrs.insert(path.clone(), Meta::Missing).await;
+        self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
     }
 }

@@ -127,7 +127,7 @@ impl Fixture {
             base.inner().clone(),
             FaultConfig::default(),
         ));
-        let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "test", retry);
+        let store = base.around(faulty.clone() as Arc<dyn ObjectStore>, retry);
         let engine = CacheEngine::builder()
             .tier(Arc::new(MemoryTier::new(256 << 20)))
             .build()
