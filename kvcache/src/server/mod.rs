@@ -70,6 +70,7 @@ mod auth;
 mod handlers;
 mod routed;
 mod service;
+mod storing;
 mod timed_stream;
 
 pub use auth::{PeerCheck, TokenCheck};
@@ -298,6 +299,8 @@ struct Inner {
     registered: HashSet<String>,
     tenants: Arc<Tenants>,
     put_budget: PutBudget,
+    /// Keys being stored now: one store per key (`storing.rs`).
+    storing: storing::Storing,
     stats: KvStats,
     started: Instant,
     top_tier: Option<TierKind>,

@@ -224,10 +224,11 @@ impl KvService {
         data: Bytes,
     ) -> Result<bool> {
         let size = data.len() as u64;
-        if self.inner.engine.contains(key) {
+        let engine = &self.inner.engine;
+        let Some(_storing) = self.inner.storing.claim(key, || engine.contains(key)).await else {
             self.inner.stats.put(ns, size, true);
             return Ok(true);
-        }
+        };
         let mut charge = match tenant {
             Some(t) if t.charge(key, size, &self.inner.engine)? => Some(QuotaCharge {
                 tenant: t,
@@ -237,7 +238,7 @@ impl KvService {
             _ => None,
         };
         let ctx = self.ctx(ns, false);
-        self.inner.engine.put(key, data, &ctx).await?;
+        engine.put(key, data, &ctx).await?;
         if let Some(c) = charge.as_mut() {
             c.keep = true;
         }

@@ -44,6 +44,7 @@ impl KvService {
                 } else {
                     &[]
                 }),
+                storing: Default::default(),
                 started: Instant::now(),
                 top_tier,
                 staging: Staging::default(),
@@ -485,8 +486,21 @@ impl KvService {
                 .await?;
             return Ok(pb::PutResponse { already_present });
         }
+        let engine = &self.inner.engine;
+        let Some(_storing) = self
+            .inner
+            .storing
+            .claim(&key, || engine.contains(&key))
+            .await
+        else {
+            // Another Put of the key stored it while this one was receiving.
+            self.inner.stats.put(&ns, size, true);
+            return Ok(pb::PutResponse {
+                already_present: true,
+            });
+        };
         let ctx = self.ctx(&ns, false);
-        self.inner.engine.put(&key, data, &ctx).await?;
+        engine.put(&key, data, &ctx).await?;
         if let Some(c) = charge.as_mut() {
             c.keep = true;
         }
