@@ -38,6 +38,7 @@ async fn fixture(faults: FaultConfig) -> Fixture {
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(2),
         max_backoff: Duration::from_millis(100),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data((8 * BS + BS / 2) as usize);

@@ -51,6 +51,7 @@ async fn fixture(size: u64, bs: u64, mem: u64, g: Granularity, faults: FaultConf
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(5),
         max_backoff: Duration::from_millis(50),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data(size as usize);

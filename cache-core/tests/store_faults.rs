@@ -19,6 +19,7 @@ fn quick_retry() -> RetryPolicy {
         base_backoff: Duration::from_millis(5),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_millis(300),
+        ..RetryPolicy::default()
     }
 }
 
@@ -122,6 +123,40 @@ async fn a_hung_store_times_out() {
         Err(CacheError::StoreTimeout { attempts: 3 })
     ));
     assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+/// A store that stops answering fails a request within the policy's whole deadline,
+/// not after every attempt's timeout (a FUSE caller waits uninterruptibly meanwhile).
+#[tokio::test]
+async fn a_hung_store_fails_within_the_whole_deadline() {
+    let inner = Arc::new(object_store::memory::InMemory::new());
+    let f = Arc::new(FaultyStore::new(inner, FaultConfig::default()));
+    let retry = RetryPolicy {
+        attempts: 8,
+        attempt_timeout: Duration::from_millis(400),
+        total_timeout: Duration::from_millis(600),
+        ..quick_retry()
+    };
+    let store = BackingStore::new(f.clone(), "faulty", retry);
+    store
+        .put("a", Bytes::from_static(b"data"))
+        .await
+        .expect("put");
+    let obj = store.head("a").await.expect("head");
+    f.set_config(FaultConfig {
+        hang_every: 1,
+        ..Default::default()
+    });
+    let t = Instant::now();
+    assert!(matches!(
+        store.get_range(&obj, 0..4).await,
+        Err(CacheError::StoreTimeout { attempts: 2 })
+    ));
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(550) && took < Duration::from_millis(2500),
+        "{took:?} (8 x 400 ms without the deadline)"
+    );
 }
 
 #[tokio::test]

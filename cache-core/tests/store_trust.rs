@@ -207,3 +207,49 @@ async fn a_file_store_does_not_follow_symlinks_out_of_its_root() {
         Bytes::from_static(b"private")
     );
 }
+
+/// A real local folder (object_store's local listing ends at its first error, unlike
+/// the fault injector's): a name no key can hold, an upload in progress, a FIFO and a
+/// link looping to the folder itself cost only themselves; an empty folder exists.
+#[tokio::test]
+async fn odd_entries_of_a_local_folder_cost_only_themselves() {
+    let base = tempfile::tempdir().expect("tempdir");
+    let root = base.path();
+    std::fs::create_dir_all(root.join("d/sub")).expect("mkdir");
+    std::fs::create_dir_all(root.join("d/empty")).expect("mkdir");
+    let names = ["a1", "b2", "sp ace", "x+y", "p%q", "héllo", "z9"];
+    for n in names {
+        std::fs::write(root.join("d").join(n), n).expect("write");
+    }
+    std::fs::write(root.join("d/sub/c"), b"c").expect("write");
+    std::fs::write(root.join("d/bad\tname"), b"bad").expect("write");
+    std::fs::write(root.join("d/upload#3"), b"partial").expect("write");
+    std::os::unix::fs::symlink(".", root.join("d/self")).expect("ln");
+    let fifo =
+        std::ffi::CString::new(root.join("d/fifo").as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+    let url = format!("file://{}", root.display());
+    let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("open");
+
+    let listing = store.list_dir("d").await.expect("the folder lists");
+    let mut files: Vec<&str> = listing.files.iter().map(|f| f.path.as_ref()).collect();
+    files.sort();
+    let mut want: Vec<String> = names.iter().map(|n| format!("d/{n}")).collect();
+    want.sort();
+    assert_eq!(files, want);
+    let mut dirs = listing.dirs.clone();
+    dirs.sort();
+    assert_eq!(dirs, vec!["empty".to_string(), "sub".to_string()]);
+    assert!(listing.exists);
+    let all = store.list_all("d").await.expect("recursive listing");
+    assert_eq!(all.len(), names.len() + 1, "{all:?}");
+
+    let empty = store.list_dir("d/empty").await.expect("empty folder");
+    assert!(empty.files.is_empty() && empty.dirs.is_empty() && empty.exists);
+    let missing = store.list_dir("d/nothing").await.expect("missing folder");
+    assert!(!missing.exists);
+    assert!(store.unstorable_name("d/upload#3").is_some());
+    assert!(store.unstorable_name("d/tab\there").is_some());
+    assert!(store.unstorable_name("d/issue #12 notes").is_none());
+}

@@ -27,7 +27,9 @@
 //!   read of that handle names it, so blocks are cached under (path, version, block)
 //!   and a changed object can never mix into an open file: a read of a version the
 //!   store no longer has fails with `Changed` (ESTALE). After the TTL, a new open sees
-//!   the new version (new cache keys) and is told not to keep the old page cache.
+//!   the new version (new cache keys) and is told not to keep the old page cache; from
+//!   then on the older handles of that inode fail with ESTALE too, since the page
+//!   cache they would fill is the one the new version's handles read.
 //! - **Reads** go through [`ObjectReader`], which serves each block from whichever tier
 //!   holds it and shares concurrent misses (single-flight). A per-handle
 //!   [`Readahead`] policy turns sequential reads into block prefetches, unless
@@ -302,6 +304,8 @@ enum Meta {
 struct Listing {
     /// (name, kind, object for files), sorted by name.
     entries: Vec<(String, Meta)>,
+    /// The directory exists even if empty ([`strata_cache_core::DirListing::exists`]).
+    exists: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -817,7 +821,7 @@ impl FsCore {
             Ok(obj) => Meta::File(Arc::new(obj)),
             Err(CacheError::NotFound(_)) => {
                 let listing = self.fetch_listing(path).await?;
-                if listing.entries.is_empty() {
+                if listing.entries.is_empty() && !listing.exists {
                     Meta::Missing
                 } else {
                     Meta::Dir
@@ -876,7 +880,10 @@ impl FsCore {
                 .collect();
             p.controller.lock().on_listing(path, &sized);
         }
-        let listing = Arc::new(Listing { entries });
+        let listing = Arc::new(Listing {
+            entries,
+            exists: raw.exists,
+        });
         self.listings.insert(path.clone(), listing.clone()).await;
         Ok(listing)
     }
@@ -1129,6 +1136,13 @@ impl FsCore {
                 what: "file handle",
                 id: fh,
             })?;
+        if self.superseded(&h) {
+            // A newer version of the file was opened since this handle was: the kernel's
+            // page cache is one per inode, so this handle's old bytes would be read by
+            // the new version's handles too (a mix of the two). It fails as a handle of
+            // a version gone from the store does.
+            return Err(Error::Cache(CacheError::Changed(h.obj.path.to_string())));
+        }
         if let Some(copy) = &h.copy {
             return read_copy(copy.clone(), offset, size, h.obj.size).await;
         }
@@ -1175,6 +1189,14 @@ impl FsCore {
             self.maybe_copy_for_passthrough(&h);
         }
         Ok(data)
+    }
+
+    /// Whether another version of `h`'s file has been opened since `h` was.
+    fn superseded(&self, h: &FileHandle) -> bool {
+        self.opened_versions
+            .lock()
+            .get(&h.ino)
+            .is_some_and(|v| *v != h.obj.version)
     }
 
     /// Bytes of the blocks of `offset..offset+len` of `obj` neither cached nor in

@@ -51,6 +51,7 @@ async fn fixture_of(opts: CoreOptions, faults: FaultConfig, size: u64) -> Fixtur
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(5),
         max_backoff: Duration::from_millis(100),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data(size as usize);

@@ -36,6 +36,7 @@ async fn fixture(opts: CoreOptions) -> Fixture {
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_millis(300),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     for (p, d) in [
@@ -316,6 +317,16 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
         );
         let again = c.open(small.attr.ino, false).await.expect("open same");
         assert!(again.keep_cache, "same version keeps it");
+        // The old handle, once the new version is opened, fails even where its blocks
+        // are cached: its bytes would land in the page cache the new handles read.
+        let err = c.read(old.fh, 0, 10, 1).await.expect_err("superseded");
+        assert_eq!(err.errno(), libc::ESTALE);
+        assert_eq!(
+            c.read(again.fh, 0, 10, 1)
+                .await
+                .expect("the new handle reads on"),
+            data(3000, 9).slice(0..10)
+        );
 
         // ...and an uncached block of the old version fails with ESTALE, not new bytes.
         let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");

@@ -53,6 +53,7 @@ async fn run(g: Granularity, offsets: &[u64]) -> GetStats {
         base_backoff: Duration::from_millis(5),
         attempt_timeout: Duration::from_secs(5),
         max_backoff: Duration::from_millis(50),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);
     let bytes = data(FILE as usize);

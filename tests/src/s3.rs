@@ -70,6 +70,15 @@ impl MotoServer {
     }
 }
 
+impl MotoServer {
+    /// Puts object `key` (raw, as S3 takes it: a key ending in `/` is a console's
+    /// "folder") with a small text body, past object_store's key checks.
+    pub fn put_raw(&self, bucket: &str, key: &str, body: &str) {
+        let status = http(self.port, "PUT", &format!("/{bucket}/{key}"), body).unwrap_or_default();
+        assert!(status.contains(" 200"), "put {key}: {status}");
+    }
+}
+
 impl Drop for MotoServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -100,3 +100,31 @@ impl ObjectReaderProbe {
             .clone()
     }
 }
+
+/// S3 "folders" as the console makes them (an empty object `dir/`): the directory
+/// itself, never a file inside it, and a directory even when nothing else is in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folder_markers_are_directories_not_files() {
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    server.put_raw("data", "p/folder/", "");
+    server.put_raw("data", "p/folder/real.txt", "real");
+    server.put_raw("data", "p/emptyfolder/", "");
+    let store = s3_store(&server, "s3://data/p");
+    let root = store.list_dir("").await.expect("list root");
+    let mut dirs = root.dirs.clone();
+    dirs.sort();
+    assert_eq!(dirs, vec!["emptyfolder".to_string(), "folder".to_string()]);
+    assert!(root.files.is_empty(), "{:?}", root.files);
+    let folder = store.list_dir("folder").await.expect("list folder");
+    let files: Vec<&str> = folder.files.iter().map(|f| f.path.as_ref()).collect();
+    assert_eq!(files, vec!["folder/real.txt"]);
+    let empty = store.list_dir("emptyfolder").await.expect("list empty");
+    assert!(
+        empty.files.is_empty() && empty.dirs.is_empty(),
+        "{:?}",
+        empty.files
+    );
+    assert!(empty.exists, "the marker keeps the folder");
+    assert!(!store.list_dir("nothing").await.expect("list").exists);
+}

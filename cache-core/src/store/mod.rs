@@ -52,6 +52,11 @@ pub struct RetryPolicy {
     /// Deadline of one attempt. 30 s: a 64 MiB range at a slow 5 MB/s still fits, and
     /// FUSE readers get EIO within a few minutes at worst, never a hang.
     pub attempt_timeout: Duration,
+    /// Deadline of a whole request, retries included. 40 s: one full attempt and a
+    /// shorter second one. A FUSE request waiting on the store cannot be interrupted
+    /// (only SIGKILL ends the caller), so a store that stopped answering must fail it
+    /// within a bound a person waits out; 8 attempts of 30 s held `ls` for 4 minutes.
+    pub total_timeout: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -61,6 +66,7 @@ impl Default for RetryPolicy {
             base_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             attempt_timeout: Duration::from_secs(30),
+            total_timeout: Duration::from_secs(40),
         }
     }
 }
@@ -106,6 +112,9 @@ pub struct DirListing {
     /// Sub-directory names (no trailing slash, relative to the listed directory).
     pub dirs: Vec<String>,
     pub files: Vec<ObjectInfo>,
+    /// Whether the store shows the directory itself, even with nothing in it: a local
+    /// folder, or an S3 "folder marker" (a key ending in `/`, which the console makes).
+    pub exists: bool,
 }
 
 /// The object store behind the cache.
@@ -445,17 +454,32 @@ impl BackingStore {
                 async move { self.list_level(prefix.as_ref()).await }
             })
             .await?;
+        // A folder marker (key `dir/`) is the directory itself, not a file in it.
+        let objects_before = res.objects.len();
+        res.objects.retain(|m| Some(&m.location) != prefix.as_ref());
+        let mut exists = res.objects.len() != objects_before
+            || !res.objects.is_empty()
+            || !res.common_prefixes.is_empty();
         if let Some(root) = &self.local_root {
-            if !self.follow_symlinks {
-                let root = root.clone();
-                let dirs = std::mem::take(&mut res.common_prefixes);
-                res.common_prefixes = local_stat(move || {
-                    dirs.into_iter()
+            let root = root.clone();
+            let (dirs, follow, rel) = (
+                std::mem::take(&mut res.common_prefixes),
+                self.follow_symlinks,
+                dir.to_string(),
+            );
+            (res.common_prefixes, exists) = local_stat(move || {
+                let dirs = match follow {
+                    true => dirs,
+                    false => dirs
+                        .into_iter()
                         .filter(|d| inside_root(&root, d.as_ref()))
-                        .collect()
-                })
-                .await?;
-            }
+                        .collect(),
+                };
+                // The folder decides (a link out of the root lists as nothing).
+                let folder = root.join(&rel).is_dir() && (follow || inside_root(&root, &rel));
+                (dirs, folder)
+            })
+            .await?;
         }
         let strip = |p: &Path| -> String {
             let s = p.as_ref();
@@ -477,6 +501,7 @@ impl BackingStore {
         Ok(DirListing {
             dirs: res.common_prefixes.iter().map(strip).collect(),
             files,
+            exists,
         })
     }
 
@@ -505,8 +530,26 @@ impl BackingStore {
     /// name (an `InvalidPath` error fails the whole page), the level is rebuilt from a
     /// plain listing that skips such keys, with a warning: one odd key must not hide
     /// its whole directory.
+    ///
+    /// A local directory store's listing fails as a whole on a name no key can hold (its
+    /// stream ends at the first error) or on a symlink loop: the folder is then read
+    /// directly ([`local_level`]), skipping only those entries.
     async fn list_level(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        match self.store.list_with_delimiter(prefix).await {
+        let listed = self.store.list_with_delimiter(prefix).await;
+        if let (Err(e), Some(root)) = (&listed, &self.local_root) {
+            let (root, rel) = (
+                root.clone(),
+                prefix.map(|p| p.to_string()).unwrap_or_default(),
+            );
+            if let Ok(Ok(level)) =
+                tokio::task::spawn_blocking(move || local_level(&root, &rel)).await
+            {
+                tracing::warn!(store = %self.label, dir = prefix.map(|p| p.as_ref()).unwrap_or(""),
+                    error = %e, "listing failed; read the folder itself, skipping what no key can name");
+                return Ok(level);
+            }
+        }
+        match listed {
             Err(object_store::Error::InvalidPath { source }) => {
                 tracing::warn!(
                     store = %self.label,
@@ -553,6 +596,23 @@ impl BackingStore {
         &self,
         prefix: Option<&Path>,
     ) -> object_store::Result<Vec<object_store::ObjectMeta>> {
+        if let Some(root) = &self.local_root {
+            // object_store's local stream ends at its first bad name: walk the folders.
+            let (root, rel) = (
+                root.clone(),
+                prefix.map(|p| p.to_string()).unwrap_or_default(),
+            );
+            return tokio::task::spawn_blocking(move || local_walk(&root, &rel))
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                })?
+                .map_err(|e| object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                });
+        }
         let mut stream = self.store.list(prefix);
         let mut out = Vec::new();
         while let Some(item) = stream.next().await {
@@ -702,10 +762,7 @@ impl BackingStore {
             return Some(format!("{path:?} cannot be an object key: {e}"));
         }
         let last = path.rsplit('/').next().unwrap_or(path);
-        let upload_suffix = last
-            .rsplit_once('#')
-            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        (self.local_root.is_some() && upload_suffix).then(|| {
+        (self.local_root.is_some() && upload_in_progress_name(last)).then(|| {
             format!(
                 "{path:?}: a local directory store keeps uploads in progress as NAME#N, so it \
                  cannot hold a file named so"
@@ -755,9 +812,12 @@ where
 {
     let mut backoff = retry.base_backoff;
     let attempts = retry.attempts.max(1);
+    let deadline = tokio::time::Instant::now() + retry.total_timeout;
     for attempt in 1..=attempts {
-        let last = attempt == attempts;
-        match tokio::time::timeout(retry.attempt_timeout, op()).await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        // The last attempt is the last one the deadline leaves time for.
+        let last = attempt == attempts || left <= retry.attempt_timeout + backoff;
+        match tokio::time::timeout(retry.attempt_timeout.min(left), op()).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => {
                 let transient = matches!(
@@ -841,6 +901,79 @@ fn inside_root(root: &std::path::Path, rel: &str) -> bool {
         // Gone meanwhile (or a dangling link): not something to list.
         Err(_) => false,
     }
+}
+
+/// Whether `name` is how object_store's local store names an upload in progress
+/// (`NAME#N`): such files are never listed, and no object can be named so.
+fn upload_in_progress_name(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// One level of folder `rel` of the local store at `root`, read directly: what
+/// object_store lists there, except that a name no key can hold (not UTF-8, a control
+/// character, `NAME#N`), something neither a file nor a folder (a FIFO, a socket, a
+/// dangling link) and a link to this folder or one above it (a loop) are skipped
+/// instead of failing the whole listing.
+fn local_level(root: &std::path::Path, rel: &str) -> std::io::Result<ListResult> {
+    let dir = root.join(rel);
+    let real_dir = std::fs::canonicalize(&dir)?;
+    let (mut common_prefixes, mut objects) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(&dir)? {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let key = match rel.is_empty() {
+            true => name.clone(),
+            false => format!("{rel}/{name}"),
+        };
+        let Ok(location) = Path::parse(&key) else {
+            continue;
+        };
+        // (Follows links: a dangling one fails and is skipped.)
+        let Ok(meta) = std::fs::metadata(entry.path()) else {
+            continue;
+        };
+        if meta.is_dir() {
+            let looped = std::fs::canonicalize(entry.path()).is_ok_and(|r| real_dir.starts_with(r));
+            if !looped {
+                common_prefixes.push(location);
+            }
+        } else if meta.is_file() && !upload_in_progress_name(&name) {
+            objects.push(object_store::ObjectMeta {
+                location,
+                last_modified: meta.modified()?.into(),
+                size: meta.len(),
+                e_tag: None,
+                version: None,
+            });
+        }
+    }
+    common_prefixes.sort();
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(ListResult {
+        common_prefixes,
+        objects,
+        extensions: Default::default(),
+    })
+}
+
+/// Every file under folder `rel` of the local store at `root`, by [`local_level`].
+fn local_walk(root: &std::path::Path, rel: &str) -> std::io::Result<Vec<object_store::ObjectMeta>> {
+    let mut out = Vec::new();
+    let mut todo = vec![rel.to_string()];
+    while let Some(d) = todo.pop() {
+        let level = match local_level(root, &d) {
+            Ok(l) => l,
+            // The prefix itself missing: nothing under it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && d == rel => break,
+            Err(e) => return Err(e),
+        };
+        todo.extend(level.common_prefixes.iter().map(|p| p.to_string()));
+        out.extend(level.objects);
+    }
+    Ok(out)
 }
 
 /// `info` with its version taken from the file under `root` (see [`local_version`]).

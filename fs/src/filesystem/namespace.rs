@@ -114,7 +114,13 @@ impl FsCore {
             (Err(i), m) => entries.insert(i, (name.to_string(), m)),
         }
         self.listings
-            .insert(dir.clone(), Arc::new(super::Listing { entries }))
+            .insert(
+                dir.clone(),
+                Arc::new(super::Listing {
+                    entries,
+                    exists: old.exists,
+                }),
+            )
             .await;
     }
 

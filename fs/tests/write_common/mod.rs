@@ -25,6 +25,7 @@ pub fn part_store() -> PartStore {
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_secs(2),
+        ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry)
         .with_part_store(faulty.clone(), "");
