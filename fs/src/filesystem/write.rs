@@ -78,6 +78,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -176,6 +177,11 @@ pub(super) struct Staged {
     /// The last upload failed (its flush returned the error): release does not retry
     /// it behind the caller's back.
     failed: AtomicBool,
+    /// Bytes a write failed to land (ENOSPC, EIO on the staging disk) and its errno: the
+    /// file misses them, so it is not uploaded (close and fsync fail with that errno,
+    /// release skips it) until a later write covers them. A torn object must not pass
+    /// for the file a program closed, even one that ignored the failed write.
+    lost: Mutex<Option<(Range<u64>, i32)>>,
     /// Every write so far appended at the end (the file may be streamed).
     appending: AtomicBool,
     /// The upload sent while the file is written, once started.
@@ -278,6 +284,27 @@ impl Drop for Staged {
 }
 
 impl Staged {
+    /// Records bytes `range` a write failed to land (see `lost`).
+    fn lose(&self, range: Range<u64>, errno: i32) {
+        let mut lost = self.lost.lock();
+        let range = match lost.take() {
+            Some((r, _)) => r.start.min(range.start)..r.end.max(range.end),
+            None => range,
+        };
+        *lost = Some((range, errno));
+    }
+
+    /// A write of `range` landed: what it covers is no longer lost.
+    fn recover(&self, range: Range<u64>) {
+        let mut lost = self.lost.lock();
+        if lost
+            .as_ref()
+            .is_some_and(|(r, _)| range.start <= r.start && r.end <= range.end)
+        {
+            *lost = None;
+        }
+    }
+
     pub(super) fn path(&self) -> Arc<str> {
         self.path.lock().clone()
     }
@@ -493,6 +520,7 @@ impl Writes {
             last: Mutex::new(None),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
+            lost: Mutex::new(None),
             appending: AtomicBool::new(true),
             stream: Mutex::new(None),
             charge: Mutex::new(Charge::default()),
@@ -947,6 +975,12 @@ impl FsCore {
         if let Err(source) = staged.file.write_all_at(data, offset) {
             // A write that failed (ENOSPC) keeps no charge.
             staged.charge_exactly(staged.size.load(Ordering::Acquire));
+            // Unless refused before anything landed (an offset past the largest file),
+            // the file misses bytes it was written: it must not be uploaded so.
+            let errno = source.raw_os_error().unwrap_or(libc::EIO);
+            if !matches!(errno, libc::EFBIG | libc::EINVAL) {
+                staged.lose(offset..end, errno);
+            }
             return Err(Error::Local {
                 what: format!("writing {}", staged.path()),
                 source,
@@ -955,6 +989,7 @@ impl FsCore {
         if leaves_hole {
             staged.charge_upto(end);
         }
+        staged.recover(offset..end);
         let before = staged.size.fetch_max(end, Ordering::AcqRel);
         if offset != before {
             staged.appending.store(false, Ordering::Release);
@@ -1182,6 +1217,18 @@ impl FsCore {
         if staged.unlinked.load(Ordering::Acquire) {
             // Removed while open: written on, never made an object.
             return Ok(());
+        }
+        if let Some((range, errno)) = staged.lost.lock().clone() {
+            staged.failed.store(true, Ordering::Release);
+            return Err(Error::Local {
+                what: format!(
+                    "{}: not uploaded, a write of bytes {}..{} failed",
+                    staged.path(),
+                    range.start,
+                    range.end
+                ),
+                source: std::io::Error::from_raw_os_error(errno),
+            });
         }
         let target = staged.written.load(Ordering::Acquire);
         while staged.uploaded.load(Ordering::Acquire) < target {
