@@ -719,7 +719,12 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         "tb" => 1_000_000_000_000,
         other => bail!("bad size unit {other:?} in {s:?}"),
     };
-    Ok((n * mult as f64) as u64)
+    // (An `as` cast would saturate: "99999999999999999999GiB" read as 16 EiB.)
+    let bytes = n * mult as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        bail!("size {s:?} is too large");
+    }
+    Ok(bytes as u64)
 }
 
 impl StoreConfig {
@@ -889,6 +894,12 @@ mod tests {
         assert_eq!(parse_size("2MB").unwrap(), 2_000_000);
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
+        assert!(
+            parse_size("99999999999999999999GiB").is_err(),
+            "no saturation"
+        );
+        assert!(parse_size("17179869184GiB").is_err(), "2^64 bytes");
+        assert_eq!(parse_size("1TiB").unwrap(), 1 << 40);
     }
 
     #[test]
