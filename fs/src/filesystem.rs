@@ -950,13 +950,25 @@ impl FsCore {
     /// Current attributes of `ino` (re-resolved after the TTL).
     pub async fn getattr(&self, ino: u64) -> Result<Entry> {
         let node = self.node(ino)?;
-        let meta = self.meta(&node.path).await?;
+        let meta = match self.meta(&node.path).await? {
+            // An fstat of a file deleted from the store while open (the kernel sends no
+            // handle with it): as it was opened, as for a local file unlinked while open.
+            Meta::Missing => self.open_meta(ino).unwrap_or(Meta::Missing),
+            m => m,
+        };
         let entry = self.entry_for(&node.path, &meta, false)?;
         if entry.attr.ino != ino {
             // The path changed kind since this inode was issued.
             return Err(Error::NotFound(node.path.to_string()));
         }
         Ok(entry)
+    }
+
+    /// The object as a read handle of `ino` open now was opened, if any.
+    fn open_meta(&self, ino: u64) -> Option<Meta> {
+        let files = self.files.lock();
+        let h = files.values().find(|h| h.ino == ino)?;
+        Some(Meta::File(h.obj.clone()))
     }
 
     /// Opens directory `ino`: snapshots its entries (with `.` and `..`) so that the
@@ -1136,6 +1148,9 @@ impl FsCore {
                 what: "file handle",
                 id: fh,
             })?;
+        if let Some(now) = self.read_written(&h.obj.path, offset, size) {
+            return now;
+        }
         if self.superseded(&h) {
             // A newer version of the file was opened since this handle was: the kernel's
             // page cache is one per inode, so this handle's old bytes would be read by

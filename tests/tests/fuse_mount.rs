@@ -491,6 +491,25 @@ fn writes_while_a_reader_holds_the_file_reach_the_store(b: Backend) {
         std::fs::read(fx.m("dir/a.txt")).expect("read back"),
         b"Replaced and more\n"
     );
+    // `tail -f` of a log appended to with `>>`: a reader's short read of the old
+    // version made the kernel shrink the file, and each append landed over the last.
+    std::fs::write(fx.m("log.txt"), b"line0\n").expect("create the log");
+    let tail = File::open(fx.m("log.txt")).expect("reader");
+    let mut buf = vec![0u8; 4096];
+    for i in 1..=3 {
+        // It reads what is there now, or fails once a newer version replaced the one
+        // it opened; never a short read of it.
+        if let Ok(n) = tail.read_at(&mut buf, 0) {
+            assert!(buf[..n].starts_with(b"line0\n"), "{:?}", &buf[..n]);
+        }
+        sh(fx.mnt.path(), &format!("echo line{i} >> log.txt"));
+        if let Ok(n) = tail.read_at(&mut buf, 0) {
+            assert!(buf[..n].starts_with(b"line0\n"), "{:?}", &buf[..n]);
+        }
+    }
+    let want = b"line0\nline1\nline2\nline3\n";
+    assert_eq!(stored(&fx, "log.txt").as_deref(), Some(&want[..]));
+    assert_eq!(std::fs::read(fx.m("log.txt")).expect("read the log"), want);
 }
 
 /// `rm -rf` of a tree of the store and of a tree just copied in: each directory goes
@@ -499,8 +518,11 @@ fn writes_while_a_reader_holds_the_file_reach_the_store(b: Backend) {
 /// key would percent-encode) is refused, not stored under another name.
 fn trees_are_removed_and_unstorable_names_refused(b: Backend) {
     let (fx, _staging) = writable(b, |w| w.allow_delete = true);
+    let held = File::open(fx.m("dir/a.txt")).expect("held open");
     sh(fx.mnt.path(), "ls -R dir > /dev/null && rm -rf dir");
     assert!(!fx.m("dir").exists(), "dir removed");
+    // An fstat of a file deleted while open answers as it was opened (as `dd` needs).
+    assert_eq!(held.metadata().expect("fstat after the delete").len(), 1000);
     for p in ["dir/a.txt", "dir/sub/b.bin", "dir/sub/deeper/c"] {
         assert_eq!(stored(&fx, p), None, "{p} deleted");
     }

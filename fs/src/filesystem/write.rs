@@ -1114,23 +1114,29 @@ impl FsCore {
         let staged = writes
             .handle(fh)
             .or_else(|| writes.readers.lock().get(&fh).cloned())?;
-        let freed = staged.freed();
-        if offset < freed {
-            return Some(Err(freed_error(&staged.path(), offset, freed)));
+        Some(read_back(&staged, offset, size))
+    }
+
+    /// A read of a handle opened on `path` before it was opened for writing: while the
+    /// file is written, what it holds now (as a local file's reader sees appends). Its
+    /// old version's bytes would be a short read of a file that grew, which makes the
+    /// kernel shrink the file's size, and the next `O_APPEND` write then lands over the
+    /// last one (`tail -f` of a log appended to with `>>` lost lines so).
+    pub(super) fn read_written(&self, path: &str, offset: u64, size: u32) -> Option<Result<Bytes>> {
+        let staged = self.writes.as_ref()?.staged(path)?;
+        Some(read_back(&staged, offset, size))
+    }
+
+    /// An upload through this mount made `info` the version of its path: handles of
+    /// older versions are superseded (see [`FsCore::read`]), as for a version opened
+    /// anew, rather than read the old bytes short.
+    fn supersede(&self, info: &ObjectInfo) {
+        let ino = self.inodes.read().by_path.get(info.path.as_ref()).copied();
+        if let Some(ino) = ino {
+            self.opened_versions
+                .lock()
+                .insert(ino, info.version.clone());
         }
-        let end = staged.size.load(Ordering::Acquire);
-        let len = (size as u64).min(end.saturating_sub(offset)) as usize;
-        let mut buf = vec![0u8; len];
-        Some(
-            staged
-                .file
-                .read_exact_at(&mut buf, offset)
-                .map(|()| Bytes::from(buf))
-                .map_err(|source| Error::Local {
-                    what: format!("reading back {}", staged.path()),
-                    source,
-                }),
-        )
     }
 
     /// Sets the size of `ino` (truncate) if it is being written. Changes of times, mode
@@ -1332,6 +1338,7 @@ impl FsCore {
         let size = staged.size.load(Ordering::Acquire);
         if let Some(parent) = self.parent_of(&staged.path()).map(Arc::<str>::from) {
             if let Some(info) = self.refresh(&parent, &staged.path()).await {
+                self.supersede(&info);
                 *staged.last.lock() = Some((gen, crc, info));
             }
         }
@@ -1410,4 +1417,23 @@ impl FsCore {
             }
         }
     }
+}
+
+/// Bytes `offset..offset+size` of a staged file as written so far. Blocking.
+fn read_back(staged: &Staged, offset: u64, size: u32) -> Result<Bytes> {
+    let freed = staged.freed();
+    if offset < freed {
+        return Err(freed_error(&staged.path(), offset, freed));
+    }
+    let end = staged.size.load(Ordering::Acquire);
+    let len = (size as u64).min(end.saturating_sub(offset)) as usize;
+    let mut buf = vec![0u8; len];
+    staged
+        .file
+        .read_exact_at(&mut buf, offset)
+        .map(|()| Bytes::from(buf))
+        .map_err(|source| Error::Local {
+            what: format!("reading back {}", staged.path()),
+            source,
+        })
 }
