@@ -900,7 +900,11 @@ impl FsCore {
         }
         let path = self.child_path(&dir.path, name);
         let meta = self.meta(&path).await?;
-        self.entry_for(&path, &meta, true)
+        let mut entry = self.entry_for(&path, &meta, true)?;
+        if self.is_being_written(&path) {
+            entry.ttl = Duration::ZERO; // see `FsCore::create`
+        }
+        Ok(entry)
     }
 
     /// The kernel forgot `nlookup` references to `ino` (FUSE FORGET).

@@ -355,6 +355,13 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Saved again at once under the same name: a create (the kernel kept no entry for
+    // the file that failed; it was ENOENT until the entry expired).
+    std::fs::write(fx.m("ckpt/lost"), b"stored now").expect("save again");
+    assert_eq!(
+        stored(&fx, "ckpt/lost").as_deref(),
+        Some(&b"stored now"[..])
+    );
 }
 
 /// A checkpoint larger than the disk budget's share for staged files, written in order

@@ -798,7 +798,10 @@ impl FsCore {
         let entry = Entry {
             attr: self.attr_of(ino, &staged.meta()),
             generation,
-            ttl: self.ttl(),
+            // The kernel must not keep this name: a file whose upload fails is gone at
+            // its release, and an open(O_CREAT) of a name the kernel still holds is an
+            // open of that inode (ENOENT), not a create, until the entry expires.
+            ttl: std::time::Duration::ZERO,
         };
         Ok((entry, fh))
     }
@@ -912,6 +915,13 @@ impl FsCore {
     }
 
     /// The attributes of `path` while it is staged, or of a directory made here.
+    /// Whether `path` is a file being written (staged) now.
+    pub(super) fn is_being_written(&self, path: &str) -> bool {
+        self.writes
+            .as_ref()
+            .is_some_and(|w| w.staged(path).is_some())
+    }
+
     pub(super) fn written_meta(&self, path: &str) -> Option<Meta> {
         let writes = self.writes.as_ref()?;
         if let Some(s) = writes.staged(path) {
