@@ -19,6 +19,7 @@ fn quick_retry() -> RetryPolicy {
         base_backoff: Duration::from_millis(5),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_millis(300),
+        silent_pause: Duration::ZERO,
         ..RetryPolicy::default()
     }
 }
@@ -156,6 +157,56 @@ async fn a_hung_store_fails_within_the_whole_deadline() {
     assert!(
         took >= Duration::from_millis(550) && took < Duration::from_millis(2500),
         "{took:?} (8 x 400 ms without the deadline)"
+    );
+}
+
+/// After a request's whole deadline passed without an answer, requests fail at once
+/// for the policy's pause (a FUSE caller waits uninterruptibly otherwise), then the
+/// store is asked again.
+#[tokio::test]
+async fn a_silent_store_fails_requests_at_once_for_a_pause() {
+    let inner = Arc::new(object_store::memory::InMemory::new());
+    let f = Arc::new(FaultyStore::new(inner, FaultConfig::default()));
+    let retry = RetryPolicy {
+        attempts: 2,
+        attempt_timeout: Duration::from_millis(200),
+        total_timeout: Duration::from_millis(300),
+        silent_pause: Duration::from_millis(800),
+        ..quick_retry()
+    };
+    let store = BackingStore::new(f.clone(), "faulty", retry);
+    store
+        .put("a", Bytes::from_static(b"data"))
+        .await
+        .expect("put");
+    let obj = store.head("a").await.expect("head");
+    f.set_config(FaultConfig {
+        hang_every: 1,
+        ..Default::default()
+    });
+    assert!(matches!(
+        store.get_range(&obj, 0..4).await,
+        Err(CacheError::StoreTimeout { .. })
+    ));
+    f.set_config(FaultConfig::default());
+    let t = Instant::now();
+    match store.head("a").await {
+        Err(CacheError::Store {
+            attempts: 0,
+            message,
+        }) => {
+            assert!(message.contains("not asked again"), "{message}")
+        }
+        other => panic!("expected an immediate failure, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_millis(100), "at once");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        store
+            .get_range(&obj, 0..4)
+            .await
+            .expect("asked again after the pause"),
+        Bytes::from_static(b"data")
     );
 }
 

@@ -36,6 +36,7 @@ async fn fixture(opts: CoreOptions) -> Fixture {
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_millis(300),
+        silent_pause: Duration::ZERO,
         ..RetryPolicy::default()
     };
     let store = BackingStore::new(faulty.clone() as Arc<dyn ObjectStore>, "mem", retry);

@@ -57,6 +57,12 @@ pub struct RetryPolicy {
     /// (only SIGKILL ends the caller), so a store that stopped answering must fail it
     /// within a bound a person waits out; 8 attempts of 30 s held `ls` for 4 minutes.
     pub total_timeout: Duration,
+    /// How long requests then fail at once, after the store let a whole request's
+    /// deadline pass without an answer. 10 s: during an outage each FUSE request would
+    /// otherwise wait the whole deadline, uninterruptibly (`ls -l` of 100 uncached
+    /// names: an hour); the store is asked again soon enough that a short outage costs
+    /// seconds.
+    pub silent_pause: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -67,6 +73,7 @@ impl Default for RetryPolicy {
             max_backoff: Duration::from_secs(1),
             attempt_timeout: Duration::from_secs(30),
             total_timeout: Duration::from_secs(40),
+            silent_pause: Duration::from_secs(10),
         }
     }
 }
@@ -133,6 +140,9 @@ pub struct BackingStore {
     /// Ranged GETs that returned data and their bytes, shared by every clone of this
     /// handle (the cache group's "fetched from the store once" is read from these).
     reads: Arc<StoreReads>,
+    /// Until when requests fail at once: the store let a whole request's deadline pass
+    /// without an answer (see [`RetryPolicy::silent_pause`]). Shared by every clone.
+    silent_until: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
     /// The store's multipart API by part index, with this handle's prefix, where it
     /// has one: uploads then retry each part on its own (see `upload`).
     part_store: Option<(Arc<dyn object_store::multipart::MultipartStore>, String)>,
@@ -172,6 +182,7 @@ impl BackingStore {
             local_root: None,
             follow_symlinks: false,
             reads: Arc::default(),
+            silent_until: Arc::default(),
             part_store: None,
         }
     }
@@ -184,6 +195,7 @@ impl BackingStore {
             store,
             retry,
             reads: Arc::default(),
+            silent_until: Arc::default(),
             part_store: None,
             ..self.clone()
         }
@@ -276,6 +288,7 @@ impl BackingStore {
             local_root,
             follow_symlinks: opts.follow_symlinks,
             reads: Arc::default(),
+            silent_until: Arc::default(),
             part_store: part_store.map(|p| (p, prefix)),
         })
     }
@@ -784,13 +797,32 @@ impl BackingStore {
         }
     }
 
-    /// Runs `op` under the retry policy, mapping the final error.
+    /// Runs `op` under the retry policy, mapping the final error; at once with an
+    /// error while the store is taken as silent.
     async fn retrying<T, F, Fut>(&self, op: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
-        retry_op(&self.retry, &self.label, op).await
+        let silent = *self.silent_until.lock();
+        if silent.is_some_and(|t| tokio::time::Instant::now() < t) {
+            return Err(CacheError::Store {
+                attempts: 0,
+                message: format!(
+                    "{} did not answer a request for its whole deadline; not asked again \
+                     for {:.0} s",
+                    self.label,
+                    self.retry.silent_pause.as_secs_f64()
+                ),
+            });
+        }
+        let r = retry_op(&self.retry, &self.label, op).await;
+        let pause = self.retry.silent_pause;
+        if matches!(r, Err(CacheError::StoreTimeout { .. })) && !pause.is_zero() {
+            tracing::warn!(store = %self.label, pause_s = pause.as_secs_f64(), "store silent for a whole request deadline; failing requests at once meanwhile");
+            *self.silent_until.lock() = Some(tokio::time::Instant::now() + pause);
+        }
+        r
     }
 }
 

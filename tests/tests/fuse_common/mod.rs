@@ -176,6 +176,7 @@ pub fn retry_fast() -> RetryPolicy {
         base_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_secs(1),
         attempt_timeout: Duration::from_secs(2),
+        silent_pause: Duration::ZERO,
         ..RetryPolicy::default()
     }
 }
