@@ -142,6 +142,18 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountHandle> {
+    if let Some(fstype) = fuse_mounted_at(mountpoint) {
+        // The kernel would stack a second mount over the first, which then serves
+        // nobody until the top one is unmounted: almost always a mistake.
+        return Err(Error::Mount {
+            what: "mounting",
+            path: mountpoint.display().to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("a {fstype} file system is already mounted there; unmount it first"),
+            ),
+        });
+    }
     let config = fuser_config(opts);
     let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(|source| Error::Mount {
         what: "mounting",
@@ -162,6 +174,43 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
         conn,
         core: None,
     })
+}
+
+/// The type of the FUSE file system mounted exactly at `dir` (from
+/// `/proc/self/mountinfo`), if one is.
+fn fuse_mounted_at(dir: &Path) -> Option<String> {
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (fields, rest) = line.split_once(" - ")?;
+        let at = fields.split(' ').nth(4)?;
+        let fstype = rest.split(' ').next()?;
+        (fstype.starts_with("fuse") && Path::new(&unescape_mountinfo(at)) == dir)
+            .then(|| fstype.to_string())
+    })
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn conn_number(mountpoint: &Path) -> Option<u32> {
@@ -287,5 +336,17 @@ impl Drop for MountHandle {
         if let Err(e) = self.unmount_inner() {
             tracing::warn!(error = %e, "unmount on drop failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo(r"/mnt/my\040data"), "/mnt/my data");
+        assert_eq!(unescape_mountinfo(r"/a\011b\134c"), "/a\tb\\c");
+        assert_eq!(unescape_mountinfo(r"/plain\x"), r"/plain\x");
     }
 }

@@ -612,6 +612,23 @@ fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {
     }
 }
 
+/// A second mount on a directory a Strata mount holds is refused (the kernel would
+/// stack it over the first), and the first keeps serving.
+fn a_second_mount_on_the_same_directory_is_refused(b: Backend) {
+    let fx = Fixture::new(b);
+    let err = strata_fs::mount::mount_fs(
+        strata_fs::null::NullFs::new(vec![("x".into(), 1)]),
+        fx.mnt.path(),
+        &strata_fs::MountOptions::default(),
+    )
+    .expect_err("refused");
+    assert!(err.to_string().contains("already mounted"), "{err}");
+    assert_eq!(
+        std::fs::read(fx.m("small.txt")).expect("the first mount serves"),
+        b"hello, strata\n"
+    );
+}
+
 fn unmount_with_open_files_does_not_hang(b: Backend) {
     let mut fx = Fixture::new(b);
     let f = File::open(fx.m("big.bin")).expect("open");
@@ -755,5 +772,6 @@ both_backends!(
     trees_are_removed_and_unstorable_names_refused,
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,
+    a_second_mount_on_the_same_directory_is_refused,
     passthrough_opens_read_the_same_bytes,
 );

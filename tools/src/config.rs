@@ -683,9 +683,18 @@ impl StrataConfig {
     /// so a bad file is refused when read.
     pub fn check(&self) -> anyhow::Result<()> {
         self.cache.gpu_tier()?;
+        let mut mountpoints = std::collections::HashSet::new();
         for m in &self.mounts {
             if m.mountpoint.as_os_str().is_empty() {
                 bail!("a [[mounts]] entry needs a mountpoint");
+            }
+            // (Components: "/x" and "/x/" are one directory.)
+            let at: PathBuf = m.mountpoint.components().collect();
+            if !mountpoints.insert(at) {
+                bail!(
+                    "two [[mounts]] entries on {}: one mount per directory",
+                    m.mountpoint.display()
+                );
             }
             parse_size(&m.passthrough_max).context("[[mounts]] passthrough_max")?;
         }
@@ -884,6 +893,16 @@ mod tests {
             StoreConfig::default().secret_access_key().expect("none"),
             None
         );
+    }
+
+    #[test]
+    fn one_mount_per_directory() {
+        let twice: StrataConfig = toml::from_str(
+            "[store]\nurl = \"file:///d\"\n[[mounts]]\nmountpoint = \"/x\"\n[[mounts]]\nmountpoint = \"/x/\"\n",
+        )
+        .unwrap();
+        let e = twice.check().expect_err("one mount per directory");
+        assert!(e.to_string().contains("two [[mounts]]"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
+    if args.files == 0 {
+        // The demo waits for its dataset's directory to show in the mount.
+        anyhow::bail!("--files must be at least 1: the demo reads the dataset it makes");
+    }
     let temp = tempfile::Builder::new().prefix("strata-demo-").tempdir()?;
     let data_dir = args
         .data_dir

@@ -141,10 +141,14 @@ pub fn warmup(
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..jobs.max(1) {
+    // No more readers than files; a reader the system refuses (a thread limit) is
+    // done without: those started share the queue.
+    let readers = (jobs.max(1) as u64).min(n_files.max(1)) as usize;
+    let started = std::thread::scope(|s| {
+        let mut started = 0usize;
+        for _ in 0..readers {
             let (queue, bytes, done, failed, bar) = (&queue, &bytes, &done, &failed, &bar);
-            s.spawn(move || loop {
+            let spawned = std::thread::Builder::new().spawn_scoped(s, move || loop {
                 let next = queue.lock().map(|mut q| q.pop_front()).unwrap_or(None);
                 let Some((path, _)) = next else { break };
                 if let Err(e) = read_and_drop(&path, bytes, bar) {
@@ -154,9 +158,20 @@ pub fn warmup(
                 let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                 bar.set_message(format!("{d}/{n_files} files"));
             });
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => {
+                    bar.println(format!("warmup: {started} readers (no more threads: {e})"));
+                    break;
+                }
+            }
         }
+        started
     });
     bar.finish();
+    if started == 0 && n_files > 0 {
+        anyhow::bail!("warmup: could not start a reader thread");
+    }
     Ok(WarmupReport {
         files: n_files - failed.load(Ordering::Relaxed),
         bytes: bytes.load(Ordering::Relaxed),
