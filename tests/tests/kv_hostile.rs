@@ -329,3 +329,72 @@ async fn a_get_the_client_never_reads_is_dropped_after_the_idle_timeout() {
     c.put(NS, b"after", block(1 << 20, 2)).await.expect("put");
     server.stop().await;
 }
+
+/// Reads `s` until the server closes it (EOF or a reset), for at most `within`;
+/// returns how long that took. Whatever the server sent first (its HTTP/2 SETTINGS) is
+/// skipped.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let t = Instant::now();
+    let mut buf = vec![0u8; 64 << 10];
+    tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the server closes the connection in time");
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_the_listener_is_capped() {
+    let cap = 8;
+    let server = start(ServerConfig {
+        max_connections: cap,
+        preface_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    // A normal client holds one slot.
+    let mut good = KvClient::connect(&server.addr).await.expect("connect");
+    good.put(NS, b"k", block(64 << 10, 5)).await.expect("put");
+    // The others are taken by connections that never send a byte.
+    let mut silent = Vec::new();
+    for _ in 0..cap - 1 {
+        silent.push(
+            tokio::net::TcpStream::connect(&server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    // One more is over the cap: closed at once, before the preface deadline.
+    let mut over = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let took = closed_within(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "refused at once: {took:?}"
+    );
+    // The client already connected is still served while the listener is full.
+    assert!(good.get(NS, b"k").await.expect("get").is_some());
+    // The silent ones are closed after the deadline (not before), freeing their slots.
+    let t = Instant::now();
+    for s in &mut silent {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "closed only after the deadline: {took:?}"
+    );
+    // A new client gets a slot again.
+    let mut late = KvClient::connect(&server.addr).await.expect("connect");
+    assert!(late.get(NS, b"k").await.expect("get").is_some());
+    assert!(good.get(NS, b"k").await.expect("get").is_some());
+    server.stop().await;
+}

@@ -18,8 +18,10 @@
 //! - Nothing waits on a client forever: a Put stream that sends nothing for
 //!   `idle_timeout` is aborted (DEADLINE_EXCEEDED, its reservation released), a Get or
 //!   BatchGet stream the client does not read for `idle_timeout` is dropped with the
-//!   block it pins; HTTP/2 keepalive closes dead connections, and one connection opens at
-//!   most `max_concurrent_streams` streams.
+//!   block it pins; HTTP/2 keepalive closes dead connections, one connection opens at most
+//!   `max_concurrent_streams` streams, a listener keeps at most `max_connections`
+//!   connections, and a new one that sends nothing for `preface_timeout` is closed
+//!   (`accept.rs`).
 //! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
 //!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
 //!   for window updates; TCP_NODELAY keeps small-block latency low.
@@ -56,6 +58,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 
+use crate::accept::{self, Gate, H2_PREFACE_BYTES};
 use crate::error::{KvError, Result};
 use crate::group::{Forward, Router};
 use crate::identity::{IdentityBindings, IdentityDigest};
@@ -150,11 +153,28 @@ pub struct ServerConfig {
     /// Largest gRPC message accepted. Default 4 MiB (tonic's default): clients send
     /// blocks in chunks, and one message never buffers more than this per stream.
     pub max_message_bytes: usize,
-    /// HTTP/2 stream and connection windows. Default 8 MiB / 32 MiB: a 1 MiB+ block
-    /// on loopback is sent without stalling on window updates (the 64 KiB protocol
-    /// default halves throughput).
+    /// HTTP/2 stream and connection windows (what a client may send before the server
+    /// reads it). Default 8 MiB / 16 MiB: a 1 MiB+ block on loopback is sent without
+    /// stalling on window updates (the 64 KiB protocol default halves throughput), two
+    /// streams at a time flow at full speed, and the connection window is also what one
+    /// connection can make the server buffer past the put budget (Puts waiting for
+    /// budget stop reading; the bytes already in flight sit in HTTP/2's buffers), so
+    /// it is kept at a few blocks, not more: `max_connections` x `connection_window`
+    /// bounds those buffers.
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Most connections one listener keeps at once; one more is closed as soon as it
+    /// is accepted (`accept.rs`). Default 1024: a node's clients are its inference
+    /// engines' workers, a few channels each (tens to a few hundred connections), while
+    /// each connection costs a file descriptor and up to `connection_window` of
+    /// buffers, so the cap keeps a flood of connections from exhausting the process's
+    /// descriptors (which stops the service for everyone) or its memory.
+    pub max_connections: usize,
+    /// A new connection must send its first bytes (the HTTP/2 preface or a TLS
+    /// ClientHello) within this long, or it is closed. Default 10 s: a live client
+    /// sends them at once (within a round trip of connecting), while a connection that
+    /// sends nothing holds a descriptor and a slot of `max_connections` for nothing.
+    pub preface_timeout: Duration,
     /// Where namespaces' model-identity bindings persist (`identity.rs`); None: in
     /// memory only. The daemon puts it in the cache dir, next to the blocks it guards.
     pub identity_file: Option<PathBuf>,
@@ -184,7 +204,9 @@ impl Default for ServerConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             max_message_bytes: 4 << 20,
             stream_window: 8 << 20,
-            connection_window: 32 << 20,
+            connection_window: 16 << 20,
+            max_connections: 1024,
+            preface_timeout: Duration::from_secs(10),
             identity_file: None,
             shm_bytes: 0,
         }
@@ -254,17 +276,26 @@ pub async fn serve(
     let router = builder.add_service(service.grpc());
     // At least one largest block, so a lone put of it on a connection can proceed.
     let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
+    let gate = |what| {
+        Gate::new(
+            what,
+            cfg.max_connections,
+            H2_PREFACE_BYTES,
+            cfg.preface_timeout,
+        )
+    };
     match listener {
         Listener::Tcp(l) => {
-            let incoming = tonic::transport::server::TcpIncoming::from(l)
-                .with_nodelay(Some(true))
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            let incoming = accept::gated(incoming, gate("kv tcp"))
                 .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
         }
         Listener::Unix(l) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l)
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let incoming = accept::gated(incoming, gate("kv unix"))
                 .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
