@@ -44,17 +44,39 @@ pub(crate) fn semaphore(bytes: u64) -> Arc<Semaphore> {
     ))
 }
 
-/// The per-connection part of the put budget, carried in each request's extensions.
+/// The per-connection part of the put budget, carried in each request's extensions,
+/// and the switch that closes the connection.
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     budget: Arc<Semaphore>,
+    abort: Arc<Abort>,
+}
+
+/// Set to close a connection: its next read or write fails, so the server drops it with
+/// every stream on it (and whatever those streams buffer).
+#[derive(Debug, Default)]
+struct Abort {
+    set: AtomicBool,
+    reader: futures::task::AtomicWaker,
 }
 
 impl ConnInfo {
     pub fn new(bytes: u64) -> Self {
         ConnInfo {
             budget: semaphore(bytes),
+            abort: Arc::default(),
         }
+    }
+
+    /// Closes the connection (see [`Abort`]); true the first time.
+    pub fn abort(&self) -> bool {
+        let first = !self.abort.set.swap(true, Ordering::AcqRel);
+        self.abort.reader.wake();
+        first
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.set.load(Ordering::Acquire)
     }
 
     /// The connection of a request (plain or TLS); None when the request did not come
@@ -95,8 +117,22 @@ impl<T: AsyncRead + Unpin> AsyncRead for ConnIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        // The server always keeps a read pending on a connection: registering here is
+        // what lets `abort` wake it.
+        this.info.abort.reader.register(cx.waker());
+        if this.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
+}
+
+fn aborted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "connection closed by the server: a response stream went unread past the idle timeout",
+    )
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
@@ -105,6 +141,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
         Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -118,6 +157,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
         Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -218,10 +260,16 @@ struct Shared<S> {
     /// block): the client is not idle then.
     waiting_on_server: AtomicBool,
     expired: AtomicBool,
+    /// Polled after it expired: the client was (or is being) told.
+    told: AtomicBool,
     start: tokio::time::Instant,
 }
 
 /// A response stream that is dropped when the client stops reading it for `idle`.
+///
+/// `on_expire` runs when it is dropped so; `on_stuck` when, another `idle` later, the
+/// server has still not polled the stream to tell the client (its HTTP/2 window stayed
+/// shut): the caller closes the connection then ([`ConnInfo::abort`]).
 ///
 /// A watchdog task holds only a weak reference: it wakes every `idle`, and when the
 /// stream has not been polled since, drops the inner stream (the block it pins is
@@ -244,12 +292,14 @@ impl<S: Send + 'static> IdleGuard<S> {
         idle: Duration,
         what: &'static str,
         on_expire: impl FnOnce() + Send + 'static,
+        on_stuck: impl FnOnce() + Send + 'static,
     ) -> Self {
         let shared = Arc::new(Shared {
             inner: Mutex::new(Some(inner)),
             last_poll_ms: AtomicU64::new(0),
             waiting_on_server: AtomicBool::new(false),
             expired: AtomicBool::new(false),
+            told: AtomicBool::new(false),
             start: tokio::time::Instant::now(),
         });
         let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
@@ -271,14 +321,30 @@ impl<S: Send + 'static> IdleGuard<S> {
                 }
                 if last + idle <= now {
                     let dropped = s.inner.lock().take();
-                    if dropped.is_some() {
-                        s.expired.store(true, Ordering::Relaxed);
-                        drop(dropped);
-                        on_expire();
+                    if dropped.is_none() {
+                        return;
                     }
-                    return;
+                    s.expired.store(true, Ordering::Relaxed);
+                    drop(dropped);
+                    break;
                 }
                 deadline = last + idle;
+            }
+            on_expire();
+            // The client is told (DEADLINE_EXCEEDED) the next time the server polls the
+            // stream; HTTP/2 does that only when the client's window has room. One that
+            // keeps its window shut pins what the server already handed to HTTP/2 (a
+            // chunk: a slice of the whole block) for as long as the connection lives,
+            // and answers keepalive PINGs: its connection is closed if the stream is
+            // still not polled another idle timeout on.
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {}
+                _ = watch_closed.notified() => return,
+            }
+            if let Some(s) = weak.upgrade() {
+                if !s.told.load(Ordering::Relaxed) {
+                    on_stuck();
+                }
             }
         });
         IdleGuard {
@@ -317,6 +383,9 @@ where
                 None => None,
             }
         };
+        if r.is_none() {
+            self.shared.told.store(true, Ordering::Relaxed);
+        }
         match r {
             Some(r) => r,
             None if self.shared.expired.load(Ordering::Relaxed) && !self.errored => {
@@ -346,7 +415,13 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_guard_ends_its_watchdog_at_once() {
         let inner = futures::stream::iter(vec![Ok::<_, Status>(1u8)]);
-        let g = IdleGuard::new(Box::pin(inner), Duration::from_secs(3600), "get", || {});
+        let g = IdleGuard::new(
+            Box::pin(inner),
+            Duration::from_secs(3600),
+            "get",
+            || {},
+            || {},
+        );
         let closed = g.closed.clone();
         assert_eq!(
             Arc::strong_count(&closed),
@@ -372,7 +447,13 @@ mod tests {
             let _ = &held;
             x
         });
-        let mut g = IdleGuard::new(Box::pin(inner), Duration::from_millis(200), "get", || {});
+        let mut g = IdleGuard::new(
+            Box::pin(inner),
+            Duration::from_millis(200),
+            "get",
+            || {},
+            || {},
+        );
         assert_eq!(g.next().await.map(|r| r.is_ok()), Some(true));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(Arc::strong_count(&pinned), 2, "read recently: kept");

@@ -398,3 +398,75 @@ async fn silent_connections_are_closed_and_the_listener_is_capped() {
     assert!(good.get(NS, b"k").await.expect("get").is_some());
     server.stop().await;
 }
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The HEADERS and DATA frames of a Get of `hash` on `stream` (HPACK literals without
+/// indexing, no Huffman coding).
+fn raw_get(stream: u32, hash: &[u8]) -> Vec<u8> {
+    let mut hdrs = Vec::new();
+    for (n, v) in [
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", strata_kvcache::wire::GET_PATH.as_bytes()),
+        (b":authority", b"localhost"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ] {
+        hdrs.push(0);
+        hdrs.push(n.len() as u8);
+        hdrs.extend_from_slice(n);
+        hdrs.push(v.len() as u8);
+        hdrs.extend_from_slice(v);
+    }
+    let mut msg = vec![0x0a, NS.len() as u8];
+    msg.extend_from_slice(NS.as_bytes());
+    msg.extend_from_slice(&[0x12, hash.len() as u8]);
+    msg.extend_from_slice(hash);
+    let mut body = vec![0];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(&msg);
+    let mut out = h2_frame(1, 4, stream, &hdrs); // HEADERS, END_HEADERS
+    out.extend(h2_frame(0, 1, stream, &body)); // DATA, END_STREAM
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_opens_its_window_to_a_get_is_closed() {
+    use tokio::io::AsyncWriteExt;
+    let server = start_short_idle().await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    c.put(NS, b"big", block(4 << 20, 1)).await.expect("put");
+    c.put(NS, b"small", block(64 << 10, 2)).await.expect("put");
+    // A raw HTTP/2 client whose streams get a zero window: the server can send them
+    // nothing, so their responses are never polled past the first message and the
+    // idle guard cannot even tell the client; only closing the connection frees what
+    // HTTP/2 holds for them.
+    let mut s = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0])); // INITIAL_WINDOW_SIZE = 0
+    hello.extend(raw_get(1, b"big"));
+    hello.extend(raw_get(3, b"small"));
+    s.write_all(&hello).await.expect("write");
+    let took = closed_within(&mut s, Duration::from_secs(10)).await;
+    eprintln!("connection with unread gets closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(600),
+        "not before twice the idle timeout: {took:?}"
+    );
+    let st = server.service.stats();
+    assert_eq!(st.idle_aborted, 2, "{st:?}");
+    assert_eq!(st.idle_connections_closed, 1, "{st:?}");
+    // Everyone else is still served.
+    assert!(c.get(NS, b"big").await.expect("get").is_some());
+    server.stop().await;
+}

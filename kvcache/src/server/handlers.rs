@@ -34,6 +34,7 @@ impl KvCache for KvService {
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
         let caller = Caller::of(&request);
+        let conn = ConnInfo::of(&request);
         // A peer's call never leases this host's arena.
         let session = request
             .metadata()
@@ -111,19 +112,22 @@ impl KvCache for KvService {
                 })
                 .collect(),
         };
-        let single = msgs.len() <= 1;
+        let leased = lease.is_some();
         let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
             futures::stream::iter(msgs),
             self.clone(),
             tier,
             size,
         ));
-        if single {
-            // One message: taken (and copied into the response) on the first poll, so
-            // nothing stays pinned by a client that does not read.
+        if leased {
+            // One small message: the block stays in the arena, not in the response.
             return Ok(Response::new(stream));
         }
-        Ok(Response::new(self.idle_guarded(stream, "get")))
+        // Even a one-message answer is guarded: HTTP/2 takes the message on the first
+        // poll but holds it (a slice that pins the whole block) until the client's
+        // window has room, so a client that never opens it would pin the block for as
+        // long as it keeps the connection alive; the guard closes that connection.
+        Ok(Response::new(self.idle_guarded(stream, "get", conn)))
     }
 
     type BatchGetStream = BoxStream<pb::BatchGetResponse>;
@@ -133,6 +137,7 @@ impl KvCache for KvService {
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
         let fwd = Caller::of(&request).forward();
+        let conn = ConnInfo::of(&request);
         let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         let this = self.clone();
         let client_ns: Arc<str> = Arc::from(req.namespace.as_str());
@@ -176,9 +181,11 @@ impl KvCache for KvService {
                 }
             })
             .flat_map(futures::stream::iter);
-        Ok(Response::new(
-            self.idle_guarded(Box::pin(stream), "batch get"),
-        ))
+        Ok(Response::new(self.idle_guarded(
+            Box::pin(stream),
+            "batch get",
+            conn,
+        )))
     }
 
     async fn exists(

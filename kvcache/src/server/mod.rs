@@ -18,7 +18,9 @@
 //! - Nothing waits on a client forever: a Put stream that sends nothing for
 //!   `idle_timeout` is aborted (DEADLINE_EXCEEDED, its reservation released), a Get or
 //!   BatchGet stream the client does not read for `idle_timeout` is dropped with the
-//!   block it pins; HTTP/2 keepalive closes dead connections, one connection opens at most
+//!   block it pins (and when the client keeps its HTTP/2 window shut so that the
+//!   stream cannot even be ended, its connection is closed another idle timeout later);
+//!   HTTP/2 keepalive closes dead connections, one connection opens at most
 //!   `max_concurrent_streams` streams, a listener keeps at most `max_connections`
 //!   connections, and a new one that sends nothing for `preface_timeout` is closed
 //!   (`accept.rs`).

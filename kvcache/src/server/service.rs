@@ -510,18 +510,28 @@ impl KvService {
         })
     }
 
-    /// `stream`, dropped (with the blocks it pins) when the client stops reading it.
+    /// `stream`, dropped (with the blocks it pins) when the client stops reading it;
+    /// when the client keeps its HTTP/2 window shut so that it cannot even be told, its
+    /// connection `conn` is closed another idle timeout later (`IdleGuard`).
     pub(super) fn idle_guarded<T: Send + 'static>(
         &self,
         stream: BoxStream<T>,
         what: &'static str,
+        conn: Option<ConnInfo>,
     ) -> BoxStream<T> {
         let this = self.clone();
+        let stuck = self.clone();
         Box::pin(IdleGuard::new(
             stream,
             self.inner.config.idle_timeout,
             what,
             move || this.inner.stats.idle_aborted(),
+            move || {
+                if conn.is_some_and(|c| c.abort()) {
+                    stuck.inner.stats.idle_connections_closed();
+                    tracing::debug!("closed a connection whose {what} stream stays unread");
+                }
+            },
         ))
     }
 
