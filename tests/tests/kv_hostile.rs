@@ -1,7 +1,10 @@
 //! KV service end to end against hostile or broken clients (issue 12, finding 4): one
 //! stalled client must not block everyone. Stalled Put streams hold only what they
 //! sent, are aborted after the idle timeout and release it; one connection cannot take
-//! the whole put budget; a Get the client never reads is dropped after the idle timeout.
+//! the whole put budget; a Get the client never reads is dropped after the idle timeout,
+//! and the connection of one whose HTTP/2 window stays shut is closed. Connections that
+//! send nothing are closed after the preface deadline, on the KV and the admin
+//! listeners, and each listener keeps at most its cap of connections.
 
 mod kv_common;
 
@@ -469,4 +472,68 @@ async fn a_connection_that_never_opens_its_window_to_a_get_is_closed() {
     // Everyone else is still served.
     assert!(c.get(NS, b"big").await.expect("get").is_some());
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_closes_silent_connections_and_caps_them() {
+    use strata_tools::admin::{self, AdminState};
+    let engine = memory_engine(1 << 20);
+    let state = AdminState {
+        engine,
+        kv: None,
+        mounts: vec![],
+        mount_cores: vec![],
+        started: Instant::now(),
+        token: None,
+        cluster: None,
+        peer: None,
+        local_files: None,
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    let cap = 4;
+    tokio::spawn(async move {
+        admin::serve_gated(
+            l,
+            state,
+            s.cancelled_owned(),
+            cap,
+            Duration::from_millis(500),
+        )
+        .await
+    });
+    let mut silent = Vec::new();
+    for _ in 0..cap {
+        silent.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut over = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let took = closed_within(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "refused at once: {took:?}"
+    );
+    let t = Instant::now();
+    for s in &mut silent {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let (code, _) = admin::http_request(&addr, "GET", "/healthz", None)
+        .await
+        .expect("served again");
+    assert_eq!(code, 200);
+    stop.cancel();
 }

@@ -33,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use strata_cache_core::{CacheEngine, EngineStatsSnapshot};
+use strata_kvcache::accept::{accept_error, Gate, Gated};
 use strata_kvcache::tenants::constant_time_eq;
 use strata_kvcache::{KvService, KvStatsSnapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -306,12 +307,80 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
     }
 }
 
+/// Most connections the admin listener keeps at once; one more is closed at accept.
+/// 256: its clients are a Prometheus scraper or two and operators' `strata stats`, a
+/// handful of connections, while each costs the daemon a file descriptor: without a
+/// cap, connections that never close exhausted them and the daemon stopped answering
+/// anyone (KV clients included).
+pub const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// A new admin connection must send its first [`ADMIN_FIRST_BYTES`] within this long or
+/// is closed: 10 s, while a live HTTP client sends its request at once.
+pub const ADMIN_FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The shortest HTTP/1 request line (`GET / HTTP/1.1\r\n`).
+pub const ADMIN_FIRST_BYTES: usize = 16;
+
+/// The admin API's listener: at most [`ADMIN_MAX_CONNECTIONS`], each to send its
+/// request line within [`ADMIN_FIRST_BYTES_TIMEOUT`] (`strata_kvcache::accept`).
+struct GatedListener {
+    inner: tokio::net::TcpListener,
+    gate: Arc<Gate>,
+}
+
+impl axum::serve::Listener for GatedListener {
+    type Io = Gated<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((io, addr)) => {
+                    if let Some(g) = self.gate.admit(io) {
+                        return (g, addr);
+                    }
+                }
+                Err(e) => accept_error("admin", &e).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_gated(
+        listener,
+        state,
+        shutdown,
+        ADMIN_MAX_CONNECTIONS,
+        ADMIN_FIRST_BYTES_TIMEOUT,
+    )
+    .await
+}
+
+/// As [`serve`], with the connection cap and first-bytes deadline given (tests).
+pub async fn serve_gated(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    max_connections: usize,
+    first_bytes_timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let listener = GatedListener {
+        inner: listener,
+        gate: Gate::new(
+            "admin",
+            max_connections,
+            ADMIN_FIRST_BYTES,
+            first_bytes_timeout,
+        ),
+    };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
