@@ -4,7 +4,8 @@
 //! the whole put budget; a Get the client never reads is dropped after the idle timeout,
 //! and the connection of one whose HTTP/2 window stays shut is closed. Connections that
 //! send nothing are closed after the preface deadline, on the KV and the admin
-//! listeners, and each listener keeps at most its cap of connections.
+//! listeners, and each listener keeps at most its cap of connections. `strata stats`
+//! pointed at the gRPC port says it is no admin API.
 
 mod kv_common;
 
@@ -536,4 +537,22 @@ async fn the_admin_api_closes_silent_connections_and_caps_them() {
         .expect("served again");
     assert_eq!(code, 200);
     stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strata_stats_against_the_grpc_port_names_the_mistake() {
+    let server = start(ServerConfig::default()).await;
+    let e = tokio::time::timeout(
+        Duration::from_secs(15),
+        strata_tools::admin::http_request(&server.addr, "GET", "/stats", None),
+    )
+    .await
+    .expect("bounded")
+    .expect_err("not an admin API");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains(&format!("no Strata admin API at {}", server.addr)),
+        "{e}"
+    );
+    server.stop().await;
 }
