@@ -9,6 +9,12 @@
 //!   RESOURCE_EXHAUSTED and releases what it held, so Puts that fill the budget between
 //!   them cannot wait on each other forever. With tenants, each tenant has a share too
 //!   (`per_tenant_put_bytes`), so one tenant's many connections cannot take it all.
+//! - The get budget (an [`InflightBudget`] too): the bytes of the blocks Get responses
+//!   hold until their body is done (handed to HTTP/2, or dropped), reserved once the
+//!   block is fetched, globally and per connection (`get_reservation`). A client that
+//!   reads slowly or not at all, over any number of streams and connections, makes the
+//!   server hold at most that much; past it Gets wait (at most the idle timeout, then
+//!   RESOURCE_EXHAUSTED), and an unread response is ended by its [`IdleGuard`].
 //! - [`ConnIo`]: wraps every accepted connection so its requests carry a [`ConnInfo`]
 //!   (the connection's budget) in their extensions.
 //! - [`IdleGuard`]: a response stream the client stops reading is dropped (and with it
@@ -49,6 +55,8 @@ pub(crate) fn semaphore(bytes: u64) -> Arc<Semaphore> {
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     budget: Arc<Semaphore>,
+    /// The connection's share of the get budget.
+    get_budget: Arc<Semaphore>,
     abort: Arc<Abort>,
 }
 
@@ -61,9 +69,11 @@ struct Abort {
 }
 
 impl ConnInfo {
-    pub fn new(bytes: u64) -> Self {
+    /// A connection's shares: `bytes` of the put budget, `get_bytes` of the get budget.
+    pub fn new(bytes: u64, get_bytes: u64) -> Self {
         ConnInfo {
             budget: semaphore(bytes),
+            get_budget: semaphore(get_bytes),
             abort: Arc::default(),
         }
     }
@@ -96,10 +106,11 @@ pub struct ConnIo<T> {
 }
 
 impl<T> ConnIo<T> {
-    pub fn new(io: T, per_connection_bytes: u64) -> Self {
+    /// `io` with its shares of the put and get budgets.
+    pub fn new(io: T, per_connection_bytes: u64, per_connection_get_bytes: u64) -> Self {
         ConnIo {
             io,
-            info: ConnInfo::new(per_connection_bytes),
+            info: ConnInfo::new(per_connection_bytes, per_connection_get_bytes),
         }
     }
 }
@@ -168,22 +179,39 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
 }
 
 /// The global budget of bytes buffered by Put streams.
-pub struct PutBudget {
+pub type PutBudget = InflightBudget;
+
+/// A global budget of bytes in flight: the bytes Put streams buffer ([`PutBudget`]),
+/// or the blocks Get responses hold until they are handed to HTTP/2.
+pub struct InflightBudget {
     global: Arc<Semaphore>,
     total_permits: u64,
 }
 
-impl PutBudget {
+impl InflightBudget {
     pub fn new(bytes: u64) -> Self {
         let global = semaphore(bytes);
         let total_permits = global.available_permits() as u64;
-        PutBudget {
+        InflightBudget {
             global,
             total_permits,
         }
     }
 
-    /// Bytes reserved by Puts in flight now.
+    /// An empty reservation for one Get response on `conn` (the connection's share of
+    /// the get budget applies).
+    pub fn get_reservation(&self, conn: Option<ConnInfo>, wait: Duration) -> Reservation {
+        Reservation {
+            global: self.global.clone(),
+            shares: conn.map(|c| c.get_budget).into_iter().collect(),
+            wait,
+            what: "get",
+            held: Vec::new(),
+            permits: 0,
+        }
+    }
+
+    /// Bytes reserved by the streams in flight now.
     pub fn reserved_bytes(&self) -> u64 {
         (self.total_permits - self.global.available_permits() as u64) * PERMIT_BYTES
     }
@@ -200,19 +228,22 @@ impl PutBudget {
             global: self.global.clone(),
             shares: conn.map(|c| c.budget).into_iter().chain(tenant).collect(),
             wait,
+            what: "put",
             held: Vec::new(),
             permits: 0,
         }
     }
 }
 
-/// What one Put stream holds; released when dropped (the stream ended, failed, or
-/// was aborted as idle).
+/// What one Put stream (or Get response) holds; released when dropped (the stream
+/// ended, failed, or was aborted as idle).
 pub struct Reservation {
     global: Arc<Semaphore>,
     /// The connection's share, then the tenant's.
     shares: Vec<Arc<Semaphore>>,
     wait: Duration,
+    /// "put" or "get", for the error.
+    what: &'static str,
     held: Vec<OwnedSemaphorePermit>,
     permits: u64,
 }
@@ -245,7 +276,8 @@ impl Reservation {
             }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(KvError::Busy(format!(
-                "the server's in-flight put budget stayed full for {wait:?}; retry later"
+                "the server's in-flight {} budget stayed full for {wait:?}; retry later",
+                self.what
             ))),
         }
     }
@@ -471,7 +503,7 @@ mod tests {
     #[tokio::test]
     async fn a_reservation_covers_what_arrives_and_releases_on_drop() {
         let b = PutBudget::new(4 << 10);
-        let conn = ConnInfo::new(2 << 10);
+        let conn = ConnInfo::new(2 << 10, 0);
         let mut r = b.reservation(Some(conn.clone()), None, Duration::from_millis(50));
         r.cover(1).await.expect("1 byte");
         assert_eq!(b.reserved_bytes(), 1 << 10);

@@ -88,6 +88,9 @@ pub struct KvStatsSnapshot {
     /// Bytes the Put streams in flight hold in the put budget now.
     #[serde(default)]
     pub put_reserved_bytes: u64,
+    /// Bytes of blocks the Get responses in flight hold in the get budget now.
+    #[serde(default)]
+    pub get_reserved_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
     /// The load model's current estimates per tier.
     pub load_model: Vec<TierLoadEstimate>,
@@ -284,6 +287,7 @@ impl KvStats {
             idle_aborted: l(&self.idle_aborted),
             idle_connections_closed: l(&self.idle_connections_closed),
             put_reserved_bytes: 0,
+            get_reserved_bytes: 0,
             namespaces,
             load_model: self.load.snapshot(),
             group: None,

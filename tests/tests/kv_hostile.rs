@@ -556,3 +556,63 @@ async fn strata_stats_against_the_grpc_port_names_the_mistake() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_gets_hold_at_most_their_connections_share_of_the_get_budget() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_get_bytes: 8 << 20,
+        per_connection_get_bytes: 4 << 20,
+        idle_timeout: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    for k in [&b"a"[..], b"b", b"c"] {
+        c.put(NS, k, block(4 << 20, k[0] as u64))
+            .await
+            .expect("put");
+    }
+    // Three Gets no one reads (zero window) on one connection: one block's worth is
+    // all the connection may hold; the others wait for budget.
+    let mut s = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    hello.extend(raw_get(1, b"a"));
+    hello.extend(raw_get(3, b"b"));
+    hello.extend(raw_get(5, b"c"));
+    s.write_all(&hello).await.expect("write");
+    wait_for(&server.service, "the first get's reservation", |st| {
+        st.get_reserved_bytes >= 4 << 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.service.stats().get_reserved_bytes,
+        4 << 20,
+        "one connection holds at most its share"
+    );
+    // Another connection still gets its block at once.
+    let t = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(5), c.get(NS, b"b"))
+        .await
+        .expect("not blocked by the unread gets")
+        .expect("get")
+        .expect("hit");
+    assert_eq!(got.len(), 4 << 20);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // The unread connection is closed, and what it held released.
+    closed_within(&mut s, Duration::from_secs(10)).await;
+    wait_for(&server.service, "the budget released", |st| {
+        st.get_reserved_bytes == 0
+    })
+    .await;
+    server.stop().await;
+}

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{tier_pb, Blocks, BoxStream, Caller, KvService, Served, TimedStream};
+use super::{tier_pb, Blocks, BoxStream, Caller, GetHold, KvService, Served, TimedStream};
 use crate::error::KvError;
 use crate::limits::ConnInfo;
 use crate::pb::kv_cache_server::KvCache;
@@ -91,6 +91,19 @@ impl KvCache for KvService {
             (Some(arena), Some(s)) => arena.lease(s, &key, &data),
             _ => None,
         };
+        // Inline bytes: the response holds the block (a private copy when it came from
+        // disk) until HTTP/2 has it; the get budget bounds what all of them hold.
+        let hold = match lease {
+            Some(_) => None,
+            None => {
+                let mut r = self
+                    .inner
+                    .get_budget
+                    .get_reservation(conn.clone(), self.inner.config.idle_timeout);
+                self.reject(r.cover(size).await)?;
+                Some(GetHold(Arc::new(r)))
+            }
+        };
         let msgs: Vec<_> = match lease {
             Some(l) => vec![Ok(pb::GetResponse {
                 size,
@@ -112,22 +125,33 @@ impl KvCache for KvService {
                 })
                 .collect(),
         };
-        let leased = lease.is_some();
+        drop(data);
+        let Some(hold) = hold else {
+            // One small message: the block stays in the arena, not in the response.
+            return Ok(Response::new(Box::pin(TimedStream::new(
+                futures::stream::iter(msgs),
+                self.clone(),
+                tier,
+                size,
+            ))));
+        };
+        let held = hold.clone();
         let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
-            futures::stream::iter(msgs),
+            futures::stream::iter(msgs).map(move |m| {
+                let _ = &held;
+                m
+            }),
             self.clone(),
             tier,
             size,
         ));
-        if leased {
-            // One small message: the block stays in the arena, not in the response.
-            return Ok(Response::new(stream));
-        }
         // Even a one-message answer is guarded: HTTP/2 takes the message on the first
         // poll but holds it (a slice that pins the whole block) until the client's
         // window has room, so a client that never opens it would pin the block for as
         // long as it keeps the connection alive; the guard closes that connection.
-        Ok(Response::new(self.idle_guarded(stream, "get", conn)))
+        let mut resp = Response::new(self.idle_guarded(stream, "get", conn));
+        resp.extensions_mut().insert(hold);
+        Ok(resp)
     }
 
     type BatchGetStream = BoxStream<pb::BatchGetResponse>;

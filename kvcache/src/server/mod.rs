@@ -64,7 +64,7 @@ use crate::accept::{self, Gate, H2_PREFACE_BYTES};
 use crate::error::{KvError, Result};
 use crate::group::{Forward, Router};
 use crate::identity::{IdentityBindings, IdentityDigest};
-use crate::limits::{ConnIo, PutBudget};
+use crate::limits::{ConnIo, InflightBudget, PutBudget, Reservation};
 use crate::pb::Tier;
 use crate::shm::ShmArena;
 use crate::staging::Staging;
@@ -134,6 +134,18 @@ pub struct ServerConfig {
     /// Default 512 MiB, half the global budget: one tenant, however many connections it
     /// opens, leaves at least half to the others.
     pub per_tenant_put_bytes: u64,
+    /// Bytes of blocks all Get responses hold at once, from when the block is fetched
+    /// until the response's body is done (handed to HTTP/2) or dropped. Default 1 GiB,
+    /// as the put budget: a Get of a disk-resident block holds its own copy, and a
+    /// client that opens many Gets and reads none (zero HTTP/2 window) made the server
+    /// hold any number of them (4.9 GB in the finding); past the budget Gets wait for
+    /// it (at most `idle_timeout`, then RESOURCE_EXHAUSTED). Loopback Gets at tens of
+    /// GB/s hand a block to HTTP/2 in milliseconds, so a healthy load holds far less.
+    pub max_inflight_get_bytes: u64,
+    /// The part of the get budget one connection may hold. Default 256 MiB, a quarter:
+    /// one connection that stops reading leaves at least three quarters to the others,
+    /// and still has four largest blocks in flight.
+    pub per_connection_get_bytes: u64,
     /// A Put stream that sends nothing, or a Get stream the client does not read, for
     /// this long is aborted and releases what it holds; a Put waits at most this long
     /// for budget. Default 10 s: a live client sends a 1 MiB message in well under 10 ms
@@ -199,6 +211,8 @@ impl Default for ServerConfig {
             max_inflight_put_bytes: 1 << 30,
             per_connection_put_bytes: 256 << 20,
             per_tenant_put_bytes: 512 << 20,
+            max_inflight_get_bytes: 1 << 30,
+            per_connection_get_bytes: 256 << 20,
             idle_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             keepalive_interval: Duration::from_secs(30),
@@ -278,6 +292,7 @@ pub async fn serve(
     let router = builder.add_service(service.grpc());
     // At least one largest block, so a lone put of it on a connection can proceed.
     let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
+    let per_conn_get = cfg.per_connection_get_bytes.max(cfg.max_block);
     let gate = |what| {
         Gate::new(
             what,
@@ -290,7 +305,7 @@ pub async fn serve(
         Listener::Tcp(l) => {
             let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
             let incoming = accept::gated(incoming, gate("kv tcp"))
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -298,7 +313,7 @@ pub async fn serve(
         Listener::Unix(l) => {
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
             let incoming = accept::gated(incoming, gate("kv unix"))
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -332,6 +347,8 @@ struct Inner {
     registered: HashSet<String>,
     tenants: Arc<Tenants>,
     put_budget: PutBudget,
+    /// The bytes Get responses hold (`limits.rs`).
+    get_budget: InflightBudget,
     /// Keys being stored now: one store per key (`storing.rs`).
     storing: storing::Storing,
     stats: KvStats,
@@ -384,6 +401,13 @@ fn tier_pb(t: Option<TierKind>) -> Tier {
         Some(TierKind::Disk) => Tier::Disk,
     }
 }
+
+/// The get budget a Get response holds, shared by its stream and (through the
+/// response's extensions) by the body `wire.rs` sends it with: released when both are
+/// gone, so a response whose stream the idle guard dropped keeps counting while
+/// HTTP/2 still holds its chunks.
+#[derive(Clone)]
+pub(crate) struct GetHold(#[allow(dead_code)] Arc<Reservation>);
 
 /// The tenant a request authenticated as (set by [`TokenCheck`]).
 #[derive(Clone)]

@@ -17,7 +17,7 @@ use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
 use crate::group::{Forward, GroupOptions, GroupView, Router};
 use crate::identity::IdentityBindings;
-use crate::limits::{ConnInfo, IdleGuard, PutBudget, Reservation};
+use crate::limits::{ConnInfo, IdleGuard, InflightBudget, PutBudget, Reservation};
 use crate::pb::kv_cache_server::KvCacheServer;
 use crate::pb::{self};
 use crate::shm::ShmArena;
@@ -37,6 +37,9 @@ impl KvService {
                 )),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
+                get_budget: InflightBudget::new(
+                    config.max_inflight_get_bytes.max(config.max_block),
+                ),
                 // Registered namespaces are always tracked one by one (with tenants,
                 // stats name the tenant's key space, "<tenant>:<namespace>", instead).
                 stats: KvStats::with_pinned(if config.tenants.is_empty() {
@@ -151,6 +154,7 @@ impl KvService {
         s.prefetch_wasted = staged.wasted;
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s.get_reserved_bytes = self.inner.get_budget.reserved_bytes();
         s.group = self.group_stats();
         s.shm = self.inner.shm.as_ref().map(|a| a.stats());
         s
