@@ -150,6 +150,14 @@ impl<T> Gated<T> {
     }
 }
 
+/// The connection's own info (its peer address for TCP), as if it were not gated.
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Gated<T> {
+    type ConnectInfo = T::ConnectInfo;
+    fn connect_info(&self) -> T::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
     fn poll_read(
         self: Pin<&mut Self>,
