@@ -616,3 +616,74 @@ async fn unread_gets_hold_at_most_their_connections_share_of_the_get_budget() {
     .await;
     server.stop().await;
 }
+
+/// The server's first frames on a new connection: its SETTINGS (id, value) and the
+/// increment of its connection-level WINDOW_UPDATE.
+async fn server_settings(addr: &str) -> (Vec<(u16, u32)>, u32) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&hello).await.expect("write");
+    let (mut settings, mut window) = (None, None);
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while settings.is_none() || window.is_none() {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before its settings");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 9 {
+                let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let (kind, flags) = (buf[3], buf[4]);
+                let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]);
+                let p = buf[9..9 + len].to_vec();
+                buf.drain(..9 + len);
+                if kind == 4 && flags & 1 == 0 {
+                    settings = Some(
+                        p.chunks(6)
+                            .map(|c| {
+                                (
+                                    u16::from_be_bytes([c[0], c[1]]),
+                                    u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                                )
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                }
+                if kind == 8 && stream == 0 {
+                    window = Some(u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff);
+                }
+            }
+        }
+    })
+    .await
+    .expect("the server's settings within 5 s");
+    (settings.unwrap_or_default(), window.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_http2_limits_are_what_the_server_announces() {
+    for cfg in [
+        ServerConfig::default(),
+        ServerConfig {
+            stream_window: 1 << 20,
+            connection_window: 2 << 20,
+            max_concurrent_streams: 16,
+            ..Default::default()
+        },
+    ] {
+        let server = start(cfg.clone()).await;
+        let (settings, window) = server_settings(&server.addr).await;
+        let get = |id: u16| settings.iter().find(|(i, _)| *i == id).map(|(_, v)| *v);
+        assert_eq!(get(3), Some(cfg.max_concurrent_streams), "{settings:?}");
+        assert_eq!(get(4), Some(cfg.stream_window), "{settings:?}");
+        // The connection window starts at the protocol's 65,535 and is raised to the
+        // configured one (what one connection may make the server buffer).
+        assert_eq!(window, cfg.connection_window - 65_535);
+        server.stop().await;
+    }
+}
