@@ -7,8 +7,8 @@
 //!   once per [`WARN_EVERY`], with a count), so the descriptors the process spends on one
 //!   listener's clients stay bounded whoever connects.
 //! - [`Gated`]: an admitted connection, holding its slot until it is dropped; it must
-//!   deliver its first `first_bytes` bytes (the HTTP/2 preface, a TLS ClientHello, an
-//!   HTTP/1 request line) within `first_bytes_timeout` from its accept, or its next read
+//!   deliver its first `first_bytes` bytes (the HTTP/2 preface and SETTINGS header, a
+//!   TLS ClientHello, an HTTP/1 request line) within `first_bytes_timeout` from its accept, or its next read
 //!   fails with `TimedOut` and the server closes it. A connection that completed its
 //!   start and then sends nothing is the HTTP/2 keepalive's business (a peer that does
 //!   not answer PINGs is closed) or, when it answers them, holds one slot of the cap.
@@ -28,9 +28,11 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`):
-/// what a gRPC connection must send before anything else. A TLS ClientHello is longer.
-pub const H2_PREFACE_BYTES: usize = 24;
+/// What an HTTP/2 client sends before anything else: the 24-byte connection preface
+/// (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`) and the 9-byte header of the SETTINGS frame that
+/// must follow it. A connection that sends only the preface is as stuck as a silent
+/// one (the server waits for its SETTINGS). A TLS ClientHello is longer.
+pub const H2_START_BYTES: usize = 24 + 9;
 
 /// Warnings about refused or timed-out connections are logged at most this often: a
 /// flood of them must not become a flood of log lines.

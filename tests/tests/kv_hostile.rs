@@ -687,3 +687,41 @@ async fn the_configured_http2_limits_are_what_the_server_announces() {
         server.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_stop_within_the_http2_preface_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(ServerConfig {
+        preface_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    // Half the preface; the whole preface but no SETTINGS: both stuck where the server
+    // waits for more.
+    let mut stuck = Vec::new();
+    for start in [
+        &b"PRI * HTTP/2.0\r\n"[..],
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ] {
+        let mut s = tokio::net::TcpStream::connect(&server.addr)
+            .await
+            .expect("connect");
+        s.write_all(start).await.expect("write");
+        stuck.push(s);
+    }
+    let t = Instant::now();
+    for s in &mut stuck {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    // A client that starts properly is not closed at the deadline.
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    c.put(NS, b"k", block(64 << 10, 1)).await.expect("put");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(c.get(NS, b"k").await.expect("get").is_some());
+    server.stop().await;
+}

@@ -60,7 +60,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 
-use crate::accept::{self, Gate, H2_PREFACE_BYTES};
+use crate::accept::{self, Gate, H2_START_BYTES};
 use crate::error::{KvError, Result};
 use crate::group::{Forward, Router};
 use crate::identity::{IdentityBindings, IdentityDigest};
@@ -184,8 +184,8 @@ pub struct ServerConfig {
     /// buffers, so the cap keeps a flood of connections from exhausting the process's
     /// descriptors (which stops the service for everyone) or its memory.
     pub max_connections: usize,
-    /// A new connection must send its first bytes (the HTTP/2 preface or a TLS
-    /// ClientHello) within this long, or it is closed. Default 10 s: a live client
+    /// A new connection must send its first bytes (the HTTP/2 preface and its SETTINGS
+    /// frame's header, or a TLS ClientHello) within this long, or it is closed. Default 10 s: a live client
     /// sends them at once (within a round trip of connecting), while a connection that
     /// sends nothing holds a descriptor and a slot of `max_connections` for nothing.
     pub preface_timeout: Duration,
@@ -297,7 +297,7 @@ pub async fn serve(
         Gate::new(
             what,
             cfg.max_connections,
-            H2_PREFACE_BYTES,
+            H2_START_BYTES,
             cfg.preface_timeout,
         )
     };

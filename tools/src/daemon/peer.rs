@@ -92,7 +92,7 @@ pub(crate) async fn start(
             accept::Gate::new(
                 "peer",
                 PEER_MAX_CONNECTIONS,
-                accept::H2_PREFACE_BYTES,
+                accept::H2_START_BYTES,
                 PEER_PREFACE_TIMEOUT,
             ),
         );
