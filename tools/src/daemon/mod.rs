@@ -262,39 +262,6 @@ async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
     }
 }
 
-/// Raises the soft limit on open files to the hard limit. The soft limit is often 1024,
-/// which a daemon serving many clients (each connection a descriptor, beside the disk
-/// tier's files) reaches long before the listeners' connection caps; the hard limit is
-/// what the administrator allows, and the caps keep the daemon well inside it.
-fn raise_nofile_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed by reference.
-    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    if got != 0 || lim.rlim_cur >= lim.rlim_max {
-        return;
-    }
-    let soft = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: as above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
-        tracing::info!(
-            from = soft,
-            to = lim.rlim_max,
-            "raised the open-files limit"
-        );
-    } else {
-        tracing::warn!(
-            soft,
-            hard = lim.rlim_max,
-            "could not raise the open-files limit: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 /// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
 /// [`run`] until SIGINT or SIGTERM.
 pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
@@ -302,7 +269,6 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
     if cfg.kv.enabled {
         strata_kvcache::server::tune_allocator();
     }
-    raise_nofile_limit();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata")
