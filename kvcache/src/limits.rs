@@ -270,7 +270,15 @@ impl Reservation {
         };
         match tokio::time::timeout(wait, acquire).await {
             Ok(Ok(got)) => {
-                self.held.extend(got);
+                if self.held.is_empty() {
+                    self.held = got;
+                } else {
+                    // One permit per semaphore, in the same order: merged, so that
+                    // `shrink_to` can give some back.
+                    for (h, g) in self.held.iter_mut().zip(got) {
+                        h.merge(g);
+                    }
+                }
                 self.permits += need;
                 Ok(())
             }
@@ -280,6 +288,22 @@ impl Reservation {
                 self.what
             ))),
         }
+    }
+}
+
+impl Reservation {
+    /// Gives back what the reservation holds beyond `bytes` (a Get that reserved an
+    /// estimate of its block before fetching it).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let keep = permits_for(bytes);
+        if keep >= self.permits {
+            return;
+        }
+        let give = (self.permits - keep) as usize;
+        for h in &mut self.held {
+            drop(h.split(give));
+        }
+        self.permits = keep;
     }
 }
 
@@ -530,5 +554,27 @@ mod tests {
         assert!(matches!(t2.cover(1).await, Err(KvError::Busy(_))));
         drop(t1);
         t2.cover(1).await.expect("freed");
+    }
+
+    #[tokio::test]
+    async fn a_get_reservation_shrinks_to_its_block() {
+        let b = InflightBudget::new(8 << 10);
+        let conn = ConnInfo::new(0, 4 << 10);
+        let mut r = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        r.cover(4 << 10).await.expect("the estimate");
+        let mut other = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        assert!(
+            other.cover(1 << 10).await.is_err(),
+            "the connection's share"
+        );
+        r.shrink_to(1 << 10);
+        assert_eq!(b.reserved_bytes(), 1 << 10);
+        other.cover(3 << 10).await.expect("given back");
+        r.cover(2 << 10).await.expect_err("full again");
+        drop(other);
+        r.cover(2 << 10).await.expect("grows again");
+        assert_eq!(b.reserved_bytes(), 2 << 10);
+        drop(r);
+        assert_eq!(b.reserved_bytes(), 0);
     }
 }

@@ -45,6 +45,14 @@ impl KvCache for KvService {
         let wants_device =
             session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
         let req = request.into_inner();
+        // The get budget (`limits.rs`): the block's bytes are reserved before it is
+        // fetched (a disk-resident block is read into a copy of its own), at the size
+        // this namespace's blocks have had, then trimmed to the block's: Gets waiting
+        // for budget hold no block.
+        let mut held = self
+            .inner
+            .get_budget
+            .get_reservation(conn.clone(), self.inner.config.idle_timeout);
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
@@ -53,10 +61,19 @@ impl KvCache for KvService {
                     return Ok(Served::Device(lease));
                 }
             }
+            let estimate = self.get_size_estimate(&ns);
+            held.cover(estimate).await?;
             let (data, tier) = self
                 .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
                 .await?
                 .ok_or(KvError::NotFound)?;
+            let size = data.len() as u64;
+            self.note_get_size(&ns, size);
+            if size > estimate {
+                held.cover(size).await?;
+            } else {
+                held.shrink_to(size);
+            }
             Ok(Served::Bytes(key, data, tier))
         }
         .await;
@@ -95,14 +112,7 @@ impl KvCache for KvService {
         // disk) until HTTP/2 has it; the get budget bounds what all of them hold.
         let hold = match lease {
             Some(_) => None,
-            None => {
-                let mut r = self
-                    .inner
-                    .get_budget
-                    .get_reservation(conn.clone(), self.inner.config.idle_timeout);
-                self.reject(r.cover(size).await)?;
-                Some(GetHold(Arc::new(r)))
-            }
+            None => Some(GetHold(Arc::new(held))),
         };
         let msgs: Vec<_> = match lease {
             Some(l) => vec![Ok(pb::GetResponse {

@@ -89,6 +89,12 @@ pub const MAX_HASH_LEN: usize = 64;
 /// context length (1M tokens / 16-token blocks), and bounds the work of one request.
 pub const MAX_BATCH_KEYS: usize = 1 << 16;
 
+/// Most namespaces whose block size the get budget remembers (`KvService::
+/// get_size_estimate`); a Get in any other reserves `max_block` while it fetches. 4096:
+/// far more than the models one cache serves, and a bound on what clients that make
+/// up namespaces can make the server keep.
+const MAX_SIZED_NAMESPACES: usize = 4096;
+
 /// Default size of the messages a Get streams: 1 MiB, large enough that per-message
 /// overhead is negligible and small enough that the first bytes leave early.
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
@@ -349,6 +355,8 @@ struct Inner {
     put_budget: PutBudget,
     /// The bytes Get responses hold (`limits.rs`).
     get_budget: InflightBudget,
+    /// The largest block served per namespace: what a Get reserves before fetching.
+    get_sizes: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
     /// Keys being stored now: one store per key (`storing.rs`).
     storing: storing::Storing,
     stats: KvStats,

@@ -11,7 +11,7 @@ use tonic::{Request, Status, Streaming};
 
 use super::{
     fnv1a, Blocks, BoxStream, Caller, Inner, KvService, PeerCheck, QuotaCharge, ServerConfig,
-    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN,
+    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN, MAX_SIZED_NAMESPACES,
 };
 use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
@@ -40,6 +40,7 @@ impl KvService {
                 get_budget: InflightBudget::new(
                     config.max_inflight_get_bytes.max(config.max_block),
                 ),
+                get_sizes: Default::default(),
                 // Registered namespaces are always tracked one by one (with tenants,
                 // stats name the tenant's key space, "<tenant>:<namespace>", instead).
                 stats: KvStats::with_pinned(if config.tenants.is_empty() {
@@ -512,6 +513,32 @@ impl KvService {
         Ok(pb::PutResponse {
             already_present: false,
         })
+    }
+
+    /// What a Get in `ns` reserves before it fetches its block: the largest block of
+    /// the namespace Gets have served (a model's blocks are all one size), or
+    /// `max_block` for a namespace not served yet.
+    pub(super) fn get_size_estimate(&self, ns: &str) -> u64 {
+        let known = self.inner.get_sizes.read().get(ns).copied();
+        known.unwrap_or(self.inner.config.max_block)
+    }
+
+    /// Notes the size of a block served in `ns` (see [`Self::get_size_estimate`]).
+    pub(super) fn note_get_size(&self, ns: &Arc<str>, size: u64) {
+        if self
+            .inner
+            .get_sizes
+            .read()
+            .get(&**ns)
+            .is_some_and(|&s| s >= size)
+        {
+            return;
+        }
+        let mut sizes = self.inner.get_sizes.write();
+        if sizes.len() < MAX_SIZED_NAMESPACES || sizes.contains_key(&**ns) {
+            let s = sizes.entry(ns.clone()).or_insert(0);
+            *s = (*s).max(size);
+        }
     }
 
     /// `stream`, dropped (with the blocks it pins) when the client stops reading it;
