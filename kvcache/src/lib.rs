@@ -6,6 +6,8 @@
 //! - [`client`]: [`client::KvClient`], over TCP (optionally TLS + token) or a Unix socket.
 //! - [`keys`]: the stable, versioned key derivation clients use (docs/KV_KEYS.md).
 //! - [`error`]: [`KvError`], mapped to a `tonic::Status` once, at the edge.
+//! - [`accept`]: what bounds a listener's connections (how many, how long a new one may
+//!   stay silent).
 //! - [`limits`]: the put budgets, per-connection tagging and idle guards that keep one
 //!   client from blocking the others.
 //! - [`identity`]: namespaces bound to a model identity (keys v2).
@@ -20,6 +22,7 @@
 //!   message once on each end).
 //! - [`stats`]: per-namespace counters and the load-time model behind `EstimateLoad`.
 
+pub mod accept;
 mod blocks;
 pub mod client;
 pub mod error;

@@ -9,6 +9,12 @@
 //!   RESOURCE_EXHAUSTED and releases what it held, so Puts that fill the budget between
 //!   them cannot wait on each other forever. With tenants, each tenant has a share too
 //!   (`per_tenant_put_bytes`), so one tenant's many connections cannot take it all.
+//! - The get budget (an [`InflightBudget`] too): the bytes of the blocks Get responses
+//!   hold until their body is done (handed to HTTP/2, or dropped), reserved once the
+//!   block is fetched, globally and per connection (`get_reservation`). A client that
+//!   reads slowly or not at all, over any number of streams and connections, makes the
+//!   server hold at most that much; past it Gets wait (at most the idle timeout, then
+//!   RESOURCE_EXHAUSTED), and an unread response is ended by its [`IdleGuard`].
 //! - [`ConnIo`]: wraps every accepted connection so its requests carry a [`ConnInfo`]
 //!   (the connection's budget) in their extensions.
 //! - [`IdleGuard`]: a response stream the client stops reading is dropped (and with it
@@ -44,17 +50,43 @@ pub(crate) fn semaphore(bytes: u64) -> Arc<Semaphore> {
     ))
 }
 
-/// The per-connection part of the put budget, carried in each request's extensions.
+/// The per-connection part of the put budget, carried in each request's extensions,
+/// and the switch that closes the connection.
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     budget: Arc<Semaphore>,
+    /// The connection's share of the get budget.
+    get_budget: Arc<Semaphore>,
+    abort: Arc<Abort>,
+}
+
+/// Set to close a connection: its next read or write fails, so the server drops it with
+/// every stream on it (and whatever those streams buffer).
+#[derive(Debug, Default)]
+struct Abort {
+    set: AtomicBool,
+    reader: futures::task::AtomicWaker,
 }
 
 impl ConnInfo {
-    pub fn new(bytes: u64) -> Self {
+    /// A connection's shares: `bytes` of the put budget, `get_bytes` of the get budget.
+    pub fn new(bytes: u64, get_bytes: u64) -> Self {
         ConnInfo {
             budget: semaphore(bytes),
+            get_budget: semaphore(get_bytes),
+            abort: Arc::default(),
         }
+    }
+
+    /// Closes the connection (see [`Abort`]); true the first time.
+    pub fn abort(&self) -> bool {
+        let first = !self.abort.set.swap(true, Ordering::AcqRel);
+        self.abort.reader.wake();
+        first
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.set.load(Ordering::Acquire)
     }
 
     /// The connection of a request (plain or TLS); None when the request did not come
@@ -74,10 +106,11 @@ pub struct ConnIo<T> {
 }
 
 impl<T> ConnIo<T> {
-    pub fn new(io: T, per_connection_bytes: u64) -> Self {
+    /// `io` with its shares of the put and get budgets.
+    pub fn new(io: T, per_connection_bytes: u64, per_connection_get_bytes: u64) -> Self {
         ConnIo {
             io,
-            info: ConnInfo::new(per_connection_bytes),
+            info: ConnInfo::new(per_connection_bytes, per_connection_get_bytes),
         }
     }
 }
@@ -95,8 +128,22 @@ impl<T: AsyncRead + Unpin> AsyncRead for ConnIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        // The server always keeps a read pending on a connection: registering here is
+        // what lets `abort` wake it.
+        this.info.abort.reader.register(cx.waker());
+        if this.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
+}
+
+fn aborted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "connection closed by the server: a response stream went unread past the idle timeout",
+    )
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
@@ -105,6 +152,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
         Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -118,6 +168,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.info.aborted() {
+            return Poll::Ready(Err(aborted()));
+        }
         Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -126,22 +179,39 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
 }
 
 /// The global budget of bytes buffered by Put streams.
-pub struct PutBudget {
+pub type PutBudget = InflightBudget;
+
+/// A global budget of bytes in flight: the bytes Put streams buffer ([`PutBudget`]),
+/// or the blocks Get responses hold until they are handed to HTTP/2.
+pub struct InflightBudget {
     global: Arc<Semaphore>,
     total_permits: u64,
 }
 
-impl PutBudget {
+impl InflightBudget {
     pub fn new(bytes: u64) -> Self {
         let global = semaphore(bytes);
         let total_permits = global.available_permits() as u64;
-        PutBudget {
+        InflightBudget {
             global,
             total_permits,
         }
     }
 
-    /// Bytes reserved by Puts in flight now.
+    /// An empty reservation for one Get response on `conn` (the connection's share of
+    /// the get budget applies).
+    pub fn get_reservation(&self, conn: Option<ConnInfo>, wait: Duration) -> Reservation {
+        Reservation {
+            global: self.global.clone(),
+            shares: conn.map(|c| c.get_budget).into_iter().collect(),
+            wait,
+            what: "get",
+            held: Vec::new(),
+            permits: 0,
+        }
+    }
+
+    /// Bytes reserved by the streams in flight now.
     pub fn reserved_bytes(&self) -> u64 {
         (self.total_permits - self.global.available_permits() as u64) * PERMIT_BYTES
     }
@@ -158,19 +228,22 @@ impl PutBudget {
             global: self.global.clone(),
             shares: conn.map(|c| c.budget).into_iter().chain(tenant).collect(),
             wait,
+            what: "put",
             held: Vec::new(),
             permits: 0,
         }
     }
 }
 
-/// What one Put stream holds; released when dropped (the stream ended, failed, or
-/// was aborted as idle).
+/// What one Put stream (or Get response) holds; released when dropped (the stream
+/// ended, failed, or was aborted as idle).
 pub struct Reservation {
     global: Arc<Semaphore>,
     /// The connection's share, then the tenant's.
     shares: Vec<Arc<Semaphore>>,
     wait: Duration,
+    /// "put" or "get", for the error.
+    what: &'static str,
     held: Vec<OwnedSemaphorePermit>,
     permits: u64,
 }
@@ -197,15 +270,40 @@ impl Reservation {
         };
         match tokio::time::timeout(wait, acquire).await {
             Ok(Ok(got)) => {
-                self.held.extend(got);
+                if self.held.is_empty() {
+                    self.held = got;
+                } else {
+                    // One permit per semaphore, in the same order: merged, so that
+                    // `shrink_to` can give some back.
+                    for (h, g) in self.held.iter_mut().zip(got) {
+                        h.merge(g);
+                    }
+                }
                 self.permits += need;
                 Ok(())
             }
             Ok(Err(e)) => Err(e),
             Err(_) => Err(KvError::Busy(format!(
-                "the server's in-flight put budget stayed full for {wait:?}; retry later"
+                "the server's in-flight {} budget stayed full for {wait:?}; retry later",
+                self.what
             ))),
         }
+    }
+}
+
+impl Reservation {
+    /// Gives back what the reservation holds beyond `bytes` (a Get that reserved an
+    /// estimate of its block before fetching it).
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let keep = permits_for(bytes);
+        if keep >= self.permits {
+            return;
+        }
+        let give = (self.permits - keep) as usize;
+        for h in &mut self.held {
+            drop(h.split(give));
+        }
+        self.permits = keep;
     }
 }
 
@@ -218,10 +316,16 @@ struct Shared<S> {
     /// block): the client is not idle then.
     waiting_on_server: AtomicBool,
     expired: AtomicBool,
+    /// Polled after it expired: the client was (or is being) told.
+    told: AtomicBool,
     start: tokio::time::Instant,
 }
 
 /// A response stream that is dropped when the client stops reading it for `idle`.
+///
+/// `on_expire` runs when it is dropped so; `on_stuck` when, another `idle` later, the
+/// server has still not polled the stream to tell the client (its HTTP/2 window stayed
+/// shut): the caller closes the connection then ([`ConnInfo::abort`]).
 ///
 /// A watchdog task holds only a weak reference: it wakes every `idle`, and when the
 /// stream has not been polled since, drops the inner stream (the block it pins is
@@ -244,12 +348,14 @@ impl<S: Send + 'static> IdleGuard<S> {
         idle: Duration,
         what: &'static str,
         on_expire: impl FnOnce() + Send + 'static,
+        on_stuck: impl FnOnce() + Send + 'static,
     ) -> Self {
         let shared = Arc::new(Shared {
             inner: Mutex::new(Some(inner)),
             last_poll_ms: AtomicU64::new(0),
             waiting_on_server: AtomicBool::new(false),
             expired: AtomicBool::new(false),
+            told: AtomicBool::new(false),
             start: tokio::time::Instant::now(),
         });
         let weak: Weak<Shared<S>> = Arc::downgrade(&shared);
@@ -271,14 +377,30 @@ impl<S: Send + 'static> IdleGuard<S> {
                 }
                 if last + idle <= now {
                     let dropped = s.inner.lock().take();
-                    if dropped.is_some() {
-                        s.expired.store(true, Ordering::Relaxed);
-                        drop(dropped);
-                        on_expire();
+                    if dropped.is_none() {
+                        return;
                     }
-                    return;
+                    s.expired.store(true, Ordering::Relaxed);
+                    drop(dropped);
+                    break;
                 }
                 deadline = last + idle;
+            }
+            on_expire();
+            // The client is told (DEADLINE_EXCEEDED) the next time the server polls the
+            // stream; HTTP/2 does that only when the client's window has room. One that
+            // keeps its window shut pins what the server already handed to HTTP/2 (a
+            // chunk: a slice of the whole block) for as long as the connection lives,
+            // and answers keepalive PINGs: its connection is closed if the stream is
+            // still not polled another idle timeout on.
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {}
+                _ = watch_closed.notified() => return,
+            }
+            if let Some(s) = weak.upgrade() {
+                if !s.told.load(Ordering::Relaxed) {
+                    on_stuck();
+                }
             }
         });
         IdleGuard {
@@ -317,6 +439,9 @@ where
                 None => None,
             }
         };
+        if r.is_none() {
+            self.shared.told.store(true, Ordering::Relaxed);
+        }
         match r {
             Some(r) => r,
             None if self.shared.expired.load(Ordering::Relaxed) && !self.errored => {
@@ -346,7 +471,13 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_guard_ends_its_watchdog_at_once() {
         let inner = futures::stream::iter(vec![Ok::<_, Status>(1u8)]);
-        let g = IdleGuard::new(Box::pin(inner), Duration::from_secs(3600), "get", || {});
+        let g = IdleGuard::new(
+            Box::pin(inner),
+            Duration::from_secs(3600),
+            "get",
+            || {},
+            || {},
+        );
         let closed = g.closed.clone();
         assert_eq!(
             Arc::strong_count(&closed),
@@ -372,7 +503,13 @@ mod tests {
             let _ = &held;
             x
         });
-        let mut g = IdleGuard::new(Box::pin(inner), Duration::from_millis(200), "get", || {});
+        let mut g = IdleGuard::new(
+            Box::pin(inner),
+            Duration::from_millis(200),
+            "get",
+            || {},
+            || {},
+        );
         assert_eq!(g.next().await.map(|r| r.is_ok()), Some(true));
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(Arc::strong_count(&pinned), 2, "read recently: kept");
@@ -390,7 +527,7 @@ mod tests {
     #[tokio::test]
     async fn a_reservation_covers_what_arrives_and_releases_on_drop() {
         let b = PutBudget::new(4 << 10);
-        let conn = ConnInfo::new(2 << 10);
+        let conn = ConnInfo::new(2 << 10, 0);
         let mut r = b.reservation(Some(conn.clone()), None, Duration::from_millis(50));
         r.cover(1).await.expect("1 byte");
         assert_eq!(b.reserved_bytes(), 1 << 10);
@@ -417,5 +554,27 @@ mod tests {
         assert!(matches!(t2.cover(1).await, Err(KvError::Busy(_))));
         drop(t1);
         t2.cover(1).await.expect("freed");
+    }
+
+    #[tokio::test]
+    async fn a_get_reservation_shrinks_to_its_block() {
+        let b = InflightBudget::new(8 << 10);
+        let conn = ConnInfo::new(0, 4 << 10);
+        let mut r = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        r.cover(4 << 10).await.expect("the estimate");
+        let mut other = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        assert!(
+            other.cover(1 << 10).await.is_err(),
+            "the connection's share"
+        );
+        r.shrink_to(1 << 10);
+        assert_eq!(b.reserved_bytes(), 1 << 10);
+        other.cover(3 << 10).await.expect("given back");
+        r.cover(2 << 10).await.expect_err("full again");
+        drop(other);
+        r.cover(2 << 10).await.expect("grows again");
+        assert_eq!(b.reserved_bytes(), 2 << 10);
+        drop(r);
+        assert_eq!(b.reserved_bytes(), 0);
     }
 }

@@ -81,9 +81,16 @@ pub struct KvStatsSnapshot {
     /// Put or Get streams aborted because the client stopped sending or reading.
     #[serde(default)]
     pub idle_aborted: u64,
+    /// Connections closed because a response stream stayed unread with its HTTP/2
+    /// window shut for twice the idle timeout (`limits::IdleGuard`).
+    #[serde(default)]
+    pub idle_connections_closed: u64,
     /// Bytes the Put streams in flight hold in the put budget now.
     #[serde(default)]
     pub put_reserved_bytes: u64,
+    /// Bytes of blocks the Get responses in flight hold in the get budget now.
+    #[serde(default)]
+    pub get_reserved_bytes: u64,
     pub namespaces: Vec<NamespaceStats>,
     /// The load model's current estimates per tier.
     pub load_model: Vec<TierLoadEstimate>,
@@ -135,6 +142,7 @@ pub struct KvStats {
     prefetch_issued: AtomicU64,
     rejected: AtomicU64,
     idle_aborted: AtomicU64,
+    idle_connections_closed: AtomicU64,
     namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
     /// Entries made for registered namespaces (outside the cap).
     pinned: usize,
@@ -232,6 +240,9 @@ impl KvStats {
     pub fn idle_aborted(&self) {
         self.idle_aborted.fetch_add(1, Ordering::Relaxed);
     }
+    pub fn idle_connections_closed(&self) {
+        self.idle_connections_closed.fetch_add(1, Ordering::Relaxed);
+    }
     /// A block staged into the fastest tier by Prefetch (its outcome is counted by the
     /// staging controller, [`crate::staging::Staging`]).
     pub fn prefetched(&self) {
@@ -274,7 +285,9 @@ impl KvStats {
             prefetch_deferred: 0,
             rejected: l(&self.rejected),
             idle_aborted: l(&self.idle_aborted),
+            idle_connections_closed: l(&self.idle_connections_closed),
             put_reserved_bytes: 0,
+            get_reserved_bytes: 0,
             namespaces,
             load_model: self.load.snapshot(),
             group: None,

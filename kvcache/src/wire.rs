@@ -38,7 +38,7 @@ use tower::{Service, ServiceExt};
 
 use crate::pb;
 use crate::pb::kv_cache_server::{KvCache, KvCacheServer};
-use crate::server::{KvService, TokenCheck};
+use crate::server::{GetHold, KvService, TokenCheck};
 
 /// HTTP/2 path of the `Get` method.
 pub const GET_PATH: &str = "/strata.kv.v1.KvCache/Get";
@@ -123,18 +123,22 @@ async fn serve_get(
         Ok(r) => r.into_parts(),
         Err(s) => return s.into_http(),
     };
-    let stream = match KvCache::get(
+    let (stream, hold) = match KvCache::get(
         &service,
         tonic::Request::from_parts(metadata, extensions, msg),
     )
     .await
     {
-        Ok(r) => r.into_inner(),
+        Ok(r) => {
+            let hold = r.extensions().get::<GetHold>().cloned();
+            (r.into_inner(), hold)
+        }
         Err(s) => return s.into_http(),
     };
     let mut resp = http::Response::new(Body::new(GetBody {
         stream: Some(stream),
         pending: None,
+        _hold: hold,
     }));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -203,6 +207,8 @@ pub(crate) fn encode_get_head(msg: &pb::GetResponse) -> Bytes {
 struct GetBody {
     stream: Option<crate::server::BoxStream<pb::GetResponse>>,
     pending: Option<Bytes>,
+    /// The get budget the response holds, until the body is done or dropped.
+    _hold: Option<GetHold>,
 }
 
 impl http_body::Body for GetBody {

@@ -1,7 +1,11 @@
 //! KV service end to end against hostile or broken clients (issue 12, finding 4): one
 //! stalled client must not block everyone. Stalled Put streams hold only what they
 //! sent, are aborted after the idle timeout and release it; one connection cannot take
-//! the whole put budget; a Get the client never reads is dropped after the idle timeout.
+//! the whole put budget; a Get the client never reads is dropped after the idle timeout,
+//! and the connection of one whose HTTP/2 window stays shut is closed. Connections that
+//! send nothing are closed after the preface deadline, on the KV and the admin
+//! listeners, and each listener keeps at most its cap of connections. `strata stats`
+//! pointed at the gRPC port says it is no admin API.
 
 mod kv_common;
 
@@ -327,5 +331,397 @@ async fn a_get_the_client_never_reads_is_dropped_after_the_idle_timeout() {
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
     // The service keeps serving.
     c.put(NS, b"after", block(1 << 20, 2)).await.expect("put");
+    server.stop().await;
+}
+
+/// Reads `s` until the server closes it (EOF or a reset), for at most `within`;
+/// returns how long that took. Whatever the server sent first (its HTTP/2 SETTINGS) is
+/// skipped.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let t = Instant::now();
+    let mut buf = vec![0u8; 64 << 10];
+    tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the server closes the connection in time");
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_the_listener_is_capped() {
+    let cap = 8;
+    let server = start(ServerConfig {
+        max_connections: cap,
+        preface_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    // A normal client holds one slot.
+    let mut good = KvClient::connect(&server.addr).await.expect("connect");
+    good.put(NS, b"k", block(64 << 10, 5)).await.expect("put");
+    // The others are taken by connections that never send a byte.
+    let mut silent = Vec::new();
+    for _ in 0..cap - 1 {
+        silent.push(
+            tokio::net::TcpStream::connect(&server.addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    // One more is over the cap: closed at once, before the preface deadline.
+    let mut over = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let took = closed_within(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "refused at once: {took:?}"
+    );
+    // The client already connected is still served while the listener is full.
+    assert!(good.get(NS, b"k").await.expect("get").is_some());
+    // The silent ones are closed after the deadline (not before), freeing their slots.
+    let t = Instant::now();
+    for s in &mut silent {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "closed only after the deadline: {took:?}"
+    );
+    // A new client gets a slot again.
+    let mut late = KvClient::connect(&server.addr).await.expect("connect");
+    assert!(late.get(NS, b"k").await.expect("get").is_some());
+    assert!(good.get(NS, b"k").await.expect("get").is_some());
+    server.stop().await;
+}
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The HEADERS and DATA frames of a Get of `hash` on `stream` (HPACK literals without
+/// indexing, no Huffman coding).
+fn raw_get(stream: u32, hash: &[u8]) -> Vec<u8> {
+    let mut hdrs = Vec::new();
+    for (n, v) in [
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", strata_kvcache::wire::GET_PATH.as_bytes()),
+        (b":authority", b"localhost"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ] {
+        hdrs.push(0);
+        hdrs.push(n.len() as u8);
+        hdrs.extend_from_slice(n);
+        hdrs.push(v.len() as u8);
+        hdrs.extend_from_slice(v);
+    }
+    let mut msg = vec![0x0a, NS.len() as u8];
+    msg.extend_from_slice(NS.as_bytes());
+    msg.extend_from_slice(&[0x12, hash.len() as u8]);
+    msg.extend_from_slice(hash);
+    let mut body = vec![0];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(&msg);
+    let mut out = h2_frame(1, 4, stream, &hdrs); // HEADERS, END_HEADERS
+    out.extend(h2_frame(0, 1, stream, &body)); // DATA, END_STREAM
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_opens_its_window_to_a_get_is_closed() {
+    use tokio::io::AsyncWriteExt;
+    let server = start_short_idle().await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    c.put(NS, b"big", block(4 << 20, 1)).await.expect("put");
+    c.put(NS, b"small", block(64 << 10, 2)).await.expect("put");
+    // A raw HTTP/2 client whose streams get a zero window: the server can send them
+    // nothing, so their responses are never polled past the first message and the
+    // idle guard cannot even tell the client; only closing the connection frees what
+    // HTTP/2 holds for them.
+    let mut s = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0])); // INITIAL_WINDOW_SIZE = 0
+    hello.extend(raw_get(1, b"big"));
+    hello.extend(raw_get(3, b"small"));
+    s.write_all(&hello).await.expect("write");
+    let took = closed_within(&mut s, Duration::from_secs(10)).await;
+    eprintln!("connection with unread gets closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(600),
+        "not before twice the idle timeout: {took:?}"
+    );
+    let st = server.service.stats();
+    assert_eq!(st.idle_aborted, 2, "{st:?}");
+    assert_eq!(st.idle_connections_closed, 1, "{st:?}");
+    // Everyone else is still served.
+    assert!(c.get(NS, b"big").await.expect("get").is_some());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_closes_silent_connections_and_caps_them() {
+    use strata_tools::admin::{self, AdminState};
+    let engine = memory_engine(1 << 20);
+    let state = AdminState {
+        engine,
+        kv: None,
+        mounts: vec![],
+        mount_cores: vec![],
+        started: Instant::now(),
+        token: None,
+        cluster: None,
+        peer: None,
+        local_files: None,
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    let cap = 4;
+    tokio::spawn(async move {
+        admin::serve_gated(
+            l,
+            state,
+            s.cancelled_owned(),
+            cap,
+            Duration::from_millis(500),
+        )
+        .await
+    });
+    let mut silent = Vec::new();
+    for _ in 0..cap {
+        silent.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut over = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let took = closed_within(&mut over, Duration::from_secs(5)).await;
+    assert!(
+        took < Duration::from_millis(400),
+        "refused at once: {took:?}"
+    );
+    let t = Instant::now();
+    for s in &mut silent {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let (code, _) = admin::http_request(&addr, "GET", "/healthz", None)
+        .await
+        .expect("served again");
+    assert_eq!(code, 200);
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strata_stats_against_the_grpc_port_names_the_mistake() {
+    let server = start(ServerConfig::default()).await;
+    let e = tokio::time::timeout(
+        Duration::from_secs(15),
+        strata_tools::admin::http_request(&server.addr, "GET", "/stats", None),
+    )
+    .await
+    .expect("bounded")
+    .expect_err("not an admin API");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains(&format!("no Strata admin API at {}", server.addr)),
+        "{e}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_gets_hold_at_most_their_connections_share_of_the_get_budget() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_get_bytes: 8 << 20,
+        per_connection_get_bytes: 4 << 20,
+        idle_timeout: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    for k in [&b"a"[..], b"b", b"c"] {
+        c.put(NS, k, block(4 << 20, k[0] as u64))
+            .await
+            .expect("put");
+    }
+    // Three Gets no one reads (zero window) on one connection: one block's worth is
+    // all the connection may hold; the others wait for budget.
+    let mut s = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    hello.extend(raw_get(1, b"a"));
+    hello.extend(raw_get(3, b"b"));
+    hello.extend(raw_get(5, b"c"));
+    s.write_all(&hello).await.expect("write");
+    wait_for(&server.service, "the first get's reservation", |st| {
+        st.get_reserved_bytes >= 4 << 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.service.stats().get_reserved_bytes,
+        4 << 20,
+        "one connection holds at most its share"
+    );
+    // Another connection still gets its block at once.
+    let t = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(5), c.get(NS, b"b"))
+        .await
+        .expect("not blocked by the unread gets")
+        .expect("get")
+        .expect("hit");
+    assert_eq!(got.len(), 4 << 20);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // The unread connection is closed, and what it held released.
+    closed_within(&mut s, Duration::from_secs(10)).await;
+    wait_for(&server.service, "the budget released", |st| {
+        st.get_reserved_bytes == 0
+    })
+    .await;
+    server.stop().await;
+}
+
+/// The server's first frames on a new connection: its SETTINGS (id, value) and the
+/// increment of its connection-level WINDOW_UPDATE.
+async fn server_settings(addr: &str) -> (Vec<(u16, u32)>, u32) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[]));
+    s.write_all(&hello).await.expect("write");
+    let (mut settings, mut window) = (None, None);
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while settings.is_none() || window.is_none() {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "closed before its settings");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 9 {
+                let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let (kind, flags) = (buf[3], buf[4]);
+                let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]);
+                let p = buf[9..9 + len].to_vec();
+                buf.drain(..9 + len);
+                if kind == 4 && flags & 1 == 0 {
+                    settings = Some(
+                        p.chunks(6)
+                            .map(|c| {
+                                (
+                                    u16::from_be_bytes([c[0], c[1]]),
+                                    u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                                )
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                }
+                if kind == 8 && stream == 0 {
+                    window = Some(u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff);
+                }
+            }
+        }
+    })
+    .await
+    .expect("the server's settings within 5 s");
+    (settings.unwrap_or_default(), window.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_http2_limits_are_what_the_server_announces() {
+    for cfg in [
+        ServerConfig::default(),
+        ServerConfig {
+            stream_window: 1 << 20,
+            connection_window: 2 << 20,
+            max_concurrent_streams: 16,
+            ..Default::default()
+        },
+    ] {
+        let server = start(cfg.clone()).await;
+        let (settings, window) = server_settings(&server.addr).await;
+        let get = |id: u16| settings.iter().find(|(i, _)| *i == id).map(|(_, v)| *v);
+        assert_eq!(get(3), Some(cfg.max_concurrent_streams), "{settings:?}");
+        assert_eq!(get(4), Some(cfg.stream_window), "{settings:?}");
+        // The connection window starts at the protocol's 65,535 and is raised to the
+        // configured one (what one connection may make the server buffer).
+        assert_eq!(window, cfg.connection_window - 65_535);
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_stop_within_the_http2_preface_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(ServerConfig {
+        preface_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    // Half the preface; the whole preface but no SETTINGS: both stuck where the server
+    // waits for more.
+    let mut stuck = Vec::new();
+    for start in [
+        &b"PRI * HTTP/2.0\r\n"[..],
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ] {
+        let mut s = tokio::net::TcpStream::connect(&server.addr)
+            .await
+            .expect("connect");
+        s.write_all(start).await.expect("write");
+        stuck.push(s);
+    }
+    let t = Instant::now();
+    for s in &mut stuck {
+        closed_within(s, Duration::from_secs(5)).await;
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    // A client that starts properly is not closed at the deadline.
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    c.put(NS, b"k", block(64 << 10, 1)).await.expect("put");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(c.get(NS, b"k").await.expect("get").is_some());
     server.stop().await;
 }

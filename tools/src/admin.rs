@@ -33,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use strata_cache_core::{CacheEngine, EngineStatsSnapshot};
+use strata_kvcache::accept::{accept_error, Gate, Gated};
 use strata_kvcache::tenants::constant_time_eq;
 use strata_kvcache::{KvService, KvStatsSnapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -306,12 +307,80 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
     }
 }
 
+/// Most connections the admin listener keeps at once; one more is closed at accept.
+/// 256: its clients are a Prometheus scraper or two and operators' `strata stats`, a
+/// handful of connections, while each costs the daemon a file descriptor: without a
+/// cap, connections that never close exhausted them and the daemon stopped answering
+/// anyone (KV clients included).
+pub const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// A new admin connection must send its first [`ADMIN_FIRST_BYTES`] within this long or
+/// is closed: 10 s, while a live HTTP client sends its request at once.
+pub const ADMIN_FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The shortest HTTP/1 request line (`GET / HTTP/1.1\r\n`).
+pub const ADMIN_FIRST_BYTES: usize = 16;
+
+/// The admin API's listener: at most [`ADMIN_MAX_CONNECTIONS`], each to send its
+/// request line within [`ADMIN_FIRST_BYTES_TIMEOUT`] (`strata_kvcache::accept`).
+struct GatedListener {
+    inner: tokio::net::TcpListener,
+    gate: Arc<Gate>,
+}
+
+impl axum::serve::Listener for GatedListener {
+    type Io = Gated<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((io, addr)) => {
+                    if let Some(g) = self.gate.admit(io) {
+                        return (g, addr);
+                    }
+                }
+                Err(e) => accept_error("admin", &e).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_gated(
+        listener,
+        state,
+        shutdown,
+        ADMIN_MAX_CONNECTIONS,
+        ADMIN_FIRST_BYTES_TIMEOUT,
+    )
+    .await
+}
+
+/// As [`serve`], with the connection cap and first-bytes deadline given (tests).
+pub async fn serve_gated(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    max_connections: usize,
+    first_bytes_timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let listener = GatedListener {
+        inner: listener,
+        gate: Gate::new(
+            "admin",
+            max_connections,
+            ADMIN_FIRST_BYTES,
+            first_bytes_timeout,
+        ),
+    };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
@@ -883,6 +952,16 @@ pub async fn http_get(endpoint: &str, path: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// How long `strata stats` waits to connect to the admin API, and then for the whole
+/// answer: 10 s. A live daemon answers in milliseconds (the handlers only snapshot
+/// counters), loaded or not; an endpoint silent that long is not a working admin API,
+/// and the CLI must say so rather than hang.
+pub const ADMIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Largest admin answer read: 64 MiB. `/stats` and `/metrics` of a daemon with many
+/// namespaces, tenants and streams are hundreds of KiB; an endpoint that sends more is
+/// not the admin API, and reading it whole would grow the CLI without bound.
+pub const MAX_ADMIN_ANSWER: u64 = 64 << 20;
+
 /// One HTTP/1.1 request with an optional bearer token; the status code and body.
 pub async fn http_request(
     endpoint: &str,
@@ -890,12 +969,38 @@ pub async fn http_request(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
+    http_request_within(
+        endpoint,
+        method,
+        path,
+        token,
+        ADMIN_TIMEOUT,
+        MAX_ADMIN_ANSWER,
+    )
+    .await
+}
+
+/// As [`http_request`], connecting and then reading within `timeout` each, and reading
+/// at most `max_answer` bytes.
+pub async fn http_request_within(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: std::time::Duration,
+    max_answer: u64,
+) -> anyhow::Result<(u16, String)> {
     let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = tokio::net::TcpStream::connect(hostport)
-        .await
-        .with_context(|| {
+    let connect = tokio::net::TcpStream::connect(hostport);
+    let mut s = match tokio::time::timeout(timeout, connect).await {
+        Ok(r) => r.with_context(|| {
             format!("connecting to the admin API at {hostport} (is `strata serve` running?)")
-        })?;
+        })?,
+        Err(_) => bail!(
+            "connecting to the admin API at {hostport}: no connection within {timeout:?} \
+             (is `strata serve` running, and is this its admin address?)"
+        ),
+    };
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -903,10 +1008,33 @@ pub async fn http_request(
         "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\n{auth}Content-Length: 0\r\n\
          Connection: close\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8(buf).context("admin API answered non-UTF-8")?;
+    let exchange = async {
+        s.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        (&mut s).take(max_answer + 1).read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let buf = match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(buf)) => buf,
+        Ok(Err(e)) => bail!("no Strata admin API at {hostport}: {e}"),
+        Err(_) => bail!("no Strata admin API at {hostport}: no complete answer within {timeout:?}"),
+    };
+    if buf.len() as u64 > max_answer {
+        bail!(
+            "no Strata admin API at {hostport}: its answer exceeds {} bytes (the admin \
+             API's are far smaller)",
+            max_answer
+        );
+    }
+    if !buf.starts_with(b"HTTP/1.") {
+        bail!(
+            "no Strata admin API at {hostport}: the answer ({} bytes) is not HTTP/1 (a \
+             gRPC port, or another service?)",
+            buf.len()
+        );
+    }
+    let text = String::from_utf8(buf)
+        .with_context(|| format!("admin API at {hostport} answered non-UTF-8"))?;
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
         bail!("malformed HTTP answer from {hostport}")
     };
@@ -943,6 +1071,84 @@ fn dechunk(mut body: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A local endpoint that accepts and then behaves as `serve` does with each
+    /// connection.
+    async fn bad_endpoint<F, Fut>(serve: F) -> String
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(serve(s));
+            }
+        });
+        addr
+    }
+
+    async fn ask(addr: &str) -> String {
+        let t = std::time::Instant::now();
+        let r = http_request_within(
+            addr,
+            "GET",
+            "/stats",
+            None,
+            std::time::Duration::from_millis(300),
+            1 << 20,
+        )
+        .await;
+        assert!(t.elapsed() < std::time::Duration::from_secs(3), "bounded");
+        format!("{:#}", r.expect_err("not an admin API"))
+    }
+
+    #[tokio::test]
+    async fn stats_gives_up_on_an_endpoint_that_never_answers() {
+        let addr = bad_endpoint(|s| async move {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            drop(s);
+        })
+        .await;
+        let e = ask(&addr).await;
+        assert!(
+            e.contains(&format!("no Strata admin API at {addr}")) && e.contains("within"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stats_caps_the_answer_of_an_endpoint_that_streams_forever() {
+        let addr = bad_endpoint(|mut s| async move {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+            let chunk = vec![b'x'; 64 << 10];
+            while s.write_all(&chunk).await.is_ok() {}
+        })
+        .await;
+        let e = ask(&addr).await;
+        assert!(
+            e.contains(&format!("no Strata admin API at {addr}")) && e.contains("exceeds"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stats_names_an_endpoint_that_is_not_http() {
+        // An HTTP/2-only server (the gRPC port): its SETTINGS, then it closes once it
+        // has read a request that is not its preface.
+        let addr = bad_endpoint(|mut s| async move {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
+        })
+        .await;
+        let e = ask(&addr).await;
+        assert!(
+            e.contains(&format!("no Strata admin API at {addr}")) && e.contains("not HTTP"),
+            "{e}"
+        );
+    }
     use strata_cache_core::stats::TierStatsSnapshot;
 
     fn sample() -> DaemonStats {

@@ -405,6 +405,14 @@ pub struct KvConfig {
     /// aborted and releases what it holds (default 10: see
     /// `strata_kvcache::ServerConfig::idle_timeout`).
     pub idle_timeout_secs: u64,
+    /// Most connections each KV listener (TCP, Unix socket) keeps at once; one more is
+    /// closed at accept (default 1024: see
+    /// `strata_kvcache::ServerConfig::max_connections`).
+    pub max_connections: usize,
+    /// Seconds a new KV connection may take to send its first bytes (the HTTP/2
+    /// preface) before it is closed (default 10: see
+    /// `strata_kvcache::ServerConfig::preface_timeout`).
+    pub preface_timeout_secs: u64,
     /// PEM certificate and key for TLS (required for non-loopback `listen`).
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -483,6 +491,8 @@ impl Default for KvConfig {
             max_block: "64MiB".into(),
             min_block: "1KiB".into(),
             idle_timeout_secs: 10,
+            max_connections: 1024,
+            preface_timeout_secs: 10,
             tls_cert: None,
             tls_key: None,
             token: None,

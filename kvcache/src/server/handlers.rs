@@ -7,7 +7,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{tier_pb, Blocks, BoxStream, Caller, KvService, Served, TimedStream};
+use super::{tier_pb, Blocks, BoxStream, Caller, GetHold, KvService, Served, TimedStream};
 use crate::error::KvError;
 use crate::limits::ConnInfo;
 use crate::pb::kv_cache_server::KvCache;
@@ -34,6 +34,7 @@ impl KvCache for KvService {
         request: Request<pb::GetRequest>,
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
         let caller = Caller::of(&request);
+        let conn = ConnInfo::of(&request);
         // A peer's call never leases this host's arena.
         let session = request
             .metadata()
@@ -44,6 +45,14 @@ impl KvCache for KvService {
         let wants_device =
             session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
         let req = request.into_inner();
+        // The get budget (`limits.rs`): the block's bytes are reserved before it is
+        // fetched (a disk-resident block is read into a copy of its own), at the size
+        // this namespace's blocks have had, then trimmed to the block's: Gets waiting
+        // for budget hold no block.
+        let mut held = self
+            .inner
+            .get_budget
+            .get_reservation(conn.clone(), self.inner.config.idle_timeout);
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;
@@ -52,10 +61,19 @@ impl KvCache for KvService {
                     return Ok(Served::Device(lease));
                 }
             }
+            let estimate = self.get_size_estimate(&ns);
+            held.cover(estimate).await?;
             let (data, tier) = self
                 .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
                 .await?
                 .ok_or(KvError::NotFound)?;
+            let size = data.len() as u64;
+            self.note_get_size(&ns, size);
+            if size > estimate {
+                held.cover(size).await?;
+            } else {
+                held.shrink_to(size);
+            }
             Ok(Served::Bytes(key, data, tier))
         }
         .await;
@@ -90,6 +108,12 @@ impl KvCache for KvService {
             (Some(arena), Some(s)) => arena.lease(s, &key, &data),
             _ => None,
         };
+        // Inline bytes: the response holds the block (a private copy when it came from
+        // disk) until HTTP/2 has it; the get budget bounds what all of them hold.
+        let hold = match lease {
+            Some(_) => None,
+            None => Some(GetHold(Arc::new(held))),
+        };
         let msgs: Vec<_> = match lease {
             Some(l) => vec![Ok(pb::GetResponse {
                 size,
@@ -111,19 +135,33 @@ impl KvCache for KvService {
                 })
                 .collect(),
         };
-        let single = msgs.len() <= 1;
+        drop(data);
+        let Some(hold) = hold else {
+            // One small message: the block stays in the arena, not in the response.
+            return Ok(Response::new(Box::pin(TimedStream::new(
+                futures::stream::iter(msgs),
+                self.clone(),
+                tier,
+                size,
+            ))));
+        };
+        let held = hold.clone();
         let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
-            futures::stream::iter(msgs),
+            futures::stream::iter(msgs).map(move |m| {
+                let _ = &held;
+                m
+            }),
             self.clone(),
             tier,
             size,
         ));
-        if single {
-            // One message: taken (and copied into the response) on the first poll, so
-            // nothing stays pinned by a client that does not read.
-            return Ok(Response::new(stream));
-        }
-        Ok(Response::new(self.idle_guarded(stream, "get")))
+        // Even a one-message answer is guarded: HTTP/2 takes the message on the first
+        // poll but holds it (a slice that pins the whole block) until the client's
+        // window has room, so a client that never opens it would pin the block for as
+        // long as it keeps the connection alive; the guard closes that connection.
+        let mut resp = Response::new(self.idle_guarded(stream, "get", conn));
+        resp.extensions_mut().insert(hold);
+        Ok(resp)
     }
 
     type BatchGetStream = BoxStream<pb::BatchGetResponse>;
@@ -133,6 +171,7 @@ impl KvCache for KvService {
         request: Request<pb::BatchGetRequest>,
     ) -> std::result::Result<Response<Self::BatchGetStream>, Status> {
         let fwd = Caller::of(&request).forward();
+        let conn = ConnInfo::of(&request);
         let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         let this = self.clone();
         let client_ns: Arc<str> = Arc::from(req.namespace.as_str());
@@ -176,9 +215,11 @@ impl KvCache for KvService {
                 }
             })
             .flat_map(futures::stream::iter);
-        Ok(Response::new(
-            self.idle_guarded(Box::pin(stream), "batch get"),
-        ))
+        Ok(Response::new(self.idle_guarded(
+            Box::pin(stream),
+            "batch get",
+            conn,
+        )))
     }
 
     async fn exists(

@@ -18,8 +18,12 @@
 //! - Nothing waits on a client forever: a Put stream that sends nothing for
 //!   `idle_timeout` is aborted (DEADLINE_EXCEEDED, its reservation released), a Get or
 //!   BatchGet stream the client does not read for `idle_timeout` is dropped with the
-//!   block it pins; HTTP/2 keepalive closes dead connections, and one connection opens at
-//!   most `max_concurrent_streams` streams.
+//!   block it pins (and when the client keeps its HTTP/2 window shut so that the
+//!   stream cannot even be ended, its connection is closed another idle timeout later);
+//!   HTTP/2 keepalive closes dead connections, one connection opens at most
+//!   `max_concurrent_streams` streams, a listener keeps at most `max_connections`
+//!   connections, and a new one that sends nothing for `preface_timeout` is closed
+//!   (`accept.rs`).
 //! - A Get slices the cached `Bytes` into `chunk_bytes` messages (no copy until tonic
 //!   encodes them). Large HTTP/2 windows keep a 1 MiB+ block flowing without waiting
 //!   for window updates; TCP_NODELAY keeps small-block latency low.
@@ -56,10 +60,11 @@ use tokio::net::{TcpListener, UnixListener};
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Status};
 
+use crate::accept::{self, Gate, H2_START_BYTES};
 use crate::error::{KvError, Result};
 use crate::group::{Forward, Router};
 use crate::identity::{IdentityBindings, IdentityDigest};
-use crate::limits::{ConnIo, PutBudget};
+use crate::limits::{ConnIo, InflightBudget, PutBudget, Reservation};
 use crate::pb::Tier;
 use crate::shm::ShmArena;
 use crate::staging::Staging;
@@ -83,6 +88,12 @@ pub const MAX_HASH_LEN: usize = 64;
 /// Most keys in one batched request: 64 Ki keys of a 1 KiB... chain is far beyond any
 /// context length (1M tokens / 16-token blocks), and bounds the work of one request.
 pub const MAX_BATCH_KEYS: usize = 1 << 16;
+
+/// Most namespaces whose block size the get budget remembers (`KvService::
+/// get_size_estimate`); a Get in any other reserves `max_block` while it fetches. 4096:
+/// far more than the models one cache serves, and a bound on what clients that make
+/// up namespaces can make the server keep.
+const MAX_SIZED_NAMESPACES: usize = 4096;
 
 /// Default size of the messages a Get streams: 1 MiB, large enough that per-message
 /// overhead is negligible and small enough that the first bytes leave early.
@@ -129,6 +140,18 @@ pub struct ServerConfig {
     /// Default 512 MiB, half the global budget: one tenant, however many connections it
     /// opens, leaves at least half to the others.
     pub per_tenant_put_bytes: u64,
+    /// Bytes of blocks all Get responses hold at once, from when the block is fetched
+    /// until the response's body is done (handed to HTTP/2) or dropped. Default 1 GiB,
+    /// as the put budget: a Get of a disk-resident block holds its own copy, and a
+    /// client that opens many Gets and reads none (zero HTTP/2 window) made the server
+    /// hold any number of them (4.9 GB in the finding); past the budget Gets wait for
+    /// it (at most `idle_timeout`, then RESOURCE_EXHAUSTED). Loopback Gets at tens of
+    /// GB/s hand a block to HTTP/2 in milliseconds, so a healthy load holds far less.
+    pub max_inflight_get_bytes: u64,
+    /// The part of the get budget one connection may hold. Default 256 MiB, a quarter:
+    /// one connection that stops reading leaves at least three quarters to the others,
+    /// and still has four largest blocks in flight.
+    pub per_connection_get_bytes: u64,
     /// A Put stream that sends nothing, or a Get stream the client does not read, for
     /// this long is aborted and releases what it holds; a Put waits at most this long
     /// for budget. Default 10 s: a live client sends a 1 MiB message in well under 10 ms
@@ -150,11 +173,28 @@ pub struct ServerConfig {
     /// Largest gRPC message accepted. Default 4 MiB (tonic's default): clients send
     /// blocks in chunks, and one message never buffers more than this per stream.
     pub max_message_bytes: usize,
-    /// HTTP/2 stream and connection windows. Default 8 MiB / 32 MiB: a 1 MiB+ block
-    /// on loopback is sent without stalling on window updates (the 64 KiB protocol
-    /// default halves throughput).
+    /// HTTP/2 stream and connection windows (what a client may send before the server
+    /// reads it). Default 8 MiB / 16 MiB: a 1 MiB+ block on loopback is sent without
+    /// stalling on window updates (the 64 KiB protocol default halves throughput), two
+    /// streams at a time flow at full speed, and the connection window is also what one
+    /// connection can make the server buffer past the put budget (Puts waiting for
+    /// budget stop reading; the bytes already in flight sit in HTTP/2's buffers), so
+    /// it is kept at a few blocks, not more: `max_connections` x `connection_window`
+    /// bounds those buffers.
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Most connections one listener keeps at once; one more is closed as soon as it
+    /// is accepted (`accept.rs`). Default 1024: a node's clients are its inference
+    /// engines' workers, a few channels each (tens to a few hundred connections), while
+    /// each connection costs a file descriptor and up to `connection_window` of
+    /// buffers, so the cap keeps a flood of connections from exhausting the process's
+    /// descriptors (which stops the service for everyone) or its memory.
+    pub max_connections: usize,
+    /// A new connection must send its first bytes (the HTTP/2 preface and its SETTINGS
+    /// frame's header, or a TLS ClientHello) within this long, or it is closed. Default 10 s: a live client
+    /// sends them at once (within a round trip of connecting), while a connection that
+    /// sends nothing holds a descriptor and a slot of `max_connections` for nothing.
+    pub preface_timeout: Duration,
     /// Where namespaces' model-identity bindings persist (`identity.rs`); None: in
     /// memory only. The daemon puts it in the cache dir, next to the blocks it guards.
     pub identity_file: Option<PathBuf>,
@@ -177,6 +217,8 @@ impl Default for ServerConfig {
             max_inflight_put_bytes: 1 << 30,
             per_connection_put_bytes: 256 << 20,
             per_tenant_put_bytes: 512 << 20,
+            max_inflight_get_bytes: 1 << 30,
+            per_connection_get_bytes: 256 << 20,
             idle_timeout: Duration::from_secs(10),
             max_concurrent_streams: 256,
             keepalive_interval: Duration::from_secs(30),
@@ -184,7 +226,9 @@ impl Default for ServerConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             max_message_bytes: 4 << 20,
             stream_window: 8 << 20,
-            connection_window: 32 << 20,
+            connection_window: 16 << 20,
+            max_connections: 1024,
+            preface_timeout: Duration::from_secs(10),
             identity_file: None,
             shm_bytes: 0,
         }
@@ -254,18 +298,28 @@ pub async fn serve(
     let router = builder.add_service(service.grpc());
     // At least one largest block, so a lone put of it on a connection can proceed.
     let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
+    let per_conn_get = cfg.per_connection_get_bytes.max(cfg.max_block);
+    let gate = |what| {
+        Gate::new(
+            what,
+            cfg.max_connections,
+            H2_START_BYTES,
+            cfg.preface_timeout,
+        )
+    };
     match listener {
         Listener::Tcp(l) => {
-            let incoming = tonic::transport::server::TcpIncoming::from(l)
-                .with_nodelay(Some(true))
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
+            let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+            let incoming = accept::gated(incoming, gate("kv tcp"))
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
         }
         Listener::Unix(l) => {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l)
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn)));
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let incoming = accept::gated(incoming, gate("kv unix"))
+                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -299,6 +353,10 @@ struct Inner {
     registered: HashSet<String>,
     tenants: Arc<Tenants>,
     put_budget: PutBudget,
+    /// The bytes Get responses hold (`limits.rs`).
+    get_budget: InflightBudget,
+    /// The largest block served per namespace: what a Get reserves before fetching.
+    get_sizes: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
     /// Keys being stored now: one store per key (`storing.rs`).
     storing: storing::Storing,
     stats: KvStats,
@@ -351,6 +409,13 @@ fn tier_pb(t: Option<TierKind>) -> Tier {
         Some(TierKind::Disk) => Tier::Disk,
     }
 }
+
+/// The get budget a Get response holds, shared by its stream and (through the
+/// response's extensions) by the body `wire.rs` sends it with: released when both are
+/// gone, so a response whose stream the idle guard dropped keeps counting while
+/// HTTP/2 still holds its chunks.
+#[derive(Clone)]
+pub(crate) struct GetHold(#[allow(dead_code)] Arc<Reservation>);
 
 /// The tenant a request authenticated as (set by [`TokenCheck`]).
 #[derive(Clone)]

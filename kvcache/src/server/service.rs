@@ -11,13 +11,13 @@ use tonic::{Request, Status, Streaming};
 
 use super::{
     fnv1a, Blocks, BoxStream, Caller, Inner, KvService, PeerCheck, QuotaCharge, ServerConfig,
-    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN,
+    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN, MAX_SIZED_NAMESPACES,
 };
 use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
 use crate::group::{Forward, GroupOptions, GroupView, Router};
 use crate::identity::IdentityBindings;
-use crate::limits::{ConnInfo, IdleGuard, PutBudget, Reservation};
+use crate::limits::{ConnInfo, IdleGuard, InflightBudget, PutBudget, Reservation};
 use crate::pb::kv_cache_server::KvCacheServer;
 use crate::pb::{self};
 use crate::shm::ShmArena;
@@ -37,6 +37,10 @@ impl KvService {
                 )),
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
+                get_budget: InflightBudget::new(
+                    config.max_inflight_get_bytes.max(config.max_block),
+                ),
+                get_sizes: Default::default(),
                 // Registered namespaces are always tracked one by one (with tenants,
                 // stats name the tenant's key space, "<tenant>:<namespace>", instead).
                 stats: KvStats::with_pinned(if config.tenants.is_empty() {
@@ -151,6 +155,7 @@ impl KvService {
         s.prefetch_wasted = staged.wasted;
         s.prefetch_deferred = staged.deferred;
         s.put_reserved_bytes = self.inner.put_budget.reserved_bytes();
+        s.get_reserved_bytes = self.inner.get_budget.reserved_bytes();
         s.group = self.group_stats();
         s.shm = self.inner.shm.as_ref().map(|a| a.stats());
         s
@@ -510,18 +515,54 @@ impl KvService {
         })
     }
 
-    /// `stream`, dropped (with the blocks it pins) when the client stops reading it.
+    /// What a Get in `ns` reserves before it fetches its block: the largest block of
+    /// the namespace Gets have served (a model's blocks are all one size), or
+    /// `max_block` for a namespace not served yet.
+    pub(super) fn get_size_estimate(&self, ns: &str) -> u64 {
+        let known = self.inner.get_sizes.read().get(ns).copied();
+        known.unwrap_or(self.inner.config.max_block)
+    }
+
+    /// Notes the size of a block served in `ns` (see [`Self::get_size_estimate`]).
+    pub(super) fn note_get_size(&self, ns: &Arc<str>, size: u64) {
+        if self
+            .inner
+            .get_sizes
+            .read()
+            .get(&**ns)
+            .is_some_and(|&s| s >= size)
+        {
+            return;
+        }
+        let mut sizes = self.inner.get_sizes.write();
+        if sizes.len() < MAX_SIZED_NAMESPACES || sizes.contains_key(&**ns) {
+            let s = sizes.entry(ns.clone()).or_insert(0);
+            *s = (*s).max(size);
+        }
+    }
+
+    /// `stream`, dropped (with the blocks it pins) when the client stops reading it;
+    /// when the client keeps its HTTP/2 window shut so that it cannot even be told, its
+    /// connection `conn` is closed another idle timeout later (`IdleGuard`).
     pub(super) fn idle_guarded<T: Send + 'static>(
         &self,
         stream: BoxStream<T>,
         what: &'static str,
+        conn: Option<ConnInfo>,
     ) -> BoxStream<T> {
         let this = self.clone();
+        let stuck = self.clone();
         Box::pin(IdleGuard::new(
             stream,
             self.inner.config.idle_timeout,
             what,
             move || this.inner.stats.idle_aborted(),
+            move || {
+                if conn.is_some_and(|c| c.abort()) {
+                    stuck.inner.stats.idle_connections_closed();
+                    tracing::debug!("closed a connection whose {what} stream stays unread");
+                }
+            },
         ))
     }
 

@@ -69,6 +69,8 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
         min_block,
         tenants,
         idle_timeout: std::time::Duration::from_secs(kv.idle_timeout_secs.max(1)),
+        max_connections: kv.max_connections.max(1),
+        preface_timeout: std::time::Duration::from_secs(kv.preface_timeout_secs.max(1)),
         namespaces: kv.namespaces.clone(),
         token: kv.token.clone().filter(|t| !t.is_empty()),
         tls: match (&kv.tls_cert, &kv.tls_key) {

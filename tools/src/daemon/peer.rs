@@ -20,6 +20,7 @@ use strata_cluster::peer::pb::file_peer_server::{FilePeer, FilePeerServer};
 use strata_cluster::peer::pb::{BlockChunk, FetchBlockRequest, HelloRequest, HelloResponse};
 use strata_cluster::peer::PeerAuth;
 use strata_cluster::NodeId;
+use strata_kvcache::accept;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
@@ -51,6 +52,15 @@ fn routes(auth: &PeerAuth, ctx: &PeerContext) -> Routes {
     routes.routes()
 }
 
+/// Most connections the peer listener keeps at once (`strata_kvcache::accept`): 1024.
+/// Its clients are the other nodes of the group, a channel or two each; it listens
+/// beyond loopback, so without a cap connections that never close (no token needed to
+/// open one) would exhaust the daemon's file descriptors.
+const PEER_MAX_CONNECTIONS: usize = 1024;
+/// A new peer connection must send the HTTP/2 preface within this long: 10 s, while a
+/// live node sends it within a round trip.
+const PEER_PREFACE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Binds the peer listener at `listen` and spawns its server into `tasks`; it stops
 /// when `stop` is cancelled. Returns the bound address (printed as `peer ADDR`).
 pub(crate) async fn start(
@@ -77,6 +87,15 @@ pub(crate) async fn start(
     let stop = stop.clone();
     tasks.spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
+        let incoming = accept::gated(
+            incoming,
+            accept::Gate::new(
+                "peer",
+                PEER_MAX_CONNECTIONS,
+                accept::H2_START_BYTES,
+                PEER_PREFACE_TIMEOUT,
+            ),
+        );
         router
             .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
             .await
