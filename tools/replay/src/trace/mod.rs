@@ -348,16 +348,52 @@ pub fn read_file(path: &Path) -> Result<Trace, TraceError> {
     }
 }
 
-/// Writes a trace file (gzip'd when the name ends in `.gz`).
+/// Writes a trace file (gzip'd when the name ends in `.gz`). The trace goes to a
+/// temporary file beside `path` that is renamed over it once complete: a write that
+/// fails (a name the format cannot hold, a full disk) leaves an existing `path` as it was
+/// instead of truncated.
 pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
+    let tmp = temp_beside(path);
+    let written = write_to(trace, &tmp, path.extension().is_some_and(|e| e == "gz"))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(TraceError::from));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Checks that a trace can be written to `path` (its directory exists and is writable)
+/// by creating and removing the temporary file [`write_file`] would use: for callers
+/// that must know before hours of work (`strata trace record`).
+pub fn check_writable(path: &Path) -> Result<(), TraceError> {
+    let tmp = temp_beside(path);
+    File::create(&tmp)?;
+    std::fs::remove_file(&tmp)?;
+    Ok(())
+}
+
+/// `.<name>.tmp-<pid>` in `path`'s directory (so the final rename stays on one
+/// filesystem).
+fn temp_beside(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "trace".into());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+fn write_to(trace: &Trace, path: &Path, gz: bool) -> Result<(), TraceError> {
     let f = File::create(path)?;
-    if path.extension().is_some_and(|e| e == "gz") {
+    if gz {
         let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
         write_csv(trace, &mut gz)?;
-        gz.finish()?;
+        gz.finish()?.sync_all()?;
         Ok(())
     } else {
-        write_csv(trace, f)
+        let mut f = f;
+        write_csv(trace, &mut f)?;
+        f.sync_all()?;
+        Ok(())
     }
 }
 
@@ -463,6 +499,31 @@ mod tests {
         b.job("a,b");
         let t = b.finish();
         assert!(write_csv(&t, Vec::new()).is_err());
+    }
+
+    /// A write that fails (here: a job name the format cannot hold) leaves the file it
+    /// would have replaced untouched, and no temporary file behind.
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in ["t.csv", "t.csv.gz"] {
+            let p = dir.path().join(name);
+            write_file(&sample(), &p).expect("write");
+            let before = std::fs::read(&p).expect("read");
+            let mut b = TraceBuilder::new();
+            let j = b.job("a,b");
+            let f = b.path("f", 10).expect("path");
+            b.push(0, j, f, 0, 10).expect("push");
+            assert!(write_file(&b.finish(), &p).is_err());
+            assert_eq!(std::fs::read(&p).expect("read"), before, "{name}");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(check_writable(&dir.path().join("x.csv")).is_ok());
+        assert!(check_writable(&dir.path().join("missing/x.csv")).is_err());
     }
 
     #[test]
