@@ -3,7 +3,7 @@
 use clap::Parser;
 use strata_tools::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if !is_daemon(&cli.command) {
         // Rust ignores SIGPIPE, so `strata stats --watch 1 | head -1` made `println!`
@@ -16,7 +16,12 @@ fn main() -> anyhow::Result<()> {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    strata_tools::cli::run(cli)
+    let r = strata_tools::cli::run(cli);
+    if let Err(e) = &r {
+        // As `fn main() -> anyhow::Result` prints it: the message and its causes.
+        eprintln!("Error: {e:?}");
+    }
+    std::process::ExitCode::from(strata_tools::cli::exit_status(&r))
 }
 
 /// Commands that run until stopped and serve others (they must outlive a closed pipe).

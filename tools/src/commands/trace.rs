@@ -96,6 +96,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
 }
 
 fn record(a: RecordArgs) -> anyhow::Result<()> {
+    // The command may run for hours: an --out that cannot be written is found out now,
+    // not after it ends.
+    trace::check_writable(&a.out)
+        .with_context(|| format!("--out {} cannot be written", a.out.display()))?;
     let rec = trace::record::record(&a.root, &a.cmd, a.strace_log.as_deref())?;
     let failed = (!rec.succeeded()).then(|| format!("the command failed ({})", rec.status));
     let st = &rec.stats;
@@ -143,7 +147,11 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
         eprintln!("warning: {m}");
     }
     if let Some(f) = failed {
-        anyhow::bail!("{f}; the trace of what it read is in {}", a.out.display());
+        return Err(crate::cli::ExitWith {
+            code: rec.shell_status(),
+            msg: format!("{f}; the trace of what it read is in {}", a.out.display()),
+        }
+        .into());
     }
     Ok(())
 }

@@ -44,8 +44,10 @@ pub enum RecordError {
 pub struct Recorded {
     pub trace: Trace,
     pub stats: ParseStats,
-    /// The command's exit code (`None`: killed by a signal, see `status`).
+    /// The command's exit code (`None`: killed by a signal, see `signal`).
     pub exit_code: Option<i32>,
+    /// The signal that killed the command, if one did.
+    pub signal: Option<i32>,
     /// The command's exit status in words.
     pub status: String,
     /// The root the paths are relative to (its real path).
@@ -55,6 +57,16 @@ pub struct Recorded {
 impl Recorded {
     pub fn succeeded(&self) -> bool {
         self.exit_code == Some(0)
+    }
+
+    /// The exit status a shell would give for the command: its exit code, or 128 + N
+    /// when signal N killed it.
+    pub fn shell_status(&self) -> u8 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => (c & 0xff) as u8,
+            (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+            (None, None) => 1,
+        }
     }
 }
 
@@ -120,6 +132,7 @@ pub fn record(
         trace,
         stats,
         exit_code: status.code(),
+        signal: std::os::unix::process::ExitStatusExt::signal(&status),
         status: status.to_string(),
         root,
     })
