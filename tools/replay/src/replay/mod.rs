@@ -1496,19 +1496,29 @@ fn latency_summary(ns: &mut [u64]) -> (f64, f64) {
     (mean / 1e6, *p99 as f64 / 1e6)
 }
 
+/// The largest `--capacity N%`: beyond 100% every block fits already, so a larger
+/// figure is a typo (and `inf%` was taken as a capacity of 2^64 bytes).
+pub const MAX_CAPACITY_PERCENT: f64 = 1000.0;
+
 /// Parses a capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of `unique_bytes`.
 pub fn parse_capacity(s: &str, unique_bytes: u64) -> anyhow::Result<u64> {
     let s = s.trim();
+    let expected = "expected bytes (`1073741824`, `512MiB`, `2GB`) or a percentage of the \
+                    trace's unique bytes (`20%`)";
     if let Some(pct) = s.strip_suffix('%') {
         let f: f64 = pct
             .trim()
             .parse()
-            .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
-        anyhow::ensure!(f > 0.0, "capacity `{s}` must be > 0");
+            .map_err(|_| anyhow::anyhow!("capacity `{s}`: `{pct}` is not a number; {expected}"))?;
+        anyhow::ensure!(
+            f.is_finite() && f > 0.0 && f <= MAX_CAPACITY_PERCENT,
+            "capacity `{s}` must be a percentage above 0 and at most {MAX_CAPACITY_PERCENT}"
+        );
         return Ok(((unique_bytes as f64) * f / 100.0).round().max(1.0) as u64);
     }
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
+    anyhow::ensure!(!num.is_empty(), "capacity `{s}`: {expected}");
     let n: u64 = num
         .parse()
         .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
@@ -1524,6 +1534,7 @@ pub fn parse_capacity(s: &str, unique_bytes: u64) -> anyhow::Result<u64> {
             anyhow::bail!("capacity `{s}`: unknown unit `{u}` (B, KiB, MiB, GiB, KB, MB, GB or %)")
         }
     };
+    anyhow::ensure!(n > 0, "capacity `{s}` must be > 0");
     n.checked_mul(mult)
         .ok_or_else(|| anyhow::anyhow!("capacity `{s}` overflows"))
 }

@@ -268,6 +268,13 @@ fn capacity_parses_bytes_units_and_percent() {
     assert_eq!(parse_capacity("12.5%", 1000).expect("pct"), 125);
     assert!(parse_capacity("10 parsecs", 1).is_err());
     assert!(parse_capacity("-5%", 1).is_err());
+    // Refused with a message that says what a capacity looks like, not "cannot parse
+    // integer from empty string"; `inf%`, `nan%` and `0` bytes like `0%`.
+    let e = parse_capacity("abc", 1).expect_err("abc").to_string();
+    assert!(e.contains("expected bytes"), "{e}");
+    for bad in ["inf%", "nan%", "0", "0MiB", "1e9%"] {
+        assert!(parse_capacity(bad, 1000).is_err(), "{bad}");
+    }
 }
 
 #[test]
