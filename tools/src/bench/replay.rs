@@ -146,13 +146,16 @@ pub fn run(mut a: ReplayArgs) -> anyhow::Result<()> {
     );
     t.check_replayable(a.block_bytes)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
-    let prepared = Prepared::new(t, a.block_bytes);
-    let unique = prepared.unique_bytes();
     let store = StoreModel {
         get_latency_ns: (a.get_latency_ms * 1e6) as u64,
         bandwidth_bytes_per_s: a.bandwidth_mbps * 1e6,
         prefetch_max_backlog_ns: (a.prefetch_backlog_ms * 1e6) as u64,
     };
+    store
+        .check_clock(&t, a.block_bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
+    let prepared = Prepared::new(t, a.block_bytes);
+    let unique = prepared.unique_bytes();
     let capacity = parse_capacity(&a.capacity, unique)?;
     let lower = a
         .lower

@@ -493,3 +493,21 @@ fn small_random_reads_are_cached_in_units_not_blocks() {
     assert!(strata.byte_hit_ratio > 0.8, "{strata:?}");
     assert!(strata.total_jct_s < 0.5 * lru.total_jct_s);
 }
+
+/// A KV read of 2^63 - 1 bytes would take longer than the replay's clock holds: refused
+/// (the replay spun forever on a wrapped event time); an ordinary trace passes.
+#[test]
+fn a_read_longer_than_the_clock_is_refused() {
+    let h = crate::trace::HEADER;
+    let t = crate::trace::read_csv(format!("{h}\n2,j,kv/x/1,0,1,{}\n", i64::MAX).as_bytes())
+        .expect("well-formed");
+    let e = StoreModel::default()
+        .check_clock(&t, 1 << 20)
+        .expect_err("too long");
+    assert!(e.contains("simulated time"), "{e}");
+    let t = crate::trace::read_csv(format!("{h}\n2,j,kv/x/1,0,1,4096\n").as_bytes())
+        .expect("well-formed");
+    StoreModel::default()
+        .check_clock(&t, 1 << 20)
+        .expect("fine");
+}

@@ -37,10 +37,21 @@ use std::sync::Arc;
 /// The CSV header every trace starts with.
 pub const HEADER: &str = "ts_ns,job,path,offset,len,size";
 
-/// Block accesses a replay holds at most: 2^28 (~268 M; the compiled trace keeps about
-/// 16 bytes per access, so ~4 GiB), far beyond the recorded and generated traces
-/// (~10^5) while a crafted row (`len` = 2^60) is refused before anything is allocated.
-pub const MAX_BLOCK_ACCESSES: u128 = 1 << 28;
+/// Block accesses a replay holds at most: 2^26 (~67 M). The compiled trace keeps about
+/// 24 bytes per access (the flat access list, next-use positions, a policy's copy), so
+/// ~1.6 GB; far beyond the recorded and generated traces (~10^5 at 1 MiB blocks, ~10^7
+/// at `trace gen --scale 100`), while a crafted row (`len` = 2^60) or `--block-bytes 1`
+/// is refused before anything is allocated. (2^28 let a replay reach 16+ GB.)
+pub const MAX_BLOCK_ACCESSES: u128 = 1 << 26;
+
+/// Distinct blocks a replay holds at most: 2^24 (~16.8 M). Each costs a few hundred
+/// bytes (its key with the path, the id maps, every policy's metadata), so ~4 GB.
+pub const MAX_UNIQUE_BLOCKS: u128 = 1 << 24;
+
+/// Latest `ts_ns` a trace may carry: 2^62 ns (~146 years). The replay adds transfer and
+/// think times to timestamps on a u64 nanosecond clock; a `ts_ns` near 2^64 wrapped it
+/// (a job of 0.04 s). Refused with its line number when read.
+pub const MAX_TS_NS: u64 = 1 << 62;
 
 /// Errors reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
@@ -102,29 +113,69 @@ impl Trace {
     /// bytes).
     pub fn block_accesses(&self, block_bytes: u64) -> u128 {
         let bb = block_bytes.max(1);
-        self.records
-            .iter()
-            .map(|r| {
-                if is_kv(&self.paths[r.path as usize]) {
-                    1
-                } else {
-                    u128::from((r.offset + r.len - 1) / bb - r.offset / bb + 1)
-                }
-            })
-            .sum()
+        self.records.iter().map(|r| self.row_accesses(r, bb)).sum()
     }
 
     /// Refuses a trace whose replay at `block_bytes` would not fit the replay's memory
-    /// bound ([`MAX_BLOCK_ACCESSES`]): a clear error instead of exhausting memory.
+    /// bounds ([`MAX_BLOCK_ACCESSES`] in all and for one read, [`MAX_UNIQUE_BLOCKS`]),
+    /// counted by arithmetic before anything is allocated: a clear error instead of
+    /// exhausting memory.
     pub fn check_replayable(&self, block_bytes: u64) -> Result<(), String> {
-        let n = self.block_accesses(block_bytes);
-        if n > MAX_BLOCK_ACCESSES {
+        let bb = block_bytes.max(1);
+        let hint = "(a larger --block-bytes makes fewer)";
+        let mut total: u128 = 0;
+        // Per path: block accesses, an upper bound on the distinct blocks it adds.
+        let mut per_path = vec![0u128; self.paths.len()];
+        for (i, r) in self.records.iter().enumerate() {
+            let n = self.row_accesses(r, bb);
+            if n > MAX_BLOCK_ACCESSES {
+                return Err(format!(
+                    "read {} (`{}`, offset {}, len {}) alone makes {n} block accesses at \
+                     {bb}-byte blocks; a replay holds at most {MAX_BLOCK_ACCESSES} {hint}",
+                    i + 1,
+                    self.path_name(r),
+                    r.offset,
+                    r.len
+                ));
+            }
+            total += n;
+            per_path[r.path as usize] += n;
+        }
+        if total > MAX_BLOCK_ACCESSES {
             return Err(format!(
-                "the trace makes {n} block accesses at {block_bytes}-byte blocks; a replay holds \
-                 at most {MAX_BLOCK_ACCESSES} (a larger --block-bytes makes fewer)"
+                "the trace makes {total} block accesses at {bb}-byte blocks; a replay holds \
+                 at most {MAX_BLOCK_ACCESSES} {hint}"
+            ));
+        }
+        let unique: u128 = per_path
+            .iter()
+            .zip(&self.paths)
+            .zip(&self.sizes)
+            .map(|((&n, path), &size)| {
+                let blocks = if is_kv(path) {
+                    1
+                } else {
+                    u128::from(size.div_ceil(bb).max(1))
+                };
+                n.min(blocks)
+            })
+            .sum();
+        if unique > MAX_UNIQUE_BLOCKS {
+            return Err(format!(
+                "the trace reads up to {unique} distinct blocks at {bb}-byte blocks; a replay \
+                 holds at most {MAX_UNIQUE_BLOCKS} {hint}"
             ));
         }
         Ok(())
+    }
+
+    /// Block accesses one read makes at `bb`-byte blocks.
+    fn row_accesses(&self, r: &Record, bb: u64) -> u128 {
+        if is_kv(&self.paths[r.path as usize]) {
+            1
+        } else {
+            u128::from((r.offset + r.len - 1) / bb - r.offset / bb + 1)
+        }
     }
 
     /// Stable-sorts records by time (ties keep their order).
@@ -305,6 +356,12 @@ fn parse_row(b: &mut TraceBuilder, row: &str) -> Result<(), String> {
         num("len", len)?,
         num("size", size)?,
     );
+    if ts > MAX_TS_NS {
+        return Err(format!(
+            "ts_ns {ts} is beyond {MAX_TS_NS} ns (~146 years), the latest time a replay's \
+             clock can hold"
+        ));
+    }
     check_name("job", job)?;
     check_name("path", path)?;
     let j = b.job(job);
@@ -416,6 +473,57 @@ mod tests {
         // The same trace with ordinary rows only is fine.
         let ok = read_csv(format!("{HEADER}\n1,j,small.bin,0,10,10\n").as_bytes()).expect("ok");
         ok.check_replayable(1 << 20).expect("replayable");
+    }
+
+    /// The guard counts what a replay allocates: `--block-bytes 1` on a small trace, a
+    /// row of 2^28 blocks (named), and many distinct blocks are all refused up front.
+    #[test]
+    fn the_guard_counts_accesses_per_row_and_distinct_blocks() {
+        let gib = 1u64 << 30;
+        let t = read_csv(format!("{HEADER}\n0,j,a.bin,0,{gib},{gib}\n").as_bytes()).expect("ok");
+        t.check_replayable(1 << 20).expect("1024 blocks");
+        let e = t.check_replayable(1).expect_err("2^30 one-byte blocks");
+        assert!(e.contains("read 1 (`a.bin`"), "{e}");
+        let big = 1u64 << 48;
+        let t = read_csv(format!("{HEADER}\n0,j,b.bin,0,{big},{big}\n1,j,c,0,1,1\n").as_bytes())
+            .expect("ok");
+        let e = t
+            .check_replayable(1 << 20)
+            .expect_err("2^28 blocks in one row");
+        assert!(
+            e.contains("read 1 (`b.bin`") && e.contains("268435456"),
+            "{e}"
+        );
+        // Many reads of distinct 1-byte blocks: under the access bound, over the
+        // distinct-block bound at 1-byte blocks, fine at 1 MiB.
+        let n = (MAX_UNIQUE_BLOCKS as u64) + 1;
+        let mut b = TraceBuilder::new();
+        let j = b.job("j");
+        let p = b.path("f", n).expect("path");
+        for off in (0..n).step_by(1 << 20) {
+            b.push(0, j, p, off, (1 << 20).min(n - off)).expect("push");
+        }
+        let t = b.finish();
+        assert!(t.block_accesses(1) <= MAX_BLOCK_ACCESSES);
+        let e = t.check_replayable(1).expect_err("too many distinct blocks");
+        assert!(e.contains("distinct blocks"), "{e}");
+        t.check_replayable(1 << 20).expect("16 blocks");
+        // A read of a KV entry of 2^63 bytes is one access (its time is another guard).
+        let t =
+            read_csv(format!("{HEADER}\n2,j,kv/x/1,0,1,{}\n", i64::MAX).as_bytes()).expect("ok");
+        t.check_replayable(1).expect("one block");
+    }
+
+    /// A `ts_ns` the replay's clock cannot hold is refused with its line.
+    #[test]
+    fn absurd_timestamps_name_their_line() {
+        let e = err_of(&format!(
+            "{HEADER}\n0,j,a,0,10,100\n{},j,b,0,10,100\n",
+            u64::MAX
+        ));
+        assert!(e.starts_with("line 3:") && e.contains("ts_ns"), "{e}");
+        read_csv(format!("{HEADER}\n0,j,a,0,1,1\n{MAX_TS_NS},j,b,0,1,1\n").as_bytes())
+            .expect("the bound itself is fine");
     }
 
     fn sample() -> Trace {
