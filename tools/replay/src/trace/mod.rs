@@ -56,14 +56,64 @@ pub const MAX_TS_NS: u64 = 1 << 62;
 /// Errors reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// The I/O error is in the message, not a `source`: with both, an error chain
+    /// printed it twice ("0: trace I/O: X / 1: X").
     #[error("trace I/O: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("line 1: expected header `{HEADER}`, found `{found}`")]
     Header { found: String },
     #[error("line {line}: {msg}")]
     Line { line: usize, msg: String },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<std::io::Error> for TraceError {
+    fn from(e: std::io::Error) -> Self {
+        TraceError::Io(e)
+    }
+}
+
+/// Reads one line of text into `buf` (without its line break); `Ok(false)` at the end.
+/// Bytes that are not UTF-8 are an error naming `line` (a bare I/O error did not say
+/// where).
+pub(crate) fn read_text_line(
+    input: &mut impl BufRead,
+    raw: &mut Vec<u8>,
+    buf: &mut String,
+    line: usize,
+) -> Result<bool, TraceError> {
+    raw.clear();
+    buf.clear();
+    if input.read_until(b'\n', raw)? == 0 {
+        return Ok(false);
+    }
+    let text = std::str::from_utf8(raw).map_err(|e| TraceError::Line {
+        line,
+        msg: format!("not UTF-8 text (byte {} of the line)", e.valid_up_to() + 1),
+    })?;
+    buf.push_str(text.trim_end_matches(['\n', '\r']));
+    Ok(true)
+}
+
+/// Opens a trace or import input: gunzipped when its name ends in `.gz`; a file that is
+/// gzip'd under another name is refused as such (it used to fail as not UTF-8 text).
+pub(crate) fn open_input(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
+    let f = File::open(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        return Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(
+            f,
+        ))));
+    }
+    let mut r = BufReader::new(f);
+    if r.fill_buf()?.starts_with(&[0x1f, 0x8b]) {
+        return Err(TraceError::Invalid(format!(
+            "{} looks like gzip (it starts with gzip's magic bytes) but its name does not \
+             end in .gz: rename it to ….gz, or gunzip it",
+            path.display()
+        )));
+    }
+    Ok(Box::new(r))
 }
 
 /// One read, with job and path interned (indices into [`Trace::jobs`] / [`Trace::paths`]).
@@ -301,31 +351,24 @@ fn check_name(what: &str, s: &str) -> Result<(), String> {
 /// Parses a trace from CSV text.
 pub fn read_csv(input: impl Read) -> Result<Trace, TraceError> {
     let mut lines = BufReader::new(input);
+    let mut raw = Vec::new();
     let mut buf = String::new();
-    if lines.read_line(&mut buf)? == 0 {
+    if !read_text_line(&mut lines, &mut raw, &mut buf, 1)? {
         return Err(TraceError::Header {
             found: String::new(),
         });
     }
-    let header = buf.trim_end_matches(['\n', '\r']);
-    if header != HEADER {
-        return Err(TraceError::Header {
-            found: header.to_string(),
-        });
+    if buf != HEADER {
+        return Err(TraceError::Header { found: buf });
     }
     let mut b = TraceBuilder::new();
     let mut line = 1usize;
-    loop {
-        buf.clear();
-        if lines.read_line(&mut buf)? == 0 {
-            break;
-        }
+    while read_text_line(&mut lines, &mut raw, &mut buf, line + 1)? {
         line += 1;
-        let row = buf.trim_end_matches(['\n', '\r']);
-        if row.is_empty() {
+        if buf.is_empty() {
             continue;
         }
-        parse_row(&mut b, row).map_err(|msg| TraceError::Line { line, msg })?;
+        parse_row(&mut b, &buf).map_err(|msg| TraceError::Line { line, msg })?;
     }
     Ok(b.finish())
 }
@@ -397,12 +440,7 @@ pub fn write_csv(trace: &Trace, out: impl Write) -> Result<(), TraceError> {
 
 /// Reads a trace file (gzip'd when the name ends in `.gz`).
 pub fn read_file(path: &Path) -> Result<Trace, TraceError> {
-    let f = File::open(path)?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        read_csv(flate2::read::MultiGzDecoder::new(f))
-    } else {
-        read_csv(f)
-    }
+    read_csv(open_input(path)?)
 }
 
 /// Writes a trace file (gzip'd when the name ends in `.gz`). The trace goes to a
@@ -645,5 +683,24 @@ mod tests {
         assert_eq!(v, vec![(2, mb / 2)], "the last block is short");
         let v: Vec<_> = blocks_of("kv/ns/ab", 0, 3 * mb, 3 * mb, mb).collect();
         assert_eq!(v, vec![(0, 3 * mb)], "a KV entry is one block");
+    }
+
+    /// Bytes that are not UTF-8 name their line; a gzip'd file without `.gz` says so;
+    /// an I/O error's chain does not repeat its cause.
+    #[test]
+    fn unreadable_input_says_where_and_what() {
+        let mut text = format!("{HEADER}\n1,j,a,0,10,100\n").into_bytes();
+        text.extend_from_slice(b"2,j,a\xff,0,10,100\n");
+        let e = read_csv(&text[..]).expect_err("not utf-8").to_string();
+        assert!(e.starts_with("line 3:") && e.contains("UTF-8"), "{e}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gz = dir.path().join("t.csv.gz");
+        write_file(&sample(), &gz).expect("write");
+        let plain = dir.path().join("t.csv");
+        std::fs::rename(&gz, &plain).expect("rename");
+        let e = read_file(&plain).expect_err("gzip").to_string();
+        assert!(e.contains("looks like gzip"), "{e}");
+        let e = read_file(&dir.path().join("missing.csv")).expect_err("missing");
+        assert!(std::error::Error::source(&e).is_none(), "{e}");
     }
 }

@@ -31,13 +31,20 @@ pub enum RecordError {
     NoCommand,
     #[error("root {root}: {err}")]
     Root { root: PathBuf, err: std::io::Error },
+    /// The I/O error is in the message only (as a `source` too, a chain printed it twice).
     #[error("running strace: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error(
         "strace exited with {status} before tracing anything (it cannot run the command, \
          or ptrace is not permitted here: see its message above)"
     )]
     StraceFailed { status: String },
+}
+
+impl From<std::io::Error> for RecordError {
+    fn from(e: std::io::Error) -> Self {
+        RecordError::Io(e)
+    }
 }
 
 /// What a recording produced.
