@@ -51,3 +51,28 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(cmd) => commands::cluster::run(cmd),
     }
 }
+
+/// An error that ends `strata` with `code` rather than 1: `trace record` passes on the
+/// exit status of the command it recorded, so a caller can tell that command's failure
+/// (`exit 3` -> 3, killed by signal N -> 128 + N) from strata's own.
+#[derive(Debug)]
+pub struct ExitWith {
+    pub code: u8,
+    pub msg: String,
+}
+
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for ExitWith {}
+
+/// The process exit status for the outcome of [`run`].
+pub fn exit_status(r: &anyhow::Result<()>) -> u8 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => e.downcast_ref::<ExitWith>().map_or(1, |x| x.code),
+    }
+}

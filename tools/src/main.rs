@@ -1,8 +1,30 @@
 //! The `strata` binary: parses arguments and calls into the `strata_tools` library.
 
 use clap::Parser;
+use strata_tools::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
-    let cli = strata_tools::cli::Cli::parse();
-    strata_tools::cli::run(cli)
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if !is_daemon(&cli.command) {
+        // Rust ignores SIGPIPE, so `strata stats --watch 1 | head -1` made `println!`
+        // panic ("failed printing to stdout: Broken pipe", exit 101) once `head` left.
+        // A short-lived command whose reader went away has nothing left to do: die of
+        // SIGPIPE quietly, as `cat` does. Daemons (serve, mount, demo) keep ignoring it:
+        // a client closing a socket must not kill them.
+        // SAFETY: called before any thread is started; SIG_DFL is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let r = strata_tools::cli::run(cli);
+    if let Err(e) = &r {
+        // As `fn main() -> anyhow::Result` prints it: the message and its causes.
+        eprintln!("Error: {e:?}");
+    }
+    std::process::ExitCode::from(strata_tools::cli::exit_status(&r))
+}
+
+/// Commands that run until stopped and serve others (they must outlive a closed pipe).
+fn is_daemon(c: &Command) -> bool {
+    matches!(c, Command::Serve(_) | Command::Mount(_) | Command::Demo(_))
 }

@@ -12,7 +12,7 @@ use clap::Args;
 
 use strata_replay::replay::report::{run_all, Report, Row};
 use strata_replay::replay::{
-    self, parse_capacity, Prepared, ReplayConfig, StoreModel, POLICY_NAMES,
+    self, parse_capacity, Prepared, ReplayConfig, StoreModel, MAX_CAPACITY_PERCENT, POLICY_NAMES,
 };
 use strata_replay::trace;
 
@@ -68,7 +68,66 @@ fn parse_lower(spec: &str, unique: u64) -> anyhow::Result<replay::LevelModel> {
     replay::LevelModel::new(kind, parse_capacity(size, unique)?)
 }
 
-pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
+/// Upper bound of --get-latency-ms: a GET that takes a minute is already a store that
+/// failed, and 2^26 block accesses (the most a replay holds) of a minute each still fit
+/// the replay's clock (u64 nanoseconds, ~584 years).
+const MAX_GET_LATENCY_MS: f64 = 60_000.0;
+/// Bounds of --bandwidth-mbps: 1 KB/s is slower than any store worth modelling (a 1 MiB
+/// block takes 17 minutes); 10^7 MB/s (10 TB/s) is beyond any NIC or bus. Infinity made
+/// every transfer take no time and the replay's bandwidth queue never advance (a hang).
+const MIN_BANDWIDTH_MBPS: f64 = 0.001;
+const MAX_BANDWIDTH_MBPS: f64 = 1e7;
+/// Upper bound of --prefetch-backlog-ms: a backlog of an hour of transfer bounds nothing.
+const MAX_PREFETCH_BACKLOG_MS: f64 = 3_600_000.0;
+
+/// `v`, given as `flag`, is a finite number in `lo..=hi`.
+fn check_range(flag: &str, v: f64, lo: f64, hi: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        v.is_finite() && (lo..=hi).contains(&v),
+        "{flag} {v}: must be a number from {lo} to {hi}"
+    );
+    Ok(())
+}
+
+/// The float flags: NaN, infinity or an absurd value used to give 0 ms results or hang.
+fn check_numbers(a: &ReplayArgs) -> anyhow::Result<()> {
+    check_range(
+        "--get-latency-ms",
+        a.get_latency_ms,
+        0.0,
+        MAX_GET_LATENCY_MS,
+    )?;
+    check_range(
+        "--bandwidth-mbps",
+        a.bandwidth_mbps,
+        MIN_BANDWIDTH_MBPS,
+        MAX_BANDWIDTH_MBPS,
+    )?;
+    check_range(
+        "--prefetch-backlog-ms",
+        a.prefetch_backlog_ms,
+        0.0,
+        MAX_PREFETCH_BACKLOG_MS,
+    )?;
+    for &c in &a.plot_capacities {
+        check_range(
+            "--plot-capacities",
+            c,
+            f64::MIN_POSITIVE,
+            MAX_CAPACITY_PERCENT,
+        )?;
+    }
+    Ok(())
+}
+
+/// `lru,lru` ran and printed the same policy twice: each policy once, in first order.
+fn dedup_policies(policies: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    policies.retain(|p| seen.insert(p.clone()));
+}
+
+pub fn run(mut a: ReplayArgs) -> anyhow::Result<()> {
+    dedup_policies(&mut a.policies);
     for p in &a.policies {
         anyhow::ensure!(
             POLICY_NAMES.contains(&p.as_str()),
@@ -77,17 +136,26 @@ pub fn run(a: ReplayArgs) -> anyhow::Result<()> {
         );
     }
     anyhow::ensure!(a.block_bytes > 0, "--block-bytes must be > 0");
-    anyhow::ensure!(a.bandwidth_mbps > 0.0, "--bandwidth-mbps must be > 0");
+    check_numbers(&a)?;
     let t = trace::read_file(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
+    // A header-only trace replayed "successfully" with every figure 0.
+    anyhow::ensure!(
+        !t.records.is_empty(),
+        "{}: the trace has no reads (only its header)",
+        a.trace.display()
+    );
     t.check_replayable(a.block_bytes)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
-    let prepared = Prepared::new(t, a.block_bytes);
-    let unique = prepared.unique_bytes();
     let store = StoreModel {
         get_latency_ns: (a.get_latency_ms * 1e6) as u64,
         bandwidth_bytes_per_s: a.bandwidth_mbps * 1e6,
         prefetch_max_backlog_ns: (a.prefetch_backlog_ms * 1e6) as u64,
     };
+    store
+        .check_clock(&t, a.block_bytes)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.trace.display()))?;
+    let prepared = Prepared::new(t, a.block_bytes);
+    let unique = prepared.unique_bytes();
     let capacity = parse_capacity(&a.capacity, unique)?;
     let lower = a
         .lower
@@ -286,6 +354,53 @@ mod tests {
             let h = r["hit_ratio"].as_f64().expect("f64");
             assert!((0.0..=1.0).contains(&h));
         }
+    }
+
+    fn args(f: impl FnOnce(&mut ReplayArgs)) -> ReplayArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct W {
+            #[command(flatten)]
+            a: ReplayArgs,
+        }
+        let mut a = W::parse_from(["x", "--trace", "t.csv"]).a;
+        f(&mut a);
+        a
+    }
+
+    /// NaN, infinity and absurd values of the float flags are refused, naming the flag
+    /// (`--bandwidth-mbps inf` hung; `--get-latency-ms nan` gave 0 ms results).
+    #[test]
+    fn float_flags_must_be_finite_and_sane() {
+        check_numbers(&args(|_| {})).expect("defaults are fine");
+        type Set = fn(&mut ReplayArgs, f64);
+        let cases: [(&str, Set); 4] = [
+            ("--get-latency-ms", |a, v| a.get_latency_ms = v),
+            ("--bandwidth-mbps", |a, v| a.bandwidth_mbps = v),
+            ("--prefetch-backlog-ms", |a, v| a.prefetch_backlog_ms = v),
+            ("--plot-capacities", |a, v| a.plot_capacities = vec![v]),
+        ];
+        for (flag, set) in cases {
+            for v in [f64::NAN, f64::INFINITY, -1.0, 1e300] {
+                let e = check_numbers(&args(|a| set(a, v))).expect_err(flag);
+                assert!(e.to_string().contains(flag), "{flag} {v}: {e}");
+            }
+        }
+        check_numbers(&args(|a| a.get_latency_ms = 0.0)).expect("no latency is a model");
+        assert!(check_numbers(&args(|a| a.bandwidth_mbps = 0.0)).is_err());
+    }
+
+    /// A header-only trace is refused; `lru,lru` replays lru once.
+    #[test]
+    fn empty_traces_and_duplicate_policies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("empty.csv");
+        std::fs::write(&path, format!("{}\n", trace::HEADER)).expect("write");
+        let e = run(args(|a| a.trace = path.clone())).expect_err("empty");
+        assert!(e.to_string().contains("no reads"), "{e}");
+        let mut p: Vec<String> = ["lru", "arc", "lru"].map(String::from).to_vec();
+        dedup_policies(&mut p);
+        assert_eq!(p, ["lru", "arc"]);
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub struct ImportArgs {
 pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
     match cmd {
         TraceCommand::Gen(a) => {
-            anyhow::ensure!(a.scale > 0.0, "--scale must be > 0");
+            trace::gen::check_scale(a.scale).map_err(anyhow::Error::msg)?;
             let t = trace::gen::generate(a.workload, a.seed, a.scale);
             trace::write_file(&t, &a.out)
                 .with_context(|| format!("writing {}", a.out.display()))?;
@@ -96,6 +96,10 @@ pub fn run(cmd: TraceCommand) -> anyhow::Result<()> {
 }
 
 fn record(a: RecordArgs) -> anyhow::Result<()> {
+    // The command may run for hours: an --out that cannot be written is found out now,
+    // not after it ends.
+    trace::check_writable(&a.out)
+        .with_context(|| format!("--out {} cannot be written", a.out.display()))?;
     let rec = trace::record::record(&a.root, &a.cmd, a.strace_log.as_deref())?;
     let failed = (!rec.succeeded()).then(|| format!("the command failed ({})", rec.status));
     let st = &rec.stats;
@@ -143,7 +147,11 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
         eprintln!("warning: {m}");
     }
     if let Some(f) = failed {
-        anyhow::bail!("{f}; the trace of what it read is in {}", a.out.display());
+        return Err(crate::cli::ExitWith {
+            code: rec.shell_status(),
+            msg: format!("{f}; the trace of what it read is in {}", a.out.display()),
+        }
+        .into());
     }
     Ok(())
 }
@@ -190,5 +198,18 @@ mod tests {
             scale: 0.0,
         }))
         .is_err());
+        // NaN, infinity and counts that overflow memory are refused before generating.
+        for scale in [f64::NAN, f64::INFINITY, 1e30, 1e6, -1.0] {
+            let out = dir.path().join("big.csv");
+            let e = run(TraceCommand::Gen(GenArgs {
+                workload: Workload::Shards,
+                seed: 1,
+                out: out.clone(),
+                scale,
+            }))
+            .expect_err("refused");
+            assert!(e.to_string().contains("--scale"), "{scale}: {e}");
+            assert!(!out.exists());
+        }
     }
 }

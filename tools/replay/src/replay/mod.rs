@@ -102,6 +102,41 @@ pub struct StoreModel {
     pub prefetch_max_backlog_ns: u64,
 }
 
+impl StoreModel {
+    /// Refuses a trace whose replay could run the simulated clock (u64 ns) past 2^63:
+    /// the latest `ts_ns` plus every block access fetched from the store, one after
+    /// another. A single KV read of 2^63 bytes took longer than the clock holds, and the
+    /// replay spun forever on a wrapped event time.
+    pub fn check_clock(&self, trace: &Trace, block_bytes: u64) -> Result<(), String> {
+        let bb = block_bytes.max(1) as f64;
+        let per_ns = self.bandwidth_bytes_per_s / 1e9;
+        let latency = self.get_latency_ns as f64;
+        let mut worst = trace.records.iter().map(|r| r.ts_ns).max().unwrap_or(0) as f64;
+        for r in &trace.records {
+            let bytes = if is_kv(trace.path_name(r)) {
+                r.size as f64
+            } else {
+                // Whole blocks: an upper bound of what the read fetches.
+                ((r.offset + r.len - 1) / block_bytes.max(1) - r.offset / block_bytes.max(1) + 1)
+                    as f64
+                    * bb
+            };
+            worst += latency + bytes / per_ns;
+        }
+        const LIMIT_NS: f64 = 9.2e18; // just under 2^63 ns (~292 years)
+        if !worst.is_finite() || worst >= LIMIT_NS {
+            return Err(format!(
+                "fetching the trace's reads at {} MB/s could take {:.3e} s of simulated time, \
+                 beyond the replay clock's ~292 years (a read or size in the trace is absurd, \
+                 or --bandwidth-mbps too low)",
+                self.bandwidth_bytes_per_s / 1e6,
+                worst / 1e9
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for StoreModel {
     fn default() -> Self {
         StoreModel {
@@ -495,7 +530,8 @@ impl Link {
                 (self.transfers.len() - 1) as u32
             }
         };
-        self.waiting.push_back((now + self.latency_ns, id));
+        self.waiting
+            .push_back((now.saturating_add(self.latency_ns), id));
         id
     }
 
@@ -540,7 +576,7 @@ impl Link {
             if let Some(Reverse((f, _))) = active.peek() {
                 if r > 0.0 {
                     let dt = (f.0 - v).max(0.0) / r;
-                    next = next.min(self.at + dt.ceil() as u64);
+                    next = next.min(self.at.saturating_add(dt.ceil() as u64));
                 }
             }
         }
@@ -1496,19 +1532,29 @@ fn latency_summary(ns: &mut [u64]) -> (f64, f64) {
     (mean / 1e6, *p99 as f64 / 1e6)
 }
 
+/// The largest `--capacity N%`: beyond 100% every block fits already, so a larger
+/// figure is a typo (and `inf%` was taken as a capacity of 2^64 bytes).
+pub const MAX_CAPACITY_PERCENT: f64 = 1000.0;
+
 /// Parses a capacity: bytes (`1073741824`, `512MiB`, `2GB`) or `N%` of `unique_bytes`.
 pub fn parse_capacity(s: &str, unique_bytes: u64) -> anyhow::Result<u64> {
     let s = s.trim();
+    let expected = "expected bytes (`1073741824`, `512MiB`, `2GB`) or a percentage of the \
+                    trace's unique bytes (`20%`)";
     if let Some(pct) = s.strip_suffix('%') {
         let f: f64 = pct
             .trim()
             .parse()
-            .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
-        anyhow::ensure!(f > 0.0, "capacity `{s}` must be > 0");
+            .map_err(|_| anyhow::anyhow!("capacity `{s}`: `{pct}` is not a number; {expected}"))?;
+        anyhow::ensure!(
+            f.is_finite() && f > 0.0 && f <= MAX_CAPACITY_PERCENT,
+            "capacity `{s}` must be a percentage above 0 and at most {MAX_CAPACITY_PERCENT}"
+        );
         return Ok(((unique_bytes as f64) * f / 100.0).round().max(1.0) as u64);
     }
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
+    anyhow::ensure!(!num.is_empty(), "capacity `{s}`: {expected}");
     let n: u64 = num
         .parse()
         .map_err(|e| anyhow::anyhow!("capacity `{s}`: {e}"))?;
@@ -1524,6 +1570,7 @@ pub fn parse_capacity(s: &str, unique_bytes: u64) -> anyhow::Result<u64> {
             anyhow::bail!("capacity `{s}`: unknown unit `{u}` (B, KiB, MiB, GiB, KB, MB, GB or %)")
         }
     };
+    anyhow::ensure!(n > 0, "capacity `{s}` must be > 0");
     n.checked_mul(mult)
         .ok_or_else(|| anyhow::anyhow!("capacity `{s}` overflows"))
 }

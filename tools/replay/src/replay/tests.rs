@@ -268,6 +268,13 @@ fn capacity_parses_bytes_units_and_percent() {
     assert_eq!(parse_capacity("12.5%", 1000).expect("pct"), 125);
     assert!(parse_capacity("10 parsecs", 1).is_err());
     assert!(parse_capacity("-5%", 1).is_err());
+    // Refused with a message that says what a capacity looks like, not "cannot parse
+    // integer from empty string"; `inf%`, `nan%` and `0` bytes like `0%`.
+    let e = parse_capacity("abc", 1).expect_err("abc").to_string();
+    assert!(e.contains("expected bytes"), "{e}");
+    for bad in ["inf%", "nan%", "0", "0MiB", "1e9%"] {
+        assert!(parse_capacity(bad, 1000).is_err(), "{bad}");
+    }
 }
 
 #[test]
@@ -485,4 +492,22 @@ fn small_random_reads_are_cached_in_units_not_blocks() {
     assert!(lru.byte_hit_ratio < 0.2, "{lru:?}");
     assert!(strata.byte_hit_ratio > 0.8, "{strata:?}");
     assert!(strata.total_jct_s < 0.5 * lru.total_jct_s);
+}
+
+/// A KV read of 2^63 - 1 bytes would take longer than the replay's clock holds: refused
+/// (the replay spun forever on a wrapped event time); an ordinary trace passes.
+#[test]
+fn a_read_longer_than_the_clock_is_refused() {
+    let h = crate::trace::HEADER;
+    let t = crate::trace::read_csv(format!("{h}\n2,j,kv/x/1,0,1,{}\n", i64::MAX).as_bytes())
+        .expect("well-formed");
+    let e = StoreModel::default()
+        .check_clock(&t, 1 << 20)
+        .expect_err("too long");
+    assert!(e.contains("simulated time"), "{e}");
+    let t = crate::trace::read_csv(format!("{h}\n2,j,kv/x/1,0,1,4096\n").as_bytes())
+        .expect("well-formed");
+    StoreModel::default()
+        .check_clock(&t, 1 << 20)
+        .expect("fine");
 }

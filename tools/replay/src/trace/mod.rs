@@ -37,22 +37,83 @@ use std::sync::Arc;
 /// The CSV header every trace starts with.
 pub const HEADER: &str = "ts_ns,job,path,offset,len,size";
 
-/// Block accesses a replay holds at most: 2^28 (~268 M; the compiled trace keeps about
-/// 16 bytes per access, so ~4 GiB), far beyond the recorded and generated traces
-/// (~10^5) while a crafted row (`len` = 2^60) is refused before anything is allocated.
-pub const MAX_BLOCK_ACCESSES: u128 = 1 << 28;
+/// Block accesses a replay holds at most: 2^26 (~67 M). The compiled trace keeps about
+/// 24 bytes per access (the flat access list, next-use positions, a policy's copy), so
+/// ~1.6 GB; far beyond the recorded and generated traces (~10^5 at 1 MiB blocks, ~10^7
+/// at `trace gen --scale 100`), while a crafted row (`len` = 2^60) or `--block-bytes 1`
+/// is refused before anything is allocated. (2^28 let a replay reach 16+ GB.)
+pub const MAX_BLOCK_ACCESSES: u128 = 1 << 26;
+
+/// Distinct blocks a replay holds at most: 2^24 (~16.8 M). Each costs a few hundred
+/// bytes (its key with the path, the id maps, every policy's metadata), so ~4 GB.
+pub const MAX_UNIQUE_BLOCKS: u128 = 1 << 24;
+
+/// Latest `ts_ns` a trace may carry: 2^62 ns (~146 years). The replay adds transfer and
+/// think times to timestamps on a u64 nanosecond clock; a `ts_ns` near 2^64 wrapped it
+/// (a job of 0.04 s). Refused with its line number when read.
+pub const MAX_TS_NS: u64 = 1 << 62;
 
 /// Errors reading or writing a trace.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// The I/O error is in the message, not a `source`: with both, an error chain
+    /// printed it twice ("0: trace I/O: X / 1: X").
     #[error("trace I/O: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("line 1: expected header `{HEADER}`, found `{found}`")]
     Header { found: String },
     #[error("line {line}: {msg}")]
     Line { line: usize, msg: String },
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<std::io::Error> for TraceError {
+    fn from(e: std::io::Error) -> Self {
+        TraceError::Io(e)
+    }
+}
+
+/// Reads one line of text into `buf` (without its line break); `Ok(false)` at the end.
+/// Bytes that are not UTF-8 are an error naming `line` (a bare I/O error did not say
+/// where).
+pub(crate) fn read_text_line(
+    input: &mut impl BufRead,
+    raw: &mut Vec<u8>,
+    buf: &mut String,
+    line: usize,
+) -> Result<bool, TraceError> {
+    raw.clear();
+    buf.clear();
+    if input.read_until(b'\n', raw)? == 0 {
+        return Ok(false);
+    }
+    let text = std::str::from_utf8(raw).map_err(|e| TraceError::Line {
+        line,
+        msg: format!("not UTF-8 text (byte {} of the line)", e.valid_up_to() + 1),
+    })?;
+    buf.push_str(text.trim_end_matches(['\n', '\r']));
+    Ok(true)
+}
+
+/// Opens a trace or import input: gunzipped when its name ends in `.gz`; a file that is
+/// gzip'd under another name is refused as such (it used to fail as not UTF-8 text).
+pub(crate) fn open_input(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
+    let f = File::open(path)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        return Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(
+            f,
+        ))));
+    }
+    let mut r = BufReader::new(f);
+    if r.fill_buf()?.starts_with(&[0x1f, 0x8b]) {
+        return Err(TraceError::Invalid(format!(
+            "{} looks like gzip (it starts with gzip's magic bytes) but its name does not \
+             end in .gz: rename it to ….gz, or gunzip it",
+            path.display()
+        )));
+    }
+    Ok(Box::new(r))
 }
 
 /// One read, with job and path interned (indices into [`Trace::jobs`] / [`Trace::paths`]).
@@ -102,29 +163,69 @@ impl Trace {
     /// bytes).
     pub fn block_accesses(&self, block_bytes: u64) -> u128 {
         let bb = block_bytes.max(1);
-        self.records
-            .iter()
-            .map(|r| {
-                if is_kv(&self.paths[r.path as usize]) {
-                    1
-                } else {
-                    u128::from((r.offset + r.len - 1) / bb - r.offset / bb + 1)
-                }
-            })
-            .sum()
+        self.records.iter().map(|r| self.row_accesses(r, bb)).sum()
     }
 
     /// Refuses a trace whose replay at `block_bytes` would not fit the replay's memory
-    /// bound ([`MAX_BLOCK_ACCESSES`]): a clear error instead of exhausting memory.
+    /// bounds ([`MAX_BLOCK_ACCESSES`] in all and for one read, [`MAX_UNIQUE_BLOCKS`]),
+    /// counted by arithmetic before anything is allocated: a clear error instead of
+    /// exhausting memory.
     pub fn check_replayable(&self, block_bytes: u64) -> Result<(), String> {
-        let n = self.block_accesses(block_bytes);
-        if n > MAX_BLOCK_ACCESSES {
+        let bb = block_bytes.max(1);
+        let hint = "(a larger --block-bytes makes fewer)";
+        let mut total: u128 = 0;
+        // Per path: block accesses, an upper bound on the distinct blocks it adds.
+        let mut per_path = vec![0u128; self.paths.len()];
+        for (i, r) in self.records.iter().enumerate() {
+            let n = self.row_accesses(r, bb);
+            if n > MAX_BLOCK_ACCESSES {
+                return Err(format!(
+                    "read {} (`{}`, offset {}, len {}) alone makes {n} block accesses at \
+                     {bb}-byte blocks; a replay holds at most {MAX_BLOCK_ACCESSES} {hint}",
+                    i + 1,
+                    self.path_name(r),
+                    r.offset,
+                    r.len
+                ));
+            }
+            total += n;
+            per_path[r.path as usize] += n;
+        }
+        if total > MAX_BLOCK_ACCESSES {
             return Err(format!(
-                "the trace makes {n} block accesses at {block_bytes}-byte blocks; a replay holds \
-                 at most {MAX_BLOCK_ACCESSES} (a larger --block-bytes makes fewer)"
+                "the trace makes {total} block accesses at {bb}-byte blocks; a replay holds \
+                 at most {MAX_BLOCK_ACCESSES} {hint}"
+            ));
+        }
+        let unique: u128 = per_path
+            .iter()
+            .zip(&self.paths)
+            .zip(&self.sizes)
+            .map(|((&n, path), &size)| {
+                let blocks = if is_kv(path) {
+                    1
+                } else {
+                    u128::from(size.div_ceil(bb).max(1))
+                };
+                n.min(blocks)
+            })
+            .sum();
+        if unique > MAX_UNIQUE_BLOCKS {
+            return Err(format!(
+                "the trace reads up to {unique} distinct blocks at {bb}-byte blocks; a replay \
+                 holds at most {MAX_UNIQUE_BLOCKS} {hint}"
             ));
         }
         Ok(())
+    }
+
+    /// Block accesses one read makes at `bb`-byte blocks.
+    fn row_accesses(&self, r: &Record, bb: u64) -> u128 {
+        if is_kv(&self.paths[r.path as usize]) {
+            1
+        } else {
+            u128::from((r.offset + r.len - 1) / bb - r.offset / bb + 1)
+        }
     }
 
     /// Stable-sorts records by time (ties keep their order).
@@ -250,31 +351,24 @@ fn check_name(what: &str, s: &str) -> Result<(), String> {
 /// Parses a trace from CSV text.
 pub fn read_csv(input: impl Read) -> Result<Trace, TraceError> {
     let mut lines = BufReader::new(input);
+    let mut raw = Vec::new();
     let mut buf = String::new();
-    if lines.read_line(&mut buf)? == 0 {
+    if !read_text_line(&mut lines, &mut raw, &mut buf, 1)? {
         return Err(TraceError::Header {
             found: String::new(),
         });
     }
-    let header = buf.trim_end_matches(['\n', '\r']);
-    if header != HEADER {
-        return Err(TraceError::Header {
-            found: header.to_string(),
-        });
+    if buf != HEADER {
+        return Err(TraceError::Header { found: buf });
     }
     let mut b = TraceBuilder::new();
     let mut line = 1usize;
-    loop {
-        buf.clear();
-        if lines.read_line(&mut buf)? == 0 {
-            break;
-        }
+    while read_text_line(&mut lines, &mut raw, &mut buf, line + 1)? {
         line += 1;
-        let row = buf.trim_end_matches(['\n', '\r']);
-        if row.is_empty() {
+        if buf.is_empty() {
             continue;
         }
-        parse_row(&mut b, row).map_err(|msg| TraceError::Line { line, msg })?;
+        parse_row(&mut b, &buf).map_err(|msg| TraceError::Line { line, msg })?;
     }
     Ok(b.finish())
 }
@@ -305,6 +399,12 @@ fn parse_row(b: &mut TraceBuilder, row: &str) -> Result<(), String> {
         num("len", len)?,
         num("size", size)?,
     );
+    if ts > MAX_TS_NS {
+        return Err(format!(
+            "ts_ns {ts} is beyond {MAX_TS_NS} ns (~146 years), the latest time a replay's \
+             clock can hold"
+        ));
+    }
     check_name("job", job)?;
     check_name("path", path)?;
     let j = b.job(job);
@@ -340,24 +440,55 @@ pub fn write_csv(trace: &Trace, out: impl Write) -> Result<(), TraceError> {
 
 /// Reads a trace file (gzip'd when the name ends in `.gz`).
 pub fn read_file(path: &Path) -> Result<Trace, TraceError> {
-    let f = File::open(path)?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        read_csv(flate2::read::MultiGzDecoder::new(f))
-    } else {
-        read_csv(f)
-    }
+    read_csv(open_input(path)?)
 }
 
-/// Writes a trace file (gzip'd when the name ends in `.gz`).
+/// Writes a trace file (gzip'd when the name ends in `.gz`). The trace goes to a
+/// temporary file beside `path` that is renamed over it once complete: a write that
+/// fails (a name the format cannot hold, a full disk) leaves an existing `path` as it was
+/// instead of truncated.
 pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
+    let tmp = temp_beside(path);
+    let written = write_to(trace, &tmp, path.extension().is_some_and(|e| e == "gz"))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(TraceError::from));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Checks that a trace can be written to `path` (its directory exists and is writable)
+/// by creating and removing the temporary file [`write_file`] would use: for callers
+/// that must know before hours of work (`strata trace record`).
+pub fn check_writable(path: &Path) -> Result<(), TraceError> {
+    let tmp = temp_beside(path);
+    File::create(&tmp)?;
+    std::fs::remove_file(&tmp)?;
+    Ok(())
+}
+
+/// `.<name>.tmp-<pid>` in `path`'s directory (so the final rename stays on one
+/// filesystem).
+fn temp_beside(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "trace".into());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+fn write_to(trace: &Trace, path: &Path, gz: bool) -> Result<(), TraceError> {
     let f = File::create(path)?;
-    if path.extension().is_some_and(|e| e == "gz") {
+    if gz {
         let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
         write_csv(trace, &mut gz)?;
-        gz.finish()?;
+        gz.finish()?.sync_all()?;
         Ok(())
     } else {
-        write_csv(trace, f)
+        let mut f = f;
+        write_csv(trace, &mut f)?;
+        f.sync_all()?;
+        Ok(())
     }
 }
 
@@ -380,6 +511,57 @@ mod tests {
         // The same trace with ordinary rows only is fine.
         let ok = read_csv(format!("{HEADER}\n1,j,small.bin,0,10,10\n").as_bytes()).expect("ok");
         ok.check_replayable(1 << 20).expect("replayable");
+    }
+
+    /// The guard counts what a replay allocates: `--block-bytes 1` on a small trace, a
+    /// row of 2^28 blocks (named), and many distinct blocks are all refused up front.
+    #[test]
+    fn the_guard_counts_accesses_per_row_and_distinct_blocks() {
+        let gib = 1u64 << 30;
+        let t = read_csv(format!("{HEADER}\n0,j,a.bin,0,{gib},{gib}\n").as_bytes()).expect("ok");
+        t.check_replayable(1 << 20).expect("1024 blocks");
+        let e = t.check_replayable(1).expect_err("2^30 one-byte blocks");
+        assert!(e.contains("read 1 (`a.bin`"), "{e}");
+        let big = 1u64 << 48;
+        let t = read_csv(format!("{HEADER}\n0,j,b.bin,0,{big},{big}\n1,j,c,0,1,1\n").as_bytes())
+            .expect("ok");
+        let e = t
+            .check_replayable(1 << 20)
+            .expect_err("2^28 blocks in one row");
+        assert!(
+            e.contains("read 1 (`b.bin`") && e.contains("268435456"),
+            "{e}"
+        );
+        // Many reads of distinct 1-byte blocks: under the access bound, over the
+        // distinct-block bound at 1-byte blocks, fine at 1 MiB.
+        let n = (MAX_UNIQUE_BLOCKS as u64) + 1;
+        let mut b = TraceBuilder::new();
+        let j = b.job("j");
+        let p = b.path("f", n).expect("path");
+        for off in (0..n).step_by(1 << 20) {
+            b.push(0, j, p, off, (1 << 20).min(n - off)).expect("push");
+        }
+        let t = b.finish();
+        assert!(t.block_accesses(1) <= MAX_BLOCK_ACCESSES);
+        let e = t.check_replayable(1).expect_err("too many distinct blocks");
+        assert!(e.contains("distinct blocks"), "{e}");
+        t.check_replayable(1 << 20).expect("16 blocks");
+        // A read of a KV entry of 2^63 bytes is one access (its time is another guard).
+        let t =
+            read_csv(format!("{HEADER}\n2,j,kv/x/1,0,1,{}\n", i64::MAX).as_bytes()).expect("ok");
+        t.check_replayable(1).expect("one block");
+    }
+
+    /// A `ts_ns` the replay's clock cannot hold is refused with its line.
+    #[test]
+    fn absurd_timestamps_name_their_line() {
+        let e = err_of(&format!(
+            "{HEADER}\n0,j,a,0,10,100\n{},j,b,0,10,100\n",
+            u64::MAX
+        ));
+        assert!(e.starts_with("line 3:") && e.contains("ts_ns"), "{e}");
+        read_csv(format!("{HEADER}\n0,j,a,0,1,1\n{MAX_TS_NS},j,b,0,1,1\n").as_bytes())
+            .expect("the bound itself is fine");
     }
 
     fn sample() -> Trace {
@@ -465,6 +647,31 @@ mod tests {
         assert!(write_csv(&t, Vec::new()).is_err());
     }
 
+    /// A write that fails (here: a job name the format cannot hold) leaves the file it
+    /// would have replaced untouched, and no temporary file behind.
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in ["t.csv", "t.csv.gz"] {
+            let p = dir.path().join(name);
+            write_file(&sample(), &p).expect("write");
+            let before = std::fs::read(&p).expect("read");
+            let mut b = TraceBuilder::new();
+            let j = b.job("a,b");
+            let f = b.path("f", 10).expect("path");
+            b.push(0, j, f, 0, 10).expect("push");
+            assert!(write_file(&b.finish(), &p).is_err());
+            assert_eq!(std::fs::read(&p).expect("read"), before, "{name}");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(check_writable(&dir.path().join("x.csv")).is_ok());
+        assert!(check_writable(&dir.path().join("missing/x.csv")).is_err());
+    }
+
     #[test]
     fn blocks_split_files_not_kv() {
         let mb = 1 << 20;
@@ -476,5 +683,24 @@ mod tests {
         assert_eq!(v, vec![(2, mb / 2)], "the last block is short");
         let v: Vec<_> = blocks_of("kv/ns/ab", 0, 3 * mb, 3 * mb, mb).collect();
         assert_eq!(v, vec![(0, 3 * mb)], "a KV entry is one block");
+    }
+
+    /// Bytes that are not UTF-8 name their line; a gzip'd file without `.gz` says so;
+    /// an I/O error's chain does not repeat its cause.
+    #[test]
+    fn unreadable_input_says_where_and_what() {
+        let mut text = format!("{HEADER}\n1,j,a,0,10,100\n").into_bytes();
+        text.extend_from_slice(b"2,j,a\xff,0,10,100\n");
+        let e = read_csv(&text[..]).expect_err("not utf-8").to_string();
+        assert!(e.starts_with("line 3:") && e.contains("UTF-8"), "{e}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let gz = dir.path().join("t.csv.gz");
+        write_file(&sample(), &gz).expect("write");
+        let plain = dir.path().join("t.csv");
+        std::fs::rename(&gz, &plain).expect("rename");
+        let e = read_file(&plain).expect_err("gzip").to_string();
+        assert!(e.contains("looks like gzip"), "{e}");
+        let e = read_file(&dir.path().join("missing.csv")).expect_err("missing");
+        assert!(std::error::Error::source(&e).is_none(), "{e}");
     }
 }

@@ -18,8 +18,7 @@
 //! back to back (gap 0) from its arrival, and the request's completion time is the time
 //! to load its prefix (CALVO's "loading is the bottleneck").
 
-use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use strata_cache_core::stream::mix64;
@@ -47,8 +46,12 @@ pub fn import(input: impl Read, block_bytes: u64, namespace: &str) -> Result<Tra
         return Err(TraceError::Invalid("--block-bytes must be > 0".into()));
     }
     let mut b = TraceBuilder::new();
-    for (i, line) in BufReader::new(input).lines().enumerate() {
-        let line = line?;
+    let mut input = BufReader::new(input);
+    let (mut raw, mut line) = (Vec::new(), String::new());
+    for i in 0.. {
+        if !super::read_text_line(&mut input, &mut raw, &mut line, i + 1)? {
+            break;
+        }
         if line.trim().is_empty() {
             continue;
         }
@@ -73,17 +76,23 @@ pub fn import(input: impl Read, block_bytes: u64, namespace: &str) -> Result<Tra
 
 /// Imports a file (gzip'd when its name ends in `.gz`).
 pub fn import_file(path: &Path, block_bytes: u64, namespace: &str) -> Result<Trace, TraceError> {
-    let f = File::open(path)?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        import(flate2::read::MultiGzDecoder::new(f), block_bytes, namespace)
-    } else {
-        import(f, block_bytes, namespace)
-    }
+    import(super::open_input(path)?, block_bytes, namespace)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A line that is not UTF-8 is named (it was a bare "stream did not contain valid
+    /// UTF-8").
+    #[test]
+    fn non_utf8_names_its_line() {
+        let text = b"{\"timestamp\": 1, \"hash_ids\": [1]}\n\xff\n";
+        let e = import(&text[..], 1024, "ns")
+            .expect_err("not utf-8")
+            .to_string();
+        assert!(e.starts_with("line 2:") && e.contains("UTF-8"), "{e}");
+    }
 
     #[test]
     fn converts_requests_to_jobs_of_block_reads() {

@@ -31,8 +31,9 @@ pub enum RecordError {
     NoCommand,
     #[error("root {root}: {err}")]
     Root { root: PathBuf, err: std::io::Error },
+    /// The I/O error is in the message only (as a `source` too, a chain printed it twice).
     #[error("running strace: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error(
         "strace exited with {status} before tracing anything (it cannot run the command, \
          or ptrace is not permitted here: see its message above)"
@@ -40,12 +41,20 @@ pub enum RecordError {
     StraceFailed { status: String },
 }
 
+impl From<std::io::Error> for RecordError {
+    fn from(e: std::io::Error) -> Self {
+        RecordError::Io(e)
+    }
+}
+
 /// What a recording produced.
 pub struct Recorded {
     pub trace: Trace,
     pub stats: ParseStats,
-    /// The command's exit code (`None`: killed by a signal, see `status`).
+    /// The command's exit code (`None`: killed by a signal, see `signal`).
     pub exit_code: Option<i32>,
+    /// The signal that killed the command, if one did.
+    pub signal: Option<i32>,
     /// The command's exit status in words.
     pub status: String,
     /// The root the paths are relative to (its real path).
@@ -55,6 +64,16 @@ pub struct Recorded {
 impl Recorded {
     pub fn succeeded(&self) -> bool {
         self.exit_code == Some(0)
+    }
+
+    /// The exit status a shell would give for the command: its exit code, or 128 + N
+    /// when signal N killed it.
+    pub fn shell_status(&self) -> u8 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => (c & 0xff) as u8,
+            (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+            (None, None) => 1,
+        }
     }
 }
 
@@ -120,6 +139,7 @@ pub fn record(
         trace,
         stats,
         exit_code: status.code(),
+        signal: std::os::unix::process::ExitStatusExt::signal(&status),
         status: status.to_string(),
         root,
     })

@@ -1,0 +1,100 @@
+//! The `strata` binary's behaviour as a pipeline stage and as a command runner.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn strata() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata"))
+}
+
+/// `strata bench replay ... | head -1`: the reader is gone before strata prints. It must
+/// end as `cat` does (killed by SIGPIPE), not panic "failed printing to stdout" (101).
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("t.csv");
+    std::fs::write(
+        &trace,
+        "ts_ns,job,path,offset,len,size\n0,j,a.bin,0,100,100\n10,j,b.bin,0,100,100\n",
+    )
+    .expect("write trace");
+    // A pipe whose read end is closed before the child starts writing.
+    let mut child = Command::new(strata())
+        .args(["bench", "replay", "--policies", "lru", "--trace"])
+        .arg(&trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn strata");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(101), "panicked: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
+
+/// `trace record` runs the command with a file to read under `root`, in `dir`.
+fn record(dir: &std::path::Path, out: &std::path::Path, script: &str) -> std::process::Output {
+    std::fs::create_dir_all(dir.join("data")).expect("mkdir");
+    std::fs::write(dir.join("data/f.bin"), vec![7u8; 10_000]).expect("write data");
+    Command::new(strata())
+        .current_dir(dir)
+        .args(["trace", "record", "--root", "data", "--out"])
+        .arg(out)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .expect("run strata")
+}
+
+fn has_strace() -> bool {
+    Command::new("strace").arg("-V").output().is_ok()
+}
+
+/// The recorded command's exit status is strata's (exit 3 -> 3, SIGKILL -> 137), after
+/// the trace of what it read is written.
+#[test]
+fn record_passes_on_the_commands_exit_status() {
+    if !has_strace() {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("t.csv");
+    let o = record(dir.path(), &out, "cat data/f.bin >/dev/null; exit 3");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if stderr.contains("ptrace") {
+        eprintln!("skipped: ptrace not permitted: {stderr}");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert!(out.exists(), "the trace is written: {stderr}");
+    let o = record(dir.path(), &out, "cat data/f.bin >/dev/null; kill -KILL $$");
+    assert_eq!(
+        o.status.code(),
+        Some(128 + 9),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// An --out in a missing directory is refused before the command runs.
+#[test]
+fn record_checks_out_before_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("missing/t.csv");
+    let o = record(dir.path(), &out, "touch ran; cat data/f.bin >/dev/null");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--out"), "{stderr}");
+    assert!(
+        !dir.path().join("ran").exists(),
+        "the command ran: {stderr}"
+    );
+}
