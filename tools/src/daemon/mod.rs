@@ -44,6 +44,15 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     let started = Instant::now();
     // Check before opening anything, so a refused configuration leaves no trace.
     cfg.check()?;
+    for m in &cfg.mounts {
+        // Before the KV service starts: a mountpoint that cannot be one fails the start.
+        if m.mountpoint.exists() && !m.mountpoint.is_dir() {
+            anyhow::bail!(
+                "[[mounts]] mountpoint {} is not a directory",
+                m.mountpoint.display()
+            );
+        }
+    }
     let kv_plan = kv::plan(&cfg.kv)?;
     let admin_plan = admin::plan(&cfg.admin, kv_plan.is_some() && !cfg.kv.tenants.is_empty())?;
     let store = match cfg.store.url.as_deref() {
@@ -423,6 +432,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("refusing"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_mountpoint_that_is_a_file_fails_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x").unwrap();
+        let mut cfg: StrataConfig = toml::from_str(&format!(
+            "[store]\nurl = \"file://{}\"\n[[mounts]]\nmountpoint = \"{}\"\n",
+            dir.path().display(),
+            file.display()
+        ))
+        .unwrap();
+        cfg.kv.listen = Some("127.0.0.1:0".into());
+        let e = run(cfg, CancellationToken::new())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a directory"), "{e}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
