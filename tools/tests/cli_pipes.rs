@@ -53,26 +53,15 @@ fn record(dir: &std::path::Path, out: &std::path::Path, script: &str) -> std::pr
         .expect("run strata")
 }
 
-fn has_strace() -> bool {
-    Command::new("strace").arg("-V").output().is_ok()
-}
-
 /// The recorded command's exit status is strata's (exit 3 -> 3, SIGKILL -> 137), after
 /// the trace of what it read is written.
 #[test]
 fn record_passes_on_the_commands_exit_status() {
-    if !has_strace() {
-        eprintln!("skipped: no strace");
-        return;
-    }
+    // (strace is installed by scripts/install-deps.sh, as for the recorder's tests.)
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("t.csv");
     let o = record(dir.path(), &out, "cat data/f.bin >/dev/null; exit 3");
     let stderr = String::from_utf8_lossy(&o.stderr);
-    if stderr.contains("ptrace") {
-        eprintln!("skipped: ptrace not permitted: {stderr}");
-        return;
-    }
     assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert!(out.exists(), "the trace is written: {stderr}");
     let o = record(dir.path(), &out, "cat data/f.bin >/dev/null; kill -KILL $$");
@@ -97,4 +86,34 @@ fn record_checks_out_before_running() {
         !dir.path().join("ran").exists(),
         "the command ran: {stderr}"
     );
+}
+
+/// Ctrl-C in a terminal interrupts the whole foreground group: the command ends, and the
+/// recorder keeps the trace of what it read (it was killed with the command, keeping
+/// nothing, and a temporary strace log was left behind).
+#[test]
+fn an_interrupted_recording_keeps_its_trace() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    std::fs::write(dir.path().join("data/f.bin"), vec![7u8; 10_000]).expect("write data");
+    let out = dir.path().join("t.csv");
+    // Its own process group, as a shell's foreground job: `kill -INT 0` is the Ctrl-C.
+    let o = Command::new(strata())
+        .current_dir(dir.path())
+        .args(["trace", "record", "--root", "data", "--out"])
+        .arg(&out)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "cat data/f.bin >/dev/null; kill -INT 0; sleep 30",
+        ])
+        .process_group(0)
+        .output()
+        .expect("run strata");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGINT), "{stderr}");
+    let trace = std::fs::read_to_string(&out).expect("the trace is written");
+    assert!(trace.contains("f.bin"), "{trace}");
 }

@@ -77,6 +77,35 @@ impl Recorded {
     }
 }
 
+/// SIGINT and SIGQUIT ignored by this process while it lives (the previous handling
+/// restored when dropped).
+struct IgnoredInterrupts {
+    int: libc::sighandler_t,
+    quit: libc::sighandler_t,
+}
+
+impl IgnoredInterrupts {
+    fn new() -> Self {
+        // SAFETY: plain libc calls setting a signal's disposition to SIG_IGN.
+        unsafe {
+            IgnoredInterrupts {
+                int: libc::signal(libc::SIGINT, libc::SIG_IGN),
+                quit: libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            }
+        }
+    }
+}
+
+impl Drop for IgnoredInterrupts {
+    fn drop(&mut self) {
+        // SAFETY: restores dispositions `signal` returned for these signals.
+        unsafe {
+            libc::signal(libc::SIGINT, self.int);
+            libc::signal(libc::SIGQUIT, self.quit);
+        }
+    }
+}
+
 /// Runs `cmd` under strace in the current directory and parses what it read under
 /// `root`. `keep_log`: where to leave strace's own output (else a temporary file that is
 /// removed). A failing command still yields its trace (see [`Recorded::exit_code`]).
@@ -107,18 +136,25 @@ pub fn record(
             &temp
         }
     };
-    let status = Command::new("strace")
+    let mut child = Command::new("strace")
         .args(["-f", "-qq", "-ttt", "-s", "0", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
         .arg("-o")
         .arg(log)
         .arg("--")
         .args(cmd)
-        .status()
+        .spawn()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => RecordError::StraceMissing,
             _ => RecordError::Io(e),
         })?;
+    // Ctrl-C is for the command (as `system()` and `time` do): the recorder waits for it
+    // to end and keeps the trace of what it read until then. (Set after the spawn, so
+    // strace and the command keep the default.)
+    let interrupts = IgnoredInterrupts::new();
+    let status = child.wait();
+    drop(interrupts);
+    let status = status?;
     let text = std::fs::read(log);
     if keep_log.is_none() {
         let _ = std::fs::remove_file(log);
