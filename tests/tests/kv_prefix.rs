@@ -81,6 +81,12 @@ async fn match_prefix_stops_at_the_first_miss() {
         big.total_us,
         est.total_us
     );
+    // A block size no block can have is refused, not estimated.
+    let e = c
+        .estimate_load(NS, &chain, u64::MAX)
+        .await
+        .expect_err("over the largest block");
+    assert!(e.to_string().contains("largest block"), "{e}");
     server.stop().await;
 }
 

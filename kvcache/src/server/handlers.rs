@@ -360,8 +360,17 @@ impl KvCache for KvService {
         let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         // Unknown block size: the namespace's mean put size, else 1 MiB (a
         // 256-token LMCache chunk of a 7-8B model is ~1-32 MiB).
+        let max = self.inner.config.max_block;
         let bytes = match req.block_bytes {
             0 => self.inner.stats.mean_put_bytes(&ns).unwrap_or(1 << 20),
+            // No block this service stores is larger: an estimate for one would be
+            // nonsense (2^64-1 bytes answered 390 years).
+            b if b > max => {
+                return Err(KvError::Invalid(format!(
+                    "block_bytes {b} is over the largest block this service takes ({max})"
+                ))
+                .into())
+            }
             b => b,
         };
         self.inner.stats.lookups(keys.len() as u64);
