@@ -30,12 +30,38 @@ async fn faulty_holding(
     path: &str,
     data: Bytes,
 ) -> (BackingStore, Arc<FaultyStore>, ObjectInfo) {
+    faulty_holding_with(quick_retry(), config, path, data).await
+}
+
+/// [`faulty_holding`] under the policy `retry`.
+async fn faulty_holding_with(
+    retry: RetryPolicy,
+    config: FaultConfig,
+    path: &str,
+    data: Bytes,
+) -> (BackingStore, Arc<FaultyStore>, ObjectInfo) {
     let inner = Arc::new(object_store::memory::InMemory::new());
     let f = Arc::new(FaultyStore::new(inner, config));
-    let store = BackingStore::new(f.clone(), "faulty", quick_retry());
+    let store = BackingStore::new(f.clone(), "faulty", retry);
     store.put(path, data).await.expect("put");
     let obj = store.head(path).await.expect("head");
     (store, f, obj)
+}
+
+/// A store holding `a` under `retry`, then hanging on every request.
+async fn hanging(retry: RetryPolicy) -> (BackingStore, Arc<FaultyStore>, ObjectInfo) {
+    let held = faulty_holding_with(
+        retry,
+        FaultConfig::default(),
+        "a",
+        Bytes::from_static(b"data"),
+    )
+    .await;
+    held.1.set_config(FaultConfig {
+        hang_every: 1,
+        ..Default::default()
+    });
+    held
 }
 
 #[tokio::test]
@@ -130,24 +156,13 @@ async fn a_hung_store_times_out() {
 /// not after every attempt's timeout (a FUSE caller waits uninterruptibly meanwhile).
 #[tokio::test]
 async fn a_hung_store_fails_within_the_whole_deadline() {
-    let inner = Arc::new(object_store::memory::InMemory::new());
-    let f = Arc::new(FaultyStore::new(inner, FaultConfig::default()));
     let retry = RetryPolicy {
         attempts: 8,
         attempt_timeout: Duration::from_millis(400),
         total_timeout: Duration::from_millis(600),
         ..quick_retry()
     };
-    let store = BackingStore::new(f.clone(), "faulty", retry);
-    store
-        .put("a", Bytes::from_static(b"data"))
-        .await
-        .expect("put");
-    let obj = store.head("a").await.expect("head");
-    f.set_config(FaultConfig {
-        hang_every: 1,
-        ..Default::default()
-    });
+    let (store, _, obj) = hanging(retry).await;
     let t = Instant::now();
     assert!(matches!(
         store.get_range(&obj, 0..4).await,
@@ -165,8 +180,6 @@ async fn a_hung_store_fails_within_the_whole_deadline() {
 /// store is asked again.
 #[tokio::test]
 async fn a_silent_store_fails_requests_at_once_for_a_pause() {
-    let inner = Arc::new(object_store::memory::InMemory::new());
-    let f = Arc::new(FaultyStore::new(inner, FaultConfig::default()));
     let retry = RetryPolicy {
         attempts: 2,
         attempt_timeout: Duration::from_millis(200),
@@ -174,16 +187,7 @@ async fn a_silent_store_fails_requests_at_once_for_a_pause() {
         silent_pause: Duration::from_millis(800),
         ..quick_retry()
     };
-    let store = BackingStore::new(f.clone(), "faulty", retry);
-    store
-        .put("a", Bytes::from_static(b"data"))
-        .await
-        .expect("put");
-    let obj = store.head("a").await.expect("head");
-    f.set_config(FaultConfig {
-        hang_every: 1,
-        ..Default::default()
-    });
+    let (store, f, obj) = hanging(retry).await;
     assert!(matches!(
         store.get_range(&obj, 0..4).await,
         Err(CacheError::StoreTimeout { .. })
