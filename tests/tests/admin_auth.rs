@@ -2,30 +2,16 @@
 //! endpoint but /healthz needs it; without one the API is read-only and loopback-only;
 //! tenants require an admin token; the daemon's KV socket is private to its user.
 
+mod admin_common;
+
 use std::time::{Duration, Instant};
 
-use strata_tools::admin::{self, http_request, AdminState};
+use strata_tools::admin::{self, http_request};
 use strata_tools::config::{AdminConfig, CacheConfig, KvConfig, KvTenantConfig, StrataConfig};
 use tokio_util::sync::CancellationToken;
 
 async fn start(token: Option<&str>) -> (String, CancellationToken) {
-    let engine = strata_cache_core::CacheEngine::builder()
-        .tier(std::sync::Arc::new(
-            strata_cache_core::tiers::MemoryTier::new(1 << 20),
-        ))
-        .build()
-        .expect("engine");
-    let state = AdminState {
-        engine,
-        kv: None,
-        mounts: vec![],
-        mount_cores: vec![],
-        started: Instant::now(),
-        token: token.map(std::sync::Arc::from),
-        cluster: None,
-        peer: None,
-        local_files: None,
-    };
+    let state = admin_common::bare_state(token);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

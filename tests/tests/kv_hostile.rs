@@ -7,6 +7,7 @@
 //! listeners, and each listener keeps at most its cap of connections. `strata stats`
 //! pointed at the gRPC port says it is no admin API.
 
+mod admin_common;
 mod kv_common;
 
 use std::time::{Duration, Instant};
@@ -477,19 +478,8 @@ async fn a_connection_that_never_opens_its_window_to_a_get_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_closes_silent_connections_and_caps_them() {
-    use strata_tools::admin::{self, AdminState};
-    let engine = memory_engine(1 << 20);
-    let state = AdminState {
-        engine,
-        kv: None,
-        mounts: vec![],
-        mount_cores: vec![],
-        started: Instant::now(),
-        token: None,
-        cluster: None,
-        peer: None,
-        local_files: None,
-    };
+    use strata_tools::admin;
+    let state = admin_common::bare_state(None);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
