@@ -178,7 +178,7 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
 
 /// The type of the FUSE file system mounted exactly at `dir` (from
 /// `/proc/self/mountinfo`), if one is.
-fn fuse_mounted_at(dir: &Path) -> Option<String> {
+pub fn fuse_mounted_at(dir: &Path) -> Option<String> {
     let dir = std::fs::canonicalize(dir).ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|line| {

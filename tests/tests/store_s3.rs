@@ -128,3 +128,63 @@ async fn folder_markers_are_directories_not_files() {
     assert!(empty.exists, "the marker keeps the folder");
     assert!(!store.list_dir("nothing").await.expect("list").exists);
 }
+
+/// A mount's first listing: a missing bucket and refused credentials are refusals the
+/// mount fails on (with the store's words), an empty folder of a real bucket is not;
+/// and the daemon fails its start on the refusal rather than mounting a folder whose
+/// every `ls` fails with EIO (black-box finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mount_of_a_missing_bucket_fails_with_the_stores_answer() {
+    use std::time::{Duration, Instant};
+    use strata_cache_core::store::Probe;
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    let deadline = Duration::from_secs(10);
+    let fine = s3_store(&server, "s3://data/prefix");
+    assert_eq!(fine.probe("not/yet", deadline).await, Probe::Answered);
+    let missing = s3_store(&server, "s3://no-such-bucket");
+    let started = Instant::now();
+    match missing.probe("", deadline).await {
+        Probe::Refused(why) => assert!(why.contains("NoSuchBucket"), "{why}"),
+        other => panic!("a missing bucket: {other:?}"),
+    }
+    // Not retried for seconds as a transient error would be.
+    let listed = missing.list_dir("").await;
+    assert!(listed.is_err(), "{listed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("mnt");
+    let mut cfg = strata_tools::config::StrataConfig::default();
+    let opts = server.store_options();
+    cfg.store.url = Some("s3://no-such-bucket/some/prefix".into());
+    cfg.store.endpoint = opts.endpoint;
+    cfg.store.region = opts.region;
+    cfg.store.access_key_id = opts.access_key_id;
+    cfg.store.secret_access_key = opts.secret_access_key;
+    cfg.store.allow_http = true;
+    cfg.cache.dir = Some(dir.path().join("cache"));
+    cfg.kv.enabled = false;
+    cfg.mounts = vec![strata_tools::config::MountConfig {
+        mountpoint: mnt.clone(),
+        ..Default::default()
+    }];
+    let stop = tokio_util::sync::CancellationToken::new();
+    let run = tokio::time::timeout(
+        Duration::from_secs(30),
+        strata_tools::daemon::run(cfg, stop.clone()),
+    )
+    .await;
+    stop.cancel();
+    let err = match run {
+        Ok(Err(e)) => format!("{e:#}"),
+        other => panic!("the daemon did not refuse the mount: {other:?}"),
+    };
+    assert!(err.contains("refused to list"), "{err}");
+    assert!(err.contains("NoSuchBucket"), "{err}");
+    assert!(!mnt.join("x").exists());
+}

@@ -19,8 +19,10 @@
 //!   errors and hangs, for tests and for the cold-read benchmarks.
 
 pub mod faulty;
+mod probe;
 mod upload;
 
+pub use probe::Probe;
 pub use upload::{StreamingUpload, UploadShape, MAX_UPLOAD_PARTS};
 
 use std::ops::Range;
@@ -852,10 +854,11 @@ where
         match tokio::time::timeout(retry.attempt_timeout.min(left), op()).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => {
+                // A refusal in a listing's text (a 403, NoSuchBucket) is final too.
                 let transient = matches!(
                     e,
                     object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-                );
+                ) && !probe::is_refusal(&e);
                 if !transient || last {
                     return Err(map_store_error(e, attempt));
                 }

@@ -2,8 +2,10 @@
 //! read-only directory through the cache.
 //!
 //! Without `--foreground` the command re-executes itself in the foreground as a
-//! detached child (new session, output to `<cache dir>/mount.log` or /dev/null), waits
-//! until the mount shows up in the mount table, and exits: a fork after the tokio
+//! detached child (new session, output to `<cache dir>/mount.log`, or without a cache
+//! dir to this command until the mount appears and /dev/null after), waits until the
+//! mount shows up in the mount table (or prints the child's error), and exits: a fork
+//! after the tokio
 //! runtime exists would be unsafe, a re-exec is not. The foreground process is the
 //! daemon (`crate::daemon::run`, as `strata serve` runs it) with this one mount, built
 //! from the same `MountConfig` as a `[[mounts]]` entry, and no KV service: it unmounts
@@ -42,6 +44,10 @@ pub struct MountArgs {
     /// Stay in the foreground (logs to stderr).
     #[arg(long)]
     pub foreground: bool,
+    /// Set by the starting command on the detached daemon: stderr is its pipe until
+    /// the mount appears (see `daemonize`).
+    #[arg(long, hide = true)]
+    pub stderr_until_mounted: bool,
     /// S3-compatible endpoint (e.g. http://127.0.0.1:9000).
     #[arg(long)]
     pub endpoint: Option<String>,
@@ -140,25 +146,50 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.secret_access_key.is_some() {
         eprintln!("{SECRET_FLAG_WARNING}");
     }
+    if is_mounted(&args.mount.mountpoint) {
+        bail!(
+            "{} is already a FUSE mount point (unmount it first: fusermount3 -u {0})",
+            args.mount.mountpoint.display()
+        );
+    }
     if !args.foreground {
         return daemonize(&args);
+    }
+    if args.stderr_until_mounted {
+        release_stderr_when_mounted(args.mount.mountpoint.clone());
     }
     crate::daemon::run_until_signal(args.to_config())
 }
 
 /// Re-executes this command with `--foreground` in a new session and waits until the
-/// mount appears (or the child fails).
+/// mount appears (or the child fails, then its error is this command's).
+///
+/// The child's stderr: `<cache dir>/mount.log` with a cache dir, whose tail is shown
+/// when the child fails; otherwise a pipe this command reads until the mount appears,
+/// when the child (told by `--stderr-until-mounted`) points its stderr at /dev/null and
+/// so closes the pipe. The handover is ordered: this command leaves only after the
+/// child let go of the pipe, so the daemon never writes into a pipe nobody reads.
 fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("locating the strata binary")?;
     let (mut argv, secret) = scrub_secret(std::env::args_os().skip(1).collect());
     argv.push("--foreground".into());
-    let log = match &args.cache_dir {
+    let mut log_file = None;
+    let mut pipe = None;
+    let log: std::process::Stdio = match &args.cache_dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
-            std::fs::File::create(d.join("mount.log"))?.into()
+            let path = d.join("mount.log");
+            let f = std::fs::File::create(&path)?;
+            log_file = Some(path);
+            f.into()
         }
-        None => std::process::Stdio::null(),
+        None => {
+            let (reader, writer) = std::io::pipe().context("creating the mount's log pipe")?;
+            argv.push("--stderr-until-mounted".into());
+            pipe = Some(read_all_in_background(reader));
+            writer.into()
+        }
     };
     let mut cmd = std::process::Command::new(exe);
     if let Some(secret) = secret {
@@ -176,9 +207,15 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
         });
     }
     let mut child = cmd.spawn().context("starting the mount daemon")?;
+    // `cmd` holds the pipe's write end: dropped, the child holds the only one.
+    drop(cmd);
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         if is_mounted(&args.mount.mountpoint) {
+            if let Some(p) = pipe {
+                // The child lets go of the pipe once it sees its mount (at once).
+                let _ = p.recv_timeout(Duration::from_secs(5));
+            }
             println!(
                 "mounted {} at {} (pid {})",
                 args.source,
@@ -188,7 +225,20 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            bail!("mount daemon exited with {status} (see --foreground for its log)");
+            let said = match (&pipe, &log_file) {
+                (Some(p), _) => p
+                    .recv_timeout(Duration::from_secs(5))
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .unwrap_or_default(),
+                (None, Some(path)) => std::fs::read_to_string(path).unwrap_or_default(),
+                (None, None) => String::new(),
+            };
+            bail!(
+                "the mount daemon failed ({status}){}",
+                last_lines(&said, 20)
+                    .map(|l| format!(":\n{l}"))
+                    .unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -196,14 +246,53 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     bail!("mount did not appear within 60 s")
 }
 
-/// Whether `path` is a mount point in this namespace's mount table.
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(p) = path.canonicalize() else {
-        return false;
+/// Everything `reader` yields until its end, from a thread, on the returned channel.
+fn read_all_in_background(
+    mut reader: impl std::io::Read + Send + 'static,
+) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = reader.read_to_end(&mut all);
+        let _ = tx.send(all);
+    });
+    rx
+}
+
+/// What a failed daemon said: its error (from the last `Error:` to its backtrace, if
+/// RUST_BACKTRACE added one), else its last `n` non-empty lines; None when it said
+/// nothing.
+fn last_lines(text: &str, n: usize) -> Option<String> {
+    let text = match text.rfind("Error: ") {
+        Some(at) => text[at..].split("\nStack backtrace:").next().unwrap_or(""),
+        None => text,
     };
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .any(|l| l.split(' ').nth(4).map(Path::new) == Some(p.as_path()))
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    (!lines.is_empty()).then(|| lines[lines.len().saturating_sub(n)..].join("\n"))
+}
+
+/// In the detached daemon: once `mountpoint` is mounted, stderr goes to /dev/null, which
+/// closes the pipe the starting command reads (see [`daemonize`]).
+fn release_stderr_when_mounted(mountpoint: PathBuf) {
+    std::thread::spawn(move || {
+        while !is_mounted(&mountpoint) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto fd 2 swaps what stderr refers to; writers use the fd
+            // number, never a cached pointer, and `null` stays open until after.
+            unsafe {
+                libc::dup2(null.as_raw_fd(), libc::STDERR_FILENO);
+            }
+        }
+    });
+}
+
+/// Whether a FUSE file system is mounted at `path` in this namespace (mount-table paths
+/// decoded, so a mountpoint with a space in its name is found).
+pub fn is_mounted(path: &Path) -> bool {
+    strata_fs::mount::fuse_mounted_at(path).is_some()
 }
 
 #[cfg(test)]
@@ -258,5 +347,22 @@ mod tests {
             Some(Path::new("/run/secrets/s3"))
         );
         assert_eq!(cfg.store.secret_access_key, None);
+    }
+
+    /// A failed daemon's error is shown whole, without the backtrace RUST_BACKTRACE
+    /// appends (CI sets it), however long that is.
+    #[test]
+    fn a_failed_daemons_error_is_its_message() {
+        let backtrace: String = (0..50).map(|i| format!("  {i}: frame\n")).collect();
+        let said = format!(
+            "INFO starting\nError: the store refused\n\nCaused by:\n    NoSuchBucket\n\n\
+             Stack backtrace:\n{backtrace}"
+        );
+        assert_eq!(
+            last_lines(&said, 20).as_deref(),
+            Some("Error: the store refused\nCaused by:\n    NoSuchBucket")
+        );
+        assert_eq!(last_lines("a\n\nb\nc\n", 2).as_deref(), Some("b\nc"));
+        assert_eq!(last_lines("\n \n", 2), None);
     }
 }

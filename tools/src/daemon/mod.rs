@@ -59,6 +59,11 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         Some(url) if !cfg.mounts.is_empty() => Some((url, open_store(url, &cfg.store)?)),
         _ => None,
     };
+    if let Some((url, store)) = &store {
+        for m in &cfg.mounts {
+            check_store(url, store, &m.prefix).await?;
+        }
+    }
     let core = open_core(&cfg.cache)?;
     let mut tasks = Servers::new();
     // The admin API is bound before the group is joined: the node's record carries
@@ -197,6 +202,36 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     drop(kv);
     drop(core);
     result
+}
+
+/// How long a mount waits for its store's first listing before it goes ahead on the
+/// cache alone. 10 s: a live store lists a folder in well under a second, even far
+/// away; an unanswered one must not hold the mount (the cache serves what it holds).
+const STORE_CHECK_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Fails the start when the store refuses to list the mount's folder (no such bucket,
+/// credentials refused), so the mount command says why rather than every `ls` EIO.
+async fn check_store(
+    url: &str,
+    store: &strata_cache_core::BackingStore,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    use strata_cache_core::store::Probe;
+    match store.probe(prefix, STORE_CHECK_DEADLINE).await {
+        Probe::Answered => Ok(()),
+        Probe::Refused(why) => {
+            let folder = if prefix.is_empty() {
+                "its root"
+            } else {
+                prefix
+            };
+            anyhow::bail!("the store {url} refused to list {folder}: {why}")
+        }
+        Probe::Unanswered(why) => {
+            tracing::warn!(store = url, error = %why, "the store did not answer the mount's first listing; mounting on what the cache holds");
+            Ok(())
+        }
+    }
 }
 
 type Servers = tokio::task::JoinSet<anyhow::Result<()>>;

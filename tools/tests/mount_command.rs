@@ -1,0 +1,102 @@
+//! `strata mount` as a user runs it: detached (no `--foreground`), through the real
+//! kernel. What the user sees when it works, and when it cannot: the detached daemon's
+//! own error, not "exited with status 1".
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn strata() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata"))
+}
+
+fn mount(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new("timeout")
+        .arg("90")
+        .arg(strata())
+        .arg("mount")
+        .args(args)
+        .output()
+        .expect("run strata mount")
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn unmount(mnt: &Path) {
+    let _ = Command::new("timeout")
+        .args(["30", "fusermount3", "-u"])
+        .arg(mnt)
+        .status();
+}
+
+/// The mount comes up detached, at a mountpoint whose name holds a space (the mount
+/// table escapes it: the command once waited 60 s for it, then killed its daemon), and
+/// the detached daemon outlives the command that started it. A second mount at the same
+/// point is refused by name, and the daemon ends when its mount is removed.
+#[test]
+fn a_detached_mount_appears_is_refused_twice_and_ends_with_its_unmount() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("hello.txt"), b"hello through the mount").expect("write");
+    let mnt = dir.path().join("my data");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let url = format!("file://{}", src.display());
+
+    let out = mount(&[url.as_ref(), mnt.as_os_str()]);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("mounted"), "{said}");
+    let read = std::fs::read(mnt.join("hello.txt"));
+    let again = mount(&[url.as_ref(), mnt.as_os_str()]);
+    unmount(&mnt);
+    assert_eq!(read.expect("read").as_slice(), b"hello through the mount");
+    let said_again = text(&again);
+    assert!(!again.status.success(), "{said_again}");
+    assert!(
+        said_again.contains("already a FUSE mount point"),
+        "{said_again}"
+    );
+    // The daemon (pid in "mounted ... (pid N)") leaves once its mount is gone.
+    let pid: i32 = said
+        .rsplit("(pid ")
+        .next()
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(Instant::now() < deadline, "daemon {pid} outlived its mount");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A daemon that fails before its mount appears: the command prints the daemon's
+/// error (here, the store folder that does not exist), with or without a cache dir.
+#[test]
+fn a_daemon_that_cannot_mount_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let missing = dir.path().join("no-such-folder");
+    let url = format!("file://{}", missing.display());
+    let cache = dir.path().join("cache");
+    for extra in [vec![], vec!["--cache-dir".as_ref(), cache.as_os_str()]] {
+        let mut args = vec![url.as_ref(), mnt.as_os_str()];
+        args.extend(extra.iter().copied());
+        let started = Instant::now();
+        let out = mount(&args);
+        let said = text(&out);
+        assert!(!out.status.success(), "{said}");
+        assert!(said.contains("no-such-folder"), "{said}");
+        assert!(said.contains("is not a directory"), "{said}");
+        assert!(started.elapsed() < Duration::from_secs(30), "{said}");
+    }
+}
