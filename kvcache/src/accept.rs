@@ -3,30 +3,38 @@
 //! stopped answering anyone).
 //!
 //! - [`Gate`]: at most `max_connections` accepted connections live at once on one
-//!   listener; a connection beyond is closed as soon as it is accepted (logged at most
-//!   once per [`WARN_EVERY`], with a count), so the descriptors the process spends on one
-//!   listener's clients stay bounded whoever connects.
+//!   listener, so the descriptors the process spends on one listener's clients stay
+//!   bounded whoever connects.
 //! - [`Gated`]: an admitted connection, holding its slot until it is dropped; it must
 //!   deliver its first `first_bytes` bytes (the HTTP/2 preface and SETTINGS header, a
-//!   TLS ClientHello, an HTTP/1 request line) within `first_bytes_timeout` from its accept, or its next read
-//!   fails with `TimedOut` and the server closes it. A connection that completed its
-//!   start and then sends nothing is the HTTP/2 keepalive's business (a peer that does
-//!   not answer PINGs is closed) or, when it answers them, holds one slot of the cap.
+//!   TLS ClientHello, an HTTP/1 request line) within `first_bytes_timeout` from its
+//!   accept, or its next read fails with `TimedOut` and the server closes it.
+//! - A full listener makes room by closing its oldest connection that has sent nothing
+//!   yet (its next read fails), and gives its slot to the new one; only when every slot
+//!   holds a connection that started is a new one refused (closed at accept; logged at
+//!   most once per [`WARN_EVERY`], with counts). A flood of silent connections therefore
+//!   keeps nobody out (before, 1,024 of them, renewed every 10 s, refused everyone
+//!   else most of the time): a live client sends its first bytes within a round trip,
+//!   long before the flood's turnover reaches it. A connection that completed its start
+//!   and then sends nothing is the HTTP/2 keepalive's business (a peer that does not
+//!   answer PINGs is closed) or, when it answers them, holds one slot of the cap.
 //!
 //! Nothing here spawns a task: the deadline is a timer polled with the connection's
-//! reads, which the server keeps pending while it waits for the first bytes.
+//! reads, which the server keeps pending while it waits for the first bytes, and a
+//! closing is a flag its read sees when woken.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// What an HTTP/2 client sends before anything else: the 24-byte connection preface
 /// (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`) and the 9-byte header of the SETTINGS frame that
@@ -42,14 +50,51 @@ pub const WARN_EVERY: Duration = Duration::from_secs(10);
 /// silent. Cheap to share (`Arc`).
 pub struct Gate {
     what: &'static str,
-    slots: Arc<Semaphore>,
     max: usize,
     first_bytes: usize,
     first_bytes_timeout: Duration,
+    slots: Mutex<Slots>,
     refused: AtomicU64,
     timed_out: AtomicU64,
+    evicted: AtomicU64,
     /// When a warning was last logged, and the counts then.
-    warned: Mutex<Option<(Instant, u64, u64)>>,
+    warned: Mutex<Option<(Instant, u64, u64, u64)>>,
+}
+
+/// The slots in use, and the connections holding one that have not started yet, oldest
+/// first (with entries of connections that since started or left, dropped as met).
+#[derive(Default)]
+struct Slots {
+    live: usize,
+    silent: VecDeque<Arc<Start>>,
+}
+
+/// Where an admitted connection stands; one of the `START_*` states.
+#[derive(Default)]
+struct Start {
+    state: AtomicU8,
+    /// The connection's pending read, woken to see it was closed.
+    reader: AtomicWaker,
+}
+
+/// Admitted, first bytes not all here yet: the one state a full gate may close.
+const START_SILENT: u8 = 0;
+/// Sent its first bytes (or needs none): it keeps its slot until dropped.
+const START_STARTED: u8 = 1;
+/// Closed by a full gate, its slot given to a newer connection.
+const START_EVICTED: u8 = 2;
+/// Dropped.
+const START_GONE: u8 = 3;
+
+impl Start {
+    fn is(&self, state: u8) -> bool {
+        self.state.load(Ordering::Acquire) == state
+    }
+    fn change(&self, from: u8, to: u8) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
 }
 
 impl Gate {
@@ -61,46 +106,85 @@ impl Gate {
         first_bytes: usize,
         first_bytes_timeout: Duration,
     ) -> Arc<Gate> {
-        let max = max_connections.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Gate {
             what,
-            slots: Arc::new(Semaphore::new(max)),
-            max,
+            max: max_connections.max(1),
             first_bytes,
             first_bytes_timeout,
+            slots: Mutex::default(),
             refused: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             warned: Mutex::new(None),
         })
     }
 
-    /// `io` with its slot, or None when the listener holds `max_connections` already:
-    /// the caller then drops `io`, which closes it.
+    /// `io` with its slot, or None when every slot holds a connection that started:
+    /// the caller then drops `io`, which closes it. A full gate closes its oldest silent
+    /// connection to make room (see the module doc).
     pub fn admit<T>(self: &Arc<Self>, io: T) -> Option<Gated<T>> {
-        match self.slots.clone().try_acquire_owned() {
-            Ok(slot) => Some(Gated {
-                io,
-                _slot: slot,
-                gate: self.clone(),
-                first: (self.first_bytes > 0).then(|| FirstBytes {
-                    missing: self.first_bytes,
-                    deadline: Box::pin(tokio::time::sleep(self.first_bytes_timeout)),
-                }),
-            }),
-            Err(_) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                self.maybe_warn();
-                None
-            }
+        let start = Arc::new(Start::default());
+        let silent = self.first_bytes > 0;
+        if !silent {
+            start.state.store(START_STARTED, Ordering::Release);
         }
+        let evicted = {
+            let mut slots = self.slots.lock();
+            let evicted = if slots.live < self.max {
+                slots.live += 1;
+                None
+            } else {
+                // The oldest connection still silent gives up its slot.
+                let mut found = None;
+                while let Some(old) = slots.silent.pop_front() {
+                    if old.change(START_SILENT, START_EVICTED) {
+                        found = Some(old);
+                        break;
+                    }
+                }
+                match found {
+                    Some(old) => Some(old),
+                    None => {
+                        drop(slots);
+                        self.refused.fetch_add(1, Ordering::Relaxed);
+                        self.maybe_warn();
+                        return None;
+                    }
+                }
+            };
+            // Entries at the front of those that started or left are dropped here, so
+            // the queue holds at most the connections admitted since its oldest silent
+            // one (at most `first_bytes_timeout` ago).
+            while slots.silent.front().is_some_and(|s| !s.is(START_SILENT)) {
+                slots.silent.pop_front();
+            }
+            if silent {
+                slots.silent.push_back(start.clone());
+            }
+            evicted
+        };
+        if let Some(old) = evicted {
+            old.reader.wake();
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+            self.maybe_warn();
+        }
+        Some(Gated {
+            io,
+            start,
+            gate: self.clone(),
+            first: silent.then(|| FirstBytes {
+                missing: self.first_bytes,
+                deadline: Box::pin(tokio::time::sleep(self.first_bytes_timeout)),
+            }),
+        })
     }
 
-    /// Connections live now.
+    /// Connections holding a slot now.
     pub fn live(&self) -> usize {
-        self.max - self.slots.available_permits()
+        self.slots.lock().live
     }
 
-    /// Connections closed at accept because the listener was full, since start.
+    /// Connections closed at accept because every slot held a started one, since start.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
@@ -110,22 +194,37 @@ impl Gate {
         self.timed_out.load(Ordering::Relaxed)
     }
 
+    /// Silent connections closed to make room for newer ones, since start.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    fn release(&self, start: &Start) {
+        let was = start.state.swap(START_GONE, Ordering::AcqRel);
+        // An evicted connection's slot was given away when it was evicted.
+        if was != START_EVICTED {
+            let mut slots = self.slots.lock();
+            slots.live = slots.live.saturating_sub(1);
+        }
+    }
+
     fn maybe_warn(&self) {
         let now = Instant::now();
-        let (refused, timed_out) = (self.refused(), self.timed_out());
+        let (refused, timed_out, evicted) = (self.refused(), self.timed_out(), self.evicted());
         let mut w = self.warned.lock();
-        let (since, r0, t0) = match *w {
-            Some((at, _, _)) if now.duration_since(at) < WARN_EVERY => return,
+        let (since, r0, t0, e0) = match *w {
+            Some((at, ..)) if now.duration_since(at) < WARN_EVERY => return,
             Some(prev) => prev,
-            None => (now, 0, 0),
+            None => (now, 0, 0, 0),
         };
-        *w = Some((now, refused, timed_out));
+        *w = Some((now, refused, timed_out, evicted));
         drop(w);
         tracing::warn!(
             listener = self.what,
             max_connections = self.max,
             refused = refused - r0,
             silent_closed = timed_out - t0,
+            silent_evicted = evicted - e0,
             over_secs = now.duration_since(since).as_secs(),
             "closing connections: the listener is full or they sent nothing in {:?}",
             self.first_bytes_timeout
@@ -141,7 +240,7 @@ struct FirstBytes {
 /// An admitted connection (see [`Gate::admit`]).
 pub struct Gated<T> {
     io: T,
-    _slot: OwnedSemaphorePermit,
+    start: Arc<Start>,
     gate: Arc<Gate>,
     first: Option<FirstBytes>,
 }
@@ -149,6 +248,12 @@ pub struct Gated<T> {
 impl<T> Gated<T> {
     pub fn get_ref(&self) -> &T {
         &self.io
+    }
+}
+
+impl<T> Drop for Gated<T> {
+    fn drop(&mut self) {
+        self.gate.release(&self.start);
     }
 }
 
@@ -167,18 +272,31 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut this.io).poll_read(cx, buf);
         let Some(first) = this.first.as_mut() else {
-            return r;
+            return Pin::new(&mut this.io).poll_read(cx, buf);
         };
-        match r {
+        this.start.reader.register(cx.waker());
+        if this.start.is(START_EVICTED) {
+            this.first = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!(
+                    "{}: closed to make room, having sent nothing while the listener was full",
+                    this.gate.what
+                ),
+            )));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let n = buf.filled().len() - before;
                 first.missing = first.missing.saturating_sub(n);
                 if first.missing == 0 || n == 0 {
                     // Started (or closed by the peer): the deadline has done its job.
-                    this.first = None;
+                    // Evicted meanwhile, it has no slot: it fails its next read.
+                    if this.start.change(START_SILENT, START_STARTED) {
+                        this.first = None;
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -295,11 +413,66 @@ mod tests {
         assert_eq!(g2.read(&mut buf).await.expect("read"), 4);
         let r = tokio::time::timeout(Duration::from_millis(300), g2.read(&mut buf)).await;
         assert!(r.is_err(), "still waiting for data, not timed out");
-        // The cap: both slots are taken.
-        assert!(gate.admit(()).is_none());
-        assert_eq!(gate.refused(), 1);
+        // The cap: both slots are taken (the silent one timed out but is not dropped
+        // yet: a full gate closes it to make room).
         drop(g);
-        assert!(gate.admit(()).is_some(), "a slot is freed by the drop");
+        let (a3, _b3) = tokio::io::duplex(64);
+        let mut g3 = gate.admit(a3).expect("the dropped one's slot");
         b.shutdown().await.expect("shutdown");
+        let (a4, _b4) = tokio::io::duplex(64);
+        let g4 = gate.admit(a4).expect("room made by closing the silent one");
+        assert_eq!(gate.evicted(), 1);
+        assert_eq!(gate.live(), 2);
+        let e = g3.read(&mut buf).await.expect_err("closed to make room");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        drop(g3);
+        assert_eq!(gate.live(), 2, "an evicted connection's slot went to g4");
+        // g4's slot to a connection that starts: now every slot holds a started
+        // connection, and a newcomer is refused.
+        drop(g4);
+        let (a5, mut b5) = tokio::io::duplex(64);
+        let mut g5 = gate.admit(a5).expect("g4's slot");
+        b5.write_all(b"wxyz").await.expect("write");
+        assert_eq!(g5.read(&mut buf).await.expect("read"), 4);
+        assert!(
+            gate.admit(()).is_none(),
+            "every slot holds a started connection"
+        );
+        assert_eq!(gate.refused(), 1);
+        drop(g2);
+        assert!(gate.admit(()).is_some(), "a slot is freed by the drop");
+    }
+
+    /// A flood of silent connections keeps no live client out: each new connection
+    /// closes the oldest silent one, and a client that sends its first bytes keeps its
+    /// slot however many follow.
+    #[tokio::test]
+    async fn silent_floods_make_room_for_clients_that_speak() {
+        let gate = Gate::new("test", 8, 4, Duration::from_secs(60));
+        let mut flood = Vec::new();
+        for _ in 0..8 {
+            let (a, b) = tokio::io::duplex(64);
+            flood.push((gate.admit(a).expect("a slot"), b));
+        }
+        let (a, mut client) = tokio::io::duplex(64);
+        let mut speaking = gate.admit(a).expect("a client gets in through a full gate");
+        client.write_all(b"helo").await.expect("write");
+        let mut buf = [0u8; 8];
+        assert_eq!(speaking.read(&mut buf).await.expect("read"), 4);
+        for _ in 0..100 {
+            let (a, b) = tokio::io::duplex(64);
+            flood.push((gate.admit(a).expect("the flood evicts itself"), b));
+        }
+        assert_eq!(gate.live(), 8);
+        assert_eq!(gate.refused(), 0);
+        assert_eq!(gate.evicted(), 101);
+        client.write_all(b"more").await.expect("write");
+        assert_eq!(speaking.read(&mut buf).await.expect("still served"), 4);
+        // The first eight of the flood were closed to make room.
+        let (first, _) = &mut flood[0];
+        let e = first.read(&mut buf).await.expect_err("evicted");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        drop(flood);
+        assert_eq!(gate.live(), 1, "only the client holds a slot");
     }
 }

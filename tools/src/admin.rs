@@ -307,7 +307,8 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
     }
 }
 
-/// Most connections the admin listener keeps at once; one more is closed at accept.
+/// Most connections the admin listener keeps at once; one more takes the slot of the
+/// oldest silent one, or is closed at accept (`strata_kvcache::accept`).
 /// 256: its clients are a Prometheus scraper or two and operators' `strata stats`, a
 /// handful of connections, while each costs the daemon a file descriptor: without a
 /// cap, connections that never close exhausted them and the daemon stopped answering

@@ -405,8 +405,9 @@ pub struct KvConfig {
     /// aborted and releases what it holds (default 10: see
     /// `strata_kvcache::ServerConfig::idle_timeout`).
     pub idle_timeout_secs: u64,
-    /// Most connections each KV listener (TCP, Unix socket) keeps at once; one more is
-    /// closed at accept (default 1024: see
+    /// Most connections each KV listener (TCP, Unix socket) keeps at once; one more
+    /// takes the slot of the oldest that has not sent a byte yet, or is closed at
+    /// accept when there is none (default 1024: see
     /// `strata_kvcache::ServerConfig::max_connections`).
     pub max_connections: usize,
     /// Seconds a new KV connection may take to send its first bytes (the HTTP/2

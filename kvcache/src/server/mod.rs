@@ -183,9 +183,11 @@ pub struct ServerConfig {
     /// bounds those buffers.
     pub stream_window: u32,
     pub connection_window: u32,
-    /// Most connections one listener keeps at once; one more is closed as soon as it
-    /// is accepted (`accept.rs`). Default 1024: a node's clients are its inference
-    /// engines' workers, a few channels each (tens to a few hundred connections), while
+    /// Most connections one listener keeps at once; one more takes the slot of the
+    /// oldest connection that has not sent its first bytes, or is closed as soon as it
+    /// is accepted when every connection has (`accept.rs`). Default 1024: a node's
+    /// clients are its inference engines' workers, a few channels each (tens to a few
+    /// hundred connections), while
     /// each connection costs a file descriptor and up to `connection_window` of
     /// buffers, so the cap keeps a flood of connections from exhausting the process's
     /// descriptors (which stops the service for everyone) or its memory.
