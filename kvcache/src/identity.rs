@@ -14,16 +14,24 @@
 //! persisted (`kv-identities.json` in the cache dir, written atomically) so a restart
 //! over a warm disk tier keeps them; an unreadable file is moved aside with an error in
 //! the log (the v2 keys still separate models) rather than stopping the service.
-//! Writes are at most one per [`PERSIST_INTERVAL`] (the next call or the service's
-//! drop writes what is pending), so a client inventing namespaces cannot turn each new
-//! binding into a rewrite and an fsync of the whole file.
+//!
+//! A put that binds a namespace is acknowledged only once the binding is on disk
+//! ([`IdentityBindings::durable`]): the put's block survives a crash, so its binding
+//! must too (crash finding: a binding made less than a second before a kill -9 was
+//! lost while its block was recovered, and another model's client then read it).
+//! Writes are group commits, at most one per [`PERSIST_INTERVAL`]: the first binding
+//! after a quiet second is written at once, and the bindings that arrive meanwhile
+//! wait for the next write together, so a client inventing namespaces cannot turn
+//! each new binding into a rewrite and an fsync of the whole file.
 //!
 //! [`IDENTITY_METADATA`]: crate::keys::IDENTITY_METADATA
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -35,34 +43,47 @@ use crate::error::{KvError, Result};
 pub const MAX_BINDINGS: usize = 1 << 14;
 
 /// Least time between two writes of the bindings file: one second, so a burst of new
-/// namespaces costs one rewrite per second, while a crash loses at most the bindings of
-/// the last second (their v2 keys still keep the models apart).
-pub const PERSIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// namespaces costs one rewrite per second, and a put that binds a namespace waits at
+/// most about that long for its binding to be durable.
+pub const PERSIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A 32-byte model identity digest.
 pub type IdentityDigest = [u8; 32];
 
 /// The bindings of one service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct IdentityBindings {
-    map: Mutex<HashMap<Arc<str>, IdentityDigest>>,
+    /// Each namespace's identity, and the generation that bound it (0: loaded).
+    map: Mutex<HashMap<Arc<str>, (IdentityDigest, u64)>>,
     /// Where they persist; None: memory only.
     file: Option<PathBuf>,
-    /// When the file was last written (None: never), and whether bindings wait for the
-    /// next write.
-    persist: Mutex<Persist>,
-    writes: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct Persist {
-    last: Option<std::time::Instant>,
-    dirty: bool,
+    /// The generation of the newest binding (assigned under `map`'s lock).
+    newest: AtomicU64,
+    /// The newest generation the file holds.
+    persisted: tokio::sync::watch::Sender<u64>,
+    /// Set while one caller writes the file for everyone.
+    writing: AtomicBool,
+    /// When the file was last written.
+    last_write: Mutex<Option<Instant>>,
+    writes: AtomicU64,
 }
 
 impl Drop for IdentityBindings {
     fn drop(&mut self) {
-        self.flush(true);
+        if self.newest.load(Ordering::Acquire) > *self.persisted.borrow() {
+            if let Some(file) = &self.file {
+                self.write(file);
+            }
+        }
+    }
+}
+
+/// Clears [`IdentityBindings::writing`] when the writer is done or cancelled.
+struct Writer<'a>(&'a AtomicBool);
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -74,93 +95,124 @@ impl IdentityBindings {
             None => HashMap::new(),
         };
         IdentityBindings {
-            map: Mutex::new(map),
+            map: Mutex::new(map.into_iter().map(|(k, v)| (k, (v, 0))).collect()),
             file,
-            persist: Mutex::new(Persist::default()),
-            writes: std::sync::atomic::AtomicU64::new(0),
+            newest: AtomicU64::new(0),
+            persisted: tokio::sync::watch::Sender::new(0),
+            writing: AtomicBool::new(false),
+            last_write: Mutex::new(None),
+            writes: AtomicU64::new(0),
         }
     }
 
     /// Times the file was written (tests).
     pub fn writes(&self) -> u64 {
-        self.writes.load(std::sync::atomic::Ordering::Relaxed)
+        self.writes.load(Ordering::Relaxed)
     }
 
-    /// Writes pending bindings if the interval has passed (or `now_anyway`).
-    fn flush(&self, now_anyway: bool) {
-        let Some(file) = &self.file else {
-            return;
+    /// Writes every binding to `file` now (blocking); a failure is logged, and the
+    /// bindings then hold for this run only.
+    fn write(&self, file: &Path) {
+        let (text, upto) = {
+            let map = self.map.lock();
+            (encode(&map), self.newest.load(Ordering::Acquire))
         };
-        {
-            let mut p = self.persist.lock();
-            if !p.dirty {
-                return;
-            }
-            let due = p.last.is_none_or(|t| t.elapsed() >= PERSIST_INTERVAL);
-            if !(due || now_anyway) {
-                return;
-            }
-            p.dirty = false;
-            p.last = Some(std::time::Instant::now());
-        }
-        let text = encode(&self.map.lock());
-        self.writes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = write_atomically(file, text.as_bytes()) {
-            tracing::error!(file = %file.display(), error = %e, "could not persist KV namespace identities");
+            tracing::error!(file = %file.display(), error = %e, "could not persist KV namespace identities; they hold until the daemon stops");
+        }
+        self.persisted.send_modify(|p| *p = (*p).max(upto));
+    }
+
+    /// Returns once the binding of generation `generation` (from [`Self::check`]) is
+    /// in the file: at once when it is, else after the next group write (see the module
+    /// doc). A failed write is logged and does not hold the caller.
+    pub async fn durable(self: &Arc<Self>, generation: u64) {
+        if self.file.is_none() {
+            return;
+        }
+        let mut persisted = self.persisted.subscribe();
+        loop {
+            if *persisted.borrow_and_update() >= generation {
+                return;
+            }
+            if self
+                .writing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let _writer = Writer(&self.writing);
+                let due = self.last_write.lock().map_or(Duration::ZERO, |t| {
+                    PERSIST_INTERVAL.saturating_sub(t.elapsed())
+                });
+                if !due.is_zero() {
+                    tokio::time::sleep(due).await;
+                }
+                *self.last_write.lock() = Some(Instant::now());
+                let me = self.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    if let Some(file) = &me.file {
+                        me.write(file);
+                    }
+                })
+                .await;
+                if let Err(e) = done {
+                    tracing::error!(error = %e, "persisting KV namespace identities failed");
+                    self.persisted.send_modify(|p| *p = (*p).max(generation));
+                }
+                continue;
+            }
+            // Another caller writes for everyone; its result wakes us (a writer that was
+            // cancelled is replaced after the bounded wait).
+            let _ = tokio::time::timeout(PERSIST_INTERVAL, persisted.changed()).await;
         }
     }
 
     /// The identity `ns` is bound to, if any.
     pub fn bound(&self, ns: &str) -> Option<IdentityDigest> {
-        self.map.lock().get(ns).copied()
+        self.map.lock().get(ns).map(|(id, _)| *id)
     }
 
     /// Checks a call on `ns` carrying `identity`; with `bind` (a put) an unbound
-    /// namespace is bound to it.
+    /// namespace is bound to it. For a put with an identity, the generation of the
+    /// namespace's binding, which the put must see [`Self::durable`] before it is
+    /// acknowledged.
     pub fn check(
         &self,
         ns: &Arc<str>,
         identity: Option<&IdentityDigest>,
         bind: bool,
-    ) -> Result<()> {
+    ) -> Result<Option<u64>> {
         let Some(id) = identity else {
-            return Ok(());
+            return Ok(None);
         };
-        {
-            let mut map = self.map.lock();
-            match map.get(ns) {
-                Some(b) if b == id => {}
-                Some(b) => {
-                    return Err(KvError::IdentityMismatch {
-                        namespace: ns.to_string(),
-                        bound: hex::encode(&b[..6]),
-                        got: hex::encode(&id[..6]),
-                    })
+        let mut map = self.map.lock();
+        match map.get(ns) {
+            Some((b, _)) if b != id => Err(KvError::IdentityMismatch {
+                namespace: ns.to_string(),
+                bound: hex::encode(&b[..6]),
+                got: hex::encode(&id[..6]),
+            }),
+            Some((_, generation)) => Ok(bind.then_some(*generation)),
+            None if !bind => Ok(None),
+            None => {
+                if map.len() >= MAX_BINDINGS {
+                    return Err(KvError::Busy(format!(
+                        "{MAX_BINDINGS} namespaces are bound to model identities already"
+                    )));
                 }
-                None if !bind => {}
-                None => {
-                    if map.len() >= MAX_BINDINGS {
-                        return Err(KvError::Busy(format!(
-                            "{MAX_BINDINGS} namespaces are bound to model identities already"
-                        )));
-                    }
-                    map.insert(ns.clone(), *id);
-                    self.persist.lock().dirty = true;
-                }
+                let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
+                map.insert(ns.clone(), (*id, generation));
+                Ok(Some(generation))
             }
         }
-        // Outside the map's lock; a failed write keeps the bindings for this run and
-        // says so (they would only be lost on a restart).
-        self.flush(false);
-        Ok(())
     }
 }
 
-fn encode(map: &HashMap<Arc<str>, IdentityDigest>) -> String {
+fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>) -> String {
     let obj: serde_json::Map<String, serde_json::Value> = map
         .iter()
-        .map(|(k, v)| (k.to_string(), serde_json::Value::String(hex::encode(v))))
+        .map(|(k, (v, _))| (k.to_string(), serde_json::Value::String(hex::encode(v))))
         .collect();
     serde_json::json!({ "version": 1, "bindings": obj }).to_string()
 }
@@ -245,24 +297,46 @@ mod tests {
             .expect("v1 clients are not checked");
     }
 
-    #[test]
-    fn a_burst_of_new_namespaces_is_one_write_and_the_rest_lands_on_drop() {
+    /// 500 puts binding new namespaces at once: each is acknowledged only with its
+    /// binding in the file, and they share a couple of writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_new_bindings_is_made_durable_by_few_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
-        let b = IdentityBindings::open(Some(f.clone()));
+        let b = Arc::new(IdentityBindings::open(Some(f.clone())));
+        let started = Instant::now();
+        let mut puts = tokio::task::JoinSet::new();
         for i in 0..500 {
-            b.check(&Arc::from(format!("ns-{i}")), Some(&A), true)
-                .expect("bind");
+            let b = b.clone();
+            puts.spawn(async move {
+                let ns: Arc<str> = Arc::from(format!("ns-{i}"));
+                let generation = b.check(&ns, Some(&A), true).expect("bind");
+                b.durable(generation.expect("a put with an identity")).await;
+                // Acknowledged: the binding is in the file, as a crash would find it.
+                let on_disk = IdentityBindings::open(Some(b.file.clone().expect("file")));
+                assert_eq!(
+                    on_disk.bound(&ns),
+                    Some(A),
+                    "{ns} acknowledged, not durable"
+                );
+            });
         }
-        assert!(b.writes() <= 2, "{} writes for 500 bindings", b.writes());
-        drop(b);
-        let again = IdentityBindings::open(Some(f));
-        assert_eq!(
-            again.bound("ns-499"),
-            Some(A),
-            "pending bindings written on drop"
+        while let Some(r) = puts.join_next().await {
+            r.expect("put");
+        }
+        assert!(b.writes() <= 3, "{} writes for 500 bindings", b.writes());
+        assert!(
+            started.elapsed() < 3 * PERSIST_INTERVAL,
+            "{:?}",
+            started.elapsed()
         );
-        assert_eq!(again.map.lock().len(), 500);
+        // A put into a namespace bound and persisted already does not wait.
+        let writes = b.writes();
+        let again = b
+            .check(&Arc::from("ns-7"), Some(&A), true)
+            .expect("same identity");
+        b.durable(again.expect("generation")).await;
+        assert_eq!(b.writes(), writes);
     }
 
     #[test]
@@ -272,8 +346,7 @@ mod tests {
         let ns: Arc<str> = Arc::from("m/t");
         let first = IdentityBindings::open(Some(f.clone()));
         first.check(&ns, Some(&A), true).expect("bind");
-        assert_eq!(first.writes(), 1, "the first binding is written at once");
-        drop(first);
+        drop(first); // what was not written yet is written on drop
         let again = IdentityBindings::open(Some(f.clone()));
         assert_eq!(again.bound("m/t"), Some(A));
         assert!(again.check(&ns, Some(&B), false).is_err());

@@ -107,6 +107,35 @@ async fn another_model_identity_is_refused_and_the_binding_survives_a_restart() 
     server.stop().await;
 }
 
+/// Crash finding: a namespace bound less than a second after another lost its binding
+/// to a kill -9 (the file was written at most once a second, and only on a later call),
+/// while its acknowledged block survived, so another model then read it. Each put is
+/// now acknowledged with its binding in the file: read here as a crash would leave it,
+/// with the server still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_put_has_its_namespace_binding_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("kv-identities.json");
+    let config = ServerConfig {
+        identity_file: Some(file.clone()),
+        ..Default::default()
+    };
+    let server = TestServer::start(memory_engine(64 << 20), config).await;
+    let model = identity("rev-1", "");
+    let mut a = client(&server.addr, Some(&model), None).await;
+    for ns in ["m/one", "m/two", "m/three"] {
+        a.put(ns, b"block-key", block(4 << 10, 1))
+            .await
+            .expect("put binds");
+        let text = std::fs::read_to_string(&file).expect("bindings file");
+        assert!(
+            text.contains(ns),
+            "{ns} acknowledged but not on disk: {text}"
+        );
+    }
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_identity_is_a_clear_error_and_tenants_bind_their_own_key_space() {
     let config = ServerConfig {

@@ -367,7 +367,7 @@ struct Inner {
     /// The KV `Prefetch`, decided and accounted by the daemon's access controller.
     staging: Staging,
     /// Namespaces bound to a model identity (keys v2).
-    identities: IdentityBindings,
+    identities: Arc<IdentityBindings>,
     /// The same-host zero-copy arena (`shm.rs`); None: disabled.
     shm: Option<Arc<ShmArena>>,
     /// The cache group's router (`group.rs`), set once by [`KvService::join_group`].

@@ -52,7 +52,7 @@ impl KvService {
                 started: Instant::now(),
                 top_tier,
                 staging: Staging::default(),
-                identities: IdentityBindings::open(config.identity_file.clone()),
+                identities: Arc::new(IdentityBindings::open(config.identity_file.clone())),
                 shm: match config.shm_bytes {
                     0 => None,
                     n => match ShmArena::new(n as usize) {
@@ -269,15 +269,28 @@ impl KvService {
     /// `caller`: the tenant and model identity the request came with; `bind`: a put,
     /// which binds an unbound namespace to its identity (`identity.rs`).
     pub(super) fn scope(&self, ns: &str, caller: &Caller, bind: bool) -> Result<Arc<str>> {
+        self.scope_binding(ns, caller, bind)
+            .map(|(scoped, _)| scoped)
+    }
+
+    /// [`Self::scope`], and for a put with an identity the generation of the
+    /// namespace's binding, to be made durable before the put is acknowledged.
+    fn scope_binding(
+        &self,
+        ns: &str,
+        caller: &Caller,
+        bind: bool,
+    ) -> Result<(Arc<str>, Option<u64>)> {
         self.check_namespace(ns)?;
         let scoped = match caller.tenant.as_deref() {
             Some(t) => t.scope(ns)?,
             None => Arc::from(ns),
         };
-        self.inner
+        let binding = self
+            .inner
             .identities
             .check(&scoped, caller.identity.as_ref(), bind)?;
-        Ok(scoped)
+        Ok((scoped, binding))
     }
 
     pub(super) fn check_namespace(&self, ns: &str) -> Result<()> {
@@ -378,7 +391,11 @@ impl KvService {
         let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
-        let ns = self.scope(&first.namespace, &caller, true)?;
+        let (ns, binding) = self.scope_binding(&first.namespace, &caller, true)?;
+        if let Some(generation) = binding {
+            // The block will outlive a crash; so must the binding that guards it.
+            self.inner.identities.durable(generation).await;
+        }
         let tenant = caller.tenant;
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
