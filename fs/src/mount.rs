@@ -9,8 +9,14 @@
 //!
 //! - Mounted read-only (`ro`, `noatime`, `nodev`, `nosuid`, `default_permissions`), or
 //!   `rw` when the core takes writes (`CoreOptions::writes`).
-//! - `auto_unmount` (default on): `fusermount3` stays as a watchdog and unmounts when
-//!   the daemon dies, so a crashed daemon leaves no mount hung until reboot.
+//! - `auto_unmount` (default off, as in mountpoint-s3): with it `fusermount3` unmounts
+//!   when the daemon dies, and the mountpoint turns back into a plain local directory
+//!   under the job still using it: a checkpoint saved there then "succeeds" on the
+//!   local disk, never reaches the store, and is hidden by the next mount (crash
+//!   finding). Without it a dead daemon's mount fails every call with ENOTCONN, and
+//!   the next mount at that point detaches the dead one first.
+//! - A mountpoint that is not empty is mounted over (its files hidden while mounted)
+//!   with a warning naming how many entries it hides.
 //! - [`MountHandle::unmount`] never hangs on open files: it tries a plain unmount; if the
 //!   mount is busy it detaches it (`MNT_DETACH`) and aborts the FUSE connection through
 //!   `/sys/fs/fuse/connections/<N>/abort`, so the session threads end and open files
@@ -36,7 +42,7 @@ pub struct MountOptions {
     pub core: CoreOptions,
     /// Let other users read the mount (needs `user_allow_other` for non-root).
     pub allow_other: bool,
-    /// Have `fusermount3` unmount if the daemon dies. Default on.
+    /// Have `fusermount3` unmount if the daemon dies. Default off (see the module doc).
     pub auto_unmount: bool,
     /// Source name in `/proc/mounts` (e.g. the store URL).
     pub fsname: String,
@@ -56,7 +62,7 @@ impl Default for MountOptions {
         MountOptions {
             core: CoreOptions::default(),
             allow_other: false,
-            auto_unmount: true,
+            auto_unmount: false,
             fsname: "strata".into(),
             threads: 4,
             read_ahead_kb: Some(4096),
@@ -142,6 +148,7 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
     mountpoint: &Path,
     opts: &MountOptions,
 ) -> Result<MountHandle> {
+    detach_dead_mount(mountpoint);
     if let Some(fstype) = fuse_mounted_at(mountpoint) {
         // The kernel would stack a second mount over the first, which then serves
         // nobody until the top one is unmounted: almost always a mistake.
@@ -154,6 +161,7 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
             ),
         });
     }
+    warn_if_not_empty(mountpoint);
     let config = fuser_config(opts);
     let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(|source| Error::Mount {
         what: "mounting",
@@ -174,6 +182,60 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
         conn,
         core: None,
     })
+}
+
+/// Detaches the mount of a daemon that died from `mountpoint` (every call on it fails
+/// with ENOTCONN), so a restart mounts in its place rather than on top of it.
+fn detach_dead_mount(mountpoint: &Path) {
+    if !is_dead_mount(mountpoint) {
+        return;
+    }
+    let detached = umount2(mountpoint, libc::MNT_DETACH).or_else(|_| {
+        // Not root: the setuid helper may unmount the user's own FUSE mounts.
+        let out = std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(mountpoint)
+            .output()?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(std::io::Error::other(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            )),
+        }
+    });
+    match detached {
+        Ok(()) => tracing::warn!(mountpoint = %mountpoint.display(),
+            "detached the mount of a daemon that died (its calls failed with ENOTCONN)"),
+        Err(e) => tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
+            "a dead mount is at the mountpoint and could not be detached"),
+    }
+}
+
+/// Whether `path` is the mount of a FUSE daemon that died: `statfs` (which the kernel
+/// always asks the daemon, where a `stat` may be answered from cached attributes)
+/// fails with ENOTCONN.
+pub fn is_dead_mount(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` has room for the result.
+    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// Entries of `dir` a mount there would hide (0 when it cannot be read).
+pub fn hidden_entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+fn warn_if_not_empty(mountpoint: &Path) {
+    let hidden = hidden_entries(mountpoint);
+    if hidden > 0 {
+        tracing::warn!(mountpoint = %mountpoint.display(), hidden,
+            "the mountpoint is not empty: its entries are hidden while it is mounted");
+    }
 }
 
 /// The type of the FUSE file system mounted exactly at `dir` (from

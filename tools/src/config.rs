@@ -578,6 +578,13 @@ pub struct MountConfig {
     /// With `allow_writes`: `rm` deletes objects, `mv` renames files and directories.
     #[arg(long, requires = "allow_writes")]
     pub allow_delete: bool,
+    /// Unmount when the daemon dies (fusermount3 stays as a watchdog). Off by default,
+    /// as in mountpoint-s3: the mountpoint would turn back into a local directory under
+    /// the jobs still using it, so what they write there lands on local disk and never
+    /// in the store (and is hidden by the next mount). Without it a dead daemon's mount
+    /// fails with ENOTCONN until the next mount there replaces it.
+    #[arg(long)]
+    pub auto_unmount: bool,
 }
 
 impl Default for MountConfig {
@@ -593,6 +600,7 @@ impl Default for MountConfig {
             allow_writes: false,
             allow_overwrite: false,
             allow_delete: false,
+            auto_unmount: false,
         }
     }
 }

@@ -100,3 +100,64 @@ fn a_daemon_that_cannot_mount_says_why() {
         assert!(started.elapsed() < Duration::from_secs(30), "{said}");
     }
 }
+
+/// Fuse mounts at `mnt` in this namespace's mount table (escapes decoded).
+fn mounts_at(mnt: &Path) -> usize {
+    let want = mnt.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(want.as_str()) && l.contains(" - fuse"))
+        .count()
+}
+
+/// Crash finding: with auto_unmount, a daemon killed by -9 left a plain local
+/// directory under the jobs using it; a checkpoint saved there "succeeded" on local
+/// disk, never reached the store, and the next mount hid it. Now the dead mount fails
+/// calls with ENOTCONN (nothing lands beside the store), and the next `strata mount`
+/// there detaches it and mounts in its place (not on top of it).
+#[test]
+fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("a.txt"), b"first").expect("write");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let url = format!("file://{}", src.display());
+    let cache = dir.path().join("cache");
+    let mut daemon = Command::new(strata())
+        .args(["mount", &url])
+        .arg(&mnt)
+        .args(["--allow-writes", "--foreground", "--cache-dir"])
+        .arg(&cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(&mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read(mnt.join("a.txt")).expect("read"), b"first");
+    daemon.kill().expect("kill -9");
+    daemon.wait().expect("reap");
+
+    let saved = std::fs::write(mnt.join("ckpt.bin"), b"checkpoint");
+    let e = saved.expect_err("a save into a dead mount fails");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    assert!(!src.join("ckpt.bin").exists());
+
+    let out = mount(&[url.as_ref(), mnt.as_os_str()]);
+    let said = text(&out);
+    let read = std::fs::read(mnt.join("a.txt"));
+    let stacked = mounts_at(&mnt);
+    unmount(&mnt);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(read.expect("read after the restart"), b"first");
+    assert_eq!(stacked, 1, "the dead mount was replaced, not stacked on");
+    assert_eq!(mounts_at(&mnt), 0);
+}

@@ -10,7 +10,8 @@
 //! daemon (`crate::daemon::run`, as `strata serve` runs it) with this one mount, built
 //! from the same `MountConfig` as a `[[mounts]]` entry, and no KV service: it unmounts
 //! cleanly on SIGINT/SIGTERM, and exits when the mount is removed from outside
-//! (`fusermount3 -u`/`umount`); `auto_unmount` covers a crash.
+//! (`fusermount3 -u`/`umount`). After a crash its mount fails with ENOTCONN until the
+//! next `strata mount` there replaces it (`--auto-unmount` unmounts instead).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -146,13 +147,23 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.secret_access_key.is_some() {
         eprintln!("{SECRET_FLAG_WARNING}");
     }
-    if is_mounted(&args.mount.mountpoint) {
+    // A dead daemon's mount (ENOTCONN) is replaced by the new one (strata_fs::mount).
+    let dead = strata_fs::mount::is_dead_mount(&args.mount.mountpoint);
+    if is_mounted(&args.mount.mountpoint) && !dead {
         bail!(
             "{} is already a FUSE mount point (unmount it first: fusermount3 -u {0})",
             args.mount.mountpoint.display()
         );
     }
     if !args.foreground {
+        // The daemon logs it too, where the detached one's log is not seen.
+        let hidden = strata_fs::mount::hidden_entries(&args.mount.mountpoint);
+        if hidden > 0 {
+            eprintln!(
+                "warning: {} is not empty: its {hidden} entries are hidden while it is mounted",
+                args.mount.mountpoint.display()
+            );
+        }
         return daemonize(&args);
     }
     if args.stderr_until_mounted {
@@ -211,7 +222,9 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     drop(cmd);
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if is_mounted(&args.mount.mountpoint) {
+        if is_mounted(&args.mount.mountpoint)
+            && !strata_fs::mount::is_dead_mount(&args.mount.mountpoint)
+        {
             if let Some(p) = pipe {
                 // The child lets go of the pipe once it sees its mount (at once).
                 let _ = p.recv_timeout(Duration::from_secs(5));

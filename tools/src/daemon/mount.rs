@@ -27,6 +27,7 @@ impl PrefetchMode {
 pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Result<MountOptions> {
     let mut opts = MountOptions {
         allow_other: m.allow_other,
+        auto_unmount: m.auto_unmount,
         fsname: fsname.to_string(),
         read_ahead_kb: Some(m.read_ahead_kb),
         ..Default::default()
