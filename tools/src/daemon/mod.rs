@@ -152,6 +152,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         None => None,
     };
 
+    mount::remove_other_staging(&core.cache_dir, &cfg.mounts);
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {

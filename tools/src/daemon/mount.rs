@@ -2,6 +2,8 @@
 //! both come here with a [`MountConfig`], so they prefetch, pass through and cache
 //! metadata alike.
 
+use std::path::PathBuf;
+
 use anyhow::Context;
 use strata_cache_core::{BackingStore, ObjectReader};
 use strata_fs::{MountHandle, MountOptions, PassthroughOptions};
@@ -60,25 +62,68 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         };
         // One staging directory per mount point (emptied when the mount starts), in
         // the cache dir so a written file can become its passthrough copy by a rename.
-        let name: String = m
-            .mountpoint
-            .to_string_lossy()
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let mut w = strata_fs::WriteOptions::new(core.cache_dir.join("staging").join(name));
+        let mut w = strata_fs::WriteOptions::new(staging_dir(&core.cache_dir, &m.mountpoint));
         w.allow_overwrite = m.allow_overwrite;
         w.allow_delete = m.allow_delete;
         w.local_files = Some(local_files);
         opts.core.writes = Some(w);
     }
     Ok(opts)
+}
+
+/// Where the mount at `mountpoint` stages written files: `<cache>/staging/NAME`, NAME
+/// the mountpoint made readable (`/mnt/train` -> `_mnt_train`) plus a checksum of the
+/// exact path, since the readable part alone is not unique (`/mnt/a_b` and `/mnt/a/b`
+/// shared one directory, and one mount's new file failed with EEXIST on the other's).
+pub fn staging_dir(cache_dir: &std::path::Path, mountpoint: &std::path::Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let readable: String = mountpoint
+        .to_string_lossy()
+        .chars()
+        .map(|c| match c.is_ascii_alphanumeric() || c == '-' {
+            true => c,
+            false => '_',
+        })
+        .collect();
+    let sum = crc32c::crc32c(mountpoint.as_os_str().as_bytes());
+    cache_dir
+        .join(STAGING)
+        .join(format!("{readable}-{sum:08x}"))
+}
+
+/// The cache dir's folder of staging directories.
+const STAGING: &str = "staging";
+
+/// Removes the staging directories of mounts this daemon does not have (an earlier
+/// run's mountpoints, or names of an older version): their files were never uploaded,
+/// as a mount's own are dropped when it starts, and nothing else would ever remove
+/// them or count them in the disk budget (crash finding: 42 MiB of `.part` files of
+/// four earlier mountpoints outside the budget). The cache dir is this daemon's alone
+/// (its index is locked), so no live mount stages there.
+pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
+    let keep: std::collections::HashSet<PathBuf> = mounts
+        .iter()
+        .map(|m| staging_dir(cache_dir, &m.mountpoint))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(cache_dir.join(STAGING)) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if keep.contains(&path) {
+            continue;
+        }
+        let removed = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match removed {
+            Ok(()) => tracing::warn!(dir = %path.display(),
+                "removed the staged writes of a mount this daemon does not have (never uploaded)"),
+            Err(e) => tracing::warn!(dir = %path.display(), error = %e,
+                "cannot remove another mount's staged writes"),
+        }
+    }
 }
 
 /// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine,
@@ -169,6 +214,39 @@ mod tests {
         assert!(
             mount_options(&ro, &core, "s3://one").is_ok(),
             "read-only is fine"
+        );
+    }
+
+    /// Mountpoints that read alike stage apart (`/X/a_b/m` and `/X/a/b_m` shared one
+    /// directory), and a daemon's start removes only the staging of other mounts.
+    #[test]
+    fn each_mountpoint_stages_apart_and_other_staging_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = dir.path();
+        let (a, b) = (
+            staging_dir(cache, std::path::Path::new("/X/a_b/m")),
+            staging_dir(cache, std::path::Path::new("/X/a/b_m")),
+        );
+        assert_ne!(a, b);
+        assert_eq!(a, staging_dir(cache, std::path::Path::new("/X/a_b/m")));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d).expect("mkdir");
+            std::fs::write(d.join("1.part"), b"never uploaded").expect("write");
+        }
+        let old_name = cache.join("staging").join("_X_a_b_m");
+        std::fs::create_dir_all(&old_name).expect("mkdir");
+        let keep = MountConfig {
+            mountpoint: "/X/a_b/m".into(),
+            ..Default::default()
+        };
+        remove_other_staging(cache, &[keep]);
+        assert!(
+            a.join("1.part").exists(),
+            "this daemon's mount keeps its own"
+        );
+        assert!(
+            !b.exists() && !old_name.exists(),
+            "other mounts' staging removed"
         );
     }
 }
