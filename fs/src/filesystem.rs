@@ -315,6 +315,9 @@ struct Node {
     generation: u64,
     /// The kernel's references (LOOKUP replies and READDIRPLUS entries not forgotten).
     lookups: u64,
+    /// The size the kernel was last told for this file (it may cache it for the TTL);
+    /// None: not told yet.
+    told_size: Option<u64>,
 }
 
 #[derive(Default)]
@@ -337,6 +340,7 @@ impl InodeTable {
                 kind: Kind::Dir,
                 generation: 1,
                 lookups: 1,
+                told_size: None,
             },
         );
         t.by_path.insert(root, ROOT_INO);
@@ -363,6 +367,7 @@ impl InodeTable {
                 kind,
                 generation: 1,
                 lookups: u64::from(reference),
+                told_size: None,
             },
         );
         self.by_path.insert(path.clone(), ino);
@@ -530,7 +535,15 @@ struct FileHandle {
     expects_copy: bool,
     /// Bytes served through this handle; a whole-file read triggers a passthrough copy.
     served: AtomicU64,
+    /// The open let the kernel keep its page cache (it may hold this version's pages).
+    kept_cache: bool,
+    /// Reads of this handle started (counted when taken from the table, under its lock).
+    reads: AtomicU64,
 }
+
+/// Tells the kernel that the attributes it caches for an inode are stale, so its next
+/// use of them (a read past the size it knows, a `stat`) asks again.
+pub type AttrInvalidator = Box<dyn Fn(u64) + Send + Sync>;
 
 /// The core. Cheap to share (`Arc`); all methods take `&self`.
 pub struct FsCore {
@@ -549,6 +562,9 @@ pub struct FsCore {
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
+    /// Tells the kernel an inode's cached attributes are stale (set by the FUSE
+    /// adapter once mounted; see [`FsCore::set_attr_invalidator`]).
+    attr_invalidator: std::sync::OnceLock<AttrInvalidator>,
     /// The passthrough copies (verified, budgeted); None without passthrough
     /// or when its directory could not be opened.
     passthrough: Option<PassthroughOptions>,
@@ -598,6 +614,12 @@ pub struct Counters {
     /// Objects deleted and files renamed through the mount.
     pub deletes: AtomicU64,
     pub renames: AtomicU64,
+    /// Times the kernel was told an inode's attributes are stale (a handle reads a
+    /// version of another size than the kernel knows)...
+    pub attr_invalidations: AtomicU64,
+    /// ...and handles that found their version replaced in the store before serving a
+    /// byte, and went on with the new version instead of failing with ESTALE.
+    pub handles_renewed: AtomicU64,
 }
 
 impl FsCore {
@@ -679,10 +701,32 @@ impl FsCore {
             next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
+            attr_invalidator: std::sync::OnceLock::new(),
             passthrough,
             jobs,
             demand_in_flight: AtomicU64::new(0),
             counters: Counters::default(),
+        }
+    }
+
+    /// Installs the kernel's attribute invalidation (the FUSE adapter, once mounted).
+    pub fn set_attr_invalidator(&self, f: AttrInvalidator) {
+        let _ = self.attr_invalidator.set(f);
+    }
+
+    /// A handle of `ino` reads a version of another size than the kernel was told: the
+    /// kernel would cut its reads at the size it knows (new bytes cut to the old length:
+    /// black-box finding) or fault past it (SIGBUS in an mmap), so its attributes are
+    /// invalidated before the handle is used.
+    fn size_told_differs(&self, ino: u64, size: u64) {
+        let told = self.inodes.read().nodes.get(&ino).and_then(|n| n.told_size);
+        if told.is_some_and(|t| t != size) {
+            self.counters
+                .attr_invalidations
+                .fetch_add(1, Ordering::Relaxed);
+            if let Some(f) = self.attr_invalidator.get() {
+                f(ino);
+            }
         }
     }
 
@@ -772,7 +816,14 @@ impl FsCore {
             Meta::Dir => Kind::Dir,
             Meta::Missing => return Err(Error::NotFound(path.to_string())),
         };
-        let (ino, generation) = self.inodes.write().intern(path, kind, reference);
+        let (ino, generation) = {
+            let mut inodes = self.inodes.write();
+            let (ino, generation) = inodes.intern(path, kind, reference);
+            if let (Meta::File(obj), Some(node)) = (meta, inodes.nodes.get_mut(&ino)) {
+                node.told_size = Some(obj.size);
+            }
+            (ino, generation)
+        };
         Ok(Entry {
             attr: self.attr_of(ino, meta),
             generation,
@@ -1083,6 +1134,7 @@ impl FsCore {
             let prev = versions.insert(ino, obj.version.clone());
             prev.as_deref() == Some(&*obj.version)
         };
+        self.size_told_differs(ino, obj.size);
         let passthrough = self.passthrough_file(&obj).await;
         let copy = passthrough
             .as_ref()
@@ -1115,6 +1167,8 @@ impl FsCore {
             copy,
             expects_copy,
             served: AtomicU64::new(0),
+            kept_cache: keep_cache,
+            reads: AtomicU64::new(0),
         };
         self.files.lock().insert(fh, Arc::new(handle));
         Ok(Opened {
@@ -1143,15 +1197,15 @@ impl FsCore {
         if let Some(staged) = self.read_staged(fh, offset, size) {
             return staged;
         }
-        let h = self
-            .files
-            .lock()
-            .get(&fh)
-            .cloned()
-            .ok_or(Error::BadHandle {
+        let mut h = {
+            let files = self.files.lock();
+            let h = files.get(&fh).cloned().ok_or(Error::BadHandle {
                 what: "file handle",
                 id: fh,
             })?;
+            h.reads.fetch_add(1, Ordering::Relaxed);
+            h
+        };
         if let Some(now) = self.read_written(&h.obj.path, offset, size) {
             return now;
         }
@@ -1189,11 +1243,17 @@ impl FsCore {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
             Ok(d) => d,
-            Err(CacheError::Changed(p)) => {
-                tracing::warn!(path = %p, version = %h.obj.version,
-                    "object changed in the store while open; this handle now fails with ESTALE (reopen to read the new version)");
-                return Err(Error::Cache(CacheError::Changed(p)));
-            }
+            Err(CacheError::Changed(p)) => match self.renew(fh, &h).await {
+                Some(renewed) => {
+                    h = renewed;
+                    self.reader.read(&h.obj, offset, size as u64, &ctx).await?
+                }
+                None => {
+                    tracing::warn!(path = %p, version = %h.obj.version,
+                        "object changed in the store while open; this handle now fails with ESTALE (reopen to read the new version)");
+                    return Err(Error::Cache(CacheError::Changed(p)));
+                }
+            },
             Err(e) => return Err(e.into()),
         };
         self.counters
@@ -1208,6 +1268,78 @@ impl FsCore {
             self.maybe_copy_for_passthrough(&h);
         }
         Ok(data)
+    }
+
+    /// Handle `fh` (`h`) found its version replaced in the store on its first read: it
+    /// goes on with the store's current version, where nothing of the old one can be in
+    /// the kernel's page cache (the open did not keep it, no other handle of the inode
+    /// is open, no other read of the handle started), and the kernel is told the new
+    /// size. None:
+    /// it fails with ESTALE as before. (Black-box finding: a file listed or stat-ed,
+    /// then replaced by another writer, failed every open with ESTALE for the whole
+    /// metadata TTL; a data loader's `np.load` after `ls -l` crashed on it.)
+    async fn renew(&self, fh: u64, h: &Arc<FileHandle>) -> Option<Arc<FileHandle>> {
+        let untouched = h.served.load(Ordering::Relaxed) == 0 && !h.kept_cache && h.copy.is_none();
+        let alone = || {
+            !self
+                .files
+                .lock()
+                .iter()
+                .any(|(&f, o)| f != fh && o.ino == h.ino)
+        };
+        if !untouched || !alone() {
+            return None;
+        }
+        self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
+        let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
+        if now.version == h.obj.version {
+            return None;
+        }
+        // What the mount says of the path from now on (the listing may still hold the
+        // old version for its TTL; the attributes come first).
+        self.attrs
+            .insert(h.obj.path.clone(), Meta::File(now.clone()))
+            .await;
+        let renewed = Arc::new(FileHandle {
+            ino: h.ino,
+            obj: now.clone(),
+            readahead: Mutex::new((self.opts.readahead)()),
+            ramp: Mutex::new(self.request_ramp()),
+            copy: None,
+            expects_copy: h.expects_copy,
+            served: AtomicU64::new(0),
+            kept_cache: false,
+            reads: AtomicU64::new(1),
+        });
+        {
+            let mut files = self.files.lock();
+            match files.get(&fh) {
+                Some(cur) if Arc::ptr_eq(cur, h) => {}
+                _ => return None,
+            }
+            // This read must be the handle's only one: another, started before, may
+            // return old bytes (a cached block) beside the new ones (a mix).
+            if h.reads.load(Ordering::Relaxed) != 1 || h.served.load(Ordering::Relaxed) != 0 {
+                return None;
+            }
+            files.insert(fh, renewed.clone());
+        }
+        if h.expects_copy {
+            // The copy it was counted for is of the old version.
+            let mut expected = self.expected.lock();
+            expected.release(&(h.obj.path.clone(), h.obj.version.clone()));
+            expected.open((now.path.clone(), now.version.clone()));
+        }
+        self.opened_versions
+            .lock()
+            .insert(h.ino, now.version.clone());
+        self.size_told_differs(h.ino, now.size);
+        self.counters
+            .handles_renewed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!(path = %now.path, old = %h.obj.version, new = %now.version,
+            "object replaced in the store before its handle read a byte; reading the new version");
+        Some(renewed)
     }
 
     /// Whether another version of `h`'s file has been opened since `h` was.

@@ -137,6 +137,16 @@ pub fn spawn(
     let core = Arc::new(FsCore::new(reader, prefix, opts.core.clone()));
     let fs = FuseFs::new(core.clone(), rt);
     let mut handle = mount_fs(fs, mountpoint, &opts)?;
+    if let Some(session) = &handle.session {
+        // Attributes only (offset -1): a page-range invalidation from inside a read of
+        // the same inode would wait on the pages that read holds.
+        let notifier = session.notifier();
+        core.set_attr_invalidator(Box::new(move |ino| {
+            if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
+                tracing::debug!(ino, error = %e, "attribute invalidation not delivered");
+            }
+        }));
+    }
     handle.core = Some(core);
     Ok(handle)
 }

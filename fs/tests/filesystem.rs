@@ -1,6 +1,7 @@
 //! The file system core without a kernel: an in-memory store (and a fault-injecting
 //! wrapper) behind the real cache engine and reader.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -329,15 +330,109 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
             data(3000, 9).slice(0..10)
         );
 
-        // ...and an uncached block of the old version fails with ESTALE, not new bytes.
+        // ...and an uncached block of the old version fails with ESTALE, not new bytes,
+        // once the handle has served bytes of the old version.
         let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
         let h = c.open(big.attr.ino, false).await.expect("open big");
+        assert_eq!(
+            c.read(h.fh, 5 * BS, 10, 1).await.expect("old tail"),
+            data((5 * BS + 123) as usize, 2).slice((5 * BS) as usize..(5 * BS + 10) as usize)
+        );
         fx.store
             .put("dir/big.bin", data((5 * BS + 123) as usize, 77))
             .await
             .expect("overwrite big");
-        let err = c.read(h.fh, 4 * BS, 10, 1).await.expect_err("stale");
+        let err = c.read(h.fh, BS, 10, 1).await.expect_err("stale");
         assert_eq!(err.errno(), libc::ESTALE);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Records the inodes whose attributes the core tells the kernel to drop.
+fn record_invalidations(c: &strata_fs::FsCore) -> Arc<std::sync::Mutex<Vec<u64>>> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    c.set_attr_invalidator(Box::new(move |ino| s.lock().expect("lock").push(ino)));
+    seen
+}
+
+/// Black-box finding: a file the mount had only listed or stat-ed, then replaced by
+/// another writer, failed every open with ESTALE for the whole metadata TTL. A handle
+/// that has served nothing goes on with the new version, and the kernel, told the old
+/// size, is told to ask again (it would cut the new bytes at the old size).
+#[tokio::test]
+async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let seen = record_invalidations(c);
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        assert_eq!(small.attr.size, 1000);
+        let h = c.open(small.attr.ino, false).await.expect("open");
+        fx.store
+            .put("dir/small", data(3000, 9))
+            .await
+            .expect("replace");
+        assert_eq!(
+            c.read(h.fh, 0, 4096, 1).await.expect("the new version"),
+            data(3000, 9)
+        );
+        assert_eq!(*seen.lock().expect("lock"), vec![small.attr.ino]);
+        assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            c.getattr(small.attr.ino).await.expect("attrs").attr.size,
+            3000,
+            "what the kernel asks next"
+        );
+        // Another handle open on the inode: its page cache may hold the old bytes, so
+        // the handle fails as before rather than mix.
+        let a = c.open(small.attr.ino, false).await.expect("open a");
+        let b = c.open(small.attr.ino, false).await.expect("open b");
+        fx.store
+            .put("dir/small", data(2000, 11))
+            .await
+            .expect("replace again");
+        let err = c.read(b.fh, 0, 10, 1).await;
+        // The new version's block 0 is cached (read above): a cache hit is its version.
+        assert_eq!(err.expect("cached block"), data(3000, 9).slice(0..10));
+        c.release(a.fh);
+        c.release(b.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding: about 1 read in 1,000 returned the new version's bytes cut to
+/// the old size: the mount's cache had the new version while the kernel still held
+/// the old size. An open of a version of another size than the
+/// kernel was told invalidates the kernel's attributes first.
+#[tokio::test]
+async fn an_open_of_another_size_than_the_kernel_knows_invalidates_its_attributes() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let seen = record_invalidations(c);
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        let same = c.open(small.attr.ino, false).await.expect("open");
+        assert!(seen.lock().expect("lock").is_empty(), "the size it knows");
+        c.release(same.fh);
+        fx.store
+            .put("dir/small", data(1500, 4))
+            .await
+            .expect("replace");
+        // The mount's cache entry expires before the kernel's (they start at different
+        // replies): the open finds the new version while the kernel holds the old size.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let h = c.open(small.attr.ino, false).await.expect("open new");
+        assert_eq!(*seen.lock().expect("lock"), vec![small.attr.ino]);
+        assert_eq!(c.read(h.fh, 0, 4096, 1).await.expect("read"), data(1500, 4));
     })
     .await
     .expect("bounded");
