@@ -97,6 +97,7 @@
 //! rebuild its accounting; [`DiskTier::recovery`] says what was dropped.
 
 pub mod format;
+mod room;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -194,6 +195,8 @@ pub struct RecoveryReport {
     pub orphans: u64,
     /// The index was corrupt and the cache was started empty.
     pub wiped: bool,
+    /// Block files deleted before opening the index, whose filesystem was full.
+    pub deleted_for_room: u64,
 }
 
 pub struct DiskTier {
@@ -404,7 +407,10 @@ impl DiskTier {
         for i in 0..FANOUT {
             private_dir(&data_dir.join(format!("{i:02x}")))?;
         }
-        let mut report = RecoveryReport::default();
+        let mut report = RecoveryReport {
+            deleted_for_room: room::make_room_to_open(&dir, &data_dir)?,
+            ..Default::default()
+        };
         let mut db_opts = rocksdb::Options::default();
         db_opts.create_if_missing(true);
         db_opts.set_max_open_files(INDEX_MAX_OPEN_FILES);
@@ -413,6 +419,9 @@ impl DiskTier {
         // held ~70 MB of disk for a few MB of entries. 4 MiB still buffers ~40k block
         // entries (~100 bytes each) per flush.
         db_opts.set_write_buffer_size(INDEX_WRITE_BUFFER);
+        // Each open starts a new info log and renames the last one aside: RocksDB keeps
+        // 1,000 of them by default (one per restart, ~30 KB each, outside the budget).
+        db_opts.set_keep_log_file_num(2);
         let db = match DB::open(&db_opts, &index_dir) {
             Ok(db) => db,
             Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {

@@ -1,0 +1,100 @@
+//! Room for the index to open (crash finding: with the cache dir's filesystem full,
+//! every start aborted inside RocksDB, `Assertion 'sync_without_flush_called_'
+//! failed`, SIGABRT: a crash loop under a restart policy, whether the tier's own
+//! blocks or another program had filled the disk).
+//!
+//! Opening the index writes a new log, manifest and a preallocated write-ahead log,
+//! and the library aborts rather than fails when that cannot be written. So before
+//! opening it, the tier makes [`OPEN_ROOM`] free on its filesystem by deleting its own
+//! block files, oldest first: they are a cache (recovery drops the index entries whose
+//! files are gone). If its blocks cannot free that much, the open fails with a clear
+//! error instead of an abort.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{CacheError, Result};
+
+/// Free bytes the index needs to open: its preallocated write-ahead log (1.1 x the
+/// 4 MiB write buffer), a manifest, options and log files, with room to spare.
+pub const OPEN_ROOM: u64 = 8 << 20;
+
+/// Bytes available to an unprivileged writer on the filesystem of `dir`.
+pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` has room for the result.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Makes [`OPEN_ROOM`] free on `dir`'s filesystem by deleting block files under
+/// `data_dir`, oldest first. Returns the number deleted.
+pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
+    let free = free_bytes(dir)?;
+    if free >= OPEN_ROOM {
+        return Ok(0);
+    }
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+    for fan in std::fs::read_dir(data_dir)?.flatten() {
+        let Ok(inner) = std::fs::read_dir(fan.path()) else {
+            continue;
+        };
+        for f in inner.flatten() {
+            let is_block = f.file_name().to_string_lossy().ends_with(".blk");
+            if let Ok(m) = f.metadata() {
+                if is_block && m.is_file() {
+                    let at = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+                    files.push((at, m.len(), f.path()));
+                }
+            }
+        }
+    }
+    files.sort();
+    let (mut deleted, mut gained) = (0u64, 0u64);
+    for (_, len, path) in files {
+        if free + gained >= OPEN_ROOM {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            deleted += 1;
+            gained += len;
+        }
+    }
+    let free = free_bytes(dir)?;
+    if free < OPEN_ROOM {
+        return Err(CacheError::Full(format!(
+            "the filesystem of {} has {} KiB free and the disk cache index needs {} KiB to \
+             open; deleting {deleted} cached blocks did not free enough: free space there \
+             or start with the disk tier off (--disk 0)",
+            dir.display(),
+            free >> 10,
+            OPEN_ROOM >> 10
+        )));
+    }
+    tracing::warn!(dir = %dir.display(), deleted, freed_kib = gained >> 10,
+        "the cache dir's filesystem was full; deleted the oldest cached blocks so the index can open");
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filesystem_with_room_loses_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(data.join("00")).expect("mkdir");
+        std::fs::write(data.join("00/1.blk"), b"block").expect("write");
+        if free_bytes(dir.path()).expect("statvfs") >= OPEN_ROOM {
+            assert_eq!(make_room_to_open(dir.path(), &data).expect("room"), 0);
+            assert!(data.join("00/1.blk").exists());
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Starting the disk tier on a full filesystem (a 24 MiB tmpfs the test mounts: it runs
+//! as root, as CI runs it). Crash finding: every start aborted inside RocksDB (SIGABRT)
+//! when the cache dir's filesystem was full, a crash loop under a restart policy.
+
+use std::process::Command;
+
+use bytes::Bytes;
+use strata_cache_core::block::Block;
+use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+use strata_cache_core::{CacheError, CacheKey, Tier, TierGet};
+
+/// A tmpfs of `size` on `dir`, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs (the test needs root, as CI runs it)");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills what is left of the filesystem of `dir` with one file.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("filler");
+    let chunk = vec![0u8; 64 << 10];
+    while f.write_all(&chunk).is_ok() {}
+    let _ = f.sync_all();
+}
+
+#[tokio::test]
+async fn a_full_filesystem_costs_old_blocks_or_a_clear_error_never_an_abort() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _fs = Tmpfs::mount(dir.path(), "24m");
+    let cache = dir.path().join("cache");
+    let keys: Vec<CacheKey> = (0..150u8).map(|i| CacheKey::kv("ns", vec![i])).collect();
+    let block = |i: usize| Bytes::from(vec![i as u8; 100_003]);
+    {
+        let tier = DiskTier::open(&cache, 1 << 30, DiskOptions::default()).expect("open");
+        for (i, k) in keys.iter().enumerate() {
+            // Some fail once the filesystem is full; that is the tier's business.
+            let _ = tier.put(k, Block::new(block(i))).await;
+        }
+    }
+    fill(&dir.path().join("filler"));
+
+    // Restart on the full filesystem: the oldest blocks make room, the rest are kept.
+    let tier = DiskTier::open(&cache, 1 << 30, DiskOptions::default())
+        .expect("starts on a full filesystem");
+    let report = tier.recovery().clone();
+    assert!(report.deleted_for_room > 0, "{report:?}");
+    assert!(report.kept > 0, "{report:?}");
+    let mut served = 0;
+    for (i, k) in keys.iter().enumerate() {
+        if let TierGet::Hit(b) = tier.get(k).await.expect("get") {
+            assert_eq!(b.into_data(), block(i), "block {i}");
+            served += 1;
+        }
+    }
+    assert_eq!(served as u64, report.kept);
+    drop(tier);
+
+    // Full of what is not the tier's: a clear error, not an abort.
+    std::fs::remove_dir_all(&cache).expect("drop the cache");
+    fill(&dir.path().join("filler2"));
+    match DiskTier::open(&cache, 1 << 30, DiskOptions::default()) {
+        Err(CacheError::Full(why)) => assert!(why.contains("KiB free"), "{why}"),
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("opened with no room"),
+    }
+}
