@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, PutOptions, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -143,6 +143,15 @@ impl GroupConfig {
                 "lease TTL and call timeout must be positive".into(),
             ));
         }
+        if self.lease_ttl > MAX_LEASE_TTL {
+            // etcd refuses leases past its own bound (a node then never joined and said
+            // only "connected: false"), and a dead member would hold its share of the
+            // keys for that long anyway.
+            return Err(ClusterError::Config(format!(
+                "lease TTL {:?} is over {:?}: a dead node would stay in the group that long",
+                self.lease_ttl, MAX_LEASE_TTL
+            )));
+        }
         if self.backoff_min.is_zero() || self.backoff_max < self.backoff_min {
             return Err(ClusterError::Config(
                 "backoff_min must be positive and at most backoff_max".into(),
@@ -165,6 +174,9 @@ impl GroupConfig {
         ms.div_ceil(1000).max(1) as i64
     }
 }
+
+/// Longest lease a member may ask for: one hour.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 
 /// Group names and node ids become key segments: no slashes, nothing empty.
 pub fn check_segment(what: &str, s: &str) -> Result<(), ClusterError> {
@@ -330,6 +342,30 @@ async fn run(
     }
 }
 
+/// Whether `events` delete this node's record (then it must be written again), and
+/// logs another daemon writing a record under this node's id.
+fn own_record_lost(cfg: &GroupConfig, me: &NodeId, record: &[u8], events: &[Event]) -> bool {
+    let mut lost = false;
+    for ev in events {
+        let Some(kv) = ev.kv() else { continue };
+        if id_of(cfg, kv.key()).as_ref() != Some(me) {
+            continue;
+        }
+        match ev.event_type() {
+            EventType::Delete => lost = true,
+            EventType::Put => {
+                lost = false;
+                if kv.value() != record {
+                    tracing::error!(node = %me, record = %String::from_utf8_lossy(kv.value()),
+                        "another daemon registered under this node's id: the group reaches it, \
+                         not this node, until it leaves; give each daemon its own node_id");
+                }
+            }
+        }
+    }
+    lost
+}
+
 /// One session: connect, register under a fresh lease, read the group, then renew and
 /// follow the watch until an error (Err) or a stop (Ok, after revoking the lease).
 async fn session(
@@ -406,6 +442,21 @@ async fn session(
                     return Err(ClusterError::WatchCancelled(resp.compact_revision()));
                 }
                 let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                if own_record_lost(cfg, me, record, resp.events()) {
+                    // Deleted by hand, or by another daemon that took this node's id and
+                    // left: written again, or the group would route around this node
+                    // for good while it said "connected" (black-box finding).
+                    tracing::warn!(node = %me, "this node's membership record was deleted; registering again");
+                    bounded(
+                        cfg,
+                        client.put(
+                            cfg.node_key(me),
+                            record.to_vec(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        ),
+                    )
+                    .await?;
+                }
                 tx.send_if_modified(|m| {
                     let before = m.nodes.clone();
                     for ev in resp.events() {

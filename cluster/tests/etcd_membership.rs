@@ -313,3 +313,74 @@ async fn a_member_started_before_etcd_joins_when_it_comes_up() {
     })
     .await;
 }
+
+/// Black-box finding: a live member whose record went (deleted by hand, or by a second
+/// daemon started with the same node id that then left) never registered again, and
+/// the group routed around it for good while it said "connected". It writes its record
+/// again as soon as the watch shows it gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_record_goes_writes_it_again() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let g = group(&etcd);
+        let a = Member::start(g.clone(), node("a")).expect("start a");
+        let b = Member::start(g.clone(), node("b")).expect("start b");
+        let mut seen_by_b = b.membership();
+        until(&mut seen_by_b, Duration::from_secs(10), "both", |m| {
+            m.ids() == ids(&["a", "b"])
+        })
+        .await;
+
+        // A second daemon under a's id takes the record, then leaves (revoking its lease
+        // deletes the record): a registers again.
+        let mut twin = node("a");
+        twin.advertise = "twin.example:7073".into();
+        let impostor = Member::start(g.clone(), twin).expect("start the twin");
+        until(
+            &mut seen_by_b,
+            Duration::from_secs(10),
+            "the twin's record",
+            |m| {
+                m.nodes.get(&NodeId::new("a")).map(|n| n.advertise.as_str())
+                    == Some("twin.example:7073")
+            },
+        )
+        .await;
+        impostor.leave().await;
+        until(&mut seen_by_b, Duration::from_secs(10), "a again", |m| {
+            m.nodes.get(&NodeId::new("a")).map(|n| n.advertise.as_str()) == Some("a.example:7073")
+        })
+        .await;
+
+        // Deleted by hand: back within the watch's delay.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("etcd client");
+        let key = format!("{}a", g.nodes_prefix());
+        client.delete(key.clone(), None).await.expect("delete");
+        until(
+            &mut seen_by_b,
+            Duration::from_secs(10),
+            "a after the delete",
+            |m| m.ids() == ids(&["a", "b"]),
+        )
+        .await;
+        let got = client.get(key, None).await.expect("get");
+        assert_eq!(got.kvs().len(), 1, "the record is in etcd again");
+        drop(a);
+        drop(b);
+    })
+    .await;
+}
+
+/// A TTL etcd would refuse (and that would keep a dead node in the group for days) is
+/// refused by the configuration check.
+#[test]
+fn a_lease_ttl_over_an_hour_is_refused() {
+    let mut g = GroupConfig::new(vec!["http://127.0.0.1:2379".into()], "test");
+    g.lease_ttl = Duration::from_secs(9_999_999_999);
+    let e = g.check().expect_err("refused");
+    assert!(e.to_string().contains("lease TTL"), "{e}");
+    g.lease_ttl = Duration::from_secs(3600);
+    g.check().expect("an hour is allowed");
+}
