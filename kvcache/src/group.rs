@@ -24,7 +24,8 @@
 //!   owner's refusal (quota, identity, bad input) is the caller's error, as on one node.
 //!   With no owner reachable at all, the entry node keeps the block itself.
 //! - **Get** reads the local tiers first (a hit costs no hop), then the owners in
-//!   placement order, suspects (failed in the last `suspect_for`) last; when an owner
+//!   placement order, suspects last (a node that failed is paused, not asked, for
+//!   `suspect_for`, doubled with each failure in a row up to [`MAX_PAUSE`]); when an owner
 //!   has not answered within its recent p99 the next one is asked too (a hedge) and the
 //!   first block wins. A block is a miss once `R` candidates said so.
 //! - **Exists, MatchPrefix, EstimateLoad, Prefetch, Remove** are batched: one request
@@ -115,8 +116,9 @@ pub struct GroupOptions {
     /// Floor of the hedge delay. Default 1 ms: below it a hedge only doubles the load
     /// on loopback-fast owners.
     pub hedge_min: Duration,
-    /// How long a node that failed is tried after the others. Default 2 s: several
-    /// lease renewals' worth; a node that came back is preferred again soon.
+    /// How long a node that failed is not asked (its first pause; doubled with each
+    /// failure in a row, up to [`MAX_PAUSE`]). Default 2 s: several lease renewals'
+    /// worth; a node that came back is asked again soon.
     pub suspect_for: Duration,
     /// Largest gRPC message, as the server's `max_message_bytes`.
     pub max_message_bytes: usize,
@@ -209,7 +211,51 @@ struct PeerCounters {
     rpcs: Mutex<Ring>,
     /// Bytes per second of forwarded Gets, EWMA; 0 before the first large one.
     get_bps: Mutex<f64>,
-    suspect_until: Mutex<Option<Instant>>,
+    pause: Mutex<Pause>,
+}
+
+/// A peer that failed is not asked again until its pause ends (black-box finding: a
+/// member that accepts connections and never answers cost every Put, Remove and
+/// missed Get the whole request timeout, 5 s each, for as long as its lease lived).
+/// The pause doubles with each failure in a row, up to [`MAX_PAUSE`]; when it ends one
+/// call tries the peer (the others stay paused while it does), and an answer of any
+/// kind ends the pause.
+#[derive(Debug, Default)]
+struct Pause {
+    until: Option<Instant>,
+    failures_in_a_row: u32,
+}
+
+/// Longest pause of a peer that keeps failing: 30 s, so a member that came back is
+/// asked again within that (its lease, 10 s by default, removes a dead one sooner).
+pub const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+impl Pause {
+    /// Whether a call may go now; a call after the pause ended becomes the probe.
+    fn admit(&mut self, now: Instant, probe_for: Duration) -> bool {
+        match self.until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                self.until = Some(now + probe_for);
+                true
+            }
+            None => true,
+        }
+    }
+
+    fn answered(&mut self) {
+        *self = Pause::default();
+    }
+
+    fn failed(&mut self, now: Instant, base: Duration) {
+        self.failures_in_a_row = self.failures_in_a_row.saturating_add(1);
+        let doubled = base.saturating_mul(1 << self.failures_in_a_row.min(16).saturating_sub(1));
+        self.until = Some(now + doubled.min(MAX_PAUSE));
+    }
+
+    fn paused(&self, now: Instant) -> bool {
+        self.until.is_some_and(|t| now < t)
+    }
 }
 
 /// One peer's figures, as `strata stats` shows them.
@@ -308,7 +354,13 @@ impl Router {
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {
         let mut m = self.peers.lock();
         let p = m.entry(node.id.clone()).or_default().clone();
-        *p.addr.lock() = node.addr.clone();
+        let mut addr = p.addr.lock();
+        if *addr != node.addr {
+            // Another daemon under the node's id (a restart elsewhere): a fresh start.
+            p.pause.lock().answered();
+            *addr = node.addr.clone();
+        }
+        drop(addr);
         p
     }
 
@@ -366,6 +418,16 @@ impl Router {
         fut: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<T, RemoteError> {
         let p = self.peer(node);
+        if !p
+            .pause
+            .lock()
+            .admit(Instant::now(), self.opts.request_timeout)
+        {
+            return Err(RemoteError::Down(Status::unavailable(format!(
+                "node {} failed just now; not asked again until its pause ends",
+                node.id
+            ))));
+        }
         p.requests.fetch_add(1, Ordering::Relaxed);
         let r = match tokio::time::timeout(self.opts.request_timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
@@ -375,10 +437,13 @@ impl Router {
                 node.id, self.opts.request_timeout
             )))),
         };
-        if let Err(RemoteError::Down(s)) = &r {
-            p.failures.fetch_add(1, Ordering::Relaxed);
-            *p.suspect_until.lock() = Some(Instant::now() + self.opts.suspect_for);
-            tracing::debug!(node = %node.id, addr = %node.addr, status = %s, "KV peer call failed");
+        match &r {
+            Err(RemoteError::Down(s)) => {
+                p.failures.fetch_add(1, Ordering::Relaxed);
+                p.pause.lock().failed(Instant::now(), self.opts.suspect_for);
+                tracing::debug!(node = %node.id, addr = %node.addr, status = %s, "KV peer call failed");
+            }
+            _ => p.pause.lock().answered(),
         }
         r
     }
@@ -387,8 +452,7 @@ impl Router {
     pub(crate) fn is_suspect(&self, node: &PeerNode) -> bool {
         let m = self.peers.lock();
         m.get(&node.id)
-            .and_then(|p| *p.suspect_until.lock())
-            .is_some_and(|t| Instant::now() < t)
+            .is_some_and(|p| p.pause.lock().paused(Instant::now()))
     }
 
     /// How long to wait for `node` before asking the next candidate too.
@@ -647,7 +711,7 @@ impl Router {
                     bytes_out: p.bytes_out.load(Ordering::Relaxed),
                     get_p50_us: gets.quantile(0.5).map_or(0.0, |d| d.as_secs_f64() * 1e6),
                     get_p99_us: gets.quantile(0.99).map_or(0.0, |d| d.as_secs_f64() * 1e6),
-                    suspect: p.suspect_until.lock().is_some_and(|t| Instant::now() < t),
+                    suspect: p.pause.lock().paused(Instant::now()),
                 }
             })
             .collect();
@@ -707,5 +771,32 @@ mod tests {
             RemoteError::of(Status::unauthenticated("bad group token")),
             RemoteError::Down(_)
         ));
+    }
+
+    /// A failing peer's pause doubles up to the cap; when it ends one call probes it
+    /// (the others stay paused meanwhile), and an answer ends the pause.
+    #[test]
+    fn a_failing_peer_is_paused_longer_each_time_and_probed_once() {
+        let (base, probe) = (Duration::from_secs(2), Duration::from_secs(5));
+        let t0 = Instant::now();
+        let mut p = Pause::default();
+        assert!(p.admit(t0, probe));
+        p.failed(t0, base);
+        assert!(!p.admit(t0 + Duration::from_secs(1), probe));
+        assert!(p.admit(t0 + Duration::from_secs(2), probe), "the probe");
+        assert!(
+            !p.admit(t0 + Duration::from_secs(3), probe),
+            "others wait for it"
+        );
+        p.failed(t0 + Duration::from_secs(3), base);
+        assert!(p.paused(t0 + Duration::from_secs(6)), "4 s now");
+        assert!(!p.paused(t0 + Duration::from_secs(7)));
+        for _ in 0..10 {
+            p.failed(t0, base);
+        }
+        assert!(p.paused(t0 + MAX_PAUSE - Duration::from_millis(1)));
+        assert!(!p.paused(t0 + MAX_PAUSE), "capped");
+        p.answered();
+        assert!(p.admit(t0, probe));
     }
 }

@@ -539,3 +539,78 @@ async fn a_wedged_owner_is_hedged_with_the_next_candidate() {
     .await
     .expect("within 30 s");
 }
+
+/// Black-box finding: a member that accepts connections and never answers cost every
+/// Put, Remove and missed Get the whole request timeout (5 s each, for as long as its
+/// lease lived). After one failure it is paused: the next calls go on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_owner_costs_one_timeout_then_is_passed_over() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let hole = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let hole_addr = hole.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = hole.accept().await {
+                held.push(s);
+            }
+        });
+        // a: the silent node owns every key (R = 1); a itself is the next candidate.
+        let a = KvService::new(engine(), ServerConfig::default());
+        a.join_group(
+            Arc::new(Scripted {
+                me: 0,
+                nodes: vec![
+                    ("a".to_string(), "127.0.0.1:1".to_string()),
+                    ("hole".to_string(), hole_addr),
+                ],
+                candidates: vec![1, 0],
+                replication: 1,
+            }),
+            GroupOptions {
+                token: Some("t".into()),
+                request_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+        )
+        .expect("join");
+        let a_client = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let a_addr = a_client.local_addr().expect("addr").to_string();
+        let svc = a.clone();
+        tokio::spawn(async move { server::serve(a_client, svc, std::future::pending()).await });
+        let mut ca = KvClient::connect(&a_addr).await.expect("a");
+        let started = std::time::Instant::now();
+        ca.put("m/t", b"k0", block(0, 4096)).await.expect("put");
+        let first = started.elapsed();
+        assert!(
+            first >= Duration::from_millis(900),
+            "the first put waited: {first:?}"
+        );
+        let started = std::time::Instant::now();
+        for i in 1..6u32 {
+            ca.put("m/t", format!("k{i}").as_bytes(), block(i, 4096))
+                .await
+                .expect("put");
+            assert_eq!(ca.get("m/t", b"absent").await.expect("get"), None);
+        }
+        ca.remove("m/t", &[b"k1".to_vec()]).await.expect("remove");
+        let rest = started.elapsed();
+        assert!(
+            rest < Duration::from_millis(800),
+            "paused owner still waited on: {rest:?}"
+        );
+        assert_eq!(
+            ca.get("m/t", b"k3").await.expect("get"),
+            Some(block(3, 4096)),
+            "kept by the next candidate"
+        );
+        let g = a.group_stats().expect("group");
+        let hole = g.peers.iter().find(|p| p.node == "hole").expect("hole");
+        assert!(hole.suspect, "{g:?}");
+    })
+    .await
+    .expect("within 30 s");
+}
