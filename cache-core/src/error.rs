@@ -35,6 +35,10 @@ pub enum CacheError {
     /// The concurrent fetch this caller waited on failed (single-flight).
     #[error("shared fetch failed: {0}")]
     SharedFetch(String),
+    /// An object was created under the name meanwhile, and the write was to create
+    /// it, not replace it.
+    #[error("already exists: {0}")]
+    Exists(String),
     /// The object changed while being read (its version no longer matches).
     #[error("object changed: {0}")]
     Changed(String),
@@ -72,6 +76,7 @@ impl CacheError {
             CacheError::SharedFetch(s) => CacheError::SharedFetch(s.clone()),
             CacheError::Device(s) => CacheError::Device(s.clone()),
             CacheError::Changed(s) => CacheError::Changed(s.clone()),
+            CacheError::Exists(s) => CacheError::Exists(s.clone()),
             CacheError::Cancelled(s) => CacheError::Cancelled(s.clone()),
         }
     }

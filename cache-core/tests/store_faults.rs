@@ -274,6 +274,7 @@ fn shape(part_size: usize, in_flight: usize) -> strata_cache_core::store::Upload
         part_size,
         in_flight,
         slots: None,
+        only_if_absent: false,
     }
 }
 

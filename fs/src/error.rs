@@ -80,6 +80,8 @@ impl Error {
                 CacheError::Changed(_) => libc::ESTALE,
                 CacheError::InvalidArgument(_) => libc::EINVAL,
                 CacheError::TooLarge { .. } => libc::EFBIG,
+                // Another writer created the object a new file was to create.
+                CacheError::Exists(_) => libc::EEXIST,
                 // Store down, 5xx after retries, timeouts, local I/O, corruption: EIO.
                 _ => libc::EIO,
             },

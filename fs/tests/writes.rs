@@ -1216,3 +1216,64 @@ async fn a_write_past_the_budget_waits_for_a_lagging_stream() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: on a mount that may not replace objects, a file created while
+/// the mount's listing said its name was free overwrote the object another writer had
+/// created there meanwhile. The upload now creates only: the close fails with EEXIST
+/// and the other writer's object stays, for a single PUT, a multipart upload and a
+/// file sent while written.
+#[tokio::test]
+async fn a_new_file_never_replaces_an_object_another_writer_created_meanwhile() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        // small: one PUT; big: a multipart upload; streamed: in order past stream_from.
+        for (name, len, in_order) in [
+            ("small", 1000, false),
+            ("big", 300 << 10, false),
+            ("streamed", 400 << 10, true),
+        ] {
+            let (_, fh) = c.create(dir.attr.ino, name, 0).await.expect("create");
+            let mine = data(len, 9);
+            if in_order {
+                for (i, chunk) in mine.chunks(32 << 10).enumerate() {
+                    c.write(fh, (i * (32 << 10)) as u64, chunk).expect("write");
+                }
+            } else {
+                c.write(fh, 1, &mine[1..]).expect("tail");
+                c.write(fh, 0, &mine[..1]).expect("head");
+            }
+            let theirs = Bytes::from(format!("another writer's {name}"));
+            object_store::ObjectStoreExt::put(
+                fx.mem.as_ref(),
+                &format!("data/{name}").into(),
+                theirs.clone().into(),
+            )
+            .await
+            .expect("the other writer");
+            let err = c.flush(fh).await.expect_err("refused");
+            assert_eq!(err.errno(), libc::EEXIST, "{name}: {err}");
+            c.release_write(fh).await;
+            assert_eq!(
+                stored(&fx, &format!("data/{name}")).await.as_deref(),
+                Some(&theirs[..]),
+                "{name}: the other writer's object stays"
+            );
+        }
+        // A file of this mount uploaded twice (fsync, then more writes) replaces what
+        // its own first upload made.
+        let (_, fh) = c.create(dir.attr.ino, "twice", 0).await.expect("create");
+        c.write(fh, 0, b"first").expect("write");
+        c.flush(fh).await.expect("first upload (fsync)");
+        c.write(fh, 5, b" and second").expect("write");
+        c.flush(fh).await.expect("second upload");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "data/twice").await.as_deref(),
+            Some(&b"first and second"[..])
+        );
+    })
+    .await
+    .expect("bounded");
+}

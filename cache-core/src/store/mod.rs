@@ -679,7 +679,10 @@ impl BackingStore {
             .max(size.div_ceil(MAX_UPLOAD_PARTS) as usize);
         if size <= part_size as u64 {
             let data = next_part(0, size as usize).await?;
-            return self.put(path, data).await;
+            return match shape.only_if_absent {
+                true => self.put_new(path, data).await,
+                false => self.put(path, data).await,
+            };
         }
         let shape = UploadShape {
             part_size,
@@ -699,7 +702,47 @@ impl BackingStore {
             up.put(data).await?;
             offset += len as u64;
         }
+        if shape.only_if_absent {
+            if let Err(e) = self.check_absent(path).await {
+                up.abort().await;
+                return Err(e);
+            }
+        }
         up.finish().await
+    }
+
+    /// Creates object `path` holding `data` only if no object has the name (one PUT
+    /// with If-None-Match, retried): [`CacheError::Exists`] if one has. A retry that
+    /// finds an object of exactly this size takes it for its own earlier attempt, whose
+    /// answer was lost.
+    pub async fn put_new(&self, path: &str, data: Bytes) -> Result<()> {
+        let p = object_key(path);
+        let mut attempt = 0u32;
+        let r = self
+            .retrying(|| {
+                attempt += 1;
+                let p = p.clone();
+                let payload = PutPayload::from(data.clone());
+                let opts = object_store::PutOptions::from(object_store::PutMode::Create);
+                async move { self.store.put_opts(&p, payload, opts).await.map(|_| ()) }
+            })
+            .await;
+        match r {
+            Err(CacheError::Exists(_)) if attempt > 1 => match self.head(path).await {
+                Ok(obj) if obj.size == data.len() as u64 => Ok(()),
+                _ => Err(CacheError::Exists(path.to_string())),
+            },
+            r => r,
+        }
+    }
+
+    /// Ok if no object is named `path`; [`CacheError::Exists`] if one is.
+    pub async fn check_absent(&self, path: &str) -> Result<()> {
+        match self.head(path).await {
+            Ok(_) => Err(CacheError::Exists(path.to_string())),
+            Err(CacheError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Starts a multipart upload of `path` whose size is not known yet (a file sent
@@ -881,6 +924,7 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
     match e {
         object_store::Error::NotFound { path, .. } => CacheError::NotFound(path),
         object_store::Error::Precondition { path, .. } => CacheError::Changed(path),
+        object_store::Error::AlreadyExists { path, .. } => CacheError::Exists(path),
         other => CacheError::Store {
             attempts,
             message: other.to_string(),

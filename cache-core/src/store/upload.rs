@@ -38,6 +38,12 @@ pub struct UploadShape {
     /// many files closed at once then wait for room instead of each buffering
     /// `in_flight` parts.
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Create the object only if no object has its name: a single PUT is sent with
+    /// If-None-Match (`PutMode::Create`); a multipart upload checks just before it
+    /// completes ([`super::BackingStore::check_absent`]; the stores' completions take
+    /// no condition here). A mount that may not replace objects writes so: another
+    /// writer's object created after the mount listed the folder is not overwritten.
+    pub only_if_absent: bool,
 }
 
 /// The error of a wait on the store that outlived its budget.

@@ -437,6 +437,15 @@ impl Staged {
     }
 }
 
+/// Whether `staged`'s upload must create its object, not replace one: on a mount that
+/// may not replace objects, a file's first upload (black-box finding: another writer's
+/// object created after the mount listed the folder was overwritten by a file the
+/// mount created, as if new, within the listing's TTL). A later upload of the same
+/// file replaces what its first one made.
+fn creates_only(opts: &WriteOptions, staged: &Staged) -> bool {
+    !opts.allow_overwrite && staged.last.lock().is_none()
+}
+
 /// The write state of a mount.
 pub(super) struct Writes {
     pub(super) opts: WriteOptions,
@@ -1112,6 +1121,7 @@ impl FsCore {
                 part_size: opts.part_size,
                 in_flight: opts.parts_in_flight,
                 slots: Some(writes.upload_slots.clone()),
+                only_if_absent: creates_only(&writes.opts, staged),
             },
         ));
         *slot = Some(Stream { ctl, task });
@@ -1322,10 +1332,12 @@ impl FsCore {
         let file = Arc::new(file);
         // Parts are read in order, so the crc32c of the whole is appended part by part.
         let crc = Arc::new(Mutex::new(0u32));
+        let writes = self.writes()?;
         let shape = UploadShape {
             part_size: opts.part_size,
             in_flight: opts.parts_in_flight,
-            slots: Some(self.writes()?.upload_slots.clone()),
+            slots: Some(writes.upload_slots.clone()),
+            only_if_absent: creates_only(&writes.opts, staged),
         };
         store
             .upload(&staged.path(), size, &shape, |offset, len| {

@@ -124,6 +124,12 @@ pub(super) async fn stream_upload(
                 up.abort().await;
                 return Err(broken());
             }
+            if shape.only_if_absent {
+                if let Err(e) = store.check_absent(&staged.path()).await {
+                    up.abort().await;
+                    return Err(e.into());
+                }
+            }
             up.finish().await?;
             return Ok(crc);
         }
