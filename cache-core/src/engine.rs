@@ -490,6 +490,20 @@ impl CacheEngine {
         Some(self.inner.levels[i].tier.kind())
     }
 
+    /// Every KV block the levels hold now, with its size (a block in two levels once).
+    /// A scan of every level's index: for start-up accounting, not request paths.
+    pub fn resident_kv(&self) -> Vec<(CacheKey, u64)> {
+        let mut seen = std::collections::HashMap::new();
+        for level in &self.inner.levels {
+            for (key, size) in level.tier.resident() {
+                if matches!(key, CacheKey::Kv(_)) {
+                    seen.entry(key).or_insert(size);
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+
     /// Whether any level holds `key`.
     pub fn contains(&self, key: &CacheKey) -> bool {
         self.inner.state.lock().locate(key).is_some()

@@ -31,10 +31,14 @@ impl KvService {
         KvService {
             inner: Arc::new(Inner {
                 registered: config.namespaces.iter().cloned().collect(),
-                tenants: Arc::new(Tenants::new(
-                    &config.tenants,
-                    config.per_tenant_put_bytes.max(config.max_block),
-                )),
+                tenants: {
+                    let t = Tenants::new(
+                        &config.tenants,
+                        config.per_tenant_put_bytes.max(config.max_block),
+                    );
+                    t.count_recovered(&engine);
+                    Arc::new(t)
+                },
                 // At least one largest block, so a lone put of it can always proceed.
                 put_budget: PutBudget::new(config.max_inflight_put_bytes.max(config.max_block)),
                 get_budget: InflightBudget::new(
