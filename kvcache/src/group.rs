@@ -230,16 +230,24 @@ struct Pause {
 /// asked again within that (its lease, 10 s by default, removes a dead one sooner).
 pub const MAX_PAUSE: Duration = Duration::from_secs(30);
 
+/// Bound of the call that probes a paused peer: 1 s (or the request timeout if
+/// shorter). A probe is the call of some client: a peer still silent must not cost it
+/// the whole request timeout, and a healthy peer answers a LAN call well within it
+/// (a probe that fails only keeps the peer paused; others serve meanwhile).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl Pause {
-    /// Whether a call may go now; a call after the pause ended becomes the probe.
-    fn admit(&mut self, now: Instant, probe_for: Duration) -> bool {
+    /// The bound of a call that may go now (`timeout`, or [`PROBE_TIMEOUT`] for the
+    /// call that probes a peer whose pause ended); None while paused.
+    fn admit(&mut self, now: Instant, timeout: Duration) -> Option<Duration> {
         match self.until {
-            Some(t) if now < t => false,
+            Some(t) if now < t => None,
             Some(_) => {
-                self.until = Some(now + probe_for);
-                true
+                let probe = timeout.min(PROBE_TIMEOUT);
+                self.until = Some(now + probe);
+                Some(probe)
             }
-            None => true,
+            None => Some(timeout),
         }
     }
 
@@ -418,23 +426,23 @@ impl Router {
         fut: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<T, RemoteError> {
         let p = self.peer(node);
-        if !p
+        let admitted = p
             .pause
             .lock()
-            .admit(Instant::now(), self.opts.request_timeout)
-        {
+            .admit(Instant::now(), self.opts.request_timeout);
+        let Some(timeout) = admitted else {
             return Err(RemoteError::Down(Status::unavailable(format!(
                 "node {} failed just now; not asked again until its pause ends",
                 node.id
             ))));
-        }
+        };
         p.requests.fetch_add(1, Ordering::Relaxed);
-        let r = match tokio::time::timeout(self.opts.request_timeout, fut).await {
+        let r = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(s)) => Err(RemoteError::of(s)),
             Err(_) => Err(RemoteError::Down(Status::deadline_exceeded(format!(
-                "node {} did not answer within {:?}",
-                node.id, self.opts.request_timeout
+                "node {} did not answer within {timeout:?}",
+                node.id
             )))),
         };
         match &r {
@@ -780,14 +788,16 @@ mod tests {
         let (base, probe) = (Duration::from_secs(2), Duration::from_secs(5));
         let t0 = Instant::now();
         let mut p = Pause::default();
-        assert!(p.admit(t0, probe));
+        assert_eq!(p.admit(t0, probe), Some(probe));
         p.failed(t0, base);
-        assert!(!p.admit(t0 + Duration::from_secs(1), probe));
-        assert!(p.admit(t0 + Duration::from_secs(2), probe), "the probe");
-        assert!(
-            !p.admit(t0 + Duration::from_secs(3), probe),
-            "others wait for it"
+        assert_eq!(p.admit(t0 + Duration::from_secs(1), probe), None);
+        assert_eq!(
+            p.admit(t0 + Duration::from_secs(2), probe),
+            Some(PROBE_TIMEOUT),
+            "the probe, bounded short"
         );
+        let during = t0 + Duration::from_millis(2500);
+        assert_eq!(p.admit(during, probe), None, "others wait for it");
         p.failed(t0 + Duration::from_secs(3), base);
         assert!(p.paused(t0 + Duration::from_secs(6)), "4 s now");
         assert!(!p.paused(t0 + Duration::from_secs(7)));
@@ -797,6 +807,6 @@ mod tests {
         assert!(p.paused(t0 + MAX_PAUSE - Duration::from_millis(1)));
         assert!(!p.paused(t0 + MAX_PAUSE), "capped");
         p.answered();
-        assert!(p.admit(t0, probe));
+        assert_eq!(p.admit(t0, probe), Some(probe));
     }
 }

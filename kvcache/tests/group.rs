@@ -535,6 +535,13 @@ async fn a_wedged_owner_is_hedged_with_the_next_candidate() {
         let g = a.group_stats().expect("group");
         let hole = g.peers.iter().find(|p| p.node == "hole").expect("hole");
         assert!(hole.hedges >= 1, "{g:?}");
+        // A key nobody has: b says no at once, and the miss does not wait out the
+        // wedged owner's request timeout (black-box finding: 5 s per miss while a
+        // frozen owner's lease lived), only a short straggler wait.
+        let started = std::time::Instant::now();
+        assert_eq!(ca.get("m/t", b"absent").await.expect("get"), None);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "a miss took {took:?}");
     })
     .await
     .expect("within 30 s");

@@ -18,6 +18,11 @@ use crate::pb::{self, Tier};
 use crate::routing::{demote_suspects, Answer, KeyState, Lookup, Replicate};
 use crate::tenants::Tenant;
 
+/// How long a Get that R candidates answered "no" still waits for calls in flight
+/// before it is a miss: 200 ms, ten LAN round trips and a memory-tier read of a large
+/// block; past it a straggler is a frozen or overloaded node.
+pub const STRAGGLER_WAIT: Duration = Duration::from_millis(200);
+
 impl KvService {
     /// Removes `keys` from the local tiers; the number removed.
     pub(super) async fn remove_local(
@@ -173,10 +178,21 @@ impl KvService {
             }
         };
         let mut last_launched = None;
+        // When R candidates had said no with calls still in flight.
+        let mut missed_at: Option<tokio::time::Instant> = None;
         loop {
             // A miss is final once R candidates said no and nothing is in flight (a
             // hedged request to the next node may answer "no" before a slow owner
-            // answers "here").
+            // answers "here"), or once what is in flight has had [`STRAGGLER_WAIT`]
+            // more: a frozen owner held every miss for the whole request timeout
+            // (black-box finding), while a slow one that has the block costs at most a
+            // recompute.
+            if misses >= replication && !inflight.is_empty() {
+                let at = *missed_at.get_or_insert_with(tokio::time::Instant::now);
+                if at.elapsed() >= STRAGGLER_WAIT {
+                    return Ok(None);
+                }
+            }
             if inflight.is_empty() {
                 if misses >= replication {
                     return Ok(None);
@@ -190,6 +206,8 @@ impl KvService {
             }
             let hedge = match (&last_launched, cands.get(next)) {
                 (Some(node), Some(_)) if misses < replication => router.hedge_delay(node),
+                // R said no: wait for the stragglers, a little.
+                _ if misses >= replication => STRAGGLER_WAIT,
                 // Nothing left to hedge with: wait for what is in flight.
                 _ => Duration::from_secs(3600),
             };
@@ -203,6 +221,9 @@ impl KvService {
                     Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
                 },
                 _ = tokio::time::sleep(hedge) => {
+                    if misses >= replication {
+                        continue; // the stragglers' time is checked at the top
+                    }
                     if let (Some(slow), Some(&n)) = (&last_launched, cands.get(next)) {
                         router.count_hedge(slow);
                         next += 1;
