@@ -83,7 +83,7 @@ impl Memory {
         let size = (want * 2 + SLACK).min(MAX_SPACE);
         let len = NonZeroUsize::new(size).ok_or_else(|| GdsError::InvalidRange("empty".into()))?;
         // No swap reserved: most of the twice-the-limit space is never touched.
-        let map = SealedMemfd::create(c"strata-emulated-device", len, true)
+        let map = SealedMemfd::create(c"strata-emulated-device", len, true, false)
             .map_err(|e| sys(e.source, e.step))?;
         Ok(Memory {
             map,

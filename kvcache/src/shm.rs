@@ -182,7 +182,8 @@ impl ShmArena {
     pub fn new(size: usize) -> Result<Self> {
         let size = size.div_ceil(PAGE).max(1) * PAGE;
         let len = NonZeroUsize::new(size).ok_or_else(|| KvError::Config("empty arena".into()))?;
-        let map = SealedMemfd::create(c"strata-kv-arena", len, false)
+        // Only the daemon writes the arena: clients map the blocks read-only.
+        let map = SealedMemfd::create(c"strata-kv-arena", len, false, true)
             .map_err(|e| io(e.source, e.step))?;
         let mut state = State {
             // Ids start at 1: a lease id 0 on the wire means "inline".
