@@ -49,11 +49,20 @@ groups, and layer-by-layer mode with several groups (its errors are block-level)
 Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
 ``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
 ``revision`` (overrides the model config's revision, e.g. a weights checksum),
-``min_load_blocks`` (default 1), ``timeout_s`` (default 30), ``prefill_us_per_token``
+``min_load_blocks`` (default 1), ``timeout_s`` (default 30: a load or save),
+``lookup_timeout_s`` (default 2: the scheduler's lookups, which hold its step),
+``max_pending_save_mb`` (default 1024: block copies waiting to be sent), ``prefill_us_per_token``
 (default: measured), ``load_or_recompute`` (default true), ``layerwise`` (default false), ``shm`` (default: true
 for a ``unix://`` address: a worker attaches to the daemon's shared-memory arena and
 copies each loaded block straight from it into the KV cache, one copy instead of the
 socket's; off, or no arena: the bytes come through the socket).
+
+A daemon that fails (stopped, frozen, gone) costs one bounded call, then a pause: the
+scheduler's lookups are bounded by ``lookup_timeout_s`` and, after one fails
+(unavailable or past its deadline), are skipped for 2 s, doubling with each failure
+in a row up to 30 s, so requests recompute instead of each holding the scheduler for
+a timeout; saves are dropped (counted in ``save_dropped``) while paused, and while more
+than ``max_pending_save_mb`` of copies wait; ``shutdown`` drops saves not started.
 
 Load or recompute: a stored prefix is loaded only as far as loading beats recomputing
 it. The service's ``EstimateLoad`` gives each block's expected load time from the
@@ -250,6 +259,35 @@ def _transferable_specs() -> Tuple[type, ...]:
     return tuple(getattr(k, n) for n in names if hasattr(k, n))
 
 
+class _Pause:
+    """Calls to a daemon that just failed are not made for a while (see the module doc):
+    2 s after one failure, doubled with each failure in a row up to 30 s; one success
+    ends it."""
+
+    BASE_S = 2.0
+    MAX_S = 30.0
+    #: What says the daemon is unreachable or too slow (not a refusal of the call).
+    DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._until = 0.0
+        self._failures = 0
+
+    def active(self) -> bool:
+        return self._clock() < self._until
+
+    def outcome(self, error: Optional[KvError]) -> None:
+        if error is None or error.code not in self.DOWN:
+            self._failures = 0
+            self._until = 0.0
+            return
+        self._failures += 1
+        wait = min(self.MAX_S, self.BASE_S * 2 ** (self._failures - 1))
+        self._until = self._clock() + wait
+        logger.warning("strata: KV daemon failed (%s); not asked for %.0f s", error.code.name, wait)
+
+
 def _check_group(index: int, group: Any, block_size: int) -> None:
     """Raises ValueError for a KV cache group this connector cannot store or load."""
     spec = group.kv_cache_spec
@@ -336,17 +374,26 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self.pp_size = int(pc.pipeline_parallel_size)
         # The namespace binds to the engine-wide identity; LoRA and salt only change keys.
         self.timeout_s = float(get("timeout_s", 30.0))
+        # The scheduler's client only looks up, inside the scheduler's step: its calls
+        # get the short bound (black-box finding: with the daemon frozen, each new
+        # request held schedule() for the whole timeout_s).
+        self.lookup_timeout_s = min(self.timeout_s, float(get("lookup_timeout_s", 2.0)))
+        call_timeout = self.lookup_timeout_s if role == KVConnectorRole.SCHEDULER else self.timeout_s
+        self.max_pending_save_bytes = int(float(get("max_pending_save_mb", 1024)) * (1 << 20))
+        self._lookup_pause = _Pause()
+        self._save_pause = _Pause()
+        self._pending_save_bytes = 0
         # Only a worker loads blocks: only a worker attaches to the arena.
         self.shm = (role == KVConnectorRole.WORKER
                     and bool(get("shm", str(self.addr).startswith("unix:"))))
         try:
             self.client = KvClient(self.addr, namespace=self.namespace, token=token,
-                                   timeout=self.timeout_s, identity=self.identity, shm=self.shm)
+                                   timeout=call_timeout, identity=self.identity, shm=self.shm)
         except OSError as e:  # no arena (off, or tenants): bytes through the socket
             logger.warning("strata: shared memory unavailable (%s); loading through the socket", e)
             self.shm = False
             self.client = KvClient(self.addr, namespace=self.namespace, token=token,
-                                   timeout=self.timeout_s, identity=self.identity)
+                                   timeout=call_timeout, identity=self.identity)
 
         # kv_producer only stores, kv_consumer only loads, kv_both does both.
         self.loads_enabled = bool(cfg.is_kv_consumer)
@@ -384,7 +431,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self.stats = {"lookups": 0, "matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "load_errors": 0, "save_errors": 0, "identity_refusals": 0,
                       "recompute_chosen_blocks": 0, "shm_reads": 0,
-                      "device_reads": 0}
+                      "device_reads": 0, "lookups_skipped": 0, "save_dropped": 0}
         #: Ask for device handles of GPU-tier blocks (set in register_kv_caches).
         self._device_reads = False
 
@@ -416,27 +463,33 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             logger.warning("strata: %s failed: %s", what, e)
 
     def _stored_prefix(self, hashes: Sequence[bytes]) -> int:
-        """Leading blocks whose every rank's share is stored (the same for all ranks)."""
+        """Leading blocks whose every rank's share is stored (the same for all ranks);
+        0 while lookups are paused after a failure (the request recomputes)."""
         if not hashes:
             return 0
+        if self._lookup_pause.active():
+            self.stats["lookups_skipped"] += 1
+            return 0
+        try:
+            n = self._lookup_prefix(hashes)
+        except KvError as e:
+            self._lookup_pause.outcome(e)
+            self._refused("lookup", e)
+            return 0
+        self._lookup_pause.outcome(None)
+        return n
+
+    def _lookup_prefix(self, hashes: Sequence[bytes]) -> int:
         shares = [(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
         if self.layerwise:
             # Every layer of every rank: the leading keys stored, in block order.
             per_block = [(t, p, li) for t, p in shares for li in range(len(self._layer_names))]
             keys = [layer_key(h, t, p, li) for h in hashes for t, p, li in per_block]
-            try:
-                return self.client.match_prefix(keys) // max(1, len(per_block))
-            except KvError as e:
-                self._refused("lookup", e)
-                return 0
+            return self.client.match_prefix(keys) // max(1, len(per_block))
         keys = [rank_key(h, t, p) for h in hashes for t, p in shares]
-        try:
-            if len(shares) == 1:
-                return self.client.match_prefix(keys)
-            present = self.client.batch_exists(keys)
-        except KvError as e:
-            self._refused("lookup", e)
-            return 0
+        if len(shares) == 1:
+            return self.client.match_prefix(keys)
+        present = self.client.batch_exists(keys)
         n = len(shares)
         for i in range(len(hashes)):
             if not all(present[i * n : (i + 1) * n]):
@@ -472,9 +525,12 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             keys, layers = [layer_key(h, 0, 0, 0) for h in hashes[first:matched]], max(1, len(self._layer_names))
         else:
             keys, layers = [rank_key(h, 0, 0) for h in hashes[first:matched]], 1
+        if self._lookup_pause.active():
+            return matched
         try:
             est = self.client.estimate_load(keys)
         except KvError as e:
+            self._lookup_pause.outcome(e)
             self._refused("estimate", e)
             return matched
         load_us = [us * layers for _, us in est["blocks"]]
@@ -754,13 +810,39 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             self._finished_loads.add(transfer.req_id)
 
     def _save(self, req_id: str, items: List[Tuple[bytes, bytes]]) -> None:
-        for key, value in items:
-            try:
-                self.client.put(key, value)
-                self.stats["saved_blocks"] += 1
-            except KvError as e:
-                self.stats["save_errors"] += 1
-                self._refused(f"save of {req_id}", e)
+        try:
+            for key, value in items:
+                if self._save_pause.active():
+                    self.stats["save_dropped"] += 1
+                    continue
+                try:
+                    self.client.put(key, value)
+                    self.stats["saved_blocks"] += 1
+                    self._save_pause.outcome(None)
+                except KvError as e:
+                    self.stats["save_errors"] += 1
+                    self._save_pause.outcome(e)
+                    self._refused(f"save of {req_id}", e)
+        finally:
+            with self._lock:
+                self._pending_save_bytes -= sum(len(v) for _, v in items)
+
+    def _submit_save(self, req_id: str, items: List[Tuple[bytes, bytes]]) -> None:
+        """Queues a save, or drops it while the daemon is paused or the queue holds
+        more than ``max_pending_save_mb`` of copies (a cache: a dropped save is a later
+        miss, never a wrong load)."""
+        size = sum(len(v) for _, v in items)
+        with self._lock:
+            full = self._pending_save_bytes + size > self.max_pending_save_bytes
+            if not full and not self._save_pause.active():
+                self._pending_save_bytes += size
+                queued = True
+            else:
+                queued = False
+        if not queued:
+            self.stats["save_dropped"] += len(items)
+            return
+        self._submit(self._save, req_id, items)
 
     def _load_layers(self, blocks: List[Tuple[bytes, int]], ready: Dict[str, threading.Event]) -> None:
         """Fetches and fills the layers in the order the model runs them, each
@@ -827,7 +909,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         for transfer in meta.saves:
             items = [(layer_key(h, self.tp_rank, self.pp_rank, li), self._pack_layer(layer_name, b))
                      for h, b in transfer.blocks]
-            self._submit(self._save, transfer.req_id, items)
+            self._submit_save(transfer.req_id, items)
 
     def wait_for_save(self):
         meta = self._connector_metadata
@@ -842,7 +924,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
                     self.stats["unsaveable_blocks"] = self.stats.get("unsaveable_blocks", 0) + 1
                     continue
                 items.append((rank_key(h, self.tp_rank, self.pp_rank), value))
-            self._submit(self._save, transfer.req_id, items)
+            self._submit_save(transfer.req_id, items)
 
     def _submit(self, fn, *args, executor: Optional[ThreadPoolExecutor] = None) -> None:
         fut = (executor or self._io).submit(fn, *args)
@@ -881,8 +963,10 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         return errs
 
     def shutdown(self):
-        self._io.shutdown(wait=True)
-        self._load_io.shutdown(wait=True)
+        # Saves not started are dropped (black-box finding: with the daemon stopped,
+        # shutdown waited for every queued save, one timeout_s each).
+        self._io.shutdown(wait=True, cancel_futures=True)
+        self._load_io.shutdown(wait=True, cancel_futures=True)
         self.client.close()
 
 

@@ -58,8 +58,10 @@ def strata_serve(extra_args, config_text=None):
                 endpoints[" ".join(parts[:-1])] = parts[-1]
             else:
                 raise RuntimeError("strata serve not ready within 30 s")
-            yield {"tcp": endpoints["kv tcp"], "unix": "unix://" + endpoints["kv unix"], "admin": endpoints["admin"]}
+            yield {"tcp": endpoints["kv tcp"], "unix": "unix://" + endpoints["kv unix"], "admin": endpoints["admin"],
+                   "pid": proc.pid}
         finally:
+            proc.send_signal(signal.SIGCONT)  # a test may have frozen it
             proc.send_signal(signal.SIGTERM)
             try:
                 assert proc.wait(timeout=15) == 0, "strata serve exits cleanly on SIGTERM"

@@ -12,6 +12,8 @@ A missing vllm is an import error here: the test fails, it is never skipped.
 
 import hashlib
 import json
+import os
+import signal
 import time
 import uuid
 
@@ -36,6 +38,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
+from conftest import strata_serve
 from strata_kv import KvClient, KvError
 from strata_kv.vllm import BlockTransfer, StrataConnector, StrataConnectorMetadata
 
@@ -69,9 +72,9 @@ def models(tmp_path_factory):
 
 
 def engine_config(model, server, namespace, revision=None, failure_policy="recompute", step_tokens=1024, lora=False,
-                  layerwise=False, shm=None):
+                  layerwise=False, shm=None, **more):
     mc = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=1024)
-    extra = {"strata_addr": server["unix"], "namespace": namespace}
+    extra = {"strata_addr": server["unix"], "namespace": namespace, **more}
     if layerwise:
         extra["layerwise"] = True
     if shm is not None:
@@ -801,3 +804,48 @@ def test_hybrid_groups_it_cannot_store_are_refused_with_the_reason(server, model
     for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
         with pytest.raises(ValueError, match=reason):
             StrataConnector(vc, role, hybrid)
+
+
+def test_a_frozen_daemon_costs_one_short_lookup_and_one_save_timeout_then_recompute(models):
+    """Black-box finding: with the daemon frozen (SIGSTOP), each new request held the
+    scheduler's step for the whole ``timeout_s`` (4 requests: 12 s at 3 s), and the
+    worker's saves queued without bound, each waiting ``timeout_s``, so shutdown took
+    minutes. Lookups now have their own short bound and, after one fails, are skipped
+    (the requests recompute); saves are dropped while paused; shutdown drops what has
+    not started; and the daemon is used again once it answers."""
+    with strata_serve([]) as srv:
+        vc = engine_config(models["base"], srv, ns(), timeout_s=2, lookup_timeout_s=0.5)
+        a, _ = run_writer(vc)  # blocks stored while the daemon answers
+        b = Engine(vc)
+        os.kill(srv["pid"], signal.SIGSTOP)
+        try:
+            for i in range(4):
+                b.scheduler.add_request(request(f"b-{i}", tokens=PROMPT + [i]))
+            started = time.monotonic()
+            out = b.scheduler.schedule()
+            took = time.monotonic() - started
+            assert took < 2.0, f"one schedule() of 4 new requests took {took:.1f} s"
+            assert b.scheduler.connector.stats["lookups_skipped"] == 3
+            assert out.kv_connector_metadata.loads == [], "recomputed, not loaded"
+            # The worker's saves: one times out, the rest are dropped.
+            b.worker.bind_connector_metadata(out.kv_connector_metadata)
+            for name in LAYERS:
+                b.worker.save_kv_layer(name, b.caches[name], None)
+            started = time.monotonic()
+            b.worker.wait_for_save()
+            b.worker.flush(timeout=30)
+            took = time.monotonic() - started
+            assert took < 4.0, f"saves with the daemon frozen took {took:.1f} s"
+            assert b.worker.stats["save_dropped"] > 0, b.worker.stats
+            b.worker.clear_connector_metadata()
+        finally:
+            os.kill(srv["pid"], signal.SIGCONT)
+        # Once the pause is over the daemon is asked again, and the blocks load.
+        time.sleep(2.2)
+        c = Engine(vc)
+        c.scheduler.add_request(request("c-1"))
+        _, meta, _, _ = c.step()
+        assert [len(t.blocks) for t in meta.loads] == [FULL_BLOCKS], "loaded after the daemon is back"
+        started = time.monotonic()
+        c.worker.shutdown()
+        assert time.monotonic() - started < 5.0
