@@ -46,6 +46,11 @@ def _wrap(e: grpc.RpcError) -> KvError:
     return KvError(e.code(), e.details() or "")
 
 
+def _closed(e: ValueError) -> KvError:
+    """A call on a client after :meth:`KvClient.close` (grpc raises ValueError)."""
+    return KvError(grpc.StatusCode.CANCELLED, f"the client is closed ({e})")
+
+
 #: gRPC metadata naming a shared-memory session (kvcache/src/shm.rs).
 SHM_SESSION_METADATA = "strata-shm-session"
 #: gRPC metadata asking for a device handle of a GPU-tier block (kvcache/src/shm.rs).
@@ -228,6 +233,8 @@ class KvClient:
             return method(request, timeout=self._timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise _wrap(e) from None
+        except ValueError as e:  # grpc's "Cannot invoke RPC: Channel closed!"
+            raise _closed(e) from None
 
     def _ns(self, namespace: Optional[str]) -> str:
         return self.namespace if namespace is None else namespace
@@ -282,6 +289,8 @@ class KvClient:
             if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
                 return None
             raise _wrap(e) from None
+        except ValueError as e:
+            raise _closed(e) from None
         if msgs and msgs[0].device_handle:
             return self._device_view(msgs[0])
         if msgs and msgs[0].shm_lease:
@@ -322,6 +331,8 @@ class KvClient:
                     parts[m.index].append(m.data)
         except grpc.RpcError as e:
             raise _wrap(e) from None
+        except ValueError as e:
+            raise _closed(e) from None
         return [b"".join(p) if f else None for p, f in zip(parts, found)]
 
     def put(self, key: bytes, value: bytes, namespace: Optional[str] = None) -> bool:

@@ -109,6 +109,11 @@ class ModelIdentity:
     cache_salt: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
 
+    def __hash__(self) -> int:
+        # By the canonical fields: ``extra`` (a dict) and ``rope_scaling`` (any JSON
+        # value) would make the generated hash fail, and equal identities hash alike.
+        return hash(tuple(self.fields()))
+
     def fields(self) -> List[Tuple[str, str]]:
         """The canonical (name, value) pairs, sorted by name; empty values left out."""
         out = {

@@ -222,3 +222,16 @@ time.sleep(120)
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_a_closed_client_raises_kv_error(server):
+    """Black-box finding: a call after close() raised grpc's bare ValueError ("Channel
+    closed!"), not the KvError every other failure is."""
+    c = KvClient(server["tcp"], namespace="py/closed")
+    c.close()
+    for call in (c.ping, lambda: c.get(b"k" * 16), lambda: c.batched_get([b"k" * 16]),
+                 lambda: c.put(b"k" * 16, b"v" * 4096)):
+        with pytest.raises(KvError) as e:
+            call()
+        assert e.value.code == grpc.StatusCode.CANCELLED
+        assert "closed" in e.value.message

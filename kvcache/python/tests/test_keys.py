@@ -82,3 +82,14 @@ def test_rank_keys_share_the_chain_and_differ_per_rank():
     h = chain_hashes_v2(ModelIdentity(model="m"), list(range(16)), 16)[0]
     k00, k10 = rank_key(h, 0, 0), rank_key(h, 1, 0)
     assert k00[:32] == k10[:32] == h and k00 != k10 and len(k00) == 36
+
+
+def test_model_identities_hash_by_their_canonical_fields():
+    """Black-box finding: a frozen ModelIdentity was unhashable (its ``extra`` dict), so
+    it could not key a dict or sit in a set."""
+    from strata_kv import ModelIdentity
+    a = ModelIdentity(model="m", rope_scaling={"factor": 2.0}, extra={"k": "v"})
+    b = ModelIdentity(model="m", rope_scaling={"factor": 2.0}, extra={"k": "v"})
+    c = ModelIdentity(model="m", extra={"k": "w"})
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b, c}) == 2
