@@ -589,6 +589,13 @@ async fn a_silent_owner_costs_one_timeout_then_is_passed_over() {
         let svc = a.clone();
         tokio::spawn(async move { server::serve(a_client, svc, std::future::pending()).await });
         let mut ca = KvClient::connect(&a_addr).await.expect("a");
+        // A miss while the owner is silent (not yet known to be): a itself, the next
+        // candidate, said no, and that answers the hedge (black-box finding: a frozen
+        // owner with R = 1 held every miss for the whole request timeout).
+        let started = std::time::Instant::now();
+        assert_eq!(ca.get("m/t", b"absent").await.expect("get"), None);
+        let miss = started.elapsed();
+        assert!(miss < Duration::from_millis(800), "a miss waited {miss:?}");
         let started = std::time::Instant::now();
         ca.put("m/t", b"k0", block(0, 4096)).await.expect("put");
         let first = started.elapsed();

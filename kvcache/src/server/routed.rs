@@ -160,10 +160,15 @@ impl KvService {
         // The local node answered already: an owner that said no (the candidate past
         // the R owners only counts when asked in its turn, which it was not).
         let mut misses = 0;
+        // The local node past the R owners: its "no" is the answer of a hedge in its
+        // turn, once no remote candidate is left to hedge with.
+        let mut local_spare = false;
         if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
             cands.remove(pos);
             if pos < replication {
                 misses += 1;
+            } else {
+                local_spare = true;
             }
         }
         demote_suspects(&mut cands, |n| router.is_suspect(&routes.nodes[n]));
@@ -206,6 +211,9 @@ impl KvService {
             }
             let hedge = match (&last_launched, cands.get(next)) {
                 (Some(node), Some(_)) if misses < replication => router.hedge_delay(node),
+                (Some(node), None) if misses < replication && local_spare => {
+                    router.hedge_delay(node)
+                }
                 // R said no: wait for the stragglers, a little.
                 _ if misses >= replication => STRAGGLER_WAIT,
                 // Nothing left to hedge with: wait for what is in flight.
@@ -223,6 +231,16 @@ impl KvService {
                 _ = tokio::time::sleep(hedge) => {
                     if misses >= replication {
                         continue; // the stragglers' time is checked at the top
+                    }
+                    if cands.get(next).is_none() && local_spare {
+                        // The hedge is the local node, which said no already (a frozen
+                        // owner held such misses for its whole timeout, R = 1).
+                        local_spare = false;
+                        misses += 1;
+                        if let Some(slow) = &last_launched {
+                            router.count_hedge(slow);
+                        }
+                        continue;
                     }
                     if let (Some(slow), Some(&n)) = (&last_launched, cands.get(next)) {
                         router.count_hedge(slow);
