@@ -325,7 +325,19 @@ struct InodeTable {
     nodes: HashMap<u64, Node>,
     by_path: HashMap<Arc<str>, u64>,
     next: u64,
+    /// Numbers of inodes dropped (forgotten by the kernel, or swept), by path, so the
+    /// path gets its number back when it is looked up again (black-box finding: after
+    /// the kernel forgot them, every file came back under a new inode number, and git
+    /// saw its whole index stat-dirty and re-hashed the tree). At most
+    /// [`FORGOTTEN_NUMBERS`], oldest first out.
+    forgotten: HashMap<Arc<str>, (u64, Kind)>,
+    forgotten_order: std::collections::VecDeque<Arc<str>>,
 }
+
+/// Inode numbers remembered for paths the kernel forgot: 131,072 (a few MB of paths),
+/// a dataset's worth of files; past it a path forgotten long ago gets a new number, as
+/// every path did before.
+const FORGOTTEN_NUMBERS: usize = 1 << 17;
 
 impl InodeTable {
     fn new(root: Arc<str>) -> Self {
@@ -358,8 +370,15 @@ impl InodeTable {
                 }
             }
         }
-        let ino = self.next;
-        self.next += 1;
+        // The number this path had, if the kernel forgot it (numbers only ever grow,
+        // so no other path took it).
+        let ino = match self.forgotten.remove(path) {
+            Some((ino, k)) if k == kind && !self.nodes.contains_key(&ino) => ino,
+            _ => {
+                self.next += 1;
+                self.next - 1
+            }
+        };
         self.nodes.insert(
             ino,
             Node {
@@ -436,6 +455,20 @@ impl InodeTable {
         if let Some(node) = self.nodes.remove(&ino) {
             if self.by_path.get(&node.path) == Some(&ino) {
                 self.by_path.remove(&node.path);
+                if self
+                    .forgotten
+                    .insert(node.path.clone(), (ino, node.kind))
+                    .is_none()
+                {
+                    self.forgotten_order.push_back(node.path);
+                }
+                // The order may name a path twice (forgotten, found, forgotten again):
+                // bounding it bounds the map, at worst dropping a number early.
+                while self.forgotten_order.len() > FORGOTTEN_NUMBERS {
+                    if let Some(p) = self.forgotten_order.pop_front() {
+                        self.forgotten.remove(&p);
+                    }
+                }
             }
         }
     }
