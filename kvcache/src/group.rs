@@ -315,7 +315,26 @@ pub struct Router {
     pub(crate) local_hits: AtomicU64,
     pub(crate) under_replicated: AtomicU64,
     pub(crate) kept_locally: AtomicU64,
+    /// Removes a peer missed (it was down), replayed to it until it takes them.
+    missed_removes: Mutex<HashMap<Arc<str>, MissedRemoves>>,
+    /// Whether the task replaying `missed_removes` runs.
+    replaying: std::sync::atomic::AtomicBool,
 }
+
+/// The Removes one peer missed (see [`Router::missed_remove`]).
+struct MissedRemoves {
+    node: PeerNode,
+    batches: std::collections::VecDeque<(Forward, String, Vec<Bytes>)>,
+    keys: usize,
+}
+
+/// Keys of missed Removes kept per peer: 100,000 (a few MB); past it the oldest go,
+/// and their blocks may come back with the peer as before.
+pub const MAX_MISSED_REMOVES: usize = 100_000;
+
+/// How often missed Removes are offered to their peers again: every second, so a peer
+/// back on its warm disk serves a removed block for about that long at most.
+const REPLAY_EVERY: Duration = Duration::from_secs(1);
 
 /// Default bandwidth of a peer link before one was measured: 1.25 GB/s, a 10 Gb/s
 /// NIC, the common floor of a datacenter node.
@@ -348,7 +367,108 @@ impl Router {
             local_hits: AtomicU64::new(0),
             under_replicated: AtomicU64::new(0),
             kept_locally: AtomicU64::new(0),
+            missed_removes: Mutex::new(HashMap::new()),
+            replaying: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// `node` missed a Remove of `hashes` in `ns` (it was down): the Remove is offered
+    /// to it again every [`REPLAY_EVERY`] until it answers (black-box finding: a replica
+    /// that was down during a Remove came back on its warm disk tier and served the
+    /// removed bytes, for good, and after a Remove and a Put of new bytes it served the
+    /// old ones).
+    pub(crate) fn missed_remove(
+        self: &Arc<Self>,
+        node: &PeerNode,
+        fwd: &Forward,
+        ns: &str,
+        hashes: Vec<Bytes>,
+    ) {
+        {
+            let mut missed = self.missed_removes.lock();
+            let m = missed
+                .entry(node.id.clone())
+                .or_insert_with(|| MissedRemoves {
+                    node: node.clone(),
+                    batches: Default::default(),
+                    keys: 0,
+                });
+            m.node = node.clone();
+            m.keys += hashes.len();
+            m.batches.push_back((fwd.clone(), ns.to_string(), hashes));
+            while m.keys > MAX_MISSED_REMOVES {
+                match m.batches.pop_front() {
+                    Some((_, _, b)) => m.keys -= b.len(),
+                    None => break,
+                }
+            }
+        }
+        if self.replaying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.replaying.store(false, Ordering::Release);
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(REPLAY_EVERY).await;
+                let Some(router) = weak.upgrade() else { return };
+                if router.replay_missed_removes().await {
+                    router.replaying.store(false, Ordering::Release);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Offers each peer its missed Removes (directly, past its pause: the point is to
+    /// reach it as soon as it is back); true once none is left.
+    async fn replay_missed_removes(&self) -> bool {
+        let nodes: Vec<PeerNode> = self
+            .missed_removes
+            .lock()
+            .values()
+            .map(|m| m.node.clone())
+            .collect();
+        for node in nodes {
+            loop {
+                let next = {
+                    let missed = self.missed_removes.lock();
+                    missed
+                        .get(&node.id)
+                        .and_then(|m| m.batches.front().cloned())
+                };
+                let Some((fwd, ns, hashes)) = next else { break };
+                let Ok(mut client) = self.client(&node) else {
+                    break;
+                };
+                let n = hashes.len();
+                let req = self.request(
+                    pb::RemoveRequest {
+                        namespace: ns,
+                        hashes,
+                    },
+                    &fwd,
+                );
+                match tokio::time::timeout(PROBE_TIMEOUT, client.remove(req)).await {
+                    Ok(Ok(_)) => {}
+                    // A refusal will not change: dropped. Down: tried again later.
+                    Ok(Err(s)) if !matches!(RemoteError::of(s.clone()), RemoteError::Down(_)) => {}
+                    _ => break,
+                }
+                let mut missed = self.missed_removes.lock();
+                if let Some(m) = missed.get_mut(&node.id) {
+                    m.batches.pop_front();
+                    m.keys = m.keys.saturating_sub(n);
+                    if m.batches.is_empty() {
+                        missed.remove(&node.id);
+                    }
+                }
+            }
+        }
+        self.missed_removes.lock().is_empty()
     }
 
     pub fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use strata_cache_core::tiers::MemoryTier;
-use strata_cache_core::CacheEngine;
+use strata_cache_core::{CacheEngine, CacheKey};
 use strata_kvcache::client::ClientOptions;
 use strata_kvcache::group::{GroupOptions, GroupView, PeerNode, Routes};
 use strata_kvcache::server::{self, KvService, ServerConfig};
@@ -627,4 +627,66 @@ async fn a_silent_owner_costs_one_timeout_then_is_passed_over() {
     })
     .await
     .expect("within 30 s");
+}
+
+/// Black-box finding: a Remove made while one replica was down was undone when that
+/// replica came back on its warm cache (and after a Remove and a Put of new bytes it
+/// served the old ones). The Remove it missed is replayed to it once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_a_replica_missed_is_replayed_when_it_is_back() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(2, 2, ServerConfig::default(), "s").await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        let ns = "m/t";
+        for i in 0..5 {
+            a.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        let key = |i: u32| CacheKey::kv(ns, hash(i));
+        assert!(
+            nodes[1].service.engine().contains(&key(0)),
+            "both replicas hold it"
+        );
+        // Node 1 goes down (its peer face stops; its cache stays, as on a warm disk).
+        let peer_addr = nodes[1].peer_addr.clone();
+        let _ = nodes[1].stops.pop().map(|s| s.send(()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let removed = a
+            .remove(ns, &[hash(0), hash(1)])
+            .await
+            .expect("remove while a replica is down");
+        assert_eq!(removed, 2);
+        assert!(
+            nodes[1].service.engine().contains(&key(0)),
+            "missed by the down node"
+        );
+        // Back on the same address with the same cache.
+        let listener = tokio::net::TcpListener::bind(&peer_addr)
+            .await
+            .expect("rebind");
+        let face = nodes[1].service.peer_grpc();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(face)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while nodes[1].service.engine().contains(&key(0)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the missed remove was not replayed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!nodes[1].service.engine().contains(&key(1)));
+        assert!(
+            nodes[1].service.engine().contains(&key(2)),
+            "only what was removed"
+        );
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
 }

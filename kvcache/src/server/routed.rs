@@ -557,7 +557,16 @@ impl KvService {
         let calls = per_node.into_iter().map(|(n, batch)| {
             let node = routes.nodes[n].clone();
             let router = router.clone();
-            async move { router.remote_remove(&node, fwd, client_ns, batch).await }
+            async move {
+                let r = router
+                    .remote_remove(&node, fwd, client_ns, batch.clone())
+                    .await;
+                if matches!(r, Err(RemoteError::Down(_))) {
+                    // Replayed when it is back (its warm disk would serve the blocks).
+                    router.missed_remove(&node, fwd, client_ns, batch);
+                }
+                r
+            }
         });
         for r in futures::future::join_all(calls).await {
             if let Err(RemoteError::Refused(s)) = r {
