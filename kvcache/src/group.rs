@@ -31,6 +31,9 @@
 //! - **Exists, MatchPrefix, EstimateLoad, Prefetch, Remove** are batched: one request
 //!   per node per round ([`crate::routing::Lookup`]); EstimateLoad adds the hop to the
 //!   owner (its median round trip plus the bytes at the peer link's measured rate).
+//! - **A Remove** a node missed (down, or out of the membership for up to
+//!   [`DEPARTED_KEPT_FOR`]) is replayed to it once it answers: it may come back on a
+//!   warm disk holding the removed blocks.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -319,7 +322,23 @@ pub struct Router {
     missed_removes: Mutex<HashMap<Arc<str>, MissedRemoves>>,
     /// Whether the task replaying `missed_removes` runs.
     replaying: std::sync::atomic::AtomicBool,
+    /// Every member this router has seen in the group's table, and since when one is
+    /// missing from it (see [`Router::departed`]).
+    members: Mutex<HashMap<Arc<str>, SeenMember>>,
 }
+
+/// A member as the router last saw it in the group's table.
+struct SeenMember {
+    node: PeerNode,
+    /// When it was first seen missing from the table; None while it is there.
+    gone_since: Option<Instant>,
+}
+
+/// How long a member that left the membership is remembered, and the Removes made
+/// meanwhile kept for it: 1 hour. A member away longer (a host rebuilt, a node
+/// retired) may come back on a warm disk and serve blocks removed while it was away,
+/// as before; the keys kept per member stay bounded by [`MAX_MISSED_REMOVES`].
+pub const DEPARTED_KEPT_FOR: Duration = Duration::from_secs(3600);
 
 /// The Removes one peer missed (see [`Router::missed_remove`]).
 struct MissedRemoves {
@@ -369,7 +388,64 @@ impl Router {
             kept_locally: AtomicU64::new(0),
             missed_removes: Mutex::new(HashMap::new()),
             replaying: std::sync::atomic::AtomicBool::new(false),
+            members: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Notes who is in the group's table now (`nodes`; empty when this node is alone):
+    /// members missing from it are departed from now on, members back are not, and
+    /// one back on a new address gets its missed Removes there.
+    fn observe_members(&self, nodes: &[PeerNode]) {
+        let now = Instant::now();
+        let mut members = self.members.lock();
+        for n in nodes.iter().filter(|n| !n.local) {
+            match members.get_mut(&n.id) {
+                Some(m) if m.gone_since.is_none() && m.node.addr == n.addr => {}
+                Some(m) => {
+                    m.gone_since = None;
+                    if m.node.addr != n.addr {
+                        m.node = n.clone();
+                        if let Some(missed) = self.missed_removes.lock().get_mut(&n.id) {
+                            missed.node = n.clone();
+                        }
+                    }
+                }
+                None => {
+                    members.insert(
+                        n.id.clone(),
+                        SeenMember {
+                            node: n.clone(),
+                            gone_since: None,
+                        },
+                    );
+                }
+            }
+        }
+        if members.len() == nodes.iter().filter(|n| !n.local).count() {
+            return;
+        }
+        members.retain(|id, m| {
+            if nodes.iter().any(|n| n.id == *id) {
+                return true;
+            }
+            let since = *m.gone_since.get_or_insert(now);
+            let kept = now.duration_since(since) < DEPARTED_KEPT_FOR;
+            if !kept {
+                self.missed_removes.lock().remove(id);
+            }
+            kept
+        });
+    }
+
+    /// Members that left the membership within [`DEPARTED_KEPT_FOR`]: no key's
+    /// candidates while they are away, but they may come back on their warm disk.
+    pub(crate) fn departed(&self) -> Vec<PeerNode> {
+        self.members
+            .lock()
+            .values()
+            .filter(|m| m.gone_since.is_some())
+            .map(|m| m.node.clone())
+            .collect()
     }
 
     /// `node` missed a Remove of `hashes` in `ns` (it was down): the Remove is offered
@@ -472,7 +548,9 @@ impl Router {
     }
 
     pub fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes> {
-        self.view.routes(keys)
+        let routes = self.view.routes(keys);
+        self.observe_members(routes.as_ref().map_or(&[][..], |r| &r.nodes));
+        routes
     }
 
     pub fn local_id(&self) -> Arc<str> {

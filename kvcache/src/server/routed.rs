@@ -537,7 +537,17 @@ impl KvService {
         keys: &[CacheKey],
         fwd: &Forward,
     ) -> Result<Option<u32>> {
-        let Some((router, routes)) = self.routes_for(ns, hashes) else {
+        let Some(router) = self.router() else {
+            return Ok(None);
+        };
+        let routes = self.routes_for(ns, hashes);
+        // A member that left the membership is no key's candidate, but it may come
+        // back on its warm disk (black-box finding: it served removed blocks again):
+        // the Remove is replayed to it once it answers.
+        for node in router.departed() {
+            router.missed_remove(&node, fwd, client_ns, hashes.to_vec());
+        }
+        let Some((router, routes)) = routes else {
             return Ok(None);
         };
         let (l, _) = self
