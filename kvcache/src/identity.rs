@@ -304,13 +304,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
         let b = Arc::new(IdentityBindings::open(Some(f.clone())));
-        let started = Instant::now();
         let mut puts = tokio::task::JoinSet::new();
         for i in 0..500 {
             let b = b.clone();
+            // Bound here, before any put waits: a task starting late on a loaded
+            // machine must not turn one burst into many.
+            let ns: Arc<str> = Arc::from(format!("ns-{i}"));
+            let generation = b.check(&ns, Some(&A), true).expect("bind");
             puts.spawn(async move {
-                let ns: Arc<str> = Arc::from(format!("ns-{i}"));
-                let generation = b.check(&ns, Some(&A), true).expect("bind");
                 b.durable(generation.expect("a put with an identity")).await;
                 // Acknowledged: the binding is in the file, as a crash would find it.
                 let on_disk = IdentityBindings::open(Some(b.file.clone().expect("file")));
@@ -324,12 +325,9 @@ mod tests {
         while let Some(r) = puts.join_next().await {
             r.expect("put");
         }
+        // Group commit: a write per batch, not per put (the elapsed time is not
+        // asserted: the 500 re-reads of the file take seconds on a loaded CI machine).
         assert!(b.writes() <= 3, "{} writes for 500 bindings", b.writes());
-        assert!(
-            started.elapsed() < 3 * PERSIST_INTERVAL,
-            "{:?}",
-            started.elapsed()
-        );
         // A put into a namespace bound and persisted already does not wait.
         let writes = b.writes();
         let again = b
