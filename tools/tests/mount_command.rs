@@ -161,3 +161,70 @@ fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
     assert_eq!(stacked, 1, "the dead mount was replaced, not stacked on");
     assert_eq!(mounts_at(&mnt), 0);
 }
+
+/// Crash finding: kill -9 while a large file was written through the mount left the
+/// upload behind in the store, for good (a multipart upload's parts in a bucket; in a
+/// local directory store, object_store's temporary `NAME#N` file beside the data). The
+/// mount records its uploads in progress; the next mount at that point aborts those
+/// its predecessor left.
+#[test]
+fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let url = format!("file://{}", src.display());
+    let cache = dir.path().join("cache");
+    let mut daemon = Command::new(strata())
+        .args(["mount", &url])
+        .arg(&mnt)
+        .args(["--allow-writes", "--foreground", "--cache-dir"])
+        .arg(&cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(&mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Written in order past the streaming threshold (16 MiB): its upload starts while
+    // the file is still open.
+    let temp = src.join("big.bin#1");
+    let mut f = std::fs::File::create(mnt.join("big.bin")).expect("create");
+    let chunk = vec![3u8; 1 << 20];
+    for _ in 0..24 {
+        f.write_all(&chunk).expect("write");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !temp.exists() {
+        assert!(Instant::now() < deadline, "the upload did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon.kill().expect("kill -9");
+    daemon.wait().expect("reap");
+    drop(f);
+    assert!(temp.exists(), "what the crash leaves");
+
+    let out = mount(&[
+        url.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    let said = text(&out);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while temp.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = temp.exists();
+    unmount(&mnt);
+    assert!(out.status.success(), "{said}");
+    assert!(!left, "the next mount removed the interrupted upload");
+    assert!(!src.join("big.bin").exists(), "no object appeared");
+}

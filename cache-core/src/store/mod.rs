@@ -19,9 +19,11 @@
 //!   errors and hangs, for tests and for the cold-read benchmarks.
 
 pub mod faulty;
+mod journal;
 mod probe;
 mod upload;
 
+pub use journal::{LeftUpload, UploadJournal, UploadRecord};
 pub use probe::Probe;
 pub use upload::{StreamingUpload, UploadShape, MAX_UPLOAD_PARTS};
 
@@ -148,6 +150,9 @@ pub struct BackingStore {
     /// The store's multipart API by part index, with this handle's prefix, where it
     /// has one: uploads then retry each part on its own (see `upload`).
     part_store: Option<(Arc<dyn object_store::multipart::MultipartStore>, String)>,
+    /// Where uploads in progress are recorded (a writable mount's; see
+    /// [`UploadJournal`]).
+    journal: Option<Arc<UploadJournal>>,
 }
 
 /// Counters of a [`BackingStore`]'s successful data reads.
@@ -186,6 +191,7 @@ impl BackingStore {
             reads: Arc::default(),
             silent_until: Arc::default(),
             part_store: None,
+            journal: None,
         }
     }
 
@@ -212,6 +218,58 @@ impl BackingStore {
     ) -> Self {
         self.part_store = Some((parts, prefix.trim_matches('/').to_string()));
         self
+    }
+
+    /// This handle with its uploads recorded in `journal` while they are in progress,
+    /// so the next start can abort those a crash cut off ([`Self::abort_left`]).
+    pub fn with_upload_journal(mut self, journal: Arc<UploadJournal>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Aborts the uploads an earlier run left unfinished (see [`UploadJournal`]): a
+    /// multipart upload's parts are deleted, a local directory store's temporary file
+    /// removed. A record goes once its upload is gone; one the store could not abort
+    /// now (down, refusing) stays for the next start. Returns how many were cleaned.
+    pub async fn abort_left(&self, left: Vec<LeftUpload>) -> usize {
+        let mut cleaned = 0;
+        for l in left {
+            let r = &l.record;
+            let gone = match (&r.upload_id, &self.part_store, &self.local_root) {
+                (Some(id), Some((parts, _)), _) => {
+                    let location = object_store::path::Path::from(r.location.as_str());
+                    let id = id.clone();
+                    let aborted = retry_op(&self.retry, &self.label, || {
+                        parts.abort_multipart(&location, &id)
+                    })
+                    .await;
+                    match aborted {
+                        Ok(()) | Err(CacheError::NotFound(_)) => true,
+                        Err(e) => {
+                            tracing::warn!(store = %self.label, key = %r.location, error = %e,
+                                "cannot abort an upload an earlier run left: tried again at the next start");
+                            false
+                        }
+                    }
+                }
+                (None, _, Some(root)) => {
+                    let root = root.clone();
+                    let key = r.location.clone();
+                    tokio::task::spawn_blocking(move || remove_local_temp(&root, &key))
+                        .await
+                        .unwrap_or(false)
+                }
+                // A store of another kind than the record's: nothing this handle can do.
+                _ => true,
+            };
+            if gone {
+                tracing::info!(store = %self.label, key = %r.location,
+                    "aborted an upload an earlier run left unfinished");
+                cleaned += 1;
+                l.forget();
+            }
+        }
+        cleaned
     }
 
     /// Ranged GETs that returned data through this handle or its clones, and their
@@ -292,6 +350,7 @@ impl BackingStore {
             reads: Arc::default(),
             silent_until: Arc::default(),
             part_store: part_store.map(|p| (p, prefix)),
+            journal: None,
         })
     }
 
@@ -645,12 +704,27 @@ impl BackingStore {
     /// Writes an object in one PUT (retried).
     pub async fn put(&self, path: &str, data: Bytes) -> Result<()> {
         let p = object_key(path);
-        self.retrying(|| {
-            let p = p.clone();
-            let payload = PutPayload::from(data.clone());
-            async move { self.store.put(&p, payload).await.map(|_| ()) }
-        })
-        .await
+        let recorded = self.record_local(&p);
+        let r = self
+            .retrying(|| {
+                let p = p.clone();
+                let payload = PutPayload::from(data.clone());
+                async move { self.store.put(&p, payload).await.map(|_| ()) }
+            })
+            .await;
+        if let Some(rec) = recorded {
+            rec.done();
+        }
+        r
+    }
+
+    /// A local directory store writes a PUT into a temporary `NAME#N` file first: the
+    /// write is recorded where this handle has a journal (see [`UploadJournal`]).
+    fn record_local(&self, key: &object_store::path::Path) -> Option<journal::Recorded> {
+        match (&self.journal, &self.local_root) {
+            (Some(j), Some(_)) => Some(j.record(key.as_ref(), None)),
+            _ => None,
+        }
     }
 
     /// Writes object `path` of `size` bytes, its bytes read in order by `next_part(offset,
@@ -717,6 +791,20 @@ impl BackingStore {
     /// answer was lost.
     pub async fn put_new(&self, path: &str, data: Bytes) -> Result<()> {
         let p = object_key(path);
+        let recorded = self.record_local(&p);
+        let r = self.put_new_recorded(path, &p, data).await;
+        if let Some(rec) = recorded {
+            rec.done();
+        }
+        r
+    }
+
+    async fn put_new_recorded(
+        &self,
+        path: &str,
+        p: &object_store::path::Path,
+        data: Bytes,
+    ) -> Result<()> {
         let mut attempt = 0u32;
         let r = self
             .retrying(|| {
@@ -762,11 +850,13 @@ impl BackingStore {
                 shape,
                 self.retry.clone(),
                 &self.label,
+                self.journal.clone(),
             )
             .await;
         }
         let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
         let p = object_key(path);
+        let recorded = self.record_local(&p);
         let upload = tokio::time::timeout(budget, self.store.put_multipart(&p))
             .await
             .map_err(|_| upload::bounded_wait(path, "starting the upload", budget))?
@@ -776,6 +866,7 @@ impl BackingStore {
             path,
             in_flight,
             budget,
+            recorded,
         ))
     }
 
@@ -1273,4 +1364,36 @@ fn prefault(spare: &mut [std::mem::MaybeUninit<u8>]) {
             libc::MADV_POPULATE_WRITE,
         );
     }
+}
+
+/// Removes what a local directory store's interrupted write of `key` left: its
+/// temporary files `NAME#N` beside the object (object_store's names; a key may not end
+/// so, see `object_key`). False if one could not be removed.
+fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
+    let target = root.join(key);
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+        return true;
+    };
+    let prefix = format!("{}#", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let mut ok = true;
+    for e in entries.flatten() {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        let temp = n
+            .strip_prefix(&prefix)
+            .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()));
+        if temp {
+            if let Err(err) = std::fs::remove_file(e.path()) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(file = %e.path().display(), error = %err,
+                        "cannot remove an interrupted write's temporary file");
+                    ok = false;
+                }
+            }
+        }
+    }
+    ok
 }

@@ -61,6 +61,8 @@ pub(super) fn bounded_wait(path: &str, what: &str, budget: Duration) -> CacheErr
 pub struct StreamingUpload {
     path: String,
     sink: Option<Sink>,
+    /// Its record in the mount's journal, removed once it completed or was aborted.
+    recorded: Option<super::journal::Recorded>,
     in_flight: usize,
     /// Bound on one wait for the store where parts are not retried one by one.
     budget: Duration,
@@ -99,9 +101,12 @@ impl StreamingUpload {
         shape: &UploadShape,
         retry: RetryPolicy,
         label: &str,
+        journal: Option<Arc<super::UploadJournal>>,
     ) -> Result<StreamingUpload> {
         let id = retry_op(&retry, label, || store.create_multipart(&location)).await?;
+        let recorded = journal.map(|j| j.record(location.as_ref(), Some(id.as_str())));
         Ok(StreamingUpload {
+            recorded,
             path: path.to_string(),
             sink: Some(Sink::Parts(PartSink {
                 store,
@@ -128,8 +133,10 @@ impl StreamingUpload {
         path: &str,
         in_flight: usize,
         budget: Duration,
+        recorded: Option<super::journal::Recorded>,
     ) -> StreamingUpload {
         StreamingUpload {
+            recorded,
             path: path.to_string(),
             sink: Some(Sink::Whole(parts)),
             in_flight: in_flight.max(1),
@@ -167,36 +174,58 @@ impl StreamingUpload {
         match self.sink.take() {
             None => Err(self.ended()),
             Some(Sink::Parts(mut p)) => match p.finish().await {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    self.settled();
+                    Ok(())
+                }
                 Err(e) => {
-                    p.abort().await;
+                    if p.abort().await {
+                        self.settled();
+                    }
                     Err(e)
                 }
             },
             Some(Sink::Whole(parts)) => {
                 // `finish` aborts the upload itself when a part or the completion fails;
-                // a timeout drops it, and the store's lifecycle rules collect its parts.
+                // a timeout drops it, and its record lets the next start abort it.
                 tokio::time::timeout(self.budget, parts.finish())
                     .await
                     .map_err(|_| bounded_wait(&self.path, "completing the upload", self.budget))?
-                    .map_err(|e| map_store_error(e, 1))?;
+                    .map_err(|e| {
+                        self.settled();
+                        map_store_error(e, 1)
+                    })?;
+                self.settled();
                 Ok(())
             }
         }
     }
 
-    /// Aborts the upload (its parts are deleted; errors are only logged).
+    /// Aborts the upload (its parts are deleted; errors are only logged, and the
+    /// upload's record then stays for the next start).
     pub async fn abort(&mut self) {
         let result = match self.sink.take() {
             None => return,
             Some(Sink::Parts(mut p)) => {
-                p.abort().await;
+                if p.abort().await {
+                    self.settled();
+                }
                 return;
             }
             Some(Sink::Whole(parts)) => parts.abort().await,
         };
-        if let Err(e) = result {
-            tracing::warn!(path = %self.path, error = %e, "aborting a failed upload failed");
+        match result {
+            Ok(()) => self.settled(),
+            Err(e) => {
+                tracing::warn!(path = %self.path, error = %e, "aborting a failed upload failed")
+            }
+        }
+    }
+
+    /// The upload completed or is gone from the store: its record goes.
+    fn settled(&mut self) {
+        if let Some(r) = self.recorded.take() {
+            r.done();
         }
     }
 }
@@ -293,15 +322,20 @@ impl PartSink {
         Ok(())
     }
 
-    async fn abort(&mut self) {
+    /// Aborts the upload; false if the store did not confirm it.
+    async fn abort(&mut self) -> bool {
         self.tasks.abort_all();
         let (store, location, id) = (&self.store, &self.location, &self.id);
-        if let Err(e) = retry_op(&self.retry, &self.label, || {
+        match retry_op(&self.retry, &self.label, || {
             store.abort_multipart(location, id)
         })
         .await
         {
-            tracing::warn!(path = %self.location, error = %e, "aborting a failed upload failed");
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(path = %self.location, error = %e, "aborting a failed upload failed");
+                false
+            }
         }
     }
 }

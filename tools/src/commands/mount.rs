@@ -138,7 +138,11 @@ impl MountArgs {
 }
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
-    if !args.mount.mountpoint.is_dir() {
+    // A dead daemon's mount (ENOTCONN) is replaced by the new one (strata_fs::mount).
+    // Asked first: a stat of it fails once the kernel's cached attributes expired, and
+    // it was then refused as "not a directory" (test: an upload a kill cut off).
+    let dead = strata_fs::mount::is_dead_mount(&args.mount.mountpoint);
+    if !dead && !args.mount.mountpoint.is_dir() {
         bail!(
             "mountpoint {} is not a directory",
             args.mount.mountpoint.display()
@@ -147,8 +151,6 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.secret_access_key.is_some() {
         eprintln!("{SECRET_FLAG_WARNING}");
     }
-    // A dead daemon's mount (ENOTCONN) is replaced by the new one (strata_fs::mount).
-    let dead = strata_fs::mount::is_dead_mount(&args.mount.mountpoint);
     if is_mounted(&args.mount.mountpoint) && !dead {
         bail!(
             "{} is already a FUSE mount point (unmount it first: fusermount3 -u {0})",

@@ -76,6 +76,19 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
 /// exact path, since the readable part alone is not unique (`/mnt/a_b` and `/mnt/a/b`
 /// shared one directory, and one mount's new file failed with EEXIST on the other's).
 pub fn staging_dir(cache_dir: &std::path::Path, mountpoint: &std::path::Path) -> PathBuf {
+    cache_dir.join(STAGING).join(mount_dir_name(mountpoint))
+}
+
+/// Where the mount at `mountpoint` records its uploads in progress, so the next start
+/// aborts those a crash cut off (`strata_cache_core::store::UploadJournal`): beside
+/// the staging directories, not in one, as those of mounts not mounted now are removed
+/// while their records must wait for a mount of their store.
+pub fn uploads_dir(cache_dir: &std::path::Path, mountpoint: &std::path::Path) -> PathBuf {
+    cache_dir.join(UPLOADS).join(mount_dir_name(mountpoint))
+}
+
+/// A mount point as one directory name (see [`staging_dir`]).
+fn mount_dir_name(mountpoint: &std::path::Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let readable: String = mountpoint
         .to_string_lossy()
@@ -86,13 +99,13 @@ pub fn staging_dir(cache_dir: &std::path::Path, mountpoint: &std::path::Path) ->
         })
         .collect();
     let sum = crc32c::crc32c(mountpoint.as_os_str().as_bytes());
-    cache_dir
-        .join(STAGING)
-        .join(format!("{readable}-{sum:08x}"))
+    format!("{readable}-{sum:08x}")
 }
 
 /// The cache dir's folder of staging directories.
 const STAGING: &str = "staging";
+/// The cache dir's folder of the mounts' upload journals.
+const UPLOADS: &str = "uploads";
 
 /// Removes the staging directories of mounts this daemon does not have (an earlier
 /// run's mountpoints, or names of an older version): their files were never uploaded,
@@ -137,15 +150,53 @@ pub fn mount(
     peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
     let opts = mount_options(m, core, url)?;
-    let mut reader = ObjectReader::new(core.engine.clone(), store.clone(), core.block_size)?
+    // Read-only mounts too: a crash of a writable run at this mount point is cleaned
+    // by whichever mount comes next (a refusal of the store is only logged).
+    let store = with_upload_journal(m, core, store, url);
+    let mut reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?
         .with_granularity(core.granularity);
     if let Some(p) = peers {
         reader = reader.with_peers(p);
     }
-    std::fs::create_dir_all(&m.mountpoint)
-        .with_context(|| format!("creating {}", m.mountpoint.display()))?;
+    // A dead daemon's mount there is replaced (strata_fs::spawn); it cannot be made.
+    if !strata_fs::mount::is_dead_mount(&m.mountpoint) {
+        std::fs::create_dir_all(&m.mountpoint)
+            .with_context(|| format!("creating {}", m.mountpoint.display()))?;
+    }
     strata_fs::spawn(reader, &m.prefix, &m.mountpoint, opts)
         .with_context(|| format!("mounting {url} at {}", m.mountpoint.display()))
+}
+
+/// `store` with the mount's uploads recorded while in progress, after aborting (in
+/// the background) those its last run left unfinished: read before the mount serves,
+/// so no upload of this run is among them. A journal that cannot be opened costs only
+/// the cleanup (logged).
+fn with_upload_journal(
+    m: &MountConfig,
+    core: &Core,
+    store: &BackingStore,
+    url: &str,
+) -> BackingStore {
+    let dir = uploads_dir(&core.cache_dir, &m.mountpoint);
+    match strata_cache_core::store::UploadJournal::open(&dir, url) {
+        Ok((journal, left)) => {
+            let store = store.clone().with_upload_journal(journal);
+            if !left.is_empty() {
+                let cleaner = store.clone();
+                tokio::spawn(async move {
+                    let n = left.len();
+                    let cleaned = cleaner.abort_left(left).await;
+                    tracing::info!(cleaned, of = n, "uploads an earlier run left unfinished");
+                });
+            }
+            store
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e,
+                "cannot open the upload journal: an upload a crash cuts off stays in the store");
+            store.clone()
+        }
+    }
 }
 
 #[cfg(test)]
