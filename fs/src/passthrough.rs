@@ -7,7 +7,12 @@
 //!   its bytes (8 hex digits). The first open of a copy in a daemon's life reads it whole
 //!   and checks the crc (copies are at most `max_object` bytes); a mismatch or a wrong
 //!   size deletes the copy and the read goes through the cache instead. Later opens
-//!   trust it.
+//!   trust it while the file is the one verified or written: same inode, size, mtime
+//!   and ctime (one `fstat` of the descriptor opened anyway). A file changed in place,
+//!   swapped for another or put back by a rename fails that and is checked again
+//!   (black-box finding: a copy flipped while the mount ran was served as is, and two
+//!   swapped copies served each other's bytes). Anything but a regular file under a
+//!   copy's name (a FIFO would hang the open) is damage.
 //! - **Cheap to write**: a copy is created exclusively (mode 0600, never following a
 //!   link) under its final name and written, with no fsync and no rename: a copy a crash
 //!   tore (short, or holes of zeros) fails its crc at its first open after the restart
@@ -62,7 +67,33 @@ struct Copy {
     crc: u32,
     /// Last open (or write), in `State::tick`s: the LRU order.
     last: u64,
-    verified: bool,
+    /// The file as verified (or written) in this daemon's life; None: to verify.
+    verified: Option<Stamp>,
+}
+
+/// What identifies a file's contents without reading them: a write, a truncate, a
+/// rename over it or a swap changes at least one of these (ctime cannot be set back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -146,7 +177,7 @@ impl PassthroughStore {
                             size: meta.len(),
                             crc,
                             last: state.tick,
-                            verified: false,
+                            verified: None,
                         },
                     );
                 }
@@ -257,15 +288,15 @@ impl PassthroughStore {
             found
         };
         let path = self.dir.join(file_name(name, crc));
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .ok();
-        let good = match &file {
-            Some(f) if verified => f.metadata().is_ok_and(|m| m.len() == size),
-            Some(f) => crc_of(f, size).ok() == Some(crc),
-            None => false,
+        let file = strata_cache_core::io::open_regular(&path, 0).ok();
+        let stamp = file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map(|m| Stamp::of(&m));
+        let good = match (&file, stamp) {
+            (Some(_), Some(now)) if verified == Some(now) && now.size == size => true,
+            (Some(f), Some(now)) => now.size == size && crc_of(f, size).ok() == Some(crc),
+            _ => false,
         };
         if !good {
             tracing::warn!(copy = %path.display(), "passthrough copy damaged or gone; removed, reads go through the cache");
@@ -273,9 +304,9 @@ impl PassthroughStore {
             remove_copy(&self.dir, name, crc);
             return None;
         }
-        if !verified {
+        if verified != stamp {
             if let Some(c) = self.state.lock().copies.get_mut(name) {
-                c.verified = true;
+                c.verified = stamp;
             }
         }
         let mut f = file?;
@@ -345,6 +376,11 @@ impl PassthroughStore {
     /// Counts the new copy `name`, evicting the least recently opened copies to stay
     /// within the budget.
     fn index(&self, name: &str, size: u64, crc: u32) {
+        // The file as written: trusted by later opens while it stays so.
+        let verified = fs::symlink_metadata(self.dir.join(file_name(name, crc)))
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| Stamp::of(&m));
         let mut st = self.state.lock();
         let victims = st.make_room(self.budget, size);
         st.tick += 1;
@@ -357,7 +393,7 @@ impl PassthroughStore {
                 size,
                 crc,
                 last: tick,
-                verified: true,
+                verified,
             },
         );
         drop(st);
@@ -411,7 +447,12 @@ fn crc_of(mut f: &File, size: u64) -> io::Result<u32> {
 }
 
 fn remove_copy(dir: &Path, name: &str, crc: u32) {
-    let _ = fs::remove_file(dir.join(file_name(name, crc)));
+    let path = dir.join(file_name(name, crc));
+    if let Err(e) = fs::remove_file(&path) {
+        if e.kind() == io::ErrorKind::IsADirectory {
+            let _ = fs::remove_dir(&path);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -442,6 +483,60 @@ mod tests {
         let mut v = Vec::new();
         (&f).read_to_end(&mut v).expect("read");
         v
+    }
+
+    /// Black-box finding: a copy changed while the daemon ran was served as is (it
+    /// was verified once, at its first open), two swapped copies served each other's
+    /// bytes, and a FIFO under a copy's name hung the open. Each is caught at the next
+    /// open; an untouched copy is not read again to be trusted.
+    #[test]
+    fn a_copy_changed_swapped_or_replaced_while_running_is_not_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 20);
+        let a = PassthroughStore::name("", "a", "v", 1000);
+        let b = PassthroughStore::name("", "b", "v", 1000);
+        for (n, byte) in [(&a, 1u8), (&b, 2u8)] {
+            assert!(s.begin(n, 1000));
+            s.write(n, &[byte; 1000]).expect("write");
+        }
+        assert_eq!(contents(s.get(&a, 1000).expect("a")), vec![1u8; 1000]);
+        assert_eq!(contents(s.get(&b, 1000).expect("b")), vec![2u8; 1000]);
+
+        // Swapped: each name now holds the other's bytes (same sizes).
+        let (fa, fb) = (copy_file(dir.path(), &a), copy_file(dir.path(), &b));
+        let tmp = dir.path().join("swap");
+        fs::rename(&fa, &tmp).expect("mv");
+        fs::rename(&fb, &fa).expect("mv");
+        fs::rename(&tmp, &fb).expect("mv");
+        assert!(s.get(&a, 1000).is_none(), "a holds b's bytes");
+        assert!(s.get(&b, 1000).is_none(), "b holds a's bytes");
+        assert!(!fa.exists() && !fb.exists(), "both removed");
+
+        // Changed in place, same size.
+        let c = PassthroughStore::name("", "c", "v", 1000);
+        assert!(s.begin(&c, 1000));
+        s.write(&c, &[3u8; 1000]).expect("write");
+        assert!(s.get(&c, 1000).is_some());
+        let fc = copy_file(dir.path(), &c);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut f = OpenOptions::new().write(true).open(&fc).expect("open");
+        f.seek(SeekFrom::Start(500)).expect("seek");
+        f.write_all(&[9]).expect("flip");
+        drop(f);
+        assert!(s.get(&c, 1000).is_none(), "a flipped byte is caught");
+
+        // A FIFO under a copy's name: no hang, no copy.
+        let d = PassthroughStore::name("", "d", "v", 1000);
+        assert!(s.begin(&d, 1000));
+        s.write(&d, &[4u8; 1000]).expect("write");
+        let fd = copy_file(dir.path(), &d);
+        fs::remove_file(&fd).expect("rm");
+        let path = std::ffi::CString::new(fd.to_str().expect("utf-8")).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        assert!(s.get(&d, 1000).is_none());
+        assert!(!fd.exists(), "the FIFO is removed");
+        assert_eq!(s.len(), 0);
     }
 
     #[test]

@@ -490,6 +490,55 @@ pub fn open_engine(kind: IoEngineKind) -> io::Result<Arc<dyn IoEngine>> {
     }
 }
 
+/// Opens an existing cache file for reading (`flags` added, O_DIRECT say), only if it
+/// is a regular file: anything else put in its place (a FIFO, whose open or read would
+/// block for good; a directory; a link, not followed) is an `InvalidData` error, the
+/// same as a damaged file (black-box finding: a FIFO in the cache dir hung every reader
+/// of the block with no error). The descriptor is returned blocking again, as io_uring
+/// and the kernel's passthrough expect.
+pub fn open_regular(path: &std::path::Path, flags: i32) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let not_regular = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is {what}, not a cache file", path.display()),
+        )
+    };
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) => {
+            // O_DIRECT refuses a FIFO or a directory (EINVAL), O_NOFOLLOW a link
+            // (ELOOP): say what is there.
+            return Err(match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => not_regular("a symbolic link"),
+                Ok(m) if m.file_type().is_fifo() => not_regular("a FIFO"),
+                Ok(m) if !m.file_type().is_file() => not_regular("not a regular file"),
+                _ => e,
+            });
+        }
+    };
+    let t = file.metadata()?.file_type();
+    if !t.is_file() {
+        return Err(not_regular(match t.is_fifo() {
+            true => "a FIFO",
+            false => "not a regular file",
+        }));
+    }
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
 /// A new, empty read-write file in a new temporary directory, which lasts as long as
 /// the returned guard: the engines' tests' scratch file.
 #[cfg(test)]

@@ -245,7 +245,16 @@ fn index_err(e: rocksdb::Error) -> CacheError {
 fn is_integrity_failure(e: &CacheError) -> bool {
     match e {
         CacheError::Corrupt(_) => true,
-        CacheError::Io(e) => e.kind() == io::ErrorKind::NotFound,
+        // Gone, or something else in its place (`crate::io::open_regular`), or a
+        // directory a read cannot read (black-box finding: a block file replaced by a
+        // directory or a link was kept, every get a miss and every re-put "already
+        // present", until a restart).
+        CacheError::Io(e) => {
+            matches!(
+                e.kind(),
+                io::ErrorKind::NotFound | io::ErrorKind::InvalidData | io::ErrorKind::IsADirectory
+            ) || e.raw_os_error() == Some(libc::ELOOP)
+        }
         _ => false,
     }
 }
@@ -599,11 +608,8 @@ impl DiskTier {
         let path = block_path(&self.data_dir, id);
         let direct = self.direct;
         let file = blocking(move || {
-            let mut o = OpenOptions::new();
-            o.read(true);
             let direct = if direct { libc::O_DIRECT } else { 0 };
-            o.custom_flags(direct | libc::O_NOFOLLOW);
-            o.open(path)
+            crate::io::open_regular(&path, direct)
         })
         .await?;
         let file = Arc::new(file);
@@ -676,7 +682,12 @@ impl DiskTier {
     async fn discard_file(&self, id: u64) {
         self.fds.invalidate(&id);
         let path = block_path(&self.data_dir, id);
-        if let Err(e) = blocking(move || fs::remove_file(path)).await {
+        // A directory put in its place (a damaged cache dir) goes too, if empty.
+        let removed = blocking(move || match fs::remove_file(&path) {
+            Err(e) if e.kind() == io::ErrorKind::IsADirectory => fs::remove_dir(&path),
+            r => r,
+        });
+        if let Err(e) = removed.await {
             if e.kind() != io::ErrorKind::NotFound {
                 tracing::warn!(id, error = %e, "could not remove block file");
             }

@@ -134,7 +134,10 @@ async fn corrupt_and_check(mangle: impl FnOnce(&Path, &IndexEntry)) {
     // Detected, dropped, counted, never served.
     assert_eq!(get(&tier, &key).await, None);
     assert!(!tier.contains(&key).await);
-    assert!(!path.exists(), "bad block file deleted");
+    assert!(
+        fs::symlink_metadata(&path).is_err(),
+        "bad block file deleted"
+    );
     assert_eq!(tier.stats().errors, 1);
     assert_eq!(tier.used_bytes(), 5000);
     assert_eq!(get(&tier, &other).await, Some(data(5000, 2)));
@@ -159,6 +162,47 @@ fn flip(path: &Path, offset: u64) {
     let mut b = fs::read(path).expect("read");
     b[offset as usize] ^= 0x01;
     fs::write(path, b).expect("write");
+}
+
+/// Black-box finding: a block file replaced by a FIFO hung every get of it (the open
+/// waits for a writer), and one replaced by a directory or a link was kept (every get a
+/// miss, `contains` true, so a re-put answered "already present", until a restart).
+/// Each is dropped as damaged, within a bounded time.
+#[tokio::test]
+async fn a_fifo_directory_or_link_in_place_of_a_block_file_is_dropped() {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let ten = std::time::Duration::from_secs(10);
+    tokio::time::timeout(
+        ten,
+        corrupt_and_check(|p, _| {
+            fs::remove_file(p).expect("rm");
+            let c = CString::new(p.as_os_str().as_bytes()).expect("path");
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        }),
+    )
+    .await
+    .expect("a FIFO must not hang the get");
+    tokio::time::timeout(
+        ten,
+        corrupt_and_check(|p, _| {
+            fs::remove_file(p).expect("rm");
+            fs::create_dir(p).expect("mkdir");
+        }),
+    )
+    .await
+    .expect("bounded");
+    tokio::time::timeout(
+        ten,
+        corrupt_and_check(|p, _| {
+            let real = p.with_extension("real");
+            fs::rename(p, &real).expect("mv");
+            std::os::unix::fs::symlink(&real, p).expect("ln -s");
+        }),
+    )
+    .await
+    .expect("bounded");
 }
 
 #[tokio::test]
