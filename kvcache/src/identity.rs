@@ -15,6 +15,13 @@
 //! over a warm disk tier keeps them; an unreadable file is moved aside with an error in
 //! the log (the v2 keys still separate models) rather than stopping the service.
 //!
+//! The file is written at the first start too (empty), so that a file gone or
+//! unreadable at a later start means bindings lost, not never made. Then the KV blocks
+//! the cache recovered are dropped before the service serves
+//! ([`drop_blocks_if_bindings_lost`]): no binding guards them any more, and another
+//! model's client reusing their keys would load them (black-box finding: a truncated,
+//! garbled or deleted file let model B read model A's blocks, 3 of 3).
+//!
 //! A put that binds a namespace is acknowledged only once the binding is on disk
 //! ([`IdentityBindings::durable`]): the put's block survives a crash, so its binding
 //! must too (crash finding: a binding made less than a second before a kill -9 was
@@ -34,6 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use strata_cache_core::CacheEngine;
 
 use crate::error::{KvError, Result};
 
@@ -91,7 +99,16 @@ impl IdentityBindings {
     /// Bindings persisted in `file` (loaded now if it exists), or memory only.
     pub fn open(file: Option<PathBuf>) -> Self {
         let map = match &file {
-            Some(f) => load(f),
+            Some(f) => {
+                let map = load(f);
+                if !f.exists() {
+                    // From now on a missing file means lost bindings (module doc).
+                    if let Err(e) = write_atomically(f, encode(&HashMap::new()).as_bytes()) {
+                        tracing::error!(file = %f.display(), error = %e, "could not write the KV namespace identities file");
+                    }
+                }
+                map
+            }
             None => HashMap::new(),
         };
         IdentityBindings {
@@ -217,6 +234,35 @@ fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>) -> String {
     serde_json::json!({ "version": 1, "bindings": obj }).to_string()
 }
 
+/// Drops every KV block `engine` holds if the bindings that guarded them are lost:
+/// `file` missing, unreadable or corrupt while KV blocks were recovered (see the module
+/// doc). Call before the service opens the file (which writes a missing one and moves a
+/// corrupt one aside) and before it serves. Returns the blocks dropped.
+pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> usize {
+    let intact = match std::fs::read_to_string(file) {
+        Ok(text) => parse(&text).is_some(),
+        Err(_) => false,
+    };
+    if intact {
+        return 0;
+    }
+    let blocks = engine.resident_kv();
+    if blocks.is_empty() {
+        return 0;
+    }
+    tracing::error!(file = %file.display(), blocks = blocks.len(),
+        "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model");
+    let mut dropped = 0;
+    for (key, _) in blocks {
+        match engine.remove(&key).await {
+            Ok(true) => dropped += 1,
+            Ok(false) => {}
+            Err(e) => tracing::error!(%key, error = %e, "could not drop an unguarded KV block"),
+        }
+    }
+    dropped
+}
+
 fn load(file: &Path) -> HashMap<Arc<str>, IdentityDigest> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
@@ -335,6 +381,65 @@ mod tests {
             .expect("same identity");
         b.durable(again.expect("generation")).await;
         assert_eq!(b.writes(), writes);
+    }
+
+    /// Black-box finding: with the bindings file truncated, garbled or deleted while
+    /// the daemon was down, it started with the blocks and without their bindings, and
+    /// another model's client loaded them. The blocks go with the bindings; an intact
+    /// file (an empty one included, as the first start writes) keeps them.
+    #[tokio::test]
+    async fn blocks_are_dropped_when_their_bindings_are_lost() {
+        use strata_cache_core::tiers::MemoryTier;
+        use strata_cache_core::{AccessContext, CacheKey};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine");
+        let key = CacheKey::kv("team", b"h1".to_vec());
+        let fill = || async {
+            engine
+                .put(
+                    &key,
+                    bytes::Bytes::from_static(b"model A's kv"),
+                    &AccessContext::default(),
+                )
+                .await
+                .expect("put");
+        };
+        // First start: no file yet, nothing held: nothing dropped, the file is written.
+        assert_eq!(drop_blocks_if_bindings_lost(&f, &engine).await, 0);
+        let b = IdentityBindings::open(Some(f.clone()));
+        assert!(f.exists(), "written at the first start");
+        b.check(&Arc::from("team"), Some(&A), true).expect("bind");
+        b.write(&f);
+        fill().await;
+        // A restart with the file intact keeps the block.
+        assert_eq!(drop_blocks_if_bindings_lost(&f, &engine).await, 0);
+        assert!(engine.contains(&key));
+        for damage in ["truncate", "garble", "delete"] {
+            match damage {
+                "truncate" => std::fs::write(&f, b"{\"version\": 1, \"bind").expect("write"),
+                "garble" => std::fs::write(&f, [0xffu8; 64]).expect("write"),
+                _ => std::fs::remove_file(&f).expect("rm"),
+            }
+            assert_eq!(
+                drop_blocks_if_bindings_lost(&f, &engine).await,
+                1,
+                "{damage}"
+            );
+            assert!(
+                !engine.contains(&key),
+                "{damage}: no unguarded block is kept"
+            );
+            // The service then starts afresh (the damaged file moved aside).
+            let b = IdentityBindings::open(Some(f.clone()));
+            assert_eq!(b.bound("team"), None);
+            b.check(&Arc::from("team"), Some(&A), true).expect("bind");
+            b.write(&f);
+            fill().await;
+        }
     }
 
     #[test]

@@ -178,6 +178,9 @@ pub(crate) async fn start(
     if server.identity_file.is_none() {
         server.identity_file = Some(cache_dir.join("kv-identities.json"));
     }
+    if let Some(file) = &server.identity_file {
+        strata_kvcache::identity::drop_blocks_if_bindings_lost(file, &engine).await;
+    }
     let service = KvService::new(engine, server);
     // Same-host clients may then read GPU-tier blocks by device handle (before the side
     // socket serves, so every session's hello carries the device memory).
