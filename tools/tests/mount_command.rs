@@ -228,3 +228,50 @@ fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
     assert!(!left, "the next mount removed the interrupted upload");
     assert!(!src.join("big.bin").exists(), "no object appeared");
 }
+
+/// Black-box finding: SIGHUP (a closed terminal, `kill -HUP`) ended the daemon at once
+/// (exit 129) and left its mount failing with ENOTCONN; it now stops as SIGTERM does:
+/// the mount goes, the exit is clean.
+#[test]
+fn sighup_stops_the_daemon_and_unmounts() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("a.txt"), b"x").expect("write");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let mut daemon = Command::new(strata())
+        .args(["mount", &format!("file://{}", src.display())])
+        .arg(&mnt)
+        .args(["--foreground", "--cache-dir"])
+        .arg(dir.path().join("cache"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(&mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = daemon.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = daemon.kill();
+            unmount(&mnt);
+            panic!("the daemon did not stop on SIGHUP");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let left = mounts_at(&mnt);
+    unmount(&mnt);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(left, 0, "the mount went with the daemon");
+}

@@ -20,6 +20,18 @@ use crate::admin::fetch_stats;
 use crate::commands::stats::render;
 use crate::config::{AdminConfig, CacheConfig, KvConfig, MountConfig, StoreConfig, StrataConfig};
 
+/// A progress line: on stdout for a reader, on stderr with `--json` so that stdout is
+/// the JSON alone (black-box finding: `strata demo --json | jq` failed).
+macro_rules! progress {
+    ($json:expr, $($arg:tt)*) => {
+        if $json {
+            eprintln!($($arg)*);
+        } else {
+            println!($($arg)*);
+        }
+    };
+}
+
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Where to generate the sample dataset (default: a temp dir).
@@ -51,7 +63,8 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| temp.path().join("dataset"));
     let files = generate_dataset(&data_dir, args.files)?;
-    println!(
+    progress!(
+        args.json,
         "sample dataset: {} files in {}",
         files.len(),
         data_dir.display()
@@ -104,7 +117,8 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
 async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> anyhow::Result<()> {
     wait_for(|| mountpoint.join("train").is_dir(), "the mount").await?;
     wait_for(|| socket.exists(), "the KV socket").await?;
-    println!(
+    progress!(
+        json,
         "daemon up: mount at {}, KV service on {}, admin on {admin}",
         mountpoint.display(),
         socket.display()
@@ -114,7 +128,8 @@ async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> 
     for epoch in 1..=2 {
         let root = mountpoint.to_path_buf();
         let (n, bytes, secs) = tokio::task::spawn_blocking(move || read_tree(&root)).await??;
-        println!(
+        progress!(
+            json,
             "mount epoch {epoch}: {n} files, {:.1} MiB in {secs:.3} s ({:.0} MiB/s)",
             bytes as f64 / (1 << 20) as f64,
             bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
@@ -150,7 +165,7 @@ async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> 
             }
         }
     }
-    println!("kv: 8 requests, {reused} of {total} prefix blocks reused from the cache instead of recomputed");
+    progress!(json, "kv: 8 requests, {reused} of {total} prefix blocks reused from the cache instead of recomputed");
 
     let stats = fetch_stats(&format!("http://{admin}")).await?;
     if json {

@@ -20,12 +20,22 @@ pub struct StatsArgs {
     pub json: bool,
     /// Redraw every SECS seconds until interrupted (rates are per second over the
     /// last interval).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = parse_watch)]
     pub watch: Option<f64>,
     /// Every node of the daemon's cache group: its share of the keys, the peer bytes
     /// in and out, the store bytes the group saved.
     #[arg(long, conflicts_with = "watch")]
     pub cluster: bool,
+}
+
+/// `--watch SECS`: a finite interval from 0.1 s to a day (black-box finding: `inf`
+/// panicked converting it to a duration, `nan` redrew ten times a second).
+fn parse_watch(text: &str) -> Result<f64, String> {
+    let secs: f64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if !(0.1..=86_400.0).contains(&secs) {
+        return Err(format!("{text:?}: must be between 0.1 and 86400 seconds"));
+    }
+    Ok(secs)
 }
 
 pub fn run(args: StatsArgs) -> anyhow::Result<()> {
@@ -518,6 +528,15 @@ fn render_kv(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Ra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_takes_a_finite_interval_only() {
+        assert_eq!(super::parse_watch("1"), Ok(1.0));
+        assert_eq!(super::parse_watch("0.5"), Ok(0.5));
+        for bad in ["inf", "1e20", "nan", "0", "-1", "x"] {
+            assert!(super::parse_watch(bad).is_err(), "{bad}");
+        }
+    }
     use strata_cache_core::stats::TierStatsSnapshot;
 
     #[test]

@@ -115,7 +115,7 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     let tier_bytes = disk_bytes - passthrough_budget;
     let disk = if tier_bytes > 0 {
         let d = Arc::new(
-            DiskTier::open(cache_dir.join("blocks"), tier_bytes, DiskOptions::default())
+            open_disk_tier(&cache_dir.join("blocks"), tier_bytes)
                 .with_context(|| format!("opening disk tier in {}", cache_dir.display()))?,
         );
         levels.push(level(d.clone(), tier_bytes)?);
@@ -142,12 +142,61 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         gpu,
         memory,
         disk,
-        block_size: parse_size(&cfg.block_size)?,
+        block_size: checked_block_size(&cfg.block_size)?,
         granularity,
         cache_dir,
         local_files,
         _temp: temp,
     })
+}
+
+/// How long a start waits for the disk tier's index lock held by a daemon that is
+/// ending: 5 s. `fusermount3 -u` returns before the old daemon has closed its index
+/// (about 1.4 s later), so `fusermount3 -u M && strata mount ... M` over the same
+/// cache dir failed on the lock (black-box finding); a daemon still running holds it
+/// past the wait and the start fails with the lock's error, as before.
+const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn open_disk_tier(dir: &std::path::Path, bytes: u64) -> strata_cache_core::Result<DiskTier> {
+    let deadline = std::time::Instant::now() + INDEX_LOCK_WAIT;
+    loop {
+        match DiskTier::open(dir, bytes, DiskOptions::default()) {
+            Err(e) if is_lock_held(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// RocksDB's error for a LOCK file another process (or this one) holds.
+fn is_lock_held(e: &strata_cache_core::CacheError) -> bool {
+    let text = e.to_string();
+    text.contains("LOCK")
+        && (text.contains("Resource temporarily unavailable")
+            || text.contains("lock hold by current process"))
+}
+
+/// Smallest block: 64 KiB (JuiceFS's floor too). Below it every read costs a request
+/// and a cached block per few KiB: a 3 MB file read with 3-byte blocks hung for
+/// minutes, ran out of descriptors and took 1 GB (black-box finding). Small random
+/// reads get sub-block units anyway (`[cache] read_units`).
+const MIN_BLOCK_SIZE: u64 = 64 << 10;
+/// Largest block: 64 MiB. One block is fetched and held whole per miss: above it a
+/// single small read would pull that much from the store and the memory tier would
+/// hold very few blocks.
+const MAX_BLOCK_SIZE: u64 = 64 << 20;
+
+/// `[cache] block_size`, within [`MIN_BLOCK_SIZE`]..=[`MAX_BLOCK_SIZE`].
+fn checked_block_size(text: &str) -> anyhow::Result<u64> {
+    let bs = parse_size(text)?;
+    if !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) {
+        anyhow::bail!(
+            "[cache] block_size {text:?}: must be between 64KiB and 64MiB (default {})",
+            strata_cache_core::DEFAULT_BLOCK_SIZE
+        );
+    }
+    Ok(bs)
 }
 
 /// The part of a disk budget of `disk_bytes` that passthrough copies may use: a
@@ -197,6 +246,50 @@ mod tests {
             disk: "4MiB".into(),
             ..CacheConfig::default()
         }
+    }
+
+    /// Black-box finding: a 3-byte block size was taken and a 3 MB read hung.
+    #[test]
+    fn a_block_size_outside_64kib_to_64mib_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for bad in ["3", "64", "32KiB", "128MiB"] {
+            let c = CacheConfig {
+                block_size: bad.into(),
+                ..cfg(dir.path())
+            };
+            let e = open_core(&c).err().expect(bad).to_string();
+            assert!(e.contains("between 64KiB and 64MiB"), "{bad}: {e}");
+        }
+        for good in ["64KiB", "4MiB", "64MiB"] {
+            let c = CacheConfig {
+                block_size: good.into(),
+                ..cfg(dir.path())
+            };
+            let core = open_core(&c).expect(good);
+            drop(core);
+        }
+    }
+
+    /// Black-box finding: `fusermount3 -u M && strata mount ... M` on the same cache dir
+    /// failed on the index lock the ending daemon still held for ~1.4 s. A start waits
+    /// for it; a holder that stays past the wait still fails the start.
+    #[test]
+    fn a_start_waits_for_the_index_lock_of_a_daemon_that_is_ending() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let blocks = dir.path().join("blocks");
+        let held = open_disk_tier(&blocks, 4 << 20).expect("first");
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            drop(held);
+        });
+        let second = open_disk_tier(&blocks, 4 << 20);
+        releaser.join().expect("join");
+        let second = second.expect("opened once the first let go");
+        let started = std::time::Instant::now();
+        let third = open_disk_tier(&blocks, 4 << 20);
+        assert!(third.is_err(), "a live holder still fails the start");
+        assert!(started.elapsed() >= INDEX_LOCK_WAIT);
+        drop(second);
     }
 
     fn with_gpu(dir: &std::path::Path, gpu: &str, device: &str) -> CacheConfig {

@@ -340,9 +340,21 @@ async fn wait_for_signal() {
             return;
         }
     };
+    // SIGHUP too (a closed terminal, `kill -HUP`): its default would end the daemon
+    // without unmounting, leaving the mount failing with ENOTCONN (black-box finding).
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let hangup = async {
+        match hup.as_mut() {
+            Some(h) => {
+                h.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = hangup => {}
     }
 }
 
