@@ -214,6 +214,76 @@ async fn a_silent_store_fails_requests_at_once_for_a_pause() {
     );
 }
 
+/// Black-box finding: one object whose GET stalled made the whole store "silent": for
+/// the next 10 s every read of healthy files failed at once, though the store answered
+/// hundreds of GETs meanwhile. Only a deadline with no answer to anyone pauses it.
+#[tokio::test]
+async fn one_stuck_object_does_not_pause_a_store_that_answers() {
+    let retry = RetryPolicy {
+        attempts: 2,
+        attempt_timeout: Duration::from_millis(300),
+        total_timeout: Duration::from_millis(400),
+        silent_pause: Duration::from_secs(10),
+        ..quick_retry()
+    };
+    let (store, f, _) = faulty_holding_with(
+        retry,
+        FaultConfig::default(),
+        "ok",
+        Bytes::from_static(b"fine"),
+    )
+    .await;
+    store
+        .put("stuck", Bytes::from_static(b"slow"))
+        .await
+        .expect("put");
+    let stuck = store.head("stuck").await.expect("head");
+    let ok = store.head("ok").await.expect("head");
+    f.set_config(FaultConfig {
+        hang_key: Some("stuck".into()),
+        ..Default::default()
+    });
+    // Other readers are answered while the stuck GET waits out its deadline.
+    let (s2, ok2) = (store.clone(), ok.clone());
+    let others = tokio::spawn(async move {
+        for _ in 0..8 {
+            s2.get_range(&ok2, 0..4).await.expect("a healthy object");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert!(matches!(
+        store.get_range(&stuck, 0..4).await,
+        Err(CacheError::StoreTimeout { .. })
+    ));
+    others.await.expect("others");
+    assert_eq!(
+        store
+            .get_range(&ok, 0..4)
+            .await
+            .expect("the store is not paused"),
+        Bytes::from_static(b"fine")
+    );
+}
+
+/// Black-box finding: two bodies cut short in a row failed a read with EIO, while two
+/// 500s or resets in the same place were retried unnoticed. A short body is retried
+/// like them, and only bytes of the asked length are ever returned.
+#[tokio::test]
+async fn short_bodies_are_retried_like_other_transient_faults() {
+    let data = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let (store, f, obj) = faulty_holding(FaultConfig::default(), "a", data.clone()).await;
+    f.cut_next(2);
+    assert_eq!(
+        store.get_range(&obj, 0..20_000).await.expect("retried"),
+        data
+    );
+    f.cut_next(100);
+    assert!(
+        store.get_range(&obj, 0..20_000).await.is_err(),
+        "a store that keeps cutting fails the read, never returns short bytes"
+    );
+}
+
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =

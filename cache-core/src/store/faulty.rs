@@ -35,6 +35,9 @@ pub struct FaultConfig {
     pub fail_every: u64,
     /// Every n-th read hangs until the caller's timeout (0: never).
     pub hang_every: u64,
+    /// Reads of keys containing this text hang until the caller's timeout (one stuck
+    /// object in a store that answers everything else).
+    pub hang_key: Option<String>,
     /// All reads fail while set (a store that is down).
     pub down: bool,
     /// A key the store holds that `object_store` cannot name (as S3's `d//x`, with an
@@ -90,6 +93,8 @@ pub struct FaultyStore {
     reads: AtomicU64,
     /// The next this-many reads fail with a transient error (see [`Self::fail_next`]).
     burst: AtomicU64,
+    /// GETs still to answer with their body cut in half ([`Self::cut_next`]).
+    cut: AtomicU64,
     link_free_at: Mutex<Option<Instant>>,
     gets: GetCounters,
     /// Multipart upload parts sent (not failed by injection).
@@ -174,6 +179,7 @@ impl FaultyStore {
             config: Arc::new(Mutex::new(config)),
             reads: AtomicU64::new(0),
             burst: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
             link_free_at: Mutex::new(None),
             gets: GetCounters::default(),
             parts_put: Arc::default(),
@@ -230,6 +236,12 @@ impl FaultyStore {
         self.burst.store(n, Ordering::Relaxed);
     }
 
+    /// Makes the next `n` ranged GETs answer with half their body and a success (a
+    /// connection closed early whose length agreed with what arrived).
+    pub fn cut_next(&self, n: u64) {
+        self.cut.store(n, Ordering::Relaxed);
+    }
+
     /// Reads (gets and listings) seen so far, injected failures included.
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
@@ -249,7 +261,11 @@ impl FaultyStore {
         if in_burst || cfg.down || (cfg.fail_every > 0 && n.is_multiple_of(cfg.fail_every)) {
             return Err(injected(location, "injected 503 Service Unavailable"));
         }
-        if cfg.hang_every > 0 && n.is_multiple_of(cfg.hang_every) {
+        let stuck = cfg
+            .hang_key
+            .as_deref()
+            .is_some_and(|k| location.contains(k));
+        if stuck || (cfg.hang_every > 0 && n.is_multiple_of(cfg.hang_every)) {
             // Hang "forever": the caller's per-attempt timeout must cut this short.
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
@@ -445,7 +461,14 @@ impl ObjectStore for FaultyStore {
         let range: Range<u64> = result.range.clone();
         let attributes = result.attributes.clone();
         let extensions = result.extensions.clone();
-        let body: Bytes = result.bytes().await?;
+        let mut body: Bytes = result.bytes().await?;
+        let cut = self
+            .cut
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(1))
+            .is_ok();
+        if cut {
+            body.truncate(body.len() / 2);
+        }
         self.transfer(body.len() as u64, &cfg).await;
         let g = &self.gets;
         g.count.fetch_add(1, Ordering::Relaxed);
