@@ -314,8 +314,9 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
 /// cap, connections that never close exhausted them and the daemon stopped answering
 /// anyone (KV clients included).
 pub const ADMIN_MAX_CONNECTIONS: usize = 256;
-/// A new admin connection must send its first [`ADMIN_FIRST_BYTES`] within this long or
-/// is closed: 10 s, while a live HTTP client sends its request at once.
+/// A new admin connection must send its first [`ADMIN_FIRST_BYTES`], and its whole
+/// first request head, within this long or is closed: 10 s, while a live HTTP client
+/// sends its request at once.
 pub const ADMIN_FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The shortest HTTP/1 request line (`GET / HTTP/1.1\r\n`).
 pub const ADMIN_FIRST_BYTES: usize = 16;
@@ -375,7 +376,7 @@ pub async fn serve_gated(
 ) -> anyhow::Result<()> {
     let listener = GatedListener {
         inner: listener,
-        gate: Gate::new(
+        gate: Gate::http1(
             "admin",
             max_connections,
             ADMIN_FIRST_BYTES,
