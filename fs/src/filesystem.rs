@@ -318,6 +318,10 @@ struct Node {
     /// The size the kernel was last told for this file (it may cache it for the TTL);
     /// None: not told yet.
     told_size: Option<u64>,
+    /// The store version this inode stands for (a file looked up from the store; None
+    /// for directories and files being written). Another version of the path is
+    /// another inode (see [`InodeTable::intern`]).
+    version: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -353,19 +357,45 @@ impl InodeTable {
                 generation: 1,
                 lookups: 1,
                 told_size: None,
+                version: None,
             },
         );
         t.by_path.insert(root, ROOT_INO);
         t
     }
 
-    /// The inode of `path` as `kind`, created if new (or if the path changed kind);
+    /// The inode of `path` as `kind`, created if new (or if the path changed kind, or,
+    /// for a lookup, names another store `version` than its inode stands for);
     /// `reference`: the reply hands the kernel a reference (a LOOKUP reply).
-    fn intern(&mut self, path: &Arc<str>, kind: Kind, reference: bool) -> (u64, u64) {
+    ///
+    /// A new version is a new inode, as a file replaced by a rename is on a local disk:
+    /// the kernel keeps one page cache and one passthrough backing file per inode, so
+    /// handles of two versions on one inode mixed them (black-box findings: a handle of
+    /// the old version read the new version's bytes another reader had brought into
+    /// the page cache, first half old, second half new; and while one handle held the
+    /// old version's passthrough copy, every new open was served that copy, the old
+    /// bytes, for as long as it stayed open). The old inode lives on for its handles
+    /// until the kernel forgets it; the path names the new one from its next lookup.
+    fn intern(
+        &mut self,
+        path: &Arc<str>,
+        kind: Kind,
+        version: Option<&Arc<str>>,
+        reference: bool,
+    ) -> (u64, u64) {
         if let Some(&ino) = self.by_path.get(path) {
             if let Some(n) = self.nodes.get_mut(&ino) {
-                if n.kind == kind || ino == ROOT_INO {
+                let same_version = match (&n.version, version) {
+                    (Some(had), Some(now)) => had == now,
+                    _ => true,
+                };
+                // Only a lookup moves the path to a new inode: an attribute request
+                // names an inode the kernel holds, which stays what it is.
+                if (n.kind == kind && (same_version || !reference)) || ino == ROOT_INO {
                     n.lookups += u64::from(reference);
+                    if same_version && version.is_some() {
+                        n.version = version.cloned();
+                    }
                     return (ino, n.generation);
                 }
             }
@@ -387,6 +417,7 @@ impl InodeTable {
                 generation: 1,
                 lookups: u64::from(reference),
                 told_size: None,
+                version: version.cloned(),
             },
         );
         self.by_path.insert(path.clone(), ino);
@@ -849,9 +880,14 @@ impl FsCore {
             Meta::Dir => Kind::Dir,
             Meta::Missing => return Err(Error::NotFound(path.to_string())),
         };
+        // A file being written stands for no store version yet.
+        let version = match meta {
+            Meta::File(obj) if self.written_meta(path).is_none() => Some(&obj.version),
+            _ => None,
+        };
         let (ino, generation) = {
             let mut inodes = self.inodes.write();
-            let (ino, generation) = inodes.intern(path, kind, reference);
+            let (ino, generation) = inodes.intern(path, kind, version, reference);
             if let (Meta::File(obj), Some(node)) = (meta, inodes.nodes.get_mut(&ino)) {
                 node.told_size = Some(obj.size);
             }
@@ -1038,6 +1074,19 @@ impl FsCore {
     /// Current attributes of `ino` (re-resolved after the TTL).
     pub async fn getattr(&self, ino: u64) -> Result<Entry> {
         let node = self.node(ino)?;
+        let superseded = self.inodes.read().by_path.get(&node.path) != Some(&ino);
+        if superseded && node.kind == Kind::File {
+            // A newer version of its path took another inode ([`InodeTable::intern`]);
+            // this one stands for the version its handles opened, as a local file
+            // replaced by a rename does for the descriptors open on it.
+            if let Some(meta) = self.open_meta(ino) {
+                return Ok(Entry {
+                    attr: self.attr_of(ino, &meta),
+                    generation: node.generation,
+                    ttl: self.ttl(),
+                });
+            }
+        }
         let meta = match self.meta(&node.path).await? {
             // An fstat of a file deleted from the store while open (the kernel sends no
             // handle with it): as it was opened, as for a local file unlinked while open.

@@ -349,6 +349,67 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
     .expect("bounded");
 }
 
+/// Black-box findings: the kernel keeps one page cache and one passthrough backing
+/// file per inode, so two versions on one inode mixed: a handle of the old version
+/// read the new version's bytes another reader had brought into the page cache, and
+/// while one handle held the old version's passthrough copy every new open was served
+/// the old bytes. A lookup that finds a new version now answers another inode; the
+/// old one stands for its handles' version until the kernel forgets it.
+#[tokio::test]
+async fn a_new_version_is_a_new_inode_and_the_old_one_keeps_its_version() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let old = c.lookup(dir.attr.ino, "small").await.expect("small");
+        let h = c.open(old.attr.ino, false).await.expect("open");
+        assert_eq!(
+            c.read(h.fh, 0, 10, 1).await.expect("old bytes"),
+            data(1000, 3).slice(0..10)
+        );
+        let same = c.lookup(dir.attr.ino, "small").await.expect("again");
+        assert_eq!(
+            same.attr.ino, old.attr.ino,
+            "the same version keeps its number"
+        );
+        fx.store
+            .put("dir/small", data(3000, 9))
+            .await
+            .expect("replace");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let new = c.lookup(dir.attr.ino, "small").await.expect("new version");
+        assert_ne!(new.attr.ino, old.attr.ino, "a new version is a new inode");
+        assert_eq!(new.attr.size, 3000);
+        let h2 = c.open(new.attr.ino, false).await.expect("open new");
+        assert_eq!(
+            c.read(h2.fh, 0, 3000, 1).await.expect("new bytes"),
+            data(3000, 9)
+        );
+        // The old inode is its handle's version: its size, its bytes (or ESTALE,
+        // never the new version's bytes).
+        assert_eq!(
+            c.getattr(old.attr.ino).await.expect("old attrs").attr.size,
+            1000
+        );
+        match c.read(h.fh, 0, 10, 1).await {
+            Ok(b) => assert_eq!(b, data(1000, 3).slice(0..10)),
+            Err(e) => assert_eq!(e.errno(), libc::ESTALE),
+        }
+        assert_eq!(
+            c.getattr(new.attr.ino).await.expect("new attrs").attr.size,
+            3000
+        );
+        c.release(h.fh);
+        c.release(h2.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Records the inodes whose attributes the core tells the kernel to drop.
 fn record_invalidations(c: &strata_fs::FsCore) -> Arc<std::sync::Mutex<Vec<u64>>> {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));

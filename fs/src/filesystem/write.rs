@@ -800,7 +800,7 @@ impl FsCore {
             }
             _ => {}
         }
-        let (ino, generation) = self.inodes.write().intern(&path, Kind::File, true);
+        let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         let staged = writes.stage(&path, pid)?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged.clone());
