@@ -204,6 +204,11 @@ async fn a_silent_store_fails_requests_at_once_for_a_pause() {
         other => panic!("expected an immediate failure, got {other:?}"),
     }
     assert!(t.elapsed() < Duration::from_millis(100), "at once");
+    assert_eq!(
+        store.failures(),
+        2,
+        "both failures are counted (strata stats)"
+    );
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(
         store

@@ -684,6 +684,11 @@ pub struct Counters {
     /// ...and handles that found their version replaced in the store before serving a
     /// byte, and went on with the new version instead of failing with ESTALE.
     pub handles_renewed: AtomicU64,
+    /// Reads that failed (EIO, ENOENT...), of which...
+    pub read_errors: AtomicU64,
+    /// ...ESTALE: the handle's version was replaced or superseded (black-box finding:
+    /// reads failed with EIO and nothing in `strata stats` or `/metrics` moved).
+    pub read_stale: AtomicU64,
 }
 
 impl FsCore {
@@ -800,6 +805,11 @@ impl FsCore {
 
     pub fn options(&self) -> &CoreOptions {
         &self.opts
+    }
+
+    /// Store requests of this mount that failed after their retries.
+    pub fn store_failures(&self) -> u64 {
+        self.reader.store().failures()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -1270,6 +1280,23 @@ impl FsCore {
     /// Reads `size` bytes at `offset` of open file `fh` for thread `pid` (the FUSE
     /// request's pid, a TID; 0: unknown), on behalf of its job ([`Self::job_of`]).
     pub async fn read(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        pid: u32,
+    ) -> Result<Bytes> {
+        let r = self.read_counted(fh, offset, size, pid).await;
+        if let Err(e) = &r {
+            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            if e.errno() == libc::ESTALE {
+                self.counters.read_stale.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    async fn read_counted(
         self: &Arc<Self>,
         fh: u64,
         offset: u64,

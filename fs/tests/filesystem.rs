@@ -323,6 +323,10 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
         // are cached: its bytes would land in the page cache the new handles read.
         let err = c.read(old.fh, 0, 10, 1).await.expect_err("superseded");
         assert_eq!(err.errno(), libc::ESTALE);
+        // Counted, for `strata stats` and /metrics (black-box finding: failed reads
+        // moved no figure).
+        assert_eq!(c.counters().read_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(c.counters().read_stale.load(Ordering::Relaxed), 1);
         assert_eq!(
             c.read(again.fh, 0, 10, 1)
                 .await

@@ -68,6 +68,15 @@ pub struct MountStats {
     pub uploads_streamed: u64,
     pub deletes: u64,
     pub renames: u64,
+    /// Reads that failed, of which ESTALE (a replaced version).
+    #[serde(default)]
+    pub read_errors: u64,
+    #[serde(default)]
+    pub read_stale: u64,
+    /// Store requests that failed after their retries (or at once while the store
+    /// was paused as silent), and ranged GETs that returned data.
+    #[serde(default)]
+    pub store_failures: u64,
 }
 
 impl MountStats {
@@ -92,6 +101,9 @@ impl MountStats {
             uploads_streamed: c.uploads_streamed.load(Relaxed),
             deletes: c.deletes.load(Relaxed),
             renames: c.renames.load(Relaxed),
+            read_errors: c.read_errors.load(Relaxed),
+            read_stale: c.read_stale.load(Relaxed),
+            store_failures: core.store_failures(),
         }
     }
 }
@@ -508,6 +520,24 @@ fn render_mount_metrics(reg: &mut Registry, mounts: &[MountInfo]) {
         "mount_upload_failures",
         "Uploads that failed (their close or fsync returned the error)",
         |m| m.upload_failures,
+    );
+    family(
+        reg,
+        "mount_read_errors",
+        "Reads through the mount that failed (EIO, ESTALE, ...)",
+        |m| m.read_errors,
+    );
+    family(
+        reg,
+        "mount_read_stale",
+        "Reads that failed with ESTALE: the handle's version was replaced",
+        |m| m.read_stale,
+    );
+    family(
+        reg,
+        "mount_store_failures",
+        "Store requests of the mount that failed after their retries",
+        |m| m.store_failures,
     );
     family(
         reg,

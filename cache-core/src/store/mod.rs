@@ -164,6 +164,8 @@ pub struct BackingStore {
 pub struct StoreReads {
     pub gets: std::sync::atomic::AtomicU64,
     pub bytes: std::sync::atomic::AtomicU64,
+    /// Requests that failed after their retries (or at once, the store paused).
+    pub failures: std::sync::atomic::AtomicU64,
 }
 
 impl StoreReads {
@@ -276,6 +278,14 @@ impl BackingStore {
             }
         }
         cleaned
+    }
+
+    /// Requests through this handle or its clones that failed after their retries
+    /// (a missing object is an answer, not a failure).
+    pub fn failures(&self) -> u64 {
+        self.reads
+            .failures
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Ranged GETs that returned data through this handle or its clones, and their
@@ -976,6 +986,9 @@ impl BackingStore {
     {
         let silent = *self.silent_until.lock();
         if silent.is_some_and(|t| tokio::time::Instant::now() < t) {
+            self.reads
+                .failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(CacheError::Store {
                 attempts: 0,
                 message: format!(
@@ -998,6 +1011,14 @@ impl BackingStore {
             }
         })
         .await;
+        if matches!(
+            r,
+            Err(CacheError::Store { .. } | CacheError::StoreTimeout { .. })
+        ) {
+            self.reads
+                .failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let pause = self.retry.silent_pause;
         // Silent means no answer to anyone meanwhile (black-box finding: one object's
         // stalled GET paused the whole store for 10 s, 131 reads of healthy files

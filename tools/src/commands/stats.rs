@@ -317,6 +317,13 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
                 st.prefetch_files_wasted,
                 st.passthrough_opens,
             );
+            if st.read_errors > 0 || st.store_failures > 0 {
+                let _ = writeln!(
+                    o,
+                    "  failed: {} reads ({} ESTALE), {} store requests",
+                    st.read_errors, st.read_stale, st.store_failures,
+                );
+            }
             if st.writable {
                 let _ = writeln!(
                     o,
