@@ -645,9 +645,21 @@ pub struct FsCore {
     /// prefetch backlog bound: they share the store link).
     demand_in_flight: AtomicU64,
     counters: Counters,
+    /// FLUSH and FSYNC requests of write handles being served (each may be uploading):
+    /// an unmount waits for them (see [`crate::MountHandle::unmount`]).
+    flushes: Arc<AtomicU64>,
     /// Files being written and directories made here; None: a read-only mount (also
     /// when the staging directory could not be used).
     writes: Option<write::Writes>,
+}
+
+/// A FLUSH or FSYNC being served ([`FsCore::flush_guard`]).
+pub struct FlushGuard(Arc<AtomicU64>);
+
+impl Drop for FlushGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// What the core has done, for tests and stats.
@@ -775,6 +787,7 @@ impl FsCore {
             jobs,
             demand_in_flight: AtomicU64::new(0),
             counters: Counters::default(),
+            flushes: Arc::default(),
         }
     }
 
@@ -805,6 +818,18 @@ impl FsCore {
 
     pub fn options(&self) -> &CoreOptions {
         &self.opts
+    }
+
+    /// Marks a FLUSH or FSYNC of a write handle as being served until the guard is
+    /// dropped (after its reply is sent).
+    pub fn flush_guard(&self) -> FlushGuard {
+        self.flushes.fetch_add(1, Ordering::AcqRel);
+        FlushGuard(self.flushes.clone())
+    }
+
+    /// FLUSH and FSYNC requests of write handles being served now.
+    pub fn flushes_in_flight(&self) -> u64 {
+        self.flushes.load(Ordering::Acquire)
     }
 
     /// Store requests of this mount that failed after their retries.

@@ -157,6 +157,7 @@ impl FuseFs {
             return reply.ok();
         }
         let core = self.core.clone();
+        let serving = core.flush_guard();
         self.dispatch(async move {
             let done = match close_by {
                 Some(pid) => core.close(fh.0, pid).await,
@@ -166,6 +167,7 @@ impl FuseFs {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(&e, op)),
             }
+            drop(serving);
         });
     }
 }

@@ -363,6 +363,19 @@ impl MountHandle {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        // A close or fsync uploading a file is let finish, bounded, before the
+        // connection goes (black-box finding: SIGTERM 1 s into the close of a file on a
+        // slow store aborted the connection; close() returned ECONNABORTED while the
+        // upload landed, and a retry without --allow-overwrite then met EEXIST).
+        if let Some(core) = &self.core {
+            let deadline = std::time::Instant::now() + FLUSH_WAIT;
+            if core.flushes_in_flight() > 0 {
+                tracing::info!(mountpoint = %self.mountpoint.display(), "waiting for uploads in progress before unmounting");
+            }
+            while core.flushes_in_flight() > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let mut result = Ok(());
         if !session.guard.is_finished() {
             match umount2(&self.mountpoint, 0) {
@@ -402,6 +415,11 @@ impl MountHandle {
         result
     }
 }
+
+/// How long an unmount waits for closes and fsyncs that are uploading: 20 s, inside
+/// the 30 s a container runtime gives a stopping process before SIGKILL, and longer
+/// than a checkpoint shard's upload on a healthy link.
+const FLUSH_WAIT: Duration = Duration::from_secs(20);
 
 impl Drop for MountHandle {
     fn drop(&mut self) {
