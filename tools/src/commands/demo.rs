@@ -49,10 +49,37 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run_async(args))
+    if !args.json {
+        return rt.block_on(run_async(args)).map(|_| ());
+    }
+    // With --json, stdout is the JSON alone: what the in-process daemon prints as it
+    // starts (its listeners, "ready") goes to stderr meanwhile (black-box finding:
+    // `strata demo --json | jq` failed on those lines).
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: dup/dup2 of the process's standard descriptors; no memory is passed.
+    let saved = unsafe { libc::dup(1) };
+    if saved >= 0 {
+        // SAFETY: as above.
+        unsafe { libc::dup2(2, 1) };
+    }
+    let result = rt.block_on(run_async(args));
+    let _ = std::io::stdout().flush();
+    if saved >= 0 {
+        // SAFETY: as above; `saved` is ours to close.
+        unsafe {
+            libc::dup2(saved, 1);
+            libc::close(saved);
+        }
+    }
+    if let Some(json) = result? {
+        println!("{json}");
+    }
+    Ok(())
 }
 
-async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
+/// Runs the demo; with `--json`, returns the final stats as JSON instead of printing.
+async fn run_async(args: DemoArgs) -> anyhow::Result<Option<String>> {
     if args.files == 0 {
         // The demo waits for its dataset's directory to show in the mount.
         anyhow::bail!("--files must be at least 1: the demo reads the dataset it makes");
@@ -105,16 +132,21 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
     let result = workload(&mountpoint, &socket, &admin, args.json).await;
     stop.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(30), daemon).await;
-    result?;
+    let json = result?;
     match stopped {
-        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Ok(()))) => Ok(json),
         Ok(Ok(Err(e))) => Err(e.context("daemon")),
         Ok(Err(join)) => bail!("daemon task failed: {join}"),
         Err(_) => bail!("daemon did not stop within 30 s"),
     }
 }
 
-async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> anyhow::Result<()> {
+async fn workload(
+    mountpoint: &Path,
+    socket: &Path,
+    admin: &str,
+    json: bool,
+) -> anyhow::Result<Option<String>> {
     wait_for(|| mountpoint.join("train").is_dir(), "the mount").await?;
     wait_for(|| socket.exists(), "the KV socket").await?;
     progress!(
@@ -169,12 +201,11 @@ async fn workload(mountpoint: &Path, socket: &Path, admin: &str, json: bool) -> 
 
     let stats = fetch_stats(&format!("http://{admin}")).await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&stats)?);
-    } else {
-        println!();
-        print!("{}", render(admin, &stats, None));
+        return Ok(Some(serde_json::to_string_pretty(&stats)?));
     }
-    Ok(())
+    println!();
+    print!("{}", render(admin, &stats, None));
+    Ok(None)
 }
 
 fn block_payload(hash: &[u8], index: usize, len: usize) -> Bytes {
