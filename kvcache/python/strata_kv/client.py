@@ -62,15 +62,19 @@ _HELLO, _HELLO_DEVICE = 32, 48
 
 class _ShmArena:
     """The daemon's shared-memory arena, attached over its side socket: the memfd comes
-    with SCM_RIGHTS and is mapped read-only; lease ids go back on the socket."""
+    with SCM_RIGHTS and is mapped read-only; lease ids go back on the socket.
+    ``timeout`` bounds the attach (a stopped daemon accepts the connection but never
+    says hello): past it, ``TimeoutError``."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, timeout: Optional[float] = None):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.device_view: Optional[memoryview] = None
         self.device_id = b""
         try:
+            self._sock.settimeout(timeout)
             self._sock.connect(path)
             msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
+            self._sock.settimeout(None)
             if len(msg) < _HELLO or not fds:
                 raise ConnectionError(f"bad hello from {path}: {len(msg)} bytes, {len(fds)} descriptors")
             try:
@@ -165,7 +169,9 @@ class KvClient:
     of another model revision are never served even if a key collides by mistake.
     ``shm``: on the daemon's host, attach to its shared-memory arena (True: the
     ``kv-shm.sock`` beside a ``unix://`` address; or the side socket's path): Gets are
-    then answered with ranges of the arena read in place (:meth:`get_view`).
+    then answered with ranges of the arena read in place (:meth:`get_view`); attaching
+    waits at most ``timeout`` (``TimeoutError``, an ``OSError``). ``timeout`` also bounds
+    each call; :meth:`put` and :meth:`get_view` take a shorter one per call.
     """
 
     def __init__(
@@ -205,10 +211,15 @@ class KvClient:
         if shm:
             if shm is True:
                 if not addr.startswith("unix:"):
+                    self._channel.close()
                     raise ValueError("shm=True needs a unix:// address (or pass the side socket's path)")
                 kv_sock = "/" + addr[len("unix:"):].lstrip("/")  # unix:///run/kv.sock -> /run/kv.sock
                 shm = os.path.join(os.path.dirname(kv_sock), "kv-shm.sock")
-            self._arena = _ShmArena(shm)
+            try:
+                self._arena = _ShmArena(shm, timeout)
+            except BaseException:
+                self._channel.close()
+                raise
         self._metadata = tuple(md) or None
         self._get_metadata = self._metadata
         self._device_metadata = self._metadata
@@ -228,9 +239,9 @@ class KvClient:
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _call(self, method, request):
+    def _call(self, method, request, timeout: Optional[float] = None):
         try:
-            return method(request, timeout=self._timeout, metadata=self._metadata)
+            return method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise _wrap(e) from None
         except ValueError as e:  # grpc's "Cannot invoke RPC: Channel closed!"
@@ -276,14 +287,16 @@ class KvClient:
         with view:
             return bytes(view.data)  # owned bytes wanted: one copy out of the arena
 
-    def get_view(self, key: bytes, namespace: Optional[str] = None, device: bool = False) -> Optional[BlockView]:
+    def get_view(self, key: bytes, namespace: Optional[str] = None, device: bool = False,
+                 timeout: Optional[float] = None) -> Optional[BlockView]:
         """A block without a copy when attached to the arena (see :class:`BlockView`).
         ``device``: a block resident in the daemon's GPU tier comes by device handle
-        (for a caller whose buffers are on that device; other blocks as usual)."""
+        (for a caller whose buffers are on that device; other blocks as usual).
+        ``timeout``: this call's bound (default: the client's)."""
         req = kv_pb2.GetRequest(namespace=self._ns(namespace), hash=key)
         md = self._device_metadata if device else self._get_metadata
         try:
-            stream = self._stub.Get(req, timeout=self._timeout, metadata=md)
+            stream = self._stub.Get(req, timeout=self._timeout if timeout is None else timeout, metadata=md)
             msgs = list(stream)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
@@ -335,8 +348,10 @@ class KvClient:
             raise _closed(e) from None
         return [b"".join(p) if f else None for p, f in zip(parts, found)]
 
-    def put(self, key: bytes, value: bytes, namespace: Optional[str] = None) -> bool:
-        """Stores a block; returns True when the key was already cached (idempotent)."""
+    def put(self, key: bytes, value: bytes, namespace: Optional[str] = None,
+            timeout: Optional[float] = None) -> bool:
+        """Stores a block; returns True when the key was already cached (idempotent).
+        ``timeout``: this call's bound (default: the client's)."""
         ns = self._ns(namespace)
         view = memoryview(value)
 
@@ -345,7 +360,7 @@ class KvClient:
             for off in range(CHUNK_BYTES, len(view), CHUNK_BYTES):
                 yield kv_pb2.PutRequest(data=bytes(view[off : off + CHUNK_BYTES]))
 
-        return self._call(self._stub.Put, messages()).already_present
+        return self._call(self._stub.Put, messages(), timeout).already_present
 
     def batched_put(
         self, keys: Sequence[bytes], values: Sequence[bytes], namespace: Optional[str] = None

@@ -11,9 +11,22 @@ Load it as a dynamic backend::
 
 Keys: SGLang names a page by its own chain hash (tokens, LoRA/extra key and cache salt
 already in it). Strata binds that name to the model identity (v2 derivation: model,
-revision, KV dtype, host layout, page size, RoPE scaling, TP/PP size) and to the rank's
-share of the page (:func:`strata_kv.rank_key`), so pages of another revision or layout
-are a miss, never a load, and every rank stores and loads only its own share.
+revision, KV dtype, host layout, page size, RoPE scaling, TP/PP size, and the host
+pool's geometry, :func:`pool_geometry`: layer count, KV heads, head dims, dtype, layout,
+page size and bytes, as the pool exposes them, in the identity's ``x.kv_geometry``) and
+to the rank's share of the page (:func:`strata_kv.rank_key`), so pages of another
+revision, layout or geometry are a miss, never a load, even when two models are served
+under one name into one namespace, and every rank stores and loads only its own share.
+With pipeline parallelism the stages' layer counts may differ: the per-stage fields
+(layer counts, page shape and bytes) are then left out (every rank's identity must be the
+same), and a page of another size is still refused on load. A hybrid model's other
+pools (v2 API) name their pages with the pool's name and its geometry likewise.
+
+A daemon that stops answering (stopped, frozen, gone) costs one bounded call: a batch
+(``batch_set_v1``, ``batch_get_v1``, their v2 forms) has one deadline of ``timeout_s``
+for all its pages, and after a call fails unavailable or past its deadline every call
+is skipped for 2 s, doubling with each failure in a row up to 30 s (lookups miss, gets
+fail, sets are dropped and counted in ``set_dropped``), until the daemon answers again.
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import logging
 import warnings
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import grpc
@@ -37,8 +51,9 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from ._pause import Pause
 from .client import KvClient, KvError
-from .keys import V2_ROOT, ModelIdentity, block_hash_v2, rank_key
+from .keys import V2_ROOT, ModelIdentity, _canonical_json, block_hash_v2, rank_key
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +71,58 @@ def sglang_page_key(identity_digest: bytes, page_hash: str, tp_share: int, pp_ra
     """
     h = block_hash_v2(identity_digest, V2_ROOT, [], SGLANG_PAGE_TAG + page_hash.encode())
     return rank_key(h, tp_share, pp_rank)
+
+
+#: Host pool attributes that fix the bytes of a page (SGLang 0.5.23's MHA, MLA, Mamba,
+#: DSA indexer, ... host pools; those a pool lacks are left out).
+GEOMETRY_ATTRS = (
+    "layer_num", "target_layer_num", "head_num", "head_dim", "v_head_dim", "head_group_num",
+    "kv_lora_rank", "qk_rope_head_dim", "kv_cache_dim", "dsa_kv_cache_store_fp8",
+    "num_mamba_layers", "conv_state_shapes", "temporal_state_shape", "conv_dtype", "temporal_dtype",
+    "indexer_dtype", "indexer_page_stride_size", "size_per_token", "page_size", "dtype", "layout",
+    "storage_format_tag", "stores_page_envelope",
+)
+#: The fields that depend on how many layers a pipeline stage holds.
+PER_STAGE_GEOMETRY = frozenset({"layer_num", "target_layer_num", "num_mamba_layers", "size_per_token",
+                                "page_shape", "page_bytes"})
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON (dtypes and enums by name, shapes as lists); None if it has none."""
+    if isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, (list, tuple)):  # torch.Size too
+        items = [_plain(v) for v in value]
+        return None if any(v is None for v in items) else items
+    return None
+
+
+def pool_geometry(pool: Any, pp_size: int = 1) -> Dict[str, Any]:
+    """What fixes the bytes of one page of ``pool`` (an SGLang host pool): the
+    :data:`GEOMETRY_ATTRS` it has, and its flat page's shape, dtype and size. Two pools
+    whose pages hold the same number of bytes in another arrangement (2 layers x 8 heads,
+    4 layers x 4 heads) differ here. With ``pp_size > 1`` the per-stage fields
+    (:data:`PER_STAGE_GEOMETRY`) are left out: every rank must name a page alike."""
+    geo: Dict[str, Any] = {}
+    for name in GEOMETRY_ATTRS:
+        value = _plain(getattr(pool, name, None))
+        if value is not None:
+            geo[name] = value
+    try:
+        page = pool.get_dummy_flat_data_page()
+    except Exception:  # a pool without flat pages: its attributes only
+        page = None
+    if page is not None:
+        geo["page_shape"] = [int(d) for d in page.shape]
+        geo["page_dtype"] = str(page.dtype)
+        geo["page_bytes"] = int(page.numel() * page.element_size())
+    if pp_size > 1:
+        geo = {k: v for k, v in geo.items() if k not in PER_STAGE_GEOMETRY}
+    return geo
 
 
 def _rope_scaling_of(model_path: Optional[str]) -> Any:
@@ -117,8 +184,12 @@ class StrataHiCacheStorage(HiCacheStorage):
         self._identity = self._make_identity(None)
         self._client: Optional[KvClient] = None
         self._lock = threading.Lock()
+        #: After a call the daemon did not answer (unavailable, past its deadline): no
+        #: call for a while (see the module doc), so one batch costs one bounded call.
+        self._pause = Pause()
         self._stats = {"pages_read": 0, "pages_written": 0, "bytes_read": 0, "bytes_written": 0,
-                       "misses": 0, "errors": 0, "identity_refusals": 0, "device_reads": 0}
+                       "misses": 0, "errors": 0, "identity_refusals": 0, "device_reads": 0,
+                       "set_dropped": 0, "paused_skips": 0}
 
     # -- identity and keys ----------------------------------------------------------
 
@@ -136,6 +207,10 @@ class StrataHiCacheStorage(HiCacheStorage):
         rope = extra["rope_scaling"] if "rope_scaling" in extra else _rope_scaling_of(sc.model_name)
         identity_extra = {str(k): str(v) for k, v in (extra.get("identity_extra") or {}).items()}
         identity_extra["engine"] = "sglang"
+        if host_pool is not None:
+            # Layers, heads, head dims, page bytes...: KV of another geometry served under
+            # the same model name is another model's KV.
+            identity_extra["kv_geometry"] = _canonical_json(pool_geometry(host_pool, sc.pp_size))
         if sc.attn_cp_size > 1:
             identity_extra["attn_cp_size"] = str(sc.attn_cp_size)
         if sc.dcp_size > 1:
@@ -166,11 +241,16 @@ class StrataHiCacheStorage(HiCacheStorage):
         )
 
     def _conn(self) -> KvClient:
+        """The client (made on first use). Raises :class:`KvError` (``DEADLINE_EXCEEDED``)
+        when the daemon's arena does not answer the attach within ``timeout_s``."""
         with self._lock:
             if self._client is None:
                 try:
                     self._client = KvClient(self.addr, namespace=self.namespace, token=self._token,
                                             timeout=self._timeout, identity=self._identity, shm=self._shm)
+                except TimeoutError as e:  # a stopped daemon: tried again after the pause
+                    raise KvError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"shared-memory attach timed out: {e}") from None
                 except OSError as e:  # no arena (off, or tenants): bytes through the socket
                     logger.warning("strata: shared memory unavailable (%s); reading through the socket", e)
                     self._shm = False
@@ -178,7 +258,18 @@ class StrataHiCacheStorage(HiCacheStorage):
                                             timeout=self._timeout, identity=self._identity)
             return self._client
 
+    def _paused(self, pages: int = 1) -> bool:
+        """True while calls are paused after the daemon failed (``pages`` skipped)."""
+        if self._pause.active():
+            self._stats["paused_skips"] += pages
+            return True
+        return False
+
+    def _answered(self) -> None:
+        self._pause.outcome(None)
+
     def _failed(self, what: str, e: KvError) -> None:
+        self._pause.outcome(e)  # unavailable or past its deadline: pause
         if e.code == grpc.StatusCode.FAILED_PRECONDITION:
             # The namespace is bound to another model identity: a miss, never a load.
             self._stats["identity_refusals"] += 1
@@ -202,27 +293,34 @@ class StrataHiCacheStorage(HiCacheStorage):
         self._page_bytes = page.numel() * page.element_size()
 
     def exists(self, key: str) -> bool:
+        if self._paused():
+            return False
         try:
-            return self._conn().exists(self._key(key))
+            found = self._conn().exists(self._key(key))
         except KvError as e:
             self._failed("exists", e)
             return False
+        self._answered()
+        return found
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """Leading pages whose every share (all TP/CP shares, all PP stages) is stored:
         every rank asks the same question, so every rank gets the same answer."""
-        if not keys:
+        if not keys or self._paused(len(keys)):
             return 0
         shares = [(t, p) for p in range(self._pp_size) for t in range(self._tp_shares)]
         digest = self._identity.digest()
         probe = [sglang_page_key(digest, k, t, p) for k in keys for t, p in shares]
         try:
             if len(shares) == 1:
-                return self._conn().match_prefix(probe)
+                matched = self._conn().match_prefix(probe)
+                self._answered()
+                return matched
             present = self._conn().batch_exists(probe)
         except KvError as e:
             self._failed("batch_exists", e)
             return 0
+        self._answered()
         n = len(shares)
         for i in range(len(keys)):
             if not all(present[i * n : (i + 1) * n]):
@@ -230,11 +328,14 @@ class StrataHiCacheStorage(HiCacheStorage):
         return len(keys)
 
     def _fetch(self, keys: Sequence[str]) -> List[Optional[bytes]]:
+        if self._paused(len(keys)):
+            return [None] * len(keys)
         try:
             out = self._conn().batched_get([self._key(k) for k in keys])
         except KvError as e:
             self._failed("get", e)
             return [None] * len(keys)
+        self._answered()
         for data in out:
             if data is None:
                 self._stats["misses"] += 1
@@ -279,17 +380,39 @@ class StrataHiCacheStorage(HiCacheStorage):
         return value.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
     def _put(self, keys: Sequence[str], blobs: Sequence[bytes]) -> List[bool]:
-        ok = []
-        conn = self._conn()
-        for k, b in zip(keys, blobs):
+        """Stores the pages in order, the batch within one deadline of ``timeout_s``: a
+        daemon that stops answering costs one bounded call (not one per page); the pages
+        not sent (past the deadline, or paused after a failure) are dropped (False,
+        counted in ``set_dropped``)."""
+        ok = [False] * len(keys)
+        if not keys:
+            return ok
+        if self._pause.active():
+            self._stats["set_dropped"] += len(keys)
+            return ok
+        deadline = time.monotonic() + self._timeout
+        try:
+            conn = self._conn()
+        except KvError as e:
+            self._failed("put", e)
+            self._stats["set_dropped"] += len(keys)
+            return ok
+        for i, (k, b) in enumerate(zip(keys, blobs)):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._pause.active():
+                self._stats["set_dropped"] += len(keys) - i
+                logger.warning("strata: %d of %d pages not stored (%s)", len(keys) - i, len(keys),
+                               "the batch's deadline passed" if left <= 0 else "the daemon failed")
+                break
             try:
-                conn.put(self._key(k), b)
-                ok.append(True)
-                self._stats["pages_written"] += 1
-                self._stats["bytes_written"] += len(b)
+                conn.put(self._key(k), b, timeout=left)
             except KvError as e:
                 self._failed("put", e)
-                ok.append(False)
+                continue
+            self._answered()
+            ok[i] = True
+            self._stats["pages_written"] += 1
+            self._stats["bytes_written"] += len(b)
         return ok
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
@@ -317,14 +440,23 @@ class StrataHiCacheStorage(HiCacheStorage):
         """Pages ``strata_keys`` into ``pool`` at ``offsets``: attached to the arena, each
         read in place (by device handle when the daemon's GPU tier is emulated, i.e. in
         host memory like the pool) and copied once into the pool; else one BatchGet.
-        A value of another size than the pool's page is not loaded."""
-        client = self._conn()
+        A value of another size than the pool's page is not loaded. The batch has one
+        deadline of ``timeout_s``; pages past it, or while paused, are not loaded."""
+        if not strata_keys or self._paused(len(strata_keys)):
+            return [False] * len(strata_keys)
+        deadline = time.monotonic() + self._timeout
+        try:
+            client = self._conn()
+        except KvError as e:
+            self._failed("get", e)
+            return [False] * len(strata_keys)
         if not self._shm:
             try:
                 values = client.batched_get(list(strata_keys))
             except KvError as e:
                 self._failed("get", e)
                 return [False] * len(strata_keys)
+            self._answered()
             results = []
             for off, data in zip(offsets, values):
                 if data is None:
@@ -347,12 +479,19 @@ class StrataHiCacheStorage(HiCacheStorage):
         device = client.device_memory == "emulated"
         results = []
         for key, off in zip(strata_keys, offsets):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("strata: %d of %d pages not loaded: the batch's deadline passed",
+                               len(strata_keys) - len(results), len(strata_keys))
+                results.extend([False] * (len(strata_keys) - len(results)))
+                return results
             try:
-                view = client.get_view(key, device=device)
+                view = client.get_view(key, device=device, timeout=left)
             except KvError as e:
                 self._failed("get", e)
                 results.extend([False] * (len(strata_keys) - len(results)))
                 return results
+            self._answered()
             if view is None:
                 self._stats["misses"] += 1
                 results.append(False)
@@ -377,7 +516,6 @@ class StrataHiCacheStorage(HiCacheStorage):
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         offsets = self._page_offsets(keys, host_indices)
-        self._conn()
         return self._read_pages(self.mem_pool_host, self._page_bytes, [self._key(k) for k in keys], offsets)
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
@@ -392,11 +530,10 @@ class StrataHiCacheStorage(HiCacheStorage):
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
-        page = host_pool.get_dummy_flat_data_page()
-        # A pool's pages are keyed with its name and its page layout: pages of another
-        # shape or dtype (another model's pool of that name) are a miss, never a load.
-        tag = json.dumps([str(host_pool_name), list(page.shape), str(page.dtype),
-                          str(getattr(host_pool, "layout", ""))])
+        # A pool's pages are keyed with its name and its geometry: pages of another
+        # geometry (another model's pool of that name, e.g. 1 layer x 4 heads against
+        # 2 x 2, the same bytes) are a miss, never a load.
+        tag = _canonical_json([str(host_pool_name), pool_geometry(host_pool, self._pp_size)])
         with self._lock:
             self._pool_tags[str(host_pool_name)] = tag
 
@@ -422,10 +559,13 @@ class StrataHiCacheStorage(HiCacheStorage):
         every rank, as batch_exists)."""
         if not page_names:
             return []
+        if self._paused(len(page_names)):
+            return [False] * len(page_names)
         shares = [(t, p) for p in range(self._pp_size) for t in range(self._tp_shares)]
         digest = self._identity.digest()
         probe = [sglang_page_key(digest, k, t, p) for k in page_names for t, p in shares]
         present = self._conn().batch_exists(probe)
+        self._answered()
         n = len(shares)
         return [all(present[i * n : (i + 1) * n]) for i in range(len(page_names))]
 
@@ -476,7 +616,6 @@ class StrataHiCacheStorage(HiCacheStorage):
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> Dict[str, List[bool]]:
         """Each transfer's pages from Strata into its host pool (per-page success)."""
         out: Dict[str, List[bool]] = {}
-        self._conn()
         for t in transfers:
             keys = t.keys or []
             pool = self._v2_pool(t.name)
@@ -522,4 +661,4 @@ class StrataHiCacheStorage(HiCacheStorage):
                 self._client = None
 
 
-__all__ = ["StrataHiCacheStorage", "sglang_page_key"]
+__all__ = ["StrataHiCacheStorage", "pool_geometry", "sglang_page_key"]

@@ -97,6 +97,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from ._pause import Pause as _Pause
 from .client import KvClient, KvError
 from .keys import ModelIdentity, chain_hashes_v2, layer_key, rank_key
 
@@ -257,35 +258,6 @@ def _transferable_specs() -> Tuple[type, ...]:
     names = ("FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec", "SlidingWindowMLASpec",
              "ChunkedLocalAttentionSpec")
     return tuple(getattr(k, n) for n in names if hasattr(k, n))
-
-
-class _Pause:
-    """Calls to a daemon that just failed are not made for a while (see the module doc):
-    2 s after one failure, doubled with each failure in a row up to 30 s; one success
-    ends it."""
-
-    BASE_S = 2.0
-    MAX_S = 30.0
-    #: What says the daemon is unreachable or too slow (not a refusal of the call).
-    DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-    def __init__(self, clock=time.monotonic):
-        self._clock = clock
-        self._until = 0.0
-        self._failures = 0
-
-    def active(self) -> bool:
-        return self._clock() < self._until
-
-    def outcome(self, error: Optional[KvError]) -> None:
-        if error is None or error.code not in self.DOWN:
-            self._failures = 0
-            self._until = 0.0
-            return
-        self._failures += 1
-        wait = min(self.MAX_S, self.BASE_S * 2 ** (self._failures - 1))
-        self._until = self._clock() + wait
-        logger.warning("strata: KV daemon failed (%s); not asked for %.0f s", error.code.name, wait)
 
 
 def _check_group(index: int, group: Any, block_size: int) -> None:

@@ -8,6 +8,10 @@ page hash (``get_hash_str``, the LoRA/extra-key seed from ``storage_namespace_se
 A missing sglang is an import error here: the test fails, it is never skipped.
 """
 
+import os
+import signal
+import threading
+import time
 import uuid
 
 import pytest
@@ -25,16 +29,16 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
-from strata_kv.sglang import StrataHiCacheStorage
+from strata_kv.sglang import StrataHiCacheStorage, pool_geometry
 
 PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
 PROMPT = list(range(500, 500 + 5 * PAGE))
 
 
-def host_pool(layout="page_first", dtype=torch.float32, heads=HEADS):
+def host_pool(layout="page_first", dtype=torch.float32, heads=HEADS, layers=LAYERS):
     """SGLang's MHA host pool over CPU 'device' buffers."""
-    k = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(LAYERS))
-    v = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(LAYERS))
+    k = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(layers))
+    v = tuple(torch.zeros(TOKENS + PAGE, heads, DIM, dtype=dtype) for _ in range(layers))
 
     def ptrs(ts):
         return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
@@ -44,17 +48,18 @@ def host_pool(layout="page_first", dtype=torch.float32, heads=HEADS):
                          device=torch.device("cpu"))
     return MHATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
                                 pin_memory=False, device="cpu", device_capacity_tokens=TOKENS,
-                                start_layer=0, end_layer=LAYERS)
+                                start_layer=0, end_layer=layers)
 
 
-def backend(server, namespace, pool, tp_rank=0, tp_size=1, mla=False, **extra):
+def backend(server, namespace, pool, tp_rank=0, tp_size=1, mla=False, pp_rank=0, pp_size=1, addr="unix",
+            **extra):
     cfg = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=pool.layout == "page_first",
         model_name="tiny-llama",
         extra_config={"backend_name": "strata", "module_path": "strata_kv.sglang",
                       "class_name": "StrataHiCacheStorage", "interface_v1": 1,
-                      "strata_addr": server["unix"], "namespace": namespace, **extra},
+                      "strata_addr": server[addr], "namespace": namespace, **extra},
     )
     st = StorageBackendFactory.create_backend("dynamic", cfg, pool)
     assert isinstance(st, StrataHiCacheStorage) and isinstance(st, HiCacheStorage)
@@ -229,12 +234,108 @@ def test_identity_refused_by_the_service_is_a_miss(server):
     assert st.get_stats()["identity_refusals"] >= 5
 
 
+@pytest.mark.parametrize("other", [dict(layers=1, heads=4), dict(layers=4, heads=1), dict(layers=1, heads=2)],
+                         ids=["same-page-bytes", "same-page-bytes-more-layers", "smaller-pages"])
+def test_another_kv_geometry_under_the_same_model_name_is_a_miss_never_a_load(server, other):
+    """Two models served under one model name (SGLang's model_name) into one namespace,
+    no revision: one with 2 layers x 2 KV heads, the other with another geometry. Pages
+    of the same size must not load into the other's pool; pages of another size must
+    not be announced by batch_exists (its batch_get_v1 could never load them)."""
+    namespace = ns()
+    written, keys = write_pages(server, namespace)
+    pool = host_pool(**other)
+    st = backend(server, namespace, pool)
+    assert st.batch_exists(keys) == 0
+    assert not st.exists(keys[0])
+    dst = [0, 4, 8, 12, 16]
+    assert st.batch_get_v1(keys, indices(dst)) == [False] * len(keys)
+    assert not pool.kv_buffer.any(), "nothing of the other model was copied into the host pool"
+    assert st.identity != backend(server, namespace, host_pool()).identity
+    # The same geometry still loads (the miss is the geometry, not the namespace).
+    same = host_pool()
+    assert backend(server, namespace, same).batch_get_v1(keys, indices(dst)) == [True] * len(keys)
+    assert [page_bytes(same, o) for o in dst] == written
+
+
+def test_geometry_in_the_identity_is_the_same_on_every_rank():
+    """TP ranks hold the same geometry; PP stages may hold different layer counts, so
+    their per-stage fields stay out (the namespace binds one identity for all ranks)."""
+    two, one = host_pool(layers=2), host_pool(layers=1)
+    assert pool_geometry(two)["layer_num"] == 2 and pool_geometry(two)["head_num"] == HEADS
+    assert pool_geometry(two) != pool_geometry(one)
+    assert pool_geometry(two, pp_size=2) == pool_geometry(one, pp_size=2)
+    assert pool_geometry(two, pp_size=2) != pool_geometry(host_pool(layers=2, heads=1), pp_size=2)
+    fake = {"tcp": "127.0.0.1:1", "unix": "unix:///nonexistent/kv.sock"}  # never called
+    stages = [backend(fake, "pp", pool, pp_rank=r, pp_size=2) for r, pool in enumerate([two, one])]
+    assert stages[0].identity == stages[1].identity
+    for st, pool in zip(stages, [two, one]):
+        st.register_mem_host_pool_v2(pool, PoolName.SWA)
+    assert stages[0]._component("p", PoolName.SWA) == stages[1]._component("p", PoolName.SWA)
+
+
+@pytest.mark.parametrize("addr", ["tcp", "unix"])
+def test_a_stopped_daemon_costs_one_bounded_call_per_batch(server, addr):
+    """With the daemon stopped (SIGSTOP), one batch_set_v1 returns within about
+    timeout_s (not a timeout per page), then calls are paused: the next batch, lookups
+    and loads return at once; once the daemon answers again the backend resumes. A
+    backend whose first call meets the stopped daemon (its shared-memory attach gets no
+    hello) is bounded too."""
+    timeout_s, n = 1.0, 24
+    namespace = ns()
+    keys = page_keys(list(range(900, 900 + n * PAGE)))
+    offsets = [i * PAGE for i in range(n)]
+    pool = host_pool()
+    fill(pool, offsets, 9)
+    st = backend(server, namespace, pool, addr=addr, timeout_s=timeout_s)
+    assert st.batch_set_v1(keys[:1], indices(offsets[:1])) == [True]  # connected (and attached)
+    fresh = backend(server, namespace, host_pool(), addr=addr, timeout_s=timeout_s)
+    times = {}
+
+    def timed(name, call):
+        t0 = time.monotonic()
+        times[name] = (call(), time.monotonic() - t0)
+
+    os.kill(server["pid"], signal.SIGSTOP)
+    try:
+        calls = [("set", lambda: st.batch_set_v1(keys, indices(offsets))),
+                 ("set again", lambda: st.batch_set_v1(keys, indices(offsets))),
+                 ("exists", lambda: st.batch_exists(keys)),
+                 ("get", lambda: st.batch_get_v1(keys, indices(offsets))),
+                 ("fresh exists", lambda: fresh.batch_exists(keys)),
+                 ("fresh set", lambda: fresh.batch_set_v1(keys, indices(offsets)))]
+        for name, call in calls:
+            # A thread: a hang fails the test instead of blocking the suite.
+            th = threading.Thread(target=timed, args=(name, call), daemon=True)
+            th.start()
+            th.join(60)
+            assert not th.is_alive(), f"{name} still blocked after 60 s (timeout_s={timeout_s})"
+    finally:
+        os.kill(server["pid"], signal.SIGCONT)
+    assert times["set"][0] == [False] * n
+    assert times["set"][1] < timeout_s + 2.5, times  # was ~0.6 x timeout_s per page
+    assert times["set again"] == ([False] * n, times["set again"][1]) and times["set again"][1] < 0.5, times
+    assert times["exists"][0] == 0 and times["exists"][1] < 0.5, times
+    assert times["get"][0] == [False] * n and times["get"][1] < 0.5, times
+    assert times["fresh exists"][0] == 0 and times["fresh exists"][1] < timeout_s + 2.5, times
+    assert times["fresh set"][0] == [False] * n and times["fresh set"][1] < 0.5, times
+    stats = st.get_stats()
+    assert stats["set_dropped"] >= 2 * n - 1 and stats["paused_skips"] >= 2 * n, stats
+    # The daemon answers again: after the pause (2 s) the same backends store and find.
+    deadline = time.monotonic() + 30
+    while st.batch_set_v1(keys, indices(offsets)) != [True] * n:
+        assert time.monotonic() < deadline, st.get_stats()
+        time.sleep(0.5)
+    while fresh.batch_exists(keys) != n:
+        assert time.monotonic() < deadline, fresh.get_stats()
+        time.sleep(0.5)
+
+
 # -- v2: several host pools (SGLang's hybrid-model API) --------------------------------
 
-def hybrid(server, namespace, swa_heads=2, **extra):
+def hybrid(server, namespace, swa_heads=2, swa_layers=LAYERS, **extra):
     """A backend over a KV pool and an SWA pool (SGLang's real host pool class, another
     page layout), registered as SGLang's hybrid cache controller does."""
-    kv, swa = host_pool(), host_pool(heads=swa_heads)
+    kv, swa = host_pool(), host_pool(heads=swa_heads, layers=swa_layers)
     st = backend(server, namespace, kv, **extra)
     st.register_mem_host_pool_v2(kv, PoolName.KV)
     st.register_mem_host_pool_v2(swa, PoolName.SWA)
@@ -311,3 +412,29 @@ def test_v2_pool_of_another_page_layout_is_a_miss(server):
     got = st2.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
     assert got == {PoolName.SWA: [False] * 5}
     assert not swa2.get_data_page(0, flat=True).any(), "nothing loaded"
+
+
+def test_v2_pool_of_another_geometry_with_the_same_page_bytes_is_a_miss(server):
+    """SWA pools of 1 layer x 4 heads and 2 layers x 2 heads (the same page bytes) under
+    one model name and namespace: the KV pages are shared, the SWA pages never load."""
+    namespace = ns()
+    keys = page_keys()
+    offsets = [0, 4, 8, 12, 16]
+    st, kv, swa = hybrid(server, namespace, swa_heads=4, swa_layers=1)
+    fill(kv, offsets, 8)
+    fill(swa, offsets, 9)
+    assert st.batch_set_v2([PoolTransfer(PoolName.KV, host_indices=indices(offsets), keys=keys),
+                            PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)]) == {
+        PoolName.KV: [True] * 5, PoolName.SWA: [True] * 5}
+    st2, kv2, swa2 = hybrid(server, namespace, swa_heads=2, swa_layers=2)
+    assert st2.batch_exists(keys) == 5  # the KV pool's geometry is the same
+    hit = st2.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+    assert hit.kv_hit_pages == 0 and PoolName.SWA not in hit.extra_pool_hit_pages
+    got = st2.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
+    assert got == {PoolName.SWA: [False] * 5}
+    assert not swa2.kv_buffer.any(), "nothing loaded"
+    # The same SWA geometry loads.
+    st3, _, swa3 = hybrid(server, namespace, swa_heads=4, swa_layers=1)
+    got = st3.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
+    assert got == {PoolName.SWA: [True] * 5}
+    assert [page_bytes(swa3, o) for o in offsets] == [page_bytes(swa, o) for o in offsets]
