@@ -121,6 +121,13 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
             st.io_urings
         ));
     }
+    if st.reads_inherited > 0 {
+        unseen.push(format!(
+            "{} reads of descriptors the command inherited that name no file the recorder \
+             could see (a pipe or a terminal on stdin, say): not in the trace",
+            st.reads_inherited
+        ));
+    }
     let unseen = (!unseen.is_empty()).then(|| unseen.join("; "));
     if rec.trace.records.is_empty() {
         anyhow::bail!(

@@ -9,13 +9,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub use parse::{parse_strace, FsLookup, Lookup, ParseStats};
+pub use parse::{parse_strace, parse_strace_inheriting, FsLookup, InheritedFd, Lookup, ParseStats};
 
 use super::Trace;
 
 /// The system calls strace is asked to report: everything the parser follows.
 pub const SYSCALLS: &str = "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,\
-read,readv,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,splice,mmap,\
+read,readv,write,writev,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,splice,mmap,\
 io_uring_setup,clone,clone3,fork,vfork,execve,execveat,chdir,fchdir,\
 setpgid,setsid,pipe,pipe2,socket,socketpair,accept,accept4,eventfd2,epoll_create1,\
 memfd_create,timerfd_create,signalfd4,inotify_init1,pidfd_open";
@@ -136,6 +136,7 @@ pub fn record(
             &temp
         }
     };
+    let inherited = inherited_files();
     let mut child = Command::new("strace")
         .args(["-f", "-qq", "-ttt", "-s", "0", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
@@ -170,7 +171,7 @@ pub fn record(
         Err(e) => return Err(RecordError::Io(e)),
     };
     let text = String::from_utf8_lossy(&text);
-    let (trace, stats) = parse_strace(&text, &root, &cwd, &mut FsLookup);
+    let (trace, stats) = parse_strace_inheriting(&text, &root, &cwd, &inherited, &mut FsLookup);
     Ok(Recorded {
         trace,
         stats,
@@ -179,4 +180,36 @@ pub fn record(
         status: status.to_string(),
         root,
     })
+}
+
+/// The regular files this process holds open without close-on-exec (what the command
+/// inherits: stdin redirected from a file, an fd a parent shell passed), with their
+/// offsets now.
+fn inherited_files() -> Vec<InheritedFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: F_GETFD and lseek(SEEK_CUR) on a descriptor number only read its state.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 || flags & libc::FD_CLOEXEC != 0 {
+            continue;
+        }
+        let Ok(path) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        if !path.is_absolute() || !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        // SAFETY: as above.
+        let offset = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
+        if let Ok(offset) = u64::try_from(offset) {
+            out.push((fd, path, offset));
+        }
+    }
+    out
 }

@@ -83,6 +83,10 @@ pub struct ParseStats {
     pub file_map_bytes: u64,
     /// io_uring instances set up: reads submitted through one are not in the trace.
     pub io_urings: usize,
+    /// Reads (with data) of descriptors the command inherited that name no file the
+    /// recorder saw (a pipe or a terminal on stdin): not in the trace. (Inherited
+    /// regular files are followed: `parse_strace_inheriting`.)
+    pub reads_inherited: usize,
 }
 
 /// One read before the trace is built (sizes are fixed at the end).
@@ -133,6 +137,8 @@ struct Parser<'a, L: Lookup> {
     births: HashMap<u32, Birth>,
     procs: HashMap<u32, Proc>,
     tables: Vec<HashMap<i32, Fd>>,
+    /// Descriptors the top process starts with (see [`parse_strace_inheriting`]).
+    inherited: Vec<InheritedFd>,
     cwds: Vec<Arc<Path>>,
     ofds: Vec<Ofd>,
     /// Regular files under the root: relative path and size at look-up.
@@ -164,7 +170,24 @@ pub fn parse_strace<L: Lookup>(
     cwd: &Path,
     lookup: &mut L,
 ) -> (Trace, ParseStats) {
+    parse_strace_inheriting(text, root, cwd, &[], lookup)
+}
+
+/// A descriptor the command inherits open (stdin redirected from a file): its number,
+/// the file's absolute path and its offset when the command starts.
+pub type InheritedFd = (i32, std::path::PathBuf, u64);
+
+/// [`parse_strace`] of a command that started with `inherited` open (black-box
+/// finding: `sh -c 'cat; ...' < data/a` lost every read of `a`).
+pub fn parse_strace_inheriting<L: Lookup>(
+    text: &str,
+    root: &Path,
+    cwd: &Path,
+    inherited: &[InheritedFd],
+    lookup: &mut L,
+) -> (Trace, ParseStats) {
     let mut p = Parser {
+        inherited: inherited.to_vec(),
         root: root.to_path_buf(),
         lookup,
         t0: None,
@@ -213,6 +236,8 @@ pub fn parse_strace<L: Lookup>(
 const EFFECT_AT_START: &[&str] = &[
     "read",
     "readv",
+    "write",
+    "writev",
     "sendfile",
     "sendfile64",
     "copy_file_range",
@@ -478,8 +503,25 @@ impl<L: Lookup> Parser<'_, L> {
             }
             None => {
                 // The top process (or one whose parent was never seen): a group of its own.
+                let first = self.top.is_none();
                 self.top.get_or_insert(pid);
-                self.tables.push(HashMap::new());
+                let mut table = HashMap::new();
+                if first {
+                    for (fd, path, offset) in std::mem::take(&mut self.inherited) {
+                        let abs: Arc<Path> = Arc::from(path.as_path());
+                        let file = self.file_of(&abs);
+                        let ofd = self.new_ofd(Some(abs), file);
+                        self.ofds[ofd].offset = offset;
+                        table.insert(
+                            fd,
+                            Fd {
+                                ofd,
+                                cloexec: false,
+                            },
+                        );
+                    }
+                }
+                self.tables.push(table);
                 self.cwds.push(self.initial_cwd.clone());
                 Proc {
                     files: self.tables.len() - 1,
@@ -551,7 +593,12 @@ impl<L: Lookup> Parser<'_, L> {
     }
 
     fn read(&mut self, p: Proc, ts: u64, fd: i64, at: Option<u64>, n: i64) {
-        let Some(f) = self.fd(p, fd) else { return };
+        let Some(f) = self.fd(p, fd) else {
+            if n > 0 {
+                self.stats.reads_inherited += 1;
+            }
+            return;
+        };
         let Ok(n) = u64::try_from(n) else { return };
         let o = &mut self.ofds[f.ofd];
         let offset = match at {
@@ -648,6 +695,15 @@ impl<L: Lookup> Parser<'_, L> {
             "read" | "readv" => {
                 if let Some(fd) = arg_num(0) {
                     self.read(p, ts, fd, None, ret);
+                }
+            }
+            // A write moves the offset a later read starts at (black-box finding: reads
+            // after a write on an O_RDWR fd were recorded where the write began).
+            "write" | "writev" => {
+                if let (Some(f), Ok(n)) =
+                    (arg_num(0).and_then(|f| self.fd(p, f)), u64::try_from(ret))
+                {
+                    self.ofds[f.ofd].offset += n;
                 }
             }
             "pread64" | "preadv" | "preadv2" => {
@@ -961,6 +1017,41 @@ mod tests {
             ]
         );
         assert!(rows.iter().all(|r| r.1 == "pg-100" && r.2 == "a.bin"));
+    }
+
+    /// Black-box finding: on an O_RDWR fd, reads after a write were recorded at the
+    /// offset where the write began; and reads of an inherited fd vanished silently.
+    #[test]
+    fn writes_move_the_offset_and_inherited_reads_are_counted() {
+        let inherited = [(0, std::path::PathBuf::from("/data/in.bin"), 7)];
+        let (t, _) = parse_strace_inheriting(
+            "100 1.0 read(0, \"\"..., 10) = 10\n100 1.1 read(0, \"\"..., 5) = 5\n",
+            Path::new("/data"),
+            Path::new("/data"),
+            &inherited,
+            &mut Fake,
+        );
+        let got: Vec<_> = t
+            .records
+            .iter()
+            .map(|r| (t.path_name(r).to_string(), r.offset, r.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("in.bin".to_string(), 7, 10), ("in.bin".to_string(), 17, 5)]
+        );
+        let (rows, stats) = run(r#"100 1.000000 openat(AT_FDCWD, "a.bin", O_RDWR) = 3
+100 1.000010 read(3, ""..., 100) = 100
+100 1.000020 write(3, ""..., 50) = 50
+100 1.000030 read(3, ""..., 100) = 100
+100 1.000040 writev(3, [{iov_base="", iov_len=30}], 1) = 30
+100 1.000050 pwrite64(3, ""..., 10, 0) = 10
+100 1.000060 read(3, ""..., 10) = 10
+100 1.000070 read(0, ""..., 4096) = 4096
+"#);
+        let got: Vec<_> = rows.iter().map(|r| (r.3, r.4)).collect();
+        assert_eq!(got, vec![(0, 100), (150, 100), (280, 10)]);
+        assert_eq!(stats.reads_inherited, 1);
     }
 
     #[test]
