@@ -271,7 +271,9 @@ fn sighup_stops_the_daemon_and_unmounts() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let left = mounts_at(&mnt);
-    unmount(&mnt);
+    if left > 0 {
+        unmount(&mnt);
+    }
     assert!(status.success(), "{status:?}");
     assert_eq!(left, 0, "the mount went with the daemon");
 }
