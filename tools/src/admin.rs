@@ -1,5 +1,6 @@
 //! The daemon's admin HTTP API: `GET /stats` (JSON, read by `strata stats`),
-//! `GET /metrics` (Prometheus text format, the same figures), `GET /healthz`.
+//! `GET /metrics` (the same figures: OpenMetrics when the Accept header asks for it, as
+//! Prometheus does, else the Prometheus text format 0.0.4), `GET /healthz`.
 //!
 //! Design: the handlers only snapshot lock-free counters (the engine's, the KV
 //! service's) and render them; a fresh Prometheus registry is built per scrape from the
@@ -405,15 +406,68 @@ async fn stats_handler(State(s): State<AdminState>) -> Json<DaemonStats> {
     Json(s.snapshot())
 }
 
-async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
+/// `GET /metrics`: OpenMetrics to a client that asks for it (Prometheus does, in its
+/// Accept header), else the Prometheus text format 0.0.4, which every scraper and
+/// parser reads (black-box finding: a 0.0.4 parser, `prometheus_client.parser`, given
+/// OpenMetrics whatever it asked, saw 22 counter families with no samples and 22
+/// untyped `_total` series).
+async fn metrics_handler(
+    State(s): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
     let body = render_metrics(&s.snapshot());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            openmetrics_to_text_004(&body),
+        )
+    }
+}
+
+/// The Prometheus text format 0.0.4 of an OpenMetrics exposition: a counter's `# HELP`
+/// and `# TYPE` name its `_total` samples, and `# UNIT` and `# EOF` (OpenMetrics only)
+/// go; samples are the same.
+pub fn openmetrics_to_text_004(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        if let Some((prefix, rest)) = meta {
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(name) {
+                out.push_str(&format!("{prefix}{name}_total {tail}\n"));
+                continue;
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 type Labels = Vec<(String, String)>;
@@ -1324,6 +1378,31 @@ mod tests {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// The 0.0.4 text of the same figures: counters typed by their `_total` names, no
+    /// OpenMetrics-only lines, every sample kept.
+    #[test]
+    fn metrics_convert_to_the_prometheus_text_format() {
+        let om = render_metrics(&sample());
+        let text = openmetrics_to_text_004(&om);
+        assert!(
+            text.contains("# TYPE strata_tier_hits_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("# HELP strata_tier_hits_total "), "{text}");
+        assert!(text.contains("# TYPE strata_tier_used_bytes gauge\n"));
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT "));
+        let samples = |t: &str| t.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(samples(&text), samples(&om));
+        // Every sample's family is typed, by the sample's own name (0.0.4's rule).
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = l.split(['{', ' ']).next().expect("name");
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "untyped sample {name}"
+            );
+        }
     }
 
     #[test]
