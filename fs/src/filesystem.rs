@@ -974,6 +974,17 @@ impl FsCore {
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         let m = match store.head(path).await {
             Ok(obj) => Meta::File(Arc::new(obj)),
+            // Nothing is cached (a TTL of 0): listing the whole directory to learn it
+            // is one would be thrown away at once, and every path through it pays it
+            // (black-box finding: 8 LIST pages per open under a 4,000-file folder, 22x
+            // slower than a small one). One page of the prefix answers.
+            Err(CacheError::NotFound(_)) if self.opts.metadata_ttl.is_zero() => {
+                self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
+                match store.dir_exists(path).await? {
+                    true => Meta::Dir,
+                    false => Meta::Missing,
+                }
+            }
             Err(CacheError::NotFound(_)) => {
                 let listing = self.fetch_listing(path).await?;
                 if listing.entries.is_empty() && !listing.exists {

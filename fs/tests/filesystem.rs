@@ -414,6 +414,51 @@ async fn a_new_version_is_a_new_inode_and_the_old_one_keeps_its_version() {
     .expect("bounded");
 }
 
+/// Black-box finding: with `--metadata-ttl 0` every lookup of a directory listed all of
+/// it to learn it was one (8 LIST pages per open under a 4,000-file folder, 22x slower
+/// than a small one). Without a cache to fill, one page of the prefix answers, whatever
+/// the folder holds.
+#[tokio::test]
+async fn with_no_ttl_a_directory_lookup_reads_one_listing_page() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: Duration::ZERO,
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        for i in 0..2500 {
+            fx.store
+                .put(&format!("big/f{i:05}"), Bytes::from_static(b"x"))
+                .await
+                .expect("seed");
+        }
+        let c = &fx.core;
+        let reads_before = fx.faulty.reads();
+        for _ in 0..3 {
+            let big = c.lookup(ROOT_INO, "big").await.expect("a directory");
+            assert_eq!(big.attr.kind, Kind::Dir);
+            let f = c.lookup(big.attr.ino, "f01234").await.expect("a file");
+            assert_eq!(f.attr.size, 1);
+        }
+        // Per round: HEAD big (404), HEAD of the file, and the probe: the first item
+        // of a flat listing of `big/` (FaultyStore counts GETs, HEADs and level
+        // listings, not flat ones). A level listing of all of `big` (before: one per
+        // round) would add one read per round.
+        let reads = fx.faulty.reads() - reads_before;
+        assert_eq!(reads, 2 * 3, "no level listing of the folder");
+        let missing = c.lookup(ROOT_INO, "nothing").await.expect_err("missing");
+        assert_eq!(missing.errno(), libc::ENOENT);
+        let sub = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let deep = c
+            .lookup(sub.attr.ino, "sub")
+            .await
+            .expect("a directory of directories");
+        assert_eq!(deep.attr.kind, Kind::Dir);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Records the inodes whose attributes the core tells the kernel to drop.
 fn record_invalidations(c: &strata_fs::FsCore) -> Arc<std::sync::Mutex<Vec<u64>>> {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));

@@ -563,6 +563,32 @@ impl BackingStore {
         Ok((blocks, ttfb))
     }
 
+    /// Whether anything is stored under `dir/` (a directory of the store): the first
+    /// page of a listing of the prefix only, however many keys it holds (mountpoint-s3
+    /// asks a one-key LIST). A local directory store asks the directory itself.
+    pub async fn dir_exists(&self, dir: &str) -> Result<bool> {
+        if let Some(root) = &self.local_root {
+            let (root, rel, follow) = (root.clone(), dir.to_string(), self.follow_symlinks);
+            return local_stat(move || {
+                root.join(&rel).is_dir() && (follow || inside_root(&root, &rel))
+            })
+            .await;
+        }
+        let prefix = object_key(dir);
+        self.retrying(|| {
+            let prefix = prefix.clone();
+            async move {
+                let mut listed = self.store.list(Some(&prefix));
+                match listed.next().await {
+                    Some(Ok(_)) => Ok(true),
+                    Some(Err(e)) => Err(e),
+                    None => Ok(false),
+                }
+            }
+        })
+        .await
+    }
+
     /// One directory level under `dir` ("" for the root).
     pub async fn list_dir(&self, dir: &str) -> Result<DirListing> {
         let prefix = (!dir.is_empty()).then(|| object_key(dir));
