@@ -44,6 +44,13 @@ pub const HEADER: &str = "ts_ns,job,path,offset,len,size";
 /// is refused before anything is allocated. (2^28 let a replay reach 16+ GB.)
 pub const MAX_BLOCK_ACCESSES: u128 = 1 << 26;
 
+/// Reads a trace may hold: 2^24 (~16.8 M rows, 0.8 GB in memory), checked row by row
+/// as a trace is read: a small gzip file of 70 M rows was read whole (2.6 GB and an
+/// abort under a 4 GB limit) before the access cap refused it (black-box finding).
+/// Recorded traces hold ~10^5 reads, `trace gen --scale 100` ~10^7; a replay of more
+/// reads than this would also near [`MAX_BLOCK_ACCESSES`]' memory.
+pub const MAX_TRACE_READS: usize = 1 << 24;
+
 /// Distinct blocks a replay holds at most: 2^24 (~16.8 M). Each costs a few hundred
 /// bytes (its key with the path, the id maps, every policy's metadata), so ~4 GB.
 pub const MAX_UNIQUE_BLOCKS: u128 = 1 << 24;
@@ -262,16 +269,36 @@ pub fn blocks_of(
 }
 
 /// Builds a [`Trace`], interning names.
-#[derive(Default)]
 pub struct TraceBuilder {
     trace: Trace,
     job_ids: HashMap<Arc<str>, u32>,
     path_ids: HashMap<Arc<str>, u32>,
+    /// Reads it takes at most ([`MAX_TRACE_READS`]).
+    max_reads: usize,
+}
+
+impl Default for TraceBuilder {
+    fn default() -> Self {
+        TraceBuilder {
+            trace: Trace::default(),
+            job_ids: HashMap::new(),
+            path_ids: HashMap::new(),
+            max_reads: MAX_TRACE_READS,
+        }
+    }
 }
 
 impl TraceBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A builder that takes at most `max_reads` reads (tests of the bound).
+    pub fn with_max_reads(max_reads: usize) -> Self {
+        TraceBuilder {
+            max_reads,
+            ..Self::default()
+        }
     }
 
     pub fn job(&mut self, name: &str) -> u32 {
@@ -304,6 +331,12 @@ impl TraceBuilder {
         let size = self.trace.sizes[path as usize];
         if len == 0 {
             return Err("len must be > 0".into());
+        }
+        if self.trace.records.len() >= self.max_reads {
+            return Err(format!(
+                "more than {} reads: a replay holds at most that many",
+                self.max_reads
+            ));
         }
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(format!("range {offset}+{len} exceeds size {size}"));
@@ -498,6 +531,21 @@ mod tests {
 
     /// A crafted row naming 2^60 bytes is refused by arithmetic, before any block is
     /// enumerated (it used to exhaust memory in `strata bench replay`).
+    /// Black-box finding: a 1.6 MB gzip trace of 70 M rows was read whole (2.6 GB)
+    /// before the access cap refused it. The read bound is checked row by row.
+    #[test]
+    fn reads_past_the_bound_are_refused_as_they_come() {
+        let mut b = TraceBuilder::with_max_reads(3);
+        let j = b.job("j");
+        let p = b.path("a", 100).expect("path");
+        for i in 0..3 {
+            b.push(i, j, p, 0, 1).expect("within the bound");
+        }
+        let e = b.push(3, j, p, 0, 1).expect_err("past it");
+        assert!(e.contains("more than 3 reads"), "{e}");
+        assert_eq!(b.finish().records.len(), 3);
+    }
+
     #[test]
     fn a_crafted_huge_read_is_refused_without_allocating() {
         let csv = format!(
