@@ -477,41 +477,50 @@ class StrataHiCacheStorage(HiCacheStorage):
         # in its memory by handle (a CUDA tier's would need a device-to-host copy here,
         # which the daemon's own read does as well: those come as bytes).
         device = client.device_memory == "emulated"
-        results = []
-        for key, off in zip(strata_keys, offsets):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                logger.warning("strata: %d of %d pages not loaded: the batch's deadline passed",
-                               len(strata_keys) - len(results), len(strata_keys))
-                results.extend([False] * (len(strata_keys) - len(results)))
-                return results
-            try:
-                view = client.get_view(key, device=device, timeout=left)
-            except KvError as e:
-                self._failed("get", e)
-                results.extend([False] * (len(strata_keys) - len(results)))
-                return results
-            self._answered()
-            if view is None:
-                self._stats["misses"] += 1
-                results.append(False)
-                continue
-            with view:
-                if len(view.data) != page_bytes:
-                    self._stats["errors"] += 1
-                    results.append(False)
-                    continue
-                with warnings.catch_warnings():
-                    # The arena is mapped read-only; torch only reads this view.
-                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                    page = torch.frombuffer(view.data, dtype=torch.uint8).view(pool.dtype)
-                    pool.set_from_flat_data_page(off, page)
-                if view.device is not None:
-                    self._stats["device_reads"] += 1
-            self._stats["pages_read"] += 1
-            self._stats["bytes_read"] += page_bytes
-            results.append(True)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return [False] * len(strata_keys)
+        # The batch's Gets go together (one round trip, not one per page), bounded by the
+        # batch's deadline.
+        try:
+            views = client.get_views(list(strata_keys), device=device, timeout=left)
+        except KvError as e:
+            self._failed("get", e)
+            return [False] * len(strata_keys)
+        self._answered()
+        results: List[bool] = []
+        try:
+            for view, off in zip(views, offsets):
+                self._load_view(pool, page_bytes, view, off, results)
+        finally:
+            # Leases of pages not reached (an error while copying one) go back too.
+            for view in views[len(results) + 1:]:
+                if view is not None:
+                    view.release()
         return results
+
+    def _load_view(self, pool, page_bytes: int, view, off: int, results: List[bool]) -> None:
+        """Copies one page's view (None: a miss) into the host pool at ``off``; appends
+        whether it loaded to ``results``."""
+        if view is None:
+            self._stats["misses"] += 1
+            results.append(False)
+            return
+        with view:
+            if len(view.data) != page_bytes:
+                self._stats["errors"] += 1
+                results.append(False)
+                return
+            with warnings.catch_warnings():
+                # The arena is mapped read-only; torch only reads this view.
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                page = torch.frombuffer(view.data, dtype=torch.uint8).view(pool.dtype)
+                pool.set_from_flat_data_page(off, page)
+            if view.device is not None:
+                self._stats["device_reads"] += 1
+        self._stats["pages_read"] += 1
+        self._stats["bytes_read"] += page_bytes
+        results.append(True)
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:

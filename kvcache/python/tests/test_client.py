@@ -114,6 +114,18 @@ def test_same_host_gets_read_the_shared_memory_arena_in_place(server):
                     assert view.data == v
                 assert c.get(k) == v
         assert c.get_view(b"absent") is None
+        # Several at once (sent together, one round trip): in order, misses as None.
+        keys = [b"shm-1", b"absent", b"shm-4", b"shm-1"]
+        views = c.get_views(keys)
+        try:
+            assert [v is None for v in views] == [False, True, False, False]
+            for k, v in zip(keys, views):
+                if v is not None:
+                    assert v.shared and v.data == blocks[k]
+        finally:
+            for v in views:
+                if v is not None:
+                    v.release()
     # Without shm the same blocks come inline.
     with KvClient(server["unix"], namespace="shm-test/ns") as c:
         view = c.get_view(b"shm-0")
