@@ -111,6 +111,29 @@ fn mounts_at(mnt: &Path) -> usize {
         .count()
 }
 
+/// `strata mount URL MNT --foreground --cache-dir CACHE EXTRA...` as its own process
+/// group (a kill reaches the daemon only), once its mount appears.
+fn foreground_mount(url: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let daemon = Command::new(strata())
+        .args(["mount", url])
+        .arg(mnt)
+        .args(extra)
+        .args(["--foreground", "--cache-dir"])
+        .arg(cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon
+}
+
 /// Crash finding: with auto_unmount, a daemon killed by -9 left a plain local
 /// directory under the jobs using it; a checkpoint saved there "succeeded" on local
 /// disk, never reached the store, and the next mount hid it. Now the dead mount fails
@@ -118,7 +141,6 @@ fn mounts_at(mnt: &Path) -> usize {
 /// there detaches it and mounts in its place (not on top of it).
 #[test]
 fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir src");
@@ -127,21 +149,7 @@ fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
     std::fs::create_dir_all(&mnt).expect("mkdir mnt");
     let url = format!("file://{}", src.display());
     let cache = dir.path().join("cache");
-    let mut daemon = Command::new(strata())
-        .args(["mount", &url])
-        .arg(&mnt)
-        .args(["--allow-writes", "--foreground", "--cache-dir"])
-        .arg(&cache)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start the mount");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mounts_at(&mnt) == 0 {
-        assert!(Instant::now() < deadline, "mount did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
     assert_eq!(std::fs::read(mnt.join("a.txt")).expect("read"), b"first");
     daemon.kill().expect("kill -9");
     daemon.wait().expect("reap");
@@ -170,7 +178,6 @@ fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
 #[test]
 fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
     use std::io::Write;
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir src");
@@ -178,21 +185,7 @@ fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
     std::fs::create_dir_all(&mnt).expect("mkdir mnt");
     let url = format!("file://{}", src.display());
     let cache = dir.path().join("cache");
-    let mut daemon = Command::new(strata())
-        .args(["mount", &url])
-        .arg(&mnt)
-        .args(["--allow-writes", "--foreground", "--cache-dir"])
-        .arg(&cache)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start the mount");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mounts_at(&mnt) == 0 {
-        assert!(Instant::now() < deadline, "mount did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
     // Written in order past the streaming threshold (16 MiB): its upload starts while
     // the file is still open.
     let temp = src.join("big.bin#1");
@@ -234,28 +227,18 @@ fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
 /// the mount goes, the exit is clean.
 #[test]
 fn sighup_stops_the_daemon_and_unmounts() {
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
     std::fs::create_dir_all(&src).expect("mkdir src");
     std::fs::write(src.join("a.txt"), b"x").expect("write");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let mut daemon = Command::new(strata())
-        .args(["mount", &format!("file://{}", src.display())])
-        .arg(&mnt)
-        .args(["--foreground", "--cache-dir"])
-        .arg(dir.path().join("cache"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start the mount");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mounts_at(&mnt) == 0 {
-        assert!(Instant::now() < deadline, "mount did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut daemon = foreground_mount(
+        &format!("file://{}", src.display()),
+        &mnt,
+        &dir.path().join("cache"),
+        &[],
+    );
     // SAFETY: signalling the child this test started.
     assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGHUP) }, 0);
     let deadline = Instant::now() + Duration::from_secs(30);
