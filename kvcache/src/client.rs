@@ -166,6 +166,13 @@ impl Drop for Block {
     }
 }
 
+/// One entry of a BatchLease answer, before the blocks not leased are fetched.
+enum LeaseEntry {
+    Missing,
+    AsBytes,
+    Block(Block),
+}
+
 /// Largest message the client accepts: 8 MiB, above the server's chunk size with room.
 const MAX_MESSAGE_BYTES: usize = 8 << 20;
 
@@ -433,6 +440,66 @@ impl KvClient {
             });
         }
         Ok(Some(Block::Inline(data)))
+    }
+
+    /// Fetches several blocks: attached to the shared-memory arena, leased in place in
+    /// one round trip (the BatchLease call), a block the arena could not lease then as
+    /// [`Self::get_block`] does; not attached, as [`Self::batch_get`]'s bytes. `None` for
+    /// each one not cached.
+    pub async fn get_blocks(
+        &mut self,
+        namespace: &str,
+        hashes: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<Option<Block>>> {
+        let (Some(shm), Some(session)) = (self.shm.clone(), self.shm_session.clone()) else {
+            let got = self.batch_get(namespace, hashes).await?;
+            return Ok(got.into_iter().map(|b| b.map(Block::Inline)).collect());
+        };
+        let mut req = self.req(pb::BatchGetRequest::named(namespace, hashes));
+        req.metadata_mut()
+            .insert(crate::shm::SHM_SESSION_METADATA, session);
+        let answer = self.inner.batch_lease(req).await?.into_inner();
+        // Each lease is owned by a Block from here on, so any early return releases it.
+        let mut leased: Vec<LeaseEntry> = answer
+            .blocks
+            .into_iter()
+            .map(|b| match (b.found, b.shm_lease) {
+                (false, _) => LeaseEntry::Missing,
+                (true, 0) => LeaseEntry::AsBytes,
+                (true, lease) => LeaseEntry::Block(Block::Shared {
+                    shm: shm.clone(),
+                    lease,
+                    offset: b.shm_offset,
+                    len: b.size,
+                }),
+            })
+            .collect();
+        if leased.len() != hashes.len() {
+            return Err(KvError::Invalid(format!(
+                "BatchLease answered {} entries for {} keys",
+                leased.len(),
+                hashes.len()
+            )));
+        }
+        for l in &leased {
+            if let LeaseEntry::Block(Block::Shared { offset, len, .. }) = l {
+                if shm.read(*offset, *len).is_none() {
+                    return Err(KvError::Invalid(format!(
+                        "lease [{offset}, +{len}) lies outside the {}-byte arena",
+                        shm.size()
+                    )));
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(leased.len());
+        for (l, hash) in leased.drain(..).zip(hashes) {
+            out.push(match l {
+                LeaseEntry::Missing => None,
+                LeaseEntry::Block(b) => Some(b),
+                LeaseEntry::AsBytes => self.get_block(namespace, hash.as_ref()).await?,
+            });
+        }
+        Ok(out)
     }
 
     /// Fetches several blocks; `None` for each one not cached.

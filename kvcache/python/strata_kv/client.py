@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
@@ -227,6 +228,9 @@ class KvClient:
             self._get_metadata = tuple(md) + ((SHM_SESSION_METADATA, self._arena.session),)
             self._device_metadata = self._get_metadata + ((DEVICE_IPC_METADATA, "1"),)
         self._timeout = timeout
+        # Whether the daemon answers BatchLease (one call for a batch of arena leases);
+        # cleared the first time one answers UNIMPLEMENTED.
+        self._batch_lease = True
 
     @property
     def device_memory(self) -> Optional[str]:
@@ -297,13 +301,18 @@ class KvClient:
 
     def get_views(self, keys: Sequence[bytes], namespace: Optional[str] = None, device: bool = False,
                   timeout: Optional[float] = None) -> List[Optional[BlockView]]:
-        """:meth:`get_view` of each key, the calls sent together on the connection and
-        then collected in order: one round trip for the batch rather than one per key (a
-        page-by-page load of 16 pages over the arena took 22 ms against 4 ms for one
-        batched Get over TCP). A failure releases the views already taken and raises."""
+        """:meth:`get_view` of each key, in order: attached to the arena, the batch leased
+        in one BatchLease call; else the Gets sent together on the connection and then
+        collected: one round trip for the batch rather than one per key (a page-by-page
+        load of 16 pages over the arena took 22 ms against 4 ms for one batched Get over
+        TCP). A failure releases the views already taken and raises."""
         ns = self._ns(namespace)
         md = self._device_metadata if device else self._get_metadata
         bound = self._timeout if timeout is None else timeout
+        if self._arena is not None and not device and self._batch_lease and keys:
+            views = self._leased_views(keys, ns, bound)
+            if views is not None:
+                return views
         try:
             streams = [
                 self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=bound, metadata=md)
@@ -321,6 +330,50 @@ class KvClient:
                     v.release()
             for stream in streams[len(views):]:
                 stream.cancel()
+            raise
+        return views
+
+    def _leased_views(self, keys: Sequence[bytes], ns: str,
+                      bound: Optional[float]) -> Optional[List[Optional[BlockView]]]:
+        """The batch leased in one BatchLease call (blocks the arena could not lease then
+        by Get, as bytes). None when the daemon predates BatchLease (the caller falls back
+        to one Get per key)."""
+        deadline = None if bound is None else time.monotonic() + bound
+        try:
+            answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
+                                           timeout=bound, metadata=self._get_metadata)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._batch_lease = False
+                return None
+            raise _wrap(e) from None
+        except ValueError as e:
+            raise _closed(e) from None
+        arena = self._arena
+        views: List[Optional[BlockView]] = []
+        # Every lease answered is owned by a view from here on, so any failure below
+        # releases them all.
+        for b in answer.blocks:
+            views.append(BlockView(None, arena, b.shm_lease) if b.found and b.shm_lease else None)
+        try:
+            if len(answer.blocks) != len(keys):
+                raise KvError(grpc.StatusCode.INTERNAL,
+                              f"BatchLease answered {len(answer.blocks)} entries for {len(keys)} keys")
+            for i, (b, k) in enumerate(zip(answer.blocks, keys)):
+                if not b.found:
+                    continue
+                if b.shm_lease:
+                    if b.shm_offset + b.size > arena.size:
+                        raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {b.shm_offset}+{b.size}")
+                    views[i].data = arena.view[b.shm_offset : b.shm_offset + b.size]
+                else:
+                    left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                    views[i] = self._view_of(self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k),
+                                                            timeout=left, metadata=self._get_metadata))
+        except BaseException:
+            for v in views:
+                if v is not None:
+                    v.release()
             raise
         return views
 

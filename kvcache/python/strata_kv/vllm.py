@@ -119,6 +119,11 @@ HEADER_BYTES = len(VALUE_MAGIC) + 32
 #: vLLM's null block (``vllm.v1.attention.backends.utils.NULL_BLOCK_ID``): the id a
 #: group's block table holds where the group keeps no block (outside a sliding window).
 NULL_BLOCK_ID = 0
+#: Keys fetched per call when attached to the arena: one round trip for 64 values
+#: rather than one each, while a batch's leases (64 values: a few MiB, tens for large
+#: models) mostly fit a session's share of the arena (a quarter of it; a value past
+#: that share comes as bytes).
+VIEW_BATCH = 64
 
 
 # -- load or recompute -------------------------------------------------------------------
@@ -695,34 +700,46 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
                 self._refused("load", e)
                 values = [None] * len(keys)
             return [fill(i, v) for i, v in enumerate(values)]
-        out = []
-        for i, key in enumerate(keys):
+        out: List[bool] = []
+        # A batch of keys per call (one round trip: leased together, or Gets sent
+        # together for device handles), few enough that their leases stay within the
+        # session's share of the arena.
+        for start in range(0, len(keys), VIEW_BATCH):
+            chunk = keys[start : start + VIEW_BATCH]
             try:
-                view = self.client.get_view(key, device=self._device_reads)
+                views = self.client.get_views(chunk, device=self._device_reads)
             except KvError as e:
                 self._refused("load", e)
-                return out + [fill(j, None) for j in range(i, len(keys))]
-            if view is None:
-                out.append(fill(i, None))
-                continue
-            with view:
-                value = view.data
-                if view.device is not None:
-                    self.stats["device_reads"] += 1
-                    if view.device == "cuda":
-                        try:
-                            value = view.cuda_tensor(self._layers[0][1].device.index)
-                        except (OSError, ValueError) as e:
-                            # Another GPU (or no peer access): bytes from now on.
-                            logger.warning("strata: CUDA IPC handle did not open (%s); loading bytes", e)
-                            self._device_reads = False
-                            view.release()
-                            out.append(fill(i, self.client.get(key)))
-                            continue
-                elif view.shared:
-                    self.stats["shm_reads"] += 1
-                out.append(fill(i, value))
+                return out + [fill(j, None) for j in range(start, len(keys))]
+            try:
+                for j, (key, view) in enumerate(zip(chunk, views)):
+                    out.append(self._fill_view(start + j, key, view, fill))
+            finally:
+                for view in views:
+                    if view is not None:
+                        view.release()
         return out
+
+    def _fill_view(self, i: int, key: bytes, view, fill) -> bool:
+        """``fill(i, ...)`` with one fetched view's bytes (None: a miss)."""
+        if view is None:
+            return fill(i, None)
+        with view:
+            value = view.data
+            if view.device is not None:
+                self.stats["device_reads"] += 1
+                if view.device == "cuda":
+                    try:
+                        value = view.cuda_tensor(self._layers[0][1].device.index)
+                    except (OSError, ValueError) as e:
+                        # Another GPU (or no peer access): bytes from now on.
+                        logger.warning("strata: CUDA IPC handle did not open (%s); loading bytes", e)
+                        self._device_reads = False
+                        view.release()
+                        return fill(i, self.client.get(key))
+            elif view.shared:
+                self.stats["shm_reads"] += 1
+            return fill(i, value)
 
     def _block_views(self, ids: Tuple[int, ...]) -> List[Optional[torch.Tensor]]:
         """Each layer's view of one block (its group's block ``ids[group]``); None for

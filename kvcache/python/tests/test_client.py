@@ -126,6 +126,20 @@ def test_same_host_gets_read_the_shared_memory_arena_in_place(server):
             for v in views:
                 if v is not None:
                     v.release()
+        # A batch past the session's share (a quarter of the 256 MiB arena): the first
+        # 64 MiB leased in one call, the rest as bytes; all byte-exact, and the leases
+        # go back on release (the same batch is leased again).
+        big = {b"big-%d" % i: _os.urandom(2 << 20) for i in range(40)}
+        for k, v in big.items():
+            c.put(k, v)
+        for _ in range(2):
+            views = c.get_views(list(big))
+            try:
+                assert [v.shared for v in views] == [True] * 32 + [False] * 8
+                assert all(v.data == big[k] for k, v in zip(big, views))
+            finally:
+                for v in views:
+                    v.release()
     # Without shm the same blocks come inline.
     with KvClient(server["unix"], namespace="shm-test/ns") as c:
         view = c.get_view(b"shm-0")

@@ -374,7 +374,7 @@ def test_identity_refused_by_the_service_is_a_miss_and_a_load_error(server, mode
     # A refusal between lookup and load: the blocks are load errors, never filled.
     sched.client = KvClient(server["unix"], namespace=namespace, identity=sched.identity)
     b.worker.client.batched_get = refuse
-    b.worker.client.get_view = refuse  # the shared-memory path's Get
+    b.worker.client.get_views = refuse  # the shared-memory path's Gets
     b.scheduler.add_request(request("b-2"))
     _, meta, recving, errors = b.step(compute=False)
     assert recving == {"b-2"} and errors == {bid for _, bid in meta.loads[0].blocks}
@@ -553,16 +553,17 @@ def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
     # Layer 1's fetch is held until layer 0's attention has run.
     layer0_done = threading.Event()
     held = []
-    fetch = b.worker.client.get_view  # one Get per value (the shared-memory path)
+    fetch = b.worker.client.get_views  # a batch of values (the shared-memory path)
     assert b.worker.shm
 
-    def gated(key, namespace=None, **kw):
-        if key[-2:] == struct.pack("<H", 1):
-            held.append(key)
+    def gated(keys, namespace=None, **kw):
+        layer1 = [k for k in keys if k[-2:] == struct.pack("<H", 1)]
+        if layer1:
+            held.extend(layer1)
             assert layer0_done.wait(30), "layer 0 never ran"
-        return fetch(key, namespace, **kw)
+        return fetch(keys, namespace, **kw)
 
-    b.worker.client.get_view = gated
+    b.worker.client.get_views = gated
     b.scheduler.add_request(request("b-1"))
     checked = []
 

@@ -35,13 +35,7 @@ impl KvCache for KvService {
     ) -> std::result::Result<Response<Self::GetStream>, Status> {
         let caller = Caller::of(&request);
         let conn = ConnInfo::of(&request);
-        // A peer's call never leases this host's arena.
-        let session = request
-            .metadata()
-            .get(SHM_SESSION_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_session)
-            .filter(|_| !self.peer_side);
+        let session = self.shm_session(&request);
         let wants_device =
             session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
         let req = request.into_inner();
@@ -220,6 +214,61 @@ impl KvCache for KvService {
             "batch get",
             conn,
         )))
+    }
+
+    async fn batch_lease(
+        &self,
+        request: Request<pb::BatchGetRequest>,
+    ) -> std::result::Result<Response<pb::BatchLeaseResponse>, Status> {
+        let fwd = Caller::of(&request).forward();
+        let session = self.shm_session(&request);
+        let (Some(arena), Some(session)) = (self.inner.shm.clone(), session) else {
+            return Err(Status::failed_precondition(
+                "BatchLease needs a shared-memory session (attach to kv-shm.sock)",
+            ));
+        };
+        if !arena.has_session(session) {
+            return Err(Status::failed_precondition(
+                "the shared-memory session has ended: attach again",
+            ));
+        }
+        let Blocks { req, ns, keys, .. } = self.blocks(request)?;
+        // Leases granted so far go back if this call fails or is dropped (the client
+        // cancelled it) before its answer leaves.
+        let mut granted = LeasesUntilSent::new(arena.clone(), session);
+        let mut blocks = Vec::with_capacity(keys.len());
+        // One block at a time: the batch holds no block beyond what the cache holds
+        // except the one being copied into the arena.
+        for (key, hash) in keys.iter().zip(&req.hashes) {
+            let fetched = self
+                .fetch_routed(&req.namespace, &ns, key, hash, &fwd)
+                .await;
+            let entry = match self.reject(fetched)? {
+                Some((data, _)) => {
+                    let size = data.len() as u64;
+                    match arena.lease(session, key, &data) {
+                        Some(l) => {
+                            granted.push(l.id);
+                            pb::LeasedBlock {
+                                found: true,
+                                size,
+                                shm_offset: l.offset,
+                                shm_lease: l.id,
+                            }
+                        }
+                        None => pb::LeasedBlock {
+                            found: true,
+                            size,
+                            ..Default::default()
+                        },
+                    }
+                }
+                None => pb::LeasedBlock::default(),
+            };
+            blocks.push(entry);
+        }
+        granted.sent();
+        Ok(Response::new(pb::BatchLeaseResponse { blocks }))
     }
 
     async fn exists(
@@ -407,5 +456,52 @@ impl KvCache for KvService {
             api: crate::API_VERSION.to_string(),
             max_block_bytes: self.inner.config.max_block,
         }))
+    }
+}
+
+/// The arena leases a BatchLease has granted, released unless its answer is sent.
+struct LeasesUntilSent {
+    arena: Arc<crate::shm::ShmArena>,
+    session: crate::shm::SessionId,
+    ids: Vec<u64>,
+}
+
+impl LeasesUntilSent {
+    fn new(arena: Arc<crate::shm::ShmArena>, session: crate::shm::SessionId) -> Self {
+        LeasesUntilSent {
+            arena,
+            session,
+            ids: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, id: u64) {
+        self.ids.push(id);
+    }
+
+    /// The answer carries them now: the client releases them.
+    fn sent(mut self) {
+        self.ids.clear();
+    }
+}
+
+impl Drop for LeasesUntilSent {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            self.arena.release(self.session, id);
+        }
+    }
+}
+
+impl KvService {
+    /// The caller's shared-memory session, from its metadata. A peer's call never
+    /// leases this host's arena.
+    fn shm_session<T>(&self, request: &Request<T>) -> Option<crate::shm::SessionId> {
+        request
+            .metadata()
+            .get(SHM_SESSION_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_session)
+            .filter(|_| !self.peer_side)
     }
 }

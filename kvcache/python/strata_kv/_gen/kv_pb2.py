@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15strata/kv/v1/kv.proto\x12\x0cstrata.kv.v1\"I\n\nPutRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"&\n\x0bPutResponse\x12\x17\n\x0f\x61lready_present\x18\x01 \x01(\x08\"-\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"g\n\x0bGetResponse\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x11\n\tshm_lease\x18\x04 \x01(\x04\x12\x15\n\rdevice_handle\x18\x05 \x01(\x0c\"4\n\x0f\x42\x61tchGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"L\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"0\n\rExistsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"B\n\x0e\x45xistsResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.strata.kv.v1.Tier\"7\n\x12\x42\x61tchExistsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"%\n\x13\x42\x61tchExistsResponse\x12\x0e\n\x06\x65xists\x18\x01 \x03(\x08\"7\n\x12MatchPrefixRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"&\n\x13MatchPrefixResponse\x12\x0f\n\x07matched\x18\x01 \x01(\r\"2\n\rRemoveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"!\n\x0eRemoveResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"4\n\x0fPrefetchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"I\n\x10PrefetchResponse\x12\x0e\n\x06staged\x18\x01 \x01(\r\x12\x14\n\x0c\x61lready_fast\x18\x02 \x01(\r\x12\x0f\n\x07missing\x18\x03 \x01(\r\"M\n\x13\x45stimateLoadRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x03 \x01(\x04\">\n\tBlockLoad\x12 \n\x04tier\x18\x01 \x01(\x0e\x32\x12.strata.kv.v1.Tier\x12\x0f\n\x07load_us\x18\x02 \x01(\x01\"b\n\x14\x45stimateLoadResponse\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.strata.kv.v1.BlockLoad\x12\x0f\n\x07matched\x18\x02 \x01(\r\x12\x10\n\x08total_us\x18\x03 \x01(\x01\"\r\n\x0bPingRequest\"E\n\x0cPingResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03\x61pi\x18\x02 \x01(\t\x12\x17\n\x0fmax_block_bytes\x18\x03 \x01(\x04*Y\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_NONE\x10\x01\x12\x0c\n\x08TIER_GPU\x10\x02\x12\x0f\n\x0bTIER_MEMORY\x10\x03\x12\r\n\tTIER_DISK\x10\x04\x32\xe5\x05\n\x07KvCache\x12<\n\x03Put\x12\x18.strata.kv.v1.PutRequest\x1a\x19.strata.kv.v1.PutResponse(\x01\x12<\n\x03Get\x12\x18.strata.kv.v1.GetRequest\x1a\x19.strata.kv.v1.GetResponse0\x01\x12K\n\x08\x42\x61tchGet\x12\x1d.strata.kv.v1.BatchGetRequest\x1a\x1e.strata.kv.v1.BatchGetResponse0\x01\x12\x43\n\x06\x45xists\x12\x1b.strata.kv.v1.ExistsRequest\x1a\x1c.strata.kv.v1.ExistsResponse\x12R\n\x0b\x42\x61tchExists\x12 .strata.kv.v1.BatchExistsRequest\x1a!.strata.kv.v1.BatchExistsResponse\x12R\n\x0bMatchPrefix\x12 .strata.kv.v1.MatchPrefixRequest\x1a!.strata.kv.v1.MatchPrefixResponse\x12\x43\n\x06Remove\x12\x1b.strata.kv.v1.RemoveRequest\x1a\x1c.strata.kv.v1.RemoveResponse\x12I\n\x08Prefetch\x12\x1d.strata.kv.v1.PrefetchRequest\x1a\x1e.strata.kv.v1.PrefetchResponse\x12U\n\x0c\x45stimateLoad\x12!.strata.kv.v1.EstimateLoadRequest\x1a\".strata.kv.v1.EstimateLoadResponse\x12=\n\x04Ping\x12\x19.strata.kv.v1.PingRequest\x1a\x1a.strata.kv.v1.PingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15strata/kv/v1/kv.proto\x12\x0cstrata.kv.v1\"I\n\nPutRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"&\n\x0bPutResponse\x12\x17\n\x0f\x61lready_present\x18\x01 \x01(\x08\"-\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"g\n\x0bGetResponse\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x11\n\tshm_lease\x18\x04 \x01(\x04\x12\x15\n\rdevice_handle\x18\x05 \x01(\x0c\"4\n\x0f\x42\x61tchGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"L\n\x10\x42\x61tchGetResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"?\n\x12\x42\x61tchLeaseResponse\x12)\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x19.strata.kv.v1.LeasedBlock\"Q\n\x0bLeasedBlock\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x12\n\nshm_offset\x18\x03 \x01(\x04\x12\x11\n\tshm_lease\x18\x04 \x01(\x04\"0\n\rExistsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"B\n\x0e\x45xistsResponse\x12\x0e\n\x06\x65xists\x18\x01 \x01(\x08\x12 \n\x04tier\x18\x02 \x01(\x0e\x32\x12.strata.kv.v1.Tier\"7\n\x12\x42\x61tchExistsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"%\n\x13\x42\x61tchExistsResponse\x12\x0e\n\x06\x65xists\x18\x01 \x03(\x08\"7\n\x12MatchPrefixRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"&\n\x13MatchPrefixResponse\x12\x0f\n\x07matched\x18\x01 \x01(\r\"2\n\rRemoveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"!\n\x0eRemoveResponse\x12\x0f\n\x07removed\x18\x01 \x01(\r\"4\n\x0fPrefetchRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\"I\n\x10PrefetchResponse\x12\x0e\n\x06staged\x18\x01 \x01(\r\x12\x14\n\x0c\x61lready_fast\x18\x02 \x01(\r\x12\x0f\n\x07missing\x18\x03 \x01(\r\"M\n\x13\x45stimateLoadRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06hashes\x18\x02 \x03(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x03 \x01(\x04\">\n\tBlockLoad\x12 \n\x04tier\x18\x01 \x01(\x0e\x32\x12.strata.kv.v1.Tier\x12\x0f\n\x07load_us\x18\x02 \x01(\x01\"b\n\x14\x45stimateLoadResponse\x12\'\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x17.strata.kv.v1.BlockLoad\x12\x0f\n\x07matched\x18\x02 \x01(\r\x12\x10\n\x08total_us\x18\x03 \x01(\x01\"\r\n\x0bPingRequest\"E\n\x0cPingResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0b\n\x03\x61pi\x18\x02 \x01(\t\x12\x17\n\x0fmax_block_bytes\x18\x03 \x01(\x04*Y\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_NONE\x10\x01\x12\x0c\n\x08TIER_GPU\x10\x02\x12\x0f\n\x0bTIER_MEMORY\x10\x03\x12\r\n\tTIER_DISK\x10\x04\x32\xb4\x06\n\x07KvCache\x12<\n\x03Put\x12\x18.strata.kv.v1.PutRequest\x1a\x19.strata.kv.v1.PutResponse(\x01\x12<\n\x03Get\x12\x18.strata.kv.v1.GetRequest\x1a\x19.strata.kv.v1.GetResponse0\x01\x12K\n\x08\x42\x61tchGet\x12\x1d.strata.kv.v1.BatchGetRequest\x1a\x1e.strata.kv.v1.BatchGetResponse0\x01\x12M\n\nBatchLease\x12\x1d.strata.kv.v1.BatchGetRequest\x1a .strata.kv.v1.BatchLeaseResponse\x12\x43\n\x06\x45xists\x12\x1b.strata.kv.v1.ExistsRequest\x1a\x1c.strata.kv.v1.ExistsResponse\x12R\n\x0b\x42\x61tchExists\x12 .strata.kv.v1.BatchExistsRequest\x1a!.strata.kv.v1.BatchExistsResponse\x12R\n\x0bMatchPrefix\x12 .strata.kv.v1.MatchPrefixRequest\x1a!.strata.kv.v1.MatchPrefixResponse\x12\x43\n\x06Remove\x12\x1b.strata.kv.v1.RemoveRequest\x1a\x1c.strata.kv.v1.RemoveResponse\x12I\n\x08Prefetch\x12\x1d.strata.kv.v1.PrefetchRequest\x1a\x1e.strata.kv.v1.PrefetchResponse\x12U\n\x0c\x45stimateLoad\x12!.strata.kv.v1.EstimateLoadRequest\x1a\".strata.kv.v1.EstimateLoadResponse\x12=\n\x04Ping\x12\x19.strata.kv.v1.PingRequest\x1a\x1a.strata.kv.v1.PingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'strata.kv.v1.kv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=1294
-  _globals['_TIER']._serialized_end=1383
+  _globals['_TIER']._serialized_start=1442
+  _globals['_TIER']._serialized_end=1531
   _globals['_PUTREQUEST']._serialized_start=39
   _globals['_PUTREQUEST']._serialized_end=112
   _globals['_PUTRESPONSE']._serialized_start=114
@@ -45,36 +45,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHGETREQUEST']._serialized_end=358
   _globals['_BATCHGETRESPONSE']._serialized_start=360
   _globals['_BATCHGETRESPONSE']._serialized_end=436
-  _globals['_EXISTSREQUEST']._serialized_start=438
-  _globals['_EXISTSREQUEST']._serialized_end=486
-  _globals['_EXISTSRESPONSE']._serialized_start=488
-  _globals['_EXISTSRESPONSE']._serialized_end=554
-  _globals['_BATCHEXISTSREQUEST']._serialized_start=556
-  _globals['_BATCHEXISTSREQUEST']._serialized_end=611
-  _globals['_BATCHEXISTSRESPONSE']._serialized_start=613
-  _globals['_BATCHEXISTSRESPONSE']._serialized_end=650
-  _globals['_MATCHPREFIXREQUEST']._serialized_start=652
-  _globals['_MATCHPREFIXREQUEST']._serialized_end=707
-  _globals['_MATCHPREFIXRESPONSE']._serialized_start=709
-  _globals['_MATCHPREFIXRESPONSE']._serialized_end=747
-  _globals['_REMOVEREQUEST']._serialized_start=749
-  _globals['_REMOVEREQUEST']._serialized_end=799
-  _globals['_REMOVERESPONSE']._serialized_start=801
-  _globals['_REMOVERESPONSE']._serialized_end=834
-  _globals['_PREFETCHREQUEST']._serialized_start=836
-  _globals['_PREFETCHREQUEST']._serialized_end=888
-  _globals['_PREFETCHRESPONSE']._serialized_start=890
-  _globals['_PREFETCHRESPONSE']._serialized_end=963
-  _globals['_ESTIMATELOADREQUEST']._serialized_start=965
-  _globals['_ESTIMATELOADREQUEST']._serialized_end=1042
-  _globals['_BLOCKLOAD']._serialized_start=1044
-  _globals['_BLOCKLOAD']._serialized_end=1106
-  _globals['_ESTIMATELOADRESPONSE']._serialized_start=1108
-  _globals['_ESTIMATELOADRESPONSE']._serialized_end=1206
-  _globals['_PINGREQUEST']._serialized_start=1208
-  _globals['_PINGREQUEST']._serialized_end=1221
-  _globals['_PINGRESPONSE']._serialized_start=1223
-  _globals['_PINGRESPONSE']._serialized_end=1292
-  _globals['_KVCACHE']._serialized_start=1386
-  _globals['_KVCACHE']._serialized_end=2127
+  _globals['_BATCHLEASERESPONSE']._serialized_start=438
+  _globals['_BATCHLEASERESPONSE']._serialized_end=501
+  _globals['_LEASEDBLOCK']._serialized_start=503
+  _globals['_LEASEDBLOCK']._serialized_end=584
+  _globals['_EXISTSREQUEST']._serialized_start=586
+  _globals['_EXISTSREQUEST']._serialized_end=634
+  _globals['_EXISTSRESPONSE']._serialized_start=636
+  _globals['_EXISTSRESPONSE']._serialized_end=702
+  _globals['_BATCHEXISTSREQUEST']._serialized_start=704
+  _globals['_BATCHEXISTSREQUEST']._serialized_end=759
+  _globals['_BATCHEXISTSRESPONSE']._serialized_start=761
+  _globals['_BATCHEXISTSRESPONSE']._serialized_end=798
+  _globals['_MATCHPREFIXREQUEST']._serialized_start=800
+  _globals['_MATCHPREFIXREQUEST']._serialized_end=855
+  _globals['_MATCHPREFIXRESPONSE']._serialized_start=857
+  _globals['_MATCHPREFIXRESPONSE']._serialized_end=895
+  _globals['_REMOVEREQUEST']._serialized_start=897
+  _globals['_REMOVEREQUEST']._serialized_end=947
+  _globals['_REMOVERESPONSE']._serialized_start=949
+  _globals['_REMOVERESPONSE']._serialized_end=982
+  _globals['_PREFETCHREQUEST']._serialized_start=984
+  _globals['_PREFETCHREQUEST']._serialized_end=1036
+  _globals['_PREFETCHRESPONSE']._serialized_start=1038
+  _globals['_PREFETCHRESPONSE']._serialized_end=1111
+  _globals['_ESTIMATELOADREQUEST']._serialized_start=1113
+  _globals['_ESTIMATELOADREQUEST']._serialized_end=1190
+  _globals['_BLOCKLOAD']._serialized_start=1192
+  _globals['_BLOCKLOAD']._serialized_end=1254
+  _globals['_ESTIMATELOADRESPONSE']._serialized_start=1256
+  _globals['_ESTIMATELOADRESPONSE']._serialized_end=1354
+  _globals['_PINGREQUEST']._serialized_start=1356
+  _globals['_PINGREQUEST']._serialized_end=1369
+  _globals['_PINGRESPONSE']._serialized_start=1371
+  _globals['_PINGRESPONSE']._serialized_end=1440
+  _globals['_KVCACHE']._serialized_start=1534
+  _globals['_KVCACHE']._serialized_end=2354
 # @@protoc_insertion_point(module_scope)

@@ -80,6 +80,24 @@ class BatchGetResponse(_message.Message):
     data: bytes
     def __init__(self, index: _Optional[int] = ..., found: _Optional[bool] = ..., size: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class BatchLeaseResponse(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[LeasedBlock]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[LeasedBlock, _Mapping]]] = ...) -> None: ...
+
+class LeasedBlock(_message.Message):
+    __slots__ = ("found", "size", "shm_offset", "shm_lease")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHM_LEASE_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    size: int
+    shm_offset: int
+    shm_lease: int
+    def __init__(self, found: _Optional[bool] = ..., size: _Optional[int] = ..., shm_offset: _Optional[int] = ..., shm_lease: _Optional[int] = ...) -> None: ...
+
 class ExistsRequest(_message.Message):
     __slots__ = ("namespace", "hash")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

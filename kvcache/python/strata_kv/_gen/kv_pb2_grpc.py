@@ -49,6 +49,11 @@ class KvCacheStub:
                 request_serializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.SerializeToString,
                 response_deserializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetResponse.FromString,
                 _registered_method=True)
+        self.BatchLease = channel.unary_unary(
+                '/strata.kv.v1.KvCache/BatchLease',
+                request_serializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.SerializeToString,
+                response_deserializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchLeaseResponse.FromString,
+                _registered_method=True)
         self.Exists = channel.unary_unary(
                 '/strata.kv.v1.KvCache/Exists',
                 request_serializer=strata_dot_kv_dot_v1_dot_kv__pb2.ExistsRequest.SerializeToString,
@@ -109,6 +114,19 @@ class KvCacheServicer:
     def BatchGet(self, request, context):
         """Fetches several blocks of one namespace; chunks of key i carry index i, in key
         order. A miss is a single message with found = false.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchLease(self, request, context):
+        """Same host, attached to the shared-memory arena (the call carries the
+        `strata-shm-session` metadata of a live session, kvcache/src/shm.rs): leases on
+        several blocks of one namespace in one answer, each read in place. One small
+        entry per block instead of a Get stream each: a page-by-page load pays one round
+        trip. A block the arena cannot lease now (the session's share or the arena is
+        taken) is `found` with `shm_lease` 0, for the caller to Get as bytes. Without a
+        live session: FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +197,11 @@ def add_KvCacheServicer_to_server(servicer, server):
                     servicer.BatchGet,
                     request_deserializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.FromString,
                     response_serializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetResponse.SerializeToString,
+            ),
+            'BatchLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchLease,
+                    request_deserializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.FromString,
+                    response_serializer=strata_dot_kv_dot_v1_dot_kv__pb2.BatchLeaseResponse.SerializeToString,
             ),
             'Exists': grpc.unary_unary_rpc_method_handler(
                     servicer.Exists,
@@ -297,6 +320,33 @@ class KvCache:
             '/strata.kv.v1.KvCache/BatchGet',
             strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.SerializeToString,
             strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/strata.kv.v1.KvCache/BatchLease',
+            strata_dot_kv_dot_v1_dot_kv__pb2.BatchGetRequest.SerializeToString,
+            strata_dot_kv_dot_v1_dot_kv__pb2.BatchLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,179 @@
+//! BatchLease end to end: a same-host client attached to the arena leases a batch of
+//! blocks in one call and reads each in place, byte-exact; misses stay misses, blocks
+//! past the session's share come as bytes, and every lease goes back when its block
+//! drops. A call without a live session is refused.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_cache_core::tiers::MemoryTier;
+use strata_cache_core::CacheEngine;
+use strata_kvcache::client::KvClient;
+use strata_kvcache::pb;
+use strata_kvcache::server::{serve, KvService, ServerConfig};
+
+const NS: &str = "llama/batch-lease";
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(167) ^ seed ^ (i >> 11) as u8)
+        .collect()
+}
+
+struct Daemon {
+    addr: String,
+    side: std::path::PathBuf,
+    service: KvService,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// A KV service over a memory tier with a 16 MiB arena (4 MiB per session), on a Unix
+/// socket with its side socket.
+async fn daemon() -> Daemon {
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let service = KvService::new(
+        engine,
+        ServerConfig {
+            shm_bytes: 16 << 20,
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("kv.sock");
+    let side = dir.path().join("kv-shm.sock");
+    let listener = tokio::net::UnixListener::bind(&sock).expect("bind");
+    let side_listener = tokio::net::UnixListener::bind(&side).expect("bind side");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
+    let arena = service.shm_arena().expect("arena");
+    tokio::spawn(strata_kvcache::shm::serve_side_socket(
+        side_listener,
+        arena,
+        async move {
+            let _ = rx2.await;
+        },
+    ));
+    let svc = service.clone();
+    tokio::spawn(async move {
+        let _ = serve(listener, svc, async move {
+            let _ = rx.await;
+            let _ = tx2.send(());
+        })
+        .await;
+    });
+    Daemon {
+        addr: format!("unix://{}", sock.display()),
+        side,
+        service,
+        _dir: dir,
+        stop: Some(tx),
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_batch_is_leased_in_one_call_and_read_in_place() {
+    let d = daemon().await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let blocks: Vec<Vec<u8>> = (0..6u8).map(|i| pattern(300_000 + i as usize, i)).collect();
+    for (i, v) in blocks.iter().enumerate() {
+        c.put(NS, &[b'k', i as u8], Bytes::from(v.clone()))
+            .await
+            .expect("put");
+    }
+    c.attach_shm(&d.side).await.expect("attach");
+    let arena = d.service.shm_arena().expect("arena");
+    let keys: [&[u8]; 4] = [b"k\x01", b"absent", b"k\x04", b"k\x01"];
+    let got = c.get_blocks(NS, &keys).await.expect("get_blocks");
+    assert_eq!(
+        got.iter().map(Option::is_some).collect::<Vec<_>>(),
+        [true, false, true, true],
+        "a miss stays a miss, in its place"
+    );
+    for (k, b) in keys.iter().zip(&got) {
+        if let Some(b) = b {
+            assert!(b.is_shared(), "read in place in the arena");
+            assert_eq!(&b[..], &blocks[k[1] as usize][..]);
+        }
+    }
+    let st = arena.stats();
+    assert_eq!(st.leases, 3);
+    assert_eq!(
+        st.copies, 2,
+        "the repeated block is copied into the arena once"
+    );
+    assert!(st.leased_bytes > 0);
+    drop(got);
+    wait_until("the leases' release", || arena.stats().leased_bytes == 0).await;
+}
+
+#[tokio::test]
+async fn blocks_past_the_sessions_share_come_as_bytes() {
+    let d = daemon().await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    // 1.5 MiB each: two fit in the session's 4 MiB share, the others do not.
+    let blocks: Vec<Vec<u8>> = (0..4u8).map(|i| pattern(3 << 19, 40 + i)).collect();
+    let keys: Vec<Vec<u8>> = (0..4u8).map(|i| vec![b'b', i]).collect();
+    for (k, v) in keys.iter().zip(&blocks) {
+        c.put(NS, k, Bytes::from(v.clone())).await.expect("put");
+    }
+    c.attach_shm(&d.side).await.expect("attach");
+    let got = c.get_blocks(NS, &keys).await.expect("get_blocks");
+    let shared = got.iter().flatten().filter(|b| b.is_shared()).count();
+    assert_eq!(shared, 2);
+    for (b, v) in got.iter().zip(&blocks) {
+        assert_eq!(
+            &b.as_ref().expect("hit")[..],
+            &v[..],
+            "every block byte-exact"
+        );
+    }
+}
+
+#[tokio::test]
+async fn batch_lease_without_a_live_session_is_refused() {
+    let d = daemon().await;
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    c.put(NS, b"x", Bytes::from(pattern(4000, 1)))
+        .await
+        .expect("put");
+    let req = || pb::BatchGetRequest {
+        namespace: NS.into(),
+        hashes: vec![Bytes::from_static(b"x")],
+    };
+    let e = c.raw().batch_lease(req()).await.expect_err("no session");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    // A session id no side connection opened (or one that has ended).
+    let mut r = tonic::Request::new(req());
+    r.metadata_mut().insert(
+        strata_kvcache::shm::SHM_SESSION_METADATA,
+        "0123456789abcdef0123456789abcdef".parse().expect("ascii"),
+    );
+    let e = c.raw().batch_lease(r).await.expect_err("unknown session");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    // Not attached, get_blocks is a BatchGet: the same bytes, inline.
+    let got = c.get_blocks(NS, &[b"x"]).await.expect("get_blocks");
+    let b = got[0].as_ref().expect("hit");
+    assert!(!b.is_shared());
+    assert_eq!(&b[..], &pattern(4000, 1)[..]);
+}
