@@ -42,7 +42,9 @@ pub struct FaultConfig {
     pub down: bool,
     /// A key the store holds that `object_store` cannot name (as S3's `d//x`, with an
     /// empty segment): listing its directory level fails with `InvalidPath` (as the S3
-    /// client fails the whole page), and a plain listing yields an error item for it.
+    /// client fails the whole page), and a plain listing yields an error item for it
+    /// (S3's client ends the listing there: `tests/tests/store_s3.rs` checks that case
+    /// against a real server).
     pub bad_key: Option<String>,
     /// Every write (PUT, multipart start, part, completion, server-side copy) fails
     /// while set.

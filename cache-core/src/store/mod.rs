@@ -12,14 +12,15 @@
 //!   [`StoreOptions::follow_symlinks`]): such entries are left out of listings (with a
 //!   warning) and are not found by `head` or reads, so a link planted in a dataset
 //!   cannot expose files outside it. Links that stay inside the root work.
-//! - A key the client library cannot name (S3's `d//x`: an empty segment) costs that
-//!   key, not its directory: the listing is redone key by key and the bad key skipped
-//!   with a warning.
+//! - A key the client library cannot name (S3's `d//x`, `d/./x`, a control character)
+//!   costs that key, not its directory: the listing is redone in pages that step
+//!   around it (`listing.rs`), the key skipped with a warning.
 //! - [`faulty::FaultyStore`] wraps any store to inject latency, bandwidth limits,
 //!   errors and hangs, for tests and for the cold-read benchmarks.
 
 pub mod faulty;
 mod journal;
+mod listing;
 mod probe;
 mod upload;
 
@@ -157,6 +158,9 @@ pub struct BackingStore {
     /// Where uploads in progress are recorded (a writable mount's; see
     /// [`UploadJournal`]).
     journal: Option<Arc<UploadJournal>>,
+    /// Paged listing (S3, GCS), to list around keys object_store cannot name (see
+    /// `listing.rs`).
+    paged: Option<Arc<listing::PagedLister>>,
 }
 
 /// Counters of a [`BackingStore`]'s successful data reads.
@@ -198,6 +202,7 @@ impl BackingStore {
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
+            paged: None,
             journal: None,
         }
     }
@@ -314,6 +319,7 @@ impl BackingStore {
             .ok_or_else(|| bad("expected scheme://...".into()))?;
         let mut local_root = None;
         let mut part_store: Option<Arc<dyn object_store::multipart::MultipartStore>> = None;
+        let mut paged_store: Option<Arc<dyn object_store::list::PaginatedListStore>> = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = std::path::Path::new(rest);
@@ -339,9 +345,10 @@ impl BackingStore {
                 if bucket.is_empty() {
                     return Err(bad("missing bucket".into()));
                 }
-                let (store, parts) =
+                let (store, parts, paged) =
                     cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?;
                 part_store = Some(parts);
+                paged_store = paged;
                 (store, prefix.trim_matches('/').to_string())
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
@@ -366,6 +373,7 @@ impl BackingStore {
             reads: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
+            paged: paged_store.map(|p| Arc::new(listing::PagedLister::new(p, &prefix))),
             part_store: part_store.map(|p| (p, prefix)),
             journal: None,
         })
@@ -581,6 +589,8 @@ impl BackingStore {
                 let mut listed = self.store.list(Some(&prefix));
                 match listed.next().await {
                     Some(Ok(_)) => Ok(true),
+                    // Keys are there, one of them not one object_store can name.
+                    Some(Err(object_store::Error::InvalidPath { .. })) => Ok(true),
                     Some(Err(e)) => Err(e),
                     None => Ok(false),
                 }
@@ -671,8 +681,9 @@ impl BackingStore {
     }
 
     /// One level under `prefix`. If the store holds a key the client library cannot
-    /// name (an `InvalidPath` error fails the whole page), the level is rebuilt from a
-    /// plain listing that skips such keys, with a warning: one odd key must not hide
+    /// name (an `InvalidPath` error fails the whole page), the level is listed again
+    /// in pages that step around such keys (`listing.rs`; S3, GCS), or else rebuilt
+    /// from a plain listing that skips them, with a warning: one odd key must not hide
     /// its whole directory.
     ///
     /// A local directory store's listing fails as a whole on a name no key can hold (its
@@ -699,8 +710,11 @@ impl BackingStore {
                     store = %self.label,
                     dir = prefix.map(|p| p.as_ref()).unwrap_or(""),
                     error = %source,
-                    "listing holds a key that cannot be named; listing key by key and skipping it"
+                    "listing holds a key that cannot be named; listing around it"
                 );
+                if let Some(paged) = &self.paged {
+                    return paged.list(prefix, true, &self.label).await;
+                }
                 let metas = self.list_skipping_bad_keys(prefix).await?;
                 let mut dirs = std::collections::BTreeSet::new();
                 let mut objects = Vec::new();
@@ -735,7 +749,8 @@ impl BackingStore {
     }
 
     /// Every object under `prefix`; keys the client library cannot name are skipped
-    /// with a warning, other errors fail the listing.
+    /// with a warning (by paged listing where the store has it: `listing.rs`), other
+    /// errors fail the listing.
     async fn list_skipping_bad_keys(
         &self,
         prefix: Option<&Path>,
@@ -763,6 +778,12 @@ impl BackingStore {
             match item {
                 Ok(m) => out.push(m),
                 Err(object_store::Error::InvalidPath { source }) => {
+                    // The error took its whole page (and, for S3, the rest of the
+                    // listing): list again in pages that step around the key.
+                    if let Some(paged) = &self.paged {
+                        drop(stream);
+                        return Ok(paged.list(prefix, false, &self.label).await?.objects);
+                    }
                     tracing::warn!(store = %self.label, error = %source, "skipping a key that cannot be named");
                 }
                 Err(e) => return Err(e),
@@ -1314,23 +1335,34 @@ async fn local_infos(
     .await?
 }
 
+/// A cloud store as the traits the handle uses: objects, multipart by part index, and
+/// paged listing where it has one.
+type CloudStore = (
+    Arc<dyn ObjectStore>,
+    Arc<dyn object_store::multipart::MultipartStore>,
+    Option<Arc<dyn object_store::list::PaginatedListStore>>,
+);
+
 fn cloud_store(
     scheme: &str,
     bucket: &str,
     opts: &StoreOptions,
-) -> object_store::Result<(
-    Arc<dyn ObjectStore>,
-    Arc<dyn object_store::multipart::MultipartStore>,
-)> {
+) -> object_store::Result<CloudStore> {
     // The same client seen as both traits: its multipart API sends parts by index.
-    fn both<S: ObjectStore + object_store::multipart::MultipartStore>(
-        s: S,
-    ) -> (
-        Arc<dyn ObjectStore>,
-        Arc<dyn object_store::multipart::MultipartStore>,
-    ) {
+    fn both<S: ObjectStore + object_store::multipart::MultipartStore>(s: S) -> CloudStore {
         let s = Arc::new(s);
-        (s.clone(), s)
+        (s.clone(), s, None)
+    }
+    // And as a paged lister (S3, GCS): listings step around keys it cannot name.
+    fn paged<
+        S: ObjectStore
+            + object_store::multipart::MultipartStore
+            + object_store::list::PaginatedListStore,
+    >(
+        s: S,
+    ) -> CloudStore {
+        let s = Arc::new(s);
+        (s.clone(), s.clone(), Some(s))
     }
     // Our retry loop is the only one: the cloud clients' own (10 retries over up to 3
     // minutes by default) would turn a dead store into a hang.
@@ -1364,7 +1396,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            both(b.build()?)
+            paged(b.build()?)
         }
         "gs" => {
             let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -1374,7 +1406,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            both(b.build()?)
+            paged(b.build()?)
         }
         _ => {
             let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()

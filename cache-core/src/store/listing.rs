@@ -1,0 +1,156 @@
+//! Listings that step around keys the client library cannot name.
+//!
+//! object_store names every listed key as a [`Path`], and a key it cannot parse (a
+//! control character, an empty or `.` segment: `a//b`, `a/./b`, all legal in S3 and
+//! GCS) fails the whole page it is on, and the listing stops there: one odd key written
+//! by another tool would hide up to 1,000 of its neighbours and everything after them.
+//! Such a key cannot be read through object_store either, so it is skipped; its
+//! neighbours must not be.
+//!
+//! Where the store offers paged listing ([`PaginatedListStore`]: S3, GCS), the listing
+//! is redone in pages that start after the last name seen (`start-after`). A page that
+//! fails is asked again at half the size until the page of one entry that fails is the
+//! odd key itself: the parse error carries its text, and the next page starts after it
+//! (after everything under it, for a common prefix). Pages then grow back to full
+//! size. A listing with one odd key costs about `2 log2(1000)` = 20 extra requests.
+
+use std::sync::Arc;
+
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::path::Path;
+use object_store::{ListResult, ObjectMeta};
+
+/// A full page, as S3 and GCS send by default.
+const PAGE_KEYS: usize = 1000;
+
+/// Sorts after every name under a prefix: `start-after` of `dir/` + this skips the
+/// whole of `dir/` (keys are UTF-8, compared by bytes; U+10FFFF is the greatest).
+const AFTER_ALL: char = '\u{10FFFF}';
+
+/// Paged listing of a store, under the handle's own prefix (`s3://bucket/prefix`).
+pub(super) struct PagedLister {
+    store: Arc<dyn PaginatedListStore>,
+    /// The handle's prefix ("" for a whole bucket), without slashes at either end.
+    base: String,
+}
+
+impl PagedLister {
+    pub(super) fn new(store: Arc<dyn PaginatedListStore>, base: &str) -> Self {
+        PagedLister {
+            store,
+            base: base.trim_matches('/').to_string(),
+        }
+    }
+
+    /// The objects under `prefix` (relative to the handle), one level (`delimiter`) or
+    /// all of them, skipping keys object_store cannot name (each logged). Paths in the
+    /// result are relative to the handle, as the handle's other listings are.
+    pub(super) async fn list(
+        &self,
+        prefix: Option<&Path>,
+        delimiter: bool,
+        label: &str,
+    ) -> object_store::Result<ListResult> {
+        let full = match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
+            (true, None) => String::new(),
+            (true, Some(p)) => format!("{p}/"),
+            (false, None) => format!("{}/", self.base),
+            (false, Some(p)) => format!("{}/{p}/", self.base),
+        };
+        let mut out = ListResult {
+            common_prefixes: Vec::new(),
+            objects: Vec::new(),
+            extensions: Default::default(),
+        };
+        let mut start_after: Option<String> = None;
+        let mut want = PAGE_KEYS;
+        let mut last_skipped: Option<String> = None;
+        loop {
+            let opts = PaginatedListOptions {
+                offset: start_after.clone(),
+                delimiter: delimiter.then_some("/".into()),
+                max_keys: Some(want),
+                ..Default::default()
+            };
+            let req_prefix = (!full.is_empty()).then_some(full.as_str());
+            match self.store.list_paginated(req_prefix, opts).await {
+                Ok(page) => {
+                    let mut last: Option<String> = None;
+                    for m in page.result.objects {
+                        note_last(&mut last, m.location.as_ref().to_string());
+                        if let Some(m) = self.relative_meta(m) {
+                            out.objects.push(m);
+                        }
+                    }
+                    for p in page.result.common_prefixes {
+                        note_last(&mut last, format!("{}/{AFTER_ALL}", p.as_ref()));
+                        if let Some(p) = self.relative(&p) {
+                            out.common_prefixes.push(p);
+                        }
+                    }
+                    match (page.page_token, last) {
+                        (Some(_), Some(last)) => start_after = Some(last),
+                        _ => break,
+                    }
+                    want = (want * 2).min(PAGE_KEYS);
+                }
+                Err(object_store::Error::InvalidPath { source }) if want > 1 => {
+                    tracing::debug!(store = label, want, error = %source, "narrowing a listing page");
+                    want /= 2;
+                }
+                Err(object_store::Error::InvalidPath { source }) => {
+                    let Some(bad) = unnamed_key(&source) else {
+                        return Err(object_store::Error::InvalidPath { source });
+                    };
+                    // A store whose offset includes its own key would answer the same
+                    // key again: give up rather than loop.
+                    if last_skipped.as_deref() == Some(bad.as_str()) {
+                        return Err(object_store::Error::InvalidPath { source });
+                    }
+                    tracing::warn!(store = label, key = ?bad, error = %source,
+                        "skipping a key that cannot be named; listing its neighbours");
+                    start_after = Some(if delimiter && bad.ends_with('/') {
+                        format!("{bad}{AFTER_ALL}")
+                    } else {
+                        bad.clone()
+                    });
+                    last_skipped = Some(bad);
+                    want = 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// `p` without the handle's prefix (None: not under it).
+    fn relative(&self, p: &Path) -> Option<Path> {
+        if self.base.is_empty() {
+            return Some(p.clone());
+        }
+        let base = Path::parse(&self.base).ok()?;
+        p.prefix_match(&base).map(Path::from_iter)
+    }
+
+    fn relative_meta(&self, mut m: ObjectMeta) -> Option<ObjectMeta> {
+        m.location = self.relative(&m.location)?;
+        Some(m)
+    }
+}
+
+/// Keeps the greatest name seen in a page (its entries are sorted, but objects and
+/// common prefixes come as two lists).
+fn note_last(last: &mut Option<String>, name: String) {
+    if last.as_ref().is_none_or(|l| name > *l) {
+        *last = Some(name);
+    }
+}
+
+/// The listed text a parse error is about.
+fn unnamed_key(e: &object_store::path::Error) -> Option<String> {
+    use object_store::path::Error as E;
+    match e {
+        E::EmptySegment { path } | E::BadSegment { path, .. } => Some(path.clone()),
+        _ => None,
+    }
+}
