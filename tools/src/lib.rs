@@ -10,7 +10,8 @@ pub mod config;
 pub mod daemon;
 
 /// Logs to stderr at `RUST_LOG`'s filter, or `default` (e.g. `"info"`) when unset; a
-/// second call (tests, a bench inside a process that already logs) is a no-op.
+/// second call (tests, a bench inside a process that already logs) is a no-op. Lines
+/// that cannot be written (a full disk) are lost, never fatal.
 pub fn init_logging(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -18,5 +19,9 @@ pub fn init_logging(default: &str) {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
+        // A failed write of a log line is dropped: reported, it would go through
+        // eprintln!, which panics when stderr is a log file on a full disk (the cache
+        // dir's `mount.log`), and the daemon must not die of its log.
+        .log_internal_errors(false)
         .try_init();
 }

@@ -117,3 +117,70 @@ fn an_interrupted_recording_keeps_its_trace() {
     let trace = std::fs::read_to_string(&out).expect("the trace is written");
     assert!(trace.contains("f.bin"), "{trace}");
 }
+
+/// A daemon whose stdout and stderr cannot be written (its log a file on a full disk:
+/// here /dev/full, ENOSPC on every write) keeps serving and stops cleanly on SIGTERM.
+/// println!/eprintln! and the log's own error report panic on such a write (black-box
+/// finding: a background mount died once its cache disk, holding mount.log, filled).
+#[test]
+fn a_daemon_survives_output_it_cannot_write() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full");
+    let mut child = Command::new(strata())
+        .env("RUST_LOG", "debug")
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--memory",
+            "64MiB",
+            "--disk",
+            "0",
+        ])
+        .arg("--admin")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .stdout(full().expect("/dev/full"))
+        .stderr(full().expect("/dev/full"))
+        .spawn()
+        .expect("spawn strata serve");
+    let metrics = || -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut answered = 0;
+    while answered < 5 {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the daemon exited ({status:?}) writing to a full disk");
+        }
+        assert!(Instant::now() < deadline, "the daemon never answered");
+        match metrics() {
+            Some(b) if b.starts_with("HTTP/1.1 200") => answered += 1,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "clean stop: {status:?}");
+}

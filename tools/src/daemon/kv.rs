@@ -191,7 +191,7 @@ pub(crate) async fn start(
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding KV service on {addr}"))?;
-        println!("kv tcp {}", l.local_addr()?);
+        announce!("kv tcp {}", l.local_addr()?);
         let (svc, stop) = (service.clone(), stop.clone());
         tasks.spawn(async move {
             kv::serve(l, svc, stop.cancelled_owned())
@@ -209,7 +209,7 @@ pub(crate) async fn start(
             .with_context(|| format!("removing stale socket {}", socket.display()))?;
     }
     let ul = bind_private(&socket)?;
-    println!("kv unix {}", socket.display());
+    announce!("kv unix {}", socket.display());
     let (svc, stop2) = (service.clone(), stop.clone());
     tasks.spawn(async move {
         kv::serve(ul, svc, stop2.cancelled_owned())
@@ -223,7 +223,7 @@ pub(crate) async fn start(
             let path = socket.with_file_name("kv-shm.sock");
             let _ = std::fs::remove_file(&path);
             let l = bind_private(&path)?;
-            println!("kv shm {}", path.display());
+            announce!("kv shm {}", path.display());
             let stop = stop.clone();
             tasks.spawn(async move {
                 strata_kvcache::shm::serve_side_socket(l, arena, stop.cancelled_owned()).await;

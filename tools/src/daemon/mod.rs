@@ -21,6 +21,16 @@
 //! KV service, until every mount was removed from outside (`fusermount3 -u`); then it
 //! finishes requests in flight and unmounts.
 
+/// A line of the daemon's start-up protocol on stdout ("mount ...", "ready": tools and
+/// tests wait for them). Not println!, which panics when stdout cannot be written (a
+/// file on a full disk): the daemon must not die of its output.
+macro_rules! announce {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 pub mod cache;
 pub mod cluster;
 pub mod kv;
@@ -29,6 +39,7 @@ pub mod peer;
 pub mod peer_metrics;
 pub mod peer_reads;
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -107,7 +118,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         Some(c) => {
             let token = c.token()?;
             let h = cluster::start(c, &cfg.cache, admin_addr)?;
-            println!("cluster {} {}", c.group, h.node);
+            announce!("cluster {} {}", c.group, h.node);
             // In a group the KV service routes by key to the owners
             // (`strata_kvcache::group`).
             if let Some(k) = &kv {
@@ -124,7 +135,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             };
             let addr =
                 peer::start(c.peer_listen()?, token.as_deref(), ctx, &stop, &mut tasks).await?;
-            println!("peer {addr}");
+            announce!("peer {addr}");
             // A dial to a dead peer gives up after 1 s (the read hedges to the store
             // after the peer's p99 anyway; this bounds what dead dials hold).
             let channels =
@@ -160,7 +171,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
             let h = mount::mount(m, &core, store, url, peers)?;
-            println!("mount {}", m.mountpoint.display());
+            announce!("mount {}", m.mountpoint.display());
             infos.push(MountInfo {
                 mountpoint: m.mountpoint.clone(),
                 prefix: m.prefix.clone(),
@@ -174,7 +185,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
         }
-        println!("admin {}", l.local_addr()?);
+        announce!("admin {}", l.local_addr()?);
         let state = AdminState {
             engine: core.engine.clone(),
             kv: kv.as_ref().map(|k| k.service.clone()),
@@ -193,7 +204,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         let stop = stop.clone();
         tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
     }
-    println!("ready");
+    announce!("ready");
 
     let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
     shut_down(tasks, mounts).await;
@@ -324,7 +335,9 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
         let signal_stop = stop.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
-            eprintln!("shutting down");
+            // Not eprintln!: it panics when stderr cannot be written (a log file on
+            // a full disk), and a daemon must not die of its log.
+            let _ = writeln!(std::io::stderr(), "shutting down");
             signal_stop.cancel();
         });
         run(cfg, stop).await
