@@ -424,6 +424,17 @@ impl InodeTable {
         (ino, 1)
     }
 
+    /// `path` was removed (unlink, rmdir): its inode stays for the kernel's open
+    /// handles (and its FORGET) but no longer names the path, so a file or directory
+    /// made there next is a new inode. Reusing the number would hand the new file the
+    /// old one's page cache and open handles (a reader of the deleted file read the new
+    /// file's bytes), and a directory the kernel has marked removed (every create in a
+    /// re-made directory failed ENOENT): black-box findings.
+    fn detach(&mut self, path: &str) {
+        self.by_path.remove(path);
+        self.forgotten.remove(path);
+    }
+
     /// `from` was renamed to `to`: its inode now names `to` (the kernel keeps the
     /// inode across a rename); an inode `to` had is left to the kernel's FORGET.
     fn moved(&mut self, from: &Arc<str>, to: &Arc<str>) {
@@ -1147,11 +1158,17 @@ impl FsCore {
         Ok(entry)
     }
 
-    /// The object as a read handle of `ino` open now was opened, if any.
+    /// The file as a handle of `ino` open now sees it, if any: the object a read handle
+    /// opened, or the file a write handle is writing.
     fn open_meta(&self, ino: u64) -> Option<Meta> {
-        let files = self.files.lock();
-        let h = files.values().find(|h| h.ino == ino)?;
-        Some(Meta::File(h.obj.clone()))
+        let read = {
+            let files = self.files.lock();
+            files
+                .values()
+                .find(|h| h.ino == ino)
+                .map(|h| Meta::File(h.obj.clone()))
+        };
+        read.or_else(|| self.handle_meta(ino))
     }
 
     /// Opens directory `ino`: snapshots its entries (with `.` and `..`) so that the
@@ -1351,7 +1368,14 @@ impl FsCore {
             h.reads.fetch_add(1, Ordering::Relaxed);
             h
         };
-        if let Some(now) = self.read_written(&h.obj.path, offset, size) {
+        // A file being written under this handle's path is this file (replaced in
+        // place, as on a local disk) only if the path still names this inode: after an
+        // unlink, a file made under the name is another file.
+        let same_file = self.inodes.read().by_path.get(&*h.obj.path) == Some(&h.ino);
+        if let Some(now) = same_file
+            .then(|| self.read_written(&h.obj.path, offset, size))
+            .flatten()
+        {
             return now;
         }
         if self.superseded(&h) {

@@ -702,6 +702,69 @@ fn passthrough_opens_read_the_same_bytes(b: Backend) {
     );
 }
 
+/// A name removed and made again is a new file or directory, as on a local disk: a
+/// descriptor open on the deleted file keeps that file (never the new one's bytes or
+/// size), a directory made again takes entries, and an fstat of a file unlinked while
+/// being written describes it. (Black-box findings: the new file took the old one's
+/// inode number, so the kernel served the old descriptor the new file's page cache and
+/// refused creates in the re-made directory, which it had marked removed.)
+fn a_name_made_again_is_a_new_file(b: Backend) {
+    use std::os::unix::fs::FileExt;
+    let (fx, _staging) = writable(b, |w| {
+        w.allow_delete = true;
+        w.allow_overwrite = true;
+    });
+    let old = vec![b'O'; 1_000_000];
+    std::fs::write(fx.m("ckpt"), &old).expect("write old");
+    let reader = File::open(fx.m("ckpt")).expect("open old");
+    let mut first = vec![0u8; 500_000];
+    reader
+        .read_exact_at(&mut first, 0)
+        .expect("read first half");
+    std::fs::remove_file(fx.m("ckpt")).expect("unlink");
+    std::fs::write(fx.m("ckpt"), vec![b'N'; 1_000_000]).expect("write new");
+    let mut second = vec![0u8; 500_000];
+    match reader.read_at(&mut second, 500_000) {
+        // The old bytes (still cached) or ESTALE (the deleted object is gone): never
+        // the new file's.
+        Ok(n) => assert!(
+            second[..n].iter().all(|&c| c == b'O'),
+            "the deleted file's descriptor read the new file's bytes"
+        ),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}"),
+    }
+    assert_eq!(
+        std::fs::read(fx.m("ckpt")).expect("read new"),
+        vec![b'N'; 1_000_000]
+    );
+    drop(reader);
+
+    // A directory removed while a file in it is still open, then made again.
+    std::fs::create_dir(fx.m("run")).expect("mkdir");
+    let log = File::create(fx.m("run/old.log")).expect("create in dir");
+    std::fs::remove_file(fx.m("run/old.log")).expect("unlink open file");
+    std::fs::remove_dir(fx.m("run")).expect("rmdir");
+    std::fs::create_dir(fx.m("run")).expect("mkdir again");
+    std::fs::write(fx.m("run/new.log"), b"new").expect("create in the re-made directory");
+    assert_eq!(stored(&fx, "run/new.log").as_deref(), Some(&b"new"[..]));
+    drop(log);
+
+    // fstat of a descriptor writing a file unlinked while open, and after the name
+    // was made again by another file.
+    let mut w = File::create(fx.m("tmp")).expect("create tmp");
+    w.write_all(&[b'B'; 50]).expect("write tmp");
+    std::fs::remove_file(fx.m("tmp")).expect("unlink tmp");
+    assert_eq!(w.metadata().expect("fstat unlinked").len(), 50);
+    std::fs::write(fx.m("tmp"), [b'n'; 20]).expect("make the name again");
+    assert_eq!(
+        w.metadata().expect("fstat after").len(),
+        50,
+        "the old file's size"
+    );
+    drop(w);
+    assert_eq!(stored(&fx, "tmp").as_deref(), Some(&[b'n'; 20][..]));
+}
+
 /// Inodes in the mount's table, as `statfs` reports them (`f_files`).
 fn inode_count(path: &std::path::Path) -> u64 {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL");
@@ -774,4 +837,5 @@ both_backends!(
     unmount_with_open_files_does_not_hang,
     a_second_mount_on_the_same_directory_is_refused,
     passthrough_opens_read_the_same_bytes,
+    a_name_made_again_is_a_new_file,
 );

@@ -63,6 +63,7 @@ impl FsCore {
         }
         self.reader.store().delete(&path).await?;
         self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        self.inodes.write().detach(&path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
@@ -359,6 +360,7 @@ impl FsCore {
                 source,
             })?;
         }
+        self.inodes.write().detach(&path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())

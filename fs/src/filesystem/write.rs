@@ -200,6 +200,9 @@ pub(super) struct Staged {
     closed: AtomicBool,
     /// Unlinked while open: its handles still read and write it, nothing is uploaded.
     unlinked: AtomicBool,
+    /// The inode its writers opened (0: not yet told): an fstat of a handle of it
+    /// answers from here once the path names another file or none.
+    ino: AtomicU64,
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
@@ -538,6 +541,7 @@ impl Writes {
             touched: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             unlinked: AtomicBool::new(false),
+            ino: AtomicU64::new(0),
             opener,
         });
         by_path.insert(path.clone(), staged.clone());
@@ -762,10 +766,21 @@ impl FsCore {
             }
             self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         }
+        self.inodes.write().detach(path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, path, Some(Meta::Missing)).await;
         writes.released.notify_waiters();
         Ok(())
+    }
+
+    /// The file a write handle of inode `ino` is writing, as its attributes say now.
+    pub(super) fn handle_meta(&self, ino: u64) -> Option<Meta> {
+        let writes = self.writes.as_ref()?;
+        let handles = writes.handles.lock();
+        let staged = handles
+            .values()
+            .find(|s| s.ino.load(Ordering::Acquire) == ino)?;
+        Some(staged.meta())
     }
 
     /// Whether this mount takes writes.
@@ -802,6 +817,7 @@ impl FsCore {
         }
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         let staged = writes.stage(&path, pid)?;
+        staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged.clone());
         let entry = Entry {
@@ -846,6 +862,7 @@ impl FsCore {
             )));
         }
         let staged = writes.stage(&node.path, pid)?;
+        staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {
             if let Err(e) = self.fill_staged(&staged, &obj, pid, fh).await {
