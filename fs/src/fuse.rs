@@ -213,7 +213,9 @@ impl Filesystem for FuseFs {
         let pid = req.pid();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
-        let truncate = flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_APPEND == 0;
+        // O_TRUNC|O_APPEND (Go's log-file idiom) truncates, then appends to the empty
+        // file; the kernel set its size to 0 at the open (FUSE_ATOMIC_O_TRUNC).
+        let truncate = flags.0 & libc::O_TRUNC != 0;
         let passthrough = self.passthrough;
         let opens = self.opens.clone();
         let handles = self.handles.clone();

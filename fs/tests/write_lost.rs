@@ -13,6 +13,10 @@ use strata_fs::{CoreOptions, FsCore, WriteOptions};
 mod write_common;
 use write_common::{part_store, stored, PartStore};
 
+/// The tests here run one at a time: each mounts a tmpfs and fills it, and a run
+/// beside another once failed a write it expected to land.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A tmpfs of `size` on `dir`, unmounted when dropped.
 struct Tmpfs(std::path::PathBuf);
 
@@ -45,6 +49,7 @@ impl Drop for Tmpfs {
 
 #[tokio::test]
 async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let disk = Tmpfs::mount(dir.path(), "1m");
     // (No store faults here: the disk is what fails.)
@@ -100,6 +105,57 @@ async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
         let got = stored(&mem, "retry.bin").await.expect("stored");
         assert_eq!(got.len() as u64, at + chunk.len() as u64);
         assert!(got.iter().all(|&b| b == 7));
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("bounded");
+}
+
+/// The first write of a file fails (the disk was full already): its close still
+/// reports the failure (it returned 0 as if nothing had been written, and the file
+/// vanished: black-box finding).
+#[tokio::test]
+async fn a_file_whose_first_write_failed_fails_its_close() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _disk = Tmpfs::mount(dir.path(), "1m");
+    let PartStore { mem, store, faulty } = part_store();
+    drop(faulty);
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(16 << 20)))
+        .build()
+        .expect("engine");
+    let reader = ObjectReader::new(engine, store, 64 << 10).expect("reader");
+    let mut w = WriteOptions::new(dir.path().join("staging"));
+    w.stream_from = u64::MAX;
+    let core = Arc::new(FsCore::new(
+        reader,
+        "",
+        CoreOptions {
+            writes: Some(w),
+            ..Default::default()
+        },
+    ));
+    let chunk = vec![7u8; 256 << 10];
+    let run = async {
+        // Another file takes the whole disk (kept open).
+        let (_, filler) = core
+            .create(ROOT_INO, "filler.bin", 0)
+            .await
+            .expect("create");
+        let mut i = 0u64;
+        while core.write(filler, i * chunk.len() as u64, &chunk).is_ok() {
+            i += 1;
+            assert!(i < 16, "a 1 MiB disk fills");
+        }
+        let (_, fh) = core.create(ROOT_INO, "first.bin", 0).await.expect("create");
+        let e = core.write(fh, 0, &chunk).expect_err("the disk is full");
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+        let e = core.close(fh, 0).await.expect_err("the close reports it");
+        assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+        core.release_write(fh).await;
+        assert_eq!(stored(&mem, "first.bin").await, None);
+        core.release_write(filler).await;
     };
     tokio::time::timeout(Duration::from_secs(20), run)
         .await

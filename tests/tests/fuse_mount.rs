@@ -437,6 +437,40 @@ fn overwrites_replace_objects_whole(b: Backend) {
         std::fs::read(fx.m("small.txt")).expect("read"),
         b"Replaced and more\n"
     );
+    // O_TRUNC|O_APPEND (Go's log-file idiom) truncates, then appends (it kept the old
+    // bytes and wrote over them, black-box finding).
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // (std refuses append with truncate; the flags as a C program passes them.)
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_APPEND | libc::O_TRUNC)
+            .open(fx.m("small.txt"))
+            .expect("open O_TRUNC|O_APPEND");
+        f.write_all(b"new").expect("append");
+    }
+    assert_eq!(stored(&fx, "small.txt").as_deref(), Some(&b"new"[..]));
+    // truncate(path), no descriptor: the object resized (was ENOTSUP whatever its
+    // size), shrunk and grown with zeros.
+    let c =
+        std::ffi::CString::new(fx.m("small.txt").as_os_str().as_encoded_bytes()).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::truncate(c.as_ptr(), 2) },
+        0,
+        "truncate: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(stored(&fx, "small.txt").as_deref(), Some(&b"ne"[..]));
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::truncate(c.as_ptr(), 4) },
+        0,
+        "grow: {}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(stored(&fx, "small.txt").as_deref(), Some(&b"ne\0\0"[..]));
+    assert_eq!(std::fs::read(fx.m("small.txt")).expect("read"), b"ne\0\0");
 }
 
 /// A file held open by a reader while another process replaces, appends to or patches

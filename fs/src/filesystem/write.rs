@@ -246,6 +246,26 @@ fn process_of(tid: u32) -> Option<u32> {
         .and_then(|s| crate::job::parse_tgid(&s))
 }
 
+/// Sets the size of a file being written (truncate or grow), as a write would change it.
+fn resize_staged(staged: &Staged, size: u64) -> Result<()> {
+    let freed = staged.freed();
+    if freed > 0 {
+        return Err(freed_error(&staged.path(), size.min(freed), freed));
+    }
+    staged.file.set_len(size).map_err(|source| Error::Local {
+        what: format!("truncating {}", staged.path()),
+        source,
+    })?;
+    staged.size.store(size, Ordering::Release);
+    staged.charge_exactly(size);
+    staged.appending.store(false, Ordering::Release);
+    staged.written.fetch_add(1, Ordering::AcqRel);
+    staged.touched.store(true, Ordering::Release);
+    staged.closed.store(false, Ordering::Release);
+    staged.break_stream();
+    Ok(())
+}
+
 /// A write (or read, or truncate) at `offset` of a file whose first `freed` bytes were
 /// sent and freed from local disk (`Staged::free_sent`).
 fn freed_error(path: &str, offset: u64, freed: u64) -> Error {
@@ -1176,42 +1196,48 @@ impl FsCore {
         }
     }
 
-    /// Sets the size of `ino` (truncate) if it is being written. Changes of times, mode
-    /// or owner are accepted and ignored on any file (the store keeps none of them;
-    /// `tar -x` and `cp -p` set them after writing and would fail otherwise); resizing
-    /// an object not being written is not supported.
+    /// Sets the size of `ino` (truncate). A file being written is resized in place; an
+    /// object not being written (`truncate(path)`, no handle) is changed as an open for
+    /// writing would change it (needs `allow_overwrite`, at most `rewrite_max` bytes
+    /// unless truncated to 0): staged, resized and uploaded before this returns.
+    /// Changes of times, mode or owner are accepted and ignored on any file (the store
+    /// keeps none of them; `tar -x` and `cp -p` set them after writing and would fail
+    /// otherwise).
     /// `fh`: the handle of an `ftruncate` (the file it names, also once renamed or
     /// unlinked while open).
-    pub async fn setattr(&self, ino: u64, size: Option<u64>, fh: Option<u64>) -> Result<Entry> {
+    pub async fn setattr(
+        self: &Arc<Self>,
+        ino: u64,
+        size: Option<u64>,
+        fh: Option<u64>,
+    ) -> Result<Entry> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
         let by_handle = fh.and_then(|f| writes.handle(f));
         let Some(staged) = by_handle.or_else(|| writes.staged(&node.path)) else {
-            if size.is_some() {
-                return Err(Error::Unsupported(format!(
-                    "{}: an object is replaced whole (open with O_TRUNC), not resized",
-                    node.path
-                )));
-            }
-            let meta = self.meta(&node.path).await?;
-            return self.entry_for(&node.path, &meta, false);
+            let Some(size) = size else {
+                let meta = self.meta(&node.path).await?;
+                return self.entry_for(&node.path, &meta, false);
+            };
+            let opened = self.open_write(ino, size == 0, 0).await?;
+            let resized = match writes.handle(opened.fh) {
+                Some(staged) => match resize_staged(&staged, size) {
+                    Ok(()) => {
+                        let meta = staged.meta();
+                        self.flush(opened.fh).await.map(|()| meta)
+                    }
+                    Err(e) => Err(e),
+                },
+                None => Err(Error::BadHandle {
+                    what: "write handle",
+                    id: opened.fh,
+                }),
+            };
+            self.release_write(opened.fh).await;
+            return self.entry_for(&node.path, &resized?, false);
         };
         if let Some(size) = size {
-            let freed = staged.freed();
-            if freed > 0 {
-                return Err(freed_error(&staged.path(), size.min(freed), freed));
-            }
-            staged.file.set_len(size).map_err(|source| Error::Local {
-                what: format!("truncating {}", staged.path()),
-                source,
-            })?;
-            staged.size.store(size, Ordering::Release);
-            staged.charge_exactly(size);
-            staged.appending.store(false, Ordering::Release);
-            staged.written.fetch_add(1, Ordering::AcqRel);
-            staged.touched.store(true, Ordering::Release);
-            staged.closed.store(false, Ordering::Release);
-            staged.break_stream();
+            resize_staged(&staged, size)?;
         }
         self.entry_for(&node.path, &staged.meta(), false)
     }
@@ -1241,8 +1267,13 @@ impl FsCore {
             return Ok(());
         };
         staged.closed.store(true, Ordering::Release);
-        // Nothing written since the open, never uploaded.
-        if !staged.touched.load(Ordering::Acquire) && staged.uploaded.load(Ordering::Acquire) == 0 {
+        // Nothing written since the open, never uploaded. (A write that failed counts
+        // as written: its close reports the failure, black-box finding: the first write
+        // of a file on a full disk failed, its close returned 0 and the file vanished.)
+        if !staged.touched.load(Ordering::Acquire)
+            && staged.uploaded.load(Ordering::Acquire) == 0
+            && staged.lost.lock().is_none()
+        {
             return Ok(());
         }
         if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
