@@ -63,6 +63,8 @@ pub struct Core {
     /// tier has the rest: the disk budget counts everything Strata writes; see
     /// [`passthrough_share`]). One for all mounts. None without a disk budget.
     pub local_files: Option<Arc<PassthroughStore>>,
+    /// This daemon's hold on the cache dir ([`lock_cache_dir`]).
+    _lock: std::fs::File,
     /// Keeps a temp cache dir alive for the daemon's lifetime.
     _temp: Option<tempfile::TempDir>,
 }
@@ -89,6 +91,8 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
             (t.path().to_path_buf(), Some(t))
         }
     };
+    // Before anything in it is opened, cleaned or written.
+    let lock = lock_cache_dir(&cache_dir)?;
     let level = |tier: Arc<dyn Tier>, bytes: u64| -> anyhow::Result<_> {
         Ok((tier, policy::by_name(&cfg.policy, bytes)?))
     };
@@ -146,8 +150,58 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         granularity,
         cache_dir,
         local_files,
+        _lock: lock,
         _temp: temp,
     })
+}
+
+/// The file whose lock says a daemon runs on a cache dir (it holds that daemon's pid).
+const DAEMON_LOCK: &str = "daemon.lock";
+
+/// Takes the cache dir for this daemon: an exclusive lock on `daemon.lock`, held for the
+/// daemon's life (the kernel drops it when the process ends, `kill -9` included). A
+/// second daemon on the same cache dir is refused, whatever its tiers: one without a
+/// disk tier takes no index lock, and it removed the first one's staged writes and
+/// upload records as leftovers and rewrote its model bindings (black-box findings). A
+/// lock held by a daemon that is stopping is waited for as the index lock is.
+fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(DAEMON_LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let deadline = std::time::Instant::now() + INDEX_LOCK_WAIT;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                anyhow::bail!(
+                    "cache dir {} is in use by another strata daemon (pid {}): each daemon \
+                     needs its own --cache-dir (one daemon serves several mounts and the KV \
+                     service: `strata serve --config`)",
+                    dir.display(),
+                    holder.trim()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()));
+            }
+        }
+    }
+    // Our pid, for the message a second daemon gets.
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    Ok(file)
 }
 
 /// How long a start waits for the disk tier's index lock held by a daemon that is
@@ -246,6 +300,29 @@ mod tests {
             disk: "4MiB".into(),
             ..CacheConfig::default()
         }
+    }
+
+    /// A second daemon on a cache dir is refused, also one without a disk tier (which
+    /// takes no index lock), naming the first's pid; once the first is gone it starts.
+    #[test]
+    fn a_second_daemon_on_a_cache_dir_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = open_core(&cfg(dir.path())).expect("first");
+        let memory_only = CacheConfig {
+            disk: "0".into(),
+            ..cfg(dir.path())
+        };
+        let started = std::time::Instant::now();
+        let e = open_core(&memory_only).err().expect("refused");
+        let msg = format!("{e:#}");
+        assert!(msg.contains("in use by another strata daemon"), "{msg}");
+        assert!(msg.contains(&std::process::id().to_string()), "{msg}");
+        assert!(
+            started.elapsed() >= INDEX_LOCK_WAIT,
+            "waited for a stopping daemon"
+        );
+        drop(first);
+        open_core(&memory_only).expect("the cache dir is free again");
     }
 
     /// Black-box finding: a 3-byte block size was taken and a 3 MB read hung.

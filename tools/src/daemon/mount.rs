@@ -149,6 +149,7 @@ pub fn mount(
     url: &str,
     peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
+    refuse_self_reference(m, core, url)?;
     let opts = mount_options(m, core, url)?;
     // Read-only mounts too: a crash of a writable run at this mount point is cleaned
     // by whichever mount comes next (a refusal of the store is only logged).
@@ -165,6 +166,40 @@ pub fn mount(
     }
     strata_fs::spawn(reader, &m.prefix, &m.mountpoint, opts)
         .with_context(|| format!("mounting {url} at {}", m.mountpoint.display()))
+}
+
+/// Refuses a mount that would read or write itself: a local directory store at, under
+/// or above the mountpoint (`strata mount file:///X X` listed its own mount, each
+/// `ls` blocking 40 s in the kernel before EIO: black-box finding), or a cache dir
+/// under the mountpoint.
+fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Result<()> {
+    let Ok(mp) = std::fs::canonicalize(&m.mountpoint) else {
+        return Ok(()); // made below (or a dead mount): nothing can be under it yet
+    };
+    if let Ok(cache) = std::fs::canonicalize(&core.cache_dir) {
+        if cache.starts_with(&mp) {
+            anyhow::bail!(
+                "the cache dir {} is inside the mountpoint {}: the daemon would cache into \
+                 its own mount",
+                core.cache_dir.display(),
+                m.mountpoint.display()
+            );
+        }
+    }
+    let Some(root) = url.strip_prefix("file://") else {
+        return Ok(());
+    };
+    let Ok(root) = std::fs::canonicalize(root) else {
+        return Ok(()); // the store's own open reports it
+    };
+    if root.starts_with(&mp) || mp.starts_with(&root) {
+        anyhow::bail!(
+            "the store {url} and the mountpoint {} overlap: the mount would read itself \
+             (mount the directory somewhere outside it)",
+            m.mountpoint.display()
+        );
+    }
+    Ok(())
 }
 
 /// `store` with the mount's uploads recorded while in progress, after aborting (in
@@ -243,6 +278,31 @@ mod tests {
         );
         let staged = a.core.writes.expect("writes").local_files.expect("charged");
         assert!(Arc::ptr_eq(&staged, &pa.copies));
+    }
+
+    /// A local directory store at, under or above the mountpoint, or a cache dir under
+    /// it, is refused with the reason; side by side they are fine.
+    #[test]
+    fn a_mount_that_would_read_itself_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = core(dir.path(), "0");
+        for d in ["data/mnt", "other"] {
+            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
+        }
+        let at = |p: &str| MountConfig {
+            mountpoint: dir.path().join(p),
+            ..Default::default()
+        };
+        let url = |p: &str| format!("file://{}", dir.path().join(p).display());
+        for (store, mp) in [("data", "data"), ("data", "data/mnt"), ("data/mnt", "data")] {
+            let e = refuse_self_reference(&at(mp), &core, &url(store)).expect_err("overlap");
+            assert!(e.to_string().contains("overlap"), "{e}");
+        }
+        refuse_self_reference(&at("other"), &core, &url("data")).expect("apart");
+        refuse_self_reference(&at("other"), &core, "s3://bucket").expect("not local");
+        // The cache dir (dir/cache) under the mountpoint (dir).
+        let e = refuse_self_reference(&at(""), &core, "s3://bucket").expect_err("cache inside");
+        assert!(e.to_string().contains("cache dir"), "{e}");
     }
 
     /// With "0" for the disk budget Strata writes nothing to disk, so a writable mount
