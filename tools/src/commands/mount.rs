@@ -191,9 +191,16 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     let mut pipe = None;
     let log: std::process::Stdio = match &args.cache_dir {
         Some(d) => {
-            std::fs::create_dir_all(d)?;
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("creating the cache dir {}", d.display()))?;
             let path = d.join("mount.log");
-            let f = std::fs::File::create(&path)?;
+            let f = std::fs::File::create(&path).with_context(|| {
+                format!(
+                    "cache dir {}: creating the mount's log {}",
+                    d.display(),
+                    path.display()
+                )
+            })?;
             log_file = Some(path);
             f.into()
         }

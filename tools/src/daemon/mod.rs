@@ -170,7 +170,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         for m in &cfg.mounts {
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
-            let h = mount::mount(m, &core, store, url, peers)?;
+            let h = mount::mount(m, &core, store, url, cfg.store.endpoint.as_deref(), peers)?;
             announce!("mount {}", m.mountpoint.display());
             infos.push(MountInfo {
                 mountpoint: m.mountpoint.clone(),

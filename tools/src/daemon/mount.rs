@@ -147,13 +147,14 @@ pub fn mount(
     core: &Core,
     store: &BackingStore,
     url: &str,
+    endpoint: Option<&str>,
     peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
     refuse_self_reference(m, core, url)?;
     let opts = mount_options(m, core, url)?;
     // Read-only mounts too: a crash of a writable run at this mount point is cleaned
     // by whichever mount comes next (a refusal of the store is only logged).
-    let store = with_upload_journal(m, core, store, url);
+    let store = with_upload_journal(m, core, store, &journal_store_id(url, endpoint));
     let mut reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?
         .with_granularity(core.granularity);
     if let Some(p) = peers {
@@ -200,6 +201,17 @@ fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Res
         );
     }
     Ok(())
+}
+
+/// The store as the upload journal names it: the URL and, for an S3-compatible server,
+/// its endpoint. The bucket alone is not enough: a restart against another server
+/// holding a bucket of that name "cleaned" the first server's upload record without
+/// reaching its parts, which stayed there for good (black-box finding).
+fn journal_store_id(url: &str, endpoint: Option<&str>) -> String {
+    match endpoint {
+        Some(e) => format!("{url} at {e}"),
+        None => url.to_string(),
+    }
 }
 
 /// `store` with the mount's uploads recorded while in progress, after aborting (in
@@ -278,6 +290,27 @@ mod tests {
         );
         let staged = a.core.writes.expect("writes").local_files.expect("charged");
         assert!(Arc::ptr_eq(&staged, &pa.copies));
+    }
+
+    /// An upload recorded against one S3 server is left for a mount of that server: a
+    /// mount of a bucket of the same name on another endpoint does not take it.
+    #[test]
+    fn upload_records_name_the_endpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (e1, e2) = (
+            journal_store_id("s3://bkt/d", Some("http://127.0.0.1:1")),
+            journal_store_id("s3://bkt/d", Some("http://127.0.0.1:2")),
+        );
+        let (j, _) = strata_cache_core::store::UploadJournal::open(dir.path(), &e1).expect("open");
+        let rec = j.record("d/ckpt.bin", Some("upload-1"));
+        std::mem::forget(rec); // the daemon died with it in progress
+        let (_, left) = strata_cache_core::store::UploadJournal::open(dir.path(), &e2).expect("e2");
+        assert!(
+            left.is_empty(),
+            "another server's upload is not this mount's"
+        );
+        let (_, left) = strata_cache_core::store::UploadJournal::open(dir.path(), &e1).expect("e1");
+        assert_eq!(left.len(), 1, "the same server's mount takes it");
     }
 
     /// A local directory store at, under or above the mountpoint, or a cache dir under

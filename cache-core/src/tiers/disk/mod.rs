@@ -355,6 +355,17 @@ pub fn private_dir(dir: &Path) -> Result<()> {
             m.uid()
         )));
     }
+    // A directory others share (`/tmp`: sticky, or writable by all) is not tightened
+    // under them (it locked every other user out of it: black-box finding).
+    if m.mode() & 0o1002 != 0 {
+        return Err(CacheError::InvalidArgument(format!(
+            "cache dir {} is a shared directory (mode {:o}): refusing to make it private; \
+             use a directory of its own inside it (e.g. {})",
+            dir.display(),
+            m.mode() & 0o7777,
+            dir.join("strata-cache").display()
+        )));
+    }
     if m.mode() & 0o077 != 0 {
         tracing::info!(dir = %dir.display(), mode = format!("{:o}", m.mode() & 0o777), "cache dir tightened to 0700");
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;

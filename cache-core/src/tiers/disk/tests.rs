@@ -881,6 +881,22 @@ async fn the_cache_dir_and_block_files_are_private() {
     assert_eq!(get(&tier, &key).await, Some(data(5000, 1)));
 }
 
+/// A shared directory (sticky, or writable by all: `/tmp`) given as the cache dir is
+/// refused and left as it was, not made private under its other users.
+#[test]
+fn a_shared_directory_is_not_made_private() {
+    let root = tempfile::tempdir().expect("tempdir");
+    for mode in [0o1777, 0o777] {
+        let dir = root.path().join(format!("shared-{mode:o}"));
+        fs::create_dir(&dir).expect("mkdir");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).expect("chmod");
+        let err = DiskTier::open(&dir, 16 << 20, DiskOptions::default()).expect_err("refused");
+        assert!(err.to_string().contains("shared directory"), "{err}");
+        let now = fs::metadata(&dir).expect("stat").mode() & 0o7777;
+        assert_eq!(now, mode, "left as it was");
+    }
+}
+
 /// A pre-existing cache dir owned by another user is refused with a clear error.
 #[test]
 fn a_cache_dir_owned_by_another_user_is_refused() {
