@@ -269,8 +269,8 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         let e = c
             .setattr(obj.attr.ino, Some(0), None)
             .await
-            .expect_err("no resize");
-        assert_eq!(e.errno(), libc::ENOTSUP);
+            .expect_err("no resize without allow_overwrite");
+        assert_eq!(e.errno(), libc::EPERM);
         assert_eq!(stored(&fx, "old/obj").await, Some(data(1000, 1)));
 
         let fx = fixture(|o, _| {

@@ -1002,6 +1002,16 @@ impl BackingStore {
             return Some(format!("{path:?} cannot be an object key: {e}"));
         }
         let last = path.rsplit('/').next().unwrap_or(path);
+        // A local directory store writes NAME#N first: a name the file system takes
+        // (255 bytes) may be one it cannot take with that suffix, and the upload failed
+        // at the close, after the whole write (black-box finding).
+        if self.local_root.is_some() && last.len() > LOCAL_NAME_MAX {
+            return Some(format!(
+                "{path:?}: a local directory store holds names of at most {LOCAL_NAME_MAX} \
+                 bytes (it writes NAME#N first); this one has {}",
+                last.len()
+            ));
+        }
         (self.local_root.is_some() && upload_in_progress_name(last)).then(|| {
             format!(
                 "{path:?}: a local directory store keeps uploads in progress as NAME#N, so it \
@@ -1334,6 +1344,10 @@ async fn local_infos(
     })
     .await?
 }
+
+/// Longest file name a local directory store takes: 255 (NAME_MAX) less room for the
+/// `#N` suffix of its uploads in progress (N up to 3 digits).
+const LOCAL_NAME_MAX: usize = 255 - 4;
 
 /// A cloud store as the traits the handle uses: objects, multipart by part index, and
 /// paged listing where it has one.
