@@ -31,6 +31,60 @@ pub struct Hierarchy {
     /// Per level, the most room a placement ever needed (bytes resident + in flight +
     /// its own), for the sharing window.
     peak_need: Vec<u64>,
+    /// Recent removals, so a copy of a block read before its removal is not placed
+    /// after it (see [`Removals`]).
+    removals: Removals,
+}
+
+/// Removals numbered in order, the latest [`Removals::KEPT`] remembered by key hash.
+///
+/// A copy between levels (a promotion of a lower-level hit, a demotion of an evicted
+/// block) reads its bytes, then places them after an await. A `remove` in that gap
+/// used to be undone: the copy put the removed value back, and a new Put of the key
+/// answered "already present" with the old bytes served on (black-box finding). A copy
+/// takes [`Removals::seq`] when it reads its source and is placed only if its key was
+/// not removed since: checked when it reserves and when it commits. A key hash shared
+/// with another removed key, or more removals since than are remembered, only skips a
+/// copy (the block stays where it was, or is fetched again).
+#[derive(Default)]
+struct Removals {
+    seq: u64,
+    recent: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl Removals {
+    /// Removals remembered: far more than copies in flight at once.
+    const KEPT: usize = 4096;
+
+    fn note(&mut self, key: &CacheKey) {
+        self.seq += 1;
+        if self.recent.len() == Self::KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((key_hash(key), self.seq));
+    }
+
+    fn since(&self, key: &CacheKey, seq: u64) -> bool {
+        if self.seq == seq {
+            return false;
+        }
+        if self.seq - seq > self.recent.len() as u64 {
+            return true;
+        }
+        let h = key_hash(key);
+        self.recent
+            .iter()
+            .rev()
+            .take_while(|(_, s)| *s > seq)
+            .any(|(k, _)| *k == h)
+    }
+}
+
+fn key_hash(key: &CacheKey) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
 impl Hierarchy {
@@ -45,7 +99,24 @@ impl Hierarchy {
             peak_need: vec![0; levels.len()],
             levels,
             demand_admissions: 0,
+            removals: Removals::default(),
         }
+    }
+
+    /// The number of the latest removal: a copy takes it when it reads its source.
+    pub fn removal_seq(&self) -> u64 {
+        self.removals.seq
+    }
+
+    /// Whether `key` was removed after removal number `seq` (or may have been).
+    pub fn removed_since(&self, key: &CacheKey, seq: u64) -> bool {
+        self.removals.since(key, seq)
+    }
+
+    /// `key` is being removed from every level: copies of it read before now are not
+    /// placed.
+    pub fn note_removal(&mut self, key: &CacheKey) {
+        self.removals.note(key);
     }
 
     pub fn len(&self) -> usize {

@@ -598,3 +598,196 @@ async fn demotions_are_durable_only_for_kv_blocks() {
     assert_eq!(durable, 1, "KV block 0 demoted durably");
     assert!(disk.contains(&kv(0)).await);
 }
+
+/// A tier that holds the next `get` of one key after reading it, until released: a
+/// promotion's bytes read, then placed after an await.
+struct GatedTier {
+    inner: MemoryTier,
+    gate: CacheKey,
+    armed: std::sync::atomic::AtomicBool,
+    reading: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Tier for GatedTier {
+    fn kind(&self) -> strata_cache_core::TierKind {
+        self.inner.kind()
+    }
+    fn name(&self) -> String {
+        "gated".into()
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.inner.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
+        let got = self.inner.get(key).await;
+        if *key == self.gate && self.armed.swap(false, Ordering::SeqCst) {
+            self.reading.notify_one();
+            self.release.notified().await;
+        }
+        got
+    }
+    async fn put(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        self.inner.put(key, block).await
+    }
+    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
+        self.inner.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.inner.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.inner.resident()
+    }
+    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
+        self.inner.stats()
+    }
+}
+
+/// A Remove between a lower-level hit's read and its promotion: the promotion must not
+/// put the removed value back (it did: the next Put of the key was "already present"
+/// and Gets served the removed bytes; black-box finding, KV Prefetch and Get racing a
+/// Remove).
+#[tokio::test]
+async fn a_remove_during_a_promotion_is_not_undone() {
+    let key = CacheKey::kv("ns", vec![7; 32]);
+    let top = Arc::new(MemoryTier::new(2_500));
+    let bottom = Arc::new(GatedTier {
+        inner: MemoryTier::new(1 << 20),
+        gate: key.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        reading: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let engine = CacheEngine::builder()
+        .tier(top.clone())
+        .tier(bottom.clone())
+        .build()
+        .expect("build");
+    let old = Bytes::from(vec![1u8; 1000]);
+    engine.put(&key, old.clone(), &ctx()).await.expect("put");
+    // Pushed down to the bottom level by newer blocks.
+    for i in 0..3u8 {
+        let k = CacheKey::kv("ns", vec![i; 32]);
+        engine
+            .put(&k, Bytes::from(vec![i; 1000]), &ctx())
+            .await
+            .expect("put other");
+    }
+    assert!(!top.contains(&key).await && bottom.inner.contains(&key).await);
+
+    bottom.armed.store(true, Ordering::SeqCst);
+    let reader = {
+        let (engine, key) = (engine.clone(), key.clone());
+        tokio::spawn(async move { engine.get(&key, &ctx()).await })
+    };
+    bottom.reading.notified().await;
+    assert!(engine.remove(&key).await.expect("remove"), "it was held");
+    bottom.release.notify_one();
+    let got = reader.await.expect("join").expect("get");
+    assert_eq!(
+        got,
+        Some(old),
+        "a get that started before the remove may see it"
+    );
+    assert!(
+        !top.contains(&key).await,
+        "the promotion did not put it back"
+    );
+    assert_eq!(
+        engine.get(&key, &ctx()).await.expect("get"),
+        None,
+        "removed"
+    );
+    let new = Bytes::from(vec![2u8; 1000]);
+    engine
+        .put(&key, new.clone(), &ctx())
+        .await
+        .expect("put new");
+    assert_eq!(engine.get(&key, &ctx()).await.expect("get"), Some(new));
+}
+
+/// A tier whose put lands the bytes, then takes a while to finish (a disk tier writes
+/// the block file, then its index).
+struct SlowPutTier {
+    inner: MemoryTier,
+}
+
+#[async_trait::async_trait]
+impl Tier for SlowPutTier {
+    fn kind(&self) -> strata_cache_core::TierKind {
+        self.inner.kind()
+    }
+    fn name(&self) -> String {
+        "slow-put".into()
+    }
+    fn capacity_bytes(&self) -> u64 {
+        self.inner.capacity_bytes()
+    }
+    fn used_bytes(&self) -> u64 {
+        self.inner.used_bytes()
+    }
+    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &CacheKey,
+        block: strata_cache_core::Block,
+    ) -> strata_cache_core::Result<()> {
+        self.inner.put(key, block).await?;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Ok(())
+    }
+    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
+        self.inner.remove(key).await
+    }
+    async fn contains(&self, key: &CacheKey) -> bool {
+        self.inner.contains(key).await
+    }
+    fn resident(&self) -> Vec<(CacheKey, u64)> {
+        self.inner.resident()
+    }
+    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
+        self.inner.stats()
+    }
+}
+
+/// A put whose caller goes away mid-way (a client past its deadline) is finished, so
+/// the level counts what its tier holds (the tier kept the bytes and the level did not
+/// count them: block files no budget counted, a disk tier at 8.7x its capacity;
+/// black-box finding).
+#[tokio::test]
+async fn a_put_whose_caller_goes_away_is_finished() {
+    let tier = Arc::new(SlowPutTier {
+        inner: MemoryTier::new(1 << 20),
+    });
+    let engine = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("build");
+    let key = CacheKey::kv("ns", vec![9; 32]);
+    let c = ctx();
+    let put = engine.put(&key, Bytes::from(vec![5u8; 1000]), &c);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(30), put)
+            .await
+            .is_err(),
+        "the caller gave up while the tier was still writing"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(tier.inner.contains(&key).await, "the tier holds it");
+    assert!(engine.contains(&key), "and the level counts it");
+    assert_eq!(
+        engine.get(&key, &ctx()).await.expect("get"),
+        Some(Bytes::from(vec![5u8; 1000]))
+    );
+}
