@@ -670,6 +670,21 @@ impl CacheEngine {
         if level.tier.kind() != TierKind::Disk || !device {
             return;
         }
+        if let CacheError::Full(_) = e {
+            // The file system filled before the budget did (a budget larger than the
+            // disk, or other files on it): the level's budget comes down to what it
+            // holds, so after the back-off new blocks evict old ones rather than fail
+            // again while nothing is evicted (black-box finding: every KV Put refused
+            // for good on a full disk). It goes back up with the device's room
+            // (`note_write_ok`).
+            let mut state = self.inner.state.lock();
+            let held = state.level(i).used();
+            if held < state.level(i).budget() {
+                state.set_budget(i, held);
+                tracing::warn!(tier = %level.tier.name(), budget = held,
+                    "disk full before the disk budget: the budget is what the tier holds until the device has room");
+            }
+        }
         let backoff = u64::try_from(self.inner.degraded_backoff.as_nanos()).unwrap_or(u64::MAX);
         let until = self.now_ns().saturating_add(backoff).max(1);
         level.degraded_until.store(until, Ordering::Relaxed);
@@ -687,9 +702,19 @@ impl CacheEngine {
         }
     }
 
-    /// After a successful write at level `i`: ends a degraded spell.
+    /// After a successful write at level `i`: ends a degraded spell, and gives back
+    /// budget a full device took, as far as the device has room now.
     fn note_write_ok(&self, i: usize) {
         let level = &self.inner.levels[i];
+        let configured = level.tier.capacity_bytes();
+        if self.inner.state.lock().level(i).budget() < configured {
+            if let Some(free) = level.tier.free_bytes() {
+                let mut state = self.inner.state.lock();
+                let room = state.level(i).used().saturating_add(free);
+                let to = room.min(configured).max(state.level(i).budget());
+                state.set_budget(i, to);
+            }
+        }
         if level.degraded.swap(false, Ordering::Relaxed) {
             level.degraded_until.store(0, Ordering::Relaxed);
             tracing::info!(tier = %level.tier.name(), "disk level recovered: writes resume");

@@ -199,6 +199,11 @@ impl Hierarchy {
         self.levels[i].release(size);
     }
 
+    /// [`TierSpace::set_budget`] at level `i`.
+    pub fn set_budget(&mut self, i: usize, to: u64) {
+        self.levels[i].set_budget(to);
+    }
+
     /// Forgets `key` at level `i` (removed, or its bytes were found gone).
     pub fn forget(&mut self, i: usize, key: &CacheKey) -> Option<u64> {
         self.levels[i].remove(key)

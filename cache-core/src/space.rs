@@ -57,6 +57,12 @@ impl TierSpace {
     pub fn budget(&self) -> u64 {
         self.budget
     }
+
+    /// Sets the budget (the device filled before the configured budget did, or has
+    /// room again): placements evict to stay within it from now on.
+    pub fn set_budget(&mut self, to: u64) {
+        self.budget = to;
+    }
     /// Bytes of residents.
     pub fn used(&self) -> u64 {
         self.used

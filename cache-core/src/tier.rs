@@ -69,6 +69,11 @@ pub trait Tier: Send + Sync + 'static {
     /// Removes a key; returns whether it was present.
     async fn remove(&self, key: &CacheKey) -> Result<bool>;
     async fn contains(&self, key: &CacheKey) -> bool;
+    /// Free bytes on the device under it, where that is a file system (None: not
+    /// known, or not bounded by a device).
+    fn free_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Keys and sizes held now (a persistent tier reports what survived a restart).
     fn resident(&self) -> Vec<(CacheKey, u64)>;
     fn stats(&self) -> TierStatsSnapshot;

@@ -80,3 +80,49 @@ async fn a_full_filesystem_costs_old_blocks_or_a_clear_error_never_an_abort() {
         Ok(_) => panic!("opened with no room"),
     }
 }
+
+/// A disk budget larger than the filesystem (or other files filling it): once the
+/// device is full (and the back-off passed), new blocks evict old ones instead of every
+/// write failing for as long as nothing is evicted (black-box finding: every KV Put
+/// refused for good); the budget comes back when the device has room.
+#[tokio::test]
+async fn a_device_full_before_the_budget_evicts_for_new_blocks() {
+    use std::sync::Arc;
+    use strata_cache_core::tiers::MemoryTier;
+    use strata_cache_core::{AccessContext, CacheEngine};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _fs = Tmpfs::mount(dir.path(), "16m");
+    let disk = Arc::new(
+        DiskTier::open(dir.path().join("cache"), 1 << 30, DiskOptions::default()).expect("open"),
+    );
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(1 << 20)))
+        .tier(disk.clone())
+        .write_through(true)
+        // Each put after the first failure is past the back-off (the daemon's is 30 s).
+        .degraded_backoff(std::time::Duration::ZERO)
+        .build()
+        .expect("engine");
+    let ctx = AccessContext::default();
+    let mut failed = 0;
+    let mut late_ok = 0;
+    for i in 0..60u32 {
+        let key = CacheKey::kv("ns", i.to_be_bytes().to_vec());
+        match engine
+            .put(&key, Bytes::from(vec![i as u8; 1 << 20]), &ctx)
+            .await
+        {
+            Ok(()) => late_ok += usize::from(failed > 0),
+            Err(e) => {
+                assert!(matches!(e, CacheError::Full(_)), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed > 0, "the 16 MiB filesystem filled");
+    assert!(
+        late_ok >= 20,
+        "puts after the device filled are stored: {late_ok}"
+    );
+    assert!(disk.used_bytes() < 16 << 20, "within the device");
+}

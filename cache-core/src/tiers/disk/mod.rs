@@ -536,6 +536,12 @@ impl DiskTier {
         }
         let direct = options.direct_io && probe_direct(&dir);
         tracing::info!(dir = %dir.display(), engine = engine.name(), direct, ?report, "disk tier open");
+        if let Ok(free) = room::free_bytes(&dir) {
+            if capacity > free.saturating_add(used) {
+                tracing::warn!(dir = %dir.display(), capacity, free, held = used,
+                    "the disk budget is larger than the room on its file system: when the device fills, the budget comes down to what the tier holds (it evicts from there) until the device has room again");
+            }
+        }
         Ok(DiskTier {
             dir,
             data_dir,
@@ -936,6 +942,10 @@ impl Tier for DiskTier {
 
     async fn contains(&self, key: &CacheKey) -> bool {
         self.state.lock().map.contains_key(key)
+    }
+
+    fn free_bytes(&self) -> Option<u64> {
+        room::free_bytes(&self.dir).ok()
     }
 
     fn resident(&self) -> Vec<(CacheKey, u64)> {
