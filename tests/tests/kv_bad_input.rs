@@ -178,6 +178,21 @@ async fn truncated_and_overlong_streams_store_nothing() {
         !c.exists(NS, b"long").await.expect("exists")
             && !c.exists(NS, b"hdr").await.expect("exists")
     );
+    // A later message labelled for another key (or namespace): refused, not appended
+    // to this key's value (black-box finding: key "c" stored A+B, B sent for "d").
+    for (ns, hash) in [(NS, &b"other"[..]), ("m/elsewhere", &b"renamed"[..])] {
+        let mut msgs = put_msgs(NS, b"renamed", 2 << 20, &two_mib);
+        msgs[1].namespace = ns.into();
+        msgs[1].hash = Bytes::copy_from_slice(hash);
+        let e = invalid_put(&mut c, msgs, "renamed midway").await;
+        assert_says(&e, "names another key");
+    }
+    // Repeating the stream's own key is fine.
+    let mut msgs = put_msgs(NS, b"repeated", 2 << 20, &two_mib);
+    msgs[1].namespace = NS.into();
+    msgs[1].hash = Bytes::from_static(b"repeated");
+    raw_put(&mut c, msgs).await.expect("the same key repeated");
+    assert!(!c.exists(NS, b"renamed").await.expect("exists"));
     stop_alive(server, c).await;
 }
 

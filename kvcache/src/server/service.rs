@@ -463,6 +463,16 @@ impl KvService {
                     "got more than the declared {size} bytes"
                 )));
             }
+            // A later message that names a key names the stream's own, or none: bytes
+            // labelled for another key must not become part of this one's value.
+            let renamed = (!msg.namespace.is_empty() && msg.namespace != first.namespace)
+                || (!msg.hash.is_empty() && msg.hash != first.hash);
+            if renamed {
+                return Err(KvError::Invalid(
+                    "a put stream's later message names another key: one stream stores one block"
+                        .into(),
+                ));
+            }
             got += msg.data.len() as u64;
             reserved.cover(got).await?;
             if !msg.data.is_empty() {
