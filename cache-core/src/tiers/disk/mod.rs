@@ -355,9 +355,14 @@ pub fn private_dir(dir: &Path) -> Result<()> {
             m.uid()
         )));
     }
-    // A directory others share (`/tmp`: sticky, or writable by all) is not tightened
-    // under them (it locked every other user out of it: black-box finding).
-    if m.mode() & 0o1002 != 0 {
+    // A directory others share (`/tmp`: sticky, or writable by all, and holding
+    // files) is not tightened under them (it locked every other user out of it:
+    // black-box finding). An empty one is a fresh mount for the cache (a tmpfs's root
+    // is 1777) and is made private; `mount.log` is ours (`strata mount` creates it
+    // before the daemon starts).
+    let in_use =
+        || fs::read_dir(dir).map_or(true, |d| d.flatten().any(|e| e.file_name() != "mount.log"));
+    if m.mode() & 0o1002 != 0 && in_use() {
         return Err(CacheError::InvalidArgument(format!(
             "cache dir {} is a shared directory (mode {:o}): refusing to make it private; \
              use a directory of its own inside it (e.g. {})",

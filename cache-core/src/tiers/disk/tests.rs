@@ -881,14 +881,21 @@ async fn the_cache_dir_and_block_files_are_private() {
     assert_eq!(get(&tier, &key).await, Some(data(5000, 1)));
 }
 
-/// A shared directory (sticky, or writable by all: `/tmp`) given as the cache dir is
-/// refused and left as it was, not made private under its other users.
+/// A shared directory (sticky, or writable by all: `/tmp`) holding others' files given
+/// as the cache dir is refused and left as it was, not made private under its other
+/// users; an empty one (a fresh tmpfs's root is 1777) is taken and made private.
 #[test]
 fn a_shared_directory_is_not_made_private() {
     let root = tempfile::tempdir().expect("tempdir");
+    let fresh = root.path().join("fresh-mount");
+    fs::create_dir(&fresh).expect("mkdir");
+    fs::set_permissions(&fresh, fs::Permissions::from_mode(0o1777)).expect("chmod");
+    drop(DiskTier::open(&fresh, 16 << 20, DiskOptions::default()).expect("an empty one is taken"));
+    assert_eq!(mode_of(&fresh), 0o700);
     for mode in [0o1777, 0o777] {
         let dir = root.path().join(format!("shared-{mode:o}"));
         fs::create_dir(&dir).expect("mkdir");
+        fs::write(dir.join("someone-elses"), b"x").expect("a file of another user");
         fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).expect("chmod");
         let err = DiskTier::open(&dir, 16 << 20, DiskOptions::default()).expect_err("refused");
         assert!(err.to_string().contains("shared directory"), "{err}");
