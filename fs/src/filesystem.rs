@@ -76,7 +76,7 @@ pub const METADATA_TTL_INDEFINITE: Duration = Duration::MAX;
 
 /// TTLs from this long on are indefinite: 100 years, longer than any mount lives, and
 /// within what the metadata caches accept as a TTL (they refuse over 1000 years).
-const INDEFINITE_FROM: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub const INDEFINITE_FROM: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The longest TTL handed to the kernel: one day. With an indefinite TTL the kernel
 /// asks again once a day and finds our cached answer; a longer one gains nothing and
@@ -86,6 +86,7 @@ const KERNEL_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Inode number of the mount's root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
 
+mod listing_log;
 mod namespace;
 mod write;
 pub use write::WriteOptions;
@@ -130,6 +131,9 @@ pub struct CoreOptions {
     /// Writes through the mount (new objects, uploaded at close; see the `write`
     /// module). None: read-only, the default for a dataset mount.
     pub writes: Option<WriteOptions>,
+    /// Where listings are logged for a start with the store down (`listing_log.rs`):
+    /// set for a mount whose metadata TTL is indefinite. None: not logged.
+    pub listing_log: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for CoreOptions {
@@ -159,6 +163,7 @@ impl Default for CoreOptions {
             max_inodes: 1 << 20,
             job_scope: JobScope::default(),
             writes: None,
+            listing_log: None,
         }
     }
 }
@@ -616,12 +621,25 @@ struct FileHandle {
     reads: AtomicU64,
 }
 
+/// Whether `e` says the store did not answer (down, silent, failing), rather than
+/// answering no: then a logged listing may stand in (`listing_log.rs`).
+fn store_unreachable(e: &CacheError) -> bool {
+    matches!(
+        e,
+        CacheError::Store { .. } | CacheError::StoreTimeout { .. }
+    )
+}
+
 /// Tells the kernel that the attributes it caches for an inode are stale, so its next
 /// use of them (a read past the size it knows, a `stat`) asks again.
 pub type AttrInvalidator = Box<dyn Fn(u64) + Send + Sync>;
 
 /// The core. Cheap to share (`Arc`); all methods take `&self`.
 pub struct FsCore {
+    /// Listings logged for a start with the store down (`listing_log.rs`), and what
+    /// an earlier run logged (taken by [`FsCore::preload_listings`], or dropped).
+    listing_log: Option<listing_log::ListingLog>,
+    logged: Mutex<Option<listing_log::Logged>>,
     reader: ObjectReader,
     root: Arc<str>,
     opts: CoreOptions,
@@ -776,10 +794,23 @@ impl FsCore {
                 })
                 .ok()
         });
+        let (listing_log, logged) = match &opts.listing_log {
+            Some(path) => match listing_log::ListingLog::open(path, reader.block_size()) {
+                Ok((log, logged)) => (Some(log), logged),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e,
+                        "listings not logged: a start with the store down will not see them");
+                    (None, listing_log::Logged::default())
+                }
+            },
+            None => (None, listing_log::Logged::default()),
+        };
         FsCore {
             writes,
             kept,
             expected,
+            listing_log,
+            logged: Mutex::new(Some(logged)),
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
             root,
@@ -984,7 +1015,12 @@ impl FsCore {
         }
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         let m = match store.head(path).await {
-            Ok(obj) => Meta::File(Arc::new(obj)),
+            Ok(obj) => {
+                if let Some(log) = &self.listing_log {
+                    log.append_file(&obj);
+                }
+                Meta::File(Arc::new(obj))
+            }
             // Nothing is cached (a TTL of 0): listing the whole directory to learn it
             // is one would be thrown away at once, and every path through it pays it
             // (black-box finding: 8 LIST pages per open under a 4,000-file folder, 22x
@@ -1004,6 +1040,28 @@ impl FsCore {
                     Meta::Dir
                 }
             }
+            // The store does not answer: the parent's listing as an earlier run logged
+            // it, if it was (an indefinite metadata TTL).
+            Err(e) if store_unreachable(&e) => {
+                let parent = match self.parent_of(path) {
+                    Some(parent) => self.logged_listing(&Arc::from(parent)).await,
+                    None => None,
+                };
+                let name = path.rsplit('/').next().unwrap_or(path);
+                match parent {
+                    Some(listing) => listing
+                        .entries
+                        .binary_search_by(|(n, _)| n.as_str().cmp(name))
+                        .map(|i| listing.entries[i].1.clone())
+                        .unwrap_or(Meta::Missing),
+                    // Its parent was never listed: looked up by name, or listed itself.
+                    None => match self.logged_file(path) {
+                        Some(obj) => Meta::File(Arc::new(obj)),
+                        None if self.logged_listing(path).await.is_some() => Meta::Dir,
+                        None => return Err(e.into()),
+                    },
+                }
+            }
             Err(e) => return Err(e.into()),
         };
         self.attrs.insert(path.clone(), m.clone()).await;
@@ -1021,7 +1079,19 @@ impl FsCore {
 
     async fn fetch_listing(&self, path: &Arc<str>) -> Result<Arc<Listing>> {
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        let raw = self.reader.store().list_dir(path).await?;
+        let raw = match self.reader.store().list_dir(path).await {
+            Ok(raw) => raw,
+            Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {
+                Some(l) => return Ok(l),
+                None => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        // The store answers: the earlier run's listings are not needed (nor kept in
+        // memory) any more.
+        if self.listing_log.is_some() {
+            self.logged.lock().take();
+        }
         let mut entries: Vec<(String, Meta)> = Vec::with_capacity(raw.dirs.len() + raw.files.len());
         for d in raw.dirs {
             let name = d.trim_end_matches('/').to_string();
@@ -1061,8 +1131,52 @@ impl FsCore {
             entries,
             exists: raw.exists,
         });
+        if let Some(log) = &self.listing_log {
+            let logged = listing
+                .entries
+                .iter()
+                .map(|(n, m)| match m {
+                    Meta::File(o) => (n.clone(), Some((**o).clone())),
+                    _ => (n.clone(), None),
+                })
+                .collect();
+            log.append(path, listing.exists, logged);
+        }
         self.listings.insert(path.clone(), listing.clone()).await;
         Ok(listing)
+    }
+
+    /// An object an earlier run looked up by name (see [`Self::logged_listing`]).
+    fn logged_file(&self, path: &str) -> Option<ObjectInfo> {
+        let obj = self.logged.lock().as_ref()?.files.get(path).cloned()?;
+        tracing::warn!(%path, "the store did not answer: found as an earlier run logged it");
+        Some(obj)
+    }
+
+    /// The listing of `dir` an earlier run logged (an indefinite metadata TTL), taken
+    /// as this mount's when the store does not answer (see `listing_log.rs`): cached
+    /// as a listing fetched now would be. None: none was logged.
+    async fn logged_listing(&self, dir: &Arc<str>) -> Option<Arc<Listing>> {
+        let (exists, entries) = self.logged.lock().as_ref()?.dirs.get(&**dir)?.clone();
+        let mut out: Vec<(String, Meta)> = Vec::with_capacity(entries.len());
+        for (name, obj) in entries {
+            let meta = match obj {
+                Some(o) => Meta::File(Arc::new(o)),
+                None => Meta::Dir,
+            };
+            self.attrs
+                .insert(self.child_path(dir, &name), meta.clone())
+                .await;
+            out.push((name, meta));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        let listing = Arc::new(Listing {
+            entries: out,
+            exists,
+        });
+        self.listings.insert(dir.clone(), listing.clone()).await;
+        tracing::warn!(dir = %dir, "the store did not answer: listed as an earlier run logged it");
+        Some(listing)
     }
 
     /// Looks `name` up in directory `parent`.

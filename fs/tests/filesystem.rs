@@ -871,3 +871,104 @@ async fn unreferenced_inodes_are_swept_past_the_bound() {
     .await
     .expect("bounded");
 }
+
+/// Reads all of `ino` through a fresh handle.
+async fn read_all(c: &Arc<FsCore>, ino: u64, size: u64) -> strata_fs::Result<Vec<u8>> {
+    let o = c.open(ino, false).await?;
+    let mut out = Vec::new();
+    while (out.len() as u64) < size {
+        let got = c.read(o.fh, out.len() as u64, 128 << 10, 0).await?;
+        if got.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&got);
+    }
+    c.release(o.fh);
+    Ok(out)
+}
+
+/// A mount with an indefinite metadata TTL logs its listings, so a restart while the
+/// store does not answer still finds and reads what the cache holds (it failed every
+/// lookup: black-box finding); without the log the same restart finds nothing.
+#[tokio::test]
+async fn a_restart_with_the_store_down_reads_what_the_cache_holds() {
+    timed(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("metadata/m.jsonl");
+        let opts = || CoreOptions {
+            metadata_ttl: strata_fs::filesystem::METADATA_TTL_INDEFINITE,
+            listing_log: Some(log.clone()),
+            ..Default::default()
+        };
+        let fx = fixture(opts()).await;
+        let want = data((5 * BS + 123) as usize, 2);
+        {
+            let c = &fx.core;
+            let d = c.lookup(ROOT_INO, "dir").await.expect("dir");
+            let big = c.lookup(d.attr.ino, "big.bin").await.expect("big");
+            assert_eq!(
+                read_all(c, big.attr.ino, big.attr.size)
+                    .await
+                    .expect("read"),
+                want
+            );
+            // Opened by name, its directory never listed (a HEAD).
+            let top = c.lookup(ROOT_INO, "top.txt").await.expect("top");
+            assert_eq!(
+                read_all(c, top.attr.ino, 10).await.expect("read"),
+                data(10, 1)
+            );
+        }
+        // The log is appended off the caller's task.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        fx.faulty.set_config(FaultConfig {
+            down: true,
+            ..Default::default()
+        });
+        // "Restarted": a new core on the same cache, its store down.
+        let restarted = |listing_log| {
+            let reader =
+                ObjectReader::new(fx.engine.clone(), fx.store.clone(), BS).expect("reader");
+            Arc::new(FsCore::new(
+                reader,
+                "",
+                CoreOptions {
+                    listing_log,
+                    ..opts()
+                },
+            ))
+        };
+        let without = restarted(None);
+        assert!(
+            without.lookup(ROOT_INO, "dir").await.is_err(),
+            "nothing to go on"
+        );
+        let c = restarted(Some(log.clone()));
+        let d = c.lookup(ROOT_INO, "dir").await.expect("dir, as logged");
+        let big = c
+            .lookup(d.attr.ino, "big.bin")
+            .await
+            .expect("big.bin, as logged");
+        assert_eq!(big.attr.size, 5 * BS + 123);
+        assert_eq!(
+            read_all(&c, big.attr.ino, big.attr.size)
+                .await
+                .expect("read from the cache"),
+            want
+        );
+        assert!(
+            c.lookup(d.attr.ino, "nope").await.is_err(),
+            "not in the listing"
+        );
+        let top = c
+            .lookup(ROOT_INO, "top.txt")
+            .await
+            .expect("top.txt, as logged");
+        assert_eq!(
+            read_all(&c, top.attr.ino, 10).await.expect("read"),
+            data(10, 1)
+        );
+    })
+    .await
+    .expect("bounded");
+}

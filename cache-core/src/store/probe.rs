@@ -39,7 +39,16 @@ impl BackingStore {
             Ok(Ok(_)) => Probe::Answered,
             Ok(Err(e)) if is_refusal(&e) => Probe::Refused(e.to_string()),
             Ok(Err(e)) => Probe::Unanswered(e.to_string()),
-            Err(_) => Probe::Unanswered(format!("no answer within {deadline:?}")),
+            Err(_) => {
+                // Silent, as a request whose whole deadline passed unanswered: requests
+                // fail at once for the pause, so a mount started on what the cache holds
+                // answers from it rather than wait on the store first.
+                let pause = self.retry.silent_pause;
+                if !pause.is_zero() {
+                    *self.silent_until.lock() = Some(tokio::time::Instant::now() + pause);
+                }
+                Probe::Unanswered(format!("no answer within {deadline:?}"))
+            }
         }
     }
 }

@@ -35,6 +35,14 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         ..Default::default()
     };
     opts.core.metadata_ttl = m.metadata_ttl.duration();
+    if m.metadata_ttl.duration() >= strata_fs::filesystem::INDEFINITE_FROM {
+        // A start with the store down finds what the cache holds (listing_log.rs).
+        opts.core.listing_log = Some(
+            core.cache_dir
+                .join(METADATA)
+                .join(format!("{}.jsonl", mount_dir_name(&m.mountpoint))),
+        );
+    }
     m.prefetch.apply(&mut opts.core);
     let pt_max = parse_size(&m.passthrough_max).context("passthrough_max")?;
     // Copies live within the disk budget (its passthrough share): none without one.
@@ -106,6 +114,9 @@ fn mount_dir_name(mountpoint: &std::path::Path) -> String {
 const STAGING: &str = "staging";
 /// The cache dir's folder of the mounts' upload journals.
 const UPLOADS: &str = "uploads";
+/// The cache dir's folder of the listing logs of mounts with an indefinite metadata
+/// TTL (`strata_fs` `listing_log.rs`).
+const METADATA: &str = "metadata";
 
 /// Removes the staging directories of mounts this daemon does not have (an earlier
 /// run's mountpoints, or names of an older version): their files were never uploaded,

@@ -1,0 +1,244 @@
+//! Listings kept on disk for a mount whose metadata never expires
+//! (`--metadata-ttl indefinite`, a dataset its user declares immutable).
+//!
+//! A store that does not answer a mount's first listing is mounted on what the cache
+//! holds (README). After a restart the cache held the blocks but no listing, so every
+//! lookup waited for the silent store and failed: a fully cached file could not be read
+//! (black-box finding). So each listing fetched from the store is appended to a log
+//! (`<cache>/metadata/<mount>.jsonl`, one JSON line per directory), compacted to the
+//! latest listing of each directory when the mount opens it. It is read only when the
+//! store did not answer the mount's first listing ([`super::FsCore::preload_listings`]):
+//! a store that answers is listed afresh, as before, and its changes are seen.
+//!
+//! A line torn by a crash fails to parse and is skipped (the directory is listed from the
+//! store again, or is missing while the store is down); the log is bounded by the
+//! listings fetched (each directory once per mount's life with an indefinite TTL, until
+//! the listing cache evicts it) and rewritten compact at every open.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use strata_cache_core::ObjectInfo;
+
+/// One directory as logged: whether it exists, and its entries (None: a sub-directory).
+pub(super) type LoggedListing = (bool, Vec<(String, Option<ObjectInfo>)>);
+
+/// What a run logged: listings by directory, and objects looked up one by one (a HEAD:
+/// a job that opens files by name never lists their directory).
+#[derive(Debug, Default)]
+pub(super) struct Logged {
+    pub dirs: HashMap<String, LoggedListing>,
+    pub files: HashMap<String, ObjectInfo>,
+}
+
+/// The log of one mount (see the module docs).
+pub(super) struct ListingLog {
+    file: Arc<Mutex<std::fs::File>>,
+    path: PathBuf,
+}
+
+impl ListingLog {
+    /// Opens `path`, compacting what an earlier run logged; returns the log and those
+    /// listings (files' block size `block_size`, the layout the mount reads in).
+    pub(super) fn open(path: &Path, block_size: u64) -> std::io::Result<(ListingLog, Logged)> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut latest = Logged::default();
+        if let Ok(f) = std::fs::File::open(path) {
+            for line in std::io::BufReader::new(f).lines() {
+                let Ok(line) = line else { break };
+                match parse_line(&line, block_size) {
+                    Some(Line::Dir(dir, listing)) => {
+                        latest.dirs.insert(dir, listing);
+                    }
+                    Some(Line::File(obj)) => {
+                        latest.files.insert(obj.path.to_string(), obj);
+                    }
+                    None => {}
+                }
+            }
+        }
+        // Compact: written aside, then renamed over, so a crash leaves one or the other.
+        let tmp = path.with_extension("jsonl.tmp");
+        {
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            for (dir, (exists, entries)) in &latest.dirs {
+                writeln!(out, "{}", line_of(dir, *exists, entries))?;
+            }
+            for obj in latest.files.values() {
+                writeln!(out, "{}", file_line(obj))?;
+            }
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        let file = std::fs::OpenOptions::new().append(true).open(path)?;
+        Ok((
+            ListingLog {
+                file: Arc::new(Mutex::new(file)),
+                path: path.to_path_buf(),
+            },
+            latest,
+        ))
+    }
+
+    /// Appends the listing of `dir` (in the background: a write to a local file, off the
+    /// caller's task).
+    pub(super) fn append(
+        &self,
+        dir: &str,
+        exists: bool,
+        entries: Vec<(String, Option<ObjectInfo>)>,
+    ) {
+        self.write_line(line_of(dir, exists, &entries));
+    }
+
+    /// Appends one object looked up by name (as [`Self::append`]).
+    pub(super) fn append_file(&self, obj: &ObjectInfo) {
+        self.write_line(file_line(obj));
+    }
+
+    fn write_line(&self, line: String) {
+        let (file, path) = (self.file.clone(), self.path.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = writeln!(file.lock(), "{line}") {
+                tracing::debug!(path = %path.display(), error = %e, "listing not logged");
+            }
+        });
+    }
+}
+
+fn obj_value(o: &ObjectInfo) -> Value {
+    json!([
+        o.size,
+        &*o.version,
+        o.has_etag,
+        o.last_modified_unix_ns,
+        &*o.path
+    ])
+}
+
+fn obj_of(v: &[Value], block_size: u64) -> Option<ObjectInfo> {
+    match v {
+        [size, version, etag, mtime, path] => Some(ObjectInfo {
+            size: size.as_u64()?,
+            version: Arc::from(version.as_str()?),
+            has_etag: etag.as_bool()?,
+            last_modified_unix_ns: mtime.as_i64()?,
+            path: Arc::from(path.as_str()?),
+            block_size,
+        }),
+        _ => None,
+    }
+}
+
+fn line_of(dir: &str, exists: bool, entries: &[(String, Option<ObjectInfo>)]) -> String {
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|(name, obj)| match obj {
+            None => json!([name]),
+            Some(o) => json!([name, obj_value(o)]),
+        })
+        .collect();
+    json!({ "dir": dir, "exists": exists, "entries": entries }).to_string()
+}
+
+fn file_line(obj: &ObjectInfo) -> String {
+    json!({ "file": obj_value(obj) }).to_string()
+}
+
+enum Line {
+    Dir(String, LoggedListing),
+    File(ObjectInfo),
+}
+
+fn parse_line(line: &str, block_size: u64) -> Option<Line> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    if let Some(f) = v.get("file") {
+        return obj_of(f.as_array()?, block_size).map(Line::File);
+    }
+    let dir = v.get("dir")?.as_str()?.to_string();
+    let exists = v.get("exists")?.as_bool()?;
+    let mut entries = Vec::new();
+    for e in v.get("entries")?.as_array()? {
+        let e = e.as_array()?;
+        let name = e.first()?.as_str()?.to_string();
+        let obj = match e.len() {
+            1 => None,
+            2 => Some(obj_of(e[1].as_array()?, block_size)?),
+            _ => return None,
+        };
+        entries.push((name, obj));
+    }
+    Some(Line::Dir(dir, (exists, entries)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(path: &str, size: u64) -> ObjectInfo {
+        ObjectInfo {
+            path: Arc::from(path),
+            size,
+            version: Arc::from("\"etag-1\""),
+            has_etag: true,
+            last_modified_unix_ns: 1_700_000_000_000_000_000,
+            block_size: 1 << 20,
+        }
+    }
+
+    /// What a run logged comes back at the next open, the latest listing of each
+    /// directory and the objects looked up by name, and a torn last line is skipped.
+    #[tokio::test]
+    async fn listings_come_back_compacted_and_a_torn_line_is_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m/listings.jsonl");
+        {
+            let (log, got) = ListingLog::open(&path, 1 << 20).expect("open");
+            assert!(got.dirs.is_empty() && got.files.is_empty());
+            log.append("d", true, vec![("old".into(), Some(obj("d/old", 1)))]);
+            log.append(
+                "d",
+                true,
+                vec![
+                    ("a.bin".into(), Some(obj("d/a.bin", 3 << 20))),
+                    ("sub".into(), None),
+                ],
+            );
+            log.append("", true, vec![("d".into(), None)]);
+            log.append_file(&obj("e/opened-by-name", 7));
+            // The appends run on the blocking pool: wait for them.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        write!(f, "{{\"dir\": \"torn\", \"exists\": tr").expect("torn line");
+        drop(f);
+        let (_, got) = ListingLog::open(&path, 1 << 20).expect("reopen");
+        assert_eq!(got.dirs.len(), 2, "{got:?}");
+        assert_eq!(got.files["e/opened-by-name"], obj("e/opened-by-name", 7));
+        let (exists, entries) = &got.dirs["d"];
+        assert!(*exists);
+        assert_eq!(
+            entries,
+            &vec![
+                ("a.bin".to_string(), Some(obj("d/a.bin", 3 << 20))),
+                ("sub".to_string(), None)
+            ]
+        );
+        assert_eq!(got.dirs[""].1, vec![("d".to_string(), None)]);
+        // Compacted: one line per directory and per object.
+        let lines = std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .count();
+        assert_eq!(lines, 3);
+    }
+}
