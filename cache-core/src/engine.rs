@@ -133,6 +133,9 @@ struct Level {
     degraded_until: AtomicU64,
     /// Whether the level is in a degraded spell (for one log line per spell).
     degraded: AtomicBool,
+    /// Whether a full device brought the level's budget below its tier's capacity
+    /// (`note_write_error`), for a successful write to give it back.
+    budget_lowered: AtomicBool,
 }
 
 /// What an acknowledged [`CacheEngine::put_stored`] achieved.
@@ -271,6 +274,7 @@ impl EngineBuilder {
                 misses: AtomicU64::new(0),
                 degraded_until: AtomicU64::new(0),
                 degraded: AtomicBool::new(false),
+                budget_lowered: AtomicBool::new(false),
             });
         }
         if !excess.is_empty() {
@@ -681,6 +685,7 @@ impl CacheEngine {
             let held = state.level(i).used();
             if held < state.level(i).budget() {
                 state.set_budget(i, held);
+                level.budget_lowered.store(true, Ordering::Relaxed);
                 tracing::warn!(tier = %level.tier.name(), budget = held,
                     "disk full before the disk budget: the budget is what the tier holds until the device has room");
             }
@@ -706,13 +711,17 @@ impl CacheEngine {
     /// budget a full device took, as far as the device has room now.
     fn note_write_ok(&self, i: usize) {
         let level = &self.inner.levels[i];
-        let configured = level.tier.capacity_bytes();
-        if self.inner.state.lock().level(i).budget() < configured {
+        if level.budget_lowered.load(Ordering::Relaxed) {
+            // statvfs outside the lock.
             if let Some(free) = level.tier.free_bytes() {
+                let configured = level.tier.capacity_bytes();
                 let mut state = self.inner.state.lock();
                 let room = state.level(i).used().saturating_add(free);
                 let to = room.min(configured).max(state.level(i).budget());
                 state.set_budget(i, to);
+                if to >= configured {
+                    level.budget_lowered.store(false, Ordering::Relaxed);
+                }
             }
         }
         if level.degraded.swap(false, Ordering::Relaxed) {

@@ -61,7 +61,7 @@ impl Removals {
         if self.recent.len() == Self::KEPT {
             self.recent.pop_front();
         }
-        self.recent.push_back((key_hash(key), self.seq));
+        self.recent.push_back((key.content_hash(), self.seq));
     }
 
     fn since(&self, key: &CacheKey, seq: u64) -> bool {
@@ -71,20 +71,13 @@ impl Removals {
         if self.seq - seq > self.recent.len() as u64 {
             return true;
         }
-        let h = key_hash(key);
+        let h = key.content_hash();
         self.recent
             .iter()
             .rev()
             .take_while(|(_, s)| *s > seq)
             .any(|(k, _)| *k == h)
     }
-}
-
-fn key_hash(key: &CacheKey) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
 }
 
 impl Hierarchy {

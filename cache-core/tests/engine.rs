@@ -599,23 +599,39 @@ async fn demotions_are_durable_only_for_kv_blocks() {
     assert!(disk.contains(&kv(0)).await);
 }
 
-/// A tier that holds the next `get` of one key after reading it, until released: a
-/// promotion's bytes read, then placed after an await.
-struct GatedTier {
+/// A memory tier with two hooks: the next `get` of `gate` (once armed) is held after
+/// its read until released (a promotion's bytes read, then placed after an await), and
+/// every `put` lands its bytes, then takes `put_delay` to finish (a disk tier writes the
+/// block file, then its index).
+struct HookedTier {
     inner: MemoryTier,
-    gate: CacheKey,
+    gate: Option<CacheKey>,
     armed: std::sync::atomic::AtomicBool,
     reading: tokio::sync::Notify,
     release: tokio::sync::Notify,
+    put_delay: Duration,
+}
+
+impl HookedTier {
+    fn new(capacity: u64, gate: Option<CacheKey>, put_delay: Duration) -> Arc<Self> {
+        Arc::new(HookedTier {
+            inner: MemoryTier::new(capacity),
+            gate,
+            armed: std::sync::atomic::AtomicBool::new(false),
+            reading: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+            put_delay,
+        })
+    }
 }
 
 #[async_trait::async_trait]
-impl Tier for GatedTier {
+impl Tier for HookedTier {
     fn kind(&self) -> strata_cache_core::TierKind {
         self.inner.kind()
     }
     fn name(&self) -> String {
-        "gated".into()
+        "hooked".into()
     }
     fn capacity_bytes(&self) -> u64 {
         self.inner.capacity_bytes()
@@ -625,7 +641,7 @@ impl Tier for GatedTier {
     }
     async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
         let got = self.inner.get(key).await;
-        if *key == self.gate && self.armed.swap(false, Ordering::SeqCst) {
+        if self.gate.as_ref() == Some(key) && self.armed.swap(false, Ordering::SeqCst) {
             self.reading.notify_one();
             self.release.notified().await;
         }
@@ -636,7 +652,11 @@ impl Tier for GatedTier {
         key: &CacheKey,
         block: strata_cache_core::Block,
     ) -> strata_cache_core::Result<()> {
-        self.inner.put(key, block).await
+        self.inner.put(key, block).await?;
+        if !self.put_delay.is_zero() {
+            tokio::time::sleep(self.put_delay).await;
+        }
+        Ok(())
     }
     async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
         self.inner.remove(key).await
@@ -660,13 +680,7 @@ impl Tier for GatedTier {
 async fn a_remove_during_a_promotion_is_not_undone() {
     let key = CacheKey::kv("ns", vec![7; 32]);
     let top = Arc::new(MemoryTier::new(2_500));
-    let bottom = Arc::new(GatedTier {
-        inner: MemoryTier::new(1 << 20),
-        gate: key.clone(),
-        armed: std::sync::atomic::AtomicBool::new(false),
-        reading: tokio::sync::Notify::new(),
-        release: tokio::sync::Notify::new(),
-    });
+    let bottom = HookedTier::new(1 << 20, Some(key.clone()), Duration::ZERO);
     let engine = CacheEngine::builder()
         .tier(top.clone())
         .tier(bottom.clone())
@@ -715,61 +729,13 @@ async fn a_remove_during_a_promotion_is_not_undone() {
     assert_eq!(engine.get(&key, &ctx()).await.expect("get"), Some(new));
 }
 
-/// A tier whose put lands the bytes, then takes a while to finish (a disk tier writes
-/// the block file, then its index).
-struct SlowPutTier {
-    inner: MemoryTier,
-}
-
-#[async_trait::async_trait]
-impl Tier for SlowPutTier {
-    fn kind(&self) -> strata_cache_core::TierKind {
-        self.inner.kind()
-    }
-    fn name(&self) -> String {
-        "slow-put".into()
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &CacheKey,
-        block: strata_cache_core::Block,
-    ) -> strata_cache_core::Result<()> {
-        self.inner.put(key, block).await?;
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        Ok(())
-    }
-    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
-        self.inner.remove(key).await
-    }
-    async fn contains(&self, key: &CacheKey) -> bool {
-        self.inner.contains(key).await
-    }
-    fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.inner.resident()
-    }
-    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
-        self.inner.stats()
-    }
-}
-
 /// A put whose caller goes away mid-way (a client past its deadline) is finished, so
 /// the level counts what its tier holds (the tier kept the bytes and the level did not
 /// count them: block files no budget counted, a disk tier at 8.7x its capacity;
 /// black-box finding).
 #[tokio::test]
 async fn a_put_whose_caller_goes_away_is_finished() {
-    let tier = Arc::new(SlowPutTier {
-        inner: MemoryTier::new(1 << 20),
-    });
+    let tier = HookedTier::new(1 << 20, None, Duration::from_millis(150));
     let engine = CacheEngine::builder()
         .tier(tier.clone())
         .build()

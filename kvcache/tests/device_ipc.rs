@@ -12,7 +12,7 @@ use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::CacheEngine;
 use strata_gds::{Device, EmulatedDevice, GpuTier, TransferConfig, Transfers};
 use strata_kvcache::client::{BlockTier, KvClient};
-use strata_kvcache::server::{serve, KvService, ServerConfig};
+use strata_kvcache::server::{KvService, ServerConfig};
 
 const NS: &str = "llama/device-test";
 
@@ -22,20 +22,18 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+mod local_daemon;
+use local_daemon::{serve_locally, LocalDaemon};
+
 struct Daemon {
     dev: Arc<EmulatedDevice>,
-    addr: String,
-    side: std::path::PathBuf,
-    service: KvService,
-    _dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    local: LocalDaemon,
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
+impl std::ops::Deref for Daemon {
+    type Target = LocalDaemon;
+    fn deref(&self) -> &LocalDaemon {
+        &self.local
     }
 }
 
@@ -58,36 +56,9 @@ async fn daemon(gpu_bytes: u64) -> Daemon {
         },
     );
     service.attach_gpu_tier(gpu);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("kv.sock");
-    let side = dir.path().join("kv-shm.sock");
-    let listener = tokio::net::UnixListener::bind(&sock).expect("bind");
-    let side_listener = tokio::net::UnixListener::bind(&side).expect("bind side");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
-    let arena = service.shm_arena().expect("arena");
-    tokio::spawn(strata_kvcache::shm::serve_side_socket(
-        side_listener,
-        arena,
-        async move {
-            let _ = rx2.await;
-        },
-    ));
-    let svc = service.clone();
-    tokio::spawn(async move {
-        let _ = serve(listener, svc, async move {
-            let _ = rx.await;
-            let _ = tx2.send(());
-        })
-        .await;
-    });
     Daemon {
         dev,
-        addr: format!("unix://{}", sock.display()),
-        side,
-        service,
-        _dir: dir,
-        stop: Some(tx),
+        local: serve_locally(service),
     }
 }
 

@@ -11,7 +11,7 @@ use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::CacheEngine;
 use strata_kvcache::client::KvClient;
 use strata_kvcache::pb;
-use strata_kvcache::server::{serve, KvService, ServerConfig};
+use strata_kvcache::server::{KvService, ServerConfig};
 
 const NS: &str = "llama/batch-lease";
 
@@ -21,66 +21,23 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-struct Daemon {
-    addr: String,
-    side: std::path::PathBuf,
-    service: KvService,
-    _dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
+mod local_daemon;
+use local_daemon::{serve_locally, LocalDaemon};
 
 /// A KV service over a memory tier with a 16 MiB arena (4 MiB per session), on a Unix
 /// socket with its side socket.
-async fn daemon() -> Daemon {
+fn daemon() -> LocalDaemon {
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(64 << 20)))
         .build()
         .expect("engine");
-    let service = KvService::new(
+    serve_locally(KvService::new(
         engine,
         ServerConfig {
             shm_bytes: 16 << 20,
             ..Default::default()
         },
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("kv.sock");
-    let side = dir.path().join("kv-shm.sock");
-    let listener = tokio::net::UnixListener::bind(&sock).expect("bind");
-    let side_listener = tokio::net::UnixListener::bind(&side).expect("bind side");
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (tx2, rx2) = tokio::sync::oneshot::channel::<()>();
-    let arena = service.shm_arena().expect("arena");
-    tokio::spawn(strata_kvcache::shm::serve_side_socket(
-        side_listener,
-        arena,
-        async move {
-            let _ = rx2.await;
-        },
-    ));
-    let svc = service.clone();
-    tokio::spawn(async move {
-        let _ = serve(listener, svc, async move {
-            let _ = rx.await;
-            let _ = tx2.send(());
-        })
-        .await;
-    });
-    Daemon {
-        addr: format!("unix://{}", sock.display()),
-        side,
-        service,
-        _dir: dir,
-        stop: Some(tx),
-    }
+    ))
 }
 
 async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -93,7 +50,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn a_batch_is_leased_in_one_call_and_read_in_place() {
-    let d = daemon().await;
+    let d = daemon();
     let mut c = KvClient::connect(&d.addr).await.expect("connect");
     let blocks: Vec<Vec<u8>> = (0..6u8).map(|i| pattern(300_000 + i as usize, i)).collect();
     for (i, v) in blocks.iter().enumerate() {
@@ -129,7 +86,7 @@ async fn a_batch_is_leased_in_one_call_and_read_in_place() {
 
 #[tokio::test]
 async fn blocks_past_the_sessions_share_come_as_bytes() {
-    let d = daemon().await;
+    let d = daemon();
     let mut c = KvClient::connect(&d.addr).await.expect("connect");
     // 1.5 MiB each: two fit in the session's 4 MiB share, the others do not.
     let blocks: Vec<Vec<u8>> = (0..4u8).map(|i| pattern(3 << 19, 40 + i)).collect();
@@ -152,7 +109,7 @@ async fn blocks_past_the_sessions_share_come_as_bytes() {
 
 #[tokio::test]
 async fn batch_lease_without_a_live_session_is_refused() {
-    let d = daemon().await;
+    let d = daemon();
     let mut c = KvClient::connect(&d.addr).await.expect("connect");
     c.put(NS, b"x", Bytes::from(pattern(4000, 1)))
         .await

@@ -30,15 +30,20 @@ const AFTER_ALL: char = '\u{10FFFF}';
 /// Paged listing of a store, under the handle's own prefix (`s3://bucket/prefix`).
 pub(super) struct PagedLister {
     store: Arc<dyn PaginatedListStore>,
-    /// The handle's prefix ("" for a whole bucket), without slashes at either end.
+    /// The handle's prefix ("" for a whole bucket), without slashes at either end...
     base: String,
+    /// ...as a path, to strip from listed keys (None: a whole bucket).
+    base_path: Option<Path>,
 }
 
 impl PagedLister {
     pub(super) fn new(store: Arc<dyn PaginatedListStore>, base: &str) -> Self {
+        let base = base.trim_matches('/').to_string();
+        let base_path = (!base.is_empty()).then(|| super::object_key(&base));
         PagedLister {
             store,
-            base: base.trim_matches('/').to_string(),
+            base,
+            base_path,
         }
     }
 
@@ -125,11 +130,10 @@ impl PagedLister {
 
     /// `p` without the handle's prefix (None: not under it).
     fn relative(&self, p: &Path) -> Option<Path> {
-        if self.base.is_empty() {
-            return Some(p.clone());
+        match &self.base_path {
+            None => Some(p.clone()),
+            Some(base) => p.prefix_match(base).map(Path::from_iter),
         }
-        let base = Path::parse(&self.base).ok()?;
-        p.prefix_match(&base).map(Path::from_iter)
     }
 
     fn relative_meta(&self, mut m: ObjectMeta) -> Option<ObjectMeta> {
