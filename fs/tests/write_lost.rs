@@ -47,12 +47,9 @@ impl Drop for Tmpfs {
     }
 }
 
-#[tokio::test]
-async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let disk = Tmpfs::mount(dir.path(), "1m");
-    // (No store faults here: the disk is what fails.)
+/// A writable core staging under `dir` (files uploaded whole at the close) over an
+/// in-memory store (no store faults here: the disk is what fails), and that store.
+fn writable_core(dir: &std::path::Path) -> (Arc<FsCore>, Arc<dyn object_store::ObjectStore>) {
     let PartStore { mem, store, faulty } = part_store();
     drop(faulty);
     let engine = CacheEngine::builder()
@@ -60,8 +57,8 @@ async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
         .build()
         .expect("engine");
     let reader = ObjectReader::new(engine, store, 64 << 10).expect("reader");
-    let mut w = WriteOptions::new(dir.path().join("staging"));
-    w.stream_from = u64::MAX; // uploaded whole at the close
+    let mut w = WriteOptions::new(dir.join("staging"));
+    w.stream_from = u64::MAX;
     let core = Arc::new(FsCore::new(
         reader,
         "",
@@ -70,6 +67,15 @@ async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
             ..Default::default()
         },
     ));
+    (core, mem)
+}
+
+#[tokio::test]
+async fn a_file_missing_a_failed_write_is_not_uploaded_until_it_is_rewritten() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = Tmpfs::mount(dir.path(), "1m");
+    let (core, mem) = writable_core(dir.path());
     let chunk = vec![7u8; 256 << 10];
     let run = async {
         let (_, fh) = core.create(ROOT_INO, "ckpt.bin", 0).await.expect("create");
@@ -119,23 +125,7 @@ async fn a_file_whose_first_write_failed_fails_its_close() {
     let _one = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let _disk = Tmpfs::mount(dir.path(), "1m");
-    let PartStore { mem, store, faulty } = part_store();
-    drop(faulty);
-    let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(16 << 20)))
-        .build()
-        .expect("engine");
-    let reader = ObjectReader::new(engine, store, 64 << 10).expect("reader");
-    let mut w = WriteOptions::new(dir.path().join("staging"));
-    w.stream_from = u64::MAX;
-    let core = Arc::new(FsCore::new(
-        reader,
-        "",
-        CoreOptions {
-            writes: Some(w),
-            ..Default::default()
-        },
-    ));
+    let (core, mem) = writable_core(dir.path());
     let chunk = vec![7u8; 256 << 10];
     let run = async {
         // Another file takes the whole disk (kept open).
