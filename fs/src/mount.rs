@@ -18,9 +18,13 @@
 //! - A mountpoint that is not empty is mounted over (its files hidden while mounted)
 //!   with a warning naming how many entries it hides.
 //! - [`MountHandle::unmount`] never hangs on open files: it tries a plain unmount; if the
-//!   mount is busy it detaches it (`MNT_DETACH`) and aborts the FUSE connection through
-//!   `/sys/fs/fuse/connections/<N>/abort`, so the session threads end and open files
-//!   get `ENOTCONN`. Joining the session is bounded (10 s).
+//!   mount is busy it aborts the FUSE connection through
+//!   `/sys/fs/fuse/connections/<N>/abort`, so the session threads end and the jobs
+//!   still using the mount get `ENOTCONN`, as after a crash. The mount is detached
+//!   (`MNT_DETACH`) only with `auto_unmount`: detaching turns the mountpoint back into
+//!   a local directory under those jobs, where a checkpoint saved by path "succeeds"
+//!   and never reaches the store (crash finding: a SIGTERM while a reader held a file
+//!   open did exactly that). Joining the session is bounded (10 s).
 //! - After mounting, the kernel readahead of the mount's bdi is raised
 //!   (`read_ahead_kb`, default 4 MiB) so buffered sequential reads arrive as 1 MiB
 //!   requests, several in flight, instead of 128 KiB ones.
@@ -109,6 +113,8 @@ pub struct MountHandle {
     /// FUSE connection number (minor of the mount's device).
     conn: Option<u32>,
     core: Option<Arc<FsCore>>,
+    /// Whether a busy mount is detached at unmount (see the module doc).
+    auto_unmount: bool,
 }
 
 impl std::fmt::Debug for MountHandle {
@@ -191,6 +197,7 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
         mountpoint: mountpoint.to_path_buf(),
         conn,
         core: None,
+        auto_unmount: opts.auto_unmount,
     })
 }
 
@@ -381,7 +388,7 @@ impl MountHandle {
             match umount2(&self.mountpoint, 0) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not mounted anymore
-                Err(e) => {
+                Err(e) if self.auto_unmount => {
                     tracing::info!(mountpoint = %self.mountpoint.display(), error = %e,
                         "busy; detaching and aborting the connection");
                     if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
@@ -393,6 +400,12 @@ impl MountHandle {
                             });
                         }
                     }
+                    self.abort_connection();
+                }
+                Err(e) => {
+                    tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
+                        "busy: aborting the connection; the files still open there fail with ENOTCONN \
+                         until `fusermount3 -u` or the next `strata mount` at this point replaces the mount");
                     self.abort_connection();
                 }
             }

@@ -239,24 +239,79 @@ fn sighup_stops_the_daemon_and_unmounts() {
         &dir.path().join("cache"),
         &[],
     );
-    // SAFETY: signalling the child this test started.
-    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGHUP) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = daemon.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = daemon.kill();
-            unmount(&mnt);
-            panic!("the daemon did not stop on SIGHUP");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = stop_with(&mut daemon, libc::SIGHUP, &mnt);
     let left = mounts_at(&mnt);
     if left > 0 {
         unmount(&mnt);
     }
     assert!(status.success(), "{status:?}");
     assert_eq!(left, 0, "the mount went with the daemon");
+}
+
+/// Sends `signal` to `daemon` and waits (30 s at most) for it to exit.
+fn stop_with(
+    daemon: &mut std::process::Child,
+    signal: libc::c_int,
+    mnt: &Path,
+) -> std::process::ExitStatus {
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, signal) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = daemon.try_wait().expect("wait") {
+            return s;
+        }
+        if Instant::now() > deadline {
+            let _ = daemon.kill();
+            unmount(mnt);
+            panic!("the daemon did not stop on signal {signal}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Crash finding: SIGTERM while a job held a file open in a writable mount detached the
+/// busy mount; the job's next save by path then "succeeded" in the bare local
+/// directory, never reached the store, and the next mount hid it. Now the daemon
+/// stops cleanly and leaves the busy mount failing with ENOTCONN, as a crash does, and
+/// the next `strata mount` there replaces it.
+#[test]
+fn a_stop_while_files_are_open_leaves_no_local_directory_to_write_into() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("a.txt"), b"first").expect("write");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let url = format!("file://{}", src.display());
+    let cache = dir.path().join("cache");
+    let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
+    let held = std::fs::File::open(mnt.join("a.txt")).expect("open");
+    let status = stop_with(&mut daemon, libc::SIGTERM, &mnt);
+
+    let saved = std::fs::write(mnt.join("ckpt.bin"), b"checkpoint");
+    drop(held);
+    let still_mounted = mounts_at(&mnt);
+    let out = mount(&[url.as_ref(), mnt.as_os_str()]);
+    let said = text(&out);
+    let read = std::fs::read(mnt.join("a.txt"));
+    let listed = std::fs::read_dir(&mnt).map(|d| d.count());
+    let stacked = mounts_at(&mnt);
+    unmount(&mnt);
+    assert!(status.success(), "{status:?}");
+    let e = saved.expect_err("a save into the stopped mount fails");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    assert_eq!(still_mounted, 1, "the busy mount stays until replaced");
+    assert!(!src.join("ckpt.bin").exists());
+    assert!(out.status.success(), "{said}");
+    assert_eq!(read.expect("read after the restart"), b"first");
+    assert_eq!(listed.expect("list"), 1, "nothing but the store's file");
+    assert_eq!(stacked, 1, "the dead mount was replaced, not stacked on");
+    assert!(
+        std::fs::read_dir(&mnt)
+            .expect("list the bare dir")
+            .next()
+            .is_none(),
+        "nothing was written into the local directory"
+    );
 }
