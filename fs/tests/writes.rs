@@ -1017,8 +1017,7 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
 
 /// A close in another process than the opener (a forked child exiting, or an `exec`
 /// closing its copy of the descriptor) does not upload: the opener may still be
-/// writing, and its own close uploads the whole file (with the error, if any). Nor
-/// does a close before anything was written.
+/// writing, and its own close uploads the whole file (with the error, if any).
 #[tokio::test]
 async fn a_close_in_another_process_leaves_the_upload_to_the_opener() {
     timed(async {
@@ -1049,13 +1048,25 @@ async fn a_close_in_another_process_leaves_the_upload_to_the_opener() {
         c.write(fh, 0, b"x").expect("write");
         c.close(fh, 0).await.expect("close");
         assert_eq!(stored(&fx, "unknown.bin").await.as_deref(), Some(&b"x"[..]));
-        // A close before anything was written (a shell's `>` moving its descriptor)
-        // sends nothing; the release uploads the empty file.
+        // A close before anything was written (a `touch`ed marker) uploads the empty
+        // file: it is an object once close() returns, not only at the release the
+        // kernel sends later (crash finding: a kill -9 in between lost it). A shell's
+        // `>` closes that first descriptor before the command writes: the empty object
+        // goes first, then the whole file at the last close.
         let (_, fh) = c.create(ROOT_INO, "empty.bin", me).await.expect("create");
         c.close(fh, me).await.expect("close");
-        assert_eq!(stored(&fx, "empty.bin").await, None);
-        c.release_write(fh).await;
         assert_eq!(stored(&fx, "empty.bin").await.as_deref(), Some(&b""[..]));
+        c.write(fh, 0, b"echoed\n").expect("the command writes");
+        c.close(fh, me).await.expect("the last close");
+        assert_eq!(
+            stored(&fx, "empty.bin").await.as_deref(),
+            Some(&b"echoed\n"[..])
+        );
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "empty.bin").await.as_deref(),
+            Some(&b"echoed\n"[..])
+        );
         child.kill().expect("kill");
         child.wait().expect("reaped");
     })

@@ -192,9 +192,6 @@ pub(super) struct Staged {
     /// Charging this file evicted copies: it is not adopted as a copy itself (the room
     /// it borrowed goes back to what reads earn; see [`PassthroughStore::adopt`]).
     evicted: AtomicBool,
-    /// A write or truncate happened since the open (a close before the first does not
-    /// upload: [`FsCore::close`]).
-    touched: AtomicBool,
     /// A close came after the last write: the file is probably closed, its release
     /// on the way ([`FsCore::settled`]).
     closed: AtomicBool,
@@ -260,7 +257,6 @@ fn resize_staged(staged: &Staged, size: u64) -> Result<()> {
     staged.charge_exactly(size);
     staged.appending.store(false, Ordering::Release);
     staged.written.fetch_add(1, Ordering::AcqRel);
-    staged.touched.store(true, Ordering::Release);
     staged.closed.store(false, Ordering::Release);
     staged.break_stream();
     Ok(())
@@ -558,7 +554,6 @@ impl Writes {
             charge: Mutex::new(Charge::default()),
             budget: self.opts.local_files.clone(),
             evicted: AtomicBool::new(false),
-            touched: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             unlinked: AtomicBool::new(false),
             ino: AtomicU64::new(0),
@@ -1051,7 +1046,6 @@ impl FsCore {
             staged.appending.store(false, Ordering::Release);
         }
         staged.written.fetch_add(1, Ordering::AcqRel);
-        staged.touched.store(true, Ordering::Release);
         staged.closed.store(false, Ordering::Release);
         // After the bytes landed: a stream that read below them has sent stale bytes.
         let stream = staged.stream.lock().as_ref().map(|s| s.ctl.clone());
@@ -1252,30 +1246,26 @@ impl FsCore {
     }
 
     /// A close of a descriptor of write handle `fh` by thread `pid` (FLUSH): uploads
-    /// as [`Self::flush`], except in two cases, left to a later close or else to the
-    /// release when the last copy of the descriptor closes (mountpoint-s3 skips both
-    /// too):
-    /// - nothing written yet: a shell's `> file` opens the file, moves the descriptor
-    ///   and closes the first one before the command writes a byte, so uploading here
-    ///   would send an empty object, then the file again;
-    /// - a close in another process than the one that opened the file (both known):
-    ///   a copy of the descriptor that a `fork` made (a child exiting, or an `exec`
-    ///   closing it), while the opener may still be writing; uploading would send a
-    ///   half-written file (and a streamed one could take no more writes).
+    /// as [`Self::flush`], except for a close in another process than the one that
+    /// opened the file (both known): a copy of the descriptor that a `fork` made (a
+    /// child exiting, or an `exec` closing it), while the opener may still be writing;
+    /// uploading would send a half-written file (and a streamed one could take no more
+    /// writes). That close is left to the opener's, or else to the release when the
+    /// last copy of the descriptor closes (mountpoint-s3 skips it too).
+    ///
+    /// A file created or truncated and closed before its first write is uploaded
+    /// empty here, as a local disk holds it from the open: a `touch`ed marker
+    /// (`_SUCCESS`) is an object when its close returns (crash finding: left to the
+    /// release, which the kernel sends after close() has returned, 10 of 10 markers
+    /// were lost to a kill -9 right after). A shell's `> file`, which closes its first
+    /// copy of the descriptor before the command writes, so sends the empty object,
+    /// then the file. A file opened to change in place and closed unchanged uploads
+    /// nothing.
     pub async fn close(self: &Arc<Self>, fh: u64, pid: u32) -> Result<()> {
         let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
             return Ok(());
         };
         staged.closed.store(true, Ordering::Release);
-        // Nothing written since the open, never uploaded. (A write that failed counts
-        // as written: its close reports the failure, black-box finding: the first write
-        // of a file on a full disk failed, its close returned 0 and the file vanished.)
-        if !staged.touched.load(Ordering::Acquire)
-            && staged.uploaded.load(Ordering::Acquire) == 0
-            && staged.lost.lock().is_none()
-        {
-            return Ok(());
-        }
         if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
             if opener != closer {
                 tracing::debug!(path = %staged.path(), opener, closer, "close in another process than the opener: upload left to the opener's close");
