@@ -57,7 +57,8 @@ pub async fn sizes_round_trip(tier: &dyn Tier) {
 }
 
 /// A tier keeps no budget of its own (the engine's accounting is the one authority):
-/// `used_bytes` is exactly the bytes stored, and a put fails only for device reasons,
+/// `used_bytes` is exactly the footprint of what is stored ([`Tier::footprint`]: for a
+/// tier that stores nothing beside a value, its bytes), and a put fails only for device reasons,
 /// never because it exceeds `capacity_bytes`.
 pub async fn used_bytes_count_what_is_stored(tier: &dyn Tier) {
     let chunk = (tier.capacity_bytes() / 8).clamp(1, 1 << 20) as usize;
@@ -68,7 +69,12 @@ pub async fn used_bytes_count_what_is_stored(tier: &dyn Tier) {
         tier.put(&key, Block::new(pattern(chunk, i as u8)))
             .await
             .expect("a put within the device's means is stored");
-        stored += chunk as u64;
+        let footprint = tier.footprint(&key, chunk as u64);
+        assert!(
+            footprint >= chunk as u64,
+            "a block takes at least its bytes"
+        );
+        stored += footprint;
         assert_eq!(tier.used_bytes(), stored);
         keys.push(key);
     }
@@ -215,6 +221,9 @@ impl<T: Tier> Tier for TestTier<T> {
     }
     fn resident(&self) -> Vec<(CacheKey, u64)> {
         self.inner.resident()
+    }
+    fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
+        self.inner.footprint(key, len)
     }
     fn stats(&self) -> TierStatsSnapshot {
         self.inner.stats()

@@ -260,6 +260,7 @@ impl EngineBuilder {
         for (tier, policy) in self.levels {
             let mut space = TierSpace::new(tier.capacity_bytes(), policy);
             for (key, size) in tier.resident() {
+                let size = tier.footprint(&key, size);
                 if !matches!(
                     space.place(&key, size, &ctx),
                     Ok(Placement::Admitted { .. })
@@ -1199,7 +1200,8 @@ impl CacheEngine {
         read_at: Option<u64>,
     ) -> Result<(bool, Vec<(usize, CacheKey, Block, u64)>)> {
         let level = &self.inner.levels[i];
-        let size = block.len();
+        // What the level's budget charges: the tier's bytes for the block, not only its own.
+        let size = level.tier.footprint(key, block.len());
         let removed = |state: &Hierarchy| read_at.is_some_and(|s| state.removed_since(key, s));
         let (placement, taken_at) = {
             let mut state = self.inner.state.lock();

@@ -269,6 +269,14 @@ impl CacheKey {
         out
     }
 
+    /// The length of [`CacheKey::encode`]'s bytes, without making them.
+    pub fn encoded_len(&self) -> usize {
+        2 + match self {
+            CacheKey::File(k) => 4 + k.location.len() + 4 + k.version.len() + 2 + 8 + 8,
+            CacheKey::Kv(k) => 4 + k.namespace.len() + 4 + k.hash.len(),
+        }
+    }
+
     /// Inverse of [`CacheKey::encode`].
     pub fn decode(mut buf: &[u8]) -> Result<Self, CacheError> {
         let bad = |why: &str| CacheError::Corrupt(format!("bad key encoding: {why}"));
@@ -384,12 +392,14 @@ mod tests {
             block in any::<u64>(),
         ) {
             let k = CacheKey::file_block(loc, ver, bs, block);
+            prop_assert_eq!(k.encoded_len(), k.encode().len());
             prop_assert_eq!(CacheKey::decode(&k.encode()).unwrap(), k);
         }
 
         #[test]
         fn kv_key_round_trips(ns in "[a-z/]{0,20}", hash in proptest::collection::vec(any::<u8>(), 0..64)) {
             let k = CacheKey::kv(ns, hash);
+            prop_assert_eq!(k.encoded_len(), k.encode().len());
             prop_assert_eq!(CacheKey::decode(&k.encode()).unwrap(), k);
         }
     }

@@ -76,5 +76,12 @@ pub trait Tier: Send + Sync + 'static {
     }
     /// Keys and sizes held now (a persistent tier reports what survived a restart).
     fn resident(&self) -> Vec<(CacheKey, u64)>;
+    /// The bytes a block of `len` bytes under `key` takes here, as this tier's budget
+    /// counts it: its own bytes, unless the tier stores more per block (a disk tier's
+    /// header and page padding, which for a 1 KiB KV block is most of its file).
+    fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
+        let _ = key;
+        len
+    }
     fn stats(&self) -> TierStatsSnapshot;
 }

@@ -209,7 +209,7 @@ async fn check_recovery(dir: &Path, seen: &Seen) {
             .find(|&i| &key(i) == k)
             .unwrap_or_else(|| panic!("phantom key {k}"));
         assert_eq!(*size, value(i).len() as u64, "size of {k}");
-        total += size;
+        total += tier.footprint(k, *size);
         if !seen.put.contains(&i) {
             unacked += 1;
         }

@@ -505,6 +505,9 @@ impl Tier for DurabilityProbe {
     fn resident(&self) -> Vec<(CacheKey, u64)> {
         self.inner.resident()
     }
+    fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
+        self.inner.footprint(key, len)
+    }
     fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
         self.inner.stats()
     }
@@ -666,6 +669,9 @@ impl Tier for HookedTier {
     }
     fn resident(&self) -> Vec<(CacheKey, u64)> {
         self.inner.resident()
+    }
+    fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
+        self.inner.footprint(key, len)
     }
     fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
         self.inner.stats()

@@ -51,6 +51,12 @@ pub struct IndexEntry {
     pub header_len: u32,
 }
 
+/// The size of the file of a block of `data_len` bytes whose key encodes to `key_len`
+/// bytes: its header, then the data padded to a whole page.
+pub fn file_len(key_len: usize, data_len: u64) -> u64 {
+    header_len(key_len) as u64 + data_len.div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
 impl IndexEntry {
     /// The size the block file must have.
     pub fn file_len(&self) -> u64 {
