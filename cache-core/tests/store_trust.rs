@@ -253,3 +253,35 @@ async fn odd_entries_of_a_local_folder_cost_only_themselves() {
     assert!(store.unstorable_name("d/tab\there").is_some());
     assert!(store.unstorable_name("d/issue #12 notes").is_none());
 }
+
+/// Black-box finding: a file of a `file://` store replaced by a FIFO after it was
+/// looked up blocked each read's open, and a thread of the blocking pool with it, for
+/// good (the reads got EIO after ~40 s; the daemon never exited). The read now fails at
+/// once as not found, and a read of another file still works.
+#[tokio::test]
+async fn a_fifo_in_place_of_a_local_file_fails_its_read_at_once() {
+    let root = tempfile::tempdir().expect("tempdir");
+    for name in ["f.bin", "g.bin"] {
+        std::fs::write(root.path().join(name), vec![7u8; 8192]).expect("write");
+    }
+    let url = format!("file://{}", root.path().display());
+    let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("open store");
+    let obj = store.head("f.bin").await.expect("head");
+    let path = root.path().join("f.bin");
+    std::fs::remove_file(&path).expect("rm");
+    let c = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("c path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+    for _ in 0..3 {
+        let got = tokio::time::timeout(Duration::from_secs(10), store.get_range(&obj, 0..8192))
+            .await
+            .expect("the read does not block on the FIFO");
+        let e = got.expect_err("a FIFO is no object");
+        assert!(matches!(e, CacheError::NotFound(_)), "{e:?}");
+    }
+    let other = store.head("g.bin").await.expect("head");
+    assert_eq!(
+        store.get_range(&other, 0..8192).await.expect("read"),
+        vec![7u8; 8192]
+    );
+}
