@@ -25,9 +25,9 @@ use std::time::SystemTime;
 
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -473,6 +473,93 @@ impl Filesystem for FuseFs {
         } else {
             reply.data(&[]);
         }
+    }
+
+    // ---- requests the mount answers without the core. fuser's defaults log a warning
+    // per call: an ioctl comes with every Python open() (isatty asks TCGETS), and a
+    // data loader's opens grew the mount's log without bound (black-box finding:
+    // ~190 bytes per open).
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // Not a terminal, and no file-system ioctls: what a regular file of a local
+        // file system without them answers.
+        reply.error(Errno::from_i32(libc::ENOTTY));
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        // Objects carry no extended attributes: `cp -a` and `rsync -X` take ENOTSUP
+        // as "this file system has none" and go on.
+        reply.error(Errno::from_i32(libc::ENOTSUP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENOTSUP));
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        // An object store has no links (EPERM: what Linux file systems without them answer).
+        let e = if self.core.writable() {
+            Errno::EPERM
+        } else {
+            Errno::from_i32(libc::EROFS)
+        };
+        reply.error(e);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let e = if self.core.writable() {
+            Errno::EPERM
+        } else {
+            Errno::from_i32(libc::EROFS)
+        };
+        reply.error(e);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Files are made durable by their own close or fsync, and renames and
+        // removals reach the store before they return: nothing is left to sync here.
+        // (ENOSYS would mean the same to the kernel, at the cost of a logged warning.)
+        reply.ok();
     }
 
     // ---- writes: refused with EROFS on a read-only mount (also mounted `ro`, so the

@@ -315,3 +315,55 @@ fn a_stop_while_files_are_open_leaves_no_local_directory_to_write_into() {
         "nothing was written into the local directory"
     );
 }
+
+/// Black-box finding: every Python open() on the mount (isatty asks the file for
+/// TCGETS) added a 3-line "[Not Implemented] ioctl" warning to `<cache>/mount.log`, so a
+/// data loader's opens grew the log without bound. Such requests are answered as a
+/// local file system without them answers, and nothing is logged per call.
+#[test]
+fn opens_that_ask_for_a_terminal_leave_the_log_alone() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("a.txt"), b"x").expect("write");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+    let cache = dir.path().join("cache");
+    let out = mount(&[
+        format!("file://{}", src.display()).as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--allow-writes".as_ref(),
+    ]);
+    let said = text(&out);
+    let log = cache.join("mount.log");
+    let size = || std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let f = std::fs::File::open(mnt.join("a.txt"));
+    let before = size();
+    let mut answers = Vec::new();
+    if let Ok(f) = &f {
+        for _ in 0..200 {
+            // SAFETY: a valid descriptor; isatty only asks.
+            let tty = unsafe { libc::isatty(f.as_raw_fd()) };
+            answers.push((tty, std::io::Error::last_os_error().raw_os_error()));
+        }
+    }
+    let dir_synced = std::fs::File::open(&mnt).and_then(|d| d.sync_all());
+    let linked = std::fs::hard_link(mnt.join("a.txt"), mnt.join("b.txt"));
+    std::thread::sleep(Duration::from_millis(300));
+    let grown = size() - before;
+    drop(f);
+    unmount(&mnt);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(answers.len(), 200);
+    assert!(
+        answers.iter().all(|a| *a == (0, Some(libc::ENOTTY))),
+        "{:?}",
+        &answers[..3]
+    );
+    dir_synced.expect("fsync of a directory");
+    assert_eq!(linked.expect_err("no links").raw_os_error(), Some(libc::EPERM));
+    assert!(grown < 512, "the log grew {grown} bytes");
+}
