@@ -437,6 +437,27 @@ impl Router {
         });
     }
 
+    /// Notes the membership every [`REPLAY_EVERY`] while the router lives (within a
+    /// tokio runtime; else only as requests are routed). A member is known as departed
+    /// only once it was seen in the group: a node that had routed nothing while another
+    /// member was there never learned of it, and a Remove made after that member's lease
+    /// ran out was not kept for it (black-box finding: a member cut off from etcd came
+    /// back and served 18-24 of 30 removed blocks).
+    pub fn watch_members(self: &Arc<Self>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                let Some(router) = weak.upgrade() else { return };
+                router.routes(&[]);
+                drop(router);
+                tokio::time::sleep(REPLAY_EVERY).await;
+            }
+        });
+    }
+
     /// Members that left the membership within [`DEPARTED_KEPT_FOR`]: no key's
     /// candidates while they are away, but they may come back on their warm disk.
     pub(crate) fn departed(&self) -> Vec<PeerNode> {

@@ -771,3 +771,70 @@ async fn a_remove_made_while_a_replica_was_out_of_the_group_reaches_it_when_it_r
     .await
     .expect("within 60 s");
 }
+
+/// Black-box findings: a Remove went to the key's candidates only, and a member was
+/// known to have left only if this node had routed something while it was there. So
+/// (1) after members joined, the old owners kept their copies and a Get through them
+/// served removed blocks, and (2) a member cut off from the membership (its lease ran
+/// out, its peers still reachable) was not kept a Remove made through a node that had
+/// routed nothing before, and served the removed blocks when it rejoined. Removes now
+/// reach every member, and members are watched from the join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_reaches_every_copy_and_members_that_left_unseen() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 1, ServerConfig::default(), "s").await;
+        let ns = "m/t";
+        let key = |i: u32| CacheKey::kv(ns, hash(i));
+        let ctx = strata_cache_core::AccessContext::default();
+        // (1) Copies on every member, as placements before a membership change leave
+        // them: with R = 1 a key has two candidates of three.
+        for n in &nodes {
+            n.service
+                .engine()
+                .put(&key(0), block(0, 2048), &ctx)
+                .await
+                .expect("copy");
+        }
+        let mut c = KvClient::connect(&nodes[0].client_addr).await.expect("c");
+        assert_eq!(c.remove(ns, &[hash(0)]).await.expect("remove"), 1);
+        for (i, n) in nodes.iter().enumerate() {
+            assert!(!n.service.engine().contains(&key(0)), "node {i} kept it");
+        }
+        // (2) Node 2 routes nothing; node 1 leaves the membership while reachable.
+        for i in 1..4 {
+            c.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        for n in &nodes {
+            for i in 1..4 {
+                n.service
+                    .engine()
+                    .put(&key(i), block(i, 2048), &ctx)
+                    .await
+                    .expect("copy");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        nodes[1].gone.lock().expect("membership").insert(1);
+        let mut c2 = KvClient::connect(&nodes[2].client_addr).await.expect("c2");
+        c2.remove(ns, &[hash(1), hash(2)]).await.expect("remove");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while nodes[1].service.engine().contains(&key(1))
+            || nodes[1].service.engine().contains(&key(2))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the member that left was not kept the remove"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            nodes[1].service.engine().contains(&key(3)),
+            "only what was removed"
+        );
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

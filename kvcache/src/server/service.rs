@@ -84,11 +84,13 @@ impl KvService {
     pub fn join_group(&self, view: Arc<dyn GroupView>, mut opts: GroupOptions) -> Result<()> {
         opts.max_message_bytes = self.inner.config.max_message_bytes;
         opts.chunk_bytes = self.inner.config.chunk_bytes;
-        let router = Router::new(view, opts)?;
+        let router = Arc::new(Router::new(view, opts)?);
         self.inner
             .router
-            .set(Arc::new(router))
-            .map_err(|_| KvError::Config("the KV service is already in a group".into()))
+            .set(router.clone())
+            .map_err(|_| KvError::Config("the KV service is already in a group".into()))?;
+        router.watch_members();
+        Ok(())
     }
 
     /// The face of this service for the peer listener: the group token required, the
