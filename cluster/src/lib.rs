@@ -49,4 +49,6 @@ pub enum ClusterError {
     },
     #[error("encoding the node record: {0}")]
     Encode(serde_json::Error),
+    #[error("node id {id} is registered by another live daemon (at {at}); give each daemon its own node_id")]
+    IdTaken { id: String, at: String },
 }

@@ -16,7 +16,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, Event, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, Event, EventType, GetOptions, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -366,6 +369,67 @@ fn own_record_lost(cfg: &GroupConfig, me: &NodeId, record: &[u8], events: &[Even
     lost
 }
 
+/// Writes this node's record under `lease`, unless another daemon's record holds the
+/// id: one that names another peer address (a copied config, a second daemon given the
+/// same `node_id`). That one is left alone (`IdTaken`; the session retries with
+/// backoff, so this daemon joins once the other's lease runs out), where before the
+/// newcomer overwrote it and took its keys over (black-box finding: reads through the
+/// group of the first daemon's blocks fell from 60/60 to 42/60). A record of this
+/// node's own address (its previous run, whose lease has not run out yet) is taken
+/// over.
+async fn register(
+    cfg: &GroupConfig,
+    client: &mut Client,
+    me: &NodeId,
+    record: &[u8],
+    lease: i64,
+) -> Result<(), ClusterError> {
+    let key = cfg.node_key(me);
+    let put = || {
+        TxnOp::put(
+            key.clone(),
+            record.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+    };
+    let absent = Txn::new()
+        .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+        .and_then([put()])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let resp = bounded(cfg, client.txn(absent)).await?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let held = resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    });
+    let Some(held) = held else {
+        // Deleted meanwhile: try once more from the top (the next session).
+        return Err(ClusterError::StreamEnded("registration"));
+    };
+    let mine = serde_json::from_slice::<NodeInfo>(record).map(|n| n.advertise);
+    let theirs = serde_json::from_slice::<NodeInfo>(&held).map(|n| n.advertise);
+    match (mine, theirs) {
+        (Ok(a), Ok(b)) if a != b => Err(ClusterError::IdTaken {
+            id: me.to_string(),
+            at: b,
+        }),
+        _ => {
+            // Its own earlier record (or one nobody can read): replaced, only if it
+            // is still the one read.
+            let same = Txn::new()
+                .when([Compare::value(key.clone(), CompareOp::Equal, held)])
+                .and_then([put()]);
+            if bounded(cfg, client.txn(same)).await?.succeeded() {
+                Ok(())
+            } else {
+                Err(ClusterError::StreamEnded("registration"))
+            }
+        }
+    }
+}
+
 /// One session: connect, register under a fresh lease, read the group, then renew and
 /// follow the watch until an error (Err) or a stop (Ok, after revoking the lease).
 async fn session(
@@ -383,15 +447,10 @@ async fn session(
     // A fresh lease each session: the one of a previous session may have expired while
     // etcd was away, taking the record with it. Writing the record again under the new
     // lease also moves it off the old one, whose expiry then deletes nothing.
-    bounded(
-        cfg,
-        client.put(
-            cfg.node_key(me),
-            record.to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        ),
-    )
-    .await?;
+    if let Err(e) = register(cfg, &mut client, me, record, lease).await {
+        let _ = bounded(cfg, client.lease_revoke(lease)).await;
+        return Err(e);
+    }
     *registered = true;
     let (mut keeper, mut renewals) = bounded(cfg, client.lease_keep_alive(lease)).await?;
 
