@@ -285,3 +285,23 @@ async fn a_fifo_in_place_of_a_local_file_fails_its_read_at_once() {
         vec![7u8; 8192]
     );
 }
+
+/// Black-box finding: on S3 a key that is also a prefix (`ds/a` beside `ds/a/b`) listed
+/// as a file, and everything under it was ENOTDIR, silently. The folder wins (as in
+/// mountpoint-s3): every object under it stays reachable; the one object is hidden.
+#[tokio::test]
+async fn a_key_that_is_also_a_prefix_lists_as_the_folder() {
+    let mem = Arc::new(object_store::memory::InMemory::new());
+    let store = BackingStore::new(mem, "memory", RetryPolicy::default());
+    for key in ["ds/a", "ds/a/b", "ds/a/c/d", "ds/other"] {
+        store.put(key, Bytes::from_static(b"x")).await.expect("put");
+    }
+    let ds = store.list_dir("ds").await.expect("list");
+    assert_eq!(ds.dirs, vec!["a".to_string()]);
+    let files: Vec<&str> = ds.files.iter().map(|f| f.path.as_ref()).collect();
+    assert_eq!(files, vec!["ds/other"]);
+    let a = store.list_dir("ds/a").await.expect("list the folder");
+    let files: Vec<&str> = a.files.iter().map(|f| f.path.as_ref()).collect();
+    assert_eq!(files, vec!["ds/a/b"]);
+    assert_eq!(a.dirs, vec!["c".to_string()]);
+}

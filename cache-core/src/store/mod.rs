@@ -655,8 +655,25 @@ impl BackingStore {
         if let Some(root) = &self.local_root {
             files = local_infos(root.clone(), files, self.follow_symlinks, true).await?;
         }
+        let dirs: Vec<String> = res.common_prefixes.iter().map(strip).collect();
+        if !dirs.is_empty() {
+            // A key that is also a prefix (S3 holds `a` and `a/b` side by side; a folder
+            // cannot): the directory wins, as in mountpoint-s3, so every object under it
+            // stays reachable, and the one file is hidden, with a warning (black-box
+            // finding: the file won and `a/b` was ENOTDIR, silently).
+            let names: std::collections::HashSet<&str> = dirs.iter().map(String::as_str).collect();
+            files.retain(|f| {
+                let name = f.path.rsplit('/').next().unwrap_or(&f.path);
+                let shadowed = names.contains(name);
+                if shadowed {
+                    tracing::warn!(store = %self.label, key = %f.path,
+                        "a key that is also a folder of other keys: shown as the folder, the object itself is hidden");
+                }
+                !shadowed
+            });
+        }
         Ok(DirListing {
-            dirs: res.common_prefixes.iter().map(strip).collect(),
+            dirs,
             files,
             exists,
         })
