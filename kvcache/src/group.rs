@@ -127,6 +127,9 @@ pub struct GroupOptions {
     pub max_message_bytes: usize,
     /// Chunk size of forwarded Puts, as the server's `chunk_bytes`.
     pub chunk_bytes: usize,
+    /// Where the Removes peers missed are kept across a restart of this node (the
+    /// daemon: `<cache>/kv-missed-removes.json`); None: memory only.
+    pub missed_removes_file: Option<std::path::PathBuf>,
 }
 
 impl Default for GroupOptions {
@@ -140,6 +143,7 @@ impl Default for GroupOptions {
             suspect_for: Duration::from_secs(2),
             max_message_bytes: 4 << 20,
             chunk_bytes: crate::server::DEFAULT_CHUNK_BYTES,
+            missed_removes_file: None,
         }
     }
 }
@@ -322,6 +326,9 @@ pub struct Router {
     missed_removes: Mutex<HashMap<Arc<str>, MissedRemoves>>,
     /// Whether the task replaying `missed_removes` runs.
     replaying: std::sync::atomic::AtomicBool,
+    /// `missed_removes` changed since it was last saved / a save is under way.
+    removes_dirty: std::sync::atomic::AtomicBool,
+    removes_saving: std::sync::atomic::AtomicBool,
     /// Every member this router has seen in the group's table, and since when one is
     /// missing from it (see [`Router::departed`]).
     members: Mutex<HashMap<Arc<str>, SeenMember>>,
@@ -339,6 +346,20 @@ struct SeenMember {
 /// retired) may come back on a warm disk and serve blocks removed while it was away,
 /// as before; the keys kept per member stay bounded by [`MAX_MISSED_REMOVES`].
 pub const DEPARTED_KEPT_FOR: Duration = Duration::from_secs(3600);
+
+/// One batch of missed Removes as its file keeps it (see
+/// [`GroupOptions::missed_removes_file`]).
+#[derive(Serialize, Deserialize)]
+struct SavedRemoves {
+    node: String,
+    addr: String,
+    tenant: Option<String>,
+    /// The forwarded model identity, hex.
+    identity: Option<String>,
+    ns: String,
+    /// The keys' hashes, hex.
+    hashes: Vec<String>,
+}
 
 /// The Removes one peer missed (see [`Router::missed_remove`]).
 struct MissedRemoves {
@@ -388,8 +409,150 @@ impl Router {
             kept_locally: AtomicU64::new(0),
             missed_removes: Mutex::new(HashMap::new()),
             replaying: std::sync::atomic::AtomicBool::new(false),
+            removes_dirty: std::sync::atomic::AtomicBool::new(false),
+            removes_saving: std::sync::atomic::AtomicBool::new(false),
             members: Mutex::new(HashMap::new()),
         })
+        .inspect(Router::load_missed_removes)
+    }
+
+    /// Loads the Removes an earlier run of this node kept for its peers (see
+    /// [`GroupOptions::missed_removes_file`]); they are replayed from
+    /// [`Self::watch_members`]. An unreadable file is logged and set aside.
+    fn load_missed_removes(&self) {
+        let Some(file) = &self.opts.missed_removes_file else {
+            return;
+        };
+        let text = match std::fs::read(file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::error!(file = %file.display(), error = %e, "cannot read the Removes kept for peers");
+                return;
+            }
+        };
+        let saved: Vec<SavedRemoves> = match serde_json::from_slice(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(file = %file.display(), error = %e,
+                    "the Removes kept for peers are unreadable: set aside; peers that missed them may serve removed blocks");
+                let _ = std::fs::rename(file, file.with_extension("json.bad"));
+                return;
+            }
+        };
+        let mut missed = self.missed_removes.lock();
+        for b in saved {
+            let Some(hashes) = b
+                .hashes
+                .iter()
+                .map(|h| hex::decode(h).ok().map(Bytes::from))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            let identity = b
+                .identity
+                .as_deref()
+                .and_then(|h| hex::decode(h).ok())
+                .and_then(|v| <[u8; 32]>::try_from(v).ok());
+            let node = PeerNode {
+                id: Arc::from(b.node.as_str()),
+                addr: Arc::from(b.addr.as_str()),
+                local: false,
+            };
+            let m = missed
+                .entry(node.id.clone())
+                .or_insert_with(|| MissedRemoves {
+                    node: node.clone(),
+                    batches: Default::default(),
+                    keys: 0,
+                });
+            m.keys += hashes.len();
+            m.batches.push_back((
+                Forward {
+                    tenant: b.tenant,
+                    identity,
+                },
+                b.ns,
+                hashes,
+            ));
+        }
+        if !missed.is_empty() {
+            tracing::info!(
+                peers = missed.len(),
+                "Removes kept for peers that missed them were loaded; replaying them"
+            );
+        }
+    }
+
+    /// Writes `missed_removes` to its file now (blocking; an empty set removes it).
+    fn save_missed_removes(&self) {
+        let Some(file) = &self.opts.missed_removes_file else {
+            return;
+        };
+        self.removes_dirty.store(false, Ordering::Release);
+        let saved: Vec<SavedRemoves> = {
+            let missed = self.missed_removes.lock();
+            missed
+                .values()
+                .flat_map(|m| {
+                    m.batches.iter().map(|(fwd, ns, hashes)| SavedRemoves {
+                        node: m.node.id.to_string(),
+                        addr: m.node.addr.to_string(),
+                        tenant: fwd.tenant.clone(),
+                        identity: fwd.identity.map(hex::encode),
+                        ns: ns.clone(),
+                        hashes: hashes.iter().map(hex::encode).collect(),
+                    })
+                })
+                .collect()
+        };
+        let written = if saved.is_empty() {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        } else {
+            serde_json::to_vec(&saved)
+                .map_err(std::io::Error::other)
+                .and_then(|text| {
+                    let tmp = file.with_extension("json.tmp");
+                    let mut f = std::fs::File::create(&tmp)?;
+                    std::io::Write::write_all(&mut f, &text)?;
+                    f.sync_all()?;
+                    std::fs::rename(&tmp, file)
+                })
+        };
+        if let Err(e) = written {
+            tracing::error!(file = %file.display(), error = %e, "cannot save the Removes kept for peers; a restart of this node forgets them");
+        }
+    }
+
+    /// Saves `missed_removes` soon, off the runtime's threads; saves asked for while
+    /// one runs are folded into the next.
+    fn save_missed_removes_soon(self: &Arc<Self>) {
+        if self.opts.missed_removes_file.is_none() {
+            return;
+        }
+        self.removes_dirty.store(true, Ordering::Release);
+        if self.removes_saving.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.save_missed_removes();
+            self.removes_saving.store(false, Ordering::Release);
+            return;
+        };
+        let me = self.clone();
+        rt.spawn_blocking(move || loop {
+            me.save_missed_removes();
+            me.removes_saving.store(false, Ordering::Release);
+            if !me.removes_dirty.load(Ordering::Acquire)
+                || me.removes_saving.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+        });
     }
 
     /// Notes who is in the group's table now (`nodes`; empty when this node is alone):
@@ -430,8 +593,8 @@ impl Router {
             }
             let since = *m.gone_since.get_or_insert(now);
             let kept = now.duration_since(since) < DEPARTED_KEPT_FOR;
-            if !kept {
-                self.missed_removes.lock().remove(id);
+            if !kept && self.missed_removes.lock().remove(id).is_some() {
+                self.removes_dirty.store(true, Ordering::Release);
             }
             kept
         });
@@ -447,11 +610,17 @@ impl Router {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        if !self.missed_removes.lock().is_empty() {
+            self.replay_soon();
+        }
         let weak = Arc::downgrade(self);
         rt.spawn(async move {
             loop {
                 let Some(router) = weak.upgrade() else { return };
                 router.routes(&[]);
+                if router.removes_dirty.load(Ordering::Acquire) {
+                    router.save_missed_removes_soon();
+                }
                 drop(router);
                 tokio::time::sleep(REPLAY_EVERY).await;
             }
@@ -500,6 +669,12 @@ impl Router {
                 }
             }
         }
+        self.save_missed_removes_soon();
+        self.replay_soon();
+    }
+
+    /// Starts the task that offers missed Removes to their peers, unless it runs.
+    fn replay_soon(self: &Arc<Self>) {
         if self.replaying.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -522,7 +697,7 @@ impl Router {
 
     /// Offers each peer its missed Removes (directly, past its pause: the point is to
     /// reach it as soon as it is back); true once none is left.
-    async fn replay_missed_removes(&self) -> bool {
+    async fn replay_missed_removes(self: &Arc<Self>) -> bool {
         let nodes: Vec<PeerNode> = self
             .missed_removes
             .lock()
@@ -555,14 +730,17 @@ impl Router {
                     Ok(Err(s)) if !matches!(RemoteError::of(s.clone()), RemoteError::Down(_)) => {}
                     _ => break,
                 }
-                let mut missed = self.missed_removes.lock();
-                if let Some(m) = missed.get_mut(&node.id) {
-                    m.batches.pop_front();
-                    m.keys = m.keys.saturating_sub(n);
-                    if m.batches.is_empty() {
-                        missed.remove(&node.id);
+                {
+                    let mut missed = self.missed_removes.lock();
+                    if let Some(m) = missed.get_mut(&node.id) {
+                        m.batches.pop_front();
+                        m.keys = m.keys.saturating_sub(n);
+                        if m.batches.is_empty() {
+                            missed.remove(&node.id);
+                        }
                     }
                 }
+                self.save_missed_removes_soon();
             }
         }
         self.missed_removes.lock().is_empty()

@@ -242,11 +242,15 @@ pub(crate) async fn start(
 
 /// Makes `service` route by key across the group of `cluster` (issue 16): Puts to the
 /// R owners, lookups batched per owner (`strata_kvcache::group`). `token`: the group
-/// token its forwarded calls carry and its peer face requires.
+/// token its forwarded calls carry and its peer face requires. The Removes peers
+/// missed are kept in `cache_dir` across a restart (black-box finding: a Remove a
+/// down replica missed was held only in the entry node's memory, and a restart of that
+/// node brought 13-16 of 24 removed blocks back).
 pub(crate) fn join_group(
     service: &KvService,
     cluster: &super::cluster::ClusterHandle,
     token: Option<String>,
+    cache_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let view = super::cluster::MembershipView::new(
         cluster.node.clone(),
@@ -258,6 +262,7 @@ pub(crate) fn join_group(
             std::sync::Arc::new(view),
             strata_kvcache::group::GroupOptions {
                 token,
+                missed_removes_file: Some(cache_dir.join("kv-missed-removes.json")),
                 ..Default::default()
             },
         )

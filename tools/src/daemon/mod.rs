@@ -122,7 +122,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             // In a group the KV service routes by key to the owners
             // (`strata_kvcache::group`).
             if let Some(k) = &kv {
-                kv::join_group(&k.service, &h, token.clone())?;
+                kv::join_group(&k.service, &h, token.clone(), &core.cache_dir)?;
             }
             let metrics = std::sync::Arc::new(peer_metrics::PeerMetrics::new(h.node.as_str()));
             let ctx = peer::PeerContext {
