@@ -122,13 +122,15 @@ pub async fn run_all(tier: Arc<dyn Tier>) {
 /// `remove`, so concurrent operations interleave at each await as over a real disk;
 /// [`TestTier::refusing_puts`] refuses every write with `Full`, as a full device would;
 /// [`TestTier::slow_gets`] takes a fixed time to answer every `get`, as a slow disk would,
-/// so a test can act while a lookup is under way.
+/// so a test can act while a lookup is under way; [`TestTier::slow_puts`] likewise for
+/// every `put`, so a test can act while a write is under way.
 pub struct TestTier<T> {
     inner: T,
     name: Option<String>,
     yields: bool,
     refuse_puts: bool,
     get_delay: std::time::Duration,
+    put_delay: std::time::Duration,
 }
 
 impl<T: Tier> TestTier<T> {
@@ -140,6 +142,7 @@ impl<T: Tier> TestTier<T> {
             yields: true,
             refuse_puts: false,
             get_delay: std::time::Duration::ZERO,
+            put_delay: std::time::Duration::ZERO,
         }
     }
 
@@ -151,6 +154,7 @@ impl<T: Tier> TestTier<T> {
             yields: false,
             refuse_puts: true,
             get_delay: std::time::Duration::ZERO,
+            put_delay: std::time::Duration::ZERO,
         }
     }
 
@@ -162,6 +166,19 @@ impl<T: Tier> TestTier<T> {
             yields: false,
             refuse_puts: false,
             get_delay: delay,
+            put_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Takes `delay` before every `put` lands.
+    pub fn slow_puts(inner: T, delay: std::time::Duration) -> Self {
+        Self {
+            inner,
+            name: None,
+            yields: false,
+            refuse_puts: false,
+            get_delay: std::time::Duration::ZERO,
+            put_delay: delay,
         }
     }
 
@@ -178,6 +195,9 @@ impl<T: Tier> TestTier<T> {
             return Err(CacheError::Full("device full (injected)".into()));
         }
         self.yield_now().await;
+        if !self.put_delay.is_zero() {
+            tokio::time::sleep(self.put_delay).await;
+        }
         self.yield_now().await;
         Ok(())
     }

@@ -137,3 +137,62 @@ async fn racing_puts_of_one_key_store_one_value() {
     }
     server.stop().await;
 }
+
+/// Crash finding: a Put whose client gave up (its deadline passed while the block was
+/// being stored) kept storing and landed after the client's acknowledged Remove, or
+/// over a newer Put the service had answered "stored". A store now finishes before a
+/// Remove or another Put of its key looks at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_its_client_gave_up_on_never_lands_over_later_calls() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use strata_cache_core::conformance::TestTier;
+    use strata_cache_core::tiers::MemoryTier;
+    use strata_cache_core::CacheEngine;
+    let slow = TestTier::slow_puts(MemoryTier::new(64 << 20), Duration::from_millis(300));
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(slow))
+        .build()
+        .expect("engine");
+    let server = TestServer::start(engine, ServerConfig::default()).await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    let size = 64 << 10;
+    // Cut off mid-store, then removed: stays removed.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        c.put(NS, b"gave-up-1", block(size, 1)),
+    )
+    .await;
+    assert!(cut.is_err(), "the put was cut off while storing");
+    c.remove(NS, &[b"gave-up-1".to_vec()])
+        .await
+        .expect("remove");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        c.get(NS, b"gave-up-1").await.expect("get").is_none(),
+        "an acknowledged remove is not undone by the put given up on"
+    );
+    // Cut off mid-store, then a newer put of other bytes: the answer tells which won.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        c.put(NS, b"gave-up-2", block(size, 2)),
+    )
+    .await;
+    assert!(cut.is_err(), "the put was cut off while storing");
+    let already = c
+        .put(NS, b"gave-up-2", block(size, 3))
+        .await
+        .expect("newer put");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let want = if already {
+        block(size, 2)
+    } else {
+        block(size, 3)
+    };
+    let got = c.get(NS, b"gave-up-2").await.expect("get");
+    assert!(
+        got.as_ref() == Some(&want),
+        "the value is the one the newer put's answer names (already present: {already})"
+    );
+    server.stop().await;
+}

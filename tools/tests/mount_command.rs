@@ -364,6 +364,9 @@ fn opens_that_ask_for_a_terminal_leave_the_log_alone() {
         &answers[..3]
     );
     dir_synced.expect("fsync of a directory");
-    assert_eq!(linked.expect_err("no links").raw_os_error(), Some(libc::EPERM));
+    assert_eq!(
+        linked.expect_err("no links").raw_os_error(),
+        Some(libc::EPERM)
+    );
     assert!(grown < 512, "the log grew {grown} bytes");
 }

@@ -360,7 +360,7 @@ struct Inner {
     /// The largest block served per namespace: what a Get reserves before fetching.
     get_sizes: parking_lot::RwLock<std::collections::HashMap<Arc<str>, u64>>,
     /// Keys being stored now: one store per key (`storing.rs`).
-    storing: storing::Storing,
+    storing: Arc<storing::Storing>,
     stats: KvStats,
     started: Instant,
     top_tier: Option<TierKind>,
@@ -461,16 +461,16 @@ struct Blocks<R> {
 
 /// A tenant's quota charge for one put, refunded on drop unless kept (the put failed,
 /// was aborted or truncated).
-struct QuotaCharge<'a> {
-    tenant: &'a Tenant,
-    key: &'a CacheKey,
+struct QuotaCharge {
+    tenant: Arc<Tenant>,
+    key: CacheKey,
     keep: bool,
 }
 
-impl Drop for QuotaCharge<'_> {
+impl Drop for QuotaCharge {
     fn drop(&mut self) {
         if !self.keep {
-            self.tenant.forget(self.key);
+            self.tenant.forget(&self.key);
         }
     }
 }

@@ -32,6 +32,9 @@ impl KvService {
     ) -> Result<u32> {
         let mut removed = 0u32;
         for k in keys {
+            // After any store of the key in progress (one whose Put was cancelled
+            // still finishes): it must not land after this Remove is acknowledged.
+            let _slot = self.inner.storing.claim(k, || false).await;
             if self.inner.engine.remove(k).await? {
                 removed += 1;
             }
@@ -264,24 +267,20 @@ impl KvService {
     ) -> Result<bool> {
         let size = data.len() as u64;
         let engine = &self.inner.engine;
-        let Some(_storing) = self.inner.storing.claim(key, || engine.contains(key)).await else {
+        let Some(slot) = self.inner.storing.claim(key, || engine.contains(key)).await else {
             self.inner.stats.put(ns, size, true);
             return Ok(true);
         };
-        let mut charge = match tenant {
+        let charge = match tenant {
             Some(t) if t.charge(key, size, &self.inner.engine)? => Some(QuotaCharge {
-                tenant: t,
-                key,
+                tenant: t.clone(),
+                key: key.clone(),
                 keep: false,
             }),
             _ => None,
         };
-        let ctx = self.ctx(ns, false);
-        engine.put(key, data, &ctx).await?;
-        if let Some(c) = charge.as_mut() {
-            c.keep = true;
-        }
-        self.inner.stats.put(ns, size, false);
+        self.store_claimed(slot, charge, ns.clone(), key.clone(), data)
+            .await?;
         Ok(false)
     }
 

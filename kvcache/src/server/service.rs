@@ -433,11 +433,11 @@ impl KvService {
         }
         // The tenant's quota first, so a tenant past it fails before sending the block;
         // the charge is refunded unless the block is stored.
-        let mut charge = match &tenant {
+        let charge = match &tenant {
             Some(t) if group.is_none() && t.charge(&key, size, &self.inner.engine)? => {
                 Some(QuotaCharge {
-                    tenant: t,
-                    key: &key,
+                    tenant: t.clone(),
+                    key: key.clone(),
                     keep: false,
                 })
             }
@@ -525,7 +525,7 @@ impl KvService {
             return Ok(pb::PutResponse { already_present });
         }
         let engine = &self.inner.engine;
-        let Some(_storing) = self
+        let Some(slot) = self
             .inner
             .storing
             .claim(&key, || engine.contains(&key))
@@ -537,15 +537,45 @@ impl KvService {
                 already_present: true,
             });
         };
-        let ctx = self.ctx(&ns, false);
-        engine.put(&key, data, &ctx).await?;
-        if let Some(c) = charge.as_mut() {
-            c.keep = true;
-        }
-        self.inner.stats.put(&ns, size, false);
+        self.store_claimed(slot, charge, ns, key, data).await?;
         Ok(pb::PutResponse {
             already_present: false,
         })
+    }
+
+    /// Stores `data` under `key` (claimed by `slot`) in a task of its own, which keeps
+    /// the slot and the quota charge to the end: a Put whose caller is cancelled
+    /// mid-store still finishes (or fails) before another Put or a Remove of the key
+    /// looks at it (see `storing.rs`).
+    pub(super) async fn store_claimed(
+        &self,
+        slot: super::storing::StoringSlot,
+        mut charge: Option<QuotaCharge>,
+        ns: Arc<str>,
+        key: CacheKey,
+        data: Bytes,
+    ) -> Result<()> {
+        let ctx = self.ctx(&ns, false);
+        let inner = self.inner.clone();
+        let size = data.len() as u64;
+        let store = tokio::spawn(async move {
+            let stored = inner.engine.put(&key, data, &ctx).await;
+            if stored.is_ok() {
+                if let Some(c) = charge.as_mut() {
+                    c.keep = true;
+                }
+                inner.stats.put(&ns, size, false);
+            }
+            drop(charge);
+            drop(slot);
+            stored
+        });
+        match store.await {
+            Ok(r) => Ok(r?),
+            Err(e) => Err(KvError::Cache(strata_cache_core::CacheError::Io(
+                std::io::Error::other(format!("storing a put failed: {e}")),
+            ))),
+        }
     }
 
     /// What a Get in `ns` reserves before it fetches its block: the largest block of

@@ -3,6 +3,12 @@
 //! the second, once the first is done, finds the key and answers `already_present`.
 //! Both used to store: the memory tier kept one value, the disk tier the other, and a
 //! Get answered either depending on where the block was read from.
+//!
+//! A slot is owned (`'static`): the store it guards runs in a task of its own and holds
+//! it to the end, even when the Put that began it was cancelled, and a Remove of the
+//! key claims it too, so it waits for a store in progress instead of being overtaken by
+//! it (crash finding: a Put whose client gave up kept storing and landed after an
+//! acknowledged Remove, or over a newer Put answered "stored").
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -18,10 +24,10 @@ pub(super) struct Storing {
     slots: Mutex<HashMap<CacheKey, Arc<Semaphore>>>,
 }
 
-/// The right to store one key; dropping it (stored, failed or cancelled) lets the next
-/// Put of the key look again.
-pub(super) struct StoringSlot<'a> {
-    owner: &'a Storing,
+/// The right to store (or remove) one key; dropping it (stored, failed or removed)
+/// lets the next Put or Remove of the key look again.
+pub(super) struct StoringSlot {
+    owner: Arc<Storing>,
     key: CacheKey,
     done: Arc<Semaphore>,
 }
@@ -32,10 +38,10 @@ impl Storing {
     /// `present` is asked after the claim, so a store that ended just before cannot be
     /// missed.
     pub(super) async fn claim(
-        &self,
+        self: &Arc<Self>,
         key: &CacheKey,
         present: impl Fn() -> bool,
-    ) -> Option<StoringSlot<'_>> {
+    ) -> Option<StoringSlot> {
         loop {
             let claimed = match self.slots.lock().entry(key.clone()) {
                 Entry::Occupied(o) => Err(o.get().clone()),
@@ -45,7 +51,7 @@ impl Storing {
                 // (The map's lock is released: a slot dropped here takes it again.)
                 Ok(done) => {
                     let slot = StoringSlot {
-                        owner: self,
+                        owner: self.clone(),
                         key: key.clone(),
                         done,
                     };
@@ -60,7 +66,7 @@ impl Storing {
     }
 }
 
-impl Drop for StoringSlot<'_> {
+impl Drop for StoringSlot {
     fn drop(&mut self) {
         self.owner.slots.lock().remove(&self.key);
         self.done.close();
@@ -102,7 +108,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_store_lets_the_next_claim_store() {
-        let storing = Storing::default();
+        let storing = Arc::new(Storing::default());
         drop(storing.claim(&key(3), || false).await.expect("first"));
         assert!(storing.claim(&key(3), || false).await.is_some());
         assert!(storing.slots.lock().is_empty(), "slots are freed");
