@@ -34,6 +34,11 @@ pub struct UploadRecord {
     pub location: String,
     /// The multipart upload's id; None for a local directory store's temporary file.
     pub upload_id: Option<String>,
+    /// Written before the store was asked to create the upload, replaced by the
+    /// record with its id once it answered: one left behind means the daemon died
+    /// during that request, and the store may hold an upload no record names.
+    #[serde(default)]
+    pub starting: bool,
 }
 
 /// The journal of one mount's uploads in progress (see the module doc).
@@ -114,11 +119,26 @@ impl UploadJournal {
     /// Records an upload of `location` about to start (`upload_id` once the store gave
     /// one). Written to a temporary name and renamed, so a record is whole or absent.
     pub fn record(&self, location: &str, upload_id: Option<&str>) -> Recorded {
-        let record = UploadRecord {
+        self.write(UploadRecord {
             store: self.store.clone(),
             location: location.to_string(),
             upload_id: upload_id.map(str::to_string),
-        };
+            starting: false,
+        })
+    }
+
+    /// Records that an upload of `location` is about to be created (see
+    /// [`UploadRecord::starting`]); `done` once its own record is written.
+    pub fn record_starting(&self, location: &str) -> Recorded {
+        self.write(UploadRecord {
+            store: self.store.clone(),
+            location: location.to_string(),
+            upload_id: None,
+            starting: true,
+        })
+    }
+
+    fn write(&self, record: UploadRecord) -> Recorded {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{n}", std::process::id());
         let (tmp, file) = (self.dir.join(&name), self.dir.join(format!("{name}.json")));
@@ -150,20 +170,33 @@ mod tests {
         let finished = j.record("x/done", Some("id-1"));
         let _crashed = j.record("x/big", Some("id-2"));
         finished.done();
+        // Created: its starting record goes. Cut off while being created: it stays.
+        j.record_starting("x/done").done();
+        let _creating = j.record_starting("x/new");
         let (other, _) = UploadJournal::open(dir.path(), "s3://b").expect("open");
         let _theirs = other.record("y", None);
         std::fs::write(dir.path().join("garbage.json"), b"{not json").expect("write");
         std::fs::write(dir.path().join("123-9"), b"half").expect("write");
 
         let (_, left) = UploadJournal::open(dir.path(), "s3://a").expect("reopen");
-        let records: Vec<_> = left.iter().map(|l| l.record.clone()).collect();
+        let mut records: Vec<_> = left.iter().map(|l| l.record.clone()).collect();
+        records.sort_by(|a, b| a.location.cmp(&b.location));
         assert_eq!(
             records,
-            vec![UploadRecord {
-                store: "s3://a".into(),
-                location: "x/big".into(),
-                upload_id: Some("id-2".into()),
-            }]
+            vec![
+                UploadRecord {
+                    store: "s3://a".into(),
+                    location: "x/big".into(),
+                    upload_id: Some("id-2".into()),
+                    starting: false,
+                },
+                UploadRecord {
+                    store: "s3://a".into(),
+                    location: "x/new".into(),
+                    upload_id: None,
+                    starting: true,
+                }
+            ]
         );
         for l in left {
             l.forget();

@@ -248,6 +248,15 @@ impl BackingStore {
         let mut cleaned = 0;
         for l in left {
             let r = &l.record;
+            if r.starting {
+                // No id to abort it by: named, so an operator can (S3's
+                // list-multipart-uploads; a lifecycle rule AbortIncompleteMultipartUpload
+                // removes such parts by itself).
+                tracing::warn!(store = %self.label, key = %r.location,
+                    "the daemon died while creating an upload of this key: the store may hold its parts under an id no record names");
+                l.forget();
+                continue;
+            }
             let gone = match (&r.upload_id, &self.part_store, &self.local_root) {
                 (Some(id), Some((parts, _)), _) => {
                     let location = object_store::path::Path::from(r.location.as_str());
