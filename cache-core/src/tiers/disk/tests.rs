@@ -730,6 +730,21 @@ async fn the_engine_rides_out_transient_disk_errors() {
     assert_eq!(stats.lost_blocks, 0);
 }
 
+/// Bytes the file system allocated to every file under `dir` (preallocation included).
+fn allocated_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let meta = fs::symlink_metadata(&path).expect("stat");
+        if meta.is_dir() {
+            total += allocated_bytes(&path);
+        } else {
+            total += meta.blocks() * 512;
+        }
+    }
+    total
+}
+
 /// Bytes of the block files under `dir`'s data directory, as the file system has them.
 fn block_file_bytes(dir: &Path) -> u64 {
     let mut total = 0;
@@ -772,6 +787,13 @@ async fn small_blocks_keep_their_files_within_the_budget() {
             "{files} bytes of files for a {budget}-byte budget"
         );
         assert!(files > budget / 2, "the budget is used: {files}");
+        // The whole cache dir, as the file system allocates it (the index's write-ahead
+        // log is preallocated): within half the budget again.
+        let held = allocated_bytes(dir.path());
+        assert!(
+            held <= budget * 3 / 2,
+            "{held} bytes held for a {budget}-byte budget"
+        );
         assert_eq!(
             cache.get(&key(999), &ctx).await.expect("get"),
             Some(data(1024, 999u32 as u8)),
