@@ -16,7 +16,10 @@
 //!   without the token, and re-applies the tenant's namespace patterns, key space and
 //!   quota and the namespace's identity binding itself: a peer can vouch for who the
 //!   caller is, never widen what that caller may touch.
-//! - **Put** goes to the key's `R` owners at once; an owner that cannot be reached is
+//! - **Put** goes to the key's first owner, which decides (stores it, or answers
+//!   `already_present`: then nothing more is sent), then to the other `R - 1` at once,
+//!   so two racing Puts of different bytes meet at one node and one value wins
+//!   everywhere; an owner that cannot be reached is
 //!   replaced by the next node of the key's placement order (the one that becomes an
 //!   owner when the dead node's lease runs out). The Put is acknowledged after every
 //!   target answered: when the group has `R` live nodes the block then sits on `R` of

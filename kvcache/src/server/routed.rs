@@ -317,9 +317,17 @@ impl KvService {
                 (n, r)
             }
         };
-        for n in plan.initial() {
-            inflight.push(store(n));
+        // The first owner decides, then the others copy: two concurrent Puts of
+        // different bytes under one key meet at that owner, which keeps one value and
+        // answers the other `already_present`, so the others never see the loser
+        // (black-box finding: sent to every owner at once, 79 of 300 racing keys won on
+        // different owners and members answered with different values). A substitute
+        // for a primary that is down decides in its place.
+        let mut rest = plan.initial();
+        if !rest.is_empty() {
+            inflight.push(store(rest.remove(0)));
         }
+        let mut decided = false;
         let mut all_present = true;
         let mut refused = None;
         while let Some((n, r)) = inflight.next().await {
@@ -327,16 +335,33 @@ impl KvService {
                 Ok(present) => {
                     all_present &= present;
                     plan.outcome(n, true);
+                    if !decided {
+                        decided = true;
+                        if present {
+                            // One value already, and its Put copied it (or is copying it).
+                            return Ok(true);
+                        }
+                        for m in rest.drain(..) {
+                            inflight.push(store(m));
+                        }
+                    }
                 }
                 Err(RemoteError::Down(s)) => {
                     tracing::debug!(node = %routes.nodes[n].id, status = %s, "KV put: owner down, trying the next node");
                     if let Some(sub) = plan.outcome(n, false) {
                         inflight.push(store(sub));
+                    } else if !decided {
+                        // No substitute left to decide: the other owners take it as before.
+                        decided = true;
+                        for m in rest.drain(..) {
+                            inflight.push(store(m));
+                        }
                     }
                 }
                 Err(RemoteError::Refused(s)) => {
                     // Not a node failure: no substitute; the caller gets the refusal.
                     refused.get_or_insert(s);
+                    rest.clear();
                 }
             }
         }
