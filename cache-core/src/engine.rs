@@ -732,6 +732,18 @@ impl CacheEngine {
     }
 
     /// Removes `key` from every level; returns whether any held it.
+    /// The number of the latest removal, for [`Self::known_removed_since`].
+    pub fn removal_seq(&self) -> u64 {
+        self.inner.state.lock().removal_seq()
+    }
+
+    /// Whether `key` was removed after removal number `seq` ([`Self::removal_seq`]), as
+    /// far as the engine remembers (4,096 removals back; beyond: false). A Put that a
+    /// Remove of its key overlapped can take effect before it, and so store nothing.
+    pub fn known_removed_since(&self, key: &CacheKey, seq: u64) -> bool {
+        self.inner.state.lock().known_removed_since(key, seq)
+    }
+
     pub async fn remove(&self, key: &CacheKey) -> Result<bool> {
         // Copies of it read before now (a promotion, a demotion) are not placed after.
         self.inner.state.lock().note_removal(key);

@@ -106,6 +106,13 @@ impl Hierarchy {
         self.removals.since(key, seq)
     }
 
+    /// Whether `key` is known to have been removed after removal number `seq`: false
+    /// when more removals came since than are remembered (unlike [`Self::removed_since`]).
+    pub fn known_removed_since(&self, key: &CacheKey, seq: u64) -> bool {
+        self.removals.seq - seq <= self.removals.recent.len() as u64
+            && self.removals.since(key, seq)
+    }
+
     /// `key` is being removed from every level: copies of it read before now are not
     /// placed.
     pub fn note_removal(&mut self, key: &CacheKey) {
@@ -253,6 +260,26 @@ mod tests {
     use crate::access::JobId;
     use crate::pattern::Pattern;
     use crate::policy::LruPolicy;
+
+    /// `removed_since` errs towards "removed" once the log no longer reaches back (a
+    /// copy is then skipped); `known_removed_since` towards "not removed" (a Put is
+    /// then stored): each only where losing the other way is harmless.
+    #[test]
+    fn removals_answer_exactly_within_the_log_and_each_way_beyond_it() {
+        let mut h = Hierarchy::new(vec![TierSpace::new(4, Box::new(LruPolicy::new()))]);
+        let (a, b) = (CacheKey::kv("ns", vec![1]), CacheKey::kv("ns", vec![2]));
+        let start = h.removal_seq();
+        h.note_removal(&a);
+        assert!(h.removed_since(&a, start) && h.known_removed_since(&a, start));
+        assert!(!h.removed_since(&b, start) && !h.known_removed_since(&b, start));
+        let after = h.removal_seq();
+        assert!(!h.removed_since(&a, after) && !h.known_removed_since(&a, after));
+        for i in 0..Removals::KEPT as u64 + 1 {
+            h.note_removal(&CacheKey::kv("other", i.to_be_bytes().to_vec()));
+        }
+        assert!(h.removed_since(&b, start), "beyond the log: maybe");
+        assert!(!h.known_removed_since(&b, start), "beyond the log: not known");
+    }
 
     /// With plain LRU on every level the tracker still classifies: the classification
     /// belongs to the cache, not to the pattern-aware policy.

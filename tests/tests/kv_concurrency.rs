@@ -196,3 +196,55 @@ async fn a_put_its_client_gave_up_on_never_lands_over_later_calls() {
     );
     server.stop().await;
 }
+
+/// Crash finding, the other half: a client that gave up on a Put while its bytes were
+/// still on the way, and then removed the key, saw the Put land after the Remove: the
+/// service received the rest and stored it. A Put that a Remove of its key overlapped
+/// now takes effect before the Remove: it answers, and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_during_a_put_stream_is_not_undone_by_its_end() {
+    use strata_kvcache::pb;
+    let server = TestServer::start(memory_engine(64 << 20), ServerConfig::default()).await;
+    let size = 256 << 10;
+    let value = block(size, 9);
+    let msg = |data: bytes::Bytes, first: bool| pb::PutRequest {
+        namespace: if first { NS.to_string() } else { String::new() },
+        hash: if first {
+            bytes::Bytes::from_static(b"overlapped")
+        } else {
+            bytes::Bytes::new()
+        },
+        size: if first { size as u64 } else { 0 },
+        data,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut raw = pb::kv_cache_client::KvCacheClient::connect(format!("http://{}", server.addr))
+        .await
+        .expect("connect");
+    let put = tokio::spawn(async move {
+        raw.put(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map(|r| r.into_inner())
+    });
+    tx.send(msg(value.slice(..size / 2), true))
+        .await
+        .expect("first half");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    c.remove(NS, &[b"overlapped".to_vec()]).await.expect("remove");
+    tx.send(msg(value.slice(size / 2..), false))
+        .await
+        .expect("second half");
+    drop(tx);
+    let answer = put.await.expect("join").expect("the put is answered");
+    assert!(!answer.already_present);
+    assert!(
+        c.get(NS, b"overlapped").await.expect("get").is_none(),
+        "the acknowledged remove stays"
+    );
+    // A Put after the Remove stores as usual.
+    assert!(!c.put(NS, b"overlapped", value.clone()).await.expect("put"));
+    let got = c.get(NS, b"overlapped").await.expect("get");
+    assert!(got.as_ref() == Some(&value), "stored");
+    server.stop().await;
+}

@@ -264,6 +264,7 @@ impl KvService {
         ns: &Arc<str>,
         key: &CacheKey,
         data: Bytes,
+        arrived: u64,
     ) -> Result<bool> {
         let size = data.len() as u64;
         let engine = &self.inner.engine;
@@ -279,7 +280,7 @@ impl KvService {
             }),
             _ => None,
         };
-        self.store_claimed(slot, charge, ns.clone(), key.clone(), data)
+        self.store_claimed(slot, charge, ns.clone(), key.clone(), data, arrived)
             .await?;
         Ok(false)
     }
@@ -296,6 +297,7 @@ impl KvService {
         ns: &Arc<str>,
         key: &CacheKey,
         data: Bytes,
+        arrived: u64,
     ) -> Result<bool> {
         let cands = routes.candidates.first().cloned().unwrap_or_default();
         let mut plan = Replicate::new(cands, routes.replication);
@@ -306,7 +308,7 @@ impl KvService {
             let data = data.clone();
             async move {
                 let r = if node.local {
-                    self.store_local(caller_tenant, ns, key, data)
+                    self.store_local(caller_tenant, ns, key, data, arrived)
                         .await
                         .map_err(|e| RemoteError::Refused(Status::from(e)))
                 } else {
@@ -372,7 +374,9 @@ impl KvService {
             // No owner reachable: keep it here, where this node's Gets find it first,
             // rather than fail a put a single node would have taken.
             router.kept_locally.fetch_add(1, Ordering::Relaxed);
-            return self.store_local(caller_tenant, ns, key, data).await;
+            return self
+                .store_local(caller_tenant, ns, key, data, arrived)
+                .await;
         }
         if plan.under_replicated() {
             router.under_replicated.fetch_add(1, Ordering::Relaxed);
