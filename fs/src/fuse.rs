@@ -36,6 +36,10 @@ use tokio::runtime::Handle;
 use crate::error::Error;
 use crate::filesystem::{Attr, FsCore, Kind};
 
+/// The extended attribute every path of a mount answers with its cache's capacity in
+/// bytes (decimal), unlisted (see `getxattr`).
+pub const CACHE_BYTES_XATTR: &str = "user.strata.cache_bytes";
+
 /// Converts the core's attributes to fuser's.
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
@@ -455,16 +459,23 @@ impl Filesystem for FuseFs {
         );
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         // Objects carry no extended attributes (security.selinux, capabilities...).
-        reply.error(Errno::from_i32(libc::ENODATA));
+        // One is answered on every path and listed on none (so `cp -a` copies
+        // nothing): the bytes the mount's cache may hold, for `strata warmup` to warn
+        // when it warms more than that.
+        if name.as_encoded_bytes() != CACHE_BYTES_XATTR.as_bytes() {
+            reply.error(Errno::from_i32(libc::ENODATA));
+            return;
+        }
+        let value = self.core.reader().engine().capacity_bytes().to_string();
+        if size == 0 {
+            reply.size(value.len() as u32);
+        } else if (size as usize) < value.len() {
+            reply.error(Errno::from_i32(libc::ERANGE));
+        } else {
+            reply.data(value.as_bytes());
+        }
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {

@@ -48,6 +48,10 @@ pub struct WarmupReport {
 
 pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
     let r = warmup(&args.paths, args.recursive, args.jobs, !args.quiet)?;
+    let cap = args.paths.first().and_then(|p| cache_bytes(p));
+    if let Some(w) = over_capacity(r.bytes, cap) {
+        eprintln!("{w}");
+    }
     println!(
         "warmed {} files, {} bytes in {:.2} s ({:.1} MB/s){}",
         r.files,
@@ -64,6 +68,37 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
         anyhow::bail!("{} files could not be read", r.failed);
     }
     Ok(())
+}
+
+/// The warning when `bytes` warmed exceed the cache's capacity `cap` (black-box finding:
+/// 300 MB "warmed" into a 12 MiB cache, with no word of it).
+fn over_capacity(bytes: u64, cap: Option<u64>) -> Option<String> {
+    let cap = cap.filter(|c| bytes > *c)?;
+    Some(format!(
+        "warning: warmed {bytes} bytes, but the mount's cache holds at most {cap}: the \
+         rest will be read from the store again (raise --memory-cache / --disk-cache, or \
+         warm less)"
+    ))
+}
+
+/// The capacity of the cache of the Strata mount `path` is in (the mount answers it as
+/// an extended attribute of every path); None on anything else.
+fn cache_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let name = std::ffi::CString::new(strata_fs::fuse::CACHE_BYTES_XATTR).ok()?;
+    let mut buf = [0u8; 32];
+    // SAFETY: valid NUL-terminated strings and a buffer of the length given.
+    let n = unsafe {
+        libc::getxattr(
+            c_path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
 }
 
 /// Collects the files under `paths` (directories only with `recursive`).
@@ -218,6 +253,13 @@ mod tests {
             ..Default::default()
         };
         let h = strata_fs::spawn(reader, "", mnt.path(), opts).expect("mount");
+        // The mount tells any of its paths its cache's size; anything else says nothing.
+        assert_eq!(cache_bytes(mnt.path()), Some(64 << 20));
+        assert_eq!(cache_bytes(&mnt.path().join("d1/f1")), Some(64 << 20));
+        assert_eq!(cache_bytes(src.path()), None);
+        assert!(over_capacity(65 << 20, Some(64 << 20)).is_some());
+        assert!(over_capacity(64 << 20, Some(64 << 20)).is_none());
+        assert!(over_capacity(65 << 20, None).is_none());
         let r = warmup(&[mnt.path().to_path_buf()], true, 3, false).expect("warmup");
         assert_eq!((r.files, r.bytes, r.failed), (4, total, 0));
         let fills = engine.stats().fills;
