@@ -278,7 +278,10 @@ mod tests {
             h.note_removal(&CacheKey::kv("other", i.to_be_bytes().to_vec()));
         }
         assert!(h.removed_since(&b, start), "beyond the log: maybe");
-        assert!(!h.known_removed_since(&b, start), "beyond the log: not known");
+        assert!(
+            !h.known_removed_since(&b, start),
+            "beyond the log: not known"
+        );
     }
 
     /// With plain LRU on every level the tracker still classifies: the classification

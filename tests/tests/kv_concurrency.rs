@@ -231,7 +231,9 @@ async fn a_remove_during_a_put_stream_is_not_undone_by_its_end() {
         .expect("first half");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let mut c = KvClient::connect(&server.addr).await.expect("connect");
-    c.remove(NS, &[b"overlapped".to_vec()]).await.expect("remove");
+    c.remove(NS, &[b"overlapped".to_vec()])
+        .await
+        .expect("remove");
     tx.send(msg(value.slice(size / 2..), false))
         .await
         .expect("second half");
