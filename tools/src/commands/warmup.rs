@@ -75,9 +75,9 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
 fn over_capacity(bytes: u64, cap: Option<u64>) -> Option<String> {
     let cap = cap.filter(|c| bytes > *c)?;
     Some(format!(
-        "warning: warmed {bytes} bytes, but the mount's cache holds at most {cap}: the \
-         rest will be read from the store again (raise --memory-cache / --disk-cache, or \
-         warm less)"
+        "warning: warmed {bytes} bytes, which exceeds the mount's cache budget of {cap} \
+         bytes: the rest will be read from the store again (raise --memory-cache / \
+         --disk-cache, or warm less)"
     ))
 }
 
