@@ -174,6 +174,16 @@ impl FuseFs {
             drop(serving);
         });
     }
+
+    /// The answer to a hard or symbolic link: an object store has none (EPERM, what
+    /// Linux file systems without links answer), and a read-only mount takes nothing.
+    fn no_links(&self) -> Errno {
+        if self.core.writable() {
+            Errno::EPERM
+        } else {
+            Errno::from_i32(libc::EROFS)
+        }
+    }
 }
 
 impl Filesystem for FuseFs {
@@ -534,13 +544,7 @@ impl Filesystem for FuseFs {
         _target: &std::path::Path,
         reply: ReplyEntry,
     ) {
-        // An object store has no links (EPERM: what Linux file systems without them answer).
-        let e = if self.core.writable() {
-            Errno::EPERM
-        } else {
-            Errno::from_i32(libc::EROFS)
-        };
-        reply.error(e);
+        reply.error(self.no_links());
     }
 
     fn link(
@@ -551,12 +555,7 @@ impl Filesystem for FuseFs {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let e = if self.core.writable() {
-            Errno::EPERM
-        } else {
-            Errno::from_i32(libc::EROFS)
-        };
-        reply.error(e);
+        reply.error(self.no_links());
     }
 
     fn fsyncdir(

@@ -371,6 +371,33 @@ struct MissedRemoves {
     keys: usize,
 }
 
+impl MissedRemoves {
+    /// Adds `batch` to what `node` missed (at its latest address), the oldest going
+    /// past [`MAX_MISSED_REMOVES`] keys.
+    fn add(
+        missed: &mut HashMap<Arc<str>, MissedRemoves>,
+        node: &PeerNode,
+        batch: (Forward, String, Vec<Bytes>),
+    ) {
+        let m = missed
+            .entry(node.id.clone())
+            .or_insert_with(|| MissedRemoves {
+                node: node.clone(),
+                batches: Default::default(),
+                keys: 0,
+            });
+        m.node = node.clone();
+        m.keys += batch.2.len();
+        m.batches.push_back(batch);
+        while m.keys > MAX_MISSED_REMOVES {
+            match m.batches.pop_front() {
+                Some((_, _, b)) => m.keys -= b.len(),
+                None => break,
+            }
+        }
+    }
+}
+
 /// Keys of missed Removes kept per peer: 100,000 (a few MB); past it the oldest go,
 /// and their blocks may come back with the peer as before.
 pub const MAX_MISSED_REMOVES: usize = 100_000;
@@ -463,22 +490,11 @@ impl Router {
                 addr: Arc::from(b.addr.as_str()),
                 local: false,
             };
-            let m = missed
-                .entry(node.id.clone())
-                .or_insert_with(|| MissedRemoves {
-                    node: node.clone(),
-                    batches: Default::default(),
-                    keys: 0,
-                });
-            m.keys += hashes.len();
-            m.batches.push_back((
-                Forward {
-                    tenant: b.tenant,
-                    identity,
-                },
-                b.ns,
-                hashes,
-            ));
+            let fwd = Forward {
+                tenant: b.tenant,
+                identity,
+            };
+            MissedRemoves::add(&mut missed, &node, (fwd, b.ns, hashes));
         }
         if !missed.is_empty() {
             tracing::info!(
@@ -518,13 +534,7 @@ impl Router {
         } else {
             serde_json::to_vec(&saved)
                 .map_err(std::io::Error::other)
-                .and_then(|text| {
-                    let tmp = file.with_extension("json.tmp");
-                    let mut f = std::fs::File::create(&tmp)?;
-                    std::io::Write::write_all(&mut f, &text)?;
-                    f.sync_all()?;
-                    std::fs::rename(&tmp, file)
-                })
+                .and_then(|text| crate::identity::write_atomically(file, &text))
         };
         if let Err(e) = written {
             tracing::error!(file = %file.display(), error = %e, "cannot save the Removes kept for peers; a restart of this node forgets them");
@@ -655,22 +665,7 @@ impl Router {
     ) {
         {
             let mut missed = self.missed_removes.lock();
-            let m = missed
-                .entry(node.id.clone())
-                .or_insert_with(|| MissedRemoves {
-                    node: node.clone(),
-                    batches: Default::default(),
-                    keys: 0,
-                });
-            m.node = node.clone();
-            m.keys += hashes.len();
-            m.batches.push_back((fwd.clone(), ns.to_string(), hashes));
-            while m.keys > MAX_MISSED_REMOVES {
-                match m.batches.pop_front() {
-                    Some((_, _, b)) => m.keys -= b.len(),
-                    None => break,
-                }
-            }
+            MissedRemoves::add(&mut missed, node, (fwd.clone(), ns.to_string(), hashes));
         }
         self.save_missed_removes_soon();
         self.replay_soon();

@@ -301,7 +301,7 @@ fn parse(text: &str) -> Option<HashMap<Arc<str>, IdentityDigest>> {
 
 /// Writes `file` via a private temp file, fsync and rename, so a crash leaves the old
 /// or the new version, never a torn one.
-fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = file.with_extension("json.tmp");
     let mut f = std::fs::OpenOptions::new()

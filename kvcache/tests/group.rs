@@ -181,6 +181,19 @@ async fn group_with(
     nodes
 }
 
+/// Serves `service`'s peer face again on `addr` (a node back on its address with its
+/// cache, after its face was stopped).
+async fn serve_peer_face(service: &KvService, addr: &str) {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("rebind");
+    let face = service.peer_grpc();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(face)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+    });
+}
+
 fn block(i: u32, len: usize) -> Bytes {
     Bytes::from(
         (0..len)
@@ -687,16 +700,7 @@ async fn a_remove_a_replica_missed_is_replayed_when_it_is_back() {
             "missed by the down node"
         );
         // Back on the same address with the same cache.
-        let listener = tokio::net::TcpListener::bind(&peer_addr)
-            .await
-            .expect("rebind");
-        let face = nodes[1].service.peer_grpc();
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(face)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-        });
+        serve_peer_face(&nodes[1].service, &peer_addr).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while nodes[1].service.engine().contains(&key(0)) {
             assert!(
@@ -746,16 +750,7 @@ async fn a_remove_made_while_a_replica_was_out_of_the_group_reaches_it_when_it_r
         assert_eq!(removed, 2);
         assert!(nodes[1].service.engine().contains(&key(0)), "missed");
         // Node 1 is back, on the same address with the same cache, and rejoins.
-        let listener = tokio::net::TcpListener::bind(&peer_addr)
-            .await
-            .expect("rebind");
-        let face = nodes[1].service.peer_grpc();
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(face)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-        });
+        serve_peer_face(&nodes[1].service, &peer_addr).await;
         nodes[0].gone.lock().expect("membership").clear();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while nodes[1].service.engine().contains(&key(0))
@@ -902,16 +897,7 @@ async fn a_remove_a_replica_missed_outlives_a_restart_of_the_entry_node() {
             )
             .expect("join");
         // Node 1 comes back on its address with its cache.
-        let listener = tokio::net::TcpListener::bind(&peer_addr)
-            .await
-            .expect("rebind");
-        let face = nodes[0].service.peer_grpc();
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(face)
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-        });
+        serve_peer_face(&nodes[0].service, &peer_addr).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         while nodes[0].service.engine().contains(&key(0)) {
             assert!(

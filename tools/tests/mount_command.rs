@@ -101,6 +101,35 @@ fn a_daemon_that_cannot_mount_says_why() {
     }
 }
 
+/// A store folder (with `files`), a mountpoint and a cache dir under one temp dir.
+struct Layout {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    mnt: PathBuf,
+    cache: PathBuf,
+    /// The store's URL (`file://SRC`).
+    url: String,
+}
+
+impl Layout {
+    fn new(files: &[(&str, &[u8])]) -> Layout {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+        std::fs::create_dir_all(&src).expect("mkdir src");
+        std::fs::create_dir_all(&mnt).expect("mkdir mnt");
+        for (name, data) in files {
+            std::fs::write(src.join(name), data).expect("write");
+        }
+        Layout {
+            url: format!("file://{}", src.display()),
+            cache: dir.path().join("cache"),
+            _dir: dir,
+            src,
+            mnt,
+        }
+    }
+}
+
 /// Fuse mounts at `mnt` in this namespace's mount table (escapes decoded).
 fn mounts_at(mnt: &Path) -> usize {
     let want = mnt.to_string_lossy().replace(' ', "\\040");
@@ -141,14 +170,10 @@ fn foreground_mount(url: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> std:
 /// there detaches it and mounts in its place (not on top of it).
 #[test]
 fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    std::fs::write(src.join("a.txt"), b"first").expect("write");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let url = format!("file://{}", src.display());
-    let cache = dir.path().join("cache");
+    let l = Layout::new(&[("a.txt", b"first")]);
+    let (src, mnt) = (l.src.clone(), l.mnt.clone());
+    let url = l.url.clone();
+    let cache = l.cache.clone();
     let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
     assert_eq!(std::fs::read(mnt.join("a.txt")).expect("read"), b"first");
     daemon.kill().expect("kill -9");
@@ -178,13 +203,10 @@ fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
 #[test]
 fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
     use std::io::Write;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let url = format!("file://{}", src.display());
-    let cache = dir.path().join("cache");
+    let l = Layout::new(&[]);
+    let (src, mnt) = (l.src.clone(), l.mnt.clone());
+    let url = l.url.clone();
+    let cache = l.cache.clone();
     let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
     // Written in order past the streaming threshold (16 MiB): its upload starts while
     // the file is still open.
@@ -227,18 +249,9 @@ fn an_upload_a_kill_cut_off_is_cleaned_by_the_next_mount() {
 /// the mount goes, the exit is clean.
 #[test]
 fn sighup_stops_the_daemon_and_unmounts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    std::fs::write(src.join("a.txt"), b"x").expect("write");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let mut daemon = foreground_mount(
-        &format!("file://{}", src.display()),
-        &mnt,
-        &dir.path().join("cache"),
-        &[],
-    );
+    let l = Layout::new(&[("a.txt", b"x")]);
+    let mnt = l.mnt.clone();
+    let mut daemon = foreground_mount(&l.url, &mnt, &l.cache, &[]);
     let status = stop_with(&mut daemon, libc::SIGHUP, &mnt);
     let left = mounts_at(&mnt);
     if left > 0 {
@@ -277,14 +290,10 @@ fn stop_with(
 /// the next `strata mount` there replaces it.
 #[test]
 fn a_stop_while_files_are_open_leaves_no_local_directory_to_write_into() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    std::fs::write(src.join("a.txt"), b"first").expect("write");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let url = format!("file://{}", src.display());
-    let cache = dir.path().join("cache");
+    let l = Layout::new(&[("a.txt", b"first")]);
+    let (src, mnt) = (l.src.clone(), l.mnt.clone());
+    let url = l.url.clone();
+    let cache = l.cache.clone();
     let mut daemon = foreground_mount(&url, &mnt, &cache, &["--allow-writes"]);
     let held = std::fs::File::open(mnt.join("a.txt")).expect("open");
     let status = stop_with(&mut daemon, libc::SIGTERM, &mnt);
@@ -323,13 +332,9 @@ fn a_stop_while_files_are_open_leaves_no_local_directory_to_write_into() {
 #[test]
 fn opens_that_ask_for_a_terminal_leave_the_log_alone() {
     use std::os::fd::AsRawFd;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    std::fs::write(src.join("a.txt"), b"x").expect("write");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-    let cache = dir.path().join("cache");
+    let l = Layout::new(&[("a.txt", b"x")]);
+    let (src, mnt) = (l.src.clone(), l.mnt.clone());
+    let cache = l.cache.clone();
     let out = mount(&[
         format!("file://{}", src.display()).as_ref(),
         mnt.as_os_str(),
