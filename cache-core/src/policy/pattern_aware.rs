@@ -159,6 +159,16 @@
 //! a period as long as a recency period's first; a job still behind while spared (its
 //! loss is not what the policy evicts, e.g. its granularity) is not spared again.
 //!
+//! # A bound on losing to frequency: the frequency guard
+//!
+//! The same watch against a shadow W-TinyLFU (`frequency_guard`): popularity across
+//! files or directories that each stream's own tests cannot see (adapters loaded whole
+//! with Zipf popularity; a data mixture's weights across shard directories) leaves hot
+//! data in the scan pools, where a recency queue and a hash sample lose it. When the
+//! shadow significantly out-hits the policy, every stream's data is ranked by frequency
+//! (retention taken as skewed) for a period, then the policy's rules are tried again
+//! (`guard_period.rs`: the vote and the period both guards share).
+//!
 //! All decisions are pure logic, O(log n) per access (B-tree orders) plus O(1) stream
 //! updates; no allocation per access beyond the map entries of new residents.
 
@@ -170,6 +180,7 @@ use crate::key::CacheKey;
 use crate::pattern::Pattern;
 use crate::stream::{hash_bytes, key_hash, mix64, FxBuild, Observation};
 use binomial::SignTest;
+use frequency_guard::FrequencyGuard;
 use recency_guard::RecencyGuard;
 
 /// Tunables of [`PatternAwarePolicy`]. Every default carries its reason.
@@ -403,6 +414,13 @@ pub struct PatternAwareConfig {
     /// 153 trace/capacity pairs no JCT rose by more than 1% with it (docs/BENCHMARKS.md
     /// "A bound on losing to LRU").
     pub recency_guard: bool,
+    /// Watch a shadow W-TinyLFU of the same capacity and rank every stream's data by
+    /// frequency for a while when it significantly out-hits the policy (module
+    /// `frequency_guard`): true. Popularity across files or directories that each
+    /// stream's own tests cannot see (held-out `lora`, `mixture`) otherwise leaves the
+    /// data in the scan pools. Measured: docs/BENCHMARKS.md "A bound on losing to
+    /// frequency".
+    pub frequency_guard: bool,
     /// The recency guard tests each job's reads on their own too, and while a job's are
     /// significantly behind the shadow LRU's, a victim that job read last is replaced by
     /// the least recently read item of a job not spared: true. The policy ranks by
@@ -509,6 +527,7 @@ impl Default for PatternAwareConfig {
             stable_follows_retention: true,
             scan_keeps_blocks_mid_read: true,
             recency_guard: true,
+            frequency_guard: true,
             spare_starved_jobs: true,
             spare_ends_when_costly: true,
             main_victims_stay_main: true,
@@ -986,6 +1005,9 @@ pub struct PatternAwarePolicy {
     sign_test: SignTest,
     /// The shadow LRU that decides when to evict by recency (`recency_guard`).
     guard: Option<RecencyGuard>,
+    /// The shadow W-TinyLFU that decides when to rank every stream by frequency
+    /// (`frequency_guard`).
+    freq_guard: Option<FrequencyGuard>,
     /// Every resident by its latest demand read or insert, built only while a recency
     /// period runs (`recent_built`): outside one, a read stores its slot's sequence
     /// number and nothing more. Kept up always, the queue doubled the guard's cost
@@ -1125,6 +1147,9 @@ impl PatternAwarePolicy {
                 g.set_per_job(cfg.spare_starved_jobs, cfg.spare_ends_when_costly);
                 g
             }),
+            freq_guard: cfg
+                .frequency_guard
+                .then(|| FrequencyGuard::new(cfg.capacity_hint.unwrap_or(0))),
             recent: SeqQueue::default(),
             recent_built: false,
             spared_victims: 0,
@@ -1294,6 +1319,16 @@ impl PatternAwarePolicy {
         let r = obs.retention();
         if r == Pattern::Random && self.whole_file_reread(obs, key, size) {
             return Pattern::Unknown;
+        }
+        // Ranked by frequency while the frequency guard finds that ranking ahead (as
+        // skewed: a proven stable member re-read follows it to the main).
+        if matches!(r, Pattern::Sequential | Pattern::Random)
+            && self
+                .freq_guard
+                .as_ref()
+                .is_some_and(FrequencyGuard::frequency_period)
+        {
+            return Pattern::Skewed;
         }
         r
     }
@@ -2166,7 +2201,7 @@ impl EvictionPolicy for PatternAwarePolicy {
     }
 
     fn recency_periods(&self) -> u64 {
-        self.guard.as_ref().map_or(0, |g| g.engaged)
+        self.guard.as_ref().map_or(0, |g| g.period.engaged)
     }
 
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
@@ -2181,6 +2216,9 @@ impl EvictionPolicy for PatternAwarePolicy {
         self.note_read(key, h, ctx);
         if let Some(g) = self.guard.as_mut() {
             g.on_demand(h, size, false, ctx.job.0, &mut self.sign_test);
+        }
+        if let Some(g) = self.freq_guard.as_mut() {
+            g.on_demand(h, size, false, &mut self.sign_test);
         }
         let seen = self.seen_check_set(h);
         if !obs.repeat {
@@ -2263,6 +2301,9 @@ impl EvictionPolicy for PatternAwarePolicy {
         if let Some(g) = self.guard.as_mut() {
             g.on_demand(e.hash, e.size, true, ctx.job.0, &mut self.sign_test);
             self.touch_recent(id);
+        }
+        if let Some(g) = self.freq_guard.as_mut() {
+            g.on_demand(e.hash, e.size, true, &mut self.sign_test);
         }
         if e.pool == Pool::Ahead && !self.reload.is_empty() {
             // The block's next demand read after the entry: it is used up.
@@ -2391,6 +2432,9 @@ impl PatternAwarePolicy {
                 self.cfg.sketch_max_width,
             );
         }
+        if let Some(g) = self.freq_guard.as_mut() {
+            g.set_capacity(self.cap);
+        }
         if let Some(g) = self.guard.as_mut() {
             g.set_capacity(self.cap);
             let in_period = g.recency_period();
@@ -2464,7 +2508,10 @@ impl PatternAwarePolicy {
 }
 
 mod binomial;
+mod frequency_guard;
+mod guard_period;
 mod recency_guard;
 mod shadow_lru;
+mod shadow_tinylfu;
 #[cfg(test)]
 mod tests;

@@ -38,37 +38,11 @@
 //! space.
 
 use super::binomial::SignTest;
+use super::guard_period::{GuardPeriod, Votes, ALPHA, FIRST_TURNS, HORIZON_VOTES, MIN_VOTES};
 use super::shadow_lru::ShadowLru;
 
-/// Discordant accesses before the test runs: 32. With fewer, one burst of a phase
-/// change (a new tenant's cold start) is enough to reject.
-const MIN_VOTES: u64 = 32;
-
-/// Votes past which both counts are halved: 2048, so the test weighs the last few
-/// thousand discordant reads. A policy ahead over a long run is not handed to LRU for a
-/// short dip (a shorter memory, restarting whenever the policy led, engaged the guard
-/// in held-out `sqlrange`'s query phases and cost it 19% at 10%: each period flushed
-/// the frequency main the policy had built).
-const HORIZON_VOTES: u64 = 2048;
-
-/// Significance level: 0.001, stricter than the window test's 0.01: the test runs at
-/// every vote (sequential peeking multiplies false rejections), and a wrong
-/// engagement costs a whole recency period.
-const ALPHA: f64 = 0.001;
-
-/// First recency period, in cache turnovers of demand-miss bytes: 2, long enough for
-/// the policy's trial after it to start from a cache LRU filled.
-const FIRST_TURNS: u64 = 2;
-
-/// Fewest demand misses a recency period lasts: 256, four times what a trial of the
-/// policy after it can cost (it is judged within `2 * MIN_VOTES` discordant reads). In a
-/// cache of a few blocks two turnovers are a dozen misses, and the trials were most of
-/// the time (held-out `zipimport` at 10%: a 6-block cache, 5 periods on a 411-miss
-/// trace, 1.38x LRU's JCT).
-const MIN_PERIOD_MISSES: u64 = 8 * MIN_VOTES;
-
-/// Longest recency period: 64 turnovers, so a workload that changes back is tried again.
-const MAX_TURNS: u64 = 64;
+// The vote's and the period's settings (`MIN_VOTES`, `ALPHA`, the period's turnovers)
+// are shared with the frequency guard: `guard_period`.
 
 /// Jobs whose reads are tested on their own (`spare_starved_jobs`): as many as the
 /// policy tracks per period (`JobSet::CAP`, 16); a trace of more jobs at once (a KV
@@ -110,17 +84,11 @@ impl JobVotes {
 pub(super) struct RecencyGuard {
     /// The shadow LRU of the same capacity.
     lru: ShadowLru,
-    /// Discordant accesses: `[policy hit and LRU miss, policy miss and LRU hit]`.
-    votes: [u64; 2],
-    /// Demand-miss bytes left in the current recency period (0: the policy decides).
-    period_left: u64,
-    /// Demand misses left in it (`MIN_PERIOD_MISSES`); it lasts while either is left.
-    period_misses: u64,
-    /// Turnovers of the next recency period.
-    turns: u64,
+    /// Discordant accesses against the shadow LRU.
+    votes: Votes,
+    /// The recency period: evict in plain recency order while it lasts.
+    pub(super) period: GuardPeriod,
     cap: u64,
-    /// Recency periods begun so far.
-    pub(super) engaged: u64,
     /// Per-job tests (`spare_starved_jobs`), at most [`JOB_SLOTS`].
     jobs: Vec<JobVotes>,
     per_job: bool,
@@ -138,12 +106,9 @@ impl RecencyGuard {
     pub(super) fn new(cap: u64) -> Self {
         let mut g = RecencyGuard {
             lru: ShadowLru::new(cap),
-            votes: [0; 2],
-            period_left: 0,
-            period_misses: 0,
-            turns: FIRST_TURNS,
+            votes: Votes::default(),
+            period: GuardPeriod::new(0),
             cap: 0,
-            engaged: 0,
             jobs: Vec::new(),
             per_job: false,
             spared: 0,
@@ -161,13 +126,14 @@ impl RecencyGuard {
             return;
         }
         self.cap = cap;
+        self.period.set_capacity(cap);
         self.lru.set_capacity(cap);
     }
 
     /// Starts a recency period that does not end (for tests of the period's order).
     #[cfg(test)]
     pub(super) fn force_period(&mut self) {
-        self.period_left = u64::MAX;
+        self.period.force();
     }
 
     /// Test each job's reads on their own too (`spare_starved_jobs`), and end sparing
@@ -198,7 +164,7 @@ impl RecencyGuard {
 
     /// Whether the policy should evict in plain recency order now.
     pub(super) fn recency_period(&self) -> bool {
-        self.period_left > 0 || self.period_misses > 0
+        self.period.active()
     }
 
     /// A demand read of the item of hash `h` (`size` bytes) that the policy's cache
@@ -227,17 +193,12 @@ impl RecencyGuard {
         if self.per_job {
             self.job_vote(job, lru_hit, test);
         }
-        self.votes[usize::from(lru_hit)] += 1;
-        let [ahead, behind] = self.votes;
-        let n = ahead + behind;
-        if n < MIN_VOTES {
-            return;
-        }
-        if behind > ahead && test.rejects(n, behind, ALPHA) {
-            self.begin_period();
-            self.votes = [0; 2];
-        } else if n >= HORIZON_VOTES {
-            self.votes = [ahead / 2, behind / 2];
+        let trial = self.votes.total() + 1;
+        if self.votes.behind(lru_hit, ALPHA, test) {
+            // Lost again at the first test of a trial (the votes restart when a period
+            // ends and are only halved far past this): the workload still favours LRU.
+            self.period.begin(trial);
+            self.votes = Votes::default();
         }
     }
 
@@ -343,33 +304,15 @@ impl RecencyGuard {
                 j.votes = [0; 2];
             }
         }
-        if self.recency_period() {
-            self.period_left = self.period_left.saturating_sub(size.max(1));
-            self.period_misses = self.period_misses.saturating_sub(1);
-            if !self.recency_period() {
-                self.votes = [0; 2];
-            }
+        if self.period.on_miss(size) {
+            self.votes = Votes::default();
         }
-    }
-
-    fn begin_period(&mut self) {
-        // Lost again at the first test of a trial (the votes restart when a period ends
-        // and are only halved far past this): the workload still favours LRU.
-        let [ahead, behind] = self.votes;
-        let quick_loss = self.engaged > 0 && ahead + behind <= 2 * MIN_VOTES;
-        self.turns = if quick_loss {
-            (self.turns * 2).min(MAX_TURNS)
-        } else {
-            FIRST_TURNS
-        };
-        self.period_left = self.turns.saturating_mul(self.cap).max(1);
-        self.period_misses = MIN_PERIOD_MISSES;
-        self.engaged += 1;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::guard_period::MIN_PERIOD_MISSES;
     use super::*;
 
     fn h(i: u64) -> u64 {
@@ -394,9 +337,9 @@ mod tests {
         }
         // 32 votes (all for LRU) after the 4 cold reads, then the test rejects.
         assert_eq!(first, Some(4 + MIN_VOTES - 1));
-        assert!(behind.engaged >= 1);
+        assert!(behind.period.engaged >= 1);
         assert!(!ahead.recency_period());
-        assert_eq!(ahead.engaged, 0);
+        assert_eq!(ahead.period.engaged, 0);
     }
 
     #[test]
@@ -406,26 +349,26 @@ mod tests {
         let mut g = RecencyGuard::new(cap);
         let mut i = 0u64;
         let mut lose_until_engaged = |g: &mut RecencyGuard| {
-            let before = g.engaged;
-            while g.engaged == before {
+            let before = g.period.engaged;
+            while g.period.engaged == before {
                 g.on_demand(h(i % 4), 1 << 20, false, 0, &mut test);
                 i += 1;
             }
         };
         lose_until_engaged(&mut g);
-        assert_eq!(g.period_left, FIRST_TURNS * cap);
+        assert_eq!(g.period.left, FIRST_TURNS * cap);
         // Misses during the period use it up (hits do not): its turnovers' bytes (16
         // misses of 1 MiB here) and at least `MIN_PERIOD_MISSES` misses.
         for _ in 0..(MIN_PERIOD_MISSES - 1) {
             g.on_miss_bytes(1 << 20, &mut SignTest::default());
         }
-        assert_eq!(g.period_left, 0, "the turnovers are used up");
+        assert_eq!(g.period.left, 0, "the turnovers are used up");
         assert!(g.recency_period(), "but not the fewest misses");
         g.on_miss_bytes(1 << 20, &mut SignTest::default());
         assert!(!g.recency_period(), "the policy is tried again");
         lose_until_engaged(&mut g);
         assert_eq!(
-            g.period_left,
+            g.period.left,
             2 * FIRST_TURNS * cap,
             "lost again at once: a longer period"
         );
@@ -433,7 +376,7 @@ mod tests {
         for _ in 0..MIN_PERIOD_MISSES {
             g.on_miss_bytes(4096, &mut SignTest::default());
         }
-        assert!(g.recency_period(), "{} bytes left", g.period_left);
+        assert!(g.recency_period(), "{} bytes left", g.period.left);
     }
 
     /// Two jobs whose discordant reads cancel out: the policy misses job 1's re-reads
@@ -460,7 +403,7 @@ mod tests {
         // 0.001 / 16.
         assert_eq!(first, Some(4 + MIN_VOTES - 1));
         assert!(!g.spares(2));
-        assert_eq!(g.engaged, 0, "even in total: no recency period");
+        assert_eq!(g.period.engaged, 0, "even in total: no recency period");
         assert_eq!(g.spared, 1);
         // Still behind while spared (its misses use the period up: 2 turnovers).
         let mut i = 0;
@@ -547,12 +490,12 @@ mod tests {
             g.on_demand(h(i), mb, false, 0, &mut test);
         }
         g.on_prefetch_insert(h(9), mb);
-        assert_eq!(g.votes, [0, 0], "a fill is not a read");
+        assert_eq!(g.votes.0, [0, 0], "a fill is not a read");
         // The fill pushed out the least recent read, as it does in the cache: a policy
         // that hits block 0 (it kept it) is ahead of this LRU, not level with it.
         g.on_demand(h(0), mb, true, 0, &mut test);
-        assert_eq!(g.votes, [1, 0]);
+        assert_eq!(g.votes.0, [1, 0]);
         g.on_demand(h(9), mb, true, 0, &mut test);
-        assert_eq!(g.votes, [1, 0], "the filled block is the shadow's too");
+        assert_eq!(g.votes.0, [1, 0], "the filled block is the shadow's too");
     }
 }

@@ -18,6 +18,36 @@ const FULL_SHADOW_BYTES: u64 = 256 << 20;
 /// Lowest sampling rate: 1/64, so a large cache still votes every few dozen accesses.
 const MIN_RATE: f64 = 1.0 / 64.0;
 
+/// The spatial sample a shadow of a `cap`-byte cache keeps (module docs): the keys
+/// whose hash's top 32 bits are below [`Self::below`], at [`Self::cap`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Sample {
+    below: u64,
+    /// The sampled shadow's capacity: the cache's, scaled by the sampling rate.
+    pub(super) cap: u64,
+}
+
+impl Sample {
+    pub(super) fn for_capacity(cap: u64) -> Self {
+        let rate = if cap == 0 {
+            0.0 // capacity not known yet: nothing is sampled
+        } else if cap <= FULL_SHADOW_BYTES {
+            1.0
+        } else {
+            (FULL_SHADOW_BYTES as f64 / cap as f64).max(MIN_RATE)
+        };
+        Sample {
+            below: (rate * (1u64 << 32) as f64) as u64,
+            cap: (cap as f64 * rate) as u64,
+        }
+    }
+
+    /// Whether the key of hash `h` is in the sample.
+    pub(super) fn contains(&self, h: u64) -> bool {
+        (h >> 32) < self.below
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Shadowed {
     seq: u64,
@@ -27,9 +57,7 @@ struct Shadowed {
 
 /// See the module docs.
 pub(super) struct ShadowLru {
-    /// A key is sampled when its hash's top 32 bits are below this.
-    sample_below: u64,
-    cap: u64,
+    sample: Sample,
     map: HashMap<u64, Shadowed, FxBuild>,
     order: SeqQueue<u64>,
     bytes: u64,
@@ -39,8 +67,7 @@ pub(super) struct ShadowLru {
 impl ShadowLru {
     pub(super) fn new(cap: u64) -> Self {
         let mut s = ShadowLru {
-            sample_below: 0,
-            cap: 0,
+            sample: Sample::for_capacity(0),
             map: HashMap::default(),
             order: SeqQueue::default(),
             bytes: 0,
@@ -52,21 +79,13 @@ impl ShadowLru {
 
     /// The cache's capacity changed (or became known): the shadow follows it.
     pub(super) fn set_capacity(&mut self, cap: u64) {
-        let rate = if cap == 0 {
-            0.0 // capacity not known yet: nothing is sampled
-        } else if cap <= FULL_SHADOW_BYTES {
-            1.0
-        } else {
-            (FULL_SHADOW_BYTES as f64 / cap as f64).max(MIN_RATE)
-        };
-        self.sample_below = (rate * (1u64 << 32) as f64) as u64;
-        self.cap = (cap as f64 * rate) as u64;
+        self.sample = Sample::for_capacity(cap);
         self.trim();
     }
 
     /// Whether the key of hash `h` is in the sample (only sampled keys are touched).
     pub(super) fn sampled(&self, h: u64) -> bool {
-        (h >> 32) < self.sample_below
+        self.sample.contains(h)
     }
 
     /// Accesses so far (the youngest's sequence number).
@@ -101,7 +120,7 @@ impl ShadowLru {
     /// Drops the shadow's oldest until it fits its capacity (the newest always stays,
     /// as a cache smaller than one item still holds the item just read).
     fn trim(&mut self) {
-        while self.bytes > self.cap && self.map.len() > 1 {
+        while self.bytes > self.sample.cap && self.map.len() > 1 {
             let Some((&seq, &old)) = self.order.first_key_value() else {
                 break;
             };
@@ -137,7 +156,7 @@ mod tests {
     #[test]
     fn a_large_cache_is_sampled() {
         let mut s = ShadowLru::new(64 << 30);
-        assert_eq!(s.sample_below, (MIN_RATE * (1u64 << 32) as f64) as u64);
+        assert_eq!(s.sample.below, (MIN_RATE * (1u64 << 32) as f64) as u64);
         let mut sampled = 0;
         for i in 0..10_000u64 {
             s.touch(h(i), 1 << 20);

@@ -156,6 +156,7 @@ pub fn pattern_aware_config(name: &str, capacity: u64) -> anyhow::Result<Pattern
             "stable_follows_retention" => c.stable_follows_retention = on,
             "scan_keeps_blocks_mid_read" => c.scan_keeps_blocks_mid_read = on,
             "recency_guard" => c.recency_guard = on,
+            "frequency_guard" => c.frequency_guard = on,
             "spare_starved_jobs" => c.spare_starved_jobs = on,
             "spare_ends_when_costly" => c.spare_ends_when_costly = on,
             "main_victims_stay_main" => c.main_victims_stay_main = on,
