@@ -1313,7 +1313,7 @@ impl CacheEngine {
 
     pub fn stats(&self) -> EngineStatsSnapshot {
         let c = &self.inner.counters;
-        let (tracker, recency_periods) = {
+        let (tracker, guard_periods) = {
             let state = self.inner.state.lock();
             let t = state.tracker();
             let tracker = TrackerStats {
@@ -1321,17 +1321,18 @@ impl CacheEngine {
                 streams: t.streams(),
                 recent: t.report(STATS_STREAMS),
             };
-            (tracker, state.policy_recency_periods())
+            (tracker, state.policy_guard_periods())
         };
         EngineStatsSnapshot {
             tiers: self
                 .inner
                 .levels
                 .iter()
-                .zip(recency_periods.into_iter().chain(std::iter::repeat(0)))
-                .map(|(l, periods)| {
+                .zip(guard_periods.into_iter().chain(std::iter::repeat((0, 0))))
+                .map(|(l, (recency, frequency))| {
                     let mut t = l.tier.stats();
-                    t.policy_recency_periods = periods;
+                    t.policy_recency_periods = recency;
+                    t.policy_frequency_periods = frequency;
                     t.evictions += l.evictions.load(Ordering::Relaxed);
                     t.misses += l.misses.load(Ordering::Relaxed);
                     t

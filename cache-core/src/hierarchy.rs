@@ -219,11 +219,11 @@ impl Hierarchy {
         self.levels.iter().map(TierSpace::policy_name).collect()
     }
 
-    /// Each level's policy's recency periods, fastest first.
-    pub fn policy_recency_periods(&self) -> Vec<u64> {
+    /// Each level's policy's recency and frequency periods, fastest first.
+    pub fn policy_guard_periods(&self) -> Vec<(u64, u64)> {
         self.levels
             .iter()
-            .map(TierSpace::policy_recency_periods)
+            .map(|l| (l.policy_recency_periods(), l.policy_frequency_periods()))
             .collect()
     }
 

@@ -84,6 +84,10 @@ impl TierSpace {
     pub fn policy_recency_periods(&self) -> u64 {
         self.policy.recency_periods()
     }
+    /// See [`EvictionPolicy::frequency_periods`].
+    pub fn policy_frequency_periods(&self) -> u64 {
+        self.policy.frequency_periods()
+    }
     pub fn contains(&self, key: &CacheKey) -> bool {
         self.entries.contains_key(key)
     }

@@ -47,6 +47,7 @@ impl TierStats {
             evictions: self.evictions.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             policy_recency_periods: 0,
+            policy_frequency_periods: 0,
         }
     }
 }
@@ -68,6 +69,11 @@ pub struct TierStatsSnapshot {
     /// which owns the policies; absent in older stats JSON).
     #[serde(default)]
     pub policy_recency_periods: u64,
+    /// Times the tier's policy ranked every stream by frequency for a while because a
+    /// shadow W-TinyLFU out-hit it (`EvictionPolicy::frequency_periods`; filled by the
+    /// engine; absent in older stats JSON).
+    #[serde(default)]
+    pub policy_frequency_periods: u64,
 }
 
 impl TierStatsSnapshot {

@@ -746,6 +746,12 @@ pub fn render_metrics(s: &DaemonStats) -> String {
         "Times the tier's policy evicted in plain recency order for a while because a shadow LRU out-hit it",
         &per(&e.tiers, per_tier, |t| t.policy_recency_periods),
     );
+    counter_family(
+        &mut reg,
+        "tier_policy_frequency_periods",
+        "Times the tier's policy ranked every stream by frequency for a while because a shadow W-TinyLFU out-hit it",
+        &per(&e.tiers, per_tier, |t| t.policy_frequency_periods),
+    );
     counter(
         &mut reg,
         "fills",
@@ -1250,6 +1256,7 @@ mod tests {
                     misses: 1,
                     evictions: 7,
                     policy_recency_periods: 2,
+                    policy_frequency_periods: 4,
                     ..Default::default()
                 }],
                 fills: 4,
@@ -1369,6 +1376,7 @@ mod tests {
             "strata_tier_hits_total{tier=\"memory\"} 3",
             "strata_tier_evictions_total{tier=\"memory\"} 7",
             "strata_tier_policy_recency_periods_total{tier=\"memory\"} 2",
+            "strata_tier_policy_frequency_periods_total{tier=\"memory\"} 4",
             "strata_tier_hit_ratio{tier=\"memory\"} 0.75",
             "strata_fill_bytes_total 4096",
             "strata_kv_hits_total{namespace=\"m/t\"} 9",

@@ -51,6 +51,12 @@ pub trait EvictionPolicy: Send + 'static {
     fn recency_periods(&self) -> u64 {
         0
     }
+    /// Times the policy ranked every stream by frequency for a while because a shadow
+    /// W-TinyLFU out-hit it (the pattern-aware policy's frequency guard); 0 for the
+    /// others.
+    fn frequency_periods(&self) -> u64 {
+        0
+    }
 }
 
 /// Builds a policy by name; the engine and the replay bench both go through here.

@@ -594,6 +594,7 @@ impl PatternAwarePolicy {
             victims: self.victims,
             reload_ghost_hits: self.reload_hits,
             recency_periods: EvictionPolicy::recency_periods(self),
+            frequency_periods: EvictionPolicy::frequency_periods(self),
             spared_periods: self.guard.as_ref().map_or(0, |g| g.spared),
             costly_spares_ended: self.guard.as_ref().map_or(0, |g| g.costly_ends),
             spared_victims: self.spared_victims,
@@ -1046,6 +1047,10 @@ impl EvictionPolicy for PatternAwarePolicy {
 
     fn recency_periods(&self) -> u64 {
         self.guard.as_ref().map_or(0, |g| g.period.engaged)
+    }
+
+    fn frequency_periods(&self) -> u64 {
+        self.freq_guard.as_ref().map_or(0, |g| g.period.engaged)
     }
 
     fn admit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {

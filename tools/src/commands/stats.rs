@@ -365,7 +365,7 @@ impl Rates {
 fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: &Rates) {
     let _ = writeln!(
         o,
-        "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11}",
+        "{:<24} {:>10} {:>10} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11} {:>12}",
         "TIER",
         "USED MiB",
         "CAP MiB",
@@ -375,7 +375,8 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
         "HIT%",
         "EVICTED",
         "HITS/s",
-        "LRU PERIODS"
+        "LRU PERIODS",
+        "FREQ PERIODS"
     );
     for (i, t) in s.engine.tiers.iter().enumerate() {
         let before = prev.and_then(|p| p.engine.tiers.get(i)).map(|b| b.hits);
@@ -386,7 +387,7 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
         };
         let _ = writeln!(
             o,
-            "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11}",
+            "{:<24} {:>10.1} {:>10.1} {:>6} {:>10} {:>10} {:>7} {:>9} {:>10} {:>11} {:>12}",
             tail(&t.name, 24),
             mib(t.used_bytes),
             mib(t.capacity_bytes),
@@ -396,7 +397,8 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
             pct(t.hit_ratio()),
             t.evictions,
             r.of(t.hits, before),
-            t.policy_recency_periods
+            t.policy_recency_periods,
+            t.policy_frequency_periods
         );
     }
 }
@@ -560,6 +562,7 @@ mod tests {
             hits: 30,
             misses: 10,
             policy_recency_periods: 3,
+            policy_frequency_periods: 5,
             ..Default::default()
         });
         s.kv = Some(strata_kvcache::KvStatsSnapshot {
@@ -579,8 +582,10 @@ mod tests {
         assert!(text.contains("75.0%"), "tier hit ratio 30/40:\n{text}");
         assert!(text.contains("10.0/s"), "20 hits over 2 s:\n{text}");
         assert!(
-            text.contains("LRU PERIODS") && text.contains("10.0/s           3"),
-            "the guard's periods:\n{text}"
+            text.contains("LRU PERIODS")
+                && text.contains("FREQ PERIODS")
+                && text.contains("10.0/s           3            5"),
+            "the guards' periods:\n{text}"
         );
         assert!(
             text.contains("m/t") && text.contains("25.0%"),

@@ -30,6 +30,8 @@ pub struct PatternAwareStats {
     pub reload_ghost_hits: u64,
     /// Recency periods the guard began (`recency_guard`).
     pub recency_periods: u64,
+    /// Frequency periods the frequency guard began (`frequency_guard`).
+    pub frequency_periods: u64,
     /// Periods begun in which a job's items were spared, and the victims replaced
     /// (`spare_starved_jobs`).
     pub spared_periods: u64,
