@@ -23,7 +23,9 @@
 # `resampled` a Pool(2); the twenty-fourth's `unziplookups` runs Info-ZIP unzip once per lookup; the
 # twenty-fifth's `driftserve` runs Node.js, `jqwindow` runs jq once per query; the
 # twenty-sixth's `nodestart` starts Node.js 30 times, `zstdepochs` runs zstd under xargs -P 2;
-# the twenty-seventh's `nmsyms` runs GNU nm over copies of this machine's shared libraries.
+# the twenty-seventh's `nmsyms` runs GNU nm over copies of this machine's shared libraries; the
+# twenty-eighth's `tenantdb` uses Python's sqlite3 from 4 threads, `kafkalag` and `ecobjects` the
+# standard library only.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +36,7 @@ WORK=${WORK:-/tmp/strata-heldout}
 OUT=${OUT:-$repo/tools/replay/traces/heldout}
 H="$repo/scripts/corpus/heldout.py"
 kinds=("$@")
-[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4 pyimport ivfsearch mixh5 diskann tfinterleave mixh6 lsmkv ragdocs mixh7 tileserve restore mixh8 ftsearch headscan mixh9 mboxsearch bisectlog mixh10 dbmlookup csvloop mixh11 tarlist cmpjoin mixh12 difftree verify mixh13 httpstatic sortmerge mixh14 logtail grepshards mixh15 zipimport arlink mixh16 tacscan symbolize graphwalk mixh17 parload sqldesc mixh18 sweep ckptavg bgzf mixh19 balanced curriculum dedup mixh20 mixture traineval mixh21 casstore resampled mixh22 hfhub unziplookups mixh23 driftserve jqwindow mixh24 nodestart zstdepochs mixh25 nmsyms mixh26)
+[ "${#kinds[@]}" -gt 0 ] || kinds=(duckdb sqlrange zip torch pandas zarr loader3 mixh zipdeflate sqljoin h5cols tarrandom parquetrg embed feather tpslice cligrep jsonlog valloader mixh3 tokwin lora cheaders audiocrop vodstream mixh4 pyimport ivfsearch mixh5 diskann tfinterleave mixh6 lsmkv ragdocs mixh7 tileserve restore mixh8 ftsearch headscan mixh9 mboxsearch bisectlog mixh10 dbmlookup csvloop mixh11 tarlist cmpjoin mixh12 difftree verify mixh13 httpstatic sortmerge mixh14 logtail grepshards mixh15 zipimport arlink mixh16 tacscan symbolize graphwalk mixh17 parload sqldesc mixh18 sweep ckptavg bgzf mixh19 balanced curriculum dedup mixh20 mixture traineval mixh21 casstore resampled mixh22 hfhub unziplookups mixh23 driftserve jqwindow mixh24 nodestart zstdepochs mixh25 nmsyms mixh26 tenantdb kafkalag ecobjects mixh27)
 mkdir -p "$WORK" "$OUT"
 
 py_for() { if [ "$1" = torch ] || [ "$1" = valloader ]; then echo "$TORCH_PY"; else echo "$PY"; fi; }
@@ -86,6 +88,7 @@ for k in "${kinds[@]}"; do
     mixh24) record_mix mixh24 driftserve jqwindow sqljoin ;;
     mixh25) record_mix mixh25 nodestart zstdepochs hfhub ;;
     mixh26) record_mix mixh26 nmsyms driftserve zstdepochs ;;
+    mixh27) record_mix mixh27 tenantdb kafkalag ecobjects ;;
     *)
       gen "$k"
       record "$k" "$(py_for "$k")" "$H" run "$k" "$WORK/$k"

@@ -289,6 +289,19 @@ Twenty-seventh round (recorded 2026-12-04, policy of 92beee1, before any work on
   nmsyms    GNU `nm -D` over 240 of the machine's shared libraries (xargs -P 2), then
             300 single-library lookups, Zipf(1.0)
   mixh26    nmsyms, driftserve and zstdepochs at once
+
+Twenty-eighth round (recorded 2026-12-05, policy of a3127d0, before any work on it):
+  tenantdb  a database-per-tenant web app (Python's sqlite3, a connection per request as
+            Django opens them): 240 tenant SQLite files, 4 threads, 800 requests over a
+            simulated day whose hot tenants follow their time zones' business hours
+  kafkalag  a Kafka broker's fetch path over 3 partitions of segments and sparse offset
+            indexes as the producer appends: consumer groups at the head, 4 MB and 14 MB
+            behind, and one replaying from the earliest offset in 1 MiB fetches
+  ecobjects a MinIO-style EC 4+2 bucket on 6 drives: 1,500 Zipf(1.0) GETs by 4 threads,
+            each reading xl.meta on every drive (small objects inline) and a large
+            object's 256 KiB shards from 4 drives block by block; a drive offline for a
+            third of the run
+  mixh27    tenantdb, kafkalag and ecobjects at once
 """
 
 import os
@@ -4030,6 +4043,428 @@ def run_nmsyms(d):
         subprocess.run(["nm", "-D", "--defined-only", order[k]], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print("nmsyms: %d libraries, %d lookups" % (len(paths), NM_LOOKUPS))
+
+
+# --- tenantdb ----------------------------------------------------------------------
+
+TENANTS = 240
+TENANT_REGIONS = 8  # time zones 3 hours apart: a region is in business hours for 9 of 24
+TENANT_REQUESTS = 800
+TENANT_THREADS = 4
+TENANT_GAP_S = 0.008  # requests arrive on a schedule: the day in 6.4 s
+
+
+def _tenant_rows(rng):
+    """Orders per tenant: log-normal (a few big customers, many small ones)."""
+    return [_clamped_lognormal(rng, 7.3, 1.0, 300, 16_000) for _ in range(TENANTS)]
+
+
+def gen_tenantdb(d):
+    """A SaaS's database-per-tenant layout: 240 SQLite files (4 KiB pages) of 300-16,000
+    orders each (log-normal), an index on customer and one on time, rows in time order."""
+    import sqlite3
+
+    rng = random.Random(SEED + 630)
+    os.makedirs(os.path.join(d, "tenants"), exist_ok=True)
+    for t, rows in enumerate(_tenant_rows(rng)):
+        path = os.path.join(d, "tenants", "t%03d.db" % t)
+        if os.path.exists(path):
+            os.remove(path)
+        con = sqlite3.connect(path)
+        con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER, ts INTEGER,"
+                    " status INTEGER, amount REAL, note TEXT)")
+        customers = max(10, rows // 12)
+        day = 86_400
+        con.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?, ?)",
+                        ((i, rng.randrange(customers), i * 90 * day // rows, rng.randrange(5),
+                          rng.randrange(100, 100_000) / 100, rng.randbytes(rng.randrange(20, 80)).hex())
+                         for i in range(rows)))
+        con.execute("CREATE INDEX orders_customer ON orders(customer)")
+        con.execute("CREATE INDEX orders_ts ON orders(ts)")
+        con.commit()
+        con.close()
+
+
+def _tenant_requests(rng):
+    """The request stream over one simulated day: tenant t's weight is its base activity
+    (its size to the 0.7, times a log-normal factor) while its region (t % 8, time zones
+    3 hours apart) is in business hours (08:00-17:00 local) and a twentieth of that
+    otherwise; the hot set follows the sun."""
+    rows = _tenant_rows(random.Random(SEED + 630))
+    base = [r ** 0.7 * rng.lognormvariate(0, 0.5) for r in rows]
+    out = []
+    for i in range(TENANT_REQUESTS):
+        hour = 24 * i / TENANT_REQUESTS
+        weights = []
+        for t in range(TENANTS):
+            local = (hour + 3 * (t % TENANT_REGIONS)) % 24
+            weights.append(base[t] * (1.0 if 8 <= local < 17 else 0.05))
+        t = rng.choices(range(TENANTS), weights)[0]
+        kind = rng.random()
+        out.append((t, rng.randrange(max(10, rows[t] // 12)),
+                    "page" if kind < 0.6 else "dashboard" if kind < 0.95 else "export"))
+    return out
+
+
+def run_tenantdb(d):
+    """A multi-tenant web app with a database per tenant (Python's sqlite3), connections
+    opened and closed per request as Django does by default (CONN_MAX_AGE=0), so every
+    request reads the header, the schema and its pages again: 4 worker threads answer 800
+    requests over a simulated day (a customer's last 10 orders through the customer index,
+    a dashboard of the last day through the time index, now and then a CSV export of the
+    last 30 days), the tenants' activity following their time zones' business hours.
+    Requests arrive every 8 ms (the day in 6.4 s); a free worker takes the next."""
+    import threading
+    import time
+
+    rng = random.Random(SEED + 631)
+    reqs = _tenant_requests(rng)
+    lock = threading.Lock()
+    got = [0]
+    queue = list(enumerate(reqs))
+    queue.reverse()
+
+    def worker():
+        import sqlite3
+
+        n = 0
+        while True:
+            with lock:
+                if not queue:
+                    break
+                i, (t, cust, kind) = queue.pop()
+            time.sleep(max(0.0, start + i * TENANT_GAP_S - time.monotonic()))
+            con = sqlite3.connect(os.path.join(d, "tenants", "t%03d.db" % t), check_same_thread=False)
+            now = 90 * 86_400
+            if kind == "page":
+                res = con.execute("SELECT * FROM orders WHERE customer = ? ORDER BY ts DESC LIMIT 10", (cust,)).fetchall()
+            elif kind == "dashboard":
+                res = con.execute("SELECT status, count(*), sum(amount) FROM orders WHERE ts >= ? GROUP BY status",
+                                  (now - 86_400,)).fetchall()
+            else:
+                res = con.execute("SELECT * FROM orders WHERE ts >= ? ORDER BY ts", (now - 30 * 86_400,)).fetchall()
+            con.close()
+            n += len(res)
+        with lock:
+            got[0] += n
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(TENANT_THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    print("tenantdb: %d requests, %d rows" % (len(reqs), got[0]))
+
+
+# --- kafkalag ----------------------------------------------------------------------
+
+KAFKA_PARTITIONS = 3
+KAFKA_PARTITION_BYTES = 48 << 20
+KAFKA_SEGMENT_BYTES = 8 << 20  # log.segment.bytes, small for a small topic
+KAFKA_INDEX_INTERVAL = 4096  # log.index.interval.bytes
+KAFKA_TICKS = 600
+KAFKA_TICK_S = 0.012
+KAFKA_START_HEAD = 24 << 20  # bytes per partition already produced when the trace starts
+KAFKA_HEAD_PER_TICK = 40 << 10  # produced per partition per tick
+
+
+def _kafka_batch(base_offset, records, ts, payload):
+    """A Kafka record batch (magic 2): the 61-byte batch header, then the records (their
+    varint framing reduced to a 4-byte length each; the CRC is left 0)."""
+    import struct
+
+    body = b"".join(struct.pack(">i", len(p)) + p for p in payload)
+    length = 49 + len(body)  # the batch length counts from the leader epoch on
+    head = struct.pack(">qiibIhiqqqhii", base_offset, length, 0, 2, 0, 0, records - 1, ts, ts,
+                       -1, -1, -1, records)
+    return head + body
+
+
+def gen_kafkalag(d):
+    """A Kafka topic's log directory: 3 partitions of 48 MB (`events-N/`), 8 MB segments
+    named by their base offset (`%020d.log`), each with its sparse offset index (`.index`:
+    8-byte entries of relative offset and position, one per 4 KiB of log) of record batches
+    of 8-24 records of 0.3-2 KB (a producer's 16 KiB batches)."""
+    import struct
+
+    rng = random.Random(SEED + 640)
+    noise = rng.randbytes(1 << 20)
+    for p in range(KAFKA_PARTITIONS):
+        pdir = os.path.join(d, "events-%d" % p)
+        os.makedirs(pdir, exist_ok=True)
+        offset, written, ts = 0, 0, 1_700_000_000_000
+        while written < KAFKA_PARTITION_BYTES:
+            base = offset
+            log = open(os.path.join(pdir, "%020d.log" % base), "wb")
+            index = bytearray()
+            pos, last_indexed = 0, -KAFKA_INDEX_INTERVAL
+            while pos < KAFKA_SEGMENT_BYTES and written + pos < KAFKA_PARTITION_BYTES:
+                n = rng.randrange(8, 25)
+                payload = [_noise_slice(rng, noise, rng.randrange(300, 2_000)) for _ in range(n)]
+                batch = _kafka_batch(offset, n, ts, payload)
+                if pos - last_indexed >= KAFKA_INDEX_INTERVAL:
+                    index += struct.pack(">ii", offset - base, pos)
+                    last_indexed = pos
+                log.write(batch)
+                pos += len(batch)
+                offset += n
+                ts += rng.randrange(1, 50)
+            log.close()
+            with open(os.path.join(pdir, "%020d.index" % base), "wb") as f:
+                f.write(index)
+            written += pos
+
+
+class _KafkaPartition:
+    """A broker's view of one partition: its segments (base offsets from the file names,
+    as Kafka lists them at start) and the high watermark, a byte position in the log the
+    producer has reached (advanced by the run)."""
+
+    def __init__(self, pdir):
+        self.dir = pdir
+        self.bases = sorted(int(n[:-4]) for n in os.listdir(pdir) if n.endswith(".log"))
+        self.sizes = [os.path.getsize(self._path(b, ".log")) for b in self.bases]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        self.fds = {}
+
+    def _path(self, base, ext):
+        return os.path.join(self.dir, "%020d%s" % (base, ext))
+
+    def _fd(self, base, ext):
+        key = (base, ext)
+        if key not in self.fds:
+            self.fds[key] = os.open(self._path(base, ext), os.O_RDONLY)
+        return self.fds[key]
+
+    def lookup(self, seg, target):
+        """OffsetIndex.lookup: a binary search of the segment's index for the last entry
+        at or below `target`, the index read a 4 KiB page at a time as the probes land
+        (Kafka maps it; a page per probe is what that costs a cold cache)."""
+        import struct
+
+        base = self.bases[seg]
+        fd = self._fd(base, ".index")
+        n = os.fstat(fd).st_size // 8
+        pages = {}
+
+        def entry(i):
+            page = i * 8 // 4096
+            if page not in pages:
+                pages[page] = os.pread(fd, 4096, page * 4096)
+            return struct.unpack_from(">ii", pages[page], i * 8 - page * 4096)
+
+        lo, hi = 0, n - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if base + entry(mid)[0] <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        return entry(lo)[1] if n else 0
+
+    def fetch(self, target, max_bytes, hw):
+        """A fetch from offset `target`: the segment by base offset, the index lookup,
+        then the batch headers read forward from the indexed position to the batch holding
+        `target` (LogSegment.translateOffset), then up to `max_bytes` of whole batches
+        below the high watermark `hw` (a byte position) in one read. Returns the next
+        offset to fetch."""
+        import bisect
+        import struct
+
+        seg = bisect.bisect_right(self.bases, target) - 1
+        base = self.bases[seg]
+        fd = self._fd(base, ".log")
+        pos = self.lookup(seg, target)
+        end = min(self.sizes[seg], hw - self.starts[seg])
+        while pos < end:
+            header = os.pread(fd, 61, pos)  # the batch header, as loadBatchHeader reads it
+            first, length = struct.unpack_from(">qi", header)
+            last = first + struct.unpack_from(">i", header, 23)[0]
+            if last >= target:
+                break
+            pos += 12 + length
+        if pos >= end:
+            if end == self.sizes[seg] and seg + 1 < len(self.bases):
+                return self.bases[seg + 1]  # rolled: the next fetch goes to the next segment
+            return target
+        data = os.pread(fd, min(max_bytes, end - pos), pos)
+        nxt, off = target, 0
+        while off + 61 <= len(data):
+            first, length = struct.unpack_from(">qi", data, off)
+            if off + 12 + length > len(data):
+                break
+            nxt = first + struct.unpack_from(">i", data, off + 23)[0] + 1
+            off += 12 + length
+        if off == 0:
+            return target  # max_bytes below one batch: Kafka would still return it
+        if pos + off >= self.sizes[seg] and seg + 1 < len(self.bases):
+            return self.bases[seg + 1]
+        return nxt
+
+    def offset_at(self, byte_pos):
+        """About the offset at log byte position `byte_pos` (a consumer group's committed
+        offset, that many bytes from the start), from the offsets per byte of the log's
+        closed segments; the fetch's index lookup finds the batch."""
+        return int(byte_pos * self.bases[-1] / max(1, self.starts[-1]))
+
+
+def run_kafkalag(d):
+    """A Kafka broker's fetch path over a 3-partition topic as the producer appends (the
+    high watermark moving 40 KiB per partition every 12 ms tick, from half the log to
+    nearly all of it), serving 4 consumer groups at different lags: a real-time group at
+    the head (a fetch every tick, the batch or two produced since), an ETL group 4 MB
+    behind (160 KiB every 4 ticks), a search indexer 14 MB behind (320 KiB every 8 ticks) and, from a third of
+    the run, a new group replaying from the earliest offset in 1 MiB fetches
+    (max.partition.fetch.bytes) every 4 ticks until it catches up. Each fetch looks the
+    offset up in the segment's index, reads batch headers to it, then the data."""
+    import time
+
+    parts = [_KafkaPartition(os.path.join(d, "events-%d" % p)) for p in range(KAFKA_PARTITIONS)]
+    # (name, lag in bytes at start or None for earliest, every N ticks, max bytes, start tick)
+    # The lagging groups fetch what their processing keeps up with (the producer's rate),
+    # so their lag stays; the replay group takes whole 1 MiB fetches and catches up.
+    groups = [("realtime", 0, 1, 1 << 20, 0), ("etl", 4 << 20, 4, 4 * KAFKA_HEAD_PER_TICK, 0),
+              ("indexer", 14 << 20, 8, 8 * KAFKA_HEAD_PER_TICK, 0), ("replay", None, 4, 1 << 20, KAFKA_TICKS // 3)]
+    pos = {}
+    fetches = 0
+    read_bytes = 0
+    for tick in range(KAFKA_TICKS):
+        hw = KAFKA_START_HEAD + tick * KAFKA_HEAD_PER_TICK
+        for name, lag, every, max_bytes, start in groups:
+            if tick < start or (tick - start) % every:
+                continue
+            for p, part in enumerate(parts):
+                key = (name, p)
+                if key not in pos:
+                    pos[key] = 0 if lag is None else part.offset_at(max(0, hw - lag))
+                nxt = part.fetch(pos[key], max_bytes, hw)
+                fetches += 1
+                pos[key] = nxt
+        time.sleep(KAFKA_TICK_S)
+    print("kafkalag: %d fetches; replay at %s" % (fetches, [pos.get(("replay", p)) for p in range(KAFKA_PARTITIONS)]))
+
+
+# --- ecobjects ---------------------------------------------------------------------
+
+EC_DRIVES = 6
+EC_DATA = 4  # EC 4+2
+EC_BLOCK = 1 << 20  # MinIO's erasure block: each block split into 4 shards of 256 KiB
+EC_INLINE = 128 << 10  # objects below this live inline in xl.meta
+EC_SMALL = 1_200
+EC_LARGE = 50
+EC_GETS = 1_500
+EC_THREADS = 4
+EC_GAP_S = 0.004  # GETs arrive on a schedule, 250 a second
+EC_BITROT = 32  # a HighwayHash-256 before every shard block (MinIO's streaming bitrot)
+
+
+def _ec_objects():
+    rng = random.Random(SEED + 650)
+    objs = [("small/%04d.json" % i, _clamped_lognormal(rng, 9.3, 1.0, 1 << 10, EC_INLINE - 1)) for i in range(EC_SMALL)]
+    objs += [("media/%03d.bin" % i, _clamped_lognormal(rng, 13.7, 0.6, 300 << 10, 6 << 20)) for i in range(EC_LARGE)]
+    return objs
+
+
+def gen_ecobjects(d):
+    """A MinIO-style erasure-coded bucket on 6 drives (EC 4+2): every object a directory on
+    every drive with an `xl.meta` (a JSON header of the erasure layout and, for objects
+    under 128 KiB, the drive's shard inline) and, for larger objects, a `part.1` holding
+    the drive's 256 KiB shard of every 1 MiB block, each behind a 32-byte bitrot hash.
+    1,200 small objects (1-127 KB, log-normal) and 50 large (0.3-6 MB). Shard contents are
+    noise (no real Reed-Solomon parity)."""
+    import json
+
+    rng = random.Random(SEED + 651)
+    noise = rng.randbytes(1 << 20)
+    for name, size in _ec_objects():
+        shard = -(-min(size, EC_BLOCK) // EC_DATA)
+        blocks = -(-size // EC_BLOCK)
+        for drv in range(EC_DRIVES):
+            odir = os.path.join(d, "disk%d" % (drv + 1), "bucket", name)
+            os.makedirs(odir, exist_ok=True)
+            meta = json.dumps({"version": 1, "size": size, "erasure": {"data": EC_DATA, "parity": EC_DRIVES - EC_DATA,
+                               "blockSize": EC_BLOCK, "index": drv + 1, "distribution": list(range(1, EC_DRIVES + 1))},
+                               "parts": [{"number": 1, "size": size}], "inline": size < EC_INLINE}).encode()
+            with open(os.path.join(odir, "xl.meta"), "wb") as f:
+                f.write(b"XL2 " + len(meta).to_bytes(4, "little") + meta)
+                if size < EC_INLINE:
+                    f.write(_noise_slice(rng, noise, EC_BITROT + shard))
+            if size >= EC_INLINE:
+                with open(os.path.join(odir, "part.1"), "wb") as f:
+                    left = size
+                    for _ in range(blocks):
+                        s = -(-min(left, EC_BLOCK) // EC_DATA)
+                        f.write(_noise_slice(rng, noise, EC_BITROT + s))
+                        left -= EC_BLOCK
+
+
+def run_ecobjects(d):
+    """MinIO's GET path over the EC 4+2 bucket: 4 threads serve 1,500 GETs, Zipf(1.0) over
+    the objects in a shuffled order. Every GET reads `xl.meta` whole on all 6 drives (the read
+    quorum, inline shards with it), and for a large object each 1 MiB block's shard (hash +
+    256 KiB) from the 4 data drives in turn; for the middle third of the run drive 2 is
+    offline, so its shards come from the first parity drive instead. GETs arrive every 4 ms
+    (250 a second); a free thread takes the next."""
+    import threading
+    import time
+
+    rng = random.Random(SEED + 652)
+    objs = _ec_objects()
+    order = list(range(len(objs)))
+    rng.shuffle(order)
+    gets = [order[k] for k in zipf_ranks(len(objs), 1.0, EC_GETS, rng)]
+    lock = threading.Lock()
+    queue = list(enumerate(gets))
+    queue.reverse()
+    got = [0]
+
+    def get(i, o):
+        name, size = objs[o]
+        offline = 1 if EC_GETS // 3 <= i < 2 * EC_GETS // 3 else None
+        n = 0
+        for drv in range(EC_DRIVES):
+            if drv == offline:
+                continue
+            # xl.meta read whole on every drive (with the inline shard, if any), as
+            # readAllFileInfo does for a GET: one stat, one read.
+            fd = os.open(os.path.join(d, "disk%d" % (drv + 1), "bucket", name, "xl.meta"), os.O_RDONLY)
+            n += len(os.pread(fd, os.fstat(fd).st_size, 0))
+            os.close(fd)
+        if size >= EC_INLINE:
+            drives = [drv if drv != offline else EC_DATA for drv in range(EC_DATA)]
+            fds = [os.open(os.path.join(d, "disk%d" % (drv + 1), "bucket", name, "part.1"), os.O_RDONLY) for drv in drives]
+            off, left = 0, size
+            while left > 0:
+                s = -(-min(left, EC_BLOCK) // EC_DATA)
+                for fd in fds:
+                    n += len(os.pread(fd, EC_BITROT + s, off))
+                off += EC_BITROT + s
+                left -= EC_BLOCK
+            for fd in fds:
+                os.close(fd)
+        return n
+
+    def worker():
+        n = 0
+        while True:
+            with lock:
+                if not queue:
+                    break
+                i, o = queue.pop()
+            time.sleep(max(0.0, start + i * EC_GAP_S - time.monotonic()))
+            n += get(i, o)
+        with lock:
+            got[0] += n
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(EC_THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    print("ecobjects: %d GETs, %d shard bytes" % (EC_GETS, got[0]))
+
 
 if __name__ == "__main__":
     workloads_main(globals(), __doc__)
