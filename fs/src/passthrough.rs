@@ -22,7 +22,10 @@
 //!   daemon's CPU on a cold read of 2,000 small files, issue 14.) Files of that format,
 //!   and temporary files, are removed at start.
 //! - **Bounded**: the copies' bytes are counted from the directory at start; a new copy
-//!   evicts the least recently opened ones until the total fits `budget`.
+//!   evicts the least recently opened ones until the total fits `budget`. A copy counts
+//!   what it takes on disk ([`footprint`]: its length rounded up to whole 4 KiB pages,
+//!   one page at least), not its length: 30,000 one-byte copies took 117 MiB against a
+//!   64 MiB disk budget when each counted one byte (black-box finding).
 //! - **One per daemon**: every mount of a daemon shares the store (and its budget, the
 //!   disk budget's passthrough share): two stores indexing one directory would each
 //!   count the whole share and delete copies the other serves. A mount's copy names
@@ -44,6 +47,14 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+
+/// Bytes a copy of `size` bytes takes on disk: whole 4 KiB pages (a file system's usual
+/// block; a 1-byte file takes one), and one page for an empty file (its inode and
+/// directory entry are not free, and counting them bounds the number of copies).
+pub fn footprint(size: u64) -> u64 {
+    const PAGE: u64 = 4096;
+    size.div_ceil(PAGE).max(1).saturating_mul(PAGE)
+}
 
 /// The file name of copy `name` holding bytes of crc32c `crc`.
 fn file_name(name: &str, crc: u32) -> String {
@@ -121,7 +132,7 @@ impl State {
     fn forget(&mut self, name: &str) -> Option<Copy> {
         let c = self.copies.remove(name)?;
         self.lru.remove(&c.last);
-        self.bytes -= c.size;
+        self.bytes -= footprint(c.size);
         Some(c)
     }
 
@@ -135,7 +146,7 @@ impl State {
                 break;
             };
             if let Some(c) = self.copies.remove(&oldest) {
-                self.bytes -= c.size;
+                self.bytes -= footprint(c.size);
                 victims.push((oldest, c.crc));
             }
         }
@@ -177,7 +188,7 @@ impl PassthroughStore {
             match parsed {
                 Some((name, crc)) if meta.is_file() && !state.copies.contains_key(name) => {
                     state.tick += 1;
-                    state.bytes += meta.len();
+                    state.bytes += footprint(meta.len());
                     state.lru.insert(state.tick, name.to_string());
                     state.copies.insert(
                         name.to_string(),
@@ -334,7 +345,7 @@ impl PassthroughStore {
     /// [`Self::write`] or [`Self::abort`].
     pub fn begin(&self, name: &str, size: u64) -> bool {
         let mut st = self.state.lock();
-        if size + st.staged > self.budget {
+        if footprint(size) + st.staged > self.budget {
             return false;
         }
         !st.copies.contains_key(name) && st.inflight.insert(name.to_string())
@@ -365,7 +376,7 @@ impl PassthroughStore {
     pub fn adopt(&self, name: &str, from: &Path, size: u64, crc: u32) -> bool {
         {
             let st = self.state.lock();
-            if st.bytes + st.staged + size > self.budget {
+            if st.bytes + st.staged + footprint(size) > self.budget {
                 return false;
             }
         }
@@ -395,10 +406,10 @@ impl PassthroughStore {
             .filter(|m| m.is_file())
             .map(|m| Stamp::of(&m));
         let mut st = self.state.lock();
-        let victims = st.make_room(self.budget, size);
+        let victims = st.make_room(self.budget, footprint(size));
         st.tick += 1;
         let tick = st.tick;
-        st.bytes += size;
+        st.bytes += footprint(size);
         st.lru.insert(tick, name.to_string());
         st.copies.insert(
             name.to_string(),
@@ -498,28 +509,56 @@ mod tests {
         v
     }
 
+    /// Black-box finding: 30,000 one-byte copies took 117 MiB of disk against a 64 MiB
+    /// budget, each counted as one byte. A copy counts the pages it takes.
+    #[test]
+    fn a_copy_counts_the_pages_it_takes_on_disk() {
+        assert_eq!(footprint(0), 4096);
+        assert_eq!(footprint(1), 4096);
+        assert_eq!(footprint(4096), 4096);
+        assert_eq!(footprint(4097), 8192);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 10 * 4096);
+        for i in 0..30 {
+            let n = PassthroughStore::name("", &format!("tiny{i}"), "v", 1);
+            assert!(s.begin(&n, 1));
+            s.write(&n, b"x").expect("write");
+        }
+        assert_eq!(s.len(), 10, "ten pages' worth of one-byte copies");
+        assert_eq!(s.bytes(), 10 * 4096);
+        let on_disk = fs::read_dir(dir.path()).expect("dir").count();
+        assert_eq!(on_disk, 10, "the evicted copies' files are removed");
+        drop(s);
+        let s = store(dir.path(), 4 * 4096);
+        assert_eq!(
+            (s.len(), s.bytes()),
+            (4, 4 * 4096),
+            "counted the same at reopen"
+        );
+    }
+
     /// Reopened with a smaller budget (a restart with a smaller disk cache), the copies
     /// are evicted down to it, the oldest first (black-box finding: all stayed).
     #[test]
     fn a_smaller_budget_at_reopen_evicts_the_oldest_copies() {
         let dir = tempfile::tempdir().expect("tempdir");
         let names: Vec<String> = (0..6)
-            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 1000))
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 4096))
             .collect();
         {
             let s = store(dir.path(), 1 << 20);
             for n in &names {
-                assert!(s.begin(n, 1000));
-                s.write(n, &[7u8; 1000]).expect("write");
+                assert!(s.begin(n, 4096));
+                s.write(n, &[7u8; 4096]).expect("write");
                 // Distinct change times: the order a reopen sees.
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            assert_eq!(s.bytes(), 6000);
+            assert_eq!(s.bytes(), 24576);
         }
-        let s = store(dir.path(), 2500);
-        assert_eq!(s.bytes(), 2000, "within the new budget");
-        assert!(s.get(&names[0], 1000).is_none(), "the oldest went");
-        assert!(s.get(&names[5], 1000).is_some(), "the newest stayed");
+        let s = store(dir.path(), 10240);
+        assert_eq!(s.bytes(), 8192, "within the new budget");
+        assert!(s.get(&names[0], 4096).is_none(), "the oldest went");
+        assert!(s.get(&names[5], 4096).is_some(), "the newest stayed");
         assert_eq!(fs::read_dir(dir.path()).expect("read_dir").count(), 2);
     }
 
@@ -608,7 +647,11 @@ mod tests {
         fs::write(dir.path().join(old), b"old copy").expect("old copy");
         fs::write(dir.path().join(format!("{old}.crc")), b"00000000").expect("sidecar");
         let s = store(dir.path(), 1 << 20);
-        assert_eq!((s.len(), s.bytes()), (1, 1000));
+        assert_eq!(
+            (s.len(), s.bytes()),
+            (1, 4096),
+            "a page for the 1,000-byte copy"
+        );
         assert_eq!(
             fs::read_dir(dir.path()).expect("dir").count(),
             1,
@@ -670,20 +713,20 @@ mod tests {
     #[test]
     fn the_least_recently_opened_copies_make_room() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = store(dir.path(), 3000);
+        let s = store(dir.path(), 12288);
         let names: Vec<String> = (0..4)
-            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 1000))
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 4096))
             .collect();
         for n in &names[..3] {
-            assert!(s.begin(n, 1000));
-            s.write(n, &[0u8; 1000]).expect("write");
+            assert!(s.begin(n, 4096));
+            s.write(n, &[0u8; 4096]).expect("write");
         }
-        s.get(&names[0], 1000).expect("opened: now the most recent");
-        assert!(s.begin(&names[3], 1000));
-        s.write(&names[3], &[0u8; 1000]).expect("write");
-        assert_eq!(s.bytes(), 3000);
+        s.get(&names[0], 4096).expect("opened: now the most recent");
+        assert!(s.begin(&names[3], 4096));
+        s.write(&names[3], &[0u8; 4096]).expect("write");
+        assert_eq!(s.bytes(), 12288);
         assert!(
-            s.get(&names[1], 1000).is_none(),
+            s.get(&names[1], 4096).is_none(),
             "least recently opened went"
         );
         assert!(fs::read_dir(dir.path()).expect("dir").all(|e| !e
@@ -692,7 +735,7 @@ mod tests {
             .to_string_lossy()
             .starts_with(&names[1])));
         for n in [&names[0], &names[2], &names[3]] {
-            assert!(s.get(n, 1000).is_some());
+            assert!(s.get(n, 4096).is_some());
         }
     }
 
@@ -702,40 +745,40 @@ mod tests {
     #[test]
     fn staged_writes_count_against_the_budget() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = store(dir.path(), 3000);
+        let s = store(dir.path(), 12288);
         let names: Vec<String> = (0..3)
-            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 1000))
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 4096))
             .collect();
         for n in &names {
-            assert!(s.begin(n, 1000));
-            s.write(n, &[0u8; 1000]).expect("write");
+            assert!(s.begin(n, 4096));
+            s.write(n, &[0u8; 4096]).expect("write");
         }
-        assert!(s.charge_staged(1500), "made room");
-        assert_eq!((s.len(), s.bytes(), s.staged_bytes()), (1, 1000, 1500));
-        assert!(s.get(&names[2], 1000).is_some(), "the most recent stays");
-        assert!(s.get(&names[0], 1000).is_none());
+        assert!(s.charge_staged(6144), "made room");
+        assert_eq!((s.len(), s.bytes(), s.staged_bytes()), (1, 4096, 6144));
+        assert!(s.get(&names[2], 4096).is_some(), "the most recent stays");
+        assert!(s.get(&names[0], 4096).is_none());
         let on_disk = fs::read_dir(dir.path()).expect("dir").count();
         assert_eq!(on_disk, 1, "evicted copies' files are removed");
         // A copy that does not fit beside what is staged is not begun.
-        let big = PassthroughStore::name("", "big", "v", 2000);
-        assert!(!s.begin(&big, 2000));
+        let big = PassthroughStore::name("", "big", "v", 8192);
+        assert!(!s.begin(&big, 8192));
         // Beyond the budget once no copy is left: allowed, and reported.
-        assert!(s.charge_staged(2000));
-        assert_eq!((s.len(), s.staged_bytes()), (0, 3500));
-        s.release_staged(3500);
+        assert!(s.charge_staged(8192));
+        assert_eq!((s.len(), s.staged_bytes()), (0, 14336));
+        s.release_staged(14336);
         assert_eq!(s.staged_bytes(), 0);
         // Adoption: only into free room, counting the staged bytes.
         let staged_file = dir.path().join("w.part");
-        fs::write(&staged_file, [9u8; 1000]).expect("staged file");
-        let crc = crc32c::crc32c(&[9u8; 1000]);
-        let adopted = PassthroughStore::name("", "w", "v", 1000);
-        assert!(!s.charge_staged(2500), "no copy to evict");
-        assert!(!s.adopt(&adopted, &staged_file, 1000, crc), "no free room");
-        s.release_staged(2500);
-        assert!(s.adopt(&adopted, &staged_file, 1000, crc));
+        fs::write(&staged_file, [9u8; 4096]).expect("staged file");
+        let crc = crc32c::crc32c(&[9u8; 4096]);
+        let adopted = PassthroughStore::name("", "w", "v", 4096);
+        assert!(!s.charge_staged(10240), "no copy to evict");
+        assert!(!s.adopt(&adopted, &staged_file, 4096, crc), "no free room");
+        s.release_staged(10240);
+        assert!(s.adopt(&adopted, &staged_file, 4096, crc));
         assert_eq!(
-            contents(s.get(&adopted, 1000).expect("adopted")),
-            vec![9u8; 1000]
+            contents(s.get(&adopted, 4096).expect("adopted")),
+            vec![9u8; 4096]
         );
     }
 }
