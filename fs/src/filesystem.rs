@@ -1526,7 +1526,8 @@ impl FsCore {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
             Ok(d) => d,
-            Err(CacheError::Changed(p)) => match self.renew(fh, &h).await {
+            Err(CacheError::Changed(p)) => match self.renew(fh, &h, offset + u64::from(size)).await
+            {
                 Some(renewed) => {
                     h = renewed;
                     self.reader.read(&h.obj, offset, size as u64, &ctx).await?
@@ -1561,7 +1562,14 @@ impl FsCore {
     /// it fails with ESTALE as before. (Black-box finding: a file listed or stat-ed,
     /// then replaced by another writer, failed every open with ESTALE for the whole
     /// metadata TTL; a data loader's `np.load` after `ls -l` crashed on it.)
-    async fn renew(&self, fh: u64, h: &Arc<FileHandle>) -> Option<Arc<FileHandle>> {
+    ///
+    /// Not when the new version is shorter than the old and the read (ending at `end`)
+    /// goes past its end: the kernel sent the read under the old size and fills what a
+    /// reply lacks with zeros (black-box finding: a read at 10 MiB of a 20 MiB file
+    /// replaced by a 1 MiB one returned 1 MiB of zeros that exist in neither version).
+    /// That read fails with ESTALE; the mount's attributes and the kernel's are renewed
+    /// all the same, so the next open reads the new version at its size.
+    async fn renew(&self, fh: u64, h: &Arc<FileHandle>, end: u64) -> Option<Arc<FileHandle>> {
         let untouched = h.served.load(Ordering::Relaxed) == 0 && !h.kept_cache && h.copy.is_none();
         let alone = || {
             !self
@@ -1583,6 +1591,10 @@ impl FsCore {
         self.attrs
             .insert(h.obj.path.clone(), Meta::File(now.clone()))
             .await;
+        if now.size < h.obj.size && end > now.size {
+            self.size_told_differs(h.ino, now.size);
+            return None;
+        }
         let renewed = Arc::new(FileHandle {
             ino: h.ino,
             obj: now.clone(),

@@ -514,6 +514,48 @@ async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
     .expect("bounded");
 }
 
+/// Black-box finding: a handle of a 20 MiB file replaced by a 1 MiB one, whose first
+/// read was at 10 MiB, went on with the new version and answered nothing: the kernel,
+/// which sent the read under the old size, filled the reply with 1 MiB of zeros that
+/// exist in neither version. A read past a shrunk version's end fails with ESTALE; the
+/// kernel is still told to drop the old size, and the next open reads the new version.
+#[tokio::test]
+async fn a_first_read_past_the_end_of_a_shorter_replacement_is_estale() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let seen = record_invalidations(c);
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+        assert_eq!(small.attr.size, 1000);
+        let h = c.open(small.attr.ino, false).await.expect("open");
+        fx.store
+            .put("dir/small", data(300, 5))
+            .await
+            .expect("replace by a shorter one");
+        let err = c
+            .read(h.fh, 512, 256, 1)
+            .await
+            .expect_err("past the new end");
+        assert_eq!(err.errno(), libc::ESTALE);
+        assert_eq!(*seen.lock().expect("lock"), vec![small.attr.ino]);
+        assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 0);
+        c.release(h.fh);
+        assert_eq!(
+            c.getattr(small.attr.ino).await.expect("attrs").attr.size,
+            300
+        );
+        let h = c.open(small.attr.ino, false).await.expect("reopen");
+        assert_eq!(
+            c.read(h.fh, 0, 4096, 1).await.expect("the new version"),
+            data(300, 5)
+        );
+        c.release(h.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding: about 1 read in 1,000 returned the new version's bytes cut to
 /// the old size: the mount's cache had the new version while the kernel still held
 /// the old size. An open of a version of another size than the
