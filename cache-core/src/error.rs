@@ -49,6 +49,10 @@ pub enum CacheError {
     /// course); a demand read that joined it fetches the block itself.
     #[error("cancelled: {0}")]
     Cancelled(String),
+    /// A local directory store's path to the object is `PATH_MAX` bytes or longer: no
+    /// system call can name it, so it can be neither listed nor read.
+    #[error("path too long for the local file system: {0}")]
+    NameTooLong(String),
 }
 
 impl CacheError {
@@ -78,6 +82,7 @@ impl CacheError {
             CacheError::Changed(s) => CacheError::Changed(s.clone()),
             CacheError::Exists(s) => CacheError::Exists(s.clone()),
             CacheError::Cancelled(s) => CacheError::Cancelled(s.clone()),
+            CacheError::NameTooLong(s) => CacheError::NameTooLong(s.clone()),
         }
     }
 

@@ -37,3 +37,65 @@ async fn dir_exists_answers_for_object_and_local_stores() {
     assert!(!local.dir_exists("a/f").await.expect("a file"));
     assert!(!local.dir_exists("b").await.expect("b"));
 }
+
+/// Black-box finding: a local directory 16 levels of 250-byte names deep (its path past
+/// `PATH_MAX`) was listed through the mount as empty, with no error, and everything
+/// under it vanished. A local path no system call can name is `NameTooLong` (the mount's
+/// ENAMETOOLONG) for a listing, a lookup and the directory probe; one just under the
+/// limit is answered as any other.
+#[tokio::test]
+async fn a_local_path_past_path_max_is_name_too_long() {
+    use strata_cache_core::CacheError;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = BackingStore::from_url(
+        &format!("file://{}", dir.path().display()),
+        &StoreOptions::default(),
+    )
+    .expect("store");
+    let root_len = dir.path().as_os_str().len() + 1;
+    let deep = |bytes: usize| -> String {
+        let mut p = String::new();
+        while p.len() + 251 <= bytes {
+            if !p.is_empty() {
+                p.push('/');
+            }
+            p.push_str(&"d".repeat(250));
+        }
+        p
+    };
+    let long = deep(4400 - root_len);
+    assert!(root_len + long.len() >= 4096, "past PATH_MAX");
+    let too_long = |r: Result<(), CacheError>| matches!(r, Err(CacheError::NameTooLong(_)));
+    assert!(too_long(local.list_dir(&long).await.map(|_| ())));
+    assert!(too_long(local.head(&format!("{long}/f")).await.map(|_| ())));
+    assert!(too_long(local.dir_exists(&long).await.map(|_| ())));
+    // 4,000 bytes with the root: it fits, an entry of 250 bytes in a folder in it not.
+    let mut fits = deep(3700 - root_len);
+    while root_len + fits.len() < 4000 {
+        let k = (4000 - root_len - fits.len() - 1).clamp(1, 250);
+        fits.push('/');
+        fits.push_str(&"m".repeat(k));
+    }
+    assert!(
+        matches!(local.dir_exists(&fits).await, Ok(false)),
+        "under the limit: absent, as any missing folder"
+    );
+    // A folder that fits holding an entry that does not (made short, then moved deep:
+    // no call names the entry's whole path): the listing fails, it does not drop it.
+    std::fs::create_dir_all(dir.path().join(&fits)).expect("deep folder");
+    let short = dir.path().join("short");
+    std::fs::create_dir(&short).expect("short");
+    std::fs::write(short.join("n".repeat(250)), b"1").expect("entry");
+    std::fs::rename(&short, dir.path().join(format!("{fits}/s"))).expect("move deep");
+    assert!(
+        root_len + fits.len() + 3 + 250 >= 4096,
+        "the entry is past PATH_MAX"
+    );
+    assert!(too_long(
+        local.list_dir(&format!("{fits}/s")).await.map(|_| ())
+    ));
+    assert!(
+        local.list_dir(&fits).await.is_ok(),
+        "the folder above lists (its entry `s` fits)"
+    );
+}

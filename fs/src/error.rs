@@ -79,6 +79,7 @@ impl Error {
                 // snapshots the new version; it never sees a mix of the two.
                 CacheError::Changed(_) => libc::ESTALE,
                 CacheError::InvalidArgument(_) => libc::EINVAL,
+                CacheError::NameTooLong(_) => libc::ENAMETOOLONG,
                 CacheError::TooLarge { .. } => libc::EFBIG,
                 // Another writer created the object a new file was to create.
                 CacheError::Exists(_) => libc::EEXIST,

@@ -102,7 +102,9 @@ impl KvError {
             KvError::Cache(e) => match e {
                 CacheError::Full(_) => Code::ResourceExhausted,
                 CacheError::TooLarge { .. } => Code::ResourceExhausted,
-                CacheError::InvalidArgument(_) => Code::InvalidArgument,
+                CacheError::InvalidArgument(_) | CacheError::NameTooLong(_) => {
+                    Code::InvalidArgument
+                }
                 CacheError::NotFound(_) => Code::NotFound,
                 CacheError::StoreTimeout { .. } => Code::DeadlineExceeded,
                 CacheError::Store { .. } | CacheError::SharedFetch(_) => Code::Unavailable,

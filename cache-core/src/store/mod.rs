@@ -398,6 +398,7 @@ impl BackingStore {
 
     /// Size and version of one object.
     pub async fn head(&self, path: &str) -> Result<ObjectInfo> {
+        self.local_path_fits(path)?;
         let p = object_key(path);
         let meta = self
             .retrying(|| {
@@ -485,6 +486,48 @@ impl BackingStore {
         }
         let res = self.store.get_opts(p, opts).await?;
         Ok((res, sent.elapsed()))
+    }
+
+    /// A path of a local directory store too long to name (black-box finding: a
+    /// directory 16 levels of 250-byte names deep, past `PATH_MAX`, was listed as empty
+    /// with no error, and everything under it silently vanished): `NameTooLong`,
+    /// ENAMETOOLONG at the mount. Cloud stores' keys have no such limit.
+    fn local_path_fits(&self, path: &str) -> Result<()> {
+        match &self.local_root {
+            Some(root) if !local_path_fits(root, path) => {
+                Err(CacheError::NameTooLong(path.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A local folder whose path fits but some entry's does not (the store's listing
+    /// drops what it cannot stat, so the folder would list as if that entry did not
+    /// exist): `NameTooLong` for the whole listing. Only a folder within `NAME_MAX` of
+    /// the limit is read for it.
+    async fn local_children_fit(&self, dir: &str) -> Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        let longest_possible = format!("{dir}/{}", "n".repeat(255));
+        if local_path_fits(root, &longest_possible) {
+            return Ok(());
+        }
+        let folder = root.join(dir);
+        let longest = local_stat(move || {
+            std::fs::read_dir(folder).map_or(0, |entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().len())
+                    .max()
+                    .unwrap_or(0)
+            })
+        })
+        .await?;
+        if longest > 0 && !local_path_fits(root, &format!("{dir}/{}", "n".repeat(longest))) {
+            return Err(CacheError::NameTooLong(format!("{dir}/...")));
+        }
+        Ok(())
     }
 
     /// A local file's ETag (inode, mtime in µs, size) misses a rewrite in place that
@@ -587,6 +630,7 @@ impl BackingStore {
     /// page of a listing of the prefix only, however many keys it holds (mountpoint-s3
     /// asks a one-key LIST). A local directory store asks the directory itself.
     pub async fn dir_exists(&self, dir: &str) -> Result<bool> {
+        self.local_path_fits(dir)?;
         if let Some(root) = &self.local_root {
             let (root, rel, follow) = (root.clone(), dir.to_string(), self.follow_symlinks);
             return local_stat(move || {
@@ -613,6 +657,8 @@ impl BackingStore {
 
     /// One directory level under `dir` ("" for the root).
     pub async fn list_dir(&self, dir: &str) -> Result<DirListing> {
+        self.local_path_fits(dir)?;
+        self.local_children_fit(dir).await?;
         let prefix = (!dir.is_empty()).then(|| object_key(dir));
         let mut res = self
             .retrying(|| {
@@ -1397,6 +1443,12 @@ async fn local_infos(
             .collect()
     })
     .await?
+}
+
+/// Whether `root/rel` can be named by a system call: shorter than `PATH_MAX` (4,096)
+/// bytes with its terminating NUL.
+fn local_path_fits(root: &std::path::Path, rel: &str) -> bool {
+    root.as_os_str().len() + 1 + rel.len() < libc::PATH_MAX as usize
 }
 
 /// Longest file name a local directory store takes: 255 (NAME_MAX) less room for the
