@@ -30,6 +30,26 @@ TENANTS = {
 ADMIN_TOKEN = "tok-admin"
 
 
+def freeze(pid, timeout_s=10.0):
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped: kill() returns
+    before a busy thread has stopped, and a request answered in that window made a
+    frozen-daemon test see one lookup succeed (CI under load: 2 skipped where 3 were)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                # The state follows the parenthesised command name.
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"daemon {pid} did not stop within {timeout_s} s")
+
+
 @contextlib.contextmanager
 def strata_serve(extra_args, config_text=None):
     """Runs `strata serve` with a fresh cache dir; yields its endpoints."""

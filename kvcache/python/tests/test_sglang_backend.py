@@ -31,6 +31,8 @@ from sglang.srt.mem_cache.utils import get_hash_str, storage_namespace_seed
 
 from strata_kv.sglang import StrataHiCacheStorage, pool_geometry
 
+from conftest import freeze
+
 PAGE, LAYERS, HEADS, DIM, TOKENS = 4, 2, 2, 8, 64
 PROMPT = list(range(500, 500 + 5 * PAGE))
 
@@ -295,7 +297,7 @@ def test_a_stopped_daemon_costs_one_bounded_call_per_batch(server, addr):
         t0 = time.monotonic()
         times[name] = (call(), time.monotonic() - t0)
 
-    os.kill(server["pid"], signal.SIGSTOP)
+    freeze(server["pid"])
     try:
         calls = [("set", lambda: st.batch_set_v1(keys, indices(offsets))),
                  ("set again", lambda: st.batch_set_v1(keys, indices(offsets))),

@@ -38,7 +38,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-from conftest import strata_serve
+from conftest import freeze, strata_serve
 from strata_kv import KvClient, KvError
 from strata_kv.vllm import BlockTransfer, StrataConnector, StrataConnectorMetadata
 
@@ -818,7 +818,7 @@ def test_a_frozen_daemon_costs_one_short_lookup_and_one_save_timeout_then_recomp
         vc = engine_config(models["base"], srv, ns(), timeout_s=2, lookup_timeout_s=0.5)
         a, _ = run_writer(vc)  # blocks stored while the daemon answers
         b = Engine(vc)
-        os.kill(srv["pid"], signal.SIGSTOP)
+        freeze(srv["pid"])
         try:
             for i in range(4):
                 b.scheduler.add_request(request(f"b-{i}", tokens=PROMPT + [i]))
