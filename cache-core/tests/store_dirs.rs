@@ -99,3 +99,69 @@ async fn a_local_path_past_path_max_is_name_too_long() {
         "the folder above lists (its entry `s` fits)"
     );
 }
+
+/// Black-box finding (security): a local store holding `ckpt -> <a folder outside>`,
+/// hidden from listings, took writes through it: `ckpt/new.bin` was created outside the
+/// store and, with overwrites allowed, a file there was replaced; a rename moved a store
+/// file over one outside. Every write, rename, copy and delete whose folder leads out of
+/// the store through a link is refused, and nothing outside changes; inside the store,
+/// and through a link when the store follows links, writes go on as before.
+#[tokio::test]
+async fn writes_through_a_link_out_of_a_local_store_are_refused() {
+    use strata_cache_core::CacheError;
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("victim.conf"), b"ORIGINAL").expect("victim");
+    let dir = tempfile::tempdir().expect("store");
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("ckpt")).expect("link");
+    std::fs::create_dir(dir.path().join("in")).expect("in");
+    std::fs::write(dir.path().join("in/ok.txt"), b"inside").expect("ok");
+    let url = format!("file://{}", dir.path().display());
+    let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("store");
+    let refused = |r: Result<(), CacheError>| matches!(r, Err(CacheError::InvalidArgument(_)));
+    let data = || Bytes::from_static(b"CLOBBERED");
+    assert!(refused(store.put("ckpt/new.bin", data()).await));
+    assert!(refused(store.put("ckpt/victim.conf", data()).await));
+    assert!(refused(store.put_new("ckpt/deeper/new.bin", data()).await));
+    assert!(refused(store.rename("in/ok.txt", "ckpt/victim.conf").await));
+    assert!(refused(store.copy("in/ok.txt", "ckpt/victim.conf").await));
+    assert!(refused(store.delete("ckpt/victim.conf").await));
+    let shape = strata_cache_core::store::UploadShape {
+        part_size: 5 << 20,
+        in_flight: 1,
+        slots: None,
+        only_if_absent: false,
+    };
+    assert!(store.start_upload("ckpt/big.bin", &shape).await.is_err());
+    let left: Vec<_> = std::fs::read_dir(outside.path())
+        .expect("outside")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("victim.conf")]);
+    assert_eq!(
+        std::fs::read(outside.path().join("victim.conf")).expect("victim"),
+        b"ORIGINAL"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("in/ok.txt")).expect("ok"),
+        b"inside"
+    );
+    // Inside the store, writes go on; a store that follows links takes them through it.
+    store.put("in/new.txt", data()).await.expect("inside");
+    store
+        .put("fresh/a/b.txt", data())
+        .await
+        .expect("new folders");
+    let follow = BackingStore::from_url(
+        &url,
+        &StoreOptions {
+            follow_symlinks: true,
+            ..StoreOptions::default()
+        },
+    )
+    .expect("store");
+    follow
+        .put("ckpt/new.bin", data())
+        .await
+        .expect("followed, as asked");
+    assert!(outside.path().join("new.bin").exists());
+}

@@ -488,6 +488,32 @@ impl BackingStore {
         Ok((res, sent.elapsed()))
     }
 
+    /// A write, rename or delete of `path` in a local directory store whose folder is
+    /// reached through a symbolic link leading out of the store (black-box finding: with
+    /// the link `ckpt -> /elsewhere` hidden from the listing, `mkdir ckpt` then a write
+    /// of `ckpt/new.bin` created the file outside the store, and with
+    /// `--allow-overwrite` replaced one there; the daemon often runs as root). Refused
+    /// unless the store follows symbolic links (`--follow-symlinks`), as reads are.
+    async fn local_write_inside(&self, path: &str) -> Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        if self.follow_symlinks {
+            return Ok(());
+        }
+        let (root, rel) = (root.clone(), path.to_string());
+        if local_stat(move || folder_inside_root(&root, &rel)).await? {
+            return Ok(());
+        }
+        tracing::warn!(
+            path,
+            "refused: the folder is a symbolic link out of the store"
+        );
+        Err(CacheError::InvalidArgument(format!(
+            "{path}: its folder is reached through a symbolic link out of the store"
+        )))
+    }
+
     /// A path of a local directory store too long to name (black-box finding: a
     /// directory 16 levels of 250-byte names deep, past `PATH_MAX`, was listed as empty
     /// with no error, and everything under it silently vanished): `NameTooLong`,
@@ -869,6 +895,7 @@ impl BackingStore {
 
     /// Writes an object in one PUT (retried).
     pub async fn put(&self, path: &str, data: Bytes) -> Result<()> {
+        self.local_write_inside(path).await?;
         let p = object_key(path);
         let recorded = self.record_local(&p);
         let r = self
@@ -956,6 +983,7 @@ impl BackingStore {
     /// finds an object of exactly this size takes it for its own earlier attempt, whose
     /// answer was lost.
     pub async fn put_new(&self, path: &str, data: Bytes) -> Result<()> {
+        self.local_write_inside(path).await?;
         let p = object_key(path);
         let recorded = self.record_local(&p);
         let r = self.put_new_recorded(path, &p, data).await;
@@ -1020,6 +1048,7 @@ impl BackingStore {
             )
             .await;
         }
+        self.local_write_inside(path).await?;
         let budget = self.retry.attempt_timeout * self.retry.attempts.max(1);
         let p = object_key(path);
         let recorded = self.record_local(&p);
@@ -1039,6 +1068,8 @@ impl BackingStore {
     /// Moves object `from` to `to` (retried; the store's own rename where it has one,
     /// else a server-side copy, then a delete of `from`).
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.local_write_inside(from).await?;
+        self.local_write_inside(to).await?;
         let (f, t) = (object_key(from), object_key(to));
         self.retrying(|| {
             let (f, t) = (f.clone(), t.clone());
@@ -1049,6 +1080,7 @@ impl BackingStore {
 
     /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
     pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        self.local_write_inside(to).await?;
         let (f, t) = (object_key(from), object_key(to));
         self.retrying(|| {
             let (f, t) = (f.clone(), t.clone());
@@ -1059,6 +1091,7 @@ impl BackingStore {
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
     pub async fn delete(&self, path: &str) -> Result<()> {
+        self.local_write_inside(path).await?;
         let p = object_key(path);
         self.retrying(|| {
             let p = p.clone();
@@ -1285,6 +1318,18 @@ fn inside_root(root: &std::path::Path, rel: &str) -> bool {
         // Gone meanwhile (or a dangling link): not something to list.
         Err(_) => false,
     }
+}
+
+/// Whether the folder `rel` would be written in (its deepest existing ancestor, as a
+/// write creates the missing ones) lies inside `root` once every link is resolved.
+fn folder_inside_root(root: &std::path::Path, rel: &str) -> bool {
+    let mut dir = root.join(rel);
+    while dir.pop() && dir.starts_with(root) {
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            return std::fs::canonicalize(&dir).is_ok_and(|real| real.starts_with(root));
+        }
+    }
+    true
 }
 
 /// Whether `name` is how object_store's local store names an upload in progress
