@@ -88,6 +88,11 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
                 .prefix("strata-cache-")
                 .tempdir()
                 .context("creating temp cache dir")?;
+            // As private as a given one (black-box finding: created 0755, its upload
+            // journals, naming the store and the files being written, were readable by
+            // every local user).
+            strata_cache_core::tiers::disk::private_dir(t.path())
+                .with_context(|| format!("cache dir {}", t.path().display()))?;
             (t.path().to_path_buf(), Some(t))
         }
     };
@@ -323,6 +328,23 @@ mod tests {
         );
         drop(first);
         open_core(&memory_only).expect("the cache dir is free again");
+    }
+
+    /// Black-box finding (security): without a cache dir the temp one was made 0755,
+    /// and other local users could read its upload journals.
+    #[test]
+    fn a_temp_cache_dir_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let core = open_core(&CacheConfig {
+            dir: None,
+            ..cfg(std::path::Path::new("/unused"))
+        })
+        .expect("core");
+        let mode = std::fs::metadata(&core.cache_dir)
+            .expect("dir")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{:o}", mode);
     }
 
     /// Black-box finding: a 3-byte block size was taken and a 3 MB read hung.
