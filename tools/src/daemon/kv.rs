@@ -199,14 +199,17 @@ pub(crate) async fn start(
                 .context("KV service (tcp)")
         });
     }
-    // A socket file left by a daemon that died is stale: nothing can be listening on it
-    // if connecting fails, so remove it first.
-    if socket.exists() {
-        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            bail!("another daemon is listening on {}", socket.display());
-        }
-        std::fs::remove_file(&socket)
-            .with_context(|| format!("removing stale socket {}", socket.display()))?;
+    clear_stale_socket(&socket, "")?;
+    // Clients find the shared-memory side socket by its name beside the KV socket, so
+    // two daemons whose KV sockets share a folder would share it: the second took the
+    // first's over and every shared-memory client of the first failed (black-box
+    // finding). Refused as a live KV socket is, before anything is bound.
+    if service.shm_arena().is_some() {
+        clear_stale_socket(
+            &shm_socket_of(&socket),
+            " (the shared-memory socket beside the KV socket: give this daemon's KV \
+             socket a folder of its own)",
+        )?;
     }
     let ul = bind_private(&socket)?;
     announce!("kv unix {}", socket.display());
@@ -220,8 +223,7 @@ pub(crate) async fn start(
     // the daemon's user can attach and map the arena.
     let shm_socket = match service.shm_arena() {
         Some(arena) => {
-            let path = socket.with_file_name("kv-shm.sock");
-            let _ = std::fs::remove_file(&path);
+            let path = shm_socket_of(&socket);
             let l = bind_private(&path)?;
             announce!("kv shm {}", path.display());
             let stop = stop.clone();
@@ -238,6 +240,25 @@ pub(crate) async fn start(
         socket,
         shm_socket,
     })
+}
+
+/// The shared-memory side socket of the KV socket `socket`: `kv-shm.sock` beside it,
+/// where clients look for it.
+fn shm_socket_of(socket: &std::path::Path) -> PathBuf {
+    socket.with_file_name("kv-shm.sock")
+}
+
+/// Refuses `path` if a daemon is listening on it (`why` ends the message); removes it if
+/// it is a socket file a daemon that died left (nothing listens when connecting fails).
+fn clear_stale_socket(path: &std::path::Path, why: &str) -> anyhow::Result<()> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("another daemon is listening on {}{why}", path.display());
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing stale socket {}", path.display())),
+    }
 }
 
 /// Makes `service` route by key across the group of `cluster` (issue 16): Puts to the
@@ -347,6 +368,28 @@ mod tests {
         let mut kv = cfg.kv;
         kv.tenants[1].quota = String::new();
         assert!(server_config(&kv).is_err(), "a quota is required");
+    }
+
+    /// Black-box finding (security): two daemons with KV sockets in one folder shared
+    /// `kv-shm.sock`, and the second took it over from the first. A live socket is
+    /// refused, a stale one (its daemon gone) removed, a missing one fine.
+    #[tokio::test]
+    async fn a_live_socket_is_refused_and_a_stale_one_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = dir.path().join("a.sock");
+        let shm = shm_socket_of(&kv);
+        assert_eq!(shm, dir.path().join("kv-shm.sock"));
+        let live = bind_private(&shm).unwrap();
+        let e = clear_stale_socket(&shm, " (why)").unwrap_err().to_string();
+        assert!(
+            e.contains("another daemon is listening") && e.contains("(why)"),
+            "{e}"
+        );
+        assert!(shm.exists(), "left to its daemon");
+        drop(live);
+        clear_stale_socket(&shm, "").unwrap();
+        assert!(!shm.exists(), "stale: removed");
+        clear_stale_socket(&shm, "").unwrap();
     }
 
     #[tokio::test]
