@@ -243,3 +243,35 @@ async fn keys_that_cannot_be_named_hide_only_themselves() {
     let info = store.head("d/k0501").await.expect("head");
     assert_eq!(info.size, 1);
 }
+
+/// Black-box finding (security): one object whose first segment under the mounted
+/// folder is `.` or `..` (`./x`, `data/../x`), which anyone allowed to write the bucket
+/// can make, failed every `strata mount` of it: the mount's first listing took the
+/// client library's refusal to name the key for the store's. The store answered; the
+/// listing steps around the key, and the good objects read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_key_at_the_mounted_folder_does_not_fail_the_mount() {
+    use std::time::Duration;
+    use strata_cache_core::store::Probe;
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    server.put_raw("data", "train/shard0.bin", "good");
+    server.put_raw("data", "./x", "planted");
+    server.put_raw("data", "sub/train/shard0.bin", "good");
+    server.put_raw("data", "sub/../y", "planted");
+    for (url, dirs) in [
+        ("s3://data", vec!["sub", "train"]),
+        ("s3://data/sub", vec!["train"]),
+    ] {
+        let store = s3_store(&server, url);
+        assert_eq!(
+            store.probe("", Duration::from_secs(10)).await,
+            Probe::Answered,
+            "{url}"
+        );
+        let root = store.list_dir("").await.expect("root listed");
+        assert_eq!(root.dirs, dirs, "{url}");
+        let info = store.head("train/shard0.bin").await.expect("head");
+        assert_eq!(info.size, 4, "{url}");
+    }
+}

@@ -37,6 +37,11 @@ impl BackingStore {
         match tokio::time::timeout(deadline, self.store.list_with_delimiter(prefix.as_ref())).await
         {
             Ok(Ok(_)) => Probe::Answered,
+            // The store answered with a key the client library cannot name (`./x`,
+            // `../x`: legal in S3, writable by anyone with PutObject): the mount's
+            // listings step around such keys, so one must not fail every mount of the
+            // bucket (black-box finding).
+            Ok(Err(object_store::Error::InvalidPath { .. })) => Probe::Answered,
             Ok(Err(e)) if is_refusal(&e) => Probe::Refused(e.to_string()),
             Ok(Err(e)) => Probe::Unanswered(e.to_string()),
             Err(_) => {
