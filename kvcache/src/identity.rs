@@ -74,6 +74,9 @@ pub struct IdentityBindings {
     /// When the file was last written.
     last_write: Mutex<Option<Instant>>,
     writes: AtomicU64,
+    /// Tenants sharing [`MAX_BINDINGS`] (0: single-tenant, one pool): each may bind at
+    /// most its equal share ([`Self::share_among_tenants`]).
+    tenants: usize,
 }
 
 impl Drop for IdentityBindings {
@@ -119,7 +122,52 @@ impl IdentityBindings {
             writing: AtomicBool::new(false),
             last_write: Mutex::new(None),
             writes: AtomicU64::new(0),
+            tenants: 0,
         }
+    }
+
+    /// Splits [`MAX_BINDINGS`] equally among `tenants` (namespaces scoped
+    /// `tenant:namespace`): bindings outlive their blocks and are not charged to a
+    /// tenant's byte quota, so one tenant binding namespace after namespace took all
+    /// 16,384 and every other tenant's first put to a new namespace was refused, across
+    /// restarts (black-box finding). 0: one pool, as without tenants.
+    pub fn share_among_tenants(mut self, tenants: usize) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// Whether the owner of `ns` may bind one more namespace: below [`MAX_BINDINGS`] in
+    /// all and, with tenants, below its share.
+    fn room_for(
+        &self,
+        map: &HashMap<Arc<str>, (IdentityDigest, u64)>,
+        ns: &str,
+    ) -> std::result::Result<(), String> {
+        if map.len() >= MAX_BINDINGS {
+            return Err(format!(
+                "{MAX_BINDINGS} namespaces are bound to model identities already"
+            ));
+        }
+        if self.tenants == 0 {
+            return Ok(());
+        }
+        let share = MAX_BINDINGS / self.tenants;
+        let Some((tenant, _)) = ns.split_once(crate::tenants::TENANT_SEP) else {
+            return Ok(());
+        };
+        let owned = map
+            .keys()
+            .filter(|k| {
+                k.split_once(crate::tenants::TENANT_SEP)
+                    .is_some_and(|(t, _)| t == tenant)
+            })
+            .count();
+        if owned >= share {
+            return Err(format!(
+                "tenant {tenant} has bound its share of {share} namespaces to model identities"
+            ));
+        }
+        Ok(())
     }
 
     /// Times the file was written (tests).
@@ -213,11 +261,7 @@ impl IdentityBindings {
             Some((_, generation)) => Ok(bind.then_some(*generation)),
             None if !bind => Ok(None),
             None => {
-                if map.len() >= MAX_BINDINGS {
-                    return Err(KvError::Busy(format!(
-                        "{MAX_BINDINGS} namespaces are bound to model identities already"
-                    )));
-                }
+                self.room_for(&map, ns).map_err(KvError::Busy)?;
                 let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
                 map.insert(ns.clone(), (*id, generation));
                 Ok(Some(generation))
@@ -460,5 +504,32 @@ mod tests {
             f.with_extension("json.corrupt").exists(),
             "kept for inspection"
         );
+    }
+
+    /// Black-box finding (security): one tenant bound 16,384 namespaces (blocks put, then
+    /// removed; bindings stay) and every other tenant's first put to a new namespace was
+    /// refused. With tenants each binds at most its share; the others keep theirs.
+    #[test]
+    fn each_tenant_binds_at_most_its_share() {
+        let b = IdentityBindings::open(None).share_among_tenants(2);
+        let share = MAX_BINDINGS / 2;
+        for i in 0..share {
+            b.check(&Arc::from(format!("alice:n{i}")), Some(&A), true)
+                .expect("within alice's share");
+        }
+        let e = b
+            .check(&Arc::from("alice:one-more"), Some(&A), true)
+            .expect_err("past alice's share");
+        assert!(matches!(&e, KvError::Busy(m) if m.contains("alice")), "{e}");
+        b.check(&Arc::from("alice:n0"), Some(&A), true)
+            .expect("a bound namespace is still put to");
+        b.check(&Arc::from("bob:first"), Some(&B), true)
+            .expect("bob's share is his");
+        let single = IdentityBindings::open(None);
+        for i in 0..share + 1 {
+            single
+                .check(&Arc::from(format!("n{i}")), Some(&A), true)
+                .expect("without tenants one pool");
+        }
     }
 }

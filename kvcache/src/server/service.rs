@@ -56,7 +56,10 @@ impl KvService {
                 started: Instant::now(),
                 top_tier,
                 staging: Staging::default(),
-                identities: Arc::new(IdentityBindings::open(config.identity_file.clone())),
+                identities: Arc::new(
+                    IdentityBindings::open(config.identity_file.clone())
+                        .share_among_tenants(config.tenants.len()),
+                ),
                 shm: match config.shm_bytes {
                     0 => None,
                     n => match ShmArena::new(n as usize) {
