@@ -124,6 +124,9 @@ async fn writes_through_a_link_out_of_a_local_store_are_refused() {
     assert!(refused(store.put_new("ckpt/deeper/new.bin", data()).await));
     assert!(refused(store.rename("in/ok.txt", "ckpt/victim.conf").await));
     assert!(refused(store.copy("in/ok.txt", "ckpt/victim.conf").await));
+    assert!(refused(
+        store.copy("ckpt/victim.conf", "in/stolen.conf").await
+    ));
     assert!(refused(store.delete("ckpt/victim.conf").await));
     let shape = strata_cache_core::store::UploadShape {
         part_size: 5 << 20,

@@ -1080,6 +1080,8 @@ impl BackingStore {
 
     /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
     pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        // The source too: a copy out of a linked folder would bring an outside file in.
+        self.local_write_inside(from).await?;
         self.local_write_inside(to).await?;
         let (f, t) = (object_key(from), object_key(to));
         self.retrying(|| {
