@@ -356,6 +356,21 @@ async fn a_member_whose_record_goes_writes_it_again() {
             .expect("etcd client");
         let key = format!("{}a", g.nodes_prefix());
         client.delete(key.clone(), None).await.expect("delete");
+        // Polled in etcd itself: b's view may still hold a from before the delete (the
+        // delete and the rewrite can reach its watch together), so it says nothing of
+        // the record being back (CI under load read etcd before a wrote it again).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = client.get(key.clone(), None).await.expect("get");
+            if got.kvs().len() == 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the record is not in etcd again after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         until(
             &mut seen_by_b,
             Duration::from_secs(10),
@@ -363,8 +378,6 @@ async fn a_member_whose_record_goes_writes_it_again() {
             |m| m.ids() == ids(&["a", "b"]),
         )
         .await;
-        let got = client.get(key, None).await.expect("get");
-        assert_eq!(got.kvs().len(), 1, "the record is in etcd again");
         drop(a);
         drop(b);
     })
