@@ -4106,6 +4106,39 @@ def _tenant_requests(rng):
     return out
 
 
+def _paced(items, threads, gap_s, serve):
+    """Serves `items` with `threads` worker threads, item i arriving `gap_s` seconds after
+    item i-1 (a free worker takes the next once it is due); the sum of what `serve`
+    returns for each: a server's requests on a fixed arrival schedule."""
+    import threading
+    import time
+
+    lock = threading.Lock()
+    queue = list(enumerate(items))
+    queue.reverse()
+    total = [0]
+    start = time.monotonic()
+
+    def worker():
+        n = 0
+        while True:
+            with lock:
+                if not queue:
+                    break
+                i, item = queue.pop()
+            time.sleep(max(0.0, start + i * gap_s - time.monotonic()))
+            n += serve(item)
+        with lock:
+            total[0] += n
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    return total[0]
+
+
 def run_tenantdb(d):
     """A multi-tenant web app with a database per tenant (Python's sqlite3), connections
     opened and closed per request as Django does by default (CONN_MAX_AGE=0), so every
@@ -4114,47 +4147,27 @@ def run_tenantdb(d):
     a dashboard of the last day through the time index, now and then a CSV export of the
     last 30 days), the tenants' activity following their time zones' business hours.
     Requests arrive every 8 ms (the day in 6.4 s); a free worker takes the next."""
-    import threading
-    import time
+    import sqlite3
 
     rng = random.Random(SEED + 631)
     reqs = _tenant_requests(rng)
-    lock = threading.Lock()
-    got = [0]
-    queue = list(enumerate(reqs))
-    queue.reverse()
 
-    def worker():
-        import sqlite3
+    def answer(req):
+        t, cust, kind = req
+        con = sqlite3.connect(os.path.join(d, "tenants", "t%03d.db" % t), check_same_thread=False)
+        now = 90 * 86_400
+        if kind == "page":
+            res = con.execute("SELECT * FROM orders WHERE customer = ? ORDER BY ts DESC LIMIT 10", (cust,)).fetchall()
+        elif kind == "dashboard":
+            res = con.execute("SELECT status, count(*), sum(amount) FROM orders WHERE ts >= ? GROUP BY status",
+                              (now - 86_400,)).fetchall()
+        else:
+            res = con.execute("SELECT * FROM orders WHERE ts >= ? ORDER BY ts", (now - 30 * 86_400,)).fetchall()
+        con.close()
+        return len(res)
 
-        n = 0
-        while True:
-            with lock:
-                if not queue:
-                    break
-                i, (t, cust, kind) = queue.pop()
-            time.sleep(max(0.0, start + i * TENANT_GAP_S - time.monotonic()))
-            con = sqlite3.connect(os.path.join(d, "tenants", "t%03d.db" % t), check_same_thread=False)
-            now = 90 * 86_400
-            if kind == "page":
-                res = con.execute("SELECT * FROM orders WHERE customer = ? ORDER BY ts DESC LIMIT 10", (cust,)).fetchall()
-            elif kind == "dashboard":
-                res = con.execute("SELECT status, count(*), sum(amount) FROM orders WHERE ts >= ? GROUP BY status",
-                                  (now - 86_400,)).fetchall()
-            else:
-                res = con.execute("SELECT * FROM orders WHERE ts >= ? ORDER BY ts", (now - 30 * 86_400,)).fetchall()
-            con.close()
-            n += len(res)
-        with lock:
-            got[0] += n
-
-    start = time.monotonic()
-    threads = [threading.Thread(target=worker) for _ in range(TENANT_THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    print("tenantdb: %d requests, %d rows" % (len(reqs), got[0]))
+    rows = _paced(reqs, TENANT_THREADS, TENANT_GAP_S, answer)
+    print("tenantdb: %d requests, %d rows" % (len(reqs), rows))
 
 
 # --- kafkalag ----------------------------------------------------------------------
@@ -4406,20 +4419,14 @@ def run_ecobjects(d):
     256 KiB) from the 4 data drives in turn; for the middle third of the run drive 2 is
     offline, so its shards come from the first parity drive instead. GETs arrive every 4 ms
     (250 a second); a free thread takes the next."""
-    import threading
-    import time
-
     rng = random.Random(SEED + 652)
     objs = _ec_objects()
     order = list(range(len(objs)))
     rng.shuffle(order)
     gets = [order[k] for k in zipf_ranks(len(objs), 1.0, EC_GETS, rng)]
-    lock = threading.Lock()
-    queue = list(enumerate(gets))
-    queue.reverse()
-    got = [0]
 
-    def get(i, o):
+    def get(item):
+        i, o = item
         name, size = objs[o]
         offline = 1 if EC_GETS // 3 <= i < 2 * EC_GETS // 3 else None
         n = 0
@@ -4445,25 +4452,8 @@ def run_ecobjects(d):
                 os.close(fd)
         return n
 
-    def worker():
-        n = 0
-        while True:
-            with lock:
-                if not queue:
-                    break
-                i, o = queue.pop()
-            time.sleep(max(0.0, start + i * EC_GAP_S - time.monotonic()))
-            n += get(i, o)
-        with lock:
-            got[0] += n
-
-    start = time.monotonic()
-    threads = [threading.Thread(target=worker) for _ in range(EC_THREADS)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    print("ecobjects: %d GETs, %d shard bytes" % (EC_GETS, got[0]))
+    shard_bytes = _paced(list(enumerate(gets)), EC_THREADS, EC_GAP_S, get)
+    print("ecobjects: %d GETs, %d shard bytes" % (EC_GETS, shard_bytes))
 
 
 if __name__ == "__main__":
