@@ -20,14 +20,14 @@
 //! pays: the test does not reject.
 
 use super::binomial::SignTest;
-use super::guard_period::{GuardPeriod, Votes, ALPHA};
+use super::guard_period::{GuardPeriod, ALPHA};
 use super::shadow_tinylfu::ShadowTinyLfu;
 
 /// See the module docs.
 pub(super) struct FrequencyGuard {
     shadow: ShadowTinyLfu,
-    votes: Votes,
-    /// The frequency period: every stream ranked by frequency while it lasts.
+    /// Discordant reads against the shadow, and the frequency period: every stream
+    /// ranked by frequency while it lasts.
     pub(super) period: GuardPeriod,
     cap: u64,
 }
@@ -36,7 +36,6 @@ impl FrequencyGuard {
     pub(super) fn new(cap: u64) -> Self {
         let mut g = FrequencyGuard {
             shadow: ShadowTinyLfu::new(0),
-            votes: Votes::default(),
             period: GuardPeriod::new(0),
             cap: 0,
         };
@@ -62,8 +61,8 @@ impl FrequencyGuard {
     /// A demand read of the item of hash `h` (`size` bytes) that the policy's cache hit
     /// (`policy_hit`) or missed.
     pub(super) fn on_demand(&mut self, h: u64, size: u64, policy_hit: bool, test: &mut SignTest) {
-        if !policy_hit && self.period.on_miss(size) {
-            self.votes = Votes::default();
+        if !policy_hit {
+            self.period.on_miss(size);
         }
         if !self.shadow.sampled(h) {
             return;
@@ -72,11 +71,7 @@ impl FrequencyGuard {
         if self.period.active() || shadow_hit == policy_hit {
             return;
         }
-        let trial = self.votes.total() + 1;
-        if self.votes.behind(shadow_hit, ALPHA, test) {
-            self.period.begin(trial);
-            self.votes = Votes::default();
-        }
+        self.period.vote(shadow_hit, ALPHA, test);
     }
 }
 

@@ -69,9 +69,11 @@ impl Votes {
     }
 }
 
-/// How long a guard overrides the policy; see the module docs.
+/// A guard's votes and how long it overrides the policy; see the module docs.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct GuardPeriod {
+    /// Discordant reads since the last period began or ended.
+    pub(super) votes: Votes,
     /// Demand-miss bytes left in the current period (0: the policy decides).
     pub(super) left: u64,
     /// Demand misses left in it ([`MIN_PERIOD_MISSES`]); it lasts while either is left.
@@ -86,6 +88,7 @@ pub(super) struct GuardPeriod {
 impl GuardPeriod {
     pub(super) fn new(cap: u64) -> Self {
         GuardPeriod {
+            votes: Votes::default(),
             left: 0,
             misses: 0,
             turns: FIRST_TURNS,
@@ -109,9 +112,22 @@ impl GuardPeriod {
         self.left = u64::MAX;
     }
 
+    /// A discordant read outside a period (`shadow_hit`: the shadow hit, the policy
+    /// missed): a period begins, and the votes restart, once the shadow is
+    /// significantly ahead at `alpha`.
+    pub(super) fn vote(&mut self, shadow_hit: bool, alpha: f64, test: &mut SignTest) {
+        let trial = self.votes.total() + 1;
+        if self.votes.behind(shadow_hit, alpha, test) {
+            self.begin(trial);
+            self.votes = Votes::default();
+        }
+    }
+
     /// Begins a period; `votes` is how many discordant reads the trial that just lost
-    /// took (a loss within `2 * MIN_VOTES` of a trial doubles the period).
-    pub(super) fn begin(&mut self, votes: u64) {
+    /// took: a loss within `2 * MIN_VOTES` of a trial (the votes restart when a period
+    /// ends and are only halved far past this) doubles the period, the workload still
+    /// favouring the shadow.
+    fn begin(&mut self, votes: u64) {
         let quick_loss = self.engaged > 0 && votes <= 2 * MIN_VOTES;
         self.turns = if quick_loss {
             (self.turns * 2).min(MAX_TURNS)
@@ -123,13 +139,16 @@ impl GuardPeriod {
         self.engaged += 1;
     }
 
-    /// A demand miss of `size` bytes; true when it ended the period.
-    pub(super) fn on_miss(&mut self, size: u64) -> bool {
+    /// A demand miss of `size` bytes: it uses the period up; its end restarts the votes
+    /// (the trial of the policy is judged on its own reads).
+    pub(super) fn on_miss(&mut self, size: u64) {
         if !self.active() {
-            return false;
+            return;
         }
         self.left = self.left.saturating_sub(size.max(1));
         self.misses = self.misses.saturating_sub(1);
-        !self.active()
+        if !self.active() {
+            self.votes = Votes::default();
+        }
     }
 }

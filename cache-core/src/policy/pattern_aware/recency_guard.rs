@@ -38,7 +38,7 @@
 //! space.
 
 use super::binomial::SignTest;
-use super::guard_period::{GuardPeriod, Votes, ALPHA, FIRST_TURNS, HORIZON_VOTES, MIN_VOTES};
+use super::guard_period::{GuardPeriod, ALPHA, FIRST_TURNS, HORIZON_VOTES, MIN_VOTES};
 use super::shadow_lru::ShadowLru;
 
 // The vote's and the period's settings (`MIN_VOTES`, `ALPHA`, the period's turnovers)
@@ -53,7 +53,7 @@ const JOB_SLOTS: usize = super::JobSet::CAP;
 #[derive(Clone, Copy, Debug)]
 struct JobVotes {
     job: u64,
-    /// As [`RecencyGuard::votes`], for this job's reads only.
+    /// As the period's votes ([`GuardPeriod::votes`]), for this job's reads only.
     votes: [u64; 2],
     /// Its votes while spared: whether sparing helped it.
     spared_votes: [u64; 2],
@@ -84,9 +84,8 @@ impl JobVotes {
 pub(super) struct RecencyGuard {
     /// The shadow LRU of the same capacity.
     lru: ShadowLru,
-    /// Discordant accesses against the shadow LRU.
-    votes: Votes,
-    /// The recency period: evict in plain recency order while it lasts.
+    /// Discordant accesses against the shadow LRU, and the recency period: evict in
+    /// plain recency order while it lasts.
     pub(super) period: GuardPeriod,
     cap: u64,
     /// Per-job tests (`spare_starved_jobs`), at most [`JOB_SLOTS`].
@@ -106,7 +105,6 @@ impl RecencyGuard {
     pub(super) fn new(cap: u64) -> Self {
         let mut g = RecencyGuard {
             lru: ShadowLru::new(cap),
-            votes: Votes::default(),
             period: GuardPeriod::new(0),
             cap: 0,
             jobs: Vec::new(),
@@ -193,13 +191,7 @@ impl RecencyGuard {
         if self.per_job {
             self.job_vote(job, lru_hit, test);
         }
-        let trial = self.votes.total() + 1;
-        if self.votes.behind(lru_hit, ALPHA, test) {
-            // Lost again at the first test of a trial (the votes restart when a period
-            // ends and are only halved far past this): the workload still favours LRU.
-            self.period.begin(trial);
-            self.votes = Votes::default();
-        }
+        self.period.vote(lru_hit, ALPHA, test);
     }
 
     /// A discordant read while some job is spared, whichever job read it, counted in a
@@ -304,9 +296,7 @@ impl RecencyGuard {
                 j.votes = [0; 2];
             }
         }
-        if self.period.on_miss(size) {
-            self.votes = Votes::default();
-        }
+        self.period.on_miss(size);
     }
 }
 
@@ -490,12 +480,16 @@ mod tests {
             g.on_demand(h(i), mb, false, 0, &mut test);
         }
         g.on_prefetch_insert(h(9), mb);
-        assert_eq!(g.votes.0, [0, 0], "a fill is not a read");
+        assert_eq!(g.period.votes.0, [0, 0], "a fill is not a read");
         // The fill pushed out the least recent read, as it does in the cache: a policy
         // that hits block 0 (it kept it) is ahead of this LRU, not level with it.
         g.on_demand(h(0), mb, true, 0, &mut test);
-        assert_eq!(g.votes.0, [1, 0]);
+        assert_eq!(g.period.votes.0, [1, 0]);
         g.on_demand(h(9), mb, true, 0, &mut test);
-        assert_eq!(g.votes.0, [1, 0], "the filled block is the shadow's too");
+        assert_eq!(
+            g.period.votes.0,
+            [1, 0],
+            "the filled block is the shadow's too"
+        );
     }
 }

@@ -101,6 +101,12 @@ impl<V> SeqQueue<V> {
             .and_then(|(s, v)| v.as_ref().map(|v| (s, v)))
     }
 
+    /// `BTreeMap::pop_first`: the oldest entry, taken out.
+    pub(super) fn pop_first(&mut self) -> Option<(u64, V)> {
+        let seq = *self.first_key_value()?.0;
+        self.remove_at(&seq, self.base).map(|v| (seq, v))
+    }
+
     /// `BTreeMap::values`: live values in sequence order.
     pub(super) fn values(&self) -> impl Iterator<Item = &V> {
         self.slots.iter().filter_map(|(_, v)| v.as_ref())

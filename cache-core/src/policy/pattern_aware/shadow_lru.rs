@@ -121,10 +121,9 @@ impl ShadowLru {
     /// as a cache smaller than one item still holds the item just read).
     fn trim(&mut self) {
         while self.bytes > self.sample.cap && self.map.len() > 1 {
-            let Some((&seq, &old)) = self.order.first_key_value() else {
+            let Some((_, old)) = self.order.pop_first() else {
                 break;
             };
-            self.order.remove_at(&seq, u64::MAX);
             if let Some(s) = self.map.remove(&old) {
                 self.bytes -= s.size;
             }

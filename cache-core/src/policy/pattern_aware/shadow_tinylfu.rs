@@ -116,13 +116,16 @@ impl ShadowTinyLfu {
     /// read).
     fn trim_window(&mut self) {
         while self.window_bytes > self.window_cap() && self.map.len() > 1 {
-            let Some((&seq, &c)) = self.window.first_key_value() else {
-                break;
-            };
-            if seq == self.seq {
+            if self
+                .window
+                .first_key_value()
+                .is_none_or(|(&seq, _)| seq == self.seq)
+            {
                 break;
             }
-            self.window.remove_at(&seq, u64::MAX);
+            let Some((_, c)) = self.window.pop_first() else {
+                break;
+            };
             let Some(s) = self.map.get(&c).copied() else {
                 continue;
             };
@@ -137,17 +140,14 @@ impl ShadowTinyLfu {
         let main_cap = self.sample.cap.saturating_sub(self.window_cap());
         let fc = self.sketch.estimate(c);
         while self.main_bytes + s.size > main_cap {
-            let Some((&vseq, &v)) = self.main.first_key_value() else {
+            let Some((_, &v)) = self.main.first_key_value() else {
                 break;
             };
             if fc <= self.sketch.estimate(v) {
                 self.map.remove(&c);
                 return;
             }
-            self.main.remove_at(&vseq, u64::MAX);
-            if let Some(vs) = self.map.remove(&v) {
-                self.main_bytes -= vs.size;
-            }
+            self.evict_main_oldest();
         }
         let pos = self.main.insert(s.seq, c);
         self.main_bytes += s.size;
@@ -164,14 +164,21 @@ impl ShadowTinyLfu {
     /// Drops the main's oldest until window and main fit the capacity (after it shrank).
     fn trim_main(&mut self) {
         while self.window_bytes + self.main_bytes > self.sample.cap {
-            let Some((&seq, &v)) = self.main.first_key_value() else {
+            if !self.evict_main_oldest() {
                 break;
-            };
-            self.main.remove_at(&seq, u64::MAX);
-            if let Some(s) = self.map.remove(&v) {
-                self.main_bytes -= s.size;
             }
         }
+    }
+
+    /// Drops the main's oldest key; false when the main is empty.
+    fn evict_main_oldest(&mut self) -> bool {
+        let Some((_, v)) = self.main.pop_first() else {
+            return false;
+        };
+        if let Some(s) = self.map.remove(&v) {
+            self.main_bytes -= s.size;
+        }
+        true
     }
 }
 

@@ -1228,10 +1228,11 @@ proptest! {
     /// inserts below the largest, repeated sequence numbers, removals of absent ones.
     /// A removal by `remove_at` answers the same whatever its hint: the one `insert`
     /// returned (also after pops, compactions and inserts below the largest moved the
-    /// slot), or any number (`remove` is `remove_at` with no hint).
+    /// slot), or any number (`remove` is `remove_at` with no hint); `pop_first` takes
+    /// what `BTreeMap::pop_first` does.
     #[test]
     fn seq_queue_answers_as_a_btree_map(
-        ops in proptest::collection::vec((0u8..6, 0u64..64), 0..400),
+        ops in proptest::collection::vec((0u8..7, 0u64..64), 0..400),
     ) {
         let mut q: SeqQueue<u64> = SeqQueue::default();
         let mut m: BTreeMap<u64, u64> = BTreeMap::new();
@@ -1251,6 +1252,8 @@ proptest! {
                     hints.insert(x, q.insert(x, v));
                     m.insert(x, v);
                 }
+                // Take the oldest out.
+                6 => prop_assert_eq!(q.pop_first(), m.pop_first()),
                 // Remove the oldest, a present one or an absent one: without a hint,
                 // with the insert's, with any.
                 _ => {
