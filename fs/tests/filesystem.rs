@@ -467,6 +467,18 @@ fn record_invalidations(c: &strata_fs::FsCore) -> Arc<std::sync::Mutex<Vec<u64>>
     seen
 }
 
+/// Opens `dir/small` (1,000 bytes) as the kernel would, then replaces it in the store by
+/// `by`, before the handle reads a byte: its inode and the handle's `fh`.
+async fn open_small_then_replace(fx: &Fixture, by: Bytes) -> (u64, u64) {
+    let c = &fx.core;
+    let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+    let small = c.lookup(dir.attr.ino, "small").await.expect("small");
+    assert_eq!(small.attr.size, 1000);
+    let h = c.open(small.attr.ino, false).await.expect("open");
+    fx.store.put("dir/small", by).await.expect("replace");
+    (small.attr.ino, h.fh)
+}
+
 /// Black-box finding: a file the mount had only listed or stat-ed, then replaced by
 /// another writer, failed every open with ESTALE for the whole metadata TTL. A handle
 /// that has served nothing goes on with the new version, and the kernel, told the old
@@ -477,29 +489,22 @@ async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
         let fx = fixture(CoreOptions::default()).await;
         let c = &fx.core;
         let seen = record_invalidations(c);
-        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
-        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
-        assert_eq!(small.attr.size, 1000);
-        let h = c.open(small.attr.ino, false).await.expect("open");
-        fx.store
-            .put("dir/small", data(3000, 9))
-            .await
-            .expect("replace");
+        let (ino, fh) = open_small_then_replace(&fx, data(3000, 9)).await;
         assert_eq!(
-            c.read(h.fh, 0, 4096, 1).await.expect("the new version"),
+            c.read(fh, 0, 4096, 1).await.expect("the new version"),
             data(3000, 9)
         );
-        assert_eq!(*seen.lock().expect("lock"), vec![small.attr.ino]);
+        assert_eq!(*seen.lock().expect("lock"), vec![ino]);
         assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 1);
         assert_eq!(
-            c.getattr(small.attr.ino).await.expect("attrs").attr.size,
+            c.getattr(ino).await.expect("attrs").attr.size,
             3000,
             "what the kernel asks next"
         );
         // Another handle open on the inode: its page cache may hold the old bytes, so
         // the handle fails as before rather than mix.
-        let a = c.open(small.attr.ino, false).await.expect("open a");
-        let b = c.open(small.attr.ino, false).await.expect("open b");
+        let a = c.open(ino, false).await.expect("open a");
+        let b = c.open(ino, false).await.expect("open b");
         fx.store
             .put("dir/small", data(2000, 11))
             .await
@@ -525,27 +530,14 @@ async fn a_first_read_past_the_end_of_a_shorter_replacement_is_estale() {
         let fx = fixture(CoreOptions::default()).await;
         let c = &fx.core;
         let seen = record_invalidations(c);
-        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
-        let small = c.lookup(dir.attr.ino, "small").await.expect("small");
-        assert_eq!(small.attr.size, 1000);
-        let h = c.open(small.attr.ino, false).await.expect("open");
-        fx.store
-            .put("dir/small", data(300, 5))
-            .await
-            .expect("replace by a shorter one");
-        let err = c
-            .read(h.fh, 512, 256, 1)
-            .await
-            .expect_err("past the new end");
+        let (ino, fh) = open_small_then_replace(&fx, data(300, 5)).await;
+        let err = c.read(fh, 512, 256, 1).await.expect_err("past the new end");
         assert_eq!(err.errno(), libc::ESTALE);
-        assert_eq!(*seen.lock().expect("lock"), vec![small.attr.ino]);
+        assert_eq!(*seen.lock().expect("lock"), vec![ino]);
         assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 0);
-        c.release(h.fh);
-        assert_eq!(
-            c.getattr(small.attr.ino).await.expect("attrs").attr.size,
-            300
-        );
-        let h = c.open(small.attr.ino, false).await.expect("reopen");
+        c.release(fh);
+        assert_eq!(c.getattr(ino).await.expect("attrs").attr.size, 300);
+        let h = c.open(ino, false).await.expect("reopen");
         assert_eq!(
             c.read(h.fh, 0, 4096, 1).await.expect("the new version"),
             data(300, 5)

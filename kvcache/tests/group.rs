@@ -194,6 +194,25 @@ async fn serve_peer_face(service: &KvService, addr: &str) {
     });
 }
 
+/// Waits, at most `within`, until `service` holds none of `removed` (`what` names the
+/// failure), then checks it still holds every one of `kept`: only what was removed.
+async fn until_removed(
+    service: &KvService,
+    removed: &[CacheKey],
+    kept: &[CacheKey],
+    within: Duration,
+    what: &str,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while removed.iter().any(|k| service.engine().contains(k)) {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for k in kept {
+        assert!(service.engine().contains(k), "only what was removed");
+    }
+}
+
 fn block(i: u32, len: usize) -> Bytes {
     Bytes::from(
         (0..len)
@@ -701,19 +720,15 @@ async fn a_remove_a_replica_missed_is_replayed_when_it_is_back() {
         );
         // Back on the same address with the same cache.
         serve_peer_face(&nodes[1].service, &peer_addr).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while nodes[1].service.engine().contains(&key(0)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the missed remove was not replayed"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until_removed(
+            &nodes[1].service,
+            &[key(0)],
+            &[key(2)],
+            Duration::from_secs(10),
+            "the missed remove was not replayed",
+        )
+        .await;
         assert!(!nodes[1].service.engine().contains(&key(1)));
-        assert!(
-            nodes[1].service.engine().contains(&key(2)),
-            "only what was removed"
-        );
         for n in &mut nodes {
             n.stop();
         }
@@ -752,20 +767,14 @@ async fn a_remove_made_while_a_replica_was_out_of_the_group_reaches_it_when_it_r
         // Node 1 is back, on the same address with the same cache, and rejoins.
         serve_peer_face(&nodes[1].service, &peer_addr).await;
         nodes[0].gone.lock().expect("membership").clear();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while nodes[1].service.engine().contains(&key(0))
-            || nodes[1].service.engine().contains(&key(1))
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the remove made while it was away was not replayed"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(
-            nodes[1].service.engine().contains(&key(2)),
-            "only what was removed"
-        );
+        until_removed(
+            &nodes[1].service,
+            &[key(0), key(1)],
+            &[key(2)],
+            Duration::from_secs(10),
+            "the remove made while it was away was not replayed",
+        )
+        .await;
         assert!(a.get(ns, &hash(0)).await.expect("get").is_none());
         assert_eq!(
             a.get(ns, &hash(2)).await.expect("get"),
@@ -824,20 +833,14 @@ async fn a_remove_reaches_every_copy_and_members_that_left_unseen() {
         nodes[1].gone.lock().expect("membership").insert(1);
         let mut c2 = KvClient::connect(&nodes[2].client_addr).await.expect("c2");
         c2.remove(ns, &[hash(1), hash(2)]).await.expect("remove");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while nodes[1].service.engine().contains(&key(1))
-            || nodes[1].service.engine().contains(&key(2))
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the member that left was not kept the remove"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(
-            nodes[1].service.engine().contains(&key(3)),
-            "only what was removed"
-        );
+        until_removed(
+            &nodes[1].service,
+            &[key(1), key(2)],
+            &[key(3)],
+            Duration::from_secs(10),
+            "the member that left was not kept the remove",
+        )
+        .await;
         for n in &mut nodes {
             n.stop();
         }
@@ -898,18 +901,14 @@ async fn a_remove_a_replica_missed_outlives_a_restart_of_the_entry_node() {
             .expect("join");
         // Node 1 comes back on its address with its cache.
         serve_peer_face(&nodes[0].service, &peer_addr).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while nodes[0].service.engine().contains(&key(0)) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the restarted entry node did not replay the missed remove"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(
-            nodes[0].service.engine().contains(&key(1)),
-            "only what was removed"
-        );
+        until_removed(
+            &nodes[0].service,
+            &[key(0)],
+            &[key(1)],
+            Duration::from_secs(15),
+            "the restarted entry node did not replay the missed remove",
+        )
+        .await;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while file.exists() {
             assert!(
