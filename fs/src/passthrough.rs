@@ -52,8 +52,8 @@ use sha2::{Digest, Sha256};
 /// block; a 1-byte file takes one), and one page for an empty file (its inode and
 /// directory entry are not free, and counting them bounds the number of copies).
 pub fn footprint(size: u64) -> u64 {
-    const PAGE: u64 = 4096;
-    size.div_ceil(PAGE).max(1).saturating_mul(PAGE)
+    use strata_cache_core::io::{align_up, ALIGN};
+    align_up(usize::try_from(size).unwrap_or(usize::MAX - ALIGN)).max(ALIGN) as u64
 }
 
 /// The file name of copy `name` holding bytes of crc32c `crc`.

@@ -535,8 +535,7 @@ impl BackingStore {
         let Some(root) = &self.local_root else {
             return Ok(());
         };
-        let longest_possible = format!("{dir}/{}", "n".repeat(255));
-        if local_path_fits(root, &longest_possible) {
+        if local_len_fits(root, dir.len() + 1 + 255) {
             return Ok(());
         }
         let folder = root.join(dir);
@@ -550,7 +549,7 @@ impl BackingStore {
             })
         })
         .await?;
-        if longest > 0 && !local_path_fits(root, &format!("{dir}/{}", "n".repeat(longest))) {
+        if longest > 0 && !local_len_fits(root, dir.len() + 1 + longest) {
             return Err(CacheError::NameTooLong(format!("{dir}/...")));
         }
         Ok(())
@@ -1495,7 +1494,12 @@ async fn local_infos(
 /// Whether `root/rel` can be named by a system call: shorter than `PATH_MAX` (4,096)
 /// bytes with its terminating NUL.
 fn local_path_fits(root: &std::path::Path, rel: &str) -> bool {
-    root.as_os_str().len() + 1 + rel.len() < libc::PATH_MAX as usize
+    local_len_fits(root, rel.len())
+}
+
+/// [`local_path_fits`] for a relative path of `rel_len` bytes.
+fn local_len_fits(root: &std::path::Path, rel_len: usize) -> bool {
+    root.as_os_str().len() + 1 + rel_len < libc::PATH_MAX as usize
 }
 
 /// Longest file name a local directory store takes: 255 (NAME_MAX) less room for the
