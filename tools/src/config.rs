@@ -245,8 +245,9 @@ pub struct StoreConfig {
     pub secret_access_key_file: Option<PathBuf>,
     pub allow_http: bool,
     /// `file://` stores: follow symlinks that lead out of the store's root. Off: such
-    /// entries are left out of listings and not found, so a link planted in a dataset
-    /// cannot expose other files through the mount.
+    /// entries are left out of listings and not found, and no write, rename or delete
+    /// goes through them, so a link planted in a dataset can neither expose nor replace
+    /// other files through the mount.
     pub follow_symlinks: bool,
     /// Benchmarks only: latency (ms) added to every store request and a bandwidth
     /// ("200MB") shared by this daemon's store reads, as the in-process benches inject

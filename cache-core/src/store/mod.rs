@@ -93,7 +93,7 @@ pub struct StoreOptions {
     /// Allow plain-HTTP endpoints (local test servers).
     pub allow_http: bool,
     /// `file://` stores: follow symlinks that lead out of the root (off: such entries
-    /// are invisible).
+    /// are invisible, and writes, renames and deletes through them are refused).
     pub follow_symlinks: bool,
     /// Further backend config keys, as `object_store` names them (e.g. `aws_session_token`).
     pub extra: Vec<(String, String)>,

@@ -56,7 +56,8 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_http: bool,
     /// file:// stores: follow symlinks that lead out of the store's root
-    /// (`[store] follow_symlinks`; off: such entries are invisible).
+    /// (`[store] follow_symlinks`; off: such entries are invisible and nothing is
+    /// written, renamed or deleted through them).
     #[arg(long)]
     pub follow_symlinks: bool,
     #[arg(long)]
