@@ -9,15 +9,20 @@
 //!   deliver its first `first_bytes` bytes (the HTTP/2 preface and SETTINGS header, a
 //!   TLS ClientHello, an HTTP/1 request line) within `first_bytes_timeout` from its
 //!   accept, or its next read fails with `TimedOut` and the server closes it.
-//! - A full listener makes room by closing its oldest connection that has sent nothing
-//!   yet (its next read fails), and gives its slot to the new one; only when every slot
-//!   holds a connection that started is a new one refused (closed at accept; logged at
-//!   most once per [`WARN_EVERY`], with counts). A flood of silent connections therefore
-//!   keeps nobody out (before, 1,024 of them, renewed every 10 s, refused everyone
-//!   else most of the time): a live client sends its first bytes within a round trip,
-//!   long before the flood's turnover reaches it. A connection that completed its start
-//!   and then sends nothing is the HTTP/2 keepalive's business (a peer that does not
-//!   answer PINGs is closed) or, when it answers them, holds one slot of the cap.
+//! - A full listener makes room by closing its oldest connection that has not proved
+//!   itself yet (its next read fails), and gives its slot to the new one; only when
+//!   every slot holds a proven connection is a new one refused (closed at accept; logged
+//!   at most once per [`WARN_EVERY`], with counts). A connection proves itself by
+//!   sending its first bytes, or, on a gate built [`Gate::until_vouched`], only once
+//!   its server vouches for it ([`Admission::vouch`]): the KV and admin servers do when
+//!   a request passed their authentication. Black-box finding: 1,100 connections that
+//!   sent the HTTP/2 preface and SETTINGS, then never a request (no token needed for
+//!   that), held every KV and admin slot, and authenticated clients were refused most
+//!   of the time. A flood of silent or unauthenticated connections therefore keeps
+//!   nobody out: a live client sends its first request within a round trip, long
+//!   before the flood's turnover reaches it. A proven connection that then sends
+//!   nothing is the HTTP/2 keepalive's business (a peer that does not answer PINGs is
+//!   closed) or, when it answers them, holds one slot of the cap.
 //!
 //! Nothing here spawns a task: the deadline is a timer polled with the connection's
 //! reads, which the server keeps pending while it waits for the first bytes, and a
@@ -56,6 +61,9 @@ pub struct Gate {
     /// Where a connection's start ends besides its first bytes (an HTTP/1 request
     /// head's blank line): it must arrive within the deadline too ([`Gate::http1`]).
     start_ends_with: Option<&'static [u8]>,
+    /// Whether a started connection may still be closed to make room until its server
+    /// vouches for it ([`Gate::until_vouched`]).
+    until_vouched: bool,
     slots: Mutex<Slots>,
     refused: AtomicU64,
     timed_out: AtomicU64,
@@ -64,12 +72,13 @@ pub struct Gate {
     warned: Mutex<Option<(Instant, u64, u64, u64)>>,
 }
 
-/// The slots in use, and the connections holding one that have not started yet, oldest
-/// first (with entries of connections that since started or left, dropped as met).
+/// The slots in use, and the connections holding one that have not proved themselves
+/// yet, oldest first (with entries of connections that since proved themselves or left,
+/// dropped as met and when they outnumber the slots).
 #[derive(Default)]
 struct Slots {
     live: usize,
-    silent: VecDeque<Arc<Start>>,
+    unproven: VecDeque<Arc<Start>>,
 }
 
 /// Where an admitted connection stands; one of the `START_*` states.
@@ -80,18 +89,31 @@ struct Start {
     reader: AtomicWaker,
 }
 
-/// Admitted, first bytes not all here yet: the one state a full gate may close.
+/// Admitted, first bytes not all here yet: a full gate may close it.
 const START_SILENT: u8 = 0;
-/// Sent its first bytes (or needs none): it keeps its slot until dropped.
-const START_STARTED: u8 = 1;
+/// Sent its first bytes, not vouched for yet by its server (gates built
+/// [`Gate::until_vouched`] only): a full gate may close it.
+const START_UNVOUCHED: u8 = 1;
+/// Proved itself (see the module doc): it keeps its slot until dropped.
+const START_KEPT: u8 = 2;
 /// Closed by a full gate, its slot given to a newer connection.
-const START_EVICTED: u8 = 2;
+const START_EVICTED: u8 = 3;
 /// Dropped.
-const START_GONE: u8 = 3;
+const START_GONE: u8 = 4;
 
 impl Start {
     fn is(&self, state: u8) -> bool {
         self.state.load(Ordering::Acquire) == state
+    }
+    fn unproven(&self) -> bool {
+        matches!(
+            self.state.load(Ordering::Acquire),
+            START_SILENT | START_UNVOUCHED
+        )
+    }
+    /// Closes it to make room, if it has not proved itself.
+    fn evict(&self) -> bool {
+        self.change(START_SILENT, START_EVICTED) || self.change(START_UNVOUCHED, START_EVICTED)
     }
     fn change(&self, from: u8, to: u8) -> bool {
         self.state
@@ -103,63 +125,75 @@ impl Start {
 impl Gate {
     /// A gate for the listener `what` (named in logs): at most `max_connections` live
     /// connections, each to send `first_bytes` bytes within `first_bytes_timeout`.
+    /// Shared as `Arc<Gate>`.
     pub fn new(
         what: &'static str,
         max_connections: usize,
         first_bytes: usize,
         first_bytes_timeout: Duration,
-    ) -> Arc<Gate> {
-        Arc::new(Gate {
+    ) -> Gate {
+        Gate {
             what,
             max: max_connections.max(1),
             first_bytes,
             first_bytes_timeout,
             start_ends_with: None,
+            until_vouched: false,
             slots: Mutex::default(),
             refused: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             warned: Mutex::new(None),
-        })
+        }
     }
 
-    /// A gate for an HTTP/1 listener: as [`Gate::new`], and a connection has started
-    /// only once its whole first request head is in (up to its blank line), within the
-    /// deadline. Black-box finding: 300 connections that each sent half a request head
+    /// For an HTTP/1 listener: a connection has started only once its whole first
+    /// request head is in (up to its blank line), within the deadline. Black-box
+    /// finding: 300 connections that each sent half a request head
     /// (`GET /metrics HTTP/1.1\r\nHost: x\r\n`) and stopped held 256 admin slots for
     /// as long as they liked, and `strata stats` and Prometheus were shut out.
-    pub fn http1(
-        what: &'static str,
-        max_connections: usize,
-        first_bytes: usize,
-        first_bytes_timeout: Duration,
-    ) -> Arc<Gate> {
-        let mut gate = Gate::new(what, max_connections, first_bytes, first_bytes_timeout);
-        if let Some(g) = Arc::get_mut(&mut gate) {
-            g.start_ends_with = Some(b"\r\n\r\n");
-        }
-        gate
+    pub fn http1(mut self) -> Gate {
+        self.start_ends_with = Some(b"\r\n\r\n");
+        self
     }
 
-    /// `io` with its slot, or None when every slot holds a connection that started:
-    /// the caller then drops `io`, which closes it. A full gate closes its oldest silent
-    /// connection to make room (see the module doc).
+    /// A started connection keeps its slot under pressure only once its server vouched
+    /// for it ([`Admission::vouch`], after a request that passed authentication); until
+    /// then a full gate may close it to make room (see the module doc).
+    pub fn until_vouched(mut self) -> Gate {
+        self.until_vouched = true;
+        self
+    }
+
+    /// What a connection that delivered its first bytes becomes.
+    fn started(&self) -> u8 {
+        if self.until_vouched {
+            START_UNVOUCHED
+        } else {
+            START_KEPT
+        }
+    }
+
+    /// `io` with its slot, or None when every slot holds a connection that proved
+    /// itself: the caller then drops `io`, which closes it. A full gate closes its
+    /// oldest unproven connection to make room (see the module doc).
     pub fn admit<T>(self: &Arc<Self>, io: T) -> Option<Gated<T>> {
         let start = Arc::new(Start::default());
         let silent = self.first_bytes > 0;
         if !silent {
-            start.state.store(START_STARTED, Ordering::Release);
+            start.state.store(self.started(), Ordering::Release);
         }
+        let unproven = start.unproven();
         let evicted = {
             let mut slots = self.slots.lock();
             let evicted = if slots.live < self.max {
                 slots.live += 1;
                 None
             } else {
-                // The oldest connection still silent gives up its slot.
+                // The oldest connection still unproven gives up its slot.
                 let mut found = None;
-                while let Some(old) = slots.silent.pop_front() {
-                    if old.change(START_SILENT, START_EVICTED) {
+                while let Some(old) = slots.unproven.pop_front() {
+                    if old.evict() {
                         found = Some(old);
                         break;
                     }
@@ -174,14 +208,18 @@ impl Gate {
                     }
                 }
             };
-            // Entries at the front of those that started or left are dropped here, so
-            // the queue holds at most the connections admitted since its oldest silent
-            // one (at most `first_bytes_timeout` ago).
-            while slots.silent.front().is_some_and(|s| !s.is(START_SILENT)) {
-                slots.silent.pop_front();
+            // Entries at the front of those that proved themselves or left are dropped
+            // here; behind a long-lived unproven one they pile up, so they are swept
+            // once they outnumber the slots twice (at most `max` entries stay: each is
+            // a live connection), which keeps the queue bounded at amortised O(1).
+            while slots.unproven.front().is_some_and(|s| !s.unproven()) {
+                slots.unproven.pop_front();
             }
-            if silent {
-                slots.silent.push_back(start.clone());
+            if slots.unproven.len() >= 2 * self.max {
+                slots.unproven.retain(|s| s.unproven());
+            }
+            if unproven {
+                slots.unproven.push_back(start.clone());
             }
             evicted
         };
@@ -192,6 +230,7 @@ impl Gate {
         }
         Some(Gated {
             io,
+            watching: unproven,
             start,
             gate: self.clone(),
             first: silent.then(|| FirstBytes {
@@ -207,7 +246,7 @@ impl Gate {
         self.slots.lock().live
     }
 
-    /// Connections closed at accept because every slot held a started one, since start.
+    /// Connections closed at accept because every slot held a proven one, since start.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
@@ -217,7 +256,7 @@ impl Gate {
         self.timed_out.load(Ordering::Relaxed)
     }
 
-    /// Silent connections closed to make room for newer ones, since start.
+    /// Unproven connections closed to make room for newer ones, since start.
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Relaxed)
     }
@@ -247,9 +286,9 @@ impl Gate {
             max_connections = self.max,
             refused = refused - r0,
             silent_closed = timed_out - t0,
-            silent_evicted = evicted - e0,
+            unproven_evicted = evicted - e0,
             over_secs = now.duration_since(since).as_secs(),
-            "closing connections: the listener is full or they sent nothing in {:?}",
+            "closing connections: the listener is full, or they sent nothing in {:?}",
             self.first_bytes_timeout
         );
     }
@@ -287,11 +326,18 @@ pub struct Gated<T> {
     start: Arc<Start>,
     gate: Arc<Gate>,
     first: Option<FirstBytes>,
+    /// Not kept yet: each read checks whether a full gate closed it meanwhile.
+    watching: bool,
 }
 
 impl<T> Gated<T> {
     pub fn get_ref(&self) -> &T {
         &self.io
+    }
+
+    /// The handle its server vouches for it with.
+    pub fn admission(&self) -> Admission {
+        Admission(self.start.clone())
     }
 }
 
@@ -301,11 +347,60 @@ impl<T> Drop for Gated<T> {
     }
 }
 
-/// The connection's own info (its peer address for TCP), as if it were not gated.
+/// A handle on an admitted connection's place in its gate, reaching the server's
+/// request handlers through the connection's info ([`Admitted`]).
+#[derive(Clone, Debug)]
+pub struct Admission(Arc<Start>);
+
+impl std::fmt::Debug for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Start")
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Admission {
+    /// The connection made a request its server accepted (it passed authentication):
+    /// it keeps its slot from now on, however full the gate (see the module doc).
+    /// Cheap: one atomic load once kept.
+    pub fn vouch(&self) {
+        if !self.0.is(START_KEPT) {
+            let _ = self.0.change(START_UNVOUCHED, START_KEPT)
+                || self.0.change(START_SILENT, START_KEPT);
+        }
+    }
+
+    /// Whether the connection keeps its slot (tests).
+    pub fn kept(&self) -> bool {
+        self.0.is(START_KEPT)
+    }
+
+    /// The admission of a tonic request's connection, when it came through a gate
+    /// directly (`Gated<TcpStream>` or `Gated<UnixStream>`).
+    pub fn of<B>(req: &tonic::Request<B>) -> Option<&Admission> {
+        use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
+        let ext = req.extensions();
+        ext.get::<Admitted<TcpConnectInfo>>()
+            .map(|a| &a.admission)
+            .or_else(|| ext.get::<Admitted<UdsConnectInfo>>().map(|a| &a.admission))
+    }
+}
+
+/// A gated connection's info: its own (its peer address for TCP) and its admission.
+#[derive(Clone, Debug)]
+pub struct Admitted<I> {
+    pub info: I,
+    pub admission: Admission,
+}
+
 impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Gated<T> {
-    type ConnectInfo = T::ConnectInfo;
-    fn connect_info(&self) -> T::ConnectInfo {
-        self.io.connect_info()
+    type ConnectInfo = Admitted<T::ConnectInfo>;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        Admitted {
+            info: self.io.connect_info(),
+            admission: self.admission(),
+        }
     }
 }
 
@@ -316,20 +411,31 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if !this.watching {
+            return Pin::new(&mut this.io).poll_read(cx, buf);
+        }
+        this.start.reader.register(cx.waker());
+        match this.start.state.load(Ordering::Acquire) {
+            START_EVICTED => {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    format!(
+                        "{}: closed to make room while the listener was full, not having \
+                         proved itself (sent its first bytes, or a request its server accepted)",
+                        this.gate.what
+                    ),
+                )));
+            }
+            START_KEPT => {
+                this.first = None;
+                this.watching = false;
+                return Pin::new(&mut this.io).poll_read(cx, buf);
+            }
+            _ => {}
+        }
         let Some(first) = this.first.as_mut() else {
             return Pin::new(&mut this.io).poll_read(cx, buf);
         };
-        this.start.reader.register(cx.waker());
-        if this.start.is(START_EVICTED) {
-            this.first = None;
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                format!(
-                    "{}: closed to make room, having sent nothing while the listener was full",
-                    this.gate.what
-                ),
-            )));
-        }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -338,8 +444,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
                 if started || n == 0 {
                     // Started (or closed by the peer): the deadline has done its job.
                     // Evicted meanwhile, it has no slot: it fails its next read.
-                    if this.start.change(START_SILENT, START_STARTED) {
+                    let next = this.gate.started();
+                    if this.start.change(START_SILENT, next) {
                         this.first = None;
+                        this.watching = next != START_KEPT;
                     }
                 }
                 Poll::Ready(Ok(()))
@@ -442,7 +550,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_silent_connection_fails_its_read_after_the_deadline() {
-        let gate = Gate::new("test", 2, 4, Duration::from_millis(100));
+        let gate = Arc::new(Gate::new("test", 2, 4, Duration::from_millis(100)));
         let (a, mut b) = tokio::io::duplex(64);
         let mut g = gate.admit(a).expect("a slot");
         assert_eq!(gate.live(), 1);
@@ -493,7 +601,7 @@ mod tests {
     /// full gate closes such a connection to make room.
     #[tokio::test]
     async fn an_http1_connection_starts_only_with_its_whole_request_head() {
-        let gate = Gate::http1("test", 1, 4, Duration::from_millis(150));
+        let gate = Arc::new(Gate::new("test", 1, 4, Duration::from_millis(150)).http1());
         let mut buf = [0u8; 64];
         let (a, mut b) = tokio::io::duplex(256);
         let mut g = gate.admit(a).expect("a slot");
@@ -523,7 +631,7 @@ mod tests {
     /// slot however many follow.
     #[tokio::test]
     async fn silent_floods_make_room_for_clients_that_speak() {
-        let gate = Gate::new("test", 8, 4, Duration::from_secs(60));
+        let gate = Arc::new(Gate::new("test", 8, 4, Duration::from_secs(60)));
         let mut flood = Vec::new();
         for _ in 0..8 {
             let (a, b) = tokio::io::duplex(64);
@@ -549,5 +657,72 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
         drop(flood);
         assert_eq!(gate.live(), 1, "only the client holds a slot");
+    }
+
+    /// On a gate built `until_vouched`, a connection that started but was not vouched
+    /// for (it made no request that passed authentication) still gives up its slot to
+    /// a newcomer; once vouched for, it keeps it, and only a gate full of vouched
+    /// connections refuses.
+    #[tokio::test]
+    async fn started_connections_make_room_until_vouched_for() {
+        let gate = Arc::new(Gate::new("test", 2, 4, Duration::from_secs(60)).until_vouched());
+        let mut buf = [0u8; 8];
+        let started = || {
+            let (a, mut b) = tokio::io::duplex(64);
+            let g = gate.admit(a).expect("a slot");
+            async move {
+                let mut g = g;
+                b.write_all(b"helo").await.expect("write");
+                assert_eq!(g.read(&mut [0u8; 8]).await.expect("read"), 4);
+                (g, b)
+            }
+        };
+        let (mut g1, _b1) = started().await;
+        let (g2, _b2) = started().await;
+        assert!(!g1.admission().kept() && !g2.admission().kept());
+        g2.admission().vouch();
+        assert!(g2.admission().kept());
+        let (mut g3, _b3) = started().await;
+        assert_eq!(gate.evicted(), 1);
+        let e = g1.read(&mut buf).await.expect_err("closed to make room");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        let e = g1.read(&mut buf).await.expect_err("and stays closed");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        drop(g1);
+        let (g4, _b4) = started().await;
+        assert_eq!(gate.evicted(), 2, "g3, not the vouched g2");
+        let e = g3.read(&mut buf).await.expect_err("closed to make room");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        g4.admission().vouch();
+        assert!(gate.admit(()).is_none(), "every slot vouched for");
+        assert_eq!(gate.refused(), 1);
+        // A vouched connection's reads go on as before.
+        drop(g4);
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut g5 = gate.admit(a).expect("g4's slot");
+        b.write_all(b"abcd").await.expect("write");
+        assert_eq!(g5.read(&mut buf).await.expect("read"), 4);
+        g5.admission().vouch();
+        b.write_all(b"efgh").await.expect("write");
+        assert_eq!(g5.read(&mut buf).await.expect("read"), 4);
+        assert_eq!(gate.live(), 2);
+    }
+
+    /// The queue of unproven connections stays bounded when one of them lives long
+    /// while many others come, prove themselves and go.
+    #[tokio::test]
+    async fn the_unproven_queue_stays_bounded_behind_a_long_lived_connection() {
+        let gate = Arc::new(Gate::new("test", 4, 0, Duration::from_secs(60)).until_vouched());
+        let _old = gate.admit(()).expect("a slot");
+        for _ in 0..1000 {
+            let g = gate.admit(()).expect("a slot");
+            g.admission().vouch();
+        }
+        let queued = gate.slots.lock().unproven.len();
+        assert!(
+            queued <= 2 * 4,
+            "{queued} entries for 1 unproven connection"
+        );
+        assert_eq!(gate.live(), 1);
     }
 }

@@ -16,7 +16,7 @@
 //!   server hold at most that much; past it Gets wait (at most the idle timeout, then
 //!   RESOURCE_EXHAUSTED), and an unread response is ended by its [`IdleGuard`].
 //! - [`ConnIo`]: wraps every accepted connection so its requests carry a [`ConnInfo`]
-//!   (the connection's budget) in their extensions.
+//!   (the connection's budget, and its admission to vouch for) in their extensions.
 //! - [`IdleGuard`]: a response stream the client stops reading is dropped (and with it
 //!   the block it pins) after the idle timeout; the client then gets DEADLINE_EXCEEDED.
 
@@ -34,6 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tonic::Status;
 
+use crate::accept::{Admission, Gated};
 use crate::error::{KvError, Result};
 
 /// Budget unit: permits count KiB so that 1 GiB fits a semaphore comfortably.
@@ -58,6 +59,8 @@ pub struct ConnInfo {
     /// The connection's share of the get budget.
     get_budget: Arc<Semaphore>,
     abort: Arc<Abort>,
+    /// Its place in its listener's gate (`accept.rs`): vouched for by the token check.
+    admission: Option<Admission>,
 }
 
 /// Set to close a connection: its next read or write fails, so the server drops it with
@@ -75,6 +78,15 @@ impl ConnInfo {
             budget: semaphore(bytes),
             get_budget: semaphore(get_bytes),
             abort: Arc::default(),
+            admission: None,
+        }
+    }
+
+    /// A request on this connection passed authentication: under pressure its listener
+    /// no longer closes it to make room (`accept.rs`).
+    pub fn vouch(&self) {
+        if let Some(a) = &self.admission {
+            a.vouch();
         }
     }
 
@@ -112,6 +124,16 @@ impl<T> ConnIo<T> {
             io,
             info: ConnInfo::new(per_connection_bytes, per_connection_get_bytes),
         }
+    }
+}
+
+impl<T> ConnIo<Gated<T>> {
+    /// A gated connection, with its shares, whose requests can vouch for it.
+    pub fn gated(io: Gated<T>, per_connection_bytes: u64, per_connection_get_bytes: u64) -> Self {
+        let admission = io.admission();
+        let mut c = ConnIo::new(io, per_connection_bytes, per_connection_get_bytes);
+        c.info.admission = Some(admission);
+        c
     }
 }
 

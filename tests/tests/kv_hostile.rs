@@ -4,8 +4,9 @@
 //! the whole put budget; a Get the client never reads is dropped after the idle timeout,
 //! and the connection of one whose HTTP/2 window stays shut is closed. Connections that
 //! send nothing are closed after the preface deadline, on the KV and the admin
-//! listeners, and each listener keeps at most its cap of connections. `strata stats`
-//! pointed at the gRPC port says it is no admin API.
+//! listeners, and each listener keeps at most its cap of connections; connections that
+//! never pass authentication make room for clients that do. `strata stats` pointed at
+//! the gRPC port says it is no admin API.
 
 mod admin_common;
 mod kv_common;
@@ -409,6 +410,72 @@ async fn silent_connections_are_closed_and_make_room_for_clients() {
     server.stop().await;
 }
 
+/// Black-box finding: 1,100 connections that sent the HTTP/2 preface and SETTINGS (no
+/// token needed for that) and then no request, renewed as the daemon closed them, held
+/// the KV listener's slots, and clients with the token were refused most of the time.
+/// Now a connection keeps its slot under pressure only once a request on it passed
+/// authentication: the flood, and a client whose token is wrong, make room for clients
+/// whose token is right, and a client served before the flood stays served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_authenticate_make_room_for_clients_that_do() {
+    use tokio::io::AsyncWriteExt;
+    let cap = 8;
+    let server = start(ServerConfig {
+        token: Some("tok".into()),
+        max_connections: cap,
+        ..Default::default()
+    })
+    .await;
+    let connect = |token: &'static str| {
+        let addr = server.addr.clone();
+        async move {
+            KvClient::connect_with(
+                &addr,
+                strata_kvcache::client::ClientOptions {
+                    token: Some(token.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("connect")
+        }
+    };
+    let mut before = connect("tok").await;
+    before.put(NS, b"k", block(64 << 10, 5)).await.expect("put");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
+    hello.extend(h2_frame(4, 1, 0, &[])); // SETTINGS ACK
+    let mut flood = Vec::new();
+    for round in 0..3 {
+        // The listener is filled again with connections that started HTTP/2 and stop.
+        for _ in 0..cap {
+            let mut s = tokio::net::TcpStream::connect(&server.addr)
+                .await
+                .expect("connect");
+            s.write_all(&hello).await.expect("write");
+            flood.push(s);
+        }
+        let mut wrong = connect("wrong").await;
+        let e = wrong.get(NS, b"k").await.expect_err("a wrong token");
+        assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+        let mut c = tokio::time::timeout(Duration::from_secs(5), connect("tok"))
+            .await
+            .expect("connected in time");
+        let got = tokio::time::timeout(Duration::from_secs(5), c.get(NS, b"k"))
+            .await
+            .expect("served in time");
+        assert!(got
+            .unwrap_or_else(|e| panic!("round {round}: refused while full: {e}"))
+            .is_some());
+    }
+    // The oldest flood connection was closed at once to make room, not at the preface
+    // deadline (10 s).
+    closed_within(&mut flood[0], Duration::from_secs(3)).await;
+    assert!(before.get(NS, b"k").await.expect("get").is_some());
+    drop(flood);
+    server.stop().await;
+}
+
 /// One HTTP/2 frame.
 fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
@@ -529,6 +596,54 @@ async fn the_admin_api_closes_silent_connections_and_caps_them() {
         .await
         .expect("served again");
     assert_eq!(code, 200);
+    stop.cancel();
+}
+
+/// As on the KV listener: admin connections whose requests lack the token (answered
+/// 401, kept alive by HTTP/1.1) make room for a client with the token, which is served
+/// while the listener is full of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_makes_room_for_clients_with_the_token() {
+    use strata_tools::admin;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let state = admin_common::bare_state(Some("adm"));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    let cap = 4;
+    tokio::spawn(async move {
+        admin::serve_gated(l, state, s.cancelled_owned(), cap, Duration::from_secs(10)).await
+    });
+    let mut flood = Vec::new();
+    for round in 0..3 {
+        for _ in 0..cap {
+            let mut s = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            s.write_all(b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let mut buf = [0u8; 12];
+            s.read_exact(&mut buf).await.expect("an answer");
+            assert_eq!(&buf, b"HTTP/1.1 401", "round {round}");
+            flood.push(s);
+        }
+        let (code, _) = admin::http_request_within(
+            &addr,
+            "GET",
+            "/stats",
+            Some("adm"),
+            Duration::from_secs(5),
+            admin::MAX_ADMIN_ANSWER,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: refused while full: {e:#}"));
+        assert_eq!(code, 200);
+    }
+    closed_within(&mut flood[0], Duration::from_secs(3)).await;
     stop.cancel();
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -34,7 +34,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use strata_cache_core::{CacheEngine, EngineStatsSnapshot};
-use strata_kvcache::accept::{accept_error, Gate, Gated};
+use strata_kvcache::accept::{accept_error, Admission, Gate, Gated};
 use strata_kvcache::tenants::constant_time_eq;
 use strata_kvcache::{KvService, KvStatsSnapshot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -288,8 +288,19 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// The access rule of the module docs, before any handler (and the 404/405 fallback).
+/// A request it lets through with a token checked, or on a listener without one, vouches
+/// for its connection: under pressure the gate no longer closes it to make room
+/// (`strata_kvcache::accept`), while connections that never pass keep nobody out.
 async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Response {
+    let vouch = |req: &Request| {
+        if let Some(ConnectInfo(c)) = req.extensions().get::<ConnectInfo<AdminConn>>() {
+            c.0.vouch();
+        }
+    };
     if req.uri().path() == "/healthz" {
+        if s.token.is_none() {
+            vouch(&req);
+        }
         return next.run(req).await;
     }
     match &s.token {
@@ -301,6 +312,7 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .is_some_and(|got| constant_time_eq(got.as_bytes(), want.as_bytes()));
             if ok {
+                vouch(&req);
                 next.run(req).await
             } else {
                 (
@@ -311,7 +323,10 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
                     .into_response()
             }
         }
-        None if matches!(*req.method(), Method::GET | Method::HEAD) => next.run(req).await,
+        None if matches!(*req.method(), Method::GET | Method::HEAD) => {
+            vouch(&req);
+            next.run(req).await
+        }
         None => (
             StatusCode::FORBIDDEN,
             "state-changing admin requests need an admin token ([admin] token_file)\n",
@@ -363,6 +378,18 @@ impl axum::serve::Listener for GatedListener {
     }
 }
 
+/// An admin connection's admission to its gate, for [`authorize`] to vouch with.
+#[derive(Clone)]
+struct AdminConn(Admission);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, GatedListener>>
+    for AdminConn
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, GatedListener>) -> Self {
+        AdminConn(stream.io().admission())
+    }
+}
+
 /// Serves the admin API on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -389,14 +416,19 @@ pub async fn serve_gated(
 ) -> anyhow::Result<()> {
     let listener = GatedListener {
         inner: listener,
-        gate: Gate::http1(
-            "admin",
-            max_connections,
-            ADMIN_FIRST_BYTES,
-            first_bytes_timeout,
+        gate: Arc::new(
+            Gate::new(
+                "admin",
+                max_connections,
+                ADMIN_FIRST_BYTES,
+                first_bytes_timeout,
+            )
+            .http1()
+            .until_vouched(),
         ),
     };
-    axum::serve(listener, router(state))
+    let app = router(state).into_make_service_with_connect_info::<AdminConn>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
         .context("admin server")

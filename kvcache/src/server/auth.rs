@@ -9,6 +9,7 @@ use tonic::{Request, Status};
 use super::{AuthTenant, CallerIdentity, KvService};
 use crate::group::{GROUP_TOKEN_METADATA, PEER_TENANT_METADATA};
 use crate::keys::{parse_identity_hex, IDENTITY_METADATA};
+use crate::limits::ConnInfo;
 use crate::tenants::{constant_time_eq, Tenants};
 
 /// Checks the bearer token of every request: a tenant's token when tenants are
@@ -36,6 +37,7 @@ impl tonic::service::Interceptor for TokenCheck {
             req.extensions_mut().insert(CallerIdentity(digest));
         }
         if self.tenants.is_empty() && self.token.is_none() {
+            vouch(&req);
             return Ok(req);
         }
         let got = req
@@ -47,10 +49,12 @@ impl tonic::service::Interceptor for TokenCheck {
         if !self.tenants.is_empty() {
             if let Some(t) = got.and_then(|g| self.tenants.authenticate(g)) {
                 req.extensions_mut().insert(AuthTenant(t));
+                vouch(&req);
                 return Ok(req);
             }
         } else if let (Some(want), Some(g)) = (&self.token, got) {
             if constant_time_eq(g, want.as_bytes()) {
+                vouch(&req);
                 return Ok(req);
             }
         }
@@ -111,5 +115,13 @@ impl tonic::service::Interceptor for PeerCheck {
         }
         inner.served_for_peers.fetch_add(1, Ordering::Relaxed);
         Ok(req)
+    }
+}
+
+/// The request's connection passed authentication: it keeps its listener slot
+/// (`accept.rs`; a connection that never does may be closed to make room).
+fn vouch(req: &Request<()>) {
+    if let Some(c) = ConnInfo::of(req) {
+        c.vouch();
     }
 }

@@ -301,19 +301,23 @@ pub async fn serve(
     // At least one largest block, so a lone put of it on a connection can proceed.
     let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
     let per_conn_get = cfg.per_connection_get_bytes.max(cfg.max_block);
+    // Until a request passed authentication, a connection may be closed to make room.
     let gate = |what| {
-        Gate::new(
-            what,
-            cfg.max_connections,
-            H2_START_BYTES,
-            cfg.preface_timeout,
+        Arc::new(
+            Gate::new(
+                what,
+                cfg.max_connections,
+                H2_START_BYTES,
+                cfg.preface_timeout,
+            )
+            .until_vouched(),
         )
     };
     match listener {
         Listener::Tcp(l) => {
             let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
             let incoming = accept::gated(incoming, gate("kv tcp"))
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
+                .map(move |c| c.map(|io| ConnIo::gated(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
@@ -321,7 +325,7 @@ pub async fn serve(
         Listener::Unix(l) => {
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
             let incoming = accept::gated(incoming, gate("kv unix"))
-                .map(move |c| c.map(|io| ConnIo::new(io, per_conn, per_conn_get)));
+                .map(move |c| c.map(|io| ConnIo::gated(io, per_conn, per_conn_get)));
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?

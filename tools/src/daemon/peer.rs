@@ -44,12 +44,35 @@ pub struct PeerContext {
 /// Every service of the peer listener, each behind the group token. A new peer service
 /// is one more `add_service(auth.wrap(...))` line here.
 fn routes(auth: &PeerAuth, ctx: &PeerContext) -> Routes {
+    let auth = VouchingAuth(auth.clone());
     let mut routes = Routes::builder();
     routes.add_service(auth.wrap(FilePeerServer::new(FileService::new(ctx.clone()))));
     if let Some(kv) = &ctx.kv {
         routes.add_service(auth.wrap(kv.peer_grpc()));
     }
     routes.routes()
+}
+
+/// The group token check, and a connection whose call passed it keeps its listener
+/// slot (`strata_kvcache::accept`): connections that never present the token may be
+/// closed to make room, so they cannot lock the group's nodes out.
+#[derive(Clone)]
+struct VouchingAuth(PeerAuth);
+
+impl VouchingAuth {
+    fn wrap<S>(&self, svc: S) -> tonic::service::interceptor::InterceptedService<S, VouchingAuth> {
+        tonic::service::interceptor::InterceptedService::new(svc, self.clone())
+    }
+}
+
+impl tonic::service::Interceptor for VouchingAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let req = self.0.call(req)?;
+        if let Some(a) = accept::Admission::of(&req) {
+            a.vouch();
+        }
+        Ok(req)
+    }
 }
 
 /// Most connections the peer listener keeps at once (`strata_kvcache::accept`): 1024.
@@ -89,11 +112,14 @@ pub(crate) async fn start(
         let incoming = tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true));
         let incoming = accept::gated(
             incoming,
-            accept::Gate::new(
-                "peer",
-                PEER_MAX_CONNECTIONS,
-                accept::H2_START_BYTES,
-                PEER_PREFACE_TIMEOUT,
+            Arc::new(
+                accept::Gate::new(
+                    "peer",
+                    PEER_MAX_CONNECTIONS,
+                    accept::H2_START_BYTES,
+                    PEER_PREFACE_TIMEOUT,
+                )
+                .until_vouched(),
             ),
         );
         router
