@@ -11,9 +11,14 @@
 //!
 //! The arena is a cache of blocks recently served this way: a block stays in it after
 //! its leases end (least recently used first out), so a hot block is copied into the
-//! arena once and then served by reference. An arena entry keeps the engine's buffer it
-//! was copied from; a later Get that gets another buffer from the engine (the block was
-//! evicted and put again) copies afresh, so the arena never serves stale bytes.
+//! arena once and then served by reference. It never serves stale bytes: a value is
+//! immutable while the cache holds it, and every store or removal of a key drops the
+//! key's copy first ([`ShmArena::forget`]); a Get notes the key's change count before
+//! it fetches the block from this node's tiers, and its copy becomes the key's only if
+//! no change came between (a block fetched from a peer is leased from a copy of its
+//! own). An entry used to keep the engine's buffer it was copied from, to compare
+//! identities: up to the arena's size of buffers the engine had evicted stayed in the
+//! heap (soak finding: 213 MB in use in malloc beside a 32 MiB memory tier).
 //!
 //! Bounds: the arena size (`[kv] shm`), and per session at most a quarter of it leased
 //! at once, so one client cannot pin the whole arena; past that, or when every range is
@@ -118,8 +123,8 @@ struct Entry {
     offset: usize,
     /// Rounded up to whole pages.
     span: usize,
-    /// The engine's buffer this copy came from (kept so its identity can be compared).
-    source: Bytes,
+    /// The block's length.
+    len: usize,
     refs: u32,
     /// Position in `idle` while unreferenced.
     idle_tick: Option<u64>,
@@ -145,6 +150,18 @@ struct State {
     sessions: HashMap<SessionId, Session>,
     tick: u64,
     next_id: u64,
+    /// Stores and removals of keys, counted per slot of key hashes ([`change_slot`]).
+    changes: Vec<u64>,
+}
+
+/// Slots of the change counts: a change of one key makes a Get of another key in the
+/// same slot copy afresh instead of keeping its copy, so slots are many (8 KiB).
+const CHANGE_SLOTS: usize = 1024;
+
+fn change_slot(key: &CacheKey) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+    (h.hash_one(key) % CHANGE_SLOTS as u64) as usize
 }
 
 /// The arena: a sealed memfd mapped read-write here, read-only by clients.
@@ -188,6 +205,7 @@ impl ShmArena {
         let mut state = State {
             // Ids start at 1: a lease id 0 on the wire means "inline".
             next_id: 1,
+            changes: vec![0; CHANGE_SLOTS],
             ..State::default()
         };
         state.free.insert(0, size);
@@ -325,20 +343,38 @@ impl ShmArena {
         release_locked(&mut st, lease);
     }
 
-    /// Drops the arena's copy of `key` (the block was removed); leased ranges stay
+    /// Drops the arena's copy of `key` and counts a change of it: called before every
+    /// store of the key and at its removal (see the module doc). Leased ranges stay
     /// valid until released.
     pub fn forget(&self, key: &CacheKey) {
         let mut st = self.state.lock();
+        let slot = change_slot(key);
+        st.changes[slot] = st.changes[slot].wrapping_add(1);
         if let Some(id) = st.by_key.remove(key) {
             detach_locked(&mut st, id);
         }
     }
 
-    /// Leases `data` (the engine's bytes of `key`) to `session`: from the arena's copy
-    /// when it is of the same buffer, else copied in. None: fall back to inline bytes
-    /// (unknown session, its cap reached, or no room the eviction of unleased entries
-    /// could make).
-    pub fn lease(&self, session: SessionId, key: &CacheKey, data: &Bytes) -> Option<Lease> {
+    /// The change count of `key`, to note before fetching its block from this node's
+    /// tiers and give to [`ShmArena::lease`].
+    pub fn changes(&self, key: &CacheKey) -> u64 {
+        self.state.lock().changes[change_slot(key)]
+    }
+
+    /// Leases `data`, the bytes of `key`, to `session`: from the arena's copy of the key
+    /// when it has one and `data` came from this node's tiers, else copied in; the copy
+    /// becomes the key's when `data` came from this node's tiers after `local_since`
+    /// (the key's [`ShmArena::changes`] noted before the fetch) and no change came
+    /// since. `local_since` None: `data` came from elsewhere (a peer), and is leased
+    /// from a copy of its own. None: fall back to inline bytes (unknown session, its
+    /// cap reached, or no room the eviction of unleased entries could make).
+    pub fn lease(
+        &self,
+        session: SessionId,
+        key: &CacheKey,
+        data: &Bytes,
+        local_since: Option<u64>,
+    ) -> Option<Lease> {
         let len = data.len();
         if len == 0 || len > self.map.len() {
             return None;
@@ -354,16 +390,15 @@ impl ShmArena {
                 self.fallbacks.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            let existing = st.by_key.get(key).copied();
-            let reuse = existing.filter(|id| {
-                st.entries
-                    .get(id)
-                    .is_some_and(|e| e.source.as_ptr() == data.as_ptr() && e.source.len() == len)
-            });
+            // A keyed copy holds the key's value since its last change (any later one
+            // dropped it), and this node's tiers hold the same until the next change.
+            let existing = local_since.and(st.by_key.get(key).copied());
+            let reuse = existing.filter(|id| st.entries.get(id).is_some_and(|e| e.len == len));
             let (entry_id, fresh) = match reuse {
                 Some(id) => (id, false),
                 None => {
                     if let Some(old) = existing {
+                        // Cannot be (values are immutable while held); not trusted.
                         st.by_key.remove(key);
                         detach_locked(&mut st, old);
                     }
@@ -381,7 +416,7 @@ impl ShmArena {
                             key: None,
                             offset,
                             span,
-                            source: data.clone(),
+                            len,
                             refs: 0,
                             idle_tick: None,
                         },
@@ -425,7 +460,8 @@ impl ShmArena {
             }
             self.copies.fetch_add(1, Ordering::Relaxed);
             let mut st = self.state.lock();
-            if !st.by_key.contains_key(key) {
+            let unchanged = local_since == Some(st.changes[change_slot(key)]);
+            if unchanged && !st.by_key.contains_key(key) {
                 if let Some(e) = st.entries.get_mut(&entry_id) {
                     e.key = Some(key.clone());
                     st.by_key.insert(key.clone(), entry_id);
@@ -673,9 +709,14 @@ mod tests {
         let a = ShmArena::new(1 << 20).expect("arena");
         let s = a.open_session().expect("session");
         let b = block(100_000, 1);
-        let l1 = a.lease(s, &key(1), &b).expect("lease");
+        let seen = a.changes(&key(1));
+        let l1 = a.lease(s, &key(1), &b, Some(seen)).expect("lease");
         assert_eq!(a.read(&l1), b.to_vec());
-        let l2 = a.lease(s, &key(1), &b).expect("again");
+        // Another buffer of the same bytes (read from disk): the same copy.
+        let b_again = Bytes::copy_from_slice(&b);
+        let l2 = a
+            .lease(s, &key(1), &b_again, Some(a.changes(&key(1))))
+            .expect("again");
         assert_eq!(
             (l2.offset, a.stats().copies),
             (l1.offset, 1),
@@ -683,12 +724,66 @@ mod tests {
         );
         a.release(s, l1.id);
         a.release(s, l2.id);
-        // The engine hands another buffer for the key (evicted and put again): a fresh
-        // copy, never the stale one.
+        // The key is put again with other bytes (after an eviction): the store drops
+        // the copy first, and the next Get copies afresh, never the stale one.
+        a.forget(&key(1));
         let b2 = block(100_000, 2);
-        let l3 = a.lease(s, &key(1), &b2).expect("fresh");
+        let l3 = a
+            .lease(s, &key(1), &b2, Some(a.changes(&key(1))))
+            .expect("fresh");
         assert_eq!(a.read(&l3), b2.to_vec());
         assert_eq!(a.stats().copies, 2);
+        let l4 = a
+            .lease(s, &key(1), &b2, Some(a.changes(&key(1))))
+            .expect("reused");
+        assert_eq!((l4.offset, a.stats().copies), (l3.offset, 2));
+    }
+
+    /// A Get that fetched the old bytes before a store of new ones (the key evicted and
+    /// put again meanwhile) serves its own bytes, but its copy does not become the
+    /// key's: the next Get, of the new bytes, is not handed the old ones. Nor does a
+    /// block fetched from a peer become the key's copy, nor is it served from one.
+    #[test]
+    fn a_copy_made_across_a_change_is_never_reused() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("session");
+        let old = block(50_000, 1);
+        let new = block(50_000, 2);
+        let seen = a.changes(&key(1));
+        a.forget(&key(1)); // the new bytes are stored
+        let l1 = a.lease(s, &key(1), &old, Some(seen)).expect("lease");
+        assert_eq!(a.read(&l1), old.to_vec(), "its own bytes");
+        let l2 = a
+            .lease(s, &key(1), &new, Some(a.changes(&key(1))))
+            .expect("lease");
+        assert_eq!(a.read(&l2), new.to_vec(), "not the old copy");
+        assert_eq!(a.stats().copies, 2);
+        let remote = block(50_000, 3);
+        let l3 = a.lease(s, &key(1), &remote, None).expect("lease");
+        assert_eq!(a.read(&l3), remote.to_vec(), "a peer's bytes, copied");
+        let l4 = a
+            .lease(s, &key(1), &new, Some(a.changes(&key(1))))
+            .expect("lease");
+        assert_eq!((l4.offset, a.read(&l4)), (l2.offset, new.to_vec()));
+        for l in [l1, l2, l3, l4] {
+            a.release(s, l.id);
+        }
+        let st = a.state.lock();
+        assert_eq!(st.entries.len(), 1, "only the key's copy stays");
+    }
+
+    /// The arena holds no buffer of the engine's: a block the engine dropped is freed
+    /// whatever the arena keeps of it.
+    #[test]
+    fn the_arena_keeps_no_engine_buffer_alive() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("session");
+        let b = block(100_000, 4);
+        let l = a
+            .lease(s, &key(4), &b, Some(a.changes(&key(4))))
+            .expect("lease");
+        a.release(s, l.id);
+        assert!(b.is_unique(), "the arena holds no reference to the buffer");
     }
 
     #[test]
@@ -697,20 +792,25 @@ mod tests {
         let a = ShmArena::new(1 << 20).expect("arena");
         let s1 = a.open_session().expect("s1");
         let blocks: Vec<Bytes> = (0..4).map(|i| block(250 << 10, i)).collect();
-        let l0 = a.lease(s1, &key(0), &blocks[0]).expect("first");
+        let l0 = a.lease(s1, &key(0), &blocks[0], Some(0)).expect("first");
         assert!(
-            a.lease(s1, &key(1), &blocks[1]).is_none(),
+            a.lease(s1, &key(1), &blocks[1], Some(0)).is_none(),
             "past the session's quarter of the arena"
         );
         // Other sessions fill the rest; the arena then has no room while all is leased.
         let mut held = Vec::new();
         for i in 1..4u8 {
             let s = a.open_session().expect("session");
-            held.push((s, a.lease(s, &key(i), &blocks[i as usize]).expect("fits")));
+            held.push((
+                s,
+                a.lease(s, &key(i), &blocks[i as usize], Some(0))
+                    .expect("fits"),
+            ));
         }
         let s5 = a.open_session().expect("s5");
         assert!(
-            a.lease(s5, &key(9), &block(250 << 10, 9)).is_none(),
+            a.lease(s5, &key(9), &block(250 << 10, 9), Some(0))
+                .is_none(),
             "all leased"
         );
         assert!(a.stats().fallbacks >= 2);
@@ -721,7 +821,7 @@ mod tests {
         // A session that ends releases its leases: its range can be reused.
         a.close_session(held[0].0);
         let l9 = a
-            .lease(s5, &key(9), &block(250 << 10, 9))
+            .lease(s5, &key(9), &block(250 << 10, 9), Some(0))
             .expect("room now");
         assert_eq!(a.read(&l9), block(250 << 10, 9).to_vec());
         assert_eq!(
@@ -741,7 +841,7 @@ mod tests {
         assert!(more.iter().all(Result::is_ok));
         assert!(a.open_session().is_err(), "sessions are bounded");
         let leased = (0..100u8)
-            .filter(|i| a.lease(s, &key(*i), &block(1024, *i)).is_some())
+            .filter(|i| a.lease(s, &key(*i), &block(1024, *i), Some(0)).is_some())
             .count();
         assert_eq!(leased, 64);
         assert_eq!(a.stats().leased_bytes, 256 << 10);
@@ -752,7 +852,10 @@ mod tests {
         let a = ShmArena::new(1 << 20).expect("arena");
         let s = a.open_session().expect("s");
         let ls: Vec<Lease> = (0..3)
-            .map(|i| a.lease(s, &key(i), &block(50_000, i)).expect("lease"))
+            .map(|i| {
+                a.lease(s, &key(i), &block(50_000, i), Some(0))
+                    .expect("lease")
+            })
             .collect();
         a.forget(&key(1));
         for l in &ls {
@@ -816,7 +919,9 @@ mod tests {
         assert_eq!(client.size(), 1 << 20);
         assert!(arena.has_session(client.session()));
         let b = block(10_000, 3);
-        let l = arena.lease(client.session(), &key(3), &b).expect("lease");
+        let l = arena
+            .lease(client.session(), &key(3), &b, Some(0))
+            .expect("lease");
         assert_eq!(client.read(l.offset, l.len).expect("in range"), &b[..]);
         client.release(l.id).await.expect("release");
         let session = client.session();

@@ -134,3 +134,57 @@ async fn batch_lease_without_a_live_session_is_refused() {
     assert!(!b.is_shared());
     assert_eq!(&b[..], &pattern(4000, 1)[..]);
 }
+
+/// Values are immutable only while the cache holds them: a key evicted and put again
+/// with other bytes is read as the new bytes through the arena, never as the copy the
+/// arena kept of the old ones after their leases ended.
+#[tokio::test]
+async fn a_key_evicted_and_put_again_is_read_fresh_through_the_arena() {
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(2 << 20)))
+        .build()
+        .expect("engine");
+    let d = serve_locally(KvService::new(
+        engine,
+        ServerConfig {
+            shm_bytes: 16 << 20,
+            ..Default::default()
+        },
+    ));
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let arena = d.service.shm_arena().expect("arena");
+    let old = pattern(500_000, 1);
+    c.put(NS, b"k", Bytes::from(old.clone()))
+        .await
+        .expect("put");
+    c.attach_shm(&d.side).await.expect("attach");
+    let got = c.get_blocks(NS, &[b"k"]).await.expect("get_blocks");
+    let block = got[0].as_ref().expect("hit");
+    assert!(block.is_shared());
+    assert_eq!(&block[..], &old[..]);
+    drop(got);
+    wait_until("the lease's release", || arena.stats().leased_bytes == 0).await;
+    for i in 0..8u8 {
+        c.put(NS, &[b'f', i], Bytes::from(pattern(500_000, 10 + i)))
+            .await
+            .expect("put");
+    }
+    assert!(
+        c.get(NS, b"k").await.expect("get").is_none(),
+        "evicted by the others"
+    );
+    let new = pattern(500_000, 2);
+    c.put(NS, b"k", Bytes::from(new.clone()))
+        .await
+        .expect("put");
+    for _ in 0..2 {
+        let got = c.get_blocks(NS, &[b"k"]).await.expect("get_blocks");
+        let block = got[0].as_ref().expect("hit");
+        assert!(block.is_shared());
+        assert_eq!(
+            &block[..],
+            &new[..],
+            "the new bytes, not the arena's old copy"
+        );
+    }
+}

@@ -57,6 +57,7 @@ impl KvCache for KvService {
             }
             let estimate = self.get_size_estimate(&ns);
             held.cover(estimate).await?;
+            let since = self.inner.shm.as_ref().map(|a| a.changes(&key));
             let (data, tier) = self
                 .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
                 .await?
@@ -68,11 +69,11 @@ impl KvCache for KvService {
             } else {
                 held.shrink_to(size);
             }
-            Ok(Served::Bytes(key, data, tier))
+            Ok(Served::Bytes(key, data, tier, tier.and(since)))
         }
         .await;
-        let (key, data, tier) = match self.reject(r)? {
-            Served::Bytes(key, data, tier) => (key, data, tier),
+        let (key, data, tier, local_since) = match self.reject(r)? {
+            Served::Bytes(key, data, tier, since) => (key, data, tier, since),
             Served::Device((lease, handle, size)) => {
                 let msg = pb::GetResponse {
                     size,
@@ -99,7 +100,7 @@ impl KvCache for KvService {
         }
         // Same host, attached to the arena: a lease on the block instead of its bytes.
         let lease = match (&self.inner.shm, session) {
-            (Some(arena), Some(s)) => arena.lease(s, &key, &data),
+            (Some(arena), Some(s)) => arena.lease(s, &key, &data, local_since),
             _ => None,
         };
         // Inline bytes: the response holds the block (a private copy when it came from
@@ -240,13 +241,14 @@ impl KvCache for KvService {
         // One block at a time: the batch holds no block beyond what the cache holds
         // except the one being copied into the arena.
         for (key, hash) in keys.iter().zip(&req.hashes) {
+            let since = arena.changes(key);
             let fetched = self
                 .fetch_routed(&req.namespace, &ns, key, hash, &fwd)
                 .await;
             let entry = match self.reject(fetched)? {
-                Some((data, _)) => {
+                Some((data, tier)) => {
                     let size = data.len() as u64;
-                    match arena.lease(session, key, &data) {
+                    match arena.lease(session, key, &data, tier.map(|_| since)) {
                         Some(l) => {
                             granted.push(l.id);
                             pb::LeasedBlock {

@@ -403,7 +403,9 @@ fn fnv1a(b: &[u8]) -> u64 {
 /// What a Get serves: the block's bytes (inline or leased in the arena), or a device
 /// handle (lease id, handle wire bytes, size).
 enum Served {
-    Bytes(CacheKey, Bytes, Option<TierKind>),
+    /// The block, the tier it was read from, and, when it was read from this node's
+    /// tiers, the key's arena change count noted before the read (`ShmArena::lease`).
+    Bytes(CacheKey, Bytes, Option<TierKind>, Option<u64>),
     Device((u64, Vec<u8>, u64)),
 }
 

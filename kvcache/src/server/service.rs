@@ -576,6 +576,11 @@ impl KvService {
                 drop(slot);
                 return Ok(());
             }
+            // The arena's copy of an earlier value goes first (values are immutable
+            // only while held: this key may have been evicted and now hold others).
+            if let Some(arena) = &inner.shm {
+                arena.forget(&key);
+            }
             let stored = inner.engine.put(&key, data, &ctx).await;
             if stored.is_ok() {
                 if let Some(c) = charge.as_mut() {
