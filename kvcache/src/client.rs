@@ -98,6 +98,8 @@ pub struct KvClient {
     /// The attached shared-memory arena and its session id (same host only).
     shm: Option<Arc<crate::shm_client::ShmClient>>,
     shm_session: Option<MetadataValue<tonic::metadata::Ascii>>,
+    /// The side socket attached to, to attach again after the daemon restarts.
+    shm_path: Option<std::path::PathBuf>,
     /// Ask for device handles of GPU-tier blocks ([`Self::want_device_handles`]).
     want_device: bool,
 }
@@ -247,6 +249,7 @@ impl KvClient {
             origin,
             shm: None,
             shm_session: None,
+            shm_path: None,
             want_device: false,
         })
     }
@@ -307,6 +310,8 @@ impl KvClient {
     /// Attaches to the daemon's shared-memory arena (its side socket, `kv-shm.sock`
     /// beside `kv.sock`): later Gets of this client are answered with leased ranges of
     /// the arena where possible ([`Self::get_block`]), without a copy through the socket.
+    /// After the daemon restarts (its sessions are gone), [`Self::get_blocks`] attaches
+    /// again at the same socket, or, when that fails, fetches blocks as bytes.
     pub async fn attach_shm(&mut self, side_socket: &std::path::Path) -> Result<()> {
         let shm = crate::shm_client::ShmClient::connect(side_socket).await?;
         self.shm_session = Some(
@@ -314,7 +319,22 @@ impl KvClient {
                 .map_err(|_| KvError::Config("session id as metadata".into()))?,
         );
         self.shm = Some(Arc::new(shm));
+        self.shm_path = Some(side_socket.to_path_buf());
         Ok(())
+    }
+
+    /// The daemon no longer holds this client's session: attach again, or go on
+    /// without the arena when that fails (blocks come as bytes). Blocks leased from the
+    /// old arena stay readable (they hold its mapping).
+    async fn attach_again(&mut self) {
+        let Some(path) = self.shm_path.clone() else {
+            return;
+        };
+        if let Err(e) = self.attach_shm(&path).await {
+            tracing::warn!(path = %path.display(), "the shared-memory session ended and attaching again failed ({e}); blocks now come as bytes");
+            self.shm = None;
+            self.shm_session = None;
+        }
     }
 
     /// After [`Self::attach_shm`]: ask for device handles of blocks resident in the
@@ -451,14 +471,28 @@ impl KvClient {
         namespace: &str,
         hashes: &[impl AsRef<[u8]>],
     ) -> Result<Vec<Option<Block>>> {
-        let (Some(shm), Some(session)) = (self.shm.clone(), self.shm_session.clone()) else {
-            let got = self.batch_get(namespace, hashes).await?;
-            return Ok(got.into_iter().map(|b| b.map(Block::Inline)).collect());
+        let mut attached_again = false;
+        let (shm, answer) = loop {
+            let (Some(shm), Some(session)) = (self.shm.clone(), self.shm_session.clone()) else {
+                let got = self.batch_get(namespace, hashes).await?;
+                return Ok(got.into_iter().map(|b| b.map(Block::Inline)).collect());
+            };
+            let mut req = self.req(pb::BatchGetRequest::named(namespace, hashes));
+            req.metadata_mut()
+                .insert(crate::shm::SHM_SESSION_METADATA, session);
+            match self.inner.batch_lease(req).await {
+                Ok(a) => break (shm, a.into_inner()),
+                Err(s)
+                    if !attached_again
+                        && s.code() == tonic::Code::FailedPrecondition
+                        && s.message() == crate::shm::SESSION_ENDED =>
+                {
+                    attached_again = true;
+                    self.attach_again().await;
+                }
+                Err(s) => return Err(s.into()),
+            }
         };
-        let mut req = self.req(pb::BatchGetRequest::named(namespace, hashes));
-        req.metadata_mut()
-            .insert(crate::shm::SHM_SESSION_METADATA, session);
-        let answer = self.inner.batch_lease(req).await?.into_inner();
         // Each lease is owned by a Block from here on, so any early return releases it.
         let mut leased: Vec<LeaseEntry> = answer
             .blocks

@@ -59,6 +59,10 @@ use strata_gds::sealed_memfd::SealedMemfd;
 /// gRPC metadata naming the caller's shared-memory session (32 hex digits).
 pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
 
+/// What BatchLease answers (FAILED_PRECONDITION) for a session the service does not
+/// hold (it restarted, or the side connection closed): clients attach again on it.
+pub const SESSION_ENDED: &str = "the shared-memory session has ended: attach again";
+
 /// gRPC metadata (any value) asking for a device handle when the block is resident in
 /// the GPU tier (with [`SHM_SESSION_METADATA`]; see the module docs).
 pub const DEVICE_IPC_METADATA: &str = "strata-device-ipc";

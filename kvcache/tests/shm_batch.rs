@@ -188,3 +188,29 @@ async fn a_key_evicted_and_put_again_is_read_fresh_through_the_arena() {
         );
     }
 }
+
+/// A daemon that no longer holds the client's session (it restarted) answers BatchLease
+/// FAILED_PRECONDITION; the client attaches again at the same side socket and reads in
+/// place, instead of failing every Get from then on (black-box finding, Python client).
+#[tokio::test]
+async fn a_client_attaches_again_when_its_session_has_ended() {
+    let d = daemon();
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let v = pattern(200_000, 7);
+    c.put(NS, b"s", Bytes::from(v.clone())).await.expect("put");
+    c.attach_shm(&d.side).await.expect("attach");
+    let arena = d.service.shm_arena().expect("arena");
+    let got = c.get_blocks(NS, &[b"s"]).await.expect("get_blocks");
+    let old_session = match got[0].as_ref().expect("hit") {
+        strata_kvcache::client::Block::Shared { shm, .. } => shm.session(),
+        _ => panic!("leased in place"),
+    };
+    drop(got);
+    arena.close_session(old_session);
+    assert!(!arena.has_session(old_session));
+    let got = c.get_blocks(NS, &[b"s"]).await.expect("attached again");
+    let block = got[0].as_ref().expect("hit");
+    assert!(block.is_shared(), "in place in the arena again");
+    assert_eq!(&block[..], &v[..]);
+    assert_eq!(arena.stats().sessions, 1);
+}

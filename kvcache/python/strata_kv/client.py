@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+import warnings
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
@@ -54,6 +55,9 @@ def _closed(e: ValueError) -> KvError:
 
 #: gRPC metadata naming a shared-memory session (kvcache/src/shm.rs).
 SHM_SESSION_METADATA = "strata-shm-session"
+#: What the daemon answers (FAILED_PRECONDITION) to a call naming a session it does not
+#: hold: it restarted, or closed the side connection (kvcache/src/shm.rs).
+SHM_SESSION_ENDED = "the shared-memory session has ended"
 #: gRPC metadata asking for a device handle of a GPU-tier block (kvcache/src/shm.rs).
 DEVICE_IPC_METADATA = "strata-device-ipc"
 #: The side socket's hello: session (16), arena size (8), device memory size (8), then
@@ -221,13 +225,11 @@ class KvClient:
             except BaseException:
                 self._channel.close()
                 raise
+        self._shm_path = shm or None
         self._metadata = tuple(md) or None
-        self._get_metadata = self._metadata
-        self._device_metadata = self._metadata
-        if self._arena is not None:
-            self._get_metadata = tuple(md) + ((SHM_SESSION_METADATA, self._arena.session),)
-            self._device_metadata = self._get_metadata + ((DEVICE_IPC_METADATA, "1"),)
         self._timeout = timeout
+        self._attach_lock = threading.Lock()
+        self._use_arena(self._arena)
         # Whether the daemon answers BatchLease (one call for a batch of arena leases);
         # cleared the first time one answers UNIMPLEMENTED.
         self._batch_lease = True
@@ -242,6 +244,31 @@ class KvClient:
         return None
 
     # -- plumbing ---------------------------------------------------------------------
+
+    def _use_arena(self, arena: Optional[_ShmArena]) -> None:
+        """Gets name ``arena``'s session (None: no arena, blocks come as bytes)."""
+        md = self._metadata or ()
+        get_md = md + ((SHM_SESSION_METADATA, arena.session),) if arena is not None else md
+        self._get_metadata = get_md or None
+        self._device_metadata = (get_md + ((DEVICE_IPC_METADATA, "1"),)) if arena is not None else self._metadata
+        self._arena = arena
+
+    def _reattach(self, ended: _ShmArena) -> None:
+        """The daemon no longer holds ``ended``'s session (it restarted): attach again at
+        the same side socket, once for all threads that saw it. Views into the old arena
+        stay readable (their mapping is their own). When attaching fails (the daemon now
+        runs without an arena, or is not back yet), Gets go on as bytes."""
+        with self._attach_lock:
+            if self._arena is not ended:
+                return  # another thread attached already
+            try:
+                arena = _ShmArena(self._shm_path, self._timeout)
+            except (OSError, ValueError) as e:
+                warnings.warn(f"strata_kv: the shared-memory session ended and attaching again "
+                              f"at {self._shm_path} failed ({e}); blocks now come as bytes")
+                arena = None
+            self._use_arena(arena)
+            ended.close()
 
     def _call(self, method, request, timeout: Optional[float] = None):
         try:
@@ -307,12 +334,12 @@ class KvClient:
         load of 16 pages over the arena took 22 ms against 4 ms for one batched Get over
         TCP). A failure releases the views already taken and raises."""
         ns = self._ns(namespace)
-        md = self._device_metadata if device else self._get_metadata
         bound = self._timeout if timeout is None else timeout
         if self._arena is not None and not device and self._batch_lease and keys:
             views = self._leased_views(keys, ns, bound)
             if views is not None:
                 return views
+        md = self._device_metadata if device else self._get_metadata
         try:
             streams = [
                 self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=bound, metadata=md)
@@ -339,17 +366,25 @@ class KvClient:
         by Get, as bytes). None when the daemon predates BatchLease (the caller falls back
         to one Get per key)."""
         deadline = None if bound is None else time.monotonic() + bound
-        try:
-            answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
-                                           timeout=bound, metadata=self._get_metadata)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self._batch_lease = False
-                return None
-            raise _wrap(e) from None
-        except ValueError as e:
-            raise _closed(e) from None
-        arena = self._arena
+        for attempt in (0, 1):
+            arena = self._arena
+            if arena is None:
+                return None  # attaching again failed: Gets as bytes
+            try:
+                answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
+                                               timeout=bound, metadata=self._get_metadata)
+                break
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._batch_lease = False
+                    return None
+                if (attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION
+                        and SHM_SESSION_ENDED in (e.details() or "")):
+                    self._reattach(arena)
+                    continue
+                raise _wrap(e) from None
+            except ValueError as e:
+                raise _closed(e) from None
         views: List[Optional[BlockView]] = []
         # Every lease answered is owned by a view from here on, so any failure below
         # releases them all.

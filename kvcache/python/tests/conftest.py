@@ -50,36 +50,54 @@ def freeze(pid, timeout_s=10.0):
     raise AssertionError(f"daemon {pid} did not stop within {timeout_s} s")
 
 
-@contextlib.contextmanager
-def strata_serve(extra_args, config_text=None):
-    """Runs `strata serve` with a fresh cache dir; yields its endpoints."""
+def strata_binary():
+    """$STRATA_BIN, default <repo>/target/debug/strata; a missing one fails the test."""
     binary = os.environ.get("STRATA_BIN", str(REPO / "target" / "debug" / "strata"))
     if not os.path.exists(binary):
         pytest.fail(f"{binary} not found: run `cargo build -p strata-tools` or set STRATA_BIN")
+    return binary
+
+
+def start_serve(cache_dir, extra_args=(), config_path=None, memory="256MiB", disk="0"):
+    """Starts `strata serve` on ``cache_dir``; (process, endpoints) once it is ready."""
+    cmd = [strata_binary(), "serve", "--cache-dir", cache_dir, "--listen", "127.0.0.1:0",
+           "--admin", "127.0.0.1:0", "--memory", memory, "--disk", disk, *extra_args]
+    if config_path is not None:
+        cmd += ["--config", config_path]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    endpoints = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"strata serve exited with {proc.wait()}")
+            parts = line.split()
+            if parts == ["ready"]:
+                break
+            endpoints[" ".join(parts[:-1])] = parts[-1]
+        else:
+            raise RuntimeError("strata serve not ready within 30 s")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, {"tcp": endpoints["kv tcp"], "unix": "unix://" + endpoints["kv unix"],
+                  "admin": endpoints["admin"], "pid": proc.pid}
+
+
+@contextlib.contextmanager
+def strata_serve(extra_args, config_text=None):
+    """Runs `strata serve` with a fresh cache dir; yields its endpoints."""
     with tempfile.TemporaryDirectory(prefix="strata-pytest-") as d:
-        cmd = [binary, "serve", "--cache-dir", os.path.join(d, "cache"), "--listen", "127.0.0.1:0",
-               "--admin", "127.0.0.1:0", "--memory", "256MiB", "--disk", "0", *extra_args]
+        config_path = None
         if config_text is not None:
-            path = os.path.join(d, "strata.toml")
-            with open(path, "w") as f:
+            config_path = os.path.join(d, "strata.toml")
+            with open(config_path, "w") as f:
                 f.write(config_text)
-            cmd += ["--config", path]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        endpoints = {}
-        deadline = time.monotonic() + 30
+        proc, endpoints = start_serve(os.path.join(d, "cache"), extra_args, config_path)
         try:
-            while time.monotonic() < deadline:
-                line = proc.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"strata serve exited with {proc.wait()}")
-                parts = line.split()
-                if parts == ["ready"]:
-                    break
-                endpoints[" ".join(parts[:-1])] = parts[-1]
-            else:
-                raise RuntimeError("strata serve not ready within 30 s")
-            yield {"tcp": endpoints["kv tcp"], "unix": "unix://" + endpoints["kv unix"], "admin": endpoints["admin"],
-                   "pid": proc.pid}
+            yield endpoints
         finally:
             proc.send_signal(signal.SIGCONT)  # a test may have frozen it
             proc.send_signal(signal.SIGTERM)

@@ -2,12 +2,15 @@
 
 import json
 import os
+import signal
+import tempfile
 import urllib.request
 
 import grpc
 import pytest
 
 from strata_kv import KvClient, KvError, chain_hashes_v1
+from conftest import start_serve
 
 
 def blob(n, seed):
@@ -261,3 +264,38 @@ def test_a_closed_client_raises_kv_error(server):
             call()
         assert e.value.code == grpc.StatusCode.CANCELLED
         assert "closed" in e.value.message
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_shm_client_attaches_again_after_the_daemon_restarts(sig):
+    """Black-box finding: after `strata serve` restarted on the same cache dir, a client
+    attached to the arena (as the vLLM connector and the SGLang backend are) saw exists()
+    true but every get fail with FAILED_PRECONDITION "the shared-memory session has
+    ended" for good. It now attaches again and reads in place, the blocks the disk tier
+    kept byte-exact."""
+    blocks = {b"r-%d" % i: os.urandom((256 << 10) + i) for i in range(4)}
+    with tempfile.TemporaryDirectory(prefix="strata-pytest-") as d:
+        cache = os.path.join(d, "cache")
+        tiers = {"memory": "16MiB", "disk": "64MiB"}
+        proc, ep = start_serve(cache, **tiers)
+        try:
+            with KvClient(ep["unix"], namespace="restart/ns", shm=True) as c:
+                for k, v in blocks.items():
+                    c.put(k, v)
+                view = c.get_view(b"r-0")
+                assert view.shared and view.data == blocks[b"r-0"]
+                view.release()
+                proc.send_signal(sig)
+                proc.wait(timeout=15)
+                proc, ep2 = start_serve(cache, **tiers)
+                assert ep2["unix"] == ep["unix"]
+                for k, v in blocks.items():
+                    assert c.get(k) == v
+                views = c.get_views(list(blocks))
+                assert all(v.shared for v in views), "read in place in the new arena"
+                assert [bytes(v.data) for v in views] == list(blocks.values())
+                for v in views:
+                    v.release()
+        finally:
+            proc.kill()
+            proc.wait()

@@ -229,9 +229,7 @@ impl KvCache for KvService {
             ));
         };
         if !arena.has_session(session) {
-            return Err(Status::failed_precondition(
-                "the shared-memory session has ended: attach again",
-            ));
+            return Err(Status::failed_precondition(crate::shm::SESSION_ENDED));
         }
         let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         // Leases granted so far go back if this call fails or is dropped (the client
