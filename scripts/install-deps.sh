@@ -17,7 +17,9 @@ if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 #  etcd-server      /usr/bin/etcd for the cache group's membership tests (issue 16); the
 #                   tests start their own on loopback ports, so the packaged service is
 #                   stopped and disabled below
-apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace g++ libssl-dev etcd-server)
+#  e2fsprogs        mkfs.ext4: a disk-tier test fills a loop-mounted ext4 past its
+#                   reserved blocks (installed on Debian already; named to be sure)
+apt_pkgs=(fuse3 librocksdb-dev libclang-dev clang protobuf-compiler pkg-config strace g++ libssl-dev etcd-server e2fsprogs)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

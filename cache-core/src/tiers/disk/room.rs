@@ -56,14 +56,23 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
         }
     }
     files.sort();
-    let (mut deleted, mut gained) = (0u64, 0u64);
+    // What a deletion gives back is measured, not summed from file lengths: a
+    // filesystem filled by root first refills its reserved blocks (5% on ext4), so
+    // 7.7 MB of deleted blocks once raised the free space by 5.8 MB and the start was
+    // refused (crash finding); block files may also take more or less than their length.
+    let (mut free, mut deleted, mut gained, mut total) = (free, 0u64, 0u64, 0u64);
     for (_, len, path) in files {
         if free + gained >= OPEN_ROOM {
-            break;
+            free = free_bytes(dir)?;
+            gained = 0;
+            if free >= OPEN_ROOM {
+                break;
+            }
         }
         if std::fs::remove_file(&path).is_ok() {
             deleted += 1;
             gained += len;
+            total += len;
         }
     }
     let free = free_bytes(dir)?;
@@ -77,7 +86,7 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
             OPEN_ROOM >> 10
         )));
     }
-    tracing::warn!(dir = %dir.display(), deleted, freed_kib = gained >> 10,
+    tracing::warn!(dir = %dir.display(), deleted, freed_kib = total >> 10,
         "the cache dir's filesystem was full; deleted the oldest cached blocks so the index can open");
     Ok(deleted)
 }
