@@ -217,6 +217,31 @@ impl PassthroughStore {
         })
     }
 
+    /// Deletes the least recently opened copies until `enough()` (or none is left); the
+    /// number deleted. For a start on a full filesystem: the disk tier's index needs
+    /// room to open, and copies are a cache (crash finding: a mount whose passthrough
+    /// copies had filled its cache dir's filesystem was refused at every restart).
+    pub fn evict_until(&self, mut enough: impl FnMut() -> bool) -> usize {
+        let mut deleted = 0;
+        while !enough() {
+            let victim = {
+                let mut st = self.state.lock();
+                let Some((_, name)) = st.lru.pop_first() else {
+                    break;
+                };
+                st.copies.remove(&name).map(|c| {
+                    st.bytes -= footprint(c.size);
+                    (name, c.crc)
+                })
+            };
+            if let Some((name, crc)) = victim {
+                remove_copy(&self.dir, &name, crc);
+                deleted += 1;
+            }
+        }
+        deleted
+    }
+
     /// Bytes the copies and the staged files may take together.
     pub fn budget(&self) -> u64 {
         self.budget
@@ -560,6 +585,27 @@ mod tests {
         assert!(s.get(&names[0], 4096).is_none(), "the oldest went");
         assert!(s.get(&names[5], 4096).is_some(), "the newest stayed");
         assert_eq!(fs::read_dir(dir.path()).expect("read_dir").count(), 2);
+    }
+
+    /// At a start on a full filesystem the oldest copies go until there is room.
+    #[test]
+    fn evict_until_deletes_the_oldest_copies_until_enough() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 20);
+        let names: Vec<String> = (0..5)
+            .map(|i| PassthroughStore::name("", &format!("f{i}"), "v", 4096))
+            .collect();
+        for n in &names {
+            assert!(s.begin(n, 4096));
+            s.write(n, &[3u8; 4096]).expect("write");
+        }
+        let files = |d: &Path| fs::read_dir(d).expect("read_dir").count();
+        assert_eq!(s.evict_until(|| files(dir.path()) <= 3), 2);
+        assert!(s.get(&names[0], 4096).is_none() && s.get(&names[1], 4096).is_none());
+        assert!(s.get(&names[2], 4096).is_some(), "no more than needed");
+        assert_eq!(s.bytes(), 3 * 4096);
+        assert_eq!(s.evict_until(|| false), 3, "stops when none is left");
+        assert_eq!((s.len(), files(dir.path())), (0, 0));
     }
 
     /// Black-box finding: a copy changed while the daemon ran was served as is (it

@@ -122,6 +122,24 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     }
     let passthrough_budget = passthrough_share(disk_bytes);
     let tier_bytes = disk_bytes - passthrough_budget;
+    let local_files = if passthrough_budget > 0 {
+        let dir = cache_dir.join("passthrough");
+        let store = PassthroughStore::open(&dir, passthrough_budget)
+            .with_context(|| format!("opening the passthrough copies in {}", dir.display()))?;
+        Some(Arc::new(store))
+    } else {
+        None
+    };
+    // On a filesystem full of copies, the disk tier's index could not open (it deletes
+    // only its own blocks to make room): the oldest copies go first.
+    if let (Some(store), true) = (&local_files, tier_bytes > 0) {
+        use strata_cache_core::tiers::disk::{free_bytes, OPEN_ROOM};
+        let deleted = store.evict_until(|| free_bytes(&cache_dir).map_or(true, |f| f >= OPEN_ROOM));
+        if deleted > 0 {
+            tracing::warn!(dir = %cache_dir.display(), deleted,
+                "the cache dir's filesystem was full; deleted the oldest passthrough copies so the disk tier can open");
+        }
+    }
     let disk = if tier_bytes > 0 {
         let d = Arc::new(
             open_disk_tier(&cache_dir.join("blocks"), tier_bytes)
@@ -129,14 +147,6 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         );
         levels.push(level(d.clone(), tier_bytes)?);
         Some(d)
-    } else {
-        None
-    };
-    let local_files = if passthrough_budget > 0 {
-        let dir = cache_dir.join("passthrough");
-        let store = PassthroughStore::open(&dir, passthrough_budget)
-            .with_context(|| format!("opening the passthrough copies in {}", dir.display()))?;
-        Some(Arc::new(store))
     } else {
         None
     };
@@ -202,10 +212,15 @@ fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
             }
         }
     }
-    // Our pid, for the message a second daemon gets.
-    file.set_len(0)?;
-    file.rewind()?;
-    write!(file, "{}", std::process::id())?;
+    // Our pid, for the message a second daemon gets; the lock is what counts, so a
+    // full filesystem (no block for the pid) does not stop the start.
+    let pid = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "{}", std::process::id()));
+    if let Err(e) = pid {
+        tracing::warn!(path = %path.display(), "could not write the daemon's pid: {e}");
+    }
     Ok(file)
 }
 
@@ -305,6 +320,59 @@ mod tests {
             disk: "4MiB".into(),
             ..CacheConfig::default()
         }
+    }
+
+    /// Crash finding: a mount whose passthrough copies had filled its cache dir's
+    /// filesystem was refused at every restart (the disk tier deletes only its own
+    /// blocks to make room for its index). The oldest copies now go first. Needs root
+    /// for the tmpfs, as CI runs it.
+    #[test]
+    fn a_cache_dir_full_of_passthrough_copies_still_opens() {
+        use std::process::Command;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs (the test needs root, as CI runs it)");
+        struct Unmount<'a>(&'a std::path::Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = Command::new("umount").arg("-l").arg(self.0).status();
+            }
+        }
+        let _unmount = Unmount(dir.path());
+        let cache_dir = dir.path().join("cache");
+        let copies = cache_dir.join("passthrough");
+        let mut written = 0;
+        {
+            let store = PassthroughStore::open(&copies, 1 << 30).expect("copies");
+            for i in 0.. {
+                let name = PassthroughStore::name("", &format!("f{i}"), "v", 1 << 20);
+                if !store.begin(&name, 1 << 20) || store.write(&name, &[1u8; 1 << 20]).is_err() {
+                    store.abort(&name);
+                    break;
+                }
+                written += 1;
+            }
+        }
+        let free = strata_cache_core::tiers::disk::free_bytes(dir.path()).expect("statvfs");
+        assert!(
+            free < strata_cache_core::tiers::disk::OPEN_ROOM,
+            "full: {free}"
+        );
+        let core = open_core(&CacheConfig {
+            disk: "1GiB".into(),
+            ..cfg(&cache_dir)
+        })
+        .expect("opens on a filesystem full of its own copies");
+        let left = core.local_files.as_ref().expect("copies").len();
+        assert!(
+            left > 0 && left < written,
+            "{left} of {written} copies kept"
+        );
+        assert!(core.disk.is_some());
     }
 
     /// A second daemon on a cache dir is refused, also one without a disk tier (which

@@ -100,6 +100,7 @@
 
 pub mod format;
 mod room;
+pub use room::{free_bytes, OPEN_ROOM};
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
