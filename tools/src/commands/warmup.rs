@@ -155,6 +155,17 @@ pub fn warmup(
     jobs: usize,
     progress: bool,
 ) -> anyhow::Result<WarmupReport> {
+    // Black-box finding: a plain local file "warmed" (read whole, exit 0), and a store's
+    // own folder read by mistake reported 6.5 GB warmed into nothing.
+    for p in paths {
+        std::fs::metadata(p).with_context(|| format!("stat {}", p.display()))?;
+        if cache_bytes(p).is_none() {
+            anyhow::bail!(
+                "{} is not inside a Strata mount: warmup reads files through a mount to                  cache them (give a path under the mountpoint of `strata mount` or `strata                  serve`)",
+                p.display()
+            );
+        }
+    }
     let files = collect(paths, recursive)?;
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let n_files = files.len() as u64;
@@ -257,6 +268,10 @@ mod tests {
         assert_eq!(cache_bytes(mnt.path()), Some(64 << 20));
         assert_eq!(cache_bytes(&mnt.path().join("d1/f1")), Some(64 << 20));
         assert_eq!(cache_bytes(src.path()), None);
+        let e = warmup(&[src.path().join("d1/f1")], false, 1, false)
+            .expect_err("not a mount")
+            .to_string();
+        assert!(e.contains("not inside a Strata mount"), "{e}");
         assert!(over_capacity(65 << 20, Some(64 << 20)).is_some());
         assert!(over_capacity(64 << 20, Some(64 << 20)).is_none());
         assert!(over_capacity(65 << 20, None).is_none());
