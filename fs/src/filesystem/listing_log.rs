@@ -10,6 +10,13 @@
 //! store did not answer the mount's first listing ([`super::FsCore::preload_listings`]):
 //! a store that answers is listed afresh, as before, and its changes are seen.
 //!
+//! Changes the mount makes (an upload, a removal, a rename) are logged too, in order
+//! after the listings they change (crash finding: after `rm b`, `mv c c2` and an
+//! overwrite of `a`, a restart with the store silent listed `a b c` again and served `a`'s
+//! replaced bytes): a start with the store down sees the mount as it last left it.
+//! Lines are written in the order they happen (one small append each), so a change is
+//! never overtaken by a listing fetched before it.
+//!
 //! A line torn by a crash fails to parse and is skipped (the directory is listed from the
 //! store again, or is missing while the store is down); the log is bounded by the
 //! listings fetched (each directory once per mount's life with an indefinite TTL, until
@@ -20,7 +27,6 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use serde_json::{json, Value};
 use strata_cache_core::ObjectInfo;
 
@@ -37,7 +43,7 @@ pub(super) struct Logged {
 
 /// The log of one mount (see the module docs).
 pub(super) struct ListingLog {
-    file: Arc<Mutex<std::fs::File>>,
+    file: std::fs::File,
     path: PathBuf,
 }
 
@@ -59,6 +65,21 @@ impl ListingLog {
                     Some(Line::File(obj)) => {
                         latest.files.insert(obj.path.to_string(), obj);
                     }
+                    Some(Line::Set(dir, name, obj)) => {
+                        if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
+                            match entries.iter_mut().find(|(n, _)| *n == name) {
+                                Some(e) => e.1 = Some(obj.clone()),
+                                None => entries.push((name, Some(obj.clone()))),
+                            }
+                        }
+                        latest.files.insert(obj.path.to_string(), obj);
+                    }
+                    Some(Line::Gone(dir, name, path)) => {
+                        if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
+                            entries.retain(|(n, _)| *n != name);
+                        }
+                        latest.files.remove(&path);
+                    }
                     None => {}
                 }
             }
@@ -79,7 +100,7 @@ impl ListingLog {
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok((
             ListingLog {
-                file: Arc::new(Mutex::new(file)),
+                file,
                 path: path.to_path_buf(),
             },
             latest,
@@ -102,13 +123,26 @@ impl ListingLog {
         self.write_line(file_line(obj));
     }
 
-    fn write_line(&self, line: String) {
-        let (file, path) = (self.file.clone(), self.path.clone());
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = writeln!(file.lock(), "{line}") {
-                tracing::debug!(path = %path.display(), error = %e, "listing not logged");
-            }
-        });
+    /// Appends a change this mount made: `name` of `dir` is now `obj` (uploaded).
+    pub(super) fn append_set(&self, dir: &str, name: &str, obj: &ObjectInfo) {
+        self.write_line(json!({ "set": [dir, name, obj_value(obj)] }).to_string());
+    }
+
+    /// Appends a change this mount made: `name` of `dir` (the object `path`) is gone,
+    /// or its state unknown (then a start with the store down does not serve it).
+    pub(super) fn append_gone(&self, dir: &str, name: &str, path: &str) {
+        self.write_line(json!({ "gone": [dir, name, path] }).to_string());
+    }
+
+    /// One line, appended now by one `write` (the file is `O_APPEND`: lines from
+    /// several threads never interleave, and no lock is taken): a few hundred bytes to
+    /// a local file, no fsync, so that lines keep the order of what they record (see
+    /// the module doc).
+    fn write_line(&self, mut line: String) {
+        line.push('\n');
+        if let Err(e) = (&self.file).write_all(line.as_bytes()) {
+            tracing::debug!(path = %self.path.display(), error = %e, "listing not logged");
+        }
     }
 }
 
@@ -154,12 +188,36 @@ fn file_line(obj: &ObjectInfo) -> String {
 enum Line {
     Dir(String, LoggedListing),
     File(ObjectInfo),
+    /// (dir, name, object): uploaded through the mount.
+    Set(String, String, ObjectInfo),
+    /// (dir, name, path): removed (or renamed away) through the mount.
+    Gone(String, String, String),
 }
 
 fn parse_line(line: &str, block_size: u64) -> Option<Line> {
     let v: Value = serde_json::from_str(line).ok()?;
     if let Some(f) = v.get("file") {
         return obj_of(f.as_array()?, block_size).map(Line::File);
+    }
+    if let Some(s) = v.get("set") {
+        let [dir, name, obj] = s.as_array()?.as_slice() else {
+            return None;
+        };
+        return Some(Line::Set(
+            dir.as_str()?.to_string(),
+            name.as_str()?.to_string(),
+            obj_of(obj.as_array()?, block_size)?,
+        ));
+    }
+    if let Some(g) = v.get("gone") {
+        let [dir, name, path] = g.as_array()?.as_slice() else {
+            return None;
+        };
+        return Some(Line::Gone(
+            dir.as_str()?.to_string(),
+            name.as_str()?.to_string(),
+            path.as_str()?.to_string(),
+        ));
     }
     let dir = v.get("dir")?.as_str()?.to_string();
     let exists = v.get("exists")?.as_bool()?;
@@ -212,8 +270,6 @@ mod tests {
             );
             log.append("", true, vec![("d".into(), None)]);
             log.append_file(&obj("e/opened-by-name", 7));
-            // The appends run on the blocking pool: wait for them.
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -240,5 +296,59 @@ mod tests {
             .lines()
             .count();
         assert_eq!(lines, 3);
+    }
+
+    /// Crash finding: `rm b`, `mv c c2` and an overwrite of `a` through the mount, then a
+    /// restart with the store silent, listed `a b c` again and served `a`'s replaced
+    /// bytes. The changes are logged in order after the listing, and a reopen applies
+    /// them: the log says what the mount last showed.
+    #[test]
+    fn changes_made_through_the_mount_come_back_applied() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m/listings.jsonl");
+        let mut new_a = obj("d/a", 10);
+        new_a.version = Arc::from("\"etag-2\"");
+        {
+            let (log, _) = ListingLog::open(&path, 1 << 20).expect("open");
+            log.append(
+                "d",
+                true,
+                vec![
+                    ("a".into(), Some(obj("d/a", 1))),
+                    ("b".into(), Some(obj("d/b", 1))),
+                    ("c".into(), Some(obj("d/c", 1))),
+                ],
+            );
+            log.append_file(&obj("d/b", 1));
+            log.append_gone("d", "b", "d/b");
+            log.append_gone("d", "c", "d/c");
+            log.append_set("d", "c2", &obj("d/c2", 1));
+            log.append_set("d", "a", &new_a);
+            log.append_set("e", "x", &obj("e/x", 2)); // a directory never listed
+        }
+        for _ in 0..2 {
+            // Once from the appended lines, once more from their compaction.
+            let (_, got) = ListingLog::open(&path, 1 << 20).expect("reopen");
+            let (_, entries) = &got.dirs["d"];
+            let mut names: Vec<_> = entries
+                .iter()
+                .map(|(n, o)| (n.clone(), o.clone()))
+                .collect();
+            names.sort_by(|x, y| x.0.cmp(&y.0));
+            assert_eq!(
+                names,
+                vec![
+                    ("a".to_string(), Some(new_a.clone())),
+                    ("c2".to_string(), Some(obj("d/c2", 1)))
+                ]
+            );
+            assert!(
+                !got.files.contains_key("d/b"),
+                "a removed object is not found by name"
+            );
+            assert_eq!(got.files["d/a"], new_a);
+            assert_eq!(got.files["e/x"], obj("e/x", 2));
+            assert!(!got.dirs.contains_key("e"), "no listing is made up");
+        }
     }
 }

@@ -96,6 +96,14 @@ impl FsCore {
     /// new name list the store again. (Re-inserting restarts the listing's TTL: a
     /// directory written to keeps its listing until the TTL after its last write.)
     pub(super) async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        if let Some(log) = &self.listing_log {
+            match &meta {
+                Some(Meta::File(o)) => log.append_set(dir, name, o),
+                Some(Meta::Missing) | None => log.append_gone(dir, name, path),
+                Some(Meta::Dir) => {}
+            }
+        }
         let Some(meta) = meta else {
             self.listings.invalidate(dir).await;
             return;
@@ -103,7 +111,6 @@ impl FsCore {
         let Some(old) = self.listings.get(dir).await else {
             return;
         };
-        let name = path.rsplit('/').next().unwrap_or(path);
         let mut entries = old.entries.clone();
         let at = entries.binary_search_by(|(n, _)| n.as_str().cmp(name));
         match (at, meta) {
