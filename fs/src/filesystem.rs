@@ -86,6 +86,14 @@ const KERNEL_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Inode number of the mount's root directory (FUSE's fixed root).
 pub const ROOT_INO: u64 = 1;
 
+/// Renamed objects remembered for the handles open on them (`FsCore::moved`): a
+/// rename is remembered only while such a handle exists at its time, so a few suffice;
+/// past this the table starts afresh (a handle then may get ENOENT, as before).
+const MOVED_MAX: usize = 1024;
+
+/// One version of an object: (path, version).
+type VersionKey = (Arc<str>, Arc<str>);
+
 mod listing_log;
 mod namespace;
 mod write;
@@ -655,6 +663,10 @@ pub struct FsCore {
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
+    /// Objects this mount renamed while a handle had them open for reading: (old path,
+    /// version) -> the object now holding those bytes, where such a handle reads what
+    /// is not cached (see `namespace::rename`). At most [`MOVED_MAX`].
+    moved: Mutex<HashMap<VersionKey, Arc<ObjectInfo>>>,
     /// Tells the kernel an inode's cached attributes are stale (set by the FUSE
     /// adapter once mounted; see [`FsCore::set_attr_invalidator`]).
     attr_invalidator: std::sync::OnceLock<AttrInvalidator>,
@@ -824,6 +836,7 @@ impl FsCore {
             next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
+            moved: Mutex::new(HashMap::new()),
             attr_invalidator: std::sync::OnceLock::new(),
             passthrough,
             jobs,
@@ -1526,6 +1539,12 @@ impl FsCore {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let data = match self.reader.read(&h.obj, offset, size as u64, &ctx).await {
             Ok(d) => d,
+            Err(CacheError::NotFound(p)) => match self.moved_to(&h.obj) {
+                // Renamed through this mount while open: the same bytes, under the new
+                // name (a local disk's open file keeps reading after `mv`).
+                Some(now) => self.reader.read(&now, offset, size as u64, &ctx).await?,
+                None => return Err(Error::Cache(CacheError::NotFound(p))),
+            },
             Err(CacheError::Changed(p)) => match self.renew(fh, &h, offset + u64::from(size)).await
             {
                 Some(renewed) => {

@@ -1288,3 +1288,42 @@ async fn a_new_file_never_replaces_an_object_another_writer_created_meanwhile() 
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: a reader of a large object that another process renamed through
+/// the mount (`mv`) got ENOENT for its next bytes not cached yet; on a local disk the
+/// open file reads on. The handle now reads them from the object's new name.
+#[tokio::test]
+async fn a_file_renamed_while_open_for_reading_reads_on() {
+    timed(async {
+        let fx = fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let c = &fx.core;
+        let want = data((64 * BS) as usize, 9);
+        object_store::ObjectStoreExt::put(
+            &*fx.mem,
+            &"data/big".into(),
+            Bytes::from(want.clone()).into(),
+        )
+        .await
+        .expect("seed");
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let big = c.lookup(dir.attr.ino, "big").await.expect("big");
+        let o = c.open(big.attr.ino, false).await.expect("open");
+        let first = c.read(o.fh, 0, BS as u32, 1).await.expect("read");
+        assert_eq!(&first[..], &want[..BS as usize]);
+        c.rename(dir.attr.ino, "big", ROOT_INO, "moved", false)
+            .await
+            .expect("rename");
+        assert!(
+            stored(&fx, "data/big").await.is_none(),
+            "the old key is gone"
+        );
+        let at = 60 * BS;
+        let later = c
+            .read(o.fh, at, BS as u32, 1)
+            .await
+            .expect("reads on after the rename");
+        assert_eq!(&later[..], &want[at as usize..(at + BS) as usize]);
+    })
+    .await
+    .expect("bounded");
+}
