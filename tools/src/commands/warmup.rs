@@ -161,7 +161,8 @@ pub fn warmup(
         std::fs::metadata(p).with_context(|| format!("stat {}", p.display()))?;
         if cache_bytes(p).is_none() {
             anyhow::bail!(
-                "{} is not inside a Strata mount: warmup reads files through a mount to                  cache them (give a path under the mountpoint of `strata mount` or `strata                  serve`)",
+                "{} is not inside a Strata mount: warmup reads files through a mount to cache \
+                 them (give a path under the mountpoint of `strata mount` or `strata serve`)",
                 p.display()
             );
         }
