@@ -485,6 +485,13 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         st.stored_blocks = max(st.stored_blocks, matched)
         self.stats["matched_blocks"] += matched
         matched = self._worth_loading(st.hashes, num_computed_tokens // self.block_size, matched)
+        if self.layerwise:
+            # Loaded in the step that schedules the request, which must compute at least
+            # one token (vLLM asserts it): a prompt held whole leaves its last block to
+            # compute (black-box finding: a repeated prompt of whole blocks killed the
+            # scheduler). Whole-block loads are a stage of their own: vLLM recomputes the
+            # last token itself after them.
+            matched = min(matched, (request.num_tokens - 1) // self.block_size)
         ext = matched * self.block_size - num_computed_tokens
         if matched < self.min_load_blocks or ext <= 0:
             return 0, False

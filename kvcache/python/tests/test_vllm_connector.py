@@ -546,6 +546,28 @@ def test_layerwise_load_runs_in_the_step_of_the_request_byte_exact(server, model
     assert c.scheduler.connector.get_num_new_matched_tokens(request("c-1"), 0) == (0, False)
 
 
+def test_layerwise_a_prompt_held_whole_leaves_its_last_block_to_compute(server, models):
+    """Black-box finding: with layerwise loads, a prompt of whole blocks all stored (the
+    same prompt sent twice) was reported external in full; the step that schedules it
+    then had no token to compute and vLLM's scheduler died on its assert. The last block
+    is now left to compute, as vLLM's own prefix cache leaves the last token."""
+    namespace = ns()
+    whole = PROMPT[: FULL_BLOCKS * BLOCK]
+    a = Engine(engine_config(models["base"], server, namespace, layerwise=True))
+    a.scheduler.add_request(request("a-1", whole))
+    a.step()
+    assert a.worker.stats["saved_blocks"] == FULL_BLOCKS * len(LAYERS)
+    b = Engine(engine_config(models["base"], server, namespace, layerwise=True))
+    assert b.scheduler.connector.get_num_new_matched_tokens(request("b-0", whole), 0) == (
+        (FULL_BLOCKS - 1) * BLOCK, False)
+    b.scheduler.add_request(request("b-1", whole))
+    out, meta, _, errors = b.step()
+    [new] = out.scheduled_new_reqs
+    assert new.num_computed_tokens == (FULL_BLOCKS - 1) * BLOCK
+    assert out.num_scheduled_tokens["b-1"] == BLOCK
+    assert [len(t.blocks) for t in meta.loads] == [FULL_BLOCKS - 1] and errors == set()
+
+
 def test_wait_for_layer_load_waits_only_for_its_own_layer(server, models):
     namespace = ns()
     _, written = run_layerwise_writer(engine_config(models["base"], server, namespace, layerwise=True))
