@@ -170,6 +170,15 @@ pub(crate) enum RemoteError {
 
 impl RemoteError {
     fn of(s: Status) -> RemoteError {
+        // The connection failed, not the owner's service: tonic names an HTTP/2 error
+        // by a code of its own (a GOAWAY with ENHANCE_YOUR_CALM is RESOURCE_EXHAUSTED),
+        // so a refusal code alone does not say the owner refused. Black-box finding: a
+        // peer frozen for 1.5 s sent that GOAWAY as it resumed (the hedges had reset its
+        // streams meanwhile), and Gets that the other replica would have answered
+        // failed at the client.
+        if s.message().starts_with("h2 protocol error") || std::error::Error::source(&s).is_some() {
+            return RemoteError::Down(s);
+        }
         match s.code() {
             Code::InvalidArgument
             | Code::PermissionDenied
@@ -1173,6 +1182,21 @@ mod tests {
         assert!(matches!(
             RemoteError::of(Status::unauthenticated("bad group token")),
             RemoteError::Down(_)
+        ));
+        // The connection's HTTP/2 error under a refusal's code: another node may answer.
+        assert!(matches!(
+            RemoteError::of(Status::resource_exhausted(
+                "h2 protocol error: connection error received: not a result of an error"
+            )),
+            RemoteError::Down(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::from_error(Box::new(std::io::Error::other("reset")))),
+            RemoteError::Down(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::resource_exhausted("quota")),
+            RemoteError::Refused(_)
         ));
     }
 
