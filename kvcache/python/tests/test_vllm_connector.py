@@ -539,6 +539,7 @@ def test_layerwise_load_runs_in_the_step_of_the_request_byte_exact(server, model
     assert errors == set() and not recving, "a synchronous load reports no finished_recving"
     assert seen == written, "each layer loaded byte-exact before its attention ran"
     assert b.worker.stats["loaded_layer_blocks"] == FULL_BLOCKS * len(LAYERS)
+    assert b.worker.stats["loaded_blocks"] == FULL_BLOCKS, "a block counts once all its layers are in"
     assert b.worker.stats["shm_reads"] == FULL_BLOCKS * len(LAYERS)
     assert meta.saves == [], "blocks that came from Strata are not stored again"
     # A whole-block engine in the same namespace misses the layer values (other keys).
