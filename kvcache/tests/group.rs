@@ -980,3 +980,41 @@ async fn racing_puts_of_one_key_through_different_nodes_keep_one_value() {
     .await
     .expect("within 60 s");
 }
+
+/// Black-box finding: puts made while a key's owner was unreachable landed on the next
+/// candidate, and once the owner was back, Gets through it missed them for good (the
+/// owner said no, and a miss was final once R owners had). A miss now asks every
+/// candidate, so an acknowledged block is read through every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_put_while_its_owner_was_away_is_found_through_the_owner() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 1, ServerConfig::default(), "s").await;
+        // Node 2's peer face goes away (its client service stays).
+        let face = nodes[2].stops.remove(1);
+        let _ = face.send(());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        let ns = "m/t";
+        for i in 0..40 {
+            a.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        let g = nodes[0].service.group_stats().expect("group");
+        assert!(g.puts_under_replicated == 0, "{g:?}");
+        serve_peer_face(&nodes[2].service, &nodes[2].peer_addr).await;
+        let mut c = KvClient::connect(&nodes[2].client_addr).await.expect("c");
+        for i in 0..40 {
+            assert_eq!(
+                c.get(ns, &hash(i)).await.expect("get"),
+                Some(block(i, 2048)),
+                "block {i} through node 2"
+            );
+        }
+        let chain: Vec<Vec<u8>> = (0..40).map(hash).collect();
+        assert_eq!(c.match_prefix(ns, &chain).await.expect("mp"), 40);
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

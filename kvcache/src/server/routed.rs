@@ -159,20 +159,14 @@ impl KvService {
         hash: &[u8],
     ) -> Result<Option<Bytes>> {
         let mut cands = routes.candidates.first().cloned().unwrap_or_default();
-        let replication = routes.replication.max(1);
-        // The local node answered already: an owner that said no (the candidate past
-        // the R owners only counts when asked in its turn, which it was not).
+        // A miss once every candidate said no, not only the R owners: a Put that found
+        // an owner down left its copy on the next candidate (`routing.rs`).
+        let needed = cands.len().max(1);
+        // The local node answered already: one of the candidates that said no.
         let mut misses = 0;
-        // The local node past the R owners: its "no" is the answer of a hedge in its
-        // turn, once no remote candidate is left to hedge with.
-        let mut local_spare = false;
         if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
             cands.remove(pos);
-            if pos < replication {
-                misses += 1;
-            } else {
-                local_spare = true;
-            }
+            misses += 1;
         }
         demote_suspects(&mut cands, |n| router.is_suspect(&routes.nodes[n]));
         let mut inflight = futures::stream::FuturesUnordered::new();
@@ -186,23 +180,25 @@ impl KvService {
             }
         };
         let mut last_launched = None;
-        // When R candidates had said no with calls still in flight.
+        // When every candidate had said no, or was asked and the last one asked is
+        // slower than its p99 (nobody left to hedge with), with calls still in flight.
         let mut missed_at: Option<tokio::time::Instant> = None;
+        let mut exhausted = false;
         loop {
-            // A miss is final once R candidates said no and nothing is in flight (a
+            // A miss is final once every candidate said no and nothing is in flight (a
             // hedged request to the next node may answer "no" before a slow owner
             // answers "here"), or once what is in flight has had [`STRAGGLER_WAIT`]
             // more: a frozen owner held every miss for the whole request timeout
             // (black-box finding), while a slow one that has the block costs at most a
             // recompute.
-            if misses >= replication && !inflight.is_empty() {
+            if (misses >= needed || exhausted) && !inflight.is_empty() {
                 let at = *missed_at.get_or_insert_with(tokio::time::Instant::now);
                 if at.elapsed() >= STRAGGLER_WAIT {
                     return Ok(None);
                 }
             }
             if inflight.is_empty() {
-                if misses >= replication {
+                if misses >= needed {
                     return Ok(None);
                 }
                 let Some(&n) = cands.get(next) else {
@@ -213,13 +209,11 @@ impl KvService {
                 inflight.push(launch(n));
             }
             let hedge = match (&last_launched, cands.get(next)) {
-                (Some(node), Some(_)) if misses < replication => router.hedge_delay(node),
-                (Some(node), None) if misses < replication && local_spare => {
-                    router.hedge_delay(node)
-                }
-                // R said no: wait for the stragglers, a little.
-                _ if misses >= replication => STRAGGLER_WAIT,
-                // Nothing left to hedge with: wait for what is in flight.
+                // All said no: wait for the stragglers, a little.
+                _ if misses >= needed || exhausted => STRAGGLER_WAIT,
+                // The next candidate is asked too when this one is slow; with none
+                // left, the stragglers get their little wait after that.
+                (Some(node), _) => router.hedge_delay(node),
                 _ => Duration::from_secs(3600),
             };
             tokio::select! {
@@ -232,14 +226,13 @@ impl KvService {
                     Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
                 },
                 _ = tokio::time::sleep(hedge) => {
-                    if misses >= replication {
+                    if misses >= needed || exhausted {
                         continue; // the stragglers' time is checked at the top
                     }
-                    if cands.get(next).is_none() && local_spare {
-                        // The hedge is the local node, which said no already (a frozen
-                        // owner held such misses for its whole timeout, R = 1).
-                        local_spare = false;
-                        misses += 1;
+                    if cands.get(next).is_none() {
+                        // Nobody left to hedge with (a frozen owner held such misses
+                        // for its whole timeout, black-box finding).
+                        exhausted = true;
                         if let Some(slow) = &last_launched {
                             router.count_hedge(slow);
                         }
@@ -423,7 +416,7 @@ impl KvService {
         for c in &mut cands {
             demote_suspects(c, |n| router.is_suspect(&routes.nodes[n]));
         }
-        let mut l = Lookup::new(cands, routes.replication, prefix);
+        let mut l = Lookup::new(cands, prefix);
         let mut loads: Vec<Option<pb::BlockLoad>> = vec![None; keys.len()];
         let model = &self.inner.stats.load;
         let local_load = |tier: Option<TierKind>| {
