@@ -107,8 +107,7 @@ impl ListingLog {
         ))
     }
 
-    /// Appends the listing of `dir` (in the background: a write to a local file, off the
-    /// caller's task).
+    /// Appends the listing of `dir` (one small write, see [`Self::write_line`]).
     pub(super) fn append(
         &self,
         dir: &str,
