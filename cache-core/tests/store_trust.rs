@@ -305,3 +305,40 @@ async fn a_key_that_is_also_a_prefix_lists_as_the_folder() {
     assert_eq!(files, vec!["ds/a/b"]);
     assert_eq!(a.dirs, vec!["c".to_string()]);
 }
+
+/// Black-box finding: on an S3 mount, names making keys past S3's 1,024 bytes were
+/// created and written (the local test server takes them); a real store fails them only
+/// at the upload, after the whole write. They are refused when named, as too long,
+/// counting the mount's prefix.
+#[test]
+fn cloud_keys_past_1024_bytes_are_refused_when_named() {
+    let opts = StoreOptions {
+        endpoint: Some("http://127.0.0.1:9".into()),
+        allow_http: true,
+        region: Some("us-east-1".into()),
+        access_key_id: Some("k".into()),
+        secret_access_key: Some("s".into()),
+        ..Default::default()
+    };
+    let store = BackingStore::from_url("s3://bkt/data", &opts).expect("store");
+    // "data/" takes 5 of the 1,024 bytes.
+    let fits = format!("d/{}", "a".repeat(1024 - 5 - 2));
+    assert!(store.unstorable_name(&fits).is_none());
+    let over = format!("{fits}b");
+    assert!(matches!(
+        store.unstorable_name(&over),
+        Some(CacheError::NameTooLong(_))
+    ));
+    let local = tempfile::tempdir().expect("tempdir");
+    let store = BackingStore::from_url(
+        &format!("file://{}", local.path().display()),
+        &Default::default(),
+    )
+    .expect("local store");
+    assert!(
+        store
+            .unstorable_name(&format!("{}x", "d/".repeat(600)))
+            .is_none(),
+        "no key limit on a local directory"
+    );
+}

@@ -606,6 +606,18 @@ fn trees_are_removed_and_unstorable_names_refused(b: Backend) {
             assert_eq!(stored(&fx, &long).as_deref(), Some(&b"x"[..]));
         }
     }
+    // A path whose key would pass S3's 1,024 bytes is refused when named, as too long
+    // (the local test server takes it; a real store failed it at the upload).
+    if b == Backend::S3 {
+        let deep = (0..4)
+            .map(|i| format!("{i}{}", "d".repeat(199)))
+            .collect::<Vec<_>>();
+        let dir = fx.m(&deep.join("/"));
+        std::fs::create_dir_all(&dir).expect("803-byte folders");
+        let name = "f".repeat(250);
+        let e = std::fs::write(dir.join(name), b"x").expect_err("a key past 1,024 bytes");
+        assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG), "{e}");
+    }
 }
 
 fn a_failing_store_gives_eio_and_the_mount_stays_usable(b: Backend) {

@@ -142,6 +142,9 @@ pub struct BackingStore {
     local_root: Option<Arc<std::path::Path>>,
     /// See [`StoreOptions::follow_symlinks`].
     follow_symlinks: bool,
+    /// The longest key this handle may name, in bytes, its prefix taken off (S3, GCS and
+    /// Azure take keys of at most [`CLOUD_KEY_MAX`] bytes); None: no such limit.
+    key_max: Option<usize>,
     /// Ranged GETs that returned data and their bytes, shared by every clone of this
     /// handle (the cache group's "fetched from the store once" is read from these).
     reads: Arc<StoreReads>,
@@ -198,6 +201,7 @@ impl BackingStore {
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root: None,
             follow_symlinks: false,
+            key_max: None,
             reads: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
@@ -372,6 +376,14 @@ impl BackingStore {
                 object_key(&prefix),
             ))
         };
+        let key_max = matches!(scheme, "s3" | "gs" | "az").then(|| {
+            let taken = if prefix.is_empty() {
+                0
+            } else {
+                prefix.len() + 1
+            };
+            CLOUD_KEY_MAX.saturating_sub(taken)
+        });
         Ok(BackingStore {
             store,
             label: url.to_string(),
@@ -379,6 +391,7 @@ impl BackingStore {
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root,
             follow_symlinks: opts.follow_symlinks,
+            key_max,
             reads: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
@@ -1105,27 +1118,39 @@ impl BackingStore {
     /// it can). A key cannot hold control characters, `.` or `..` segments (they would be
     /// percent-encoded into another name, so the file would come back renamed), and a
     /// local directory's object store keeps its uploads in progress as `NAME#N`, so a
-    /// file named so would never be listed or stored.
-    pub fn unstorable_name(&self, path: &str) -> Option<String> {
+    /// file named so would never be listed or stored; a cloud store's keys are at most
+    /// [`CLOUD_KEY_MAX`] bytes (ENAMETOOLONG).
+    pub fn unstorable_name(&self, path: &str) -> Option<CacheError> {
         if let Err(e) = Path::parse(path) {
-            return Some(format!("{path:?} cannot be an object key: {e}"));
+            return Some(CacheError::InvalidArgument(format!(
+                "{path:?} cannot be an object key: {e}"
+            )));
+        }
+        // Black-box finding: names past S3's 1,024-byte keys were created and written
+        // (the local test server takes them); a real store fails them at the upload.
+        if let Some(max) = self.key_max.filter(|m| path.len() > *m) {
+            return Some(CacheError::NameTooLong(format!(
+                "{path:?}: {} bytes; the store takes keys of at most {CLOUD_KEY_MAX} bytes \
+                 ({max} below this mount's prefix)",
+                path.len()
+            )));
         }
         let last = path.rsplit('/').next().unwrap_or(path);
         // A local directory store writes NAME#N first: a name the file system takes
         // (255 bytes) may be one it cannot take with that suffix, and the upload failed
         // at the close, after the whole write (black-box finding).
         if self.local_root.is_some() && last.len() > LOCAL_NAME_MAX {
-            return Some(format!(
+            return Some(CacheError::InvalidArgument(format!(
                 "{path:?}: a local directory store holds names of at most {LOCAL_NAME_MAX} \
                  bytes (it writes NAME#N first); this one has {}",
                 last.len()
-            ));
+            )));
         }
         (self.local_root.is_some() && upload_in_progress_name(last)).then(|| {
-            format!(
+            CacheError::InvalidArgument(format!(
                 "{path:?}: a local directory store keeps uploads in progress as NAME#N, so it \
                  cannot hold a file named so"
-            )
+            ))
         })
     }
 
@@ -1505,6 +1530,9 @@ fn local_len_fits(root: &std::path::Path, rel_len: usize) -> bool {
 /// Longest file name a local directory store takes: 255 (NAME_MAX) less room for the
 /// `#N` suffix of its uploads in progress (N up to 3 digits).
 const LOCAL_NAME_MAX: usize = 255 - 4;
+
+/// The longest object key S3, GCS and Azure Blob take, in bytes (UTF-8): 1,024.
+pub const CLOUD_KEY_MAX: usize = 1024;
 
 /// A cloud store as the traits the handle uses: objects, multipart by part index, and
 /// paged listing where it has one.

@@ -35,11 +35,12 @@ impl FsCore {
     }
 
     /// [`Self::child_of`] for a name about to be made (a file, a directory, a rename's
-    /// target): refused with EINVAL when the store could not keep it under that name.
+    /// target): refused with EINVAL when the store could not keep it under that name
+    /// (ENAMETOOLONG when the key would be too long for it).
     pub(super) fn new_child_of(&self, parent: u64, name: &str) -> Result<(Arc<str>, Node)> {
         let (path, dir) = self.child_of(parent, name)?;
         match self.reader.store().unstorable_name(&path) {
-            Some(why) => Err(Error::Invalid(why)),
+            Some(e) => Err(Error::Cache(e)),
             None => Ok((path, dir)),
         }
     }
