@@ -162,6 +162,7 @@ impl KvService {
         // A miss once every candidate said no, not only the R owners: a Put that found
         // an owner down left its copy on the next candidate (`routing.rs`).
         let needed = cands.len().max(1);
+        let replication = routes.replication.max(1);
         // The local node answered already: one of the candidates that said no.
         let mut misses = 0;
         if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
@@ -180,8 +181,9 @@ impl KvService {
             }
         };
         let mut last_launched = None;
-        // When every candidate had said no, or was asked and the last one asked is
-        // slower than its p99 (nobody left to hedge with), with calls still in flight.
+        // When every candidate had said no, or R had and the others were asked, the last
+        // one asked slower than its p99 (nobody left to hedge with), with calls still
+        // in flight.
         let mut missed_at: Option<tokio::time::Instant> = None;
         let mut exhausted = false;
         loop {
@@ -211,9 +213,13 @@ impl KvService {
             let hedge = match (&last_launched, cands.get(next)) {
                 // All said no: wait for the stragglers, a little.
                 _ if misses >= needed || exhausted => STRAGGLER_WAIT,
-                // The next candidate is asked too when this one is slow; with none
-                // left, the stragglers get their little wait after that.
-                (Some(node), _) => router.hedge_delay(node),
+                // The next candidate is asked too when this one is slow.
+                (Some(node), Some(_)) => router.hedge_delay(node),
+                // Nobody left to hedge with and R said no (every owner but a straggler,
+                // as before the spare was asked too): the straggler has its hedge delay,
+                // then the little wait. Fewer noes (an owner failed): wait for what is
+                // in flight, which may hold the only copy.
+                (Some(node), None) if misses >= replication => router.hedge_delay(node),
                 _ => Duration::from_secs(3600),
             };
             tokio::select! {
