@@ -475,7 +475,9 @@ struct QuotaCharge {
 
 impl Drop for QuotaCharge {
     fn drop(&mut self) {
-        if !self.keep {
+        if self.keep {
+            self.tenant.stored(&self.key);
+        } else {
             self.tenant.forget(&self.key);
         }
     }
