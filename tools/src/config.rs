@@ -703,20 +703,48 @@ impl StrataConfig {
     /// so a bad file is refused when read.
     pub fn check(&self) -> anyhow::Result<()> {
         self.cache.gpu_tier()?;
-        let mut mountpoints = std::collections::HashSet::new();
+        let mut mountpoints: Vec<PathBuf> = Vec::new();
         for m in &self.mounts {
             if m.mountpoint.as_os_str().is_empty() {
                 bail!("a [[mounts]] entry needs a mountpoint");
             }
-            // (Components: "/x" and "/x/" are one directory.)
-            let at: PathBuf = m.mountpoint.components().collect();
-            if !mountpoints.insert(at) {
+            // (Components: "/x" and "/x/" are one directory; relative paths are taken
+            // from the working directory, without following links: no I/O here.)
+            let at: PathBuf = std::path::absolute(&m.mountpoint)
+                .unwrap_or_else(|_| m.mountpoint.clone())
+                .components()
+                .collect();
+            for other in &mountpoints {
+                if *other == at {
+                    bail!(
+                        "two [[mounts]] entries on {}: one mount per directory",
+                        m.mountpoint.display()
+                    );
+                }
+                // A mount inside another hides a folder of the outer one, and the outer
+                // cannot be unmounted while the inner stands (black-box finding: a clean
+                // stop left the outer mount failing with ENOTCONN).
+                if at.starts_with(other) || other.starts_with(&at) {
+                    bail!(
+                        "[[mounts]] {} and {} are nested: mount them side by side",
+                        other.display(),
+                        at.display()
+                    );
+                }
+            }
+            check_prefix(&m.prefix)?;
+            parse_size(&m.passthrough_max).context("[[mounts]] passthrough_max")?;
+            mountpoints.push(at);
+        }
+        if let Some(socket) = &self.kv.unix_socket {
+            let socket = std::path::absolute(socket).unwrap_or_else(|_| socket.clone());
+            if let Some(mp) = mountpoints.iter().find(|mp| socket.starts_with(mp)) {
                 bail!(
-                    "two [[mounts]] entries on {}: one mount per directory",
-                    m.mountpoint.display()
+                    "[kv] unix_socket {} is inside the mountpoint {}: the mount would hide it",
+                    socket.display(),
+                    mp.display()
                 );
             }
-            parse_size(&m.passthrough_max).context("[[mounts]] passthrough_max")?;
         }
         if !self.mounts.is_empty() && self.store.url.is_none() {
             bail!("[[mounts]] need a [store] url");
@@ -729,6 +757,19 @@ impl StrataConfig {
 }
 
 /// Parses "123", "64KiB", "1MiB", "4GiB", "1TiB" (also K/M/G/T, KB/MB/GB as powers of 10).
+/// A mount's prefix names a folder of the store: `.` and `..` segments name none
+/// (black-box finding: a mount of "./ds" was silently empty and refused every write).
+fn check_prefix(prefix: &str) -> anyhow::Result<()> {
+    if prefix
+        .trim_matches('/')
+        .split('/')
+        .any(|seg| seg == "." || seg == "..")
+    {
+        bail!("[[mounts]] prefix {prefix:?}: a `.` or `..` segment names no folder of the store");
+    }
+    Ok(())
+}
+
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     let split = t
@@ -923,6 +964,41 @@ mod tests {
         .unwrap();
         let e = twice.check().expect_err("one mount per directory");
         assert!(e.to_string().contains("two [[mounts]]"), "{e}");
+    }
+
+    fn checked(toml_text: &str) -> anyhow::Result<()> {
+        let cfg: StrataConfig = toml::from_str(toml_text).expect("parses");
+        cfg.check()
+    }
+
+    #[test]
+    fn nested_mounts_a_socket_under_a_mount_and_dot_prefixes_are_refused() {
+        let store = "[store]\nurl = \"file:///d\"\n";
+        let e = checked(&format!(
+            "{store}[[mounts]]\nmountpoint = \"/m1\"\n[[mounts]]\nmountpoint = \"/m1/ds\"\n"
+        ))
+        .expect_err("nested");
+        assert!(e.to_string().contains("nested"), "{e}");
+        checked(&format!(
+            "{store}[[mounts]]\nmountpoint = \"/m1\"\n[[mounts]]\nmountpoint = \"/m10\"\n"
+        ))
+        .expect("side by side (a shared name prefix is not nesting)");
+        let e = checked(&format!(
+            "{store}[kv]\nunix_socket = \"/m1/kv.sock\"\n[[mounts]]\nmountpoint = \"/m1\"\n"
+        ))
+        .expect_err("socket under the mount");
+        assert!(e.to_string().contains("unix_socket"), "{e}");
+        for prefix in ["./ds", "../etc", "a/../b", "a/."] {
+            let e = checked(&format!(
+                "{store}[[mounts]]\nmountpoint = \"/m1\"\nprefix = \"{prefix}\"\n"
+            ))
+            .expect_err(prefix);
+            assert!(e.to_string().contains("segment"), "{prefix}: {e}");
+        }
+        checked(&format!(
+            "{store}[[mounts]]\nmountpoint = \"/m1\"\nprefix = \"a.b/..c/\"\n"
+        ))
+        .expect("dots inside names are names");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! both come here with a [`MountConfig`], so they prefetch, pass through and cache
 //! metadata alike.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use strata_cache_core::{BackingStore, ObjectReader};
@@ -182,21 +182,28 @@ pub fn mount(
 
 /// Refuses a mount that would read or write itself: a local directory store at, under
 /// or above the mountpoint (`strata mount file:///X X` listed its own mount, each
-/// `ls` blocking 40 s in the kernel before EIO: black-box finding), or a cache dir
-/// under the mountpoint.
+/// `ls` blocking 40 s in the kernel before EIO: black-box finding), a cache dir under
+/// the mountpoint or inside a local store, or a mountpoint inside the cache dir (the
+/// first write staged its file into its own mount and hung, unkillable: black-box
+/// finding).
 fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Result<()> {
-    let Ok(mp) = std::fs::canonicalize(&m.mountpoint) else {
-        return Ok(()); // made below (or a dead mount): nothing can be under it yet
-    };
-    if let Ok(cache) = std::fs::canonicalize(&core.cache_dir) {
-        if cache.starts_with(&mp) {
-            anyhow::bail!(
-                "the cache dir {} is inside the mountpoint {}: the daemon would cache into \
-                 its own mount",
-                core.cache_dir.display(),
-                m.mountpoint.display()
-            );
-        }
+    let mp = resolved(&m.mountpoint);
+    let cache = resolved(&core.cache_dir);
+    if cache.starts_with(&mp) {
+        anyhow::bail!(
+            "the cache dir {} is inside the mountpoint {}: the daemon would cache into \
+             its own mount",
+            core.cache_dir.display(),
+            m.mountpoint.display()
+        );
+    }
+    if mp.starts_with(&cache) {
+        anyhow::bail!(
+            "the mountpoint {} is inside the cache dir {}: the daemon would stage writes \
+             into its own mount (mount it outside the cache dir)",
+            m.mountpoint.display(),
+            core.cache_dir.display()
+        );
     }
     let Some(root) = url.strip_prefix("file://") else {
         return Ok(());
@@ -211,7 +218,45 @@ fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Res
             m.mountpoint.display()
         );
     }
+    if cache.starts_with(&root) {
+        anyhow::bail!(
+            "the cache dir {} is inside the store {url}: the mount would show (and let \
+             jobs delete) the daemon's own cache files",
+            core.cache_dir.display()
+        );
+    }
     Ok(())
+}
+
+/// `path` with links resolved as far as it exists, the rest joined as written: a
+/// mountpoint or cache dir may not be made yet, and `..` in that rest is dropped
+/// lexically.
+fn resolved(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut rest = Vec::new();
+    let mut at = abs.as_path();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            let mut out = real;
+            for c in rest.iter().rev() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::Normal(n) => out.push(n),
+                    _ => {}
+                }
+            }
+            return out;
+        }
+        match (at.parent(), at.components().next_back()) {
+            (Some(parent), Some(last)) => {
+                rest.push(last);
+                at = parent;
+            }
+            _ => return abs,
+        }
+    }
 }
 
 /// The store as the upload journal names it: the URL and, for an S3-compatible server,
@@ -347,6 +392,26 @@ mod tests {
         // The cache dir (dir/cache) under the mountpoint (dir).
         let e = refuse_self_reference(&at(""), &core, "s3://bucket").expect_err("cache inside");
         assert!(e.to_string().contains("cache dir"), "{e}");
+        // A mountpoint inside the cache dir, made or not yet made.
+        for mp in ["cache/staging", "cache/new/m"] {
+            let e = refuse_self_reference(&at(mp), &core, "s3://bucket").expect_err(mp);
+            assert!(e.to_string().contains("inside the cache dir"), "{e}");
+        }
+        // The cache dir (dir/cache) inside a local store, the mountpoint outside it.
+        let e =
+            refuse_self_reference(&at("other"), &core, &url("cache")).expect_err("cache in store");
+        assert!(e.to_string().contains("inside the store"), "{e}");
+    }
+
+    #[test]
+    fn resolved_paths_follow_links_as_far_as_they_exist() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).expect("mkdir");
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).expect("symlink");
+        let real = std::fs::canonicalize(&real).expect("canonical");
+        assert_eq!(resolved(&dir.path().join("link/a/b")), real.join("a/b"));
+        assert_eq!(resolved(&dir.path().join("link/a/../b")), real.join("b"));
     }
 
     /// With "0" for the disk budget Strata writes nothing to disk, so a writable mount
