@@ -266,9 +266,10 @@ pub struct CacheConfig {
     pub memory: String,
     /// Disk budget (e.g. "10GiB"; "0": nothing on disk): everything Strata writes
     /// under the cache dir, the disk tier's blocks and the mounts' local files (a
-    /// quarter of it, at most 4 GiB; see `daemon::cache::passthrough_share`): their
-    /// passthrough copies and the files written through them until uploaded (these
+    /// quarter of it, at most 4 GiB, with mounts; see `daemon::cache::passthrough_share`):
+    /// their passthrough copies and the files written through them until uploaded (these
     /// evict copies, and are not refused past the share: `strata_fs::PassthroughStore`).
+    /// A daemon without mounts gives the disk tier all of it.
     pub disk: String,
     /// File block size. 1 MiB: see `strata_cache_core::DEFAULT_BLOCK_SIZE`.
     pub block_size: String,

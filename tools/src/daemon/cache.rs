@@ -70,8 +70,17 @@ pub struct Core {
 }
 
 /// Builds the tiers and the engine from `cfg`: GPU (when configured) over memory over
-/// disk (unless "0"), each level evicting with `cfg.policy`.
+/// disk (unless "0"), each level evicting with `cfg.policy`; a share of the disk budget
+/// goes to the mounts' local files ([`passthrough_share`]).
 pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
+    open_core_for(cfg, true)
+}
+
+/// [`open_core`] for a daemon with or without mounts. Without, the disk tier takes the
+/// whole disk budget: no file can be copied or staged (black-box finding: a KV-only
+/// daemon kept a quarter of `--disk` for mount files that could not exist), and copies
+/// an earlier run with mounts left are deleted, as nothing would count them.
+pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
     // Checked first, so a refused GPU configuration leaves no cache dir behind.
     let gpu_cfg = cfg.gpu_tier()?;
     let granularity = cfg.granularity()?;
@@ -120,7 +129,20 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
         Ok(limit) => tracing::info!(limit, "descriptor soft limit raised to the hard limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
     }
-    let passthrough_budget = passthrough_share(disk_bytes);
+    let passthrough_budget = if mounts {
+        passthrough_share(disk_bytes)
+    } else {
+        let copies = cache_dir.join("passthrough");
+        if copies.exists() {
+            match std::fs::remove_dir_all(&copies) {
+                Ok(()) => tracing::info!(dir = %copies.display(),
+                    "no mounts: deleted the passthrough copies an earlier run left"),
+                Err(e) => tracing::warn!(dir = %copies.display(), error = %e,
+                    "no mounts: could not delete the passthrough copies an earlier run left"),
+            }
+        }
+        0
+    };
     let tier_bytes = disk_bytes - passthrough_budget;
     let local_files = if passthrough_budget > 0 {
         let dir = cache_dir.join("passthrough");
@@ -396,6 +418,28 @@ mod tests {
         );
         drop(first);
         open_core(&memory_only).expect("the cache dir is free again");
+    }
+
+    /// Black-box finding: a KV-only daemon kept a quarter of `--disk` for mount files
+    /// that could not exist. Without mounts the disk tier takes the whole budget, and
+    /// copies an earlier run with mounts left are deleted (nothing would count them).
+    #[test]
+    fn without_mounts_the_disk_tier_takes_the_whole_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let core = open_core(&cfg(dir.path())).expect("with mounts");
+            assert_eq!(core.disk.as_ref().expect("disk").capacity_bytes(), 3 << 20);
+            assert!(core.local_files.is_some());
+            std::fs::write(dir.path().join("passthrough/left-copy"), [1u8; 4096]).expect("copy");
+        }
+        assert!(dir.path().join("passthrough").exists());
+        let core = open_core_for(&cfg(dir.path()), false).expect("without mounts");
+        assert_eq!(core.disk.as_ref().expect("disk").capacity_bytes(), 4 << 20);
+        assert!(core.local_files.is_none());
+        assert!(
+            !dir.path().join("passthrough").exists(),
+            "left copies deleted"
+        );
     }
 
     /// Black-box finding (security): without a cache dir the temp one was made 0755,

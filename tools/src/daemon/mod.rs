@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState, MountInfo};
 use crate::config::StrataConfig;
-pub use cache::{open_core, open_store, Core};
+pub use cache::{open_core, open_core_for, open_store, Core};
 
 /// Runs the daemon of `cfg` until `stop` is cancelled (or it stops on its own, see the
 /// module docs).
@@ -75,7 +75,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             check_store(url, store, &m.prefix).await?;
         }
     }
-    let core = open_core(&cfg.cache)?;
+    let core = open_core_for(&cfg.cache, !cfg.mounts.is_empty())?;
     let mut tasks = Servers::new();
     // The admin API is bound before the group is joined: the node's record carries
     // its address, for `strata stats --cluster`.
