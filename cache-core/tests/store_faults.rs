@@ -289,6 +289,81 @@ async fn short_bodies_are_retried_like_other_transient_faults() {
     );
 }
 
+/// Black-box finding: on a slow but steady link (150 KB/s) an 8 MiB run could not
+/// arrive within one attempt's deadline, each retry asked for the whole range again from
+/// its start, and the reader got EIO after 95 s of bytes flowing. The deadlines now bound
+/// the time between whole pieces, and a body cut off resumes at its first piece not yet
+/// whole. Here: 8 pieces of 4 KiB at one piece per 100 ms, 800 ms in all, under an
+/// attempt deadline of 300 ms.
+#[tokio::test]
+async fn a_slow_body_whose_pieces_keep_coming_is_read_whole() {
+    let data = Bytes::from((0..32_768u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let retry = RetryPolicy {
+        total_timeout: Duration::from_millis(400),
+        ..quick_retry()
+    };
+    let slow = FaultConfig {
+        trickle_bytes: 4096,
+        trickle_every: Duration::from_millis(100),
+        ..FaultConfig::default()
+    };
+    let (store, f, obj) = faulty_holding_with(retry, slow, "a", data.clone()).await;
+    let seen = std::sync::Mutex::new(Vec::new());
+    let (blocks, _) = store
+        .get_range_blocks(&obj, 0..32_768, 4096, &|i, _| seen.lock().unwrap().push(i))
+        .await
+        .expect("bytes keep coming: no deadline passes between two pieces");
+    assert_eq!(blocks.concat(), data.to_vec());
+    assert_eq!(
+        *seen.lock().unwrap(),
+        (0..8).collect::<Vec<_>>(),
+        "each piece once, in order"
+    );
+    assert_eq!(f.gets().count, 1, "one request");
+
+    // A body that stops after 3 pieces each time: the next request asks for the rest.
+    f.set_config(FaultConfig {
+        trickle_bytes: 4096,
+        trickle_every: Duration::from_millis(10),
+        trickle_stall_after: 3 * 4096,
+        ..FaultConfig::default()
+    });
+    let asked_before = f.get_log().len();
+    let (blocks, _) = store
+        .get_range_blocks(&obj, 0..32_768, 4096, &|_, _| {})
+        .await
+        .expect("resumed after each stall");
+    assert_eq!(blocks.concat(), data.to_vec());
+    let sizes: Vec<u64> = f.get_log()[asked_before..]
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(
+        sizes,
+        vec![32_768, 20_480, 8_192],
+        "each asks only what is missing"
+    );
+
+    // A body that never completes a piece fails within the deadline, not later.
+    f.set_config(FaultConfig {
+        trickle_bytes: 1024,
+        trickle_every: Duration::from_millis(10),
+        trickle_stall_after: 1024,
+        ..FaultConfig::default()
+    });
+    let started = Instant::now();
+    let e = store
+        .get_range_blocks(&obj, 0..32_768, 4096, &|_, _| {})
+        .await
+        .expect_err("no whole piece");
+    assert!(matches!(e, CacheError::StoreTimeout { .. }), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =

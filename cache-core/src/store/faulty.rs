@@ -60,6 +60,13 @@ pub struct FaultConfig {
     /// Copies from a key containing this text fail (a server-side copy the store
     /// refuses), however often they are retried.
     pub fail_copy_of: Option<String>,
+    /// Bodies stream in pieces of this many bytes, one each `trickle_every` after the
+    /// response (a slow link whose bytes keep coming; 0: the body at once).
+    pub trickle_bytes: usize,
+    /// See `trickle_bytes`.
+    pub trickle_every: Duration,
+    /// A trickled body stops (hangs) after this many bytes of each response (0: never).
+    pub trickle_stall_after: u64,
 }
 
 impl FaultConfig {
@@ -478,7 +485,30 @@ impl ObjectStore for FaultyStore {
         g.largest.fetch_max(body.len() as u64, Ordering::Relaxed);
         let at_start = in_flight.as_ref().map_or(0, |(_, n)| *n);
         g.log.lock().push((body.len() as u64, at_start));
-        let stream = futures::stream::once(async move { Ok(body) });
+        let stream: BoxStream<'static, object_store::Result<Bytes>> = if cfg.trickle_bytes > 0 {
+            let (every, piece, stall) = (
+                cfg.trickle_every,
+                cfg.trickle_bytes,
+                cfg.trickle_stall_after,
+            );
+            Box::pin(futures::stream::unfold(
+                (body, 0u64),
+                move |(mut rest, sent)| async move {
+                    if rest.is_empty() {
+                        return None;
+                    }
+                    if stall > 0 && sent >= stall {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                    }
+                    tokio::time::sleep(every).await;
+                    let chunk = rest.split_to(piece.min(rest.len()));
+                    let sent = sent + chunk.len() as u64;
+                    Some((Ok(chunk), (rest, sent)))
+                },
+            ))
+        } else {
+            Box::pin(futures::stream::once(async move { Ok(body) }))
+        };
         Ok(GetResult {
             payload: GetResultPayload::Stream(Box::pin(stream)),
             meta,

@@ -585,10 +585,18 @@ impl BackingStore {
     /// `block_size` (the last one shorter) as the body streams in: each piece is its
     /// own buffer, so a cache that keeps some of them and evicts others frees what it
     /// evicts (slices of one buffer would keep all of it alive). Also returns the time
-    /// to first byte of the successful attempt. Fails as [`Self::get_range`] does.
+    /// to first byte of the first response. Fails as [`Self::get_range`] does.
     /// Each piece is also handed to `on_block` (with its index) as soon as it is
     /// complete, so a reader waiting on it need not wait for the whole range; from an
-    /// object store only (a retried attempt hands its pieces again).
+    /// object store only.
+    ///
+    /// A slow body is not a failed one: the deadlines bound the wait for a response
+    /// (the retry policy, as every request) and then the time between two whole pieces
+    /// (`total_timeout`, and `attempt_timeout` without a byte), not the whole body. A
+    /// body cut off (a reset, a short body, such a deadline) is asked again from its
+    /// first piece not yet whole. Black-box finding: on a link of 150 KB/s an 8 MiB
+    /// run could not arrive within one attempt's 30 s, each retry asked for all of it
+    /// again from its start, and the reader got EIO after 95 s of steady bytes.
     pub async fn get_range_blocks(
         &self,
         obj: &ObjectInfo,
@@ -605,63 +613,126 @@ impl BackingStore {
         let want = range.end - range.start;
         let p = object_key(obj.path.as_ref());
         let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
-        let piece = |done: u64| (want - done).min(block_size) as usize;
         // A local file is checked for a rewrite after the read: its pieces go out only
         // then, so a change mid-read never reaches a reader.
         let early = self.local_root.is_none();
-        let (blocks, got, ttfb) = self
-            .retrying(|| {
-                let (p, if_match, range) = (&p, &if_match, &range);
-                async move {
-                    let (res, ttfb) = self.open_range(p, if_match, range).await?;
-                    let mut stream = res.into_stream();
-                    let mut blocks = Vec::with_capacity(want.div_ceil(block_size) as usize);
-                    let mut got = 0u64;
-                    // The piece being filled and its length.
-                    let mut target = piece(0);
-                    let mut cur = Piece::new(target);
-                    while let Some(chunk) = stream.next().await {
-                        let mut chunk = chunk?;
-                        got += chunk.len() as u64;
-                        while !chunk.is_empty() && target > 0 {
-                            let take = (target - cur.len()).min(chunk.len());
-                            cur.extend(&chunk.split_to(take));
-                            if cur.len() == target {
-                                let done = (blocks.len() as u64 + 1) * block_size;
-                                target = if done < want { piece(done) } else { 0 };
-                                let full = std::mem::replace(&mut cur, Piece::new(target));
-                                let full = full.freeze();
-                                if early {
-                                    on_block(blocks.len(), &full);
-                                }
-                                blocks.push(full);
-                            }
-                        }
-                    }
-                    // Cut short: retried, as in `get_range_timed` (the pieces handed
-                    // out so far are whole and right; a retry hands them again).
-                    if got != want {
-                        return Err(object_store::Error::Generic {
-                            store: "strata",
-                            source: format!(
-                                "{p}: store returned {got} bytes for a {want}-byte range"
-                            )
-                            .into(),
-                        });
-                    }
-                    Ok((blocks, got, ttfb))
+        let mut blocks: Vec<Bytes> = Vec::with_capacity(want.div_ceil(block_size) as usize);
+        let mut first_ttfb = None;
+        let mut backoff = self.retry.base_backoff;
+        let mut progress_at = tokio::time::Instant::now();
+        loop {
+            let done = blocks.len() as u64 * block_size;
+            let rest = range.start + done..range.end;
+            let (res, ttfb) = self
+                .retrying(|| self.open_range(&p, &if_match, &rest))
+                .await?;
+            first_ttfb.get_or_insert(ttfb);
+            let before = blocks.len();
+            let body = self
+                .read_pieces(
+                    res,
+                    (rest.end - rest.start, done, want, block_size),
+                    &mut blocks,
+                    &mut progress_at,
+                    early.then_some(on_block),
+                )
+                .await;
+            match body {
+                Ok(()) => break,
+                Err(e) if !e.transient => {
+                    self.reads
+                        .failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Err(map_store_error(e.error, 1));
                 }
-            })
-            .await?;
-        if got != want {
-            return Err(CacheError::Corrupt(format!(
-                "{}: store returned {got} bytes for a {want}-byte range",
-                obj.path
-            )));
+                Err(e) => {
+                    if blocks.len() > before {
+                        backoff = self.retry.base_backoff;
+                        tracing::debug!(store = %self.label, path = %p, error = %e.error,
+                            "body cut off after whole pieces; asking for the rest");
+                        continue;
+                    }
+                    let now = tokio::time::Instant::now();
+                    if now + backoff >= progress_at + self.retry.total_timeout {
+                        self.reads
+                            .failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tracing::debug!(store = %self.label, path = %p, error = %e.error,
+                            "no whole piece within the deadline");
+                        return Err(CacheError::StoreTimeout { attempts: 1 });
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2).min(self.retry.max_backoff);
+                }
+            }
         }
         self.check_local_version(obj).await?;
         self.reads.count(want);
-        Ok((blocks, ttfb))
+        Ok((blocks, first_ttfb.unwrap_or_default()))
+    }
+
+    /// Reads the body of one response of [`Self::get_range_blocks`] into whole pieces
+    /// appended to `blocks`. `shape`: the body's length, the offset in the range it
+    /// starts at (a piece boundary), the range's length and the piece size. Each whole
+    /// piece moves `progress_at` (and the store's "answered" clock) on; a chunk must
+    /// arrive within `attempt_timeout` and the next piece be whole within
+    /// `total_timeout` of `progress_at`.
+    async fn read_pieces(
+        &self,
+        res: object_store::GetResult,
+        shape: (u64, u64, u64, u64),
+        blocks: &mut Vec<Bytes>,
+        progress_at: &mut tokio::time::Instant,
+        on_block: Option<&(dyn Fn(usize, &Bytes) + Sync)>,
+    ) -> std::result::Result<(), BodyError> {
+        let (len, start, want, block_size) = shape;
+        let piece = |done: u64| (want - done).min(block_size) as usize;
+        let mut stream = res.into_stream();
+        let mut got = 0u64;
+        let mut target = piece(start);
+        let mut cur = Piece::new(target);
+        loop {
+            let deadline = (*progress_at + self.retry.total_timeout)
+                .min(tokio::time::Instant::now() + self.retry.attempt_timeout);
+            let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(chunk)) => chunk.map_err(BodyError::of)?,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(BodyError::transient(format!(
+                        "no whole piece of {block_size} bytes within the deadline ({got} of {len} bytes)"
+                    )))
+                }
+            };
+            let mut chunk = chunk;
+            got += chunk.len() as u64;
+            if got > len {
+                break; // a longer body than asked: refused below
+            }
+            while !chunk.is_empty() && target > 0 {
+                let take = (target - cur.len()).min(chunk.len());
+                cur.extend(&chunk.split_to(take));
+                if cur.len() == target {
+                    let done = (blocks.len() as u64 + 1) * block_size;
+                    target = if done < want { piece(done) } else { 0 };
+                    let full = std::mem::replace(&mut cur, Piece::new(target)).freeze();
+                    if let Some(on_block) = on_block {
+                        on_block(blocks.len(), &full);
+                    }
+                    blocks.push(full);
+                    *progress_at = tokio::time::Instant::now();
+                    self.answered_at
+                        .fetch_max(since_start(), std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        // Cut short (or longer): retried, as in `get_range_timed` (the pieces handed out
+        // so far are whole and right; the next request starts after them).
+        if got != len {
+            return Err(BodyError::transient(format!(
+                "store returned {got} bytes for a {len}-byte range"
+            )));
+        }
+        Ok(())
     }
 
     /// Whether anything is stored under `dir/` (a directory of the store): the first
@@ -1622,6 +1693,31 @@ fn cloud_store(
             both(b.build()?)
         }
     })
+}
+
+/// Why the body of one response of a ranged read ended early.
+struct BodyError {
+    error: object_store::Error,
+    /// Worth asking again (a reset, a short body, a deadline), as [`retry_op`] judges.
+    transient: bool,
+}
+
+impl BodyError {
+    fn of(error: object_store::Error) -> Self {
+        let transient =
+            matches!(error, object_store::Error::Generic { .. }) && !probe::is_refusal(&error);
+        BodyError { error, transient }
+    }
+
+    fn transient(message: String) -> Self {
+        BodyError {
+            error: object_store::Error::Generic {
+                store: "strata",
+                source: message.into(),
+            },
+            transient: true,
+        }
+    }
 }
 
 /// Pieces at least this large are page-aligned and prefaulted (see [`Piece`] and
