@@ -1552,6 +1552,12 @@ impl FsCore {
                     self.reader.read(&h.obj, offset, size as u64, &ctx).await?
                 }
                 None => {
+                    // (Unless `renew` already renewed them.)
+                    let stale = matches!(self.attrs.get(&h.obj.path).await,
+                        Some(Meta::File(m)) if m.version == h.obj.version);
+                    if stale {
+                        self.renew_attrs(&h).await;
+                    }
                     tracing::warn!(path = %p, version = %h.obj.version,
                         "object changed in the store while open; this handle now fails with ESTALE (reopen to read the new version)");
                     return Err(Error::Cache(CacheError::Changed(p)));
@@ -1600,18 +1606,8 @@ impl FsCore {
         if !untouched || !alone() {
             return None;
         }
-        self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
-        let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
-        if now.version == h.obj.version {
-            return None;
-        }
-        // What the mount says of the path from now on (the listing may still hold the
-        // old version for its TTL; the attributes come first).
-        self.attrs
-            .insert(h.obj.path.clone(), Meta::File(now.clone()))
-            .await;
+        let now = self.renew_attrs(h).await?;
         if now.size < h.obj.size && end > now.size {
-            self.size_told_differs(h.ino, now.size);
             return None;
         }
         let renewed = Arc::new(FileHandle {
@@ -1647,13 +1643,33 @@ impl FsCore {
         self.opened_versions
             .lock()
             .insert(h.ino, now.version.clone());
-        self.size_told_differs(h.ino, now.size);
         self.counters
             .handles_renewed
             .fetch_add(1, Ordering::Relaxed);
         tracing::info!(path = %now.path, old = %h.obj.version, new = %now.version,
             "object replaced in the store before its handle read a byte; reading the new version");
         Some(renewed)
+    }
+
+    /// A read of `h` found its version gone from the store: what the mount says of the
+    /// path from now on is the store's current version (the listing may still hold the
+    /// old one for its TTL; the attributes come first), so the next open reads it, and
+    /// the kernel is told a new size. None when the store still names `h`'s version or
+    /// does not answer. Black-box finding: a file read through one mount and rewritten
+    /// through another of the same prefix failed every new open with ESTALE for the
+    /// whole metadata TTL (for good with `indefinite`): the opens took the old version's
+    /// attributes, read its cached first block, and met the new version at the next.
+    async fn renew_attrs(&self, h: &FileHandle) -> Option<Arc<ObjectInfo>> {
+        self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
+        let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
+        if now.version == h.obj.version {
+            return None;
+        }
+        self.attrs
+            .insert(h.obj.path.clone(), Meta::File(now.clone()))
+            .await;
+        self.size_told_differs(h.ino, now.size);
+        Some(now)
     }
 
     /// Whether another version of `h`'s file has been opened since `h` was.

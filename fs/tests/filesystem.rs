@@ -519,6 +519,63 @@ async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
     .expect("bounded");
 }
 
+/// No prefetch: a test that needs blocks left uncached.
+struct NoReadahead;
+impl strata_fs::readahead::Readahead for NoReadahead {
+    fn on_read(&mut self, _: u64, _: u64, _: u64) -> Option<std::ops::Range<u64>> {
+        None
+    }
+}
+
+/// Black-box finding: a file read through one mount and rewritten through another mount
+/// of the same prefix failed every new open with ESTALE for the whole metadata TTL (for
+/// good with `indefinite`): each open took the old version's attributes, read its cached
+/// first block and met the new version at the next. The read that meets it fails (its
+/// handle served old bytes), and the mount takes the store's version from then on.
+#[tokio::test]
+async fn after_a_read_meets_a_replaced_version_the_next_open_reads_the_new_one() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: strata_fs::METADATA_TTL_INDEFINITE,
+            readahead: Arc::new(|| Box::new(NoReadahead)),
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let big = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
+        let old = data((5 * BS + 123) as usize, 2);
+        let h = c.open(big.attr.ino, false).await.expect("open");
+        let bs = BS as u32;
+        assert_eq!(
+            c.read(h.fh, 0, bs, 1).await.expect("block 0"),
+            old.slice(0..BS as usize)
+        );
+        c.release(h.fh);
+        let new = data((5 * BS + 123) as usize, 7);
+        fx.store
+            .put("dir/big.bin", new.clone())
+            .await
+            .expect("replace");
+        let h = c.open(big.attr.ino, false).await.expect("open");
+        c.read(h.fh, 0, bs, 1)
+            .await
+            .expect("cached block 0 of the old version");
+        let err = c.read(h.fh, BS, bs, 1).await.expect_err("block 1 is gone");
+        assert_eq!(err.errno(), libc::ESTALE);
+        c.release(h.fh);
+        let h = c.open(big.attr.ino, false).await.expect("reopen");
+        let mut got = Vec::new();
+        for b in 0..6u64 {
+            got.extend_from_slice(&c.read(h.fh, b * BS, bs, 1).await.expect("the new version"));
+        }
+        assert_eq!(got, new.to_vec());
+        c.release(h.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding: a handle of a 20 MiB file replaced by a 1 MiB one, whose first
 /// read was at 10 MiB, went on with the new version and answered nothing: the kernel,
 /// which sent the read under the old size, filled the reply with 1 MiB of zeros that
