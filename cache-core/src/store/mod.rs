@@ -683,7 +683,7 @@ impl BackingStore {
         shape: (u64, u64, u64, u64),
         blocks: &mut Vec<Bytes>,
         progress_at: &mut tokio::time::Instant,
-        on_block: Option<&(dyn Fn(usize, &Bytes) + Sync)>,
+        on_block: Option<&PieceSink<'_>>,
     ) -> std::result::Result<(), BodyError> {
         let (len, start, want, block_size) = shape;
         let piece = |done: u64| (want - done).min(block_size) as usize;
@@ -1694,6 +1694,9 @@ fn cloud_store(
         }
     })
 }
+
+/// What a ranged read hands each whole piece to (its index, its bytes).
+type PieceSink<'a> = dyn Fn(usize, &Bytes) + Sync + 'a;
 
 /// Why the body of one response of a ranged read ended early.
 struct BodyError {
