@@ -299,10 +299,20 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
             1000
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // With a handle open the inode is the version it opened, as a local file's is
+        // for its descriptors; the path's new version comes through a lookup, as a new
+        // inode.
         assert_eq!(
-            c.getattr(small.attr.ino).await.expect("fresh").attr.size,
-            3000
+            c.getattr(small.attr.ino)
+                .await
+                .expect("as opened")
+                .attr
+                .size,
+            1000
         );
+        let fresh = c.lookup(dir.attr.ino, "small").await.expect("fresh");
+        assert_eq!(fresh.attr.size, 3000);
+        assert_ne!(fresh.attr.ino, small.attr.ino);
         // The old handle still reads its version from the cache (block 0 is cached)...
         assert_eq!(
             c.read(old.fh, 0, 10, 1).await.expect("cached old"),
@@ -514,6 +524,55 @@ async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
         assert_eq!(err.expect("cached block"), data(3000, 9).slice(0..10));
         c.release(a.fh);
         c.release(b.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (`--metadata-ttl 0`, an object replaced every 50 ms, read whole):
+/// each GETATTR asked the store afresh, so the kernel took one version's size while the
+/// handle read another's (reads cut at a block boundary or padded with zeros, as
+/// successes), and a GETATTR between a lookup and an open, after another reader's lookup
+/// moved the path to a newer inode, answered ENOENT for a file that always existed.
+#[tokio::test]
+async fn an_open_files_attributes_are_its_opened_version_and_an_older_inode_still_answers() {
+    timed(async {
+        let opts = CoreOptions {
+            metadata_ttl: Duration::ZERO,
+            ..Default::default()
+        };
+        let fx = fixture(opts).await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let first = c.lookup(dir.attr.ino, "small").await.expect("small");
+        fx.store
+            .put("dir/small", data(3000, 9))
+            .await
+            .expect("replace");
+        let second = c.lookup(dir.attr.ino, "small").await.expect("again");
+        assert_ne!(
+            second.attr.ino, first.attr.ino,
+            "a new version, a new inode"
+        );
+        let older = c.getattr(first.attr.ino).await.expect("not ENOENT");
+        assert_eq!(older.attr.size, 3000);
+        let h = c.open(first.attr.ino, false).await.expect("open");
+        assert_eq!(c.read(h.fh, 0, 4096, 1).await.expect("read"), data(3000, 9));
+        fx.store
+            .put("dir/small", data(2000, 4))
+            .await
+            .expect("replace again");
+        assert_eq!(
+            c.getattr(first.attr.ino).await.expect("open").attr.size,
+            3000,
+            "the version the handle reads"
+        );
+        c.release(h.fh);
+        assert_eq!(
+            c.getattr(first.attr.ino).await.expect("closed").attr.size,
+            2000,
+            "once closed, the store's"
+        );
     })
     .await
     .expect("bounded");
