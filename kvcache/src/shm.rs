@@ -94,6 +94,8 @@ pub struct Lease {
 #[serde(default)]
 pub struct ShmStats {
     pub sessions: u64,
+    /// Idle sessions ended to make room for a new one ([`MAX_SESSIONS`]).
+    pub sessions_ended: u64,
     /// Gets answered from the arena, and how many of those copied the block in.
     pub leases: u64,
     pub copies: u64,
@@ -139,6 +141,10 @@ struct Session {
     leases: HashSet<u64>,
     bytes: u64,
     device_bytes: u64,
+    /// Its last lease or release (or its start).
+    used_at: u64,
+    /// Told when the arena ends the session to make room (its side connection closes).
+    ended: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Default)]
@@ -152,6 +158,8 @@ struct State {
     leases: HashMap<u64, (SessionId, u64)>,
     device_leases: HashMap<u64, DeviceLease>,
     sessions: HashMap<SessionId, Session>,
+    /// Orders sessions by last use ([`Session::used_at`]).
+    session_clock: u64,
     tick: u64,
     next_id: u64,
     /// Stores and removals of keys, counted per slot of key hashes ([`change_slot`]).
@@ -176,6 +184,7 @@ pub struct ShmArena {
     leases: AtomicU64,
     copies: AtomicU64,
     fallbacks: AtomicU64,
+    sessions_ended: AtomicU64,
     device_leases: AtomicU64,
     /// Device bytes one session may hold leased (0: device leases off).
     device_cap: AtomicU64,
@@ -220,6 +229,7 @@ impl ShmArena {
             leases: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            sessions_ended: AtomicU64::new(0),
             device_leases: AtomicU64::new(0),
             device_cap: AtomicU64::new(0),
             device: std::sync::OnceLock::new(),
@@ -257,9 +267,12 @@ impl ShmArena {
         }
         let id = st.next_id;
         st.next_id += 1;
+        st.session_clock += 1;
+        let now = st.session_clock;
         let s = st.sessions.get_mut(&session)?;
         s.device_bytes += bytes;
         s.leases.insert(id);
+        s.used_at = now;
         st.device_leases.insert(
             id,
             DeviceLease {
@@ -284,17 +297,49 @@ impl ShmArena {
 
     /// Starts a session; its leases end with [`Self::close_session`].
     pub fn open_session(&self) -> Result<SessionId> {
+        self.open_session_ended().map(|(id, _)| id)
+    }
+
+    /// [`Self::open_session`], with what tells the session's connection that the arena
+    /// ended it. With [`MAX_SESSIONS`] open, the one unused longest that holds no lease
+    /// is ended for the newcomer (black-box finding: 1,100 connections that took their
+    /// hello and sat idle, as leaked clients or forked workers holding the socket do,
+    /// refused every new shared-memory client for good). Its client attaches again at
+    /// its next Get ([`SESSION_ENDED`]). Only sessions all holding leases refuse one.
+    pub fn open_session_ended(&self) -> Result<(SessionId, Arc<tokio::sync::Notify>)> {
         let mut raw = [0u8; 16];
         getrandom(&mut raw)?;
         let id = u128::from_le_bytes(raw);
         let mut st = self.state.lock();
+        st.session_clock += 1;
+        let now = st.session_clock;
         if st.sessions.len() >= MAX_SESSIONS {
-            return Err(KvError::Busy(format!(
-                "{MAX_SESSIONS} shared-memory sessions are open; use the socket"
-            )));
+            let idle = st
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.leases.is_empty())
+                .min_by_key(|(_, s)| s.used_at)
+                .map(|(&id, _)| id);
+            let Some(victim) = idle else {
+                return Err(KvError::Busy(format!(
+                    "{MAX_SESSIONS} shared-memory sessions hold leases; use the socket"
+                )));
+            };
+            if let Some(s) = st.sessions.remove(&victim) {
+                s.ended.notify_one();
+            }
+            self.sessions_ended.fetch_add(1, Ordering::Relaxed);
         }
-        st.sessions.insert(id, Session::default());
-        Ok(id)
+        let ended = Arc::new(tokio::sync::Notify::new());
+        st.sessions.insert(
+            id,
+            Session {
+                used_at: now,
+                ended: ended.clone(),
+                ..Session::default()
+            },
+        );
+        Ok((id, ended))
     }
 
     /// Ends a session, releasing every lease it still holds.
@@ -437,9 +482,12 @@ impl ShmArena {
                 st.idle.remove(&t);
             }
             st.leases.insert(lease_id, (session, entry_id));
+            st.session_clock += 1;
+            let now = st.session_clock;
             let s = st.sessions.get_mut(&session)?;
             s.leases.insert(lease_id);
             s.bytes += span as u64;
+            s.used_at = now;
             (
                 Lease {
                     id: lease_id,
@@ -480,6 +528,7 @@ impl ShmArena {
         let st = self.state.lock();
         ShmStats {
             sessions: st.sessions.len() as u64,
+            sessions_ended: self.sessions_ended.load(Ordering::Relaxed),
             leases: self.leases.load(Ordering::Relaxed),
             copies: self.copies.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
@@ -640,8 +689,8 @@ pub async fn serve_side_socket(
 }
 
 async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()> {
-    let id = arena
-        .open_session()
+    let (id, ended) = arena
+        .open_session_ended()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     // Released whatever happens below.
     struct Close<'a>(&'a ShmArena, SessionId);
@@ -684,10 +733,14 @@ async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()
     }
     let mut buf = [0u8; 8];
     loop {
-        match stream.read_exact(&mut buf).await {
-            Ok(_) => arena.release(id, u64::from_le_bytes(buf)),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
+        tokio::select! {
+            // Ended by the arena for a newcomer: the connection closes.
+            _ = ended.notified() => return Ok(()),
+            read = stream.read_exact(&mut buf) => match read {
+                Ok(_) => arena.release(id, u64::from_le_bytes(buf)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            },
         }
     }
 }
@@ -835,6 +888,43 @@ mod tests {
         );
     }
 
+    /// Black-box finding: 1,100 connections that took their hello and sat idle refused
+    /// every new shared-memory client for good. A full arena ends the session unused
+    /// longest that holds no lease; sessions that all hold leases refuse a newcomer.
+    #[test]
+    fn a_full_arena_ends_its_longest_idle_session_for_a_newcomer() {
+        let a = ShmArena::new(8 << 20).expect("arena");
+        let busy = a.open_session().expect("busy");
+        a.lease(busy, &key(0), &block(1024, 0), Some(0))
+            .expect("lease");
+        let (oldest, ended) = a.open_session_ended().expect("oldest idle");
+        let rest: Vec<SessionId> = (2..MAX_SESSIONS)
+            .map(|_| a.open_session().expect("open"))
+            .collect();
+        // The oldest idle one is used again: the next oldest is ended instead.
+        let reused = a
+            .lease(oldest, &key(1), &block(1024, 1), Some(0))
+            .expect("lease");
+        a.release(oldest, reused.id);
+        a.open_session().expect("room made");
+        assert!(a.has_session(busy), "a session holding a lease stays");
+        assert!(a.has_session(oldest), "used since: not the longest idle");
+        assert!(!a.has_session(rest[0]), "the longest idle one ended");
+        assert!(futures::FutureExt::now_or_never(ended.notified()).is_none());
+        assert_eq!(a.stats().sessions, MAX_SESSIONS as u64);
+        assert_eq!(a.stats().sessions_ended, 1);
+        // Every session holding a lease: a newcomer is refused.
+        let all: Vec<SessionId> = a.state.lock().sessions.keys().copied().collect();
+        for (i, s) in all.iter().enumerate() {
+            let k = CacheKey::kv("full", (i as u32).to_le_bytes().to_vec());
+            if !a.state.lock().sessions[s].leases.is_empty() {
+                continue;
+            }
+            a.lease(*s, &k, &block(100, 7), Some(0)).expect("lease");
+        }
+        assert!(a.open_session().is_err(), "every session holds a lease");
+    }
+
     #[test]
     fn a_session_of_tiny_blocks_is_held_to_its_share_in_pages() {
         // 1 MiB arena: a session may hold 256 KiB of pages, i.e. 64 one-page blocks,
@@ -843,7 +933,6 @@ mod tests {
         let s = a.open_session().expect("s");
         let more: Vec<_> = (1..MAX_SESSIONS).map(|_| a.open_session()).collect();
         assert!(more.iter().all(Result::is_ok));
-        assert!(a.open_session().is_err(), "sessions are bounded");
         let leased = (0..100u8)
             .filter(|i| a.lease(s, &key(*i), &block(1024, *i), Some(0)).is_some())
             .count();
