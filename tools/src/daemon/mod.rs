@@ -167,6 +167,13 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {
+        mount::abort_other_mounts_uploads(
+            &core.cache_dir,
+            &cfg.mounts,
+            store,
+            url,
+            cfg.store.endpoint.as_deref(),
+        );
         for m in &cfg.mounts {
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());

@@ -259,6 +259,54 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
+/// Aborts, in the background, the uploads that mounts this daemon no longer has (an
+/// earlier run's mountpoints) left unfinished in `store`: their staged files are removed
+/// at start (`remove_other_staging`), so nothing would ever finish them, and without
+/// this their parts stayed in the bucket for good (black-box finding: a mount taken out
+/// of strata.toml after a crash leaked its multipart upload; kept in, it was aborted).
+/// Records of other stores stay for a mount of theirs.
+pub fn abort_other_mounts_uploads(
+    cache_dir: &Path,
+    mounts: &[MountConfig],
+    store: &BackingStore,
+    url: &str,
+    endpoint: Option<&str>,
+) {
+    let keep: std::collections::HashSet<PathBuf> = mounts
+        .iter()
+        .map(|m| uploads_dir(cache_dir, &m.mountpoint))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(cache_dir.join(UPLOADS)) else {
+        return;
+    };
+    let id = journal_store_id(url, endpoint);
+    for dir in entries.flatten().map(|e| e.path()) {
+        if keep.contains(&dir) || !dir.is_dir() {
+            continue;
+        }
+        let left = match strata_cache_core::store::UploadJournal::open(&dir, &id) {
+            Ok((_, left)) => left,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot read another mount's upload records");
+                continue;
+            }
+        };
+        if left.is_empty() {
+            // Nothing of this store; an empty folder of an old mount goes.
+            let _ = std::fs::remove_dir(&dir);
+            continue;
+        }
+        let cleaner = store.clone();
+        tokio::spawn(async move {
+            let n = left.len();
+            let cleaned = cleaner.abort_left(left).await;
+            tracing::info!(dir = %dir.display(), cleaned, of = n,
+                "uploads a mount this daemon no longer has left unfinished");
+            let _ = std::fs::remove_dir(&dir);
+        });
+    }
+}
+
 /// The store as the upload journal names it: the URL and, for an S3-compatible server,
 /// its endpoint. The bucket alone is not enough: a restart against another server
 /// holding a bucket of that name "cleaned" the first server's upload record without
@@ -401,6 +449,71 @@ mod tests {
         let e =
             refuse_self_reference(&at("other"), &core, &url("cache")).expect_err("cache in store");
         assert!(e.to_string().contains("inside the store"), "{e}");
+    }
+
+    /// Black-box finding: a mount taken out of strata.toml after a crash left its
+    /// multipart upload in the bucket for good (kept in, it was aborted at the start).
+    #[tokio::test]
+    async fn uploads_of_mounts_no_longer_configured_are_aborted_at_start() {
+        use object_store::multipart::MultipartStore;
+        use strata_cache_core::store::{UploadJournal, UploadShape};
+        let cache = tempfile::tempdir().expect("tempdir");
+        let mem = Arc::new(object_store::memory::InMemory::new());
+        let url = "s3://b";
+        let id = journal_store_id(url, Some("http://127.0.0.1:9"));
+        let gone = MountConfig {
+            mountpoint: "/mnt/removed".into(),
+            ..Default::default()
+        };
+        let (journal, _) = UploadJournal::open(&uploads_dir(cache.path(), &gone.mountpoint), &id)
+            .expect("journal");
+        let store = BackingStore::new(mem.clone(), url, Default::default())
+            .with_part_store(mem.clone(), "");
+        let run1 = store.clone().with_upload_journal(journal);
+        let shape = UploadShape {
+            part_size: 8,
+            in_flight: 2,
+            slots: None,
+            only_if_absent: false,
+        };
+        let mut up = run1.start_upload("ckpt.bin", &shape).await.expect("start");
+        up.put(bytes::Bytes::from(vec![7u8; 20]))
+            .await
+            .expect("put");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        std::mem::forget(up); // the crash
+        let (_, left) =
+            UploadJournal::open(&uploads_dir(cache.path(), &gone.mountpoint), &id).expect("reopen");
+        let upload_id = left[0].record.upload_id.clone().expect("id");
+        let location = object_store::path::Path::from("ckpt.bin");
+
+        let kept = MountConfig {
+            mountpoint: "/mnt/kept".into(),
+            ..Default::default()
+        };
+        abort_other_mounts_uploads(
+            cache.path(),
+            &[kept],
+            &store,
+            url,
+            Some("http://127.0.0.1:9"),
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while uploads_dir(cache.path(), &gone.mountpoint).exists() {
+            assert!(std::time::Instant::now() < deadline, "not cleaned");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(
+            mem.put_part(
+                &location,
+                &upload_id,
+                9,
+                bytes::Bytes::from_static(b"x").into()
+            )
+            .await
+            .is_err(),
+            "the upload was aborted"
+        );
     }
 
     #[test]
