@@ -33,7 +33,7 @@
 //!
 //! [`IDENTITY_METADATA`]: crate::keys::IDENTITY_METADATA
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,7 +77,15 @@ pub struct IdentityBindings {
     /// Tenants sharing [`MAX_BINDINGS`] (0: single-tenant, one pool): each may bind at
     /// most its equal share ([`Self::share_among_tenants`]).
     tenants: usize,
+    /// When bindings were last reclaimed, and the newest generation then: bindings made
+    /// since may belong to puts still in flight and are kept at the next reclaim.
+    reclaimed: Mutex<(Option<Instant>, u64)>,
 }
+
+/// Least time between two reclaims of bindings whose namespaces hold no block (see
+/// [`IdentityBindings::check`]): 5 s, so a client at the bound costs one scan of the
+/// cache's KV keys per 5 s, and a binding made just before a reclaim survives it.
+pub const RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
 
 impl Drop for IdentityBindings {
     fn drop(&mut self) {
@@ -123,6 +131,7 @@ impl IdentityBindings {
             last_write: Mutex::new(None),
             writes: AtomicU64::new(0),
             tenants: 0,
+            reclaimed: Mutex::new((None, 0)),
         }
     }
 
@@ -248,6 +257,24 @@ impl IdentityBindings {
         identity: Option<&IdentityDigest>,
         bind: bool,
     ) -> Result<Option<u64>> {
+        self.check_reclaiming(ns, identity, bind, HashSet::new)
+    }
+
+    /// [`Self::check`]; when the bound refuses a new binding, bindings of namespaces
+    /// that hold no block (`in_use` names those that do) are dropped first, at most once
+    /// per [`RECLAIM_INTERVAL`] and never one made since the last reclaim (its put may
+    /// be in flight). Such a binding guards nothing: another identity binding the
+    /// namespace afresh finds no block of the first. Black-box finding: bindings only
+    /// ever grew, so a client cycling namespaces (per-request salts, per-session names)
+    /// filled the bound, and every new namespace's put was refused for good, the blocks
+    /// long removed or evicted.
+    pub fn check_reclaiming(
+        &self,
+        ns: &Arc<str>,
+        identity: Option<&IdentityDigest>,
+        bind: bool,
+        in_use: impl FnOnce() -> HashSet<Arc<str>>,
+    ) -> Result<Option<u64>> {
         let Some(id) = identity else {
             return Ok(None);
         };
@@ -261,11 +288,43 @@ impl IdentityBindings {
             Some((_, generation)) => Ok(bind.then_some(*generation)),
             None if !bind => Ok(None),
             None => {
+                if self.room_for(&map, ns).is_err() {
+                    self.reclaim(&mut map, in_use);
+                }
                 self.room_for(&map, ns).map_err(KvError::Busy)?;
                 let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
                 map.insert(ns.clone(), (*id, generation));
                 Ok(Some(generation))
             }
+        }
+    }
+}
+
+impl IdentityBindings {
+    /// Drops the bindings of namespaces not in `in_use`, but for those made since the
+    /// previous reclaim; at most once per [`RECLAIM_INTERVAL`].
+    fn reclaim(
+        &self,
+        map: &mut HashMap<Arc<str>, (IdentityDigest, u64)>,
+        in_use: impl FnOnce() -> HashSet<Arc<str>>,
+    ) {
+        let mut last = self.reclaimed.lock();
+        if last.0.is_some_and(|t| t.elapsed() < RECLAIM_INTERVAL) {
+            return;
+        }
+        let floor = last.1;
+        *last = (Some(Instant::now()), self.newest.load(Ordering::Acquire));
+        drop(last);
+        let used = in_use();
+        let before = map.len();
+        map.retain(|ns, (_, generation)| *generation > floor || used.contains(ns));
+        let dropped = before - map.len();
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                left = map.len(),
+                "dropped the identity bindings of namespaces that hold no block"
+            );
         }
     }
 }
@@ -509,6 +568,39 @@ mod tests {
     /// Black-box finding (security): one tenant bound 16,384 namespaces (blocks put, then
     /// removed; bindings stay) and every other tenant's first put to a new namespace was
     /// refused. With tenants each binds at most its share; the others keep theirs.
+    /// Black-box finding: bindings only ever grew, so a client cycling namespaces
+    /// filled the bound and every new namespace's put was refused for good. At the
+    /// bound, bindings of namespaces holding no block make room (not one made since
+    /// the last reclaim: its put may be in flight).
+    #[test]
+    fn bindings_of_namespaces_without_blocks_make_room_at_the_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("ids.json");
+        let id = [1u8; 32];
+        {
+            let b = IdentityBindings::open(Some(file.clone()));
+            for i in 0..MAX_BINDINGS {
+                b.check(&Arc::from(format!("ns{i}")), Some(&id), true)
+                    .expect("bind");
+            }
+            assert!(
+                b.check(&Arc::from("new"), Some(&id), true).is_err(),
+                "made since the last reclaim: kept, so at the bound"
+            );
+        }
+        let b = IdentityBindings::open(Some(file));
+        let in_use = || HashSet::from([Arc::<str>::from("ns7")]);
+        b.check_reclaiming(&Arc::from("new"), Some(&id), true, in_use)
+            .expect("room made");
+        assert_eq!(
+            b.bound("ns7"),
+            Some(id),
+            "a namespace holding blocks stays bound"
+        );
+        assert_eq!(b.bound("ns8"), None);
+        assert_eq!(b.bound("new"), Some(id));
+    }
+
     #[test]
     fn each_tenant_binds_at_most_its_share() {
         let b = IdentityBindings::open(None).share_among_tenants(2);

@@ -295,10 +295,22 @@ impl KvService {
             Some(t) => t.scope(ns)?,
             None => Arc::from(ns),
         };
-        let binding = self
-            .inner
-            .identities
-            .check(&scoped, caller.identity.as_ref(), bind)?;
+        let engine = &self.inner.engine;
+        let binding = self.inner.identities.check_reclaiming(
+            &scoped,
+            caller.identity.as_ref(),
+            bind,
+            || {
+                engine
+                    .resident_kv()
+                    .into_iter()
+                    .filter_map(|(k, _)| match k {
+                        strata_cache_core::CacheKey::Kv(kv) => Some(kv.namespace.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            },
+        )?;
         Ok((scoped, binding))
     }
 
