@@ -238,9 +238,14 @@ impl PassthroughOptions {
         })
     }
 
-    /// The copy name of one version of an object, if objects of `size` are copied.
+    /// The copy name of one version of an object, if objects of `size` are copied: up to
+    /// `max_object`, and up to half of the copies' budget, so that one copy cannot
+    /// empty the store of the others. Black-box finding: a file under `max_object` but
+    /// larger than the whole budget was never copied, and as a copy was expected its
+    /// blocks skipped the disk tier (one copy per byte): each re-read went to the store.
     pub fn name_for(&self, path: &str, version: &str, size: u64) -> Option<String> {
-        (size > 0 && size <= self.max_object)
+        let largest = self.max_object.min(self.copies.budget() / 2);
+        (size > 0 && size <= largest)
             .then(|| PassthroughStore::name(&self.namespace, path, version, size))
     }
 }

@@ -1122,3 +1122,20 @@ async fn a_restart_with_the_store_down_reads_what_the_cache_holds() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: with `--disk-cache 64MiB` (16 MiB of copies), a 24 MiB file under
+/// the 64 MiB `passthrough-max` was expected to get a copy it could never get, so its
+/// blocks skipped the disk tier and every re-read went to the store. A copy takes at
+/// most half the copies' budget; larger files stay in the disk tier's blocks.
+#[test]
+fn a_file_too_large_for_the_copies_budget_is_not_expected_to_get_a_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pt = PassthroughOptions::open(dir.path().join("copies"), 16 << 20).expect("open");
+    assert!(
+        pt.name_for("f", "v", 24 << 20).is_none(),
+        "larger than the budget"
+    );
+    assert!(pt.name_for("f", "v", 9 << 20).is_none(), "over half of it");
+    assert!(pt.name_for("f", "v", 8 << 20).is_some());
+    assert!(pt.name_for("f", "v", 0).is_none());
+}
