@@ -364,6 +364,37 @@ async fn a_slow_body_whose_pieces_keep_coming_is_read_whole() {
     );
 }
 
+/// Black-box finding: behind a gateway that ignored If-Match, one open file read the
+/// old version's first MiB and the new version's rest, and the new bytes were cached
+/// under the old version's keys. The response's ETag is checked too.
+#[tokio::test]
+async fn a_store_that_ignores_if_match_still_never_answers_another_version() {
+    let ignoring = FaultConfig {
+        ignore_if_match: true,
+        ..FaultConfig::default()
+    };
+    let (store, _f, old) = faulty_holding(ignoring, "a", Bytes::from(vec![1u8; 10_000])).await;
+    store
+        .put("a", Bytes::from(vec![2u8; 10_000]))
+        .await
+        .expect("replace");
+    let e = store
+        .get_range(&old, 0..100)
+        .await
+        .expect_err("another version");
+    assert!(matches!(e, CacheError::Changed(_)), "{e}");
+    let e = store
+        .get_range_blocks(&old, 0..10_000, 4096, &|_, _| {})
+        .await
+        .expect_err("another version");
+    assert!(matches!(e, CacheError::Changed(_)), "{e}");
+    let now = store.head("a").await.expect("head");
+    assert_eq!(
+        store.get_range(&now, 0..3).await.expect("current"),
+        Bytes::from(vec![2u8; 3])
+    );
+}
+
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =

@@ -67,6 +67,9 @@ pub struct FaultConfig {
     pub trickle_every: Duration,
     /// A trickled body stops (hangs) after this many bytes of each response (0: never).
     pub trickle_stall_after: u64,
+    /// Reads ignore `If-Match` (as a gateway or S3-compatible store that does not do
+    /// conditional GETs): the current version answers whatever was asked for.
+    pub ignore_if_match: bool,
 }
 
 impl FaultConfig {
@@ -461,6 +464,10 @@ impl ObjectStore for FaultyStore {
         };
         let _asked = InFlightBytes::new(&self.gets, asked);
         let cfg = self.before_read(location.as_ref()).await?;
+        let mut options = options;
+        if cfg.ignore_if_match {
+            options.if_match = None;
+        }
         let result = self.inner.get_opts(location, options).await?;
         if head {
             return Ok(result);

@@ -498,6 +498,17 @@ impl BackingStore {
             regular_local_file(root.clone(), p).await?;
         }
         let res = self.store.get_opts(p, opts).await?;
+        // The version the response names must be the one asked for: a store or gateway
+        // that ignores If-Match would otherwise hand one open file two versions and put
+        // the new bytes in the cache under the old version's keys (black-box finding).
+        if let (Some(want), Some(got)) = (if_match, &res.meta.e_tag) {
+            if bare_etag(want) != bare_etag(got) {
+                return Err(object_store::Error::Precondition {
+                    path: p.to_string(),
+                    source: format!("asked for version {want}, the store answered {got}").into(),
+                });
+            }
+        }
         Ok((res, sent.elapsed()))
     }
 
@@ -1388,6 +1399,11 @@ const LOCAL_VERSION_SEP: &str = "+c";
 
 /// The ETag to send as `If-Match` for a version tag (a local file's version is its
 /// ETag plus the ctime and mtime in nanoseconds).
+/// An ETag without its weak marker and quotes, as two answers may write one version.
+fn bare_etag(etag: &str) -> &str {
+    etag.trim_start_matches("W/").trim_matches('"')
+}
+
 fn etag_of(version: &str) -> &str {
     version
         .split_once(LOCAL_VERSION_SEP)
