@@ -63,6 +63,21 @@ pub const SHM_SESSION_METADATA: &str = "strata-shm-session";
 /// hold (it restarted, or the side connection closed): clients attach again on it.
 pub const SESSION_ENDED: &str = "the shared-memory session has ended: attach again";
 
+/// gRPC metadata naming the leasing call (a client-chosen number below 2^63), so the
+/// client can give up the leases of an answer it never got: on the side socket it sends
+/// the number with the top bit set ([`ABANDON_BIT`]). Black-box finding: the leases of
+/// Gets whose caller timed out were never released (the client never learnt their ids),
+/// and the session's quarter of the arena stayed leased until it closed, every later
+/// block coming as bytes.
+pub const SHM_REQUEST_METADATA: &str = "strata-shm-request";
+
+/// Marks a side-socket message as "abandon the leases of this call" (lease ids never
+/// reach it).
+pub const ABANDON_BIT: u64 = 1 << 63;
+
+/// Abandoned calls a session remembers, for answers built after the client gave up.
+const ABANDONED_KEPT: usize = 64;
+
 /// gRPC metadata (any value) asking for a device handle when the block is resident in
 /// the GPU tier (with [`SHM_SESSION_METADATA`]; see the module docs).
 pub const DEVICE_IPC_METADATA: &str = "strata-device-ipc";
@@ -143,6 +158,10 @@ struct Session {
     device_bytes: u64,
     /// Its last lease or release (or its start).
     used_at: u64,
+    /// The call each lease answered, where the client named it ([`SHM_REQUEST_METADATA`]).
+    call_of: HashMap<u64, u64>,
+    /// Calls the client gave up, newest last.
+    abandoned: std::collections::VecDeque<u64>,
     /// Told when the arena ends the session to make room (its side connection closes).
     ended: Arc<tokio::sync::Notify>,
 }
@@ -370,6 +389,7 @@ impl ShmArena {
             let d = st.device_leases.remove(&lease);
             if let (Some(d), Some(s)) = (&d, st.sessions.get_mut(&session)) {
                 s.leases.remove(&lease);
+                s.call_of.remove(&lease);
                 s.device_bytes = s.device_bytes.saturating_sub(d.bytes);
             }
             drop(st);
@@ -387,9 +407,59 @@ impl ShmArena {
             .map_or(0, |e| e.span as u64);
         if let Some(s) = st.sessions.get_mut(&session) {
             s.leases.remove(&lease);
+            s.call_of.remove(&lease);
             s.bytes = s.bytes.saturating_sub(len);
         }
         release_locked(&mut st, lease);
+    }
+
+    /// Leases `ids` answer the client's call `call`: released at once if the client has
+    /// given that call up already, else when it does ([`Self::abandon`]).
+    pub fn answered(&self, session: SessionId, call: u64, ids: &[u64]) {
+        let gone = {
+            let mut st = self.state.lock();
+            let Some(s) = st.sessions.get_mut(&session) else {
+                return;
+            };
+            if s.abandoned.contains(&call) {
+                true
+            } else {
+                for &id in ids {
+                    if s.leases.contains(&id) {
+                        s.call_of.insert(id, call);
+                    }
+                }
+                false
+            }
+        };
+        if gone {
+            for &id in ids {
+                self.release(session, id);
+            }
+        }
+    }
+
+    /// The client gave up its call `call` (it never got the answer): the leases that
+    /// answered it are released, and any answering it later.
+    pub fn abandon(&self, session: SessionId, call: u64) {
+        let ids: Vec<u64> = {
+            let mut st = self.state.lock();
+            let Some(s) = st.sessions.get_mut(&session) else {
+                return;
+            };
+            if s.abandoned.len() >= ABANDONED_KEPT {
+                s.abandoned.pop_front();
+            }
+            s.abandoned.push_back(call);
+            s.call_of
+                .iter()
+                .filter(|(_, c)| **c == call)
+                .map(|(&id, _)| id)
+                .collect()
+        };
+        for id in ids {
+            self.release(session, id);
+        }
     }
 
     /// Drops the arena's copy of `key` and counts a change of it: called before every
@@ -737,7 +807,10 @@ async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()
             // Ended by the arena for a newcomer: the connection closes.
             _ = ended.notified() => return Ok(()),
             read = stream.read_exact(&mut buf) => match read {
-                Ok(_) => arena.release(id, u64::from_le_bytes(buf)),
+                Ok(_) => match u64::from_le_bytes(buf) {
+                    m if m & ABANDON_BIT != 0 => arena.abandon(id, m & !ABANDON_BIT),
+                    lease => arena.release(id, lease),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
             },
@@ -923,6 +996,37 @@ mod tests {
             a.lease(*s, &k, &block(100, 7), Some(0)).expect("lease");
         }
         assert!(a.open_session().is_err(), "every session holds a lease");
+    }
+
+    /// Black-box finding: the leases of Gets whose caller timed out were never released
+    /// (it never learnt their ids). A client gives the call up by its number: the leases
+    /// answering it go back, also those of an answer built after it gave up.
+    #[test]
+    fn leases_of_an_abandoned_call_are_released_before_or_after_the_answer() {
+        let a = ShmArena::new(1 << 20).expect("arena");
+        let s = a.open_session().expect("s");
+        let l1 = a
+            .lease(s, &key(1), &block(5000, 1), Some(0))
+            .expect("lease");
+        let l2 = a
+            .lease(s, &key(2), &block(5000, 2), Some(0))
+            .expect("lease");
+        let kept = a
+            .lease(s, &key(3), &block(5000, 3), Some(0))
+            .expect("lease");
+        a.answered(s, 7, &[l1.id, l2.id]);
+        a.answered(s, 8, &[kept.id]);
+        a.abandon(s, 7);
+        assert_eq!(a.stats().leased_bytes, 8192, "only call 8's lease is left");
+        // Given up before its answer was built.
+        a.abandon(s, 9);
+        let late = a
+            .lease(s, &key(4), &block(5000, 4), Some(0))
+            .expect("lease");
+        a.answered(s, 9, &[late.id]);
+        assert_eq!(a.stats().leased_bytes, 8192);
+        a.release(s, kept.id);
+        assert_eq!(a.stats().leased_bytes, 0);
     }
 
     #[test]

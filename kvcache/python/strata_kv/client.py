@@ -58,6 +58,16 @@ SHM_SESSION_METADATA = "strata-shm-session"
 #: What the daemon answers (FAILED_PRECONDITION) to a call naming a session it does not
 #: hold: it restarted, or closed the side connection (kvcache/src/shm.rs).
 SHM_SESSION_ENDED = "the shared-memory session has ended"
+#: gRPC metadata numbering a leasing call, so its leases can be given up if its answer
+#: never comes (kvcache/src/shm.rs: SHM_REQUEST_METADATA, ABANDON_BIT).
+SHM_REQUEST_METADATA = "strata-shm-request"
+_ABANDON_BIT = 1 << 63
+
+
+def _call_number() -> int:
+    return int.from_bytes(os.urandom(8), "little") & (_ABANDON_BIT - 1)
+
+
 #: gRPC metadata asking for a device handle of a GPU-tier block (kvcache/src/shm.rs).
 DEVICE_IPC_METADATA = "strata-device-ipc"
 #: The side socket's hello: session (16), arena size (8), device memory size (8), then
@@ -107,6 +117,16 @@ class _ShmArena:
                 self._sock.sendall(struct.pack("<Q", lease))
             except OSError:
                 pass  # the session is gone; the daemon released its leases already
+
+    def abandon(self, call: int) -> None:
+        """Gives up the leases that answered the leasing call ``call`` (numbered by
+        :data:`SHM_REQUEST_METADATA`): its answer never came (a timeout, a cancel), so its
+        lease ids are unknown here and could not be released one by one."""
+        with self._lock:
+            try:
+                self._sock.sendall(struct.pack("<Q", call | _ABANDON_BIT))
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._sock.close()  # ends the session: the daemon releases what is left
@@ -340,6 +360,9 @@ class KvClient:
             if views is not None:
                 return views
         md = self._device_metadata if device else self._get_metadata
+        arena, call = self._arena, _call_number()
+        if arena is not None and md:
+            md = tuple(md) + ((SHM_REQUEST_METADATA, str(call)),)
         try:
             streams = [
                 self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=bound, metadata=md)
@@ -357,6 +380,8 @@ class KvClient:
                     v.release()
             for stream in streams[len(views):]:
                 stream.cancel()
+            if arena is not None:
+                arena.abandon(call)  # leases answered to Gets whose answer never came
             raise
         return views
 
@@ -370,9 +395,11 @@ class KvClient:
             arena = self._arena
             if arena is None:
                 return None  # attaching again failed: Gets as bytes
+            call = _call_number()
+            md = tuple(self._get_metadata) + ((SHM_REQUEST_METADATA, str(call)),)
             try:
                 answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
-                                               timeout=bound, metadata=self._get_metadata)
+                                               timeout=bound, metadata=md)
                 break
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -382,9 +409,14 @@ class KvClient:
                         and SHM_SESSION_ENDED in (e.details() or "")):
                     self._reattach(arena)
                     continue
+                # The answer may have been built after we gave up: its leases go back.
+                arena.abandon(call)
                 raise _wrap(e) from None
             except ValueError as e:
                 raise _closed(e) from None
+            except BaseException:
+                arena.abandon(call)
+                raise
         views: List[Optional[BlockView]] = []
         # Every lease answered is owned by a view from here on, so any failure below
         # releases them all.

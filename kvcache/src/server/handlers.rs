@@ -36,6 +36,7 @@ impl KvCache for KvService {
         let caller = Caller::of(&request);
         let conn = ConnInfo::of(&request);
         let session = self.shm_session(&request);
+        let call = shm_call(&request);
         let wants_device =
             session.is_some() && request.metadata().contains_key(DEVICE_IPC_METADATA);
         let req = request.into_inner();
@@ -75,6 +76,9 @@ impl KvCache for KvService {
         let (key, data, tier, local_since) = match self.reject(r)? {
             Served::Bytes(key, data, tier, since) => (key, data, tier, since),
             Served::Device((lease, handle, size)) => {
+                if let (Some(arena), Some(s), Some(c)) = (&self.inner.shm, session, call) {
+                    arena.answered(s, c, &[lease]);
+                }
                 let msg = pb::GetResponse {
                     size,
                     shm_lease: lease,
@@ -100,7 +104,13 @@ impl KvCache for KvService {
         }
         // Same host, attached to the arena: a lease on the block instead of its bytes.
         let lease = match (&self.inner.shm, session) {
-            (Some(arena), Some(s)) => arena.lease(s, &key, &data, local_since),
+            (Some(arena), Some(s)) => {
+                let lease = arena.lease(s, &key, &data, local_since);
+                if let (Some(l), Some(c)) = (&lease, call) {
+                    arena.answered(s, c, &[l.id]);
+                }
+                lease
+            }
             _ => None,
         };
         // Inline bytes: the response holds the block (a private copy when it came from
@@ -231,6 +241,7 @@ impl KvCache for KvService {
         if !arena.has_session(session) {
             return Err(Status::failed_precondition(crate::shm::SESSION_ENDED));
         }
+        let call = shm_call(&request);
         let Blocks { req, ns, keys, .. } = self.blocks(request)?;
         // Leases granted so far go back if this call fails or is dropped (the client
         // cancelled it) before its answer leaves.
@@ -266,6 +277,9 @@ impl KvCache for KvService {
                 None => pb::LeasedBlock::default(),
             };
             blocks.push(entry);
+        }
+        if let Some(c) = call {
+            arena.answered(session, c, &granted.ids);
         }
         granted.sent();
         Ok(Response::new(pb::BatchLeaseResponse { blocks }))
@@ -491,6 +505,16 @@ impl Drop for LeasesUntilSent {
             self.arena.release(self.session, id);
         }
     }
+}
+
+/// The client's number of a leasing call ([`crate::shm::SHM_REQUEST_METADATA`]).
+fn shm_call<T>(request: &Request<T>) -> Option<u64> {
+    request
+        .metadata()
+        .get(crate::shm::SHM_REQUEST_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|c| c & crate::shm::ABANDON_BIT == 0)
 }
 
 impl KvService {
