@@ -1280,21 +1280,21 @@ impl FsCore {
                 });
             }
         }
-        let superseded = self.inodes.read().by_path.get(&node.path) != Some(&ino);
         let meta = self.meta(&node.path).await?;
-        if superseded && node.kind == Kind::File && matches!(meta, Meta::File(_)) {
-            // A newer version of its path took another inode, and no handle holds this
-            // one's: the kernel asks between its lookup and its open (another reader's
-            // lookup moved the path meanwhile). The file is still there: not ENOENT
-            // (black-box finding: 43-53 opens of an object being replaced failed so).
-            return Ok(Entry {
-                attr: self.attr_of(ino, &meta),
-                generation: node.generation,
-                ttl: self.ttl(),
-            });
-        }
         let entry = self.entry_for(&node.path, &meta, false)?;
         if entry.attr.ino != ino {
+            if node.kind == Kind::File && matches!(meta, Meta::File(_)) {
+                // A newer version of its path took another inode, and no handle holds
+                // this one's: the kernel asks between its lookup and its open (another
+                // reader's lookup moved the path meanwhile, maybe while this one asked
+                // the store). The file is still there: not ENOENT (black-box finding:
+                // 43-53 opens of an object being replaced failed so).
+                return Ok(Entry {
+                    attr: self.attr_of(ino, &meta),
+                    generation: node.generation,
+                    ttl: self.ttl(),
+                });
+            }
             // The path changed kind since this inode was issued.
             return Err(Error::NotFound(node.path.to_string()));
         }
