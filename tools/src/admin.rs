@@ -181,6 +181,10 @@ pub struct AdminState {
     pub mounts: Vec<MountInfo>,
     /// The mounts' cores, in the order of `mounts` (their counters go into the stats).
     pub mount_cores: Vec<Arc<strata_fs::FsCore>>,
+    /// Set for each mount (in the order of `mounts`) the daemon found unmounted from
+    /// outside (`fusermount3 -u`): no longer shown (black-box finding: stats and
+    /// /metrics still counted it).
+    pub unmounted: Arc<[std::sync::atomic::AtomicBool]>,
     /// The mounts' copies and staged writes (None: no disk budget).
     pub local_files: Option<Arc<strata_fs::PassthroughStore>>,
     pub started: Instant,
@@ -242,6 +246,12 @@ impl AdminState {
                 .mounts
                 .iter()
                 .enumerate()
+                .filter(|(i, _)| {
+                    !self
+                        .unmounted
+                        .get(*i)
+                        .is_some_and(|g| g.load(std::sync::atomic::Ordering::Relaxed))
+                })
                 .map(|(i, m)| MountInfo {
                     stats: self.mount_cores.get(i).map(|c| MountStats::of(c)),
                     ..m.clone()
@@ -1195,6 +1205,41 @@ fn dechunk(mut body: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Black-box finding: after `fusermount3 -u` of one mount, `strata stats` and
+    /// /metrics still counted it (`strata_mounts 2`).
+    #[test]
+    fn a_mount_unmounted_from_outside_leaves_the_stats() {
+        use std::sync::atomic::AtomicBool;
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine");
+        let info = |p: &str| MountInfo {
+            mountpoint: p.into(),
+            prefix: String::new(),
+            stats: None,
+        };
+        let state = AdminState {
+            engine,
+            kv: None,
+            mounts: vec![info("/a"), info("/b")],
+            mount_cores: vec![],
+            unmounted: vec![AtomicBool::new(false), AtomicBool::new(true)].into(),
+            local_files: None,
+            started: Instant::now(),
+            token: None,
+            cluster: None,
+            peer: None,
+        };
+        let shown: Vec<PathBuf> = state
+            .snapshot()
+            .mounts
+            .into_iter()
+            .map(|m| m.mountpoint)
+            .collect();
+        assert_eq!(shown, vec![PathBuf::from("/a")]);
+    }
 
     /// A local endpoint that accepts and then behaves as `serve` does with each
     /// connection.

@@ -19,6 +19,7 @@ pub fn bare_state(token: Option<&str>) -> AdminState {
         kv: None,
         mounts: vec![],
         mount_cores: vec![],
+        unmounted: Arc::new([]),
         started: Instant::now(),
         token: token.map(Arc::from),
         cluster: None,

@@ -188,6 +188,11 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         }
     }
 
+    // Set by `supervise` for each mount unmounted from outside; the admin API drops it.
+    let unmounted: std::sync::Arc<[std::sync::atomic::AtomicBool]> = mounts
+        .iter()
+        .map(|_| std::sync::atomic::AtomicBool::new(false))
+        .collect();
     if let (Some((addr, token)), Some(l)) = (admin_plan, admin_listener) {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
@@ -198,6 +203,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             kv: kv.as_ref().map(|k| k.service.clone()),
             mounts: infos,
             mount_cores: mounts.iter().filter_map(|h| h.core().cloned()).collect(),
+            unmounted: unmounted.clone(),
             local_files: core.local_files.clone(),
             started,
             token: token.map(std::sync::Arc::from),
@@ -213,7 +219,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     }
     announce!("ready");
 
-    let result = supervise(&stop, &mut tasks, &mounts, kv.is_some()).await;
+    let result = supervise(&stop, &mut tasks, &mounts, &unmounted, kv.is_some()).await;
     shut_down(tasks, mounts).await;
     if let Some((c, _, _)) = cluster {
         c.leave().await;
@@ -261,9 +267,10 @@ async fn supervise(
     stop: &CancellationToken,
     tasks: &mut Servers,
     mounts: &[strata_fs::MountHandle],
+    unmounted: &[std::sync::atomic::AtomicBool],
     kv_running: bool,
 ) -> anyhow::Result<()> {
-    let mut gone = vec![false; mounts.len()];
+    use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
@@ -280,13 +287,13 @@ async fn supervise(
                 return result;
             }
             _ = tick.tick() => {
-                for (m, g) in mounts.iter().zip(gone.iter_mut()) {
-                    if !*g && m.is_finished() {
-                        *g = true;
+                for (m, g) in mounts.iter().zip(unmounted) {
+                    if !g.load(Relaxed) && m.is_finished() {
+                        g.store(true, Relaxed);
                         tracing::warn!(mountpoint = %m.mountpoint().display(), "unmounted from outside");
                     }
                 }
-                if !kv_running && !gone.is_empty() && gone.iter().all(|g| *g) {
+                if !kv_running && !unmounted.is_empty() && unmounted.iter().all(|g| g.load(Relaxed)) {
                     tracing::info!("every mount is gone and no KV service runs: exiting");
                     stop.cancel();
                     return Ok(());
