@@ -25,6 +25,42 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Uri};
 use tonic::Request;
 
 use crate::blocks::BlocksRequest;
+
+/// Numbers this process's leasing calls ([`crate::shm::SHM_REQUEST_METADATA`]).
+static NEXT_SHM_CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A leasing call in flight: unless it completes, the leases that answered it are
+/// given up (a call cut off by an error, or dropped by a caller's timeout, never
+/// delivered their ids; black-box finding: they stayed leased for the session's life).
+struct LeasingCall {
+    shm: Arc<crate::shm_client::ShmClient>,
+    number: u64,
+    completed: bool,
+}
+
+impl LeasingCall {
+    fn new(shm: Arc<crate::shm_client::ShmClient>) -> Self {
+        let number = NEXT_SHM_CALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            & !crate::shm::ABANDON_BIT;
+        LeasingCall {
+            shm,
+            number,
+            completed: false,
+        }
+    }
+
+    fn metadata(&self) -> MetadataValue<tonic::metadata::Ascii> {
+        MetadataValue::from(self.number)
+    }
+}
+
+impl Drop for LeasingCall {
+    fn drop(&mut self) {
+        if !self.completed {
+            self.shm.abandon(self.number);
+        }
+    }
+}
 use crate::error::{KvError, Result};
 use crate::pb;
 use crate::pb::kv_cache_client::KvCacheClient;
@@ -351,9 +387,14 @@ impl KvClient {
             namespace: namespace.to_string(),
             hash: Bytes::copy_from_slice(hash),
         });
-        if let Some(s) = &self.shm_session {
+        let mut call = None;
+        if let (Some(s), Some(shm)) = (&self.shm_session, &self.shm) {
+            let c = LeasingCall::new(shm.clone());
             req.metadata_mut()
                 .insert(crate::shm::SHM_SESSION_METADATA, s.clone());
+            req.metadata_mut()
+                .insert(crate::shm::SHM_REQUEST_METADATA, c.metadata());
+            call = Some(c);
             if self.want_device {
                 req.metadata_mut().insert(
                     crate::shm::DEVICE_IPC_METADATA,
@@ -394,9 +435,16 @@ impl KvClient {
             Err(KvError::Status(s))
                 if s.code() == tonic::Code::NotFound && s.message() == "block not found" =>
             {
-                return Ok(None)
+                if let Some(c) = call.as_mut() {
+                    c.completed = true; // answered: nothing leased
+                }
+                return Ok(None);
             }
             Err(e) => return Err(e),
+        }
+        // The answer came: its lease (if any) is owned from here on.
+        if let Some(c) = call.as_mut() {
+            c.completed = true;
         }
         let Some(first) = first else {
             return Err(KvError::Invalid("empty Get stream".into()));
@@ -478,10 +526,16 @@ impl KvClient {
                 return Ok(got.into_iter().map(|b| b.map(Block::Inline)).collect());
             };
             let mut req = self.req(pb::BatchGetRequest::named(namespace, hashes));
+            let mut call = LeasingCall::new(shm.clone());
             req.metadata_mut()
                 .insert(crate::shm::SHM_SESSION_METADATA, session);
+            req.metadata_mut()
+                .insert(crate::shm::SHM_REQUEST_METADATA, call.metadata());
             match self.inner.batch_lease(req).await {
-                Ok(a) => break (shm, a.into_inner()),
+                Ok(a) => {
+                    call.completed = true;
+                    break (shm, a.into_inner());
+                }
                 Err(s)
                     if !attached_again
                         && s.code() == tonic::Code::FailedPrecondition

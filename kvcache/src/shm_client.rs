@@ -208,4 +208,11 @@ impl ShmClient {
     pub fn release_now(&self, lease: u64) {
         let _ = self.releases.send(lease);
     }
+
+    /// Gives up the leases that answered the leasing call numbered `call` (sent as
+    /// [`crate::shm::SHM_REQUEST_METADATA`]): its answer never came, so their ids are
+    /// unknown here.
+    pub fn abandon(&self, call: u64) {
+        let _ = self.releases.send(call | crate::shm::ABANDON_BIT);
+    }
 }

@@ -214,3 +214,47 @@ async fn a_client_attaches_again_when_its_session_has_ended() {
     assert_eq!(&block[..], &v[..]);
     assert_eq!(arena.stats().sessions, 1);
 }
+
+/// Black-box finding: the leases of a leasing call whose caller gave up (a timeout
+/// dropped the call's future) were never released: the client never learnt their ids,
+/// and the session's share of the arena stayed leased until it closed. The client now
+/// gives the call up by its number, and the daemon releases what answered it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_calls_dropped_by_their_callers_are_given_back() {
+    let d = daemon();
+    let mut c = KvClient::connect(&d.addr).await.expect("connect");
+    let blocks: Vec<Vec<u8>> = (0..8u8).map(|i| pattern(200_000, i)).collect();
+    for (i, v) in blocks.iter().enumerate() {
+        c.put(NS, &[b'd', i as u8], Bytes::from(v.clone()))
+            .await
+            .expect("put");
+    }
+    c.attach_shm(&d.side).await.expect("attach");
+    let arena = d.service.shm_arena().expect("arena");
+    let keys: Vec<[u8; 2]> = (0..8u8).map(|i| [b'd', i]).collect();
+    let mut cut = 0;
+    for i in 0..60u64 {
+        // Cut at varying points: before the request leaves, while it is served, after.
+        let bound = Duration::from_micros(50 + 40 * i);
+        if i % 2 == 0 {
+            if tokio::time::timeout(bound, c.get_blocks(NS, &keys))
+                .await
+                .is_err()
+            {
+                cut += 1;
+            }
+        } else if tokio::time::timeout(bound, c.get_block(NS, &keys[0]))
+            .await
+            .is_err()
+        {
+            cut += 1;
+        }
+    }
+    assert!(cut > 0, "some calls were cut off");
+    wait_until("every lease given back", || arena.stats().leased_bytes == 0).await;
+    // And the session still leases.
+    let got = c.get_blocks(NS, &keys).await.expect("get_blocks");
+    assert!(got
+        .iter()
+        .all(|b| b.as_ref().is_some_and(|b| b.is_shared())));
+}
