@@ -310,12 +310,14 @@ async fn a_slow_body_whose_pieces_keep_coming_is_read_whole() {
     let (store, f, obj) = faulty_holding_with(retry, slow, "a", data.clone()).await;
     let seen = std::sync::Mutex::new(Vec::new());
     let (blocks, _) = store
-        .get_range_blocks(&obj, 0..32_768, 4096, &|i, _| seen.lock().unwrap().push(i))
+        .get_range_blocks(&obj, 0..32_768, 4096, &|i, _| {
+            seen.lock().expect("lock").push(i)
+        })
         .await
         .expect("bytes keep coming: no deadline passes between two pieces");
     assert_eq!(blocks.concat(), data.to_vec());
     assert_eq!(
-        *seen.lock().unwrap(),
+        *seen.lock().expect("lock"),
         (0..8).collect::<Vec<_>>(),
         "each piece once, in order"
     );

@@ -1343,12 +1343,7 @@ where
         match tokio::time::timeout(retry.attempt_timeout.min(left), op()).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => {
-                // A refusal in a listing's text (a 403, NoSuchBucket) is final too.
-                let transient = matches!(
-                    e,
-                    object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-                ) && !probe::is_refusal(&e);
-                if !transient || last {
+                if !transient(&e) || last {
                     return Err(map_store_error(e, attempt));
                 }
                 tracing::debug!(store = %label, attempt, error = %e, "transient store error; retrying");
@@ -1364,6 +1359,16 @@ where
         backoff = backoff.saturating_mul(2).min(retry.max_backoff);
     }
     Err(CacheError::StoreTimeout { attempts })
+}
+
+/// Whether `e` is worth asking again: a 5xx, a broken connection, a short body (all
+/// `Generic` in object_store), but not a refusal in a listing's text (a 403,
+/// NoSuchBucket).
+fn transient(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+    ) && !probe::is_refusal(e)
 }
 
 fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
@@ -1717,15 +1722,16 @@ type PieceSink<'a> = dyn Fn(usize, &Bytes) + Sync + 'a;
 /// Why the body of one response of a ranged read ended early.
 struct BodyError {
     error: object_store::Error,
-    /// Worth asking again (a reset, a short body, a deadline), as [`retry_op`] judges.
+    /// Worth asking again (a reset, a short body, a deadline): [`transient`].
     transient: bool,
 }
 
 impl BodyError {
     fn of(error: object_store::Error) -> Self {
-        let transient =
-            matches!(error, object_store::Error::Generic { .. }) && !probe::is_refusal(&error);
-        BodyError { error, transient }
+        BodyError {
+            transient: transient(&error),
+            error,
+        }
     }
 
     fn transient(message: String) -> Self {

@@ -125,18 +125,8 @@ const METADATA: &str = "metadata";
 /// four earlier mountpoints outside the budget). The cache dir is this daemon's alone
 /// (its index is locked), so no live mount stages there.
 pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
-    let keep: std::collections::HashSet<PathBuf> = mounts
-        .iter()
-        .map(|m| staging_dir(cache_dir, &m.mountpoint))
-        .collect();
-    let Ok(entries) = std::fs::read_dir(cache_dir.join(STAGING)) else {
-        return;
-    };
-    for e in entries.flatten() {
+    for e in other_mounts_entries(cache_dir, STAGING, mounts, staging_dir) {
         let path = e.path();
-        if keep.contains(&path) {
-            continue;
-        }
         let removed = match e.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
             _ => std::fs::remove_file(&path),
@@ -259,6 +249,42 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
+/// The entries of the cache dir's `folder` (one per mountpoint, named by `dir_of`) that
+/// belong to none of `mounts`: an earlier run's mountpoints.
+fn other_mounts_entries(
+    cache_dir: &Path,
+    folder: &str,
+    mounts: &[MountConfig],
+    dir_of: fn(&Path, &Path) -> PathBuf,
+) -> Vec<std::fs::DirEntry> {
+    let keep: std::collections::HashSet<PathBuf> = mounts
+        .iter()
+        .map(|m| dir_of(cache_dir, &m.mountpoint))
+        .collect();
+    let Ok(entries) = std::fs::read_dir(cache_dir.join(folder)) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| !keep.contains(&e.path()))
+        .collect()
+}
+
+/// Aborts `left` in `store` in the background, logging `what`, then runs `then`.
+fn abort_in_background(
+    store: BackingStore,
+    left: Vec<strata_cache_core::store::LeftUpload>,
+    what: &'static str,
+    then: impl FnOnce() + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let n = left.len();
+        let cleaned = store.abort_left(left).await;
+        tracing::info!(cleaned, of = n, "{what}");
+        then();
+    });
+}
+
 /// Aborts, in the background, the uploads that mounts this daemon no longer has (an
 /// earlier run's mountpoints) left unfinished in `store`: their staged files are removed
 /// at start (`remove_other_staging`), so nothing would ever finish them, and without
@@ -272,16 +298,10 @@ pub fn abort_other_mounts_uploads(
     url: &str,
     endpoint: Option<&str>,
 ) {
-    let keep: std::collections::HashSet<PathBuf> = mounts
-        .iter()
-        .map(|m| uploads_dir(cache_dir, &m.mountpoint))
-        .collect();
-    let Ok(entries) = std::fs::read_dir(cache_dir.join(UPLOADS)) else {
-        return;
-    };
     let id = journal_store_id(url, endpoint);
-    for dir in entries.flatten().map(|e| e.path()) {
-        if keep.contains(&dir) || !dir.is_dir() {
+    for e in other_mounts_entries(cache_dir, UPLOADS, mounts, uploads_dir) {
+        let dir = e.path();
+        if !dir.is_dir() {
             continue;
         }
         let left = match strata_cache_core::store::UploadJournal::open(&dir, &id) {
@@ -296,14 +316,14 @@ pub fn abort_other_mounts_uploads(
             let _ = std::fs::remove_dir(&dir);
             continue;
         }
-        let cleaner = store.clone();
-        tokio::spawn(async move {
-            let n = left.len();
-            let cleaned = cleaner.abort_left(left).await;
-            tracing::info!(dir = %dir.display(), cleaned, of = n,
-                "uploads a mount this daemon no longer has left unfinished");
-            let _ = std::fs::remove_dir(&dir);
-        });
+        abort_in_background(
+            store.clone(),
+            left,
+            "uploads a mount this daemon no longer has left unfinished",
+            move || {
+                let _ = std::fs::remove_dir(&dir);
+            },
+        );
     }
 }
 
@@ -333,12 +353,8 @@ fn with_upload_journal(
         Ok((journal, left)) => {
             let store = store.clone().with_upload_journal(journal);
             if !left.is_empty() {
-                let cleaner = store.clone();
-                tokio::spawn(async move {
-                    let n = left.len();
-                    let cleaned = cleaner.abort_left(left).await;
-                    tracing::info!(cleaned, of = n, "uploads an earlier run left unfinished");
-                });
+                let what = "uploads an earlier run left unfinished";
+                abort_in_background(store.clone(), left, what, || {});
             }
             store
         }
