@@ -560,7 +560,8 @@ pub struct MountConfig {
     pub prefetch: PrefetchMode,
     /// Largest object kept as a plain file in `<cache dir>/passthrough` for FUSE
     /// passthrough ("0" disables it). 64 MiB: files of that size are read whole and
-    /// often, and then bypass userspace entirely; larger ones stay in blocks.
+    /// often, and then bypass userspace entirely; larger ones stay in blocks, as do
+    /// files larger than half the copies' share of the disk budget.
     #[arg(long, default_value_t = MountConfig::default().passthrough_max)]
     pub passthrough_max: String,
     /// Kernel readahead of the mount in KiB. 4096: four 1 MiB requests in flight per
