@@ -731,7 +731,42 @@ impl CacheEngine {
         }
     }
 
-    /// Removes `key` from every level; returns whether any held it.
+    /// Frees about `bytes` of the disk levels kept on device `dev` (`st_dev`), the
+    /// policy's victims first, for a write that cannot be made again (a file being
+    /// written through a mount) that found that device full: blocks can be fetched
+    /// again. The level's budget comes down to what it holds, as after its own ENOSPC,
+    /// so the room is not taken back at once; it goes up again with the device's room
+    /// ([`Self::note_write_ok`]). Returns the bytes freed.
+    pub async fn shed_persistent(&self, dev: u64, bytes: u64) -> u64 {
+        let mut freed = 0;
+        for (i, level) in self.inner.levels.iter().enumerate() {
+            if freed >= bytes
+                || level.tier.kind() != TierKind::Disk
+                || level.tier.device() != Some(dev)
+            {
+                continue;
+            }
+            let victims = {
+                let mut state = self.inner.state.lock();
+                let victims = state.shed(i, bytes - freed);
+                let held = state.level(i).used() + state.level(i).reserved();
+                if held < state.level(i).budget() {
+                    state.set_budget(i, held);
+                    level.budget_lowered.store(true, Ordering::Relaxed);
+                }
+                victims
+            };
+            for (victim, size) in victims {
+                level.evictions.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = level.tier.remove(&victim).await {
+                    tracing::warn!(tier = %level.tier.name(), key = %victim, error = %e, "evict failed");
+                }
+                freed += size;
+            }
+        }
+        freed
+    }
+
     /// The number of the latest removal, for [`Self::known_removed_since`].
     pub fn removal_seq(&self) -> u64 {
         self.inner.state.lock().removal_seq()
@@ -744,6 +779,7 @@ impl CacheEngine {
         self.inner.state.lock().known_removed_since(key, seq)
     }
 
+    /// Removes `key` from every level; returns whether any held it.
     pub async fn remove(&self, key: &CacheKey) -> Result<bool> {
         // Copies of it read before now (a promotion, a demotion) are not placed after.
         self.inner.state.lock().note_removal(key);

@@ -209,6 +209,11 @@ impl Hierarchy {
         self.levels[i].remove(key)
     }
 
+    /// [`TierSpace::shed`] at level `i`.
+    pub fn shed(&mut self, i: usize, bytes: u64) -> Vec<(CacheKey, u64)> {
+        self.levels[i].shed(bytes)
+    }
+
     /// Resident blocks of every level.
     pub fn resident_blocks(&self) -> usize {
         self.levels.iter().map(TierSpace::len).sum()

@@ -191,6 +191,25 @@ impl TierSpace {
         self.reserved = self.reserved.saturating_sub(size);
     }
 
+    /// Evicts the residents the policy names until `bytes` are freed or none is left
+    /// (writes in flight stay): the device is needed for something that cannot be
+    /// made again. The caller removes the victims' bytes.
+    pub fn shed(&mut self, bytes: u64) -> Vec<(CacheKey, u64)> {
+        let (mut freed, mut evicted) = (0, Vec::new());
+        while freed < bytes {
+            let Some(victim) = self.policy.victim() else {
+                break;
+            };
+            if let Some(size) = self.entries.remove(&victim) {
+                self.used -= size;
+                freed += size;
+                evicted.push((victim.clone(), size));
+            }
+            self.policy.on_remove(&victim);
+        }
+        evicted
+    }
+
     /// Forgets `key` (removed by a caller, or found corrupt); returns its size.
     pub fn remove(&mut self, key: &CacheKey) -> Option<u64> {
         let size = self.entries.remove(key)?;
@@ -272,6 +291,32 @@ mod tests {
                 prop_assert_eq!(s.used(), s.keys().map(|(_, v)| *v).sum::<u64>());
             }
         }
+    }
+
+    /// Shedding frees at least what was asked, least recently used first, and never
+    /// a write in flight.
+    #[test]
+    fn shed_frees_the_oldest_residents_and_keeps_writes_in_flight() {
+        let mut s = TierSpace::new(100, Box::new(LruPolicy::new()));
+        let ctx = AccessContext::default();
+        let k = |i| CacheKey::file("f", "v", i);
+        for i in 0..4 {
+            s.place(&k(i), 20, &ctx).expect("place");
+        }
+        assert!(matches!(
+            s.reserve(&k(9), 10, &ctx),
+            Ok(Placement::Admitted { .. })
+        ));
+        let shed = s.shed(30);
+        assert_eq!(shed, vec![(k(0), 20), (k(1), 20)]);
+        assert_eq!((s.used(), s.reserved()), (40, 10));
+        let rest = s.shed(1_000);
+        assert_eq!(rest.len(), 2, "every resident, then it stops");
+        assert_eq!(
+            (s.used(), s.reserved()),
+            (0, 10),
+            "the write in flight stays"
+        );
     }
 
     #[test]

@@ -74,6 +74,11 @@ pub trait Tier: Send + Sync + 'static {
     fn free_bytes(&self) -> Option<u64> {
         None
     }
+    /// The file system it keeps its bytes on (`st_dev`), where that is one: whoever
+    /// shares that device may ask it for room ([`crate::engine::CacheEngine::shed_persistent`]).
+    fn device(&self) -> Option<u64> {
+        None
+    }
     /// Keys and sizes held now (a persistent tier reports what survived a restart).
     fn resident(&self) -> Vec<(CacheKey, u64)>;
     /// The bytes a block of `len` bytes under `key` takes here, as this tier's budget

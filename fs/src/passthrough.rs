@@ -37,7 +37,9 @@
 //!   room (a copy can be made again from the store; a staged file is the only copy of
 //!   what the user wrote), and is never refused for the budget's sake: staged bytes
 //!   beyond the budget, once no copy is left to evict, are allowed and reported
-//!   ([`PassthroughStore::staged_bytes`]); the disk's own end is ENOSPC.
+//!   ([`PassthroughStore::staged_bytes`]); a file system that fills first (a budget
+//!   larger than the disk) costs copies too ([`PassthroughStore::evict_until`]), and
+//!   only a disk full of other things gives ENOSPC.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -240,6 +242,12 @@ impl PassthroughStore {
             }
         }
         deleted
+    }
+
+    /// The file system the copies are on (`st_dev`).
+    pub fn device(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(&self.dir).ok().map(|m| m.dev())
     }
 
     /// Bytes the copies and the staged files may take together.

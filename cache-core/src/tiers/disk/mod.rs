@@ -961,6 +961,11 @@ impl Tier for DiskTier {
         room::free_bytes(&self.dir).ok()
     }
 
+    fn device(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.dir).ok().map(|m| m.dev())
+    }
+
     fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
         format::file_len(key.encoded_len(), len)
     }
