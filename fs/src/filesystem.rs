@@ -1050,14 +1050,10 @@ impl FsCore {
                     false => Meta::Missing,
                 }
             }
-            Err(CacheError::NotFound(_)) => {
-                let listing = self.fetch_listing(path).await?;
-                if listing.entries.is_empty() && !listing.exists {
-                    Meta::Missing
-                } else {
-                    Meta::Dir
-                }
-            }
+            Err(CacheError::NotFound(_)) => match self.fetch_listing_if_small(path).await? {
+                Some(listing) if listing.entries.is_empty() && !listing.exists => Meta::Missing,
+                _ => Meta::Dir,
+            },
             // The store does not answer: the parent's listing as an earlier run logged
             // it, if it was (an indefinite metadata TTL).
             Err(e) if store_unreachable(&e) => {
@@ -1097,14 +1093,41 @@ impl FsCore {
 
     async fn fetch_listing(&self, path: &Arc<str>) -> Result<Arc<Listing>> {
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        let raw = match self.reader.store().list_dir(path).await {
-            Ok(raw) => raw,
+        match self.reader.store().list_dir(path).await {
+            Ok(raw) => Ok(self.keep_listing(path, raw).await),
             Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {
-                Some(l) => return Ok(l),
-                None => return Err(e.into()),
+                Some(l) => Ok(l),
+                None => Err(e.into()),
             },
-            Err(e) => return Err(e.into()),
-        };
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// For a lookup of `path`, which only asks whether it is a folder: its listing if
+    /// one page of the store's holds it all (kept as [`Self::fetch_listing`] keeps
+    /// it, so opening its files asks the store nothing more), None if it has more:
+    /// a folder, listed whole only when read (as mountpoint-s3 does, a lookup costs
+    /// a page, not the folder's size).
+    async fn fetch_listing_if_small(&self, path: &Arc<str>) -> Result<Option<Arc<Listing>>> {
+        self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
+        match self.reader.store().list_dir_if_one_page(path).await {
+            Ok(Some(raw)) => Ok(Some(self.keep_listing(path, raw).await)),
+            Ok(None) => Ok(None),
+            Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {
+                Some(l) => Ok(Some(l)),
+                None => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A listing the store gave: the attributes of its entries, the predictors'
+    /// names, the listing log and the listing cache take it.
+    async fn keep_listing(
+        &self,
+        path: &Arc<str>,
+        raw: strata_cache_core::store::DirListing,
+    ) -> Arc<Listing> {
         // The store answers: the earlier run's listings are not needed (nor kept in
         // memory) any more.
         if self.listing_log.is_some() {
@@ -1161,7 +1184,7 @@ impl FsCore {
             log.append(path, listing.exists, logged);
         }
         self.listings.insert(path.clone(), listing.clone()).await;
-        Ok(listing)
+        listing
     }
 
     /// An object an earlier run looked up by name (see [`Self::logged_listing`]).

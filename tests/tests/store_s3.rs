@@ -129,6 +129,58 @@ async fn folder_markers_are_directories_not_files() {
     assert!(!store.list_dir("nothing").await.expect("list").exists);
 }
 
+/// A lookup's listing (`list_dir_if_one_page`): a folder one page holds comes whole (a
+/// marker, an empty folder and a missing one as `list_dir` tells them); a folder of
+/// more than a page is answered without listing the rest (black-box finding: each
+/// lookup of a folder of 20,000 keys listed all of it, 22 requests, every TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookups_listing_takes_one_page() {
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    server.put_raw("data", "p/small/a", "a");
+    server.put_raw("data", "p/small/b", "b");
+    server.put_raw("data", "p/small/sub/c", "c");
+    server.put_raw("data", "p/marker/", "");
+    for i in 0..1001 {
+        server.put_raw("data", &format!("p/big/k{i:04}"), "x");
+    }
+    let store = s3_store(&server, "s3://data/p");
+    let small = store
+        .list_dir_if_one_page("small")
+        .await
+        .expect("list small")
+        .expect("one page holds it");
+    let files: Vec<&str> = small.files.iter().map(|f| f.path.as_ref()).collect();
+    assert_eq!(files, vec!["small/a", "small/b"]);
+    assert_eq!(small.dirs, vec!["sub".to_string()]);
+    assert!(small.exists);
+    let marker = store
+        .list_dir_if_one_page("marker")
+        .await
+        .expect("list marker")
+        .expect("one page");
+    assert!(marker.exists && marker.files.is_empty(), "{marker:?}");
+    let missing = store
+        .list_dir_if_one_page("nothing")
+        .await
+        .expect("list nothing")
+        .expect("one page");
+    assert!(!missing.exists && missing.files.is_empty());
+    assert!(
+        store
+            .list_dir_if_one_page("big")
+            .await
+            .expect("list big")
+            .is_none(),
+        "a folder of 1,001 keys is more than a page"
+    );
+    // Listing it for its entries still takes every page.
+    assert_eq!(
+        store.list_dir("big").await.expect("list big").files.len(),
+        1001
+    );
+}
+
 /// A mount's first listing: a missing bucket and refused credentials are refusals the
 /// mount fails on (with the store's words), an empty folder of a real bucket is not;
 /// and the daemon fails its start on the refusal rather than mounting a folder whose

@@ -780,12 +780,38 @@ impl BackingStore {
         self.local_path_fits(dir)?;
         self.local_children_fit(dir).await?;
         let prefix = (!dir.is_empty()).then(|| object_key(dir));
-        let mut res = self
+        let res = self
             .retrying(|| {
                 let prefix = prefix.clone();
                 async move { self.list_level(prefix.as_ref()).await }
             })
             .await?;
+        self.dir_listing(dir, prefix, res).await
+    }
+
+    /// [`Self::list_dir`] where one page of the store's listing holds all of `dir`
+    /// (one request); None where it has more: `dir` exists, and is listed whole only
+    /// by whoever needs its entries (a lookup only asks whether it is a folder). A
+    /// store without paged listing (a local directory) lists it whole.
+    pub async fn list_dir_if_one_page(&self, dir: &str) -> Result<Option<DirListing>> {
+        let Some(paged) = self.paged.as_ref().filter(|_| !dir.is_empty()) else {
+            return self.list_dir(dir).await.map(Some);
+        };
+        let prefix = object_key(dir);
+        let page = self.retrying(|| paged.list_if_one_page(&prefix)).await?;
+        match page {
+            Some(res) => self.dir_listing(dir, Some(prefix), res).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// One level of the store's listing as a directory's entries.
+    async fn dir_listing(
+        &self,
+        dir: &str,
+        prefix: Option<Path>,
+        mut res: ListResult,
+    ) -> Result<DirListing> {
         // A folder marker (key `dir/`) is the directory itself, not a file in it.
         let objects_before = res.objects.len();
         res.objects.retain(|m| Some(&m.location) != prefix.as_ref());
