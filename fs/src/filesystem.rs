@@ -1069,10 +1069,17 @@ impl FsCore {
                         .map(|i| listing.entries[i].1.clone())
                         .unwrap_or(Meta::Missing),
                     // Its parent was never listed: looked up by name, or listed itself.
+                    // A listing logged empty of a folder the store did not show is
+                    // a name found absent (a lookup's probe, a file since removed):
+                    // absent still, not a folder (black-box finding: unlinked files
+                    // and names the predictor probed came back as empty folders).
                     None => match self.logged_file(path) {
                         Some(obj) => Meta::File(Arc::new(obj)),
-                        None if self.logged_listing(path).await.is_some() => Meta::Dir,
-                        None => return Err(e.into()),
+                        None => match self.logged_listing(path).await {
+                            Some(l) if l.entries.is_empty() && !l.exists => Meta::Missing,
+                            Some(_) => Meta::Dir,
+                            None => return Err(e.into()),
+                        },
                     },
                 }
             }

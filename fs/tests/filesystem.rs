@@ -1068,6 +1068,9 @@ async fn a_restart_with_the_store_down_reads_what_the_cache_holds() {
                 read_all(c, top.attr.ino, 10).await.expect("read"),
                 data(10, 1)
             );
+            // Looked up and found absent (its probe is logged as an empty listing).
+            let ghost = c.lookup(ROOT_INO, "ghost").await;
+            assert!(matches!(ghost, Err(e) if e.errno() == libc::ENOENT));
         }
         // The log is appended off the caller's task.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1109,6 +1112,14 @@ async fn a_restart_with_the_store_down_reads_what_the_cache_holds() {
         assert!(
             c.lookup(d.attr.ino, "nope").await.is_err(),
             "not in the listing"
+        );
+        // Absent as logged, not an empty folder (black-box finding: unlinked files and
+        // names the predictor probed came back as folders at an offline start).
+        let ghost = c.lookup(ROOT_INO, "ghost").await;
+        assert!(
+            matches!(&ghost, Err(e) if e.errno() == libc::ENOENT),
+            "{:?}",
+            ghost.map(|e| e.attr.kind)
         );
         let top = c
             .lookup(ROOT_INO, "top.txt")
