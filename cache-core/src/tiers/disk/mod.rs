@@ -415,6 +415,64 @@ fn probe_direct(dir: &Path) -> bool {
     }
 }
 
+/// What the scan of the index at open found: entries whose files check out, the
+/// deletions of the rest, and the greatest file id named.
+#[derive(Default)]
+struct IndexScan {
+    batch: WriteBatch,
+    entries: Vec<(CacheKey, IndexEntry)>,
+    max_id: u64,
+}
+
+/// Decodes the index and checks each entry's file (step 1 of [`DiskTier::open`]);
+/// a read error of the index itself (a table failing its checksum) is the caller's.
+fn scan_index(
+    db: &DB,
+    data_dir: &Path,
+    report: &mut RecoveryReport,
+) -> std::result::Result<IndexScan, rocksdb::Error> {
+    let mut scan = IndexScan::default();
+    let mut ids: HashSet<u64> = HashSet::new();
+    for item in db.iterator(rocksdb::IteratorMode::Start) {
+        let (k, v) = item?;
+        let decoded = CacheKey::decode(&k)
+            .map_err(|e| e.to_string())
+            .and_then(|key| IndexEntry::decode(&v).map(|e| (key, e)));
+        let (key, entry) = match decoded {
+            // A key of another cache format names bytes this build does not make:
+            // dropped like an undecodable one (older key encodings do not decode).
+            Ok(kv) if !ids.contains(&kv.1.file_id) && kv.0.is_current_format() => kv,
+            _ => {
+                report.bad_index_entries += 1;
+                scan.batch.delete(&k);
+                continue;
+            }
+        };
+        scan.max_id = scan.max_id.max(entry.file_id);
+        ids.insert(entry.file_id);
+        let path = block_path(data_dir, entry.file_id);
+        match fs::metadata(&path) {
+            Ok(m) if m.is_file() && m.len() == entry.file_len() => scan.entries.push((key, entry)),
+            _ => {
+                report.bad_files += 1;
+                scan.batch.delete(&k);
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(scan)
+}
+
+/// Whether the index cannot be read as it is on disk (corrupt, or a file of it gone),
+/// as opposed to being held by another process (its `LOCK`).
+fn index_unreadable(e: &rocksdb::Error) -> bool {
+    match e.kind() {
+        rocksdb::ErrorKind::Corruption => true,
+        rocksdb::ErrorKind::IOError => !e.to_string().contains("LOCK"),
+        _ => false,
+    }
+}
+
 impl DiskTier {
     /// Opens (or creates) the cache in `dir` with a budget of `capacity` block bytes,
     /// recovering what a previous run stored. Blocking (RocksDB open, a `stat` per
@@ -457,59 +515,38 @@ impl DiskTier {
         // Each open starts a new info log and renames the last one aside: RocksDB keeps
         // 1,000 of them by default (one per restart, ~30 KB each, outside the budget).
         db_opts.set_keep_log_file_num(2);
-        let db = match DB::open(&db_opts, &index_dir) {
-            Ok(db) => db,
-            Err(e) if e.kind() == rocksdb::ErrorKind::Corruption => {
-                tracing::warn!(dir = %dir.display(), error = %e, "disk cache index corrupt; starting empty");
-                report.wiped = true;
+        // The index names only bytes that can be fetched again (or KV blocks that may
+        // miss): one it cannot read, at the open or anywhere in the scan, costs the
+        // blocks, never the start (crash finding: one flipped bit in an index table, or
+        // a deleted manifest, refused every start, a crash loop under a supervisor).
+        let opened = DB::open(&db_opts, &index_dir).and_then(|db| {
+            let scan = scan_index(&db, &data_dir, &mut report)?;
+            Ok((db, scan))
+        });
+        let (db, scan) = match opened {
+            Ok(opened) => opened,
+            Err(e) if index_unreadable(&e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "disk cache index unreadable; starting empty");
+                report = RecoveryReport {
+                    wiped: true,
+                    deleted_for_room: report.deleted_for_room,
+                    ..Default::default()
+                };
                 let _ = DB::destroy(&db_opts, &index_dir);
                 let _ = fs::remove_dir_all(&index_dir);
-                DB::open(&db_opts, &index_dir).map_err(index_err)?
+                let db = DB::open(&db_opts, &index_dir).map_err(index_err)?;
+                (db, IndexScan::default())
             }
             Err(e) => return Err(index_err(e)),
         };
         let stats = TierStats::default();
         let mut wo = WriteOptions::default();
         wo.set_sync(options.durability == Durability::Sync);
-
-        // 1. Decode the index; check each file.
-        let mut batch = WriteBatch::default();
-        let mut entries: Vec<(CacheKey, IndexEntry)> = Vec::new();
-        let mut ids: HashSet<u64> = HashSet::new();
-        let mut max_id = 0u64;
-        for item in db.iterator(rocksdb::IteratorMode::Start) {
-            let (k, v) = item.map_err(index_err)?;
-            let decoded = CacheKey::decode(&k)
-                .map_err(|e| e.to_string())
-                .and_then(|key| IndexEntry::decode(&v).map(|e| (key, e)));
-            let (key, entry) = match decoded {
-                // A key of another cache format names bytes this build does not make:
-                // dropped like an undecodable one (older key encodings do not decode).
-                Ok(kv)
-                    if !ids.contains(&kv.1.file_id)
-                        && !report.wiped
-                        && kv.0.is_current_format() =>
-                {
-                    kv
-                }
-                _ => {
-                    report.bad_index_entries += 1;
-                    batch.delete(&k);
-                    continue;
-                }
-            };
-            max_id = max_id.max(entry.file_id);
-            ids.insert(entry.file_id);
-            let path = block_path(&data_dir, entry.file_id);
-            match fs::metadata(&path) {
-                Ok(m) if m.is_file() && m.len() == entry.file_len() => entries.push((key, entry)),
-                _ => {
-                    report.bad_files += 1;
-                    batch.delete(&k);
-                    let _ = fs::remove_file(&path);
-                }
-            }
-        }
+        let IndexScan {
+            mut batch,
+            entries,
+            mut max_id,
+        } = scan;
         // 2. Fit the budget.
         let mut map = HashMap::with_capacity(entries.len());
         let mut used = 0u64;
