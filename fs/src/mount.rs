@@ -228,18 +228,72 @@ fn detach_dead_mount(mountpoint: &Path) {
     }
 }
 
-/// Whether `path` is the mount of a FUSE daemon that died: `statfs` (which the kernel
-/// always asks the daemon, where a `stat` may be answered from cached attributes)
-/// fails with ENOTCONN.
-pub fn is_dead_mount(path: &Path) -> bool {
+/// How long a start waits for whoever serves a mount already at its mountpoint to
+/// answer a `statfs` before calling it stuck: a live daemon answers at once.
+pub const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a `statfs` of a mountpoint says about the FUSE daemon serving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountState {
+    /// Answered (or not a FUSE mount at all).
+    Answers,
+    /// The daemon died: every call fails with ENOTCONN.
+    Dead,
+    /// No answer within the wait: a daemon stopped (SIGSTOP) or hung.
+    Stuck,
+}
+
+/// Asks the mount at `path`, if any, with `statfs` (which the kernel always asks the
+/// daemon, where a `stat` may be answered from cached attributes), on a thread of its
+/// own so that a daemon that never answers costs `wait`, not the caller's life
+/// (black-box finding: `strata mount` at the mountpoint of a stopped daemon hung
+/// forever, SIGTERM pending, before it looked at anything else).
+pub fn probe_mount(path: &Path, wait: std::time::Duration) -> MountState {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
+        return MountState::Answers;
     };
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` has room for the result.
-    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let asked = std::thread::Builder::new()
+        .name("mount-probe".into())
+        .spawn(move || {
+            let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+            // SAFETY: `c` is a valid NUL-terminated path and `st` has room for the result.
+            let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+            let dead =
+                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOTCONN);
+            let _ = tx.send(dead);
+        });
+    if asked.is_err() {
+        return MountState::Answers;
+    }
+    match rx.recv_timeout(wait) {
+        Ok(true) => MountState::Dead,
+        Ok(false) => MountState::Answers,
+        Err(_) => MountState::Stuck,
+    }
+}
+
+/// Whether `path` is the mount of a FUSE daemon that died (see [`probe_mount`]).
+pub fn is_dead_mount(path: &Path) -> bool {
+    probe_mount(path, PROBE_WAIT) == MountState::Dead
+}
+
+/// Refuses a mountpoint whose daemon does not answer (see [`probe_mount`]): a mount
+/// there cannot be replaced, nor even looked at, until it is detached.
+pub fn refuse_stuck_mount(path: &Path) -> std::io::Result<()> {
+    match probe_mount(path, PROBE_WAIT) {
+        MountState::Stuck => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "{} is the mount of a FUSE daemon that has not answered for {} s (stopped or \
+                 hung): resume or kill it, or detach its mount with `fusermount3 -uz {0}`",
+                path.display(),
+                PROBE_WAIT.as_secs()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Entries of `dir` a mount there would hide (0 when it cannot be read).

@@ -195,6 +195,40 @@ fn a_killed_mount_fails_calls_until_the_next_mount_replaces_it() {
     assert_eq!(mounts_at(&mnt), 0);
 }
 
+/// Black-box finding: `strata mount` at the mountpoint of a stopped daemon hung for
+/// good (its first `statfs` of the mountpoint never answered, SIGTERM pending). Now it
+/// says what is there, within seconds, and leaves the stopped daemon's mount alone.
+#[test]
+fn a_mount_over_a_stopped_daemons_mount_says_so_instead_of_hanging() {
+    let l = Layout::new(&[("a.txt", b"first")]);
+    let mut daemon = foreground_mount(&l.url, &l.mnt, &l.cache, &[]);
+    let pid = daemon.id() as i32;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let other_cache = l.cache.with_extension("other");
+    let started = Instant::now();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(strata())
+        .args(["mount", &l.url])
+        .arg(&l.mnt)
+        .arg("--cache-dir")
+        .arg(&other_cache)
+        .output()
+        .expect("run strata mount");
+    let took = started.elapsed();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let said = text(&out);
+    let read = std::fs::read(l.mnt.join("a.txt"));
+    unmount(&l.mnt);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert!(!out.status.success(), "{said}");
+    assert_ne!(out.status.code(), Some(124), "timed out: {said}");
+    assert!(took < Duration::from_secs(30), "{took:?}: {said}");
+    assert!(said.contains("has not answered"), "{said}");
+    assert_eq!(read.expect("the stopped daemon serves again"), b"first");
+}
+
 /// Crash finding: kill -9 while a large file was written through the mount left the
 /// upload behind in the store, for good (a multipart upload's parts in a bucket; in a
 /// local directory store, object_store's temporary `NAME#N` file beside the data). The

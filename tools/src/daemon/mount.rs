@@ -162,6 +162,8 @@ pub fn mount(
         reader = reader.with_peers(p);
     }
     // A dead daemon's mount there is replaced (strata_fs::spawn); it cannot be made.
+    // A stuck one's is refused: anything else would hang on it.
+    strata_fs::mount::refuse_stuck_mount(&m.mountpoint)?;
     if !strata_fs::mount::is_dead_mount(&m.mountpoint) {
         std::fs::create_dir_all(&m.mountpoint)
             .with_context(|| format!("creating {}", m.mountpoint.display()))?;
