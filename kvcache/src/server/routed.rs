@@ -583,8 +583,11 @@ impl KvService {
         let (l, _) = self
             .lookup(&router, &routes, fwd, client_ns, hashes, keys, false, None)
             .await?;
+        // Each key once, as one node counts a Remove listing it twice (black-box
+        // finding: remove([k, k, k]) answered 3 through a group, 1 on one node).
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
         let held = (0..keys.len())
-            .filter(|i| matches!(l.state(*i), KeyState::Found(_)))
+            .filter(|i| matches!(l.state(*i), KeyState::Found(_)) && seen.insert(&keys[*i]))
             .count() as u32;
         let calls = routes.nodes.iter().filter(|n| !n.local).map(|node| {
             let (node, batch) = (node.clone(), hashes.to_vec());
