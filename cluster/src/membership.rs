@@ -84,6 +84,9 @@ pub struct Membership {
     pub revision: i64,
     /// False while etcd is unreachable: `nodes` is then the last membership seen.
     pub connected: bool,
+    /// Why this node is kept out of the group, while it is: another live daemon holds
+    /// its node id ([`ClusterError::IdTaken`]). Cleared once it registers.
+    pub refused: Option<String>,
 }
 
 impl Membership {
@@ -331,7 +334,13 @@ async fn run(
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(error = %e, node = %me, "etcd session ended; keeping the last membership");
-                tx.send_if_modified(|m| std::mem::replace(&mut m.connected, false));
+                let refused = matches!(e, ClusterError::IdTaken { .. }).then(|| e.to_string());
+                tx.send_if_modified(|m| {
+                    let changed = m.connected || m.refused != refused;
+                    m.connected = false;
+                    m.refused = refused;
+                    changed
+                });
             }
         }
         if registered {

@@ -348,6 +348,16 @@ async fn a_member_whose_record_goes_writes_it_again() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // ...and the twin knows why it is kept out (its KV calls are refused on it).
+        let twin = until(
+            &mut impostor.membership(),
+            TTL * 2,
+            "the twin refused",
+            |m| m.refused.is_some(),
+        )
+        .await;
+        let why = twin.refused.unwrap_or_default();
+        assert!(why.contains("registered by another live daemon"), "{why}");
         impostor.leave().await;
 
         // Deleted by hand: back within the watch's delay.

@@ -46,6 +46,11 @@ pub enum KvError {
     /// The server is shutting down.
     #[error("server shutting down")]
     ShuttingDown,
+    /// This node is kept out of its group (another live daemon holds its node id):
+    /// what it stored no member could read (black-box finding: 30 of 30 puts
+    /// acknowledged, none readable through the group).
+    #[error("this node is not a member of its group: {0}")]
+    NotMember(String),
     /// A tenant named a namespace its patterns do not allow. The answer depends only on
     /// the tenant's own patterns, so it reveals nothing about what others stored.
     #[error("namespace {namespace:?} is not one of tenant {tenant:?}'s namespaces")]
@@ -115,7 +120,7 @@ impl KvError {
             KvError::Busy(_) | KvError::Quota { .. } => Code::ResourceExhausted,
             KvError::Denied { .. } => Code::PermissionDenied,
             KvError::IdentityMismatch { .. } => Code::FailedPrecondition,
-            KvError::ShuttingDown => Code::Unavailable,
+            KvError::ShuttingDown | KvError::NotMember(_) => Code::Unavailable,
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,
             KvError::Config(_) => Code::InvalidArgument,

@@ -90,6 +90,12 @@ pub trait GroupView: Send + Sync + 'static {
     /// The candidates of each placement key ([`placement_key`]); None when there is no
     /// other node to route to (serve locally, as a single node).
     fn routes(&self, keys: &[Vec<u8>]) -> Option<Routes>;
+    /// Why this node is kept out of the group now (another live daemon holds its node
+    /// id), if it is: its KV calls are refused meanwhile, since what it stored no
+    /// member could read.
+    fn refused(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The bytes a KV block is placed by: its scoped namespace (the tenant's key space)
@@ -761,6 +767,11 @@ impl Router {
 
     pub fn local_id(&self) -> Arc<str> {
         self.view.local_id()
+    }
+
+    /// See [`GroupView::refused`].
+    pub fn refused(&self) -> Option<String> {
+        self.view.refused()
     }
 
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {

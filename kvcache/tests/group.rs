@@ -1018,3 +1018,51 @@ async fn a_block_put_while_its_owner_was_away_is_found_through_the_owner() {
     .await
     .expect("within 60 s");
 }
+
+/// A node the group keeps out (another live daemon holds its node id).
+struct RefusedView;
+
+impl GroupView for RefusedView {
+    fn local_id(&self) -> Arc<str> {
+        Arc::from("n0")
+    }
+
+    fn routes(&self, _keys: &[Vec<u8>]) -> Option<Routes> {
+        None
+    }
+
+    fn refused(&self) -> Option<String> {
+        Some("node id n0 is registered by another live daemon (at 10.0.0.1:7073)".into())
+    }
+}
+
+/// Black-box finding: a daemon started with the node id of a live member was kept out
+/// of the group, yet acknowledged 30 of 30 puts that no member could read. Its KV calls
+/// are refused with the reason while it is kept out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_kept_out_of_its_group_refuses_kv_calls_with_the_reason() {
+    let service = KvService::new(engine(), ServerConfig::default());
+    service
+        .join_group(Arc::new(RefusedView), GroupOptions::default())
+        .expect("join");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let svc = service.clone();
+    tokio::spawn(async move {
+        server::serve(listener, svc, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let mut c = KvClient::connect(&addr).await.expect("client");
+    let put = c.put("ns", b"h1", Bytes::from(vec![7u8; 4096])).await;
+    let e = put.expect_err("refused");
+    let text = e.to_string();
+    assert!(text.contains("not a member of its group"), "{text}");
+    assert!(text.contains("registered by another live daemon"), "{text}");
+    assert!(c.get("ns", b"h1").await.is_err(), "gets are refused too");
+    let _ = stop.send(());
+}

@@ -160,6 +160,10 @@ pub struct ClusterMembers {
     pub node: String,
     /// False while etcd is unreachable (the members are the last ones seen).
     pub connected: bool,
+    /// Why the group keeps this node out, while it does (another live daemon holds
+    /// its node id); its KV calls are refused meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     pub members: Vec<ClusterMember>,
 }
 
@@ -267,6 +271,7 @@ impl AdminState {
                 ClusterMembers {
                     node: me.to_string(),
                     connected: m.connected,
+                    refused: m.refused.clone(),
                     members: m
                         .nodes
                         .values()

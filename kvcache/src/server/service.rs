@@ -290,6 +290,9 @@ impl KvService {
         caller: &Caller,
         bind: bool,
     ) -> Result<(Arc<str>, Option<u64>)> {
+        if let Some(why) = self.router().and_then(|r| r.refused()) {
+            return Err(KvError::NotMember(why));
+        }
         self.check_namespace(ns)?;
         let scoped = match caller.tenant.as_deref() {
             Some(t) => t.scope(ns)?,

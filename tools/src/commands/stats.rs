@@ -87,6 +87,9 @@ pub struct ClusterReport {
     pub asked: String,
     /// False while that node cannot reach etcd (the members are the last seen).
     pub connected: bool,
+    /// Why the group keeps that node out, while it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     pub nodes: Vec<ClusterNodeRow>,
     /// Sums over the reachable nodes.
     pub peer_bytes_in: u64,
@@ -149,10 +152,10 @@ impl ClusterReport {
             out,
             "cache group as {} sees it{}",
             self.asked,
-            if self.connected {
-                ""
-            } else {
-                " (etcd unreachable: last membership)"
+            match (&self.refused, self.connected) {
+                (Some(why), _) => format!(" (kept out of the group: {why})"),
+                (None, true) => String::new(),
+                (None, false) => " (etcd unreachable: last membership)".to_string(),
             }
         );
         let _ = writeln!(
@@ -214,6 +217,7 @@ pub async fn cluster_report(endpoint: &str) -> anyhow::Result<ClusterReport> {
     let mut r = ClusterReport {
         asked: c.node.clone(),
         connected: c.connected,
+        refused: c.refused.clone(),
         ..Default::default()
     };
     let asks = c.members.iter().map(|m| async move {

@@ -156,6 +156,10 @@ impl strata_kvcache::group::GroupView for MembershipView {
         self.me_str.clone()
     }
 
+    fn refused(&self) -> Option<String> {
+        self.rx.borrow().refused.clone()
+    }
+
     fn routes(&self, keys: &[Vec<u8>]) -> Option<strata_kvcache::group::Routes> {
         let m = self.rx.borrow();
         // No other member (alone, or etcd never reached): the single node of today.
