@@ -461,6 +461,9 @@ impl InodeTable {
         };
         if let Some(node) = self.nodes.get_mut(&ino) {
             node.path = to.clone();
+            // The object moved is a copy, a version of its own: the inode takes the
+            // one its next lookup or open finds.
+            node.version = None;
         }
         // A replaced file's inode still names `to` until the kernel forgets it (the
         // kernel's dentry now points at the moved inode).
@@ -482,6 +485,7 @@ impl InodeTable {
             self.by_path.remove(&old);
             if let Some(node) = self.nodes.get_mut(&ino) {
                 node.path = new.clone();
+                node.version = None;
             }
             self.by_path.insert(new, ino);
         }
@@ -1453,6 +1457,24 @@ impl FsCore {
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
             Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
         };
+        // An inode stands for one version (see `InodeTable::intern`): a newer version
+        // of its path is not opened on it, where the page cache other handles fill
+        // holds the older one's pages (black-box finding: reads to EOF while the
+        // object was replaced returned the first MiBs of one version and the rest of
+        // another, or one's length with another's bytes, as successes). ESTALE makes
+        // the kernel look the path up again (LOOKUP_REVAL), which hands it the new
+        // version's inode, and open that.
+        if node.version.as_ref().is_some_and(|had| *had != obj.version) {
+            return Err(Error::Cache(CacheError::Changed(format!(
+                "{}: replaced since it was looked up (a lookup finds the new version)",
+                node.path
+            ))));
+        }
+        if node.version.is_none() {
+            if let Some(n) = self.inodes.write().nodes.get_mut(&ino) {
+                n.version.get_or_insert_with(|| obj.version.clone());
+            }
+        }
         let keep_cache = {
             let mut versions = self.opened_versions.lock();
             let prev = versions.insert(ino, obj.version.clone());
@@ -1695,6 +1717,10 @@ impl FsCore {
         self.opened_versions
             .lock()
             .insert(h.ino, now.version.clone());
+        // The inode stands for the new version now (its only handle reads it).
+        if let Some(n) = self.inodes.write().nodes.get_mut(&h.ino) {
+            n.version = Some(now.version.clone());
+        }
         self.counters
             .handles_renewed
             .fetch_add(1, Ordering::Relaxed);

@@ -1245,10 +1245,17 @@ impl FsCore {
 
     /// An upload through this mount made `info` the version of its path: handles of
     /// older versions are superseded (see [`FsCore::read`]), as for a version opened
-    /// anew, rather than read the old bytes short.
+    /// anew, rather than read the old bytes short; and the inode written through
+    /// stands for the new version (its page cache holds what was written), so opens
+    /// of it read that.
     fn supersede(&self, info: &ObjectInfo) {
-        let ino = self.inodes.read().by_path.get(info.path.as_ref()).copied();
+        let mut inodes = self.inodes.write();
+        let ino = inodes.by_path.get(info.path.as_ref()).copied();
         if let Some(ino) = ino {
+            if let Some(n) = inodes.nodes.get_mut(&ino) {
+                n.version = Some(info.version.clone());
+            }
+            drop(inodes);
             self.opened_versions
                 .lock()
                 .insert(ino, info.version.clone());
