@@ -1351,6 +1351,13 @@ impl FsCore {
             }
             found.get_or_insert_with(|| h.obj.clone());
         }
+        // Handles of a version superseded on this inode (written anew through the
+        // mount) do not answer for it: the path's attributes do (black-box finding:
+        // after an overwrite through the mount, `stat` showed the old size for the
+        // TTL while another process held the old version open).
+        if newest.is_some() {
+            return None;
+        }
         found.map(Meta::File)
     }
 

@@ -1327,3 +1327,45 @@ async fn a_file_renamed_while_open_for_reading_reads_on() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: after an overwrite through the mount while another process still
+/// had the old version open, `stat` showed the old size for the metadata TTL (a new
+/// open read the new one). The inode written through stands for the new version; the
+/// old version's handle no longer answers for it.
+#[tokio::test]
+async fn an_overwrite_shows_its_size_while_a_reader_holds_the_old_version() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        let reader = c.open(obj.attr.ino, false).await.expect("reader");
+        assert_eq!(
+            c.read(reader.fh, 0, 10, 1)
+                .await
+                .expect("old bytes")
+                .as_ref(),
+            &data(1000, 1)[..10]
+        );
+        let w = c
+            .open_write(obj.attr.ino, true, 0)
+            .await
+            .expect("overwrite");
+        c.write(w.fh, 0, b"short").expect("write");
+        c.close(w.fh, 0).await.expect("close");
+        c.release_write(w.fh).await;
+        assert_eq!(
+            c.getattr(obj.attr.ino).await.expect("stat").attr.size,
+            5,
+            "the written version's size"
+        );
+        assert_eq!(read_back(c, obj.attr.ino).await, b"short".to_vec());
+        c.release(reader.fh);
+    })
+    .await
+    .expect("bounded");
+}
