@@ -679,6 +679,9 @@ pub struct FsCore {
     /// Tells the kernel an inode's cached attributes are stale (set by the FUSE
     /// adapter once mounted; see [`FsCore::set_attr_invalidator`]).
     attr_invalidator: std::sync::OnceLock<AttrInvalidator>,
+    /// The FUSE connection of the kernel mount (the minor of its device), once
+    /// mounted: a close finds the closing process's other descriptors of a file by it.
+    fuse_conn: std::sync::OnceLock<u32>,
     /// The passthrough copies (verified, budgeted); None without passthrough
     /// or when its directory could not be opened.
     passthrough: Option<PassthroughOptions>,
@@ -847,6 +850,7 @@ impl FsCore {
             opened_versions: Mutex::new(HashMap::new()),
             moved: Mutex::new(HashMap::new()),
             attr_invalidator: std::sync::OnceLock::new(),
+            fuse_conn: std::sync::OnceLock::new(),
             passthrough,
             jobs,
             demand_in_flight: AtomicU64::new(0),
@@ -858,6 +862,12 @@ impl FsCore {
     /// Installs the kernel's attribute invalidation (the FUSE adapter, once mounted).
     pub fn set_attr_invalidator(&self, f: AttrInvalidator) {
         let _ = self.attr_invalidator.set(f);
+    }
+
+    /// Tells the core the FUSE connection number of its kernel mount (see
+    /// [`FsCore::close`]).
+    pub fn set_fuse_conn(&self, conn: u32) {
+        let _ = self.fuse_conn.set(conn);
     }
 
     /// A handle of `ino` reads a version of another size than the kernel was told: the

@@ -153,6 +153,9 @@ pub fn spawn(
             }
         }));
     }
+    if let Some(conn) = handle.conn {
+        core.set_fuse_conn(conn);
+    }
     handle.core = Some(core);
     Ok(handle)
 }

@@ -908,3 +908,35 @@ both_backends!(
     passthrough_opens_read_the_same_bytes,
     a_name_made_again_is_a_new_file,
 );
+
+/// Black-box finding: `cmd > MNT/file` (and `dd of=`) put an empty object in the store
+/// before the command wrote a byte: the shell opens the file, `dup2`s it onto stdout
+/// and closes the first descriptor, and that close uploaded. A close while the same
+/// process still writes through a copy of the descriptor leaves the upload to the
+/// last close; a file closed without copies is an object when close returns (a marker
+/// a `touch` makes, as before).
+fn a_redirect_uploads_at_its_last_close(b: Backend) {
+    let (fx, _staging) = writable(b, |_| {});
+    let out = fx.m("out.txt");
+    let script = format!(
+        "exec 3>'{}'; exec 1>&3; exec 3>&-; sleep 1; printf result=42",
+        out.display()
+    );
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("sh");
+    std::thread::sleep(Duration::from_millis(500));
+    let during = stored(&fx, "out.txt");
+    let status = child.wait().expect("wait");
+    assert!(status.success());
+    assert_eq!(during, None, "nothing in the store before the last close");
+    assert_eq!(stored(&fx, "out.txt").as_deref(), Some(&b"result=42"[..]));
+    std::fs::File::create(fx.m("_SUCCESS")).expect("touch");
+    assert_eq!(stored(&fx, "_SUCCESS").as_deref(), Some(&b""[..]));
+}
+
+#[test]
+fn a_redirect_uploads_at_its_last_close_local() {
+    bounded(60, || a_redirect_uploads_at_its_last_close(Backend::Local));
+}

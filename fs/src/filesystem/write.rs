@@ -255,6 +255,48 @@ fn process_of(tid: u32) -> Option<u32> {
         .and_then(|s| crate::job::parse_tgid(&s))
 }
 
+/// Whether process `pid` still has a descriptor open for writing on inode `ino` of
+/// the FUSE mount of connection `conn` (in any of its mount namespace's mounts of it):
+/// a copy of the descriptor being closed. A shell's `cmd > file` opens the file,
+/// `dup2`s it onto stdout and closes the first descriptor before `cmd` writes a byte,
+/// and `dd of=` does the same: that close uploaded an empty object (or the part
+/// written so far), which the store held until the last close (black-box finding).
+/// The descriptor being closed is already gone from the table when FLUSH comes.
+/// False when /proc cannot tell (then the close uploads, as before).
+fn writes_on(pid: u32, conn: u32, ino: u64) -> bool {
+    let dev = format!(" 0:{conn} ");
+    let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        return false;
+    };
+    let ids: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.contains(&dev))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    if ids.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            return false;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        let writable = field("flags:")
+            .and_then(|f| u32::from_str_radix(f, 8).ok())
+            .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
+        writable
+            && field("ino:").and_then(|i| i.parse::<u64>().ok()) == Some(ino)
+            && field("mnt_id:").is_some_and(|m| ids.contains(&m))
+    })
+}
+
 /// Sets the size of a file being written (truncate or grow), as a write would change it.
 fn resize_staged(staged: &Staged, size: u64) -> Result<()> {
     let freed = staged.freed();
@@ -1338,9 +1380,18 @@ impl FsCore {
             return Ok(());
         };
         staged.closed.store(true, Ordering::Release);
-        if let (Some(opener), Some(closer)) = (staged.opener, process_of(pid)) {
+        let closer = process_of(pid);
+        if let (Some(opener), Some(closer)) = (staged.opener, closer) {
             if opener != closer {
                 tracing::debug!(path = %staged.path(), opener, closer, "close in another process than the opener: upload left to the opener's close");
+                return Ok(());
+            }
+        }
+        let ino = staged.ino.load(Ordering::Acquire);
+        if let (Some(closer), Some(&conn), true) = (closer, self.fuse_conn.get(), ino != 0) {
+            if writes_on(closer, conn, ino) {
+                tracing::debug!(path = %staged.path(), closer, "closed while the process still writes it through another descriptor: upload left to that one's close");
+                staged.closed.store(false, Ordering::Release);
                 return Ok(());
             }
         }
