@@ -1066,3 +1066,53 @@ async fn a_node_kept_out_of_its_group_refuses_kv_calls_with_the_reason() {
     assert!(c.get("ns", b"h1").await.is_err(), "gets are refused too");
     let _ = stop.send(());
 }
+
+/// Black-box finding: for ~3 s after two holders of a block came back (their leases had
+/// run out), Gets through another member answered "miss" for it: both were still
+/// paused for the failures of the nodes that had left. A member back in the group is
+/// asked at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_back_in_the_group_are_asked_at_once() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        let ns = "m/t";
+        for i in 0..20 {
+            a.put(ns, &hash(i), block(i, 2048)).await.expect("put");
+        }
+        let key = |i: u32| CacheKey::kv(ns, hash(i));
+        let held_by_others = (0..20)
+            .find(|&i| {
+                !nodes[0].service.engine().contains(&key(i))
+                    && nodes[1].service.engine().contains(&key(i))
+                    && nodes[2].service.engine().contains(&key(i))
+            })
+            .expect("a block on nodes 1 and 2 only");
+        // Both holders stop answering: Gets fail over them (each failure pauses them
+        // longer), then their leases run out.
+        let addrs = [nodes[1].peer_addr.clone(), nodes[2].peer_addr.clone()];
+        for n in &mut nodes[1..] {
+            let _ = n.stops.pop().map(|s| s.send(()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..3 {
+            let _ = a.get(ns, &hash(held_by_others)).await;
+        }
+        nodes[0].gone.lock().expect("membership").extend([1, 2]);
+        let _ = a.get(ns, &hash(held_by_others)).await;
+        // Back, on their addresses with their caches, and in the group again.
+        serve_peer_face(&nodes[1].service, &addrs[0]).await;
+        serve_peer_face(&nodes[2].service, &addrs[1]).await;
+        nodes[0].gone.lock().expect("membership").clear();
+        assert_eq!(
+            a.get(ns, &hash(held_by_others)).await.expect("get"),
+            Some(block(held_by_others, 2048)),
+            "a holder back in the group is asked"
+        );
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
