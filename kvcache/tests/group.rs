@@ -1116,3 +1116,78 @@ async fn holders_back_in_the_group_are_asked_at_once() {
     .await
     .expect("within 60 s");
 }
+
+/// The owner of `hash` in namespace `ns` among `n` nodes with R = 1, as [`FixedView`]
+/// places it when every node is a member.
+fn owner(ns: &str, hash: &[u8], n: usize) -> usize {
+    let k = strata_kvcache::group::placement_key(ns, hash);
+    let h = k.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (0..n)
+        .max_by_key(|m| mix(h ^ ((*m as u64 + 1) * 0x9e37)))
+        .expect("nodes")
+}
+
+/// Black-box finding: a member that missed a namespace's binding (it rejoined, or
+/// joined later) bound it to a wrong model whose puts through it every owner refused,
+/// and then refused the namespace's real model for good. The entry node only checks;
+/// the nodes that store a block bind its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 1, ServerConfig::default(), "s").await;
+        let with = |id: u8| ClientOptions {
+            identity: Some([id; 32]),
+            ..Default::default()
+        };
+        let ns = "shared";
+        // Keys nodes 0 and 1 own: node 2 stores none, so binds nothing.
+        let elsewhere: Vec<u32> = (0..200)
+            .filter(|&i| owner(ns, &hash(i), 3) != 2)
+            .take(20)
+            .collect();
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+            .await
+            .expect("a0");
+        for &i in &elsewhere[..10] {
+            a0.put(ns, &hash(i), block(i, 2048)).await.expect("put a");
+        }
+        assert!(
+            nodes[1]
+                .service
+                .engine()
+                .contains(&CacheKey::kv(ns, hash(elsewhere[0])))
+                || nodes[0]
+                    .service
+                    .engine()
+                    .contains(&CacheKey::kv(ns, hash(elsewhere[0])))
+        );
+        // Model B through node 2: every owner refuses it.
+        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, with(2))
+            .await
+            .expect("b2");
+        for &i in &elsewhere[10..] {
+            let e = b2
+                .put(ns, &hash(i), block(i, 2048))
+                .await
+                .map(|_| ())
+                .expect_err("the owners refuse model B");
+            assert!(e.to_string().contains("model identity"), "{e}");
+        }
+        // Model A still puts through node 2.
+        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, with(1))
+            .await
+            .expect("a2");
+        for &i in &elsewhere[10..] {
+            a2.put(ns, &hash(i), block(i, 2048))
+                .await
+                .expect("model A through node 2");
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

@@ -284,6 +284,28 @@ impl KvService {
         Ok(false)
     }
 
+    /// [`Self::store_local`] of a block a group Put stores on this node: its namespace
+    /// is bound here first, durably, as a single node's Put binds it (the entry node
+    /// only checks; see `do_put`).
+    async fn bind_and_store_local(
+        &self,
+        tenant: Option<&Arc<Tenant>>,
+        fwd: &Forward,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        data: Bytes,
+        arrived: u64,
+    ) -> Result<bool> {
+        if let Some(generation) = self
+            .inner
+            .identities
+            .check(ns, fwd.identity.as_ref(), true)?
+        {
+            self.inner.identities.durable(generation).await;
+        }
+        self.store_local(tenant, ns, key, data, arrived).await
+    }
+
     /// A received block to its R owners (see `group.rs` for when it is acknowledged).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn put_to_group(
@@ -307,7 +329,7 @@ impl KvService {
             let data = data.clone();
             async move {
                 let r = if node.local {
-                    self.store_local(caller_tenant, ns, key, data, arrived)
+                    self.bind_and_store_local(caller_tenant, fwd, ns, key, data, arrived)
                         .await
                         .map_err(|e| RemoteError::Refused(Status::from(e)))
                 } else {
@@ -374,7 +396,7 @@ impl KvService {
             // rather than fail a put a single node would have taken.
             router.kept_locally.fetch_add(1, Ordering::Relaxed);
             return self
-                .store_local(caller_tenant, ns, key, data, arrived)
+                .bind_and_store_local(caller_tenant, fwd, ns, key, data, arrived)
                 .await;
         }
         if plan.under_replicated() {

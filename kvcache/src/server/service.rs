@@ -417,12 +417,12 @@ impl KvService {
         let first = self.next_put(&mut stream).await?.ok_or_else(|| {
             KvError::Invalid("empty put stream: the first message must carry the key".into())
         })?;
-        let (ns, binding) = self.scope_binding(&first.namespace, &caller, true)?;
-        if let Some(generation) = binding {
-            // The block will outlive a crash; so must the binding that guards it.
-            self.inner.identities.durable(generation).await;
-        }
-        let tenant = caller.tenant;
+        // Checked here, bound where the block is stored: in a group this node may only
+        // pass it on, and the owners decide (black-box finding: a node that rejoined
+        // a group, its bindings missed, bound a namespace to a wrong model whose puts
+        // every owner refused, and then refused the namespace's real model for good).
+        let (ns, _) = self.scope_binding(&first.namespace, &caller, false)?;
+        let tenant = caller.tenant.clone();
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
         let limit = self.inner.config.max_block;
@@ -444,6 +444,13 @@ impl KvService {
         // In a group the owners store the block (and check the quota); this node only
         // buffers it on the way.
         let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
+        if group.is_none() {
+            let (_, binding) = self.scope_binding(&first.namespace, &caller, true)?;
+            if let Some(generation) = binding {
+                // The block will outlive a crash; so must the binding that guards it.
+                self.inner.identities.durable(generation).await;
+            }
+        }
         if group.is_none() && self.inner.engine.contains(&key) {
             // Immutable values: the same key holds the same bytes; skip the transfer.
             self.inner.stats.put(&ns, size, true);
