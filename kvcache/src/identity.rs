@@ -247,6 +247,18 @@ impl IdentityBindings {
         self.map.lock().get(ns).map(|(id, _)| *id)
     }
 
+    /// Drops the binding of `ns` if it is still the one of `generation` (made by a put
+    /// the group then refused); the generation to see [`Self::durable`] for the file
+    /// to say so, None if it was not dropped.
+    pub fn unbind(&self, ns: &str, generation: u64) -> Option<u64> {
+        let mut map = self.map.lock();
+        if map.get(ns).map(|(_, g)| *g) != Some(generation) {
+            return None;
+        }
+        map.remove(ns);
+        Some(self.newest.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+
     /// Checks a call on `ns` carrying `identity`; with `bind` (a put) an unbound
     /// namespace is bound to it. For a put with an identity, the generation of the
     /// namespace's binding, which the put must see [`Self::durable`] before it is

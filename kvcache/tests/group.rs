@@ -1191,3 +1191,58 @@ async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
     .await
     .expect("within 60 s");
 }
+
+/// The same with R = 2 and a member that was out of the group while the namespace was
+/// bound: as one of a key's owners it takes the wrong model's block and binding, and
+/// the other owner refuses them; the refused Put leaves neither behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_put_leaves_no_copy_nor_binding_on_an_owner_that_missed_the_binding() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let with = |id: u8| ClientOptions {
+            identity: Some([id; 32]),
+            ..Default::default()
+        };
+        let ns = "shared";
+        // Node 2 is out of the group while model A binds the namespace.
+        nodes[0].gone.lock().expect("membership").insert(2);
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+            .await
+            .expect("a0");
+        for i in 0..10 {
+            a0.put(ns, &hash(i), block(i, 2048)).await.expect("put a");
+        }
+        nodes[0].gone.lock().expect("membership").clear();
+        // Back: model B through node 2, on keys some of which node 2 owns first.
+        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, with(2))
+            .await
+            .expect("b2");
+        for i in 100..130 {
+            assert!(
+                b2.put(ns, &hash(i), block(i, 2048)).await.is_err(),
+                "an owner holding the namespace for model A refuses model B"
+            );
+        }
+        for i in 100..130 {
+            for n in &nodes {
+                assert!(
+                    !n.service.engine().contains(&CacheKey::kv(ns, hash(i))),
+                    "a refused put left a copy"
+                );
+            }
+        }
+        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, with(1))
+            .await
+            .expect("a2");
+        for i in 100..130 {
+            a2.put(ns, &hash(i), block(i, 2048))
+                .await
+                .expect("model A through node 2");
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

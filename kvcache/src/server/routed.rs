@@ -286,7 +286,9 @@ impl KvService {
 
     /// [`Self::store_local`] of a block a group Put stores on this node: its namespace
     /// is bound here first, durably, as a single node's Put binds it (the entry node
-    /// only checks; see `do_put`).
+    /// only checks; see `do_put`). `bound_here`: the generation of a binding this call
+    /// made, for the Put to undo if the group refuses it.
+    #[allow(clippy::too_many_arguments)]
     async fn bind_and_store_local(
         &self,
         tenant: Option<&Arc<Tenant>>,
@@ -295,15 +297,62 @@ impl KvService {
         key: &CacheKey,
         data: Bytes,
         arrived: u64,
+        bound_here: &parking_lot::Mutex<Option<u64>>,
     ) -> Result<bool> {
-        if let Some(generation) = self
-            .inner
-            .identities
-            .check(ns, fwd.identity.as_ref(), true)?
-        {
-            self.inner.identities.durable(generation).await;
+        let ids = &self.inner.identities;
+        let was_bound = ids.bound(ns).is_some();
+        if let Some(generation) = ids.check(ns, fwd.identity.as_ref(), true)? {
+            if !was_bound {
+                *bound_here.lock() = Some(generation);
+            }
+            ids.durable(generation).await;
         }
         self.store_local(tenant, ns, key, data, arrived).await
+    }
+
+    /// Undoes a group Put another owner refused for its model identity: the copies it
+    /// left (`plan`'s stores) are removed, and a binding it made on this node dropped.
+    #[allow(clippy::too_many_arguments)]
+    async fn undo_refused_put(
+        &self,
+        router: &Arc<Router>,
+        routes: &Routes,
+        plan: &Replicate,
+        fwd: &Forward,
+        client_ns: &str,
+        ns: &Arc<str>,
+        key: &CacheKey,
+        bound_here: &parking_lot::Mutex<Option<u64>>,
+    ) {
+        for &n in plan.stored() {
+            let node = &routes.nodes[n];
+            let r = if node.local {
+                self.remove_local(std::slice::from_ref(key), None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            } else {
+                router
+                    .remote_remove(
+                        node,
+                        fwd,
+                        client_ns,
+                        vec![Bytes::copy_from_slice(key_hash(key))],
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:?}"))
+            };
+            if let Err(e) = r {
+                tracing::warn!(node = %node.id, %key, error = %e, "undoing a refused put failed");
+            }
+        }
+        let generation = bound_here.lock().take();
+        if let Some(generation) = generation {
+            if let Some(g) = self.inner.identities.unbind(ns, generation) {
+                self.inner.identities.durable(g).await;
+            }
+        }
     }
 
     /// A received block to its R owners (see `group.rs` for when it is acknowledged).
@@ -322,6 +371,9 @@ impl KvService {
     ) -> Result<bool> {
         let cands = routes.candidates.first().cloned().unwrap_or_default();
         let mut plan = Replicate::new(cands, routes.replication);
+        // Before `inflight`, whose futures borrow it.
+        let bound_here = parking_lot::Mutex::new(None);
+        let bound_here = &bound_here;
         let mut inflight = futures::stream::FuturesUnordered::new();
         let store = |n: usize| {
             let node = routes.nodes[n].clone();
@@ -329,9 +381,17 @@ impl KvService {
             let data = data.clone();
             async move {
                 let r = if node.local {
-                    self.bind_and_store_local(caller_tenant, fwd, ns, key, data, arrived)
-                        .await
-                        .map_err(|e| RemoteError::Refused(Status::from(e)))
+                    self.bind_and_store_local(
+                        caller_tenant,
+                        fwd,
+                        ns,
+                        key,
+                        data,
+                        arrived,
+                        bound_here,
+                    )
+                    .await
+                    .map_err(|e| RemoteError::Refused(Status::from(e)))
                 } else {
                     router
                         .remote_put(&node, fwd, client_ns, key_hash(key), data)
@@ -389,6 +449,16 @@ impl KvService {
             }
         }
         if let Some(s) = refused {
+            drop(inflight);
+            if s.code() == tonic::Code::FailedPrecondition {
+                // Another owner holds the namespace for another model: what the owners
+                // without its binding took of this Put goes, and so does a binding it
+                // made here (black-box finding: a member back in the group, its
+                // bindings missed, kept the wrong model's binding and refused the
+                // right one's puts for good).
+                self.undo_refused_put(router, routes, &plan, fwd, client_ns, ns, key, bound_here)
+                    .await;
+            }
             return Err(KvError::Status(s));
         }
         if plan.stored().is_empty() {
@@ -396,7 +466,7 @@ impl KvService {
             // rather than fail a put a single node would have taken.
             router.kept_locally.fetch_add(1, Ordering::Relaxed);
             return self
-                .bind_and_store_local(caller_tenant, fwd, ns, key, data, arrived)
+                .bind_and_store_local(caller_tenant, fwd, ns, key, data, arrived, bound_here)
                 .await;
         }
         if plan.under_replicated() {
