@@ -684,9 +684,7 @@ impl CacheEngine {
             // (`note_write_ok`).
             let mut state = self.inner.state.lock();
             let held = state.level(i).used();
-            if held < state.level(i).budget() {
-                state.set_budget(i, held);
-                level.budget_lowered.store(true, Ordering::Relaxed);
+            if self.lower_budget(&mut state, i, held) {
                 tracing::warn!(tier = %level.tier.name(), budget = held,
                     "disk full before the disk budget: the budget is what the tier holds until the device has room");
             }
@@ -706,6 +704,20 @@ impl CacheEngine {
                 "disk level degraded: writes skip it for the back-off (reads go on)"
             );
         }
+    }
+
+    /// Lowers level `i`'s budget to `held` (the device filled before the budget did;
+    /// [`Self::note_write_ok`] raises it again with the device's room); true if it was
+    /// above.
+    fn lower_budget(&self, state: &mut Hierarchy, i: usize, held: u64) -> bool {
+        if held >= state.level(i).budget() {
+            return false;
+        }
+        state.set_budget(i, held);
+        self.inner.levels[i]
+            .budget_lowered
+            .store(true, Ordering::Relaxed);
+        true
     }
 
     /// After a successful write at level `i`: ends a degraded spell, and gives back
@@ -750,10 +762,7 @@ impl CacheEngine {
                 let mut state = self.inner.state.lock();
                 let victims = state.shed(i, bytes - freed);
                 let held = state.level(i).used() + state.level(i).reserved();
-                if held < state.level(i).budget() {
-                    state.set_budget(i, held);
-                    level.budget_lowered.store(true, Ordering::Relaxed);
-                }
+                self.lower_budget(&mut state, i, held);
                 victims
             };
             for (victim, size) in victims {

@@ -1114,14 +1114,10 @@ impl FsCore {
 
     async fn fetch_listing(&self, path: &Arc<str>) -> Result<Arc<Listing>> {
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        match self.reader.store().list_dir(path).await {
-            Ok(raw) => Ok(self.keep_listing(path, raw).await),
-            Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {
-                Some(l) => Ok(l),
-                None => Err(e.into()),
-            },
-            Err(e) => Err(e.into()),
-        }
+        let listed = self.reader.store().list_dir(path).await.map(Some);
+        self.kept_or_logged(path, listed)
+            .await?
+            .ok_or_else(|| Error::NotFound(path.to_string()))
     }
 
     /// For a lookup of `path`, which only asks whether it is a folder: its listing if
@@ -1131,7 +1127,19 @@ impl FsCore {
     /// a page, not the folder's size).
     async fn fetch_listing_if_small(&self, path: &Arc<str>) -> Result<Option<Arc<Listing>>> {
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        match self.reader.store().list_dir_if_one_page(path).await {
+        let listed = self.reader.store().list_dir_if_one_page(path).await;
+        self.kept_or_logged(path, listed).await
+    }
+
+    /// What a listing of `path` the store gave (or did not give) becomes: kept (see
+    /// [`Self::keep_listing`]), or, with the store silent, the listing an earlier run
+    /// logged.
+    async fn kept_or_logged(
+        &self,
+        path: &Arc<str>,
+        listed: std::result::Result<Option<strata_cache_core::DirListing>, CacheError>,
+    ) -> Result<Option<Arc<Listing>>> {
+        match listed {
             Ok(Some(raw)) => Ok(Some(self.keep_listing(path, raw).await)),
             Ok(None) => Ok(None),
             Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {

@@ -282,9 +282,10 @@ pub fn is_dead_mount(path: &Path) -> bool {
     probe_mount(path, PROBE_WAIT) == MountState::Dead
 }
 
-/// Refuses a mountpoint whose daemon does not answer (see [`probe_mount`]): a mount
-/// there cannot be replaced, nor even looked at, until it is detached.
-pub fn refuse_stuck_mount(path: &Path) -> std::io::Result<()> {
+/// [`is_dead_mount`] for a start at `path`, refusing a mountpoint whose daemon does not
+/// answer (see [`probe_mount`]): a mount there cannot be replaced, nor even looked at,
+/// until it is detached.
+pub fn dead_mount_or_refuse_stuck(path: &Path) -> std::io::Result<bool> {
     match probe_mount(path, PROBE_WAIT) {
         MountState::Stuck => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -295,7 +296,7 @@ pub fn refuse_stuck_mount(path: &Path) -> std::io::Result<()> {
                 PROBE_WAIT.as_secs()
             ),
         )),
-        _ => Ok(()),
+        state => Ok(state == MountState::Dead),
     }
 }
 

@@ -264,37 +264,42 @@ fn process_of(tid: u32) -> Option<u32> {
 /// The descriptor being closed is already gone from the table when FLUSH comes.
 /// False when /proc cannot tell (then the close uploads, as before).
 fn writes_on(pid: u32, conn: u32, ino: u64) -> bool {
-    let dev = format!(" 0:{conn} ");
-    let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
-        return false;
-    };
-    let ids: Vec<&str> = mounts
-        .lines()
-        .filter(|l| l.contains(&dev))
-        .filter_map(|l| l.split(' ').next())
-        .collect();
-    if ids.is_empty() {
-        return false;
-    }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
         return false;
     };
-    fds.flatten().any(|fd| {
-        let Ok(info) = std::fs::read_to_string(fd.path()) else {
-            return false;
-        };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(str::trim)
-        };
-        let writable = field("flags:")
-            .and_then(|f| u32::from_str_radix(f, 8).ok())
-            .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
-        writable
-            && field("ino:").and_then(|i| i.parse::<u64>().ok()) == Some(ino)
-            && field("mnt_id:").is_some_and(|m| ids.contains(&m))
-    })
+    // The mounts of the process's writable descriptors of an inode of this number
+    // (any file system), then whether one of them is this connection's: the mount
+    // table is read only when such a descriptor is there.
+    let mounts_of_copies: Vec<String> = fds
+        .flatten()
+        .filter_map(|fd| {
+            let info = std::fs::read_to_string(fd.path()).ok()?;
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(str::trim)
+            };
+            let writable = field("flags:")
+                .and_then(|f| u32::from_str_radix(f, 8).ok())
+                .is_some_and(|f| f & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32);
+            let same_ino = field("ino:").and_then(|i| i.parse::<u64>().ok()) == Some(ino);
+            (writable && same_ino)
+                .then(|| field("mnt_id:").map(str::to_string))
+                .flatten()
+        })
+        .collect();
+    if mounts_of_copies.is_empty() {
+        return false;
+    }
+    let Ok(mounts) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+        return false;
+    };
+    let dev = format!(" 0:{conn} ");
+    mounts
+        .lines()
+        .filter(|l| l.contains(&dev))
+        .filter_map(|l| l.split(' ').next())
+        .any(|id| mounts_of_copies.iter().any(|m| m == id))
 }
 
 /// Sets the size of a file being written (truncate or grow), as a write would change it.

@@ -301,7 +301,7 @@ impl KvService {
     ) -> Result<bool> {
         let ids = &self.inner.identities;
         let was_bound = ids.bound(ns).is_some();
-        if let Some(generation) = ids.check(ns, fwd.identity.as_ref(), true)? {
+        if let Some(generation) = self.bind_identity(ns, fwd.identity.as_ref(), true)? {
             if !was_bound {
                 *bound_here.lock() = Some(generation);
             }

@@ -278,18 +278,6 @@ impl KvService {
     /// `caller`: the tenant and model identity the request came with; `bind`: a put,
     /// which binds an unbound namespace to its identity (`identity.rs`).
     pub(super) fn scope(&self, ns: &str, caller: &Caller, bind: bool) -> Result<Arc<str>> {
-        self.scope_binding(ns, caller, bind)
-            .map(|(scoped, _)| scoped)
-    }
-
-    /// [`Self::scope`], and for a put with an identity the generation of the
-    /// namespace's binding, to be made durable before the put is acknowledged.
-    fn scope_binding(
-        &self,
-        ns: &str,
-        caller: &Caller,
-        bind: bool,
-    ) -> Result<(Arc<str>, Option<u64>)> {
         if let Some(why) = self.router().and_then(|r| r.refused()) {
             return Err(KvError::NotMember(why));
         }
@@ -298,12 +286,24 @@ impl KvService {
             Some(t) => t.scope(ns)?,
             None => Arc::from(ns),
         };
+        self.bind_identity(&scoped, caller.identity.as_ref(), bind)?;
+        Ok(scoped)
+    }
+
+    /// Checks a call on the scoped namespace `ns` against its identity binding; with
+    /// `bind` (a put storing here) an unbound namespace is bound to `identity`. For a
+    /// put with an identity, the generation of the binding, to be made durable before
+    /// the put is acknowledged.
+    pub(super) fn bind_identity(
+        &self,
+        ns: &Arc<str>,
+        identity: Option<&crate::identity::IdentityDigest>,
+        bind: bool,
+    ) -> Result<Option<u64>> {
         let engine = &self.inner.engine;
-        let binding = self.inner.identities.check_reclaiming(
-            &scoped,
-            caller.identity.as_ref(),
-            bind,
-            || {
+        self.inner
+            .identities
+            .check_reclaiming(ns, identity, bind, || {
                 engine
                     .resident_kv()
                     .into_iter()
@@ -312,9 +312,7 @@ impl KvService {
                         _ => None,
                     })
                     .collect()
-            },
-        )?;
-        Ok((scoped, binding))
+            })
     }
 
     pub(super) fn check_namespace(&self, ns: &str) -> Result<()> {
@@ -421,7 +419,7 @@ impl KvService {
         // pass it on, and the owners decide (black-box finding: a node that rejoined
         // a group, its bindings missed, bound a namespace to a wrong model whose puts
         // every owner refused, and then refused the namespace's real model for good).
-        let (ns, _) = self.scope_binding(&first.namespace, &caller, false)?;
+        let ns = self.scope(&first.namespace, &caller, false)?;
         let tenant = caller.tenant.clone();
         let key = self.key(&ns, &first.hash)?;
         let size = first.size;
@@ -445,8 +443,7 @@ impl KvService {
         // buffers it on the way.
         let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
         if group.is_none() {
-            let (_, binding) = self.scope_binding(&first.namespace, &caller, true)?;
-            if let Some(generation) = binding {
+            if let Some(generation) = self.bind_identity(&ns, caller.identity.as_ref(), true)? {
                 // The block will outlive a crash; so must the binding that guards it.
                 self.inner.identities.durable(generation).await;
             }

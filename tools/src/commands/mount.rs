@@ -142,8 +142,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     // A dead daemon's mount (ENOTCONN) is replaced by the new one (strata_fs::mount).
     // Asked first: a stat of it fails once the kernel's cached attributes expired, and
     // it was then refused as "not a directory" (test: an upload a kill cut off).
-    strata_fs::mount::refuse_stuck_mount(&args.mount.mountpoint)?;
-    let dead = strata_fs::mount::is_dead_mount(&args.mount.mountpoint);
+    let dead = strata_fs::mount::dead_mount_or_refuse_stuck(&args.mount.mountpoint)?;
     if !dead && !args.mount.mountpoint.is_dir() {
         bail!(
             "mountpoint {} is not a directory",

@@ -163,8 +163,7 @@ pub fn mount(
     }
     // A dead daemon's mount there is replaced (strata_fs::spawn); it cannot be made.
     // A stuck one's is refused: anything else would hang on it.
-    strata_fs::mount::refuse_stuck_mount(&m.mountpoint)?;
-    if !strata_fs::mount::is_dead_mount(&m.mountpoint) {
+    if !strata_fs::mount::dead_mount_or_refuse_stuck(&m.mountpoint)? {
         std::fs::create_dir_all(&m.mountpoint)
             .with_context(|| format!("creating {}", m.mountpoint.display()))?;
     }
