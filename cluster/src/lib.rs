@@ -8,6 +8,8 @@
 //!   renewing leaves after the lease TTL; while etcd is unreachable a node keeps the last
 //!   membership it saw and re-registers when etcd returns.
 //!
+//! - [`bindings`]: the KV namespaces' model-identity bindings, one per namespace for
+//!   the whole group on etcd, so a member that joins later refuses another model too.
 //! - [`hedge`]: the peer read path's decisions (which node to ask, when to hedge with
 //!   the store, when to pause a failing peer, whether to keep a remote block). Pure.
 //! - [`peer`]: the peer data plane's wire side: the `strata.peer.v1` services, the
@@ -15,6 +17,7 @@
 //!   and its readers use it, building a [`Placement`] from each membership snapshot
 //!   and dialing the owners' `advertise` addresses.
 
+pub mod bindings;
 pub mod hedge;
 pub mod membership;
 pub mod peer;
@@ -22,6 +25,7 @@ pub mod placement;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use bindings::SharedBindings;
 pub use membership::{
     read_group, GroupConfig, Member, Membership, NodeId, NodeInfo, DEFAULT_PREFIX,
 };
@@ -49,6 +53,8 @@ pub enum ClusterError {
     },
     #[error("encoding the node record: {0}")]
     Encode(serde_json::Error),
+    #[error("etcd failed less than {0:?} ago; not asked again yet")]
+    Resting(std::time::Duration),
     #[error("node id {id} is registered by another live daemon (at {at}); give each daemon its own node_id")]
     IdTaken { id: String, at: String },
 }

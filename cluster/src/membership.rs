@@ -252,7 +252,7 @@ pub async fn read_group(cfg: &GroupConfig) -> Result<Membership, ClusterError> {
     read(&mut client, cfg).await
 }
 
-async fn connect(cfg: &GroupConfig) -> Result<Client, ClusterError> {
+pub(crate) async fn connect(cfg: &GroupConfig) -> Result<Client, ClusterError> {
     let options = ConnectOptions::new()
         .with_connect_timeout(cfg.call_timeout)
         // HTTP/2 pings: a silently dead etcd (no RST, e.g. a partition) breaks the
@@ -262,7 +262,7 @@ async fn connect(cfg: &GroupConfig) -> Result<Client, ClusterError> {
     bounded(cfg, Client::connect(&cfg.endpoints, Some(options))).await
 }
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     cfg: &GroupConfig,
     call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, ClusterError> {

@@ -50,6 +50,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
+use crate::identity::IdentityDigest;
 use crate::pb;
 use crate::pb::kv_cache_client::KvCacheClient;
 use crate::routing::NodeIdx;
@@ -96,7 +97,49 @@ pub trait GroupView: Send + Sync + 'static {
     fn refused(&self) -> Option<String> {
         None
     }
+    /// The group's binding of the scoped namespace `namespace` to a model identity
+    /// (kept for the whole group, on etcd in the daemon): see [`SharedBindingOp`]. None
+    /// when the group keeps none or cannot answer now; the node's own binding then
+    /// decides alone.
+    fn shared_binding(
+        &self,
+        namespace: &str,
+        identity: &IdentityDigest,
+        op: SharedBindingOp,
+    ) -> SharedBindingAnswer {
+        let _ = (namespace, identity, op);
+        Box::pin(std::future::ready(None))
+    }
 }
+
+/// What a node asks of the group's shared namespace bindings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedBindingOp {
+    /// Before this node binds a namespace for the first time: the group's identity
+    /// for it, binding it to the caller's when no member has. Another identity refuses
+    /// the put, so a node that joined after the namespace was bound refuses a second
+    /// model as the first members do.
+    Bind,
+    /// As `Bind`, and a record holding the same identity is kept alive: what a member
+    /// does for every binding it holds, every [`REPUBLISH_BINDINGS_EVERY`].
+    Publish,
+    /// A binding this node made for a put that an owner then refused for its identity
+    /// is withdrawn from the group too (answers None).
+    Withdraw,
+}
+
+/// The answer of [`GroupView::shared_binding`].
+pub type SharedBindingAnswer =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<IdentityDigest>> + Send>>;
+
+/// How often a member writes its bindings to the group again: 3 hours, well inside
+/// the day the daemon's records live (`strata_cluster::bindings`), so a binding some
+/// member holds never lapses, and one nobody holds leaves within a day.
+pub const REPUBLISH_BINDINGS_EVERY: Duration = Duration::from_secs(3 * 3600);
+
+/// Retry of a publishing pass that the group could not answer in full (etcd down at
+/// start-up): 30 s.
+pub const REPUBLISH_RETRY: Duration = Duration::from_secs(30);
 
 /// The bytes a KV block is placed by: its scoped namespace (the tenant's key space)
 /// and hash, separated by 0xFF, which UTF-8 never contains, so distinct pairs never
@@ -786,6 +829,16 @@ impl Router {
     /// See [`GroupView::refused`].
     pub fn refused(&self) -> Option<String> {
         self.view.refused()
+    }
+
+    /// See [`GroupView::shared_binding`].
+    pub fn shared_binding(
+        &self,
+        namespace: &str,
+        identity: &IdentityDigest,
+        op: SharedBindingOp,
+    ) -> SharedBindingAnswer {
+        self.view.shared_binding(namespace, identity, op)
     }
 
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {

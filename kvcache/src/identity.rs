@@ -242,6 +242,15 @@ impl IdentityBindings {
         }
     }
 
+    /// Every binding (namespace, identity), for the group's copy.
+    pub fn all(&self) -> Vec<(Arc<str>, IdentityDigest)> {
+        self.map
+            .lock()
+            .iter()
+            .map(|(ns, (id, _))| (ns.clone(), *id))
+            .collect()
+    }
+
     /// The identity `ns` is bound to, if any.
     pub fn bound(&self, ns: &str) -> Option<IdentityDigest> {
         self.map.lock().get(ns).map(|(id, _)| *id)

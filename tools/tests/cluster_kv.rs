@@ -298,3 +298,98 @@ fn with_etcd_down_kv_keeps_routing_by_the_last_membership() {
         });
     });
 }
+
+fn identity(revision: &str) -> strata_kvcache::keys::ModelIdentity {
+    strata_kvcache::keys::ModelIdentity {
+        model: "meta-llama/Llama-3-8B".into(),
+        revision: revision.into(),
+        kv_dtype: "bfloat16".into(),
+        kv_layout: "NHD".into(),
+        block_tokens: 16,
+        tp_size: 1,
+        pp_size: 1,
+        ..Default::default()
+    }
+}
+
+/// Puts blocks `range` through `node` as a client of model `revision`; how many were
+/// acknowledged, and the codes of those refused.
+async fn put_as(
+    g: &Group,
+    node: usize,
+    revision: &str,
+    range: std::ops::Range<u32>,
+) -> (usize, Vec<tonic::Code>) {
+    let mut c = KvClient::connect_with(
+        &g.nodes[node].kv,
+        strata_kvcache::client::ClientOptions {
+            identity: Some(identity(revision).digest()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect");
+    let (mut ok, mut refused) = (0, Vec::new());
+    for i in range {
+        match c.put(NS, &hash(i), block(i)).await {
+            Ok(_) => ok += 1,
+            Err(e) => refused.push(e.code()),
+        }
+    }
+    (ok, refused)
+}
+
+/// Black-box finding (round 9, documented then): with R = 1 each node bound a
+/// namespace only when it stored one of its blocks, so a node holding none of model
+/// A's blocks (a member that joined later, or one the keys missed) took model B's puts
+/// into A's namespace, bound it to B, and then refused A's own puts of the keys it
+/// owns. The group now keeps one binding per namespace on etcd.
+#[test]
+fn a_namespace_is_bound_for_the_whole_group_not_only_on_the_nodes_that_store_it() {
+    bounded(150, || {
+        let g = Group::start(GroupSpec {
+            // Appended after `[cluster]`, the config's last table here.
+            extra_toml: "replication = 1\n".into(),
+            ..spec()
+        })
+        .expect("group starts");
+        g.wait_views(3, Duration::from_secs(20)).expect("views");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(async {
+            // Model A's one block binds the namespace on its owner alone.
+            let (ok, refused) = put_as(&g, 0, "rev-a", 0..1).await;
+            assert_eq!((ok, refused.len()), (1, 0));
+            // Model B, through every node, onto keys every node owns some of.
+            for node in 0..3 {
+                let (ok, refused) = put_as(&g, node, "rev-b", 100..130).await;
+                assert_eq!(ok, 0, "model B's puts acknowledged through node {node}");
+                assert!(
+                    refused
+                        .iter()
+                        .all(|c| *c == tonic::Code::FailedPrecondition),
+                    "{refused:?}"
+                );
+            }
+            // Model A keeps every node.
+            let (ok, refused) = put_as(&g, 1, "rev-a", 200..260).await;
+            assert_eq!((ok, refused), (60, vec![]));
+        });
+        // Bindings the group lost (made before it kept them, or etcd wiped) come back
+        // from the members that hold them, at their next start.
+        let shared = strata_cluster::SharedBindings::new(g.group_config()).expect("bindings");
+        let a = identity("rev-a").digest();
+        rt.block_on(async {
+            assert_eq!(shared.held(NS).await.expect("held"), Some(a));
+            shared.withdraw(NS, &a).await.expect("withdraw");
+            assert_eq!(shared.held(NS).await.expect("held"), None);
+        });
+        let mut g = g;
+        for n in &mut g.nodes {
+            n.restart().expect("restart on its cache dir");
+        }
+        wait_until(Duration::from_secs(30), "the binding is back", || {
+            rt.block_on(shared.held(NS)).ok().flatten() == Some(a)
+        })
+        .expect("republished");
+    });
+}

@@ -300,6 +300,7 @@ impl KvService {
         bound_here: &parking_lot::Mutex<Option<u64>>,
     ) -> Result<bool> {
         let ids = &self.inner.identities;
+        self.check_shared_binding(ns, fwd.identity.as_ref()).await?;
         let was_bound = ids.bound(ns).is_some();
         if let Some(generation) = self.bind_identity(ns, fwd.identity.as_ref(), true)? {
             if !was_bound {
@@ -351,6 +352,12 @@ impl KvService {
         if let Some(generation) = generation {
             if let Some(g) = self.inner.identities.unbind(ns, generation) {
                 self.inner.identities.durable(g).await;
+                // The group's record, made for this put, names the refused identity.
+                if let Some(id) = fwd.identity.as_ref() {
+                    router
+                        .shared_binding(ns, id, crate::group::SharedBindingOp::Withdraw)
+                        .await;
+                }
             }
         }
     }

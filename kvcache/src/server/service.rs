@@ -93,7 +93,77 @@ impl KvService {
             .set(router.clone())
             .map_err(|_| KvError::Config("the KV service is already in a group".into()))?;
         router.watch_members();
+        self.publish_bindings(router);
         Ok(())
+    }
+
+    /// Writes this node's bindings to the group's copy now and every
+    /// [`crate::group::REPUBLISH_BINDINGS_EVERY`] (sooner while the group cannot be
+    /// asked): bindings made before the group kept them, or loaded from a warm cache
+    /// dir, reach the members that join later, and the records of those this node holds
+    /// stay alive. Stops with the service.
+    fn publish_bindings(&self, router: Arc<Router>) {
+        use crate::group::{SharedBindingOp, REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY};
+        let identities = Arc::downgrade(&self.inner.identities);
+        tokio::spawn(async move {
+            loop {
+                let Some(ids) = identities.upgrade() else {
+                    return;
+                };
+                let bindings = ids.all();
+                drop(ids);
+                let mut unanswered = 0usize;
+                for (ns, id) in bindings {
+                    match router
+                        .shared_binding(&ns, &id, SharedBindingOp::Publish)
+                        .await
+                    {
+                        None => unanswered += 1,
+                        Some(group) if group != id => tracing::warn!(
+                            namespace = %ns,
+                            here = %hex::encode(&id[..6]),
+                            group = %hex::encode(&group[..6]),
+                            "this node's KV namespace binding differs from the group's; the group's refuses the other model on new members"
+                        ),
+                        Some(_) => {}
+                    }
+                }
+                let wait = if unanswered > 0 {
+                    REPUBLISH_RETRY
+                } else {
+                    REPUBLISH_BINDINGS_EVERY
+                };
+                tokio::time::sleep(wait).await;
+            }
+        });
+    }
+
+    /// Before a put binds the scoped namespace `ns` on this node for the first time:
+    /// the group's binding of it (see [`crate::group::SharedBindingOp::Bind`]), which
+    /// refuses the put when it names another identity. A namespace this node has bound
+    /// costs nothing (its own binding decides, in [`Self::bind_identity`]).
+    pub(super) async fn check_shared_binding(
+        &self,
+        ns: &Arc<str>,
+        identity: Option<&crate::identity::IdentityDigest>,
+    ) -> Result<()> {
+        let (Some(id), Some(router)) = (identity, self.inner.router.get()) else {
+            return Ok(());
+        };
+        if self.inner.identities.bound(ns).is_some() {
+            return Ok(());
+        }
+        match router
+            .shared_binding(ns, id, crate::group::SharedBindingOp::Bind)
+            .await
+        {
+            Some(group) if group != *id => Err(KvError::IdentityMismatch {
+                namespace: ns.to_string(),
+                bound: hex::encode(&group[..6]),
+                got: hex::encode(&id[..6]),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The face of this service for the peer listener: the group token required, the
@@ -443,6 +513,8 @@ impl KvService {
         // buffers it on the way.
         let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
         if group.is_none() {
+            self.check_shared_binding(&ns, caller.identity.as_ref())
+                .await?;
             if let Some(generation) = self.bind_identity(&ns, caller.identity.as_ref(), true)? {
                 // The block will outlive a crash; so must the binding that guards it.
                 self.inner.identities.durable(generation).await;

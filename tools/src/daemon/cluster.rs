@@ -16,6 +16,8 @@ pub struct ClusterHandle {
     member: Member,
     pub node: NodeId,
     pub replication: usize,
+    /// The KV namespaces' identity bindings the group shares (on the same etcd).
+    pub bindings: std::sync::Arc<strata_cluster::SharedBindings>,
     logger: tokio::task::JoinHandle<()>,
 }
 
@@ -70,6 +72,10 @@ pub fn start(
     let me = node_info(c, cache, admin)?;
     let node = me.id.clone();
     let member = Member::start(c.group_config(), me).context("starting cluster membership")?;
+    let bindings = std::sync::Arc::new(
+        strata_cluster::SharedBindings::new(c.group_config())
+            .context("the group's KV namespace bindings")?,
+    );
     let mut rx = member.membership();
     let group = c.group.clone();
     let logger = tokio::spawn(async move {
@@ -94,6 +100,7 @@ pub fn start(
         member,
         node,
         replication: c.replication,
+        bindings,
         logger,
     })
 }
@@ -105,6 +112,7 @@ pub struct MembershipView {
     me_str: std::sync::Arc<str>,
     replication: usize,
     rx: watch::Receiver<Membership>,
+    bindings: std::sync::Arc<strata_cluster::SharedBindings>,
     /// The placement of the last membership revision seen (rebuilt when it changes, so
     /// a lookup costs the owners' scores only).
     cache: std::sync::Mutex<Option<Placed>>,
@@ -119,12 +127,18 @@ struct Placed {
 }
 
 impl MembershipView {
-    pub fn new(me: NodeId, replication: usize, rx: watch::Receiver<Membership>) -> Self {
+    pub fn new(
+        me: NodeId,
+        replication: usize,
+        rx: watch::Receiver<Membership>,
+        bindings: std::sync::Arc<strata_cluster::SharedBindings>,
+    ) -> Self {
         MembershipView {
             me_str: std::sync::Arc::from(me.as_str()),
             me,
             replication: replication.max(1),
             rx,
+            bindings,
             cache: std::sync::Mutex::new(None),
         }
     }
@@ -158,6 +172,37 @@ impl strata_kvcache::group::GroupView for MembershipView {
 
     fn refused(&self) -> Option<String> {
         self.rx.borrow().refused.clone()
+    }
+
+    fn shared_binding(
+        &self,
+        namespace: &str,
+        identity: &[u8; 32],
+        op: strata_kvcache::group::SharedBindingOp,
+    ) -> strata_kvcache::group::SharedBindingAnswer {
+        use strata_kvcache::group::SharedBindingOp;
+        let bindings = self.bindings.clone();
+        let namespace = namespace.to_string();
+        let identity = *identity;
+        Box::pin(async move {
+            let r = match op {
+                SharedBindingOp::Bind => bindings.bind(&namespace, &identity).await.map(Some),
+                SharedBindingOp::Publish => bindings.publish(&namespace, &identity).await.map(Some),
+                SharedBindingOp::Withdraw => bindings
+                    .withdraw(&namespace, &identity)
+                    .await
+                    .map(|()| None),
+            };
+            match r {
+                Ok(bound) => bound,
+                Err(strata_cluster::ClusterError::Resting(_)) => None,
+                Err(e) => {
+                    // The node's own binding decides meanwhile (as without the group's).
+                    tracing::warn!(namespace = %namespace, error = %e, "the group's KV namespace binding could not be asked");
+                    None
+                }
+            }
+        })
     }
 
     fn routes(&self, keys: &[Vec<u8>]) -> Option<strata_kvcache::group::Routes> {

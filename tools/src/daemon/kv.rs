@@ -277,6 +277,7 @@ pub(crate) fn join_group(
         cluster.node.clone(),
         cluster.replication,
         cluster.membership(),
+        cluster.bindings.clone(),
     );
     service
         .join_group(
