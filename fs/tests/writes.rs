@@ -1369,3 +1369,68 @@ async fn an_overwrite_shows_its_size_while_a_reader_holds_the_old_version() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 10): a file another node replaced in the store within the
+/// metadata TTL, its old version's bytes cached here, was changed in place (`>>`, an
+/// `r+` patch, `truncate -s`) from the old version and uploaded whole over the new one,
+/// exit code 0: the new version lost. An open to change a file now checks its version
+/// with the store first; a changed one is ESTALE (the kernel looks the path up again),
+/// and the change then applies to the current version.
+#[tokio::test]
+async fn a_change_in_place_applies_to_the_current_version_not_a_cached_older_one() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.writes.as_mut().expect("writes").allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        assert_eq!(read_back(c, obj.attr.ino).await, data(1000, 1), "cached");
+        // Another writer publishes a new version behind the mount's back.
+        object_store::ObjectStoreExt::put(
+            &*fx.mem,
+            &object_store::path::Path::from("old/obj"),
+            Bytes::from(data(2000, 9)).into(),
+        )
+        .await
+        .expect("replace out of band");
+        let e = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect_err("an older version is not changed");
+        assert_eq!(e.errno(), libc::ESTALE);
+        let e = c
+            .setattr(obj.attr.ino, Some(1500), None)
+            .await
+            .expect_err("nor truncated");
+        assert_eq!(e.errno(), libc::ESTALE);
+        assert_eq!(stored(&fx, "old/obj").await, Some(data(2000, 9)), "kept");
+        // The kernel's retry: a fresh lookup, the current version, changed.
+        let fresh = c.lookup(old.attr.ino, "obj").await.expect("lookup again");
+        let o = c
+            .open_write(fresh.attr.ino, false, 0)
+            .await
+            .expect("open the current version");
+        c.write(o.fh, 2000, b"C\n").expect("append");
+        c.close(o.fh, 0).await.expect("close uploads");
+        c.release_write(o.fh).await;
+        let mut want = data(2000, 9);
+        want.extend_from_slice(b"C\n");
+        assert_eq!(stored(&fx, "old/obj").await, Some(want));
+        // Removed behind the mount's back: ESTALE too, and the lookup then finds nothing.
+        let again = c.lookup(old.attr.ino, "obj").await.expect("lookup");
+        object_store::ObjectStoreExt::delete(&*fx.mem, &object_store::path::Path::from("old/obj"))
+            .await
+            .expect("delete out of band");
+        let e = c
+            .open_write(again.attr.ino, false, 0)
+            .await
+            .expect_err("gone");
+        assert_eq!(e.errno(), libc::ESTALE);
+        let e = c.lookup(old.attr.ino, "obj").await.expect_err("gone");
+        assert_eq!(e.errno(), libc::ENOENT);
+    })
+    .await
+    .expect("bounded");
+}

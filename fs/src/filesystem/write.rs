@@ -8,8 +8,10 @@
 //!   offsets (`zipfile` seeks back to patch its headers; a strictly sequential stream,
 //!   as mountpoint-s3 requires, would refuse it). With `allow_overwrite`, an object up
 //!   to `rewrite_max` (256 MiB) opened to be changed (a log opened with `"a"`, a
-//!   shell's `>>`, `O_RDWR` patches) is first read into its staging file, and replaced
-//!   whole at the close if it changed (the last close wins). `flush` (every `close`) and `fsync`
+//!   shell's `>>`, `O_RDWR` patches) is first read into its staging file, from the
+//!   version the store has at the open (one HEAD: a cached older version is ESTALE, and
+//!   the kernel's retry opens the current one), and replaced whole at the close if it
+//!   changed (the last close wins). `flush` (every `close`) and `fsync`
 //!   upload it when it changed since the last upload: one PUT up to `part_size`, else a
 //!   multipart upload with `parts_in_flight` parts on the wire while the next is read.
 //!   The caller waits, so an upload that fails (the store down, 5xx after retries, a
@@ -92,7 +94,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use strata_cache_core::store::UploadShape;
-use strata_cache_core::{AccessContext, ObjectInfo};
+use strata_cache_core::{AccessContext, CacheError, ObjectInfo};
 
 use super::{Entry, FsCore, Kind, Meta, Opened};
 use crate::error::{Error, Result};
@@ -935,6 +937,16 @@ impl FsCore {
                 node.path, obj.size, writes.opts.rewrite_max
             )));
         }
+        if !truncate {
+            if node.version.as_ref().is_some_and(|had| *had != obj.version) {
+                // The inode stands for an older version (see `FsCore::open`).
+                return Err(Error::Cache(CacheError::Changed(format!(
+                    "{}: replaced since it was looked up (a lookup finds the new version)",
+                    node.path
+                ))));
+            }
+            self.still_current(&node.path, &obj).await?;
+        }
         let staged = writes.stage(&node.path, pid)?;
         staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -951,6 +963,32 @@ impl FsCore {
             passthrough: None,
             direct_io: false,
         })
+    }
+
+    /// Checks with the store (one HEAD, past the metadata TTL) that `obj` is still the
+    /// version of its path, before it is changed in place: the change is uploaded
+    /// whole, so one made to an older version would put that version back over the
+    /// newer one. A version that changed (or went) is ESTALE after its metadata is
+    /// updated, so the kernel looks the path up again and opens the current version
+    /// (black-box finding: `>>`, an `r+` patch or a `truncate` of a file another node
+    /// had replaced within the TTL, its old blocks cached here, wrote old version +
+    /// change over the new one, exit code 0).
+    async fn still_current(&self, path: &Arc<str>, obj: &ObjectInfo) -> Result<()> {
+        let now = match self.reader.store().head(path).await {
+            Ok(info) => Meta::File(Arc::new(info)),
+            Err(CacheError::NotFound(_)) => Meta::Missing,
+            Err(e) => return Err(e.into()),
+        };
+        if matches!(&now, Meta::File(info) if info.version == obj.version) {
+            return Ok(());
+        }
+        self.attrs.insert(path.clone(), now.clone()).await;
+        if let Some(dir) = self.parent_of(path).map(Arc::<str>::from) {
+            self.relist(&dir, path, Some(now)).await;
+        }
+        Err(Error::Cache(CacheError::Changed(format!(
+            "{path}: replaced or removed in the store since it was looked up; open it again"
+        ))))
     }
 
     /// A read handle of `path` if it is being written here: it reads what was written
