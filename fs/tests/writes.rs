@@ -939,7 +939,9 @@ async fn staged_files_count_against_the_copies_budget() {
 /// its stream has sent (a hole punched in the staging file) rather than overrun the
 /// budget: its local footprint stays near its parts in flight and the object is whole.
 /// A write below the freed bytes is refused with the reason (the file could no longer
-/// be uploaded whole), and the upload still completes.
+/// be uploaded whole), and the file is then not uploaded: its close fails (black-box
+/// finding: a zip or header-patched file whose patch was refused was published
+/// unpatched, the close returning 0).
 #[tokio::test]
 async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
     timed(async {
@@ -986,9 +988,10 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
             .write(fh, 4096, b"patch")
             .expect_err("below the freed bytes");
         assert!(err.to_string().contains("freed"), "{err}");
-        c.flush(fh).await.expect("the stream completes");
-        assert_eq!(stored(&fx, "ckpt.bin").await.as_deref(), Some(&want[..]));
+        let err = c.flush(fh).await.expect_err("a file that missed a write");
+        assert_eq!(err.errno(), libc::ENOTSUP, "{err}");
         c.release_write(fh).await;
+        assert_eq!(stored(&fx, "ckpt.bin").await, None, "nothing published");
         assert_eq!(copies.staged_bytes(), 0);
         assert_eq!(copies.len(), 0, "a freed file is not adopted as a copy");
 
@@ -1003,7 +1006,11 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
         c.flush(fh).await.expect("the close of a dup");
         let err = c.write(fh, 2 << 20, &want[2 << 20..(2 << 20) + 100]);
         assert!(err.expect_err("sealed").to_string().contains("freed"));
-        c.flush(fh).await.expect("nothing new to upload");
+        let err = c
+            .flush(fh)
+            .await
+            .expect_err("the refused write is reported");
+        assert_eq!(err.errno(), libc::ENOTSUP, "{err}");
         c.release_write(fh).await;
         assert_eq!(
             stored(&fx, "ckpt2.bin").await.as_deref(),
