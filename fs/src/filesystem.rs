@@ -819,7 +819,11 @@ impl FsCore {
                 .ok()
         });
         let (listing_log, logged) = match &opts.listing_log {
-            Some(path) => match listing_log::ListingLog::open(path, reader.block_size()) {
+            Some(path) => match listing_log::ListingLog::open(
+                path,
+                reader.block_size(),
+                &format!("{}|{root}", reader.store().label()),
+            ) {
                 Ok((log, logged)) => (Some(log), logged),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e,

@@ -50,13 +50,34 @@ pub(super) struct ListingLog {
 impl ListingLog {
     /// Opens `path`, compacting what an earlier run logged; returns the log and those
     /// listings (files' block size `block_size`, the layout the mount reads in).
-    pub(super) fn open(path: &Path, block_size: u64) -> std::io::Result<(ListingLog, Logged)> {
+    ///
+    /// `source` names what the mount shows (the store and the prefix); a log written
+    /// for another source is not used (black-box finding: a mountpoint repointed at
+    /// another bucket or prefix while that store was down listed and served the first
+    /// one's names and cached bytes, with no error). It is the compacted file's first
+    /// line.
+    pub(super) fn open(
+        path: &Path,
+        block_size: u64,
+        source: &str,
+    ) -> std::io::Result<(ListingLog, Logged)> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
         let mut latest = Logged::default();
         if let Ok(f) = std::fs::File::open(path) {
-            for line in std::io::BufReader::new(f).lines() {
+            let mut lines = std::io::BufReader::new(f).lines().peekable();
+            let first = lines.peek().and_then(|l| l.as_ref().ok()).cloned();
+            let logged_for = first
+                .as_deref()
+                .and_then(|l| serde_json::from_str::<Value>(l).ok())
+                .and_then(|v| v.get("source").and_then(Value::as_str).map(String::from));
+            let other_source = first.is_some() && logged_for.as_deref() != Some(source);
+            if other_source {
+                tracing::warn!(log = %path.display(), logged_for = ?logged_for, source,
+                    "the listing log was written for another store or prefix; not used");
+            }
+            for line in lines.take_while(|_| !other_source) {
                 let Ok(line) = line else { break };
                 match parse_line(&line, block_size) {
                     Some(Line::Dir(dir, listing)) => {
@@ -88,6 +109,7 @@ impl ListingLog {
         let tmp = path.with_extension("jsonl.tmp");
         {
             let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            writeln!(out, "{}", json!({ "source": source }))?;
             for (dir, (exists, entries)) in &latest.dirs {
                 writeln!(out, "{}", line_of(dir, *exists, entries))?;
             }
@@ -256,7 +278,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("m/listings.jsonl");
         {
-            let (log, got) = ListingLog::open(&path, 1 << 20).expect("open");
+            let (log, got) = ListingLog::open(&path, 1 << 20, SRC).expect("open");
             assert!(got.dirs.is_empty() && got.files.is_empty());
             log.append("d", true, vec![("old".into(), Some(obj("d/old", 1)))]);
             log.append(
@@ -276,7 +298,7 @@ mod tests {
             .expect("open");
         write!(f, "{{\"dir\": \"torn\", \"exists\": tr").expect("torn line");
         drop(f);
-        let (_, got) = ListingLog::open(&path, 1 << 20).expect("reopen");
+        let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
         assert_eq!(got.dirs.len(), 2, "{got:?}");
         assert_eq!(got.files["e/opened-by-name"], obj("e/opened-by-name", 7));
         let (exists, entries) = &got.dirs["d"];
@@ -289,13 +311,24 @@ mod tests {
             ]
         );
         assert_eq!(got.dirs[""].1, vec![("d".to_string(), None)]);
-        // Compacted: one line per directory and per object.
+        // Compacted: the source, then one line per directory and per object.
         let lines = std::fs::read_to_string(&path)
             .expect("read")
             .lines()
             .count();
-        assert_eq!(lines, 3);
+        assert_eq!(lines, 4);
+        // A mount of another store or prefix at the same mountpoint sees none of it.
+        let (_, got) = ListingLog::open(&path, 1 << 20, "s3://other|data").expect("other");
+        assert!(got.dirs.is_empty() && got.files.is_empty(), "{got:?}");
+        let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("back");
+        assert!(
+            got.dirs.is_empty(),
+            "the other source's open started it afresh"
+        );
     }
+
+    /// What the logs in these tests were written for.
+    const SRC: &str = "s3://bucket|data";
 
     /// Crash finding: `rm b`, `mv c c2` and an overwrite of `a` through the mount, then a
     /// restart with the store silent, listed `a b c` again and served `a`'s replaced
@@ -308,7 +341,7 @@ mod tests {
         let mut new_a = obj("d/a", 10);
         new_a.version = Arc::from("\"etag-2\"");
         {
-            let (log, _) = ListingLog::open(&path, 1 << 20).expect("open");
+            let (log, _) = ListingLog::open(&path, 1 << 20, SRC).expect("open");
             log.append(
                 "d",
                 true,
@@ -327,7 +360,7 @@ mod tests {
         }
         for _ in 0..2 {
             // Once from the appended lines, once more from their compaction.
-            let (_, got) = ListingLog::open(&path, 1 << 20).expect("reopen");
+            let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
             let (_, entries) = &got.dirs["d"];
             let mut names: Vec<_> = entries
                 .iter()
