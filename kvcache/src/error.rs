@@ -8,7 +8,7 @@
 //! the idle timeout `DEADLINE_EXCEEDED`, a bad token `UNAUTHENTICATED`, a tenant's
 //! namespace outside its patterns `PERMISSION_DENIED`, a tenant past its quota
 //! `RESOURCE_EXHAUSTED`, a model identity other than the namespace's
-//! `FAILED_PRECONDITION`.
+//! `FAILED_PRECONDITION`, a Put a Remove of its key overlapped `ABORTED`.
 
 use strata_cache_core::CacheError;
 use tonic::{Code, Status};
@@ -78,6 +78,11 @@ pub enum KvError {
         bound: String,
         got: String,
     },
+    /// A Remove of the key came while this Put's block was arriving: the Put is
+    /// ordered before it, so nothing is stored (the Remove did not count it, and an
+    /// acknowledged Put must not vanish behind a Remove that answered 0).
+    #[error("a Remove of this key overlapped the Put: nothing stored; put again to store it")]
+    RemovedMeanwhile,
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -119,6 +124,7 @@ impl KvError {
             KvError::Idle { .. } => Code::DeadlineExceeded,
             KvError::Busy(_) | KvError::Quota { .. } => Code::ResourceExhausted,
             KvError::Denied { .. } => Code::PermissionDenied,
+            KvError::RemovedMeanwhile => Code::Aborted,
             KvError::IdentityMismatch { .. } => Code::FailedPrecondition,
             KvError::ShuttingDown | KvError::NotMember(_) => Code::Unavailable,
             KvError::Status(s) => s.code(),

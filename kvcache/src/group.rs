@@ -233,7 +233,11 @@ impl RemoteError {
             | Code::PermissionDenied
             | Code::FailedPrecondition
             | Code::ResourceExhausted
-            | Code::OutOfRange => RemoteError::Refused(s),
+            | Code::OutOfRange
+            // A Remove of the key overlapped the Put there (`KvError::RemovedMeanwhile`):
+            // the node is fine, a substitute would keep the removed value beside it
+            // (black-box finding: the next candidate kept it and answered it for good).
+            | Code::Aborted => RemoteError::Refused(s),
             _ => RemoteError::Down(s),
         }
     }
@@ -1221,6 +1225,19 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owner_refusing_for_a_remove_is_not_a_down_node() {
+        // A substitute would keep the removed value beside it (black-box finding).
+        assert!(matches!(
+            RemoteError::of(Status::aborted("a Remove of this key overlapped the Put")),
+            RemoteError::Refused(_)
+        ));
+        assert!(matches!(
+            RemoteError::of(Status::unavailable("connection refused")),
+            RemoteError::Down(_)
+        ));
+    }
 
     #[test]
     fn placement_keys_of_distinct_pairs_differ() {

@@ -34,6 +34,16 @@ fn mix(mut x: u64) -> u64 {
     x
 }
 
+/// The nodes (indexes of the live ones) in a key's placement order: its owners first.
+fn placement_order(key: &[u8], nodes: usize) -> Vec<usize> {
+    let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut order: Vec<usize> = (0..nodes).collect();
+    order.sort_by_key(|n| std::cmp::Reverse(mix(h ^ ((*n as u64 + 1) * 0x9e37))));
+    order
+}
+
 impl GroupView for FixedView {
     fn local_id(&self) -> Arc<str> {
         Arc::from(format!("node-{}", self.me))
@@ -58,11 +68,7 @@ impl GroupView for FixedView {
         let candidates = keys
             .iter()
             .map(|k| {
-                let h = k.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                    (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
-                });
-                let mut order: Vec<usize> = (0..nodes.len()).collect();
-                order.sort_by_key(|n| std::cmp::Reverse(mix(h ^ ((*n as u64 + 1) * 0x9e37))));
+                let mut order = placement_order(k, nodes.len());
                 order.truncate(self.replication + 1);
                 order
             })
@@ -1238,6 +1244,57 @@ async fn a_refused_put_leaves_no_copy_nor_binding_on_an_owner_that_missed_the_bi
             a2.put(ns, &hash(i), block(i, 2048))
                 .await
                 .expect("model A through node 2");
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
+
+/// Black-box finding (round 10): a Remove that raced the copy of a Put could leave the
+/// value on the second owner only; a later Put of new bytes was stored by the first
+/// owner and answered `already_present` by the second, which kept the old value, and
+/// Gets through that node (local tiers first) answered it for good, the others the new
+/// one. The put now replaces a copy an owner holds when the deciding owner held none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_replaces_an_old_value_left_on_a_second_owner() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let ns = "m/t";
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        for i in 0..20 {
+            assert!(!a.put(ns, &hash(i), block(i, 4096)).await.expect("put"));
+        }
+        // Each key's first owner loses it (as to a Remove that beat the copy to the
+        // second owner): only the second holds the old value.
+        for i in 0..20 {
+            let first = placement_order(&strata_kvcache::group::placement_key(ns, &hash(i)), 3)[0];
+            let key = CacheKey::kv(ns, hash(i));
+            assert!(nodes[first]
+                .service
+                .engine()
+                .remove(&key)
+                .await
+                .expect("remove"));
+        }
+        let mut c = KvClient::connect(&nodes[2].client_addr).await.expect("c");
+        for i in 0..20 {
+            let present = c
+                .put(ns, &hash(i), block(i + 100, 4096))
+                .await
+                .expect("put");
+            assert!(!present, "key {i}: the new value is stored");
+        }
+        for (n, node) in nodes.iter().enumerate() {
+            let mut c = KvClient::connect(&node.client_addr).await.expect("connect");
+            for i in 0..20 {
+                assert!(
+                    c.get(ns, &hash(i)).await.expect("get") == Some(block(i + 100, 4096)),
+                    "key {i} through node {n}: not the last acknowledged value"
+                );
+            }
         }
         for n in &mut nodes {
             n.stop();

@@ -382,11 +382,36 @@ impl KvService {
         let bound_here = parking_lot::Mutex::new(None);
         let bound_here = &bound_here;
         let mut inflight = futures::stream::FuturesUnordered::new();
-        let store = |n: usize| {
+        // `replace`: the node holds another life's value of the key (see below); it is
+        // removed there first.
+        let store = |n: usize, replace: bool| {
             let node = routes.nodes[n].clone();
             let router = router.clone();
             let data = data.clone();
             async move {
+                if replace {
+                    let hash = Bytes::copy_from_slice(key_hash(key));
+                    let gone = if node.local {
+                        self.remove_local(std::slice::from_ref(key), caller_tenant)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| RemoteError::Refused(Status::from(e)))
+                    } else {
+                        router
+                            .remote_remove(&node, fwd, client_ns, vec![hash])
+                            .await
+                            .map(|_| ())
+                    };
+                    if let Err(e) = gone {
+                        return (n, Err(e));
+                    }
+                }
+                // A Put overlapped by a Remove stores nothing: not this Remove, its own.
+                let arrived = if replace {
+                    self.inner.engine.removal_seq()
+                } else {
+                    arrived
+                };
                 let r = if node.local {
                     self.bind_and_store_local(
                         caller_tenant,
@@ -415,36 +440,50 @@ impl KvService {
         // for a primary that is down decides in its place.
         let mut rest = plan.initial();
         if !rest.is_empty() {
-            inflight.push(store(rest.remove(0)));
+            inflight.push(store(rest.remove(0), false));
         }
         let mut decided = false;
+        let mut stored_fresh = false;
+        let mut replaced = std::collections::HashSet::new();
         let mut all_present = true;
         let mut refused = None;
         while let Some((n, r)) = inflight.next().await {
             match r {
                 Ok(present) => {
-                    all_present &= present;
-                    plan.outcome(n, true);
                     if !decided {
                         decided = true;
                         if present {
                             // One value already, and its Put copied it (or is copying it).
+                            plan.outcome(n, true);
                             return Ok(true);
                         }
+                        stored_fresh = true;
                         for m in rest.drain(..) {
-                            inflight.push(store(m));
+                            inflight.push(store(m, false));
                         }
+                    } else if present && stored_fresh && replaced.insert(n) {
+                        // The deciding owner had no value, this one has: a value of an
+                        // earlier life of the key (removed or evicted on the decider
+                        // only, e.g. a Remove that raced the copy of an earlier Put),
+                        // which may differ from this one. Replaced, so the owners agree
+                        // (black-box finding: after a Put raced a Remove, a later Put
+                        // of new bytes left 41-49 of 200 keys answering the old value
+                        // through one entry node and the new one through the others).
+                        inflight.push(store(n, true));
+                        continue;
                     }
+                    all_present &= present;
+                    plan.outcome(n, true);
                 }
                 Err(RemoteError::Down(s)) => {
                     tracing::debug!(node = %routes.nodes[n].id, status = %s, "KV put: owner down, trying the next node");
                     if let Some(sub) = plan.outcome(n, false) {
-                        inflight.push(store(sub));
+                        inflight.push(store(sub, false));
                     } else if !decided {
                         // No substitute left to decide: the other owners take it as before.
                         decided = true;
                         for m in rest.drain(..) {
-                            inflight.push(store(m));
+                            inflight.push(store(m, false));
                         }
                     }
                 }
@@ -457,7 +496,13 @@ impl KvService {
         }
         if let Some(s) = refused {
             drop(inflight);
-            if s.code() == tonic::Code::FailedPrecondition {
+            // A Remove that overlapped the Put on one owner orders the Put before it:
+            // the copies the others took go too, so no owner keeps what the Remove
+            // removed elsewhere.
+            if matches!(
+                s.code(),
+                tonic::Code::FailedPrecondition | tonic::Code::Aborted
+            ) {
                 // Another owner holds the namespace for another model: what the owners
                 // without its binding took of this Put goes, and so does a binding it
                 // made here (black-box finding: a member back in the group, its
