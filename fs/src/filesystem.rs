@@ -287,6 +287,12 @@ pub struct DirEntry {
     pub entry: Entry,
 }
 
+/// An open directory: its path and the entries its opendir listed.
+struct OpenDir {
+    path: Arc<str>,
+    entries: Vec<DirEntry>,
+}
+
 /// An opened file.
 #[derive(Debug)]
 pub struct Opened {
@@ -491,10 +497,15 @@ impl InodeTable {
         }
     }
 
-    /// The kernel took `n` more references to `ino` (READDIRPLUS entries).
-    fn referenced(&mut self, ino: u64, n: u64) {
-        if let Some(node) = self.nodes.get_mut(&ino) {
-            node.lookups += n;
+    /// The kernel took `n` more references to `ino` (READDIRPLUS entries); false if
+    /// the inode is not in the table.
+    fn referenced(&mut self, ino: u64, n: u64) -> bool {
+        match self.nodes.get_mut(&ino) {
+            Some(node) => {
+                node.lookups += n;
+                true
+            }
+            None => false,
         }
     }
 
@@ -666,7 +677,7 @@ pub struct FsCore {
     attrs: moka::future::Cache<Arc<str>, Meta>,
     listings: moka::future::Cache<Arc<str>, Arc<Listing>>,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
-    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     /// Table size at which the next inode sweep may run (see `sweep_inodes`).
     next_sweep_at: AtomicU64,
     next_fh: AtomicU64,
@@ -1277,13 +1288,6 @@ impl FsCore {
         self.inodes.write().forget(ino, nlookup);
     }
 
-    /// The kernel took a reference to `ino` through a READDIRPLUS entry (the adapter
-    /// calls this for each entry it fits in the reply, except `.` and `..`, which the
-    /// kernel does not count).
-    pub fn referenced(&self, ino: u64) {
-        self.inodes.write().referenced(ino, 1);
-    }
-
     /// Inodes in the table now.
     pub fn inode_count(&self) -> usize {
         self.inodes.read().nodes.len()
@@ -1302,8 +1306,8 @@ impl FsCore {
         }
         let mut keep: std::collections::HashSet<u64> =
             self.files.lock().values().map(|h| h.ino).collect();
-        for entries in self.dirs.lock().values() {
-            keep.extend(entries.iter().map(|e| e.entry.attr.ino));
+        for dir in self.dirs.lock().values() {
+            keep.extend(dir.entries.iter().map(|e| e.entry.attr.ino));
         }
         let mut inodes = self.inodes.write();
         let swept = inodes.sweep(self.opts.max_inodes, &keep);
@@ -1449,23 +1453,95 @@ impl FsCore {
             });
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(fh, Arc::new(out));
+        self.dirs.lock().insert(
+            fh,
+            Arc::new(OpenDir {
+                path: node.path.clone(),
+                entries: out,
+            }),
+        );
         self.sweep_inodes();
         Ok(fh)
     }
 
-    /// Entries of an open directory from cookie `offset` on (at most `max`).
-    pub fn readdir(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let entries = self.dirs.lock().get(&fh).cloned().ok_or(Error::BadHandle {
+    fn open_dir(&self, fh: u64) -> Result<Arc<OpenDir>> {
+        self.dirs.lock().get(&fh).cloned().ok_or(Error::BadHandle {
             what: "directory handle",
             id: fh,
-        })?;
-        Ok(entries
+        })
+    }
+
+    /// Entries of an open directory from cookie `offset` on (at most `max`), as its
+    /// opendir listed them: names and inode numbers (READDIR; the kernel links none).
+    pub fn readdir(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let dir = self.open_dir(fh)?;
+        Ok(dir
+            .entries
             .iter()
             .skip(offset as usize)
             .take(max)
             .cloned()
             .collect())
+    }
+
+    /// [`Self::readdir`] for READDIRPLUS, whose entries the kernel links into its
+    /// dentry cache with their attributes: each is resolved again now, from what the
+    /// mount knows without asking the store (a file being written, the attribute
+    /// cache). A name removed through the mount since the opendir is left out; one
+    /// replaced or renamed over is the inode and attributes its path has now.
+    /// Black-box findings: the opendir's snapshot, handed out while a program wrote in
+    /// the folder, linked names to inodes the mount had dropped or detached (`open`
+    /// after `os.replace` failed EBADF "unknown inode", a create after an unlink failed
+    /// EBADF or ENOENT, a removed folder stayed for the TTL), and set a just-uploaded
+    /// file's size back to the 0 bytes it had when listed (its read-back was empty).
+    pub async fn readdir_plus(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let dir = self.open_dir(fh)?;
+        let mut out = Vec::new();
+        for e in dir.entries.iter().skip(offset as usize).take(max) {
+            if e.name == "." || e.name == ".." {
+                out.push(e.clone());
+                continue;
+            }
+            let path = self.child_path(&dir.path, &e.name);
+            let known = match self.written_meta(&path) {
+                Some(m) => Some(m),
+                None => self.attrs.get(&path).await,
+            };
+            let entry = match known {
+                Some(Meta::Missing) => continue,
+                Some(meta) => self.entry_for(&path, &meta, false)?,
+                None => {
+                    // Nothing newer known (its attributes expired): the listing's
+                    // entry, if its inode still names the path; otherwise left to a
+                    // lookup.
+                    let current = self.inodes.read().by_path.get(&path).copied();
+                    if current != Some(e.entry.attr.ino) {
+                        continue;
+                    }
+                    e.entry
+                }
+            };
+            // The kernel counts a reference for each entry it is given: counted here,
+            // with the inode known to be in the table (the adapter gives back those
+            // that did not fit in the reply, [`Self::not_handed_out`]).
+            if !self.inodes.write().referenced(entry.attr.ino, 1) {
+                continue;
+            }
+            out.push(DirEntry {
+                name: e.name.clone(),
+                offset: e.offset,
+                entry,
+            });
+        }
+        Ok(out)
+    }
+
+    /// An entry [`Self::readdir_plus`] returned did not fit in the reply: its
+    /// reference is not the kernel's.
+    pub fn not_handed_out(&self, e: &DirEntry) {
+        if e.name != "." && e.name != ".." {
+            self.forget(e.entry.attr.ino, 1);
+        }
     }
 
     pub fn releasedir(&self, fh: u64) {

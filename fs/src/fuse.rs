@@ -425,29 +425,37 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.core.readdir(fh.0, offset, 4096) {
-            Ok(entries) => {
-                for e in entries {
-                    let attr = file_attr(&e.entry.attr);
-                    if reply.add(
-                        INodeNo(e.entry.attr.ino),
-                        e.offset,
-                        &e.name,
-                        &e.entry.ttl,
-                        &attr,
-                        Generation(e.entry.generation),
-                    ) {
-                        break;
+        let core = self.core.clone();
+        self.dispatch(async move {
+            // Each entry is resolved and referenced before it is known to fit: ask for
+            // a few times what a page-sized reply holds (~25), not thousands.
+            match core.readdir_plus(fh.0, offset, 256).await {
+                Ok(entries) => {
+                    let mut entries = entries.into_iter();
+                    for e in entries.by_ref() {
+                        let attr = file_attr(&e.entry.attr);
+                        if reply.add(
+                            INodeNo(e.entry.attr.ino),
+                            e.offset,
+                            &e.name,
+                            &e.entry.ttl,
+                            &attr,
+                            Generation(e.entry.generation),
+                        ) {
+                            core.not_handed_out(&e);
+                            break;
+                        }
                     }
-                    // The kernel counts a reference for every entry but `.` and `..`.
-                    if e.name != "." && e.name != ".." {
-                        self.core.referenced(e.entry.attr.ino);
+                    // The core counted a reference for each entry; the kernel takes
+                    // one for those in the reply only.
+                    for e in entries {
+                        core.not_handed_out(&e);
                     }
+                    reply.ok();
                 }
-                reply.ok();
+                Err(e) => reply.error(errno(&e, "readdirplus")),
             }
-            Err(e) => reply.error(errno(&e, "readdirplus")),
-        }
+        });
     }
 
     fn releasedir(

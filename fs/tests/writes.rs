@@ -1441,3 +1441,79 @@ async fn a_change_in_place_applies_to_the_current_version_not_a_cached_older_one
     .await
     .expect("bounded");
 }
+
+/// Black-box findings (round 10): READDIRPLUS handed the kernel the opendir's
+/// snapshot, which it links into its dentry cache with the attributes given. While a
+/// program wrote in the folder, that linked `state.json` to the inode `os.replace`
+/// had replaced (since forgotten: `open` failed EBADF, "unknown inode"), a removed name
+/// to its detached inode (a create there failed EBADF or ENOENT), and a file just
+/// uploaded to the 0 bytes it had when listed (its read-back was empty). Each entry is
+/// now resolved again when it is handed out.
+#[tokio::test]
+async fn readdirplus_hands_out_each_name_as_it_is_now_not_as_opendir_listed_it() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_delete = true;
+            w.allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let write = |name: &'static str, bytes: &'static [u8]| async move {
+            let (e, fh) = c.create(dir.attr.ino, name, 0).await.expect("create");
+            c.write(fh, 0, bytes).expect("write");
+            c.flush(fh).await.expect("flush");
+            c.release_write(fh).await;
+            e
+        };
+        let old_state = write("state.json", b"{}").await;
+        write("lock", b"1").await;
+        let (_, growing) = c.create(dir.attr.ino, "log", 0).await.expect("create");
+        // A lister opens the folder: its snapshot holds every name as it is now.
+        let listed = c.opendir(dir.attr.ino).await.expect("opendir");
+        // Meanwhile: an atomic save over state.json, lock removed, log written on.
+        let tmp = write("state.json.tmp", b"{\"step\": 2}").await;
+        c.rename(
+            dir.attr.ino,
+            "state.json.tmp",
+            dir.attr.ino,
+            "state.json",
+            false,
+        )
+        .await
+        .expect("replace");
+        c.unlink(dir.attr.ino, "lock").await.expect("unlink");
+        c.write(growing, 0, b"0123456789").expect("write on");
+        let entries = c.readdir_plus(listed, 0, 100).await.expect("readdirplus");
+        let by_name = |n: &str| entries.iter().find(|e| e.name == n).map(|e| e.entry);
+        let state = by_name("state.json").expect("state.json listed");
+        assert_eq!(
+            state.attr.ino, tmp.attr.ino,
+            "the inode the rename moved there"
+        );
+        assert_ne!(state.attr.ino, old_state.attr.ino);
+        assert_eq!(state.attr.size, 11);
+        assert!(by_name("lock").is_none(), "removed since the opendir");
+        assert!(by_name("state.json.tmp").is_none(), "renamed away");
+        assert_eq!(by_name("log").expect("log").attr.size, 10, "its size now");
+        // Each entry handed out holds a reference, as the kernel counts one: given
+        // back (it did not fit), the one it took is gone, and the inode with it.
+        let state_gone = entries
+            .iter()
+            .find(|e| e.name == "state.json")
+            .expect("entry");
+        c.forget(tmp.attr.ino, 1); // create's reference, forgotten by the kernel
+        c.not_handed_out(state_gone);
+        let e = c
+            .getattr(tmp.attr.ino)
+            .await
+            .expect_err("no reference left");
+        assert_eq!(e.errno(), libc::EBADF);
+        c.releasedir(listed);
+        c.flush(growing).await.expect("flush");
+        c.release_write(growing).await;
+    })
+    .await
+    .expect("bounded");
+}
