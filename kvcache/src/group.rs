@@ -296,6 +296,9 @@ struct PeerCounters {
 struct Pause {
     until: Option<Instant>,
     failures_in_a_row: u32,
+    /// The last failure was a call that did not answer in time (a frozen or wedged
+    /// node), not one refused or reset (a node down, which may be back at once).
+    silent: bool,
 }
 
 /// Longest pause of a peer that keeps failing: 30 s, so a member that came back is
@@ -327,7 +330,8 @@ impl Pause {
         *self = Pause::default();
     }
 
-    fn failed(&mut self, now: Instant, base: Duration) {
+    fn failed(&mut self, now: Instant, base: Duration, silent: bool) {
+        self.silent = silent;
         self.failures_in_a_row = self.failures_in_a_row.saturating_add(1);
         let doubled = base.saturating_mul(1 << self.failures_in_a_row.min(16).saturating_sub(1));
         self.until = Some(now + doubled.min(MAX_PAUSE));
@@ -911,11 +915,27 @@ impl Router {
         node: &PeerNode,
         fut: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<T, RemoteError> {
+        self.call_with(node, false, fut).await
+    }
+
+    /// [`Self::call`]; `past_pause`: a paused peer is asked too, as a probe.
+    async fn call_with<T>(
+        &self,
+        node: &PeerNode,
+        past_pause: bool,
+        fut: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, RemoteError> {
         let p = self.peer(node);
-        let admitted = p
-            .pause
-            .lock()
-            .admit(Instant::now(), self.opts.request_timeout);
+        let admitted = {
+            let mut pause = p.pause.lock();
+            pause
+                .admit(Instant::now(), self.opts.request_timeout)
+                // Not a silent one: that would cost every such call the probe's bound.
+                .or_else(|| {
+                    (past_pause && !pause.silent)
+                        .then(|| self.opts.request_timeout.min(PROBE_TIMEOUT))
+                })
+        };
         let Some(timeout) = admitted else {
             return Err(RemoteError::Down(Status::unavailable(format!(
                 "node {} failed just now; not asked again until its pause ends",
@@ -923,6 +943,7 @@ impl Router {
             ))));
         };
         p.requests.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let r = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(s)) => Err(RemoteError::of(s)),
@@ -934,7 +955,12 @@ impl Router {
         match &r {
             Err(RemoteError::Down(s)) => {
                 p.failures.fetch_add(1, Ordering::Relaxed);
-                p.pause.lock().failed(Instant::now(), self.opts.suspect_for);
+                // Silent: it let the call wait (a frozen node, a host gone without a
+                // reset), where a node that is down refuses at once.
+                let silent = started.elapsed() >= self.opts.connect_timeout.min(timeout) / 2;
+                p.pause
+                    .lock()
+                    .failed(Instant::now(), self.opts.suspect_for, silent);
                 tracing::debug!(node = %node.id, addr = %node.addr, status = %s, "KV peer call failed");
             }
             _ => p.pause.lock().answered(),
@@ -976,12 +1002,15 @@ impl Router {
     }
 
     /// A Get from `node`: Some(bytes), None for a miss.
+    /// `past_pause`: asked even while its pause runs (bounded by [`PROBE_TIMEOUT`]):
+    /// the last candidate that may hold the block (see `get_from_group`).
     pub(crate) async fn remote_get(
         &self,
         node: &PeerNode,
         fwd: &Forward,
         ns: &str,
         hash: &[u8],
+        past_pause: bool,
     ) -> Result<Option<Bytes>, RemoteError> {
         let started = Instant::now();
         let mut client = self.client(node)?;
@@ -993,7 +1022,7 @@ impl Router {
             fwd,
         );
         let fetched = self
-            .call(node, async {
+            .call_with(node, past_pause, async {
                 let mut stream = match client.get(req).await {
                     Ok(s) => s.into_inner(),
                     Err(s) if s.code() == Code::NotFound => return Ok(None),
@@ -1303,7 +1332,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Pause::default();
         assert_eq!(p.admit(t0, probe), Some(probe));
-        p.failed(t0, base);
+        p.failed(t0, base, false);
         assert_eq!(p.admit(t0 + Duration::from_secs(1), probe), None);
         assert_eq!(
             p.admit(t0 + Duration::from_secs(2), probe),
@@ -1312,11 +1341,11 @@ mod tests {
         );
         let during = t0 + Duration::from_millis(2500);
         assert_eq!(p.admit(during, probe), None, "others wait for it");
-        p.failed(t0 + Duration::from_secs(3), base);
+        p.failed(t0 + Duration::from_secs(3), base, false);
         assert!(p.paused(t0 + Duration::from_secs(6)), "4 s now");
         assert!(!p.paused(t0 + Duration::from_secs(7)));
         for _ in 0..10 {
-            p.failed(t0, base);
+            p.failed(t0, base, false);
         }
         assert!(p.paused(t0 + MAX_PAUSE - Duration::from_millis(1)));
         assert!(!p.paused(t0 + MAX_PAUSE), "capped");

@@ -1303,3 +1303,57 @@ async fn a_put_replaces_an_old_value_left_on_a_second_owner() {
     .await
     .expect("within 60 s");
 }
+
+/// Black-box finding (round 10): an owner restarted within its lease stayed paused in
+/// its peers' routers (its calls had failed while it was down), and a paused node was
+/// not asked at all; once the key's other owner died, Gets of its blocks answered
+/// "miss" for ~3 s, though it was up and held them. A paused candidate is now asked
+/// last, past its pause, when fewer than R candidates said no.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_that_holds_the_block_is_asked_last_not_skipped() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let ns = "m/t";
+        // Keys node 0 does not own: nodes 1 and 2 hold them.
+        let keys: Vec<u32> = (0..200)
+            .filter(|i| {
+                let order =
+                    placement_order(&strata_kvcache::group::placement_key(ns, &hash(*i)), 3);
+                !order[..2].contains(&0)
+            })
+            .take(10)
+            .collect();
+        assert_eq!(keys.len(), 10);
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        for &i in &keys {
+            a.put(ns, &hash(i), block(i, 4096)).await.expect("put");
+        }
+        // Node 1 goes away: node 0's calls to it fail and pause it; node 2 serves.
+        let face = nodes[1].stops.remove(1);
+        let _ = face.send(());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for &i in &keys {
+            assert_eq!(
+                a.get(ns, &hash(i)).await.expect("get"),
+                Some(block(i, 4096))
+            );
+        }
+        // Node 1 is back (its pause at node 0 still runs), then node 2 goes.
+        serve_peer_face(&nodes[1].service, &nodes[1].peer_addr).await;
+        let face = nodes[2].stops.remove(1);
+        let _ = face.send(());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for &i in &keys {
+            assert_eq!(
+                a.get(ns, &hash(i)).await.expect("get"),
+                Some(block(i, 4096)),
+                "block {i}: its holder is up, only paused"
+            );
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

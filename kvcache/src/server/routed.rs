@@ -163,23 +163,35 @@ impl KvService {
         // an owner down left its copy on the next candidate (`routing.rs`).
         let needed = cands.len().max(1);
         let replication = routes.replication.max(1);
+        let owners: Vec<usize> = cands.iter().take(replication).copied().collect();
+        let mut owner_said_no = false;
         // The local node answered already: one of the candidates that said no.
         let mut misses = 0;
         if let Some(pos) = cands.iter().position(|n| routes.nodes[*n].local) {
+            owner_said_no |= owners.contains(&cands[pos]);
             cands.remove(pos);
             misses += 1;
         }
         demote_suspects(&mut cands, |n| router.is_suspect(&routes.nodes[n]));
         let mut inflight = futures::stream::FuturesUnordered::new();
         let mut next = 0;
-        let launch = |n: usize| {
+        let launch = |n: usize, past_pause: bool| {
             let node = routes.nodes[n].clone();
             let router = router.clone();
             async move {
-                let r = router.remote_get(&node, fwd, client_ns, hash).await;
+                let r = router
+                    .remote_get(&node, fwd, client_ns, hash, past_pause)
+                    .await;
                 (node, r)
             }
         };
+        // Candidates not asked because they are paused after failures: asked last,
+        // past their pause (a probe, at most 1 s), when no owner said no, so nothing
+        // else can tell a miss; an owner's no is a miss at once, as before, so a frozen
+        // owner does not slow the misses of a healthy group. Black-box finding: an
+        // owner restarted within its lease stayed paused, and once the other owner
+        // died its blocks answered "miss" for ~3 s (316-429 Gets).
+        let mut paused: Vec<usize> = Vec::new();
         let mut last_launched = None;
         // When every candidate had said no, or R had and the others were asked, the last
         // one asked slower than its p99 (nobody left to hedge with), with calls still
@@ -204,11 +216,24 @@ impl KvService {
                     return Ok(None);
                 }
                 let Some(&n) = cands.get(next) else {
+                    if !owner_said_no && !paused.is_empty() {
+                        for n in paused.drain(..) {
+                            inflight.push(launch(n, true));
+                        }
+                        // Their answers are awaited (each bounded by the probe's).
+                        exhausted = false;
+                        missed_at = None;
+                        continue;
+                    }
                     return Ok(None);
                 };
                 next += 1;
+                if router.is_suspect(&routes.nodes[n]) {
+                    paused.push(n);
+                    continue;
+                }
                 last_launched = Some(routes.nodes[n].clone());
-                inflight.push(launch(n));
+                inflight.push(launch(n, false));
             }
             let hedge = match (&last_launched, cands.get(next)) {
                 // All said no: wait for the stragglers, a little.
@@ -225,7 +250,10 @@ impl KvService {
             tokio::select! {
                 Some((node, r)) = inflight.next() => match r {
                     Ok(Some(b)) => return Ok(Some(b)),
-                    Ok(None) => misses += 1,
+                    Ok(None) => {
+                        misses += 1;
+                        owner_said_no |= owners.iter().any(|&o| routes.nodes[o].id == node.id);
+                    }
                     Err(RemoteError::Down(s)) => {
                         tracing::debug!(node = %node.id, status = %s, "KV owner down; next replica");
                     }
@@ -247,8 +275,12 @@ impl KvService {
                     if let (Some(slow), Some(&n)) = (&last_launched, cands.get(next)) {
                         router.count_hedge(slow);
                         next += 1;
+                        if router.is_suspect(&routes.nodes[n]) {
+                            paused.push(n);
+                            continue;
+                        }
                         last_launched = Some(routes.nodes[n].clone());
-                        inflight.push(launch(n));
+                        inflight.push(launch(n, false));
                     }
                 }
             }
