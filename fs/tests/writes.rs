@@ -1517,3 +1517,26 @@ async fn readdirplus_hands_out_each_name_as_it_is_now_not_as_opendir_listed_it()
     .await
     .expect("bounded");
 }
+
+/// Crash finding: the staging folder removed under a live writable mount (a tmp
+/// cleaner under the default temp cache dir) made every later create fail ENOENT until
+/// a restart. It is made again when a create finds it gone.
+#[tokio::test]
+async fn a_staging_folder_removed_under_the_mount_is_made_again() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        std::fs::remove_dir_all(fx.dir.path().join("staging")).expect("rm -rf staging");
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let (_, fh) = c.create(dir.attr.ino, "new.bin", 0).await.expect("create");
+        c.write(fh, 0, b"written").expect("write");
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "data/new.bin").await.as_deref(),
+            Some(&b"written"[..])
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -142,10 +142,20 @@ impl UploadJournal {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}-{n}", std::process::id());
         let (tmp, file) = (self.dir.join(&name), self.dir.join(format!("{name}.json")));
+        let write = |b: &[u8]| std::fs::write(&tmp, b).and_then(|()| std::fs::rename(&tmp, &file));
         let written = serde_json::to_vec(&record)
             .map_err(std::io::Error::other)
-            .and_then(|b| std::fs::write(&tmp, b))
-            .and_then(|()| std::fs::rename(&tmp, &file));
+            .and_then(|b| {
+                write(&b).or_else(|e| {
+                    // Its folder removed under the daemon (a tmp cleaner): made again
+                    // (crash finding: every upload went unrecorded until a restart).
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        return Err(e);
+                    }
+                    std::fs::create_dir_all(&self.dir)?;
+                    write(&b)
+                })
+            });
         match written {
             Ok(()) => Recorded { file: Some(file) },
             Err(e) => {

@@ -85,7 +85,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -302,6 +302,12 @@ fn writes_on(pid: u32, conn: u32, ino: u64) -> bool {
         .filter(|l| l.contains(&dev))
         .filter_map(|l| l.split(' ').next())
         .any(|id| mounts_of_copies.iter().any(|m| m == id))
+}
+
+/// Creates `dir` (and its parents) if missing, mode 0700: staged files are the user's.
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
 }
 
 /// Sets the size of a file being written (truncate or grow), as a write would change it.
@@ -549,11 +555,7 @@ pub(super) struct Writes {
 impl Writes {
     /// Creates (mode 0700) and empties the staging directory.
     pub(super) fn open(opts: WriteOptions) -> std::io::Result<Self> {
-        std::fs::create_dir_all(&opts.staging_dir)?;
-        std::fs::set_permissions(
-            &opts.staging_dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )?;
+        make_private_dir(&opts.staging_dir)?;
         let mut removed = 0;
         for entry in std::fs::read_dir(&opts.staging_dir)? {
             let entry = entry?;
@@ -590,13 +592,27 @@ impl Writes {
         }
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
         let file_path = self.opts.staging_dir.join(format!("{n}.part"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&file_path)
+        let create = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&file_path)
+        };
+        let file = create()
+            .or_else(|e| {
+                // The staging folder was removed under the daemon (a tmp cleaner, an
+                // operator freeing space): made again, as at start (crash finding:
+                // every create failed ENOENT until a restart).
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(e);
+                }
+                tracing::warn!(dir = %self.opts.staging_dir.display(), "staging folder gone; made again");
+                make_private_dir(&self.opts.staging_dir)?;
+                create()
+            })
             .map_err(|source| Error::Local {
                 what: format!("creating staging file {}", file_path.display()),
                 source,

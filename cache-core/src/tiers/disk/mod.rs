@@ -519,6 +519,7 @@ impl DiskTier {
         // miss): one it cannot read, at the open or anywhere in the scan, costs the
         // blocks, never the start (crash finding: one flipped bit in an index table, or
         // a deleted manifest, refused every start, a crash loop under a supervisor).
+        remove_empty_wals(&index_dir);
         let opened = DB::open(&db_opts, &index_dir).and_then(|db| {
             let scan = scan_index(&db, &data_dir, &mut report)?;
             Ok((db, scan))
@@ -562,7 +563,11 @@ impl DiskTier {
             map.insert(key, entry);
         }
         let live: HashSet<u64> = map.values().map(|e| e.file_id).collect();
-        db.write_opt(batch, &wo).map_err(index_err)?;
+        // Not an empty batch: a record in the write-ahead log would keep it (see
+        // `remove_empty_wals`).
+        if !batch.is_empty() {
+            db.write_opt(batch, &wo).map_err(index_err)?;
+        }
         // 3. Delete files nothing names.
         for sub in fs::read_dir(&data_dir)? {
             let sub = sub?;
@@ -879,7 +884,21 @@ impl DiskTier {
             o.write(true).create_new(true).mode(0o600);
             let direct = if direct { libc::O_DIRECT } else { 0 };
             o.custom_flags(direct | libc::O_NOFOLLOW);
-            let f = o.open(&path)?;
+            let f = match o.open(&path) {
+                // Its shard folder was removed under the daemon (a tmp cleaner, an
+                // operator freeing space): made again, as at open (crash finding: the
+                // tier stayed degraded, every KV put refused, until a restart).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if let Some(parent) = path.parent() {
+                        fs::DirBuilder::new()
+                            .recursive(true)
+                            .mode(0o700)
+                            .create(parent)?;
+                    }
+                    o.open(&path)?
+                }
+                r => r?,
+            };
             if sync {
                 // The new name must be durable too, not only the bytes.
                 if let Some(parent) = path.parent() {
@@ -1019,6 +1038,30 @@ impl Tier for DiskTier {
     fn stats(&self) -> TierStatsSnapshot {
         self.stats
             .snapshot(self.name(), self.used_bytes(), self.capacity)
+    }
+}
+
+/// Removes the index's empty write-ahead logs before it opens. RocksDB retires a log
+/// only when a flush of what it holds makes it obsolete, and a run that wrote nothing
+/// never flushes: each start left one more (crash finding: 400 failed starts left 400
+/// logs, files outside the budget growing without bound in a crash loop). An empty
+/// log holds no record, and RocksDB here does not track logs in its manifest, so
+/// nothing is lost.
+fn remove_empty_wals(index_dir: &Path) {
+    let Ok(entries) = fs::read_dir(index_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
+            continue;
+        };
+        if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if e.metadata().is_ok_and(|m| m.is_file() && m.len() == 0) {
+            let _ = fs::remove_file(e.path());
+        }
     }
 }
 

@@ -1215,3 +1215,54 @@ async fn a_corrupt_value_written_from_aligned_memory_is_never_served() {
         }
     }
 }
+
+/// Crash finding: every start that wrote nothing left one more write-ahead log in the
+/// index (400 failed starts, 400 logs), files outside the budget growing without bound
+/// in a crash loop. Idle restarts now keep one; blocks written before survive them.
+#[tokio::test]
+async fn idle_restarts_do_not_pile_up_index_logs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let tier = open(dir.path(), 16 << 20);
+        tier.put(
+            &CacheKey::kv("ns", b"k".to_vec()),
+            Block::new(data(4096, 1)),
+        )
+        .await
+        .expect("put");
+    }
+    for _ in 0..6 {
+        drop(open(dir.path(), 16 << 20));
+    }
+    let logs = std::fs::read_dir(dir.path().join("index"))
+        .expect("index dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .count();
+    assert!(logs <= 2, "{logs} write-ahead logs after 7 starts");
+    let tier = open(dir.path(), 16 << 20);
+    assert_eq!(
+        get(&tier, &CacheKey::kv("ns", b"k".to_vec())).await,
+        Some(data(4096, 1))
+    );
+}
+
+/// Crash finding: `rm -rf <cache>/blocks/data` under a live daemon (a tmp cleaner, an
+/// operator freeing space) left every later put failing for the daemon's life, the
+/// tier degraded. A block's shard folder is made again when it is missing.
+#[tokio::test]
+async fn a_data_folder_removed_under_the_tier_is_made_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = open(dir.path(), 16 << 20);
+    let (a, b) = (
+        CacheKey::kv("ns", b"a".to_vec()),
+        CacheKey::kv("ns", b"b".to_vec()),
+    );
+    tier.put(&a, Block::new(data(4096, 1))).await.expect("put");
+    std::fs::remove_dir_all(dir.path().join("data")).expect("rm -rf data");
+    tier.put(&b, Block::new(data(4096, 2)))
+        .await
+        .expect("a put after the folder went");
+    assert_eq!(get(&tier, &b).await, Some(data(4096, 2)));
+    assert_eq!(get(&tier, &a).await, None, "its file went with the folder");
+}
