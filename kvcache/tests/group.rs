@@ -1357,3 +1357,36 @@ async fn a_paused_owner_that_holds_the_block_is_asked_last_not_skipped() {
     .await
     .expect("within 60 s");
 }
+
+/// Black-box finding (round 10): what a node kept to talk to a member (its channel,
+/// latency window, counters) stayed after the member left, for the daemon's life:
+/// /stats and /metrics grew by every departed node id (autoscaled pods get new ones).
+/// It goes when the member leaves the membership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_departed_members_figures_and_channel_go_with_it() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
+        let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
+        for i in 0..20 {
+            a.put("m/t", &hash(i), block(i, 4096)).await.expect("put");
+        }
+        let peers = |n: &Node| -> Vec<String> {
+            let g = n.service.group_stats().expect("group");
+            g.peers.into_iter().map(|p| p.node).collect()
+        };
+        assert!(peers(&nodes[0]).contains(&"node-2".to_string()));
+        nodes[0].gone.lock().expect("membership").insert(2);
+        // The next routed call (a local miss) sees the membership without node 2.
+        a.get("m/t", &hash(999)).await.expect("get");
+        assert!(
+            !peers(&nodes[0]).contains(&"node-2".to_string()),
+            "{:?}",
+            peers(&nodes[0])
+        );
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}
