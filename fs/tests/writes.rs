@@ -1540,3 +1540,28 @@ async fn a_staging_folder_removed_under_the_mount_is_made_again() {
     .await
     .expect("bounded");
 }
+
+/// Crash finding (round 10): a multipart completion the store applied, its answer
+/// lost, failed the close with EIO though the object had been replaced (the clean-up's
+/// abort found no such upload). That case now reads the object back: the bytes sent
+/// are there, so the close succeeds.
+#[tokio::test]
+async fn a_completion_whose_answer_was_lost_is_a_success_when_the_object_landed() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let want = data(400 * 1024, 5);
+        let (_, fh) = c.create(ROOT_INO, "ckpt.bin", 0).await.expect("create");
+        c.write(fh, 0, &want).expect("write");
+        fx.faulty.set_config(FaultConfig {
+            lose_completion_answers: true,
+            ..Default::default()
+        });
+        c.flush(fh).await.expect("landed: the close succeeds");
+        c.release_write(fh).await;
+        fx.faulty.set_config(FaultConfig::default());
+        assert_eq!(stored(&fx, "ckpt.bin").await.as_deref(), Some(&want[..]));
+    })
+    .await
+    .expect("bounded");
+}

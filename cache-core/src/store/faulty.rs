@@ -70,6 +70,9 @@ pub struct FaultConfig {
     /// Reads ignore `If-Match` (as a gateway or S3-compatible store that does not do
     /// conditional GETs): the current version answers whatever was asked for.
     pub ignore_if_match: bool,
+    /// A multipart completion is applied, and its answer lost on the way back (the
+    /// caller sees an error; a retry finds no such upload).
+    pub lose_completion_answers: bool,
 }
 
 impl FaultConfig {
@@ -118,6 +121,9 @@ pub struct FaultyStore {
     parts_failed_once: Mutex<std::collections::HashSet<(String, usize)>>,
     /// The inner store's multipart API, when it has one (see [`Self::with_parts`]).
     parts_inner: Option<Arc<dyn MultipartStore>>,
+    /// Uploads completed: an abort of one finds no such upload, as on S3 (the
+    /// in-memory store answers it Ok).
+    completed: Mutex<std::collections::HashSet<String>>,
 }
 
 /// What the data GETs (not HEADs, not listings) through a [`FaultyStore`] looked like:
@@ -199,6 +205,7 @@ impl FaultyStore {
             parts_in_flight: AtomicU64::new(0),
             max_parts_in_flight: AtomicU64::new(0),
             parts_inner: None,
+            completed: Mutex::default(),
         }
     }
 
@@ -346,10 +353,26 @@ impl MultipartStore for FaultyStore {
         if self.config.lock().writes_down {
             return Err(injected(path.as_ref(), "injected 503 on completion"));
         }
-        self.parts_api()?.complete_multipart(path, id, parts).await
+        let done = self.parts_api()?.complete_multipart(path, id, parts).await;
+        if done.is_ok() {
+            self.completed.lock().insert(id.clone());
+        }
+        if done.is_ok() && self.config.lock().lose_completion_answers {
+            return Err(injected(
+                path.as_ref(),
+                "injected: the completion's answer lost",
+            ));
+        }
+        done
     }
 
     async fn abort_multipart(&self, path: &Path, id: &MultipartId) -> object_store::Result<()> {
+        if self.completed.lock().contains(id) {
+            return Err(object_store::Error::NotFound {
+                path: path.to_string(),
+                source: "NoSuchUpload: completed".into(),
+            });
+        }
         self.parts_api()?.abort_multipart(path, id).await
     }
 }

@@ -1165,6 +1165,7 @@ impl BackingStore {
                 self.retry.clone(),
                 &self.label,
                 self.journal.clone(),
+                Some((self.store.clone(), object_key(path))),
             )
             .await;
         }

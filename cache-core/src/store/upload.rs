@@ -70,7 +70,7 @@ pub struct StreamingUpload {
 
 enum Sink {
     /// Parts by index, each retried (see the module doc).
-    Parts(PartSink),
+    Parts(Box<PartSink>),
     /// `object_store`'s own parts: a failed part fails the upload.
     Whole(WriteMultipart),
 }
@@ -90,10 +90,28 @@ struct PartSink {
     retry: RetryPolicy,
     label: String,
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where the object is read back (HEAD) after a completion whose answer was lost.
+    head: Option<(Arc<dyn object_store::ObjectStore>, Path)>,
+    /// Bytes sent in parts so far.
+    sent: u64,
+    /// The completion was sent (its failure may be a lost answer).
+    completing: bool,
+}
+
+/// How an abort of a multipart upload went.
+#[derive(Debug, PartialEq, Eq)]
+enum Aborted {
+    Yes,
+    /// The store knows no such upload: completed (or aborted) already.
+    Gone,
+    Failed,
 }
 
 impl StreamingUpload {
     /// An upload whose parts go by index through `store` at `location`.
+    /// `head`: where the object is read back, to tell a completion whose answer was
+    /// lost from one that failed.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn by_parts(
         store: Arc<dyn MultipartStore>,
         location: Path,
@@ -102,6 +120,7 @@ impl StreamingUpload {
         retry: RetryPolicy,
         label: &str,
         journal: Option<Arc<super::UploadJournal>>,
+        head: Option<(Arc<dyn object_store::ObjectStore>, Path)>,
     ) -> Result<StreamingUpload> {
         // Recorded before the request too: a crash during it leaves an upload the
         // store knows and no record names (crash finding: 3-7 of ~240 killed uploads).
@@ -120,7 +139,7 @@ impl StreamingUpload {
         Ok(StreamingUpload {
             recorded,
             path: path.to_string(),
-            sink: Some(Sink::Parts(PartSink {
+            sink: Some(Sink::Parts(Box::new(PartSink {
                 store,
                 location,
                 id,
@@ -133,7 +152,10 @@ impl StreamingUpload {
                 retry: retry.clone(),
                 label: label.to_string(),
                 slots: shape.slots.clone(),
-            })),
+                head,
+                sent: 0,
+                completing: false,
+            }))),
             in_flight: shape.in_flight.max(1),
             budget: retry.attempt_timeout * retry.attempts.max(1),
         })
@@ -190,12 +212,25 @@ impl StreamingUpload {
                     self.settled();
                     Ok(())
                 }
-                Err(e) => {
-                    if p.abort().await {
+                Err(e) => match p.abort().await {
+                    Aborted::Yes => {
                         self.settled();
+                        Err(e)
                     }
-                    Err(e)
-                }
+                    // No such upload after its completion was sent: completed, its
+                    // answer lost, if the object holds what was sent (crash finding: a
+                    // close failed EIO while the store had replaced the object).
+                    Aborted::Gone if p.landed().await => {
+                        tracing::info!(path = %self.path, "the upload's completion was lost on the way back, not refused: it landed");
+                        self.settled();
+                        Ok(())
+                    }
+                    Aborted::Gone => {
+                        self.settled();
+                        Err(e)
+                    }
+                    Aborted::Failed => Err(e),
+                },
             },
             Some(Sink::Whole(parts)) => {
                 // `finish` aborts the upload itself when a part or the completion fails;
@@ -219,7 +254,7 @@ impl StreamingUpload {
         let result = match self.sink.take() {
             None => return,
             Some(Sink::Parts(mut p)) => {
-                if p.abort().await {
+                if p.abort().await != Aborted::Failed {
                     self.settled();
                 }
                 return;
@@ -288,6 +323,7 @@ impl PartSink {
             };
         let idx = self.next_idx;
         self.next_idx += 1;
+        self.sent += part.content_length() as u64;
         let (store, location, id) = (self.store.clone(), self.location.clone(), self.id.clone());
         let (retry, label) = (self.retry.clone(), self.label.clone());
         self.tasks.spawn(async move {
@@ -327,6 +363,7 @@ impl PartSink {
         self.done.sort_by_key(|(idx, _)| *idx);
         let parts: Vec<PartId> = self.done.iter().map(|(_, p)| p.clone()).collect();
         let (store, location, id) = (&self.store, &self.location, &self.id);
+        self.completing = true;
         retry_op(&self.retry, &self.label, || {
             store.complete_multipart(location, id, parts.clone())
         })
@@ -334,8 +371,8 @@ impl PartSink {
         Ok(())
     }
 
-    /// Aborts the upload; false if the store did not confirm it.
-    async fn abort(&mut self) -> bool {
+    /// Aborts the upload.
+    async fn abort(&mut self) -> Aborted {
         self.tasks.abort_all();
         let (store, location, id) = (&self.store, &self.location, &self.id);
         match retry_op(&self.retry, &self.label, || {
@@ -343,11 +380,37 @@ impl PartSink {
         })
         .await
         {
-            Ok(()) => true,
+            Ok(()) => Aborted::Yes,
+            Err(CacheError::NotFound(_)) => Aborted::Gone,
             Err(e) => {
                 tracing::warn!(path = %self.location, error = %e, "aborting a failed upload failed");
-                false
+                Aborted::Failed
             }
         }
+    }
+
+    /// After its completion failed: whether it landed all the same, the object being
+    /// exactly the bytes sent (asked only once the store knows no such upload).
+    async fn landed(&self) -> bool {
+        let Some((store, path)) = self.head.as_ref().filter(|_| self.completing) else {
+            return false;
+        };
+        let mut read = None;
+        for _ in 0..self.retry.attempts.max(1) {
+            match tokio::time::timeout(
+                self.retry.attempt_timeout,
+                object_store::ObjectStoreExt::head(store.as_ref(), path),
+            )
+            .await
+            {
+                Ok(Ok(meta)) => {
+                    read = Some(meta);
+                    break;
+                }
+                Ok(Err(object_store::Error::NotFound { .. })) => return false,
+                _ => {}
+            }
+        }
+        read.is_some_and(|m| m.size == self.sent)
     }
 }

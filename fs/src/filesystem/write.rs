@@ -1512,6 +1512,15 @@ impl FsCore {
                 self.counters
                     .upload_failures
                     .fetch_add(1, Ordering::Relaxed);
+                // What the store holds under the name is unknown now (an answer lost
+                // after the object landed): asked again at the next lookup, not kept
+                // as it was before the write (crash finding: a create whose answer was
+                // lost left the name ENOENT through the mount, the object in the store).
+                let path = staged.path();
+                self.attrs.invalidate(&path).await;
+                if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
+                    self.relist(&dir, &path, None).await;
+                }
                 return Err(Error::Upload(e));
             }
             staged.failed.store(false, Ordering::Release);
