@@ -165,7 +165,8 @@ impl FuseFs {
         self.dispatch(async move {
             let done = match close_by {
                 Some(pid) => core.close(fh.0, pid).await,
-                None => core.flush(fh.0).await,
+                // FSYNC: durable on the cache disk, uploaded at the close.
+                None => core.fsync(fh.0).await,
             };
             match done {
                 Ok(()) => reply.ok(),

@@ -141,6 +141,8 @@ pub fn spawn(
             .map_err(|e| Error::Invalid(format!("mount needs a tokio runtime: {e}")))?,
     };
     let core = Arc::new(FsCore::new(reader, prefix, opts.core.clone()));
+    // What a crash cut off after an fsync goes to the store (`write/journal.rs`).
+    core.recover_journaled(&rt);
     let fs = FuseFs::new(core.clone(), rt);
     let mut handle = mount_fs(fs, mountpoint, &opts)?;
     if let Some(session) = &handle.session {

@@ -11,8 +11,9 @@
 //!   shell's `>>`, `O_RDWR` patches) is first read into its staging file, from the
 //!   version the store has at the open (one HEAD: a cached older version is ESTALE, and
 //!   the kernel's retry opens the current one), and replaced whole at the close if it
-//!   changed (the last close wins). `flush` (every `close`) and `fsync`
-//!   upload it when it changed since the last upload: one PUT up to `part_size`, else a
+//!   changed (the last close wins). `flush` (every `close`) uploads it when it changed
+//!   since the last upload (`fsync` makes it durable on the cache disk instead, and a
+//!   restart after a crash uploads it: `write/journal.rs`): one PUT up to `part_size`, else a
 //!   multipart upload with `parts_in_flight` parts on the wire while the next is read.
 //!   The caller waits, so an upload that fails (the store down, 5xx after retries, a
 //!   timeout) fails its `close` with EIO and nothing half-written becomes visible: an
@@ -100,6 +101,7 @@ use super::{Entry, FsCore, Kind, Meta, Opened};
 use crate::error::{Error, Result};
 use crate::passthrough::PassthroughStore;
 
+mod journal;
 mod stream;
 use stream::{read_part, stream_upload, Stream, StreamCtl};
 
@@ -208,6 +210,8 @@ pub(super) struct Staged {
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
+    /// The name its fsync record beside it holds (`journal.rs`); None: no record.
+    journaled: Mutex<Option<Arc<str>>>,
 }
 
 #[derive(Default)]
@@ -550,20 +554,41 @@ pub(super) struct Writes {
     /// Parts on the wire across the mount's uploads (`upload_memory`).
     upload_slots: Arc<tokio::sync::Semaphore>,
     next_file: AtomicU64,
+    /// Staged files an earlier run fsync'd and did not upload, until
+    /// [`FsCore::recover_journaled`] takes them.
+    journaled_left: Mutex<Vec<journal::Journaled>>,
 }
 
 impl Writes {
     /// Creates (mode 0700) and empties the staging directory.
     pub(super) fn open(opts: WriteOptions) -> std::io::Result<Self> {
         make_private_dir(&opts.staging_dir)?;
+        // Files an fsync made durable are uploaded by the mount (`journal.rs`); the
+        // rest were never acknowledged.
+        let journaled = Self::journaled_left(&opts.staging_dir)?;
+        let kept: HashSet<PathBuf> = journaled
+            .iter()
+            .flat_map(|j| [j.file.clone(), j.record_file.clone()])
+            .collect();
         let mut removed = 0;
         for entry in std::fs::read_dir(&opts.staging_dir)? {
             let entry = entry?;
-            if entry.file_type()?.is_file() {
+            if entry.file_type()?.is_file() && !kept.contains(&entry.path()) {
                 std::fs::remove_file(entry.path())?;
                 removed += 1;
             }
         }
+        // New staging files are numbered past the kept ones.
+        let next = journaled
+            .iter()
+            .filter_map(|j| {
+                j.file
+                    .file_stem()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| n.parse::<u64>().ok())
+            })
+            .max()
+            .map_or(1, |n| n + 1);
         if removed > 0 {
             tracing::warn!(removed, dir = %opts.staging_dir.display(), "staged writes left by an earlier run removed (never uploaded)");
         }
@@ -578,7 +603,8 @@ impl Writes {
             released: tokio::sync::Notify::new(),
             local_dirs: Mutex::default(),
             created_in: Mutex::default(),
-            next_file: AtomicU64::new(1),
+            next_file: AtomicU64::new(next),
+            journaled_left: Mutex::new(journaled),
         })
     }
 
@@ -637,6 +663,7 @@ impl Writes {
             unlinked: AtomicBool::new(false),
             ino: AtomicU64::new(0),
             opener,
+            journaled: Mutex::new(None),
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
@@ -796,6 +823,7 @@ impl FsCore {
             by_path.insert(to.clone(), staged.clone());
             *staged.path.lock() = to.clone();
         }
+        staged.rejournal(creates_only(&writes.opts, &staged));
         staged.break_stream();
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
@@ -847,6 +875,8 @@ impl FsCore {
                 return Err(Error::Busy(path.to_string()));
             }
             staged.unlinked.store(true, Ordering::Release);
+            // Never uploaded, also after a crash.
+            staged.unjournal();
             let mut by_path = writes.by_path.lock();
             if by_path.get(path).is_some_and(|s| Arc::ptr_eq(s, &staged)) {
                 by_path.remove(path);
@@ -1286,6 +1316,10 @@ impl FsCore {
             return;
         };
         let opts = &writes.opts;
+        if staged.is_journaled() {
+            // Its fsync record names the staged file whole (`journal.rs`).
+            return;
+        }
         if staged.freed() > 0 || staged.unlinked.load(Ordering::Acquire) {
             // Its stream was completed by a flush; what it freed cannot be sent again.
             return;
@@ -1600,6 +1634,10 @@ impl FsCore {
             }
         }
         staged.uploaded.fetch_max(gen, Ordering::AcqRel);
+        if staged.written.load(Ordering::Acquire) == gen {
+            // In the store: a crash now loses nothing the fsync record would restore.
+            staged.unjournal();
+        }
         self.counters.uploads.fetch_add(1, Ordering::Relaxed);
         self.counters
             .upload_bytes
@@ -1623,6 +1661,8 @@ impl FsCore {
                 tracing::error!(path = %staged.path(), error = %e, "upload at release failed; the object was not written");
             }
         }
+        // Uploaded, or its failure reported at the close: nothing left for a restart.
+        staged.unjournal();
         // A stream no upload took (its file's last upload failed): abort it.
         if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
             ctl.broken.store(true, Ordering::Release);

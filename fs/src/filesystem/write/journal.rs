@@ -1,0 +1,244 @@
+//! `fsync` of a file being written: durable on the cache disk, uploaded at the close.
+//!
+//! The object is written whole, so an `fsync` that uploads sends the whole file each
+//! time: a log fsync'd per line, or sqlite committing, uploaded the square of the file
+//! (black-box finding: 1,000 fsync'd 100-byte lines sent 50 MB for a 100 KB log; 200
+//! sqlite autocommits, 98 MB for a 930 KB database). Instead, an `fsync` of a file with
+//! changes not uploaded makes its staging file durable (`fdatasync`) and records where
+//! it goes beside it (`<n>.part.json`, written atomically and synced): the close uploads
+//! it once, as without the fsync. A crash before the close leaves both files, and the
+//! next start of the mount uploads the staged file to its recorded name
+//! ([`FsCore::recover_journaled`]): what an fsync acknowledged is not lost. (JuiceFS's
+//! write-back cache makes the same trade: durable on the local disk at fsync, in the
+//! store at the close or once the daemon is back.)
+//!
+//! A file the fsync cannot leave on local disk is uploaded as before: one being sent
+//! while written (its stream may free what it sent), or one whose first bytes were
+//! freed already. A journaled file is not streamed (the record names the staged file
+//! whole). A rename while open rewrites the record; an unlink, a release and a
+//! completed upload of everything written remove it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Staged, Writes};
+use crate::error::{Error, Result};
+
+/// The record beside a journaled staging file (JSON: `{"path", "only_if_absent"}`).
+#[derive(Debug)]
+pub(crate) struct JournalRecord {
+    /// The object it is uploaded to.
+    pub path: String,
+    /// Uploaded only if no object has the name (a create on a mount without
+    /// `allow_overwrite`).
+    pub only_if_absent: bool,
+}
+
+/// A staged file an earlier run journaled and did not upload.
+#[derive(Debug)]
+pub(crate) struct Journaled {
+    pub file: PathBuf,
+    pub record_file: PathBuf,
+    pub record: JournalRecord,
+}
+
+/// The record file of staging file `file`.
+pub(super) fn record_path(file: &Path) -> PathBuf {
+    let mut p = file.as_os_str().to_owned();
+    p.push(".json");
+    PathBuf::from(p)
+}
+
+/// Writes `record` beside `file` (temporary name, synced, renamed, folder synced).
+fn write_record(file: &Path, record: &JournalRecord) -> std::io::Result<()> {
+    use std::io::Write;
+    let to = record_path(file);
+    let mut tmp = to.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let body = serde_json::to_vec(&serde_json::json!({
+        "path": record.path,
+        "only_if_absent": record.only_if_absent,
+    }))
+    .map_err(std::io::Error::other)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&body)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &to)?;
+    if let Some(dir) = to.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+impl Staged {
+    /// Makes what was written durable here and records where it goes (see the module
+    /// doc). Blocking.
+    pub(super) fn journal(&self, only_if_absent: bool) -> std::io::Result<()> {
+        self.file.sync_data()?;
+        let path = self.path();
+        let mut journaled = self.journaled.lock();
+        if journaled.as_deref() != Some(&*path) {
+            write_record(
+                &self.file_path,
+                &JournalRecord {
+                    path: path.to_string(),
+                    only_if_absent,
+                },
+            )?;
+            *journaled = Some(path);
+        }
+        Ok(())
+    }
+
+    /// The record goes (uploaded, released or unlinked). Blocking.
+    pub(super) fn unjournal(&self) {
+        if self.journaled.lock().take().is_some() {
+            let _ = std::fs::remove_file(record_path(&self.file_path));
+        }
+    }
+
+    /// The file moved to another name while journaled: its record follows. Blocking.
+    pub(super) fn rejournal(&self, only_if_absent: bool) {
+        if self.journaled.lock().is_none() {
+            return;
+        }
+        if let Err(e) = self.journal(only_if_absent) {
+            tracing::error!(path = %self.path(), error = %e, "cannot move the fsync record of a renamed file; a crash before its close loses what was fsync'd");
+        }
+    }
+
+    pub(super) fn is_journaled(&self) -> bool {
+        self.journaled.lock().is_some()
+    }
+}
+
+impl Writes {
+    /// At start: the staged files an earlier run journaled (kept for
+    /// [`FsCore::recover_journaled`]), and whether `name` in the staging folder is one
+    /// of them or its record.
+    pub(super) fn journaled_left(dir: &Path) -> std::io::Result<Vec<Journaled>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".part.json")) else {
+                continue;
+            };
+            let file = dir.join(format!("{stem}.part"));
+            let record_file = entry.path();
+            let record = std::fs::read(&record_file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| {
+                    Some(JournalRecord {
+                        path: v.get("path")?.as_str()?.to_string(),
+                        only_if_absent: v.get("only_if_absent")?.as_bool()?,
+                    })
+                });
+            match record {
+                Some(record) if file.is_file() => out.push(Journaled {
+                    file,
+                    record_file,
+                    record,
+                }),
+                _ => {
+                    tracing::warn!(record = %record_file.display(), "an fsync record without its file, or unreadable: removed");
+                    let _ = std::fs::remove_file(&record_file);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl super::FsCore {
+    /// FSYNC of write handle `fh`: durable on the cache disk, uploaded at the close
+    /// (see the module doc); a file that cannot wait there is uploaded now.
+    pub async fn fsync(self: &Arc<Self>, fh: u64) -> Result<()> {
+        let Some(staged) = self.writes.as_ref().and_then(|w| w.handle(fh)) else {
+            return Ok(());
+        };
+        let waits_here = !staged.unlinked.load(Ordering::Acquire)
+            && staged.lost.lock().is_none()
+            && staged.stream.lock().is_none()
+            && staged.freed() == 0
+            && staged.uploaded.load(Ordering::Acquire) < staged.written.load(Ordering::Acquire);
+        if !waits_here {
+            return self.upload(&staged).await;
+        }
+        let only_if_absent = super::creates_only(&self.writes()?.opts, &staged);
+        let s = staged.clone();
+        tokio::task::spawn_blocking(move || s.journal(only_if_absent))
+            .await
+            .map_err(|e| Error::Local {
+                what: format!("fsync of {}", staged.path()),
+                source: std::io::Error::other(e),
+            })?
+            .map_err(|source| Error::Local {
+                what: format!("fsync of {}", staged.path()),
+                source,
+            })
+    }
+
+    /// Uploads the staged files an earlier run fsync'd and did not upload (a crash
+    /// before their close), each to its recorded name, in the background; each is
+    /// removed once uploaded, kept (for the next start) if the upload fails.
+    pub fn recover_journaled(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
+        let Some(writes) = self.writes.as_ref() else {
+            return;
+        };
+        let left = std::mem::take(&mut *writes.journaled_left.lock());
+        if left.is_empty() {
+            return;
+        }
+        let core = self.clone();
+        rt.spawn(async move {
+            for j in left {
+                match core.upload_journaled(&j).await {
+                    Ok(()) => {
+                        tracing::info!(path = %j.record.path, "a file fsync'd before a crash uploaded");
+                        let _ = std::fs::remove_file(&j.file);
+                        let _ = std::fs::remove_file(&j.record_file);
+                    }
+                    Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
+                        "a file fsync'd before a crash could not be uploaded; kept for the next start"),
+                }
+            }
+        });
+    }
+
+    async fn upload_journaled(&self, j: &Journaled) -> Result<()> {
+        let opts = self.writes()?.opts.clone();
+        let file = Arc::new(std::fs::File::open(&j.file).map_err(|source| Error::Local {
+            what: format!("opening {}", j.file.display()),
+            source,
+        })?);
+        let size = file
+            .metadata()
+            .map_err(|source| Error::Local {
+                what: format!("reading {}", j.file.display()),
+                source,
+            })?
+            .len();
+        let shape = strata_cache_core::store::UploadShape {
+            part_size: opts.part_size,
+            in_flight: opts.parts_in_flight,
+            slots: Some(self.writes()?.upload_slots.clone()),
+            only_if_absent: j.record.only_if_absent,
+        };
+        self.reader
+            .store()
+            .upload(&j.record.path, size, &shape, |offset, len| {
+                let file = file.clone();
+                async move { super::stream::read_part(file, offset, len).await }
+            })
+            .await?;
+        let path: Arc<str> = Arc::from(j.record.path.as_str());
+        if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
+            self.refresh(&dir, &path).await;
+        }
+        Ok(())
+    }
+}
