@@ -66,7 +66,8 @@
 //!   takes the room of what Strata keeps there that can be made again: copies, then
 //!   disk-tier blocks (`make_device_room`); a disk full of anything else fails the
 //!   `write` with ENOSPC.
-//!   Staging files are removed at mount start: a crash before an upload completed
+//!   Staging files are removed at mount start, but those an fsync recorded
+//!   (`write/journal.rs`: uploaded then): a crash before an upload completed
 //!   leaves no object (its multipart upload is aborted by the store's lifecycle rules,
 //!   as for any S3 client), one after leaves the object and no copy.
 //! - **Directories** made with `mkdir` exist in the mount until the daemon stops (object
