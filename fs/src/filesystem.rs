@@ -291,6 +291,8 @@ pub struct DirEntry {
 struct OpenDir {
     path: Arc<str>,
     entries: Vec<DirEntry>,
+    /// The change number before its listing was read ([`FsCore::changing`]).
+    listed_at: u64,
 }
 
 /// An opened file.
@@ -678,6 +680,11 @@ pub struct FsCore {
     listings: moka::future::Cache<Arc<str>, Arc<Listing>>,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
+    /// Paths (and their folders) this mount changed, with the number of the change
+    /// (`change_seq`): a listing or HEAD fetched before a change does not install what
+    /// it read over it ([`FsCore::changing`]).
+    changed: moka::sync::Cache<Arc<str>, u64>,
+    change_seq: AtomicU64,
     /// Table size at which the next inode sweep may run (see `sweep_inodes`).
     next_sweep_at: AtomicU64,
     next_fh: AtomicU64,
@@ -860,6 +867,13 @@ impl FsCore {
             listings,
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            // 65,536 changes, each kept 10 minutes: far more than a listing or HEAD in
+            // flight can overlap (their store calls are bounded well under that).
+            changed: moka::sync::Cache::builder()
+                .max_capacity(1 << 16)
+                .time_to_live(std::time::Duration::from_secs(600))
+                .build(),
+            change_seq: AtomicU64::new(0),
             next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
@@ -1060,6 +1074,7 @@ impl FsCore {
             // No object can have this name (a local store refuses to look it up).
             return Ok(Meta::Missing);
         }
+        let started = self.change_seq.load(Ordering::Acquire);
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         let m = match store.head(path).await {
             Ok(obj) => {
@@ -1114,7 +1129,10 @@ impl FsCore {
             }
             Err(e) => return Err(e.into()),
         };
-        self.attrs.insert(path.clone(), m.clone()).await;
+        // Not over a change this mount made meanwhile (see `keep_listing`).
+        if !self.changed_since(path, started) {
+            self.attrs.insert(path.clone(), m.clone()).await;
+        }
         Ok(m)
     }
 
@@ -1128,11 +1146,23 @@ impl FsCore {
     }
 
     async fn fetch_listing(&self, path: &Arc<str>) -> Result<Arc<Listing>> {
-        self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        let listed = self.reader.store().list_dir(path).await.map(Some);
-        self.kept_or_logged(path, listed)
-            .await?
-            .ok_or_else(|| Error::NotFound(path.to_string()))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let started = self.change_seq.load(Ordering::Acquire);
+            self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
+            let listed = self.reader.store().list_dir(path).await.map(Some);
+            // A change made here while the store listed may be missing from what it
+            // listed: asked again (twice at most; then it is not kept, see
+            // `keep_listing`).
+            if tries < 3 && listed.is_ok() && self.changed_since(path, started) {
+                continue;
+            }
+            return self
+                .kept_or_logged(path, listed, started)
+                .await?
+                .ok_or_else(|| Error::NotFound(path.to_string()));
+        }
     }
 
     /// For a lookup of `path`, which only asks whether it is a folder: its listing if
@@ -1141,9 +1171,10 @@ impl FsCore {
     /// a folder, listed whole only when read (as mountpoint-s3 does, a lookup costs
     /// a page, not the folder's size).
     async fn fetch_listing_if_small(&self, path: &Arc<str>) -> Result<Option<Arc<Listing>>> {
+        let started = self.change_seq.load(Ordering::Acquire);
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
         let listed = self.reader.store().list_dir_if_one_page(path).await;
-        self.kept_or_logged(path, listed).await
+        self.kept_or_logged(path, listed, started).await
     }
 
     /// What a listing of `path` the store gave (or did not give) becomes: kept (see
@@ -1153,9 +1184,10 @@ impl FsCore {
         &self,
         path: &Arc<str>,
         listed: std::result::Result<Option<strata_cache_core::DirListing>, CacheError>,
+        started: u64,
     ) -> Result<Option<Arc<Listing>>> {
         match listed {
-            Ok(Some(raw)) => Ok(Some(self.keep_listing(path, raw).await)),
+            Ok(Some(raw)) => Ok(Some(self.keep_listing(path, raw, started).await)),
             Ok(None) => Ok(None),
             Err(e) if store_unreachable(&e) => match self.logged_listing(path).await {
                 Some(l) => Ok(Some(l)),
@@ -1167,10 +1199,17 @@ impl FsCore {
 
     /// A listing the store gave: the attributes of its entries, the predictors'
     /// names, the listing log and the listing cache take it.
+    ///
+    /// `started`: the change number when the store was asked. What this mount changed
+    /// since is not overwritten: a child changed since keeps its attributes, and the
+    /// listing is not kept when the folder changed meanwhile (black-box finding: a
+    /// listing that raced a close set the file's size back to the one before, and the
+    /// next `>>` wrote at that offset over the last append: acknowledged appends lost).
     async fn keep_listing(
         &self,
         path: &Arc<str>,
         raw: strata_cache_core::store::DirListing,
+        started: u64,
     ) -> Arc<Listing> {
         // The store answers: the earlier run's listings are not needed (nor kept in
         // memory) any more.
@@ -1198,9 +1237,19 @@ impl FsCore {
                 .then_with(|| matches!(a.1, Meta::Dir).cmp(&matches!(b.1, Meta::Dir)))
         });
         entries.dedup_by(|a, b| a.0 == b.0);
+        let checked = self.change_seq.load(Ordering::Acquire);
         for (name, m) in &entries {
             let child = self.child_path(path, name);
-            self.attrs.insert(child, m.clone()).await;
+            if !self.changed_since(&child, started) {
+                self.attrs.insert(child, m.clone()).await;
+            }
+        }
+        // Changed while these went in: what the change put there may be overwritten.
+        for (name, _) in &entries {
+            let child = self.child_path(path, name);
+            if self.changed_since(&child, checked) {
+                self.attrs.invalidate(&child).await;
+            }
         }
         if let Some(p) = &self.opts.predictors {
             let sized: Vec<(&str, u64)> = entries
@@ -1227,8 +1276,30 @@ impl FsCore {
                 .collect();
             log.append(path, listing.exists, logged);
         }
-        self.listings.insert(path.clone(), listing.clone()).await;
+        if !self.changed_since(path, started) {
+            self.listings.insert(path.clone(), listing.clone()).await;
+            if self.changed_since(path, checked) {
+                self.listings.invalidate(path).await;
+            }
+        }
         listing
+    }
+
+    /// A change this mount makes to `path` begins (call it before the change's own
+    /// attributes go in): a listing or HEAD of it, or of its folder, fetched before
+    /// does not install what it read over the change.
+    pub(super) fn changing(&self, path: &str) {
+        let seq = self.change_seq.fetch_add(1, Ordering::AcqRel) + 1;
+        self.changed.insert(Arc::from(path), seq);
+        if let Some(dir) = self.parent_of(path) {
+            self.changed.insert(Arc::from(dir), seq);
+        }
+    }
+
+    /// Whether this mount changed `path` (or, for a folder, something in it) after
+    /// change number `seq`.
+    fn changed_since(&self, path: &str, seq: u64) -> bool {
+        self.changed.get(path).is_some_and(|s| s > seq)
     }
 
     /// An object an earlier run looked up by name (see [`Self::logged_listing`]).
@@ -1394,6 +1465,7 @@ impl FsCore {
         if node.kind != Kind::Dir {
             return Err(Error::NotDir(node.path.to_string()));
         }
+        let listed_at = self.change_seq.load(Ordering::Acquire);
         let listing = self.listing(&node.path).await?;
         let self_entry = self.getattr(ino).await?;
         let parent_ino = match self.parent_of(&node.path) {
@@ -1458,6 +1530,7 @@ impl FsCore {
             Arc::new(OpenDir {
                 path: node.path.clone(),
                 entries: out,
+                listed_at,
             }),
         );
         self.sweep_inodes();
@@ -1512,10 +1585,12 @@ impl FsCore {
                 Some(meta) => self.entry_for(&path, &meta, false)?,
                 None => {
                     // Nothing newer known (its attributes expired): the listing's
-                    // entry, if its inode still names the path; otherwise left to a
+                    // entry, if this mount has not changed the name since it was
+                    // listed and its inode still names the path; otherwise left to a
                     // lookup.
                     let current = self.inodes.read().by_path.get(&path).copied();
-                    if current != Some(e.entry.attr.ino) {
+                    if current != Some(e.entry.attr.ino) || self.changed_since(&path, dir.listed_at)
+                    {
                         continue;
                     }
                     e.entry

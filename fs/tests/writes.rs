@@ -1670,3 +1670,52 @@ async fn fsync_is_durable_on_the_cache_disk_and_the_close_uploads_once() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 10): while an open to append was filling its staging file
+/// from the object, the path showed that partial file (size 0) to a listing, the
+/// kernel took that size, and the append that followed was written at offset 0 over
+/// the file's start: acknowledged appends lost while another process ran `ls -l`.
+/// Until the fill ends the path shows the object.
+#[tokio::test]
+async fn a_file_being_filled_for_an_append_shows_the_object_not_the_partial_copy() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.writes.as_mut().expect("writes").allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        fx.faulty.set_config(FaultConfig {
+            latency: Duration::from_millis(400),
+            ..Default::default()
+        });
+        let core = fx.core.clone();
+        let ino = obj.attr.ino;
+        let opening = tokio::spawn(async move { core.open_write(ino, false, 0).await });
+        // Past the version check (a HEAD, one latency), within the fill (a read, one more).
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!opening.is_finished(), "still filling");
+        let listed = c.opendir(old.attr.ino).await.expect("opendir");
+        let entries = c.readdir_plus(listed, 0, 100).await.expect("readdirplus");
+        let e = entries.iter().find(|e| e.name == "obj").expect("listed");
+        assert_eq!(
+            e.entry.attr.size, 1000,
+            "the object's size, not the partial copy's"
+        );
+        for e in &entries {
+            c.not_handed_out(e);
+        }
+        c.releasedir(listed);
+        let o = opening.await.expect("join").expect("opened");
+        fx.faulty.set_config(FaultConfig::default());
+        c.write(o.fh, 1000, b"appended").expect("append");
+        c.close(o.fh, 0).await.expect("close");
+        c.release_write(o.fh).await;
+        let mut want = data(1000, 1);
+        want.extend_from_slice(b"appended");
+        assert_eq!(stored(&fx, "old/obj").await, Some(want));
+    })
+    .await
+    .expect("bounded");
+}

@@ -65,6 +65,7 @@ impl FsCore {
         self.reader.store().delete(&path).await?;
         self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         self.inodes.write().detach(&path);
+        self.changing(&path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
@@ -75,6 +76,7 @@ impl FsCore {
     /// cached listing. If the HEAD fails the object still stands; its metadata is
     /// dropped, and the next lookup asks again.
     pub(super) async fn refresh(&self, dir: &Arc<str>, path: &Arc<str>) -> Option<Arc<ObjectInfo>> {
+        self.changing(path);
         let info = match self.reader.store().head(path).await {
             Ok(info) => Arc::new(info),
             Err(e) => {
@@ -97,6 +99,7 @@ impl FsCore {
     /// new name list the store again. (Re-inserting restarts the listing's TTL: a
     /// directory written to keeps its listing until the TTL after its last write.)
     pub(super) async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
+        self.changing(path);
         let name = path.rsplit('/').next().unwrap_or(path);
         if let Some(log) = &self.listing_log {
             match &meta {
@@ -183,6 +186,8 @@ impl FsCore {
         let store = self.reader.store();
         store.rename(&from, &to).await?;
         self.counters.renames.fetch_add(1, Ordering::Relaxed);
+        self.changing(&from);
+        self.changing(&to);
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, &from, Some(Meta::Missing))
             .await;
@@ -344,6 +349,8 @@ impl FsCore {
                 }
             }
         }
+        self.changing(from);
+        self.changing(to);
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, from, Some(Meta::Missing)).await;
         self.relist(&to_dir.path, to, Some(Meta::Dir)).await;
@@ -409,6 +416,7 @@ impl FsCore {
             })?;
         }
         self.inodes.write().detach(&path);
+        self.changing(&path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())

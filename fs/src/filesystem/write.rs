@@ -213,6 +213,9 @@ pub(super) struct Staged {
     opener: Option<u32>,
     /// The name its fsync record beside it holds (`journal.rs`); None: no record.
     journaled: Mutex<Option<Arc<str>>>,
+    /// Being filled with the object it changes (an open to append or patch): until
+    /// then the object is what the path shows, not this partial file.
+    filling: AtomicBool,
 }
 
 #[derive(Default)]
@@ -665,6 +668,7 @@ impl Writes {
             ino: AtomicU64::new(0),
             opener,
             journaled: Mutex::new(None),
+            filling: AtomicBool::new(false),
         });
         by_path.insert(path.clone(), staged.clone());
         Ok(staged)
@@ -709,8 +713,16 @@ impl Writes {
             .collect()
     }
 
+    /// The file being written at `path`, once it is what the path shows (not while
+    /// an open to change it fills it: black-box finding, its size of 0 went to the
+    /// kernel in a listing's attributes, and the append that followed was written at
+    /// offset 0 over the file's start: acknowledged appends lost).
     pub(super) fn staged(&self, path: &str) -> Option<Arc<Staged>> {
-        self.by_path.lock().get(path).cloned()
+        self.by_path
+            .lock()
+            .get(path)
+            .filter(|s| !s.filling.load(Ordering::Acquire))
+            .cloned()
     }
 
     fn handle(&self, fh: u64) -> Option<Arc<Staged>> {
@@ -741,6 +753,7 @@ impl Writes {
             self.by_path
                 .lock()
                 .values()
+                .filter(|s| !s.filling.load(Ordering::Acquire))
                 .filter_map(|s| under(&s.path()).map(|n| (n, s.meta()))),
         );
         out
@@ -838,6 +851,8 @@ impl FsCore {
             }
         }
         self.counters.renames.fetch_add(1, Ordering::Relaxed);
+        self.changing(from);
+        self.changing(to);
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, from, Some(Meta::Missing)).await;
         // `to` shows the file being written over any listed version until its upload.
@@ -892,6 +907,7 @@ impl FsCore {
             self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         }
         self.inodes.write().detach(path);
+        self.changing(path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, path, Some(Meta::Missing)).await;
         writes.released.notify_waiters();
@@ -1000,7 +1016,10 @@ impl FsCore {
         staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {
-            if let Err(e) = self.fill_staged(&staged, &obj, pid, fh).await {
+            staged.filling.store(true, Ordering::Release);
+            let filled = self.fill_staged(&staged, &obj, pid, fh).await;
+            staged.filling.store(false, Ordering::Release);
+            if let Err(e) = filled {
                 writes.unstage(&staged);
                 return Err(e);
             }
@@ -1031,6 +1050,7 @@ impl FsCore {
         if matches!(&now, Meta::File(info) if info.version == obj.version) {
             return Ok(());
         }
+        self.changing(path);
         self.attrs.insert(path.clone(), now.clone()).await;
         if let Some(dir) = self.parent_of(path).map(Arc::<str>::from) {
             self.relist(&dir, path, Some(now)).await;
@@ -1552,6 +1572,7 @@ impl FsCore {
                 // as it was before the write (crash finding: a create whose answer was
                 // lost left the name ENOENT through the mount, the object in the store).
                 let path = staged.path();
+                self.changing(&path);
                 self.attrs.invalidate(&path).await;
                 if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
                     self.relist(&dir, &path, None).await;
