@@ -1181,7 +1181,11 @@ impl Router {
         fut: impl std::future::Future<Output = Result<Vec<T>, Status>>,
     ) -> Result<Vec<T>, RemoteError> {
         let started = Instant::now();
-        let r = self.call(node, fut).await?;
+        // Suspects are asked last (`demote_suspects`): one that reaches here is the
+        // last that may hold these keys, and is asked past its pause unless it went
+        // silent (black-box finding: a holder restarted within its lease answered
+        // Exists false 3,865 times over ~3 s).
+        let r = self.call_with(node, true, fut).await?;
         self.peer(node).rpcs.lock().push(started.elapsed());
         if r.len() != n {
             return Err(RemoteError::Down(Status::internal(format!(

@@ -1343,6 +1343,12 @@ async fn a_paused_owner_that_holds_the_block_is_asked_last_not_skipped() {
         let face = nodes[2].stops.remove(1);
         let _ = face.send(());
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let hashes: Vec<Vec<u8>> = keys.iter().map(|&i| hash(i)).collect();
+        assert_eq!(
+            a.batch_exists(ns, &hashes).await.expect("exists"),
+            vec![true; keys.len()],
+            "Exists through the paused holder"
+        );
         for &i in &keys {
             assert_eq!(
                 a.get(ns, &hash(i)).await.expect("get"),
