@@ -25,10 +25,10 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use parking_lot::Mutex;
 
-use crate::membership::{bounded, connect};
+use crate::membership::{bounded, connect, create_or_read, replace_if_same, Created};
 use crate::{ClusterError, GroupConfig};
 
 /// A model identity digest (the KV service's `IdentityDigest`).
@@ -196,35 +196,22 @@ impl SharedBindings {
         let lease = self.lease(&mut client).await?;
         let key = self.key(namespace);
         let value = encode(identity);
-        let put = || {
-            TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-        };
-        let absent = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put()])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = bounded(&self.cfg, client.txn(absent)).await?;
-        if resp.succeeded() {
-            return Ok(*identity);
-        }
-        let held = resp.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease())),
-            _ => None,
-        });
-        let Some((held, held_lease)) = held else {
-            // Deleted between the compare and the read: nobody holds it now.
-            return Err(ClusterError::StreamEnded("binding record"));
+        let (held, held_lease) = match create_or_read(
+            &self.cfg,
+            &mut client,
+            &key,
+            &value,
+            lease,
+            "binding record",
+        )
+        .await?
+        {
+            Created::Created => return Ok(*identity),
+            Created::Held { value, lease } => (value, lease),
         };
         let bound = decode(&held).ok_or_else(|| bad_record(&key))?;
         if refresh && bound == *identity && held_lease != lease {
-            let same = Txn::new()
-                .when([Compare::value(key.clone(), CompareOp::Equal, held)])
-                .and_then([put()]);
-            bounded(&self.cfg, client.txn(same)).await?;
+            replace_if_same(&self.cfg, &mut client, &key, held, &value, lease).await?;
         }
         Ok(bound)
     }

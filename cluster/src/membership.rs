@@ -394,28 +394,9 @@ async fn register(
     lease: i64,
 ) -> Result<(), ClusterError> {
     let key = cfg.node_key(me);
-    let put = || {
-        TxnOp::put(
-            key.clone(),
-            record.to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        )
-    };
-    let absent = Txn::new()
-        .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-        .and_then([put()])
-        .or_else([TxnOp::get(key.clone(), None)]);
-    let resp = bounded(cfg, client.txn(absent)).await?;
-    if resp.succeeded() {
-        return Ok(());
-    }
-    let held = resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    });
-    let Some(held) = held else {
-        // Deleted meanwhile: try once more from the top (the next session).
-        return Err(ClusterError::StreamEnded("registration"));
+    let held = match create_or_read(cfg, client, &key, record, lease, "registration").await? {
+        Created::Created => return Ok(()),
+        Created::Held { value, .. } => value,
     };
     let mine = serde_json::from_slice::<NodeInfo>(record).map(|n| n.advertise);
     let theirs = serde_json::from_slice::<NodeInfo>(&held).map(|n| n.advertise);
@@ -424,19 +405,78 @@ async fn register(
             id: me.to_string(),
             at: b,
         }),
-        _ => {
-            // Its own earlier record (or one nobody can read): replaced, only if it
-            // is still the one read.
-            let same = Txn::new()
-                .when([Compare::value(key.clone(), CompareOp::Equal, held)])
-                .and_then([put()]);
-            if bounded(cfg, client.txn(same)).await?.succeeded() {
-                Ok(())
-            } else {
-                Err(ClusterError::StreamEnded("registration"))
-            }
-        }
+        // Its own earlier record (or one nobody can read): replaced, only if it is
+        // still the one read.
+        _ => match replace_if_same(cfg, client, &key, held, record, lease).await? {
+            true => Ok(()),
+            false => Err(ClusterError::StreamEnded("registration")),
+        },
     }
+}
+
+/// What a create-only write of a record found ([`create_or_read`]).
+pub(crate) enum Created {
+    Created,
+    /// A record was there: its value and lease.
+    Held {
+        value: Vec<u8>,
+        lease: i64,
+    },
+}
+
+/// Writes `value` at `key` under `lease` if no record is there (one transaction), else
+/// reads the record there. A record deleted between the compare and the read is
+/// `StreamEnded(what)`: the caller tries again from the top.
+pub(crate) async fn create_or_read(
+    cfg: &GroupConfig,
+    client: &mut Client,
+    key: &str,
+    value: &[u8],
+    lease: i64,
+    what: &'static str,
+) -> Result<Created, ClusterError> {
+    let absent = Txn::new()
+        .when([Compare::version(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = bounded(cfg, client.txn(absent)).await?;
+    if resp.succeeded() {
+        return Ok(Created::Created);
+    }
+    resp.op_responses()
+        .into_iter()
+        .find_map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Created::Held {
+                value: kv.value().to_vec(),
+                lease: kv.lease(),
+            }),
+            _ => None,
+        })
+        .ok_or(ClusterError::StreamEnded(what))
+}
+
+/// Writes `value` at `key` under `lease` only if the record there still holds `held`;
+/// whether it did.
+pub(crate) async fn replace_if_same(
+    cfg: &GroupConfig,
+    client: &mut Client,
+    key: &str,
+    held: Vec<u8>,
+    value: &[u8],
+    lease: i64,
+) -> Result<bool, ClusterError> {
+    let same = Txn::new()
+        .when([Compare::value(key, CompareOp::Equal, held)])
+        .and_then([TxnOp::put(
+            key,
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    Ok(bounded(cfg, client.txn(same)).await?.succeeded())
 }
 
 /// One session: connect, register under a fresh lease, read the group, then renew and

@@ -187,6 +187,13 @@ async fn group_with(
     nodes
 }
 
+/// Stops `node`'s peer face (its client service stays): calls to it fail from now on.
+async fn stop_peer_face(node: &mut Node) {
+    let face = node.stops.remove(1);
+    let _ = face.send(());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
 /// Serves `service`'s peer face again on `addr` (a node back on its address with its
 /// cache, after its face was stopped).
 async fn serve_peer_face(service: &KvService, addr: &str) {
@@ -996,9 +1003,7 @@ async fn a_block_put_while_its_owner_was_away_is_found_through_the_owner() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut nodes = group(3, 1, ServerConfig::default(), "s").await;
         // Node 2's peer face goes away (its client service stays).
-        let face = nodes[2].stops.remove(1);
-        let _ = face.send(());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop_peer_face(&mut nodes[2]).await;
         let mut a = KvClient::connect(&nodes[0].client_addr).await.expect("a");
         let ns = "m/t";
         for i in 0..40 {
@@ -1329,9 +1334,7 @@ async fn a_paused_owner_that_holds_the_block_is_asked_last_not_skipped() {
             a.put(ns, &hash(i), block(i, 4096)).await.expect("put");
         }
         // Node 1 goes away: node 0's calls to it fail and pause it; node 2 serves.
-        let face = nodes[1].stops.remove(1);
-        let _ = face.send(());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop_peer_face(&mut nodes[1]).await;
         for &i in &keys {
             assert_eq!(
                 a.get(ns, &hash(i)).await.expect("get"),
@@ -1340,9 +1343,7 @@ async fn a_paused_owner_that_holds_the_block_is_asked_last_not_skipped() {
         }
         // Node 1 is back (its pause at node 0 still runs), then node 2 goes.
         serve_peer_face(&nodes[1].service, &nodes[1].peer_addr).await;
-        let face = nodes[2].stops.remove(1);
-        let _ = face.send(());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop_peer_face(&mut nodes[2]).await;
         let hashes: Vec<Vec<u8>> = keys.iter().map(|&i| hash(i)).collect();
         assert_eq!(
             a.batch_exists(ns, &hashes).await.expect("exists"),

@@ -98,8 +98,9 @@ impl FsCore {
     /// writing many files into one directory does not make every lookup of the next
     /// new name list the store again. (Re-inserting restarts the listing's TTL: a
     /// directory written to keeps its listing until the TTL after its last write.)
+    /// Callers mark the change first ([`FsCore::changing`]), before its own attributes
+    /// go in.
     pub(super) async fn relist(&self, dir: &Arc<str>, path: &str, meta: Option<Meta>) {
-        self.changing(path);
         let name = path.rsplit('/').next().unwrap_or(path);
         if let Some(log) = &self.listing_log {
             match &meta {

@@ -78,17 +78,18 @@ impl Staged {
     pub(super) fn journal(&self, only_if_absent: bool) -> std::io::Result<()> {
         self.file.sync_data()?;
         let path = self.path();
-        let mut journaled = self.journaled.lock();
-        if journaled.as_deref() != Some(&*path) {
-            write_record(
-                &self.file_path,
-                &JournalRecord {
-                    path: path.to_string(),
-                    only_if_absent,
-                },
-            )?;
-            *journaled = Some(path);
+        if self.journaled.lock().as_deref() == Some(&*path) {
+            return Ok(());
         }
+        // Not under the lock (file I/O); two fsyncs racing write the same record.
+        write_record(
+            &self.file_path,
+            &JournalRecord {
+                path: path.to_string(),
+                only_if_absent,
+            },
+        )?;
+        *self.journaled.lock() = Some(path);
         Ok(())
     }
 
@@ -116,8 +117,7 @@ impl Staged {
 
 impl Writes {
     /// At start: the staged files an earlier run journaled (kept for
-    /// [`FsCore::recover_journaled`]), and whether `name` in the staging folder is one
-    /// of them or its record.
+    /// [`FsCore::recover_journaled`]); a record without its file, or unreadable, goes.
     pub(super) fn journaled_left(dir: &Path) -> std::io::Result<Vec<Journaled>> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(dir)? {
