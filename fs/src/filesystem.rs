@@ -1058,6 +1058,7 @@ impl FsCore {
             return Ok(m);
         }
         if let Some(parent) = self.parent_of(path) {
+            let started = self.change_seq.load(Ordering::Acquire);
             if let Some(listing) = self.listings.get(parent).await {
                 let name = path.rsplit('/').next().unwrap_or(path);
                 let m = listing
@@ -1065,7 +1066,7 @@ impl FsCore {
                     .binary_search_by(|(n, _)| n.as_str().cmp(name))
                     .map(|i| listing.entries[i].1.clone())
                     .unwrap_or(Meta::Missing);
-                self.attrs.insert(path.clone(), m.clone()).await;
+                self.install_attrs(path, m.clone(), started).await;
                 return Ok(m);
             }
         }
@@ -1129,10 +1130,7 @@ impl FsCore {
             }
             Err(e) => return Err(e.into()),
         };
-        // Not over a change this mount made meanwhile (see `keep_listing`).
-        if !self.changed_since(path, started) {
-            self.attrs.insert(path.clone(), m.clone()).await;
-        }
+        self.install_attrs(path, m.clone(), started).await;
         Ok(m)
     }
 
@@ -1237,19 +1235,9 @@ impl FsCore {
                 .then_with(|| matches!(a.1, Meta::Dir).cmp(&matches!(b.1, Meta::Dir)))
         });
         entries.dedup_by(|a, b| a.0 == b.0);
-        let checked = self.change_seq.load(Ordering::Acquire);
         for (name, m) in &entries {
             let child = self.child_path(path, name);
-            if !self.changed_since(&child, started) {
-                self.attrs.insert(child, m.clone()).await;
-            }
-        }
-        // Changed while these went in: what the change put there may be overwritten.
-        for (name, _) in &entries {
-            let child = self.child_path(path, name);
-            if self.changed_since(&child, checked) {
-                self.attrs.invalidate(&child).await;
-            }
+            self.install_attrs(&child, m.clone(), started).await;
         }
         if let Some(p) = &self.opts.predictors {
             let sized: Vec<(&str, u64)> = entries
@@ -1278,11 +1266,29 @@ impl FsCore {
         }
         if !self.changed_since(path, started) {
             self.listings.insert(path.clone(), listing.clone()).await;
-            if self.changed_since(path, checked) {
+            if self.changed_since(path, started) {
                 self.listings.invalidate(path).await;
             }
         }
         listing
+    }
+
+    /// Puts `m`, which the store (or a cached listing) gave when the change number was
+    /// `started`, in the attribute cache, unless this mount changed `path` since. A
+    /// change that begins while it goes in may have put its own attributes there first:
+    /// both are dropped then, and the next lookup asks again. One rule for every path
+    /// that caches what it read (a lookup from a cached listing took none before: a
+    /// listing read just before a close's upload could put the old size back over the
+    /// close's own, and the kernel would take it at its next GETATTR; found by reading,
+    /// while chasing the lost appends of `Writes::stage`).
+    async fn install_attrs(&self, path: &Arc<str>, m: Meta, started: u64) {
+        if self.changed_since(path, started) {
+            return;
+        }
+        self.attrs.insert(path.clone(), m).await;
+        if self.changed_since(path, started) {
+            self.attrs.invalidate(path).await;
+        }
     }
 
     /// A change this mount makes to `path` begins (call it before the change's own
@@ -1919,12 +1925,12 @@ impl FsCore {
     /// attributes, read its cached first block, and met the new version at the next.
     async fn renew_attrs(&self, h: &FileHandle) -> Option<Arc<ObjectInfo>> {
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
+        let started = self.change_seq.load(Ordering::Acquire);
         let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
         if now.version == h.obj.version {
             return None;
         }
-        self.attrs
-            .insert(h.obj.path.clone(), Meta::File(now.clone()))
+        self.install_attrs(&h.obj.path, Meta::File(now.clone()), started)
             .await;
         self.size_told_differs(h.ino, now.size);
         Some(now)
