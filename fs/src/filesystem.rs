@@ -825,23 +825,22 @@ impl FsCore {
                 .unread_prefetch_bytes(reader.engine().capacity_bytes());
             p.controller.lock().set_cache_window(window);
         }
+        // The store and prefix this mount shows: its listing log and fsync records are
+        // used by a later mount of the same source only.
+        let source = format!("{}|{root}", reader.store().label());
         let writes = opts.writes.clone().and_then(|mut o| {
             if o.local_files.is_none() {
                 o.local_files = passthrough.as_ref().map(|p| p.copies.clone());
             }
             let dir = o.staging_dir.clone();
-            write::Writes::open(o)
+            write::Writes::open(o, &source)
                 .map_err(|e| {
                     tracing::error!(dir = %dir.display(), error = %e, "writes disabled: the staging directory cannot be used; the mount is read-only");
                 })
                 .ok()
         });
         let (listing_log, logged) = match &opts.listing_log {
-            Some(path) => match listing_log::ListingLog::open(
-                path,
-                reader.block_size(),
-                &format!("{}|{root}", reader.store().label()),
-            ) {
+            Some(path) => match listing_log::ListingLog::open(path, reader.block_size(), &source) {
                 Ok((log, logged)) => (Some(log), logged),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e,
@@ -1304,7 +1303,7 @@ impl FsCore {
 
     /// Whether this mount changed `path` (or, for a folder, something in it) after
     /// change number `seq`.
-    fn changed_since(&self, path: &str, seq: u64) -> bool {
+    pub(super) fn changed_since(&self, path: &str, seq: u64) -> bool {
         self.changed.get(path).is_some_and(|s| s > seq)
     }
 

@@ -1770,3 +1770,122 @@ async fn files_closed_at_once_in_one_folder_are_all_in_its_listing() {
     .await
     .expect("bounded");
 }
+
+/// A core over the fixture's store (labelled `label`) and `staging_dir`, as the next
+/// start of a mount after a crash.
+fn restarted(fx: &Fixture, staging_dir: std::path::PathBuf, label: &str) -> Arc<FsCore> {
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let store = strata_cache_core::BackingStore::new(
+        fx.faulty.clone() as Arc<dyn ObjectStore>,
+        label,
+        strata_cache_core::RetryPolicy::default(),
+    );
+    let mut w = WriteOptions::new(staging_dir);
+    w.part_size = 64 << 10;
+    Arc::new(FsCore::new(
+        ObjectReader::new(engine, store, BS).expect("reader"),
+        "",
+        CoreOptions {
+            writes: Some(w),
+            ..Default::default()
+        },
+    ))
+}
+
+/// Crash findings (round 11) on the fsync records of files a crash left unclosed:
+/// (1) the next mount at the mountpoint uploaded them whatever store it showed (a
+/// checkpoint of one bucket landed in another); (2) a start killed after its recovery
+/// upload landed, before the record went, left a record every later start reported as
+/// failed ("already exists") and kept; (3) once those names were deleted through the
+/// mount, the next start uploaded them again. Now a record goes to its own store only;
+/// an object already holding its bytes completes it; a name changed through the mount
+/// supersedes it.
+#[tokio::test]
+async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
+    timed(async {
+        let staging = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = staging.clone();
+        let fx = fixture(move |o, _| {
+            *seen.lock().expect("lock") = o.writes.as_ref().map(|w| w.staging_dir.clone());
+        })
+        .await;
+        let staging_dir = staging.lock().expect("lock").clone().expect("staging dir");
+        let records = |dir: &std::path::Path| {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let c = &fx.core;
+        let ckpt = data(100 << 10, 7);
+        let (_, a) = c.create(ROOT_INO, "ckpt.bin", 0).await.expect("create");
+        c.write(a, 0, &ckpt).expect("write");
+        c.fsync(a).await.expect("fsync");
+        let (_, b) = c.create(ROOT_INO, "later.bin", 0).await.expect("create");
+        c.write(b, 0, b"fsync'd, then replaced").expect("write");
+        c.fsync(b).await.expect("fsync");
+        let _crashed = (a, b); // never closed, as after a kill
+        assert_eq!(records(&staging_dir), 2);
+
+        let wait_for = |f: Box<dyn Fn() -> bool>| async move {
+            for _ in 0..100 {
+                if f() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        };
+
+        // (1) Another source mounted there: nothing uploaded, the records kept.
+        let other = restarted(&fx, staging_dir.clone(), "s3://another-bucket");
+        other.recover_journaled(&tokio::runtime::Handle::current());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            stored(&fx, "ckpt.bin").await.is_none(),
+            "not into another store"
+        );
+        assert_eq!(
+            records(&staging_dir),
+            2,
+            "kept for a mount of their own store"
+        );
+        drop(other);
+
+        // (2) An earlier start's upload of ckpt.bin landed before it was killed.
+        fx.mem
+            .put_opts(
+                &"ckpt.bin".into(),
+                Bytes::from(ckpt.clone()).into(),
+                Default::default(),
+            )
+            .await
+            .expect("landed");
+        // (3) later.bin was written anew through the mount before its record's turn.
+        let own = restarted(&fx, staging_dir.clone(), "mem");
+        let (_, n) = own.create(ROOT_INO, "later.bin", 0).await.expect("create");
+        own.write(n, 0, b"the newer file").expect("write");
+        own.close(n, 0).await.expect("close");
+        own.release_write(n).await;
+        own.recover_journaled(&tokio::runtime::Handle::current());
+        let dir = staging_dir.clone();
+        assert!(
+            wait_for(Box::new(move || records(&dir) == 0)).await,
+            "both records completed, none kept"
+        );
+        assert_eq!(stored(&fx, "ckpt.bin").await, Some(ckpt));
+        assert_eq!(
+            stored(&fx, "later.bin").await.as_deref(),
+            Some(&b"the newer file"[..]),
+            "the newer file stays"
+        );
+    })
+    .await
+    .expect("bounded");
+}

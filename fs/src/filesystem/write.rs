@@ -213,6 +213,8 @@ pub(super) struct Staged {
     opener: Option<u32>,
     /// The name its fsync record beside it holds (`journal.rs`); None: no record.
     journaled: Mutex<Option<Arc<str>>>,
+    /// The store and prefix the mount shows, written in its fsync record.
+    source: Arc<str>,
     /// Being filled with the object it changes (an open to append or patch): until
     /// then the object is what the path shows, not this partial file.
     filling: AtomicBool,
@@ -561,11 +563,13 @@ pub(super) struct Writes {
     /// Staged files an earlier run fsync'd and did not upload, until
     /// [`FsCore::recover_journaled`] takes them.
     journaled_left: Mutex<Vec<journal::Journaled>>,
+    /// The store and prefix the mount shows (see `Staged::source`).
+    source: Arc<str>,
 }
 
 impl Writes {
     /// Creates (mode 0700) and empties the staging directory.
-    pub(super) fn open(opts: WriteOptions) -> std::io::Result<Self> {
+    pub(super) fn open(opts: WriteOptions, source: &str) -> std::io::Result<Self> {
         make_private_dir(&opts.staging_dir)?;
         // Files an fsync made durable are uploaded by the mount (`journal.rs`); the
         // rest were never acknowledged.
@@ -609,6 +613,7 @@ impl Writes {
             created_in: Mutex::default(),
             next_file: AtomicU64::new(next),
             journaled_left: Mutex::new(journaled),
+            source: Arc::from(source),
         })
     }
 
@@ -674,6 +679,7 @@ impl Writes {
             ino: AtomicU64::new(0),
             opener,
             journaled: Mutex::new(None),
+            source: self.source.clone(),
             filling: AtomicBool::new(filling),
         });
         by_path.insert(path.clone(), staged.clone());
@@ -1773,7 +1779,8 @@ mod tests {
     #[test]
     fn a_file_staged_to_be_filled_is_hidden_from_its_registration() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let writes = Writes::open(WriteOptions::new(dir.path().join("staging"))).expect("open");
+        let writes =
+            Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|").expect("open");
         let (filled, created): (Arc<str>, Arc<str>) = (Arc::from("d/log"), Arc::from("d/new"));
         let staged = writes.stage(&filled, 0, true).expect("stage to fill");
         assert!(

@@ -123,10 +123,24 @@ const METADATA: &str = "metadata";
 /// as a mount's own are dropped when it starts, and nothing else would ever remove
 /// them or count them in the disk budget (crash finding: 42 MiB of `.part` files of
 /// four earlier mountpoints outside the budget). The cache dir is this daemon's alone
-/// (its index is locked), so no live mount stages there.
+/// (its index is locked), so no live mount stages there. A directory holding files an
+/// fsync made durable (their `.part.json` records) is kept: those writes were
+/// acknowledged, and a mount of their store at that mountpoint uploads them.
 pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
     for e in other_mounts_entries(cache_dir, STAGING, mounts, staging_dir) {
         let path = e.path();
+        let fsynced = std::fs::read_dir(&path)
+            .map(|d| {
+                d.flatten()
+                    .filter(|f| f.file_name().to_string_lossy().ends_with(".part.json"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if fsynced > 0 {
+            tracing::warn!(dir = %path.display(), fsynced,
+                "kept the staged writes of a mount this daemon does not have: files fsync'd before a crash, uploaded when that mountpoint is mounted over their store again");
+            continue;
+        }
         let removed = match e.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
             _ => std::fs::remove_file(&path),
@@ -585,6 +599,11 @@ mod tests {
         }
         let old_name = cache.join("staging").join("_X_a_b_m");
         std::fs::create_dir_all(&old_name).expect("mkdir");
+        // A crash left a file fsync'd at a third mountpoint: acknowledged, kept.
+        let fsynced = staging_dir(cache, std::path::Path::new("/X/c"));
+        std::fs::create_dir_all(&fsynced).expect("mkdir");
+        std::fs::write(fsynced.join("1.part"), b"fsync'd").expect("write");
+        std::fs::write(fsynced.join("1.part.json"), b"{}").expect("write");
         let keep = MountConfig {
             mountpoint: "/X/a_b/m".into(),
             ..Default::default()
@@ -597,6 +616,10 @@ mod tests {
         assert!(
             !b.exists() && !old_name.exists(),
             "other mounts' staging removed"
+        );
+        assert!(
+            fsynced.join("1.part").exists(),
+            "files fsync'd before a crash kept"
         );
     }
 }

@@ -17,10 +17,22 @@
 //! freed already. A journaled file is not streamed (the record names the staged file
 //! whole). A rename while open rewrites the record; an unlink, a release and a
 //! completed upload of everything written remove it.
+//!
+//! The record names the store and prefix it was written for: a mount of another
+//! source at the same mountpoint (and cache dir) keeps it, uploading nothing into its
+//! own store (crash finding: an fsync'd checkpoint of one bucket was uploaded into
+//! the bucket mounted there next, and never into its own). A start killed after a
+//! recovery upload landed and before its record went finds the name taken: an object
+//! holding exactly the staged bytes completes the record (crash finding: such records
+//! were kept, and reported as failed, at every later start, and uploaded again once
+//! the names were deleted through the mount). A name the mount changes before the
+//! record's upload (a delete, a new file there) supersedes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use strata_cache_core::CacheError;
 
 use super::{Staged, Writes};
 use crate::error::{Error, Result};
@@ -33,6 +45,9 @@ pub(crate) struct JournalRecord {
     /// Uploaded only if no object has the name (a create on a mount without
     /// `allow_overwrite`).
     pub only_if_absent: bool,
+    /// The mount's store and prefix (`<store label>|<prefix>`) it was written for; None
+    /// in a record that names none (kept, never uploaded: its store is unknown).
+    pub source: Option<String>,
 }
 
 /// A staged file an earlier run journaled and did not upload.
@@ -60,6 +75,7 @@ fn write_record(file: &Path, record: &JournalRecord) -> std::io::Result<()> {
     let body = serde_json::to_vec(&serde_json::json!({
         "path": record.path,
         "only_if_absent": record.only_if_absent,
+        "source": record.source,
     }))
     .map_err(std::io::Error::other)?;
     let mut f = std::fs::File::create(&tmp)?;
@@ -87,6 +103,7 @@ impl Staged {
             &JournalRecord {
                 path: path.to_string(),
                 only_if_absent,
+                source: Some(self.source.to_string()),
             },
         )?;
         *self.journaled.lock() = Some(path);
@@ -135,6 +152,7 @@ impl Writes {
                     Some(JournalRecord {
                         path: v.get("path")?.as_str()?.to_string(),
                         only_if_absent: v.get("only_if_absent")?.as_bool()?,
+                        source: v.get("source").and_then(|s| s.as_str()).map(String::from),
                     })
                 });
             match record {
@@ -193,9 +211,24 @@ impl super::FsCore {
         if left.is_empty() {
             return;
         }
+        let source = writes.source.clone();
         let core = self.clone();
         rt.spawn(async move {
             for j in left {
+                if j.record.source.as_deref() != Some(&*source) {
+                    tracing::warn!(path = %j.record.path, file = %j.file.display(),
+                        written_for = ?j.record.source, mounted = %source,
+                        "a file fsync'd before a crash belongs to another store or prefix: kept for a mount of that one, not uploaded here");
+                    continue;
+                }
+                // Changed through this mount since it started (deleted, written anew):
+                // what the fsync kept is superseded.
+                if core.changed_since(&j.record.path, 0) {
+                    tracing::warn!(path = %j.record.path, "a file fsync'd before a crash was changed through the mount since; its fsync'd copy dropped");
+                    let _ = std::fs::remove_file(&j.file);
+                    let _ = std::fs::remove_file(&j.record_file);
+                    continue;
+                }
                 match core.upload_journaled(&j).await {
                     Ok(()) => {
                         tracing::info!(path = %j.record.path, "a file fsync'd before a crash uploaded");
@@ -228,17 +261,55 @@ impl super::FsCore {
             slots: Some(self.writes()?.upload_slots.clone()),
             only_if_absent: j.record.only_if_absent,
         };
-        self.reader
+        let uploaded = self
+            .reader
             .store()
             .upload(&j.record.path, size, &shape, |offset, len| {
                 let file = file.clone();
                 async move { super::stream::read_part(file, offset, len).await }
             })
-            .await?;
+            .await;
+        match uploaded {
+            Ok(_) => {}
+            // An earlier start's upload of it landed (killed before the record went).
+            Err(CacheError::Exists(_)) if self.store_holds(&j.record.path, &file, size).await? => {}
+            Err(e) => return Err(e.into()),
+        }
         let path: Arc<str> = Arc::from(j.record.path.as_str());
         if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
             self.refresh(&dir, &path).await;
         }
         Ok(())
+    }
+
+    /// Whether the store's object `path` holds exactly `size` bytes of `file` (read back
+    /// part by part; only a recovery whose create-only upload found the name taken asks).
+    async fn store_holds(&self, path: &str, file: &Arc<std::fs::File>, size: u64) -> Result<bool> {
+        let store = self.reader.store();
+        let obj = match store.head(path).await {
+            Ok(obj) => obj,
+            Err(CacheError::NotFound(_)) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        if obj.size != size {
+            return Ok(false);
+        }
+        let step = self.writes()?.opts.part_size.max(1 << 20) as u64;
+        let mut at = 0;
+        while at < size {
+            let len = step.min(size - at);
+            let theirs = store.get_range(&obj, at..at + len).await?;
+            let ours = super::stream::read_part(file.clone(), at, len as usize)
+                .await
+                .map_err(|source| Error::Local {
+                    what: format!("reading back the fsync'd copy of {path}"),
+                    source,
+                })?;
+            if theirs != ours {
+                return Ok(false);
+            }
+            at += len;
+        }
+        Ok(true)
     }
 }
