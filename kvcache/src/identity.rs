@@ -22,6 +22,13 @@
 //! model's client reusing their keys would load them (black-box finding: a truncated,
 //! garbled or deleted file let model B read model A's blocks, 3 of 3).
 //!
+//! A start whose engine keeps nothing across restarts (no disk tier) cannot drop the
+//! blocks a disk tier holds: finding the bindings lost, it writes the new file marked
+//! `disk_blocks_unguarded`, and the mark stays until a start with the disk tier drops
+//! them (black-box finding: the file deleted, one `--disk 0` start let model B bind
+//! the namespace, and the next start with the disk tier trusted that file and served
+//! model A's 20 blocks to B).
+//!
 //! A put that binds a namespace is acknowledged only once the binding is on disk
 //! ([`IdentityBindings::durable`]): the put's block survives a crash, so its binding
 //! must too (crash finding: a binding made less than a second before a kill -9 was
@@ -41,7 +48,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use strata_cache_core::CacheEngine;
+use strata_cache_core::{CacheEngine, TierKind};
 
 use crate::error::{KvError, Result};
 
@@ -80,6 +87,8 @@ pub struct IdentityBindings {
     /// When bindings were last reclaimed, and the newest generation then: bindings made
     /// since may belong to puts still in flight and are kept at the next reclaim.
     reclaimed: Mutex<(Option<Instant>, u64)>,
+    /// The file's `disk_blocks_unguarded` mark, kept in every write (module doc).
+    unguarded: bool,
 }
 
 /// Least time between two reclaims of bindings whose namespaces hold no block (see
@@ -109,18 +118,18 @@ impl Drop for Writer<'_> {
 impl IdentityBindings {
     /// Bindings persisted in `file` (loaded now if it exists), or memory only.
     pub fn open(file: Option<PathBuf>) -> Self {
-        let map = match &file {
+        let (map, unguarded) = match &file {
             Some(f) => {
-                let map = load(f);
+                let loaded = load(f);
                 if !f.exists() {
                     // From now on a missing file means lost bindings (module doc).
-                    if let Err(e) = write_atomically(f, encode(&HashMap::new()).as_bytes()) {
+                    if let Err(e) = write_atomically(f, encode(&HashMap::new(), false).as_bytes()) {
                         tracing::error!(file = %f.display(), error = %e, "could not write the KV namespace identities file");
                     }
                 }
-                map
+                loaded
             }
-            None => HashMap::new(),
+            None => (HashMap::new(), false),
         };
         IdentityBindings {
             map: Mutex::new(map.into_iter().map(|(k, v)| (k, (v, 0))).collect()),
@@ -132,6 +141,7 @@ impl IdentityBindings {
             writes: AtomicU64::new(0),
             tenants: 0,
             reclaimed: Mutex::new((None, 0)),
+            unguarded,
         }
     }
 
@@ -189,7 +199,10 @@ impl IdentityBindings {
     fn write(&self, file: &Path) {
         let (text, upto) = {
             let map = self.map.lock();
-            (encode(&map), self.newest.load(Ordering::Acquire))
+            (
+                encode(&map, self.unguarded),
+                self.newest.load(Ordering::Acquire),
+            )
         };
         self.writes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = write_atomically(file, text.as_bytes()) {
@@ -362,12 +375,22 @@ impl IdentityBindings {
     }
 }
 
-fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>) -> String {
+fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>, unguarded: bool) -> String {
     let obj: serde_json::Map<String, serde_json::Value> = map
         .iter()
         .map(|(k, (v, _))| (k.to_string(), serde_json::Value::String(hex::encode(v))))
         .collect();
-    serde_json::json!({ "version": 1, "bindings": obj }).to_string()
+    let mut v = serde_json::json!({ "version": 1, "bindings": obj });
+    if unguarded {
+        v["disk_blocks_unguarded"] = serde_json::Value::Bool(true);
+    }
+    v.to_string()
+}
+
+/// Whether a bindings file (parsed) carries the `disk_blocks_unguarded` mark.
+fn marked_unguarded(text: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(text)
+        .is_ok_and(|v| v["disk_blocks_unguarded"] == serde_json::Value::Bool(true))
 }
 
 /// Drops every KV block `engine` holds if the bindings that guarded them are lost:
@@ -375,13 +398,42 @@ fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>) -> String {
 /// doc). Call before the service opens the file (which writes a missing one and moves a
 /// corrupt one aside) and before it serves. Returns the blocks dropped.
 pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> usize {
-    let intact = match std::fs::read_to_string(file) {
-        Ok(text) => parse(&text).is_some(),
-        Err(_) => false,
-    };
-    if intact {
+    let read = std::fs::read_to_string(file).ok();
+    let bindings = read.as_deref().and_then(parse);
+    let unguarded = bindings.is_some() && read.as_deref().is_some_and(marked_unguarded);
+    if bindings.is_some() && !unguarded {
         return 0;
     }
+    if !engine.tier_kinds().contains(&TierKind::Disk) {
+        // Nothing here outlives this run, but a disk tier's blocks may be waiting for
+        // the next start with it: marked so that start drops them (module doc).
+        if !unguarded {
+            if read.is_some() {
+                // Corrupt: kept aside, as `load` keeps it.
+                let _ = std::fs::rename(file, file.with_extension("json.corrupt"));
+            }
+            let kept: HashMap<Arc<str>, (IdentityDigest, u64)> = HashMap::new();
+            if let Err(e) = write_atomically(file, encode(&kept, true).as_bytes()) {
+                tracing::error!(file = %file.display(), error = %e, "could not mark the KV namespace identities file: a later start with a disk tier may trust blocks no binding guarded");
+            } else {
+                tracing::error!(file = %file.display(), "KV namespace identities missing or unreadable; this start has no disk tier: marked so the next start with one drops the KV blocks it holds");
+            }
+        }
+        return 0;
+    }
+    let dropped = drop_every_kv_block(file, engine).await;
+    if let Some(map) = bindings.filter(|_| unguarded) {
+        // Dropped: the bindings made since guard what is put from now on.
+        let map = map.into_iter().map(|(k, v)| (k, (v, 0))).collect();
+        if let Err(e) = write_atomically(file, encode(&map, false).as_bytes()) {
+            tracing::error!(file = %file.display(), error = %e, "could not clear the unguarded mark of the KV namespace identities file; the next start drops the KV blocks again");
+        }
+    }
+    dropped
+}
+
+/// Drops every KV block `engine` holds (their bindings were lost).
+async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
     let blocks = engine.resident_kv();
     if blocks.is_empty() {
         return 0;
@@ -399,22 +451,23 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     dropped
 }
 
-fn load(file: &Path) -> HashMap<Arc<str>, IdentityDigest> {
+/// The bindings in `file`, and whether it carries the unguarded mark.
+fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, bool) {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashMap::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (HashMap::new(), false),
         Err(e) => {
             tracing::error!(file = %file.display(), error = %e, "cannot read KV namespace identities; starting without them");
-            return HashMap::new();
+            return (HashMap::new(), false);
         }
     };
     match parse(&text) {
-        Some(m) => m,
+        Some(m) => (m, marked_unguarded(&text)),
         None => {
             let aside = file.with_extension("json.corrupt");
             tracing::error!(file = %file.display(), aside = %aside.display(), "KV namespace identities file is corrupt; moved aside, starting without them");
             let _ = std::fs::rename(file, aside);
-            HashMap::new()
+            (HashMap::new(), false)
         }
     }
 }
@@ -525,14 +578,10 @@ mod tests {
     /// file (an empty one included, as the first start writes) keeps them.
     #[tokio::test]
     async fn blocks_are_dropped_when_their_bindings_are_lost() {
-        use strata_cache_core::tiers::MemoryTier;
         use strata_cache_core::{AccessContext, CacheKey};
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(1 << 20)))
-            .build()
-            .expect("engine");
+        let engine = disk_engine(dir.path());
         let key = CacheKey::kv("team", b"h1".to_vec());
         let fill = || async {
             engine
@@ -576,6 +625,72 @@ mod tests {
             b.write(&f);
             fill().await;
         }
+    }
+
+    /// An engine with a disk tier under `dir`: its blocks outlive a restart.
+    fn disk_engine(dir: &Path) -> CacheEngine {
+        use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+        CacheEngine::builder()
+            .tier(Arc::new(
+                DiskTier::open(dir.join("blocks"), 16 << 20, DiskOptions::default())
+                    .expect("disk tier"),
+            ))
+            .build()
+            .expect("engine")
+    }
+
+    /// Black-box finding (round 11): with the file deleted, one start without a disk
+    /// tier (`--disk 0`) had nothing to drop, let model B bind the namespace and wrote
+    /// an intact file; the next start with the disk tier trusted it and served model
+    /// A's blocks to B. The start without a disk tier marks the file, and the next
+    /// start with one drops the blocks and clears the mark.
+    #[tokio::test]
+    async fn a_start_without_the_disk_tier_leaves_lost_bindings_marked_for_the_next_with_it() {
+        use strata_cache_core::tiers::MemoryTier;
+        use strata_cache_core::{AccessContext, CacheKey};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let disk = disk_engine(dir.path());
+        let key = CacheKey::kv("team", b"h1".to_vec());
+        assert_eq!(drop_blocks_if_bindings_lost(&f, &disk).await, 0);
+        let a = IdentityBindings::open(Some(f.clone()));
+        a.check(&Arc::from("team"), Some(&A), true).expect("bind A");
+        a.write(&f);
+        disk.put(
+            &key,
+            bytes::Bytes::from_static(b"model A's kv"),
+            &AccessContext::default(),
+        )
+        .await
+        .expect("put");
+        std::fs::remove_file(&f).expect("lost");
+
+        let memory_only = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine");
+        for _ in 0..2 {
+            // Two such starts: the mark survives the second's rewrite of the file.
+            assert_eq!(drop_blocks_if_bindings_lost(&f, &memory_only).await, 0);
+            let b = IdentityBindings::open(Some(f.clone()));
+            b.check(&Arc::from("team"), Some(&B), true)
+                .expect("B binds");
+            b.write(&f);
+        }
+
+        assert_eq!(
+            drop_blocks_if_bindings_lost(&f, &disk).await,
+            1,
+            "the start with the disk tier drops the block no binding guarded"
+        );
+        assert!(!disk.contains(&key));
+        let back = IdentityBindings::open(Some(f.clone()));
+        assert_eq!(back.bound("team"), Some(B), "the bindings made since kept");
+        assert_eq!(
+            drop_blocks_if_bindings_lost(&f, &disk).await,
+            0,
+            "the mark cleared: blocks put from now on are guarded"
+        );
     }
 
     #[test]
