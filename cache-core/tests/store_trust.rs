@@ -342,3 +342,43 @@ fn cloud_keys_past_1024_bytes_are_refused_when_named() {
         "no key limit on a local directory"
     );
 }
+
+/// Black-box findings (round 11): an endpoint without a scheme panicked inside the S3
+/// request signer at the first request; a plain-HTTP one without `allow_http`, or a
+/// mistyped scheme, failed every request as a "builder error", which the mount took for
+/// a store that does not answer. Each is refused when the store is opened, naming it.
+#[test]
+fn a_cloud_endpoint_the_clients_cannot_use_is_refused_at_open_naming_why() {
+    let open = |endpoint: &str, allow_http: bool| {
+        strata_cache_core::BackingStore::from_url(
+            "s3://bkt/ds",
+            &strata_cache_core::store::StoreOptions {
+                endpoint: Some(endpoint.to_string()),
+                allow_http,
+                region: Some("us-east-1".into()),
+                access_key_id: Some("k".into()),
+                secret_access_key: Some("s".into()),
+                ..Default::default()
+            },
+        )
+        .err()
+        .map(|e| e.to_string())
+    };
+    for (endpoint, allow_http, why) in [
+        ("127.0.0.1:9000", true, "expected http://"),
+        ("htp://127.0.0.1:9000", true, "unsupported scheme \"htp\""),
+        ("http://127.0.0.1:9000", false, "--allow-http"),
+        ("http://:9000", true, "expected http://"),
+        ("http://127.0.0.1:90x0", true, "expected http://"),
+    ] {
+        let err = open(endpoint, allow_http).unwrap_or_else(|| panic!("{endpoint} accepted"));
+        assert!(err.contains(why), "{endpoint}: {err}");
+    }
+    for ok in [
+        ("http://127.0.0.1:9000", true),
+        ("https://s3.example.com", false),
+        ("http://[::1]:9000/", true),
+    ] {
+        assert_eq!(open(ok.0, ok.1), None, "{ok:?}");
+    }
+}

@@ -358,6 +358,9 @@ impl BackingStore {
                 if bucket.is_empty() {
                     return Err(bad("missing bucket".into()));
                 }
+                if let Some(e) = &opts.endpoint {
+                    check_endpoint(e, opts.allow_http).map_err(bad)?;
+                }
                 let (store, parts, paged) =
                     cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?;
                 part_store = Some(parts);
@@ -1660,6 +1663,40 @@ type CloudStore = (
     Arc<dyn object_store::multipart::MultipartStore>,
     Option<Arc<dyn object_store::list::PaginatedListStore>>,
 );
+
+/// Whether the cloud clients can use `endpoint`, checked before any request (black-box
+/// findings: one without a scheme panicked inside the S3 request signer; a plain-HTTP
+/// one without `allow_http`, or a mistyped scheme, failed every request as a "builder
+/// error", and the mount took that for a store that does not answer and mounted).
+fn check_endpoint(endpoint: &str, allow_http: bool) -> std::result::Result<(), String> {
+    let usage = "expected http://HOST[:PORT] or https://HOST[:PORT]";
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        return Err(format!("endpoint {endpoint:?}: {usage}"));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let port = match authority.rsplit_once(']') {
+        Some((_, after)) => after.strip_prefix(':'),
+        None => authority.rsplit_once(':').map(|(_, p)| p),
+    };
+    if authority.is_empty()
+        || authority.starts_with(':')
+        || authority.contains(|c: char| c.is_whitespace() || c == '@')
+        || port.is_some_and(|p| p.parse::<u16>().is_err())
+    {
+        return Err(format!("endpoint {endpoint:?}: {usage}"));
+    }
+    match scheme {
+        "https" => Ok(()),
+        "http" if allow_http => Ok(()),
+        "http" => Err(format!(
+            "endpoint {endpoint:?} is plain HTTP: allow it with --allow-http \
+             (allow_http = true under [store])"
+        )),
+        other => Err(format!(
+            "endpoint {endpoint:?}: unsupported scheme {other:?} ({usage})"
+        )),
+    }
+}
 
 fn cloud_store(
     scheme: &str,
