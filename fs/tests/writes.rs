@@ -405,6 +405,24 @@ async fn directories_made_here_hold_new_files_and_only_empty_ones_go() {
         c.rmdir(d.attr.ino, "step-200").await.expect("rmdir empty");
         let e = c.getattr(empty.attr.ino).await.expect_err("gone");
         assert_eq!(e.errno(), libc::ENOENT);
+        // The store decides, not the cached listing (black-box finding: `rm -rf`
+        // returned 0 over files a stale listing missed, and they stayed in the store).
+        let late = c.mkdir(d.attr.ino, "step-300").await.expect("mkdir");
+        let listed = c.opendir(late.attr.ino).await.expect("opendir");
+        c.releasedir(listed);
+        fx.mem
+            .put_opts(
+                &"ckpt/step-300/written-elsewhere".into(),
+                Bytes::from_static(b"x").into(),
+                Default::default(),
+            )
+            .await
+            .expect("another writer");
+        let e = c
+            .rmdir(d.attr.ino, "step-300")
+            .await
+            .expect_err("the store holds a file there");
+        assert_eq!(e.errno(), libc::ENOTEMPTY);
     })
     .await
     .expect("bounded");

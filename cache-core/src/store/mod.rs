@@ -1270,6 +1270,11 @@ impl BackingStore {
     /// store has no directories: elsewhere there is nothing to remove). Deletes already
     /// remove the directories they empty; this is for one that was empty from the start.
     /// (ENOTEMPTY if it holds what the store does not list.)
+    /// Whether this is a local directory store (`file://`), whose folders are real.
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
     pub async fn remove_empty_dir(&self, path: &str) -> std::io::Result<()> {
         let Some(root) = &self.local_root else {
             return Ok(());

@@ -404,6 +404,9 @@ impl FsCore {
                 source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
             });
         }
+        if !self.reader.store().is_local() {
+            self.store_folder_removable(&path).await?;
+        }
         let made_here = writes.local_dirs.lock().remove(&path);
         if !made_here {
             let removed = self.reader.store().remove_empty_dir(&path).await;
@@ -417,6 +420,31 @@ impl FsCore {
         self.attrs.insert(path.clone(), Meta::Missing).await;
         self.relist(&dir.path, &path, Some(Meta::Missing)).await;
         Ok(())
+    }
+}
+
+impl FsCore {
+    /// Before an `rmdir` of `path` on an object store: the store itself (one page of
+    /// its listing) shows it empty, and not held by a folder marker (a `path/` object,
+    /// which the S3 console, s3fs and gcsfuse make, and which object_store cannot name
+    /// to delete). Black-box findings: `rmdir` of a marker folder returned 0 and the
+    /// folder stayed listed; `rm -rf` of a folder whose cached listing missed files
+    /// returned 0 and left them in the store.
+    async fn store_folder_removable(&self, path: &str) -> Result<()> {
+        let not_empty = || Error::Local {
+            what: format!("removing {path}"),
+            source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
+        };
+        match self.reader.store().list_dir_if_one_page(path).await? {
+            None => Err(not_empty()),
+            Some(l) if !l.dirs.is_empty() || !l.files.is_empty() => Err(not_empty()),
+            Some(l) if l.exists => Err(Error::Unsupported(format!(
+                "{path}: the store holds this folder as a marker object (key ending in \
+                 '/'), which this mount cannot delete; delete that key with the store's \
+                 own tools"
+            ))),
+            Some(_) => Ok(()),
+        }
     }
 }
 
