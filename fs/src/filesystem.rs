@@ -1076,7 +1076,23 @@ impl FsCore {
         }
         let started = self.change_seq.load(Ordering::Acquire);
         self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
-        let m = match store.head(path).await {
+        // On an object store a key can also be a prefix of other keys (`a` beside
+        // `a/b`): the folder wins there, as in a listing (`DirListing`), so the prefix
+        // is asked beside the HEAD, at once (as mountpoint-s3 does). Black-box finding:
+        // a path lookup found the object and answered "file", and `a/b` failed ENOTDIR
+        // unless `a`'s folder had just been listed.
+        let (head, also_folder) = futures::join!(store.head(path), async {
+            if store.is_local() {
+                return false;
+            }
+            self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
+            store.dir_exists(path).await.unwrap_or(false)
+        });
+        let m = match head {
+            Ok(_) if also_folder => {
+                tracing::warn!(%path, "a key that is also a folder of other keys: shown as the folder, the object itself is hidden");
+                Meta::Dir
+            }
             Ok(obj) => {
                 if let Some(log) = &self.listing_log {
                     log.append_file(&obj);

@@ -1182,3 +1182,35 @@ fn a_file_too_large_for_the_copies_budget_is_not_expected_to_get_a_copy() {
     assert!(pt.name_for("f", "v", 8 << 20).is_some());
     assert!(pt.name_for("f", "v", 0).is_none());
 }
+
+/// Black-box finding (round 11): on an object store, a key that is also a prefix of
+/// other keys (`both` beside `both/x`) showed as the folder in a listing but as the
+/// file on a path lookup, so `both/x`, opened by path without a listing first (a loader
+/// reading a manifest), failed ENOTDIR. The lookup asks the prefix too: the folder wins.
+#[tokio::test]
+async fn a_key_that_is_also_a_prefix_is_the_folder_on_a_path_lookup_too() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        fx.store
+            .put("both", data(7, 6))
+            .await
+            .expect("seed the object");
+        fx.store
+            .put("both/x", data(9, 7))
+            .await
+            .expect("seed under it");
+        let c = &fx.core;
+        let both = c.lookup(ROOT_INO, "both").await.expect("lookup");
+        assert_eq!(both.attr.kind, Kind::Dir, "the folder, not the object");
+        let x = c
+            .lookup(both.attr.ino, "x")
+            .await
+            .expect("reachable by path");
+        assert_eq!(x.attr.size, 9);
+        // A plain object stays a file.
+        let top = c.lookup(ROOT_INO, "top.txt").await.expect("lookup");
+        assert_eq!(top.attr.kind, Kind::File);
+    })
+    .await
+    .expect("bounded");
+}
