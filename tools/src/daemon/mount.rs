@@ -98,6 +98,13 @@ pub fn uploads_dir(cache_dir: &std::path::Path, mountpoint: &std::path::Path) ->
 /// A mount point as one directory name (see [`staging_dir`]).
 fn mount_dir_name(mountpoint: &std::path::Path) -> String {
     use std::os::unix::ffi::OsStrExt;
+    // One name however the mountpoint is spelt: absolute, without trailing slashes or
+    // `.` (crash finding: `/mnt/x/` found no fsync records of `/mnt/x`).
+    let mountpoint: PathBuf = std::path::absolute(mountpoint)
+        .unwrap_or_else(|_| mountpoint.to_path_buf())
+        .components()
+        .collect();
+    let mountpoint = mountpoint.as_path();
     let readable: String = mountpoint
         .to_string_lossy()
         .chars()
@@ -593,6 +600,8 @@ mod tests {
         );
         assert_ne!(a, b);
         assert_eq!(a, staging_dir(cache, std::path::Path::new("/X/a_b/m")));
+        assert_eq!(a, staging_dir(cache, std::path::Path::new("/X/a_b/m/")));
+        assert_eq!(a, staging_dir(cache, std::path::Path::new("/X/a_b/./m")));
         for d in [&a, &b] {
             std::fs::create_dir_all(d).expect("mkdir");
             std::fs::write(d.join("1.part"), b"never uploaded").expect("write");
