@@ -2,7 +2,11 @@
 //!
 //! - [`PutBudget`]: the bytes all Put streams buffer. A Put reserves the bytes it has
 //!   *received*, not the size it declares, so a stream that declares 64 MiB and sends
-//!   one byte holds one KiB of budget, not 64 MiB. Each connection also has its own
+//!   one byte holds one KiB of budget, not 64 MiB; once it has sent more than
+//!   [`PUT_RESERVE_WHOLE_AFTER`] it reserves the rest of its declared size at once
+//!   ([`put_reservation_for`]), so streams that are sending never hold part of their
+//!   size each while waiting for more (black-box finding: 8 concurrent 64 MiB puts
+//!   split a 256 MiB budget between them and none completed). Each connection also has its own
 //!   cap ([`ConnInfo`]), a fraction of the global budget, so one connection (however
 //!   many streams it opens) cannot take the whole budget from the others. Waiting for
 //!   budget is bounded by the idle timeout: past it the Put fails with
@@ -36,6 +40,21 @@ use tonic::Status;
 
 use crate::accept::{Admission, Gated};
 use crate::error::{KvError, Result};
+
+/// A Put stream past this many bytes received reserves its whole declared size: 1 MiB,
+/// so a stream that stalls early holds at most that, while the hundreds of streams it
+/// would take for partial holds to fill the budget are far past one connection's or
+/// one tenant's share.
+pub const PUT_RESERVE_WHOLE_AFTER: u64 = 1 << 20;
+
+/// What a Put stream of declared `size` holds once `received` bytes arrived.
+pub fn put_reservation_for(received: u64, size: u64) -> u64 {
+    if received > PUT_RESERVE_WHOLE_AFTER {
+        size.max(received)
+    } else {
+        received
+    }
+}
 
 /// Budget unit: permits count KiB so that 1 GiB fits a semaphore comfortably.
 pub const PERMIT_BYTES: u64 = 1024;

@@ -11,6 +11,7 @@
 mod admin_common;
 mod kv_common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -135,19 +136,17 @@ async fn wait_for(
     }
 }
 
-/// Waits until the puts in flight hold `share` bytes, gives the others time to try
-/// for more, and checks they got none: `who` holds at most its share.
-async fn assert_holds_exactly(service: &KvService, share: u64, who: &str) {
+/// Waits until the puts in flight hold most of `share` (a stream past its first MiB
+/// reserves its whole size, so the share may stop short of full), gives the others
+/// time to try for more, and checks they got no more: `who` holds at most its share.
+async fn assert_holds_at_most(service: &KvService, share: u64, who: &str) {
     wait_for(service, "the share taken", |s| {
-        s.put_reserved_bytes >= share
+        s.put_reserved_bytes > share / 2
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        service.stats().put_reserved_bytes,
-        share,
-        "{who} holds at most its share"
-    );
+    let held = service.stats().put_reserved_bytes;
+    assert!(held <= share, "{who} holds at most its share: {held}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +220,7 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
     // capped the connection, more than the whole 16 MiB budget.
     let hostile = KvClient::connect(&server.addr).await.expect("connect");
     let stalled = start_stalled(&hostile, "hog", 10, 4 << 20, 2 << 20);
-    assert_holds_exactly(&server.service, 8 << 20, "one connection").await;
+    assert_holds_at_most(&server.service, 8 << 20, "one connection").await;
     let mut good = KvClient::connect(&server.addr).await.expect("connect");
     let data = block(4 << 20, 3);
     put_within_5s(
@@ -281,7 +280,7 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
             }));
         }
     }
-    assert_holds_exactly(&server.service, 8 << 20, "one tenant").await;
+    assert_holds_at_most(&server.service, 8 << 20, "one tenant").await;
     let mut b = connect("tok-b").await;
     let data = block(4 << 20, 4);
     put_within_5s(&mut b, b"b-block", data, "tenant b still gets budget").await;
@@ -831,5 +830,52 @@ async fn connections_that_stop_within_the_http2_preface_are_closed() {
     c.put(NS, b"k", block(64 << 10, 1)).await.expect("put");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(c.get(NS, b"k").await.expect("get").is_some());
+    server.stop().await;
+}
+
+/// Black-box finding (round 11): puts that are sending reserved only what had arrived,
+/// so 8 concurrent 64 MiB puts through a 256 MiB budget each held part of their size
+/// and waited for more: none completed until the idle timeout refused half. A stream
+/// past its first MiB reserves its whole size: every put completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_puts_larger_than_the_budget_together_all_complete() {
+    const SIZE: usize = 16 << 20;
+    let cfg = ServerConfig {
+        max_block: SIZE as u64,
+        max_inflight_put_bytes: 2 * SIZE as u64,
+        per_connection_put_bytes: 2 * SIZE as u64,
+        idle_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let server = start(cfg).await;
+    let start_together = Arc::new(tokio::sync::Barrier::new(8));
+    let mut puts = Vec::new();
+    for i in 0..8u64 {
+        let mut c = KvClient::connect(&server.addr).await.expect("connect");
+        let start_together = start_together.clone();
+        let data = block(SIZE, i);
+        puts.push(tokio::spawn(async move {
+            let hash = format!("big-{i}").into_bytes();
+            start_together.wait().await;
+            c.put(NS, &hash, data).await.map(|_| ())
+        }));
+    }
+    for (i, p) in puts.into_iter().enumerate() {
+        tokio::time::timeout(Duration::from_secs(20), p)
+            .await
+            .expect("bounded")
+            .expect("joins")
+            .unwrap_or_else(|e| panic!("put {i} refused: {e}"));
+    }
+    let mut c = KvClient::connect(&server.addr).await.expect("connect");
+    for i in 0..8u64 {
+        let got = c
+            .get(NS, format!("big-{i}").as_bytes())
+            .await
+            .expect("get")
+            .expect("stored");
+        assert!(got == block(SIZE, i), "put {i}'s bytes");
+    }
+    assert_eq!(server.service.stats().put_reserved_bytes, 0);
     server.stop().await;
 }

@@ -17,7 +17,9 @@ use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
 use crate::group::{Forward, GroupOptions, GroupView, Router};
 use crate::identity::IdentityBindings;
-use crate::limits::{ConnInfo, IdleGuard, InflightBudget, PutBudget, Reservation};
+use crate::limits::{
+    put_reservation_for, ConnInfo, IdleGuard, InflightBudget, PutBudget, Reservation,
+};
 use crate::pb::kv_cache_server::KvCacheServer;
 use crate::pb::{self};
 use crate::shm::ShmArena;
@@ -547,7 +549,7 @@ impl KvService {
             self.inner.config.idle_timeout,
         );
         let mut got = first.data.len() as u64;
-        reserved.cover(got).await?;
+        reserved.cover(put_reservation_for(got, size)).await?;
         let mut parts = vec![first.data];
         while got < size {
             let Some(msg) = self.next_put(&mut stream).await? else {
@@ -572,7 +574,7 @@ impl KvService {
                 ));
             }
             got += msg.data.len() as u64;
-            reserved.cover(got).await?;
+            reserved.cover(put_reservation_for(got, size)).await?;
             if !msg.data.is_empty() {
                 parts.push(msg.data);
             }
