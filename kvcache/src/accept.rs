@@ -24,6 +24,14 @@
 //!   nothing is the HTTP/2 keepalive's business (a peer that does not answer PINGs is
 //!   closed) or, when it answers them, holds one slot of the cap.
 //!
+//! - Every gate of the process draws its slots from one pool too: half the descriptor
+//!   soft limit ([`process_connection_cap`]), the rest left to block files, RocksDB and
+//!   the store's sockets. A full pool is met as a full gate is: the gate admitting
+//!   closes its own oldest unproven connection, else refuses. Black-box finding: with
+//!   the limit at 2,048, 1,200 silent connections on each of the KV TCP and Unix
+//!   listeners (1,024 slots each) ran the daemon out of descriptors; a tenant's puts
+//!   failed "Too many open files" and the disk tier went degraded.
+//!
 //! Nothing here spawns a task: the deadline is a timer polled with the connection's
 //! reads, which the server keeps pending while it waits for the first bytes, and a
 //! closing is a flag its read sees when woken.
@@ -122,6 +130,31 @@ impl Start {
     }
 }
 
+/// Connections all gates of the process hold at most: half the descriptor soft limit
+/// when the first connection is admitted (the daemon raises it at start; at least 64),
+/// or no bound past the gates' own when the limit is unlimited.
+pub fn process_connection_cap() -> usize {
+    *PROCESS_CAP.get_or_init(|| {
+        strata_cache_core::tiers::disk::fd_soft_limit()
+            .map(|l| ((l / 2) as usize).max(64))
+            .unwrap_or(usize::MAX)
+    })
+}
+
+static PROCESS_CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// Connections all gates hold now.
+static PROCESS_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Takes a slot of the process pool, if one is free.
+fn take_process_slot() -> bool {
+    let cap = process_connection_cap();
+    PROCESS_LIVE
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cap).then_some(n + 1)
+        })
+        .is_ok()
+}
+
 impl Gate {
     /// A gate for the listener `what` (named in logs): at most `max_connections` live
     /// connections, each to send `first_bytes` bytes within `first_bytes_timeout`.
@@ -186,7 +219,7 @@ impl Gate {
         let unproven = start.unproven();
         let evicted = {
             let mut slots = self.slots.lock();
-            let evicted = if slots.live < self.max {
+            let evicted = if slots.live < self.max && take_process_slot() {
                 slots.live += 1;
                 None
             } else {
@@ -267,6 +300,7 @@ impl Gate {
         if was != START_EVICTED {
             let mut slots = self.slots.lock();
             slots.live = slots.live.saturating_sub(1);
+            PROCESS_LIVE.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
