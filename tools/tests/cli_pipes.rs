@@ -71,21 +71,118 @@ fn record_passes_on_the_commands_exit_status() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // Nothing read under the root: still an error saying so, but with the command's
+    // status (it was 1, hiding a crash from the caller).
+    for (script, code) in [("exit 7", 7), ("kill -TERM $$", 128 + libc::SIGTERM)] {
+        let out = dir.path().join("none.csv");
+        let o = record(dir.path(), &out, script);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{script}: {stderr}");
+        assert!(stderr.contains("no reads"), "{script}: {stderr}");
+        assert!(!out.exists(), "{script}");
+    }
 }
 
-/// An --out in a missing directory is refused before the command runs.
+/// An --out in a missing directory, or naming a directory (found out only after the
+/// command had run), is refused before the command runs.
 #[test]
 fn record_checks_out_before_running() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("missing/t.csv");
-    let o = record(dir.path(), &out, "touch ran; cat data/f.bin >/dev/null");
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("--out"), "{stderr}");
-    assert!(
-        !dir.path().join("ran").exists(),
-        "the command ran: {stderr}"
-    );
+    std::fs::create_dir(dir.path().join("outdir")).expect("mkdir");
+    for out in [dir.path().join("missing/t.csv"), dir.path().join("outdir")] {
+        let o = record(dir.path(), &out, "touch ran; cat data/f.bin >/dev/null");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("--out"), "{stderr}");
+        assert!(
+            !dir.path().join("ran").exists(),
+            "{}: the command ran: {stderr}",
+            out.display()
+        );
+    }
+}
+
+/// SIGTERM or SIGHUP to the recorder alone (`timeout`, a scheduler, a closed session)
+/// stops the command as Ctrl-C does: passed on to it, the trace of what it read kept,
+/// strace's temporary log removed. It killed the recorder only, leaving strace and the
+/// command running, orphaned, and the log behind.
+#[test]
+fn a_terminated_recording_stops_its_command_and_keeps_its_trace() {
+    use std::time::{Duration, Instant};
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+        std::fs::create_dir_all(dir.path().join("tmp")).expect("mkdir");
+        std::fs::write(dir.path().join("data/f.bin"), vec![7u8; 10_000]).expect("write data");
+        let out = dir.path().join("t.csv");
+        let tag = format!("strata-record-test-{}-{sig}", std::process::id());
+        let mut child = Command::new(strata())
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path().join("tmp"))
+            .args(["trace", "record", "--root", "data", "--out"])
+            .arg(&out)
+            .args(["--", "sh", "-c"])
+            .arg(format!(
+                "cat data/f.bin >/dev/null; touch started; sleep 30; : {tag}"
+            ))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn strata");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dir.path().join("started").exists() {
+            assert!(Instant::now() < deadline, "the command never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no exit after signal {sig}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let orphans = processes_naming(&tag);
+        for &pid in &orphans {
+            // SAFETY: kill(2) on a process this test started (its command line has the tag).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let mut stderr = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        assert!(
+            orphans.is_empty(),
+            "signal {sig}: left running: {orphans:?}"
+        );
+        assert_eq!(status.code(), Some(128 + sig), "signal {sig}: {stderr}");
+        let trace = std::fs::read_to_string(&out).expect("the trace is written");
+        assert!(trace.contains("f.bin"), "{trace}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp"))
+            .expect("tmp")
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .expect("tmp entries");
+        assert!(left.is_empty(), "signal {sig}: strace's log left: {left:?}");
+    }
+}
+
+/// Processes whose command line contains `tag`.
+fn processes_naming(tag: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(tag)
+                .then_some(pid)
+        })
+        .collect()
 }
 
 /// Ctrl-C in a terminal interrupts the whole foreground group: the command ends, and the

@@ -130,7 +130,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     }
     let unseen = (!unseen.is_empty()).then(|| unseen.join("; "));
     if rec.trace.records.is_empty() {
-        anyhow::bail!(
+        let msg = format!(
             "no reads of regular files under {} were recorded ({} other reads, {} processes){}{}",
             rec.root.display(),
             st.reads_elsewhere,
@@ -139,8 +139,21 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
                 .as_ref()
                 .map(|m| format!("; {m}"))
                 .unwrap_or_default(),
-            failed.map(|f| format!("; {f}")).unwrap_or_default()
+            failed
+                .as_ref()
+                .map(|f| format!("; {f}"))
+                .unwrap_or_default()
         );
+        // A command that failed is reported with its own status even with nothing
+        // recorded: a caller (a script, CI) must still see that it crashed, and how.
+        if failed.is_some() {
+            return Err(crate::cli::ExitWith {
+                code: rec.shell_status(),
+                msg,
+            }
+            .into());
+        }
+        anyhow::bail!(msg);
     }
     trace::write_file(&rec.trace, &a.out)
         .with_context(|| format!("writing {}", a.out.display()))?;

@@ -512,6 +512,20 @@ pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
 /// by creating and removing the temporary file [`write_file`] would use: for callers
 /// that must know before hours of work (`strata trace record`).
 pub fn check_writable(path: &Path) -> Result<(), TraceError> {
+    // The final rename cannot replace a directory (nor a path with no file name): the
+    // temporary file below would be created fine, so refuse such paths by what they are.
+    if path.file_name().is_none() {
+        return Err(TraceError::Invalid(format!(
+            "{} names no file",
+            path.display()
+        )));
+    }
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(TraceError::Invalid(format!(
+            "{} is a directory",
+            path.display()
+        )));
+    }
     let tmp = temp_beside(path);
     File::create(&tmp)?;
     std::fs::remove_file(&tmp)?;
@@ -736,6 +750,10 @@ mod tests {
         assert_eq!(names.len(), 2, "{names:?}");
         assert!(check_writable(&dir.path().join("x.csv")).is_ok());
         assert!(check_writable(&dir.path().join("missing/x.csv")).is_err());
+        // A directory passed the check, and writing the trace failed after the run.
+        let e = check_writable(dir.path()).expect_err("a directory");
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        assert!(check_writable(&dir.path().join("..")).is_err());
     }
 
     #[test]

@@ -7,7 +7,8 @@ pub mod parse;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use parse::{parse_strace, parse_strace_inheriting, FsLookup, InheritedFd, Lookup, ParseStats};
 
@@ -77,33 +78,132 @@ impl Recorded {
     }
 }
 
-/// SIGINT and SIGQUIT ignored by this process while it lives (the previous handling
-/// restored when dropped).
-struct IgnoredInterrupts {
-    int: libc::sighandler_t,
-    quit: libc::sighandler_t,
+/// SIGINT and SIGQUIT ignored by this process while it lives, SIGTERM and SIGHUP caught
+/// (noted in [`STOP_SIGNALS`] for [`wait_forwarding`]); the previous handling restored
+/// when dropped.
+struct RecorderSignals {
+    /// SIGINT's and SIGQUIT's previous handling, once [`Self::ignore_interrupts`] ran.
+    interrupts: Option<(libc::sighandler_t, libc::sighandler_t)>,
+    term: libc::sigaction,
+    hup: libc::sigaction,
 }
 
-impl IgnoredInterrupts {
+/// Bit N set: signal N (SIGTERM or SIGHUP) reached the recorder and is still to be
+/// passed on to the command.
+static STOP_SIGNALS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn note_stop_signal(sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP_SIGNALS.fetch_or(1 << sig, Ordering::SeqCst);
+}
+
+impl RecorderSignals {
+    /// Catches SIGTERM and SIGHUP. Safe before spawning strace: exec resets a caught
+    /// signal to its default, and one that arrives before the spawn is passed on after.
     fn new() -> Self {
-        // SAFETY: plain libc calls setting a signal's disposition to SIG_IGN.
+        STOP_SIGNALS.store(0, Ordering::SeqCst);
+        // SAFETY: plain libc calls setting signal dispositions; the handler installed
+        // only stores to an atomic.
         unsafe {
-            IgnoredInterrupts {
-                int: libc::signal(libc::SIGINT, libc::SIG_IGN),
-                quit: libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = note_stop_signal as extern "C" fn(libc::c_int) as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            let mut term: libc::sigaction = std::mem::zeroed();
+            let mut hup: libc::sigaction = std::mem::zeroed();
+            for (sig, old) in [(libc::SIGTERM, &mut term), (libc::SIGHUP, &mut hup)] {
+                libc::sigaction(sig, &act, old);
+                // Ignored by whoever started us (`nohup`): it stays ignored, for the
+                // command too.
+                if old.sa_sigaction == libc::SIG_IGN {
+                    libc::sigaction(sig, old, std::ptr::null_mut());
+                }
+            }
+            RecorderSignals {
+                interrupts: None,
+                term,
+                hup,
             }
         }
     }
-}
 
-impl Drop for IgnoredInterrupts {
-    fn drop(&mut self) {
-        // SAFETY: restores dispositions `signal` returned for these signals.
+    /// Ignores SIGINT and SIGQUIT: only after the spawn, as an ignored signal stays
+    /// ignored across exec and the command must keep the default.
+    fn ignore_interrupts(&mut self) {
+        // SAFETY: plain libc calls setting a signal's disposition to SIG_IGN.
         unsafe {
-            libc::signal(libc::SIGINT, self.int);
-            libc::signal(libc::SIGQUIT, self.quit);
+            self.interrupts = Some((
+                libc::signal(libc::SIGINT, libc::SIG_IGN),
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            ));
         }
     }
+}
+
+impl Drop for RecorderSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the dispositions `signal`/`sigaction` returned for these
+        // signals.
+        unsafe {
+            if let Some((int, quit)) = self.interrupts {
+                libc::signal(libc::SIGINT, int);
+                libc::signal(libc::SIGQUIT, quit);
+            }
+            libc::sigaction(libc::SIGTERM, &self.term, std::ptr::null_mut());
+            libc::sigaction(libc::SIGHUP, &self.hup, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Waits for strace to end, passing each SIGTERM/SIGHUP the recorder gets on to the
+/// command's processes. strace started with `-o FILE CMD` blocks those signals itself
+/// (and killed, it would detach and leave the command running): the command must end
+/// so that strace ends with it and the trace of what was read is kept.
+fn wait_forwarding(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let strace = child.id();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        let pending = STOP_SIGNALS.swap(0, Ordering::SeqCst);
+        for sig in [libc::SIGTERM, libc::SIGHUP] {
+            if pending & (1 << sig) != 0 {
+                for pid in traced_by(strace) {
+                    // SAFETY: kill(2) on a process strace traces (or its direct child).
+                    unsafe { libc::kill(pid, sig) };
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The processes `tracer` traces or started: the command and everything it forked
+/// (with `-f`, including those that outlived their parent), found in /proc.
+fn traced_by(tracer: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let tracer = tracer.to_string();
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        if field("TracerPid:") == Some(tracer.as_str()) || field("PPid:") == Some(tracer.as_str()) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 /// Runs `cmd` under strace in the current directory and parses what it read under
@@ -137,6 +237,7 @@ pub fn record(
         }
     };
     let inherited = inherited_files();
+    let mut signals = RecorderSignals::new();
     let mut child = Command::new("strace")
         .args(["-f", "-qq", "-ttt", "-s", "0", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
@@ -150,16 +251,17 @@ pub fn record(
             _ => RecordError::Io(e),
         })?;
     // Ctrl-C is for the command (as `system()` and `time` do): the recorder waits for it
-    // to end and keeps the trace of what it read until then. (Set after the spawn, so
-    // strace and the command keep the default.)
-    let interrupts = IgnoredInterrupts::new();
-    let status = child.wait();
-    drop(interrupts);
-    let status = status?;
+    // to end and keeps the trace of what it read until then. SIGTERM and SIGHUP (from
+    // `timeout`, a scheduler, a closed session) are passed on to stop it the same way.
+    signals.ignore_interrupts();
+    let status = wait_forwarding(&mut child);
     let text = std::fs::read(log);
     if keep_log.is_none() {
         let _ = std::fs::remove_file(log);
     }
+    // Restored only once the temporary log is gone, so that no stop signal leaves it.
+    drop(signals);
+    let status = status?;
     let text = match text {
         Ok(t) if !t.is_empty() => t,
         _ if !status.success() => {
