@@ -79,7 +79,7 @@ pub struct FsArgs {
     pub json: bool,
     /// Number of files. 8 x 128 MiB = 1 GiB: well beyond any single readahead window,
     /// small enough that the cold passes take ~5 s each at 200 MB/s.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::at_least_one::<usize>)]
     pub files: usize,
     /// Size of each file.
     #[arg(long, default_value = "128MiB")]
@@ -88,7 +88,7 @@ pub struct FsArgs {
     #[arg(long, default_value_t = 3.0)]
     pub rand_secs: f64,
     /// Threads issuing random reads. 4: two per core here, enough to keep FUSE busy.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::at_least_one::<usize>)]
     pub threads: usize,
     /// The cold store's latency and bandwidth.
     #[command(flatten)]
@@ -294,6 +294,8 @@ pub(crate) fn work_dir(
 
 pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     let size = parse_size(&args.file_size)?;
+    // Empty files measure nothing (the "IOPS" of reads that return at once at EOF).
+    anyhow::ensure!(size > 0, "--file-size must be > 0");
     let bw = args.store.bandwidth_bytes()?;
     let (work, _tmp) = work_dir(args.dir.as_deref(), "strata-bench-fs-")?;
     let data_dir = work.join("data");

@@ -51,16 +51,18 @@ pub struct KvArgs {
     #[arg(long, default_value_t = 2048)]
     pub memory_mib: u64,
     /// Block sizes in KiB (default: 64, 1024, 16384).
-    #[arg(long, value_delimiter = ',', default_values_t = [64u64, 1024, 16384])]
+    #[arg(long, value_delimiter = ',', default_values_t = [64u64, 1024, 16384],
+          value_parser = super::at_least_one::<u64>)]
     pub sizes_kib: Vec<u64>,
     /// Client counts (default: 1, 4, 16).
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16],
+          value_parser = super::at_least_one::<usize>)]
     pub clients: Vec<usize>,
     /// Transports (default: tcp, unix).
     #[arg(long, value_delimiter = ',', default_values_t = [Transport::Tcp, Transport::Unix, Transport::Shm])]
     pub transports: Vec<Transport>,
     /// Size of the messages a Get streams, in KiB (the server's `chunk_bytes`).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = super::at_least_one::<usize>)]
     pub chunk_kib: usize,
     /// Keep glibc's default allocator settings (to measure what `tune_allocator` buys).
     #[arg(long)]

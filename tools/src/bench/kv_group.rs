@@ -28,13 +28,14 @@ pub struct KvGroupArgs {
     #[arg(long)]
     pub json: bool,
     /// Block sizes in KiB.
-    #[arg(long, value_delimiter = ',', default_values_t = [64u64, 1024, 4096])]
+    #[arg(long, value_delimiter = ',', default_values_t = [64u64, 1024, 4096],
+          value_parser = super::at_least_one::<u64>)]
     pub block_kib: Vec<u64>,
     /// Seconds of Gets per block size (half local, half routed, interleaved).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
     /// Distinct blocks per size (each Get picks the next one round-robin).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::at_least_one::<usize>)]
     pub blocks: usize,
 }
 

@@ -137,6 +137,9 @@ pub fn run(mut a: ReplayArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(a.block_bytes > 0, "--block-bytes must be > 0");
     check_numbers(&a)?;
+    if let Some(png) = &a.plot {
+        check_plot_path(png)?;
+    }
     let t = trace::read_file(&a.trace).with_context(|| format!("reading {}", a.trace.display()))?;
     // A header-only trace replayed "successfully" with every figure 0.
     anyhow::ensure!(
@@ -203,6 +206,22 @@ pub fn run(mut a: ReplayArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", png.display());
     }
     Ok(())
+}
+
+/// The replay behind a plot (every policy at every capacity) can take minutes: a path
+/// the image cannot be saved to is refused before it, not after.
+fn check_plot_path(png: &std::path::Path) -> anyhow::Result<()> {
+    let cannot = || format!("--plot {} cannot be written", png.display());
+    // The formats plotters' bitmap encoder saves (it picks one by the extension).
+    let ext = png
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    anyhow::ensure!(
+        matches!(ext.as_deref(), Some("png" | "jpg" | "jpeg" | "bmp")),
+        "{}: the file name must end in .png, .jpg or .bmp",
+        cannot()
+    );
+    trace::check_writable(png).with_context(cannot)
 }
 
 fn print_table(r: &Report, jobs: usize) {
@@ -401,6 +420,36 @@ mod tests {
         let mut p: Vec<String> = ["lru", "arc", "lru"].map(String::from).to_vec();
         dedup_policies(&mut p);
         assert_eq!(p, ["lru", "arc"]);
+    }
+
+    /// An unwritable --plot is refused before the trace is even read (it failed only
+    /// after the whole replay).
+    #[test]
+    fn plot_path_is_checked_before_the_replay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("d.png")).expect("mkdir");
+        // A missing trace: the replay would fail on it first if the plot went unchecked.
+        let missing = dir.path().join("no-such-trace.csv");
+        for (png, why) in [
+            (dir.path().join("nodir/p.png"), "No such file"),
+            (dir.path().join("d.png"), "is a directory"),
+            (dir.path().join("p.txt"), ".png"),
+        ] {
+            let e = run(args(|a| {
+                a.trace = missing.clone();
+                a.plot = Some(png.clone());
+            }))
+            .expect_err("refused");
+            let msg = format!("{e:#}");
+            assert!(msg.contains("--plot") && msg.contains(why), "{msg}");
+        }
+        let e = run(args(|a| {
+            a.trace = missing.clone();
+            a.plot = Some(dir.path().join("p.png"));
+        }))
+        .expect_err("no trace");
+        assert!(format!("{e:#}").contains("no-such-trace"), "{e:#}");
+        assert!(!dir.path().join("p.png").exists());
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub struct TiersArgs {
     #[arg(long)]
     pub iters: Option<usize>,
     /// Tiers to measure (comma-separated): memory, disk, store.
-    #[arg(long, value_delimiter = ',', default_value = "memory,disk,store")]
+    #[arg(long, value_delimiter = ',', default_value = "memory,disk,store",
+          value_parser = ["memory", "disk", "store"])]
     pub tiers: Vec<String>,
     /// I/O engine of the disk tier: auto, io_uring or psync.
     #[arg(long, default_value = "auto")]
