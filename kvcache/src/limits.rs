@@ -239,12 +239,21 @@ impl InflightBudget {
         }
     }
 
-    /// An empty reservation for one Get response on `conn` (the connection's share of
-    /// the get budget applies).
-    pub fn get_reservation(&self, conn: Option<ConnInfo>, wait: Duration) -> Reservation {
+    /// An empty reservation for one Get response on `conn` by the tenant whose share
+    /// of the get budget is `tenant` (the connection's and the tenant's shares apply).
+    pub fn get_reservation(
+        &self,
+        conn: Option<ConnInfo>,
+        tenant: Option<Arc<Semaphore>>,
+        wait: Duration,
+    ) -> Reservation {
         Reservation {
             global: self.global.clone(),
-            shares: conn.map(|c| c.get_budget).into_iter().collect(),
+            shares: conn
+                .map(|c| c.get_budget)
+                .into_iter()
+                .chain(tenant)
+                .collect(),
             wait,
             what: "get",
             held: Vec::new(),
@@ -601,9 +610,9 @@ mod tests {
     async fn a_get_reservation_shrinks_to_its_block() {
         let b = InflightBudget::new(8 << 10);
         let conn = ConnInfo::new(0, 4 << 10);
-        let mut r = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        let mut r = b.get_reservation(Some(conn.clone()), None, Duration::from_millis(50));
         r.cover(4 << 10).await.expect("the estimate");
-        let mut other = b.get_reservation(Some(conn.clone()), Duration::from_millis(50));
+        let mut other = b.get_reservation(Some(conn.clone()), None, Duration::from_millis(50));
         assert!(
             other.cover(1 << 10).await.is_err(),
             "the connection's share"

@@ -214,13 +214,17 @@ pub struct Tenant {
     ledger: Mutex<Ledger>,
     /// The tenant's share of the in-flight put budget (`limits.rs`).
     inflight: Arc<Semaphore>,
+    /// The tenant's share of the get budget (`limits.rs`).
+    get_inflight: Arc<Semaphore>,
 }
 
 impl Tenant {
-    /// `inflight_bytes`: the most its puts may buffer at once, over all connections.
-    pub fn new(cfg: &TenantConfig, inflight_bytes: u64) -> Self {
+    /// `inflight_bytes`: the most its puts may buffer at once, over all connections;
+    /// `get_bytes`: the most its Get responses may hold at once.
+    pub fn new(cfg: &TenantConfig, inflight_bytes: u64, get_bytes: u64) -> Self {
         Tenant {
             inflight: crate::limits::semaphore(inflight_bytes),
+            get_inflight: crate::limits::semaphore(get_bytes),
             name: cfg.name.clone(),
             token: cfg.token.as_bytes().into(),
             patterns: cfg.namespaces.clone(),
@@ -241,6 +245,11 @@ impl Tenant {
     /// The tenant's share of the in-flight put budget.
     pub fn inflight(&self) -> Arc<Semaphore> {
         self.inflight.clone()
+    }
+
+    /// The tenant's share of the get budget.
+    pub fn get_inflight(&self) -> Arc<Semaphore> {
+        self.get_inflight.clone()
     }
 
     /// The cache namespace of the tenant's `ns`, or PERMISSION_DENIED when its patterns
@@ -322,11 +331,11 @@ pub struct Tenants {
 }
 
 impl Tenants {
-    pub fn new(cfgs: &[TenantConfig], inflight_bytes: u64) -> Self {
+    pub fn new(cfgs: &[TenantConfig], inflight_bytes: u64, get_bytes: u64) -> Self {
         Tenants {
             list: cfgs
                 .iter()
-                .map(|c| Arc::new(Tenant::new(c, inflight_bytes)))
+                .map(|c| Arc::new(Tenant::new(c, inflight_bytes, get_bytes)))
                 .collect(),
         }
     }
@@ -421,7 +430,7 @@ mod tests {
 
     #[test]
     fn tokens_find_their_tenant_and_scope_namespaces() {
-        let ts = Tenants::new(&[cfg("a", "t1"), cfg("b", "t2")], 1 << 20);
+        let ts = Tenants::new(&[cfg("a", "t1"), cfg("b", "t2")], 1 << 20, 1 << 20);
         assert_eq!(
             ts.authenticate(b"t2").map(|t| t.name().to_string()),
             Some("b".into())

@@ -189,7 +189,7 @@ pub fn keys(mut data: &[u8]) {
                 quota_bytes: 1 << 20,
             };
             let _ = tenants::check_tenants(std::slice::from_ref(&cfg));
-            let t = Tenant::new(&cfg, 1 << 20);
+            let t = Tenant::new(&cfg, 1 << 20, 1 << 20);
             match t.scope(&ns) {
                 Ok(scoped) => {
                     assert!(m);

@@ -879,3 +879,88 @@ async fn concurrent_puts_larger_than_the_budget_together_all_complete() {
     assert_eq!(server.service.stats().put_reserved_bytes, 0);
     server.stop().await;
 }
+
+/// Black-box finding (round 11): one tenant's Gets that its client never read, over
+/// many connections (each within its connection's share), held the whole get budget,
+/// and another tenant's Gets waited until they timed out. A tenant holds at most its
+/// share: the other tenant's Get is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_unread_gets_leave_the_other_tenants_gets_served() {
+    let tenant = |name: &str| strata_kvcache::TenantConfig {
+        name: name.into(),
+        token: format!("tok-{name}"),
+        namespaces: vec![NS.into()],
+        quota_bytes: 1 << 30,
+    };
+    let server = start(ServerConfig {
+        max_block: 4 << 20,
+        max_inflight_get_bytes: 16 << 20,
+        per_connection_get_bytes: 4 << 20,
+        per_tenant_get_bytes: 8 << 20,
+        idle_timeout: Duration::from_secs(3),
+        tenants: vec![tenant("a"), tenant("b")],
+        ..Default::default()
+    })
+    .await;
+    let connect = |token: &'static str| {
+        let addr = server.addr.clone();
+        async move {
+            KvClient::connect_with(
+                &addr,
+                strata_kvcache::client::ClientOptions {
+                    token: Some(token.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("connect")
+        }
+    };
+    let (mut a, mut b) = (connect("tok-a").await, connect("tok-b").await);
+    a.put(NS, b"a-block", block(4 << 20, 1)).await.expect("put");
+    b.put(NS, b"b-block", block(4 << 20, 2)).await.expect("put");
+    // Tenant b: four connections (HTTP/2's 64 KiB default windows), each with a Get of
+    // its 4 MiB block never read: 16 MiB, the whole budget, without a tenant share.
+    let mut unread = Vec::new();
+    for _ in 0..4 {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        let mut raw = KvCacheClient::new(ch).max_decoding_message_size(8 << 20);
+        unread.push(tokio::spawn(async move {
+            let mut req = tonic::Request::new(pb::GetRequest {
+                namespace: NS.into(),
+                hash: Bytes::from_static(b"b-block"),
+            });
+            req.metadata_mut()
+                .insert("authorization", "Bearer tok-b".parse().expect("header"));
+            let stream = raw.get(req).await.map(|r| r.into_inner());
+            // Held, never read, until the test ends.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(stream);
+        }));
+    }
+    wait_for(&server.service, "tenant b's unread gets", |s| {
+        s.get_reserved_bytes >= 8 << 20
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        server.service.stats().get_reserved_bytes <= 8 << 20,
+        "tenant b holds at most its share"
+    );
+    let t = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(2), a.get(NS, b"a-block"))
+        .await
+        .expect("tenant a's get is not held up by tenant b's")
+        .expect("get")
+        .expect("hit");
+    assert_eq!(got.len(), 4 << 20);
+    eprintln!("tenant a's get beside b's unread gets: {:?}", t.elapsed());
+    for h in unread {
+        h.abort();
+    }
+    server.stop().await;
+}

@@ -44,10 +44,11 @@ impl KvCache for KvService {
         // fetched (a disk-resident block is read into a copy of its own), at the size
         // this namespace's blocks have had, then trimmed to the block's: Gets waiting
         // for budget hold no block.
-        let mut held = self
-            .inner
-            .get_budget
-            .get_reservation(conn.clone(), self.inner.config.idle_timeout);
+        let mut held = self.inner.get_budget.get_reservation(
+            conn.clone(),
+            caller.tenant.as_ref().map(|t| t.get_inflight()),
+            self.inner.config.idle_timeout,
+        );
         let r = async {
             let ns = self.scope(&req.namespace, &caller, false)?;
             let key = self.key(&ns, &req.hash)?;

@@ -148,6 +148,12 @@ pub struct ServerConfig {
     /// it (at most `idle_timeout`, then RESOURCE_EXHAUSTED). Loopback Gets at tens of
     /// GB/s hand a block to HTTP/2 in milliseconds, so a healthy load holds far less.
     pub max_inflight_get_bytes: u64,
+    /// Bytes of blocks one tenant's Get responses may hold at once, over all its
+    /// connections. Default 512 MiB, half the get budget, as for puts: one tenant that
+    /// asks for blocks and never reads them leaves at least half to the others
+    /// (black-box finding: a tenant's unread Gets over 12 connections held the whole
+    /// 1 GiB, and another tenant's Gets timed out, 5 of 6).
+    pub per_tenant_get_bytes: u64,
     /// The part of the get budget one connection may hold. Default 256 MiB, a quarter:
     /// one connection that stops reading leaves at least three quarters to the others,
     /// and still has four largest blocks in flight.
@@ -219,6 +225,7 @@ impl Default for ServerConfig {
             max_inflight_put_bytes: 1 << 30,
             per_connection_put_bytes: 256 << 20,
             per_tenant_put_bytes: 512 << 20,
+            per_tenant_get_bytes: 512 << 20,
             max_inflight_get_bytes: 1 << 30,
             per_connection_get_bytes: 256 << 20,
             idle_timeout: Duration::from_secs(10),

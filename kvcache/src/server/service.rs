@@ -37,6 +37,7 @@ impl KvService {
                     let t = Tenants::new(
                         &config.tenants,
                         config.per_tenant_put_bytes.max(config.max_block),
+                        config.per_tenant_get_bytes.max(config.max_block),
                     );
                     t.count_recovered(&engine);
                     Arc::new(t)
