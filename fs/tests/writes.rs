@@ -1907,3 +1907,49 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
     .await
     .expect("bounded");
 }
+
+/// Crash finding (round 11): a start into a store outage tried the fsync'd file once,
+/// and kept it out of the store until the next restart however soon the store came
+/// back. The recovery tries again while the store does not answer.
+#[tokio::test]
+async fn an_fsync_record_is_uploaded_once_the_store_answers_again() {
+    timed(async {
+        let staging = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = staging.clone();
+        let fx = fixture(move |o, _| {
+            *seen.lock().expect("lock") = o.writes.as_ref().map(|w| w.staging_dir.clone());
+        })
+        .await;
+        let staging_dir = staging.lock().expect("lock").clone().expect("staging dir");
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "ck", 0).await.expect("create");
+        c.write(fh, 0, &data(50 << 10, 9)).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        let _crashed = fh;
+        fx.faulty.set_config(FaultConfig {
+            down: true,
+            writes_down: true,
+            ..Default::default()
+        });
+        let after = restarted(&fx, staging_dir, "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(stored(&fx, "ck").await.is_none(), "the store is down");
+        fx.faulty.set_config(FaultConfig::default());
+        let mut got = None;
+        for _ in 0..150 {
+            got = stored(&fx, "ck").await;
+            if got.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            got,
+            Some(data(50 << 10, 9)),
+            "uploaded once the store is back"
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -37,6 +37,13 @@ use strata_cache_core::CacheError;
 use super::{Staged, Writes};
 use crate::error::{Error, Result};
 
+/// A recovery upload the store did not answer is tried again after 5 s, then at
+/// doubling pauses up to a minute, for as long as the daemon runs (crash finding: a
+/// start into a store outage left the fsync'd file out of the store until the next
+/// restart, however soon the store came back).
+const RECOVERY_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(5);
+const RECOVERY_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The record beside a journaled staging file (JSON: `{"path", "only_if_absent"}`).
 #[derive(Debug)]
 pub(crate) struct JournalRecord {
@@ -213,31 +220,52 @@ impl super::FsCore {
         }
         let source = writes.source.clone();
         let core = self.clone();
-        rt.spawn(async move {
-            for j in left {
-                if j.record.source.as_deref() != Some(&*source) {
+        let mut pending: Vec<Journaled> = left
+            .into_iter()
+            .filter(|j| {
+                let ours = j.record.source.as_deref() == Some(&*source);
+                if !ours {
                     tracing::warn!(path = %j.record.path, file = %j.file.display(),
                         written_for = ?j.record.source, mounted = %source,
                         "a file fsync'd before a crash belongs to another store or prefix: kept for a mount of that one, not uploaded here");
-                    continue;
                 }
-                // Changed through this mount since it started (deleted, written anew):
-                // what the fsync kept is superseded.
-                if core.changed_since(&j.record.path, 0) {
-                    tracing::warn!(path = %j.record.path, "a file fsync'd before a crash was changed through the mount since; its fsync'd copy dropped");
-                    let _ = std::fs::remove_file(&j.file);
-                    let _ = std::fs::remove_file(&j.record_file);
-                    continue;
-                }
-                match core.upload_journaled(&j).await {
-                    Ok(()) => {
-                        tracing::info!(path = %j.record.path, "a file fsync'd before a crash uploaded");
+                ours
+            })
+            .collect();
+        rt.spawn(async move {
+            let mut pause = RECOVERY_RETRY_FIRST;
+            loop {
+                let mut again = Vec::new();
+                for j in pending {
+                    // Changed through this mount since it started (deleted, written
+                    // anew): what the fsync kept is superseded.
+                    if core.changed_since(&j.record.path, 0) {
+                        tracing::warn!(path = %j.record.path, "a file fsync'd before a crash was changed through the mount since; its fsync'd copy dropped");
                         let _ = std::fs::remove_file(&j.file);
                         let _ = std::fs::remove_file(&j.record_file);
+                        continue;
                     }
-                    Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
-                        "a file fsync'd before a crash could not be uploaded; kept for the next start"),
+                    match core.upload_journaled(&j).await {
+                        Ok(()) => {
+                            tracing::info!(path = %j.record.path, "a file fsync'd before a crash uploaded");
+                            let _ = std::fs::remove_file(&j.file);
+                            let _ = std::fs::remove_file(&j.record_file);
+                        }
+                        Err(Error::Cache(e)) if super::super::store_unreachable(&e) => {
+                            tracing::warn!(path = %j.record.path, error = %e, retry_in = ?pause,
+                                "a file fsync'd before a crash could not be uploaded yet: the store does not answer");
+                            again.push(j);
+                        }
+                        Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
+                            "a file fsync'd before a crash could not be uploaded; kept for the next start"),
+                    }
                 }
+                if again.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RECOVERY_RETRY_MAX);
+                pending = again;
             }
         });
     }
