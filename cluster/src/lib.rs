@@ -6,7 +6,8 @@
 //!   [`NodeInfo`] under a lease it keeps alive and watches the group; the current
 //!   members are a [`Membership`] snapshot in a `tokio::sync::watch`. A node that stops
 //!   renewing leaves after the lease TTL; while etcd is unreachable a node keeps the last
-//!   membership it saw and re-registers when etcd returns.
+//!   membership it saw (kept on disk too, for a start without etcd: `snapshot`) and
+//!   re-registers when etcd returns.
 //!
 //! - [`bindings`]: the KV namespaces' model-identity bindings, one per namespace for
 //!   the whole group on etcd, so a member that joins later refuses another model too.
@@ -22,6 +23,7 @@ pub mod hedge;
 pub mod membership;
 pub mod peer;
 pub mod placement;
+mod snapshot;
 #[cfg(feature = "testing")]
 pub mod testing;
 

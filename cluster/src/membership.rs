@@ -10,7 +10,9 @@
 //! (marked `connected: false`) and retries with a bounded exponential backoff; once
 //! etcd answers it registers again under a new lease and re-reads the group. A member
 //! never decides on its own that another one left: only etcd's lease expiry does, so
-//! every member sees the same sequence of memberships.
+//! every member sees the same sequence of memberships. With a snapshot file
+//! ([`Member::start_with_snapshot`]) the last membership etcd gave is also kept on
+//! disk, and a start that cannot reach etcd begins from it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -87,6 +89,9 @@ pub struct Membership {
     /// Why this node is kept out of the group, while it is: another live daemon holds
     /// its node id ([`ClusterError::IdTaken`]). Cleared once it registers.
     pub refused: Option<String>,
+    /// The etcd revision that created each member's record: of two records at one
+    /// advertise address the later one is the live daemon ([`crate::Placement`]).
+    pub created: BTreeMap<NodeId, i64>,
 }
 
 impl Membership {
@@ -205,13 +210,37 @@ pub struct Member {
 
 impl Member {
     /// Starts registering `me` in the group and following it. Returns at once; the
-    /// membership is empty (`revision` 0) until etcd first answers.
+    /// membership is empty (`revision` 0, not connected: the group is unknown) until
+    /// etcd first answers.
     pub fn start(cfg: GroupConfig, me: NodeInfo) -> Result<Member, ClusterError> {
+        Member::start_with_snapshot(cfg, me, None)
+    }
+
+    /// As [`Member::start`], keeping the last membership etcd gave in the file
+    /// `snapshot` ([`crate::snapshot`]): the membership starts from the one saved there
+    /// (not connected) rather than empty, so a daemon restarted while etcd is down
+    /// still knows its group.
+    pub fn start_with_snapshot(
+        cfg: GroupConfig,
+        me: NodeInfo,
+        snapshot: Option<std::path::PathBuf>,
+    ) -> Result<Member, ClusterError> {
         cfg.check()?;
         check_segment("node id", me.id.as_str())?;
         let record = serde_json::to_vec(&me).map_err(ClusterError::Encode)?;
-        let (tx, rx) = watch::channel(Membership::default());
+        let first = snapshot
+            .as_deref()
+            .and_then(|p| crate::snapshot::load(p, &cfg, &me));
+        if let Some(m) = &first {
+            tracing::info!(node = %me.id, members = m.nodes.len(),
+                "starting from the last membership saved; etcd's replaces it once it answers");
+        }
+        let (tx, rx) = watch::channel(first.unwrap_or_default());
         let (stop_tx, stop_rx) = oneshot::channel();
+        if let Some(path) = snapshot {
+            // Ends with the member task, which holds the sender.
+            tokio::spawn(save_changes(cfg.clone(), path, rx.clone()));
+        }
         let task = tokio::spawn(run(cfg, me.id, record, tx, stop_rx));
         Ok(Member {
             membership: rx,
@@ -241,6 +270,44 @@ impl Drop for Member {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+        }
+    }
+}
+
+/// Writes each membership etcd gave (connected) whose members differ from the last
+/// written to `path`. A failed write is logged and tried again at the next change: the
+/// file only matters at a start without etcd.
+async fn save_changes(
+    cfg: GroupConfig,
+    path: std::path::PathBuf,
+    mut rx: watch::Receiver<Membership>,
+) {
+    let mut written: Option<(BTreeMap<NodeId, NodeInfo>, BTreeMap<NodeId, i64>)> = None;
+    loop {
+        let now = {
+            let m = rx.borrow_and_update();
+            (m.connected && m.refused.is_none()).then(|| m.clone())
+        };
+        if let Some(m) = now {
+            let state = (m.nodes.clone(), m.created.clone());
+            if written.as_ref() != Some(&state) {
+                let (cfg2, path2) = (cfg.clone(), path.clone());
+                let r =
+                    tokio::task::spawn_blocking(move || crate::snapshot::save(&path2, &cfg2, &m))
+                        .await;
+                match r {
+                    Ok(Ok(())) => written = Some(state),
+                    Ok(Err(e)) => {
+                        tracing::warn!(path = %path.display(), error = %e, "saving the last membership failed")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "saving the last membership failed")
+                    }
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
         }
     }
 }
@@ -289,6 +356,7 @@ async fn read(client: &mut Client, cfg: &GroupConfig) -> Result<Membership, Clus
             continue;
         };
         if let Some(info) = parse_record(kv.key(), kv.value()) {
+            m.created.insert(id.clone(), kv.create_revision());
             m.nodes.insert(id, info);
         }
     }
@@ -414,6 +482,56 @@ async fn register(
     }
 }
 
+/// Deletes the records of other ids that name this node's advertise address: only one
+/// daemon listens there, this one, so they are its earlier runs under another node_id
+/// (black-box finding: a daemon restarted under a new id was two members until the old
+/// lease ran out, and R=2 put both copies of a fifth of the blocks on that one
+/// machine). Each is deleted only if unchanged since it was read.
+async fn retire_stale_records(
+    cfg: &GroupConfig,
+    client: &mut Client,
+    me: &NodeId,
+    record: &[u8],
+) -> Result<(), ClusterError> {
+    let Ok(mine) = serde_json::from_slice::<NodeInfo>(record) else {
+        return Ok(());
+    };
+    if mine.advertise.is_empty() {
+        return Ok(());
+    }
+    let prefix = cfg.nodes_prefix();
+    let resp = bounded(
+        cfg,
+        client.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
+    for kv in resp.kvs() {
+        let Some(id) = id_of(cfg, kv.key()) else {
+            continue;
+        };
+        if id == *me {
+            continue;
+        }
+        match serde_json::from_slice::<NodeInfo>(kv.value()) {
+            Ok(info) if info.advertise == mine.advertise => {}
+            _ => continue,
+        }
+        let key = kv.key().to_vec();
+        let unchanged = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        if bounded(cfg, client.txn(unchanged)).await?.succeeded() {
+            tracing::warn!(node = %me, stale = %id, advertise = %mine.advertise,
+                "retired the record of another node id at this node's address (an earlier run of this daemon)");
+        }
+    }
+    Ok(())
+}
+
 /// What a create-only write of a record found ([`create_or_read`]).
 pub(crate) enum Created {
     Created,
@@ -501,6 +619,11 @@ async fn session(
         return Err(e);
     }
     *registered = true;
+    if let Err(e) = retire_stale_records(cfg, &mut client, me, record).await {
+        // Placement counts one node per address anyway; the stale record goes at its
+        // lease's end.
+        tracing::warn!(node = %me, error = %e, "retiring stale records at this node's address failed");
+    }
     let (mut keeper, mut renewals) = bounded(cfg, client.lease_keep_alive(lease)).await?;
 
     let snapshot = read(&mut client, cfg).await?;
@@ -566,23 +689,25 @@ async fn session(
                     .await?;
                 }
                 tx.send_if_modified(|m| {
-                    let before = m.nodes.clone();
+                    let before = (m.nodes.clone(), m.created.clone());
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
                         let Some(id) = id_of(cfg, kv.key()) else { continue };
                         match ev.event_type() {
                             EventType::Put => {
                                 if let Some(info) = parse_record(kv.key(), kv.value()) {
+                                    m.created.insert(id.clone(), kv.create_revision());
                                     m.nodes.insert(id, info);
                                 }
                             }
                             EventType::Delete => {
                                 m.nodes.remove(&id);
+                                m.created.remove(&id);
                             }
                         }
                     }
                     m.revision = m.revision.max(revision);
-                    m.nodes != before
+                    (&m.nodes, &m.created) != (&before.0, &before.1)
                 });
             }
         }

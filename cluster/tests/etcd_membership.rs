@@ -284,8 +284,8 @@ async fn a_member_whose_lease_expired_registers_again() {
     .await;
 }
 
-/// A daemon that starts while etcd is down serves alone (empty membership, not
-/// connected) and joins once etcd comes up; a one-shot read of a down etcd fails
+/// A daemon that starts while etcd is down, with no membership saved, knows no group
+/// (empty membership, not connected) and joins once etcd comes up; a one-shot read of a down etcd fails
 /// within the call timeout instead of hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_started_before_etcd_joins_when_it_comes_up() {
@@ -404,4 +404,110 @@ fn a_lease_ttl_over_an_hour_is_refused() {
     assert!(e.to_string().contains("lease TTL"), "{e}");
     g.lease_ttl = Duration::from_secs(3600);
     g.check().expect("an hour is allowed");
+}
+
+/// Black-box finding: a daemon restarted while etcd was down came up with an empty
+/// membership and served as a group of one. A member started with a snapshot file
+/// saves each membership etcd gives it there, and a start that cannot reach etcd
+/// begins from it (not connected), until etcd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_while_etcd_is_down_keeps_the_last_membership() {
+    let mut etcd = Etcd::start();
+    let g = group(&etcd);
+    let snapshot = etcd.dir().join("a-membership.json");
+    let b = Member::start(g.clone(), node("b")).expect("start b");
+    bounded(async {
+        let a = Member::start_with_snapshot(g.clone(), node("a"), Some(snapshot.clone()))
+            .expect("start a");
+        until(
+            &mut a.membership(),
+            Duration::from_secs(10),
+            "a and b",
+            |m| m.connected && m.ids() == ids(&["a", "b"]),
+        )
+        .await;
+        // Written on the change; poll the file rather than sleep a guess.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&snapshot).is_ok_and(|s| s.contains("b.example")) {
+            assert!(Instant::now() < deadline, "the membership was not saved");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(a);
+    })
+    .await;
+    etcd.kill();
+    bounded(async {
+        let a = Member::start_with_snapshot(g.clone(), node("a"), Some(snapshot.clone()))
+            .expect("restart a");
+        let seen = a.membership().borrow().clone();
+        assert_eq!(seen.ids(), ids(&["a", "b"]), "the saved membership at once");
+        assert!(!seen.connected);
+        assert_eq!(seen.nodes[&NodeId::new("b")], node("b"));
+        // Still kept while etcd stays away.
+        tokio::time::sleep(g.call_timeout + Duration::from_millis(500)).await;
+        let seen = a.membership().borrow().clone();
+        assert_eq!(seen.ids(), ids(&["a", "b"]), "{seen:?}");
+        // Without a file (or with another group's) the group is unknown: empty.
+        let c =
+            Member::start_with_snapshot(g.clone(), node("c"), Some(etcd.dir().join("absent.json")))
+                .expect("start c");
+        assert!(c.membership().borrow().nodes.is_empty());
+        drop(c);
+        drop(a);
+    })
+    .await;
+    drop(b);
+}
+
+/// Black-box finding: a daemon restarted at once under a new node id, at the same
+/// address, was a second member until its old record's lease ran out, and R=2 put both
+/// copies of some blocks on that one machine. Registering retires a record of another
+/// id at this node's own address (and only such a record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_under_a_new_id_retires_its_old_record() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let mut g = group(&etcd);
+        // Long enough that the old record would still be there without the fix.
+        g.lease_ttl = Duration::from_secs(30);
+        let at = |id: &str, addr: &str| NodeInfo {
+            advertise: addr.into(),
+            ..node(id)
+        };
+        let other = Member::start(g.clone(), node("other")).expect("start other");
+        let old = Member::start(g.clone(), at("n1", "host1:7073")).expect("start n1");
+        until(
+            &mut old.membership(),
+            Duration::from_secs(10),
+            "n1 and other",
+            |m| m.connected && m.nodes.len() == 2,
+        )
+        .await;
+        // A crash: the record stays until its lease ends.
+        drop(old);
+        let renamed = Member::start(g.clone(), at("n1-renamed", "host1:7073")).expect("start");
+        let seen = until(
+            &mut renamed.membership(),
+            Duration::from_secs(10),
+            "the old record gone",
+            |m| m.connected && m.ids() == ids(&["n1-renamed", "other"]),
+        )
+        .await;
+        assert_eq!(
+            seen.nodes[&NodeId::new("n1-renamed")].advertise,
+            "host1:7073"
+        );
+        assert_eq!(
+            read_group(&g).await.expect("read").ids(),
+            ids(&["n1-renamed", "other"])
+        );
+        until(
+            &mut other.membership(),
+            Duration::from_secs(5),
+            "other sees it",
+            |m| m.ids() == ids(&["n1-renamed", "other"]),
+        )
+        .await;
+    })
+    .await;
 }

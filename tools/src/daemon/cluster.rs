@@ -1,7 +1,8 @@
 //! `[cluster]`: the daemon's place in the cache group (issue 16). It registers this node
 //! (id, advertise address, capacity per tier, zone) on etcd and follows the group; the
-//! membership is logged as it changes and kept for the peer data plane, which will build
-//! its placement from [`ClusterHandle::membership`].
+//! membership is logged as it changes, saved in the cache dir ([`MEMBERSHIP_FILE`], for
+//! a start while etcd is down) and kept for the peer data plane, which builds its
+//! placement from [`ClusterHandle::membership`].
 
 use std::collections::BTreeMap;
 
@@ -62,16 +63,23 @@ pub fn node_info(
     })
 }
 
-/// Starts the membership; returns at once (etcd may be down: the node keeps trying and
-/// serves as a single node meanwhile).
+/// The file in the cache dir that keeps the last membership etcd gave this node.
+pub const MEMBERSHIP_FILE: &str = "cluster-membership.json";
+
+/// Starts the membership; returns at once. etcd may be down: the node keeps trying and
+/// routes meanwhile by the last membership it saved in `cache_dir` ([`MEMBERSHIP_FILE`]),
+/// or, with none saved, keeps its Puts locally (see [`MembershipView`]).
 pub fn start(
     c: &ClusterConfig,
     cache: &CacheConfig,
     admin: Option<std::net::SocketAddr>,
+    cache_dir: &std::path::Path,
 ) -> anyhow::Result<ClusterHandle> {
     let me = node_info(c, cache, admin)?;
     let node = me.id.clone();
-    let member = Member::start(c.group_config(), me).context("starting cluster membership")?;
+    let member =
+        Member::start_with_snapshot(c.group_config(), me, Some(cache_dir.join(MEMBERSHIP_FILE)))
+            .context("starting cluster membership")?;
     let bindings = std::sync::Arc::new(
         strata_cluster::SharedBindings::new(c.group_config())
             .context("the group's KV namespace bindings")?,
@@ -116,6 +124,8 @@ pub struct MembershipView {
     /// The placement of the last membership revision seen (rebuilt when it changes, so
     /// a lookup costs the owners' scores only).
     cache: std::sync::Mutex<Option<Placed>>,
+    /// Whether the "no membership known" warning was logged since the last membership.
+    warned_unknown: std::sync::atomic::AtomicBool,
 }
 
 struct Placed {
@@ -140,6 +150,7 @@ impl MembershipView {
             rx,
             bindings,
             cache: std::sync::Mutex::new(None),
+            warned_unknown: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -207,7 +218,32 @@ impl strata_kvcache::group::GroupView for MembershipView {
 
     fn routes(&self, keys: &[Vec<u8>]) -> Option<strata_kvcache::group::Routes> {
         let m = self.rx.borrow();
-        // No other member (alone, or etcd never reached): the single node of today.
+        if m.nodes.is_empty() && !m.connected {
+            // etcd never answered and no membership was saved: the group is unknown,
+            // not a group of one. Routes with no candidate make each Put kept on this
+            // node and counted so (`puts_kept_locally`), where serving as a single node
+            // acknowledged them as normal puts that no other member would ever ask
+            // this node for (black-box finding).
+            if !self
+                .warned_unknown
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(node = %self.me,
+                    "no group membership known yet (etcd unreachable, none saved): KV puts are kept on this node only until etcd answers");
+            }
+            return Some(strata_kvcache::group::Routes {
+                nodes: vec![strata_kvcache::group::PeerNode {
+                    id: self.me_str.clone(),
+                    addr: std::sync::Arc::from(""),
+                    local: true,
+                }],
+                candidates: vec![Vec::new(); keys.len()],
+                replication: self.replication,
+            });
+        }
+        self.warned_unknown
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        // No other member: a group of one, the single node of today.
         if m.nodes.keys().all(|id| *id == self.me) {
             return None;
         }
@@ -240,5 +276,54 @@ impl strata_kvcache::group::GroupView for MembershipView {
             candidates,
             replication: self.replication,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_kvcache::group::GroupView;
+
+    fn view(m: Membership) -> MembershipView {
+        let cfg = strata_cluster::GroupConfig::new(vec!["http://127.0.0.1:1".into()], "g");
+        let bindings =
+            std::sync::Arc::new(strata_cluster::SharedBindings::new(cfg).expect("bindings"));
+        let (_tx, rx) = watch::channel(m);
+        MembershipView::new(NodeId::new("me"), 2, rx, bindings)
+    }
+
+    fn info(id: &str) -> NodeInfo {
+        NodeInfo {
+            id: NodeId::new(id),
+            advertise: format!("{id}:7073"),
+            capacity: BTreeMap::from([("memory".to_string(), 1u64 << 30)]),
+            zone: String::new(),
+            admin: String::new(),
+        }
+    }
+
+    /// Black-box finding: a daemon that never reached etcd (and had no membership
+    /// saved) served as a group of one, acknowledging Puts as normal ones that no other
+    /// member would ask it for. Its routes now have no candidate, so each Put is kept
+    /// locally and counted so; a known group of one still serves as a single node.
+    #[test]
+    fn an_unknown_membership_is_not_a_group_of_one() {
+        let unknown = view(Membership::default());
+        let r = unknown
+            .routes(&[b"k1".to_vec(), b"k2".to_vec()])
+            .expect("routes");
+        assert_eq!(r.candidates, vec![Vec::<usize>::new(), Vec::new()]);
+        assert_eq!(r.nodes.len(), 1);
+        assert!(r.nodes[0].local);
+
+        let mut alone = Membership {
+            connected: true,
+            ..Membership::default()
+        };
+        alone.nodes.insert(NodeId::new("me"), info("me"));
+        assert!(view(alone.clone()).routes(&[b"k".to_vec()]).is_none());
+        // The same membership kept while etcd is away: still a group of one.
+        alone.connected = false;
+        assert!(view(alone).routes(&[b"k".to_vec()]).is_none());
     }
 }

@@ -117,7 +117,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     let cluster = match &cfg.cluster {
         Some(c) => {
             let token = c.token()?;
-            let h = cluster::start(c, &cfg.cache, admin_addr)?;
+            let h = cluster::start(c, &cfg.cache, admin_addr, &core.cache_dir)?;
             announce!("cluster {} {}", c.group, h.node);
             // In a group the KV service routes by key to the owners
             // (`strata_kvcache::group`).
@@ -429,6 +429,56 @@ mod tests {
             .expect("stops within 10 s")
             .expect("joins")
             .expect("ran without error");
+    }
+
+    /// Black-box finding: a daemon started against an etcd it cannot reach, with no
+    /// membership saved, answered `members: []` and acknowledged KV Puts as a group of
+    /// one. They are now kept on this node and counted so (`puts_kept_locally`), and
+    /// read back through it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_daemon_that_never_reached_etcd_counts_its_puts_as_kept_locally() {
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port");
+        let test = async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let stop = CancellationToken::new();
+            let mut cfg = StrataConfig::default();
+            cfg.cache.disk = "0".into();
+            cfg.cache.memory = "16MiB".into();
+            cfg.cluster = Some(crate::config::ClusterConfig {
+                etcd_endpoints: vec![format!("http://{dead}")],
+                group: "g".into(),
+                node_id: Some("a".into()),
+                advertise: "127.0.0.1:7001".into(),
+                zone: String::new(),
+                replication: 2,
+                lease_ttl_secs: 2,
+                prefix: "strata".into(),
+                listen: Some("127.0.0.1:0".into()),
+                token_file: None,
+                hedge_min_ms: 2,
+                keep_remote_after: 0,
+            });
+            let (daemon, admin) = start(cfg, dir.path(), &stop).await;
+            let mut kv = kv_client(dir.path()).await;
+            for i in 0..3u8 {
+                kv.put("ns", &[i; 16], bytes::Bytes::from(vec![i; 4096]))
+                    .await
+                    .expect("put kept locally");
+            }
+            assert_eq!(
+                kv.get("ns", &[1; 16]).await.expect("get").as_deref(),
+                Some(&[1u8; 4096][..])
+            );
+            let stats = fetch_stats(&admin).await.expect("stats");
+            let group = stats.kv.and_then(|k| k.group).expect("group stats");
+            assert_eq!(group.puts_kept_locally, 3);
+            stopped(stop, daemon).await;
+        };
+        tokio::time::timeout(Duration::from_secs(60), test)
+            .await
+            .expect("test took more than 60 s");
     }
 
     /// `[cluster]` (issue 16): two daemons on a real etcd register with their tier
