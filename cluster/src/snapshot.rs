@@ -31,6 +31,11 @@ struct Saved {
 /// have changed since) and no other record at `me`'s address (this node under an id it
 /// had before). None when there is no file, or it is unreadable or another group's.
 pub(crate) fn load(path: &Path, cfg: &GroupConfig, me: &NodeInfo) -> Option<Membership> {
+    // Not a regular file (a fifo would block the start): unreadable.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        tracing::warn!(path = %path.display(), "the last membership is not a regular file; ignored");
+        return None;
+    }
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,

@@ -65,7 +65,7 @@ impl ListingLog {
             std::fs::create_dir_all(dir)?;
         }
         let mut latest = Logged::default();
-        if let Ok(f) = std::fs::File::open(path) {
+        if let Ok(f) = strata_cache_core::state_file::open_regular(path) {
             let mut lines = std::io::BufReader::new(f).lines().peekable();
             let first = lines.peek().and_then(|l| l.as_ref().ok()).cloned();
             let logged_for = first

@@ -152,7 +152,7 @@ impl Writes {
             };
             let file = dir.join(format!("{stem}.part"));
             let record_file = entry.path();
-            let record = std::fs::read(&record_file)
+            let record = strata_cache_core::state_file::read_regular(&record_file)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .and_then(|v| {

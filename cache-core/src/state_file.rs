@@ -1,0 +1,61 @@
+//! Reading the daemon's small state files (namespace bindings, listing logs, fsync
+//! records, the saved membership) without blocking on what is not a regular file.
+//!
+//! A fifo (or a device) in place of one made a plain `open` wait for a writer that
+//! never came: the start hung with nothing logged (crash finding). Opened with
+//! `O_NONBLOCK` (no effect on a regular file's reads) and checked, such an entry is an
+//! error naming it, which each caller handles as an unreadable file.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// `path` opened for reading if it is a regular file (following symlinks); an
+/// `InvalidData` error naming it if it is anything else.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(f)
+}
+
+/// The bytes of regular file `path` (see [`open_regular`]).
+pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_regular(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// The text of regular file `path` (see [`open_regular`]).
+pub fn read_regular_to_string(path: &Path) -> io::Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_or_a_folder_is_an_error_at_once_a_file_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("state.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `c` is a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_regular(&fifo).expect_err("a fifo");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(read_regular(dir.path()).is_err(), "a folder");
+        let file = dir.path().join("ok.json");
+        std::fs::write(&file, b"{}").expect("write");
+        assert_eq!(read_regular_to_string(&file).expect("read"), "{}");
+    }
+}
