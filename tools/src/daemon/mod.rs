@@ -250,6 +250,18 @@ async fn check_store(
             } else {
                 prefix
             };
+            // With no credentials configured the S3 client asks the instance metadata
+            // service for some, and its refusal read as the store's (black-box finding:
+            // "refused to list its root ... PUT http://169.254.169.254/... 403", the
+            // store never asked).
+            if url.starts_with("s3://") && why.contains("169.254.169.254") {
+                anyhow::bail!(
+                    "no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY (or --access-key-id and \
+                     --secret-access-key-file); the instance metadata service gave none \
+                     ({why})"
+                )
+            }
             anyhow::bail!("the store {url} refused to list {folder}: {why}")
         }
         Probe::Unanswered(why) => {

@@ -79,8 +79,9 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
     if free < OPEN_ROOM {
         return Err(CacheError::Full(format!(
             "the filesystem of {} has {} KiB free and the disk cache index needs {} KiB to \
-             open; deleting {deleted} cached blocks did not free enough: free space there \
-             or start with the disk tier off (--disk 0)",
+             open; deleting {deleted} cached blocks did not free enough: free space there, \
+             or start without the disk tier (`strata serve --disk 0`, `strata mount \
+             --disk-cache 0`, read-only mounts only; a writable mount stages files there)",
             dir.display(),
             free >> 10,
             OPEN_ROOM >> 10
