@@ -758,10 +758,24 @@ pub async fn serve_side_socket(
     }
 }
 
+/// What a newcomer is sent, with no descriptor, when every session holds leases, so
+/// its client can say why (black-box finding: it reported "bad hello ... 0 bytes, 0
+/// descriptors"). Shorter than a hello, so a client reads it whole.
+pub const REFUSED_SESSIONS_FULL: &[u8] = b"strata-shm refused: sessions full";
+
 async fn session(mut stream: UnixStream, arena: &ShmArena) -> std::io::Result<()> {
-    let (id, ended) = arena
-        .open_session_ended()
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let (id, ended) = match arena.open_session_ended() {
+        Ok(opened) => opened,
+        Err(e) => {
+            use tokio::io::AsyncWriteExt;
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                stream.write_all(REFUSED_SESSIONS_FULL),
+            )
+            .await;
+            return Err(std::io::Error::other(e.to_string()));
+        }
+    };
     // Released whatever happens below.
     struct Close<'a>(&'a ShmArena, SessionId);
     impl Drop for Close<'_> {
@@ -1027,6 +1041,33 @@ mod tests {
         assert_eq!(a.stats().leased_bytes, 8192);
         a.release(s, kept.id);
         assert_eq!(a.stats().leased_bytes, 0);
+    }
+
+    /// Black-box finding (round 11): with every session holding a lease, a newcomer's
+    /// client reported "bad hello ... 0 bytes, 0 descriptors". It is told why.
+    #[tokio::test]
+    async fn a_newcomer_refused_for_want_of_sessions_is_told_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kv-shm.sock");
+        let a = Arc::new(ShmArena::new(1 << 20).expect("arena"));
+        for i in 0..MAX_SESSIONS {
+            let s = a.open_session().expect("session");
+            assert!(a
+                .lease(s, &key((i % 200) as u8), &block(16, 1), Some(0))
+                .is_some());
+        }
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve_side_socket(listener, a.clone(), async {
+            let _ = stopped.await;
+        }));
+        let e = crate::shm_client::ShmClient::connect(&path)
+            .await
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("hold leases"), "{e}");
+        let _ = stop.send(());
+        served.await.expect("joins");
     }
 
     #[test]

@@ -84,6 +84,16 @@ impl ShmClient {
                     let device = (fds.len() > 1).then(|| fds.remove(1));
                     break (fds.remove(0), device, n);
                 }
+                Ok((n, _)) if hello[..n].starts_with(crate::shm::REFUSED_SESSIONS_FULL) => {
+                    return Err(cfg(
+                        "hello",
+                        format!(
+                            "the daemon refused a shared-memory session: all {} hold leases; \
+                             use the socket",
+                            crate::shm::MAX_SESSIONS
+                        ),
+                    ))
+                }
                 Ok((n, _)) => return Err(cfg("hello", format!("{n} bytes, no arena descriptor"))),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(cfg("hello", e)),

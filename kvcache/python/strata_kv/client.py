@@ -73,6 +73,8 @@ DEVICE_IPC_METADATA = "strata-device-ipc"
 #: The side socket's hello: session (16), arena size (8), device memory size (8), then
 #: the device memory's id (16) when it is not 0.
 _HELLO, _HELLO_DEVICE = 32, 48
+#: What the daemon sends instead of a hello when every session holds leases.
+_REFUSED_SESSIONS_FULL = b"strata-shm refused: sessions full"
 
 
 class _ShmArena:
@@ -90,6 +92,11 @@ class _ShmArena:
             self._sock.connect(path)
             msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
             self._sock.settimeout(None)
+            if not fds and msg.startswith(_REFUSED_SESSIONS_FULL):
+                raise ConnectionRefusedError(
+                    f"{path}: the daemon refused a shared-memory session: all its sessions "
+                    "hold leases; use the socket"
+                )
             if len(msg) < _HELLO or not fds:
                 raise ConnectionError(f"bad hello from {path}: {len(msg)} bytes, {len(fds)} descriptors")
             try:
