@@ -255,6 +255,11 @@ class KvClient:
                 shm = os.path.join(os.path.dirname(kv_sock), "kv-shm.sock")
             try:
                 self._arena = _ShmArena(shm, timeout)
+            except ConnectionRefusedError as e:
+                # The daemon is there but has no session to spare (every one holds
+                # leases): Gets come as bytes, as after a session ended.
+                warnings.warn(f"strata_kv: {e}; blocks come as bytes")
+                self._arena = None
             except BaseException:
                 self._channel.close()
                 raise
