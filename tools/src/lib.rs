@@ -8,6 +8,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod signals;
 
 /// Logs to stderr at `RUST_LOG`'s filter, or `default` (e.g. `"info"`) when unset; a
 /// second call (tests, a bench inside a process that already logs) is a no-op. Lines

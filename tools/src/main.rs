@@ -17,6 +17,9 @@ fn main() -> std::process::ExitCode {
         }
     }
     let r = strata_tools::cli::run(cli);
+    // A signal's exit, once begun, is the process's end (it releases the command's own
+    // FUSE mounts first): an error this run met meanwhile must not exit before it.
+    strata_tools::signals::settle();
     if let Err(e) = &r {
         // As `fn main() -> anyhow::Result` prints it: the message and its causes.
         eprintln!("Error: {e:?}");

@@ -409,3 +409,118 @@ fn opens_that_ask_for_a_terminal_leave_the_log_alone() {
     );
     assert!(grown < 512, "the log grew {grown} bytes");
 }
+
+/// Black-box finding: a cache dir inside the store or inside the mountpoint was
+/// refused, but only after it was created and initialised (blocks/, daemon.lock,
+/// mount.log...), so the store then showed a `cache/` folder to every mount of it.
+/// The refusal now comes first: nothing is made.
+#[test]
+fn a_cache_dir_refused_inside_the_store_or_the_mountpoint_is_not_created() {
+    let l = Layout::new(&[("x", b"hi")]);
+    for cache in [l.src.join("cache"), l.mnt.join("cache")] {
+        for extra in [None, Some("--foreground")] {
+            let mut args = vec![
+                l.url.as_ref(),
+                l.mnt.as_os_str(),
+                "--cache-dir".as_ref(),
+                cache.as_os_str(),
+            ];
+            args.extend(extra.map(std::ffi::OsStr::new));
+            let out = mount(&args);
+            let said = text(&out);
+            let made = cache.exists();
+            if mounts_at(&l.mnt) > 0 {
+                unmount(&l.mnt);
+            }
+            assert!(!out.status.success(), "{said}");
+            assert!(said.contains("is inside the"), "{said}");
+            assert!(!made, "{} was created: {said}", cache.display());
+        }
+    }
+}
+
+/// The pids of processes whose command line names `path`.
+fn processes_naming(path: &Path) -> Vec<i32> {
+    let want = path.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&want))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Black-box finding: Ctrl-C on `strata mount` while its start waited on a store that
+/// does not answer was ignored (the daemon runs in its own session, out of the
+/// terminal's reach; a script's background job even ignores SIGINT), and 10 s later
+/// the command said "mounted" and exited 0. Now the signal cancels the start: the
+/// daemon is stopped, nothing is mounted, the command exits 130.
+#[test]
+fn ctrl_c_while_the_daemon_starts_cancels_the_mount() {
+    use std::os::unix::process::CommandExt;
+    let l = Layout::new(&[]);
+    // Takes connections and never answers: the start waits 10 s for the first listing.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let mut cmd = Command::new(strata());
+    cmd.args(["mount", "s3://bkt/x"])
+        .arg(&l.mnt)
+        .args(["--endpoint", &format!("http://127.0.0.1:{port}")])
+        .args(["--allow-http", "--cache-dir"])
+        .arg(&l.cache)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec. SIGINT ignored, as a
+    // script's background job inherits it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("start strata mount");
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = started.elapsed();
+    let out = child.wait_with_output().expect("output");
+    let said = text(&out);
+    let mounted = mounts_at(&l.mnt);
+    let daemons = processes_naming(&l.mnt);
+    if mounted > 0 {
+        unmount(&l.mnt);
+    }
+    for pid in &daemons {
+        // SAFETY: the daemon this test's command started.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    drop(silent);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(128 + libc::SIGINT),
+        "{said}"
+    );
+    assert!(took < Duration::from_secs(6), "took {took:?}: {said}");
+    assert_eq!(mounted, 0, "nothing is mounted: {said}");
+    assert!(daemons.is_empty(), "the daemon is gone: {daemons:?}");
+    assert!(!said.contains("mounted s3://"), "{said}");
+}

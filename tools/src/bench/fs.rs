@@ -231,14 +231,20 @@ pub(super) fn faulty_store(root: &Path, cfg: FaultConfig) -> anyhow::Result<Back
     Ok(BackingStore::new(faulty, "faulty", RetryPolicy::default()))
 }
 
+/// A mountpoint for one of the bench's own mounts (released at a stop signal).
 fn mountpoint(work: &Path, name: &str) -> anyhow::Result<PathBuf> {
     let p = work.join(name);
     std::fs::create_dir_all(&p)?;
+    crate::signals::own_mount(&p);
     Ok(p)
 }
 
 pub fn run(args: FsArgs) -> anyhow::Result<()> {
     crate::init_logging("warn");
+    // The bench serves its mounts itself: a signal's default exit wedged it on them
+    // (black-box finding); nothing here needs an orderly stop, so at once.
+    crate::signals::catch().context("catching stop signals")?;
+    crate::signals::exit_on_signal(Duration::ZERO).context("watching stop signals")?;
     let report = bench(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -298,6 +304,9 @@ pub fn bench(args: &FsArgs) -> anyhow::Result<FsReport> {
     anyhow::ensure!(size > 0, "--file-size must be > 0");
     let bw = args.store.bandwidth_bytes()?;
     let (work, _tmp) = work_dir(args.dir.as_deref(), "strata-bench-fs-")?;
+    if _tmp.is_some() {
+        crate::signals::remove_on_signal(&work);
+    }
     let data_dir = work.join("data");
     std::fs::create_dir_all(&data_dir)?;
     let names: Vec<String> = (0..args.files)

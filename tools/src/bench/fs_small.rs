@@ -356,6 +356,7 @@ fn pass(
     let store = faulty_store(&work.join("data"), cold.clone())?;
     let mnt = work.join(format!("mnt-{tag}"));
     std::fs::create_dir_all(&mnt)?;
+    crate::signals::own_mount(&mnt);
     let reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?;
     let mut copts = strata_fs::CoreOptions {
         job_scope: scope.into(),
@@ -450,6 +451,9 @@ fn stats(mut lat: Vec<Duration>) -> (f64, f64) {
 pub fn bench(args: &FsSmallArgs) -> anyhow::Result<FsSmallReport> {
     let bw = args.store.bandwidth_bytes()?;
     let (work, _tmp) = super::fs::work_dir(args.dir.as_deref(), "strata-bench-fs-small-")?;
+    if _tmp.is_some() {
+        crate::signals::remove_on_signal(&work);
+    }
     let data = work.join("data");
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let (names, total) = make_dataset(&data, args, &mut rng)?;
@@ -549,6 +553,9 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         return worker_process(list);
     }
     crate::init_logging("warn");
+    // As `bench fs`: its own mount must be released before a signal's exit.
+    crate::signals::catch().context("catching stop signals")?;
+    crate::signals::exit_on_signal(Duration::ZERO).context("watching stop signals")?;
     let r = bench(&args)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -45,7 +45,16 @@ pub struct DemoArgs {
     pub json: bool,
 }
 
+/// How long a stop signal waits for the demo's orderly stop (the workload leaves the
+/// mount, the daemon unmounts) before the mount is released by force.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    // The demo serves its own mount: a signal's default exit wedged it on that mount,
+    // and an inherited ignored SIGINT let it run on (black-box findings). Caught, a
+    // signal stops it in order; `exit_on_signal` is the backstop.
+    crate::signals::catch().context("catching stop signals")?;
+    crate::signals::exit_on_signal(STOP_GRACE).context("watching stop signals")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -90,6 +99,12 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<Option<String>> {
         .clone()
         .unwrap_or_else(|| temp.path().join("dataset"));
     let files = generate_dataset(&data_dir, args.files)?;
+    if let Some(sig) = crate::signals::received() {
+        return Err(crate::signals::interrupted(
+            sig,
+            "before the daemon started",
+        ));
+    }
     progress!(
         args.json,
         "sample dataset: {} files in {}",
@@ -127,9 +142,23 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<Option<String>> {
         // The demo is one node.
         cluster: None,
     };
+    crate::signals::own_mount(&mountpoint);
     let stop = CancellationToken::new();
     let daemon = tokio::spawn(crate::daemon::run(cfg, stop.clone()));
-    let result = workload(&mountpoint, &socket, &admin, args.json).await;
+    let cancel = CancellationToken::new();
+    let work = workload(&mountpoint, &socket, &admin, args.json, &cancel);
+    tokio::pin!(work);
+    let result = tokio::select! {
+        r = &mut work => r,
+        sig = crate::signals::recv() => {
+            progress!(args.json, "{}: stopping the workload, then the daemon", signal_word(sig));
+            cancel.cancel();
+            // Run to its end: the readers on the mount close their files at their next
+            // one, while the mount still serves them, before the daemon unmounts.
+            let _ = work.await;
+            Err(crate::signals::interrupted(sig, "the workload stopped and the mount is gone"))
+        }
+    };
     stop.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(30), daemon).await;
     let json = result?;
@@ -141,14 +170,32 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<Option<String>> {
     }
 }
 
+fn signal_word(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "interrupted",
+        libc::SIGHUP => "hung up",
+        _ => "terminated",
+    }
+}
+
+/// An error once `cancel` was cancelled (a stop signal): the workload's steps check
+/// it, so that it ends soon, in order.
+fn check(cancel: &CancellationToken) -> anyhow::Result<()> {
+    if cancel.is_cancelled() {
+        bail!("the workload was stopped");
+    }
+    Ok(())
+}
+
 async fn workload(
     mountpoint: &Path,
     socket: &Path,
     admin: &str,
     json: bool,
+    cancel: &CancellationToken,
 ) -> anyhow::Result<Option<String>> {
-    wait_for(|| mountpoint.join("train").is_dir(), "the mount").await?;
-    wait_for(|| socket.exists(), "the KV socket").await?;
+    wait_for(|| mountpoint.join("train").is_dir(), "the mount", cancel).await?;
+    wait_for(|| socket.exists(), "the KV socket", cancel).await?;
     progress!(
         json,
         "daemon up: mount at {}, KV service on {}, admin on {admin}",
@@ -159,7 +206,9 @@ async fn workload(
     // Door 1: a training job reads the dataset through the mount, twice.
     for epoch in 1..=2 {
         let root = mountpoint.to_path_buf();
-        let (n, bytes, secs) = tokio::task::spawn_blocking(move || read_tree(&root)).await??;
+        let stopped = cancel.clone();
+        let (n, bytes, secs) =
+            tokio::task::spawn_blocking(move || read_tree(&root, &stopped)).await??;
         progress!(
             json,
             "mount epoch {epoch}: {n} files, {:.1} MiB in {secs:.3} s ({:.0} MiB/s)",
@@ -177,6 +226,7 @@ async fn workload(
     let mut reused = 0usize;
     let mut total = 0usize;
     for request in 0..8u32 {
+        check(cancel)?;
         let mut tokens = system_prompt.clone();
         tokens.extend((0..4 * block_tokens as u32).map(|t| 100_000 + request * 10_000 + t));
         let chain = chain_hashes_v1(&tokens, block_tokens, b"", false);
@@ -199,6 +249,7 @@ async fn workload(
     }
     progress!(json, "kv: 8 requests, {reused} of {total} prefix blocks reused from the cache instead of recomputed");
 
+    check(cancel)?;
     let stats = fetch_stats(&format!("http://{admin}")).await?;
     if json {
         return Ok(Some(serde_json::to_string_pretty(&stats)?));
@@ -213,8 +264,8 @@ fn block_payload(hash: &[u8], index: usize, len: usize) -> Bytes {
     pseudo_random(len, seed)
 }
 
-/// Reads every file under `root`; returns (files, bytes, seconds).
-fn read_tree(root: &Path) -> anyhow::Result<(usize, u64, f64)> {
+/// Reads every file under `root`, until `cancel`; returns (files, bytes, seconds).
+fn read_tree(root: &Path, cancel: &CancellationToken) -> anyhow::Result<(usize, u64, f64)> {
     let t = Instant::now();
     let (mut n, mut bytes) = (0usize, 0u64);
     let mut stack = vec![root.to_path_buf()];
@@ -222,6 +273,7 @@ fn read_tree(root: &Path) -> anyhow::Result<(usize, u64, f64)> {
         for entry in
             std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
         {
+            check(cancel)?;
             let path = entry?.path();
             if path.is_dir() {
                 stack.push(path);
@@ -236,9 +288,14 @@ fn read_tree(root: &Path) -> anyhow::Result<(usize, u64, f64)> {
     Ok((n, bytes, t.elapsed().as_secs_f64()))
 }
 
-async fn wait_for(ready: impl Fn() -> bool, what: &str) -> anyhow::Result<()> {
+async fn wait_for(
+    ready: impl Fn() -> bool,
+    what: &str,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ready() {
+        check(cancel)?;
         if Instant::now() > deadline {
             bail!("{what} did not come up within 30 s (FUSE needs root and /dev/fuse)");
         }
@@ -257,6 +314,10 @@ fn free_port() -> anyhow::Result<u16> {
 fn generate_dataset(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for i in 0..n {
+        // A large dataset takes a while to write: a stop signal ends it.
+        if crate::signals::received().is_some() {
+            break;
+        }
         let class = format!("n{:08}", 1_440_764 + (i % 10));
         let p = dir
             .join("train")

@@ -64,6 +64,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             );
         }
     }
+    // Before the cache dir is made (black-box finding: a cache dir refused as inside
+    // the store was created and initialised first, and stayed there).
+    mount::refuse_self_references(&cfg)?;
     let kv_plan = kv::plan(&cfg.kv)?;
     let admin_plan = admin::plan(&cfg.admin, kv_plan.is_some() && !cfg.kv.tenants.is_empty())?;
     let store = match cfg.store.url.as_deref() {
@@ -72,7 +75,15 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     };
     if let Some((url, store)) = &store {
         for m in &cfg.mounts {
-            check_store(url, store, &m.prefix).await?;
+            // A stop while the store is silent (up to 10 s) cancels the start
+            // (black-box finding: Ctrl-C on `strata mount` mounted 10 s later anyway).
+            tokio::select! {
+                r = check_store(url, store, &m.prefix) => r?,
+                _ = stop.cancelled() => {
+                    tracing::info!("stopped before mounting");
+                    return Ok(());
+                }
+            }
         }
     }
     let core = open_core_for(&cfg.cache, !cfg.mounts.is_empty())?;
@@ -175,6 +186,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             cfg.store.endpoint.as_deref(),
         );
         for m in &cfg.mounts {
+            if stop.is_cancelled() {
+                break; // stopped while starting: mount nothing more
+            }
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
             let h = mount::mount(m, &core, store, url, cfg.store.endpoint.as_deref(), peers)?;

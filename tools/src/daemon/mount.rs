@@ -172,7 +172,7 @@ pub fn mount(
     endpoint: Option<&str>,
     peers: Option<std::sync::Arc<dyn strata_cache_core::PeerSource>>,
 ) -> anyhow::Result<MountHandle> {
-    refuse_self_reference(m, core, url)?;
+    refuse_self_reference(m, Some(&core.cache_dir), url)?;
     let opts = mount_options(m, core, url)?;
     // Read-only mounts too: a crash of a writable run at this mount point is cleaned
     // by whichever mount comes next (a refusal of the store is only logged).
@@ -198,24 +198,30 @@ pub fn mount(
 /// the mountpoint or inside a local store, or a mountpoint inside the cache dir (the
 /// first write staged its file into its own mount and hung, unkillable: black-box
 /// finding).
-fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Result<()> {
+fn refuse_self_reference(
+    m: &MountConfig,
+    cache_dir: Option<&Path>,
+    url: &str,
+) -> anyhow::Result<()> {
     let mp = resolved(&m.mountpoint);
-    let cache = resolved(&core.cache_dir);
-    if cache.starts_with(&mp) {
-        anyhow::bail!(
-            "the cache dir {} is inside the mountpoint {}: the daemon would cache into \
-             its own mount",
-            core.cache_dir.display(),
-            m.mountpoint.display()
-        );
-    }
-    if mp.starts_with(&cache) {
-        anyhow::bail!(
-            "the mountpoint {} is inside the cache dir {}: the daemon would stage writes \
-             into its own mount (mount it outside the cache dir)",
-            m.mountpoint.display(),
-            core.cache_dir.display()
-        );
+    let cache = cache_dir.map(|d| (d, resolved(d)));
+    if let Some((dir, cache)) = &cache {
+        if cache.starts_with(&mp) {
+            anyhow::bail!(
+                "the cache dir {} is inside the mountpoint {}: the daemon would cache into \
+                 its own mount",
+                dir.display(),
+                m.mountpoint.display()
+            );
+        }
+        if mp.starts_with(cache) {
+            anyhow::bail!(
+                "the mountpoint {} is inside the cache dir {}: the daemon would stage writes \
+                 into its own mount (mount it outside the cache dir)",
+                m.mountpoint.display(),
+                dir.display()
+            );
+        }
     }
     let Some(root) = url.strip_prefix("file://") else {
         return Ok(());
@@ -230,12 +236,27 @@ fn refuse_self_reference(m: &MountConfig, core: &Core, url: &str) -> anyhow::Res
             m.mountpoint.display()
         );
     }
-    if cache.starts_with(&root) {
-        anyhow::bail!(
-            "the cache dir {} is inside the store {url}: the mount would show (and let \
-             jobs delete) the daemon's own cache files",
-            core.cache_dir.display()
-        );
+    if let Some((dir, cache)) = &cache {
+        if cache.starts_with(&root) {
+            anyhow::bail!(
+                "the cache dir {} is inside the store {url}: the mount would show (and let \
+                 jobs delete) the daemon's own cache files",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// [`refuse_self_reference`] for every mount of `cfg`, with its configured cache dir
+/// (a temp one is checked when made): run before the cache dir is created, so a
+/// refused start leaves nothing in the store or the mountpoint.
+pub fn refuse_self_references(cfg: &crate::config::StrataConfig) -> anyhow::Result<()> {
+    let Some(url) = cfg.store.url.as_deref() else {
+        return Ok(());
+    };
+    for m in &cfg.mounts {
+        refuse_self_reference(m, cfg.cache.dir.as_deref(), url)?;
     }
     Ok(())
 }
@@ -470,22 +491,26 @@ mod tests {
         };
         let url = |p: &str| format!("file://{}", dir.path().join(p).display());
         for (store, mp) in [("data", "data"), ("data", "data/mnt"), ("data/mnt", "data")] {
-            let e = refuse_self_reference(&at(mp), &core, &url(store)).expect_err("overlap");
+            let e = refuse_self_reference(&at(mp), Some(&core.cache_dir), &url(store))
+                .expect_err("overlap");
             assert!(e.to_string().contains("overlap"), "{e}");
         }
-        refuse_self_reference(&at("other"), &core, &url("data")).expect("apart");
-        refuse_self_reference(&at("other"), &core, "s3://bucket").expect("not local");
+        refuse_self_reference(&at("other"), Some(&core.cache_dir), &url("data")).expect("apart");
+        refuse_self_reference(&at("other"), Some(&core.cache_dir), "s3://bucket")
+            .expect("not local");
         // The cache dir (dir/cache) under the mountpoint (dir).
-        let e = refuse_self_reference(&at(""), &core, "s3://bucket").expect_err("cache inside");
+        let e = refuse_self_reference(&at(""), Some(&core.cache_dir), "s3://bucket")
+            .expect_err("cache inside");
         assert!(e.to_string().contains("cache dir"), "{e}");
         // A mountpoint inside the cache dir, made or not yet made.
         for mp in ["cache/staging", "cache/new/m"] {
-            let e = refuse_self_reference(&at(mp), &core, "s3://bucket").expect_err(mp);
+            let e =
+                refuse_self_reference(&at(mp), Some(&core.cache_dir), "s3://bucket").expect_err(mp);
             assert!(e.to_string().contains("inside the cache dir"), "{e}");
         }
         // The cache dir (dir/cache) inside a local store, the mountpoint outside it.
-        let e =
-            refuse_self_reference(&at("other"), &core, &url("cache")).expect_err("cache in store");
+        let e = refuse_self_reference(&at("other"), Some(&core.cache_dir), &url("cache"))
+            .expect_err("cache in store");
         assert!(e.to_string().contains("inside the store"), "{e}");
     }
 
