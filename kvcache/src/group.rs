@@ -141,6 +141,11 @@ pub const REPUBLISH_BINDINGS_EVERY: Duration = Duration::from_secs(3 * 3600);
 /// start-up): 30 s.
 pub const REPUBLISH_RETRY: Duration = Duration::from_secs(30);
 
+/// How often a member asks the group again about the bindings it made while the group
+/// could not answer (etcd away): 5 s, so a binding that differs from the group's gives
+/// way within seconds of etcd's return; a pass costs one etcd call per such binding.
+pub const RECHECK_UNCONFIRMED: Duration = Duration::from_secs(5);
+
 /// The bytes a KV block is placed by: its scoped namespace (the tenant's key space)
 /// and hash, separated by 0xFF, which UTF-8 never contains, so distinct pairs never
 /// collide.

@@ -89,6 +89,11 @@ pub struct IdentityBindings {
     reclaimed: Mutex<(Option<Instant>, u64)>,
     /// The file's `disk_blocks_unguarded` mark, kept in every write (module doc).
     unguarded: bool,
+    /// Namespaces bound here while the group's binding could not be asked (etcd away):
+    /// checked against it once it answers ([`Self::adopt`]), as the group's decides.
+    unconfirmed: Mutex<HashSet<Arc<str>>>,
+    /// Wakes the check of [`Self::unconfirmed`] bindings (a call was refused by one).
+    pub recheck: Arc<tokio::sync::Notify>,
 }
 
 /// Least time between two reclaims of bindings whose namespaces hold no block (see
@@ -142,6 +147,8 @@ impl IdentityBindings {
             tenants: 0,
             reclaimed: Mutex::new((None, 0)),
             unguarded,
+            unconfirmed: Mutex::new(HashSet::new()),
+            recheck: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -267,6 +274,52 @@ impl IdentityBindings {
     /// The identity `ns` is bound to, if any.
     pub fn bound(&self, ns: &str) -> Option<IdentityDigest> {
         self.map.lock().get(ns).map(|(id, _)| *id)
+    }
+
+    /// Notes that `ns` was bound here without the group's answer (it could not be
+    /// asked): [`Self::unconfirmed`] lists it until the group answers. Called once the
+    /// binding is made (a mark without a binding is forgotten at the next listing).
+    pub fn mark_unconfirmed(&self, ns: &Arc<str>) {
+        if self.unconfirmed.lock().insert(ns.clone()) {
+            // The checker may be asleep until its next full round (hours).
+            self.recheck.notify_one();
+        }
+    }
+
+    /// The bindings made while the group could not be asked, with their identity
+    /// (namespaces marked but not bound, or no longer, are forgotten).
+    pub fn unconfirmed(&self) -> Vec<(Arc<str>, IdentityDigest)> {
+        let map = self.map.lock();
+        let mut marked = self.unconfirmed.lock();
+        marked.retain(|ns| map.contains_key(ns));
+        marked
+            .iter()
+            .filter_map(|ns| map.get(ns).map(|(id, _)| (ns.clone(), *id)))
+            .collect()
+    }
+
+    /// The group answered for `ns`: its binding is no longer unconfirmed.
+    pub fn confirmed(&self, ns: &str) {
+        self.unconfirmed.lock().remove(ns);
+    }
+
+    /// Replaces this node's binding of `ns`, `here`, by the group's, `group`: the group's
+    /// first binder decides (docs/KV_KEYS.md). The generation to see [`Self::durable`];
+    /// None when `ns` is no longer bound to `here` (changed meanwhile).
+    pub fn adopt(
+        &self,
+        ns: &Arc<str>,
+        here: &IdentityDigest,
+        group: &IdentityDigest,
+    ) -> Option<u64> {
+        let mut map = self.map.lock();
+        if map.get(ns).map(|(id, _)| id) != Some(here) {
+            return None;
+        }
+        self.unconfirmed.lock().remove(ns);
+        let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
+        map.insert(ns.clone(), (*group, generation));
+        Some(generation)
     }
 
     /// Drops the binding of `ns` if it is still the one of `generation` (made by a put
@@ -398,7 +451,7 @@ fn marked_unguarded(text: &str) -> bool {
 /// doc). Call before the service opens the file (which writes a missing one and moves a
 /// corrupt one aside) and before it serves. Returns the blocks dropped.
 pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> usize {
-    let read = std::fs::read_to_string(file).ok();
+    let read = strata_cache_core::state_file::read_regular_to_string(file).ok();
     let bindings = read.as_deref().and_then(parse);
     let unguarded = bindings.is_some() && read.as_deref().is_some_and(marked_unguarded);
     if bindings.is_some() && !unguarded {
@@ -453,7 +506,7 @@ async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
 
 /// The bindings in `file`, and whether it carries the unguarded mark.
 fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, bool) {
-    let text = match std::fs::read_to_string(file) {
+    let text = match strata_cache_core::state_file::read_regular_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (HashMap::new(), false),
         Err(e) => {
@@ -691,6 +744,30 @@ mod tests {
             0,
             "the mark cleared: blocks put from now on are guarded"
         );
+    }
+
+    /// Black-box finding (round 13): a binding made while the group could not be asked
+    /// was never checked against the group's once it answered. It is listed until the
+    /// group answers, and gives way to the group's.
+    #[test]
+    fn a_binding_made_unasked_is_listed_until_confirmed_and_gives_way_to_the_groups() {
+        let b = IdentityBindings::open(None);
+        let ns: Arc<str> = Arc::from("m/t");
+        b.check(&ns, Some(&B), true)
+            .expect("B binds, the group unasked");
+        b.mark_unconfirmed(&ns);
+        assert_eq!(b.unconfirmed(), vec![(ns.clone(), B)]);
+        assert_eq!(b.adopt(&ns, &A, &A), None, "not bound to A here");
+        let generation = b.adopt(&ns, &B, &A).expect("the group's A replaces B");
+        assert!(generation > 0);
+        assert_eq!(b.bound("m/t"), Some(A));
+        assert!(b.unconfirmed().is_empty(), "settled");
+        b.check(&ns, Some(&B), false).expect_err("B refused now");
+        b.check(&ns, Some(&A), true).expect("A puts");
+        // A mark whose binding is gone is forgotten.
+        let other: Arc<str> = Arc::from("other");
+        b.mark_unconfirmed(&other);
+        assert!(b.unconfirmed().is_empty());
     }
 
     #[test]

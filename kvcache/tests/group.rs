@@ -1397,3 +1397,78 @@ async fn a_departed_members_figures_and_channel_go_with_it() {
     .await
     .expect("within 60 s");
 }
+
+/// Black-box finding (round 13): a member bound a namespace to another model while it
+/// could not ask the group, and the Gets (and Exists) of the namespace's real model
+/// through the other members answered that member's refusal for the keys it owned,
+/// although the next candidate held the block. A candidate refusing the caller's
+/// identity is passed over like one that misses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_refusing_the_callers_identity_does_not_end_a_get() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut nodes = group(4, 2, ServerConfig::default(), "s").await;
+        let with = |id: u8| ClientOptions {
+            identity: Some([id; 32]),
+            ..Default::default()
+        };
+        let ns = "shared";
+        let keys: Vec<u32> = (0..40).collect();
+        // Node 3 is out of the group while model A puts: its blocks are on nodes 0-2.
+        nodes[0].gone.lock().expect("membership").insert(3);
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+            .await
+            .expect("a0");
+        for &i in &keys {
+            a0.put(ns, &hash(i), block(i, 2048)).await.expect("put a");
+        }
+        // Node 3, seeing none of the others, binds the namespace to model B.
+        nodes[0].gone.lock().expect("membership").extend([0, 1, 2]);
+        let mut b3 = KvClient::connect_with(&nodes[3].client_addr, with(2))
+            .await
+            .expect("b3");
+        b3.put(ns, &hash(1000), block(1000, 2048))
+            .await
+            .expect("node 3's own binding decides");
+        nodes[0].gone.lock().expect("membership").clear();
+        // Entry nodes that ask node 3 before a holder of the key: the case at stake.
+        let asked_first = |i: u32, entry: usize| {
+            let k = strata_kvcache::group::placement_key(ns, &hash(i));
+            let holders = &placement_order(&k, 3)[..2];
+            !holders.contains(&entry)
+                && placement_order(&k, 4)
+                    .into_iter()
+                    .take(3)
+                    .filter(|&n| n != entry)
+                    .find(|&n| n == 3 || holders.contains(&n))
+                    == Some(3)
+        };
+        let cases = (0..3)
+            .flat_map(|e| keys.iter().map(move |&i| (i, e)))
+            .filter(|&(i, e)| asked_first(i, e))
+            .count();
+        assert!(cases > 0, "no key has node 3 asked before its holders");
+        for (entry, node) in nodes.iter().enumerate().take(3) {
+            let mut a = KvClient::connect_with(&node.client_addr, with(1))
+                .await
+                .expect("a");
+            for &i in &keys {
+                let got = a
+                    .get(ns, &hash(i))
+                    .await
+                    .unwrap_or_else(|e| panic!("get {i} through node {entry}: {e}"));
+                assert_eq!(got, Some(block(i, 2048)), "block {i} through node {entry}");
+                assert!(
+                    a.exists(ns, &hash(i))
+                        .await
+                        .unwrap_or_else(|e| panic!("exists {i} through node {entry}: {e}")),
+                    "block {i} through node {entry}"
+                );
+            }
+        }
+        for n in &mut nodes {
+            n.stop();
+        }
+    })
+    .await
+    .expect("within 60 s");
+}

@@ -137,7 +137,7 @@ impl KvService {
             return self.fetch(ns, key).await;
         };
         let got = self
-            .get_from_group(&router, &routes, fwd, client_ns, hash)
+            .get_from_group(&router, &routes, fwd, client_ns, ns, hash)
             .await?;
         self.inner
             .stats
@@ -150,14 +150,30 @@ impl KvService {
 
     /// A Get over the key's candidates (the local node already missed): in placement
     /// order, suspects last, the next one asked too when one is slower than its p99.
+    /// A candidate that refuses the caller's model identity is passed over like one
+    /// that misses (its binding may be one the group has not settled yet, and another
+    /// candidate may hold the block under the caller's identity: black-box finding,
+    /// the keys a member bound to another model owned answered its refusal through
+    /// every entry node); the refusal is the answer only when no candidate, this node
+    /// included, took the caller's identity and none had the block.
     pub(super) async fn get_from_group(
         &self,
         router: &Arc<Router>,
         routes: &Routes,
         fwd: &Forward,
         client_ns: &str,
+        ns: &str,
         hash: &[u8],
     ) -> Result<Option<Bytes>> {
+        // A remote "no" took the identity; so did this node if it holds the binding.
+        let mut accepted = fwd
+            .identity
+            .is_some_and(|id| self.inner.identities.bound(ns) == Some(id));
+        let mut refusal: Option<Status> = None;
+        let missed = |refusal: Option<Status>, accepted: bool| match refusal {
+            Some(s) if !accepted => Err(KvError::Status(s)),
+            _ => Ok(None),
+        };
         let mut cands = routes.candidates.first().cloned().unwrap_or_default();
         // A miss once every candidate said no, not only the R owners: a Put that found
         // an owner down left its copy on the next candidate (`routing.rs`).
@@ -208,12 +224,12 @@ impl KvService {
             if (misses >= needed || exhausted) && !inflight.is_empty() {
                 let at = *missed_at.get_or_insert_with(tokio::time::Instant::now);
                 if at.elapsed() >= STRAGGLER_WAIT {
-                    return Ok(None);
+                    return missed(refusal, accepted);
                 }
             }
             if inflight.is_empty() {
                 if misses >= needed {
-                    return Ok(None);
+                    return missed(refusal, accepted);
                 }
                 let Some(&n) = cands.get(next) else {
                     if !owner_said_no && !paused.is_empty() {
@@ -225,7 +241,7 @@ impl KvService {
                         missed_at = None;
                         continue;
                     }
-                    return Ok(None);
+                    return missed(refusal, accepted);
                 };
                 next += 1;
                 if router.is_suspect(&routes.nodes[n]) {
@@ -252,10 +268,16 @@ impl KvService {
                     Ok(Some(b)) => return Ok(Some(b)),
                     Ok(None) => {
                         misses += 1;
+                        accepted = true;
                         owner_said_no |= owners.iter().any(|&o| routes.nodes[o].id == node.id);
                     }
                     Err(RemoteError::Down(s)) => {
                         tracing::debug!(node = %node.id, status = %s, "KV owner down; next replica");
+                    }
+                    Err(RemoteError::Refused(s)) if s.code() == tonic::Code::FailedPrecondition => {
+                        // Another candidate may hold it under the caller's identity.
+                        misses += 1;
+                        refusal.get_or_insert(s);
                     }
                     Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
                 },
@@ -332,15 +354,22 @@ impl KvService {
         bound_here: &parking_lot::Mutex<Option<u64>>,
     ) -> Result<bool> {
         let ids = &self.inner.identities;
-        self.check_shared_binding(ns, fwd.identity.as_ref()).await?;
+        let answered = self.check_shared_binding(ns, fwd.identity.as_ref()).await?;
         let was_bound = ids.bound(ns).is_some();
-        if let Some(generation) = self.bind_identity(ns, fwd.identity.as_ref(), true)? {
+        let made = self.bind_identity(ns, fwd.identity.as_ref(), true)?;
+        if !answered {
+            ids.mark_unconfirmed(ns);
+        }
+        if let Some(generation) = made {
             if !was_bound {
                 *bound_here.lock() = Some(generation);
             }
             ids.durable(generation).await;
         }
-        self.store_local(tenant, ns, key, data, arrived).await
+        let present = self.store_local(tenant, ns, key, data, arrived).await?;
+        self.keep_if_still_bound(ns, fwd.identity.as_ref(), key, tenant)
+            .await?;
+        Ok(present)
     }
 
     /// Undoes a group Put another owner refused for its model identity: the copies it
@@ -599,6 +628,15 @@ impl KvService {
             demote_suspects(c, |n| router.is_suspect(&routes.nodes[n]));
         }
         let mut l = Lookup::new(cands, prefix);
+        // A candidate refusing the caller's identity is passed over, as in
+        // `get_from_group`: its refusal is the answer only if nobody took the identity.
+        let mut accepted = fwd.identity.is_some_and(|id| {
+            keys.first().and_then(|k| match k {
+                CacheKey::Kv(kv) => self.inner.identities.bound(&kv.namespace),
+                _ => None,
+            }) == Some(id)
+        });
+        let mut refusal: Option<Status> = None;
         let mut loads: Vec<Option<pb::BlockLoad>> = vec![None; keys.len()];
         let model = &self.inner.stats.load;
         let local_load = |tier: Option<TierKind>| {
@@ -665,6 +703,7 @@ impl KvService {
             while let Some((n, idx, r)) = calls.next().await {
                 match r {
                     Ok(v) => {
+                        accepted = true;
                         for (i, (hit, load)) in idx.into_iter().zip(v) {
                             if hit {
                                 loads[i] = load;
@@ -677,11 +716,20 @@ impl KvService {
                             l.answer(i, n, Answer::Failed);
                         }
                     }
+                    Err(RemoteError::Refused(s)) if s.code() == tonic::Code::FailedPrecondition => {
+                        refusal.get_or_insert(s);
+                        for i in idx {
+                            l.answer(i, n, Answer::Failed);
+                        }
+                    }
                     Err(RemoteError::Refused(s)) => return Err(KvError::Status(s)),
                 }
             }
         }
-        Ok((l, loads))
+        match refusal {
+            Some(s) if !accepted => Err(KvError::Status(s)),
+            _ => Ok((l, loads)),
+        }
     }
 
     /// EstimateLoad over the group (None outside a group).

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
@@ -104,17 +104,31 @@ impl KvService {
     /// [`crate::group::REPUBLISH_BINDINGS_EVERY`] (sooner while the group cannot be
     /// asked): bindings made before the group kept them, or loaded from a warm cache
     /// dir, reach the members that join later, and the records of those this node holds
-    /// stay alive. Stops with the service.
+    /// stay alive. Bindings made while the group could not be asked are checked every
+    /// [`crate::group::RECHECK_UNCONFIRMED`] until it answers (and at once when a call
+    /// is refused for one). A binding the group holds for another identity gives way
+    /// to it ([`Self::adopt_group_binding`]). Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
-        use crate::group::{SharedBindingOp, REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY};
-        let identities = Arc::downgrade(&self.inner.identities);
+        use crate::group::{
+            SharedBindingOp, RECHECK_UNCONFIRMED, REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY,
+        };
+        let inner = Arc::downgrade(&self.inner);
+        // Not the bindings themselves: the task must not keep them (their drop writes
+        // the file) past the service.
+        let recheck = self.inner.identities.recheck.clone();
         tokio::spawn(async move {
+            let mut full_due = tokio::time::Instant::now();
             loop {
-                let Some(ids) = identities.upgrade() else {
+                let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                let bindings = ids.all();
-                drop(ids);
+                let this = KvService {
+                    inner,
+                    peer_side: false,
+                };
+                let ids = this.inner.identities.clone();
+                let full = tokio::time::Instant::now() >= full_due;
+                let bindings = if full { ids.all() } else { ids.unconfirmed() };
                 let mut unanswered = 0usize;
                 for (ns, id) in bindings {
                     match router
@@ -122,50 +136,143 @@ impl KvService {
                         .await
                     {
                         None => unanswered += 1,
-                        Some(group) if group != id => tracing::warn!(
-                            namespace = %ns,
-                            here = %hex::encode(&id[..6]),
-                            group = %hex::encode(&group[..6]),
-                            "this node's KV namespace binding differs from the group's; the group's refuses the other model on new members"
-                        ),
-                        Some(_) => {}
+                        Some(group) => {
+                            ids.confirmed(&ns);
+                            if group != id {
+                                this.adopt_group_binding(&ns, &id, &group).await;
+                            }
+                        }
                     }
                 }
-                let wait = if unanswered > 0 {
-                    REPUBLISH_RETRY
+                let now = tokio::time::Instant::now();
+                if full {
+                    full_due = now
+                        + if unanswered > 0 {
+                            REPUBLISH_RETRY
+                        } else {
+                            REPUBLISH_BINDINGS_EVERY
+                        };
+                }
+                let next = if ids.unconfirmed().is_empty() {
+                    full_due
                 } else {
-                    REPUBLISH_BINDINGS_EVERY
+                    full_due.min(now + RECHECK_UNCONFIRMED)
                 };
-                tokio::time::sleep(wait).await;
+                drop((ids, this));
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => {}
+                    // At most a pass a second, however many calls are refused.
+                    _ = recheck.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
             }
         });
+    }
+
+    /// This node bound the scoped namespace `ns` to `here` while the group's binding,
+    /// `group`, names another identity: the group's first binder decides
+    /// (docs/KV_KEYS.md), so this node takes the group's binding and drops the blocks
+    /// it stored in `ns` under its own (another model's, or v1 clients' that no binding
+    /// guarded). Black-box finding: a member replaced while etcd was away bound a
+    /// namespace to model B and kept it after etcd came back, refusing the
+    /// namespace's real model its own blocks through every entry node.
+    pub(super) async fn adopt_group_binding(
+        &self,
+        ns: &Arc<str>,
+        here: &crate::identity::IdentityDigest,
+        group: &crate::identity::IdentityDigest,
+    ) {
+        let ids = &self.inner.identities;
+        let Some(generation) = ids.adopt(ns, here, group) else {
+            return;
+        };
+        // Rebound first, so no put of the other identity stores here from now on
+        // (one already past its check takes its block back, `keep_if_still_bound`).
+        ids.durable(generation).await;
+        let keys: Vec<CacheKey> = self
+            .inner
+            .engine
+            .resident_kv()
+            .into_iter()
+            .filter_map(|(k, _)| match &k {
+                CacheKey::Kv(kv) if *kv.namespace == **ns => Some(k),
+                _ => None,
+            })
+            .collect();
+        let tenant = ns
+            .split_once(crate::tenants::TENANT_SEP)
+            .and_then(|(t, _)| self.inner.tenants.by_name(t));
+        match self.remove_local(&keys, tenant.as_ref()).await {
+            Ok(dropped) => tracing::warn!(
+                namespace = %ns,
+                here = %hex::encode(&here[..6]),
+                group = %hex::encode(&group[..6]),
+                dropped,
+                "this node's KV namespace binding differed from the group's: took the group's and dropped the blocks stored under this node's"
+            ),
+            Err(e) => tracing::error!(namespace = %ns, error = %e,
+                "took the group's KV namespace binding; dropping the blocks stored under this node's failed"),
+        }
+    }
+
+    /// After a put stored `key` in `ns` for `identity`: if meanwhile the namespace was
+    /// rebound to another identity ([`Self::adopt_group_binding`], whose sweep may have
+    /// run before this block landed), the block is removed and the put refused.
+    pub(super) async fn keep_if_still_bound(
+        &self,
+        ns: &Arc<str>,
+        identity: Option<&crate::identity::IdentityDigest>,
+        key: &CacheKey,
+        tenant: Option<&Arc<crate::tenants::Tenant>>,
+    ) -> Result<()> {
+        let Some(id) = identity else {
+            return Ok(());
+        };
+        match self.inner.identities.bound(ns) {
+            Some(bound) if bound != *id => {
+                if let Err(e) = self.remove_local(std::slice::from_ref(key), tenant).await {
+                    tracing::error!(%key, error = %e, "could not drop a block its namespace was rebound under");
+                }
+                Err(KvError::IdentityMismatch {
+                    namespace: ns.to_string(),
+                    bound: hex::encode(&bound[..6]),
+                    got: hex::encode(&id[..6]),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Before a put binds the scoped namespace `ns` on this node for the first time:
     /// the group's binding of it (see [`crate::group::SharedBindingOp::Bind`]), which
     /// refuses the put when it names another identity. A namespace this node has bound
     /// costs nothing (its own binding decides, in [`Self::bind_identity`]).
+    /// Ok(false): the group did not answer (etcd away), so the binding the put makes
+    /// is this node's alone, to be marked unconfirmed once made
+    /// ([`crate::identity::IdentityBindings::mark_unconfirmed`]).
     pub(super) async fn check_shared_binding(
         &self,
         ns: &Arc<str>,
         identity: Option<&crate::identity::IdentityDigest>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (Some(id), Some(router)) = (identity, self.inner.router.get()) else {
-            return Ok(());
+            return Ok(true);
         };
         if self.inner.identities.bound(ns).is_some() {
-            return Ok(());
+            return Ok(true);
         }
         match router
             .shared_binding(ns, id, crate::group::SharedBindingOp::Bind)
             .await
         {
+            // Unanswered (etcd away): this node's binding decides for now, and is
+            // checked against the group's once it answers (`publish_bindings`).
+            None => Ok(false),
             Some(group) if group != *id => Err(KvError::IdentityMismatch {
                 namespace: ns.to_string(),
                 bound: hex::encode(&group[..6]),
                 got: hex::encode(&id[..6]),
             }),
-            _ => Ok(()),
+            Some(_) => Ok(true),
         }
     }
 
@@ -359,7 +466,14 @@ impl KvService {
             Some(t) => t.scope(ns)?,
             None => Arc::from(ns),
         };
-        self.bind_identity(&scoped, caller.identity.as_ref(), bind)?;
+        if let Err(e) = self.bind_identity(&scoped, caller.identity.as_ref(), bind) {
+            if matches!(e, KvError::IdentityMismatch { .. }) && self.inner.router.get().is_some() {
+                // This node's binding may be one made while the group could not be
+                // asked: checked against the group's now, not at the next round.
+                self.inner.identities.recheck.notify_one();
+            }
+            return Err(e);
+        }
         Ok(scoped)
     }
 
@@ -516,9 +630,14 @@ impl KvService {
         // buffers it on the way.
         let group = self.routes_for(&ns, std::slice::from_ref(&first.hash));
         if group.is_none() {
-            self.check_shared_binding(&ns, caller.identity.as_ref())
+            let answered = self
+                .check_shared_binding(&ns, caller.identity.as_ref())
                 .await?;
-            if let Some(generation) = self.bind_identity(&ns, caller.identity.as_ref(), true)? {
+            let made = self.bind_identity(&ns, caller.identity.as_ref(), true)?;
+            if !answered {
+                self.inner.identities.mark_unconfirmed(&ns);
+            }
+            if let Some(generation) = made {
                 // The block will outlive a crash; so must the binding that guards it.
                 self.inner.identities.durable(generation).await;
             }
@@ -637,7 +756,9 @@ impl KvService {
                 already_present: true,
             });
         };
-        self.store_claimed(slot, charge, ns, key, data, arrived)
+        self.store_claimed(slot, charge, ns.clone(), key.clone(), data, arrived)
+            .await?;
+        self.keep_if_still_bound(&ns, caller.identity.as_ref(), &key, tenant.as_ref())
             .await?;
         Ok(pb::PutResponse {
             already_present: false,
