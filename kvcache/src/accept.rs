@@ -24,9 +24,11 @@
 //!   nothing is the HTTP/2 keepalive's business (a peer that does not answer PINGs is
 //!   closed) or, when it answers them, holds one slot of the cap.
 //!
-//! - Every gate of the process draws its slots from one pool too: half the descriptor
-//!   soft limit ([`process_connection_cap`]), the rest left to block files, RocksDB and
-//!   the store's sockets. A full pool is met as a full gate is: the gate admitting
+//! - Every gate of the process draws its slots from one pool too: a quarter of the
+//!   descriptor soft limit ([`process_connection_cap`]); the disk tier's open files take
+//!   at most another quarter, and the rest is for RocksDB, the store's sockets and the
+//!   connections closed to make room whose descriptors are not released yet (under a
+//!   flood of reconnections, at half the limit the accepts still met EMFILE). A full pool is met as a full gate is: the gate admitting
 //!   closes its own oldest unproven connection, else refuses. Black-box finding: with
 //!   the limit at 2,048, 1,200 silent connections on each of the KV TCP and Unix
 //!   listeners (1,024 slots each) ran the daemon out of descriptors; a tenant's puts
@@ -130,13 +132,13 @@ impl Start {
     }
 }
 
-/// Connections all gates of the process hold at most: half the descriptor soft limit
-/// when the first connection is admitted (the daemon raises it at start; at least 64),
-/// or no bound past the gates' own when the limit is unlimited.
+/// Connections all gates of the process hold at most: a quarter of the descriptor soft
+/// limit when the first connection is admitted (the daemon raises it at start; at
+/// least 64), or no bound past the gates' own when the limit is unlimited.
 pub fn process_connection_cap() -> usize {
     *PROCESS_CAP.get_or_init(|| {
         strata_cache_core::tiers::disk::fd_soft_limit()
-            .map(|l| ((l / 2) as usize).max(64))
+            .map(|l| ((l / 4) as usize).max(64))
             .unwrap_or(usize::MAX)
     })
 }
