@@ -1081,13 +1081,14 @@ impl FsCore {
         // is asked beside the HEAD, at once (as mountpoint-s3 does). Black-box finding:
         // a path lookup found the object and answered "file", and `a/b` failed ENOTDIR
         // unless `a`'s folder had just been listed.
-        let (head, also_folder) = futures::join!(store.head(path), async {
+        let (head, prefix) = futures::join!(store.head(path), async {
             if store.is_local() {
-                return false;
+                return None;
             }
             self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-            store.dir_exists(path).await.unwrap_or(false)
+            Some(store.dir_exists(path).await)
         });
+        let also_folder = matches!(prefix, Some(Ok(true)));
         let m = match head {
             Ok(_) if also_folder => {
                 tracing::warn!(%path, "a key that is also a folder of other keys: shown as the folder, the object itself is hidden");
@@ -1098,6 +1099,17 @@ impl FsCore {
                     log.append_file(&obj);
                 }
                 Meta::File(Arc::new(obj))
+            }
+            // No object, and the prefix beside it held nothing: nothing there (a name
+            // probed and absent costs the HEAD and one LIST page, as before the prefix
+            // was asked).
+            Err(CacheError::NotFound(_)) if matches!(prefix, Some(Ok(false))) => {
+                // Logged as an empty listing, as a listing of it would be: an offline
+                // start finds it absent, not unknown.
+                if let Some(log) = &self.listing_log {
+                    log.append(path, false, Vec::new());
+                }
+                Meta::Missing
             }
             // Nothing is cached (a TTL of 0): listing the whole directory to learn it
             // is one would be thrown away at once, and every path through it pays it

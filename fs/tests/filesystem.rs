@@ -1210,6 +1210,19 @@ async fn a_key_that_is_also_a_prefix_is_the_folder_on_a_path_lookup_too() {
         // A plain object stays a file.
         let top = c.lookup(ROOT_INO, "top.txt").await.expect("lookup");
         assert_eq!(top.attr.kind, Kind::File);
+        // A name that is neither costs the HEAD and the prefix's one page, no more.
+        let counted = |c: &FsCore| {
+            let n = c.counters();
+            (
+                n.store_heads.load(std::sync::atomic::Ordering::Relaxed),
+                n.store_lists.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        };
+        let before = counted(c);
+        let e = c.lookup(ROOT_INO, "absent").await.expect_err("absent");
+        assert_eq!(e.errno(), libc::ENOENT);
+        let after = counted(c);
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
     })
     .await
     .expect("bounded");
