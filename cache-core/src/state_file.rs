@@ -1,5 +1,6 @@
-//! Reading the daemon's small state files (namespace bindings, listing logs, fsync
-//! records, the saved membership) without blocking on what is not a regular file.
+//! The daemon's small state files (namespace bindings, listing logs, fsync records):
+//! written atomically ([`write_atomically`]), and read without blocking on what is not
+//! a regular file.
 //!
 //! A fifo (or a device) in place of one made a plain `open` wait for a writer that
 //! never came: the start hung with nothing logged (crash finding). Opened with
@@ -7,7 +8,7 @@
 //! error naming it, which each caller handles as an unreadable file.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -25,6 +26,28 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
         ));
     }
     Ok(f)
+}
+
+/// Writes `file` (mode 0600) via `<file>.tmp`, fsync and rename, then syncs the
+/// folder, so a crash leaves the old or the new version, never a torn one.
+pub fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)?;
+    if let Some(dir) = file.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The bytes of regular file `path` (see [`open_regular`]).

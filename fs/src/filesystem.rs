@@ -1116,8 +1116,15 @@ impl FsCore {
             // (black-box finding: 8 LIST pages per open under a 4,000-file folder, 22x
             // slower than a small one). One page of the prefix answers.
             Err(CacheError::NotFound(_)) if self.opts.metadata_ttl.is_zero() => {
-                self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-                match store.dir_exists(path).await? {
+                // The prefix was asked beside the HEAD already, unless the store is local.
+                let is_dir = match prefix {
+                    Some(asked) => asked?,
+                    None => {
+                        self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
+                        store.dir_exists(path).await?
+                    }
+                };
+                match is_dir {
                     true => Meta::Dir,
                     false => Meta::Missing,
                 }

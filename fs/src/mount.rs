@@ -324,13 +324,12 @@ pub fn fuse_mounted_at(dir: &Path) -> Option<String> {
         let (fields, rest) = line.split_once(" - ")?;
         let at = fields.split(' ').nth(4)?;
         let fstype = rest.split(' ').next()?;
-        (fstype.starts_with("fuse") && Path::new(&unescape_mountinfo(at)) == dir)
-            .then(|| fstype.to_string())
+        (fstype.starts_with("fuse") && unescape_mountinfo(at) == dir).then(|| fstype.to_string())
     })
 }
 
-/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
-fn unescape_mountinfo(s: &str) -> String {
+/// A mountinfo path with its octal escapes (`\040` for a space) decoded, byte-exact.
+pub fn unescape_mountinfo(s: &str) -> std::path::PathBuf {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -349,7 +348,8 @@ fn unescape_mountinfo(s: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    use std::os::unix::ffi::OsStringExt;
+    std::ffi::OsString::from_vec(out).into()
 }
 
 fn conn_number(mountpoint: &Path) -> Option<u32> {
@@ -508,8 +508,11 @@ mod tests {
 
     #[test]
     fn mountinfo_paths_are_unescaped() {
-        assert_eq!(unescape_mountinfo(r"/mnt/my\040data"), "/mnt/my data");
-        assert_eq!(unescape_mountinfo(r"/a\011b\134c"), "/a\tb\\c");
-        assert_eq!(unescape_mountinfo(r"/plain\x"), r"/plain\x");
+        assert_eq!(
+            unescape_mountinfo(r"/mnt/my\040data"),
+            Path::new("/mnt/my data")
+        );
+        assert_eq!(unescape_mountinfo(r"/a\011b\134c"), Path::new("/a\tb\\c"));
+        assert_eq!(unescape_mountinfo(r"/plain\x"), Path::new(r"/plain\x"));
     }
 }

@@ -1592,13 +1592,8 @@ async fn a_completion_whose_answer_was_lost_is_a_success_when_the_object_landed(
 #[tokio::test]
 async fn fsync_is_durable_on_the_cache_disk_and_the_close_uploads_once() {
     timed(async {
-        let staging = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let seen = staging.clone();
-        let fx = fixture(move |o, _| {
-            *seen.lock().expect("lock") = o.writes.as_ref().map(|w| w.staging_dir.clone());
-        })
-        .await;
-        let staging_dir = staging.lock().expect("lock").clone().expect("staging dir");
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
         let c = &fx.core;
         let uploads = || {
             c.counters()
@@ -1628,39 +1623,15 @@ async fn fsync_is_durable_on_the_cache_disk_and_the_close_uploads_once() {
         c.fsync(fh).await.expect("fsync");
         c.write(fh, 100 << 10, b"not fsync'd, may be lost")
             .expect("write");
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(64 << 20)))
-            .build()
-            .expect("engine");
-        let store = strata_cache_core::BackingStore::new(
-            fx.faulty.clone() as Arc<dyn ObjectStore>,
-            "mem",
-            strata_cache_core::RetryPolicy::default(),
-        );
-        let mut w = WriteOptions::new(staging_dir);
-        w.part_size = 64 << 10;
-        let after_crash = Arc::new(FsCore::new(
-            ObjectReader::new(engine, store, BS).expect("reader"),
-            "",
-            CoreOptions {
-                writes: Some(w),
-                ..Default::default()
-            },
-        ));
+        let after_crash = restarted(&fx, staging_dir.clone(), "mem");
         assert!(
             stored(&fx, "db.sqlite").await.is_none(),
             "not before the restart"
         );
         after_crash.recover_journaled(&tokio::runtime::Handle::current());
-        let mut got = None;
-        for _ in 0..100 {
-            got = stored(&fx, "db.sqlite").await;
-            if got.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let got = got.expect("uploaded at the restart");
+        let got = stored_within(&fx, "db.sqlite", Duration::from_secs(5))
+            .await
+            .expect("uploaded at the restart");
         assert_eq!(
             &got[..100 << 10],
             &data(100 << 10, 4)[..],
@@ -1670,19 +1641,13 @@ async fn fsync_is_durable_on_the_cache_disk_and_the_close_uploads_once() {
         let (_, fh2) = c.create(ROOT_INO, "scratch", 0).await.expect("create");
         c.write(fh2, 0, b"tmp").expect("write");
         c.fsync(fh2).await.expect("fsync");
-        let fx_writes = fx.dir.path().join("staging");
-        let records = |dir: &std::path::Path| {
-            std::fs::read_dir(dir)
-                .map(|d| {
-                    d.flatten()
-                        .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
-                        .count()
-                })
-                .unwrap_or(0)
-        };
-        let before = records(&fx_writes);
+        let before = fsync_records(&staging_dir);
         c.unlink(ROOT_INO, "scratch").await.ok();
-        assert_eq!(records(&fx_writes), before - 1, "its record removed");
+        assert_eq!(
+            fsync_records(&staging_dir),
+            before - 1,
+            "its record removed"
+        );
         let _crashed = fh; // never closed, as after a kill
     })
     .await
@@ -1789,6 +1754,34 @@ async fn files_closed_at_once_in_one_folder_are_all_in_its_listing() {
     .expect("bounded");
 }
 
+/// The fixture's staging folder (`fixture` gives every core `<dir>/staging`).
+fn staging_dir(fx: &Fixture) -> std::path::PathBuf {
+    fx.dir.path().join("staging")
+}
+
+/// The fsync records (`<n>.part.json`) in staging folder `dir`.
+fn fsync_records(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The object `path` once the store holds it, polled for at most `wait`.
+async fn stored_within(fx: &Fixture, path: &str, wait: Duration) -> Option<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let got = stored(fx, path).await;
+        if got.is_some() || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A core over the fixture's store (labelled `label`) and `staging_dir`, as the next
 /// start of a mount after a crash.
 fn restarted(fx: &Fixture, staging_dir: std::path::PathBuf, label: &str) -> Arc<FsCore> {
@@ -1824,22 +1817,8 @@ fn restarted(fx: &Fixture, staging_dir: std::path::PathBuf, label: &str) -> Arc<
 #[tokio::test]
 async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
     timed(async {
-        let staging = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let seen = staging.clone();
-        let fx = fixture(move |o, _| {
-            *seen.lock().expect("lock") = o.writes.as_ref().map(|w| w.staging_dir.clone());
-        })
-        .await;
-        let staging_dir = staging.lock().expect("lock").clone().expect("staging dir");
-        let records = |dir: &std::path::Path| {
-            std::fs::read_dir(dir)
-                .map(|d| {
-                    d.flatten()
-                        .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
-                        .count()
-                })
-                .unwrap_or(0)
-        };
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
         let c = &fx.core;
         let ckpt = data(100 << 10, 7);
         let (_, a) = c.create(ROOT_INO, "ckpt.bin", 0).await.expect("create");
@@ -1849,17 +1828,7 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
         c.write(b, 0, b"fsync'd, then replaced").expect("write");
         c.fsync(b).await.expect("fsync");
         let _crashed = (a, b); // never closed, as after a kill
-        assert_eq!(records(&staging_dir), 2);
-
-        let wait_for = |f: Box<dyn Fn() -> bool>| async move {
-            for _ in 0..100 {
-                if f() {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            false
-        };
+        assert_eq!(fsync_records(&staging_dir), 2);
 
         // (1) Another source mounted there: nothing uploaded, the records kept.
         let other = restarted(&fx, staging_dir.clone(), "s3://another-bucket");
@@ -1870,7 +1839,7 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
             "not into another store"
         );
         assert_eq!(
-            records(&staging_dir),
+            fsync_records(&staging_dir),
             2,
             "kept for a mount of their own store"
         );
@@ -1892,9 +1861,13 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
         own.close(n, 0).await.expect("close");
         own.release_write(n).await;
         own.recover_journaled(&tokio::runtime::Handle::current());
-        let dir = staging_dir.clone();
-        assert!(
-            wait_for(Box::new(move || records(&dir) == 0)).await,
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while fsync_records(&staging_dir) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            fsync_records(&staging_dir),
+            0,
             "both records completed, none kept"
         );
         assert_eq!(stored(&fx, "ckpt.bin").await, Some(ckpt));
@@ -1914,13 +1887,8 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
 #[tokio::test]
 async fn an_fsync_record_is_uploaded_once_the_store_answers_again() {
     timed(async {
-        let staging = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let seen = staging.clone();
-        let fx = fixture(move |o, _| {
-            *seen.lock().expect("lock") = o.writes.as_ref().map(|w| w.staging_dir.clone());
-        })
-        .await;
-        let staging_dir = staging.lock().expect("lock").clone().expect("staging dir");
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
         let c = &fx.core;
         let (_, fh) = c.create(ROOT_INO, "ck", 0).await.expect("create");
         c.write(fh, 0, &data(50 << 10, 9)).expect("write");
@@ -1936,16 +1904,8 @@ async fn an_fsync_record_is_uploaded_once_the_store_answers_again() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(stored(&fx, "ck").await.is_none(), "the store is down");
         fx.faulty.set_config(FaultConfig::default());
-        let mut got = None;
-        for _ in 0..150 {
-            got = stored(&fx, "ck").await;
-            if got.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
         assert_eq!(
-            got,
+            stored_within(&fx, "ck", Duration::from_secs(15)).await,
             Some(data(50 << 10, 9)),
             "uploaded once the store is back"
         );

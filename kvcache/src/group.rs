@@ -605,7 +605,7 @@ impl Router {
         } else {
             serde_json::to_vec(&saved)
                 .map_err(std::io::Error::other)
-                .and_then(|text| crate::identity::write_atomically(file, &text))
+                .and_then(|text| strata_cache_core::state_file::write_atomically(file, &text))
         };
         if let Err(e) = written {
             tracing::error!(file = %file.display(), error = %e, "cannot save the Removes kept for peers; a restart of this node forgets them");

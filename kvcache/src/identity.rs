@@ -41,13 +41,13 @@
 //! [`IDENTITY_METADATA`]: crate::keys::IDENTITY_METADATA
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use strata_cache_core::state_file::write_atomically;
 use strata_cache_core::{CacheEngine, TierKind};
 
 use crate::error::{KvError, Result};
@@ -541,27 +541,6 @@ fn parse(text: &str) -> Option<HashMap<Arc<str>, IdentityDigest>> {
     Some(out)
 }
 
-/// Writes `file` via a private temp file, fsync and rename, so a crash leaves the old
-/// or the new version, never a torn one.
-pub(crate) fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = file.with_extension("json.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, file)?;
-    if let Some(dir) = file.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -746,7 +725,7 @@ mod tests {
         );
     }
 
-    /// Black-box finding (round 13): a binding made while the group could not be asked
+    /// Black-box finding (round 11): a binding made while the group could not be asked
     /// was never checked against the group's once it answered. It is listed until the
     /// group answers, and gives way to the group's.
     #[test]

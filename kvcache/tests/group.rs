@@ -187,6 +187,14 @@ async fn group_with(
     nodes
 }
 
+/// A client's options sending model identity `[id; 32]`.
+fn as_model(id: u8) -> ClientOptions {
+    ClientOptions {
+        identity: Some([id; 32]),
+        ..Default::default()
+    }
+}
+
 /// Stops `node`'s peer face (its client service stays): calls to it fail from now on.
 async fn stop_peer_face(node: &mut Node) {
     let face = node.stops.remove(1);
@@ -1148,17 +1156,13 @@ fn owner(ns: &str, hash: &[u8], n: usize) -> usize {
 async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut nodes = group(3, 1, ServerConfig::default(), "s").await;
-        let with = |id: u8| ClientOptions {
-            identity: Some([id; 32]),
-            ..Default::default()
-        };
         let ns = "shared";
         // Keys nodes 0 and 1 own: node 2 stores none, so binds nothing.
         let elsewhere: Vec<u32> = (0..200)
             .filter(|&i| owner(ns, &hash(i), 3) != 2)
             .take(20)
             .collect();
-        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, as_model(1))
             .await
             .expect("a0");
         for &i in &elsewhere[..10] {
@@ -1175,7 +1179,7 @@ async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
                     .contains(&CacheKey::kv(ns, hash(elsewhere[0])))
         );
         // Model B through node 2: every owner refuses it.
-        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, with(2))
+        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, as_model(2))
             .await
             .expect("b2");
         for &i in &elsewhere[10..] {
@@ -1187,7 +1191,7 @@ async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
             assert!(e.to_string().contains("model identity"), "{e}");
         }
         // Model A still puts through node 2.
-        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, with(1))
+        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, as_model(1))
             .await
             .expect("a2");
         for &i in &elsewhere[10..] {
@@ -1210,14 +1214,10 @@ async fn a_put_the_owners_refuse_binds_nothing_on_the_entry_node() {
 async fn a_refused_put_leaves_no_copy_nor_binding_on_an_owner_that_missed_the_binding() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut nodes = group(3, 2, ServerConfig::default(), "s").await;
-        let with = |id: u8| ClientOptions {
-            identity: Some([id; 32]),
-            ..Default::default()
-        };
         let ns = "shared";
         // Node 2 is out of the group while model A binds the namespace.
         nodes[0].gone.lock().expect("membership").insert(2);
-        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, as_model(1))
             .await
             .expect("a0");
         for i in 0..10 {
@@ -1225,7 +1225,7 @@ async fn a_refused_put_leaves_no_copy_nor_binding_on_an_owner_that_missed_the_bi
         }
         nodes[0].gone.lock().expect("membership").clear();
         // Back: model B through node 2, on keys some of which node 2 owns first.
-        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, with(2))
+        let mut b2 = KvClient::connect_with(&nodes[2].client_addr, as_model(2))
             .await
             .expect("b2");
         for i in 100..130 {
@@ -1242,7 +1242,7 @@ async fn a_refused_put_leaves_no_copy_nor_binding_on_an_owner_that_missed_the_bi
                 );
             }
         }
-        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, with(1))
+        let mut a2 = KvClient::connect_with(&nodes[2].client_addr, as_model(1))
             .await
             .expect("a2");
         for i in 100..130 {
@@ -1398,7 +1398,7 @@ async fn a_departed_members_figures_and_channel_go_with_it() {
     .expect("within 60 s");
 }
 
-/// Black-box finding (round 13): a member bound a namespace to another model while it
+/// Black-box finding (round 11): a member bound a namespace to another model while it
 /// could not ask the group, and the Gets (and Exists) of the namespace's real model
 /// through the other members answered that member's refusal for the keys it owned,
 /// although the next candidate held the block. A candidate refusing the caller's
@@ -1407,15 +1407,11 @@ async fn a_departed_members_figures_and_channel_go_with_it() {
 async fn a_candidate_refusing_the_callers_identity_does_not_end_a_get() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let mut nodes = group(4, 2, ServerConfig::default(), "s").await;
-        let with = |id: u8| ClientOptions {
-            identity: Some([id; 32]),
-            ..Default::default()
-        };
         let ns = "shared";
         let keys: Vec<u32> = (0..40).collect();
         // Node 3 is out of the group while model A puts: its blocks are on nodes 0-2.
         nodes[0].gone.lock().expect("membership").insert(3);
-        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, with(1))
+        let mut a0 = KvClient::connect_with(&nodes[0].client_addr, as_model(1))
             .await
             .expect("a0");
         for &i in &keys {
@@ -1423,7 +1419,7 @@ async fn a_candidate_refusing_the_callers_identity_does_not_end_a_get() {
         }
         // Node 3, seeing none of the others, binds the namespace to model B.
         nodes[0].gone.lock().expect("membership").extend([0, 1, 2]);
-        let mut b3 = KvClient::connect_with(&nodes[3].client_addr, with(2))
+        let mut b3 = KvClient::connect_with(&nodes[3].client_addr, as_model(2))
             .await
             .expect("b3");
         b3.put(ns, &hash(1000), block(1000, 2048))
@@ -1448,7 +1444,7 @@ async fn a_candidate_refusing_the_callers_identity_does_not_end_a_get() {
             .count();
         assert!(cases > 0, "no key has node 3 asked before its holders");
         for (entry, node) in nodes.iter().enumerate().take(3) {
-            let mut a = KvClient::connect_with(&node.client_addr, with(1))
+            let mut a = KvClient::connect_with(&node.client_addr, as_model(1))
                 .await
                 .expect("a");
             for &i in &keys {

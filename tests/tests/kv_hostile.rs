@@ -86,6 +86,29 @@ fn start_stalled(
         .collect()
 }
 
+/// A client of `addr` sending bearer token `token`.
+async fn connect(addr: &str, token: &str) -> KvClient {
+    KvClient::connect_with(
+        addr,
+        strata_kvcache::client::ClientOptions {
+            token: Some(token.into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect")
+}
+
+/// Tenant `name` (token `tok-<name>`) allowed namespace [`NS`], with room to spare.
+fn tenant(name: &str) -> strata_kvcache::TenantConfig {
+    strata_kvcache::TenantConfig {
+        name: name.into(),
+        token: format!("tok-{name}"),
+        namespaces: vec![NS.into()],
+        quota_bytes: 1 << 30,
+    }
+}
+
 /// A test server on a 256 MiB memory cache.
 async fn start(cfg: ServerConfig) -> TestServer {
     TestServer::start(memory_engine(256 << 20), cfg).await
@@ -235,12 +258,6 @@ async fn one_connection_cannot_take_the_whole_put_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
-    let tenant = |name: &str| strata_kvcache::TenantConfig {
-        name: name.into(),
-        token: format!("tok-{name}"),
-        namespaces: vec![NS.into()],
-        quota_bytes: 1 << 30,
-    };
     let cfg = ServerConfig {
         max_block: 4 << 20,
         max_inflight_put_bytes: 16 << 20,
@@ -250,25 +267,11 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
         ..Default::default()
     };
     let server = start(cfg).await;
-    let connect = |token: &'static str| {
-        let addr = server.addr.clone();
-        async move {
-            KvClient::connect_with(
-                &addr,
-                strata_kvcache::client::ClientOptions {
-                    token: Some(token.into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("connect")
-        }
-    };
     // Tenant a: four connections, each with a stream holding 2 of 4 declared MiB and
     // one more waiting: 16 MiB, the whole budget, without a tenant share.
     let mut stalled = Vec::new();
     for conn in 0..4 {
-        let c = connect("tok-a").await;
+        let c = connect(&server.addr, "tok-a").await;
         for i in 0..2 {
             let mut c = c.clone();
             let hash = format!("hog-{conn}-{i}").into_bytes();
@@ -281,7 +284,7 @@ async fn one_tenant_cannot_take_the_whole_put_budget_over_many_connections() {
         }
     }
     assert_holds_at_most(&server.service, 8 << 20, "one tenant").await;
-    let mut b = connect("tok-b").await;
+    let mut b = connect(&server.addr, "tok-b").await;
     let data = block(4 << 20, 4);
     put_within_5s(&mut b, b"b-block", data, "tenant b still gets budget").await;
     stop(server, stalled).await;
@@ -425,21 +428,7 @@ async fn connections_that_never_authenticate_make_room_for_clients_that_do() {
         ..Default::default()
     })
     .await;
-    let connect = |token: &'static str| {
-        let addr = server.addr.clone();
-        async move {
-            KvClient::connect_with(
-                &addr,
-                strata_kvcache::client::ClientOptions {
-                    token: Some(token.into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("connect")
-        }
-    };
-    let mut before = connect("tok").await;
+    let mut before = connect(&server.addr, "tok").await;
     before.put(NS, b"k", block(64 << 10, 5)).await.expect("put");
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     hello.extend(h2_frame(4, 0, 0, &[])); // SETTINGS
@@ -454,10 +443,10 @@ async fn connections_that_never_authenticate_make_room_for_clients_that_do() {
             s.write_all(&hello).await.expect("write");
             flood.push(s);
         }
-        let mut wrong = connect("wrong").await;
+        let mut wrong = connect(&server.addr, "wrong").await;
         let e = wrong.get(NS, b"k").await.expect_err("a wrong token");
         assert_eq!(e.code(), Code::Unauthenticated, "{e}");
-        let mut c = tokio::time::timeout(Duration::from_secs(5), connect("tok"))
+        let mut c = tokio::time::timeout(Duration::from_secs(5), connect(&server.addr, "tok"))
             .await
             .expect("connected in time");
         let got = tokio::time::timeout(Duration::from_secs(5), c.get(NS, b"k"))
@@ -886,12 +875,6 @@ async fn concurrent_puts_larger_than_the_budget_together_all_complete() {
 /// share: the other tenant's Get is served at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenants_unread_gets_leave_the_other_tenants_gets_served() {
-    let tenant = |name: &str| strata_kvcache::TenantConfig {
-        name: name.into(),
-        token: format!("tok-{name}"),
-        namespaces: vec![NS.into()],
-        quota_bytes: 1 << 30,
-    };
     let server = start(ServerConfig {
         max_block: 4 << 20,
         max_inflight_get_bytes: 16 << 20,
@@ -902,21 +885,10 @@ async fn one_tenants_unread_gets_leave_the_other_tenants_gets_served() {
         ..Default::default()
     })
     .await;
-    let connect = |token: &'static str| {
-        let addr = server.addr.clone();
-        async move {
-            KvClient::connect_with(
-                &addr,
-                strata_kvcache::client::ClientOptions {
-                    token: Some(token.into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .expect("connect")
-        }
-    };
-    let (mut a, mut b) = (connect("tok-a").await, connect("tok-b").await);
+    let (mut a, mut b) = (
+        connect(&server.addr, "tok-a").await,
+        connect(&server.addr, "tok-b").await,
+    );
     a.put(NS, b"a-block", block(4 << 20, 1)).await.expect("put");
     b.put(NS, b"b-block", block(4 << 20, 2)).await.expect("put");
     // Tenant b: four connections (HTTP/2's 64 KiB default windows), each with a Get of

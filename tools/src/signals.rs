@@ -158,7 +158,7 @@ fn mounted(paths: &[PathBuf]) -> Vec<(libc::dev_t, PathBuf)> {
             }
             let f: Vec<&str> = fields.split(' ').collect();
             let (major, minor) = f.get(2)?.split_once(':')?;
-            let at = unescape_mountinfo(f.get(4)?);
+            let at = strata_fs::mount::unescape_mountinfo(f.get(4)?);
             paths.contains(&at).then(|| {
                 let dev = libc::makedev(major.parse().ok()?, minor.parse().ok()?);
                 Some((dev, at))
@@ -264,43 +264,5 @@ fn abort(devs: &[libc::dev_t]) {
             format!("/sys/fs/fuse/connections/{}/abort", libc::minor(*dev)),
             "1",
         );
-    }
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
-fn unescape_mountinfo(s: &str) -> PathBuf {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    use std::os::unix::ffi::OsStringExt;
-    std::ffi::OsString::from_vec(out).into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mountinfo_paths_are_unescaped() {
-        assert_eq!(
-            unescape_mountinfo(r"/mnt/my\040data"),
-            Path::new("/mnt/my data")
-        );
-        assert_eq!(unescape_mountinfo(r"/plain\x"), Path::new(r"/plain\x"));
     }
 }

@@ -312,6 +312,19 @@ fn identity(revision: &str) -> strata_kvcache::keys::ModelIdentity {
     }
 }
 
+/// A client of `node` sending model `revision`'s identity.
+async fn client_as(g: &Group, node: usize, revision: &str) -> KvClient {
+    KvClient::connect_with(
+        &g.nodes[node].kv,
+        strata_kvcache::client::ClientOptions {
+            identity: Some(identity(revision).digest()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect")
+}
+
 /// Puts blocks `range` through `node` as a client of model `revision`; how many were
 /// acknowledged, and the codes of those refused.
 async fn put_as(
@@ -320,15 +333,7 @@ async fn put_as(
     revision: &str,
     range: std::ops::Range<u32>,
 ) -> (usize, Vec<tonic::Code>) {
-    let mut c = KvClient::connect_with(
-        &g.nodes[node].kv,
-        strata_kvcache::client::ClientOptions {
-            identity: Some(identity(revision).digest()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("connect");
+    let mut c = client_as(g, node, revision).await;
     let (mut ok, mut refused) = (0, Vec::new());
     for i in range {
         match c.put(NS, &hash(i), block(i)).await {
@@ -402,15 +407,7 @@ async fn get_as(
     revision: &str,
     range: std::ops::Range<u32>,
 ) -> (usize, Vec<tonic::Code>) {
-    let mut c = KvClient::connect_with(
-        &g.nodes[node].kv,
-        strata_kvcache::client::ClientOptions {
-            identity: Some(identity(revision).digest()),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("connect");
+    let mut c = client_as(g, node, revision).await;
     let (mut ok, mut refused) = (0, Vec::new());
     for i in range {
         match c.get(NS, &hash(i)).await {
@@ -422,7 +419,7 @@ async fn get_as(
     (ok, refused)
 }
 
-/// Black-box finding (round 13): a member replaced (its disk empty) while etcd was
+/// Black-box finding (round 11): a member replaced (its disk empty) while etcd was
 /// down bound a namespace to model B, as its own binding decides then; after etcd was
 /// back (its record: model A, the first binder) it kept B, so model A was refused its
 /// own blocks through it (30/30), through the others for the keys it owned, and its

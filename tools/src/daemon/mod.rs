@@ -480,20 +480,7 @@ mod tests {
             let mut cfg = StrataConfig::default();
             cfg.cache.disk = "0".into();
             cfg.cache.memory = "16MiB".into();
-            cfg.cluster = Some(crate::config::ClusterConfig {
-                etcd_endpoints: vec![format!("http://{dead}")],
-                group: "g".into(),
-                node_id: Some("a".into()),
-                advertise: "127.0.0.1:7001".into(),
-                zone: String::new(),
-                replication: 2,
-                lease_ttl_secs: 2,
-                prefix: "strata".into(),
-                listen: Some("127.0.0.1:0".into()),
-                token_file: None,
-                hedge_min_ms: 2,
-                keep_remote_after: 0,
-            });
+            cfg.cluster = Some(test_cluster(format!("http://{dead}"), "a", 7001));
             let (daemon, admin) = start(cfg, dir.path(), &stop).await;
             let mut kv = kv_client(dir.path()).await;
             for i in 0..3u8 {
@@ -515,6 +502,25 @@ mod tests {
             .expect("test took more than 60 s");
     }
 
+    /// A `[cluster]` section for tests: group `g`, R=2, 2 s leases, node `id`
+    /// advertising `127.0.0.1:<port>`, its peer listener on any port.
+    fn test_cluster(etcd: String, id: &str, port: u16) -> crate::config::ClusterConfig {
+        crate::config::ClusterConfig {
+            etcd_endpoints: vec![etcd],
+            group: "g".into(),
+            node_id: Some(id.into()),
+            advertise: format!("127.0.0.1:{port}"),
+            zone: String::new(),
+            replication: 2,
+            lease_ttl_secs: 2,
+            prefix: "strata".into(),
+            listen: Some("127.0.0.1:0".into()),
+            token_file: None,
+            hedge_min_ms: 2,
+            keep_remote_after: 0,
+        }
+    }
+
     /// `[cluster]` (issue 16): two daemons on a real etcd register with their tier
     /// budgets as capacity, `strata cluster status`'s report gives each its share by
     /// capacity, and a daemon that stops leaves the group at once.
@@ -523,20 +529,8 @@ mod tests {
         use strata_cluster::{read_group, NodeId};
         let etcd = strata_cluster::testing::Etcd::start();
         let test = async {
-            let cluster = |id: &str| crate::config::ClusterConfig {
-                etcd_endpoints: vec![etcd.endpoint()],
-                group: "g".into(),
-                node_id: Some(id.into()),
-                advertise: format!("127.0.0.1:{}", if id == "a" { 7001 } else { 7002 }),
-                zone: String::new(),
-                replication: 2,
-                lease_ttl_secs: 2,
-                prefix: "strata".into(),
-                listen: Some("127.0.0.1:0".into()),
-                token_file: None,
-                hedge_min_ms: 2,
-                keep_remote_after: 0,
-            };
+            let cluster =
+                |id: &str| test_cluster(etcd.endpoint(), id, if id == "a" { 7001 } else { 7002 });
             let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
             let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
             let mut cfg = StrataConfig::default();

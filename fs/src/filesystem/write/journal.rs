@@ -72,27 +72,15 @@ pub(super) fn record_path(file: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Writes `record` beside `file` (temporary name, synced, renamed, folder synced).
+/// Writes `record` beside `file` (atomically: see `write_atomically`).
 fn write_record(file: &Path, record: &JournalRecord) -> std::io::Result<()> {
-    use std::io::Write;
-    let to = record_path(file);
-    let mut tmp = to.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
     let body = serde_json::to_vec(&serde_json::json!({
         "path": record.path,
         "only_if_absent": record.only_if_absent,
         "source": record.source,
     }))
     .map_err(std::io::Error::other)?;
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&body)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &to)?;
-    if let Some(dir) = to.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    strata_cache_core::state_file::write_atomically(&record_path(file), &body)
 }
 
 impl Staged {
