@@ -187,6 +187,27 @@ impl FuseFs {
     }
 }
 
+/// A name the kernel sent for an entry that must exist: object keys are UTF-8, so a
+/// name that is not names nothing (ENOENT).
+fn existing_name(name: &OsStr) -> Result<String, Error> {
+    name.to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Error::NotFound(name.to_string_lossy().into_owned()))
+}
+
+/// A name the kernel sent for an entry to make: object keys are UTF-8, so a name that
+/// is not is refused (EINVAL). A lossy conversion stored every such name under its
+/// U+FFFD spelling (black-box finding: `ckpt-\xff.bin` and `ckpt-\xfe.bin` both
+/// became `ckpt-\u{fffd}.bin`, the second overwriting the first).
+fn new_name(name: &OsStr) -> Result<String, Error> {
+    name.to_str().map(str::to_owned).ok_or_else(|| {
+        Error::Invalid(format!(
+            "{:?} is not UTF-8; object keys are",
+            name.to_string_lossy()
+        ))
+    })
+}
+
 impl Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         self.passthrough = configure_kernel(config, self.want_passthrough);
@@ -195,8 +216,11 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = match existing_name(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e, "lookup")),
+        };
         let core = self.core.clone();
-        let name = name.to_string_lossy().into_owned();
         self.dispatch(async move {
             match core.lookup(parent.0, &name).await {
                 Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(e.generation)),
@@ -675,8 +699,11 @@ impl Filesystem for FuseFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let name = match new_name(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e, "mkdir")),
+        };
         let core = self.core.clone();
-        let name = name.to_string_lossy().into_owned();
         self.dispatch(async move {
             match core.mkdir(parent.0, &name).await {
                 Ok(e) => reply.entry(&e.ttl, &file_attr(&e.attr), Generation(e.generation)),
@@ -686,8 +713,11 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match existing_name(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e, "unlink")),
+        };
         let core = self.core.clone();
-        let name = name.to_string_lossy().into_owned();
         self.dispatch(async move {
             match core.unlink(parent.0, &name).await {
                 Ok(()) => reply.ok(),
@@ -697,8 +727,11 @@ impl Filesystem for FuseFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match existing_name(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e, "rmdir")),
+        };
         let core = self.core.clone();
-        let name = name.to_string_lossy().into_owned();
         self.dispatch(async move {
             match core.rmdir(parent.0, &name).await {
                 Ok(()) => reply.ok(),
@@ -724,11 +757,11 @@ impl Filesystem for FuseFs {
             return reply.error(errno(&e, "rename"));
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let (name, newname) = match (existing_name(name), new_name(newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(errno(&e, "rename")),
+        };
         let core = self.core.clone();
-        let (name, newname) = (
-            name.to_string_lossy().into_owned(),
-            newname.to_string_lossy().into_owned(),
-        );
         self.dispatch(async move {
             match core
                 .rename(parent.0, &name, newparent.0, &newname, noreplace)
@@ -750,9 +783,12 @@ impl Filesystem for FuseFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let name = match new_name(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(errno(&e, "create")),
+        };
         let core = self.core.clone();
         let pid = req.pid();
-        let name = name.to_string_lossy().into_owned();
         let handles = self.handles.clone();
         let opens = self.opens.clone();
         self.dispatch(async move {

@@ -589,6 +589,21 @@ fn trees_are_removed_and_unstorable_names_refused(b: Backend) {
     let e = std::fs::create_dir(fx.m("nl\ndir")).expect_err("in a directory name too");
     assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
     assert_eq!(stored(&fx, "tab%09name"), None, "nothing stored renamed");
+    // A name that is not UTF-8 (Latin-1 from an old archive) is refused too: its lossy
+    // spelling made two such names one object, the second overwriting the first.
+    use std::os::unix::ffi::OsStrExt;
+    let latin1 = |b: &[u8]| fx.mnt.path().join(std::ffi::OsStr::from_bytes(b));
+    let e = std::fs::write(latin1(b"ckpt-\xff.bin"), b"x").expect_err("not UTF-8");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    let e = std::fs::create_dir(latin1(b"dir-\xe9")).expect_err("not UTF-8");
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    let e = std::fs::metadata(latin1(b"ckpt-\xfe.bin")).expect_err("no such key");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    assert_eq!(
+        stored(&fx, "ckpt-\u{fffd}.bin"),
+        None,
+        "nothing stored renamed"
+    );
     // A local directory store keeps uploads in progress as NAME#N (and lists none).
     let hashed = std::fs::write(fx.m("issue#12"), b"x");
     match b {

@@ -70,6 +70,9 @@ pub struct FaultConfig {
     /// Reads ignore `If-Match` (as a gateway or S3-compatible store that does not do
     /// conditional GETs): the current version answers whatever was asked for.
     pub ignore_if_match: bool,
+    /// Answers name no ETag (heads, reads and listings; a gateway that drops the
+    /// header), and reads ignore `If-Match` for want of one.
+    pub drop_etags: bool,
     /// A multipart completion is applied, and its answer lost on the way back (the
     /// caller sees an error; a retry finds no such upload).
     pub lose_completion_answers: bool,
@@ -488,10 +491,13 @@ impl ObjectStore for FaultyStore {
         let _asked = InFlightBytes::new(&self.gets, asked);
         let cfg = self.before_read(location.as_ref()).await?;
         let mut options = options;
-        if cfg.ignore_if_match {
+        if cfg.ignore_if_match || cfg.drop_etags {
             options.if_match = None;
         }
-        let result = self.inner.get_opts(location, options).await?;
+        let mut result = self.inner.get_opts(location, options).await?;
+        if cfg.drop_etags {
+            result.meta.e_tag = None;
+        }
         if head {
             return Ok(result);
         }
@@ -569,6 +575,14 @@ impl ObjectStore for FaultyStore {
                 let bad = futures::stream::once(async move { Err(bad_key_error(&k)) });
                 Box::pin(futures::StreamExt::chain(self.inner.list(prefix), bad))
             }
+            _ if cfg.drop_etags => {
+                Box::pin(futures::StreamExt::map(self.inner.list(prefix), |m| {
+                    m.map(|mut m| {
+                        m.e_tag = None;
+                        m
+                    })
+                }))
+            }
             _ => self.inner.list(prefix),
         }
     }
@@ -579,7 +593,13 @@ impl ObjectStore for FaultyStore {
             .await?;
         match cfg.bad_key {
             Some(k) if under(prefix, &k) => Err(bad_key_error(&k)),
-            _ => self.inner.list_with_delimiter(prefix).await,
+            _ => {
+                let mut listed = self.inner.list_with_delimiter(prefix).await?;
+                if cfg.drop_etags {
+                    listed.objects.iter_mut().for_each(|m| m.e_tag = None);
+                }
+                Ok(listed)
+            }
         }
     }
 

@@ -448,10 +448,10 @@ impl BackingStore {
         }
         let want = range.end - range.start;
         let p = object_key(obj.path.as_ref());
-        let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
+        let pin = VersionPin::of(obj);
         let (bytes, ttfb) = self
             .retrying(|| async {
-                let (res, ttfb) = self.open_range(&p, &if_match, &range).await?;
+                let (res, ttfb) = self.open_range(&p, &pin, &range).await?;
                 let bytes = res.bytes().await?;
                 // A body cut short (a connection closed early behind a proxy, a
                 // Content-Length that agreed with it) is a transient fault like a reset:
@@ -483,16 +483,16 @@ impl BackingStore {
         Ok((bytes, ttfb))
     }
 
-    /// One attempt at bytes `range` of the version `if_match` names: the response,
-    /// whose body is still to be read, and its time to first byte.
+    /// One attempt at bytes `range` of the version `pin` names: the response, whose
+    /// body is still to be read, and its time to first byte.
     async fn open_range(
         &self,
         p: &Path,
-        if_match: &Option<String>,
+        pin: &VersionPin,
         range: &Range<u64>,
     ) -> object_store::Result<(object_store::GetResult, Duration)> {
         let opts = GetOptions {
-            if_match: if_match.clone(),
+            if_match: pin.etag.clone(),
             range: Some(GetRange::Bounded(range.clone())),
             ..Default::default()
         };
@@ -501,16 +501,11 @@ impl BackingStore {
             regular_local_file(root.clone(), p).await?;
         }
         let res = self.store.get_opts(p, opts).await?;
-        // The version the response names must be the one asked for: a store or gateway
-        // that ignores If-Match would otherwise hand one open file two versions and put
-        // the new bytes in the cache under the old version's keys (black-box finding).
-        if let (Some(want), Some(got)) = (if_match, &res.meta.e_tag) {
-            if bare_etag(want) != bare_etag(got) {
-                return Err(object_store::Error::Precondition {
-                    path: p.to_string(),
-                    source: format!("asked for version {want}, the store answered {got}").into(),
-                });
-            }
+        if let Some(changed) = pin.mismatch(&res.meta) {
+            return Err(object_store::Error::Precondition {
+                path: p.to_string(),
+                source: changed.into(),
+            });
         }
         Ok((res, sent.elapsed()))
     }
@@ -626,7 +621,7 @@ impl BackingStore {
         }
         let want = range.end - range.start;
         let p = object_key(obj.path.as_ref());
-        let if_match = obj.has_etag.then(|| etag_of(&obj.version).to_string());
+        let pin = VersionPin::of(obj);
         // A local file is checked for a rewrite after the read: its pieces go out only
         // then, so a change mid-read never reaches a reader.
         let early = self.local_root.is_none();
@@ -637,9 +632,7 @@ impl BackingStore {
         loop {
             let done = blocks.len() as u64 * block_size;
             let rest = range.start + done..range.end;
-            let (res, ttfb) = self
-                .retrying(|| self.open_range(&p, &if_match, &rest))
-                .await?;
+            let (res, ttfb) = self.retrying(|| self.open_range(&p, &pin, &rest)).await?;
             first_ttfb.get_or_insert(ttfb);
             let before = blocks.len();
             let body = self
@@ -1422,7 +1415,12 @@ fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInf
     let ns = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
     let (version, has_etag) = match &meta.e_tag {
         Some(e) => (e.clone(), true),
-        None => (format!("{ns:x}-{:x}", meta.size), false),
+        // Whole seconds: a LIST says milliseconds, a HEAD's header seconds, and both
+        // must name the same blocks.
+        None => (
+            format!("{:x}-{:x}", meta.last_modified.timestamp(), meta.size),
+            false,
+        ),
     };
     ObjectInfo {
         path: Arc::from(meta.location.as_ref()),
@@ -1431,6 +1429,49 @@ fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInf
         has_etag,
         last_modified_unix_ns: ns,
         block_size,
+    }
+}
+
+/// What a ranged GET's answer must show to be the version a reader opened: the same
+/// ETag (sent as `If-Match`, and checked, since a store or gateway that ignores
+/// If-Match would otherwise hand one open file two versions and put the new bytes in
+/// the cache under the old version's keys: black-box finding), or, from a store that
+/// gives no ETag, the same size and Last-Modified second (black-box finding: behind a
+/// gateway that drops ETags, an object overwritten during a read was served as its
+/// old first MiBs spliced to the new rest, and cached so under the old version).
+#[derive(Debug)]
+struct VersionPin {
+    etag: Option<String>,
+    size: u64,
+    modified_secs: i64,
+}
+
+impl VersionPin {
+    fn of(obj: &ObjectInfo) -> Self {
+        VersionPin {
+            etag: obj.has_etag.then(|| etag_of(&obj.version).to_string()),
+            size: obj.size,
+            modified_secs: obj.last_modified_unix_ns.div_euclid(1_000_000_000),
+        }
+    }
+
+    /// Why `got` (a response's metadata) is not the pinned version, if it is not.
+    fn mismatch(&self, got: &object_store::ObjectMeta) -> Option<String> {
+        match (&self.etag, &got.e_tag) {
+            (Some(want), Some(got)) if bare_etag(want) != bare_etag(got) => Some(format!(
+                "asked for version {want}, the store answered {got}"
+            )),
+            (Some(_), _) => None,
+            (None, _) if got.size != self.size => Some(format!(
+                "the object was {} bytes when opened and is {} bytes now",
+                self.size, got.size
+            )),
+            (None, _) if got.last_modified.timestamp() != self.modified_secs => Some(format!(
+                "the object was modified (Last-Modified {}) since it was opened",
+                got.last_modified
+            )),
+            (None, _) => None,
+        }
     }
 }
 
