@@ -582,6 +582,15 @@ fn trees_are_removed_and_unstorable_names_refused(b: Backend) {
     let cp = format!("cp -r {}/t copied && rm -rf copied", src.path().display());
     sh(fx.mnt.path(), &cp);
     assert!(!fx.m("copied").exists(), "copied tree removed");
+    // A folder a rename emptied (the download-then-move of tempfile.TemporaryDirectory):
+    // rmdir removes it from the store too (on file:// it stayed, listed, after a 0).
+    std::fs::create_dir(fx.m("tmpdl")).expect("mkdir");
+    std::fs::write(fx.m("tmpdl/model.bin"), b"weights").expect("download");
+    std::fs::rename(fx.m("tmpdl/model.bin"), fx.m("model.bin")).expect("move out");
+    std::fs::remove_dir(fx.m("tmpdl")).expect("rmdir");
+    assert!(!fx.m("tmpdl").exists(), "gone from the mount");
+    assert!(!fx.src.path().join("tmpdl").exists(), "gone from the store");
+    assert_eq!(stored(&fx, "model.bin").as_deref(), Some(&b"weights"[..]));
     assert_eq!(stored(&fx, "copied/b/f0"), None);
     let bad = fx.m("tab\tname");
     let e = std::fs::write(&bad, b"x").expect_err("a control character is refused");

@@ -20,7 +20,7 @@ use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartId, MultipartUpload,
-    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
 };
 use parking_lot::Mutex;
 
@@ -620,5 +620,26 @@ impl ObjectStore for FaultyStore {
             return Err(injected(from.as_ref(), "injected 503 on copy"));
         }
         self.inner.copy_opts(from, to, options).await
+    }
+
+    /// The inner store's own rename (a local directory's `rename(2)`, which leaves the
+    /// source's folder behind where a delete removes it), refused as a copy would be.
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: RenameOptions,
+    ) -> object_store::Result<()> {
+        let refused = {
+            let c = self.config.lock();
+            c.writes_down
+                || c.fail_copy_of
+                    .as_deref()
+                    .is_some_and(|k| from.as_ref().contains(k))
+        };
+        if refused {
+            return Err(injected(from.as_ref(), "injected 503 on rename"));
+        }
+        self.inner.rename_opts(from, to, options).await
     }
 }

@@ -1259,15 +1259,16 @@ impl BackingStore {
         })
     }
 
-    /// Removes directory `path` of a local directory store if it is empty (an object
-    /// store has no directories: elsewhere there is nothing to remove). Deletes already
-    /// remove the directories they empty; this is for one that was empty from the start.
-    /// (ENOTEMPTY if it holds what the store does not list.)
     /// Whether this is a local directory store (`file://`), whose folders are real.
     pub fn is_local(&self) -> bool {
         self.local_root.is_some()
     }
 
+    /// Removes directory `path` of a local directory store if it is empty (an object
+    /// store has no directories: elsewhere there is nothing to remove; a missing one is
+    /// removed already). Deletes remove the directories they empty; this is for one
+    /// that was empty from the start or that a rename emptied. (ENOTEMPTY if it holds
+    /// what the store does not list.)
     pub async fn remove_empty_dir(&self, path: &str) -> std::io::Result<()> {
         let Some(root) = &self.local_root else {
             return Ok(());

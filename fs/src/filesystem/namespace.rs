@@ -407,14 +407,16 @@ impl FsCore {
         if !self.reader.store().is_local() {
             self.store_folder_removable(&path).await?;
         }
-        let made_here = writes.local_dirs.lock().remove(&path);
-        if !made_here {
-            let removed = self.reader.store().remove_empty_dir(&path).await;
-            removed.map_err(|source| Error::Local {
-                what: format!("removing {path}"),
-                source,
-            })?;
-        }
+        // A local store's folder goes too, even one this mount made: a file written
+        // into it made it real, and a rename out of it (unlike a delete) leaves it
+        // behind (black-box finding: `mkdir B; echo x > B/f; mv B/f Bf; rmdir B`
+        // returned 0 and B stayed, in the store and the listing).
+        let removed = self.reader.store().remove_empty_dir(&path).await;
+        removed.map_err(|source| Error::Local {
+            what: format!("removing {path}"),
+            source,
+        })?;
+        writes.local_dirs.lock().remove(&path);
         self.inodes.write().detach(&path);
         self.changing(&path);
         self.attrs.insert(path.clone(), Meta::Missing).await;
