@@ -9,6 +9,7 @@ missing block is ``None``, not an error.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import socket
@@ -27,6 +28,55 @@ from .keys import IDENTITY_METADATA, ModelIdentity
 #: Size of the messages a put is cut into: the server's default chunk (1 MiB); the
 #: server refuses single messages over 4 MiB.
 CHUNK_BYTES = 1 << 20
+#: The most keys the server takes in one lookup (kvcache/src/server: MAX_BATCH_KEYS)...
+MAX_KEYS_PER_CALL = 1 << 16
+#: ...and the key bytes one message may carry under its 4 MiB bound, with room for
+#: each key's field header and the namespace.
+MAX_KEY_BYTES_PER_CALL = 3 << 20
+#: The longest namespace the server takes (bytes of UTF-8).
+MAX_NAMESPACE_BYTES = 128
+
+
+def key_batches(keys: Sequence[bytes]) -> Iterator[Sequence[bytes]]:
+    """``keys`` cut into runs the server takes in one call (at most
+    :data:`MAX_KEYS_PER_CALL` keys and :data:`MAX_KEY_BYTES_PER_CALL` bytes): a long
+    prompt's lookup is several calls, not one the server refuses (black-box finding: a
+    32-layer model's layer keys passed 65,536 at ~33k tokens, and every such prompt
+    missed, its saves never found again)."""
+    start, size = 0, 0
+    for i, k in enumerate(keys):
+        n = len(k) + 3
+        if i > start and (i - start >= MAX_KEYS_PER_CALL or size + n > MAX_KEY_BYTES_PER_CALL):
+            yield keys[start:i]
+            start, size = i, 0
+        size += n
+    if start < len(keys) or not keys:
+        yield keys[start:]
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace`` if the server takes it, else ``ValueError`` saying why (a client
+    built with one it refuses would fail every call)."""
+    n = len(namespace.encode("utf-8"))
+    if not 1 <= n <= MAX_NAMESPACE_BYTES:
+        raise ValueError(f"namespace must be 1..={MAX_NAMESPACE_BYTES} bytes of UTF-8, "
+                         f"got {n}: {namespace[:60]!r}...")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in namespace):
+        raise ValueError(f"namespace {namespace!r} contains control characters")
+    return namespace
+
+
+def namespace_from_name(name: str) -> str:
+    """A namespace for a model named ``name`` (a hub id, or a local path, which may be
+    long: a Hugging Face snapshot path is ~136 bytes): ``name`` when the server takes
+    it, else its last 80 bytes or so and a digest of the whole, so two long names never
+    share one."""
+    name = "".join(c if ord(c) >= 0x20 and not 0x7F <= ord(c) < 0xA0 else "_" for c in name) or "default"
+    if len(name.encode("utf-8")) <= MAX_NAMESPACE_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+    tail = name.encode("utf-8")[-80:].decode("utf-8", "ignore").lstrip("/")
+    return f"{tail}#{digest}"
 
 _TIERS = {
     kv_pb2.TIER_GPU: "gpu",
@@ -135,6 +185,17 @@ class _ShmArena:
             except OSError:
                 pass
 
+    def ended(self) -> bool:
+        """Whether the daemon closed the side socket (it restarted or dropped the
+        session): it sends nothing after its hello, so a readable socket is an ended one.
+        One non-blocking peek."""
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         self._sock.close()  # ends the session: the daemon releases what is left
         # The mapping goes when the last view into it does.
@@ -236,7 +297,11 @@ class KvClient:
         else:
             self._channel = grpc.insecure_channel(addr, options=options)
         self._stub = kv_pb2_grpc.KvCacheStub(self._channel)
-        self.namespace = namespace
+        try:
+            self.namespace = check_namespace(namespace)
+        except ValueError:
+            self._channel.close()
+            raise
         md = []
         if token:
             md.append(("authorization", f"Bearer {token}"))
@@ -267,6 +332,8 @@ class KvClient:
         self._metadata = tuple(md) or None
         self._timeout = timeout
         self._attach_lock = threading.Lock()
+        #: When to try attaching again after a failed attach (a daemon not back yet).
+        self._next_attach = 0.0
         self._use_arena(self._arena)
         # Whether the daemon answers BatchLease (one call for a batch of arena leases);
         # cleared the first time one answers UNIMPLEMENTED.
@@ -291,22 +358,30 @@ class KvClient:
         self._device_metadata = (get_md + ((DEVICE_IPC_METADATA, "1"),)) if arena is not None else self._metadata
         self._arena = arena
 
-    def _reattach(self, ended: _ShmArena) -> None:
+    def _reattach(self, ended: Optional[_ShmArena]) -> None:
         """The daemon no longer holds ``ended``'s session (it restarted): attach again at
-        the same side socket, once for all threads that saw it. Views into the old arena
-        stay readable (their mapping is their own). When attaching fails (the daemon now
-        runs without an arena, or is not back yet), Gets go on as bytes."""
+        the same side socket, once for all threads that saw it (``ended`` None: no arena
+        now, after a failed attach). Views into the old arena stay readable (their
+        mapping is their own). When attaching fails (the daemon now runs without an
+        arena, or is not back yet), Gets go on as bytes, and attaching is tried again
+        at a Get 5 s later."""
         with self._attach_lock:
             if self._arena is not ended:
                 return  # another thread attached already
             try:
-                arena = _ShmArena(self._shm_path, self._timeout)
+                # A later try waits at most 2 s for the hello: it runs inside a Get.
+                bound = self._timeout if ended is not None else min(self._timeout or 2.0, 2.0)
+                arena = _ShmArena(self._shm_path, bound)
             except (OSError, ValueError) as e:
-                warnings.warn(f"strata_kv: the shared-memory session ended and attaching again "
-                              f"at {self._shm_path} failed ({e}); blocks now come as bytes")
+                if ended is not None:
+                    warnings.warn(f"strata_kv: the shared-memory session ended and attaching again "
+                                  f"at {self._shm_path} failed ({e}); blocks come as bytes until it "
+                                  "succeeds")
+                self._next_attach = time.monotonic() + 5.0
                 arena = None
             self._use_arena(arena)
-            ended.close()
+            if ended is not None:
+                ended.close()
 
     def _call(self, method, request, timeout: Optional[float] = None):
         try:
@@ -335,13 +410,22 @@ class KvClient:
         return _TIERS.get(r.tier)
 
     def batch_exists(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[bool]:
-        req = kv_pb2.BatchExistsRequest(namespace=self._ns(namespace), hashes=list(keys))
-        return list(self._call(self._stub.BatchExists, req).exists)
+        ns, out = self._ns(namespace), []
+        for run in key_batches(keys):
+            req = kv_pb2.BatchExistsRequest(namespace=ns, hashes=list(run))
+            out.extend(self._call(self._stub.BatchExists, req).exists)
+        return out
 
     def match_prefix(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
         """Number of leading keys of the chain that are cached (stops at the first miss)."""
-        req = kv_pb2.MatchPrefixRequest(namespace=self._ns(namespace), hashes=list(keys))
-        return self._call(self._stub.MatchPrefix, req).matched
+        ns, matched = self._ns(namespace), 0
+        for run in key_batches(keys):
+            req = kv_pb2.MatchPrefixRequest(namespace=ns, hashes=list(run))
+            m = self._call(self._stub.MatchPrefix, req).matched
+            matched += m
+            if m < len(run):
+                break
+        return matched
 
     def batched_contains(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
         """LMCache's name for :meth:`match_prefix`."""
@@ -373,6 +457,13 @@ class KvClient:
         TCP). A failure releases the views already taken and raises."""
         ns = self._ns(namespace)
         bound = self._timeout if timeout is None else timeout
+        if self._arena is not None and self._arena.ended():
+            # The daemon restarted: a Get naming the old session is answered with bytes,
+            # not refused, so the device-handle path (per-key Gets) never learnt of it
+            # (black-box finding: zero-copy lost for the engine's lifetime).
+            self._reattach(self._arena)
+        elif self._arena is None and self._shm_path and time.monotonic() >= self._next_attach:
+            self._reattach(None)
         if self._arena is not None and not device and self._batch_lease and keys:
             views = self._leased_views(keys, ns, bound)
             if views is not None:
@@ -502,14 +593,18 @@ class KvClient:
             raise KvError(grpc.StatusCode.INTERNAL, str(e)) from None
 
     def batched_get(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[Optional[bytes]]:
-        req = kv_pb2.BatchGetRequest(namespace=self._ns(namespace), hashes=list(keys))
+        ns = self._ns(namespace)
         parts: List[List[bytes]] = [[] for _ in keys]
         found = [False] * len(keys)
         try:
-            for m in self._stub.BatchGet(req, timeout=self._timeout, metadata=self._metadata):
-                if m.found:
-                    found[m.index] = True
-                    parts[m.index].append(m.data)
+            base = 0
+            for run in key_batches(keys):
+                req = kv_pb2.BatchGetRequest(namespace=ns, hashes=list(run))
+                for m in self._stub.BatchGet(req, timeout=self._timeout, metadata=self._metadata):
+                    if m.found:
+                        found[base + m.index] = True
+                        parts[base + m.index].append(m.data)
+                base += len(run)
         except grpc.RpcError as e:
             raise _wrap(e) from None
         except ValueError as e:
@@ -538,25 +633,38 @@ class KvClient:
         return [self.put(k, v, namespace) for k, v in zip(keys, values)]
 
     def remove(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
-        req = kv_pb2.RemoveRequest(namespace=self._ns(namespace), hashes=list(keys))
-        return self._call(self._stub.Remove, req).removed
+        ns, removed = self._ns(namespace), 0
+        for run in key_batches(keys):
+            req = kv_pb2.RemoveRequest(namespace=ns, hashes=list(run))
+            removed += self._call(self._stub.Remove, req).removed
+        return removed
 
     def prefetch(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> Dict[str, int]:
-        req = kv_pb2.PrefetchRequest(namespace=self._ns(namespace), hashes=list(keys))
-        r = self._call(self._stub.Prefetch, req)
-        return {"staged": r.staged, "already_fast": r.already_fast, "missing": r.missing}
+        ns, out = self._ns(namespace), {"staged": 0, "already_fast": 0, "missing": 0}
+        for run in key_batches(keys):
+            r = self._call(self._stub.Prefetch, kv_pb2.PrefetchRequest(namespace=ns, hashes=list(run)))
+            out["staged"] += r.staged
+            out["already_fast"] += r.already_fast
+            out["missing"] += r.missing
+        return out
 
     def estimate_load(
         self, keys: Sequence[bytes], block_bytes: int = 0, namespace: Optional[str] = None
     ) -> Dict[str, object]:
-        """Where each block is and the expected load time now (microseconds)."""
-        req = kv_pb2.EstimateLoadRequest(namespace=self._ns(namespace), hashes=list(keys), block_bytes=block_bytes)
-        r = self._call(self._stub.EstimateLoad, req)
-        return {
-            "blocks": [(_TIERS.get(b.tier), b.load_us) for b in r.blocks],
-            "matched": r.matched,
-            "total_us": r.total_us,
-        }
+        """Where each block is and the expected load time now (microseconds);
+        ``matched`` and ``total_us`` are of the leading blocks held."""
+        ns = self._ns(namespace)
+        blocks: List[tuple] = []
+        matched, total_us, in_prefix = 0, 0.0, True
+        for run in key_batches(keys):
+            req = kv_pb2.EstimateLoadRequest(namespace=ns, hashes=list(run), block_bytes=block_bytes)
+            r = self._call(self._stub.EstimateLoad, req)
+            blocks.extend((_TIERS.get(b.tier), b.load_us) for b in r.blocks)
+            if in_prefix:
+                matched += r.matched
+                total_us += r.total_us
+                in_prefix = r.matched == len(run)
+        return {"blocks": blocks, "matched": matched, "total_us": total_us}
 
     def close(self) -> None:
         if self._arena is not None:

@@ -52,7 +52,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ._pause import Pause
-from .client import KvClient, KvError
+from .client import KvClient, KvError, check_namespace, namespace_from_name
 from .keys import V2_ROOT, ModelIdentity, _canonical_json, block_hash_v2, rank_key
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class StrataHiCacheStorage(HiCacheStorage):
 
     ``extra_config`` (``--hicache-storage-backend-extra-config``) keys:
     ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``), ``namespace``
-    (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``), and the identity
+    (default: the model name; past 128 bytes, its tail and a digest), ``token`` (default ``$STRATA_KV_TOKEN``), and the identity
     fields SGLang does not hand a backend: ``revision``, ``rope_scaling`` (read from the
     model directory's config.json when it is local and this is absent), ``kv_dtype``
     (default: the host pool's dtype), ``cache_salt``, ``identity_extra`` (a dict).
@@ -154,13 +154,19 @@ class StrataHiCacheStorage(HiCacheStorage):
         extra = dict(storage_config.extra_config or {})
         self._extra = extra
         self.addr = extra.get("strata_addr") or os.environ.get("STRATA_KV_ADDR", "127.0.0.1:7070")
-        self.namespace = extra.get("namespace") or (storage_config.model_name or "default")
+        # The model name by default, shortened with a digest past the service's 128 bytes.
+        self.namespace = check_namespace(extra.get("namespace") or namespace_from_name(storage_config.model_name or "default"))
         self._token = extra.get("token") or os.environ.get("STRATA_KV_TOKEN")
         # Seconds per call: a store that does not answer must not stall prefetch forever.
         self._timeout = float(extra.get("timeout_s", 30.0))
         # Same host (a unix:// address): pages are read in place from the daemon's
         # shared-memory arena and copied once, into the host pool ("shm": false to not).
         self._shm = bool(extra.get("shm", str(self.addr).startswith("unix:")))
+        if self._shm and not str(self.addr).startswith("unix:"):
+            # Refused here, at the engine's start, as the vLLM connector does (black-box
+            # finding: it was accepted, then every storage call raised ValueError).
+            raise ValueError(f"StrataHiCacheStorage: \"shm\": true needs a unix:// strata_addr, "
+                             f"got {self.addr!r}")
 
         sc = storage_config
         cp = max(1, sc.attn_cp_size)

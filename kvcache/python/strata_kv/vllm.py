@@ -47,7 +47,7 @@ not per block of tokens), groups with another block size, host-resident (HiSpars
 groups, and layer-by-layer mode with several groups (its errors are block-level).
 
 Extra config: ``strata_addr`` (default ``$STRATA_KV_ADDR`` or ``127.0.0.1:7070``),
-``namespace`` (default: the model name), ``token`` (default ``$STRATA_KV_TOKEN``),
+``namespace`` (default: the model name; past 128 bytes, its tail and a digest), ``token`` (default ``$STRATA_KV_TOKEN``),
 ``revision`` (overrides the model config's revision, e.g. a weights checksum),
 ``min_load_blocks`` (default 1), ``timeout_s`` (default 30: a load or save),
 ``lookup_timeout_s`` (default 2: the scheduler's lookups, which hold its step),
@@ -98,7 +98,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ._pause import Pause as _Pause
-from .client import KvClient, KvError
+from .client import KvClient, KvError, check_namespace, namespace_from_name
 from .keys import ModelIdentity, chain_hashes_v2, layer_key, rank_key
 
 if TYPE_CHECKING:
@@ -317,7 +317,10 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         get = cfg.get_from_extra_config
         self.block_size = int(vllm_config.cache_config.block_size)
         self.addr = get("strata_addr", None) or os.environ.get("STRATA_KV_ADDR", "127.0.0.1:7070")
-        self.namespace = get("namespace", None) or str(vllm_config.model_config.model)
+        # The model path by default, shortened with a digest past the service's 128 bytes
+        # (black-box finding: a Hugging Face snapshot path is ~136 bytes, and an engine
+        # started with it cached nothing, each call refused).
+        self.namespace = check_namespace(get("namespace", None) or namespace_from_name(str(vllm_config.model_config.model)))
         token = get("token", None) or os.environ.get("STRATA_KV_TOKEN")
         revision = get("revision", None)
         # A single block saves little next to a round trip; one is the floor.
@@ -359,6 +362,11 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self.max_pending_save_bytes = int(float(get("max_pending_save_mb", 1024)) * (1 << 20))
         self._lookup_pause = _Pause()
         self._save_pause = _Pause()
+        # Loads too: after one fails on a daemon that does not answer, the loads and
+        # layers behind it fail at once (black-box finding: layer by layer, a frozen
+        # daemon held the forward pass timeout_s per layer; whole blocks, the Nth queued
+        # load waited N x timeout_s).
+        self._load_pause = _Pause()
         self._pending_save_bytes = 0
         # Only a worker loads blocks: only a worker attaches to the arena.
         self.shm = (role == KVConnectorRole.WORKER
@@ -699,11 +707,16 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
     def _fetch_into(self, keys: List[bytes], fill) -> List[bool]:
         """Fetches ``keys`` and hands each value (or None) to ``fill(i, value)``, which
         copies it into the cache and says whether it fit. Attached to the arena: each
-        value is read in place there and released once copied; else one BatchGet."""
+        value is read in place there and released once copied; else one BatchGet.
+        While loads are paused after the daemon failed, every value is None at once."""
+        if self._load_pause.active():
+            return [fill(i, None) for i in range(len(keys))]
         if not self.shm:
             try:
                 values = self.client.batched_get(keys)
+                self._load_pause.outcome(None)
             except KvError as e:
+                self._load_pause.outcome(e)
                 self._refused("load", e)
                 values = [None] * len(keys)
             return [fill(i, v) for i, v in enumerate(values)]
@@ -715,7 +728,9 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             chunk = keys[start : start + VIEW_BATCH]
             try:
                 views = self.client.get_views(chunk, device=self._device_reads)
+                self._load_pause.outcome(None)
             except KvError as e:
+                self._load_pause.outcome(e)
                 self._refused("load", e)
                 return out + [fill(j, None) for j in range(start, len(keys))]
             try:
@@ -862,8 +877,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             finally:
                 with self._lock:
                     if failed:
-                        self.stats["load_errors"] += len(failed)
-                        self._load_errors.update(failed)
+                        self._count_load_errors(failed)
                         failed_any.update(failed)
                     else:
                         self.stats["loaded_layer_blocks"] = self.stats.get("loaded_layer_blocks", 0) + len(blocks)
@@ -898,8 +912,15 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         # Late: the forward pass goes on; vLLM recomputes the blocks reported here.
         logger.warning("strata: layer %s did not load within %.0f s", layer_name, self.timeout_s)
         with self._lock:
-            self._load_errors.update(self._layer_load_blocks)
-            self.stats["load_errors"] += len(self._layer_load_blocks)
+            self._count_load_errors(self._layer_load_blocks)
+
+    def _count_load_errors(self, blocks) -> None:
+        """Adds ``blocks`` to this step's load errors, counting each once (a layer that
+        timed out here and then failed in the load thread is one error per block).
+        Under ``self._lock``."""
+        before = len(self._load_errors)
+        self._load_errors.update(blocks)
+        self.stats["load_errors"] += len(self._load_errors) - before
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         # Whole blocks are saved once every layer is written: in wait_for_save. Layer by

@@ -299,3 +299,82 @@ def test_a_shm_client_attaches_again_after_the_daemon_restarts(sig):
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_lookups_longer_than_one_call_are_cut_into_calls_the_server_takes(client):
+    """Black-box finding: a lookup of more than 65,536 keys (a 32-layer model's layer
+    keys of a ~33k-token prompt) or over 4 MiB was refused whole, so such prompts always
+    missed. The client cuts it into calls the server takes; answers are as one call's."""
+    from strata_kv.client import MAX_KEYS_PER_CALL, key_batches
+
+    keys = [b"long-%059d" % i for i in range(70_000)]  # 64-byte keys: 4.5 MB in all
+    runs = list(key_batches(keys))
+    assert len(runs) > 1 and sum(len(r) for r in runs) == len(keys)
+    assert all(len(r) <= MAX_KEYS_PER_CALL and sum(len(k) + 3 for k in r) <= 3 << 20 for r in runs)
+    held = [0, 1, 2, 60_000]
+    for i in held:
+        client.put(keys[i], (b"v%d" % i) * 1024)
+    exists = client.batch_exists(keys)
+    assert len(exists) == len(keys) and [i for i, e in enumerate(exists) if e] == held
+    assert client.match_prefix(keys) == 3
+    est = client.estimate_load(keys)
+    assert est["matched"] == 3 and len(est["blocks"]) == len(keys)
+    got = client.batched_get(keys[59_990:60_010] + keys[:1])
+    assert got[10] == b"v60000" * 1024 and got[-1] == b"v0" * 1024 and got.count(None) == 19
+    assert client.remove(keys) == len(held)
+    assert client.match_prefix(keys) == 0
+
+
+def test_a_namespace_the_server_refuses_is_refused_at_construction(server):
+    from strata_kv.client import namespace_from_name
+
+    with pytest.raises(ValueError, match="1..=128 bytes"):
+        KvClient(server["tcp"], namespace="n" * 129)
+    with pytest.raises(ValueError, match="control"):
+        KvClient(server["tcp"], namespace="a\nb")
+    # A long model path (a Hugging Face snapshot is ~136 bytes) becomes one that fits,
+    # its own: two paths differing only at the start do not share a namespace.
+    snap = "/models--meta-llama--Meta-Llama-3.1-8B-Instruct/snapshots/" + "0" * 40
+    a, b = namespace_from_name("/home/alice/.cache/hub" + snap), namespace_from_name("/home/bob/.cache/hub" + snap)
+    assert a != b and all(len(n.encode()) <= 128 for n in (a, b))
+    assert namespace_from_name("meta-llama/Llama-3-8B") == "meta-llama/Llama-3-8B"
+    with KvClient(server["tcp"], namespace=a) as c:
+        c.put(b"k", b"v" * 2048)
+        assert c.get(b"k") == b"v" * 2048
+
+
+def test_a_device_handle_reader_attaches_again_after_the_daemon_restarts():
+    """Black-box finding: a client reading with device=True (the vLLM worker and the
+    SGLang backend over an emulated or CUDA GPU tier) got bytes through the socket for
+    good after `strata serve` restarted: per-key Gets naming the ended session are
+    answered with bytes, not refused, so it never attached again."""
+    blocks = {b"d-%d" % i: os.urandom((128 << 10) + i) for i in range(4)}
+    with tempfile.TemporaryDirectory(prefix="strata-pytest-") as d:
+        cache, toml = os.path.join(d, "cache"), os.path.join(d, "strata.toml")
+        with open(toml, "w") as f:
+            f.write('[cache]\ngpu = "64MiB"\ngpu_device = "emulated"\n')
+        proc, ep = start_serve(cache, config_path=toml, disk="64MiB")
+        try:
+            with KvClient(ep["unix"], namespace="restart/dev", shm=True) as c:
+                for k, v in blocks.items():
+                    c.put(k, v)
+                views = c.get_views(list(blocks), device=True)
+                assert [v.device for v in views] == ["emulated"] * 4
+                for v in views:
+                    v.release()
+                session = c._arena.session
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=15)
+                proc, ep2 = start_serve(cache, config_path=toml, disk="64MiB")
+                assert ep2["unix"] == ep["unix"]
+                for _ in range(2):  # the first batch may promote blocks to the GPU tier
+                    views = c.get_views(list(blocks), device=True)
+                    got = [(v.device, v.shared, bytes(v.data)) for v in views]
+                    for v in views:
+                        v.release()
+                assert c._arena is not None and c._arena.session != session, "attached again"
+                assert all(shared for _, shared, _ in got), [g[:2] for g in got]
+                assert [data for _, _, data in got] == list(blocks.values())
+        finally:
+            proc.kill()
+            proc.wait()

@@ -830,6 +830,35 @@ def test_hybrid_groups_it_cannot_store_are_refused_with_the_reason(server, model
             StrataConnector(vc, role, hybrid)
 
 
+def test_a_layerwise_load_from_a_daemon_that_froze_costs_one_timeout_not_one_per_layer(models):
+    """Black-box finding: layer by layer, with the daemon frozen as the load began, the
+    load thread asked for each layer with a fresh ``timeout_s`` and the forward pass
+    waited ``timeout_s`` per layer (32 layers at the default 30 s: 16 minutes), each
+    block's error counted once per layer. After the first layer fails, the rest fail at
+    once: one bounded wait, each block one load error, recomputed."""
+    with strata_serve([]) as srv:
+        vc = engine_config(models["base"], srv, ns(), layerwise=True, timeout_s=2, lookup_timeout_s=0.5)
+        run_layerwise_writer(vc)
+        b = Engine(vc)
+        b.scheduler.add_request(request("b-1"))
+        meta = b.scheduler.schedule().kv_connector_metadata
+        assert [len(t.blocks) for t in meta.loads] == [FULL_BLOCKS]
+        freeze(srv["pid"])
+        try:
+            b.worker.bind_connector_metadata(meta)
+            started = time.monotonic()
+            b.worker.start_load_kv(None)
+            for name in LAYERS:
+                b.worker.wait_for_layer_load(name)
+            took = time.monotonic() - started
+        finally:
+            os.kill(srv["pid"], signal.SIGCONT)
+        assert took < 3.2, f"the forward pass waited {took:.1f} s for {len(LAYERS)} layers at timeout_s=2"
+        b.worker.flush(timeout=30)
+        assert b.worker.stats["load_errors"] == FULL_BLOCKS, b.worker.stats
+        assert len(b.worker.get_block_ids_with_load_errors()) == FULL_BLOCKS
+
+
 def test_a_frozen_daemon_costs_one_short_lookup_and_one_save_timeout_then_recompute(models):
     """Black-box finding: with the daemon frozen (SIGSTOP), each new request held the
     scheduler's step for the whole ``timeout_s`` (4 requests: 12 s at 3 s), and the
