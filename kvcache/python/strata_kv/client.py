@@ -66,6 +66,23 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+def config_flag(name: str, value: object) -> bool:
+    """An on/off option from an engine's extra config, which may come as a string from
+    a template, an environment variable or a shell (black-box finding: ``"false"`` was
+    read as on, since ``bool("false")`` is True). Anything else is a ``ValueError``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "1", "yes", "on"):
+            return True
+        if v in ("false", "0", "no", "off", ""):
+            return False
+    raise ValueError(f"option {name!r} must be true or false, got {value!r}")
+
+
 def namespace_from_name(name: str) -> str:
     """A namespace for a model named ``name`` (a hub id, or a local path, which may be
     long: a Hugging Face snapshot path is ~136 bytes): ``name`` when the server takes

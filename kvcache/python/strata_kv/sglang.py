@@ -52,7 +52,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ._pause import Pause
-from .client import KvClient, KvError, check_namespace, namespace_from_name
+from .client import KvClient, KvError, check_namespace, config_flag, namespace_from_name
 from .keys import V2_ROOT, ModelIdentity, _canonical_json, block_hash_v2, rank_key
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class StrataHiCacheStorage(HiCacheStorage):
         self._timeout = float(extra.get("timeout_s", 30.0))
         # Same host (a unix:// address): pages are read in place from the daemon's
         # shared-memory arena and copied once, into the host pool ("shm": false to not).
-        self._shm = bool(extra.get("shm", str(self.addr).startswith("unix:")))
+        self._shm = config_flag("shm", extra.get("shm", str(self.addr).startswith("unix:")))
         if self._shm and not str(self.addr).startswith("unix:"):
             # Refused here, at the engine's start, as the vLLM connector does (black-box
             # finding: it was accepted, then every storage call raised ValueError).

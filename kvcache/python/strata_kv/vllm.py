@@ -98,7 +98,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ._pause import Pause as _Pause
-from .client import KvClient, KvError, check_namespace, namespace_from_name
+from .client import KvClient, KvError, check_namespace, config_flag, namespace_from_name
 from .keys import ModelIdentity, chain_hashes_v2, layer_key, rank_key
 
 if TYPE_CHECKING:
@@ -226,10 +226,25 @@ def request_identity(base: ModelIdentity, request: "Request") -> ModelIdentity:
 
 def _mm_extras(request: "Request") -> bytes:
     """Multimodal inputs change KV values behind the same placeholder tokens: their
-    hashes enter every block's extras (coarse: the whole request's, never a wrong hit)."""
+    hashes enter every block's extras (coarse: the whole request's, never a wrong hit).
+    So do prompt embeddings: their positions hold a placeholder id, and two requests
+    with the same ids and other embeddings have other KV (black-box finding: a request
+    with embeddings E2 loaded the blocks of one with E1)."""
     feats = getattr(request, "mm_features", None) or []
     ids = [str(getattr(f, "identifier", "")) for f in feats]
-    return ("mm:" + ",".join(ids)).encode() if ids else b""
+    out = ("mm:" + ",".join(ids)).encode() if ids else b""
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        h = hashlib.sha256()
+        t = embeds.detach().contiguous().cpu()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        mask = getattr(request, "prompt_is_token_ids", None)
+        if mask is not None:
+            m = mask.detach().contiguous().cpu() if hasattr(mask, "detach") else torch.tensor(list(mask))
+            h.update(m.to(torch.uint8).numpy().tobytes())
+        out += b"embeds:" + h.hexdigest().encode()
+    return out
 
 
 # -- metadata the scheduler hands the workers ---------------------------------------------
@@ -327,8 +342,8 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self.min_load_blocks = max(1, int(get("min_load_blocks", 1)))
         fixed = get("prefill_us_per_token", None)
         self.prefill = PrefillClock(fixed_us_per_token=float(fixed) if fixed is not None else None)
-        self.load_or_recompute = bool(get("load_or_recompute", True))
-        self.layerwise = bool(get("layerwise", False))
+        self.load_or_recompute = config_flag("load_or_recompute", get("load_or_recompute", True))
+        self.layerwise = config_flag("layerwise", get("layerwise", False))
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
         #: KV cache groups (block tables) the requests' block ids come in.
         self._num_groups = max(1, len(groups))
@@ -370,7 +385,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending_save_bytes = 0
         # Only a worker loads blocks: only a worker attaches to the arena.
         self.shm = (role == KVConnectorRole.WORKER
-                    and bool(get("shm", str(self.addr).startswith("unix:"))))
+                    and config_flag("shm", get("shm", str(self.addr).startswith("unix:"))))
         try:
             self.client = KvClient(self.addr, namespace=self.namespace, token=token,
                                    timeout=call_timeout, identity=self.identity, shm=self.shm)

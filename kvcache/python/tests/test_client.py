@@ -378,3 +378,16 @@ def test_a_device_handle_reader_attaches_again_after_the_daemon_restarts():
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_engine_flags_read_strings_as_people_write_them():
+    """Black-box finding: ``{"shm": "false"}`` turned shared memory on (bool("false"))."""
+    from strata_kv.client import config_flag
+
+    for off in (False, 0, "false", "False", "0", "no", "off", ""):
+        assert config_flag("shm", off) is False, off
+    for on in (True, 1, "true", "TRUE", "1", "yes", "on"):
+        assert config_flag("shm", on) is True, on
+    for bad in ("maybe", 2, None, 1.5):
+        with pytest.raises(ValueError, match="shm"):
+            config_flag("shm", bad)

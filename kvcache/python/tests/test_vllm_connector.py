@@ -286,6 +286,30 @@ def test_changed_model_identity_is_a_miss_never_a_load(server, models, change):
     assert all(not t.any() for t in c.caches.values()), "nothing was copied into the cache"
 
 
+def test_prompt_embeddings_are_part_of_the_key(server, models):
+    """Black-box finding: a prompt given partly as embeddings (vLLM's mixed mode: the
+    embedded positions hold a placeholder id) was keyed by its ids alone, so a request
+    with the same ids and other embeddings loaded another request's KV. Embeddings now
+    enter the keys: other embeddings miss, the same ones hit."""
+    namespace = ns()
+    mask = [not (4 <= i < 36) for i in range(len(PROMPT))]
+    ids = [t if m else 0 for t, m in zip(PROMPT, mask)]
+
+    def embedded(rid, seed):
+        emb = torch.randn(len(ids), 64, generator=torch.Generator().manual_seed(seed))
+        return Request(rid, list(ids), SamplingParams(max_tokens=4), None, prompt_embeds=emb,
+                       prompt_is_token_ids=list(mask))
+
+    a = Engine(engine_config(models["base"], server, namespace))
+    a.scheduler.add_request(embedded("a-1", 1))
+    a.step()
+    assert a.worker.stats["saved_blocks"] == FULL_BLOCKS
+    b = Engine(engine_config(models["base"], server, namespace))
+    assert b.scheduler.connector.get_num_new_matched_tokens(embedded("b-1", 2), 0) == (0, False)
+    assert b.scheduler.connector.get_num_new_matched_tokens(request("b-2", ids), 0) == (0, False)
+    assert b.scheduler.connector.get_num_new_matched_tokens(embedded("b-3", 1), 0)[0] == FULL_BLOCKS * BLOCK
+
+
 def test_same_identity_with_same_lora_and_salt_hits(server, models):
     namespace = ns()
     vc = engine_config(models["base"], server, namespace)
