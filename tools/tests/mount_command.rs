@@ -524,3 +524,50 @@ fn ctrl_c_while_the_daemon_starts_cancels_the_mount() {
     assert!(daemons.is_empty(), "the daemon is gone: {daemons:?}");
     assert!(!said.contains("mounted s3://"), "{said}");
 }
+
+/// Black-box finding: a second `strata mount` on a cache dir in use, refused as it
+/// should be, first truncated the running daemon's `mount.log` (its start-up record
+/// gone, its next line written after a run of NULs at its old offset).
+#[test]
+fn a_refused_second_mount_leaves_the_running_daemons_log_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    std::fs::write(src.join("f"), b"x").expect("write");
+    let (mnt1, mnt2, cache) = (
+        dir.path().join("m1"),
+        dir.path().join("m2"),
+        dir.path().join("cache"),
+    );
+    for d in [&mnt1, &mnt2] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let url = format!("file://{}", src.display());
+    let first = mount(&[
+        url.as_ref(),
+        mnt1.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    assert!(first.status.success(), "{}", text(&first));
+    let log = cache.join("mount.log");
+    let before = std::fs::read(&log).expect("the daemon's log");
+    let second = mount(&[
+        url.as_ref(),
+        mnt2.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    let after = std::fs::read(&log).expect("the daemon's log");
+    unmount(&mnt1);
+    let said = text(&second);
+    assert!(!second.status.success(), "{said}");
+    assert!(said.contains("in use by another strata daemon"), "{said}");
+    assert!(!before.is_empty());
+    assert!(
+        after.starts_with(&before),
+        "the running daemon's log was rewritten:\n{}",
+        String::from_utf8_lossy(&after)
+    );
+    assert!(!after.contains(&0), "NUL bytes in the log");
+}

@@ -202,7 +202,21 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
             std::fs::create_dir_all(d)
                 .with_context(|| format!("creating the cache dir {}", d.display()))?;
             let path = d.join("mount.log");
-            let f = std::fs::File::create(&path).with_context(|| {
+            // Appended to, and emptied only when no daemon holds the dir: a start that
+            // will be refused must not wipe the running daemon's log (black-box
+            // finding: its whole log went, and its next line landed after a run of
+            // NULs at its old offset). O_APPEND keeps both writers' lines whole.
+            let opened = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|f| {
+                    if crate::daemon::cache::cache_dir_free(d) {
+                        f.set_len(0)?;
+                    }
+                    Ok(f)
+                });
+            let f = opened.with_context(|| {
                 format!(
                     "cache dir {}: creating the mount's log {}",
                     d.display(),

@@ -246,6 +246,15 @@ fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     Ok(file)
 }
 
+/// Whether no daemon holds cache dir `dir` now (its `daemon.lock` is absent or free);
+/// asked before a start touches the dir's files, which the holder may be using.
+pub fn cache_dir_free(dir: &std::path::Path) -> bool {
+    match std::fs::File::open(dir.join(DAEMON_LOCK)) {
+        Ok(f) => !matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => true,
+    }
+}
+
 /// How long a start waits for the disk tier's index lock held by a daemon that is
 /// ending: 5 s. `fusermount3 -u` returns before the old daemon has closed its index
 /// (about 1.4 s later), so `fusermount3 -u M && strata mount ... M` over the same
