@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use object_store::list::{PaginatedListOptions, PaginatedListResult, PaginatedListStore};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
@@ -73,6 +74,10 @@ pub struct FaultConfig {
     /// Answers name no ETag (heads, reads and listings; a gateway that drops the
     /// header), and reads ignore `If-Match` for want of one.
     pub drop_etags: bool,
+    /// Listings come in pages of this many entries, each costing `latency` (0: one
+    /// listing, one `latency`): a whole listing takes a page's latency per page, and
+    /// the store answers paged listings ([`PaginatedListStore`], with a delimiter).
+    pub list_page_keys: usize,
     /// A multipart completion is applied, and its answer lost on the way back (the
     /// caller sees an error; a retry finds no such upload).
     pub lose_completion_answers: bool,
@@ -595,6 +600,11 @@ impl ObjectStore for FaultyStore {
             Some(k) if under(prefix, &k) => Err(bad_key_error(&k)),
             _ => {
                 let mut listed = self.inner.list_with_delimiter(prefix).await?;
+                if cfg.list_page_keys > 0 {
+                    let n = listed.objects.len() + listed.common_prefixes.len();
+                    let pages = n.div_ceil(cfg.list_page_keys).max(1) as u32;
+                    tokio::time::sleep(cfg.latency * (pages - 1)).await;
+                }
                 if cfg.drop_etags {
                     listed.objects.iter_mut().for_each(|m| m.e_tag = None);
                 }
@@ -641,5 +651,62 @@ impl ObjectStore for FaultyStore {
             return Err(injected(from.as_ref(), "injected 503 on rename"));
         }
         self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// One page of a listing with a delimiter, `latency` each (see
+/// [`FaultConfig::list_page_keys`]): entries in name order after the offset.
+#[async_trait::async_trait]
+impl PaginatedListStore for FaultyStore {
+    async fn list_paginated(
+        &self,
+        prefix: Option<&str>,
+        opts: PaginatedListOptions,
+    ) -> object_store::Result<PaginatedListResult> {
+        let cfg = self.before_read(prefix.unwrap_or("")).await?;
+        if opts.delimiter.is_none() {
+            return Err(object_store::Error::NotImplemented {
+                operation: "a paged listing without a delimiter".into(),
+                implementer: "FaultyStore".into(),
+            });
+        }
+        let dir = prefix
+            .map(|p| p.trim_end_matches('/'))
+            .filter(|p| !p.is_empty())
+            .map(Path::from);
+        let level = self.inner.list_with_delimiter(dir.as_ref()).await?;
+        let mut entries: Vec<(String, Option<ObjectMeta>)> = level
+            .objects
+            .into_iter()
+            .map(|m| (m.location.to_string(), Some(m)))
+            .chain(
+                level
+                    .common_prefixes
+                    .into_iter()
+                    .map(|p| (format!("{p}/"), None)),
+            )
+            .filter(|(name, _)| opts.offset.as_ref().is_none_or(|o| name > o))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let page = opts.max_keys.unwrap_or(1000).min(cfg.list_page_keys.max(1));
+        let more = entries.len() > page;
+        entries.truncate(page);
+        let mut result = ListResult {
+            common_prefixes: Vec::new(),
+            objects: Vec::new(),
+            extensions: Default::default(),
+        };
+        for (name, meta) in entries {
+            match meta {
+                Some(m) => result.objects.push(m),
+                None => result
+                    .common_prefixes
+                    .push(Path::from(name.trim_end_matches('/'))),
+            }
+        }
+        Ok(PaginatedListResult {
+            result,
+            page_token: more.then(|| "more".to_string()),
+        })
     }
 }

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::list::{PaginatedListOptions, PaginatedListResult, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{ListResult, ObjectMeta};
 
@@ -29,7 +29,7 @@ const AFTER_ALL: char = '\u{10FFFF}';
 
 /// Paged listing of a store, under the handle's own prefix (`s3://bucket/prefix`).
 pub(super) struct PagedLister {
-    store: Arc<dyn PaginatedListStore>,
+    pub(super) store: Arc<dyn PaginatedListStore>,
     /// The handle's prefix ("" for a whole bucket), without slashes at either end...
     base: String,
     /// ...as a path, to strip from listed keys (None: a whole bucket).
@@ -56,6 +56,35 @@ impl PagedLister {
         delimiter: bool,
         label: &str,
     ) -> object_store::Result<ListResult> {
+        let store = &self.store;
+        let listed = self
+            .list_via(prefix, delimiter, label, |p, o| async move {
+                Ok::<_, std::convert::Infallible>(store.list_paginated(p.as_deref(), o).await)
+            })
+            .await;
+        match listed {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Self::list`] with each page asked by `page(prefix, options)`: its outer error
+    /// ends the listing as it is (a caller's retry policy gave up on that page), its
+    /// inner one is the store's answer to the page. So a caller retries page by page,
+    /// and a listing of many pages that each come in time is slow, never failed
+    /// (black-box finding: a folder whose pages took 8 s each was EIO after 40 s, and
+    /// every retry began again at its first page).
+    pub(super) async fn list_via<E, F, Fut>(
+        &self,
+        prefix: Option<&Path>,
+        delimiter: bool,
+        label: &str,
+        mut page: F,
+    ) -> Result<object_store::Result<ListResult>, E>
+    where
+        F: FnMut(Option<String>, PaginatedListOptions) -> Fut,
+        Fut: std::future::Future<Output = Result<object_store::Result<PaginatedListResult>, E>>,
+    {
         let full = match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
             (true, None) => String::new(),
             (true, Some(p)) => format!("{p}/"),
@@ -77,8 +106,8 @@ impl PagedLister {
                 max_keys: Some(want),
                 ..Default::default()
             };
-            let req_prefix = (!full.is_empty()).then_some(full.as_str());
-            match self.store.list_paginated(req_prefix, opts).await {
+            let req_prefix = (!full.is_empty()).then(|| full.clone());
+            match page(req_prefix, opts).await? {
                 Ok(page) => {
                     let mut last: Option<String> = None;
                     for m in page.result.objects {
@@ -105,12 +134,12 @@ impl PagedLister {
                 }
                 Err(object_store::Error::InvalidPath { source }) => {
                     let Some(bad) = unnamed_key(&source) else {
-                        return Err(object_store::Error::InvalidPath { source });
+                        return Ok(Err(object_store::Error::InvalidPath { source }));
                     };
                     // A store whose offset includes its own key would answer the same
                     // key again: give up rather than loop.
                     if last_skipped.as_deref() == Some(bad.as_str()) {
-                        return Err(object_store::Error::InvalidPath { source });
+                        return Ok(Err(object_store::Error::InvalidPath { source }));
                     }
                     tracing::warn!(store = label, key = ?bad, error = %source,
                         "skipping a key that cannot be named; listing its neighbours");
@@ -122,10 +151,31 @@ impl PagedLister {
                     last_skipped = Some(bad);
                     want = 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Ok(Err(e)),
             }
         }
-        Ok(out)
+        Ok(Ok(out))
+    }
+
+    /// One request: the first entry under `prefix` (None: the handle's root), to see
+    /// that the store answers, however many pages the folder has.
+    pub(super) async fn first_entry(&self, prefix: Option<&Path>) -> object_store::Result<()> {
+        let full = match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
+            (true, None) => String::new(),
+            (true, Some(p)) => format!("{p}/"),
+            (false, None) => format!("{}/", self.base),
+            (false, Some(p)) => format!("{}/{p}/", self.base),
+        };
+        let opts = PaginatedListOptions {
+            delimiter: Some("/".into()),
+            max_keys: Some(1),
+            ..Default::default()
+        };
+        let req_prefix = (!full.is_empty()).then_some(full.as_str());
+        self.store
+            .list_paginated(req_prefix, opts)
+            .await
+            .map(|_| ())
     }
 
     /// One level under `prefix` if one page of the store holds all of it; None if it
@@ -202,5 +252,53 @@ fn unnamed_key(e: &object_store::path::Error) -> Option<String> {
     match e {
         E::EmptySegment { path } | E::BadSegment { path, .. } => Some(path.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use object_store::{ObjectStore, ObjectStoreExt};
+
+    use super::*;
+    use crate::store::faulty::{FaultConfig, FaultyStore};
+    use crate::{BackingStore, RetryPolicy};
+
+    /// Black-box finding: a folder whose listing pages each came in time, but took
+    /// longer together than one request's deadline, could never be listed (EIO, and
+    /// every retry began again at its first page). Each page now has the deadline.
+    #[tokio::test]
+    async fn a_listing_of_many_slow_pages_is_slow_not_failed() {
+        let f = Arc::new(FaultyStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig::default(),
+        ));
+        for i in 0..2500 {
+            f.put(&Path::from(format!("big/k{i:05}")), vec![1u8].into())
+                .await
+                .expect("put");
+        }
+        f.set_config(FaultConfig {
+            latency: Duration::from_millis(150),
+            list_page_keys: 1000,
+            ..FaultConfig::default()
+        });
+        let retry = RetryPolicy {
+            attempts: 2,
+            base_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(10),
+            attempt_timeout: Duration::from_millis(300),
+            total_timeout: Duration::from_millis(400),
+            silent_pause: Duration::ZERO,
+        };
+        let mut store = BackingStore::new(f.clone() as Arc<dyn ObjectStore>, "paged", retry);
+        // The whole listing as one request: three pages pass its deadline.
+        let e = store.list_dir("big").await.expect_err("one deadline");
+        assert!(matches!(e, crate::CacheError::StoreTimeout { .. }), "{e}");
+        store.paged = Some(Arc::new(PagedLister::new(f.clone(), "")));
+        let listed = store.list_dir("big").await.expect("page by page");
+        assert_eq!(listed.files.len(), 2500);
+        assert!(listed.files.windows(2).all(|w| w[0].path < w[1].path));
     }
 }

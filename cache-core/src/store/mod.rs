@@ -222,6 +222,8 @@ impl BackingStore {
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
+            // Paged listings went to the store beside the wrapper, past its faults.
+            paged: None,
             ..self.clone()
         }
     }
@@ -776,12 +778,34 @@ impl BackingStore {
         self.local_path_fits(dir)?;
         self.local_children_fit(dir).await?;
         let prefix = (!dir.is_empty()).then(|| object_key(dir));
-        let res = self
-            .retrying(|| {
-                let prefix = prefix.clone();
-                async move { self.list_level(prefix.as_ref()).await }
-            })
-            .await?;
+        let res = match &self.paged {
+            // Page by page, each page under the retry policy (see `list_via`).
+            Some(paged) => {
+                let store = &paged.store;
+                let listed = paged
+                    .list_via(prefix.as_ref(), true, &self.label, |p, o| {
+                        self.retrying(move || {
+                            let (p, o) = (p.clone(), o.clone());
+                            async move {
+                                match store.list_paginated(p.as_deref(), o).await {
+                                    // Stepped around by `list_via`, not retried.
+                                    Err(e @ object_store::Error::InvalidPath { .. }) => Ok(Err(e)),
+                                    other => other.map(Ok),
+                                }
+                            }
+                        })
+                    })
+                    .await?;
+                listed.map_err(|e| map_store_error(e, 1))?
+            }
+            None => {
+                self.retrying(|| {
+                    let prefix = prefix.clone();
+                    async move { self.list_level(prefix.as_ref()).await }
+                })
+                .await?
+            }
+        };
         self.dir_listing(dir, prefix, res).await
     }
 
