@@ -36,10 +36,16 @@ class Pause:
         return self._clock() < self._until
 
     def outcome(self, error: Optional[KvError]) -> None:
+        """A call's outcome. A failure while paused is a call that was in flight when
+        the pause began (calls are not made while paused): the same outage seen again,
+        not another failure in a row (black-box finding: four threads' calls in flight
+        across a 50 ms restart made the pause 16 s)."""
         with self._lock:
             if error is None or error.code not in self.DOWN:
                 self._failures = 0
                 self._until = 0.0
+                return
+            if self._clock() < self._until:
                 return
             self._failures += 1
             wait = min(self.MAX_S, self.BASE_S * 2 ** (self._failures - 1))

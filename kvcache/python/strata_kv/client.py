@@ -333,7 +333,10 @@ class KvClient:
                 if not addr.startswith("unix:"):
                     self._channel.close()
                     raise ValueError("shm=True needs a unix:// address (or pass the side socket's path)")
-                kv_sock = "/" + addr[len("unix:"):].lstrip("/")  # unix:///run/kv.sock -> /run/kv.sock
+                # unix:///run/kv.sock -> /run/kv.sock; unix:run/kv.sock (gRPC: relative to
+                # the working directory) -> run/kv.sock, not /run/kv.sock.
+                rest = addr[len("unix:"):]
+                kv_sock = "/" + rest.lstrip("/") if rest.startswith("/") else rest
                 shm = os.path.join(os.path.dirname(kv_sock), "kv-shm.sock")
             try:
                 self._arena = _ShmArena(shm, timeout)

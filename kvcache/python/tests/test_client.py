@@ -391,3 +391,21 @@ def test_engine_flags_read_strings_as_people_write_them():
     for bad in ("maybe", 2, None, 1.5):
         with pytest.raises(ValueError, match="shm"):
             config_flag("shm", bad)
+
+
+def test_a_pause_is_not_doubled_by_calls_that_were_in_flight_when_it_began():
+    """Black-box finding: four threads' calls in flight across a 50 ms daemon restart
+    each counted as another failure in a row: the pause grew to 16 s."""
+    from strata_kv._pause import Pause
+
+    now = [100.0]
+    p = Pause(clock=lambda: now[0])
+    down = KvError(grpc.StatusCode.UNAVAILABLE, "gone")
+    for _ in range(4):
+        p.outcome(down)
+    assert p.active() and p._until == 100.0 + Pause.BASE_S
+    now[0] += Pause.BASE_S + 0.1  # the pause ended; the next call failed too: doubled
+    p.outcome(down)
+    assert p._until == now[0] + 2 * Pause.BASE_S
+    p.outcome(None)
+    assert not p.active()

@@ -926,3 +926,32 @@ def test_a_frozen_daemon_costs_one_short_lookup_and_one_save_timeout_then_recomp
         started = time.monotonic()
         c.worker.shutdown()
         assert time.monotonic() - started < 5.0
+
+
+def test_the_identity_names_the_weights_commit_vllm_loaded_not_the_ref():
+    """Black-box finding: vLLM's revision is the ref asked for ("main") with the commit
+    it resolved beside it; the identity took "main", so engines on two snapshots of a
+    moved main shared one identity and loaded each other's KV."""
+    from types import SimpleNamespace
+
+    from strata_kv.vllm import model_identity_of
+
+    class Resolved(str):
+        resolved = None
+
+    def cfg(revision):
+        hf = SimpleNamespace(rope_theta=10000.0)
+        mc = SimpleNamespace(model="org/m", revision=revision, hf_text_config=hf, hf_config=hf,
+                             dtype="float16", quantization=None)
+        return SimpleNamespace(model_config=mc, cache_config=SimpleNamespace(cache_dtype="auto", block_size=16),
+                               parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1))
+
+    def main_at(commit):
+        r = Resolved("main")
+        r.resolved = commit
+        return r
+
+    a, b = model_identity_of(cfg(main_at("a" * 40))), model_identity_of(cfg(main_at("b" * 40)))
+    assert a.revision == "a" * 40 and a.digest() != b.digest()
+    assert model_identity_of(cfg("v1.0")).revision == "v1.0"
+    assert model_identity_of(cfg(None)).revision == ""
