@@ -53,6 +53,10 @@ pub enum CacheError {
     /// system call can name it, so it can be neither listed nor read.
     #[error("path too long for the local file system: {0}")]
     NameTooLong(String),
+    /// The store refused access to the object or folder (an HTTP 401/403, a local
+    /// file the daemon may not read): permanent, so not retried.
+    #[error("permission denied by the store: {0}")]
+    PermissionDenied(String),
 }
 
 impl CacheError {
@@ -83,6 +87,7 @@ impl CacheError {
             CacheError::Exists(s) => CacheError::Exists(s.clone()),
             CacheError::Cancelled(s) => CacheError::Cancelled(s.clone()),
             CacheError::NameTooLong(s) => CacheError::NameTooLong(s.clone()),
+            CacheError::PermissionDenied(s) => CacheError::PermissionDenied(s.clone()),
         }
     }
 

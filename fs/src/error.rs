@@ -80,6 +80,7 @@ impl Error {
                 CacheError::Changed(_) => libc::ESTALE,
                 CacheError::InvalidArgument(_) => libc::EINVAL,
                 CacheError::NameTooLong(_) => libc::ENAMETOOLONG,
+                CacheError::PermissionDenied(_) => libc::EACCES,
                 CacheError::TooLarge { .. } => libc::EFBIG,
                 // Another writer created the object a new file was to create.
                 CacheError::Exists(_) => libc::EEXIST,

@@ -116,6 +116,7 @@ impl KvError {
                     Code::InvalidArgument
                 }
                 CacheError::NotFound(_) => Code::NotFound,
+                CacheError::PermissionDenied(_) => Code::PermissionDenied,
                 CacheError::StoreTimeout { .. } => Code::DeadlineExceeded,
                 CacheError::Store { .. } | CacheError::SharedFetch(_) => Code::Unavailable,
                 CacheError::Corrupt(_) => Code::DataLoss,

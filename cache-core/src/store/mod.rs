@@ -1422,6 +1422,29 @@ fn transient(e: &object_store::Error) -> bool {
         e,
         object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
     ) && !probe::is_refusal(e)
+        && !permission_denied(e)
+}
+
+/// Whether the store refused access: typed, or a local file's EACCES inside a
+/// `Generic` (black-box finding: a file the daemon may not read was asked 8 times,
+/// ~3.5 s per read, then failed EIO rather than EACCES).
+fn permission_denied(e: &object_store::Error) -> bool {
+    if matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    e.to_string().contains("(os error 13)")
 }
 
 fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
@@ -1429,6 +1452,7 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
         object_store::Error::NotFound { path, .. } => CacheError::NotFound(path),
         object_store::Error::Precondition { path, .. } => CacheError::Changed(path),
         object_store::Error::AlreadyExists { path, .. } => CacheError::Exists(path),
+        other if permission_denied(&other) => CacheError::PermissionDenied(other.to_string()),
         other => CacheError::Store {
             attempts,
             message: other.to_string(),
@@ -1991,4 +2015,44 @@ fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Black-box finding: a local file the daemon may not read was asked 8 times (~3.5 s
+    /// per read) and failed EIO. A refusal is asked once and named as one.
+    #[tokio::test]
+    async fn a_permission_refusal_is_asked_once_and_named() {
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let refused = || object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+        };
+        let policy = RetryPolicy {
+            base_backoff: Duration::from_millis(1),
+            ..RetryPolicy::default()
+        };
+        let r: Result<()> = retry_op(&policy, "local", || {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Err(refused()) }
+        })
+        .await;
+        assert!(matches!(r, Err(CacheError::PermissionDenied(_))), "{r:?}");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let typed = object_store::Error::PermissionDenied {
+            path: "a".into(),
+            source: "403 Forbidden".into(),
+        };
+        assert!(matches!(
+            map_store_error(typed, 1),
+            CacheError::PermissionDenied(_)
+        ));
+        // A 5xx is still retried.
+        assert!(transient(&object_store::Error::Generic {
+            store: "S3",
+            source: "500 Internal Server Error".into(),
+        }));
+    }
 }
