@@ -1273,7 +1273,9 @@ impl FsCore {
             let child = self.child_path(path, name);
             self.install_attrs(&child, m.clone(), started).await;
         }
-        if let Some(p) = &self.opts.predictors {
+        // A folder the store does not have (a lookup's probe of an absent name) is no
+        // listing to learn from.
+        if let Some(p) = self.opts.predictors.as_ref().filter(|_| raw.exists) {
             let sized: Vec<(&str, u64)> = entries
                 .iter()
                 .filter_map(|(n, m)| match m {

@@ -21,6 +21,12 @@ use super::tokenize::{tokenize_shared, DirScan, TokenizedPath};
 /// itself may hold 4M entries). When full the memo starts over.
 const MAX_TOKENIZED: usize = 1 << 16;
 
+/// Directories remembered as listed: 65,536, then forgotten all at once (as
+/// `tokenized`): a forgotten one only makes `exists` say "unknown" until it is listed
+/// again. Black-box finding: the set grew by one per distinct name ever looked up, for
+/// good (~300 B each; a million missing names probed, 300 MB).
+const MAX_LISTED_DIRS: usize = 1 << 16;
+
 /// All listed files of one template.
 #[derive(Debug, Default)]
 pub struct MemberSet {
@@ -198,6 +204,9 @@ impl ListingIndex {
     /// a listing's cost.
     pub fn observe<S: AsRef<str>>(&mut self, dir: &str, entries: &[(S, u64)]) {
         let dir = dir.trim_end_matches('/');
+        if self.listed_dirs.len() >= MAX_LISTED_DIRS && !self.listed_dirs.contains(dir) {
+            self.listed_dirs.clear();
+        }
         self.listed_dirs.insert(Arc::from(dir));
         self.scan.start(dir);
         let mut joined = String::new();
@@ -218,6 +227,9 @@ impl ListingIndex {
             let key = self.scan.entry(name);
             let template = match self.sets.get_key_value(key) {
                 Some((t, _)) => t.clone(),
+                // A new set only while the index has room for its first member (sets
+                // are bounded with their entries).
+                None if self.entries >= self.max_entries => continue,
                 None => {
                     let t: Arc<str> = Arc::from(key);
                     self.sets.insert(t.clone(), MemberSet::default());
@@ -404,5 +416,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Black-box finding: every distinct name looked up (each absent one listed as an
+    /// empty folder) stayed in the index for good. Its directories and sets are bounded.
+    #[test]
+    fn the_index_is_bounded_however_many_folders_it_sees() {
+        let mut idx = ListingIndex::new(1000);
+        for i in 0..(MAX_LISTED_DIRS + 10) {
+            idx.observe(&format!("missing-{i:08}"), &[] as &[(&str, u64)]);
+        }
+        assert!(idx.listed_dirs.len() <= MAX_LISTED_DIRS);
+        assert!(idx.is_listed(&format!("missing-{:08}", MAX_LISTED_DIRS + 9)));
+        for i in 0..5000 {
+            let name = format!("file-{i}-x{}.bin", "y".repeat(i % 7));
+            idx.observe(&format!("d{i}"), &[(name.as_str(), 1)]);
+        }
+        assert!(
+            idx.entries <= 1000 && idx.sets.len() <= 1000,
+            "{}",
+            idx.sets.len()
+        );
     }
 }
