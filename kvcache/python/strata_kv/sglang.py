@@ -37,7 +37,7 @@ import warnings
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 import torch
@@ -138,6 +138,20 @@ def _rope_scaling_of(model_path: Optional[str]) -> Any:
     return cfg.get("rope_scaling", cfg.get("rope_parameters"))
 
 
+def _served_weights() -> Tuple[Optional[str], Optional[str]]:
+    """The model path and revision the SGLang server was started with (None, None when
+    no server published its arguments: a backend built outside one)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        args = get_server_args()
+    except Exception:  # noqa: BLE001 - no server context in this process
+        return None, None
+    path = getattr(args, "model_path", None)
+    revision = getattr(args, "revision", None)
+    return (str(path) if path else None), (str(revision) if revision else None)
+
+
 class StrataHiCacheStorage(HiCacheStorage):
     """A :class:`HiCacheStorage` whose pages live in a Strata KV service.
 
@@ -210,7 +224,12 @@ class StrataHiCacheStorage(HiCacheStorage):
         if sc.is_mla_model:
             layout += ":mla"
         page = getattr(host_pool, "page_size", None) or sc.logical_page_size or 0
-        rope = extra["rope_scaling"] if "rope_scaling" in extra else _rope_scaling_of(sc.model_name)
+        # The weights the server loaded, not the name it serves them under: SGLang hands
+        # a backend `--served-model-name` (black-box finding: two fine-tunes of one base
+        # served as "chat" had one identity and loaded each other's pages).
+        model_path, served_revision = _served_weights()
+        model = model_path or sc.model_name or self.namespace
+        rope = extra["rope_scaling"] if "rope_scaling" in extra else _rope_scaling_of(model)
         identity_extra = {str(k): str(v) for k, v in (extra.get("identity_extra") or {}).items()}
         identity_extra["engine"] = "sglang"
         if host_pool is not None:
@@ -222,8 +241,8 @@ class StrataHiCacheStorage(HiCacheStorage):
         if sc.dcp_size > 1:
             identity_extra["dcp_size"] = str(sc.dcp_size)
         return ModelIdentity(
-            model=sc.model_name or self.namespace,
-            revision=str(extra.get("revision", "")),
+            model=model,
+            revision=str(extra.get("revision", served_revision or "")),
             kv_dtype=kv_dtype,
             kv_layout=layout,
             block_tokens=int(page),
@@ -663,8 +682,13 @@ class StrataHiCacheStorage(HiCacheStorage):
         return out
 
     def clear(self) -> None:
-        # The namespace is shared with other engines and restarts: never wiped from here.
-        pass
+        # The namespace is shared with other engines and restarts: never wiped from
+        # here. Raised, so SGLang reports the clear as failed rather than done
+        # (black-box finding: it answered "cleared" and the pages kept loading).
+        raise NotImplementedError(
+            "Strata keeps KV pages shared across engines and restarts, keyed by the model "
+            "identity: after new weights, give the extra config a new \"revision\" (a clean "
+            "cache for them) rather than clearing")
 
     def get_stats(self) -> Dict[str, int]:
         return dict(self._stats)

@@ -870,7 +870,11 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         miss, never a wrong load)."""
         size = sum(len(v) for _, v in items)
         with self._lock:
-            full = self._pending_save_bytes + size > self.max_pending_save_bytes
+            # One step's save larger than the cap still goes when nothing waits (it is
+            # in memory already; black-box finding: an 8k-token chunk of an 8B model is
+            # just over the 1 GiB default, and was dropped every time).
+            full = (self._pending_save_bytes > 0
+                    and self._pending_save_bytes + size > self.max_pending_save_bytes)
             if not full and not self._save_pause.active():
                 self._pending_save_bytes += size
                 queued = True
@@ -1006,6 +1010,14 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             done, self._finished_loads = self._finished_loads, set()
             failed, self._failed_loads = self._failed_loads, set()
         return KVConnectorTransferResults(finished_recving=done | failed, failed_recving=failed)
+
+    def reset_cache(self) -> bool:
+        """Not done: KV in Strata is shared across engines and restarts, keyed by the
+        model identity. False, so vLLM reports the reset as failed (black-box finding:
+        the base class's None read as success, and pre-reset KV kept loading)."""
+        logger.warning("strata: a connector cache reset is not done: KV is keyed by the model identity; "
+                       "after new weights set \"revision\" in kv_connector_extra_config to their checksum")
+        return False
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         with self._lock:

@@ -440,3 +440,26 @@ def test_v2_pool_of_another_geometry_with_the_same_page_bytes_is_a_miss(server):
     got = st3.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=indices(offsets), keys=keys)])
     assert got == {PoolName.SWA: [True] * 5}
     assert [page_bytes(swa3, o) for o in offsets] == [page_bytes(swa, o) for o in offsets]
+
+
+def test_models_served_under_one_name_are_told_apart_by_their_weights(server, monkeypatch):
+    """Black-box finding: SGLang hands a backend ``--served-model-name``; two fine-tunes
+    of one base served as "chat" had one identity and loaded each other's pages. The
+    identity takes the model path and revision the server was started with."""
+    from types import SimpleNamespace
+
+    import sglang.srt.runtime_context as rc
+
+    namespace = ns()
+    started = {"args": SimpleNamespace(model_path="/models/finetune-a", revision=None)}
+    monkeypatch.setattr(rc, "get_server_args", lambda: started["args"])
+    pool = host_pool()
+    a = backend(server, namespace, pool)
+    assert a.identity.model == "/models/finetune-a"
+    started["args"] = SimpleNamespace(model_path="/models/finetune-b", revision="v2")
+    b = backend(server, namespace, host_pool())
+    assert b.identity.model == "/models/finetune-b" and b.identity.revision == "v2"
+    assert a.identity.digest() != b.identity.digest()
+    # Clearing is not done, and says so (SGLang then reports the clear as failed).
+    with pytest.raises(NotImplementedError, match="revision"):
+        a.clear()

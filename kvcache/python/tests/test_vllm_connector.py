@@ -955,3 +955,16 @@ def test_the_identity_names_the_weights_commit_vllm_loaded_not_the_ref():
     assert a.revision == "a" * 40 and a.digest() != b.digest()
     assert model_identity_of(cfg("v1.0")).revision == "v1.0"
     assert model_identity_of(cfg(None)).revision == ""
+
+
+def test_a_steps_save_over_the_queue_cap_goes_when_nothing_waits_and_reset_is_refused(server, models):
+    """Black-box findings: one step's save larger than ``max_pending_save_mb`` was
+    dropped whole even with an empty queue (an 8k-token chunk of an 8B model is just over
+    the 1 GiB default); and vLLM's connector reset read as done while nothing was."""
+    namespace = ns()
+    a = Engine(engine_config(models["base"], server, namespace, max_pending_save_mb=0.001))
+    a.scheduler.add_request(request("a-1"))
+    a.step()
+    assert a.worker.stats["saved_blocks"] == FULL_BLOCKS, a.worker.stats
+    assert a.worker.stats["save_dropped"] == 0
+    assert a.scheduler.connector.reset_cache() is False
