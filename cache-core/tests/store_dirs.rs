@@ -168,3 +168,41 @@ async fn writes_through_a_link_out_of_a_local_store_are_refused() {
         .expect("followed, as asked");
     assert!(outside.path().join("new.bin").exists());
 }
+
+/// Black-box finding: `rm -rf data/latest` through a mount of a local directory, where
+/// `latest -> v2` (shown as a folder), deleted every file of v2 and left the link. A
+/// delete or move through a linked folder is refused; the target's own names work.
+#[tokio::test]
+async fn deletes_and_moves_through_a_linked_folder_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data/v2")).expect("mkdir");
+    for f in ["shard0", "shard1"] {
+        std::fs::write(dir.path().join("data/v2").join(f), b"weights").expect("write");
+    }
+    std::os::unix::fs::symlink("v2", dir.path().join("data/latest")).expect("symlink");
+    let store = BackingStore::from_url(
+        &format!("file://{}", dir.path().display()),
+        &StoreOptions::default(),
+    )
+    .expect("local store");
+    let refused = |r: Result<(), strata_cache_core::CacheError>| {
+        matches!(r, Err(strata_cache_core::CacheError::PermissionDenied(_)))
+    };
+    assert!(refused(store.delete("data/latest/shard0").await));
+    assert!(refused(
+        store.rename("data/latest/shard1", "data/moved").await
+    ));
+    assert!(
+        dir.path().join("data/v2/shard0").exists(),
+        "the target's file stays"
+    );
+    assert!(
+        dir.path().join("data/v2/shard1").exists(),
+        "the target's file stays"
+    );
+    store
+        .delete("data/v2/shard0")
+        .await
+        .expect("by its own name");
+    assert!(!dir.path().join("data/v2/shard0").exists());
+}

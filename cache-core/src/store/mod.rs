@@ -538,6 +538,30 @@ impl BackingStore {
         )))
     }
 
+    /// A delete or move of `path` in a local directory store whose folder is reached
+    /// through a symbolic link (`data/latest -> v2`): refused, since it would act on the
+    /// link's target (black-box finding: `rm -rf data/latest` through the mount, which
+    /// shows the link as a folder, deleted every file of v2 and left the link; on the
+    /// disk itself `rm -rf data/latest` removes the link only). Change such links in
+    /// the store itself. A store that follows links (`--follow-symlinks`) takes them
+    /// as the folders they lead to, as before.
+    async fn local_not_through_link(&self, path: &str) -> Result<()> {
+        let Some(root) = self.local_root.as_ref().filter(|_| !self.follow_symlinks) else {
+            return Ok(());
+        };
+        let (root, rel) = (root.clone(), path.to_string());
+        match local_stat(move || folder_link_in(&root, &rel)).await? {
+            None => Ok(()),
+            Some(link) => {
+                tracing::warn!(path, link = %link, "refused: a delete or move through a symbolic link to a folder acts on its target");
+                Err(CacheError::PermissionDenied(format!(
+                    "{path}: {link} is a symbolic link; deleting or moving through it would \
+                     change its target (change the link in the store itself)"
+                )))
+            }
+        }
+    }
+
     /// A path of a local directory store too long to name (black-box finding: a
     /// directory 16 levels of 250-byte names deep, past `PATH_MAX`, was listed as empty
     /// with no error, and everything under it silently vanished): `NameTooLong`,
@@ -1210,6 +1234,7 @@ impl BackingStore {
     /// else a server-side copy, then a delete of `from`).
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.local_write_inside(from).await?;
+        self.local_not_through_link(from).await?;
         self.local_write_inside(to).await?;
         let (f, t) = (object_key(from), object_key(to));
         self.retrying(|| {
@@ -1235,6 +1260,7 @@ impl BackingStore {
     /// Deletes object `path` (retried; a missing object is `NotFound`).
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.local_write_inside(path).await?;
+        self.local_not_through_link(path).await?;
         let p = object_key(path);
         self.retrying(|| {
             let p = p.clone();
@@ -1573,6 +1599,19 @@ fn folder_inside_root(root: &std::path::Path, rel: &str) -> bool {
         }
     }
     true
+}
+
+/// The first folder of `rel` under `root` that is a symbolic link (relative to `root`).
+fn folder_link_in(root: &std::path::Path, rel: &str) -> Option<String> {
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate().take(parts.len().saturating_sub(1)) {
+        dir.push(part);
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(parts[..=i].join("/"));
+        }
+    }
+    None
 }
 
 /// Whether `name` is how object_store's local store names an upload in progress
