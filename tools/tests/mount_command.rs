@@ -571,3 +571,30 @@ fn a_refused_second_mount_leaves_the_running_daemons_log_alone() {
     );
     assert!(!after.contains(&0), "NUL bytes in the log");
 }
+
+/// Black-box finding (security): a cache dir whose `mount.log` is a link (another
+/// user's dir) had root's start truncate and write its error into the link's target,
+/// before the dir was refused. The log is never opened through a link.
+#[test]
+fn a_mount_log_that_is_a_link_is_never_written_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    let (mnt, cache) = (dir.path().join("m"), dir.path().join("cache"));
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    std::fs::create_dir_all(&cache).expect("mkdir");
+    let victim = dir.path().join("victim.conf");
+    std::fs::write(&victim, b"ORIGINAL").expect("victim");
+    std::os::unix::fs::symlink(&victim, cache.join("mount.log")).expect("link");
+    let url = format!("file://{}", src.display());
+    let out = mount(&[
+        url.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ]);
+    unmount(&mnt);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("mount.log"), "{}", text(&out));
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"ORIGINAL");
+}

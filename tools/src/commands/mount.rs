@@ -206,11 +206,28 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
             // will be refused must not wipe the running daemon's log (black-box
             // finding: its whole log went, and its next line landed after a run of
             // NULs at its old offset). O_APPEND keeps both writers' lines whole.
+            // Never through a link, and only a file of this user's with no other name:
+            // the dir may be another user's, who could point `mount.log` at any file
+            // root can write (black-box finding: root's refused start truncated and
+            // wrote its error into the link's target).
+            use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
             let opened = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&path)
                 .and_then(|f| {
+                    let m = f.metadata()?;
+                    // SAFETY: geteuid has no preconditions.
+                    let me = unsafe { libc::geteuid() };
+                    if !m.file_type().is_file() || m.uid() != me || m.nlink() != 1 {
+                        return Err(std::io::Error::other(format!(
+                            "it is not a plain file of uid {me} with one name (uid {}, {} names); \
+                             remove it, or use a cache dir of your own",
+                            m.uid(),
+                            m.nlink()
+                        )));
+                    }
                     if crate::daemon::cache::cache_dir_free(d) {
                         f.set_len(0)?;
                     }

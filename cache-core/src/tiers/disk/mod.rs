@@ -357,7 +357,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     let me = unsafe { libc::geteuid() };
     if m.uid() != me {
         return Err(CacheError::InvalidArgument(format!(
-            "cache dir {} is owned by uid {}, not by this user (uid {me}): refusing to              use it (choose a directory of your own, or fix its owner)",
+            "cache dir {} is owned by uid {}, not by this user (uid {me}): refusing to use it (choose a directory of your own, or fix its owner)",
             dir.display(),
             m.uid()
         )));
