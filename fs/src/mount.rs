@@ -470,23 +470,40 @@ impl MountHandle {
                 }
             }
         }
-        // Join the session, bounded: a connection that does not end is aborted.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(session.join());
-        });
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "fuse session ended with an error"),
-            Err(_) => {
-                self.abort_connection();
-                if rx.recv_timeout(Duration::from_secs(5)).is_err() {
-                    tracing::warn!(mountpoint = %self.mountpoint.display(), "fuse session did not end");
-                }
+        // Wait, bounded, for the session's thread to end (a connection that does not
+        // end is aborted); then let the session go without dropping it. Dropping it
+        // unmounts the mountpoint by its path once the connection is gone (fuser takes
+        // the device's POLLERR for "still mounted"), and so unmounted whatever was
+        // mounted there meanwhile (black-box finding: `fusermount3 -u -z M` then a new
+        // `strata mount ... M`: the old daemon, exiting, took the new mount away). This
+        // mount is gone already; its device descriptor goes with the process.
+        if !wait_until(|| session.guard.is_finished(), Duration::from_secs(5)) {
+            self.abort_connection();
+            if !wait_until(|| session.guard.is_finished(), Duration::from_secs(5)) {
+                tracing::warn!(mountpoint = %self.mountpoint.display(), "fuse session did not end");
             }
+        }
+        if self.auto_unmount {
+            // fusermount3's helper unmounts when the session's socket closes: at once,
+            // while nothing else can be mounted here yet.
+            drop(session);
+        } else {
+            std::mem::forget(session);
         }
         result
     }
+}
+
+/// Polls `done` until it holds or `limit` passes; whether it held.
+fn wait_until(done: impl Fn() -> bool, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
 }
 
 /// How long an unmount waits for closes and fsyncs that are uploading: 20 s, inside

@@ -716,6 +716,37 @@ fn a_second_mount_on_the_same_directory_is_refused(b: Backend) {
     );
 }
 
+/// Black-box finding: `fusermount3 -u -z M`, then a new mount at M: the old mount's
+/// handle, ending, unmounted M by its path, taking the new mount away. A mount gone
+/// from outside is never unmounted again.
+fn a_mount_detached_from_outside_leaves_the_next_mount_there_alone(b: Backend) {
+    let mut fx = Fixture::new(b);
+    let old = fx.mount.take().expect("mounted");
+    let c = std::ffi::CString::new(fx.mnt.path().as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a NUL-terminated path; MNT_DETACH is a lazy unmount.
+    assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !old.is_finished() {
+        assert!(Instant::now() < deadline, "the old session did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let new = strata_fs::mount::mount_fs(
+        strata_fs::null::NullFs::new(vec![("x".into(), 3)]),
+        fx.mnt.path(),
+        &strata_fs::MountOptions::default(),
+    )
+    .expect("a new mount at the same point");
+    old.unmount().expect("the old mount's end");
+    assert!(is_mounted(fx.mnt.path()), "the new mount stays");
+    assert_eq!(
+        std::fs::read(fx.m("x"))
+            .expect("read through the new mount")
+            .len(),
+        3
+    );
+    new.unmount().expect("unmount");
+}
+
 fn unmount_with_open_files_does_not_hang(b: Backend) {
     let mut fx = Fixture::new(b);
     let f = File::open(fx.m("big.bin")).expect("open");
@@ -935,6 +966,7 @@ both_backends!(
     a_failing_store_gives_eio_and_the_mount_stays_usable,
     unmount_with_open_files_does_not_hang,
     a_second_mount_on_the_same_directory_is_refused,
+    a_mount_detached_from_outside_leaves_the_next_mount_there_alone,
     passthrough_opens_read_the_same_bytes,
     a_name_made_again_is_a_new_file,
 );
