@@ -74,6 +74,9 @@ pub struct FaultConfig {
     /// Answers name no ETag (heads, reads and listings; a gateway that drops the
     /// header), and reads ignore `If-Match` for want of one.
     pub drop_etags: bool,
+    /// Reads' answers (not heads nor listings) name no ETag, and reads ignore
+    /// `If-Match`: a gateway that drops the header from GETs only.
+    pub drop_read_etags: bool,
     /// Listings come in pages of this many entries, each costing `latency` (0: one
     /// listing, one `latency`): a whole listing takes a page's latency per page, and
     /// the store answers paged listings ([`PaginatedListStore`], with a delimiter).
@@ -496,11 +499,11 @@ impl ObjectStore for FaultyStore {
         let _asked = InFlightBytes::new(&self.gets, asked);
         let cfg = self.before_read(location.as_ref()).await?;
         let mut options = options;
-        if cfg.ignore_if_match || cfg.drop_etags {
+        if cfg.ignore_if_match || cfg.drop_etags || cfg.drop_read_etags {
             options.if_match = None;
         }
         let mut result = self.inner.get_opts(location, options).await?;
-        if cfg.drop_etags {
+        if cfg.drop_etags || (cfg.drop_read_etags && !head) {
             result.meta.e_tag = None;
         }
         if head {
