@@ -83,9 +83,21 @@ pub(crate) fn is_refusal(e: &object_store::Error) -> bool {
         | E::InvalidPath { .. }
         | E::NotSupported { .. }
         | E::NotImplemented { .. } => true,
-        E::Generic { .. } => http_status(&e.to_string()).is_some_and(refused_status),
+        E::Generic { .. } => {
+            let text = e.to_string();
+            http_status(&text).is_some_and(refused_status) && !transient_code(&text)
+        }
         _ => false,
     }
+}
+
+/// S3 error codes sent with a 4xx that the AWS SDKs retry: the request may succeed
+/// sent again (black-box finding: one `400 RequestTimeout` to a small file's PUT failed
+/// its close with EIO, where the same answer to a multipart part was ridden out).
+fn transient_code(text: &str) -> bool {
+    ["RequestTimeout", "PriorRequestNotComplete"]
+        .iter()
+        .any(|c| text.contains(c))
 }
 
 /// A client error the server will repeat: 4xx but Request Timeout and Too Many Requests.
@@ -128,6 +140,7 @@ mod tests {
             "Server returned non-2xx status code: 408 Request Timeout",
             "error sending request: connection refused",
             "status code: 4",
+            "Server returned non-2xx status code: 400 Bad Request: <Error><Code>RequestTimeout</Code>",
         ] {
             assert!(!is_refusal(&generic(transient)), "{transient}");
         }
