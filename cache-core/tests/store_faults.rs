@@ -476,6 +476,28 @@ async fn a_read_answer_without_an_etag_is_checked_by_size_and_date() {
     assert!(matches!(e, CacheError::Changed(_)), "{e}");
 }
 
+/// Black-box finding: a store answering a range that covers the whole object with
+/// `200 OK` made small files unreadable (EIO after 8 attempts). That answer is the
+/// object asked for: it is read whole, once.
+#[tokio::test]
+async fn a_whole_object_answered_to_its_whole_range_is_taken() {
+    let cfg = FaultConfig {
+        whole_range_not_partial: true,
+        ..FaultConfig::default()
+    };
+    let (store, f, obj) = faulty_holding(cfg, "small", Bytes::from_static(b"tiny file")).await;
+    let reads = f.gets().count;
+    assert_eq!(
+        store.get_range(&obj, 0..9).await.expect("whole"),
+        Bytes::from_static(b"tiny file")
+    );
+    assert_eq!(f.gets().count - reads, 1, "one read answered");
+    assert_eq!(
+        store.get_range(&obj, 2..6).await.expect("a part"),
+        Bytes::from_static(b"ny f")
+    );
+}
+
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =

@@ -77,6 +77,9 @@ pub struct FaultConfig {
     /// Reads' answers (not heads nor listings) name no ETag, and reads ignore
     /// `If-Match`: a gateway that drops the header from GETs only.
     pub drop_read_etags: bool,
+    /// A ranged read of a whole object is answered `200 OK` with no Content-Range, as
+    /// object_store's HTTP clients then report it ("non-partial response").
+    pub whole_range_not_partial: bool,
     /// Listings come in pages of this many entries, each costing `latency` (0: one
     /// listing, one `latency`): a whole listing takes a page's latency per page, and
     /// the store answers paged listings ([`PaginatedListStore`], with a delimiter).
@@ -501,6 +504,19 @@ impl ObjectStore for FaultyStore {
         let mut options = options;
         if cfg.ignore_if_match || cfg.drop_etags || cfg.drop_read_etags {
             options.if_match = None;
+        }
+        if let (true, Some(object_store::GetRange::Bounded(r))) =
+            (cfg.whole_range_not_partial && !head, &options.range)
+        {
+            let size = object_store::ObjectStoreExt::head(&*self.inner, location)
+                .await?
+                .size;
+            if r.start == 0 && r.end == size {
+                return Err(object_store::Error::Generic {
+                    store: "S3",
+                    source: "Received non-partial response when range requested".into(),
+                });
+            }
         }
         let mut result = self.inner.get_opts(location, options).await?;
         if cfg.drop_etags || (cfg.drop_read_etags && !head) {
