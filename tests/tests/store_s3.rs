@@ -266,8 +266,10 @@ async fn keys_that_cannot_be_named_hide_only_themselves() {
     for w in writers {
         w.join().expect("writer");
     }
-    // Raw keys, percent-encoded on the wire: `d/k0500<U+0001>`, `d/./hidden`, `d//dbl`.
-    for bad in ["p/d/k0500%01", "p/d/./hidden", "p/d//dbl"] {
+    // Raw keys, percent-encoded on the wire: `d/k0500<U+0001>`, `d/./hidden`, `d//dbl`,
+    // and `d/Icon<CR>` (macOS's folder icon), which the listing's XML turns into
+    // `d/Icon<LF>` (black-box finding: that one made the whole folder EIO).
+    for bad in ["p/d/k0500%01", "p/d/./hidden", "p/d//dbl", "p/d/Icon%0D"] {
         server.put_raw("data", bad, "x");
     }
     let store = s3_store(&server, "s3://data/p");

@@ -99,6 +99,7 @@ impl PagedLister {
         let mut start_after: Option<String> = None;
         let mut want = PAGE_KEYS;
         let mut last_skipped: Option<String> = None;
+        let mut cr_tried = false;
         loop {
             let opts = PaginatedListOptions {
                 offset: start_after.clone(),
@@ -136,17 +137,32 @@ impl PagedLister {
                     let Some(bad) = unnamed_key(&source) else {
                         return Ok(Err(object_store::Error::InvalidPath { source }));
                     };
-                    // A store whose offset includes its own key would answer the same
-                    // key again: give up rather than loop.
-                    if last_skipped.as_deref() == Some(bad.as_str()) {
-                        return Ok(Err(object_store::Error::InvalidPath { source }));
-                    }
-                    tracing::warn!(store = label, key = ?bad, error = %source,
+                    // The same key again: the listing's XML turned a carriage return
+                    // of the key into a line feed (`Icon\r`, which macOS puts in every
+                    // folder given an icon, read as `Icon\n`), and starting after the
+                    // line-feed spelling, which sorts first, met the key again. The
+                    // carriage-return spelling is tried once (black-box finding: the
+                    // whole folder was EIO). Otherwise (a store whose offset includes
+                    // its own key) give up rather than loop.
+                    let resume = match &last_skipped {
+                        Some(last) if *last == bad && bad.contains('\n') && !cr_tried => {
+                            cr_tried = true;
+                            bad.replace('\n', "\r")
+                        }
+                        Some(last) if *last == bad => {
+                            return Ok(Err(object_store::Error::InvalidPath { source }));
+                        }
+                        _ => {
+                            cr_tried = false;
+                            bad.clone()
+                        }
+                    };
+                    tracing::warn!(store = label, key = ?resume, error = %source,
                         "skipping a key that cannot be named; listing its neighbours");
-                    start_after = Some(if delimiter && bad.ends_with('/') {
-                        format!("{bad}{AFTER_ALL}")
+                    start_after = Some(if delimiter && resume.ends_with('/') {
+                        format!("{resume}{AFTER_ALL}")
                     } else {
-                        bad.clone()
+                        resume
                     });
                     last_skipped = Some(bad);
                     want = 1;
