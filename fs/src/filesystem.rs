@@ -1854,8 +1854,10 @@ impl FsCore {
                     if stale {
                         self.renew_attrs(&h).await;
                     }
-                    tracing::warn!(path = %p, version = %h.obj.version,
-                        "object changed in the store while open; this handle now fails with ESTALE (reopen to read the new version)");
+                    if let Some(left_out) = crate::log_limit::admit() {
+                        tracing::warn!(path = %p, version = %h.obj.version, left_out,
+                            "object changed in the store while open; this handle now fails with ESTALE (reopen to read the new version)");
+                    }
                     return Err(Error::Cache(CacheError::Changed(p)));
                 }
             },

@@ -67,8 +67,8 @@ pub fn file_attr(a: &Attr) -> FileAttr {
 fn errno(e: &Error, op: &str) -> Errno {
     if e.is_expected() {
         tracing::trace!(op, error = %e, "fuse request failed");
-    } else {
-        tracing::warn!(op, error = %e, errno = e.errno(), "fuse request failed");
+    } else if let Some(left_out) = crate::log_limit::admit() {
+        tracing::warn!(op, error = %e, errno = e.errno(), left_out, "fuse request failed");
     }
     Errno::from_i32(e.errno())
 }

@@ -31,6 +31,7 @@ pub mod error;
 pub mod filesystem;
 pub mod fuse;
 pub mod job;
+mod log_limit;
 pub mod mount;
 pub mod null;
 pub mod passthrough;

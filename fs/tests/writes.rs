@@ -1460,6 +1460,53 @@ async fn a_change_in_place_applies_to_the_current_version_not_a_cached_older_one
     .expect("bounded");
 }
 
+/// Black-box finding: an append closed over a version another writer put after the
+/// open (and acknowledged), and that version was lost, the close reporting success.
+/// The close finds the version it changes replaced: ESTALE, the other writer's kept.
+#[tokio::test]
+async fn a_change_in_place_is_not_uploaded_over_a_version_put_since_the_open() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.writes.as_mut().expect("writes").allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        let o = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect("open to append");
+        c.write(o.fh, 1000, b"mine\n").expect("append");
+        object_store::ObjectStoreExt::put(
+            &*fx.mem,
+            &object_store::path::Path::from("old/obj"),
+            Bytes::from(data(3000, 7)).into(),
+        )
+        .await
+        .expect("another writer's version, acknowledged");
+        let e = c.close(o.fh, 0).await.expect_err("replaced since the open");
+        assert_eq!(e.errno(), libc::ESTALE);
+        c.release_write(o.fh).await;
+        assert_eq!(
+            stored(&fx, "old/obj").await,
+            Some(data(3000, 7)),
+            "theirs kept"
+        );
+        // A file this mount created and uploaded is checked the same way at its next upload.
+        let (e, fh) = c.create(old.attr.ino, "mine", 0).await.expect("create");
+        c.write(fh, 0, b"v1").expect("write");
+        c.flush(fh).await.expect("first upload");
+        c.write(fh, 2, b"v2").expect("write more");
+        c.flush(fh).await.expect("second upload: still our version");
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "old/mine").await.as_deref(), Some(&b"v1v2"[..]));
+        let _ = e;
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box findings (round 10): READDIRPLUS handed the kernel the opendir's
 /// snapshot, which it links into its dentry cache with the attributes given. While a
 /// program wrote in the folder, that linked `state.json` to the inode `os.replace`

@@ -180,6 +180,9 @@ pub(super) struct Staged {
     uploaded: AtomicU64,
     /// The last completed upload: (generation, crc32c of its bytes, the object).
     last: Mutex<Option<(u64, u32, Arc<ObjectInfo>)>>,
+    /// The version the next upload replaces: the object an open to change it in place
+    /// read, then each upload's own (None: a new file, or one replaced whole).
+    base: Mutex<Option<Arc<ObjectInfo>>>,
     /// The upload in progress, with the generation it uploads.
     upload: Mutex<Option<(u64, SharedUpload)>>,
     /// The last upload failed (its flush returned the error): release does not retry
@@ -666,6 +669,7 @@ impl Writes {
             written: AtomicU64::new(1),
             uploaded: AtomicU64::new(0),
             last: Mutex::new(None),
+            base: Mutex::new(None),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
             lost: Mutex::new(None),
@@ -854,6 +858,8 @@ impl FsCore {
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
         *staged.last.lock() = None;
+        // Under its new name it replaces whatever is there whole.
+        *staged.base.lock() = None;
         if uploaded {
             match self.reader.store().delete(from).await {
                 Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
@@ -1026,6 +1032,9 @@ impl FsCore {
         }
         let staged = writes.stage(&node.path, pid, !truncate)?;
         staged.ino.store(ino, Ordering::Release);
+        if !truncate {
+            *staged.base.lock() = Some(obj.clone());
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {
             let filled = self.fill_staged(&staged, &obj, pid, fh).await;
@@ -1598,6 +1607,7 @@ impl FsCore {
     /// One upload of `staged` as of generation `gen`, then its metadata.
     async fn upload_once(&self, staged: &Arc<Staged>, gen: u64) -> Result<()> {
         let opts = self.writes()?.opts.clone();
+        self.still_the_version_changed(staged).await?;
         // A stream in progress finishes the upload if nothing broke it; any failure of
         // it falls back to an upload of the whole file.
         let stream = staged.stream.lock().take();
@@ -1656,6 +1666,28 @@ impl FsCore {
         self.uploaded(staged, gen, crc).await
     }
 
+    /// Before an upload replaces an object this file changes in place: the store still
+    /// holds the version it was opened on (or last uploaded), else `Changed` (ESTALE)
+    /// and nothing is uploaded. Black-box finding: an append closed over a version
+    /// another writer had put after the open, and that acknowledged object was lost.
+    /// (One HEAD; a version replaced between it and the upload is not caught.)
+    async fn still_the_version_changed(&self, staged: &Arc<Staged>) -> Result<()> {
+        let Some(base) = staged.base.lock().clone() else {
+            return Ok(());
+        };
+        let path = staged.path();
+        match self.reader.store().head(&path).await {
+            Ok(now) if now.version != base.version => {
+                tracing::warn!(path = %path, "not uploaded: another writer replaced the object since this file opened it");
+                Err(Error::Cache(CacheError::Changed(format!(
+                    "{path}: replaced in the store by another writer since it was opened"
+                ))))
+            }
+            Ok(_) | Err(CacheError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// After `staged` was uploaded as of generation `gen` (bytes of crc32c `crc`): its
     /// metadata from the store, its parent's listing dropped.
     async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
@@ -1663,6 +1695,7 @@ impl FsCore {
         if let Some(parent) = self.parent_of(&staged.path()).map(Arc::<str>::from) {
             if let Some(info) = self.refresh(&parent, &staged.path()).await {
                 self.supersede(&info);
+                *staged.base.lock() = Some(info.clone());
                 *staged.last.lock() = Some((gen, crc, info));
             }
         }
