@@ -498,6 +498,21 @@ async fn a_whole_object_answered_to_its_whole_range_is_taken() {
     );
 }
 
+/// Black-box finding: object_store panicked on a store's answer to a delete, and the
+/// FUSE request was never answered. The delete fails with an error instead.
+#[tokio::test]
+async fn a_delete_the_client_library_panics_on_is_an_error() {
+    let cfg = FaultConfig {
+        panic_on_delete: true,
+        ..FaultConfig::default()
+    };
+    let (store, f, _) = faulty_holding(cfg, "a", Bytes::from_static(b"x")).await;
+    let e = store.delete("a").await.expect_err("a panic is an error");
+    assert!(matches!(e, CacheError::Store { .. }), "{e}");
+    f.set_config(FaultConfig::default());
+    store.delete("a").await.expect("a well-behaved answer");
+}
+
 #[tokio::test]
 async fn failed_reads_leave_the_cache_clean_and_recover() {
     let (store, f, obj) =

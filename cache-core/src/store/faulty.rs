@@ -80,6 +80,9 @@ pub struct FaultConfig {
     /// A ranged read of a whole object is answered `200 OK` with no Content-Range, as
     /// object_store's HTTP clients then report it ("non-partial response").
     pub whole_range_not_partial: bool,
+    /// Deletes panic inside the client library (as object_store does on a
+    /// DeleteObjects answer naming the key in another spelling).
+    pub panic_on_delete: bool,
     /// Listings come in pages of this many entries, each costing `latency` (0: one
     /// listing, one `latency`): a whole listing takes a page's latency per page, and
     /// the store answers paged listings ([`PaginatedListStore`], with a delimiter).
@@ -582,6 +585,9 @@ impl ObjectStore for FaultyStore {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
+        if self.config.lock().panic_on_delete {
+            panic!("injected: a delete answer the client library cannot match");
+        }
         self.inner.delete_stream(locations)
     }
 

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -1275,11 +1275,23 @@ impl BackingStore {
         self.local_write_inside(path).await?;
         self.local_not_through_link(path).await?;
         let p = object_key(path);
-        self.retrying(|| {
+        let deleting = self.retrying(|| {
             let p = p.clone();
             async move { self.store.delete(&p).await }
-        })
-        .await
+        });
+        // object_store panics on some answers to a delete (a DeleteObjects result naming
+        // the key in another spelling): an error of this delete, not a lost request
+        // (black-box finding: the FUSE reply was never sent, "Reply not sent").
+        match std::panic::AssertUnwindSafe(deleting).catch_unwind().await {
+            Ok(r) => r,
+            Err(_) => Err(CacheError::Store {
+                attempts: 1,
+                message: format!(
+                    "{}: the store's answer to the delete of {path} could not be read",
+                    self.label
+                ),
+            }),
+        }
     }
 
     /// Why this store cannot hold an object named `path` as the mount names it (None:
