@@ -2285,9 +2285,12 @@ impl FsCore {
             bfree: free,
             bavail: free,
             files: self.inodes.read().nodes.len() as u64,
-            ffree: 0,
+            // A writable mount can make files: report room for many, not none (`df -i`
+            // showed 100% of inodes used; some installers refuse a full file system).
+            ffree: if self.writes.is_some() { 1 << 32 } else { 0 },
             bsize,
-            namelen: 1024,
+            // What the store takes: a local directory's names are shorter (`#N`).
+            namelen: self.reader.store().name_max().min(u32::MAX as usize) as u32,
         }
     }
 

@@ -466,8 +466,13 @@ async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared()
 #[tokio::test]
 async fn a_read_only_core_refuses_every_write_with_erofs() {
     timed(async {
+        // Black-box finding: a writable mount said it had no free inodes (`df -i`
+        // 100%); a read-only one has none to give.
+        let writable = fixture(|_, _| {}).await;
+        assert!(writable.core.statfs().ffree > 0);
         let fx = fixture(|o, _| o.writes = None).await;
         let c = &fx.core;
+        assert_eq!(c.statfs().ffree, 0);
         assert_eq!(
             c.create(ROOT_INO, "x", 0)
                 .await

@@ -286,6 +286,21 @@ fn sighup_stops_the_daemon_and_unmounts() {
     let l = Layout::new(&[("a.txt", b"x")]);
     let mnt = l.mnt.clone();
     let mut daemon = foreground_mount(&l.url, &mnt, &l.cache, &[]);
+    // SIGUSR1/2 mean nothing to the daemon (black-box finding: their default action
+    // ended it, the mount left failing ENOTCONN).
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        // SAFETY: signalling the child this test started.
+        assert_eq!(unsafe { libc::kill(daemon.id() as i32, sig) }, 0);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        daemon.try_wait().expect("wait").is_none(),
+        "USR1/USR2 ignored"
+    );
+    assert_eq!(
+        std::fs::read(mnt.join("a.txt")).expect("still served"),
+        b"x"
+    );
     let status = stop_with(&mut daemon, libc::SIGHUP, &mnt);
     let left = mounts_at(&mnt);
     if left > 0 {

@@ -1339,6 +1339,15 @@ impl BackingStore {
         self.local_root.is_some()
     }
 
+    /// The longest name of one path segment this store takes (`statfs`'s `namelen`).
+    pub fn name_max(&self) -> usize {
+        if self.local_root.is_some() {
+            LOCAL_NAME_MAX
+        } else {
+            CLOUD_KEY_MAX
+        }
+    }
+
     /// Removes directory `path` of a local directory store if it is empty (an object
     /// store has no directories: elsewhere there is nothing to remove; a missing one is
     /// removed already). Deletes remove the directories they empty; this is for one

@@ -370,6 +370,14 @@ async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
 /// [`run`] until SIGINT or SIGTERM.
 pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
     crate::init_logging("info");
+    // SIGUSR1/SIGUSR2 (a log rotator's "reopen", a stray `kill -USR1`) would end the
+    // daemon by default, every job on its mounts then failing ENOTCONN (black-box
+    // finding). They mean nothing here.
+    for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+        // SAFETY: setting a standard signal's disposition to SIG_IGN, before any
+        // thread is started.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
     if cfg.kv.enabled {
         strata_kvcache::server::tune_allocator();
     }
