@@ -93,8 +93,9 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
             (d.clone(), None)
         }
         None => {
+            reclaim_orphaned_temp_dirs();
             let t = tempfile::Builder::new()
-                .prefix("strata-cache-")
+                .prefix(TEMP_PREFIX)
                 .tempdir()
                 .context("creating temp cache dir")?;
             // As private as a given one (black-box finding: created 0755, its upload
@@ -190,6 +191,48 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
         _lock: lock,
         _temp: temp,
     })
+}
+
+/// Name prefix of the temp cache dir a daemon without `--cache-dir` makes.
+const TEMP_PREFIX: &str = "strata-cache-";
+
+/// Removes the temp cache dirs of this user's daemons that ended without removing
+/// theirs (kill -9, the OOM killer, a panic): each held a whole cache, and a
+/// crash-looping unit filled /tmp with them (black-box finding). A dir is taken as
+/// orphaned when a daemon locked it once (`daemon.lock` is there, a minute old or
+/// more) and none holds the lock now.
+fn reclaim_orphaned_temp_dirs() {
+    reclaim_orphaned_in(&std::env::temp_dir(), std::time::Duration::from_secs(60));
+}
+
+/// [`reclaim_orphaned_temp_dirs`] in `tmp`, for dirs locked at least `min_age` ago.
+fn reclaim_orphaned_in(tmp: &std::path::Path, min_age: std::time::Duration) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let dir = entry.path();
+        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        let locked_long_ago = std::fs::metadata(dir.join(DAEMON_LOCK))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= min_age));
+        if ours && locked_long_ago && cache_dir_free(&dir) {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed the temp cache dir of a daemon that did not end cleanly")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove the temp cache dir of a daemon that did not end cleanly")
+                }
+            }
+        }
+    }
 }
 
 /// The file whose lock says a daemon runs on a cache dir (it holds that daemon's pid).
@@ -343,6 +386,32 @@ fn open_gpu_tier(g: GpuTierConfig) -> anyhow::Result<GpuTier> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Black-box finding: every killed daemon without `--cache-dir` left its whole
+    /// temp cache dir, and no later start reclaimed one. Orphans go; a dir a daemon
+    /// holds, one not yet locked, and others' names stay.
+    #[test]
+    fn temp_cache_dirs_of_dead_daemons_are_reclaimed() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mk = |name: &str, lock: bool| {
+            let d = tmp.path().join(name);
+            std::fs::create_dir(&d).expect("mkdir");
+            std::fs::write(d.join("block"), b"data").expect("data");
+            if lock {
+                std::fs::write(d.join(DAEMON_LOCK), b"12345").expect("lock file");
+            }
+            d
+        };
+        let dead = mk("strata-cache-dead", true);
+        let live = mk("strata-cache-live", true);
+        let starting = mk("strata-cache-starting", false);
+        let other = mk("not-strata", true);
+        let held = std::fs::File::open(live.join(DAEMON_LOCK)).expect("open");
+        held.lock().expect("a live daemon's lock");
+        reclaim_orphaned_in(tmp.path(), std::time::Duration::ZERO);
+        assert!(!dead.exists(), "an orphan goes");
+        assert!(live.exists() && starting.exists() && other.exists());
+    }
 
     fn cfg(dir: &std::path::Path) -> CacheConfig {
         CacheConfig {
