@@ -20,6 +20,9 @@ pub fn init_logging(default: &str) {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file (`mount.log`, journald) got escape
+        // codes in every line (black-box observation).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // A failed write of a log line is dropped: reported, it would go through
         // eprintln!, which panics when stderr is a log file on a full disk (the cache
         // dir's `mount.log`), and the daemon must not die of its log.

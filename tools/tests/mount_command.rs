@@ -613,3 +613,36 @@ fn a_mount_log_that_is_a_link_is_never_written_through() {
     assert!(text(&out).contains("mount.log"), "{}", text(&out));
     assert_eq!(std::fs::read(&victim).expect("victim"), b"ORIGINAL");
 }
+
+/// Black-box finding: a background mount with `--admin 127.0.0.1:0` listened on a port
+/// it reported nowhere. Its log names the address.
+#[test]
+fn a_background_mounts_admin_address_is_in_its_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).expect("mkdir src");
+    let (mnt, cache) = (dir.path().join("m"), dir.path().join("cache"));
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    let url = format!("file://{}", src.display());
+    let out = mount(&[
+        url.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+        "--admin".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ]);
+    let log = std::fs::read_to_string(cache.join("mount.log")).unwrap_or_default();
+    unmount(&mnt);
+    assert!(out.status.success(), "{}", text(&out));
+    let port = log
+        .lines()
+        .find(|l| l.contains("admin API listening"))
+        .and_then(|l| l.rsplit("127.0.0.1:").next())
+        .and_then(|p| p.trim().parse::<u16>().ok());
+    assert!(port.is_some_and(|p| p > 0), "{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "no colour escapes in a log file: {log:?}"
+    );
+}

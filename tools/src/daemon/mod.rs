@@ -219,7 +219,11 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "admin API (token required) is reachable beyond this host");
         }
-        announce!("admin {}", l.local_addr()?);
+        let bound = l.local_addr()?;
+        announce!("admin {bound}");
+        // In the log too: a background mount's stdout goes nowhere, and a port-0
+        // address was reported nowhere else (black-box finding).
+        tracing::info!(admin = %bound, "admin API listening");
         let state = AdminState {
             engine: core.engine.clone(),
             kv: kv.as_ref().map(|k| k.service.clone()),
