@@ -20,7 +20,8 @@
 //! A line torn by a crash fails to parse and is skipped (the directory is listed from the
 //! store again, or is missing while the store is down); the log is bounded by the
 //! listings fetched (each directory once per mount's life with an indefinite TTL, until
-//! the listing cache evicts it) and rewritten compact at every open.
+//! the listing cache evicts it) and rewritten compact at every open, and while the
+//! mount runs once it has grown well past its compact size.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -43,9 +44,27 @@ pub(super) struct Logged {
 
 /// The log of one mount (see the module docs).
 pub(super) struct ListingLog {
-    file: std::fs::File,
     path: PathBuf,
+    source: String,
+    block_size: u64,
+    inner: parking_lot::Mutex<Appending>,
 }
+
+/// The open log and how much of it is new since it was last compacted.
+struct Appending {
+    file: std::fs::File,
+    /// Bytes the log had when last compacted...
+    compacted: u64,
+    /// ...and bytes appended since.
+    appended: u64,
+}
+
+/// The log is compacted while the mount runs once its appended lines pass this many
+/// bytes and twice its compacted size: a writer creating and deleting files for days
+/// appends ~180 bytes per change, which only the next start compacted (black-box
+/// finding: 1.78 MB for 10,000 creates and deletes of a mount holding 1 object). The
+/// cost, one read and rewrite of the log, is paid once per that many bytes appended.
+const COMPACT_AFTER: u64 = 1 << 20;
 
 impl ListingLog {
     /// Opens `path`, compacting what an earlier run logged; returns the log and those
@@ -64,66 +83,19 @@ impl ListingLog {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let mut latest = Logged::default();
-        if let Ok(f) = strata_cache_core::state_file::open_regular(path) {
-            let mut lines = std::io::BufReader::new(f).lines().peekable();
-            let first = lines.peek().and_then(|l| l.as_ref().ok()).cloned();
-            let logged_for = first
-                .as_deref()
-                .and_then(|l| serde_json::from_str::<Value>(l).ok())
-                .and_then(|v| v.get("source").and_then(Value::as_str).map(String::from));
-            let other_source = first.is_some() && logged_for.as_deref() != Some(source);
-            if other_source {
-                tracing::warn!(log = %path.display(), logged_for = ?logged_for, source,
-                    "the listing log was written for another store or prefix; not used");
-            }
-            for line in lines.take_while(|_| !other_source) {
-                let Ok(line) = line else { break };
-                match parse_line(&line, block_size) {
-                    Some(Line::Dir(dir, listing)) => {
-                        latest.dirs.insert(dir, listing);
-                    }
-                    Some(Line::File(obj)) => {
-                        latest.files.insert(obj.path.to_string(), obj);
-                    }
-                    Some(Line::Set(dir, name, obj)) => {
-                        if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
-                            match entries.iter_mut().find(|(n, _)| *n == name) {
-                                Some(e) => e.1 = Some(obj.clone()),
-                                None => entries.push((name, Some(obj.clone()))),
-                            }
-                        }
-                        latest.files.insert(obj.path.to_string(), obj);
-                    }
-                    Some(Line::Gone(dir, name, path)) => {
-                        if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
-                            entries.retain(|(n, _)| *n != name);
-                        }
-                        latest.files.remove(&path);
-                    }
-                    None => {}
-                }
-            }
-        }
-        // Compact: written aside, then renamed over, so a crash leaves one or the other.
-        let tmp = path.with_extension("jsonl.tmp");
-        {
-            let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            writeln!(out, "{}", json!({ "source": source }))?;
-            for (dir, (exists, entries)) in &latest.dirs {
-                writeln!(out, "{}", line_of(dir, *exists, entries))?;
-            }
-            for obj in latest.files.values() {
-                writeln!(out, "{}", file_line(obj))?;
-            }
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
+        let latest = fold(path, block_size, source);
+        let compacted = write_compact(path, source, &latest)?;
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok((
             ListingLog {
-                file,
                 path: path.to_path_buf(),
+                source: source.to_string(),
+                block_size,
+                inner: parking_lot::Mutex::new(Appending {
+                    file,
+                    compacted,
+                    appended: 0,
+                }),
             },
             latest,
         ))
@@ -155,16 +127,110 @@ impl ListingLog {
         self.write_line(json!({ "gone": [dir, name, path] }).to_string());
     }
 
-    /// One line, appended now by one `write` (the file is `O_APPEND`: lines from
-    /// several threads never interleave, and no lock is taken): a few hundred bytes to
-    /// a local file, no fsync, so that lines keep the order of what they record (see
-    /// the module doc).
+    /// One line, appended now by one `write` under the log's lock (lines keep the
+    /// order of what they record, see the module doc): a few hundred bytes to a local
+    /// file, no fsync. Past [`COMPACT_AFTER`] the log is compacted first.
     fn write_line(&self, mut line: String) {
         line.push('\n');
-        if let Err(e) = (&self.file).write_all(line.as_bytes()) {
-            tracing::debug!(path = %self.path.display(), error = %e, "listing not logged");
+        let mut a = self.inner.lock();
+        if a.appended > COMPACT_AFTER && a.appended > 2 * a.compacted {
+            match self.compact() {
+                Ok((file, size)) => {
+                    *a = Appending {
+                        file,
+                        compacted: size,
+                        appended: 0,
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(path = %self.path.display(), error = %e, "listing log not compacted");
+                    a.appended = 0;
+                }
+            }
+        }
+        match (&a.file).write_all(line.as_bytes()) {
+            Ok(()) => a.appended += line.len() as u64,
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), error = %e, "listing not logged")
+            }
         }
     }
+
+    /// The log rewritten to its latest state, and that file opened to append to, with
+    /// its size. Under the log's lock.
+    fn compact(&self) -> std::io::Result<(std::fs::File, u64)> {
+        let latest = fold(&self.path, self.block_size, &self.source);
+        let size = write_compact(&self.path, &self.source, &latest)?;
+        let file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
+        Ok((file, size))
+    }
+}
+
+/// What the log at `path` says now: each directory's latest listing with the changes
+/// after it applied (nothing if it was written for another source).
+fn fold(path: &Path, block_size: u64, source: &str) -> Logged {
+    let mut latest = Logged::default();
+    let Ok(f) = strata_cache_core::state_file::open_regular(path) else {
+        return latest;
+    };
+    let mut lines = std::io::BufReader::new(f).lines().peekable();
+    let first = lines.peek().and_then(|l| l.as_ref().ok()).cloned();
+    let logged_for = first
+        .as_deref()
+        .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        .and_then(|v| v.get("source").and_then(Value::as_str).map(String::from));
+    let other_source = first.is_some() && logged_for.as_deref() != Some(source);
+    if other_source {
+        tracing::warn!(log = %path.display(), logged_for = ?logged_for, source,
+            "the listing log was written for another store or prefix; not used");
+    }
+    for line in lines.take_while(|_| !other_source) {
+        let Ok(line) = line else { break };
+        match parse_line(&line, block_size) {
+            Some(Line::Dir(dir, listing)) => {
+                latest.dirs.insert(dir, listing);
+            }
+            Some(Line::File(obj)) => {
+                latest.files.insert(obj.path.to_string(), obj);
+            }
+            Some(Line::Set(dir, name, obj)) => {
+                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
+                    match entries.iter_mut().find(|(n, _)| *n == name) {
+                        Some(e) => e.1 = Some(obj.clone()),
+                        None => entries.push((name, Some(obj.clone()))),
+                    }
+                }
+                latest.files.insert(obj.path.to_string(), obj);
+            }
+            Some(Line::Gone(dir, name, path)) => {
+                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
+                    entries.retain(|(n, _)| *n != name);
+                }
+                latest.files.remove(&path);
+            }
+            None => {}
+        }
+    }
+    latest
+}
+
+/// Writes `latest` as the log at `path` (aside, then renamed over, so a crash leaves
+/// one or the other); its size.
+fn write_compact(path: &Path, source: &str, latest: &Logged) -> std::io::Result<u64> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    writeln!(out, "{}", json!({ "source": source }))?;
+    for (dir, (exists, entries)) in &latest.dirs {
+        writeln!(out, "{}", line_of(dir, *exists, entries))?;
+    }
+    for obj in latest.files.values() {
+        writeln!(out, "{}", file_line(obj))?;
+    }
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    let size = file.metadata()?.len();
+    std::fs::rename(&tmp, path)?;
+    Ok(size)
 }
 
 fn obj_value(o: &ObjectInfo) -> Value {
@@ -382,5 +448,33 @@ mod tests {
             assert_eq!(got.files["e/x"], obj("e/x", 2));
             assert!(!got.dirs.contains_key("e"), "no listing is made up");
         }
+    }
+
+    /// Black-box finding: a writer creating and deleting files under an indefinite TTL
+    /// grew the log ~180 bytes per change while the mount ran. It is compacted as it
+    /// goes, and what it says stays the same.
+    #[test]
+    fn the_log_is_compacted_while_the_mount_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m/listings.jsonl");
+        {
+            let (log, _) = ListingLog::open(&path, 1 << 20, SRC).expect("open");
+            log.append("d", true, vec![("keep".into(), Some(obj("d/keep", 1)))]);
+            for i in 0..20_000 {
+                let name = format!("tmp-{i}");
+                log.append_set("d", &name, &obj(&format!("d/{name}"), 1));
+                log.append_gone("d", &name, &format!("d/{name}"));
+            }
+            let size = std::fs::metadata(&path).expect("log").len();
+            assert!(
+                size < 2 * COMPACT_AFTER,
+                "{size} bytes after 40,000 changes"
+            );
+        }
+        let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
+        let (_, entries) = &got.dirs["d"];
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(entries[0].0, "keep");
+        assert!(!got.files.contains_key("d/tmp-19999"));
     }
 }
