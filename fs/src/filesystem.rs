@@ -117,6 +117,10 @@ pub struct CoreOptions {
     /// Owner reported for every entry (default: the daemon's uid/gid).
     pub uid: u32,
     pub gid: u32,
+    /// Permission bits of every file / folder (None: 0444 / 0555, writable mounts
+    /// 0644 / 0755): with `allow_other` the kernel checks users against them.
+    pub file_mode: Option<u16>,
+    pub dir_mode: Option<u16>,
     /// Readahead policy per open file; default: [`WindowDoubling`].
     pub readahead: ReadaheadFactory,
     /// Plain-file copies for FUSE passthrough; None disables them.
@@ -163,6 +167,8 @@ impl Default for CoreOptions {
             metadata_ttl: Duration::from_secs(5),
             uid,
             gid,
+            file_mode: None,
+            dir_mode: None,
             readahead: Arc::new(|| Box::new(WindowDoubling::new(WindowConfig::default()))),
             passthrough: None,
             predictors: None,
@@ -989,7 +995,11 @@ impl FsCore {
                 kind: Kind::File,
                 mtime: UNIX_EPOCH + Duration::from_nanos(obj.last_modified_unix_ns.max(0) as u64),
                 // Writable mounts say so (the kernel checks `default_permissions`).
-                perm: if self.writes.is_some() { 0o644 } else { 0o444 },
+                perm: self.opts.file_mode.unwrap_or(if self.writes.is_some() {
+                    0o644
+                } else {
+                    0o444
+                }),
                 nlink: 1,
                 uid: self.opts.uid,
                 gid: self.opts.gid,
@@ -1000,7 +1010,11 @@ impl FsCore {
                 size: 0,
                 kind: Kind::Dir,
                 mtime: self.mounted_at,
-                perm: if self.writes.is_some() { 0o755 } else { 0o555 },
+                perm: self.opts.dir_mode.unwrap_or(if self.writes.is_some() {
+                    0o755
+                } else {
+                    0o555
+                }),
                 nlink: 2,
                 uid: self.opts.uid,
                 gid: self.opts.gid,

@@ -463,6 +463,28 @@ async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared()
     .expect("bounded");
 }
 
+/// Black-box finding: with `--allow-other`, files a local store keeps private were
+/// shown 0444 to every user. The owner and modes shown are the operator's to set.
+#[tokio::test]
+async fn owner_and_modes_shown_are_the_ones_asked_for() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.uid = 4321;
+            o.gid = 8765;
+            o.file_mode = Some(0o440);
+            o.dir_mode = Some(0o750);
+        })
+        .await;
+        let c = &fx.core;
+        let d = c.lookup(ROOT_INO, "old").await.expect("a folder");
+        assert_eq!((d.attr.perm, d.attr.uid, d.attr.gid), (0o750, 4321, 8765));
+        let f = c.lookup(d.attr.ino, "obj").await.expect("a file");
+        assert_eq!((f.attr.perm, f.attr.uid, f.attr.gid), (0o440, 4321, 8765));
+    })
+    .await
+    .expect("bounded");
+}
+
 #[tokio::test]
 async fn a_read_only_core_refuses_every_write_with_erofs() {
     timed(async {

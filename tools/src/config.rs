@@ -549,9 +549,27 @@ pub struct MountConfig {
     #[arg(long = "metadata-ttl", default_value_t = MountConfig::default().metadata_ttl)]
     #[serde(alias = "metadata_ttl_secs")]
     pub metadata_ttl: MetadataTtl,
-    /// Let other users read the mount (needs `user_allow_other` for non-root).
+    /// Let other users read the mount (needs `user_allow_other` for non-root). The
+    /// kernel then checks each user against the owner and modes below: restrict them
+    /// (`--gid`, `--file-mode 0440`) rather than show every file to every user.
     #[arg(long)]
     pub allow_other: bool,
+    /// Owner shown for every file and folder (default: the daemon's user).
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Group shown for every file and folder (default: the daemon's group).
+    #[arg(long)]
+    pub gid: Option<u32>,
+    /// Permission bits of every file, in octal (default 0444, 0644 with
+    /// `--allow-writes`), as mountpoint-s3's `--file-mode`.
+    #[arg(long, value_parser = parse_mode)]
+    #[serde(deserialize_with = "mode_from_text", default)]
+    pub file_mode: Option<u16>,
+    /// Permission bits of every folder, in octal (default 0555, 0755 with
+    /// `--allow-writes`).
+    #[arg(long, value_parser = parse_mode)]
+    #[serde(deserialize_with = "mode_from_text", default)]
+    pub dir_mode: Option<u16>,
     /// Prefetching. `predictors` by default: the prefetch crate's rate-following
     /// sequential and semantic next-file predictors, fed every read and listing, which
     /// is what makes a job reading many files in name order find the next one cached;
@@ -590,6 +608,21 @@ pub struct MountConfig {
     pub auto_unmount: bool,
 }
 
+/// Permission bits in octal ("0640", "640", "0o640"): at most 0o7777.
+pub fn parse_mode(text: &str) -> Result<u16, String> {
+    let digits = text.trim().trim_start_matches("0o");
+    u16::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{text:?} is not a mode in octal (e.g. 0640)"))
+}
+
+fn mode_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    text.map(|t| parse_mode(&t).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 impl Default for MountConfig {
     fn default() -> Self {
         MountConfig {
@@ -597,6 +630,10 @@ impl Default for MountConfig {
             prefix: String::new(),
             metadata_ttl: MetadataTtl::After(std::time::Duration::from_secs(5)),
             allow_other: false,
+            uid: None,
+            gid: None,
+            file_mode: None,
+            dir_mode: None,
             prefetch: PrefetchMode::Predictors,
             passthrough_max: "64MiB".into(),
             read_ahead_kb: 4096,
@@ -1061,6 +1098,16 @@ mod tests {
         )
         .unwrap();
         assert!(c.mounts[0].allow_writes && c.mounts[0].allow_delete);
+        let c: StrataConfig = toml::from_str(
+            "[[mounts]]\nmountpoint = \"/m\"\nfile_mode = \"0440\"\ndir_mode = \"750\"\ngid = 7\n",
+        )
+        .unwrap();
+        assert_eq!(c.mounts[0].file_mode, Some(0o440));
+        assert_eq!(c.mounts[0].dir_mode, Some(0o750));
+        assert_eq!(c.mounts[0].gid, Some(7));
+        let flags = Cli::parse_from(["strata", "/mnt/x", "--file-mode", "0o640"]).mount;
+        assert_eq!(flags.file_mode, Some(0o640));
+        assert!(Cli::try_parse_from(["strata", "/mnt/x", "--file-mode", "0999"]).is_err());
         assert!(!c.mounts[0].allow_overwrite);
     }
 

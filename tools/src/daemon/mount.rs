@@ -35,6 +35,19 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         ..Default::default()
     };
     opts.core.metadata_ttl = m.metadata_ttl.duration();
+    if let Some(uid) = m.uid {
+        opts.core.uid = uid;
+    }
+    if let Some(gid) = m.gid {
+        opts.core.gid = gid;
+    }
+    opts.core.file_mode = m.file_mode;
+    opts.core.dir_mode = m.dir_mode;
+    if m.allow_other && m.file_mode.is_none() && fsname.starts_with("file://") {
+        // Black-box finding: files the store keeps private (0600) were readable by
+        // every local user through such a mount.
+        tracing::warn!(store = fsname, "--allow-other without --file-mode: every local user can read every file of the store through the mount, whatever its mode there; restrict with --gid and --file-mode 0440");
+    }
     if m.metadata_ttl.duration() >= strata_fs::filesystem::INDEFINITE_FROM {
         // A start with the store down finds what the cache holds (listing_log.rs).
         opts.core.listing_log = Some(
