@@ -21,6 +21,11 @@
 //!   from it: its block is not in the cache yet (black-box finding: a tenant that
 //!   held half its quota had 98% of its puts refused while its ledger waited for the
 //!   once-a-second walk).
+//! - a put that still does not fit makes room by evicting the tenant's own oldest
+//!   stored blocks (first charged, first out), as a cache does at its capacity: a full
+//!   quota refused every new put for good while the old blocks stayed (black-box
+//!   finding). Only a block larger than the whole quota, or a quota held by puts in
+//!   flight, is RESOURCE_EXHAUSTED.
 //!
 //! Without tenants the service is the single-tenant demo: one optional token, any
 //! namespace (the daemon says so at start).
@@ -171,6 +176,30 @@ impl Ledger {
         true
     }
 
+    /// Takes the oldest stored blocks out of the ledger until `size` more bytes fit
+    /// (blocks of puts in flight stay); the keys taken, for the caller to evict.
+    fn make_room(&mut self, size: u64, quota: u64) -> Vec<CacheKey> {
+        let mut taken = Vec::new();
+        let mut looked = 0;
+        let n = self.order.len();
+        while self.used + size > quota && looked < n {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            looked += 1;
+            match self.blocks.get(&key).copied() {
+                None => {}
+                Some(c) if c.in_flight => self.order.push_back(key),
+                Some(c) => {
+                    self.blocks.remove(&key);
+                    self.used -= c.size;
+                    taken.push(key);
+                }
+            }
+        }
+        taken
+    }
+
     fn still_held(c: &Charged, key: &CacheKey, engine: &CacheEngine) -> bool {
         c.in_flight || engine.contains(key)
     }
@@ -203,6 +232,17 @@ impl Ledger {
         let blocks = &self.blocks;
         self.order.retain(|k| blocks.contains_key(k));
     }
+}
+
+/// What [`Tenant::charge`] did.
+#[derive(Debug)]
+pub struct Charge {
+    /// Whether the key was newly counted (false: the ledger already holds it, from an
+    /// earlier or concurrent put of it).
+    pub new: bool,
+    /// The tenant's own blocks taken out of the ledger to make room: the caller
+    /// evicts them from the cache.
+    pub evict: Vec<CacheKey>,
 }
 
 /// A tenant at run time: its patterns and its quota ledger.
@@ -269,15 +309,18 @@ impl Tenant {
         self.ledger.lock().used
     }
 
-    /// Counts `size` bytes of `key` against the quota. Returns whether it was newly
-    /// counted (false: the ledger already holds the key, from an earlier or concurrent
-    /// put of it); refund a new charge with [`Tenant::forget`] if the put fails, or
-    /// mark it [`Tenant::stored`] once the block is in the cache.
-    pub fn charge(&self, key: &CacheKey, size: u64, engine: &CacheEngine) -> Result<bool> {
+    /// Counts `size` bytes of `key` against the quota (see [`Charge`]); refund a new
+    /// charge with [`Tenant::forget`] if the put fails, or mark it [`Tenant::stored`]
+    /// once the block is in the cache.
+    pub fn charge(&self, key: &CacheKey, size: u64, engine: &CacheEngine) -> Result<Charge> {
         let mut l = self.ledger.lock();
         if l.blocks.contains_key(key) {
-            return Ok(false);
+            return Ok(Charge {
+                new: false,
+                evict: Vec::new(),
+            });
         }
+        let mut evict = Vec::new();
         // Blocks the cache evicted no longer count (synchronous lookups only: no await
         // under this lock).
         l.turn(size, self.quota, CLOCK_STEPS, engine);
@@ -286,6 +329,9 @@ impl Tenant {
             if now >= l.next_prune {
                 l.prune(engine);
                 l.next_prune = now + PRUNE_INTERVAL;
+            }
+            if l.used + size > self.quota && size <= self.quota {
+                evict = l.make_room(size, self.quota);
             }
             if l.used + size > self.quota {
                 return Err(KvError::Quota {
@@ -297,7 +343,7 @@ impl Tenant {
             }
         }
         l.insert(key, size, true);
-        Ok(true)
+        Ok(Charge { new: true, evict })
     }
 
     /// The put that charged `key` stored it: from now on the ledger drops it once the

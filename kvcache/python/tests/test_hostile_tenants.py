@@ -78,20 +78,24 @@ def test_a_tenant_cannot_read_overwrite_remove_or_probe_another_tenants_blocks(t
             assert _code(lambda: anon.exists(b"secret")).code == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_a_tenants_quota_ends_in_a_clear_error(tenant_server):
+def test_a_tenant_over_its_quota_evicts_its_own_oldest_blocks(tenant_server):
+    """Black-box finding: a full quota refused every new put for good while the old
+    blocks stayed. The tenant's oldest blocks make room, as at a cache's capacity; a
+    block larger than the whole quota is a clear RESOURCE_EXHAUSTED."""
     mb = lambda i: bytes([i]) * (1 << 20)  # noqa: E731
     with KvClient(tenant_server["tcp"], "llama3-70b/quota", token="tok-a") as a:
-        stored = 0
+        for i in range(24):
+            a.put(b"q-%d" % i, mb(i))
+        held = [i for i in range(24) if a.exists(b"q-%d" % i)]
+        assert 0 < len(held) <= 8, f"team-a's quota is 8 MiB: {held}"
+        assert held == list(range(24 - len(held), 24)), "the oldest went first"
+        assert a.get(b"q-23") == mb(23)
         with pytest.raises(KvError) as e:
-            for i in range(64):
-                a.put(b"q-%d" % i, mb(i))
-                stored += 1
+            a.put(b"too-big", bytes(9 << 20))
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "quota" in e.value.message, e.value.message
-        assert 0 < stored <= 8, "team-a's quota is 8 MiB"
-        assert not a.exists(b"q-%d" % stored), "the refused block was not stored"
-        assert a.get(b"q-0") == mb(0)
-        a.remove([b"q-%d" % i for i in range(stored)])
+        assert not a.exists(b"too-big")
+        a.remove([b"q-%d" % i for i in held])
 
 
 def test_the_admin_api_takes_only_the_admin_token(tenant_server):

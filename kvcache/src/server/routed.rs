@@ -49,6 +49,28 @@ impl KvService {
         Ok(removed)
     }
 
+    /// Charges `size` bytes of `key` to tenant `t` (whether newly: see
+    /// [`crate::tenants::Charge`]), evicting the tenant's own oldest blocks the charge
+    /// took out of its ledger to make room.
+    pub(super) async fn charge_quota(
+        &self,
+        t: &Arc<Tenant>,
+        key: &CacheKey,
+        size: u64,
+    ) -> Result<bool> {
+        let charged = t.charge(key, size, &self.inner.engine)?;
+        for old in &charged.evict {
+            let _slot = self.inner.storing.claim(old, || false).await;
+            if let Err(e) = self.inner.engine.remove(old).await {
+                tracing::warn!(key = %old, error = %e, "evicting a block over its tenant's quota failed");
+            }
+            if let Some(arena) = &self.inner.shm {
+                arena.forget(old);
+            }
+        }
+        Ok(charged.new)
+    }
+
     /// Stages those of `keys` in a lower local tier into the fastest one.
     pub(super) fn prefetch_local(
         &self,
@@ -326,7 +348,7 @@ impl KvService {
             return Ok(true);
         };
         let charge = match tenant {
-            Some(t) if t.charge(key, size, &self.inner.engine)? => Some(QuotaCharge {
+            Some(t) => self.charge_quota(t, key, size).await?.then(|| QuotaCharge {
                 tenant: t.clone(),
                 key: key.clone(),
                 keep: false,

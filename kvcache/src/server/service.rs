@@ -657,12 +657,14 @@ impl KvService {
         // The tenant's quota first, so a tenant past it fails before sending the block;
         // the charge is refunded unless the block is stored.
         let charge = match &tenant {
-            Some(t) if group.is_none() && t.charge(&key, size, &self.inner.engine)? => {
-                Some(QuotaCharge {
-                    tenant: t.clone(),
-                    key: key.clone(),
-                    keep: false,
-                })
+            Some(t) if group.is_none() => {
+                self.charge_quota(t, &key, size)
+                    .await?
+                    .then(|| QuotaCharge {
+                        tenant: t.clone(),
+                        key: key.clone(),
+                        keep: false,
+                    })
             }
             _ => None,
         };
