@@ -199,14 +199,14 @@ const TEMP_PREFIX: &str = "strata-cache-";
 /// Removes the temp cache dirs of this user's daemons that ended without removing
 /// theirs (kill -9, the OOM killer, a panic): each held a whole cache, and a
 /// crash-looping unit filled /tmp with them (black-box finding). A dir is taken as
-/// orphaned when a daemon locked it once (`daemon.lock` is there, a minute old or
-/// more) and none holds the lock now.
+/// orphaned when a daemon locked it once (its pid is in `daemon.lock`) and none holds
+/// the lock now.
 fn reclaim_orphaned_temp_dirs() {
-    reclaim_orphaned_in(&std::env::temp_dir(), std::time::Duration::from_secs(60));
+    reclaim_orphaned_in(&std::env::temp_dir());
 }
 
-/// [`reclaim_orphaned_temp_dirs`] in `tmp`, for dirs locked at least `min_age` ago.
-fn reclaim_orphaned_in(tmp: &std::path::Path, min_age: std::time::Duration) {
+/// [`reclaim_orphaned_temp_dirs`] in `tmp`.
+fn reclaim_orphaned_in(tmp: &std::path::Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
@@ -219,10 +219,11 @@ fn reclaim_orphaned_in(tmp: &std::path::Path, min_age: std::time::Duration) {
         }
         let dir = entry.path();
         let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me);
-        let locked_long_ago = std::fs::metadata(dir.join(DAEMON_LOCK))
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= min_age));
-        if ours && locked_long_ago && cache_dir_free(&dir) {
+        // A pid is written into `daemon.lock` only while its daemon holds the lock: a
+        // pid there and the lock free is a daemon gone (a daemon starting has an empty
+        // file until it locks it).
+        let locked_once = std::fs::metadata(dir.join(DAEMON_LOCK)).is_ok_and(|m| m.len() > 0);
+        if ours && locked_once && cache_dir_free(&dir) {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
                     tracing::info!(dir = %dir.display(), "removed the temp cache dir of a daemon that did not end cleanly")
@@ -405,10 +406,11 @@ mod tests {
         let dead = mk("strata-cache-dead", true);
         let live = mk("strata-cache-live", true);
         let starting = mk("strata-cache-starting", false);
+        std::fs::File::create(starting.join(DAEMON_LOCK)).expect("an empty lock file");
         let other = mk("not-strata", true);
         let held = std::fs::File::open(live.join(DAEMON_LOCK)).expect("open");
         held.lock().expect("a live daemon's lock");
-        reclaim_orphaned_in(tmp.path(), std::time::Duration::ZERO);
+        reclaim_orphaned_in(tmp.path());
         assert!(!dead.exists(), "an orphan goes");
         assert!(live.exists() && starting.exists() && other.exists());
     }
