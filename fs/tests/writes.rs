@@ -70,6 +70,17 @@ async fn stored(fx: &Fixture, path: &str) -> Option<Vec<u8>> {
     write_common::stored(&fx.mem, path).await
 }
 
+/// Another writer puts `data` at `path` in the store, behind the mount's back.
+async fn put_elsewhere(fx: &Fixture, path: &str, data: Vec<u8>) {
+    object_store::ObjectStoreExt::put(
+        &*fx.mem,
+        &object_store::path::Path::from(path),
+        Bytes::from(data).into(),
+    )
+    .await
+    .expect("a put by another writer");
+}
+
 fn timed<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
     tokio::time::timeout(Duration::from_secs(20), f)
 }
@@ -1440,13 +1451,7 @@ async fn a_change_in_place_applies_to_the_current_version_not_a_cached_older_one
         let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
         assert_eq!(read_back(c, obj.attr.ino).await, data(1000, 1), "cached");
         // Another writer publishes a new version behind the mount's back.
-        object_store::ObjectStoreExt::put(
-            &*fx.mem,
-            &object_store::path::Path::from("old/obj"),
-            Bytes::from(data(2000, 9)).into(),
-        )
-        .await
-        .expect("replace out of band");
+        put_elsewhere(&fx, "old/obj", data(2000, 9)).await;
         let e = c
             .open_write(obj.attr.ino, false, 0)
             .await
@@ -1505,13 +1510,7 @@ async fn a_change_in_place_is_not_uploaded_over_a_version_put_since_the_open() {
             .await
             .expect("open to append");
         c.write(o.fh, 1000, b"mine\n").expect("append");
-        object_store::ObjectStoreExt::put(
-            &*fx.mem,
-            &object_store::path::Path::from("old/obj"),
-            Bytes::from(data(3000, 7)).into(),
-        )
-        .await
-        .expect("another writer's version, acknowledged");
+        put_elsewhere(&fx, "old/obj", data(3000, 7)).await;
         let e = c.close(o.fh, 0).await.expect_err("replaced since the open");
         assert_eq!(e.errno(), libc::ESTALE);
         c.release_write(o.fh).await;

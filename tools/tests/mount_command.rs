@@ -545,36 +545,16 @@ fn ctrl_c_while_the_daemon_starts_cancels_the_mount() {
 /// gone, its next line written after a run of NULs at its old offset).
 #[test]
 fn a_refused_second_mount_leaves_the_running_daemons_log_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    std::fs::write(src.join("f"), b"x").expect("write");
-    let (mnt1, mnt2, cache) = (
-        dir.path().join("m1"),
-        dir.path().join("m2"),
-        dir.path().join("cache"),
-    );
-    for d in [&mnt1, &mnt2] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
-    let url = format!("file://{}", src.display());
-    let first = mount(&[
-        url.as_ref(),
-        mnt1.as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-    ]);
+    let l = Layout::new(&[("f", b"x")]);
+    let mnt2 = l.mnt.with_file_name("mnt2");
+    std::fs::create_dir_all(&mnt2).expect("mkdir");
+    let first = mount_detached(&l.url, &l.mnt, &l.cache, &[]);
     assert!(first.status.success(), "{}", text(&first));
-    let log = cache.join("mount.log");
+    let log = l.cache.join("mount.log");
     let before = std::fs::read(&log).expect("the daemon's log");
-    let second = mount(&[
-        url.as_ref(),
-        mnt2.as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-    ]);
+    let second = mount_detached(&l.url, &mnt2, &l.cache, &[]);
     let after = std::fs::read(&log).expect("the daemon's log");
-    unmount(&mnt1);
+    unmount(&l.mnt);
     let said = text(&second);
     assert!(!second.status.success(), "{said}");
     assert!(said.contains("in use by another strata daemon"), "{said}");
@@ -587,28 +567,30 @@ fn a_refused_second_mount_leaves_the_running_daemons_log_alone() {
     assert!(!after.contains(&0), "NUL bytes in the log");
 }
 
+/// `strata mount URL MNT --cache-dir CACHE EXTRA...`, detached.
+fn mount_detached(url: &str, mnt: &Path, cache: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        url.as_ref(),
+        mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        cache.as_os_str(),
+    ];
+    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+    mount(&args)
+}
+
 /// Black-box finding (security): a cache dir whose `mount.log` is a link (another
 /// user's dir) had root's start truncate and write its error into the link's target,
 /// before the dir was refused. The log is never opened through a link.
 #[test]
 fn a_mount_log_that_is_a_link_is_never_written_through() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    let (mnt, cache) = (dir.path().join("m"), dir.path().join("cache"));
-    std::fs::create_dir_all(&mnt).expect("mkdir");
-    std::fs::create_dir_all(&cache).expect("mkdir");
-    let victim = dir.path().join("victim.conf");
+    let l = Layout::new(&[]);
+    std::fs::create_dir_all(&l.cache).expect("mkdir");
+    let victim = l.src.with_file_name("victim.conf");
     std::fs::write(&victim, b"ORIGINAL").expect("victim");
-    std::os::unix::fs::symlink(&victim, cache.join("mount.log")).expect("link");
-    let url = format!("file://{}", src.display());
-    let out = mount(&[
-        url.as_ref(),
-        mnt.as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-    ]);
-    unmount(&mnt);
+    std::os::unix::fs::symlink(&victim, l.cache.join("mount.log")).expect("link");
+    let out = mount_detached(&l.url, &l.mnt, &l.cache, &[]);
+    unmount(&l.mnt);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("mount.log"), "{}", text(&out));
     assert_eq!(std::fs::read(&victim).expect("victim"), b"ORIGINAL");
@@ -618,22 +600,11 @@ fn a_mount_log_that_is_a_link_is_never_written_through() {
 /// it reported nowhere. Its log names the address.
 #[test]
 fn a_background_mounts_admin_address_is_in_its_log() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).expect("mkdir src");
-    let (mnt, cache) = (dir.path().join("m"), dir.path().join("cache"));
-    std::fs::create_dir_all(&mnt).expect("mkdir");
-    let url = format!("file://{}", src.display());
-    let out = mount(&[
-        url.as_ref(),
-        mnt.as_os_str(),
-        "--cache-dir".as_ref(),
-        cache.as_os_str(),
-        "--admin".as_ref(),
-        "127.0.0.1:0".as_ref(),
-    ]);
+    let l = Layout::new(&[]);
+    let out = mount_detached(&l.url, &l.mnt, &l.cache, &["--admin", "127.0.0.1:0"]);
+    let (cache, mnt) = (&l.cache, &l.mnt);
     let log = std::fs::read_to_string(cache.join("mount.log")).unwrap_or_default();
-    unmount(&mnt);
+    unmount(mnt);
     assert!(out.status.success(), "{}", text(&out));
     let port = log
         .lines()

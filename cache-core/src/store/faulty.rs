@@ -226,6 +226,16 @@ impl FaultyStore {
         }
     }
 
+    /// Whether a copy or rename out of `from` is refused (writes down, or
+    /// `fail_copy_of` names it).
+    fn refuses_moving(&self, from: &Path) -> bool {
+        let c = self.config.lock();
+        c.writes_down
+            || c.fail_copy_of
+                .as_deref()
+                .is_some_and(|k| from.as_ref().contains(k))
+    }
+
     /// The data GETs so far: count, bytes, largest, most at once.
     pub fn gets(&self) -> GetStats {
         let g = &self.gets;
@@ -644,14 +654,7 @@ impl ObjectStore for FaultyStore {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
-        let refused = {
-            let c = self.config.lock();
-            c.writes_down
-                || c.fail_copy_of
-                    .as_deref()
-                    .is_some_and(|k| from.as_ref().contains(k))
-        };
-        if refused {
+        if self.refuses_moving(from) {
             return Err(injected(from.as_ref(), "injected 503 on copy"));
         }
         self.inner.copy_opts(from, to, options).await
@@ -665,14 +668,7 @@ impl ObjectStore for FaultyStore {
         to: &Path,
         options: RenameOptions,
     ) -> object_store::Result<()> {
-        let refused = {
-            let c = self.config.lock();
-            c.writes_down
-                || c.fail_copy_of
-                    .as_deref()
-                    .is_some_and(|k| from.as_ref().contains(k))
-        };
-        if refused {
+        if self.refuses_moving(from) {
             return Err(injected(from.as_ref(), "injected 503 on rename"));
         }
         self.inner.rename_opts(from, to, options).await
