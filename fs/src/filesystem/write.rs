@@ -1607,7 +1607,7 @@ impl FsCore {
     /// One upload of `staged` as of generation `gen`, then its metadata.
     async fn upload_once(&self, staged: &Arc<Staged>, gen: u64) -> Result<()> {
         let opts = self.writes()?.opts.clone();
-        self.still_the_version_changed(staged).await?;
+        self.base_still_in_store(staged).await?;
         // A stream in progress finishes the upload if nothing broke it; any failure of
         // it falls back to an upload of the whole file.
         let stream = staged.stream.lock().take();
@@ -1671,7 +1671,7 @@ impl FsCore {
     /// and nothing is uploaded. Black-box finding: an append closed over a version
     /// another writer had put after the open, and that acknowledged object was lost.
     /// (One HEAD; a version replaced between it and the upload is not caught.)
-    async fn still_the_version_changed(&self, staged: &Arc<Staged>) -> Result<()> {
+    async fn base_still_in_store(&self, staged: &Arc<Staged>) -> Result<()> {
         let Some(base) = staged.base.lock().clone() else {
             return Ok(());
         };
@@ -1692,12 +1692,18 @@ impl FsCore {
     /// metadata from the store, its parent's listing dropped.
     async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
         let size = staged.size.load(Ordering::Acquire);
-        if let Some(parent) = self.parent_of(&staged.path()).map(Arc::<str>::from) {
-            if let Some(info) = self.refresh(&parent, &staged.path()).await {
-                self.supersede(&info);
-                *staged.base.lock() = Some(info.clone());
-                *staged.last.lock() = Some((gen, crc, info));
-            }
+        let parent = self.parent_of(&staged.path()).map(Arc::<str>::from);
+        let fresh = match parent {
+            Some(parent) => self.refresh(&parent, &staged.path()).await,
+            None => None,
+        };
+        // The version the next upload of this file replaces is the one just made; not
+        // knowing it, the next upload checks nothing (rather than take its own upload
+        // for another writer's).
+        *staged.base.lock() = fresh.clone();
+        if let Some(info) = fresh {
+            self.supersede(&info);
+            *staged.last.lock() = Some((gen, crc, info));
         }
         staged.uploaded.fetch_max(gen, Ordering::AcqRel);
         if staged.written.load(Ordering::Acquire) == gen {
