@@ -456,8 +456,26 @@ async fn a_read_answer_without_an_etag_is_checked_by_size_and_date() {
         drop_read_etags: true,
         ..FaultConfig::default()
     };
-    let (store, _f, old) = faulty_holding(cfg, "a", Bytes::from(vec![1u8; 10_000])).await;
+    let (store, f, old) = faulty_holding(cfg, "a", Bytes::from(vec![1u8; 10_000])).await;
     assert!(old.has_etag, "heads name it");
+    // An answer without a date either: nothing to compare it by but its size (every
+    // read of such a store must not be refused).
+    f.set_config(FaultConfig {
+        drop_read_etags: true,
+        drop_read_dates: true,
+        ..FaultConfig::default()
+    });
+    assert_eq!(
+        store
+            .get_range(&old, 0..3)
+            .await
+            .expect("no date to tell it by"),
+        Bytes::from(vec![1u8; 3])
+    );
+    f.set_config(FaultConfig {
+        drop_read_etags: true,
+        ..FaultConfig::default()
+    });
     assert_eq!(
         store.get_range(&old, 0..3).await.expect("the same version"),
         Bytes::from(vec![1u8; 3])

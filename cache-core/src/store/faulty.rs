@@ -77,6 +77,8 @@ pub struct FaultConfig {
     /// Reads' answers (not heads nor listings) name no ETag, and reads ignore
     /// `If-Match`: a gateway that drops the header from GETs only.
     pub drop_read_etags: bool,
+    /// Reads' answers name no Last-Modified either (object_store reads it as the epoch).
+    pub drop_read_dates: bool,
     /// A ranged read of a whole object is answered `200 OK` with no Content-Range, as
     /// object_store's HTTP clients then report it ("non-partial response").
     pub whole_range_not_partial: bool,
@@ -534,6 +536,9 @@ impl ObjectStore for FaultyStore {
         let mut result = self.inner.get_opts(location, options).await?;
         if cfg.drop_etags || (cfg.drop_read_etags && !head) {
             result.meta.e_tag = None;
+        }
+        if cfg.drop_read_dates && !head {
+            result.meta.last_modified = Default::default();
         }
         if head {
             return Ok(result);

@@ -1585,10 +1585,17 @@ impl VersionPin {
                 "the object was {} bytes when opened and is {} bytes now",
                 self.size, got.size
             )),
-            _ if got.last_modified.timestamp() != self.modified_secs => Some(format!(
-                "the object was modified (Last-Modified {}) since it was opened",
-                got.last_modified
-            )),
+            // An answer without Last-Modified reads as the epoch: nothing to compare
+            // (every read of such a store would otherwise be refused).
+            _ if got.last_modified.timestamp() != self.modified_secs
+                && got.last_modified.timestamp() != 0
+                && self.modified_secs != 0 =>
+            {
+                Some(format!(
+                    "the object was modified (Last-Modified {}) since it was opened",
+                    got.last_modified
+                ))
+            }
             _ => None,
         }
     }
