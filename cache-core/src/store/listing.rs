@@ -85,12 +85,7 @@ impl PagedLister {
         F: FnMut(Option<String>, PaginatedListOptions) -> Fut,
         Fut: std::future::Future<Output = Result<object_store::Result<PaginatedListResult>, E>>,
     {
-        let full = match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
-            (true, None) => String::new(),
-            (true, Some(p)) => format!("{p}/"),
-            (false, None) => format!("{}/", self.base),
-            (false, Some(p)) => format!("{}/{p}/", self.base),
-        };
+        let full = self.full_prefix(prefix);
         let mut out = ListResult {
             common_prefixes: Vec::new(),
             objects: Vec::new(),
@@ -176,12 +171,7 @@ impl PagedLister {
     /// One request: the first entry under `prefix` (None: the handle's root), to see
     /// that the store answers, however many pages the folder has.
     pub(super) async fn first_entry(&self, prefix: Option<&Path>) -> object_store::Result<()> {
-        let full = match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
-            (true, None) => String::new(),
-            (true, Some(p)) => format!("{p}/"),
-            (false, None) => format!("{}/", self.base),
-            (false, Some(p)) => format!("{}/{p}/", self.base),
-        };
+        let full = self.full_prefix(prefix);
         let opts = PaginatedListOptions {
             delimiter: Some("/".into()),
             max_keys: Some(1),
@@ -204,10 +194,7 @@ impl PagedLister {
         &self,
         prefix: &Path,
     ) -> object_store::Result<Option<ListResult>> {
-        let full = match self.base.is_empty() {
-            true => format!("{prefix}/"),
-            false => format!("{}/{prefix}/", self.base),
-        };
+        let full = self.full_prefix(Some(prefix));
         let opts = PaginatedListOptions {
             delimiter: Some("/".into()),
             max_keys: Some(PAGE_KEYS),
@@ -238,6 +225,17 @@ impl PagedLister {
             objects,
             extensions: Default::default(),
         }))
+    }
+
+    /// The store's key prefix of folder `prefix` of the handle (None: its root), with
+    /// its trailing `/` ("" for a whole bucket's root).
+    fn full_prefix(&self, prefix: Option<&Path>) -> String {
+        match (self.base.is_empty(), prefix.map(|p| p.as_ref())) {
+            (true, None) => String::new(),
+            (true, Some(p)) => format!("{p}/"),
+            (false, None) => format!("{}/", self.base),
+            (false, Some(p)) => format!("{}/{p}/", self.base),
+        }
     }
 
     /// `p` without the handle's prefix (None: not under it).

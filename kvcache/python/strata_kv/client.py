@@ -54,6 +54,11 @@ def key_batches(keys: Sequence[bytes]) -> Iterator[Sequence[bytes]]:
         yield keys[start:]
 
 
+def _is_control(c: str) -> bool:
+    """A control character, as the server's check sees one (Rust's `char::is_control`)."""
+    return ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0
+
+
 def check_namespace(namespace: str) -> str:
     """``namespace`` if the server takes it, else ``ValueError`` saying why (a client
     built with one it refuses would fail every call)."""
@@ -61,7 +66,7 @@ def check_namespace(namespace: str) -> str:
     if not 1 <= n <= MAX_NAMESPACE_BYTES:
         raise ValueError(f"namespace must be 1..={MAX_NAMESPACE_BYTES} bytes of UTF-8, "
                          f"got {n}: {namespace[:60]!r}...")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in namespace):
+    if any(map(_is_control, namespace)):
         raise ValueError(f"namespace {namespace!r} contains control characters")
     return namespace
 
@@ -88,7 +93,7 @@ def namespace_from_name(name: str) -> str:
     long: a Hugging Face snapshot path is ~136 bytes): ``name`` when the server takes
     it, else its last 80 bytes or so and a digest of the whole, so two long names never
     share one."""
-    name = "".join(c if ord(c) >= 0x20 and not 0x7F <= ord(c) < 0xA0 else "_" for c in name) or "default"
+    name = "".join("_" if _is_control(c) else c for c in name) or "default"
     if len(name.encode("utf-8")) <= MAX_NAMESPACE_BYTES:
         return name
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]

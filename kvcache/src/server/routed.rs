@@ -32,14 +32,8 @@ impl KvService {
     ) -> Result<u32> {
         let mut removed = 0u32;
         for k in keys {
-            // After any store of the key in progress (one whose Put was cancelled
-            // still finishes): it must not land after this Remove is acknowledged.
-            let _slot = self.inner.storing.claim(k, || false).await;
-            if self.inner.engine.remove(k).await? {
+            if self.drop_local(k).await? {
                 removed += 1;
-            }
-            if let Some(arena) = &self.inner.shm {
-                arena.forget(k);
             }
             if let Some(t) = tenant {
                 t.forget(k);
@@ -60,15 +54,23 @@ impl KvService {
     ) -> Result<bool> {
         let charged = t.charge(key, size, &self.inner.engine)?;
         for old in &charged.evict {
-            let _slot = self.inner.storing.claim(old, || false).await;
-            if let Err(e) = self.inner.engine.remove(old).await {
+            if let Err(e) = self.drop_local(old).await {
                 tracing::warn!(key = %old, error = %e, "evicting a block over its tenant's quota failed");
-            }
-            if let Some(arena) = &self.inner.shm {
-                arena.forget(old);
             }
         }
         Ok(charged.new)
+    }
+
+    /// Drops block `k` from this node's cache and arena; whether the cache held it.
+    async fn drop_local(&self, k: &CacheKey) -> Result<bool> {
+        // After any store of the key in progress (one whose Put was cancelled still
+        // finishes): it must not land after this drop is acknowledged.
+        let _slot = self.inner.storing.claim(k, || false).await;
+        let removed = self.inner.engine.remove(k).await?;
+        if let Some(arena) = &self.inner.shm {
+            arena.forget(k);
+        }
+        Ok(removed)
     }
 
     /// Stages those of `keys` in a lower local tier into the fastest one.
