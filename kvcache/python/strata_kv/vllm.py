@@ -70,7 +70,10 @@ tier it is on and the bandwidth it measures online (with what is queued); the
 connector measures this engine's prefill time per token from its own scheduler steps
 (an exponential average over prefill-dominated steps, or ``prefill_us_per_token``) and
 loads the prefix with the largest saving (:func:`blocks_worth_loading`). Until a
-prefill has been measured it loads (a cache hit is the better first guess).
+prefill has been measured it loads (a cache hit is the better first guess). The service
+times only its side of a Get, so the workers time each load and hand the times to the
+scheduler through vLLM's connector stats (:class:`StrataKVConnectorStats`), which
+scales the service's estimates by measured / estimated (:class:`LoadClock`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -96,6 +100,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ._pause import Pause as _Pause
 from .client import KvClient, KvError, check_namespace, config_flag, namespace_from_name
@@ -167,6 +172,97 @@ class PrefillClock:
                 self.us_per_token = us if self.us_per_token is None else (
                     self.ALPHA * us + (1 - self.ALPHA) * self.us_per_token)
         self._last = (now, scheduled_tokens)
+
+
+class LoadClock:
+    """How far the service's ``EstimateLoad`` is from the loads this engine's workers
+    measure, as a factor on the estimate. The service times its side of a Get only;
+    the worker's side (receiving, unpacking into the KV cache, a loaded host) is often
+    most of a load (black-box finding: 4 MiB blocks estimated at 0.5-0.8 ms each took
+    8-125 ms, so loads slower than recomputing were chosen). Each load the scheduler
+    planned is matched with the time its workers report (the slowest rank's, as they
+    load in parallel); the factor is a geometric average of measured / estimated, so
+    one outlier moves it by a bounded step. With no new measurement it decays back
+    toward 1 (half-life ``HALF_LIFE_S``): a factor that makes every prefix recompute
+    would otherwise never see a load again to learn that loads got faster."""
+
+    #: Weight of the newest load in the (log) average: a few loads follow a change.
+    ALPHA = 0.3
+    HALF_LIFE_S = 60.0
+    #: Planned loads remembered for matching (a request whose blocks were never
+    #: allocated leaves its plan behind; the oldest go first).
+    MAX_PLANNED = 4096
+
+    def __init__(self):
+        self._log_factor = 0.0
+        self._at: Optional[float] = None
+        self._planned: Dict[str, float] = {}
+
+    def factor(self, now: float) -> float:
+        if self._at is None:
+            return 1.0
+        decay = 0.5 ** (max(0.0, now - self._at) / self.HALF_LIFE_S)
+        return math.exp(self._log_factor * decay)
+
+    def planned(self, req_id: str, estimated_us: float) -> None:
+        """The service estimated ``estimated_us`` for the blocks ``req_id`` will load."""
+        self._planned.pop(req_id, None)
+        self._planned[req_id] = estimated_us
+        while len(self._planned) > self.MAX_PLANNED:
+            self._planned.pop(next(iter(self._planned)))
+
+    def measured(self, req_ids: Sequence[str], us: float, now: float) -> None:
+        """The workers loaded the planned blocks of ``req_ids`` in ``us`` (a layer-by-
+        layer step loads all its requests' blocks together)."""
+        planned = [self._planned.pop(r, None) for r in req_ids]
+        if not planned or any(p is None for p in planned):
+            return
+        est = sum(planned)
+        if est <= 0 or us <= 0:
+            return
+        sample = math.log(us / est)
+        if self._at is None:
+            # The first load is the only evidence there is: the factor of 1 was a guess.
+            self._log_factor = sample
+        else:
+            self._log_factor = (1 - self.ALPHA) * math.log(self.factor(now)) + self.ALPHA * sample
+        self._at = now
+
+
+@dataclass
+class StrataKVConnectorStats(KVConnectorStats):
+    """What a worker's connector measured since vLLM last asked: ``loads``, a list of
+    ``[request ids, microseconds]`` (one entry per load; a layer-by-layer step's load
+    covers its requests together). vLLM carries it to the scheduler's connector
+    (``update_connector_output``), aggregating the ranks' lists, and to its logger."""
+
+    #: Entries kept if vLLM never collects them.
+    MAX_LOADS = 1024
+
+    def __post_init__(self):
+        self.data.setdefault("loads", [])
+
+    def record(self, req_ids: Sequence[str], us: float) -> None:
+        loads = self.data["loads"]
+        if len(loads) < self.MAX_LOADS:
+            loads.append([list(req_ids), float(us)])
+
+    def reset(self):
+        self.data = {"loads": []}
+
+    def is_empty(self) -> bool:
+        return not self.data.get("loads")
+
+    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+        self.data.setdefault("loads", []).extend((other.data or {}).get("loads", []))
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        times = [us for _, us in self.data.get("loads", [])]
+        if not times:
+            return {"Loads": 0}
+        return {"Loads": len(times), "Avg load time (ms)": round(sum(times) / len(times) / 1e3, 3),
+                "Max load time (ms)": round(max(times) / 1e3, 3)}
 
 
 # -- the model identity -----------------------------------------------------------------
@@ -345,6 +441,10 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         self.min_load_blocks = max(1, int(get("min_load_blocks", 1)))
         fixed = get("prefill_us_per_token", None)
         self.prefill = PrefillClock(fixed_us_per_token=float(fixed) if fixed is not None else None)
+        #: Scheduler side: measured / estimated load time, from the workers' reports.
+        self.load_clock = LoadClock()
+        #: Worker side: load times not yet handed to vLLM (``get_kv_connector_stats``).
+        self._load_times = StrataKVConnectorStats()
         self.load_or_recompute = config_flag("load_or_recompute", get("load_or_recompute", True))
         self.layerwise = config_flag("layerwise", get("layerwise", False))
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
@@ -510,7 +610,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             matched = min(matched, st.load_limit)
         st.stored_blocks = max(st.stored_blocks, matched)
         self.stats["matched_blocks"] += matched
-        matched = self._worth_loading(st.hashes, num_computed_tokens // self.block_size, matched)
+        matched = self._worth_loading(request.request_id, st.hashes, num_computed_tokens // self.block_size, matched)
         if self.layerwise:
             # Loaded in the step that schedules the request, which must compute at least
             # one token (vLLM asserts it): a prompt held whole leaves its last block to
@@ -525,8 +625,9 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         # step that schedules it; whole blocks: a stage of its own (WAITING_FOR_REMOTE_KVS).
         return ext, not self.layerwise
 
-    def _worth_loading(self, hashes: Sequence[bytes], first: int, matched: int) -> int:
-        """``matched`` cut to the prefix that loads faster than it recomputes."""
+    def _worth_loading(self, req_id: str, hashes: Sequence[bytes], first: int, matched: int) -> int:
+        """``matched`` cut to the prefix that loads faster than it recomputes, the
+        service's estimates scaled by what this engine's loads measured (``LoadClock``)."""
         rate = self.prefill.us_per_token
         if not self.load_or_recompute or rate is None or matched <= first:
             return matched
@@ -544,7 +645,10 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             self._refused("estimate", e)
             return matched
         load_us = [us * layers for _, us in est["blocks"]]
-        keep = blocks_worth_loading(load_us, rate * self.block_size)
+        factor = self.load_clock.factor(time.monotonic())
+        keep = blocks_worth_loading([us * factor for us in load_us], rate * self.block_size)
+        if keep:
+            self.load_clock.planned(req_id, sum(load_us[:keep]))
         if keep < len(load_us):
             self.stats["recompute_chosen_blocks"] += len(load_us) - keep
         return first + keep
@@ -572,7 +676,9 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(g[i] if i < len(g) else NULL_BLOCK_ID for g in st.block_ids)
 
     def update_connector_output(self, connector_output: Any):
-        """Learns which loads failed, so a retried request is not offered them again."""
+        """Learns which loads failed, so a retried request is not offered them again,
+        and how long the workers' loads took (``LoadClock``)."""
+        self._learn_load_times(getattr(connector_output, "kv_connector_stats", None))
         invalid = set(getattr(connector_output, "invalid_block_ids", None) or ())
         for st in self._reqs.values():
             if st.loading is not None and invalid:
@@ -591,6 +697,22 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             if st is None or st.loading is None:
                 continue
             self._load_done(st)
+
+    def _learn_load_times(self, stats: Any) -> None:
+        data = getattr(stats, "data", None)
+        if not isinstance(data, dict):
+            return
+        # Ranks load in parallel: a load took as long as its slowest rank's.
+        slowest: Dict[Tuple[str, ...], float] = {}
+        for entry in data.get("loads", ()):
+            try:
+                req_ids, us = tuple(sorted(str(r) for r in entry[0])), float(entry[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            slowest[req_ids] = max(slowest.get(req_ids, 0.0), us)
+        now = time.monotonic()
+        for req_ids, us in slowest.items():
+            self.load_clock.measured(req_ids, us, now)
 
     def _load_done(self, st: _ReqState) -> None:
         """Blocks that failed to load are never offered to this request again."""
@@ -817,6 +939,7 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _load(self, transfer: BlockTransfer) -> None:
         keys = [rank_key(h, self.tp_rank, self.pp_rank) for h, _ in transfer.blocks]
+        started = time.monotonic()
         ctx = torch.cuda.stream(self._load_stream) if self._load_stream is not None else nullcontext()
         with ctx:
             ok = self._fetch_into(keys, lambda i, v: self._unpack_into(transfer.ids(i), v))
@@ -825,6 +948,8 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
         if self._load_stream is not None:
             self._load_stream.synchronize()
         with self._lock:
+            if not failed:
+                self._load_times.record([transfer.req_id], (time.monotonic() - started) * 1e6)
             if failed:
                 self.stats["load_errors"] += len(failed)
                 logger.warning("strata: %d of %d blocks of %s did not load; vLLM recomputes them",
@@ -876,11 +1001,13 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             return
         self._submit(self._save, req_id, items)
 
-    def _load_layers(self, blocks: List[Tuple[bytes, int]], ready: Dict[str, threading.Event]) -> None:
+    def _load_layers(self, blocks: List[Tuple[bytes, int]], ready: Dict[str, threading.Event],
+                     req_ids: Sequence[str] = ()) -> None:
         """Fetches and fills the layers in the order the model runs them, each
         announced as soon as its blocks are in (a failed block is a load error)."""
         names = [n for n in self._layer_names if n in ready]
         failed_any: set = set()
+        started = time.monotonic()
         for name in names:
             li = self._layer_names.index(name)
             failed: List[int] = []
@@ -907,6 +1034,8 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
                         # last layer is announced (black-box finding: this counter stayed
                         # 0 layer by layer, as if nothing loaded).
                         self.stats["loaded_blocks"] += sum(1 for _, b in blocks if b not in failed_any)
+                        if not failed_any and req_ids:
+                            self._load_times.record(req_ids, (time.monotonic() - started) * 1e6)
                 ready[name].set()
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
@@ -919,7 +1048,8 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             self._layer_load_blocks = [b for _, b in blocks]
             if blocks:
                 self._layer_ready = {n: threading.Event() for n in self._layer_names}
-                self._submit(self._load_layers, blocks, self._layer_ready, executor=self._load_io)
+                self._submit(self._load_layers, blocks, self._layer_ready, [t.req_id for t in meta.loads],
+                             executor=self._load_io)
             return
         for transfer in meta.loads:
             self._submit(self._load, transfer, executor=self._load_io)
@@ -988,6 +1118,19 @@ class StrataConnector(KVConnectorBase_V1, SupportsHMA):
             futs = list(self._io_futures)
         for f in futs:
             f.result(timeout=timeout)
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        """The load times measured since the last call (worker side), for the
+        scheduler's ``LoadClock``; None when there are none."""
+        with self._lock:
+            if self._load_times.is_empty():
+                return None
+            out, self._load_times = self._load_times, StrataKVConnectorStats()
+        return out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional[KVConnectorStats]:
+        return StrataKVConnectorStats(data=dict(data) if data is not None else {})
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         with self._lock:

@@ -119,7 +119,9 @@ class Engine:
         assert isinstance(meta, StrataConnectorMetadata)
         recving = self._finished_loads()
         errors = self.worker.get_block_ids_with_load_errors()
-        self._feed_back(out, KVConnectorOutput(finished_recving=recving or None, invalid_block_ids=errors))
+        # As vLLM's model runner: the worker's measurements ride along to the scheduler.
+        self._feed_back(out, KVConnectorOutput(finished_recving=recving or None, invalid_block_ids=errors,
+                                               kv_connector_stats=self.worker.get_kv_connector_stats()))
         return out, meta, recving, errors
 
     def _forward_pass(self, compute, on_layer):
@@ -464,7 +466,7 @@ def test_roles_producer_only_stores_consumer_only_loads(server, models):
 
 # -- load or recompute (issue 15, item 4) ---------------------------------------------------
 
-from strata_kv.vllm import PrefillClock, blocks_worth_loading  # noqa: E402
+from strata_kv.vllm import LoadClock, PrefillClock, StrataKVConnectorStats, blocks_worth_loading  # noqa: E402
 
 
 def test_blocks_worth_loading_takes_the_prefix_with_the_largest_saving():
@@ -503,6 +505,66 @@ def test_a_prefix_that_recomputes_faster_than_it_loads_is_recomputed(server, mod
     # A slow prefill (1 s per token): loading wins for every block.
     conn.prefill = PrefillClock(fixed_us_per_token=1e6)
     assert conn.get_num_new_matched_tokens(request("r-slow"), 0) == (FULL_BLOCKS * BLOCK, True)
+
+
+def test_load_clock_scales_estimates_by_what_loads_measured_and_forgets_slowly():
+    c = LoadClock()
+    assert c.factor(0.0) == 1.0, "nothing measured: the service's estimate as it is"
+    c.planned("r1", 1_000.0)
+    c.measured(["r1"], 50_000.0, now=10.0)
+    assert c.factor(10.0) == pytest.approx(50.0), "the first load sets the factor"
+    c.measured(["r1"], 1.0, now=10.0)
+    assert c.factor(10.0) == pytest.approx(50.0), "a load nobody planned (or reported twice) teaches nothing"
+    c.planned("r2", 1_000.0)
+    c.measured(["r2"], 1_000.0, now=10.0)
+    assert c.factor(10.0) == pytest.approx(50.0 ** 0.7), "one accurate load moves it a bounded step back"
+    assert c.factor(10.0 + LoadClock.HALF_LIFE_S) == pytest.approx(50.0 ** 0.35), "decays toward 1"
+    # A layer-by-layer step's load covers its requests together: their plans summed.
+    c = LoadClock()
+    c.planned("a", 100.0)
+    c.planned("b", 300.0)
+    c.measured(["a", "b"], 4_000.0, now=0.0)
+    assert c.factor(0.0) == pytest.approx(10.0)
+    # Bounded: plans of requests that never loaded do not pile up.
+    for i in range(LoadClock.MAX_PLANNED + 10):
+        c.planned(f"x{i}", 1.0)
+    assert len(c._planned) == LoadClock.MAX_PLANNED
+
+
+def test_connector_stats_aggregate_ranks_and_reduce_for_vllms_log():
+    a, b = StrataKVConnectorStats(), StrataKVConnectorStats()
+    a.record(["r1"], 2_000.0)
+    b.record(["r1"], 6_000.0)
+    assert not a.is_empty() and StrataKVConnectorStats().is_empty()
+    merged = StrataConnector.build_kv_connector_stats(a.data).aggregate(b)
+    assert merged.reduce() == {"Loads": 2, "Avg load time (ms)": 4.0, "Max load time (ms)": 6.0}
+
+
+def test_loads_slower_than_estimated_teach_the_scheduler_to_recompute(server, models):
+    """The service times its side of a Get only; here the worker's side is slow (a
+    loaded host): after one such load measured, the scheduler recomputes prefixes the
+    service's own estimate says are worth loading."""
+    namespace = ns()
+    run_writer(engine_config(models["base"], server, namespace))
+    c = Engine(engine_config(models["base"], server, namespace))
+    conn = c.scheduler.connector
+    # Recomputing a block takes 50 ms: the service's estimate for these 16 KiB blocks
+    # (well under a millisecond) says load.
+    conn.prefill = PrefillClock(fixed_us_per_token=50_000 / BLOCK)
+    fetch = c.worker._fetch_into
+
+    def slow_fetch(keys, fill):
+        time.sleep(0.6)  # 200 ms a block on this worker's side
+        return fetch(keys, fill)
+
+    c.worker._fetch_into = slow_fetch
+    c.scheduler.add_request(request("c-1"))
+    _, meta, recving, _ = c.step(compute=False)
+    assert [len(t.blocks) for t in meta.loads] == [FULL_BLOCKS], "the first prefix loads on the estimate"
+    assert recving == {"c-1"}
+    assert conn.load_clock.factor(time.monotonic()) > 100, "the step's output taught the scheduler"
+    assert conn.get_num_new_matched_tokens(request("c-2"), 0) == (0, False), "now recomputed"
+    assert conn.stats["recompute_chosen_blocks"] == FULL_BLOCKS
 
 
 # -- layer by layer (issue 15): loads overlap the forward pass, saves leave per layer ----
