@@ -833,13 +833,15 @@ impl FsCore {
         }
         // The store and prefix this mount shows: its listing log and fsync records are
         // used by a later mount of the same source only.
-        let source = format!("{}|{root}", reader.store().label());
+        let source = format!("{}|{root}", reader.store().identity());
+        let legacy_source = (reader.store().identity() != reader.store().label())
+            .then(|| format!("{}|{root}", reader.store().label()));
         let writes = opts.writes.clone().and_then(|mut o| {
             if o.local_files.is_none() {
                 o.local_files = passthrough.as_ref().map(|p| p.copies.clone());
             }
             let dir = o.staging_dir.clone();
-            write::Writes::open(o, &source)
+            write::Writes::open(o, &source, legacy_source.as_deref())
                 .map_err(|e| {
                     tracing::error!(dir = %dir.display(), error = %e, "writes disabled: the staging directory cannot be used; the mount is read-only");
                 })

@@ -1858,15 +1858,27 @@ async fn stored_within(fx: &Fixture, path: &str, wait: Duration) -> Option<Vec<u
 /// A core over the fixture's store (labelled `label`) and `staging_dir`, as the next
 /// start of a mount after a crash.
 fn restarted(fx: &Fixture, staging_dir: std::path::PathBuf, label: &str) -> Arc<FsCore> {
+    restarted_at(fx, staging_dir, label, None)
+}
+
+fn restarted_at(
+    fx: &Fixture,
+    staging_dir: std::path::PathBuf,
+    label: &str,
+    endpoint: Option<&str>,
+) -> Arc<FsCore> {
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(64 << 20)))
         .build()
         .expect("engine");
-    let store = strata_cache_core::BackingStore::new(
+    let mut store = strata_cache_core::BackingStore::new(
         fx.faulty.clone() as Arc<dyn ObjectStore>,
         label,
         strata_cache_core::RetryPolicy::default(),
     );
+    if let Some(e) = endpoint {
+        store = store.at_endpoint(e);
+    }
     let mut w = WriteOptions::new(staging_dir);
     w.part_size = 64 << 10;
     Arc::new(FsCore::new(
@@ -1948,6 +1960,53 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
             stored(&fx, "later.bin").await.as_deref(),
             Some(&b"the newer file"[..]),
             "the newer file stays"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// The endpoint became part of a store's identity (a bucket of one name at another S3
+/// service is another store): records written before, naming the bucket alone, are
+/// still uploaded by the same bucket's mount after the upgrade; a record naming one
+/// endpoint is kept from a mount of the bucket at another.
+#[tokio::test]
+async fn fsync_records_follow_the_endpoint_and_records_from_before_it_still_upload() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let (_, a) = c.create(ROOT_INO, "old.bin", 0).await.expect("create");
+        c.write(a, 0, b"fsync'd by a release that named no endpoint")
+            .expect("write");
+        c.fsync(a).await.expect("fsync");
+        let _crashed = a;
+        // (1) Written at E1 after the upgrade: kept from the same bucket at E2.
+        let e1 = restarted_at(&fx, staging_dir.clone(), "mem", Some("http://e1:9000"));
+        let (_, b) = e1.create(ROOT_INO, "new.bin", 0).await.expect("create");
+        e1.write(b, 0, b"fsync'd at e1").expect("write");
+        e1.fsync(b).await.expect("fsync");
+        let _crashed = b;
+        drop(e1);
+        let e2 = restarted_at(&fx, staging_dir.clone(), "mem", Some("http://e2:9000"));
+        e2.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "old.bin", Duration::from_secs(10)).await,
+            Some(b"fsync'd by a release that named no endpoint".to_vec()),
+            "a record from before the endpoint counted is this bucket's"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            stored(&fx, "new.bin").await.is_none(),
+            "not uploaded through another service"
+        );
+        assert_eq!(fsync_records(&staging_dir), 1, "kept for its own endpoint");
+        drop(e2);
+        let e1 = restarted_at(&fx, staging_dir.clone(), "mem", Some("http://e1:9000"));
+        e1.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "new.bin", Duration::from_secs(10)).await,
+            Some(b"fsync'd at e1".to_vec())
         );
     })
     .await

@@ -329,3 +329,81 @@ async fn a_dot_key_at_the_mounted_folder_does_not_fail_the_mount() {
         assert_eq!(info.size, 4, "{url}");
     }
 }
+
+/// Black-box finding: a cache dir's listing log of `s3://b` at one S3 service was
+/// shown, with the blocks it names, as `s3://b` at another service that did not
+/// answer. The endpoint is part of the store's identity: a mount of the same bucket at
+/// another service does not use the log; one at the same service does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_log_of_one_endpoint_is_not_shown_for_another() {
+    use strata_fs::filesystem::ROOT_INO;
+    use strata_fs::{CoreOptions, FsCore};
+
+    let server = MotoServer::start();
+    server.create_bucket("shared");
+    let quick = strata_cache_core::RetryPolicy {
+        attempts: 1,
+        ..Default::default()
+    };
+    let at = |endpoint: String| {
+        let opts = strata_cache_core::StoreOptions {
+            endpoint: Some(endpoint),
+            retry: quick.clone(),
+            ..server.store_options()
+        };
+        BackingStore::from_url("s3://shared", &opts).expect("open s3 store")
+    };
+    let here = at(server.endpoint());
+    here.put("f.txt", Bytes::from_static(b"one service's bytes"))
+        .await
+        .expect("put");
+    // Another service, of which nothing answers (a port just freed).
+    let elsewhere = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://127.0.0.1:{}", l.local_addr().expect("addr").port())
+    };
+    assert_ne!(here.identity(), at(elsewhere.clone()).identity());
+    assert_eq!(here.identity(), at(server.endpoint()).identity());
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("metadata/m.jsonl");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let core = |store: BackingStore| {
+        let reader = ObjectReader::new(engine.clone(), store, 1 << 20).expect("reader");
+        FsCore::new(
+            reader,
+            "",
+            CoreOptions {
+                metadata_ttl: strata_fs::filesystem::METADATA_TTL_INDEFINITE,
+                listing_log: Some(log.clone()),
+                ..Default::default()
+            },
+        )
+    };
+    {
+        let c = core(here.clone());
+        let f = c.lookup(ROOT_INO, "f.txt").await.expect("f.txt");
+        assert_eq!(f.attr.size, 19);
+        // The log is appended off the caller's task.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let other = core(at(elsewhere));
+    let got = other.lookup(ROOT_INO, "f.txt").await;
+    assert!(
+        got.is_err(),
+        "another service's listing shown: {:?}",
+        got.map(|e| e.attr.size)
+    );
+    let same = core(at(server.endpoint()));
+    assert_eq!(
+        same.lookup(ROOT_INO, "f.txt")
+            .await
+            .expect("f.txt")
+            .attr
+            .size,
+        19
+    );
+}

@@ -134,6 +134,8 @@ pub struct DirListing {
 pub struct BackingStore {
     store: Arc<dyn ObjectStore>,
     label: String,
+    /// The service a cloud URL was opened at, when not the provider's own (`--endpoint`).
+    endpoint: Option<Arc<str>>,
     retry: RetryPolicy,
     /// Written into every [`ObjectInfo`] this handle returns.
     block_size: u64,
@@ -197,6 +199,7 @@ impl BackingStore {
         BackingStore {
             store,
             label: label.into(),
+            endpoint: None,
             retry,
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root: None,
@@ -333,6 +336,7 @@ impl BackingStore {
             .split_once("://")
             .ok_or_else(|| bad("expected scheme://...".into()))?;
         let mut local_root = None;
+        let mut endpoint = None;
         let mut part_store: Option<Arc<dyn object_store::multipart::MultipartStore>> = None;
         let mut paged_store: Option<Arc<dyn object_store::list::PaginatedListStore>> = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
@@ -363,10 +367,11 @@ impl BackingStore {
                 if let Some(e) = &opts.endpoint {
                     check_endpoint(e, opts.allow_http).map_err(bad)?;
                 }
-                let (store, parts, paged) =
+                let ((store, parts, paged), at) =
                     cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?;
                 part_store = Some(parts);
                 paged_store = paged;
+                endpoint = at.filter(|e| !e.is_empty()).map(Arc::from);
                 (store, prefix.trim_matches('/').to_string())
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
@@ -392,6 +397,7 @@ impl BackingStore {
         Ok(BackingStore {
             store,
             label: url.to_string(),
+            endpoint,
             retry: opts.retry.clone(),
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root,
@@ -408,6 +414,25 @@ impl BackingStore {
 
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// This handle as one opened at `endpoint` (what [`Self::from_url`] records from
+    /// `--endpoint`): its [`Self::identity`] names it.
+    pub fn at_endpoint(mut self, endpoint: &str) -> Self {
+        self.endpoint = Some(Arc::from(endpoint));
+        self
+    }
+
+    /// Which store this is, for what is kept for it across runs (listing logs, fsync
+    /// records) and checked between group nodes: the URL, and the service it is at
+    /// when not the provider's own. A bucket of one name at another endpoint is another
+    /// store (black-box finding: a cache dir's listing log of `s3://b` at one S3
+    /// service was shown, with its blocks, as `s3://b` at another that was down).
+    pub fn identity(&self) -> String {
+        match &self.endpoint {
+            Some(e) => format!("{} at {e}", self.label),
+            None => self.label.clone(),
+        }
     }
 
     pub fn inner(&self) -> &Arc<dyn ObjectStore> {
@@ -1883,11 +1908,14 @@ fn check_endpoint(endpoint: &str, allow_http: bool) -> std::result::Result<(), S
     }
 }
 
+/// The cloud client for `bucket`, and the endpoint it was built with when not the
+/// provider's own (from the options, the backend's config keys or its environment
+/// variables, e.g. `AWS_ENDPOINT_URL`).
 fn cloud_store(
     scheme: &str,
     bucket: &str,
     opts: &StoreOptions,
-) -> object_store::Result<CloudStore> {
+) -> object_store::Result<(CloudStore, Option<String>)> {
     // The same client seen as both traits: its multipart API sends parts by index.
     fn both<S: ObjectStore + object_store::multipart::MultipartStore>(s: S) -> CloudStore {
         let s = Arc::new(s);
@@ -1936,7 +1964,8 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            paged(b.build()?)
+            let endpoint = b.get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint);
+            (paged(b.build()?), endpoint)
         }
         "gs" => {
             let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -1946,7 +1975,7 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            paged(b.build()?)
+            (paged(b.build()?), None)
         }
         _ => {
             let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
@@ -1960,7 +1989,8 @@ fn cloud_store(
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            both(b.build()?)
+            let endpoint = b.get_config_value(&object_store::azure::AzureConfigKey::Endpoint);
+            (both(b.build()?), endpoint)
         }
     })
 }

@@ -568,11 +568,19 @@ pub(super) struct Writes {
     journaled_left: Mutex<Vec<journal::Journaled>>,
     /// The store and prefix the mount shows (see `Staged::source`).
     source: Arc<str>,
+    /// The same source as releases before the endpoint was part of it wrote it in
+    /// fsync records (`s3://b/p|root`, not `s3://b/p at E|root`): such records are
+    /// this mount's, so an upgrade uploads what an fsync kept before it.
+    legacy_source: Option<Arc<str>>,
 }
 
 impl Writes {
     /// Creates (mode 0700) and empties the staging directory.
-    pub(super) fn open(opts: WriteOptions, source: &str) -> std::io::Result<Self> {
+    pub(super) fn open(
+        opts: WriteOptions,
+        source: &str,
+        legacy_source: Option<&str>,
+    ) -> std::io::Result<Self> {
         make_private_dir(&opts.staging_dir)?;
         // Files an fsync made durable are uploaded by the mount (`journal.rs`); the
         // rest were never acknowledged.
@@ -617,6 +625,7 @@ impl Writes {
             next_file: AtomicU64::new(next),
             journaled_left: Mutex::new(journaled),
             source: Arc::from(source),
+            legacy_source: legacy_source.map(Arc::from),
         })
     }
 
@@ -1818,8 +1827,8 @@ mod tests {
     #[test]
     fn a_file_staged_to_be_filled_is_hidden_from_its_registration() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let writes =
-            Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|").expect("open");
+        let writes = Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|", None)
+            .expect("open");
         let (filled, created): (Arc<str>, Arc<str>) = (Arc::from("d/log"), Arc::from("d/new"));
         let staged = writes.stage(&filled, 0, true).expect("stage to fill");
         assert!(

@@ -207,11 +207,14 @@ impl super::FsCore {
             return;
         }
         let source = writes.source.clone();
+        let legacy = writes.legacy_source.clone();
         let core = self.clone();
         let mut pending: Vec<Journaled> = left
             .into_iter()
             .filter(|j| {
-                let ours = j.record.source.as_deref() == Some(&*source);
+                let written_for = j.record.source.as_deref();
+                let ours = written_for == Some(&*source)
+                    || (legacy.is_some() && written_for == legacy.as_deref());
                 if !ours {
                     tracing::warn!(path = %j.record.path, file = %j.file.display(),
                         written_for = ?j.record.source, mounted = %source,
