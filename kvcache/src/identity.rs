@@ -87,8 +87,8 @@ pub struct IdentityBindings {
     /// When bindings were last reclaimed, and the newest generation then: bindings made
     /// since may belong to puts still in flight and are kept at the next reclaim.
     reclaimed: Mutex<(Option<Instant>, u64)>,
-    /// The file's `disk_blocks_unguarded` mark, kept in every write (module doc).
-    unguarded: bool,
+    /// The file's marks (`disk_blocks_unguarded`, `tenants`), kept in every write.
+    marks: Marks,
     /// Namespaces bound here while the group's binding could not be asked (etcd away):
     /// checked against it once it answers ([`Self::adopt`]), as the group's decides.
     unconfirmed: Mutex<HashSet<Arc<str>>>,
@@ -123,18 +123,20 @@ impl Drop for Writer<'_> {
 impl IdentityBindings {
     /// Bindings persisted in `file` (loaded now if it exists), or memory only.
     pub fn open(file: Option<PathBuf>) -> Self {
-        let (map, unguarded) = match &file {
+        let (map, marks) = match &file {
             Some(f) => {
                 let loaded = load(f);
                 if !f.exists() {
                     // From now on a missing file means lost bindings (module doc).
-                    if let Err(e) = write_atomically(f, encode(&HashMap::new(), false).as_bytes()) {
+                    if let Err(e) =
+                        write_atomically(f, encode(&HashMap::new(), loaded.1).as_bytes())
+                    {
                         tracing::error!(file = %f.display(), error = %e, "could not write the KV namespace identities file");
                     }
                 }
                 loaded
             }
-            None => (HashMap::new(), false),
+            None => (HashMap::new(), Marks::default()),
         };
         IdentityBindings {
             map: Mutex::new(map.into_iter().map(|(k, v)| (k, (v, 0))).collect()),
@@ -146,7 +148,7 @@ impl IdentityBindings {
             writes: AtomicU64::new(0),
             tenants: 0,
             reclaimed: Mutex::new((None, 0)),
-            unguarded,
+            marks,
             unconfirmed: Mutex::new(HashSet::new()),
             recheck: Arc::new(tokio::sync::Notify::new()),
         }
@@ -207,7 +209,7 @@ impl IdentityBindings {
         let (text, upto) = {
             let map = self.map.lock();
             (
-                encode(&map, self.unguarded),
+                encode(&map, self.marks),
                 self.newest.load(Ordering::Acquire),
             )
         };
@@ -428,22 +430,38 @@ impl IdentityBindings {
     }
 }
 
-fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>, unguarded: bool) -> String {
+/// What the bindings file says besides the bindings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Marks {
+    /// `disk_blocks_unguarded` (module doc).
+    unguarded: bool,
+    /// `tenants`: whether the service that wrote the blocks had tenants (None: a file
+    /// from before it was recorded). See [`drop_blocks_if_tenancy_changed`].
+    tenants: Option<bool>,
+}
+
+fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>, marks: Marks) -> String {
     let obj: serde_json::Map<String, serde_json::Value> = map
         .iter()
         .map(|(k, (v, _))| (k.to_string(), serde_json::Value::String(hex::encode(v))))
         .collect();
     let mut v = serde_json::json!({ "version": 1, "bindings": obj });
-    if unguarded {
+    if marks.unguarded {
         v["disk_blocks_unguarded"] = serde_json::Value::Bool(true);
+    }
+    if let Some(t) = marks.tenants {
+        v["tenants"] = serde_json::Value::Bool(t);
     }
     v.to_string()
 }
 
-/// Whether a bindings file (parsed) carries the `disk_blocks_unguarded` mark.
-fn marked_unguarded(text: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(text)
-        .is_ok_and(|v| v["disk_blocks_unguarded"] == serde_json::Value::Bool(true))
+/// The marks of a bindings file's text.
+fn marks_of(text: &str) -> Marks {
+    let v = serde_json::from_str::<serde_json::Value>(text).unwrap_or_default();
+    Marks {
+        unguarded: v["disk_blocks_unguarded"] == serde_json::Value::Bool(true),
+        tenants: v["tenants"].as_bool(),
+    }
 }
 
 /// Drops every KV block `engine` holds if the bindings that guarded them are lost:
@@ -453,7 +471,8 @@ fn marked_unguarded(text: &str) -> bool {
 pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> usize {
     let read = strata_cache_core::state_file::read_regular_to_string(file).ok();
     let bindings = read.as_deref().and_then(parse);
-    let unguarded = bindings.is_some() && read.as_deref().is_some_and(marked_unguarded);
+    let marks = read.as_deref().map(marks_of).unwrap_or_default();
+    let unguarded = bindings.is_some() && marks.unguarded;
     if bindings.is_some() && !unguarded {
         return 0;
     }
@@ -466,7 +485,11 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
                 let _ = std::fs::rename(file, file.with_extension("json.corrupt"));
             }
             let kept: HashMap<Arc<str>, (IdentityDigest, u64)> = HashMap::new();
-            if let Err(e) = write_atomically(file, encode(&kept, true).as_bytes()) {
+            let marks = Marks {
+                unguarded: true,
+                ..marks
+            };
+            if let Err(e) = write_atomically(file, encode(&kept, marks).as_bytes()) {
                 tracing::error!(file = %file.display(), error = %e, "could not mark the KV namespace identities file: a later start with a disk tier may trust blocks no binding guarded");
             } else {
                 tracing::error!(file = %file.display(), "KV namespace identities missing or unreadable; this start has no disk tier: marked so the next start with one drops the KV blocks it holds");
@@ -478,9 +501,74 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     if let Some(map) = bindings.filter(|_| unguarded) {
         // Dropped: the bindings made since guard what is put from now on.
         let map = map.into_iter().map(|(k, v)| (k, (v, 0))).collect();
-        if let Err(e) = write_atomically(file, encode(&map, false).as_bytes()) {
+        let marks = Marks {
+            unguarded: false,
+            ..marks
+        };
+        if let Err(e) = write_atomically(file, encode(&map, marks).as_bytes()) {
             tracing::error!(file = %file.display(), error = %e, "could not clear the unguarded mark of the KV namespace identities file; the next start drops the KV blocks again");
         }
+    }
+    dropped
+}
+
+/// Drops every KV block `engine` holds, and every binding, when the cache dir was last
+/// served with tenants and now is not, or the other way round; records the mode in
+/// `file` either way. Call after [`drop_blocks_if_bindings_lost`], before the service
+/// opens the file. Returns the blocks dropped.
+///
+/// A tenant's namespace `ns` is the cache namespace `"<tenant>:ns"`, and without tenants
+/// a client names cache namespaces as it likes: across a switch, blocks and bindings of
+/// one mode are those of another client in the other (black-box finding: an anonymous
+/// client's put into `a:m-x` was read by tenant `a` as its own `m-x`, and its binding
+/// of `a:m-y` refused tenant `a`'s model in its own namespace; the other way round,
+/// tenants' blocks would be open to any client). A file from before the mode was
+/// recorded is taken as written in the mode of this start.
+pub async fn drop_blocks_if_tenancy_changed(
+    file: &Path,
+    engine: &CacheEngine,
+    tenants: bool,
+) -> usize {
+    let text = match strata_cache_core::state_file::read_regular_to_string(file) {
+        Ok(t) => t,
+        // A first start: nothing to drop, the mode recorded from now on.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            encode(&HashMap::new(), Marks::default())
+        }
+        Err(_) => return 0,
+    };
+    let Some(bindings) = parse(&text) else {
+        return 0;
+    };
+    let marks = marks_of(&text);
+    if marks.tenants == Some(tenants) {
+        return 0;
+    }
+    let now = Marks {
+        tenants: Some(tenants),
+        ..marks
+    };
+    let (dropped, kept) = if marks.tenants.is_some() {
+        let blocks = engine.resident_kv();
+        tracing::warn!(file = %file.display(), blocks = blocks.len(), bindings = bindings.len(),
+            tenants, "the KV cache was last served {} tenants: dropping its blocks and model-identity bindings, which belong to other clients' key spaces",
+            if tenants { "without" } else { "with" });
+        let mut dropped = 0;
+        for (key, _) in blocks {
+            match engine.remove(&key).await {
+                Ok(true) => dropped += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(%key, error = %e, "could not drop a KV block of the other tenancy mode")
+                }
+            }
+        }
+        (dropped, HashMap::new())
+    } else {
+        (0, bindings.into_iter().map(|(k, v)| (k, (v, 0))).collect())
+    };
+    if let Err(e) = write_atomically(file, encode(&kept, now).as_bytes()) {
+        tracing::error!(file = %file.display(), error = %e, "could not record the tenancy mode in the KV namespace identities file");
     }
     dropped
 }
@@ -504,23 +592,25 @@ async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
     dropped
 }
 
-/// The bindings in `file`, and whether it carries the unguarded mark.
-fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, bool) {
+/// The bindings in `file`, and its marks.
+fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, Marks) {
     let text = match strata_cache_core::state_file::read_regular_to_string(file) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (HashMap::new(), false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return (HashMap::new(), Marks::default())
+        }
         Err(e) => {
             tracing::error!(file = %file.display(), error = %e, "cannot read KV namespace identities; starting without them");
-            return (HashMap::new(), false);
+            return (HashMap::new(), Marks::default());
         }
     };
     match parse(&text) {
-        Some(m) => (m, marked_unguarded(&text)),
+        Some(m) => (m, marks_of(&text)),
         None => {
             let aside = file.with_extension("json.corrupt");
             tracing::error!(file = %file.display(), aside = %aside.display(), "KV namespace identities file is corrupt; moved aside, starting without them");
             let _ = std::fs::rename(file, aside);
-            (HashMap::new(), false)
+            (HashMap::new(), Marks::default())
         }
     }
 }
@@ -722,6 +812,77 @@ mod tests {
             drop_blocks_if_bindings_lost(&f, &disk).await,
             0,
             "the mark cleared: blocks put from now on are guarded"
+        );
+    }
+
+    /// Black-box finding (round 13): blocks and bindings made without tenants under
+    /// `a:m-x` were tenant `a`'s own `m-x` once tenants were configured over the same
+    /// cache dir. A start in the other mode drops them; a start in the same mode, or
+    /// over a file from before the mode was recorded, keeps them.
+    #[tokio::test]
+    async fn a_switch_of_tenancy_drops_the_blocks_and_bindings_of_the_other_mode() {
+        use strata_cache_core::{AccessContext, CacheKey};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let engine = disk_engine(dir.path());
+        let key = CacheKey::kv("a:m-x", b"k".to_vec());
+        let put = || async {
+            engine
+                .put(
+                    &key,
+                    bytes::Bytes::from_static(b"an anonymous client's bytes"),
+                    &AccessContext::default(),
+                )
+                .await
+                .expect("put");
+        };
+        let (f, engine) = (&f, &engine);
+        let start = |tenants| async move {
+            let dropped = drop_blocks_if_bindings_lost(f, engine).await
+                + drop_blocks_if_tenancy_changed(f, engine, tenants).await;
+            (dropped, IdentityBindings::open(Some(f.clone())))
+        };
+        // First start, without tenants: the mode is recorded even before any binding.
+        let (dropped, b) = start(false).await;
+        assert_eq!(dropped, 0);
+        assert_eq!(
+            marks_of(&std::fs::read_to_string(f).expect("read")).tenants,
+            Some(false)
+        );
+        b.check(&Arc::from("a:m-y"), Some(&A), true).expect("bind");
+        b.write(f);
+        put().await;
+        let (dropped, b) = start(false).await;
+        assert_eq!(dropped, 0, "same mode: kept");
+        assert_eq!(b.bound("a:m-y"), Some(A));
+        drop(b);
+        // Tenants configured over the same dir: nothing of the anonymous client's stays.
+        let (dropped, b) = start(true).await;
+        assert_eq!(dropped, 1);
+        assert!(!engine.contains(&key));
+        assert_eq!(
+            b.bound("a:m-y"),
+            None,
+            "tenant a's own namespace is unbound"
+        );
+        b.check(&Arc::from("a:m-y"), Some(&B), true)
+            .expect("tenant a's model binds");
+        b.write(f);
+        put().await;
+        // And back: the tenant's blocks are not left open to any client.
+        let (dropped, b) = start(false).await;
+        assert_eq!(dropped, 1);
+        assert_eq!(b.bound("a:m-y"), None);
+        drop(b);
+        // A file from before the mode was recorded: taken as this start's mode.
+        put().await;
+        std::fs::write(f, r#"{"version": 1, "bindings": {}}"#).expect("write");
+        let (dropped, _) = start(true).await;
+        assert_eq!(dropped, 0);
+        assert!(engine.contains(&key));
+        assert_eq!(
+            marks_of(&std::fs::read_to_string(f).expect("read")).tenants,
+            Some(true)
         );
     }
 

@@ -180,6 +180,12 @@ pub(crate) async fn start(
     }
     if let Some(file) = &server.identity_file {
         strata_kvcache::identity::drop_blocks_if_bindings_lost(file, &engine).await;
+        strata_kvcache::identity::drop_blocks_if_tenancy_changed(
+            file,
+            &engine,
+            !server.tenants.is_empty(),
+        )
+        .await;
     }
     let service = KvService::new(engine, server);
     // Same-host clients may then read GPU-tier blocks by device handle (before the side
