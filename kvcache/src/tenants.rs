@@ -22,7 +22,8 @@
 //!   held half its quota had 98% of its puts refused while its ledger waited for the
 //!   once-a-second walk).
 //! - a put that still does not fit makes room by evicting the tenant's own oldest
-//!   stored blocks (first charged, first out), as a cache does at its capacity: a full
+//!   stored blocks (a clock: first charged, first out, but a block read since the hand
+//!   last passed it is spared once), as a cache does at its capacity: a full
 //!   quota refused every new put for good while the old blocks stayed (black-box
 //!   finding). Only a block larger than the whole quota, or a quota held by puts in
 //!   flight, is RESOURCE_EXHAUSTED.
@@ -158,6 +159,8 @@ struct Charged {
     size: u64,
     /// Charged by a put not yet stored: not in the cache, yet not evicted either.
     in_flight: bool,
+    /// Read since the clock hand last passed it: spared once ([`Ledger::make_room`]).
+    referenced: bool,
 }
 
 impl Ledger {
@@ -165,7 +168,14 @@ impl Ledger {
         if self.blocks.contains_key(key) {
             return false;
         }
-        self.blocks.insert(key.clone(), Charged { size, in_flight });
+        self.blocks.insert(
+            key.clone(),
+            Charged {
+                size,
+                in_flight,
+                referenced: false,
+            },
+        );
         self.used += size;
         self.order.push_back(key.clone());
         // Forgotten keys wait in the clock for the hand; bound them.
@@ -176,21 +186,29 @@ impl Ledger {
         true
     }
 
-    /// Takes the oldest stored blocks out of the ledger until `size` more bytes fit
-    /// (blocks of puts in flight stay); the keys taken, for the caller to evict.
+    /// Takes stored blocks out of the ledger until `size` more bytes fit, the oldest
+    /// first but each block read since the hand last passed it spared once (a second
+    /// chance: the clock's approximation of least recently used; black-box finding: a
+    /// prefix every request read was the first block a full quota dropped). Blocks of
+    /// puts in flight stay. The keys taken, for the caller to evict.
     fn make_room(&mut self, size: u64, quota: u64) -> Vec<CacheKey> {
         let mut taken = Vec::new();
         let mut looked = 0;
-        let n = self.order.len();
+        // Twice round: the first pass may only clear the marks.
+        let n = 2 * self.order.len();
         while self.used + size > quota && looked < n {
             let Some(key) = self.order.pop_front() else {
                 break;
             };
             looked += 1;
-            match self.blocks.get(&key).copied() {
+            match self.blocks.get_mut(&key) {
                 None => {}
                 Some(c) if c.in_flight => self.order.push_back(key),
-                Some(c) => {
+                Some(c) if c.referenced => {
+                    c.referenced = false;
+                    self.order.push_back(key);
+                }
+                Some(&mut c) => {
                     self.blocks.remove(&key);
                     self.used -= c.size;
                     taken.push(key);
@@ -359,6 +377,13 @@ impl Tenant {
     /// quota now says, and new puts are refused until evictions make room.
     pub fn recovered(&self, key: &CacheKey, size: u64) {
         self.ledger.lock().insert(key, size, false);
+    }
+
+    /// `key` was read: the clock spares it once when making room.
+    pub fn touched(&self, key: &CacheKey) {
+        if let Some(c) = self.ledger.lock().blocks.get_mut(key) {
+            c.referenced = true;
+        }
     }
 
     /// `key` is no longer the tenant's (removed, or its put failed).

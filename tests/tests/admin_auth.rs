@@ -70,14 +70,22 @@ fn off_loopback_or_with_tenants_the_admin_api_needs_a_token() {
         token: token.map(String::from),
         token_file: None,
     };
-    let e = admin::plan(&cfg("0.0.0.0:0", None), false).expect_err("refused");
+    let tenants: &[&str] = &["tok-a", "tok-b"];
+    let e = admin::plan(&cfg("0.0.0.0:0", None), &[]).expect_err("refused");
     assert!(format!("{e:#}").contains("admin token"), "{e:#}");
-    assert!(admin::plan(&cfg("0.0.0.0:0", Some("adm")), false).is_ok());
-    assert!(admin::plan(&cfg("127.0.0.1:0", None), false).is_ok());
-    let e = admin::plan(&cfg("127.0.0.1:0", None), true).expect_err("tenants");
+    assert!(admin::plan(&cfg("0.0.0.0:0", Some("adm")), &[]).is_ok());
+    assert!(admin::plan(&cfg("127.0.0.1:0", None), &[]).is_ok());
+    let e = admin::plan(&cfg("127.0.0.1:0", None), tenants).expect_err("tenants");
     assert!(format!("{e:#}").contains("tenants"), "{e:#}");
-    assert!(admin::plan(&cfg("127.0.0.1:0", Some("adm")), true).is_ok());
-    assert!(admin::plan(&cfg("", None), true).expect("off").is_none());
+    assert!(admin::plan(&cfg("127.0.0.1:0", Some("adm")), tenants).is_ok());
+    assert!(admin::plan(&cfg("", None), tenants).expect("off").is_none());
+    // Black-box finding: a tenant holding the admin token read every tenant's
+    // namespaces from /stats and /metrics.
+    let e = admin::plan(&cfg("127.0.0.1:0", Some("tok-b")), tenants).expect_err("shared");
+    assert!(
+        format!("{e:#}").contains("also a [[kv.tenants]] token"),
+        "{e:#}"
+    );
 }
 
 #[test]

@@ -241,6 +241,33 @@ async fn a_tenants_quota_is_enforced() {
     server.stop().await;
 }
 
+/// Black-box finding (round 13): a tenant at its quota lost first the block every
+/// request read (a shared prompt prefix): room was made oldest-stored first, blind to
+/// reads. Now a block read since the quota's clock hand last passed it is spared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_quota_spares_the_blocks_read_lately() {
+    let server = TestServer::start(memory_engine(256 << 20), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    let quarter = |i: u64| block(256 << 10, i);
+    a.put(NS, b"hot", quarter(0)).await.expect("hot block");
+    // Sixteen 256 KiB blocks fill a's 4 MiB quota; 48 more make room 48 times.
+    for i in 1..=64u64 {
+        a.put(NS, &i.to_be_bytes(), quarter(i))
+            .await
+            .expect("cold block");
+        assert_eq!(
+            a.get(NS, b"hot").await.expect("get"),
+            Some(quarter(0)),
+            "the block read after every put is kept (after cold block {i})"
+        );
+    }
+    assert!(
+        !a.exists(NS, &1u64.to_be_bytes()).await.expect("exists"),
+        "an unread old block made room"
+    );
+    server.stop().await;
+}
+
 /// Black-box finding: with a cache smaller than the tenant's quota, the cache evicts
 /// the tenant's old blocks as it puts new ones, and the tenant never holds more than
 /// the cache; yet once its ledger reached the quota, 98% of its puts were refused for a

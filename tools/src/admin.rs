@@ -212,10 +212,12 @@ pub const TOKEN_ENV: &str = "STRATA_ADMIN_TOKEN";
 
 /// Where the admin API listens and with which token, checked before anything is
 /// opened: None when `listen` is unset or empty.
+/// `tenant_tokens`: the KV tenants' tokens (none without tenants).
 pub fn plan(
     cfg: &crate::config::AdminConfig,
-    tenants: bool,
+    tenant_tokens: &[&str],
 ) -> anyhow::Result<Option<(SocketAddr, Option<String>)>> {
+    let tenants = !tenant_tokens.is_empty();
     let Some(listen) = cfg.listen.as_deref().filter(|a| !a.is_empty()) else {
         return Ok(None);
     };
@@ -233,6 +235,16 @@ pub fn plan(
             bail!(
                 "[[kv.tenants]] need an admin token: the admin API's stats name every \
                  tenant's namespaces; set [admin] token_file (or token), or listen = \"\""
+            );
+        }
+    }
+    if let Some(t) = &token {
+        // Black-box finding: a tenant whose token was the admin token read every
+        // tenant's namespaces from /stats and /metrics.
+        if tenant_tokens.iter().any(|tt| tt.as_bytes() == t.as_bytes()) {
+            bail!(
+                "the [admin] token is also a [[kv.tenants]] token: that tenant would read \
+                 every tenant's namespaces from the admin API; give the admin its own token"
             );
         }
     }

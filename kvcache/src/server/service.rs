@@ -428,6 +428,13 @@ impl KvService {
     pub(super) fn record_served(&self, ns: &str, key: &CacheKey, size: Option<u64>) {
         self.inner.stats.get(ns, size);
         if size.is_some() {
+            // The tenant's quota makes room sparing blocks read lately.
+            if let Some(t) = ns
+                .split_once(crate::tenants::TENANT_SEP)
+                .and_then(|(t, _)| self.inner.tenants.by_name(t))
+            {
+                t.touched(key);
+            }
             // A staged block read (used); a few staged ones checked for having left the
             // fastest tier unread (wasted).
             let engine = &self.inner.engine;

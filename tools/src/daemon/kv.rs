@@ -116,6 +116,17 @@ pub(crate) struct KvPlan {
     tcp: Option<SocketAddr>,
 }
 
+impl KvPlan {
+    /// The tenants' tokens (empty without tenants).
+    pub(crate) fn tenant_tokens(&self) -> Vec<&str> {
+        self.server
+            .tenants
+            .iter()
+            .map(|t| t.token.as_str())
+            .collect()
+    }
+}
+
 pub(crate) fn plan(kv: &KvConfig) -> anyhow::Result<Option<KvPlan>> {
     if !kv.enabled {
         return Ok(None);

@@ -68,7 +68,11 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     // the store was created and initialised first, and stayed there).
     mount::refuse_self_references(&cfg)?;
     let kv_plan = kv::plan(&cfg.kv)?;
-    let admin_plan = admin::plan(&cfg.admin, kv_plan.is_some() && !cfg.kv.tenants.is_empty())?;
+    let tenant_tokens = kv_plan
+        .as_ref()
+        .map(|p| p.tenant_tokens())
+        .unwrap_or_default();
+    let admin_plan = admin::plan(&cfg.admin, &tenant_tokens)?;
     let store = match cfg.store.url.as_deref() {
         Some(url) if !cfg.mounts.is_empty() => Some((url, open_store(url, &cfg.store)?)),
         _ => None,
