@@ -298,6 +298,27 @@ async fn keys_that_cannot_be_named_hide_only_themselves() {
     assert_eq!(info.size, 1);
 }
 
+/// Black-box finding (round 13): a folder holding a folder marker (`a/`, as the S3
+/// console makes) and a key that cannot be named (`a/./b`) was listed for ever: the
+/// marker is named `a`, and the page after it started after `a`, which lists `a/`
+/// again (113,632 LISTs in 10 minutes, `ls` stuck in D state). Bounded in time here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_marker_beside_a_key_that_cannot_be_named_is_listed_once() {
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    for key in ["a/", "a/./b", "a/b", "a//c", "a/d"] {
+        server.put_raw("data", key, "x");
+    }
+    let store = s3_store(&server, "s3://data");
+    let level = tokio::time::timeout(std::time::Duration::from_secs(20), store.list_dir("a"))
+        .await
+        .expect("listed within 20 s")
+        .expect("list a");
+    let files: Vec<String> = level.files.iter().map(|f| f.path.to_string()).collect();
+    assert_eq!(files, vec!["a/b", "a/d"]);
+    assert!(level.dirs.is_empty(), "{:?}", level.dirs);
+}
+
 /// Black-box finding (security): one object whose first segment under the mounted
 /// folder is `.` or `..` (`./x`, `data/../x`), which anyone allowed to write the bucket
 /// can make, failed every `strata mount` of it: the mount's first listing took the

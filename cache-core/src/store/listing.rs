@@ -107,7 +107,13 @@ impl PagedLister {
                 Ok(page) => {
                     let mut last: Option<String> = None;
                     for m in page.result.objects {
-                        note_last(&mut last, m.location.as_ref().to_string());
+                        // The key as listed, as far as its parsed name tells: a folder
+                        // marker `a/` is named `a`, and starting after `a` lists it
+                        // again (black-box finding: a folder holding a marker and a key
+                        // that cannot be named was listed page after page, for ever).
+                        if let Some(key) = least_key_after(m.location.as_ref(), &start_after) {
+                            note_last(&mut last, key);
+                        }
                         if let Some(m) = self.relative_meta(m) {
                             out.objects.push(m);
                         }
@@ -120,7 +126,18 @@ impl PagedLister {
                     }
                     match (page.page_token, last) {
                         (Some(_), Some(last)) => start_after = Some(last),
-                        _ => break,
+                        (Some(_), None) => {
+                            // Nothing in the page sorts after where it started: a
+                            // store that ignores `start-after` would be listed for ever.
+                            return Ok(Err(object_store::Error::Generic {
+                                store: "paged listing",
+                                source: format!(
+                                    "the listing of {full:?} made no progress past {start_after:?}"
+                                )
+                                .into(),
+                            }));
+                        }
+                        (None, _) => break,
                     }
                     want = (want * 2).min(PAGE_KEYS);
                 }
@@ -165,6 +182,11 @@ impl PagedLister {
                 Err(e) => return Ok(Err(e)),
             }
         }
+        // A marker listed again by the page after it (see above) is one entry.
+        let mut seen = std::collections::HashSet::new();
+        out.objects.retain(|m| seen.insert(m.location.clone()));
+        let mut seen = std::collections::HashSet::new();
+        out.common_prefixes.retain(|p| seen.insert(p.clone()));
         Ok(Ok(out))
     }
 
@@ -258,6 +280,15 @@ fn note_last(last: &mut Option<String>, name: String) {
     if last.as_ref().is_none_or(|l| name > *l) {
         *last = Some(name);
     }
+}
+
+/// The least key that an object named `name` may have been listed as and that sorts
+/// after `after` (keys in a page all do): `name` itself, or `name/` (a folder marker,
+/// whose trailing slash the parsed name drops). None: neither sorts after it.
+fn least_key_after(name: &str, after: &Option<String>) -> Option<String> {
+    [name.to_string(), format!("{name}/")]
+        .into_iter()
+        .find(|k| after.as_ref().is_none_or(|a| k > a))
 }
 
 /// The listed text a parse error is about.
