@@ -354,6 +354,10 @@ struct Node {
     /// for directories and files being written). Another version of the path is
     /// another inode (see [`InodeTable::intern`]).
     version: Option<Arc<str>>,
+    /// Another file was renamed over this one through the mount: the path names that
+    /// one now, and this inode lives on only for handles already open (see
+    /// [`InodeTable::moved`]).
+    replaced: bool,
 }
 
 #[derive(Default)]
@@ -390,6 +394,7 @@ impl InodeTable {
                 lookups: 1,
                 told_size: None,
                 version: None,
+                replaced: false,
             },
         );
         t.by_path.insert(root, ROOT_INO);
@@ -450,6 +455,7 @@ impl InodeTable {
                 lookups: u64::from(reference),
                 told_size: None,
                 version: version.cloned(),
+                replaced: false,
             },
         );
         self.by_path.insert(path.clone(), ino);
@@ -469,19 +475,37 @@ impl InodeTable {
 
     /// `from` was renamed to `to`: its inode now names `to` (the kernel keeps the
     /// inode across a rename); an inode `to` had is left to the kernel's FORGET.
-    fn moved(&mut self, from: &Arc<str>, to: &Arc<str>) {
+    /// `now`: the object the rename made at `to`, when known.
+    fn moved(&mut self, from: &Arc<str>, to: &Arc<str>, now: Option<&ObjectInfo>) {
         let Some(ino) = self.by_path.remove(from) else {
             return;
         };
+        let version = now.map(|o| &o.version);
         if let Some(node) = self.nodes.get_mut(&ino) {
             node.path = to.clone();
-            // The object moved is a copy, a version of its own: the inode takes the
-            // one its next lookup or open finds.
-            node.version = None;
+            if let Some(o) = now {
+                node.told_size = Some(o.size);
+            }
+            // The object moved is a copy, a version of its own: the inode stands for
+            // it, so an open after the next rename over `to` is ESTALE rather than an
+            // open of what that one put there (None: the one its next lookup or open
+            // finds).
+            node.version = version.cloned();
         }
         // A replaced file's inode still names `to` until the kernel forgets it (the
-        // kernel's dentry now points at the moved inode).
-        self.by_path.insert(to.clone(), ino);
+        // kernel's dentry now points at the moved inode), but is no longer the file
+        // there: an open of it (by a process that looked the name up before the
+        // rename) is ESTALE, and the kernel looks the name up again. It took whatever
+        // `to` held at the open (black-box finding: two processes saving one name by
+        // temp file and rename, a reader got the size of one version and the bytes of
+        // the next, as a success).
+        if let Some(old) = self.by_path.insert(to.clone(), ino) {
+            if old != ino {
+                if let Some(n) = self.nodes.get_mut(&old) {
+                    n.replaced = true;
+                }
+            }
+        }
     }
 
     /// Directory `from` was renamed to `to`: it and every inode under it now name the
@@ -1687,6 +1711,12 @@ impl FsCore {
             return Err(Error::ReadOnly);
         }
         let node = self.node(ino)?;
+        if node.replaced {
+            return Err(Error::Cache(CacheError::Changed(format!(
+                "{}: replaced by a rename since it was looked up (a lookup finds the new file)",
+                node.path
+            ))));
+        }
         if let Some(opened) = self.open_staged(&node.path) {
             return Ok(opened);
         }
@@ -1922,6 +1952,15 @@ impl FsCore {
         }
         let now = self.renew_attrs(h).await?;
         if now.size < h.obj.size && end > now.size {
+            return None;
+        }
+        // Nor when it is longer: the kernel reads the inode only up to the size it was
+        // told at the open, so the reader would get the new version cut at the old
+        // length, as a whole file (black-box finding: two processes saving one name by
+        // temp file and rename, a reader got one version's bytes cut at a neighbouring
+        // version's length). A shorter one is safe: the kernel takes the short reply
+        // at its end as the file's new size.
+        if now.size > h.obj.size {
             return None;
         }
         let renewed = Arc::new(FileHandle {

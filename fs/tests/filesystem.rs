@@ -516,21 +516,38 @@ async fn open_small_then_replace(fx: &Fixture, by: Bytes) -> (u64, u64) {
 
 /// Black-box finding: a file the mount had only listed or stat-ed, then replaced by
 /// another writer, failed every open with ESTALE for the whole metadata TTL. A handle
-/// that has served nothing goes on with the new version, and the kernel, told the old
-/// size, is told to ask again (it would cut the new bytes at the old size).
+/// that has served nothing goes on with a new version no longer than the one it
+/// opened. A longer one fails the read with ESTALE (black-box finding, round 13: the
+/// kernel, which reads up to the size it was told, cut the new bytes at the old
+/// length, a torn file as a success) and the next open reads it whole.
 #[tokio::test]
 async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
     timed(async {
         let fx = fixture(CoreOptions::default()).await;
         let c = &fx.core;
-        let seen = record_invalidations(c);
-        let (ino, fh) = open_small_then_replace(&fx, data(3000, 9)).await;
+        let (_, fh) = open_small_then_replace(&fx, data(1000, 8)).await;
         assert_eq!(
             c.read(fh, 0, 4096, 1).await.expect("the new version"),
+            data(1000, 8)
+        );
+        assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 1);
+        c.release(fh);
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let seen = record_invalidations(c);
+        let (ino, fh) = open_small_then_replace(&fx, data(3000, 9)).await;
+        let e = c.read(fh, 0, 4096, 1).await.expect_err("longer: not cut");
+        assert_eq!(e.errno(), libc::ESTALE);
+        assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 0);
+        assert_eq!(*seen.lock().expect("lock"), vec![ino], "told to ask again");
+        c.release(fh);
+        let dir = c.lookup(ROOT_INO, "dir").await.expect("dir");
+        let (ino, h) = kernel_open(c, dir.attr.ino, "small", ino).await;
+        assert_eq!(
+            c.read(h.fh, 0, 4096, 1).await.expect("the next open"),
             data(3000, 9)
         );
-        assert_eq!(*seen.lock().expect("lock"), vec![ino]);
-        assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 1);
+        c.release(h.fh);
         assert_eq!(
             c.getattr(ino).await.expect("attrs").attr.size,
             3000,

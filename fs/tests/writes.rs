@@ -1966,6 +1966,58 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
     .expect("bounded");
 }
 
+/// Black-box finding (round 13): two processes saving one name by temp file and
+/// rename, a reader that looked the name up before a rename opened it after: the
+/// replaced inode was opened on whatever the name held then, so the reader got the
+/// size its kernel had for one version and the bytes of another, as a success. An
+/// inode another file was renamed over is ESTALE to open (the kernel looks the name
+/// up again); the name's new inode reads its own bytes whole.
+#[tokio::test]
+async fn an_inode_renamed_over_is_stale_to_open_and_the_name_reads_the_new_file() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_delete = true;
+            w.allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let save = |name: &'static str, body: &'static [u8]| async move {
+            let (e, fh) = c.create(dir.attr.ino, name, 0).await.expect("create");
+            c.write(fh, 0, body).expect("write");
+            c.close(fh, 0).await.expect("close uploads");
+            c.release_write(fh).await;
+            e.attr.ino
+        };
+        save("latest.json", b"{\"v\": 0}").await;
+        let v0 = c.lookup(dir.attr.ino, "latest.json").await.expect("v0");
+        let a = save(".tmpA", b"{\"v\": 1, \"pad\": \"xxxxxxxxxxxxxxxx\"}").await;
+        let b = save(".tmpB", b"{\"v\": 2}").await;
+        c.rename(dir.attr.ino, ".tmpA", dir.attr.ino, "latest.json", false)
+            .await
+            .expect("rename A over");
+        let e = c
+            .open(v0.attr.ino, false)
+            .await
+            .expect_err("v0 was replaced");
+        assert_eq!(e.errno(), libc::ESTALE);
+        // A reader's kernel resolved the name to A's inode; B is renamed over it
+        // before the reader's open reaches the mount.
+        c.rename(dir.attr.ino, ".tmpB", dir.attr.ino, "latest.json", false)
+            .await
+            .expect("rename B over");
+        let e = c.open(a, false).await.expect_err("A was replaced");
+        assert_eq!(e.errno(), libc::ESTALE, "never B's bytes under A's size");
+        let now = c.lookup(dir.attr.ino, "latest.json").await.expect("now");
+        assert_eq!(now.attr.ino, b, "the name is B's inode, as in the kernel");
+        assert_eq!(now.attr.size, 8);
+        assert_eq!(read_back(c, now.attr.ino).await, b"{\"v\": 2}".to_vec());
+    })
+    .await
+    .expect("bounded");
+}
+
 /// The endpoint became part of a store's identity (a bucket of one name at another S3
 /// service is another store): records written before, naming the bucket alone, are
 /// still uploaded by the same bucket's mount after the upgrade; a record naming one

@@ -188,10 +188,11 @@ impl FsCore {
         self.attrs.insert(from.clone(), Meta::Missing).await;
         self.relist(&from_dir.path, &from, Some(Meta::Missing))
             .await;
-        if let Some(now) = self.refresh(&to_dir.path, &to).await {
+        let now = self.refresh(&to_dir.path, &to).await;
+        self.inodes.write().moved(&from, &to, now.as_deref());
+        if let Some(now) = now {
             self.note_moved(&old, now);
         }
-        self.inodes.write().moved(&from, &to);
         Ok(())
     }
 

@@ -884,7 +884,8 @@ impl FsCore {
         self.relist(&from_dir.path, from, Some(Meta::Missing)).await;
         // `to` shows the file being written over any listed version until its upload.
         self.attrs.invalidate(to).await;
-        self.inodes.write().moved(from, to);
+        // Not uploaded under `to` yet: no version to stand for.
+        self.inodes.write().moved(from, to, None);
         Ok(())
     }
 
