@@ -7,7 +7,7 @@
 >>> blocks = c.batched_get(keys[:hit])
 """
 
-from .client import KvClient, KvError
+from .client import BatchPutError, KvClient, KvError
 from .keys import (
     V1_ROOT,
     V2_ROOT,
@@ -21,6 +21,7 @@ from .keys import (
 )
 
 __all__ = [
+    "BatchPutError",
     "KvClient",
     "KvError",
     "ModelIdentity",

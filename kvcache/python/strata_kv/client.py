@@ -30,6 +30,8 @@ from .keys import IDENTITY_METADATA, ModelIdentity
 CHUNK_BYTES = 1 << 20
 #: The most keys the server takes in one lookup (kvcache/src/server: MAX_BATCH_KEYS)...
 MAX_KEYS_PER_CALL = 1 << 16
+#: Longest key (hash) the service takes (kvcache/src/blocks.rs).
+MAX_KEY_BYTES = 64
 #: ...and the key bytes one message may carry under its 4 MiB bound, with room for
 #: each key's field header and the namespace.
 MAX_KEY_BYTES_PER_CALL = 3 << 20
@@ -114,6 +116,18 @@ class KvError(Exception):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+
+
+class BatchPutError(KvError):
+    """A Put of :meth:`KvClient.batched_put` failed: ``index`` is its position, the
+    entries before it were stored (``stored``: per key, whether it was already cached),
+    the ones after it were not sent."""
+
+    def __init__(self, cause: KvError, index: int, stored: List[bool]):
+        super().__init__(cause.code, f"put {index} of the batch failed ({cause.message}); "
+                                     f"the {len(stored)} before it were stored, the rest not sent")
+        self.index = index
+        self.stored = stored
 
 
 def _wrap(e: grpc.RpcError) -> KvError:
@@ -653,9 +667,27 @@ class KvClient:
     def batched_put(
         self, keys: Sequence[bytes], values: Sequence[bytes], namespace: Optional[str] = None
     ) -> List[bool]:
+        """Stores each ``values[i]`` under ``keys[i]`` (one Put each, in order); per
+        key, whether it was already cached. Keys and values are checked before any is
+        sent (a key of 1-64 bytes, a non-empty value), so a malformed batch stores
+        nothing; a Put the service refuses stops the batch with a
+        :class:`BatchPutError` naming its index and what was stored before it (black-box
+        finding: the entries before a bad one were stored, the ones after it never sent,
+        and the error named neither)."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
-        return [self.put(k, v, namespace) for k, v in zip(keys, values)]
+        for i, (k, v) in enumerate(zip(keys, values)):
+            if not 1 <= len(k) <= MAX_KEY_BYTES:
+                raise ValueError(f"key {i} of the batch is {len(k)} bytes (1..={MAX_KEY_BYTES}); nothing was sent")
+            if len(memoryview(v)) == 0:
+                raise ValueError(f"value {i} of the batch is empty; nothing was sent")
+        done: List[bool] = []
+        for i, (k, v) in enumerate(zip(keys, values)):
+            try:
+                done.append(self.put(k, v, namespace))
+            except KvError as e:
+                raise BatchPutError(e, i, done) from e
+        return done
 
     def remove(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
         ns, removed = self._ns(namespace), 0

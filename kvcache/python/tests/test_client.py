@@ -9,7 +9,7 @@ import urllib.request
 import grpc
 import pytest
 
-from strata_kv import KvClient, KvError, chain_hashes_v1
+from strata_kv import BatchPutError, KvClient, KvError, chain_hashes_v1
 from conftest import start_serve
 
 
@@ -38,6 +38,23 @@ def test_put_get_round_trip(client, size):
     assert client.get(key) == data
     assert client.exists(key)
     assert client.locate(key) == "memory"
+
+
+def test_a_malformed_batched_put_stores_nothing_and_a_refused_one_names_its_index(client):
+    """Black-box finding: a batch with a bad entry was half-applied (the entries before
+    it stored, the ones after never sent) under one error naming neither."""
+    good = [b"bp-1", b"bp-2", b"bp-3"]
+    for bad_key, bad_value in [(b"", blob(2048, 1)), (b"k" * 65, blob(2048, 1)), (b"bp-x", b"")]:
+        with pytest.raises(ValueError, match="nothing was sent"):
+            client.batched_put([good[0], bad_key, good[2]], [blob(2048, 1), bad_value, blob(2048, 3)])
+    assert client.batch_exists(good) == [False] * 3, "a malformed batch stores nothing"
+    # A value under the service's smallest block: refused there, at index 1.
+    with pytest.raises(BatchPutError) as e:
+        client.batched_put(good, [blob(2048, 1), b"tiny", blob(2048, 3)])
+    assert e.value.index == 1 and e.value.stored == [False]
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "put 1 of the batch failed" in str(e.value)
+    assert client.batch_exists(good) == [True, False, False]
 
 
 def test_connector_shape_prefix_and_batches(client):
