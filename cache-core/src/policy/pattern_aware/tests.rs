@@ -1852,3 +1852,40 @@ fn popularity_the_streams_hide_is_found_by_the_frequency_guard() {
         "hits with the frequency guard {on}, without {off}"
     );
 }
+
+/// Black-box finding (round 13): under the default policy, one tenant's flood of KV
+/// puts nobody read evicted another tenant's 8 blocks read every ~100 of those puts
+/// (a cache of 256 blocks), which LRU kept. The flood's namespace is a "random"
+/// stream, so its blocks went to the stable subset, which took half the cache from
+/// the frequency main holding the hot blocks. KV blocks are ranked by reuse.
+#[test]
+fn a_flood_of_kv_puts_nobody_reads_does_not_evict_a_namespaces_hot_blocks() {
+    let cap = 64 * MB;
+    let size = 256 << 10;
+    let mut s = TierSpace::new(cap, crate::policy::by_name("strata", cap).expect("strata"));
+    let hot: Vec<CacheKey> = (0..8u64)
+        .map(|i| CacheKey::kv("a:chat", i.to_be_bytes().to_vec()))
+        .collect();
+    let mut t = 0u64;
+    let mut at = || {
+        t += 1;
+        t * 1_000_000
+    };
+    for k in &hot {
+        read(&mut s, k, size, &demand(1, at()));
+    }
+    let mut n = 0u64;
+    for round in 0..30 {
+        for _ in 0..100 {
+            n += 1;
+            let flood = CacheKey::kv("b:bulk", n.to_be_bytes().to_vec());
+            read(&mut s, &flood, size, &demand(2, at()));
+        }
+        let hits = hot
+            .iter()
+            .filter(|k| read(&mut s, k, size, &demand(1, at())))
+            .count();
+        assert_eq!(hits, 8, "round {round}: the hot blocks stay");
+    }
+    assert!(s.used() <= cap);
+}
