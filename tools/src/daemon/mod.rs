@@ -67,6 +67,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     // Before the cache dir is made (black-box finding: a cache dir refused as inside
     // the store was created and initialised first, and stayed there).
     mount::refuse_self_references(&cfg)?;
+    mount::refuse_cache_dir_on_a_strata_mount(cfg.cache.dir.as_deref())?;
     let kv_plan = kv::plan(&cfg.kv)?;
     let tenant_tokens = kv_plan
         .as_ref()

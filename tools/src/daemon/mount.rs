@@ -274,6 +274,78 @@ pub fn refuse_self_references(cfg: &crate::config::StrataConfig) -> anyhow::Resu
     Ok(())
 }
 
+/// Refuses a cache dir inside another Strata mount: its blocks, index and staged
+/// writes would be objects in that mount's store, written through a second daemon
+/// (black-box finding: the start failed late on RocksDB's rename, after leaving its
+/// lock file, log and index files as objects in the other bucket; with deletes
+/// allowed there the whole cache lived in someone else's bucket). Checked before the
+/// cache dir is made.
+pub fn refuse_cache_dir_on_a_strata_mount(cache_dir: Option<&Path>) -> anyhow::Result<()> {
+    let Some(dir) = cache_dir else {
+        return Ok(());
+    };
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(());
+    };
+    let at = resolved(dir);
+    if let Some(mp) = strata_mount_holding(&table, &at) {
+        anyhow::bail!(
+            "the cache dir {} is inside the Strata mount {}: the cache would be written \
+             into that mount's store; put it on a local disk",
+            dir.display(),
+            mp.display()
+        );
+    }
+    Ok(())
+}
+
+/// The mountpoint of the mount holding `path` in a `/proc/self/mountinfo` table (the
+/// longest mountpoint that is a prefix of it), if that mount is Strata's
+/// (`fuse.strata`).
+fn strata_mount_holding(mountinfo: &str, path: &Path) -> Option<PathBuf> {
+    let mut best: Option<(PathBuf, bool)> = None;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(mp), Some(fstype)) = (fields.get(4), fields.get(sep + 1)) else {
+            continue;
+        };
+        let mp = PathBuf::from(unescape_mountinfo(mp));
+        let longer = best
+            .as_ref()
+            .is_none_or(|(b, _)| mp.as_os_str().len() >= b.as_os_str().len());
+        if path.starts_with(&mp) && longer {
+            best = Some((mp, *fstype == "fuse.strata"));
+        }
+    }
+    best.filter(|(_, strata)| *strata).map(|(mp, _)| mp)
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space) undone.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `path` with links resolved as far as it exists, the rest joined as written: a
 /// mountpoint or cache dir may not be made yet, and `..` in that rest is dropped
 /// lexically.
@@ -668,5 +740,31 @@ mod tests {
             fsynced.join("1.part").exists(),
             "files fsync'd before a crash kept"
         );
+    }
+
+    /// Black-box finding (round 13): a cache dir inside another Strata mount left its
+    /// lock, log and index files as objects in that mount's bucket. The mount holding a
+    /// path is the longest mountpoint over it; only Strata's are refused.
+    #[test]
+    fn a_cache_dir_inside_a_strata_mount_is_found_by_the_longest_mountpoint() {
+        let table = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                     90 22 0:50 / /mnt/data rw,nosuid,nodev - fuse.strata strata rw,user_id=0\n\
+                     91 90 8:2 / /mnt/data/local rw - ext4 /dev/sdb1 rw\n\
+                     92 22 0:51 / /mnt/with\\040space rw - fuse.strata strata rw\n";
+        let holding = |p: &str| strata_mount_holding(table, Path::new(p));
+        assert_eq!(holding("/mnt/data/cache"), Some(PathBuf::from("/mnt/data")));
+        assert_eq!(holding("/mnt/data"), Some(PathBuf::from("/mnt/data")));
+        assert_eq!(
+            holding("/mnt/data/local/cache"),
+            None,
+            "a disk mounted inside it"
+        );
+        assert_eq!(holding("/var/cache/strata"), None);
+        assert_eq!(holding("/mnt/database"), None, "a prefix of the name only");
+        assert_eq!(
+            holding("/mnt/with space/c"),
+            Some(PathBuf::from("/mnt/with space"))
+        );
+        assert!(refuse_cache_dir_on_a_strata_mount(Some(Path::new("/tmp/x"))).is_ok());
     }
 }
