@@ -428,3 +428,46 @@ async fn a_listing_log_of_one_endpoint_is_not_shown_for_another() {
         19
     );
 }
+
+/// Black-box finding (round 13): `mv` of a folder holding keys the mount cannot name
+/// (`a/./b`, `a//b`) returned 0, moved the rest and left those, and the folder stayed
+/// listed, ENOENT to open and ENOTEMPTY to remove. Refused up front, nothing moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
+    use strata_fs::filesystem::ROOT_INO;
+    use strata_fs::{CoreOptions, FsCore, WriteOptions};
+
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    for key in ["a/b", "a/c/d", "a/./b", "a//b", "k/e"] {
+        server.put_raw("data", key, "x");
+    }
+    let store = s3_store(&server, "s3://data");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(16 << 20)))
+        .build()
+        .expect("engine");
+    let staging = tempfile::tempdir().expect("tempdir");
+    let mut w = WriteOptions::new(staging.path().join("staging"));
+    w.allow_delete = true;
+    let core = FsCore::new(
+        ObjectReader::new(engine, store.clone(), 1 << 20).expect("reader"),
+        "",
+        CoreOptions {
+            writes: Some(w),
+            ..Default::default()
+        },
+    );
+    let e = core
+        .rename(ROOT_INO, "a", ROOT_INO, "z", false)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.errno(), libc::ENOTSUP, "{e}");
+    assert!(store.head("a/b").await.is_ok(), "nothing moved");
+    assert!(store.head("z/b").await.is_err());
+    // A folder of named keys only moves.
+    core.rename(ROOT_INO, "k", ROOT_INO, "m", false)
+        .await
+        .expect("renamed");
+    assert!(store.head("m/e").await.is_ok());
+}

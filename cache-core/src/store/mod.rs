@@ -983,6 +983,22 @@ impl BackingStore {
         }
     }
 
+    /// Whether the store holds, under `prefix`, a key the client library cannot name
+    /// (`a/./b`, `a//b`: legal in S3): listings step around such keys, so a caller that
+    /// must handle every key under a prefix (a folder rename) asks first. One listing.
+    pub async fn holds_unnamed_keys(&self, prefix: &str) -> Result<bool> {
+        let prefix = object_key(prefix);
+        let mut stream = self.store.list(Some(&prefix));
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(_) => {}
+                Err(object_store::Error::InvalidPath { .. }) => return Ok(true),
+                Err(e) => return Err(map_store_error(e, 1)),
+            }
+        }
+        Ok(false)
+    }
+
     /// One level under `prefix`. If the store holds a key the client library cannot
     /// name (an `InvalidPath` error fails the whole page), the level is listed again
     /// in pages that step around such keys (`listing.rs`; S3, GCS), or else rebuilt

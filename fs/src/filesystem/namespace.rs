@@ -284,6 +284,15 @@ impl FsCore {
             }
         }
         let objects = self.reader.store().list_all(&under).await?;
+        // Keys the mount cannot name are left out of its listings: moved without them,
+        // the folder would stay behind, listed yet neither readable nor removable
+        // (black-box finding: `mv` of a folder holding `a/./b` returned 0 and left it).
+        if self.reader.store().holds_unnamed_keys(&under).await? {
+            return Err(Error::Unsupported(format!(
+                "{from}: holds keys that cannot be named through the mount (such as \
+                 `{from}/./x` or `{from}//x`), which a rename would leave behind; nothing moved"
+            )));
+        }
         if objects.len() > RENAME_DIR_MAX_OBJECTS {
             return Err(Error::Unsupported(format!(
                 "{from}: renaming a directory of {} objects (at most {RENAME_DIR_MAX_OBJECTS} \
