@@ -300,8 +300,10 @@ pub fn refuse_cache_dir_on_a_strata_mount(cache_dir: Option<&Path>) -> anyhow::R
 }
 
 /// The mountpoint of the mount holding `path` in a `/proc/self/mountinfo` table (the
-/// longest mountpoint that is a prefix of it), if that mount is Strata's
-/// (`fuse.strata`).
+/// longest mountpoint that is a prefix of it), if that mount is Strata's: a plain
+/// `fuse` mount named by its store's URL (Strata's `fsname`) or `strata`. (Other FUSE
+/// file systems name their type, `fuse.sshfs`, `fuse.fuse-overlayfs`: a rootless
+/// container's root is one, and a cache dir there is fine.)
 fn strata_mount_holding(mountinfo: &str, path: &Path) -> Option<PathBuf> {
     let mut best: Option<(PathBuf, bool)> = None;
     for line in mountinfo.lines() {
@@ -309,41 +311,22 @@ fn strata_mount_holding(mountinfo: &str, path: &Path) -> Option<PathBuf> {
         let Some(sep) = fields.iter().position(|f| *f == "-") else {
             continue;
         };
-        let (Some(mp), Some(fstype)) = (fields.get(4), fields.get(sep + 1)) else {
+        let (Some(mp), Some(fstype), Some(source)) =
+            (fields.get(4), fields.get(sep + 1), fields.get(sep + 2))
+        else {
             continue;
         };
-        let mp = PathBuf::from(unescape_mountinfo(mp));
+        let mp = strata_fs::mount::unescape_mountinfo(mp);
         let longer = best
             .as_ref()
             .is_none_or(|(b, _)| mp.as_os_str().len() >= b.as_os_str().len());
         if path.starts_with(&mp) && longer {
-            best = Some((mp, *fstype == "fuse.strata"));
+            let strata =
+                *fstype == "fuse" && (source.contains("://") || source.starts_with("strata"));
+            best = Some((mp, strata));
         }
     }
     best.filter(|(_, strata)| *strata).map(|(mp, _)| mp)
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space) undone.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = b[i + 1..i + 4]
-                .iter()
-                .fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
-            out.push(v as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `path` with links resolved as far as it exists, the rest joined as written: a
@@ -748,9 +731,10 @@ mod tests {
     #[test]
     fn a_cache_dir_inside_a_strata_mount_is_found_by_the_longest_mountpoint() {
         let table = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
-                     90 22 0:50 / /mnt/data rw,nosuid,nodev - fuse.strata strata rw,user_id=0\n\
+                     90 22 0:50 / /mnt/data rw,nosuid,nodev - fuse s3://bkt/p rw,user_id=0\n\
                      91 90 8:2 / /mnt/data/local rw - ext4 /dev/sdb1 rw\n\
-                     92 22 0:51 / /mnt/with\\040space rw - fuse.strata strata rw\n";
+                     92 22 0:51 / /mnt/with\\040space rw - fuse file:///srv/d rw\n\
+                     93 22 0:52 / /home/u/.local rw - fuse.fuse-overlayfs fuse-overlayfs rw\n";
         let holding = |p: &str| strata_mount_holding(table, Path::new(p));
         assert_eq!(holding("/mnt/data/cache"), Some(PathBuf::from("/mnt/data")));
         assert_eq!(holding("/mnt/data"), Some(PathBuf::from("/mnt/data")));
@@ -764,6 +748,11 @@ mod tests {
         assert_eq!(
             holding("/mnt/with space/c"),
             Some(PathBuf::from("/mnt/with space"))
+        );
+        assert_eq!(
+            holding("/home/u/.local/c"),
+            None,
+            "another FUSE file system"
         );
         assert!(refuse_cache_dir_on_a_strata_mount(Some(Path::new("/tmp/x"))).is_ok());
     }
