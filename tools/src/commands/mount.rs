@@ -161,6 +161,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     // Before the cache dir and its log are made (black-box finding: a refused cache
     // dir inside the store or the mountpoint was created first, and stayed there).
     crate::daemon::mount::refuse_self_references(&args.to_config())?;
+    crate::daemon::mount::refuse_cache_dir_on_a_strata_mount(args.cache_dir.as_deref())?;
     if !args.foreground {
         // The daemon logs it too, where the detached one's log is not seen.
         let hidden = strata_fs::mount::hidden_entries(&args.mount.mountpoint);
