@@ -66,6 +66,17 @@ async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixtu
     }
 }
 
+/// A fixture whose mount may replace and delete objects (`--allow-overwrite
+/// --allow-delete`).
+async fn fixture_replacing() -> Fixture {
+    fixture(|o, _| {
+        let w = o.writes.as_mut().expect("writes");
+        w.allow_overwrite = true;
+        w.allow_delete = true;
+    })
+    .await
+}
+
 async fn stored(fx: &Fixture, path: &str) -> Option<Vec<u8>> {
     write_common::stored(&fx.mem, path).await
 }
@@ -284,12 +295,7 @@ async fn existing_objects_are_replaced_only_whole_and_only_when_allowed() {
         assert_eq!(e.errno(), libc::EPERM);
         assert_eq!(stored(&fx, "old/obj").await, Some(data(1000, 1)));
 
-        let fx = fixture(|o, _| {
-            let w = o.writes.as_mut().expect("writes");
-            w.allow_overwrite = true;
-            w.allow_delete = true;
-        })
-        .await;
+        let fx = fixture_replacing().await;
         let c = &fx.core;
         let old = c.lookup(ROOT_INO, "old").await.expect("old");
         let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
@@ -1543,12 +1549,7 @@ async fn a_change_in_place_is_not_uploaded_over_a_version_put_since_the_open() {
 #[tokio::test]
 async fn readdirplus_hands_out_each_name_as_it_is_now_not_as_opendir_listed_it() {
     timed(async {
-        let fx = fixture(|o, _| {
-            let w = o.writes.as_mut().expect("writes");
-            w.allow_delete = true;
-            w.allow_overwrite = true;
-        })
-        .await;
+        let fx = fixture_replacing().await;
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
         let write = |name: &'static str, bytes: &'static [u8]| async move {
@@ -1975,12 +1976,7 @@ async fn fsync_records_go_to_their_own_store_once_and_yield_to_later_changes() {
 #[tokio::test]
 async fn an_inode_renamed_over_is_stale_to_open_and_the_name_reads_the_new_file() {
     timed(async {
-        let fx = fixture(|o, _| {
-            let w = o.writes.as_mut().expect("writes");
-            w.allow_delete = true;
-            w.allow_overwrite = true;
-        })
-        .await;
+        let fx = fixture_replacing().await;
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
         let save = |name: &'static str, body: &'static [u8]| async move {
