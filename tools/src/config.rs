@@ -473,16 +473,26 @@ pub fn secret(
     inline: Option<&str>,
     file: Option<&Path>,
 ) -> anyhow::Result<Option<String>> {
-    match (inline, file) {
+    let token = match (inline, file) {
         (Some(_), Some(_)) => bail!("{what}: set token or token_file, not both"),
-        (Some(t), None) => Ok(Some(t.to_string())),
+        (Some(t), None) => t.to_string(),
         (None, Some(f)) => {
             let t = std::fs::read_to_string(f)
                 .with_context(|| format!("{what}: reading token_file {}", f.display()))?;
-            Ok(Some(t.trim().to_string()))
+            t.trim().to_string()
         }
-        (None, None) => Ok(None),
+        (None, None) => return Ok(None),
+    };
+    // A token travels as `authorization: Bearer <token>`: one that no header can carry
+    // would lock its holder out for good (black-box finding: a token_file of two lines
+    // started without a word, and its tenant could never authenticate).
+    if let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic()) {
+        bail!(
+            "{what}: the token holds {bad:?}; a token is printable ASCII without spaces \
+             (it is sent in an HTTP header)"
+        );
     }
+    Ok(Some(token))
 }
 
 impl Default for KvConfig {
@@ -959,6 +969,30 @@ mod tests {
 
     /// Finding 9 of issue 12 (secrets): the secret comes from a file (or the
     /// environment), never needs to be on a command line; ambiguity is an error.
+    /// Black-box finding (round 13): a token_file of two lines started without a word,
+    /// and its holder could never authenticate (no header carries a newline).
+    #[test]
+    fn a_token_no_header_can_carry_is_refused_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("token");
+        std::fs::write(&file, "tok\nother\n").expect("write");
+        let e = secret("[[kv.tenants]] \"a\"", None, Some(&file)).expect_err("two lines");
+        assert!(format!("{e:#}").contains("printable ASCII"), "{e:#}");
+        assert!(secret("[admin]", Some("a b"), None).is_err(), "a space");
+        assert!(
+            secret("[admin]", Some("t\u{e9}"), None).is_err(),
+            "not ASCII"
+        );
+        std::fs::write(&file, "  tok-1/+=\n").expect("write");
+        assert_eq!(
+            secret("[admin]", None, Some(&file))
+                .expect("one line")
+                .as_deref(),
+            Some("tok-1/+=")
+        );
+        assert_eq!(secret("[admin]", None, None).expect("none"), None);
+    }
+
     #[test]
     fn the_secret_key_comes_from_a_file() {
         let dir = tempfile::tempdir().expect("tempdir");

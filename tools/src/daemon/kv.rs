@@ -85,6 +85,14 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
     })
 }
 
+/// Whether this is the first start of a cache dir that never had a disk tier (no
+/// `blocks` folder, no bindings file): there are no blocks a lost bindings file could
+/// have guarded, so nothing to drop or mark (black-box finding: every fresh `--disk 0`
+/// start logged an ERROR about lost bindings).
+fn first_start_without_disk(cache_dir: &std::path::Path, bindings: &std::path::Path) -> bool {
+    !cache_dir.join("blocks").exists() && !bindings.exists()
+}
+
 /// The tenants of `[[kv.tenants]]`, tokens read and checked.
 fn tenants(kv: &KvConfig) -> anyhow::Result<Vec<TenantConfig>> {
     if !kv.tenants.is_empty() && kv.token.is_some() {
@@ -190,7 +198,9 @@ pub(crate) async fn start(
         server.identity_file = Some(cache_dir.join("kv-identities.json"));
     }
     if let Some(file) = &server.identity_file {
-        strata_kvcache::identity::drop_blocks_if_bindings_lost(file, &engine).await;
+        if !first_start_without_disk(cache_dir, file) {
+            strata_kvcache::identity::drop_blocks_if_bindings_lost(file, &engine).await;
+        }
         strata_kvcache::identity::drop_blocks_if_tenancy_changed(
             file,
             &engine,
@@ -423,5 +433,20 @@ mod tests {
             1,
             "no temp left"
         );
+    }
+
+    #[test]
+    fn only_a_dir_that_never_had_a_disk_tier_or_bindings_is_a_first_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("kv-identities.json");
+        assert!(first_start_without_disk(dir.path(), &file));
+        std::fs::create_dir(dir.path().join("blocks")).expect("mkdir");
+        assert!(
+            !first_start_without_disk(dir.path(), &file),
+            "a disk tier's blocks may be there: a missing file is lost bindings"
+        );
+        std::fs::remove_dir(dir.path().join("blocks")).expect("rmdir");
+        std::fs::write(&file, "{}").expect("write");
+        assert!(!first_start_without_disk(dir.path(), &file));
     }
 }
