@@ -1887,8 +1887,7 @@ impl FsCore {
                 Some(now) => self.reader.read(&now, offset, size as u64, &ctx).await?,
                 None => return Err(Error::Cache(CacheError::NotFound(p))),
             },
-            Err(CacheError::Changed(p)) => match self.renew(fh, &h, offset + u64::from(size)).await
-            {
+            Err(CacheError::Changed(p)) => match self.renew(fh, &h).await {
                 Some(renewed) => {
                     h = renewed;
                     self.reader.read(&h.obj, offset, size as u64, &ctx).await?
@@ -1932,13 +1931,12 @@ impl FsCore {
     /// then replaced by another writer, failed every open with ESTALE for the whole
     /// metadata TTL; a data loader's `np.load` after `ls -l` crashed on it.)
     ///
-    /// Not when the new version is shorter than the old and the read (ending at `end`)
-    /// goes past its end: the kernel sent the read under the old size and fills what a
-    /// reply lacks with zeros (black-box finding: a read at 10 MiB of a 20 MiB file
-    /// replaced by a 1 MiB one returned 1 MiB of zeros that exist in neither version).
-    /// That read fails with ESTALE; the mount's attributes and the kernel's are renewed
-    /// all the same, so the next open reads the new version at its size.
-    async fn renew(&self, fh: u64, h: &Arc<FileHandle>, end: u64) -> Option<Arc<FileHandle>> {
+    /// Not when the new version's size differs (see below: black-box finding, a read at
+    /// 10 MiB of a 20 MiB file replaced by a 1 MiB one returned 1 MiB of zeros that
+    /// exist in neither version). That read fails with ESTALE; the mount's attributes
+    /// and the kernel's are renewed all the same, so the next open reads the new
+    /// version at its size.
+    async fn renew(&self, fh: u64, h: &Arc<FileHandle>) -> Option<Arc<FileHandle>> {
         let untouched = h.served.load(Ordering::Relaxed) == 0 && !h.kept_cache && h.copy.is_none();
         let alone = || {
             !self
@@ -1951,16 +1949,14 @@ impl FsCore {
             return None;
         }
         let now = self.renew_attrs(h).await?;
-        if now.size < h.obj.size && end > now.size {
-            return None;
-        }
-        // Nor when it is longer: the kernel reads the inode only up to the size it was
-        // told at the open, so the reader would get the new version cut at the old
-        // length, as a whole file (black-box finding: two processes saving one name by
-        // temp file and rename, a reader got one version's bytes cut at a neighbouring
-        // version's length). A shorter one is safe: the kernel takes the short reply
-        // at its end as the file's new size.
-        if now.size > h.obj.size {
+        // Only a version of the same size: the kernel reads the inode up to the size it
+        // was told at the open, so a longer one is cut at the old length, and a shorter
+        // one padded with zeros up to it (the kernel keeps the old size when a short
+        // reply races an attribute change, and zero-fills the rest of its window):
+        // either is a whole file that is no version, as a success (black-box findings,
+        // round 13: processes saving one name by temp file and rename, readers got one
+        // version cut at a neighbour's length, or followed by zeros).
+        if now.size != h.obj.size {
             return None;
         }
         let renewed = Arc::new(FileHandle {

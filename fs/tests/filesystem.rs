@@ -516,10 +516,10 @@ async fn open_small_then_replace(fx: &Fixture, by: Bytes) -> (u64, u64) {
 
 /// Black-box finding: a file the mount had only listed or stat-ed, then replaced by
 /// another writer, failed every open with ESTALE for the whole metadata TTL. A handle
-/// that has served nothing goes on with a new version no longer than the one it
-/// opened. A longer one fails the read with ESTALE (black-box finding, round 13: the
-/// kernel, which reads up to the size it was told, cut the new bytes at the old
-/// length, a torn file as a success) and the next open reads it whole.
+/// that has served nothing goes on with a new version of the same size. A longer or
+/// shorter one fails the read with ESTALE (black-box findings, round 13: the kernel,
+/// which reads up to the size it was told, cut the new bytes at the old length, or
+/// padded them with zeros, as successes) and the next open reads it whole.
 #[tokio::test]
 async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
     timed(async {
@@ -531,6 +531,17 @@ async fn a_handle_that_read_nothing_reads_the_replacing_version_whole() {
             data(1000, 8)
         );
         assert_eq!(c.counters().handles_renewed.load(Ordering::Relaxed), 1);
+        c.release(fh);
+        // Shorter, the first read inside it: not renewed either (the kernel, told 1,000
+        // bytes, would pad the 600 with zeros up to them).
+        let fx = fixture(CoreOptions::default()).await;
+        let c = &fx.core;
+        let (_, fh) = open_small_then_replace(&fx, data(600, 7)).await;
+        let e = c
+            .read(fh, 0, 100, 1)
+            .await
+            .expect_err("shorter: not padded");
+        assert_eq!(e.errno(), libc::ESTALE);
         c.release(fh);
         let fx = fixture(CoreOptions::default()).await;
         let c = &fx.core;
