@@ -425,10 +425,16 @@ impl CacheEngine {
         ctx
     }
 
-    /// Looks `key` up in every level, fastest first; promotes a lower-level hit.
+    /// Looks `key` up in every level, fastest first; promotes a lower-level hit. A
+    /// demand miss fills nothing (the caller has no source: a KV Get), and the levels'
+    /// policies are told so.
     pub async fn get(&self, key: &CacheKey, ctx: &AccessContext) -> Result<Option<Bytes>> {
         let ctx = self.observed(key, ctx);
-        self.lookup(key, &ctx).await
+        let got = self.lookup(key, &ctx).await?;
+        if got.is_none() && ctx.is_demand() {
+            self.inner.state.lock().note_unfilled_miss(key, &ctx);
+        }
+        Ok(got)
     }
 
     /// [`Self::get`] for an access already observed.

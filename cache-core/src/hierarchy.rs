@@ -146,6 +146,13 @@ impl Hierarchy {
         self.levels[i].touch(key, ctx)
     }
 
+    /// [`TierSpace::note_unfilled_miss`] at every level.
+    pub fn note_unfilled_miss(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        for level in &mut self.levels {
+            level.note_unfilled_miss(key, ctx);
+        }
+    }
+
     /// Whether level `i` counts `key` as resident.
     pub fn contains(&self, i: usize, key: &CacheKey) -> bool {
         self.levels[i].contains(key)

@@ -98,6 +98,14 @@ impl TierSpace {
         self.entries.iter()
     }
 
+    /// A demand read of `key` missed and fills nothing (see
+    /// [`crate::policy::EvictionPolicy::on_unfilled_miss`]).
+    pub fn note_unfilled_miss(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        if !self.entries.contains_key(key) {
+            self.policy.on_unfilled_miss(key, ctx);
+        }
+    }
+
     /// Records a read of `key`; returns whether it was resident.
     pub fn touch(&mut self, key: &CacheKey, ctx: &AccessContext) -> bool {
         if self.entries.contains_key(key) {

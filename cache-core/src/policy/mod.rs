@@ -44,6 +44,11 @@ pub trait EvictionPolicy: Send + 'static {
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext);
     /// `key` left the tier (evicted by us or removed by a caller).
     fn on_remove(&mut self, key: &CacheKey);
+    /// A demand read of `key`, which is not resident, that fills nothing (a KV Get
+    /// miss: only a client's Put brings the block back). A policy that learns from
+    /// misses (the pattern-aware recency guard) sees it here; a filled miss comes as
+    /// [`Self::admit`].
+    fn on_unfilled_miss(&mut self, _key: &CacheKey, _ctx: &AccessContext) {}
     /// The resident to evict next, if any; it stays resident until `on_remove`.
     fn victim(&mut self) -> Option<CacheKey>;
     /// Times the policy handed eviction to plain recency order because a shadow LRU

@@ -1140,6 +1140,13 @@ impl EvictionPolicy for PatternAwarePolicy {
         }
     }
 
+    fn on_unfilled_miss(&mut self, key: &CacheKey, ctx: &AccessContext) {
+        let h = key_hash(key);
+        if let Some(g) = self.guard.as_mut() {
+            g.on_unfilled_miss(h, ctx.job.0, &mut self.sign_test);
+        }
+    }
+
     fn on_hit(&mut self, key: &CacheKey, ctx: &AccessContext) {
         if !ctx.is_demand() {
             return;

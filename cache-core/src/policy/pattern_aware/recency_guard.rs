@@ -167,6 +167,27 @@ impl RecencyGuard {
 
     /// A demand read of the item of hash `h` (`size` bytes) that the policy's cache
     /// hit (`policy_hit`) or missed.
+    /// A demand read the policy missed and nothing fills (a KV Get of a block it
+    /// evicted): the shadow's hit, if it still holds the block, is a vote for recency
+    /// order like any miss it would have hit (black-box finding: blocks a client put
+    /// were evicted before their first read, LRU hit every one, and the guard, which
+    /// saw only puts, never switched).
+    pub(super) fn on_unfilled_miss(&mut self, h: u64, job: u64, test: &mut SignTest) {
+        if !self.lru.sampled(h) || !self.lru.touch_held(h) {
+            return;
+        }
+        if self.sparing() {
+            self.sparing_vote(true, test);
+        }
+        if self.recency_period() {
+            return;
+        }
+        if self.per_job {
+            self.job_vote(job, true, test);
+        }
+        self.period.vote(true, ALPHA, test);
+    }
+
     pub(super) fn on_demand(
         &mut self,
         h: u64,

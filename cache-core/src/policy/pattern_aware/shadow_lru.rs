@@ -93,6 +93,15 @@ impl ShadowLru {
         self.seq
     }
 
+    /// A read of `h` that brings nothing in: if the shadow holds it, it is its
+    /// youngest again (true); otherwise nothing changes (false).
+    pub(super) fn touch_held(&mut self, h: u64) -> bool {
+        let Some(size) = self.map.get(&h).map(|s| s.size) else {
+            return false;
+        };
+        self.touch(h, size)
+    }
+
     /// The shadow LRU's access: whether it held `h`; `h` is then its youngest.
     pub(super) fn touch(&mut self, h: u64, size: u64) -> bool {
         self.seq += 1;

@@ -1889,3 +1889,53 @@ fn a_flood_of_kv_puts_nobody_reads_does_not_evict_a_namespaces_hot_blocks() {
     }
     assert!(s.used() <= cap);
 }
+
+/// Black-box finding (round 13b): blocks a KV client put and read back at once (a
+/// prefill/decode hand-off) beside a shared prefix every request reads: the default
+/// policy evicted 70-75% of them before their first read (W-TinyLFU's new entries lose
+/// to blocks read once), LRU none; its recency guard saw only the puts, as a KV Get
+/// miss fills nothing. Told of those misses (`on_unfilled_miss`), the guard finds the
+/// shadow LRU ahead and evicts in recency order.
+#[test]
+fn kv_blocks_read_back_after_their_put_turn_the_recency_guard_on() {
+    let cap = MB;
+    let size = 4096;
+    let mut s = TierSpace::new(cap, crate::policy::by_name("strata", cap).expect("strata"));
+    let mut t = 0u64;
+    let mut at = || {
+        t += 1;
+        t * 1_000_000
+    };
+    let prefix: Vec<CacheKey> = (0..100u64)
+        .map(|i| CacheKey::kv("m", i.to_be_bytes().to_vec()))
+        .collect();
+    let (mut hits, mut reads, mut n) = (0, 0, 1_000u64);
+    for _request in 0..400 {
+        for k in &prefix {
+            read(&mut s, k, size, &demand(1, at()));
+        }
+        let fresh: Vec<CacheKey> = (0..16)
+            .map(|_| {
+                n += 1;
+                CacheKey::kv("m", n.to_be_bytes().to_vec())
+            })
+            .collect();
+        for k in &fresh {
+            read(&mut s, k, size, &demand(1, at()));
+        }
+        for k in &fresh {
+            let ctx = observed(k, &demand(1, at()));
+            reads += 1;
+            if s.touch(k, &ctx) {
+                hits += 1;
+            } else {
+                s.note_unfilled_miss(k, &ctx);
+            }
+        }
+    }
+    assert!(s.policy_recency_periods() > 0, "the guard switched");
+    assert!(
+        hits as f64 >= 0.9 * reads as f64,
+        "{hits} of {reads} read back (without the misses told: 1,544)"
+    );
+}
