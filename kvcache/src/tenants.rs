@@ -22,8 +22,8 @@
 //!   held half its quota had 98% of its puts refused while its ledger waited for the
 //!   once-a-second walk).
 //! - a put that still does not fit makes room by evicting the tenant's own oldest
-//!   stored blocks (a clock: first charged, first out, but a block read since the hand
-//!   last passed it is spared once), as a cache does at its capacity: a full
+//!   stored blocks (least recently used first, a read counting as a use), as a cache
+//!   does at its capacity: a full
 //!   quota refused every new put for good while the old blocks stayed (black-box
 //!   finding). Only a block larger than the whole quota, or a quota held by puts in
 //!   flight, is RESOURCE_EXHAUSTED.
@@ -31,7 +31,7 @@
 //! Without tenants the service is the single-tenant demo: one optional token, any
 //! namespace (the daemon says so at start).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -148,8 +148,13 @@ pub fn pattern_matches(pattern: &str, ns: &str) -> bool {
 struct Ledger {
     used: u64,
     blocks: HashMap<CacheKey, Charged>,
-    /// The clock: charged keys, oldest first. A key forgotten since stays here until
-    /// the hand passes it (skipped: it is no longer in `blocks`).
+    /// Charged keys by their last use (put or read), least recent first: the order room
+    /// is made in.
+    recency: BTreeMap<u64, CacheKey>,
+    next_use: u64,
+    /// The clock [`Ledger::turn`] walks to find blocks the cache evicted. A key
+    /// forgotten since stays here until the hand passes it (skipped: it is no longer in
+    /// `blocks`).
     order: VecDeque<CacheKey>,
     next_prune: Instant,
 }
@@ -159,8 +164,8 @@ struct Charged {
     size: u64,
     /// Charged by a put not yet stored: not in the cache, yet not evicted either.
     in_flight: bool,
-    /// Read since the clock hand last passed it: spared once ([`Ledger::make_room`]).
-    referenced: bool,
+    /// Its last use, the key of its place in [`Ledger::recency`].
+    used_at: u64,
 }
 
 impl Ledger {
@@ -168,14 +173,16 @@ impl Ledger {
         if self.blocks.contains_key(key) {
             return false;
         }
+        self.next_use += 1;
         self.blocks.insert(
             key.clone(),
             Charged {
                 size,
                 in_flight,
-                referenced: false,
+                used_at: self.next_use,
             },
         );
+        self.recency.insert(self.next_use, key.clone());
         self.used += size;
         self.order.push_back(key.clone());
         // Forgotten keys wait in the clock for the hand; bound them.
@@ -186,34 +193,46 @@ impl Ledger {
         true
     }
 
-    /// Takes stored blocks out of the ledger until `size` more bytes fit, the oldest
-    /// first but each block read since the hand last passed it spared once (a second
-    /// chance: the clock's approximation of least recently used; black-box finding: a
-    /// prefix every request read was the first block a full quota dropped). Blocks of
-    /// puts in flight stay. The keys taken, for the caller to evict.
+    /// `key` was read: the most recently used now.
+    fn touch(&mut self, key: &CacheKey) {
+        if let Some(c) = self.blocks.get_mut(key) {
+            self.recency.remove(&c.used_at);
+            self.next_use += 1;
+            c.used_at = self.next_use;
+            self.recency.insert(self.next_use, key.clone());
+        }
+    }
+
+    /// `key` is no longer charged; its size.
+    fn drop_key(&mut self, key: &CacheKey) -> Option<u64> {
+        let c = self.blocks.remove(key)?;
+        self.recency.remove(&c.used_at);
+        self.used -= c.size;
+        Some(c.size)
+    }
+
+    /// Takes stored blocks out of the ledger until `size` more bytes fit, least
+    /// recently used (put or read) first, as the cache's tiers would (black-box
+    /// findings: oldest-stored first dropped the prefix every request read; a second
+    /// chance for blocks read once then kept those over the newest, not yet read).
+    /// Blocks of puts in flight stay. The keys taken, for the caller to evict.
     fn make_room(&mut self, size: u64, quota: u64) -> Vec<CacheKey> {
         let mut taken = Vec::new();
-        let mut looked = 0;
-        // Twice round: the first pass may only clear the marks.
-        let n = 2 * self.order.len();
-        while self.used + size > quota && looked < n {
-            let Some(key) = self.order.pop_front() else {
+        let mut freed = 0u64;
+        for key in self.recency.values() {
+            if self.used - freed + size <= quota {
                 break;
-            };
-            looked += 1;
-            match self.blocks.get_mut(&key) {
-                None => {}
-                Some(c) if c.in_flight => self.order.push_back(key),
-                Some(c) if c.referenced => {
-                    c.referenced = false;
-                    self.order.push_back(key);
-                }
-                Some(&mut c) => {
-                    self.blocks.remove(&key);
-                    self.used -= c.size;
-                    taken.push(key);
-                }
             }
+            let Some(c) = self.blocks.get(key) else {
+                continue;
+            };
+            if !c.in_flight {
+                freed += c.size;
+                taken.push(key.clone());
+            }
+        }
+        for key in &taken {
+            self.drop_key(key);
         }
         taken
     }
@@ -237,8 +256,7 @@ impl Ledger {
             if Self::still_held(&c, &key, engine) {
                 self.order.push_back(key);
             } else {
-                self.blocks.remove(&key);
-                self.used -= c.size;
+                self.drop_key(&key);
             }
         }
     }
@@ -249,6 +267,7 @@ impl Ledger {
         self.used = self.blocks.values().map(|c| c.size).sum();
         let blocks = &self.blocks;
         self.order.retain(|k| blocks.contains_key(k));
+        self.recency.retain(|_, k| blocks.contains_key(k));
     }
 }
 
@@ -290,6 +309,8 @@ impl Tenant {
             ledger: Mutex::new(Ledger {
                 used: 0,
                 blocks: HashMap::new(),
+                recency: BTreeMap::new(),
+                next_use: 0,
                 order: VecDeque::new(),
                 next_prune: Instant::now(),
             }),
@@ -379,19 +400,14 @@ impl Tenant {
         self.ledger.lock().insert(key, size, false);
     }
 
-    /// `key` was read: the clock spares it once when making room.
+    /// `key` was read: the last block room is made from.
     pub fn touched(&self, key: &CacheKey) {
-        if let Some(c) = self.ledger.lock().blocks.get_mut(key) {
-            c.referenced = true;
-        }
+        self.ledger.lock().touch(key);
     }
 
     /// `key` is no longer the tenant's (removed, or its put failed).
     pub fn forget(&self, key: &CacheKey) {
-        let mut l = self.ledger.lock();
-        if let Some(c) = l.blocks.remove(key) {
-            l.used -= c.size;
-        }
+        self.ledger.lock().drop_key(key);
     }
 }
 
