@@ -157,9 +157,7 @@ async fn a_created_file_is_uploaded_at_flush_at_any_offsets_and_read_back() {
         assert_eq!(&back[..], &want[5..45]);
         c.release_write(fh).await;
         assert_eq!(
-            std::fs::read_dir(fx.dir.path().join("staging"))
-                .expect("staging")
-                .count(),
+            staged_files(&fx.dir.path().join("staging")).len(),
             0,
             "staging file gone after release"
         );
@@ -459,7 +457,7 @@ async fn a_written_file_becomes_its_passthrough_copy_and_leftovers_are_cleared()
                 Some(PassthroughOptions::open(dir.join("pt"), 4 << 30).expect("copies"));
         })
         .await;
-        assert_eq!(std::fs::read_dir(&staging).expect("staging").count(), 0);
+        assert_eq!(staged_files(&staging).len(), 0);
         let c = &fx.core;
         let want = data(200 * 1024, 5);
         let (e, fh) = c.create(ROOT_INO, "shard.tar", 0).await.expect("create");
@@ -990,8 +988,8 @@ async fn staged_files_count_against_the_copies_budget() {
         let o = c.open(e.attr.ino, false).await.expect("open");
         assert!(o.passthrough.is_some());
         c.release(o.fh);
-        let staging = std::fs::read_dir(fx.dir.path().join("staging")).expect("staging");
-        assert_eq!(staging.count(), 0, "nothing left staged");
+        let staging = staged_files(&fx.dir.path().join("staging"));
+        assert_eq!(staging.len(), 0, "nothing left staged");
     })
     .await
     .expect("bounded");
@@ -1037,9 +1035,8 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
             most_staged <= 512 << 10,
             "staged within the budget: {most_staged}"
         );
-        let staging = std::fs::read_dir(fx.dir.path().join("staging"))
-            .expect("staging")
-            .map(|e| e.expect("entry").path())
+        let staging = staged_files(&fx.dir.path().join("staging"))
+            .into_iter()
             .next()
             .expect("the staged file");
         let meta = std::fs::metadata(&staging).expect("meta");
@@ -1833,15 +1830,33 @@ fn staging_dir(fx: &Fixture) -> std::path::PathBuf {
     fx.dir.path().join("staging")
 }
 
-/// The fsync records (`<n>.part.json`) in staging folder `dir`.
+/// The regular files in staging folder `dir` (its `files` folder, and its top).
+fn staged_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    [
+        dir.to_path_buf(),
+        strata_fs::filesystem::staged_files_dir(dir),
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(d).ok())
+    .flat_map(|d| d.flatten())
+    .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+    .map(|e| e.path())
+    .collect()
+}
+
+/// The fsync records (`<n>.part.json`) in staging folder `dir` (its `files` folder,
+/// and its top, where releases before that folder put them).
 fn fsync_records(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
-                .count()
-        })
-        .unwrap_or(0)
+    let count = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    count(dir) + count(&strata_fs::filesystem::staged_files_dir(dir))
 }
 
 /// The object `path` once the store holds it, polled for at most `wait`.
@@ -2055,6 +2070,51 @@ async fn fsync_records_follow_the_endpoint_and_records_from_before_it_still_uplo
         assert_eq!(
             stored_within(&fx, "new.bin", Duration::from_secs(10)).await,
             Some(b"fsync'd at e1".to_vec())
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (round 13): a downgrade after a crash to a release from before the
+/// fsync journal deleted the fsync'd file pending upload: such releases remove every
+/// file at the top of the staging folder. Staged files now live in its `files` folder,
+/// which they leave alone; records at the top (written by the releases between) are
+/// still recovered.
+#[tokio::test]
+async fn fsync_records_survive_an_older_releases_cleanup_and_the_top_level_ones_upload() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "new.bin", 0).await.expect("create");
+        c.write(fh, 0, b"fsync'd in the files folder")
+            .expect("write");
+        c.fsync(fh).await.expect("fsync");
+        let _crashed = fh;
+        // The older release's start: every file at the top of the staging folder goes.
+        for e in std::fs::read_dir(&staging_dir).expect("read_dir").flatten() {
+            if e.file_type().expect("type").is_file() {
+                std::fs::remove_file(e.path()).expect("rm");
+            }
+        }
+        assert_eq!(fsync_records(&staging_dir), 1, "kept in the files folder");
+        // A record the releases between wrote at the top.
+        std::fs::write(staging_dir.join("900.part"), b"fsync'd at the top").expect("write");
+        std::fs::write(
+            staging_dir.join("900.part.json"),
+            r#"{"path": "old.bin", "only_if_absent": false, "source": "mem|"}"#,
+        )
+        .expect("write");
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "new.bin", Duration::from_secs(10)).await,
+            Some(b"fsync'd in the files folder".to_vec())
+        );
+        assert_eq!(
+            stored_within(&fx, "old.bin", Duration::from_secs(10)).await,
+            Some(b"fsync'd at the top".to_vec())
         );
     })
     .await

@@ -317,6 +317,15 @@ fn writes_on(pid: u32, conn: u32, ino: u64) -> bool {
         .any(|id| mounts_of_copies.iter().any(|m| m == id))
 }
 
+/// Where a mount's staging files and their fsync records live: a folder inside its
+/// staging folder, which releases before the fsync journal (2026-12-05) leave alone
+/// (they remove only the files at its top), so a downgrade after a crash keeps what an
+/// fsync acknowledged for the next start of this release (black-box finding: the
+/// older build deleted it, never uploaded).
+pub fn staged_files_dir(staging_dir: &Path) -> PathBuf {
+    staging_dir.join("files")
+}
+
 /// Creates `dir` (and its parents) if missing, mode 0700: staged files are the user's.
 fn make_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -582,19 +591,25 @@ impl Writes {
         legacy_source: Option<&str>,
     ) -> std::io::Result<Self> {
         make_private_dir(&opts.staging_dir)?;
+        let files = staged_files_dir(&opts.staging_dir);
+        make_private_dir(&files)?;
         // Files an fsync made durable are uploaded by the mount (`journal.rs`); the
-        // rest were never acknowledged.
-        let journaled = Self::journaled_left(&opts.staging_dir)?;
+        // rest were never acknowledged. Releases before the `files` folder staged at
+        // the top: their records are taken too.
+        let mut journaled = Self::journaled_left(&opts.staging_dir)?;
+        journaled.extend(Self::journaled_left(&files)?);
         let kept: HashSet<PathBuf> = journaled
             .iter()
             .flat_map(|j| [j.file.clone(), j.record_file.clone()])
             .collect();
         let mut removed = 0;
-        for entry in std::fs::read_dir(&opts.staging_dir)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file() && !kept.contains(&entry.path()) {
-                std::fs::remove_file(entry.path())?;
-                removed += 1;
+        for dir in [&opts.staging_dir, &files] {
+            for entry in std::fs::read_dir(dir)? {
+                let entry = entry?;
+                if entry.file_type()?.is_file() && !kept.contains(&entry.path()) {
+                    std::fs::remove_file(entry.path())?;
+                    removed += 1;
+                }
             }
         }
         // New staging files are numbered past the kept ones.
@@ -644,7 +659,8 @@ impl Writes {
             return Err(Error::Busy(path.to_string()));
         }
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
-        let file_path = self.opts.staging_dir.join(format!("{n}.part"));
+        let files = staged_files_dir(&self.opts.staging_dir);
+        let file_path = files.join(format!("{n}.part"));
         let create = || {
             OpenOptions::new()
                 .read(true)
@@ -664,6 +680,7 @@ impl Writes {
                 }
                 tracing::warn!(dir = %self.opts.staging_dir.display(), "staging folder gone; made again");
                 make_private_dir(&self.opts.staging_dir)?;
+                make_private_dir(&files)?;
                 create()
             })
             .map_err(|source| Error::Local {
