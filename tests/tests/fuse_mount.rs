@@ -350,11 +350,8 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
     // The staging files are gone once released (the kernel sends RELEASE after close
     // returns, so this waits for it).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(staging.path().join("s"))
-        .expect("staging")
-        .count()
-        > 0
-    {
+    let files = strata_fs::filesystem::staged_files_dir(&staging.path().join("s"));
+    while std::fs::read_dir(&files).expect("staging").count() > 0 {
         assert!(
             Instant::now() < deadline,
             "staging files left after release"
