@@ -97,7 +97,7 @@ type VersionKey = (Arc<str>, Arc<str>);
 mod listing_log;
 mod namespace;
 mod write;
-pub use write::{staged_files_dir, WriteOptions};
+pub use write::{fsync_records, staged_files_dir, WriteOptions};
 
 /// Builds the readahead policy of each newly opened file.
 pub type ReadaheadFactory = Arc<dyn Fn() -> Box<dyn Readahead> + Send + Sync>;

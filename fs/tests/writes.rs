@@ -1844,19 +1844,8 @@ fn staged_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     .collect()
 }
 
-/// The fsync records (`<n>.part.json`) in staging folder `dir` (its `files` folder,
-/// and its top, where releases before that folder put them).
 fn fsync_records(dir: &std::path::Path) -> usize {
-    let count = |d: &std::path::Path| {
-        std::fs::read_dir(d)
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    count(dir) + count(&strata_fs::filesystem::staged_files_dir(dir))
+    strata_fs::filesystem::fsync_records(dir)
 }
 
 /// The object `path` once the store holds it, polled for at most `wait`.

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use strata_cache_core::state_file::write_atomically;
-use strata_cache_core::{CacheEngine, TierKind};
+use strata_cache_core::{CacheEngine, CacheKey, TierKind};
 
 use crate::error::{KvError, Result};
 
@@ -553,17 +553,7 @@ pub async fn drop_blocks_if_tenancy_changed(
         tracing::warn!(file = %file.display(), blocks = blocks.len(), bindings = bindings.len(),
             tenants, "the KV cache was last served {} tenants: dropping its blocks and model-identity bindings, which belong to other clients' key spaces",
             if tenants { "without" } else { "with" });
-        let mut dropped = 0;
-        for (key, _) in blocks {
-            match engine.remove(&key).await {
-                Ok(true) => dropped += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(%key, error = %e, "could not drop a KV block of the other tenancy mode")
-                }
-            }
-        }
-        (dropped, HashMap::new())
+        (remove_kv_blocks(engine, blocks).await, HashMap::new())
     } else {
         (0, bindings.into_iter().map(|(k, v)| (k, (v, 0))).collect())
     };
@@ -581,12 +571,17 @@ async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
     }
     tracing::error!(file = %file.display(), blocks = blocks.len(),
         "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model");
+    remove_kv_blocks(engine, blocks).await
+}
+
+/// Removes `blocks` from `engine`; how many it held.
+async fn remove_kv_blocks(engine: &CacheEngine, blocks: Vec<(CacheKey, u64)>) -> usize {
     let mut dropped = 0;
     for (key, _) in blocks {
         match engine.remove(&key).await {
             Ok(true) => dropped += 1,
             Ok(false) => {}
-            Err(e) => tracing::error!(%key, error = %e, "could not drop an unguarded KV block"),
+            Err(e) => tracing::error!(%key, error = %e, "could not drop a KV block"),
         }
     }
     dropped

@@ -326,6 +326,21 @@ pub fn staged_files_dir(staging_dir: &Path) -> PathBuf {
     staging_dir.join("files")
 }
 
+/// The fsync records (`<n>.part.json`) in staging folder `staging_dir`: in its `files`
+/// folder, and at its top, where releases before that folder put them.
+pub fn fsync_records(staging_dir: &Path) -> usize {
+    let count = |d: &Path| {
+        std::fs::read_dir(d)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".part.json"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    count(staging_dir) + count(&staged_files_dir(staging_dir))
+}
+
 /// Creates `dir` (and its parents) if missing, mode 0700: staged files are the user's.
 fn make_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;

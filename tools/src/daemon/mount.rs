@@ -149,17 +149,7 @@ const METADATA: &str = "metadata";
 pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
     for e in other_mounts_entries(cache_dir, STAGING, mounts, staging_dir) {
         let path = e.path();
-        let records = |dir: &std::path::Path| {
-            std::fs::read_dir(dir)
-                .map(|d| {
-                    d.flatten()
-                        .filter(|f| f.file_name().to_string_lossy().ends_with(".part.json"))
-                        .count()
-                })
-                .unwrap_or(0)
-        };
-        // Staged files live in its `files` folder (at its top before that folder).
-        let fsynced = records(&path) + records(&strata_fs::filesystem::staged_files_dir(&path));
+        let fsynced = strata_fs::filesystem::fsync_records(&path);
         if fsynced > 0 {
             tracing::warn!(dir = %path.display(), fsynced,
                 "kept the staged writes of a mount this daemon does not have: files fsync'd before a crash, uploaded when that mountpoint is mounted over their store again");
