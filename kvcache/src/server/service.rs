@@ -428,7 +428,7 @@ impl KvService {
     pub(super) fn record_served(&self, ns: &str, key: &CacheKey, size: Option<u64>) {
         self.inner.stats.get(ns, size);
         if size.is_some() {
-            // The tenant's quota makes room sparing blocks read lately.
+            // The tenant's quota makes room least recently used first: a read is a use.
             if let Some(t) = ns
                 .split_once(crate::tenants::TENANT_SEP)
                 .and_then(|(t, _)| self.inner.tenants.by_name(t))
