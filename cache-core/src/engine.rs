@@ -505,18 +505,20 @@ impl CacheEngine {
         Some(self.inner.levels[i].tier.kind())
     }
 
-    /// Every KV block the levels hold now, with its size (a block in two levels once).
+    /// Every KV block the levels hold now, with its size (a block in two levels once),
+    /// fastest level first, each in its tier's order (a disk tier: oldest write first).
     /// A scan of every level's index: for start-up accounting, not request paths.
     pub fn resident_kv(&self) -> Vec<(CacheKey, u64)> {
-        let mut seen = std::collections::HashMap::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut held = Vec::new();
         for level in &self.inner.levels {
             for (key, size) in level.tier.resident() {
-                if matches!(key, CacheKey::Kv(_)) {
-                    seen.entry(key).or_insert(size);
+                if matches!(key, CacheKey::Kv(_)) && seen.insert(key.clone()) {
+                    held.push((key, size));
                 }
             }
         }
-        seen.into_iter().collect()
+        held
     }
 
     /// Whether any level holds `key`.

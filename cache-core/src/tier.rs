@@ -79,7 +79,10 @@ pub trait Tier: Send + Sync + 'static {
     fn device(&self) -> Option<u64> {
         None
     }
-    /// Keys and sizes held now (a persistent tier reports what survived a restart).
+    /// Keys and sizes held now (a persistent tier reports what survived a restart),
+    /// oldest write first where the tier knows the order: the engine and the tenant
+    /// quotas seed their recency from it at start (black-box finding: in hash order, a
+    /// restart made a tenant's quota evict its newest KV blocks as readily as its oldest).
     fn resident(&self) -> Vec<(CacheKey, u64)>;
     /// The bytes a block of `len` bytes under `key` takes here, as this tier's budget
     /// counts it: its own bytes, unless the tier stores more per block (a disk tier's

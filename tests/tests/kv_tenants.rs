@@ -357,3 +357,51 @@ async fn a_restart_counts_the_blocks_a_tenant_already_holds() {
     );
     server.stop().await;
 }
+
+/// Black-box finding (round 13b): after a restart over a warm disk tier, a tenant at its
+/// quota made room among its recovered blocks in hash order, losing its newest blocks
+/// (the prefixes most likely reused) as readily as its oldest. The disk tier reports
+/// its blocks oldest write first and the quota's order starts from that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_the_quotas_oldest_first_order() {
+    use std::sync::Arc;
+    use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = || {
+        let disk = DiskTier::open(dir.path(), 256 << 20, DiskOptions::default()).expect("disk");
+        strata_cache_core::CacheEngine::builder()
+            .tier(Arc::new(disk))
+            .build()
+            .expect("engine")
+    };
+    let quarter = |i: u64| block(256 << 10, i);
+    {
+        let server = TestServer::start(engine(), config()).await;
+        let mut a = client(&server.addr, Some("tok-a")).await;
+        // Sixteen 256 KiB blocks fill a's 4 MiB quota.
+        for i in 0..16u64 {
+            a.put(NS, &i.to_be_bytes(), quarter(i)).await.expect("put");
+        }
+        drop(a);
+        server.stop().await;
+    }
+    let server = TestServer::start(engine(), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    for i in 16..20u64 {
+        a.put(NS, &i.to_be_bytes(), quarter(i))
+            .await
+            .expect("room made among the recovered blocks");
+    }
+    let mut kept = Vec::new();
+    for i in 0..20u64 {
+        if a.exists(NS, &i.to_be_bytes()).await.expect("exists") {
+            kept.push(i);
+        }
+    }
+    assert_eq!(
+        kept,
+        (4..20).collect::<Vec<_>>(),
+        "the four oldest recovered blocks made room"
+    );
+    server.stop().await;
+}

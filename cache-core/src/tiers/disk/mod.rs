@@ -1027,12 +1027,17 @@ impl Tier for DiskTier {
     }
 
     fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.state
+        // File ids grow with every write (a replacement takes a new one), so their order
+        // is the order the blocks were last written.
+        let mut held: Vec<(u64, CacheKey, u64)> = self
+            .state
             .lock()
             .map
             .iter()
-            .map(|(k, e)| (k.clone(), e.data_len))
-            .collect()
+            .map(|(k, e)| (e.file_id, k.clone(), e.data_len))
+            .collect();
+        held.sort_unstable_by_key(|(id, _, _)| *id);
+        held.into_iter().map(|(_, k, len)| (k, len)).collect()
     }
 
     fn stats(&self) -> TierStatsSnapshot {
