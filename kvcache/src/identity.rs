@@ -180,15 +180,12 @@ impl IdentityBindings {
             return Ok(());
         }
         let share = MAX_BINDINGS / self.tenants;
-        let Some((tenant, _)) = ns.split_once(crate::tenants::TENANT_SEP) else {
+        let Some(tenant) = crate::tenants::tenant_of(ns) else {
             return Ok(());
         };
         let owned = map
             .keys()
-            .filter(|k| {
-                k.split_once(crate::tenants::TENANT_SEP)
-                    .is_some_and(|(t, _)| t == tenant)
-            })
+            .filter(|k| crate::tenants::tenant_of(k) == Some(tenant))
             .count();
         if owned >= share {
             return Err(format!(

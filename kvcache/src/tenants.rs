@@ -44,6 +44,12 @@ use crate::error::{KvError, Result};
 /// Separates the tenant's name from the namespace in cache keys.
 pub const TENANT_SEP: char = ':';
 
+/// The tenant's name in the cache namespace `scoped` (`<tenant>:<namespace>`, as
+/// [`Tenant::scope`] makes it); None for an unscoped name (no tenants configured).
+pub fn tenant_of(scoped: &str) -> Option<&str> {
+    scoped.split_once(TENANT_SEP).map(|(tenant, _)| tenant)
+}
+
 /// Least time between two walks of a tenant's whole ledger for evicted blocks: 1 s, so
 /// a tenant at its quota pays at most one walk a second, not one per put.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
@@ -442,13 +448,16 @@ impl Tenants {
         }
         for (key, size) in engine.resident_kv() {
             let CacheKey::Kv(kv) = &key else { continue };
-            let Some((tenant, _)) = kv.namespace.split_once(TENANT_SEP) else {
-                continue;
-            };
-            if let Some(t) = self.by_name(tenant) {
+            if let Some(t) = self.of_scoped(&kv.namespace) {
                 t.recovered(&key, size);
             }
         }
+    }
+
+    /// The tenant whose key space the cache namespace `scoped` (`<tenant>:<namespace>`,
+    /// [`Tenant::scope`]) belongs to; None without tenants or for an unscoped name.
+    pub fn of_scoped(&self, scoped: &str) -> Option<Arc<Tenant>> {
+        self.by_name(tenant_of(scoped)?)
     }
 
     /// The tenant named `name` (a forwarded call names the tenant its entry node

@@ -203,9 +203,7 @@ impl KvService {
                 _ => None,
             })
             .collect();
-        let tenant = ns
-            .split_once(crate::tenants::TENANT_SEP)
-            .and_then(|(t, _)| self.inner.tenants.by_name(t));
+        let tenant = self.inner.tenants.of_scoped(ns);
         match self.remove_local(&keys, tenant.as_ref()).await {
             Ok(dropped) => tracing::warn!(
                 namespace = %ns,
@@ -429,10 +427,7 @@ impl KvService {
         self.inner.stats.get(ns, size);
         if size.is_some() {
             // The tenant's quota makes room least recently used first: a read is a use.
-            if let Some(t) = ns
-                .split_once(crate::tenants::TENANT_SEP)
-                .and_then(|(t, _)| self.inner.tenants.by_name(t))
-            {
+            if let Some(t) = self.inner.tenants.of_scoped(ns) {
                 t.touched(key);
             }
             // A staged block read (used); a few staged ones checked for having left the
