@@ -277,7 +277,20 @@ fn shm_socket_of(socket: &std::path::Path) -> PathBuf {
 
 /// Refuses `path` if a daemon is listening on it (`why` ends the message); removes it if
 /// it is a socket file a daemon that died left (nothing listens when connecting fails).
+/// Anything but a socket is refused, never removed (black-box finding: a regular file
+/// named as `--unix-socket` by mistake was deleted as if it were a stale socket).
 fn clear_stale_socket(path: &std::path::Path, why: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => bail!(
+            "{} exists and is not a socket: not removing it to bind the KV socket{why} \
+             (choose another path, or remove it yourself)",
+            path.display()
+        ),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
+    }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         bail!("another daemon is listening on {}{why}", path.display());
     }
@@ -418,6 +431,26 @@ mod tests {
         clear_stale_socket(&shm, "").unwrap();
         assert!(!shm.exists(), "stale: removed");
         clear_stale_socket(&shm, "").unwrap();
+    }
+
+    /// Black-box finding: a regular file (or a folder, or a symlink to a file) at the
+    /// socket's path was removed as a stale socket. Only a socket is.
+    #[test]
+    fn anything_but_a_socket_at_the_path_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, b"keep me").unwrap();
+        let e = clear_stale_socket(&file, "").unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(clear_stale_socket(&link, "").is_err());
+        assert!(link.exists(), "the link is kept");
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        assert!(clear_stale_socket(&folder, "").is_err());
+        assert!(folder.is_dir());
     }
 
     #[tokio::test]
