@@ -673,13 +673,17 @@ impl CacheEngine {
     }
 
     /// After a write error at level `i`: a device error on a persistent level starts
-    /// (or extends) a degraded spell. One log line per spell.
+    /// (or extends) a degraded spell. One log line per spell. A shortage of the
+    /// process's own resources (descriptors, threads, memory) is not the device's
+    /// fault and fails only that write (black-box finding: a burst of clients past
+    /// the descriptor limit, or a thread limit that bit for a moment, held every put
+    /// out of the disk tier for 30 s after the shortage was over).
     fn note_write_error(&self, i: usize, e: &CacheError) {
         let level = &self.inner.levels[i];
         let device = matches!(
             e,
             CacheError::Full(_) | CacheError::Io(_) | CacheError::Index(_)
-        );
+        ) && !e.is_resource_shortage();
         if level.tier.kind() != TierKind::Disk || !device {
             return;
         }

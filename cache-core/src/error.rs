@@ -79,7 +79,11 @@ impl CacheError {
             CacheError::StoreTimeout { attempts } => CacheError::StoreTimeout {
                 attempts: *attempts,
             },
-            CacheError::Io(e) => CacheError::Io(std::io::Error::new(e.kind(), e.to_string())),
+            // An OS error stays one, so its errno can still be told apart.
+            CacheError::Io(e) => CacheError::Io(match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }),
             CacheError::Index(s) => CacheError::Index(s.clone()),
             CacheError::SharedFetch(s) => CacheError::SharedFetch(s.clone()),
             CacheError::Device(s) => CacheError::Device(s.clone()),
@@ -89,6 +93,20 @@ impl CacheError {
             CacheError::NameTooLong(s) => CacheError::NameTooLong(s.clone()),
             CacheError::PermissionDenied(s) => CacheError::PermissionDenied(s.clone()),
         }
+    }
+
+    /// True for an I/O error that is a shortage of this process's resources, not a fault
+    /// of the device: out of descriptors (`EMFILE`, `ENFILE`), of memory (`ENOMEM`), of
+    /// threads (`EAGAIN` from a thread spawn; `ECANCELED` when io_uring's worker pool
+    /// could not start one). It fails the attempt; a retry once the load drops succeeds.
+    pub fn is_resource_shortage(&self) -> bool {
+        let CacheError::Io(e) = self else {
+            return false;
+        };
+        matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN | libc::ECANCELED)
+        )
     }
 
     /// True when retrying later may succeed (timeouts, throttling, 5xx).

@@ -111,6 +111,9 @@ impl KvError {
             | KvError::Truncated { .. } => Code::InvalidArgument,
             KvError::Cache(e) => match e {
                 CacheError::Full(_) => Code::ResourceExhausted,
+                // Out of descriptors, threads or memory: the daemon's limits, worth a
+                // retry once its load drops (not an internal fault).
+                e if e.is_resource_shortage() => Code::ResourceExhausted,
                 CacheError::TooLarge { .. } => Code::ResourceExhausted,
                 CacheError::InvalidArgument(_) | CacheError::NameTooLong(_) => {
                     Code::InvalidArgument
@@ -152,6 +155,8 @@ mod tests {
 
     #[test]
     fn codes_follow_the_documented_mapping() {
+        let emfile = CacheError::Io(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(KvError::Cache(emfile).code(), Code::ResourceExhausted);
         let full: Status = KvError::Cache(CacheError::Full("x".into())).into();
         assert_eq!(full.code(), Code::ResourceExhausted);
         let trunc: Status = KvError::Truncated {

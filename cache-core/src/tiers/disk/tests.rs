@@ -513,6 +513,8 @@ struct FaultyIo {
     /// `fdatasync`s asked for.
     syncs: AtomicU64,
     read_errno: std::sync::atomic::AtomicI32,
+    /// Writes fail with this errno while it is not 0.
+    write_errno: std::sync::atomic::AtomicI32,
 }
 
 #[async_trait]
@@ -536,6 +538,10 @@ impl IoEngine for FaultyIo {
         if self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
+        match self.write_errno.load(Ordering::SeqCst) {
+            0 => {}
+            errno => return Err(io::Error::from_raw_os_error(errno)),
+        }
         self.inner.write_at(file, offset, buf).await
     }
     async fn write_parts_at(
@@ -547,6 +553,10 @@ impl IoEngine for FaultyIo {
         self.writes.fetch_add(1, Ordering::SeqCst);
         if self.full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        match self.write_errno.load(Ordering::SeqCst) {
+            0 => {}
+            errno => return Err(io::Error::from_raw_os_error(errno)),
         }
         self.inner.write_parts_at(file, offset, parts).await
     }
@@ -563,6 +573,7 @@ fn faulty_io() -> Arc<FaultyIo> {
         writes: AtomicU64::new(0),
         syncs: AtomicU64::new(0),
         read_errno: std::sync::atomic::AtomicI32::new(0),
+        write_errno: std::sync::atomic::AtomicI32::new(0),
     })
 }
 
@@ -1290,4 +1301,37 @@ async fn a_data_folder_removed_under_the_tier_is_made_again() {
         .expect("a put after the folder went");
     assert_eq!(get(&tier, &b).await, Some(data(4096, 2)));
     assert_eq!(get(&tier, &a).await, None, "its file went with the folder");
+}
+
+/// Black-box finding (round 14): a write that failed for want of the process's own
+/// resources (descriptors past RLIMIT_NOFILE, io_uring's worker pool unable to start a
+/// thread) degraded the disk level as a device fault, and every put failed for the
+/// 30 s back-off after the shortage was over. It fails only that write.
+#[tokio::test]
+async fn a_resource_shortage_fails_one_put_without_degrading_the_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backoff = std::time::Duration::from_secs(60);
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), backoff);
+    let ctx = crate::AccessContext::default();
+    for (i, errno) in [libc::EMFILE, libc::ENFILE, libc::ECANCELED, libc::EAGAIN]
+        .into_iter()
+        .enumerate()
+    {
+        io.write_errno.store(errno, Ordering::SeqCst);
+        let k = CacheKey::kv("ns", vec![i as u8]);
+        let err = engine
+            .put(&k, data(5000, i as u8), &ctx)
+            .await
+            .expect_err("the write failed");
+        assert!(err.is_resource_shortage(), "errno {errno}: {err:?}");
+        io.write_errno.store(0, Ordering::SeqCst);
+        engine
+            .put(&k, data(5000, i as u8), &ctx)
+            .await
+            .unwrap_or_else(|e| panic!("errno {errno}: the next put is stored: {e}"));
+        assert!(disk.contains(&k).await, "errno {errno}");
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.degradations, 0);
+    assert!(stats.degraded.is_empty());
 }
