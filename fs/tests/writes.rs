@@ -2142,3 +2142,40 @@ async fn an_fsync_record_is_uploaded_once_the_store_answers_again() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 14, fsx): `mv` of a file open for a change in place deleted
+/// its object at the rename, leaving the bytes only in the unsynced staging file: a
+/// daemon killed (or stopped) before the writer's close lost a file closed long
+/// before. The object moves to the new name and the close replaces it there.
+#[tokio::test]
+async fn a_file_renamed_while_changed_in_place_keeps_its_object_under_the_new_name() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        let o = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect("open in place");
+        c.write(o.fh, 0, b"abc").expect("patch");
+        c.rename(old.attr.ino, "obj", old.attr.ino, "moved", false)
+            .await
+            .expect("rename while written");
+        // What a crash here would leave: the durable version, under the new name.
+        assert_eq!(
+            stored(&fx, "old/moved").await,
+            Some(data(1000, 1)),
+            "the object moved with the name"
+        );
+        assert!(stored(&fx, "old/obj").await.is_none());
+        c.close(o.fh, 0).await.expect("close uploads");
+        c.release_write(o.fh).await;
+        let mut want = data(1000, 1);
+        want[..3].copy_from_slice(b"abc");
+        assert_eq!(stored(&fx, "old/moved").await, Some(want));
+        assert!(stored(&fx, "old/obj").await.is_none());
+    })
+    .await
+    .expect("bounded");
+}

@@ -859,7 +859,8 @@ impl FsCore {
     /// Renames a file while it is being written (`tempfile`'s persist renames the file
     /// it still holds open: safetensors saves so): its staging entry moves to `to`, so
     /// its next flush uploads there. An object under `from` (an earlier flush's, or
-    /// the one the file replaces) is deleted (so it needs `allow_delete`); a stream sending to `from` is broken, and
+    /// the one the file replaces) moves to `to` (so it needs `allow_delete`), where the
+    /// close replaces it; a stream sending to `from` is broken, and
     /// the close uploads the file whole under `to`. Refused (EBUSY) during an upload,
     /// and once the file freed sent bytes (it could not be sent again).
     pub(super) async fn rename_staged(
@@ -902,10 +903,21 @@ impl FsCore {
         // Under its new name it replaces whatever is there whole.
         *staged.base.lock() = None;
         if uploaded {
-            match self.reader.store().delete(from).await {
+            // The object under `from` moves to `to` (until the close replaces it there),
+            // unless the file may only be created under `to`: a crash or a failed upload
+            // before the close leaves the durable version under the new name, as a
+            // local disk would (black-box finding: deleting it at the rename lost a
+            // file closed long before, when the daemon died before this writer's close).
+            let store = self.reader.store();
+            let moved = if creates_only(&writes.opts, &staged) {
+                store.delete(from).await
+            } else {
+                store.rename(from, to).await
+            };
+            match moved {
                 Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(path = %from, error = %e, "renamed while written; the object uploaded under the old name was not deleted")
+                    tracing::warn!(path = %from, to = %to, error = %e, "renamed while written; the object under the old name was not moved")
                 }
             }
         }
