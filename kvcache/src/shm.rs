@@ -91,7 +91,17 @@ const PAGE: usize = 4096;
 
 /// Most sessions at once: 1,024 local clients (engine workers) is far beyond one
 /// host's, and it bounds the descriptors and tasks the side socket can be made to hold.
+/// A lower descriptor limit lowers it ([`session_cap`]).
 pub const MAX_SESSIONS: usize = 1024;
+
+/// Sessions at once under this process's descriptor limit: [`MAX_SESSIONS`], or the
+/// connection listeners' share of the limit (a quarter, `accept.rs`) when that is
+/// smaller, so the sessions' descriptors get a quarter of their own beside the
+/// listeners' and the disk tier's (black-box finding: under a 512 limit, 512 idle
+/// shared-memory clients took every descriptor and the KV service stopped serving).
+pub fn session_cap() -> usize {
+    MAX_SESSIONS.min(crate::accept::process_connection_cap())
+}
 
 /// A session id: 128 random bits, as 32 hex digits on the wire.
 pub type SessionId = u128;
@@ -199,6 +209,8 @@ fn change_slot(key: &CacheKey) -> usize {
 pub struct ShmArena {
     map: SealedMemfd,
     per_session_bytes: u64,
+    /// Sessions at once ([`session_cap`]).
+    max_sessions: usize,
     state: Mutex<State>,
     leases: AtomicU64,
     copies: AtomicU64,
@@ -244,6 +256,7 @@ impl ShmArena {
         Ok(ShmArena {
             map,
             per_session_bytes: (size as u64 / 4).max(PAGE as u64),
+            max_sessions: session_cap(),
             state: Mutex::new(state),
             leases: AtomicU64::new(0),
             copies: AtomicU64::new(0),
@@ -253,6 +266,12 @@ impl ShmArena {
             device_cap: AtomicU64::new(0),
             device: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The arena with at most `n` sessions at once (tests: a descriptor limit's cap).
+    pub fn with_max_sessions(mut self, n: usize) -> Self {
+        self.max_sessions = n.max(1);
+        self
     }
 
     /// Turns device leases on for a GPU tier of `tier_bytes`: a session may hold a
@@ -332,7 +351,7 @@ impl ShmArena {
         let mut st = self.state.lock();
         st.session_clock += 1;
         let now = st.session_clock;
-        if st.sessions.len() >= MAX_SESSIONS {
+        if st.sessions.len() >= self.max_sessions {
             let idle = st
                 .sessions
                 .iter()
@@ -341,7 +360,9 @@ impl ShmArena {
                 .map(|(&id, _)| id);
             let Some(victim) = idle else {
                 return Err(KvError::Busy(format!(
-                    "{MAX_SESSIONS} shared-memory sessions hold leases; use the socket"
+                    "all {} shared-memory sessions (the most under this daemon's \
+                     descriptor limit) hold leases; use the socket",
+                    self.max_sessions
                 )));
             };
             if let Some(s) = st.sessions.remove(&victim) {
@@ -978,9 +999,28 @@ mod tests {
     /// Black-box finding: 1,100 connections that took their hello and sat idle refused
     /// every new shared-memory client for good. A full arena ends the session unused
     /// longest that holds no lease; sessions that all hold leases refuse a newcomer.
+    /// Black-box finding (round 14): under a 512 descriptor limit, 512 idle sessions
+    /// took every descriptor and the KV service stopped serving. The cap follows the
+    /// limit: past it, the longest idle session ends for a newcomer.
+    #[test]
+    fn sessions_are_capped_by_the_descriptor_limits_share() {
+        assert!(session_cap() <= MAX_SESSIONS);
+        assert!(session_cap() <= crate::accept::process_connection_cap());
+        let a = ShmArena::new(1 << 20).expect("arena").with_max_sessions(8);
+        let first = a.open_session().expect("open");
+        for _ in 1..8 {
+            a.open_session().expect("open");
+        }
+        a.open_session().expect("room made");
+        assert!(!a.has_session(first), "the longest idle one ended");
+        assert_eq!(a.state.lock().sessions.len(), 8);
+    }
+
     #[test]
     fn a_full_arena_ends_its_longest_idle_session_for_a_newcomer() {
-        let a = ShmArena::new(8 << 20).expect("arena");
+        let a = ShmArena::new(8 << 20)
+            .expect("arena")
+            .with_max_sessions(MAX_SESSIONS);
         let busy = a.open_session().expect("busy");
         a.lease(busy, &key(0), &block(1024, 0), Some(0))
             .expect("lease");

@@ -88,7 +88,8 @@ impl ShmClient {
                     return Err(cfg(
                         "hello",
                         format!(
-                            "the daemon refused a shared-memory session: all {} hold leases; \
+                            "the daemon refused a shared-memory session: all its sessions \
+                             (at most {}, fewer under a low descriptor limit) hold leases; \
                              use the socket",
                             crate::shm::MAX_SESSIONS
                         ),
