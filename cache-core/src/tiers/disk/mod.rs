@@ -107,7 +107,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -214,6 +214,8 @@ pub struct DiskTier {
     direct: bool,
     engine: Arc<dyn IoEngine>,
     db: Arc<DB>,
+    /// A write of the index failed (see `Drop`).
+    index_failed: Arc<AtomicBool>,
     state: Mutex<State>,
     fds: moka::sync::Cache<u64, Arc<File>>,
     pool: Arc<BufPool>,
@@ -607,6 +609,7 @@ impl DiskTier {
             direct,
             engine,
             db: Arc::new(db),
+            index_failed: Arc::new(AtomicBool::new(false)),
             state: Mutex::new(State {
                 map,
                 used,
@@ -735,12 +738,26 @@ impl DiskTier {
         }
     }
 
+    /// Runs a write of the index on the blocking pool; a failure is remembered for `Drop`.
+    async fn index_write(
+        &self,
+        write: impl FnOnce(&DB) -> std::result::Result<(), rocksdb::Error> + Send + 'static,
+    ) -> io::Result<()> {
+        let (db, failed) = (self.db.clone(), self.index_failed.clone());
+        blocking(move || {
+            write(&db).map_err(|e| {
+                failed.store(true, Ordering::Relaxed);
+                io::Error::other(e)
+            })
+        })
+        .await
+    }
+
     /// Deletes the index entry, then forgets and unlinks the file.
     async fn unpublish(&self, key: &CacheKey, entry: IndexEntry) -> Result<()> {
-        let db = self.db.clone();
         let enc = key.encode();
         let wo = Self::write_options(self.durability);
-        blocking(move || db.delete_opt(enc, &wo).map_err(io::Error::other)).await?;
+        self.index_write(move |db| db.delete_opt(enc, &wo)).await?;
         {
             let mut st = self.state.lock();
             if st.map.remove(key).is_some() {
@@ -832,10 +849,10 @@ impl DiskTier {
 
         let written = match self.write_file(entry.file_id, parts, durability).await {
             Ok(()) => {
-                let db = self.db.clone();
                 let wo = Self::write_options(durability);
                 let value = entry.encode();
-                blocking(move || db.put_opt(enc, value, &wo).map_err(io::Error::other)).await
+                self.index_write(move |db| db.put_opt(enc, value, &wo))
+                    .await
             }
             Err(e) => Err(e),
         };
@@ -1043,6 +1060,36 @@ impl Tier for DiskTier {
     fn stats(&self) -> TierStatsSnapshot {
         self.stats
             .snapshot(self.name(), self.used_bytes(), self.capacity)
+    }
+}
+
+impl Drop for DiskTier {
+    /// After a failed write of the index (a device error), or with the tier's folder no
+    /// longer writable (its file system turned read-only), the index is left open for the
+    /// process's exit instead of closed: RocksDB's close flushes and syncs, and after a
+    /// failed write the linked librocksdb asserts there and aborts (black-box finding:
+    /// SIGABRT at a normal stop after ext4 remounted the cache disk read-only). Nothing
+    /// is lost: every acknowledged put synced its entry when it was written, and the
+    /// next start recovers the index as after a crash.
+    fn drop(&mut self) {
+        let writable = || {
+            let probe = self.dir.join(".close-probe");
+            let made = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(&probe)
+                .is_ok();
+            let _ = fs::remove_file(&probe);
+            made
+        };
+        if self.index_failed.load(Ordering::Relaxed) || !writable() {
+            tracing::warn!(dir = %self.dir.display(),
+                "the disk tier's index failed a write or its folder is read-only: the index is left for the process's exit, not closed");
+            std::mem::forget(self.db.clone());
+        }
     }
 }
 

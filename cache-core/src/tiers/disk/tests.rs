@@ -1335,3 +1335,27 @@ async fn a_resource_shortage_fails_one_put_without_degrading_the_disk() {
     assert_eq!(stats.degradations, 0);
     assert!(stats.degraded.is_empty());
 }
+
+/// Black-box finding (round 14): after the cache's file system turned read-only under
+/// the daemon, a normal stop aborted in RocksDB's close (an assertion after its failed
+/// log write). A tier whose index failed a write leaves it open at drop (its lock stays
+/// held: a second open in this process is refused); one without closes it.
+#[tokio::test]
+async fn an_index_that_failed_a_write_is_not_closed_at_drop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = CacheKey::kv("ns", vec![1]);
+    {
+        let tier = open(dir.path(), 16 << 20);
+        tier.put(&key, Block::new(data(5000, 1)))
+            .await
+            .expect("put");
+    }
+    let tier = open(dir.path(), 16 << 20);
+    assert!(tier.contains(&key).await, "closed at drop and reopened");
+    tier.index_failed.store(true, Ordering::SeqCst);
+    drop(tier);
+    assert!(
+        DiskTier::open(dir.path(), 16 << 20, DiskOptions::default()).is_err(),
+        "left open: its lock is still held"
+    );
+}
