@@ -825,7 +825,9 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    let n: f64 = num.parse().map_err(|_| {
+        anyhow::anyhow!("{s:?} is not a size: a number and a unit, e.g. 64MiB, 2GiB, 500MB")
+    })?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -1088,6 +1090,11 @@ mod tests {
         );
         assert!(parse_size("17179869184GiB").is_err(), "2^64 bytes");
         assert_eq!(parse_size("1TiB").unwrap(), 1 << 40);
+        // Black-box finding: "-1" said "cannot parse float from empty string".
+        for bad in ["-1", "abc", "\u{ff16}\u{ff14}MiB"] {
+            let e = parse_size(bad).unwrap_err().to_string();
+            assert!(e.contains("is not a size") && e.contains("64MiB"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -120,10 +120,15 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
         }
         None => None,
     };
-    let memory_bytes = parse_size(&cfg.memory)?;
+    let mut memory_bytes =
+        parse_size(&cfg.memory).context("[cache] memory (--memory, --memory-cache)")?;
+    if let Some(limit) = super::memory_limit::memory_limit() {
+        let (fitted, _) = super::memory_limit::fit(memory_bytes, 0, limit.bytes);
+        memory_bytes = super::memory_limit::capped("[cache] memory", memory_bytes, fitted, &limit);
+    }
     let memory = Arc::new(MemoryTier::new(memory_bytes));
     levels.push(level(memory.clone(), memory_bytes)?);
-    let disk_bytes = parse_size(&cfg.disk)?;
+    let disk_bytes = parse_size(&cfg.disk).context("[cache] disk (--disk, --disk-cache)")?;
     // Before the disk tier sizes its open-file cache from the limit: many clients
     // and open block files must not run the daemon out of descriptors.
     match strata_cache_core::tiers::disk::raise_fd_limit() {

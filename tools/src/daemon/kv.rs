@@ -61,7 +61,13 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
             );
             0
         }
-        n => n,
+        n => match super::memory_limit::memory_limit() {
+            Some(limit) => {
+                let (_, fitted) = super::memory_limit::fit(0, n, limit.bytes);
+                super::memory_limit::capped("[kv] shm", n, fitted, &limit)
+            }
+            None => n,
+        },
     };
     Ok(ServerConfig {
         shm_bytes,

@@ -34,6 +34,7 @@ macro_rules! announce {
 pub mod cache;
 pub mod cluster;
 pub mod kv;
+pub mod memory_limit;
 pub mod mount;
 pub mod peer;
 pub mod peer_metrics;

@@ -1,0 +1,190 @@
+//! The memory this daemon may use, and the memory tier and KV arena fitted to it.
+//!
+//! A daemon in a container runs under a memory cgroup whose limit is often far below
+//! the host's RAM (a Kubernetes pod's `limits.memory`). The memory tier (default 1 GiB)
+//! and the KV shared-memory arena (default 256 MiB) are filled by use, so a daemon sized
+//! past its limit starts fine and is OOM-killed at the first large load, taking every
+//! mount (ENOTCONN) and KV client with it (black-box finding: `strata serve` with the
+//! default memory tier in a 256 MiB cgroup was killed after 243 puts; `--memory 2GiB`
+//! in 600 MiB after 144). So at start the daemon reads its limit: the smallest
+//! `memory.max` (cgroup v2) or `memory.limit_in_bytes` (v1) of its cgroup and the
+//! cgroup's ancestors, and the host's RAM. The memory tier is capped at half of it and
+//! the arena at an eighth, with a warning naming both figures: the rest is for what
+//! no budget counts (reads in flight, upload parts, per-block bookkeeping, the
+//! allocator's slack; about 100-200 MiB for a few sequential readers).
+//!
+//! Reading the limit is the only I/O here; [`fit`] is pure.
+
+use std::path::{Path, PathBuf};
+
+/// The memory the daemon may use and what sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryLimit {
+    pub bytes: u64,
+    /// "the host's RAM" or the cgroup file that sets the limit.
+    pub source: String,
+}
+
+/// The share of the limit the memory tier may take.
+const TIER_SHARE: u64 = 2;
+/// The share of the limit the KV arena may take.
+const ARENA_SHARE: u64 = 8;
+
+/// The daemon's memory limit now (None: neither RAM nor a cgroup limit could be read).
+pub fn memory_limit() -> Option<MemoryLimit> {
+    let ram = host_ram().map(|bytes| MemoryLimit {
+        bytes,
+        source: "the host's RAM".into(),
+    });
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|own| cgroup_limit(&own, Path::new("/sys/fs/cgroup")));
+    match (ram, cgroup) {
+        (Some(r), Some(c)) if c.bytes < r.bytes => Some(c),
+        (Some(r), _) => Some(r),
+        (None, c) => c,
+    }
+}
+
+fn host_ram() -> Option<u64> {
+    // SAFETY: sysconf reads a system constant.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
+}
+
+/// The smallest memory limit of the cgroups `own` (the text of `/proc/self/cgroup`)
+/// names and their ancestors, under the cgroup file systems at `root`: v2 (`0::/path`,
+/// at `root` or `root/unified` in the hybrid layout) and v1 (the `memory` controller,
+/// at `root/memory`). Values of 2^60 and more are v1's "no limit".
+pub fn cgroup_limit(own: &str, root: &Path) -> Option<MemoryLimit> {
+    let mut best: Option<MemoryLimit> = None;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        let candidates: Vec<(PathBuf, &str)> = if id == "0" && controllers.is_empty() {
+            vec![
+                (root.join(rel), "memory.max"),
+                (root.join("unified").join(rel), "memory.max"),
+            ]
+        } else if controllers.split(',').any(|c| c == "memory") {
+            vec![(root.join("memory").join(rel), "memory.limit_in_bytes")]
+        } else {
+            continue;
+        };
+        for (dir, file) in candidates {
+            let mut at = Some(dir.as_path());
+            while let Some(d) = at {
+                if !d.starts_with(root) {
+                    break;
+                }
+                let f = d.join(file);
+                if let Some(bytes) = std::fs::read_to_string(&f)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u64>().ok())
+                    .filter(|&b| b > 0 && b < 1 << 60)
+                {
+                    if best.as_ref().is_none_or(|b| bytes < b.bytes) {
+                        best = Some(MemoryLimit {
+                            bytes,
+                            source: f.display().to_string(),
+                        });
+                    }
+                }
+                at = d.parent();
+            }
+        }
+    }
+    best
+}
+
+/// The memory tier and arena sizes that fit under `limit`: each as configured, or its
+/// share of the limit when that is less.
+pub fn fit(tier: u64, arena: u64, limit: u64) -> (u64, u64) {
+    (tier.min(limit / TIER_SHARE), arena.min(limit / ARENA_SHARE))
+}
+
+/// `configured` bytes of `what` ("[cache] memory", "[kv] shm"), capped under the
+/// daemon's memory limit with a warning when it does not fit.
+pub fn capped(what: &str, configured: u64, fitted: u64, limit: &MemoryLimit) -> u64 {
+    if fitted < configured {
+        tracing::warn!(
+            configured,
+            capped_to = fitted,
+            limit = limit.bytes,
+            source = %limit.source,
+            "{what} is larger than this daemon's memory limit leaves room for: capped (the \
+             memory tier takes at most half the limit, the KV arena an eighth; the rest is \
+             for reads in flight and bookkeeping). Set it lower, or raise the limit"
+        );
+    }
+    fitted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn the_smallest_limit_of_the_cgroup_and_its_ancestors_counts() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        // v1: the own group unlimited, its parent limited (a pod's group).
+        write(r, "memory/memory.limit_in_bytes", "9223372036854771712\n");
+        write(r, "memory/pod/memory.limit_in_bytes", "536870912\n");
+        write(
+            r,
+            "memory/pod/app/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        let own = "9:pids:/\n4:memory:/pod/app\n0::/\n";
+        let l = cgroup_limit(own, r).expect("limited");
+        assert_eq!(l.bytes, 512 << 20);
+        assert!(
+            l.source.ends_with("memory/pod/memory.limit_in_bytes"),
+            "{l:?}"
+        );
+        // v2: "max" is no limit; a number below the v1 one wins.
+        write(r, "kube/memory.max", "max\n");
+        write(r, "kube/c1/memory.max", "268435456\n");
+        let own = "0::/kube/c1\n4:memory:/pod/app\n";
+        assert_eq!(cgroup_limit(own, r).expect("limited").bytes, 256 << 20);
+        // Nothing limited: none.
+        assert_eq!(cgroup_limit("0::/\n4:memory:/\n", r), None);
+        assert_eq!(cgroup_limit("garbage", r), None);
+    }
+
+    #[test]
+    fn a_tier_and_arena_past_their_shares_are_capped() {
+        assert_eq!(fit(1 << 30, 256 << 20, 256 << 20), (128 << 20, 32 << 20));
+        assert_eq!(fit(64 << 20, 16 << 20, 16 << 30), (64 << 20, 16 << 20));
+        let limit = MemoryLimit {
+            bytes: 256 << 20,
+            source: "test".into(),
+        };
+        assert_eq!(
+            capped("[cache] memory", 1 << 30, 128 << 20, &limit),
+            128 << 20
+        );
+    }
+
+    #[test]
+    fn this_process_has_a_limit_no_larger_than_its_ram() {
+        let l = memory_limit().expect("RAM is known");
+        assert!(l.bytes <= host_ram().unwrap());
+    }
+}
