@@ -936,3 +936,41 @@ async fn one_tenants_unread_gets_leave_the_other_tenants_gets_served() {
     }
     server.stop().await;
 }
+
+/// Black-box finding (round 14): a batch of Gets given up at its deadline resets all its
+/// streams at once, before the server took them; past h2's default of 20 such streams
+/// the server closed the connection (GOAWAY "too_many_resets") and the client's other
+/// calls on it failed UNAVAILABLE. As many may be reset as may be open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_given_up_gets_does_not_close_the_connection() {
+    let server = start(ServerConfig::default()).await;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let raw = KvCacheClient::new(ch).max_decoding_message_size(8 << 20);
+    let mut put = raw.clone();
+    put.ping(pb::PingRequest {}).await.expect("ping");
+    for round in 0..20 {
+        // 200 Gets sent and dropped at once: each resets its stream.
+        let mut started = Vec::new();
+        for i in 0..200u32 {
+            let mut c = raw.clone();
+            started.push(tokio::spawn(async move {
+                let get = c.get(pb::GetRequest {
+                    namespace: NS.into(),
+                    hash: Bytes::from(i.to_be_bytes().to_vec()),
+                });
+                let _ = tokio::time::timeout(Duration::from_micros(1), get).await;
+            }));
+        }
+        for h in started {
+            h.await.expect("task");
+        }
+        put.ping(pb::PingRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the connection is still served: {e}"));
+    }
+    server.stop().await;
+}

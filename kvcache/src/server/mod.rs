@@ -286,6 +286,13 @@ pub async fn serve(
         .initial_stream_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)
         .max_concurrent_streams(Some(cfg.max_concurrent_streams))
+        // Streams a client may reset before the server took them, at once, before h2
+        // closes the connection (GOAWAY "too_many_resets", the rapid-reset guard): as
+        // many as it may open, not h2's 20. A batch of Gets given up at its deadline
+        // resets them all at once, and at 20 the GOAWAY failed the client's other calls
+        // on the connection (black-box finding: puts UNAVAILABLE beside a timed-out
+        // batch). Still bounded, so a reset flood holds no more than open streams would.
+        .http2_max_pending_accept_reset_streams(Some(cfg.max_concurrent_streams as usize))
         .http2_keepalive_interval(Some(cfg.keepalive_interval))
         .http2_keepalive_timeout(Some(cfg.keepalive_timeout))
         // 1 MiB frames: fewer frames (and syscalls) per block than the 16 KiB default.
