@@ -106,6 +106,10 @@ pub(crate) async fn start(
         // Blocks are 1 MiB and up: windows of a few blocks keep a peer link busy.
         .initial_stream_window_size(4 << 20)
         .initial_connection_window_size(16 << 20)
+        // One connection carries every call a node forwards here: calls its clients
+        // gave up reset their streams at once, and past h2's 20 not yet taken the
+        // GOAWAY would fail every other forwarded call (as on the KV listener).
+        .http2_max_pending_accept_reset_streams(Some(1024))
         .add_routes(routes(&auth, &ctx));
     let stop = stop.clone();
     tasks.spawn(async move {
