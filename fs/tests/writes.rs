@@ -2179,3 +2179,79 @@ async fn a_file_renamed_while_changed_in_place_keeps_its_object_under_the_new_na
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 14, fsx): a file fsync'd into a new folder before a crash was
+/// uploaded at the next start, but the folder never joined the root's cached listing:
+/// `ls` and `stat` said ENOENT until the listing's TTL ran out, for good with
+/// `--metadata-ttl indefinite`. Its folders show once it is uploaded.
+#[tokio::test]
+async fn a_file_recovered_into_a_new_folder_shows_with_its_folder() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let d = c.mkdir(ROOT_INO, "step9").await.expect("mkdir");
+        let e = c.mkdir(d.attr.ino, "shard").await.expect("mkdir");
+        let (_, fh) = c.create(e.attr.ino, "h", 0).await.expect("create");
+        c.write(fh, 0, b"fsync'd").expect("write");
+        c.fsync(fh).await.expect("fsync");
+        let _crashed = fh; // never closed, as after a kill
+
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .build()
+            .expect("engine");
+        let store = strata_cache_core::BackingStore::new(
+            fx.faulty.clone() as Arc<dyn ObjectStore>,
+            "mem",
+            strata_cache_core::RetryPolicy::default(),
+        );
+        let mut w = WriteOptions::new(staging_dir.clone());
+        w.part_size = 64 << 10;
+        let own = Arc::new(FsCore::new(
+            ObjectReader::new(engine, store, BS).expect("reader"),
+            "",
+            CoreOptions {
+                writes: Some(w),
+                metadata_ttl: strata_fs::filesystem::METADATA_TTL_INDEFINITE,
+                ..Default::default()
+            },
+        ));
+        // The job's start lists and looks up before the recovery upload lands.
+        assert!(!names_in(&own, ROOT_INO)
+            .await
+            .contains(&"step9".to_string()));
+        assert!(own.lookup(ROOT_INO, "step9").await.is_err());
+        own.recover_journaled(&tokio::runtime::Handle::current());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while fsync_records(&staging_dir) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            stored(&fx, "step9/shard/h").await.as_deref(),
+            Some(&b"fsync'd"[..])
+        );
+        assert!(names_in(&own, ROOT_INO)
+            .await
+            .contains(&"step9".to_string()));
+        let d = own
+            .lookup(ROOT_INO, "step9")
+            .await
+            .expect("the folder shows");
+        let e = own
+            .lookup(d.attr.ino, "shard")
+            .await
+            .expect("and its folder");
+        assert_eq!(names_in(&own, e.attr.ino).await, vec!["h".to_string()]);
+        assert_eq!(
+            own.lookup(e.attr.ino, "h")
+                .await
+                .expect("the file")
+                .attr
+                .size,
+            7
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -94,6 +94,26 @@ impl FsCore {
         Some(info)
     }
 
+    /// The folders above `path` exist now: an object was written under them other
+    /// than through this mount's `mkdir` (a file fsync'd before a crash, uploaded at
+    /// the next start). Each shows in its parent's cached listing and attributes, so
+    /// a listing or lookup cached before the upload finds it (black-box finding: with
+    /// `--metadata-ttl indefinite` a checkpoint recovered into a new folder stayed
+    /// invisible until a remount).
+    pub(super) async fn show_folders_of(&self, path: &str) {
+        let mut at = path;
+        while let Some(dir) = self.parent_of(at) {
+            let Some(parent) = self.parent_of(dir) else {
+                break; // `dir` is the mount's root
+            };
+            let folder: Arc<str> = Arc::from(dir);
+            self.changing(&folder);
+            self.attrs.insert(folder.clone(), Meta::Dir).await;
+            self.relist(&Arc::from(parent), dir, Some(Meta::Dir)).await;
+            at = dir;
+        }
+    }
+
     /// The cached listing of `dir` after `path` (in it) changed to `meta` (None:
     /// unknown, the listing is dropped): updated in place rather than dropped, so a job
     /// writing many files into one directory does not make every lookup of the next

@@ -298,6 +298,7 @@ impl super::FsCore {
         if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
             self.refresh(&dir, &path).await;
         }
+        self.show_folders_of(&path).await;
         Ok(())
     }
 
