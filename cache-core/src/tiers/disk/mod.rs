@@ -468,9 +468,31 @@ fn scan_index(
 /// Whether the index cannot be read as it is on disk (corrupt, or a file of it gone),
 /// as opposed to being held by another process (its `LOCK`).
 fn index_unreadable(e: &rocksdb::Error) -> bool {
-    match e.kind() {
+    index_unreadable_as(e.kind(), &e.to_string())
+}
+
+/// [`index_unreadable`] of an error of `kind` saying `message`. An I/O error is one
+/// unless the index is locked by another process, or the error is a shortage of this
+/// process's resources or of the device's room (descriptors, memory, threads, space,
+/// a read-only or over-quota file system): those fail the start and leave the index
+/// as it is (black-box finding: a start that met its descriptor limit while opening
+/// the index took it for unreadable and started empty; the next start deleted every
+/// block file as an orphan, acknowledged KV blocks with them).
+fn index_unreadable_as(kind: rocksdb::ErrorKind, message: &str) -> bool {
+    const NOT_THE_INDEX: [&str; 9] = [
+        "LOCK",
+        "Too many open files",
+        "Cannot allocate memory",
+        "Resource temporarily unavailable",
+        "No space left on device",
+        "Read-only file system",
+        "Disk quota exceeded",
+        "File too large",
+        "Interrupted system call",
+    ];
+    match kind {
         rocksdb::ErrorKind::Corruption => true,
-        rocksdb::ErrorKind::IOError => !e.to_string().contains("LOCK"),
+        rocksdb::ErrorKind::IOError => !NOT_THE_INDEX.iter().any(|m| message.contains(m)),
         _ => false,
     }
 }

@@ -1359,3 +1359,31 @@ async fn an_index_that_failed_a_write_is_not_closed_at_drop() {
         "left open: its lock is still held"
     );
 }
+
+/// Black-box finding (round 14): a start under a low descriptor limit met EMFILE while
+/// opening the index, took it for unreadable and started empty; the next start deleted
+/// every block file as an orphan. Only a damaged or missing index is started over.
+#[test]
+fn only_a_damaged_index_is_started_over() {
+    use rocksdb::ErrorKind::{Corruption, IOError, NotFound};
+    for m in [
+        "IO error: While open a file for appending: /c/index/000005.dbtmp: Too many open files",
+        "IO error: While lock file: /c/index/LOCK: Resource temporarily unavailable",
+        "IO error: No space left on device",
+        "IO error: While appending to file: /c/index/000004.log: Read-only file system",
+        "IO error: Cannot allocate memory",
+    ] {
+        assert!(!super::index_unreadable_as(IOError, m), "{m}");
+    }
+    for m in [
+        "IO error: No such file or directory: While opening a file for sequentially reading: /c/index/MANIFEST-000004: No such file or directory",
+        "IO error: Input/output error",
+    ] {
+        assert!(super::index_unreadable_as(IOError, m), "{m}");
+    }
+    assert!(super::index_unreadable_as(
+        Corruption,
+        "Corruption: block checksum mismatch"
+    ));
+    assert!(!super::index_unreadable_as(NotFound, "NotFound: "));
+}
