@@ -1093,7 +1093,10 @@ mod tests {
         // Black-box finding: "-1" said "cannot parse float from empty string".
         for bad in ["-1", "abc", "\u{ff16}\u{ff14}MiB"] {
             let e = parse_size(bad).unwrap_err().to_string();
-            assert!(e.contains("is not a size") && e.contains("64MiB"), "{bad}: {e}");
+            assert!(
+                e.contains("is not a size") && e.contains("64MiB"),
+                "{bad}: {e}"
+            );
         }
     }
 

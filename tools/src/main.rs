@@ -15,6 +15,16 @@ fn main() -> std::process::ExitCode {
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
+    } else {
+        // A file-size limit (`ulimit -f`, which batch schedulers pass on to job scripts)
+        // sends SIGXFSZ to a process writing past it, and its default kills: a file
+        // written through the mount past the limit took the whole mount down (ENOTCONN
+        // for every user), and `strata serve` died sizing its arena (black-box finding).
+        // Ignored, the write fails with EFBIG, which that one writer gets.
+        // SAFETY: called before any thread is started; SIG_IGN is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        }
     }
     let r = strata_tools::cli::run(cli);
     // A signal's exit, once begun, is the process's end (it releases the command's own

@@ -281,3 +281,82 @@ fn a_daemon_survives_output_it_cannot_write() {
     };
     assert!(status.success(), "clean stop: {status:?}");
 }
+
+/// Black-box finding (round 14): under a file-size limit (`ulimit -f`, passed on to job
+/// scripts by batch schedulers) below the KV arena's 256 MiB, `strata serve` died of
+/// SIGXFSZ sizing the arena, with nothing logged (and a mount died the same way writing
+/// a file past the limit). The daemon ignores SIGXFSZ: it starts and serves.
+#[test]
+fn a_file_size_limit_does_not_kill_the_daemon() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(strata());
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--memory",
+        "64MiB",
+        "--disk",
+        "0",
+    ])
+    .arg("--cache-dir")
+    .arg(dir.path().join("cache"))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    // SAFETY: setrlimit is async-signal-safe; the child only execs after it.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn strata serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ready = loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) if l == "ready" => break true,
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break false,
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("the daemon died under a 1 MiB file-size limit: {status:?}");
+        }
+        assert!(Instant::now() < deadline, "never ready");
+    };
+    assert!(ready, "the daemon said ready");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "still serving"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "clean stop: {status:?}");
+}
