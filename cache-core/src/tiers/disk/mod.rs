@@ -468,7 +468,7 @@ fn scan_index(
 /// Whether the index cannot be read as it is on disk (corrupt, or a file of it gone),
 /// as opposed to being held by another process (its `LOCK`).
 fn index_unreadable(e: &rocksdb::Error) -> bool {
-    index_unreadable_as(e.kind(), &e.to_string())
+    index_unreadable_as(e.kind(), e.as_ref())
 }
 
 /// [`index_unreadable`] of an error of `kind` saying `message`. An I/O error is one
