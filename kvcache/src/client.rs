@@ -250,9 +250,10 @@ impl KvClient {
                 crate::ensure_crypto_provider();
                 let mut tls = ClientTlsConfig::new();
                 if let Some(ca) = &opts.ca_cert {
-                    let pem = std::fs::read(ca).map_err(|e| {
-                        KvError::Config(format!("reading CA {}: {e}", ca.display()))
-                    })?;
+                    let pem =
+                        strata_cache_core::state_file::read_operator_file(ca).map_err(|e| {
+                            KvError::Config(format!("reading CA {}: {e}", ca.display()))
+                        })?;
                     tls = tls.ca_certificate(Certificate::from_pem(pem));
                 }
                 if let Some(d) = &opts.tls_domain {

@@ -477,7 +477,7 @@ pub fn secret(
         (Some(_), Some(_)) => bail!("{what}: set token or token_file, not both"),
         (Some(t), None) => t.to_string(),
         (None, Some(f)) => {
-            let t = std::fs::read_to_string(f)
+            let t = strata_cache_core::state_file::read_operator_text(f)
                 .with_context(|| format!("{what}: reading token_file {}", f.display()))?;
             t.trim().to_string()
         }
@@ -739,7 +739,7 @@ pub enum PrefetchMode {
 
 impl StrataConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
+        let text = strata_cache_core::state_file::read_operator_text(path)
             .with_context(|| format!("reading config {}", path.display()))?;
         let cfg: StrataConfig =
             toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
@@ -875,7 +875,7 @@ pub fn read_secret_file(path: &Path) -> anyhow::Result<String> {
             "secret file is readable by other users; chmod 600 it"
         );
     }
-    let text = std::fs::read_to_string(path)
+    let text = strata_cache_core::state_file::read_operator_text(path)
         .with_context(|| format!("reading secret file {}", path.display()))?;
     let secret = text.trim_end_matches(['\n', '\r']);
     if secret.is_empty() {

@@ -301,10 +301,11 @@ pub async fn serve(
     if let Some(tls) = &cfg.tls {
         if matches!(listener, Listener::Tcp(_)) {
             crate::ensure_crypto_provider();
-            let cert = std::fs::read(&tls.cert).map_err(|e| {
-                KvError::Config(format!("reading TLS cert {}: {e}", tls.cert.display()))
-            })?;
-            let key = std::fs::read(&tls.key).map_err(|e| {
+            let cert =
+                strata_cache_core::state_file::read_operator_file(&tls.cert).map_err(|e| {
+                    KvError::Config(format!("reading TLS cert {}: {e}", tls.cert.display()))
+                })?;
+            let key = strata_cache_core::state_file::read_operator_file(&tls.key).map_err(|e| {
                 KvError::Config(format!("reading TLS key {}: {e}", tls.key.display()))
             })?;
             builder = builder
