@@ -228,7 +228,9 @@ pub fn plan(
         if !addr.ip().is_loopback() {
             bail!(
                 "refusing to serve the admin API on non-loopback address {addr} without an \
-                 admin token: set [admin] token_file (or token), or listen on 127.0.0.1"
+                 admin token: set [admin] token_file (or token) in a config for `strata \
+                 serve --config` (`strata mount` takes no token: its admin API is \
+                 loopback only), or listen on 127.0.0.1"
             );
         }
         if tenants {

@@ -272,8 +272,9 @@ fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
                 let _ = file.read_to_string(&mut holder);
                 anyhow::bail!(
                     "cache dir {} is in use by another strata daemon (pid {}): each daemon \
-                     needs its own --cache-dir (one daemon serves several mounts and the KV \
-                     service: `strata serve --config`)",
+                     needs its own --cache-dir (one daemon serves several mounts of its \
+                     store, [[mounts]] in `strata serve --config`, and the KV service; a \
+                     mount of another store needs a daemon and cache dir of its own)",
                     dir.display(),
                     holder.trim()
                 );
