@@ -259,9 +259,15 @@ proptest! {
                             Err(libc::EBUSY)
                         } else if writing(a, &open) {
                             // Renamed while written: the file moves, its close uploads
-                            // it under the new name, and no object stays under the old.
+                            // it under the new name, and no object stays under the old;
+                            // an object under the old name moves with it (deleted when
+                            // the store refuses the copy), until the close replaces it.
                             if a != b {
-                                visible.remove(&a);
+                                if let Some(v) = visible.remove(&a) {
+                                    if !down {
+                                        visible.insert(b, v);
+                                    }
+                                }
                                 for o in open.iter_mut().filter(|o| o.name == a && !o.unlinked) {
                                     o.name = b;
                                     o.changed = true;

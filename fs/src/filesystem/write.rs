@@ -826,7 +826,12 @@ impl Writes {
             return None;
         }
         let frsize = st.f_frsize as u64;
-        Some((st.f_bavail as u64 * frsize, st.f_blocks as u64 * frsize))
+        // Out of inodes, no new file fits however many bytes are free: counted as no
+        // room, so making room frees files (black-box finding: with the inodes held by
+        // passthrough copies, every create failed ENOSPC and no copy was given up,
+        // bytes being plentiful).
+        let free = strata_cache_core::tiers::disk::room::room_of(&st);
+        Some((free, st.f_blocks as u64 * frsize))
     }
 }
 
@@ -908,16 +913,27 @@ impl FsCore {
             // before the close leaves the durable version under the new name, as a
             // local disk would (black-box finding: deleting it at the rename lost a
             // file closed long before, when the daemon died before this writer's close).
+            // If the store cannot move it (its writes refused), it is deleted as before:
+            // the name must not keep an object the close will not replace.
             let store = self.reader.store();
             let moved = if creates_only(&writes.opts, &staged) {
-                store.delete(from).await
+                Err(None)
             } else {
-                store.rename(from, to).await
+                store.rename(from, to).await.map_err(Some)
             };
-            match moved {
+            let gone = match moved {
+                Ok(()) | Err(Some(strata_cache_core::CacheError::NotFound(_))) => Ok(()),
+                Err(why) => {
+                    if let Some(e) = why {
+                        tracing::warn!(path = %from, to = %to, error = %e, "renamed while written; the object under the old name could not be moved: deleted");
+                    }
+                    store.delete(from).await
+                }
+            };
+            match gone {
                 Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(path = %from, to = %to, error = %e, "renamed while written; the object under the old name was not moved")
+                    tracing::warn!(path = %from, error = %e, "renamed while written; the object uploaded under the old name was not deleted")
                 }
             }
         }
@@ -1029,7 +1045,7 @@ impl FsCore {
             _ => {}
         }
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
-        let staged = writes.stage(&path, pid, false)?;
+        let staged = self.stage_making_room(writes, &path, pid, false)?;
         staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged.clone());
@@ -1084,7 +1100,7 @@ impl FsCore {
             }
             self.still_current(&node.path, &obj).await?;
         }
-        let staged = writes.stage(&node.path, pid, !truncate)?;
+        let staged = self.stage_making_room(writes, &node.path, pid, !truncate)?;
         staged.ino.store(ino, Ordering::Release);
         if !truncate {
             *staged.base.lock() = Some(obj.clone());
@@ -1309,6 +1325,26 @@ impl FsCore {
             None => self.maybe_stream(&staged),
         }
         Ok(data.len() as u32)
+    }
+
+    /// [`Writes::stage`], once more after making room when the staging file system is
+    /// full (its bytes or its inodes) of what Strata keeps there (copies, blocks).
+    fn stage_making_room(
+        &self,
+        writes: &Writes,
+        path: &Arc<str>,
+        pid: u32,
+        filling: bool,
+    ) -> Result<Arc<Staged>> {
+        match writes.stage(path, pid, filling) {
+            Err(Error::Local { source, .. })
+                if source.raw_os_error() == Some(libc::ENOSPC)
+                    && self.make_device_room(writes.opts.local_files.as_deref(), 0) =>
+            {
+                writes.stage(path, pid, filling)
+            }
+            r => r,
+        }
     }
 
     /// After ENOSPC on the staging directory's file system: what Strata keeps there
