@@ -99,7 +99,7 @@
 //! rebuild its accounting; [`DiskTier::recovery`] says what was dropped.
 
 pub mod format;
-mod room;
+pub mod room;
 pub use room::{free_bytes, OPEN_ROOM};
 
 use std::collections::{HashMap, HashSet};
@@ -1053,7 +1053,7 @@ impl Tier for DiskTier {
     }
 
     fn free_bytes(&self) -> Option<u64> {
-        room::free_bytes(&self.dir).ok()
+        room::free_room(&self.dir).ok()
     }
 
     fn device(&self) -> Option<u64> {
