@@ -498,14 +498,60 @@ pub fn read_file(path: &Path) -> Result<Trace, TraceError> {
 /// temporary file beside `path` that is renamed over it once complete: a write that
 /// fails (a name the format cannot hold, a full disk) leaves an existing `path` as it was
 /// instead of truncated.
+///
+/// A symlink's target is written (the link stays) and a device, fifo or socket is
+/// written to in place: a rename over it replaced it with a regular file (black-box
+/// finding: `--out /dev/full` left a plain file in place of the device; as root,
+/// `--out /dev/null` would do the same to `/dev/null`).
 pub fn write_file(trace: &Trace, path: &Path) -> Result<(), TraceError> {
-    let tmp = temp_beside(path);
-    let written = write_to(trace, &tmp, path.extension().is_some_and(|e| e == "gz"))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(TraceError::from));
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let target = output_target(path);
+    if std::fs::metadata(&target).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        let f = std::fs::OpenOptions::new().write(true).open(&target)?;
+        return write_stream(trace, f, gz);
+    }
+    let tmp = temp_beside(&target);
+    let written = write_to(trace, &tmp, gz)
+        .and_then(|()| std::fs::rename(&tmp, &target).map_err(TraceError::from));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// Where a trace for `path` goes: the file a symlink leads to (made if missing), else
+/// `path`.
+fn output_target(path: &Path) -> std::path::PathBuf {
+    let mut at = path.to_path_buf();
+    // A bounded walk: a loop of links ends at its 16th step (the write then fails).
+    for _ in 0..16 {
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => match std::fs::read_link(&at) {
+                Ok(next) => {
+                    at = match at.parent() {
+                        Some(dir) if next.is_relative() => dir.join(next),
+                        _ => next,
+                    }
+                }
+                Err(_) => break,
+            },
+            _ => break,
+        }
+    }
+    at
+}
+
+/// Writes `trace` to `f` as it is (a device or a pipe: no sync).
+fn write_stream(trace: &Trace, f: File, gz: bool) -> Result<(), TraceError> {
+    if gz {
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+        write_csv(trace, &mut gz)?;
+        gz.finish()?;
+    } else {
+        let mut f = f;
+        write_csv(trace, &mut f)?;
+    }
+    Ok(())
 }
 
 /// Checks that a trace can be written to `path` (its directory exists and is writable)
@@ -526,7 +572,12 @@ pub fn check_writable(path: &Path) -> Result<(), TraceError> {
             path.display()
         )));
     }
-    let tmp = temp_beside(path);
+    let target = output_target(path);
+    if std::fs::metadata(&target).is_ok_and(|m| !m.is_file()) {
+        std::fs::OpenOptions::new().write(true).open(&target)?;
+        return Ok(());
+    }
+    let tmp = temp_beside(&target);
     File::create(&tmp)?;
     std::fs::remove_file(&tmp)?;
     Ok(())
@@ -754,6 +805,44 @@ mod tests {
         let e = check_writable(dir.path()).expect_err("a directory");
         assert!(e.to_string().contains("is a directory"), "{e}");
         assert!(check_writable(&dir.path().join("..")).is_err());
+    }
+
+    /// Black-box finding (round 14): `--out` naming a device, a fifo or a symlink had
+    /// a regular file renamed over it (`/dev/full` stopped being a device). A symlink's
+    /// target is written and the link kept; a fifo is written to in place.
+    #[test]
+    fn a_link_or_a_fifo_is_written_through_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real.csv");
+        let link = dir.path().join("link.csv");
+        std::os::unix::fs::symlink(&real, &link).expect("symlink");
+        write_file(&sample(), &link).expect("write through the link");
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("lstat")
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            read_file(&real).expect("the target").records.len(),
+            sample().records.len()
+        );
+
+        let fifo = dir.path().join("pipe.csv");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `c` is a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(&fifo).expect("read the fifo"))
+        };
+        check_writable(&fifo).expect("a fifo with a reader");
+        write_file(&sample(), &fifo).expect("write into the fifo");
+        let got = reader.join().expect("reader");
+        assert!(String::from_utf8_lossy(&got).starts_with(HEADER));
+        assert!(std::fs::symlink_metadata(&fifo)
+            .expect("lstat")
+            .file_type()
+            .is_fifo());
     }
 
     #[test]
