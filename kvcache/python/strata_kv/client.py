@@ -9,14 +9,19 @@ missing block is ``None``, not an error.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import mmap
 import os
+import pickle
 import socket
 import struct
+import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
@@ -37,6 +42,9 @@ MAX_KEY_BYTES = 64
 MAX_KEY_BYTES_PER_CALL = 3 << 20
 #: The longest namespace the server takes (bytes of UTF-8).
 MAX_NAMESPACE_BYTES = 128
+#: The most Get streams :meth:`KvClient.get_views` keeps open at once (when it cannot
+#: lease the batch in one call).
+GETS_IN_FLIGHT = 128
 
 
 def key_batches(keys: Sequence[bytes]) -> Iterator[Sequence[bytes]]:
@@ -154,6 +162,39 @@ def _call_number() -> int:
     return int.from_bytes(os.urandom(8), "little") & (_ABANDON_BIT - 1)
 
 
+def _left(deadline: Optional[float]) -> Optional[float]:
+    """The time left to ``deadline`` (a ``time.monotonic()``; None: no bound)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.001)
+
+
+def _key_of(key) -> bytes:
+    """``key`` as bytes, else a clear ``TypeError`` (black-box finding: a str key to
+    ``put`` failed inside the request stream as UNKNOWN "Exception iterating requests!")."""
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, (bytearray, memoryview)):
+        return bytes(key)
+    raise TypeError(f"a key is bytes (a block hash of 1..={MAX_KEY_BYTES} bytes), not {type(key).__name__}")
+
+
+def _bytes_of(value) -> memoryview:
+    """``value``'s bytes as a flat memoryview of bytes, without a copy (black-box
+    finding: ``len()`` of a float16 or 2-D array counts elements or rows, so a 4 KiB
+    block was declared as 64 bytes or 2 KiB and refused with a size the caller never
+    had). A strided buffer is a ``ValueError``: its bytes are not one run."""
+    try:
+        view = memoryview(value)
+    except TypeError:
+        raise TypeError(f"a value is a bytes-like object (bytes, bytearray, a contiguous numpy array or "
+                        f"tensor.numpy()), not {type(value).__name__}") from None
+    if view.ndim == 1 and view.itemsize == 1 and view.c_contiguous:
+        return view
+    if not view.c_contiguous:
+        raise ValueError(f"a value must be C-contiguous (shape {view.shape}, strides {view.strides}): "
+                         "copy it first, e.g. numpy.ascontiguousarray() or tensor.contiguous()")
+    return pickle.PickleBuffer(view).raw()  # any format, any shape: its bytes, in order
+
+
 #: gRPC metadata asking for a device handle of a GPU-tier block (kvcache/src/shm.rs).
 DEVICE_IPC_METADATA = "strata-device-ipc"
 #: The side socket's hello: session (16), arena size (8), device memory size (8), then
@@ -161,13 +202,49 @@ DEVICE_IPC_METADATA = "strata-device-ipc"
 _HELLO, _HELLO_DEVICE = 32, 48
 #: What the daemon sends instead of a hello when every session holds leases.
 _REFUSED_SESSIONS_FULL = b"strata-shm refused: sessions full"
+#: A lease id (or an abandon) as the side socket takes it.
+_pack_u64 = struct.Struct("<Q").pack
+#: Sends on the side socket never wait (and a closed peer is an error, not SIGPIPE);
+#: an int once, not an enum operation per lease.
+_SEND_FLAGS = int(socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+
+
+#: What a released view's ``data`` is: reading it raises ValueError.
+_RELEASED = memoryview(b"")
+_RELEASED.release()
+
+#: Arenas some lease of which a view (or a buffer made from one) still holds: a module
+#: global, so the cyclic GC never collects one (ending its session) while a buffer over
+#: its memory lives.
+_HELD_ARENAS: set = set()
+#: Every arena of this process, so a forked child can close its copies of their sockets.
+_ARENAS: "weakref.WeakSet[_ShmArena]" = weakref.WeakSet()
+#: Serializes a client's switch to a channel of its own in a forked child; new in the
+#: child (a thread of the parent may have held it at the fork).
+_fork_lock = threading.Lock()
+#: The parent's channels, kept for good in a forked child: never closed or collected
+#: there (gRPC's fork caveats: the child must not tear down the parent's connection).
+_INHERITED: list = []
+
+
+def _after_fork_in_child() -> None:
+    global _fork_lock
+    _fork_lock = threading.Lock()
+    for arena in list(_ARENAS):
+        arena._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _ShmArena:
     """The daemon's shared-memory arena, attached over its side socket: the memfd comes
     with SCM_RIGHTS and is mapped read-only; lease ids go back on the socket.
     ``timeout`` bounds the attach (a stopped daemon accepts the connection but never
-    says hello): past it, ``TimeoutError``."""
+    says hello): past it, ``TimeoutError``.
+
+    Only the process that attached uses it: in a forked child it sends nothing (its
+    socket is the parent's session: a child's release would end the parent's lease)."""
 
     def __init__(self, path: str, timeout: Optional[float] = None):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -177,7 +254,10 @@ class _ShmArena:
             self._sock.settimeout(timeout)
             self._sock.connect(path)
             msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
-            self._sock.settimeout(None)
+            # Never waits from here on: a stopped daemon fills the socket's buffer, and a
+            # release must not block the engine (black-box finding: the 279th release of
+            # a batch blocked until the daemon resumed).
+            self._sock.setblocking(False)
             if not fds and msg.startswith(_REFUSED_SESSIONS_FULL):
                 raise ConnectionRefusedError(
                     f"{path}: the daemon refused a shared-memory session: all its sessions "
@@ -202,24 +282,107 @@ class _ShmArena:
         self.size = size
         self.session = f"{int.from_bytes(msg[:16], 'little'):032x}"
         self.view = memoryview(self._map)
-        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        # Reentrant: a view collected while this thread sends gives its lease back here.
+        self._lock = threading.RLock()
+        #: Lease ids (and abandons) the socket did not take yet: at most one per lease
+        #: handed out, sent with the next send or flush.
+        self._out = bytearray()
+        #: Leases held by views (or buffers made from them), and those riding on a
+        #: view's bytes: id of a weakref to the bytes -> (the weakref, lease).
+        self._held = 0
+        self._pins: Dict[int, tuple] = {}
+        self._closing = False
+        _ARENAS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child (at the fork): close this process's copy of the socket. The
+        parent's session is unaffected (it ends when every copy is closed), and no
+        longer outlives the parent's close() while the child lives."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _send(self, word: int) -> None:
+        """Queues ``word`` and sends what the socket takes now, without waiting (under
+        ``_lock``)."""
+        self._out += _pack_u64(word)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._out:
+            try:
+                n = self._sock.send(self._out, _SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                return  # the daemon is not reading (stopped, busy): later
+            except OSError:
+                self._out.clear()  # the session is gone; the daemon released its leases already
+                return
+            del self._out[:n]
+
+    def flush(self) -> None:
+        """Sends the lease ids still queued, without waiting: before a leasing call, so
+        the daemon counts the leases given back against the session's share."""
+        if self._pid == os.getpid() and self._out:
+            with self._lock:
+                self._flush()
 
     def release(self, lease: int) -> None:
-        with self._lock:
-            try:
-                self._sock.sendall(struct.pack("<Q", lease))
-            except OSError:
-                pass  # the session is gone; the daemon released its leases already
+        """Gives back a lease no view holds."""
+        if self._pid == os.getpid():
+            with self._lock:
+                self._send(lease)
 
     def abandon(self, call: int) -> None:
         """Gives up the leases that answered the leasing call ``call`` (numbered by
         :data:`SHM_REQUEST_METADATA`): its answer never came (a timeout, a cancel), so its
         lease ids are unknown here and could not be released one by one."""
+        if self._pid == os.getpid():
+            with self._lock:
+                self._send(call | _ABANDON_BIT)
+
+    def hold(self) -> None:
+        """Counts one more lease held by a view: the session stays until it is given back."""
         with self._lock:
+            if self._held == 0:
+                _HELD_ARENAS.add(self)
+            self._held += 1
+
+    def pin(self, lease: int, base: memoryview, offset: int, size: int) -> memoryview:
+        """``base[offset:offset+size]`` (a range of the arena or of the device memory) as
+        a memoryview of its own, whose ``lease`` goes back when it and every buffer made
+        from it are gone: a slice of it or ``np.frombuffer`` of it hold the range, not the
+        view, so releasing the view alone would let them show another block's bytes once
+        the daemon reuses the range (black-box finding)."""
+        part = base[offset : offset + size]
+        self.hold()
+        # Keyed by the weakref's id: weakrefs hash and compare as their referents, and
+        # memoryviews as their bytes (two blocks alike would be one entry).
+        ref = weakref.ref(part, self._unpinned)
+        self._pins[id(ref)] = (ref, lease)
+        # PickleBuffer forwards to `part`: a new buffer whose every export holds `part`.
+        return memoryview(pickle.PickleBuffer(part))
+
+    def _unpinned(self, ref: weakref.ref) -> None:
+        entry = self._pins.pop(id(ref), None)
+        if entry is not None:
             try:
-                self._sock.sendall(struct.pack("<Q", call | _ABANDON_BIT))
-            except OSError:
-                pass
+                self.give_back(entry[1])
+            except Exception:
+                pass  # at interpreter exit: the session ends with the process
+
+    def give_back(self, lease: int) -> None:
+        """Gives back a lease a view held (:meth:`hold`)."""
+        if self._pid != os.getpid():
+            return  # a forked child's copy: the lease is the parent's
+        with self._lock:
+            self._send(lease)
+            self._held -= 1
+            if self._held == 0:
+                _HELD_ARENAS.discard(self)
+                if self._closing:
+                    self._sock.close()
 
     def ended(self) -> bool:
         """Whether the daemon closed the side socket (it restarted or dropped the
@@ -233,7 +396,15 @@ class _ShmArena:
             return True
 
     def close(self) -> None:
-        self._sock.close()  # ends the session: the daemon releases what is left
+        """Ends the session (the daemon releases what is left) once no view holds a lease
+        of it: until then its ranges stay the views' blocks (black-box finding: a view
+        read after its client's close showed another block's bytes)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            self._closing = True
+            if self._held == 0:
+                self._sock.close()
         # The mapping goes when the last view into it does.
 
 
@@ -242,16 +413,27 @@ class BlockView:
     shared-memory arena when ``shared`` (valid until :meth:`release`, or the end of a
     ``with`` block), else over inline bytes.
 
+    Buffers made from a shared ``data`` (``data[:n]``, ``np.frombuffer(data)``,
+    ``torch.frombuffer(data)``, ``data`` itself kept elsewhere) keep the block's lease
+    until they are gone, so they never show another block's bytes; only ``data`` of the
+    view reads as released. Such a buffer kept long keeps its range of the arena (the
+    session's share is a quarter of it): copy out what you keep.
+
     Served by device handle (``device`` is "emulated" or "cuda", ``handle`` the parsed
     :class:`strata_kv.ipc.IpcHandle`): for an emulated device ``data`` is the block in
     place in the daemon's device memory; for CUDA ``data`` is None and
-    :meth:`cuda_tensor` opens the handle (a uint8 CUDA tensor over the block)."""
+    :meth:`cuda_tensor` opens the handle (a uint8 CUDA tensor over the block; the
+    tensor is not kept past :meth:`release`: copy from it before).
+
+    In a forked child a view of the parent's is inert: releasing it sends nothing."""
 
     def __init__(self, data, arena: Optional[_ShmArena] = None, lease: int = 0,
-                 handle: Optional[IpcHandle] = None):
+                 handle: Optional[IpcHandle] = None, pinned: bool = False):
         self.data = data
         self.shared = arena is not None
         self._arena, self._lease = arena, lease
+        # Whether the lease rides on `data` (_ShmArena.pin) rather than on this view.
+        self._pinned = pinned
         self.handle = handle
         self.device = handle.kind_name if handle is not None else None
         self._cuda: Optional[CudaMapping] = None
@@ -265,14 +447,28 @@ class BlockView:
         return self._cuda.tensor
 
     def release(self) -> None:
+        """Gives the block back: ``data`` reads as released from here on. Never waits
+        for the daemon (a stopped one gets the lease id when it reads again)."""
         if self._cuda is not None:
-            self._cuda.close()
+            if self._arena is None or self._arena._pid == os.getpid():
+                self._cuda.close()  # a forked child's copy is not its mapping
             self._cuda = None
-        if self._arena is not None:
-            if self.data is not None:
-                self.data.release()
-            self._arena.release(self._lease)
-            self._arena = None
+        arena, self._arena = self._arena, None
+        if arena is None:
+            return
+        if not self._pinned:
+            arena.give_back(self._lease)
+            return
+        data, self.data = self.data, _RELEASED
+        # Held only here (this local and getrefcount's argument): release it, and the
+        # lease goes back unless a slice or array made from it lives. Held elsewhere too
+        # (torch.frombuffer keeps the memoryview object, not a buffer of it): it and the
+        # lease go when that holder lets go.
+        if sys.getrefcount(data) <= 2:
+            try:
+                data.release()
+            except BufferError:
+                pass  # a consumer holds a buffer of it: the lease goes when it lets go
 
     def __enter__(self) -> "BlockView":
         return self
@@ -285,6 +481,17 @@ class BlockView:
             self.release()
         except Exception:
             pass
+
+
+def _lease_view(arena: _ShmArena, lease: int, base: Optional[memoryview], offset: int = 0,
+                size: int = 0, handle: Optional[IpcHandle] = None) -> BlockView:
+    """A view holding ``lease``: over ``base[offset:offset+size]`` (the lease goes with
+    those bytes, see :meth:`_ShmArena.pin`), or without bytes (``base`` None: a CUDA
+    handle; the lease goes on release)."""
+    if base is None:
+        arena.hold()
+        return BlockView(None, arena, lease, handle)
+    return BlockView(arena.pin(lease, base, offset, size), arena, lease, handle, pinned=True)
 
 
 class KvClient:
@@ -300,7 +507,8 @@ class KvClient:
     ``kv-shm.sock`` beside a ``unix://`` address; or the side socket's path): Gets are
     then answered with ranges of the arena read in place (:meth:`get_view`); attaching
     waits at most ``timeout`` (``TimeoutError``, an ``OSError``). ``timeout`` also bounds
-    each call; :meth:`put` and :meth:`get_view` take a shorter one per call.
+    each call; :meth:`put` and :meth:`get_view` take a shorter one per call. After
+    ``os.fork()`` the child's first call opens a channel and a session of its own.
     """
 
     def __init__(
@@ -327,12 +535,14 @@ class KvClient:
             # gRPC core sends the socket path as :authority, which HTTP/2 servers such as
             # hyper (the Rust service) refuse as malformed; any valid host name will do.
             options.append(("grpc.default_authority", "localhost"))
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = grpc.secure_channel(addr, creds, options=options)
-        else:
-            self._channel = grpc.insecure_channel(addr, options=options)
-        self._stub = kv_pb2_grpc.KvCacheStub(self._channel)
+        self._addr, self._options = addr, options
+        self._creds = (grpc.ssl_channel_credentials(root_certificates=root_certificates)
+                       if root_certificates is not None else None)
+        #: The process the channel (and the arena) belong to: a forked child opens its own.
+        self._pid = os.getpid()
+        self._closed = False
+        self._channel = self._open_channel()
+        self._grpc_stub = kv_pb2_grpc.KvCacheStub(self._channel)
         try:
             self.namespace = check_namespace(namespace)
         except ValueError:
@@ -383,11 +593,50 @@ class KvClient:
         """"emulated" when attached to a daemon whose GPU tier is the emulated device
         (its memory was received: its handles read in place here), else None (a CUDA
         tier's handles need nothing received; ask with ``device=True`` to find out)."""
+        self._check_fork()
         if self._arena is not None and self._arena.device_view is not None:
             return "emulated"
         return None
 
     # -- plumbing ---------------------------------------------------------------------
+
+    def _open_channel(self) -> grpc.Channel:
+        if self._creds is not None:
+            return grpc.secure_channel(self._addr, self._creds, options=self._options)
+        return grpc.insecure_channel(self._addr, options=self._options)
+
+    @property
+    def _stub(self) -> kv_pb2_grpc.KvCacheStub:
+        self._check_fork()
+        return self._grpc_stub
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._after_fork()
+
+    def _after_fork(self) -> None:
+        """In a forked child, at its first call: a channel and a shared-memory session of
+        its own. The parent's are not this process's (black-box finding: a child's leases
+        landed in the parent's session, and a child killed holding them took the parent's
+        share for good; a child that merely exited released the parent's views). The
+        parent's channel is kept, never closed here (gRPC's fork caveats); its views
+        here are inert."""
+        with _fork_lock:
+            if self._pid == os.getpid():
+                return  # another thread of the child did it
+            _INHERITED.append(self._channel)
+            self._channel = self._open_channel()
+            self._grpc_stub = kv_pb2_grpc.KvCacheStub(self._channel)
+            self._attach_lock = threading.Lock()
+            self._use_arena(None)
+            self._pid = os.getpid()
+            if self._closed:
+                self._channel.close()
+            elif self._shm_path:
+                self._reattach(None)
+                if self._arena is None:
+                    warnings.warn(f"strata_kv: attaching to {self._shm_path} in forked process "
+                                  f"{self._pid} failed; blocks come as bytes until it succeeds")
 
     def _use_arena(self, arena: Optional[_ShmArena]) -> None:
         """Gets name ``arena``'s session (None: no arena, blocks come as bytes)."""
@@ -490,12 +739,16 @@ class KvClient:
     def get_views(self, keys: Sequence[bytes], namespace: Optional[str] = None, device: bool = False,
                   timeout: Optional[float] = None) -> List[Optional[BlockView]]:
         """:meth:`get_view` of each key, in order: attached to the arena, the batch leased
-        in one BatchLease call; else the Gets sent together on the connection and then
-        collected: one round trip for the batch rather than one per key (a page-by-page
-        load of 16 pages over the arena took 22 ms against 4 ms for one batched Get over
-        TCP). A failure releases the views already taken and raises."""
+        in one BatchLease call per run of :func:`key_batches` (as :meth:`batched_get`
+        cuts it); else the Gets sent together on the connection (at most
+        :data:`GETS_IN_FLIGHT` at once) and then collected: one round trip for the batch
+        rather than one per key (a page-by-page load of 16 pages over the arena took 22
+        ms against 4 ms for one batched Get over TCP). ``timeout`` bounds the whole
+        batch. A failure releases the views already taken and raises."""
+        self._check_fork()
         ns = self._ns(namespace)
         bound = self._timeout if timeout is None else timeout
+        deadline = None if bound is None else time.monotonic() + bound
         if self._arena is not None and self._arena.ended():
             # The daemon restarted: a Get naming the old session is answered with bytes,
             # not refused, so the device-handle path (per-key Gets) never learnt of it
@@ -503,30 +756,56 @@ class KvClient:
             self._reattach(self._arena)
         elif self._arena is None and self._shm_path and time.monotonic() >= self._next_attach:
             self._reattach(None)
-        if self._arena is not None and not device and self._batch_lease and keys:
-            views = self._leased_views(keys, ns, bound)
-            if views is not None:
-                return views
-        md = self._device_metadata if device else self._get_metadata
-        arena, call = self._arena, _call_number()
-        if arena is not None and md:
-            md = tuple(md) + ((SHM_REQUEST_METADATA, str(call)),)
-        try:
-            streams = [
-                self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=bound, metadata=md)
-                for k in keys
-            ]
-        except ValueError as e:
-            raise _closed(e) from None
         views: List[Optional[BlockView]] = []
         try:
-            for stream in streams:
-                views.append(self._view_of(stream))
+            if self._arena is not None and not device and self._batch_lease and keys:
+                for run in key_batches(keys):
+                    leased = self._leased_views(run, ns, deadline)
+                    if leased is None:
+                        break  # no BatchLease (or no arena now): the rest by Get
+                    views.extend(leased)
+            if len(views) < len(keys):
+                views.extend(self._got_views(keys[len(views):], ns, device, deadline))
         except BaseException:
             for v in views:
                 if v is not None:
                     v.release()
-            for stream in streams[len(views):]:
+            raise
+        return views
+
+    def _got_views(self, keys: Sequence[bytes], ns: str, device: bool,
+                   deadline: Optional[float]) -> List[Optional[BlockView]]:
+        """One Get stream per key, at most :data:`GETS_IN_FLIGHT` open at once (black-box
+        finding: a batch of 20,000 opened as many streams at once)."""
+        md = self._device_metadata if device else self._get_metadata
+        arena, call = self._arena, _call_number()
+        if arena is not None and md:
+            md = tuple(md) + ((SHM_REQUEST_METADATA, str(call)),)
+            arena.flush()
+        stub = self._stub
+
+        def start(k: bytes):
+            try:
+                return stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=_left(deadline), metadata=md)
+            except ValueError as e:
+                raise _closed(e) from None
+
+        views: List[Optional[BlockView]] = []
+        streams: collections.deque = collections.deque()
+        todo = iter(keys)
+        try:
+            for k in itertools.islice(todo, GETS_IN_FLIGHT):
+                streams.append(start(k))
+            while streams:
+                views.append(self._view_of(streams[0], arena))
+                streams.popleft()
+                for k in itertools.islice(todo, 1):
+                    streams.append(start(k))
+        except BaseException:
+            for v in views:
+                if v is not None:
+                    v.release()
+            for stream in streams:
                 stream.cancel()
             if arena is not None:
                 arena.abandon(call)  # leases answered to Gets whose answer never came
@@ -534,20 +813,22 @@ class KvClient:
         return views
 
     def _leased_views(self, keys: Sequence[bytes], ns: str,
-                      bound: Optional[float]) -> Optional[List[Optional[BlockView]]]:
+                      deadline: Optional[float]) -> Optional[List[Optional[BlockView]]]:
         """The batch leased in one BatchLease call (blocks the arena could not lease then
         by Get, as bytes). None when the daemon predates BatchLease (the caller falls back
         to one Get per key)."""
-        deadline = None if bound is None else time.monotonic() + bound
         for attempt in (0, 1):
             arena = self._arena
             if arena is None:
                 return None  # attaching again failed: Gets as bytes
+            # Leases given back but not sent yet go first: they count against the
+            # session's share.
+            arena.flush()
             call = _call_number()
             md = tuple(self._get_metadata) + ((SHM_REQUEST_METADATA, str(call)),)
             try:
                 answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
-                                               timeout=bound, metadata=md)
+                                               timeout=_left(deadline), metadata=md)
                 break
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -566,34 +847,35 @@ class KvClient:
                 arena.abandon(call)
                 raise
         views: List[Optional[BlockView]] = []
-        # Every lease answered is owned by a view from here on, so any failure below
-        # releases them all.
-        for b in answer.blocks:
-            views.append(BlockView(None, arena, b.shm_lease) if b.found and b.shm_lease else None)
         try:
             if len(answer.blocks) != len(keys):
                 raise KvError(grpc.StatusCode.INTERNAL,
                               f"BatchLease answered {len(answer.blocks)} entries for {len(keys)} keys")
-            for i, (b, k) in enumerate(zip(answer.blocks, keys)):
-                if not b.found:
-                    continue
-                if b.shm_lease:
-                    if b.shm_offset + b.size > arena.size:
-                        raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {b.shm_offset}+{b.size}")
-                    views[i].data = arena.view[b.shm_offset : b.shm_offset + b.size]
+            for b in answer.blocks:
+                if not (b.found and b.shm_lease):
+                    views.append(None)
+                elif b.shm_offset + b.size > arena.size:
+                    raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {b.shm_offset}+{b.size}")
                 else:
-                    left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                    views.append(_lease_view(arena, b.shm_lease, arena.view, b.shm_offset, b.size))
+            for i, (b, k) in enumerate(zip(answer.blocks, keys)):
+                if b.found and not b.shm_lease:
                     views[i] = self._view_of(self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k),
-                                                            timeout=left, metadata=self._get_metadata))
+                                                            timeout=_left(deadline),
+                                                            metadata=self._get_metadata), arena)
         except BaseException:
             for v in views:
                 if v is not None:
                     v.release()
+            for b in answer.blocks[len(views):]:
+                if b.found and b.shm_lease:
+                    arena.release(b.shm_lease)  # leases no view took
             raise
         return views
 
-    def _view_of(self, stream) -> Optional[BlockView]:
-        """The view one Get stream answers (None: the block is not held)."""
+    def _view_of(self, stream, arena: Optional[_ShmArena]) -> Optional[BlockView]:
+        """The view one Get stream answers (None: the block is not held); ``arena``: the
+        one whose session the Get named."""
         try:
             msgs = list(stream)
         except grpc.RpcError as e:
@@ -603,18 +885,18 @@ class KvClient:
         except ValueError as e:
             raise _closed(e) from None
         if msgs and msgs[0].device_handle:
-            return self._device_view(msgs[0])
+            return self._device_view(msgs[0], arena)
         if msgs and msgs[0].shm_lease:
             m = msgs[0]
-            if self._arena is None or m.shm_offset + m.size > self._arena.size:
+            if arena is None or m.shm_offset + m.size > arena.size:
+                if arena is not None:
+                    arena.release(m.shm_lease)
                 raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {m.shm_offset}+{m.size}")
-            data = self._arena.view[m.shm_offset : m.shm_offset + m.size]
-            return BlockView(data, self._arena, m.shm_lease)
+            return _lease_view(arena, m.shm_lease, arena.view, m.shm_offset, m.size)
         parts = [m.data for m in msgs]
         return BlockView(memoryview(parts[0] if len(parts) == 1 else b"".join(parts)))
 
-    def _device_view(self, m) -> BlockView:
-        arena = self._arena
+    def _device_view(self, m, arena: Optional[_ShmArena]) -> BlockView:
         if arena is None:
             raise KvError(grpc.StatusCode.INTERNAL, "a device handle unasked")
         try:
@@ -625,8 +907,8 @@ class KvClient:
                 dv = arena.device_view
                 if dv is None or h.token != arena.device_id or h.offset + h.length > len(dv):
                     raise ValueError("handle outside the device memory the daemon sent")
-                return BlockView(dv[h.offset : h.offset + h.length], arena, m.shm_lease, h)
-            return BlockView(None, arena, m.shm_lease, h)
+                return _lease_view(arena, m.shm_lease, dv, h.offset, h.length, h)
+            return _lease_view(arena, m.shm_lease, None, handle=h)
         except ValueError as e:
             arena.release(m.shm_lease)
             raise KvError(grpc.StatusCode.INTERNAL, str(e)) from None
@@ -650,12 +932,15 @@ class KvClient:
             raise _closed(e) from None
         return [b"".join(p) if f else None for p, f in zip(parts, found)]
 
-    def put(self, key: bytes, value: bytes, namespace: Optional[str] = None,
+    def put(self, key: bytes, value, namespace: Optional[str] = None,
             timeout: Optional[float] = None) -> bool:
         """Stores a block; returns True when the key was already cached (idempotent).
+        ``value``: any C-contiguous bytes-like object (bytes, a numpy array of any dtype
+        or shape, ``tensor.numpy()`` of a CPU tensor): its bytes are stored.
         ``timeout``: this call's bound (default: the client's)."""
         ns = self._ns(namespace)
-        view = memoryview(value)
+        key = _key_of(key)
+        view = _bytes_of(value)
 
         def messages() -> Iterator[kv_pb2.PutRequest]:
             yield kv_pb2.PutRequest(namespace=ns, hash=key, size=len(view), data=bytes(view[:CHUNK_BYTES]))
@@ -669,22 +954,28 @@ class KvClient:
     ) -> List[bool]:
         """Stores each ``values[i]`` under ``keys[i]`` (one Put each, in order); per
         key, whether it was already cached. Keys and values are checked before any is
-        sent (a key of 1-64 bytes, a non-empty value), so a malformed batch stores
-        nothing; a Put the service refuses stops the batch with a
+        sent (a key of 1-64 bytes, a non-empty C-contiguous value), so a malformed batch
+        stores nothing; a Put the service refuses stops the batch with a
         :class:`BatchPutError` naming its index and what was stored before it (black-box
         finding: the entries before a bad one were stored, the ones after it never sent,
         and the error named neither)."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
-        for i, (k, v) in enumerate(zip(keys, values)):
-            if not 1 <= len(k) <= MAX_KEY_BYTES:
-                raise ValueError(f"key {i} of the batch is {len(k)} bytes (1..={MAX_KEY_BYTES}); nothing was sent")
-            if len(memoryview(v)) == 0:
-                raise ValueError(f"value {i} of the batch is empty; nothing was sent")
-        done: List[bool] = []
+        checked = []
         for i, (k, v) in enumerate(zip(keys, values)):
             try:
-                done.append(self.put(k, v, namespace))
+                k, data = _key_of(k), _bytes_of(v)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"entry {i} of the batch: {e}; nothing was sent") from None
+            if not 1 <= len(k) <= MAX_KEY_BYTES:
+                raise ValueError(f"key {i} of the batch is {len(k)} bytes (1..={MAX_KEY_BYTES}); nothing was sent")
+            if len(data) == 0:
+                raise ValueError(f"value {i} of the batch is empty; nothing was sent")
+            checked.append((k, data))
+        done: List[bool] = []
+        for i, (k, data) in enumerate(checked):
+            try:
+                done.append(self.put(k, data, namespace))
             except KvError as e:
                 raise BatchPutError(e, i, done) from e
         return done
@@ -724,6 +1015,10 @@ class KvClient:
         return {"blocks": blocks, "matched": matched, "total_us": total_us}
 
     def close(self) -> None:
+        """Closes the connection. Views still open keep their shared-memory session until
+        released (or collected): their bytes stay their blocks'."""
+        self._closed = True
+        self._check_fork()  # in a forked child, the parent's channel is not closed
         if self._arena is not None:
             self._arena.close()
         self._channel.close()
