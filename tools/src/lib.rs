@@ -2,6 +2,29 @@
 //! without spawning the binary. The replay simulator and trace tooling are the
 //! `strata-replay` crate (`tools/replay/`); `bench replay` and `trace` here are its CLI.
 
+/// `println!` for a command's output, failing the command (`?` in a function returning
+/// `anyhow::Result`) when stdout cannot be written instead of panicking: `strata stats >
+/// /dev/full` ended "panicked at ... failed printing to stdout", exit 101 (black-box
+/// finding). A closed pipe is SIGPIPE's (main.rs) for short commands.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+            .map_err(|e| anyhow::anyhow!("writing to stdout: {e}"))?
+    }};
+}
+
+/// `print!` as [`outln!`] does `println!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        write!(o, $($arg)*)
+            .and_then(|()| o.flush())
+            .map_err(|e| anyhow::anyhow!("writing to stdout: {e}"))?
+    }};
+}
+
 pub mod admin;
 pub mod bench;
 pub mod cli;

@@ -7,6 +7,41 @@ fn strata() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_strata"))
 }
 
+/// Black-box finding (round 14): `strata bench replay ... > /dev/full` (and `stats`,
+/// `bench tiers`) panicked "failed printing to stdout: No space left on device", exit
+/// 101. A failed write of the output is the command's error.
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("t.csv");
+    std::fs::write(
+        &trace,
+        "ts_ns,job,path,offset,len,size\n0,j,a.bin,0,100,100\n10,j,b.bin,0,100,100\n",
+    )
+    .expect("write trace");
+    for json in [false, true] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let mut cmd = Command::new(strata());
+        cmd.args(["bench", "replay", "--policies", "lru", "--trace"])
+            .arg(&trace);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd
+            .stdout(full)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run strata");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "json {json}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(stderr.contains("writing to stdout"), "{stderr}");
+    }
+}
+
 /// `strata bench replay ... | head -1`: the reader is gone before strata prints. It must
 /// end as `cat` does (killed by SIGPIPE), not panic "failed printing to stdout" (101).
 #[test]

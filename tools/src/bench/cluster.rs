@@ -101,11 +101,15 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
     crate::init_logging("warn");
     let r = bench(&args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!(
+        outln!(
             "{} nodes of {} B, working set {} B; store +{} ms, {} B/s",
-            r.nodes, r.capacity_bytes, r.unique_bytes, r.latency_ms, r.bandwidth_bytes_per_sec
+            r.nodes,
+            r.capacity_bytes,
+            r.unique_bytes,
+            r.latency_ms,
+            r.bandwidth_bytes_per_sec
         );
         for (k, v) in [
             ("store_bytes_group", r.store_bytes_group as f64),
@@ -118,7 +122,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             ("failover_ms", r.failover_ms),
             ("failed_reads", r.failed_reads as f64),
         ] {
-            println!("{k:<26}{v:>16.3}");
+            outln!("{k:<26}{v:>16.3}");
         }
     }
     Ok(())

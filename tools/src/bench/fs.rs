@@ -247,14 +247,17 @@ pub fn run(args: FsArgs) -> anyhow::Result<()> {
     crate::signals::exit_on_signal(Duration::ZERO).context("watching stop signals")?;
     let report = bench(&args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let r = &report;
-        println!(
+        outln!(
             "dataset: {} files, {} bytes; cold store: +{} ms, {} B/s",
-            r.files, r.dataset_bytes, r.latency_ms, r.bandwidth_bytes_per_sec
+            r.files,
+            r.dataset_bytes,
+            r.latency_ms,
+            r.bandwidth_bytes_per_sec
         );
-        println!("{:<34}{:>12}", "measure", "value");
+        outln!("{:<34}{:>12}", "measure", "value");
         for (k, v) in [
             ("null FUSE seq GB/s", r.null_fuse_seq_gbps),
             (
@@ -274,7 +277,7 @@ pub fn run(args: FsArgs) -> anyhow::Result<()> {
             ("cold / direct", r.cold_vs_direct),
             ("second epoch / local time", r.second_epoch_vs_local),
         ] {
-            println!("{k:<34}{v:>12.3}");
+            outln!("{k:<34}{v:>12.3}");
         }
     }
     Ok(())

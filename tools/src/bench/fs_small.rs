@@ -558,7 +558,7 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
     crate::signals::exit_on_signal(Duration::ZERO).context("watching stop signals")?;
     let r = bench(&args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
     let loader = match (r.batch, r.processes) {
@@ -566,7 +566,7 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         (b, false) => format!("batches of {b} round-robin, threads"),
         (b, true) => format!("batches of {b} round-robin, processes"),
     };
-    println!(
+    outln!(
         "{} files in {} classes, {} bytes; {} workers ({loader}); store +{} ms, {} B/s; \
          {} epoch(s), cache tiers {} x dataset each",
         r.files,
@@ -578,12 +578,20 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         r.epochs,
         r.cache_frac
     );
-    println!(
+    outln!(
         "{:<8}{:<12}{:<10}{:>10}{:>10}{:>10}{:>12}{:>10}{:>10}",
-        "job", "prefetch", "order", "mean ms", "p99 ms", "job s", "pf files", "used", "wasted"
+        "job",
+        "prefetch",
+        "order",
+        "mean ms",
+        "p99 ms",
+        "job s",
+        "pf files",
+        "used",
+        "wasted"
     );
     for c in &r.cells {
-        println!(
+        outln!(
             "{:<8}{:<12}{:<10}{:>10.2}{:>10.2}{:>10.2}{:>12}{:>10}{:>10}",
             format!("{:?}", c.job_scope).to_lowercase(),
             c.prefetch,
@@ -597,11 +605,11 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
         );
         if r.epochs > 1 {
             let e: Vec<String> = c.epoch_mean_ms.iter().map(|m| format!("{m:.2}")).collect();
-            println!("        mean ms per epoch: {}", e.join(" / "));
+            outln!("        mean ms per epoch: {}", e.join(" / "));
         }
     }
     for m in &r.mean_cuts {
-        println!(
+        outln!(
             "mean latency cut by predictors, job = {:?}, {} order: {:.1}%",
             m.job_scope,
             m.order,

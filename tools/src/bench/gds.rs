@@ -40,9 +40,9 @@ pub fn run(args: GdsArgs) -> anyhow::Result<()> {
         runs: args.runs,
     })?;
     if args.json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
     } else {
-        println!(
+        outln!(
             "gds bench: {} MiB file in {}, {} x {} MiB staging, O_DIRECT {}, path {}",
             args.size_mib,
             dir.display(),
@@ -51,9 +51,9 @@ pub fn run(args: GdsArgs) -> anyhow::Result<()> {
             r.direct_io,
             r.path
         );
-        println!("  disk (raw O_DIRECT)       {:>7.2} GB/s", r.disk_gbps);
-        println!("  memcpy (host -> device)   {:>7.2} GB/s", r.memcpy_gbps);
-        println!(
+        outln!("  disk (raw O_DIRECT)       {:>7.2} GB/s", r.disk_gbps);
+        outln!("  memcpy (host -> device)   {:>7.2} GB/s", r.memcpy_gbps);
+        outln!(
             "  staged disk -> device     {:>7.2} GB/s = {:.0}% of the {} ceiling",
             r.staged_gbps,
             100.0 * r.ratio_to_ceiling,

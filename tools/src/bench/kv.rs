@@ -151,18 +151,25 @@ pub fn run(args: KvArgs) -> anyhow::Result<()> {
         .build()?;
     let report = rt.block_on(bench(&args))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
+        outln!(
             "raw loopback TCP: {:.2} Gb/s   memcpy: {:.2} Gb/s",
-            report.loopback_tcp_gbps, report.memcpy_gbps
+            report.loopback_tcp_gbps,
+            report.memcpy_gbps
         );
-        println!(
+        outln!(
             "{:>9} {:>10} {:>7} {:>9} {:>9} {:>10} {:>10}",
-            "transport", "block", "clients", "put Gb/s", "get Gb/s", "get p50us", "get p99us"
+            "transport",
+            "block",
+            "clients",
+            "put Gb/s",
+            "get Gb/s",
+            "get p50us",
+            "get p99us"
         );
         for r in &report.results {
-            println!(
+            outln!(
                 "{:>9} {:>10} {:>7} {:>9.2} {:>9.2} {:>10.0} {:>10.0}",
                 r.transport,
                 r.block_size,
@@ -174,13 +181,13 @@ pub fn run(args: KvArgs) -> anyhow::Result<()> {
             );
         }
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
-        println!(
+        outln!(
             "1 MiB x1 get: tcp/loopback {}, unix/memcpy {}, shm/memcpy {}",
             pct(report.tcp_1m_1client_get_vs_loopback),
             pct(report.unix_1m_1client_get_vs_memcpy),
             pct(report.shm_1m_1client_get_vs_memcpy)
         );
-        println!(
+        outln!(
             "large get / loopback: {:.0}%   256 KiB p99 x4/x16: {:.0}/{:.0} us   MatchPrefix(1000) p50/p99: {:.0}/{:.0} us",
             report.large_get_vs_loopback * 100.0,
             report.get_256k_4clients_p99_us,
@@ -188,7 +195,7 @@ pub fn run(args: KvArgs) -> anyhow::Result<()> {
             report.match_prefix_1000_p50_us,
             report.match_prefix_1000_p99_us
         );
-        println!(
+        outln!(
             "256 KiB x16 p99 by transport: {:?} us (TCP mean floor at loopback rate: {:.0} us)",
             report.get_256k_16clients_p99_us_by_transport,
             report.get_256k_16clients_tcp_mean_floor_us

@@ -90,9 +90,9 @@ pub fn run(args: KvGroupArgs) -> anyhow::Result<()> {
         .build()?;
     let rows = rt.block_on(bench(&args))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!(
+        outln!(
             "{:>9} {:>10} {:>10} {:>11} {:>11} {:>9} {:>10} {:>8}",
             "block",
             "local p50",
@@ -104,7 +104,7 @@ pub fn run(args: KvGroupArgs) -> anyhow::Result<()> {
             "p50 x"
         );
         for r in &rows {
-            println!(
+            outln!(
                 "{:>6} KiB {:>8.0}us {:>8.0}us {:>9.0}us {:>9.0}us {:>9.2} {:>10.2} {:>8.2}",
                 r.block_kib,
                 r.local_p50_us,

@@ -179,9 +179,9 @@ pub fn run(mut a: ReplayArgs) -> anyhow::Result<()> {
         results,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_table(&report, prepared.trace().jobs.len());
+        print_table(&report, prepared.trace().jobs.len())?;
     }
     if let Some(png) = &a.plot {
         let mut curves: Vec<(String, Vec<(f64, f64)>)> =
@@ -224,8 +224,8 @@ fn check_plot_path(png: &std::path::Path) -> anyhow::Result<()> {
     trace::check_writable(png).with_context(cannot)
 }
 
-fn print_table(r: &Report, jobs: usize) {
-    println!(
+fn print_table(r: &Report, jobs: usize) -> anyhow::Result<()> {
+    outln!(
         "trace {}: {} jobs, unique {:.1} MB, capacity {:.1} MB ({:.0}%)",
         r.trace,
         jobs,
@@ -233,7 +233,7 @@ fn print_table(r: &Report, jobs: usize) {
         r.capacity_bytes as f64 / 1e6,
         100.0 * r.capacity_bytes as f64 / r.unique_bytes.max(1) as f64
     );
-    println!(
+    outln!(
         "{:<18} {:>7} {:>9} {:>12} {:>9} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9}",
         "policy",
         "hit%",
@@ -253,7 +253,7 @@ fn print_table(r: &Report, jobs: usize) {
     rows.sort_by(|a, b| a.result.total_jct_s.total_cmp(&b.result.total_jct_s));
     for row in rows {
         let x = &row.result;
-        println!(
+        outln!(
             "{:<18} {:>7.2} {:>9.2} {:>12.1} {:>9.3} {:>10.3} {:>11.2} {:>9.2} {:>9.2} {:>10.0} {:>9.2}",
             x.policy,
             100.0 * x.hit_ratio,
@@ -268,6 +268,7 @@ fn print_table(r: &Report, jobs: usize) {
             row.replay_accesses_per_s / 1e6
         );
     }
+    Ok(())
 }
 
 fn plot(

@@ -556,22 +556,29 @@ pub fn run(args: TiersArgs) -> anyhow::Result<()> {
         .build()?;
     let report = rt.block_on(bench(&args, tmp.path()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "disk engine: {}, O_DIRECT: {}, crc32c: {:.1} GB/s, dir: {}",
         report.disk_engine,
         report.o_direct,
         report.crc32c_gbps,
         tmp.path().display()
     );
-    println!(
+    outln!(
         "{:<7} {:>7} {:>9} {:>10} {:>10} {:>13} {:>7} {:>15}",
-        "tier", "size", "GB/s", "p50 us", "p99 us", "ceiling GB/s", "ratio", "ceiling p50 us"
+        "tier",
+        "size",
+        "GB/s",
+        "p50 us",
+        "p99 us",
+        "ceiling GB/s",
+        "ratio",
+        "ceiling p50 us"
     );
     for r in &report.results {
-        println!(
+        outln!(
             "{:<7} {:>7} {:>9.2} {:>10.1} {:>10.1} {:>13.2} {:>6.0}% {:>15.1}",
             r.tier,
             human(r.value_size),
@@ -584,7 +591,7 @@ pub fn run(args: TiersArgs) -> anyhow::Result<()> {
         );
     }
     for st in &report.disk_breakdown {
-        println!(
+        outln!(
             "disk {:>7} {:<26} {:>9.2} GB/s {:>10.1} us p50",
             human(st.value_size),
             st.step,

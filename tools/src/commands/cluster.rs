@@ -49,9 +49,9 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading group {:?} from {:?}", group.group, group.endpoints))?;
     let report = Report::new(&group.group, &m);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", report.render());
+        out!("{}", report.render());
     }
     Ok(())
 }

@@ -27,7 +27,7 @@ macro_rules! progress {
         if $json {
             eprintln!($($arg)*);
         } else {
-            println!($($arg)*);
+            outln!($($arg)*);
         }
     };
 }
@@ -82,7 +82,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(json) = result? {
-        println!("{json}");
+        outln!("{json}");
     }
     Ok(())
 }
@@ -254,8 +254,8 @@ async fn workload(
     if json {
         return Ok(Some(serde_json::to_string_pretty(&stats)?));
     }
-    println!();
-    print!("{}", render(admin, &stats, None));
+    outln!();
+    out!("{}", render(admin, &stats, None));
     Ok(None)
 }
 

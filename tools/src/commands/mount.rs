@@ -285,7 +285,7 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
                 // The child lets go of the pipe once it sees its mount (at once).
                 let _ = p.recv_timeout(Duration::from_secs(5));
             }
-            println!(
+            outln!(
                 "mounted {} at {} (pid {})",
                 args.source,
                 args.mount.mountpoint.display(),

@@ -46,18 +46,18 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
         if args.cluster {
             let r = cluster_report(&args.endpoint).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                outln!("{}", serde_json::to_string_pretty(&r)?);
             } else {
-                print!("{}", r.render());
+                out!("{}", r.render());
             }
             return Ok(());
         }
         let Some(secs) = args.watch else {
             let s = fetch_stats(&args.endpoint).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                outln!("{}", serde_json::to_string_pretty(&s)?);
             } else {
-                print!("{}", render(&args.endpoint, &s, None));
+                out!("{}", render(&args.endpoint, &s, None));
             }
             return Ok(());
         };
@@ -66,10 +66,10 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
         loop {
             let s = fetch_stats(&args.endpoint).await?;
             if args.json {
-                println!("{}", serde_json::to_string(&s)?);
+                outln!("{}", serde_json::to_string(&s)?);
             } else {
                 // Clear the screen and home the cursor, then redraw.
-                print!("\x1b[2J\x1b[H{}", render(&args.endpoint, &s, prev.as_ref()));
+                out!("\x1b[2J\x1b[H{}", render(&args.endpoint, &s, prev.as_ref()));
             }
             prev = Some(s);
             tokio::select! {

@@ -52,7 +52,7 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
     if let Some(w) = over_capacity(r.bytes, cap) {
         eprintln!("{w}");
     }
-    println!(
+    outln!(
         "warmed {} files, {} bytes in {:.2} s ({:.1} MB/s){}",
         r.files,
         r.bytes,

@@ -221,9 +221,9 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let json = args.json;
     let report = run_chaos(&args)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
+        outln!(
             "chaos: {} cycles, {} acknowledged blocks, {} lost, {} wrong bytes, {} failed reads \
              ({} while the store was down), max read stall {} ms ({} ms with the store up), \
              {} reads, {} store faults injected, restart p50 {} ms; written through the \
@@ -250,7 +250,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
             .chain(&report.kv_error_samples)
             .chain(&report.write_error_samples)
         {
-            println!("  {s}");
+            outln!("  {s}");
         }
     }
     Ok(())
