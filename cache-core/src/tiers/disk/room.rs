@@ -38,7 +38,15 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
-/// [`free_bytes`], but 0 when the filesystem has no inode left: no new block file fits
+/// Block files deleted between measures of the room at open: the inodes it takes to
+/// open the index are a few.
+const INODE_STEP: u64 = 16;
+
+/// Free inodes below which a filesystem counts as full: opening the index makes a few
+/// files (log, manifest, options), a write one.
+const MIN_FREE_INODES: u64 = 64;
+
+/// [`free_bytes`], but 0 when the filesystem has (almost) no inode left: no new file fits
 /// however many bytes are free (black-box finding: a cache disk out of inodes took one
 /// KV put per 30 s for good, its budget raised back to the free bytes after each).
 /// Filesystems without an inode table report 0 files and are judged by bytes.
@@ -49,7 +57,7 @@ pub fn free_room(dir: &Path) -> std::io::Result<u64> {
 /// The bytes new files may take on a filesystem that `statvfs` says `st` of:
 /// [`free_room`]'s rule.
 pub fn room_of(st: &libc::statvfs) -> u64 {
-    if st.f_files > 0 && st.f_favail == 0 {
+    if st.f_files > 0 && (st.f_favail as u64) < MIN_FREE_INODES {
         return 0;
     }
     st.f_bavail.saturating_mul(st.f_frsize)
@@ -58,7 +66,7 @@ pub fn room_of(st: &libc::statvfs) -> u64 {
 /// Makes [`OPEN_ROOM`] free on `dir`'s filesystem by deleting block files under
 /// `data_dir`, oldest first. Returns the number deleted.
 pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
-    let free = free_bytes(dir)?;
+    let free = free_room(dir)?;
     if free >= OPEN_ROOM {
         return Ok(0);
     }
@@ -84,8 +92,10 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
     // refused (crash finding); block files may also take more or less than their length.
     let (mut free, mut deleted, mut gained, mut total) = (free, 0u64, 0u64, 0u64);
     for (_, len, path) in files {
-        if free + gained >= OPEN_ROOM {
-            free = free_bytes(dir)?;
+        // Measured again by bytes, and every few files: out of inodes, it is the
+        // files deleted that make room, not their bytes.
+        if free + gained >= OPEN_ROOM || (deleted > 0 && deleted % INODE_STEP == 0) {
+            free = free_room(dir)?;
             gained = 0;
             if free >= OPEN_ROOM {
                 break;
@@ -97,11 +107,11 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
             total += len;
         }
     }
-    let free = free_bytes(dir)?;
+    let free = free_room(dir)?;
     if free < OPEN_ROOM {
         return Err(CacheError::Full(format!(
-            "the filesystem of {} has {} KiB free and the disk cache index needs {} KiB to \
-             open; deleting {deleted} cached blocks did not free enough: free space there, \
+            "the filesystem of {} has {} KiB free (no room when out of inodes) and the disk \
+             cache index needs {} KiB to open; deleting {deleted} cached blocks did not free enough: free space there, \
              or start without the disk tier (`strata serve --disk 0`, `strata mount \
              --disk-cache 0`, read-only mounts only; a writable mount stages files there)",
             dir.display(),
@@ -143,6 +153,8 @@ mod tests {
         st.f_favail = 0;
         assert_eq!(room_of(&st), 0);
         st.f_favail = 3;
+        assert_eq!(room_of(&st), 0, "too few to open the index");
+        st.f_favail = 100;
         assert_eq!(room_of(&st), 4096 * 1000);
         st.f_files = 0;
         st.f_favail = 0;
