@@ -57,7 +57,7 @@ pub fn free_room(dir: &Path) -> std::io::Result<u64> {
 /// The bytes new files may take on a filesystem that `statvfs` says `st` of:
 /// [`free_room`]'s rule.
 pub fn room_of(st: &libc::statvfs) -> u64 {
-    if st.f_files > 0 && (st.f_favail as u64) < MIN_FREE_INODES {
+    if st.f_files > 0 && st.f_favail < MIN_FREE_INODES {
         return 0;
     }
     st.f_bavail.saturating_mul(st.f_frsize)
