@@ -69,7 +69,7 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
             None => n,
         },
     };
-    Ok(ServerConfig {
+    let mut server = ServerConfig {
         shm_bytes,
         max_block,
         min_block,
@@ -88,7 +88,27 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
             _ => bail!("[kv] needs both tls_cert and tls_key, or neither"),
         },
         ..Default::default()
-    })
+    };
+    if let Some(limit) = super::memory_limit::memory_limit() {
+        fit_io_budgets(&mut server, limit.bytes);
+    }
+    Ok(server)
+}
+
+/// The put and get budgets (bytes of blocks the service buffers at once) fitted under a
+/// memory limit of `limit` bytes: each at most an eighth of it, and never below two of
+/// the largest blocks, so a put of one still goes through (black-box finding: 24
+/// clients' 64 MiB puts made the daemon buffer 2 GB, OOM-killed in a 1 GiB cgroup with
+/// `--memory 64MiB`). The per-connection and per-tenant shares follow.
+fn fit_io_budgets(s: &mut ServerConfig, limit: u64) {
+    let most = (limit / 8).max(2 * s.max_block);
+    let fit = |v: &mut u64| *v = (*v).min(most);
+    fit(&mut s.max_inflight_put_bytes);
+    fit(&mut s.max_inflight_get_bytes);
+    fit(&mut s.per_connection_put_bytes);
+    fit(&mut s.per_connection_get_bytes);
+    fit(&mut s.per_tenant_put_bytes);
+    fit(&mut s.per_tenant_get_bytes);
 }
 
 /// Whether this is the first start of a cache dir that never had a disk tier (no
@@ -437,6 +457,28 @@ mod tests {
         clear_stale_socket(&shm, "").unwrap();
         assert!(!shm.exists(), "stale: removed");
         clear_stale_socket(&shm, "").unwrap();
+    }
+
+    /// Black-box finding (round 14): the put and get budgets (1 GiB each) came on top of
+    /// a 64 MiB memory tier in a 1 GiB cgroup. They fit under the limit, never below
+    /// two of the largest blocks.
+    #[test]
+    fn io_budgets_fit_under_the_memory_limit() {
+        let mut s = ServerConfig::default();
+        fit_io_budgets(&mut s, 1 << 30);
+        assert_eq!(s.max_inflight_put_bytes, 128 << 20);
+        assert_eq!(s.max_inflight_get_bytes, 128 << 20);
+        assert!(s.per_connection_put_bytes <= 128 << 20);
+        assert!(s.per_tenant_get_bytes <= 128 << 20);
+        let mut s = ServerConfig::default();
+        fit_io_budgets(&mut s, 64 << 20);
+        assert_eq!(s.max_inflight_put_bytes, 2 * s.max_block);
+        let mut s = ServerConfig::default();
+        fit_io_budgets(&mut s, 1 << 40);
+        assert_eq!(
+            s.max_inflight_put_bytes,
+            ServerConfig::default().max_inflight_put_bytes
+        );
     }
 
     /// Black-box finding: a regular file (or a folder, or a symlink to a file) at the
