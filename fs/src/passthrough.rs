@@ -118,9 +118,17 @@ struct State {
     inflight: HashSet<String>,
     /// Bytes of files being written through the mounts, charged to the budget.
     staged: u64,
+    /// The budget as the device allows it, once the device filled before the budget
+    /// did ([`PassthroughStore::device_full`]); None: the configured budget.
+    device_cap: Option<u64>,
 }
 
 impl State {
+    /// `budget`, or less while the device is full ([`Self::device_cap`]).
+    fn cap(&self, budget: u64) -> u64 {
+        self.device_cap.map_or(budget, |c| c.min(budget))
+    }
+
     fn touch(&mut self, name: &str) {
         self.tick += 1;
         let tick = self.tick;
@@ -142,6 +150,7 @@ impl State {
     /// bytes fit `budget` along with what is staged (or none is left); the victims'
     /// (name, crc), whose files the caller removes outside the lock.
     fn make_room(&mut self, budget: u64, extra: u64) -> Vec<(String, u32)> {
+        let budget = self.cap(budget);
         let mut victims = Vec::new();
         while self.bytes + self.staged + extra > budget {
             let Some((_, oldest)) = self.lru.pop_first() else {
@@ -252,7 +261,26 @@ impl PassthroughStore {
 
     /// Bytes the copies and the staged files may take together.
     pub fn budget(&self) -> u64 {
-        self.budget
+        self.state.lock().cap(self.budget)
+    }
+
+    /// The file system filled before the budget did (a budget larger than the disk, or
+    /// other files on it) and no copy was left to give up: the budget comes down to
+    /// what is held now, so a file written in order frees what its upload has sent and
+    /// waits for it, as past the budget (black-box finding: a 150 MiB checkpoint
+    /// written in order onto a 64 MiB cache disk failed ENOSPC under the default 10 GiB
+    /// budget, and went through under a 48 MiB one). It goes back up once no file is
+    /// staged. True if it came down now.
+    pub fn device_full(&self) -> bool {
+        let mut st = self.state.lock();
+        let held = st.bytes + st.staged;
+        if st.cap(self.budget) <= held {
+            return false;
+        }
+        st.device_cap = Some(held);
+        tracing::warn!(budget = self.budget, held,
+            "the staging file system filled before the disk budget: the budget is what is held until no file is staged");
+        true
     }
 
     /// The copy name of one version of an object of the store named `namespace` (""
@@ -290,13 +318,14 @@ impl PassthroughStore {
     /// Bytes the budget has free now (beside the copies and what is staged).
     pub fn free_bytes(&self) -> u64 {
         let st = self.state.lock();
-        self.budget.saturating_sub(st.bytes + st.staged)
+        st.cap(self.budget).saturating_sub(st.bytes + st.staged)
     }
 
     /// Bytes a staged file could still take within the budget: the free room and what
     /// evicting every copy would free.
     pub fn room_for_staging(&self) -> u64 {
-        self.budget.saturating_sub(self.state.lock().staged)
+        let st = self.state.lock();
+        st.cap(self.budget).saturating_sub(st.staged)
     }
 
     /// A staged file's `bytes` left the staging directory (removed, truncated, or
@@ -304,6 +333,9 @@ impl PassthroughStore {
     pub fn release_staged(&self, bytes: u64) {
         let mut st = self.state.lock();
         st.staged = st.staged.saturating_sub(bytes);
+        if st.staged == 0 {
+            st.device_cap = None; // the files that filled the device are gone: try again
+        }
     }
 
     /// Bytes of staged files charged now (may exceed what the budget leaves: see the
@@ -378,7 +410,7 @@ impl PassthroughStore {
     /// [`Self::write`] or [`Self::abort`].
     pub fn begin(&self, name: &str, size: u64) -> bool {
         let mut st = self.state.lock();
-        if footprint(size) + st.staged > self.budget {
+        if footprint(size) + st.staged > st.cap(self.budget) {
             return false;
         }
         !st.copies.contains_key(name) && st.inflight.insert(name.to_string())
@@ -409,7 +441,7 @@ impl PassthroughStore {
     pub fn adopt(&self, name: &str, from: &Path, size: u64, crc: u32) -> bool {
         {
             let st = self.state.lock();
-            if st.bytes + st.staged + footprint(size) > self.budget {
+            if st.bytes + st.staged + footprint(size) > st.cap(self.budget) {
                 return false;
             }
         }
@@ -791,6 +823,26 @@ mod tests {
         for n in [&names[0], &names[2], &names[3]] {
             assert!(s.get(n, 4096).is_some());
         }
+    }
+
+    /// Black-box finding (round 14): a file system smaller than the budget filled with a
+    /// file's own staged bytes, and the write failed ENOSPC where a smaller budget would
+    /// have made the file free what its upload had sent. The budget comes down to what
+    /// is held when the device fills, and goes back up once nothing is staged.
+    #[test]
+    fn a_full_device_brings_the_budget_down_until_nothing_is_staged() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 10 << 20);
+        s.charge_staged(3 << 20);
+        assert_eq!(s.room_for_staging(), 7 << 20);
+        assert!(s.device_full(), "came down");
+        assert_eq!(s.budget(), 3 << 20);
+        assert_eq!(s.room_for_staging(), 0, "the file must free what it sent");
+        assert!(!s.device_full(), "already down");
+        s.release_staged(1 << 20);
+        assert_eq!(s.budget(), 3 << 20, "still a file staged");
+        s.release_staged(2 << 20);
+        assert_eq!(s.budget(), 10 << 20, "back up");
     }
 
     /// Staged writes share the budget: they push copies out (a copy can be made again,

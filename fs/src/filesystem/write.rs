@@ -259,6 +259,11 @@ const BACKLOG_PARTS: u64 = 2;
 /// close reports the failure).
 const BACKLOG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Longest a write that met a staging file system full of what is staged waits for its
+/// stream to send (and free) more: 5 s, polled, as it may hold the FUSE session thread;
+/// the writes after it wait off that thread (`write_wait`, the budget having come down).
+const FULL_DEVICE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The process (thread group) of thread `tid`, from procfs; None for 0 (a caller
 /// outside the daemon's pid namespace) or when it cannot be read.
 fn process_of(tid: u32) -> Option<u32> {
@@ -1289,6 +1294,14 @@ impl FsCore {
         {
             landed = staged.file.write_all_at(data, offset);
         }
+        if landed.as_ref().is_err_and(is_no_space) {
+            // Full of what is staged: the budget comes down to it (the next writes wait
+            // for their streams, `write_wait`), and this file frees what it has sent.
+            if let Some(budget) = staged.budget.as_deref() {
+                budget.device_full();
+                landed = self.write_freeing_sent(&staged, budget, data, offset);
+            }
+        }
         if let Err(source) = landed {
             // A write that failed (ENOSPC) keeps no charge.
             staged.charge_exactly(staged.size.load(Ordering::Acquire));
@@ -1325,6 +1338,39 @@ impl FsCore {
             None => self.maybe_stream(&staged),
         }
         Ok(data.len() as u32)
+    }
+
+    /// A write that met a staging file system full of what is staged: the file frees
+    /// what its stream has sent and writes again, waiting for the stream to take more
+    /// (up to [`FULL_DEVICE_WAIT`], polled: this may run on the FUSE session thread)
+    /// while it has taken nothing new. ENOSPC if the file has no stream or it stalls.
+    fn write_freeing_sent(
+        &self,
+        staged: &Staged,
+        budget: &PassthroughStore,
+        data: &[u8],
+        offset: u64,
+    ) -> std::io::Result<()> {
+        let no_space = || Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        let Some(ctl) = staged.stream.lock().as_ref().map(|s| s.ctl.clone()) else {
+            return no_space();
+        };
+        let deadline = std::time::Instant::now() + FULL_DEVICE_WAIT;
+        loop {
+            let freed = staged.freed();
+            staged.free_sent(budget);
+            if staged.freed() > freed {
+                match staged.file.write_all_at(data, offset) {
+                    Err(e) if is_no_space(&e) => {}
+                    r => return r,
+                }
+            }
+            if ctl.broken.load(Ordering::Acquire) || std::time::Instant::now() >= deadline {
+                return no_space();
+            }
+            ctl.wake.notify_one();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// [`Writes::stage`], once more after making room when the staging file system is
