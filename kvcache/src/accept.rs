@@ -317,14 +317,19 @@ impl Gate {
         };
         *w = Some((now, refused, timed_out, evicted));
         drop(w);
+        // Both caps: the process's (a quarter of the descriptor limit) is often the one
+        // that bites (black-box finding: the line named only max_connections=1024 while
+        // 64 connections, a quarter of a 256 limit, were all there was).
         tracing::warn!(
             listener = self.what,
             max_connections = self.max,
+            process_connections = process_connection_cap(),
+            descriptor_limit = ?strata_cache_core::tiers::disk::fd_soft_limit(),
             refused = refused - r0,
             silent_closed = timed_out - t0,
             unproven_evicted = evicted - e0,
             over_secs = now.duration_since(since).as_secs(),
-            "closing connections: the listener is full, or they sent nothing in {:?}",
+            "closing connections: the listener (or the process: a quarter of the descriptor limit, `ulimit -n`) is full, or they sent nothing in {:?}",
             self.first_bytes_timeout
         );
     }
