@@ -1563,9 +1563,27 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
         other if permission_denied(&other) => CacheError::PermissionDenied(other.to_string()),
         other => CacheError::Store {
             attempts,
-            message: other.to_string(),
+            message: with_causes(&other),
         },
     }
+}
+
+/// `e`'s message and those of its causes that it does not already say: an error
+/// sending a request says why only in its sources (black-box finding: out of
+/// descriptors, S3 reads failed "error sending request" and "Too many open files"
+/// was nowhere).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let m = s.to_string();
+        if !m.is_empty() && !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        source = s.source();
+    }
+    out
 }
 
 fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInfo {
@@ -2190,5 +2208,33 @@ mod tests {
             store: "S3",
             source: "500 Internal Server Error".into(),
         }));
+    }
+
+    /// Black-box finding (round 14): a store error says its causes (here an I/O error
+    /// under a generic one), so "Too many open files" is not lost behind "error
+    /// sending request".
+    #[test]
+    fn a_store_error_names_its_causes() {
+        #[derive(Debug)]
+        struct Sending(std::io::Error);
+        impl std::fmt::Display for Sending {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Sending {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Sending(std::io::Error::from_raw_os_error(libc::EMFILE))),
+        };
+        let CacheError::Store { message, .. } = map_store_error(e, 8) else {
+            panic!("a store error");
+        };
+        assert!(message.contains("error sending request"), "{message}");
+        assert!(message.contains("Too many open files"), "{message}");
     }
 }
