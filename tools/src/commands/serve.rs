@@ -23,7 +23,9 @@ pub struct ServeArgs {
     /// Override `[admin] listen`.
     #[arg(long)]
     pub admin: Option<String>,
-    /// Override `[cache] dir`.
+    /// Override `[cache] dir`. Default: a temp dir removed at exit (nothing cached
+    /// survives a restart, and the KV socket in it moves): give one for a daemon whose
+    /// restarts are warm.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Override `[cache] memory` (e.g. 2GiB).

@@ -93,6 +93,13 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
             (d.clone(), None)
         }
         None => {
+            // Said at start: a daemon restarted without a dir is cold, and its KV socket
+            // is at a new path (black-box finding: a put block was gone after a clean
+            // restart, with nothing saying the cache was throwaway).
+            tracing::warn!(
+                "no cache dir given ([cache] dir, --cache-dir): caching in a temp dir \
+                 removed at exit, so nothing cached survives a restart"
+            );
             reclaim_orphaned_temp_dirs();
             let t = tempfile::Builder::new()
                 .prefix(TEMP_PREFIX)
