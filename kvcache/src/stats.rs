@@ -101,6 +101,19 @@ pub struct KvStatsSnapshot {
     /// The same-host arena and its device leases (`shm.rs`). None: no arena.
     #[serde(default)]
     pub shm: Option<crate::shm::ShmStats>,
+    /// Per tenant (`[[kv.tenants]]`): bytes held, quota, blocks its quota evicted.
+    #[serde(default)]
+    pub tenants: Vec<TenantStats>,
+}
+
+/// One tenant's use of its quota.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantStats {
+    pub tenant: String,
+    pub used_bytes: u64,
+    pub quota_bytes: u64,
+    /// The tenant's blocks evicted to keep it within its quota, since start.
+    pub quota_evictions: u64,
 }
 
 impl KvStatsSnapshot {
@@ -292,6 +305,7 @@ impl KvStats {
             load_model: self.load.snapshot(),
             group: None,
             shm: None,
+            tenants: Vec::new(),
         }
     }
 }

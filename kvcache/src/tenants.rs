@@ -299,6 +299,8 @@ pub struct Tenant {
     inflight: Arc<Semaphore>,
     /// The tenant's share of the get budget (`limits.rs`).
     get_inflight: Arc<Semaphore>,
+    /// Blocks taken out of the cache to keep the tenant within its quota.
+    quota_evictions: std::sync::atomic::AtomicU64,
 }
 
 impl Tenant {
@@ -308,6 +310,7 @@ impl Tenant {
         Tenant {
             inflight: crate::limits::semaphore(inflight_bytes),
             get_inflight: crate::limits::semaphore(get_bytes),
+            quota_evictions: Default::default(),
             name: cfg.name.clone(),
             token: cfg.token.as_bytes().into(),
             patterns: cfg.namespaces.clone(),
@@ -352,6 +355,26 @@ impl Tenant {
     /// Bytes of the tenant's blocks, as the ledger counts them now.
     pub fn used_bytes(&self) -> u64 {
         self.ledger.lock().used
+    }
+
+    /// `n` of the tenant's blocks were evicted to keep it within its quota.
+    pub fn note_quota_evictions(&self, n: usize) {
+        self.quota_evictions
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What operators see of the tenant: its bytes, its quota and the blocks the quota
+    /// cost it (black-box finding: blocks dropped for a quota were counted nowhere, so a
+    /// tenant's misses had no visible cause).
+    pub fn stats(&self) -> crate::stats::TenantStats {
+        crate::stats::TenantStats {
+            tenant: self.name.clone(),
+            used_bytes: self.used_bytes(),
+            quota_bytes: self.quota,
+            quota_evictions: self
+                .quota_evictions
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
     }
 
     /// Counts `size` bytes of `key` against the quota (see [`Charge`]); refund a new
@@ -435,6 +458,11 @@ impl Tenants {
 
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// Every tenant's [`Tenant::stats`], in configuration order.
+    pub fn stats(&self) -> Vec<crate::stats::TenantStats> {
+        self.list.iter().map(|t| t.stats()).collect()
     }
 
     /// Counts the KV blocks `engine` holds at start (a restart over a warm disk tier)

@@ -405,3 +405,30 @@ async fn a_restart_keeps_the_quotas_oldest_first_order() {
     );
     server.stop().await;
 }
+
+/// Black-box finding (round 14): blocks dropped to keep a tenant within its quota were
+/// counted nowhere (tier evictions 0, KV removes 0), so its misses had no visible
+/// cause. The stats carry each tenant's bytes, quota and quota evictions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_evictions_are_counted_per_tenant() {
+    let server = TestServer::start(memory_engine(256 << 20), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    // Twenty 256 KiB blocks through a 4 MiB quota: four made room.
+    for i in 0..20u64 {
+        a.put(NS, &i.to_be_bytes(), block(256 << 10, i))
+            .await
+            .expect("put");
+    }
+    let stats = server.service.stats();
+    let t = stats
+        .tenants
+        .iter()
+        .find(|t| t.tenant == "a")
+        .expect("tenant a");
+    assert_eq!(t.quota_bytes, 4 << 20);
+    assert_eq!(t.used_bytes, 4 << 20);
+    assert_eq!(t.quota_evictions, 4);
+    let b = stats.tenants.iter().find(|t| t.tenant == "b").expect("b");
+    assert_eq!((b.used_bytes, b.quota_evictions), (0, 0));
+    server.stop().await;
+}

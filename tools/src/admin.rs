@@ -985,6 +985,29 @@ pub fn render_metrics(s: &DaemonStats) -> String {
             "Load model: Get bandwidth per tier",
             &per(&kv.load_model, per_model_tier, |t| t.bandwidth_gbps),
         );
+        if !kv.tenants.is_empty() {
+            let per_tenant = |t: &strata_kvcache::stats::TenantStats| {
+                vec![("tenant".to_string(), t.tenant.clone())]
+            };
+            gauge_family(
+                &mut reg,
+                "kv_tenant_bytes",
+                "Bytes of a tenant's KV blocks",
+                &per(&kv.tenants, per_tenant, |t| t.used_bytes as f64),
+            );
+            gauge_family(
+                &mut reg,
+                "kv_tenant_quota_bytes",
+                "A tenant's KV quota",
+                &per(&kv.tenants, per_tenant, |t| t.quota_bytes as f64),
+            );
+            counter_family(
+                &mut reg,
+                "kv_tenant_quota_evictions",
+                "A tenant's KV blocks evicted to keep it within its quota",
+                &per(&kv.tenants, per_tenant, |t| t.quota_evictions),
+            );
+        }
         if let Some(g) = &kv.group {
             render_kv_group_metrics(&mut reg, g);
         }
@@ -1368,6 +1391,12 @@ mod tests {
                     ..Default::default()
                 }],
                 prefetch_issued: 2,
+                tenants: vec![strata_kvcache::stats::TenantStats {
+                    tenant: "acme".into(),
+                    used_bytes: 3 << 20,
+                    quota_bytes: 4 << 20,
+                    quota_evictions: 12,
+                }],
                 load_model: vec![strata_kvcache::stats::TierLoadEstimate {
                     tier: "memory".into(),
                     latency_us: 50.0,
@@ -1478,6 +1507,8 @@ mod tests {
             "strata_kv_hits_total{namespace=\"m/t\"} 9",
             "strata_kv_hit_ratio{namespace=\"m/t\"} 0.9",
             "strata_kv_prefetch_issued_total 2",
+            "strata_kv_tenant_quota_evictions_total{tenant=\"acme\"} 12",
+            "strata_kv_tenant_quota_bytes{tenant=\"acme\"} 4194304",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -53,6 +53,7 @@ impl KvService {
         size: u64,
     ) -> Result<bool> {
         let charged = t.charge(key, size, &self.inner.engine)?;
+        t.note_quota_evictions(charged.evict.len());
         for old in &charged.evict {
             if let Err(e) = self.drop_local(old).await {
                 tracing::warn!(key = %old, error = %e, "evicting a block over its tenant's quota failed");

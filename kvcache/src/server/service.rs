@@ -350,6 +350,7 @@ impl KvService {
         s.get_reserved_bytes = self.inner.get_budget.reserved_bytes();
         s.group = self.group_stats();
         s.shm = self.inner.shm.as_ref().map(|a| a.stats());
+        s.tenants = self.inner.tenants.stats();
         s
     }
 
