@@ -20,6 +20,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 import warnings
 import weakref
 from typing import Dict, Iterator, List, Optional, Sequence, Union
@@ -237,6 +238,28 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _attach_error(e: OSError, path: str, timeout: Optional[float]) -> OSError:
+    """``e``, a failed attach to the side socket ``path``, as an error of the same type
+    naming the path and the likely cause (black-box finding: a bare "[Errno 2] No such
+    file or directory" left a user guessing which socket, and why). The same type: the
+    connectors fall back to bytes on any OSError."""
+    if isinstance(e, TimeoutError):
+        why = (f"no hello within {timeout:.3g} s: the daemon accepted the connection but does not "
+               "answer (stopped or overloaded)")
+    elif isinstance(e, FileNotFoundError):
+        why = ("no such socket: no daemon serves there, or it runs without a shared-memory arena "
+               "([kv] shm = \"0\", or off because [[kv.tenants]] are configured); use shm=False")
+    elif isinstance(e, PermissionError):
+        why = ("permission denied: the side socket is only for the daemon's own user (mode 0600); "
+               "run as that user, or use shm=False")
+    elif isinstance(e, ConnectionRefusedError):
+        why = "nothing listens there: the daemon that made it is gone (a stale socket)"
+    else:
+        why = e.strerror or str(e)
+    msg = f"shared-memory side socket {path}: {why}"
+    return type(e)(msg) if e.errno is None else type(e)(e.errno, msg)
+
+
 class _ShmArena:
     """The daemon's shared-memory arena, attached over its side socket: the memfd comes
     with SCM_RIGHTS and is mapped read-only; lease ids go back on the socket.
@@ -251,9 +274,15 @@ class _ShmArena:
         self.device_view: Optional[memoryview] = None
         self.device_id = b""
         try:
-            self._sock.settimeout(timeout)
-            self._sock.connect(path)
-            msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
+            end = None if timeout is None else time.monotonic() + timeout
+            try:
+                self._sock.settimeout(timeout)
+                self._sock.connect(path)
+                # One bound for connect and hello together.
+                self._sock.settimeout(_left(end))
+                msg, fds, _flags, _addr = socket.recv_fds(self._sock, _HELLO_DEVICE, 2)
+            except OSError as e:
+                raise _attach_error(e, path, timeout) from None
             # Never waits from here on: a stopped daemon fills the socket's buffer, and a
             # release must not block the engine (black-box finding: the 279th release of
             # a batch blocked until the daemon resumed).
@@ -497,7 +526,8 @@ def _lease_view(arena: _ShmArena, lease: int, base: Optional[memoryview], offset
 class KvClient:
     """A connection to a Strata KV service.
 
-    ``addr``: ``unix:///path/kv.sock``, ``host:port`` (plaintext) or, with
+    ``addr``: ``unix:///path/kv.sock`` (the path as the daemon prints it, not
+    percent-encoded), ``host:port`` (plaintext) or, with
     ``root_certificates`` (PEM bytes), a TLS connection to ``host:port``. ``token`` is
     sent as ``authorization: Bearer <token>``. ``identity`` (a :class:`ModelIdentity` or
     its digest) is sent with every call: the service binds each namespace to the first
@@ -506,7 +536,8 @@ class KvClient:
     ``shm``: on the daemon's host, attach to its shared-memory arena (True: the
     ``kv-shm.sock`` beside a ``unix://`` address; or the side socket's path): Gets are
     then answered with ranges of the arena read in place (:meth:`get_view`); attaching
-    waits at most ``timeout`` (``TimeoutError``, an ``OSError``). ``timeout`` also bounds
+    waits at most ``timeout`` (``TimeoutError``, an ``OSError``; any attach failure is an
+    ``OSError`` naming the side socket and the likely cause). ``timeout`` also bounds
     each call; :meth:`put` and :meth:`get_view` take a shorter one per call. After
     ``os.fork()`` the child's first call opens a channel and a session of its own.
     """
@@ -531,11 +562,22 @@ class KvClient:
             # 8 clients' concurrent 64 MiB puts, 4 refused after 10 s).
             ("grpc.use_local_subchannel_pool", 1),
         ]
+        unix_path = None
+        target = addr
         if addr.startswith("unix:"):
             # gRPC core sends the socket path as :authority, which HTTP/2 servers such as
             # hyper (the Rust service) refuse as malformed; any valid host name will do.
             options.append(("grpc.default_authority", "localhost"))
-        self._addr, self._options = addr, options
+            # unix:///run/kv.sock -> /run/kv.sock; unix:run/kv.sock (gRPC: relative to
+            # the working directory) -> run/kv.sock, not /run/kv.sock.
+            rest = addr[len("unix:"):]
+            unix_path = "/" + rest.lstrip("/") if rest.startswith("/") else rest
+            # The path is taken as is, but gRPC parses the address as a URI: escaped, so
+            # '%', '#', '?' or a space in it reach that path, not another (black-box
+            # finding: .../pct%41x/kv.sock connected to .../pctAx/kv.sock).
+            quoted = urllib.parse.quote(unix_path, safe="/")
+            target = "unix://" + quoted if unix_path.startswith("/") else "unix:" + quoted
+        self._addr, self._options = target, options
         self._creds = (grpc.ssl_channel_credentials(root_certificates=root_certificates)
                        if root_certificates is not None else None)
         #: The process the channel (and the arena) belong to: a forked child opens its own.
@@ -562,11 +604,7 @@ class KvClient:
                 if not addr.startswith("unix:"):
                     self._channel.close()
                     raise ValueError("shm=True needs a unix:// address (or pass the side socket's path)")
-                # unix:///run/kv.sock -> /run/kv.sock; unix:run/kv.sock (gRPC: relative to
-                # the working directory) -> run/kv.sock, not /run/kv.sock.
-                rest = addr[len("unix:"):]
-                kv_sock = "/" + rest.lstrip("/") if rest.startswith("/") else rest
-                shm = os.path.join(os.path.dirname(kv_sock), "kv-shm.sock")
+                shm = os.path.join(os.path.dirname(unix_path), "kv-shm.sock")
             try:
                 self._arena = _ShmArena(shm, timeout)
             except ConnectionRefusedError as e:
@@ -640,25 +678,43 @@ class KvClient:
 
     def _use_arena(self, arena: Optional[_ShmArena]) -> None:
         """Gets name ``arena``'s session (None: no arena, blocks come as bytes)."""
-        md = self._metadata or ()
-        get_md = md + ((SHM_SESSION_METADATA, arena.session),) if arena is not None else md
-        self._get_metadata = get_md or None
-        self._device_metadata = (get_md + ((DEVICE_IPC_METADATA, "1"),)) if arena is not None else self._metadata
         self._arena = arena
 
-    def _reattach(self, ended: Optional[_ShmArena]) -> None:
+    def _session_md(self, arena: Optional[_ShmArena], device: bool = False, call: Optional[int] = None):
+        """Metadata of a Get naming ``arena``'s session (None: as bytes), numbered ``call``
+        (so its leases can be abandoned). Made from the arena the call uses, so the
+        session named and the arena its leases are read in never differ."""
+        if arena is None:
+            return self._metadata
+        md = (self._metadata or ()) + ((SHM_SESSION_METADATA, arena.session),)
+        if device:
+            md += ((DEVICE_IPC_METADATA, "1"),)
+        if call is not None:
+            md += ((SHM_REQUEST_METADATA, str(call)),)
+        return md
+
+    def _reattach(self, ended: Optional[_ShmArena], deadline: Optional[float] = None) -> None:
         """The daemon no longer holds ``ended``'s session (it restarted): attach again at
         the same side socket, once for all threads that saw it (``ended`` None: no arena
         now, after a failed attach). Views into the old arena stay readable (their
         mapping is their own). When attaching fails (the daemon now runs without an
         arena, or is not back yet), Gets go on as bytes, and attaching is tried again
-        at a Get 5 s later."""
-        with self._attach_lock:
+        at a Get 5 s later. ``deadline``: the calling Get's; waiting for another
+        thread's attach and the attach itself end by it (black-box finding: a
+        get_views(timeout=2) took the client's whole 60 s timeout against a daemon
+        frozen after a restart, and held every other thread's Gets as long)."""
+        left = _left(deadline)
+        if not self._attach_lock.acquire(timeout=-1 if left is None else left):
+            return  # the call's time is up: it goes on (and fails) with what there is
+        try:
             if self._arena is not ended:
                 return  # another thread attached already
             try:
                 # A later try waits at most 2 s for the hello: it runs inside a Get.
                 bound = self._timeout if ended is not None else min(self._timeout or 2.0, 2.0)
+                if deadline is not None:
+                    left = _left(deadline)
+                    bound = left if bound is None else min(bound, left)
                 arena = _ShmArena(self._shm_path, bound)
             except (OSError, ValueError) as e:
                 if ended is not None:
@@ -670,6 +726,8 @@ class KvClient:
             self._use_arena(arena)
             if ended is not None:
                 ended.close()
+        finally:
+            self._attach_lock.release()
 
     def _call(self, method, request, timeout: Optional[float] = None):
         try:
@@ -753,9 +811,9 @@ class KvClient:
             # The daemon restarted: a Get naming the old session is answered with bytes,
             # not refused, so the device-handle path (per-key Gets) never learnt of it
             # (black-box finding: zero-copy lost for the engine's lifetime).
-            self._reattach(self._arena)
+            self._reattach(self._arena, deadline)
         elif self._arena is None and self._shm_path and time.monotonic() >= self._next_attach:
-            self._reattach(None)
+            self._reattach(None, deadline)
         views: List[Optional[BlockView]] = []
         try:
             if self._arena is not None and not device and self._batch_lease and keys:
@@ -765,7 +823,7 @@ class KvClient:
                         break  # no BatchLease (or no arena now): the rest by Get
                     views.extend(leased)
             if len(views) < len(keys):
-                views.extend(self._got_views(keys[len(views):], ns, device, deadline))
+                views.extend(self._got_views(keys[len(views):], ns, device, deadline, self._arena))
         except BaseException:
             for v in views:
                 if v is not None:
@@ -774,13 +832,13 @@ class KvClient:
         return views
 
     def _got_views(self, keys: Sequence[bytes], ns: str, device: bool,
-                   deadline: Optional[float]) -> List[Optional[BlockView]]:
+                   deadline: Optional[float], arena: Optional[_ShmArena]) -> List[Optional[BlockView]]:
         """One Get stream per key, at most :data:`GETS_IN_FLIGHT` open at once (black-box
-        finding: a batch of 20,000 opened as many streams at once)."""
-        md = self._device_metadata if device else self._get_metadata
-        arena, call = self._arena, _call_number()
-        if arena is not None and md:
-            md = tuple(md) + ((SHM_REQUEST_METADATA, str(call)),)
+        finding: a batch of 20,000 opened as many streams at once), naming ``arena``'s
+        session (None: as bytes). All numbered by one call, abandoned if any fails."""
+        call = _call_number()
+        md = self._session_md(arena, device, call)
+        if arena is not None:
             arena.flush()
         stub = self._stub
 
@@ -825,7 +883,7 @@ class KvClient:
             # session's share.
             arena.flush()
             call = _call_number()
-            md = tuple(self._get_metadata) + ((SHM_REQUEST_METADATA, str(call)),)
+            md = self._session_md(arena, call=call)
             try:
                 answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
                                                timeout=_left(deadline), metadata=md)
@@ -836,7 +894,7 @@ class KvClient:
                     return None
                 if (attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION
                         and SHM_SESSION_ENDED in (e.details() or "")):
-                    self._reattach(arena)
+                    self._reattach(arena, deadline)
                     continue
                 # The answer may have been built after we gave up: its leases go back.
                 arena.abandon(call)
@@ -858,11 +916,14 @@ class KvClient:
                     raise KvError(grpc.StatusCode.INTERNAL, f"bad shared-memory lease {b.shm_offset}+{b.size}")
                 else:
                     views.append(_lease_view(arena, b.shm_lease, arena.view, b.shm_offset, b.size))
-            for i, (b, k) in enumerate(zip(answer.blocks, keys)):
-                if b.found and not b.shm_lease:
-                    views[i] = self._view_of(self._stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k),
-                                                            timeout=_left(deadline),
-                                                            metadata=self._get_metadata), arena)
+            # Blocks the arena could not lease then, by Get (leased if the share allows
+            # now), numbered as a call of their own: one that times out has its lease
+            # abandoned (black-box finding: unnumbered, such leases were lost for good,
+            # and a client with short deadlines ended with no zero-copy share at all).
+            rest = [i for i, b in enumerate(answer.blocks) if b.found and not b.shm_lease]
+            if rest:
+                for i, v in zip(rest, self._got_views([keys[i] for i in rest], ns, False, deadline, arena)):
+                    views[i] = v
         except BaseException:
             for v in views:
                 if v is not None:

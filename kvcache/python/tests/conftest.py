@@ -58,6 +58,10 @@ def strata_binary():
     return binary
 
 
+#: What `strata serve` announces before "ready", one "NAME VALUE" line each.
+ENDPOINT_NAMES = ("kv tcp", "kv unix", "kv shm", "admin")
+
+
 def start_serve(cache_dir, extra_args=(), config_path=None, memory="256MiB", disk="0"):
     """Starts `strata serve` on ``cache_dir``; (process, endpoints) once it is ready."""
     cmd = [strata_binary(), "serve", "--cache-dir", cache_dir, "--listen", "127.0.0.1:0",
@@ -72,10 +76,16 @@ def start_serve(cache_dir, extra_args=(), config_path=None, memory="256MiB", dis
             line = proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"strata serve exited with {proc.wait()}")
-            parts = line.split()
-            if parts == ["ready"]:
+            if line.split() == ["ready"]:
                 break
-            endpoints[" ".join(parts[:-1])] = parts[-1]
+            # "NAME VALUE", where a path VALUE may hold spaces: a known name is matched
+            # whole, not cut at the last space.
+            name = next((n for n in ENDPOINT_NAMES if line.startswith(n + " ")), None)
+            if name is not None:
+                endpoints[name] = line[len(name) + 1:].rstrip("\n")
+            else:
+                parts = line.split()
+                endpoints[" ".join(parts[:-1])] = parts[-1]
         else:
             raise RuntimeError("strata serve not ready within 30 s")
     except BaseException:

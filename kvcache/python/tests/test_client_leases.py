@@ -254,3 +254,68 @@ def test_an_open_view_keeps_its_session_after_the_client_closes(small_arena):
     assert changed(view.data, 0xAA) == 0
     view.release()
     wait_for(lambda: shm_stats(small_arena)["sessions"] == 0, "the session ended with its last view")
+
+
+class _Timeout(grpc.RpcError):
+    """What a Get whose deadline passed raises."""
+
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+
+def test_a_timed_out_get_of_a_batch_gives_its_lease_back(small_arena):
+    """Black-box finding: get_views calls with short deadlines left the session with no
+    zero-copy share at all. A block BatchLease answered unleased (the share was full
+    then) is fetched by Get, which may lease it by then; that Get carried no call number,
+    so when it timed out after the daemon leased it, the lease could never be given
+    back. Here such a Get's answer is lost as a timeout loses it: its lease comes back."""
+    with KvClient(small_arena["unix"], namespace="leases/timeout", shm=True, timeout=10) as c:
+        keys = [b"full-%d" % i for i in range(4)]
+        for k in keys + [b"late"]:
+            c.put(k, b"\x44" * MIB)
+        wait_for(lambda: shm_stats(small_arena)["leased_bytes"] == 0, "no lease held before")
+        held = c.get_views(keys)
+        assert all(v.shared for v in held), "the session's share (a quarter of the arena) is full"
+        real = c._grpc_stub
+        lost = []
+
+        class Stub:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def Get(self, *args, **kwargs):
+                # The share frees between the BatchLease and this Get: the Get leases.
+                for v in held:
+                    v.release()
+                c._arena.flush()
+                wait_for(lambda: shm_stats(small_arena)["leased_bytes"] == 0, "the share is free")
+                stream = real.Get(*args, **kwargs)
+
+                class Lost:
+                    def __iter__(self):
+                        # The daemon answered (with a lease), but the caller's deadline
+                        # passed before it read the answer.
+                        lost.extend(stream)
+                        raise _Timeout()
+
+                    def cancel(self):
+                        stream.cancel()
+
+                return Lost()
+
+        c._grpc_stub = Stub()
+        with pytest.raises(KvError) as e:
+            c.get_views([b"late"], timeout=5)
+        c._grpc_stub = real
+        assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert lost and lost[0].shm_lease, "the lost answer held a lease"
+        wait_for(lambda: shm_stats(small_arena)["leased_bytes"] == 0, "the lost answer's lease came back", 5)
+        views = c.get_views(keys)
+        try:
+            assert all(v.shared for v in views), "the session's share is whole"
+        finally:
+            for v in views:
+                v.release()
