@@ -1295,7 +1295,26 @@ impl BackingStore {
             let (f, t) = (f.clone(), t.clone());
             async move { self.store.rename(&f, &t).await }
         })
-        .await
+        .await?;
+        self.remove_emptied_dirs(from).await;
+        Ok(())
+    }
+
+    /// After `path` left a local directory store by a rename: the folders it leaves
+    /// empty go, as a delete's do (black-box finding: `mv d0/e/f x; mv d0 d3; mkdir d0`
+    /// showed the old, emptied `d0/e` in the new `d0`). Stops at the first folder that
+    /// still holds something.
+    async fn remove_emptied_dirs(&self, path: &str) {
+        let Some(root) = &self.local_root else {
+            return;
+        };
+        let mut at = std::path::Path::new(path).parent();
+        while let Some(dir) = at.filter(|d| !d.as_os_str().is_empty()) {
+            if tokio::fs::remove_dir(root.join(dir)).await.is_err() {
+                return;
+            }
+            at = dir.parent();
+        }
     }
 
     /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
@@ -2174,6 +2193,29 @@ fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Black-box finding (round 14): a rename out of a local folder left the folder it
+    /// emptied behind, and a new folder of its name showed it. The rename removes the
+    /// folders it empties, up to the first that still holds something.
+    #[tokio::test]
+    async fn a_rename_removes_the_local_folders_it_empties() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("d0/e/g")).expect("mkdir");
+        std::fs::write(dir.path().join("d0/e/g/f"), b"x").expect("write");
+        std::fs::write(dir.path().join("d0/keep"), b"y").expect("write");
+        let url = format!("file://{}", dir.path().display());
+        let store = BackingStore::from_url(&url, &StoreOptions::default()).expect("store");
+        store.rename("d0/e/g/f", "moved").await.expect("rename");
+        assert_eq!(
+            std::fs::read(dir.path().join("moved")).expect("moved"),
+            b"x"
+        );
+        assert!(!dir.path().join("d0/e").exists(), "emptied folders gone");
+        assert!(
+            dir.path().join("d0/keep").exists(),
+            "a folder holding more stays"
+        );
+    }
 
     /// Black-box finding: a local file the daemon may not read was asked 8 times (~3.5 s
     /// per read) and failed EIO. A refusal is asked once and named as one.
