@@ -383,11 +383,28 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
         "FREQ PERIODS"
     );
     for (i, t) in s.engine.tiers.iter().enumerate() {
-        let before = prev.and_then(|p| p.engine.tiers.get(i)).map(|b| b.hits);
+        let earlier = prev.and_then(|p| p.engine.tiers.get(i));
+        let before = earlier.map(|b| b.hits);
         let use_pct = if t.capacity_bytes == 0 {
             0.0
         } else {
             t.used_bytes as f64 / t.capacity_bytes as f64
+        };
+        // Watching: the interval's ratio, as `juicefs stats` shows (black-box finding:
+        // the lifetime ratio read 77% through an interval of nothing but misses).
+        let hit_pct = match earlier {
+            Some(b) => {
+                let (h, m) = (
+                    t.hits.saturating_sub(b.hits),
+                    t.misses.saturating_sub(b.misses),
+                );
+                if h + m == 0 {
+                    "-".to_string()
+                } else {
+                    pct(h as f64 / (h + m) as f64)
+                }
+            }
+            None => pct(t.hit_ratio()),
         };
         let _ = writeln!(
             o,
@@ -398,11 +415,43 @@ fn render_tiers(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r: 
             pct(use_pct),
             t.hits,
             t.misses,
-            pct(t.hit_ratio()),
+            hit_pct,
             t.evictions,
             r.of(t.hits, before),
             t.policy_recency_periods,
             t.policy_frequency_periods
+        );
+    }
+    if prev.is_some() {
+        let _ = writeln!(o, "(HIT% and HITS/s over the last interval)");
+    }
+    // Failures are shown, not only counted (black-box finding: 7 disk-tier errors and
+    // 7 lost blocks were in /stats and /metrics, and the table showed 7 misses).
+    let failing: Vec<String> = s
+        .engine
+        .tiers
+        .iter()
+        .filter(|t| t.errors > 0)
+        .map(|t| format!("{} {}", tail(&t.name, 24), t.errors))
+        .collect();
+    if !failing.is_empty() || s.engine.lost_blocks > 0 || !s.engine.degraded.is_empty() {
+        let _ = writeln!(
+            o,
+            "tier errors: {}   blocks lost (unreadable, fetched again): {}{}",
+            if failing.is_empty() {
+                "none".to_string()
+            } else {
+                failing.join(", ")
+            },
+            s.engine.lost_blocks,
+            if s.engine.degraded.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "   degraded (writes skip): {}",
+                    s.engine.degraded.join(", ")
+                )
+            }
         );
     }
 }
@@ -581,9 +630,19 @@ mod tests {
         let mut p = s.clone();
         p.uptime_secs = 8.0;
         p.engine.tiers[0].hits = 10;
+        p.engine.tiers[0].misses = 5;
         let text = render("e", &s, Some(&p));
         assert!(text.contains("25.0%"), "memory use 1/4:\n{text}");
-        assert!(text.contains("75.0%"), "tier hit ratio 30/40:\n{text}");
+        // Black-box finding (round 14): watching showed the lifetime ratio.
+        assert!(
+            text.contains("80.0%") && text.contains("over the last interval"),
+            "the interval's hit ratio 20/25:\n{text}"
+        );
+        assert!(
+            render("e", &s, None).contains("75.0%"),
+            "once: the lifetime ratio 30/40"
+        );
+        assert!(!text.contains("tier errors"), "none to show");
         assert!(text.contains("10.0/s"), "20 hits over 2 s:\n{text}");
         assert!(
             text.contains("LRU PERIODS")
@@ -596,6 +655,16 @@ mod tests {
             "namespace hit ratio 1/4:\n{text}"
         );
         assert!(!text.contains("local files"), "none without a disk budget");
+        // Black-box finding (round 14): errors and lost blocks were only counted.
+        let mut failing = s.clone();
+        failing.engine.tiers[0].errors = 7;
+        failing.engine.lost_blocks = 7;
+        let text = render("e", &failing, None);
+        assert!(
+            text.contains("tier errors: memory 7")
+                && text.contains("blocks lost (unreadable, fetched again): 7"),
+            "{text}"
+        );
         s.local_files = Some(crate::admin::LocalFilesStats {
             copies: 3,
             copy_bytes: 1 << 20,
