@@ -124,3 +124,20 @@ async fn a_configured_token_is_required() {
     assert!(c.exists(NS, b"k").await.expect("exists with token"));
     server.stop().await;
 }
+
+/// Black-box finding (round 14): a memory-only daemon reported (and exported) load
+/// model figures for GPU and disk tiers it does not have: the model's priors, shown as
+/// measured. Only the cache's own tiers are reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_model_covers_only_the_caches_tiers() {
+    let server = TestServer::start(memory_engine(64 << 20), ServerConfig::default()).await;
+    let tiers: Vec<String> = server
+        .service
+        .stats()
+        .load_model
+        .into_iter()
+        .map(|t| t.tier)
+        .collect();
+    assert_eq!(tiers, vec!["memory".to_string()]);
+    server.stop().await;
+}

@@ -351,6 +351,16 @@ impl KvService {
         s.group = self.group_stats();
         s.shm = self.inner.shm.as_ref().map(|a| a.stats());
         s.tenants = self.inner.tenants.stats();
+        // Only the tiers this cache has: the others' figures are the model's priors,
+        // which a dashboard would show as measured (black-box finding).
+        let kinds: Vec<&str> = self
+            .inner
+            .engine
+            .tier_kinds()
+            .into_iter()
+            .map(|k| k.as_str())
+            .collect();
+        s.load_model.retain(|t| kinds.contains(&t.tier.as_str()));
         s
     }
 
