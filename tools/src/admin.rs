@@ -786,7 +786,7 @@ pub fn render_metrics(s: &DaemonStats) -> String {
     counter_family(
         &mut reg,
         "tier_read_bytes",
-        "Bytes read from the tier",
+        "Bytes of the blocks read from the tier (whole blocks: a 4 KiB read of a cached 1 MiB block counts 1 MiB)",
         &per(&e.tiers, per_tier, |t| t.bytes_out),
     );
     counter_family(
