@@ -128,6 +128,10 @@ struct Level {
     /// Lookups the level's accounting answered as absent without asking the tier (the
     /// tier's own counter sees only the lookups that reach it).
     misses: AtomicU64,
+    /// Hits of reads that were not a client's (KV staging, prefetch), which the tier
+    /// counted as hits: taken out of its hits, so a tier's hit ratio is what clients
+    /// got (black-box finding: a Prefetch and no Get showed a 0% memory hit ratio).
+    quiet_hits: AtomicU64,
     /// Writes skip the level until this instant (nanoseconds since the engine's epoch;
     /// 0: healthy). Set by a device error on a persistent level.
     degraded_until: AtomicU64,
@@ -273,6 +277,7 @@ impl EngineBuilder {
                 tier,
                 evictions: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
+                quiet_hits: AtomicU64::new(0),
                 degraded_until: AtomicU64::new(0),
                 degraded: AtomicBool::new(false),
                 budget_lowered: AtomicBool::new(false),
@@ -445,11 +450,16 @@ impl CacheEngine {
                 (state.touch(i, key, ctx), state.removal_seq())
             };
             if !held {
-                level.misses.fetch_add(1, Ordering::Relaxed);
+                if ctx.is_demand() {
+                    level.misses.fetch_add(1, Ordering::Relaxed);
+                }
                 continue;
             }
             match level.tier.get(key).await {
                 Ok(TierGet::Hit(block)) => {
+                    if !ctx.is_demand() {
+                        level.quiet_hits.fetch_add(1, Ordering::Relaxed);
+                    }
                     if i > 0 {
                         self.promote(i, key, block.clone(), ctx, read_at).await;
                     }
@@ -1300,7 +1310,11 @@ impl CacheEngine {
             let next = self.inner.state.lock().next_level_lacking(i, &victim);
             let bytes = match next {
                 Some(_) => match level.tier.get(&victim).await {
-                    Ok(TierGet::Hit(b)) => Some(b),
+                    Ok(TierGet::Hit(b)) => {
+                        // The engine's own read, not a client's hit.
+                        level.quiet_hits.fetch_add(1, Ordering::Relaxed);
+                        Some(b)
+                    }
                     _ => None,
                 },
                 None => None,
@@ -1392,6 +1406,7 @@ impl CacheEngine {
                     t.policy_frequency_periods = frequency;
                     t.evictions += l.evictions.load(Ordering::Relaxed);
                     t.misses += l.misses.load(Ordering::Relaxed);
+                    t.hits = t.hits.saturating_sub(l.quiet_hits.load(Ordering::Relaxed));
                     t
                 })
                 .collect(),

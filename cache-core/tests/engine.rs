@@ -156,6 +156,35 @@ async fn eviction_demotes_and_a_lower_hit_promotes() {
     assert!(s.tiers[0].evictions >= 2);
 }
 
+/// Black-box finding (round 14): KV Prefetch staging (reads that are no client's)
+/// counted as tier hits and misses: a Prefetch and no Get showed memory at a 0% hit
+/// ratio. A tier's hits and misses count demand reads only.
+#[tokio::test]
+async fn reads_that_are_no_clients_do_not_count_as_hits_or_misses() {
+    let (engine, _top, _bottom) = two_level(100, 1000);
+    let k = |i| CacheKey::file("f", "v", i);
+    for i in 0..2 {
+        engine
+            .put(&k(i), Bytes::from(vec![i as u8; 100]), &ctx())
+            .await
+            .expect("put");
+    }
+    let before = engine.stats();
+    // k0 is below: staging it misses the top and hits the bottom.
+    let staged = engine
+        .get(&k(0), &AccessContext::prefetch(Default::default(), 0))
+        .await
+        .expect("stage");
+    assert!(staged.is_some());
+    let after = engine.stats();
+    for (b, a) in before.tiers.iter().zip(&after.tiers) {
+        assert_eq!((a.hits, a.misses), (b.hits, b.misses), "{}", a.name);
+    }
+    // A client's read of it is a top hit.
+    engine.get(&k(0), &ctx()).await.expect("get");
+    assert_eq!(engine.stats().tiers[0].hits, before.tiers[0].hits + 1);
+}
+
 #[tokio::test]
 async fn a_value_larger_than_the_top_tier_lands_below() {
     let (engine, top, bottom) = two_level(100, 1000);
