@@ -2255,3 +2255,42 @@ async fn a_file_recovered_into_a_new_folder_shows_with_its_folder() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 14, fsx): an `ftruncate` of a file unlinked while open made
+/// its path an inode again, and the next file created there got that number too: the
+/// kernel took the two for one, the new file's close was taken for the close of a
+/// copy of the other's descriptor (its upload left to the release) and an open for
+/// writing right after it was EBUSY. The truncate answers for the inode it was asked
+/// about, and a new file there is a new inode.
+#[tokio::test]
+async fn a_truncate_of_an_unlinked_file_keeps_its_inode_apart_from_a_new_one() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let (a, fa) = c.create(dir.attr.ino, "h", 0).await.expect("create a");
+        c.unlink(dir.attr.ino, "h")
+            .await
+            .expect("unlink while open");
+        let e = c
+            .setattr(a.attr.ino, Some(5000), Some(fa))
+            .await
+            .expect("ftruncate");
+        assert_eq!(e.attr.ino, a.attr.ino, "the inode asked about");
+        assert_eq!(e.attr.size, 5000);
+        let (b, fb) = c.create(dir.attr.ino, "h", 0).await.expect("create b");
+        assert_ne!(b.attr.ino, a.attr.ino, "a new file is a new inode");
+        c.write(fb, 0, b"bb").expect("write");
+        c.close(fb, 0).await.expect("close");
+        c.release_write(fb).await;
+        assert_eq!(stored(&fx, "data/h").await.as_deref(), Some(&b"bb"[..]));
+        c.release_write(fa).await;
+        assert_eq!(
+            stored(&fx, "data/h").await.as_deref(),
+            Some(&b"bb"[..]),
+            "a is never uploaded"
+        );
+    })
+    .await
+    .expect("bounded");
+}
