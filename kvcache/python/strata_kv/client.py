@@ -168,6 +168,114 @@ def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(deadline - time.monotonic(), 0.001)
 
 
+#: How long past a call's deadline the client waits for gRPC to end the call before it
+#: ends it itself (cancels it and raises ``DEADLINE_EXCEEDED``). gRPC's own deadline
+#: does not fire while the request's write is stuck: a request larger than the socket
+#: buffer (a put of >= 512 KiB, a lookup of >= ~10,000 keys) to a stopped or hung daemon
+#: waited until the daemon resumed (black-box finding: put(1 MiB, timeout=3) still
+#: blocked after 80 s).
+_DEADLINE_GRACE = 0.25
+
+
+def _deadline_exceeded(bound: Optional[float]) -> KvError:
+    """What a call whose ``bound`` (seconds) passed raises: the KvError gRPC's deadline
+    gives, saying why."""
+    return KvError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                   f"Deadline Exceeded (no answer within {bound:.3g} s: the daemon is stopped, hung or "
+                   "overloaded)" if bound is not None else "Deadline Exceeded")
+
+
+class _Bound:
+    """The deadline of a call whose answer is a stream (or of a batch of them): the
+    streams added are cancelled once it passes (plus :data:`_DEADLINE_GRACE`), by the
+    :class:`_Watchdog`, as gRPC does not end them while the request's write is stuck.
+    ``expired``: it passed, so a CANCELLED stream of it is a DEADLINE_EXCEEDED one."""
+
+    __slots__ = ("at", "bound", "streams", "expired")
+
+    def __init__(self, at: float, bound: float):
+        self.at, self.bound = at, bound
+        #: The streams open (id -> stream): one read to its end is dropped, so a batch
+        #: of many Gets does not keep every finished call alive.
+        self.streams: Dict[int, object] = {}
+        self.expired = False
+
+    def add(self, stream) -> None:
+        self.streams[id(stream)] = stream
+        if self.expired:
+            stream.cancel()  # started after it passed (the watchdog cancelled the others)
+
+    def drop(self, stream) -> None:
+        self.streams.pop(id(stream), None)
+
+    def expire(self) -> None:
+        self.expired = True
+        for stream in list(self.streams.values()):
+            try:
+                stream.cancel()
+            except Exception:
+                pass
+
+    def error(self, e: grpc.RpcError) -> KvError:
+        """``e``, raised by a stream of this bound, as the KvError to raise."""
+        if self.expired and e.code() == grpc.StatusCode.CANCELLED:
+            return _deadline_exceeded(self.bound)
+        return _wrap(e)
+
+
+class _Watchdog:
+    """One thread per process that cancels the response streams of the :class:`_Bound`
+    watched when they pass: a call registers (one dict entry under a lock) and
+    unregisters; the thread wakes at the earliest deadline registered, not per call."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._bounds: Dict[int, _Bound] = {}
+        self._wake_at = float("inf")
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, deadline: Optional[float]) -> Optional[_Bound]:
+        """A bound ending ``deadline`` (a ``time.monotonic()``; None: no bound, None)."""
+        if deadline is None:
+            return None
+        b = _Bound(deadline + _DEADLINE_GRACE, deadline - time.monotonic())
+        with self._cond:
+            self._bounds[id(b)] = b
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="strata-kv-deadlines", daemon=True)
+                self._thread.start()
+            if b.at < self._wake_at:
+                self._wake_at = b.at
+                self._cond.notify()
+        return b
+
+    def unwatch(self, b: Optional[_Bound]) -> None:
+        if b is not None:
+            with self._cond:
+                self._bounds.pop(id(b), None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                expired = [b for b in self._bounds.values() if b.at <= now]
+                for b in expired:
+                    del self._bounds[id(b)]
+                self._wake_at = min((b.at for b in self._bounds.values()), default=float("inf"))
+                if expired:
+                    self._cond.release()
+                    try:
+                        for b in expired:
+                            b.expire()
+                    finally:
+                        self._cond.acquire()
+                    continue
+                self._cond.wait(None if self._wake_at == float("inf") else self._wake_at - now)
+
+
+_WATCHDOG = _Watchdog()
+
+
 def _key_of(key) -> bytes:
     """``key`` as bytes, else a clear ``TypeError`` (black-box finding: a str key to
     ``put`` failed inside the request stream as UNKNOWN "Exception iterating requests!")."""
@@ -229,8 +337,9 @@ _INHERITED: list = []
 
 
 def _after_fork_in_child() -> None:
-    global _fork_lock
+    global _fork_lock, _WATCHDOG
     _fork_lock = threading.Lock()
+    _WATCHDOG = _Watchdog()  # the parent's thread is not here (and its lock may be held)
     for arena in list(_ARENAS):
         arena._forked()
 
@@ -729,13 +838,49 @@ class KvClient:
         finally:
             self._attach_lock.release()
 
-    def _call(self, method, request, timeout: Optional[float] = None):
+    def _call(self, method, request, timeout: Optional[float] = None, metadata=None):
+        """Every call answered by one message (Put's request stream too), bounded by
+        ``timeout`` (default: the client's) whatever gRPC does: past it (and
+        :data:`_DEADLINE_GRACE`) the call is cancelled and ``KvError``
+        ``DEADLINE_EXCEEDED`` raised, as gRPC's deadline does. gRPC's blocking form waits
+        behind a request write stuck on a full socket, and its deadline then never fires
+        (black-box finding: a put of 1 MiB, or a lookup of 10,000 keys, to a stopped
+        daemon waited until the daemon resumed). ``metadata``: default the client's."""
+        bound = self._timeout if timeout is None else timeout
         try:
-            return method(request, timeout=self._timeout if timeout is None else timeout, metadata=self._metadata)
+            future = method.future(request, timeout=bound,
+                                   metadata=self._metadata if metadata is None else metadata)
+            try:
+                return future.result(timeout=None if bound is None else bound + _DEADLINE_GRACE)
+            except grpc.FutureTimeoutError:
+                future.cancel()
+                raise _deadline_exceeded(bound) from None
+            except grpc.FutureCancelledError:
+                raise KvError(grpc.StatusCode.CANCELLED, "the call was cancelled") from None
+            except grpc.RpcError:
+                raise
+            except BaseException:
+                future.cancel()  # e.g. KeyboardInterrupt: the call does not go on alone
+                raise
         except grpc.RpcError as e:
             raise _wrap(e) from None
         except ValueError as e:  # grpc's "Cannot invoke RPC: Channel closed!"
             raise _closed(e) from None
+
+    def _open_stream(self, method, request, bound: Optional[_Bound], metadata):
+        """Starts a call answered by a stream (Get, BatchGet), bounded by ``bound`` (None:
+        no bound): gRPC's deadline is its, and the :class:`_Watchdog` cancels it once
+        ``bound`` passes (see :meth:`_call`). Errors of its messages: ``bound.error``."""
+        try:
+            stream = method(request, timeout=None if bound is None else _left(bound.at - _DEADLINE_GRACE),
+                            metadata=metadata)
+        except grpc.RpcError as e:
+            raise _wrap(e) from None
+        except ValueError as e:
+            raise _closed(e) from None
+        if bound is not None:
+            bound.add(stream)
+        return stream
 
     def _ns(self, namespace: Optional[str]) -> str:
         return self.namespace if namespace is None else namespace
@@ -841,12 +986,10 @@ class KvClient:
         if arena is not None:
             arena.flush()
         stub = self._stub
+        bound = _WATCHDOG.watch(deadline)
 
         def start(k: bytes):
-            try:
-                return stub.Get(kv_pb2.GetRequest(namespace=ns, hash=k), timeout=_left(deadline), metadata=md)
-            except ValueError as e:
-                raise _closed(e) from None
+            return self._open_stream(stub.Get, kv_pb2.GetRequest(namespace=ns, hash=k), bound, md)
 
         views: List[Optional[BlockView]] = []
         streams: collections.deque = collections.deque()
@@ -855,11 +998,14 @@ class KvClient:
             for k in itertools.islice(todo, GETS_IN_FLIGHT):
                 streams.append(start(k))
             while streams:
-                views.append(self._view_of(streams[0], arena))
-                streams.popleft()
+                views.append(self._view_of(streams[0], arena, bound))
+                done = streams.popleft()
+                if bound is not None:
+                    bound.drop(done)
                 for k in itertools.islice(todo, 1):
                     streams.append(start(k))
         except BaseException:
+            _WATCHDOG.unwatch(bound)
             for v in views:
                 if v is not None:
                     v.release()
@@ -868,6 +1014,7 @@ class KvClient:
             if arena is not None:
                 arena.abandon(call)  # leases answered to Gets whose answer never came
             raise
+        _WATCHDOG.unwatch(bound)
         return views
 
     def _leased_views(self, keys: Sequence[bytes], ns: str,
@@ -885,22 +1032,20 @@ class KvClient:
             call = _call_number()
             md = self._session_md(arena, call=call)
             try:
-                answer = self._stub.BatchLease(kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
-                                               timeout=_left(deadline), metadata=md)
+                answer = self._call(self._stub.BatchLease, kv_pb2.BatchGetRequest(namespace=ns, hashes=list(keys)),
+                                    _left(deadline), md)
                 break
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            except KvError as e:
+                if e.code == grpc.StatusCode.UNIMPLEMENTED:
                     self._batch_lease = False
                     return None
-                if (attempt == 0 and e.code() == grpc.StatusCode.FAILED_PRECONDITION
-                        and SHM_SESSION_ENDED in (e.details() or "")):
+                if (attempt == 0 and e.code == grpc.StatusCode.FAILED_PRECONDITION
+                        and SHM_SESSION_ENDED in e.message):
                     self._reattach(arena, deadline)
                     continue
                 # The answer may have been built after we gave up: its leases go back.
                 arena.abandon(call)
-                raise _wrap(e) from None
-            except ValueError as e:
-                raise _closed(e) from None
+                raise
             except BaseException:
                 arena.abandon(call)
                 raise
@@ -934,15 +1079,15 @@ class KvClient:
             raise
         return views
 
-    def _view_of(self, stream, arena: Optional[_ShmArena]) -> Optional[BlockView]:
+    def _view_of(self, stream, arena: Optional[_ShmArena], bound: Optional[_Bound] = None) -> Optional[BlockView]:
         """The view one Get stream answers (None: the block is not held); ``arena``: the
-        one whose session the Get named."""
+        one whose session the Get named; ``bound``: the one it was opened with."""
         try:
             msgs = list(stream)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND and e.details() == "block not found":
                 return None
-            raise _wrap(e) from None
+            raise (_wrap(e) if bound is None else bound.error(e)) from None
         except ValueError as e:
             raise _closed(e) from None
         if msgs and msgs[0].device_handle:
@@ -978,19 +1123,23 @@ class KvClient:
         ns = self._ns(namespace)
         parts: List[List[bytes]] = [[] for _ in keys]
         found = [False] * len(keys)
-        try:
-            base = 0
-            for run in key_batches(keys):
-                req = kv_pb2.BatchGetRequest(namespace=ns, hashes=list(run))
-                for m in self._stub.BatchGet(req, timeout=self._timeout, metadata=self._metadata):
+        base = 0
+        for run in key_batches(keys):
+            req = kv_pb2.BatchGetRequest(namespace=ns, hashes=list(run))
+            # Each run bounded by the client's timeout, as each call is.
+            bound = _WATCHDOG.watch(None if self._timeout is None else time.monotonic() + self._timeout)
+            try:
+                for m in self._open_stream(self._stub.BatchGet, req, bound, self._metadata):
                     if m.found:
                         found[base + m.index] = True
                         parts[base + m.index].append(m.data)
-                base += len(run)
-        except grpc.RpcError as e:
-            raise _wrap(e) from None
-        except ValueError as e:
-            raise _closed(e) from None
+            except grpc.RpcError as e:
+                raise (_wrap(e) if bound is None else bound.error(e)) from None
+            except ValueError as e:
+                raise _closed(e) from None
+            finally:
+                _WATCHDOG.unwatch(bound)
+            base += len(run)
         return [b"".join(p) if f else None for p, f in zip(parts, found)]
 
     def put(self, key: bytes, value, namespace: Optional[str] = None,
