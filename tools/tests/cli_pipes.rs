@@ -304,17 +304,7 @@ fn a_daemon_survives_output_it_cannot_write() {
             _ => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "clean stop: {status:?}");
+    stops_cleanly_on_sigterm(&mut child);
 }
 
 /// Black-box finding (round 14): under a file-size limit (`ulimit -f`, passed on to job
@@ -383,6 +373,12 @@ fn a_file_size_limit_does_not_kill_the_daemon() {
         child.try_wait().expect("try_wait").is_none(),
         "still serving"
     );
+    stops_cleanly_on_sigterm(&mut child);
+}
+
+/// Sends `child` SIGTERM and asserts it exits cleanly within 30 s.
+fn stops_cleanly_on_sigterm(child: &mut std::process::Child) {
+    use std::time::{Duration, Instant};
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(30);
