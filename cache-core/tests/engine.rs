@@ -216,6 +216,8 @@ enum Op {
     Put(u8, usize),
     Get(u8),
     Remove(u8),
+    /// A read that is no client's (KV staging): a prefetch get.
+    Stage(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -223,6 +225,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..24, 1usize..120).prop_map(|(k, n)| Op::Put(k, n)),
         (0u8..24).prop_map(Op::Get),
         (0u8..24).prop_map(Op::Remove),
+        (0u8..24).prop_map(Op::Stage),
     ]
 }
 
@@ -258,8 +261,13 @@ proptest! {
                         engine.put(&key, v.clone(), &ctx()).await.expect("put");
                         model.insert(k, v);
                     }
-                    Op::Get(k) => {
-                        let got = engine.get(&CacheKey::kv("m", vec![k]), &ctx()).await.expect("get");
+                    Op::Get(k) | Op::Stage(k) => {
+                        let c = if matches!(op, Op::Stage(_)) {
+                            AccessContext::prefetch(Default::default(), step as u64)
+                        } else {
+                            ctx()
+                        };
+                        let got = engine.get(&CacheKey::kv("m", vec![k]), &c).await.expect("get");
                         if let Some(g) = got {
                             prop_assert_eq!(Some(&g), model.get(&k));
                         }
@@ -403,7 +411,7 @@ proptest! {
                     let engine = engine.clone();
                     let (k, n) = match op {
                         Op::Put(k, n) => (k, *sizes.entry(k).or_insert(n)),
-                        Op::Get(k) | Op::Remove(k) => (k, sizes.get(&k).copied().unwrap_or(1)),
+                        Op::Get(k) | Op::Remove(k) | Op::Stage(k) => (k, sizes.get(&k).copied().unwrap_or(1)),
                     };
                     tasks.push(tokio::spawn(async move {
                         let key = CacheKey::kv("m", vec![k]);
@@ -413,6 +421,11 @@ proptest! {
                                 None
                             }
                             Op::Get(_) => engine.get(&key, &ctx()).await.expect("get").map(|g| (k, n, g)),
+                            Op::Stage(_) => engine
+                                .get(&key, &AccessContext::prefetch(Default::default(), 0))
+                                .await
+                                .expect("stage")
+                                .map(|g| (k, n, g)),
                             Op::Remove(_) => {
                                 engine.remove(&key).await.expect("remove");
                                 None
@@ -425,8 +438,8 @@ proptest! {
                         prop_assert_eq!(got, value(k, n));
                     }
                 }
-                prop_assert!(top.used_bytes() <= 300);
-                prop_assert!(bottom.used_bytes() <= 900);
+                prop_assert!(top.used_bytes() <= 300, "top {}", top.used_bytes());
+                prop_assert!(bottom.used_bytes() <= 900, "bottom {}", bottom.used_bytes());
                 for tier in [&top, &bottom] {
                     for (key, _) in tier.resident() {
                         prop_assert!(engine.contains(&key), "{} not counted", key);
