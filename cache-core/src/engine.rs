@@ -416,6 +416,14 @@ impl CacheEngine {
             .fold(0, u64::saturating_add)
     }
 
+    /// The budget of the fastest level (0 without levels).
+    pub fn fastest_capacity_bytes(&self) -> u64 {
+        self.inner
+            .levels
+            .first()
+            .map_or(0, |l| l.tier.capacity_bytes())
+    }
+
     /// Kinds of the levels, fastest first.
     pub fn tier_kinds(&self) -> Vec<TierKind> {
         self.inner.levels.iter().map(|l| l.tier.kind()).collect()
