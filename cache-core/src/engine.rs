@@ -140,6 +140,9 @@ struct Level {
     /// Whether a full device brought the level's budget below its tier's capacity
     /// (`note_write_error`), for a successful write to give it back.
     budget_lowered: AtomicBool,
+    /// When a write last checked the device's room for a lowered budget (engine epoch
+    /// nanoseconds; `recheck_lowered_budget`).
+    budget_checked_at: AtomicU64,
 }
 
 /// What an acknowledged [`CacheEngine::put_stored`] achieved.
@@ -281,6 +284,7 @@ impl EngineBuilder {
                 degraded_until: AtomicU64::new(0),
                 degraded: AtomicBool::new(false),
                 budget_lowered: AtomicBool::new(false),
+                budget_checked_at: AtomicU64::new(0),
             });
         }
         if !excess.is_empty() {
@@ -750,23 +754,55 @@ impl CacheEngine {
         true
     }
 
+    /// Gives level `i` back the budget a full device took, as far as the device has room
+    /// now (a statvfs, outside the lock).
+    fn raise_lowered_budget(&self, i: usize) {
+        let level = &self.inner.levels[i];
+        if !level.budget_lowered.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(free) = level.tier.free_bytes() {
+            let configured = level.tier.capacity_bytes();
+            let mut state = self.inner.state.lock();
+            let room = state.level(i).used().saturating_add(free);
+            let to = room.min(configured).max(state.level(i).budget());
+            state.set_budget(i, to);
+            if to >= configured {
+                level.budget_lowered.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Before a write to level `i` whose budget a full device brought down: the budget
+    /// goes back up with the device's room, at most once a second. After a successful
+    /// write alone was not enough: a level brought down to what it held, nothing,
+    /// admitted no write, so none succeeded and it cached nothing again for good
+    /// (black-box finding: after a write through the mount filled the staging disk,
+    /// the disk tier stored nothing though the disk was empty again).
+    fn recheck_lowered_budget(&self, i: usize) {
+        let level = &self.inner.levels[i];
+        if !level.budget_lowered.load(Ordering::Relaxed) {
+            return;
+        }
+        // 0: never checked.
+        let now = self.now_ns().max(1);
+        let last = level.budget_checked_at.load(Ordering::Relaxed);
+        if (last != 0 && now.saturating_sub(last) < 1_000_000_000)
+            || level
+                .budget_checked_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.raise_lowered_budget(i);
+    }
+
     /// After a successful write at level `i`: ends a degraded spell, and gives back
     /// budget a full device took, as far as the device has room now.
     fn note_write_ok(&self, i: usize) {
         let level = &self.inner.levels[i];
-        if level.budget_lowered.load(Ordering::Relaxed) {
-            // statvfs outside the lock.
-            if let Some(free) = level.tier.free_bytes() {
-                let configured = level.tier.capacity_bytes();
-                let mut state = self.inner.state.lock();
-                let room = state.level(i).used().saturating_add(free);
-                let to = room.min(configured).max(state.level(i).budget());
-                state.set_budget(i, to);
-                if to >= configured {
-                    level.budget_lowered.store(false, Ordering::Relaxed);
-                }
-            }
-        }
+        self.raise_lowered_budget(i);
         if level.degraded.swap(false, Ordering::Relaxed) {
             level.degraded_until.store(0, Ordering::Relaxed);
             tracing::info!(tier = %level.tier.name(), "disk level recovered: writes resume");
@@ -1287,6 +1323,7 @@ impl CacheEngine {
         read_at: Option<u64>,
     ) -> Result<(bool, Vec<(usize, CacheKey, Block, u64)>)> {
         let level = &self.inner.levels[i];
+        self.recheck_lowered_budget(i);
         // What the level's budget charges: the tier's bytes for the block, not only its own.
         let size = level.tier.footprint(key, block.len());
         let removed = |state: &Hierarchy| read_at.is_some_and(|s| state.removed_since(key, s));

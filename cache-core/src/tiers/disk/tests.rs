@@ -1387,3 +1387,27 @@ fn only_a_damaged_index_is_started_over() {
     ));
     assert!(!super::index_unreadable_as(NotFound, "NotFound: "));
 }
+
+/// Black-box finding (round 14b): a full device brought the disk level's budget down
+/// to what it held, nothing; once the device had room again no write was admitted, so
+/// none succeeded to raise it, and the tier cached nothing more for good. A write to a
+/// level whose budget is down checks the device's room first.
+#[tokio::test]
+async fn a_budget_a_full_device_brought_to_nothing_comes_back_with_the_room() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, disk, io) = memory_over_filling_disk(dir.path(), std::time::Duration::ZERO);
+    let ctx = crate::AccessContext::default();
+    io.full.store(true, Ordering::SeqCst);
+    let first = CacheKey::kv("ns", vec![1]);
+    assert!(
+        engine.put(&first, data(5000, 1), &ctx).await.is_err(),
+        "device full"
+    );
+    io.full.store(false, Ordering::SeqCst);
+    let key = CacheKey::kv("ns", vec![2]);
+    engine
+        .put(&key, data(5000, 2), &ctx)
+        .await
+        .expect("the device has room again");
+    assert!(disk.contains(&key).await, "stored on disk");
+}
