@@ -67,6 +67,12 @@ pub trait Device: Send + Sync + 'static {
     ) -> std::result::Result<Arc<dyn crate::transfer::DirectStorage>, String> {
         Err("not supported by this backend".into())
     }
+    /// The device's owner is shutting down: memory freed from now on need not be
+    /// cleared for reuse (the emulated device then leaves it as it is, so another
+    /// process's view of a block, whose lease the shutdown ended, keeps its bytes
+    /// instead of reading zeros). Nothing for a device whose memory no other process
+    /// maps.
+    fn retire(&self) {}
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -62,6 +62,8 @@ struct Memory {
     map: SealedMemfd,
     /// Free ranges: offset -> length, coalesced.
     free: Mutex<BTreeMap<usize, usize>>,
+    /// Set at shutdown ([`Device::retire`]): freed ranges are left as they are.
+    retired: AtomicBool,
 }
 
 fn sys(e: nix::Error, what: &str) -> GdsError {
@@ -88,6 +90,7 @@ impl Memory {
         Ok(Memory {
             map,
             free: Mutex::new(BTreeMap::from([(0, size)])),
+            retired: AtomicBool::new(false),
         })
     }
 
@@ -106,6 +109,12 @@ impl Memory {
     }
 
     fn release(&self, mut offset: usize, mut len: usize) {
+        if self.retired.load(Ordering::Acquire) {
+            // Shutting down: nothing is allocated again, and a client's view of this
+            // block (its lease ended by the shutdown) must keep its bytes, not read
+            // zeros (black-box finding: device views read all zeros after SIGTERM).
+            return;
+        }
         // Free ranges read zero (so an allocation needs no clearing): the whole pages go
         // back to the system (they read zero again), the bytes of partial pages at the
         // ends are zeroed here.
@@ -541,6 +550,10 @@ impl CopyEngine for Shared {
 }
 
 impl Device for EmulatedDevice {
+    fn retire(&self) {
+        self.shared.memory.retired.store(true, Ordering::Release);
+    }
+
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             kind: DeviceKind::Emulated,

@@ -34,6 +34,14 @@ pub struct GpuTier {
     stats: TierStats,
 }
 
+impl Drop for GpuTier {
+    /// The tier goes with its owner's shutdown: the blocks it drops now need not be
+    /// cleared on the device, and clients holding views of them keep their bytes.
+    fn drop(&mut self) {
+        self.transfers.device().retire();
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     committed: u64,

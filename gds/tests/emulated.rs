@@ -654,3 +654,28 @@ fn bad_chunk_sizes_are_refused() {
         ));
     }
 }
+
+/// Black-box finding (round 14b): views of the emulated device's blocks that a client
+/// held read all zeros once the daemon stopped gracefully: the tier's blocks, dropped at
+/// shutdown, were cleared for reuse in the memory the client maps. A retiring device
+/// leaves freed memory as it is.
+#[tokio::test]
+async fn a_clients_view_keeps_its_bytes_when_the_tier_shuts_down() {
+    let (dev, transfers) = setup(16 << 20);
+    let gpu = GpuTier::new(transfers, 8 << 20);
+    let k = CacheKey::kv("llama", vec![5; 32]);
+    let data = pattern(100_000, 5);
+    gpu.put(&k, Block::new(Bytes::from(data.clone())))
+        .await
+        .expect("put");
+    let export = gpu.export_ipc(&k).expect("export").expect("resident");
+    let handle = IpcHandle::from_bytes(&export.handle().to_bytes()).expect("parse");
+    let client = client_of(&dev);
+    drop(export);
+    drop(gpu); // the daemon's shutdown
+    assert_eq!(
+        &client.open_view(&handle).expect("view")[..],
+        &data[..],
+        "the bytes stay"
+    );
+}
