@@ -139,8 +139,17 @@ class BatchPutError(KvError):
         self.stored = stored
 
 
+#: What the daemon (tonic) answers, as CANCELLED, to a call whose deadline passed on its
+#: side before it answered: the call's deadline, reported as gRPC's DEADLINE_EXCEEDED so
+#: callers (the connectors' back-off) see one code for it (black-box finding).
+_SERVER_DEADLINE = "Timeout expired"
+
+
 def _wrap(e: grpc.RpcError) -> KvError:
-    return KvError(e.code(), e.details() or "")
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.CANCELLED and details == _SERVER_DEADLINE:
+        code = grpc.StatusCode.DEADLINE_EXCEEDED
+    return KvError(code, details)
 
 
 def _closed(e: ValueError) -> KvError:

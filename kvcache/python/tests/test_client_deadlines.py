@@ -150,3 +150,25 @@ def test_a_lookup_of_many_keys_to_a_stopped_daemon_ends_by_its_timeout():
         finally:
             for c in clients.values():
                 c.close()
+
+
+def test_a_deadline_the_daemon_saw_pass_is_deadline_exceeded():
+    """Black-box finding (round 14b): a call whose deadline passed on the daemon's side
+    was answered CANCELLED "Timeout expired" (tonic's word for it), which the connectors'
+    back-off does not count; it is the call's deadline: DEADLINE_EXCEEDED."""
+    from strata_kv.client import _wrap
+
+    class Answer(grpc.RpcError):
+        def __init__(self, code, details):
+            self._code, self._details = code, details
+
+        def code(self):
+            return self._code
+
+        def details(self):
+            return self._details
+
+    e = _wrap(Answer(grpc.StatusCode.CANCELLED, "Timeout expired"))
+    assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    other = _wrap(Answer(grpc.StatusCode.CANCELLED, "the client went away"))
+    assert other.code == grpc.StatusCode.CANCELLED
