@@ -8,8 +8,9 @@
 //! default memory tier in a 256 MiB cgroup was killed after 243 puts; `--memory 2GiB`
 //! in 600 MiB after 144). So at start the daemon reads its limit: the smallest
 //! `memory.max` (cgroup v2) or `memory.limit_in_bytes` (v1) of its cgroup and the
-//! cgroup's ancestors, and the host's RAM. The memory tier is capped at half of it and
-//! the arena at an eighth, with a warning naming both figures: the rest is for what
+//! cgroup's ancestors, and the host's RAM. The memory tier is capped at half of it less
+//! 64 MiB (at least a quarter) and the arena at an eighth, with a warning naming both
+//! figures: the rest is for what
 //! no budget counts (reads in flight, upload parts, per-block bookkeeping, the
 //! allocator's slack; about 100-200 MiB for a few sequential readers).
 //!
@@ -106,10 +107,20 @@ pub fn cgroup_limit(own: &str, root: &Path) -> Option<MemoryLimit> {
     best
 }
 
+/// What the daemon needs beside its budgets at the least (its code, runtime, a put
+/// being assembled next to its chunks, the allocator's slack): 64 MiB. Under a small
+/// limit half of it for the tier left too little of that (black-box finding: 256 MiB
+/// cgroup, tier capped at 128 MiB, killed by the fifth 31 MiB put).
+const BASE_BYTES: u64 = 64 << 20;
+
 /// The memory tier and arena sizes that fit under `limit`: each as configured, or its
-/// share of the limit when that is less.
+/// share of the limit when that is less. The tier's share is half the limit less
+/// [`BASE_BYTES`], and at least a quarter of it.
 pub fn fit(tier: u64, arena: u64, limit: u64) -> (u64, u64) {
-    (tier.min(limit / TIER_SHARE), arena.min(limit / ARENA_SHARE))
+    let tier_share = (limit / TIER_SHARE)
+        .saturating_sub(BASE_BYTES)
+        .max(limit / 4);
+    (tier.min(tier_share), arena.min(limit / ARENA_SHARE))
 }
 
 /// `configured` bytes of `what` ("[cache] memory", "[kv] shm"), capped under the
@@ -122,7 +133,7 @@ pub fn capped(what: &str, configured: u64, fitted: u64, limit: &MemoryLimit) -> 
             limit = limit.bytes,
             source = %limit.source,
             "{what} is larger than this daemon's memory limit leaves room for: capped (the \
-             memory tier takes at most half the limit, the KV arena an eighth; the rest is \
+             memory tier takes at most half the limit less 64 MiB, the KV arena an eighth; the rest is \
              for reads in flight and bookkeeping). Set it lower, or raise the limit"
         );
     }
@@ -170,7 +181,8 @@ mod tests {
 
     #[test]
     fn a_tier_and_arena_past_their_shares_are_capped() {
-        assert_eq!(fit(1 << 30, 256 << 20, 256 << 20), (128 << 20, 32 << 20));
+        assert_eq!(fit(1 << 30, 256 << 20, 256 << 20), (64 << 20, 32 << 20));
+        assert_eq!(fit(1 << 30, 256 << 20, 1 << 30), (448 << 20, 128 << 20));
         assert_eq!(fit(64 << 20, 16 << 20, 16 << 30), (64 << 20, 16 << 20));
         let limit = MemoryLimit {
             bytes: 256 << 20,
