@@ -690,6 +690,12 @@ class KvClient:
             # the working directory) -> run/kv.sock, not /run/kv.sock.
             rest = addr[len("unix:"):]
             unix_path = "/" + rest.lstrip("/") if rest.startswith("/") else rest
+            if "," in unix_path:
+                # gRPC takes a comma in a unix: address as a list of sockets, escaped or
+                # not: the calls would go to another path than the shared-memory
+                # session's (black-box finding).
+                raise ValueError(f"{unix_path}: gRPC cannot address a unix socket whose path "
+                                 "holds a comma; use a path without one")
             # The path is taken as is, but gRPC parses the address as a URI: escaped, so
             # '%', '#', '?' or a space in it reach that path, not another (black-box
             # finding: .../pct%41x/kv.sock connected to .../pctAx/kv.sock).

@@ -157,3 +157,11 @@ def test_a_unix_socket_path_is_reached_whatever_its_characters(name, monkeypatch
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_a_unix_socket_path_with_a_comma_is_refused_not_misrouted():
+    """Black-box finding (round 14b): with the socket at .../models,v2/kv.sock the
+    shared-memory session attached there while every gRPC call went to 'v2/kv.sock'
+    (gRPC takes a comma as a list of addresses, escaped or not). Refused up front."""
+    with pytest.raises(ValueError, match="comma"):
+        KvClient("unix:///tmp/models,v2/kv.sock", shm=True, timeout=1)
