@@ -432,3 +432,31 @@ async fn quota_evictions_are_counted_per_tenant() {
     assert_eq!((b.used_bytes, b.quota_evictions), (0, 0));
     server.stop().await;
 }
+
+/// Black-box finding (round 14b): a tenant's reported bytes counted blocks the cache had
+/// evicted for its own capacity (40 MiB reported while 4 MiB were held). The figure is
+/// what the cache holds of the tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_bytes_are_what_the_cache_holds() {
+    let server = TestServer::start(memory_engine(2 << 20), config()).await;
+    let mut a = client(&server.addr, Some("tok-a")).await;
+    // 12 blocks of 256 KiB (3 MiB, within a's 4 MiB quota) through a 2 MiB cache.
+    for i in 0..12u64 {
+        a.put(NS, &i.to_be_bytes(), block(256 << 10, i))
+            .await
+            .expect("put");
+    }
+    let t = server
+        .service
+        .stats()
+        .tenants
+        .into_iter()
+        .find(|t| t.tenant == "a")
+        .expect("a");
+    assert!(t.used_bytes <= 2 << 20, "{} bytes reported", t.used_bytes);
+    assert_eq!(
+        t.quota_evictions, 0,
+        "the cache evicted them, not the quota"
+    );
+    server.stop().await;
+}

@@ -350,7 +350,7 @@ impl KvService {
         s.get_reserved_bytes = self.inner.get_budget.reserved_bytes();
         s.group = self.group_stats();
         s.shm = self.inner.shm.as_ref().map(|a| a.stats());
-        s.tenants = self.inner.tenants.stats();
+        s.tenants = self.inner.tenants.stats(&self.inner.engine);
         // Only the tiers this cache has: the others' figures are the model's priors,
         // which a dashboard would show as measured (black-box finding).
         let kinds: Vec<&str> = self
