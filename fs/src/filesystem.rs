@@ -720,6 +720,11 @@ pub struct FsCore {
     next_fh: AtomicU64,
     /// Version last opened per inode: decides `keep_cache`.
     opened_versions: Mutex<HashMap<u64, Arc<str>>>,
+    /// Inodes whose page cache a handle of another version filled while the inode was
+    /// being written: their next open keeps no cache (black-box finding: a reader of
+    /// the old version, open across an overwrite and a rename while open, left its
+    /// bytes cut to the new size in the pages every later open was told to keep).
+    mixed_pages: Mutex<std::collections::HashSet<u64>>,
     /// Objects this mount renamed while a handle had them open for reading: (old path,
     /// version) -> the object now holding those bytes, where such a handle reads what
     /// is not cached (see `namespace::rename`). At most [`MOVED_MAX`].
@@ -908,6 +913,7 @@ impl FsCore {
             next_sweep_at: AtomicU64::new(0),
             next_fh: AtomicU64::new(1),
             opened_versions: Mutex::new(HashMap::new()),
+            mixed_pages: Mutex::new(std::collections::HashSet::new()),
             moved: Mutex::new(HashMap::new()),
             attr_invalidator: std::sync::OnceLock::new(),
             fuse_conn: std::sync::OnceLock::new(),
@@ -1746,7 +1752,9 @@ impl FsCore {
         let keep_cache = {
             let mut versions = self.opened_versions.lock();
             let prev = versions.insert(ino, obj.version.clone());
-            prev.as_deref() == Some(&*obj.version)
+            let mixed = self.mixed_pages.lock().remove(&ino);
+            tracing::debug!(ino, path = %node.path, version = %obj.version, size = obj.size, prev = ?prev, mixed, "open for reading");
+            prev.as_deref() == Some(&*obj.version) && !mixed
         };
         self.size_told_differs(ino, obj.size);
         let passthrough = self.passthrough_file(&obj).await;
@@ -1837,6 +1845,11 @@ impl FsCore {
             h.reads.fetch_add(1, Ordering::Relaxed);
             h
         };
+        if self.writes.is_some() && self.handle_meta(h.ino).is_some() {
+            // This handle's version fills pages of an inode another file is being
+            // written on: not the new version's pages.
+            self.mixed_pages.lock().insert(h.ino);
+        }
         // A file being written under this handle's path is this file (replaced in
         // place, as on a local disk) only if the path still names this inode: after an
         // unlink, a file made under the name is another file.

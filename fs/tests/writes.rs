@@ -2294,3 +2294,44 @@ async fn a_truncate_of_an_unlinked_file_keeps_its_inode_apart_from_a_new_one() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 14b): a reader of the old version, open across an overwrite
+/// and a rename while open, read the old bytes into the inode's page cache (cut to the
+/// new size); the upload then told every later open of that inode to keep the cache, so
+/// `cat` of the new name showed the old bytes for good. An inode whose pages a handle of
+/// another version filled while it was being written keeps no cache at its next open.
+#[tokio::test]
+async fn pages_an_old_version_filled_during_a_write_are_not_kept() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let (e, fh) = c.create(dir.attr.ino, "r", 0).await.expect("create");
+        c.write(fh, 0, &[b'R'; 5000]).expect("write");
+        c.close(fh, 0).await.expect("close");
+        c.release_write(fh).await;
+        let ino = e.attr.ino;
+        let rd = c.open(ino, false).await.expect("reader");
+        let w = c.open_write(ino, true, 0).await.expect("overwrite");
+        c.write(w.fh, 0, &[b'W'; 10]).expect("write");
+        c.rename(dir.attr.ino, "r", dir.attr.ino, "r_2", false)
+            .await
+            .expect("rename while open");
+        let _ = c.read(rd.fh, 0, 4096, 0).await;
+        c.close(w.fh, 0).await.expect("close");
+        c.release_write(w.fh).await;
+        c.release(rd.fh);
+        let fresh = c.open(ino, false).await.expect("open the new name's inode");
+        assert!(!fresh.keep_cache, "the old version's pages are not kept");
+        assert_eq!(
+            c.read(fresh.fh, 0, 4096, 0).await.expect("read").as_ref(),
+            &[b'W'; 10][..]
+        );
+        c.release(fresh.fh);
+        let again = c.open(ino, false).await.expect("open again");
+        assert!(again.keep_cache, "its own pages are kept from then on");
+        c.release(again.fh);
+    })
+    .await
+    .expect("bounded");
+}
