@@ -367,16 +367,13 @@ impl Tenant {
     /// cost it (black-box finding: blocks dropped for a quota were counted nowhere, so a
     /// tenant's misses had no visible cause).
     /// The bytes are the blocks the cache still holds: the ledger drops the ones it
-    /// evicted (a walk, at most once a second; black-box finding: 40 MiB reported for a
-    /// tenant holding 4 MiB of a 16 MiB memory tier).
+    /// evicted (a walk of the ledger per call: stats and scrapes come seconds apart;
+    /// black-box finding: 40 MiB reported for a tenant holding 4 MiB of a 16 MiB
+    /// memory tier).
     pub fn stats(&self, engine: &CacheEngine) -> crate::stats::TenantStats {
         let used_bytes = {
             let mut l = self.ledger.lock();
-            let now = Instant::now();
-            if now >= l.next_prune {
-                l.prune(engine);
-                l.next_prune = now + PRUNE_INTERVAL;
-            }
+            l.prune(engine);
             l.used
         };
         crate::stats::TenantStats {
