@@ -458,5 +458,14 @@ async fn a_tenants_bytes_are_what_the_cache_holds() {
         t.quota_evictions, 0,
         "the cache evicted them, not the quota"
     );
+    // Asked again at once, after more puts: still what is held.
+    for i in 12..16u64 {
+        a.put(NS, &i.to_be_bytes(), block(256 << 10, i))
+            .await
+            .expect("put");
+    }
+    let again = server.service.stats().tenants;
+    let t = again.iter().find(|t| t.tenant == "a").expect("a");
+    assert!(t.used_bytes <= 2 << 20, "{} bytes reported", t.used_bytes);
     server.stop().await;
 }
