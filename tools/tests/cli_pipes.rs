@@ -13,12 +13,7 @@ fn strata() -> PathBuf {
 #[test]
 fn a_full_stdout_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let trace = dir.path().join("t.csv");
-    std::fs::write(
-        &trace,
-        "ts_ns,job,path,offset,len,size\n0,j,a.bin,0,100,100\n10,j,b.bin,0,100,100\n",
-    )
-    .expect("write trace");
+    let trace = two_read_trace(dir.path());
     for json in [false, true] {
         let full = std::fs::OpenOptions::new()
             .write(true)
@@ -48,12 +43,7 @@ fn a_full_stdout_is_an_error_not_a_panic() {
 fn a_closed_stdout_is_not_a_panic() {
     use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().expect("tempdir");
-    let trace = dir.path().join("t.csv");
-    std::fs::write(
-        &trace,
-        "ts_ns,job,path,offset,len,size\n0,j,a.bin,0,100,100\n10,j,b.bin,0,100,100\n",
-    )
-    .expect("write trace");
+    let trace = two_read_trace(dir.path());
     // A pipe whose read end is closed before the child starts writing.
     let mut child = Command::new(strata())
         .args(["bench", "replay", "--policies", "lru", "--trace"])
@@ -390,4 +380,15 @@ fn stops_cleanly_on_sigterm(child: &mut std::process::Child) {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "clean stop: {status:?}");
+}
+
+/// A trace of two reads in `dir` (`t.csv`), for commands that replay one.
+fn two_read_trace(dir: &std::path::Path) -> PathBuf {
+    let trace = dir.join("t.csv");
+    std::fs::write(
+        &trace,
+        "ts_ns,job,path,offset,len,size\n0,j,a.bin,0,100,100\n10,j,b.bin,0,100,100\n",
+    )
+    .expect("write trace");
+    trace
 }

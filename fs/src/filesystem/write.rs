@@ -823,20 +823,13 @@ impl Writes {
 
     /// Free bytes where staging files go (statfs of a writable mount).
     pub(super) fn free_bytes(&self) -> Option<(u64, u64)> {
-        let c =
-            std::ffi::CString::new(self.opts.staging_dir.as_os_str().as_encoded_bytes()).ok()?;
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: `c` is a NUL-terminated path and `st` a valid out-pointer.
-        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-            return None;
-        }
-        let frsize = st.f_frsize as u64;
+        use strata_cache_core::tiers::disk::room;
+        let st = room::statvfs(&self.opts.staging_dir).ok()?;
         // Out of inodes, no new file fits however many bytes are free: counted as no
         // room, so making room frees files (black-box finding: with the inodes held by
         // passthrough copies, every create failed ENOSPC and no copy was given up,
         // bytes being plentiful).
-        let free = strata_cache_core::tiers::disk::room::room_of(&st);
-        Some((free, st.f_blocks as u64 * frsize))
+        Some((room::room_of(&st), st.f_blocks * st.f_frsize))
     }
 }
 
@@ -922,18 +915,17 @@ impl FsCore {
             // the name must not keep an object the close will not replace.
             let store = self.reader.store();
             let moved = if creates_only(&writes.opts, &staged) {
-                Err(None)
+                None
             } else {
-                store.rename(from, to).await.map_err(Some)
+                Some(store.rename(from, to).await)
             };
             let gone = match moved {
-                Ok(()) | Err(Some(strata_cache_core::CacheError::NotFound(_))) => Ok(()),
-                Err(why) => {
-                    if let Some(e) = why {
-                        tracing::warn!(path = %from, to = %to, error = %e, "renamed while written; the object under the old name could not be moved: deleted");
-                    }
+                Some(Ok(()) | Err(strata_cache_core::CacheError::NotFound(_))) => Ok(()),
+                Some(Err(e)) => {
+                    tracing::warn!(path = %from, to = %to, error = %e, "renamed while written; the object under the old name could not be moved: deleted");
                     store.delete(from).await
                 }
+                None => store.delete(from).await,
             };
             match gone {
                 Ok(()) | Err(strata_cache_core::CacheError::NotFound(_)) => {}

@@ -19,7 +19,7 @@ use crate::error::{CacheError, Result};
 pub const OPEN_ROOM: u64 = 8 << 20;
 
 /// `statvfs(2)` of the filesystem of `dir`.
-fn statvfs(dir: &Path) -> std::io::Result<libc::statvfs> {
+pub fn statvfs(dir: &Path) -> std::io::Result<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
