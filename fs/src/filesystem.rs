@@ -1006,6 +1006,14 @@ impl FsCore {
             })
     }
 
+    /// The path `ino` names now (it follows renames); None once it names none
+    /// (unlinked, or replaced by a rename over its name).
+    fn path_of(&self, ino: u64) -> Option<Arc<str>> {
+        let inodes = self.inodes.read();
+        let path = &inodes.nodes.get(&ino)?.path;
+        (inodes.by_path.get(&**path) == Some(&ino)).then(|| path.clone())
+    }
+
     fn child_path(&self, dir: &str, name: &str) -> Arc<str> {
         if dir.is_empty() {
             Arc::from(name)
@@ -1850,13 +1858,15 @@ impl FsCore {
             // written on: not the new version's pages.
             self.mixed_pages.lock().insert(h.ino);
         }
-        // A file being written under this handle's path is this file (replaced in
-        // place, as on a local disk) only if the path still names this inode: after an
-        // unlink, a file made under the name is another file.
-        let same_file = self.inodes.read().by_path.get(&*h.obj.path) == Some(&h.ino);
-        if let Some(now) = same_file
-            .then(|| self.read_written(&h.obj.path, offset, size))
-            .flatten()
+        // A file being written on this handle's inode is this file (replaced in place,
+        // as on a local disk) only while a path names this inode: after an unlink, a
+        // file made under the name is another file. The inode's path, not the one it
+        // was opened under: renamed while written, the file is still the one written
+        // (black-box finding: a reader open across `O_TRUNC` + `mv` read the old
+        // version's bytes cut to the new size, a version that never existed).
+        if let Some(now) = self
+            .path_of(h.ino)
+            .and_then(|path| self.read_written(&path, offset, size))
         {
             return now;
         }

@@ -2335,3 +2335,38 @@ async fn pages_an_old_version_filled_during_a_write_are_not_kept() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 14b, F4): a reader open across `O_TRUNC` and a rename while
+/// open read the old version's bytes under the new size (10 of 5000 `R`s: a version that
+/// never existed). The handle's inode is the file being written, whatever its name now:
+/// it reads what was written, as on a local disk.
+#[tokio::test]
+async fn a_reader_open_across_an_overwrite_and_a_rename_reads_what_is_written() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let c = &fx.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        let (e, fh) = c.create(dir.attr.ino, "r", 0).await.expect("create");
+        c.write(fh, 0, &[b'R'; 5000]).expect("write");
+        c.close(fh, 0).await.expect("close");
+        c.release_write(fh).await;
+        let ino = e.attr.ino;
+        let rd = c.open(ino, false).await.expect("reader");
+        let w = c.open_write(ino, true, 0).await.expect("overwrite");
+        c.write(w.fh, 0, &[b'W'; 10]).expect("write");
+        c.rename(dir.attr.ino, "r", dir.attr.ino, "r_2", false)
+            .await
+            .expect("rename while open");
+        let during = c.read(rd.fh, 0, 4096, 0).await.expect("read while written");
+        assert_eq!(
+            during.as_ref(),
+            &[b'W'; 10][..],
+            "what is written, not old bytes"
+        );
+        c.close(w.fh, 0).await.expect("close");
+        c.release_write(w.fh).await;
+        c.release(rd.fh);
+    })
+    .await
+    .expect("bounded");
+}
