@@ -144,7 +144,7 @@ const NS: &str = "bench/kv";
 
 pub fn run(args: KvArgs) -> anyhow::Result<()> {
     if !args.default_malloc {
-        strata_kvcache::server::tune_allocator();
+        strata_kvcache::server::tune_allocator(None);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

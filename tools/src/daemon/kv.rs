@@ -100,7 +100,25 @@ pub fn server_config(kv: &KvConfig) -> anyhow::Result<ServerConfig> {
 /// the largest blocks, so a put of one still goes through (black-box finding: 24
 /// clients' 64 MiB puts made the daemon buffer 2 GB, OOM-killed in a 1 GiB cgroup with
 /// `--memory 64MiB`). The per-connection and per-tenant shares follow.
+///
+/// The largest block is fitted first, to a sixteenth of the limit (so the budgets'
+/// floor of two blocks stays within an eighth): a put holds its block about twice while
+/// it is stored (the received message and the tier's copy), and with 64 MiB blocks
+/// allowed a daemon in a 256 MiB cgroup was OOM-killed by one 60 MiB put (black-box
+/// finding). A larger put is refused with the limit named, the daemon lives.
 fn fit_io_budgets(s: &mut ServerConfig, limit: u64) {
+    let block_most = (limit / BLOCK_SHARE).max(s.min_block);
+    if s.max_block > block_most {
+        tracing::warn!(
+            configured = s.max_block,
+            capped_to = block_most,
+            limit,
+            "[kv] max_block is larger than this daemon's memory limit leaves room for: \
+             capped to a sixteenth of the limit (a put holds its block about twice while \
+             it is stored). Raise the limit to store larger blocks"
+        );
+        s.max_block = block_most;
+    }
     let most = (limit / 8).max(2 * s.max_block);
     let fit = |v: &mut u64| *v = (*v).min(most);
     fit(&mut s.max_inflight_put_bytes);
@@ -110,6 +128,9 @@ fn fit_io_budgets(s: &mut ServerConfig, limit: u64) {
     fit(&mut s.per_tenant_put_bytes);
     fit(&mut s.per_tenant_get_bytes);
 }
+
+/// The share of the memory limit one block may take (see [`fit_io_budgets`]).
+const BLOCK_SHARE: u64 = 16;
 
 /// Whether this is the first start of a cache dir that never had a disk tier (no
 /// `blocks` folder, no bindings file): there are no blocks a lost bindings file could
@@ -472,6 +493,14 @@ mod tests {
         assert!(s.per_tenant_get_bytes <= 128 << 20);
         let mut s = ServerConfig::default();
         fit_io_budgets(&mut s, 64 << 20);
+        assert_eq!(s.max_inflight_put_bytes, 8 << 20, "an eighth");
+        assert_eq!(s.max_block, 4 << 20, "a sixteenth");
+        let mut s = ServerConfig {
+            min_block: 16 << 20,
+            ..ServerConfig::default()
+        };
+        fit_io_budgets(&mut s, 64 << 20);
+        assert_eq!(s.max_block, 16 << 20, "never below the smallest block");
         assert_eq!(s.max_inflight_put_bytes, 2 * s.max_block);
         let mut s = ServerConfig::default();
         fit_io_budgets(&mut s, 1 << 40);
@@ -479,6 +508,7 @@ mod tests {
             s.max_inflight_put_bytes,
             ServerConfig::default().max_inflight_put_bytes
         );
+        assert_eq!(s.max_block, ServerConfig::default().max_block);
     }
 
     /// Black-box finding: a regular file (or a folder, or a symlink to a file) at the

@@ -389,7 +389,7 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
     if cfg.kv.enabled {
-        strata_kvcache::server::tune_allocator();
+        strata_kvcache::server::tune_allocator(memory_limit::memory_limit().map(|l| l.bytes));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
