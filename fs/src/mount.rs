@@ -75,7 +75,13 @@ impl Default for MountOptions {
     }
 }
 
-pub(crate) fn fuser_config(opts: &MountOptions) -> Config {
+/// Descriptors kept free beyond one per FUSE thread before each thread gets a
+/// `/dev/fuse` descriptor of its own: the store's connections, the disk tier's files
+/// and the index need them more than the threads need their own queue.
+const FD_MARGIN_FOR_CLONES: u64 = 64;
+
+/// `fds_free`: descriptors the process may still open (None: unknown).
+pub(crate) fn fuser_config(opts: &MountOptions, fds_free: Option<u64>) -> Config {
     let mut c = Config::default();
     c.mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
@@ -102,8 +108,27 @@ pub(crate) fn fuser_config(opts: &MountOptions) -> Config {
         SessionACL::Owner
     };
     c.n_threads = Some(opts.threads.max(1));
-    c.clone_fd = opts.threads > 1;
+    // fuser opens `/dev/fuse` once more per extra thread after the kernel's INIT; one
+    // failing (EMFILE) ends the session with nobody told, and the mount then answers
+    // nothing (black-box finding: under `ulimit -n 24` the mount hung every caller and
+    // the daemon itself). Short of descriptors, the threads share one.
+    let clones = opts.threads.saturating_sub(1) as u64;
+    c.clone_fd = clones > 0 && fds_free.is_none_or(|free| free >= clones + FD_MARGIN_FOR_CLONES);
     c
+}
+
+/// Descriptors this process may still open: its soft limit less those open now.
+fn fds_free() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into `lim`, a valid rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some((lim.rlim_cur as u64).saturating_sub(open))
 }
 
 /// A live mount; unmounts on [`MountHandle::unmount`] or drop.
@@ -183,7 +208,15 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
         });
     }
     warn_if_not_empty(mountpoint);
-    let config = fuser_config(opts);
+    let free = fds_free();
+    let config = fuser_config(opts, free);
+    if opts.threads > 1 && !config.clone_fd {
+        tracing::info!(
+            fds_free = free,
+            threads = opts.threads,
+            "few descriptors left: the FUSE threads share one /dev/fuse descriptor"
+        );
+    }
     let session = fuser::spawn_mount(fs, mountpoint, &config).map_err(|source| Error::Mount {
         what: "mounting",
         path: mountpoint.display().to_string(),
@@ -352,11 +385,29 @@ pub fn unescape_mountinfo(s: &str) -> std::path::PathBuf {
     std::ffi::OsString::from_vec(out).into()
 }
 
+/// The FUSE connection number of the mount at `mountpoint`: the minor of its device
+/// (anonymous devices have major 0), read from `/proc/self/mountinfo` (the last mount
+/// there, the one on top) rather than by `stat`, which would be a request to the
+/// mount's own session: one that is not serving (yet, or any more) hung the caller.
 fn conn_number(mountpoint: &Path) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(mountpoint).ok()?.dev();
-    // Anonymous devices (FUSE) have major 0; the connection is named by the minor.
-    Some(libc::minor(dev))
+    let dir = std::fs::canonicalize(mountpoint).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    conn_in_mountinfo(&info, &dir)
+}
+
+/// [`conn_number`] over the text of a mountinfo file.
+fn conn_in_mountinfo(info: &str, dir: &Path) -> Option<u32> {
+    info.lines()
+        .filter_map(|line| {
+            let (fields, rest) = line.split_once(" - ")?;
+            let mut f = fields.split(' ');
+            let dev = f.nth(2)?;
+            let at = f.nth(1)?;
+            let fuse = rest.split(' ').next()?.starts_with("fuse");
+            (fuse && unescape_mountinfo(at) == dir).then_some(dev)
+        })
+        .last()
+        .and_then(|dev| dev.split_once(':')?.1.parse().ok())
 }
 
 fn umount2(path: &Path, flags: i32) -> std::io::Result<()> {
@@ -531,5 +582,35 @@ mod tests {
         );
         assert_eq!(unescape_mountinfo(r"/a\011b\134c"), Path::new("/a\tb\\c"));
         assert_eq!(unescape_mountinfo(r"/plain\x"), Path::new(r"/plain\x"));
+    }
+
+    #[test]
+    fn the_connection_is_the_minor_of_the_top_fuse_mount_at_the_point() {
+        let info = "22 1 0:21 / /proc rw - proc proc rw\n\
+                    90 22 0:61 / /mnt/my\\040data rw - fuse.strata strata rw\n\
+                    91 90 0:62 / /mnt/my\\040data rw - fuse.strata strata rw\n\
+                    92 22 8:1 / /mnt/disk rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(conn_in_mountinfo(info, Path::new("/mnt/my data")), Some(62));
+        assert_eq!(
+            conn_in_mountinfo(info, Path::new("/mnt/disk")),
+            None,
+            "not FUSE"
+        );
+        assert_eq!(conn_in_mountinfo(info, Path::new("/mnt")), None);
+    }
+
+    /// Black-box finding: under `ulimit -n 24` fuser's extra `/dev/fuse` opens failed
+    /// after INIT and the mount answered nothing. Short of descriptors, threads share.
+    #[test]
+    fn threads_get_descriptors_of_their_own_only_with_room_to_spare() {
+        let opts = MountOptions::default();
+        assert!(fuser_config(&opts, None).clone_fd);
+        assert!(fuser_config(&opts, Some(10_000)).clone_fd);
+        assert!(!fuser_config(&opts, Some(8)).clone_fd);
+        let one = MountOptions {
+            threads: 1,
+            ..MountOptions::default()
+        };
+        assert!(!fuser_config(&one, None).clone_fd);
     }
 }
