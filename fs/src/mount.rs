@@ -128,7 +128,7 @@ fn fds_free() -> Option<u64> {
         return None;
     }
     let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
-    Some((lim.rlim_cur as u64).saturating_sub(open))
+    Some(lim.rlim_cur.saturating_sub(open))
 }
 
 /// A live mount; unmounts on [`MountHandle::unmount`] or drop.
@@ -398,6 +398,7 @@ fn conn_number(mountpoint: &Path) -> Option<u32> {
 /// [`conn_number`] over the text of a mountinfo file.
 fn conn_in_mountinfo(info: &str, dir: &Path) -> Option<u32> {
     info.lines()
+        .rev()
         .filter_map(|line| {
             let (fields, rest) = line.split_once(" - ")?;
             let mut f = fields.split(' ');
@@ -406,7 +407,7 @@ fn conn_in_mountinfo(info: &str, dir: &Path) -> Option<u32> {
             let fuse = rest.split(' ').next()?.starts_with("fuse");
             (fuse && unescape_mountinfo(at) == dir).then_some(dev)
         })
-        .last()
+        .next()
         .and_then(|dev| dev.split_once(':')?.1.parse().ok())
 }
 
