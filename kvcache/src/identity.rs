@@ -41,6 +41,7 @@
 //! [`IDENTITY_METADATA`]: crate::keys::IDENTITY_METADATA
 
 use std::collections::{HashMap, HashSet};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -465,6 +466,19 @@ fn marks_of(text: &str) -> Marks {
 /// `file` missing, unreadable or corrupt while KV blocks were recovered (see the module
 /// doc). Call before the service opens the file (which writes a missing one and moves a
 /// corrupt one aside) and before it serves. Returns the blocks dropped.
+/// Checks that the bindings `file` can be read, or is missing (a first start), or is
+/// corrupt (handled by [`drop_blocks_if_bindings_lost`] and `load`): any other error
+/// (EIO, EMFILE, EACCES) is the device's or the process's, and the start must fail with
+/// the blocks kept. Taken for lost bindings, one EIO dropped every KV block (black-box
+/// finding).
+pub fn check_readable(file: &Path) -> std::io::Result<()> {
+    match strata_cache_core::state_file::read_regular_to_string(file) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidData) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> usize {
     let read = strata_cache_core::state_file::read_regular_to_string(file).ok();
     let bindings = read.as_deref().and_then(parse);
@@ -980,5 +994,25 @@ mod tests {
                 .check(&Arc::from(format!("n{i}")), Some(&A), true)
                 .expect("without tenants one pool");
         }
+    }
+}
+
+#[cfg(test)]
+mod readable_tests {
+    use super::check_readable;
+
+    /// Black-box finding (round 15): one EIO reading the bindings was taken for lost
+    /// bindings and dropped every KV block. Only a missing or corrupt file is theirs to
+    /// handle; any other error fails the start.
+    #[test]
+    fn only_a_missing_or_corrupt_bindings_file_is_readable_enough() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kv-identities.json");
+        check_readable(&file).expect("missing: a first start");
+        std::fs::write(&file, b"{not json").unwrap();
+        check_readable(&file).expect("corrupt: handled by the drop");
+        let not_a_dir = file.join("x.json");
+        let e = check_readable(&not_a_dir).expect_err("an I/O error fails the start");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
     }
 }

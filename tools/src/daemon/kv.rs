@@ -245,6 +245,13 @@ pub(crate) async fn start(
         server.identity_file = Some(cache_dir.join("kv-identities.json"));
     }
     if let Some(file) = &server.identity_file {
+        strata_kvcache::identity::check_readable(file).with_context(|| {
+            format!(
+                "reading the KV namespace identities {} (nothing was dropped; the start \
+                 fails until it can be read)",
+                file.display()
+            )
+        })?;
         if !first_start_without_disk(cache_dir, file) {
             strata_kvcache::identity::drop_blocks_if_bindings_lost(file, &engine).await;
         }

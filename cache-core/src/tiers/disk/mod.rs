@@ -479,8 +479,13 @@ fn index_unreadable(e: &rocksdb::Error) -> bool {
 /// the index took it for unreadable and started empty; the next start deleted every
 /// block file as an orphan, acknowledged KV blocks with them).
 fn index_unreadable_as(kind: rocksdb::ErrorKind, message: &str) -> bool {
-    const NOT_THE_INDEX: [&str; 9] = [
+    const NOT_THE_INDEX: [&str; 10] = [
         "LOCK",
+        // A device that failed a read or write: often for a moment (a network disk's
+        // hiccup, a fault injected in a test), and the index is then intact (black-box
+        // finding: one EIO on the index's info log `LOG` deleted every block). The
+        // start fails naming it; a device that keeps failing needs a person anyway.
+        "Input/output error",
         "Too many open files",
         "Cannot allocate memory",
         "Resource temporarily unavailable",
@@ -557,10 +562,28 @@ impl DiskTier {
                     deleted_for_room: report.deleted_for_room,
                     ..Default::default()
                 };
-                let _ = DB::destroy(&db_opts, &index_dir);
-                let _ = fs::remove_dir_all(&index_dir);
-                let db = DB::open(&db_opts, &index_dir).map_err(index_err)?;
-                (db, IndexScan::default())
+                // Set aside until a fresh index opens: a start that fails after all
+                // (the device's fault, not the index's) must not have cost the blocks.
+                let aside = dir.join("index.unreadable");
+                let _ = fs::remove_dir_all(&aside);
+                let set_aside = fs::rename(&index_dir, &aside).is_ok();
+                if !set_aside {
+                    let _ = DB::destroy(&db_opts, &index_dir);
+                    let _ = fs::remove_dir_all(&index_dir);
+                }
+                match DB::open(&db_opts, &index_dir) {
+                    Ok(db) => {
+                        let _ = fs::remove_dir_all(&aside);
+                        (db, IndexScan::default())
+                    }
+                    Err(e) => {
+                        if set_aside {
+                            let _ = fs::remove_dir_all(&index_dir);
+                            let _ = fs::rename(&aside, &index_dir);
+                        }
+                        return Err(index_err(e));
+                    }
+                }
             }
             Err(e) => return Err(index_err(e)),
         };
