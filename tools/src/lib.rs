@@ -36,13 +36,26 @@ pub mod signals;
 /// Logs to stderr at `RUST_LOG`'s filter, or `default` (e.g. `"info"`) when unset; a
 /// second call (tests, a bench inside a process that already logs) is a no-op. Lines
 /// that cannot be written (a full disk) are lost, never fatal.
-pub fn init_logging(default: &str) {
-    let _ = tracing_subscriber::fmt()
+///
+/// Lines go to stderr from a thread of their own, through a queue of
+/// [`LOG_QUEUE_LINES`] that drops lines when full: written from the threads serving
+/// requests, a stderr pipe nobody read (a supervisor's, `Popen(stderr=PIPE)`) blocked
+/// the FUSE thread logging once it filled, and every request behind it hung (black-box
+/// finding). Keep the guard for the process's life: dropped, it writes out what is
+/// queued (waiting at most a second) and logging stops.
+#[must_use = "logging stops when the guard is dropped"]
+pub fn init_logging(default: &str) -> LogGuard {
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .lossy(true)
+        .thread_name("strata-log")
+        .finish(std::io::stderr());
+    let set = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colours only on a terminal: a log file (`mount.log`, journald) got escape
         // codes in every line (black-box observation).
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -51,4 +64,16 @@ pub fn init_logging(default: &str) {
         // dir's `mount.log`), and the daemon must not die of its log.
         .log_internal_errors(false)
         .try_init();
+    LogGuard {
+        _worker: set.is_ok().then_some(guard),
+    }
+}
+
+/// Lines the log queue holds before it drops (about 2 MB of typical lines): a burst of
+/// errors is kept whole, a stalled reader costs bounded memory.
+pub const LOG_QUEUE_LINES: usize = 10_000;
+
+/// Keeps the log writer thread of [`init_logging`] running; dropping it flushes.
+pub struct LogGuard {
+    _worker: Option<tracing_appender::non_blocking::WorkerGuard>,
 }

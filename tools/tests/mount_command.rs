@@ -617,3 +617,113 @@ fn a_background_mounts_admin_address_is_in_its_log() {
         "no colour escapes in a log file: {log:?}"
     );
 }
+
+/// `foreground_mount` with the child's signal state set up by `setup` (run in the
+/// child before exec) and its stdout/stderr on `log`.
+fn foreground_mount_with(
+    l: &Layout,
+    log: std::process::Stdio,
+    env: &[(&str, &str)],
+    setup: fn() -> std::io::Result<()>,
+) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(strata());
+    cmd.args(["mount", &l.url])
+        .arg(&l.mnt)
+        .args(["--foreground", "--cache-dir"])
+        .arg(&l.cache)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    // SAFETY: `setup` only calls async-signal-safe functions (signal, sigprocmask).
+    unsafe { cmd.pre_exec(setup) };
+    let daemon = cmd.spawn().expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(&l.mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    daemon
+}
+
+/// Black-box finding: with its stderr on a pipe nobody read, the daemon's log filled
+/// the pipe and the FUSE thread writing a line blocked, then every request behind it.
+/// Lines are written from a thread of their own and dropped when the queue is full.
+#[test]
+fn a_log_pipe_nobody_reads_never_holds_up_the_mount() {
+    let l = Layout::new(&[("a.txt", b"served")]);
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    {
+        use std::os::fd::AsRawFd;
+        // The smallest pipe (a page): a few debug lines fill it.
+        // SAFETY: F_SETPIPE_SZ on a pipe this test owns.
+        unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETPIPE_SZ, 4096) };
+    }
+    let mut daemon = foreground_mount_with(&l, writer.into(), &[("RUST_LOG", "debug")], || Ok(()));
+    let mnt = l.mnt.clone();
+    let reads = std::thread::spawn(move || {
+        for i in 0..400 {
+            // Fresh lookups and opens: each one logs at debug.
+            let _ = std::fs::metadata(mnt.join(format!("missing{i}")));
+            assert_eq!(std::fs::read(mnt.join("a.txt")).expect("read"), b"served");
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reads.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let done = reads.is_finished();
+    if !done {
+        // Let the daemon go: the reads then fail and the test reports the hang.
+        drop(reader);
+    }
+    let status = stop_with(&mut daemon, libc::SIGTERM, &l.mnt);
+    assert!(done, "reads hung behind the full log pipe");
+    reads.join().expect("reads");
+    assert!(status.success(), "{status:?}");
+}
+
+/// Black-box finding: `nohup strata mount --foreground` died of SIGHUP: the daemon put
+/// its handler over the inherited SIG_IGN. A signal ignored at start stays ignored;
+/// SIGTERM still stops it.
+#[test]
+fn a_hangup_ignored_at_start_stays_ignored() {
+    let l = Layout::new(&[("a.txt", b"x")]);
+    let mut daemon = foreground_mount_with(&l, std::process::Stdio::null(), &[], || {
+        // SAFETY: signal() is async-signal-safe.
+        unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+        Ok(())
+    });
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGHUP) }, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let alive = daemon.try_wait().expect("wait").is_none();
+    let read = std::fs::read(l.mnt.join("a.txt"));
+    let status = stop_with(&mut daemon, libc::SIGTERM, &l.mnt);
+    assert!(alive, "SIGHUP ignored");
+    assert_eq!(read.expect("still served"), b"x");
+    assert!(status.success(), "{status:?}");
+    assert_eq!(mounts_at(&l.mnt), 0);
+}
+
+/// Black-box finding: started with the stop signals blocked (a mask inherited across
+/// exec), the daemon never saw SIGTERM; only SIGKILL ended it, leaving a dead mount.
+#[test]
+fn stop_signals_blocked_at_start_still_stop_the_daemon() {
+    let l = Layout::new(&[("a.txt", b"x")]);
+    let mut daemon = foreground_mount_with(&l, std::process::Stdio::null(), &[], || {
+        // SAFETY: sigset operations on a local set, then sigprocmask (async-signal-safe).
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        Ok(())
+    });
+    let status = stop_with(&mut daemon, libc::SIGTERM, &l.mnt);
+    assert!(status.success(), "{status:?}");
+    assert_eq!(mounts_at(&l.mnt), 0);
+}

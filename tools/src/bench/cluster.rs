@@ -98,7 +98,7 @@ pub struct ClusterReport {
 }
 
 pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
-    crate::init_logging("warn");
+    let _log = crate::init_logging("warn");
     let r = bench(&args)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r)?);

@@ -240,7 +240,7 @@ fn mountpoint(work: &Path, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 pub fn run(args: FsArgs) -> anyhow::Result<()> {
-    crate::init_logging("warn");
+    let _log = crate::init_logging("warn");
     // The bench serves its mounts itself: a signal's default exit wedged it on them
     // (black-box finding); nothing here needs an orderly stop, so at once.
     crate::signals::catch().context("catching stop signals")?;

@@ -552,7 +552,7 @@ pub fn run(args: FsSmallArgs) -> anyhow::Result<()> {
     if let Some(list) = &args.worker_list {
         return worker_process(list);
     }
-    crate::init_logging("warn");
+    let _log = crate::init_logging("warn");
     // As `bench fs`: its own mount must be released before a signal's exit.
     crate::signals::catch().context("catching stop signals")?;
     crate::signals::exit_on_signal(Duration::ZERO).context("watching stop signals")?;

@@ -40,7 +40,6 @@ pub mod peer;
 pub mod peer_metrics;
 pub mod peer_reads;
 
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -379,7 +378,9 @@ async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
 /// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
 /// [`run`] until SIGINT or SIGTERM.
 pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
-    crate::init_logging("info");
+    // Before any thread starts (the log writer's included): threads inherit the mask.
+    unblock_stop_signals();
+    let _log = crate::init_logging("info");
     // SIGUSR1/SIGUSR2 (a log rotator's "reopen", a stray `kill -USR1`) would end the
     // daemon by default, every job on its mounts then failing ENOTCONN (black-box
     // finding). They mean nothing here.
@@ -388,6 +389,7 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
         // thread is started.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
+    let stops = StopSignals::inherited();
     if cfg.kv.enabled {
         strata_kvcache::server::tune_allocator(memory_limit::memory_limit().map(|l| l.bytes));
     }
@@ -400,40 +402,87 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
         let stop = CancellationToken::new();
         let signal_stop = stop.clone();
         tokio::spawn(async move {
-            wait_for_signal().await;
-            // Not eprintln!: it panics when stderr cannot be written (a log file on
-            // a full disk), and a daemon must not die of its log.
-            let _ = writeln!(std::io::stderr(), "shutting down");
+            wait_for_signal(stops).await;
+            // Through the log's queue, not stderr itself: eprintln! panics when stderr
+            // cannot be written (a log file on a full disk), and a write blocks for
+            // good on a pipe nobody reads; a daemon must neither die nor hang of its log.
+            tracing::info!("shutting down");
             signal_stop.cancel();
         });
         run(cfg, stop).await
     })
 }
 
-async fn wait_for_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the daemon");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Which stop signals the daemon answers: SIGTERM always (a supervisor's stop);
+/// SIGINT and SIGHUP unless they were ignored when it started. `nohup` and a script's
+/// background job start it with them ignored, so that a closed terminal or a Ctrl-C
+/// meant for the foreground job leaves it running (black-box finding: the daemon
+/// replaced the inherited SIG_IGN with its handler, and `nohup strata serve` died with
+/// the ssh session that started it).
+#[derive(Clone, Copy, Debug)]
+struct StopSignals {
+    interrupt: bool,
+    hangup: bool,
+}
+
+impl StopSignals {
+    fn inherited() -> Self {
+        StopSignals {
+            interrupt: !ignored(libc::SIGINT),
+            hangup: !ignored(libc::SIGHUP),
         }
-    };
+    }
+}
+
+/// Whether `sig`'s disposition is SIG_IGN now.
+fn ignored(sig: libc::c_int) -> bool {
+    // SAFETY: a zeroed sigaction is valid to write into; a null new action only reads.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// Unblocks the stop signals in this thread's mask, which the threads started from it
+/// inherit: a mask inherited blocked (a supervisor's, a parent that blocked them around
+/// its fork) left SIGTERM pending forever, and only SIGKILL, which leaves the mount
+/// failing ENOTCONN, stopped the daemon (black-box finding).
+fn unblock_stop_signals() {
+    // SAFETY: sigset operations on a local set; pthread_sigmask changes only this
+    // thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+async fn wait_for_signal(stops: StopSignals) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let watch = |on: bool, kind: SignalKind| on.then(|| signal(kind).ok()).flatten();
+    let mut term = signal(SignalKind::terminate());
+    if let Err(e) = &term {
+        tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT and SIGHUP stop the daemon");
+    }
     // SIGHUP too (a closed terminal, `kill -HUP`): its default would end the daemon
     // without unmounting, leaving the mount failing with ENOTCONN (black-box finding).
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let hangup = async {
-        match hup.as_mut() {
-            Some(h) => {
-                h.recv().await;
+    let mut hup = watch(stops.hangup, SignalKind::hangup());
+    let mut int = watch(stops.interrupt, SignalKind::interrupt());
+    async fn next(s: Option<&mut tokio::signal::unix::Signal>) {
+        match s {
+            Some(s) => {
+                s.recv().await;
             }
             None => std::future::pending().await,
         }
-    };
+    }
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        _ = hangup => {}
+        _ = next(term.as_mut().ok()) => {}
+        _ = next(hup.as_mut()) => {}
+        _ = next(int.as_mut()) => {}
     }
 }
 

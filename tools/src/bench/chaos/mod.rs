@@ -217,7 +217,7 @@ pub struct ChaosReport {
 }
 
 pub fn run(args: ChaosArgs) -> anyhow::Result<()> {
-    crate::init_logging("warn");
+    let _log = crate::init_logging("warn");
     let json = args.json;
     let report = run_chaos(&args)?;
     if json {
