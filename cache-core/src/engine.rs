@@ -1109,6 +1109,23 @@ impl CacheEngine {
     /// explicit puts (acknowledged once on disk, so they survive a restart), `Background`
     /// for read-through fills (the reader must not wait for an fsync; a crash before the
     /// write only loses a cached copy).
+    /// The order `fill` visits the levels in. An inline put written through reaches
+    /// the persistent levels first: the block becomes visible when it is durable,
+    /// once. Placed in memory first, it was seen there, evicted by other puts while its
+    /// disk write ran, and seen again once that committed: present, absent, present for
+    /// one put (black-box finding: a lookup that saw a block was followed by a load
+    /// that missed it). Otherwise fastest first.
+    fn fill_order(&self, persist: Persist) -> Vec<usize> {
+        let n = self.inner.levels.len();
+        if persist != Persist::Inline || !self.inner.write_through {
+            return (0..n).collect();
+        }
+        let persistent = |i: &usize| self.inner.levels[*i].tier.kind() == TierKind::Disk;
+        let (mut order, volatile): (Vec<usize>, Vec<usize>) = (0..n).partition(persistent);
+        order.extend(volatile);
+        order
+    }
+
     async fn fill(
         &self,
         key: &CacheKey,
@@ -1128,21 +1145,26 @@ impl CacheEngine {
         // Why a persistent level that an inline put should reach does not hold the block.
         let mut not_durable: Option<CacheError> = None;
         let mut deferred = Vec::new();
-        for i in 0..self.inner.levels.len() {
+        // A volatile level took the block (the fastest that admits it is filled).
+        let mut stored_volatile = false;
+        for i in self.fill_order(persist) {
             let persistent = self.inner.levels[i].tier.kind() == TierKind::Disk;
             if self.skip_persistent(i, key) {
                 continue;
             }
             // Inline puts must reach every persistent level write-through reaches.
             let must_persist = persistent && persist == Persist::Inline && self.inner.write_through;
-            if stored {
-                if !(self.inner.write_through && persistent) {
+            if persistent && stored {
+                if !self.inner.write_through {
                     continue;
                 }
                 if persist == Persist::Background {
                     deferred.push(i);
                     continue;
                 }
+            }
+            if !persistent && stored_volatile {
+                continue;
             }
             if persistent && self.is_degraded(i) {
                 self.inner
@@ -1166,6 +1188,7 @@ impl CacheEngine {
             match self.insert_at(i, key, block.clone(), ctx, kind, None).await {
                 Ok(true) => {
                     stored = true;
+                    stored_volatile |= !persistent;
                     if persistent {
                         self.note_write_ok(i);
                     }
