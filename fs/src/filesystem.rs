@@ -1682,14 +1682,23 @@ impl FsCore {
                 None => {
                     // Nothing newer known (its attributes expired): the listing's
                     // entry, if this mount has not changed the name since it was
-                    // listed and its inode still names the path; otherwise left to a
-                    // lookup.
+                    // listed and its inode still names the path; otherwise the name as
+                    // it is now. Left out instead, a name that existed throughout (a
+                    // file saved by rename over it, rewritten, or read at a newer
+                    // version) was missing from listings with `--metadata-ttl 0`, and
+                    // a folder whose one file was re-saved listed as ENOENT
+                    // (black-box finding).
                     let current = self.inodes.read().by_path.get(&path).copied();
-                    if current != Some(e.entry.attr.ino) || self.changed_since(&path, dir.listed_at)
+                    if current == Some(e.entry.attr.ino)
+                        && !self.changed_since(&path, dir.listed_at)
                     {
-                        continue;
+                        e.entry
+                    } else {
+                        match self.meta(&path).await {
+                            Ok(Meta::Missing) | Err(_) => continue,
+                            Ok(meta) => self.entry_for(&path, &meta, false)?,
+                        }
                     }
-                    e.entry
                 }
             };
             // The kernel counts a reference for each entry it is given: counted here,
