@@ -158,8 +158,13 @@ pub fn spawn(
     reader: ObjectReader,
     prefix: &str,
     mountpoint: &Path,
-    opts: MountOptions,
+    mut opts: MountOptions,
 ) -> Result<MountHandle> {
+    if let Some(w) = opts.core.writes.as_mut() {
+        if w.mountpoint.is_none() {
+            w.mountpoint = canonical_mountpoint(mountpoint);
+        }
+    }
     let rt = match &opts.runtime {
         Some(h) => h.clone(),
         None => tokio::runtime::Handle::try_current()
@@ -185,6 +190,26 @@ pub fn spawn(
     }
     handle.core = Some(core);
     Ok(handle)
+}
+
+/// `mountpoint` as the kernel mounts it: absolute, symlinks resolved. A dead mount
+/// there (ENOTCONN) cannot be resolved itself: its folder then is, and its name
+/// followed if it is a symlink. None if even that fails.
+pub fn canonical_mountpoint(mountpoint: &Path) -> Option<PathBuf> {
+    let mut at = std::path::absolute(mountpoint).ok()?;
+    // As the kernel, up to 40 symlinks.
+    for _ in 0..40 {
+        if let Ok(real) = std::fs::canonicalize(&at) {
+            return Some(real);
+        }
+        let parent = std::fs::canonicalize(at.parent()?).ok()?;
+        let name = at.file_name()?;
+        match std::fs::read_link(parent.join(name)) {
+            Ok(target) => at = parent.join(target),
+            Err(_) => return Some(parent.join(name)),
+        }
+    }
+    None
 }
 
 /// Mounts any `fuser` file system with Strata's mount options (the null file system of
@@ -574,6 +599,30 @@ impl Drop for MountHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lifecycle finding F9: fsync records are found by the mountpoint the kernel
+    /// mounts, which a symlink to it and its folder share.
+    #[test]
+    fn a_mountpoint_is_canonical_through_symlinks_and_when_absent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        std::fs::create_dir(root.join("real")).expect("mkdir");
+        std::os::unix::fs::symlink(root.join("real"), root.join("link")).expect("link");
+        std::os::unix::fs::symlink("gone", root.join("dangling")).expect("link");
+        assert_eq!(
+            canonical_mountpoint(&dir.path().join("link/")),
+            Some(root.join("real"))
+        );
+        assert_eq!(
+            canonical_mountpoint(&dir.path().join("./real")),
+            Some(root.join("real"))
+        );
+        assert_eq!(
+            canonical_mountpoint(&dir.path().join("dangling")),
+            Some(root.join("gone")),
+            "a name that cannot be resolved (a dead mount): its folder is"
+        );
+    }
 
     #[test]
     fn mountinfo_paths_are_unescaped() {

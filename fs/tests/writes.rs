@@ -1872,6 +1872,17 @@ fn restarted_at(
     label: &str,
     endpoint: Option<&str>,
 ) -> Arc<FsCore> {
+    restarted_mounted(fx, staging_dir, label, endpoint, None)
+}
+
+/// As [`restarted_at`], for a mount at canonical mountpoint `mountpoint`.
+fn restarted_mounted(
+    fx: &Fixture,
+    staging_dir: std::path::PathBuf,
+    label: &str,
+    endpoint: Option<&str>,
+    mountpoint: Option<&str>,
+) -> Arc<FsCore> {
     let engine = CacheEngine::builder()
         .tier(Arc::new(MemoryTier::new(64 << 20)))
         .build()
@@ -1886,6 +1897,7 @@ fn restarted_at(
     }
     let mut w = WriteOptions::new(staging_dir);
     w.part_size = 64 << 10;
+    w.mountpoint = mountpoint.map(std::path::PathBuf::from);
     Arc::new(FsCore::new(
         ObjectReader::new(engine, store, BS).expect("reader"),
         "",
@@ -2366,6 +2378,165 @@ async fn a_reader_open_across_an_overwrite_and_a_rename_reads_what_is_written() 
         c.close(w.fh, 0).await.expect("close");
         c.release_write(w.fh).await;
         c.release(rd.fh);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// The fsync record in staging folder `dir` of the file to be uploaded to `path`.
+fn record_of(dir: &std::path::Path, path: &str) -> std::path::PathBuf {
+    staged_files(dir)
+        .into_iter()
+        .find(|f| {
+            f.to_string_lossy().ends_with(".part.json")
+                && std::fs::read(f)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .is_some_and(|v| v["path"] == path)
+        })
+        .expect("its fsync record")
+}
+
+/// The staged file of fsync record `record`.
+fn file_of(record: &std::path::Path) -> std::path::PathBuf {
+    let name = record.to_string_lossy();
+    std::path::PathBuf::from(name.strip_suffix(".json").expect("a record"))
+}
+
+/// Black-box finding (EIO on the cache disk): one EIO reading an fsync record at start
+/// deleted the record and the fsync'd file with it, and the file never reached the
+/// store. A record that cannot be read now (here ELOOP) is kept with its file for the
+/// next start; one that is not valid is kept with its file too, never uploaded.
+#[tokio::test]
+async fn an_fsync_record_that_cannot_be_read_keeps_its_file() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "ckpt", 0).await.expect("create");
+        c.write(fh, 0, &data(3000, 7)).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        let (_, fh2) = c.create(ROOT_INO, "torn", 0).await.expect("create");
+        c.write(fh2, 0, b"fsync'd").expect("write");
+        c.fsync(fh2).await.expect("fsync");
+        let _crashed = (fh, fh2); // never closed, as after a kill
+
+        let record = record_of(&staging_dir, "ckpt");
+        let body = std::fs::read(&record).expect("read");
+        std::fs::remove_file(&record).expect("rm");
+        // Opening it fails (ELOOP), as an EIO would: an error of the disk, not of it.
+        std::os::unix::fs::symlink(record.file_name().expect("name"), &record).expect("loop");
+        let torn = record_of(&staging_dir, "torn");
+        std::fs::write(&torn, b"{\"path\": \"to").expect("tear");
+
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(stored(&fx, "ckpt").await.is_none());
+        assert!(stored(&fx, "torn").await.is_none());
+        assert!(file_of(&record).is_file(), "the fsync'd file kept");
+        assert!(
+            std::fs::symlink_metadata(&record).is_ok(),
+            "its record kept"
+        );
+        assert!(file_of(&torn).is_file(), "a torn record's file kept");
+        assert!(torn.is_file(), "and the torn record");
+
+        // Readable again: the next start uploads it.
+        std::fs::remove_file(&record).expect("rm");
+        std::fs::write(&record, body).expect("restore");
+        let again = restarted(&fx, staging_dir.clone(), "mem");
+        again.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "ckpt", Duration::from_secs(5)).await,
+            Some(data(3000, 7))
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (power cut on ext4 `data=writeback,nodelalloc`): the replay
+/// uploaded the staged file as the disk had it, its unsynced tail included, which
+/// held a deleted file's bytes. The record names the fsync'd length and crc32c: the
+/// replay uploads that much, and nothing when those bytes do not check.
+#[tokio::test]
+async fn the_replay_uploads_what_was_fsyncd_and_only_if_it_checks() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "ckpt", 0).await.expect("create");
+        c.write(fh, 0, &data(100_000, 3)).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        c.write(fh, 100_000, &data(40_000, 9)).expect("write");
+        let (_, fh2) = c.create(ROOT_INO, "db", 0).await.expect("create");
+        c.write(fh2, 0, &data(5000, 5)).expect("write");
+        c.fsync(fh2).await.expect("fsync");
+        let _crashed = (fh, fh2); // never closed, as after a kill
+                                  // What the disk holds of the fsync'd bytes is not what was synced.
+        let db = file_of(&record_of(&staging_dir, "db"));
+        std::os::unix::fs::FileExt::write_all_at(
+            &std::fs::OpenOptions::new()
+                .write(true)
+                .open(&db)
+                .expect("open"),
+            b"STALE",
+            100,
+        )
+        .expect("garble");
+
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "ckpt", Duration::from_secs(5)).await,
+            Some(data(100_000, 3)),
+            "exactly the fsync'd bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(stored(&fx, "db").await.is_none(), "not uploaded");
+        assert!(db.is_file(), "kept");
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (lifecycle F9): a staging folder is named after the mountpoint as
+/// given, so a file fsync'd through a mount at a symlink was never uploaded by the
+/// restart at the folder it names (nor the other way round). Records name the
+/// canonical mountpoint, and a start takes those of its own from the other folders.
+#[tokio::test]
+async fn a_record_is_uploaded_by_a_mount_at_its_directory_spelt_another_way() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging = fx.dir.path().join("staging");
+        let (link, other) = (staging.join("_m_link-1"), staging.join("_m_other-3"));
+        for (dir, mp, name) in [
+            (&link, "/m/real", "ckpt"),
+            (&other, "/m/elsewhere", "theirs"),
+        ] {
+            let c = restarted_mounted(&fx, dir.clone(), "mem", None, Some(mp));
+            let (_, fh) = c.create(ROOT_INO, name, 0).await.expect("create");
+            c.write(fh, 0, name.as_bytes()).expect("write");
+            c.fsync(fh).await.expect("fsync");
+            assert_eq!(Arc::strong_count(&c), 1, "its mount gone, as after a kill");
+        }
+        let real = restarted_mounted(&fx, staging.join("_m_real-2"), "mem", None, Some("/m/real"));
+        real.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "ckpt", Duration::from_secs(5)).await,
+            Some(b"ckpt".to_vec())
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while fsync_records(&link) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(fsync_records(&link), 0, "its record done");
+        assert!(
+            stored(&fx, "theirs").await.is_none(),
+            "another mountpoint's"
+        );
+        assert_eq!(fsync_records(&other), 1, "kept for it");
     })
     .await
     .expect("bounded");

@@ -146,6 +146,12 @@ pub struct WriteOptions {
     /// [`PassthroughStore`]). None: the mount's copies' store if it has one, else
     /// staged files are bounded by the disk alone.
     pub local_files: Option<Arc<PassthroughStore>>,
+    /// The mountpoint as the kernel mounts it (symlinks resolved; set by
+    /// [`crate::spawn`]): written in fsync records, so a start at the same directory
+    /// spelt another way (a symlink to it, or the folder a symlink names), whose
+    /// staging folder is another, uploads them too. None: records are found in
+    /// `staging_dir` only.
+    pub mountpoint: Option<PathBuf>,
 }
 
 impl WriteOptions {
@@ -160,6 +166,7 @@ impl WriteOptions {
             upload_memory: 512 << 20,
             rewrite_max: 256 << 20,
             local_files: None,
+            mountpoint: None,
         }
     }
 }
@@ -214,10 +221,13 @@ pub(super) struct Staged {
     /// The process that opened it (None: unknown): the close of a copy of its
     /// descriptor in another process does not upload it ([`FsCore::close`]).
     opener: Option<u32>,
-    /// The name its fsync record beside it holds (`journal.rs`); None: no record.
-    journaled: Mutex<Option<Arc<str>>>,
+    /// The name and synced bytes its fsync record beside it holds (`journal.rs`);
+    /// None: no record.
+    journaled: Mutex<Option<(Arc<str>, journal::Synced)>>,
     /// The store and prefix the mount shows, written in its fsync record.
     source: Arc<str>,
+    /// The mount's canonical mountpoint, written in its fsync record.
+    mountpoint: Option<Arc<str>>,
     /// Being filled with the object it changes (an open to append or patch): until
     /// then the object is what the path shows, not this partial file.
     filling: AtomicBool,
@@ -344,6 +354,62 @@ pub fn fsync_records(staging_dir: &Path) -> usize {
             .unwrap_or(0)
     };
     count(staging_dir) + count(&staged_files_dir(staging_dir))
+}
+
+/// The staging folders of the mounts this process has open: another mount's start
+/// takes no fsync record from them (they are their own mount's to upload).
+static LIVE_STAGING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The fsync records of canonical mountpoint `mountpoint` in the staging folders
+/// beside `staging_dir`, of mounts not open: those a mount at the same directory spelt
+/// another way wrote (a staging folder is named after the mountpoint as given: a
+/// symlink to the folder, or the folder a symlink names, is another; black-box
+/// finding: a file fsync'd through a mount at a symlink was never uploaded by the
+/// restart at the folder it names, nor shown). They are uploaded from where they are.
+fn other_spellings(staging_dir: &Path, mountpoint: &str) -> Vec<journal::Journaled> {
+    let (Some(parent), Some(own)) = (staging_dir.parent(), staging_dir.file_name()) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let live = LIVE_STAGING.lock().clone();
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if entry.file_name() == own
+            || live.contains(&dir)
+            || !entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            continue;
+        }
+        for d in [staged_files_dir(&dir), dir.clone()] {
+            match Writes::journaled_left(&d, Some(mountpoint), false) {
+                Ok(left) => out.extend(left.records),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(dir = %d.display(), error = %e, "a staging folder of another spelling of this mountpoint could not be read: its fsync records are not uploaded by this start")
+                }
+            }
+        }
+    }
+    if !out.is_empty() {
+        tracing::info!(
+            records = out.len(),
+            mountpoint,
+            "files fsync'd before a crash by a mount at this directory spelt another way: uploaded by this mount"
+        );
+    }
+    out
+}
+
+impl Drop for Writes {
+    fn drop(&mut self) {
+        let mut live = LIVE_STAGING.lock();
+        if let Some(i) = live.iter().position(|d| *d == self.opts.staging_dir) {
+            live.swap_remove(i);
+        }
+    }
 }
 
 /// Creates `dir` (and its parents) if missing, mode 0700: staged files are the user's.
@@ -597,6 +663,8 @@ pub(super) struct Writes {
     journaled_left: Mutex<Vec<journal::Journaled>>,
     /// The store and prefix the mount shows (see `Staged::source`).
     source: Arc<str>,
+    /// The canonical mountpoint (see `WriteOptions::mountpoint`), if UTF-8.
+    mountpoint: Option<Arc<str>>,
     /// The same source as releases before the endpoint was part of it wrote it in
     /// fsync records (`s3://b/p|root`, not `s3://b/p at E|root`): such records are
     /// this mount's, so an upgrade uploads what an fsync kept before it.
@@ -616,11 +684,21 @@ impl Writes {
         // Files an fsync made durable are uploaded by the mount (`journal.rs`); the
         // rest were never acknowledged. Releases before the `files` folder staged at
         // the top: their records are taken too.
-        let mut journaled = Self::journaled_left(&opts.staging_dir)?;
-        journaled.extend(Self::journaled_left(&files)?);
-        let kept: HashSet<PathBuf> = journaled
+        let mountpoint: Option<Arc<str>> = opts
+            .mountpoint
+            .as_deref()
+            .and_then(Path::to_str)
+            .map(Arc::from);
+        let mp = mountpoint.as_deref();
+        let mut left = Self::journaled_left(&opts.staging_dir, mp, true)?;
+        let in_files = Self::journaled_left(&files, mp, true)?;
+        left.records.extend(in_files.records);
+        left.kept.extend(in_files.kept);
+        let kept: HashSet<PathBuf> = left
+            .records
             .iter()
             .flat_map(|j| [j.file.clone(), j.record_file.clone()])
+            .chain(left.kept.iter().cloned())
             .collect();
         let mut removed = 0;
         for dir in [&opts.staging_dir, &files] {
@@ -633,16 +711,21 @@ impl Writes {
             }
         }
         // New staging files are numbered past the kept ones.
-        let next = journaled
+        let next = kept
             .iter()
-            .filter_map(|j| {
-                j.file
-                    .file_stem()
+            .filter_map(|p| {
+                p.file_name()
                     .and_then(|n| n.to_str())
+                    .and_then(|n| n.split('.').next())
                     .and_then(|n| n.parse::<u64>().ok())
             })
             .max()
             .map_or(1, |n| n + 1);
+        let mut journaled = left.records;
+        LIVE_STAGING.lock().push(opts.staging_dir.clone());
+        if let Some(mp) = mp {
+            journaled.extend(other_spellings(&opts.staging_dir, mp));
+        }
         if removed > 0 {
             tracing::warn!(removed, dir = %opts.staging_dir.display(), "staged writes left by an earlier run removed (never uploaded)");
         }
@@ -660,6 +743,7 @@ impl Writes {
             next_file: AtomicU64::new(next),
             journaled_left: Mutex::new(journaled),
             source: Arc::from(source),
+            mountpoint,
             legacy_source: legacy_source.map(Arc::from),
         })
     }
@@ -730,6 +814,7 @@ impl Writes {
             opener,
             journaled: Mutex::new(None),
             source: self.source.clone(),
+            mountpoint: self.mountpoint.clone(),
             filling: AtomicBool::new(filling),
         });
         by_path.insert(path.clone(), staged.clone());
