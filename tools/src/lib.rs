@@ -43,13 +43,22 @@ pub mod signals;
 /// the FUSE thread logging once it filled, and every request behind it hung (black-box
 /// finding). Keep the guard for the process's life: dropped, it writes out what is
 /// queued (waiting at most a second) and logging stops.
+/// A regular file (the cache dir's `mount.log`) is written directly: a write to it
+/// never waits on a reader, and its lines are in the file when the line after them is
+/// acted on (a test reading the log once the mount is up).
 #[must_use = "logging stops when the guard is dropped"]
 pub fn init_logging(default: &str) -> LogGuard {
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .buffered_lines_limit(LOG_QUEUE_LINES)
-        .lossy(true)
-        .thread_name("strata-log")
-        .finish(std::io::stderr());
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
+    let (writer, guard) = if stderr_is_a_file() {
+        (BoxMakeWriter::new(std::io::stderr), None)
+    } else {
+        let (w, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .buffered_lines_limit(LOG_QUEUE_LINES)
+            .lossy(true)
+            .thread_name("strata-log")
+            .finish(std::io::stderr());
+        (BoxMakeWriter::new(w), Some(g))
+    };
     let set = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -65,8 +74,19 @@ pub fn init_logging(default: &str) -> LogGuard {
         .log_internal_errors(false)
         .try_init();
     LogGuard {
-        _worker: set.is_ok().then_some(guard),
+        _worker: guard.filter(|_| set.is_ok()),
     }
+}
+
+/// Whether fd 2 is a regular file.
+fn stderr_is_a_file() -> bool {
+    use std::os::fd::AsFd;
+    std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|m| m.file_type().is_file())
 }
 
 /// Lines the log queue holds before it drops (about 2 MB of typical lines): a burst of

@@ -727,3 +727,69 @@ fn stop_signals_blocked_at_start_still_stop_the_daemon() {
     assert!(status.success(), "{status:?}");
     assert_eq!(mounts_at(&l.mnt), 0);
 }
+
+/// Black-box finding: a mountpoint that does not exist was "not a directory".
+#[test]
+fn a_missing_mountpoint_is_named_missing() {
+    let l = Layout::new(&[]);
+    let missing = l.mnt.join("nope");
+    let out = mount_detached(&l.url, &missing, &l.cache, &[]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("does not exist"), "{said}");
+}
+
+/// Black-box finding: a restart emptied `mount.log`, and with it the log of the run
+/// that died. The last run's log is kept as `mount.log.1`.
+#[test]
+fn a_restart_keeps_the_last_runs_log() {
+    let l = Layout::new(&[("f", b"x")]);
+    let first = mount_detached(&l.url, &l.mnt, &l.cache, &[]);
+    assert!(first.status.success(), "{}", text(&first));
+    unmount(&l.mnt);
+    let log = l.cache.join("mount.log");
+    // The first daemon's log, once it has ended (it exits when unmounted).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !processes_naming(&l.cache).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = std::fs::read_to_string(&log).expect("first log");
+    let second = mount_detached(&l.url, &l.mnt, &l.cache, &[]);
+    unmount(&l.mnt);
+    assert!(second.status.success(), "{}", text(&second));
+    let kept = std::fs::read_to_string(l.cache.join("mount.log.1")).expect("kept");
+    assert!(!before.is_empty());
+    assert!(kept.starts_with(&before), "{kept}");
+}
+
+/// Black-box finding: `strata mount` killed (SIGKILL) while its daemon started: the
+/// daemon mounted 7 s later anyway. Until it is ready it stops with the command.
+#[test]
+fn a_mount_command_killed_during_the_start_leaves_no_mount() {
+    // A store that accepts connections and never answers: the start waits on it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", silent.local_addr().expect("addr"));
+    let l = Layout::new(&[]);
+    let mut cmd = Command::new(strata());
+    cmd.args(["mount", "s3://bucket"])
+        .arg(&l.mnt)
+        .args(["--endpoint", &endpoint, "--allow-http", "--cache-dir"])
+        .arg(&l.cache)
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut starter = cmd.spawn().expect("start");
+    std::thread::sleep(Duration::from_secs(2));
+    starter.kill().expect("kill -9");
+    starter.wait().expect("reap");
+    // The daemon's start gives up on the store after 10 s and would mount then.
+    std::thread::sleep(Duration::from_secs(13));
+    let mounted = mounts_at(&l.mnt);
+    let left = processes_naming(&l.cache);
+    if mounted > 0 {
+        unmount(&l.mnt);
+    }
+    assert_eq!(mounted, 0, "nothing mounted after the command was killed");
+    assert!(left.is_empty(), "daemon still running: {left:?}");
+}

@@ -49,6 +49,11 @@ pub struct MountArgs {
     /// the mount appears (see `daemonize`).
     #[arg(long, hide = true)]
     pub stderr_until_mounted: bool,
+    /// Set by the starting command on the detached daemon: stdout is its pipe until
+    /// the daemon is ready, and the daemon stops with the starting command until then
+    /// (see `daemonize`).
+    #[arg(long, hide = true)]
+    pub stdout_until_ready: bool,
     /// S3-compatible endpoint (e.g. http://127.0.0.1:9000).
     #[arg(long)]
     pub endpoint: Option<String>,
@@ -143,6 +148,12 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     // Asked first: a stat of it fails once the kernel's cached attributes expired, and
     // it was then refused as "not a directory" (test: an upload a kill cut off).
     let dead = strata_fs::mount::dead_mount_or_refuse_stuck(&args.mount.mountpoint)?;
+    if !dead && std::fs::symlink_metadata(&args.mount.mountpoint).is_err() {
+        bail!(
+            "mountpoint {} does not exist (create it first: mkdir -p {0})",
+            args.mount.mountpoint.display()
+        );
+    }
     if !dead && !args.mount.mountpoint.is_dir() {
         bail!(
             "mountpoint {} is not a directory",
@@ -175,6 +186,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     if args.stderr_until_mounted {
         release_stderr_when_mounted(args.mount.mountpoint.clone());
+    }
+    if args.stdout_until_ready {
+        crate::daemon::release_stdout_when_ready();
     }
     crate::daemon::run_until_signal(args.to_config())
 }
@@ -212,6 +226,12 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
             // root can write (black-box finding: root's refused start truncated and
             // wrote its error into the link's target).
             use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+            // The last run's log is kept beside it (`mount.log.1`): emptied, the log of
+            // a daemon that crashed, the reason among its last lines, went with the
+            // restart that follows (black-box finding).
+            if crate::daemon::cache::cache_dir_free(d) {
+                rotate_log(&path);
+            }
             let opened = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -228,9 +248,6 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
                             m.uid(),
                             m.nlink()
                         )));
-                    }
-                    if crate::daemon::cache::cache_dir_free(d) {
-                        f.set_len(0)?;
                     }
                     Ok(f)
                 });
@@ -251,23 +268,45 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
             writer.into()
         }
     };
+    // The daemon says "ready" on its stdout once its mount is up, then lets go of it:
+    // the mount at the mountpoint is then this daemon's (black-box finding: of two
+    // starts racing at one mountpoint, both said "mounted" when either's mount
+    // appeared, and the one whose daemon failed had the other's mount).
+    let (ready_reader, ready_writer) =
+        std::io::pipe().context("creating the mount's ready pipe")?;
+    argv.push("--stdout-until-ready".into());
+    let ready = read_lines_in_background(ready_reader);
     let mut cmd = std::process::Command::new(exe);
     if let Some(secret) = secret {
         cmd.env("AWS_SECRET_ACCESS_KEY", secret);
     }
     cmd.args(argv)
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(ready_writer)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe and touches no parent state.
+    // SAFETY: setsid, prctl and close_range are async-signal-safe and touch no parent
+    // state; they run after the child's stdio is in place.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            // Until it is ready the daemon stops with this command: killed (SIGKILL
+            // leaves nothing to cancel with), its daemon went on to mount 7 s later
+            // (black-box finding). The daemon clears it once ready.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            // Descriptors this command inherited without close-on-exec (a pipe its
+            // caller waits on for EOF) are not the daemon's to keep (black-box
+            // finding). Linux 5.11+; older kernels keep them, as before.
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             Ok(())
         });
     }
     let mut child = cmd.spawn().context("starting the mount daemon")?;
-    // `cmd` holds the pipe's write end: dropped, the child holds the only one.
+    // `cmd` holds the pipes' write ends: dropped, the child holds the only ones.
     drop(cmd);
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
@@ -278,14 +317,17 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
                 "the mount was cancelled (its daemon stopped, nothing is mounted)",
             ));
         }
-        if is_mounted(&args.mount.mountpoint)
-            && !strata_fs::mount::is_dead_mount(&args.mount.mountpoint)
-        {
+        if std::iter::from_fn(|| ready.try_recv().ok()).any(|line| line == "ready") {
             if let Some(p) = pipe {
                 // The child lets go of the pipe once it sees its mount (at once).
                 let _ = p.recv_timeout(Duration::from_secs(5));
             }
-            outln!(
+            // Best effort: the mount is up whether or not anyone reads this (black-box
+            // finding: with its stdout's reader gone the command failed "Broken pipe",
+            // its mount and daemon left running).
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stdout().lock(),
                 "mounted {} at {} (pid {})",
                 args.source,
                 args.mount.mountpoint.display(),
@@ -341,6 +383,37 @@ fn cancel_start(child: &mut std::process::Child, mountpoint: &Path) {
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
         }
+    }
+}
+
+/// The lines `reader` yields, from a thread, on the returned channel (closed at its end).
+fn read_lines_in_background(
+    reader: impl std::io::Read + Send + 'static,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Keeps the log at `path` (a plain file of one name, not a link) as `path.1`,
+/// replacing an older one.
+fn rotate_log(path: &Path) {
+    let plain = std::fs::symlink_metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.file_type().is_file() && m.nlink() == 1
+    });
+    if plain {
+        let mut kept = path.as_os_str().to_owned();
+        kept.push(".1");
+        let _ = std::fs::rename(path, kept);
     }
 }
 

@@ -248,7 +248,17 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         let stop = stop.clone();
         tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
     }
+    let release_stdout = RELEASE_STDOUT_WHEN_READY.load(std::sync::atomic::Ordering::Relaxed);
+    if release_stdout {
+        // Before "ready": the starting command may exit as soon as it reads it.
+        // SAFETY: prctl(PR_SET_PDEATHSIG, 0) only clears this process's parent-death
+        // signal.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+    }
     announce!("ready");
+    if release_stdout {
+        stdout_released();
+    }
 
     let result = supervise(&stop, &mut tasks, &mounts, &unmounted, kv.is_some()).await;
     shut_down(tasks, mounts).await;
@@ -258,6 +268,28 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     drop(kv);
     drop(core);
     result
+}
+
+/// Set for a detached daemon: its stdout is the starting command's "ready" pipe.
+static RELEASE_STDOUT_WHEN_READY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Once ready, the daemon no longer stops with the command that started it and lets go
+/// of its stdout (the command's pipe), so that command reads "ready" and then its end
+/// (see `commands::mount::daemonize`).
+pub fn release_stdout_when_ready() {
+    RELEASE_STDOUT_WHEN_READY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn stdout_released() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto fd 1 swaps what stdout refers to; `null` stays open until
+        // after, and writers use the fd number.
+        unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+    }
 }
 
 /// How long a mount waits for its store's first listing before it goes ahead on the
