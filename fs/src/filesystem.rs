@@ -989,6 +989,11 @@ impl FsCore {
         )
     }
 
+    /// Whether this mount takes writes (asked for, and its staging folder usable).
+    pub fn is_writable(&self) -> bool {
+        self.writes.is_some()
+    }
+
     /// The TTL handed to the kernel for entries and attributes.
     pub fn ttl(&self) -> Duration {
         self.opts.metadata_ttl.min(KERNEL_TTL_MAX)

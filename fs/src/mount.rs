@@ -171,6 +171,16 @@ pub fn spawn(
             .map_err(|e| Error::Invalid(format!("mount needs a tokio runtime: {e}")))?,
     };
     let core = Arc::new(FsCore::new(reader, prefix, opts.core.clone()));
+    if let Some(w) = opts.core.writes.as_ref().filter(|_| !core.is_writable()) {
+        // Mounted read-only instead, every write failed EROFS after a start that said
+        // "mounted" (black-box finding: a staging folder name too long for the file
+        // system).
+        return Err(Error::Invalid(format!(
+            "writes were asked for but the staging folder {} cannot be used (the log says \
+             why); not mounting read-only in their place",
+            w.staging_dir.display()
+        )));
+    }
     // What a crash cut off after an fsync goes to the store (`write/journal.rs`).
     core.recover_journaled(&rt);
     let fs = FuseFs::new(core.clone(), rt);

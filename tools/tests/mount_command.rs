@@ -793,3 +793,23 @@ fn a_mount_command_killed_during_the_start_leaves_no_mount() {
     assert_eq!(mounted, 0, "nothing mounted after the command was killed");
     assert!(left.is_empty(), "daemon still running: {left:?}");
 }
+
+/// Black-box finding: `--allow-writes` whose staging folder could not be made (its
+/// name too long for the file system) mounted read-only, said "mounted" and exited 0;
+/// every write then failed EROFS. The start fails instead.
+#[test]
+fn a_writable_mount_whose_staging_cannot_be_used_is_refused() {
+    let l = Layout::new(&[("f", b"x")]);
+    std::fs::create_dir_all(&l.cache).expect("mkdir");
+    // A file where the staging folders go.
+    std::fs::write(l.cache.join("staging"), b"not a folder").expect("write");
+    let out = mount_detached(&l.url, &l.mnt, &l.cache, &["--allow-writes"]);
+    let mounted = mounts_at(&l.mnt);
+    if mounted > 0 {
+        unmount(&l.mnt);
+    }
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("staging folder"), "{said}");
+    assert_eq!(mounted, 0, "not mounted read-only in its place");
+}

@@ -118,7 +118,7 @@ fn mount_dir_name(mountpoint: &std::path::Path) -> String {
         .components()
         .collect();
     let mountpoint = mountpoint.as_path();
-    let readable: String = mountpoint
+    let readable: Vec<char> = mountpoint
         .to_string_lossy()
         .chars()
         .map(|c| match c.is_ascii_alphanumeric() || c == '-' {
@@ -126,9 +126,19 @@ fn mount_dir_name(mountpoint: &std::path::Path) -> String {
             false => '_',
         })
         .collect();
+    // Its end only, past READABLE_MAX: a file name has at most 255 bytes (black-box
+    // finding: a mountpoint of 215 bytes made a staging folder name no file system
+    // takes, and the mount went read-only). The checksum keeps it unique.
+    let readable: String = readable[readable.len().saturating_sub(READABLE_MAX)..]
+        .iter()
+        .collect();
     let sum = crc32c::crc32c(mountpoint.as_os_str().as_bytes());
     format!("{readable}-{sum:08x}")
 }
+
+/// The most characters (ASCII) of a mountpoint a staging folder's name keeps: with the
+/// checksum, well within a file name's 255 bytes.
+const READABLE_MAX: usize = 200;
 
 /// The cache dir's folder of staging directories.
 const STAGING: &str = "staging";
@@ -149,6 +159,13 @@ const METADATA: &str = "metadata";
 pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
     for e in other_mounts_entries(cache_dir, STAGING, mounts, staging_dir) {
         let path = e.path();
+        if mounted_under(&path) {
+            // remove_dir_all would empty whatever is mounted there (black-box finding:
+            // a bind mount, even another writable strata mount, lost its files).
+            tracing::warn!(dir = %path.display(),
+                "kept another mount's staging folder: something is mounted inside it");
+            continue;
+        }
         let fsynced = strata_fs::filesystem::fsync_records(&path);
         if fsynced > 0 {
             tracing::warn!(dir = %path.display(), fsynced,
@@ -166,6 +183,18 @@ pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig])
                 "cannot remove another mount's staged writes"),
         }
     }
+}
+
+/// Whether a file system is mounted at `dir` or below it (this namespace's mount table).
+fn mounted_under(dir: &std::path::Path) -> bool {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .map(strata_fs::mount::unescape_mountinfo)
+            .is_some_and(|at| at.starts_with(&dir))
+    })
 }
 
 /// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine,
@@ -673,6 +702,32 @@ mod tests {
             mount_options(&ro, &core, "s3://one").is_ok(),
             "read-only is fine"
         );
+    }
+
+    /// Black-box finding: a mountpoint of 215 bytes gave a staging folder name over
+    /// 255 bytes, and `--allow-writes` went read-only. Names stay short and apart.
+    #[test]
+    fn a_long_mountpoint_stages_under_a_short_name_of_its_own() {
+        let long = format!("/{}", "d/".repeat(150));
+        let (a, b) = (
+            mount_dir_name(std::path::Path::new(&format!("{long}a"))),
+            mount_dir_name(std::path::Path::new(&format!("{long}b"))),
+        );
+        assert!(a.len() <= 255, "{}", a.len());
+        assert_ne!(a, b);
+        assert!(mount_dir_name(std::path::Path::new("/mnt/train")).starts_with("_mnt_train-"));
+    }
+
+    /// Black-box finding: the start's clean-up emptied a bind mount (even a writable
+    /// strata mount) mounted inside another mount's staging folder.
+    #[test]
+    fn what_is_mounted_is_found_under_a_folder_and_not_beside_it() {
+        assert!(
+            mounted_under(std::path::Path::new("/")),
+            "the root file system"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(!mounted_under(&dir.path().join("nothing-mounted")));
     }
 
     /// Mountpoints that read alike stage apart (`/X/a_b/m` and `/X/a/b_m` shared one
