@@ -2456,10 +2456,21 @@ async fn an_fsync_record_that_cannot_be_read_keeps_its_file() {
     .expect("bounded");
 }
 
+/// Rewrites the fsync record of `path` in staging folder `dir` as written before a
+/// power cut: in another page cache than the one the restart reads.
+fn before_a_power_cut(dir: &std::path::Path, path: &str) {
+    let record = record_of(dir, path);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("read")).expect("json");
+    assert!(v["epoch"].is_string(), "the record names its page cache");
+    v["epoch"] = serde_json::json!("another boot");
+    std::fs::write(&record, serde_json::to_vec(&v).expect("json")).expect("write");
+}
+
 /// Black-box finding (power cut on ext4 `data=writeback,nodelalloc`): the replay
 /// uploaded the staged file as the disk had it, its unsynced tail included, which
-/// held a deleted file's bytes. The record names the fsync'd length and crc32c: the
-/// replay uploads that much, and nothing when those bytes do not check.
+/// held a deleted file's bytes. The record names the fsync'd length and crc32c: after
+/// a power cut the replay uploads that much, and nothing when those bytes do not check.
 #[tokio::test]
 async fn the_replay_uploads_what_was_fsyncd_and_only_if_it_checks() {
     timed(async {
@@ -2485,6 +2496,8 @@ async fn the_replay_uploads_what_was_fsyncd_and_only_if_it_checks() {
             100,
         )
         .expect("garble");
+        before_a_power_cut(&staging_dir, "ckpt");
+        before_a_power_cut(&staging_dir, "db");
 
         let after = restarted(&fx, staging_dir.clone(), "mem");
         after.recover_journaled(&tokio::runtime::Handle::current());
@@ -2585,6 +2598,37 @@ async fn with_no_ttl_a_name_renamed_over_since_the_opendir_is_still_listed() {
         assert_eq!(state.entry.attr.ino, tmp.attr.ino, "the inode now there");
         assert_ne!(state.entry.attr.ino, old.attr.ino);
         assert_eq!(state.entry.attr.size, 11);
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A crash of the daemon alone (the cache file system's page cache kept) uploads the
+/// fsync'd file as it was written, past its last fsync too, as a local file keeps what
+/// a killed process wrote: the check of what was fsync'd is for a power cut.
+#[tokio::test]
+async fn after_a_daemon_crash_the_replay_uploads_the_file_as_written() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "db", 0).await.expect("create");
+        c.write(fh, 0, &data(5000, 5)).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        // A page rewritten and a tail appended, not fsync'd yet.
+        c.write(fh, 100, b"NEW PAGE").expect("write");
+        c.write(fh, 5000, b"tail").expect("write");
+        let _crashed = fh; // never closed, as after a kill
+        let mut want = data(5000, 5);
+        want[100..108].copy_from_slice(b"NEW PAGE");
+        want.extend_from_slice(b"tail");
+
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        assert_eq!(
+            stored_within(&fx, "db", Duration::from_secs(5)).await,
+            Some(want)
+        );
     })
     .await
     .expect("bounded");

@@ -34,15 +34,19 @@
 //!   was not, and it came back to put old bytes over a name changed since.
 //! - The record names the fsync'd length and its crc32c (read back before the sync, so
 //!   every byte checksummed is one the sync made durable): the replay uploads that
-//!   prefix, as no file system promises more past the last fsync (ext4
+//!   prefix after a power cut (one that may have lost the page cache: another boot,
+//!   or the file system mounted again since), as no file system promises more past
+//!   the last fsync (ext4
 //!   `data=writeback,nodelalloc` commits a longer size before the data: the tail held
 //!   a deleted file's bytes), and uploads nothing, keeping the files, when the prefix
 //!   does not check. The cost: each fsync that changed the file reads it back (page
 //!   cache) and rewrites the record (a write, an fsync, a rename and a folder sync);
-//!   and a crash between an fsync and the next of a file rewritten in place (not
+//!   and a power cut between an fsync and the next of a file rewritten in place (not
 //!   appended) leaves it unuploaded, kept and reported, since the replay cannot tell
-//!   the bytes written since from stale ones. An older release's record, naming
-//!   neither, uploads the file whole.
+//!   the bytes written since from stale ones. A crash of the daemon alone (the same
+//!   boot and mount of the cache file system: `page_cache_epoch`) uploads the file
+//!   as written, as before. An older release's record, naming neither, uploads the
+//!   file whole.
 //! - A record that cannot be read now (EIO, EMFILE, ENOMEM), or is not valid, is kept
 //!   with its staged file and reported; only a record whose file is gone is removed.
 //! - The record names the canonical mountpoint (symlinks resolved): the staging
@@ -88,6 +92,8 @@ pub(crate) struct JournalRecord {
     /// What the fsync made durable: its length and the crc32c of those bytes (None:
     /// an older release's record; the file is uploaded whole).
     pub synced: Option<Synced>,
+    /// The page cache the staged file's writes were in (see [`page_cache_epoch`]).
+    pub epoch: Option<String>,
 }
 
 /// The bytes an fsync made durable (see [`JournalRecord::synced`]).
@@ -132,6 +138,7 @@ fn write_record(file: &Path, record: &JournalRecord) -> io::Result<()> {
         "mountpoint": record.mountpoint,
         "size": record.synced.map(|s| s.size),
         "crc32c": record.synced.map(|s| s.crc),
+        "epoch": record.epoch,
     }))
     .map_err(io::Error::other)?;
     strata_cache_core::state_file::write_atomically(&record_path(file), &body)
@@ -157,7 +164,33 @@ fn parse_record(bytes: &[u8]) -> Option<JournalRecord> {
             (Some(size), Some(crc)) => Some(Synced { size, crc }),
             _ => None,
         },
+        epoch: v.get("epoch").and_then(|s| s.as_str()).map(String::from),
     })
+}
+
+/// The page cache that holds the latest writes of staged file `file`: this boot and
+/// this mount of its file system (`<boot id>/<unique mount id>`). While both are the
+/// same, a crash of the daemon alone lost nothing it wrote, fsync'd or not; a power
+/// cut, an OS crash or a file system shut down and mounted again may have. None where
+/// the kernel cannot tell (no unique mount ids before Linux 6.8).
+fn page_cache_epoch(file: &std::fs::File) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    // SAFETY: statx fills the zeroed struct it is given; the path is empty and
+    // AT_EMPTY_PATH names the descriptor `file` owns for the call's duration.
+    let (rc, stx) = unsafe {
+        let mut stx: libc::statx = std::mem::zeroed();
+        let rc = libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_MNT_ID_UNIQUE,
+            &mut stx,
+        );
+        (rc, stx)
+    };
+    (rc == 0 && stx.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0)
+        .then(|| format!("{}/{}", boot.trim(), stx.stx_mnt_id))
 }
 
 /// Length and crc32c of the first `upto` bytes of `file` (all of it: None), read to
@@ -235,6 +268,7 @@ impl Staged {
                 source: Some(self.source.to_string()),
                 mountpoint: self.mountpoint.as_deref().map(String::from),
                 synced: Some(synced),
+                epoch: page_cache_epoch(&self.file),
             },
         )?;
         *self.journaled.lock() = now;
@@ -503,9 +537,11 @@ impl super::FsCore {
         Ok(())
     }
 
-    /// How many bytes of `j`'s staged file to upload: those its record says the fsync
-    /// made durable, once their crc32c is checked (the whole file for an older
-    /// release's record, which says nothing).
+    /// How many bytes of `j`'s staged file to upload: all of it when the page cache it
+    /// was written in is still the one it is read from (the daemon died, not the
+    /// system: what it wrote is there, as a local file keeps it), and an older
+    /// release's record, which says nothing; else those the record says the fsync made
+    /// durable, once their crc32c is checked.
     ///
     /// After a power cut a file system keeps nothing promised past the last fsync:
     /// ext4 with `data=writeback` (or without a journal) and `nodelalloc` commits a
@@ -520,7 +556,9 @@ impl super::FsCore {
             what: format!("reading {}", j.file.display()),
             source,
         };
-        let Some(want) = j.record.synced else {
+        let whole = j.record.synced.is_none()
+            || (j.record.epoch.is_some() && page_cache_epoch(file) == j.record.epoch);
+        let Some(want) = j.record.synced.filter(|_| !whole) else {
             return Ok(file.metadata().map_err(local)?.len());
         };
         let f = file.clone();
