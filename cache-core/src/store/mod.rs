@@ -1126,7 +1126,27 @@ impl BackingStore {
         if let Some(rec) = recorded {
             rec.done();
         }
-        r
+        r?;
+        self.sync_local(path).await
+    }
+
+    /// The (root, file) of object `path` in a local directory store.
+    fn local_file_of(&self, path: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let root = self.local_root.as_ref()?;
+        Some((root.to_path_buf(), root.join(path)))
+    }
+
+    /// Makes object `path` of a local directory store durable: its file and the folders
+    /// that name it, up to the store's root, synced. An object store's PUT is durable
+    /// when it answers; `object_store`'s local files were not, and the cache drops its
+    /// copy of a written file once it is uploaded (black-box finding: files closed or
+    /// fsync'd through the mount were lost, or back at their old version, after a power
+    /// cut of the store's disk). No-op for other stores.
+    pub async fn sync_local(&self, path: &str) -> Result<()> {
+        match self.local_file_of(path) {
+            Some((root, file)) => sync_local_file(root, file).await,
+            None => Ok(()),
+        }
     }
 
     /// A local directory store writes a PUT into a temporary `NAME#N` file first: the
@@ -1208,7 +1228,8 @@ impl BackingStore {
         if let Some(rec) = recorded {
             rec.done();
         }
-        r
+        r?;
+        self.sync_local(path).await
     }
 
     async fn put_new_recorded(
@@ -1281,6 +1302,7 @@ impl BackingStore {
             in_flight,
             budget,
             recorded,
+            self.local_file_of(path),
         ))
     }
 
@@ -1297,7 +1319,15 @@ impl BackingStore {
         })
         .await?;
         self.remove_emptied_dirs(from).await;
-        Ok(())
+        self.sync_local(to).await?;
+        // The old name's folder too, so the old name does not come back.
+        match (
+            self.local_root.as_ref(),
+            std::path::Path::new(from).parent(),
+        ) {
+            (Some(root), Some(dir)) => sync_local_dirs(root.to_path_buf(), root.join(dir)).await,
+            _ => Ok(()),
+        }
     }
 
     /// After `path` left a local directory store by a rename: the folders it leaves
@@ -1327,7 +1357,8 @@ impl BackingStore {
             let (f, t) = (f.clone(), t.clone());
             async move { self.store.copy(&f, &t).await }
         })
-        .await
+        .await?;
+        self.sync_local(to).await
     }
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
@@ -2190,6 +2221,50 @@ fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
     ok
 }
 
+/// Syncs `file` and the folders from its own up to `root` (see
+/// [`BackingStore::sync_local`]); a file already gone (deleted meanwhile) is not an
+/// error.
+pub(crate) async fn sync_local_file(
+    root: std::path::PathBuf,
+    file: std::path::PathBuf,
+) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        match std::fs::File::open(&file).and_then(|f| f.sync_all()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        match file.parent() {
+            Some(dir) => sync_dirs_blocking(&root, dir),
+            None => Ok(()),
+        }
+    })
+    .await
+    .map_err(|e| CacheError::Io(std::io::Error::other(e)))?
+}
+
+/// Syncs folder `dir` and its parents up to `root`.
+async fn sync_local_dirs(root: std::path::PathBuf, dir: std::path::PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || sync_dirs_blocking(&root, &dir))
+        .await
+        .map_err(|e| CacheError::Io(std::io::Error::other(e)))?
+}
+
+fn sync_dirs_blocking(root: &std::path::Path, dir: &std::path::Path) -> Result<()> {
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| d.starts_with(root)) {
+        match std::fs::File::open(d).and_then(|f| f.sync_all()) {
+            // Emptied and removed meanwhile: its parent still gets synced.
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        if d == root {
+            break;
+        }
+        at = d.parent();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2278,5 +2353,40 @@ mod tests {
         };
         assert!(message.contains("error sending request"), "{message}");
         assert!(message.contains("Too many open files"), "{message}");
+    }
+}
+
+#[cfg(test)]
+mod sync_local_tests {
+    use super::*;
+
+    /// The file and its folders up to the root are synced; a file or folder deleted
+    /// meanwhile is no error, and a folder outside the root is not walked into.
+    #[tokio::test]
+    async fn a_local_object_is_synced_up_to_the_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("a/b")).expect("mkdir");
+        std::fs::write(root.join("a/b/f"), b"x").expect("write");
+        sync_local_file(root.clone(), root.join("a/b/f"))
+            .await
+            .expect("synced");
+        sync_local_file(root.clone(), root.join("a/b/gone"))
+            .await
+            .expect("a file deleted meanwhile");
+        sync_local_dirs(root.clone(), root.join("a/removed"))
+            .await
+            .expect("a folder removed meanwhile");
+        let store = BackingStore::from_url(
+            &format!("file://{}", root.display()),
+            &StoreOptions::default(),
+        )
+        .expect("store");
+        store
+            .put("c/d/obj", Bytes::from_static(b"durable"))
+            .await
+            .expect("put");
+        store.rename("c/d/obj", "e/obj").await.expect("rename");
+        assert_eq!(std::fs::read(root.join("e/obj")).expect("read"), b"durable");
     }
 }

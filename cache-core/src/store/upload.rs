@@ -66,6 +66,9 @@ pub struct StreamingUpload {
     in_flight: usize,
     /// Bound on one wait for the store where parts are not retried one by one.
     budget: Duration,
+    /// A local directory store's file of the object, synced once it is complete
+    /// (`super::sync_local_file`).
+    local_file: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 enum Sink {
@@ -158,6 +161,7 @@ impl StreamingUpload {
             }))),
             in_flight: shape.in_flight.max(1),
             budget: retry.attempt_timeout * retry.attempts.max(1),
+            local_file: None,
         })
     }
 
@@ -168,6 +172,7 @@ impl StreamingUpload {
         in_flight: usize,
         budget: Duration,
         recorded: Option<super::journal::Recorded>,
+        local_file: Option<(std::path::PathBuf, std::path::PathBuf)>,
     ) -> StreamingUpload {
         StreamingUpload {
             recorded,
@@ -175,6 +180,7 @@ impl StreamingUpload {
             sink: Some(Sink::Whole(parts)),
             in_flight: in_flight.max(1),
             budget,
+            local_file,
         }
     }
 
@@ -243,7 +249,10 @@ impl StreamingUpload {
                         map_store_error(e, 1)
                     })?;
                 self.settled();
-                Ok(())
+                match self.local_file.take() {
+                    Some((root, file)) => super::sync_local_file(root, file).await,
+                    None => Ok(()),
+                }
             }
         }
     }
