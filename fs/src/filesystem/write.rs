@@ -914,7 +914,9 @@ impl Writes {
         // room, so making room frees files (black-box finding: with the inodes held by
         // passthrough copies, every create failed ENOSPC and no copy was given up,
         // bytes being plentiful).
-        Some((room::room_of(&st), st.f_blocks * st.f_frsize))
+        let room = room::room_of(&st);
+        // A filesystem of no stated size (ramfs) has room, and no less size than room.
+        Some((room, st.f_blocks.saturating_mul(st.f_frsize).max(room)))
     }
 }
 

@@ -34,8 +34,20 @@ pub fn statvfs(dir: &Path) -> std::io::Result<libc::statvfs> {
 
 /// Bytes available to an unprivileged writer on the filesystem of `dir`.
 pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
-    let st = statvfs(dir)?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    Ok(bytes_free(&statvfs(dir)?))
+}
+
+/// What a filesystem of no stated size (ramfs reports 0 blocks: no limit) has free:
+/// more than any budget, with room left to add to it. Read as 0 bytes free, a cache
+/// dir on ramfs was refused as "cache full" (black-box finding).
+pub const UNSTATED_ROOM: u64 = 1 << 62;
+
+/// The bytes `st` says an unprivileged writer has free.
+fn bytes_free(st: &libc::statvfs) -> u64 {
+    if st.f_blocks == 0 {
+        return UNSTATED_ROOM;
+    }
+    st.f_bavail.saturating_mul(st.f_frsize)
 }
 
 /// Block files deleted between measures of the room at open: the inodes it takes to
@@ -61,7 +73,7 @@ pub fn room_of(st: &libc::statvfs) -> u64 {
     if st.f_files > 0 && st.f_favail < MIN_FREE_INODES {
         return 0;
     }
-    st.f_bavail.saturating_mul(st.f_frsize)
+    bytes_free(st)
 }
 
 /// Makes [`OPEN_ROOM`] free on `dir`'s filesystem by deleting block files under
@@ -131,6 +143,20 @@ pub fn make_room_to_open(dir: &Path, data_dir: &Path) -> Result<u64> {
 mod tests {
     use super::*;
 
+    /// Black-box finding: ramfs states no size (0 blocks, 0 free) and a cache dir on
+    /// it was refused as full. No stated size is no limit; a stated 0 free is full.
+    #[test]
+    fn a_filesystem_of_no_stated_size_has_room() {
+        // SAFETY: statvfs is plain data; all zeros is a valid value.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(room_of(&st), UNSTATED_ROOM);
+        st.f_blocks = 1000;
+        st.f_frsize = 4096;
+        assert_eq!(room_of(&st), 0, "a stated size with nothing free is full");
+        st.f_bavail = 10;
+        assert_eq!(room_of(&st), 40960);
+    }
+
     #[test]
     fn a_filesystem_with_room_loses_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -151,6 +177,7 @@ mod tests {
         // SAFETY: statvfs is plain data; all-zero is a valid value.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         st.f_frsize = 4096;
+        st.f_blocks = 2000;
         st.f_bavail = 1000;
         st.f_files = 450;
         st.f_favail = 0;
