@@ -383,6 +383,21 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     if m.mode() & 0o077 != 0 {
         tracing::info!(dir = %dir.display(), mode = format!("{:o}", m.mode() & 0o777), "cache dir tightened to 0700");
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        let now = fs::metadata(dir)?.mode();
+        if now & 0o077 != 0 {
+            // chmod "succeeded" and changed nothing: a filesystem without Unix modes
+            // (exFAT, vfat, NTFS), where the mount's options decide who may read and
+            // write. Used anyway, the next start refused the dir it had filled as
+            // shared, and so did the folder it advised (black-box finding).
+            return Err(CacheError::InvalidArgument(format!(
+                "cache dir {} is on a filesystem that keeps no Unix modes (chmod 0700 left \
+                 it {:o}: exFAT, vfat, NTFS?): other users could read or plant cache files \
+                 there; use a filesystem with Unix permissions, or mount this one private \
+                 to you (e.g. uid={me},umask=077)",
+                dir.display(),
+                now & 0o777
+            )));
+        }
     }
     Ok(())
 }
