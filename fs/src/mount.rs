@@ -420,6 +420,26 @@ pub fn unescape_mountinfo(s: &str) -> std::path::PathBuf {
     std::ffi::OsString::from_vec(out).into()
 }
 
+/// Whether another mount lies below `mountpoint` (this namespace's mount table).
+fn has_submounts(mountpoint: &Path) -> bool {
+    let Ok(dir) = std::fs::canonicalize(mountpoint).or_else(|_| std::path::absolute(mountpoint))
+    else {
+        return false;
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    submounts_in_mountinfo(&info, &dir)
+}
+
+/// [`has_submounts`] over the text of a mountinfo file.
+fn submounts_in_mountinfo(info: &str, dir: &Path) -> bool {
+    info.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .map(unescape_mountinfo)
+            .is_some_and(|at| at != dir && at.starts_with(dir))
+    })
+}
+
 /// The FUSE connection number of the mount at `mountpoint`: the minor of its device
 /// (anonymous devices have major 0), read from `/proc/self/mountinfo` (the last mount
 /// there, the one on top) rather than by `stat`, which would be a request to the
@@ -549,6 +569,21 @@ impl MountHandle {
                     }
                     self.abort_connection();
                 }
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EBUSY) && has_submounts(&self.mountpoint) =>
+                {
+                    // Busy because another mount sits inside this one, not because of
+                    // open files: aborted, that mount was left live and unreachable, its
+                    // daemon orphaned (black-box finding). Detached, the mounts inside
+                    // go with it, and their daemons see it and end.
+                    tracing::warn!(mountpoint = %self.mountpoint.display(),
+                        "another mount is inside this one: detaching both");
+                    if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
+                        tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
+                            "cannot detach; aborting the connection");
+                        self.abort_connection();
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
                         "busy: aborting the connection; the files still open there fail with ENOTCONN \
@@ -657,6 +692,19 @@ mod tests {
             "not FUSE"
         );
         assert_eq!(conn_in_mountinfo(info, Path::new("/mnt")), None);
+    }
+
+    #[test]
+    fn a_mount_below_is_a_submount_and_the_mount_itself_is_not() {
+        let info = "90 22 0:61 / /mnt/a rw - fuse.strata strata rw\n\
+                    91 90 0:62 / /mnt/a/sub rw - fuse.strata strata rw\n\
+                    92 22 0:63 / /mnt/ab rw - fuse.strata strata rw\n";
+        assert!(submounts_in_mountinfo(info, Path::new("/mnt/a")));
+        assert!(!submounts_in_mountinfo(info, Path::new("/mnt/a/sub")));
+        assert!(
+            !submounts_in_mountinfo(info, Path::new("/mnt/ab")),
+            "a sibling, not below"
+        );
     }
 
     /// Black-box finding: under `ulimit -n 24` fuser's extra `/dev/fuse` opens failed
