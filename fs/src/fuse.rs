@@ -113,6 +113,8 @@ pub struct FuseFs {
     opens: Arc<Mutex<HashMap<u64, InodeOpens>>>,
     /// fh -> (inode, was passthrough).
     handles: Arc<Mutex<HashMap<u64, (u64, bool)>>>,
+    /// See [`FuseFs::refusing_own_process`].
+    refuse_own_process: bool,
 }
 
 impl FuseFs {
@@ -125,8 +127,31 @@ impl FuseFs {
             passthrough: false,
             opens: Default::default(),
             handles: Default::default(),
+            refuse_own_process: false,
         }
     }
+
+    /// Answers lookups and listings asked by this process's own threads with ELOOP at
+    /// once. A daemon never reads its own mount, but its store may be led into it: a
+    /// followed symlink of a file:// store pointing at the mountpoint had the store's
+    /// walk re-enter the mount, each level holding a FUSE thread and a blocking thread
+    /// until every request hung and the store was taken for dead (black-box finding:
+    /// 520 threads, then EIO for every file). `strata demo` and the fs benchmarks read
+    /// the mount they serve, and leave this off.
+    pub fn refusing_own_process(mut self, refuse: bool) -> Self {
+        self.refuse_own_process = refuse;
+        self
+    }
+
+    /// Whether `req` comes from a thread of this process (and such are refused).
+    fn own_request(&self, req: &Request) -> bool {
+        self.refuse_own_process && is_own_thread(req.pid())
+    }
+}
+
+/// Whether thread id `tid` (a FUSE request's pid) is one of this process's threads.
+pub(crate) fn is_own_thread(tid: u32) -> bool {
+    tid != 0 && std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
 }
 
 impl FuseFs {
@@ -215,7 +240,10 @@ impl Filesystem for FuseFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if self.own_request(req) {
+            return reply.error(fuser::Errno::from_i32(libc::ELOOP));
+        }
         let name = match existing_name(name) {
             Ok(n) => n,
             Err(e) => return reply.error(errno(&e, "lookup")),
@@ -233,7 +261,10 @@ impl Filesystem for FuseFs {
         self.core.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        if self.own_request(req) {
+            return reply.error(fuser::Errno::from_i32(libc::ELOOP));
+        }
         // An fstat of a file being written: by its handle (it may have no path).
         if let Some(e) = fh.and_then(|f| self.core.staged_attr(ino.0, f.0)) {
             return reply.attr(&e.ttl, &file_attr(&e.attr));
@@ -406,7 +437,10 @@ impl Filesystem for FuseFs {
         self.flush_writes(fh, None, reply, "fsync");
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if self.own_request(req) {
+            return reply.error(fuser::Errno::from_i32(libc::ELOOP));
+        }
         let core = self.core.clone();
         self.dispatch(async move {
             match core.opendir(ino.0).await {
@@ -808,5 +842,25 @@ impl Filesystem for FuseFs {
                 Err(e) => reply.error(errno(&e, "create")),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_own_thread;
+
+    #[test]
+    fn a_thread_of_this_process_is_its_own_and_init_is_not() {
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u32;
+        assert!(is_own_thread(me));
+        let other = std::thread::spawn(|| unsafe { libc::gettid() } as u32);
+        let tid = other.join().expect("join");
+        assert!(
+            !is_own_thread(tid) || tid == me,
+            "an ended thread is no longer ours"
+        );
+        assert!(!is_own_thread(1), "init");
+        assert!(!is_own_thread(0), "unknown caller");
     }
 }

@@ -59,6 +59,9 @@ pub struct MountOptions {
     pub read_ahead_kb: Option<u32>,
     /// Runtime the requests run on (default: the caller's current runtime).
     pub runtime: Option<tokio::runtime::Handle>,
+    /// Lookups and listings from this process's own threads answered ELOOP
+    /// (`FuseFs::refusing_own_process`): a daemon's, which never reads its own mount.
+    pub refuse_own_process: bool,
 }
 
 impl Default for MountOptions {
@@ -71,6 +74,7 @@ impl Default for MountOptions {
             threads: 4,
             read_ahead_kb: Some(4096),
             runtime: None,
+            refuse_own_process: false,
         }
     }
 }
@@ -183,7 +187,7 @@ pub fn spawn(
     }
     // What a crash cut off after an fsync goes to the store (`write/journal.rs`).
     core.recover_journaled(&rt);
-    let fs = FuseFs::new(core.clone(), rt);
+    let fs = FuseFs::new(core.clone(), rt).refusing_own_process(opts.refuse_own_process);
     let mut handle = mount_fs(fs, mountpoint, &opts)?;
     if let Some(session) = &handle.session {
         // Attributes only (offset -1): a page-range invalidation from inside a read of

@@ -32,6 +32,9 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         auto_unmount: m.auto_unmount,
         fsname: fsname.to_string(),
         read_ahead_kb: Some(m.read_ahead_kb),
+        // The daemon never reads its own mounts; its store, led there by a symlink,
+        // must not either.
+        refuse_own_process: true,
         ..Default::default()
     };
     opts.core.metadata_ttl = m.metadata_ttl.duration();
