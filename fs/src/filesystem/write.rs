@@ -224,6 +224,10 @@ pub(super) struct Staged {
     /// The name and synced bytes its fsync record beside it holds (`journal.rs`);
     /// None: no record.
     journaled: Mutex<Option<(Arc<str>, journal::Synced)>>,
+    /// The lowest byte written or truncated since the last fsync record (u64::MAX:
+    /// none): at or past the record's length, the next record's crc32c extends the last
+    /// one over the appended bytes rather than reading the whole file again.
+    low_write: AtomicU64,
     /// The store and prefix the mount shows, written in its fsync record.
     source: Arc<str>,
     /// The mount's canonical mountpoint, written in its fsync record.
@@ -426,6 +430,7 @@ fn resize_staged(staged: &Staged, size: u64) -> Result<()> {
         staged.lose(size.min(freed)..size.max(freed), libc::ENOTSUP);
         return Err(freed_error(&staged.path(), size.min(freed), freed));
     }
+    staged.changed_from(size);
     staged.file.set_len(size).map_err(|source| Error::Local {
         what: format!("truncating {}", staged.path()),
         source,
@@ -515,6 +520,12 @@ impl Staged {
     /// recently opened copies make room; when even all of them could not, and the file
     /// is being streamed, it first frees what the stream has sent. Blocking (removing
     /// copies, punching a hole).
+    /// Bytes from `offset` on are about to change (a write or truncate): the next fsync
+    /// record checksums from there (see `low_write`).
+    fn changed_from(&self, offset: u64) {
+        self.low_write.fetch_min(offset, Ordering::AcqRel);
+    }
+
     fn charge_upto(&self, end: u64) {
         let Some(budget) = &self.budget else {
             return;
@@ -813,6 +824,7 @@ impl Writes {
             ino: AtomicU64::new(0),
             opener,
             journaled: Mutex::new(None),
+            low_write: AtomicU64::new(u64::MAX),
             source: self.source.clone(),
             mountpoint: self.mountpoint.clone(),
             filling: AtomicBool::new(filling),
@@ -1278,6 +1290,7 @@ impl FsCore {
             let at = offset;
             tokio::task::spawn_blocking(move || {
                 s.charge_upto(at + data.len() as u64);
+                s.changed_from(at);
                 s.file.write_all_at(&data, at)
             })
             .await
@@ -1367,6 +1380,7 @@ impl FsCore {
         if !leaves_hole {
             staged.charge_upto(end);
         }
+        staged.changed_from(offset);
         let mut landed = staged.file.write_all_at(data, offset);
         if landed.as_ref().is_err_and(is_no_space)
             && self.make_device_room(staged.budget.as_deref(), data.len() as u64)
@@ -1436,6 +1450,7 @@ impl FsCore {
         let deadline = std::time::Instant::now() + FULL_DEVICE_WAIT;
         loop {
             staged.free_sent(budget);
+            staged.changed_from(offset);
             match staged.file.write_all_at(data, offset) {
                 Err(e) if is_no_space(&e) => {}
                 r => return r,

@@ -196,8 +196,14 @@ fn page_cache_epoch(file: &std::fs::File) -> Option<String> {
 /// Length and crc32c of the first `upto` bytes of `file` (all of it: None), read to
 /// its end or `upto`. Blocking.
 fn checksum(file: &std::fs::File, upto: Option<u64>) -> io::Result<Synced> {
+    checksum_from(file, Synced { size: 0, crc: 0 }, upto)
+}
+
+/// [`checksum`] extending `from` (the length and crc32c of the file's first bytes,
+/// unchanged since) over the bytes after it. Blocking.
+fn checksum_from(file: &std::fs::File, from: Synced, upto: Option<u64>) -> io::Result<Synced> {
     let mut buf = vec![0u8; CRC_CHUNK];
-    let (mut at, mut crc) = (0u64, 0u32);
+    let (mut at, mut crc) = (from.size, from.crc);
     loop {
         let want = match upto {
             Some(end) => (end - at).min(CRC_CHUNK as u64) as usize,
@@ -251,9 +257,23 @@ impl Staged {
     /// Makes what was written durable here and records where it goes, and its length
     /// and crc32c (see the module doc). Blocking.
     pub(super) fn journal(&self, only_if_absent: bool) -> io::Result<()> {
-        // Checksummed before the sync: every byte read is then made durable by it.
-        let synced = checksum(&self.file, None)?;
-        self.file.sync_data()?;
+        // Checksummed before the sync: every byte read is then made durable by it. Only
+        // what was appended since the last record is read when nothing below its length
+        // changed: read whole, each fsync of a log appended line by line cost the file's
+        // size (black-box finding: 33 ms per fsync of a 200 MiB file, 470x before).
+        let low = self.low_write.swap(u64::MAX, Ordering::AcqRel);
+        let last = self.journaled.lock().as_ref().map(|(_, s)| *s);
+        let synced = match last {
+            Some(last) if low >= last.size => checksum_from(&self.file, last, None),
+            _ => checksum(&self.file, None),
+        };
+        let synced = synced.inspect_err(|_| {
+            self.low_write.fetch_min(low, Ordering::AcqRel);
+        })?;
+        if let Err(e) = self.file.sync_data() {
+            self.low_write.fetch_min(low, Ordering::AcqRel);
+            return Err(e);
+        }
         let path = self.path();
         let now = Some((path.clone(), synced));
         if *self.journaled.lock() == now {
@@ -650,6 +670,46 @@ mod tests {
             vec![files],
             "the removal synced"
         );
+    }
+
+    /// Black-box finding (round 15b): each fsync read the whole file for its crc32c, 33
+    /// ms per fsync of a line appended to a 200 MiB log (470x before). Appended bytes
+    /// extend the last record's crc32c; a change below its length reads the file again.
+    #[test]
+    fn an_fsync_after_appends_reads_only_what_was_appended() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let writes = Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|", None)
+            .expect("open");
+        let staged = writes.stage(&Arc::from("log"), 0, false).expect("stage");
+        let write = |at: u64, bytes: &[u8]| {
+            staged.changed_from(at);
+            staged.file.write_all_at(bytes, at).expect("write");
+        };
+        let synced = || match read_record(&record_path(&staged.file_path)) {
+            Found::Record(r) => r.synced.expect("synced"),
+            _ => panic!("a record"),
+        };
+        write(0, b"line 1\n");
+        staged.journal(false).expect("fsync");
+        // Changed behind the record's back (not through a write): an fsync that read the
+        // whole file again would see it; one that reads the appended bytes only does not.
+        staged.file.write_all_at(b"LINE", 0).expect("poke");
+        write(7, b"line 2\n");
+        staged.journal(false).expect("fsync");
+        assert_eq!(
+            synced().crc,
+            crc32c::crc32c(b"line 1\nline 2\n"),
+            "extended"
+        );
+        // A write below the record's length: read whole again.
+        write(0, b"Line");
+        staged.journal(false).expect("fsync");
+        assert_eq!(
+            synced().crc,
+            crc32c::crc32c(b"Line 1\nline 2\n"),
+            "read again"
+        );
+        assert_eq!(synced().size, 14);
     }
 
     /// The record holds the length and crc32c of what the fsync made durable.
