@@ -725,6 +725,8 @@ pub struct FsCore {
     /// the old version, open across an overwrite and a rename while open, left its
     /// bytes cut to the new size in the pages every later open was told to keep).
     mixed_pages: Mutex<std::collections::HashSet<u64>>,
+    /// See [`FsCore::writes_refused`].
+    writes_refused: Option<String>,
     /// Objects this mount renamed while a handle had them open for reading: (old path,
     /// version) -> the object now holding those bytes, where such a handle reads what
     /// is not cached (see `namespace::rename`). At most [`MOVED_MAX`].
@@ -865,15 +867,13 @@ impl FsCore {
         let source = format!("{}|{root}", reader.store().identity());
         let legacy_source = (reader.store().identity() != reader.store().label())
             .then(|| format!("{}|{root}", reader.store().label()));
+        let mut writes_refused = None;
         let writes = opts.writes.clone().and_then(|mut o| {
             if o.local_files.is_none() {
                 o.local_files = passthrough.as_ref().map(|p| p.copies.clone());
             }
-            let dir = o.staging_dir.clone();
             write::Writes::open(o, &source, legacy_source.as_deref())
-                .map_err(|e| {
-                    tracing::error!(dir = %dir.display(), error = %e, "writes disabled: the staging directory cannot be used; the mount is read-only");
-                })
+                .map_err(|e| writes_refused = Some(e.to_string()))
                 .ok()
         });
         let (listing_log, logged) = match &opts.listing_log {
@@ -888,6 +888,7 @@ impl FsCore {
             None => (None, listing_log::Logged::default()),
         };
         FsCore {
+            writes_refused,
             writes,
             kept,
             expected,
@@ -992,6 +993,11 @@ impl FsCore {
     /// Whether this mount takes writes (asked for, and its staging folder usable).
     pub fn is_writable(&self) -> bool {
         self.writes.is_some()
+    }
+
+    /// Why writes were asked for and cannot be taken (the staging folder's error).
+    pub fn writes_refused(&self) -> Option<&str> {
+        self.writes_refused.as_deref()
     }
 
     /// The TTL handed to the kernel for entries and attributes.

@@ -180,9 +180,10 @@ pub fn spawn(
         // "mounted" (black-box finding: a staging folder name too long for the file
         // system).
         return Err(Error::Invalid(format!(
-            "writes were asked for but the staging folder {} cannot be used (the log says \
-             why); not mounting read-only in their place",
-            w.staging_dir.display()
+            "writes were asked for but the staging folder {} cannot be used ({}); not \
+             mounting read-only in their place",
+            w.staging_dir.display(),
+            core.writes_refused().unwrap_or("unknown error")
         )));
     }
     // What a crash cut off after an fsync goes to the store (`write/journal.rs`).

@@ -813,3 +813,39 @@ fn a_writable_mount_whose_staging_cannot_be_used_is_refused() {
     assert!(said.contains("staging folder"), "{said}");
     assert_eq!(mounted, 0, "not mounted read-only in its place");
 }
+
+/// Black-box finding (round 15b): `nohup strata mount ...` (detached): the starting
+/// command caught SIGHUP, so its daemon started with it at default and stopped on it.
+/// A signal ignored when the command started stays ignored in its daemon.
+#[test]
+fn a_detached_daemon_keeps_the_hangup_its_starter_ignored() {
+    use std::os::unix::process::CommandExt;
+    let l = Layout::new(&[("a.txt", b"x")]);
+    let mut cmd = Command::new(strata());
+    cmd.args(["mount", &l.url])
+        .arg(&l.mnt)
+        .arg("--cache-dir")
+        .arg(&l.cache);
+    // SAFETY: signal() is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        })
+    };
+    let out = cmd.output().expect("run strata mount");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    let pid: i32 = said
+        .rsplit("(pid ")
+        .next()
+        .and_then(|p| p.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .expect("the daemon's pid");
+    // SAFETY: signalling the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(500));
+    let read = std::fs::read(l.mnt.join("a.txt"));
+    unmount(&l.mnt);
+    assert_eq!(read.expect("still served after SIGHUP"), b"x");
+}

@@ -206,6 +206,14 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
     // Ctrl-C (or SIGTERM, SIGHUP) while the daemon starts cancels the start: the daemon
     // is in a session of its own, which the terminal's SIGINT never reaches (black-box
     // finding: it mounted 10 s after a Ctrl-C, and the command said "mounted").
+    // Ignored when this command started (`nohup`, a script's background job): ignored
+    // in the daemon too, which keeps them so (catching them here reset them to their
+    // default for it; black-box finding: `nohup strata mount ...`'s daemon stopped on
+    // SIGHUP).
+    let keep_ignored: Vec<libc::c_int> = [libc::SIGHUP, libc::SIGINT]
+        .into_iter()
+        .filter(|&s| crate::daemon::ignored(s))
+        .collect();
     crate::signals::catch().context("catching stop signals")?;
     let exe = std::env::current_exe().context("locating the strata binary")?;
     let (mut argv, secret) = scrub_secret(std::env::args_os().skip(1).collect());
@@ -284,10 +292,13 @@ fn daemonize(args: &MountArgs) -> anyhow::Result<()> {
         .stdin(std::process::Stdio::null())
         .stdout(ready_writer)
         .stderr(log);
-    // SAFETY: setsid, prctl and close_range are async-signal-safe and touch no parent
-    // state; they run after the child's stdio is in place.
+    // SAFETY: signal, setsid, prctl and close_range are async-signal-safe and touch no
+    // parent state; they run after the child's stdio is in place.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
+            for &sig in &keep_ignored {
+                libc::signal(sig, libc::SIG_IGN);
+            }
             libc::setsid();
             // Until it is ready the daemon stops with this command: killed (SIGKILL
             // leaves nothing to cancel with), its daemon went on to mount 7 s later

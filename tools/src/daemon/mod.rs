@@ -270,6 +270,16 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     result
 }
 
+/// Set by [`run_until_signal`]: this process is the daemon and nothing else, so it never
+/// reads its own mounts (`MountOptions::refuse_own_process`). A process that embeds
+/// [`run`] (the tests) and reads the mounts it serves leaves it unset.
+static DAEMON_PROCESS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a daemon started by [`run_until_signal`].
+pub fn is_daemon_process() -> bool {
+    DAEMON_PROCESS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Set for a detached daemon: its stdout is the starting command's "ready" pipe.
 static RELEASE_STDOUT_WHEN_READY: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
@@ -412,6 +422,7 @@ async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
 pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
     // Before any thread starts (the log writer's included): threads inherit the mask.
     unblock_stop_signals();
+    DAEMON_PROCESS.store(true, std::sync::atomic::Ordering::Relaxed);
     let _log = crate::init_logging("info");
     // SIGUSR1/SIGUSR2 (a log rotator's "reopen", a stray `kill -USR1`) would end the
     // daemon by default, every job on its mounts then failing ENOTCONN (black-box
@@ -467,7 +478,7 @@ impl StopSignals {
 }
 
 /// Whether `sig`'s disposition is SIG_IGN now.
-fn ignored(sig: libc::c_int) -> bool {
+pub(crate) fn ignored(sig: libc::c_int) -> bool {
     // SAFETY: a zeroed sigaction is valid to write into; a null new action only reads.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();

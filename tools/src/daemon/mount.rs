@@ -33,8 +33,8 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         fsname: fsname.to_string(),
         read_ahead_kb: Some(m.read_ahead_kb),
         // The daemon never reads its own mounts; its store, led there by a symlink,
-        // must not either.
-        refuse_own_process: true,
+        // must not either (a process embedding the daemon, the tests, may).
+        refuse_own_process: super::is_daemon_process(),
         ..Default::default()
     };
     opts.core.metadata_ttl = m.metadata_ttl.duration();
