@@ -655,6 +655,8 @@ struct HookedTier {
     reading: tokio::sync::Notify,
     release: tokio::sync::Notify,
     put_delay: Duration,
+    /// Reports itself a disk tier (persistent: write-through reaches it).
+    disk: bool,
 }
 
 impl HookedTier {
@@ -666,14 +668,25 @@ impl HookedTier {
             reading: tokio::sync::Notify::new(),
             release: tokio::sync::Notify::new(),
             put_delay,
+            disk: false,
         })
+    }
+
+    /// A disk-kind tier whose writes take `put_delay`.
+    fn disk(capacity: u64, put_delay: Duration) -> Arc<Self> {
+        let mut t = Arc::into_inner(Self::new(capacity, None, put_delay)).expect("sole owner");
+        t.disk = true;
+        Arc::new(t)
     }
 }
 
 #[async_trait::async_trait]
 impl Tier for HookedTier {
     fn kind(&self) -> strata_cache_core::TierKind {
-        self.inner.kind()
+        match self.disk {
+            true => strata_cache_core::TierKind::Disk,
+            false => self.inner.kind(),
+        }
     }
     fn name(&self) -> String {
         "hooked".into()
@@ -806,54 +819,6 @@ async fn a_put_whose_caller_goes_away_is_finished() {
     );
 }
 
-/// A disk-kind tier whose writes take `delay` (after the block is in).
-struct SlowDisk {
-    inner: MemoryTier,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl Tier for SlowDisk {
-    fn kind(&self) -> strata_cache_core::TierKind {
-        strata_cache_core::TierKind::Disk
-    }
-    fn name(&self) -> String {
-        "disk:slow".into()
-    }
-    fn capacity_bytes(&self) -> u64 {
-        self.inner.capacity_bytes()
-    }
-    fn used_bytes(&self) -> u64 {
-        self.inner.used_bytes()
-    }
-    async fn get(&self, key: &CacheKey) -> strata_cache_core::Result<strata_cache_core::TierGet> {
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &CacheKey,
-        block: strata_cache_core::Block,
-    ) -> strata_cache_core::Result<()> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.put(key, block).await
-    }
-    async fn remove(&self, key: &CacheKey) -> strata_cache_core::Result<bool> {
-        self.inner.remove(key).await
-    }
-    async fn contains(&self, key: &CacheKey) -> bool {
-        self.inner.contains(key).await
-    }
-    fn resident(&self) -> Vec<(CacheKey, u64)> {
-        self.inner.resident()
-    }
-    fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
-        self.inner.footprint(key, len)
-    }
-    fn stats(&self) -> strata_cache_core::stats::TierStatsSnapshot {
-        self.inner.stats()
-    }
-}
-
 /// Black-box finding (round 15): a put was seen in memory while its disk write ran,
 /// evicted from memory by other puts, and seen again once the disk write committed:
 /// present, absent, present for one put with nothing removed. A put written through is
@@ -861,10 +826,7 @@ impl Tier for SlowDisk {
 #[tokio::test]
 async fn a_put_is_seen_once_it_is_durable_and_from_then_on() {
     let top = Arc::new(MemoryTier::new(1_000));
-    let disk = Arc::new(SlowDisk {
-        inner: MemoryTier::new(1 << 20),
-        delay: Duration::from_millis(200),
-    });
+    let disk = HookedTier::disk(1 << 20, Duration::from_millis(200));
     let engine = CacheEngine::builder()
         .tier(top.clone())
         .tier(disk.clone())

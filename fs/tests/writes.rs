@@ -9,7 +9,7 @@ use object_store::ObjectStore;
 use strata_cache_core::store::faulty::{FaultConfig, FaultyStore};
 use strata_cache_core::tiers::MemoryTier;
 use strata_cache_core::{CacheEngine, ObjectReader};
-use strata_fs::filesystem::{Kind, ROOT_INO};
+use strata_fs::filesystem::{Entry, Kind, ROOT_INO};
 use strata_fs::{CoreOptions, FsCore, PassthroughOptions, WriteOptions};
 
 mod write_common;
@@ -1549,13 +1549,7 @@ async fn readdirplus_hands_out_each_name_as_it_is_now_not_as_opendir_listed_it()
         let fx = fixture_replacing().await;
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
-        let write = |name: &'static str, bytes: &'static [u8]| async move {
-            let (e, fh) = c.create(dir.attr.ino, name, 0).await.expect("create");
-            c.write(fh, 0, bytes).expect("write");
-            c.flush(fh).await.expect("flush");
-            c.release_write(fh).await;
-            e
-        };
+        let write = |name: &'static str, bytes: &'static [u8]| save(c, dir.attr.ino, name, bytes);
         let old_state = write("state.json", b"{}").await;
         write("lock", b"1").await;
         let (_, growing) = c.create(dir.attr.ino, "log", 0).await.expect("create");
@@ -2307,6 +2301,30 @@ async fn a_truncate_of_an_unlinked_file_keeps_its_inode_apart_from_a_new_one() {
     .expect("bounded");
 }
 
+/// `data/r` (5,000 `R`s) opened by a reader, then opened to be overwritten, 10 `W`s
+/// written, and renamed to `data/r_2` while both are open: (inode, reader, writer).
+async fn read_across_an_overwrite_and_a_rename(
+    c: &std::sync::Arc<FsCore>,
+) -> (
+    u64,
+    strata_fs::filesystem::Opened,
+    strata_fs::filesystem::Opened,
+) {
+    let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+    let (e, fh) = c.create(dir.attr.ino, "r", 0).await.expect("create");
+    c.write(fh, 0, &[b'R'; 5000]).expect("write");
+    c.close(fh, 0).await.expect("close");
+    c.release_write(fh).await;
+    let ino = e.attr.ino;
+    let rd = c.open(ino, false).await.expect("reader");
+    let w = c.open_write(ino, true, 0).await.expect("overwrite");
+    c.write(w.fh, 0, &[b'W'; 10]).expect("write");
+    c.rename(dir.attr.ino, "r", dir.attr.ino, "r_2", false)
+        .await
+        .expect("rename while open");
+    (ino, rd, w)
+}
+
 /// Black-box finding (round 14b): a reader of the old version, open across an overwrite
 /// and a rename while open, read the old bytes into the inode's page cache (cut to the
 /// new size); the upload then told every later open of that inode to keep the cache, so
@@ -2317,18 +2335,7 @@ async fn pages_an_old_version_filled_during_a_write_are_not_kept() {
     timed(async {
         let fx = fixture_replacing().await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
-        let (e, fh) = c.create(dir.attr.ino, "r", 0).await.expect("create");
-        c.write(fh, 0, &[b'R'; 5000]).expect("write");
-        c.close(fh, 0).await.expect("close");
-        c.release_write(fh).await;
-        let ino = e.attr.ino;
-        let rd = c.open(ino, false).await.expect("reader");
-        let w = c.open_write(ino, true, 0).await.expect("overwrite");
-        c.write(w.fh, 0, &[b'W'; 10]).expect("write");
-        c.rename(dir.attr.ino, "r", dir.attr.ino, "r_2", false)
-            .await
-            .expect("rename while open");
+        let (ino, rd, w) = read_across_an_overwrite_and_a_rename(c).await;
         let _ = c.read(rd.fh, 0, 4096, 0).await;
         c.close(w.fh, 0).await.expect("close");
         c.release_write(w.fh).await;
@@ -2357,18 +2364,7 @@ async fn a_reader_open_across_an_overwrite_and_a_rename_reads_what_is_written() 
     timed(async {
         let fx = fixture_replacing().await;
         let c = &fx.core;
-        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
-        let (e, fh) = c.create(dir.attr.ino, "r", 0).await.expect("create");
-        c.write(fh, 0, &[b'R'; 5000]).expect("write");
-        c.close(fh, 0).await.expect("close");
-        c.release_write(fh).await;
-        let ino = e.attr.ino;
-        let rd = c.open(ino, false).await.expect("reader");
-        let w = c.open_write(ino, true, 0).await.expect("overwrite");
-        c.write(w.fh, 0, &[b'W'; 10]).expect("write");
-        c.rename(dir.attr.ino, "r", dir.attr.ino, "r_2", false)
-            .await
-            .expect("rename while open");
+        let (_, rd, w) = read_across_an_overwrite_and_a_rename(c).await;
         let during = c.read(rd.fh, 0, 4096, 0).await.expect("read while written");
         assert_eq!(
             during.as_ref(),
@@ -2555,6 +2551,15 @@ async fn a_record_is_uploaded_by_a_mount_at_its_directory_spelt_another_way() {
     .expect("bounded");
 }
 
+/// Creates `name` in folder `dir` holding `bytes`, flushed (uploaded) and released.
+async fn save(c: &std::sync::Arc<FsCore>, dir: u64, name: &str, bytes: &[u8]) -> Entry {
+    let (e, fh) = c.create(dir, name, 0).await.expect("create");
+    c.write(fh, 0, bytes).expect("write");
+    c.flush(fh).await.expect("flush");
+    c.release_write(fh).await;
+    e
+}
+
 /// Black-box finding (round 15): with `--metadata-ttl 0`, a listing left out a name
 /// that existed throughout once it was saved by a rename over it (41% of listings), and
 /// a folder whose one file was re-saved so listed as missing. A name whose listed inode
@@ -2571,13 +2576,7 @@ async fn with_no_ttl_a_name_renamed_over_since_the_opendir_is_still_listed() {
         .await;
         let c = &fx.core;
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
-        let write = |name: &'static str, bytes: &'static [u8]| async move {
-            let (e, fh) = c.create(dir.attr.ino, name, 0).await.expect("create");
-            c.write(fh, 0, bytes).expect("write");
-            c.flush(fh).await.expect("flush");
-            c.release_write(fh).await;
-            e
-        };
+        let write = |name: &'static str, bytes: &'static [u8]| save(c, dir.attr.ino, name, bytes);
         let old = write("state.json", b"{}").await;
         let listed = c.opendir(dir.attr.ino).await.expect("opendir");
         let tmp = write("state.json.tmp", b"{\"step\": 2}").await;
