@@ -93,7 +93,30 @@ fn stderr_is_a_file() -> bool {
 /// errors is kept whole, a stalled reader costs bounded memory.
 pub const LOG_QUEUE_LINES: usize = 10_000;
 
-/// Keeps the log writer thread of [`init_logging`] running; dropping it flushes.
+/// Keeps the log writer thread of [`init_logging`] running; dropping it flushes, for
+/// three seconds at most.
 pub struct LogGuard {
     _worker: Option<tracing_appender::non_blocking::WorkerGuard>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        // tracing-appender's guard waits a second for its writer, then prints that it
+        // gave up with println!, which blocks on a terminal nobody reads (black-box
+        // finding: stopped by SIGTERM, the daemon never exited). Dropped on a thread of
+        // its own; the process goes on after three seconds whatever it does.
+        let Some(worker) = self._worker.take() else {
+            return;
+        };
+        let (done, wait) = std::sync::mpsc::channel();
+        let dropped = std::thread::Builder::new()
+            .name("strata-log-flush".into())
+            .spawn(move || {
+                drop(worker);
+                let _ = done.send(());
+            });
+        if dropped.is_ok() {
+            let _ = wait.recv_timeout(std::time::Duration::from_secs(3));
+        }
+    }
 }

@@ -849,3 +849,51 @@ fn a_detached_daemon_keeps_the_hangup_its_starter_ignored() {
     unmount(&l.mnt);
     assert_eq!(read.expect("still served after SIGHUP"), b"x");
 }
+
+/// Black-box finding (round 15b): with stdout and stderr a terminal nobody read, SIGTERM
+/// unmounted and the daemon never exited: the log writer was blocked on the terminal,
+/// and its guard, giving up, printed so to stdout, the same terminal. The daemon exits,
+/// dropping the lines it could not write.
+#[test]
+fn a_terminal_nobody_reads_never_keeps_the_daemon_from_exiting() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let l = Layout::new(&[("a.txt", b"served")]);
+    let (mut main, mut sub) = (0, 0);
+    // SAFETY: openpty writes two descriptors this test then owns.
+    let rc = unsafe {
+        libc::openpty(
+            &mut main,
+            &mut sub,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors were just opened for this test.
+    let (main, sub) = unsafe { (OwnedFd::from_raw_fd(main), OwnedFd::from_raw_fd(sub)) };
+    let tty = std::fs::File::from(sub);
+    let mut daemon = Command::new(strata())
+        .args(["mount", &l.url])
+        .arg(&l.mnt)
+        .args(["--foreground", "--cache-dir"])
+        .arg(&l.cache)
+        .env("RUST_LOG", "trace")
+        .stdout(tty.try_clone().expect("dup"))
+        .stderr(tty)
+        .spawn()
+        .expect("start the mount");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mounts_at(&l.mnt) == 0 {
+        assert!(Instant::now() < deadline, "mount did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Trace lines until the terminal's buffer is full (nobody reads `main`).
+    let busy = Instant::now();
+    while busy.elapsed() < Duration::from_secs(2) {
+        assert_eq!(std::fs::read(l.mnt.join("a.txt")).expect("read"), b"served");
+    }
+    let status = stop_with(&mut daemon, libc::SIGTERM, &l.mnt);
+    drop(main);
+    assert!(status.success(), "{status:?}");
+}
