@@ -1115,15 +1115,14 @@ impl CacheEngine {
     /// disk write ran, and seen again once that committed: present, absent, present for
     /// one put (black-box finding: a lookup that saw a block was followed by a load
     /// that missed it). Otherwise fastest first.
-    fn fill_order(&self, persist: Persist) -> Vec<usize> {
+    fn fill_order(&self, persist: Persist) -> impl Iterator<Item = usize> + '_ {
         let n = self.inner.levels.len();
-        if persist != Persist::Inline || !self.inner.write_through {
-            return (0..n).collect();
-        }
-        let persistent = |i: &usize| self.inner.levels[*i].tier.kind() == TierKind::Disk;
-        let (mut order, volatile): (Vec<usize>, Vec<usize>) = (0..n).partition(persistent);
-        order.extend(volatile);
-        order
+        let disk_first = persist == Persist::Inline && self.inner.write_through;
+        let is_disk = move |i: &usize| self.inner.levels[*i].tier.kind() == TierKind::Disk;
+        // No allocation: this runs for every fill.
+        (0..n)
+            .filter(move |i| !disk_first || is_disk(i))
+            .chain((0..n).filter(move |i| disk_first && !is_disk(i)))
     }
 
     async fn fill(

@@ -149,9 +149,15 @@ impl FuseFs {
     }
 }
 
-/// Whether thread id `tid` (a FUSE request's pid) is one of this process's threads.
+/// Whether thread id `tid` (a FUSE request's pid) is one of this process's threads: a
+/// null signal to it within this thread group (one system call per metadata request,
+/// no path to format or look up).
 pub(crate) fn is_own_thread(tid: u32) -> bool {
-    tid != 0 && std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+    let Ok(tid) = libc::pid_t::try_from(tid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the thread exists in our thread group.
+    tid != 0 && unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) } == 0
 }
 
 impl FuseFs {

@@ -392,13 +392,58 @@ fn warn_if_not_empty(mountpoint: &Path) {
 /// `/proc/self/mountinfo`), if one is.
 pub fn fuse_mounted_at(dir: &Path) -> Option<String> {
     let dir = std::fs::canonicalize(dir).ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        let (fields, rest) = line.split_once(" - ")?;
-        let at = fields.split(' ').nth(4)?;
-        let fstype = rest.split(' ').next()?;
-        (fstype.starts_with("fuse") && unescape_mountinfo(at) == dir).then(|| fstype.to_string())
-    })
+    mount_table()
+        .into_iter()
+        .find(|m| m.is_fuse() && m.at == dir)
+        .map(|m| m.fstype)
+}
+
+/// One mount of this namespace's mount table (a line of `/proc/self/mountinfo`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Its device, `major:minor` (a FUSE connection is named by the minor).
+    pub major: u32,
+    pub minor: u32,
+    /// Where it is mounted, escapes decoded.
+    pub at: PathBuf,
+    pub fstype: String,
+}
+
+impl MountEntry {
+    pub fn is_fuse(&self) -> bool {
+        self.fstype.starts_with("fuse")
+    }
+}
+
+/// This namespace's mount table, in mount order (empty when it cannot be read).
+pub fn mount_table() -> Vec<MountEntry> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|info| parse_mountinfo(&info))
+        .unwrap_or_default()
+}
+
+/// The mounts a mountinfo text lists (lines it cannot read are left out).
+pub fn parse_mountinfo(info: &str) -> Vec<MountEntry> {
+    info.lines()
+        .filter_map(|line| {
+            let (fields, rest) = line.split_once(" - ")?;
+            let mut f = fields.split(' ');
+            let (major, minor) = f.nth(2)?.split_once(':')?;
+            let at = unescape_mountinfo(f.nth(1)?);
+            Some(MountEntry {
+                major: major.parse().ok()?,
+                minor: minor.parse().ok()?,
+                at,
+                fstype: rest.split(' ').next()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Whether anything is mounted at `dir` or below it (this namespace's mount table).
+pub fn mounted_at_or_under(dir: &Path) -> bool {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    mount_table().iter().any(|m| m.at.starts_with(&dir))
 }
 
 /// A mountinfo path with its octal escapes (`\040` for a space) decoded, byte-exact.
@@ -431,18 +476,12 @@ fn has_submounts(mountpoint: &Path) -> bool {
     else {
         return false;
     };
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    submounts_in_mountinfo(&info, &dir)
+    submounts_in(&mount_table(), &dir)
 }
 
-/// [`has_submounts`] over the text of a mountinfo file.
-fn submounts_in_mountinfo(info: &str, dir: &Path) -> bool {
-    info.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .map(unescape_mountinfo)
-            .is_some_and(|at| at != dir && at.starts_with(dir))
-    })
+/// [`has_submounts`] in `table`.
+fn submounts_in(table: &[MountEntry], dir: &Path) -> bool {
+    table.iter().any(|m| m.at != dir && m.at.starts_with(dir))
 }
 
 /// The FUSE connection number of the mount at `mountpoint`: the minor of its device
@@ -451,24 +490,16 @@ fn submounts_in_mountinfo(info: &str, dir: &Path) -> bool {
 /// mount's own session: one that is not serving (yet, or any more) hung the caller.
 fn conn_number(mountpoint: &Path) -> Option<u32> {
     let dir = std::fs::canonicalize(mountpoint).ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    conn_in_mountinfo(&info, &dir)
+    conn_in(&mount_table(), &dir)
 }
 
-/// [`conn_number`] over the text of a mountinfo file.
-fn conn_in_mountinfo(info: &str, dir: &Path) -> Option<u32> {
-    info.lines()
+/// [`conn_number`] in `table`.
+fn conn_in(table: &[MountEntry], dir: &Path) -> Option<u32> {
+    table
+        .iter()
         .rev()
-        .filter_map(|line| {
-            let (fields, rest) = line.split_once(" - ")?;
-            let mut f = fields.split(' ');
-            let dev = f.nth(2)?;
-            let at = f.nth(1)?;
-            let fuse = rest.split(' ').next()?.starts_with("fuse");
-            (fuse && unescape_mountinfo(at) == dir).then_some(dev)
-        })
-        .next()
-        .and_then(|dev| dev.split_once(':')?.1.parse().ok())
+        .find(|m| m.is_fuse() && m.at == dir)
+        .map(|m| m.minor)
 }
 
 fn umount2(path: &Path, flags: i32) -> std::io::Result<()> {
@@ -690,13 +721,16 @@ mod tests {
                     90 22 0:61 / /mnt/my\\040data rw - fuse.strata strata rw\n\
                     91 90 0:62 / /mnt/my\\040data rw - fuse.strata strata rw\n\
                     92 22 8:1 / /mnt/disk rw - ext4 /dev/sda1 rw\n";
-        assert_eq!(conn_in_mountinfo(info, Path::new("/mnt/my data")), Some(62));
         assert_eq!(
-            conn_in_mountinfo(info, Path::new("/mnt/disk")),
+            conn_in(&parse_mountinfo(info), Path::new("/mnt/my data")),
+            Some(62)
+        );
+        assert_eq!(
+            conn_in(&parse_mountinfo(info), Path::new("/mnt/disk")),
             None,
             "not FUSE"
         );
-        assert_eq!(conn_in_mountinfo(info, Path::new("/mnt")), None);
+        assert_eq!(conn_in(&parse_mountinfo(info), Path::new("/mnt")), None);
     }
 
     #[test]
@@ -704,10 +738,13 @@ mod tests {
         let info = "90 22 0:61 / /mnt/a rw - fuse.strata strata rw\n\
                     91 90 0:62 / /mnt/a/sub rw - fuse.strata strata rw\n\
                     92 22 0:63 / /mnt/ab rw - fuse.strata strata rw\n";
-        assert!(submounts_in_mountinfo(info, Path::new("/mnt/a")));
-        assert!(!submounts_in_mountinfo(info, Path::new("/mnt/a/sub")));
+        assert!(submounts_in(&parse_mountinfo(info), Path::new("/mnt/a")));
+        assert!(!submounts_in(
+            &parse_mountinfo(info),
+            Path::new("/mnt/a/sub")
+        ));
         assert!(
-            !submounts_in_mountinfo(info, Path::new("/mnt/ab")),
+            !submounts_in(&parse_mountinfo(info), Path::new("/mnt/ab")),
             "a sibling, not below"
         );
     }

@@ -1006,10 +1006,10 @@ mod readable_tests {
     /// handle; any other error fails the start.
     #[test]
     fn only_a_missing_or_corrupt_bindings_file_is_readable_enough() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("kv-identities.json");
         check_readable(&file).expect("missing: a first start");
-        std::fs::write(&file, b"{not json").unwrap();
+        std::fs::write(&file, b"{not json").expect("write");
         check_readable(&file).expect("corrupt: handled by the drop");
         let not_a_dir = file.join("x.json");
         let e = check_readable(&not_a_dir).expect_err("an I/O error fails the start");

@@ -149,21 +149,10 @@ pub fn settle() {
 
 /// The FUSE mounts in this namespace's mount table at one of `paths`: (device, path).
 fn mounted(paths: &[PathBuf]) -> Vec<(libc::dev_t, PathBuf)> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|line| {
-            let (fields, rest) = line.split_once(" - ")?;
-            if !rest.starts_with("fuse") {
-                return None;
-            }
-            let f: Vec<&str> = fields.split(' ').collect();
-            let (major, minor) = f.get(2)?.split_once(':')?;
-            let at = strata_fs::mount::unescape_mountinfo(f.get(4)?);
-            paths.contains(&at).then(|| {
-                let dev = libc::makedev(major.parse().ok()?, minor.parse().ok()?);
-                Some((dev, at))
-            })?
-        })
+    strata_fs::mount::mount_table()
+        .into_iter()
+        .filter(|m| m.is_fuse() && paths.contains(&m.at))
+        .map(|m| (libc::makedev(m.major, m.minor), m.at))
         .collect()
 }
 

@@ -460,14 +460,7 @@ fn release_stderr_when_mounted(mountpoint: PathBuf) {
         while !is_mounted(&mountpoint) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-            use std::os::fd::AsRawFd;
-            // SAFETY: dup2 onto fd 2 swaps what stderr refers to; writers use the fd
-            // number, never a cached pointer, and `null` stays open until after.
-            unsafe {
-                libc::dup2(null.as_raw_fd(), libc::STDERR_FILENO);
-            }
-        }
+        crate::daemon::to_dev_null(libc::STDERR_FILENO);
     });
 }
 

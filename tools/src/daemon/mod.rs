@@ -294,11 +294,17 @@ pub fn release_stdout_when_ready() {
 fn stdout_released() {
     use std::io::Write as _;
     let _ = std::io::stdout().lock().flush();
+    to_dev_null(libc::STDOUT_FILENO);
+}
+
+/// Points descriptor `fd` (stdout or stderr) at /dev/null, letting go of the pipe it
+/// was.
+pub(crate) fn to_dev_null(fd: libc::c_int) {
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::fd::AsRawFd;
-        // SAFETY: dup2 onto fd 1 swaps what stdout refers to; `null` stays open until
-        // after, and writers use the fd number.
-        unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+        // SAFETY: dup2 onto `fd` swaps what it refers to; writers use the fd number,
+        // never a cached pointer, and `null` stays open until after.
+        unsafe { libc::dup2(null.as_raw_fd(), fd) };
     }
 }
 

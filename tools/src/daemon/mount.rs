@@ -162,7 +162,7 @@ const METADATA: &str = "metadata";
 pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig]) {
     for e in other_mounts_entries(cache_dir, STAGING, mounts, staging_dir) {
         let path = e.path();
-        if mounted_under(&path) {
+        if strata_fs::mount::mounted_at_or_under(&path) {
             // remove_dir_all would empty whatever is mounted there (black-box finding:
             // a bind mount, even another writable strata mount, lost its files).
             tracing::warn!(dir = %path.display(),
@@ -186,18 +186,6 @@ pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig])
                 "cannot remove another mount's staged writes"),
         }
     }
-}
-
-/// Whether a file system is mounted at `dir` or below it (this namespace's mount table).
-fn mounted_under(dir: &std::path::Path) -> bool {
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .map(strata_fs::mount::unescape_mountinfo)
-            .is_some_and(|at| at.starts_with(&dir))
-    })
 }
 
 /// Mounts `m.prefix` of `store` (named `url`) at `m.mountpoint` on `core`'s engine,
@@ -726,11 +714,13 @@ mod tests {
     #[test]
     fn what_is_mounted_is_found_under_a_folder_and_not_beside_it() {
         assert!(
-            mounted_under(std::path::Path::new("/")),
+            strata_fs::mount::mounted_at_or_under(std::path::Path::new("/")),
             "the root file system"
         );
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(!mounted_under(&dir.path().join("nothing-mounted")));
+        assert!(!strata_fs::mount::mounted_at_or_under(
+            &dir.path().join("nothing-mounted")
+        ));
     }
 
     /// Mountpoints that read alike stage apart (`/X/a_b/m` and `/X/a/b_m` shared one
