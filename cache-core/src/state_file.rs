@@ -31,10 +31,17 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 /// Writes `file` (mode 0600) via `<file>.tmp`, fsync and rename, then syncs the
 /// folder, so a crash leaves the old or the new version, never a torn one.
 pub fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomically_keep(file, bytes).map(drop)
+}
+
+/// [`write_atomically`], keeping the new file open for reading and writing: a caller
+/// that next rewrites it in place (a fixed-size record) need not open it again.
+pub fn write_atomically_keep(file: &Path, bytes: &[u8]) -> io::Result<File> {
     let mut tmp = file.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
     let mut f = OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(true)
@@ -47,7 +54,7 @@ pub fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
     if let Some(dir) = file.parent() {
         File::open(dir)?.sync_all()?;
     }
-    Ok(())
+    Ok(f)
 }
 
 /// The bytes of regular file `path` (see [`open_regular`]).

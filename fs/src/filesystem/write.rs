@@ -224,6 +224,9 @@ pub(super) struct Staged {
     /// The name and synced bytes its fsync record beside it holds (`journal.rs`);
     /// None: no record.
     journaled: Mutex<Option<(Arc<str>, journal::Synced)>>,
+    /// The record file, open to be rewritten in place; its lock orders this file's
+    /// fsyncs (`journal.rs`).
+    record_file: Mutex<Option<journal::RecordFile>>,
     /// The lowest byte written or truncated since the last fsync record (u64::MAX:
     /// none): at or past the record's length, the next record's crc32c extends the last
     /// one over the appended bytes rather than reading the whole file again.
@@ -824,6 +827,7 @@ impl Writes {
             ino: AtomicU64::new(0),
             opener,
             journaled: Mutex::new(None),
+            record_file: Mutex::new(None),
             low_write: AtomicU64::new(u64::MAX),
             source: self.source.clone(),
             mountpoint: self.mountpoint.clone(),

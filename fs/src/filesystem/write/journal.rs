@@ -39,9 +39,8 @@
 //!   the last fsync (ext4
 //!   `data=writeback,nodelalloc` commits a longer size before the data: the tail held
 //!   a deleted file's bytes), and uploads nothing, keeping the files, when the prefix
-//!   does not check. The cost: each fsync that changed the file reads it back (page
-//!   cache) and rewrites the record (a write, an fsync, a rename and a folder sync);
-//!   and a power cut between an fsync and the next of a file rewritten in place (not
+//!   does not check. The cost: each fsync that changed the file reads back what changed
+//!   (page cache) and rewrites the record (see "The record file" below); and a power cut between an fsync and the next of a file rewritten in place (not
 //!   appended) leaves it unuploaded, kept and reported, since the replay cannot tell
 //!   the bytes written since from stale ones. A crash of the daemon alone (the same
 //!   boot and mount of the cache file system: `page_cache_epoch`) uploads the file
@@ -52,6 +51,18 @@
 //! - The record names the canonical mountpoint (symlinks resolved): the staging
 //!   folder is named after the mountpoint as given, and a start takes its records
 //!   from the folders of other spellings too.
+//!
+//! The record file: two slots of a fixed size (a multiple of 4 KiB), each a header
+//! (magic, sequence number, length, crc32c) and the record's JSON; the valid slot with
+//! the higher sequence number is the record. The first fsync creates it atomically
+//! (temp file, sync, rename, folder sync); each later one rewrites the older slot in
+//! place and syncs its data (one `pwrite` + `fdatasync`): a power cut inside that write
+//! tears one slot, whose crc32c then fails, and the other still names bytes an earlier
+//! fsync made durable. Rewritten through a temp file each time, the record cost sqlite
+//! in WAL mode 71% of its commit rate (1,010 commits/s against 3,517; a temp-file
+//! record costs 0.46 ms here, an in-place one 0.04 ms). One file's fsyncs take turns
+//! (`Staged::record_file`), so the newest slot always names the newest synced bytes.
+//! A record of the older format (the JSON alone, up to release f01573b) is still read.
 
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -73,6 +84,27 @@ const RECOVERY_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(6
 
 /// Bytes read at a time to checksum a staged file.
 const CRC_CHUNK: usize = 1 << 20;
+
+/// A record slot's first bytes: "SJR2", then its sequence number (u64), its JSON's
+/// length (u32) and the crc32c (u32) of the sequence number, length and JSON, all
+/// little-endian.
+const SLOT_MAGIC: [u8; 4] = *b"SJR2";
+const SLOT_HEADER: usize = 20;
+/// Slots are whole 4 KiB pages: a rewrite never shares a page with the other slot.
+const SLOT_ALIGN: usize = 4096;
+
+/// The record file of a journaled staged file, open to rewrite its older slot in
+/// place (see the module doc).
+#[derive(Debug)]
+pub(super) struct RecordFile {
+    file: std::fs::File,
+    /// Bytes per slot.
+    slot: usize,
+    /// The sequence number of the newest slot; slot `seq % 2` holds it.
+    seq: u64,
+    /// The staged file's [`page_cache_epoch`] (fixed while it is open).
+    epoch: Option<String>,
+}
 
 /// The record beside a journaled staging file (JSON: `{"path", "only_if_absent",
 /// "source", "mountpoint", "size", "crc32c"}`; the last three since 2026-12-06).
@@ -129,9 +161,9 @@ pub(super) fn record_path(file: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Writes `record` beside `file` (atomically and durably: see `write_atomically`).
-fn write_record(file: &Path, record: &JournalRecord) -> io::Result<()> {
-    let body = serde_json::to_vec(&serde_json::json!({
+/// The JSON of `record` (a slot's payload).
+fn record_json(record: &JournalRecord) -> io::Result<Vec<u8>> {
+    serde_json::to_vec(&serde_json::json!({
         "path": record.path,
         "only_if_absent": record.only_if_absent,
         "source": record.source,
@@ -140,12 +172,102 @@ fn write_record(file: &Path, record: &JournalRecord) -> io::Result<()> {
         "crc32c": record.synced.map(|s| s.crc),
         "epoch": record.epoch,
     }))
-    .map_err(io::Error::other)?;
-    strata_cache_core::state_file::write_atomically(&record_path(file), &body)
+    .map_err(io::Error::other)
 }
 
-/// Parses a record's bytes; None if they are not a record.
+/// Slot `seq` holding `json`, `slot` bytes long (zero padded).
+fn encode_slot(seq: u64, json: &[u8], slot: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(slot);
+    out.extend_from_slice(&SLOT_MAGIC);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[4..16]), json);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(json);
+    out.resize(slot.max(out.len()), 0);
+    out
+}
+
+/// A slot's sequence number and JSON; None if it is torn, blank or not a slot.
+fn decode_slot(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let header = bytes.get(..SLOT_HEADER)?;
+    if header[..4] != SLOT_MAGIC {
+        return None;
+    }
+    let seq = u64::from_le_bytes(header[4..12].try_into().ok()?);
+    let len = u32::from_le_bytes(header[12..16].try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(header[16..20].try_into().ok()?);
+    let json = bytes.get(SLOT_HEADER..SLOT_HEADER.checked_add(len)?)?;
+    (crc32c::crc32c_append(crc32c::crc32c(&header[4..16]), json) == crc).then_some((seq, json))
+}
+
+/// The slot size that holds `json_len` bytes of JSON.
+fn slot_size(json_len: usize) -> usize {
+    (SLOT_HEADER + json_len).div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+}
+
+/// Writes record `json` beside `file`: in place in the older slot of the record file
+/// `open` holds, or into a new record file made atomically (none open yet, the last
+/// rewrite failed, or the JSON outgrew the slots). Durable when it returns. On an
+/// error the file is dropped: the next record is made anew. Blocking.
+fn write_record(
+    file: &Path,
+    open: &mut Option<RecordFile>,
+    json: &[u8],
+    epoch: Option<String>,
+) -> io::Result<()> {
+    let written = match open.as_mut() {
+        Some(r) if SLOT_HEADER + json.len() <= r.slot => {
+            let seq = r.seq + 1;
+            let at = (seq % 2) * r.slot as u64;
+            r.file
+                .write_all_at(&encode_slot(seq, json, r.slot), at)
+                .and_then(|()| r.file.sync_data())
+                .map(|()| r.seq = seq)
+        }
+        _ => {
+            let seq = open.as_ref().map_or(1, |r| r.seq + 1);
+            let slot = slot_size(json.len());
+            let mut bytes = vec![0u8; 2 * slot];
+            let at = (seq % 2) as usize * slot;
+            bytes[at..at + slot].copy_from_slice(&encode_slot(seq, json, slot));
+            strata_cache_core::state_file::write_atomically_keep(&record_path(file), &bytes).map(
+                |f| {
+                    *open = Some(RecordFile {
+                        file: f,
+                        slot,
+                        seq,
+                        epoch,
+                    })
+                },
+            )
+        }
+    };
+    if written.is_err() {
+        *open = None;
+    }
+    written
+}
+
+/// Parses a record file's bytes; None if they are not a record.
 fn parse_record(bytes: &[u8]) -> Option<JournalRecord> {
+    if bytes.first() == Some(&b'{') {
+        // The older format: the JSON alone.
+        return parse_record_json(bytes);
+    }
+    if bytes.len() < 2 * SLOT_HEADER || !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    let (a, b) = bytes.split_at(bytes.len() / 2);
+    let (_, json) = [decode_slot(a), decode_slot(b)]
+        .into_iter()
+        .flatten()
+        .max_by_key(|(seq, _)| *seq)?;
+    parse_record_json(json)
+}
+
+/// Parses a record's JSON; None if it is not one.
+fn parse_record_json(bytes: &[u8]) -> Option<JournalRecord> {
     let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
     let size = v.get("size").and_then(|s| s.as_u64());
     let crc = v
@@ -257,6 +379,9 @@ impl Staged {
     /// Makes what was written durable here and records where it goes, and its length
     /// and crc32c (see the module doc). Blocking.
     pub(super) fn journal(&self, only_if_absent: bool) -> io::Result<()> {
+        // Held across this fsync's checksum, sync and record write (on a blocking
+        // thread): the record written last names the bytes synced last.
+        let mut open = self.record_file.lock();
         // Checksummed before the sync: every byte read is then made durable by it. Only
         // what was appended since the last record is read when nothing below its length
         // changed: read whole, each fsync of a log appended line by line cost the file's
@@ -279,24 +404,28 @@ impl Staged {
         if *self.journaled.lock() == now {
             return Ok(());
         }
-        // Not under the lock (file I/O); two fsyncs racing write the same record.
-        write_record(
-            &self.file_path,
-            &JournalRecord {
-                path: path.to_string(),
-                only_if_absent,
-                source: Some(self.source.to_string()),
-                mountpoint: self.mountpoint.as_deref().map(String::from),
-                synced: Some(synced),
-                epoch: page_cache_epoch(&self.file),
-            },
-        )?;
+        let epoch = match open.as_ref() {
+            Some(r) => r.epoch.clone(),
+            None => page_cache_epoch(&self.file),
+        };
+        let json = record_json(&JournalRecord {
+            path: path.to_string(),
+            only_if_absent,
+            source: Some(self.source.to_string()),
+            mountpoint: self.mountpoint.as_deref().map(String::from),
+            synced: Some(synced),
+            epoch: epoch.clone(),
+        })?;
+        write_record(&self.file_path, &mut open, &json, epoch)?;
         *self.journaled.lock() = now;
         Ok(())
     }
 
     /// The record goes (uploaded, released or unlinked), durably. Blocking.
     pub(super) fn unjournal(&self) {
+        // After an fsync in progress: its record must not land after the removal.
+        let mut open = self.record_file.lock();
+        *open = None;
         if self.journaled.lock().take().is_some() {
             if let Err(e) = remove_durably(&[&record_path(&self.file_path)]) {
                 tracing::error!(path = %self.path(), error = %e, "the fsync record of an uploaded or removed file could not be removed durably: a power cut may upload its fsync'd bytes again");
@@ -742,5 +871,116 @@ mod tests {
             }),
             "each fsync that changed the file rewrites it"
         );
+    }
+
+    /// Black-box cost (round 15b): each fsync rewrote its record through a temp file
+    /// (write, sync, rename, folder sync), and sqlite in WAL mode committed at 0.29x its
+    /// old rate. After the first, a record is rewritten in place: the same file, its
+    /// older slot, no folder sync.
+    #[test]
+    fn a_later_fsync_rewrites_its_record_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let writes = Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|", None)
+            .expect("open");
+        let staged = writes.stage(&Arc::from("wal"), 0, false).expect("stage");
+        let record = record_path(&staged.file_path);
+        staged.file.write_all_at(b"frame 1\n", 0).expect("write");
+        staged.journal(false).expect("fsync");
+        let ino = std::fs::metadata(&record).expect("record").ino();
+        for (i, at) in [(2u8, 8u64), (3, 16), (4, 24)] {
+            staged
+                .file
+                .write_all_at(format!("frame {i}\n").as_bytes(), at)
+                .expect("write");
+            staged.journal(false).expect("fsync");
+        }
+        let meta = std::fs::metadata(&record).expect("record");
+        assert_eq!(meta.ino(), ino, "the same record file");
+        assert_eq!(meta.len(), 2 * SLOT_ALIGN as u64, "two slots");
+        match read_record(&record) {
+            Found::Record(r) => assert_eq!(
+                r.synced,
+                Some(Synced {
+                    size: 32,
+                    crc: crc32c::crc32c(b"frame 1\nframe 2\nframe 3\nframe 4\n")
+                })
+            ),
+            _ => panic!("a record"),
+        }
+    }
+
+    /// A power cut inside an in-place rewrite tears the slot being written: its crc32c
+    /// fails and the other slot, an earlier fsync's record, is the record.
+    #[test]
+    fn a_torn_slot_leaves_the_earlier_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let writes = Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|", None)
+            .expect("open");
+        let staged = writes.stage(&Arc::from("log"), 0, false).expect("stage");
+        let record = record_path(&staged.file_path);
+        staged.file.write_all_at(b"line 1\n", 0).expect("write");
+        staged.journal(false).expect("fsync");
+        staged.file.write_all_at(b"line 2\n", 7).expect("write");
+        staged.journal(false).expect("fsync");
+        // The second record (sequence 2) is in slot 0: tear a byte of its JSON.
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&record)
+            .expect("open");
+        f.write_all_at(b"#", SLOT_HEADER as u64 + 3).expect("tear");
+        match read_record(&record) {
+            Found::Record(r) => assert_eq!(
+                r.synced,
+                Some(Synced {
+                    size: 7,
+                    crc: crc32c::crc32c(b"line 1\n")
+                }),
+                "the first fsync's record"
+            ),
+            _ => panic!("a record"),
+        }
+        // Both torn: not a record (kept and reported at start, never uploaded).
+        f.write_all_at(b"#", SLOT_ALIGN as u64 + SLOT_HEADER as u64 + 3)
+            .expect("tear");
+        assert!(matches!(read_record(&record), Found::Invalid));
+    }
+
+    /// A record that outgrows its slots (a rename to a long name) is made anew, and a
+    /// record of the older format (the JSON alone) is still read.
+    #[test]
+    fn a_record_outgrowing_its_slots_or_of_the_older_format_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let writes = Writes::open(WriteOptions::new(dir.path().join("staging")), "mem|", None)
+            .expect("open");
+        let staged = writes.stage(&Arc::from("a"), 0, false).expect("stage");
+        let record = record_path(&staged.file_path);
+        staged.file.write_all_at(b"bytes", 0).expect("write");
+        staged.journal(false).expect("fsync");
+        let long: Arc<str> = Arc::from(format!("{}/b", "d".repeat(5000)).as_str());
+        *staged.path.lock() = long.clone();
+        staged.rejournal(false);
+        assert_eq!(
+            std::fs::metadata(&record).expect("record").len(),
+            4 * SLOT_ALIGN as u64,
+            "two slots of two pages"
+        );
+        match read_record(&record) {
+            Found::Record(r) => assert_eq!(r.path, &*long),
+            _ => panic!("a record"),
+        }
+        std::fs::write(
+            &record,
+            br#"{"path":"old","only_if_absent":true,"source":"mem|","size":5,"crc32c":7}"#,
+        )
+        .expect("older record");
+        match read_record(&record) {
+            Found::Record(r) => {
+                assert_eq!(r.path, "old");
+                assert!(r.only_if_absent);
+                assert_eq!(r.synced, Some(Synced { size: 5, crc: 7 }));
+            }
+            _ => panic!("a record"),
+        }
     }
 }
