@@ -820,7 +820,7 @@ impl Filesystem for FuseFs {
         name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let name = match new_name(name) {
@@ -832,7 +832,8 @@ impl Filesystem for FuseFs {
         let handles = self.handles.clone();
         let opens = self.opens.clone();
         self.dispatch(async move {
-            match core.create(parent.0, &name, pid).await {
+            let exclusive = flags & libc::O_EXCL != 0;
+            match core.create_with(parent.0, &name, pid, exclusive).await {
                 Ok((e, fh)) => {
                     // Counted as a normal open of its inode (no passthrough for it).
                     opens.lock().entry(e.attr.ino).or_default().normal += 1;

@@ -2652,3 +2652,103 @@ async fn after_a_daemon_crash_the_replay_uploads_the_file_as_written() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 16): the mount looked `theirs` up (absent), another writer
+/// then made it, and within the metadata TTL a rename over it replaced their object:
+/// on a mount that may not replace objects (`mv`), with `RENAME_NOREPLACE` (`mv -n`),
+/// a directory renamed onto a name the other writer filled meanwhile (folders merged),
+/// and a file created with `O_EXCL` on a mount that may replace objects. Each now
+/// fails (EPERM, EEXIST, ENOTEMPTY, EEXIST at the close) and their object stays.
+#[tokio::test]
+async fn a_rename_or_exclusive_create_never_replaces_an_object_made_meanwhile() {
+    timed(async {
+        let create_only =
+            fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let replacing = fixture_replacing().await;
+        for (fx, noreplace, errno) in [
+            (&create_only, false, libc::EPERM),
+            (&replacing, true, libc::EEXIST),
+        ] {
+            let c = &fx.core;
+            put_elsewhere(fx, "data/mine", b"MINE".to_vec()).await;
+            let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+            c.lookup(dir.attr.ino, "mine").await.expect("mine");
+            c.lookup(dir.attr.ino, "theirs").await.expect_err("absent");
+            put_elsewhere(fx, "data/theirs", b"OTHER".to_vec()).await;
+            let e = c
+                .rename(dir.attr.ino, "mine", dir.attr.ino, "theirs", noreplace)
+                .await
+                .expect_err("refused");
+            assert_eq!(e.errno(), errno, "{e}");
+            assert_eq!(
+                stored(fx, "data/theirs").await.as_deref(),
+                Some(&b"OTHER"[..])
+            );
+            assert_eq!(stored(fx, "data/mine").await.as_deref(), Some(&b"MINE"[..]));
+            // Shown from now on.
+            c.lookup(dir.attr.ino, "theirs")
+                .await
+                .expect("theirs shown");
+
+            // A directory onto a name another writer put objects under meanwhile: the
+            // same name as one moved, and another.
+            for (i, (theirs, noreplace_errno)) in [("x", libc::EEXIST), ("y", libc::EEXIST)]
+                .into_iter()
+                .enumerate()
+            {
+                let (da, db) = (format!("da{i}"), format!("db{i}"));
+                put_elsewhere(fx, &format!("{da}/x"), b"MOVED".to_vec()).await;
+                c.lookup(ROOT_INO, &da).await.expect("da");
+                c.lookup(ROOT_INO, &db).await.expect_err("absent");
+                put_elsewhere(fx, &format!("{db}/{theirs}"), b"OTHER".to_vec()).await;
+                let e = c
+                    .rename(ROOT_INO, &da, ROOT_INO, &db, noreplace)
+                    .await
+                    .expect_err("refused");
+                let want = if noreplace {
+                    noreplace_errno
+                } else {
+                    libc::ENOTEMPTY
+                };
+                assert_eq!(e.errno(), want, "{e}");
+                assert_eq!(
+                    stored(fx, &format!("{db}/{theirs}")).await.as_deref(),
+                    Some(&b"OTHER"[..])
+                );
+                assert_eq!(
+                    stored(fx, &format!("{da}/x")).await.as_deref(),
+                    Some(&b"MOVED"[..])
+                );
+                if theirs != "x" {
+                    assert_eq!(stored(fx, &format!("{db}/x")).await, None, "nothing moved");
+                }
+            }
+        }
+
+        // O_EXCL on a mount that may replace objects.
+        let c = &replacing.core;
+        let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
+        c.lookup(dir.attr.ino, "lock").await.expect_err("absent");
+        let (_, fh) = c
+            .create_with(dir.attr.ino, "lock", 0, true)
+            .await
+            .expect("create");
+        c.write(fh, 0, b"node A").expect("write");
+        put_elsewhere(&replacing, "data/lock", b"node B".to_vec()).await;
+        let e = c.flush(fh).await.expect_err("refused");
+        assert_eq!(e.errno(), libc::EEXIST, "{e}");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&replacing, "data/lock").await.as_deref(),
+            Some(&b"node B"[..])
+        );
+        // O_EXCL of a name the mount knows is taken: EEXIST at once.
+        let e = c
+            .create_with(dir.attr.ino, "lock", 0, true)
+            .await
+            .expect_err("taken");
+        assert_eq!(e.errno(), libc::EEXIST, "{e}");
+    })
+    .await
+    .expect("bounded");
+}

@@ -471,3 +471,62 @@ async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
         .expect("renamed");
     assert!(store.head("m/e").await.is_ok());
 }
+
+/// Create-only renames and copies (a rename on a mount that may not replace objects,
+/// `RENAME_NOREPLACE`, a directory renamed object by object) on a store: onto a free
+/// name they move or copy; onto a taken one they fail with `Exists` and both objects
+/// stay as they were.
+async fn create_only_moves_never_replace(store: &BackingStore) {
+    store
+        .put("a", Bytes::from_static(b"MINE"))
+        .await
+        .expect("put a");
+    store
+        .put("taken", Bytes::from_static(b"OTHER"))
+        .await
+        .expect("put taken");
+    let exists = |r: Result<(), CacheError>| matches!(r, Err(CacheError::Exists(_)));
+    assert!(
+        exists(store.rename_new("a", "taken", 4).await),
+        "rename onto a taken name"
+    );
+    assert!(
+        exists(store.copy_new("a", "taken", 4).await),
+        "copy onto a taken name"
+    );
+    let get = |p: &'static str| {
+        let store = store.clone();
+        async move {
+            let obj = store.head(p).await.ok()?;
+            store
+                .get_range(&obj, 0..obj.size)
+                .await
+                .ok()
+                .map(|b| b.to_vec())
+        }
+    };
+    assert_eq!(get("taken").await.as_deref(), Some(&b"OTHER"[..]));
+    assert_eq!(get("a").await.as_deref(), Some(&b"MINE"[..]));
+    store
+        .copy_new("a", "copied", 4)
+        .await
+        .expect("copy to a free name");
+    store
+        .rename_new("a", "moved", 4)
+        .await
+        .expect("rename to a free name");
+    assert_eq!(get("copied").await.as_deref(), Some(&b"MINE"[..]));
+    assert_eq!(get("moved").await.as_deref(), Some(&b"MINE"[..]));
+    assert_eq!(get("a").await, None, "the source went");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_only_moves_never_replace_on_s3_or_a_local_directory() {
+    let server = MotoServer::start();
+    server.create_bucket("excl");
+    create_only_moves_never_replace(&s3_store(&server, "s3://excl/p")).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().display());
+    let local = BackingStore::from_url(&url, &Default::default()).expect("local store");
+    create_only_moves_never_replace(&local).await;
+}

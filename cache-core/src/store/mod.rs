@@ -1318,6 +1318,62 @@ impl BackingStore {
             async move { self.store.rename(&f, &t).await }
         })
         .await?;
+        self.renamed(from, to).await
+    }
+
+    /// [`Self::rename`] of an object of `size` bytes only if no object is named `to`:
+    /// [`CacheError::Exists`] if one is, when the rename starts or when it lands. The
+    /// store's create-only copy does it (a hard link in a local directory, a multipart
+    /// copy completed with If-None-Match on S3, the native condition on GCS and Azure),
+    /// then a delete of `from`. A mount that may not replace objects, and a rename
+    /// with `RENAME_NOREPLACE`, must not replace an object another writer made since
+    /// the mount last looked (black-box finding: `mv` on a create-only mount replaced
+    /// one created by another writer within the metadata TTL). A store that cannot
+    /// copy on that condition, or an object past S3's 5 GiB copy part, gets the HEAD
+    /// just before and a plain rename (a window of one request, not of the TTL).
+    pub async fn rename_new(&self, from: &str, to: &str, size: u64) -> Result<()> {
+        self.local_write_inside(from).await?;
+        self.local_not_through_link(from).await?;
+        self.local_write_inside(to).await?;
+        if size > COPY_PART_MAX {
+            self.check_absent(to).await?;
+            return self.rename(from, to).await;
+        }
+        let (f, t) = (object_key(from), object_key(to));
+        let mut attempt = 0u32;
+        let r = self
+            .retrying(|| {
+                attempt += 1;
+                let (f, t) = (f.clone(), t.clone());
+                async move { conditional(self.store.rename_if_not_exists(&f, &t).await) }
+            })
+            .await;
+        match r {
+            Ok(true) => {}
+            Ok(false) => {
+                self.check_absent(to).await?;
+                return self.rename(from, to).await;
+            }
+            // An earlier attempt's answer was lost: its copy is there.
+            Err(CacheError::Exists(_)) if attempt > 1 && self.holds(to, size).await => {
+                match self.delete(from).await {
+                    Ok(()) | Err(CacheError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.renamed(from, to).await
+    }
+
+    /// Whether object `path` is there at `size` bytes.
+    async fn holds(&self, path: &str, size: u64) -> bool {
+        self.head(path).await.is_ok_and(|o| o.size == size)
+    }
+
+    /// After `from` moved to `to`: a local store's emptied folders go, and both names'
+    /// folders are synced.
+    async fn renamed(&self, from: &str, to: &str) -> Result<()> {
         self.remove_emptied_dirs(from).await;
         self.sync_local(to).await?;
         // The old name's folder too, so the old name does not come back.
@@ -1345,6 +1401,37 @@ impl BackingStore {
             }
             at = dir.parent();
         }
+    }
+
+    /// [`Self::copy`] of an object of `size` bytes only if no object is named `to`
+    /// ([`CacheError::Exists`] if one is; see [`Self::rename_new`] for how, and for the
+    /// stores that cannot).
+    pub async fn copy_new(&self, from: &str, to: &str, size: u64) -> Result<()> {
+        self.local_write_inside(from).await?;
+        self.local_write_inside(to).await?;
+        if size > COPY_PART_MAX {
+            self.check_absent(to).await?;
+            return self.copy(from, to).await;
+        }
+        let (f, t) = (object_key(from), object_key(to));
+        let mut attempt = 0u32;
+        let r = self
+            .retrying(|| {
+                attempt += 1;
+                let (f, t) = (f.clone(), t.clone());
+                async move { conditional(self.store.copy_if_not_exists(&f, &t).await) }
+            })
+            .await;
+        match r {
+            Ok(true) => {}
+            Ok(false) => {
+                self.check_absent(to).await?;
+                return self.copy(from, to).await;
+            }
+            Err(CacheError::Exists(_)) if attempt > 1 && self.holds(to, size).await => {}
+            Err(e) => return Err(e),
+        }
+        self.sync_local(to).await
     }
 
     /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
@@ -1563,6 +1650,21 @@ where
         backoff = backoff.saturating_mul(2).min(retry.max_backoff);
     }
     Err(CacheError::StoreTimeout { attempts })
+}
+
+/// S3's largest part made by a copy (UploadPartCopy), which a create-only copy on S3
+/// is made of: 5 GiB.
+const COPY_PART_MAX: u64 = 5 << 30;
+
+/// A create-only copy or rename's result: Ok(false) where the store cannot make one.
+fn conditional(r: object_store::Result<()>) -> object_store::Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(
+            object_store::Error::NotSupported { .. } | object_store::Error::NotImplemented { .. },
+        ) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `e` is worth asking again: a 5xx, a broken connection, a short body (all
@@ -2038,7 +2140,15 @@ fn cloud_store(
         .with_allow_http(opts.allow_http);
     Ok(match scheme {
         "s3" => {
-            let mut b = object_store::aws::AmazonS3Builder::from_env()
+            let mut b = object_store::aws::AmazonS3Builder::from_env();
+            // Create-only copies (a rename on a mount that may not replace objects):
+            // a multipart copy completed with If-None-Match, which AWS S3 and moto
+            // honour, unless the environment or the store's options name another way.
+            let copy_key = object_store::aws::AmazonS3ConfigKey::CopyIfNotExists;
+            if b.get_config_value(&copy_key).is_none() {
+                b = b.with_copy_if_not_exists(object_store::aws::S3CopyIfNotExists::Multipart);
+            }
+            b = b
                 .with_bucket_name(bucket)
                 .with_retry(retry)
                 .with_client_options(client)

@@ -201,7 +201,25 @@ impl FsCore {
             )));
         }
         let store = self.reader.store();
-        store.rename(&from, &to).await?;
+        // Create-only in the store too: the check above saw the mount's cached view,
+        // and another writer may have made `to` since.
+        let create_only = noreplace || !writes.opts.allow_overwrite;
+        let moved = match create_only {
+            true => store.rename_new(&from, &to, old.size).await,
+            false => store.rename(&from, &to).await,
+        };
+        if let Err(strata_cache_core::CacheError::Exists(_)) = &moved {
+            // Made by another writer since the mount looked: show it from now on.
+            self.changing(&to);
+            self.attrs.invalidate(&to).await;
+            self.relist(&to_dir.path, &to, None).await;
+            if !noreplace {
+                return Err(Error::NotPermitted(format!(
+                    "{to}: another writer created it; replacing an object needs --allow-overwrite"
+                )));
+            }
+        }
+        moved?;
         self.counters.renames.fetch_add(1, Ordering::Relaxed);
         self.changing(&from);
         self.changing(&to);
@@ -322,33 +340,53 @@ impl FsCore {
         }
         let target = |p: &str| -> Arc<str> { Arc::from(format!("{to}{}", &p[from.len()..])) };
         let store = self.reader.store().clone();
-        let moves: Vec<(Arc<str>, Arc<str>)> = objects
+        // `to` as the store has it now, not as the mount last listed it: another writer
+        // may have put objects there since (black-box finding: the two folders were
+        // merged, another writer's `db/x` replaced).
+        let to_under = format!("{to}/");
+        if !store.list_all(&to_under).await?.is_empty() {
+            self.changing(to);
+            self.listings.invalidate(to).await;
+            return Err(not_empty(from, to, noreplace));
+        }
+        // Create-only copies where the mount may not replace, or the caller asked not
+        // to: a name taken meanwhile fails the rename rather than losing that object.
+        let create_only = noreplace || !writes.opts.allow_overwrite;
+        let moves: Vec<(Arc<str>, Arc<str>, u64)> = objects
             .iter()
-            .map(|o| (o.path.clone(), target(&o.path)))
+            .map(|o| (o.path.clone(), target(&o.path), o.size))
             .collect();
         // Copies first: until the last one lands, `from` is whole.
-        let copies = futures::stream::iter(moves.iter().cloned().map(|(src, dst)| {
+        let copies = futures::stream::iter(moves.iter().cloned().map(|(src, dst, size)| {
             let store = store.clone();
-            async move { store.copy(&src, &dst).await.map(|()| dst) }
+            async move {
+                match create_only {
+                    true => store.copy_new(&src, &dst, size).await,
+                    false => store.copy(&src, &dst).await,
+                }
+                .map(|()| dst)
+            }
         }))
         .buffer_unordered(RENAME_DIR_PARALLEL)
         .collect::<Vec<_>>()
         .await;
-        let failed = copies
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .map(|e| e.to_string());
+        let failed = copies.iter().find_map(|r| r.as_ref().err());
         if let Some(first) = failed {
             for made in copies.iter().filter_map(|r| r.as_ref().ok()) {
                 if let Err(e) = store.delete(made).await {
                     tracing::warn!(path = %made, error = %e, "copy of a failed directory rename left behind");
                 }
             }
+            if let strata_cache_core::CacheError::Exists(_) = first {
+                self.changing(to);
+                self.listings.invalidate(to).await;
+                return Err(not_empty(from, to, noreplace));
+            }
             return Err(Error::Unsupported(format!(
                 "{from}: renaming the directory failed, nothing moved: {first}"
             )));
         }
-        let deletes = futures::stream::iter(moves.into_iter().map(|(src, _)| {
+        let deletes = futures::stream::iter(moves.into_iter().map(|(src, _, _)| {
             let store = store.clone();
             async move { store.delete(&src).await }
         }))
@@ -360,7 +398,7 @@ impl FsCore {
             .fetch_add(objects.len() as u64, Ordering::Relaxed);
         // What the mount knew under both names is stale: the listings and attributes
         // of every path under them, and the two entries in their parents' listings.
-        let (to_under, from_ref, to_ref) = (format!("{to}/"), from.as_ref(), to.as_ref());
+        let (from_ref, to_ref) = (from.as_ref(), to.as_ref());
         let stale = |p: &str| {
             p == from_ref || p == to_ref || p.starts_with(&under) || p.starts_with(&to_under)
         };
@@ -515,4 +553,16 @@ fn with_entry(listing: &Listing, name: &str, meta: Meta) -> Option<Listing> {
         entries,
         exists: listing.exists,
     })
+}
+
+/// A directory rename onto `to`, which holds objects: EEXIST with `noreplace`, else
+/// ENOTEMPTY (as rename(2) onto a non-empty directory).
+fn not_empty(from: &str, to: &str, noreplace: bool) -> Error {
+    match noreplace {
+        true => Error::Exists(to.to_string()),
+        false => Error::Local {
+            what: format!("renaming {from} over {to}"),
+            source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
+        },
+    }
 }

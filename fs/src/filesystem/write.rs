@@ -224,6 +224,9 @@ pub(super) struct Staged {
     /// The name and synced bytes its fsync record beside it holds (`journal.rs`);
     /// None: no record.
     journaled: Mutex<Option<(Arc<str>, journal::Synced)>>,
+    /// Created with `O_EXCL` or renamed with `RENAME_NOREPLACE`: its first upload only
+    /// creates ([`creates_only`]).
+    exclusive: AtomicBool,
     /// The record file, open to be rewritten in place; its lock orders this file's
     /// fsyncs (`journal.rs`).
     record_file: Mutex<Option<journal::RecordFile>>,
@@ -650,10 +653,13 @@ impl Staged {
 /// Whether `staged`'s upload must create its object, not replace one: on a mount that
 /// may not replace objects, a file's first upload (black-box finding: another writer's
 /// object created after the mount listed the folder was overwritten by a file the
-/// mount created, as if new, within the listing's TTL). A later upload of the same
-/// file replaces what its first one made.
+/// mount created, as if new, within the listing's TTL); on any mount, the first upload
+/// of a file created with `O_EXCL` or renamed with `RENAME_NOREPLACE` (black-box
+/// finding: a lock file another node created meanwhile was replaced). A later upload
+/// of the same file replaces what its first one made.
 fn creates_only(opts: &WriteOptions, staged: &Staged) -> bool {
-    !opts.allow_overwrite && staged.last.lock().is_none()
+    (!opts.allow_overwrite || staged.exclusive.load(Ordering::Acquire))
+        && staged.last.lock().is_none()
 }
 
 /// The write state of a mount.
@@ -827,6 +833,7 @@ impl Writes {
             ino: AtomicU64::new(0),
             opener,
             journaled: Mutex::new(None),
+            exclusive: AtomicBool::new(false),
             record_file: Mutex::new(None),
             low_write: AtomicU64::new(u64::MAX),
             source: self.source.clone(),
@@ -1001,11 +1008,16 @@ impl FsCore {
             by_path.insert(to.clone(), staged.clone());
             *staged.path.lock() = to.clone();
         }
+        // Under its new name its first upload only creates, as `to` may have been made
+        // since the check above.
+        *staged.last.lock() = None;
+        if noreplace {
+            staged.exclusive.store(true, Ordering::Release);
+        }
         staged.rejournal(creates_only(&writes.opts, &staged));
         staged.break_stream();
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
-        *staged.last.lock() = None;
         // Under its new name it replaces whatever is there whole.
         *staged.base.lock() = None;
         if uploaded {
@@ -1125,6 +1137,19 @@ impl FsCore {
     /// Creates `name` in directory `parent` for writing, by thread `pid` (the FUSE
     /// request's; 0: unknown); returns its entry and handle.
     pub async fn create(&self, parent: u64, name: &str, pid: u32) -> Result<(Entry, u64)> {
+        self.create_with(parent, name, pid, false).await
+    }
+
+    /// [`Self::create`]; `exclusive` (`O_EXCL`): the name must be free, here and in the
+    /// store when the file is first uploaded (EEXIST at the close if another writer
+    /// took it meanwhile), also on a mount that may replace objects.
+    pub async fn create_with(
+        &self,
+        parent: u64,
+        name: &str,
+        pid: u32,
+        exclusive: bool,
+    ) -> Result<(Entry, u64)> {
         let writes = self.writes()?;
         let (path, dir) = self.new_child_of(parent, name)?;
         // A second file created in a directory whose listing is not cached: list it
@@ -1139,13 +1164,14 @@ impl FsCore {
         }
         match self.meta(&path).await? {
             Meta::Dir => return Err(Error::IsDir(path.to_string())),
-            Meta::File(_) if !writes.opts.allow_overwrite => {
+            Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
                 return Err(Error::Exists(path.to_string()))
             }
             _ => {}
         }
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         let staged = self.stage_making_room(writes, &path, pid, false)?;
+        staged.exclusive.store(exclusive, Ordering::Release);
         staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         writes.handles.lock().insert(fh, staged.clone());
