@@ -34,6 +34,16 @@
 //!   listeners (1,024 slots each) ran the daemon out of descriptors; a tenant's puts
 //!   failed "Too many open files" and the disk tier went degraded.
 //!
+//! - On a gate built [`Gate::evict_idle_after`], a full listener with no unproven
+//!   connection left closes its proven connection idle longest, if idle that long,
+//!   rather than refuse the newcomer. Idle: no request vouched for and no read or
+//!   write of [`ACTIVE_BYTES`] or more (an HTTP/2 PING and its answer, 17 bytes each,
+//!   or a WINDOW_UPDATE do not count). Black-box finding: 300 clients that each made
+//!   one `GET /stats` and kept the connection open locked every later scrape out of
+//!   the admin listener for as long as they stayed; 1,100 connections of one tenant,
+//!   each with one call and then only keepalive PINGs, locked every other tenant out
+//!   of the KV listener.
+//!
 //! Nothing here spawns a task: the deadline is a timer polled with the connection's
 //! reads, which the server keeps pending while it waits for the first bytes, and a
 //! closing is a flag its read sees when woken.
@@ -57,6 +67,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// one (the server waits for its SETTINGS). A TLS ClientHello is longer.
 pub const H2_START_BYTES: usize = 24 + 9;
 
+/// A read or write of at least this many bytes is activity (see the module doc): more
+/// than an HTTP/2 PING frame (17 bytes) or a PING and a WINDOW_UPDATE read together
+/// (30); an HTTP/1 request line or a gRPC call's HEADERS frame is longer.
+pub const ACTIVE_BYTES: usize = 32;
+
+/// Milliseconds since the first call (a monotonic clock for activity stamps).
+fn now_ms() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
 /// Warnings about refused or timed-out connections are logged at most this often: a
 /// flood of them must not become a flood of log lines.
 pub const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -74,6 +95,8 @@ pub struct Gate {
     /// Whether a started connection may still be closed to make room until its server
     /// vouches for it ([`Gate::until_vouched`]).
     until_vouched: bool,
+    /// A full gate closes a proven connection idle this long ([`Gate::evict_idle_after`]).
+    idle_evict: Option<Duration>,
     slots: Mutex<Slots>,
     refused: AtomicU64,
     timed_out: AtomicU64,
@@ -89,6 +112,9 @@ pub struct Gate {
 struct Slots {
     live: usize,
     unproven: VecDeque<Arc<Start>>,
+    /// Every admitted connection, on a gate that evicts idle ones (entries of those
+    /// gone are swept once they outnumber the slots twice).
+    admitted: Vec<Arc<Start>>,
 }
 
 /// Where an admitted connection stands; one of the `START_*` states.
@@ -97,6 +123,8 @@ struct Start {
     state: AtomicU8,
     /// The connection's pending read, woken to see it was closed.
     reader: AtomicWaker,
+    /// When it was last active ([`now_ms`]; see the module doc).
+    active_ms: AtomicU64,
 }
 
 /// Admitted, first bytes not all here yet: a full gate may close it.
@@ -120,6 +148,9 @@ impl Start {
             self.state.load(Ordering::Acquire),
             START_SILENT | START_UNVOUCHED
         )
+    }
+    fn active(&self) {
+        self.active_ms.store(now_ms(), Ordering::Relaxed);
     }
     /// Closes it to make room, if it has not proved itself.
     fn evict(&self) -> bool {
@@ -174,6 +205,7 @@ impl Gate {
             first_bytes_timeout,
             start_ends_with: None,
             until_vouched: false,
+            idle_evict: None,
             slots: Mutex::default(),
             refused: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
@@ -200,6 +232,27 @@ impl Gate {
         self
     }
 
+    /// A full gate with no unproven connection closes the proven one idle longest, if
+    /// idle at least `idle` (see the module doc), to admit a newcomer.
+    pub fn evict_idle_after(mut self, idle: Duration) -> Gate {
+        self.idle_evict = Some(idle);
+        self
+    }
+
+    /// On a full gate, the proven connection idle longest if idle long enough, closed.
+    fn evict_idle(&self, slots: &mut Slots) -> Option<Arc<Start>> {
+        let idle = self.idle_evict?.as_millis() as u64;
+        let now = now_ms();
+        let oldest = slots
+            .admitted
+            .iter()
+            .filter(|s| s.is(START_KEPT))
+            .filter(|s| now.saturating_sub(s.active_ms.load(Ordering::Relaxed)) >= idle)
+            .min_by_key(|s| s.active_ms.load(Ordering::Relaxed))?
+            .clone();
+        oldest.change(START_KEPT, START_EVICTED).then_some(oldest)
+    }
+
     /// What a connection that delivered its first bytes becomes.
     fn started(&self) -> u8 {
         if self.until_vouched {
@@ -214,6 +267,7 @@ impl Gate {
     /// oldest unproven connection to make room (see the module doc).
     pub fn admit<T>(self: &Arc<Self>, io: T) -> Option<Gated<T>> {
         let start = Arc::new(Start::default());
+        start.active();
         let silent = self.first_bytes > 0;
         if !silent {
             start.state.store(self.started(), Ordering::Release);
@@ -233,7 +287,7 @@ impl Gate {
                         break;
                     }
                 }
-                match found {
+                match found.or_else(|| self.evict_idle(&mut slots)) {
                     Some(old) => Some(old),
                     None => {
                         drop(slots);
@@ -256,6 +310,14 @@ impl Gate {
             if unproven {
                 slots.unproven.push_back(start.clone());
             }
+            if self.idle_evict.is_some() {
+                if slots.admitted.len() >= 2 * self.max {
+                    slots
+                        .admitted
+                        .retain(|s| !s.is(START_GONE) && !s.is(START_EVICTED));
+                }
+                slots.admitted.push(start.clone());
+            }
             evicted
         };
         if let Some(old) = evicted {
@@ -265,7 +327,7 @@ impl Gate {
         }
         Some(Gated {
             io,
-            watching: unproven,
+            watching: unproven || self.idle_evict.is_some(),
             start,
             gate: self.clone(),
             first: silent.then(|| FirstBytes {
@@ -382,6 +444,16 @@ impl<T> Gated<T> {
     }
 }
 
+impl<T> Gated<T> {
+    /// A write of [`ACTIVE_BYTES`] or more is activity, on a gate that evicts idle
+    /// connections.
+    fn wrote(&self, r: &Poll<io::Result<usize>>) {
+        if self.gate.idle_evict.is_some() && matches!(r, Poll::Ready(Ok(n)) if *n >= ACTIVE_BYTES) {
+            self.start.active();
+        }
+    }
+}
+
 impl<T> Drop for Gated<T> {
     fn drop(&mut self) {
         self.gate.release(&self.start);
@@ -406,6 +478,7 @@ impl Admission {
     /// it keeps its slot from now on, however full the gate (see the module doc).
     /// Cheap: one atomic load once kept.
     pub fn vouch(&self) {
+        self.0.active();
         if !self.0.is(START_KEPT) {
             let _ = self.0.change(START_UNVOUCHED, START_KEPT)
                 || self.0.change(START_SILENT, START_KEPT);
@@ -462,15 +535,21 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
                     io::ErrorKind::ConnectionAborted,
                     format!(
                         "{}: closed to make room while the listener was full, not having \
-                         proved itself (sent its first bytes, or a request its server accepted)",
+                         proved itself (sent its first bytes, or a request its server \
+                         accepted), or idle longest",
                         this.gate.what
                     ),
                 )));
             }
             START_KEPT => {
                 this.first = None;
-                this.watching = false;
-                return Pin::new(&mut this.io).poll_read(cx, buf);
+                this.watching = this.gate.idle_evict.is_some();
+                let before = buf.filled().len();
+                let r = Pin::new(&mut this.io).poll_read(cx, buf);
+                if buf.filled().len() - before >= ACTIVE_BYTES {
+                    this.start.active();
+                }
+                return r;
             }
             _ => {}
         }
@@ -519,7 +598,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gated<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.wrote(&r);
+        r
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_flush(cx)
@@ -532,7 +614,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gated<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.wrote(&r);
+        r
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
@@ -747,6 +832,58 @@ mod tests {
         b.write_all(b"efgh").await.expect("write");
         assert_eq!(g5.read(&mut buf).await.expect("read"), 4);
         assert_eq!(gate.live(), 2);
+    }
+
+    /// Black-box finding (round 16): proven connections that made one request and then
+    /// only kept alive (HTTP/2 PINGs) held every slot, and newcomers were refused for as
+    /// long as they lived. A full gate built `evict_idle_after` closes the proven
+    /// connection idle longest, once idle that long; PING-sized traffic is not activity.
+    #[tokio::test]
+    async fn a_full_gate_closes_its_longest_idle_proven_connection() {
+        let idle = Duration::from_millis(200);
+        let gate = Arc::new(
+            Gate::new("test", 2, 4, Duration::from_secs(60))
+                .until_vouched()
+                .evict_idle_after(idle),
+        );
+        let proven = || {
+            let (a, mut b) = tokio::io::duplex(4096);
+            let g = gate.admit(a).expect("a slot");
+            async move {
+                let mut g = g;
+                b.write_all(b"helo").await.expect("write");
+                assert_eq!(g.read(&mut [0u8; 8]).await.expect("read"), 4);
+                g.admission().vouch();
+                (g, b)
+            }
+        };
+        let (mut pinging, mut pinging_peer) = proven().await;
+        let (mut busy, mut busy_peer) = proven().await;
+        assert!(gate.admit(()).is_none(), "both active: refused");
+        let mut buf = [0u8; 256];
+        let deadline = Instant::now() + 2 * idle;
+        while Instant::now() < deadline {
+            // A PING (17 bytes) on one, calls (64 bytes) on the other.
+            pinging_peer.write_all(&[0u8; 17]).await.expect("ping");
+            assert_eq!(pinging.read(&mut buf).await.expect("read"), 17);
+            busy_peer.write_all(&[1u8; 64]).await.expect("call");
+            assert_eq!(busy.read(&mut buf).await.expect("read"), 64);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let newcomer = gate.admit(()).expect("the idle one makes room");
+        assert_eq!(gate.evicted(), 1);
+        let e = pinging.read(&mut buf).await.expect_err("closed");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        busy_peer.write_all(&[2u8; 64]).await.expect("call");
+        assert_eq!(busy.read(&mut buf).await.expect("the busy one stays"), 64);
+        drop(pinging);
+        assert_eq!(gate.live(), 2);
+        // An unproven newcomer goes before any proven connection.
+        let _next = gate.admit(()).expect("the unproven newcomer makes room");
+        assert_eq!(gate.evicted(), 2);
+        drop(newcomer);
+        busy_peer.write_all(&[3u8; 64]).await.expect("call");
+        assert_eq!(busy.read(&mut buf).await.expect("the busy one stays"), 64);
     }
 
     /// The queue of unproven connections stays bounded when one of them lives long

@@ -371,6 +371,13 @@ async fn authorize(State(s): State<AdminState>, req: Request, next: Next) -> Res
 /// cap, connections that never close exhausted them and the daemon stopped answering
 /// anyone (KV clients included).
 pub const ADMIN_MAX_CONNECTIONS: usize = 256;
+/// A full admin listener closes a keep-alive connection idle this long to admit a new
+/// one: 2 s, past any one answer of `/stats` or `/metrics`, so a scrape or `strata
+/// stats` gets in however many idle connections others left open (black-box finding:
+/// 300 clients that each made one request and kept the connection locked every later
+/// scrape out).
+const ADMIN_IDLE_EVICTABLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A new admin connection must send its first [`ADMIN_FIRST_BYTES`], and its whole
 /// first request head, within this long or is closed: 10 s, while a live HTTP client
 /// sends its request at once.
@@ -453,7 +460,8 @@ pub async fn serve_gated(
                 first_bytes_timeout,
             )
             .http1()
-            .until_vouched(),
+            .until_vouched()
+            .evict_idle_after(ADMIN_IDLE_EVICTABLE),
         ),
     };
     let app = router(state).into_make_service_with_connect_info::<AdminConn>();

@@ -316,7 +316,9 @@ pub async fn serve(
     // At least one largest block, so a lone put of it on a connection can proceed.
     let per_conn = cfg.per_connection_put_bytes.max(cfg.max_block);
     let per_conn_get = cfg.per_connection_get_bytes.max(cfg.max_block);
-    // Until a request passed authentication, a connection may be closed to make room.
+    // Until a request passed authentication, a connection may be closed to make room;
+    // after, once idle for the idle timeout (no call, keepalive PINGs aside) while the
+    // listener is full (`accept.rs`).
     let gate = |what| {
         Arc::new(
             Gate::new(
@@ -325,7 +327,8 @@ pub async fn serve(
                 H2_START_BYTES,
                 cfg.preface_timeout,
             )
-            .until_vouched(),
+            .until_vouched()
+            .evict_idle_after(cfg.idle_timeout),
         )
     };
     match listener {
