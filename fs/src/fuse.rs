@@ -832,8 +832,7 @@ impl Filesystem for FuseFs {
         let handles = self.handles.clone();
         let opens = self.opens.clone();
         self.dispatch(async move {
-            let exclusive = flags & libc::O_EXCL != 0;
-            match core.create_with(parent.0, &name, pid, exclusive).await {
+            match core.create_with(parent.0, &name, pid, flags).await {
                 Ok((e, fh)) => {
                     // Counted as a normal open of its inode (no passthrough for it).
                     opens.lock().entry(e.attr.ino).or_default().normal += 1;

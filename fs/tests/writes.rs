@@ -2657,8 +2657,9 @@ async fn after_a_daemon_crash_the_replay_uploads_the_file_as_written() {
 /// then made it, and within the metadata TTL a rename over it replaced their object:
 /// on a mount that may not replace objects (`mv`), with `RENAME_NOREPLACE` (`mv -n`),
 /// a directory renamed onto a name the other writer filled meanwhile (folders merged),
-/// and a file created with `O_EXCL` on a mount that may replace objects. Each now
-/// fails (EPERM, EEXIST, ENOTEMPTY, EEXIST at the close) and their object stays.
+/// a file created with `O_EXCL` on a mount that may replace objects, and `>>` of a
+/// name made meanwhile. Each now fails (EPERM, EEXIST, ENOTEMPTY, EEXIST at the close;
+/// ESTALE, which makes the kernel open the file made) and their object stays.
 #[tokio::test]
 async fn a_rename_or_exclusive_create_never_replaces_an_object_made_meanwhile() {
     timed(async {
@@ -2730,7 +2731,7 @@ async fn a_rename_or_exclusive_create_never_replaces_an_object_made_meanwhile() 
         let dir = c.lookup(ROOT_INO, "data").await.expect("dir");
         c.lookup(dir.attr.ino, "lock").await.expect_err("absent");
         let (_, fh) = c
-            .create_with(dir.attr.ino, "lock", 0, true)
+            .create_with(dir.attr.ino, "lock", 0, libc::O_EXCL)
             .await
             .expect("create");
         c.write(fh, 0, b"node A").expect("write");
@@ -2744,10 +2745,38 @@ async fn a_rename_or_exclusive_create_never_replaces_an_object_made_meanwhile() 
         );
         // O_EXCL of a name the mount knows is taken: EEXIST at once.
         let e = c
-            .create_with(dir.attr.ino, "lock", 0, true)
+            .create_with(dir.attr.ino, "lock", 0, libc::O_EXCL)
             .await
             .expect_err("taken");
         assert_eq!(e.errno(), libc::EEXIST, "{e}");
+
+        // `>>` (O_CREAT without O_TRUNC) of a name made meanwhile: ESTALE, so the
+        // kernel looks it up again and opens it; its bytes stay.
+        c.lookup(dir.attr.ino, "log").await.expect_err("absent");
+        put_elsewhere(&replacing, "data/log", b"their line\n".to_vec()).await;
+        let e = c
+            .create_with(dir.attr.ino, "log", 0, libc::O_APPEND)
+            .await
+            .expect_err("made meanwhile");
+        assert_eq!(e.errno(), libc::ESTALE, "{e}");
+        let log = c.lookup(dir.attr.ino, "log").await.expect("shown now");
+        assert_eq!(log.attr.size, 11);
+        assert_eq!(
+            stored(&replacing, "data/log").await.as_deref(),
+            Some(&b"their line\n"[..])
+        );
+        // A name still free is created as before.
+        let (_, fh) = c
+            .create_with(dir.attr.ino, "new.log", 0, libc::O_APPEND)
+            .await
+            .expect("free");
+        c.write(fh, 0, b"mine").expect("write");
+        c.flush(fh).await.expect("upload");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&replacing, "data/new.log").await.as_deref(),
+            Some(&b"mine"[..])
+        );
     })
     .await
     .expect("bounded");

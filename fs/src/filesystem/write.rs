@@ -1137,19 +1137,26 @@ impl FsCore {
     /// Creates `name` in directory `parent` for writing, by thread `pid` (the FUSE
     /// request's; 0: unknown); returns its entry and handle.
     pub async fn create(&self, parent: u64, name: &str, pid: u32) -> Result<(Entry, u64)> {
-        self.create_with(parent, name, pid, false).await
+        self.create_with(parent, name, pid, libc::O_TRUNC).await
     }
 
-    /// [`Self::create`]; `exclusive` (`O_EXCL`): the name must be free, here and in the
-    /// store when the file is first uploaded (EEXIST at the close if another writer
-    /// took it meanwhile), also on a mount that may replace objects.
+    /// [`Self::create`] with the caller's open `flags`. `O_EXCL`: the name must be
+    /// free, here and in the store when the file is first uploaded (EEXIST at the close
+    /// if another writer took it meanwhile), also on a mount that may replace objects.
+    /// Without `O_TRUNC` (`>>`, `open(O_CREAT)` of a database) a name the mount's cache
+    /// says is free is asked of the store: made by another writer since, it is ESTALE
+    /// (its metadata updated), and the kernel looks it up again and opens it, as it
+    /// would an existing file (black-box finding: `>>` of a log another writer had
+    /// just created replaced it with the appended line).
     pub async fn create_with(
         &self,
         parent: u64,
         name: &str,
         pid: u32,
-        exclusive: bool,
+        flags: i32,
     ) -> Result<(Entry, u64)> {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let keeps = flags & (libc::O_EXCL | libc::O_TRUNC) == 0;
         let writes = self.writes()?;
         let (path, dir) = self.new_child_of(parent, name)?;
         // A second file created in a directory whose listing is not cached: list it
@@ -1167,6 +1174,7 @@ impl FsCore {
             Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
                 return Err(Error::Exists(path.to_string()))
             }
+            Meta::Missing if keeps => self.still_missing(&path).await?,
             _ => {}
         }
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
@@ -1273,6 +1281,26 @@ impl FsCore {
         }
         Err(Error::Cache(CacheError::Changed(format!(
             "{path}: replaced or removed in the store since it was looked up; open it again"
+        ))))
+    }
+
+    /// Checks with the store (one HEAD) that no object is named `path`, which the
+    /// mount's metadata said: one made since is ESTALE, its metadata updated (see
+    /// [`Self::create_with`]).
+    async fn still_missing(&self, path: &Arc<str>) -> Result<()> {
+        let info = match self.reader.store().head(path).await {
+            Ok(info) => Arc::new(info),
+            Err(CacheError::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        self.changing(path);
+        let now = Meta::File(info);
+        self.attrs.insert(path.clone(), now.clone()).await;
+        if let Some(dir) = self.parent_of(path).map(Arc::<str>::from) {
+            self.relist(&dir, path, Some(now)).await;
+        }
+        Err(Error::Cache(CacheError::Changed(format!(
+            "{path}: created in the store since the mount looked; open it again"
         ))))
     }
 
