@@ -2781,3 +2781,22 @@ async fn a_rename_or_exclusive_create_never_replaces_an_object_made_meanwhile() 
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 16): inode numbers start again at each daemon start and
+/// the generation was always 1, so a file handle saved before a remount
+/// (`name_to_handle_at`, an NFS re-export) opened whatever file got its number next.
+/// Each start's inodes carry a generation of their own: the old handle is ESTALE.
+#[tokio::test]
+async fn a_restart_gives_its_inodes_another_generation() {
+    let before = fixture(|_, _| {}).await;
+    let after = fixture(|_, _| {}).await;
+    let a = before.core.lookup(ROOT_INO, "old").await.expect("old");
+    let b = after.core.lookup(ROOT_INO, "data").await.expect("data");
+    assert_eq!(a.attr.ino, b.attr.ino, "the same number, another file");
+    assert_ne!(a.generation, b.generation);
+    let again = before.core.lookup(ROOT_INO, "old").await.expect("old");
+    assert_eq!(
+        (again.attr.ino, again.generation),
+        (a.attr.ino, a.generation)
+    );
+}
