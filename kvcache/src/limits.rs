@@ -357,6 +357,23 @@ impl Reservation {
     }
 }
 
+/// A timer that fires this much past its deadline fired late because the daemon was
+/// stopped (SIGSTOP, a frozen cgroup, a paused VM, a swap storm), not because a client
+/// was idle: 1 s, far past a loaded runtime's lateness (milliseconds).
+pub const STALL: Duration = Duration::from_secs(1);
+
+/// After such a stall a stream gets this long before it counts as idle: what its
+/// client sent meanwhile waits in the socket, and the connection's task reads it
+/// within milliseconds of the resume (black-box finding: a put mid-transfer across a
+/// 15 s SIGSTOP of the daemon failed DEADLINE_EXCEEDED at the resume, its bytes
+/// waiting in the socket).
+pub const STALL_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether a timer due at `deadline` that fired at `now` fired late (see [`STALL`]).
+pub fn stalled(deadline: tokio::time::Instant, now: tokio::time::Instant) -> bool {
+    now.saturating_duration_since(deadline) > STALL
+}
+
 /// State shared by an [`IdleGuard`] and its watchdog (times in milliseconds since the
 /// guard was made).
 struct Shared<S> {
@@ -423,6 +440,11 @@ impl<S: Send + 'static> IdleGuard<S> {
                 let now = tokio::time::Instant::now();
                 if s.waiting_on_server.load(Ordering::Relaxed) {
                     deadline = now + idle;
+                    continue;
+                }
+                if stalled(deadline, now) {
+                    // The daemon was stopped: the client gets a moment to read on.
+                    deadline = now + STALL_GRACE;
                     continue;
                 }
                 if last + idle <= now {
@@ -572,6 +594,33 @@ mod tests {
         let e = g.next().await.expect("an error item").expect_err("idle");
         assert_eq!(e.code(), tonic::Code::DeadlineExceeded);
         assert!(g.next().await.is_none());
+    }
+
+    /// Black-box finding (round 16): a stream mid-transfer across a 15 s SIGSTOP of the
+    /// daemon was ended at the resume as idle. A watchdog that wakes past a stall (here
+    /// the runtime's only thread blocked) gives the client a grace, not an error.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_daemon_stall_is_not_a_client_idle() {
+        let inner = futures::stream::iter(vec![Ok::<_, Status>(1u8), Ok(2)]);
+        let mut g = IdleGuard::new(
+            Box::pin(inner),
+            Duration::from_millis(200),
+            "get",
+            || {},
+            || {},
+        );
+        assert_eq!(g.next().await.map(|r| r.is_ok()), Some(true));
+        // The watchdog starts its wait.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Every task stopped, as by SIGSTOP, past the idle timeout and the stall bound.
+        std::thread::sleep(STALL + Duration::from_millis(400));
+        // The watchdog runs first.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            g.next().await.map(|r| r.ok()),
+            Some(Some(2)),
+            "read on after the stall"
+        );
     }
 
     #[tokio::test]

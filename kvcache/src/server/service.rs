@@ -600,7 +600,13 @@ impl KvService {
         stream: &mut Streaming<pb::PutRequest>,
     ) -> Result<Option<pb::PutRequest>> {
         let idle = self.inner.config.idle_timeout;
-        match tokio::time::timeout(idle, stream.message()).await {
+        let deadline = tokio::time::Instant::now() + idle;
+        let mut next = tokio::time::timeout_at(deadline, stream.message()).await;
+        if next.is_err() && crate::limits::stalled(deadline, tokio::time::Instant::now()) {
+            // The timer fired late: the daemon was stopped, not the client idle.
+            next = tokio::time::timeout(crate::limits::STALL_GRACE, stream.message()).await;
+        }
+        match next {
             Ok(m) => Ok(m?),
             Err(_) => {
                 self.inner.stats.idle_aborted();
