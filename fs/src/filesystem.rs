@@ -1055,7 +1055,7 @@ impl FsCore {
                 ino,
                 size: obj.size,
                 kind: Kind::File,
-                mtime: UNIX_EPOCH + Duration::from_nanos(obj.last_modified_unix_ns.max(0) as u64),
+                mtime: unix_ns_time(obj.last_modified_unix_ns),
                 // Writable mounts say so (the kernel checks `default_permissions`).
                 perm: self.opts.file_mode.unwrap_or(if self.writes.is_some() {
                     0o644
@@ -2556,5 +2556,32 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.counter.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// The time `ns` nanoseconds from the Unix epoch, before it too (black-box finding:
+/// objects of 1969 and 1901 showed as 1970).
+fn unix_ns_time(ns: i64) -> SystemTime {
+    match u64::try_from(ns) {
+        Ok(after) => UNIX_EPOCH + Duration::from_nanos(after),
+        Err(_) => UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs()),
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn times_before_the_epoch_are_kept() {
+        assert_eq!(
+            unix_ns_time(-2_000_000_000),
+            UNIX_EPOCH - Duration::from_secs(2)
+        );
+        assert_eq!(
+            unix_ns_time(1_500),
+            UNIX_EPOCH + Duration::from_nanos(1_500)
+        );
+        assert!(unix_ns_time(i64::MIN) < UNIX_EPOCH);
     }
 }

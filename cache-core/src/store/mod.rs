@@ -1739,7 +1739,17 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 fn info_from_meta(meta: &object_store::ObjectMeta, block_size: u64) -> ObjectInfo {
-    let ns = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
+    // Past what i64 nanoseconds hold (before 1677, after 2262-04-11): the nearest
+    // that fits, not 1970 (black-box finding: a file of 2300 showed as 1970, ancient
+    // to make and rsync).
+    let ns =
+        meta.last_modified
+            .timestamp_nanos_opt()
+            .unwrap_or(if meta.last_modified.timestamp() > 0 {
+                i64::MAX
+            } else {
+                i64::MIN
+            });
     let (version, has_etag) = match &meta.e_tag {
         Some(e) => (e.clone(), true),
         // Whole seconds: a LIST says milliseconds, a HEAD's header seconds, and both
@@ -2529,5 +2539,43 @@ mod local_loop_tests {
         let all = local_walk(root, "").expect("the walk goes on");
         let names: Vec<String> = all.iter().map(|m| m.location.to_string()).collect();
         assert_eq!(names, vec!["a".to_string()]);
+    }
+}
+
+#[cfg(test)]
+mod mtime_tests {
+    use super::*;
+
+    /// Black-box finding (round 16): objects modified after 2262-04-11 (past i64
+    /// nanoseconds) or before 1970 showed as 1970-01-01. Before 1970 is kept; past 2262
+    /// the nearest time that fits.
+    #[tokio::test]
+    async fn times_before_1970_are_kept_and_after_2262_saturate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = BackingStore::from_url(
+            &format!("file://{}", dir.path().display()),
+            &StoreOptions::default(),
+        )
+        .expect("store");
+        for (name, secs, want_ns) in [
+            ("y1901", -2_147_000_000i64, -2_147_000_000_000_000_000i64),
+            ("y1969", -2, -2_000_000_000),
+            ("y2300", 10_413_792_000, i64::MAX),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"x").expect("write");
+            let t = match u64::try_from(secs) {
+                Ok(s) => std::time::UNIX_EPOCH + Duration::from_secs(s),
+                Err(_) => std::time::UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()),
+            };
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .expect("open")
+                .set_modified(t)
+                .expect("set mtime");
+            let obj = store.head(name).await.expect("head");
+            assert_eq!(obj.last_modified_unix_ns, want_ns, "{name}");
+        }
     }
 }
