@@ -239,7 +239,7 @@ pub fn record(
     let inherited = inherited_files();
     let mut signals = RecorderSignals::new();
     let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-ttt", "-s", "0", "--seccomp-bpf", "-e"])
+        .args(["-f", "-qq", "-ttt", "-r", "-s", "0", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
         .arg("-o")
         .arg(log)

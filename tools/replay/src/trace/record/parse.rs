@@ -260,10 +260,16 @@ fn join_lines<'a>(text: &'a str, stats: &mut ParseStats) -> Vec<JoinedCall<'a>> 
     // pid -> (start ts, head text, the slot reserved at the start, if any)
     let mut pending: HashMap<u32, (u64, &'a str, Option<usize>)> = HashMap::new();
     let mut out: Vec<Option<JoinedCall<'a>>> = Vec::new();
+    // The monotonic time of the last line (see `split_prefix`).
+    let mut mono: Option<u64> = None;
     for line in text.lines() {
         stats.lines += 1;
-        let Some((pid, ts, rest)) = split_prefix(line) else {
+        let Some((pid, wall, delta, rest)) = split_prefix(line) else {
             continue;
+        };
+        let ts = match delta {
+            Some(d) => *mono.insert(mono.map_or(wall, |m| m + d)),
+            None => wall,
         };
         if rest.starts_with("---") || rest.starts_with("+++") {
             continue;
@@ -298,17 +304,34 @@ fn join_lines<'a>(text: &'a str, stats: &mut ParseStats) -> Vec<JoinedCall<'a>> 
     out.into_iter().flatten().collect()
 }
 
-/// `PID  SECS.USECS rest` → `(pid, microseconds, rest)`.
-fn split_prefix(line: &str) -> Option<(u32, u64, &str)> {
+/// `PID  SECS.USECS [(+ SECS.USECS)] rest` → `(pid, wall µs, delta µs, rest)`.
+///
+/// The delta (strace `-r`) is the monotonic time since the previous line: the
+/// recorder times calls by adding them up from the first line's wall time, so a step
+/// of the wall clock while it records (NTP, chrony's `makestep`) neither reorders the
+/// trace nor inserts a gap (black-box finding: a 1 h step back listed f6..f8 before
+/// f1..f5 over a 3,599.5 s span). Logs without deltas are timed by the wall clock.
+fn split_prefix(line: &str) -> Option<(u32, u64, Option<u64>, &str)> {
     let line = line.trim_start();
     let (pid, rest) = line.split_once(' ')?;
     let pid: u32 = pid.parse().ok()?;
     let rest = rest.trim_start();
     let (ts, rest) = rest.split_once(' ')?;
+    let t = secs_to_us(ts)?;
+    match rest.strip_prefix("(+") {
+        Some(delta) => {
+            let (d, rest) = delta.split_once(')')?;
+            Some((pid, t, Some(secs_to_us(d.trim())?), rest.trim_start()))
+        }
+        None => Some((pid, t, None, rest)),
+    }
+}
+
+/// `SECS.USECS` → microseconds.
+fn secs_to_us(ts: &str) -> Option<u64> {
     let (s, us) = ts.split_once('.')?;
     let us = format!("{us:0<6}");
-    let t = s.parse::<u64>().ok()? * 1_000_000 + us.get(..6)?.parse::<u64>().ok()?;
-    Some((pid, t, rest))
+    Some(s.parse::<u64>().ok()? * 1_000_000 + us.get(..6)?.parse::<u64>().ok()?)
 }
 
 /// Parses `name(args) = ret ...`; the args are split at top-level commas, respecting
@@ -981,6 +1004,28 @@ mod tests {
             Some(std::ffi::OsStr::new("étéA"))
         );
         assert!(parse_call("--- SIGCHLD {si_signo=SIGCHLD} ---").is_none());
+    }
+
+    /// Black-box finding (round 16): the wall clock stepped back 1 h while recording,
+    /// and the trace listed the later reads first over a 3,599.5 s span. The `-r`
+    /// deltas (monotonic) time the calls; a log without them keeps the wall clock.
+    #[test]
+    fn a_wall_clock_step_neither_reorders_nor_stretches_the_trace() {
+        let text = "\
+10 1000.000000 (+     0.000000) openat(AT_FDCWD, \"/data/f1\", O_RDONLY) = 3
+10 1000.500000 (+     0.500000) read(3, \"\"..., 100) = 100
+10 1001.000000 (+     0.500000) openat(AT_FDCWD, \"/data/f2\", O_RDONLY) = 4
+10 -2599.500000 (+     0.500000) read(4, \"\"..., 100) = 100
+10 -2599.000000 (+     0.500000) openat(AT_FDCWD, \"/data/f3\", O_RDONLY) = 5
+10 -2598.500000 (+     0.500000) read(5, \"\"..., 100) = 100
+";
+        // A step back past the epoch would not even parse as wall time: shift it.
+        let text = text.replace("-2599.", "1.").replace("-2598.", "2.");
+        let (rows, _) = run(&text);
+        let paths: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+        assert_eq!(paths, vec!["f1", "f2", "f3"], "in the order they happened");
+        let span_ms = (rows[2].0 - rows[0].0) / 1_000_000;
+        assert_eq!(span_ms, 2_000, "their real spacing");
     }
 
     #[test]
