@@ -295,6 +295,14 @@ impl FaultyStore {
         self.reads.load(Ordering::Relaxed)
     }
 
+    /// A server-side copy or rename takes `latency` too.
+    async fn copy_latency(&self) {
+        let latency = self.config.lock().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+    }
+
     /// Applies latency and the injected failure for one read; returns the config.
     async fn before_read(&self, location: &str) -> object_store::Result<FaultConfig> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed) + 1;
@@ -662,6 +670,7 @@ impl ObjectStore for FaultyStore {
         if self.refuses_moving(from) {
             return Err(injected(from.as_ref(), "injected 503 on copy"));
         }
+        self.copy_latency().await;
         self.inner.copy_opts(from, to, options).await
     }
 
@@ -676,6 +685,7 @@ impl ObjectStore for FaultyStore {
         if self.refuses_moving(from) {
             return Err(injected(from.as_ref(), "injected 503 on rename"));
         }
+        self.copy_latency().await;
         self.inner.rename_opts(from, to, options).await
     }
 }

@@ -168,6 +168,9 @@ impl FsCore {
         noreplace: bool,
     ) -> Result<()> {
         let writes = self.writes()?;
+        // Not into or out of a folder being renamed (see `wait_while_moving`).
+        self.wait_while_moving(writes, parent).await?;
+        self.wait_while_moving(writes, newparent).await?;
         let (from, from_dir) = self.child_of(parent, name)?;
         let (to, to_dir) = self.new_child_of(newparent, newname)?;
         if from == to {
@@ -315,6 +318,9 @@ impl FsCore {
                 "{from}: a rename deletes the source objects, which needs --allow-delete"
             )));
         }
+        // From here no file is created in it (`wait_while_moving`); those being
+        // written already make it busy.
+        let _moving = writes.start_moving(from.clone());
         let under = format!("{from}/");
         for p in writes.staged_under(&under) {
             if self.settled(&p).await.is_some() {

@@ -662,6 +662,23 @@ fn creates_only(opts: &WriteOptions, staged: &Staged) -> bool {
         && staged.last.lock().is_none()
 }
 
+/// A folder being renamed (see [`Writes::start_moving`]).
+pub(super) struct Moving<'a> {
+    writes: &'a Writes,
+    dir: Arc<str>,
+}
+
+impl Drop for Moving<'_> {
+    fn drop(&mut self) {
+        let mut moving = self.writes.moving.lock();
+        if let Some(i) = moving.iter().position(|m| Arc::ptr_eq(m, &self.dir)) {
+            moving.swap_remove(i);
+        }
+        drop(moving);
+        self.writes.moved.notify_waiters();
+    }
+}
+
 /// The write state of a mount.
 pub(super) struct Writes {
     pub(super) opts: WriteOptions,
@@ -671,6 +688,11 @@ pub(super) struct Writes {
     pub(super) readers: Mutex<HashMap<u64, Arc<Staged>>>,
     /// A written file was released (its path is free again).
     released: tokio::sync::Notify,
+    /// Folders being renamed (`FsCore::rename_dir`): files are not created in them
+    /// meanwhile ([`FsCore::wait_while_moving`]).
+    moving: Mutex<Vec<Arc<str>>>,
+    /// A folder's rename ended.
+    moved: tokio::sync::Notify,
     /// Directories made by `mkdir` that the store may not have yet.
     pub(super) local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
@@ -758,6 +780,8 @@ impl Writes {
             handles: Mutex::default(),
             readers: Mutex::default(),
             released: tokio::sync::Notify::new(),
+            moving: Mutex::new(Vec::new()),
+            moved: tokio::sync::Notify::new(),
             local_dirs: Mutex::default(),
             created_in: Mutex::default(),
             next_file: AtomicU64::new(next),
@@ -874,6 +898,20 @@ impl Writes {
     }
 
     /// The files being written under `prefix` (a directory's path and `/`).
+    /// Whether `path` is a folder being renamed, or inside one.
+    pub(super) fn is_moving(&self, path: &str) -> bool {
+        self.moving.lock().iter().any(|m| {
+            path.strip_prefix(&**m)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
+    }
+
+    /// Marks folder `dir` as being renamed until the guard drops.
+    pub(super) fn start_moving(&self, dir: Arc<str>) -> Moving<'_> {
+        self.moving.lock().push(dir.clone());
+        Moving { writes: self, dir }
+    }
+
     pub(super) fn staged_under(&self, prefix: &str) -> Vec<Arc<str>> {
         self.by_path
             .lock()
@@ -1158,6 +1196,7 @@ impl FsCore {
         let exclusive = flags & libc::O_EXCL != 0;
         let keeps = flags & (libc::O_EXCL | libc::O_TRUNC) == 0;
         let writes = self.writes()?;
+        self.wait_while_moving(writes, parent).await?;
         let (path, dir) = self.new_child_of(parent, name)?;
         // A second file created in a directory whose listing is not cached: list it
         // once, so that the kernel's lookup of each next new name (a miss) is answered
@@ -1177,8 +1216,14 @@ impl FsCore {
             Meta::Missing if keeps => self.still_missing(&path).await?,
             _ => {}
         }
-        let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         let staged = self.stage_making_room(writes, &path, pid, false)?;
+        if writes.is_moving(&path) {
+            // Its folder's rename began since the wait above, and checked the files
+            // being written in it before this one was staged.
+            writes.unstage(&staged);
+            return Err(Error::Busy(format!("{path}: its folder is being renamed")));
+        }
+        let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         staged.exclusive.store(exclusive, Ordering::Release);
         staged.ino.store(ino, Ordering::Release);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -1282,6 +1327,22 @@ impl FsCore {
         Err(Error::Cache(CacheError::Changed(format!(
             "{path}: replaced or removed in the store since it was looked up; open it again"
         ))))
+    }
+
+    /// Waits while folder `parent` (or one it is in) is being renamed: what is created
+    /// in it follows it to its new name (black-box finding: of files created in a
+    /// folder while `mv` of it copied its 3,000 objects, 99-212 stayed under the old
+    /// name, which came back beside the new one).
+    pub(super) async fn wait_while_moving(&self, writes: &Writes, parent: u64) -> Result<()> {
+        loop {
+            let moved = writes.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if !writes.is_moving(&self.node(parent)?.path) {
+                return Ok(());
+            }
+            moved.await;
+        }
     }
 
     /// Checks with the store (one HEAD) that no object is named `path`, which the
