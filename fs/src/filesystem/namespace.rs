@@ -246,11 +246,14 @@ impl FsCore {
         if now.size != old.size {
             return;
         }
-        let open = self
-            .files
-            .lock()
-            .values()
-            .any(|h| h.obj.path == old.path && h.obj.version == old.version);
+        // A handle open on it, or on a file renamed to it before (black-box finding:
+        // logrotate's `.1 -> .2` failed the reader of the first name ENOENT).
+        let opened: Vec<Arc<ObjectInfo>> =
+            self.files.lock().values().map(|h| h.obj.clone()).collect();
+        let is_old = |o: &ObjectInfo| o.path == old.path && o.version == old.version;
+        let open = opened
+            .iter()
+            .any(|o| is_old(o) || self.moved_to(o).is_some_and(|m| is_old(&m)));
         if !open {
             return;
         }
@@ -391,6 +394,20 @@ impl FsCore {
             return Err(Error::Unsupported(format!(
                 "{from}: renaming the directory failed, nothing moved: {first}"
             )));
+        }
+        // Files open for reading in it read on from their new names, as after a rename
+        // of the file itself (black-box finding: `mv run1 run1.old` failed the readers
+        // of files inside ENOENT at their next uncached read).
+        let opened: Vec<Arc<ObjectInfo>> =
+            self.files.lock().values().map(|h| h.obj.clone()).collect();
+        for o in opened {
+            let cur = self.moved_to(&o).unwrap_or(o);
+            if !cur.path.starts_with(&under) {
+                continue;
+            }
+            if let Ok(now) = store.head(&target(&cur.path)).await {
+                self.note_moved(&cur, Arc::new(now));
+            }
         }
         let deletes = futures::stream::iter(moves.into_iter().map(|(src, _, _)| {
             let store = store.clone();
