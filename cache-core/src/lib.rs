@@ -20,6 +20,7 @@ pub mod policy;
 pub mod reader;
 pub mod scheduler;
 pub mod space;
+pub mod stall;
 pub mod state_file;
 pub mod stats;
 pub mod store;

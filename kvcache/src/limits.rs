@@ -357,22 +357,7 @@ impl Reservation {
     }
 }
 
-/// A timer that fires this much past its deadline fired late because the daemon was
-/// stopped (SIGSTOP, a frozen cgroup, a paused VM, a swap storm), not because a client
-/// was idle: 1 s, far past a loaded runtime's lateness (milliseconds).
-pub const STALL: Duration = Duration::from_secs(1);
-
-/// After such a stall a stream gets this long before it counts as idle: what its
-/// client sent meanwhile waits in the socket, and the connection's task reads it
-/// within milliseconds of the resume (black-box finding: a put mid-transfer across a
-/// 15 s SIGSTOP of the daemon failed DEADLINE_EXCEEDED at the resume, its bytes
-/// waiting in the socket).
-pub const STALL_GRACE: Duration = Duration::from_secs(2);
-
-/// Whether a timer due at `deadline` that fired at `now` fired late (see [`STALL`]).
-pub fn stalled(deadline: tokio::time::Instant, now: tokio::time::Instant) -> bool {
-    now.saturating_duration_since(deadline) > STALL
-}
+pub use strata_cache_core::stall::{stalled, STALL, STALL_GRACE};
 
 /// State shared by an [`IdleGuard`] and its watchdog (times in milliseconds since the
 /// guard was made).

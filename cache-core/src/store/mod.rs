@@ -1626,12 +1626,32 @@ where
 {
     let mut backoff = retry.base_backoff;
     let attempts = retry.attempts.max(1);
-    let deadline = tokio::time::Instant::now() + retry.total_timeout;
-    for attempt in 1..=attempts {
+    let mut deadline = tokio::time::Instant::now() + retry.total_timeout;
+    // Attempts a stall of the daemon overran, not counted (a few at most).
+    let mut stalls = 0u32;
+    let mut attempt = 0u32;
+    while attempt < attempts {
+        attempt += 1;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         // The last attempt is the last one the deadline leaves time for.
         let last = attempt == attempts || left <= retry.attempt_timeout + backoff;
-        match tokio::time::timeout(retry.attempt_timeout.min(left), op()).await {
+        let attempt_deadline = tokio::time::Instant::now() + retry.attempt_timeout.min(left);
+        let r = tokio::time::timeout_at(attempt_deadline, op()).await;
+        if !matches!(r, Ok(Ok(_))) && stalls < MAX_STALLS {
+            // Over its deadline by more than a stall: the daemon was stopped while it
+            // ran (see `crate::stall`); the store gets the attempt again, and the
+            // whole deadline moves by the stall.
+            if let Some(late) =
+                crate::stall::stalled_by(attempt_deadline, tokio::time::Instant::now())
+            {
+                stalls += 1;
+                attempt -= 1;
+                deadline += late;
+                tracing::debug!(store = %label, stalled_s = late.as_secs_f64(), "the daemon stalled during a store request; asking again");
+                continue;
+            }
+        }
+        match r {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => {
                 if !transient(&e) || last {
@@ -1651,6 +1671,9 @@ where
     }
     Err(CacheError::StoreTimeout { attempts })
 }
+
+/// Store attempts a stall of the daemon may void per request (see `retry_op`): 3.
+const MAX_STALLS: u32 = 3;
 
 /// S3's largest part made by a copy (UploadPartCopy), which a create-only copy on S3
 /// is made of: 5 GiB.
@@ -1861,6 +1884,11 @@ fn inside_root(root: &std::path::Path, rel: &str) -> bool {
     }
 }
 
+/// Whether `root/rel` exists and resolves outside `root` (a link out of it).
+fn escapes_root(root: &std::path::Path, rel: &str) -> bool {
+    std::fs::canonicalize(root.join(rel)).is_ok_and(|real| !real.starts_with(root))
+}
+
 /// Whether the folder `rel` would be written in (its deepest existing ancestor, as a
 /// write creates the missing ones) lies inside `root` once every link is resolved.
 fn folder_inside_root(root: &std::path::Path, rel: &str) -> bool {
@@ -2032,12 +2060,18 @@ async fn local_infos(
                 if follow_symlinks || !skip_escapes || inside_root(&root, &info.path) {
                     return true;
                 }
-                tracing::warn!(path = %info.path, "skipping a symlink out of the store root");
+                if escapes_root(&root, &info.path) {
+                    tracing::warn!(path = %info.path, "skipping a symlink out of the store root");
+                }
                 false
             })
             .map(|mut info| {
                 if !follow_symlinks && !inside_root(&root, &info.path) {
-                    tracing::warn!(path = %info.path, "refusing a symlink out of the store root");
+                    // Warned only for a link that leads out: a file deleted since it was
+                    // listed is just not found.
+                    if escapes_root(&root, &info.path) {
+                        tracing::warn!(path = %info.path, "refusing a symlink out of the store root");
+                    }
                     return Err(CacheError::NotFound(info.path.to_string()));
                 }
                 let path = root.join(info.path.as_ref());
@@ -2420,6 +2454,40 @@ mod tests {
             dir.path().join("d0/keep").exists(),
             "a folder holding more stays"
         );
+    }
+
+    /// Black-box finding (round 16): reads across a 40 s SIGSTOP of the mount failed
+    /// EIO "object store timed out" the instant it resumed, no request sent after: the
+    /// stall used up the attempt and the whole deadline. An attempt a stall overran is
+    /// asked again, the deadline moved by the stall (here the runtime's only thread is
+    /// blocked inside the first attempt, as by SIGSTOP).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_daemon_stall_does_not_use_up_the_store_deadline() {
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let policy = RetryPolicy {
+            attempts: 2,
+            base_backoff: Duration::from_millis(1),
+            attempt_timeout: Duration::from_millis(100),
+            total_timeout: Duration::from_millis(300),
+            ..RetryPolicy::default()
+        };
+        let r: Result<u32> = retry_op(&policy, "s3", || {
+            let n = asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                if n == 0 {
+                    std::thread::sleep(crate::stall::STALL + Duration::from_millis(400));
+                    return Err(object_store::Error::Generic {
+                        store: "S3",
+                        source: "connection closed while the daemon was stopped".into(),
+                    });
+                }
+                // The store answers a fresh request in 10 ms.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Ok(n)
+            }
+        })
+        .await;
+        assert_eq!(r.ok(), Some(1), "asked again after the stall");
     }
 
     /// Black-box finding: a local file the daemon may not read was asked 8 times (~3.5 s
