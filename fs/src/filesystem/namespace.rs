@@ -397,18 +397,33 @@ impl FsCore {
         }
         // Files open for reading in it read on from their new names, as after a rename
         // of the file itself (black-box finding: `mv run1 run1.old` failed the readers
-        // of files inside ENOENT at their next uncached read).
-        let opened: Vec<Arc<ObjectInfo>> =
-            self.files.lock().values().map(|h| h.obj.clone()).collect();
-        for o in opened {
-            let cur = self.moved_to(&o).unwrap_or(o);
-            if !cur.path.starts_with(&under) {
-                continue;
+        // of files inside ENOENT at their next uncached read). Noted before the deletes
+        // (a read between finds them) and after (a local copy is a hard link, whose
+        // version a delete of the source changes: its ctime).
+        let opened: Vec<Arc<ObjectInfo>> = self
+            .files
+            .lock()
+            .values()
+            .map(|h| h.obj.clone())
+            .filter(|o| {
+                self.moved_to(o)
+                    .unwrap_or_else(|| o.clone())
+                    .path
+                    .starts_with(&under)
+            })
+            .collect();
+        let note_open_moves = || async {
+            for o in &opened {
+                let cur = self.moved_to(o).unwrap_or_else(|| o.clone());
+                let Some(rest) = cur.path.strip_prefix(under.as_str()) else {
+                    continue;
+                };
+                if let Ok(now) = store.head(&format!("{to}/{rest}")).await {
+                    self.note_moved(&cur, Arc::new(now));
+                }
             }
-            if let Ok(now) = store.head(&target(&cur.path)).await {
-                self.note_moved(&cur, Arc::new(now));
-            }
-        }
+        };
+        note_open_moves().await;
         let deletes = futures::stream::iter(moves.into_iter().map(|(src, _, _)| {
             let store = store.clone();
             async move { store.delete(&src).await }
@@ -416,6 +431,7 @@ impl FsCore {
         .buffer_unordered(RENAME_DIR_PARALLEL)
         .collect::<Vec<_>>()
         .await;
+        note_open_moves().await;
         self.counters
             .renames
             .fetch_add(objects.len() as u64, Ordering::Relaxed);
