@@ -414,12 +414,19 @@ impl FsCore {
             .collect();
         let note_open_moves = || async {
             for o in &opened {
+                // Where its bytes are now: under `from` before, under `to` once noted.
                 let cur = self.moved_to(o).unwrap_or_else(|| o.clone());
-                let Some(rest) = cur.path.strip_prefix(under.as_str()) else {
+                let Some(rest) = cur
+                    .path
+                    .strip_prefix(under.as_str())
+                    .or_else(|| cur.path.strip_prefix(to_under.as_str()))
+                else {
                     continue;
                 };
                 if let Ok(now) = store.head(&format!("{to}/{rest}")).await {
-                    self.note_moved(&cur, Arc::new(now));
+                    if now.path != cur.path || now.version != cur.version {
+                        self.note_moved(&cur, Arc::new(now));
+                    }
                 }
             }
         };
