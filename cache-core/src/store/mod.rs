@@ -769,9 +769,15 @@ impl BackingStore {
                 Ok(Some(chunk)) => chunk.map_err(BodyError::of)?,
                 Ok(None) => break,
                 Err(_) => {
+                    let now = tokio::time::Instant::now();
+                    if crate::stall::stalled(deadline, now) {
+                        // The daemon was stopped, not the store slow: the rest is asked
+                        // for afresh, with a fresh deadline (see `crate::stall`).
+                        *progress_at = now;
+                    }
                     return Err(BodyError::transient(format!(
                         "no whole piece of {block_size} bytes within the deadline ({got} of {len} bytes)"
-                    )))
+                    )));
                 }
             };
             let mut chunk = chunk;
@@ -1635,19 +1641,20 @@ where
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         // The last attempt is the last one the deadline leaves time for.
         let last = attempt == attempts || left <= retry.attempt_timeout + backoff;
-        let attempt_deadline = tokio::time::Instant::now() + retry.attempt_timeout.min(left);
+        let started = tokio::time::Instant::now();
+        let attempt_deadline = started + retry.attempt_timeout.min(left);
         let r = tokio::time::timeout_at(attempt_deadline, op()).await;
         if !matches!(r, Ok(Ok(_))) && stalls < MAX_STALLS {
             // Over its deadline by more than a stall: the daemon was stopped while it
             // ran (see `crate::stall`); the store gets the attempt again, and the
-            // whole deadline moves by the stall.
-            if let Some(late) =
-                crate::stall::stalled_by(attempt_deadline, tokio::time::Instant::now())
-            {
+            // whole deadline gets the attempt's time back (a connection the store
+            // closed meanwhile fails the next attempt at once: it must not be the last).
+            let now = tokio::time::Instant::now();
+            if crate::stall::stalled(attempt_deadline, now) {
                 stalls += 1;
                 attempt -= 1;
-                deadline += late;
-                tracing::debug!(store = %label, stalled_s = late.as_secs_f64(), "the daemon stalled during a store request; asking again");
+                deadline += now - started;
+                tracing::debug!(store = %label, stalled_s = (now - started).as_secs_f64(), "the daemon stalled during a store request; asking again");
                 continue;
             }
         }
