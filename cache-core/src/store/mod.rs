@@ -1341,9 +1341,31 @@ impl BackingStore {
         self.local_write_inside(from).await?;
         self.local_not_through_link(from).await?;
         self.local_write_inside(to).await?;
+        match self.create_only(from, to, size, true).await? {
+            CreateOnly::Done => {}
+            CreateOnly::Unsupported => {
+                self.check_absent(to).await?;
+                return self.rename(from, to).await;
+            }
+            CreateOnly::Ours => match self.delete(from).await {
+                Ok(()) | Err(CacheError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            },
+        }
+        self.renamed(from, to).await
+    }
+
+    /// The store's create-only rename (`rename`) or copy of `from` (`size` bytes) to
+    /// `to`, retried; see [`Self::rename_new`].
+    async fn create_only(
+        &self,
+        from: &str,
+        to: &str,
+        size: u64,
+        rename: bool,
+    ) -> Result<CreateOnly> {
         if size > COPY_PART_MAX {
-            self.check_absent(to).await?;
-            return self.rename(from, to).await;
+            return Ok(CreateOnly::Unsupported);
         }
         let (f, t) = (object_key(from), object_key(to));
         let mut attempt = 0u32;
@@ -1351,25 +1373,23 @@ impl BackingStore {
             .retrying(|| {
                 attempt += 1;
                 let (f, t) = (f.clone(), t.clone());
-                async move { conditional(self.store.rename_if_not_exists(&f, &t).await) }
+                async move {
+                    conditional(match rename {
+                        true => self.store.rename_if_not_exists(&f, &t).await,
+                        false => self.store.copy_if_not_exists(&f, &t).await,
+                    })
+                }
             })
             .await;
         match r {
-            Ok(true) => {}
-            Ok(false) => {
-                self.check_absent(to).await?;
-                return self.rename(from, to).await;
-            }
+            Ok(true) => Ok(CreateOnly::Done),
+            Ok(false) => Ok(CreateOnly::Unsupported),
             // An earlier attempt's answer was lost: its copy is there.
             Err(CacheError::Exists(_)) if attempt > 1 && self.holds(to, size).await => {
-                match self.delete(from).await {
-                    Ok(()) | Err(CacheError::NotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
+                Ok(CreateOnly::Ours)
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         }
-        self.renamed(from, to).await
     }
 
     /// Whether object `path` is there at `size` bytes.
@@ -1415,29 +1435,13 @@ impl BackingStore {
     pub async fn copy_new(&self, from: &str, to: &str, size: u64) -> Result<()> {
         self.local_write_inside(from).await?;
         self.local_write_inside(to).await?;
-        if size > COPY_PART_MAX {
-            self.check_absent(to).await?;
-            return self.copy(from, to).await;
-        }
-        let (f, t) = (object_key(from), object_key(to));
-        let mut attempt = 0u32;
-        let r = self
-            .retrying(|| {
-                attempt += 1;
-                let (f, t) = (f.clone(), t.clone());
-                async move { conditional(self.store.copy_if_not_exists(&f, &t).await) }
-            })
-            .await;
-        match r {
-            Ok(true) => {}
-            Ok(false) => {
+        match self.create_only(from, to, size, false).await? {
+            CreateOnly::Done | CreateOnly::Ours => self.sync_local(to).await,
+            CreateOnly::Unsupported => {
                 self.check_absent(to).await?;
-                return self.copy(from, to).await;
+                self.copy(from, to).await
             }
-            Err(CacheError::Exists(_)) if attempt > 1 && self.holds(to, size).await => {}
-            Err(e) => return Err(e),
         }
-        self.sync_local(to).await
     }
 
     /// Copies object `from` to `to`, replacing `to` (retried; a server-side copy).
@@ -1685,6 +1689,15 @@ const MAX_STALLS: u32 = 3;
 /// S3's largest part made by a copy (UploadPartCopy), which a create-only copy on S3
 /// is made of: 5 GiB.
 const COPY_PART_MAX: u64 = 5 << 30;
+
+/// How a create-only copy or rename went (see `BackingStore::create_only`).
+enum CreateOnly {
+    Done,
+    /// The store cannot make one (or not of this size).
+    Unsupported,
+    /// An earlier attempt made it; its answer was lost (the rename's source may remain).
+    Ours,
+}
 
 /// A create-only copy or rename's result: Ok(false) where the store cannot make one.
 fn conditional(r: object_store::Result<()>) -> object_store::Result<bool> {
