@@ -1214,9 +1214,13 @@ async fn a_directory_renamed_into_place_moves_every_object_under_it() {
             fail_copy_of: Some("b.bin".into()),
             ..Default::default()
         });
-        c.rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "ckpt-1", false)
+        let e = c
+            .rename(ROOT_INO, "tmp-ckpt", ROOT_INO, "ckpt-1", false)
             .await
             .expect_err("a copy fails");
+        // The store's error (black-box finding, round 16b: ENOTSUP, as if folders
+        // could not be renamed here).
+        assert_eq!(e.errno(), libc::EIO, "{e}");
         fx.faulty.set_config(FaultConfig::default());
         assert_eq!(stored(&fx, "tmp-ckpt/a.bin").await, Some(data(3000, 1)));
         assert_eq!(stored(&fx, "tmp-ckpt/sub/b.bin").await, Some(data(3000, 2)));
@@ -2911,6 +2915,96 @@ async fn a_reader_follows_renames_of_renames_of_its_folder_and_over_its_old_name
                 .await
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(&later[..], &want[at as usize..(at + BS) as usize], "{what}");
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (round 16b): a file changed in place (opened to append), fsync'd,
+/// then the daemon killed; another writer replaced the object while it was down; the
+/// next start uploaded the fsync'd file (the old version plus the append) over the
+/// newer object. The record names the version it changes: the replay uploads only
+/// over that one, and otherwise keeps the file, as its close would have.
+#[tokio::test]
+async fn the_replay_never_puts_a_changed_file_over_a_newer_object() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        for name in ["kept.txt", "replaced.txt"] {
+            put_elsewhere(&fx, &format!("data/{name}"), b"BASE".repeat(250)).await;
+        }
+        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+        let mut crashed = Vec::new();
+        for name in ["kept.txt", "replaced.txt"] {
+            let e = c.lookup(dir.attr.ino, name).await.expect("lookup");
+            let o = c
+                .open_write(e.attr.ino, false, 0)
+                .await
+                .expect("open to append");
+            c.write(o.fh, 1000, &b"MINE".repeat(300)).expect("append");
+            c.fsync(o.fh).await.expect("fsync");
+            crashed.push(o.fh); // never closed, as after a kill
+        }
+        put_elsewhere(&fx, "data/replaced.txt", b"NEWER".repeat(100)).await;
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        let mut want = b"BASE".repeat(250);
+        want.extend_from_slice(&b"MINE".repeat(300));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while stored(&fx, "data/kept.txt").await.as_deref() != Some(&want[..])
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            stored(&fx, "data/kept.txt").await.as_deref(),
+            Some(&want[..]),
+            "over the version it changed: uploaded"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            stored(&fx, "data/replaced.txt").await.as_deref(),
+            Some(&b"NEWER".repeat(100)[..]),
+            "the newer object stays"
+        );
+        assert_eq!(
+            fsync_records(&staging_dir),
+            1,
+            "the changed file's copy kept"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (round 16b): a rename whose delete of the source was applied but
+/// its answer lost had the retry copy again from the source just deleted, and a rename
+/// that had completed failed ENOENT (also the create-only rename). The copy and the
+/// delete are retried each on its own: the rename succeeds.
+#[tokio::test]
+async fn a_rename_whose_delete_answer_is_lost_succeeds() {
+    timed(async {
+        let create_only =
+            fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let replacing = fixture_replacing().await;
+        for fx in [&create_only, &replacing] {
+            let c = &fx.core;
+            put_elsewhere(fx, "data/a", b"moved".to_vec()).await;
+            let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+            c.lookup(dir.attr.ino, "a").await.expect("a");
+            // A store without a rename of its own (S3).
+            fx.faulty.set_config(FaultConfig {
+                rename_as_copy_and_delete: true,
+                ..FaultConfig::default()
+            });
+            fx.faulty.lose_next_deletes(1);
+            c.rename(dir.attr.ino, "a", dir.attr.ino, "b", false)
+                .await
+                .expect("the rename completed");
+            assert_eq!(stored(fx, "data/b").await.as_deref(), Some(&b"moved"[..]));
+            assert_eq!(stored(fx, "data/a").await, None);
         }
     })
     .await

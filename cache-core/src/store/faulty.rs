@@ -92,6 +92,9 @@ pub struct FaultConfig {
     /// A multipart completion is applied, and its answer lost on the way back (the
     /// caller sees an error; a retry finds no such upload).
     pub lose_completion_answers: bool,
+    /// A rename is a copy and then a delete in one call, as object_store does it on
+    /// S3 (no rename of its own): a lost delete answer fails the whole call.
+    pub rename_as_copy_and_delete: bool,
 }
 
 impl FaultConfig {
@@ -129,6 +132,8 @@ pub struct FaultyStore {
     burst: AtomicU64,
     /// GETs still to answer with their body cut in half ([`Self::cut_next`]).
     cut: AtomicU64,
+    /// Deletes still to apply and then lose the answer of ([`Self::lose_next_deletes`]).
+    lost_deletes: Arc<AtomicU64>,
     link_free_at: Mutex<Option<Instant>>,
     gets: GetCounters,
     /// Multipart upload parts sent (not failed by injection).
@@ -217,6 +222,7 @@ impl FaultyStore {
             reads: AtomicU64::new(0),
             burst: AtomicU64::new(0),
             cut: AtomicU64::new(0),
+            lost_deletes: Arc::default(),
             link_free_at: Mutex::new(None),
             gets: GetCounters::default(),
             parts_put: Arc::default(),
@@ -282,6 +288,12 @@ impl FaultyStore {
     /// in a row, as a store answering a fraction of requests with 5xx sometimes gives.
     pub fn fail_next(&self, n: u64) {
         self.burst.store(n, Ordering::Relaxed);
+    }
+
+    /// Makes the next `n` deletes happen and their answers be lost on the way back
+    /// (the caller sees a transient error; the object is gone).
+    pub fn lose_next_deletes(&self, n: u64) {
+        self.lost_deletes.store(n, Ordering::Relaxed);
     }
 
     /// Makes the next `n` ranged GETs answer with half their body and a success (a
@@ -611,7 +623,20 @@ impl ObjectStore for FaultyStore {
         if self.config.lock().panic_on_delete {
             panic!("injected: a delete answer the client library cannot match");
         }
-        self.inner.delete_stream(locations)
+        let lost = self.lost_deletes.clone();
+        Box::pin(futures::StreamExt::map(
+            self.inner.delete_stream(locations),
+            move |r| match r {
+                Ok(p)
+                    if lost
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok() =>
+                {
+                    Err(injected(p.as_ref(), "injected: the delete's answer lost"))
+                }
+                r => r,
+            },
+        ))
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
@@ -684,6 +709,15 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<()> {
         if self.refuses_moving(from) {
             return Err(injected(from.as_ref(), "injected 503 on rename"));
+        }
+        if self.config.lock().rename_as_copy_and_delete {
+            let mode = match options.target_mode {
+                object_store::RenameTargetMode::Create => object_store::CopyMode::Create,
+                _ => object_store::CopyMode::Overwrite,
+            };
+            self.copy_opts(from, to, CopyOptions::new().with_mode(mode))
+                .await?;
+            return object_store::ObjectStoreExt::delete(self, from).await;
         }
         self.copy_latency().await;
         self.inner.rename_opts(from, to, options).await

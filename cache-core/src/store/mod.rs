@@ -1319,12 +1319,35 @@ impl BackingStore {
         self.local_not_through_link(from).await?;
         self.local_write_inside(to).await?;
         let (f, t) = (object_key(from), object_key(to));
-        self.retrying(|| {
-            let (f, t) = (f.clone(), t.clone());
-            async move { self.store.rename(&f, &t).await }
-        })
-        .await?;
+        if self.local_root.is_some() {
+            // A local directory's own rename(2): atomic.
+            self.retrying(|| {
+                let (f, t) = (f.clone(), t.clone());
+                async move { self.store.rename(&f, &t).await }
+            })
+            .await?;
+        } else {
+            // A copy, then a delete, each retried on its own (object_store's rename is
+            // both in one call: black-box finding, a lost answer to the delete had the
+            // retry copy again from the source just deleted, and a rename that had
+            // completed failed ENOENT).
+            self.retrying(|| {
+                let (f, t) = (f.clone(), t.clone());
+                async move { self.store.copy(&f, &t).await }
+            })
+            .await?;
+            self.delete_moved(from).await?;
+        }
         self.renamed(from, to).await
+    }
+
+    /// Deletes the source of a move whose copy landed; already gone (a retried delete
+    /// whose first answer was lost) is done.
+    async fn delete_moved(&self, from: &str) -> Result<()> {
+        match self.delete(from).await {
+            Ok(()) | Err(CacheError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Self::rename`] of an object of `size` bytes only if no object is named `to`:
@@ -1341,16 +1364,17 @@ impl BackingStore {
         self.local_write_inside(from).await?;
         self.local_not_through_link(from).await?;
         self.local_write_inside(to).await?;
-        match self.create_only(from, to, size, true).await? {
-            CreateOnly::Done => {}
+        // A local directory renames create-only in one step (a hard link, then the
+        // unlink); elsewhere the create-only copy and the delete are retried each on
+        // its own (see `rename`).
+        let local = self.local_root.is_some();
+        match self.create_only(from, to, size, local).await? {
+            CreateOnly::Done if local => {}
+            CreateOnly::Done | CreateOnly::Ours => self.delete_moved(from).await?,
             CreateOnly::Unsupported => {
                 self.check_absent(to).await?;
                 return self.rename(from, to).await;
             }
-            CreateOnly::Ours => match self.delete(from).await {
-                Ok(()) | Err(CacheError::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            },
         }
         self.renamed(from, to).await
     }

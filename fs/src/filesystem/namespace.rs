@@ -379,9 +379,18 @@ impl FsCore {
         .buffer_unordered(RENAME_DIR_PARALLEL)
         .collect::<Vec<_>>()
         .await;
-        let failed = copies.iter().find_map(|r| r.as_ref().err());
+        let mut made = Vec::new();
+        let mut failed = None;
+        for r in copies {
+            match r {
+                Ok(dst) => made.push(dst),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
         if let Some(first) = failed {
-            for made in copies.iter().filter_map(|r| r.as_ref().ok()) {
+            for made in &made {
                 if let Err(e) = store.delete(made).await {
                     tracing::warn!(path = %made, error = %e, "copy of a failed directory rename left behind");
                 }
@@ -391,9 +400,11 @@ impl FsCore {
                 self.listings.invalidate(to).await;
                 return Err(not_empty(from, to, noreplace));
             }
-            return Err(Error::Unsupported(format!(
-                "{from}: renaming the directory failed, nothing moved: {first}"
-            )));
+            // The store's own error (EIO for an outage, as a file's rename): not ENOTSUP,
+            // which says folders cannot be renamed here (black-box finding: scripts
+            // stopped retrying, operators looked in the wrong place).
+            tracing::warn!(%from, %to, error = %first, "renaming the directory failed, nothing moved");
+            return Err(Error::Cache(first));
         }
         // Files open for reading in it read on from their new names, as after a rename
         // of the file itself (black-box finding: `mv run1 run1.old` failed the readers

@@ -1196,33 +1196,37 @@ impl FsCore {
         let exclusive = flags & libc::O_EXCL != 0;
         let keeps = flags & (libc::O_EXCL | libc::O_TRUNC) == 0;
         let writes = self.writes()?;
-        self.wait_while_moving(writes, parent).await?;
-        let (path, dir) = self.new_child_of(parent, name)?;
-        // A second file created in a directory whose listing is not cached: list it
-        // once, so that the kernel's lookup of each next new name (a miss) is answered
-        // from the listing, not by a HEAD and a LIST of its own. (Not at the first: one
-        // file written into a huge dataset directory should not list all of it.)
-        if writes.note_create_in(&dir.path) && self.listings.get(&dir.path).await.is_none() {
-            self.listing(&dir.path).await?;
-        }
-        if let Some(s) = self.settled(&path).await {
-            return Err(Error::Busy(s.path().to_string()));
-        }
-        match self.meta(&path).await? {
-            Meta::Dir => return Err(Error::IsDir(path.to_string())),
-            Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
-                return Err(Error::Exists(path.to_string()))
+        let (path, staged) = loop {
+            self.wait_while_moving(writes, parent).await?;
+            let (path, dir) = self.new_child_of(parent, name)?;
+            // A second file created in a directory whose listing is not cached: list it
+            // once, so that the kernel's lookup of each next new name (a miss) is answered
+            // from the listing, not by a HEAD and a LIST of its own. (Not at the first: one
+            // file written into a huge dataset directory should not list all of it.)
+            if writes.note_create_in(&dir.path) && self.listings.get(&dir.path).await.is_none() {
+                self.listing(&dir.path).await?;
             }
-            Meta::Missing if keeps => self.still_missing(&path).await?,
-            _ => {}
-        }
-        let staged = self.stage_making_room(writes, &path, pid, false)?;
-        if writes.is_moving(&path) {
-            // Its folder's rename began since the wait above, and checked the files
-            // being written in it before this one was staged.
+            if let Some(s) = self.settled(&path).await {
+                return Err(Error::Busy(s.path().to_string()));
+            }
+            match self.meta(&path).await? {
+                Meta::Dir => return Err(Error::IsDir(path.to_string())),
+                Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
+                    return Err(Error::Exists(path.to_string()))
+                }
+                Meta::Missing if keeps => self.still_missing(&path).await?,
+                _ => {}
+            }
+            let staged = self.stage_making_room(writes, &path, pid, false)?;
+            if !writes.is_moving(&path) {
+                break (path, staged);
+            }
+            // Its folder's rename began since the wait (and may have checked the files
+            // being written in it before this one was staged): give way, and try again
+            // under the folder's name once the rename is done (black-box finding:
+            // creates met a second rename right after the first and failed EBUSY).
             writes.unstage(&staged);
-            return Err(Error::Busy(format!("{path}: its folder is being renamed")));
-        }
+        };
         let (ino, generation) = self.inodes.write().intern(&path, Kind::File, None, true);
         staged.exclusive.store(exclusive, Ordering::Release);
         staged.ino.store(ino, Ordering::Release);

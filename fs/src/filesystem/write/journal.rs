@@ -126,6 +126,12 @@ pub(crate) struct JournalRecord {
     pub synced: Option<Synced>,
     /// The page cache the staged file's writes were in (see [`page_cache_epoch`]).
     pub epoch: Option<String>,
+    /// The store version the file changes in place (opened without `O_TRUNC`): the
+    /// replay uploads it only over that version (black-box finding: an fsync'd append
+    /// to a file another writer replaced while the daemon was down put the old
+    /// version, plus the append, over the newer object). None: a new file, or one
+    /// replaced whole.
+    pub base: Option<String>,
 }
 
 /// The bytes an fsync made durable (see [`JournalRecord::synced`]).
@@ -171,6 +177,7 @@ fn record_json(record: &JournalRecord) -> io::Result<Vec<u8>> {
         "size": record.synced.map(|s| s.size),
         "crc32c": record.synced.map(|s| s.crc),
         "epoch": record.epoch,
+        "base": record.base,
     }))
     .map_err(io::Error::other)
 }
@@ -287,6 +294,7 @@ fn parse_record_json(bytes: &[u8]) -> Option<JournalRecord> {
             _ => None,
         },
         epoch: v.get("epoch").and_then(|s| s.as_str()).map(String::from),
+        base: v.get("base").and_then(|s| s.as_str()).map(String::from),
     })
 }
 
@@ -415,6 +423,7 @@ impl Staged {
             mountpoint: self.mountpoint.as_deref().map(String::from),
             synced: Some(synced),
             epoch: epoch.clone(),
+            base: self.base.lock().as_ref().map(|b| b.version.to_string()),
         })?;
         write_record(&self.file_path, &mut open, &json, epoch)?;
         *self.journaled.lock() = now;
@@ -658,6 +667,22 @@ impl super::FsCore {
             source,
         })?);
         let size = self.synced_size(j, &file).await?;
+        if let Some(base) = &j.record.base {
+            // Changed in place: only over the version it changes, as its close would
+            // have checked (`FsCore::upload`).
+            let store = self.reader.store();
+            match store.head(&j.record.path).await {
+                Ok(now) if *now.version == **base => {}
+                Ok(_) | Err(CacheError::NotFound(_)) => {
+                    return Err(Error::Cache(CacheError::Changed(format!(
+                        "{}: replaced or removed in the store since it was changed here; \
+                         the fsync'd copy is kept, not uploaded over it",
+                        j.record.path
+                    ))))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let shape = strata_cache_core::store::UploadShape {
             part_size: opts.part_size,
             in_flight: opts.parts_in_flight,
