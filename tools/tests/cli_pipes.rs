@@ -392,3 +392,46 @@ fn two_read_trace(dir: &std::path::Path) -> PathBuf {
     .expect("write trace");
     trace
 }
+
+/// Black-box finding (round 16b): `strata stats --watch` exited at the first reset
+/// connection of a full admin listener. A failed redraw is reported on stderr and the
+/// next one tried at the next interval.
+#[test]
+fn stats_watch_survives_a_failed_fetch() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let body = serde_json::to_string(&strata_tools::admin::DaemonStats::default()).expect("json");
+    let server = std::thread::spawn(move || {
+        // Answers, resets one connection, answers twice more.
+        for n in 0..4 {
+            let (mut c, _) = listener.accept().expect("accept");
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            if n == 1 {
+                continue; // closed unanswered, as a connection made room for another
+            }
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let mut child = Command::new(strata())
+        .args(["stats", "--json", "--watch", "0.2", "--endpoint", &addr])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    server.join().expect("server");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let still_running = child.try_wait().expect("wait").is_none();
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(still_running, "exited: {stderr}");
+    assert_eq!(stdout.lines().count(), 3, "three views: {stdout}");
+    assert!(stderr.contains("trying again"), "{stderr}");
+}

@@ -4,6 +4,7 @@
 //! group (issue 16), each asked at the admin address it registered.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Args;
@@ -64,7 +65,25 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
         let every = Duration::from_secs_f64(secs.max(0.1));
         let mut prev: Option<DaemonStats> = None;
         loop {
-            let s = fetch_stats(&args.endpoint).await?;
+            // The first fetch must answer (a wrong endpoint is an error at once); a later
+            // one that fails is shown and tried again at the next interval (black-box
+            // finding: the live view exited on one reset connection of a full admin
+            // listener).
+            let s = match fetch_stats(&args.endpoint).await {
+                Ok(s) => s,
+                Err(e) if prev.is_some() => {
+                    // Not fatal: a closed stderr loses the line, nothing else.
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "strata stats: {e:#}; trying again in {secs} s"
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => continue,
+                        _ = tokio::signal::ctrl_c() => return Ok(()),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
             if args.json {
                 outln!("{}", serde_json::to_string(&s)?);
             } else {
