@@ -186,6 +186,17 @@ pub fn spawn(
             core.writes_refused().unwrap_or("unknown error")
         )));
     }
+    if opts.core.writes.is_some() {
+        if let Some(Err(e)) = core.reader().store().local_links_work() {
+            return Err(Error::Invalid(format!(
+                "writes were asked for but the store folder's file system cannot make hard \
+                 links ({e}; exFAT, FAT and some FUSE file systems cannot): a create that \
+                 must not replace an object, O_EXCL and renames are hard links in a local \
+                 store; mount it without --allow-writes, or keep the store on another file \
+                 system"
+            )));
+        }
+    }
     // What a crash cut off after an fsync goes to the store (`write/journal.rs`).
     core.recover_journaled(&rt);
     let fs = FuseFs::new(core.clone(), rt).refusing_own_process(opts.refuse_own_process);

@@ -1547,6 +1547,34 @@ impl BackingStore {
     }
 
     /// Whether this is a local directory store (`file://`), whose folders are real.
+    /// For a local directory store: whether its file system makes hard links (None:
+    /// not a local store). Its create-only writes, copies and create-only renames are
+    /// hard links (object_store's `LocalFileSystem`); on a file system without them
+    /// (exFAT, FAT, some FUSE file systems) every such write failed EACCES, small new
+    /// files too (black-box finding). Probed with two files named as object_store's
+    /// uploads in progress (`NAME#N`, never listed), removed at once. Blocking.
+    pub fn local_links_work(&self) -> Option<std::io::Result<()>> {
+        let root = self.local_root.as_ref()?;
+        let a = root.join(format!(".strata-link-probe#{}", std::process::id()));
+        let b = root.join(format!(".strata-link-probe#{}1", std::process::id()));
+        let probe = || -> std::io::Result<()> {
+            // A folder it cannot write in says nothing of links: its writes will say why.
+            if std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&a)
+                .is_err()
+            {
+                return Ok(());
+            }
+            std::fs::hard_link(&a, &b)
+        };
+        let r = probe();
+        let _ = std::fs::remove_file(&b);
+        let _ = std::fs::remove_file(&a);
+        Some(r)
+    }
+
     pub fn is_local(&self) -> bool {
         self.local_root.is_some()
     }
@@ -2651,6 +2679,32 @@ mod local_loop_tests {
         let all = local_walk(root, "").expect("the walk goes on");
         let names: Vec<String> = all.iter().map(|m| m.location.to_string()).collect();
         assert_eq!(names, vec!["a".to_string()]);
+    }
+}
+
+#[cfg(test)]
+mod link_probe_tests {
+    use super::*;
+
+    /// The hard-link probe of a local store leaves nothing behind; other stores have
+    /// none. (Its failing side needs a file system without links, exFAT: round 16b's
+    /// repro `store_nolinks.sh`.)
+    #[test]
+    fn the_link_probe_answers_for_local_stores_and_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = BackingStore::from_url(
+            &format!("file://{}", dir.path().display()),
+            &StoreOptions::default(),
+        )
+        .expect("store");
+        assert!(matches!(local.local_links_work(), Some(Ok(()))));
+        assert_eq!(std::fs::read_dir(dir.path()).expect("read").count(), 0);
+        let mem = BackingStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            "mem",
+            RetryPolicy::default(),
+        );
+        assert!(mem.local_links_work().is_none());
     }
 }
 
