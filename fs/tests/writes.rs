@@ -3010,3 +3010,63 @@ async fn a_rename_whose_delete_answer_is_lost_succeeds() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 16b): `mv T Z` beside `mv T/b T/c` both returned 0, and
+/// the files of `b` ended up twice (`Z/b/*` and a `T/c/*` that brought `T` back). Two
+/// folder renames that involve each other's folders now take turns, whichever comes
+/// first: the end state is as on a local disk, `Z/c/*` and `Z/g*` only.
+#[tokio::test]
+async fn nested_folder_renames_take_turns() {
+    timed(async {
+        for inner_first in [true, false] {
+            let fx = fixture_replacing().await;
+            // Four rounds of 16 copies of `b`: each rename takes a while.
+            for i in 0..64 {
+                put_elsewhere(&fx, &format!("T/b/f{i:02}"), vec![1; 10]).await;
+                put_elsewhere(&fx, &format!("T/g{i:02}"), vec![2; 10]).await;
+            }
+            let c = fx.core.clone();
+            let t = c.lookup(ROOT_INO, "T").await.expect("T");
+            c.lookup(t.attr.ino, "b").await.expect("b");
+            fx.faulty.set_config(FaultConfig {
+                latency: Duration::from_millis(100),
+                ..FaultConfig::default()
+            });
+            let inner = {
+                let c = c.clone();
+                async move { c.rename(t.attr.ino, "b", t.attr.ino, "c", false).await }
+            };
+            let outer = {
+                let c = c.clone();
+                async move { c.rename(ROOT_INO, "T", ROOT_INO, "Z", false).await }
+            };
+            let (a, b) = if inner_first {
+                let a = tokio::spawn(inner);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                (a, tokio::spawn(outer))
+            } else {
+                let a = tokio::spawn(outer);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                (a, tokio::spawn(inner))
+            };
+            a.await.expect("join").expect("first rename");
+            b.await.expect("join").expect("second rename");
+            fx.faulty.set_config(FaultConfig::default());
+            let mut keys: Vec<String> = futures::StreamExt::collect::<Vec<_>>(fx.mem.list(None))
+                .await
+                .into_iter()
+                .map(|m| m.expect("meta").location.to_string())
+                .filter(|k| k.starts_with("T/") || k.starts_with("Z/"))
+                .collect();
+            keys.sort();
+            let mut want: Vec<String> = (0..64)
+                .map(|i| format!("Z/c/f{i:02}"))
+                .chain((0..64).map(|i| format!("Z/g{i:02}")))
+                .collect();
+            want.sort();
+            assert_eq!(keys, want, "inner first: {inner_first}");
+        }
+    })
+    .await
+    .expect("bounded");
+}

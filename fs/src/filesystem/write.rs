@@ -662,6 +662,12 @@ fn creates_only(opts: &WriteOptions, staged: &Staged) -> bool {
         && staged.last.lock().is_none()
 }
 
+/// Whether `path` is folder `dir` or inside it.
+fn within(path: &str, dir: &str) -> bool {
+    path.strip_prefix(dir)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// A folder being renamed (see [`Writes::start_moving`]).
 pub(super) struct Moving<'a> {
     writes: &'a Writes,
@@ -671,7 +677,7 @@ pub(super) struct Moving<'a> {
 impl Drop for Moving<'_> {
     fn drop(&mut self) {
         let mut moving = self.writes.moving.lock();
-        if let Some(i) = moving.iter().position(|m| Arc::ptr_eq(m, &self.dir)) {
+        if let Some(i) = moving.iter().position(|(m, _)| Arc::ptr_eq(m, &self.dir)) {
             moving.swap_remove(i);
         }
         drop(moving);
@@ -690,7 +696,8 @@ pub(super) struct Writes {
     released: tokio::sync::Notify,
     /// Folders being renamed (`FsCore::rename_dir`): files are not created in them
     /// meanwhile ([`FsCore::wait_while_moving`]).
-    moving: Mutex<Vec<Arc<str>>>,
+    /// Each as (from, to).
+    moving: Mutex<Vec<(Arc<str>, Arc<str>)>>,
     /// A folder's rename ended.
     moved: tokio::sync::Notify,
     /// Directories made by `mkdir` that the store may not have yet.
@@ -900,16 +907,29 @@ impl Writes {
     /// The files being written under `prefix` (a directory's path and `/`).
     /// Whether `path` is a folder being renamed, or inside one.
     pub(super) fn is_moving(&self, path: &str) -> bool {
-        self.moving.lock().iter().any(|m| {
-            path.strip_prefix(&**m)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-        })
+        self.moving
+            .lock()
+            .iter()
+            .any(|(from, to)| within(path, from) || within(path, to))
     }
 
-    /// Marks folder `dir` as being renamed until the guard drops.
-    pub(super) fn start_moving(&self, dir: Arc<str>) -> Moving<'_> {
-        self.moving.lock().push(dir.clone());
-        Moving { writes: self, dir }
+    /// Marks folder `from` as being renamed to `to` until the guard drops; None while
+    /// another folder rename involves either, or a folder inside or around either
+    /// (black-box finding: `mv T Z` beside `mv T/b T/c` both returned 0, and the files
+    /// of `b` ended up twice, under `Z/b` and a `T/c` that came back).
+    pub(super) fn start_moving(&self, from: Arc<str>, to: Arc<str>) -> Option<Moving<'_>> {
+        let mut moving = self.moving.lock();
+        let related = |a: &str, b: &str| within(a, b) || within(b, a);
+        if moving.iter().any(|(f, t)| {
+            related(&from, f) || related(&from, t) || related(&to, f) || related(&to, t)
+        }) {
+            return None;
+        }
+        moving.push((from.clone(), to));
+        Some(Moving {
+            writes: self,
+            dir: from,
+        })
     }
 
     pub(super) fn staged_under(&self, prefix: &str) -> Vec<Arc<str>> {
@@ -1337,6 +1357,25 @@ impl FsCore {
     /// in it follows it to its new name (black-box finding: of files created in a
     /// folder while `mv` of it copied its 3,000 objects, 99-212 stayed under the old
     /// name, which came back beside the new one).
+    /// Marks folder `from` as being renamed to `to` (see [`Writes::start_moving`]),
+    /// once no other folder rename involves them.
+    pub(super) async fn start_moving<'w>(
+        &self,
+        writes: &'w Writes,
+        from: &Arc<str>,
+        to: &Arc<str>,
+    ) -> Moving<'w> {
+        loop {
+            let moved = writes.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if let Some(guard) = writes.start_moving(from.clone(), to.clone()) {
+                return guard;
+            }
+            moved.await;
+        }
+    }
+
     pub(super) async fn wait_while_moving(&self, writes: &Writes, parent: u64) -> Result<()> {
         loop {
             let moved = writes.moved.notified();
