@@ -2395,15 +2395,13 @@ impl FsCore {
             blocks: total,
             bfree: free,
             bavail: free,
-            // A writable mount can make files: room for many, not none (`df -i` showed
-            // 100% of inodes used; some installers refuse a full file system), and a
-            // total past the free count (black-box finding: 1 total, 2^32 free, `df -i`
-            // IUsed -4294967294). A read-only mount counts none, as network file
-            // systems do (`df -i` shows "-"), not all of them used.
-            files: match self.writes {
-                Some(_) => self.inodes.read().nodes.len() as u64 + (1 << 32),
-                None => 0,
-            },
+            // The inodes the mount holds, and for a writable mount room for many more,
+            // not none (`df -i` showed 100% of inodes used; some installers refuse a
+            // full file system), counted in the total too (black-box finding: 1 total
+            // beside 2^32 free, `df -i` IUsed -4294967294). A read-only mount makes no
+            // files: all its inodes are used, as squashfs reports.
+            files: self.inodes.read().nodes.len() as u64
+                + if self.writes.is_some() { 1 << 32 } else { 0 },
             ffree: if self.writes.is_some() { 1 << 32 } else { 0 },
             bsize,
             // What the store takes: a local directory's names are shorter (`#N`).
