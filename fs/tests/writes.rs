@@ -3071,3 +3071,53 @@ async fn nested_folder_renames_take_turns() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 16b): a file opened to append while its folder was being
+/// renamed was uploaded under the old folder name (appends lost from the live folder,
+/// and the old name came back). The open waits for the rename and changes the file
+/// under its new name.
+#[tokio::test]
+async fn a_file_opened_to_append_in_a_folder_being_renamed_follows_it() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        for i in 0..96 {
+            put_elsewhere(&fx, &format!("d/{i:02}"), vec![i as u8; 10]).await;
+        }
+        let c = fx.core.clone();
+        let d = c.lookup(ROOT_INO, "d").await.expect("d");
+        let log = c.lookup(d.attr.ino, "05").await.expect("d/05");
+        fx.faulty.set_config(FaultConfig {
+            latency: Duration::from_millis(100),
+            ..FaultConfig::default()
+        });
+        let renaming = {
+            let c = c.clone();
+            tokio::spawn(async move { c.rename(ROOT_INO, "d", ROOT_INO, "e", false).await })
+        };
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            !renaming.is_finished(),
+            "the open comes while the folder is copied"
+        );
+        let o = c
+            .open_write(log.attr.ino, false, 0)
+            .await
+            .expect("open to append");
+        c.write(o.fh, 10, b"+more").expect("append");
+        c.flush(o.fh).await.expect("upload");
+        c.release_write(o.fh).await;
+        renaming.await.expect("join").expect("renamed");
+        fx.faulty.set_config(FaultConfig::default());
+        let mut want = vec![5u8; 10];
+        want.extend_from_slice(b"+more");
+        assert_eq!(stored(&fx, "e/05").await.as_deref(), Some(&want[..]));
+        let left = futures::StreamExt::collect::<Vec<_>>(fx.mem.list(Some(&"d".into()))).await;
+        assert!(
+            left.is_empty(),
+            "nothing under the old name: {}",
+            left.len()
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -326,7 +326,7 @@ impl FsCore {
         let _moving = self.start_moving(writes, from, to).await;
         let under = format!("{from}/");
         for p in writes.staged_under(&under) {
-            if self.settled(&p).await.is_some() {
+            if self.settled(&p).await.is_some() || writes.filling(&p) {
                 return Err(Error::Busy(p.to_string()));
             }
         }

@@ -953,6 +953,15 @@ impl Writes {
             .cloned()
     }
 
+    /// Whether `path` is being opened to change it in place (its object read into
+    /// staging): being written, though [`Self::staged`] does not show it yet.
+    pub(super) fn filling(&self, path: &str) -> bool {
+        self.by_path
+            .lock()
+            .get(path)
+            .is_some_and(|s| s.filling.load(Ordering::Acquire))
+    }
+
     fn handle(&self, fh: u64) -> Option<Arc<Staged>> {
         self.handles.lock().get(&fh).cloned()
     }
@@ -1271,59 +1280,70 @@ impl FsCore {
     /// `rewrite_max` are only replaced (ENOTSUP otherwise).
     pub async fn open_write(&self, ino: u64, truncate: bool, pid: u32) -> Result<Opened> {
         let writes = self.writes()?;
-        let node = self.node(ino)?;
-        if let Some(s) = self.settled(&node.path).await {
-            return Err(Error::Busy(s.path().to_string()));
-        }
-        let obj = match self.meta(&node.path).await? {
-            Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
-            Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
-            Meta::File(obj) => obj,
-        };
-        if !writes.opts.allow_overwrite {
-            return Err(Error::NotPermitted(format!(
-                "{}: replacing or changing an object needs --allow-overwrite",
-                node.path
-            )));
-        }
-        if !truncate && obj.size > writes.opts.rewrite_max {
-            return Err(Error::Unsupported(format!(
-                "{}: changing an object of {} bytes in place (at most {}: it is read into a \
-                 staging file first); replace it whole (open with O_TRUNC)",
-                node.path, obj.size, writes.opts.rewrite_max
-            )));
-        }
-        if !truncate {
-            if node.version.as_ref().is_some_and(|had| *had != obj.version) {
-                // The inode stands for an older version (see `FsCore::open`).
-                return Err(Error::Cache(CacheError::Changed(format!(
-                    "{}: replaced since it was looked up (a lookup finds the new version)",
+        loop {
+            // Not while a folder it is in is being renamed: changed under its old name,
+            // it would be uploaded there (black-box finding: appends during `mv x y`
+            // landed under `y/...` after the folder went back to `x`).
+            self.wait_while_moving(writes, ino).await?;
+            let node = self.node(ino)?;
+            if let Some(s) = self.settled(&node.path).await {
+                return Err(Error::Busy(s.path().to_string()));
+            }
+            let obj = match self.meta(&node.path).await? {
+                Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
+                Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
+                Meta::File(obj) => obj,
+            };
+            if !writes.opts.allow_overwrite {
+                return Err(Error::NotPermitted(format!(
+                    "{}: replacing or changing an object needs --allow-overwrite",
                     node.path
-                ))));
+                )));
             }
-            self.still_current(&node.path, &obj).await?;
-        }
-        let staged = self.stage_making_room(writes, &node.path, pid, !truncate)?;
-        staged.ino.store(ino, Ordering::Release);
-        if !truncate {
-            *staged.base.lock() = Some(obj.clone());
-        }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if !truncate {
-            let filled = self.fill_staged(&staged, &obj, pid, fh).await;
-            staged.filling.store(false, Ordering::Release);
-            if let Err(e) = filled {
+            if !truncate && obj.size > writes.opts.rewrite_max {
+                return Err(Error::Unsupported(format!(
+                    "{}: changing an object of {} bytes in place (at most {}: it is read into a \
+                     staging file first); replace it whole (open with O_TRUNC)",
+                    node.path, obj.size, writes.opts.rewrite_max
+                )));
+            }
+            if !truncate {
+                if node.version.as_ref().is_some_and(|had| *had != obj.version) {
+                    // The inode stands for an older version (see `FsCore::open`).
+                    return Err(Error::Cache(CacheError::Changed(format!(
+                        "{}: replaced since it was looked up (a lookup finds the new version)",
+                        node.path
+                    ))));
+                }
+                self.still_current(&node.path, &obj).await?;
+            }
+            let staged = self.stage_making_room(writes, &node.path, pid, !truncate)?;
+            if writes.is_moving(&node.path) {
+                // Its folder's rename began since the wait (see `create_with`).
                 writes.unstage(&staged);
-                return Err(e);
+                continue;
             }
+            staged.ino.store(ino, Ordering::Release);
+            if !truncate {
+                *staged.base.lock() = Some(obj.clone());
+            }
+            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+            if !truncate {
+                let filled = self.fill_staged(&staged, &obj, pid, fh).await;
+                staged.filling.store(false, Ordering::Release);
+                if let Err(e) = filled {
+                    writes.unstage(&staged);
+                    return Err(e);
+                }
+            }
+            writes.handles.lock().insert(fh, staged);
+            return Ok(Opened {
+                fh,
+                keep_cache: false,
+                passthrough: None,
+                direct_io: false,
+            });
         }
-        writes.handles.lock().insert(fh, staged);
-        Ok(Opened {
-            fh,
-            keep_cache: false,
-            passthrough: None,
-            direct_io: false,
-        })
     }
 
     /// Checks with the store (one HEAD, past the metadata TTL) that `obj` is still the
