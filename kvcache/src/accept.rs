@@ -72,6 +72,10 @@ pub const H2_START_BYTES: usize = 24 + 9;
 /// (30); an HTTP/1 request line or a gRPC call's HEADERS frame is longer.
 pub const ACTIVE_BYTES: usize = 32;
 
+/// An unproven connection younger than this goes after an idle proven one (see
+/// [`Gate::admit`]): 1 s, many round trips for a live client to send its first call.
+pub const UNPROVEN_GRACE: Duration = Duration::from_secs(1);
+
 /// Milliseconds since the first call (a monotonic clock for activity stamps).
 fn now_ms() -> u64 {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -279,15 +283,37 @@ impl Gate {
                 slots.live += 1;
                 None
             } else {
-                // The oldest connection still unproven gives up its slot.
+                // The oldest connection still unproven gives up its slot; on a gate that
+                // evicts idle ones, an unproven one younger than `UNPROVEN_GRACE` only
+                // after an idle proven one (black-box finding: of newcomers arriving
+                // together, each closed the one before it, mid-call, while connections
+                // idle for 12 s were kept).
+                let now = now_ms();
+                let grace = UNPROVEN_GRACE.as_millis() as u64;
+                let young = |s: &Start| {
+                    self.idle_evict.is_some()
+                        && now.saturating_sub(s.active_ms.load(Ordering::Relaxed)) < grace
+                };
                 let mut found = None;
-                while let Some(old) = slots.unproven.pop_front() {
+                while let Some(old) = slots.unproven.front().cloned() {
+                    if old.unproven() && young(&old) {
+                        break;
+                    }
+                    slots.unproven.pop_front();
                     if old.evict() {
                         found = Some(old);
                         break;
                     }
                 }
-                match found.or_else(|| self.evict_idle(&mut slots)) {
+                let found = found.or_else(|| self.evict_idle(&mut slots)).or_else(|| {
+                    while let Some(old) = slots.unproven.pop_front() {
+                        if old.evict() {
+                            return Some(old);
+                        }
+                    }
+                    None
+                });
+                match found {
                     Some(old) => Some(old),
                     None => {
                         drop(slots);
@@ -884,6 +910,42 @@ mod tests {
         drop(newcomer);
         busy_peer.write_all(&[3u8; 64]).await.expect("call");
         assert_eq!(busy.read(&mut buf).await.expect("the busy one stays"), 64);
+    }
+
+    /// Black-box finding (round 16b): newcomers arriving together while the gate was
+    /// full of idle proven connections closed each other, mid-call: each took the slot
+    /// of the one before it (unproven), not of an idle one. A young unproven connection
+    /// goes only after the idle proven ones.
+    #[tokio::test]
+    async fn newcomers_arriving_together_take_idle_slots_not_each_others() {
+        let gate = Arc::new(
+            Gate::new("test", 2, 4, Duration::from_secs(60))
+                .until_vouched()
+                .evict_idle_after(Duration::from_millis(50)),
+        );
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            let (a, mut b) = tokio::io::duplex(64);
+            let mut g = gate.admit(a).expect("a slot");
+            b.write_all(b"helo").await.expect("write");
+            assert_eq!(g.read(&mut [0u8; 8]).await.expect("read"), 4);
+            g.admission().vouch();
+            idle.push((g, b));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (a1, _b1) = tokio::io::duplex(64);
+        let (a2, _b2) = tokio::io::duplex(64);
+        let mut first = gate.admit(a1).expect("an idle one makes room");
+        let _second = gate.admit(a2).expect("the other idle one makes room");
+        assert_eq!(gate.evicted(), 2);
+        // The first newcomer was not closed for the second: its read waits.
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(Duration::from_millis(100), first.read(&mut buf));
+        assert!(read.await.is_err(), "still open");
+        for (mut g, _peer) in idle {
+            let e = g.read(&mut [0u8; 8]).await.expect_err("closed");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        }
     }
 
     /// The queue of unproven connections stays bounded when one of them lives long
