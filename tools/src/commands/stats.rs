@@ -69,7 +69,7 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
             // one that fails is shown and tried again at the next interval (black-box
             // finding: the live view exited on one reset connection of a full admin
             // listener).
-            let s = match fetch_stats(&args.endpoint).await {
+            let s = match fetch_retrying(&args.endpoint).await {
                 Ok(s) => s,
                 Err(e) if prev.is_some() => {
                     // Not fatal: a closed stderr loses the line, nothing else.
@@ -97,6 +97,22 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// [`fetch_stats`], asked twice more 100 ms apart when it fails: a full admin listener
+/// closes new connections to make room (reset before the answer), and a live view
+/// should not miss a redraw for one of them.
+async fn fetch_retrying(endpoint: &str) -> anyhow::Result<DaemonStats> {
+    let mut tries = 0;
+    loop {
+        match fetch_stats(endpoint).await {
+            Err(_) if tries < 2 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// `strata stats --cluster`: one row per member of the group.
