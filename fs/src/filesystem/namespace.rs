@@ -323,7 +323,7 @@ impl FsCore {
         }
         // From here no file is created in it (`wait_while_moving`); those being
         // written already make it busy.
-        let _moving = self.start_moving(writes, from, to).await;
+        let _moving = writes.moves.start(from, to).await;
         let under = format!("{from}/");
         for p in writes.staged_under(&under) {
             if self.settled(&p).await.is_some() || writes.filling(&p) {

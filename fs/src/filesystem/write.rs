@@ -103,6 +103,7 @@ use crate::error::{Error, Result};
 use crate::passthrough::PassthroughStore;
 
 mod journal;
+mod moves;
 mod stream;
 use stream::{read_part, stream_upload, Stream, StreamCtl};
 
@@ -662,46 +663,6 @@ fn creates_only(opts: &WriteOptions, staged: &Staged) -> bool {
         && staged.last.lock().is_none()
 }
 
-/// Whether `path` is folder `dir` or inside it.
-fn within(path: &str, dir: &str) -> bool {
-    path.strip_prefix(dir)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
-
-/// A create or open that waited out a folder rename, until it staged its file (see
-/// `Writes::waiting`).
-pub(super) struct WaitTurn<'a>(&'a Writes);
-
-impl Drop for WaitTurn<'_> {
-    fn drop(&mut self) {
-        if self.0.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.waiters_gone.notify_waiters();
-        }
-    }
-}
-
-/// How long a folder rename lets creates and opens that waited for the one before it
-/// in first: 200 ms (black-box finding: `tar -x` in a folder renamed back and forth
-/// without pause was starved, 680 of 1,500 files in 100 s).
-const WAITERS_FIRST: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// A folder being renamed (see [`Writes::start_moving`]).
-pub(super) struct Moving<'a> {
-    writes: &'a Writes,
-    dir: Arc<str>,
-}
-
-impl Drop for Moving<'_> {
-    fn drop(&mut self) {
-        let mut moving = self.writes.moving.lock();
-        if let Some(i) = moving.iter().position(|(m, _)| Arc::ptr_eq(m, &self.dir)) {
-            moving.swap_remove(i);
-        }
-        drop(moving);
-        self.writes.moved.notify_waiters();
-    }
-}
-
 /// The write state of a mount.
 pub(super) struct Writes {
     pub(super) opts: WriteOptions,
@@ -711,17 +672,8 @@ pub(super) struct Writes {
     pub(super) readers: Mutex<HashMap<u64, Arc<Staged>>>,
     /// A written file was released (its path is free again).
     released: tokio::sync::Notify,
-    /// Folders being renamed (`FsCore::rename_dir`): files are not created in them
-    /// meanwhile ([`FsCore::wait_while_moving`]).
-    /// Each as (from, to).
-    moving: Mutex<Vec<(Arc<str>, Arc<str>)>>,
-    /// A folder's rename ended.
-    moved: tokio::sync::Notify,
-    /// Creates and opens that waited out a folder rename and have not staged their
-    /// file yet ([`WaitTurn`]); the next folder rename lets them in first.
-    waiting: std::sync::atomic::AtomicUsize,
-    /// `waiting` fell to 0.
-    waiters_gone: tokio::sync::Notify,
+    /// Folder renames in progress, which creates and opens in them wait out.
+    pub(super) moves: moves::FolderMoves,
     /// Directories made by `mkdir` that the store may not have yet.
     pub(super) local_dirs: Mutex<HashSet<Arc<str>>>,
     /// Directories files were created in (bounded): the second create lists one.
@@ -809,10 +761,7 @@ impl Writes {
             handles: Mutex::default(),
             readers: Mutex::default(),
             released: tokio::sync::Notify::new(),
-            moving: Mutex::new(Vec::new()),
-            moved: tokio::sync::Notify::new(),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
-            waiters_gone: tokio::sync::Notify::new(),
+            moves: moves::FolderMoves::default(),
             local_dirs: Mutex::default(),
             created_in: Mutex::default(),
             next_file: AtomicU64::new(next),
@@ -929,33 +878,6 @@ impl Writes {
     }
 
     /// The files being written under `prefix` (a directory's path and `/`).
-    /// Whether `path` is a folder being renamed, or inside one.
-    pub(super) fn is_moving(&self, path: &str) -> bool {
-        self.moving
-            .lock()
-            .iter()
-            .any(|(from, to)| within(path, from) || within(path, to))
-    }
-
-    /// Marks folder `from` as being renamed to `to` until the guard drops; None while
-    /// another folder rename involves either, or a folder inside or around either
-    /// (black-box finding: `mv T Z` beside `mv T/b T/c` both returned 0, and the files
-    /// of `b` ended up twice, under `Z/b` and a `T/c` that came back).
-    pub(super) fn start_moving(&self, from: Arc<str>, to: Arc<str>) -> Option<Moving<'_>> {
-        let mut moving = self.moving.lock();
-        let related = |a: &str, b: &str| within(a, b) || within(b, a);
-        if moving.iter().any(|(f, t)| {
-            related(&from, f) || related(&from, t) || related(&to, f) || related(&to, t)
-        }) {
-            return None;
-        }
-        moving.push((from.clone(), to));
-        Some(Moving {
-            writes: self,
-            dir: from,
-        })
-    }
-
     pub(super) fn staged_under(&self, prefix: &str) -> Vec<Arc<str>> {
         self.by_path
             .lock()
@@ -1271,7 +1193,7 @@ impl FsCore {
                 _ => {}
             }
             let staged = self.stage_making_room(writes, &path, pid, false)?;
-            if !writes.is_moving(&path) {
+            if !writes.moves.covers(&path) {
                 break (path, staged);
             }
             // Its folder's rename began since the wait (and may have checked the files
@@ -1306,68 +1228,80 @@ impl FsCore {
         let writes = self.writes()?;
         loop {
             // Not while a folder it is in is being renamed: changed under its old name,
-            // it would be uploaded there (black-box finding: appends during `mv x y`
-            // landed under `y/...` after the folder went back to `x`).
+            // it would be uploaded there (see `write/moves.rs`).
             let _turn = self.wait_while_moving(writes, ino).await?;
-            let node = self.node(ino)?;
-            if let Some(s) = self.settled(&node.path).await {
-                return Err(Error::Busy(s.path().to_string()));
+            if let Some(opened) = self.open_write_once(writes, ino, truncate, pid).await? {
+                return Ok(opened);
             }
-            let obj = match self.meta(&node.path).await? {
-                Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
-                Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
-                Meta::File(obj) => obj,
-            };
-            if !writes.opts.allow_overwrite {
-                return Err(Error::NotPermitted(format!(
-                    "{}: replacing or changing an object needs --allow-overwrite",
-                    node.path
-                )));
-            }
-            if !truncate && obj.size > writes.opts.rewrite_max {
-                return Err(Error::Unsupported(format!(
-                    "{}: changing an object of {} bytes in place (at most {}: it is read into a \
-                     staging file first); replace it whole (open with O_TRUNC)",
-                    node.path, obj.size, writes.opts.rewrite_max
-                )));
-            }
-            if !truncate {
-                if node.version.as_ref().is_some_and(|had| *had != obj.version) {
-                    // The inode stands for an older version (see `FsCore::open`).
-                    return Err(Error::Cache(CacheError::Changed(format!(
-                        "{}: replaced since it was looked up (a lookup finds the new version)",
-                        node.path
-                    ))));
-                }
-                self.still_current(&node.path, &obj).await?;
-            }
-            let staged = self.stage_making_room(writes, &node.path, pid, !truncate)?;
-            if writes.is_moving(&node.path) {
-                // Its folder's rename began since the wait (see `create_with`).
-                writes.unstage(&staged);
-                continue;
-            }
-            staged.ino.store(ino, Ordering::Release);
-            if !truncate {
-                *staged.base.lock() = Some(obj.clone());
-            }
-            let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-            if !truncate {
-                let filled = self.fill_staged(&staged, &obj, pid, fh).await;
-                staged.filling.store(false, Ordering::Release);
-                if let Err(e) = filled {
-                    writes.unstage(&staged);
-                    return Err(e);
-                }
-            }
-            writes.handles.lock().insert(fh, staged);
-            return Ok(Opened {
-                fh,
-                keep_cache: false,
-                passthrough: None,
-                direct_io: false,
-            });
         }
+    }
+
+    /// [`Self::open_write`] outside folder renames; None: one began meanwhile.
+    async fn open_write_once(
+        &self,
+        writes: &Writes,
+        ino: u64,
+        truncate: bool,
+        pid: u32,
+    ) -> Result<Option<Opened>> {
+        let node = self.node(ino)?;
+        if let Some(s) = self.settled(&node.path).await {
+            return Err(Error::Busy(s.path().to_string()));
+        }
+        let obj = match self.meta(&node.path).await? {
+            Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
+            Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
+            Meta::File(obj) => obj,
+        };
+        if !writes.opts.allow_overwrite {
+            return Err(Error::NotPermitted(format!(
+                "{}: replacing or changing an object needs --allow-overwrite",
+                node.path
+            )));
+        }
+        if !truncate && obj.size > writes.opts.rewrite_max {
+            return Err(Error::Unsupported(format!(
+                "{}: changing an object of {} bytes in place (at most {}: it is read into a \
+                 staging file first); replace it whole (open with O_TRUNC)",
+                node.path, obj.size, writes.opts.rewrite_max
+            )));
+        }
+        if !truncate {
+            if node.version.as_ref().is_some_and(|had| *had != obj.version) {
+                // The inode stands for an older version (see `FsCore::open`).
+                return Err(Error::Cache(CacheError::Changed(format!(
+                    "{}: replaced since it was looked up (a lookup finds the new version)",
+                    node.path
+                ))));
+            }
+            self.still_current(&node.path, &obj).await?;
+        }
+        let staged = self.stage_making_room(writes, &node.path, pid, !truncate)?;
+        if writes.moves.covers(&node.path) {
+            // Its folder's rename began since the wait (see `create_with`).
+            writes.unstage(&staged);
+            return Ok(None);
+        }
+        staged.ino.store(ino, Ordering::Release);
+        if !truncate {
+            *staged.base.lock() = Some(obj.clone());
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        if !truncate {
+            let filled = self.fill_staged(&staged, &obj, pid, fh).await;
+            staged.filling.store(false, Ordering::Release);
+            if let Err(e) = filled {
+                writes.unstage(&staged);
+                return Err(e);
+            }
+        }
+        writes.handles.lock().insert(fh, staged);
+        Ok(Some(Opened {
+            fh,
+            keep_cache: false,
+            passthrough: None,
+            direct_io: false,
+        }))
     }
 
     /// Checks with the store (one HEAD, past the metadata TTL) that `obj` is still the
@@ -1397,64 +1331,17 @@ impl FsCore {
         ))))
     }
 
-    /// Waits while folder `parent` (or one it is in) is being renamed: what is created
-    /// in it follows it to its new name (black-box finding: of files created in a
-    /// folder while `mv` of it copied its 3,000 objects, 99-212 stayed under the old
-    /// name, which came back beside the new one).
-    /// Marks folder `from` as being renamed to `to` (see [`Writes::start_moving`]),
-    /// once no other folder rename involves them.
-    pub(super) async fn start_moving<'w>(
-        &self,
-        writes: &'w Writes,
-        from: &Arc<str>,
-        to: &Arc<str>,
-    ) -> Moving<'w> {
-        // Creates and opens that waited out the rename before this one go first, for a
-        // while (see `WAITERS_FIRST`).
-        let deadline = tokio::time::Instant::now() + WAITERS_FIRST;
-        loop {
-            let gone = writes.waiters_gone.notified();
-            tokio::pin!(gone);
-            gone.as_mut().enable();
-            if writes.waiting.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            if tokio::time::timeout_at(deadline, gone).await.is_err() {
-                break;
-            }
-        }
-        loop {
-            let moved = writes.moved.notified();
-            tokio::pin!(moved);
-            moved.as_mut().enable();
-            if let Some(guard) = writes.start_moving(from.clone(), to.clone()) {
-                return guard;
-            }
-            moved.await;
-        }
-    }
-
-    /// Returns the caller's turn when it waited: held until it staged its file, the
-    /// next folder rename lets it in first (see [`WaitTurn`]).
+    /// Waits while inode `ino` is (in) a folder being renamed (see `write/moves.rs`);
+    /// the turn it returns, if it waited, is held until the caller staged its file.
     pub(super) async fn wait_while_moving<'w>(
         &self,
         writes: &'w Writes,
-        parent: u64,
-    ) -> Result<Option<WaitTurn<'w>>> {
-        let mut turn = None;
-        loop {
-            let moved = writes.moved.notified();
-            tokio::pin!(moved);
-            moved.as_mut().enable();
-            if !writes.is_moving(&self.node(parent)?.path) {
-                return Ok(turn);
-            }
-            if turn.is_none() {
-                writes.waiting.fetch_add(1, Ordering::AcqRel);
-                turn = Some(WaitTurn(writes));
-            }
-            moved.await;
-        }
+        ino: u64,
+    ) -> Result<Option<moves::WaitTurn<'w>>> {
+        writes
+            .moves
+            .wait_while_covers(|| Ok(self.node(ino)?.path.clone()))
+            .await
     }
 
     /// Checks with the store (one HEAD) that no object is named `path`, which the
