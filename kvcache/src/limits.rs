@@ -38,6 +38,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tonic::Status;
 
+use strata_cache_core::stall::{stalled, STALL_GRACE};
+
 use crate::accept::{Admission, Gated};
 use crate::error::{KvError, Result};
 
@@ -357,8 +359,6 @@ impl Reservation {
     }
 }
 
-pub use strata_cache_core::stall::{stalled, STALL, STALL_GRACE};
-
 /// State shared by an [`IdleGuard`] and its watchdog (times in milliseconds since the
 /// guard was made).
 struct Shared<S> {
@@ -598,7 +598,7 @@ mod tests {
         // The watchdog starts its wait.
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Every task stopped, as by SIGSTOP, past the idle timeout and the stall bound.
-        std::thread::sleep(STALL + Duration::from_millis(400));
+        std::thread::sleep(strata_cache_core::stall::STALL + Duration::from_millis(400));
         // The watchdog runs first.
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(

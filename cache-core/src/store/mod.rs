@@ -1546,7 +1546,6 @@ impl BackingStore {
         })
     }
 
-    /// Whether this is a local directory store (`file://`), whose folders are real.
     /// For a local directory store: whether its file system makes hard links (None:
     /// not a local store). Its create-only writes, copies and create-only renames are
     /// hard links (object_store's `LocalFileSystem`); on a file system without them
@@ -1575,6 +1574,7 @@ impl BackingStore {
         Some(r)
     }
 
+    /// Whether this is a local directory store (`file://`), whose folders are real.
     pub fn is_local(&self) -> bool {
         self.local_root.is_some()
     }
@@ -2627,8 +2627,16 @@ mod tests {
 }
 
 #[cfg(test)]
-mod sync_local_tests {
+mod local_store_tests {
     use super::*;
+
+    pub(super) fn local_store(root: &std::path::Path) -> BackingStore {
+        BackingStore::from_url(
+            &format!("file://{}", root.display()),
+            &StoreOptions::default(),
+        )
+        .expect("store")
+    }
 
     /// The file and its folders up to the root are synced; a file or folder deleted
     /// meanwhile is no error, and a folder outside the root is not walked into.
@@ -2647,11 +2655,7 @@ mod sync_local_tests {
         sync_local_dirs(root.clone(), root.join("a/removed"))
             .await
             .expect("a folder removed meanwhile");
-        let store = BackingStore::from_url(
-            &format!("file://{}", root.display()),
-            &StoreOptions::default(),
-        )
-        .expect("store");
+        let store = local_store(&root);
         store
             .put("c/d/obj", Bytes::from_static(b"durable"))
             .await
@@ -2684,6 +2688,7 @@ mod local_loop_tests {
 
 #[cfg(test)]
 mod link_probe_tests {
+    use super::local_store_tests::local_store;
     use super::*;
 
     /// The hard-link probe of a local store leaves nothing behind; other stores have
@@ -2692,11 +2697,7 @@ mod link_probe_tests {
     #[test]
     fn the_link_probe_answers_for_local_stores_and_leaves_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = BackingStore::from_url(
-            &format!("file://{}", dir.path().display()),
-            &StoreOptions::default(),
-        )
-        .expect("store");
+        let local = local_store(dir.path());
         assert!(matches!(local.local_links_work(), Some(Ok(()))));
         assert_eq!(std::fs::read_dir(dir.path()).expect("read").count(), 0);
         let mem = BackingStore::new(
@@ -2710,6 +2711,7 @@ mod link_probe_tests {
 
 #[cfg(test)]
 mod mtime_tests {
+    use super::local_store_tests::local_store;
     use super::*;
 
     /// Black-box finding (round 16): objects modified after 2262-04-11 (past i64
@@ -2718,11 +2720,7 @@ mod mtime_tests {
     #[tokio::test]
     async fn times_before_1970_are_kept_and_after_2262_saturate() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = BackingStore::from_url(
-            &format!("file://{}", dir.path().display()),
-            &StoreOptions::default(),
-        )
-        .expect("store");
+        let store = local_store(dir.path());
         for (name, secs, want_ns) in [
             ("y1901", -2_147_000_000i64, -2_147_000_000_000_000_000i64),
             ("y1969", -2, -2_000_000_000),

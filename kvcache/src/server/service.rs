@@ -646,9 +646,11 @@ impl KvService {
         let idle = self.inner.config.idle_timeout;
         let deadline = tokio::time::Instant::now() + idle;
         let mut next = tokio::time::timeout_at(deadline, stream.message()).await;
-        if next.is_err() && crate::limits::stalled(deadline, tokio::time::Instant::now()) {
+        if next.is_err() && strata_cache_core::stall::stalled(deadline, tokio::time::Instant::now())
+        {
             // The timer fired late: the daemon was stopped, not the client idle.
-            next = tokio::time::timeout(crate::limits::STALL_GRACE, stream.message()).await;
+            next =
+                tokio::time::timeout(strata_cache_core::stall::STALL_GRACE, stream.message()).await;
         }
         match next {
             Ok(m) => Ok(m?),
