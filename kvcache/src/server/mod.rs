@@ -352,64 +352,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// Tunes glibc's allocator for a process serving large blocks under a memory limit of
-/// `limit` bytes (its cgroup's or the host's RAM; None: unknown); call once at start
-/// (the daemon and `strata bench kv` do).
-///
-/// Every Get and Put allocates and frees buffers of 64 KiB..64 MiB. glibc serves
-/// allocations over its mmap threshold (128 KiB at start) with a fresh `mmap`, so each
-/// 1 MiB message costs ~256 page faults and zeroed pages: a quarter of the CPU of a
-/// loopback Get in a profile. Raising the threshold and the trim threshold keeps those
-/// buffers in the heap for reuse, but what the heap keeps free counts against the
-/// limit: with glibc's maxima (32 MiB, 256 MiB) a daemon in a 256 MiB cgroup was
-/// OOM-killed by 40 MiB puts that its capped budgets admitted (black-box finding). So
-/// both scale with the limit ([`allocator_thresholds`]). No-op on other C libraries.
-pub fn tune_allocator(limit: Option<u64>) {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let (mmap, trim) = allocator_thresholds(limit);
-        // SAFETY: mallopt only sets allocator parameters; it is called before the
-        // serving threads allocate (and glibc serialises it with its own lock anyway).
-        // Both values are at most 256 MiB, so they fit a c_int.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, mmap as libc::c_int);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, trim as libc::c_int);
-        }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = limit;
-}
-
-/// glibc's mmap and trim thresholds for a process under a memory limit of `limit`
-/// bytes: a 64th and a 16th of it, at most glibc's maximum mmap threshold (32 MiB) and
-/// 256 MiB (reached from 2 and 4 GiB of limit), at least glibc's defaults (128 KiB).
-/// The free heap kept so stays a small share of the limit.
-pub fn allocator_thresholds(limit: Option<u64>) -> (u64, u64) {
-    const MMAP_MAX: u64 = 32 << 20;
-    const TRIM_MAX: u64 = 256 << 20;
-    const FLOOR: u64 = 128 << 10;
-    let limit = limit.unwrap_or(u64::MAX);
-    (
-        (limit / 64).clamp(FLOOR, MMAP_MAX),
-        (limit / 16).clamp(FLOOR, TRIM_MAX),
-    )
-}
-
-#[cfg(test)]
-mod allocator_tests {
-    use super::allocator_thresholds;
-
-    #[test]
-    fn thresholds_scale_with_the_limit_between_glibc_defaults_and_maxima() {
-        assert_eq!(allocator_thresholds(None), (32 << 20, 256 << 20));
-        assert_eq!(allocator_thresholds(Some(64 << 30)), (32 << 20, 256 << 20));
-        // A 256 MiB cgroup: buffers over 4 MiB go back to the system when freed, and
-        // at most 16 MiB of free heap is kept.
-        assert_eq!(allocator_thresholds(Some(256 << 20)), (4 << 20, 16 << 20));
-        assert_eq!(allocator_thresholds(Some(1 << 20)), (128 << 10, 128 << 10));
-    }
-}
-
 struct Inner {
     engine: CacheEngine,
     config: ServerConfig,

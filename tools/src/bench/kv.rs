@@ -64,7 +64,7 @@ pub struct KvArgs {
     /// Size of the messages a Get streams, in KiB (the server's `chunk_bytes`).
     #[arg(long, default_value_t = 1024, value_parser = super::at_least_one::<usize>)]
     pub chunk_kib: usize,
-    /// Keep glibc's default allocator settings (to measure what `tune_allocator` buys).
+    /// Keep glibc's default allocator settings (to measure what `daemon::allocator::tune` buys).
     #[arg(long)]
     pub default_malloc: bool,
 }
@@ -144,7 +144,7 @@ const NS: &str = "bench/kv";
 
 pub fn run(args: KvArgs) -> anyhow::Result<()> {
     if !args.default_malloc {
-        strata_kvcache::server::tune_allocator(None);
+        crate::daemon::allocator::tune(None);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

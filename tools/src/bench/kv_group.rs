@@ -121,7 +121,7 @@ pub fn run(args: KvGroupArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: &KvGroupArgs) -> anyhow::Result<Vec<KvGroupRow>> {
-    server::tune_allocator(None);
+    crate::daemon::allocator::tune(None);
     let stop = CancellationToken::new();
     let mut peers = Vec::new();
     let mut clients = Vec::new();

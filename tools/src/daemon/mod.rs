@@ -31,6 +31,7 @@ macro_rules! announce {
     }};
 }
 
+pub mod allocator;
 pub mod cache;
 pub mod cluster;
 pub mod kv;
@@ -439,9 +440,7 @@ pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
     let stops = StopSignals::inherited();
-    if cfg.kv.enabled {
-        strata_kvcache::server::tune_allocator(memory_limit::memory_limit().map(|l| l.bytes));
-    }
+    allocator::tune(memory_limit::memory_limit().map(|l| l.bytes));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata")
