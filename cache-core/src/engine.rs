@@ -68,6 +68,7 @@ use crate::space::{Placement, TierSpace};
 use crate::stats::TierStatsSnapshot;
 use crate::stream::{StreamReport, TreeConfig};
 use crate::tier::{Tier, TierGet, TierKind};
+use crate::write_behind::WriteBehind;
 
 type SharedFetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>>>;
 
@@ -165,6 +166,10 @@ struct Fill {
     /// Why an inline put is not durable (a persistent level it had to reach does not
     /// hold the block), if it is not.
     not_durable: Option<CacheError>,
+    /// The copy being written behind the caller ([`crate::write_behind`]), if any: a
+    /// fetch keeps its block in the in-flight map until it lands, so a reader arriving
+    /// meanwhile joins the fetch rather than sending another.
+    behind: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -202,6 +207,8 @@ pub struct EngineBuilder {
     write_through: bool,
     tree: TreeConfig,
     degraded_backoff: Duration,
+    /// Bound on bytes written behind readers (None: [`WriteBehind::default_cap`]).
+    write_behind: Option<u64>,
 }
 
 impl Default for EngineBuilder {
@@ -212,6 +219,7 @@ impl Default for EngineBuilder {
             write_through: true,
             tree: TreeConfig::default(),
             degraded_backoff: DEFAULT_DEGRADED_BACKOFF,
+            write_behind: None,
         }
     }
 }
@@ -241,6 +249,14 @@ impl EngineBuilder {
     /// How long writes skip a persistent level after a device error on it.
     pub fn degraded_backoff(mut self, backoff: Duration) -> Self {
         self.degraded_backoff = backoff;
+        self
+    }
+
+    /// Bound on the bytes of file-block copies written to persistent levels behind
+    /// their readers ([`crate::write_behind`]); default a quarter of the fastest
+    /// level, within 16..256 MiB.
+    pub fn write_behind_bytes(mut self, bytes: u64) -> Self {
+        self.write_behind = Some(bytes);
         self
     }
 
@@ -287,6 +303,7 @@ impl EngineBuilder {
                 budget_checked_at: AtomicU64::new(0),
             });
         }
+        let fastest = levels.first().map_or(0, |l| l.tier.capacity_bytes());
         if !excess.is_empty() {
             tracing::info!(
                 blocks = excess.len(),
@@ -317,6 +334,10 @@ impl EngineBuilder {
                 epoch: Instant::now(),
                 degraded_backoff: self.degraded_backoff,
                 kept_elsewhere: parking_lot::RwLock::new(Vec::new()),
+                write_behind: WriteBehind::new(
+                    self.write_behind
+                        .unwrap_or_else(|| WriteBehind::default_cap(fastest)),
+                ),
             }),
         })
     }
@@ -337,6 +358,8 @@ struct EngineCounters {
     degradations: AtomicU64,
     /// Writes that skipped a degraded level.
     degraded_skips: AtomicU64,
+    /// Copies of file blocks not written behind a reader: the bound was taken.
+    writes_shed: AtomicU64,
 }
 
 struct Inner {
@@ -352,6 +375,8 @@ struct Inner {
     /// Keys with a durable copy outside the engine (see
     /// [`CacheEngine::add_kept_elsewhere`]); persistent levels do not store them.
     kept_elsewhere: parking_lot::RwLock<Vec<KeptElsewhere>>,
+    /// Copies of file blocks written to persistent levels behind their readers.
+    write_behind: WriteBehind,
 }
 
 /// Says whether a key has a durable copy outside the engine.
@@ -392,6 +417,13 @@ pub struct EngineStatsSnapshot {
     /// Names of the levels degraded now.
     #[serde(default)]
     pub degraded: Vec<String>,
+    /// Copies of file blocks a persistent level did not get because the bytes being
+    /// written behind readers were at their bound (a cache disk slower than the store).
+    #[serde(default)]
+    pub writes_shed: u64,
+    /// Bytes being written behind readers now.
+    #[serde(default)]
+    pub write_behind_bytes: u64,
 }
 
 /// The access tracker as `strata stats` shows it.
@@ -952,10 +984,11 @@ impl CacheEngine {
                 let task_ctx = ctx;
                 let task = tokio::spawn(async move {
                     let result = fetch().await;
+                    let mut behind = Vec::new();
                     if let Ok((bytes, true)) = &result {
                         // Fill before leaving the in-flight map, so a caller arriving
                         // after removal finds the block cached.
-                        if let Err(e) = engine
+                        match engine
                             .fill(
                                 &task_key,
                                 Block::new(bytes.clone()),
@@ -964,10 +997,13 @@ impl CacheEngine {
                             )
                             .await
                         {
-                            tracing::warn!(key = %task_key, error = %e, "fill failed; serving uncached");
+                            Ok(fill) => behind.extend(fill.behind),
+                            Err(e) => {
+                                tracing::warn!(key = %task_key, error = %e, "fill failed; serving uncached")
+                            }
                         }
                     }
-                    engine.inner.inflight.lock().remove(&task_key);
+                    engine.leave_inflight(vec![task_key], behind);
                     result.map(|(bytes, _)| bytes).map_err(Arc::new)
                 });
                 let fut: BoxFuture<'static, std::result::Result<Bytes, Arc<CacheError>>> =
@@ -1050,9 +1086,10 @@ impl CacheEngine {
                         )))
                     }
                 });
+                let mut behind = Vec::new();
                 if let Ok(blocks) = &result {
                     for (key, bytes) in run_keys.iter().zip(blocks) {
-                        if let Err(e) = engine
+                        match engine
                             .fill(
                                 key,
                                 Block::new(bytes.clone()),
@@ -1061,16 +1098,14 @@ impl CacheEngine {
                             )
                             .await
                         {
-                            tracing::warn!(%key, error = %e, "fill failed; serving uncached");
+                            Ok(fill) => behind.extend(fill.behind),
+                            Err(e) => {
+                                tracing::warn!(%key, error = %e, "fill failed; serving uncached")
+                            }
                         }
                     }
                 }
-                {
-                    let mut inflight = engine.inner.inflight.lock();
-                    for key in &run_keys {
-                        inflight.remove(key);
-                    }
-                }
+                engine.leave_inflight(run_keys, behind);
                 result.map(Arc::new).map_err(Arc::new)
             });
             let whole: RunFetch = async move {
@@ -1101,6 +1136,37 @@ impl CacheEngine {
             runs.push((run, whole));
         }
         runs
+    }
+
+    /// Whether a level above the disk holds blocks in memory.
+    fn has_volatile_level(&self) -> bool {
+        self.inner
+            .levels
+            .iter()
+            .any(|l| l.tier.kind() != TierKind::Disk)
+    }
+
+    /// Takes fetched `keys` out of the in-flight map: now, or once the copies `behind`
+    /// are written (a volatile level may not hold them meanwhile, and a reader that
+    /// arrives then must join the finished fetch rather than send another).
+    fn leave_inflight(&self, keys: Vec<CacheKey>, behind: Vec<tokio::task::JoinHandle<()>>) {
+        let forget = move |engine: &CacheEngine| {
+            let mut inflight = engine.inner.inflight.lock();
+            for key in &keys {
+                inflight.remove(key);
+            }
+        };
+        if behind.is_empty() {
+            forget(self);
+            return;
+        }
+        let engine = self.clone();
+        tokio::spawn(async move {
+            for write in behind {
+                let _ = write.await;
+            }
+            forget(&engine);
+        });
     }
 
     /// Fills `key` into the top level (and persistent levels when writing through).
@@ -1153,14 +1219,19 @@ impl CacheEngine {
             }
             // Inline puts must reach every persistent level write-through reaches.
             let must_persist = persistent && persist == Persist::Inline && self.inner.write_through;
-            if persistent && stored {
-                if !self.inner.write_through {
-                    continue;
-                }
-                if persist == Persist::Background {
-                    deferred.push(i);
-                    continue;
-                }
+            if persistent && stored && !self.inner.write_through {
+                continue;
+            }
+            // A read-through fill's copy goes behind the reader: one a volatile level
+            // took already, and one of a file block (the store still holds it; see
+            // `write_behind`) where a volatile level is there to take the reads (an
+            // engine of disk levels alone writes in turn, as its caller expects).
+            if persistent
+                && persist == Persist::Background
+                && (stored || (matches!(key, CacheKey::File(_)) && self.has_volatile_level()))
+            {
+                deferred.push(i);
+                continue;
             }
             if !persistent && stored_volatile {
                 continue;
@@ -1211,10 +1282,24 @@ impl CacheEngine {
                 }
             }
         }
+        // A file block's copy is written within the bound, and shed past it; a KV
+        // block's copy is the only one outside memory, so it is always written.
+        let mut pending = None;
+        let mut shed = false;
+        if !deferred.is_empty() && matches!(key, CacheKey::File(_)) {
+            pending = self.inner.write_behind.try_take(block.len());
+            shed = pending.is_none();
+            if shed {
+                c.writes_shed.fetch_add(1, Ordering::Relaxed);
+                deferred.clear();
+            }
+        }
+        let mut behind = None;
         if !deferred.is_empty() {
             let engine = self.clone();
             let (key, ctx) = (key.clone(), *ctx);
-            tokio::spawn(async move {
+            behind = Some(tokio::spawn(async move {
+                let _pending = pending;
                 for i in deferred {
                     if engine.skip_persistent(i, &key) {
                         continue;
@@ -1249,10 +1334,19 @@ impl CacheEngine {
                         }
                     }
                 }
-            });
+            }));
         }
         match (stored, last_err) {
-            (true, _) => Ok(Fill { not_durable }),
+            (true, _) => Ok(Fill {
+                not_durable,
+                behind,
+            }),
+            // Its copy is on its way to a persistent level, or was shed: a copy a
+            // slow disk cannot take is no error.
+            (false, None) if behind.is_some() || shed => Ok(Fill {
+                not_durable,
+                behind,
+            }),
             (false, Some(e)) => Err(e),
             (false, None) => {
                 Err(not_durable
@@ -1297,15 +1391,30 @@ impl CacheEngine {
         kind: WriteKind,
         read_at: Option<u64>,
     ) -> Result<bool> {
-        let (stored, mut demotions) = self
+        let (stored, demotions) = self
             .place_one(start, key, block, ctx, kind, read_at)
             .await?;
         let moved = ctx.moved(AccessKind::Demotion);
+        self.demote(demotions, &moved, true).await;
+        Ok(stored)
+    }
+
+    /// Places the victims `demotions` pushed out of a level in the levels below, and
+    /// the victims those push out in turn. With `behind`, a file block bound for a
+    /// persistent level is written behind the caller within the bound (shed past it;
+    /// see `write_behind`); the rest, and everything when not `behind`, in turn here.
+    async fn demote(
+        &self,
+        mut demotions: Vec<(usize, CacheKey, Block, u64)>,
+        moved: &AccessContext,
+        behind: bool,
+    ) {
         while let Some((i, victim, bytes, taken_at)) = demotions.pop() {
             if self.skip_persistent(i, &victim) {
                 continue;
             }
-            if self.inner.levels[i].tier.kind() == TierKind::Disk && self.is_degraded(i) {
+            let persistent = self.inner.levels[i].tier.kind() == TierKind::Disk;
+            if persistent && self.is_degraded(i) {
                 // Only a cached copy is lost; the store (or the client) still has it.
                 self.inner
                     .counters
@@ -1314,8 +1423,27 @@ impl CacheEngine {
                 continue;
             }
             let kind = WriteKind::of_copy(&victim);
+            if behind && persistent && kind == WriteKind::Refetchable {
+                match self.inner.write_behind.try_take(bytes.len()) {
+                    Some(pending) => {
+                        let (engine, moved) = (self.clone(), *moved);
+                        tokio::spawn(async move {
+                            let _pending = pending;
+                            let first = vec![(i, victim, bytes, taken_at)];
+                            engine.demote_in_turn(first, moved).await;
+                        });
+                    }
+                    None => {
+                        self.inner
+                            .counters
+                            .writes_shed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                continue;
+            }
             match self
-                .place_one(i, &victim, bytes, &moved, kind, Some(taken_at))
+                .place_one(i, &victim, bytes, moved, kind, Some(taken_at))
                 .await
             {
                 Ok((_, more)) => demotions.extend(more),
@@ -1326,7 +1454,17 @@ impl CacheEngine {
                 }
             }
         }
-        Ok(stored)
+    }
+
+    /// [`Self::demote`] in turn, boxed: it runs in the task a demotion written behind
+    /// is spawned in (a future cannot hold its own type).
+    fn demote_in_turn(
+        &self,
+        demotions: Vec<(usize, CacheKey, Block, u64)>,
+        moved: AccessContext,
+    ) -> BoxFuture<'static, ()> {
+        let engine = self.clone();
+        async move { engine.demote(demotions, &moved, false).await }.boxed()
     }
 
     /// Places one block at level `i`: reserves its bytes (evicting what the policy
@@ -1488,6 +1626,8 @@ impl CacheEngine {
             tracker,
             degradations: c.degradations.load(Ordering::Relaxed),
             degraded_skips: c.degraded_skips.load(Ordering::Relaxed),
+            writes_shed: c.writes_shed.load(Ordering::Relaxed),
+            write_behind_bytes: self.inner.write_behind.pending(),
             degraded: (0..self.inner.levels.len())
                 .filter(|&i| self.is_degraded(i))
                 .map(|i| self.inner.levels[i].tier.name())

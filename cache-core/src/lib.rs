@@ -30,6 +30,7 @@ pub mod tier;
 pub mod tiers;
 pub mod tracker;
 pub mod wire;
+pub(crate) mod write_behind;
 
 pub use access::{AccessContext, AccessKind, JobId};
 pub use block::Block;

@@ -630,7 +630,12 @@ async fn demotions_are_durable_only_for_kv_blocks() {
             .await
             .expect("fill");
     }
-    assert_eq!(disk.writes(), (0, 1), "file block 0 demoted as a copy");
+    // Written behind the reader: waited for here.
+    assert_eq!(
+        writes_reach(&disk, 1).await,
+        (0, 1),
+        "file block 0 demoted as a copy"
+    );
     let kv = |i: u8| CacheKey::kv("ns", vec![i; 32]);
     for i in 0..2u8 {
         engine
@@ -863,4 +868,71 @@ async fn a_put_is_seen_once_it_is_durable_and_from_then_on() {
         "seen from the acknowledgement on: {seen_after:?}"
     );
     assert_eq!(engine.get(&a, &ctx()).await.expect("get"), Some(value));
+}
+
+/// A cache disk slower than the store: file blocks fetched through a small memory
+/// level reach their reader without waiting for their disk copies (the 1 s writes run
+/// behind it), the copies pending stay within the write-behind bound and the rest are
+/// shed and counted, and no block is fetched twice. Before, each read waited for a
+/// disk write (cold reads ran at the disk's write speed) and nothing bounded the
+/// copies waiting for the disk.
+#[tokio::test]
+async fn copies_for_a_slow_disk_are_written_behind_the_reader_within_a_bound() {
+    const BLOCK: u64 = 1_000;
+    let disk = HookedTier::disk(1 << 20, Duration::from_secs(2));
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(2 * BLOCK)))
+        .tier(disk.clone())
+        .write_behind_bytes(3 * BLOCK)
+        .build()
+        .expect("build");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    for i in 0..20u64 {
+        let fetches = fetches.clone();
+        let got = engine
+            .get_or_fetch(&CacheKey::file("f", "v", i), &ctx(), move || async move {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                Ok(Bytes::from(vec![i as u8; BLOCK as usize]))
+            })
+            .await
+            .expect("read");
+        assert_eq!(got.len() as u64, BLOCK);
+        let pending = engine.stats().write_behind_bytes;
+        assert!(pending <= 3 * BLOCK, "{pending} bytes pending");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "reads waited for the disk: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        20,
+        "each block fetched once"
+    );
+    let shed = engine.stats().writes_shed;
+    assert!(shed > 0, "a disk this slow cannot take every copy");
+    for _ in 0..300 {
+        if engine.stats().write_behind_bytes == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        engine.stats().write_behind_bytes,
+        0,
+        "every write behind finished"
+    );
+    let on_disk = disk.used_bytes();
+    assert!(on_disk >= BLOCK, "the copies within the bound landed");
+    // Every block is in one level or was shed (twice: the fill's copy and the memory
+    // victim's demotion may both have been).
+    let resident = (0..20u64)
+        .filter(|&i| engine.contains(&CacheKey::file("f", "v", i)))
+        .count() as u64;
+    assert!(
+        resident >= 20u64.saturating_sub(shed),
+        "{resident} resident, {shed} shed"
+    );
 }

@@ -863,6 +863,12 @@ pub fn render_metrics(s: &DaemonStats) -> String {
         "Bytes filled by prefetch",
         e.prefetch_bytes,
     );
+    counter(
+        &mut reg,
+        "writes_shed",
+        "Copies of file blocks not written to disk: the bytes written behind readers were at their bound (a cache disk slower than the store)",
+        e.writes_shed,
+    );
     if let Some(p) = &s.peer {
         render_peer_metrics(&mut reg, p);
     }

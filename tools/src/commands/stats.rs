@@ -557,6 +557,15 @@ fn render_engine(o: &mut String, s: &DaemonStats, prev: Option<&DaemonStats>, r:
         e.demotions,
         e.singleflight_joins
     );
+    if e.writes_shed > 0 || e.write_behind_bytes > 0 {
+        // A cache disk slower than the store: copies it could not take in time.
+        let _ = writeln!(
+            o,
+            "disk copies written behind readers: {:.1} MiB pending, {} shed (the disk could not keep up)",
+            mib(e.write_behind_bytes),
+            e.writes_shed
+        );
+    }
     let kv = s.kv.clone().unwrap_or_default();
     let _ = writeln!(
         o,
