@@ -3121,3 +3121,43 @@ async fn a_file_opened_to_append_in_a_folder_being_renamed_follows_it() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: a truncate by path from another process (no handle) while the
+/// writer's close was uploading the file shrank it under the parts being read, and the
+/// close failed EIO ("failed to fill whole buffer"), the file unpublished. The upload
+/// now goes again as the file is when it failed: the close succeeds and the store holds
+/// the truncated file, as a local disk would.
+#[tokio::test]
+async fn a_truncate_by_path_during_the_close_s_upload_does_not_fail_the_close() {
+    timed(async {
+        // Not sent while written: the close reads the whole file for its upload.
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.stream_from = u64::MAX;
+        })
+        .await;
+        fx.faulty.set_config(FaultConfig {
+            part_latency: Duration::from_millis(30),
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let (e, fh) = c.create(ROOT_INO, "log.txt", 0).await.expect("create");
+        let want = data(512 << 10, 5);
+        c.write(fh, 0, &want).expect("write");
+        let closing = {
+            let c = c.clone();
+            tokio::spawn(async move { c.flush(fh).await })
+        };
+        tokio::time::sleep(Duration::from_millis(45)).await;
+        c.setattr(e.attr.ino, Some(7), None)
+            .await
+            .expect("truncate by path");
+        closing.await.expect("join").expect("the close's upload");
+        c.flush(fh).await.expect("a later flush");
+        assert_eq!(stored(&fx, "log.txt").await.as_deref(), Some(&want[..7]));
+        c.release_write(fh).await;
+    })
+    .await
+    .expect("bounded");
+}

@@ -1920,6 +1920,8 @@ impl FsCore {
             });
         }
         let target = staged.written.load(Ordering::Acquire);
+        // Uploads that failed while the file changed under them (see below).
+        let mut changed_under = 0;
         while staged.uploaded.load(Ordering::Acquire) < target {
             let gen = staged.written.load(Ordering::Acquire);
             let (id, fut) = {
@@ -1945,6 +1947,16 @@ impl FsCore {
                 }
             }
             if let Err(e) = result {
+                // The file changed while the upload read it (a truncate by path from
+                // another process shrank it under the parts being read): what failed
+                // is a file no longer there, so it goes again as it is now, a few
+                // times at most (black-box finding: such a truncate during a close
+                // failed the close EIO, "failed to fill whole buffer", the data lost).
+                if staged.written.load(Ordering::Acquire) != id && changed_under < 3 {
+                    changed_under += 1;
+                    tracing::debug!(path = %staged.path(), error = %e, "the file changed during its upload; uploading it again");
+                    continue;
+                }
                 staged.failed.store(true, Ordering::Release);
                 self.counters
                     .upload_failures
