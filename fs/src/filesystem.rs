@@ -1768,7 +1768,7 @@ impl FsCore {
         let obj = match self.meta(&node.path).await? {
             Meta::File(obj) => obj,
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
-            Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
+            Meta::Missing => return Err(gone_since_lookup(&node.path)),
         };
         // An inode stands for one version (see `InodeTable::intern`): a newer version
         // of its path is not opened on it, where the page cache other handles fill
@@ -2576,6 +2576,18 @@ fn unix_ns_time(ns: i64) -> SystemTime {
         Ok(after) => UNIX_EPOCH + Duration::from_nanos(after),
         Err(_) => UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs()),
     }
+}
+
+/// An OPEN of an inode whose path holds nothing now: ESTALE, not ENOENT. The kernel
+/// found the name when it looked it up; renamed away (and perhaps back) or removed
+/// since, a fresh lookup finds what is there now, and an `open(O_CREAT)` then creates
+/// it, where ENOENT, which the kernel does not retry, said the folder was missing
+/// (black-box finding: 11-17% of `O_CREAT` opens failed ENOENT while another process
+/// renamed the name away and back).
+pub(crate) fn gone_since_lookup(path: &str) -> Error {
+    Error::Cache(CacheError::Changed(format!(
+        "{path}: gone since it was looked up (a lookup finds what is there now)"
+    )))
 }
 
 #[cfg(test)]

@@ -3161,3 +3161,35 @@ async fn a_truncate_by_path_during_the_close_s_upload_does_not_fail_the_close() 
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: `open(O_CREAT)` of a name another process kept renaming away and
+/// back failed ENOENT (11-17% of opens): the kernel had looked the name up, and the OPEN
+/// of that inode found nothing at its path. ENOENT is not retried and says the folder
+/// is missing; the OPEN (for reading or writing) of an inode whose path holds nothing
+/// now is ESTALE, so the kernel looks the name up again (and creates it, for O_CREAT).
+#[tokio::test]
+async fn opening_an_inode_whose_object_went_since_its_lookup_is_estale() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.metadata_ttl = Duration::ZERO;
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("lookup old");
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("lookup obj");
+        object_store::ObjectStoreExt::delete(&*fx.mem, &object_store::path::Path::from("old/obj"))
+            .await
+            .expect("removed behind the mount's back");
+        let read = c.open(obj.attr.ino, false).await.expect_err("gone");
+        assert_eq!(read.errno(), libc::ESTALE, "{read}");
+        let write = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect_err("gone");
+        assert_eq!(write.errno(), libc::ESTALE, "{write}");
+    })
+    .await
+    .expect("bounded");
+}

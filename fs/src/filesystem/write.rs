@@ -1250,7 +1250,7 @@ impl FsCore {
         }
         let obj = match self.meta(&node.path).await? {
             Meta::Dir => return Err(Error::IsDir(node.path.to_string())),
-            Meta::Missing => return Err(Error::NotFound(node.path.to_string())),
+            Meta::Missing => return Err(super::gone_since_lookup(&node.path)),
             Meta::File(obj) => obj,
         };
         if !writes.opts.allow_overwrite {
