@@ -98,7 +98,9 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
             // restart, with nothing saying the cache was throwaway).
             tracing::warn!(
                 "no cache dir given ([cache] dir, --cache-dir): caching in a temp dir \
-                 removed at exit, so nothing cached survives a restart"
+                 removed at exit, so nothing cached survives a restart (a crash leaves it; \
+                 files fsync'd on a writable mount and not uploaded stay in it until a start \
+                 with --cache-dir set to it uploads them)"
             );
             reclaim_orphaned_temp_dirs();
             let t = tempfile::Builder::new()
@@ -236,6 +238,20 @@ fn reclaim_orphaned_in(tmp: &std::path::Path) {
         // file until it locks it).
         let locked_once = std::fs::metadata(dir.join(DAEMON_LOCK)).is_ok_and(|m| m.len() > 0);
         if ours && locked_once && cache_dir_free(&dir) {
+            // Files fsync'd on a writable mount and not uploaded before the crash: their
+            // only copy (black-box finding: the next start, of any mount, removed them
+            // with the dir, and the acknowledged checkpoint was never uploaded).
+            let records = fsync_records_in(&dir.join("staging"));
+            if records > 0 {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    records,
+                    "kept the temp cache dir of a daemon that did not end cleanly: it holds files \
+                     fsync'd on a writable mount and not uploaded; start that mount again with \
+                     --cache-dir set to it to upload them, or delete it"
+                );
+                continue;
+            }
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
                     tracing::info!(dir = %dir.display(), "removed the temp cache dir of a daemon that did not end cleanly")
@@ -246,6 +262,20 @@ fn reclaim_orphaned_in(tmp: &std::path::Path) {
             }
         }
     }
+}
+
+/// How many fsync records (`<n>.part.json`, `strata_fs`'s write journal) lie under
+/// `staging`, the staging folder of a cache dir (`staging/<mount>/files/`).
+fn fsync_records_in(staging: &std::path::Path) -> usize {
+    let Ok(mounts) = std::fs::read_dir(staging) else {
+        return 0;
+    };
+    mounts
+        .flatten()
+        .filter_map(|m| std::fs::read_dir(m.path().join("files")).ok())
+        .flat_map(|files| files.flatten())
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".part.json"))
+        .count()
 }
 
 /// The file whose lock says a daemon runs on a cache dir (it holds that daemon's pid).
@@ -403,7 +433,8 @@ mod tests {
 
     /// Black-box finding: every killed daemon without `--cache-dir` left its whole
     /// temp cache dir, and no later start reclaimed one. Orphans go; a dir a daemon
-    /// holds, one not yet locked, and others' names stay.
+    /// holds, one not yet locked, others' names, and (a later finding: the files it
+    /// held were lost) an orphan holding fsync'd files not uploaded stay.
     #[test]
     fn temp_cache_dirs_of_dead_daemons_are_reclaimed() {
         let tmp = tempfile::tempdir().expect("tmp");
@@ -417,6 +448,12 @@ mod tests {
             d
         };
         let dead = mk("strata-cache-dead", true);
+        // Dead too, but holding a file fsync'd and not uploaded: its only copy.
+        let journaled = mk("strata-cache-journaled", true);
+        let files = journaled.join("staging/mnt-x/files");
+        std::fs::create_dir_all(&files).expect("staging");
+        std::fs::write(files.join("7.part"), b"checkpoint").expect("staged");
+        std::fs::write(files.join("7.part.json"), b"{}").expect("record");
         let live = mk("strata-cache-live", true);
         let starting = mk("strata-cache-starting", false);
         std::fs::File::create(starting.join(DAEMON_LOCK)).expect("an empty lock file");
@@ -426,6 +463,10 @@ mod tests {
         reclaim_orphaned_in(tmp.path());
         assert!(!dead.exists(), "an orphan goes");
         assert!(live.exists() && starting.exists() && other.exists());
+        assert!(
+            files.join("7.part").exists(),
+            "an orphan holding an fsync'd file stays"
+        );
     }
 
     fn cfg(dir: &std::path::Path) -> CacheConfig {
