@@ -47,6 +47,8 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState, MountInfo};
+use std::path::PathBuf;
+
 use crate::config::StrataConfig;
 pub use cache::{open_core, open_core_for, open_store, Core};
 
@@ -56,7 +58,12 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     let started = Instant::now();
     // Check before opening anything, so a refused configuration leaves no trace.
     cfg.check()?;
+    let mut resolved: Vec<(PathBuf, &std::path::Path)> = Vec::new();
     for m in &cfg.mounts {
+        // Asked first, on a thread with a deadline: a stat of the mountpoint of a
+        // stopped or hung FUSE daemon sleeps in the kernel, where SIGTERM cannot end it
+        // (black-box finding: `strata serve` hung for good on such a mountpoint).
+        strata_fs::mount::dead_mount_or_refuse_stuck(&m.mountpoint)?;
         // Before the KV service starts: a mountpoint that cannot be one fails the start.
         if m.mountpoint.exists() && !m.mountpoint.is_dir() {
             anyhow::bail!(
@@ -64,6 +71,31 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                 m.mountpoint.display()
             );
         }
+        // The config's check compares spellings; two spellings of one directory, or
+        // of nested ones, through a symbolic link or `..`, are caught here (black-box
+        // finding: such mounts started, one hid the other, and a stop left a mount
+        // failing ENOTCONN).
+        let at = mount::resolved_mountpoint(&m.mountpoint);
+        for (other, spelled) in &resolved {
+            if *other == at {
+                anyhow::bail!(
+                    "[[mounts]] {} and {} are one directory ({}): one mount per directory",
+                    spelled.display(),
+                    m.mountpoint.display(),
+                    at.display()
+                );
+            }
+            if at.starts_with(other) || other.starts_with(&at) {
+                anyhow::bail!(
+                    "[[mounts]] {} and {} are nested ({} and {}): mount them side by side",
+                    spelled.display(),
+                    m.mountpoint.display(),
+                    other.display(),
+                    at.display()
+                );
+            }
+        }
+        resolved.push((at, &m.mountpoint));
     }
     // Before the cache dir is made (black-box finding: a cache dir refused as inside
     // the store was created and initialised first, and stayed there).
@@ -719,6 +751,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is not a directory"), "{e}");
+    }
+
+    /// Black-box finding: mountpoints nested, or one directory, only through a symbolic
+    /// link or `..` passed the config's check (spellings): the inner mount hid the outer
+    /// one's folder and a stop left a mount failing ENOTCONN. Refused before anything
+    /// is opened or mounted.
+    #[tokio::test]
+    async fn mountpoints_nested_or_equal_through_a_link_fail_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mp) = (dir.path().join("store"), dir.path().join("mp"));
+        std::fs::create_dir_all(mp.join("sub")).unwrap();
+        std::fs::create_dir_all(&store).unwrap();
+        std::os::unix::fs::symlink(&mp, dir.path().join("lnk")).unwrap();
+        for (first, second, says) in [
+            ("lnk/sub", "mp", "nested"),
+            ("lnk", "mp", "one directory"),
+            ("mp/../mp/new", "mp/new", "one directory"),
+        ] {
+            let mut cfg: StrataConfig = toml::from_str(&format!(
+                "[store]\nurl = \"file://{}\"\n[[mounts]]\nmountpoint = \"{}\"\n[[mounts]]\nmountpoint = \"{}\"\n",
+                store.display(),
+                dir.path().join(first).display(),
+                dir.path().join(second).display(),
+            ))
+            .unwrap();
+            cfg.kv.listen = Some("127.0.0.1:0".into());
+            let e = run(cfg, CancellationToken::new())
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{first} and {second}: {e}");
+        }
+        assert!(!mp.join("new").exists(), "nothing made");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -219,6 +219,28 @@ pub fn mount(
         .with_context(|| format!("mounting {url} at {}", m.mountpoint.display()))
 }
 
+/// `mountpoint` as the kernel resolves it (symbolic links and `..` followed): the path
+/// itself, or for one not made yet its nearest existing folder's resolved path with the
+/// rest joined, or else the absolute spelling. Ask only after
+/// [`strata_fs::mount::dead_mount_or_refuse_stuck`]: resolving stats the path.
+pub fn resolved_mountpoint(mountpoint: &Path) -> PathBuf {
+    let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let mut rest = Vec::new();
+    let mut at = absolute.as_path();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            return rest.iter().rev().fold(real, |p, part| p.join(part));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
 /// Refuses a mount that would read or write itself: a local directory store at, under
 /// or above the mountpoint (`strata mount file:///X X` listed its own mount, each
 /// `ls` blocking 40 s in the kernel before EIO: black-box finding), a cache dir under
