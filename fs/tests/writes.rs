@@ -3193,3 +3193,48 @@ async fn opening_an_inode_whose_object_went_since_its_lookup_is_estale() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding: the folder of a store object stayed in the mount only as long as
+/// the object did: `rm ckpt/step1/model.bin`, then writing the next checkpoint into
+/// `ckpt/step1` failed ENOENT once the listing expired (and `.` in a shell there). A
+/// folder a file left through the mount (removed, renamed away) stays, as one made by
+/// `mkdir` does, until `rmdir`.
+#[tokio::test]
+async fn a_folder_whose_last_file_left_through_the_mount_stays_until_rmdir() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.metadata_ttl = Duration::ZERO;
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.allow_delete = true;
+        })
+        .await;
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("lookup old");
+        c.unlink(old.attr.ino, "obj").await.expect("rm old/obj");
+        let data = c.lookup(ROOT_INO, "data").await.expect("lookup data");
+        c.rename(data.attr.ino, "x", ROOT_INO, "x", false)
+            .await
+            .expect("mv data/x .");
+        for folder in ["old", "data"] {
+            let again = c.lookup(ROOT_INO, folder).await.expect("still there");
+            assert!(
+                names_in(c, ROOT_INO).await.contains(&folder.to_string()),
+                "{folder} listed"
+            );
+            let (_, fh) = c
+                .create(again.attr.ino, "next.bin", 0)
+                .await
+                .expect("a new file in it");
+            c.write(fh, 0, b"step 2").expect("write");
+            c.flush(fh).await.expect("close");
+            c.release_write(fh).await;
+            c.unlink(again.attr.ino, "next.bin").await.expect("rm");
+            c.rmdir(ROOT_INO, folder).await.expect("rmdir");
+            let gone = c.lookup(ROOT_INO, folder).await.expect_err("removed");
+            assert_eq!(gone.errno(), libc::ENOENT, "{gone}");
+        }
+    })
+    .await
+    .expect("bounded");
+}

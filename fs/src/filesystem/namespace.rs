@@ -51,7 +51,9 @@ impl FsCore {
         let writes = self.writes()?;
         let (path, dir) = self.child_of(parent, name)?;
         if let Some(staged) = self.settled(&path).await {
-            return self.unlink_staged(staged, &path, &dir).await;
+            self.unlink_staged(staged, &path, &dir).await?;
+            keep_folder(writes, &dir.path);
+            return Ok(());
         }
         match self.meta(&path).await? {
             Meta::Dir => return Err(Error::IsDir(path.to_string())),
@@ -64,6 +66,7 @@ impl FsCore {
             )));
         }
         self.reader.store().delete(&path).await?;
+        keep_folder(writes, &dir.path);
         self.counters.deletes.fetch_add(1, Ordering::Relaxed);
         self.inodes.write().detach(&path);
         self.changing(&path);
@@ -184,9 +187,10 @@ impl FsCore {
             return Err(Error::Busy(to.to_string()));
         }
         if let Some(staged) = self.settled(&from).await {
-            return self
-                .rename_staged(staged, &from, &from_dir, &to, noreplace)
-                .await;
+            self.rename_staged(staged, &from, &from_dir, &to, noreplace)
+                .await?;
+            keep_folder(writes, &from_dir.path);
+            return Ok(());
         }
         let old = match self.meta(&from).await? {
             Meta::Missing => return Err(Error::NotFound(from.to_string())),
@@ -223,6 +227,7 @@ impl FsCore {
             }
         }
         moved?;
+        keep_folder(writes, &from_dir.path);
         self.counters.renames.fetch_add(1, Ordering::Relaxed);
         self.changing(&from);
         self.changing(&to);
@@ -621,5 +626,17 @@ fn not_empty(from: &str, to: &str, noreplace: bool) -> Error {
             what: format!("renaming {from} over {to}"),
             source: std::io::Error::from_raw_os_error(libc::ENOTEMPTY),
         },
+    }
+}
+
+/// Folder `dir` stays in the mount as one made here (`mkdir`) would, once a file left it
+/// through the mount (removed, renamed away): in an object store a folder is only the
+/// prefix of its objects, and its last one gone, it vanished at the next listing (black-
+/// box finding: `rm ckpt/step1/model.bin`, then writing the new checkpoint into
+/// `ckpt/step1` 6 s later failed ENOENT, and so did `.` in a shell there). A local disk
+/// keeps it until `rmdir`, which still removes it.
+fn keep_folder(writes: &super::write::Writes, dir: &Arc<str>) {
+    if !dir.is_empty() {
+        writes.local_dirs.lock().insert(dir.clone());
     }
 }
