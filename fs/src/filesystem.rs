@@ -295,10 +295,13 @@ pub struct DirEntry {
 
 /// An open directory: its path and the entries its opendir listed.
 struct OpenDir {
+    ino: u64,
     path: Arc<str>,
     entries: Vec<DirEntry>,
     /// The change number before its listing was read ([`FsCore::changing`]).
     listed_at: u64,
+    /// A read from its start was answered: the next one is a rewind (`rewinddir`).
+    read_from_start: std::sync::atomic::AtomicBool,
 }
 
 /// An opened file.
@@ -1579,6 +1582,15 @@ impl FsCore {
     /// Opens directory `ino`: snapshots its entries (with `.` and `..`) so that the
     /// readdir calls of one pass see one listing, even if the cache expires between them.
     pub async fn opendir(&self, ino: u64) -> Result<u64> {
+        let dir = self.snapshot_dir(ino).await?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs.lock().insert(fh, Arc::new(dir));
+        self.sweep_inodes();
+        Ok(fh)
+    }
+
+    /// The listing of directory `ino` as a handle holds it ([`Self::opendir`]).
+    async fn snapshot_dir(&self, ino: u64) -> Result<OpenDir> {
         let node = self.node(ino)?;
         if node.kind != Kind::Dir {
             return Err(Error::NotDir(node.path.to_string()));
@@ -1642,17 +1654,13 @@ impl FsCore {
                 entry,
             });
         }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(
-            fh,
-            Arc::new(OpenDir {
-                path: node.path.clone(),
-                entries: out,
-                listed_at,
-            }),
-        );
-        self.sweep_inodes();
-        Ok(fh)
+        Ok(OpenDir {
+            ino,
+            path: node.path.clone(),
+            entries: out,
+            listed_at,
+            read_from_start: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     fn open_dir(&self, fh: u64) -> Result<Arc<OpenDir>> {
@@ -1662,10 +1670,31 @@ impl FsCore {
         })
     }
 
-    /// Entries of an open directory from cookie `offset` on (at most `max`), as its
-    /// opendir listed them: names and inode numbers (READDIR; the kernel links none).
-    pub fn readdir(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+    /// The listing handle `fh` reads from `offset`: its snapshot, or a new one at a
+    /// read from the start after one was answered (`rewinddir`, and `os.listdir(fd)` or
+    /// `scandir(fd)` of an open folder: POSIX has a rewind see the folder as it is
+    /// then; black-box finding: such a handle kept showing a removed file and none made
+    /// since, also past the TTL).
+    async fn dir_at(&self, fh: u64, offset: u64) -> Result<Arc<OpenDir>> {
         let dir = self.open_dir(fh)?;
+        if offset != 0 || !dir.read_from_start.swap(true, Ordering::AcqRel) {
+            return Ok(dir);
+        }
+        let fresh = Arc::new(self.snapshot_dir(dir.ino).await?);
+        fresh.read_from_start.store(true, Ordering::Release);
+        let mut dirs = self.dirs.lock();
+        // (Not if released meanwhile.)
+        if let Some(held) = dirs.get_mut(&fh) {
+            *held = fresh.clone();
+        }
+        Ok(fresh)
+    }
+
+    /// Entries of an open directory from cookie `offset` on (at most `max`), as its
+    /// opendir listed them (or a rewind, [`Self::dir_at`]): names and inode numbers
+    /// (READDIR; the kernel links none).
+    pub async fn readdir(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let dir = self.dir_at(fh, offset).await?;
         Ok(dir
             .entries
             .iter()
@@ -1686,7 +1715,7 @@ impl FsCore {
     /// EBADF or ENOENT, a removed folder stayed for the TTL), and set a just-uploaded
     /// file's size back to the 0 bytes it had when listed (its read-back was empty).
     pub async fn readdir_plus(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
-        let dir = self.open_dir(fh)?;
+        let dir = self.dir_at(fh, offset).await?;
         let mut out = Vec::new();
         for e in dir.entries.iter().skip(offset as usize).take(max) {
             if e.name == "." || e.name == ".." {

@@ -464,22 +464,25 @@ impl Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        // Entries are small; a reply buffer holds a few hundred at most.
-        match self.core.readdir(fh.0, offset, 4096) {
-            Ok(entries) => {
-                for e in entries {
-                    let kind = match e.entry.attr.kind {
-                        Kind::Dir => FileType::Directory,
-                        Kind::File => FileType::RegularFile,
-                    };
-                    if reply.add(INodeNo(e.entry.attr.ino), e.offset, kind, &e.name) {
-                        break;
+        let core = self.core.clone();
+        self.dispatch(async move {
+            // Entries are small; a reply buffer holds a few hundred at most.
+            match core.readdir(fh.0, offset, 4096).await {
+                Ok(entries) => {
+                    for e in entries {
+                        let kind = match e.entry.attr.kind {
+                            Kind::Dir => FileType::Directory,
+                            Kind::File => FileType::RegularFile,
+                        };
+                        if reply.add(INodeNo(e.entry.attr.ino), e.offset, kind, &e.name) {
+                            break;
+                        }
                     }
+                    reply.ok();
                 }
-                reply.ok();
+                Err(e) => reply.error(errno(&e, "readdir")),
             }
-            Err(e) => reply.error(errno(&e, "readdir")),
-        }
+        });
     }
 
     fn readdirplus(

@@ -100,6 +100,7 @@ async fn lookup_getattr_and_readdir_describe_the_tree() {
         let fh = c.opendir(ROOT_INO).await.expect("opendir");
         let names: Vec<String> = c
             .readdir(fh, 0, 100)
+            .await
             .expect("readdir")
             .into_iter()
             .map(|e| e.name)
@@ -108,16 +109,17 @@ async fn lookup_getattr_and_readdir_describe_the_tree() {
         // Cookies resume where the previous call stopped.
         let rest: Vec<String> = c
             .readdir(fh, 3, 100)
+            .await
             .expect("resume")
             .into_iter()
             .map(|e| e.name)
             .collect();
         assert_eq!(rest, vec!["empty", "pre", "top.txt"]);
         c.releasedir(fh);
-        assert!(c.readdir(fh, 0, 10).is_err(), "released handle");
+        assert!(c.readdir(fh, 0, 10).await.is_err(), "released handle");
 
         let fh = c.opendir(dir.attr.ino).await.expect("opendir dir");
-        let entries = c.readdir(fh, 2, 100).expect("readdir dir");
+        let entries = c.readdir(fh, 2, 100).await.expect("readdir dir");
         let got: Vec<(String, Kind, u64)> = entries
             .iter()
             .map(|e| (e.name.clone(), e.entry.attr.kind, e.entry.attr.size))
@@ -1049,7 +1051,7 @@ async fn unreferenced_inodes_are_swept_past_the_bound() {
         // A plain listing names dir's entries without referencing them; while the
         // directory is open they stay.
         let fh = c.opendir(dir.attr.ino).await.expect("opendir");
-        let listed = c.readdir(fh, 0, 100).expect("readdir");
+        let listed = c.readdir(fh, 0, 100).await.expect("readdir");
         let ino_of = |name: &str| {
             listed
                 .iter()
