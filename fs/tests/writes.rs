@@ -3236,6 +3236,20 @@ async fn a_folder_whose_last_file_left_through_the_mount_stays_until_rmdir() {
         let c = &fx.core;
         let old = c.lookup(ROOT_INO, "old").await.expect("lookup old");
         c.unlink(old.attr.ino, "obj").await.expect("rm old/obj");
+        // A folder whose one object was deeper: `ckpt` goes with `ckpt/step1`.
+        put_elsewhere(&fx, "ckpt/step1/model.bin", b"step 1".to_vec()).await;
+        let ckpt = c.lookup(ROOT_INO, "ckpt").await.expect("lookup ckpt");
+        let step1 = c
+            .lookup(ckpt.attr.ino, "step1")
+            .await
+            .expect("lookup step1");
+        c.unlink(step1.attr.ino, "model.bin")
+            .await
+            .expect("rm the model");
+        let ckpt = c.lookup(ROOT_INO, "ckpt").await.expect("ckpt still there");
+        c.lookup(ckpt.attr.ino, "step1")
+            .await
+            .expect("step1 still there");
         let data = c.lookup(ROOT_INO, "data").await.expect("lookup data");
         c.rename(data.attr.ino, "x", ROOT_INO, "x", false)
             .await

@@ -635,8 +635,14 @@ fn not_empty(from: &str, to: &str, noreplace: bool) -> Error {
 /// box finding: `rm ckpt/step1/model.bin`, then writing the new checkpoint into
 /// `ckpt/step1` 6 s later failed ENOENT, and so did `.` in a shell there). A local disk
 /// keeps it until `rmdir`, which still removes it.
+/// The folders above it too: `ckpt/step1/model.bin` was all `ckpt` held.
 fn keep_folder(writes: &super::write::Writes, dir: &Arc<str>) {
-    if !dir.is_empty() {
-        writes.local_dirs.lock().insert(dir.clone());
+    let mut dirs = writes.local_dirs.lock();
+    let mut at: &str = dir;
+    while !at.is_empty() {
+        if !dirs.contains(at) {
+            dirs.insert(Arc::from(at));
+        }
+        at = at.rsplit_once('/').map_or("", |(parent, _)| parent);
     }
 }
