@@ -1834,6 +1834,15 @@ impl FsCore {
             return self.entry_for(&node.path, &resized?, false);
         };
         if let Some(size) = size {
+            if fh.is_none() {
+                // Another process's truncate by path waits for an upload under way (a
+                // close's), which reads the file at the size it started with; one that
+                // still meets it goes again (`upload`).
+                let under_way = staged.upload.lock().as_ref().map(|(_, f)| f.clone());
+                if let Some(upload) = under_way {
+                    let _ = upload.await;
+                }
+            }
             resize_staged(&staged, size)?;
         }
         // The inode asked about, as it is: not the path's (an `ftruncate` of a file
