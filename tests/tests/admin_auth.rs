@@ -162,3 +162,34 @@ fn the_daemon_with_tenants_serves_a_private_socket_and_a_guarded_admin_api() {
             .expect("daemon ran without error");
     });
 }
+
+/// Black-box finding: with one of its mounts unmounted from outside (`umount -l`), a
+/// daemon ran on without it and /healthz, the DaemonSet's liveness and readiness
+/// probe, still said ok. It says 503 now, naming the mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_fails_while_a_mount_is_unmounted_from_outside() {
+    let mut state = admin_common::bare_state(None);
+    state.mounts = vec![admin::MountInfo {
+        mountpoint: "/mnt/data".into(),
+        prefix: String::new(),
+        stats: None,
+    }];
+    let unmounted: std::sync::Arc<[std::sync::atomic::AtomicBool]> =
+        std::sync::Arc::new([std::sync::atomic::AtomicBool::new(false)]);
+    state.unmounted = unmounted.clone();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move { admin::serve(l, state, s.cancelled_owned()).await });
+    assert_eq!(status(&addr, "GET", "/healthz", None).await, 200);
+    unmounted[0].store(true, std::sync::atomic::Ordering::Relaxed);
+    let (code, body) = http_request(&addr, "GET", "/healthz", None)
+        .await
+        .expect("request");
+    assert_eq!(code, 503);
+    assert!(body.contains("/mnt/data"), "{body}");
+    stop.cancel();
+}

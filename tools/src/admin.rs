@@ -1,6 +1,7 @@
 //! The daemon's admin HTTP API: `GET /stats` (JSON, read by `strata stats`),
 //! `GET /metrics` (the same figures: OpenMetrics when the Accept header asks for it, as
-//! Prometheus does, else the Prometheus text format 0.0.4), `GET /healthz`.
+//! Prometheus does, else the Prometheus text format 0.0.4), `GET /healthz` (200 "ok",
+//! or 503 naming a mount unmounted from outside).
 //!
 //! Design: the handlers only snapshot lock-free counters (the engine's, the KV
 //! service's) and render them; a fresh Prometheus registry is built per scrape from the
@@ -311,9 +312,36 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/stats", get(stats_handler))
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz_handler))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
+}
+
+/// `GET /healthz`: 200 "ok", or 503 naming each mount of the daemon that was
+/// unmounted from outside (`umount -l`, `fusermount3 -u`): the daemon runs on without
+/// it, and its mountpoint is a plain local folder under the jobs, so a liveness or
+/// readiness probe must see it (black-box finding: /healthz said ok, and nothing
+/// restarted or remounted it).
+async fn healthz_handler(State(s): State<AdminState>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    let lost: Vec<String> = s
+        .mounts
+        .iter()
+        .zip(s.unmounted.iter())
+        .filter(|(_, gone)| gone.load(Relaxed))
+        .map(|(m, _)| m.mountpoint.display().to_string())
+        .collect();
+    if lost.is_empty() {
+        return "ok\n".into_response();
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "unmounted from outside, not served: {}; restart the daemon to mount again\n",
+            lost.join(", ")
+        ),
+    )
+        .into_response()
 }
 
 /// The access rule of the module docs, before any handler (and the 404/405 fallback).
