@@ -1284,7 +1284,7 @@ impl FsCore {
     async fn fetch_listing_if_small(&self, path: &Arc<str>) -> Result<Option<Arc<Listing>>> {
         let started = self.change_seq.load(Ordering::Acquire);
         self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-        let listed = self.reader.store().list_dir_if_one_page(path).await;
+        let listed = self.reader.store().list_dir_for_lookup(path).await;
         self.kept_or_logged(path, listed, started).await
     }
 
