@@ -1397,7 +1397,15 @@ impl FsCore {
         let mut offset = 0u64;
         while offset < obj.size {
             let len = (obj.size - offset).min(FILL_CHUNK);
-            let data = self.reader.read(obj, offset, len, &ctx).await?;
+            let data = match self.reader.read(obj, offset, len, &ctx).await {
+                Ok(data) => data,
+                // Renamed away or removed since it was looked up (another process's
+                // `mv`): ESTALE, so the kernel looks the name up again, as for the
+                // OPEN of a name gone (`gone_since_lookup`; black-box finding: `>>`
+                // opens failed ENOENT while the name was renamed away and back).
+                Err(CacheError::NotFound(_)) => return Err(super::gone_since_lookup(&obj.path)),
+                Err(e) => return Err(e.into()),
+            };
             if data.len() as u64 != len {
                 return Err(Error::Unsupported(format!(
                     "{}: changed in the store while read for an in-place change",
