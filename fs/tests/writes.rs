@@ -3169,18 +3169,23 @@ async fn a_truncate_by_path_during_the_close_s_upload_does_not_fail_the_close() 
         let (e, fh) = c.create(ROOT_INO, "log.txt", 0).await.expect("create");
         let want = data(512 << 10, 5);
         c.write(fh, 0, &want).expect("write");
+        // The close (FLUSH) and the release right after it, as the kernel sends them.
         let closing = {
             let c = c.clone();
-            tokio::spawn(async move { c.flush(fh).await })
+            tokio::spawn(async move {
+                let closed = c.flush(fh).await;
+                c.release_write(fh).await;
+                closed
+            })
         };
         tokio::time::sleep(Duration::from_millis(45)).await;
         c.setattr(e.attr.ino, Some(7), None)
             .await
             .expect("truncate by path");
         closing.await.expect("join").expect("the close's upload");
-        c.flush(fh).await.expect("a later flush");
+        // The truncate, which returned 0, is in the store too (round 17b: it changed
+        // the staged file after the close's upload and the release, and was lost).
         assert_eq!(stored(&fx, "log.txt").await.as_deref(), Some(&want[..7]));
-        c.release_write(fh).await;
     })
     .await
     .expect("bounded");

@@ -1818,6 +1818,19 @@ impl FsCore {
     ) -> Result<Entry> {
         let writes = self.writes()?;
         let node = self.node(ino)?;
+        if let (None, Some(_)) = (fh, size) {
+            // Another process's truncate by path waits for an upload under way (a
+            // close's), which reads the file at the size it started with (one that
+            // still meets it goes again: `upload`); then it finds the file as it is
+            // (black-box finding: resized after the close's upload, it changed a file
+            // no upload would send again, and returned 0 with the store unchanged).
+            let under_way = writes
+                .staged(&node.path)
+                .and_then(|s| s.upload.lock().as_ref().map(|(_, f)| f.clone()));
+            if let Some(upload) = under_way {
+                let _ = upload.await;
+            }
+        }
         let by_handle = fh.and_then(|f| writes.handle(f));
         let Some(staged) = by_handle.or_else(|| writes.staged(&node.path)) else {
             let Some(size) = size else {
@@ -1842,15 +1855,6 @@ impl FsCore {
             return self.entry_for(&node.path, &resized?, false);
         };
         if let Some(size) = size {
-            if fh.is_none() {
-                // Another process's truncate by path waits for an upload under way (a
-                // close's), which reads the file at the size it started with; one that
-                // still meets it goes again (`upload`).
-                let under_way = staged.upload.lock().as_ref().map(|(_, f)| f.clone());
-                if let Some(upload) = under_way {
-                    let _ = upload.await;
-                }
-            }
             resize_staged(&staged, size)?;
         }
         // The inode asked about, as it is: not the path's (an `ftruncate` of a file
