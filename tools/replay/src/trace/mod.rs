@@ -831,9 +831,17 @@ mod tests {
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: `c` is a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // The reader opens the fifo again after an empty pass: the check's open and
+        // close alone give it an end of file, and the write that follows then needs a
+        // reader again (read once, the test hung when the check's close came first).
         let reader = {
             let fifo = fifo.clone();
-            std::thread::spawn(move || std::fs::read(&fifo).expect("read the fifo"))
+            std::thread::spawn(move || loop {
+                let got = std::fs::read(&fifo).expect("read the fifo");
+                if !got.is_empty() {
+                    return got;
+                }
+            })
         };
         check_writable(&fifo).expect("a fifo with a reader");
         write_file(&sample(), &fifo).expect("write into the fifo");
