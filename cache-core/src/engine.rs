@@ -253,8 +253,8 @@ impl EngineBuilder {
     }
 
     /// Bound on the bytes of file-block copies written to persistent levels behind
-    /// their readers ([`crate::write_behind`]); default a quarter of the fastest
-    /// level, within 16..256 MiB.
+    /// their readers: its ceiling ([`crate::write_behind`]; the bound follows the disk
+    /// below it). Default: a quarter of the fastest level, within 16..256 MiB.
     pub fn write_behind_bytes(mut self, bytes: u64) -> Self {
         self.write_behind = Some(bytes);
         self
