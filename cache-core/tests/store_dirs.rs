@@ -135,6 +135,19 @@ async fn writes_through_a_link_out_of_a_local_store_are_refused() {
         only_if_absent: false,
     };
     assert!(store.start_upload("ckpt/big.bin", &shape).await.is_err());
+    // A name that is itself a link out of the store (hidden from listings) is not
+    // replaced by a write or a rename onto it (round 17b: it became a regular file).
+    std::os::unix::fs::symlink(
+        outside.path().join("victim.conf"),
+        dir.path().join("in/lfile"),
+    )
+    .expect("a file link out");
+    assert!(refused(store.put("in/lfile", data()).await));
+    assert!(refused(store.rename("in/ok.txt", "in/lfile").await));
+    assert!(std::fs::symlink_metadata(dir.path().join("in/lfile"))
+        .expect("lstat")
+        .file_type()
+        .is_symlink());
     let left: Vec<_> = std::fs::read_dir(outside.path())
         .expect("outside")
         .map(|e| e.expect("entry").file_name())

@@ -564,7 +564,26 @@ impl BackingStore {
             return Ok(());
         }
         let (root, rel) = (root.clone(), path.to_string());
-        if local_stat(move || folder_inside_root(&root, &rel)).await? {
+        let (folder_inside, hidden_link) = local_stat(move || {
+            // The name itself a link the listing hides (out of the store, or leading
+            // nowhere): a write would replace it, where the README promises EINVAL
+            // (round 17b: `echo x > name` and `mv a name` turned such links into files).
+            let hidden_link = std::fs::symlink_metadata(root.join(&rel))
+                .is_ok_and(|m| m.file_type().is_symlink())
+                && !inside_root(&root, &rel);
+            (folder_inside_root(&root, &rel), hidden_link)
+        })
+        .await?;
+        if hidden_link {
+            tracing::warn!(
+                path,
+                "refused: the name is a symbolic link out of the store"
+            );
+            return Err(CacheError::InvalidArgument(format!(
+                "{path}: a symbolic link out of the store (hidden from the mount) has this name"
+            )));
+        }
+        if folder_inside {
             return Ok(());
         }
         tracing::warn!(
