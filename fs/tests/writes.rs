@@ -3321,3 +3321,43 @@ async fn a_folder_read_again_from_its_start_is_listed_again() {
     .await
     .expect("bounded");
 }
+
+/// Round 17b: an unlink by another process while a writer's close uploaded the file
+/// failed EBUSY (16-226 per run beside a create-write-close loop). It waits for the
+/// upload under way and then removes the file, as a local disk would.
+#[tokio::test]
+async fn an_unlink_during_a_close_s_upload_waits_for_it() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.allow_delete = true;
+            w.stream_from = u64::MAX;
+        })
+        .await;
+        fx.faulty.set_config(FaultConfig {
+            part_latency: Duration::from_millis(30),
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "out.bin", 0).await.expect("create");
+        c.write(fh, 0, &data(512 << 10, 8)).expect("write");
+        let closing = {
+            let c = c.clone();
+            tokio::spawn(async move { c.flush(fh).await })
+        };
+        tokio::time::sleep(Duration::from_millis(45)).await;
+        c.unlink(ROOT_INO, "out.bin")
+            .await
+            .expect("unlink, not EBUSY");
+        closing.await.expect("join").expect("the close's upload");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "out.bin").await,
+            None,
+            "removed after its upload"
+        );
+    })
+    .await
+    .expect("bounded");
+}

@@ -50,7 +50,17 @@ impl FsCore {
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<()> {
         let writes = self.writes()?;
         let (path, dir) = self.child_of(parent, name)?;
-        if let Some(staged) = self.settled(&path).await {
+        // An upload under way (a close's) is waited for, a few at most, rather than
+        // answered EBUSY (round 17b: 16-226 unlinks per run failed EBUSY next to
+        // another process's create-write-close loop); the file is then taken as it is.
+        let mut staged = self.settled(&path).await;
+        for _ in 0..3 {
+            match &staged {
+                Some(s) if s.upload_done().await => staged = self.settled(&path).await,
+                _ => break,
+            }
+        }
+        if let Some(staged) = staged {
             self.unlink_staged(staged, &path, &dir).await?;
             keep_folder(writes, &dir.path);
             return Ok(());

@@ -492,6 +492,19 @@ impl Drop for Staged {
 }
 
 impl Staged {
+    /// Waits for the upload under way, if any (its result is its caller's); says
+    /// whether there was one.
+    pub(super) async fn upload_done(&self) -> bool {
+        let under_way = self.upload.lock().as_ref().map(|(_, f)| f.clone());
+        match under_way {
+            Some(upload) => {
+                let _ = upload.await;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Records bytes `range` a write failed to land (see `lost`).
     fn lose(&self, range: Range<u64>, errno: i32) {
         let mut lost = self.lost.lock();
@@ -1824,11 +1837,8 @@ impl FsCore {
             // still meets it goes again: `upload`); then it finds the file as it is
             // (black-box finding: resized after the close's upload, it changed a file
             // no upload would send again, and returned 0 with the store unchanged).
-            let under_way = writes
-                .staged(&node.path)
-                .and_then(|s| s.upload.lock().as_ref().map(|(_, f)| f.clone()));
-            if let Some(upload) = under_way {
-                let _ = upload.await;
+            if let Some(staged) = writes.staged(&node.path) {
+                staged.upload_done().await;
             }
         }
         let by_handle = fh.and_then(|f| writes.handle(f));
