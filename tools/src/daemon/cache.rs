@@ -137,7 +137,22 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
     }
     let memory = Arc::new(MemoryTier::new(memory_bytes));
     levels.push(level(memory.clone(), memory_bytes)?);
-    let disk_bytes = parse_size(&cfg.disk).context("[cache] disk (--disk, --disk-cache)")?;
+    let mut disk_bytes = parse_size(&cfg.disk).context("[cache] disk (--disk, --disk-cache)")?;
+    if let Some(limit) = super::memory_limit::memory_limit() {
+        // A cache dir in memory (tmpfs, ramfs: a Kubernetes emptyDir of medium Memory)
+        // is charged to the daemon's memory limit beside the memory tier (black-box
+        // finding: a 256 MiB cgroup OOM-killed with ~160 MB of tmpfs pages under a
+        // 10 GiB disk budget).
+        if super::memory_limit::memory_backed(&cache_dir) {
+            let fitted = super::memory_limit::fit_memory_backed_disk(disk_bytes, limit.bytes);
+            disk_bytes = super::memory_limit::capped(
+                "[cache] disk (its dir is in memory: tmpfs or ramfs)",
+                disk_bytes,
+                fitted,
+                &limit,
+            );
+        }
+    }
     // Before the disk tier sizes its open-file cache from the limit: many clients
     // and open block files must not run the daemon out of descriptors.
     match strata_cache_core::tiers::disk::raise_fd_limit() {

@@ -123,6 +123,32 @@ pub fn fit(tier: u64, arena: u64, limit: u64) -> (u64, u64) {
     (tier.min(tier_share), arena.min(limit / ARENA_SHARE))
 }
 
+/// The disk budget that fits under `limit` for a cache dir held in memory (tmpfs,
+/// ramfs), whose pages count against the limit: a quarter of it at most, beside the
+/// memory tier's half less 64 MiB.
+pub fn fit_memory_backed_disk(disk: u64, limit: u64) -> u64 {
+    disk.min(limit / 4)
+}
+
+/// Whether `dir` lies on a file system held in memory (tmpfs, ramfs), whose pages are
+/// charged to the memory limit of whoever writes them.
+pub fn memory_backed(dir: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` has room for the result.
+    if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return false;
+    }
+    // SAFETY: statfs returned 0, so it filled `st`.
+    let kind = unsafe { st.assume_init() }.f_type as i64;
+    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+}
+
 /// `configured` bytes of `what` ("[cache] memory", "[kv] shm"), capped under the
 /// daemon's memory limit with a warning when it does not fit.
 pub fn capped(what: &str, configured: u64, fitted: u64, limit: &MemoryLimit) -> u64 {
@@ -148,6 +174,15 @@ mod tests {
         let p = root.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn a_cache_dir_in_memory_takes_a_quarter_of_the_limit_at_most() {
+        assert_eq!(fit_memory_backed_disk(10 << 30, 256 << 20), 64 << 20);
+        assert_eq!(fit_memory_backed_disk(32 << 20, 256 << 20), 32 << 20);
+        // /proc is neither tmpfs nor ramfs; a path that does not exist is not either.
+        assert!(!memory_backed(Path::new("/proc")));
+        assert!(!memory_backed(Path::new("/no/such/dir")));
     }
 
     #[test]
