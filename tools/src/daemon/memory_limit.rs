@@ -133,8 +133,8 @@ pub fn fit_memory_backed_disk(disk: u64, limit: u64) -> u64 {
 /// Whether `dir` lies on a file system held in memory (tmpfs, ramfs), whose pages are
 /// charged to the memory limit of whoever writes them.
 pub fn memory_backed(dir: &Path) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // (The libc crate names tmpfs's, not ramfs's.)
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return false;
@@ -145,8 +145,8 @@ pub fn memory_backed(dir: &Path) -> bool {
         return false;
     }
     // SAFETY: statfs returned 0, so it filled `st`.
-    let kind = unsafe { st.assume_init() }.f_type as i64;
-    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+    let kind = unsafe { st.assume_init() }.f_type;
+    kind == libc::TMPFS_MAGIC || kind == RAMFS_MAGIC
 }
 
 /// `configured` bytes of `what` ("[cache] memory", "[kv] shm"), capped under the
