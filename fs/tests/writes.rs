@@ -3146,6 +3146,27 @@ async fn a_file_opened_to_append_in_a_folder_being_renamed_follows_it() {
     .expect("bounded");
 }
 
+/// A writable core whose closes upload slowly (parts of 64 KiB, 30 ms each, never sent
+/// while written), with `name` created and 512 KiB of `seed` bytes written: for what
+/// another process does while a close uploads.
+async fn slow_close_fixture(name: &str, seed: u8) -> (Fixture, Entry, u64, Vec<u8>) {
+    let fx = fixture(|o, _| {
+        let w = o.writes.as_mut().expect("writes");
+        w.allow_overwrite = true;
+        w.allow_delete = true;
+        w.stream_from = u64::MAX;
+    })
+    .await;
+    fx.faulty.set_config(FaultConfig {
+        part_latency: Duration::from_millis(30),
+        ..Default::default()
+    });
+    let (e, fh) = fx.core.create(ROOT_INO, name, 0).await.expect("create");
+    let want = data(512 << 10, seed);
+    fx.core.write(fh, 0, &want).expect("write");
+    (fx, e, fh, want)
+}
+
 /// Black-box finding: a truncate by path from another process (no handle) while the
 /// writer's close was uploading the file shrank it under the parts being read, and the
 /// close failed EIO ("failed to fill whole buffer"), the file unpublished. The upload
@@ -3154,21 +3175,8 @@ async fn a_file_opened_to_append_in_a_folder_being_renamed_follows_it() {
 #[tokio::test]
 async fn a_truncate_by_path_during_the_close_s_upload_does_not_fail_the_close() {
     timed(async {
-        // Not sent while written: the close reads the whole file for its upload.
-        let fx = fixture(|o, _| {
-            let w = o.writes.as_mut().expect("writes");
-            w.allow_overwrite = true;
-            w.stream_from = u64::MAX;
-        })
-        .await;
-        fx.faulty.set_config(FaultConfig {
-            part_latency: Duration::from_millis(30),
-            ..Default::default()
-        });
+        let (fx, e, fh, want) = slow_close_fixture("log.txt", 5).await;
         let c = &fx.core;
-        let (e, fh) = c.create(ROOT_INO, "log.txt", 0).await.expect("create");
-        let want = data(512 << 10, 5);
-        c.write(fh, 0, &want).expect("write");
         // The close (FLUSH) and the release right after it, as the kernel sends them.
         let closing = {
             let c = c.clone();
@@ -3328,20 +3336,8 @@ async fn a_folder_read_again_from_its_start_is_listed_again() {
 #[tokio::test]
 async fn an_unlink_during_a_close_s_upload_waits_for_it() {
     timed(async {
-        let fx = fixture(|o, _| {
-            let w = o.writes.as_mut().expect("writes");
-            w.allow_overwrite = true;
-            w.allow_delete = true;
-            w.stream_from = u64::MAX;
-        })
-        .await;
-        fx.faulty.set_config(FaultConfig {
-            part_latency: Duration::from_millis(30),
-            ..Default::default()
-        });
+        let (fx, _, fh, _) = slow_close_fixture("out.bin", 8).await;
         let c = &fx.core;
-        let (_, fh) = c.create(ROOT_INO, "out.bin", 0).await.expect("create");
-        c.write(fh, 0, &data(512 << 10, 8)).expect("write");
         let closing = {
             let c = c.clone();
             tokio::spawn(async move { c.flush(fh).await })

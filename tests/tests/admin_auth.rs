@@ -11,7 +11,11 @@ use strata_tools::config::{AdminConfig, CacheConfig, KvConfig, KvTenantConfig, S
 use tokio_util::sync::CancellationToken;
 
 async fn start(token: Option<&str>) -> (String, CancellationToken) {
-    let state = admin_common::bare_state(token);
+    serve(admin_common::bare_state(token)).await
+}
+
+/// The admin API of `state` on a loopback port: its address and its stop.
+async fn serve(state: admin::AdminState) -> (String, CancellationToken) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -177,13 +181,7 @@ async fn healthz_fails_while_a_mount_is_unmounted_from_outside() {
     let unmounted: std::sync::Arc<[std::sync::atomic::AtomicBool]> =
         std::sync::Arc::new([std::sync::atomic::AtomicBool::new(false)]);
     state.unmounted = unmounted.clone();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr").to_string();
-    let stop = CancellationToken::new();
-    let s = stop.clone();
-    tokio::spawn(async move { admin::serve(l, state, s.cancelled_owned()).await });
+    let (addr, stop) = serve(state).await;
     assert_eq!(status(&addr, "GET", "/healthz", None).await, 200);
     unmounted[0].store(true, std::sync::atomic::Ordering::Relaxed);
     let (code, body) = http_request(&addr, "GET", "/healthz", None)
