@@ -304,6 +304,7 @@ impl EngineBuilder {
             });
         }
         let fastest = levels.first().map_or(0, |l| l.tier.capacity_bytes());
+        let has_volatile_level = levels.iter().any(|l| l.tier.kind() != TierKind::Disk);
         if !excess.is_empty() {
             tracing::info!(
                 blocks = excess.len(),
@@ -338,6 +339,7 @@ impl EngineBuilder {
                     self.write_behind
                         .unwrap_or_else(|| WriteBehind::default_cap(fastest)),
                 ),
+                has_volatile_level,
             }),
         })
     }
@@ -377,6 +379,8 @@ struct Inner {
     kept_elsewhere: parking_lot::RwLock<Vec<KeptElsewhere>>,
     /// Copies of file blocks written to persistent levels behind their readers.
     write_behind: WriteBehind,
+    /// A level above the disk holds blocks in memory (fills may write behind it).
+    has_volatile_level: bool,
 }
 
 /// Says whether a key has a durable copy outside the engine.
@@ -1138,12 +1142,16 @@ impl CacheEngine {
         runs
     }
 
-    /// Whether a level above the disk holds blocks in memory.
-    fn has_volatile_level(&self) -> bool {
-        self.inner
-            .levels
-            .iter()
-            .any(|l| l.tier.kind() != TierKind::Disk)
+    /// `bytes` of the write-behind bound, or None (the copy is shed, and counted).
+    fn take_behind(&self, bytes: u64) -> Option<crate::write_behind::Pending> {
+        let taken = self.inner.write_behind.try_take(bytes);
+        if taken.is_none() {
+            self.inner
+                .counters
+                .writes_shed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 
     /// Takes fetched `keys` out of the in-flight map: now, or once the copies `behind`
@@ -1228,7 +1236,7 @@ impl CacheEngine {
             // engine of disk levels alone writes in turn, as its caller expects).
             if persistent
                 && persist == Persist::Background
-                && (stored || (matches!(key, CacheKey::File(_)) && self.has_volatile_level()))
+                && (stored || (matches!(key, CacheKey::File(_)) && self.inner.has_volatile_level))
             {
                 deferred.push(i);
                 continue;
@@ -1287,10 +1295,9 @@ impl CacheEngine {
         let mut pending = None;
         let mut shed = false;
         if !deferred.is_empty() && matches!(key, CacheKey::File(_)) {
-            pending = self.inner.write_behind.try_take(block.len());
+            pending = self.take_behind(block.len());
             shed = pending.is_none();
             if shed {
-                c.writes_shed.fetch_add(1, Ordering::Relaxed);
                 deferred.clear();
             }
         }
@@ -1424,21 +1431,13 @@ impl CacheEngine {
             }
             let kind = WriteKind::of_copy(&victim);
             if behind && persistent && kind == WriteKind::Refetchable {
-                match self.inner.write_behind.try_take(bytes.len()) {
-                    Some(pending) => {
-                        let (engine, moved) = (self.clone(), *moved);
-                        tokio::spawn(async move {
-                            let _pending = pending;
-                            let first = vec![(i, victim, bytes, taken_at)];
-                            engine.demote_in_turn(first, moved).await;
-                        });
-                    }
-                    None => {
-                        self.inner
-                            .counters
-                            .writes_shed
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
+                if let Some(pending) = self.take_behind(bytes.len()) {
+                    let (engine, moved) = (self.clone(), *moved);
+                    tokio::spawn(async move {
+                        let _pending = pending;
+                        let first = vec![(i, victim, bytes, taken_at)];
+                        engine.demote_in_turn(first, moved).await;
+                    });
                 }
                 continue;
             }

@@ -825,6 +825,14 @@ pub struct Counters {
     pub read_stale: AtomicU64,
 }
 
+impl Counters {
+    /// An upload of `bytes` landed (a close's, or the fsync replay's).
+    pub(crate) fn uploaded(&self, bytes: u64) {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+        self.upload_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
 impl FsCore {
     /// A core serving the sub-tree `prefix` ("" for all) of `reader`'s store.
     pub fn new(reader: ObjectReader, prefix: &str, opts: CoreOptions) -> Self {

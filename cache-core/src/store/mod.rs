@@ -903,15 +903,8 @@ impl BackingStore {
     /// again at every expiry of its attributes (black-box finding). One that is no
     /// folder there is listed as before (it may not exist, or not inside the root).
     pub async fn list_dir_for_lookup(&self, dir: &str) -> Result<Option<DirListing>> {
-        if let (Some(root), false) = (&self.local_root, dir.is_empty()) {
-            let (root, rel, follow) = (root.clone(), dir.to_string(), self.follow_symlinks);
-            let folder = local_stat(move || {
-                root.join(&rel).is_dir() && (follow || inside_root(&root, &rel))
-            })
-            .await?;
-            if folder {
-                return Ok(None);
-            }
+        if self.local_root.is_some() && !dir.is_empty() && self.dir_exists(dir).await? {
+            return Ok(None);
         }
         self.list_dir_if_one_page(dir).await
     }

@@ -2115,10 +2115,7 @@ impl FsCore {
             // In the store: a crash now loses nothing the fsync record would restore.
             staged.unjournal();
         }
-        self.counters.uploads.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .upload_bytes
-            .fetch_add(size, Ordering::Relaxed);
+        self.counters.uploaded(size);
         tracing::debug!(path = %staged.path(), size, "uploaded");
         Ok(())
     }

@@ -279,18 +279,16 @@ fn reclaim_orphaned_in(tmp: &std::path::Path) {
     }
 }
 
-/// How many fsync records (`<n>.part.json`, `strata_fs`'s write journal) lie under
-/// `staging`, the staging folder of a cache dir (`staging/<mount>/files/`).
+/// How many fsync records lie in the mounts' staging folders under `staging` (a cache
+/// dir's), as `strata_fs` counts them in one.
 fn fsync_records_in(staging: &std::path::Path) -> usize {
     let Ok(mounts) = std::fs::read_dir(staging) else {
         return 0;
     };
     mounts
         .flatten()
-        .filter_map(|m| std::fs::read_dir(m.path().join("files")).ok())
-        .flat_map(|files| files.flatten())
-        .filter(|f| f.file_name().to_string_lossy().ends_with(".part.json"))
-        .count()
+        .map(|m| strata_fs::filesystem::fsync_records(&m.path()))
+        .sum()
 }
 
 /// The file whose lock says a daemon runs on a cache dir (it holds that daemon's pid).

@@ -700,12 +700,7 @@ impl super::FsCore {
         match uploaded {
             // Counted as the mount's, as a close's upload is (black-box finding: the
             // replay's uploads were missing from `strata stats` and /metrics).
-            Ok(_) => {
-                self.counters.uploads.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .upload_bytes
-                    .fetch_add(size, Ordering::Relaxed);
-            }
+            Ok(_) => self.counters.uploaded(size),
             // An earlier start's upload of it landed (killed before the record went).
             Err(CacheError::Exists(_)) if self.store_holds(&j.record.path, &file, size).await? => {}
             Err(e) => return Err(e.into()),
