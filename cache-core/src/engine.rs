@@ -281,14 +281,24 @@ impl EngineBuilder {
         let mut spaces = Vec::with_capacity(self.levels.len());
         let mut excess = Vec::new();
         for (tier, policy) in self.levels {
-            let mut space = TierSpace::new(tier.capacity_bytes(), policy);
+            let max_entries = tier
+                .max_entries()
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            let mut space =
+                TierSpace::new(tier.capacity_bytes(), policy).with_max_entries(max_entries);
             for (key, size) in tier.resident() {
                 let size = tier.footprint(&key, size);
-                if !matches!(
-                    space.place(&key, size, &ctx),
-                    Ok(Placement::Admitted { .. })
-                ) {
-                    excess.push((tier.clone(), key));
+                // Older residents the budget evicts for newer ones leave the tier too
+                // (they were left on the device, uncounted, before).
+                match space.place(&key, size, &ctx) {
+                    Ok(Placement::Admitted { evicted }) => {
+                        excess.extend(evicted.into_iter().map(|(k, _)| (tier.clone(), k)));
+                    }
+                    Ok(Placement::Refused { evicted }) => {
+                        excess.extend(evicted.into_iter().map(|(k, _)| (tier.clone(), k)));
+                        excess.push((tier.clone(), key));
+                    }
+                    _ => excess.push((tier.clone(), key)),
                 }
             }
             spaces.push(space);

@@ -40,5 +40,5 @@ pub use key::{CacheKey, FileBlockKey, KvBlockKey, DEFAULT_BLOCK_SIZE};
 pub use pattern::Pattern;
 pub use reader::{ObjectReader, PeerFetch, PeerSource, StoreFetch};
 pub use store::{BackingStore, DirListing, ObjectInfo, RetryPolicy, StoreOptions, StreamingUpload};
-pub use tier::{Tier, TierGet, TierKind};
+pub use tier::{Tier, TierGet, TierKind, ENTRY_BOOKKEEPING};
 pub use tracker::AccessTracker;

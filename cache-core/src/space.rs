@@ -12,6 +12,11 @@
 //! chosen; charging it until its removal completes was measured to cascade under
 //! concurrent writes: every reservation then evicted more, and puts were refused with
 //! residents to spare.)
+//!
+//! A tier may also bound how many residents it keeps ([`TierSpace::with_max_entries`]):
+//! each resident costs the daemon bookkeeping in memory whatever its size (see
+//! [`crate::tier::ENTRY_BOOKKEEPING`]), so a disk level of tiny blocks is bounded in
+//! entries as well as in bytes. Reservations count as entries from the start.
 
 use std::collections::HashMap;
 
@@ -26,6 +31,10 @@ pub struct TierSpace {
     used: u64,
     /// Bytes of writes in flight (reserved, not yet residents).
     reserved: u64,
+    /// Writes in flight (each becomes one resident).
+    reserved_entries: usize,
+    /// Most residents plus writes in flight; `usize::MAX`: bounded by bytes alone.
+    max_entries: usize,
     entries: HashMap<CacheKey, u64, KeyBuild>,
     policy: Box<dyn EvictionPolicy>,
 }
@@ -49,9 +58,29 @@ impl TierSpace {
             budget,
             used: 0,
             reserved: 0,
+            reserved_entries: 0,
+            max_entries: usize::MAX,
             entries: HashMap::default(),
             policy,
         }
+    }
+
+    /// Bounds the residents (and writes in flight) to `max` entries as well as the
+    /// budget's bytes; None: bytes alone. Placements evict to stay within it.
+    pub fn with_max_entries(mut self, max: Option<usize>) -> Self {
+        self.max_entries = max.unwrap_or(usize::MAX).max(1);
+        self
+    }
+
+    /// See [`Self::with_max_entries`] (`usize::MAX`: no bound).
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Whether one more entry of `size` bytes does not fit now.
+    fn over(&self, size: u64) -> bool {
+        self.used + self.reserved + size > self.budget
+            || self.entries.len() + self.reserved_entries >= self.max_entries
     }
 
     pub fn budget(&self) -> u64 {
@@ -160,7 +189,7 @@ impl TierSpace {
             });
         }
         let mut evicted = Vec::new();
-        while self.used + self.reserved + size > self.budget {
+        while self.over(size) {
             let Some(victim) = self.policy.victim() else {
                 // Only writes in flight are left to free: refuse rather than overrun.
                 return Ok(Placement::Refused { evicted });
@@ -177,6 +206,7 @@ impl TierSpace {
             }
         }
         self.reserved += size;
+        self.reserved_entries += 1;
         Ok(Placement::Admitted { evicted })
     }
 
@@ -185,6 +215,7 @@ impl TierSpace {
     /// immutable value landed first).
     pub fn commit(&mut self, key: &CacheKey, size: u64, ctx: &AccessContext) -> bool {
         self.reserved = self.reserved.saturating_sub(size);
+        self.reserved_entries = self.reserved_entries.saturating_sub(1);
         if self.entries.contains_key(key) {
             return false;
         }
@@ -197,6 +228,7 @@ impl TierSpace {
     /// The reserved write failed: its bytes are no longer charged.
     pub fn release(&mut self, size: u64) {
         self.reserved = self.reserved.saturating_sub(size);
+        self.reserved_entries = self.reserved_entries.saturating_sub(1);
     }
 
     /// Evicts the residents the policy names until `bytes` are freed or none is left
@@ -259,9 +291,11 @@ mod tests {
         /// residents plus writes in flight, and no victim is a key still in flight.
         #[test]
         fn writes_in_flight_are_charged_and_never_evicted(
-            ops in proptest::collection::vec((0u8..4, 0u64..30, 1u64..30), 1..300)
+            ops in proptest::collection::vec((0u8..4, 0u64..30, 1u64..30), 1..300),
+            max_entries in proptest::option::of(1usize..8),
         ) {
-            let mut s = TierSpace::new(100, Box::new(LruPolicy::new()));
+            let mut s = TierSpace::new(100, Box::new(LruPolicy::new()))
+                .with_max_entries(max_entries);
             let ctx = AccessContext::default();
             let mut flight: Vec<(CacheKey, u64)> = Vec::new();
             for (op, id, size) in ops {
@@ -295,10 +329,31 @@ mod tests {
                 }
                 let in_flight: u64 = flight.iter().map(|(_, n)| n).sum();
                 prop_assert_eq!(s.reserved(), in_flight);
+                // Residents and writes in flight together within the entry bound.
+                prop_assert!(s.len() + flight.len() <= max_entries.unwrap_or(usize::MAX));
                 prop_assert!(s.used() + s.reserved() <= s.budget());
                 prop_assert_eq!(s.used(), s.keys().map(|(_, v)| *v).sum::<u64>());
             }
         }
+    }
+
+    /// An entry bound evicts as a byte budget does: the least recently used first,
+    /// however few bytes the residents hold.
+    #[test]
+    fn entry_bound_evicts_the_oldest_residents() {
+        let mut s = TierSpace::new(1 << 30, Box::new(LruPolicy::new())).with_max_entries(Some(3));
+        let ctx = AccessContext::default();
+        let k = |i| CacheKey::file("f", "v", i);
+        for i in 0..3 {
+            s.place(&k(i), 10, &ctx).expect("place");
+        }
+        assert_eq!(
+            s.place(&k(3), 10, &ctx).expect("place"),
+            Placement::Admitted {
+                evicted: vec![(k(0), 10)]
+            }
+        );
+        assert_eq!((s.len(), s.used()), (3, 30));
     }
 
     /// Shedding frees at least what was asked, least recently used first, and never

@@ -14,6 +14,16 @@ use crate::error::Result;
 use crate::key::CacheKey;
 use crate::stats::TierStatsSnapshot;
 
+/// Memory a resident block costs the daemon beside its own bytes, whatever its size:
+/// its entry in the tier's map, in its level's accounting and in the level's policy
+/// (maps, queues, shadows, sketch counters), measured at ~1.8 KB per block with
+/// heaptrack over 64,000 10-byte files (docs/BENCHMARKS.md, "Bookkeeping charged"),
+/// rounded up. A memory tier charges it in its budget ([`Tier::footprint`]), so a
+/// budget of tiny blocks holds what the memory actually holds (black-box finding: a
+/// 32 MiB tier of 10-byte files kept 3 million entries, ~300 MB of bookkeeping); a
+/// disk tier bounds its blocks by it ([`Tier::max_entries`]).
+pub const ENTRY_BOOKKEEPING: u64 = 2 << 10;
+
 /// Which level of the hierarchy a tier is; ordered fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -90,6 +100,12 @@ pub trait Tier: Send + Sync + 'static {
     fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
         let _ = key;
         len
+    }
+    /// Most blocks this tier keeps, whatever their bytes (None: bounded by bytes
+    /// alone): a persistent tier whose every block costs memory bookkeeping
+    /// ([`ENTRY_BOOKKEEPING`]) is bounded by the memory that bookkeeping may take.
+    fn max_entries(&self) -> Option<u64> {
+        None
     }
     fn stats(&self) -> TierStatsSnapshot;
 }

@@ -18,8 +18,8 @@ fn ctx() -> AccessContext {
 }
 
 fn two_level(top: u64, bottom: u64) -> (CacheEngine, Arc<MemoryTier>, Arc<MemoryTier>) {
-    let a = Arc::new(MemoryTier::new(top));
-    let b = Arc::new(MemoryTier::new(bottom));
+    let a = Arc::new(MemoryTier::bytes_only(top));
+    let b = Arc::new(MemoryTier::bytes_only(bottom));
     let engine = CacheEngine::builder()
         .tier(a.clone())
         .tier(b.clone())
@@ -65,11 +65,11 @@ async fn concurrent_misses_share_one_fetch() {
 #[tokio::test]
 async fn a_block_that_lands_during_a_missing_lookup_is_not_fetched() {
     let bottom = Arc::new(TestTier::slow_gets(
-        MemoryTier::new(1000),
+        MemoryTier::bytes_only(1000),
         Duration::from_millis(200),
     ));
     let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(100)))
+        .tier(Arc::new(MemoryTier::bytes_only(100)))
         .tier(bottom.clone())
         .build()
         .expect("build");
@@ -243,8 +243,8 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
         rt.block_on(async {
-            let top = Arc::new(MemoryTier::new(300));
-            let bottom = Arc::new(MemoryTier::new(900));
+            let top = Arc::new(MemoryTier::bytes_only(300));
+            let bottom = Arc::new(MemoryTier::bytes_only(900));
             let engine = CacheEngine::builder()
                 .tier_with_policy(top.clone(), by_name(policy, 300).expect("policy"))
                 .tier_with_policy(bottom.clone(), by_name(policy, 900).expect("policy"))
@@ -304,7 +304,7 @@ async fn misses_are_counted_per_level() {
 /// An engine over one memory tier of `capacity` bytes that yields in every call (so
 /// concurrent operations interleave at each await as over a real disk), and that tier.
 fn yielding_engine(capacity: u64) -> (Arc<TestTier<MemoryTier>>, CacheEngine) {
-    let tier = Arc::new(TestTier::yielding(MemoryTier::new(capacity)));
+    let tier = Arc::new(TestTier::yielding(MemoryTier::bytes_only(capacity)));
     let engine = CacheEngine::builder()
         .tier(tier.clone())
         .build()
@@ -395,8 +395,8 @@ proptest! {
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
         rt.block_on(async {
-            let top = Arc::new(TestTier::yielding(MemoryTier::new(300)));
-            let bottom = Arc::new(TestTier::yielding(MemoryTier::new(900)));
+            let top = Arc::new(TestTier::yielding(MemoryTier::bytes_only(300)));
+            let bottom = Arc::new(TestTier::yielding(MemoryTier::bytes_only(900)));
             let engine = CacheEngine::builder()
                 .tier_with_policy(top.clone(), by_name(policy, 300).expect("policy"))
                 .tier_with_policy(bottom.clone(), by_name(policy, 900).expect("policy"))
@@ -491,7 +491,7 @@ struct DurabilityProbe {
 impl DurabilityProbe {
     fn new(capacity: u64) -> Arc<Self> {
         Arc::new(DurabilityProbe {
-            inner: MemoryTier::new(capacity),
+            inner: MemoryTier::bytes_only(capacity),
             durable: AtomicUsize::new(0),
             refetchable: AtomicUsize::new(0),
         })
@@ -575,7 +575,7 @@ async fn writes_reach(disk: &DurabilityProbe, n: usize) -> (usize, usize) {
 async fn only_copies_of_file_blocks_skip_the_disks_syncs() {
     let disk = DurabilityProbe::new(1 << 20);
     let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(1 << 20)))
+        .tier(Arc::new(MemoryTier::bytes_only(1 << 20)))
         .tier(disk.clone())
         .build()
         .expect("build");
@@ -616,7 +616,7 @@ async fn only_copies_of_file_blocks_skip_the_disks_syncs() {
 async fn demotions_are_durable_only_for_kv_blocks() {
     let disk = DurabilityProbe::new(1000);
     let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(100)))
+        .tier(Arc::new(MemoryTier::bytes_only(100)))
         .tier(disk.clone())
         .write_through(false)
         .build()
@@ -667,7 +667,7 @@ struct HookedTier {
 impl HookedTier {
     fn new(capacity: u64, gate: Option<CacheKey>, put_delay: Duration) -> Arc<Self> {
         Arc::new(HookedTier {
-            inner: MemoryTier::new(capacity),
+            inner: MemoryTier::bytes_only(capacity),
             gate,
             armed: std::sync::atomic::AtomicBool::new(false),
             reading: tokio::sync::Notify::new(),
@@ -745,7 +745,7 @@ impl Tier for HookedTier {
 #[tokio::test]
 async fn a_remove_during_a_promotion_is_not_undone() {
     let key = CacheKey::kv("ns", vec![7; 32]);
-    let top = Arc::new(MemoryTier::new(2_500));
+    let top = Arc::new(MemoryTier::bytes_only(2_500));
     let bottom = HookedTier::new(1 << 20, Some(key.clone()), Duration::ZERO);
     let engine = CacheEngine::builder()
         .tier(top.clone())
@@ -830,7 +830,7 @@ async fn a_put_whose_caller_goes_away_is_finished() {
 /// now seen once it is durable, and from then on.
 #[tokio::test]
 async fn a_put_is_seen_once_it_is_durable_and_from_then_on() {
-    let top = Arc::new(MemoryTier::new(1_000));
+    let top = Arc::new(MemoryTier::bytes_only(1_000));
     let disk = HookedTier::disk(1 << 20, Duration::from_millis(200));
     let engine = CacheEngine::builder()
         .tier(top.clone())
@@ -881,7 +881,7 @@ async fn copies_for_a_slow_disk_are_written_behind_the_reader_within_a_bound() {
     const BLOCK: u64 = 1_000;
     let disk = HookedTier::disk(1 << 20, Duration::from_secs(2));
     let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(2 * BLOCK)))
+        .tier(Arc::new(MemoryTier::bytes_only(2 * BLOCK)))
         .tier(disk.clone())
         .write_behind_bytes(3 * BLOCK)
         .build()

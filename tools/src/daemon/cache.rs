@@ -364,8 +364,13 @@ const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn open_disk_tier(dir: &std::path::Path, bytes: u64) -> strata_cache_core::Result<DiskTier> {
     let deadline = std::time::Instant::now() + INDEX_LOCK_WAIT;
+    let options = DiskOptions {
+        max_blocks: super::memory_limit::memory_limit()
+            .map(|l| super::memory_limit::disk_blocks(l.bytes)),
+        ..DiskOptions::default()
+    };
     loop {
-        match DiskTier::open(dir, bytes, DiskOptions::default()) {
+        match DiskTier::open(dir, bytes, options.clone()) {
             Err(e) if is_lock_held(&e) && std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }

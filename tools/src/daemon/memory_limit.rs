@@ -130,6 +130,21 @@ pub fn fit_memory_backed_disk(disk: u64, limit: u64) -> u64 {
     disk.min(limit / 4)
 }
 
+/// The share of the limit the disk tier's per-block bookkeeping may take: an eighth.
+const DISK_BOOKKEEPING_SHARE: u64 = 8;
+/// The fewest blocks a disk tier is allowed, however small the limit: 4096 (8 MiB of
+/// bookkeeping; 4 GiB of 1 MiB blocks).
+const MIN_DISK_BLOCKS: u64 = 4096;
+
+/// Most blocks the disk tier may keep under `limit`: each costs
+/// [`ENTRY_BOOKKEEPING`](strata_cache_core::ENTRY_BOOKKEEPING) of memory whatever its
+/// size, and together they may take an eighth of the limit (black-box finding: a disk
+/// budget of tiny files is millions of blocks, each held in memory). 1 MiB blocks are
+/// not held back by it: a 16 GiB host allows 1 Mi blocks, a terabyte of them.
+pub fn disk_blocks(limit: u64) -> u64 {
+    (limit / DISK_BOOKKEEPING_SHARE / strata_cache_core::ENTRY_BOOKKEEPING).max(MIN_DISK_BLOCKS)
+}
+
 /// Whether `dir` lies on a file system held in memory (tmpfs, ramfs), whose pages are
 /// charged to the memory limit of whoever writes them.
 pub fn memory_backed(dir: &Path) -> bool {
@@ -169,6 +184,14 @@ pub fn capped(what: &str, configured: u64, fitted: u64, limit: &MemoryLimit) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_blocks_take_an_eighth_of_the_limit_and_keep_a_floor() {
+        // 16 GiB: 2 GiB of bookkeeping at 2 KiB a block.
+        assert_eq!(disk_blocks(16 << 30), 1 << 20);
+        assert_eq!(disk_blocks(128 << 20), 8192);
+        assert_eq!(disk_blocks(1 << 20), MIN_DISK_BLOCKS);
+    }
 
     fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);

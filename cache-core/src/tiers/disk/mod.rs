@@ -180,6 +180,11 @@ pub struct DiskOptions {
     /// Read and write buffers kept for reuse (see [`BufPool`]): 64 MiB covers 64
     /// concurrent 1 MiB hits or writes whose buffers were already released.
     pub buf_pool_bytes: usize,
+    /// Most blocks kept ([`Tier::max_entries`]), whatever their bytes: each costs
+    /// memory ([`crate::tier::ENTRY_BOOKKEEPING`]), and a budget of tiny blocks would
+    /// otherwise take millions (the daemon sets it from its memory limit). None: bytes
+    /// alone.
+    pub max_blocks: Option<u64>,
 }
 
 impl Default for DiskOptions {
@@ -190,6 +195,7 @@ impl Default for DiskOptions {
             direct_io: true,
             fd_cache: 1024,
             buf_pool_bytes: 64 << 20,
+            max_blocks: None,
         }
     }
 }
@@ -231,6 +237,8 @@ pub struct DiskTier {
     next_id: AtomicU64,
     stats: TierStats,
     recovery: RecoveryReport,
+    /// [`DiskOptions::max_blocks`].
+    max_blocks: Option<u64>,
 }
 
 #[derive(Default)]
@@ -689,6 +697,7 @@ impl DiskTier {
             next_id: AtomicU64::new(max_id + 1),
             stats,
             recovery: report,
+            max_blocks: options.max_blocks,
         })
     }
 
@@ -1127,6 +1136,10 @@ impl Tier for DiskTier {
 
     fn footprint(&self, key: &CacheKey, len: u64) -> u64 {
         format::file_len(key.encoded_len(), len)
+    }
+
+    fn max_entries(&self) -> Option<u64> {
+        self.max_blocks
     }
 
     fn resident(&self) -> Vec<(CacheKey, u64)> {

@@ -1413,3 +1413,52 @@ async fn a_budget_a_full_device_brought_to_nothing_comes_back_with_the_room() {
         .expect("the device has room again");
     assert!(disk.contains(&key).await, "stored on disk");
 }
+
+/// `max_blocks` bounds the blocks the engine keeps on the tier however few bytes they
+/// hold, and a reopen under a lower bound removes the excess (oldest first).
+#[tokio::test]
+async fn max_blocks_bounds_tiny_blocks() {
+    use crate::{AccessContext, CacheEngine};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bounded = |max| DiskOptions {
+        max_blocks: Some(max),
+        ..opts(IoEngineKind::Psync)
+    };
+    let ctx = AccessContext::default();
+    let key = |i: u8| CacheKey::kv("ns", vec![i; 8]);
+    {
+        let tier = Arc::new(DiskTier::open(dir.path(), 64 << 20, bounded(8)).expect("open"));
+        let cache = CacheEngine::builder()
+            .tier(tier.clone())
+            .build()
+            .expect("engine");
+        for i in 0..40 {
+            cache
+                .put(&key(i), data(1 << 10, i), &ctx)
+                .await
+                .expect("put");
+        }
+        assert_eq!(
+            tier.resident().len(),
+            8,
+            "eight 1 KiB blocks of a 64 MiB budget"
+        );
+        for i in 32..40 {
+            assert!(tier.contains(&key(i)).await, "the newest are kept");
+        }
+    }
+    let tier = Arc::new(DiskTier::open(dir.path(), 64 << 20, bounded(3)).expect("reopen"));
+    let cache = CacheEngine::builder()
+        .tier(tier.clone())
+        .build()
+        .expect("engine");
+    assert!(cache.contains(&key(39)), "the newest is counted");
+    assert!(!cache.contains(&key(32)), "an older one is not");
+    for _ in 0..100 {
+        if tier.resident().len() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(tier.resident().len(), 3, "the excess removed");
+}
