@@ -2186,6 +2186,52 @@ async fn an_fsync_record_is_uploaded_once_the_store_answers_again() {
     .expect("bounded");
 }
 
+/// Black-box finding (round 18): the store answering 503 for a few seconds at the close
+/// of an fsync'd file failed the close and deleted the file, while a crash at that
+/// moment would have kept and uploaded it. It is kept (with what was written after the
+/// fsync) and uploaded once the store answers; a file never fsync'd is not.
+#[tokio::test]
+async fn an_fsyncd_file_whose_close_the_store_did_not_answer_is_uploaded_later() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "ck", 0).await.expect("create");
+        c.write(fh, 0, &data(50 << 10, 9)).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        c.write(fh, 50 << 10, b"tail")
+            .expect("write after the fsync");
+        let (_, plain) = c.create(ROOT_INO, "plain", 0).await.expect("create");
+        c.write(plain, 0, b"never fsync'd").expect("write");
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        assert!(
+            c.close(fh, 0).await.is_err(),
+            "the close reports the failure"
+        );
+        c.release_write(fh).await;
+        assert!(c.close(plain, 0).await.is_err());
+        c.release_write(plain).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(stored(&fx, "ck").await.is_none(), "the store is down");
+        fx.faulty.set_config(FaultConfig::default());
+        let mut want = data(50 << 10, 9);
+        want.extend_from_slice(b"tail");
+        assert_eq!(
+            stored_within(&fx, "ck", Duration::from_secs(15)).await,
+            Some(want),
+            "uploaded once the store is back, as closed"
+        );
+        assert!(
+            stored(&fx, "plain").await.is_none(),
+            "a close's failure stands"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 14, fsx): `mv` of a file open for a change in place deleted
 /// its object at the rename, leaving the bytes only in the unsynced staging file: a
 /// daemon killed (or stopped) before the writer's close lost a file closed long

@@ -196,6 +196,9 @@ pub(super) struct Staged {
     /// The last upload failed (its flush returned the error): release does not retry
     /// it behind the caller's back.
     failed: AtomicBool,
+    /// The last upload failed because the store did not answer (5xx, throttling, a
+    /// timeout): an fsync'd file is then kept and uploaded later (`keep_unanswered`).
+    unanswered: AtomicBool,
     /// Bytes a write failed to land (ENOSPC, EIO on the staging disk) and its errno: the
     /// file misses them, so it is not uploaded (close and fsync fail with that errno,
     /// release skips it) until a later write covers them. A torn object must not pass
@@ -839,6 +842,7 @@ impl Writes {
             base: Mutex::new(None),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
+            unanswered: AtomicBool::new(false),
             lost: Mutex::new(None),
             appending: AtomicBool::new(true),
             stream: Mutex::new(None),
@@ -1989,6 +1993,8 @@ impl FsCore {
                     continue;
                 }
                 staged.failed.store(true, Ordering::Release);
+                let unanswered = matches!(&*e, Error::Cache(c) if super::store_unreachable(c));
+                staged.unanswered.store(unanswered, Ordering::Release);
                 self.counters
                     .upload_failures
                     .fetch_add(1, Ordering::Relaxed);
@@ -2135,8 +2141,18 @@ impl FsCore {
                 tracing::error!(path = %staged.path(), error = %e, "upload at release failed; the object was not written");
             }
         }
-        // Uploaded, or its failure reported at the close: nothing left for a restart.
-        staged.unjournal();
+        // fsync'd, and the store did not answer: kept as a crash would keep it.
+        let kept = staged.failed.load(Ordering::Acquire)
+            && staged.unanswered.load(Ordering::Acquire)
+            && staged.is_journaled()
+            && !staged.unlinked.load(Ordering::Acquire)
+            && staged.lost.lock().is_none()
+            && staged.freed() == 0
+            && self.keep_unanswered(&staged).await;
+        if !kept {
+            // Uploaded, or its failure reported at the close: nothing left for a restart.
+            staged.unjournal();
+        }
         // A stream no upload took (its file's last upload failed): abort it.
         if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
             ctl.broken.store(true, Ordering::Release);
@@ -2156,6 +2172,9 @@ impl FsCore {
         // Before the adoption, which takes only free room: this file's own bytes are
         // the room it would take.
         staged.uncharge();
+        if kept {
+            return;
+        }
         let last = staged.last.lock().clone();
         let adopted = match (&self.passthrough, last) {
             (Some(pt), Some((gen, crc, info)))

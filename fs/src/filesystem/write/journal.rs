@@ -609,8 +609,7 @@ impl super::FsCore {
         }
         let source = writes.source.clone();
         let legacy = writes.legacy_source.clone();
-        let core = self.clone();
-        let mut pending: Vec<Journaled> = left
+        let pending = left
             .into_iter()
             .filter(|j| {
                 let written_for = j.record.source.as_deref();
@@ -623,31 +622,47 @@ impl super::FsCore {
                 }
                 ours
             })
+            .map(|j| (j, 0))
             .collect();
+        self.upload_kept(rt, pending, "before a crash");
+    }
+
+    /// Uploads journaled files in the background, retrying while the store does not
+    /// answer; each is removed once uploaded, kept (for the next start) if the upload
+    /// fails otherwise. With each file the change number after which a change of its
+    /// name through this mount supersedes it. `when` says which files in the logs
+    /// ("before a crash", "at a close the store did not answer").
+    pub(super) fn upload_kept(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        mut pending: Vec<(Journaled, u64)>,
+        when: &'static str,
+    ) {
+        let core = self.clone();
         rt.spawn(async move {
             let mut pause = RECOVERY_RETRY_FIRST;
             loop {
                 let mut again = Vec::new();
-                for j in pending {
-                    // Changed through this mount since it started (deleted, written
-                    // anew): what the fsync kept is superseded.
-                    if core.changed_since(&j.record.path, 0) {
-                        tracing::warn!(path = %j.record.path, "a file fsync'd before a crash was changed through the mount since; its fsync'd copy dropped");
+                for (j, since) in pending {
+                    // Changed through this mount since (deleted, written anew): what
+                    // the fsync kept is superseded.
+                    if core.changed_since(&j.record.path, since) {
+                        tracing::warn!(path = %j.record.path, "a file fsync'd {when} was changed through the mount since; its fsync'd copy dropped");
                         j.done();
                         continue;
                     }
                     match core.upload_journaled(&j).await {
                         Ok(()) => {
-                            tracing::info!(path = %j.record.path, "a file fsync'd before a crash uploaded");
+                            tracing::info!(path = %j.record.path, "a file fsync'd {when} uploaded");
                             j.done();
                         }
                         Err(Error::Cache(e)) if super::super::store_unreachable(&e) => {
                             tracing::warn!(path = %j.record.path, error = %e, retry_in = ?pause,
-                                "a file fsync'd before a crash could not be uploaded yet: the store does not answer");
-                            again.push(j);
+                                "a file fsync'd {when} could not be uploaded yet: the store does not answer");
+                            again.push((j, since));
                         }
                         Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
-                            "a file fsync'd before a crash could not be uploaded; kept for the next start"),
+                            "a file fsync'd {when} could not be uploaded; kept for the next start"),
                     }
                 }
                 if again.is_empty() {
@@ -658,6 +673,47 @@ impl super::FsCore {
                 pending = again;
             }
         });
+    }
+
+    /// `staged`, fsync'd, failed its close's upload because the store did not answer:
+    /// what the close had is made durable and recorded, and uploaded in the background
+    /// once the store answers, as after a crash (black-box finding: a few seconds of
+    /// 503 SlowDown at the close of an fsync'd checkpoint deleted it, while a crash at
+    /// the same moment would have kept and uploaded it). Returns whether it was kept
+    /// (the caller leaves its staging file); blocking work on a blocking thread.
+    pub(super) async fn keep_unanswered(self: &Arc<Self>, staged: &Arc<Staged>) -> bool {
+        let Ok(writes) = self.writes() else {
+            return false;
+        };
+        let only_if_absent = super::creates_only(&writes.opts, staged);
+        let s = staged.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            s.journal(only_if_absent)?;
+            Ok::<_, io::Error>(read_record(&record_path(&s.file_path)))
+        })
+        .await;
+        let record = match found {
+            Ok(Ok(Found::Record(r))) => r,
+            Ok(Err(e)) => {
+                tracing::error!(path = %staged.path(), error = %e, "a file fsync'd and not uploaded at its close could not be kept; dropped");
+                return false;
+            }
+            _ => return false,
+        };
+        let since = self.change_seq.load(Ordering::Acquire);
+        let kept = Journaled {
+            file: staged.file_path.clone(),
+            record_file: record_path(&staged.file_path),
+            record,
+        };
+        tracing::warn!(path = %staged.path(), file = %staged.file_path.display(),
+            "the store did not answer the close's upload of an fsync'd file: kept, and uploaded once it answers (or by the next start)");
+        self.upload_kept(
+            &tokio::runtime::Handle::current(),
+            vec![(kept, since)],
+            "at a close the store did not answer",
+        );
+        true
     }
 
     async fn upload_journaled(&self, j: &Journaled) -> Result<()> {
