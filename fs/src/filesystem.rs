@@ -1187,6 +1187,14 @@ impl FsCore {
                 }
                 Meta::File(Arc::new(obj))
             }
+            // The HEAD failed (a policy granting GetObject under the folder only refuses
+            // `HEAD data`, outside `data/*`) and the prefix holds keys: the folder, as
+            // its parent's listing shows it (black-box finding: such a folder was EACCES
+            // on every path lookup past the listing's TTL).
+            Err(e) if also_folder => {
+                tracing::debug!(%path, error = %e, "the HEAD failed, the prefix holds keys: a folder");
+                Meta::Dir
+            }
             // No object, and the prefix beside it held nothing: nothing there (a name
             // probed and absent costs the HEAD and one LIST page, as before the prefix
             // was asked).

@@ -1213,6 +1213,39 @@ fn a_file_too_large_for_the_copies_budget_is_not_expected_to_get_a_copy() {
     assert!(pt.name_for("f", "v", 0).is_none());
 }
 
+/// Black-box finding (round 18): with `s3:GetObject` granted on `bkt/data/*` only, S3
+/// refuses `HEAD data` (403) while listings show the folder; a path lookup of `data`
+/// failed EACCES (every open by path, once the root's listing expired). The prefix
+/// holds keys: the folder.
+#[tokio::test]
+async fn a_folder_whose_own_name_is_refused_is_still_the_folder() {
+    timed(async {
+        let fx = fixture(CoreOptions::default()).await;
+        fx.store
+            .put("data/f1", data(9, 7))
+            .await
+            .expect("seed under it");
+        fx.faulty.set_config(FaultConfig {
+            denied_key: Some("data".into()),
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let d = c.lookup(ROOT_INO, "data").await.expect("lookup");
+        assert_eq!(d.attr.kind, Kind::Dir);
+        let f = c.lookup(d.attr.ino, "f1").await.expect("reachable by path");
+        assert_eq!(f.attr.size, 9);
+        // A refused name that is no folder stays refused.
+        fx.faulty.set_config(FaultConfig {
+            denied_key: Some("top.txt".into()),
+            ..Default::default()
+        });
+        let e = c.lookup(ROOT_INO, "top.txt").await.expect_err("refused");
+        assert_eq!(e.errno(), libc::EACCES);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 11): on an object store, a key that is also a prefix of
 /// other keys (`both` beside `both/x`) showed as the folder in a listing but as the
 /// file on a path lookup, so `both/x`, opened by path without a listing first (a loader

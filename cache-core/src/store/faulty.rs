@@ -95,6 +95,9 @@ pub struct FaultConfig {
     /// A rename is a copy and then a delete in one call, as object_store does it on
     /// S3 (no rename of its own): a lost delete answer fails the whole call.
     pub rename_as_copy_and_delete: bool,
+    /// Reads and heads of this exact key are refused (403), while listings answer: a
+    /// policy granting `s3:GetObject` on `bkt/data/*` only refuses `HEAD data`.
+    pub denied_key: Option<String>,
 }
 
 impl FaultConfig {
@@ -536,6 +539,12 @@ impl ObjectStore for FaultyStore {
         };
         let _asked = InFlightBytes::new(&self.gets, asked);
         let cfg = self.before_read(location.as_ref()).await?;
+        if cfg.denied_key.as_deref() == Some(location.as_ref()) {
+            return Err(object_store::Error::PermissionDenied {
+                path: location.to_string(),
+                source: "403 Forbidden: AccessDenied".into(),
+            });
+        }
         let mut options = options;
         if cfg.ignore_if_match || cfg.drop_etags || cfg.drop_read_etags {
             options.if_match = None;
