@@ -1798,11 +1798,20 @@ fn conditional(r: object_store::Result<()>) -> object_store::Result<bool> {
 /// `Generic` in object_store), but not a refusal in a listing's text (a 403,
 /// NoSuchBucket).
 fn transient(e: &object_store::Error) -> bool {
-    matches!(
+    (matches!(
         e,
         object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
     ) && !probe::is_refusal(e)
-        && !permission_denied(e)
+        && !permission_denied(e))
+        || conditional_conflict(e)
+}
+
+/// S3's `409 ConditionalRequestConflict`: a conditional write raced another request on
+/// the key, and S3 says to retry it (object_store reports it as "already exists";
+/// black-box finding: one such answer failed a create-only close with EEXIST and
+/// nothing was stored).
+fn conditional_conflict(e: &object_store::Error) -> bool {
+    with_causes(e).contains("ConditionalRequestConflict")
 }
 
 /// object_store's refusal of a `200 OK` answer to a ranged GET.
@@ -1822,6 +1831,13 @@ fn permission_denied(e: &object_store::Error) -> bool {
     ) {
         return true;
     }
+    // A 401/403 the client did not type (a listing's, a DeleteObjects key's): refused,
+    // as a GET's is (black-box finding: a LIST answered 403 made `ls` say EIO).
+    if matches!(e, object_store::Error::Generic { .. })
+        && probe::http_status(&with_causes(e)).is_some_and(|s| s == 401 || s == 403)
+    {
+        return true;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         if s.downcast_ref::<std::io::Error>()
@@ -1838,7 +1854,20 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
     match e {
         object_store::Error::NotFound { path, .. } => CacheError::NotFound(path),
         object_store::Error::Precondition { path, .. } => CacheError::Changed(path),
+        other if conditional_conflict(&other) => CacheError::Store {
+            attempts,
+            message: with_causes(&other),
+        },
         object_store::Error::AlreadyExists { path, .. } => CacheError::Exists(path),
+        // An archived object (GLACIER, DEEP_ARCHIVE) is a 403 too, but no policy change
+        // reads it (black-box finding: the log sent the user to fix IAM).
+        other if with_causes(&other).contains("InvalidObjectState") => {
+            CacheError::PermissionDenied(format!(
+                "the object is in an archive storage class (S3 InvalidObjectState: GLACIER or \
+                 DEEP_ARCHIVE) and must be restored before it can be read: {}",
+                with_causes(&other)
+            ))
+        }
         other if permission_denied(&other) => CacheError::PermissionDenied(other.to_string()),
         other => CacheError::Store {
             attempts,
@@ -2627,6 +2656,46 @@ mod tests {
             store: "S3",
             source: "500 Internal Server Error".into(),
         }));
+    }
+
+    /// Black-box findings (round 18): a LIST answered 403 was EIO where a GET's 403 is
+    /// EACCES; an archived object's 403 read as a missing privilege; S3's retryable 409
+    /// `ConditionalRequestConflict` on a create-only PUT was "already exists".
+    #[test]
+    fn refusals_archives_and_conditional_conflicts_are_told_apart() {
+        let generic = |text: &str| object_store::Error::Generic {
+            store: "S3",
+            source: text.to_string().into(),
+        };
+        let list_403 = generic("Error performing list request: Client error with status code: 403 Forbidden: <Code>AccessDenied</Code>");
+        assert!(!transient(&list_403));
+        assert!(matches!(
+            map_store_error(list_403, 1),
+            CacheError::PermissionDenied(_)
+        ));
+        let archived = object_store::Error::PermissionDenied {
+            path: "cold/a".into(),
+            source: "<Code>InvalidObjectState</Code>".into(),
+        };
+        match map_store_error(archived, 1) {
+            CacheError::PermissionDenied(m) => assert!(m.contains("restored"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let conflict = object_store::Error::AlreadyExists {
+            path: "ck".into(),
+            source: "409 Conflict: <Code>ConditionalRequestConflict</Code>".into(),
+        };
+        assert!(transient(&conflict), "asked again");
+        assert!(matches!(
+            map_store_error(conflict, 8),
+            CacheError::Store { .. }
+        ));
+        let exists = object_store::Error::AlreadyExists {
+            path: "ck".into(),
+            source: "412 Precondition Failed".into(),
+        };
+        assert!(!transient(&exists));
+        assert!(matches!(map_store_error(exists, 1), CacheError::Exists(_)));
     }
 
     /// Black-box finding (round 14): a store error says its causes (here an I/O error

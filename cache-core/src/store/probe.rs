@@ -106,7 +106,7 @@ fn refused_status(status: u16) -> bool {
 }
 
 /// The HTTP status object_store wrote into an error's text, if any.
-fn http_status(text: &str) -> Option<u16> {
+pub(crate) fn http_status(text: &str) -> Option<u16> {
     const MARK: &str = "status code: ";
     let at = text.find(MARK)? + MARK.len();
     let digits = text.get(at..at + 3)?;
