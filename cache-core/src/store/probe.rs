@@ -54,6 +54,10 @@ impl BackingStore {
             // listings step around such keys, so one must not fail every mount of the
             // bucket (black-box finding).
             Ok(Err(object_store::Error::InvalidPath { .. })) => Probe::Answered,
+            Ok(Err(e)) if wrong_region(&e) => Probe::Refused(format!(
+                "{e} (S3 answers 301 PermanentRedirect to a request sent to another region \
+                 than the bucket's: set the bucket's region, --region or [store] region)"
+            )),
             Ok(Err(e)) if is_refusal(&e) => Probe::Refused(e.to_string()),
             Ok(Err(e)) => Probe::Unanswered(e.to_string()),
             Err(_) => {
@@ -85,10 +89,20 @@ pub(crate) fn is_refusal(e: &object_store::Error) -> bool {
         | E::NotImplemented { .. } => true,
         E::Generic { .. } => {
             let text = e.to_string();
-            http_status(&text).is_some_and(refused_status) && !transient_code(&text)
+            (http_status(&text).is_some_and(refused_status) && !transient_code(&text))
+                || wrong_region(e)
         }
         _ => false,
     }
+}
+
+/// S3's answer to a request sent to another region than the bucket's: a redirect with
+/// no Location (`301 PermanentRedirect`, `307`), which object_store reports as such. A
+/// refusal: it answers the same however often it is asked (black-box finding: a mount
+/// with the wrong region came up "on what the cache holds" and every access then spent
+/// 8 attempts, ~3.6 s, before EIO).
+pub(crate) fn wrong_region(e: &object_store::Error) -> bool {
+    e.to_string().contains("redirect without LOCATION")
 }
 
 /// S3 error codes sent with a 4xx that the AWS SDKs retry: the request may succeed
@@ -122,6 +136,21 @@ mod tests {
             store: "S3",
             source: text.to_string().into(),
         }
+    }
+
+    /// Black-box finding (round 18): the wrong region mounted on the cache.
+    #[test]
+    fn a_redirect_without_location_is_the_wrong_region_and_a_refusal() {
+        let e = generic(
+            "Error performing list request: Error performing GET http://h/bkt?list-type=2 in \
+             2ms - Received redirect without LOCATION, this normally indicates an incorrectly \
+             configured region",
+        );
+        assert!(wrong_region(&e));
+        assert!(is_refusal(&e), "not asked 8 times");
+        assert!(!wrong_region(&generic(
+            "Server returned non-2xx status code: 503"
+        )));
     }
 
     #[test]
