@@ -95,6 +95,9 @@ pub struct FaultConfig {
     /// A rename is a copy and then a delete in one call, as object_store does it on
     /// S3 (no rename of its own): a lost delete answer fails the whole call.
     pub rename_as_copy_and_delete: bool,
+    /// Paged listings answer this many empty pages with a token before the first page
+    /// of keys (S3 may, scanning past deleted keys); a page asked with that token goes on.
+    pub empty_list_pages: usize,
     /// Reads and heads of this exact key are refused (403), while listings answer: a
     /// policy granting `s3:GetObject` on `bkt/data/*` only refuses `HEAD data`.
     pub denied_key: Option<String>,
@@ -743,6 +746,25 @@ impl PaginatedListStore for FaultyStore {
         opts: PaginatedListOptions,
     ) -> object_store::Result<PaginatedListResult> {
         let cfg = self.before_read(prefix.unwrap_or("")).await?;
+        let empties_sent = match opts
+            .page_token
+            .as_deref()
+            .and_then(|t| t.strip_prefix("empty-"))
+        {
+            Some(n) => n.parse::<usize>().unwrap_or(0),
+            None if opts.offset.is_none() => 0,
+            None => cfg.empty_list_pages,
+        };
+        if empties_sent < cfg.empty_list_pages {
+            return Ok(PaginatedListResult {
+                result: ListResult {
+                    common_prefixes: Vec::new(),
+                    objects: Vec::new(),
+                    extensions: Default::default(),
+                },
+                page_token: Some(format!("empty-{}", empties_sent + 1)),
+            });
+        }
         if opts.delimiter.is_none() {
             return Err(object_store::Error::NotImplemented {
                 operation: "a paged listing without a delimiter".into(),

@@ -22,6 +22,9 @@ use object_store::{ListResult, ObjectMeta};
 
 /// A full page, as S3 and GCS send by default.
 const PAGE_KEYS: usize = 1000;
+/// Empty pages in a row that a listing follows by their tokens before it gives up on a
+/// store that makes no progress: 1000 (a million deleted keys scanned past).
+const MAX_EMPTY_PAGES: usize = 1000;
 
 /// Sorts after every name under a prefix: `start-after` of `dir/` + this skips the
 /// whole of `dir/` (keys are UTF-8, compared by bytes; U+10FFFF is the greatest).
@@ -95,11 +98,17 @@ impl PagedLister {
         let mut want = PAGE_KEYS;
         let mut last_skipped: Option<String> = None;
         let mut cr_tried = false;
+        // The token of an empty page the store says is not the last, and how many such
+        // pages came in a row (see below).
+        let mut token: Option<String> = None;
+        let mut empty_pages = 0;
         loop {
+            let sent_token = token.take();
             let opts = PaginatedListOptions {
                 offset: start_after.clone(),
                 delimiter: delimiter.then_some("/".into()),
                 max_keys: Some(want),
+                page_token: sent_token.clone(),
                 ..Default::default()
             };
             let req_prefix = (!full.is_empty()).then(|| full.clone());
@@ -125,7 +134,21 @@ impl PagedLister {
                         }
                     }
                     match (page.page_token, last) {
-                        (Some(_), Some(last)) => start_after = Some(last),
+                        (Some(_), Some(last)) => {
+                            start_after = Some(last);
+                            empty_pages = 0;
+                        }
+                        // An empty page that is not the last (S3 may answer fewer keys
+                        // than asked, none included, while it scans past deleted ones):
+                        // its token goes on from where the scan stopped (black-box
+                        // finding: such a page failed the folder's readdir for good).
+                        (Some(next), None)
+                            if empty_pages < MAX_EMPTY_PAGES
+                                && Some(&next) != sent_token.as_ref() =>
+                        {
+                            empty_pages += 1;
+                            token = Some(next);
+                        }
                         (Some(_), None) => {
                             // Nothing in the page sorts after where it started: a
                             // store that ignores `start-after` would be listed for ever.
@@ -345,5 +368,34 @@ mod tests {
         let listed = store.list_dir("big").await.expect("page by page");
         assert_eq!(listed.files.len(), 2500);
         assert!(listed.files.windows(2).all(|w| w[0].path < w[1].path));
+    }
+
+    /// Black-box finding (round 18): an empty page that is not the last (S3 scanning
+    /// past deleted keys) failed the folder's listing, "made no progress", for good.
+    /// Its token goes on.
+    #[tokio::test]
+    async fn empty_pages_that_are_not_the_last_are_followed() {
+        let f = Arc::new(FaultyStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig::default(),
+        ));
+        for i in 0..30 {
+            f.put(&Path::from(format!("vm/k{i:03}")), vec![1u8].into())
+                .await
+                .expect("put");
+        }
+        f.set_config(FaultConfig {
+            list_page_keys: 10,
+            empty_list_pages: 3,
+            ..FaultConfig::default()
+        });
+        let mut store = BackingStore::new(
+            f.clone() as Arc<dyn ObjectStore>,
+            "paged",
+            RetryPolicy::default(),
+        );
+        store.paged = Some(Arc::new(PagedLister::new(f.clone(), "")));
+        let listed = store.list_dir("vm").await.expect("listed");
+        assert_eq!(listed.files.len(), 30);
     }
 }
