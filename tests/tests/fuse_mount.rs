@@ -999,3 +999,29 @@ fn a_redirect_uploads_at_its_last_close(b: Backend) {
 fn a_redirect_uploads_at_its_last_close_local() {
     bounded(60, || a_redirect_uploads_at_its_last_close(Backend::Local));
 }
+
+/// Black-box finding (round 18): on a local store, `echo data > link` where `link` leads
+/// out of the store (hidden from the mount) exited 0: the create and writes took, the
+/// close's EINVAL went unseen by the shell, and the data was dropped. The create is
+/// refused, EINVAL, and the link's target is untouched; so is a file created in a
+/// folder made (`mkdir`) over a folder link out of the store.
+#[test]
+fn a_create_over_a_link_out_of_a_local_store_is_refused_at_once() {
+    bounded(60, || {
+        let (fx, _staging) = writable(Backend::Local, |w| w.allow_overwrite = true);
+        let outside = tempfile::tempdir().expect("outside");
+        std::fs::write(outside.path().join("victim"), b"keep").expect("victim");
+        std::os::unix::fs::symlink(outside.path().join("victim"), fx.s("flink")).expect("link");
+        std::os::unix::fs::symlink(outside.path(), fx.s("dlink")).expect("folder link");
+        let e = File::create(fx.m("flink")).expect_err("refused at the create");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+        std::fs::create_dir(fx.m("dlink")).expect("a folder of the mount's own");
+        let e = File::create(fx.m("dlink/new")).expect_err("refused at the create");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+        assert_eq!(
+            std::fs::read(outside.path().join("victim")).expect("victim"),
+            b"keep"
+        );
+        assert!(!outside.path().join("new").exists());
+    });
+}

@@ -556,7 +556,8 @@ impl BackingStore {
     /// of `ckpt/new.bin` created the file outside the store, and with
     /// `--allow-overwrite` replaced one there; the daemon often runs as root). Refused
     /// unless the store follows symbolic links (`--follow-symlinks`), as reads are.
-    async fn local_write_inside(&self, path: &str) -> Result<()> {
+    /// Public so a mount refuses such a name when it is created, not at its upload.
+    pub async fn local_write_inside(&self, path: &str) -> Result<()> {
         let Some(root) = &self.local_root else {
             return Ok(());
         };

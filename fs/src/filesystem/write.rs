@@ -1201,6 +1201,10 @@ impl FsCore {
             if let Some(s) = self.settled(&path).await {
                 return Err(Error::Busy(s.path().to_string()));
             }
+            // A name through (or of) a link out of a local store is refused when it is
+            // created, not at the close's upload (black-box finding: `echo data >
+            // link` exited 0, the close's EINVAL unseen by the shell, the data dropped).
+            self.reader.store().local_write_inside(&path).await?;
             match self.meta(&path).await? {
                 Meta::Dir => return Err(Error::IsDir(path.to_string())),
                 Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
