@@ -1939,6 +1939,66 @@ fn restarted_mounted(
     ))
 }
 
+/// Black-box finding (round 18, docs audit): with `--metadata-ttl indefinite`, a
+/// folder made by `mkdir` and given a file through the mount was missing from its
+/// parent after a restart with the store silent (its file ENOENT): the folder is
+/// logged in its parent once its first file is uploaded.
+#[tokio::test]
+async fn a_made_folder_with_a_file_is_found_at_a_restart_with_the_store_down() {
+    timed(async {
+        let fx = fixture(|o, dir| {
+            o.metadata_ttl = strata_fs::filesystem::METADATA_TTL_INDEFINITE;
+            o.listing_log = Some(dir.join("metadata/m.jsonl"));
+        })
+        .await;
+        let c = &fx.core;
+        let fh = c.opendir(ROOT_INO).await.expect("opendir");
+        c.readdir(fh, 0, 100)
+            .await
+            .expect("the root listed, and logged");
+        let nd = c.mkdir(ROOT_INO, "nd").await.expect("mkdir");
+        let (_, f) = c.create(nd.attr.ino, "f.txt", 0).await.expect("create");
+        c.write(f, 0, b"in a new folder").expect("write");
+        c.close(f, 0).await.expect("close uploads");
+        c.release_write(f).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        fx.faulty.set_config(FaultConfig {
+            down: true,
+            ..Default::default()
+        });
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .build()
+            .expect("engine");
+        let store = strata_cache_core::BackingStore::new(
+            fx.faulty.clone() as Arc<dyn ObjectStore>,
+            "mem",
+            strata_cache_core::RetryPolicy::default(),
+        );
+        let after = Arc::new(FsCore::new(
+            ObjectReader::new(engine, store, BS).expect("reader"),
+            "",
+            CoreOptions {
+                metadata_ttl: strata_fs::filesystem::METADATA_TTL_INDEFINITE,
+                listing_log: Some(fx.dir.path().join("metadata/m.jsonl")),
+                ..Default::default()
+            },
+        ));
+        let nd = after
+            .lookup(ROOT_INO, "nd")
+            .await
+            .expect("the folder, as logged");
+        assert_eq!(nd.attr.kind, strata_fs::filesystem::Kind::Dir);
+        let f = after
+            .lookup(nd.attr.ino, "f.txt")
+            .await
+            .expect("its file, as logged");
+        assert_eq!(f.attr.size, 15);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Crash findings (round 11) on the fsync records of files a crash left unclosed:
 /// (1) the next mount at the mountpoint uploaded them whatever store it showed (a
 /// checkpoint of one bucket landed in another); (2) a start killed after its recovery

@@ -121,6 +121,12 @@ impl ListingLog {
         self.write_line(json!({ "set": [dir, name, obj_value(obj)] }).to_string());
     }
 
+    /// Appends a change this mount made: `name` of `dir` is a folder now (made by
+    /// `mkdir`, a folder renamed there, the folder of a file saved in it).
+    pub(super) fn append_folder(&self, dir: &str, name: &str) {
+        self.write_line(json!({ "folder": [dir, name] }).to_string());
+    }
+
     /// Appends a change this mount made: `name` of `dir` (the object `path`) is gone,
     /// or its state unknown (then a start with the store down does not serve it).
     pub(super) fn append_gone(&self, dir: &str, name: &str, path: &str) {
@@ -202,6 +208,16 @@ fn fold(path: &Path, block_size: u64, source: &str) -> Logged {
                 }
                 latest.files.insert(obj.path.to_string(), obj);
             }
+            Some(Line::Folder(dir, name)) => {
+                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
+                    match entries.iter_mut().find(|(n, _)| *n == name) {
+                        Some(e) => e.1 = None,
+                        None => entries.push((name.clone(), None)),
+                    }
+                }
+                // (The folder's own listing is not made up: it may be a folder of the
+                // store with more in it; its files saved here are found by name.)
+            }
             Some(Line::Gone(dir, name, path)) => {
                 if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
                     entries.retain(|(n, _)| *n != name);
@@ -279,6 +295,8 @@ enum Line {
     Set(String, String, ObjectInfo),
     /// (dir, name, path): removed (or renamed away) through the mount.
     Gone(String, String, String),
+    /// (dir, name): a folder made (or renamed there) through the mount.
+    Folder(String, String),
 }
 
 fn parse_line(line: &str, block_size: u64) -> Option<Line> {
@@ -294,6 +312,15 @@ fn parse_line(line: &str, block_size: u64) -> Option<Line> {
             dir.as_str()?.to_string(),
             name.as_str()?.to_string(),
             obj_of(obj.as_array()?, block_size)?,
+        ));
+    }
+    if let Some(f) = v.get("folder") {
+        let [dir, name] = f.as_array()?.as_slice() else {
+            return None;
+        };
+        return Some(Line::Folder(
+            dir.as_str()?.to_string(),
+            name.as_str()?.to_string(),
         ));
     }
     if let Some(g) = v.get("gone") {
@@ -423,6 +450,10 @@ mod tests {
             log.append_set("d", "c2", &obj("d/c2", 1));
             log.append_set("d", "a", &new_a);
             log.append_set("e", "x", &obj("e/x", 2)); // a directory never listed
+                                                      // A folder made (or renamed into place) through the mount (black-box
+                                                      // finding: missing from its parent after an offline restart).
+            log.append_folder("d", "nd");
+            log.append_set("d/nd", "f", &obj("d/nd/f", 3));
         }
         for _ in 0..2 {
             // Once from the appended lines, once more from their compaction.
@@ -437,9 +468,11 @@ mod tests {
                 names,
                 vec![
                     ("a".to_string(), Some(new_a.clone())),
-                    ("c2".to_string(), Some(obj("d/c2", 1)))
+                    ("c2".to_string(), Some(obj("d/c2", 1))),
+                    ("nd".to_string(), None),
                 ]
             );
+            assert_eq!(got.files["d/nd/f"], obj("d/nd/f", 3));
             assert!(
                 !got.files.contains_key("d/b"),
                 "a removed object is not found by name"

@@ -140,7 +140,9 @@ impl FsCore {
             match &meta {
                 Some(Meta::File(o)) => log.append_set(dir, name, o),
                 Some(Meta::Missing) | None => log.append_gone(dir, name, path),
-                Some(Meta::Dir) => {}
+                // (Black-box finding: a folder made through the mount was missing from
+                // its parent after a restart with the store silent, its files ENOENT.)
+                Some(Meta::Dir) => log.append_folder(dir, name),
             }
         }
         let Some(meta) = meta else {

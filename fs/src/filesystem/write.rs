@@ -2108,10 +2108,21 @@ impl FsCore {
     async fn uploaded(&self, staged: &Arc<Staged>, gen: u64, crc: u32) -> Result<()> {
         let size = staged.size.load(Ordering::Acquire);
         let parent = self.parent_of(&staged.path()).map(Arc::<str>::from);
-        let fresh = match parent {
-            Some(parent) => self.refresh(&parent, &staged.path()).await,
+        let fresh = match &parent {
+            Some(parent) => self.refresh(parent, &staged.path()).await,
             None => None,
         };
+        // The first object in a folder made by `mkdir` makes it real: logged in its
+        // parent for a start with the store silent (black-box finding: such a folder
+        // was missing after that restart, its files ENOENT).
+        let in_made_folder = parent.as_deref().is_some_and(|p| {
+            self.writes
+                .as_ref()
+                .is_some_and(|w| w.local_dirs.lock().contains(p))
+        });
+        if in_made_folder && self.listing_log.is_some() {
+            self.show_folders_of(&staged.path()).await;
+        }
         // The version the next upload of this file replaces is the one just made; not
         // knowing it, the next upload checks nothing (rather than take its own upload
         // for another writer's).
