@@ -676,3 +676,32 @@ async fn odd_names_and_prefixes_are_the_keys_listed_read_and_uploaded() {
         Err(CacheError::NotFound(_))
     ));
 }
+
+/// Black-box finding (round 18): with `s3:DeleteObject` denied on `raw/*`, `mv raw/b
+/// work/b` failed (EIO, after 8 attempts) and the copy stayed under the new name. The
+/// refusal is EACCES at once and the copy is deleted again: the store is as it was.
+#[tokio::test]
+async fn a_move_whose_source_may_not_be_deleted_is_undone() {
+    let (store, faulty, _) = faulty_holding(
+        FaultConfig::default(),
+        "raw/b",
+        Bytes::from_static(b"source"),
+    )
+    .await;
+    faulty.set_config(FaultConfig {
+        denied_delete: Some("raw/".into()),
+        ..FaultConfig::default()
+    });
+    let e = store
+        .rename_new("raw/b", "work/b", 6)
+        .await
+        .expect_err("refused");
+    assert!(matches!(e, CacheError::PermissionDenied(_)), "{e}");
+    assert!(matches!(
+        store.head("work/b").await,
+        Err(CacheError::NotFound(_))
+    ));
+    assert_eq!(store.head("raw/b").await.expect("source kept").size, 6);
+    let e = store.rename("raw/b", "work/c").await.expect_err("refused");
+    assert!(matches!(e, CacheError::PermissionDenied(_)), "{e}");
+}

@@ -98,6 +98,9 @@ pub struct FaultConfig {
     /// Paged listings answer this many empty pages with a token before the first page
     /// of keys (S3 may, scanning past deleted keys); a page asked with that token goes on.
     pub empty_list_pages: usize,
+    /// Deletes of keys starting with this are refused as S3's DeleteObjects refuses a
+    /// key a policy denies `s3:DeleteObject` on (a per-key `AccessDenied` in a 200).
+    pub denied_delete: Option<String>,
     /// Reads and heads of this exact key are refused (403), while listings answer: a
     /// policy granting `s3:GetObject` on `bkt/data/*` only refuses `HEAD data`.
     pub denied_key: Option<String>,
@@ -634,6 +637,27 @@ impl ObjectStore for FaultyStore {
     ) -> BoxStream<'static, object_store::Result<Path>> {
         if self.config.lock().panic_on_delete {
             panic!("injected: a delete answer the client library cannot match");
+        }
+        if let Some(denied) = self.config.lock().denied_delete.clone() {
+            let inner = self.inner.clone();
+            return Box::pin(futures::StreamExt::then(locations, move |r| {
+                let (inner, denied) = (inner.clone(), denied.clone());
+                async move {
+                    let p = r?;
+                    if p.as_ref().starts_with(&denied) {
+                        return Err(object_store::Error::Generic {
+                            store: "S3",
+                            source: format!(
+                                "DeleteObjects request failed for key {p}: Access Denied (code: AccessDenied)"
+                            )
+                            .into(),
+                        });
+                    }
+                    object_store::ObjectStoreExt::delete(&*inner, &p)
+                        .await
+                        .map(|()| p)
+                }
+            }));
         }
         let lost = self.lost_deletes.clone();
         Box::pin(futures::StreamExt::map(

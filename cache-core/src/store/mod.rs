@@ -1348,6 +1348,12 @@ impl BackingStore {
     /// Moves object `from` to `to` (retried; the store's own rename where it has one,
     /// else a server-side copy, then a delete of `from`).
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_with(from, to, false).await
+    }
+
+    /// [`Self::rename`]; `to_was_absent`: no object had the name `to` before, so a copy
+    /// whose source may not be deleted is undone (see [`Self::undo_refused_move`]).
+    async fn rename_with(&self, from: &str, to: &str, to_was_absent: bool) -> Result<()> {
         self.local_write_inside(from).await?;
         self.local_not_through_link(from).await?;
         self.local_write_inside(to).await?;
@@ -1369,9 +1375,33 @@ impl BackingStore {
                 async move { self.store.copy(&f, &t).await }
             })
             .await?;
-            self.delete_moved(from).await?;
+            if let Err(e) = self.delete_moved(from).await {
+                return Err(match to_was_absent {
+                    true => self.undo_refused_move(to, e).await,
+                    false => e,
+                });
+            }
         }
         self.renamed(from, to).await
+    }
+
+    /// A move's copy landed at `to`, a new name, and the store refused to delete its
+    /// source (a policy denying `s3:DeleteObject` there): the copy is deleted again, so
+    /// the failed rename leaves the store as it was (black-box finding: `mv` failed EIO
+    /// and the copy stayed under the new name). Other failures leave the copy: whether
+    /// the delete landed is not known. Returns `e`.
+    async fn undo_refused_move(&self, to: &str, e: CacheError) -> CacheError {
+        if matches!(e, CacheError::PermissionDenied(_)) {
+            match self.delete(to).await {
+                Ok(()) => {
+                    tracing::warn!(to, error = %e, "the store refused to delete a moved object's source: its copy deleted again, the rename undone")
+                }
+                Err(undo) => {
+                    tracing::error!(to, error = %e, undo_error = %undo, "the store refused to delete a moved object's source, and its copy could not be deleted: both names hold it")
+                }
+            }
+        }
+        e
     }
 
     /// Deletes the source of a move whose copy landed; already gone (a retried delete
@@ -1403,10 +1433,14 @@ impl BackingStore {
         let local = self.local_root.is_some();
         match self.create_only(from, to, size, local).await? {
             CreateOnly::Done if local => {}
-            CreateOnly::Done | CreateOnly::Ours => self.delete_moved(from).await?,
+            CreateOnly::Done | CreateOnly::Ours => {
+                if let Err(e) = self.delete_moved(from).await {
+                    return Err(self.undo_refused_move(to, e).await);
+                }
+            }
             CreateOnly::Unsupported => {
                 self.check_absent(to).await?;
-                return self.rename(from, to).await;
+                return self.rename_with(from, to, true).await;
             }
         }
         self.renamed(from, to).await
@@ -1834,10 +1868,14 @@ fn permission_denied(e: &object_store::Error) -> bool {
     }
     // A 401/403 the client did not type (a listing's, a DeleteObjects key's): refused,
     // as a GET's is (black-box finding: a LIST answered 403 made `ls` say EIO).
-    if matches!(e, object_store::Error::Generic { .. })
-        && probe::http_status(&with_causes(e)).is_some_and(|s| s == 401 || s == 403)
-    {
-        return true;
+    if matches!(e, object_store::Error::Generic { .. }) {
+        let text = with_causes(e);
+        // A DeleteObjects answer refusing one key says so in its code only.
+        if probe::http_status(&text).is_some_and(|s| s == 401 || s == 403)
+            || text.contains("AccessDenied")
+        {
+            return true;
+        }
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
