@@ -606,17 +606,28 @@ async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
     remove_kv_blocks(engine, blocks).await
 }
 
-/// Removes `blocks` from `engine`; how many it held.
+/// Removes `blocks` from `engine`; how many it held. Many at once: each removal from a
+/// disk tier waits for its index write to be synced, and the index syncs writes that
+/// come together once (black-box finding: one at a time, 16,000 blocks held the start
+/// for 10-14 s before the service listened).
 async fn remove_kv_blocks(engine: &CacheEngine, blocks: Vec<(CacheKey, u64)>) -> usize {
-    let mut dropped = 0;
-    for (key, _) in blocks {
-        match engine.remove(&key).await {
-            Ok(true) => dropped += 1,
-            Ok(false) => {}
-            Err(e) => tracing::error!(%key, error = %e, "could not drop a KV block"),
-        }
-    }
-    dropped
+    use futures::StreamExt;
+    /// Removals in flight: enough for the index to sync them in groups.
+    const AT_ONCE: usize = 64;
+    futures::stream::iter(blocks)
+        .map(|(key, _)| async move {
+            match engine.remove(&key).await {
+                Ok(held) => held,
+                Err(e) => {
+                    tracing::error!(%key, error = %e, "could not drop a KV block");
+                    false
+                }
+            }
+        })
+        .buffer_unordered(AT_ONCE)
+        .filter(|held| std::future::ready(*held))
+        .count()
+        .await
 }
 
 /// The bindings in `file`, and its marks.
