@@ -213,6 +213,25 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     };
 
     mount::remove_other_staging(&core.cache_dir, &cfg.mounts);
+    if let (true, Some(url)) = (cfg.mounts.is_empty(), cfg.store.url.as_deref()) {
+        // No mount any more, but uploads an earlier run's mounts left unfinished in
+        // the store: aborted all the same (black-box finding: a KV-only restart after
+        // a crash kept a cut multipart upload in the bucket for good).
+        if mount::other_mounts_left_uploads(&core.cache_dir, &cfg.mounts) {
+            match open_store(url, &cfg.store) {
+                Ok(store) => mount::abort_other_mounts_uploads(
+                    &core.cache_dir,
+                    &cfg.mounts,
+                    &store,
+                    url,
+                    cfg.store.endpoint.as_deref(),
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store could not be opened: uploads left unfinished by an earlier run's mounts are not aborted")
+                }
+            }
+        }
+    }
     let mut mounts = Vec::new();
     let mut infos = Vec::new();
     if let Some((url, store)) = &store {

@@ -417,6 +417,11 @@ fn other_mounts_entries(
         .collect()
 }
 
+/// Whether the cache dir holds upload records of mounts other than `mounts`.
+pub fn other_mounts_left_uploads(cache_dir: &Path, mounts: &[MountConfig]) -> bool {
+    !other_mounts_entries(cache_dir, UPLOADS, mounts, uploads_dir).is_empty()
+}
+
 /// Aborts `left` in `store` in the background, logging `what`, then runs `then`.
 fn abort_in_background(
     store: BackingStore,
