@@ -190,6 +190,9 @@ pub struct AdminState {
     /// outside (`fusermount3 -u`): no longer shown (black-box finding: stats and
     /// /metrics still counted it).
     pub unmounted: Arc<[std::sync::atomic::AtomicBool]>,
+    /// Mounts of the configuration not mounted at start (their store refused them),
+    /// each with why: /healthz names them.
+    pub not_mounted: Arc<[String]>,
     /// The mounts' copies and staged writes (None: no disk budget).
     pub local_files: Option<Arc<strata_fs::PassthroughStore>>,
     pub started: Instant,
@@ -331,17 +334,23 @@ async fn healthz_handler(State(s): State<AdminState>) -> Response {
         .filter(|(_, gone)| gone.load(Relaxed))
         .map(|(m, _)| m.mountpoint.display().to_string())
         .collect();
-    if lost.is_empty() {
+    if lost.is_empty() && s.not_mounted.is_empty() {
         return "ok\n".into_response();
     }
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!(
+    let mut why = String::new();
+    if !lost.is_empty() {
+        why.push_str(&format!(
             "unmounted from outside, not served: {}; restart the daemon to mount again\n",
             lost.join(", ")
-        ),
-    )
-        .into_response()
+        ));
+    }
+    if !s.not_mounted.is_empty() {
+        why.push_str(&format!(
+            "not mounted, the store refused them at start: {}; restart the daemon once the store accepts them\n",
+            s.not_mounted.join(", ")
+        ));
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
 }
 
 /// The access rule of the module docs, before any handler (and the 404/405 fallback).
@@ -1310,6 +1319,7 @@ mod tests {
             mounts: vec![info("/a"), info("/b")],
             mount_cores: vec![],
             unmounted: vec![AtomicBool::new(false), AtomicBool::new(true)].into(),
+            not_mounted: Arc::from(Vec::<String>::new()),
             local_files: None,
             started: Instant::now(),
             token: None,
@@ -1323,6 +1333,33 @@ mod tests {
             .map(|m| m.mountpoint)
             .collect();
         assert_eq!(shown, vec![PathBuf::from("/a")]);
+    }
+
+    /// Black-box finding (round 18): a mount its store refused at start took the KV
+    /// service down with the daemon; served without it now, /healthz names it.
+    #[tokio::test]
+    async fn a_mount_not_mounted_at_start_fails_the_health_check() {
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine");
+        let state = |not_mounted: Vec<String>| AdminState {
+            engine: engine.clone(),
+            kv: None,
+            mounts: vec![],
+            mount_cores: vec![],
+            unmounted: Arc::from(Vec::new()),
+            not_mounted: not_mounted.into(),
+            local_files: None,
+            started: Instant::now(),
+            token: None,
+            cluster: None,
+            peer: None,
+        };
+        let ok = healthz_handler(State(state(vec![]))).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        let refused = healthz_handler(State(state(vec!["/mnt/data (403)".into()]))).await;
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     /// A local endpoint that accepts and then behaves as `serve` does with each

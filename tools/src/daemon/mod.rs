@@ -111,12 +111,24 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         Some(url) if !cfg.mounts.is_empty() => Some((url, open_store(url, &cfg.store)?)),
         _ => None,
     };
+    // Mounts whose store refused their first listing while the KV service is served:
+    // skipped, named by /healthz (black-box finding: one refused mount, credentials not
+    // yet valid, took the whole daemon down, the KV service with it, in a crash loop).
+    let mut refused_mounts: Vec<(PathBuf, String)> = Vec::new();
     if let Some((url, store)) = &store {
         for m in &cfg.mounts {
             // A stop while the store is silent (up to 10 s) cancels the start
             // (black-box finding: Ctrl-C on `strata mount` mounted 10 s later anyway).
             tokio::select! {
-                r = check_store(url, store, &m.prefix) => r?,
+                r = check_store(url, store, &m.prefix) => match r {
+                    Ok(()) => {}
+                    Err(e) if kv_plan.is_some() => {
+                        tracing::error!(mountpoint = %m.mountpoint.display(), error = %format!("{e:#}"),
+                            "not mounted: the store refused the mount's first listing; the KV service is served without it, /healthz answers 503 naming it until a restart mounts it");
+                        refused_mounts.push((m.mountpoint.clone(), format!("{e:#}")));
+                    }
+                    Err(e) => return Err(e),
+                },
                 _ = stop.cancelled() => {
                     tracing::info!("stopped before mounting");
                     return Ok(());
@@ -246,6 +258,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             if stop.is_cancelled() {
                 break; // stopped while starting: mount nothing more
             }
+            if refused_mounts.iter().any(|(p, _)| *p == m.mountpoint) {
+                continue;
+            }
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
             let h = mount::mount(m, &core, store, url, cfg.store.endpoint.as_deref(), peers)?;
@@ -287,6 +302,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             mounts: infos,
             mount_cores: mounts.iter().filter_map(|h| h.core().cloned()).collect(),
             unmounted: unmounted.clone(),
+            not_mounted: refused_mounts
+                .iter()
+                .map(|(p, why)| format!("{} ({why})", p.display()))
+                .collect(),
             local_files: core.local_files.clone(),
             started,
             token: token.map(std::sync::Arc::from),
