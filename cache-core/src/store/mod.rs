@@ -1901,10 +1901,13 @@ fn map_store_error(e: object_store::Error, attempts: u32) -> CacheError {
         // An archived object (GLACIER, DEEP_ARCHIVE) is a 403 too, but no policy change
         // reads it (black-box finding: the log sent the user to fix IAM).
         other if with_causes(&other).contains("InvalidObjectState") => {
+            let path = match &other {
+                object_store::Error::PermissionDenied { path, .. } => path.clone(),
+                _ => String::new(),
+            };
             CacheError::PermissionDenied(format!(
-                "the object is in an archive storage class (S3 InvalidObjectState: GLACIER or \
-                 DEEP_ARCHIVE) and must be restored before it can be read: {}",
-                with_causes(&other)
+                "{path}: the object is in an archive storage class (S3 InvalidObjectState: \
+                 GLACIER or DEEP_ARCHIVE) and must be restored before it can be read"
             ))
         }
         other if permission_denied(&other) => CacheError::PermissionDenied(other.to_string()),
