@@ -60,6 +60,7 @@ impl KvCache for KvService {
             let estimate = self.get_size_estimate(&ns);
             held.cover(estimate).await?;
             let since = self.inner.shm.as_ref().map(|a| a.changes(&key));
+            let read_from = std::time::Instant::now();
             let (data, tier) = self
                 .fetch_routed(&req.namespace, &ns, &key, &req.hash, &caller.forward())
                 .await?
@@ -71,11 +72,11 @@ impl KvCache for KvService {
             } else {
                 held.shrink_to(size);
             }
-            Ok(Served::Bytes(key, data, tier, tier.and(since)))
+            Ok(Served::Bytes(key, data, tier, tier.and(since), read_from))
         }
         .await;
-        let (key, data, tier, local_since) = match self.reject(r)? {
-            Served::Bytes(key, data, tier, since) => (key, data, tier, since),
+        let (key, data, tier, local_since, read_from) = match self.reject(r)? {
+            Served::Bytes(key, data, tier, since, from) => (key, data, tier, since, from),
             Served::Device((lease, handle, size)) => {
                 if let (Some(arena), Some(s), Some(c)) = (&self.inner.shm, session, call) {
                     arena.answered(s, c, &[lease]);
@@ -144,23 +145,24 @@ impl KvCache for KvService {
         drop(data);
         let Some(hold) = hold else {
             // One small message: the block stays in the arena, not in the response.
-            return Ok(Response::new(Box::pin(TimedStream::new(
-                futures::stream::iter(msgs),
+            return Ok(Response::new(Box::pin(
+                TimedStream::new(futures::stream::iter(msgs), self.clone(), tier, size)
+                    .timed_from(read_from),
+            )));
+        };
+        let held = hold.clone();
+        let stream: BoxStream<pb::GetResponse> = Box::pin(
+            TimedStream::new(
+                futures::stream::iter(msgs).map(move |m| {
+                    let _ = &held;
+                    m
+                }),
                 self.clone(),
                 tier,
                 size,
-            ))));
-        };
-        let held = hold.clone();
-        let stream: BoxStream<pb::GetResponse> = Box::pin(TimedStream::new(
-            futures::stream::iter(msgs).map(move |m| {
-                let _ = &held;
-                m
-            }),
-            self.clone(),
-            tier,
-            size,
-        ));
+            )
+            .timed_from(read_from),
+        );
         // Even a one-message answer is guarded: HTTP/2 takes the message on the first
         // poll but holds it (a slice that pins the whole block) until the client's
         // window has room, so a client that never opens it would pin the block for as

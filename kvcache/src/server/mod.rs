@@ -402,9 +402,16 @@ fn fnv1a(b: &[u8]) -> u64 {
 /// What a Get serves: the block's bytes (inline or leased in the arena), or a device
 /// handle (lease id, handle wire bytes, size).
 enum Served {
-    /// The block, the tier it was read from, and, when it was read from this node's
-    /// tiers, the key's arena change count noted before the read (`ShmArena::lease`).
-    Bytes(CacheKey, Bytes, Option<TierKind>, Option<u64>),
+    /// The block, the tier it was read from, when it was read from this node's tiers
+    /// the key's arena change count noted before the read (`ShmArena::lease`), and when
+    /// the read began (the load model times the tier from there).
+    Bytes(
+        CacheKey,
+        Bytes,
+        Option<TierKind>,
+        Option<u64>,
+        std::time::Instant,
+    ),
     Device((u64, Vec<u8>, u64)),
 }
 
