@@ -76,11 +76,13 @@ pub fn open_core(cfg: &CacheConfig) -> anyhow::Result<Core> {
     open_core_for(cfg, true)
 }
 
-/// [`open_core`] for a daemon with or without mounts. Without, the disk tier takes the
-/// whole disk budget: no file can be copied or staged (black-box finding: a KV-only
-/// daemon kept a quarter of `--disk` for mount files that could not exist), and copies
-/// an earlier run with mounts left are deleted, as nothing would count them.
-pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
+/// [`open_core`] for a daemon whose mounts may keep local files (`local_files`: one
+/// makes passthrough copies or takes writes) or not. If not, the disk tier takes the
+/// whole disk budget: no file can be copied or staged (black-box findings: a KV-only
+/// daemon, and one whose only mount was read-only with passthrough off, kept a quarter
+/// of `--disk` for mount files that could not exist), and copies an earlier run left
+/// are deleted, as nothing would count them.
+pub fn open_core_for(cfg: &CacheConfig, local_files: bool) -> anyhow::Result<Core> {
     // Checked first, so a refused GPU configuration leaves no cache dir behind.
     let gpu_cfg = cfg.gpu_tier()?;
     let granularity = cfg.granularity()?;
@@ -159,16 +161,16 @@ pub fn open_core_for(cfg: &CacheConfig, mounts: bool) -> anyhow::Result<Core> {
         Ok(limit) => tracing::info!(limit, "descriptor soft limit raised to the hard limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the descriptor limit"),
     }
-    let passthrough_budget = if mounts {
+    let passthrough_budget = if local_files {
         passthrough_share(disk_bytes)
     } else {
         let copies = cache_dir.join("passthrough");
         if copies.exists() {
             match std::fs::remove_dir_all(&copies) {
                 Ok(()) => tracing::info!(dir = %copies.display(),
-                    "no mounts: deleted the passthrough copies an earlier run left"),
+                    "no mount copies or writes files: deleted the passthrough copies an earlier run left"),
                 Err(e) => tracing::warn!(dir = %copies.display(), error = %e,
-                    "no mounts: could not delete the passthrough copies an earlier run left"),
+                    "no mount copies or writes files: could not delete the passthrough copies an earlier run left"),
             }
         }
         0

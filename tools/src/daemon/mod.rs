@@ -136,7 +136,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             }
         }
     }
-    let core = open_core_for(&cfg.cache, !cfg.mounts.is_empty())?;
+    let core = open_core_for(&cfg.cache, cfg.mounts.iter().any(mount::keeps_local_files))?;
     let mut tasks = Servers::new();
     // The admin API is bound before the group is joined: the node's record carries
     // its address, for `strata stats --cluster`.

@@ -417,6 +417,14 @@ fn other_mounts_entries(
         .collect()
 }
 
+/// Whether mount `m` keeps files of its own under the cache dir (passthrough copies,
+/// or files written through it until uploaded): the disk budget's share for them is
+/// kept only then. A `passthrough_max` that does not parse counts as on (the mount's
+/// own start reports it).
+pub fn keeps_local_files(m: &MountConfig) -> bool {
+    m.allow_writes || crate::config::parse_size(&m.passthrough_max).map_or(true, |n| n > 0)
+}
+
 /// Whether the cache dir holds upload records of mounts other than `mounts`.
 pub fn other_mounts_left_uploads(cache_dir: &Path, mounts: &[MountConfig]) -> bool {
     !other_mounts_entries(cache_dir, UPLOADS, mounts, uploads_dir).is_empty()
@@ -523,6 +531,21 @@ mod tests {
     use super::*;
     use crate::config::CacheConfig;
     use crate::daemon::cache::open_core;
+
+    /// Black-box finding (round 18): a read-only mount with passthrough off kept a
+    /// quarter of the disk budget for copies it could never make.
+    #[test]
+    fn only_mounts_that_copy_or_write_keep_local_files() {
+        let m = |writes: bool, max: &str| MountConfig {
+            allow_writes: writes,
+            passthrough_max: max.into(),
+            ..Default::default()
+        };
+        assert!(keeps_local_files(&MountConfig::default()));
+        assert!(!keeps_local_files(&m(false, "0")));
+        assert!(keeps_local_files(&m(true, "0")), "its files until uploaded");
+        assert!(keeps_local_files(&m(false, "1MiB")));
+    }
     use std::sync::Arc;
 
     fn core(dir: &std::path::Path, disk: &str) -> Core {
