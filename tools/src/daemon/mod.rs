@@ -138,6 +138,11 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     }
     let core = open_core_for(&cfg.cache, cfg.mounts.iter().any(mount::keeps_local_files))?;
     let mut tasks = Servers::new();
+    // What ends the servers (KV, admin, peer): cancelled only after the mounts are
+    // unmounted, so the KV service answers while a stop waits for the mounts' uploads
+    // (black-box finding: a SIGTERM during an upload to a stalled store took the KV
+    // service down for the 20 s the upload was waited for).
+    let serving = CancellationToken::new();
     // The admin API is bound before the group is joined: the node's record carries
     // its address, for `strata stats --cluster`.
     let admin_listener = match &admin_plan {
@@ -167,7 +172,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                     &core.cache_dir,
                     core.engine.clone(),
                     core.gpu.clone(),
-                    &stop,
+                    &serving,
                     &mut tasks,
                 )
                 .await?,
@@ -194,8 +199,14 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                 metrics: metrics.clone(),
                 kv: kv.as_ref().map(|k| k.service.clone()),
             };
-            let addr =
-                peer::start(c.peer_listen()?, token.as_deref(), ctx, &stop, &mut tasks).await?;
+            let addr = peer::start(
+                c.peer_listen()?,
+                token.as_deref(),
+                ctx,
+                &serving,
+                &mut tasks,
+            )
+            .await?;
             announce!("peer {addr}");
             // A dial to a dead peer gives up after 1 s (the read hedges to the store
             // after the peer's p99 anyway; this bounds what dead dials hold).
@@ -316,8 +327,8 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                 .as_ref()
                 .map(|(_, m, _)| (m.clone(), store.as_ref().map(|(_, s)| s.clone()))),
         };
-        let stop = stop.clone();
-        tasks.spawn(async move { admin::serve(l, state, stop.cancelled_owned()).await });
+        let serving = serving.clone();
+        tasks.spawn(async move { admin::serve(l, state, serving.cancelled_owned()).await });
     }
     let release_stdout = RELEASE_STDOUT_WHEN_READY.load(std::sync::atomic::Ordering::Relaxed);
     if release_stdout {
@@ -332,7 +343,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     }
 
     let result = supervise(&stop, &mut tasks, &mounts, &unmounted, kv.is_some()).await;
-    shut_down(tasks, mounts).await;
+    shut_down(tasks, mounts, &serving).await;
     if let Some((c, _, _)) = cluster {
         c.leave().await;
     }
@@ -465,9 +476,26 @@ async fn supervise(
     }
 }
 
-/// Lets the servers finish requests in flight (bounded, so a stuck client cannot hold
-/// the exit), then unmounts.
-async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
+/// Unmounts (each mount waits, bounded, for its uploads in progress) while the servers
+/// still answer, then stops the servers and lets them finish requests in flight
+/// (bounded, so a stuck client cannot hold the exit).
+async fn shut_down(
+    mut tasks: Servers,
+    mounts: Vec<strata_fs::MountHandle>,
+    serving: &CancellationToken,
+) {
+    // Off the runtime's workers: an unmount waits for the session to end.
+    let unmounted = tokio::task::spawn_blocking(move || {
+        for m in mounts {
+            if let Err(e) = m.unmount() {
+                tracing::warn!(error = %e, "unmount failed");
+            }
+        }
+    });
+    if let Err(e) = unmounted.await {
+        tracing::warn!(error = %e, "unmount task failed");
+    }
+    serving.cancel();
     let drain = async {
         while let Some(r) = tasks.join_next().await {
             if let Ok(Err(e)) = r {
@@ -480,17 +508,6 @@ async fn shut_down(mut tasks: Servers, mounts: Vec<strata_fs::MountHandle>) {
         .is_err()
     {
         tracing::warn!("requests still in flight after 10 s; exiting anyway");
-    }
-    // Off the runtime's workers: an unmount waits for the session to end.
-    let unmounted = tokio::task::spawn_blocking(move || {
-        for m in mounts {
-            if let Err(e) = m.unmount() {
-                tracing::warn!(error = %e, "unmount failed");
-            }
-        }
-    });
-    if let Err(e) = unmounted.await {
-        tracing::warn!(error = %e, "unmount task failed");
     }
 }
 
