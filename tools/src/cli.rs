@@ -30,7 +30,8 @@ pub enum Command {
     Serve(commands::serve::ServeArgs),
     /// Show a running daemon's figures (per tier, per namespace); --watch for a live view.
     Stats(commands::stats::StatsArgs),
-    /// Mount a bucket/prefix or local directory read-only through the cache (FUSE).
+    /// Mount a bucket/prefix or local directory through the cache (FUSE); read-only unless
+    /// `--allow-writes`.
     Mount(commands::mount::MountArgs),
     /// Prefetch files or directories of a Strata mount into the cache.
     Warmup(commands::warmup::WarmupArgs),

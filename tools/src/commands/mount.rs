@@ -1,5 +1,5 @@
 //! `strata mount SOURCE MOUNTPOINT`: mount a bucket/prefix (or a local directory) as a
-//! read-only directory through the cache.
+//! directory through the cache (read-only unless `--allow-writes`).
 //!
 //! Without `--foreground` the command re-executes itself in the foreground as a
 //! detached child (new session, output to `<cache dir>/mount.log`, or without a cache
