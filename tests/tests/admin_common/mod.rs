@@ -20,6 +20,7 @@ pub fn bare_state(token: Option<&str>) -> AdminState {
         mounts: vec![],
         mount_cores: vec![],
         unmounted: Arc::new([]),
+        not_mounted: Arc::new([]),
         started: Instant::now(),
         token: token.map(Arc::from),
         cluster: None,
