@@ -1191,7 +1191,7 @@ impl FsCore {
             // `HEAD data`, outside `data/*`) and the prefix holds keys: the folder, as
             // its parent's listing shows it (black-box finding: such a folder was EACCES
             // on every path lookup past the listing's TTL).
-            Err(e) if also_folder => {
+            Err(e) if also_folder && !matches!(e, CacheError::NotFound(_)) => {
                 tracing::debug!(%path, error = %e, "the HEAD failed, the prefix holds keys: a folder");
                 Meta::Dir
             }
