@@ -327,29 +327,35 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
     std::fs::remove_file(fx.m("ckpt/copy.txt")).expect("rm");
     assert!(stored(&fx, "ckpt/copy.txt").is_none());
     assert!(!fx.m("ckpt/copy.txt").exists());
-    // A failed upload fails close (EIO) and leaves no object.
+    // A failed upload fails close (EIO) and leaves no object; a file fsync'd before
+    // such a close is kept and uploaded once the store answers (as after a crash).
     let f = File::create(fx.m("ckpt/lost")).expect("create");
     (&f).write_all(b"never stored").expect("write");
+    let k = File::create(fx.m("ckpt/kept")).expect("create");
+    (&k).write_all(b"fsync'd").expect("write");
     fx.faulty.set_config(FaultConfig {
         writes_down: true,
         ..Default::default()
     });
     // fsync is durable on the cache disk; the close reports the upload's failure.
-    f.sync_all().expect("fsync");
-    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
-    // SAFETY: closing the descriptor this test owns, once.
-    let rc = unsafe { libc::close(fd) };
-    let err = std::io::Error::last_os_error();
-    assert_eq!(
-        (rc, err.raw_os_error()),
-        (-1, Some(libc::EIO)),
-        "store refuses writes"
-    );
+    k.sync_all().expect("fsync");
+    for f in [f, k] {
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+        // SAFETY: closing the descriptor this test owns, once.
+        let rc = unsafe { libc::close(fd) };
+        let err = std::io::Error::last_os_error();
+        assert_eq!(
+            (rc, err.raw_os_error()),
+            (-1, Some(libc::EIO)),
+            "store refuses writes"
+        );
+    }
     fx.faulty.set_config(FaultConfig::default());
     assert!(stored(&fx, "ckpt/lost").is_none());
     // The staging files are gone once released (the kernel sends RELEASE after close
-    // returns, so this waits for it).
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // returns, so this waits for it), the fsync'd one once uploaded (its first retry
+    // comes 5 s after the close).
+    let deadline = Instant::now() + Duration::from_secs(30);
     let files = strata_fs::filesystem::staged_files_dir(&staging.path().join("s"));
     while std::fs::read_dir(&files).expect("staging").count() > 0 {
         assert!(
@@ -358,6 +364,8 @@ fn writes_through_the_kernel_become_objects(b: Backend) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(stored(&fx, "ckpt/kept").as_deref(), Some(&b"fsync'd"[..]));
+    assert!(stored(&fx, "ckpt/lost").is_none());
     // Saved again at once under the same name: a create (the kernel kept no entry for
     // the file that failed; it was ENOENT until the entry expired).
     std::fs::write(fx.m("ckpt/lost"), b"stored now").expect("save again");
