@@ -1907,6 +1907,21 @@ fn restarted_at(
 }
 
 /// As [`restarted_at`], for a mount at canonical mountpoint `mountpoint`.
+/// What a restarted daemon reads `fx`'s store (through its fault injector) with: a fresh
+/// memory tier, and the store as `label`.
+fn restarted_parts(fx: &Fixture, label: &str) -> (CacheEngine, strata_cache_core::BackingStore) {
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(64 << 20)))
+        .build()
+        .expect("engine");
+    let store = strata_cache_core::BackingStore::new(
+        fx.faulty.clone() as Arc<dyn ObjectStore>,
+        label,
+        strata_cache_core::RetryPolicy::default(),
+    );
+    (engine, store)
+}
+
 fn restarted_mounted(
     fx: &Fixture,
     staging_dir: std::path::PathBuf,
@@ -1914,15 +1929,7 @@ fn restarted_mounted(
     endpoint: Option<&str>,
     mountpoint: Option<&str>,
 ) -> Arc<FsCore> {
-    let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(64 << 20)))
-        .build()
-        .expect("engine");
-    let mut store = strata_cache_core::BackingStore::new(
-        fx.faulty.clone() as Arc<dyn ObjectStore>,
-        label,
-        strata_cache_core::RetryPolicy::default(),
-    );
+    let (engine, mut store) = restarted_parts(fx, label);
     if let Some(e) = endpoint {
         store = store.at_endpoint(e);
     }
@@ -1966,15 +1973,7 @@ async fn a_made_folder_with_a_file_is_found_at_a_restart_with_the_store_down() {
             down: true,
             ..Default::default()
         });
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(64 << 20)))
-            .build()
-            .expect("engine");
-        let store = strata_cache_core::BackingStore::new(
-            fx.faulty.clone() as Arc<dyn ObjectStore>,
-            "mem",
-            strata_cache_core::RetryPolicy::default(),
-        );
+        let (engine, store) = restarted_parts(&fx, "mem");
         let after = Arc::new(FsCore::new(
             ObjectReader::new(engine, store, BS).expect("reader"),
             "",
@@ -2346,15 +2345,7 @@ async fn a_file_recovered_into_a_new_folder_shows_with_its_folder() {
         c.fsync(fh).await.expect("fsync");
         let _crashed = fh; // never closed, as after a kill
 
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(64 << 20)))
-            .build()
-            .expect("engine");
-        let store = strata_cache_core::BackingStore::new(
-            fx.faulty.clone() as Arc<dyn ObjectStore>,
-            "mem",
-            strata_cache_core::RetryPolicy::default(),
-        );
+        let (engine, store) = restarted_parts(&fx, "mem");
         let mut w = WriteOptions::new(staging_dir.clone());
         w.part_size = 64 << 10;
         let own = Arc::new(FsCore::new(
