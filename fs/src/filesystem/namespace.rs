@@ -107,6 +107,17 @@ impl FsCore {
         Some(info)
     }
 
+    /// Whether `path`'s folder is gone from the mount (renamed or removed through it,
+    /// or never there): a file kept for a later upload is not put back into it.
+    pub(super) async fn folder_gone(&self, path: &str) -> bool {
+        match self.parent_of(path) {
+            Some(dir) if dir != &*self.root => {
+                matches!(self.meta(&Arc::from(dir)).await, Ok(Meta::Missing))
+            }
+            _ => false,
+        }
+    }
+
     /// The folders above `path` exist now: an object was written under them other
     /// than through this mount's `mkdir` (a file fsync'd before a crash, uploaded at
     /// the next start). Each shows in its parent's cached listing and attributes, so

@@ -477,6 +477,38 @@ fn read_record(path: &Path) -> Found {
     }
 }
 
+/// Of several records for one name (saves kept while the store did not answer, each
+/// newer than the last), the newest, by its record's time: the older are superseded and
+/// dropped (black-box finding: a start uploaded the oldest of three saves, then dropped
+/// the newer two as changed since, publishing stale bytes).
+fn newest_per_name(pending: Vec<(Journaled, Option<u64>)>) -> Vec<(Journaled, Option<u64>)> {
+    let written = |j: &Journaled| {
+        std::fs::metadata(&j.record_file)
+            .and_then(|m| m.modified())
+            .unwrap_or(std::time::SystemTime::UNIX_EPOCH)
+    };
+    let mut newest: std::collections::HashMap<String, (Journaled, Option<u64>)> =
+        std::collections::HashMap::new();
+    for (j, since) in pending {
+        match newest.remove(&j.record.path) {
+            Some((other, s)) if written(&other) > written(&j) => {
+                tracing::warn!(path = %j.record.path, file = %j.file.display(), "an fsync'd copy superseded by a newer one of the same name: dropped");
+                j.done();
+                newest.insert(other.record.path.clone(), (other, s));
+            }
+            Some((other, _)) => {
+                tracing::warn!(path = %other.record.path, file = %other.file.display(), "an fsync'd copy superseded by a newer one of the same name: dropped");
+                other.done();
+                newest.insert(j.record.path.clone(), (j, since));
+            }
+            None => {
+                newest.insert(j.record.path.clone(), (j, since));
+            }
+        }
+    }
+    newest.into_values().collect()
+}
+
 impl Journaled {
     /// Uploaded or superseded: the record and its file go, durably (a record back
     /// after a power cut would upload its bytes again).
@@ -622,20 +654,23 @@ impl super::FsCore {
                 }
                 ours
             })
-            .map(|j| (j, 0))
+            .map(|j| (j, None))
             .collect();
+        let pending = newest_per_name(pending);
         self.upload_kept(rt, pending, "before a crash");
     }
 
     /// Uploads journaled files in the background, retrying while the store does not
     /// answer; each is removed once uploaded, kept (for the next start) if the upload
     /// fails otherwise. With each file the change number after which a change of its
-    /// name through this mount supersedes it. `when` says which files in the logs
+    /// name through this mount supersedes it: None for one found at start (any change
+    /// since the start), Some for one kept while this mount runs (its folder is also
+    /// checked). `when` says which files in the logs
     /// ("before a crash", "at a close the store did not answer").
     pub(super) fn upload_kept(
         self: &Arc<Self>,
         rt: &tokio::runtime::Handle,
-        mut pending: Vec<(Journaled, u64)>,
+        mut pending: Vec<(Journaled, Option<u64>)>,
         when: &'static str,
     ) {
         let core = self.clone();
@@ -646,8 +681,17 @@ impl super::FsCore {
                 for (j, since) in pending {
                     // Changed through this mount since (deleted, written anew): what
                     // the fsync kept is superseded.
-                    if core.changed_since(&j.record.path, since) {
+                    if core.changed_since(&j.record.path, since.unwrap_or(0)) {
                         tracing::warn!(path = %j.record.path, "a file fsync'd {when} was changed through the mount since; its fsync'd copy dropped");
+                        j.done();
+                        continue;
+                    }
+                    // Kept while this mount runs, and its folder since renamed or
+                    // removed through it: not put back under the old name (black-box
+                    // finding: `mv ckA ckA2` and `rm -rf ckB` during the outage, then
+                    // both files landed under their old folders).
+                    if since.is_some() && core.folder_gone(&j.record.path).await {
+                        tracing::warn!(path = %j.record.path, "a file fsync'd {when}: its folder was renamed or removed through the mount since; its fsync'd copy dropped");
                         j.done();
                         continue;
                     }
@@ -660,6 +704,15 @@ impl super::FsCore {
                             tracing::warn!(path = %j.record.path, error = %e, retry_in = ?pause,
                                 "a file fsync'd {when} could not be uploaded yet: the store does not answer");
                             again.push((j, since));
+                        }
+                        // Another object took the name since (a create-only upload):
+                        // newer than what the fsync kept, which is dropped rather than
+                        // kept to land once that object is deleted (black-box finding:
+                        // replaced, then `rm`, and the next start brought the old bytes
+                        // back under the name).
+                        Err(Error::Cache(CacheError::Exists(_))) => {
+                            tracing::warn!(path = %j.record.path, "a file fsync'd {when}: another object took its name since; its fsync'd copy dropped");
+                            j.done();
                         }
                         Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
                             "a file fsync'd {when} could not be uploaded; kept for the next start"),
@@ -710,7 +763,7 @@ impl super::FsCore {
             "the store did not answer the close's upload of an fsync'd file: kept, and uploaded once it answers (or by the next start)");
         self.upload_kept(
             &tokio::runtime::Handle::current(),
-            vec![(kept, since)],
+            vec![(kept, Some(since))],
             "at a close the store did not answer",
         );
         true
@@ -853,6 +906,60 @@ mod tests {
 
     use super::super::{staged_files_dir, WriteOptions, Writes};
     use super::*;
+
+    /// Black-box finding (round 18b): three saves of one name kept while the store did
+    /// not answer, then a restart: the oldest was uploaded and the newer dropped. The
+    /// newest record of a name is kept, the older dropped with their files.
+    #[test]
+    fn of_several_records_for_one_name_the_newest_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kept = |n: u32, path: &str, age_s: u64| {
+            let file = dir.path().join(format!("{n}.part"));
+            std::fs::write(&file, format!("v{n}")).expect("staged");
+            let record_file = record_path(&file);
+            let f = std::fs::File::create(&record_file).expect("record");
+            f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age_s))
+                .expect("mtime");
+            let record = JournalRecord {
+                path: path.into(),
+                only_if_absent: false,
+                source: None,
+                mountpoint: None,
+                synced: None,
+                epoch: None,
+                base: None,
+            };
+            (
+                Journaled {
+                    file,
+                    record_file,
+                    record,
+                },
+                None,
+            )
+        };
+        // The newest of `ck` was written last but is listed first (staging numbers
+        // are no order across runs).
+        let left = newest_per_name(vec![
+            kept(7, "ck", 10),
+            kept(1, "ck", 30),
+            kept(2, "ck", 20),
+            kept(3, "other", 5),
+        ]);
+        let mut files: Vec<_> = left
+            .iter()
+            .map(|(j, _)| {
+                j.file
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        files.sort();
+        assert_eq!(files, ["3.part", "7.part"]);
+        assert!(!dir.path().join("1.part").exists() && !dir.path().join("2.part").exists());
+    }
 
     thread_local! {
         /// The folders this thread synced (`sync_dir`), in order.
