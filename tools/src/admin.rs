@@ -190,8 +190,8 @@ pub struct AdminState {
     /// outside (`fusermount3 -u`): no longer shown (black-box finding: stats and
     /// /metrics still counted it).
     pub unmounted: Arc<[std::sync::atomic::AtomicBool]>,
-    /// Mounts of the configuration not mounted at start (their store refused them),
-    /// each with why: /healthz names them.
+    /// Mounts whose store refused their first listing at start (mounted, every operation
+    /// failing with the store's answer), each with why: /healthz names them.
     pub not_mounted: Arc<[String]>,
     /// The mounts' copies and staged writes (None: no disk budget).
     pub local_files: Option<Arc<strata_fs::PassthroughStore>>,
@@ -346,7 +346,7 @@ async fn healthz_handler(State(s): State<AdminState>) -> Response {
     }
     if !s.not_mounted.is_empty() {
         why.push_str(&format!(
-            "not mounted, the store refused them at start: {}; restart the daemon once the store accepts them\n",
+            "the store refused these mounts at start, their operations fail: {}; restart the daemon once the store accepts them\n",
             s.not_mounted.join(", ")
         ));
     }

@@ -112,8 +112,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         _ => None,
     };
     // Mounts whose store refused their first listing while the KV service is served:
-    // skipped, named by /healthz (black-box finding: one refused mount, credentials not
-    // yet valid, took the whole daemon down, the KV service with it, in a crash loop).
+    // mounted all the same (their operations fail with the store's answer; skipped, the
+    // bare mountpoint took jobs' writes onto local disk: black-box finding), named by
+    // /healthz (black-box finding: one refused mount, credentials not yet valid, took
+    // the whole daemon down, the KV service with it, in a crash loop).
     let mut refused_mounts: Vec<(PathBuf, String)> = Vec::new();
     if let Some((url, store)) = &store {
         for m in &cfg.mounts {
@@ -124,7 +126,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
                     Ok(()) => {}
                     Err(e) if kv_plan.is_some() => {
                         tracing::error!(mountpoint = %m.mountpoint.display(), error = %format!("{e:#}"),
-                            "not mounted: the store refused the mount's first listing; the KV service is served without it, /healthz answers 503 naming it until a restart mounts it");
+                            "the store refused the mount's first listing: mounted all the same, so its operations fail with the store's answer (a job never writes into the bare folder beneath), the KV service is served, and /healthz answers 503 naming it");
                         refused_mounts.push((m.mountpoint.clone(), format!("{e:#}")));
                     }
                     Err(e) => return Err(e),
@@ -268,9 +270,6 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         for m in &cfg.mounts {
             if stop.is_cancelled() {
                 break; // stopped while starting: mount nothing more
-            }
-            if refused_mounts.iter().any(|(p, _)| *p == m.mountpoint) {
-                continue;
             }
             // On an error, dropping the handles unmounts what was mounted so far.
             let peers = cluster.as_ref().and_then(|(_, _, r)| r.clone());
