@@ -674,8 +674,17 @@ impl super::FsCore {
         when: &'static str,
     ) {
         let core = self.clone();
+        // A file kept while the mount runs has just failed its upload: it waits one pause
+        // first, so a change of its name or folder right after the failed close (the job
+        // moving on: `mv`, `rm -rf`) is seen before it is sent, not during the upload's
+        // own retries (black-box finding: `rm -rf ckB` right after the close, and
+        // `ckB/b.pt` landed all the same).
+        let first_wait = pending.iter().any(|(_, since)| since.is_some());
         rt.spawn(async move {
             let mut pause = RECOVERY_RETRY_FIRST;
+            if first_wait {
+                tokio::time::sleep(pause).await;
+            }
             loop {
                 let mut again = Vec::new();
                 for (j, since) in pending {
