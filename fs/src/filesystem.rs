@@ -110,8 +110,8 @@ pub struct CoreOptions {
     /// seen within seconds (mountpoint-s3 defaults to 1 s; its users' top complaint is
     /// slow metadata, so we lean longer).
     /// [`METADATA_TTL_INDEFINITE`] (any TTL of 100 years or more): attributes and
-    /// listings stay cached for the mount's life (bounded by `max_attr_entries` and
-    /// `max_listings`), for immutable datasets: a cached file never pays a HEAD or
+    /// listings stay cached for the mount's life (bounded by `metadata_bytes`), for
+    /// immutable datasets: a cached file never pays a HEAD or
     /// LIST again, and new or changed objects are not seen until a remount.
     pub metadata_ttl: Duration,
     /// Owner reported for every entry (default: the daemon's uid/gid).
@@ -128,10 +128,14 @@ pub struct CoreOptions {
     /// The mount-wide access controller, fed every demand read and every listing; its
     /// prefetch orders may name other files. None: only per-handle readahead.
     pub predictors: Option<Arc<Predictors>>,
-    /// Attribute cache entries. 1 M: ~200 MB at worst, far above any one listing.
-    pub max_attr_entries: u64,
-    /// Cached listings. 4096 directories.
-    pub max_listings: u64,
+    /// Memory for cached attributes and listings: half for each, every entry weighed
+    /// by its estimated footprint ([`attr_weight`], [`listing_weight`]: its names and
+    /// versions and the caches' own cost per entry), so a listing of 200,000 names
+    /// weighs what it holds, not one entry. 512 MiB: ~900,000 names listed and stat'ed
+    /// (~580 B each in both caches). The daemon sets an eighth of its memory limit
+    /// (black-box finding: entry counts alone let 400,000 names take 575 MB, and the
+    /// daemon was OOM-killed in a 400 MiB cgroup by `find` over the mount).
+    pub metadata_bytes: u64,
     /// Inodes the kernel does not reference (named by a plain READDIR only) may
     /// accumulate until the table holds this many: 1 M (~100 MB); then they are swept.
     /// Referenced inodes are never swept: the kernel's FORGETs bound those.
@@ -172,8 +176,7 @@ impl Default for CoreOptions {
             readahead: Arc::new(|| Box::new(WindowDoubling::new(WindowConfig::default()))),
             passthrough: None,
             predictors: None,
-            max_attr_entries: 1 << 20,
-            max_listings: 4096,
+            metadata_bytes: 512 << 20,
             max_inodes: 1 << 20,
             job_scope: JobScope::default(),
             writes: None,
@@ -211,6 +214,11 @@ impl Predictors {
     /// The sequential and semantic predictors with their default tuning.
     pub fn standard() -> Self {
         Self::new(AccessController::standard())
+    }
+
+    /// The standard predictors, remembering at most `max_names` listed names.
+    pub fn standard_with_names(max_names: usize) -> Self {
+        Self::new(AccessController::standard_with_names(max_names))
     }
 
     pub fn new(controller: AccessController<CacheKey>) -> Self {
@@ -304,6 +312,16 @@ struct OpenDir {
     read_from_start: std::sync::atomic::AtomicBool,
 }
 
+/// What a core's metadata caches hold ([`FsCore::metadata_cached`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetadataCached {
+    pub bytes: u64,
+    pub attributes: u64,
+    pub listings: u64,
+    /// Inodes the table holds (the kernel's references and unreferenced ones).
+    pub inodes: u64,
+}
+
 /// An opened file.
 #[derive(Debug)]
 pub struct Opened {
@@ -341,6 +359,33 @@ struct Listing {
     entries: Vec<(String, Meta)>,
     /// The directory exists even if empty ([`strata_cache_core::DirListing::exists`]).
     exists: bool,
+}
+
+/// The attribute cache's estimated cost of one entry, in bytes: the cache's own
+/// bookkeeping per entry (~170 B measured with heaptrack over 400,000 names), the path
+/// and, for a file, its shared [`ObjectInfo`] (counted here and in its listing: an
+/// over-estimate where both hold it).
+fn attr_weight(path: &str, m: &Meta) -> u32 {
+    let bytes = 192 + path.len() + meta_weight(m);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// A listing's estimated cost: its entries' names and objects (~130 B per entry besides
+/// the names, measured as [`attr_weight`]'s).
+fn listing_weight(path: &str, l: &Listing) -> u32 {
+    let entries: usize = l
+        .entries
+        .iter()
+        .map(|(name, m)| 64 + name.len() + meta_weight(m))
+        .sum();
+    u32::try_from(128 + path.len() + entries).unwrap_or(u32::MAX)
+}
+
+fn meta_weight(m: &Meta) -> usize {
+    match m {
+        Meta::File(o) => 64 + o.path.len() + o.version.len(),
+        Meta::Dir | Meta::Missing => 0,
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -713,7 +758,7 @@ pub struct FsCore {
     /// Listings logged for a start with the store down (`listing_log.rs`), and what
     /// an earlier run logged (taken by [`FsCore::preload_listings`], or dropped).
     listing_log: Option<listing_log::ListingLog>,
-    logged: Mutex<Option<listing_log::Logged>>,
+    logged: Mutex<Option<Arc<listing_log::Logged>>>,
     reader: ObjectReader,
     root: Arc<str>,
     opts: CoreOptions,
@@ -838,8 +883,13 @@ impl FsCore {
     pub fn new(reader: ObjectReader, prefix: &str, opts: CoreOptions) -> Self {
         let root: Arc<str> = Arc::from(prefix.trim_matches('/'));
         let indefinite = opts.metadata_ttl >= INDEFINITE_FROM;
-        let mut attrs = moka::future::Cache::builder().max_capacity(opts.max_attr_entries);
-        let mut listings = moka::future::Cache::builder().max_capacity(opts.max_listings);
+        let share = (opts.metadata_bytes / 2).max(1);
+        let mut attrs = moka::future::Cache::builder()
+            .max_capacity(share)
+            .weigher(|path: &Arc<str>, m: &Meta| attr_weight(path, m));
+        let mut listings = moka::future::Cache::builder()
+            .max_capacity(share)
+            .weigher(|path: &Arc<str>, l: &Arc<Listing>| listing_weight(path, l));
         if !indefinite {
             attrs = attrs.time_to_live(opts.metadata_ttl);
             listings = listings.time_to_live(opts.metadata_ttl);
@@ -915,7 +965,7 @@ impl FsCore {
             kept,
             expected,
             listing_log,
-            logged: Mutex::new(Some(logged)),
+            logged: Mutex::new((!logged.is_empty()).then(|| Arc::new(logged))),
             reader,
             inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
             root,
@@ -1002,6 +1052,25 @@ impl FsCore {
 
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// What the attribute and listing caches hold once their pending evictions are
+    /// done, in their estimated bytes (bounded by [`CoreOptions::metadata_bytes`]) and
+    /// entries.
+    pub async fn metadata_cached(&self) -> MetadataCached {
+        self.attrs.run_pending_tasks().await;
+        self.listings.run_pending_tasks().await;
+        self.metadata_cached_now()
+    }
+
+    /// [`Self::metadata_cached`] as last settled (the stats' figures).
+    pub fn metadata_cached_now(&self) -> MetadataCached {
+        MetadataCached {
+            bytes: self.attrs.weighted_size() + self.listings.weighted_size(),
+            attributes: self.attrs.entry_count(),
+            listings: self.listings.entry_count(),
+            inodes: self.inodes.read().nodes.len() as u64,
+        }
     }
 
     /// A fresh request ramp: one block up to the largest ranged GET.
@@ -1441,7 +1510,9 @@ impl FsCore {
 
     /// An object an earlier run looked up by name (see [`Self::logged_listing`]).
     fn logged_file(&self, path: &str) -> Option<ObjectInfo> {
-        let obj = self.logged.lock().as_ref()?.files.get(path).cloned()?;
+        // Read from the log outside the lock.
+        let logged = self.logged.lock().clone()?;
+        let obj = logged.file(path)?;
         tracing::warn!(%path, "the store did not answer: found as an earlier run logged it");
         Some(obj)
     }
@@ -1450,7 +1521,8 @@ impl FsCore {
     /// as this mount's when the store does not answer (see `listing_log.rs`): cached
     /// as a listing fetched now would be. None: none was logged.
     async fn logged_listing(&self, dir: &Arc<str>) -> Option<Arc<Listing>> {
-        let (exists, entries) = self.logged.lock().as_ref()?.dirs.get(&**dir)?.clone();
+        let logged = self.logged.lock().clone()?;
+        let (exists, entries) = logged.dir(dir)?;
         let mut out: Vec<(String, Meta)> = Vec::with_capacity(entries.len());
         for (name, obj) in entries {
             let meta = match obj {

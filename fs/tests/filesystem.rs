@@ -1290,3 +1290,70 @@ async fn a_key_that_is_also_a_prefix_is_the_folder_on_a_path_lookup_too() {
     .await
     .expect("bounded");
 }
+
+/// Lists and looks up 3,000 names in three folders, then reads every listing again.
+async fn list_and_look_up_everything(fx: &Fixture) {
+    let c = &fx.core;
+    for d in 0..3 {
+        let dir = c.lookup(ROOT_INO, &format!("many{d}")).await.expect("dir");
+        let fh = c.opendir(dir.attr.ino).await.expect("opendir");
+        let mut names = Vec::new();
+        let mut offset = 0;
+        loop {
+            let got = c.readdir(fh, offset, 256).await.expect("readdir");
+            let Some(last) = got.last() else { break };
+            offset = last.offset;
+            names.extend(got.into_iter().map(|e| e.name));
+        }
+        c.releasedir(fh);
+        let files: Vec<_> = names.iter().filter(|n| n.starts_with("item-")).collect();
+        assert_eq!(files.len(), 1000, "every name listed in many{d}");
+        for n in files {
+            let e = c.lookup(dir.attr.ino, n).await.expect("lookup");
+            assert_eq!(e.attr.size, 3, "{n}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn cached_metadata_stays_within_its_bytes_and_every_name_is_still_served() {
+    timed(async {
+        let seed = |fx: Fixture| async move {
+            for d in 0..3 {
+                for i in 0..1000 {
+                    let p = format!("many{d}/item-{i:06}-with-a-name-of-some-length.jpeg");
+                    fx.store
+                        .put(&p, Bytes::from_static(b"abc"))
+                        .await
+                        .expect("seed");
+                }
+            }
+            fx
+        };
+        // As before the budget: the whole namespace is cached (~1.7 MB of it).
+        let roomy = seed(fixture(CoreOptions::default()).await).await;
+        list_and_look_up_everything(&roomy).await;
+        let whole = roomy.core.metadata_cached().await;
+        assert!(whole.bytes > 1 << 20, "{whole:?}");
+        assert!(whole.attributes >= 3000 && whole.listings >= 3, "{whole:?}");
+
+        // A budget of a fifth of that: held within it, and every name still answers
+        // (looked up in the store once its listing is not kept).
+        let budget = 320 << 10;
+        let tight = seed(
+            fixture(CoreOptions {
+                metadata_bytes: budget,
+                ..CoreOptions::default()
+            })
+            .await,
+        )
+        .await;
+        list_and_look_up_everything(&tight).await;
+        let held = tight.core.metadata_cached().await;
+        assert!(held.bytes <= budget, "{held:?} within {budget}");
+        assert!(held.attributes < 3000, "{held:?}");
+        list_and_look_up_everything(&tight).await;
+    })
+    .await
+    .expect("bounded");
+}

@@ -330,6 +330,21 @@ impl<H: Clone + Eq + Hash> AccessController<H> {
         )
     }
 
+    /// The daemon's default predictors with the semantic predictor's listing index
+    /// holding at most `max_names` listed names (the daemon sizes it to its memory
+    /// limit: ~260 B per name).
+    pub fn standard_with_names(max_names: usize) -> Self {
+        let semantic = crate::semantic::SemanticConfig {
+            max_listed_entries: max_names,
+            ..Default::default()
+        };
+        Self::new(
+            ControllerConfig::default(),
+            Some(Box::new(SequentialPredictor::default())),
+            Some(Box::new(SemanticPredictor::new(semantic))),
+        )
+    }
+
     pub fn config(&self) -> &ControllerConfig {
         &self.cfg
     }

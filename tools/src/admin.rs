@@ -79,12 +79,18 @@ pub struct MountStats {
     /// was paused as silent), and ranged GETs that returned data.
     #[serde(default)]
     pub store_failures: u64,
+    /// Cached attributes and listings, in their estimated bytes, and inodes held.
+    #[serde(default)]
+    pub metadata_bytes: u64,
+    #[serde(default)]
+    pub inodes: u64,
 }
 
 impl MountStats {
     pub fn of(core: &strata_fs::FsCore) -> Self {
         use std::sync::atomic::Ordering::Relaxed;
         let c = core.counters();
+        let meta = core.metadata_cached_now();
         MountStats {
             writable: core.writable(),
             lookups: c.lookups.load(Relaxed),
@@ -106,6 +112,8 @@ impl MountStats {
             read_errors: c.read_errors.load(Relaxed),
             read_stale: c.read_stale.load(Relaxed),
             store_failures: core.store_failures(),
+            metadata_bytes: meta.bytes,
+            inodes: meta.inodes,
         }
     }
 }
@@ -711,6 +719,22 @@ fn render_mount_metrics(reg: &mut Registry, mounts: &[MountInfo]) {
         "Files renamed through the mount",
         |m| m.renames,
     );
+    let gauges = |reg: &mut Registry, name: &str, help: &str, f: fn(&MountStats) -> u64| {
+        let values: Vec<(Labels, f64)> = with
+            .iter()
+            .map(|(l, st)| (l.clone(), f(st) as f64))
+            .collect();
+        gauge_family(reg, name, help, &values);
+    };
+    gauges(
+        reg,
+        "mount_metadata_bytes",
+        "Estimated bytes of the mount's cached attributes and listings",
+        |m| m.metadata_bytes,
+    );
+    gauges(reg, "mount_inodes", "Inodes the mount's table holds", |m| {
+        m.inodes
+    });
 }
 
 /// The cache group's data plane: per peer (`peer="node-b"`), and this node's store reads.

@@ -23,7 +23,7 @@
 //! the listing cache evicts it) and rewritten compact at every open, and while the
 //! mount runs once it has grown well past its compact size.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,12 +34,60 @@ use strata_cache_core::ObjectInfo;
 /// One directory as logged: whether it exists, and its entries (None: a sub-directory).
 pub(super) type LoggedListing = (bool, Vec<(String, Option<ObjectInfo>)>);
 
-/// What a run logged: listings by directory, and objects looked up one by one (a HEAD:
-/// a job that opens files by name never lists their directory).
+/// Where a line lies in a log: its offset and length (without the newline).
+type Span = (u64, u32);
+
+/// What a run logged, as an index into the log compacted at open: the latest listing
+/// of each directory and the objects looked up by name (a HEAD: a job that opens files
+/// by name never lists their directory), each read back from the file when asked
+/// ([`Self::dir`], [`Self::file`]). Only the index is held: a log of a million names
+/// is not parsed into memory at every start (black-box finding: with listings held
+/// whole, `find` over 400,000 names peaked ~100 MB higher at each compaction).
 #[derive(Debug, Default)]
 pub(super) struct Logged {
-    pub dirs: HashMap<String, LoggedListing>,
-    pub files: HashMap<String, ObjectInfo>,
+    /// The compacted log, kept open: a later compaction renames another file over it.
+    file: Option<std::fs::File>,
+    block_size: u64,
+    dirs: HashMap<String, Span>,
+    files: HashMap<String, Span>,
+}
+
+impl Logged {
+    /// The listing of `dir` as logged.
+    pub(super) fn dir(&self, dir: &str) -> Option<LoggedListing> {
+        match self.read(*self.dirs.get(dir)?)? {
+            Line::Dir(_, listing) => Some(listing),
+            _ => None,
+        }
+    }
+
+    /// The object `path` as logged (looked up by name, or written through the mount).
+    pub(super) fn file(&self, path: &str) -> Option<ObjectInfo> {
+        match self.read(*self.files.get(path)?)? {
+            Line::File(obj) | Line::Set(_, _, obj) => Some(obj),
+            _ => None,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.dirs.is_empty() && self.files.is_empty()
+    }
+
+    #[cfg(test)]
+    fn dirs_logged(&self) -> usize {
+        self.dirs.len()
+    }
+
+    fn read(&self, span: Span) -> Option<Line> {
+        read_line_at(self.file.as_ref()?, span, self.block_size)
+    }
+}
+
+fn read_line_at(file: &std::fs::File, (offset, len): Span, block_size: u64) -> Option<Line> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset).ok()?;
+    parse_line(std::str::from_utf8(&buf).ok()?, block_size)
 }
 
 /// The log of one mount (see the module docs).
@@ -83,8 +131,7 @@ impl ListingLog {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let latest = fold(path, block_size, source);
-        let compacted = write_compact(path, source, &latest)?;
+        let (compacted, latest) = compact_file(path, source, block_size)?;
         let file = std::fs::OpenOptions::new().append(true).open(path)?;
         Ok((
             ListingLog {
@@ -165,88 +212,194 @@ impl ListingLog {
     /// The log rewritten to its latest state, and that file opened to append to, with
     /// its size. Under the log's lock.
     fn compact(&self) -> std::io::Result<(std::fs::File, u64)> {
-        let latest = fold(&self.path, self.block_size, &self.source);
-        let size = write_compact(&self.path, &self.source, &latest)?;
+        let (size, _) = compact_file(&self.path, &self.source, self.block_size)?;
         let file = std::fs::OpenOptions::new().append(true).open(&self.path)?;
         Ok((file, size))
     }
 }
 
-/// What the log at `path` says now: each directory's latest listing with the changes
-/// after it applied (nothing if it was written for another source).
-fn fold(path: &Path, block_size: u64, source: &str) -> Logged {
-    let mut latest = Logged::default();
+/// Rewrites the log at `path` to what it says now (each directory's latest listing
+/// with the changes after it applied, each object's latest line; nothing if it was
+/// written for another source): its size, and the index of what it holds.
+///
+/// In two passes, so memory holds one directory's listing at a time, not the log: the
+/// first notes where each directory's latest listing and its later changes lie, the
+/// second reads each listing back, applies its changes and writes it out.
+fn compact_file(path: &Path, source: &str, block_size: u64) -> std::io::Result<(u64, Logged)> {
+    let (log, plan) = plan(path, source, block_size);
+    write_compact(path, source, block_size, log.as_ref(), &plan)
+}
+
+/// Where a directory's latest listing lies in the log, and its changes after it.
+#[derive(Debug)]
+struct DirPlan {
+    listing: Span,
+    changes: Vec<Span>,
+}
+
+/// What compacting a log keeps: the lines of each directory and object it will write.
+#[derive(Debug, Default)]
+struct Plan {
+    dirs: HashMap<String, DirPlan>,
+    files: HashMap<String, Span>,
+}
+
+/// The first pass of [`compact_file`]: the log (None if absent or another source's)
+/// and where what it says lies.
+fn plan(path: &Path, source: &str, block_size: u64) -> (Option<std::fs::File>, Plan) {
+    let mut plan = Plan::default();
     let Ok(f) = strata_cache_core::state_file::open_regular(path) else {
-        return latest;
+        return (None, plan);
     };
-    let mut lines = std::io::BufReader::new(f).lines().peekable();
-    let first = lines.peek().and_then(|l| l.as_ref().ok()).cloned();
-    let logged_for = first
-        .as_deref()
-        .and_then(|l| serde_json::from_str::<Value>(l).ok())
-        .and_then(|v| v.get("source").and_then(Value::as_str).map(String::from));
-    let other_source = first.is_some() && logged_for.as_deref() != Some(source);
-    if other_source {
-        tracing::warn!(log = %path.display(), logged_for = ?logged_for, source,
-            "the listing log was written for another store or prefix; not used");
-    }
-    for line in lines.take_while(|_| !other_source) {
-        let Ok(line) = line else { break };
-        match parse_line(&line, block_size) {
-            Some(Line::Dir(dir, listing)) => {
-                latest.dirs.insert(dir, listing);
+    let mut reader = std::io::BufReader::new(&f);
+    let mut buf = Vec::new();
+    let mut offset = 0u64;
+    let mut first = true;
+    loop {
+        buf.clear();
+        let n = match reader.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let at = offset;
+        offset += n as u64;
+        let text = std::str::from_utf8(&buf).unwrap_or("");
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        if std::mem::take(&mut first) {
+            let logged_for = serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.get("source").and_then(Value::as_str).map(String::from));
+            if logged_for.as_deref() != Some(source) {
+                tracing::warn!(log = %path.display(), logged_for = ?logged_for, source,
+                    "the listing log was written for another store or prefix; not used");
+                return (None, Plan::default());
+            }
+            continue;
+        }
+        let Ok(len) = u32::try_from(text.len()) else {
+            continue;
+        };
+        let span = (at, len);
+        // A torn or unreadable line is skipped.
+        match parse_line(text, block_size) {
+            Some(Line::Dir(dir, _)) => {
+                plan.dirs.insert(
+                    dir,
+                    DirPlan {
+                        listing: span,
+                        changes: Vec::new(),
+                    },
+                );
             }
             Some(Line::File(obj)) => {
-                latest.files.insert(obj.path.to_string(), obj);
+                plan.files.insert(obj.path.to_string(), span);
             }
-            Some(Line::Set(dir, name, obj)) => {
-                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
-                    match entries.iter_mut().find(|(n, _)| *n == name) {
-                        Some(e) => e.1 = Some(obj.clone()),
-                        None => entries.push((name, Some(obj.clone()))),
-                    }
+            Some(Line::Set(dir, _, obj)) => {
+                if let Some(d) = plan.dirs.get_mut(&dir) {
+                    d.changes.push(span);
                 }
-                latest.files.insert(obj.path.to_string(), obj);
+                plan.files.insert(obj.path.to_string(), span);
             }
-            Some(Line::Folder(dir, name)) => {
-                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
-                    match entries.iter_mut().find(|(n, _)| *n == name) {
-                        Some(e) => e.1 = None,
-                        None => entries.push((name.clone(), None)),
-                    }
-                }
+            Some(Line::Folder(dir, _)) => {
                 // (The folder's own listing is not made up: it may be a folder of the
                 // store with more in it; its files saved here are found by name.)
-            }
-            Some(Line::Gone(dir, name, path)) => {
-                if let Some((_, entries)) = latest.dirs.get_mut(&dir) {
-                    entries.retain(|(n, _)| *n != name);
+                if let Some(d) = plan.dirs.get_mut(&dir) {
+                    d.changes.push(span);
                 }
-                latest.files.remove(&path);
+            }
+            Some(Line::Gone(dir, _, path)) => {
+                if let Some(d) = plan.dirs.get_mut(&dir) {
+                    d.changes.push(span);
+                }
+                plan.files.remove(&path);
             }
             None => {}
         }
     }
-    latest
+    drop(reader);
+    (Some(f), plan)
 }
 
-/// Writes `latest` as the log at `path` (aside, then renamed over, so a crash leaves
-/// one or the other); its size.
-fn write_compact(path: &Path, source: &str, latest: &Logged) -> std::io::Result<u64> {
-    let tmp = path.with_extension("jsonl.tmp");
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-    writeln!(out, "{}", json!({ "source": source }))?;
-    for (dir, (exists, entries)) in &latest.dirs {
-        writeln!(out, "{}", line_of(dir, *exists, entries))?;
+/// A change logged after a listing, applied to its entries by name.
+fn apply(entries: &mut BTreeMap<String, Option<ObjectInfo>>, change: Line) {
+    match change {
+        Line::Set(_, name, obj) => {
+            entries.insert(name, Some(obj));
+        }
+        Line::Folder(_, name) => {
+            entries.insert(name, None);
+        }
+        Line::Gone(_, name, _) => {
+            entries.remove(&name);
+        }
+        Line::Dir(..) | Line::File(_) => {}
     }
-    for obj in latest.files.values() {
-        writeln!(out, "{}", file_line(obj))?;
+}
+
+/// The second pass of [`compact_file`]: writes what `plan` keeps of `log` as the log at
+/// `path` (aside, then renamed over, so a crash leaves one or the other).
+fn write_compact(
+    path: &Path,
+    source: &str,
+    block_size: u64,
+    log: Option<&std::fs::File>,
+    plan: &Plan,
+) -> std::io::Result<(u64, Logged)> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let created = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    let mut out = std::io::BufWriter::new(created);
+    let mut logged = Logged {
+        file: None,
+        block_size,
+        dirs: HashMap::new(),
+        files: HashMap::new(),
+    };
+    let mut offset = 0u64;
+    let mut put = |out: &mut std::io::BufWriter<std::fs::File>, line: String| {
+        let span = (offset, u32::try_from(line.len()).unwrap_or(u32::MAX));
+        offset += line.len() as u64 + 1;
+        writeln!(out, "{line}").map(|()| span)
+    };
+    put(&mut out, json!({ "source": source }).to_string())?;
+    if let Some(log) = log {
+        for (dir, d) in &plan.dirs {
+            let Some(Line::Dir(_, (exists, mut entries))) =
+                read_line_at(log, d.listing, block_size)
+            else {
+                continue;
+            };
+            if !d.changes.is_empty() {
+                let mut by_name: BTreeMap<_, _> = entries.into_iter().collect();
+                for change in &d.changes {
+                    if let Some(c) = read_line_at(log, *change, block_size) {
+                        apply(&mut by_name, c);
+                    }
+                }
+                entries = by_name.into_iter().collect();
+            }
+            let span = put(&mut out, line_of(dir, exists, &entries))?;
+            logged.dirs.insert(dir.clone(), span);
+        }
+        for (name, at) in &plan.files {
+            let obj = match read_line_at(log, *at, block_size) {
+                Some(Line::File(obj) | Line::Set(_, _, obj)) => obj,
+                _ => continue,
+            };
+            let span = put(&mut out, file_line(&obj))?;
+            logged.files.insert(name.clone(), span);
+        }
     }
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     let size = file.metadata()?.len();
     std::fs::rename(&tmp, path)?;
-    Ok(size)
+    logged.file = Some(file);
+    Ok((size, logged))
 }
 
 fn obj_value(o: &ObjectInfo) -> Value {
@@ -372,7 +525,7 @@ mod tests {
         let path = dir.path().join("m/listings.jsonl");
         {
             let (log, got) = ListingLog::open(&path, 1 << 20, SRC).expect("open");
-            assert!(got.dirs.is_empty() && got.files.is_empty());
+            assert!(got.is_empty());
             log.append("d", true, vec![("old".into(), Some(obj("d/old", 1)))]);
             log.append(
                 "d",
@@ -392,9 +545,12 @@ mod tests {
         write!(f, "{{\"dir\": \"torn\", \"exists\": tr").expect("torn line");
         drop(f);
         let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
-        assert_eq!(got.dirs.len(), 2, "{got:?}");
-        assert_eq!(got.files["e/opened-by-name"], obj("e/opened-by-name", 7));
-        let (exists, entries) = &got.dirs["d"];
+        assert_eq!(got.dirs_logged(), 2, "{got:?}");
+        assert_eq!(
+            got.file("e/opened-by-name").expect("e/opened-by-name"),
+            obj("e/opened-by-name", 7)
+        );
+        let (exists, entries) = &got.dir("d").expect("d");
         assert!(*exists);
         assert_eq!(
             entries,
@@ -403,7 +559,7 @@ mod tests {
                 ("sub".to_string(), None)
             ]
         );
-        assert_eq!(got.dirs[""].1, vec![("d".to_string(), None)]);
+        assert_eq!(got.dir("").expect("root").1, vec![("d".to_string(), None)]);
         // Compacted: the source, then one line per directory and per object.
         let lines = std::fs::read_to_string(&path)
             .expect("read")
@@ -412,12 +568,9 @@ mod tests {
         assert_eq!(lines, 4);
         // A mount of another store or prefix at the same mountpoint sees none of it.
         let (_, got) = ListingLog::open(&path, 1 << 20, "s3://other|data").expect("other");
-        assert!(got.dirs.is_empty() && got.files.is_empty(), "{got:?}");
+        assert!(got.is_empty(), "{got:?}");
         let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("back");
-        assert!(
-            got.dirs.is_empty(),
-            "the other source's open started it afresh"
-        );
+        assert!(got.is_empty(), "the other source's open started it afresh");
     }
 
     /// What the logs in these tests were written for.
@@ -458,7 +611,7 @@ mod tests {
         for _ in 0..2 {
             // Once from the appended lines, once more from their compaction.
             let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
-            let (_, entries) = &got.dirs["d"];
+            let (_, entries) = &got.dir("d").expect("d");
             let mut names: Vec<_> = entries
                 .iter()
                 .map(|(n, o)| (n.clone(), o.clone()))
@@ -472,15 +625,43 @@ mod tests {
                     ("nd".to_string(), None),
                 ]
             );
-            assert_eq!(got.files["d/nd/f"], obj("d/nd/f", 3));
+            assert_eq!(got.file("d/nd/f").expect("d/nd/f"), obj("d/nd/f", 3));
             assert!(
-                !got.files.contains_key("d/b"),
+                got.file("d/b").is_none(),
                 "a removed object is not found by name"
             );
-            assert_eq!(got.files["d/a"], new_a);
-            assert_eq!(got.files["e/x"], obj("e/x", 2));
-            assert!(!got.dirs.contains_key("e"), "no listing is made up");
+            assert_eq!(got.file("d/a").expect("d/a"), new_a);
+            assert_eq!(got.file("e/x").expect("e/x"), obj("e/x", 2));
+            assert!(got.dir("e").is_none(), "no listing is made up");
         }
+    }
+
+    /// What the start found logged is read back from the log compacted then, which
+    /// later compactions rename another file over: it still answers, unchanged.
+    #[test]
+    fn what_a_start_found_survives_later_compactions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m/listings.jsonl");
+        {
+            let (log, _) = ListingLog::open(&path, 1 << 20, SRC).expect("open");
+            log.append("d", true, vec![("a".into(), Some(obj("d/a", 1)))]);
+            log.append_file(&obj("e/by-name", 2));
+        }
+        let (log, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
+        for i in 0..20_000 {
+            log.append_set("d", &format!("n{i}"), &obj(&format!("d/n{i}"), 3));
+        }
+        assert!(std::fs::metadata(&path).expect("log").len() < 3 * COMPACT_AFTER);
+        assert_eq!(
+            got.dir("d").expect("d").1,
+            vec![("a".to_string(), Some(obj("d/a", 1)))]
+        );
+        assert_eq!(got.file("e/by-name"), Some(obj("e/by-name", 2)));
+        assert_eq!(got.file("d/n7"), None, "written after the start");
+        drop(log);
+        let (_, now) = ListingLog::open(&path, 1 << 20, SRC).expect("third open");
+        assert_eq!(now.dir("d").expect("d").1.len(), 20_001);
+        assert_eq!(now.file("d/n7"), Some(obj("d/n7", 3)));
     }
 
     /// Black-box finding: a writer creating and deleting files under an indefinite TTL
@@ -505,9 +686,9 @@ mod tests {
             );
         }
         let (_, got) = ListingLog::open(&path, 1 << 20, SRC).expect("reopen");
-        let (_, entries) = &got.dirs["d"];
+        let (_, entries) = &got.dir("d").expect("d");
         assert_eq!(entries.len(), 1, "{entries:?}");
         assert_eq!(entries[0].0, "keep");
-        assert!(!got.files.contains_key("d/tmp-19999"));
+        assert!(got.file("d/tmp-19999").is_none());
     }
 }

@@ -356,6 +356,14 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
                 st.prefetch_files_wasted,
                 st.passthrough_opens,
             );
+            let _ = writeln!(
+                o,
+                "  metadata: {} HEADs, {} LISTs   cached {:.1} MiB   inodes {}",
+                st.store_heads,
+                st.store_lists,
+                mib(st.metadata_bytes),
+                st.inodes,
+            );
             if st.read_errors > 0 || st.store_failures > 0 {
                 let _ = writeln!(
                     o,

@@ -63,6 +63,9 @@ pub struct Core {
     /// tier has the rest: the disk budget counts everything Strata writes; see
     /// [`passthrough_share`]). One for all mounts. None without a disk budget.
     pub local_files: Option<Arc<PassthroughStore>>,
+    /// Mounts sharing the daemon's metadata budget
+    /// ([`super::memory_limit::metadata_budget`]): 1 until the daemon says.
+    pub mounts: usize,
     /// This daemon's hold on the cache dir ([`lock_cache_dir`]).
     _lock: std::fs::File,
     /// Keeps a temp cache dir alive for the daemon's lifetime.
@@ -219,6 +222,7 @@ pub fn open_core_for(cfg: &CacheConfig, local_files: bool) -> anyhow::Result<Cor
         granularity,
         cache_dir,
         local_files,
+        mounts: 1,
         _lock: lock,
         _temp: temp,
     })

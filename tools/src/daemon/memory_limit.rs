@@ -145,6 +145,42 @@ pub fn disk_blocks(limit: u64) -> u64 {
     (limit / DISK_BOOKKEEPING_SHARE / strata_cache_core::ENTRY_BOOKKEEPING).max(MIN_DISK_BLOCKS)
 }
 
+/// What a mount's metadata may hold under the daemon's memory limit (see
+/// [`metadata_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataBudget {
+    /// Cached attributes and listings, in bytes (`strata_fs::CoreOptions::metadata_bytes`).
+    pub cache_bytes: u64,
+    /// Listed names the semantic predictor remembers.
+    pub predictor_names: usize,
+    /// Inodes the kernel does not reference (`strata_fs::CoreOptions::max_inodes`).
+    pub unreferenced_inodes: usize,
+}
+
+/// The metadata caches' share of the limit: an eighth, split among the mounts.
+const METADATA_SHARE: u64 = 8;
+/// The predictor's and the unreferenced inodes' share each: a thirty-second.
+const NAMES_SHARE: u64 = 32;
+/// Estimated bytes per name in the predictor's listing index (~260 B measured with
+/// heaptrack over 400,000 names) and per inode (~160 B).
+const PREDICTOR_NAME_BYTES: u64 = 256;
+const INODE_BYTES: u64 = 160;
+
+/// The metadata each of `mounts` mounts may hold under `limit`. Every name a mount
+/// lists costs memory in its attribute and listing caches, the predictor's index and
+/// the inode table (~1.4 KB in all), whatever the tiers hold (black-box finding:
+/// `find` over 400,000 names took 575 MB, and killed the daemon in a 400 MiB cgroup).
+/// Capped at the defaults a large host had before (1 Mi inodes, 4 M names).
+pub fn metadata_budget(limit: u64, mounts: usize) -> MetadataBudget {
+    let mounts = mounts.max(1) as u64;
+    let names = limit / NAMES_SHARE / mounts;
+    MetadataBudget {
+        cache_bytes: (limit / METADATA_SHARE / mounts).max(8 << 20),
+        predictor_names: (names / PREDICTOR_NAME_BYTES).clamp(16_384, 4_000_000) as usize,
+        unreferenced_inodes: (names / INODE_BYTES).clamp(16_384, 1 << 20) as usize,
+    }
+}
+
 /// Whether `dir` lies on a file system held in memory (tmpfs, ramfs), whose pages are
 /// charged to the memory limit of whoever writes them.
 pub fn memory_backed(dir: &Path) -> bool {
@@ -191,6 +227,34 @@ mod tests {
         assert_eq!(disk_blocks(16 << 30), 1 << 20);
         assert_eq!(disk_blocks(128 << 20), 8192);
         assert_eq!(disk_blocks(1 << 20), MIN_DISK_BLOCKS);
+    }
+
+    #[test]
+    fn metadata_takes_its_shares_of_the_limit_split_among_mounts() {
+        // 400 MiB: 50 MiB of cached attributes and listings, ~51,000 predictor names
+        // and ~82,000 unreferenced inodes (12.5 MiB each).
+        let small = metadata_budget(400 << 20, 1);
+        assert_eq!(small.cache_bytes, 50 << 20);
+        assert_eq!(small.predictor_names, (400 << 20) / 32 / 256);
+        assert_eq!(small.unreferenced_inodes, (400 << 20) / 32 / 160);
+        // Two mounts share it.
+        let two = metadata_budget(400 << 20, 2);
+        assert_eq!(two.cache_bytes, 25 << 20);
+        assert_eq!(two.predictor_names, small.predictor_names / 2);
+        // A large host keeps the old caps; a tiny limit keeps floors.
+        let large = metadata_budget(256 << 30, 1);
+        assert_eq!(
+            (large.predictor_names, large.unreferenced_inodes),
+            (4_000_000, 1 << 20)
+        );
+        let tiny = metadata_budget(16 << 20, 4);
+        assert_eq!(tiny.cache_bytes, 8 << 20);
+        assert_eq!(
+            (tiny.predictor_names, tiny.unreferenced_inodes),
+            (16_384, 16_384)
+        );
+        // Zero mounts (a KV-only daemon) counts as one.
+        assert_eq!(metadata_budget(400 << 20, 0), small);
     }
 
     fn write(root: &Path, rel: &str, text: &str) {

@@ -138,7 +138,8 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             }
         }
     }
-    let core = open_core_for(&cfg.cache, cfg.mounts.iter().any(mount::keeps_local_files))?;
+    let mut core = open_core_for(&cfg.cache, cfg.mounts.iter().any(mount::keeps_local_files))?;
+    core.mounts = cfg.mounts.len();
     let mut tasks = Servers::new();
     // What ends the servers (KV, admin, peer): cancelled only after the mounts are
     // unmounted, so the KV service answers while a stop waits for the mounts' uploads

@@ -60,6 +60,16 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         );
     }
     m.prefetch.apply(&mut opts.core);
+    if let Some(limit) = super::memory_limit::memory_limit() {
+        let budget = super::memory_limit::metadata_budget(limit.bytes, core.mounts);
+        opts.core.metadata_bytes = budget.cache_bytes;
+        opts.core.max_inodes = budget.unreferenced_inodes;
+        if m.prefetch == PrefetchMode::Predictors {
+            opts.core.predictors = Some(std::sync::Arc::new(
+                strata_fs::Predictors::standard_with_names(budget.predictor_names),
+            ));
+        }
+    }
     let pt_max = parse_size(&m.passthrough_max).context("passthrough_max")?;
     // Copies live within the disk budget (its passthrough share): none without one.
     if let Some(copies) = core.local_files.clone().filter(|_| pt_max > 0) {
