@@ -108,6 +108,40 @@ fn record_passes_on_the_commands_exit_status() {
     }
 }
 
+/// A command that leaves a process running in the background (`sleep 60 &`) ends the
+/// recording a grace period after it exits, with its own status (the recorder waited for
+/// the background process, and Ctrl-C could not end it); a file it read and removed is
+/// in the trace (it was dropped).
+#[test]
+fn record_ends_with_the_command_and_keeps_files_it_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("t.csv");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    std::fs::write(dir.path().join("data/tmp.bin"), vec![1u8; 5_000]).expect("write");
+    let started = std::time::Instant::now();
+    let o = record(
+        dir.path(),
+        &out,
+        "sleep 60 >/dev/null 2>&1 & echo $! > bg.pid; cat data/f.bin data/tmp.bin >/dev/null; rm data/tmp.bin; exit 4",
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "waited {:?} for the background sleep: {stderr}",
+        started.elapsed()
+    );
+    assert_eq!(o.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("background"), "{stderr}");
+    let trace = std::fs::read_to_string(&out).expect("trace");
+    assert!(trace.contains(",f.bin,0,10000,"), "{trace}");
+    assert!(trace.contains(",tmp.bin,0,5000,5000"), "{trace}");
+    // The background sleep is left running, untraced: end it.
+    let bg = std::fs::read_to_string(dir.path().join("bg.pid")).expect("bg.pid");
+    let bg: i32 = bg.trim().parse().expect("pid");
+    // SAFETY: kill(2) of the sleep this test started.
+    unsafe { libc::kill(bg, libc::SIGKILL) };
+}
+
 /// An --out in a missing directory, or naming a directory (found out only after the
 /// command had run), is refused before the command runs.
 #[test]

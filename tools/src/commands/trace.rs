@@ -121,6 +121,20 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
             st.io_urings
         ));
     }
+    if st.aio_contexts > 0 {
+        unseen.push(format!(
+            "{} Linux AIO contexts (io_setup): reads submitted through them (io_submit) are \
+             not system calls strace decodes and are not in the trace",
+            st.aio_contexts
+        ));
+    }
+    if st.reads_received > 0 {
+        unseen.push(format!(
+            "{} reads of descriptors received over a socket (SCM_RIGHTS): the recorder does \
+             not know their files, so they are not in the trace",
+            st.reads_received
+        ));
+    }
     if st.reads_inherited > 0 {
         unseen.push(format!(
             "{} reads of descriptors the command inherited that name no file the recorder \
@@ -165,6 +179,19 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     );
     if let Some(m) = unseen {
         eprintln!("warning: {m}");
+    }
+    if st.left_background {
+        eprintln!(
+            "note: the command exited leaving processes in the background; they were traced \
+             for 5 s more, and run on untraced"
+        );
+    }
+    if st.files_gone > 0 {
+        eprintln!(
+            "note: {} files read were gone (removed or renamed) when the command ended: \
+             they keep the names they were opened by, sized by the furthest byte read",
+            st.files_gone
+        );
     }
     if let Some(f) = failed {
         return Err(crate::cli::ExitWith {

@@ -16,10 +16,10 @@ use super::Trace;
 
 /// The system calls strace is asked to report: everything the parser follows.
 pub const SYSCALLS: &str = "open,openat,openat2,creat,close,close_range,dup,dup2,dup3,fcntl,\
-read,readv,write,writev,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,splice,mmap,\
-io_uring_setup,clone,clone3,fork,vfork,execve,execveat,chdir,fchdir,\
-setpgid,setsid,pipe,pipe2,socket,socketpair,accept,accept4,eventfd2,epoll_create1,\
-memfd_create,timerfd_create,signalfd4,inotify_init1,pidfd_open";
+read,readv,write,writev,pwritev2,pread64,preadv,preadv2,lseek,sendfile,sendfile64,copy_file_range,\
+splice,mmap,io_uring_setup,io_setup,clone,clone3,fork,vfork,execve,execveat,unshare,chdir,fchdir,\
+setpgid,setsid,pipe,pipe2,socket,socketpair,accept,accept4,sendmsg,recvmsg,recvmmsg,eventfd2,\
+epoll_create1,memfd_create,timerfd_create,signalfd4,inotify_init1,pidfd_open";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -155,15 +155,49 @@ impl Drop for RecorderSignals {
     }
 }
 
+/// How long the recorder keeps tracing what the command left running in the
+/// background once the command itself has exited: 5 s, for children that are about
+/// to end (a pipeline's last stage, a flush); a daemon it started is not waited for.
+const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How strace's wait ended.
+enum Waited {
+    /// strace exited (after the command and every process it traced).
+    Exited(ExitStatus),
+    /// The command exited but processes it started in the background were still
+    /// running after [`BACKGROUND_GRACE`]: strace was stopped (they go on, untraced).
+    LeftBackground,
+}
+
 /// Waits for strace to end, passing each SIGTERM/SIGHUP the recorder gets on to the
 /// command's processes. strace started with `-o FILE CMD` blocks those signals itself
 /// (and killed, it would detach and leave the command running): the command must end
 /// so that strace ends with it and the trace of what was read is kept.
-fn wait_forwarding(child: &mut Child) -> std::io::Result<ExitStatus> {
+///
+/// strace ends only when every process it traces has, so a command that leaves a
+/// background process behind (`sh -c 'server & ...'`) held the recorder for as long
+/// as that ran, and Ctrl-C could not end it (black-box finding). Once the command
+/// itself is gone, the rest get [`BACKGROUND_GRACE`], then strace is stopped.
+fn wait_forwarding(child: &mut Child) -> std::io::Result<Waited> {
     let strace = child.id();
+    let mut command: Option<i32> = None;
+    let mut gone_since: Option<std::time::Instant> = None;
     loop {
         if let Some(status) = child.try_wait()? {
-            return Ok(status);
+            return Ok(Waited::Exited(status));
+        }
+        if command.is_none() {
+            command = children_of(strace).into_iter().min();
+        }
+        if let Some(cmd) = command {
+            if !std::path::Path::new(&format!("/proc/{cmd}")).exists() {
+                let since = *gone_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= BACKGROUND_GRACE {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Ok(Waited::LeftBackground);
+                }
+            }
         }
         let pending = STOP_SIGNALS.swap(0, Ordering::SeqCst);
         for sig in [libc::SIGTERM, libc::SIGHUP] {
@@ -176,6 +210,16 @@ fn wait_forwarding(child: &mut Child) -> std::io::Result<ExitStatus> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// The direct children of `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<i32> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")) else {
+        return Vec::new();
+    };
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 /// The processes `tracer` traces or started: the command and everything it forked
@@ -236,52 +280,144 @@ pub fn record(
             &temp
         }
     };
+    remove_stale_logs();
     let inherited = inherited_files();
     let mut signals = RecorderSignals::new();
-    let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-ttt", "-r", "-s", "0", "--seccomp-bpf", "-e"])
+    // `-q`, not `-qq`: the exit of each process is printed (`+++ exited with 0 +++`),
+    // so a pid the kernel hands out again is known to be another process.
+    let mut strace = Command::new("strace");
+    strace
+        .args(["-f", "-q", "-ttt", "-r", "-s", "0", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
         .arg("-o")
         .arg(log)
         .arg("--")
-        .args(cmd)
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => RecordError::StraceMissing,
-            _ => RecordError::Io(e),
-        })?;
+        .args(cmd);
+    // strace stops when the recorder dies, even by SIGKILL (an OOM kill, a CI timeout):
+    // else it went on tracing the command and growing its log for good (black-box
+    // finding). Its tracees are then detached and run on.
+    // SAFETY: prctl in the child between fork and exec, async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        strace.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = strace.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => RecordError::StraceMissing,
+        _ => RecordError::Io(e),
+    })?;
     // Ctrl-C is for the command (as `system()` and `time` do): the recorder waits for it
     // to end and keeps the trace of what it read until then. SIGTERM and SIGHUP (from
     // `timeout`, a scheduler, a closed session) are passed on to stop it the same way.
     signals.ignore_interrupts();
-    let status = wait_forwarding(&mut child);
+    let waited = wait_forwarding(&mut child);
     let text = std::fs::read(log);
     if keep_log.is_none() {
         let _ = std::fs::remove_file(log);
     }
     // Restored only once the temporary log is gone, so that no stop signal leaves it.
     drop(signals);
-    let status = status?;
+    let (status, left_background) = match waited? {
+        Waited::Exited(status) => (Some(status), false),
+        Waited::LeftBackground => (None, true),
+    };
     let text = match text {
         Ok(t) if !t.is_empty() => t,
-        _ if !status.success() => {
+        _ if !status.is_some_and(|s| s.success()) => {
             return Err(RecordError::StraceFailed {
-                status: status.to_string(),
+                status: status.map_or("a signal".into(), |s| s.to_string()),
             })
         }
         Ok(t) => t,
         Err(e) => return Err(RecordError::Io(e)),
     };
     let text = String::from_utf8_lossy(&text);
-    let (trace, stats) = parse_strace_inheriting(&text, &root, &cwd, &inherited, &mut FsLookup);
+    let (trace, mut stats) = parse_strace_inheriting(&text, &root, &cwd, &inherited, &mut FsLookup);
+    stats.left_background = left_background;
+    let (exit_code, signal, status) = match status {
+        Some(s) => (
+            s.code(),
+            std::os::unix::process::ExitStatusExt::signal(&s),
+            s.to_string(),
+        ),
+        // strace was stopped: the command's own end, as it logged it.
+        None => top_exit(&text),
+    };
     Ok(Recorded {
         trace,
         stats,
-        exit_code: status.code(),
-        signal: std::os::unix::process::ExitStatusExt::signal(&status),
-        status: status.to_string(),
+        exit_code,
+        signal,
+        status,
         root,
     })
+}
+
+/// The first traced process's exit as strace logged it (`+++ exited with 3 +++`,
+/// `+++ killed by SIGKILL +++`): (code, signal, in words).
+fn top_exit(log: &str) -> (Option<i32>, Option<i32>, String) {
+    let top = log.split_whitespace().next().unwrap_or("");
+    for line in log.lines() {
+        let mut parts = line.split_whitespace();
+        if parts.next() != Some(top) {
+            continue;
+        }
+        let Some(i) = line.find("+++ ") else { continue };
+        let note = line[i + 4..].trim_end_matches(" +++").trim();
+        if let Some(code) = note
+            .strip_prefix("exited with ")
+            .and_then(|c| c.parse().ok())
+        {
+            return (Some(code), None, format!("exit status: {code}"));
+        }
+        if let Some(sig) = note.strip_prefix("killed by ") {
+            let name = sig.split_whitespace().next().unwrap_or(sig);
+            let num = signal_number(name);
+            return (None, num, format!("killed by {name}"));
+        }
+    }
+    (None, None, "unknown (strace was stopped)".into())
+}
+
+fn signal_number(name: &str) -> Option<i32> {
+    Some(match name {
+        "SIGHUP" => libc::SIGHUP,
+        "SIGINT" => libc::SIGINT,
+        "SIGQUIT" => libc::SIGQUIT,
+        "SIGABRT" => libc::SIGABRT,
+        "SIGKILL" => libc::SIGKILL,
+        "SIGSEGV" => libc::SIGSEGV,
+        "SIGPIPE" => libc::SIGPIPE,
+        "SIGTERM" => libc::SIGTERM,
+        "SIGBUS" => libc::SIGBUS,
+        _ => return None,
+    })
+}
+
+/// Removes temporary strace logs left by recorders that were killed (SIGKILL leaves
+/// no chance to clean up): `strata-record-<pid>-*.strace` of a pid no longer running.
+fn remove_stale_logs() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("strata-record-"))
+            .filter(|n| n.ends_with(".strace"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next() else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The regular files this process holds open without close-on-exec (what the command

@@ -52,6 +52,13 @@ use crate::trace::{Trace, TraceBuilder};
 /// real (symlink-free) path and size, or `None` when it is not a regular file or is gone.
 pub trait Lookup {
     fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)>;
+
+    /// For a path that no longer exists (removed or renamed before the run ended), its
+    /// real path as it was: its folder's real path and its name. `None`: it exists, or
+    /// its folder is gone too.
+    fn gone(&mut self, _abs: &Path) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// The real file system (`canonicalize` and `metadata`).
@@ -62,6 +69,16 @@ impl Lookup for FsLookup {
         let real = std::fs::canonicalize(abs).ok()?;
         let md = std::fs::metadata(&real).ok()?;
         md.is_file().then_some((real, md.len()))
+    }
+
+    fn gone(&mut self, abs: &Path) -> Option<PathBuf> {
+        match std::fs::symlink_metadata(abs) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let dir = std::fs::canonicalize(abs.parent()?).ok()?;
+                Some(dir.join(abs.file_name()?))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -87,6 +104,18 @@ pub struct ParseStats {
     /// recorder saw (a pipe or a terminal on stdin): not in the trace. (Inherited
     /// regular files are followed: `parse_strace_inheriting`.)
     pub reads_inherited: usize,
+    /// Linux AIO contexts set up (`io_setup`): reads submitted through one are not in
+    /// the trace.
+    pub aio_contexts: usize,
+    /// Reads (with data) of descriptors received over a socket (`SCM_RIGHTS`): the
+    /// recorder does not know their files, so they are not in the trace.
+    pub reads_received: usize,
+    /// Files under the root read and gone (removed or renamed) by the end of the run:
+    /// kept under the name they were opened by, sized by the furthest byte read.
+    pub files_gone: usize,
+    /// The command exited leaving processes running in the background, which were not
+    /// traced past a grace period (set by the recorder, not the parser).
+    pub left_background: bool,
 }
 
 /// One read before the trace is built (sizes are fixed at the end).
@@ -105,6 +134,12 @@ struct Ofd {
     /// Index into `Parser::files` when it is a regular file under the root.
     file: Option<u32>,
     offset: u64,
+    /// Received over a socket: its reads are counted in
+    /// [`ParseStats::reads_received`].
+    received: bool,
+    /// The other end, for one end of a `socketpair`: descriptors sent on this end
+    /// are received on that one.
+    peer: Option<usize>,
 }
 
 #[derive(Clone, Copy)]
@@ -134,19 +169,27 @@ struct Parser<'a, L: Lookup> {
     root: PathBuf,
     lookup: &'a mut L,
     t0: Option<u64>,
-    births: HashMap<u32, Birth>,
+    /// Each pid's births in the order they happened: a pid the kernel hands out again
+    /// after its process exited is another process (black-box finding: a recycled pid
+    /// kept the dead process's fd table, and its reads of one file were recorded as
+    /// another's).
+    births: HashMap<u32, std::collections::VecDeque<Birth>>,
     procs: HashMap<u32, Proc>,
     tables: Vec<HashMap<i32, Fd>>,
     /// Descriptors the top process starts with (see [`parse_strace_inheriting`]).
     inherited: Vec<InheritedFd>,
     cwds: Vec<Arc<Path>>,
     ofds: Vec<Ofd>,
-    /// Regular files under the root: relative path and size at look-up.
-    files: Vec<(String, u64)>,
+    /// Regular files under the root: relative path, size at look-up, and whether it
+    /// was gone then.
+    files: Vec<(String, u64, bool)>,
     file_ids: HashMap<Arc<Path>, Option<u32>>,
     /// Base name of each pid's last `execve`.
     exe: HashMap<u32, String>,
     reads: Vec<RawRead>,
+    /// Open file descriptions sent (`SCM_RIGHTS`) to each socketpair end, not yet
+    /// received there, in the order sent.
+    in_transit: HashMap<usize, std::collections::VecDeque<usize>>,
     stats: ParseStats,
     top: Option<u32>,
     initial_cwd: Arc<Path>,
@@ -200,6 +243,7 @@ pub fn parse_strace_inheriting<L: Lookup>(
         file_ids: HashMap::new(),
         exe: HashMap::new(),
         reads: Vec::new(),
+        in_transit: HashMap::new(),
         stats: ParseStats::default(),
         top: None,
         initial_cwd: Arc::from(cwd),
@@ -211,13 +255,17 @@ pub fn parse_strace_inheriting<L: Lookup>(
         if let Some(c) = parse_call(line) {
             if let Some(child) = c.ret.filter(|&r| r > 0) {
                 if let Some(b) = birth(&c, *pid) {
-                    p.births.insert(child as u32, b);
+                    p.births.entry(child as u32).or_default().push_back(b);
                 }
             }
         }
     }
     // Pass 2: everything else, in the order the calls completed.
     for (pid, ts, line) in &calls {
+        if line == EXITED {
+            p.procs.remove(pid);
+            continue;
+        }
         match parse_call(line) {
             Some(c) => {
                 p.stats.calls += 1;
@@ -245,10 +293,15 @@ const EFFECT_AT_START: &[&str] = &[
     "pread64",
     "preadv",
     "preadv2",
+    "pwritev2",
     "lseek",
     "close",
     "close_range",
+    "sendmsg",
 ];
+
+/// The text [`join_lines`] gives a process's exit (`+++ exited with N +++`).
+const EXITED: &str = "+++";
 
 /// A joined call: `(pid, ts_us, call text)`.
 type JoinedCall<'a> = (u32, u64, std::borrow::Cow<'a, str>);
@@ -271,7 +324,12 @@ fn join_lines<'a>(text: &'a str, stats: &mut ParseStats) -> Vec<JoinedCall<'a>> 
             Some(d) => *mono.insert(mono.map_or(wall, |m| m + d)),
             None => wall,
         };
-        if rest.starts_with("---") || rest.starts_with("+++") {
+        if rest.starts_with("+++") {
+            // `+++ exited with 0 +++`, `+++ killed by SIGKILL +++`: the pid is free.
+            out.push(Some((pid, ts, EXITED.into())));
+            continue;
+        }
+        if rest.starts_with("---") {
             continue;
         }
         if let Some(head) = rest.strip_suffix("<unfinished ...>") {
@@ -478,6 +536,27 @@ fn num(s: &str) -> Option<i64> {
     }
 }
 
+/// The descriptors a `sendmsg` sent or a `recvmsg` received: the numbers in
+/// `cmsg_data=[...]` of its `SCM_RIGHTS` control messages.
+fn scm_rights_fds(c: &Call<'_>) -> Vec<i64> {
+    let Some(msg) = c.args.get(1) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut rest = *msg;
+    while let Some(i) = rest.find("SCM_RIGHTS") {
+        rest = &rest[i..];
+        let Some(j) = rest.find("cmsg_data=[") else {
+            break;
+        };
+        rest = &rest[j + "cmsg_data=[".len()..];
+        let end = rest.find(']').unwrap_or(rest.len());
+        out.extend(rest[..end].split(',').filter_map(|x| num(x.trim())));
+        rest = &rest[end..];
+    }
+    out
+}
+
 /// `/a/./b/../c` → `/a/c` (lexically; symbolic links are the [`Lookup`]'s business).
 fn normalize(p: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
@@ -502,7 +581,11 @@ impl<L: Lookup> Parser<'_, L> {
         }
         // A child's first line may come before any of its parent's (a thread started
         // while the parent sat in `clone`): build the parent first, as it was then.
-        let parent = self.births.remove(&pid).filter(|b| b.parent != pid);
+        let parent = self
+            .births
+            .get_mut(&pid)
+            .and_then(|q| q.pop_front())
+            .filter(|b| b.parent != pid);
         let p = match parent {
             Some(b) => {
                 let pp = self.proc(b.parent);
@@ -594,12 +677,20 @@ impl<L: Lookup> Parser<'_, L> {
         if let Some(id) = self.file_ids.get(abs) {
             return *id;
         }
-        let id = self.lookup.regular_file(abs).and_then(|(real, size)| {
+        // A file gone by the end of the run (the recorder looks files up then) is kept
+        // under the name it was opened by, sized by what was read of it (black-box
+        // finding: reads of files removed or renamed before the command ended were
+        // dropped without a word).
+        let found = match self.lookup.regular_file(abs) {
+            Some((real, size)) => Some((real, size, false)),
+            None => self.lookup.gone(abs).map(|real| (real, 0, true)),
+        };
+        let id = found.and_then(|(real, size, gone)| {
             let rel = trace_name(real.strip_prefix(&self.root).ok()?);
             if rel.is_empty() {
                 return None;
             }
-            self.files.push((rel, size));
+            self.files.push((rel, size, gone));
             Some((self.files.len() - 1) as u32)
         });
         self.file_ids.insert(abs.clone(), id);
@@ -611,6 +702,8 @@ impl<L: Lookup> Parser<'_, L> {
             abs,
             file,
             offset: 0,
+            received: false,
+            peer: None,
         });
         self.ofds.len() - 1
     }
@@ -646,6 +739,7 @@ impl<L: Lookup> Parser<'_, L> {
                     len: n,
                 });
             }
+            None if o.received => self.stats.reads_received += 1,
             None => self.stats.reads_elsewhere += 1,
         }
     }
@@ -729,10 +823,55 @@ impl<L: Lookup> Parser<'_, L> {
                     self.ofds[f.ofd].offset += n;
                 }
             }
-            "pread64" | "preadv" | "preadv2" => {
-                let at = a(3).and_then(num).and_then(|o| u64::try_from(o).ok());
-                if let (Some(fd), Some(at)) = (arg_num(0), at) {
-                    self.read(p, ts, fd, Some(at), ret);
+            // `preadv2` at offset -1 reads at the OFD's offset and moves it, as `read`
+            // (black-box finding: such reads were dropped, and later offsets were off).
+            "pread64" | "preadv" | "preadv2" => match (arg_num(0), a(3).and_then(num)) {
+                (Some(fd), Some(-1)) if c.name == "preadv2" => self.read(p, ts, fd, None, ret),
+                (Some(fd), Some(at)) => {
+                    if let Ok(at) = u64::try_from(at) {
+                        self.read(p, ts, fd, Some(at), ret);
+                    }
+                }
+                _ => {}
+            },
+            // So does `pwritev2` at -1 (a write at its own offset moves nothing).
+            "pwritev2" => {
+                if let (Some(f), Some(-1), Ok(n)) = (
+                    arg_num(0).and_then(|f| self.fd(p, f)),
+                    a(3).and_then(num),
+                    u64::try_from(ret),
+                ) {
+                    self.ofds[f.ofd].offset += n;
+                }
+            }
+            // A thread that unshares its fd table gets a private copy of it: what it
+            // opens or closes from then on is not the other threads'.
+            "unshare" if a(0).is_some_and(|f| f.split('|').any(|x| x.trim() == "CLONE_FILES")) => {
+                let t = self.tables[p.files].clone();
+                self.tables.push(t);
+                let files = self.tables.len() - 1;
+                if let Some(pr) = self.procs.get_mut(&pid) {
+                    pr.files = files;
+                }
+            }
+            // Linux AIO reads are not system calls strace sees either.
+            "io_setup" => self.stats.aio_contexts += 1,
+            // A descriptor received over a socket (`SCM_RIGHTS`) names a file the
+            // recorder did not see opened: its reads are counted apart.
+            "recvmsg" | "recvmmsg" => {
+                let end = arg_num(0).and_then(|f| self.fd(p, f)).map(|f| f.ofd);
+                for fd in scm_rights_fds(c) {
+                    // Sent on the other end of a socketpair: the same open file
+                    // description (one offset), as the kernel passes it.
+                    let sent = end
+                        .and_then(|e| self.in_transit.get_mut(&e))
+                        .and_then(|q| q.pop_front());
+                    let ofd = sent.unwrap_or_else(|| {
+                        let ofd = self.new_ofd(None, None);
+                        self.ofds[ofd].received = true;
+                        ofd
+                    });
+                    self.set_fd(p, fd, ofd, false);
                 }
             }
             // A copy out of a file: (the source fd's argument, its offset's argument);
@@ -804,7 +943,45 @@ impl<L: Lookup> Parser<'_, L> {
                 self.set_group(target, group);
             }
             "setsid" => self.set_group(pid, pid),
-            "pipe" | "pipe2" | "socketpair" => {
+            "socketpair" => {
+                // `socketpair(AF_UNIX, SOCK_STREAM, 0, [3, 4])`: two linked ends, so a
+                // descriptor sent on one is known where it is received.
+                let ends: Vec<i64> = c
+                    .args
+                    .iter()
+                    .find(|s| s.starts_with('['))
+                    .map(|s| {
+                        s.trim_matches(['[', ']'])
+                            .split(',')
+                            .filter_map(|x| num(x.trim()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let [x, y] = ends[..] {
+                    let (ox, oy) = (self.new_ofd(None, None), self.new_ofd(None, None));
+                    self.ofds[ox].peer = Some(oy);
+                    self.ofds[oy].peer = Some(ox);
+                    self.set_fd(p, x, ox, false);
+                    self.set_fd(p, y, oy, false);
+                } else {
+                    for fd in ends {
+                        self.drop_fd(p, fd);
+                    }
+                }
+            }
+            "sendmsg" => {
+                let peer = arg_num(0)
+                    .and_then(|f| self.fd(p, f))
+                    .and_then(|f| self.ofds[f.ofd].peer);
+                if let Some(peer) = peer {
+                    let sent: Vec<usize> = scm_rights_fds(c)
+                        .into_iter()
+                        .filter_map(|fd| self.fd(p, fd).map(|f| f.ofd))
+                        .collect();
+                    self.in_transit.entry(peer).or_default().extend(sent);
+                }
+            }
+            "pipe" | "pipe2" => {
                 // `pipe2([3, 4], 0)` / `socketpair(..., [3, 4])`: both fds now mean a pipe.
                 let arr = c.args.iter().find(|s| s.starts_with('['));
                 for fd in arr
@@ -877,7 +1054,10 @@ impl<L: Lookup> Parser<'_, L> {
                 b.job(&format!("{exe}-{}", r.pgid))
             });
             let path = *paths.entry(r.file).or_insert_with(|| {
-                let (name, _) = &self.files[r.file as usize];
+                let (name, _, gone) = &self.files[r.file as usize];
+                if *gone {
+                    self.stats.files_gone += 1;
+                }
                 // Names the format cannot carry are an error of the recorder, not the run.
                 b.path(name, sizes[r.file as usize])
                     .unwrap_or_else(|e| panic!("recorder bug: {e}"))
@@ -1311,5 +1491,141 @@ mod tests {
         assert!(rows.is_empty());
         assert_eq!(st.lines, 5);
         assert_eq!(st.malformed, 1);
+    }
+
+    /// Black-box finding: a pid the kernel handed out again kept the dead process's fd
+    /// table, so the new process's reads of `b` were recorded as reads of `a`.
+    #[test]
+    fn a_recycled_pid_is_a_new_process() {
+        let text = "\
+10 1.0 clone(child_stack=NULL, flags=SIGCHLD) = 20
+20 1.1 openat(AT_FDCWD, \"/data/a\", O_RDONLY) = 3
+20 1.2 read(3, \"\"..., 10) = 10
+20 1.3 +++ exited with 0 +++
+10 1.4 openat(AT_FDCWD, \"/data/b\", O_RDONLY) = 3
+10 1.5 clone(child_stack=NULL, flags=SIGCHLD) = 20
+20 1.6 read(3, \"\"..., 20) = 20
+20 1.7 +++ killed by SIGKILL +++
+";
+        assert_ranges(text, &[("a", 0, 10), ("b", 0, 20)]);
+        assert_eq!(run(text).1.processes, 3);
+    }
+
+    /// `preadv2`/`pwritev2` at offset -1 use and move the file offset (black-box
+    /// finding: the read was dropped and every later offset was off by it).
+    #[test]
+    fn preadv2_and_pwritev2_at_minus_one_use_the_file_offset() {
+        let text = "\
+1 1.0 openat(AT_FDCWD, \"/data/a\", O_RDWR) = 3
+1 1.1 read(3, \"\"..., 100) = 100
+1 1.2 preadv2(3, [{iov_base=\"\"..., iov_len=200}], 1, -1, 0) = 200
+1 1.3 pwritev2(3, [{iov_base=\"\"..., iov_len=30}], 1, -1, 0) = 30
+1 1.4 pwritev2(3, [{iov_base=\"\"..., iov_len=30}], 1, 5000, 0) = 30
+1 1.5 read(3, \"\"..., 50) = 50
+1 1.6 preadv2(3, [{iov_base=\"\"..., iov_len=10}], 1, 7, RWF_NOWAIT) = 10
+";
+        assert_ranges(
+            text,
+            &[("a", 0, 100), ("a", 100, 200), ("a", 330, 50), ("a", 7, 10)],
+        );
+    }
+
+    /// A thread that unshares its fd table (`unshare(CLONE_FILES)`) closes and opens in
+    /// its own copy (black-box finding: the other threads' reads were recorded against
+    /// the file it opened under the same number).
+    #[test]
+    fn unshare_gives_a_thread_its_own_fd_table() {
+        let text = "\
+1 1.0 openat(AT_FDCWD, \"/data/a\", O_RDONLY) = 3
+1 1.1 read(3, \"\"..., 100) = 100
+1 1.2 clone(child_stack=0x1, flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_THREAD) = 2
+2 1.3 unshare(CLONE_FILES) = 0
+2 1.4 close(3) = 0
+2 1.5 openat(AT_FDCWD, \"/data/b\", O_RDONLY) = 3
+2 1.6 read(3, \"\"..., 33) = 33
+1 1.7 read(3, \"\"..., 100) = 100
+";
+        assert_ranges(text, &[("a", 0, 100), ("b", 0, 33), ("a", 100, 100)]);
+    }
+
+    /// A descriptor passed over a socketpair (`SCM_RIGHTS`) is the sender's open file,
+    /// offset shared (black-box finding: its reads were dropped as "inherited").
+    #[test]
+    fn a_descriptor_passed_over_a_socketpair_is_followed() {
+        let text = "\
+1 1.0 socketpair(AF_UNIX, SOCK_STREAM, 0, [3, 4]) = 0
+1 1.1 clone(child_stack=NULL, flags=SIGCHLD) = 2
+2 1.2 openat(AT_FDCWD, \"/data/b\", O_RDONLY) = 5
+2 1.3 read(5, \"\"..., 10) = 10
+2 1.4 sendmsg(3, {msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=\"x\", iov_len=1}], msg_iovlen=1, msg_control=[{cmsg_len=20, cmsg_level=SOL_SOCKET, cmsg_type=SCM_RIGHTS, cmsg_data=[5]}], msg_controllen=24, msg_flags=0}, 0) = 1
+2 1.5 +++ exited with 0 +++
+1 1.6 recvmsg(4, {msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=\"x\", iov_len=1}], msg_iovlen=1, msg_control=[{cmsg_len=20, cmsg_level=SOL_SOCKET, cmsg_type=SCM_RIGHTS, cmsg_data=[6]}], msg_controllen=24, msg_flags=0}, 0) = 1
+1 1.7 read(6, \"\"..., 1000) = 1000
+";
+        assert_ranges(text, &[("b", 0, 10), ("b", 10, 1000)]);
+    }
+
+    /// Descriptors received over a socket and AIO contexts are counted, so the recorder
+    /// can say why their reads are missing (they were counted as inherited, or not at
+    /// all).
+    #[test]
+    fn received_descriptors_and_aio_are_counted() {
+        let text = "\
+1 1.0 socketpair(AF_UNIX, SOCK_STREAM, 0, [3, 4]) = 0
+1 1.1 recvmsg(3, {msg_name=NULL, msg_namelen=0, msg_iov=[{iov_base=\"x\", iov_len=1}], msg_iovlen=1, msg_control=[{cmsg_len=20, cmsg_level=SOL_SOCKET, cmsg_type=SCM_RIGHTS, cmsg_data=[5]}], msg_controllen=24, msg_flags=0}, 0) = 1
+1 1.2 read(5, \"\"..., 1000) = 1000
+1 1.3 read(5, \"\"..., 1000) = 1000
+1 1.4 io_setup(8, [140000]) = 0
+1 1.5 read(9, \"\"..., 10) = 10
+";
+        let (rows, st) = run(text);
+        assert!(rows.is_empty());
+        assert_eq!(st.reads_received, 2);
+        assert_eq!(st.reads_inherited, 1);
+        assert_eq!(st.aio_contexts, 1);
+    }
+
+    /// Files removed or renamed before the run ended are kept under the name they were
+    /// opened by, sized by what was read (they were dropped).
+    #[test]
+    fn files_gone_by_the_end_keep_their_reads() {
+        struct Gone;
+        impl Lookup for Gone {
+            fn regular_file(&mut self, abs: &Path) -> Option<(PathBuf, u64)> {
+                (abs == Path::new("/data/keep")).then(|| (abs.to_path_buf(), 1_000))
+            }
+            fn gone(&mut self, abs: &Path) -> Option<PathBuf> {
+                (abs != Path::new("/data/keep")).then(|| abs.to_path_buf())
+            }
+        }
+        let text = "\
+1 1.0 openat(AT_FDCWD, \"/data/keep\", O_RDONLY) = 3
+1 1.1 read(3, \"\"..., 1000) = 1000
+1 1.2 openat(AT_FDCWD, \"/data/tmp\", O_RDONLY) = 4
+1 1.3 pread64(4, \"\"..., 500, 4000) = 500
+1 1.4 openat(AT_FDCWD, \"/elsewhere/x\", O_RDONLY) = 5
+1 1.5 read(5, \"\"..., 10) = 10
+";
+        let (t, st) = parse_strace(text, Path::new("/data"), Path::new("/data"), &mut Gone);
+        let rows: Vec<_> = t
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    t.path_name(r).to_string(),
+                    r.offset,
+                    r.len,
+                    t.sizes[r.path as usize],
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("keep".to_string(), 0, 1000, 1000),
+                ("tmp".to_string(), 4000, 500, 4500)
+            ]
+        );
+        assert_eq!((st.files_gone, st.reads_elsewhere), (1, 1));
     }
 }
