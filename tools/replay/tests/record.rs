@@ -159,3 +159,39 @@ fn a_file_named_with_a_comma_is_kept_escaped() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// A file opened by a forked child and passed over a socketpair (`SCM_RIGHTS`, as
+/// multiprocessing's `send_handle` does) is read by the parent at the offset the child
+/// left: the reads are recorded as that file's (they were dropped, `-s 0` printing the
+/// descriptors as `[...]`).
+#[test]
+fn a_file_passed_over_a_socketpair_is_recorded() {
+    if !have_strace() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("passed.bin"), vec![3u8; 10_000]).expect("write");
+    let script = format!(
+        "import os, socket\n\
+         a, b = socket.socketpair()\n\
+         if os.fork() == 0:\n\
+         \x20   fd = os.open({:?}, os.O_RDONLY)\n\
+         \x20   os.read(fd, 100)\n\
+         \x20   socket.send_fds(a, [b'x'], [fd])\n\
+         \x20   os._exit(0)\n\
+         _, fds, _, _ = socket.recv_fds(b, 1, 1)\n\
+         os.read(fds[0], 1000)\n\
+         os.wait()\n",
+        dir.path().join("passed.bin")
+    );
+    let rec = run(dir.path(), &["python3", "-c", &script]);
+    assert!(rec.succeeded(), "{}", rec.status);
+    let got: Vec<_> = rows(&rec).into_iter().map(|r| (r.1, r.2, r.3)).collect();
+    assert_eq!(
+        got,
+        vec![
+            ("passed.bin".to_string(), 0, 100),
+            ("passed.bin".to_string(), 100, 1000)
+        ]
+    );
+}

@@ -183,7 +183,7 @@ fn record(a: RecordArgs) -> anyhow::Result<()> {
     if st.left_background {
         eprintln!(
             "note: the command exited leaving processes in the background; they were traced \
-             for 5 s more, and run on untraced"
+             for 2 s more (or until Ctrl-C), and run on untraced"
         );
     }
     if st.files_gone > 0 {

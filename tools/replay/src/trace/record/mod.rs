@@ -78,7 +78,7 @@ impl Recorded {
     }
 }
 
-/// SIGINT and SIGQUIT ignored by this process while it lives, SIGTERM and SIGHUP caught
+/// SIGINT noted and SIGQUIT ignored by this process while it lives, SIGTERM and SIGHUP caught
 /// (noted in [`STOP_SIGNALS`] for [`wait_forwarding`]); the previous handling restored
 /// when dropped.
 struct RecorderSignals {
@@ -88,8 +88,8 @@ struct RecorderSignals {
     hup: libc::sigaction,
 }
 
-/// Bit N set: signal N (SIGTERM or SIGHUP) reached the recorder and is still to be
-/// passed on to the command.
+/// Bit N set: signal N (SIGTERM or SIGHUP, passed on to the command; SIGINT, noted)
+/// reached the recorder.
 static STOP_SIGNALS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn note_stop_signal(sig: libc::c_int) {
@@ -127,13 +127,18 @@ impl RecorderSignals {
         }
     }
 
-    /// Ignores SIGINT and SIGQUIT: only after the spawn, as an ignored signal stays
-    /// ignored across exec and the command must keep the default.
+    /// Ignores SIGQUIT and notes SIGINT (for [`wait_forwarding`]) instead of dying of
+    /// it: only after the spawn, as an ignored signal stays ignored across exec and the
+    /// command must keep the default.
     fn ignore_interrupts(&mut self) {
-        // SAFETY: plain libc calls setting a signal's disposition to SIG_IGN.
+        // SAFETY: plain libc calls setting signal dispositions; the handler only
+        // stores to an atomic.
         unsafe {
             self.interrupts = Some((
-                libc::signal(libc::SIGINT, libc::SIG_IGN),
+                libc::signal(
+                    libc::SIGINT,
+                    note_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                ),
                 libc::signal(libc::SIGQUIT, libc::SIG_IGN),
             ));
         }
@@ -156,9 +161,10 @@ impl Drop for RecorderSignals {
 }
 
 /// How long the recorder keeps tracing what the command left running in the
-/// background once the command itself has exited: 5 s, for children that are about
-/// to end (a pipeline's last stage, a flush); a daemon it started is not waited for.
-const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// background once the command itself has exited: 2 s, for children that are about
+/// to end (a pipeline's last stage, a flush); a daemon it started is not waited for,
+/// and Ctrl-C ends the wait at once.
+const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How strace's wait ended.
 enum Waited {
@@ -182,6 +188,9 @@ fn wait_forwarding(child: &mut Child) -> std::io::Result<Waited> {
     let strace = child.id();
     let mut command: Option<i32> = None;
     let mut gone_since: Option<std::time::Instant> = None;
+    // Ctrl-C reaches the command from the terminal; the recorder only notes it, to end
+    // its wait for background processes once the command is gone.
+    let mut interrupted = false;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Waited::Exited(status));
@@ -189,17 +198,18 @@ fn wait_forwarding(child: &mut Child) -> std::io::Result<Waited> {
         if command.is_none() {
             command = children_of(strace).into_iter().min();
         }
+        let pending = STOP_SIGNALS.swap(0, Ordering::SeqCst);
+        interrupted |= pending & (1 << libc::SIGINT) != 0;
         if let Some(cmd) = command {
             if !std::path::Path::new(&format!("/proc/{cmd}")).exists() {
                 let since = *gone_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() >= BACKGROUND_GRACE {
+                if interrupted || since.elapsed() >= BACKGROUND_GRACE {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Ok(Waited::LeftBackground);
                 }
             }
         }
-        let pending = STOP_SIGNALS.swap(0, Ordering::SeqCst);
         for sig in [libc::SIGTERM, libc::SIGHUP] {
             if pending & (1 << sig) != 0 {
                 for pid in traced_by(strace) {
@@ -284,10 +294,12 @@ pub fn record(
     let inherited = inherited_files();
     let mut signals = RecorderSignals::new();
     // `-q`, not `-qq`: the exit of each process is printed (`+++ exited with 0 +++`),
-    // so a pid the kernel hands out again is known to be another process.
+    // so a pid the kernel hands out again is known to be another process. `-s 8`, not
+    // `-s 0`: strings are cut at 8 bytes, and arrays at 8 elements rather than printed
+    // `[...]`, which hid the descriptors of `pipe2`, `socketpair` and `SCM_RIGHTS`.
     let mut strace = Command::new("strace");
     strace
-        .args(["-f", "-q", "-ttt", "-r", "-s", "0", "--seccomp-bpf", "-e"])
+        .args(["-f", "-q", "-ttt", "-r", "-s", "8", "--seccomp-bpf", "-e"])
         .arg(format!("trace={SYSCALLS}"))
         .arg("-o")
         .arg(log)
