@@ -296,8 +296,18 @@ fn detach_dead_mount(mountpoint: &Path) {
     if !is_dead_mount(mountpoint) {
         return;
     }
-    let detached = umount2(mountpoint, libc::MNT_DETACH).or_else(|_| {
-        // Not root: the setuid helper may unmount the user's own FUSE mounts.
+    match detach(mountpoint) {
+        Ok(()) => tracing::warn!(mountpoint = %mountpoint.display(),
+            "detached the mount of a daemon that died (its calls failed with ENOTCONN)"),
+        Err(e) => tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
+            "a dead mount is at the mountpoint and could not be detached"),
+    }
+}
+
+/// Detaches the mount at `mountpoint` (`umount -l`; not root: the setuid helper may
+/// unmount the user's own FUSE mounts).
+fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    umount2(mountpoint, libc::MNT_DETACH).or_else(|_| {
         let out = std::process::Command::new("fusermount3")
             .arg("-uz")
             .arg(mountpoint)
@@ -308,13 +318,7 @@ fn detach_dead_mount(mountpoint: &Path) {
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
             )),
         }
-    });
-    match detached {
-        Ok(()) => tracing::warn!(mountpoint = %mountpoint.display(),
-            "detached the mount of a daemon that died (its calls failed with ENOTCONN)"),
-        Err(e) => tracing::warn!(mountpoint = %mountpoint.display(), error = %e,
-            "a dead mount is at the mountpoint and could not be detached"),
-    }
+    })
 }
 
 /// How long a start waits for whoever serves a mount already at its mountpoint to
@@ -558,6 +562,40 @@ impl MountHandle {
     /// Whether the session has ended (e.g. `fusermount3 -u` from outside).
     pub fn is_finished(&self) -> bool {
         self.session.as_ref().is_none_or(|s| s.guard.is_finished())
+    }
+
+    /// Whether the session ended with its mount still in the mount table: fuser ends a
+    /// session on any failed read of `/dev/fuse` but ENODEV (which an unmount gives),
+    /// so an ENOMEM, EIO or a worker that could not open its descriptor leaves the
+    /// mount dead, every call on it ENOTCONN (black-box finding: the daemon took that
+    /// for an unmount from outside and exited 0, leaving the dead mount).
+    pub fn session_failed(&self) -> bool {
+        if !self.is_finished() {
+            return false;
+        }
+        let Some(conn) = self.conn else { return false };
+        // The mountpoint itself cannot be resolved through a dead mount (ENOTCONN):
+        // its folder is.
+        let dir = match (
+            self.mountpoint
+                .parent()
+                .and_then(|p| std::fs::canonicalize(p).ok()),
+            self.mountpoint.file_name(),
+        ) {
+            (Some(parent), Some(name)) => parent.join(name),
+            _ => self.mountpoint.clone(),
+        };
+        conn_in(&mount_table(), &dir) == Some(conn)
+    }
+
+    /// Detaches the dead mount a failed session left ([`Self::session_failed`]) and
+    /// aborts its connection, so its calls fail at once and a restart mounts afresh.
+    pub fn detach_failed(&self) {
+        if let Err(e) = detach(&self.mountpoint) {
+            tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
+                "cannot detach the failed mount");
+        }
+        self.abort_connection();
     }
 
     /// Unmounts (detaching and aborting the connection if files are still open) and

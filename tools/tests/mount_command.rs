@@ -897,3 +897,50 @@ fn a_terminal_nobody_reads_never_keeps_the_daemon_from_exiting() {
     drop(main);
     assert!(status.success(), "{status:?}");
 }
+
+/// The FUSE connection's minor number of the mount at `mnt` (mountinfo's `0:NN`).
+fn conn_of(mnt: &Path) -> Option<String> {
+    let want = mnt.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(want.as_str()) && l.contains(" - fuse"))
+        .and_then(|l| l.split(' ').nth(2))
+        .and_then(|dev| dev.split(':').nth(1))
+        .map(str::to_string)
+}
+
+/// Black-box finding: when the FUSE session ended with the mount still there (a read
+/// of /dev/fuse failed with ENOMEM or EIO; here the connection is aborted, which ends it
+/// alike), the daemon took it for an unmount from outside, exited 0 and left a dead
+/// mount (ENOTCONN). Now it detaches the mount and exits with an error.
+#[test]
+fn a_failed_fuse_session_is_an_error_and_leaves_no_dead_mount() {
+    let l = Layout::new(&[("a.txt", b"first")]);
+    let mut daemon = foreground_mount(&l.url, &l.mnt, &l.cache, &[]);
+    assert_eq!(std::fs::read(l.mnt.join("a.txt")).expect("read"), b"first");
+    let conn = conn_of(&l.mnt).expect("the mount's connection");
+    let abort = format!("/sys/fs/fuse/connections/{conn}/abort");
+    if std::fs::write(&abort, "1").is_err() {
+        // Minimal containers do not mount fusectl: mount it (the tests run as root,
+        // as the FUSE tests need).
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"])
+            .status();
+        std::fs::write(&abort, "1").expect("abort the connection through fusectl");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = daemon.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the daemon did not end");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let left = mounts_at(&l.mnt);
+    if left > 0 {
+        unmount(&l.mnt);
+    }
+    assert!(!status.success(), "exited {status:?}");
+    assert_eq!(left, 0, "the dead mount was detached");
+}

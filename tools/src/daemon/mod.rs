@@ -445,6 +445,8 @@ async fn supervise(
 ) -> anyhow::Result<()> {
     use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // Mounts whose FUSE session failed (not unmounted from outside).
+    let mut failed: Vec<String> = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -463,12 +465,27 @@ async fn supervise(
                 for (m, g) in mounts.iter().zip(unmounted) {
                     if !g.load(Relaxed) && m.is_finished() {
                         g.store(true, Relaxed);
-                        tracing::warn!(mountpoint = %m.mountpoint().display(), "unmounted from outside");
+                        if m.session_failed() {
+                            // Not an unmount: a read of /dev/fuse failed and fuser ended
+                            // the session, leaving the mount dead.
+                            tracing::error!(mountpoint = %m.mountpoint().display(),
+                                "the FUSE session failed while mounted (a read of /dev/fuse                                  failed: out of memory or descriptors, or a device error);                                  the dead mount is detached; restart the daemon to mount again");
+                            m.detach_failed();
+                            failed.push(m.mountpoint().display().to_string());
+                        } else {
+                            tracing::warn!(mountpoint = %m.mountpoint().display(), "unmounted from outside");
+                        }
                     }
                 }
                 if !kv_running && !unmounted.is_empty() && unmounted.iter().all(|g| g.load(Relaxed)) {
-                    tracing::info!("every mount is gone and no KV service runs: exiting");
                     stop.cancel();
+                    if !failed.is_empty() {
+                        anyhow::bail!(
+                            "the FUSE session of {} failed while mounted; the mount was detached",
+                            failed.join(", ")
+                        );
+                    }
+                    tracing::info!("every mount is gone and no KV service runs: exiting");
                     return Ok(());
                 }
             }
