@@ -83,6 +83,11 @@ pub enum KvError {
     /// acknowledged Put must not vanish behind a Remove that answered 0).
     #[error("a Remove of this key overlapped the Put: nothing stored; put again to store it")]
     RemovedMeanwhile,
+    /// The binding of the Put's namespace to its model identity could not be saved
+    /// (the cache disk failed or is full): nothing is stored, since the block would
+    /// outlive the binding that guards it across a restart.
+    #[error("the namespace's binding to its model identity could not be saved ({0}): nothing stored; retry once the cache disk recovers")]
+    BindingNotSaved(String),
     /// The block is not cached.
     #[error("block not found")]
     NotFound,
@@ -130,7 +135,9 @@ impl KvError {
             KvError::Denied { .. } => Code::PermissionDenied,
             KvError::RemovedMeanwhile => Code::Aborted,
             KvError::IdentityMismatch { .. } => Code::FailedPrecondition,
-            KvError::ShuttingDown | KvError::NotMember(_) => Code::Unavailable,
+            KvError::ShuttingDown | KvError::NotMember(_) | KvError::BindingNotSaved(_) => {
+                Code::Unavailable
+            }
             KvError::Status(s) => s.code(),
             KvError::Transport(_) => Code::Unavailable,
             KvError::Config(_) => Code::InvalidArgument,

@@ -94,6 +94,8 @@ pub struct IdentityBindings {
     newest: AtomicU64,
     /// The newest generation the file holds.
     persisted: tokio::sync::watch::Sender<u64>,
+    /// The newest generation a failed write was to hold, and its error.
+    failed: Mutex<Option<(u64, String)>>,
     /// Set while one caller writes the file for everyone.
     writing: AtomicBool,
     /// When the file's last write ended, and what it cost.
@@ -161,6 +163,7 @@ impl IdentityBindings {
             file,
             newest: AtomicU64::new(0),
             persisted: tokio::sync::watch::Sender::new(0),
+            failed: Mutex::new(None),
             writing: AtomicBool::new(false),
             last_write: Mutex::new(None),
             writes: AtomicU64::new(0),
@@ -218,8 +221,8 @@ impl IdentityBindings {
         self.writes.load(Ordering::Relaxed)
     }
 
-    /// Writes every binding to `file` now (blocking); a failure is logged, and the
-    /// bindings then hold for this run only.
+    /// Writes every binding to `file` now (blocking); a failure is logged and noted
+    /// for [`Self::durable`]'s waiters, whose puts then fail.
     fn write(&self, file: &Path) {
         let (text, upto) = {
             let map = self.map.lock();
@@ -229,23 +232,37 @@ impl IdentityBindings {
             )
         };
         self.writes.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = write_atomically(file, text.as_bytes()) {
-            tracing::error!(file = %file.display(), error = %e, "could not persist KV namespace identities; they hold until the daemon stops");
+        match write_atomically(file, text.as_bytes()) {
+            Ok(()) => self.persisted.send_modify(|p| *p = (*p).max(upto)),
+            Err(e) => {
+                tracing::error!(file = %file.display(), error = %e,
+                    "could not persist KV namespace identities: the puts that bound a namespace meanwhile fail");
+                *self.failed.lock() = Some((upto, e.to_string()));
+                // Wakes the waiters (the value is unchanged).
+                self.persisted.send_modify(|_| {});
+            }
         }
-        self.persisted.send_modify(|p| *p = (*p).max(upto));
     }
 
     /// Returns once the binding of generation `generation` (from [`Self::check`]) is
     /// in the file: at once when it is, else after the next group write (see the module
-    /// doc). A failed write is logged and does not hold the caller.
-    pub async fn durable(self: &Arc<Self>, generation: u64) {
+    /// doc). Err when the write that was to hold it failed: the put that made it must
+    /// fail and undo it ([`Self::unbind`]), since its block would outlive the binding
+    /// across a restart (black-box finding: one failed write of the file, the put was
+    /// acknowledged, and after a restart another model's client read its block).
+    pub async fn durable(self: &Arc<Self>, generation: u64) -> std::result::Result<(), String> {
         if self.file.is_none() {
-            return;
+            return Ok(());
         }
         let mut persisted = self.persisted.subscribe();
         loop {
             if *persisted.borrow_and_update() >= generation {
-                return;
+                return Ok(());
+            }
+            if let Some((upto, e)) = self.failed.lock().as_ref() {
+                if *upto >= generation {
+                    return Err(e.clone());
+                }
             }
             if self
                 .writing
@@ -273,7 +290,7 @@ impl IdentityBindings {
                 *self.last_write.lock() = Some((Instant::now(), started.elapsed()));
                 if let Err(e) = done {
                     tracing::error!(error = %e, "persisting KV namespace identities failed");
-                    self.persisted.send_modify(|p| *p = (*p).max(generation));
+                    *self.failed.lock() = Some((generation, e.to_string()));
                 }
                 continue;
             }
@@ -692,6 +709,40 @@ mod tests {
             .expect("v1 clients are not checked");
     }
 
+    /// Black-box finding: one failed write of the file (the cache disk full) and the
+    /// put that bound the namespace was acknowledged; after a restart another model's
+    /// client read its block. The put's wait for durability now fails, the binding is
+    /// undone, and a later put binds and saves it once the disk recovers.
+    #[tokio::test]
+    async fn a_binding_that_cannot_be_saved_fails_its_put_until_it_can() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).expect("mkdir");
+        let f = sub.join("kv-identities.json");
+        let b = Arc::new(IdentityBindings::open(Some(f.clone())));
+        // The folder turns into a file: every write of the bindings fails.
+        std::fs::remove_dir_all(&sub).expect("rm");
+        std::fs::write(&sub, b"not a folder").expect("write");
+        let ns: Arc<str> = Arc::from("m/t");
+        let g = b
+            .check(&ns, Some(&A), true)
+            .expect("bind")
+            .expect("generation");
+        let e = b.durable(g).await.expect_err("the write failed");
+        assert!(!e.is_empty());
+        b.unbind(&ns, g);
+        assert_eq!(b.bound("m/t"), None, "undone");
+        // The disk recovers: the next put binds, and is acknowledged once saved.
+        std::fs::remove_file(&sub).expect("rm");
+        std::fs::create_dir(&sub).expect("mkdir");
+        let g = b
+            .check(&ns, Some(&B), true)
+            .expect("bind")
+            .expect("generation");
+        b.durable(g).await.expect("saved");
+        assert_eq!(IdentityBindings::open(Some(f)).bound("m/t"), Some(B));
+    }
+
     /// The gap between writes of the bindings file follows their cost: nine times it,
     /// within 10 ms..1 s (a put into a new namespace waited a whole second before).
     #[test]
@@ -719,7 +770,9 @@ mod tests {
             let ns: Arc<str> = Arc::from(format!("ns-{i}"));
             let generation = b.check(&ns, Some(&A), true).expect("bind");
             puts.spawn(async move {
-                b.durable(generation.expect("a put with an identity")).await;
+                b.durable(generation.expect("a put with an identity"))
+                    .await
+                    .expect("saved");
                 // Acknowledged: the binding is in the file, as a crash would find it.
                 let on_disk = IdentityBindings::open(Some(b.file.clone().expect("file")));
                 assert_eq!(
@@ -740,7 +793,7 @@ mod tests {
         let again = b
             .check(&Arc::from("ns-7"), Some(&A), true)
             .expect("same identity");
-        b.durable(again.expect("generation")).await;
+        b.durable(again.expect("generation")).await.expect("saved");
         assert_eq!(b.writes(), writes);
     }
 

@@ -389,7 +389,11 @@ impl KvService {
             if !was_bound {
                 *bound_here.lock() = Some(generation);
             }
-            ids.durable(generation).await;
+            if let Err(e) = ids.durable(generation).await {
+                ids.unbind(ns, generation);
+                bound_here.lock().take();
+                return Err(KvError::BindingNotSaved(e));
+            }
         }
         let present = self.store_local(tenant, ns, key, data, arrived).await?;
         self.keep_if_still_bound(ns, fwd.identity.as_ref(), key, tenant)
@@ -437,7 +441,7 @@ impl KvService {
         let generation = bound_here.lock().take();
         if let Some(generation) = generation {
             if let Some(g) = self.inner.identities.unbind(ns, generation) {
-                self.inner.identities.durable(g).await;
+                let _ = self.inner.identities.durable(g).await;
                 // The group's record, made for this put, names the refused identity.
                 if let Some(id) = fwd.identity.as_ref() {
                     router

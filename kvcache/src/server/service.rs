@@ -236,7 +236,8 @@ impl KvService {
         };
         // Rebound first, so no put of the other identity stores here from now on
         // (one already past its check takes its block back, `keep_if_still_bound`).
-        ids.durable(generation).await;
+        // (A failed write is logged; the rebinding holds for this run.)
+        let _ = ids.durable(generation).await;
         let keys: Vec<CacheKey> = self
             .inner
             .engine
@@ -709,7 +710,10 @@ impl KvService {
             }
             if let Some(generation) = made {
                 // The block will outlive a crash; so must the binding that guards it.
-                self.inner.identities.durable(generation).await;
+                if let Err(e) = self.inner.identities.durable(generation).await {
+                    self.inner.identities.unbind(&ns, generation);
+                    return Err(KvError::BindingNotSaved(e));
+                }
             }
         }
         if group.is_none() && self.inner.engine.contains(&key) {
