@@ -1268,7 +1268,21 @@ impl BackingStore {
             rec.done();
         }
         r?;
-        self.sync_local(path).await
+        if let Err(e) = self.sync_local(path).await {
+            // The new object is in place but not durable, and the caller is told the
+            // write failed: it is removed, so a failed create leaves no object and the
+            // caller's retry is not refused as an overwrite (black-box finding: an EIO
+            // of the store's fsync failed the close, the object stayed, and the retry
+            // got EPERM). It was new, so nothing older is lost with it.
+            if let Some((_, file)) = self.local_file_of(path) {
+                if let Err(rm) = tokio::fs::remove_file(&file).await {
+                    tracing::warn!(file = %file.display(), error = %rm,
+                        "cannot remove an object whose sync failed");
+                }
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     async fn put_new_recorded(
@@ -2569,7 +2583,13 @@ pub(crate) async fn sync_local_file(
 ) -> Result<()> {
     tokio::task::spawn_blocking(move || {
         match std::fs::File::open(&file).and_then(|f| f.sync_all()) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                // Named here: the flush's error names no file (the error itself is
+                // kept as it is, its errno decides what the caller is told).
+                tracing::warn!(file = %file.display(), error = %e,
+                    "syncing a written object to the store's disk failed");
+                return Err(e.into());
+            }
             _ => {}
         }
         match file.parent() {
