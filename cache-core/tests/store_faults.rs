@@ -705,3 +705,36 @@ async fn a_move_whose_source_may_not_be_deleted_is_undone() {
     let e = store.rename("raw/b", "work/c").await.expect_err("refused");
     assert!(matches!(e, CacheError::PermissionDenied(_)), "{e}");
 }
+
+/// Black-box finding: every read(2) of a local store's file failing EIO (a failing
+/// disk) was asked again for 80 s and reported as "object store timed out". A body
+/// the store fails is asked for as often as any request, then fails with the store's
+/// error.
+#[tokio::test]
+async fn a_body_the_store_fails_each_time_fails_with_its_error_after_the_attempts() {
+    let data = Bytes::from(vec![5u8; 32_768]);
+    let retry = RetryPolicy {
+        total_timeout: Duration::from_secs(60),
+        ..quick_retry()
+    };
+    let (store, f, obj) = faulty_holding_with(retry, FaultConfig::default(), "r.bin", data).await;
+    f.set_config(FaultConfig {
+        body_error_key: Some("r.bin".into()),
+        ..FaultConfig::default()
+    });
+    let started = Instant::now();
+    let e = store
+        .get_range_blocks(&obj, 0..32_768, 4096, &|_, _| {})
+        .await
+        .expect_err("the body fails every time");
+    assert!(
+        matches!(e, CacheError::Store { .. }),
+        "the store's error, not a time-out: {e}"
+    );
+    assert!(e.to_string().contains("Input/output error"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -104,6 +104,9 @@ pub struct FaultConfig {
     /// Reads and heads of this exact key are refused (403), while listings answer: a
     /// policy granting `s3:GetObject` on `bkt/data/*` only refuses `HEAD data`.
     pub denied_key: Option<String>,
+    /// Every GET of this exact key answers its headers, then fails its body with an
+    /// I/O error (a failing disk under a local store: each `read(2)` of the file EIO).
+    pub body_error_key: Option<String>,
 }
 
 impl FaultConfig {
@@ -598,7 +601,15 @@ impl ObjectStore for FaultyStore {
         g.largest.fetch_max(body.len() as u64, Ordering::Relaxed);
         let at_start = in_flight.as_ref().map_or(0, |(_, n)| *n);
         g.log.lock().push((body.len() as u64, at_start));
-        let stream: BoxStream<'static, object_store::Result<Bytes>> = if cfg.trickle_bytes > 0 {
+        let body_fails = cfg.body_error_key.as_deref() == Some(location.as_ref());
+        let stream: BoxStream<'static, object_store::Result<Bytes>> = if body_fails {
+            Box::pin(futures::stream::once(async move {
+                Err(object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(std::io::Error::from_raw_os_error(libc::EIO)),
+                })
+            }))
+        } else if cfg.trickle_bytes > 0 {
             let (every, piece, stall) = (
                 cfg.trickle_every,
                 cfg.trickle_bytes,

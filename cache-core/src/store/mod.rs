@@ -713,6 +713,8 @@ impl BackingStore {
         let mut first_ttfb = None;
         let mut backoff = self.retry.base_backoff;
         let mut progress_at = tokio::time::Instant::now();
+        // Errors the store answered since the last whole piece.
+        let mut errors_in_a_row = 0u32;
         loop {
             let done = blocks.len() as u64 * block_size;
             let rest = range.start + done..range.end;
@@ -739,15 +741,31 @@ impl BackingStore {
                 Err(e) => {
                     if blocks.len() > before {
                         backoff = self.retry.base_backoff;
+                        errors_in_a_row = 0;
                         tracing::debug!(store = %self.label, path = %p, error = %e.error,
                             "body cut off after whole pieces; asking for the rest");
                         continue;
+                    }
+                    // A store that answers errors (a failing disk under a local store,
+                    // a body cut by the server each time) is asked as often as any
+                    // request, and its error is what the caller gets (black-box
+                    // finding: EIO of every read(2) of a local file was asked again for
+                    // 80 s and reported as "object store timed out").
+                    errors_in_a_row = if e.answered { errors_in_a_row + 1 } else { 0 };
+                    if errors_in_a_row >= self.retry.attempts.max(1) {
+                        self.reads
+                            .failures
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return Err(map_store_error(e.error, errors_in_a_row));
                     }
                     let now = tokio::time::Instant::now();
                     if now + backoff >= progress_at + self.retry.total_timeout {
                         self.reads
                             .failures
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if e.answered {
+                            return Err(map_store_error(e.error, errors_in_a_row));
+                        }
                         tracing::debug!(store = %self.label, path = %p, error = %e.error,
                             "no whole piece within the deadline");
                         return Err(CacheError::StoreTimeout { attempts: 1 });
@@ -2440,6 +2458,9 @@ struct BodyError {
     error: object_store::Error,
     /// Worth asking again (a reset, a short body, a deadline): [`transient`].
     transient: bool,
+    /// The store answered with an error (not a deadline or a short body of ours):
+    /// asked again at most as many times as any request ([`RetryPolicy::attempts`]).
+    answered: bool,
 }
 
 impl BodyError {
@@ -2447,6 +2468,7 @@ impl BodyError {
         BodyError {
             transient: transient(&error),
             error,
+            answered: true,
         }
     }
 
@@ -2457,6 +2479,7 @@ impl BodyError {
                 source: message.into(),
             },
             transient: true,
+            answered: false,
         }
     }
 }
