@@ -338,6 +338,7 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
     }
     announce!("ready");
+    STARTING.store(false, std::sync::atomic::Ordering::Release);
     if release_stdout {
         stdout_released();
     }
@@ -528,12 +529,40 @@ async fn shut_down(
     }
 }
 
+/// Set while the daemon process starts, until "ready" ([`exit_on_panic_while_starting`]).
+static STARTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A panic before "ready" ends the daemon process at once, exit 1: a runtime that
+/// cannot start its threads (a container at its `pids.max`: tokio panics "OS can't
+/// spawn worker thread") otherwise unwound into waiting for threads that never came,
+/// and the process stayed up, serving nothing, never ready (black-box finding). After
+/// "ready", panics are the tasks' own (caught, the request fails) as before.
+fn exit_on_panic_while_starting() {
+    STARTING.store(true, std::sync::atomic::Ordering::Release);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if STARTING.load(std::sync::atomic::Ordering::Acquire) {
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "Error: the daemon failed while starting (see the panic above; \
+                 \"can't spawn\" means the process or its container is at its thread limit)"
+            );
+            // SAFETY: _exit ends the process at once, without unwinding into waits
+            // for threads that were never started.
+            unsafe { libc::_exit(1) };
+        }
+    }));
+}
+
 /// The process entry of `strata serve` and `strata mount --foreground`: a runtime,
 /// [`run`] until SIGINT or SIGTERM.
 pub fn run_until_signal(cfg: StrataConfig) -> anyhow::Result<()> {
     // Before any thread starts (the log writer's included): threads inherit the mask.
     unblock_stop_signals();
     DAEMON_PROCESS.store(true, std::sync::atomic::Ordering::Relaxed);
+    exit_on_panic_while_starting();
     let _log = crate::init_logging("info");
     // SIGUSR1/SIGUSR2 (a log rotator's "reopen", a stray `kill -USR1`) would end the
     // daemon by default, every job on its mounts then failing ENOTCONN (black-box

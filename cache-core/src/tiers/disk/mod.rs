@@ -262,6 +262,29 @@ impl std::fmt::Debug for DiskTier {
     }
 }
 
+/// Fails unless the file system holding `dir` answers `fstatfs`. RocksDB asks it of
+/// every file it writes and its Debian build asserts that the call succeeds: a cache
+/// disk failing it aborted the daemon at start (black-box finding: one `fstatfs` EIO,
+/// `IsSyncFileRangeSupported: Assertion 'ret == 0' failed`, SIGABRT, nothing naming the
+/// disk). Asked here first, the start fails with an error that does.
+fn file_system_answers(dir: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(dir)?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `f` is an open descriptor and `st` has room for the answer.
+    if unsafe { libc::fstatfs(f.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(CacheError::Io(std::io::Error::new(
+            e.kind(),
+            format!(
+                "the cache disk at {} does not answer fstatfs: {e}",
+                dir.display()
+            ),
+        )));
+    }
+    Ok(())
+}
+
 fn index_err(e: rocksdb::Error) -> CacheError {
     CacheError::Index(e.to_string())
 }
@@ -337,8 +360,15 @@ fn is_device_full(e: &io::Error) -> bool {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
+    // tokio panics in the caller when the blocking pool cannot start a thread (a
+    // container at its `pids.max`): that is a shortage of the process's resources,
+    // answered as one (RESOURCE_EXHAUSTED, worth a retry), not an internal fault
+    // (black-box finding: every KV put failed INTERNAL "task panicked").
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::spawn_blocking(f)
+    }))
+    .map_err(|_| io::Error::from_raw_os_error(libc::EAGAIN))?;
+    task.await
         .map_err(|e| io::Error::other(format!("blocking task failed: {e}")))?
 }
 
@@ -581,6 +611,7 @@ impl DiskTier {
         // blocks, never the start (crash finding: one flipped bit in an index table, or
         // a deleted manifest, refused every start, a crash loop under a supervisor).
         remove_empty_wals(&index_dir);
+        file_system_answers(&dir)?;
         let opened = DB::open(&db_opts, &index_dir).and_then(|db| {
             let scan = scan_index(&db, &data_dir, &mut report)?;
             Ok((db, scan))
