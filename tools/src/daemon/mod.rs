@@ -330,6 +330,25 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
         let serving = serving.clone();
         tasks.spawn(async move { admin::serve(l, state, serving.cancelled_owned()).await });
     }
+    // Each mount answers before "ready": a FUSE session that ended as it started (a
+    // worker that could not open /dev/fuse or be created) left a dead mount, and the
+    // daemon announced it ready, so `strata mount` said "mounted" (black-box finding).
+    for m in &mounts {
+        let at = m.mountpoint().to_path_buf();
+        let state = tokio::task::spawn_blocking(move || {
+            strata_fs::mount::probe_mount(&at, strata_fs::mount::PROBE_WAIT)
+        })
+        .await
+        .unwrap_or(strata_fs::mount::MountState::Answers);
+        if state == strata_fs::mount::MountState::Dead || m.session_failed() {
+            m.detach_failed();
+            anyhow::bail!(
+                "the FUSE session of {} ended as it started (a FUSE thread could not open or \
+                 read /dev/fuse: out of descriptors, memory or threads?); the mount was detached",
+                m.mountpoint().display()
+            );
+        }
+    }
     let release_stdout = RELEASE_STDOUT_WHEN_READY.load(std::sync::atomic::Ordering::Relaxed);
     if release_stdout {
         // Before "ready": the starting command may exit as soon as it reads it.
