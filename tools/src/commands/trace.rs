@@ -14,7 +14,17 @@ pub enum TraceCommand {
     /// Convert an external trace to the replay format.
     Import(ImportArgs),
     /// Run a command under strace and write the reads it makes of regular files under
-    /// --root (fds followed across dup/fork/threads; one job per process group).
+    /// --root (fds followed across dup/fork/threads/exec and over socketpairs; one job
+    /// per process group).
+    ///
+    /// Paths are resolved when the command ends: a file removed or renamed by then keeps
+    /// the name it was opened by, and a symbolic link repointed during the run names its
+    /// last target. Reads through mmap, io_uring and Linux AIO are not system calls
+    /// strace sees (counted and warned about), nor are descriptors received from
+    /// processes not traced. Two threads reading one shared offset at once may swap
+    /// their offsets. Processes the command leaves in the background are traced for
+    /// 2 s after it exits (or until Ctrl-C), then run on untraced; the command's exit
+    /// status is passed on.
     Record(RecordArgs),
 }
 

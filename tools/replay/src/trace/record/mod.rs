@@ -218,7 +218,10 @@ fn wait_forwarding(child: &mut Child) -> std::io::Result<Waited> {
                 }
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Until the command is seen, look often: a command that starts a background
+        // process and exits within one look would never be seen gone.
+        let pause = if command.is_none() { 1 } else { 20 };
+        std::thread::sleep(std::time::Duration::from_millis(pause));
     }
 }
 
