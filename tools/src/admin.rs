@@ -348,7 +348,8 @@ async fn healthz_handler(State(s): State<AdminState>) -> Response {
     let mut why = String::new();
     if !lost.is_empty() {
         why.push_str(&format!(
-            "unmounted from outside, not served: {}; restart the daemon to mount again\n",
+            "not served (unmounted from outside, or its FUSE session failed: see the log): {}; \
+             restart the daemon to mount again\n",
             lost.join(", ")
         ));
     }

@@ -1374,6 +1374,7 @@ impl BackingStore {
             budget,
             recorded,
             self.local_file_of(path),
+            shape.only_if_absent,
         ))
     }
 

@@ -69,6 +69,9 @@ pub struct StreamingUpload {
     /// A local directory store's file of the object, synced once it is complete
     /// (`super::sync_local_file`).
     local_file: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The object is new (a create-only upload): removed if that sync fails, so a
+    /// failed upload leaves no object (as `BackingStore::put_new` does).
+    new_object: bool,
 }
 
 enum Sink {
@@ -162,6 +165,7 @@ impl StreamingUpload {
             in_flight: shape.in_flight.max(1),
             budget: retry.attempt_timeout * retry.attempts.max(1),
             local_file: None,
+            new_object: false,
         })
     }
 
@@ -173,6 +177,7 @@ impl StreamingUpload {
         budget: Duration,
         recorded: Option<super::journal::Recorded>,
         local_file: Option<(std::path::PathBuf, std::path::PathBuf)>,
+        new_object: bool,
     ) -> StreamingUpload {
         StreamingUpload {
             recorded,
@@ -181,6 +186,7 @@ impl StreamingUpload {
             in_flight: in_flight.max(1),
             budget,
             local_file,
+            new_object,
         }
     }
 
@@ -250,7 +256,18 @@ impl StreamingUpload {
                     })?;
                 self.settled();
                 match self.local_file.take() {
-                    Some((root, file)) => super::sync_local_file(root, file).await,
+                    Some((root, file)) => {
+                        let synced = super::sync_local_file(root, file.clone()).await;
+                        if synced.is_err() && self.new_object {
+                            // Black-box finding: a 50 MB file's failed sync left the
+                            // object, and the close's retry met EEXIST.
+                            if let Err(rm) = tokio::fs::remove_file(&file).await {
+                                tracing::warn!(file = %file.display(), error = %rm,
+                                    "cannot remove an object whose sync failed");
+                            }
+                        }
+                        synced
+                    }
                     None => Ok(()),
                 }
             }

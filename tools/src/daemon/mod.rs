@@ -489,7 +489,7 @@ async fn supervise(
                             // Not an unmount: a read of /dev/fuse failed and fuser ended
                             // the session, leaving the mount dead.
                             tracing::error!(mountpoint = %m.mountpoint().display(),
-                                "the FUSE session failed while mounted (a read of /dev/fuse                                  failed: out of memory or descriptors, or a device error);                                  the dead mount is detached; restart the daemon to mount again");
+                                "the FUSE session failed while mounted (a read of /dev/fuse failed: out of memory or descriptors, or a device error); the dead mount is detached; restart the daemon to mount again");
                             m.detach_failed();
                             failed.push(m.mountpoint().display().to_string());
                         } else {
