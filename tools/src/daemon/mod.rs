@@ -467,6 +467,7 @@ async fn supervise(
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // Mounts whose FUSE session failed (not unmounted from outside).
     let mut failed: Vec<String> = Vec::new();
+    let mut trimmed = tokio::time::Instant::now();
     loop {
         tokio::select! {
             biased;
@@ -482,6 +483,10 @@ async fn supervise(
                 return result;
             }
             _ = tick.tick() => {
+                if trimmed.elapsed() >= allocator::TRIM_EVERY {
+                    trimmed = tokio::time::Instant::now();
+                    tokio::task::spawn_blocking(allocator::trim);
+                }
                 for (m, g) in mounts.iter().zip(unmounted) {
                     if !g.load(Relaxed) && m.is_finished() {
                         g.store(true, Relaxed);
