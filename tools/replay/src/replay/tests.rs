@@ -429,17 +429,21 @@ fn lower_tiers_serve_what_the_top_evicted_at_device_speed() {
     assert!(one.level_hits.is_empty());
 }
 
+/// One job reading a 16 MiB file once, 1 MiB a millisecond.
+fn one_pass_over_16_blocks() -> Prepared {
+    let rows: Vec<_> = (0..16u64)
+        .map(|i| (i * MS, "j", "f", i * MB, MB, 16 * MB))
+        .collect();
+    Prepared::new(trace(&rows), MB)
+}
+
 /// Black-box finding: one sequential pass with a top tier smaller than the readahead
 /// window and a lower memory tier that holds the whole file lost every prefetched
 /// block (evicted from the top while in flight, so never demoted): precision 0, slower
 /// than no prefetch. Blocks in flight go down too, and their reads wait for the GET.
 #[test]
 fn prefetched_blocks_evicted_in_flight_land_in_the_lower_tier() {
-    let rows: Vec<_> = (0..16u64)
-        .map(|i| (i * MS, "j", "f", i * MB, MB, 16 * MB))
-        .collect();
-    let t = trace(&rows);
-    let p = Prepared::new(t.clone(), MB);
+    let p = one_pass_over_16_blocks();
     for kind in ["memory", "disk"] {
         let cfg = ReplayConfig {
             lower: vec![LevelModel::new(kind, 16 * MB).expect("level")],
@@ -468,11 +472,7 @@ fn prefetched_blocks_evicted_in_flight_land_in_the_lower_tier() {
 /// fetched and counted; a first read hits only what a prefetch brought.
 #[test]
 fn a_block_the_top_cannot_hold_is_prefetched_into_the_disk_for_real() {
-    let rows: Vec<_> = (0..16u64)
-        .map(|i| (i * MS, "j", "f", i * MB, MB, 16 * MB))
-        .collect();
-    let t = trace(&rows);
-    let p = Prepared::new(t.clone(), MB);
+    let p = one_pass_over_16_blocks();
     let cfg = ReplayConfig {
         lower: vec![LevelModel::new("disk", 16 * MB).expect("disk")],
         ..ReplayConfig::new(1_000_000)
