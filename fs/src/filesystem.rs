@@ -131,8 +131,8 @@ pub struct CoreOptions {
     /// Memory for cached attributes and listings: half for each, every entry weighed
     /// by its estimated footprint ([`attr_weight`], [`listing_weight`]: its names and
     /// versions and the caches' own cost per entry), so a listing of 200,000 names
-    /// weighs what it holds, not one entry. 512 MiB: ~900,000 names listed and stat'ed
-    /// (~580 B each in both caches). The daemon sets an eighth of its memory limit
+    /// weighs what it holds, not one entry. 512 MiB: ~700,000 names listed and stat'ed
+    /// (~750 B each in both caches, as weighed). The daemon sets an eighth of its memory limit
     /// (black-box finding: entry counts alone let 400,000 names take 575 MB, and the
     /// daemon was OOM-killed in a 400 MiB cgroup by `find` over the mount).
     pub metadata_bytes: u64,
