@@ -1293,10 +1293,7 @@ impl BackingStore {
             // of the store's fsync failed the close, the object stayed, and the retry
             // got EPERM). It was new, so nothing older is lost with it.
             if let Some((_, file)) = self.local_file_of(path) {
-                if let Err(rm) = tokio::fs::remove_file(&file).await {
-                    tracing::warn!(file = %file.display(), error = %rm,
-                        "cannot remove an object whose sync failed");
-                }
+                remove_unsynced(&file).await;
             }
             return Err(e);
         }
@@ -2596,6 +2593,15 @@ fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
         }
     }
     ok
+}
+
+/// Removes a new object's file whose sync failed (the caller is told the write failed,
+/// and a failed create leaves no object); a failure to is only logged.
+pub(crate) async fn remove_unsynced(file: &std::path::Path) {
+    if let Err(rm) = tokio::fs::remove_file(file).await {
+        tracing::warn!(file = %file.display(), error = %rm,
+            "cannot remove an object whose sync failed");
+    }
 }
 
 /// Syncs `file` and the folders from its own up to `root` (see

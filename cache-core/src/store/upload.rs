@@ -261,10 +261,7 @@ impl StreamingUpload {
                         if synced.is_err() && self.new_object {
                             // Black-box finding: a 50 MB file's failed sync left the
                             // object, and the close's retry met EEXIST.
-                            if let Err(rm) = tokio::fs::remove_file(&file).await {
-                                tracing::warn!(file = %file.display(), error = %rm,
-                                    "cannot remove an object whose sync failed");
-                            }
+                            super::remove_unsynced(&file).await;
                         }
                         synced
                     }

@@ -536,6 +536,20 @@ fn num(s: &str) -> Option<i64> {
     }
 }
 
+/// The descriptors a `pipe`, `pipe2` or `socketpair` made: its `[3, 4]` argument.
+fn fd_pair(c: &Call<'_>) -> Vec<i64> {
+    c.args
+        .iter()
+        .find(|s| s.starts_with('['))
+        .map(|s| {
+            s.trim_matches(['[', ']'])
+                .split(',')
+                .filter_map(|x| num(x.trim()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The descriptors a `sendmsg` sent or a `recvmsg` received: the numbers in
 /// `cmsg_data=[...]` of its `SCM_RIGHTS` control messages.
 fn scm_rights_fds(c: &Call<'_>) -> Vec<i64> {
@@ -946,17 +960,7 @@ impl<L: Lookup> Parser<'_, L> {
             "socketpair" => {
                 // `socketpair(AF_UNIX, SOCK_STREAM, 0, [3, 4])`: two linked ends, so a
                 // descriptor sent on one is known where it is received.
-                let ends: Vec<i64> = c
-                    .args
-                    .iter()
-                    .find(|s| s.starts_with('['))
-                    .map(|s| {
-                        s.trim_matches(['[', ']'])
-                            .split(',')
-                            .filter_map(|x| num(x.trim()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let ends = fd_pair(c);
                 if let [x, y] = ends[..] {
                     let (ox, oy) = (self.new_ofd(None, None), self.new_ofd(None, None));
                     self.ofds[ox].peer = Some(oy);
@@ -982,17 +986,8 @@ impl<L: Lookup> Parser<'_, L> {
                 }
             }
             "pipe" | "pipe2" => {
-                // `pipe2([3, 4], 0)` / `socketpair(..., [3, 4])`: both fds now mean a pipe.
-                let arr = c.args.iter().find(|s| s.starts_with('['));
-                for fd in arr
-                    .map(|s| {
-                        s.trim_matches(['[', ']'])
-                            .split(',')
-                            .filter_map(|x| num(x.trim()))
-                    })
-                    .into_iter()
-                    .flatten()
-                {
+                // `pipe2([3, 4], 0)`: both fds now mean a pipe.
+                for fd in fd_pair(c) {
                     self.drop_fd(p, fd);
                 }
             }
