@@ -301,15 +301,58 @@ pub struct DirEntry {
     pub entry: Entry,
 }
 
-/// An open directory: its path and the entries its opendir listed.
+/// An open directory: its path and what its opendir listed. Its entries are made
+/// (and their inodes numbered) as readdir reaches them, not at the opendir: a folder
+/// of 300,000 names held each entry twice more (an entry with its attributes, an
+/// inode) for as long as it was open, ~1.1 KB per name at the peak of one `ls -f`
+/// (measured; the listing itself is shared with the listing cache).
 struct OpenDir {
     ino: u64,
     path: Arc<str>,
-    entries: Vec<DirEntry>,
+    /// `.` and `..`, offsets 0 and 1.
+    dots: [Entry; 2],
+    listing: Arc<Listing>,
+    /// Files being written here, sorted by name: shown with their current size over a
+    /// listed version of the same name.
+    written_over: Vec<(String, Meta)>,
+    /// What is being written here and was not listed, sorted by name: after the
+    /// listed entries.
+    written_extra: Vec<(String, Meta)>,
     /// The change number before its listing was read ([`FsCore::changing`]).
     listed_at: u64,
     /// A read from its start was answered: the next one is a rewind (`rewinddir`).
     read_from_start: std::sync::atomic::AtomicBool,
+    /// The inodes of the entries its last read handed out: kept by the sweep while
+    /// the folder is open, so a program that lists and then stats (`ls -i`, `find`)
+    /// finds the numbers it was given.
+    handed_out: Mutex<Vec<u64>>,
+}
+
+impl OpenDir {
+    /// Entries besides `.` and `..`.
+    fn len(&self) -> usize {
+        self.listing.entries.len() + self.written_extra.len()
+    }
+
+    /// Entry `i` besides `.` and `..` (its offset cookie is `i + 3`).
+    fn entry(&self, i: usize) -> Option<(&str, &Meta)> {
+        let listed = self.listing.entries.len();
+        if i >= listed {
+            return self
+                .written_extra
+                .get(i - listed)
+                .map(|(n, m)| (n.as_str(), m));
+        }
+        let (name, meta) = &self.listing.entries[i];
+        let meta = match self
+            .written_over
+            .binary_search_by(|(w, _)| w.as_str().cmp(name))
+        {
+            Ok(w) => &self.written_over[w].1,
+            Err(_) => meta,
+        };
+        Some((name.as_str(), meta))
+    }
 }
 
 /// What a core's metadata caches hold ([`FsCore::metadata_cached`]).
@@ -381,6 +424,30 @@ fn listing_weight(path: &str, l: &Listing) -> u32 {
     u32::try_from(128 + path.len() + entries).unwrap_or(u32::MAX)
 }
 
+/// An open directory's entry: `.` or `..` as its opendir answered them, or a listed
+/// name's metadata as listed (or being written).
+enum DotOr<'a> {
+    Dot(Entry),
+    Listed(&'a Meta),
+}
+
+/// The entries of `dir` from cookie `offset` on, at most `max`: (cookie of the entry
+/// itself, name, what it is).
+fn dir_entries(
+    dir: &OpenDir,
+    offset: u64,
+    max: usize,
+) -> impl Iterator<Item = (u64, &str, DotOr<'_>)> {
+    let end = dir.len() as u64 + 2;
+    (offset..end).take(max).filter_map(move |at| match at {
+        0 => Some((at, ".", DotOr::Dot(dir.dots[0]))),
+        1 => Some((at, "..", DotOr::Dot(dir.dots[1]))),
+        _ => dir
+            .entry(at as usize - 2)
+            .map(|(name, meta)| (at, name, DotOr::Listed(meta))),
+    })
+}
+
 fn meta_weight(m: &Meta) -> usize {
     match m {
         Meta::File(o) => 64 + o.path.len() + o.version.len(),
@@ -423,18 +490,20 @@ struct InodeTable {
     /// path gets its number back when it is looked up again (black-box finding: after
     /// the kernel forgot them, every file came back under a new inode number, and git
     /// saw its whole index stat-dirty and re-hashed the tree). At most
-    /// [`FORGOTTEN_NUMBERS`], oldest first out.
+    /// `forgotten_max`, oldest first out.
     forgotten: HashMap<Arc<str>, (u64, Kind)>,
     forgotten_order: std::collections::VecDeque<Arc<str>>,
+    forgotten_max: usize,
 }
 
 /// Inode numbers remembered for paths the kernel forgot: 131,072 (a few MB of paths),
 /// a dataset's worth of files; past it a path forgotten long ago gets a new number, as
-/// every path did before.
+/// every path did before. Fewer where the unreferenced inodes' budget is smaller (a
+/// remembered number costs about what an unreferenced inode does).
 const FORGOTTEN_NUMBERS: usize = 1 << 17;
 
 impl InodeTable {
-    fn new(root: Arc<str>) -> Self {
+    fn new(root: Arc<str>, max_inodes: usize) -> Self {
         let generation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
@@ -442,6 +511,7 @@ impl InodeTable {
         let mut t = InodeTable {
             generation,
             next: ROOT_INO + 1,
+            forgotten_max: max_inodes.clamp(1, FORGOTTEN_NUMBERS),
             ..Default::default()
         };
         t.nodes.insert(
@@ -630,7 +700,7 @@ impl InodeTable {
                 }
                 // The order may name a path twice (forgotten, found, forgotten again):
                 // bounding it bounds the map, at worst dropping a number early.
-                while self.forgotten_order.len() > FORGOTTEN_NUMBERS {
+                while self.forgotten_order.len() > self.forgotten_max {
                     if let Some(p) = self.forgotten_order.pop_front() {
                         self.forgotten.remove(&p);
                     }
@@ -653,6 +723,13 @@ impl InodeTable {
             .collect();
         for &ino in &idle {
             self.drop_node(ino);
+        }
+        // A table that held a large folder's entries keeps its room after they go
+        // (21 MB for 300,000 names, measured): given back once mostly empty.
+        let len = self.nodes.len();
+        if self.nodes.capacity() > 4 * len.max(1024) {
+            self.nodes.shrink_to(2 * len);
+            self.by_path.shrink_to(2 * len);
         }
         idle.len()
     }
@@ -767,6 +844,10 @@ pub struct FsCore {
     inodes: parking_lot::RwLock<InodeTable>,
     attrs: moka::future::Cache<Arc<str>, Meta>,
     listings: moka::future::Cache<Arc<str>, Arc<Listing>>,
+    /// The listing cache's capacity in weighed bytes: a listing larger is not put in
+    /// it (the cache would drop it at its next upkeep, holding it until then; 300,000
+    /// names held ~90 MB after `ls -f` ended, measured).
+    listings_capacity: u64,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     /// Paths (and their folders) this mount changed, with the number of the change
@@ -967,13 +1048,14 @@ impl FsCore {
             listing_log,
             logged: Mutex::new((!logged.is_empty()).then(|| Arc::new(logged))),
             reader,
-            inodes: parking_lot::RwLock::new(InodeTable::new(root.clone())),
+            inodes: parking_lot::RwLock::new(InodeTable::new(root.clone(), opts.max_inodes)),
             root,
             opts,
             mounted_at: SystemTime::now(),
             started: Instant::now(),
             attrs,
             listings,
+            listings_capacity: share,
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             // 65,536 changes, each kept 10 minutes: far more than a listing or HEAD in
@@ -1464,7 +1546,8 @@ impl FsCore {
                 .collect();
             log.append(path, listing.exists, logged);
         }
-        if !self.changed_since(path, started) {
+        let fits = u64::from(listing_weight(path, &listing)) <= self.listings_capacity;
+        if fits && !self.changed_since(path, started) {
             self.listings.insert(path.clone(), listing.clone()).await;
             if self.changed_since(path, started) {
                 self.listings.invalidate(path).await;
@@ -1574,8 +1657,8 @@ impl FsCore {
     }
 
     /// Keeps the table within `max_inodes` by dropping unreferenced inodes, except
-    /// those of open files and every entry of an open directory (a READDIRPLUS reply
-    /// may still hand them to the kernel). A sweep that leaves the table over a quarter
+    /// those of open files and the entries an open directory's last read handed out.
+    /// A sweep that leaves the table over a quarter
     /// of the bound above it is not retried until the table grows by that much (the
     /// kernel's own references alone may exceed the bound: no sweep per opendir then).
     fn sweep_inodes(&self) {
@@ -1587,7 +1670,7 @@ impl FsCore {
         let mut keep: std::collections::HashSet<u64> =
             self.files.lock().values().map(|h| h.ino).collect();
         for dir in self.dirs.lock().values() {
-            keep.extend(dir.entries.iter().map(|e| e.entry.attr.ino));
+            keep.extend(dir.handed_out.lock().iter().copied());
         }
         let mut inodes = self.inodes.write();
         let swept = inodes.sweep(self.opts.max_inodes, &keep);
@@ -1703,51 +1786,38 @@ impl FsCore {
             },
             ..self_entry
         };
-        let mut out = Vec::with_capacity(listing.entries.len() + 2);
-        out.push(DirEntry {
-            name: ".".into(),
-            offset: 1,
-            entry: self_entry,
-        });
-        out.push(DirEntry {
-            name: "..".into(),
-            offset: 2,
-            entry: parent_entry,
-        });
         let mut written = self
             .writes
             .as_ref()
             .map(|w| w.children(&node.path))
             .unwrap_or_default();
+        written.sort_by(|a, b| a.0.cmp(&b.0));
+        written.dedup_by(|a, b| a.0 == b.0);
         // What is being written here shows its current size over any listed version.
-        written.retain(|(n, m)| {
+        let (written_over, written_extra) = written.into_iter().partition(|(n, m)| {
             matches!(m, Meta::File(_))
-                || listing
+                && listing
                     .entries
                     .binary_search_by(|(e, _)| e.as_str().cmp(n))
-                    .is_err()
+                    .is_ok()
         });
-        written.sort_by(|a, b| a.0.cmp(&b.0));
-        let listed = listing.entries.iter().filter(|(n, _)| {
-            written
-                .binary_search_by(|(w, _)| w.as_str().cmp(n))
+        let mut written_extra: Vec<(String, Meta)> = written_extra;
+        written_extra.retain(|(n, _)| {
+            listing
+                .entries
+                .binary_search_by(|(e, _)| e.as_str().cmp(n))
                 .is_err()
         });
-        for (name, meta) in listed.chain(written.iter()) {
-            let path = self.child_path(&node.path, name);
-            let entry = self.entry_for(&path, meta, false)?;
-            out.push(DirEntry {
-                name: name.clone(),
-                offset: out.len() as u64 + 1,
-                entry,
-            });
-        }
         Ok(OpenDir {
             ino,
             path: node.path.clone(),
-            entries: out,
+            dots: [self_entry, parent_entry],
+            listing,
+            written_over,
+            written_extra,
             listed_at,
             read_from_start: std::sync::atomic::AtomicBool::new(false),
+            handed_out: Mutex::new(Vec::new()),
         })
     }
 
@@ -1783,13 +1853,25 @@ impl FsCore {
     /// (READDIR; the kernel links none).
     pub async fn readdir(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         let dir = self.dir_at(fh, offset).await?;
-        Ok(dir
-            .entries
-            .iter()
-            .skip(offset as usize)
-            .take(max)
-            .cloned()
-            .collect())
+        let mut out = Vec::new();
+        for (at, name, meta) in dir_entries(&dir, offset, max) {
+            let entry = match meta {
+                DotOr::Dot(e) => e,
+                // Gone since it was listed: left out (its cookie stays unused).
+                DotOr::Listed(Meta::Missing) => continue,
+                DotOr::Listed(meta) => {
+                    self.entry_for(&self.child_path(&dir.path, name), meta, false)?
+                }
+            };
+            out.push(DirEntry {
+                name: name.to_string(),
+                offset: at + 1,
+                entry,
+            });
+        }
+        *dir.handed_out.lock() = out.iter().map(|e| e.entry.attr.ino).collect();
+        self.sweep_inodes();
+        Ok(out)
     }
 
     /// [`Self::readdir`] for READDIRPLUS, whose entries the kernel links into its
@@ -1805,12 +1887,19 @@ impl FsCore {
     pub async fn readdir_plus(&self, fh: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         let dir = self.dir_at(fh, offset).await?;
         let mut out = Vec::new();
-        for e in dir.entries.iter().skip(offset as usize).take(max) {
-            if e.name == "." || e.name == ".." {
-                out.push(e.clone());
-                continue;
-            }
-            let path = self.child_path(&dir.path, &e.name);
+        for (at, name, listed) in dir_entries(&dir, offset, max) {
+            let listed = match listed {
+                DotOr::Dot(e) => {
+                    out.push(DirEntry {
+                        name: name.to_string(),
+                        offset: at + 1,
+                        entry: e,
+                    });
+                    continue;
+                }
+                DotOr::Listed(meta) => meta,
+            };
+            let path = self.child_path(&dir.path, name);
             let known = match self.written_meta(&path) {
                 Some(m) => Some(m),
                 None => self.attrs.get(&path).await,
@@ -1821,17 +1910,15 @@ impl FsCore {
                 None => {
                     // Nothing newer known (its attributes expired): the listing's
                     // entry, if this mount has not changed the name since it was
-                    // listed and its inode still names the path; otherwise the name as
-                    // it is now. Left out instead, a name that existed throughout (a
-                    // file saved by rename over it, rewritten, or read at a newer
-                    // version) was missing from listings with `--metadata-ttl 0`, and
-                    // a folder whose one file was re-saved listed as ENOENT
-                    // (black-box finding).
-                    let current = self.inodes.read().by_path.get(&path).copied();
-                    if current == Some(e.entry.attr.ino)
-                        && !self.changed_since(&path, dir.listed_at)
+                    // listed and no inode names the path as something else now;
+                    // otherwise the name as it is now. Left out instead, a name that
+                    // existed throughout (a file saved by rename over it, rewritten,
+                    // or read at a newer version) was missing from listings with
+                    // `--metadata-ttl 0`, and a folder whose one file was re-saved
+                    // listed as ENOENT (black-box finding).
+                    if !self.changed_since(&path, dir.listed_at) && self.names_listed(&path, listed)
                     {
-                        e.entry
+                        self.entry_for(&path, listed, false)?
                     } else {
                         match self.meta(&path).await {
                             Ok(Meta::Missing) | Err(_) => continue,
@@ -1847,12 +1934,32 @@ impl FsCore {
                 continue;
             }
             out.push(DirEntry {
-                name: e.name.clone(),
-                offset: e.offset,
+                name: name.to_string(),
+                offset: at + 1,
                 entry,
             });
         }
+        *dir.handed_out.lock() = out.iter().map(|e| e.entry.attr.ino).collect();
+        self.sweep_inodes();
         Ok(out)
+    }
+
+    /// Whether the inode table agrees with what a listing said `path` is: no inode
+    /// names it, or the one that does is of that kind and (a file) that version. A
+    /// newer version looked up since has its own inode, whose size the listed one
+    /// must not set back.
+    fn names_listed(&self, path: &Arc<str>, listed: &Meta) -> bool {
+        let inodes = self.inodes.read();
+        let Some(node) = inodes.by_path.get(path).and_then(|i| inodes.nodes.get(i)) else {
+            return !matches!(listed, Meta::Missing);
+        };
+        match listed {
+            Meta::Dir => node.kind == Kind::Dir,
+            Meta::File(obj) => {
+                node.kind == Kind::File && node.version.as_ref().is_none_or(|v| *v == obj.version)
+            }
+            Meta::Missing => false,
+        }
     }
 
     /// An entry [`Self::readdir_plus`] returned did not fit in the reply: its

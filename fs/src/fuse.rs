@@ -466,8 +466,10 @@ impl Filesystem for FuseFs {
     ) {
         let core = self.core.clone();
         self.dispatch(async move {
-            // Entries are small; a reply buffer holds a few hundred at most.
-            match core.readdir(fh.0, offset, 4096).await {
+            // The kernel's reply buffer is a page: ~100 entries of typical names, 128
+            // of the shortest. Each entry is made (its inode numbered) when asked
+            // for, so ask for what fits, not thousands.
+            match core.readdir(fh.0, offset, 256).await {
                 Ok(entries) => {
                     for e in entries {
                         let kind = match e.entry.attr.kind {
