@@ -3140,6 +3140,65 @@ async fn the_replay_never_puts_a_changed_file_over_a_newer_object() {
     .expect("bounded");
 }
 
+/// Black-box finding (round 20): with `--allow-overwrite`, a file made new (or replaced
+/// whole) and fsync'd before a crash was uploaded by the next start over the newer
+/// object another writer put under its name meanwhile (a job on another mount, or on a
+/// release rolled back to). The record names what the file replaced: the replay
+/// uploads only over that, and drops the older copy otherwise.
+#[tokio::test]
+async fn the_replay_never_puts_a_new_file_over_a_newer_object() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        for name in ["over.bin", "over-quiet.bin"] {
+            put_elsewhere(&fx, &format!("data/{name}"), b"OLD".to_vec()).await;
+        }
+        let dir = c.lookup(ROOT_INO, "data").await.expect("data");
+        let mut crashed = Vec::new();
+        for name in ["new.bin", "new-quiet.bin", "over.bin", "over-quiet.bin"] {
+            let fh = if name.starts_with("new") {
+                c.create(dir.attr.ino, name, 0).await.expect("create").1
+            } else {
+                let e = c.lookup(dir.attr.ino, name).await.expect("lookup");
+                c.open_write(e.attr.ino, true, 0)
+                    .await
+                    .expect("open O_TRUNC")
+                    .fh
+            };
+            c.write(fh, 0, &b"FSYNCD".repeat(100)).expect("write");
+            c.fsync(fh).await.expect("fsync");
+            crashed.push(fh); // never closed, as after a kill
+        }
+        for name in ["new.bin", "over.bin"] {
+            put_elsewhere(&fx, &format!("data/{name}"), b"NEWER".to_vec()).await;
+        }
+        let after = restarted(&fx, staging_dir.clone(), "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while fsync_records(&staging_dir) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for name in ["new-quiet.bin", "over-quiet.bin"] {
+            assert_eq!(
+                stored(&fx, &format!("data/{name}")).await.as_deref(),
+                Some(&b"FSYNCD".repeat(100)[..]),
+                "{name}: nothing newer, uploaded"
+            );
+        }
+        for name in ["new.bin", "over.bin"] {
+            assert_eq!(
+                stored(&fx, &format!("data/{name}")).await.as_deref(),
+                Some(&b"NEWER"[..]),
+                "{name}: the newer object stays"
+            );
+        }
+        assert_eq!(fsync_records(&staging_dir), 0, "the older copies dropped");
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 16b): a rename whose delete of the source was applied but
 /// its answer lost had the retry copy again from the source just deleted, and a rename
 /// that had completed failed ENOENT (also the create-only rename). The copy and the

@@ -191,6 +191,10 @@ pub(super) struct Staged {
     /// The version the next upload replaces: the object an open to change it in place
     /// read, then each upload's own (None: a new file, or one replaced whole).
     base: Mutex<Option<Arc<ObjectInfo>>>,
+    /// For a new file or one replaced whole: what the store held under its name when
+    /// it was made (None: unknown, a file renamed into its name). Its fsync record's
+    /// precondition for the replay after a crash ([`journal::JournalRecord::replaces`]).
+    replaces: Mutex<Option<journal::Replaces>>,
     /// The upload in progress, with the generation it uploads.
     upload: Mutex<Option<(u64, SharedUpload)>>,
     /// The last upload failed (its flush returned the error): release does not retry
@@ -495,6 +499,19 @@ impl Drop for Staged {
 }
 
 impl Staged {
+    /// What a replay of this file's fsync record may upload over: the object its last
+    /// upload made, or what the name held when it was made (None where [`Self::base`]
+    /// decides, for a file changed in place, or where it is unknown).
+    fn replaces_now(&self) -> Option<journal::Replaces> {
+        if self.base.lock().is_some() {
+            return None;
+        }
+        if let Some((_, _, obj)) = self.last.lock().as_ref() {
+            return Some(journal::Replaces::Version(obj.version.to_string()));
+        }
+        self.replaces.lock().clone()
+    }
+
     /// Waits for the upload under way, if any (its result is its caller's); says
     /// whether there was one.
     pub(super) async fn upload_done(&self) -> bool {
@@ -840,6 +857,7 @@ impl Writes {
             uploaded: AtomicU64::new(0),
             last: Mutex::new(None),
             base: Mutex::new(None),
+            replaces: Mutex::new(None),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
             unanswered: AtomicBool::new(false),
@@ -1048,8 +1066,9 @@ impl FsCore {
         staged.break_stream();
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
-        // Under its new name it replaces whatever is there whole.
+        // Under its new name it replaces whatever is there whole (unknown here).
         *staged.base.lock() = None;
+        *staged.replaces.lock() = None;
         if uploaded {
             // The object under `from` moves to `to` (until the close replaces it there),
             // unless the file may only be created under `to`: a crash or a failed upload
@@ -1205,15 +1224,21 @@ impl FsCore {
             // created, not at the close's upload (black-box finding: `echo data >
             // link` exited 0, the close's EINVAL unseen by the shell, the data dropped).
             self.reader.store().local_write_inside(&path).await?;
-            match self.meta(&path).await? {
+            let replaces = match self.meta(&path).await? {
                 Meta::Dir => return Err(Error::IsDir(path.to_string())),
                 Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
                     return Err(Error::Exists(path.to_string()))
                 }
-                Meta::Missing if keeps => self.still_missing(&path).await?,
-                _ => {}
-            }
+                Meta::File(obj) => journal::Replaces::Version(obj.version.to_string()),
+                Meta::Missing => {
+                    if keeps {
+                        self.still_missing(&path).await?;
+                    }
+                    journal::Replaces::Nothing
+                }
+            };
             let staged = self.stage_making_room(writes, &path, pid, false)?;
+            *staged.replaces.lock() = Some(replaces);
             if !writes.moves.covers(&path) {
                 break (path, staged);
             }
@@ -1306,6 +1331,8 @@ impl FsCore {
         staged.ino.store(ino, Ordering::Release);
         if !truncate {
             *staged.base.lock() = Some(obj.clone());
+        } else {
+            *staged.replaces.lock() = Some(journal::Replaces::Version(obj.version.to_string()));
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {

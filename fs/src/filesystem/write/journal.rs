@@ -70,7 +70,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use strata_cache_core::CacheError;
+use strata_cache_core::{CacheError, ObjectInfo};
 
 use super::{Staged, Writes};
 use crate::error::{Error, Result};
@@ -132,6 +132,22 @@ pub(crate) struct JournalRecord {
     /// version, plus the append, over the newer object). None: a new file, or one
     /// replaced whole.
     pub base: Option<String>,
+    /// For a new file or one replaced whole: what the store held under the name when
+    /// it was made (or last uploaded); the replay uploads it only over that (black-box
+    /// finding: with `--allow-overwrite`, a checkpoint fsync'd before a crash was put
+    /// back over the newer one a job wrote through another mount, or through a release
+    /// rolled back to, while this one was down). None: an older release's record, or a
+    /// file renamed into its name (unknown).
+    pub replaces: Option<Replaces>,
+}
+
+/// What a file replaced whole replaces ([`JournalRecord::replaces`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Replaces {
+    /// No object had the name.
+    Nothing,
+    /// The object of this version.
+    Version(String),
 }
 
 /// The bytes an fsync made durable (see [`JournalRecord::synced`]).
@@ -167,6 +183,23 @@ pub(super) fn record_path(file: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// Whether store object `obj` was last modified before staged file `file` was made
+/// (with a second's slack for clocks; false where the file system keeps no birth time).
+fn older_than_file(obj: &ObjectInfo, file: &std::fs::File) -> bool {
+    let born = file
+        .metadata()
+        .and_then(|m| m.created())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    match born {
+        Some(born) => {
+            let born_ns = i64::try_from(born.as_nanos()).unwrap_or(i64::MAX);
+            obj.last_modified_unix_ns < born_ns.saturating_sub(1_000_000_000)
+        }
+        None => false,
+    }
+}
+
 /// The JSON of `record` (a slot's payload).
 fn record_json(record: &JournalRecord) -> io::Result<Vec<u8>> {
     serde_json::to_vec(&serde_json::json!({
@@ -178,6 +211,11 @@ fn record_json(record: &JournalRecord) -> io::Result<Vec<u8>> {
         "crc32c": record.synced.map(|s| s.crc),
         "epoch": record.epoch,
         "base": record.base,
+        "replaces": match &record.replaces {
+            None => serde_json::Value::Null,
+            Some(Replaces::Nothing) => serde_json::json!({ "nothing": true }),
+            Some(Replaces::Version(v)) => serde_json::json!({ "version": v }),
+        },
     }))
     .map_err(io::Error::other)
 }
@@ -295,6 +333,12 @@ fn parse_record_json(bytes: &[u8]) -> Option<JournalRecord> {
         },
         epoch: v.get("epoch").and_then(|s| s.as_str()).map(String::from),
         base: v.get("base").and_then(|s| s.as_str()).map(String::from),
+        replaces: v
+            .get("replaces")
+            .and_then(|r| match r.get("version").and_then(|v| v.as_str()) {
+                Some(version) => Some(Replaces::Version(version.to_string())),
+                None => (r.get("nothing")?.as_bool()?).then_some(Replaces::Nothing),
+            }),
     })
 }
 
@@ -416,6 +460,9 @@ impl Staged {
             Some(r) => r.epoch.clone(),
             None => page_cache_epoch(&self.file),
         };
+        // (Each lock taken and let go on its own: `replaces_now` takes `base` too.)
+        let base = self.base.lock().as_ref().map(|b| b.version.to_string());
+        let replaces = self.replaces_now();
         let json = record_json(&JournalRecord {
             path: path.to_string(),
             only_if_absent,
@@ -423,7 +470,8 @@ impl Staged {
             mountpoint: self.mountpoint.as_deref().map(String::from),
             synced: Some(synced),
             epoch: epoch.clone(),
-            base: self.base.lock().as_ref().map(|b| b.version.to_string()),
+            base,
+            replaces,
         })?;
         write_record(&self.file_path, &mut open, &json, epoch)?;
         *self.journaled.lock() = now;
@@ -720,7 +768,7 @@ impl super::FsCore {
                         // replaced, then `rm`, and the next start brought the old bytes
                         // back under the name).
                         Err(Error::Cache(CacheError::Exists(_))) => {
-                            tracing::warn!(path = %j.record.path, "a file fsync'd {when}: another object took its name since; its fsync'd copy dropped");
+                            tracing::warn!(path = %j.record.path, "a file fsync'd {when}: another object took its name, or it was removed, since; its fsync'd copy dropped");
                             j.done();
                         }
                         Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
@@ -801,27 +849,58 @@ impl super::FsCore {
                 Err(e) => return Err(e.into()),
             }
         }
-        let shape = strata_cache_core::store::UploadShape {
-            part_size: opts.part_size,
-            in_flight: opts.parts_in_flight,
-            slots: Some(self.writes()?.upload_slots.clone()),
-            only_if_absent: j.record.only_if_absent,
-        };
-        let uploaded = self
-            .reader
-            .store()
-            .upload(&j.record.path, size, &shape, |offset, len| {
-                let file = file.clone();
-                async move { super::stream::read_part(file, offset, len).await }
-            })
-            .await;
-        match uploaded {
-            // Counted as the mount's, as a close's upload is (black-box finding: the
-            // replay's uploads were missing from `strata stats` and /metrics).
-            Ok(_) => self.counters.uploaded(size),
-            // An earlier start's upload of it landed (killed before the record went).
-            Err(CacheError::Exists(_)) if self.store_holds(&j.record.path, &file, size).await? => {}
-            Err(e) => return Err(e.into()),
+        // Replaced whole: only over what it replaced. Anything else there now was put
+        // by a later writer (its own earlier upload of these bytes aside), and what the
+        // fsync kept is older than that: dropped, as a create-only upload's is. An
+        // object older than the file itself is no later writer's: the mount's cached
+        // metadata may not have known it when the file was made.
+        let mut landed = false;
+        if let Some(replaces) = &j.record.replaces {
+            let now = match self.reader.store().head(&j.record.path).await {
+                Ok(now) => Some(now),
+                Err(CacheError::NotFound(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            let same = match (replaces, &now) {
+                (Replaces::Nothing, None) => true,
+                (Replaces::Version(v), Some(now)) => *now.version == **v,
+                (_, Some(now)) => older_than_file(now, &file),
+                (Replaces::Version(_), None) => false,
+            };
+            if !same {
+                if now.is_none() || !self.store_holds(&j.record.path, &file, size).await? {
+                    return Err(Error::Cache(CacheError::Exists(format!(
+                        "{}: written or removed in the store since this file was made",
+                        j.record.path
+                    ))));
+                }
+                landed = true;
+            }
+        }
+        if !landed {
+            let shape = strata_cache_core::store::UploadShape {
+                part_size: opts.part_size,
+                in_flight: opts.parts_in_flight,
+                slots: Some(self.writes()?.upload_slots.clone()),
+                only_if_absent: j.record.only_if_absent,
+            };
+            let uploaded = self
+                .reader
+                .store()
+                .upload(&j.record.path, size, &shape, |offset, len| {
+                    let file = file.clone();
+                    async move { super::stream::read_part(file, offset, len).await }
+                })
+                .await;
+            match uploaded {
+                // Counted as the mount's, as a close's upload is (black-box finding: the
+                // replay's uploads were missing from `strata stats` and /metrics).
+                Ok(_) => self.counters.uploaded(size),
+                // An earlier start's upload of it landed (killed before the record went).
+                Err(CacheError::Exists(_))
+                    if self.store_holds(&j.record.path, &file, size).await? => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         let path: Arc<str> = Arc::from(j.record.path.as_str());
         if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
@@ -937,6 +1016,7 @@ mod tests {
                 synced: None,
                 epoch: None,
                 base: None,
+                replaces: None,
             };
             (
                 Journaled {
