@@ -572,7 +572,10 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
 /// client's put into `a:m-x` was read by tenant `a` as its own `m-x`, and its binding
 /// of `a:m-y` refused tenant `a`'s model in its own namespace; the other way round,
 /// tenants' blocks would be open to any client). A file from before the mode was
-/// recorded is taken as written in the mode of this start.
+/// recorded (a release before 2026-12-05) says nothing of the mode: its blocks and
+/// bindings go too, unless it has none (black-box finding: an upgrade that also turned
+/// tenants on served a client's `acme:secret` to tenant `acme`, and one that turned
+/// them off served tenant `acme`'s blocks to any client).
 pub async fn drop_blocks_if_tenancy_changed(
     file: &Path,
     engine: &CacheEngine,
@@ -597,14 +600,20 @@ pub async fn drop_blocks_if_tenancy_changed(
         tenants: Some(tenants),
         ..marks
     };
-    let (dropped, kept) = if marks.tenants.is_some() {
-        let blocks = engine.resident_kv();
-        tracing::warn!(file = %file.display(), blocks = blocks.len(), bindings = bindings.len(),
-            tenants, "the KV cache was last served {} tenants: dropping its blocks and model-identity bindings, which belong to other clients' key spaces",
-            if tenants { "without" } else { "with" });
-        (remove_kv_blocks(engine, blocks).await, HashMap::new())
-    } else {
-        (0, bindings.into_iter().map(|(k, v)| (k, (v, 0))).collect())
+    let blocks = engine.resident_kv();
+    let (dropped, kept) = match marks.tenants {
+        Some(_) => {
+            tracing::warn!(file = %file.display(), blocks = blocks.len(), bindings = bindings.len(),
+                tenants, "the KV cache was last served {} tenants: dropping its blocks and model-identity bindings, which belong to other clients' key spaces",
+                if tenants { "without" } else { "with" });
+            (remove_kv_blocks(engine, blocks).await, HashMap::new())
+        }
+        None if blocks.is_empty() && bindings.is_empty() => (0, HashMap::new()),
+        None => {
+            tracing::warn!(file = %file.display(), blocks = blocks.len(), bindings = bindings.len(),
+                tenants, "the KV cache was last served by a release that did not record whether it had tenants: dropping its blocks and model-identity bindings, which may belong to another key space");
+            (remove_kv_blocks(engine, blocks).await, HashMap::new())
+        }
     };
     if let Err(e) = write_atomically(file, encode(&kept, now).as_bytes()) {
         tracing::error!(file = %file.display(), error = %e, "could not record the tenancy mode in the KV namespace identities file");
@@ -619,7 +628,7 @@ async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
         return 0;
     }
     tracing::error!(file = %file.display(), blocks = blocks.len(),
-        "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model");
+        "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model (releases before 2026-12-05 wrote no such file while no model identity was bound: an upgrade from one drops its KV blocks once)");
     remove_kv_blocks(engine, blocks).await
 }
 
@@ -920,8 +929,9 @@ mod tests {
 
     /// Black-box finding (round 13): blocks and bindings made without tenants under
     /// `a:m-x` were tenant `a`'s own `m-x` once tenants were configured over the same
-    /// cache dir. A start in the other mode drops them; a start in the same mode, or
-    /// over a file from before the mode was recorded, keeps them.
+    /// cache dir. A start in the other mode drops them, and so does one over a file from
+    /// before the mode was recorded (round 20: an upgrade that switched the mode leaked
+    /// blocks across); a start in the same mode keeps them.
     #[tokio::test]
     async fn a_switch_of_tenancy_drops_the_blocks_and_bindings_of_the_other_mode() {
         use strata_cache_core::{AccessContext, CacheKey};
@@ -977,16 +987,30 @@ mod tests {
         assert_eq!(dropped, 1);
         assert_eq!(b.bound("a:m-y"), None);
         drop(b);
-        // A file from before the mode was recorded: taken as this start's mode.
-        put().await;
-        std::fs::write(f, r#"{"version": 1, "bindings": {}}"#).expect("write");
-        let (dropped, _) = start(true).await;
-        assert_eq!(dropped, 0);
-        assert!(engine.contains(&key));
-        assert_eq!(
-            marks_of(&std::fs::read_to_string(f).expect("read")).tenants,
-            Some(true)
-        );
+        // A file from before the mode was recorded, either way: the blocks and
+        // bindings go; the mode is recorded from then on.
+        for tenants in [true, false] {
+            put().await;
+            std::fs::write(
+                f,
+                format!(
+                    r#"{{"version": 1, "bindings": {{"a:m-y": "{}"}}}}"#,
+                    hex::encode(A)
+                ),
+            )
+            .expect("write");
+            let (dropped, b) = start(tenants).await;
+            assert_eq!(dropped, 1, "tenants {tenants}");
+            assert!(!engine.contains(&key));
+            assert_eq!(b.bound("a:m-y"), None);
+            drop(b);
+            assert_eq!(
+                marks_of(&std::fs::read_to_string(f).expect("read")).tenants,
+                Some(tenants)
+            );
+            let (dropped, _) = start(tenants).await;
+            assert_eq!(dropped, 0, "recorded: the next start in that mode keeps");
+        }
     }
 
     /// Black-box finding (round 11): a binding made while the group could not be asked
