@@ -738,3 +738,38 @@ async fn a_body_the_store_fails_each_time_fails_with_its_error_after_the_attempt
         started.elapsed()
     );
 }
+
+/// Black-box findings (round 20): a failed request of one mount showed in every mount's
+/// `store_failures` (the mounts' handles shared one count), and a multipart upload
+/// that failed on the store was not counted at all. Handles made apart count apart,
+/// and an upload that fails counts once.
+#[tokio::test]
+async fn each_handle_counts_its_own_failures_uploads_included() {
+    let (store, f, obj) = faulty_holding(FaultConfig::default(), "seed", Bytes::from("x")).await;
+    let (one, two) = (
+        store.clone().with_own_failure_count(),
+        store.clone().with_own_failure_count(),
+    );
+    f.set_config(FaultConfig {
+        fail_parts_after: Some(2),
+        ..Default::default()
+    });
+    let body = Bytes::from(vec![7u8; 64]);
+    one.upload("broken", 64, &shape(8, 2), |off, len| {
+        let b = body.slice(off as usize..off as usize + len);
+        async move { Ok(b) }
+    })
+    .await
+    .expect_err("parts fail");
+    assert_eq!((one.failures(), two.failures()), (1, 0), "the upload, once");
+    f.set_config(FaultConfig {
+        down: true,
+        ..Default::default()
+    });
+    two.get_range(&obj, 0..1).await.expect_err("down");
+    assert_eq!(
+        (one.failures(), two.failures()),
+        (1, 1),
+        "the read, its handle's"
+    );
+}

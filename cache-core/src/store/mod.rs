@@ -150,6 +150,9 @@ pub struct BackingStore {
     /// Ranged GETs that returned data and their bytes, shared by every clone of this
     /// handle (the cache group's "fetched from the store once" is read from these).
     reads: Arc<StoreReads>,
+    /// Requests that failed after their retries (or at once, the store paused); see
+    /// [`Self::failures`].
+    failed: Arc<std::sync::atomic::AtomicU64>,
     /// Until when requests fail at once: the store let a whole request's deadline pass
     /// without an answer (see [`RetryPolicy::silent_pause`]). Shared by every clone.
     silent_until: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
@@ -173,8 +176,6 @@ pub struct BackingStore {
 pub struct StoreReads {
     pub gets: std::sync::atomic::AtomicU64,
     pub bytes: std::sync::atomic::AtomicU64,
-    /// Requests that failed after their retries (or at once, the store paused).
-    pub failures: std::sync::atomic::AtomicU64,
 }
 
 impl StoreReads {
@@ -206,6 +207,7 @@ impl BackingStore {
             follow_symlinks: false,
             key_max: None,
             reads: Arc::default(),
+            failed: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
@@ -222,6 +224,7 @@ impl BackingStore {
             store,
             retry,
             reads: Arc::default(),
+            failed: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
@@ -304,11 +307,24 @@ impl BackingStore {
     }
 
     /// Requests through this handle or its clones that failed after their retries
-    /// (a missing object is an answer, not a failure).
+    /// (a missing object is an answer, not a failure), multipart uploads counted as
+    /// one request; since [`Self::with_own_failure_count`], this handle's only.
     pub fn failures(&self) -> u64 {
-        self.reads
-            .failures
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// This handle (and its clones from now on) counts its failed requests apart from
+    /// the handle it came from: a mount's, among the daemon's mounts of one store
+    /// (black-box finding: one mount's failed GETs showed in every mount's
+    /// `store_failures`).
+    pub fn with_own_failure_count(mut self) -> Self {
+        self.failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        self
+    }
+
+    fn count_failure(&self) {
+        self.failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ranged GETs that returned data through this handle or its clones, and their
@@ -404,6 +420,7 @@ impl BackingStore {
             follow_symlinks: opts.follow_symlinks,
             key_max,
             reads: Arc::default(),
+            failed: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             paged: paged_store.map(|p| Arc::new(listing::PagedLister::new(p, &prefix))),
@@ -733,9 +750,7 @@ impl BackingStore {
             match body {
                 Ok(()) => break,
                 Err(e) if !e.transient => {
-                    self.reads
-                        .failures
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.count_failure();
                     return Err(map_store_error(e.error, 1));
                 }
                 Err(e) => {
@@ -753,16 +768,12 @@ impl BackingStore {
                     // 80 s and reported as "object store timed out").
                     errors_in_a_row = if e.answered { errors_in_a_row + 1 } else { 0 };
                     if errors_in_a_row >= self.retry.attempts.max(1) {
-                        self.reads
-                            .failures
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.count_failure();
                         return Err(map_store_error(e.error, errors_in_a_row));
                     }
                     let now = tokio::time::Instant::now();
                     if now + backoff >= progress_at + self.retry.total_timeout {
-                        self.reads
-                            .failures
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.count_failure();
                         if e.answered {
                             return Err(map_store_error(e.error, errors_in_a_row));
                         }
@@ -1337,6 +1348,22 @@ impl BackingStore {
     /// Starts a multipart upload of `path` whose size is not known yet (a file sent
     /// while it is written): see [`StreamingUpload`].
     pub async fn start_upload(&self, path: &str, shape: &UploadShape) -> Result<StreamingUpload> {
+        match self.start_upload_uncounted(path, shape).await {
+            Ok(up) => Ok(up.counting_failures(self.failed.clone())),
+            Err(e) => {
+                if upload::is_store_failure(&e) {
+                    self.count_failure();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_upload_uncounted(
+        &self,
+        path: &str,
+        shape: &UploadShape,
+    ) -> Result<StreamingUpload> {
         let (part_size, in_flight) = (shape.part_size, shape.in_flight);
         if let Some((parts, prefix)) = &self.part_store {
             let location = if prefix.is_empty() {
@@ -1709,9 +1736,7 @@ impl BackingStore {
     {
         let silent = *self.silent_until.lock();
         if silent.is_some_and(|t| tokio::time::Instant::now() < t) {
-            self.reads
-                .failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.count_failure();
             return Err(CacheError::Store {
                 attempts: 0,
                 message: format!(
@@ -1738,9 +1763,7 @@ impl BackingStore {
             r,
             Err(CacheError::Store { .. } | CacheError::StoreTimeout { .. })
         ) {
-            self.reads
-                .failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.count_failure();
         }
         let pause = self.retry.silent_pause;
         // Silent means no answer to anyone meanwhile (black-box finding: one object's

@@ -72,6 +72,9 @@ pub struct StreamingUpload {
     /// The object is new (a create-only upload): removed if that sync fails, so a
     /// failed upload leaves no object (as `BackingStore::put_new` does).
     new_object: bool,
+    /// The store handle's failed-request count: an upload that fails on the store
+    /// counts once (see `BackingStore::failures`).
+    failed: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 enum Sink {
@@ -111,6 +114,15 @@ enum Aborted {
     /// The store knows no such upload: completed (or aborted) already.
     Gone,
     Failed,
+}
+
+/// Whether `e` is the store failing a request after its retries (not a refusal the
+/// caller asked for, nor a local error).
+pub(super) fn is_store_failure(e: &CacheError) -> bool {
+    matches!(
+        e,
+        CacheError::Store { .. } | CacheError::StoreTimeout { .. }
+    )
 }
 
 impl StreamingUpload {
@@ -166,6 +178,7 @@ impl StreamingUpload {
             budget: retry.attempt_timeout * retry.attempts.max(1),
             local_file: None,
             new_object: false,
+            failed: None,
         })
     }
 
@@ -187,7 +200,24 @@ impl StreamingUpload {
             budget,
             local_file,
             new_object,
+            failed: None,
         }
+    }
+
+    /// Counts a failure of this upload on the store in `failed`.
+    pub(super) fn counting_failures(mut self, failed: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        self.failed = Some(failed);
+        self
+    }
+
+    /// `result`, counted if it is the store's failure.
+    fn counted<T>(&self, result: Result<T>) -> Result<T> {
+        if let (Err(e), Some(failed)) = (&result, &self.failed) {
+            if is_store_failure(e) {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        result
     }
 
     fn ended(&self) -> CacheError {
@@ -212,11 +242,22 @@ impl StreamingUpload {
         if result.is_err() {
             self.abort().await;
         }
-        result
+        self.counted(result)
     }
 
     /// Sends what is queued and completes the upload: the object appears now.
     pub async fn finish(mut self) -> Result<()> {
+        let failed = self.failed.take();
+        let result = self.finish_inner().await;
+        if let (Err(e), Some(failed)) = (&result, failed) {
+            if is_store_failure(e) {
+                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    async fn finish_inner(&mut self) -> Result<()> {
         match self.sink.take() {
             None => Err(self.ended()),
             Some(Sink::Parts(mut p)) => match p.finish().await {
