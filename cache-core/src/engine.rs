@@ -133,6 +133,10 @@ struct Level {
     /// counted as hits: taken out of its hits, so a tier's hit ratio is what clients
     /// got (black-box finding: a Prefetch and no Get showed a 0% memory hit ratio).
     quiet_hits: AtomicU64,
+    /// Reads of blocks in place (by device handle, [`CacheEngine::record_read_in_place`]),
+    /// which reach no tier's own counters: hits of the level all the same (black-box
+    /// finding: a GPU tier's reads by handle were KV hits but not GPU-tier hits).
+    in_place_hits: AtomicU64,
     /// Writes skip the level until this instant (nanoseconds since the engine's epoch;
     /// 0: healthy). Set by a device error on a persistent level.
     degraded_until: AtomicU64,
@@ -307,6 +311,7 @@ impl EngineBuilder {
                 evictions: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
                 quiet_hits: AtomicU64::new(0),
+                in_place_hits: AtomicU64::new(0),
                 degraded_until: AtomicU64::new(0),
                 degraded: AtomicBool::new(false),
                 budget_lowered: AtomicBool::new(false),
@@ -564,7 +569,9 @@ impl CacheEngine {
         for level in &self.inner.levels[..i] {
             level.misses.fetch_add(1, Ordering::Relaxed);
         }
-        Some(self.inner.levels[i].tier.kind())
+        let level = &self.inner.levels[i];
+        level.in_place_hits.fetch_add(1, Ordering::Relaxed);
+        Some(level.tier.kind())
     }
 
     /// Which level holds `key` now, if any (fastest first).
@@ -1598,15 +1605,18 @@ impl CacheEngine {
 
     pub fn stats(&self) -> EngineStatsSnapshot {
         let c = &self.inner.counters;
-        let (tracker, guard_periods) = {
+        let (tracker, guard_periods, budgets) = {
             let state = self.inner.state.lock();
+            let budgets: Vec<u64> = (0..self.inner.levels.len())
+                .map(|i| state.level(i).budget())
+                .collect();
             let t = state.tracker();
             let tracker = TrackerStats {
                 observed: t.observed(),
                 streams: t.streams(),
                 recent: t.report(STATS_STREAMS),
             };
-            (tracker, state.policy_guard_periods())
+            (tracker, state.policy_guard_periods(), budgets)
         };
         EngineStatsSnapshot {
             tiers: self
@@ -1614,13 +1624,21 @@ impl CacheEngine {
                 .levels
                 .iter()
                 .zip(guard_periods.into_iter().chain(std::iter::repeat((0, 0))))
-                .map(|(l, (recency, frequency))| {
+                .zip(budgets)
+                .map(|((l, (recency, frequency)), budget)| {
                     let mut t = l.tier.stats();
+                    // A full device brought the budget down to what the level holds
+                    // (black-box finding: the figure stayed the configured 1 GiB, 3%
+                    // used, on a full file system).
+                    if l.budget_lowered.load(Ordering::Relaxed) {
+                        t.capacity_bytes = t.capacity_bytes.min(budget);
+                    }
                     t.policy_recency_periods = recency;
                     t.policy_frequency_periods = frequency;
                     t.evictions += l.evictions.load(Ordering::Relaxed);
                     t.misses += l.misses.load(Ordering::Relaxed);
-                    t.hits = t.hits.saturating_sub(l.quiet_hits.load(Ordering::Relaxed));
+                    t.hits = t.hits.saturating_sub(l.quiet_hits.load(Ordering::Relaxed))
+                        + l.in_place_hits.load(Ordering::Relaxed);
                     t
                 })
                 .collect(),

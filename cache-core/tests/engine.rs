@@ -476,6 +476,12 @@ async fn a_read_in_place_is_a_hit_for_the_policy_without_moving_bytes() {
         .expect("put 3");
     assert!(top.contains(&k(0)).await, "k0, read in place, stays");
     assert!(!top.contains(&k(1)).await, "k1, never read, is the victim");
+    // Counted as the level's hit (round 20: a GPU tier's reads by handle were not).
+    assert_eq!(
+        engine.stats().tiers[0].hits,
+        1,
+        "the read in place is a hit"
+    );
     // Not held anywhere: nothing to record.
     assert_eq!(engine.record_read_in_place(&k(9), &demand), None);
 }
