@@ -84,7 +84,11 @@ pub(crate) fn configure_kernel(config: &mut KernelConfig, passthrough: bool) -> 
         | InitFlags::FUSE_SPLICE_MOVE
         // O_TRUNC reaches `open` (else the kernel strips it and truncates by a separate
         // SETATTR): a writable mount replaces an object whole only when asked to.
-        | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        | InitFlags::FUSE_ATOMIC_O_TRUNC
+        // A handle opened FOPEN_DIRECT_IO (a reader of a file being written) may still
+        // be mapped shared (Linux 6.6+); without it MAP_SHARED failed ENODEV, where
+        // numpy.memmap, safetensors and mmap(ACCESS_READ) map (black-box finding).
+        | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
     let _ = config.add_capabilities(wanted & caps);
     // The largest readahead the kernel allows; requests then carry up to max_pages.
     if let Err(max) = config.set_max_readahead(u32::MAX) {

@@ -562,6 +562,34 @@ fn writes_while_a_reader_holds_the_file_reach_the_store(b: Backend) {
     let want = b"line0\nline1\nline2\nline3\n";
     assert_eq!(stored(&fx, "log.txt").as_deref(), Some(&want[..]));
     assert_eq!(std::fs::read(fx.m("log.txt")).expect("read the log"), want);
+    // A reader of a file still being written maps it shared, as numpy.memmap and
+    // safetensors do (black-box finding: its direct-I/O handle failed ENODEV).
+    let mut writer = File::create(fx.m("mapped.bin")).expect("create");
+    writer.write_all(&[7u8; 8192]).expect("write");
+    let reader = File::open(fx.m("mapped.bin")).expect("reader");
+    // SAFETY: a fresh read-only shared mapping of 8 KiB of an open file, unmapped
+    // below; the copy is taken before.
+    let mapped = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&reader),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap of a file being written: {}",
+            std::io::Error::last_os_error()
+        );
+        let got = std::slice::from_raw_parts(p as *const u8, 8192).to_vec();
+        libc::munmap(p, 8192);
+        got
+    };
+    assert_eq!(mapped, vec![7u8; 8192]);
+    drop((reader, writer));
 }
 
 /// `rm -rf` of a tree of the store and of a tree just copied in: each directory goes
