@@ -747,8 +747,8 @@ async fn a_body_the_store_fails_each_time_fails_with_its_error_after_the_attempt
 async fn each_handle_counts_its_own_failures_uploads_included() {
     let (store, f, obj) = faulty_holding(FaultConfig::default(), "seed", Bytes::from("x")).await;
     let (one, two) = (
-        store.clone().with_own_failure_count(),
-        store.clone().with_own_failure_count(),
+        store.clone().with_own_counts(),
+        store.clone().with_own_counts(),
     );
     f.set_config(FaultConfig {
         fail_parts_after: Some(2),

@@ -914,6 +914,9 @@ impl Drop for FlushGuard {
 #[derive(Default, Debug)]
 pub struct Counters {
     pub lookups: AtomicU64,
+    /// Requests sent for this mount through another handle than its own (the start's
+    /// probe of the store): [`FsCore::store_heads`] and [`FsCore::store_lists`] add
+    /// the handle's own.
     pub store_heads: AtomicU64,
     pub store_lists: AtomicU64,
     pub reads: AtomicU64,
@@ -1132,6 +1135,17 @@ impl FsCore {
         self.reader.store().failures()
     }
 
+    /// HEADs this mount sent: its store handle's (each attempt, reads, writes,
+    /// renames and removals alike), and those [`Counters::store_heads`] adds.
+    pub fn store_heads(&self) -> u64 {
+        self.counters.store_heads.load(Ordering::Relaxed) + self.reader.store().heads()
+    }
+
+    /// LISTs this mount sent (each page), as [`Self::store_heads`] counts HEADs.
+    pub fn store_lists(&self) -> u64 {
+        self.counters.store_lists.load(Ordering::Relaxed) + self.reader.store().lists()
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -1313,7 +1327,6 @@ impl FsCore {
             return Ok(Meta::Missing);
         }
         let started = self.change_seq.load(Ordering::Acquire);
-        self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         // On an object store a key can also be a prefix of other keys (`a` beside
         // `a/b`): the folder wins there, as in a listing (`DirListing`), so the prefix
         // is asked beside the HEAD, at once (as mountpoint-s3 does). Black-box finding:
@@ -1323,7 +1336,6 @@ impl FsCore {
             if store.is_local() {
                 return None;
             }
-            self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
             Some(store.dir_exists(path).await)
         });
         let also_folder = matches!(prefix, Some(Ok(true)));
@@ -1365,10 +1377,7 @@ impl FsCore {
                 // The prefix was asked beside the HEAD already, unless the store is local.
                 let is_dir = match prefix {
                     Some(asked) => asked?,
-                    None => {
-                        self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
-                        store.dir_exists(path).await?
-                    }
+                    None => store.dir_exists(path).await?,
                 };
                 match is_dir {
                     true => Meta::Dir,
@@ -1428,7 +1437,6 @@ impl FsCore {
         loop {
             tries += 1;
             let started = self.change_seq.load(Ordering::Acquire);
-            self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
             let listed = self.reader.store().list_dir(path).await.map(Some);
             // A change made here while the store listed may be missing from what it
             // listed: asked again (twice at most; then it is not kept, see
@@ -1450,7 +1458,6 @@ impl FsCore {
     /// a page, not the folder's size).
     async fn fetch_listing_if_small(&self, path: &Arc<str>) -> Result<Option<Arc<Listing>>> {
         let started = self.change_seq.load(Ordering::Acquire);
-        self.counters.store_lists.fetch_add(1, Ordering::Relaxed);
         let listed = self.reader.store().list_dir_for_lookup(path).await;
         self.kept_or_logged(path, listed, started).await
     }
@@ -2297,7 +2304,6 @@ impl FsCore {
     /// whole metadata TTL (for good with `indefinite`): the opens took the old version's
     /// attributes, read its cached first block, and met the new version at the next.
     async fn renew_attrs(&self, h: &FileHandle) -> Option<Arc<ObjectInfo>> {
-        self.counters.store_heads.fetch_add(1, Ordering::Relaxed);
         let started = self.change_seq.load(Ordering::Acquire);
         let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
         if now.version == h.obj.version {

@@ -316,10 +316,7 @@ async fn an_indefinite_metadata_ttl_never_asks_the_store_again() {
                 c.forget(dir.attr.ino, 1);
             };
             open_and_read().await;
-            let store_calls = |c: &FsCore| {
-                c.counters().store_heads.load(Ordering::Relaxed)
-                    + c.counters().store_lists.load(Ordering::Relaxed)
-            };
+            let store_calls = |c: &FsCore| c.store_heads() + c.store_lists();
             let first = store_calls(c);
             assert!(first > 0, "the first open asks the store");
             tokio::time::sleep(ttl * 3).await;

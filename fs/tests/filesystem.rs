@@ -1323,13 +1323,7 @@ async fn a_key_that_is_also_a_prefix_is_the_folder_on_a_path_lookup_too() {
         let top = c.lookup(ROOT_INO, "top.txt").await.expect("lookup");
         assert_eq!(top.attr.kind, Kind::File);
         // A name that is neither costs the HEAD and the prefix's one page, no more.
-        let counted = |c: &FsCore| {
-            let n = c.counters();
-            (
-                n.store_heads.load(std::sync::atomic::Ordering::Relaxed),
-                n.store_lists.load(std::sync::atomic::Ordering::Relaxed),
-            )
-        };
+        let counted = |c: &FsCore| (c.store_heads(), c.store_lists());
         let before = counted(c);
         let e = c.lookup(ROOT_INO, "absent").await.expect_err("absent");
         assert_eq!(e.errno(), libc::ENOENT);

@@ -3552,3 +3552,34 @@ async fn an_unlink_during_a_close_s_upload_waits_for_it() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 20): the HEAD after each upload (and the LISTs and HEADs of
+/// renames and removals) were missing from the mount's `store_heads`/`store_lists`,
+/// which counted lookups and listings only: a checkpoint writer's requests did not
+/// show. They are counted where the mount's store handle sends them.
+#[tokio::test]
+async fn the_requests_of_writes_are_counted() {
+    timed(async {
+        let fx = fixture(|o, _| o.writes.as_mut().expect("writes").allow_delete = true).await;
+        let c = &fx.core;
+        let (heads, lists) = (c.store_heads(), c.store_lists());
+        let (_, fh) = c.create(ROOT_INO, "counted.bin", 0).await.expect("create");
+        c.write(fh, 0, b"bytes").expect("write");
+        c.flush(fh).await.expect("flush uploads");
+        c.release_write(fh).await;
+        assert!(
+            c.store_heads() > heads,
+            "the upload's HEAD counted: {} then {}",
+            heads,
+            c.store_heads()
+        );
+        let heads = c.store_heads();
+        c.unlink(ROOT_INO, "counted.bin").await.expect("unlink");
+        assert!(
+            c.store_heads() + c.store_lists() > heads + lists,
+            "the removal's requests counted"
+        );
+    })
+    .await
+    .expect("bounded");
+}

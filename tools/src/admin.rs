@@ -94,8 +94,8 @@ impl MountStats {
         MountStats {
             writable: core.writable(),
             lookups: c.lookups.load(Relaxed),
-            store_heads: c.store_heads.load(Relaxed),
-            store_lists: c.store_lists.load(Relaxed),
+            store_heads: core.store_heads(),
+            store_lists: core.store_lists(),
             reads: c.reads.load(Relaxed),
             read_bytes: c.read_bytes.load(Relaxed),
             prefetch_files: c.prefetch_files.load(Relaxed),

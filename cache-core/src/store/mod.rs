@@ -150,9 +150,8 @@ pub struct BackingStore {
     /// Ranged GETs that returned data and their bytes, shared by every clone of this
     /// handle (the cache group's "fetched from the store once" is read from these).
     reads: Arc<StoreReads>,
-    /// Requests that failed after their retries (or at once, the store paused); see
-    /// [`Self::failures`].
-    failed: Arc<std::sync::atomic::AtomicU64>,
+    /// Requests this handle's lineage sent or failed (see [`Self::with_own_counts`]).
+    counts: Arc<HandleCounts>,
     /// Until when requests fail at once: the store let a whole request's deadline pass
     /// without an answer (see [`RetryPolicy::silent_pause`]). Shared by every clone.
     silent_until: Arc<parking_lot::Mutex<Option<tokio::time::Instant>>>,
@@ -169,6 +168,15 @@ pub struct BackingStore {
     /// Paged listing (S3, GCS), to list around keys object_store cannot name (see
     /// `listing.rs`).
     paged: Option<Arc<listing::PagedLister>>,
+}
+
+/// Metadata requests a [`BackingStore`] handle sent (each attempt, each page: what the
+/// store receives and bills) and its requests that failed after their retries.
+#[derive(Debug, Default)]
+struct HandleCounts {
+    failed: std::sync::atomic::AtomicU64,
+    heads: std::sync::atomic::AtomicU64,
+    lists: std::sync::atomic::AtomicU64,
 }
 
 /// Counters of a [`BackingStore`]'s successful data reads.
@@ -207,7 +215,7 @@ impl BackingStore {
             follow_symlinks: false,
             key_max: None,
             reads: Arc::default(),
-            failed: Arc::default(),
+            counts: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
@@ -224,7 +232,7 @@ impl BackingStore {
             store,
             retry,
             reads: Arc::default(),
-            failed: Arc::default(),
+            counts: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
@@ -308,23 +316,50 @@ impl BackingStore {
 
     /// Requests through this handle or its clones that failed after their retries
     /// (a missing object is an answer, not a failure), multipart uploads counted as
-    /// one request; since [`Self::with_own_failure_count`], this handle's only.
+    /// one request; since [`Self::with_own_counts`], this handle's only.
     pub fn failures(&self) -> u64 {
-        self.failed.load(std::sync::atomic::Ordering::Relaxed)
+        self.counts
+            .failed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// This handle (and its clones from now on) counts its failed requests apart from
-    /// the handle it came from: a mount's, among the daemon's mounts of one store
-    /// (black-box finding: one mount's failed GETs showed in every mount's
-    /// `store_failures`).
-    pub fn with_own_failure_count(mut self) -> Self {
-        self.failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    /// HEAD requests through this handle or its clones (each attempt; a local store's
+    /// stat of an object counts as one).
+    pub fn heads(&self) -> u64 {
+        self.counts.heads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// LIST requests through this handle or its clones (each page, each attempt).
+    pub fn lists(&self) -> u64 {
+        self.counts.lists.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// This handle (and its clones from now on) counts its requests apart from the
+    /// handle it came from: a mount's, among the daemon's mounts of one store
+    /// (black-box findings: one mount's failed GETs showed in every mount's
+    /// `store_failures`; HEADs and LISTs of writes, renames and removals were
+    /// missing from the mount's counts).
+    pub fn with_own_counts(mut self) -> Self {
+        self.counts = Arc::default();
         self
     }
 
     fn count_failure(&self) {
-        self.failed
+        self.counts
+            .failed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn count_head(&self) {
+        self.counts
+            .heads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn count_lists(&self, pages: u64) {
+        self.counts
+            .lists
+            .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ranged GETs that returned data through this handle or its clones, and their
@@ -420,7 +455,7 @@ impl BackingStore {
             follow_symlinks: opts.follow_symlinks,
             key_max,
             reads: Arc::default(),
-            failed: Arc::default(),
+            counts: Arc::default(),
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             paged: paged_store.map(|p| Arc::new(listing::PagedLister::new(p, &prefix))),
@@ -463,6 +498,7 @@ impl BackingStore {
         let meta = self
             .retrying(|| {
                 let p = p.clone();
+                self.count_head();
                 async move { self.store.head(&p).await }
             })
             .await?;
@@ -868,6 +904,8 @@ impl BackingStore {
         self.local_path_fits(dir)?;
         if let Some(root) = &self.local_root {
             let (root, rel, follow) = (root.clone(), dir.to_string(), self.follow_symlinks);
+            // (A local store's stat of a folder stands for a LIST.)
+            self.count_lists(1);
             return local_stat(move || {
                 root.join(&rel).is_dir() && (follow || inside_root(&root, &rel))
             })
@@ -876,6 +914,7 @@ impl BackingStore {
         let prefix = object_key(dir);
         self.retrying(|| {
             let prefix = prefix.clone();
+            self.count_lists(1);
             async move {
                 let mut listed = self.store.list(Some(&prefix));
                 match listed.next().await {
@@ -903,6 +942,7 @@ impl BackingStore {
                     .list_via(prefix.as_ref(), true, &self.label, |p, o| {
                         self.retrying(move || {
                             let (p, o) = (p.clone(), o.clone());
+                            self.count_lists(1);
                             async move {
                                 match store.list_paginated(p.as_deref(), o).await {
                                     // Stepped around by `list_via`, not retried.
@@ -948,7 +988,12 @@ impl BackingStore {
             return self.list_dir(dir).await.map(Some);
         };
         let prefix = object_key(dir);
-        let page = self.retrying(|| paged.list_if_one_page(&prefix)).await?;
+        let page = self
+            .retrying(|| {
+                self.count_lists(1);
+                paged.list_if_one_page(&prefix)
+            })
+            .await?;
         match page {
             Some(res) => self.dir_listing(dir, Some(prefix), res).await.map(Some),
             None => Ok(None),
@@ -1057,14 +1102,18 @@ impl BackingStore {
     pub async fn holds_unnamed_keys(&self, prefix: &str) -> Result<bool> {
         let prefix = object_key(prefix);
         let mut stream = self.store.list(Some(&prefix));
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(_) => {}
-                Err(object_store::Error::InvalidPath { .. }) => return Ok(true),
-                Err(e) => return Err(map_store_error(e, 1)),
+        // Pages of 1,000 keys, as S3 and GCS send them.
+        let mut keys = 0u64;
+        let found = loop {
+            match stream.next().await {
+                None => break Ok(false),
+                Some(Ok(_)) => keys += 1,
+                Some(Err(object_store::Error::InvalidPath { .. })) => break Ok(true),
+                Some(Err(e)) => break Err(map_store_error(e, 1)),
             }
-        }
-        Ok(false)
+        };
+        self.count_lists(1 + keys / 1000);
+        found
     }
 
     /// One level under `prefix`. If the store holds a key the client library cannot
@@ -1078,6 +1127,9 @@ impl BackingStore {
     /// directly ([`local_level`]), skipping only those entries.
     async fn list_level(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         let listed = self.store.list_with_delimiter(prefix).await;
+        if let Ok(l) = &listed {
+            self.count_lists(1 + (l.objects.len() + l.common_prefixes.len()) as u64 / 1000);
+        }
         if let (Err(e), Some(root)) = (&listed, &self.local_root) {
             let (root, rel) = (
                 root.clone(),
@@ -1161,7 +1213,13 @@ impl BackingStore {
         }
         let mut stream = self.store.list(prefix);
         let mut out = Vec::new();
+        // Pages of 1,000 keys, as S3 and GCS send them (the last, partial, counted
+        // at the first key).
+        self.count_lists(1);
         while let Some(item) = stream.next().await {
+            if !out.is_empty() && out.len() % 1000 == 0 {
+                self.count_lists(1);
+            }
             match item {
                 Ok(m) => out.push(m),
                 Err(object_store::Error::InvalidPath { source }) => {
@@ -1349,7 +1407,7 @@ impl BackingStore {
     /// while it is written): see [`StreamingUpload`].
     pub async fn start_upload(&self, path: &str, shape: &UploadShape) -> Result<StreamingUpload> {
         match self.start_upload_uncounted(path, shape).await {
-            Ok(up) => Ok(up.counting_failures(self.failed.clone())),
+            Ok(up) => Ok(up.counting_failures(self.counts.clone())),
             Err(e) => {
                 if upload::is_store_failure(&e) {
                     self.count_failure();

@@ -74,7 +74,7 @@ pub struct StreamingUpload {
     new_object: bool,
     /// The store handle's failed-request count: an upload that fails on the store
     /// counts once (see `BackingStore::failures`).
-    failed: Option<Arc<std::sync::atomic::AtomicU64>>,
+    failed: Option<Arc<super::HandleCounts>>,
 }
 
 enum Sink {
@@ -205,7 +205,7 @@ impl StreamingUpload {
     }
 
     /// Counts a failure of this upload on the store in `failed`.
-    pub(super) fn counting_failures(mut self, failed: Arc<std::sync::atomic::AtomicU64>) -> Self {
+    pub(super) fn counting_failures(mut self, failed: Arc<super::HandleCounts>) -> Self {
         self.failed = Some(failed);
         self
     }
@@ -214,7 +214,9 @@ impl StreamingUpload {
     fn counted<T>(&self, result: Result<T>) -> Result<T> {
         if let (Err(e), Some(failed)) = (&result, &self.failed) {
             if is_store_failure(e) {
-                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                failed
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         result
@@ -251,7 +253,9 @@ impl StreamingUpload {
         let result = self.finish_inner().await;
         if let (Err(e), Some(failed)) = (&result, failed) {
             if is_store_failure(e) {
-                failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                failed
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         result

@@ -213,8 +213,8 @@ pub fn mount(
     let opts = mount_options(m, core, url)?;
     // Read-only mounts too: a crash of a writable run at this mount point is cleaned
     // by whichever mount comes next (a refusal of the store is only logged).
-    let store = with_upload_journal(m, core, store, &journal_store_id(url, endpoint))
-        .with_own_failure_count();
+    let store =
+        with_upload_journal(m, core, store, &journal_store_id(url, endpoint)).with_own_counts();
     let mut reader = ObjectReader::new(core.engine.clone(), store, core.block_size)?
         .with_granularity(core.granularity);
     if let Some(p) = peers {
