@@ -458,7 +458,7 @@ fn resize_staged(staged: &Staged, size: u64) -> Result<()> {
     Ok(())
 }
 
-/// A write (or read, or truncate) at `offset` of a file whose first `freed` bytes were
+/// A write (or truncate, or upload) at `offset` of a file whose first `freed` bytes were
 /// sent and freed from local disk (`Staged::free_sent`).
 fn freed_error(path: &str, offset: u64, freed: u64) -> Error {
     Error::Unsupported(format!(
@@ -2255,7 +2255,12 @@ impl FsCore {
 fn read_back(staged: &Staged, offset: u64, size: u32) -> Result<Bytes> {
     let freed = staged.freed();
     if offset < freed {
-        return Err(freed_error(&staged.path(), offset, freed));
+        // Said as a read's (black-box finding: the write's wording sent an operator
+        // looking for a writer that had written below the freed bytes).
+        return Err(Error::Unsupported(format!(
+            "{}: its first {freed} bytes were sent to the store and freed from local disk              while the disk budget was full, and it is still being written: a read at              {offset} below them is refused until its upload completes",
+            staged.path()
+        )));
     }
     let end = staged.size.load(Ordering::Acquire);
     let len = (size as u64).min(end.saturating_sub(offset)) as usize;
