@@ -1876,9 +1876,7 @@ impl FsCore {
                 entry,
             });
         }
-        *dir.handed_out.lock() = out.iter().map(|e| e.entry.attr.ino).collect();
-        self.sweep_inodes();
-        Ok(out)
+        Ok(self.hand_out(&dir, out))
     }
 
     /// [`Self::readdir`] for READDIRPLUS, whose entries the kernel links into its
@@ -1946,9 +1944,15 @@ impl FsCore {
                 entry,
             });
         }
-        *dir.handed_out.lock() = out.iter().map(|e| e.entry.attr.ino).collect();
+        Ok(self.hand_out(&dir, out))
+    }
+
+    /// A page of `dir`'s entries as answered: its inodes are the ones the sweep keeps
+    /// for the folder while it is open.
+    fn hand_out(&self, dir: &OpenDir, page: Vec<DirEntry>) -> Vec<DirEntry> {
+        *dir.handed_out.lock() = page.iter().map(|e| e.entry.attr.ino).collect();
         self.sweep_inodes();
-        Ok(out)
+        page
     }
 
     /// Whether the inode table agrees with what a listing said `path` is: no inode
