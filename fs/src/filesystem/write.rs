@@ -499,15 +499,12 @@ impl Drop for Staged {
 }
 
 impl Staged {
-    /// What a replay of this file's fsync record may upload over: the object its last
-    /// upload made, or what the name held when it was made (None where [`Self::base`]
-    /// decides, for a file changed in place, or where it is unknown).
+    /// What a replay of this file's fsync record may upload over: what the name held
+    /// when it was made (None where [`Self::base`] decides: a file changed in place, or
+    /// uploaded since; or where it is unknown).
     fn replaces_now(&self) -> Option<journal::Replaces> {
         if self.base.lock().is_some() {
             return None;
-        }
-        if let Some((_, _, obj)) = self.last.lock().as_ref() {
-            return Some(journal::Replaces::Version(obj.version.to_string()));
         }
         self.replaces.lock().clone()
     }
@@ -2154,6 +2151,9 @@ impl FsCore {
         // knowing it, the next upload checks nothing (rather than take its own upload
         // for another writer's).
         *staged.base.lock() = fresh.clone();
+        // Its own upload is what a later replay replaces (`base` says which, when
+        // known): what the name held at the create no longer is.
+        *staged.replaces.lock() = None;
         if let Some(info) = fresh {
             self.supersede(&info);
             *staged.last.lock() = Some((gen, crc, info));

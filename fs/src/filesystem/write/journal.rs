@@ -132,8 +132,9 @@ pub(crate) struct JournalRecord {
     /// version, plus the append, over the newer object). None: a new file, or one
     /// replaced whole.
     pub base: Option<String>,
-    /// For a new file or one replaced whole: what the store held under the name when
-    /// it was made (or last uploaded); the replay uploads it only over that (black-box
+    /// For a new file or one replaced whole, not uploaded since (then `base` names its
+    /// upload): what the store held under the name when it was made; the replay
+    /// uploads it only over that (black-box
     /// finding: with `--allow-overwrite`, a checkpoint fsync'd before a crash was put
     /// back over the newer one a job wrote through another mount, or through a release
     /// rolled back to, while this one was down). None: an older release's record, or a
