@@ -3151,13 +3151,19 @@ async fn the_replay_never_puts_a_new_file_over_a_newer_object() {
         let fx = fixture_replacing().await;
         let staging_dir = staging_dir(&fx);
         let c = &fx.core;
-        for name in ["over.bin", "over-quiet.bin"] {
+        for name in ["over.bin", "over-quiet.bin", "renamed.bin"] {
             put_elsewhere(&fx, &format!("data/{name}"), b"OLD".to_vec()).await;
         }
         let dir = c.lookup(ROOT_INO, "data").await.expect("data");
         let mut crashed = Vec::new();
-        for name in ["new.bin", "new-quiet.bin", "over.bin", "over-quiet.bin"] {
-            let fh = if name.starts_with("new") {
+        for name in [
+            "new.bin",
+            "new-quiet.bin",
+            "over.bin",
+            "over-quiet.bin",
+            "tmp.bin",
+        ] {
+            let fh = if name.starts_with("new") || name == "tmp.bin" {
                 c.create(dir.attr.ino, name, 0).await.expect("create").1
             } else {
                 let e = c.lookup(dir.attr.ino, name).await.expect("lookup");
@@ -3170,6 +3176,11 @@ async fn the_replay_never_puts_a_new_file_over_a_newer_object() {
             c.fsync(fh).await.expect("fsync");
             crashed.push(fh); // never closed, as after a kill
         }
+        // Renamed over an object after its fsync (round 20b: the record kept the old
+        // name's precondition, and the replay dropped it).
+        c.rename(dir.attr.ino, "tmp.bin", dir.attr.ino, "renamed.bin", false)
+            .await
+            .expect("rename over");
         for name in ["new.bin", "over.bin"] {
             put_elsewhere(&fx, &format!("data/{name}"), b"NEWER".to_vec()).await;
         }
@@ -3179,7 +3190,7 @@ async fn the_replay_never_puts_a_new_file_over_a_newer_object() {
         while fsync_records(&staging_dir) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for name in ["new-quiet.bin", "over-quiet.bin"] {
+        for name in ["new-quiet.bin", "over-quiet.bin", "renamed.bin"] {
             assert_eq!(
                 stored(&fx, &format!("data/{name}")).await.as_deref(),
                 Some(&b"FSYNCD".repeat(100)[..]),

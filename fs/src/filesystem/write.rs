@@ -191,10 +191,15 @@ pub(super) struct Staged {
     /// The version the next upload replaces: the object an open to change it in place
     /// read, then each upload's own (None: a new file, or one replaced whole).
     base: Mutex<Option<Arc<ObjectInfo>>>,
-    /// For a new file or one replaced whole: what the store held under its name when
-    /// it was made (None: unknown, a file renamed into its name). Its fsync record's
-    /// precondition for the replay after a crash ([`journal::JournalRecord::replaces`]).
+    /// For a new file or one replaced whole: what the store held under its name, as
+    /// its first fsync asked it (None: unknown: not asked yet, the store did not
+    /// answer, or a file renamed into its name). Its fsync record's precondition for
+    /// the replay after a crash ([`journal::JournalRecord::replaces`]).
     replaces: Mutex<Option<journal::Replaces>>,
+    /// The name is to be asked of the store at the next fsync, for `replaces`: a
+    /// create or an O_TRUNC open made it (what the mount's cache said then may be
+    /// stale, and the store's clock is no guide).
+    replaces_unasked: AtomicBool,
     /// The upload in progress, with the generation it uploads.
     upload: Mutex<Option<(u64, SharedUpload)>>,
     /// The last upload failed (its flush returned the error): release does not retry
@@ -855,6 +860,7 @@ impl Writes {
             last: Mutex::new(None),
             base: Mutex::new(None),
             replaces: Mutex::new(None),
+            replaces_unasked: AtomicBool::new(false),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
             unanswered: AtomicBool::new(false),
@@ -1059,13 +1065,16 @@ impl FsCore {
         if noreplace {
             staged.exclusive.store(true, Ordering::Release);
         }
+        // Under its new name it replaces whatever is there whole (unknown here): so its
+        // record says, rewritten next (round 20b: the record kept the old name's
+        // precondition, and the replay dropped the renamed file).
+        *staged.base.lock() = None;
+        *staged.replaces.lock() = None;
+        staged.replaces_unasked.store(false, Ordering::Release);
         staged.rejournal(creates_only(&writes.opts, &staged));
         staged.break_stream();
         // Changed: the next flush uploads it under its new name.
         staged.written.fetch_add(1, Ordering::AcqRel);
-        // Under its new name it replaces whatever is there whole (unknown here).
-        *staged.base.lock() = None;
-        *staged.replaces.lock() = None;
         if uploaded {
             // The object under `from` moves to `to` (until the close replaces it there),
             // unless the file may only be created under `to`: a crash or a failed upload
@@ -1221,21 +1230,16 @@ impl FsCore {
             // created, not at the close's upload (black-box finding: `echo data >
             // link` exited 0, the close's EINVAL unseen by the shell, the data dropped).
             self.reader.store().local_write_inside(&path).await?;
-            let replaces = match self.meta(&path).await? {
+            match self.meta(&path).await? {
                 Meta::Dir => return Err(Error::IsDir(path.to_string())),
                 Meta::File(_) if !writes.opts.allow_overwrite || exclusive => {
                     return Err(Error::Exists(path.to_string()))
                 }
-                Meta::File(obj) => journal::Replaces::Version(obj.version.to_string()),
-                Meta::Missing => {
-                    if keeps {
-                        self.still_missing(&path).await?;
-                    }
-                    journal::Replaces::Nothing
-                }
-            };
+                Meta::Missing if keeps => self.still_missing(&path).await?,
+                _ => {}
+            }
             let staged = self.stage_making_room(writes, &path, pid, false)?;
-            *staged.replaces.lock() = Some(replaces);
+            staged.replaces_unasked.store(true, Ordering::Release);
             if !writes.moves.covers(&path) {
                 break (path, staged);
             }
@@ -1329,7 +1333,7 @@ impl FsCore {
         if !truncate {
             *staged.base.lock() = Some(obj.clone());
         } else {
-            *staged.replaces.lock() = Some(journal::Replaces::Version(obj.version.to_string()));
+            staged.replaces_unasked.store(true, Ordering::Release);
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {
@@ -2154,6 +2158,7 @@ impl FsCore {
         // Its own upload is what a later replay replaces (`base` says which, when
         // known): what the name held at the create no longer is.
         *staged.replaces.lock() = None;
+        staged.replaces_unasked.store(false, Ordering::Release);
         if let Some(info) = fresh {
             self.supersede(&info);
             *staged.last.lock() = Some((gen, crc, info));

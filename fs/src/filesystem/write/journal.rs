@@ -70,7 +70,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use strata_cache_core::{CacheError, ObjectInfo};
+use strata_cache_core::CacheError;
 
 use super::{Staged, Writes};
 use crate::error::{Error, Result};
@@ -182,23 +182,6 @@ pub(super) fn record_path(file: &Path) -> PathBuf {
     let mut p = file.as_os_str().to_owned();
     p.push(".json");
     PathBuf::from(p)
-}
-
-/// Whether store object `obj` was last modified before staged file `file` was made
-/// (with a second's slack for clocks; false where the file system keeps no birth time).
-fn older_than_file(obj: &ObjectInfo, file: &std::fs::File) -> bool {
-    let born = file
-        .metadata()
-        .and_then(|m| m.created())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-    match born {
-        Some(born) => {
-            let born_ns = i64::try_from(born.as_nanos()).unwrap_or(i64::MAX);
-            obj.last_modified_unix_ns < born_ns.saturating_sub(1_000_000_000)
-        }
-        None => false,
-    }
 }
 
 /// The JSON of `record` (a slot's payload).
@@ -664,6 +647,7 @@ impl super::FsCore {
             return self.upload(&staged).await;
         }
         let only_if_absent = super::creates_only(&self.writes()?.opts, &staged);
+        self.ask_what_it_replaces(&staged).await;
         let s = staged.clone();
         tokio::task::spawn_blocking(move || s.journal(only_if_absent))
             .await
@@ -675,6 +659,27 @@ impl super::FsCore {
                 what: format!("fsync of {}", staged.path()),
                 source,
             })
+    }
+
+    /// At the first fsync of a file made new or replaced whole: what the store holds
+    /// under its name now, the precondition of its replay after a crash (one HEAD per
+    /// file; none if the store does not answer, and the replay then checks nothing).
+    async fn ask_what_it_replaces(&self, staged: &Arc<Staged>) {
+        if !staged.replaces_unasked.load(Ordering::Acquire) {
+            return;
+        }
+        let now = match self.reader.store().head(&staged.path()).await {
+            Ok(obj) => Some(Replaces::Version(obj.version.to_string())),
+            Err(CacheError::NotFound(_)) => Some(Replaces::Nothing),
+            Err(_) => None,
+        };
+        // Not if a rename or an upload settled it meanwhile.
+        if staged.replaces_unasked.swap(false, Ordering::AcqRel) {
+            *staged.replaces.lock() = now.clone();
+            if now.is_none() {
+                staged.replaces_unasked.store(true, Ordering::Release);
+            }
+        }
     }
 
     /// Uploads the staged files an earlier run fsync'd and did not upload (a crash
@@ -852,9 +857,10 @@ impl super::FsCore {
         }
         // Replaced whole: only over what it replaced. Anything else there now was put
         // by a later writer (its own earlier upload of these bytes aside), and what the
-        // fsync kept is older than that: dropped, as a create-only upload's is. An
-        // object older than the file itself is no later writer's: the mount's cached
-        // metadata may not have known it when the file was made.
+        // fsync kept is older than that: dropped, as a create-only upload's is. (What
+        // it replaced is what the store held at its first fsync, asked then: neither
+        // the mount's cached metadata nor the store's clock decides; round 20b: a
+        // store clock 2 s behind made a later writer's object look older.)
         let mut landed = false;
         if let Some(replaces) = &j.record.replaces {
             let now = match self.reader.store().head(&j.record.path).await {
@@ -865,8 +871,7 @@ impl super::FsCore {
             let same = match (replaces, &now) {
                 (Replaces::Nothing, None) => true,
                 (Replaces::Version(v), Some(now)) => *now.version == **v,
-                (_, Some(now)) => older_than_file(now, &file),
-                (Replaces::Version(_), None) => false,
+                _ => false,
             };
             if !same {
                 if now.is_none() || !self.store_holds(&j.record.path, &file, size).await? {
