@@ -590,6 +590,20 @@ pub async fn drop_blocks_if_tenancy_changed(
         Err(_) => return 0,
     };
     let Some(bindings) = parse(&text) else {
+        // Corrupt: its blocks went with it (`drop_blocks_if_bindings_lost`). Kept
+        // aside, as `load` keeps it, and the mode recorded in the file that replaces
+        // it (round 20b: the file written after a corrupt one had no mode, and the
+        // next start in the same mode dropped every block put since).
+        let aside = file.with_extension("json.corrupt");
+        tracing::error!(file = %file.display(), aside = %aside.display(), "KV namespace identities file is corrupt; moved aside, starting without them");
+        let _ = std::fs::rename(file, &aside);
+        let marks = Marks {
+            tenants: Some(tenants),
+            ..Marks::default()
+        };
+        if let Err(e) = write_atomically(file, encode(&HashMap::new(), marks).as_bytes()) {
+            tracing::error!(file = %file.display(), error = %e, "could not record the tenancy mode in the KV namespace identities file");
+        }
         return 0;
     };
     let marks = marks_of(&text);
@@ -1011,6 +1025,17 @@ mod tests {
             let (dropped, _) = start(tenants).await;
             assert_eq!(dropped, 0, "recorded: the next start in that mode keeps");
         }
+        // A corrupt file: its blocks go, and the file that replaces it records the
+        // mode, so the next start in that mode keeps what was put since (round 20b).
+        put().await;
+        std::fs::write(f, b"{not json").expect("corrupt");
+        let (dropped, b) = start(false).await;
+        assert_eq!(dropped, 1);
+        drop(b);
+        put().await;
+        let (dropped, _) = start(false).await;
+        assert_eq!(dropped, 0, "the mode recorded over the corrupt file");
+        assert!(engine.contains(&key));
     }
 
     /// Black-box finding (round 11): a binding made while the group could not be asked
