@@ -166,6 +166,10 @@ impl Drop for RecorderSignals {
 /// and Ctrl-C ends the wait at once.
 const BACKGROUND_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Longest wait for strace to write out its log and exit once nothing it traced is
+/// left: 30 s, far past what a loaded machine takes.
+const STRACE_FINISH_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How strace's wait ended.
 enum Waited {
     /// strace exited (after the command and every process it traced).
@@ -203,7 +207,14 @@ fn wait_forwarding(child: &mut Child) -> std::io::Result<Waited> {
         if let Some(cmd) = command {
             if !std::path::Path::new(&format!("/proc/{cmd}")).exists() {
                 let since = *gone_since.get_or_insert_with(std::time::Instant::now);
-                if interrupted || since.elapsed() >= BACKGROUND_GRACE {
+                // Past the grace only while something strace traces is still there: a
+                // strace that is only finishing its log (a loaded machine) is waited
+                // for, its own bound aside (a CI run's recording came back "unknown
+                // (strace was stopped)" after 2 s with no process left to trace).
+                let waited = since.elapsed();
+                let background = waited >= BACKGROUND_GRACE
+                    && (waited >= STRACE_FINISH_MAX || !traced_by(strace).is_empty());
+                if interrupted || background {
                     let _ = child.kill();
                     let _ = child.wait();
                     return Ok(Waited::LeftBackground);
