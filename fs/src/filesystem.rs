@@ -848,6 +848,10 @@ pub struct FsCore {
     /// it (the cache would drop it at its next upkeep, holding it until then; 300,000
     /// names held ~90 MB after `ls -f` ended, measured).
     listings_capacity: u64,
+    /// Folders whose listing was too large for the listing cache (at most 4,096,
+    /// forgotten all at once past that): a create there does not list them to answer
+    /// the next names' lookups, which the cache would not keep.
+    uncacheable_listings: Mutex<std::collections::HashSet<Arc<str>>>,
     files: Mutex<HashMap<u64, Arc<FileHandle>>>,
     dirs: Mutex<HashMap<u64, Arc<OpenDir>>>,
     /// Paths (and their folders) this mount changed, with the number of the change
@@ -1059,6 +1063,7 @@ impl FsCore {
             attrs,
             listings,
             listings_capacity: share,
+            uncacheable_listings: Mutex::new(std::collections::HashSet::new()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             // 65,536 changes, each kept 10 minutes: far more than a listing or HEAD in
@@ -1210,6 +1215,12 @@ impl FsCore {
         let inodes = self.inodes.read();
         let path = &inodes.nodes.get(&ino)?.path;
         (inodes.by_path.get(&**path) == Some(&ino)).then(|| path.clone())
+    }
+
+    /// Whether a listing of `dir` fetched now would stay in the listing cache: not with
+    /// `--metadata-ttl 0`, nor for a folder whose last listing was too large for it.
+    pub(super) fn listing_would_be_kept(&self, dir: &Arc<str>) -> bool {
+        !self.opts.metadata_ttl.is_zero() && !self.uncacheable_listings.lock().contains(dir)
     }
 
     fn child_path(&self, dir: &str, name: &str) -> Arc<str> {
@@ -1565,6 +1576,13 @@ impl FsCore {
             log.append(path, listing.exists, logged);
         }
         let fits = u64::from(listing_weight(path, &listing)) <= self.listings_capacity;
+        if !fits {
+            let mut big = self.uncacheable_listings.lock();
+            if big.len() >= 4096 {
+                big.clear();
+            }
+            big.insert(path.clone());
+        }
         if fits && !self.changed_since(path, started) {
             self.listings.insert(path.clone(), listing.clone()).await;
             if self.changed_since(path, started) {
