@@ -844,10 +844,6 @@ pub struct FsCore {
     inodes: parking_lot::RwLock<InodeTable>,
     attrs: moka::future::Cache<Arc<str>, Meta>,
     listings: moka::future::Cache<Arc<str>, Arc<Listing>>,
-    /// The listing cache's capacity in weighed bytes: a listing larger is not put in
-    /// it (the cache would drop it at its next upkeep, holding it until then; 300,000
-    /// names held ~90 MB after `ls -f` ended, measured).
-    listings_capacity: u64,
     /// Folders whose listing was too large for the listing cache (at most 4,096,
     /// forgotten all at once past that): a create there does not list them to answer
     /// the next names' lookups, which the cache would not keep.
@@ -1062,7 +1058,6 @@ impl FsCore {
             started: Instant::now(),
             attrs,
             listings,
-            listings_capacity: share,
             uncacheable_listings: Mutex::new(std::collections::HashSet::new()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -1575,7 +1570,11 @@ impl FsCore {
                 .collect();
             log.append(path, listing.exists, logged);
         }
-        let fits = u64::from(listing_weight(path, &listing)) <= self.listings_capacity;
+        // A listing larger than the listing cache is not put in it: the cache would drop
+        // it at its next upkeep, holding it until then (300,000 names held ~90 MB after
+        // `ls -f` ended, measured).
+        let capacity = self.listings.policy().max_capacity().unwrap_or(u64::MAX);
+        let fits = u64::from(listing_weight(path, &listing)) <= capacity;
         if !fits {
             let mut big = self.uncacheable_listings.lock();
             if big.len() >= 4096 {

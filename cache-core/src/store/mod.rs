@@ -179,6 +179,20 @@ struct HandleCounts {
     lists: std::sync::atomic::AtomicU64,
 }
 
+impl HandleCounts {
+    /// Counts `result` as a failed request if it is the store failing one after its
+    /// retries (not a refusal the caller asked for, nor a local error).
+    fn note<T>(&self, result: &Result<T>) {
+        if matches!(
+            result,
+            Err(CacheError::Store { .. } | CacheError::StoreTimeout { .. })
+        ) {
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// Counters of a [`BackingStore`]'s successful data reads.
 #[derive(Debug, Default)]
 pub struct StoreReads {
@@ -1409,15 +1423,9 @@ impl BackingStore {
     /// Starts a multipart upload of `path` whose size is not known yet (a file sent
     /// while it is written): see [`StreamingUpload`].
     pub async fn start_upload(&self, path: &str, shape: &UploadShape) -> Result<StreamingUpload> {
-        match self.start_upload_uncounted(path, shape).await {
-            Ok(up) => Ok(up.counting_failures(self.counts.clone())),
-            Err(e) => {
-                if upload::is_store_failure(&e) {
-                    self.count_failure();
-                }
-                Err(e)
-            }
-        }
+        let started = self.start_upload_uncounted(path, shape).await;
+        self.counts.note(&started);
+        started.map(|up| up.counting_failures(self.counts.clone()))
     }
 
     async fn start_upload_uncounted(
@@ -1820,12 +1828,7 @@ impl BackingStore {
             }
         })
         .await;
-        if matches!(
-            r,
-            Err(CacheError::Store { .. } | CacheError::StoreTimeout { .. })
-        ) {
-            self.count_failure();
-        }
+        self.counts.note(&r);
         let pause = self.retry.silent_pause;
         // Silent means no answer to anyone meanwhile (black-box finding: one object's
         // stalled GET paused the whole store for 10 s, 131 reads of healthy files

@@ -74,7 +74,7 @@ pub struct StreamingUpload {
     new_object: bool,
     /// The store handle's failed-request count: an upload that fails on the store
     /// counts once (see `BackingStore::failures`).
-    failed: Option<Arc<super::HandleCounts>>,
+    counts: Option<Arc<super::HandleCounts>>,
 }
 
 enum Sink {
@@ -114,15 +114,6 @@ enum Aborted {
     /// The store knows no such upload: completed (or aborted) already.
     Gone,
     Failed,
-}
-
-/// Whether `e` is the store failing a request after its retries (not a refusal the
-/// caller asked for, nor a local error).
-pub(super) fn is_store_failure(e: &CacheError) -> bool {
-    matches!(
-        e,
-        CacheError::Store { .. } | CacheError::StoreTimeout { .. }
-    )
 }
 
 impl StreamingUpload {
@@ -178,7 +169,7 @@ impl StreamingUpload {
             budget: retry.attempt_timeout * retry.attempts.max(1),
             local_file: None,
             new_object: false,
-            failed: None,
+            counts: None,
         })
     }
 
@@ -200,24 +191,20 @@ impl StreamingUpload {
             budget,
             local_file,
             new_object,
-            failed: None,
+            counts: None,
         }
     }
 
     /// Counts a failure of this upload on the store in `failed`.
-    pub(super) fn counting_failures(mut self, failed: Arc<super::HandleCounts>) -> Self {
-        self.failed = Some(failed);
+    pub(super) fn counting_failures(mut self, counts: Arc<super::HandleCounts>) -> Self {
+        self.counts = Some(counts);
         self
     }
 
     /// `result`, counted if it is the store's failure.
     fn counted<T>(&self, result: Result<T>) -> Result<T> {
-        if let (Err(e), Some(failed)) = (&result, &self.failed) {
-            if is_store_failure(e) {
-                failed
-                    .failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        if let Some(counts) = &self.counts {
+            counts.note(&result);
         }
         result
     }
@@ -249,14 +236,10 @@ impl StreamingUpload {
 
     /// Sends what is queued and completes the upload: the object appears now.
     pub async fn finish(mut self) -> Result<()> {
-        let failed = self.failed.take();
+        let counts = self.counts.take();
         let result = self.finish_inner().await;
-        if let (Err(e), Some(failed)) = (&result, failed) {
-            if is_store_failure(e) {
-                failed
-                    .failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+        if let Some(counts) = counts {
+            counts.note(&result);
         }
         result
     }

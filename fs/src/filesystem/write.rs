@@ -191,15 +191,10 @@ pub(super) struct Staged {
     /// The version the next upload replaces: the object an open to change it in place
     /// read, then each upload's own (None: a new file, or one replaced whole).
     base: Mutex<Option<Arc<ObjectInfo>>>,
-    /// For a new file or one replaced whole: what the store held under its name, as
-    /// its first fsync asked it (None: unknown: not asked yet, the store did not
-    /// answer, or a file renamed into its name). Its fsync record's precondition for
-    /// the replay after a crash ([`journal::JournalRecord::replaces`]).
-    replaces: Mutex<Option<journal::Replaces>>,
-    /// The name is to be asked of the store at the next fsync, for `replaces`: a
-    /// create or an O_TRUNC open made it (what the mount's cache said then may be
-    /// stale, and the store's clock is no guide).
-    replaces_unasked: AtomicBool,
+    /// For a new file or one replaced whole: what the store holds under its name, its
+    /// fsync record's precondition for the replay after a crash
+    /// ([`journal::JournalRecord::replaces`]).
+    replaces: Mutex<journal::Precondition>,
     /// The upload in progress, with the generation it uploads.
     upload: Mutex<Option<(u64, SharedUpload)>>,
     /// The last upload failed (its flush returned the error): release does not retry
@@ -511,7 +506,10 @@ impl Staged {
         if self.base.lock().is_some() {
             return None;
         }
-        self.replaces.lock().clone()
+        match &*self.replaces.lock() {
+            journal::Precondition::Is(r) => Some(r.clone()),
+            journal::Precondition::Ask | journal::Precondition::Unknown => None,
+        }
     }
 
     /// Waits for the upload under way, if any (its result is its caller's); says
@@ -859,8 +857,7 @@ impl Writes {
             uploaded: AtomicU64::new(0),
             last: Mutex::new(None),
             base: Mutex::new(None),
-            replaces: Mutex::new(None),
-            replaces_unasked: AtomicBool::new(false),
+            replaces: Mutex::new(journal::Precondition::Unknown),
             upload: Mutex::new(None),
             failed: AtomicBool::new(false),
             unanswered: AtomicBool::new(false),
@@ -1069,8 +1066,7 @@ impl FsCore {
         // record says, rewritten next (round 20b: the record kept the old name's
         // precondition, and the replay dropped the renamed file).
         *staged.base.lock() = None;
-        *staged.replaces.lock() = None;
-        staged.replaces_unasked.store(false, Ordering::Release);
+        *staged.replaces.lock() = journal::Precondition::Unknown;
         staged.rejournal(creates_only(&writes.opts, &staged));
         staged.break_stream();
         // Changed: the next flush uploads it under its new name.
@@ -1244,7 +1240,7 @@ impl FsCore {
                 _ => {}
             }
             let staged = self.stage_making_room(writes, &path, pid, false)?;
-            staged.replaces_unasked.store(true, Ordering::Release);
+            *staged.replaces.lock() = journal::Precondition::Ask;
             if !writes.moves.covers(&path) {
                 break (path, staged);
             }
@@ -1338,7 +1334,7 @@ impl FsCore {
         if !truncate {
             *staged.base.lock() = Some(obj.clone());
         } else {
-            staged.replaces_unasked.store(true, Ordering::Release);
+            *staged.replaces.lock() = journal::Precondition::Ask;
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !truncate {
@@ -2162,8 +2158,7 @@ impl FsCore {
         *staged.base.lock() = fresh.clone();
         // Its own upload is what a later replay replaces (`base` says which, when
         // known): what the name held at the create no longer is.
-        *staged.replaces.lock() = None;
-        staged.replaces_unasked.store(false, Ordering::Release);
+        *staged.replaces.lock() = journal::Precondition::Unknown;
         if let Some(info) = fresh {
             self.supersede(&info);
             *staged.last.lock() = Some((gen, crc, info));

@@ -142,6 +142,19 @@ pub(crate) struct JournalRecord {
     pub replaces: Option<Replaces>,
 }
 
+/// Where a staged file made new or replaced whole stands on [`JournalRecord::replaces`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Precondition {
+    /// Not known: a file renamed into its name, uploaded since (its `base` decides
+    /// then), or changed in place.
+    Unknown,
+    /// Made by a create or an O_TRUNC open: asked of the store at the next fsync (what
+    /// the mount's cache said then may be stale, and the store's clock is no guide).
+    Ask,
+    /// What the store held under the name when asked.
+    Is(Replaces),
+}
+
 /// What a file replaced whole replaces ([`JournalRecord::replaces`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Replaces {
@@ -665,20 +678,19 @@ impl super::FsCore {
     /// under its name now, the precondition of its replay after a crash (one HEAD per
     /// file; none if the store does not answer, and the replay then checks nothing).
     async fn ask_what_it_replaces(&self, staged: &Arc<Staged>) {
-        if !staged.replaces_unasked.load(Ordering::Acquire) {
+        if *staged.replaces.lock() != Precondition::Ask {
             return;
         }
         let now = match self.reader.store().head(&staged.path()).await {
-            Ok(obj) => Some(Replaces::Version(obj.version.to_string())),
-            Err(CacheError::NotFound(_)) => Some(Replaces::Nothing),
-            Err(_) => None,
+            Ok(obj) => Replaces::Version(obj.version.to_string()),
+            Err(CacheError::NotFound(_)) => Replaces::Nothing,
+            // Asked again at the next fsync.
+            Err(_) => return,
         };
+        let mut state = staged.replaces.lock();
         // Not if a rename or an upload settled it meanwhile.
-        if staged.replaces_unasked.swap(false, Ordering::AcqRel) {
-            *staged.replaces.lock() = now.clone();
-            if now.is_none() {
-                staged.replaces_unasked.store(true, Ordering::Release);
-            }
+        if *state == Precondition::Ask {
+            *state = Precondition::Is(now);
         }
     }
 
