@@ -34,12 +34,16 @@
 //!   loss costs only the copy (dropped at open or at the read that finds it torn), and
 //!   a cold read no longer pays a device flush per block or per 4 KiB unit. Copies of KV
 //!   blocks keep the tier's full durability: nothing else holds them.
-//! - A full or failing disk degrades: the first write error (`ENOSPC`, an I/O or index
-//!   error) marks the level degraded for a back-off period (30 s by default), with one
-//!   log line and a counter ([`EngineStatsSnapshot::degradations`]); meanwhile writes
-//!   skip the level (fills and demotions lose only a cached copy; `put` fails at once,
-//!   `put_stored` answers [`Stored::Volatile`]) instead of paying the error on every
-//!   write. Reads still use the level. The first write after the back-off tries again.
+//! - A full or failing disk degrades: a write error (`ENOSPC`, an I/O or index error)
+//!   marks the level degraded for a back-off, with one log line per spell and a counter
+//!   ([`EngineStatsSnapshot::degradations`]); meanwhile writes skip the level (fills and
+//!   demotions lose only a cached copy; `put` fails at once with
+//!   [`CacheError::Degraded`], naming the error and when writes resume; `put_stored`
+//!   answers [`Stored::Volatile`]) instead of paying the error on every write. Reads
+//!   still use the level. The first write after the back-off tries again. The back-off
+//!   starts at 1 s and doubles while those tries fail, up to 30 s by default: one
+//!   transient EIO costs a second of refused puts, not 30 (black-box finding), and a
+//!   dead or full device still costs one failed write per 30 s.
 //! - A level whose accounting holds a key its tier no longer has (a corrupt block the
 //!   disk tier dropped) forgets the key at the first miss, so it can be filled again.
 //! - Concurrent misses on one key share one fetch: the first caller spawns it as a task
@@ -142,6 +146,11 @@ struct Level {
     degraded_until: AtomicU64,
     /// Whether the level is in a degraded spell (for one log line per spell).
     degraded: AtomicBool,
+    /// The spell's current back-off (nanoseconds; 0 outside a spell): doubles with each
+    /// failed try, up to the engine's `degraded_backoff`.
+    degraded_backoff_ns: AtomicU64,
+    /// The device error that began or extended the spell, for the refusals' message.
+    degraded_cause: Mutex<String>,
     /// Whether a full device brought the level's budget below its tier's capacity
     /// (`note_write_error`), for a successful write to give it back.
     budget_lowered: AtomicBool,
@@ -161,9 +170,15 @@ pub enum Stored {
     Volatile,
 }
 
-/// Back-off of a degraded persistent level (see the module docs): long enough that a
-/// full device costs one failed write per 30 s, short enough to notice freed space soon.
+/// Longest back-off of a degraded persistent level (see the module docs): long enough
+/// that a full device costs one failed write per 30 s, short enough to notice freed
+/// space soon.
 pub const DEFAULT_DEGRADED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// First back-off of a degraded spell: one transient error (a bad sector, a hiccup of
+/// network storage) refuses durable puts for a second, not for the whole longest
+/// back-off; a device that keeps failing reaches the longest in five doublings.
+pub const FIRST_DEGRADED_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What a fill achieved beyond landing somewhere.
 struct Fill {
@@ -250,7 +265,8 @@ impl EngineBuilder {
         self
     }
 
-    /// How long writes skip a persistent level after a device error on it.
+    /// The longest writes skip a persistent level after a device error on it (the
+    /// first skip lasts [`FIRST_DEGRADED_BACKOFF`] or this, the shorter).
     pub fn degraded_backoff(mut self, backoff: Duration) -> Self {
         self.degraded_backoff = backoff;
         self
@@ -314,6 +330,8 @@ impl EngineBuilder {
                 in_place_hits: AtomicU64::new(0),
                 degraded_until: AtomicU64::new(0),
                 degraded: AtomicBool::new(false),
+                degraded_backoff_ns: AtomicU64::new(0),
+                degraded_cause: Mutex::new(String::new()),
                 budget_lowered: AtomicBool::new(false),
                 budget_checked_at: AtomicU64::new(0),
             });
@@ -641,10 +659,7 @@ impl CacheEngine {
                     .counters
                     .degraded_skips
                     .fetch_add(1, Ordering::Relaxed);
-                return Err(CacheError::Full(format!(
-                    "{} is degraded after a device error; {key} not stored (not durable)",
-                    self.inner.levels[i].tier.name()
-                )));
+                return Err(self.degraded_refusal(i, key));
             }
         }
         let ctx = self.observed(key, ctx);
@@ -741,6 +756,22 @@ impl CacheEngine {
         Ok(found)
     }
 
+    /// The error of a durable write refused because level `i` is degraded: the tier,
+    /// the device's error and when writes to it resume (not "cache full": the room is
+    /// not the matter, and a client told so would not retry).
+    fn degraded_refusal(&self, i: usize, key: &CacheKey) -> CacheError {
+        let level = &self.inner.levels[i];
+        let until = level.degraded_until.load(Ordering::Relaxed);
+        let left = Duration::from_nanos(until.saturating_sub(self.now_ns()));
+        let cause = level.degraded_cause.lock().clone();
+        CacheError::Degraded(format!(
+            "{} is degraded after a device error ({cause}): {key} not stored durably; \
+             writes to it resume in {:.1} s",
+            level.tier.name(),
+            left.as_secs_f64()
+        ))
+    }
+
     /// Whether writes skip level `i` now.
     fn is_degraded(&self, i: usize) -> bool {
         let until = self.inner.levels[i].degraded_until.load(Ordering::Relaxed);
@@ -776,7 +807,25 @@ impl CacheEngine {
                     "disk full before the disk budget: the budget is what the tier holds until the device has room");
             }
         }
-        let backoff = u64::try_from(self.inner.degraded_backoff.as_nanos()).unwrap_or(u64::MAX);
+        // The first error of a spell backs off FIRST_DEGRADED_BACKOFF; each failed try
+        // after a back-off doubles it, up to the longest.
+        let longest = u64::try_from(self.inner.degraded_backoff.as_nanos()).unwrap_or(u64::MAX);
+        let first = u64::try_from(FIRST_DEGRADED_BACKOFF.as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(longest);
+        let prev = level.degraded_backoff_ns.load(Ordering::Relaxed);
+        let backoff = if prev == 0 {
+            first
+        } else if self.is_degraded(i) {
+            // Another write that was in flight when the spell began: the same fault.
+            prev
+        } else {
+            prev.saturating_mul(2).min(longest)
+        };
+        level
+            .degraded_backoff_ns
+            .store(backoff.max(1), Ordering::Relaxed);
+        *level.degraded_cause.lock() = e.to_string();
         let until = self.now_ns().saturating_add(backoff).max(1);
         level.degraded_until.store(until, Ordering::Relaxed);
         if !level.degraded.swap(true, Ordering::Relaxed) {
@@ -787,8 +836,8 @@ impl CacheEngine {
             tracing::warn!(
                 tier = %level.tier.name(),
                 error = %e,
-                backoff = ?self.inner.degraded_backoff,
-                "disk level degraded: writes skip it for the back-off (reads go on)"
+                backoff = ?Duration::from_nanos(backoff),
+                "disk level degraded: writes skip it for the back-off, doubled while tries fail (reads go on)"
             );
         }
     }
@@ -858,6 +907,7 @@ impl CacheEngine {
         self.raise_lowered_budget(i);
         if level.degraded.swap(false, Ordering::Relaxed) {
             level.degraded_until.store(0, Ordering::Relaxed);
+            level.degraded_backoff_ns.store(0, Ordering::Relaxed);
             tracing::info!(tier = %level.tier.name(), "disk level recovered: writes resume");
         }
     }
@@ -1267,12 +1317,7 @@ impl CacheEngine {
                     .degraded_skips
                     .fetch_add(1, Ordering::Relaxed);
                 if must_persist {
-                    not_durable.get_or_insert_with(|| {
-                        CacheError::Full(format!(
-                            "{} is degraded after a device error",
-                            self.inner.levels[i].tier.name()
-                        ))
-                    });
+                    not_durable.get_or_insert_with(|| self.degraded_refusal(i, key));
                 }
                 continue;
             }

@@ -17,6 +17,11 @@ pub enum CacheError {
     /// No tier could make room (everything pinned, or admission refused).
     #[error("cache full: {0}")]
     Full(String),
+    /// A persistent level is skipped for a while after a device error (a full or
+    /// failing disk; `engine` module docs): the message names the tier, the error and
+    /// when writes to it resume. Not "full": the daemon's room is not the matter.
+    #[error("{0}")]
+    Degraded(String),
     /// Bad argument from a caller (bad URL, bad key, bad range).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -71,6 +76,7 @@ impl CacheError {
                 limit: *limit,
             },
             CacheError::Full(s) => CacheError::Full(s.clone()),
+            CacheError::Degraded(s) => CacheError::Degraded(s.clone()),
             CacheError::InvalidArgument(s) => CacheError::InvalidArgument(s.clone()),
             CacheError::Store { attempts, message } => CacheError::Store {
                 attempts: *attempts,

@@ -115,7 +115,9 @@ impl KvError {
             | KvError::TooLarge { .. }
             | KvError::Truncated { .. } => Code::InvalidArgument,
             KvError::Cache(e) => match e {
-                CacheError::Full(_) => Code::ResourceExhausted,
+                // A refusal of this put, not the daemon down: a connector that paused
+                // every call on UNAVAILABLE would give up its Gets, which still work.
+                CacheError::Full(_) | CacheError::Degraded(_) => Code::ResourceExhausted,
                 // Out of descriptors, threads or memory: the daemon's limits, worth a
                 // retry once its load drops (not an internal fault).
                 e if e.is_resource_shortage() => Code::ResourceExhausted,

@@ -1029,6 +1029,78 @@ async fn a_full_disk_degrades_instead_of_failing_every_put() {
     assert!(engine.stats().degraded.is_empty());
 }
 
+/// Black-box finding: one block-write EIO refused every KV put for 30 s, as "cache
+/// full". A spell's back-off now starts at a second and doubles while the tries after
+/// it fail (up to the longest); the refusal names the device's error and when writes
+/// resume, and is `Degraded`, not `Full`.
+#[tokio::test]
+async fn one_write_error_refuses_puts_for_a_second_and_a_failing_disk_longer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, _disk, io) =
+        memory_over_filling_disk(dir.path(), crate::engine::DEFAULT_DEGRADED_BACKOFF);
+    let ctx = crate::AccessContext::default();
+    let first = crate::engine::FIRST_DEGRADED_BACKOFF;
+
+    // One transient EIO: the put fails, the next one (at once) is refused as degraded.
+    io.write_errno.store(libc::EIO, Ordering::SeqCst);
+    let began = std::time::Instant::now();
+    assert!(engine
+        .put(&CacheKey::kv("ns", vec![1]), data(5000, 1), &ctx)
+        .await
+        .is_err());
+    io.write_errno.store(0, Ordering::SeqCst);
+    let refused = engine
+        .put(&CacheKey::kv("ns", vec![2]), data(5000, 2), &ctx)
+        .await
+        .expect_err("degraded");
+    assert!(matches!(refused, CacheError::Degraded(_)), "{refused:?}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("resume in") && !text.contains("full"),
+        "{text}"
+    );
+    // After the first back-off (not 30 s) the healthy disk takes puts again.
+    tokio::time::sleep(
+        first.saturating_sub(began.elapsed()) + std::time::Duration::from_millis(100),
+    )
+    .await;
+    engine
+        .put(&CacheKey::kv("ns", vec![3]), data(5000, 3), &ctx)
+        .await
+        .expect("a durable put a second after one EIO");
+    assert!(engine.stats().degraded.is_empty());
+
+    // A disk that keeps failing: the try after the first back-off fails, and the next
+    // back-off is twice as long.
+    io.write_errno.store(libc::EIO, Ordering::SeqCst);
+    assert!(engine
+        .put(&CacheKey::kv("ns", vec![4]), data(5000, 4), &ctx)
+        .await
+        .is_err());
+    tokio::time::sleep(first + std::time::Duration::from_millis(100)).await;
+    let again = engine
+        .put(&CacheKey::kv("ns", vec![5]), data(5000, 5), &ctx)
+        .await
+        .expect_err("the try after the back-off fails too");
+    assert!(
+        !matches!(again, CacheError::Degraded(_)),
+        "{again:?}: tried"
+    );
+    io.write_errno.store(0, Ordering::SeqCst);
+    tokio::time::sleep(first + std::time::Duration::from_millis(100)).await;
+    let still = engine
+        .put(&CacheKey::kv("ns", vec![6]), data(5000, 6), &ctx)
+        .await
+        .expect_err("the second back-off is doubled");
+    assert!(matches!(still, CacheError::Degraded(_)), "{still:?}");
+    tokio::time::sleep(first).await;
+    engine
+        .put(&CacheKey::kv("ns", vec![7]), data(5000, 7), &ctx)
+        .await
+        .expect("durable once the doubled back-off is over");
+    assert_eq!(engine.stats().degradations, 2, "two spells");
+}
+
 fn mode_of(p: &Path) -> u32 {
     fs::metadata(p).expect("stat").mode() & 0o777
 }
