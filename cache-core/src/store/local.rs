@@ -1,0 +1,344 @@
+//! A `file://` store's own rules, beside what `object_store`'s local store does:
+//! links out of the root refused, a folder's level read directly (names no key can
+//! hold skipped, loops cut), local versions stat'ed, interrupted writes' temporary
+//! files removed, and objects synced up to the root.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::ListResult;
+
+use crate::error::{CacheError, Result};
+
+use super::version::{etag_of, local_version};
+use super::ObjectInfo;
+
+/// Whether `rel` under `root` (canonical) resolves to a place inside `root`.
+pub(super) fn inside_root(root: &std::path::Path, rel: &str) -> bool {
+    match std::fs::canonicalize(root.join(rel)) {
+        Ok(real) => real.starts_with(root),
+        // Gone meanwhile (or a dangling link): not something to list.
+        Err(_) => false,
+    }
+}
+
+/// Whether `root/rel` exists and resolves outside `root` (a link out of it).
+pub(super) fn escapes_root(root: &std::path::Path, rel: &str) -> bool {
+    std::fs::canonicalize(root.join(rel)).is_ok_and(|real| !real.starts_with(root))
+}
+
+/// Whether the folder `rel` would be written in (its deepest existing ancestor, as a
+/// write creates the missing ones) lies inside `root` once every link is resolved.
+pub(super) fn folder_inside_root(root: &std::path::Path, rel: &str) -> bool {
+    let mut dir = root.join(rel);
+    while dir.pop() && dir.starts_with(root) {
+        if std::fs::symlink_metadata(&dir).is_ok() {
+            return std::fs::canonicalize(&dir).is_ok_and(|real| real.starts_with(root));
+        }
+    }
+    true
+}
+
+/// The first folder of `rel` under `root` that is a symbolic link (relative to `root`).
+pub(super) fn folder_link_in(root: &std::path::Path, rel: &str) -> Option<String> {
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    for (i, part) in parts.iter().enumerate().take(parts.len().saturating_sub(1)) {
+        dir.push(part);
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(parts[..=i].join("/"));
+        }
+    }
+    None
+}
+
+/// Whether `name` is how object_store's local store names an upload in progress
+/// (`NAME#N`): such files are never listed, and no object can be named so.
+pub(super) fn upload_in_progress_name(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// One level of folder `rel` of the local store at `root`, read directly: what
+/// object_store lists there, except that a name no key can hold (not UTF-8, a control
+/// character, `NAME#N`), something neither a file nor a folder (a FIFO, a socket, a
+/// dangling link) and a link to this folder or one above it (a loop) are skipped
+/// instead of failing the whole listing.
+pub(super) fn local_level(root: &std::path::Path, rel: &str) -> std::io::Result<ListResult> {
+    let dir = root.join(rel);
+    // A folder reached through a link that loops (or into the daemon's own mount, which
+    // answers its own threads ELOOP) is no folder: not found at once, not an error
+    // retried as a store's (black-box finding: 3.5-7 s of retries, then EIO).
+    let looped = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ELOOP) => std::io::Error::new(std::io::ErrorKind::NotFound, e),
+        _ => e,
+    };
+    let real_dir = std::fs::canonicalize(&dir).map_err(looped)?;
+    let (mut common_prefixes, mut objects) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(&dir).map_err(looped)? {
+        let entry = entry?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let key = match rel.is_empty() {
+            true => name.clone(),
+            false => format!("{rel}/{name}"),
+        };
+        let Ok(location) = Path::parse(&key) else {
+            continue;
+        };
+        // (Follows links: a dangling one fails and is skipped.)
+        let Ok(meta) = std::fs::metadata(entry.path()) else {
+            continue;
+        };
+        if meta.is_dir() {
+            let looped = std::fs::canonicalize(entry.path()).is_ok_and(|r| real_dir.starts_with(r));
+            // A linked folder that cannot be read is skipped as a dangling link is.
+            let linked = entry.file_type().is_ok_and(|t| t.is_symlink());
+            let unreadable = linked && std::fs::read_dir(entry.path()).is_err();
+            if !looped && !unreadable {
+                common_prefixes.push(location);
+            }
+        } else if meta.is_file() && !upload_in_progress_name(&name) {
+            objects.push(object_store::ObjectMeta {
+                location,
+                last_modified: meta.modified()?.into(),
+                size: meta.len(),
+                e_tag: None,
+                version: None,
+            });
+        }
+    }
+    common_prefixes.sort();
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(ListResult {
+        common_prefixes,
+        objects,
+        extensions: Default::default(),
+    })
+}
+
+/// Every file under folder `rel` of the local store at `root`, by [`local_level`].
+pub(super) fn local_walk(
+    root: &std::path::Path,
+    rel: &str,
+) -> std::io::Result<Vec<object_store::ObjectMeta>> {
+    let mut out = Vec::new();
+    let mut todo = vec![rel.to_string()];
+    while let Some(d) = todo.pop() {
+        let level = match local_level(root, &d) {
+            Ok(l) => l,
+            // The prefix itself missing: nothing under it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && d == rel => break,
+            Err(e) => return Err(e),
+        };
+        todo.extend(level.common_prefixes.iter().map(|p| p.to_string()));
+        out.extend(level.objects);
+    }
+    Ok(out)
+}
+
+/// Fails with `NotFound` unless `p` under `root` is a regular file (links followed).
+/// A FIFO put in a file's place would block the read's open, and with it a thread of
+/// the blocking pool, for good (black-box finding: 8 such reads held threads past the
+/// unmount; the daemon never exited); a device or a directory is no object either.
+pub(super) async fn regular_local_file(
+    root: Arc<std::path::Path>,
+    p: &Path,
+) -> object_store::Result<()> {
+    let path = root.join(p.as_ref());
+    let key = p.to_string();
+    let kind = tokio::task::spawn_blocking(move || std::fs::metadata(path).map(|m| m.file_type()))
+        .await
+        .map_err(|e| object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(e),
+        })?;
+    match kind {
+        Ok(t) if t.is_file() => Ok(()),
+        Ok(_) => Err(object_store::Error::NotFound {
+            path: key,
+            source: "not a regular file (a FIFO, socket, device or directory took its place)"
+                .into(),
+        }),
+        // The read itself reports a missing file (or any other failure) as before.
+        Err(_) => Ok(()),
+    }
+}
+
+/// `info` with its version taken from the file under `root` (see [`local_version`]).
+pub(super) async fn local_info(
+    root: Arc<std::path::Path>,
+    info: ObjectInfo,
+    follow_symlinks: bool,
+) -> Result<ObjectInfo> {
+    let mut v = local_infos(root, vec![info], follow_symlinks, false).await?;
+    v.pop().ok_or_else(|| CacheError::Store {
+        attempts: 1,
+        message: "local stat returned nothing".into(),
+    })
+}
+
+/// Runs `f`, which stats local files, on the blocking pool.
+pub(super) async fn local_stat<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CacheError::Store {
+            attempts: 1,
+            message: format!("local stat task failed: {e}"),
+        })
+}
+
+/// [`local_info`] of many files, in one blocking task. Entries that lead out of the
+/// root through a symlink are skipped (`skip_escapes`, for listings) or not found.
+pub(super) async fn local_infos(
+    root: Arc<std::path::Path>,
+    infos: Vec<ObjectInfo>,
+    follow_symlinks: bool,
+    skip_escapes: bool,
+) -> Result<Vec<ObjectInfo>> {
+    local_stat(move || {
+        infos
+            .into_iter()
+            .filter(|info| {
+                if follow_symlinks || !skip_escapes || inside_root(&root, &info.path) {
+                    return true;
+                }
+                if escapes_root(&root, &info.path) {
+                    tracing::warn!(path = %info.path, "skipping a symlink out of the store root");
+                }
+                false
+            })
+            .map(|mut info| {
+                if !follow_symlinks && !inside_root(&root, &info.path) {
+                    // Warned only for a link that leads out: a file deleted since it was
+                    // listed is just not found.
+                    if escapes_root(&root, &info.path) {
+                        tracing::warn!(path = %info.path, "refusing a symlink out of the store root");
+                    }
+                    return Err(CacheError::NotFound(info.path.to_string()));
+                }
+                let path = root.join(info.path.as_ref());
+                let m = std::fs::metadata(&path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => CacheError::NotFound(info.path.to_string()),
+                    _ => CacheError::Io(e),
+                })?;
+                let etag = etag_of(&info.version).to_string();
+                info.version = Arc::from(local_version(&etag, &m));
+                Ok(info)
+            })
+            .collect()
+    })
+    .await?
+}
+
+/// Whether `root/rel` can be named by a system call: shorter than `PATH_MAX` (4,096)
+/// bytes with its terminating NUL.
+pub(super) fn local_path_fits(root: &std::path::Path, rel: &str) -> bool {
+    local_len_fits(root, rel.len())
+}
+
+/// [`local_path_fits`] for a relative path of `rel_len` bytes.
+pub(super) fn local_len_fits(root: &std::path::Path, rel_len: usize) -> bool {
+    root.as_os_str().len() + 1 + rel_len < libc::PATH_MAX as usize
+}
+
+/// Longest file name a local directory store takes: 255 (NAME_MAX) less room for the
+/// `#N` suffix of its uploads in progress (N up to 3 digits).
+pub(super) const LOCAL_NAME_MAX: usize = 255 - 4;
+
+/// Removes what a local directory store's interrupted write of `key` left: its
+/// temporary files `NAME#N` beside the object (object_store's names; a key may not end
+/// so, see `object_key`). False if one could not be removed.
+pub(super) fn remove_local_temp(root: &std::path::Path, key: &str) -> bool {
+    let target = root.join(key);
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
+        return true;
+    };
+    let prefix = format!("{}#", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let mut ok = true;
+    for e in entries.flatten() {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        let temp = n
+            .strip_prefix(&prefix)
+            .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()));
+        if temp {
+            if let Err(err) = std::fs::remove_file(e.path()) {
+                if err.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(file = %e.path().display(), error = %err,
+                        "cannot remove an interrupted write's temporary file");
+                    ok = false;
+                }
+            }
+        }
+    }
+    ok
+}
+
+/// Removes a new object's file whose sync failed (the caller is told the write failed,
+/// and a failed create leaves no object); a failure to is only logged.
+pub(crate) async fn remove_unsynced(file: &std::path::Path) {
+    if let Err(rm) = tokio::fs::remove_file(file).await {
+        tracing::warn!(file = %file.display(), error = %rm,
+            "cannot remove an object whose sync failed");
+    }
+}
+
+/// Syncs `file` and the folders from its own up to `root` (see
+/// [`BackingStore::sync_local`]); a file already gone (deleted meanwhile) is not an
+/// error.
+pub(crate) async fn sync_local_file(
+    root: std::path::PathBuf,
+    file: std::path::PathBuf,
+) -> Result<()> {
+    tokio::task::spawn_blocking(move || {
+        match std::fs::File::open(&file).and_then(|f| f.sync_all()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                // Named here: the flush's error names no file (the error itself is
+                // kept as it is, its errno decides what the caller is told).
+                tracing::warn!(file = %file.display(), error = %e,
+                    "syncing a written object to the store's disk failed");
+                return Err(e.into());
+            }
+            _ => {}
+        }
+        match file.parent() {
+            Some(dir) => sync_dirs_blocking(&root, dir),
+            None => Ok(()),
+        }
+    })
+    .await
+    .map_err(|e| CacheError::Io(std::io::Error::other(e)))?
+}
+
+/// Syncs folder `dir` and its parents up to `root`.
+pub(super) async fn sync_local_dirs(
+    root: std::path::PathBuf,
+    dir: std::path::PathBuf,
+) -> Result<()> {
+    tokio::task::spawn_blocking(move || sync_dirs_blocking(&root, &dir))
+        .await
+        .map_err(|e| CacheError::Io(std::io::Error::other(e)))?
+}
+
+pub(super) fn sync_dirs_blocking(root: &std::path::Path, dir: &std::path::Path) -> Result<()> {
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| d.starts_with(root)) {
+        match std::fs::File::open(d).and_then(|f| f.sync_all()) {
+            // Emptied and removed meanwhile: its parent still gets synced.
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        if d == root {
+            break;
+        }
+        at = d.parent();
+    }
+    Ok(())
+}
