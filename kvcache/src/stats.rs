@@ -32,6 +32,14 @@ pub const MAX_TRACKED_NAMESPACES: usize = 256;
 /// Bucket of the namespaces beyond [`MAX_TRACKED_NAMESPACES`].
 pub const OTHER_NS: &str = "(other)";
 
+/// A tracked namespace with no put or hit for this long gives its entry to the next
+/// namespace that would be counted under [`OTHER_NS`], its counts folded there (the
+/// totals stay whole): a long-lived daemon whose models and tenants change over days
+/// shows the ones in use, not the first 256 it ever saw (a known item of the last
+/// notes). 10 minutes: longer than any pause of a serving engine between requests, so
+/// a namespace in use never loses its line to a burst of new ones.
+pub const NS_IDLE_REPLACE: Duration = Duration::from_secs(600);
+
 #[derive(Default)]
 struct NsCounters {
     puts: AtomicU64,
@@ -39,6 +47,36 @@ struct NsCounters {
     hits: AtomicU64,
     misses: AtomicU64,
     get_bytes: AtomicU64,
+    /// Its last put or hit, in seconds of [`now_s`].
+    last_active_s: AtomicU64,
+}
+
+impl NsCounters {
+    fn active(&self) {
+        self.last_active_s.store(now_s(), Ordering::Relaxed);
+    }
+
+    /// Adds `other`'s counts to this entry's.
+    fn fold(&self, other: &NsCounters) {
+        for (to, from) in [
+            (&self.puts, &other.puts),
+            (&self.put_bytes, &other.put_bytes),
+            (&self.hits, &other.hits),
+            (&self.misses, &other.misses),
+            (&self.get_bytes, &other.get_bytes),
+        ] {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Seconds since the first call (a monotonic clock for the entries' idleness).
+fn now_s() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
 }
 
 /// Per-namespace figures.
@@ -157,8 +195,14 @@ pub struct KvStats {
     idle_aborted: AtomicU64,
     idle_connections_closed: AtomicU64,
     namespaces: RwLock<HashMap<Arc<str>, Arc<NsCounters>>>,
-    /// Entries made for registered namespaces (outside the cap).
-    pinned: usize,
+    /// Registered namespaces: tracked outside the cap, never replaced.
+    pinned: std::collections::HashSet<Arc<str>>,
+    /// [`NS_IDLE_REPLACE`] (None: the default; tests shorten it).
+    idle_replace: Option<Duration>,
+    /// When a full table was last searched for an idle entry ([`now_s`] + 1; 0:
+    /// never): at most once a second, as each put of a namespace under
+    /// [`OTHER_NS`] would otherwise scan the table.
+    replace_scanned_s: AtomicU64,
     pub load: LoadModel,
 }
 
@@ -170,26 +214,58 @@ impl KvStats {
             .map(|n| (Arc::from(n.as_str()), Arc::default()))
             .collect();
         KvStats {
-            pinned: map.len(),
+            pinned: map.keys().cloned().collect(),
             namespaces: RwLock::new(map),
             ..Default::default()
         }
     }
 
-    /// The entry of `ns`, made if there is room (puts and hits only).
+    /// The entry of `ns`, made if there is room, or in the place of an entry idle for
+    /// [`NS_IDLE_REPLACE`] (puts and hits only); marked active.
     fn ns_for_put(&self, ns: &str) -> Arc<NsCounters> {
         if let Some(c) = self.namespaces.read().get(ns) {
+            c.active();
             return c.clone();
         }
         let mut map = self.namespaces.write();
         let other = usize::from(map.contains_key(OTHER_NS));
-        let full = map.len() - other >= MAX_TRACKED_NAMESPACES + self.pinned;
-        let name: Arc<str> = if full && !map.contains_key(ns) {
+        let full = map.len() - other >= MAX_TRACKED_NAMESPACES + self.pinned.len();
+        let name: Arc<str> = if full && !map.contains_key(ns) && !self.replace_idle(&mut map) {
             OTHER_NS.into()
         } else {
             ns.into()
         };
-        map.entry(name).or_default().clone()
+        let c = map.entry(name).or_default().clone();
+        c.active();
+        c
+    }
+
+    /// Frees the entry of the namespace idle longest, if one has been idle for
+    /// [`NS_IDLE_REPLACE`], folding its counts into [`OTHER_NS`]; true if it did.
+    fn replace_idle(&self, map: &mut HashMap<Arc<str>, Arc<NsCounters>>) -> bool {
+        let idle_for = self.idle_replace.unwrap_or(NS_IDLE_REPLACE).as_secs();
+        let now = now_s();
+        let scanned = self.replace_scanned_s.load(Ordering::Relaxed);
+        if idle_for > 0 && scanned != 0 && now < scanned {
+            return false;
+        }
+        self.replace_scanned_s.store(now + 1, Ordering::Relaxed);
+        let idlest = map
+            .iter()
+            .filter(|(name, _)| &***name != OTHER_NS && !self.pinned.contains(*name))
+            .map(|(name, c)| (c.last_active_s.load(Ordering::Relaxed), name))
+            .min();
+        let Some((last, name)) = idlest else {
+            return false;
+        };
+        if now.saturating_sub(last) < idle_for {
+            return false;
+        }
+        let name = name.clone();
+        if let Some(gone) = map.remove(&name) {
+            map.entry(OTHER_NS.into()).or_default().fold(&gone);
+        }
+        true
     }
 
     /// The entry of `ns` if it has one, else the shared [`OTHER_NS`] entry.
@@ -470,6 +546,44 @@ mod tests {
         let other = snap.namespace(OTHER_NS).expect("other bucket");
         assert_eq!(other.puts, 11);
         assert_eq!(other.hit_ratio, 0.0);
+    }
+
+    /// A known item of the last notes: the first 256 namespaces kept their entries for
+    /// the daemon's life. One idle for the replace period gives its entry to a new
+    /// namespace; its counts move to (other), so the sum over entries stays the total;
+    /// a registered namespace is never replaced.
+    #[test]
+    fn an_idle_namespace_gives_its_entry_to_a_new_one() {
+        let mut s = KvStats::with_pinned(&["model/tenant".to_string()]);
+        s.idle_replace = Some(Duration::from_secs(2));
+        s.put("model/tenant", 10, false);
+        for i in 0..MAX_TRACKED_NAMESPACES {
+            s.put(&format!("ns{i}"), 100, false);
+        }
+        // Full: a new namespace goes to (other) while every entry is fresh.
+        s.put("early", 7, false);
+        assert!(s.snapshot().namespace("early").is_none());
+        std::thread::sleep(Duration::from_millis(3100));
+        // All but ns5 idle now; ns5 is active, and the new one takes an idle entry.
+        s.put("ns5", 100, false);
+        s.put("late", 1000, false);
+        let snap = s.snapshot();
+        let late = snap.namespace("late").expect("an entry of its own");
+        assert_eq!((late.puts, late.put_bytes), (1, 1000));
+        assert!(
+            snap.namespace("ns5").is_some(),
+            "the active one kept its entry"
+        );
+        assert!(snap.namespace("model/tenant").is_some(), "registered: kept");
+        assert_eq!(snap.namespaces.len(), MAX_TRACKED_NAMESPACES + 2);
+        let other = snap.namespace(OTHER_NS).expect("(other)");
+        assert_eq!(
+            (other.puts, other.put_bytes),
+            (2, 107),
+            "early + the replaced one"
+        );
+        let sum: u64 = snap.namespaces.iter().map(|n| n.put_bytes).sum();
+        assert_eq!(sum, snap.put_bytes, "entries add up to the total");
     }
 
     #[test]
