@@ -193,10 +193,10 @@ impl SharedBindings {
         refresh: bool,
     ) -> Result<Identity, ClusterError> {
         let mut client = self.client().await?;
-        let lease = self.lease(&mut client).await?;
+        let mut lease = self.lease(&mut client).await?;
         let key = self.key(namespace);
         let value = encode(identity);
-        let (held, held_lease) = match create_or_read(
+        let mut created = create_or_read(
             &self.cfg,
             &mut client,
             &key,
@@ -204,8 +204,25 @@ impl SharedBindings {
             lease,
             "binding record",
         )
-        .await?
-        {
+        .await;
+        if created.as_ref().is_err_and(lease_not_found) {
+            // etcd lost the lease this node's records lived on (restored empty, or the
+            // lease expired while the daemon was stopped): a new one at once, not a
+            // failed call and a rest (black-box finding: after etcd lost its data the
+            // first publish after registering again failed so).
+            *self.lease.lock() = None;
+            lease = self.lease(&mut client).await?;
+            created = create_or_read(
+                &self.cfg,
+                &mut client,
+                &key,
+                &value,
+                lease,
+                "binding record",
+            )
+            .await;
+        }
+        let (held, held_lease) = match created? {
             Created::Created => return Ok(*identity),
             Created::Held { value, lease } => (value, lease),
         };
@@ -215,6 +232,11 @@ impl SharedBindings {
         }
         Ok(bound)
     }
+}
+
+/// Whether etcd refused a write for its lease: "requested lease not found".
+fn lease_not_found(e: &ClusterError) -> bool {
+    matches!(e, ClusterError::Etcd(_)) && e.to_string().contains("lease not found")
 }
 
 fn bad_record(key: &str) -> ClusterError {

@@ -92,6 +92,13 @@ pub struct Membership {
     /// The etcd revision that created each member's record: of two records at one
     /// advertise address the later one is the live daemon ([`crate::Placement`]).
     pub created: BTreeMap<NodeId, i64>,
+    /// Times this node registered (a session with etcd began, or its record was
+    /// written again after a delete): what etcd held may be gone since the last one
+    /// (etcd restored empty, the group's keys deleted), so records this node keeps
+    /// there, its KV namespace bindings, are written again at each (black-box finding:
+    /// after etcd lost its data the members registered again but left their bindings
+    /// out for up to 3 hours, and a second model took a namespace over).
+    pub registrations: u64,
 }
 
 impl Membership {
@@ -626,7 +633,8 @@ async fn session(
     }
     let (mut keeper, mut renewals) = bounded(cfg, client.lease_keep_alive(lease)).await?;
 
-    let snapshot = read(&mut client, cfg).await?;
+    let mut snapshot = read(&mut client, cfg).await?;
+    snapshot.registrations = tx.borrow().registrations + 1;
     let mut watch_stream = bounded(
         cfg,
         client.watch(
@@ -687,6 +695,7 @@ async fn session(
                         ),
                     )
                     .await?;
+                    tx.send_modify(|m| m.registrations += 1);
                 }
                 tx.send_if_modified(|m| {
                     let before = (m.nodes.clone(), m.created.clone());

@@ -72,6 +72,20 @@ impl Etcd {
         }
     }
 
+    /// Kills etcd, removes its data (a volume lost, a restore to an empty cluster) and
+    /// starts it again on the same ports, empty, waiting until it answers.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        if let Err(e) = std::fs::remove_dir_all(self.data_dir()) {
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::NotFound,
+                "removing etcd's data: {e}"
+            );
+        }
+        self.restart();
+    }
+
     /// Starts etcd again on the same ports and data dir and waits until it answers.
     pub fn restart(&mut self) {
         if let Err(why) = self.try_restart() {

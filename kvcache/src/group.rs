@@ -110,6 +110,12 @@ pub trait GroupView: Send + Sync + 'static {
         let _ = (namespace, identity, op);
         Box::pin(std::future::ready(None))
     }
+    /// Times this node registered with the group's store ([`GroupView::shared_binding`]'s
+    /// records live there): a change says what it held may be gone, and this node's
+    /// bindings are published again at once. 0 where there is no such store.
+    fn registrations(&self) -> u64 {
+        0
+    }
 }
 
 /// What a node asks of the group's shared namespace bindings.
@@ -871,6 +877,11 @@ impl Router {
         op: SharedBindingOp,
     ) -> SharedBindingAnswer {
         self.view.shared_binding(namespace, identity, op)
+    }
+
+    /// See [`GroupView::registrations`].
+    pub fn registrations(&self) -> u64 {
+        self.view.registrations()
     }
 
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {

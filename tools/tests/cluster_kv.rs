@@ -399,6 +399,40 @@ fn a_namespace_is_bound_for_the_whole_group_not_only_on_the_nodes_that_store_it(
     });
 }
 
+/// Black-box finding (round 21): after etcd lost its data the members registered again
+/// but wrote their namespace bindings back only at their 3-hourly pass; meanwhile model
+/// B's puts through members that joined bound the namespace on etcd, and each first
+/// member took that binding at its next restart, dropping model A's blocks. A member
+/// that registers again now publishes its bindings within seconds.
+#[test]
+fn after_etcd_loses_its_data_the_members_publish_their_bindings_again() {
+    bounded(150, || {
+        let mut g = Group::start(spec()).expect("group starts");
+        g.wait_views(3, Duration::from_secs(20)).expect("views");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let (ok, refused) = rt.block_on(put_as(&g, 0, "rev-a", 0..10));
+        assert_eq!((ok, refused), (10, vec![]), "model A binds the namespace");
+        let shared = strata_cluster::SharedBindings::new(g.group_config()).expect("bindings");
+        let a = identity("rev-a").digest();
+        assert_eq!(rt.block_on(shared.held(NS)).expect("held"), Some(a));
+
+        g.etcd.restart_empty();
+        g.wait_members(3, Duration::from_secs(30))
+            .expect("every node registers again");
+        assert!(
+            rt.block_on(shared.held(NS)).is_ok(),
+            "etcd answers the binding's read"
+        );
+        // Within the publish loop's check period (5 s) and a pass, not 3 hours.
+        wait_until(
+            Duration::from_secs(20),
+            "model A's binding is on etcd again",
+            || rt.block_on(shared.held(NS)).ok().flatten() == Some(a),
+        )
+        .expect("the members publish their bindings after registering again");
+    });
+}
+
 /// Reads blocks `range` through `node` as a client of model `revision`; how many came
 /// back byte-exact, and the codes of those refused.
 async fn get_as(

@@ -156,7 +156,10 @@ impl KvService {
     /// stay alive. Bindings made while the group could not be asked are checked every
     /// [`crate::group::RECHECK_UNCONFIRMED`] until it answers (and at once when a call
     /// is refused for one). A binding the group holds for another identity gives way
-    /// to it ([`Self::adopt_group_binding`]). Stops with the service.
+    /// to it ([`Self::adopt_group_binding`]). Each time this node registers with the
+    /// group again ([`crate::group::GroupView::registrations`]: etcd back, perhaps
+    /// restored empty) a full pass runs within [`crate::group::RECHECK_UNCONFIRMED`].
+    /// Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
         use crate::group::{
             SharedBindingOp, RECHECK_UNCONFIRMED, REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY,
@@ -167,10 +170,17 @@ impl KvService {
         let recheck = self.inner.identities.recheck.clone();
         tokio::spawn(async move {
             let mut full_due = tokio::time::Instant::now();
+            let mut registrations = router.registrations();
             loop {
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
+                let now_registered = router.registrations();
+                let reregistered = now_registered != registrations;
+                if reregistered {
+                    registrations = now_registered;
+                    full_due = tokio::time::Instant::now();
+                }
                 let this = KvService {
                     inner,
                     peer_side: false,
@@ -196,17 +206,16 @@ impl KvService {
                 let now = tokio::time::Instant::now();
                 if full {
                     full_due = now
-                        + if unanswered > 0 {
-                            REPUBLISH_RETRY
-                        } else {
-                            REPUBLISH_BINDINGS_EVERY
+                        + match unanswered {
+                            0 => REPUBLISH_BINDINGS_EVERY,
+                            // Just registered: etcd answers, so soon again.
+                            _ if reregistered => RECHECK_UNCONFIRMED,
+                            _ => REPUBLISH_RETRY,
                         };
                 }
-                let next = if ids.unconfirmed().is_empty() {
-                    full_due
-                } else {
-                    full_due.min(now + RECHECK_UNCONFIRMED)
-                };
+                // Every RECHECK_UNCONFIRMED at least: a new registration is noticed
+                // (no etcd call unless there is one, or unconfirmed bindings).
+                let next = full_due.min(now + RECHECK_UNCONFIRMED);
                 drop((ids, this));
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => {}

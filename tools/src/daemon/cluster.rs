@@ -185,6 +185,10 @@ impl strata_kvcache::group::GroupView for MembershipView {
         self.rx.borrow().refused.clone()
     }
 
+    fn registrations(&self) -> u64 {
+        self.rx.borrow().registrations
+    }
+
     fn shared_binding(
         &self,
         namespace: &str,
@@ -218,7 +222,9 @@ impl strata_kvcache::group::GroupView for MembershipView {
 
     fn routes(&self, keys: &[Vec<u8>]) -> Option<strata_kvcache::group::Routes> {
         let m = self.rx.borrow();
-        if m.nodes.is_empty() && !m.connected {
+        // (A call with no keys only refreshes the members: no put to warn about, and
+        // the router makes one at start, before etcd had time to answer.)
+        if m.nodes.is_empty() && !m.connected && !keys.is_empty() {
             // etcd never answered and no membership was saved: the group is unknown,
             // not a group of one. Routes with no candidate make each Put kept on this
             // node and counted so (`puts_kept_locally`), where serving as a single node
