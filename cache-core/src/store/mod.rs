@@ -536,7 +536,15 @@ impl BackingStore {
             .retrying(|| {
                 let p = p.clone();
                 self.count_head();
-                async move { self.store.head(&p).await }
+                let local = self.local_root.clone();
+                async move {
+                    // object_store's local HEAD opens the file: a FIFO's open waits for a
+                    // writer (`local_infos`), so what is no regular file is not found.
+                    if let Some(root) = local {
+                        regular_local_file(root, &p).await?;
+                    }
+                    self.store.head(&p).await
+                }
             })
             .await?;
         let info = info_from_meta(&meta, self.block_size);
@@ -1974,6 +1982,39 @@ mod local_store_tests {
             .expect("put");
         store.rename("c/d/obj", "e/obj").await.expect("rename");
         assert_eq!(std::fs::read(root.join("e/obj")).expect("read"), b"durable");
+    }
+
+    /// Black-box finding (round 21): a FIFO in a `file://` store was listed as a 0-byte
+    /// file and its HEAD opened it, waiting for a writer (40 s, then the store taken for
+    /// silent). It is no object now: not listed, not found at once; what is beside it is.
+    #[tokio::test]
+    async fn a_fifo_in_a_local_store_is_no_object_and_blocks_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("d")).expect("mkdir");
+        std::fs::write(root.join("d/ok"), b"fine").expect("write");
+        let fifo =
+            std::ffi::CString::new(root.join("d/pipe").to_str().expect("utf-8")).expect("path");
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+        let store = local_store(&root);
+        let within = Duration::from_secs(5);
+        let listing = tokio::time::timeout(within, store.list_dir("d"))
+            .await
+            .expect("the listing does not block")
+            .expect("listed");
+        let names: Vec<&str> = listing.files.iter().map(|f| &*f.path).collect();
+        assert_eq!(names, ["d/ok"]);
+        let head = tokio::time::timeout(within, store.head("d/pipe"))
+            .await
+            .expect("the HEAD does not block");
+        assert!(matches!(head, Err(CacheError::NotFound(_))), "{head:?}");
+        let all = tokio::time::timeout(within, store.list_all("d"))
+            .await
+            .expect("the walk does not block")
+            .expect("walked");
+        assert_eq!(all.len(), 1, "{all:?}");
+        store.head("d/ok").await.expect("the file beside it");
     }
 }
 
