@@ -1547,6 +1547,22 @@ async fn a_change_in_place_is_not_uploaded_over_a_version_put_since_the_open() {
         c.release_write(fh).await;
         assert_eq!(stored(&fx, "old/mine").await.as_deref(), Some(&b"v1v2"[..]));
         let _ = e;
+
+        // Black-box finding (round 21): removed by another client between the open and
+        // the close, the object came back as its old bytes plus the change.
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj, theirs");
+        let o = c
+            .open_write(obj.attr.ino, false, 0)
+            .await
+            .expect("open the other writer's version to append");
+        c.write(o.fh, 3000, b"mine\n").expect("append");
+        object_store::ObjectStoreExt::delete(&*fx.mem, &object_store::path::Path::from("old/obj"))
+            .await
+            .expect("a delete by another client");
+        let e = c.close(o.fh, 0).await.expect_err("removed since the open");
+        assert_eq!(e.errno(), libc::ESTALE);
+        c.release_write(o.fh).await;
+        assert_eq!(stored(&fx, "old/obj").await, None, "the removal stands");
     })
     .await
     .expect("bounded");

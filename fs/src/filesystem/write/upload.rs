@@ -200,6 +200,9 @@ impl FsCore {
     /// holds the version it was opened on (or last uploaded), else `Changed` (ESTALE)
     /// and nothing is uploaded. Black-box finding: an append closed over a version
     /// another writer had put after the open, and that acknowledged object was lost.
+    /// An object removed meanwhile is changed too (black-box finding, round 21: a
+    /// logger's close brought back the object a cleanup job had deleted, as its old
+    /// bytes plus the change; a truncate and the crash replay already refused so).
     /// (One HEAD; a version replaced between it and the upload is not caught.)
     pub(super) async fn base_still_in_store(&self, staged: &Arc<Staged>) -> Result<()> {
         let Some(base) = staged.base.lock().clone() else {
@@ -213,7 +216,13 @@ impl FsCore {
                     "{path}: replaced in the store by another writer since it was opened"
                 ))))
             }
-            Ok(_) | Err(CacheError::NotFound(_)) => Ok(()),
+            Err(CacheError::NotFound(_)) => {
+                tracing::warn!(path = %path, "not uploaded: another client removed the object since this file opened it");
+                Err(Error::Cache(CacheError::Changed(format!(
+                    "{path}: removed from the store by another client since it was opened"
+                ))))
+            }
+            Ok(_) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
