@@ -129,6 +129,35 @@ async fn folder_markers_are_directories_not_files() {
     assert!(!store.list_dir("nothing").await.expect("list").exists);
 }
 
+/// Black-box finding (round 21): a folder rename over S3 folder markers copied the
+/// marker as a file named as its folder and failed ENOENT. A recursive listing's
+/// markers are told apart (listed empty, not found by their name) so the rename refuses
+/// them as `rmdir` does; an empty real object is no marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folder_markers_in_a_recursive_listing_are_told_apart() {
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    for key in [
+        "top/", "top/f1", "sub/f1", "sub/s/", "sub/s/f2", "e/f1", "e/es/",
+    ] {
+        server.put_raw("data", key, if key.ends_with('/') { "" } else { "x" });
+    }
+    server.put_raw("data", "z/_SUCCESS", "");
+    server.put_raw("data", "z/part-0", "x");
+    let store = s3_store(&server, "s3://data");
+    for (folder, want) in [
+        ("top/", vec!["top"]),
+        ("sub/", vec!["sub/s"]),
+        ("e/", vec!["e/es"]),
+        ("z/", vec![]),
+    ] {
+        let all = store.list_all(folder).await.expect("listed");
+        let got = store.folder_markers(&all).await.expect("asked");
+        let got: Vec<&str> = got.iter().map(|m| &**m).collect();
+        assert_eq!(got, want, "{folder}");
+    }
+}
+
 /// A lookup's listing (`list_dir_if_one_page`): a folder one page holds comes whole (a
 /// marker, an empty folder and a missing one as `list_dir` tells them); a folder of
 /// more than a page is answered without listing the rest (black-box finding: each

@@ -50,7 +50,7 @@ use local::{
 };
 use pieces::{BodyError, Piece, PieceSink};
 use retry::{map_store_error, not_partial, retry_op};
-use version::{info_from_meta, VersionPin};
+use version::{bare_etag, etag_of, info_from_meta, VersionPin};
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -1707,6 +1707,68 @@ impl BackingStore {
     }
 
     /// Deletes object `path` (retried; a missing object is `NotFound`).
+    /// Of `objects` (a recursive listing), the folder markers: keys ending in `/` (the
+    /// S3 console's "Create folder", s3fs, gcsfuse), which object_store lists under the
+    /// folder's own name and cannot name to copy or delete. Told apart as what is listed
+    /// empty and not found by its name; a `file://` store holds none. Black-box finding
+    /// (round 21): a folder rename copied such a "file", failed ENOENT naming the target,
+    /// where a marker folder's `rmdir` says ENOTSUP.
+    pub async fn folder_markers(&self, objects: &[ObjectInfo]) -> Result<Vec<Arc<str>>> {
+        if self.local_root.is_some() {
+            return Ok(Vec::new());
+        }
+        let empty: Vec<Arc<str>> = objects
+            .iter()
+            .filter(|o| o.size == 0)
+            .map(|o| o.path.clone())
+            .collect();
+        let asks = empty.into_iter().map(|path| {
+            let store = self.clone();
+            async move {
+                match store.head(&path).await {
+                    Err(CacheError::NotFound(_)) => Ok(Some(path)),
+                    Ok(_) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        });
+        let found: Vec<Result<Option<Arc<str>>>> = futures::stream::iter(asks)
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        found.into_iter().filter_map(Result::transpose).collect()
+    }
+
+    /// Deletes `obj`'s name unless the store holds another version under it now
+    /// (another client overwrote it since `obj` was listed): Ok(false) then, nothing
+    /// deleted; Ok(true) once deleted or already gone. One HEAD before the delete, so
+    /// the window in which another client's write is lost is that round trip, not the
+    /// caller's whole operation (black-box finding: a folder rename's deletes, made
+    /// after all its copies, removed overwrites another client made meanwhile).
+    /// Versions are compared by ETag where both name one, else by size and modification
+    /// time (a local file's to the nanosecond, not its ctime, which a rename's hard-link
+    /// copy changes; a listing without ETags says milliseconds, a HEAD seconds).
+    pub async fn delete_if_unchanged(&self, obj: &ObjectInfo) -> Result<bool> {
+        let local = self.local_root.is_some();
+        let same = |now: &ObjectInfo| match now.has_etag && obj.has_etag {
+            true => bare_etag(etag_of(&now.version)) == bare_etag(etag_of(&obj.version)),
+            false if local => {
+                now.size == obj.size && now.last_modified_unix_ns == obj.last_modified_unix_ns
+            }
+            false => {
+                let secs = |o: &ObjectInfo| o.last_modified_unix_ns.div_euclid(1_000_000_000);
+                now.size == obj.size && secs(now) == secs(obj)
+            }
+        };
+        match self.head(&obj.path).await {
+            Ok(now) if !same(&now) => return Ok(false),
+            Ok(_) => {}
+            Err(CacheError::NotFound(_)) => return Ok(true),
+            Err(e) => return Err(e),
+        }
+        self.delete(&obj.path).await.map(|()| true)
+    }
+
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.local_write_inside(path).await?;
         self.local_not_through_link(path).await?;
@@ -1982,6 +2044,52 @@ mod local_store_tests {
             .expect("put");
         store.rename("c/d/obj", "e/obj").await.expect("rename");
         assert_eq!(std::fs::read(root.join("e/obj")).expect("read"), b"durable");
+    }
+
+    /// Black-box finding (round 21): a folder rename copied every object, then deleted
+    /// the sources, also those another client had overwritten meanwhile. The delete
+    /// spares a source whose version changed since it was listed; a local copy (a hard
+    /// link, which changes the source's ctime) is no change; on a store with ETags too.
+    #[tokio::test]
+    async fn a_delete_after_a_copy_spares_what_another_client_wrote_since() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = local_store(dir.path());
+        let memory = BackingStore::from_url("memory://", &StoreOptions::default()).expect("store");
+        for (store, overwrite) in [(&local, true), (&memory, false)] {
+            store
+                .put("d/a", Bytes::from_static(b"a1"))
+                .await
+                .expect("put");
+            store
+                .put("d/b", Bytes::from_static(b"b1"))
+                .await
+                .expect("put");
+            let listed = store.list_all("d/").await.expect("listed");
+            assert_eq!(listed.len(), 2);
+            store.copy("d/a", "e/a").await.expect("copy");
+            store.copy("d/b", "e/b").await.expect("copy");
+            // Another client overwrites d/b after its copy.
+            match overwrite {
+                true => std::fs::write(dir.path().join("d/b"), b"b2, theirs").expect("write"),
+                false => store
+                    .put("d/b", Bytes::from_static(b"b2, theirs"))
+                    .await
+                    .expect("put"),
+            }
+            let mut deleted = Vec::new();
+            for o in &listed {
+                if store.delete_if_unchanged(o).await.expect("asked") {
+                    deleted.push(o.path.to_string());
+                }
+            }
+            assert_eq!(deleted, ["d/a"], "only the unchanged source goes");
+            let b = store.head("d/b").await.expect("theirs stays");
+            assert_eq!(b.size, 10);
+            assert!(matches!(
+                store.head("d/a").await,
+                Err(CacheError::NotFound(_))
+            ));
+        }
     }
 
     /// Black-box finding (round 21): a FIFO in a `file://` store was listed as a 0-byte
