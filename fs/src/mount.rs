@@ -197,8 +197,11 @@ pub fn spawn(
             )));
         }
     }
-    // What a crash cut off after an fsync goes to the store (`write/journal.rs`).
-    core.recover_journaled(&rt);
+    // What a crash cut off after an fsync goes to the store (`write/journal.rs`),
+    // before the mount appears where the store answers.
+    if let Some(tried) = core.recover_journaled(&rt) {
+        wait_for_replay(&tried);
+    }
     let fs = FuseFs::new(core.clone(), rt).refusing_own_process(opts.refuse_own_process);
     let mut handle = mount_fs(fs, mountpoint, &opts)?;
     if let Some(session) = &handle.session {
@@ -216,6 +219,31 @@ pub fn spawn(
     }
     handle.core = Some(core);
     Ok(handle)
+}
+
+/// Longest a mount waits, before it appears, for the files an earlier run fsync'd to
+/// be tried once (uploaded, or found waiting for a store that does not answer): 30 s,
+/// within the 60 s `strata mount` gives its daemon to be ready; a replay longer than
+/// that (checkpoints of many GiB) goes on behind the mount, its names EEXIST to an
+/// exclusive create meanwhile.
+const REPLAY_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits (bounded) for the start's replay of fsync'd files to try each once. Not on a
+/// current-thread runtime's thread, which the replay itself needs.
+fn wait_for_replay(tried: &std::sync::mpsc::Receiver<()>) {
+    let started = std::time::Instant::now();
+    let wait = || match tried.recv_timeout(REPLAY_WAIT_MAX) {
+        Ok(()) => {
+            tracing::info!(waited = ?started.elapsed(), "files fsync'd before a crash tried before mounting")
+        }
+        Err(_) => tracing::warn!(waited = ?REPLAY_WAIT_MAX,
+            "files fsync'd before a crash are still being uploaded: mounting meanwhile (their names appear as each lands)"),
+    };
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Err(_) => wait(),
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        Ok(_) => {}
+    }
 }
 
 /// `mountpoint` as the kernel mounts it: absolute, symlinks resolved. A dead mount

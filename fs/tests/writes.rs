@@ -1962,6 +1962,77 @@ fn restarted_mounted(
     ))
 }
 
+/// Black-box finding (round 21): after a crash, the files fsync'd before it were
+/// ENOENT until the start's replay uploaded each; an O_EXCL create of one succeeded
+/// (the replay then dropped the fsync'd bytes) and `rm` answered ENOENT, the file
+/// coming back. The start now says when each was tried once (the mount waits for that
+/// before appearing), and while one is still on its way (here the store refuses writes)
+/// an exclusive create of its name is EEXIST and an unlink drops its upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_fsyncd_before_a_crash_exist_while_the_start_uploads_them() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.writes.as_mut().expect("writes").allow_delete = true;
+        })
+        .await;
+        let c = &fx.core;
+        for (name, seed) in [("lock", 1u8), ("gone", 2)] {
+            let (_, fh) = c.create(ROOT_INO, name, 0).await.expect("create");
+            c.write(fh, 0, &data(4096, seed)).expect("write");
+            c.fsync(fh).await.expect("fsync");
+        }
+        // The crash; the store refuses writes at the restart.
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        let (engine, _) = restarted_parts(&fx, "mem");
+        let store = strata_cache_core::BackingStore::new(
+            fx.faulty.clone() as Arc<dyn ObjectStore>,
+            "mem",
+            strata_cache_core::RetryPolicy {
+                attempts: 2,
+                base_backoff: Duration::from_millis(10),
+                ..Default::default()
+            },
+        );
+        let mut w = WriteOptions::new(staging_dir(&fx));
+        w.allow_delete = true;
+        let after = Arc::new(FsCore::new(
+            ObjectReader::new(engine, store, BS).expect("reader"),
+            "",
+            CoreOptions {
+                writes: Some(w),
+                ..Default::default()
+            },
+        ));
+        let tried = after
+            .recover_journaled(&tokio::runtime::Handle::current())
+            .expect("files to upload");
+        tokio::task::spawn_blocking(move || tried.recv_timeout(Duration::from_secs(15)))
+            .await
+            .expect("joined")
+            .expect("each tried once");
+        assert!(stored(&fx, "lock").await.is_none(), "writes refused");
+        let e = after
+            .create_with(ROOT_INO, "lock", 0, libc::O_EXCL)
+            .await
+            .expect_err("the fsync'd file exists");
+        assert_eq!(e.errno(), libc::EEXIST);
+        after.unlink(ROOT_INO, "gone").await.expect("removed");
+        fx.faulty.set_config(FaultConfig::default());
+        // The replay's next round (5 s after the first) lands the one, drops the other.
+        let got = stored_within(&fx, "lock", Duration::from_secs(12))
+            .await
+            .expect("the fsync'd file lands once the store takes writes");
+        assert_eq!(got, data(4096, 1));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(stored(&fx, "gone").await.is_none(), "the removal stands");
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 18, docs audit): with `--metadata-ttl indefinite`, a
 /// folder made by `mkdir` and given a file through the mount was missing from its
 /// parent after a restart with the store silent (its file ENOENT): the folder is

@@ -386,6 +386,10 @@ pub(super) struct Writes {
     /// Staged files an earlier run fsync'd and did not upload, until
     /// [`FsCore::recover_journaled`] takes them.
     journaled_left: Mutex<Vec<journal::Journaled>>,
+    /// Names whose fsync'd file an earlier run left is being uploaded by this start
+    /// ([`FsCore::recover_journaled`]): an exclusive create of one is EEXIST and an
+    /// unlink drops the upload, as before the crash (black-box finding, round 21).
+    replaying: Mutex<HashSet<Arc<str>>>,
     /// The store and prefix the mount shows (see `Staged::source`).
     source: Arc<str>,
     /// The canonical mountpoint (see `WriteOptions::mountpoint`), if UTF-8.
@@ -397,6 +401,11 @@ pub(super) struct Writes {
 }
 
 impl Writes {
+    /// Whether an fsync'd file an earlier run left is being uploaded under `path`.
+    pub(super) fn is_replaying(&self, path: &str) -> bool {
+        self.replaying.lock().contains(path)
+    }
+
     /// Creates (mode 0700) and empties the staging directory.
     pub(super) fn open(
         opts: WriteOptions,
@@ -468,6 +477,7 @@ impl Writes {
             created_in: Mutex::default(),
             next_file: AtomicU64::new(next),
             journaled_left: Mutex::new(journaled),
+            replaying: Mutex::new(HashSet::new()),
             source: Arc::from(source),
             mountpoint,
             legacy_source: legacy_source.map(Arc::from),
@@ -895,6 +905,12 @@ impl FsCore {
             }
             if let Some(s) = self.settled(&path).await {
                 return Err(Error::Busy(s.path().to_string()));
+            }
+            // A file fsync'd before a crash, on its way to the store: it exists, as it
+            // did before the crash (black-box finding, round 21: an O_EXCL create of
+            // such a name succeeded, and the replay then dropped the fsync'd bytes).
+            if writes.is_replaying(&path) && (exclusive || !writes.opts.allow_overwrite) {
+                return Err(Error::Exists(path.to_string()));
             }
             // A name through (or of) a link out of a local store is refused when it is
             // created, not at the close's upload (black-box finding: `echo data >
