@@ -944,3 +944,68 @@ fn a_failed_fuse_session_is_an_error_and_leaves_no_dead_mount() {
     assert!(!status.success(), "exited {status:?}");
     assert_eq!(left, 0, "the dead mount was detached");
 }
+
+/// The pid in "mounted ... (pid N)".
+fn pid_in(said: &str) -> i32 {
+    said.rsplit("(pid ")
+        .next()
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said}"))
+}
+
+/// Black-box finding (round 21): a detached mount without `--cache-dir` that crashed
+/// while a file was fsync'd leaves that file in its temp cache dir; the next start's
+/// warning naming that dir went to the daemon's stderr, which a detached daemon hands
+/// to no one (no mount.log without a cache dir). The command now prints its daemon's
+/// start warnings.
+#[test]
+fn a_detached_mount_without_a_cache_dir_says_what_a_crash_left_in_its_temp_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (src, mnt, tmp) = (
+        dir.path().join("src"),
+        dir.path().join("mnt"),
+        dir.path().join("tmp"),
+    );
+    for d in [&src, &mnt, &tmp] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let url = format!("file://{}", src.display());
+    let detached = || {
+        Command::new("timeout")
+            .arg("90")
+            .arg(strata())
+            .args(["mount", &url])
+            .arg(&mnt)
+            .arg("--allow-writes")
+            .env("TMPDIR", &tmp)
+            .output()
+            .expect("run strata mount")
+    };
+    let first = detached();
+    let said = text(&first);
+    assert!(first.status.success(), "{said}");
+    let pid = pid_in(&said);
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(mnt.join("ckpt.bin")).expect("create");
+        f.write_all(&[7u8; 123_456]).expect("write");
+        f.sync_all().expect("fsync");
+        // SAFETY: kill(2) of the daemon this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // SAFETY: signal 0 only checks that the process exists.
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            assert!(Instant::now() < deadline, "daemon {pid} outlived SIGKILL");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let second = detached();
+    let said = text(&second);
+    unmount(&mnt);
+    assert!(second.status.success(), "{said}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("kept the temp cache dir"),
+        "the start's warning reaches the user: {said}"
+    );
+}

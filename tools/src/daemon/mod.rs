@@ -361,6 +361,9 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
     if release_stdout {
         stdout_released();
     }
+    if RELEASE_STDERR_WHEN_READY.load(std::sync::atomic::Ordering::Relaxed) {
+        to_dev_null(libc::STDERR_FILENO);
+    }
 
     let result = supervise(&stop, &mut tasks, &mounts, &unmounted, kv.is_some()).await;
     shut_down(tasks, mounts, &serving).await;
@@ -391,6 +394,17 @@ static RELEASE_STDOUT_WHEN_READY: std::sync::atomic::AtomicBool =
 /// (see `commands::mount::daemonize`).
 pub fn release_stdout_when_ready() {
     RELEASE_STDOUT_WHEN_READY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+static RELEASE_STDERR_WHEN_READY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Once ready, the daemon lets go of its stderr (the starting command's pipe, which
+/// shows the start's warnings). At ready, not when a mount appears at the mountpoint:
+/// a crashed daemon's dead mount there appeared at once, and the start's warnings went
+/// to /dev/null (black-box finding, round 21).
+pub fn release_stderr_when_ready() {
+    RELEASE_STDERR_WHEN_READY.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 fn stdout_released() {
