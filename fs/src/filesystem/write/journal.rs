@@ -820,6 +820,15 @@ impl super::FsCore {
                             tracing::warn!(path = %j.record.path, "a file fsync'd {when}: another object took its name, or it was removed, since; its fsync'd copy dropped");
                             j.done();
                         }
+                        // A change in place of a version the store no longer holds
+                        // (another writer replaced or removed it): the same rule, not
+                        // kept to fail again at every start (black-box finding, round
+                        // 21: an ERROR at each start, 42 MB kept in staging for good,
+                        // counted nowhere).
+                        Err(Error::Cache(CacheError::Changed(_))) => {
+                            tracing::warn!(path = %j.record.path, "a file fsync'd {when} changed a version another writer has replaced or removed since; its fsync'd copy dropped");
+                            j.done();
+                        }
                         Err(e) => tracing::error!(path = %j.record.path, file = %j.file.display(), error = %e,
                             "a file fsync'd {when} could not be uploaded; kept for the next start"),
                     }
@@ -899,7 +908,7 @@ impl super::FsCore {
                 Ok(_) | Err(CacheError::NotFound(_)) => {
                     return Err(Error::Cache(CacheError::Changed(format!(
                         "{}: replaced or removed in the store since it was changed here; \
-                         the fsync'd copy is kept, not uploaded over it",
+                         the fsync'd copy is not uploaded over it",
                         j.record.path
                     ))))
                 }
