@@ -56,9 +56,26 @@ impl Interceptor for PeerAuth {
             .map(str::as_bytes);
         match got {
             Some(g) if constant_time_eq(g, want.as_bytes()) => Ok(req),
-            _ => Err(Status::unauthenticated(
-                "missing or wrong group token (the peers of a group share [cluster] token_file)",
-            )),
+            _ => {
+                // Said here too, at most once a minute (black-box finding, round 21: a
+                // member with another token was cut off with nothing logged anywhere).
+                static WARNED: std::sync::Mutex<Option<std::time::Instant>> =
+                    std::sync::Mutex::new(None);
+                let mut warned = WARNED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if warned.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(60)) {
+                    *warned = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        peer = ?req.remote_addr(),
+                        token = if got.is_some() { "wrong" } else { "missing" },
+                        "refused a peer call without this group's token: a member (or a process posing as one) has another [cluster] token_file"
+                    );
+                }
+                Err(Status::unauthenticated(
+                    "missing or wrong group token (the peers of a group share [cluster] token_file)",
+                ))
+            }
         }
     }
 }

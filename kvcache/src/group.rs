@@ -295,7 +295,12 @@ struct PeerCounters {
     /// Bytes per second of forwarded Gets, EWMA; 0 before the first large one.
     get_bps: Mutex<f64>,
     pause: Mutex<Pause>,
+    /// When this node last logged that the peer refused its group token.
+    token_warned: Mutex<Option<Instant>>,
 }
+
+/// How often a peer refusing this node's group token is logged again: a minute.
+const TOKEN_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// A peer that failed is not asked again until its pause ends (black-box finding: a
 /// member that accepts connections and never answers cost every Put, Remove and
@@ -997,6 +1002,17 @@ impl Router {
                     .lock()
                     .failed(Instant::now(), self.opts.suspect_for, silent);
                 tracing::debug!(node = %node.id, addr = %node.addr, status = %s, "KV peer call failed");
+                // The group is split, silently otherwise: puts acknowledged here that no
+                // member can read (black-box finding, round 21: nothing logged on any
+                // node, /healthz 200).
+                if s.code() == Code::Unauthenticated {
+                    let mut warned = p.token_warned.lock();
+                    if warned.is_none_or(|at| at.elapsed() >= TOKEN_WARN_EVERY) {
+                        *warned = Some(Instant::now());
+                        tracing::warn!(node = %node.id, addr = %node.addr, status = %s,
+                            "a member refused this node's group token: the group is split (KV blocks put here are not found through it, and reads go to the store); give every member the same [cluster] token_file");
+                    }
+                }
             }
             _ => p.pause.lock().answered(),
         }
