@@ -182,7 +182,9 @@ pub struct ClusterMember {
     pub advertise: String,
     /// Empty: the member serves no admin API.
     pub admin: String,
-    /// The share of keys placement gives it (its capacity over the group's).
+    /// The share of the KV blocks' copies placement gives it with the group's
+    /// replication (`Placement::expected_copy_shares`: with R = 1 its capacity over the
+    /// group's; above, at most one copy of a block per node).
     pub expected_share: f64,
 }
 
@@ -206,10 +208,12 @@ pub struct AdminState {
     pub started: Instant,
     /// The admin token (see the module docs); None: read-only, loopback only.
     pub token: Option<Arc<str>>,
-    /// This node's id and the group's membership (None: a single node).
+    /// This node's id, the group's membership and its replication (owners per KV
+    /// block) (None: a single node).
     pub cluster: Option<(
         strata_cluster::NodeId,
         tokio::sync::watch::Receiver<strata_cluster::Membership>,
+        usize,
     )>,
     /// The peer data plane's counters and the store whose reads they are set against
     /// (None: a single node).
@@ -287,11 +291,11 @@ impl AdminState {
                     ..m.clone()
                 })
                 .collect(),
-            cluster: self.cluster.as_ref().map(|(me, rx)| {
+            cluster: self.cluster.as_ref().map(|(me, rx, replication)| {
                 let m = rx.borrow().clone();
                 let shares: std::collections::HashMap<_, _> =
                     strata_cluster::Placement::from_membership(&m)
-                        .expected_shares()
+                        .expected_copy_shares(*replication)
                         .into_iter()
                         .collect();
                 ClusterMembers {

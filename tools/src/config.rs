@@ -131,7 +131,7 @@ fn default_hedge_min_ms() -> u64 {
     2
 }
 
-fn default_replication() -> usize {
+pub(crate) fn default_replication() -> usize {
     2
 }
 

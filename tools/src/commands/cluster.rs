@@ -28,6 +28,9 @@ pub struct StatusArgs {
     /// The group (instead of, or overriding, the config's).
     #[arg(long)]
     pub group: Option<String>,
+    /// Owners of each KV block, for the shares of copies (default: the config's, else 2).
+    #[arg(long)]
+    pub replication: Option<usize>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -47,7 +50,14 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
     let m = rt
         .block_on(read_group(&group))
         .with_context(|| format!("reading group {:?} from {:?}", group.group, group.endpoints))?;
-    let report = Report::new(&group.group, &m);
+    let replication = match (args.replication, &args.config) {
+        (Some(r), _) => r,
+        (None, Some(p)) => StrataConfig::load(p)?
+            .cluster
+            .map_or(crate::config::default_replication(), |c| c.replication),
+        (None, None) => crate::config::default_replication(),
+    };
+    let report = Report::new(&group.group, &m, replication);
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -89,15 +99,16 @@ pub struct NodeReport {
     pub advertise: String,
     pub zone: String,
     pub capacity: std::collections::BTreeMap<String, u64>,
-    /// The fraction of keys this node is primary owner of: its weight over the group's
-    /// (what the rendezvous placement gives in expectation).
+    /// The fraction of the KV blocks' copies placement gives this node with the
+    /// group's replication: with R = 1 its weight over the group's; above, a node holds
+    /// at most one copy of a block (`Placement::expected_copy_shares`).
     pub share: f64,
 }
 
 impl Report {
-    pub fn new(group: &str, m: &Membership) -> Report {
+    pub fn new(group: &str, m: &Membership, replication: usize) -> Report {
         let shares: std::collections::BTreeMap<_, _> = Placement::from_membership(m)
-            .expected_shares()
+            .expected_copy_shares(replication)
             .into_iter()
             .collect();
         Report {
@@ -183,7 +194,7 @@ mod tests {
                 },
             );
         }
-        let r = Report::new("g", &m);
+        let r = Report::new("g", &m, 1);
         assert_eq!(r.nodes.len(), 2);
         assert!((r.nodes[0].share - 0.25).abs() < 1e-9);
         assert!((r.nodes[1].share - 0.75).abs() < 1e-9);

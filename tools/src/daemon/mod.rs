@@ -320,9 +320,10 @@ pub async fn run(cfg: StrataConfig, stop: CancellationToken) -> anyhow::Result<(
             local_files: core.local_files.clone(),
             started,
             token: token.map(std::sync::Arc::from),
-            cluster: cluster
-                .as_ref()
-                .map(|(h, _, _)| (h.node.clone(), h.membership())),
+            cluster: cluster.as_ref().map(|(h, _, _)| {
+                let replication = cfg.cluster.as_ref().map_or(1, |c| c.replication);
+                (h.node.clone(), h.membership(), replication)
+            }),
             peer: cluster
                 .as_ref()
                 .map(|(_, m, _)| (m.clone(), store.as_ref().map(|(_, s)| s.clone()))),
@@ -838,7 +839,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             assert_eq!(seen.ids(), vec![NodeId::new("a"), NodeId::new("b")]);
-            let report = crate::commands::cluster::Report::new("g", &seen);
+            let report = crate::commands::cluster::Report::new("g", &seen, 1);
             let shares: Vec<f64> = report.nodes.iter().map(|n| n.share).collect();
             assert!(
                 (shares[0] - 0.25).abs() < 1e-9 && (shares[1] - 0.75).abs() < 1e-9,
