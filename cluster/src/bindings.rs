@@ -193,26 +193,16 @@ impl SharedBindings {
         refresh: bool,
     ) -> Result<Identity, ClusterError> {
         let mut client = self.client().await?;
-        let mut lease = self.lease(&mut client).await?;
         let key = self.key(namespace);
         let value = encode(identity);
-        let mut created = create_or_read(
-            &self.cfg,
-            &mut client,
-            &key,
-            &value,
-            lease,
-            "binding record",
-        )
-        .await;
-        if created.as_ref().is_err_and(lease_not_found) {
-            // etcd lost the lease this node's records lived on (restored empty, or the
-            // lease expired while the daemon was stopped): a new one at once, not a
-            // failed call and a rest (black-box finding: after etcd lost its data the
-            // first publish after registering again failed so).
-            *self.lease.lock() = None;
-            lease = self.lease(&mut client).await?;
-            created = create_or_read(
+        // etcd may have lost the lease this node's records lived on (restored empty, or
+        // the lease expired while the daemon was stopped): a new one at once, not a
+        // failed call and a rest (black-box finding: after etcd lost its data the first
+        // publish after registering again failed so).
+        let mut retried = false;
+        let (created, lease) = loop {
+            let lease = self.lease(&mut client).await?;
+            let created = create_or_read(
                 &self.cfg,
                 &mut client,
                 &key,
@@ -221,7 +211,12 @@ impl SharedBindings {
                 "binding record",
             )
             .await;
-        }
+            if retried || !created.as_ref().is_err_and(lease_not_found) {
+                break (created, lease);
+            }
+            *self.lease.lock() = None;
+            retried = true;
+        };
         let (held, held_lease) = match created? {
             Created::Created => return Ok(*identity),
             Created::Held { value, lease } => (value, lease),

@@ -1952,6 +1952,15 @@ fn restarted_mounted(
     let mut w = WriteOptions::new(staging_dir);
     w.part_size = 64 << 10;
     w.mountpoint = mountpoint.map(std::path::PathBuf::from);
+    core_writing(engine, store, w)
+}
+
+/// A core over `engine` and `store` whose mount takes writes as `w` says.
+fn core_writing(
+    engine: CacheEngine,
+    store: strata_cache_core::BackingStore,
+    w: WriteOptions,
+) -> Arc<FsCore> {
     Arc::new(FsCore::new(
         ObjectReader::new(engine, store, BS).expect("reader"),
         "",
@@ -1998,14 +2007,7 @@ async fn files_fsyncd_before_a_crash_exist_while_the_start_uploads_them() {
         );
         let mut w = WriteOptions::new(staging_dir(&fx));
         w.allow_delete = true;
-        let after = Arc::new(FsCore::new(
-            ObjectReader::new(engine, store, BS).expect("reader"),
-            "",
-            CoreOptions {
-                writes: Some(w),
-                ..Default::default()
-            },
-        ));
+        let after = core_writing(engine, store, w);
         let tried = after
             .recover_journaled(&tokio::runtime::Handle::current())
             .expect("files to upload");
