@@ -147,6 +147,10 @@ pub const REPUBLISH_BINDINGS_EVERY: Duration = Duration::from_secs(3 * 3600);
 /// start-up): 30 s.
 pub const REPUBLISH_RETRY: Duration = Duration::from_secs(30);
 
+/// How often the bindings' publisher looks for a new registration with the group
+/// ([`GroupView::registrations`]; a read of the membership, no etcd call): 200 ms.
+pub const REGISTRATION_POLL: Duration = Duration::from_millis(200);
+
 /// How often a member asks the group again about the bindings it made while the group
 /// could not answer (etcd away): 5 s, so a binding that differs from the group's gives
 /// way within seconds of etcd's return; a pass costs one etcd call per such binding.

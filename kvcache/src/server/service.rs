@@ -162,7 +162,8 @@ impl KvService {
     /// Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
         use crate::group::{
-            SharedBindingOp, RECHECK_UNCONFIRMED, REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY,
+            SharedBindingOp, RECHECK_UNCONFIRMED, REGISTRATION_POLL, REPUBLISH_BINDINGS_EVERY,
+            REPUBLISH_RETRY,
         };
         let inner = Arc::downgrade(&self.inner);
         // Not the bindings themselves: the task must not keep them (their drop writes
@@ -170,6 +171,7 @@ impl KvService {
         let recheck = self.inner.identities.recheck.clone();
         tokio::spawn(async move {
             let mut full_due = tokio::time::Instant::now();
+            let mut recheck_due = full_due;
             let mut registrations = router.registrations();
             loop {
                 let Some(inner) = inner.upgrade() else {
@@ -186,8 +188,14 @@ impl KvService {
                     peer_side: false,
                 };
                 let ids = this.inner.identities.clone();
-                let full = tokio::time::Instant::now() >= full_due;
-                let bindings = if full { ids.all() } else { ids.unconfirmed() };
+                let now = tokio::time::Instant::now();
+                let full = now >= full_due;
+                let unconfirmed_due = !full && now >= recheck_due;
+                let bindings = match (full, unconfirmed_due) {
+                    (true, _) => ids.all(),
+                    (false, true) => ids.unconfirmed(),
+                    (false, false) => Vec::new(),
+                };
                 let mut unanswered = 0usize;
                 for (ns, id) in bindings {
                     match router
@@ -213,14 +221,24 @@ impl KvService {
                             _ => REPUBLISH_RETRY,
                         };
                 }
-                // Every RECHECK_UNCONFIRMED at least: a new registration is noticed
-                // (no etcd call unless there is one, or unconfirmed bindings).
-                let next = full_due.min(now + RECHECK_UNCONFIRMED);
+                if full || unconfirmed_due {
+                    recheck_due = now + RECHECK_UNCONFIRMED;
+                }
+                // A new registration is looked for every REGISTRATION_POLL (no etcd
+                // call without one): the sooner the bindings are back after etcd lost
+                // them, the shorter the time another model can bind a namespace.
+                let mut next = full_due.min(now + REGISTRATION_POLL);
+                if !ids.unconfirmed().is_empty() {
+                    next = next.min(recheck_due);
+                }
                 drop((ids, this));
                 tokio::select! {
                     _ = tokio::time::sleep_until(next) => {}
                     // At most a pass a second, however many calls are refused.
-                    _ = recheck.notified() => tokio::time::sleep(Duration::from_secs(1)).await,
+                    _ = recheck.notified() => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        recheck_due = tokio::time::Instant::now();
+                    }
                 }
             }
         });
