@@ -2007,6 +2007,7 @@ async fn files_fsyncd_before_a_crash_exist_while_the_start_uploads_them() {
         );
         let mut w = WriteOptions::new(staging_dir(&fx));
         w.allow_delete = true;
+        w.allow_overwrite = true;
         let after = core_writing(engine, store, w);
         let tried = after
             .recover_journaled(&tokio::runtime::Handle::current())
@@ -2021,6 +2022,20 @@ async fn files_fsyncd_before_a_crash_exist_while_the_start_uploads_them() {
             .await
             .expect_err("the fsync'd file exists");
         assert_eq!(e.errno(), libc::EEXIST);
+        // Round 21b: an open that keeps the content (`>>`) started from nothing and the
+        // fsync'd bytes were dropped; a rename onto the name was overwritten by them.
+        let e = after
+            .create_with(ROOT_INO, "lock", 0, libc::O_APPEND)
+            .await
+            .expect_err("not until the fsync'd bytes land");
+        assert_eq!(e.errno(), libc::EBUSY);
+        let (_, tmp) = after.create(ROOT_INO, "tmp", 0).await.expect("create");
+        after.write(tmp, 0, b"new").expect("write");
+        let e = after
+            .rename(ROOT_INO, "tmp", ROOT_INO, "lock", false)
+            .await
+            .expect_err("not onto a name being uploaded");
+        assert_eq!(e.errno(), libc::EBUSY);
         after.unlink(ROOT_INO, "gone").await.expect("removed");
         fx.faulty.set_config(FaultConfig::default());
         // The replay's next round (5 s after the first) lands the one, drops the other.

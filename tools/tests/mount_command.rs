@@ -1009,3 +1009,49 @@ fn a_detached_mount_without_a_cache_dir_says_what_a_crash_left_in_its_temp_dir()
         "the start's warning reaches the user: {said}"
     );
 }
+
+/// Round 21b: with `--cache-dir` the detached daemon's log is `mount.log`, and the
+/// start's warnings stayed there ("the store did not answer", files fsync'd before a
+/// crash still uploading). The command prints this start's warnings from it.
+#[test]
+fn a_detached_mount_with_a_cache_dir_prints_its_start_warnings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mnt, cache) = (dir.path().join("mnt"), dir.path().join("cache"));
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    // A closed port: the store does not answer, the mount goes ahead on the cache.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let out = Command::new("timeout")
+        .arg("90")
+        .arg(strata())
+        .args(["mount", "s3://bucket/p"])
+        .arg(&mnt)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .args([
+            "--endpoint",
+            &format!("http://127.0.0.1:{port}"),
+            "--allow-http",
+        ])
+        .args(["--region", "us-east-1"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .expect("run strata mount");
+    let said = text(&out);
+    unmount(&mnt);
+    assert!(out.status.success(), "{said}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("did not answer"),
+        "the start's warning: {said}"
+    );
+    assert_eq!(
+        err.matches("did not answer the mount's first listing")
+            .count(),
+        1,
+        "this start's lines only: {said}"
+    );
+}

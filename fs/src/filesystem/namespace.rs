@@ -223,6 +223,14 @@ impl FsCore {
         if self.settled(&to).await.is_some() {
             return Err(Error::Busy(to.to_string()));
         }
+        // Not onto or from a file fsync'd before a crash that the start is still
+        // uploading: its upload could land after the rename, over what was renamed
+        // there (round 21b: `mv tmp A` shown, then A's fsync'd copy over it).
+        if writes.is_replaying(&to) || writes.is_replaying(&from) {
+            return Err(Error::Busy(format!(
+                "{to}: a file fsync'd before a crash is still being uploaded there; try again once it lands"
+            )));
+        }
         if let Some(staged) = self.settled(&from).await {
             self.rename_staged(staged, &from, &from_dir, &to, noreplace)
                 .await?;

@@ -925,6 +925,14 @@ impl FsCore {
             if writes.is_replaying(&path) && (exclusive || !writes.opts.allow_overwrite) {
                 return Err(Error::Exists(path.to_string()));
             }
+            // An open that keeps the content (O_APPEND, or neither O_TRUNC nor O_EXCL)
+            // would start from nothing and drop the fsync'd bytes (round 21b: `>>` left
+            // 6 bytes of 2 MiB): not until they land. O_TRUNC replaces them, as wanted.
+            if writes.is_replaying(&path) && keeps {
+                return Err(Error::Busy(format!(
+                    "{path}: a file fsync'd before a crash is still being uploaded; try again once it lands"
+                )));
+            }
             // A name through (or of) a link out of a local store is refused when it is
             // created, not at the close's upload (black-box finding: `echo data >
             // link` exited 0, the close's EINVAL unseen by the shell, the data dropped).
