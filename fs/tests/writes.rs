@@ -2029,6 +2029,11 @@ async fn files_fsyncd_before_a_crash_exist_while_the_start_uploads_them() {
             .await
             .expect_err("not until the fsync'd bytes land");
         assert_eq!(e.errno(), libc::EBUSY);
+        let e = after
+            .create_with(ROOT_INO, "lock", 0, libc::O_TRUNC)
+            .await
+            .expect_err("nor replaced while its upload may be on the wire");
+        assert_eq!(e.errno(), libc::EBUSY);
         let (_, tmp) = after.create(ROOT_INO, "tmp", 0).await.expect("create");
         after.write(tmp, 0, b"new").expect("write");
         let e = after

@@ -925,10 +925,12 @@ impl FsCore {
             if writes.is_replaying(&path) && (exclusive || !writes.opts.allow_overwrite) {
                 return Err(Error::Exists(path.to_string()));
             }
-            // An open that keeps the content (O_APPEND, or neither O_TRUNC nor O_EXCL)
-            // would start from nothing and drop the fsync'd bytes (round 21b: `>>` left
-            // 6 bytes of 2 MiB): not until they land. O_TRUNC replaces them, as wanted.
-            if writes.is_replaying(&path) && keeps {
+            // Any other create waits until they land: one that keeps the content
+            // (`>>`) would start from nothing and drop the fsync'd bytes (round 21b: 6
+            // bytes of 2 MiB left), and a replacement (O_TRUNC) could be overwritten
+            // by their upload already on the wire (round 21b: `echo new > B` uploaded,
+            // then B's fsync'd copy over it).
+            if writes.is_replaying(&path) {
                 return Err(Error::Busy(format!(
                     "{path}: a file fsync'd before a crash is still being uploaded; try again once it lands"
                 )));
