@@ -7,12 +7,21 @@
 //! reusing keys then stored its blocks where the first model's clients read them.
 //!
 //! Here the group keeps one binding per namespace on etcd,
-//! `/<prefix>/<group>/kv-bindings/<namespace>` holding the identity in hex: the first
-//! put anywhere creates it (a transaction that only creates), and a node about to bind
-//! a namespace it has no binding for asks it first ([`SharedBindings::bind`]). Nodes
-//! still check their own binding first, so a bound namespace costs no etcd call; only a
-//! node's first put of a namespace does.
+//! `/<prefix>/<group>/kv-bindings/<namespace>` holding the identity in hex, and beside
+//! it `/<prefix>/<group>/kv-binding-since/<namespace>`: when that binding was made
+//! (unix ms; 0 or absent: before its holder's start, the oldest). The first put
+//! anywhere creates both (a transaction that only creates), and a node about to bind a
+//! namespace it has no binding for asks first ([`SharedBindings::bind`]). Nodes still
+//! check their own binding first, so a bound namespace costs no etcd call; only a node's
+//! first put of a namespace does.
 //!
+//! - **The oldest binding wins.** A member writing its bindings again
+//!   ([`SharedBindings::publish`]) replaces a record of another identity made after its
+//!   own binding. While etcd holds the group's bindings nothing is made after a holder's,
+//!   so this only decides after etcd lost them (restored empty): the first put through a
+//!   fresh member then created a record for whichever model came first, and the members
+//!   holding the namespace for days took it, dropping their blocks (black-box finding).
+//!   Records without a time (written by an older release) are never replaced.
 //! - **Lifetime.** Records live under a lease of [`RECORD_TTL`] (one day) that each
 //!   node grants and replaces every [`LEASE_RENEW_AFTER`]; members write their
 //!   bindings again (moving them to a fresh lease) more often than that
@@ -25,14 +34,26 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use parking_lot::Mutex;
 
-use crate::membership::{bounded, connect, create_or_read, replace_if_same, Created};
+use crate::membership::{bounded, connect};
 use crate::{ClusterError, GroupConfig};
 
 /// A model identity digest (the KV service's `IdentityDigest`).
 pub type Identity = [u8; 32];
+
+/// A namespace's binding as the group keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub identity: Identity,
+    /// When the binding was made, unix ms; 0: before its holder's start (the oldest).
+    pub since_ms: u64,
+}
+
+/// How often a create, read and replace of one record is tried when others change it
+/// in between: a few, since only members' rewrites race there.
+const RECORD_RACE_TRIES: usize = 4;
 
 /// Lease of a binding record: one day. Long next to the members' rewrites (every few
 /// hours), so a record some member holds never lapses between two; short enough that
@@ -82,27 +103,49 @@ impl SharedBindings {
         format!("{}{namespace}", self.records_prefix())
     }
 
-    /// The identity the group has bound `namespace` to, binding it to `identity` when
-    /// no member has: a node about to bind a namespace for the first time refuses the
-    /// put unless this is `identity`.
+    /// `/<prefix>/<group>/kv-binding-since/<namespace>`: when the binding was made. A
+    /// key of its own, so the record's value stays what older releases read.
+    fn since_key(&self, namespace: &str) -> String {
+        format!(
+            "/{}/{}/kv-binding-since/{namespace}",
+            self.cfg.prefix.trim_matches('/'),
+            self.cfg.group
+        )
+    }
+
+    /// The binding the group holds for `namespace`, binding it to `identity` (made at
+    /// `since_ms`) when no member has: a node about to bind a namespace for the first
+    /// time refuses the put unless this names `identity`.
     pub async fn bind(
         &self,
         namespace: &str,
         identity: &Identity,
-    ) -> Result<Identity, ClusterError> {
-        self.guarded(self.create_or_read(namespace, identity, false))
+        since_ms: u64,
+    ) -> Result<Binding, ClusterError> {
+        let mine = Binding {
+            identity: *identity,
+            since_ms,
+        };
+        self.guarded(self.create_or_read(namespace, mine, false))
             .await
     }
 
-    /// As [`Self::bind`], and a record that already holds `identity` is written again
-    /// under this node's current lease, so it outlives its first writer's lease: what
-    /// members do for every binding they hold, every few hours.
+    /// As [`Self::bind`] for a binding this node holds: a record of the same identity is
+    /// written again under this node's current lease (so it outlives its first writer's
+    /// lease; what members do for every binding they hold, every few hours), and one
+    /// made after `since_ms`, of any identity, is replaced by this node's (the oldest
+    /// binding wins).
     pub async fn publish(
         &self,
         namespace: &str,
         identity: &Identity,
-    ) -> Result<Identity, ClusterError> {
-        self.guarded(self.create_or_read(namespace, identity, true))
+        since_ms: u64,
+    ) -> Result<Binding, ClusterError> {
+        let mine = Binding {
+            identity: *identity,
+            since_ms,
+        };
+        self.guarded(self.create_or_read(namespace, mine, true))
             .await
     }
 
@@ -133,7 +176,10 @@ impl SharedBindings {
                     CompareOp::Equal,
                     encode(identity),
                 )])
-                .and_then([TxnOp::delete(key, None)]);
+                .and_then([
+                    TxnOp::delete(key, None),
+                    TxnOp::delete(self.since_key(namespace), None),
+                ]);
             bounded(&self.cfg, client.txn(txn)).await.map(|_| ())
         })
         .await
@@ -186,46 +232,108 @@ impl SharedBindings {
         Ok(id)
     }
 
+    /// Creates the record (and its time) of `mine` if there is none; else reads it,
+    /// and with `refresh` writes `mine` over it when `mine` is older, or moves a record
+    /// of the same identity to this node's lease (keeping the older time). Compares on
+    /// the record's revision, so a record changed in between is read again.
     async fn create_or_read(
         &self,
         namespace: &str,
-        identity: &Identity,
+        mine: Binding,
         refresh: bool,
-    ) -> Result<Identity, ClusterError> {
+    ) -> Result<Binding, ClusterError> {
         let mut client = self.client().await?;
         let key = self.key(namespace);
-        let value = encode(identity);
+        let since_key = self.since_key(namespace);
+        let value = encode(&mine.identity);
         // etcd may have lost the lease this node's records lived on (restored empty, or
         // the lease expired while the daemon was stopped): a new one at once, not a
         // failed call and a rest (black-box finding: after etcd lost its data the first
         // publish after registering again failed so).
-        let mut retried = false;
-        let (created, lease) = loop {
-            let lease = self.lease(&mut client).await?;
-            let created = create_or_read(
-                &self.cfg,
-                &mut client,
-                &key,
-                &value,
-                lease,
-                "binding record",
-            )
-            .await;
-            if retried || !created.as_ref().is_err_and(lease_not_found) {
-                break (created, lease);
+        let mut lease_retried = false;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            if tries > RECORD_RACE_TRIES {
+                return Err(ClusterError::StreamEnded("binding record"));
             }
-            *self.lease.lock() = None;
-            retried = true;
-        };
-        let (held, held_lease) = match created? {
-            Created::Created => return Ok(*identity),
-            Created::Held { value, lease } => (value, lease),
-        };
-        let bound = decode(&held).ok_or_else(|| bad_record(&key))?;
-        if refresh && bound == *identity && held_lease != lease {
-            replace_if_same(&self.cfg, &mut client, &key, held, &value, lease).await?;
+            let lease = self.lease(&mut client).await?;
+            let write = |since_ms: u64| {
+                let opts = || Some(PutOptions::new().with_lease(lease));
+                [
+                    TxnOp::put(key.clone(), value.clone(), opts()),
+                    TxnOp::put(since_key.clone(), since_ms.to_string(), opts()),
+                ]
+            };
+            let create = Txn::new()
+                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+                .and_then(write(mine.since_ms))
+                .or_else([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(since_key.clone(), None),
+                ]);
+            let resp = match bounded(&self.cfg, client.txn(create)).await {
+                Err(e) if !lease_retried && lease_not_found(&e) => {
+                    *self.lease.lock() = None;
+                    lease_retried = true;
+                    tries -= 1;
+                    continue;
+                }
+                r => r?,
+            };
+            if resp.succeeded() {
+                return Ok(mine);
+            }
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(
+                    g.kvs()
+                        .first()
+                        .map(|kv| (kv.value().to_vec(), kv.lease(), kv.mod_revision())),
+                ),
+                _ => None,
+            });
+            let (record, since) = (gets.next().flatten(), gets.next().flatten());
+            // Deleted between the compare and the read: from the top.
+            let Some((held, held_lease, revision)) = record else {
+                continue;
+            };
+            let held = Binding {
+                identity: decode(&held).ok_or_else(|| bad_record(&key))?,
+                // No time (an older release's record) or an unreadable one: the oldest.
+                since_ms: since
+                    .and_then(|(v, _, _)| std::str::from_utf8(&v).ok()?.parse().ok())
+                    .unwrap_or(0),
+            };
+            let older = mine.since_ms < held.since_ms;
+            let same = held.identity == mine.identity;
+            if !refresh || !(older || (same && held_lease != lease)) {
+                return Ok(held);
+            }
+            let since_ms = mine.since_ms.min(held.since_ms);
+            let replace = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then(write(since_ms));
+            if bounded(&self.cfg, client.txn(replace)).await?.succeeded() {
+                if !same {
+                    tracing::warn!(
+                        namespace,
+                        record = %String::from_utf8_lossy(&encode(&held.identity)[..12]),
+                        record_since_ms = held.since_ms,
+                        mine = %String::from_utf8_lossy(&value[..12]),
+                        mine_since_ms = mine.since_ms,
+                        "the group's KV namespace binding was made after this node's: replaced by this node's (the oldest binding wins)"
+                    );
+                }
+                return Ok(Binding {
+                    identity: mine.identity,
+                    since_ms,
+                });
+            }
         }
-        Ok(bound)
     }
 }
 

@@ -27,7 +27,7 @@ mod snapshot;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use bindings::SharedBindings;
+pub use bindings::{Binding, SharedBindings};
 pub use membership::{
     read_group, GroupConfig, Member, Membership, NodeId, NodeInfo, DEFAULT_PREFIX,
 };

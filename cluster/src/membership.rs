@@ -540,19 +540,18 @@ async fn retire_stale_records(
 }
 
 /// What a create-only write of a record found ([`create_or_read`]).
-pub(crate) enum Created {
+enum Created {
     Created,
-    /// A record was there: its value and lease.
+    /// A record was there: its value.
     Held {
         value: Vec<u8>,
-        lease: i64,
     },
 }
 
 /// Writes `value` at `key` under `lease` if no record is there (one transaction), else
 /// reads the record there. A record deleted between the compare and the read is
 /// `StreamEnded(what)`: the caller tries again from the top.
-pub(crate) async fn create_or_read(
+async fn create_or_read(
     cfg: &GroupConfig,
     client: &mut Client,
     key: &str,
@@ -577,7 +576,6 @@ pub(crate) async fn create_or_read(
         .find_map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Created::Held {
                 value: kv.value().to_vec(),
-                lease: kv.lease(),
             }),
             _ => None,
         })
@@ -586,7 +584,7 @@ pub(crate) async fn create_or_read(
 
 /// Writes `value` at `key` under `lease` only if the record there still holds `held`;
 /// whether it did.
-pub(crate) async fn replace_if_same(
+async fn replace_if_same(
     cfg: &GroupConfig,
     client: &mut Client,
     key: &str,

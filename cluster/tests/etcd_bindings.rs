@@ -1,13 +1,19 @@
 //! The group's KV namespace bindings on a real etcd (`strata_cluster::bindings`): the
 //! first identity to bind a namespace holds it for every member, a rewrite moves a
-//! record to the writer's lease, a withdrawal removes only the identity it names, and a
-//! dead etcd is answered at once after the first failure. Each test starts its own etcd
-//! and bounds its own time.
+//! record to the writer's lease, a member holding an older binding replaces a younger
+//! record, a withdrawal removes only the identity it names, and a dead etcd is answered
+//! at once after the first failure. Each test starts its own etcd and bounds its own
+//! time.
 
 use std::time::Duration;
 
 use strata_cluster::testing::Etcd;
-use strata_cluster::{ClusterError, GroupConfig, SharedBindings};
+use strata_cluster::{Binding, ClusterError, GroupConfig, SharedBindings};
+
+/// `identity`'s binding made at `since_ms`.
+fn made(identity: [u8; 32], since_ms: u64) -> Binding {
+    Binding { identity, since_ms }
+}
 
 fn group(etcd: &Etcd) -> GroupConfig {
     let mut g = GroupConfig::new(vec![etcd.endpoint()], "test");
@@ -41,26 +47,106 @@ async fn the_first_identity_binds_a_namespace_for_every_member() {
             SharedBindings::new(group(&etcd)).expect("b"),
         );
         let (one, two) = ([1u8; 32], [2u8; 32]);
-        assert_eq!(a.bind("t:llama", &one).await.expect("bind"), one);
+        let bound = made(one, 1_000);
+        assert_eq!(a.bind("t:llama", &one, 1_000).await.expect("bind"), bound);
         // A member that never saw the namespace learns the first identity, not its own.
-        assert_eq!(b.bind("t:llama", &two).await.expect("bind"), one);
-        assert_eq!(b.bind("t:other", &two).await.expect("bind"), two);
+        assert_eq!(b.bind("t:llama", &two, 2_000).await.expect("bind"), bound);
+        assert_eq!(
+            b.bind("t:other", &two, 2_000).await.expect("bind"),
+            made(two, 2_000)
+        );
         let key = format!("{}t:llama", a.records_prefix());
         let (value, lease_a) = record(&etcd, &key).await.expect("record");
         assert_eq!(value, "01".repeat(32));
         assert_ne!(lease_a, 0, "records live under a lease");
         // A rewrite by another holder of the same identity moves it to its lease; one of
         // another identity changes nothing.
-        assert_eq!(b.publish("t:llama", &one).await.expect("publish"), one);
+        assert_eq!(
+            b.publish("t:llama", &one, 1_500).await.expect("publish"),
+            bound
+        );
         let (_, lease_b) = record(&etcd, &key).await.expect("record");
         assert_ne!(lease_b, lease_a, "moved to the rewriter's lease");
-        assert_eq!(b.publish("t:llama", &two).await.expect("publish"), one);
+        let since_key = key.replace("kv-bindings", "kv-binding-since");
+        let (since, since_lease) = record(&etcd, &since_key).await.expect("time");
+        assert_eq!(
+            (since.as_str(), since_lease),
+            ("1000", lease_b),
+            "the older time kept"
+        );
+        assert_eq!(
+            b.publish("t:llama", &two, 2_000).await.expect("publish"),
+            bound
+        );
         // A withdrawal of another identity leaves it; of its own removes it.
         b.withdraw("t:llama", &two).await.expect("withdraw");
         assert!(record(&etcd, &key).await.is_some());
         a.withdraw("t:llama", &one).await.expect("withdraw");
         assert!(record(&etcd, &key).await.is_none());
-        assert_eq!(b.bind("t:llama", &two).await.expect("bind"), two);
+        assert!(record(&etcd, &since_key).await.is_none(), "its time too");
+        assert_eq!(
+            b.bind("t:llama", &two, 3_000).await.expect("bind"),
+            made(two, 3_000)
+        );
+    })
+    .await;
+}
+
+/// Black-box finding (round 21b): after etcd was restored empty, a put of model B
+/// through a fresh member bound a namespace model A's members had held for days, and
+/// they took B's binding when they wrote theirs back, dropping A's blocks. A member's
+/// older binding now replaces a younger record; a younger one never does, nor does any
+/// binding replace a record an older release wrote (no time: the oldest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_binding_replaces_a_younger_record() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let (fresh, holder) = (
+            SharedBindings::new(group(&etcd)).expect("fresh member"),
+            SharedBindings::new(group(&etcd)).expect("holder"),
+        );
+        let (a, b) = ([0xa; 32], [0xb; 32]);
+        // The fresh member's put binds first, after the loss; A's holder held it before
+        // its start (0).
+        assert_eq!(
+            fresh.bind("ns", &b, 5_000).await.expect("bind"),
+            made(b, 5_000)
+        );
+        assert_eq!(
+            holder.publish("ns", &a, 0).await.expect("publish"),
+            made(a, 0)
+        );
+        assert_eq!(holder.held("ns").await.expect("held"), Some(a));
+        // The fresh member's check now learns A's, and cannot win it back.
+        assert_eq!(
+            fresh.publish("ns", &b, 5_000).await.expect("publish"),
+            made(a, 0)
+        );
+        assert_eq!(fresh.bind("ns", &b, 6_000).await.expect("bind"), made(a, 0));
+        // Two bindings made this run: the earlier wins, whoever writes first.
+        assert_eq!(
+            fresh.bind("ns2", &b, 9_000).await.expect("bind"),
+            made(b, 9_000)
+        );
+        assert_eq!(
+            holder.publish("ns2", &a, 8_000).await.expect("publish"),
+            made(a, 8_000)
+        );
+        assert_eq!(
+            fresh.publish("ns2", &b, 9_000).await.expect("publish"),
+            made(a, 8_000)
+        );
+        // A record without a time (an older release's) is the oldest.
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("connect");
+        let old_key = format!("{}ns3", holder.records_prefix());
+        c.put(old_key, "0b".repeat(32), None).await.expect("put");
+        assert_eq!(
+            holder.publish("ns3", &a, 0).await.expect("publish"),
+            made(b, 0)
+        );
+        assert_eq!(holder.held("ns3").await.expect("held"), Some(b));
     })
     .await;
 }
@@ -70,11 +156,14 @@ async fn a_dead_etcd_fails_once_then_answers_at_once_until_the_rest_is_over() {
     let mut etcd = Etcd::start();
     bounded(async {
         let a = SharedBindings::new(group(&etcd)).expect("a");
-        assert_eq!(a.bind("ns", &[7; 32]).await.expect("bind"), [7; 32]);
+        assert_eq!(
+            a.bind("ns", &[7; 32], 1).await.expect("bind"),
+            made([7; 32], 1)
+        );
         etcd.kill();
-        assert!(a.bind("ns2", &[7; 32]).await.is_err(), "etcd is down");
+        assert!(a.bind("ns2", &[7; 32], 2).await.is_err(), "etcd is down");
         let t = std::time::Instant::now();
-        let e = a.bind("ns3", &[7; 32]).await.expect_err("resting");
+        let e = a.bind("ns3", &[7; 32], 3).await.expect_err("resting");
         assert!(matches!(e, ClusterError::Resting(_)), "{e}");
         assert!(
             t.elapsed() < Duration::from_millis(100),
@@ -86,9 +175,9 @@ async fn a_dead_etcd_fails_once_then_answers_at_once_until_the_rest_is_over() {
         tokio::time::sleep(strata_cluster::bindings::REST_AFTER_FAILURE).await;
         let mut got = None;
         for _ in 0..20 {
-            match a.bind("ns", &[9; 32]).await {
-                Ok(id) => {
-                    got = Some(id);
+            match a.bind("ns", &[9; 32], 4).await {
+                Ok(b) => {
+                    got = Some(b.identity);
                     break;
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,

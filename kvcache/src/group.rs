@@ -98,16 +98,18 @@ pub trait GroupView: Send + Sync + 'static {
         None
     }
     /// The group's binding of the scoped namespace `namespace` to a model identity
-    /// (kept for the whole group, on etcd in the daemon): see [`SharedBindingOp`]. None
-    /// when the group keeps none or cannot answer now; the node's own binding then
-    /// decides alone.
+    /// (kept for the whole group, on etcd in the daemon): see [`SharedBindingOp`];
+    /// `since_ms` is when this node's binding to `identity` was made (unix ms, 0: before
+    /// its start). None when the group keeps none or cannot answer now; the node's own
+    /// binding then decides alone.
     fn shared_binding(
         &self,
         namespace: &str,
         identity: &IdentityDigest,
+        since_ms: u64,
         op: SharedBindingOp,
     ) -> SharedBindingAnswer {
-        let _ = (namespace, identity, op);
+        let _ = (namespace, identity, since_ms, op);
         Box::pin(std::future::ready(None))
     }
     /// Times this node registered with the group's store ([`GroupView::shared_binding`]'s
@@ -127,16 +129,27 @@ pub enum SharedBindingOp {
     /// model as the first members do.
     Bind,
     /// As `Bind`, and a record holding the same identity is kept alive: what a member
-    /// does for every binding it holds, every [`REPUBLISH_BINDINGS_EVERY`].
+    /// does for every binding it holds, every [`REPUBLISH_BINDINGS_EVERY`]. A record
+    /// made after this node's binding is replaced by it: the oldest binding wins, so a
+    /// group that lost its records (etcd restored empty) keeps the namespace for the
+    /// model that held it, not the first to put after the loss.
     Publish,
     /// A binding this node made for a put that an owner then refused for its identity
     /// is withdrawn from the group too (answers None).
     Withdraw,
 }
 
+/// The group's binding of a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupBinding {
+    pub identity: IdentityDigest,
+    /// When it was made (unix ms; 0: before its holder's start).
+    pub since_ms: u64,
+}
+
 /// The answer of [`GroupView::shared_binding`].
 pub type SharedBindingAnswer =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Option<IdentityDigest>> + Send>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<GroupBinding>> + Send>>;
 
 /// How often a member writes its bindings to the group again: 3 hours, well inside
 /// the day the daemon's records live (`strata_cluster::bindings`), so a binding some
@@ -155,6 +168,15 @@ pub const REGISTRATION_POLL: Duration = Duration::from_millis(200);
 /// could not answer (etcd away): 5 s, so a binding that differs from the group's gives
 /// way within seconds of etcd's return; a pass costs one etcd call per such binding.
 pub const RECHECK_UNCONFIRMED: Duration = Duration::from_secs(5);
+
+/// For 2 minutes after this node registers with the group, the bindings made in the last
+/// 2 minutes (or taken from the group) are checked against the group's with the
+/// unconfirmed ones. After etcd lost its records a put through a fresh member may bind a
+/// namespace before the members holding an older binding of it wrote theirs back (they
+/// do within seconds of registering again); they then replace the record, and this node
+/// gives way at its next check, not hours later. Only after a registration: a node
+/// binding namespace after namespace costs no etcd calls for this otherwise.
+pub const RECHECK_RECENT: Duration = Duration::from_secs(120);
 
 /// The bytes a KV block is placed by: its scoped namespace (the tenant's key space)
 /// and hash, separated by 0xFF, which UTF-8 never contains, so distinct pairs never
@@ -883,9 +905,10 @@ impl Router {
         &self,
         namespace: &str,
         identity: &IdentityDigest,
+        since_ms: u64,
         op: SharedBindingOp,
     ) -> SharedBindingAnswer {
-        self.view.shared_binding(namespace, identity, op)
+        self.view.shared_binding(namespace, identity, since_ms, op)
     }
 
     /// See [`GroupView::registrations`].

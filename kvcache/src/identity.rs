@@ -83,11 +83,39 @@ pub fn next_write_in(cost: Duration, since: Duration) -> Duration {
 /// A 32-byte model identity digest.
 pub type IdentityDigest = [u8; 32];
 
+/// One namespace's binding, as a service holds it.
+#[derive(Clone, Copy, Debug)]
+struct Bound {
+    id: IdentityDigest,
+    /// The generation that bound it (0: loaded from the file).
+    generation: u64,
+    /// When it was made, unix ms; 0: before this start (loaded), the oldest. Memory
+    /// only: the group's order of bindings ([`IdentityBindings::since_ms`]).
+    since_ms: u64,
+}
+
+impl Bound {
+    fn loaded(id: IdentityDigest) -> Bound {
+        Bound {
+            id,
+            generation: 0,
+            since_ms: 0,
+        }
+    }
+}
+
+/// Unix time in ms (a binding's making, compared across the group's nodes).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The bindings of one service.
 #[derive(Debug)]
 pub struct IdentityBindings {
-    /// Each namespace's identity, and the generation that bound it (0: loaded).
-    map: Mutex<HashMap<Arc<str>, (IdentityDigest, u64)>>,
+    /// Each namespace's binding.
+    map: Mutex<HashMap<Arc<str>, Bound>>,
     /// Where they persist; None: memory only.
     file: Option<PathBuf>,
     /// The generation of the newest binding (assigned under `map`'s lock).
@@ -159,7 +187,11 @@ impl IdentityBindings {
             None => (HashMap::new(), Marks::default()),
         };
         IdentityBindings {
-            map: Mutex::new(map.into_iter().map(|(k, v)| (k, (v, 0))).collect()),
+            map: Mutex::new(
+                map.into_iter()
+                    .map(|(k, v)| (k, Bound::loaded(v)))
+                    .collect(),
+            ),
             file,
             newest: AtomicU64::new(0),
             persisted: tokio::sync::watch::Sender::new(0),
@@ -189,7 +221,7 @@ impl IdentityBindings {
     /// all and, with tenants, below its share.
     fn room_for(
         &self,
-        map: &HashMap<Arc<str>, (IdentityDigest, u64)>,
+        map: &HashMap<Arc<str>, Bound>,
         ns: &str,
     ) -> std::result::Result<(), String> {
         if map.len() >= MAX_BINDINGS {
@@ -305,13 +337,34 @@ impl IdentityBindings {
         self.map
             .lock()
             .iter()
-            .map(|(ns, (id, _))| (ns.clone(), *id))
+            .map(|(ns, b)| (ns.clone(), b.id))
             .collect()
     }
 
     /// The identity `ns` is bound to, if any.
     pub fn bound(&self, ns: &str) -> Option<IdentityDigest> {
-        self.map.lock().get(ns).map(|(id, _)| *id)
+        self.map.lock().get(ns).map(|b| b.id)
+    }
+
+    /// When the binding of `ns` was made (unix ms; 0: before this start, or taken from
+    /// a group binding of then), if it is bound: where two nodes bound it to different
+    /// identities, the group keeps the older (`strata_cluster::bindings`).
+    pub fn since_ms(&self, ns: &str) -> Option<u64> {
+        self.map.lock().get(ns).map(|b| b.since_ms)
+    }
+
+    /// The bindings made (or taken from the group) at most `window` ago: checked against
+    /// the group's often for a while, since a member holding an older binding of the
+    /// namespace may replace the group's record (etcd restored empty, this node's put
+    /// first to bind it again).
+    pub fn recent(&self, window: Duration) -> Vec<(Arc<str>, IdentityDigest)> {
+        let after = unix_ms().saturating_sub(window.as_millis() as u64);
+        self.map
+            .lock()
+            .iter()
+            .filter(|(_, b)| b.since_ms > after)
+            .map(|(ns, b)| (ns.clone(), b.id))
+            .collect()
     }
 
     /// Notes that `ns` was bound here without the group's answer (it could not be
@@ -332,7 +385,7 @@ impl IdentityBindings {
         marked.retain(|ns| map.contains_key(ns));
         marked
             .iter()
-            .filter_map(|ns| map.get(ns).map(|(id, _)| (ns.clone(), *id)))
+            .filter_map(|ns| map.get(ns).map(|b| (ns.clone(), b.id)))
             .collect()
     }
 
@@ -341,22 +394,31 @@ impl IdentityBindings {
         self.unconfirmed.lock().remove(ns);
     }
 
-    /// Replaces this node's binding of `ns`, `here`, by the group's, `group`: the group's
-    /// first binder decides (docs/KV_KEYS.md). The generation to see [`Self::durable`];
-    /// None when `ns` is no longer bound to `here` (changed meanwhile).
+    /// Replaces this node's binding of `ns`, `here`, by the group's, `group` (made at
+    /// `group_since_ms`): the group's oldest binding decides (docs/KV_KEYS.md). The
+    /// generation to see [`Self::durable`]; None when `ns` is no longer bound to `here`
+    /// (changed meanwhile).
     pub fn adopt(
         &self,
         ns: &Arc<str>,
         here: &IdentityDigest,
         group: &IdentityDigest,
+        group_since_ms: u64,
     ) -> Option<u64> {
         let mut map = self.map.lock();
-        if map.get(ns).map(|(id, _)| id) != Some(here) {
+        if map.get(ns).map(|b| &b.id) != Some(here) {
             return None;
         }
         self.unconfirmed.lock().remove(ns);
         let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
-        map.insert(ns.clone(), (*group, generation));
+        map.insert(
+            ns.clone(),
+            Bound {
+                id: *group,
+                generation,
+                since_ms: group_since_ms,
+            },
+        );
         Some(generation)
     }
 
@@ -365,7 +427,7 @@ impl IdentityBindings {
     /// to say so, None if it was not dropped.
     pub fn unbind(&self, ns: &str, generation: u64) -> Option<u64> {
         let mut map = self.map.lock();
-        if map.get(ns).map(|(_, g)| *g) != Some(generation) {
+        if map.get(ns).map(|b| b.generation) != Some(generation) {
             return None;
         }
         map.remove(ns);
@@ -417,12 +479,12 @@ impl IdentityBindings {
         };
         let mut map = self.map.lock();
         match map.get(ns) {
-            Some((b, _)) if b != id => Err(KvError::IdentityMismatch {
+            Some(b) if b.id != *id => Err(KvError::IdentityMismatch {
                 namespace: ns.to_string(),
-                bound: hex::encode(&b[..6]),
+                bound: hex::encode(&b.id[..6]),
                 got: hex::encode(&id[..6]),
             }),
-            Some((_, generation)) => Ok(bind.then_some(*generation)),
+            Some(b) => Ok(bind.then_some(b.generation)),
             None if !bind => Ok(None),
             None => {
                 if let (Err(_), Some(in_use)) = (self.room_for(&map, ns), in_use) {
@@ -430,7 +492,14 @@ impl IdentityBindings {
                 }
                 self.room_for(&map, ns).map_err(KvError::Busy)?;
                 let generation = self.newest.fetch_add(1, Ordering::AcqRel) + 1;
-                map.insert(ns.clone(), (*id, generation));
+                map.insert(
+                    ns.clone(),
+                    Bound {
+                        id: *id,
+                        generation,
+                        since_ms: unix_ms(),
+                    },
+                );
                 Ok(Some(generation))
             }
         }
@@ -442,7 +511,7 @@ impl IdentityBindings {
     /// previous reclaim; at most once per [`RECLAIM_INTERVAL`].
     fn reclaim(
         &self,
-        map: &mut HashMap<Arc<str>, (IdentityDigest, u64)>,
+        map: &mut HashMap<Arc<str>, Bound>,
         in_use: &mut dyn FnMut() -> HashSet<Arc<str>>,
     ) {
         let mut last = self.reclaimed.lock();
@@ -454,7 +523,7 @@ impl IdentityBindings {
         drop(last);
         let used = in_use();
         let before = map.len();
-        map.retain(|ns, (_, generation)| *generation > floor || used.contains(ns));
+        map.retain(|ns, b| b.generation > floor || used.contains(ns));
         let dropped = before - map.len();
         if dropped > 0 {
             tracing::info!(
@@ -476,10 +545,10 @@ struct Marks {
     tenants: Option<bool>,
 }
 
-fn encode(map: &HashMap<Arc<str>, (IdentityDigest, u64)>, marks: Marks) -> String {
+fn encode(map: &HashMap<Arc<str>, Bound>, marks: Marks) -> String {
     let obj: serde_json::Map<String, serde_json::Value> = map
         .iter()
-        .map(|(k, (v, _))| (k.to_string(), serde_json::Value::String(hex::encode(v))))
+        .map(|(k, b)| (k.to_string(), serde_json::Value::String(hex::encode(b.id))))
         .collect();
     let mut v = serde_json::json!({ "version": 1, "bindings": obj });
     if marks.unguarded {
@@ -533,7 +602,7 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
                 // Corrupt: kept aside, as `load` keeps it.
                 let _ = std::fs::rename(file, file.with_extension("json.corrupt"));
             }
-            let kept: HashMap<Arc<str>, (IdentityDigest, u64)> = HashMap::new();
+            let kept: HashMap<Arc<str>, Bound> = HashMap::new();
             let marks = Marks {
                 unguarded: true,
                 ..marks
@@ -549,7 +618,10 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     let dropped = drop_every_kv_block(file, engine).await;
     if let Some(map) = bindings.filter(|_| unguarded) {
         // Dropped: the bindings made since guard what is put from now on.
-        let map = map.into_iter().map(|(k, v)| (k, (v, 0))).collect();
+        let map = map
+            .into_iter()
+            .map(|(k, v)| (k, Bound::loaded(v)))
+            .collect();
         let marks = Marks {
             unguarded: false,
             ..marks
@@ -1049,10 +1121,11 @@ mod tests {
             .expect("B binds, the group unasked");
         b.mark_unconfirmed(&ns);
         assert_eq!(b.unconfirmed(), vec![(ns.clone(), B)]);
-        assert_eq!(b.adopt(&ns, &A, &A), None, "not bound to A here");
-        let generation = b.adopt(&ns, &B, &A).expect("the group's A replaces B");
+        assert_eq!(b.adopt(&ns, &A, &A, 0), None, "not bound to A here");
+        let generation = b.adopt(&ns, &B, &A, 0).expect("the group's A replaces B");
         assert!(generation > 0);
         assert_eq!(b.bound("m/t"), Some(A));
+        assert_eq!(b.since_ms("m/t"), Some(0), "the group's time with it");
         assert!(b.unconfirmed().is_empty(), "settled");
         b.check(&ns, Some(&B), false).expect_err("B refused now");
         b.check(&ns, Some(&A), true).expect("A puts");
@@ -1060,6 +1133,25 @@ mod tests {
         let other: Arc<str> = Arc::from("other");
         b.mark_unconfirmed(&other);
         assert!(b.unconfirmed().is_empty());
+    }
+
+    /// The group keeps the oldest of two bindings (`strata_cluster::bindings`): a binding
+    /// made this run carries its time and is listed as recent; one loaded is the oldest.
+    #[test]
+    fn a_binding_made_now_is_recent_and_a_loaded_one_is_the_oldest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let ns: Arc<str> = Arc::from("m/t");
+        let b = IdentityBindings::open(Some(f.clone()));
+        let before = unix_ms();
+        b.check(&ns, Some(&A), true).expect("bind");
+        let since = b.since_ms("m/t").expect("bound");
+        assert!(since >= before && since <= unix_ms(), "{since}");
+        assert_eq!(b.recent(Duration::from_secs(60)), vec![(ns.clone(), A)]);
+        drop(b);
+        let again = IdentityBindings::open(Some(f));
+        assert_eq!(again.since_ms("m/t"), Some(0));
+        assert!(again.recent(Duration::from_secs(60)).is_empty());
     }
 
     #[test]

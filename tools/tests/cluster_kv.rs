@@ -433,6 +433,73 @@ fn after_etcd_loses_its_data_the_members_publish_their_bindings_again() {
     });
 }
 
+/// Black-box finding (round 21b): after etcd lost its data, model B's first put through
+/// a fresh member bound a namespace model A's members had held all along, and those
+/// members took B's binding when they wrote theirs back, dropping A's blocks (600 of
+/// 600). The oldest binding now wins: A's members replace the younger record, and the
+/// fresh member gives way within seconds.
+#[test]
+fn after_etcd_loses_its_data_a_fresh_members_first_put_takes_no_held_namespace() {
+    bounded(240, || {
+        let mut g = Group::start(spec()).expect("group starts");
+        g.wait_views(3, Duration::from_secs(20)).expect("views");
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let (ok, refused) = rt.block_on(put_as(&g, 0, "rev-a", 0..30));
+        assert_eq!((ok, refused), (30, vec![]), "model A binds the namespace");
+        // Nodes 0 and 1 stop with A's binding on disk; etcd loses its data; node 2's
+        // host gets a new disk and is the only member when model B puts.
+        for node in 0..2 {
+            g.nodes[node].stop(Duration::from_secs(20)).expect("stops");
+        }
+        g.nodes[2].kill9();
+        std::fs::remove_dir_all(g.nodes[2].dir.join("cache")).expect("wipe node 2's cache");
+        g.etcd.restart_empty();
+        g.nodes[2].restart().expect("node 2 starts afresh");
+        g.wait_members(1, Duration::from_secs(30))
+            .expect("node 2 registers");
+        let (ok, _) = rt.block_on(put_as(&g, 2, "rev-b", 100..110));
+        assert_eq!(ok, 10, "model B binds the namespace on the empty etcd");
+        let shared = strata_cluster::SharedBindings::new(g.group_config()).expect("bindings");
+        let (a, b) = (identity("rev-a").digest(), identity("rev-b").digest());
+        assert_eq!(rt.block_on(shared.held(NS)).expect("held"), Some(b));
+
+        for node in 0..2 {
+            g.nodes[node].restart().expect("restarts");
+        }
+        g.wait_members(3, Duration::from_secs(30))
+            .expect("every node registers");
+        wait_until(
+            Duration::from_secs(30),
+            "model A's binding is the group's again",
+            || rt.block_on(shared.held(NS)).ok().flatten() == Some(a),
+        )
+        .expect("A's members replace the younger record");
+        wait_until(
+            Duration::from_secs(30),
+            "model A reads its blocks through node 2",
+            || rt.block_on(get_as(&g, 2, "rev-a", 0..30)) == (30, vec![]),
+        )
+        .expect("node 2 takes the older binding");
+        rt.block_on(async {
+            for node in 0..3 {
+                assert_eq!(
+                    get_as(&g, node, "rev-a", 0..30).await,
+                    (30, vec![]),
+                    "model A's blocks through node {node}"
+                );
+            }
+            let (ok, refused) = put_as(&g, 2, "rev-b", 110..120).await;
+            assert_eq!(ok, 0, "model B is refused through node 2 too");
+            assert!(
+                refused
+                    .iter()
+                    .all(|c| *c == tonic::Code::FailedPrecondition),
+                "{refused:?}"
+            );
+        });
+    });
+}
+
 /// Reads blocks `range` through `node` as a client of model `revision`; how many came
 /// back byte-exact, and the codes of those refused.
 async fn get_as(

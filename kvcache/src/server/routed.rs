@@ -445,7 +445,7 @@ impl KvService {
                 // The group's record, made for this put, names the refused identity.
                 if let Some(id) = fwd.identity.as_ref() {
                     router
-                        .shared_binding(ns, id, crate::group::SharedBindingOp::Withdraw)
+                        .shared_binding(ns, id, 0, crate::group::SharedBindingOp::Withdraw)
                         .await;
                 }
             }

@@ -162,8 +162,8 @@ impl KvService {
     /// Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
         use crate::group::{
-            SharedBindingOp, RECHECK_UNCONFIRMED, REGISTRATION_POLL, REPUBLISH_BINDINGS_EVERY,
-            REPUBLISH_RETRY,
+            SharedBindingOp, RECHECK_RECENT, RECHECK_UNCONFIRMED, REGISTRATION_POLL,
+            REPUBLISH_BINDINGS_EVERY, REPUBLISH_RETRY,
         };
         let inner = Arc::downgrade(&self.inner);
         // Not the bindings themselves: the task must not keep them (their drop writes
@@ -173,6 +173,9 @@ impl KvService {
             let mut full_due = tokio::time::Instant::now();
             let mut recheck_due = full_due;
             let mut registrations = router.registrations();
+            // Bindings made soon after a registration are checked often (RECHECK_RECENT):
+            // only then can a member holding an older one be writing it back.
+            let mut registered_at = full_due;
             loop {
                 let Some(inner) = inner.upgrade() else {
                     return;
@@ -182,7 +185,15 @@ impl KvService {
                 if reregistered {
                     registrations = now_registered;
                     full_due = tokio::time::Instant::now();
+                    registered_at = full_due;
                 }
+                let recent = |ids: &crate::identity::IdentityBindings| {
+                    if registered_at.elapsed() < RECHECK_RECENT {
+                        ids.recent(RECHECK_RECENT)
+                    } else {
+                        Vec::new()
+                    }
+                };
                 let this = KvService {
                     inner,
                     peer_side: false,
@@ -193,19 +204,30 @@ impl KvService {
                 let unconfirmed_due = !full && now >= recheck_due;
                 let bindings = match (full, unconfirmed_due) {
                     (true, _) => ids.all(),
-                    (false, true) => ids.unconfirmed(),
+                    (false, true) => {
+                        let mut some = ids.unconfirmed();
+                        some.extend(recent(&ids));
+                        some.sort_unstable();
+                        some.dedup();
+                        some
+                    }
                     (false, false) => Vec::new(),
                 };
                 let mut unanswered = 0usize;
                 for (ns, id) in bindings {
+                    // Gone or rebound since the listing: nothing of this node's to write.
+                    let Some(since_ms) = ids.since_ms(&ns).filter(|_| ids.bound(&ns) == Some(id))
+                    else {
+                        continue;
+                    };
                     match router
-                        .shared_binding(&ns, &id, SharedBindingOp::Publish)
+                        .shared_binding(&ns, &id, since_ms, SharedBindingOp::Publish)
                         .await
                     {
                         None => unanswered += 1,
                         Some(group) => {
                             ids.confirmed(&ns);
-                            if group != id {
+                            if group.identity != id {
                                 this.adopt_group_binding(&ns, &id, &group).await;
                             }
                         }
@@ -228,7 +250,7 @@ impl KvService {
                 // call without one): the sooner the bindings are back after etcd lost
                 // them, the shorter the time another model can bind a namespace.
                 let mut next = full_due.min(now + REGISTRATION_POLL);
-                if !ids.unconfirmed().is_empty() {
+                if !ids.unconfirmed().is_empty() || !recent(&ids).is_empty() {
                     next = next.min(recheck_due);
                 }
                 drop((ids, this));
@@ -245,8 +267,8 @@ impl KvService {
     }
 
     /// This node bound the scoped namespace `ns` to `here` while the group's binding,
-    /// `group`, names another identity: the group's first binder decides
-    /// (docs/KV_KEYS.md), so this node takes the group's binding and drops the blocks
+    /// `group`, names another identity, made before this node's: the group's oldest
+    /// binding decides (docs/KV_KEYS.md), so this node takes it and drops the blocks
     /// it stored in `ns` under its own (another model's, or v1 clients' that no binding
     /// guarded). Black-box finding: a member replaced while etcd was away bound a
     /// namespace to model B and kept it after etcd came back, refusing the
@@ -255,10 +277,10 @@ impl KvService {
         &self,
         ns: &Arc<str>,
         here: &crate::identity::IdentityDigest,
-        group: &crate::identity::IdentityDigest,
+        group: &crate::group::GroupBinding,
     ) {
         let ids = &self.inner.identities;
-        let Some(generation) = ids.adopt(ns, here, group) else {
+        let Some(generation) = ids.adopt(ns, here, &group.identity, group.since_ms) else {
             return;
         };
         // Rebound first, so no put of the other identity stores here from now on
@@ -280,7 +302,7 @@ impl KvService {
             Ok(dropped) => tracing::warn!(
                 namespace = %ns,
                 here = %hex::encode(&here[..6]),
-                group = %hex::encode(&group[..6]),
+                group = %hex::encode(&group.identity[..6]),
                 dropped,
                 "this node's KV namespace binding differed from the group's: took the group's and dropped the blocks stored under this node's"
             ),
@@ -335,16 +357,18 @@ impl KvService {
         if self.inner.identities.bound(ns).is_some() {
             return Ok(true);
         }
+        // The binding this put makes is made now (`IdentityBindings::check`).
+        let since_ms = crate::identity::unix_ms();
         match router
-            .shared_binding(ns, id, crate::group::SharedBindingOp::Bind)
+            .shared_binding(ns, id, since_ms, crate::group::SharedBindingOp::Bind)
             .await
         {
             // Unanswered (etcd away): this node's binding decides for now, and is
             // checked against the group's once it answers (`publish_bindings`).
             None => Ok(false),
-            Some(group) if group != *id => Err(KvError::IdentityMismatch {
+            Some(group) if group.identity != *id => Err(KvError::IdentityMismatch {
                 namespace: ns.to_string(),
-                bound: hex::encode(&group[..6]),
+                bound: hex::encode(&group.identity[..6]),
                 got: hex::encode(&id[..6]),
             }),
             Some(_) => Ok(true),

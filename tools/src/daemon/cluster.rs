@@ -193,23 +193,33 @@ impl strata_kvcache::group::GroupView for MembershipView {
         &self,
         namespace: &str,
         identity: &[u8; 32],
+        since_ms: u64,
         op: strata_kvcache::group::SharedBindingOp,
     ) -> strata_kvcache::group::SharedBindingAnswer {
-        use strata_kvcache::group::SharedBindingOp;
+        use strata_kvcache::group::{GroupBinding, SharedBindingOp};
         let bindings = self.bindings.clone();
         let namespace = namespace.to_string();
         let identity = *identity;
         Box::pin(async move {
             let r = match op {
-                SharedBindingOp::Bind => bindings.bind(&namespace, &identity).await.map(Some),
-                SharedBindingOp::Publish => bindings.publish(&namespace, &identity).await.map(Some),
+                SharedBindingOp::Bind => bindings
+                    .bind(&namespace, &identity, since_ms)
+                    .await
+                    .map(Some),
+                SharedBindingOp::Publish => bindings
+                    .publish(&namespace, &identity, since_ms)
+                    .await
+                    .map(Some),
                 SharedBindingOp::Withdraw => bindings
                     .withdraw(&namespace, &identity)
                     .await
                     .map(|()| None),
             };
             match r {
-                Ok(bound) => bound,
+                Ok(bound) => bound.map(|b| GroupBinding {
+                    identity: b.identity,
+                    since_ms: b.since_ms,
+                }),
                 Err(strata_cluster::ClusterError::Resting(_)) => None,
                 Err(e) => {
                     // The node's own binding decides meanwhile (as without the group's).
