@@ -28,13 +28,21 @@
 //!   ([`SharedBindings::publish`]), so a binding some member holds stays, and one no
 //!   member holds any more (its blocks gone, its local binding reclaimed) leaves etcd
 //!   within a day instead of piling up.
+//! - **Records deleted** (by hand, a lease lost): each node watches the records'
+//!   prefix for deletes ([`SharedBindings::watch_deletes`]) and writes back those it
+//!   holds within a second ([`SharedBindings::take_deleted`]), instead of at its next
+//!   3-hourly pass while another model could bind them (black-box finding).
 //! - **etcd away.** A failed call makes the next ones answer at once, unasked, for
 //!   [`REST_AFTER_FAILURE`]: a put then waits for nothing and the node's own binding
 //!   decides, as before this existed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions,
+};
 use parking_lot::Mutex;
 
 use crate::membership::{bounded, connect};
@@ -54,6 +62,20 @@ pub struct Binding {
 /// How often a create, read and replace of one record is tried when others change it
 /// in between: a few, since only members' rewrites race there.
 const RECORD_RACE_TRIES: usize = 4;
+
+/// Deleted namespaces kept until taken: past 4,096 (a prefix deleted whole) the next
+/// taker writes every binding it holds again instead.
+const MAX_DELETED_KEPT: usize = 4096;
+
+/// The records deleted since the last [`SharedBindings::take_deleted`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// The namespaces whose records were deleted.
+    pub namespaces: Vec<String>,
+    /// Too many to keep, or the watch restarted and may have missed some: every
+    /// binding the node holds is to be written again.
+    pub all: bool,
+}
 
 /// Lease of a binding record: one day. Long next to the members' rewrites (every few
 /// hours), so a record some member holds never lapses between two; short enough that
@@ -77,6 +99,8 @@ pub struct SharedBindings {
     lease: Mutex<Option<(i64, Instant)>>,
     /// Until when calls are not tried (see [`REST_AFTER_FAILURE`]).
     resting_until: Mutex<Option<Instant>>,
+    /// What the delete watch saw and no one took yet.
+    deleted: Mutex<Deleted>,
 }
 
 impl SharedBindings {
@@ -87,6 +111,41 @@ impl SharedBindings {
             client: Mutex::new(None),
             lease: Mutex::new(None),
             resting_until: Mutex::new(None),
+            deleted: Mutex::new(Deleted::default()),
+        })
+    }
+
+    /// The records deleted since the last call (see [`Deleted`]).
+    pub fn take_deleted(&self) -> Deleted {
+        std::mem::take(&mut *self.deleted.lock())
+    }
+
+    /// Watches the records' prefix for deletes until `self` is dropped (or the task is
+    /// aborted), noting each for [`Self::take_deleted`]; reconnects after a failure,
+    /// marking `all` since deletes may have been missed meanwhile.
+    pub fn watch_deletes(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut first = true;
+            loop {
+                let Some(this) = weak.upgrade() else { return };
+                let cfg = this.cfg.clone();
+                let prefix = this.records_prefix();
+                drop(this);
+                if !first {
+                    if let Some(this) = weak.upgrade() {
+                        this.deleted.lock().all = true;
+                    }
+                }
+                first = false;
+                match watch_deletes_once(&cfg, &prefix, &weak).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the watch of the KV binding records ended; again shortly");
+                        tokio::time::sleep(REST_AFTER_FAILURE).await;
+                    }
+                }
+            }
         })
     }
 
@@ -332,6 +391,56 @@ impl SharedBindings {
                     identity: mine.identity,
                     since_ms,
                 });
+            }
+        }
+    }
+}
+
+/// One session of [`SharedBindings::watch_deletes`]: Ok when the bindings are dropped.
+async fn watch_deletes_once(
+    cfg: &GroupConfig,
+    prefix: &str,
+    weak: &std::sync::Weak<SharedBindings>,
+) -> Result<(), ClusterError> {
+    let mut client = connect(cfg).await?;
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_filters([WatchFilterType::NoPut]);
+    let mut stream = bounded(cfg, client.watch(prefix, Some(options))).await?;
+    // Whether the bindings are still wanted, looked at between events.
+    let mut alive = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = alive.tick() => {
+                if weak.strong_count() == 0 {
+                    return Ok(());
+                }
+            }
+            msg = stream.message() => {
+                let Some(resp) = msg? else {
+                    return Err(ClusterError::StreamEnded("bindings watch"));
+                };
+                if resp.canceled() {
+                    return Err(ClusterError::WatchCancelled(resp.compact_revision()));
+                }
+                let Some(this) = weak.upgrade() else { return Ok(()) };
+                let mut deleted = this.deleted.lock();
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let Some(ns) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)) else {
+                        continue;
+                    };
+                    if deleted.namespaces.len() >= MAX_DELETED_KEPT {
+                        deleted.all = true;
+                        deleted.namespaces.clear();
+                    }
+                    if !deleted.all {
+                        deleted.namespaces.push(ns.to_string());
+                    }
+                }
             }
         }
     }

@@ -187,3 +187,59 @@ async fn a_dead_etcd_fails_once_then_answers_at_once_until_the_rest_is_over() {
     })
     .await;
 }
+
+/// Black-box finding (round 21b): records deleted by hand (members registered all along)
+/// were written back only at the members' 3-hourly pass. Each node's watch notes the
+/// deletes, for its publisher to write back those it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_records_are_noted_by_the_watch() {
+    let etcd = Etcd::start();
+    bounded(async {
+        let a = std::sync::Arc::new(SharedBindings::new(group(&etcd)).expect("a"));
+        let watch = a.watch_deletes();
+        a.bind("ns1", &[1; 32], 1).await.expect("bind");
+        a.bind("ns2", &[2; 32], 2).await.expect("bind");
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("connect");
+        // The watch may start after the first delete: delete until it is seen.
+        let seen = async {
+            loop {
+                c.delete(format!("{}ns1", a.records_prefix()), None)
+                    .await
+                    .expect("delete");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let d = a.take_deleted();
+                if !d.namespaces.is_empty() || d.all {
+                    return d;
+                }
+                a.bind("ns1", &[1; 32], 1).await.expect("bind again");
+            }
+        };
+        let d = tokio::time::timeout(Duration::from_secs(20), seen)
+            .await
+            .expect("the delete is noted");
+        assert_eq!(d.namespaces, vec!["ns1".to_string()]);
+        assert!(!d.all);
+        // A prefix deleted whole: each record noted; puts are not.
+        a.bind("ns3", &[3; 32], 3).await.expect("bind");
+        c.delete(
+            a.records_prefix(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("delete the prefix");
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            got.extend(a.take_deleted().namespaces);
+            if got.len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        got.sort();
+        assert_eq!(got, vec!["ns2".to_string(), "ns3".to_string()]);
+        watch.abort();
+    })
+    .await;
+}

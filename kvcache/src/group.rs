@@ -118,6 +118,22 @@ pub trait GroupView: Send + Sync + 'static {
     fn registrations(&self) -> u64 {
         0
     }
+    /// The group's binding records deleted since the last call: those this node holds
+    /// are written again at once (a record deleted by hand, or whose lease was lost,
+    /// would otherwise be open to another model until the next pass, hours later).
+    fn deleted_bindings(&self) -> DeletedBindings {
+        DeletedBindings::default()
+    }
+}
+
+/// See [`GroupView::deleted_bindings`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeletedBindings {
+    /// The scoped namespaces whose records were deleted.
+    pub namespaces: Vec<String>,
+    /// Some may have been missed (too many, or the watch restarted): write every
+    /// binding again.
+    pub all: bool,
 }
 
 /// What a node asks of the group's shared namespace bindings.
@@ -914,6 +930,11 @@ impl Router {
     /// See [`GroupView::registrations`].
     pub fn registrations(&self) -> u64 {
         self.view.registrations()
+    }
+
+    /// See [`GroupView::deleted_bindings`].
+    pub fn deleted_bindings(&self) -> DeletedBindings {
+        self.view.deleted_bindings()
     }
 
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {

@@ -155,11 +155,14 @@ impl KvService {
     /// dir, reach the members that join later, and the records of those this node holds
     /// stay alive. Bindings made while the group could not be asked are checked every
     /// [`crate::group::RECHECK_UNCONFIRMED`] until it answers (and at once when a call
-    /// is refused for one). A binding the group holds for another identity gives way
-    /// to it ([`Self::adopt_group_binding`]). Each time this node registers with the
+    /// is refused for one), and those made in the [`crate::group::RECHECK_RECENT`]
+    /// after a registration as often for that time. A binding the group holds for
+    /// another identity, made before this node's, gives way to it
+    /// ([`Self::adopt_group_binding`]). Each time this node registers with the
     /// group again ([`crate::group::GroupView::registrations`]: etcd back, perhaps
-    /// restored empty) a full pass runs within [`crate::group::RECHECK_UNCONFIRMED`].
-    /// Stops with the service.
+    /// restored empty) a full pass runs within [`crate::group::REGISTRATION_POLL`];
+    /// a record deleted on etcd that this node holds is written again as soon
+    /// ([`crate::group::GroupView::deleted_bindings`]). Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
         use crate::group::{
             SharedBindingOp, RECHECK_RECENT, RECHECK_UNCONFIRMED, REGISTRATION_POLL,
@@ -199,8 +202,10 @@ impl KvService {
                     peer_side: false,
                 };
                 let ids = this.inner.identities.clone();
+                // Records deleted on etcd: those held here are written again now.
+                let deleted = router.deleted_bindings();
                 let now = tokio::time::Instant::now();
-                let full = now >= full_due;
+                let full = now >= full_due || deleted.all;
                 let unconfirmed_due = !full && now >= recheck_due;
                 let bindings = match (full, unconfirmed_due) {
                     (true, _) => ids.all(),
@@ -212,6 +217,15 @@ impl KvService {
                         some
                     }
                     (false, false) => Vec::new(),
+                };
+                let bindings = if full {
+                    bindings
+                } else {
+                    let mut some = bindings;
+                    some.extend(deleted.namespaces.iter().filter_map(|ns| {
+                        ids.bound(ns).map(|id| (Arc::<str>::from(ns.as_str()), id))
+                    }));
+                    some
                 };
                 let mut unanswered = 0usize;
                 for (ns, id) in bindings {

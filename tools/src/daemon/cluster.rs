@@ -20,6 +20,8 @@ pub struct ClusterHandle {
     /// The KV namespaces' identity bindings the group shares (on the same etcd).
     pub bindings: std::sync::Arc<strata_cluster::SharedBindings>,
     logger: tokio::task::JoinHandle<()>,
+    /// The watch of the binding records' deletes (`SharedBindings::watch_deletes`).
+    binding_deletes: tokio::task::JoinHandle<()>,
 }
 
 impl ClusterHandle {
@@ -31,6 +33,7 @@ impl ClusterHandle {
     /// Leaves the group at once (revokes the lease) instead of after the TTL.
     pub async fn leave(self) {
         self.logger.abort();
+        self.binding_deletes.abort();
         self.member.leave().await;
     }
 }
@@ -84,6 +87,7 @@ pub fn start(
         strata_cluster::SharedBindings::new(c.group_config())
             .context("the group's KV namespace bindings")?,
     );
+    let binding_deletes = bindings.watch_deletes();
     let mut rx = member.membership();
     let group = c.group.clone();
     let logger = tokio::spawn(async move {
@@ -110,6 +114,7 @@ pub fn start(
         replication: c.replication,
         bindings,
         logger,
+        binding_deletes,
     })
 }
 
@@ -187,6 +192,14 @@ impl strata_kvcache::group::GroupView for MembershipView {
 
     fn registrations(&self) -> u64 {
         self.rx.borrow().registrations
+    }
+
+    fn deleted_bindings(&self) -> strata_kvcache::group::DeletedBindings {
+        let d = self.bindings.take_deleted();
+        strata_kvcache::group::DeletedBindings {
+            namespaces: d.namespaces,
+            all: d.all,
+        }
     }
 
     fn shared_binding(
