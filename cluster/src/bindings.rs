@@ -9,7 +9,7 @@
 //! Here the group keeps one binding per namespace on etcd,
 //! `/<prefix>/<group>/kv-bindings/<namespace>` holding the identity in hex, and beside
 //! it `/<prefix>/<group>/kv-binding-since/<namespace>`: when that binding was made
-//! (unix ms; 0 or absent: before its holder's start, the oldest). The first put
+//! (unix ms; 0 or absent: by a release that kept no time, the oldest). The first put
 //! anywhere creates both (a transaction that only creates), and a node about to bind a
 //! namespace it has no binding for asks first ([`SharedBindings::bind`]). Nodes still
 //! check their own binding first, so a bound namespace costs no etcd call; only a node's
@@ -55,7 +55,8 @@ pub type Identity = [u8; 32];
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Binding {
     pub identity: Identity,
-    /// When the binding was made, unix ms; 0: before its holder's start (the oldest).
+    /// When the binding was made, unix ms; 0: by a release that kept no time (the
+    /// oldest).
     pub since_ms: u64,
 }
 

@@ -99,8 +99,8 @@ pub trait GroupView: Send + Sync + 'static {
     }
     /// The group's binding of the scoped namespace `namespace` to a model identity
     /// (kept for the whole group, on etcd in the daemon): see [`SharedBindingOp`];
-    /// `since_ms` is when this node's binding to `identity` was made (unix ms, 0: before
-    /// its start). None when the group keeps none or cannot answer now; the node's own
+    /// `since_ms` is when this node's binding to `identity` was made (unix ms, 0: by a
+    /// release that kept no time). None when the group keeps none or cannot answer now; the node's own
     /// binding then decides alone.
     fn shared_binding(
         &self,
@@ -159,7 +159,7 @@ pub enum SharedBindingOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupBinding {
     pub identity: IdentityDigest,
-    /// When it was made (unix ms; 0: before its holder's start).
+    /// When it was made (unix ms; 0: by a release that kept no time).
     pub since_ms: u64,
 }
 

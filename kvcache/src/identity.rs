@@ -89,8 +89,9 @@ struct Bound {
     id: IdentityDigest,
     /// The generation that bound it (0: loaded from the file).
     generation: u64,
-    /// When it was made, unix ms; 0: before this start (loaded), the oldest. Memory
-    /// only: the group's order of bindings ([`IdentityBindings::since_ms`]).
+    /// When it was made, unix ms (kept in the file's `since`); 0: made by a release
+    /// that kept no time, the oldest. The group's order of bindings
+    /// ([`IdentityBindings::since_ms`]).
     since_ms: u64,
 }
 
@@ -187,11 +188,7 @@ impl IdentityBindings {
             None => (HashMap::new(), Marks::default()),
         };
         IdentityBindings {
-            map: Mutex::new(
-                map.into_iter()
-                    .map(|(k, v)| (k, Bound::loaded(v)))
-                    .collect(),
-            ),
+            map: Mutex::new(map),
             file,
             newest: AtomicU64::new(0),
             persisted: tokio::sync::watch::Sender::new(0),
@@ -346,9 +343,9 @@ impl IdentityBindings {
         self.map.lock().get(ns).map(|b| b.id)
     }
 
-    /// When the binding of `ns` was made (unix ms; 0: before this start, or taken from
-    /// a group binding of then), if it is bound: where two nodes bound it to different
-    /// identities, the group keeps the older (`strata_cluster::bindings`).
+    /// When the binding of `ns` was made (unix ms; 0: by a release that kept no time,
+    /// or taken from a group binding of then), if it is bound: where two nodes bound it
+    /// to different identities, the group keeps the older (`strata_cluster::bindings`).
     pub fn since_ms(&self, ns: &str) -> Option<u64> {
         self.map.lock().get(ns).map(|b| b.since_ms)
     }
@@ -550,7 +547,15 @@ fn encode(map: &HashMap<Arc<str>, Bound>, marks: Marks) -> String {
         .iter()
         .map(|(k, b)| (k.to_string(), serde_json::Value::String(hex::encode(b.id))))
         .collect();
+    let since: serde_json::Map<String, serde_json::Value> = map
+        .iter()
+        .filter(|(_, b)| b.since_ms > 0)
+        .map(|(k, b)| (k.to_string(), serde_json::Value::from(b.since_ms)))
+        .collect();
     let mut v = serde_json::json!({ "version": 1, "bindings": obj });
+    if !since.is_empty() {
+        v["since"] = serde_json::Value::Object(since);
+    }
     if marks.unguarded {
         v["disk_blocks_unguarded"] = serde_json::Value::Bool(true);
     }
@@ -618,10 +623,6 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     let dropped = drop_every_kv_block(file, engine).await;
     if let Some(map) = bindings.filter(|_| unguarded) {
         // Dropped: the bindings made since guard what is put from now on.
-        let map = map
-            .into_iter()
-            .map(|(k, v)| (k, Bound::loaded(v)))
-            .collect();
         let marks = Marks {
             unguarded: false,
             ..marks
@@ -743,7 +744,7 @@ async fn remove_kv_blocks(engine: &CacheEngine, blocks: Vec<(CacheKey, u64)>) ->
 }
 
 /// The bindings in `file`, and its marks.
-fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, Marks) {
+fn load(file: &Path) -> (HashMap<Arc<str>, Bound>, Marks) {
     let text = match strata_cache_core::state_file::read_regular_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -765,15 +766,23 @@ fn load(file: &Path) -> (HashMap<Arc<str>, IdentityDigest>, Marks) {
     }
 }
 
-fn parse(text: &str) -> Option<HashMap<Arc<str>, IdentityDigest>> {
+/// The bindings of a file's text, each with its time where the file has one (`since`,
+/// written from 2026-12-07 on; version 1 all the same, as older releases read past it).
+fn parse(text: &str) -> Option<HashMap<Arc<str>, Bound>> {
     let v: serde_json::Value = serde_json::from_str(text).ok()?;
     if v["version"] != 1 {
         return None;
     }
+    let since = v["since"].as_object();
     let mut out = HashMap::new();
     for (k, d) in v["bindings"].as_object()? {
         let digest = crate::keys::parse_identity_hex(d.as_str()?)?;
-        out.insert(Arc::from(k.as_str()), digest);
+        let mut bound = Bound::loaded(digest);
+        bound.since_ms = since
+            .and_then(|m| m.get(k.as_str()))
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0);
+        out.insert(Arc::from(k.as_str()), bound);
         if out.len() > MAX_BINDINGS {
             return None;
         }
@@ -1136,9 +1145,11 @@ mod tests {
     }
 
     /// The group keeps the oldest of two bindings (`strata_cluster::bindings`): a binding
-    /// made this run carries its time and is listed as recent; one loaded is the oldest.
+    /// carries its time, across a restart too (a restart must not make a binding made
+    /// after etcd lost its records look older than those of the members that held the
+    /// namespace before); one from a file without times is the oldest.
     #[test]
-    fn a_binding_made_now_is_recent_and_a_loaded_one_is_the_oldest() {
+    fn a_binding_keeps_its_time_across_a_reopen_and_one_without_is_the_oldest() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
         let ns: Arc<str> = Arc::from("m/t");
@@ -1149,9 +1160,23 @@ mod tests {
         assert!(since >= before && since <= unix_ms(), "{since}");
         assert_eq!(b.recent(Duration::from_secs(60)), vec![(ns.clone(), A)]);
         drop(b);
-        let again = IdentityBindings::open(Some(f));
-        assert_eq!(again.since_ms("m/t"), Some(0));
-        assert!(again.recent(Duration::from_secs(60)).is_empty());
+        let again = IdentityBindings::open(Some(f.clone()));
+        assert_eq!(again.since_ms("m/t"), Some(since));
+        assert_eq!(again.recent(Duration::from_secs(60)), vec![(ns.clone(), A)]);
+        drop(again);
+        // An older release's file: no times.
+        std::fs::write(
+            &f,
+            format!(
+                r#"{{"version":1,"bindings":{{"m/t":"{}"}}}}"#,
+                hex::encode(A)
+            ),
+        )
+        .expect("write");
+        let old = IdentityBindings::open(Some(f));
+        assert_eq!(old.bound("m/t"), Some(A));
+        assert_eq!(old.since_ms("m/t"), Some(0));
+        assert!(old.recent(Duration::from_secs(60)).is_empty());
     }
 
     #[test]
