@@ -2400,6 +2400,67 @@ async fn an_fsyncd_file_whose_close_the_store_did_not_answer_is_uploaded_later()
     .expect("bounded");
 }
 
+/// Black-box finding (round 18b): files kept for a later upload were counted in no
+/// budget nor in the figures (27 MiB kept against a 16 MiB budget showed "staged writes
+/// 0.0 MiB"). A kept file is charged to the local files' budget as a staged write until
+/// it lands.
+#[tokio::test]
+async fn a_kept_file_counts_as_a_staged_write_until_it_lands() {
+    timed(async {
+        let pt_dir = tempfile::tempdir().expect("tempdir");
+        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 1 << 20).expect("copies");
+        let copies = pt.copies.clone();
+        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "ck", 0).await.expect("create");
+        // Out of order, so not sent while written (such a file is uploaded at its fsync).
+        let whole = data(200 << 10, 3);
+        c.write(fh, 100 << 10, &whole[100 << 10..]).expect("write");
+        c.write(fh, 0, &whole[..100 << 10]).expect("write");
+        c.fsync(fh).await.expect("fsync");
+        // Changed after the fsync: the close has an upload to make.
+        c.write(fh, 0, b"head").expect("write after the fsync");
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        assert!(
+            c.close(fh, 0).await.is_err(),
+            "the close reports the failure"
+        );
+        c.release_write(fh).await;
+        // Charged by the uploader's task, once it runs.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while copies.staged_bytes() != 200 << 10 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "kept, and charged: {} bytes",
+                copies.staged_bytes()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        fx.faulty.set_config(FaultConfig::default());
+        let mut want = data(200 << 10, 3);
+        want[..4].copy_from_slice(b"head");
+        assert_eq!(
+            stored_within(&fx, "ck", Duration::from_secs(15)).await,
+            Some(want),
+            "uploaded once the store is back"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while copies.staged_bytes() != 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "released once landed: {} bytes",
+                copies.staged_bytes()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 18b): a file kept after its close's upload failed, whose
 /// name another writer took meanwhile, was kept to land once that object was deleted
 /// (rm, restart: the old bytes back). It is dropped. (Its folder removed meanwhile is
