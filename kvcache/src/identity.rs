@@ -80,6 +80,10 @@ pub fn next_write_in(cost: Duration, since: Duration) -> Duration {
         .saturating_sub(since)
 }
 
+/// The most recent bindings [`IdentityBindings::recent`] lists: 256, one etcd call each
+/// per check.
+pub const MAX_RECENT_CHECKED: usize = 256;
+
 /// A 32-byte model identity digest.
 pub type IdentityDigest = [u8; 32];
 
@@ -354,13 +358,24 @@ impl IdentityBindings {
     /// the group's often for a while, since a member holding an older binding of the
     /// namespace may replace the group's record (etcd restored empty, this node's put
     /// first to bind it again).
+    /// At most [`MAX_RECENT_CHECKED`], the earliest made first: a client binding
+    /// namespace after namespace right after a start must not turn each 5 s check into
+    /// thousands of etcd calls, and the bindings a fresh member made first are those a
+    /// loss of etcd's records can have misplaced.
     pub fn recent(&self, window: Duration) -> Vec<(Arc<str>, IdentityDigest)> {
         let after = unix_ms().saturating_sub(window.as_millis() as u64);
-        self.map
+        let mut recent: Vec<(u64, Arc<str>, IdentityDigest)> = self
+            .map
             .lock()
             .iter()
             .filter(|(_, b)| b.since_ms > after)
-            .map(|(ns, b)| (ns.clone(), b.id))
+            .map(|(ns, b)| (b.since_ms, ns.clone(), b.id))
+            .collect();
+        recent.sort_unstable_by_key(|(since, _, _)| *since);
+        recent
+            .into_iter()
+            .take(MAX_RECENT_CHECKED)
+            .map(|(_, ns, id)| (ns, id))
             .collect()
     }
 
@@ -1177,6 +1192,23 @@ mod tests {
         assert_eq!(old.bound("m/t"), Some(A));
         assert_eq!(old.since_ms("m/t"), Some(0));
         assert!(old.recent(Duration::from_secs(60)).is_empty());
+    }
+
+    /// A client binding namespace after namespace right after a start gets at most
+    /// [`MAX_RECENT_CHECKED`] of them checked, the earliest first.
+    #[test]
+    fn recent_bindings_are_bounded_and_the_earliest_kept() {
+        let b = IdentityBindings::open(None);
+        let first: Arc<str> = Arc::from("first");
+        b.check(&first, Some(&A), true).expect("bind");
+        std::thread::sleep(Duration::from_millis(5));
+        for i in 0..MAX_RECENT_CHECKED + 50 {
+            let ns: Arc<str> = Arc::from(format!("churn-{i}").as_str());
+            b.check(&ns, Some(&B), true).expect("bind");
+        }
+        let recent = b.recent(Duration::from_secs(60));
+        assert_eq!(recent.len(), MAX_RECENT_CHECKED);
+        assert_eq!(recent[0], (first, A));
     }
 
     #[test]
