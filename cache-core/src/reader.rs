@@ -542,15 +542,34 @@ impl ObjectReader {
             let base = block * self.block_size + from;
             let idx = base / unit;
             let unit_start = idx * unit;
+            let (from, to) = (base - unit_start, block * self.block_size + to - unit_start);
             let bytes = self.read_unit(obj, unit, idx, &ctx).await?;
-            return slice(
-                &bytes,
-                base - unit_start,
-                block * self.block_size + to - unit_start,
-            );
+            return match slice(&bytes, from, to) {
+                // As for a block, below.
+                Err(CacheError::Corrupt(_)) => {
+                    let unit_key =
+                        CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx);
+                    self.engine.remove(&unit_key).await?;
+                    slice(&self.read_unit(obj, unit, idx, &ctx).await?, from, to)
+                }
+                r => r,
+            };
         }
-        let bytes = self.read_block_observed(obj, block, key, &ctx).await?;
-        slice(&bytes, from, to)
+        let bytes = self
+            .read_block_observed(obj, block, key.clone(), &ctx)
+            .await?;
+        match slice(&bytes, from, to) {
+            // A block cached shorter than the part asked of it (cut at a wrong size an
+            // older release took from a listing or HEAD): dropped and fetched again,
+            // not an EIO for good (black-box finding).
+            Err(CacheError::Corrupt(why)) => {
+                tracing::warn!(path = %obj.path, block, error = %why, "a cached block is shorter than the object says; dropped and fetched again");
+                self.engine.remove(&key).await?;
+                let bytes = self.read_block_observed(obj, block, key, &ctx).await?;
+                slice(&bytes, from, to)
+            }
+            r => r,
+        }
     }
 
     /// The unit to read bytes `from..to` of block `block` through, if any (module docs):

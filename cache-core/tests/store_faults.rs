@@ -491,6 +491,31 @@ async fn a_read_answer_without_an_etag_is_checked_by_size_and_date() {
     assert!(matches!(e, CacheError::Changed(_)), "{e}");
 }
 
+/// Black-box finding (round 22): one HEAD (or listing) answering an object 1,000 bytes
+/// short, its ETag right, made a read plan by that size: the last block was cut there
+/// and cached as the version's, the file served short without an error. The GET's
+/// answer says the object's size (Content-Range): another size at the same version is
+/// refused as changed.
+#[tokio::test]
+async fn a_read_planned_by_a_wrong_size_is_refused_at_the_same_version() {
+    let (store, _f, right) =
+        faulty_holding(FaultConfig::default(), "a", Bytes::from(vec![7u8; 10_000])).await;
+    let mut short = right.clone();
+    short.size -= 1_000;
+    let e = store
+        .get_range(&short, 8_000..9_000)
+        .await
+        .expect_err("the object is longer than the answer the read was planned by");
+    assert!(matches!(e, CacheError::Changed(_)), "{e}");
+    assert_eq!(
+        store
+            .get_range(&right, 9_000..10_000)
+            .await
+            .expect("right size"),
+        Bytes::from(vec![7u8; 1_000])
+    );
+}
+
 /// Black-box finding: a store answering a range that covers the whole object with
 /// `200 OK` made small files unreadable (EIO after 8 attempts). That answer is the
 /// object asked for: it is read whole, once.

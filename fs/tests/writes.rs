@@ -1820,6 +1820,63 @@ async fn a_file_being_filled_for_an_append_shows_the_object_not_the_partial_copy
     .expect("bounded");
 }
 
+/// Black-box finding (round 22): a listing that said an object was 1,000 bytes shorter
+/// than it is (its ETag right) made an append fill its staging file up to the listed
+/// size, and the close stored the object without its last 1,000 bytes, returning 0. The
+/// open's HEAD, which says the real size, now renews the attributes (ESTALE, the next
+/// open is right), and the fill's GET is refused at another size anyway.
+#[tokio::test]
+async fn an_append_over_a_listing_with_a_wrong_size_keeps_every_byte() {
+    timed(async {
+        let fx = fixture(|o, _| {
+            o.writes.as_mut().expect("writes").allow_overwrite = true;
+        })
+        .await;
+        fx.faulty.set_config(FaultConfig {
+            list_sizes_short_by: 100,
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let old = c.lookup(ROOT_INO, "old").await.expect("old");
+        let listed = c.opendir(old.attr.ino).await.expect("opendir");
+        let entries = c.readdir_plus(listed, 0, 100).await.expect("readdirplus");
+        let e = entries.iter().find(|e| e.name == "obj").expect("listed");
+        assert_eq!(e.entry.attr.size, 900, "the listing's size");
+        for e in &entries {
+            c.not_handed_out(e);
+        }
+        c.releasedir(listed);
+        let obj = c.lookup(old.attr.ino, "obj").await.expect("obj");
+        assert_eq!(obj.attr.size, 900, "the listing's size");
+        let ino = obj.attr.ino;
+        let o = match c.open_write(ino, false, 0).await {
+            Ok(o) => o,
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e,
+                        strata_fs::Error::Cache(strata_cache_core::CacheError::Changed(_))
+                    ),
+                    "{e}"
+                );
+                let again = c.lookup(old.attr.ino, "obj").await.expect("obj");
+                assert_eq!(again.attr.size, 1000, "the HEAD's size now");
+                c.open_write(again.attr.ino, false, 0)
+                    .await
+                    .expect("opened again")
+            }
+        };
+        c.write(o.fh, 1000, b"appended").expect("append");
+        c.close(o.fh, 0).await.expect("close");
+        c.release_write(o.fh).await;
+        let mut want = data(1000, 1);
+        want.extend_from_slice(b"appended");
+        assert_eq!(stored(&fx, "old/obj").await, Some(want));
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 11): files closed at once in one folder each updated the
 /// folder's cached listing by reading it, adding their name and putting it back; the
 /// later put dropped the earlier name, and a listing right after that file's close did

@@ -107,6 +107,9 @@ pub struct FaultConfig {
     /// Every GET of this exact key answers its headers, then fails its body with an
     /// I/O error (a failing disk under a local store: each `read(2)` of the file EIO).
     pub body_error_key: Option<String>,
+    /// Listings say each object is this many bytes shorter than it is, its ETag right
+    /// (a listing index out of step with the objects).
+    pub list_sizes_short_by: u64,
 }
 
 impl FaultConfig {
@@ -728,6 +731,10 @@ impl ObjectStore for FaultyStore {
                 if cfg.drop_etags {
                     listed.objects.iter_mut().for_each(|m| m.e_tag = None);
                 }
+                listed
+                    .objects
+                    .iter_mut()
+                    .for_each(|m| m.size = m.size.saturating_sub(cfg.list_sizes_short_by));
                 Ok(listed)
             }
         }
@@ -834,7 +841,10 @@ impl PaginatedListStore for FaultyStore {
         };
         for (name, meta) in entries {
             match meta {
-                Some(m) => result.objects.push(m),
+                Some(mut m) => {
+                    m.size = m.size.saturating_sub(cfg.list_sizes_short_by);
+                    result.objects.push(m)
+                }
                 None => result
                     .common_prefixes
                     .push(Path::from(name.trim_end_matches('/'))),

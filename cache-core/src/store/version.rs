@@ -66,6 +66,15 @@ impl VersionPin {
             (Some(want), Some(got)) if bare_etag(want) != bare_etag(got) => Some(format!(
                 "asked for version {want}, the store answered {got}"
             )),
+            // The same version at another size: the size the read was planned by (a
+            // HEAD or listing answer) is wrong, and a block cut at it would be cached as
+            // the version's (black-box finding: one HEAD answering 1,000 bytes short
+            // served a short file without an error, then EIO for good at its last block
+            // once the store answered right).
+            (Some(_), Some(_)) if got.size != self.size => Some(format!(
+                "the object is {} bytes, {} when opened (the same version: a listing or HEAD answered a wrong size)",
+                got.size, self.size
+            )),
             (Some(_), Some(_)) => None,
             // No ETag in the answer (none at all, or a store that drops it from GETs
             // while ignoring If-Match: black-box finding, the same splice): what the

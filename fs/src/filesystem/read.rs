@@ -378,7 +378,9 @@ impl FsCore {
     pub(super) async fn renew_attrs(&self, h: &FileHandle) -> Option<Arc<ObjectInfo>> {
         let started = self.change_seq.load(Ordering::Acquire);
         let now = Arc::new(self.reader.store().head(&h.obj.path).await.ok()?);
-        if now.version == h.obj.version {
+        // (The same version at another size: the size the handle was opened with came
+        // from a wrong answer, renewed too.)
+        if now.version == h.obj.version && now.size == h.obj.size {
             return None;
         }
         self.install_attrs(&h.obj.path, Meta::File(now.clone()), started)
