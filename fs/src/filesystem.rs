@@ -898,7 +898,7 @@ impl FsCore {
             }
         }
         let store = self.reader.store();
-        if store.unstorable_name(path).is_some() {
+        if store.unnameable(path) {
             // No object can have this name (a local store refuses to look it up).
             return Ok(Meta::Missing);
         }

@@ -1400,3 +1400,37 @@ async fn cached_metadata_stays_within_its_bytes_and_every_name_is_still_served()
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 22): in a `file://` store, files and folders of 252-255-byte
+/// names (legal on ext4) were listed, then ENOENT to every lookup made without a fresh
+/// listing: the store's rule for names it can write (room for `NAME#N`) was applied to
+/// lookups. A lookup finds them; a create of such a name stays EINVAL.
+#[tokio::test]
+async fn a_local_store_file_of_a_255_byte_name_is_found_by_its_path() {
+    timed(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let long = "a".repeat(255);
+        let folder = "D".repeat(255);
+        std::fs::write(dir.path().join(&long), b"long name").expect("write");
+        std::fs::create_dir(dir.path().join(&folder)).expect("mkdir");
+        std::fs::write(dir.path().join(&folder).join("f"), b"inside").expect("write");
+        let url = format!("file://{}", dir.path().display());
+        let store = BackingStore::from_url(&url, &strata_cache_core::StoreOptions::default())
+            .expect("store");
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(16 << 20)))
+            .build()
+            .expect("engine");
+        let reader = ObjectReader::new(engine, store, BS).expect("reader");
+        let c = FsCore::new(reader, "", CoreOptions::default());
+        // No listing first: a path lookup, as an `open` past the metadata TTL makes.
+        let f = c.lookup(ROOT_INO, &long).await.expect("the long name");
+        assert_eq!(f.attr.size, 9);
+        let d = c.lookup(ROOT_INO, &folder).await.expect("the long folder");
+        assert_eq!(d.attr.kind, Kind::Dir);
+        let inside = c.lookup(d.attr.ino, "f").await.expect("beneath it");
+        assert_eq!(inside.attr.size, 6);
+    })
+    .await
+    .expect("bounded");
+}

@@ -1799,6 +1799,22 @@ impl BackingStore {
     /// file named so would never be listed or stored; a cloud store's keys are at most
     /// [`CLOUD_KEY_MAX`] bytes (ENAMETOOLONG).
     pub fn unstorable_name(&self, path: &str) -> Option<CacheError> {
+        self.name_problem(path, true)
+    }
+
+    /// Whether no object can be named `path` in this store, so a lookup of it is
+    /// "missing" without asking: as [`Self::unstorable_name`], but for a name a local
+    /// directory holds and could not write (over [`LOCAL_NAME_MAX`] bytes, within the
+    /// file system's 255): files another program made may have it (black-box finding:
+    /// files of 252-255-byte names were listed and then ENOENT to every open past the
+    /// listing's TTL).
+    pub fn unnameable(&self, path: &str) -> bool {
+        self.name_problem(path, false).is_some()
+    }
+
+    /// [`Self::unstorable_name`]; `writing`: the name is to be written (a local
+    /// directory store needs room for `NAME#N` then).
+    fn name_problem(&self, path: &str, writing: bool) -> Option<CacheError> {
         if let Err(e) = Path::parse(path) {
             return Some(CacheError::InvalidArgument(format!(
                 "{path:?} cannot be an object key: {e}"
@@ -1817,7 +1833,7 @@ impl BackingStore {
         // A local directory store writes NAME#N first: a name the file system takes
         // (255 bytes) may be one it cannot take with that suffix, and the upload failed
         // at the close, after the whole write (black-box finding).
-        if self.local_root.is_some() && last.len() > LOCAL_NAME_MAX {
+        if writing && self.local_root.is_some() && last.len() > LOCAL_NAME_MAX {
             return Some(CacheError::InvalidArgument(format!(
                 "{path:?}: a local directory store holds names of at most {LOCAL_NAME_MAX} \
                  bytes (it writes NAME#N first); this one has {}",
@@ -2123,6 +2139,32 @@ mod local_store_tests {
             .expect("walked");
         assert_eq!(all.len(), 1, "{all:?}");
         store.head("d/ok").await.expect("the file beside it");
+    }
+
+    /// Black-box finding (round 22): files of 252-255-byte names in a `file://` store
+    /// (legal on ext4) were listed, then "missing" to every lookup past the listing's
+    /// TTL: the rule for names this store can write (room for `NAME#N`) was applied to
+    /// names it reads. Such a name is refused for writing only.
+    #[tokio::test]
+    async fn a_local_file_of_a_name_too_long_to_write_is_still_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let long = "a".repeat(255);
+        std::fs::write(root.join(&long), b"long name").expect("write");
+        let store = local_store(&root);
+        assert!(!store.unnameable(&long), "a name a file can have");
+        assert!(
+            matches!(
+                store.unstorable_name(&long),
+                Some(CacheError::InvalidArgument(_))
+            ),
+            "not one the store can write"
+        );
+        assert_eq!(store.head(&long).await.expect("found").size, 9);
+        assert!(
+            store.unnameable("x#3"),
+            "an upload in progress is no object"
+        );
     }
 }
 
