@@ -806,15 +806,17 @@ impl StrataConfig {
 }
 
 /// Parses "123", "64KiB", "1MiB", "4GiB", "1TiB" (also K/M/G/T, KB/MB/GB as powers of 10).
-/// A mount's prefix names a folder of the store: `.` and `..` segments name none
-/// (black-box finding: a mount of "./ds" was silently empty and refused every write).
+/// A mount's prefix names a folder of the store: `.`, `..` and empty segments name none
+/// (black-box findings: a mount of "./ds" was silently empty and refused every write;
+/// one of "a//b" listed `a/b/` and refused every create).
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
-    if prefix
-        .trim_matches('/')
-        .split('/')
-        .any(|seg| seg == "." || seg == "..")
+    let inner = prefix.trim_matches('/');
+    if !inner.is_empty()
+        && inner
+            .split('/')
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
     {
-        bail!("[[mounts]] prefix {prefix:?}: a `.` or `..` segment names no folder of the store");
+        bail!("[[mounts]] prefix {prefix:?}: an empty, `.` or `..` segment names no folder of the store");
     }
     Ok(())
 }
@@ -1063,7 +1065,7 @@ mod tests {
         ))
         .expect_err("socket under the mount");
         assert!(e.to_string().contains("unix_socket"), "{e}");
-        for prefix in ["./ds", "../etc", "a/../b", "a/."] {
+        for prefix in ["./ds", "../etc", "a/../b", "a/.", "a//b"] {
             let e = checked(&format!(
                 "{store}[[mounts]]\nmountpoint = \"/m1\"\nprefix = \"{prefix}\"\n"
             ))
@@ -1074,6 +1076,10 @@ mod tests {
             "{store}[[mounts]]\nmountpoint = \"/m1\"\nprefix = \"a.b/..c/\"\n"
         ))
         .expect("dots inside names are names");
+        checked(&format!(
+            "{store}[[mounts]]\nmountpoint = \"/m1\"\nprefix = \"/a/b/\"\n"
+        ))
+        .expect("slashes at either end are no segments");
     }
 
     #[test]

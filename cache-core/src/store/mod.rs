@@ -464,6 +464,17 @@ impl BackingStore {
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
         };
+        // A prefix names a folder of the store: an empty, `.` or `..` segment names none
+        // (black-box finding: `s3://b/a//b` listed `a//b/`, nothing, and wrote `a/b/`;
+        // `s3://b/dot/../` wrote under `dot/%2E%2E/`; an empty shell variable in a
+        // mount URL makes the first).
+        if !prefix.is_empty() {
+            if let Err(e) = Path::parse(&prefix) {
+                return Err(bad(format!(
+                    "prefix {prefix:?} names no folder of the store (no empty, `.` or `..` segment): {e}"
+                )));
+            }
+        }
         let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
             store
         } else {
@@ -2139,6 +2150,28 @@ mod local_store_tests {
             .expect("walked");
         assert_eq!(all.len(), 1, "{all:?}");
         store.head("d/ok").await.expect("the file beside it");
+    }
+
+    /// Black-box finding (round 22): a store URL whose prefix held an empty segment
+    /// (`s3://b/a//b`, an empty shell variable) listed one prefix and wrote another; one
+    /// with `..` wrote under `dot/%2E%2E/`. Such a prefix is refused, naming why.
+    #[test]
+    fn a_prefix_with_an_empty_or_dot_segment_is_refused() {
+        for url in [
+            "memory:///a//b",
+            "memory:///dot/../",
+            "memory:///../up",
+            "memory:///a/./b",
+        ] {
+            let e = BackingStore::from_url(url, &StoreOptions::default())
+                .err()
+                .unwrap_or_else(|| panic!("{url} refused"));
+            assert!(e.to_string().contains("names no folder"), "{url}: {e}");
+        }
+        for url in ["memory:///a/b/", "memory:///data//", "memory://"] {
+            BackingStore::from_url(url, &StoreOptions::default())
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
     }
 
     /// Black-box finding (round 22): files of 252-255-byte names in a `file://` store
