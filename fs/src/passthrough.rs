@@ -253,6 +253,27 @@ impl PassthroughStore {
         deleted
     }
 
+    /// Deletes the copy `name` if it is kept (a version the mount removed or replaced:
+    /// it can never be served again); whether it was. Blocking (removes a file). An
+    /// open descriptor of it reads on.
+    pub fn discard(&self, name: &str) -> bool {
+        let victim = {
+            let mut st = self.state.lock();
+            st.copies.remove(name).map(|c| {
+                st.bytes -= footprint(c.size);
+                st.lru.remove(&c.last);
+                c.crc
+            })
+        };
+        match victim {
+            Some(crc) => {
+                remove_copy(&self.dir, name, crc);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The file system the copies are on (`st_dev`).
     pub fn device(&self) -> Option<u64> {
         use std::os::unix::fs::MetadataExt;

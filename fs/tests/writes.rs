@@ -2518,6 +2518,61 @@ async fn a_kept_file_counts_as_a_staged_write_until_it_lands() {
     .expect("bounded");
 }
 
+/// Black-box finding (round 22): passthrough copies of versions the mount itself
+/// replaced or removed stayed on the cache disk, in the copies' budget and in `strata
+/// stats` as live copies (20 files written 6 times and removed: 120 copies, 120 MiB).
+/// Each is dropped once its version is replaced or removed.
+#[tokio::test]
+async fn copies_of_replaced_and_removed_versions_are_dropped() {
+    timed(async {
+        let pt_dir = tempfile::tempdir().expect("tempdir");
+        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 4 << 20).expect("copies");
+        let copies = pt.copies.clone();
+        let fx = fixture(|o, _| {
+            o.passthrough = Some(pt);
+            let w = o.writes.as_mut().expect("writes");
+            w.allow_overwrite = true;
+            w.allow_delete = true;
+        })
+        .await;
+        let c = &fx.core;
+        let settled = |want: usize| {
+            let copies = copies.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                while copies.len() != want {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "{} copies, not {want}",
+                        copies.len()
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        for round in 0..3u8 {
+            let fh = if round == 0 {
+                c.create(ROOT_INO, "ck", 0).await.expect("create").1
+            } else {
+                let e = c.lookup(ROOT_INO, "ck").await.expect("ck");
+                c.open_write(e.attr.ino, true, 0)
+                    .await
+                    .expect("overwrite")
+                    .fh
+            };
+            c.write(fh, 0, &data(100 << 10, round)).expect("write");
+            c.close(fh, 0).await.expect("close");
+            c.release_write(fh).await;
+            settled(1).await;
+        }
+        c.unlink(ROOT_INO, "ck").await.expect("rm");
+        settled(0).await;
+        assert_eq!(copies.bytes(), 0);
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 18b): a file kept after its close's upload failed, whose
 /// name another writer took meanwhile, was kept to land once that object was deleted
 /// (rm, restart: the old bytes back). It is dropped. (Its folder removed meanwhile is
