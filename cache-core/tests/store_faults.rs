@@ -491,6 +491,39 @@ async fn a_read_answer_without_an_etag_is_checked_by_size_and_date() {
     assert!(matches!(e, CacheError::Changed(_)), "{e}");
 }
 
+/// Black-box finding (round 22): `store_failures` counted requests that failed after
+/// their retries, so a store failing every other request while the retries won showed
+/// 0 (103 injected 5xx answers, 0 counted). Every failed attempt is counted apart.
+#[tokio::test]
+async fn attempts_the_store_failed_are_counted_when_the_retries_win() {
+    let (store, f, obj) =
+        faulty_holding(FaultConfig::default(), "a", Bytes::from(vec![5u8; 10_000])).await;
+    f.set_config(FaultConfig {
+        fail_every: 2,
+        ..FaultConfig::default()
+    });
+    for _ in 0..6 {
+        store
+            .get_range(&obj, 0..100)
+            .await
+            .expect("retried to success");
+        store.head("a").await.expect("retried to success");
+    }
+    assert_eq!(store.failures(), 0, "no request failed after its retries");
+    assert!(
+        store.failed_attempts() >= 5,
+        "every other attempt failed: {}",
+        store.failed_attempts()
+    );
+    let before = store.failed_attempts();
+    f.set_config(FaultConfig::default());
+    assert!(matches!(
+        store.head("missing").await,
+        Err(CacheError::NotFound(_))
+    ));
+    assert_eq!(store.failed_attempts(), before, "an answer is no failure");
+}
+
 /// Black-box finding (round 22): one HEAD (or listing) answering an object 1,000 bytes
 /// short, its ETag right, made a read plan by that size: the last block was cut there
 /// and cached as the version's, the file served short without an error. The GET's

@@ -705,6 +705,11 @@ impl FsCore {
         self.reader.store().failures()
     }
 
+    /// Attempts the store failed for this mount, those retried to success included.
+    pub fn store_failed_attempts(&self) -> u64 {
+        self.reader.store().failed_attempts()
+    }
+
     /// HEADs this mount sent: its store handle's (each attempt, reads, writes,
     /// renames and removals alike), and those [`Counters::store_heads`] adds.
     pub fn store_heads(&self) -> u64 {

@@ -79,6 +79,10 @@ pub struct MountStats {
     /// was paused as silent), and ranged GETs that returned data.
     #[serde(default)]
     pub store_failures: u64,
+    /// Attempts the store failed (an error or no answer in time), those retried to
+    /// success included: a store throttling while the retries win shows here.
+    #[serde(default)]
+    pub store_failed_attempts: u64,
     /// Cached attributes and listings, in their estimated bytes, and inodes held.
     #[serde(default)]
     pub metadata_bytes: u64,
@@ -112,6 +116,7 @@ impl MountStats {
             read_errors: c.read_errors.load(Relaxed),
             read_stale: c.read_stale.load(Relaxed),
             store_failures: core.store_failures(),
+            store_failed_attempts: core.store_failed_attempts(),
             metadata_bytes: meta.bytes,
             inodes: meta.inodes,
         }
@@ -711,6 +716,12 @@ fn render_mount_metrics(reg: &mut Registry, mounts: &[MountInfo]) {
         "mount_store_failures",
         "Store requests of the mount that failed after their retries",
         |m| m.store_failures,
+    );
+    family(
+        reg,
+        "mount_store_failed_attempts",
+        "Store attempts of the mount that failed (errors, no answer in time), retried to success or not",
+        |m| m.store_failed_attempts,
     );
     family(
         reg,

@@ -194,10 +194,12 @@ pub struct BackingStore {
 }
 
 /// Metadata requests a [`BackingStore`] handle sent (each attempt, each page: what the
-/// store receives and bills) and its requests that failed after their retries.
+/// store receives and bills), its requests that failed after their retries, and every
+/// attempt the store failed (retried or not).
 #[derive(Debug, Default)]
-struct HandleCounts {
+pub(super) struct HandleCounts {
     failed: std::sync::atomic::AtomicU64,
+    pub(super) failed_attempts: std::sync::atomic::AtomicU64,
     heads: std::sync::atomic::AtomicU64,
     lists: std::sync::atomic::AtomicU64,
 }
@@ -318,9 +320,12 @@ impl BackingStore {
                 (Some(id), Some((parts, _)), _) => {
                     let location = object_store::path::Path::from(r.location.as_str());
                     let id = id.clone();
-                    let aborted = retry_op(&self.retry, &self.label, || {
-                        parts.abort_multipart(&location, &id)
-                    })
+                    let aborted = retry_op(
+                        &self.retry,
+                        &self.label,
+                        Some(&self.counts.failed_attempts),
+                        || parts.abort_multipart(&location, &id),
+                    )
                     .await;
                     match aborted {
                         Ok(()) | Err(CacheError::NotFound(_)) => true,
@@ -357,6 +362,15 @@ impl BackingStore {
     pub fn failures(&self) -> u64 {
         self.counts
             .failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Attempts the store failed through this handle or its clones (an error or no
+    /// answer in time), those later retried to success included: a store throttling
+    /// or failing while the retries still win shows here, not in [`Self::failures`].
+    pub fn failed_attempts(&self) -> u64 {
+        self.counts
+            .failed_attempts
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -839,6 +853,12 @@ impl BackingStore {
                     early.then_some(on_block),
                 )
                 .await;
+            if body.is_err() {
+                // A body the store failed (cut off, an error mid-way): an attempt failed.
+                self.counts
+                    .failed_attempts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             match body {
                 Ok(()) => break,
                 Err(e) if !e.transient => {
@@ -1491,6 +1511,7 @@ impl BackingStore {
                 &self.label,
                 self.journal.clone(),
                 Some((self.store.clone(), object_key(path))),
+                self.counts.clone(),
             )
             .await;
         }
@@ -1939,14 +1960,19 @@ impl BackingStore {
         let started = since_start();
         let answered = &self.answered_at;
         let mut op = op;
-        let r = retry_op(&self.retry, &self.label, || {
-            let attempt = op();
-            async move {
-                let r = attempt.await;
-                answered.fetch_max(since_start(), std::sync::atomic::Ordering::Relaxed);
-                r
-            }
-        })
+        let r = retry_op(
+            &self.retry,
+            &self.label,
+            Some(&self.counts.failed_attempts),
+            || {
+                let attempt = op();
+                async move {
+                    let r = attempt.await;
+                    answered.fetch_max(since_start(), std::sync::atomic::Ordering::Relaxed);
+                    r
+                }
+            },
+        )
         .await;
         self.counts.note(&r);
         let pause = self.retry.silent_pause;

@@ -9,11 +9,24 @@ use super::{probe, RetryPolicy};
 
 /// Runs `op` under `retry`: transient errors (5xx, broken connections) and timeouts
 /// of an attempt are retried with doubling backoff; the final error is mapped.
-pub(crate) async fn retry_op<T, F, Fut>(retry: &RetryPolicy, label: &str, mut op: F) -> Result<T>
+pub(crate) async fn retry_op<T, F, Fut>(
+    retry: &RetryPolicy,
+    label: &str,
+    failed: Option<&std::sync::atomic::AtomicU64>,
+    mut op: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = object_store::Result<T>>,
 {
+    // Each attempt the store failed (an error or no answer in time, retried or not),
+    // counted in `failed`: what the operator sees of a store throttling while the
+    // retries still win (black-box finding: 103 injected 5xx answers, 0 counted).
+    let count_failed = || {
+        if let Some(f) = failed {
+            f.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
     let mut backoff = retry.base_backoff;
     let attempts = retry.attempts.max(1);
     let mut deadline = tokio::time::Instant::now() + retry.total_timeout;
@@ -42,6 +55,11 @@ where
                 continue;
             }
         }
+        match &r {
+            Ok(Err(e)) if !is_answer(e) => count_failed(),
+            Err(_elapsed) => count_failed(),
+            _ => {}
+        }
         match r {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => {
@@ -61,6 +79,18 @@ where
         backoff = backoff.saturating_mul(2).min(retry.max_backoff);
     }
     Err(CacheError::StoreTimeout { attempts })
+}
+
+/// Whether `e` is the store's answer to what was asked (missing, changed, there
+/// already, not modified), not its failure to answer.
+fn is_answer(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::NotFound { .. }
+            | object_store::Error::Precondition { .. }
+            | object_store::Error::AlreadyExists { .. }
+            | object_store::Error::NotModified { .. }
+    )
 }
 
 /// Store attempts a stall of the daemon may void per request (see `retry_op`): 3.
@@ -194,7 +224,7 @@ mod tests {
             total_timeout: Duration::from_millis(300),
             ..RetryPolicy::default()
         };
-        let r: Result<u32> = retry_op(&policy, "s3", || {
+        let r: Result<u32> = retry_op(&policy, "s3", None, || {
             let n = asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async move {
                 if n == 0 {
@@ -226,7 +256,7 @@ mod tests {
             base_backoff: Duration::from_millis(1),
             ..RetryPolicy::default()
         };
-        let r: Result<()> = retry_op(&policy, "local", || {
+        let r: Result<()> = retry_op(&policy, "local", None, || {
             asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async { Err(refused()) }
         })

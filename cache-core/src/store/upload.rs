@@ -105,6 +105,8 @@ struct PartSink {
     sent: u64,
     /// The completion was sent (its failure may be a lost answer).
     completing: bool,
+    /// The store handle's counts (each failed attempt of a part counts).
+    counts: Arc<super::HandleCounts>,
 }
 
 /// How an abort of a multipart upload went.
@@ -130,13 +132,17 @@ impl StreamingUpload {
         label: &str,
         journal: Option<Arc<super::UploadJournal>>,
         head: Option<(Arc<dyn object_store::ObjectStore>, Path)>,
+        counts: Arc<super::HandleCounts>,
     ) -> Result<StreamingUpload> {
         // Recorded before the request too: a crash during it leaves an upload the
         // store knows and no record names (crash finding: 3-7 of ~240 killed uploads).
         let starting = journal
             .as_ref()
             .map(|j| j.record_starting(location.as_ref()));
-        let id = retry_op(&retry, label, || store.create_multipart(&location)).await;
+        let id = retry_op(&retry, label, Some(&counts.failed_attempts), || {
+            store.create_multipart(&location)
+        })
+        .await;
         let recorded = match (&id, &journal) {
             (Ok(id), Some(j)) => Some(j.record(location.as_ref(), Some(id.as_str()))),
             _ => None,
@@ -164,6 +170,7 @@ impl StreamingUpload {
                 head,
                 sent: 0,
                 completing: false,
+                counts,
             }))),
             in_flight: shape.in_flight.max(1),
             budget: retry.attempt_timeout * retry.attempts.max(1),
@@ -377,8 +384,9 @@ impl PartSink {
         self.sent += part.content_length() as u64;
         let (store, location, id) = (self.store.clone(), self.location.clone(), self.id.clone());
         let (retry, label) = (self.retry.clone(), self.label.clone());
+        let counts = self.counts.clone();
         self.tasks.spawn(async move {
-            let part_id = retry_op(&retry, &label, || {
+            let part_id = retry_op(&retry, &label, Some(&counts.failed_attempts), || {
                 store.put_part(&location, &id, idx, part.clone())
             })
             .await?;
@@ -415,9 +423,12 @@ impl PartSink {
         let parts: Vec<PartId> = self.done.iter().map(|(_, p)| p.clone()).collect();
         let (store, location, id) = (&self.store, &self.location, &self.id);
         self.completing = true;
-        retry_op(&self.retry, &self.label, || {
-            store.complete_multipart(location, id, parts.clone())
-        })
+        retry_op(
+            &self.retry,
+            &self.label,
+            Some(&self.counts.failed_attempts),
+            || store.complete_multipart(location, id, parts.clone()),
+        )
         .await?;
         Ok(())
     }
@@ -426,9 +437,12 @@ impl PartSink {
     async fn abort(&mut self) -> Aborted {
         self.tasks.abort_all();
         let (store, location, id) = (&self.store, &self.location, &self.id);
-        match retry_op(&self.retry, &self.label, || {
-            store.abort_multipart(location, id)
-        })
+        match retry_op(
+            &self.retry,
+            &self.label,
+            Some(&self.counts.failed_attempts),
+            || store.abort_multipart(location, id),
+        )
         .await
         {
             Ok(()) => Aborted::Yes,

@@ -364,11 +364,11 @@ pub fn render(endpoint: &str, s: &DaemonStats, prev: Option<&DaemonStats>) -> St
                 mib(st.metadata_bytes),
                 st.inodes,
             );
-            if st.read_errors > 0 || st.store_failures > 0 {
+            if st.read_errors > 0 || st.store_failures > 0 || st.store_failed_attempts > 0 {
                 let _ = writeln!(
                     o,
-                    "  failed: {} reads ({} ESTALE), {} store requests",
-                    st.read_errors, st.read_stale, st.store_failures,
+                    "  failed: {} reads ({} ESTALE), {} store requests ({} attempts failed, retried ones included)",
+                    st.read_errors, st.read_stale, st.store_failures, st.store_failed_attempts,
                 );
             }
             if st.writable {
