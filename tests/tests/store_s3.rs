@@ -131,8 +131,9 @@ async fn folder_markers_are_directories_not_files() {
 
 /// Black-box finding (round 21): a folder rename over S3 folder markers copied the
 /// marker as a file named as its folder and failed ENOENT. A recursive listing's
-/// markers are told apart (listed empty, not found by their name) so the rename refuses
-/// them as `rmdir` does; an empty real object is no marker.
+/// markers are told apart (listed empty, or as a folder of other keys, and not found by
+/// their name) so the rename refuses them as `rmdir` does; an empty real object is no
+/// marker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn folder_markers_in_a_recursive_listing_are_told_apart() {
     let server = MotoServer::start();
@@ -144,15 +145,29 @@ async fn folder_markers_in_a_recursive_listing_are_told_apart() {
     }
     server.put_raw("data", "z/_SUCCESS", "");
     server.put_raw("data", "z/part-0", "x");
+    // Markers holding bytes (round 22: such a folder's rename was ENOENT).
+    for key in ["full/", "full/f", "nest/f", "nest/sub/", "nest/sub/g"] {
+        server.put_raw(
+            "data",
+            key,
+            if key.ends_with('/') {
+                "marker bytes"
+            } else {
+                "x"
+            },
+        );
+    }
     let store = s3_store(&server, "s3://data");
     for (folder, want) in [
         ("top/", vec!["top"]),
         ("sub/", vec!["sub/s"]),
         ("e/", vec!["e/es"]),
         ("z/", vec![]),
+        ("full/", vec!["full"]),
+        ("nest/", vec!["nest/sub"]),
     ] {
         let all = store.list_all(folder).await.expect("listed");
-        let got = store.folder_markers(&all).await.expect("asked");
+        let got = store.folder_markers(folder, &all).await.expect("asked");
         let got: Vec<&str> = got.iter().map(|m| &**m).collect();
         assert_eq!(got, want, "{folder}");
     }

@@ -1745,16 +1745,32 @@ impl BackingStore {
     /// empty and not found by its name; a `file://` store holds none. Black-box finding
     /// (round 21): a folder rename copied such a "file", failed ENOENT naming the target,
     /// where a marker folder's `rmdir` says ENOTSUP.
-    pub async fn folder_markers(&self, objects: &[ObjectInfo]) -> Result<Vec<Arc<str>>> {
+    ///
+    /// A marker may hold bytes (some tools put a body in `dir/` keys; black-box finding,
+    /// round 22: such a folder's rename was ENOENT): also asked are the keys listed as
+    /// a folder of other listed keys, or as `folder` itself (the one listed).
+    pub async fn folder_markers(
+        &self,
+        folder: &str,
+        objects: &[ObjectInfo],
+    ) -> Result<Vec<Arc<str>>> {
         if self.local_root.is_some() {
             return Ok(Vec::new());
         }
-        let empty: Vec<Arc<str>> = objects
+        let folders: std::collections::HashSet<&str> = objects
             .iter()
-            .filter(|o| o.size == 0)
+            .flat_map(|o| {
+                let p: &str = &o.path;
+                p.match_indices('/').map(move |(i, _)| &p[..i])
+            })
+            .collect();
+        let folder = folder.trim_end_matches('/');
+        let candidates: Vec<Arc<str>> = objects
+            .iter()
+            .filter(|o| o.size == 0 || folders.contains(&*o.path) || &*o.path == folder)
             .map(|o| o.path.clone())
             .collect();
-        let asks = empty.into_iter().map(|path| {
+        let asks = candidates.into_iter().map(|path| {
             let store = self.clone();
             async move {
                 match store.head(&path).await {

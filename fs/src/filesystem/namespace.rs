@@ -413,7 +413,13 @@ impl FsCore {
                  `{from}/./x` or `{from}//x`), which a rename would leave behind; nothing moved"
             )));
         }
-        if let Some(marker) = self.reader.store().folder_markers(&objects).await?.first() {
+        if let Some(marker) = self
+            .reader
+            .store()
+            .folder_markers(&under, &objects)
+            .await?
+            .first()
+        {
             return Err(Error::Unsupported(format!(
                 "{from}: the store holds a folder in it as a marker object (`{marker}/`, a key \
                  ending in '/'), which this mount cannot move or delete; nothing moved"
