@@ -516,6 +516,45 @@ async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
     assert!(store.head("m/e").await.is_ok());
 }
 
+/// Black-box finding (round 22): a folder rename made keys past the 1,024 bytes S3 takes
+/// (moto stores them; AWS fails the copy, EIO) where a create of such a name is
+/// ENAMETOOLONG. The rename is refused the same way, before anything is copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_rename_past_the_key_length_is_enametoolong_and_moves_nothing() {
+    use strata_fs::filesystem::ROOT_INO;
+    use strata_fs::{CoreOptions, FsCore, WriteOptions};
+
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    let long = format!("ckpt/{}", "m".repeat(1010));
+    for key in ["ckpt/a_small", long.as_str(), "ckpt/z_small"] {
+        server.put_raw("data", key, "x");
+    }
+    let store = s3_store(&server, "s3://data");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(16 << 20)))
+        .build()
+        .expect("engine");
+    let staging = tempfile::tempdir().expect("tempdir");
+    let mut w = WriteOptions::new(staging.path().join("staging"));
+    w.allow_delete = true;
+    let core = FsCore::new(
+        ObjectReader::new(engine, store.clone(), 1 << 20).expect("reader"),
+        "",
+        CoreOptions {
+            writes: Some(w),
+            ..Default::default()
+        },
+    );
+    let e = core
+        .rename(ROOT_INO, "ckpt", ROOT_INO, "checkpoint-step-000100", false)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.errno(), libc::ENAMETOOLONG, "{e}");
+    assert!(store.head("ckpt/a_small").await.is_ok(), "nothing moved");
+    assert!(store.head("checkpoint-step-000100/a_small").await.is_err());
+}
+
 /// Create-only renames and copies (a rename on a mount that may not replace objects,
 /// `RENAME_NOREPLACE`, a directory renamed object by object) on a store: onto a free
 /// name they move or copy; onto a taken one they fail with `Exists` and both objects

@@ -434,6 +434,16 @@ impl FsCore {
         }
         let target = |p: &str| -> Arc<str> { Arc::from(format!("{to}{}", &p[from.len()..])) };
         let store = self.reader.store().clone();
+        // A key the store takes by name length as a create does (ENAMETOOLONG), before
+        // anything is copied (black-box finding: a folder rename made a 1,033-byte key,
+        // past the 1,024 S3 takes; a store enforcing it failed the rename with EIO).
+        for o in &objects {
+            if let Some(e @ strata_cache_core::CacheError::NameTooLong(_)) =
+                store.unstorable_name(&target(&o.path))
+            {
+                return Err(Error::Cache(e));
+            }
+        }
         // `to` as the store has it now, not as the mount last listed it: another writer
         // may have put objects there since (black-box finding: the two folders were
         // merged, another writer's `db/x` replaced).
