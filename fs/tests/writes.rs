@@ -2573,6 +2573,30 @@ async fn copies_of_replaced_and_removed_versions_are_dropped() {
     .expect("bounded");
 }
 
+/// Black-box finding (round 22): an object named as a folder (`x` beside `x/in`) is
+/// hidden while the folder is there; after the mount moved the folder away it stayed
+/// hidden (ENOENT to `cat`, EEXIST to an exclusive create) for the metadata TTL, for good
+/// with `--metadata-ttl indefinite`. The rename shows it at once.
+#[tokio::test]
+async fn an_object_a_folder_hid_is_shown_once_the_folder_is_moved_away() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        put_elsewhere(&fx, "x", b"the object".to_vec()).await;
+        put_elsewhere(&fx, "x/in", b"inside".to_vec()).await;
+        let c = &fx.core;
+        let x = c.lookup(ROOT_INO, "x").await.expect("x");
+        assert_eq!(x.attr.kind, Kind::Dir, "the folder wins");
+        c.rename(ROOT_INO, "x", ROOT_INO, "z", false)
+            .await
+            .expect("moved");
+        let x = c.lookup(ROOT_INO, "x").await.expect("the object shows");
+        assert_eq!((x.attr.kind, x.attr.size), (Kind::File, 10));
+        assert_eq!(stored(&fx, "z/in").await.as_deref(), Some(&b"inside"[..]));
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 18b): a file kept after its close's upload failed, whose
 /// name another writer took meanwhile, was kept to land once that object was deleted
 /// (rm, restart: the old bytes back). It is dropped. (Its folder removed meanwhile is

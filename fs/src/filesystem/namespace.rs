@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use moka::ops::compute::Op;
 
-use strata_cache_core::ObjectInfo;
+use strata_cache_core::{CacheError, ObjectInfo};
 
 use super::{Entry, FsCore, Kind, Listing, Meta, Node};
 use crate::error::{Error, Result};
@@ -438,9 +438,7 @@ impl FsCore {
         // anything is copied (black-box finding: a folder rename made a 1,033-byte key,
         // past the 1,024 S3 takes; a store enforcing it failed the rename with EIO).
         for o in &objects {
-            if let Some(e @ strata_cache_core::CacheError::NameTooLong(_)) =
-                store.unstorable_name(&target(&o.path))
-            {
+            if let Some(e @ CacheError::NameTooLong(_)) = store.unstorable_name(&target(&o.path)) {
                 return Err(Error::Cache(e));
             }
         }
@@ -584,8 +582,22 @@ impl FsCore {
         }
         self.changing(from);
         self.changing(to);
-        self.attrs.insert(from.clone(), Meta::Missing).await;
-        self.relist(&from_dir.path, from, Some(Meta::Missing)).await;
+        // An object named as the folder (`x` beside `x/in`), hidden while the folder was
+        // there, is shown now (black-box finding: with `--metadata-ttl indefinite` it
+        // stayed ENOENT to `cat` and EEXIST to an exclusive create until a remount).
+        let left = match store.is_local() {
+            true => Some(Meta::Missing),
+            false => match store.head(from).await {
+                Ok(obj) => Some(Meta::File(Arc::new(obj))),
+                Err(CacheError::NotFound(_)) => Some(Meta::Missing),
+                Err(_) => None,
+            },
+        };
+        match &left {
+            Some(m) => self.attrs.insert(from.clone(), m.clone()).await,
+            None => self.attrs.invalidate(from).await,
+        }
+        self.relist(&from_dir.path, from, left).await;
         self.relist(&to_dir.path, to, Some(Meta::Dir)).await;
         self.inodes.write().moved_tree(from, to);
         let failed = deletes.iter().filter(|r| r.is_err()).count();
