@@ -473,13 +473,32 @@ async fn a_listing_log_of_one_endpoint_is_not_shown_for_another() {
     );
 }
 
+/// A file system core over `store` that may delete objects (renames need it), staging
+/// under `staging`.
+fn deleting_core(store: &BackingStore, staging: &std::path::Path) -> strata_fs::FsCore {
+    use strata_fs::{CoreOptions, FsCore, WriteOptions};
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(16 << 20)))
+        .build()
+        .expect("engine");
+    let mut w = WriteOptions::new(staging.join("staging"));
+    w.allow_delete = true;
+    FsCore::new(
+        ObjectReader::new(engine, store.clone(), 1 << 20).expect("reader"),
+        "",
+        CoreOptions {
+            writes: Some(w),
+            ..Default::default()
+        },
+    )
+}
+
 /// Black-box finding (round 13): `mv` of a folder holding keys the mount cannot name
 /// (`a/./b`, `a//b`) returned 0, moved the rest and left those, and the folder stayed
 /// listed, ENOENT to open and ENOTEMPTY to remove. Refused up front, nothing moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
     use strata_fs::filesystem::ROOT_INO;
-    use strata_fs::{CoreOptions, FsCore, WriteOptions};
 
     let server = MotoServer::start();
     server.create_bucket("data");
@@ -487,21 +506,8 @@ async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
         server.put_raw("data", key, "x");
     }
     let store = s3_store(&server, "s3://data");
-    let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(16 << 20)))
-        .build()
-        .expect("engine");
     let staging = tempfile::tempdir().expect("tempdir");
-    let mut w = WriteOptions::new(staging.path().join("staging"));
-    w.allow_delete = true;
-    let core = FsCore::new(
-        ObjectReader::new(engine, store.clone(), 1 << 20).expect("reader"),
-        "",
-        CoreOptions {
-            writes: Some(w),
-            ..Default::default()
-        },
-    );
+    let core = deleting_core(&store, staging.path());
     let e = core
         .rename(ROOT_INO, "a", ROOT_INO, "z", false)
         .await
@@ -522,7 +528,6 @@ async fn a_folder_holding_keys_that_cannot_be_named_is_not_half_renamed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_rename_past_the_key_length_is_enametoolong_and_moves_nothing() {
     use strata_fs::filesystem::ROOT_INO;
-    use strata_fs::{CoreOptions, FsCore, WriteOptions};
 
     let server = MotoServer::start();
     server.create_bucket("data");
@@ -531,21 +536,8 @@ async fn a_folder_rename_past_the_key_length_is_enametoolong_and_moves_nothing()
         server.put_raw("data", key, "x");
     }
     let store = s3_store(&server, "s3://data");
-    let engine = CacheEngine::builder()
-        .tier(Arc::new(MemoryTier::new(16 << 20)))
-        .build()
-        .expect("engine");
     let staging = tempfile::tempdir().expect("tempdir");
-    let mut w = WriteOptions::new(staging.path().join("staging"));
-    w.allow_delete = true;
-    let core = FsCore::new(
-        ObjectReader::new(engine, store.clone(), 1 << 20).expect("reader"),
-        "",
-        CoreOptions {
-            writes: Some(w),
-            ..Default::default()
-        },
-    );
+    let core = deleting_core(&store, staging.path());
     let e = core
         .rename(ROOT_INO, "ckpt", ROOT_INO, "checkpoint-step-000100", false)
         .await
