@@ -299,3 +299,29 @@ async fn a_cached_block_shorter_than_the_object_says_is_fetched_again() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 22b): with an object's blocks cached, a listing giving its
+/// size 1,146,728 bytes short (ETag right) made reads end there, successfully: no GET
+/// to check the size against. A cached block that goes on past the size the read was
+/// given is refused as a change of the object.
+#[tokio::test]
+async fn a_read_given_a_short_size_is_refused_by_the_cached_blocks() {
+    timed(async {
+        let fx = fixture(FaultConfig::default()).await;
+        assert_all_blocks_right(&fx).await;
+        let mut short = fx.obj.clone();
+        short.size -= BS; // a block short: block 7 cached whole, its place half of one
+        let e = fx
+            .reader
+            .read(&short, 0, short.size, &AccessContext::demand(JobId(1), 0))
+            .await
+            .expect_err("the cached blocks say the object is longer");
+        assert!(
+            matches!(e, strata_cache_core::CacheError::Changed(_)),
+            "{e}"
+        );
+        assert_all_blocks_right(&fx).await;
+    })
+    .await
+    .expect("bounded");
+}
