@@ -1404,7 +1404,7 @@ async fn cached_metadata_stays_within_its_bytes_and_every_name_is_still_served()
 /// Black-box finding (round 22): in a `file://` store, files and folders of 252-255-byte
 /// names (legal on ext4) were listed, then ENOENT to every lookup made without a fresh
 /// listing: the store's rule for names it can write (room for `NAME#N`) was applied to
-/// lookups. A lookup finds them; a create of such a name stays EINVAL.
+/// lookups. A lookup finds them; one of a longer name is ENOENT at once.
 #[tokio::test]
 async fn a_local_store_file_of_a_255_byte_name_is_found_by_its_path() {
     timed(async {
@@ -1430,6 +1430,61 @@ async fn a_local_store_file_of_a_255_byte_name_is_found_by_its_path() {
         assert_eq!(d.attr.kind, Kind::Dir);
         let inside = c.lookup(d.attr.ino, "f").await.expect("beneath it");
         assert_eq!(inside.attr.size, 6);
+        // Past the file system's 255 bytes: no such file, at once (round 22b: a HEAD
+        // failing ENAMETOOLONG was retried as a store error, EIO after ~3.7 s).
+        let t = Instant::now();
+        let e = c
+            .lookup(ROOT_INO, &"a".repeat(256))
+            .await
+            .expect_err("no such name");
+        assert_eq!(e.errno(), libc::ENOENT, "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    })
+    .await
+    .expect("bounded");
+}
+
+/// Black-box finding (round 22b): an existing 254-255-byte name of a `file://` store
+/// opened for O_TRUNC or append took the writes, then failed the close with EIO after
+/// ~3.6 s (the store cannot write such a name: no room for `NAME#N`). The open is
+/// refused with EINVAL, as a create of the name is.
+#[tokio::test]
+async fn a_local_store_name_too_long_to_write_is_refused_at_the_open() {
+    timed(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let staging = tempfile::tempdir().expect("staging");
+        let long = "b".repeat(255);
+        std::fs::write(dir.path().join(&long), b"kept as it is").expect("write");
+        let url = format!("file://{}", dir.path().display());
+        let store = BackingStore::from_url(&url, &strata_cache_core::StoreOptions::default())
+            .expect("store");
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(16 << 20)))
+            .build()
+            .expect("engine");
+        let reader = ObjectReader::new(engine, store, BS).expect("reader");
+        let mut w = strata_fs::WriteOptions::new(staging.path().join("staging"));
+        w.allow_overwrite = true;
+        let c = FsCore::new(
+            reader,
+            "",
+            CoreOptions {
+                writes: Some(w),
+                ..Default::default()
+            },
+        );
+        let f = c.lookup(ROOT_INO, &long).await.expect("the long name");
+        for truncate in [true, false] {
+            let e = c
+                .open_write(f.attr.ino, truncate, 0)
+                .await
+                .expect_err("refused at the open");
+            assert_eq!(e.errno(), libc::EINVAL, "{e}");
+        }
+        assert_eq!(
+            std::fs::read(dir.path().join(&long)).expect("read"),
+            b"kept as it is"
+        );
     })
     .await
     .expect("bounded");

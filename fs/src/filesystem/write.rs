@@ -1015,6 +1015,12 @@ impl FsCore {
                 node.path
             )));
         }
+        // A name the store holds but cannot write (a local directory's file of 252-255
+        // bytes: no room for `NAME#N`) is refused here, as a create of it is, not after
+        // the whole write at the close (black-box finding, round 22b: EIO at the close).
+        if let Some(e) = self.reader.store().unstorable_name(&node.path) {
+            return Err(Error::Cache(e));
+        }
         if !truncate && obj.size > writes.opts.rewrite_max {
             return Err(Error::Unsupported(format!(
                 "{}: changing an object of {} bytes in place (at most {}: it is read into a \
