@@ -2521,7 +2521,7 @@ async fn a_kept_file_counts_as_a_staged_write_until_it_lands() {
 /// Black-box finding (round 22): passthrough copies of versions the mount itself
 /// replaced or removed stayed on the cache disk, in the copies' budget and in `strata
 /// stats` as live copies (20 files written 6 times and removed: 120 copies, 120 MiB).
-/// Each is dropped once its version is replaced or removed.
+/// Each is dropped once its version is replaced, removed or renamed away.
 #[tokio::test]
 async fn copies_of_replaced_and_removed_versions_are_dropped() {
     timed(async {
@@ -2568,6 +2568,17 @@ async fn copies_of_replaced_and_removed_versions_are_dropped() {
         c.unlink(ROOT_INO, "ck").await.expect("rm");
         settled(0).await;
         assert_eq!(copies.bytes(), 0);
+        // A rename too: the copy is named by the old path (round 22b: 2 copies for one
+        // object after `mv a b` and a read of b).
+        let (_, fh) = c.create(ROOT_INO, "a", 0).await.expect("create");
+        c.write(fh, 0, &data(100 << 10, 9)).expect("write");
+        c.close(fh, 0).await.expect("close");
+        c.release_write(fh).await;
+        settled(1).await;
+        c.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+            .await
+            .expect("mv a b");
+        settled(0).await;
     })
     .await
     .expect("bounded");

@@ -295,6 +295,8 @@ impl FsCore {
             }
         }
         moved?;
+        // Its copy is named by its old path: never served again (round 22b).
+        self.drop_copy_of(&old);
         keep_folder(writes, &from_dir.path);
         self.counters.renames.fetch_add(1, Ordering::Relaxed);
         self.changing(&from);
@@ -559,6 +561,10 @@ impl FsCore {
         .collect::<Vec<_>>()
         .await;
         note_open_moves().await;
+        // Their copies are named by their old paths: never served again (round 22b).
+        for o in &objects {
+            self.drop_copy_of(o);
+        }
         self.counters
             .renames
             .fetch_add(objects.len() as u64, Ordering::Relaxed);
