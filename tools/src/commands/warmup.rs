@@ -198,9 +198,25 @@ pub fn warmup(
             let spawned = std::thread::Builder::new().spawn_scoped(s, move || loop {
                 let next = queue.lock().map(|mut q| q.pop_front()).unwrap_or(None);
                 let Some((path, _)) = next else { break };
-                if let Err(e) = read_and_drop(&path, bytes, bar) {
+                let read = match read_and_drop(&path, bytes, bar) {
+                    // Replaced in the store since it was listed (or its listed size was
+                    // wrong): the mount renewed its attributes, and a fresh open reads
+                    // the version there now (black-box finding, round 22b: 5 files
+                    // failed, a rerun at once read them).
+                    Err(e) if e.raw_os_error() == Some(libc::ESTALE) => {
+                        read_and_drop(&path, bytes, bar)
+                    }
+                    r => r,
+                };
+                if let Err(e) = read {
                     failed.fetch_add(1, Ordering::Relaxed);
-                    bar.println(format!("warmup: {}: {e}", path.display()));
+                    let line = format!("warmup: {}: {e}", path.display());
+                    // A hidden bar (--quiet) prints nothing: the reason goes to stderr.
+                    if bar.is_hidden() {
+                        eprintln!("{line}");
+                    } else {
+                        bar.println(line);
+                    }
                 }
                 let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                 bar.set_message(format!("{d}/{n_files} files"));
