@@ -327,11 +327,22 @@ pub async fn read_group(cfg: &GroupConfig) -> Result<Membership, ClusterError> {
 }
 
 pub(crate) async fn connect(cfg: &GroupConfig) -> Result<Client, ClusterError> {
+    connect_pinging(cfg, cfg.call_timeout).await
+}
+
+/// [`connect`] with HTTP/2 pings every `every`: a silently dead etcd (no RST, e.g. a
+/// partition) breaks the watch and keepalive streams instead of leaving them hanging.
+/// etcd answers pings more often than `--grpc-keepalive-min-time` (5 s) on a connection
+/// that carries no data with GOAWAY (too_many_pings): the membership's connection
+/// carries lease renewals, a connection with only a quiet watch on it needs a longer
+/// period ([`crate::bindings`]).
+pub(crate) async fn connect_pinging(
+    cfg: &GroupConfig,
+    every: Duration,
+) -> Result<Client, ClusterError> {
     let options = ConnectOptions::new()
         .with_connect_timeout(cfg.call_timeout)
-        // HTTP/2 pings: a silently dead etcd (no RST, e.g. a partition) breaks the
-        // watch and keepalive streams instead of leaving them hanging.
-        .with_keep_alive(cfg.call_timeout, cfg.call_timeout)
+        .with_keep_alive(every, cfg.call_timeout)
         .with_keep_alive_while_idle(true);
     bounded(cfg, Client::connect(&cfg.endpoints, Some(options))).await
 }

@@ -150,6 +150,10 @@ pub enum SharedBindingOp {
     /// group that lost its records (etcd restored empty) keeps the namespace for the
     /// model that held it, not the first to put after the loss.
     Publish,
+    /// As `Publish`, but a record of the same identity is left on its lease: the frequent
+    /// checks of bindings made while the group could not answer, or soon after a
+    /// registration, write only what changes the group's answer.
+    Check,
     /// A binding this node made for a put that an owner then refused for its identity
     /// is withdrawn from the group too (answers None).
     Withdraw,

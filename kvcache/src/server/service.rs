@@ -234,10 +234,13 @@ impl KvService {
                     else {
                         continue;
                     };
-                    match router
-                        .shared_binding(&ns, &id, since_ms, SharedBindingOp::Publish)
-                        .await
-                    {
+                    // Full passes keep the records alive on this node's lease too;
+                    // the frequent checks only correct what is wrong.
+                    let op = match full {
+                        true => SharedBindingOp::Publish,
+                        false => SharedBindingOp::Check,
+                    };
+                    match router.shared_binding(&ns, &id, since_ms, op).await {
                         None => unanswered += 1,
                         Some(group) => {
                             ids.confirmed(&ns);

@@ -223,6 +223,10 @@ impl strata_kvcache::group::GroupView for MembershipView {
                     .publish(&namespace, &identity, since_ms)
                     .await
                     .map(Some),
+                SharedBindingOp::Check => bindings
+                    .check(&namespace, &identity, since_ms)
+                    .await
+                    .map(Some),
                 SharedBindingOp::Withdraw => bindings
                     .withdraw(&namespace, &identity)
                     .await
