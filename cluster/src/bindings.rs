@@ -28,10 +28,11 @@
 //!   ([`SharedBindings::publish`]), so a binding some member holds stays, and one no
 //!   member holds any more (its blocks gone, its local binding reclaimed) leaves etcd
 //!   within a day instead of piling up.
-//! - **Records deleted** (by hand, a lease lost): each node watches the records'
-//!   prefix for deletes ([`SharedBindings::watch_deletes`]) and writes back those it
-//!   holds within a second ([`SharedBindings::take_deleted`]), instead of at its next
-//!   3-hourly pass while another model could bind them (black-box finding).
+//! - **Records deleted or rewritten** (by hand, a lease lost, a fresh member's put):
+//!   each node watches the records' prefix ([`SharedBindings::watch_changes`]) and
+//!   checks those it holds within a second ([`SharedBindings::take_changed`]): a
+//!   deleted one is written back, one naming a younger binding or no identity is
+//!   replaced, instead of at its next 3-hourly pass (black-box findings).
 //! - **etcd away.** A failed call makes the next ones answer at once, unasked, for
 //!   [`REST_AFTER_FAILURE`]: a put then waits for nothing and the node's own binding
 //!   decides, as before this existed.
@@ -40,8 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-    WatchOptions,
+    Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use parking_lot::Mutex;
 
@@ -64,14 +64,14 @@ pub struct Binding {
 /// in between: a few, since only members' rewrites race there.
 const RECORD_RACE_TRIES: usize = 4;
 
-/// Deleted namespaces kept until taken: past 4,096 (a prefix deleted whole) the next
+/// Changed namespaces kept until taken: past 4,096 (a prefix deleted whole) the next
 /// taker writes every binding it holds again instead.
-const MAX_DELETED_KEPT: usize = 4096;
+const MAX_CHANGED_KEPT: usize = 4096;
 
-/// The records deleted since the last [`SharedBindings::take_deleted`].
+/// The records deleted or written since the last [`SharedBindings::take_changed`].
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Deleted {
-    /// The namespaces whose records were deleted.
+pub struct Changed {
+    /// The namespaces whose records were deleted or written.
     pub namespaces: Vec<String>,
     /// Too many to keep, or the watch restarted and may have missed some: every
     /// binding the node holds is to be written again.
@@ -108,7 +108,7 @@ pub struct SharedBindings {
     /// Until when calls are not tried (see [`REST_AFTER_FAILURE`]).
     resting_until: Mutex<Option<Instant>>,
     /// What the delete watch saw and no one took yet.
-    deleted: Mutex<Deleted>,
+    deleted: Mutex<Changed>,
 }
 
 impl SharedBindings {
@@ -119,19 +119,21 @@ impl SharedBindings {
             client: Mutex::new(None),
             lease: Mutex::new(None),
             resting_until: Mutex::new(None),
-            deleted: Mutex::new(Deleted::default()),
+            deleted: Mutex::new(Changed::default()),
         })
     }
 
-    /// The records deleted since the last call (see [`Deleted`]).
-    pub fn take_deleted(&self) -> Deleted {
+    /// The records deleted or written since the last call (see [`Changed`]).
+    pub fn take_changed(&self) -> Changed {
         std::mem::take(&mut *self.deleted.lock())
     }
 
-    /// Watches the records' prefix for deletes until `self` is dropped (or the task is
-    /// aborted), noting each for [`Self::take_deleted`]; reconnects after a failure,
-    /// marking `all` since deletes may have been missed meanwhile.
-    pub fn watch_deletes(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Watches the records' prefix until `self` is dropped (or the task is aborted),
+    /// noting each namespace whose record was deleted or written for
+    /// [`Self::take_changed`] (its holders check it: a deleted record is written back,
+    /// one naming a younger binding or no identity is replaced); reconnects after a
+    /// failure, marking `all` since changes may have been missed meanwhile.
+    pub fn watch_changes(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut first = true;
@@ -146,7 +148,7 @@ impl SharedBindings {
                     }
                 }
                 first = false;
-                match watch_deletes_once(&cfg, &prefix, &weak).await {
+                match watch_changes_once(&cfg, &prefix, &weak).await {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(error = %e, "the watch of the KV binding records ended; again shortly");
@@ -476,16 +478,14 @@ enum Rewrite {
     AndMoveLease,
 }
 
-/// One session of [`SharedBindings::watch_deletes`]: Ok when the bindings are dropped.
-async fn watch_deletes_once(
+/// One session of [`SharedBindings::watch_changes`]: Ok when the bindings are dropped.
+async fn watch_changes_once(
     cfg: &GroupConfig,
     prefix: &str,
     weak: &std::sync::Weak<SharedBindings>,
 ) -> Result<(), ClusterError> {
     let mut client = connect_pinging(cfg, BINDINGS_PING).await?;
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_filters([WatchFilterType::NoPut]);
+    let options = WatchOptions::new().with_prefix();
     let mut stream = bounded(cfg, client.watch(prefix, Some(options))).await?;
     // Whether the bindings are still wanted, looked at between events.
     let mut alive = tokio::time::interval(Duration::from_secs(1));
@@ -507,13 +507,10 @@ async fn watch_deletes_once(
                 let mut deleted = this.deleted.lock();
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    if ev.event_type() != EventType::Delete {
-                        continue;
-                    }
                     let Some(ns) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)) else {
                         continue;
                     };
-                    if deleted.namespaces.len() >= MAX_DELETED_KEPT {
+                    if deleted.namespaces.len() >= MAX_CHANGED_KEPT {
                         deleted.all = true;
                         deleted.namespaces.clear();
                     }

@@ -60,6 +60,21 @@ impl Etcd {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
+    /// Writes `value` at `key` directly, as an operator's `etcdctl put` would (on a
+    /// runtime of its own: callable from a test's thread).
+    pub fn put_raw(&self, key: &str, value: &str) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let mut c = etcd_client::Client::connect([self.endpoint()], None)
+                .await
+                .expect("connect to etcd");
+            c.put(key, value, None).await.expect("put");
+        });
+    }
+
     fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }

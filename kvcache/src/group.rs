@@ -118,18 +118,20 @@ pub trait GroupView: Send + Sync + 'static {
     fn registrations(&self) -> u64 {
         0
     }
-    /// The group's binding records deleted since the last call: those this node holds
-    /// are written again at once (a record deleted by hand, or whose lease was lost,
-    /// would otherwise be open to another model until the next pass, hours later).
-    fn deleted_bindings(&self) -> DeletedBindings {
-        DeletedBindings::default()
+    /// The group's binding records deleted or written since the last call: those this
+    /// node holds are checked at once: a deleted one is written back, one naming a
+    /// younger binding or no identity replaced (a record deleted by hand, or whose lease
+    /// was lost, or taken by another model's first put through a fresh member, would
+    /// otherwise stand until the next pass, hours later).
+    fn changed_bindings(&self) -> ChangedBindings {
+        ChangedBindings::default()
     }
 }
 
-/// See [`GroupView::deleted_bindings`].
+/// See [`GroupView::changed_bindings`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeletedBindings {
-    /// The scoped namespaces whose records were deleted.
+pub struct ChangedBindings {
+    /// The scoped namespaces whose records were deleted or written.
     pub namespaces: Vec<String>,
     /// Some may have been missed (too many, or the watch restarted): write every
     /// binding again.
@@ -936,9 +938,9 @@ impl Router {
         self.view.registrations()
     }
 
-    /// See [`GroupView::deleted_bindings`].
-    pub fn deleted_bindings(&self) -> DeletedBindings {
-        self.view.deleted_bindings()
+    /// See [`GroupView::changed_bindings`].
+    pub fn changed_bindings(&self) -> ChangedBindings {
+        self.view.changed_bindings()
     }
 
     fn peer(&self, node: &PeerNode) -> Arc<PeerCounters> {

@@ -503,7 +503,8 @@ fn after_etcd_loses_its_data_a_fresh_members_first_put_takes_no_held_namespace()
 /// Black-box finding (round 21b): with only the binding records deleted on etcd (the
 /// members registered all along), the members wrote them back at their 3-hourly pass,
 /// the namespace open to another model meanwhile. Each node watches the records for
-/// deletes and writes back those it holds within seconds. The binding here comes from
+/// deletes and writes back those it holds within seconds (and replaces one rewritten
+/// naming no identity). The binding here comes from
 /// a bindings file an older release wrote (no time: not one of the bindings a node
 /// checks often after registering), so only the watch brings it back.
 #[test]
@@ -542,6 +543,15 @@ fn a_binding_record_deleted_on_etcd_is_written_back_by_its_holder() {
             || rt.block_on(shared.held(NS)).ok().flatten() == Some(a),
         )
         .expect("the holder writes back a deleted record");
+        // Written over naming no identity (round 22b: kept, and each node decided alone).
+        g.etcd
+            .put_raw(&format!("{}{NS}", shared.records_prefix()), "garbage");
+        wait_until(
+            Duration::from_secs(15),
+            "model A's binding replaces a record naming no identity",
+            || rt.block_on(shared.held(NS)).ok().flatten() == Some(a),
+        )
+        .expect("the holder replaces a damaged record");
     });
 }
 

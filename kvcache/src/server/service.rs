@@ -161,8 +161,8 @@ impl KvService {
     /// ([`Self::adopt_group_binding`]). Each time this node registers with the
     /// group again ([`crate::group::GroupView::registrations`]: etcd back, perhaps
     /// restored empty) a full pass runs within [`crate::group::REGISTRATION_POLL`];
-    /// a record deleted on etcd that this node holds is written again as soon
-    /// ([`crate::group::GroupView::deleted_bindings`]). Stops with the service.
+    /// a record deleted or rewritten on etcd that this node holds is checked as soon
+    /// ([`crate::group::GroupView::changed_bindings`]). Stops with the service.
     fn publish_bindings(&self, router: Arc<Router>) {
         use crate::group::{
             SharedBindingOp, RECHECK_RECENT, RECHECK_UNCONFIRMED, REGISTRATION_POLL,
@@ -202,8 +202,8 @@ impl KvService {
                     peer_side: false,
                 };
                 let ids = this.inner.identities.clone();
-                // Records deleted on etcd: those held here are written again now.
-                let deleted = router.deleted_bindings();
+                // Records deleted or written on etcd: those held here are checked now.
+                let deleted = router.changed_bindings();
                 let now = tokio::time::Instant::now();
                 let full = now >= full_due || deleted.all;
                 let unconfirmed_due = !full && now >= recheck_due;

@@ -20,8 +20,8 @@ pub struct ClusterHandle {
     /// The KV namespaces' identity bindings the group shares (on the same etcd).
     pub bindings: std::sync::Arc<strata_cluster::SharedBindings>,
     logger: tokio::task::JoinHandle<()>,
-    /// The watch of the binding records' deletes (`SharedBindings::watch_deletes`).
-    binding_deletes: tokio::task::JoinHandle<()>,
+    /// The watch of the binding records' changes (`SharedBindings::watch_changes`).
+    binding_changes: tokio::task::JoinHandle<()>,
 }
 
 impl ClusterHandle {
@@ -33,7 +33,7 @@ impl ClusterHandle {
     /// Leaves the group at once (revokes the lease) instead of after the TTL.
     pub async fn leave(self) {
         self.logger.abort();
-        self.binding_deletes.abort();
+        self.binding_changes.abort();
         self.member.leave().await;
     }
 }
@@ -87,7 +87,7 @@ pub fn start(
         strata_cluster::SharedBindings::new(c.group_config())
             .context("the group's KV namespace bindings")?,
     );
-    let binding_deletes = bindings.watch_deletes();
+    let binding_changes = bindings.watch_changes();
     let mut rx = member.membership();
     let group = c.group.clone();
     let logger = tokio::spawn(async move {
@@ -114,7 +114,7 @@ pub fn start(
         replication: c.replication,
         bindings,
         logger,
-        binding_deletes,
+        binding_changes,
     })
 }
 
@@ -194,9 +194,9 @@ impl strata_kvcache::group::GroupView for MembershipView {
         self.rx.borrow().registrations
     }
 
-    fn deleted_bindings(&self) -> strata_kvcache::group::DeletedBindings {
-        let d = self.bindings.take_deleted();
-        strata_kvcache::group::DeletedBindings {
+    fn changed_bindings(&self) -> strata_kvcache::group::ChangedBindings {
+        let d = self.bindings.take_changed();
+        strata_kvcache::group::ChangedBindings {
             namespaces: d.namespaces,
             all: d.all,
         }
