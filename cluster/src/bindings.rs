@@ -191,18 +191,8 @@ impl SharedBindings {
         identity: &Identity,
         since_ms: u64,
     ) -> Result<Binding, ClusterError> {
-        let mine = Binding {
-            identity: *identity,
-            since_ms,
-        };
-        // Boxed: the transaction loop's state is large (etcd and tonic futures), and
-        // a caller's own future need not carry it.
-        self.guarded(Box::pin(self.create_or_read(
-            namespace,
-            mine,
-            Rewrite::Never,
-        )))
-        .await
+        self.ask(namespace, identity, since_ms, Rewrite::Never)
+            .await
     }
 
     /// As [`Self::bind`] for a binding this node holds: a record of the same identity is
@@ -216,18 +206,8 @@ impl SharedBindings {
         identity: &Identity,
         since_ms: u64,
     ) -> Result<Binding, ClusterError> {
-        let mine = Binding {
-            identity: *identity,
-            since_ms,
-        };
-        // Boxed: the transaction loop's state is large (etcd and tonic futures), and
-        // a caller's own future need not carry it.
-        self.guarded(Box::pin(self.create_or_read(
-            namespace,
-            mine,
-            Rewrite::AndMoveLease,
-        )))
-        .await
+        self.ask(namespace, identity, since_ms, Rewrite::AndMoveLease)
+            .await
     }
 
     /// As [`Self::publish`], but a record of the same identity stays on the lease it is
@@ -241,18 +221,8 @@ impl SharedBindings {
         identity: &Identity,
         since_ms: u64,
     ) -> Result<Binding, ClusterError> {
-        let mine = Binding {
-            identity: *identity,
-            since_ms,
-        };
-        // Boxed: the transaction loop's state is large (etcd and tonic futures), and
-        // a caller's own future need not carry it.
-        self.guarded(Box::pin(self.create_or_read(
-            namespace,
-            mine,
-            Rewrite::IfOlder,
-        )))
-        .await
+        self.ask(namespace, identity, since_ms, Rewrite::IfOlder)
+            .await
     }
 
     /// The identity the group holds for `namespace`, if any (read only).
@@ -336,6 +306,24 @@ impl SharedBindings {
         .id();
         *self.lease.lock() = Some((id, Instant::now()));
         Ok(id)
+    }
+
+    /// [`Self::create_or_read`] of `identity`'s binding made at `since_ms`, guarded.
+    async fn ask(
+        &self,
+        namespace: &str,
+        identity: &Identity,
+        since_ms: u64,
+        rewrite: Rewrite,
+    ) -> Result<Binding, ClusterError> {
+        let mine = Binding {
+            identity: *identity,
+            since_ms,
+        };
+        // Boxed: the transaction loop's state is large (etcd and tonic futures), and a
+        // caller's own future need not carry it.
+        self.guarded(Box::pin(self.create_or_read(namespace, mine, rewrite)))
+            .await
     }
 
     /// Creates the record (and its time) of `mine` if there is none; else reads it, and

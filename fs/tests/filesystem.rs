@@ -1401,6 +1401,22 @@ async fn cached_metadata_stays_within_its_bytes_and_every_name_is_still_served()
     .expect("bounded");
 }
 
+/// A core over a `file://` store of `root`.
+fn local_core(root: &std::path::Path, opts: CoreOptions) -> FsCore {
+    let url = format!("file://{}", root.display());
+    let store =
+        BackingStore::from_url(&url, &strata_cache_core::StoreOptions::default()).expect("store");
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::new(16 << 20)))
+        .build()
+        .expect("engine");
+    FsCore::new(
+        ObjectReader::new(engine, store, BS).expect("reader"),
+        "",
+        opts,
+    )
+}
+
 /// Black-box finding (round 22): in a `file://` store, files and folders of 252-255-byte
 /// names (legal on ext4) were listed, then ENOENT to every lookup made without a fresh
 /// listing: the store's rule for names it can write (room for `NAME#N`) was applied to
@@ -1414,15 +1430,7 @@ async fn a_local_store_file_of_a_255_byte_name_is_found_by_its_path() {
         std::fs::write(dir.path().join(&long), b"long name").expect("write");
         std::fs::create_dir(dir.path().join(&folder)).expect("mkdir");
         std::fs::write(dir.path().join(&folder).join("f"), b"inside").expect("write");
-        let url = format!("file://{}", dir.path().display());
-        let store = BackingStore::from_url(&url, &strata_cache_core::StoreOptions::default())
-            .expect("store");
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(16 << 20)))
-            .build()
-            .expect("engine");
-        let reader = ObjectReader::new(engine, store, BS).expect("reader");
-        let c = FsCore::new(reader, "", CoreOptions::default());
+        let c = local_core(dir.path(), CoreOptions::default());
         // No listing first: a path lookup, as an `open` past the metadata TTL makes.
         let f = c.lookup(ROOT_INO, &long).await.expect("the long name");
         assert_eq!(f.attr.size, 9);
@@ -1455,19 +1463,10 @@ async fn a_local_store_name_too_long_to_write_is_refused_at_the_open() {
         let staging = tempfile::tempdir().expect("staging");
         let long = "b".repeat(255);
         std::fs::write(dir.path().join(&long), b"kept as it is").expect("write");
-        let url = format!("file://{}", dir.path().display());
-        let store = BackingStore::from_url(&url, &strata_cache_core::StoreOptions::default())
-            .expect("store");
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(16 << 20)))
-            .build()
-            .expect("engine");
-        let reader = ObjectReader::new(engine, store, BS).expect("reader");
         let mut w = strata_fs::WriteOptions::new(staging.path().join("staging"));
         w.allow_overwrite = true;
-        let c = FsCore::new(
-            reader,
-            "",
+        let c = local_core(
+            dir.path(),
             CoreOptions {
                 writes: Some(w),
                 ..Default::default()
