@@ -543,32 +543,42 @@ impl ObjectReader {
             let idx = base / unit;
             let unit_start = idx * unit;
             let (from, to) = (base - unit_start, block * self.block_size + to - unit_start);
-            let bytes = self.read_unit(obj, unit, idx, &ctx).await?;
-            longer_than_its_place(obj, unit, idx, &bytes)?;
-            return match slice(&bytes, from, to) {
-                // As for a block, below.
-                Err(CacheError::Corrupt(_)) => {
-                    let unit_key =
-                        CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx);
-                    self.engine.remove(&unit_key).await?;
-                    slice(&self.read_unit(obj, unit, idx, &ctx).await?, from, to)
-                }
-                r => r,
-            };
+            let unit_key = CacheKey::file_block(obj.path.clone(), obj.version.clone(), unit, idx);
+            return self
+                .part_of_piece(obj, (unit, idx), &unit_key, from..to, || {
+                    self.read_unit(obj, unit, idx, &ctx)
+                })
+                .await;
         }
-        let bytes = self
-            .read_block_observed(obj, block, key.clone(), &ctx)
-            .await?;
-        longer_than_its_place(obj, self.block_size, block, &bytes)?;
-        match slice(&bytes, from, to) {
-            // A block cached shorter than the part asked of it (cut at a wrong size an
-            // older release took from a listing or HEAD): dropped and fetched again,
-            // not an EIO for good (black-box finding).
+        self.part_of_piece(obj, (self.block_size, block), &key, from..to, || {
+            self.read_block_observed(obj, block, key.clone(), &ctx)
+        })
+        .await
+    }
+
+    /// Bytes `part` of piece `idx` of `len` bytes of `obj` (a block or unit, cached under
+    /// `key`), as `read` gets it. A piece longer than its place refuses the read (see
+    /// [`longer_than_its_place`]); one shorter than the part asked of it (cut at a wrong
+    /// size an older release took from a listing or HEAD) is dropped and read once more,
+    /// not an EIO for good (black-box finding).
+    async fn part_of_piece<Fut>(
+        &self,
+        obj: &ObjectInfo,
+        (len, idx): (u64, u64),
+        key: &CacheKey,
+        part: std::ops::Range<u64>,
+        read: impl Fn() -> Fut,
+    ) -> Result<Bytes>
+    where
+        Fut: std::future::Future<Output = Result<Bytes>>,
+    {
+        let bytes = read().await?;
+        longer_than_its_place(obj, len, idx, &bytes)?;
+        match slice(&bytes, part.start, part.end) {
             Err(CacheError::Corrupt(why)) => {
-                tracing::warn!(path = %obj.path, block, error = %why, "a cached block is shorter than the object says; dropped and fetched again");
-                self.engine.remove(&key).await?;
-                let bytes = self.read_block_observed(obj, block, key, &ctx).await?;
-                slice(&bytes, from, to)
+                tracing::warn!(path = %obj.path, idx, error = %why, "a cached piece is shorter than the object says; dropped and fetched again");
+                self.engine.remove(key).await?;
+                slice(&read().await?, part.start, part.end)
             }
             r => r,
         }
@@ -740,7 +750,8 @@ fn longer_than_its_place(obj: &ObjectInfo, len: u64, idx: u64, piece: &Bytes) ->
     let place = len.min(obj.size.saturating_sub(idx.saturating_mul(len)));
     if piece.len() as u64 > place {
         return Err(CacheError::Changed(format!(
-            "{}: the cached bytes of this version go on past the size it was opened with              ({} bytes; a listing or HEAD answered a wrong size)",
+            "{}: the cached bytes of this version go on past the size it was opened with \
+             ({} bytes; a listing or HEAD answered a wrong size)",
             obj.path, obj.size
         )));
     }

@@ -137,7 +137,12 @@ impl FsCore {
     /// blocking thread (a file removal); a reader's open descriptor of it reads on.
     pub(super) fn drop_copy_of(&self, old: &ObjectInfo) {
         let Some(pt) = &self.passthrough else { return };
-        let Some(name) = pt.name_for(&old.path, &old.version, old.size) else {
+        // Most versions have none (a folder rename asks for each of its objects): only
+        // a kept one costs a blocking task.
+        let Some(name) = pt
+            .name_for(&old.path, &old.version, old.size)
+            .filter(|n| pt.copies.contains(n))
+        else {
             return;
         };
         let copies = pt.copies.clone();

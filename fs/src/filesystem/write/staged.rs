@@ -154,7 +154,9 @@ pub(super) fn read_back(staged: &Staged, offset: u64, size: u32) -> Result<Bytes
         // Said as a read's (black-box finding: the write's wording sent an operator
         // looking for a writer that had written below the freed bytes).
         return Err(Error::Unsupported(format!(
-            "{}: its first {freed} bytes were sent to the store and freed from local disk              while the disk budget was full, and it is still being written: a read at              {offset} below them is refused until its upload completes",
+            "{}: its first {freed} bytes were sent to the store and freed from local disk \
+             while the disk budget was full, and it is still being written: a read at \
+             {offset} below them is refused until its upload completes",
             staged.path()
         )));
     }
