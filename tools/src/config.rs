@@ -810,13 +810,8 @@ impl StrataConfig {
 /// (black-box findings: a mount of "./ds" was silently empty and refused every write;
 /// one of "a//b" listed `a/b/` and refused every create).
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
-    let inner = prefix.trim_matches('/');
-    if !inner.is_empty()
-        && inner
-            .split('/')
-            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
-    {
-        bail!("[[mounts]] prefix {prefix:?}: an empty, `.` or `..` segment names no folder of the store");
+    if let Some(why) = strata_cache_core::store::folder_prefix_problem(prefix) {
+        bail!("[[mounts]] prefix {prefix:?}: {why}");
     }
     Ok(())
 }

@@ -482,12 +482,8 @@ impl BackingStore {
         // (black-box finding: `s3://b/a//b` listed `a//b/`, nothing, and wrote `a/b/`;
         // `s3://b/dot/../` wrote under `dot/%2E%2E/`; an empty shell variable in a
         // mount URL makes the first).
-        if !prefix.is_empty() {
-            if let Err(e) = Path::parse(&prefix) {
-                return Err(bad(format!(
-                    "prefix {prefix:?} names no folder of the store (no empty, `.` or `..` segment): {e}"
-                )));
-            }
+        if let Some(why) = folder_prefix_problem(&prefix) {
+            return Err(bad(format!("prefix {prefix:?}: {why}")));
         }
         let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
             store
@@ -2030,6 +2026,19 @@ fn since_start() -> u64 {
 /// the key read and written. `Path::from` would percent-encode those and name another
 /// key, so such objects were listed but unreadable. Only what a key cannot hold as text
 /// (control characters, `.` or `..` segments, empty segments) is encoded.
+/// Why `prefix` (slashes at either end aside) names no folder of a store, if it does
+/// not: an empty, `.` or `..` segment, or one no key can hold. A store URL's prefix and
+/// a mount's `prefix` are both checked by this.
+pub fn folder_prefix_problem(prefix: &str) -> Option<String> {
+    let inner = prefix.trim_matches('/');
+    if inner.is_empty() {
+        return None;
+    }
+    Path::parse(inner)
+        .err()
+        .map(|e| format!("an empty, `.` or `..` segment names no folder of the store ({e})"))
+}
+
 pub(crate) fn object_key(path: &str) -> Path {
     Path::parse(path).unwrap_or_else(|_| Path::from(path))
 }
