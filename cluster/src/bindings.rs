@@ -108,7 +108,7 @@ pub struct SharedBindings {
     /// Until when calls are not tried (see [`REST_AFTER_FAILURE`]).
     resting_until: Mutex<Option<Instant>>,
     /// What the delete watch saw and no one took yet.
-    deleted: Mutex<Changed>,
+    changed: Mutex<Changed>,
 }
 
 impl SharedBindings {
@@ -119,13 +119,13 @@ impl SharedBindings {
             client: Mutex::new(None),
             lease: Mutex::new(None),
             resting_until: Mutex::new(None),
-            deleted: Mutex::new(Changed::default()),
+            changed: Mutex::new(Changed::default()),
         })
     }
 
     /// The records deleted or written since the last call (see [`Changed`]).
     pub fn take_changed(&self) -> Changed {
-        std::mem::take(&mut *self.deleted.lock())
+        std::mem::take(&mut *self.changed.lock())
     }
 
     /// Watches the records' prefix until `self` is dropped (or the task is aborted),
@@ -144,7 +144,7 @@ impl SharedBindings {
                 drop(this);
                 if !first {
                     if let Some(this) = weak.upgrade() {
-                        this.deleted.lock().all = true;
+                        this.changed.lock().all = true;
                     }
                 }
                 first = false;
@@ -388,45 +388,34 @@ impl SharedBindings {
             });
             let (record, since) = (gets.next().flatten(), gets.next().flatten());
             // Deleted between the compare and the read: from the top.
-            let Some((held, held_lease, revision)) = record else {
+            let Some((value_held, held_lease, revision)) = record else {
                 continue;
             };
-            // A record that names no identity (written by hand, damaged) says nothing: it
-            // is written over as if absent, so the group has one answer again (black-box
-            // finding, round 22b: it was logged and kept, and each node decided alone).
-            let Some(identity) = decode(&held) else {
-                tracing::warn!(record = %key, value = %String::from_utf8_lossy(&held),
-                    "the group's KV namespace binding record holds no 64-digit hex identity: written over with this node's");
-                let replace = Txn::new()
-                    .when([Compare::mod_revision(
-                        key.clone(),
-                        CompareOp::Equal,
-                        revision,
-                    )])
-                    .and_then(write(mine.since_ms));
-                if bounded(&self.cfg, client.txn(replace)).await?.succeeded() {
-                    return Ok(mine);
-                }
-                continue;
-            };
-            let held = Binding {
+            // None: the record names no identity (written by hand, damaged); it says
+            // nothing and is written over as if absent, so the group has one answer
+            // again (black-box finding, round 22b: it was logged and kept, and each node
+            // decided alone).
+            let held = decode(&value_held).map(|identity| Binding {
                 identity,
                 // No time (an older release's record) or an unreadable one: the oldest.
                 since_ms: since
                     .and_then(|(v, _, _)| std::str::from_utf8(&v).ok()?.parse().ok())
                     .unwrap_or(0),
+            });
+            let overwrite = match (&held, rewrite) {
+                (None, _) => true,
+                (Some(_), Rewrite::Never) => false,
+                (Some(h), Rewrite::IfOlder) => mine.since_ms < h.since_ms,
+                (Some(h), Rewrite::AndMoveLease) => {
+                    mine.since_ms < h.since_ms
+                        || (h.identity == mine.identity && held_lease != lease)
+                }
             };
-            let older = mine.since_ms < held.since_ms;
-            let same = held.identity == mine.identity;
-            let overwrite = match rewrite {
-                Rewrite::Never => false,
-                Rewrite::IfOlder => older,
-                Rewrite::AndMoveLease => older || (same && held_lease != lease),
+            let held = match held {
+                Some(h) if !overwrite => return Ok(h),
+                h => h,
             };
-            if !overwrite {
-                return Ok(held);
-            }
-            let since_ms = mine.since_ms.min(held.since_ms);
+            let since_ms = held.map_or(mine.since_ms, |h| mine.since_ms.min(h.since_ms));
             let replace = Txn::new()
                 .when([Compare::mod_revision(
                     key.clone(),
@@ -434,22 +423,28 @@ impl SharedBindings {
                     revision,
                 )])
                 .and_then(write(since_ms));
-            if bounded(&self.cfg, client.txn(replace)).await?.succeeded() {
-                if !same {
-                    tracing::warn!(
-                        namespace,
-                        record = %String::from_utf8_lossy(&encode(&held.identity)[..12]),
-                        record_since_ms = held.since_ms,
-                        mine = %String::from_utf8_lossy(&value[..12]),
-                        mine_since_ms = mine.since_ms,
-                        "the group's KV namespace binding was made after this node's: replaced by this node's (the oldest binding wins)"
-                    );
-                }
-                return Ok(Binding {
-                    identity: mine.identity,
-                    since_ms,
-                });
+            if !bounded(&self.cfg, client.txn(replace)).await?.succeeded() {
+                continue;
             }
+            match held {
+                None => {
+                    tracing::warn!(record = %key, value = %String::from_utf8_lossy(&value_held),
+                    "the group's KV namespace binding record held no 64-digit hex identity: written over with this node's")
+                }
+                Some(h) if h.identity != mine.identity => tracing::warn!(
+                    namespace,
+                    record = %String::from_utf8_lossy(&encode(&h.identity)[..12]),
+                    record_since_ms = h.since_ms,
+                    mine = %String::from_utf8_lossy(&value[..12]),
+                    mine_since_ms = mine.since_ms,
+                    "the group's KV namespace binding was made after this node's: replaced by this node's (the oldest binding wins)"
+                ),
+                Some(_) => {}
+            }
+            return Ok(Binding {
+                identity: mine.identity,
+                since_ms,
+            });
         }
     }
 }
@@ -492,18 +487,18 @@ async fn watch_changes_once(
                     return Err(ClusterError::WatchCancelled(resp.compact_revision()));
                 }
                 let Some(this) = weak.upgrade() else { return Ok(()) };
-                let mut deleted = this.deleted.lock();
+                let mut changed = this.changed.lock();
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
                     let Some(ns) = kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)) else {
                         continue;
                     };
-                    if deleted.namespaces.len() >= MAX_CHANGED_KEPT {
-                        deleted.all = true;
-                        deleted.namespaces.clear();
+                    if changed.namespaces.len() >= MAX_CHANGED_KEPT {
+                        changed.all = true;
+                        changed.namespaces.clear();
                     }
-                    if !deleted.all {
-                        deleted.namespaces.push(ns.to_string());
+                    if !changed.all {
+                        changed.namespaces.push(ns.to_string());
                     }
                 }
             }

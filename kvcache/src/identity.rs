@@ -354,6 +354,13 @@ impl IdentityBindings {
         self.map.lock().get(ns).map(|b| b.since_ms)
     }
 
+    /// Whether any binding was made (or taken from the group) at most `window` ago:
+    /// [`Self::recent`] without listing them.
+    pub fn any_recent(&self, window: Duration) -> bool {
+        let after = unix_ms().saturating_sub(window.as_millis() as u64);
+        self.map.lock().values().any(|b| b.since_ms > after)
+    }
+
     /// The bindings made (or taken from the group) at most `window` ago: checked against
     /// the group's often for a while, since a member holding an older binding of the
     /// namespace may replace the group's record (etcd restored empty, this node's put

@@ -190,41 +190,36 @@ impl KvService {
                     full_due = tokio::time::Instant::now();
                     registered_at = full_due;
                 }
-                let recent = |ids: &crate::identity::IdentityBindings| {
-                    if registered_at.elapsed() < RECHECK_RECENT {
-                        ids.recent(RECHECK_RECENT)
-                    } else {
-                        Vec::new()
-                    }
-                };
+                // Bindings made soon after a registration are checked while it is recent.
+                let in_window = registered_at.elapsed() < RECHECK_RECENT;
                 let this = KvService {
                     inner,
                     peer_side: false,
                 };
                 let ids = this.inner.identities.clone();
                 // Records deleted or written on etcd: those held here are checked now.
-                let deleted = router.changed_bindings();
+                let changed = router.changed_bindings();
                 let now = tokio::time::Instant::now();
-                let full = now >= full_due || deleted.all;
+                let full = now >= full_due || changed.all;
                 let unconfirmed_due = !full && now >= recheck_due;
-                let bindings = match (full, unconfirmed_due) {
-                    (true, _) => ids.all(),
-                    (false, true) => {
-                        let mut some = ids.unconfirmed();
-                        some.extend(recent(&ids));
-                        some.sort_unstable();
-                        some.dedup();
-                        some
-                    }
-                    (false, false) => Vec::new(),
-                };
                 let bindings = if full {
-                    bindings
+                    ids.all()
                 } else {
-                    let mut some = bindings;
-                    some.extend(deleted.namespaces.iter().filter_map(|ns| {
-                        ids.bound(ns).map(|id| (Arc::<str>::from(ns.as_str()), id))
-                    }));
+                    let mut some: Vec<_> = changed
+                        .namespaces
+                        .iter()
+                        .filter_map(|ns| {
+                            ids.bound(ns).map(|id| (Arc::<str>::from(ns.as_str()), id))
+                        })
+                        .collect();
+                    if unconfirmed_due {
+                        some.extend(ids.unconfirmed());
+                        if in_window {
+                            some.extend(ids.recent(RECHECK_RECENT));
+                        }
+                    }
+                    some.sort_unstable();
+                    some.dedup();
                     some
                 };
                 let mut unanswered = 0usize;
@@ -267,7 +262,7 @@ impl KvService {
                 // call without one): the sooner the bindings are back after etcd lost
                 // them, the shorter the time another model can bind a namespace.
                 let mut next = full_due.min(now + REGISTRATION_POLL);
-                if !ids.unconfirmed().is_empty() || !recent(&ids).is_empty() {
+                if !ids.unconfirmed().is_empty() || (in_window && ids.any_recent(RECHECK_RECENT)) {
                     next = next.min(recheck_due);
                 }
                 drop((ids, this));
