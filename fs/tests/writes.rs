@@ -66,6 +66,23 @@ async fn fixture(tune: impl FnOnce(&mut CoreOptions, &std::path::Path)) -> Fixtu
     }
 }
 
+/// A fixture whose mount keeps passthrough copies within `budget` bytes (in the
+/// fixture's dir), tuned further by `tune`; with the copies' store.
+async fn fixture_with_copies(
+    budget: u64,
+    tune: impl FnOnce(&mut CoreOptions),
+) -> (Fixture, Arc<strata_fs::passthrough::PassthroughStore>) {
+    let mut copies = None;
+    let fx = fixture(|o, dir| {
+        let pt = PassthroughOptions::open(dir.join("pt"), budget).expect("copies");
+        copies = Some(pt.copies.clone());
+        o.passthrough = Some(pt);
+        tune(o);
+    })
+    .await;
+    (fx, copies.expect("opened"))
+}
+
 /// A fixture whose mount may replace and delete objects (`--allow-overwrite
 /// --allow-delete`).
 async fn fixture_replacing() -> Fixture {
@@ -927,10 +944,7 @@ async fn written_files_become_copies_only_in_free_room() {
 #[tokio::test]
 async fn staged_files_count_against_the_copies_budget() {
     timed(async {
-        let pt_dir = tempfile::tempdir().expect("tempdir");
-        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 300 << 10).expect("copies");
-        let copies = pt.copies.clone();
-        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let (fx, copies) = fixture_with_copies(300 << 10, |_| {}).await;
         let c = &fx.core;
         let mut inos = Vec::new();
         for i in 0..2u8 {
@@ -1016,10 +1030,7 @@ async fn staged_files_count_against_the_copies_budget() {
 #[tokio::test]
 async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
     timed(async {
-        let pt_dir = tempfile::tempdir().expect("tempdir");
-        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 512 << 10).expect("copies");
-        let copies = pt.copies.clone();
-        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let (fx, copies) = fixture_with_copies(512 << 10, |_| {}).await;
         let c = &fx.core;
         for i in 0..2u8 {
             let (_, fh) = c
@@ -1275,10 +1286,7 @@ async fn a_directory_renamed_into_place_moves_every_object_under_it() {
 #[tokio::test]
 async fn a_write_past_the_budget_waits_for_a_lagging_stream() {
     timed(async {
-        let pt_dir = tempfile::tempdir().expect("tempdir");
-        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 512 << 10).expect("copies");
-        let copies = pt.copies.clone();
-        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let (fx, copies) = fixture_with_copies(512 << 10, |_| {}).await;
         fx.faulty.set_config(FaultConfig {
             part_latency: Duration::from_millis(20),
             ..Default::default()
@@ -2464,10 +2472,7 @@ async fn an_fsyncd_file_whose_close_the_store_did_not_answer_is_uploaded_later()
 #[tokio::test]
 async fn a_kept_file_counts_as_a_staged_write_until_it_lands() {
     timed(async {
-        let pt_dir = tempfile::tempdir().expect("tempdir");
-        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 1 << 20).expect("copies");
-        let copies = pt.copies.clone();
-        let fx = fixture(|o, _| o.passthrough = Some(pt)).await;
+        let (fx, copies) = fixture_with_copies(1 << 20, |_| {}).await;
         let c = &fx.core;
         let (_, fh) = c.create(ROOT_INO, "ck", 0).await.expect("create");
         // Out of order, so not sent while written (such a file is uploaded at its fsync).
@@ -2525,11 +2530,7 @@ async fn a_kept_file_counts_as_a_staged_write_until_it_lands() {
 #[tokio::test]
 async fn copies_of_replaced_and_removed_versions_are_dropped() {
     timed(async {
-        let pt_dir = tempfile::tempdir().expect("tempdir");
-        let pt = PassthroughOptions::open(pt_dir.path().join("pt"), 4 << 20).expect("copies");
-        let copies = pt.copies.clone();
-        let fx = fixture(|o, _| {
-            o.passthrough = Some(pt);
+        let (fx, copies) = fixture_with_copies(4 << 20, |o| {
             let w = o.writes.as_mut().expect("writes");
             w.allow_overwrite = true;
             w.allow_delete = true;
