@@ -855,14 +855,26 @@ impl FsCore {
             Meta::File(obj) if self.written_meta(path).is_none() => Some(&obj.version),
             _ => None,
         };
-        let (ino, generation) = {
+        let (ino, generation, superseded) = {
             let mut inodes = self.inodes.write();
+            // The version (and size) the path's inode stood for until now.
+            let had = inodes
+                .by_path
+                .get(path)
+                .and_then(|i| inodes.nodes.get(i))
+                .and_then(|n| Some((n.version.clone()?, n.told_size?)));
             let (ino, generation) = inodes.intern(path, kind, version, reference);
             if let (Meta::File(obj), Some(node)) = (meta, inodes.nodes.get_mut(&ino)) {
                 node.told_size = Some(obj.size);
             }
-            (ino, generation)
+            let superseded = had.filter(|(v, _)| reference && version.is_some_and(|now| now != v));
+            (ino, generation, superseded)
         };
+        if let Some((version, size)) = superseded {
+            // The store names another version now (another client replaced it): the
+            // old one's passthrough copy can never be opened again.
+            self.drop_copy(path, &version, size);
+        }
         Ok(Entry {
             attr: self.attr_of(ino, meta),
             generation,

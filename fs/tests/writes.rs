@@ -2585,6 +2585,55 @@ async fn copies_of_replaced_and_removed_versions_are_dropped() {
     .expect("bounded");
 }
 
+/// A version another client replaced in the store: its passthrough copy is dropped
+/// once the mount sees the new version (a lookup hands out the new inode), not kept in
+/// the copies' budget until evicted (round 22b's leftover). Another object's copy stays.
+#[tokio::test]
+async fn the_copy_of_a_version_another_client_replaced_is_dropped() {
+    timed(async {
+        let (fx, copies) = fixture_with_copies(4 << 20, |o| o.metadata_ttl = Duration::ZERO).await;
+        let c = &fx.core;
+        let settled = |want: usize| {
+            let copies = copies.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                while copies.len() != want {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "{} copies, not {want}",
+                        copies.len()
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let read_whole = |name: &'static str, size: usize| async move {
+            let e = c.lookup(ROOT_INO, name).await.expect("lookup");
+            let o = c.open(e.attr.ino, false).await.expect("open");
+            let got = c.read(o.fh, 0, size as u32, 1).await.expect("read");
+            c.release(o.fh);
+            (e.attr.ino, got.to_vec())
+        };
+        put_elsewhere(&fx, "kept", data(90 << 10, 1)).await;
+        put_elsewhere(&fx, "shard", data(100 << 10, 2)).await;
+        read_whole("kept", 90 << 10).await;
+        settled(1).await;
+        let kept_bytes = copies.bytes();
+        let (old_ino, _) = read_whole("shard", 100 << 10).await;
+        settled(2).await;
+        put_elsewhere(&fx, "shard", data(100 << 10, 3)).await;
+        let e = c.lookup(ROOT_INO, "shard").await.expect("the new version");
+        assert_ne!(e.attr.ino, old_ino, "a new inode for the new version");
+        settled(1).await;
+        assert_eq!(copies.bytes(), kept_bytes, "the other object's copy stays");
+        let (_, got) = read_whole("shard", 100 << 10).await;
+        assert_eq!(got, data(100 << 10, 3));
+        settled(2).await;
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Black-box finding (round 22): an object named as a folder (`x` beside `x/in`) is
 /// hidden while the folder is there; after the mount moved the folder away it stayed
 /// hidden (ENOENT to `cat`, EEXIST to an exclusive create) for the metadata TTL, for good

@@ -130,17 +130,23 @@ impl FsCore {
         Some(info)
     }
 
-    /// Drops the passthrough copy of `old`, a version this mount removed or replaced:
+    /// Drops the passthrough copy of `old`, a version removed or replaced (by this mount,
+    /// or by another client once this mount sees the new version):
     /// it can never be served again, and it took the copies' budget from live files and
     /// showed in `strata stats` as a live copy (black-box finding: 20 files written 6
     /// times each and removed left 120 copies, 120 MiB, counted as cached). On a
     /// blocking thread (a file removal); a reader's open descriptor of it reads on.
     pub(super) fn drop_copy_of(&self, old: &ObjectInfo) {
+        self.drop_copy(&old.path, &old.version, old.size);
+    }
+
+    /// [`Self::drop_copy_of`] by the version's path, version and size.
+    pub(super) fn drop_copy(&self, path: &str, version: &str, size: u64) {
         let Some(pt) = &self.passthrough else { return };
         // Most versions have none (a folder rename asks for each of its objects): only
         // a kept one costs a blocking task.
         let Some(name) = pt
-            .name_for(&old.path, &old.version, old.size)
+            .name_for(path, version, size)
             .filter(|n| pt.copies.contains(n))
         else {
             return;

@@ -383,6 +383,10 @@ impl FsCore {
         if now.version == h.obj.version && now.size == h.obj.size {
             return None;
         }
+        if now.version != h.obj.version {
+            // Replaced: the old version's passthrough copy, if any, is never opened again.
+            self.drop_copy_of(&h.obj);
+        }
         self.install_attrs(&h.obj.path, Meta::File(now.clone()), started)
             .await;
         self.size_told_differs(h.ino, now.size);
