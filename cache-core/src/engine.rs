@@ -950,17 +950,32 @@ impl CacheEngine {
         self.inner.state.lock().removal_seq()
     }
 
-    /// Whether `key` was removed after removal number `seq` ([`Self::removal_seq`]), as
-    /// far as the engine remembers (4,096 removals back; beyond: false). A Put that a
-    /// Remove of its key overlapped can take effect before it, and so store nothing.
+    /// Whether `key` was removed by [`Self::remove`] (evictions aside) after removal
+    /// number `seq` ([`Self::removal_seq`]), as far as the engine remembers (4,096
+    /// removals back; beyond: false). A Put that a Remove of its key overlapped can take
+    /// effect before it, and so store nothing.
     pub fn known_removed_since(&self, key: &CacheKey, seq: u64) -> bool {
         self.inner.state.lock().known_removed_since(key, seq)
     }
 
-    /// Removes `key` from every level; returns whether any held it.
+    /// Removes `key` from every level, as asked (a client's Remove: a Put that arrived
+    /// before it and stores after it stores nothing, see [`Self::known_removed_since`]);
+    /// returns whether any held it.
     pub async fn remove(&self, key: &CacheKey) -> Result<bool> {
+        self.remove_noted(key, true).await
+    }
+
+    /// Evicts `key` from every level for a reason of the cache's own (a tenant's quota):
+    /// as [`Self::remove`], but a Put of the key in flight meanwhile still stores it
+    /// (black-box finding: Puts racing a quota's eviction of their key failed "a Remove
+    /// of this key overlapped the Put" where no client sent one).
+    pub async fn evict(&self, key: &CacheKey) -> Result<bool> {
+        self.remove_noted(key, false).await
+    }
+
+    async fn remove_noted(&self, key: &CacheKey, asked: bool) -> Result<bool> {
         // Copies of it read before now (a promotion, a demotion) are not placed after.
-        self.inner.state.lock().note_removal(key);
+        self.inner.state.lock().note_removal(key, asked);
         let mut found = false;
         for (i, level) in self.inner.levels.iter().enumerate() {
             self.inner.state.lock().forget(i, key);

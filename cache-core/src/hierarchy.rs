@@ -49,22 +49,25 @@ pub struct Hierarchy {
 #[derive(Default)]
 struct Removals {
     seq: u64,
-    recent: std::collections::VecDeque<(u64, u64)>,
+    /// (key hash, removal number, asked for: a Remove, not an eviction).
+    recent: std::collections::VecDeque<(u64, u64, bool)>,
 }
 
 impl Removals {
     /// Removals remembered: far more than copies in flight at once.
     const KEPT: usize = 4096;
 
-    fn note(&mut self, key: &CacheKey) {
+    fn note(&mut self, key: &CacheKey, asked: bool) {
         self.seq += 1;
         if self.recent.len() == Self::KEPT {
             self.recent.pop_front();
         }
-        self.recent.push_back((key.content_hash(), self.seq));
+        self.recent.push_back((key.content_hash(), self.seq, asked));
     }
 
-    fn since(&self, key: &CacheKey, seq: u64) -> bool {
+    /// Whether `key` was removed (`asked_only`: by a Remove, evictions aside) after
+    /// removal number `seq`, or may have been (more removals since than remembered).
+    fn since(&self, key: &CacheKey, seq: u64, asked_only: bool) -> bool {
         if self.seq == seq {
             return false;
         }
@@ -75,8 +78,8 @@ impl Removals {
         self.recent
             .iter()
             .rev()
-            .take_while(|(_, s)| *s > seq)
-            .any(|(k, _)| *k == h)
+            .take_while(|(_, s, _)| *s > seq)
+            .any(|(k, _, asked)| *k == h && (*asked || !asked_only))
     }
 }
 
@@ -103,20 +106,23 @@ impl Hierarchy {
 
     /// Whether `key` was removed after removal number `seq` (or may have been).
     pub fn removed_since(&self, key: &CacheKey, seq: u64) -> bool {
-        self.removals.since(key, seq)
+        self.removals.since(key, seq, false)
     }
 
-    /// Whether `key` is known to have been removed after removal number `seq`: false
-    /// when more removals came since than are remembered (unlike [`Self::removed_since`]).
+    /// Whether `key` is known to have been removed by a Remove (not an eviction: see
+    /// [`Self::note_removal`]) after removal number `seq`: false when more removals came
+    /// since than are remembered (unlike [`Self::removed_since`]).
     pub fn known_removed_since(&self, key: &CacheKey, seq: u64) -> bool {
         self.removals.seq - seq <= self.removals.recent.len() as u64
-            && self.removals.since(key, seq)
+            && self.removals.since(key, seq, true)
     }
 
     /// `key` is being removed from every level: copies of it read before now are not
-    /// placed.
-    pub fn note_removal(&mut self, key: &CacheKey) {
-        self.removals.note(key);
+    /// placed. `asked`: a client's Remove, which a Put that arrived before it does not
+    /// undo ([`Self::known_removed_since`]); false for an eviction the cache made (a
+    /// tenant's quota), after which a Put of the key is a fresh store.
+    pub fn note_removal(&mut self, key: &CacheKey, asked: bool) {
+        self.removals.note(key, asked);
     }
 
     pub fn len(&self) -> usize {
@@ -281,13 +287,17 @@ mod tests {
         let mut h = Hierarchy::new(vec![TierSpace::new(4, Box::new(LruPolicy::new()))]);
         let (a, b) = (CacheKey::kv("ns", vec![1]), CacheKey::kv("ns", vec![2]));
         let start = h.removal_seq();
-        h.note_removal(&a);
+        h.note_removal(&a, true);
         assert!(h.removed_since(&a, start) && h.known_removed_since(&a, start));
         assert!(!h.removed_since(&b, start) && !h.known_removed_since(&b, start));
+        // An eviction cancels copies, and is no Remove to a Put.
+        let c = CacheKey::kv("ns", vec![3]);
+        h.note_removal(&c, false);
+        assert!(h.removed_since(&c, start) && !h.known_removed_since(&c, start));
         let after = h.removal_seq();
         assert!(!h.removed_since(&a, after) && !h.known_removed_since(&a, after));
         for i in 0..Removals::KEPT as u64 + 1 {
-            h.note_removal(&CacheKey::kv("other", i.to_be_bytes().to_vec()));
+            h.note_removal(&CacheKey::kv("other", i.to_be_bytes().to_vec()), true);
         }
         assert!(h.removed_since(&b, start), "beyond the log: maybe");
         assert!(

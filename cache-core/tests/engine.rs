@@ -211,6 +211,34 @@ async fn a_value_larger_than_the_top_tier_lands_below() {
         .is_err());
 }
 
+/// A Remove is what a Put that arrived before it must not undo; an eviction the cache
+/// makes for its own reasons (a tenant's quota) is not (black-box finding, round 23:
+/// Puts racing the quota's eviction of their key failed as if a client had removed it).
+/// Both take the block out of every level.
+#[tokio::test]
+async fn an_eviction_is_no_remove_to_a_put_that_arrived_before_it() {
+    let (engine, top, bottom) = two_level(1000, 1000);
+    let key = CacheKey::kv("ns", vec![3u8; 32]);
+    let other = CacheKey::kv("ns", vec![4u8; 32]);
+    for k in [&key, &other] {
+        engine
+            .put(k, Bytes::from(vec![1u8; 100]), &ctx())
+            .await
+            .expect("put");
+    }
+    let arrived = engine.removal_seq();
+    assert!(engine.evict(&key).await.expect("evict"), "it was held");
+    assert!(!top.contains(&key).await && !bottom.contains(&key).await);
+    assert!(!engine.known_removed_since(&key, arrived), "an eviction");
+    assert!(engine.remove(&other).await.expect("remove"));
+    assert!(engine.known_removed_since(&other, arrived), "a Remove");
+    assert!(
+        !engine.known_removed_since(&key, arrived),
+        "still only evicted"
+    );
+    assert!(!engine.evict(&key).await.expect("evict"), "nothing left");
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put(u8, usize),

@@ -391,11 +391,17 @@ impl Tenant {
     /// once the block is in the cache.
     pub fn charge(&self, key: &CacheKey, size: u64, engine: &CacheEngine) -> Result<Charge> {
         let mut l = self.ledger.lock();
-        if l.blocks.contains_key(key) {
-            return Ok(Charge {
-                new: false,
-                evict: Vec::new(),
-            });
+        if let Some(c) = l.blocks.get(key) {
+            if Ledger::still_held(c, key, engine) {
+                return Ok(Charge {
+                    new: false,
+                    evict: Vec::new(),
+                });
+            }
+            // A charge the cache's eviction left behind: this put is a new store of the
+            // key, charged (and refunded) as one. Relying on the stale charge let
+            // another put's room-making take it back and the block land uncounted.
+            l.drop_key(key);
         }
         let mut evict = Vec::new();
         // Blocks the cache evicted no longer count (synchronous lookups only: no await
@@ -423,11 +429,17 @@ impl Tenant {
         Ok(Charge { new: true, evict })
     }
 
-    /// The put that charged `key` stored it: from now on the ledger drops it once the
-    /// cache no longer holds it.
-    pub fn stored(&self, key: &CacheKey) {
-        if let Some(c) = self.ledger.lock().blocks.get_mut(key) {
-            c.in_flight = false;
+    /// A put of `key` (`size` bytes) stored it: from now on the ledger drops it once the
+    /// cache no longer holds it. Counted anew, over the quota or not, if its charge was
+    /// taken back meanwhile (a concurrent put of the key that failed, or a stale charge
+    /// made room for another put): a block in the cache is always the tenant's to count.
+    pub fn stored(&self, key: &CacheKey, size: u64) {
+        let mut l = self.ledger.lock();
+        match l.blocks.get_mut(key) {
+            Some(c) => c.in_flight = false,
+            None => {
+                l.insert(key, size, false);
+            }
         }
     }
 
@@ -559,6 +571,34 @@ mod tests {
         c.quota_bytes = 0;
         assert!(check_tenants(&[c]).is_err());
         assert!(!format!("{:?}", cfg("a", "secret")).contains("secret"));
+    }
+
+    /// Round 23's leak: a block in the cache is counted whatever happened to the charge
+    /// its put relied on, and a charge the cache's eviction left stale is no charge.
+    #[test]
+    fn a_stored_block_counts_even_if_the_charge_it_relied_on_went() {
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(
+                64 << 20,
+            )))
+            .build()
+            .expect("engine");
+        let t = Tenant::new(&cfg("a", "t"), 1 << 20, 1 << 20);
+        let k = CacheKey::kv("a:m-1", vec![1; 32]);
+        assert!(t.charge(&k, 1000, &engine).expect("charge").new);
+        assert!(
+            !t.charge(&k, 1000, &engine).expect("charge").new,
+            "in flight: the first put's charge stands for both"
+        );
+        t.forget(&k); // the first put failed...
+        assert_eq!(t.used_bytes(), 0);
+        t.stored(&k, 1000); // ...and the second stored the block
+        assert_eq!(t.used_bytes(), 1000);
+        t.stored(&k, 1000);
+        assert_eq!(t.used_bytes(), 1000, "counted once");
+        // Stored, and not in the cache (evicted): the next put of it is a new charge.
+        assert!(t.charge(&k, 1000, &engine).expect("charge").new);
+        assert_eq!(t.used_bytes(), 1000);
     }
 
     #[test]

@@ -472,18 +472,28 @@ struct Blocks<R> {
 }
 
 /// A tenant's quota charge for one put, refunded on drop unless kept (the put failed,
-/// was aborted or truncated).
+/// was aborted or truncated). A Put of a key the ledger already holds relies on that
+/// charge, and counts the block itself once stored if that charge was taken back
+/// meanwhile (black-box finding: with Puts of repeated keys racing, the Put that had
+/// charged a key found it stored by another and refunded it, and the block stayed
+/// uncounted: a tenant held 3x its quota while its figure showed it within).
 struct QuotaCharge {
     tenant: Arc<Tenant>,
     key: CacheKey,
+    size: u64,
+    /// This Put added the key to the ledger (false: an earlier or concurrent Put of it
+    /// had; a failure then leaves that charge alone).
+    new: bool,
+    /// The block is in the cache: it stays charged (counted anew if the charge it
+    /// relied on was taken back meanwhile).
     keep: bool,
 }
 
 impl Drop for QuotaCharge {
     fn drop(&mut self) {
         if self.keep {
-            self.tenant.stored(&self.key);
-        } else {
+            self.tenant.stored(&self.key, self.size);
+        } else if self.new {
             self.tenant.forget(&self.key);
         }
     }

@@ -32,7 +32,7 @@ impl KvService {
     ) -> Result<u32> {
         let mut removed = 0u32;
         for k in keys {
-            if self.drop_local(k).await? {
+            if self.drop_local(k, true).await? {
                 removed += 1;
             }
             if let Some(t) = tenant {
@@ -43,31 +43,44 @@ impl KvService {
         Ok(removed)
     }
 
-    /// Charges `size` bytes of `key` to tenant `t` (whether newly: see
-    /// [`crate::tenants::Charge`]), evicting the tenant's own oldest blocks the charge
-    /// took out of its ledger to make room.
+    /// Charges `size` bytes of `key` to tenant `t` (see [`crate::tenants::Charge`] and
+    /// [`QuotaCharge`]), evicting the tenant's own oldest blocks the charge took out of
+    /// its ledger to make room.
     pub(super) async fn charge_quota(
         &self,
         t: &Arc<Tenant>,
         key: &CacheKey,
         size: u64,
-    ) -> Result<bool> {
+    ) -> Result<QuotaCharge> {
         let charged = t.charge(key, size, &self.inner.engine)?;
         t.note_quota_evictions(charged.evict.len());
         for old in &charged.evict {
-            if let Err(e) = self.drop_local(old).await {
+            if let Err(e) = self.drop_local(old, false).await {
                 tracing::warn!(key = %old, error = %e, "evicting a block over its tenant's quota failed");
             }
         }
-        Ok(charged.new)
+        Ok(QuotaCharge {
+            tenant: t.clone(),
+            key: key.clone(),
+            size,
+            new: charged.new,
+            keep: false,
+        })
     }
 
     /// Drops block `k` from this node's cache and arena; whether the cache held it.
-    async fn drop_local(&self, k: &CacheKey) -> Result<bool> {
+    /// `asked`: a client's Remove (a Put of the key that arrived before it stores
+    /// nothing), not an eviction of the cache's own (see `CacheEngine::evict`).
+    async fn drop_local(&self, k: &CacheKey, asked: bool) -> Result<bool> {
         // After any store of the key in progress (one whose Put was cancelled still
         // finishes): it must not land after this drop is acknowledged.
         let _slot = self.inner.storing.claim(k, || false).await;
-        let removed = self.inner.engine.remove(k).await?;
+        let engine = &self.inner.engine;
+        let removed = if asked {
+            engine.remove(k).await?
+        } else {
+            engine.evict(k).await?
+        };
         if let Some(arena) = &self.inner.shm {
             arena.forget(k);
         }
@@ -351,11 +364,7 @@ impl KvService {
             return Ok(true);
         };
         let charge = match tenant {
-            Some(t) => self.charge_quota(t, key, size).await?.then(|| QuotaCharge {
-                tenant: t.clone(),
-                key: key.clone(),
-                keep: false,
-            }),
+            Some(t) => Some(self.charge_quota(t, key, size).await?),
             _ => None,
         };
         self.store_claimed(slot, charge, ns.clone(), key.clone(), data, arrived)

@@ -788,16 +788,8 @@ impl KvService {
         }
         // The tenant's quota first, so a tenant past it fails before sending the block;
         // the charge is refunded unless the block is stored.
-        let charge = match &tenant {
-            Some(t) if group.is_none() => {
-                self.charge_quota(t, &key, size)
-                    .await?
-                    .then(|| QuotaCharge {
-                        tenant: t.clone(),
-                        key: key.clone(),
-                        keep: false,
-                    })
-            }
+        let mut charge = match &tenant {
+            Some(t) if group.is_none() => Some(self.charge_quota(t, &key, size).await?),
             _ => None,
         };
         // Reserve what arrives, not what is declared (see `limits.rs`); the reservation
@@ -894,7 +886,11 @@ impl KvService {
             .claim(&key, || engine.contains(&key))
             .await
         else {
-            // Another Put of the key stored it while this one was receiving.
+            // Another Put of the key stored it while this one was receiving: the block
+            // is in the cache, so this Put's charge stays (another's may have relied on it).
+            if let Some(c) = charge.as_mut() {
+                c.keep = true;
+            }
             self.inner.stats.put(&ns, size, true);
             return Ok(pb::PutResponse {
                 already_present: true,
