@@ -444,6 +444,10 @@ pub fn fuse_mounted_at(dir: &Path) -> Option<String> {
 /// One mount of this namespace's mount table (a line of `/proc/self/mountinfo`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountEntry {
+    /// Its mount id and its parent's (a mount stacked over another at the same place
+    /// has that one as its parent).
+    pub id: u32,
+    pub parent: u32,
     /// Its device, `major:minor` (a FUSE connection is named by the minor).
     pub major: u32,
     pub minor: u32,
@@ -471,9 +475,13 @@ pub fn parse_mountinfo(info: &str) -> Vec<MountEntry> {
         .filter_map(|line| {
             let (fields, rest) = line.split_once(" - ")?;
             let mut f = fields.split(' ');
-            let (major, minor) = f.nth(2)?.split_once(':')?;
+            let id = f.next()?.parse().ok()?;
+            let parent = f.next()?.parse().ok()?;
+            let (major, minor) = f.next()?.split_once(':')?;
             let at = unescape_mountinfo(f.nth(1)?);
             Some(MountEntry {
+                id,
+                parent,
                 major: major.parse().ok()?,
                 minor: minor.parse().ok()?,
                 at,
@@ -537,6 +545,38 @@ fn conn_number(mountpoint: &Path) -> Option<u32> {
 }
 
 /// [`conn_number`] in `table`.
+/// Where a FUSE mount is, as an unmount by path would find it.
+#[derive(Debug, PartialEq)]
+enum Place {
+    /// The top mount at this path: an unmount of the path is an unmount of it.
+    Top(PathBuf),
+    /// Another mount is stacked over it at this path: an unmount of the path would
+    /// unmount that one.
+    Covered(PathBuf),
+    /// Not in the mount table (detached by `umount -l`, or unmounted).
+    Gone,
+}
+
+/// The place of FUSE connection `conn` in `table`; None when the table could not be
+/// read (an empty table).
+fn place_in(table: &[MountEntry], conn: u32) -> Option<Place> {
+    if table.is_empty() {
+        return None;
+    }
+    let Some(ours) = table
+        .iter()
+        .rev()
+        .find(|m| m.is_fuse() && m.major == 0 && m.minor == conn)
+    else {
+        return Some(Place::Gone);
+    };
+    let covered = table.iter().any(|m| m.parent == ours.id && m.at == ours.at);
+    Some(match covered {
+        true => Place::Covered(ours.at.clone()),
+        false => Place::Top(ours.at.clone()),
+    })
+}
+
 fn conn_in(table: &[MountEntry], dir: &Path) -> Option<u32> {
     table
         .iter()
@@ -619,9 +659,17 @@ impl MountHandle {
     /// Detaches the dead mount a failed session left ([`Self::session_failed`]) and
     /// aborts its connection, so its calls fail at once and a restart mounts afresh.
     pub fn detach_failed(&self) {
-        if let Err(e) = detach(&self.mountpoint) {
-            tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
-                "cannot detach the failed mount");
+        // Only where a detach by path reaches this mount (see `unmount_path`).
+        let at = match self.conn.and_then(|c| place_in(&mount_table(), c)) {
+            Some(Place::Top(at)) => Some(at),
+            Some(Place::Covered(_) | Place::Gone) => None,
+            None => Some(self.mountpoint.clone()),
+        };
+        if let Some(at) = at {
+            if let Err(e) = detach(&at) {
+                tracing::warn!(mountpoint = %at.display(), error = %e,
+                    "cannot detach the failed mount");
+            }
         }
         self.abort_connection();
     }
@@ -646,6 +694,77 @@ impl MountHandle {
         }
     }
 
+    /// The path an unmount of this mount goes by: where the mount table has it now (its
+    /// folder may have been renamed since it was mounted), None when an unmount by path
+    /// would not reach it. Black-box finding (round 23): SIGTERM unmounted the mountpoint
+    /// by the path it was given, which took away a tmpfs or bind mount an operator had
+    /// stacked over it (its files lost) and left this mount dead underneath; with the
+    /// folder renamed, it unmounted whatever was mounted at the old path since.
+    fn unmount_path(&self) -> Option<PathBuf> {
+        let Some(conn) = self.conn else {
+            return Some(self.mountpoint.clone());
+        };
+        match place_in(&mount_table(), conn) {
+            // The table cannot be read: the path given, as before.
+            None => Some(self.mountpoint.clone()),
+            Some(Place::Top(at)) => Some(at),
+            Some(Place::Covered(at)) => {
+                tracing::warn!(mountpoint = %at.display(),
+                    "another file system is mounted over this mount: not unmounting by path \
+                     (that would unmount the other one); aborting the connection. The dead \
+                     mount stays under the other one until `fusermount3 -u` once it is gone");
+                self.abort_connection();
+                None
+            }
+            // Detached (`umount -l`): nothing to unmount; the session ends as its last
+            // open files close, or is aborted below.
+            Some(Place::Gone) => None,
+        }
+    }
+
+    /// Unmounts this mount, which the mount table shows at `at`, on top there.
+    fn unmount_at(&self, at: &Path) -> Result<()> {
+        match umount2(at, 0) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not mounted anymore
+            Err(e) if self.auto_unmount => {
+                tracing::info!(mountpoint = %at.display(), error = %e,
+                    "busy; detaching and aborting the connection");
+                let detached = umount2(at, libc::MNT_DETACH);
+                self.abort_connection();
+                if let Err(e) = detached {
+                    if e.raw_os_error() != Some(libc::EINVAL) {
+                        return Err(Error::Mount {
+                            what: "unmounting",
+                            path: at.display().to_string(),
+                            source: e,
+                        });
+                    }
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && has_submounts(at) => {
+                // Busy because another mount sits inside this one, not because of
+                // open files: aborted, that mount was left live and unreachable, its
+                // daemon orphaned (black-box finding). Detached, the mounts inside
+                // go with it, and their daemons see it and end.
+                tracing::warn!(mountpoint = %at.display(),
+                    "another mount is inside this one: detaching both");
+                if let Err(e) = umount2(at, libc::MNT_DETACH) {
+                    tracing::warn!(mountpoint = %at.display(), error = %e,
+                        "cannot detach; aborting the connection");
+                    self.abort_connection();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(mountpoint = %at.display(), error = %e,
+                    "busy: aborting the connection; the files still open there fail with ENOTCONN \
+                     until `fusermount3 -u` or the next `strata mount` at this point replaces the mount");
+                self.abort_connection();
+            }
+        }
+        Ok(())
+    }
+
     fn unmount_inner(&mut self) -> Result<()> {
         let Some(session) = self.session.take() else {
             return Ok(());
@@ -665,44 +784,8 @@ impl MountHandle {
         }
         let mut result = Ok(());
         if !session.guard.is_finished() {
-            match umount2(&self.mountpoint, 0) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // not mounted anymore
-                Err(e) if self.auto_unmount => {
-                    tracing::info!(mountpoint = %self.mountpoint.display(), error = %e,
-                        "busy; detaching and aborting the connection");
-                    if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
-                        if e.raw_os_error() != Some(libc::EINVAL) {
-                            result = Err(Error::Mount {
-                                what: "unmounting",
-                                path: self.mountpoint.display().to_string(),
-                                source: e,
-                            });
-                        }
-                    }
-                    self.abort_connection();
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EBUSY) && has_submounts(&self.mountpoint) =>
-                {
-                    // Busy because another mount sits inside this one, not because of
-                    // open files: aborted, that mount was left live and unreachable, its
-                    // daemon orphaned (black-box finding). Detached, the mounts inside
-                    // go with it, and their daemons see it and end.
-                    tracing::warn!(mountpoint = %self.mountpoint.display(),
-                        "another mount is inside this one: detaching both");
-                    if let Err(e) = umount2(&self.mountpoint, libc::MNT_DETACH) {
-                        tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
-                            "cannot detach; aborting the connection");
-                        self.abort_connection();
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e,
-                        "busy: aborting the connection; the files still open there fail with ENOTCONN \
-                         until `fusermount3 -u` or the next `strata mount` at this point replaces the mount");
-                    self.abort_connection();
-                }
+            if let Some(at) = self.unmount_path() {
+                result = self.unmount_at(&at);
             }
         }
         // Wait, bounded, for the session's thread to end (a connection that does not
@@ -808,6 +891,37 @@ mod tests {
             "not FUSE"
         );
         assert_eq!(conn_in(&parse_mountinfo(info), Path::new("/mnt")), None);
+    }
+
+    /// Round 23: an unmount by path reaches this mount only where it is on top; the
+    /// path is where the table has it now.
+    #[test]
+    fn a_mount_is_unmounted_by_path_only_where_it_is_on_top() {
+        let info = "22 1 0:21 / / rw - ext4 /dev/vda rw\n\
+                    90 22 0:61 / /mnt/m rw - fuse.strata strata rw\n\
+                    91 90 0:70 / /mnt/m rw - tmpfs other rw\n\
+                    93 22 0:63 / /data/renamed/mp rw - fuse.strata strata rw\n\
+                    94 22 0:64 / /mnt/sub rw - fuse.strata strata rw\n\
+                    95 94 0:71 / /mnt/sub/inner rw - tmpfs inner rw\n";
+        let table = parse_mountinfo(info);
+        assert_eq!(
+            place_in(&table, 61),
+            Some(Place::Covered(PathBuf::from("/mnt/m"))),
+            "a tmpfs stacked over it"
+        );
+        assert_eq!(
+            place_in(&table, 63),
+            Some(Place::Top(PathBuf::from("/data/renamed/mp"))),
+            "where its folder is now"
+        );
+        assert_eq!(
+            place_in(&table, 64),
+            Some(Place::Top(PathBuf::from("/mnt/sub"))),
+            "a mount inside it does not cover it"
+        );
+        assert_eq!(place_in(&table, 70), Some(Place::Gone), "not FUSE");
+        assert_eq!(place_in(&table, 99), Some(Place::Gone));
+        assert_eq!(place_in(&[], 61), None, "no table: unknown");
     }
 
     #[test]

@@ -780,6 +780,70 @@ fn a_mount_detached_from_outside_leaves_the_next_mount_there_alone(b: Backend) {
     new.unmount().expect("unmount");
 }
 
+/// Black-box finding (round 23): the daemon's stop unmounted its mountpoint by the path
+/// it was given: a tmpfs an operator had mounted over it was unmounted instead (its
+/// files lost) and this mount left dead below; with the mountpoint's folder renamed, the
+/// file system mounted at the old path since was unmounted. An unmount goes by where
+/// the mount table has this mount, and only where it is on top.
+#[test]
+fn an_unmount_never_takes_another_file_system_away() {
+    bounded(60, || {
+        let run = |args: &[&str]| {
+            let ok = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{args:?} (the test needs root, as CI runs it)");
+        };
+        let mount = |at: &std::path::Path| {
+            strata_fs::mount::mount_fs(
+                strata_fs::null::NullFs::new(vec![("x".into(), 3)]),
+                at,
+                &strata_fs::MountOptions::default(),
+            )
+            .expect("mount")
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A tmpfs over the mount: left alone, with its file.
+        let mp = dir.path().join("mp");
+        std::fs::create_dir(&mp).expect("mkdir");
+        let m = mount(&mp);
+        let mp_s = mp.to_str().expect("utf-8");
+        run(&["mount", "-t", "tmpfs", "-o", "size=1m", "over", mp_s]);
+        std::fs::write(mp.join("mine.txt"), b"the other one's").expect("write to the tmpfs");
+        m.unmount().expect("unmount");
+        assert_eq!(
+            std::fs::read(mp.join("mine.txt")).expect("the tmpfs is still there"),
+            b"the other one's"
+        );
+        run(&["umount", mp_s]);
+        // The dead mount left below (aborted): detached so the folder can go.
+        run(&["umount", "-l", mp_s]);
+        // The mountpoint's folder renamed, another file system at the old path since:
+        // this mount is unmounted where it is now, the other one stays.
+        let parent = dir.path().join("parent");
+        let mp = parent.join("mp");
+        std::fs::create_dir_all(&mp).expect("mkdir");
+        let m = mount(&mp);
+        let moved = dir.path().join("moved");
+        std::fs::rename(&parent, &moved).expect("rename the mountpoint's folder");
+        std::fs::create_dir_all(&mp).expect("a new folder at the old path");
+        let mp_s = mp.to_str().expect("utf-8");
+        run(&["mount", "-t", "tmpfs", "-o", "size=1m", "later", mp_s]);
+        std::fs::write(mp.join("later.txt"), b"mounted later").expect("write to the tmpfs");
+        m.unmount().expect("unmount");
+        assert!(
+            !is_mounted(&moved.join("mp")),
+            "this mount is gone from where its folder went"
+        );
+        assert_eq!(
+            std::fs::read(mp.join("later.txt")).expect("the later tmpfs is still there"),
+            b"mounted later"
+        );
+        run(&["umount", mp_s]);
+    })
+}
+
 fn unmount_with_open_files_does_not_hang(b: Backend) {
     let mut fx = Fixture::new(b);
     let f = File::open(fx.m("big.bin")).expect("open");
