@@ -822,9 +822,20 @@ impl DiskTier {
         // checking after the insert closes that window.
         let current = self.state.lock().map.get(key).map(|e| e.file_id);
         if current != Some(id) {
-            self.fds.invalidate(&id);
+            self.close_cached(id);
         }
         Ok(file)
+    }
+
+    /// Closes the cached descriptor of block file `id` now (a read holding it closes it
+    /// when done). moka drops an invalidated value only at its next maintenance, which
+    /// an idle cache may not run for a long time: the descriptors of removed files kept
+    /// their space on disk past the budget (black-box finding: 7 deleted block files,
+    /// 7.4 MB, held five seconds after the readers stopped, against a 3 MB budget).
+    fn close_cached(&self, id: u64) {
+        if self.fds.remove(&id).is_some() {
+            self.fds.run_pending_tasks();
+        }
     }
 
     async fn read_block(&self, key: &CacheKey, entry: IndexEntry) -> Result<Block> {
@@ -897,7 +908,7 @@ impl DiskTier {
     /// Closes and unlinks a block file no index entry names any more. A failure only
     /// leaves an orphan, which the next open removes.
     async fn discard_file(&self, id: u64) {
-        self.fds.invalidate(&id);
+        self.close_cached(id);
         let path = block_path(&self.data_dir, id);
         // A directory put in its place (a damaged cache dir) goes too, if empty.
         let removed = blocking(move || match fs::remove_file(&path) {

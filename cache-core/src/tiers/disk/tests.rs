@@ -54,6 +54,42 @@ fn block_files(dir: &Path) -> usize {
     n
 }
 
+/// Descriptors this process holds of deleted files under `dir`.
+fn deleted_open_files(dir: &Path) -> usize {
+    let dir = dir.canonicalize().expect("canonical");
+    fs::read_dir("/proc/self/fd")
+        .expect("fd dir")
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.starts_with(&dir) && t.to_string_lossy().ends_with(" (deleted)"))
+        .count()
+}
+
+/// Black-box finding (round 23): block files evicted or removed stayed open in the
+/// open-file cache (its invalidation is lazy), their space held past the budget: 7
+/// deleted files, 7.4 MB, five seconds after the readers stopped, against a 3 MB
+/// budget. A removed block's descriptor is closed at once.
+#[tokio::test]
+async fn a_removed_block_s_file_is_closed_not_only_unlinked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = open(dir.path(), 16 << 20);
+    let keys: Vec<CacheKey> = (0..8u8).map(|i| CacheKey::kv("ns", vec![i; 32])).collect();
+    for (i, k) in keys.iter().enumerate() {
+        tier.put(k, Block::new(data(64 << 10, i as u8)))
+            .await
+            .expect("put");
+        assert!(get(&tier, k).await.is_some(), "read: its descriptor cached");
+    }
+    for k in &keys {
+        assert!(tier.remove(k).await.expect("remove"));
+    }
+    assert_eq!(block_files(dir.path()), 0);
+    assert_eq!(
+        deleted_open_files(dir.path()),
+        0,
+        "descriptors of removed files"
+    );
+}
+
 #[tokio::test]
 async fn conforms_with_io_uring() {
     let dir = tempfile::tempdir().expect("tempdir");
