@@ -52,7 +52,9 @@
 //!   copies, which can be made again. When even all of them would not make room, a
 //!   file being streamed frees what its stream has sent (a hole punched in the staging
 //!   file: a checkpoint written in order takes little more than its parts in flight,
-//!   however large), and a write that outran its upload waits for it (bounded; no
+//!   however large: about two 8 MiB parts per file once it waits, so files written at
+//!   once each add that much past the budget: a part is the least a multipart upload
+//!   sends), and a write that outran its upload waits for it (bounded; no
 //!   time lost: the close waits for the upload anyway). That costs the fallback, so once a file freed bytes, a write below
 //!   them is refused (ENOTSUP, with the reason), a failed stream fails the close, and a
 //!   close (a `dup`'s too: a `fork` and `exec` while the file is open) or `fsync` that
