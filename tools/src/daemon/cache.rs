@@ -324,15 +324,15 @@ fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
             Err(std::fs::TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
+                let mut written = String::new();
+                let _ = file.read_to_string(&mut written);
+                let holder = lock_holder(&file, written.trim());
                 anyhow::bail!(
-                    "cache dir {} is in use by another strata daemon (pid {}): each daemon \
+                    "cache dir {} is in use by another strata daemon ({holder}): each daemon \
                      needs its own --cache-dir (one daemon serves several mounts of its \
                      store, [[mounts]] in `strata serve --config`, and the KV service; a \
                      mount of another store needs a daemon and cache dir of its own)",
                     dir.display(),
-                    holder.trim()
                 );
             }
             Err(std::fs::TryLockError::Error(e)) => {
@@ -350,6 +350,37 @@ fn lock_cache_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         tracing::warn!(path = %path.display(), "could not write the daemon's pid: {e}");
     }
     Ok(file)
+}
+
+/// Who holds the lock on `file`, for the refusal: the pid the kernel lists for it in
+/// `/proc/locks` (as this process's PID namespace sees it), else the pid the holder wrote
+/// (black-box finding, round 23: a daemon started in its own PID namespace wrote "2",
+/// which the refused daemon's namespace knows as kthreadd).
+fn lock_holder(file: &std::fs::File, written: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let listed = file.metadata().ok().and_then(|m| {
+        let locks = std::fs::read_to_string("/proc/locks").ok()?;
+        flock_holder(&locks, libc::major(m.dev()), libc::minor(m.dev()), m.ino())
+    });
+    match listed {
+        Some(0) => format!("a process in another PID namespace, which wrote pid {written}"),
+        Some(pid) => format!("pid {pid}"),
+        None => format!("pid {written}"),
+    }
+}
+
+/// The pid `/proc/locks` text `locks` gives the holder of a `flock` on the file of
+/// device `major:minor`, inode `ino` (0: outside this PID namespace).
+fn flock_holder(locks: &str, major: u32, minor: u32, ino: u64) -> Option<u32> {
+    let file = format!("{major:02x}:{minor:02x}:{ino}");
+    locks.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 17128 fe:00:10010646 0 EOF"; a waiter's line
+        // starts "1: ->".
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&file.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// Whether no daemon holds cache dir `dir` now (its `daemon.lock` is absent or free);
@@ -553,6 +584,34 @@ mod tests {
             "{left} of {written} copies kept"
         );
         assert!(core.disk.is_some());
+    }
+
+    /// Round 23: the holder is named as the kernel lists it, not as it wrote itself (a
+    /// daemon in its own PID namespace wrote "2").
+    #[test]
+    fn the_lock_s_holder_is_named_by_the_kernel() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lock");
+        let held = std::fs::File::create(&path).expect("create");
+        held.lock().expect("lock");
+        std::fs::write(&path, "2").expect("a pid from another namespace");
+        let other = std::fs::File::open(&path).expect("open");
+        assert_eq!(
+            lock_holder(&other, "2"),
+            format!("pid {}", std::process::id())
+        );
+        let locks = "1: FLOCK  ADVISORY  WRITE 17128 fe:00:10010646 0 EOF\n\
+                     1: -> FLOCK  ADVISORY  WRITE 99 fe:00:10010646 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 55 fe:00:77 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 0 103:02:5 0 EOF\n";
+        assert_eq!(flock_holder(locks, 254, 0, 10010646), Some(17128));
+        assert_eq!(flock_holder(locks, 254, 0, 77), None, "not a flock");
+        assert_eq!(
+            flock_holder(locks, 0x103, 2, 5),
+            Some(0),
+            "another namespace"
+        );
+        assert_eq!(flock_holder(locks, 254, 0, 1), None);
     }
 
     /// A second daemon on a cache dir is refused, also one without a disk tier (which
