@@ -463,8 +463,8 @@ pub struct FsCore {
     /// prefetch backlog bound: they share the store link).
     demand_in_flight: AtomicU64,
     counters: Counters,
-    /// FLUSH and FSYNC requests of write handles being served (each may be uploading):
-    /// an unmount waits for them (see [`crate::MountHandle::unmount`]).
+    /// FLUSH, FSYNC and RELEASE requests of write handles being served (each may be
+    /// uploading): an unmount waits for them (see [`crate::MountHandle::unmount`]).
     flushes: Arc<AtomicU64>,
     /// Files being written and directories made here; None: a read-only mount (also
     /// when the staging directory could not be used).
@@ -688,8 +688,8 @@ impl FsCore {
         &self.opts
     }
 
-    /// Marks a FLUSH or FSYNC of a write handle as being served until the guard is
-    /// dropped (after its reply is sent).
+    /// Marks a FLUSH, FSYNC or RELEASE of a write handle as being served until the
+    /// guard is dropped (after its reply is sent).
     pub fn flush_guard(&self) -> FlushGuard {
         self.flushes.fetch_add(1, Ordering::AcqRel);
         FlushGuard(self.flushes.clone())

@@ -412,11 +412,17 @@ impl Filesystem for FuseFs {
         }
         if writing {
             // Uploads what no flush did and drops (or keeps as a copy) the staging
-            // file; the kernel does not wait on a release's errors.
+            // file; the kernel does not wait on a release's errors. An unmount waits for
+            // it as for a flush (black-box finding, round 23: the last close after a
+            // `umount -l` ended the session, and the daemon exited before the release
+            // removed the uploaded file's staging copy, which the next start then
+            // removed as "never uploaded").
             let core = self.core.clone();
+            let serving = core.flush_guard();
             self.dispatch(async move {
                 core.release_write(fh.0).await;
                 reply.ok();
+                drop(serving);
             });
             return;
         }
