@@ -221,7 +221,11 @@ impl Ledger {
     /// recently used (put or read) first, as the cache's tiers would (black-box
     /// findings: oldest-stored first dropped the prefix every request read; a second
     /// chance for blocks read once then kept those over the newest, not yet read).
-    /// Blocks of puts in flight stay. The keys taken, for the caller to evict.
+    /// Blocks of puts in flight stay. The keys taken, for the caller to evict; none
+    /// when even all the stored ones would not make the room (black-box finding, round
+    /// 23: with the quota held by puts in flight, the blocks taken out of the ledger for
+    /// a put then refused were never evicted, and stayed in the cache uncounted: a
+    /// tenant held 3x its quota).
     fn make_room(&mut self, size: u64, quota: u64) -> Vec<CacheKey> {
         let mut taken = Vec::new();
         let mut freed = 0u64;
@@ -236,6 +240,9 @@ impl Ledger {
                 freed += c.size;
                 taken.push(key.clone());
             }
+        }
+        if self.used - freed + size > quota {
+            return Vec::new();
         }
         for key in &taken {
             self.drop_key(key);
@@ -599,6 +606,43 @@ mod tests {
         // Stored, and not in the cache (evicted): the next put of it is a new charge.
         assert!(t.charge(&k, 1000, &engine).expect("charge").new);
         assert_eq!(t.used_bytes(), 1000);
+    }
+
+    /// Round 23: a put refused because puts in flight hold the quota takes no block out
+    /// of the ledger (none would be evicted: they stayed in the cache uncounted).
+    #[test]
+    fn a_refused_put_takes_nothing_out_of_the_ledger() {
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(
+                64 << 20,
+            )))
+            .build()
+            .expect("engine");
+        let t = Tenant::new(&cfg("a", "t"), 1 << 20, 1 << 20);
+        let key = |i: u8| CacheKey::kv("a:m-1", vec![i; 32]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        // A stored (in the cache), B in flight: 1 MiB quota, 400 + 400 KiB used.
+        rt.block_on(engine.put(
+            &key(1),
+            bytes::Bytes::from(vec![1; 400 << 10]),
+            &Default::default(),
+        ))
+        .expect("put");
+        assert!(t.charge(&key(1), 400 << 10, &engine).expect("a").new);
+        t.stored(&key(1), 400 << 10);
+        assert!(t.charge(&key(2), 400 << 10, &engine).expect("b").new);
+        // C needs 700 KiB: even A's room would not do (B holds 400 KiB in flight).
+        assert!(matches!(
+            t.charge(&key(3), 700 << 10, &engine),
+            Err(KvError::Quota { .. })
+        ));
+        assert_eq!(t.used_bytes(), 800 << 10, "A still counted");
+        // D needs 500 KiB: A's room does, and A is named for eviction.
+        let d = t.charge(&key(4), 500 << 10, &engine).expect("d");
+        assert_eq!(d.evict, vec![key(1)]);
+        assert_eq!(t.used_bytes(), 900 << 10);
     }
 
     #[test]
