@@ -801,6 +801,11 @@ impl MountHandle {
                 tracing::warn!(mountpoint = %self.mountpoint.display(), "fuse session did not end");
             }
         }
+        if session.guard.is_finished() {
+            if let Some(core) = &self.core {
+                core.release_uploaded_after_session();
+            }
+        }
         if self.auto_unmount {
             // fusermount3's helper unmounts when the session's socket closes: at once,
             // while nothing else can be mounted here yet.

@@ -763,3 +763,31 @@ async fn a_read_only_core_refuses_every_write_with_erofs() {
     .await
     .expect("bounded");
 }
+
+/// Black-box finding (round 23): when a lazily unmounted mount's last file closes, the
+/// kernel's release is lost with the connection: a file uploaded whole at its close kept
+/// its staging copy, which the next start removed warning "never uploaded". After the
+/// session, what an upload took whole is released; a file with bytes no upload took
+/// stays as a crash would leave it.
+#[tokio::test]
+async fn after_the_session_files_uploaded_at_their_close_are_released() {
+    timed(async {
+        let fx = fixture(|_, _| {}).await;
+        let c = &fx.core;
+        let (_, done) = c.create(ROOT_INO, "done.bin", 0).await.expect("create");
+        c.write(done, 0, &data(300_000, 1)).expect("write");
+        c.close(done, 0).await.expect("close uploads");
+        let (_, open) = c.create(ROOT_INO, "open.bin", 0).await.expect("create");
+        c.write(open, 0, &data(1000, 2))
+            .expect("write, never closed");
+        assert_eq!(staged_files(&staging_dir(&fx)).len(), 2);
+        assert_eq!(c.release_uploaded_after_session(), 1);
+        let left = staged_files(&staging_dir(&fx));
+        assert_eq!(left.len(), 1, "the unclosed file stays: {left:?}");
+        assert_eq!(stored(&fx, "done.bin").await, Some(data(300_000, 1)));
+        assert_eq!(stored(&fx, "open.bin").await, None, "never published");
+        assert_eq!(c.release_uploaded_after_session(), 0, "once");
+    })
+    .await
+    .expect("bounded");
+}

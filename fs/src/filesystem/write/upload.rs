@@ -271,6 +271,71 @@ impl FsCore {
     /// Releases write handle `fh`: uploads what a flush did not (a failed upload is not
     /// retried: its close already reported it), then drops the staging file or adopts
     /// it as the passthrough copy of the uploaded version.
+    /// The kernel's connection is gone, and write handles are still open: releases the
+    /// kernel never sent (when a lazily unmounted mount's last file closes, the release
+    /// it queues is lost with the connection). A file whose every byte an upload took
+    /// (the close's) is released here: its staging copy goes. One with bytes no upload
+    /// took stays, as a crash would leave it (the next start removes it, unless an
+    /// fsync recorded it). Black-box finding (round 23): a file written across a `umount
+    /// -l` was uploaded whole at its close, its staging copy left, and the next start
+    /// removed it warning "never uploaded". Blocking (removes files); the number released.
+    pub fn release_uploaded_after_session(&self) -> usize {
+        let Some(writes) = self.writes.as_ref() else {
+            return 0;
+        };
+        let open: Vec<Arc<Staged>> = {
+            let mut handles = writes.handles.lock();
+            let uploaded: Vec<u64> = handles
+                .iter()
+                .filter(|(_, s)| !s.changed() && !s.failed.load(Ordering::Acquire))
+                .map(|(fh, _)| *fh)
+                .collect();
+            uploaded
+                .iter()
+                .filter_map(|fh| handles.remove(fh))
+                .collect()
+        };
+        let mut released = 0;
+        for (i, staged) in open.iter().enumerate() {
+            // Once per file (it may have had several handles), and only if no handle of
+            // it is left.
+            if open[..i].iter().any(|s| Arc::ptr_eq(s, staged))
+                || writes
+                    .handles
+                    .lock()
+                    .values()
+                    .any(|s| Arc::ptr_eq(s, staged))
+            {
+                continue;
+            }
+            staged.unjournal();
+            if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
+                ctl.broken.store(true, Ordering::Release);
+                ctl.wake.notify_one();
+                drop(task);
+            }
+            {
+                let mut by_path = writes.by_path.lock();
+                let path = staged.path();
+                if by_path.get(&path).is_some_and(|s| Arc::ptr_eq(s, staged)) {
+                    by_path.remove(&path);
+                }
+            }
+            staged.uncharge();
+            match std::fs::remove_file(&staged.file_path) {
+                Ok(()) => released += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %staged.file_path.display(), error = %e, "staging file not removed")
+                }
+            }
+        }
+        if released > 0 {
+            tracing::info!(released, "files uploaded at their close, whose release the ended session never sent: staging copies removed");
+        }
+        released
+    }
+
     pub async fn release_write(self: &Arc<Self>, fh: u64) {
         let Some(writes) = self.writes.as_ref() else {
             return;
