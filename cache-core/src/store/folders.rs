@@ -207,6 +207,46 @@ impl BackingStore {
         }
     }
 
+    /// A local directory store's level under `prefix`, read directly ([`local_level`]):
+    /// what object_store's listing gives, without its walk resolving the folder's whole
+    /// path per listing (a `readlink` per folder above it: black-box finding, round 23,
+    /// walking a chain of folders 800 deep took 7.7 s, 0.013 s on the disk). A folder
+    /// that is not there (or a file) lists as empty, as object_store's does.
+    async fn local_list_level(
+        &self,
+        root: &std::path::Path,
+        prefix: Option<&Path>,
+    ) -> object_store::Result<ListResult> {
+        let (root, rel) = (
+            root.to_path_buf(),
+            prefix.map(|p| p.to_string()).unwrap_or_default(),
+        );
+        self.count_lists(1);
+        let level = tokio::task::spawn_blocking(move || local_level(&root, &rel))
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(e),
+            })?;
+        match level {
+            Ok(l) => Ok(l),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                Ok(ListResult {
+                    common_prefixes: Vec::new(),
+                    objects: Vec::new(),
+                    extensions: Default::default(),
+                })
+            }
+            Err(e) => Err(object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(e),
+            }),
+        }
+    }
+
     /// Whether the store holds, under `prefix`, a key the client library cannot name
     /// (`a/./b`, `a//b`: legal in S3): listings step around such keys, so a caller that
     /// must handle every key under a prefix (a folder rename) asks first. One listing.
@@ -237,6 +277,9 @@ impl BackingStore {
     /// stream ends at the first error) or on a symlink loop: the folder is then read
     /// directly ([`local_level`]), skipping only those entries.
     async fn list_level(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        if let Some(root) = &self.local_root {
+            return self.local_list_level(root, prefix).await;
+        }
         let listed = self.store.list_with_delimiter(prefix).await;
         if let Ok(l) = &listed {
             self.count_lists(1 + (l.objects.len() + l.common_prefixes.len()) as u64 / 1000);

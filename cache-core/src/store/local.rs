@@ -164,7 +164,7 @@ pub(super) fn local_level(root: &std::path::Path, rel: &str) -> std::io::Result<
                 location,
                 last_modified: meta.modified()?.into(),
                 size: meta.len(),
-                e_tag: None,
+                e_tag: Some(object_store_etag(&meta)),
                 version: None,
             });
         }
@@ -176,6 +176,21 @@ pub(super) fn local_level(root: &std::path::Path, rel: &str) -> std::io::Result<
         objects,
         extensions: Default::default(),
     })
+}
+
+/// The ETag object_store's local store gives a file (its `head` and its listings):
+/// inode, mtime in microseconds and size, in hex and quoted. A listing read here must
+/// name the versions a `head` through object_store names (checked against it by
+/// `local_listing_etags_are_object_store_s`).
+fn object_store_etag(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default()
+        .as_micros();
+    format!("\"{:x}-{mtime:x}-{:x}\"", meta.ino(), meta.len())
 }
 
 /// Every file under folder `rel` of the local store at `root`, by [`local_level`].
@@ -461,5 +476,23 @@ mod tests {
         assert!(folder_inside_root(&root, "a/abs/new/file"));
         assert!(folder_inside_root(&root, "a/new/deeper/file"));
         assert!(!folder_inside_root(&root, "a/outside/new"));
+    }
+
+    /// The listing read here names each file by the ETag object_store's own `head`
+    /// gives it: the two must name one version (a mismatch made every listed file's
+    /// blocks another version than its `head`'s).
+    #[tokio::test]
+    async fn local_listing_etags_are_object_store_s() {
+        use object_store::ObjectStoreExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical");
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        std::fs::write(root.join("d/f"), vec![7u8; 12_345]).expect("write");
+        let fs = object_store::local::LocalFileSystem::new_with_prefix(&root).expect("local");
+        let head = fs.head(&Path::from("d/f")).await.expect("head");
+        let level = local_level(&root, "d").expect("level");
+        assert_eq!(level.objects.len(), 1);
+        assert_eq!(level.objects[0].e_tag, head.e_tag);
+        assert_eq!(level.objects[0].size, head.size);
     }
 }
