@@ -580,16 +580,20 @@ mod tests {
         assert!(!format!("{:?}", cfg("a", "secret")).contains("secret"));
     }
 
-    /// Round 23's leak: a block in the cache is counted whatever happened to the charge
-    /// its put relied on, and a charge the cache's eviction left stale is no charge.
-    #[test]
-    fn a_stored_block_counts_even_if_the_charge_it_relied_on_went() {
-        let engine = CacheEngine::builder()
+    fn memory_engine() -> CacheEngine {
+        CacheEngine::builder()
             .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(
                 64 << 20,
             )))
             .build()
-            .expect("engine");
+            .expect("engine")
+    }
+
+    /// Round 23's leak: a block in the cache is counted whatever happened to the charge
+    /// its put relied on, and a charge the cache's eviction left stale is no charge.
+    #[test]
+    fn a_stored_block_counts_even_if_the_charge_it_relied_on_went() {
+        let engine = memory_engine();
         let t = Tenant::new(&cfg("a", "t"), 1 << 20, 1 << 20);
         let k = CacheKey::kv("a:m-1", vec![1; 32]);
         assert!(t.charge(&k, 1000, &engine).expect("charge").new);
@@ -612,12 +616,7 @@ mod tests {
     /// of the ledger (none would be evicted: they stayed in the cache uncounted).
     #[test]
     fn a_refused_put_takes_nothing_out_of_the_ledger() {
-        let engine = CacheEngine::builder()
-            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(
-                64 << 20,
-            )))
-            .build()
-            .expect("engine");
+        let engine = memory_engine();
         let t = Tenant::new(&cfg("a", "t"), 1 << 20, 1 << 20);
         let key = |i: u8| CacheKey::kv("a:m-1", vec![i; 32]);
         let rt = tokio::runtime::Builder::new_current_thread()

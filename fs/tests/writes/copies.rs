@@ -239,20 +239,7 @@ async fn copies_of_replaced_and_removed_versions_are_dropped() {
         })
         .await;
         let c = &fx.core;
-        let settled = |want: usize| {
-            let copies = copies.clone();
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while copies.len() != want {
-                    assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "{} copies, not {want}",
-                        copies.len()
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
+        let settled = |want: usize| copies_settle_at(&copies, want);
         for round in 0..3u8 {
             let fh = if round == 0 {
                 c.create(ROOT_INO, "ck", 0).await.expect("create").1
@@ -295,20 +282,7 @@ async fn the_copy_of_a_version_another_client_replaced_is_dropped() {
     timed(async {
         let (fx, copies) = fixture_with_copies(4 << 20, |o| o.metadata_ttl = Duration::ZERO).await;
         let c = &fx.core;
-        let settled = |want: usize| {
-            let copies = copies.clone();
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while copies.len() != want {
-                    assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "{} copies, not {want}",
-                        copies.len()
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        };
+        let settled = |want: usize| copies_settle_at(&copies, want);
         let read_whole = |name: &'static str, size: usize| async move {
             let e = c.lookup(ROOT_INO, name).await.expect("lookup");
             let o = c.open(e.attr.ino, false).await.expect("open");

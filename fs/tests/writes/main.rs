@@ -94,6 +94,20 @@ async fn fixture_with_copies(
     (fx, copies.expect("opened"))
 }
 
+/// Waits (5 s at most) until `copies` holds `want` copies: they are made and dropped in
+/// the background.
+async fn copies_settle_at(copies: &strata_fs::passthrough::PassthroughStore, want: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while copies.len() != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} copies, not {want}",
+            copies.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A fixture whose mount may replace and delete objects (`--allow-overwrite
 /// --allow-delete`).
 async fn fixture_replacing() -> Fixture {

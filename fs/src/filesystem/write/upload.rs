@@ -309,18 +309,7 @@ impl FsCore {
                 continue;
             }
             staged.unjournal();
-            if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
-                ctl.broken.store(true, Ordering::Release);
-                ctl.wake.notify_one();
-                drop(task);
-            }
-            {
-                let mut by_path = writes.by_path.lock();
-                let path = staged.path();
-                if by_path.get(&path).is_some_and(|s| Arc::ptr_eq(s, staged)) {
-                    by_path.remove(&path);
-                }
-            }
+            released_from(writes, staged);
             staged.uncharge();
             match std::fs::remove_file(&staged.file_path) {
                 Ok(()) => released += 1,
@@ -360,21 +349,7 @@ impl FsCore {
             // Uploaded, or its failure reported at the close: nothing left for a restart.
             staged.unjournal();
         }
-        // A stream no upload took (its file's last upload failed): abort it.
-        if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
-            ctl.broken.store(true, Ordering::Release);
-            ctl.wake.notify_one();
-            drop(task);
-        }
-        {
-            // Only its own entry: the path may name another file by now (this one was
-            // unlinked, or renamed away, and a new one created there).
-            let mut by_path = writes.by_path.lock();
-            let path = staged.path();
-            if by_path.get(&path).is_some_and(|s| Arc::ptr_eq(s, &staged)) {
-                by_path.remove(&path);
-            }
-        }
+        released_from(writes, &staged);
         writes.released.notify_waiters();
         // Before the adoption, which takes only free room: this file's own bytes are
         // the room it would take.
@@ -413,5 +388,22 @@ impl FsCore {
                 tracing::warn!(file = %staged.file_path.display(), error = %e, "staging file not removed");
             }
         }
+    }
+}
+
+/// A released file leaves the writes' tables: a stream no upload took (its file's last
+/// upload failed) is aborted, and its path entry goes. Only its own entry: the path may
+/// name another file by now (this one was unlinked, or renamed away, and a new one
+/// created there).
+fn released_from(writes: &Writes, staged: &Arc<Staged>) {
+    if let Some(Stream { ctl, task }) = staged.stream.lock().take() {
+        ctl.broken.store(true, Ordering::Release);
+        ctl.wake.notify_one();
+        drop(task);
+    }
+    let mut by_path = writes.by_path.lock();
+    let path = staged.path();
+    if by_path.get(&path).is_some_and(|s| Arc::ptr_eq(s, staged)) {
+        by_path.remove(&path);
     }
 }
