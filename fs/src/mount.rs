@@ -141,6 +141,10 @@ pub struct MountHandle {
     mountpoint: PathBuf,
     /// FUSE connection number (minor of the mount's device).
     conn: Option<u32>,
+    /// The inode of the connection's folder in fusectl when mounted: a connection
+    /// number is reused by the next mount once this one is gone, its folder is not
+    /// (see [`MountHandle::connection_is_ours`]). None: fusectl could not be read.
+    conn_stamp: Option<u64>,
     core: Option<Arc<FsCore>>,
     /// Whether a busy mount is detached at unmount (see the module doc).
     auto_unmount: bool,
@@ -313,6 +317,7 @@ pub fn mount_fs<F: Filesystem + Send + 'static>(
         session: Some(session),
         mountpoint: mountpoint.to_path_buf(),
         conn,
+        conn_stamp: conn.and_then(connection_stamp),
         core: None,
         auto_unmount: opts.auto_unmount,
     })
@@ -577,6 +582,20 @@ fn place_in(table: &[MountEntry], conn: u32) -> Option<Place> {
     })
 }
 
+/// The inode of FUSE connection `n`'s folder in fusectl (mounting fusectl at its
+/// standard place first if the system has not); None if it cannot be read.
+fn connection_stamp(n: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = format!("/sys/fs/fuse/connections/{n}");
+    std::fs::metadata(&dir)
+        .or_else(|_| {
+            let _ = mount_fusectl();
+            std::fs::metadata(&dir)
+        })
+        .ok()
+        .map(|m| m.ino())
+}
+
 fn conn_in(table: &[MountEntry], dir: &Path) -> Option<u32> {
     table
         .iter()
@@ -653,14 +672,34 @@ impl MountHandle {
             (Some(parent), Some(name)) => parent.join(name),
             _ => self.mountpoint.clone(),
         };
-        conn_in(&mount_table(), &dir) == Some(conn)
+        conn_in(&mount_table(), &dir) == Some(conn) && self.connection_is_ours() != Some(false)
+    }
+
+    /// Whether connection number `conn` is still this mount's: None when that cannot be
+    /// told (fusectl unreadable). Black-box finding (round 23b): after `umount -l` or
+    /// `fusermount3 -u`, a new mount at the same place got the freed number, and this
+    /// daemon, exiting, took it for its own failed session and detached it (29 of 30
+    /// files written through the new mount landed in the folder underneath).
+    fn connection_is_ours(&self) -> Option<bool> {
+        let (n, stamp) = (self.conn?, self.conn_stamp?);
+        Some(connection_stamp(n) == Some(stamp))
+    }
+
+    /// [`place_in`] of this mount now; a connection number another mount has taken
+    /// since is [`Place::Gone`].
+    fn place(&self) -> Option<Place> {
+        let conn = self.conn?;
+        if self.connection_is_ours() == Some(false) {
+            return Some(Place::Gone);
+        }
+        place_in(&mount_table(), conn)
     }
 
     /// Detaches the dead mount a failed session left ([`Self::session_failed`]) and
     /// aborts its connection, so its calls fail at once and a restart mounts afresh.
     pub fn detach_failed(&self) {
         // Only where a detach by path reaches this mount (see `unmount_path`).
-        let at = match self.conn.and_then(|c| place_in(&mount_table(), c)) {
+        let at = match self.place() {
             Some(Place::Top(at)) => Some(at),
             Some(Place::Covered(_) | Place::Gone) => None,
             None => Some(self.mountpoint.clone()),
@@ -684,6 +723,10 @@ impl MountHandle {
     /// place first if the system has not: systemd does, minimal containers do not).
     fn abort_connection(&self) {
         let Some(n) = self.conn else { return };
+        if self.connection_is_ours() == Some(false) {
+            // The number is another mount's now: this connection is gone already.
+            return;
+        }
         let p = format!("/sys/fs/fuse/connections/{n}/abort");
         if std::fs::write(&p, "1").is_ok() {
             return;
@@ -701,10 +744,7 @@ impl MountHandle {
     /// stacked over it (its files lost) and left this mount dead underneath; with the
     /// folder renamed, it unmounted whatever was mounted at the old path since.
     fn unmount_path(&self) -> Option<PathBuf> {
-        let Some(conn) = self.conn else {
-            return Some(self.mountpoint.clone());
-        };
-        match place_in(&mount_table(), conn) {
+        match self.place() {
             // The table cannot be read: the path given, as before.
             None => Some(self.mountpoint.clone()),
             Some(Place::Top(at)) => Some(at),

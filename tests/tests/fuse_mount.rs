@@ -751,7 +751,7 @@ fn a_second_mount_on_the_same_directory_is_refused(b: Backend) {
 
 /// Black-box finding: `fusermount3 -u -z M`, then a new mount at M: the old mount's
 /// handle, ending, unmounted M by its path, taking the new mount away. A mount gone
-/// from outside is never unmounted again.
+/// from outside is never unmounted again, nor detached as a failed one (round 23b).
 fn a_mount_detached_from_outside_leaves_the_next_mount_there_alone(b: Backend) {
     let mut fx = Fixture::new(b);
     let old = fx.mount.take().expect("mounted");
@@ -769,6 +769,14 @@ fn a_mount_detached_from_outside_leaves_the_next_mount_there_alone(b: Backend) {
         &strata_fs::MountOptions::default(),
     )
     .expect("a new mount at the same point");
+    // The new mount may have the old one's connection number (freed with it): the old
+    // daemon must not take it for its own dead mount (round 23b: detached).
+    assert!(!old.session_failed(), "the old session ended by an unmount");
+    old.detach_failed();
+    assert!(
+        is_mounted(fx.mnt.path()),
+        "a detach of the old mount leaves the new one"
+    );
     old.unmount().expect("the old mount's end");
     assert!(is_mounted(fx.mnt.path()), "the new mount stays");
     assert_eq!(
