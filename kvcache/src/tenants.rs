@@ -443,10 +443,25 @@ impl Tenant {
     pub fn stored(&self, key: &CacheKey, size: u64) {
         let mut l = self.ledger.lock();
         match l.blocks.get_mut(key) {
-            Some(c) => c.in_flight = false,
+            Some(c) => {
+                c.in_flight = false;
+                // The stored block's size, whichever put charged the key (a racing put
+                // of other bytes under the key may have: black-box finding, round 23b,
+                // a tenant charged 2 MB for a stored 1 MB block and the reverse).
+                let was = std::mem::replace(&mut c.size, size);
+                l.used = l.used - was + size;
+            }
             None => {
                 l.insert(key, size, false);
             }
+        }
+    }
+
+    /// A put of `key` found it stored by another put: the charge that one left stands
+    /// (its size is the stored block's); a charge of this put's is no longer in flight.
+    pub fn stored_elsewhere(&self, key: &CacheKey) {
+        if let Some(c) = self.ledger.lock().blocks.get_mut(key) {
+            c.in_flight = false;
         }
     }
 
@@ -607,6 +622,13 @@ mod tests {
         assert_eq!(t.used_bytes(), 1000);
         t.stored(&k, 1000);
         assert_eq!(t.used_bytes(), 1000, "counted once");
+        // Charged at one size by the put that lost a race, stored at another by the
+        // winner: the stored size counts (round 23b).
+        t.stored(&k, 3000);
+        assert_eq!(t.used_bytes(), 3000, "the stored block's size");
+        t.stored_elsewhere(&k);
+        assert_eq!(t.used_bytes(), 3000, "the loser leaves the winner's charge");
+        t.stored(&k, 1000);
         // Stored, and not in the cache (evicted): the next put of it is a new charge.
         assert!(t.charge(&k, 1000, &engine).expect("charge").new);
         assert_eq!(t.used_bytes(), 1000);

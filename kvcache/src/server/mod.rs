@@ -484,15 +484,20 @@ struct QuotaCharge {
     /// This Put added the key to the ledger (false: an earlier or concurrent Put of it
     /// had; a failure then leaves that charge alone).
     new: bool,
-    /// The block is in the cache: it stays charged (counted anew if the charge it
-    /// relied on was taken back meanwhile).
+    /// This Put stored the block: it stays charged at its size (counted anew if the
+    /// charge it relied on was taken back meanwhile).
     keep: bool,
+    /// Another Put of the key stored it: the charge stays as that Put left it (its
+    /// size is the stored block's, not this Put's).
+    stored_by_another: bool,
 }
 
 impl Drop for QuotaCharge {
     fn drop(&mut self) {
         if self.keep {
             self.tenant.stored(&self.key, self.size);
+        } else if self.stored_by_another {
+            self.tenant.stored_elsewhere(&self.key);
         } else if self.new {
             self.tenant.forget(&self.key);
         }

@@ -65,6 +65,7 @@ impl KvService {
             size,
             new: charged.new,
             keep: false,
+            stored_by_another: false,
         })
     }
 

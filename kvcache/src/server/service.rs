@@ -889,7 +889,7 @@ impl KvService {
             // Another Put of the key stored it while this one was receiving: the block
             // is in the cache, so this Put's charge stays (another's may have relied on it).
             if let Some(c) = charge.as_mut() {
-                c.keep = true;
+                c.stored_by_another = true;
             }
             self.inner.stats.put(&ns, size, true);
             return Ok(pb::PutResponse {
