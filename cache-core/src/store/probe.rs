@@ -38,9 +38,16 @@ impl BackingStore {
         // pages answers in one request (black-box finding: a folder of 20,000 keys
         // took past the deadline to list whole, and the mount took its store as silent).
         let asked = async {
-            match &self.paged {
-                Some(paged) => paged.first_entry(prefix.as_ref()).await,
-                None => self
+            match (&self.paged, &self.local_root) {
+                (Some(paged), _) => paged.first_entry(prefix.as_ref()).await,
+                // A local folder is read as its listings read it: a looping link in it is
+                // left out, not the store's failure to answer (black-box finding, round
+                // 23b: object_store's walk failed the probe with ELOOP).
+                (None, Some(root)) => self
+                    .local_list_level(root, prefix.as_ref())
+                    .await
+                    .map(|_| ()),
+                (None, None) => self
                     .store
                     .list_with_delimiter(prefix.as_ref())
                     .await
