@@ -185,16 +185,34 @@ pub fn remove_other_staging(cache_dir: &std::path::Path, mounts: &[MountConfig])
                 "kept the staged writes of a mount this daemon does not have: files fsync'd before a crash, uploaded when that mountpoint is mounted over their store again");
             continue;
         }
+        // Only files are staged writes: an empty folder a clean stop left is no loss to
+        // warn about (black-box finding, round 23b: "never uploaded" for a folder of a
+        // mount whose every file had been uploaded).
+        let staged = files_under(&path);
         let removed = match e.file_type() {
             Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
             _ => std::fs::remove_file(&path),
         };
         match removed {
-            Ok(()) => tracing::warn!(dir = %path.display(),
+            Ok(()) if staged > 0 => tracing::warn!(dir = %path.display(), files = staged,
                 "removed the staged writes of a mount this daemon does not have (never uploaded)"),
+            Ok(()) => {
+                tracing::debug!(dir = %path.display(), "removed an empty staging folder of another mount")
+            }
             Err(e) => tracing::warn!(dir = %path.display(), error = %e,
                 "cannot remove another mount's staged writes"),
         }
+    }
+}
+
+/// Regular files in `path` and below (`path` itself if it is one).
+fn files_under(path: &std::path::Path) -> usize {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::read_dir(path)
+            .map(|d| d.flatten().map(|e| files_under(&e.path())).sum())
+            .unwrap_or(0),
+        Ok(m) if m.is_file() => 1,
+        _ => 0,
     }
 }
 
@@ -826,6 +844,12 @@ mod tests {
             fsynced.join("1.part").exists(),
             "files fsync'd before a crash kept"
         );
+        // What is warned about as never uploaded: files only (round 23b: an empty
+        // folder a clean stop left was).
+        let empty = cache.join("staging").join("empty");
+        std::fs::create_dir_all(empty.join("files")).expect("mkdir");
+        assert_eq!(files_under(&empty), 0);
+        assert_eq!(files_under(&fsynced), 2);
     }
 
     /// Black-box finding (round 13): a cache dir inside another Strata mount left its
