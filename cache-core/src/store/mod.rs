@@ -173,6 +173,10 @@ pub struct BackingStore {
     /// The root directory of a `file://` store: versions of its files are taken from
     /// our own `stat` (see [`local_version`]), not only from `object_store`'s ETag.
     local_root: Option<Arc<std::path::Path>>,
+    /// A `file://` store's folders are read directly (`local_level`), not through
+    /// object_store's walk; off for a handle [`Self::around`] another store (a
+    /// fault-injecting wrapper: its listings must go through it).
+    reads_folders_itself: bool,
     /// See [`StoreOptions::follow_symlinks`].
     follow_symlinks: bool,
     /// The longest key this handle may name, in bytes, its prefix taken off (S3, GCS and
@@ -259,6 +263,7 @@ impl BackingStore {
             retry,
             block_size: crate::DEFAULT_BLOCK_SIZE,
             local_root: None,
+            reads_folders_itself: false,
             follow_symlinks: false,
             key_max: None,
             reads: Arc::default(),
@@ -283,8 +288,10 @@ impl BackingStore {
             silent_until: Arc::default(),
             answered_at: Arc::default(),
             part_store: None,
-            // Paged listings went to the store beside the wrapper, past its faults.
+            // Paged listings went to the store beside the wrapper, past its faults, as
+            // a local folder's direct reads would.
             paged: None,
+            reads_folders_itself: false,
             ..self.clone()
         }
     }
@@ -460,6 +467,7 @@ impl BackingStore {
             endpoint,
             retry: opts.retry.clone(),
             block_size: crate::DEFAULT_BLOCK_SIZE,
+            reads_folders_itself: local_root.is_some(),
             local_root,
             follow_symlinks: opts.follow_symlinks,
             key_max,
