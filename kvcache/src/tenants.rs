@@ -469,7 +469,7 @@ impl Tenant {
     /// against the quota, over it or not: the blocks are the tenant's, whatever the
     /// quota now says, and new puts are refused until evictions make room.
     pub fn recovered(&self, key: &CacheKey, size: u64) {
-        self.ledger.lock().insert(key, size, false);
+        self.stored(key, size);
     }
 
     /// `key` was read: the last block room is made from.

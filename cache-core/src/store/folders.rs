@@ -277,11 +277,7 @@ impl BackingStore {
     /// stream ends at the first error) or on a symlink loop: the folder is then read
     /// directly ([`local_level`]), skipping only those entries.
     async fn list_level(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        if let Some(root) = self
-            .local_root
-            .as_ref()
-            .filter(|_| self.reads_folders_itself)
-        {
+        if let Some(root) = self.folders_read_here() {
             return self.local_list_level(root, prefix).await;
         }
         let listed = self.store.list_with_delimiter(prefix).await;

@@ -509,6 +509,14 @@ impl BackingStore {
     }
 
     /// Whether this is a local directory store (`file://`), whose folders are real.
+    /// The root of a `file://` store whose folders this handle reads itself (see
+    /// `reads_folders_itself`).
+    pub(super) fn folders_read_here(&self) -> Option<&Arc<std::path::Path>> {
+        self.local_root
+            .as_ref()
+            .filter(|_| self.reads_folders_itself)
+    }
+
     pub fn is_local(&self) -> bool {
         self.local_root.is_some()
     }

@@ -38,11 +38,7 @@ impl BackingStore {
         // pages answers in one request (black-box finding: a folder of 20,000 keys
         // took past the deadline to list whole, and the mount took its store as silent).
         let asked = async {
-            let local = self
-                .local_root
-                .as_ref()
-                .filter(|_| self.reads_folders_itself);
-            match (&self.paged, local) {
+            match (&self.paged, self.folders_read_here()) {
                 (Some(paged), _) => paged.first_entry(prefix.as_ref()).await,
                 // A local folder is read as its listings read it: a looping link in it is
                 // left out, not the store's failure to answer (black-box finding, round

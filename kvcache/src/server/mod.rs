@@ -484,22 +484,30 @@ struct QuotaCharge {
     /// This Put added the key to the ledger (false: an earlier or concurrent Put of it
     /// had; a failure then leaves that charge alone).
     new: bool,
+    /// How the Put ended, as far as the charge is concerned.
+    end: ChargeEnd,
+}
+
+/// What becomes of a [`QuotaCharge`] when it is dropped.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChargeEnd {
+    /// The Put failed or was cut short: a charge it added is refunded.
+    Refunded,
     /// This Put stored the block: it stays charged at its size (counted anew if the
     /// charge it relied on was taken back meanwhile).
-    keep: bool,
-    /// Another Put of the key stored it: the charge stays as that Put left it (its
-    /// size is the stored block's, not this Put's).
-    stored_by_another: bool,
+    Stored,
+    /// Another Put of the key stored it: the charge stays as that Put left it (its size
+    /// is the stored block's, not this Put's).
+    StoredByAnother,
 }
 
 impl Drop for QuotaCharge {
     fn drop(&mut self) {
-        if self.keep {
-            self.tenant.stored(&self.key, self.size);
-        } else if self.stored_by_another {
-            self.tenant.stored_elsewhere(&self.key);
-        } else if self.new {
-            self.tenant.forget(&self.key);
+        match self.end {
+            ChargeEnd::Stored => self.tenant.stored(&self.key, self.size),
+            ChargeEnd::StoredByAnother => self.tenant.stored_elsewhere(&self.key),
+            ChargeEnd::Refunded if self.new => self.tenant.forget(&self.key),
+            ChargeEnd::Refunded => {}
         }
     }
 }

@@ -11,7 +11,7 @@ use strata_cache_core::{CacheKey, TierKind};
 use strata_prefetch::Admission;
 use tonic::Status;
 
-use super::{key_hash, tier_pb, KvService, QuotaCharge};
+use super::{key_hash, tier_pb, ChargeEnd, KvService, QuotaCharge};
 use crate::error::{KvError, Result};
 use crate::group::{placement_key, Forward, RemoteError, Router, Routes};
 use crate::pb::{self, Tier};
@@ -64,8 +64,7 @@ impl KvService {
             key: key.clone(),
             size,
             new: charged.new,
-            keep: false,
-            stored_by_another: false,
+            end: ChargeEnd::Refunded,
         })
     }
 

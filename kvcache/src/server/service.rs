@@ -10,8 +10,9 @@ use strata_cache_core::{AccessContext, CacheEngine, CacheKey, JobId, TierKind};
 use tonic::{Request, Status, Streaming};
 
 use super::{
-    fnv1a, Blocks, BoxStream, Caller, Inner, KvService, PeerCheck, QuotaCharge, ServerConfig,
-    TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN, MAX_SIZED_NAMESPACES,
+    fnv1a, Blocks, BoxStream, Caller, ChargeEnd, Inner, KvService, PeerCheck, QuotaCharge,
+    ServerConfig, TokenCheck, MAX_BATCH_KEYS, MAX_HASH_LEN, MAX_NAMESPACE_LEN,
+    MAX_SIZED_NAMESPACES,
 };
 use crate::blocks::BlocksRequest;
 use crate::error::{KvError, Result};
@@ -889,7 +890,7 @@ impl KvService {
             // Another Put of the key stored it while this one was receiving: the block
             // is in the cache, so this Put's charge stays (another's may have relied on it).
             if let Some(c) = charge.as_mut() {
-                c.stored_by_another = true;
+                c.end = ChargeEnd::StoredByAnother;
             }
             self.inner.stats.put(&ns, size, true);
             return Ok(pb::PutResponse {
@@ -942,7 +943,7 @@ impl KvService {
             let stored = inner.engine.put(&key, data, &ctx).await;
             if stored.is_ok() {
                 if let Some(c) = charge.as_mut() {
-                    c.keep = true;
+                    c.end = ChargeEnd::Stored;
                 }
                 inner.stats.put(&ns, size, false);
             }
