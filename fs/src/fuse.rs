@@ -296,6 +296,12 @@ impl Filesystem for FuseFs {
         // O_TRUNC|O_APPEND (Go's log-file idiom) truncates, then appends to the empty
         // file; the kernel set its size to 0 at the open (FUSE_ATOMIC_O_TRUNC).
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        // An O_DIRECT open starts no passthrough: the kernel would send its reads to the
+        // cached copy under that file system's alignment rules, so an unaligned read that
+        // worked cold failed EINVAL once the copy existed (black-box finding). Counted as
+        // a normal open, it keeps later opens normal while it is open; one made while
+        // passthrough handles are open must share their backing (kernel rule).
+        let direct = flags.0 & libc::O_DIRECT != 0;
         let passthrough = self.passthrough;
         let opens = self.opens.clone();
         let handles = self.handles.clone();
@@ -322,7 +328,7 @@ impl Filesystem for FuseFs {
             // and never for a writer (its writes must reach the core).
             let backing = match (&opened.passthrough, passthrough, st.normal) {
                 _ if write => None,
-                (Some(file), true, 0) => match &st.backing {
+                (Some(file), true, 0) if !direct => match &st.backing {
                     Some(b) if st.passthrough > 0 => Some(b.clone()),
                     _ => match reply.open_backing(file) {
                         Ok(b) => {
