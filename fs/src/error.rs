@@ -28,6 +28,9 @@ pub enum Error {
     /// What object storage cannot do (rename, changing part of an existing object).
     #[error("not supported on object storage: {0}")]
     Unsupported(String),
+    /// A file larger than the mount can upload as it was written (EFBIG).
+    #[error("file too large: {0}")]
+    FileTooLarge(String),
     /// The name exists (create without overwrite).
     #[error("already exists: {0}")]
     Exists(String),
@@ -67,6 +70,7 @@ impl Error {
             Error::Invalid(_) => libc::EINVAL,
             Error::NotPermitted(_) => libc::EPERM,
             Error::Unsupported(_) => libc::ENOTSUP,
+            Error::FileTooLarge(_) => libc::EFBIG,
             Error::Exists(_) => libc::EEXIST,
             Error::Busy(_) => libc::EBUSY,
             Error::Local { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),

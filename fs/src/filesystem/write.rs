@@ -1245,7 +1245,8 @@ impl FsCore {
 
     /// Writes `data` at `offset` of write handle `fh`. Blocking (a local `pwrite`).
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        let staged = self.writes()?.handle(fh).ok_or(Error::BadHandle {
+        let writes = self.writes()?;
+        let staged = writes.handle(fh).ok_or(Error::BadHandle {
             what: "write handle",
             id: fh,
         })?;
@@ -1270,6 +1271,28 @@ impl FsCore {
             ctl.broken.store(true, Ordering::Release);
         }
         let end = offset + data.len() as u64;
+        // A stream sends parts of one size, and an upload takes at most
+        // `MAX_UPLOAD_PARTS` of them. A file that grows past that is uploaded at its close
+        // in larger parts, which needs all of it staged: its stream is broken before
+        // anything is freed, or, once some was, the write fails EFBIG at once and the
+        // close fails (black-box finding: 78 GiB written in order all returned 0, then
+        // the close failed ENOTSUP and nothing was stored).
+        let largest = writes.opts.part_size as u64 * strata_cache_core::store::MAX_UPLOAD_PARTS;
+        if let Some(ctl) = stream.as_ref().filter(|_| end > largest) {
+            if freed > 0 {
+                staged.lose(offset..end, libc::EFBIG);
+                return Err(Error::FileTooLarge(format!(
+                    "{}: a file written in order past {largest} bytes ({} parts of {} \
+                     bytes, the most one upload takes) must fit in the disk budget to be \
+                     uploaded in larger parts at its close; its first {freed} bytes were \
+                     already sent and freed",
+                    staged.path(),
+                    strata_cache_core::store::MAX_UPLOAD_PARTS,
+                    writes.opts.part_size,
+                )));
+            }
+            ctl.broken.store(true, Ordering::Release);
+        }
         // Room first (copies evicted before the bytes land: on a nearly full disk that
         // is what lets them land), except for a write past the end that leaves a hole:
         // charged once it landed, so one at an absurd offset (EFBIG) evicts nothing.

@@ -382,6 +382,68 @@ async fn a_streamed_file_frees_what_it_sent_when_the_budget_is_short() {
     .expect("bounded");
 }
 
+/// An upload takes at most 10,000 parts (`MAX_UPLOAD_PARTS`), so a stream of parts of
+/// one size covers a file up to 10,000 of them. Past that, a file that freed what it
+/// sent fails the write that crosses it with EFBIG, at once, and its close fails
+/// (black-box finding: 78 GiB written in order all returned 0, then the close failed
+/// ENOTSUP and nothing was stored); one that freed nothing is uploaded at its close in
+/// larger parts, whole.
+#[tokio::test]
+async fn a_file_streamed_past_the_most_parts_fails_at_the_write_or_uploads_whole() {
+    timed(async {
+        // Parts of 1 KiB: 10,000 of them make 10,240,000 bytes.
+        let tune = |o: &mut CoreOptions| {
+            let w = o.writes.as_mut().expect("writable");
+            w.part_size = 1 << 10;
+            w.stream_from = 8 << 10;
+        };
+        let largest = 10_000u64 << 10;
+        let want = data(largest as usize + (200 << 10), 41);
+        // A short budget: the stream's parts are freed as they are sent.
+        let (fx, copies) = fixture_with_copies(512 << 10, tune).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "huge.bin", 0).await.expect("create");
+        let mut refused = None;
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            let at = (i as u64) * (64 << 10);
+            match c.write(fh, at, piece) {
+                Ok(_) => assert!(at + piece.len() as u64 <= largest, "past {largest}"),
+                Err(e) => {
+                    refused = Some((at + piece.len() as u64, e));
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let (end, err) = refused.expect("a write past the most parts is refused");
+        assert!(end > largest, "refused at {end}");
+        assert_eq!(err.errno(), libc::EFBIG, "{err}");
+        assert!(err.to_string().contains("10000 parts"), "{err}");
+        let err = c.flush(fh).await.expect_err("the file missed a write");
+        assert_eq!(err.errno(), libc::EFBIG, "{err}");
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "huge.bin").await, None, "nothing published");
+        assert_eq!(copies.staged_bytes(), 0);
+
+        // Room for all of it: nothing is freed, and the close uploads it whole.
+        let fx = fixture(|o, _| tune(o)).await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "huge.bin", 0).await.expect("create");
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            c.write(fh, (i as u64) * (64 << 10), piece).expect("write");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        c.flush(fh).await.expect("uploaded in larger parts");
+        c.release_write(fh).await;
+        assert!(
+            stored(&fx, "huge.bin").await.as_deref() == Some(&want[..]),
+            "whole"
+        );
+    })
+    .await
+    .expect("bounded");
+}
+
 /// A close in another process than the opener (a forked child exiting, or an `exec`
 /// closing its copy of the descriptor) does not upload: the opener may still be
 /// writing, and its own close uploads the whole file (with the error, if any).
