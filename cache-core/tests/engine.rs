@@ -209,6 +209,14 @@ async fn a_value_larger_than_the_top_tier_lands_below() {
         .put(&huge, Bytes::from(vec![0u8; 2000]), &ctx())
         .await
         .is_err());
+    // Counted as the one fill it was not (black-box finding: refused KV puts showed as
+    // fills of their bytes).
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.fills, stats.fill_bytes),
+        (1, 500),
+        "only what was filled"
+    );
 }
 
 /// A Remove is what a Put that arrived before it must not undo; an eviction the cache

@@ -277,7 +277,8 @@ pub struct CacheEngine {
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct EngineStatsSnapshot {
     pub tiers: Vec<TierStatsSnapshot>,
-    /// Blocks fetched from the backing source (store misses filled into the cache).
+    /// Blocks filled into the cache (store misses and puts), counted once a level took
+    /// them (or their copy is on its way to one): a refused put is no fill.
     pub fills: u64,
     pub fill_bytes: u64,
     /// Callers that joined a fetch already in flight instead of issuing their own.

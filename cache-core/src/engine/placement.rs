@@ -34,13 +34,7 @@ impl CacheEngine {
         ctx: &AccessContext,
         persist: Persist,
     ) -> Result<Fill> {
-        let c = &self.inner.counters;
-        c.fills.fetch_add(1, Ordering::Relaxed);
-        c.fill_bytes.fetch_add(block.len(), Ordering::Relaxed);
-        if ctx.is_prefetch() {
-            c.prefetch_fills.fetch_add(1, Ordering::Relaxed);
-            c.prefetch_bytes.fetch_add(block.len(), Ordering::Relaxed);
-        }
+        let len = block.len();
         let mut stored = false;
         let mut last_err = None;
         // Why a persistent level that an inline put should reach does not hold the block.
@@ -166,23 +160,34 @@ impl CacheEngine {
                 }
             }));
         }
-        match (stored, last_err) {
-            (true, _) => Ok(Fill {
-                not_durable,
-                behind,
-            }),
-            // Its copy is on its way to a persistent level, or was shed: a copy a
-            // slow disk cannot take is no error.
-            (false, None) if behind.is_some() || shed => Ok(Fill {
-                not_durable,
-                behind,
-            }),
-            (false, Some(e)) => Err(e),
-            (false, None) => {
-                Err(not_durable
-                    .unwrap_or_else(|| CacheError::Full(format!("no tier admitted {key}"))))
+        let filled =
+            match (stored, last_err) {
+                (true, _) => Ok(Fill {
+                    not_durable,
+                    behind,
+                }),
+                // Its copy is on its way to a persistent level, or was shed: a copy a
+                // slow disk cannot take is no error.
+                (false, None) if behind.is_some() || shed => Ok(Fill {
+                    not_durable,
+                    behind,
+                }),
+                (false, Some(e)) => Err(e),
+                (false, None) => Err(not_durable
+                    .unwrap_or_else(|| CacheError::Full(format!("no tier admitted {key}")))),
+            };
+        // Counted once filled: a put no level admitted filled nothing (black-box
+        // finding: three refused KV puts showed as three fills of 6 MiB).
+        if filled.is_ok() {
+            let c = &self.inner.counters;
+            c.fills.fetch_add(1, Ordering::Relaxed);
+            c.fill_bytes.fetch_add(len, Ordering::Relaxed);
+            if ctx.is_prefetch() {
+                c.prefetch_fills.fetch_add(1, Ordering::Relaxed);
+                c.prefetch_bytes.fetch_add(len, Ordering::Relaxed);
             }
         }
+        filled
     }
 
     /// Copies a block found at level `from` into the top level; `read_at`: the
