@@ -94,6 +94,8 @@ pub struct NamespaceStats {
 /// A point-in-time copy of the service's counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct KvStatsSnapshot {
+    /// Puts answered OK, those of a key already cached included: the blocks stored are
+    /// `puts - puts_already_present`, what the namespaces' `puts` add up to.
     pub puts: u64,
     pub put_bytes: u64,
     /// Puts of a key already cached (idempotent, nothing written).

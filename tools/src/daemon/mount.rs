@@ -91,7 +91,8 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         let Some(local_files) = core.local_files.clone() else {
             anyhow::bail!(
                 "allow_writes stages written files in the cache dir until they are \
-                 uploaded: it needs a disk budget ([cache] disk / --disk-cache, not \"0\")"
+                 uploaded, in a quarter of the disk budget: it needs a disk budget \
+                 ([cache] disk / --disk-cache) of at least 4 bytes, not \"0\""
             );
         };
         // One staging directory per mount point (emptied when the mount starts), in
@@ -100,6 +101,13 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
         w.allow_overwrite = m.allow_overwrite;
         w.allow_delete = m.allow_delete;
         w.local_files = Some(local_files);
+        // Parts on the wire within a quarter of the fastest level, as reads in flight
+        // are (`ObjectReader`'s fetch window), at least one part: the default 512 MiB
+        // let each file written in order keep 8 parts (64 MiB) in memory while a store
+        // stalled, and 8 writers got the daemon OOM-killed in a 512 MiB cgroup with a
+        // 192 MiB tier (black-box finding).
+        w.upload_memory = (core.engine.fastest_capacity_bytes() / 4)
+            .clamp(w.part_size as u64, w.upload_memory.max(w.part_size as u64));
         opts.core.writes = Some(w);
     }
     Ok(opts)
@@ -612,8 +620,34 @@ mod tests {
             pb.name_for("k", "v", 10),
             "two stores' equal keys are two copies"
         );
-        let staged = a.core.writes.expect("writes").local_files.expect("charged");
+        let writes = a.core.writes.expect("writes");
+        // Uploads in flight within a quarter of the 8 MiB memory tier, one part at least.
+        assert_eq!(writes.upload_memory, writes.part_size as u64);
+        let staged = writes.local_files.expect("charged");
         assert!(Arc::ptr_eq(&staged, &pa.copies));
+    }
+
+    /// Parts on the wire across a mount's uploads stay within a quarter of the memory
+    /// tier, as reads in flight do (black-box finding: each file written in order kept
+    /// 8 parts, 64 MiB, in memory while the store stalled; 8 writers got the daemon
+    /// OOM-killed in a 512 MiB cgroup with a 192 MiB tier).
+    #[test]
+    fn uploads_in_flight_take_a_quarter_of_the_memory_tier() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let core = open_core(&CacheConfig {
+            dir: Some(dir.path().join("cache")),
+            memory: "192MiB".into(),
+            disk: "40MiB".into(),
+            ..Default::default()
+        })
+        .expect("core");
+        let m = MountConfig {
+            mountpoint: dir.path().join("m"),
+            allow_writes: true,
+            ..Default::default()
+        };
+        let opts = mount_options(&m, &core, "s3://one").expect("options");
+        assert_eq!(opts.core.writes.expect("writes").upload_memory, 48 << 20);
     }
 
     /// An upload recorded against one S3 server is left for a mount of that server: a
@@ -764,6 +798,10 @@ mod tests {
         };
         let err = mount_options(&m, &core, "s3://one").expect_err("refused");
         assert!(err.to_string().contains("disk budget"), "{err}");
+        // Black-box finding: a budget of 1 to 3 bytes was refused as if it were "0".
+        let tiny = tempfile::tempdir().expect("tempdir");
+        let err = mount_options(&m, &self::core(tiny.path(), "3"), "s3://one").expect_err("3");
+        assert!(err.to_string().contains("at least 4 bytes"), "{err}");
         let ro = MountConfig {
             allow_writes: false,
             ..m
