@@ -99,6 +99,9 @@ struct PartSink {
     retry: RetryPolicy,
     label: String,
     slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Room for the next part, taken before its bytes were read ([`StreamingUpload::
+    /// ready_for_part`]): held by the part's task once it is sent.
+    reserved: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Where the object is read back (HEAD) after a completion whose answer was lost.
     head: Option<(Arc<dyn object_store::ObjectStore>, Path)>,
     /// Bytes sent in parts so far.
@@ -167,6 +170,7 @@ impl StreamingUpload {
                 retry: retry.clone(),
                 label: label.to_string(),
                 slots: shape.slots.clone(),
+                reserved: None,
                 head,
                 sent: 0,
                 completing: false,
@@ -218,6 +222,29 @@ impl StreamingUpload {
 
     fn ended(&self) -> CacheError {
         CacheError::InvalidArgument(format!("{}: the upload already ended", self.path))
+    }
+
+    /// Waits until one more part may go on the wire (this upload's `in_flight`, and the
+    /// bound shared with the mount's other uploads), and keeps that room for the next
+    /// [`Self::put`]: a caller that reads its parts from a file waits here before it
+    /// reads, so a slow store keeps the bytes in the file, not in memory (black-box
+    /// finding: each file written in order held a part read and waiting, on top of the
+    /// shared window). An error aborts the upload.
+    pub async fn ready_for_part(&mut self) -> Result<()> {
+        let result = match self.sink.as_mut() {
+            None => return Err(self.ended()),
+            Some(Sink::Parts(p)) => p.reserve(self.in_flight).await,
+            Some(Sink::Whole(parts)) => {
+                tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
+                    .await
+                    .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
+                    .and_then(|r| r.map_err(|e| map_store_error(e, 1)))
+            }
+        };
+        if result.is_err() {
+            self.abort().await;
+        }
+        self.counted(result)
     }
 
     /// Queues `data`, first waiting while `in_flight` parts are on the wire. An error
@@ -366,19 +393,37 @@ impl PartSink {
         PutPayload::from_iter(out)
     }
 
+    /// Waits for room for one more part (see [`StreamingUpload::ready_for_part`]).
+    async fn reserve(&mut self, in_flight: usize) -> Result<()> {
+        while self.tasks.len() >= in_flight {
+            self.join_one().await?;
+        }
+        if self.reserved.is_none() {
+            self.reserved = self.slot().await?;
+        }
+        Ok(())
+    }
+
+    /// A permit of the shared bound (None: no bound).
+    async fn slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        match &self.slots {
+            Some(s) => Ok(Some(s.clone().acquire_owned().await.map_err(|e| {
+                CacheError::InvalidArgument(format!("upload slots closed: {e}"))
+            })?)),
+            None => Ok(None),
+        }
+    }
+
     /// Sends one part (retried on its own), after waiting for room.
     async fn send(&mut self, part: PutPayload, in_flight: usize) -> Result<()> {
         while self.tasks.len() >= in_flight {
             self.join_one().await?;
         }
         // A permit of the shared bound, held by the part's task until the store answered.
-        let permit =
-            match &self.slots {
-                Some(s) => Some(s.clone().acquire_owned().await.map_err(|e| {
-                    CacheError::InvalidArgument(format!("upload slots closed: {e}"))
-                })?),
-                None => None,
-            };
+        let permit = match self.reserved.take() {
+            Some(p) => Some(p),
+            None => self.slot().await?,
+        };
         let idx = self.next_idx;
         self.next_idx += 1;
         self.sent += part.content_length() as u64;

@@ -541,6 +541,74 @@ async fn a_write_past_the_budget_waits_for_a_lagging_stream() {
     .expect("bounded");
 }
 
+/// A stream takes room on the wire before it reads a part from the staging file: while
+/// the store is slow, the bytes past the mount's upload window wait on disk (the
+/// writer held back by the budget), not in the daemon's memory (black-box finding: each
+/// file written in order on a stalled store held a part read and waiting for room on
+/// top of the window; with the old 512 MiB window, 8 writers got the daemon OOM-killed).
+#[tokio::test]
+async fn a_stream_reads_a_part_only_once_it_has_room_on_the_wire() {
+    timed(async {
+        let (fx, copies) = fixture_with_copies(256 << 10, |o| {
+            let w = o.writes.as_mut().expect("writable");
+            w.upload_memory = 64 << 10; // one part on the wire across the mount
+        })
+        .await;
+        fx.faulty.set_config(FaultConfig {
+            part_latency: Duration::from_secs(3),
+            ..Default::default()
+        });
+        let c = &fx.core;
+        let want = data(1 << 20, 43);
+        let (_, fh) = c.create(ROOT_INO, "slow.bin", 0).await.expect("create");
+        let until = tokio::time::Instant::now() + Duration::from_millis(1200);
+        let mut written = 0u64;
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            let offset = (i as u64) * (64 << 10);
+            if let Some(wait) = c.write_wait(fh, offset + piece.len() as u64) {
+                if tokio::time::timeout_at(until, wait).await.is_err() {
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= until {
+                break;
+            }
+            c.write(fh, offset, piece).expect("write");
+            written = offset + piece.len() as u64;
+        }
+        // One write past the budget, not waiting: the file frees what its stream read.
+        c.write(
+            fh,
+            written,
+            &want[written as usize..written as usize + (64 << 10)],
+        )
+        .expect("write past the budget");
+        written += 64 << 10;
+        // No part has landed yet (3 s each): what was written and is not staged on
+        // disk any more is what the stream read into memory.
+        let in_memory = written - copies.staged_bytes();
+        assert!(
+            in_memory <= 64 << 10,
+            "one part, the one on the wire, read: {in_memory} bytes"
+        );
+        fx.faulty.set_config(FaultConfig::default());
+        for (i, piece) in want.chunks(64 << 10).enumerate() {
+            let offset = (i as u64) * (64 << 10);
+            if offset >= written {
+                if let Some(wait) = c.write_wait(fh, offset + piece.len() as u64) {
+                    wait.await;
+                }
+                c.write(fh, offset, piece).expect("write on");
+            }
+        }
+        c.flush(fh).await.expect("flush");
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "slow.bin").await.as_deref(), Some(&want[..]));
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Crash finding (round 10): a multipart completion the store applied, its answer
 /// lost, failed the close with EIO though the object had been replaced (the clean-up's
 /// abort found no such upload). That case now reads the object back: the bytes sent

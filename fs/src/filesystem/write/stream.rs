@@ -96,6 +96,10 @@ pub(super) async fn stream_upload(
         // Whole parts only until the flush: a part is sent as soon as it is read, so no
         // read bytes wait in the upload for more data while holding upload memory.
         if sent < size && (finishing || size - sent >= part_size as u64) {
+            // Room on the wire before the part is read: while the store is slow the
+            // bytes wait in the staging file (within the disk budget, the writer held
+            // back by it), not in memory.
+            up.ready_for_part().await?;
             let len = (size - sent).min(part_size as u64) as usize;
             ctl.read_upto.fetch_max(sent + len as u64, Ordering::AcqRel);
             let buf = read_part(file.clone(), sent, len)
