@@ -90,7 +90,8 @@ pub struct RetryPolicy {
     pub attempt_timeout: Duration,
     /// Deadline of a whole request, retries included. 40 s: one full attempt and a
     /// shorter second one. A FUSE request waiting on the store cannot be interrupted
-    /// (only SIGKILL ends the caller), so a store that stopped answering must fail it
+    /// (fuser takes no FUSE_INTERRUPT, and even SIGKILL waits for the answer of a
+    /// request the daemon already read), so a store that stopped answering must fail it
     /// within a bound a person waits out; 8 attempts of 30 s held `ls` for 4 minutes.
     pub total_timeout: Duration,
     /// How long requests then fail at once, after the store let a whole request's
