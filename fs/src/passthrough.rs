@@ -13,8 +13,10 @@
 //!   (black-box finding: a copy flipped while the mount ran was served as is, and two
 //!   swapped copies served each other's bytes). Anything but a regular file under a
 //!   copy's name (a FIFO would hang the open) is damage.
-//! - **Cheap to write**: a copy is created exclusively (mode 0600, never following a
-//!   link) under its final name and written, with no fsync and no rename: a copy a crash
+//! - **Cheap to write**: a copy of one part (a block) is created exclusively (mode 0600,
+//!   never following a link) under its final name and written, with no fsync and no
+//!   rename; a larger one is written part by part under a temporary name and renamed,
+//!   so only one part of it is in memory at once. A copy a crash
 //!   tore (short, or holes of zeros) fails its crc at its first open after the restart
 //!   and is removed then, so durability costs nothing on the read path. (The earlier
 //!   format, a copy plus a `.crc` sidecar, each fsynced and renamed into place, cost two
@@ -451,6 +453,62 @@ impl PassthroughStore {
         Ok(())
     }
 
+    /// Starts writing the reserved copy `name` part by part, for an object larger than
+    /// one part: under a temporary name (removed at start if a crash leaves it), renamed
+    /// to its name, which carries the crc32c of its bytes, by [`Self::finish_copy`]. So
+    /// no more than one part of it is in memory at once (black-box finding: a copy was
+    /// read whole into memory, up to `max_object`, 64 MiB, and a daemon in a 128 MiB
+    /// cgroup was OOM-killed by readers' copies). End with [`Self::finish_copy`] or
+    /// [`Self::abort_copy`]. Blocking.
+    pub fn start_copy(&self, name: &str) -> io::Result<CopyWriter> {
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let file = match create_exclusive(&tmp) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                fs::remove_file(&tmp).and_then(|()| create_exclusive(&tmp))
+            }
+            r => r,
+        };
+        match file {
+            Ok(file) => Ok(CopyWriter {
+                file,
+                tmp,
+                crc: 0,
+                len: 0,
+            }),
+            Err(e) => {
+                self.abort(name);
+                Err(e)
+            }
+        }
+    }
+
+    /// The copy written by `w` is whole: renamed to its name and counted (evicting the
+    /// least recently opened copies to stay within the budget). Blocking.
+    pub fn finish_copy(&self, name: &str, w: CopyWriter) -> io::Result<()> {
+        let CopyWriter {
+            file,
+            tmp,
+            crc,
+            len,
+        } = w;
+        drop(file);
+        let path = self.dir.join(file_name(name, crc));
+        let renamed = fs::rename(&tmp, &path);
+        self.state.lock().inflight.remove(name);
+        if let Err(e) = renamed {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.index(name, len, crc);
+        Ok(())
+    }
+
+    /// The copy written by `w` was not made: its temporary file goes. Blocking.
+    pub fn abort_copy(&self, name: &str, w: CopyWriter) {
+        let _ = fs::remove_file(&w.tmp);
+        self.abort(name);
+    }
+
     /// Takes the finished file at `from` (`size` bytes of crc32c `crc`, on the same
     /// file system: a file written through the mount and uploaded) as the copy `name`,
     /// by a rename: the bytes written once become the copy the next open passes
@@ -535,25 +593,57 @@ impl PassthroughStore {
     }
 }
 
-/// Creates `path` exclusively (0600, no link followed) and writes `data`; no fsync (a
-/// torn copy fails its crc at its first open after a crash).
-fn create_and_write(path: &Path, data: &[u8]) -> io::Result<()> {
-    let mut f = OpenOptions::new()
+/// A copy being written part by part ([`PassthroughStore::start_copy`]).
+pub struct CopyWriter {
+    file: File,
+    tmp: PathBuf,
+    crc: u32,
+    len: u64,
+}
+
+impl CopyWriter {
+    /// Appends the next part of the object. Blocking.
+    pub fn append(&mut self, data: &[u8]) -> io::Result<()> {
+        self.file.write_all(data)?;
+        self.crc = crc32c::crc32c_append(self.crc, data);
+        self.len += data.len() as u64;
+        Ok(())
+    }
+}
+
+/// Creates `path` exclusively (0600, no link followed).
+fn create_exclusive(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(data)
+        .open(path)
 }
 
+/// Creates `path` exclusively and writes `data`; no fsync (a torn copy fails its crc at
+/// its first open after a crash).
+fn create_and_write(path: &Path, data: &[u8]) -> io::Result<()> {
+    create_exclusive(path)?.write_all(data)
+}
+
+/// The crc32c of the `size` bytes of `f`, read 1 MiB at a time (a copy may be as large
+/// as `max_object`).
 fn crc_of(mut f: &File, size: u64) -> io::Result<u32> {
-    let mut buf = Vec::with_capacity(size as usize);
-    f.read_to_end(&mut buf)?;
-    if buf.len() as u64 != size {
+    let mut buf = vec![0u8; (1 << 20).min(size.max(1)) as usize];
+    let (mut crc, mut read) = (0u32, 0u64);
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        read += n as u64;
+    }
+    if read != size {
         return Err(io::Error::other("size changed"));
     }
-    Ok(crc32c::crc32c(&buf))
+    Ok(crc)
 }
 
 fn remove_copy(dir: &Path, name: &str, crc: u32) {
@@ -815,6 +905,46 @@ mod tests {
         assert!(s.get(&name, 8192).is_none(), "the crc catches it");
         assert!(!path.exists());
         assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    /// A copy larger than one part is written part by part (only one part in memory:
+    /// black-box finding, copies read whole got a daemon OOM-killed) under a temporary
+    /// name, then renamed to the name its crc gives; a crash's temporary file is removed
+    /// at the next start, and an aborted copy leaves nothing.
+    #[test]
+    fn a_copy_written_part_by_part_is_whole_under_its_crc_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = store(dir.path(), 1 << 20);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 249) as u8).collect();
+        let name = PassthroughStore::name("", "p", "v", data.len() as u64);
+        assert!(s.begin(&name, data.len() as u64));
+        let mut w = s.start_copy(&name).expect("start");
+        for part in data.chunks(65_536) {
+            w.append(part).expect("append");
+        }
+        s.finish_copy(&name, w).expect("finish");
+        let path = copy_file(dir.path(), &name);
+        assert_eq!(
+            path.file_name().and_then(|f| f.to_str()),
+            Some(file_name(&name, crc32c::crc32c(&data)).as_str())
+        );
+        let f = s.get(&name, data.len() as u64).expect("served");
+        assert_eq!(contents(f), data);
+        assert_eq!(s.len(), 1);
+
+        let other = PassthroughStore::name("", "q", "v", 10);
+        assert!(s.begin(&other, 10));
+        let mut w = s.start_copy(&other).expect("start");
+        w.append(b"half").expect("append");
+        s.abort_copy(&other, w);
+        assert!(s.begin(&other, 10), "an aborted copy can be made again");
+        let w = s.start_copy(&other).expect("start again");
+        std::mem::forget(w); // a crash mid-copy
+        drop(s);
+        let s = store(dir.path(), 1 << 20);
+        assert_eq!(s.len(), 1, "the torn temporary file is no copy");
+        let files: Vec<_> = fs::read_dir(dir.path()).expect("dir").collect();
+        assert_eq!(files.len(), 1, "and it is removed at start");
     }
 
     #[test]

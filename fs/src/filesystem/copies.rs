@@ -152,6 +152,67 @@ impl FsCore {
         });
     }
 
+    /// Writes the reserved copy `name` of `obj` from the cache: one part (a block) at
+    /// a time, so a copy holds at most one block in memory (black-box finding: copies
+    /// read whole, up to 64 MiB each, got a daemon in a 128 MiB cgroup OOM-killed).
+    async fn write_copy(
+        &self,
+        store: &Arc<crate::passthrough::PassthroughStore>,
+        name: &str,
+        obj: &Arc<ObjectInfo>,
+    ) -> Result<std::io::Result<()>, tokio::task::JoinError> {
+        let ctx = AccessContext::prefetch(JobId(0), self.now_ns());
+        let part = self.reader.block_size().max(1);
+        let read = |off: u64| {
+            let len = part.min(obj.size - off);
+            self.reader.read(obj, off, len, &ctx)
+        };
+        let failed = |e: strata_cache_core::CacheError| std::io::Error::other(e.to_string());
+        if obj.size <= part {
+            let data = match read(0).await {
+                Ok(d) => d,
+                Err(e) => {
+                    store.abort(name);
+                    return Ok(Err(failed(e)));
+                }
+            };
+            let (store, name) = (store.clone(), name.to_string());
+            return tokio::task::spawn_blocking(move || store.write(&name, &data)).await;
+        }
+        let (opener, at) = (store.clone(), name.to_string());
+        let mut copy = match tokio::task::spawn_blocking(move || opener.start_copy(&at)).await? {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut off = 0;
+        while off < obj.size {
+            let appended = match read(off).await {
+                Ok(data) => {
+                    off += data.len() as u64;
+                    let empty = data.is_empty();
+                    let appended = tokio::task::spawn_blocking(move || {
+                        let r = copy.append(&data);
+                        (copy, r)
+                    })
+                    .await?;
+                    copy = appended.0;
+                    match appended.1 {
+                        Ok(()) if empty => Err(std::io::Error::other("short read")),
+                        r => r,
+                    }
+                }
+                Err(e) => Err(failed(e)),
+            };
+            if let Err(e) = appended {
+                let (store, name) = (store.clone(), name.to_string());
+                tokio::task::spawn_blocking(move || store.abort_copy(&name, copy)).await?;
+                return Ok(Err(e));
+            }
+        }
+        let (store, name) = (store.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || store.finish_copy(&name, copy)).await
+    }
+
     /// After a whole small object was read, writes its plain copy once (from the cache,
     /// in the background; never blocks the read).
     pub(super) fn maybe_copy_for_passthrough(self: &Arc<Self>, h: &FileHandle) {
@@ -169,17 +230,7 @@ impl FsCore {
         let core = self.clone();
         let obj = h.obj.clone();
         tokio::spawn(async move {
-            let ctx = AccessContext::prefetch(JobId(0), core.now_ns());
-            let data = match core.reader.read(&obj, 0, obj.size, &ctx).await {
-                Ok(d) => d,
-                Err(e) => {
-                    store.abort(&name);
-                    tracing::debug!(path = %obj.path, error = %e, "passthrough copy failed");
-                    return;
-                }
-            };
-            let writer = store.clone();
-            let written = tokio::task::spawn_blocking(move || writer.write(&name, &data)).await;
+            let written = core.write_copy(&store, &name, &obj).await;
             match written {
                 Ok(Ok(())) => {
                     core.counters
