@@ -401,10 +401,15 @@ const INDEX_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn open_disk_tier(dir: &std::path::Path, bytes: u64) -> strata_cache_core::Result<DiskTier> {
     let deadline = std::time::Instant::now() + INDEX_LOCK_WAIT;
+    let limit = super::memory_limit::memory_limit().map(|l| l.bytes);
+    let defaults = DiskOptions::default();
     let options = DiskOptions {
-        max_blocks: super::memory_limit::memory_limit()
-            .map(|l| super::memory_limit::disk_blocks(l.bytes)),
-        ..DiskOptions::default()
+        max_blocks: limit.map(super::memory_limit::disk_blocks),
+        buf_pool_bytes: limit.map_or(
+            defaults.buf_pool_bytes,
+            super::memory_limit::disk_buffer_pool,
+        ),
+        ..defaults
     };
     loop {
         match DiskTier::open(dir, bytes, options.clone()) {
