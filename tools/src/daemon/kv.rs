@@ -153,6 +153,13 @@ fn tenants(kv: &KvConfig) -> anyhow::Result<Vec<TenantConfig>> {
         let what = format!("[[kv.tenants]] {:?}", t.name);
         let token = secret(&what, t.token.as_deref(), t.token_file.as_deref())?
             .with_context(|| format!("{what}: needs a token or a token_file"))?;
+        // Said as missing, not as an empty size (black-box finding: `quota: "" is not
+        // a size` for an entry without one).
+        anyhow::ensure!(
+            !t.quota.trim().is_empty(),
+            "{what}: needs a quota (bytes of blocks the tenant may keep cached, e.g. \
+             quota = \"20GiB\")"
+        );
         out.push(TenantConfig {
             name: t.name.clone(),
             token,
@@ -462,7 +469,8 @@ mod tests {
         assert!(server_config(&kv).is_err(), "[kv] token with tenants");
         let mut kv = cfg.kv;
         kv.tenants[1].quota = String::new();
-        assert!(server_config(&kv).is_err(), "a quota is required");
+        let err = server_config(&kv).expect_err("a quota is required");
+        assert!(format!("{err:#}").contains("needs a quota"), "{err:#}");
     }
 
     /// Black-box finding (security): two daemons with KV sockets in one folder shared
