@@ -148,6 +148,9 @@ impl BackingStore {
         let mut offset = 0u64;
         while offset < size {
             let len = (size - offset).min(part_size as u64) as usize;
+            // Room on the wire before the part is read: many files closed at once
+            // against a slow store wait with their bytes still in their files.
+            up.ready_for_part().await?;
             let data = match next_part(offset, len).await {
                 Ok(d) => d,
                 Err(e) => {
