@@ -602,3 +602,41 @@ async fn an_object_a_folder_hid_is_shown_once_the_folder_is_moved_away() {
     .await
     .expect("bounded");
 }
+
+/// Reference-model finding (`writes_model`, a random case of a CI run): a file whose
+/// upload failed was renamed onto a stored object and on again; the object moved with
+/// it, and once the file was released (not uploaded: its upload had failed) a lookup of
+/// the new name answered ENOENT while the store held the object there.
+#[tokio::test]
+async fn an_object_moved_with_a_failed_file_stays_visible_after_its_release() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let c = &fx.core;
+        let (_, fh) = c.create(ROOT_INO, "b", 0).await.expect("create b");
+        c.flush(fh).await.expect("flush b");
+        c.release_write(fh).await;
+        assert_eq!(stored(&fx, "b").await.as_deref(), Some(&b""[..]));
+        fx.faulty.set_config(FaultConfig {
+            writes_down: true,
+            ..Default::default()
+        });
+        let (_, fa) = c.create(ROOT_INO, "a", 0).await.expect("create a");
+        assert_eq!(c.flush(fa).await.expect_err("down").errno(), libc::EIO);
+        c.rename(ROOT_INO, "a", ROOT_INO, "b", false)
+            .await
+            .expect("a onto b");
+        let (_, fa2) = c.create(ROOT_INO, "a", 0).await.expect("create a again");
+        fx.faulty.set_config(FaultConfig::default());
+        c.rename(ROOT_INO, "b", ROOT_INO, "c", false)
+            .await
+            .expect("b to c");
+        assert_eq!(stored(&fx, "c").await.as_deref(), Some(&b""[..]), "moved");
+        c.release_write(fa).await;
+        assert_eq!(stored(&fx, "c").await.as_deref(), Some(&b""[..]));
+        let e = c.lookup(ROOT_INO, "c").await.expect("c is an object");
+        assert_eq!(e.attr.size, 0);
+        c.release_write(fa2).await;
+    })
+    .await
+    .expect("bounded");
+}

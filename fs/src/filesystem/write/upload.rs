@@ -351,6 +351,18 @@ impl FsCore {
         }
         released_from(writes, &staged);
         writes.released.notify_waiters();
+        if staged.failed.load(Ordering::Acquire) && !kept {
+            // Its name is asked of the store again, as after the failure itself: the file
+            // may have been renamed since (an object under the old name moving with it)
+            // while its own entry shadowed the name (reference-model finding: an object
+            // moved so was ENOENT through the mount once the failed file was released).
+            let path = staged.path();
+            self.changing(&path);
+            self.attrs.invalidate(&path).await;
+            if let Some(dir) = self.parent_of(&path).map(Arc::<str>::from) {
+                self.relist(&dir, &path, None).await;
+            }
+        }
         // Before the adoption, which takes only free room: this file's own bytes are
         // the room it would take.
         staged.uncharge();
