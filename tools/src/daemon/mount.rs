@@ -92,7 +92,7 @@ pub fn mount_options(m: &MountConfig, core: &Core, fsname: &str) -> anyhow::Resu
             anyhow::bail!(
                 "allow_writes stages written files in the cache dir until they are \
                  uploaded, in a quarter of the disk budget: it needs a disk budget \
-                 ([cache] disk / --disk-cache) of at least 4 bytes, not \"0\""
+                 ([cache] disk / --disk-cache) of at least 4 bytes"
             );
         };
         // One staging directory per mount point (emptied when the mount starts), in
