@@ -74,7 +74,7 @@ async fn fixture_of(opts: CoreOptions, faults: FaultConfig, size: u64) -> Fixtur
 }
 
 /// Opens `data/big.bin` through the core, as a reader's `open` would.
-async fn open_big(c: &FsCore) -> strata_fs::filesystem::Opened {
+async fn open_big(c: &Arc<FsCore>) -> strata_fs::filesystem::Opened {
     let dir = c.lookup(ROOT_INO, "data").await.expect("data");
     let e = c.lookup(dir.attr.ino, "big.bin").await.expect("big");
     c.open(e.attr.ino, false).await.expect("open")
@@ -446,6 +446,70 @@ async fn a_small_file_set_is_kept_on_disk_once() {
             0,
             "no block went back to disk"
         );
+    })
+    .await
+    .expect("bounded");
+}
+
+/// A copy is made when one handle has served the whole object; reads split between
+/// handles (the kernel fills some from its page cache) reach that on none, and later
+/// reads may never reach the daemon (round 24b finding: O_DIRECT and normal opens of a
+/// cold file at once, then no copy for the daemon's life). An open that finds every
+/// block cached makes the copy from the cache.
+#[tokio::test]
+async fn an_object_read_whole_across_handles_gets_its_copy_at_the_next_open() {
+    timed(async {
+        const SIZE: usize = 3 << 20;
+        let cache = tempfile::tempdir().expect("cache dir");
+        let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let store = BackingStore::new(mem, "mem", RetryPolicy::default());
+        store.put("f.bin", data(SIZE)).await.expect("seed");
+        let engine = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(64 << 20)))
+            .build()
+            .expect("engine");
+        let reader = ObjectReader::new(engine, store, 1 << 20).expect("reader");
+        let opts = CoreOptions {
+            passthrough: Some(
+                strata_fs::PassthroughOptions::open(cache.path().join("passthrough"), 1 << 30)
+                    .expect("copies"),
+            ),
+            ..Default::default()
+        };
+        let c = Arc::new(FsCore::new(reader, "", opts));
+        let e = c.lookup(ROOT_INO, "f.bin").await.expect("lookup");
+        let (a, b) = (
+            c.open(e.attr.ino, false).await.expect("open a"),
+            c.open(e.attr.ino, false).await.expect("open b"),
+        );
+        let half = (SIZE / 2) as u32;
+        let first = c.read(a.fh, 0, half, 7).await.expect("first half");
+        let second = c
+            .read(b.fh, half as u64, half, 7)
+            .await
+            .expect("second half");
+        assert_eq!([first, second].concat(), data(SIZE));
+        c.release(a.fh);
+        c.release(b.fh);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let copies = || c.counters().passthrough_copies.load(Ordering::Relaxed);
+        assert_eq!(copies(), 0, "no handle served the whole object");
+        let o = c.open(e.attr.ino, false).await.expect("open again");
+        c.release(o.fh);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while copies() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a copy from the cache"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let o = c.open(e.attr.ino, false).await.expect("open the copy");
+        let mut f = o.passthrough.expect("served by the copy");
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut got).expect("read the copy");
+        assert_eq!(got, data(SIZE));
+        c.release(o.fh);
     })
     .await
     .expect("bounded");

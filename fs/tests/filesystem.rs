@@ -375,7 +375,7 @@ async fn a_changed_object_is_seen_after_the_ttl_and_never_mixed() {
 /// An open as the kernel makes it: of inode `ino` of `name` in `parent`, and when that
 /// is ESTALE (the inode stands for a version the path no longer has), once more after
 /// a fresh lookup (`do_filp_open`'s LOOKUP_REVAL retry). The inode opened, and the open.
-async fn kernel_open(c: &FsCore, parent: u64, name: &str, ino: u64) -> (u64, Opened) {
+async fn kernel_open(c: &Arc<FsCore>, parent: u64, name: &str, ino: u64) -> (u64, Opened) {
     match c.open(ino, false).await {
         Ok(o) => (ino, o),
         Err(e) if e.errno() == libc::ESTALE => {

@@ -213,22 +213,23 @@ impl FsCore {
         tokio::task::spawn_blocking(move || store.finish_copy(&name, copy)).await
     }
 
-    /// After a whole small object was read, writes its plain copy once (from the cache,
-    /// in the background; never blocks the read).
-    pub(super) fn maybe_copy_for_passthrough(self: &Arc<Self>, h: &FileHandle) {
+    /// After a whole small object was read (or is found whole in the cache at an open),
+    /// writes its plain copy once (from the cache, in the background; never blocks the
+    /// read).
+    pub(super) fn maybe_copy_for_passthrough(self: &Arc<Self>, obj: &Arc<ObjectInfo>) {
         let Some(pt) = &self.passthrough else {
             return;
         };
-        let Some(name) = pt.name_for(&h.obj.path, &h.obj.version, h.obj.size) else {
+        let Some(name) = pt.name_for(&obj.path, &obj.version, obj.size) else {
             return;
         };
         let store = pt.copies.clone();
-        if !store.begin(&name, h.obj.size) {
+        if !store.begin(&name, obj.size) {
             return;
         }
-        tracing::debug!(path = %h.obj.path, copy = %name, "whole object read; passthrough copy");
+        tracing::debug!(path = %obj.path, copy = %name, "whole object read; passthrough copy");
         let core = self.clone();
-        let obj = h.obj.clone();
+        let obj = obj.clone();
         tokio::spawn(async move {
             let written = core.write_copy(&store, &name, &obj).await;
             match written {

@@ -54,7 +54,7 @@ impl Drop for InFlight<'_> {
 
 impl FsCore {
     /// Opens file `ino` for reading, snapshotting its current version. `write` refuses.
-    pub async fn open(&self, ino: u64, write: bool) -> Result<Opened> {
+    pub async fn open(self: &Arc<Self>, ino: u64, write: bool) -> Result<Opened> {
         if write {
             return Err(Error::ReadOnly);
         }
@@ -134,7 +134,19 @@ impl FsCore {
             kept_cache: keep_cache,
             reads: AtomicU64::new(0),
         };
+        let obj = handle.obj.clone();
         self.files.lock().insert(fh, Arc::new(handle));
+        // A copy is made when one handle has served the whole object; reads split among
+        // handles (the kernel filling some from its page cache) reach that on none, and
+        // later reads may never reach the daemon (round 24b finding: O_DIRECT and normal
+        // opens of a cold file at once, then no copy for the daemon's life). An open
+        // that finds every block cached makes it from the cache.
+        if expects_copy
+            && (0..self.reader.block_count(&obj))
+                .all(|b| self.reader.engine().contains(&self.reader.key(&obj, b)))
+        {
+            self.maybe_copy_for_passthrough(&obj);
+        }
         Ok(Opened {
             fh,
             keep_cache,
@@ -280,7 +292,7 @@ impl FsCore {
         let n = data.len() as u64;
         let before = h.served.fetch_add(n, Ordering::Relaxed);
         if n > 0 && before < h.obj.size && before + n >= h.obj.size {
-            self.maybe_copy_for_passthrough(&h);
+            self.maybe_copy_for_passthrough(&h.obj);
         }
         Ok(data)
     }
