@@ -235,10 +235,7 @@ impl StreamingUpload {
             None => return Err(self.ended()),
             Some(Sink::Parts(p)) => p.reserve(self.in_flight).await,
             Some(Sink::Whole(parts)) => {
-                tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
-                    .await
-                    .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
-                    .and_then(|r| r.map_err(|e| map_store_error(e, 1)))
+                whole_room(parts, self.in_flight, self.budget, &self.path).await
             }
         };
         if result.is_err() {
@@ -253,14 +250,9 @@ impl StreamingUpload {
         let result = match self.sink.as_mut() {
             None => return Err(self.ended()),
             Some(Sink::Parts(p)) => p.put(data, self.in_flight).await,
-            Some(Sink::Whole(parts)) => {
-                let waited =
-                    tokio::time::timeout(self.budget, parts.wait_for_capacity(self.in_flight))
-                        .await
-                        .map_err(|_| bounded_wait(&self.path, "a part", self.budget))
-                        .and_then(|r| r.map_err(|e| map_store_error(e, 1)));
-                waited.map(|()| parts.put(data))
-            }
+            Some(Sink::Whole(parts)) => whole_room(parts, self.in_flight, self.budget, &self.path)
+                .await
+                .map(|()| parts.put(data)),
         };
         if result.is_err() {
             self.abort().await;
@@ -360,6 +352,20 @@ impl StreamingUpload {
             r.done();
         }
     }
+}
+
+/// Waits (within `budget`) until `object_store`'s upload has fewer than `in_flight`
+/// parts on the wire.
+async fn whole_room(
+    parts: &mut WriteMultipart,
+    in_flight: usize,
+    budget: Duration,
+    path: &str,
+) -> Result<()> {
+    tokio::time::timeout(budget, parts.wait_for_capacity(in_flight))
+        .await
+        .map_err(|_| bounded_wait(path, "a part", budget))
+        .and_then(|r| r.map_err(|e| map_store_error(e, 1)))
 }
 
 impl PartSink {
