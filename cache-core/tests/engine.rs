@@ -691,6 +691,120 @@ async fn demotions_are_durable_only_for_kv_blocks() {
     assert!(disk.contains(&kv(0)).await);
 }
 
+/// A KV block read from memory keeps its disk copy fresh: file fills that pass through
+/// the disk evict the file blocks nobody read, not the hot KV block, so it is still on
+/// disk for a restart. A file block read from memory is left to age on disk.
+#[tokio::test]
+async fn reads_from_memory_keep_a_kv_blocks_disk_copy_fresh() {
+    let disk = DurabilityProbe::new(1000);
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::bytes_only(1 << 20)))
+        .tier(disk.clone())
+        .build()
+        .expect("build");
+    let kv = CacheKey::kv("ns", vec![1u8; 32]);
+    engine
+        .put(&kv, Bytes::from(vec![1u8; 100]), &ctx())
+        .await
+        .expect("kv put");
+    let hot_file = CacheKey::file("hot", "v", 0);
+    engine
+        .get_or_fetch(&hot_file, &ctx(), || async {
+            Ok(Bytes::from(vec![2u8; 100]))
+        })
+        .await
+        .expect("fill");
+    writes_reach(&disk, 2).await;
+    // Twenty more file blocks pass through a disk that holds ten, the two hot blocks
+    // read from memory between each.
+    for i in 0..20u64 {
+        for key in [&kv, &hot_file] {
+            let got = engine.get(key, &ctx()).await.expect("get");
+            assert!(got.is_some(), "memory holds {key}");
+        }
+        engine
+            .get_or_fetch(
+                &CacheKey::file("scan", "v", i),
+                &ctx(),
+                move || async move { Ok(Bytes::from(vec![3u8; 100])) },
+            )
+            .await
+            .expect("fill");
+        writes_reach(&disk, 3 + i as usize).await;
+    }
+    assert!(
+        disk.contains(&kv).await,
+        "the hot KV block kept its disk copy"
+    );
+    assert!(
+        !disk.contains(&hot_file).await,
+        "a file block's disk copy ages however often memory serves it"
+    );
+}
+
+/// After a restart the disk's accounting is rebuilt from what it holds: refetchable
+/// file copies are taken as older than KV blocks, so new fills evict them first and the
+/// KV blocks (nothing else holds them) stay, whatever order they were written in.
+#[tokio::test]
+async fn after_a_restart_file_copies_go_before_kv_blocks() {
+    use strata_cache_core::block::Block;
+    use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
+    let kv = CacheKey::kv("ns", vec![1u8; 32]);
+    let file = |name: &str, i: u64| CacheKey::file(name, "v", i);
+    let scratch = tempfile::tempdir().expect("scratch");
+    let footprint = {
+        let t = DiskTier::open(scratch.path(), 1 << 20, DiskOptions::default()).expect("open");
+        t.footprint(&kv, 100).max(t.footprint(&file("old", 0), 100))
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let capacity = 10 * footprint;
+    {
+        let disk = DiskTier::open(dir.path(), capacity, DiskOptions::default()).expect("open");
+        disk.put(&kv, Block::new(Bytes::from(vec![1u8; 100])))
+            .await
+            .expect("kv put");
+        for i in 0..9 {
+            disk.put_refetchable(&file("old", i), Block::new(Bytes::from(vec![2u8; 100])))
+                .await
+                .expect("file put");
+        }
+    }
+    let disk =
+        Arc::new(DiskTier::open(dir.path(), capacity, DiskOptions::default()).expect("reopen"));
+    let engine = CacheEngine::builder()
+        .tier(Arc::new(MemoryTier::bytes_only(1 << 20)))
+        .tier(disk.clone())
+        .build()
+        .expect("build");
+    for i in 0..5 {
+        engine
+            .get_or_fetch(&file("new", i), &ctx(), || async {
+                Ok(Bytes::from(vec![3u8; 100]))
+            })
+            .await
+            .expect("fill");
+    }
+    // Fills reach the disk behind the reader.
+    for _ in 0..500 {
+        if disk.contains(&file("new", 4)).await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        disk.contains(&file("new", 4)).await,
+        "the fills reached the disk"
+    );
+    assert!(
+        disk.contains(&kv).await,
+        "the KV block outlived the old file copies"
+    );
+    assert!(
+        !disk.contains(&file("old", 0)).await,
+        "the oldest file copy went first"
+    );
+}
+
 /// A memory tier with two hooks: the next `get` of `gate` (once armed) is held after
 /// its read until released (a promotion's bytes read, then placed after an await), and
 /// every `put` lands its bytes, then takes `put_delay` to finish (a disk tier writes the

@@ -88,7 +88,14 @@ impl EngineBuilder {
                 .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
             let mut space =
                 TierSpace::new(tier.capacity_bytes(), policy).with_max_entries(max_entries);
-            for (key, size) in tier.resident() {
+            // Placed oldest first, so the first placed are the first victims. File
+            // copies go before KV blocks whatever their order on the tier: the store
+            // holds the file blocks, nothing else holds the KV blocks, and a tier
+            // rebuilt in write order lost its hottest KV blocks (written first, read
+            // since from memory, which the tier does not see) to the first new fills.
+            let mut residents = tier.resident();
+            residents.sort_by_key(|(key, _)| matches!(key, CacheKey::Kv(_)));
+            for (key, size) in residents {
                 let size = tier.footprint(&key, size);
                 // Older residents the budget evicts for newer ones leave the tier too
                 // (they were left on the device, uncounted, before).
