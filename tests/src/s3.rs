@@ -79,6 +79,26 @@ impl MotoServer {
     }
 }
 
+impl MotoServer {
+    /// Puts object `key` with `body` and extra request headers given as raw bytes (a
+    /// store that keeps them as given echoes them so: non-ASCII UTF-8 included).
+    pub fn put_with_headers(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: &[u8],
+        headers: &[(&str, &[u8])],
+    ) {
+        let response = http_raw(self.port, "PUT", &format!("/{bucket}/{key}"), headers, body)
+            .unwrap_or_default();
+        let status = String::from_utf8_lossy(&response);
+        assert!(
+            status.lines().next().is_some_and(|l| l.contains(" 200")),
+            "put {key}: {status}"
+        );
+    }
+}
+
 impl Drop for MotoServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -95,15 +115,36 @@ fn free_port() -> u16 {
 
 /// Minimal HTTP/1.1 request; returns the status line.
 fn http(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
+    let buf = http_raw(port, method, path, &[], body.as_bytes())?;
     let text = String::from_utf8_lossy(&buf);
     text.lines().next().map(str::to_string)
+}
+
+/// Minimal HTTP/1.1 request with extra headers; returns the whole response.
+fn http_raw(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    )
+    .into_bytes();
+    for (name, value) in headers {
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body);
+    s.write_all(&req).ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    Some(buf)
 }

@@ -605,3 +605,85 @@ async fn create_only_moves_never_replace_on_s3_or_a_local_directory() {
     let local = BackingStore::from_url(&url, &Default::default()).expect("local store");
     create_only_moves_never_replace(&local).await;
 }
+
+/// Objects whose headers hold bytes other than visible ASCII (raw UTF-8 in a
+/// `Content-Disposition` file name or in user metadata, as stores that keep headers as
+/// given echo them) read like any other: object_store refused such a response, and
+/// every read of the object failed after its retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_with_non_ascii_header_values_read() {
+    let server = MotoServer::start();
+    server.create_bucket("hdr");
+    server.put_with_headers(
+        "hdr",
+        "p/resume.pdf",
+        b"the bytes",
+        &[
+            (
+                "Content-Disposition",
+                "attachment; filename=\"résumé.pdf\"".as_bytes(),
+            ),
+            ("x-amz-meta-author", "Zoë".as_bytes()),
+        ],
+    );
+    let store = s3_store(&server, "s3://hdr/p");
+    let obj = store.head("resume.pdf").await.expect("head");
+    let got = store.get_range(&obj, 0..obj.size).await.expect("get");
+    assert_eq!(&got[..], b"the bytes");
+}
+
+/// A create-only rename (a mount that may not replace objects) of an object that
+/// carries headers and user metadata keeps them: S3's create-only copy (a multipart
+/// copy) would have left them behind. It still never replaces a taken name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_only_rename_keeps_the_objects_headers_and_metadata() {
+    let server = MotoServer::start();
+    server.create_bucket("meta");
+    let headers: &[(&str, &[u8])] = &[
+        ("Content-Type", b"application/json"),
+        ("Content-Encoding", b"gzip"),
+        ("Cache-Control", b"max-age=60"),
+        ("x-amz-meta-sha256", b"abc123"),
+    ];
+    server.put_with_headers("meta", "p/src", b"{}", headers);
+    server.put_with_headers("meta", "p/other", b"[]", headers);
+    server.put_raw("meta", "p/taken", "TAKEN");
+    let store = s3_store(&server, "s3://meta/p");
+    assert!(
+        matches!(
+            store.rename_new("other", "taken", 2).await,
+            Err(CacheError::Exists(_))
+        ),
+        "onto a taken name"
+    );
+    store
+        .rename_new("src", "dst", 2)
+        .await
+        .expect("rename to a free name");
+    let head = object_store::GetOptions {
+        head: true,
+        ..Default::default()
+    };
+    let kept = store
+        .inner()
+        .get_opts(&object_store::path::Path::from("dst"), head)
+        .await
+        .expect("head dst")
+        .attributes;
+    use object_store::Attribute;
+    for (attribute, value) in [
+        (Attribute::ContentType, "application/json"),
+        (Attribute::ContentEncoding, "gzip"),
+        (Attribute::CacheControl, "max-age=60"),
+        (Attribute::Metadata("sha256".into()), "abc123"),
+    ] {
+        assert_eq!(
+            kept.get(&attribute).map(|v| v.as_ref()),
+            Some(value),
+            "{attribute:?} kept"
+        );
+    }
+    assert!(store.head("src").await.is_err(), "the source went");
+    let taken = store.head("taken").await.expect("taken stays");
+    assert_eq!(taken.size, 5);
+}

@@ -61,7 +61,7 @@ pub(super) fn cloud_store(
     scheme: &str,
     bucket: &str,
     opts: &StoreOptions,
-) -> object_store::Result<(CloudStore, Option<String>)> {
+) -> object_store::Result<(CloudStore, Option<String>, bool)> {
     // The same client seen as both traits: its multipart API sends parts by index.
     fn both<S: ObjectStore + object_store::multipart::MultipartStore>(s: S) -> CloudStore {
         let s = Arc::new(s);
@@ -99,6 +99,7 @@ pub(super) fn cloud_store(
                 b = b.with_copy_if_not_exists(object_store::aws::S3CopyIfNotExists::Multipart);
             }
             b = b
+                .with_http_connector(SanitizedHeaders)
                 .with_bucket_name(bucket)
                 .with_retry(retry)
                 .with_client_options(client)
@@ -119,20 +120,23 @@ pub(super) fn cloud_store(
                 b = b.with_config(k.parse()?, v);
             }
             let endpoint = b.get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint);
-            (paged(b.build()?), endpoint)
+            let multipart_copies = b.get_config_value(&copy_key).as_deref() == Some("multipart");
+            (paged(b.build()?), endpoint, multipart_copies)
         }
         "gs" => {
             let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_http_connector(SanitizedHeaders)
                 .with_bucket_name(bucket)
                 .with_retry(retry)
                 .with_client_options(client);
             for (k, v) in &opts.extra {
                 b = b.with_config(k.parse()?, v);
             }
-            (paged(b.build()?), None)
+            (paged(b.build()?), None, false)
         }
         _ => {
             let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_http_connector(SanitizedHeaders)
                 .with_container_name(bucket)
                 .with_retry(retry)
                 .with_client_options(client)
@@ -144,7 +148,109 @@ pub(super) fn cloud_store(
                 b = b.with_config(k.parse()?, v);
             }
             let endpoint = b.get_config_value(&object_store::azure::AzureConfigKey::Endpoint);
-            (both(b.build()?), endpoint)
+            (both(b.build()?), endpoint, false)
         }
     })
+}
+
+/// The cloud clients' HTTP connector: object_store's own (reqwest), with header values
+/// it would refuse made readable first.
+///
+/// object_store parses `Cache-Control`, `Content-Disposition`, `Content-Encoding`,
+/// `Content-Language`, `Content-Type` and user metadata of every GET and HEAD as
+/// visible ASCII, and fails the request on any other byte. Stores that keep headers as
+/// given echo raw UTF-8 (`filename="résumé.pdf"`), and such objects could not be read
+/// at all (black-box finding: EIO after 8 attempts). We use none of those values to
+/// serve bytes, so a value that is not visible ASCII is percent-encoded (RFC 3986
+/// style, byte by byte) before object_store sees it; what it means is kept, the read
+/// goes on.
+#[derive(Debug, Clone, Copy)]
+struct SanitizedHeaders;
+
+impl object_store::client::HttpConnector for SanitizedHeaders {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(SanitizingService(
+            inner,
+        )))
+    }
+}
+
+#[derive(Debug)]
+struct SanitizingService(object_store::client::HttpClient);
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for SanitizingService {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        let mut resp = self.0.execute(req).await?;
+        sanitize_headers(resp.headers_mut());
+        Ok(resp)
+    }
+}
+
+/// Percent-encodes, in place, the values of the headers object_store reads as text
+/// that hold bytes other than visible ASCII (see [`SanitizedHeaders`]).
+fn sanitize_headers(headers: &mut http::HeaderMap) {
+    use http::header::{
+        CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE,
+    };
+    let read_as_text = |name: &http::HeaderName| {
+        [
+            CACHE_CONTROL,
+            CONTENT_DISPOSITION,
+            CONTENT_ENCODING,
+            CONTENT_LANGUAGE,
+            CONTENT_TYPE,
+        ]
+        .contains(name)
+            || name.as_str().contains("-meta-")
+    };
+    for (name, value) in headers.iter_mut() {
+        if read_as_text(name) && value.to_str().is_err() {
+            let mut text = String::with_capacity(value.len() * 3);
+            for &b in value.as_bytes() {
+                if b.is_ascii_graphic() || b == b' ' {
+                    text.push(b as char);
+                } else {
+                    text.push_str(&format!("%{b:02X}"));
+                }
+            }
+            if let Ok(v) = http::HeaderValue::from_str(&text) {
+                *value = v;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_object_store_refuses_are_percent_encoded_and_others_kept() {
+        let mut h = http::HeaderMap::new();
+        let raw = |b: &[u8]| http::HeaderValue::from_bytes(b).expect("a header value");
+        h.insert(
+            http::header::CONTENT_DISPOSITION,
+            raw("attachment; filename=\"résumé.pdf\"".as_bytes()),
+        );
+        h.insert("x-amz-meta-name", raw("café".as_bytes()));
+        h.insert(http::header::CONTENT_TYPE, raw(b"application/json"));
+        h.insert(http::header::ETAG, raw("\"é\"".as_bytes()));
+        sanitize_headers(&mut h);
+        assert_eq!(
+            h[http::header::CONTENT_DISPOSITION],
+            "attachment; filename=\"r%C3%A9sum%C3%A9.pdf\""
+        );
+        assert_eq!(h["x-amz-meta-name"], "caf%C3%A9");
+        assert_eq!(h[http::header::CONTENT_TYPE], "application/json");
+        // Not one object_store reads as text: left as it came.
+        assert_eq!(h[http::header::ETAG].as_bytes(), "\"é\"".as_bytes());
+    }
 }

@@ -204,6 +204,10 @@ pub struct BackingStore {
     /// Paged listing (S3, GCS), to list around keys object_store cannot name (see
     /// `listing.rs`).
     paged: Option<Arc<listing::PagedLister>>,
+    /// The store's create-only copy leaves the source's headers and metadata behind
+    /// (S3's multipart copy: its CreateMultipartUpload names none), so a rename of an
+    /// object that carries some goes another way (see `writes::create_only`).
+    create_only_copy_drops_metadata: bool,
 }
 
 /// Metadata requests a [`BackingStore`] handle sent (each attempt, each page: what the
@@ -274,6 +278,7 @@ impl BackingStore {
             part_store: None,
             paged: None,
             journal: None,
+            create_only_copy_drops_metadata: false,
         }
     }
 
@@ -400,6 +405,7 @@ impl BackingStore {
         let mut endpoint = None;
         let mut part_store: Option<Arc<dyn object_store::multipart::MultipartStore>> = None;
         let mut paged_store: Option<Arc<dyn object_store::list::PaginatedListStore>> = None;
+        let mut create_only_copy_drops_metadata = false;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match scheme {
             "file" => {
                 let dir = std::path::Path::new(rest);
@@ -428,8 +434,9 @@ impl BackingStore {
                 if let Some(e) = &opts.endpoint {
                     check_endpoint(e, opts.allow_http).map_err(bad)?;
                 }
-                let ((store, parts, paged), at) =
+                let ((store, parts, paged), at, multipart_copies) =
                     cloud_store(scheme, bucket, opts).map_err(|e| bad(e.to_string()))?;
+                create_only_copy_drops_metadata = multipart_copies;
                 part_store = Some(parts);
                 paged_store = paged;
                 endpoint = at.filter(|e| !e.is_empty()).map(Arc::from);
@@ -479,6 +486,7 @@ impl BackingStore {
             paged: paged_store.map(|p| Arc::new(listing::PagedLister::new(p, &prefix))),
             part_store: part_store.map(|p| (p, prefix)),
             journal: None,
+            create_only_copy_drops_metadata,
         })
     }
 

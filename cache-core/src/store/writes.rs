@@ -396,6 +396,14 @@ impl BackingStore {
         if size > COPY_PART_MAX {
             return Ok(CreateOnly::Unsupported);
         }
+        // S3's create-only copy is a multipart copy, whose new object has none of the
+        // source's headers or metadata (black-box finding: `mv` turned a gzip-encoded
+        // JSON object with user metadata and tags into a bare binary/octet-stream one).
+        // An object that carries some is renamed by a plain copy, which keeps them,
+        // after the HEAD of `to` (a window of one request, as past 5 GiB).
+        if self.create_only_copy_drops_metadata && self.carries_metadata(from).await? {
+            return Ok(CreateOnly::Unsupported);
+        }
         let (f, t) = (object_key(from), object_key(to));
         let mut attempt = 0u32;
         let r = self
@@ -419,6 +427,32 @@ impl BackingStore {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether object `path` carries headers or user metadata a store sets only when
+    /// asked (anything but S3's default content type), read with a HEAD.
+    async fn carries_metadata(&self, path: &str) -> Result<bool> {
+        let p = object_key(path);
+        let attributes = self
+            .retrying(|| {
+                let p = p.clone();
+                self.count_head();
+                async move {
+                    let head = object_store::GetOptions {
+                        head: true,
+                        ..Default::default()
+                    };
+                    self.store.get_opts(&p, head).await.map(|r| r.attributes)
+                }
+            })
+            .await?;
+        Ok(attributes.iter().any(|(attribute, value)| {
+            !(*attribute == object_store::Attribute::ContentType
+                && matches!(
+                    value.as_ref(),
+                    "binary/octet-stream" | "application/octet-stream"
+                ))
+        }))
     }
 
     /// Whether object `path` is there at `size` bytes.
