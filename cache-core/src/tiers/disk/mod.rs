@@ -93,7 +93,8 @@
 //! with exactly the expected size (else the entry and file are dropped); data crcs are
 //! *not* read at open (that would read the whole cache: they are checked on each hit).
 //! Files that no entry names are deleted. If the survivors exceed a (smaller) new
-//! capacity, entries are dropped until they fit. An index RocksDB reports as corrupt
+//! capacity, entries are dropped until they fit: file copies before KV blocks (the
+//! store holds those), the oldest writes first. An index RocksDB reports as corrupt
 //! is destroyed with the data and the cache starts empty: it is a cache, everything in
 //! it can be refetched. [`Tier::resident`] then lists the survivors so the engine can
 //! rebuild its accounting; [`DiskTier::recovery`] says what was dropped.
@@ -655,10 +656,19 @@ impl DiskTier {
         wo.set_sync(options.durability == Durability::Sync);
         let IndexScan {
             mut batch,
-            entries,
+            mut entries,
             mut max_id,
         } = scan;
-        // 2. Fit the budget.
+        // 2. Fit the budget: KV blocks are kept before file copies (the store holds
+        // those; nothing else holds KV blocks), each newest write first. In the index's
+        // key order, a restart with a smaller budget kept file copies and dropped 77 of
+        // 80 KV blocks it had room for (black-box finding).
+        entries.sort_unstable_by_key(|(key, entry)| {
+            (
+                !matches!(key, CacheKey::Kv(_)),
+                std::cmp::Reverse(entry.file_id),
+            )
+        });
         let mut map = HashMap::with_capacity(entries.len());
         let mut used = 0u64;
         for (key, entry) in entries {

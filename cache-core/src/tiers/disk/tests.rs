@@ -511,6 +511,44 @@ async fn smaller_capacity_at_reopen_is_respected() {
     assert_eq!(block_files(dir.path()), 3);
 }
 
+/// A reopen with a smaller budget keeps KV blocks before file copies (the store holds
+/// those), then the newest writes, whatever the index's key order.
+#[tokio::test]
+async fn a_smaller_budget_at_reopen_keeps_kv_blocks_then_the_newest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kv = |i: u8| CacheKey::kv("ns", vec![i; 32]);
+    let file = |i: u64| CacheKey::file("o", "v", i);
+    {
+        let tier = open(dir.path(), 16 << 20);
+        for i in 0..4u8 {
+            tier.put(&kv(i), Block::new(data(100_000, i)))
+                .await
+                .expect("kv put");
+            for j in 0..2u64 {
+                let f = file(u64::from(i) * 2 + j);
+                tier.put(&f, Block::new(data(100_000, 9)))
+                    .await
+                    .expect("file put");
+            }
+        }
+    }
+    let footprint = |k: &CacheKey| format::file_len(k.encoded_len(), 100_000);
+    // Room for the 4 KV blocks and the 2 newest file blocks.
+    let room = 4 * footprint(&kv(0)) + 2 * footprint(&file(0));
+    let tier = open(dir.path(), room);
+    for i in 0..4u8 {
+        assert_eq!(
+            get(&tier, &kv(i)).await,
+            Some(data(100_000, i)),
+            "KV block {i} kept"
+        );
+    }
+    for i in 0..8 {
+        assert_eq!(tier.contains(&file(i)).await, i >= 6, "file block {i}");
+    }
+    assert_eq!(tier.recovery().over_capacity, 6);
+}
+
 #[tokio::test]
 async fn same_key_put_concurrently_leaves_one_file() {
     let dir = tempfile::tempdir().expect("tempdir");
