@@ -753,9 +753,11 @@ impl FsCore {
         // Under its new name its first upload only creates, as `to` may have been made
         // since the check above.
         *staged.last.lock() = None;
-        if noreplace {
-            staged.exclusive.store(true, Ordering::Release);
-        }
+        // Create-only under the new name only if this rename said so: an `O_EXCL`
+        // create held for the old name, and an atomic save (a `mkstemp` file renamed
+        // over the file it replaces while open) lost its bytes to EEXIST at the close,
+        // and its fsync'd copy after a crash (black-box finding, round 25).
+        staged.exclusive.store(noreplace, Ordering::Release);
         // Under its new name it replaces whatever is there whole (unknown here): so its
         // record says, rewritten next (round 20b: the record kept the old name's
         // precondition, and the replay dropped the renamed file).

@@ -640,3 +640,59 @@ async fn an_object_moved_with_a_failed_file_stays_visible_after_its_release() {
     .await
     .expect("bounded");
 }
+
+/// An atomic save (`tempfile.NamedTemporaryFile`, `mkstemp`: a temporary file created
+/// with `O_EXCL`, written, fsync'd and renamed over the file it replaces while still
+/// open) replaces that file on a mount that may replace objects: the exclusive create
+/// was the temporary name's, not the target's. Its close failed EEXIST and the new
+/// bytes were lost; after a crash, its fsync'd copy was dropped as "only if absent"
+/// (black-box finding, round 25).
+#[tokio::test]
+async fn an_exclusive_temp_file_renamed_over_a_file_replaces_it() {
+    timed(async {
+        let fx = fixture_replacing().await;
+        let staging_dir = staging_dir(&fx);
+        let c = &fx.core;
+        for name in ["closed.json", "crashed.json"] {
+            let (_, fh) = c.create(ROOT_INO, name, 0).await.expect("create");
+            c.write(fh, 0, b"v1").expect("write");
+            c.close(fh, 0).await.expect("close");
+            c.release_write(fh).await;
+            assert_eq!(stored(&fx, name).await.as_deref(), Some(&b"v1"[..]));
+        }
+        let save = |tmp: &'static str, to: &'static str| async move {
+            let (_, fh) = c
+                .create_with(ROOT_INO, tmp, 0, libc::O_EXCL)
+                .await
+                .expect("exclusive create");
+            c.write(fh, 0, b"v2").expect("write");
+            c.fsync(fh).await.expect("fsync");
+            c.rename(ROOT_INO, tmp, ROOT_INO, to, false)
+                .await
+                .expect("rename over the file");
+            fh
+        };
+        let fh = save(".closed.tmp", "closed.json").await;
+        c.close(fh, 0).await.expect("the close replaces the file");
+        c.release_write(fh).await;
+        assert_eq!(
+            stored(&fx, "closed.json").await.as_deref(),
+            Some(&b"v2"[..])
+        );
+        // Saved, then the daemon dies before the close: the next start uploads it.
+        let _crashed = save(".crashed.tmp", "crashed.json").await;
+        let after = restarted(&fx, staging_dir, "mem");
+        after.recover_journaled(&tokio::runtime::Handle::current());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while stored(&fx, "crashed.json").await.as_deref() != Some(&b"v2"[..]) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the fsync'd save was not uploaded over the old file"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(stored(&fx, ".crashed.tmp").await.is_none());
+    })
+    .await
+    .expect("bounded");
+}
