@@ -23,11 +23,15 @@
 //! garbled or deleted file let model B read model A's blocks, 3 of 3).
 //!
 //! A start whose engine keeps nothing across restarts (no disk tier) cannot drop the
-//! blocks a disk tier holds: finding the bindings lost, it writes the new file marked
+//! blocks a disk tier holds, and what it does to KV blocks (a Remove, a new value, a
+//! binding, the tenancy mode) does not reach them: it marks the file
 //! `disk_blocks_unguarded`, and the mark stays until a start with the disk tier drops
-//! them (black-box finding: the file deleted, one `--disk 0` start let model B bind
+//! them (black-box findings: the file deleted, one `--disk 0` start let model B bind
 //! the namespace, and the next start with the disk tier trusted that file and served
-//! model A's 20 blocks to B).
+//! model A's 20 blocks to B; round 25: keys removed during a `--disk 0` run came back
+//! with the disk tier, and re-put keys served their old bytes, and a `--disk 0` start
+//! that switched the tenancy mode rewrote the file, so tenant `a` then read an
+//! anonymous client's `a:x` blocks).
 //!
 //! A put that binds a namespace is acknowledged only once the binding is on disk
 //! ([`IdentityBindings::durable`]): the put's block survives a crash, so its binding
@@ -618,28 +622,36 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     let bindings = read.as_deref().and_then(parse);
     let marks = read.as_deref().map(marks_of).unwrap_or_default();
     let unguarded = bindings.is_some() && marks.unguarded;
-    if bindings.is_some() && !unguarded {
-        return 0;
-    }
     if !engine.tier_kinds().contains(&TierKind::Disk) {
         // Nothing here outlives this run, but a disk tier's blocks may be waiting for
-        // the next start with it: marked so that start drops them (module doc).
+        // the next start with it, and nothing this run does to KV blocks reaches them:
+        // marked so that start drops them (module doc).
         if !unguarded {
-            if read.is_some() {
+            let lost = bindings.is_none();
+            if lost && read.is_some() {
                 // Corrupt: kept aside, as `load` keeps it.
                 let _ = std::fs::rename(file, file.with_extension("json.corrupt"));
             }
-            let kept: HashMap<Arc<str>, Bound> = HashMap::new();
+            let kept: HashMap<Arc<str>, Bound> = bindings.unwrap_or_default();
             let marks = Marks {
                 unguarded: true,
                 ..marks
             };
-            if let Err(e) = write_atomically(file, encode(&kept, marks).as_bytes()) {
-                tracing::error!(file = %file.display(), error = %e, "could not mark the KV namespace identities file: a later start with a disk tier may trust blocks no binding guarded");
-            } else {
-                tracing::error!(file = %file.display(), "KV namespace identities missing or unreadable; this start has no disk tier: marked so the next start with one drops the KV blocks it holds");
+            match write_atomically(file, encode(&kept, marks).as_bytes()) {
+                Err(e) => {
+                    tracing::error!(file = %file.display(), error = %e, "could not mark the KV namespace identities file: a later start with a disk tier may trust blocks no binding guarded")
+                }
+                Ok(()) if lost => {
+                    tracing::error!(file = %file.display(), "KV namespace identities missing or unreadable; this start has no disk tier: marked so the next start with one drops the KV blocks it holds")
+                }
+                Ok(()) => {
+                    tracing::warn!(file = %file.display(), "this start has no disk tier: the KV blocks a disk tier holds in the cache dir miss what this run removes, replaces and binds, so the next start with the disk tier drops them")
+                }
             }
         }
+        return 0;
+    }
+    if bindings.is_some() && !unguarded {
         return 0;
     }
     let dropped = drop_every_kv_block(file, engine).await;
@@ -1041,6 +1053,64 @@ mod tests {
             drop_blocks_if_bindings_lost(&f, &disk).await,
             0,
             "the mark cleared: blocks put from now on are guarded"
+        );
+    }
+
+    /// Round 25: with the bindings intact, a start without the disk tier (which cannot
+    /// see the disk's blocks) removed keys, put new values and switched the tenancy
+    /// mode; the next start with the disk tier served the removed keys, the old values
+    /// and another key space's blocks. It marks the file, and the next start with the
+    /// disk tier drops the blocks, keeping the bindings.
+    #[tokio::test]
+    async fn a_start_without_the_disk_tier_marks_the_disks_kv_blocks_for_the_next_with_it() {
+        use strata_cache_core::tiers::MemoryTier;
+        use strata_cache_core::{AccessContext, CacheKey};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("kv-identities.json");
+        let key = CacheKey::kv("team", b"h1".to_vec());
+        {
+            let disk = disk_engine(dir.path());
+            assert_eq!(drop_blocks_if_bindings_lost(&f, &disk).await, 0);
+            let a = IdentityBindings::open(Some(f.clone()));
+            a.check(&Arc::from("team"), Some(&A), true).expect("bind A");
+            a.write(&f);
+            disk.put(
+                &key,
+                bytes::Bytes::from_static(b"v1"),
+                &AccessContext::default(),
+            )
+            .await
+            .expect("put");
+        }
+        let memory_only = CacheEngine::builder()
+            .tier(Arc::new(MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine");
+        assert_eq!(drop_blocks_if_bindings_lost(&f, &memory_only).await, 0);
+        assert_eq!(
+            IdentityBindings::open(Some(f.clone())).bound("team"),
+            Some(A),
+            "the bindings are intact: kept"
+        );
+        // The run removes the key (from memory: the disk's copy is out of its reach).
+        memory_only.remove(&key).await.expect("remove");
+
+        let disk = disk_engine(dir.path());
+        assert!(disk.contains(&key), "the disk still holds it");
+        assert_eq!(
+            drop_blocks_if_bindings_lost(&f, &disk).await,
+            1,
+            "the start with the disk tier drops what the last run could not see"
+        );
+        assert!(!disk.contains(&key));
+        assert_eq!(
+            IdentityBindings::open(Some(f.clone())).bound("team"),
+            Some(A)
+        );
+        assert_eq!(
+            drop_blocks_if_bindings_lost(&f, &disk).await,
+            0,
+            "the mark cleared"
         );
     }
 
