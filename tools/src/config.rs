@@ -276,7 +276,10 @@ pub struct CacheConfig {
     /// Eviction policy of every tier: `strata` (the pattern-aware policy: scans cannot
     /// push out hot data, shuffled epochs keep a stable subset, skewed reads are ranked
     /// by frequency; docs/PATTERNS.md), or a baseline (`lru`, `lfu`, `arc`, `2random`,
-    /// `tinylfu`) for comparison.
+    /// `tinylfu`) for comparison. `tinylfu` admits a new block only if it is estimated
+    /// more frequent than its victim, so it refuses KV puts that lose that contest
+    /// (`RESOURCE_EXHAUSTED ... did not admit`): all of them once the disk holds blocks
+    /// read before (round 25); use another policy for a KV service.
     pub policy: String,
     /// Fetch and cache units of file reads (issue 13): `auto` reads a small read (at
     /// most 64 KiB) of a stream the tracker classifies random or skewed, in a file of at
