@@ -687,3 +687,44 @@ async fn a_create_only_rename_keeps_the_objects_headers_and_metadata() {
     let taken = store.head("taken").await.expect("taken stays");
     assert_eq!(taken.size, 5);
 }
+
+/// Black-box findings (round 25): a folder held by its marker `q/` beside an object
+/// `q` (the marker's name finds that object) was taken for a folder of real objects:
+/// its rename copied the hidden object, moved the children, and failed with a false
+/// "changed by another client", or returned 0 and left the marker (a folder renamed
+/// into a file). A sub-folder marker with a body and nothing under it (`p/x/`) failed
+/// the rename ENOENT. Both are refused ENOTSUP as any marker folder is, nothing moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marker_folders_beside_an_object_of_their_name_are_refused_and_nothing_moves() {
+    use strata_fs::filesystem::ROOT_INO;
+
+    let server = MotoServer::start();
+    server.create_bucket("data");
+    for (key, body) in [
+        ("q", "Q"),
+        ("q/", ""),
+        ("q/child", "c"),
+        ("w", ""),
+        ("w/", ""),
+        ("p/ok", "ok"),
+        ("p/x/", "marker bytes"),
+    ] {
+        server.put_raw("data", key, body);
+    }
+    let store = s3_store(&server, "s3://data");
+    let staging = tempfile::tempdir().expect("tempdir");
+    let core = deleting_core(&store, staging.path());
+    for (from, to) in [("q", "q2"), ("w", "w2"), ("p", "p2")] {
+        let e = core
+            .rename(ROOT_INO, from, ROOT_INO, to, false)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.errno(), libc::ENOTSUP, "{from}: {e}");
+        let moved = store.list_all(&format!("{to}/")).await.expect("list");
+        assert!(moved.is_empty(), "{from}: nothing under {to}: {moved:?}");
+        assert!(store.head(to).await.is_err(), "{from}: no object {to}");
+    }
+    assert!(store.head("q/child").await.is_ok(), "q's child stays");
+    assert!(store.head("q").await.is_ok(), "the object q stays");
+    assert!(store.head("p/ok").await.is_ok(), "p's file stays");
+}

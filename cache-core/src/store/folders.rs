@@ -401,7 +401,9 @@ impl BackingStore {
     ///
     /// A marker may hold bytes (some tools put a body in `dir/` keys; black-box finding,
     /// round 22: such a folder's rename was ENOENT): also asked are the keys listed as
-    /// a folder of other listed keys, or as `folder` itself (the one listed).
+    /// a folder of other listed keys; one listed as `folder` itself is its own marker,
+    /// and the only one returned then. A childless marker with bytes looks like an
+    /// object here: the rename tells it apart when its copy finds nothing.
     pub async fn folder_markers(
         &self,
         folder: &str,
@@ -418,9 +420,16 @@ impl BackingStore {
             })
             .collect();
         let folder = folder.trim_end_matches('/');
+        // Listed under `folder/` yet named `folder`: only its own marker `folder/` is
+        // listed so, whatever its name finds (black-box finding, round 25: an object
+        // `folder` beside the marker answered the HEAD, the marker was taken for it, and
+        // the rename copied that hidden object and half-moved the folder).
+        if let Some(own) = objects.iter().find(|o| &*o.path == folder) {
+            return Ok(vec![own.path.clone()]);
+        }
         let candidates: Vec<Arc<str>> = objects
             .iter()
-            .filter(|o| o.size == 0 || folders.contains(&*o.path) || &*o.path == folder)
+            .filter(|o| o.size == 0 || folders.contains(&*o.path))
             .map(|o| o.path.clone())
             .collect();
         let asks = candidates.into_iter().map(|path| {

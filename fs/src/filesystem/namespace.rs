@@ -480,6 +480,7 @@ impl FsCore {
                     false => store.copy(&src, &dst).await,
                 }
                 .map(|()| dst)
+                .map_err(|e| (src, e))
             }
         }))
         .buffer_unordered(RENAME_DIR_PARALLEL)
@@ -495,7 +496,7 @@ impl FsCore {
                 }
             }
         }
-        if let Some(first) = failed {
+        if let Some((src, first)) = failed {
             for made in &made {
                 if let Err(e) = store.delete(made).await {
                     tracing::warn!(path = %made, error = %e, "copy of a failed directory rename left behind");
@@ -505,6 +506,18 @@ impl FsCore {
                 self.changing(to);
                 self.listings.invalidate(to).await;
                 return Err(not_empty(from, to, noreplace));
+            }
+            // A listed key its name does not find, with keys under `src/`: a marker
+            // object `src/` holding bytes and nothing under it, which the listing names
+            // `src` (black-box finding, round 25: such a rename failed ENOENT where a
+            // marker folder's is ENOTSUP). One another client deleted keeps its ENOENT.
+            if matches!(first, strata_cache_core::CacheError::NotFound(_))
+                && !store.list_all(&format!("{src}/")).await?.is_empty()
+            {
+                return Err(Error::Unsupported(format!(
+                    "{from}: the store holds a folder in it as a marker object (`{src}/`, a \
+                     key ending in '/'), which this mount cannot move or delete; nothing moved"
+                )));
             }
             // The store's own error (EIO for an outage, as a file's rename): not ENOTSUP,
             // which says folders cannot be renamed here (black-box finding: scripts
