@@ -990,6 +990,34 @@ mod tests {
         }
     }
 
+    /// An engine of one memory tier: nothing outlives the run.
+    fn memory_engine() -> CacheEngine {
+        CacheEngine::builder()
+            .tier(Arc::new(strata_cache_core::tiers::MemoryTier::new(1 << 20)))
+            .build()
+            .expect("engine")
+    }
+
+    /// A first start over `disk`: model A binds `team` and puts `key`.
+    async fn first_start_binding_a(
+        f: &Path,
+        disk: &CacheEngine,
+        key: &strata_cache_core::CacheKey,
+        value: &'static [u8],
+    ) {
+        assert_eq!(drop_blocks_if_bindings_lost(f, disk).await, 0);
+        let a = IdentityBindings::open(Some(f.to_path_buf()));
+        a.check(&Arc::from("team"), Some(&A), true).expect("bind A");
+        a.write(f);
+        disk.put(
+            key,
+            bytes::Bytes::from_static(value),
+            &strata_cache_core::AccessContext::default(),
+        )
+        .await
+        .expect("put");
+    }
+
     /// An engine with a disk tier under `dir`: its blocks outlive a restart.
     fn disk_engine(dir: &Path) -> CacheEngine {
         use strata_cache_core::tiers::disk::{DiskOptions, DiskTier};
@@ -1009,29 +1037,15 @@ mod tests {
     /// start with one drops the blocks and clears the mark.
     #[tokio::test]
     async fn a_start_without_the_disk_tier_leaves_lost_bindings_marked_for_the_next_with_it() {
-        use strata_cache_core::tiers::MemoryTier;
-        use strata_cache_core::{AccessContext, CacheKey};
+        use strata_cache_core::CacheKey;
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
         let disk = disk_engine(dir.path());
         let key = CacheKey::kv("team", b"h1".to_vec());
-        assert_eq!(drop_blocks_if_bindings_lost(&f, &disk).await, 0);
-        let a = IdentityBindings::open(Some(f.clone()));
-        a.check(&Arc::from("team"), Some(&A), true).expect("bind A");
-        a.write(&f);
-        disk.put(
-            &key,
-            bytes::Bytes::from_static(b"model A's kv"),
-            &AccessContext::default(),
-        )
-        .await
-        .expect("put");
+        first_start_binding_a(&f, &disk, &key, b"model A's kv").await;
         std::fs::remove_file(&f).expect("lost");
 
-        let memory_only = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(1 << 20)))
-            .build()
-            .expect("engine");
+        let memory_only = memory_engine();
         for _ in 0..2 {
             // Two such starts: the mark survives the second's rewrite of the file.
             assert_eq!(drop_blocks_if_bindings_lost(&f, &memory_only).await, 0);
@@ -1063,29 +1077,12 @@ mod tests {
     /// disk tier drops the blocks, keeping the bindings.
     #[tokio::test]
     async fn a_start_without_the_disk_tier_marks_the_disks_kv_blocks_for_the_next_with_it() {
-        use strata_cache_core::tiers::MemoryTier;
-        use strata_cache_core::{AccessContext, CacheKey};
+        use strata_cache_core::CacheKey;
         let dir = tempfile::tempdir().expect("tempdir");
         let f = dir.path().join("kv-identities.json");
         let key = CacheKey::kv("team", b"h1".to_vec());
-        {
-            let disk = disk_engine(dir.path());
-            assert_eq!(drop_blocks_if_bindings_lost(&f, &disk).await, 0);
-            let a = IdentityBindings::open(Some(f.clone()));
-            a.check(&Arc::from("team"), Some(&A), true).expect("bind A");
-            a.write(&f);
-            disk.put(
-                &key,
-                bytes::Bytes::from_static(b"v1"),
-                &AccessContext::default(),
-            )
-            .await
-            .expect("put");
-        }
-        let memory_only = CacheEngine::builder()
-            .tier(Arc::new(MemoryTier::new(1 << 20)))
-            .build()
-            .expect("engine");
+        first_start_binding_a(&f, &disk_engine(dir.path()), &key, b"v1").await;
+        let memory_only = memory_engine();
         assert_eq!(drop_blocks_if_bindings_lost(&f, &memory_only).await, 0);
         assert_eq!(
             IdentityBindings::open(Some(f.clone())).bound("team"),
