@@ -728,6 +728,27 @@ impl FsCore {
     ) -> Result<()> {
         let writes = self.writes()?;
         self.check_file_target(to, noreplace).await?;
+        // Its upload under `to` will only create: the store is asked now, as a closed
+        // file's create-only copy asks it, not the mount's view, which may predate
+        // another writer's object there (black-box finding, round 25b: the rename
+        // returned 0, the close failed EEXIST, and the bytes were under neither name).
+        if noreplace || !writes.opts.allow_overwrite {
+            match self.reader.store().head(to).await {
+                Ok(_) => {
+                    self.changing(to);
+                    self.attrs.invalidate(to).await;
+                    return Err(if noreplace {
+                        Error::Exists(to.to_string())
+                    } else {
+                        Error::NotPermitted(format!(
+                            "{to}: replacing an object needs --allow-overwrite"
+                        ))
+                    });
+                }
+                Err(strata_cache_core::CacheError::NotFound(_)) => {}
+                Err(e) => return Err(Error::Cache(e)),
+            }
+        }
         // An object under `from` goes with the rename.
         let uploaded = self.object_under(&staged, from).await;
         if uploaded && !writes.opts.allow_delete {

@@ -696,3 +696,46 @@ async fn an_exclusive_temp_file_renamed_over_a_file_replaces_it() {
     .await
     .expect("bounded");
 }
+
+/// A file still open for writing, renamed onto a name another writer created since the
+/// mount looked, where its upload may only create (a create-only mount, or
+/// `RENAME_NOREPLACE`): the rename asks the store and is refused as the rename of a
+/// closed file is, and the file stays whole under its name. Taken on the mount's stale
+/// view, the rename returned 0, the close failed EEXIST and the bytes were under
+/// neither name (black-box finding, round 25b).
+#[tokio::test]
+async fn an_open_file_renamed_onto_a_name_created_elsewhere_is_refused_and_kept() {
+    timed(async {
+        for (overwrite, noreplace, errno) in
+            [(false, false, libc::EPERM), (true, true, libc::EEXIST)]
+        {
+            let fx = fixture(|o, _| {
+                let w = o.writes.as_mut().expect("writes");
+                w.allow_delete = true;
+                w.allow_overwrite = overwrite;
+            })
+            .await;
+            let c = &fx.core;
+            let (_, fh) = c.create(ROOT_INO, "work.tmp", 0).await.expect("create");
+            c.write(fh, 0, b"mine").expect("write");
+            c.fsync(fh).await.expect("fsync");
+            // The mount looks, then another writer creates the name.
+            let e = c.lookup(ROOT_INO, "final").await.expect_err("absent");
+            assert_eq!(e.errno(), libc::ENOENT);
+            put_elsewhere(&fx, "final", b"theirs".to_vec()).await;
+            let e = c
+                .rename(ROOT_INO, "work.tmp", ROOT_INO, "final", noreplace)
+                .await
+                .expect_err("the name is taken");
+            assert_eq!(e.errno(), errno, "overwrite {overwrite}: {e}");
+            c.close(fh, 0)
+                .await
+                .expect("the close uploads under its name");
+            c.release_write(fh).await;
+            assert_eq!(stored(&fx, "work.tmp").await.as_deref(), Some(&b"mine"[..]));
+            assert_eq!(stored(&fx, "final").await.as_deref(), Some(&b"theirs"[..]));
+        }
+    })
+    .await
+    .expect("bounded");
+}
