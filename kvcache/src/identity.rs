@@ -654,7 +654,7 @@ pub async fn drop_blocks_if_bindings_lost(file: &Path, engine: &CacheEngine) -> 
     if bindings.is_some() && !unguarded {
         return 0;
     }
-    let dropped = drop_every_kv_block(file, engine).await;
+    let dropped = drop_every_kv_block(file, engine, unguarded).await;
     if let Some(map) = bindings.filter(|_| unguarded) {
         // Dropped: the bindings made since guard what is put from now on.
         let marks = Marks {
@@ -742,14 +742,21 @@ pub async fn drop_blocks_if_tenancy_changed(
     dropped
 }
 
-/// Drops every KV block `engine` holds (their bindings were lost).
-async fn drop_every_kv_block(file: &Path, engine: &CacheEngine) -> usize {
+/// Drops every KV block `engine` holds: their bindings were lost, or (`marked`) a
+/// start without the disk tier marked them (the log says which: black-box finding,
+/// round 25b: the mark was logged as a missing or unreadable file).
+async fn drop_every_kv_block(file: &Path, engine: &CacheEngine, marked: bool) -> usize {
     let blocks = engine.resident_kv();
     if blocks.is_empty() {
         return 0;
     }
-    tracing::error!(file = %file.display(), blocks = blocks.len(),
-        "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model (releases before 2026-12-05 wrote no such file while no model identity was bound: an upgrade from one drops its KV blocks once)");
+    if marked {
+        tracing::warn!(file = %file.display(), blocks = blocks.len(),
+            "a start without the disk tier ran over this cache dir since these KV blocks were written (it marked the identities file disk_blocks_unguarded): dropping them, as what it removed, replaced or bound did not reach them");
+    } else {
+        tracing::error!(file = %file.display(), blocks = blocks.len(),
+            "KV namespace identities missing or unreadable while the cache holds KV blocks: dropping them, as no binding guards them from another model (releases before 2026-12-05 wrote no such file while no model identity was bound: an upgrade from one drops its KV blocks once)");
+    }
     remove_kv_blocks(engine, blocks).await
 }
 
