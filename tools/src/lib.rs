@@ -50,14 +50,14 @@ pub mod signals;
 pub fn init_logging(default: &str) -> LogGuard {
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let (writer, guard) = if stderr_is_a_file() {
-        (BoxMakeWriter::new(std::io::stderr), None)
+        (BoxMakeWriter::new(CappedLines(std::io::stderr)), None)
     } else {
         let (w, g) = tracing_appender::non_blocking::NonBlockingBuilder::default()
             .buffered_lines_limit(LOG_QUEUE_LINES)
             .lossy(true)
             .thread_name("strata-log")
             .finish(std::io::stderr());
-        (BoxMakeWriter::new(w), Some(g))
+        (BoxMakeWriter::new(CappedLines(w)), Some(g))
     };
     let set = tracing_subscriber::fmt()
         .with_env_filter(
@@ -89,9 +89,54 @@ fn stderr_is_a_file() -> bool {
         .is_ok_and(|m| m.file_type().is_file())
 }
 
-/// Lines the log queue holds before it drops (about 2 MB of typical lines): a burst of
-/// errors is kept whole, a stalled reader costs bounded memory.
+/// Lines the log queue holds before it drops (about 2 MB of typical lines, 20 MiB at
+/// most with [`LOG_LINE_MAX`]): a burst of errors is kept whole, a stalled reader costs
+/// bounded memory.
 pub const LOG_QUEUE_LINES: usize = 10_000;
+
+/// Longest log line written: 2 KiB (typical lines are 100-300 bytes). A line holding a
+/// store's 200 KB error page made the queue's 10,000 lines 2 GB: with a stalled stderr
+/// pipe the daemon grew 4 MB/s until the OOM killer took it, and with a file the log
+/// grew ~50 MB a minute (black-box finding, round 25c). Longer lines are cut, saying so.
+pub const LOG_LINE_MAX: usize = 2048;
+
+/// A log writer whose every line is at most [`LOG_LINE_MAX`] bytes.
+struct CappedLines<M>(M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for CappedLines<M>
+{
+    type Writer = CappedLine<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        CappedLine(self.0.make_writer())
+    }
+}
+
+/// One event's writer of [`CappedLines`]: the formatter writes an event (one line) in
+/// one `write_all`, so each `write` here is cut on its own.
+struct CappedLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for CappedLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() <= LOG_LINE_MAX {
+            return self.0.write(buf);
+        }
+        // Room for the note; cut at a character's start.
+        let mut cut = LOG_LINE_MAX - 48;
+        while cut > 0 && buf[cut] & 0xC0 == 0x80 {
+            cut -= 1;
+        }
+        let mut line = buf[..cut].to_vec();
+        line.extend_from_slice(format!(" ... [{} bytes cut]\n", buf.len() - cut).as_bytes());
+        self.0.write_all(&line)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
 
 /// Keeps the log writer thread of [`init_logging`] running; dropping it flushes, for
 /// three seconds at most.
@@ -118,5 +163,31 @@ impl Drop for LogGuard {
         if dropped.is_ok() {
             let _ = wait.recv_timeout(std::time::Duration::from_secs(3));
         }
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn log_lines_past_the_bound_are_cut_and_say_so() {
+        let mut out = CappedLine(Vec::new());
+        out.write_all(b"short line\n").expect("write");
+        let long = format!("ERROR {}\n", "é".repeat(100_000));
+        out.write_all(long.as_bytes()).expect("write");
+        let text = String::from_utf8(out.0).expect("still UTF-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "short line");
+        assert!(lines[1].len() < LOG_LINE_MAX, "{}", lines[1].len());
+        assert!(lines[1].starts_with("ERROR é"));
+        assert!(
+            lines[1].ends_with("bytes cut]"),
+            "{}",
+            &lines[1][lines[1].len() - 40..]
+        );
+        assert_eq!(lines.len(), 2);
     }
 }

@@ -177,12 +177,33 @@ pub(super) fn map_store_error(e: object_store::Error, attempts: u32) -> CacheErr
                  GLACIER or DEEP_ARCHIVE) and must be restored before it can be read"
             ))
         }
-        other if permission_denied(&other) => CacheError::PermissionDenied(other.to_string()),
+        other if permission_denied(&other) => {
+            CacheError::PermissionDenied(capped(other.to_string()))
+        }
         other => CacheError::Store {
             attempts,
-            message: with_causes(&other),
+            message: capped(with_causes(&other)),
         },
     }
+}
+
+/// Most bytes of a store's error text kept in the error a caller (and the log) gets:
+/// 1 KiB, several times S3's own XML error. A gateway's 403 page is 60-200 KB of HTML,
+/// and each failed read logged it whole (black-box finding: one reader of one refused
+/// object grew the log by ~50 MB a minute).
+pub(super) const STORE_MESSAGE_MAX: usize = 1024;
+
+/// `text` cut to [`STORE_MESSAGE_MAX`] bytes (at a character boundary), saying how much
+/// was cut.
+pub(super) fn capped(text: String) -> String {
+    if text.len() <= STORE_MESSAGE_MAX {
+        return text;
+    }
+    let mut cut = STORE_MESSAGE_MAX;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{} ... ({} bytes more)", &text[..cut], text.len() - cut)
 }
 
 /// `e`'s message and those of its causes that it does not already say: an error
@@ -208,6 +229,28 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A store's error body of any size reaches the caller cut to a bound, and still
+    /// says what it is (round 25c: 60 KB HTML pages logged whole, per failed read).
+    #[test]
+    fn a_stores_long_error_text_is_cut_to_a_bound() {
+        let page = format!("403 Forbidden: <html>{}</html>", "é".repeat(30_000));
+        let e = map_store_error(
+            object_store::Error::Generic {
+                store: "S3",
+                source: page.into(),
+            },
+            1,
+        );
+        let CacheError::Store { message, .. } = e else {
+            panic!("a store error: {e:?}");
+        };
+        assert!(message.len() <= STORE_MESSAGE_MAX + 40, "{}", message.len());
+        assert!(message.contains("403 Forbidden"));
+        assert!(message.ends_with("bytes more)"));
+        let short = capped("NoSuchKey".to_string());
+        assert_eq!(short, "NoSuchKey");
+    }
 
     /// Black-box finding (round 16): reads across a 40 s SIGSTOP of the mount failed
     /// EIO "object store timed out" the instant it resumed, no request sent after: the
