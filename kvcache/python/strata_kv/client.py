@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import math
 import mmap
 import os
 import pickle
@@ -70,10 +71,25 @@ def _is_control(c: str) -> bool:
     return ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0
 
 
+def _namespace_text(namespace) -> str:
+    """``namespace`` if it is text UTF-8 can carry, else a clear ``TypeError`` or
+    ``ValueError`` (black-box finding: a per-call ``namespace=7``, or a lone surrogate as a
+    non-UTF-8 path decodes to, failed ``put`` as UNKNOWN "Exception iterating requests!"
+    and ``get`` as a bare ``UnicodeEncodeError``)."""
+    if not isinstance(namespace, str):
+        raise TypeError(f"a namespace is a str, not {type(namespace).__name__}")
+    try:
+        namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"namespace {namespace!r} is not valid Unicode (a lone surrogate, "
+                         "as undecodable bytes of a path or environment variable become)") from None
+    return namespace
+
+
 def check_namespace(namespace: str) -> str:
     """``namespace`` if the server takes it, else ``ValueError`` saying why (a client
     built with one it refuses would fail every call)."""
-    n = len(namespace.encode("utf-8"))
+    n = len(_namespace_text(namespace).encode("utf-8"))
     if not 1 <= n <= MAX_NAMESPACE_BYTES:
         raise ValueError(f"namespace must be 1..={MAX_NAMESPACE_BYTES} bytes of UTF-8, "
                          f"got {n}: {namespace[:60]!r}...")
@@ -283,6 +299,30 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+def _keys_of(keys: Sequence) -> List[bytes]:
+    """Each of ``keys`` as bytes (see :func:`_key_of`)."""
+    return [_key_of(k) for k in keys]
+
+
+def _timeout_of(timeout: Optional[float]) -> Optional[float]:
+    """A bound in seconds: None, ``inf`` or one past gRPC's deadlines (about 30 years)
+    is None (the client's: no bound; a call's: the client's); NaN or not above zero is a
+    ``ValueError`` (black-box finding:
+    ``timeout=inf``, NaN or 1e12 made every call fail DEADLINE_EXCEEDED at once, and the
+    connectors read ``"timeout_s": "inf"`` with ``float()``)."""
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if math.isnan(t) or t <= 0:
+        raise ValueError(f"a timeout is a number of seconds above 0 (or None for none), got {timeout!r}")
+    return None if t >= _NO_BOUND_S else t
+
+
+#: Bounds from here on are no bound: gRPC's deadline arithmetic overflows a little past
+#: 1e11 s; 1e9 s is over 30 years.
+_NO_BOUND_S = 1e9
 
 
 def _key_of(key) -> bytes:
@@ -670,9 +710,18 @@ class KvClient:
         identity: Optional[Union[ModelIdentity, bytes]] = None,
         shm: Union[bool, str] = False,
     ):
+        timeout = _timeout_of(timeout)
         options = [
             ("grpc.max_receive_message_length", 16 << 20),
             ("grpc.max_send_message_length", 16 << 20),
+            # A daemon back after a restart is reached within a second: gRPC's default
+            # reconnect backoff (1 s growing 1.6x to 120 s) kept a client that called
+            # through a 45 s outage failing UNAVAILABLE for 19-26 s after the daemon
+            # listened again (black-box finding), and up to 2 minutes after longer ones.
+            # (Not `min_reconnect_backoff_ms`: that is each attempt's connect timeout,
+            # and a daemon slow to answer, a frozen one included, must get the call's.)
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
             # A connection of its own: gRPC core otherwise shares one among every
             # channel to the same address in the process, and a put waiting for the
             # server's put budget holds part of that connection's HTTP/2 window, which
@@ -898,7 +947,7 @@ class KvClient:
         return stream
 
     def _ns(self, namespace: Optional[str]) -> str:
-        return self.namespace if namespace is None else namespace
+        return self.namespace if namespace is None else _namespace_text(namespace)
 
     # -- connector API ----------------------------------------------------------------
 
@@ -907,17 +956,17 @@ class KvClient:
         return {"version": r.version, "api": r.api, "max_block_bytes": r.max_block_bytes}
 
     def exists(self, key: bytes, namespace: Optional[str] = None) -> bool:
-        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=key))
+        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=_key_of(key)))
         return r.exists
 
     def locate(self, key: bytes, namespace: Optional[str] = None) -> Optional[str]:
         """The tier holding ``key`` ("memory", "disk", "gpu") or None."""
-        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=key))
+        r = self._call(self._stub.Exists, kv_pb2.ExistsRequest(namespace=self._ns(namespace), hash=_key_of(key)))
         return _TIERS.get(r.tier)
 
     def batch_exists(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[bool]:
         ns, out = self._ns(namespace), []
-        for run in key_batches(keys):
+        for run in key_batches(_keys_of(keys)):
             req = kv_pb2.BatchExistsRequest(namespace=ns, hashes=list(run))
             out.extend(self._call(self._stub.BatchExists, req).exists)
         return out
@@ -925,7 +974,7 @@ class KvClient:
     def match_prefix(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
         """Number of leading keys of the chain that are cached (stops at the first miss)."""
         ns, matched = self._ns(namespace), 0
-        for run in key_batches(keys):
+        for run in key_batches(_keys_of(keys)):
             req = kv_pb2.MatchPrefixRequest(namespace=ns, hashes=list(run))
             m = self._call(self._stub.MatchPrefix, req).matched
             matched += m
@@ -965,7 +1014,9 @@ class KvClient:
         batch. A failure releases the views already taken and raises."""
         self._check_fork()
         ns = self._ns(namespace)
-        bound = self._timeout if timeout is None else timeout
+        keys = _keys_of(keys)
+        call_bound = _timeout_of(timeout)
+        bound = self._timeout if call_bound is None else call_bound
         deadline = None if bound is None else time.monotonic() + bound
         if self._arena is not None and self._arena.ended():
             # The daemon restarted: a Get naming the old session is answered with bytes,
@@ -1136,6 +1187,7 @@ class KvClient:
 
     def batched_get(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> List[Optional[bytes]]:
         ns = self._ns(namespace)
+        keys = _keys_of(keys)
         parts: List[List[bytes]] = [[] for _ in keys]
         found = [False] * len(keys)
         base = 0
@@ -1172,7 +1224,7 @@ class KvClient:
             for off in range(CHUNK_BYTES, len(view), CHUNK_BYTES):
                 yield kv_pb2.PutRequest(data=bytes(view[off : off + CHUNK_BYTES]))
 
-        return self._call(self._stub.Put, messages(), timeout).already_present
+        return self._call(self._stub.Put, messages(), _timeout_of(timeout)).already_present
 
     def batched_put(
         self, keys: Sequence[bytes], values: Sequence[bytes], namespace: Optional[str] = None
@@ -1207,14 +1259,14 @@ class KvClient:
 
     def remove(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> int:
         ns, removed = self._ns(namespace), 0
-        for run in key_batches(keys):
+        for run in key_batches(_keys_of(keys)):
             req = kv_pb2.RemoveRequest(namespace=ns, hashes=list(run))
             removed += self._call(self._stub.Remove, req).removed
         return removed
 
     def prefetch(self, keys: Sequence[bytes], namespace: Optional[str] = None) -> Dict[str, int]:
         ns, out = self._ns(namespace), {"staged": 0, "already_fast": 0, "missing": 0}
-        for run in key_batches(keys):
+        for run in key_batches(_keys_of(keys)):
             r = self._call(self._stub.Prefetch, kv_pb2.PrefetchRequest(namespace=ns, hashes=list(run)))
             out["staged"] += r.staged
             out["already_fast"] += r.already_fast
@@ -1229,7 +1281,7 @@ class KvClient:
         ns = self._ns(namespace)
         blocks: List[tuple] = []
         matched, total_us, in_prefix = 0, 0.0, True
-        for run in key_batches(keys):
+        for run in key_batches(_keys_of(keys)):
             req = kv_pb2.EstimateLoadRequest(namespace=ns, hashes=list(run), block_bytes=block_bytes)
             r = self._call(self._stub.EstimateLoad, req)
             blocks.extend((_TIERS.get(b.tier), b.load_us) for b in r.blocks)

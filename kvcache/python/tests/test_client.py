@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 import urllib.request
 
 import grpc
@@ -501,3 +502,67 @@ def test_put_stores_the_bytes_of_any_contiguous_buffer(client):
     with pytest.raises(TypeError, match="bytes-like"):
         client.put(b"typed-list", [1, 2, 3])
     assert client.batch_exists([b"typed-strided", b"typed-b3", b"typed-b5"]) == [False] * 3
+
+
+def test_a_client_reaches_a_restarted_daemon_within_seconds():
+    """Black-box finding (round 25c): a client that kept calling through a 45 s outage
+    failed UNAVAILABLE for 19-26 s after the daemon listened again (gRPC's reconnect
+    backoff, up to 120 s by default). Its backoff is capped at a second."""
+    with tempfile.TemporaryDirectory(prefix="strata-pytest-") as d:
+        cache = os.path.join(d, "cache")
+        proc, ep = start_serve(cache)
+        try:
+            # The Unix socket is at the same path after the restart (the cache dir's).
+            c = KvClient(ep["unix"], namespace="py/restart", timeout=2)
+            c.put(b"k" * 16, b"v" * 4096)
+            proc.kill()
+            proc.wait()
+            # Calls through the outage grow gRPC's backoff.
+            outage_end = time.monotonic() + 20
+            while time.monotonic() < outage_end:
+                with pytest.raises(KvError):
+                    c.ping()
+                time.sleep(0.5)
+            proc, ep2 = start_serve(cache)
+            assert ep2["unix"] == ep["unix"]
+            back = time.monotonic()
+            while True:
+                try:
+                    c.ping()
+                    break
+                except KvError:
+                    assert time.monotonic() - back < 5, "still refused 5 s after the daemon was back"
+                    time.sleep(0.1)
+            c.close()
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_namespaces_keys_and_timeouts_of_any_kind_are_clear(server, client):
+    """Black-box findings (round 25c): a per-call namespace that is no str, or holds a
+    lone surrogate, failed as UNKNOWN "Exception iterating requests!" or a bare
+    UnicodeEncodeError; a bytearray key was taken by put and refused by every lookup;
+    timeout=inf, NaN or 1e12 failed every call DEADLINE_EXCEEDED at once."""
+    for bad, kind in ((7, TypeError), ("\udcff-model", ValueError)):
+        for call in (lambda: client.put(b"k" * 16, b"v" * 1024, namespace=bad),
+                     lambda: client.get(b"k" * 16, namespace=bad),
+                     lambda: client.batched_put([b"k" * 16], [b"v" * 1024], namespace=bad)):
+            with pytest.raises(kind) as e:
+                call()
+            assert "namespace" in str(e.value)
+    key = bytearray(b"b" * 16)
+    client.put(key, b"w" * 2048)
+    assert client.get(key) == b"w" * 2048
+    assert client.exists(key) and client.batch_exists([key]) == [True]
+    assert client.match_prefix([key]) == 1
+    assert client.batched_get([key]) == [b"w" * 2048]
+    assert client.remove([key]) == 1
+    for t in (float("inf"), 1e12):
+        c = KvClient(server["tcp"], namespace="py/timeouts", timeout=t)
+        c.put(b"t" * 16, b"x" * 1024, timeout=t)
+        assert c.get(b"t" * 16) == b"x" * 1024
+        c.close()
+    for t in (float("nan"), 0, -1):
+        with pytest.raises(ValueError):
+            KvClient(server["tcp"], timeout=t)
