@@ -158,7 +158,7 @@ impl Hierarchy {
     /// memory does not hold.
     pub fn touch(&mut self, i: usize, key: &CacheKey, ctx: &AccessContext) -> bool {
         let held = self.levels[i].touch(key, ctx);
-        if held && matches!(key, CacheKey::Kv(_)) {
+        if held && !key.refetchable() {
             for level in &mut self.levels[i + 1..] {
                 level.touch(key, ctx);
             }

@@ -213,6 +213,13 @@ impl CacheKey {
         })
     }
 
+    /// Whether the object store holds these bytes too (a file block), so a cached copy
+    /// can be fetched again; a KV block's only copies are the cache's. What the tiers
+    /// keep first, and which writes may skip the disk's syncs, follow from it.
+    pub fn refetchable(&self) -> bool {
+        matches!(self, CacheKey::File(_))
+    }
+
     /// Whether this build can serve the bytes a key names: KV keys always, file keys
     /// of this build's [`FILE_FORMAT_VERSION`] (a persistent tier drops the others).
     pub fn is_current_format(&self) -> bool {

@@ -94,7 +94,7 @@ impl EngineBuilder {
             // rebuilt in write order lost its hottest KV blocks (written first, read
             // since from memory, which the tier does not see) to the first new fills.
             let mut residents = tier.resident();
-            residents.sort_by_key(|(key, _)| matches!(key, CacheKey::Kv(_)));
+            residents.sort_by_key(|(key, _)| !key.refetchable());
             for (key, size) in residents {
                 let size = tier.footprint(&key, size);
                 // Older residents the budget evicts for newer ones leave the tier too

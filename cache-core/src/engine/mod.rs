@@ -219,9 +219,10 @@ enum WriteKind {
 impl WriteKind {
     /// The write of a cached copy of `key` (not an explicit put).
     fn of_copy(key: &CacheKey) -> Self {
-        match key {
-            CacheKey::File(_) => WriteKind::Refetchable,
-            CacheKey::Kv(_) => WriteKind::Durable,
+        if key.refetchable() {
+            WriteKind::Refetchable
+        } else {
+            WriteKind::Durable
         }
     }
 }

@@ -58,7 +58,7 @@ impl CacheEngine {
             // engine of disk levels alone writes in turn, as its caller expects).
             if persistent
                 && persist == Persist::Background
-                && (stored || (matches!(key, CacheKey::File(_)) && self.inner.has_volatile_level))
+                && (stored || (key.refetchable() && self.inner.has_volatile_level))
             {
                 deferred.push(i);
                 continue;
@@ -111,7 +111,7 @@ impl CacheEngine {
         // block's copy is the only one outside memory, so it is always written.
         let mut pending = None;
         let mut shed = false;
-        if !deferred.is_empty() && matches!(key, CacheKey::File(_)) {
+        if !deferred.is_empty() && key.refetchable() {
             pending = self.take_behind(block.len());
             shed = pending.is_none();
             if shed {

@@ -200,19 +200,16 @@ fn sanitize_headers(headers: &mut http::HeaderMap) {
     use http::header::{
         CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE,
     };
-    let read_as_text = |name: &http::HeaderName| {
-        [
-            CACHE_CONTROL,
-            CONTENT_DISPOSITION,
-            CONTENT_ENCODING,
-            CONTENT_LANGUAGE,
-            CONTENT_TYPE,
-        ]
-        .contains(name)
-            || name.as_str().contains("-meta-")
-    };
+    const READ_AS_TEXT: [http::HeaderName; 5] = [
+        CACHE_CONTROL,
+        CONTENT_DISPOSITION,
+        CONTENT_ENCODING,
+        CONTENT_LANGUAGE,
+        CONTENT_TYPE,
+    ];
     for (name, value) in headers.iter_mut() {
-        if read_as_text(name) && value.to_str().is_err() {
+        let read_as_text = READ_AS_TEXT.contains(name) || name.as_str().contains("-meta-");
+        if read_as_text && value.to_str().is_err() {
             let mut text = String::with_capacity(value.len() * 3);
             for &b in value.as_bytes() {
                 if b.is_ascii_graphic() || b == b' ' {

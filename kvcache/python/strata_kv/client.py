@@ -306,23 +306,23 @@ def _keys_of(keys: Sequence) -> List[bytes]:
     return [_key_of(k) for k in keys]
 
 
+#: Bounds from here on are no bound: gRPC's deadline arithmetic overflows a little past
+#: 1e11 s; 1e9 s is over 30 years.
+_NO_BOUND_S = 1e9
+
+
 def _timeout_of(timeout: Optional[float]) -> Optional[float]:
     """A bound in seconds: None, ``inf`` or one past gRPC's deadlines (about 30 years)
     is None (the client's: no bound; a call's: the client's); NaN or not above zero is a
-    ``ValueError`` (black-box finding:
-    ``timeout=inf``, NaN or 1e12 made every call fail DEADLINE_EXCEEDED at once, and the
-    connectors read ``"timeout_s": "inf"`` with ``float()``)."""
+    ``ValueError`` (black-box finding: ``timeout=inf``, NaN or 1e12 made every call fail
+    DEADLINE_EXCEEDED at once, and the connectors read ``"timeout_s": "inf"`` with
+    ``float()``)."""
     if timeout is None:
         return None
     t = float(timeout)
     if math.isnan(t) or t <= 0:
         raise ValueError(f"a timeout is a number of seconds above 0 (or None for none), got {timeout!r}")
     return None if t >= _NO_BOUND_S else t
-
-
-#: Bounds from here on are no bound: gRPC's deadline arithmetic overflows a little past
-#: 1e11 s; 1e9 s is over 30 years.
-_NO_BOUND_S = 1e9
 
 
 def _key_of(key) -> bytes:

@@ -664,10 +664,7 @@ impl DiskTier {
         // key order, a restart with a smaller budget kept file copies and dropped 77 of
         // 80 KV blocks it had room for (black-box finding).
         entries.sort_unstable_by_key(|(key, entry)| {
-            (
-                !matches!(key, CacheKey::Kv(_)),
-                std::cmp::Reverse(entry.file_id),
-            )
+            (key.refetchable(), std::cmp::Reverse(entry.file_id))
         });
         let mut map = HashMap::with_capacity(entries.len());
         let mut used = 0u64;
